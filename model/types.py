@@ -1,0 +1,174 @@
+"""Immutable value types of the GPU API (DESIGN.md §2).
+
+Every type is a frozen, slotted dataclass; mappings are stored as sorted tuples of pairs so
+values hash and compare by content. Parsers from Kubernetes objects live in `model.parse`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+from typing import Mapping
+
+GROUP = "gpu.cozystack.io"
+VERSION = "v1alpha1"
+TEMPLATE_FOR_LABEL = "gpu.cozystack.io/template-for"
+DEVICES_ANNOTATION = "gpu.cozystack.io/devices"
+TEMPLATES_ANNOTATION = "gpu.cozystack.io/templates"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+Labels = tuple[tuple[str, str], ...]
+"""A label map frozen as a tuple of (key, value) pairs sorted by key."""
+
+
+def freeze_labels(labels: Mapping[str, str] | None) -> Labels:
+    """Return `labels` as a sorted tuple of pairs (the frozen form used by every type)."""
+    return tuple(sorted((labels or {}).items()))
+
+
+class OnCordon(str, Enum):
+    """GPUClass `spec.onCordon`: what a cordon of its node does to a held device (B5)."""
+
+    MOVE = "Move"
+    STAY = "Stay"
+
+
+class Phase(str, Enum):
+    """GPUDevice `status.phase`: Pending (no node) or Bound (to `status.nodeName`)."""
+
+    PENDING = "Pending"
+    BOUND = "Bound"
+
+
+class Result(str, Enum):
+    """`status.bindRequest.result` written by the binder (B1)."""
+
+    SUCCEEDED = "Succeeded"
+    REFUSED = "Refused"
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorRequirement:
+    """One `matchExpressions` entry of a LabelSelector: operator In, NotIn, Exists, DoesNotExist."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """A Kubernetes LabelSelector (`matchLabels` + `matchExpressions`); empty matches all."""
+
+    match_labels: Labels = ()
+    match_expressions: tuple[SelectorRequirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GPUClass:
+    """A GPUClass (cluster-scoped): the extended resource it names and where it may run.
+
+    `node_selector` are labels a node must carry to serve the class; `namespace_selector`
+    None means every namespace is entitled.
+    """
+
+    name: str
+    resource_name: str
+    on_cordon: OnCordon = OnCordon.MOVE
+    node_selector: Labels = ()
+    namespace_selector: LabelSelector | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A core Node as the binder sees it: labels, `status.allocatable` of extended resources
+    (integers, units of devices) and whether it is cordoned (`spec.unschedulable`)."""
+
+    name: str
+    labels: Labels = ()
+    allocatable: tuple[tuple[str, int], ...] = ()
+    unschedulable: bool = False
+
+    def allocatable_of(self, resource_name: str) -> int:
+        """Allocatable units of `resource_name` on this node (0 when not advertised)."""
+        for name, value in self.allocatable:
+            if name == resource_name:
+                return value
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """A tenant namespace: its labels decide entitlement (GPUClass `namespaceSelector`)."""
+
+    name: str
+    labels: Labels = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """`status.attachedTo`: the one VMI a device is reserved for, and since when (UTC)."""
+
+    vmi: str
+    since: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class BindRequest:
+    """`status.bindRequest`: the webhook writes id..node_selector, the binder the rest (B8)."""
+
+    id: str
+    vmi: str
+    devices: tuple[str, ...]
+    requested_at: datetime | None = None
+    node_selector: Labels = ()
+    result: Result | None = None
+    message: str | None = None
+    node: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStatus:
+    """`status` of a GPUDevice."""
+
+    phase: Phase = Phase.PENDING
+    node_name: str | None = None
+    bound_at: datetime | None = None
+    attached_to: Attachment | None = None
+    bind_request: BindRequest | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GPUDevice:
+    """A GPUDevice in a tenant namespace. `template_for` is the VMI name of a template
+    device (label `gpu.cozystack.io/template-for`), None for a held device."""
+
+    namespace: str
+    name: str
+    class_name: str
+    template_for: str | None = None
+    status: DeviceStatus = field(default_factory=DeviceStatus)
+    resource_version: str | None = None
+    uid: str | None = None
+    created_at: datetime | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(namespace, name): the identity used by every index and message."""
+        return (self.namespace, self.name)
+
+    @property
+    def bound_node(self) -> str | None:
+        """The node this device is Bound to, or None when Pending."""
+        return self.status.node_name if self.status.phase is Phase.BOUND else None
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """A tenant's cap on Bound (plus being-bound) devices of one resource: the smallest
+    ResourceQuota `spec.hard["requests.<resourceName>"]` in the namespace."""
+
+    namespace: str
+    resource_name: str
+    hard: int
