@@ -1,0 +1,363 @@
+"""A real local Kubernetes control plane (etcd + kube-apiserver) on loopback.
+
+`ControlPlane` builds nothing itself: `find_binaries()` runs `tools/build-controlplane.sh`
+(pinned Go modules, cached outside the checkout) when the binaries are missing. It picks free
+loopback ports, makes throwaway CAs with `k8s.pki`, starts etcd then kube-apiserver with RBAC
+on, waits for readiness within a deadline and writes kubeconfigs. Every process it starts is
+in its own process group with a parent-death signal, and is stopped by `stop()`, by the
+context manager, at interpreter exit, and when the launching process dies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from k8s.pki import CertificateAuthority, rsa_service_account_keys
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BUILD_SCRIPT = REPO_ROOT / "tools" / "build-controlplane.sh"
+ADMIN_USER = "gpu-binder-admin"
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not be built or started; the message says which part and why,
+    and ends with the tail of that process's log when there is one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Binaries:
+    """Paths of the three control-plane executables."""
+
+    etcd: Path
+    kube_apiserver: Path
+    kubectl: Path
+
+
+def find_binaries(*, build: bool = True) -> Binaries:
+    """Locate (and, when `build`, build) etcd, kube-apiserver and kubectl.
+
+    `GPU_BINDER_BIN_DIR` points at a directory that already holds all three; otherwise the
+    build script is run (it skips what is cached) and its last stdout line is the directory.
+    Raises ControlPlaneError when Go or the module proxy is missing or a binary is absent.
+    """
+    override = os.environ.get("GPU_BINDER_BIN_DIR")
+    if override:
+        d = Path(override)
+    else:
+        if not build:
+            raise ControlPlaneError("GPU_BINDER_BIN_DIR is not set and building is disabled")
+        proc = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            raise ControlPlaneError(
+                f"tools/build-controlplane.sh failed with exit code {proc.returncode} "
+                "(its messages are above)"
+            )
+        d = Path(proc.stdout.strip().splitlines()[-1])
+    bins = Binaries(d / "etcd", d / "kube-apiserver", d / "kubectl")
+    for p in (bins.etcd, bins.kube_apiserver, bins.kubectl):
+        if not os.access(p, os.X_OK):
+            raise ControlPlaneError(f"control-plane binary missing or not executable: {p}")
+    return bins
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_PR_SET_PDEATHSIG = 1
+_live: set["ControlPlane"] = set()
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+    os.setsid()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for cp in list(_live):
+        cp.stop()
+
+
+def kubeconfig(server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes,
+               user: str, namespace: str | None = None) -> dict:
+    """A kubeconfig dict with embedded CA and client certificate for `user` at `server`."""
+    import base64
+
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    ctx: dict = {"cluster": "local", "user": user}
+    if namespace:
+        ctx["namespace"] = namespace
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {
+            "server": server, "certificate-authority-data": b64(ca_pem)}}],
+        "users": [{"name": user, "user": {
+            "client-certificate-data": b64(cert_pem), "client-key-data": b64(key_pem)}}],
+        "contexts": [{"name": user, "context": ctx}],
+        "current-context": user,
+    }
+
+
+class ControlPlane:
+    """etcd + kube-apiserver on loopback, in a private work directory.
+
+    Usage: `with ControlPlane() as cp: cp.admin_kubeconfig ...`. `start()` raises
+    ControlPlaneError (with the failing process's log tail) when a part does not become
+    ready within `start_timeout` seconds. `stop()` is idempotent: SIGTERM to each process
+    group, SIGKILL after 10 s, then the work directory is removed (unless `keep_dir`).
+    """
+
+    def __init__(self, *, binaries: Binaries | None = None, workdir: Path | None = None,
+                 start_timeout: float = 90.0, keep_dir: bool = False) -> None:
+        self.binaries = binaries or find_binaries()
+        self._own_dir = workdir is None
+        self.dir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gpu-binder-cp-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.start_timeout = start_timeout
+        self.keep_dir = keep_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.etcd_port = 0
+        self.api_port = 0
+        self.ca = CertificateAuthority("gpu-binder-local-ca")
+        self._admin = self.ca.issue_client(ADMIN_USER, ("system:masters",))
+
+    # -- public --------------------------------------------------------------------------
+    @property
+    def server(self) -> str:
+        """The API server URL, https://127.0.0.1:<port>."""
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        """Path of the admin (system:masters) kubeconfig."""
+        return self.dir / "admin.kubeconfig"
+
+    @property
+    def pids(self) -> list[int]:
+        """PIDs of the processes this control plane started."""
+        return [p.pid for p in self.procs.values()]
+
+    def __enter__(self) -> "ControlPlane":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> "ControlPlane":
+        """Start etcd, then kube-apiserver; return when /readyz is ok. Idempotent-safe:
+        on failure everything started so far is stopped before the error propagates."""
+        _live.add(self)
+        try:
+            self._start_etcd()
+            self._start_apiserver()
+            self._write_kubeconfig(self.admin_kubeconfig, self._admin, ADMIN_USER)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def write_user_kubeconfig(self, path: Path, user: str, groups: tuple[str, ...] = (),
+                              namespace: str | None = None) -> Path:
+        """Issue a client certificate for `user`/`groups` and write its kubeconfig to `path`."""
+        pair = self.ca.issue_client(user, groups)
+        self._write_kubeconfig(Path(path), pair, user, namespace)
+        return Path(path)
+
+    def kubectl(self, *args: str, kubeconfig: Path | None = None, input: str | None = None,
+                check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        """Run the built kubectl against this control plane (admin by default)."""
+        cmd = [str(self.binaries.kubectl), f"--kubeconfig={kubeconfig or self.admin_kubeconfig}",
+               *args]
+        proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise ControlPlaneError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc
+
+    def stop(self) -> None:
+        """Stop every process (apiserver first), wait for them, remove the work directory."""
+        for name in ("kube-apiserver", "etcd"):
+            proc = self.procs.pop(name, None)
+            if proc is None:
+                continue
+            for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+                if proc.poll() is not None:
+                    break
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(wait)
+                except subprocess.TimeoutExpired:
+                    continue
+            proc.wait()
+        _live.discard(self)
+        if self._own_dir and not self.keep_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def restart_apiserver(self) -> None:
+        """Kill kube-apiserver (SIGKILL) and start it again on the same port and etcd."""
+        proc = self.procs.pop("kube-apiserver", None)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        self._start_apiserver(port=self.api_port)
+
+    # -- internals -----------------------------------------------------------------------
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.dir / f"{name}.log", "ab")
+        try:
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                                    cwd=self.dir)
+        finally:
+            log.close()
+        self.procs[name] = proc
+        return proc
+
+    def _log_tail(self, name: str, lines: int = 25) -> str:
+        try:
+            text = (self.dir / f"{name}.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    def _wait(self, name: str, probe) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        proc = self.procs[name]
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise ControlPlaneError(
+                    f"{name} exited with code {proc.returncode} during start-up:\n"
+                    f"{self._log_tail(name)}")
+            try:
+                if probe():
+                    return
+            except (OSError, urllib.error.URLError, ValueError):
+                pass
+            time.sleep(0.2)
+        raise ControlPlaneError(
+            f"{name} not ready within {self.start_timeout:.0f} s:\n{self._log_tail(name)}")
+
+    def _start_etcd(self) -> None:
+        self.etcd_port, peer = free_port(), free_port()
+        url = f"http://127.0.0.1:{self.etcd_port}"
+        peer_url = f"http://127.0.0.1:{peer}"
+        self._spawn("etcd", [
+            str(self.binaries.etcd), "--name=default", f"--data-dir={self.dir / 'etcd'}",
+            f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
+            f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=default={peer_url}", "--unsafe-no-fsync",
+            "--log-level=warn", "--quota-backend-bytes=4294967296",
+        ])
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                return json.loads(r.read()).get("health") == "true"
+
+        self._wait("etcd", healthy)
+
+    def _start_apiserver(self, port: int | None = None) -> None:
+        self.api_port = port or free_port()
+        d = self.dir / "pki"
+        d.mkdir(exist_ok=True)
+        serving = self.ca.issue_server(["127.0.0.1", "localhost", "::1"])
+        sa = rsa_service_account_keys()
+        files = {"ca.crt": self.ca.cert_pem, "apiserver.crt": serving.cert_pem,
+                 "apiserver.key": serving.key_pem, "sa.pub": sa.cert_pem, "sa.key": sa.key_pem}
+        if not (d / "sa.key").exists():  # keep SA keys across restarts: tokens stay valid
+            for n, data in files.items():
+                (d / n).write_bytes(data)
+        else:
+            for n in ("apiserver.crt", "apiserver.key"):
+                (d / n).write_bytes(files[n])
+        self._spawn("kube-apiserver", [
+            str(self.binaries.kube_apiserver),
+            f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+            f"--secure-port={self.api_port}", "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--cert-dir={d}",
+            f"--tls-cert-file={d / 'apiserver.crt'}", f"--tls-private-key-file={d / 'apiserver.key'}",
+            f"--client-ca-file={d / 'ca.crt'}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=RBAC",
+            "--disable-admission-plugins=ServiceAccount",
+            f"--service-account-issuer=https://127.0.0.1:{self.api_port}",
+            f"--service-account-key-file={d / 'sa.pub'}",
+            f"--service-account-signing-key-file={d / 'sa.key'}",
+            "--allow-privileged=true",
+            "--endpoint-reconciler-type=none",
+            "--v=1",
+        ])
+        ctx = ssl.create_default_context(cafile=str(d / "ca.crt"))
+        cert_file, key_file = d / "admin.crt", d / "admin.key"
+        cert_file.write_bytes(self._admin.cert_pem)
+        key_file.write_bytes(self._admin.key_pem)
+        ctx.load_cert_chain(str(cert_file), str(key_file))
+
+        def ready() -> bool:
+            req = urllib.request.Request(f"{self.server}/readyz")
+            with urllib.request.urlopen(req, timeout=3, context=ctx) as r:
+                return r.status == 200
+
+        self._wait("kube-apiserver", ready)
+
+    def _write_kubeconfig(self, path: Path, pair, user: str, namespace: str | None = None) -> None:
+        cfg = kubeconfig(self.server, self.ca.cert_pem, pair.cert_pem, pair.key_pem, user, namespace)
+        path.write_text(yaml.safe_dump(cfg))
+        path.chmod(0o600)
+
+
+def main_up(directory: Path, *, tenant: str = "tenant-a") -> int:
+    """`gpu-binder cluster up --dir D`: run a control plane in the foreground, write
+    D/admin.kubeconfig and D/<tenant>.kubeconfig, print the API URL, stop on SIGINT/SIGTERM."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    stop = {"now": False}
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    with ControlPlane() as cp:
+        shutil.copy(cp.admin_kubeconfig, directory / "admin.kubeconfig")
+        cp.write_user_kubeconfig(directory / f"{tenant}.kubeconfig", tenant,
+                                 ("gpu-binder:tenants",), namespace=tenant)
+        print(f"API server: {cp.server}", flush=True)
+        print(f"admin kubeconfig: {directory / 'admin.kubeconfig'}", flush=True)
+        print(f"tenant kubeconfig: {directory / (tenant + '.kubeconfig')}", flush=True)
+        print("Ctrl-C stops it.", flush=True)
+        while not stop["now"]:
+            for name, proc in cp.procs.items():
+                if proc.poll() is not None:
+                    print(f"{name} exited with code {proc.returncode}", file=sys.stderr)
+                    return 1
+            time.sleep(0.5)
+    return 0

@@ -1,0 +1,108 @@
+"""Fixtures for tests that run against a real kube-apiserver and etcd (marker `e2e`).
+
+One control plane per test session (started on loopback, stopped at the end); each test
+gets namespaces of its own. Clients are created inside the running event loop.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from k8s.controlplane import ControlPlane
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO / "k8s" / "manifests"
+FIXTURES = REPO.parent / "shared" / "fixtures" / "kubevirt"
+CRD_NAMES = (
+    "gpuclasses.gpu.cozystack.io",
+    "gpudevices.gpu.cozystack.io",
+    "virtualmachineinstances.kubevirt.io",
+)
+TENANT_GROUP = "gpu-binder:tenants"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "/tests/e2e/" in str(item.fspath):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def anyio_backend():
+    return "asyncio"
+
+
+def install_base(cp: ControlPlane) -> None:
+    """Apply the CRDs, the tenant role and the test VMI CRD; wait until Established."""
+    cp.kubectl("apply", "--server-side", "--field-manager=gpu-binder-tests",
+               "-f", str(MANIFESTS / "crds"), "-f", str(MANIFESTS / "rbac"),
+               "-f", str(MANIFESTS / "testing"))
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+               *[f"crd/{n}" for n in CRD_NAMES])
+
+
+@pytest.fixture(scope="session")
+def control_plane():
+    """A running ControlPlane with the base manifests installed, for the whole session."""
+    cp = ControlPlane()
+    cp.start()
+    try:
+        install_base(cp)
+        yield cp
+    finally:
+        cp.stop()
+
+
+class Tenant:
+    """A tenant namespace plus a user bound to the tenant ClusterRole there."""
+
+    def __init__(self, cp: ControlPlane, tmp: Path, name: str) -> None:
+        self.namespace = name
+        self.user = f"user-{name}"
+        cp.kubectl("create", "namespace", name)
+        cp.kubectl("create", "rolebinding", "gpu-tenant", "-n", name,
+                   "--clusterrole=gpu-binder:tenant", f"--user={self.user}")
+        self.kubeconfig = cp.write_user_kubeconfig(tmp / f"{name}.kubeconfig", self.user,
+                                                   (TENANT_GROUP,), namespace=name)
+
+
+@pytest.fixture
+def make_tenant(control_plane, tmp_path):
+    """Factory: `make_tenant()` creates a fresh tenant namespace and user for this test."""
+    def make() -> Tenant:
+        return Tenant(control_plane, tmp_path, f"t-{uuid.uuid4().hex[:8]}")
+    return make
+
+
+@pytest.fixture
+async def admin_client(control_plane):
+    """An admin kubernetes_asyncio ApiClient (closed after the test)."""
+    from kubernetes_asyncio.config import new_client_from_config
+
+    client = await new_client_from_config(config_file=str(control_plane.admin_kubeconfig))
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def tenant_client():
+    """Factory: `await tenant_client(kubeconfig_path)` gives an ApiClient, closed after the test."""
+    from kubernetes_asyncio.config import new_client_from_config
+
+    made = []
+
+    async def make(path: Path):
+        c = await new_client_from_config(config_file=str(path))
+        made.append(c)
+        return c
+
+    try:
+        yield make
+    finally:
+        for c in made:
+            await c.close()
