@@ -1,0 +1,181 @@
+"""Informers: list + watch one resource into a shared read-only cache (controller style).
+
+An `Informer` lists, then watches from the list's resourceVersion with bookmarks and both
+timeouts set; a watch that times out resumes from the last resourceVersion seen, and a
+410 Gone (or any watch error) leads to a fresh list. Consumers read the cache (`get`,
+`items`) and learn *which keys changed* through coalescing `Subscription`s: level-based,
+so a slow consumer never makes the informer buffer events without bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable
+
+import anyio
+import orjson
+import structlog
+from anyio.abc import TaskStatus
+from kubernetes_asyncio.client import ApiException
+from kubernetes_asyncio.watch import Watch
+
+log = structlog.get_logger("gpu_binder.informer")
+
+Key = tuple[str, str]
+"""(namespace, name); namespace is "" for cluster-scoped objects."""
+
+
+def key_of(obj: dict) -> Key:
+    """The cache key of an API object dict."""
+    meta = obj.get("metadata") or {}
+    return (meta.get("namespace") or "", meta.get("name") or "")
+
+
+@dataclass(eq=False)
+class Subscription:
+    """Changed keys of one informer since the consumer last took them.
+
+    `changed()` waits (bounded by `timeout` seconds) for at least one change and returns the
+    set of keys changed since the previous call; it returns an empty set on timeout. A
+    relist marks the subscription `resynced` (every key may have changed).
+    """
+
+    dirty: set[Key] = field(default_factory=set)
+    resynced: bool = False
+    _event: anyio.Event = field(default_factory=anyio.Event)
+
+    def _mark(self, key: Key | None) -> None:
+        if key is None:
+            self.resynced = True
+        else:
+            self.dirty.add(key)
+        self._event.set()
+
+    async def changed(self, timeout: float = math.inf) -> tuple[set[Key], bool]:
+        """Wait for changes; return (changed keys, whether a full resync happened)."""
+        with anyio.move_on_after(timeout):
+            await self._event.wait()
+        keys, resynced = self.dirty, self.resynced
+        self.dirty, self.resynced = set(), False
+        self._event = anyio.Event()
+        return keys, resynced
+
+
+class Informer:
+    """list+watch of one resource into a cache of plain dicts.
+
+    `list_fn` is a kubernetes_asyncio list call (e.g. `CoreV1Api.list_node`, or a
+    `functools.partial` of `CustomObjectsApi.list_cluster_custom_object` with group,
+    version and plural). Run it with `await task_group.start(informer.run)`: start returns
+    after the first list (the cache has synced). Errors other than cancellation are logged
+    and retried with capped exponential backoff; `run` only returns when cancelled.
+    """
+
+    def __init__(self, name: str, list_fn: Callable[..., Awaitable[Any]], *,
+                 watch_timeout: int = 240, backoff_max: float = 10.0) -> None:
+        self.name = name
+        self._list_fn = list_fn
+        self._watch_timeout = watch_timeout
+        self._backoff_max = backoff_max
+        self._cache: dict[Key, dict] = {}
+        self._subs: list[Subscription] = []
+        self.resource_version: str | None = None
+        self.synced = anyio.Event()
+        self.relists = 0
+        self.events = 0
+
+    # -- reading ---------------------------------------------------------------------
+    def get(self, key: Key) -> dict | None:
+        """The cached object at `key`, or None when it does not exist (or was deleted)."""
+        return self._cache.get(key)
+
+    def items(self) -> Iterable[dict]:
+        """A snapshot list of every cached object."""
+        return list(self._cache.values())
+
+    def subscribe(self) -> Subscription:
+        """A new Subscription; it first reports a resync so the consumer reads everything."""
+        sub = Subscription()
+        sub._mark(None)
+        self._subs.append(sub)
+        return sub
+
+    def _notify(self, key: Key | None) -> None:
+        for sub in self._subs:
+            sub._mark(key)
+
+    # -- running ---------------------------------------------------------------------
+    async def _list(self) -> str:
+        resp = await self._list_fn(_preload_content=False, _request_timeout=60)
+        try:
+            body = orjson.loads(await resp.read())
+        finally:
+            resp.release()
+        items = body.get("items") or []
+        fresh = {key_of(o): o for o in items}
+        self._cache = fresh
+        self.relists += 1
+        self._notify(None)
+        return (body.get("metadata") or {}).get("resourceVersion") or ""
+
+    def _apply(self, kind: str, obj: dict) -> None:
+        k = key_of(obj)
+        if kind == "DELETED":
+            self._cache.pop(k, None)
+        else:
+            old = self._cache.get(k)
+            new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+            if old is not None and (old.get("metadata") or {}).get("resourceVersion") == new_rv:
+                return
+            self._cache[k] = obj
+        self.events += 1
+        self._notify(k)
+
+    async def _watch(self, rv: str) -> str:
+        """Watch from `rv` until the server ends the watch; return the last rv seen."""
+        async with Watch(return_type="object") as w:
+            stream = w.stream(self._list_fn, resource_version=rv, allow_watch_bookmarks=True,
+                              timeout_seconds=self._watch_timeout,
+                              _request_timeout=self._watch_timeout + 30)
+            async for event in stream:
+                kind = event["type"]
+                if kind != "BOOKMARK":
+                    self._apply(kind, event["raw_object"])
+                rv = w.resource_version or rv
+                self.resource_version = rv
+        return rv
+
+    async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        """List and watch forever; reports started after the first successful list."""
+        backoff = 0.2
+        started = False
+        rv: str | None = None
+        while True:
+            try:
+                if rv is None:
+                    rv = await self._list()
+                    self.resource_version = rv
+                    if not started:
+                        started = True
+                        self.synced.set()
+                        task_status.started()
+                    log.debug("informer listed", informer=self.name, items=len(self._cache),
+                              resource_version=rv)
+                rv = await self._watch(rv)
+                backoff = 0.2
+            except ApiException as exc:
+                if exc.status == 410:
+                    log.info("watch expired (410 Gone); relisting", informer=self.name)
+                    rv = None
+                    continue
+                await self._backoff(backoff, status=exc.status, error=str(exc.reason)[:200])
+                rv, backoff = None, min(backoff * 2, self._backoff_max)
+            except Exception as exc:  # connection refused, aiohttp errors, timeouts, bad JSON
+                await self._backoff(backoff, error=repr(exc)[:200])
+                rv, backoff = None, min(backoff * 2, self._backoff_max)
+
+    async def _backoff(self, delay: float, **fields: object) -> None:
+        log.warning("informer error; relisting after backoff", informer=self.name,
+                    backoff_s=round(delay, 2), **fields)
+        await anyio.sleep(delay)

@@ -1,0 +1,205 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, as a small loop inside an anyio task group.
+
+Only the leader runs the binder and housekeeping. `LeaderElector.run(lead)` campaigns; when
+it holds the Lease it runs `lead()` in a cancel scope next to a renew loop. If the Lease
+cannot be renewed for `renew_deadline` seconds (shorter than `lease_duration`), `lead()` is
+cancelled *before* another replica can take the Lease. On shutdown a held Lease is released
+(holder cleared), so a successor need not wait for it to expire. Every API call has a
+timeout shorter than the renew deadline, so one hung request cannot lose leadership silently.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import anyio
+import orjson
+import structlog
+from anyio.abc import TaskStatus
+from kubernetes_asyncio.client import ApiException, CoordinationV1Api
+
+log = structlog.get_logger("gpu_binder.leader")
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _micro(t: dt.datetime) -> str:
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse(s: str | None) -> dt.datetime | None:
+    if not s:
+        return None
+    return dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseConfig:
+    """Lease name/namespace and durations in seconds (lease > renew_deadline > retry)."""
+
+    namespace: str = "cozy-system"
+    name: str = "gpu-binder"
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not (self.lease_duration > self.renew_deadline > self.retry_period > 0):
+            raise ValueError("need lease_duration > renew_deadline > retry_period > 0 "
+                             f"(got {self.lease_duration}, {self.renew_deadline}, "
+                             f"{self.retry_period})")
+
+
+class LeaderElector:
+    """Campaigns for and holds one Lease for `identity`.
+
+    `is_leader` is True only while `lead()` may run. `transitions` counts how often this
+    replica became leader. Raises nothing but cancellation out of `run`; API errors are
+    logged and retried every `retry_period`.
+    """
+
+    def __init__(self, api: CoordinationV1Api, identity: str, config: LeaseConfig) -> None:
+        self.api = api
+        self.identity = identity
+        self.cfg = config
+        self.is_leader = False
+        self.transitions = 0
+        self._last_renew = -math.inf
+
+    # -- API -----------------------------------------------------------------------------
+    async def _read(self) -> dict | None:
+        try:
+            resp = await self.api.read_namespaced_lease(
+                self.cfg.name, self.cfg.namespace, _preload_content=False,
+                _request_timeout=self.cfg.retry_period)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        try:
+            return orjson.loads(await resp.read())
+        finally:
+            resp.release()
+
+    def _spec(self, prior: dict | None, acquiring: bool) -> dict:
+        now = _now()
+        spec = dict((prior or {}).get("spec") or {})
+        if acquiring:
+            spec["acquireTime"] = _micro(now)
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if prior else 0)
+        spec.update(holderIdentity=self.identity, renewTime=_micro(now),
+                    leaseDurationSeconds=int(self.cfg.lease_duration))
+        return spec
+
+    async def _try_acquire_or_renew(self) -> bool:
+        """One attempt; True when this replica holds the Lease afterwards."""
+        lease = await self._read()
+        timeout = self.cfg.retry_period
+        if lease is None:
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": self.cfg.name, "namespace": self.cfg.namespace},
+                    "spec": self._spec(None, True)}
+            try:
+                await self.api.create_namespaced_lease(self.cfg.namespace, body,
+                                                       _request_timeout=timeout)
+            except ApiException as exc:
+                if exc.status == 409:  # someone else created it first
+                    return False
+                raise
+            return True
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
+        duration = float(spec.get("leaseDurationSeconds") or self.cfg.lease_duration)
+        expired = renewed is None or (_now() - renewed).total_seconds() > duration
+        if holder and holder != self.identity and not expired:
+            return False
+        body = dict(lease)
+        body["spec"] = self._spec(lease, acquiring=holder != self.identity)
+        try:
+            await self.api.replace_namespaced_lease(self.cfg.name, self.cfg.namespace, body,
+                                                    _request_timeout=timeout)
+        except ApiException as exc:
+            if exc.status == 409:  # lost a race; the next round reads again
+                return False
+            raise
+        return True
+
+    async def release(self) -> None:
+        """Clear the holder if this replica holds the Lease (best effort, bounded)."""
+        with anyio.move_on_after(self.cfg.retry_period, shield=True):
+            try:
+                lease = await self._read()
+                if lease and (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+                    lease["spec"]["holderIdentity"] = ""
+                    lease["spec"]["leaseDurationSeconds"] = 1
+                    await self.api.replace_namespaced_lease(
+                        self.cfg.name, self.cfg.namespace, lease,
+                        _request_timeout=self.cfg.retry_period)
+                    log.info("lease released", lease=self.cfg.name, identity=self.identity)
+            except Exception as exc:  # noqa: BLE001 - shutdown path, log and go
+                log.warning("lease release failed", lease=self.cfg.name, error=repr(exc)[:200])
+
+    # -- loop ----------------------------------------------------------------------------
+    async def _attempt(self) -> bool:
+        try:
+            ok = await self._try_acquire_or_renew()
+        except Exception as exc:  # noqa: BLE001 - API down: not leader this round
+            log.warning("lease attempt failed", lease=self.cfg.name, error=repr(exc)[:200])
+            return False
+        if ok:
+            self._last_renew = anyio.current_time()
+        return ok
+
+    async def run(self, lead: Callable[[], Awaitable[None]], *,
+                  task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        """Campaign forever; run `lead()` while holding the Lease. Returns only if `lead`
+        returns on its own; cancellation releases a held Lease."""
+        task_status.started()
+        try:
+            while True:
+                while not await self._attempt():
+                    await anyio.sleep(self.cfg.retry_period)
+                self.is_leader = True
+                self.transitions += 1
+                log.info("became leader", lease=self.cfg.name, identity=self.identity)
+                finished = await self._lead(lead)
+                self.is_leader = False
+                if finished:
+                    return
+                log.warning("stopped leading: lease not renewed within the deadline",
+                            lease=self.cfg.name, identity=self.identity)
+                await anyio.sleep(self.cfg.retry_period)
+        finally:
+            was = self.is_leader
+            self.is_leader = False
+            if was:
+                await self.release()
+
+    async def _lead(self, lead: Callable[[], Awaitable[None]]) -> bool:
+        """Run lead() beside the renew loop; True if lead() returned, False if renewal lapsed."""
+        result = {"finished": False}
+        async with anyio.create_task_group() as tg:
+            async def renew() -> None:
+                while True:
+                    await anyio.sleep(self.cfg.retry_period)
+                    left = self._last_renew + self.cfg.renew_deadline - anyio.current_time()
+                    with anyio.move_on_after(max(left, 0.05)):
+                        await self._attempt()
+                    if anyio.current_time() - self._last_renew > self.cfg.renew_deadline:
+                        tg.cancel_scope.cancel()
+                        return
+
+            async def leading() -> None:
+                await lead()
+                result["finished"] = True
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(renew)
+            tg.start_soon(leading)
+        return result["finished"]
