@@ -1,0 +1,83 @@
+"""The k8s adapter's own error hierarchy: client exceptions are translated here and never
+leak inward. `translate(exc, what)` maps a kubernetes_asyncio ApiException (or a transport
+error) to one of these, keeping the status code, the API's message and Retry-After."""
+
+from __future__ import annotations
+
+import orjson
+from kubernetes_asyncio.client import ApiException
+
+
+class ApiError(Exception):
+    """A Kubernetes API call failed. `status` is the HTTP status (0: no response)."""
+
+    def __init__(self, what: str, status: int, message: str, retry_after: float | None = None):
+        super().__init__(f"{what}: {status} {message}".strip())
+        self.what, self.status, self.message, self.retry_after = what, status, message, retry_after
+
+
+class NotFound(ApiError):
+    """404: the object (or its namespace) does not exist."""
+
+
+class Conflict(ApiError):
+    """409 Conflict: stale resourceVersion on an update."""
+
+
+class AlreadyExists(ApiError):
+    """409 AlreadyExists on create (never retried)."""
+
+
+class Invalid(ApiError):
+    """422: the object or patch was rejected (a failed JSON Patch `test` lands here)."""
+
+
+class Forbidden(ApiError):
+    """403: RBAC denies the call."""
+
+
+class TooManyRequests(ApiError):
+    """429: throttled by API priority and fairness; `retry_after` in seconds if given."""
+
+
+class Unavailable(ApiError):
+    """5xx, a timeout or a broken connection: worth retrying."""
+
+
+def _message(exc: ApiException) -> tuple[str, str]:
+    try:
+        body = orjson.loads(exc.body or b"{}")
+        return str(body.get("message") or exc.reason or ""), str(body.get("reason") or "")
+    except (orjson.JSONDecodeError, TypeError):
+        return str(exc.reason or ""), ""
+
+
+def translate(exc: BaseException, what: str) -> ApiError:
+    """Map `exc` (ApiException, OSError, TimeoutError, aiohttp errors) to an ApiError."""
+    if isinstance(exc, ApiException):
+        status = int(exc.status or 0)
+        message, reason = _message(exc)
+        retry_after = None
+        headers = exc.headers or {}
+        if headers.get("Retry-After"):
+            try:
+                retry_after = float(headers["Retry-After"])
+            except ValueError:
+                retry_after = None
+        cls: type[ApiError]
+        if status == 404:
+            cls = NotFound
+        elif status == 409:
+            cls = AlreadyExists if reason == "AlreadyExists" else Conflict
+        elif status == 422:
+            cls = Invalid
+        elif status == 403:
+            cls = Forbidden
+        elif status == 429:
+            cls = TooManyRequests
+        elif status >= 500 or status == 0:
+            cls = Unavailable
+        else:
+            cls = ApiError
+        return cls(what, status, message, retry_after)
+    return Unavailable(what, 0, repr(exc)[:300])

@@ -1,0 +1,133 @@
+"""The AdmissionReview v1 transport: a thin aiohttp view around a pure handler (W6).
+
+Transport jobs only: cap the body size, require JSON, parse the AdmissionReview envelope,
+always answer with the request's uid, and turn *anything* unexpected (bad JSON, wrong
+types, a handler crash, a timeout) into a clear denial — never a 500 and never an admit.
+The handler is `async (request: dict) -> dict` returning an AdmissionResponse built by
+`allow`/`deny`/`patch_response`.
+"""
+
+from __future__ import annotations
+
+import base64
+import ssl
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import anyio
+import orjson
+import structlog
+from aiohttp import web
+
+log = structlog.get_logger("gpu_binder.webhook")
+
+MAX_BODY = 3 * 1024 * 1024  # bytes; a VMI CREATE review is far below this
+Handler = Callable[[dict], Awaitable[dict]]
+
+
+def allow(uid: str, message: str | None = None) -> dict:
+    """An AdmissionResponse that admits unchanged."""
+    resp: dict[str, Any] = {"uid": uid, "allowed": True}
+    if message:
+        resp["warnings"] = [message[:500]]
+    return resp
+
+
+def deny(uid: str, message: str, code: int = 403, reason: str = "Forbidden") -> dict:
+    """An AdmissionResponse that refuses, with `message` shown to the user by kubectl."""
+    return {"uid": uid, "allowed": False,
+            "status": {"code": code, "reason": reason, "message": message[:8192]}}
+
+
+def patch_response(uid: str, ops: list[dict]) -> dict:
+    """An AdmissionResponse that admits with a JSONPatch (`ops`, RFC 6902)."""
+    return {"uid": uid, "allowed": True, "patchType": "JSONPatch",
+            "patch": base64.b64encode(orjson.dumps(ops)).decode()}
+
+
+def pointer(*parts: str) -> str:
+    """A JSON pointer from raw path parts, escaping `~` and `/` (RFC 6901)."""
+    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _review(response: dict) -> web.Response:
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+def parse_review(raw: bytes) -> tuple[str, dict | None, str | None]:
+    """(uid, request, error): the AdmissionReview's request, or an error message saying what
+    is wrong with the envelope. The uid is "" when it cannot be read."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return "", None, f"request body is not valid JSON: {exc}"
+    if not isinstance(doc, dict):
+        return "", None, "AdmissionReview must be a JSON object"
+    req = doc.get("request")
+    uid = req.get("uid") if isinstance(req, dict) else None
+    uid = uid if isinstance(uid, str) else ""
+    if doc.get("kind") != "AdmissionReview" or doc.get("apiVersion") != "admission.k8s.io/v1":
+        return uid, None, "expected an admission.k8s.io/v1 AdmissionReview"
+    if not isinstance(req, dict) or not uid:
+        return uid, None, "AdmissionReview.request with a string uid is required"
+    return uid, req, None
+
+
+def make_app(handler: Handler, *, timeout: float = 25.0, path: str = "/mutate-vmi") -> web.Application:
+    """The aiohttp application: POST `path` → AdmissionReview; `timeout` seconds bound the
+    handler (W6: a timeout is a denial)."""
+
+    async def review(request: web.Request) -> web.Response:
+        ctype = request.headers.get("Content-Type", "")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _review(deny("", f"AdmissionReview larger than {MAX_BODY} bytes", 413,
+                                "RequestEntityTooLarge"))
+        if "json" not in ctype:
+            return _review(deny("", f"unsupported content type {ctype!r}; expected "
+                                "application/json", 415, "UnsupportedMediaType"))
+        uid, req, error = parse_review(raw)
+        if error is not None:
+            log.warning("malformed AdmissionReview", error=error, uid=uid)
+            return _review(deny(uid, error, 400, "BadRequest"))
+        try:
+            with anyio.fail_after(timeout):
+                resp = await handler(req)
+        except TimeoutError:
+            resp = deny(uid, f"gpu-binder admission did not finish within {timeout:.0f} s",
+                        504, "Timeout")
+        except Exception as exc:  # noqa: BLE001 - W6: fail closed, never a crash
+            log.exception("admission handler crashed", uid=uid)
+            resp = deny(uid, f"gpu-binder admission failed internally: {type(exc).__name__}",
+                        500, "InternalError")
+        resp["uid"] = uid
+        return _review(resp)
+
+    app = web.Application(client_max_size=MAX_BODY)
+    app.router.add_post(path, review)
+    return app
+
+
+def server_ssl_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
+    """A TLS server context for the webhook (TLS 1.2+)."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(str(cert_file), str(key_file))
+    return ctx
+
+
+async def serve(app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None,
+                *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    """Serve `app` until cancelled (AppRunner + TCPSite; shutdown bounded to 5 s)."""
+    runner = web.AppRunner(app, shutdown_timeout=5, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+        await site.start()
+        task_status.started()
+        await anyio.sleep_forever()
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(6):
+            await runner.cleanup()
