@@ -64,6 +64,41 @@ class LabelSelector:
     match_labels: Labels = ()
     match_expressions: tuple[SelectorRequirement, ...] = ()
 
+    def matches(self, labels: Mapping[str, str] | Labels) -> bool:
+        """True when `labels` (a mapping or frozen pairs) satisfy every `matchLabels` pair and
+        every expression, with Kubernetes semantics: `In` needs the key with one of `values`,
+        `NotIn` matches an absent key too, `Exists`/`DoesNotExist` look at the key only. An
+        unknown operator matches nothing (fail closed). The empty selector matches all."""
+        have = labels if isinstance(labels, Mapping) else dict(labels)
+        for key, value in self.match_labels:
+            if have.get(key) != value:
+                return False
+        for req in self.match_expressions:
+            op = req.operator
+            if op == "In":
+                if req.key not in have or have[req.key] not in req.values:
+                    return False
+            elif op == "NotIn":
+                if req.key in have and have[req.key] in req.values:
+                    return False
+            elif op == "Exists":
+                if req.key not in have:
+                    return False
+            elif op == "DoesNotExist":
+                if req.key in have:
+                    return False
+            else:
+                return False
+        return True
+
+
+def labels_include(labels: Mapping[str, str], required: Labels) -> bool:
+    """True when `labels` carry every (key, value) pair of `required` (a nodeSelector)."""
+    for key, value in required:
+        if labels.get(key) != value:
+            return False
+    return True
+
 
 @dataclass(frozen=True, slots=True)
 class GPUClass:

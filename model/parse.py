@@ -1,0 +1,438 @@
+"""Parsers from Kubernetes objects (plain dicts as the API returns them) to model values,
+the VMI annotation parser (W1), and the inverse of the GPUDevice status for writers.
+
+Every parser raises `ParseError` naming the object ("GPUDevice tenant-a/gpu-1") and the field
+("spec.class") of the first problem found; nothing else escapes for malformed input.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from decimal import Decimal, InvalidOperation
+from typing import Any, Mapping
+
+from model.types import (
+    DEVICES_ANNOTATION,
+    TEMPLATE_FOR_LABEL,
+    TEMPLATES_ANNOTATION,
+    Attachment,
+    BindRequest,
+    Budget,
+    DeviceStatus,
+    GPUClass,
+    GPUDevice,
+    LabelSelector,
+    Labels,
+    Namespace,
+    Node,
+    OnCordon,
+    Phase,
+    Result,
+    SelectorRequirement,
+    freeze_labels,
+)
+
+MAX_ANNOTATION_BYTES = 4096
+"""Largest accepted value of either VMI annotation, in bytes of UTF-8."""
+
+MAX_SET_DEVICES = 64
+"""Most devices (held plus template) one VMI may ask for."""
+
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+class ParseError(ValueError):
+    """A Kubernetes object or annotation that cannot be turned into a model value.
+
+    `what` names the object ("GPUDevice tenant-a/gpu-1"), `field` the path inside it
+    ("spec.class"), `problem` what is wrong ("required"); `str()` is "what: field: problem".
+    """
+
+    def __init__(self, what: str, field: str, problem: str) -> None:
+        super().__init__(f"{what}: {field}: {problem}")
+        self.what = what
+        self.field = field
+        self.problem = problem
+
+
+@dataclass(frozen=True, slots=True)
+class VMIAsk:
+    """What a VMI asks for by annotation (§2 VMI): held device names in annotation order and
+    (class name, count) pairs of template devices, in annotation order."""
+
+    held: tuple[str, ...]
+    templates: tuple[tuple[str, int], ...]
+
+    @property
+    def total(self) -> int:
+        """Number of devices of the set (held plus every template count)."""
+        return len(self.held) + sum(n for _, n in self.templates)
+
+
+# --- small readers --------------------------------------------------------------------------
+
+
+class _Reader:
+    """Typed access to one object's fields, raising ParseError that names the object."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def fail(self, field: str, problem: str) -> ParseError:
+        return ParseError(self.what, field, problem)
+
+    def obj(self, value: Any, field: str, *, required: bool = False) -> Mapping[str, Any]:
+        if value is None:
+            if required:
+                raise self.fail(field, "required")
+            return {}
+        if not isinstance(value, Mapping):
+            raise self.fail(field, f"must be an object, got {type(value).__name__}")
+        return value
+
+    def text(self, value: Any, field: str, *, required: bool = False) -> str | None:
+        if value is None or (required and value == ""):
+            if required:
+                raise self.fail(field, "required")
+            return None
+        if not isinstance(value, str):
+            raise self.fail(field, f"must be a string, got {type(value).__name__}")
+        return value
+
+    def labels(self, value: Any, field: str) -> Labels:
+        m = self.obj(value, field)
+        for k, v in m.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise self.fail(f"{field}[{k}]", "keys and values must be strings")
+        return freeze_labels(m)
+
+    def time(self, value: Any, field: str, *, required: bool = False) -> datetime | None:
+        text = self.text(value, field, required=required)
+        if text is None:
+            return None
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            raise self.fail(field, f"not an RFC 3339 time: {text!r}") from None
+        if when.tzinfo is None:
+            raise self.fail(field, f"RFC 3339 time without a zone: {text!r}")
+        return when.astimezone(timezone.utc)
+
+
+def _metadata(obj: Any, kind: str, *, namespaced: bool) -> tuple[_Reader, Mapping[str, Any]]:
+    """The reader named after `obj` and its metadata; raises ParseError for a missing name."""
+    if not isinstance(obj, Mapping):
+        raise ParseError(kind, "(object)", f"must be an object, got {type(obj).__name__}")
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    name, ns = meta.get("name"), meta.get("namespace")
+    label = name if isinstance(name, str) and name else "<unnamed>"
+    if namespaced:
+        label = f"{ns if isinstance(ns, str) and ns else '<no namespace>'}/{label}"
+    reader = _Reader(f"{kind} {label}")
+    reader.text(name, "metadata.name", required=True)
+    if namespaced:
+        reader.text(ns, "metadata.namespace", required=True)
+    return reader, meta
+
+
+def parse_quantity_int(value: Any) -> int | None:
+    """A Kubernetes quantity ("4", 4, "2k", "1Gi", "3500m", "1e3") as an int, or None when it
+    is not a whole number or not a quantity at all. Never raises."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if not isinstance(value, str):
+        return None
+    m = re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?", value.strip())
+    if not m:
+        return None
+    number, suffix = m.group(1), m.group(2) or ""
+    scale = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+             "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+             "Pi": 2**50, "Ei": 2**60}
+    try:
+        if suffix[:1] in ("e", "E"):
+            amount = Decimal(number) * (Decimal(10) ** int(suffix[1:]))
+        else:
+            amount = Decimal(number) * scale[suffix]
+    except (InvalidOperation, OverflowError, ValueError):
+        return None
+    if amount != amount.to_integral_value():
+        return None
+    return int(amount)
+
+
+# --- objects --------------------------------------------------------------------------------
+
+
+def parse_label_selector(value: Any, reader: _Reader, field: str) -> LabelSelector:
+    """A LabelSelector object (`matchLabels`, `matchExpressions`); raises ParseError on unknown
+    operators, `In`/`NotIn` without values or `Exists`/`DoesNotExist` with values."""
+    m = reader.obj(value, field)
+    match_labels = reader.labels(m.get("matchLabels"), f"{field}.matchLabels")
+    exprs = m.get("matchExpressions") or []
+    if not isinstance(exprs, list):
+        raise reader.fail(f"{field}.matchExpressions", "must be a list")
+    reqs = []
+    for i, e in enumerate(exprs):
+        f = f"{field}.matchExpressions[{i}]"
+        e = reader.obj(e, f, required=True)
+        key = reader.text(e.get("key"), f"{f}.key", required=True)
+        op = reader.text(e.get("operator"), f"{f}.operator", required=True)
+        if op not in _SELECTOR_OPERATORS:
+            raise reader.fail(f"{f}.operator", f"unknown operator {op!r}")
+        values = e.get("values") or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise reader.fail(f"{f}.values", "must be a list of strings")
+        if op in ("In", "NotIn") and not values:
+            raise reader.fail(f"{f}.values", f"required for operator {op}")
+        if op in ("Exists", "DoesNotExist") and values:
+            raise reader.fail(f"{f}.values", f"must be empty for operator {op}")
+        reqs.append(SelectorRequirement(key, op, tuple(values)))
+    return LabelSelector(match_labels, tuple(reqs))
+
+
+def parse_gpu_class(obj: dict) -> GPUClass:
+    """A GPUClass object → GPUClass. Raises ParseError ("GPUClass h100: spec.resourceName:
+    required") for a missing name or resourceName, an onCordon other than Move/Stay, or a
+    malformed nodeSelector/namespaceSelector."""
+    r, meta = _metadata(obj, "GPUClass", namespaced=False)
+    spec = r.obj(obj.get("spec"), "spec", required=True)
+    resource = r.text(spec.get("resourceName"), "spec.resourceName", required=True)
+    on_cordon = r.text(spec.get("onCordon"), "spec.onCordon") or OnCordon.MOVE.value
+    if on_cordon not in (OnCordon.MOVE.value, OnCordon.STAY.value):
+        raise r.fail("spec.onCordon", f"must be Move or Stay, got {on_cordon!r}")
+    ns_sel = spec.get("namespaceSelector")
+    return GPUClass(
+        name=meta["name"],
+        resource_name=resource,
+        on_cordon=OnCordon(on_cordon),
+        node_selector=r.labels(spec.get("nodeSelector"), "spec.nodeSelector"),
+        namespace_selector=None if ns_sel is None else parse_label_selector(ns_sel, r, "spec.namespaceSelector"),
+    )
+
+
+def parse_node(obj: dict) -> Node:
+    """A core Node → Node. `status.allocatable` keeps every entry whose quantity is a whole
+    number (so "4" and "16Gi" are kept, "3500m" is dropped); `spec.unschedulable` is the
+    cordon. Raises ParseError for a missing name or malformed labels/allocatable."""
+    r, meta = _metadata(obj, "Node", namespaced=False)
+    spec = r.obj(obj.get("spec"), "spec")
+    status = r.obj(obj.get("status"), "status")
+    alloc = r.obj(status.get("allocatable"), "status.allocatable")
+    allocatable = []
+    for key, q in alloc.items():
+        n = parse_quantity_int(q)
+        if isinstance(key, str) and n is not None:
+            allocatable.append((key, n))
+    unsched = spec.get("unschedulable", False)
+    if not isinstance(unsched, bool):
+        raise r.fail("spec.unschedulable", "must be a boolean")
+    return Node(
+        name=meta["name"],
+        labels=r.labels(meta.get("labels"), "metadata.labels"),
+        allocatable=tuple(sorted(allocatable)),
+        unschedulable=unsched,
+    )
+
+
+def parse_namespace(obj: dict) -> Namespace:
+    """A core Namespace → Namespace (name and labels). Raises ParseError for a missing name."""
+    r, meta = _metadata(obj, "Namespace", namespaced=False)
+    return Namespace(name=meta["name"], labels=r.labels(meta.get("labels"), "metadata.labels"))
+
+
+def _parse_bind_request(r: _Reader, value: Any) -> BindRequest | None:
+    if value is None:
+        return None
+    f = "status.bindRequest"
+    m = r.obj(value, f)
+    devices = m.get("devices")
+    if not isinstance(devices, list) or not all(isinstance(d, str) and d for d in devices):
+        raise r.fail(f"{f}.devices", "required: a list of device names")
+    result = r.text(m.get("result"), f"{f}.result")
+    if result is not None and result not in (Result.SUCCEEDED.value, Result.REFUSED.value):
+        raise r.fail(f"{f}.result", f"must be Succeeded or Refused, got {result!r}")
+    return BindRequest(
+        id=r.text(m.get("id"), f"{f}.id", required=True),
+        vmi=r.text(m.get("vmi"), f"{f}.vmi", required=True),
+        devices=tuple(devices),
+        requested_at=r.time(m.get("requestedAt"), f"{f}.requestedAt"),
+        node_selector=r.labels(m.get("nodeSelector"), f"{f}.nodeSelector"),
+        result=None if result is None else Result(result),
+        message=r.text(m.get("message"), f"{f}.message"),
+        node=r.text(m.get("node"), f"{f}.node") or None,
+    )
+
+
+def parse_gpu_device(obj: dict) -> GPUDevice:
+    """A GPUDevice object → GPUDevice; times become aware UTC datetimes. Raises ParseError
+    ("GPUDevice tenant-a/gpu-1: spec.class: required") for a missing name, namespace or class,
+    an unknown phase or result, a Bound phase without nodeName, a bad time, or a malformed
+    attachedTo/bindRequest."""
+    r, meta = _metadata(obj, "GPUDevice", namespaced=True)
+    spec = r.obj(obj.get("spec"), "spec", required=True)
+    class_name = r.text(spec.get("class"), "spec.class", required=True)
+    labels = r.labels(meta.get("labels"), "metadata.labels")
+    status = r.obj(obj.get("status"), "status")
+    phase = r.text(status.get("phase"), "status.phase") or Phase.PENDING.value
+    if phase not in (Phase.PENDING.value, Phase.BOUND.value):
+        raise r.fail("status.phase", f"must be Pending or Bound, got {phase!r}")
+    node_name = r.text(status.get("nodeName"), "status.nodeName") or None
+    if phase == Phase.BOUND.value and node_name is None:
+        raise r.fail("status.nodeName", "required when phase is Bound")
+    attached = None
+    if status.get("attachedTo") is not None:
+        a = r.obj(status.get("attachedTo"), "status.attachedTo")
+        attached = Attachment(
+            vmi=r.text(a.get("vmi"), "status.attachedTo.vmi", required=True),
+            since=r.time(a.get("since"), "status.attachedTo.since", required=True),
+        )
+    return GPUDevice(
+        namespace=meta["namespace"],
+        name=meta["name"],
+        class_name=class_name,
+        template_for=dict(labels).get(TEMPLATE_FOR_LABEL),
+        status=DeviceStatus(
+            phase=Phase(phase),
+            node_name=node_name,
+            bound_at=r.time(status.get("boundAt"), "status.boundAt"),
+            attached_to=attached,
+            bind_request=_parse_bind_request(r, status.get("bindRequest")),
+        ),
+        resource_version=r.text(meta.get("resourceVersion"), "metadata.resourceVersion"),
+        uid=r.text(meta.get("uid"), "metadata.uid"),
+        created_at=r.time(meta.get("creationTimestamp"), "metadata.creationTimestamp"),
+    )
+
+
+def parse_budgets(resource_quota: dict) -> list[Budget]:
+    """A ResourceQuota → one Budget per `spec.hard["requests.<resourceName>"]` whose resource
+    is an extended resource (contains "/"), in key order; other keys are ignored. Raises
+    ParseError for a missing name/namespace or a budget that is not a whole, non-negative
+    quantity."""
+    r, meta = _metadata(resource_quota, "ResourceQuota", namespaced=True)
+    spec = r.obj(resource_quota.get("spec"), "spec")
+    hard = r.obj(spec.get("hard"), "spec.hard")
+    budgets = []
+    for key in sorted(k for k in hard if isinstance(k, str)):
+        if not key.startswith("requests.") or "/" not in key:
+            continue
+        n = parse_quantity_int(hard[key])
+        if n is None or n < 0:
+            raise r.fail(f"spec.hard[{key}]", f"must be a whole, non-negative number, got {hard[key]!r}")
+        budgets.append(Budget(meta["namespace"], key[len("requests."):], n))
+    return budgets
+
+
+# --- VMI annotations (W1) -------------------------------------------------------------------
+
+
+def _split(value: Any, annotation: str) -> list[str]:
+    r = _Reader("VMI")
+    field = f"metadata.annotations[{annotation}]"
+    if not isinstance(value, str):
+        raise r.fail(field, "must be a string")
+    if len(value.encode("utf-8")) > MAX_ANNOTATION_BYTES:
+        raise r.fail(field, f"longer than {MAX_ANNOTATION_BYTES} bytes")
+    if not value.strip():
+        raise r.fail(field, "is empty")
+    items = [item.strip() for item in value.split(",")]
+    for item in items:
+        if not item:
+            raise r.fail(field, f"empty entry in {value!r}")
+    return items
+
+
+def _check_name(name: str, what: str, field: str) -> None:
+    if len(name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(name):
+        raise ParseError("VMI", field, f"invalid {what} {name!r}: not a DNS-1123 subdomain")
+
+
+def parse_vmi_request(annotations: Mapping[str, str] | None) -> VMIAsk | None:
+    """The GPU set a VMI asks for (§2 VMI, W1) from its annotations, or None when it has
+    neither `gpu.cozystack.io/devices` ("gpu-a,gpu-b") nor `gpu.cozystack.io/templates`
+    ("h100=2,l40s=1"). Whitespace around entries is ignored.
+
+    Raises ParseError (what "VMI", field "metadata.annotations[<key>]") for: an annotation
+    over 4 KiB, an empty annotation or entry, a name that is not a DNS-1123 subdomain, a
+    duplicate device or class, a count that is not a positive integer, or more than 64 devices
+    in total.
+    """
+    if not annotations:
+        return None
+    raw_devices = annotations.get(DEVICES_ANNOTATION)
+    raw_templates = annotations.get(TEMPLATES_ANNOTATION)
+    if raw_devices is None and raw_templates is None:
+        return None
+    held: list[str] = []
+    templates: list[tuple[str, int]] = []
+    if raw_devices is not None:
+        field = f"metadata.annotations[{DEVICES_ANNOTATION}]"
+        for name in _split(raw_devices, DEVICES_ANNOTATION):
+            _check_name(name, "device name", field)
+            if name in held:
+                raise ParseError("VMI", field, f"device {name} listed twice")
+            held.append(name)
+    if raw_templates is not None:
+        field = f"metadata.annotations[{TEMPLATES_ANNOTATION}]"
+        for item in _split(raw_templates, TEMPLATES_ANNOTATION):
+            class_name, sep, count_text = (part.strip() for part in item.partition("="))
+            if not sep:
+                raise ParseError("VMI", field, f"entry {item!r} is not <class>=<count>")
+            _check_name(class_name, "class name", field)
+            if not re.fullmatch(r"[0-9]+", count_text) or int(count_text) < 1:
+                raise ParseError("VMI", field, f"count of class {class_name} must be a positive integer, got {count_text!r}")
+            if any(c == class_name for c, _ in templates):
+                raise ParseError("VMI", field, f"class {class_name} listed twice")
+            templates.append((class_name, int(count_text)))
+    ask = VMIAsk(tuple(held), tuple(templates))
+    if ask.total > MAX_SET_DEVICES:
+        raise ParseError("VMI", "metadata.annotations", f"asks for {ask.total} devices, more than {MAX_SET_DEVICES}")
+    return ask
+
+
+# --- the inverse, for writers ---------------------------------------------------------------
+
+
+def format_time(when: datetime) -> str:
+    """An aware datetime as RFC 3339 in UTC with a 'Z' ("2026-01-02T03:04:05Z"; microseconds
+    only when non-zero). Raises ValueError for a naive datetime."""
+    if when.tzinfo is None:
+        raise ValueError("naive datetime")
+    when = when.astimezone(timezone.utc)
+    fmt = "%Y-%m-%dT%H:%M:%S.%fZ" if when.microsecond else "%Y-%m-%dT%H:%M:%SZ"
+    return when.strftime(fmt)
+
+
+def device_status_to_dict(status: DeviceStatus) -> dict:
+    """`status` as the API's camelCase dict (the inverse of the status part of
+    `parse_gpu_device`): RFC 3339 'Z' times, None fields and empty nodeSelectors omitted. A
+    merge-patch writer that must clear a field sends null for it itself."""
+    out: dict[str, Any] = {"phase": status.phase.value}
+    if status.node_name is not None:
+        out["nodeName"] = status.node_name
+    if status.bound_at is not None:
+        out["boundAt"] = format_time(status.bound_at)
+    if status.attached_to is not None:
+        out["attachedTo"] = {"vmi": status.attached_to.vmi, "since": format_time(status.attached_to.since)}
+    br = status.bind_request
+    if br is not None:
+        b: dict[str, Any] = {"id": br.id, "vmi": br.vmi, "devices": list(br.devices)}
+        if br.requested_at is not None:
+            b["requestedAt"] = format_time(br.requested_at)
+        if br.node_selector:
+            b["nodeSelector"] = dict(br.node_selector)
+        if br.result is not None:
+            b["result"] = br.result.value
+        if br.message is not None:
+            b["message"] = br.message
+        if br.node is not None:
+            b["node"] = br.node
+        out["bindRequest"] = b
+    return out
