@@ -1,0 +1,417 @@
+"""The binder's judgement of one request (DESIGN.md §3): gather the whole set onto one
+eligible node or refuse it (B1), eligibility (B3), choice (B4), the cordon exceptions (B5)
+and the already-placed case (B6); plus finding complete requests among devices and applying
+a decision to a snapshot (for tests and benchmarks).
+
+Pure: `decide` reads a `Snapshot` and returns a `Decision`; nothing here writes or waits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Iterable
+
+from model.snapshot import Snapshot, budget_message
+from model.types import (
+    BindRequest,
+    GPUDevice,
+    Labels,
+    OnCordon,
+    Phase,
+    Result,
+    labels_include,
+)
+
+MAX_PLACEMENTS = 16
+"""Default bound on `Decision.placements`: the first eligible nodes in B4 order. Listing all
+of a large fleet's nodes would cost more than the decision; if every listed node refuses a
+prepare, the coordinator decides again against its refreshed snapshot."""
+
+MESSAGE_NODES = 10
+"""Most nodes a refusal message explains one by one; the rest are counted ("and 4990 more
+nodes"), so a 5,000-node fleet does not make a megabyte message. Shown first: nodes holding
+members (fewest moves first), then nodes failing only on capacity (most free first), then
+cordoned nodes, nodes not matching the node selector, nodes not serving a class (by name)."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A complete request (§3): the devices of tenant `namespace` that carry `id`, in the
+    order of `bindRequest.devices`; `node_selector` is the VMI's own (B3); `requested_at`
+    when the webhook wrote it (None if absent)."""
+
+    id: str
+    namespace: str
+    vmi: str
+    devices: tuple[str, ...]
+    node_selector: Labels = ()
+    requested_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One placement change: `device` (namespace, name) goes from `from_node` (None: a
+    Pending device being bound) to `to_node`."""
+
+    device: tuple[str, str]
+    from_node: str | None
+    to_node: str
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The set gathered on `node`: `moves` every member not Bound there yet (in request
+    order); `needs` units per resource to reserve on `node` (those members); `budget_needs`
+    budget slots per resource (the Pending members, about to become Bound). Sorted pairs."""
+
+    node: str
+    moves: tuple[Move, ...]
+    needs: tuple[tuple[str, int], ...]
+    budget_needs: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The binder's answer to one request.
+
+    Succeeded: `node` is `placements[0].node`; for rule "B1" `placements` are eligible
+    nodes in B4 order (at most the `limit` given to `decide`), for "B5a", "B5b", "B6" one
+    placement on the current node with no moves and no needs. Refused (rule "refused"):
+    `node` None, no placements. `message` is what the binder writes (B1)."""
+
+    request_id: str
+    result: Result
+    node: str | None
+    placements: tuple[Placement, ...]
+    message: str
+    rule: str
+
+
+def find_requests(devices: Iterable[GPUDevice]) -> tuple[list[Request], list[str]]:
+    """Group devices by (namespace, `status.bindRequest.id`) (§3 "request").
+
+    A group is complete when its members' `bindRequest.devices` all list exactly the group,
+    without duplicates, and agree on vmi and nodeSelector. Returns (complete requests of which
+    some member still lacks a result, sorted by requestedAt — earliest member's; absent last —
+    then namespace and id; sorted unique ids of partial requests, never to be acted on).
+    """
+    groups: dict[tuple[str, str], list[GPUDevice]] = {}
+    for d in devices:
+        br = d.status.bind_request
+        if br is not None:
+            groups.setdefault((d.namespace, br.id), []).append(d)
+    complete: list[Request] = []
+    partial: set[str] = set()
+    for (ns, rid), members in groups.items():
+        members.sort(key=lambda m: m.name)
+        first = members[0].status.bind_request
+        assert first is not None
+        names = {m.name for m in members}
+        ok = len(first.devices) == len(names)
+        for m in members:
+            br = m.status.bind_request
+            assert br is not None
+            if (set(br.devices) != names or len(br.devices) != len(names)
+                    or br.vmi != first.vmi or br.node_selector != first.node_selector):
+                ok = False
+        if not ok:
+            partial.add(rid)
+            continue
+        if all(m.status.bind_request.result is not None for m in members):  # type: ignore[union-attr]
+            continue
+        times = [m.status.bind_request.requested_at for m in members  # type: ignore[union-attr]
+                 if m.status.bind_request.requested_at is not None]  # type: ignore[union-attr]
+        complete.append(Request(rid, ns, first.vmi, first.devices, first.node_selector,
+                                min(times) if times else None))
+    complete.sort(key=lambda r: (r.requested_at is None, r.requested_at or _EPOCH, r.namespace, r.id))
+    return complete, sorted(partial)
+
+
+def decide(snapshot: Snapshot, request: Request, *, limit: int | None = MAX_PLACEMENTS) -> Decision:
+    """Judge `request` against `snapshot` (B1–B6). Reservations of the request itself are
+    not counted against it. `limit` bounds the placements of a B1 success (None: every
+    eligible node).
+
+    Refuses the whole request when a device is missing or listed twice, a member's class is
+    missing or not entitled, or the Pending members would take the tenant over budget for a
+    resource (usage + Pending members > budget; moves do not change usage). Otherwise:
+    B6 when the set is Bound entirely on one eligible node; B5(a)/(b) for a set Bound
+    entirely on one cordoned node (B5(b) also yields when the node does not match the
+    request's nodeSelector, a choice beyond the seed, since the VMI could not run there);
+    else B1 over the eligible nodes (B3) in B4 order, or refused with a message naming every
+    device and its node and why each candidate node failed (see MESSAGE_NODES).
+    """
+    decision, _ = _judge(snapshot, request, limit)
+    return decision
+
+
+def describe_placement(request: Request, placement: Placement) -> str:
+    """The Succeeded message of a B1 placement, e.g. "placed tenant-a/vm-1 request r1 on
+    node-2: bind gpu-b; move gpu-a from node-1"."""
+    binds = [m.device[1] for m in placement.moves if m.from_node is None]
+    moves = [f"{m.device[1]} from {m.from_node}" for m in placement.moves if m.from_node is not None]
+    parts = ([f"bind {', '.join(binds)}"] if binds else []) + ([f"move {', '.join(moves)}"] if moves else [])
+    head = f"placed {request.namespace}/{request.vmi} request {request.id} on {placement.node}"
+    return f"{head}: {'; '.join(parts)}" if parts else f"{head}: nothing to change"
+
+
+def apply_decision(snapshot: Snapshot, request: Request, decision: Decision, *, now: datetime) -> Snapshot:
+    """The snapshot after the binder carried out `decision`: for Succeeded every member Bound
+    on `decision.node` (`boundAt` = `now` for those that changed node), for Refused no
+    placement change; in both, each member's bindRequest (created from `request` if it lacks
+    one of this id) gets result, message and node; the request's reservations are dropped.
+    Missing members are skipped."""
+    snap = snapshot.without_reservation(request.id)
+    updated = []
+    for name in dict.fromkeys(request.devices):
+        d = snap.device(request.namespace, name)
+        if d is None:
+            continue
+        st = d.status
+        br = st.bind_request
+        if br is None or br.id != request.id:
+            br = BindRequest(request.id, request.vmi, request.devices, request.requested_at,
+                             request.node_selector)
+        if decision.result is Result.SUCCEEDED:
+            br = replace(br, result=Result.SUCCEEDED, message=decision.message, node=decision.node)
+            if d.bound_node != decision.node:
+                st = replace(st, phase=Phase.BOUND, node_name=decision.node, bound_at=now)
+        else:
+            br = replace(br, result=Result.REFUSED, message=decision.message, node=None)
+        updated.append(replace(d, status=replace(st, bind_request=br)))
+    return snap.with_devices(updated)
+
+
+# --- the judgement ----------------------------------------------------------------------------
+
+
+def _plural(word: str, items: list[str]) -> str:
+    return f"{word} {items[0]}" if len(items) == 1 else f"{word}es {', '.join(items)}"
+
+
+class _Set:
+    """A request's members resolved against a snapshot, with the per-node questions."""
+
+    def __init__(self, snap: Snapshot, request: Request, members: list[GPUDevice], class_names: list[str]):
+        self.snap, self.request, self.members, self.class_names = snap, request, members, class_names
+        res_of = {c: snap.classes[c].resource_name for c in class_names}
+        self.res_of = [res_of[m.class_name] for m in members]
+        self.total: dict[str, int] = {}
+        self.pending: dict[str, int] = {}
+        self.here: dict[str, dict[str, int]] = {}
+        for m, res in zip(members, self.res_of):
+            self.total[res] = self.total.get(res, 0) + 1
+            node = m.bound_node
+            if node is None:
+                self.pending[res] = self.pending.get(res, 0) + 1
+            else:
+                on = self.here.setdefault(node, {})
+                on[res] = on.get(res, 0) + 1
+        self.resources = sorted(self.total)
+        self.n_bound = len(members) - sum(self.pending.values())
+
+    def problems(self, node: str) -> list[str]:
+        """Why `node` is not eligible (B3) for the whole set; empty when it is."""
+        snap = self.snap
+        n = snap.nodes.get(node)
+        if n is None:
+            return ["gone"]
+        out = []
+        if n.unschedulable:
+            out.append("cordoned")
+        unserved = [c for c in self.class_names if not snap.serves(node, c)]
+        if unserved:
+            out.append("does not serve " + _plural("class", unserved))
+        sel = self.request.node_selector
+        if sel and not labels_include(snap.node_labels(node), sel):
+            out.append("does not match node selector " + ",".join(f"{k}={v}" for k, v in sel))
+        here = self.here.get(node, {})
+        for res in self.resources:
+            alloc = snap.allocatable(node, res)
+            if alloc <= 0:
+                continue  # reported as a class it does not serve
+            need = self.total[res] - here.get(res, 0)
+            free = snap.free(node, res)
+            if free < need:
+                used = snap.used(node, res)
+                if used > alloc:
+                    out.append(f"lost capacity of {res}: {used} bound of {alloc}")
+                else:
+                    out.append(f"needs {need} × {res}, has {max(free, 0)} free")
+        return out
+
+    def leftover(self, node: str) -> int:
+        here = self.here.get(node, {})
+        return sum(self.snap.free(node, r) - (self.total[r] - here.get(r, 0)) for r in self.resources)
+
+    def eligible_elsewhere(self, limit: int | None) -> list[tuple[int, str]]:
+        """Eligible nodes holding no member, as sorted (leftover, name), at least the first
+        `limit` in B4 order (all when None). Walks schedulable nodes tightest first."""
+        snap, total = self.snap, self.total
+        r0 = min(self.resources, key=lambda r: (len(snap.advertising_nodes(r)), r))
+        t0 = total[r0]
+        others = [r for r in self.resources if r != r0]
+        serving = sorted((snap.serving_nodes(c) for c in self.class_names), key=len)
+        sel = self.request.node_selector
+        holding = self.here
+        buckets = snap.free_buckets(r0)
+        found: list[tuple[int, str]] = []
+        for f in sorted(k for k in buckets if k >= t0):
+            if limit is not None and len(found) >= limit and (
+                    not others or sum(1 for lo, _ in found if lo < f - t0) >= limit):
+                break
+            for name in buckets[f]:
+                if name in holding:
+                    continue
+                for s in serving:
+                    if name not in s:
+                        break
+                else:
+                    if sel and not labels_include(snap.node_labels(name), sel):
+                        continue
+                    lo = f - t0
+                    for r in others:
+                        fr = snap.free(name, r) - total[r]
+                        if fr < 0:
+                            break
+                        lo += fr
+                    else:
+                        found.append((lo, name))
+                        if not others and limit is not None and len(found) >= limit:
+                            break
+        found.sort()
+        return found
+
+    def placement(self, node: str) -> Placement:
+        moves = tuple(Move(m.key, m.bound_node, node) for m in self.members if m.bound_node != node)
+        here = self.here.get(node, {})
+        needs = tuple((r, self.total[r] - here.get(r, 0)) for r in self.resources
+                      if self.total[r] - here.get(r, 0) > 0)
+        return Placement(node, moves, needs, tuple(sorted(self.pending.items())))
+
+    def explain(self) -> list[str]:
+        """Per-node reasons of a refusal, at most MESSAGE_NODES nodes (see there)."""
+        snap = self.snap
+        holding = sorted(self.here, key=lambda n: (self.n_bound - sum(self.here[n].values()), n))
+        advertising: set[str] = set()
+        for r in self.resources:
+            advertising.update(snap.advertising_nodes(r))
+        rest = advertising - set(holding)
+        total = len(holding) + len(rest)
+        if total == 0:
+            return ["no node serves " + ("class " + self.class_names[0] if len(self.class_names) == 1
+                                         else "any of classes " + ", ".join(self.class_names))]
+        shown = holding[:MESSAGE_NODES]
+        if len(shown) < MESSAGE_NODES and rest:
+            served = frozenset.intersection(*(snap.serving_nodes(c) for c in self.class_names)) & rest
+            sel = self.request.node_selector
+            matching = {n for n in served if not sel or labels_include(snap.node_labels(n), sel)}
+            cordoned = {n for n in matching if snap.nodes[n].unschedulable}
+            capacity_only = matching - cordoned
+            r0 = self.resources[0]
+            buckets = snap.free_buckets(r0)
+            ranked = [n for f in sorted(buckets, reverse=True) for n in buckets[f] if n in capacity_only]
+            ranked += sorted(capacity_only - set(ranked))
+            ranked += sorted(cordoned) + sorted(served - matching) + sorted(rest - served)
+            shown += ranked[:MESSAGE_NODES - len(shown)]
+        lines = [f"{n}: {', '.join(self.problems(n))}" for n in shown]
+        if total > len(shown):
+            more = total - len(shown)
+            lines.append(f"and {more} more node{'s' if more != 1 else ''}")
+        return lines
+
+
+def _judge(snap: Snapshot, request: Request, limit: int | None) -> tuple[Decision, str]:
+    """`decide`, also returning the reason of a refusal without its "refused … :" prefix
+    ("" on success). `check_set` uses the bare reason."""
+    if any(r.request_id == request.id for r in snap.reservations):
+        snap = snap.without_reservation(request.id)
+    ns = request.namespace
+    who = f"{ns}/{request.vmi} request {request.id}"
+    members: list[GPUDevice] = []
+    described: list[str] = []
+    problems: list[str] = []
+    seen: set[str] = set()
+    for name in request.devices:
+        if name in seen:
+            problems.append(f"device {name} listed twice")
+            continue
+        seen.add(name)
+        d = snap.device(ns, name)
+        if d is None:
+            described.append(f"{name} (not found)")
+            problems.append(f"device {name} not found")
+            continue
+        members.append(d)
+        described.append(f"{name} (Bound on {d.bound_node})" if d.bound_node else f"{name} (Pending)")
+    if not request.devices:
+        problems.append("request lists no devices")
+    class_names = list(dict.fromkeys(m.class_name for m in members))
+    class_problem = False
+    for c in class_names:
+        if c not in snap.classes:
+            problems.append(f"class {c} not found")
+            class_problem = True
+        elif not snap.entitled(ns, c):
+            problems.append(f"tenant {ns} not entitled to class {c}")
+            class_problem = True
+    head = "devices " + ", ".join(described) if described else "no devices"
+
+    def refuse(reasons: list[str]) -> tuple[Decision, str]:
+        body = "; ".join([head, *reasons])
+        return Decision(request.id, Result.REFUSED, None, (), f"refused {who}: {body}", "refused"), body
+
+    if class_problem or problems:
+        return refuse(problems)
+    s = _Set(snap, request, members, class_names)
+    for res in s.resources:
+        adds = s.pending.get(res, 0)
+        budget = snap.budget_of(ns, res)
+        if adds and budget is not None:
+            usage = snap.tenant_usage(ns, res)
+            if usage + adds > budget:
+                problems.append(budget_message(ns, res, usage, budget, adds))
+    if problems:
+        return refuse(problems)
+
+    def keep(node: str, rule: str, why: str) -> tuple[Decision, str]:
+        msg = (f"{who}: already placed on {node}" if rule == "B6" else
+               f"{who}: kept on cordoned node {node} ({rule}: {why}); the VMI waits for the cordon to lift")
+        return Decision(request.id, Result.SUCCEEDED, node, (Placement(node, (), (), ()),), msg, rule), ""
+
+    elsewhere: list[tuple[int, str]] | None = None
+    if not s.pending and len(s.here) == 1:
+        (home,) = s.here
+        home_problems = s.problems(home)
+        if not home_problems:
+            return keep(home, "B6", "")
+        if home in snap.nodes and snap.nodes[home].unschedulable:
+            stay = [c for c in class_names if snap.classes[c].on_cordon is OnCordon.STAY]
+            if stay:
+                blocked = (any(snap.lost_capacity(home, r) for r in s.resources)
+                           or any(not snap.serves(home, c) for c in class_names)
+                           or (request.node_selector
+                               and not labels_include(snap.node_labels(home), request.node_selector)))
+                if not blocked:
+                    return keep(home, "B5b", f"{_plural('class', stay)} {'is' if len(stay) == 1 else 'are'} onCordon Stay")
+            elif home_problems == ["cordoned"]:
+                elsewhere = s.eligible_elsewhere(limit)
+                if not elsewhere:
+                    return keep(home, "B5a", "the cordon is its only problem and no other node has room")
+    ranked = sorted(((s.n_bound - sum(s.here[n].values()), s.leftover(n), n)
+                     for n in s.here if not s.problems(n)))
+    nodes = [n for _, _, n in ranked]
+    if limit is None or len(nodes) < limit:
+        if elsewhere is None:
+            elsewhere = s.eligible_elsewhere(None if limit is None else limit - len(nodes))
+        nodes += [n for _, n in elsewhere]
+    if limit is not None:
+        nodes = nodes[:limit]
+    if not nodes:
+        return refuse(s.explain())
+    placements = tuple(s.placement(n) for n in nodes)
+    return Decision(request.id, Result.SUCCEEDED, nodes[0], placements,
+                    describe_placement(request, placements[0]), "B1"), ""

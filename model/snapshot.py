@@ -1,0 +1,549 @@
+"""The cluster as the binder and the webhook see it: an immutable `Snapshot` of nodes, GPU
+classes, devices, budgets, namespaces and in-flight reservations, with the capacity, budget
+and entitlement questions every decision asks, and `check_order`/`check_set` (W1).
+
+A Snapshot is built once (`Snapshot.build`) and never changes; `with_device`,
+`with_reservation` and friends return a new one that shares everything untouched. Counting is
+done through a private index (Bound devices per node and resource, per tenant and resource,
+and schedulable nodes bucketed by free units per resource) built lazily on the first question
+and carried over copy-on-write by `with_*`, so a decision never scans every device and looks
+at nodes in tightest-fit order.
+
+Conventions: a device is *Bound* when its phase is Bound and it names a node (a Bound device
+without `nodeName` counts as Pending); a device whose class is unknown counts against no
+resource. Units are devices (one unit of an extended resource per GPUDevice).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Iterable, Iterator, Mapping, Sequence
+
+from model.types import (
+    Budget,
+    GPUClass,
+    GPUDevice,
+    Namespace,
+    Node,
+    Phase,
+    labels_include,
+)
+
+Needs = tuple[tuple[str, int], ...]
+"""Units per resource name, sorted by resource name, only positive counts."""
+
+CHECK_REQUEST_ID = "(check)"
+"""Request id `check_set` uses for the one-node test; never a real (generated) id."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Capacity held for an in-flight request (a NodeActor's prepared, not yet committed
+    reservation): `needs` units per resource on `node`, and `budget_needs` budget slots per
+    resource of tenant `namespace` (the request's Pending members, about to become Bound).
+
+    Several reservations of one request (prepares on several nodes) each hold their `needs`
+    on their node, but the tenant's budget slots count once per request (the largest)."""
+
+    request_id: str
+    namespace: str
+    node: str
+    needs: Needs
+    budget_needs: Needs = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    """One device a VMI asks for (W1): a held device by name (`device`), or a new template
+    device of `class_name` (`device` None). For a held device that exists, its own class
+    governs and `class_name` is ignored."""
+
+    namespace: str
+    class_name: str
+    device: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Answer of `check_order`/`check_set`: admitted, or not with a `reason`; `node` is a node
+    where the order (or set) fits, chosen deterministically (tightest fit, then name)."""
+
+    admitted: bool
+    reason: str | None = None
+    node: str | None = None
+
+
+def budget_message(namespace: str, resource: str, usage: int, budget: int, adds: int) -> str:
+    """The wording of a budget refusal, shared by W1 and B1."""
+    return (f"budget of tenant {namespace} for {resource} exhausted: "
+            f"{usage} bound or reserved of {budget}, request adds {adds}")
+
+
+class _Static:
+    """What `with_*` never changes: nodes, classes, namespaces, budgets, and caches derived
+    from them only (memoised on first use, shared by every snapshot of one build)."""
+
+    __slots__ = ("nodes", "classes", "namespaces", "budgets", "alloc", "labels", "class_res",
+                 "advertising", "views", "_serving", "_entitled")
+
+    def __init__(self, nodes: Iterable[Node], classes: Iterable[GPUClass],
+                 namespaces: Iterable[Namespace], budgets: Iterable[Budget]) -> None:
+        self.nodes = {n.name: n for n in nodes}
+        self.classes = {c.name: c for c in classes}
+        self.namespaces = {n.name: n for n in namespaces}
+        self.budgets: dict[tuple[str, str], int] = {}
+        for b in budgets:
+            key = (b.namespace, b.resource_name)
+            self.budgets[key] = min(b.hard, self.budgets.get(key, b.hard))
+        self.alloc = {name: dict(n.allocatable) for name, n in self.nodes.items()}
+        self.labels = {name: dict(n.labels) for name, n in self.nodes.items()}
+        self.class_res = {c.name: c.resource_name for c in self.classes.values()}
+        adv: dict[str, list[str]] = {}
+        for name in sorted(self.nodes):
+            for res, q in self.alloc[name].items():
+                if q > 0:
+                    adv.setdefault(res, []).append(name)
+        self.advertising = {res: tuple(names) for res, names in adv.items()}
+        self.views = (MappingProxyType(self.nodes), MappingProxyType(self.classes),
+                      MappingProxyType(self.namespaces))
+        self._serving: dict[str, frozenset[str]] = {}
+        self._entitled: dict[tuple[str, str], bool] = {}
+
+    def serving(self, class_name: str) -> frozenset[str]:
+        """Nodes serving the class (allocatable > 0 and labels ⊇ nodeSelector), cordon aside."""
+        found = self._serving.get(class_name)
+        if found is None:
+            c = self.classes.get(class_name)
+            found = frozenset() if c is None else frozenset(
+                n for n in self.advertising.get(c.resource_name, ())
+                if labels_include(self.labels[n], c.node_selector))
+            self._serving[class_name] = found
+        return found
+
+    def entitled(self, namespace: str, class_name: str) -> bool:
+        key = (namespace, class_name)
+        ok = self._entitled.get(key)
+        if ok is None:
+            c = self.classes.get(class_name)
+            ns = self.namespaces.get(namespace)
+            ok = c is not None and (c.namespace_selector is None
+                                    or c.namespace_selector.matches(ns.labels if ns else ()))
+            self._entitled[key] = ok
+        return ok
+
+
+class _Index:
+    """Counts of one snapshot. `by_free[res][f]` lists, sorted, the schedulable nodes that
+    advertise `res` and have exactly `f` units free. Never mutated once made."""
+
+    __slots__ = ("used", "tenant_bound", "reserved", "tenant_reserved", "by_free")
+
+    def __init__(self, used, tenant_bound, reserved, tenant_reserved, by_free) -> None:
+        self.used: dict[tuple[str, str], int] = used
+        self.tenant_bound: dict[tuple[str, str], int] = tenant_bound
+        self.reserved: dict[tuple[str, str], int] = reserved
+        self.tenant_reserved: dict[tuple[str, str], int] = tenant_reserved
+        self.by_free: dict[str, dict[int, tuple[str, ...]]] = by_free
+
+    @staticmethod
+    def reservation_counts(reservations: Sequence[Reservation]):
+        reserved: dict[tuple[str, str], int] = {}
+        per_request: dict[tuple[str, str, str], int] = {}
+        for r in reservations:
+            for res, n in r.needs:
+                reserved[(r.node, res)] = reserved.get((r.node, res), 0) + n
+            for res, n in r.budget_needs:
+                key = (r.request_id, r.namespace, res)
+                per_request[key] = max(n, per_request.get(key, 0))
+        tenant: dict[tuple[str, str], int] = {}
+        for (_, ns, res), n in per_request.items():
+            tenant[(ns, res)] = tenant.get((ns, res), 0) + n
+        return reserved, tenant
+
+    @classmethod
+    def build(cls, st: _Static, by_ns: Mapping[str, Mapping[str, GPUDevice]],
+              reservations: Sequence[Reservation]) -> _Index:
+        used: dict[tuple[str, str], int] = {}
+        tenant: dict[tuple[str, str], int] = {}
+        class_res = st.class_res
+        for ns, devices in by_ns.items():
+            for d in devices.values():
+                node, res = d.bound_node, class_res.get(d.class_name)
+                if node is not None and res is not None:
+                    used[(node, res)] = used.get((node, res), 0) + 1
+                    tenant[(ns, res)] = tenant.get((ns, res), 0) + 1
+        reserved, tenant_reserved = cls.reservation_counts(reservations)
+        by_free: dict[str, dict[int, tuple[str, ...]]] = {}
+        for res, names in st.advertising.items():
+            buckets: dict[int, list[str]] = {}
+            for name in names:  # sorted, so every bucket is sorted
+                if not st.nodes[name].unschedulable:
+                    f = st.alloc[name][res] - used.get((name, res), 0) - reserved.get((name, res), 0)
+                    buckets.setdefault(f, []).append(name)
+            by_free[res] = {f: tuple(v) for f, v in buckets.items()}
+        return cls(used, tenant, reserved, tenant_reserved, by_free)
+
+    def derive(self, st: _Static, changes: Sequence[tuple[GPUDevice | None, GPUDevice | None]],
+               reservations: Sequence[Reservation] | None) -> _Index:
+        """The index after `changes` (old, new device pairs) and, when not None, with the
+        reservations replaced by `reservations`. Copies only the dicts it touches."""
+        d_used: dict[tuple[str, str], int] = {}
+        d_tenant: dict[tuple[str, str], int] = {}
+        for old, new in changes:
+            for dev, sign in ((old, -1), (new, 1)):
+                if dev is None:
+                    continue
+                node, res = dev.bound_node, st.class_res.get(dev.class_name)
+                if node is not None and res is not None:
+                    d_used[(node, res)] = d_used.get((node, res), 0) + sign
+                    d_tenant[(dev.namespace, res)] = d_tenant.get((dev.namespace, res), 0) + sign
+        used, tenant = self.used, self.tenant_bound
+        touched = {k for k, v in d_used.items() if v}
+        if touched:
+            used = dict(used)
+            for k in touched:
+                used[k] = used.get(k, 0) + d_used[k]
+        if any(d_tenant.values()):
+            tenant = dict(tenant)
+            for k, v in d_tenant.items():
+                tenant[k] = tenant.get(k, 0) + v
+        reserved, tenant_reserved = self.reserved, self.tenant_reserved
+        if reservations is not None:
+            reserved, tenant_reserved = self.reservation_counts(reservations)
+            touched |= {k for k in reserved.keys() | self.reserved.keys()
+                        if reserved.get(k, 0) != self.reserved.get(k, 0)}
+        by_free = self.by_free
+        copied: set[str] = set()
+        for node, res in sorted(touched):
+            if node not in st.nodes or st.nodes[node].unschedulable:
+                continue
+            alloc = st.alloc[node].get(res, 0)
+            if alloc <= 0:
+                continue
+            before = alloc - self.used.get((node, res), 0) - self.reserved.get((node, res), 0)
+            after = alloc - used.get((node, res), 0) - reserved.get((node, res), 0)
+            if before == after:
+                continue
+            if not copied:
+                by_free = dict(by_free)
+            if res not in copied:
+                by_free[res] = dict(by_free[res])
+                copied.add(res)
+            buckets = by_free[res]
+            old = buckets[before]
+            i = bisect.bisect_left(old, node)
+            if len(old) == 1:
+                del buckets[before]
+            else:
+                buckets[before] = old[:i] + old[i + 1:]
+            new = buckets.get(after, ())
+            j = bisect.bisect_left(new, node)
+            buckets[after] = new[:j] + (node,) + new[j:]
+        return _Index(used, tenant, reserved, tenant_reserved, by_free)
+
+
+class _DeviceMap(Mapping[tuple[str, str], GPUDevice]):
+    """Read-only view of a snapshot's devices keyed by (namespace, name)."""
+
+    __slots__ = ("_by_ns",)
+
+    def __init__(self, by_ns: Mapping[str, Mapping[str, GPUDevice]]) -> None:
+        self._by_ns = by_ns
+
+    def __getitem__(self, key: tuple[str, str]) -> GPUDevice:
+        ns, name = key
+        return self._by_ns[ns][name]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        for ns, devices in self._by_ns.items():
+            for name in devices:
+                yield (ns, name)
+
+    def __len__(self) -> int:
+        return sum(len(d) for d in self._by_ns.values())
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, tuple) or len(key) != 2:
+            return False
+        return key[1] in self._by_ns.get(key[0], {})
+
+
+class Snapshot:
+    """An immutable view of the cluster for one decision (DESIGN.md §2, §3, §6 model).
+
+    Build once with `Snapshot.build`; derive new snapshots with `with_device(s)`,
+    `without_device`, `with_reservation`, `without_reservation` (cheap: copy-on-write of the
+    touched entries). Safe to share between threads and tasks.
+    """
+
+    __slots__ = ("_st", "_by_ns", "_reservations", "_idx")
+
+    def __init__(self, st: _Static, by_ns: dict[str, dict[str, GPUDevice]],
+                 reservations: tuple[Reservation, ...], idx: _Index | None) -> None:
+        """Private: use `Snapshot.build`."""
+        self._st = st
+        self._by_ns = by_ns
+        self._reservations = reservations
+        self._idx = idx
+
+    @classmethod
+    def build(cls, *, nodes: Iterable[Node] = (), classes: Iterable[GPUClass] = (),
+              devices: Iterable[GPUDevice] = (), budgets: Iterable[Budget] = (),
+              namespaces: Iterable[Namespace] = (),
+              reservations: Iterable[Reservation] = ()) -> Snapshot:
+        """A snapshot of these objects. Later duplicates (same name or key) win; several
+        budgets of one tenant and resource keep the smallest. O(1) beyond copying the
+        inputs: the index is built on the first question."""
+        by_ns: dict[str, dict[str, GPUDevice]] = {}
+        for d in devices:
+            by_ns.setdefault(d.namespace, {})[d.name] = d
+        return cls(_Static(nodes, classes, namespaces, budgets), by_ns, tuple(reservations), None)
+
+    # --- read-only views --------------------------------------------------------------
+
+    @property
+    def nodes(self) -> Mapping[str, Node]:
+        """Nodes by name (a gone node is simply absent)."""
+        return self._st.views[0]
+
+    @property
+    def classes(self) -> Mapping[str, GPUClass]:
+        """GPUClasses by name."""
+        return self._st.views[1]
+
+    @property
+    def namespaces(self) -> Mapping[str, Namespace]:
+        """Namespaces by name (only those given to `build`)."""
+        return self._st.views[2]
+
+    @property
+    def devices(self) -> Mapping[tuple[str, str], GPUDevice]:
+        """GPUDevices by (namespace, name)."""
+        return _DeviceMap(self._by_ns)
+
+    @property
+    def reservations(self) -> tuple[Reservation, ...]:
+        """Reservations in flight, in the order they were added."""
+        return self._reservations
+
+    def device(self, namespace: str, name: str) -> GPUDevice | None:
+        """The device, or None when there is none of that name in `namespace`."""
+        return self._by_ns.get(namespace, {}).get(name)
+
+    def devices_in(self, namespace: str) -> Mapping[str, GPUDevice]:
+        """The devices of one tenant namespace by name (empty when it has none)."""
+        return MappingProxyType(self._by_ns.get(namespace, {}))
+
+    # --- counting ---------------------------------------------------------------------
+
+    def _index(self) -> _Index:
+        idx = self._idx
+        if idx is None:
+            idx = self._idx = _Index.build(self._st, self._by_ns, self._reservations)
+        return idx
+
+    def allocatable(self, node: str, resource: str) -> int:
+        """`status.allocatable[resource]` of `node`; 0 when the node is gone or lacks it."""
+        return self._st.alloc.get(node, {}).get(resource, 0)
+
+    def used(self, node: str, resource: str) -> int:
+        """Bound devices on `node` whose class has `resource` (units)."""
+        return self._index().used.get((node, resource), 0)
+
+    def reserved(self, node: str, resource: str) -> int:
+        """Units of `resource` held on `node` by reservations in flight."""
+        return self._index().reserved.get((node, resource), 0)
+
+    def free(self, node: str, resource: str) -> int:
+        """allocatable − used − reserved; negative means lost capacity (or over-reservation)."""
+        idx = self._index()
+        key = (node, resource)
+        return self.allocatable(node, resource) - idx.used.get(key, 0) - idx.reserved.get(key, 0)
+
+    def lost_capacity(self, node: str, resource: str) -> bool:
+        """True when `node` has more Bound devices of `resource` than allocatable (§2)."""
+        return self.used(node, resource) > self.allocatable(node, resource)
+
+    def tenant_usage(self, namespace: str, resource: str) -> int:
+        """The tenant's Bound devices of `resource` plus budget slots its reservations hold."""
+        idx = self._index()
+        key = (namespace, resource)
+        return idx.tenant_bound.get(key, 0) + idx.tenant_reserved.get(key, 0)
+
+    def budget_of(self, namespace: str, resource: str) -> int | None:
+        """The tenant's budget of `resource` (smallest quota), or None for no cap."""
+        return self._st.budgets.get((namespace, resource))
+
+    def entitled(self, namespace: str, class_name: str) -> bool:
+        """True when the class exists and its namespaceSelector (None: all) matches the
+        namespace's labels; a namespace absent from the snapshot has no labels."""
+        return self._st.entitled(namespace, class_name)
+
+    def serves(self, node_name: str, class_name: str) -> bool:
+        """True when the node exists, advertises the class's resource (allocatable > 0) and
+        carries the class's nodeSelector labels. A cordon does not matter here."""
+        return node_name in self._st.serving(class_name)
+
+    def serving_nodes(self, class_name: str) -> frozenset[str]:
+        """Every node serving `class_name` (see `serves`), cordoned ones included."""
+        return self._st.serving(class_name)
+
+    def advertising_nodes(self, resource: str) -> tuple[str, ...]:
+        """Nodes with allocatable[resource] > 0, sorted by name."""
+        return self._st.advertising.get(resource, ())
+
+    def free_buckets(self, resource: str) -> Mapping[int, tuple[str, ...]]:
+        """Schedulable nodes advertising `resource`, grouped by free units (each group sorted
+        by name). Read-only; for decisions that walk nodes in tightest-fit order."""
+        return self._index().by_free.get(resource, {})
+
+    def node_labels(self, node: str) -> Mapping[str, str]:
+        """The labels of `node` as a mapping (empty when gone)."""
+        return self._st.labels.get(node, {})
+
+    # --- W1 ---------------------------------------------------------------------------
+
+    def tightest_node(self, class_name: str, need: int = 1, exclude: frozenset[str] = frozenset()) -> str | None:
+        """A schedulable node serving `class_name` with at least `need` free units of its
+        resource, least free first, then by name; None when there is none."""
+        res = self._st.class_res.get(class_name)
+        if res is None:
+            return None
+        serving = self._st.serving(class_name)
+        buckets = self.free_buckets(res)
+        for f in sorted(k for k in buckets if k >= need):
+            for name in buckets[f]:
+                if name in serving and name not in exclude:
+                    return name
+        return None
+
+    def check_order(self, order: Order) -> Verdict:
+        """W1 for one device of one tenant. Refuses, in this order: a held device that does not
+        exist ("device gpu-x not found"), a class that does not exist ("class h100 not found"),
+        a class the tenant is not entitled to ("tenant tenant-a not entitled to class h100"),
+        no budget room when the device is not already Bound (`budget_message`), and no room:
+        admitted when the held device is Bound on a node that serves its class with nothing
+        over allocatable there (node = that node), or some schedulable node serving the class
+        has a free unit (node = the tightest such node, then by name)."""
+        ns, class_name = order.namespace, order.class_name
+        device = None
+        if order.device is not None:
+            device = self.device(ns, order.device)
+            if device is None:
+                return Verdict(False, f"device {order.device} not found")
+            class_name = device.class_name
+        cls = self._st.classes.get(class_name)
+        if cls is None:
+            return Verdict(False, f"class {class_name} not found")
+        if not self.entitled(ns, class_name):
+            return Verdict(False, f"tenant {ns} not entitled to class {class_name}")
+        res = cls.resource_name
+        bound = device.bound_node if device is not None else None
+        if bound is None:
+            budget = self.budget_of(ns, res)
+            usage = self.tenant_usage(ns, res)
+            if budget is not None and usage + 1 > budget:
+                return Verdict(False, budget_message(ns, res, usage, budget, 1))
+        elif self.serves(bound, class_name) and self.free(bound, res) >= 0:
+            return Verdict(True, node=bound)
+        node = self.tightest_node(class_name, 1)
+        if node is None:
+            return Verdict(False, f"no schedulable node serving class {class_name} has a free {res}")
+        return Verdict(True, node=node)
+
+    def check_set(self, namespace: str, orders: Sequence[Order]) -> Verdict:
+        """W1 for a whole set: `check_order` on each order in turn, adding each admitted
+        device as Bound on its verdict's node before checking the next (so budget and room
+        are judged for the set), then the binder's own judgement (`model.decide.decide`,
+        B1–B6) on a request of the set, with template devices as Pending devices named
+        "new <class> #<n>": the set must fit one node. The verdict's node is the node the
+        binder would choose now; the reason of a refusal is the binder's, without its
+        "refused <vmi> request <id>:" prefix."""
+        from model.decide import Request, _judge  # decide builds on this module
+
+        if not orders:
+            return Verdict(False, "no devices asked for")
+        snap = self
+        names: list[str] = []
+        templates: list[GPUDevice] = []
+        counts: dict[str, int] = {}
+        for order in orders:
+            if order.namespace != namespace:
+                return Verdict(False, f"device of namespace {order.namespace} in a set of tenant {namespace}")
+            if order.device is not None and order.device in names:
+                return Verdict(False, f"device {order.device} listed twice")
+            verdict = snap.check_order(order)
+            if not verdict.admitted:
+                return verdict
+            if order.device is not None:
+                base = snap.device(namespace, order.device)
+                assert base is not None
+            else:
+                counts[order.class_name] = counts.get(order.class_name, 0) + 1
+                base = GPUDevice(namespace, f"new {order.class_name} #{counts[order.class_name]}",
+                                 order.class_name)
+                templates.append(base)
+            names.append(base.name)
+            if base.bound_node != verdict.node:
+                snap = snap.with_device(replace(base, status=replace(
+                    base.status, phase=Phase.BOUND, node_name=verdict.node)))
+        whole = self.with_devices(templates) if templates else self
+        decision, reason = _judge(whole, Request(CHECK_REQUEST_ID, namespace, "", tuple(names)), 1)
+        if decision.node is None:
+            return Verdict(False, reason)
+        return Verdict(True, node=decision.node)
+
+    # --- deriving ---------------------------------------------------------------------
+
+    def with_devices(self, devices: Iterable[GPUDevice]) -> Snapshot:
+        """A snapshot with each device added, or replacing the one of the same key."""
+        by_ns = dict(self._by_ns)
+        copied: set[str] = set()
+        changes: list[tuple[GPUDevice | None, GPUDevice | None]] = []
+        for d in devices:
+            if d.namespace not in copied:
+                by_ns[d.namespace] = dict(by_ns.get(d.namespace, {}))
+                copied.add(d.namespace)
+            inner = by_ns[d.namespace]
+            changes.append((inner.get(d.name), d))
+            inner[d.name] = d
+        return self._derive(by_ns, changes, None)
+
+    def with_device(self, device: GPUDevice) -> Snapshot:
+        """A snapshot with `device` added, or replacing the one of the same key."""
+        return self.with_devices((device,))
+
+    def without_device(self, namespace: str, name: str) -> Snapshot:
+        """A snapshot without that device (itself when there is none)."""
+        old = self.device(namespace, name)
+        if old is None:
+            return self
+        by_ns = dict(self._by_ns)
+        inner = by_ns[namespace] = dict(by_ns[namespace])
+        del inner[name]
+        return self._derive(by_ns, [(old, None)], None)
+
+    def with_reservation(self, reservation: Reservation) -> Snapshot:
+        """A snapshot with `reservation` added, replacing one of the same request and node."""
+        kept = tuple(r for r in self._reservations
+                     if (r.request_id, r.node) != (reservation.request_id, reservation.node))
+        return self._derive(self._by_ns, (), kept + (reservation,))
+
+    def without_reservation(self, request_id: str) -> Snapshot:
+        """A snapshot without any reservation of `request_id` (itself when there is none)."""
+        kept = tuple(r for r in self._reservations if r.request_id != request_id)
+        if len(kept) == len(self._reservations):
+            return self
+        return self._derive(self._by_ns, (), kept)
+
+    def _derive(self, by_ns, changes, reservations) -> Snapshot:
+        idx = self._idx
+        if idx is not None:
+            idx = idx.derive(self._st, changes, reservations)
+        return Snapshot(self._st, by_ns, self._reservations if reservations is None else reservations, idx)
+
+    def __repr__(self) -> str:
+        return (f"<Snapshot nodes={len(self._st.nodes)} classes={len(self._st.classes)} "
+                f"devices={len(self.devices)} reservations={len(self._reservations)}>")
