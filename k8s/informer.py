@@ -94,6 +94,10 @@ class Informer:
         """A snapshot list of every cached object."""
         return list(self._cache.values())
 
+    def keys(self) -> set[Key]:
+        """The keys of every cached object."""
+        return set(self._cache)
+
     def subscribe(self) -> Subscription:
         """A new Subscription; it first reports a resync so the consumer reads everything."""
         sub = Subscription()

@@ -72,7 +72,7 @@ async def test_tenant_creates_devices_but_not_status_nor_other_namespaces(
                                                     device("theirs"))
     assert err.value.status == 403
     # the real kubectl, as the tenant, agrees
-    denied = control_plane.kubectl("auth", "can-i", "patch", "gpudevices/status", "-n",
+    denied = control_plane.kubectl("auth", "can-i", "patch", "gpudevices", "--subresource=status", "-n",
                                    a.namespace, kubeconfig=a.kubeconfig, check=False)
     assert denied.stdout.strip() == "no"
     allowed = control_plane.kubectl("auth", "can-i", "create", "gpudevices", "-n", a.namespace,
