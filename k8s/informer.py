@@ -80,6 +80,7 @@ class Informer:
         self._backoff_max = backoff_max
         self._cache: dict[Key, dict] = {}
         self._subs: list[Subscription] = []
+        self._listeners: list[Callable[[Key, dict | None], None]] = []
         self.resource_version: str | None = None
         self.synced = anyio.Event()
         self.relists = 0
@@ -105,9 +106,18 @@ class Informer:
         self._subs.append(sub)
         return sub
 
+    def add_listener(self, fn: Callable[[Key, dict | None], None]) -> None:
+        """Call `fn(key, obj)` synchronously on every change (`obj` None: deleted). After a
+        relist it is called for every key listed and every key that vanished."""
+        self._listeners.append(fn)
+
     def _notify(self, key: Key | None) -> None:
         for sub in self._subs:
             sub._mark(key)
+
+    def _tell(self, key: Key, obj: dict | None) -> None:
+        for fn in self._listeners:
+            fn(key, obj)
 
     # -- running ---------------------------------------------------------------------
     async def _list(self) -> str:
@@ -118,8 +128,13 @@ class Informer:
             resp.release()
         items = body.get("items") or []
         fresh = {key_of(o): o for o in items}
+        gone = set(self._cache) - set(fresh)
         self._cache = fresh
         self.relists += 1
+        for k in gone:
+            self._tell(k, None)
+        for k, o in fresh.items():
+            self._tell(k, o)
         self._notify(None)
         return (body.get("metadata") or {}).get("resourceVersion") or ""
 
@@ -134,6 +149,7 @@ class Informer:
                 return
             self._cache[k] = obj
         self.events += 1
+        self._tell(k, self._cache.get(k))
         self._notify(k)
 
     async def _watch(self, rv: str) -> str:

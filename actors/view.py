@@ -1,0 +1,192 @@
+"""`IndexedView`: a mutable, indexed set of model values that implements the `ClusterView`
+and `ChangeFeed` ports. The Kubernetes informer cache feeds it from watch events; the
+in-memory store can build on it. Devices are indexed by bound node and by bind-request id,
+and the model `Snapshot` is kept up to date incrementally for device changes (rebuilt
+lazily after a node, class, budget or namespace change).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Mapping
+
+import anyio
+from anyio.streams.memory import MemoryObjectSendStream
+
+from actors.ports import Change, ChangeKind, DeviceKey
+from model.snapshot import Snapshot
+from model.types import Budget, GPUClass, GPUDevice, Namespace, Node
+
+
+class IndexedView:
+    """ClusterView + ChangeFeed over model values. Not thread-safe; one event loop.
+
+    Writers call `put_*`/`remove_*` (each emits one `Change`); readers use the ClusterView
+    methods. `subscribe()` buffers without bound while subscribed (changes are small and
+    consumers drain them continuously); see `actors.ports.ChangeFeed`.
+    """
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, Node] = {}
+        self._classes: dict[str, GPUClass] = {}
+        self._namespaces: dict[str, Namespace] = {}
+        self._budgets: dict[tuple[str, str], Budget] = {}
+        self._devices: dict[DeviceKey, GPUDevice] = {}
+        self._on_node: dict[str, dict[DeviceKey, GPUDevice]] = {}
+        self._by_request: dict[tuple[str, str], dict[DeviceKey, GPUDevice]] = {}
+        self._snap: Snapshot | None = None
+        self._subscribers: list[MemoryObjectSendStream[Change]] = []
+
+    # -- ClusterView -----------------------------------------------------------------
+    def node(self, name: str) -> Node | None:
+        return self._nodes.get(name)
+
+    def nodes(self) -> Mapping[str, Node]:
+        return dict(self._nodes)
+
+    def classes(self) -> Mapping[str, GPUClass]:
+        return dict(self._classes)
+
+    def device(self, key: DeviceKey) -> GPUDevice | None:
+        return self._devices.get(key)
+
+    def devices(self) -> Mapping[DeviceKey, GPUDevice]:
+        return dict(self._devices)
+
+    def devices_on(self, node: str) -> tuple[GPUDevice, ...]:
+        return tuple(self._on_node.get(node, {}).values())
+
+    def request_members(self, namespace: str, request_id: str) -> tuple[GPUDevice, ...]:
+        return tuple(self._by_request.get((namespace, request_id), {}).values())
+
+    def budgets(self) -> tuple[Budget, ...]:
+        return tuple(self._budgets.values())
+
+    def namespaces(self) -> Mapping[str, Namespace]:
+        return dict(self._namespaces)
+
+    def snapshot(self) -> Snapshot:
+        if self._snap is None:
+            self._snap = Snapshot.build(
+                nodes=self._nodes.values(), classes=self._classes.values(),
+                devices=self._devices.values(), budgets=self._budgets.values(),
+                namespaces=self._namespaces.values())
+        return self._snap
+
+    # -- ChangeFeed ------------------------------------------------------------------
+    @asynccontextmanager
+    async def subscribe(self) -> AsyncIterator[AsyncIterator[Change]]:
+        send, receive = anyio.create_memory_object_stream[Change](math.inf)
+        self._subscribers.append(send)
+        try:
+            async with receive:
+                yield receive
+        finally:
+            self._subscribers.remove(send)
+            send.close()
+
+    def emit(self, kind: ChangeKind, key: str | DeviceKey) -> None:
+        """Tell every subscriber that `key` of `kind` changed."""
+        change = Change(kind, key)
+        for send in list(self._subscribers):
+            try:
+                send.send_nowait(change)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+
+    # -- writers ---------------------------------------------------------------------
+    def put_node(self, node: Node) -> None:
+        """Add or replace a Node."""
+        if self._nodes.get(node.name) != node:
+            self._nodes[node.name] = node
+            self._snap = None
+            self.emit("node", node.name)
+
+    def remove_node(self, name: str) -> None:
+        """Forget a Node (it is gone)."""
+        if self._nodes.pop(name, None) is not None:
+            self._snap = None
+            self.emit("node", name)
+
+    def put_class(self, cls: GPUClass) -> None:
+        """Add or replace a GPUClass."""
+        if self._classes.get(cls.name) != cls:
+            self._classes[cls.name] = cls
+            self._snap = None
+            self.emit("class", cls.name)
+
+    def remove_class(self, name: str) -> None:
+        """Forget a GPUClass."""
+        if self._classes.pop(name, None) is not None:
+            self._snap = None
+            self.emit("class", name)
+
+    def put_namespace(self, ns: Namespace) -> None:
+        """Add or replace a Namespace."""
+        if self._namespaces.get(ns.name) != ns:
+            self._namespaces[ns.name] = ns
+            self._snap = None
+            self.emit("namespace", ns.name)
+
+    def remove_namespace(self, name: str) -> None:
+        """Forget a Namespace."""
+        if self._namespaces.pop(name, None) is not None:
+            self._snap = None
+            self.emit("namespace", name)
+
+    def set_budgets(self, namespace: str, budgets: list[Budget]) -> None:
+        """Replace every budget of `namespace` (the smallest hard per resource is kept)."""
+        fresh: dict[tuple[str, str], Budget] = {}
+        for b in budgets:
+            k = (namespace, b.resource_name)
+            if k not in fresh or b.hard < fresh[k].hard:
+                fresh[k] = b
+        old = {k: v for k, v in self._budgets.items() if k[0] == namespace}
+        if old != fresh:
+            for k in old:
+                del self._budgets[k]
+            self._budgets.update(fresh)
+            self._snap = None
+            self.emit("budget", namespace)
+
+    def put_device(self, dev: GPUDevice) -> None:
+        """Add or replace a GPUDevice, keeping the indexes and the snapshot current."""
+        self._unindex(dev.key)
+        self._devices[dev.key] = dev
+        if dev.bound_node is not None:
+            self._on_node.setdefault(dev.bound_node, {})[dev.key] = dev
+        br = dev.status.bind_request
+        if br is not None:
+            self._by_request.setdefault((dev.namespace, br.id), {})[dev.key] = dev
+        if self._snap is not None:
+            self._snap = self._snap.with_device(dev)
+        self.emit("device", dev.key)
+
+    def remove_device(self, key: DeviceKey) -> None:
+        """Forget a GPUDevice (deleted)."""
+        if key not in self._devices:
+            return
+        self._unindex(key)
+        del self._devices[key]
+        if self._snap is not None:
+            self._snap = self._snap.without_device(*key)
+        self.emit("device", key)
+
+    def _unindex(self, key: DeviceKey) -> None:
+        old = self._devices.get(key)
+        if old is None:
+            return
+        if old.bound_node is not None:
+            bucket = self._on_node.get(old.bound_node)
+            if bucket is not None:
+                bucket.pop(key, None)
+                if not bucket:
+                    del self._on_node[old.bound_node]
+        br = old.status.bind_request
+        if br is not None:
+            bucket = self._by_request.get((key[0], br.id))
+            if bucket is not None:
+                bucket.pop(key, None)
+                if not bucket:
+                    del self._by_request[(key[0], br.id)]
