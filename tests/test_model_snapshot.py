@@ -1,0 +1,120 @@
+"""`model.snapshot`: counting, entitlement, reservations, the copy-on-write index, and
+`check_order`/`check_set` (W1), with refusal reasons asserted word for word."""
+
+from __future__ import annotations
+
+import pytest
+
+from model.snapshot import Order, Reservation, Snapshot, Verdict
+from model.types import Budget, LabelSelector, Namespace, SelectorRequirement
+from tests.test_model_decide import H, L, NS, dev, gpu_class, node, world
+
+
+def test_counting_used_reserved_free_and_lost_capacity():
+    s = world([node("node-1", 2), node("node-2", 4)],
+              [dev("a", "node-1"), dev("b", "node-1"), dev("c", "node-1"), dev("d"), dev("x", "node-2", cls="nope")],
+              reservations=[Reservation("r9", NS, "node-2", ((H, 3),), ((H, 2),))])
+    assert (s.used("node-1", H), s.free("node-1", H), s.lost_capacity("node-1", H)) == (3, -1, True)
+    assert (s.used("node-2", H), s.reserved("node-2", H), s.free("node-2", H)) == (0, 3, 1)
+    assert s.free("gone", H) == 0 and s.allocatable("node-2", L) == 0
+    assert s.tenant_usage(NS, H) == 5
+    assert s.free_buckets(H) == {-1: ("node-1",), 1: ("node-2",)}
+
+
+def test_budget_smallest_quota_and_reservations_count_once_per_request():
+    s = world([node("n1", 4), node("n2", 4)], [], budgets=[Budget(NS, H, 5), Budget(NS, H, 3)],
+              reservations=[Reservation("r1", NS, "n1", ((H, 2),), ((H, 2),)),
+                            Reservation("r1", NS, "n2", ((H, 2),), ((H, 2),))])
+    assert s.budget_of(NS, H) == 3 and s.budget_of(NS, L) is None and s.budget_of("other", H) is None
+    assert s.tenant_usage(NS, H) == 2
+    assert s.reserved("n1", H) == 2 and s.reserved("n2", H) == 2
+    assert s.without_reservation("r1").tenant_usage(NS, H) == 0
+    assert s.without_reservation("nope") is s
+    again = s.with_reservation(Reservation("r1", NS, "n1", ((H, 1),), ((H, 1),)))
+    assert again.reserved("n1", H) == 1 and len(again.reservations) == 2
+
+
+def test_entitlement_and_serving():
+    gold = LabelSelector((("tier", "gold"),), (SelectorRequirement("env", "NotIn", ("dev",)),))
+    classes = [gpu_class("h100", selector={"gpu": "h100"}, tenants=gold), gpu_class("open")]
+    s = world([node("n1", 1, gpu="h100"), node("n2", 1), node("n3", 0, 1, gpu="h100")], [], classes,
+              namespaces=[Namespace("gold", (("tier", "gold"),)), Namespace("golddev", (("tier", "gold"), ("env", "dev")))])
+    assert s.entitled("gold", "h100") and not s.entitled("golddev", "h100")
+    assert not s.entitled("unknown-ns", "h100") and s.entitled("unknown-ns", "open")
+    assert not s.entitled("gold", "missing")
+    assert s.serves("n1", "h100") and not s.serves("n2", "h100") and not s.serves("n3", "h100")
+    assert s.serves("n2", "open") and not s.serves("gone", "open")
+
+
+def test_index_is_copy_on_write():
+    base = world([node("n1", 2), node("n2", 2)], [dev("a")])
+    assert base.free("n1", H) == 2  # builds the index
+    moved = base.with_device(dev("a", "n1"))
+    assert (moved.used("n1", H), moved.free_buckets(H)) == (1, {1: ("n1",), 2: ("n2",)})
+    assert (base.used("n1", H), base.free_buckets(H)) == (0, {2: ("n1", "n2")})
+    assert base.device(NS, "a").bound_node is None and moved.devices[(NS, "a")].bound_node == "n1"
+    gone = moved.without_device(NS, "a")
+    assert gone.free_buckets(H) == {2: ("n1", "n2")} and (NS, "a") not in gone.devices
+    assert len(moved.devices) == 1 and list(moved.devices) == [(NS, "a")]
+
+
+# --- W1 ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("order, verdict", [
+    (Order(NS, "h100", "gpu-x"), Verdict(False, "device gpu-x not found")),
+    (Order(NS, "a100"), Verdict(False, "class a100 not found")),
+    (Order(NS, "l40s"), Verdict(False, "tenant tenant-a not entitled to class l40s")),
+    (Order(NS, "h100"), Verdict(False, "budget of tenant tenant-a for nvidia.com/H100 exhausted: "
+                                       "2 bound or reserved of 2, request adds 1")),
+    (Order(NS, "", "held"), Verdict(True, node="n1")),      # Bound in place: no budget needed
+    (Order(NS, "h100", "stray"), Verdict(True, node="n2")),  # Bound on a node that lost capacity: moves
+])
+def test_W1_check_order(order, verdict):
+    classes = [gpu_class(), gpu_class("l40s", L, tenants=LabelSelector((("tier", "gold"),)))]
+    s = world([node("n1", 1, 4, cordoned=True), node("n2", 3), node("n3", 1, cordoned=True)],
+              [dev("held", "n1"), dev("stray", "n3"), dev("spare", "n3", ns="tenant-b")], classes,
+              budgets=[Budget(NS, H, 2)])
+    assert s.check_order(order) == verdict
+
+
+def test_W1_check_order_no_room():
+    s = world([node("n1", 1, cordoned=True), node("n2", 1)], [dev("x", "n2", ns="other")])
+    assert s.check_order(Order(NS, "h100")) == Verdict(
+        False, "no schedulable node serving class h100 has a free nvidia.com/H100")
+
+
+def test_W1_check_set_adds_each_admitted_device_before_the_next():
+    s = world([node("n1", 2), node("n2", 1)], [dev("held", "n2")], budgets=[Budget(NS, H, 3)])
+    assert s.check_set(NS, [Order(NS, "h100"), Order(NS, "h100")]) == Verdict(True, node="n1")
+    assert s.check_set(NS, [Order(NS, "h100")] * 3) == Verdict(
+        False, "budget of tenant tenant-a for nvidia.com/H100 exhausted: 3 bound or reserved of 3, request adds 1")
+
+
+def test_W1_check_set_requires_one_node_for_the_whole_set():
+    s = world([node("n1", 1), node("n2", 1)], [])
+    v = s.check_set(NS, [Order(NS, "h100"), Order(NS, "h100")])
+    assert v == Verdict(False, "devices new h100 #1 (Pending), new h100 #2 (Pending); "
+                               "n1: needs 2 × nvidia.com/H100, has 1 free; n2: needs 2 × nvidia.com/H100, has 1 free")
+
+
+def test_W1_check_set_held_on_cordoned_node_follows_B5():
+    s = world([node("n1", 2, cordoned=True)], [dev("a", "n1"), dev("b", "n1")])
+    assert s.check_set(NS, [Order(NS, "", "a"), Order(NS, "", "b")]) == Verdict(True, node="n1")
+    assert s.check_set(NS, [Order(NS, "", "a"), Order(NS, "h100")]).admitted is False
+
+
+def test_W1_check_set_rejects_duplicates_and_foreign_orders():
+    s = world([node("n1", 2)], [dev("a")])
+    assert s.check_set(NS, [Order(NS, "", "a"), Order(NS, "", "a")]) == Verdict(False, "device a listed twice")
+    assert s.check_set(NS, [Order("other", "h100")]) == Verdict(False, "device of namespace other in a set of tenant tenant-a")
+    assert s.check_set(NS, []) == Verdict(False, "no devices asked for")
+
+
+def test_snapshot_views_are_read_only():
+    s = world([node("n1", 1)], [dev("a")])
+    with pytest.raises(TypeError):
+        s.nodes["n2"] = node("n2")  # type: ignore[index]
+    with pytest.raises(TypeError):
+        s.devices_in(NS)["b"] = dev("b")  # type: ignore[index]
+    assert isinstance(Snapshot.build(), Snapshot) and len(Snapshot.build().devices) == 0
