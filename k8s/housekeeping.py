@@ -107,20 +107,27 @@ class Housekeeper:
                             device=name, error=str(err)[:300])
 
     async def ensure_settings(self) -> None:
-        """H3: server-side apply the settings ConfigMap when the cache shows drift."""
+        """H3: create the settings ConfigMap, or replace its data when the cache shows drift."""
         want = desired_settings(self.cache, self.raw_policy)
         have = self.cache.settings.get((self.cache.settings_namespace, SETTINGS_NAME))
         if have is not None and (have.get("data") or {}) == want:
             return
-        body = {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": SETTINGS_NAME, "namespace": self.cache.settings_namespace,
-                             "labels": {"app.kubernetes.io/managed-by": "gpu-binder"}},
-                "data": want}
+        meta = {"name": SETTINGS_NAME, "namespace": self.cache.settings_namespace,
+                "labels": {"app.kubernetes.io/managed-by": "gpu-binder"}}
         try:
-            await self._core.patch_namespaced_config_map(
-                SETTINGS_NAME, self.cache.settings_namespace, body,
-                _content_type="application/apply-patch+yaml", field_manager=FIELD_MANAGER,
-                force=True, _request_timeout=self.timeout)
+            if have is None:
+                await self._core.create_namespaced_config_map(
+                    self.cache.settings_namespace,
+                    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": want},
+                    field_manager=FIELD_MANAGER, _request_timeout=self.timeout)
+            else:  # replace: data becomes exactly `want`, extra keys included (H3)
+                body = dict(have)
+                body["metadata"] = {**have["metadata"], "labels": {
+                    **(have["metadata"].get("labels") or {}), **meta["labels"]}}
+                body["data"] = want
+                await self._core.replace_namespaced_config_map(
+                    SETTINGS_NAME, self.cache.settings_namespace, body,
+                    field_manager=FIELD_MANAGER, _request_timeout=self.timeout)
             log.info("settings ConfigMap written", rule="H3", namespace=self.cache.settings_namespace,
                      drift=have is not None, **want)
         except Exception as exc:  # noqa: BLE001 - retried next round
