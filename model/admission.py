@@ -1,0 +1,169 @@
+"""The webhook's pure judgement of a VMI CREATE (DESIGN.md §4, W1 and W4) and the mutation
+of an admitted VMI (§2 VMI). No I/O: the k8s adapter supplies the snapshot, the set of
+live VMIs and the time, and carries out the writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Mapping, Sequence
+
+from model.parse import VMIAsk
+from model.settings import resource_names
+from model.snapshot import Order, Snapshot
+from model.types import HOSTNAME_LABEL, GPUDevice, Labels, Phase, Result
+
+MAX_NAME = 253
+
+
+def template_name(vmi: str, class_name: str, index: int) -> str:
+    """Deterministic name of template device `index` (0-based) of `class_name` for `vmi`, so
+    a retried admission finds it (W3 step 1): "<vmi>-<class>-<index>", shortened with a hash
+    when over 253 characters."""
+    name = f"{vmi}-{class_name}-{index}"
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return f"{name[:MAX_NAME - 11].rstrip('-.')}-{digest}"
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionPlan:
+    """What the webhook will reserve for one VMI: `held` device names, `templates` as
+    (device name, class name) in a deterministic order, and `devices` = all names (held
+    first). `node` is where W1 expects the set to fit (the binder decides for real)."""
+
+    namespace: str
+    vmi: str
+    held: tuple[str, ...]
+    templates: tuple[tuple[str, str], ...]
+    node: str | None
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return self.held + tuple(n for n, _ in self.templates)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A W1 denial: `message` tells the user what to fix."""
+
+    message: str
+
+
+def attachment_is_live(device: GPUDevice, live_vmis: set[tuple[str, str]], now: datetime,
+                       grace: timedelta) -> bool:
+    """W1: an attachment is live when its VMI exists or it is younger than `grace`."""
+    att = device.status.attached_to
+    if att is None:
+        return False
+    return (device.namespace, att.vmi) in live_vmis or now - att.since < grace
+
+
+def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
+          live_vmis: set[tuple[str, str]], now: datetime, grace: timedelta) -> AdmissionPlan | Refusal:
+    """W1: every check before any write. Refuses when a held device is missing, attached to
+    another live VMI, of a missing or unentitled class, when a template class is missing or
+    unentitled, when the tenant's budget has no room for the set, or when the set cannot fit
+    one node now (`Snapshot.check_set`). Template devices this VMI already has (a retried
+    admission, W4) are judged as the devices they are, not as new ones."""
+    templates: list[tuple[str, str]] = []
+    for class_name, count in ask.templates:
+        templates.extend((template_name(vmi, class_name, i), class_name) for i in range(count))
+    orders: list[Order] = []
+    for name in ask.held:
+        dev = snapshot.device(namespace, name)
+        if dev is None:
+            return Refusal(f"GPU device {name} not found in namespace {namespace}")
+        if dev.template_for is not None and dev.template_for != vmi:
+            return Refusal(f"GPU device {name} is a template device of VMI {dev.template_for}; "
+                           "only held devices can be named in gpu.cozystack.io/devices")
+        att = dev.status.attached_to
+        if att is not None and att.vmi != vmi and attachment_is_live(dev, live_vmis, now, grace):
+            return Refusal(f"GPU device {name} is attached to VMI {att.vmi}")
+        orders.append(Order(namespace, dev.class_name, name))
+    for name, class_name in templates:
+        dev = snapshot.device(namespace, name)
+        if dev is not None:
+            if dev.template_for != vmi or dev.class_name != class_name:
+                return Refusal(f"GPU device {name} exists and is not a {class_name} template "
+                               f"device of VMI {vmi}; delete it or rename the VMI")
+            orders.append(Order(namespace, class_name, name))
+        else:
+            orders.append(Order(namespace, class_name))
+    verdict = snapshot.check_set(namespace, orders)
+    if not verdict.admitted:
+        return Refusal(f"GPU set of VMI {namespace}/{vmi} cannot be placed: {verdict.reason}")
+    return AdmissionPlan(namespace, vmi, tuple(ask.held), tuple(templates), verdict.node)
+
+
+def already_admitted(snapshot: Snapshot, plan: AdmissionPlan) -> str | None:
+    """W4: the node when every device of the plan exists, is attached to the VMI and carries
+    a Succeeded request for it on one node where it is Bound; else None."""
+    nodes = set()
+    for name in plan.devices:
+        dev = snapshot.device(plan.namespace, name)
+        if dev is None:
+            return None
+        br, att = dev.status.bind_request, dev.status.attached_to
+        if att is None or att.vmi != plan.vmi or br is None or br.vmi != plan.vmi:
+            return None
+        if br.result is not Result.SUCCEEDED or br.node is None:
+            return None
+        if dev.status.phase is not Phase.BOUND or dev.status.node_name != br.node:
+            return None
+        nodes.add(br.node)
+    return nodes.pop() if len(nodes) == 1 else None
+
+
+def _escape(part: str) -> str:
+    return part.replace("~", "~0").replace("/", "~1")
+
+
+def vmi_patch(vmi: Mapping[str, Any], devices: Sequence[tuple[str, str]], node: str,
+              effective_resources: Sequence[str]) -> list[dict]:
+    """The JSONPatch that admits `vmi` (§2): one `spec.domain.devices.gpus` entry per
+    (device name, resource name) in `devices`, replacing entries naming a resource of
+    `effective_resources` and keeping the others, and
+    `spec.nodeSelector["kubernetes.io/hostname"] = node`."""
+    spec = vmi.get("spec") if isinstance(vmi.get("spec"), Mapping) else None
+    ops: list[dict] = []
+    effective = set(effective_resources)
+    ours = [{"name": name, "deviceName": res} for name, res in devices]
+    if spec is None:
+        return [{"op": "add", "path": "/spec", "value": {
+            "domain": {"devices": {"gpus": ours}}, "nodeSelector": {HOSTNAME_LABEL: node}}}]
+    domain = spec.get("domain") if isinstance(spec.get("domain"), Mapping) else None
+    if domain is None:
+        ops.append({"op": "add", "path": "/spec/domain", "value": {"devices": {"gpus": ours}}})
+    else:
+        devs = domain.get("devices") if isinstance(domain.get("devices"), Mapping) else None
+        if devs is None:
+            ops.append({"op": "add", "path": "/spec/domain/devices", "value": {"gpus": ours}})
+        else:
+            existing = devs.get("gpus") if isinstance(devs.get("gpus"), list) else []
+            kept = [g for g in existing
+                    if not (isinstance(g, Mapping) and g.get("deviceName") in effective)]
+            ops.append({"op": "add", "path": "/spec/domain/devices/gpus", "value": kept + ours})
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, Mapping):
+        ops.append({"op": "add", "path": f"/spec/nodeSelector/{_escape(HOSTNAME_LABEL)}",
+                    "value": node})
+    else:
+        ops.append({"op": "add", "path": "/spec/nodeSelector", "value": {HOSTNAME_LABEL: node}})
+    return ops
+
+
+def effective_resources(snapshot: Snapshot) -> tuple[str, ...]:
+    """The effective resource-name set of the snapshot's GPUClasses (sorted)."""
+    return resource_names(snapshot.classes.values())
+
+
+def node_selector_of(vmi: Mapping[str, Any]) -> Labels:
+    """The VMI's own `spec.nodeSelector` as frozen labels (copied into the bind request);
+    non-string entries are ignored."""
+    spec = vmi.get("spec") if isinstance(vmi.get("spec"), Mapping) else {}
+    sel = spec.get("nodeSelector") if isinstance(spec.get("nodeSelector"), Mapping) else {}
+    return tuple(sorted((k, v) for k, v in sel.items() if isinstance(k, str) and isinstance(v, str)))

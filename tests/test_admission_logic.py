@@ -1,0 +1,87 @@
+"""W1/W4 judgement and the VMI mutation of model.admission (pure)."""
+
+from datetime import datetime, timedelta, timezone
+
+from model.admission import (AdmissionPlan, Refusal, already_admitted, check, template_name,
+                             vmi_patch)
+from model.parse import VMIAsk
+from model.snapshot import Snapshot
+from model.types import (Attachment, BindRequest, Budget, DeviceStatus, GPUClass, GPUDevice,
+                         Node, Phase, Result)
+
+NOW = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
+GRACE = timedelta(minutes=2)
+H100 = "nvidia.com/H100"
+
+
+def snap(*devices, budget=None, free=2):
+    nodes = [Node("n1", allocatable=((H100, free),)), Node("n2", allocatable=((H100, 1),))]
+    budgets = [Budget("t1", H100, budget)] if budget is not None else []
+    return Snapshot.build(nodes=nodes, classes=[GPUClass("h100", H100)], devices=devices,
+                          budgets=budgets)
+
+
+def held(name, bound=None, attached=None, since_s=0, br=None):
+    return GPUDevice("t1", name, "h100", status=DeviceStatus(
+        phase=Phase.BOUND if bound else Phase.PENDING, node_name=bound,
+        attached_to=Attachment(attached, NOW - timedelta(seconds=since_s)) if attached else None,
+        bind_request=br))
+
+
+def test_W1_plan_names_templates_deterministically_and_picks_a_node():
+    got = check(snap(held("g1", bound="n1")), "t1", "vm", VMIAsk(("g1",), (("h100", 1),)),
+                set(), NOW, GRACE)
+    assert got == AdmissionPlan("t1", "vm", ("g1",), (("vm-h100-0", "h100"),), "n1")
+    assert got.devices == ("g1", "vm-h100-0")
+
+
+def test_W1_refuses_device_attached_to_live_vmi_but_not_a_stale_attachment():
+    busy = held("g1", bound="n1", attached="other", since_s=10)
+    assert check(snap(busy), "t1", "vm", VMIAsk(("g1",), ()), set(), NOW, GRACE) == \
+        Refusal("GPU device g1 is attached to VMI other")
+    stale = held("g1", bound="n1", attached="other", since_s=500)
+    assert isinstance(check(snap(stale), "t1", "vm", VMIAsk(("g1",), ()), set(), NOW, GRACE),
+                      AdmissionPlan)
+    assert check(snap(stale), "t1", "vm", VMIAsk(("g1",), ()), {("t1", "other")}, NOW, GRACE) \
+        == Refusal("GPU device g1 is attached to VMI other")
+
+
+def test_W1_refuses_missing_device_and_budget():
+    assert check(snap(), "t1", "vm", VMIAsk(("nope",), ()), set(), NOW, GRACE) == \
+        Refusal("GPU device nope not found in namespace t1")
+    got = check(snap(held("g1", bound="n1"), budget=1), "t1", "vm",
+                VMIAsk((), (("h100", 1),)), set(), NOW, GRACE)
+    assert isinstance(got, Refusal) and "budget of tenant t1 for nvidia.com/H100 exhausted" in got.message
+
+
+def test_W4_retry_counts_existing_bound_templates_once():
+    br = BindRequest("r1", "vm", ("vm-h100-0",), result=Result.SUCCEEDED, node="n1")
+    t = GPUDevice("t1", "vm-h100-0", "h100", template_for="vm", status=DeviceStatus(
+        phase=Phase.BOUND, node_name="n1", attached_to=Attachment("vm", NOW), bind_request=br))
+    s = snap(t, budget=1)
+    plan = check(s, "t1", "vm", VMIAsk((), (("h100", 1),)), set(), NOW, GRACE)
+    assert isinstance(plan, AdmissionPlan)
+    assert already_admitted(s, plan) == "n1"
+
+
+def test_template_name_is_bounded():
+    long = template_name("v" * 250, "h100", 3)
+    assert len(long) == 253 and long == template_name("v" * 250, "h100", 3)
+
+
+def test_vmi_patch_replaces_gpu_entries_of_effective_set_and_pins_node():
+    vmi = {"spec": {"domain": {"devices": {"gpus": [
+        {"name": "gpu1", "deviceName": "nvidia.com/H100"},
+        {"name": "other", "deviceName": "vendor.com/fpga"}]}}, "nodeSelector": {"zone": "a"}}}
+    ops = vmi_patch(vmi, [("g1", H100)], "n1", [H100])
+    assert ops == [
+        {"op": "add", "path": "/spec/domain/devices/gpus", "value": [
+            {"name": "other", "deviceName": "vendor.com/fpga"},
+            {"name": "g1", "deviceName": H100}]},
+        {"op": "add", "path": "/spec/nodeSelector/kubernetes.io~1hostname", "value": "n1"},
+    ]
+    assert vmi_patch({"spec": {}}, [("g1", H100)], "n2", [H100]) == [
+        {"op": "add", "path": "/spec/domain", "value": {"devices": {"gpus": [
+            {"name": "g1", "deviceName": H100}]}}},
+        {"op": "add", "path": "/spec/nodeSelector", "value": {"kubernetes.io/hostname": "n2"}},
+    ]
