@@ -1,0 +1,313 @@
+"""The VMI admission webhook's steps on the real API server (DESIGN.md §4, W1–W6).
+
+`VMIAdmission.handle(request)` is the pure-ish handler behind `k8s.webhook`: it judges with
+`model.admission.check` (W1, no writes), stops on a dry run (W2), then (W3) creates the
+template devices, writes `attachedTo` with optimistic concurrency, writes one `bindRequest`
+on every device, and waits on the informer — never polling the API — for the binder's
+results. It admits with a JSONPatch pinning the VMI, or cleans up what it wrote and denies
+(W5). Repeated calls are idempotent (W4). Writes use field manager `gpu-binder-webhook`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+import anyio
+import structlog
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
+
+from k8s import errors
+from k8s.cache import ClusterCache
+from k8s.webhook import allow, deny, patch_response
+from model.admission import (AdmissionPlan, Refusal, already_admitted, attachment_is_live,
+                             check, effective_resources, node_selector_of, vmi_patch)
+from model.parse import ParseError, format_time, parse_vmi_request
+from model.types import GROUP, TEMPLATE_FOR_LABEL, VERSION, GPUDevice, Result
+
+log = structlog.get_logger("gpu_binder.admission")
+
+FIELD_MANAGER = "gpu-binder-webhook"
+MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+class Denied(Exception):
+    """A step found a reason to refuse; `message` is shown to the user."""
+
+
+class ResultWaiter:
+    """Wakes admissions waiting for a request's results, from the device informer's events
+    (W3 step 4: waiting on the informer, not polling the API)."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+        self._events: dict[tuple[str, str], anyio.Event] = {}
+        cache.devices.add_listener(self._on_device)
+
+    def _on_device(self, key: tuple[str, str], obj: dict | None) -> None:
+        br = ((obj or {}).get("status") or {}).get("bindRequest") or {}
+        ev = self._events.get((key[0], br.get("id"))) if isinstance(br, dict) else None
+        if ev is not None:
+            ev.set()
+
+    async def wait(self, namespace: str, request_id: str, names: tuple[str, ...],
+                   timeout: float) -> list[GPUDevice] | None:
+        """The devices once every one carries `request_id` with a result; None on timeout
+        or when a device vanished or lost the request."""
+        key = (namespace, request_id)
+        with anyio.move_on_after(timeout):
+            while True:
+                self._events[key] = anyio.Event()
+                try:
+                    devs = [self.cache.view.device((namespace, n)) for n in names]
+                    if any(d is None for d in devs):
+                        return None
+                    brs = [d.status.bind_request for d in devs]
+                    if any(b is None or b.id != request_id for b in brs):
+                        return None
+                    if all(b.result is not None for b in brs):
+                        return devs
+                    await self._events[key].wait()
+                finally:
+                    self._events.pop(key, None)
+        return None
+
+
+class VMIAdmission:
+    """Handles VMI CREATE AdmissionReviews. `bind_timeout` (seconds) bounds the wait for
+    the binder; `grace` is `attachmentGrace`; `clock` returns aware UTC time."""
+
+    def __init__(self, api: ApiClient, cache: ClusterCache, *, bind_timeout: float,
+                 grace: timedelta, clock: Callable[[], datetime] | None = None,
+                 timeout: float = 5.0) -> None:
+        self.custom = CustomObjectsApi(api)
+        self.core = CoreV1Api(api)
+        self.cache = cache
+        self.bind_timeout = bind_timeout
+        self.grace = grace
+        self.now = clock or (lambda: datetime.now(timezone.utc))
+        self.timeout = timeout
+        self.waiter = ResultWaiter(cache)
+        self.admitted = 0
+        self.denied = 0
+
+    # -- entry -------------------------------------------------------------------------
+    async def handle(self, req: dict) -> dict:
+        """AdmissionRequest dict → AdmissionResponse dict. Never raises for bad input."""
+        uid = req["uid"]
+        kind = req.get("kind") if isinstance(req.get("kind"), dict) else {}
+        if (kind.get("group"), kind.get("kind")) != ("kubevirt.io", "VirtualMachineInstance"):
+            return deny(uid, f"gpu-binder admits only kubevirt.io VirtualMachineInstances, got "
+                             f"{kind.get('group')!r}/{kind.get('kind')!r}", 400, "BadRequest")
+        if req.get("operation") != "CREATE":
+            return deny(uid, f"gpu-binder handles CREATE only, got {req.get('operation')!r}",
+                        400, "BadRequest")
+        obj = req.get("object")
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        if not isinstance(meta, dict):
+            return deny(uid, "request.object.metadata must be an object", 400, "BadRequest")
+        annotations = meta.get("annotations")
+        if annotations is not None and not (
+                isinstance(annotations, dict)
+                and all(isinstance(k, str) and isinstance(v, str) for k, v in annotations.items())):
+            return deny(uid, "metadata.annotations must map strings to strings", 400, "BadRequest")
+        try:
+            ask = parse_vmi_request(annotations)
+        except ParseError as exc:
+            return deny(uid, f"invalid GPU annotations: {exc}", 422, "Invalid")
+        if ask is None:
+            return allow(uid)
+        namespace = req.get("namespace") or meta.get("namespace")
+        name = meta.get("name") or req.get("name")
+        if not isinstance(namespace, str) or not namespace or not isinstance(name, str) or not name:
+            return deny(uid, "a VMI asking for GPUs needs metadata.name and a namespace "
+                             "(generateName is not supported)", 422, "Invalid")
+        bound = structlog.contextvars.bound_contextvars(namespace=namespace, vmi=name)
+        with bound:
+            try:
+                resp = await self._admit(uid, namespace, name, obj, ask, bool(req.get("dryRun")))
+            except Denied as exc:
+                self.denied += 1
+                log.info("VMI denied", reason=str(exc)[:500])
+                await self._event(namespace, name, str(exc))
+                return deny(uid, str(exc))
+        self.admitted += 1
+        return resp
+
+    # -- steps -------------------------------------------------------------------------
+    async def _admit(self, uid: str, ns: str, vmi: str, obj: dict, ask, dry_run: bool) -> dict:
+        snap = self.cache.view.snapshot()
+        now = self.now()
+        plan = check(snap, ns, vmi, ask, self.cache.vmi_keys(), now, self.grace)
+        if isinstance(plan, Refusal):
+            raise Denied(plan.message)
+        node = already_admitted(snap, plan)
+        if node is not None:  # W4
+            log.info("VMI already admitted; no new request", node=node)
+            return self._admit_response(uid, obj, plan, node)
+        if dry_run:  # W2
+            return allow(uid, "dry run: GPU devices were checked but not reserved")
+        created: list[tuple[str, str]] = []  # (name, uid) of templates created here
+        attached: list[str] = []
+        request_id = uuid.uuid4().hex
+        try:
+            for name, class_name in plan.templates:                     # W3 (1)
+                if self.cache.view.device((ns, name)) is None:
+                    made = await self._create_template(ns, vmi, name, class_name)
+                    if made is not None:
+                        created.append((name, made))
+            for name in plan.devices:                                   # W3 (2)
+                await self._attach(ns, vmi, name, now)
+                attached.append(name)
+            selector = dict(node_selector_of(obj))
+            body = {"id": request_id, "vmi": vmi, "devices": list(plan.devices),
+                    "requestedAt": format_time(self.now())}
+            if selector:
+                body["nodeSelector"] = selector
+            for name in plan.devices:                                   # W3 (3)
+                await self._json_patch(ns, name, [
+                    {"op": "test", "path": "/status/attachedTo/vmi", "value": vmi},
+                    {"op": "add", "path": "/status/bindRequest", "value": body}])
+            devs = await self.waiter.wait(ns, request_id, plan.devices, self.bind_timeout)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await self._clean_up(ns, vmi, request_id, attached, created)
+            if isinstance(exc, Denied | errors.ApiError):
+                raise Denied(str(exc)) from exc
+            raise
+        if devs is None:                                                # W5 timeout
+            await self._clean_up(ns, vmi, request_id, attached, created)
+            raise Denied(f"GPU set of VMI {ns}/{vmi} was not bound within "
+                         f"{self.bind_timeout:.0f} s (request {request_id}); try again")
+        nodes = {d.status.bind_request.node for d in devs}
+        if all(d.status.bind_request.result is Result.SUCCEEDED for d in devs) and len(nodes) == 1:
+            node = nodes.pop()
+            log.info("VMI admitted", node=node, request=request_id, devices=list(plan.devices))
+            return self._admit_response(uid, obj, plan, node)
+        message = next((d.status.bind_request.message for d in devs
+                        if d.status.bind_request.result is Result.REFUSED), None)
+        await self._clean_up(ns, vmi, request_id, attached, created)
+        raise Denied(message or f"GPU set of VMI {ns}/{vmi} was refused by the binder")
+
+    def _admit_response(self, uid: str, obj: dict, plan: AdmissionPlan, node: str) -> dict:
+        snap = self.cache.view.snapshot()
+        pairs = []
+        for name in plan.devices:
+            dev = snap.device(plan.namespace, name)
+            cls = snap.classes.get(dev.class_name) if dev else None
+            if cls is None:
+                raise Denied(f"GPU device {name} or its class disappeared during admission")
+            pairs.append((name, cls.resource_name))
+        return patch_response(uid, vmi_patch(obj, pairs, node, effective_resources(snap)))
+
+    async def _create_template(self, ns: str, vmi: str, name: str, class_name: str) -> str | None:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUDevice",
+                "metadata": {"name": name, "namespace": ns,
+                             "labels": {TEMPLATE_FOR_LABEL: vmi}},
+                "spec": {"class": class_name}}
+        try:
+            made = await self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, ns, "gpudevices", body, field_manager=FIELD_MANAGER,
+                _request_timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001
+            err = errors.translate(exc, f"create template GPUDevice {ns}/{name}")
+            if isinstance(err, errors.AlreadyExists):
+                return None  # a retry of ours made it: found in place (W4)
+            raise err from exc
+        await self._wait_cached(ns, name)
+        return made["metadata"]["uid"]
+
+    async def _wait_cached(self, ns: str, name: str, timeout: float = 5.0) -> None:
+        with anyio.move_on_after(timeout):
+            while self.cache.view.device((ns, name)) is None:
+                await anyio.sleep(0.02)
+
+    async def _attach(self, ns: str, vmi: str, name: str, now: datetime) -> None:
+        """W3 (2): write attachedTo with optimistic concurrency (resourceVersion)."""
+        for _ in range(5):
+            raw = await self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, ns, "gpudevices", name, _request_timeout=self.timeout)
+            dev = self.cache.view.device((ns, name))
+            att = (raw.get("status") or {}).get("attachedTo") or {}
+            if att.get("vmi") == vmi:
+                return
+            if att.get("vmi") and dev is not None and dev.status.attached_to is not None \
+                    and attachment_is_live(dev, self.cache.vmi_keys(), self.now(), self.grace):
+                raise Denied(f"GPU device {name} is attached to VMI {att.get('vmi')}")
+            patch = {"metadata": {"resourceVersion": raw["metadata"]["resourceVersion"]},
+                     "status": {"attachedTo": {"vmi": vmi, "since": format_time(now)}}}
+            try:
+                await self.custom.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, ns, "gpudevices", name, patch, _content_type=MERGE,
+                    field_manager=FIELD_MANAGER, _request_timeout=self.timeout)
+                return
+            except Exception as exc:  # noqa: BLE001
+                err = errors.translate(exc, f"attach GPUDevice {ns}/{name}")
+                if isinstance(err, errors.Conflict):
+                    continue  # re-read and re-judge
+                raise err from exc
+        raise Denied(f"GPU device {name} kept changing while attaching it; try again")
+
+    async def _json_patch(self, ns: str, name: str, ops: list[dict]) -> None:
+        try:
+            await self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, ns, "gpudevices", name, ops, _content_type=JSON_PATCH,
+                field_manager=FIELD_MANAGER, _request_timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001
+            err = errors.translate(exc, f"patch GPUDevice {ns}/{name}")
+            if isinstance(err, errors.Invalid):
+                raise Denied(f"GPU device {name} was taken by another VMI meanwhile") from exc
+            raise err from exc
+
+    async def _clean_up(self, ns: str, vmi: str, request_id: str, attached: list[str],
+                        created: list[tuple[str, str]]) -> None:
+        """W5: clear what this call wrote. A request the binder already decided (its
+        `bindRequest.node` is set, B7) is left for the binder to finish; housekeeping
+        clears it later (H1)."""
+        decided = False
+        for name in attached:
+            dev = self.cache.view.device((ns, name))
+            br = dev.status.bind_request if dev else None
+            mine = br is not None and br.id == request_id
+            if mine and br.node is not None and br.result is None:
+                decided = True
+            ops: list[dict[str, Any]] = [
+                {"op": "test", "path": "/status/attachedTo/vmi", "value": vmi},
+                {"op": "remove", "path": "/status/attachedTo"}]
+            if mine and not decided:
+                ops += [{"op": "test", "path": "/status/bindRequest/id", "value": request_id},
+                        {"op": "remove", "path": "/status/bindRequest"}]
+            try:
+                with anyio.fail_after(self.timeout + 1):
+                    await self._json_patch(ns, name, ops)
+            except Exception as exc:  # noqa: BLE001 - housekeeping (H1) retries later
+                log.warning("clean-up of attachment failed", device=name, error=repr(exc)[:200])
+        if decided:
+            return
+        for name, made_uid in created:
+            try:
+                with anyio.fail_after(self.timeout + 1):
+                    await self.custom.delete_namespaced_custom_object(
+                        GROUP, VERSION, ns, "gpudevices", name,
+                        body={"preconditions": {"uid": made_uid}}, _request_timeout=self.timeout)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("clean-up of template failed", device=name, error=repr(exc)[:200])
+
+    async def _event(self, ns: str, vmi: str, message: str) -> None:
+        """A Warning Event about the refused VMI, so `kubectl get events` shows why."""
+        now = format_time(self.now())
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{vmi}.", "namespace": ns},
+                "involvedObject": {"apiVersion": "kubevirt.io/v1",
+                                   "kind": "VirtualMachineInstance", "name": vmi, "namespace": ns},
+                "reason": "GPUSetRefused", "message": message[:1024], "type": "Warning",
+                "source": {"component": "gpu-binder"}, "firstTimestamp": now,
+                "lastTimestamp": now, "count": 1, "reportingComponent": "gpu-binder",
+                "reportingInstance": "webhook"}
+        try:
+            with anyio.fail_after(self.timeout):
+                await self.core.create_namespaced_event(ns, body, _request_timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001 - an Event is best effort
+            log.warning("event not recorded", error=repr(exc)[:200])
