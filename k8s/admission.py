@@ -266,13 +266,15 @@ class VMIAdmission:
         """W5: clear what this call wrote. A request the binder already decided (its
         `bindRequest.node` is set, B7) is left for the binder to finish; housekeeping
         clears it later (H1)."""
-        decided = False
-        for name in attached:
+        def request_of(name: str):
             dev = self.cache.view.device((ns, name))
             br = dev.status.bind_request if dev else None
-            mine = br is not None and br.id == request_id
-            if mine and br.node is not None and br.result is None:
-                decided = True
+            return br if br is not None and br.id == request_id else None
+
+        decided = any((br := request_of(n)) is not None and br.node is not None
+                      and br.result is None for n in attached)
+        for name in attached:
+            mine = request_of(name) is not None
             ops: list[dict[str, Any]] = [
                 {"op": "test", "path": "/status/attachedTo/vmi", "value": vmi},
                 {"op": "remove", "path": "/status/attachedTo"}]

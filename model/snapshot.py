@@ -107,7 +107,7 @@ class _Static:
                     adv.setdefault(res, []).append(name)
         self.advertising = {res: tuple(names) for res, names in adv.items()}
         self.views = (MappingProxyType(self.nodes), MappingProxyType(self.classes),
-                      MappingProxyType(self.namespaces))
+                      MappingProxyType(self.namespaces), MappingProxyType(self.budgets))
         self._serving: dict[str, frozenset[str]] = {}
         self._entitled: dict[tuple[str, str], bool] = {}
 
@@ -317,6 +317,11 @@ class Snapshot:
     def namespaces(self) -> Mapping[str, Namespace]:
         """Namespaces by name (only those given to `build`)."""
         return self._st.views[2]
+
+    @property
+    def budgets(self) -> Mapping[tuple[str, str], int]:
+        """Budgets by (namespace, resource name): the smallest hard of each."""
+        return self._st.views[3]
 
     @property
     def devices(self) -> Mapping[tuple[str, str], GPUDevice]:
@@ -537,6 +542,14 @@ class Snapshot:
         if len(kept) == len(self._reservations):
             return self
         return self._derive(self._by_ns, (), kept)
+
+    def with_nodes(self, nodes: Iterable[Node]) -> Snapshot:
+        """A snapshot whose nodes are exactly `nodes` (leave a gone node out); devices,
+        classes, budgets, namespaces and reservations are kept. The index is rebuilt on the
+        first question, so this costs one pass over the devices then."""
+        st = _Static(nodes, self._st.classes.values(), self._st.namespaces.values(), ())
+        st.budgets.update(self._st.budgets)
+        return Snapshot(st, self._by_ns, self._reservations, None)
 
     def _derive(self, by_ns, changes, reservations) -> Snapshot:
         idx = self._idx
