@@ -21,6 +21,21 @@ def _cluster_up(args: argparse.Namespace) -> int:
         return 2
 
 
+def _controller(args: argparse.Namespace) -> int:
+    import anyio
+
+    from k8s import config as config_mod
+    from k8s.controller import Controller
+
+    flags = {k: v for k, v in vars(args).items() if k in config_mod.Config.__dataclass_fields__}
+    try:
+        cfg = config_mod.load(args.config, flags=flags)
+    except (ValueError, OSError) as exc:
+        print(f"gpu-binder controller: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    return anyio.run(Controller(cfg).run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     parser = argparse.ArgumentParser(prog="gpu-binder", description=__doc__.splitlines()[0])
@@ -31,6 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
     up = csub.add_parser("up", help="run it in the foreground until Ctrl-C/SIGTERM")
     up.add_argument("--dir", required=True, help="where to write the kubeconfigs")
     up.set_defaults(func=_cluster_up)
+
+    from k8s.config import Config
+
+    ctl = sub.add_parser("controller", help="run one controller replica (binder, webhook, "
+                         "housekeeping)")
+    ctl.add_argument("--config", help="YAML/JSON file of settings (e.g. a mounted ConfigMap)")
+    for name, f in Config.__dataclass_fields__.items():
+        ctl.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                         help=f"(default: {'see docs' if name == 'identity' else f.default})")
+    ctl.set_defaults(func=_controller)
     return parser
 
 

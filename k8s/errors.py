@@ -81,3 +81,25 @@ def translate(exc: BaseException, what: str) -> ApiError:
             cls = ApiError
         return cls(what, status, message, retry_after)
     return Unavailable(what, 0, repr(exc)[:300])
+
+
+async def read_json(resp, what: str) -> dict:
+    """Body of a raw (`_preload_content=False`) response as a dict. kubernetes_asyncio does
+    not raise for error statuses in that mode, so this raises the ApiException it would
+    have raised (status, reason, body), and ApiException(status=0) for a non-JSON body."""
+    try:
+        body = await resp.read()
+    finally:
+        resp.release()
+    if resp.status >= 400:
+        exc = ApiException(status=resp.status, reason=str(resp.reason or what))
+        exc.body = body
+        exc.headers = dict(resp.headers or {})
+        raise exc
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as err:
+        raise ApiException(status=0, reason=f"{what}: response is not JSON: {err}") from err
+    if not isinstance(doc, dict):
+        raise ApiException(status=0, reason=f"{what}: response is not a JSON object")
+    return doc

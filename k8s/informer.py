@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable
 
 import anyio
-import orjson
 import structlog
 from anyio.abc import TaskStatus
 from kubernetes_asyncio.client import ApiException
 from kubernetes_asyncio.watch import Watch
+
+from k8s.errors import read_json
 
 log = structlog.get_logger("gpu_binder.informer")
 
@@ -122,10 +123,7 @@ class Informer:
     # -- running ---------------------------------------------------------------------
     async def _list(self) -> str:
         resp = await self._list_fn(_preload_content=False, _request_timeout=60)
-        try:
-            body = orjson.loads(await resp.read())
-        finally:
-            resp.release()
+        body = await read_json(resp, f"list {self.name}")
         items = body.get("items") or []
         fresh = {key_of(o): o for o in items}
         gone = set(self._cache) - set(fresh)

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import anyio
-import orjson
 import structlog
 from anyio.abc import TaskStatus
 from kubernetes_asyncio.client import ApiException, CoordinationV1Api
+
+from k8s.errors import read_json
 
 log = structlog.get_logger("gpu_binder.leader")
 
@@ -73,18 +74,15 @@ class LeaderElector:
 
     # -- API -----------------------------------------------------------------------------
     async def _read(self) -> dict | None:
+        resp = await self.api.read_namespaced_lease(
+            self.cfg.name, self.cfg.namespace, _preload_content=False,
+            _request_timeout=self.cfg.retry_period)
         try:
-            resp = await self.api.read_namespaced_lease(
-                self.cfg.name, self.cfg.namespace, _preload_content=False,
-                _request_timeout=self.cfg.retry_period)
+            return await read_json(resp, f"read Lease {self.cfg.name}")
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        try:
-            return orjson.loads(await resp.read())
-        finally:
-            resp.release()
 
     def _spec(self, prior: dict | None, acquiring: bool) -> dict:
         now = _now()

@@ -119,12 +119,15 @@ def server_ssl_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
 
 
 async def serve(app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None,
-                *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-    """Serve `app` until cancelled (AppRunner + TCPSite; shutdown bounded to 5 s)."""
+                *, reuse_port: bool = False, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    """Serve `app` until cancelled (AppRunner + TCPSite; shutdown bounded to 5 s).
+    `reuse_port` lets several replicas on one host share the port (the kernel spreads
+    connections among them, as a Service would)."""
     runner = web.AppRunner(app, shutdown_timeout=5, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context,
+                           reuse_port=reuse_port or None)
         await site.start()
         task_status.started()
         await anyio.sleep_forever()

@@ -1,0 +1,147 @@
+"""`gpu-binder controller`: the process, wired in start order (controller-runtime style).
+
+1. HTTP first: `/healthz`, `/readyz`, `/metrics` (prometheus-client) and the webhook, which
+   denies (fail closed) until the cache has synced;
+2. the informers (wait for sync), then `/readyz` turns ok;
+3. the Lease loop; while leading, the binder (supervisor, node actors, coordinator) and
+   housekeeping run in one task group, cancelled together when leadership is lost.
+SIGTERM/SIGINT cancel everything in reverse order; a held Lease is released. A supervisor
+escalation (restart intensity exceeded) propagates out and the process exits non-zero.
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+from datetime import timedelta
+from pathlib import Path
+
+import anyio
+import structlog
+from aiohttp import web
+from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
+
+from actors.logging import close_logging, configure_logging
+from actors.ports import SystemClock
+from k8s.admission import VMIAdmission
+from k8s.cache import ClusterCache
+from k8s.config import Config
+from k8s.housekeeping import Housekeeper
+from k8s.leader import LeaderElector, LeaseConfig
+from k8s.metrics import Metrics
+from k8s.status_writer import ApiStatusWriter
+from k8s.webhook import deny, make_app, serve, server_ssl_context
+from supervisor.binder import Binder, BinderConfig
+from supervisor.tree import SupervisorEscalation
+
+log = structlog.get_logger("gpu_binder.controller")
+
+
+async def make_api_client(kubeconfig: str | None) -> ApiClient:
+    """An ApiClient from a kubeconfig file, or the in-cluster service account when None."""
+    from kubernetes_asyncio import config as kconfig
+
+    if kubeconfig:
+        return await kconfig.new_client_from_config(config_file=kubeconfig)
+    kconfig.load_incluster_config()
+    return ApiClient()
+
+
+class Controller:
+    """One replica. `run()` returns the exit code: 0 after a signal, 1 after an escalation."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.synced = False
+        self.binder: Binder | None = None
+        self.elector: LeaderElector | None = None
+
+    def _health_app(self, metrics: Metrics) -> web.Application:
+        async def healthz(_: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        async def readyz(_: web.Request) -> web.Response:
+            if self.synced:
+                return web.Response(text="ok")
+            return web.Response(status=503, text="informers not synced")
+
+        async def metrics_view(_: web.Request) -> web.Response:
+            body, ctype = metrics.render()
+            return web.Response(body=body, headers={"Content-Type": ctype})
+
+        app = web.Application()
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+        app.router.add_get("/metrics", metrics_view)
+        return app
+
+    async def run(self) -> int:
+        cfg = self.cfg
+        configure_logging(log_dir=cfg.log_dir)
+        log.info("starting", identity=cfg.identity, lease=cfg.lease_name,
+                 webhook_port=cfg.webhook_port, metrics_port=cfg.metrics_port)
+        api = await make_api_client(cfg.kubeconfig)
+        try:
+            return await self._run(api)
+        except SupervisorEscalation as exc:
+            log.error("supervisor escalated; exiting", child=exc.child_id, error=str(exc))
+            return 1
+        finally:
+            with anyio.CancelScope(shield=True):
+                await api.close()
+            log.info("stopped", identity=cfg.identity)
+            close_logging()
+
+    async def _run(self, api: ApiClient) -> int:
+        cfg = self.cfg
+        cache = ClusterCache(api, settings_namespace=cfg.settings_namespace)
+        grace = timedelta(seconds=cfg.attachment_grace)
+        admission = VMIAdmission(api, cache, bind_timeout=cfg.bind_timeout, grace=grace)
+        self.elector = LeaderElector(CoordinationV1Api(api), cfg.identity, LeaseConfig(
+            namespace=cfg.lease_namespace, name=cfg.lease_name,
+            lease_duration=cfg.lease_duration, renew_deadline=cfg.renew_deadline,
+            retry_period=cfg.retry_period))
+        metrics = Metrics(self, admission)
+
+        async def admit(req: dict) -> dict:
+            if not self.synced:  # W6: fail closed until the cache is complete
+                return deny(req["uid"], "gpu-binder is starting (cache not synced); retry",
+                            503, "ServiceUnavailable")
+            with metrics.admission_latency.time():
+                return await admission.handle(req)
+
+        async def lead() -> None:
+            writer = ApiStatusWriter(api, timeout=min(5.0, cfg.renew_deadline / 2))
+            self.binder = Binder(cache.view, cache.view, writer, SystemClock(), BinderConfig())
+            keeper = Housekeeper(api, cache, grace=grace, raw_policy=cfg.raw_resource_names,
+                                 period=cfg.housekeeping_period)
+            try:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(self.binder.run)
+                    tg.start_soon(keeper.run)
+            finally:
+                self.binder = None
+
+        async with anyio.create_task_group() as tg:
+            async def on_signal() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for signum in signals:
+                        log.info("signal received; shutting down", signal=signum)
+                        tg.cancel_scope.cancel()
+                        return
+
+            tg.start_soon(on_signal)
+            if cfg.metrics_port:
+                await tg.start(serve, self._health_app(metrics), cfg.metrics_host,
+                               cfg.metrics_port, None)
+            if cfg.webhook_port:
+                ctx = server_ssl_context(Path(cfg.webhook_cert), Path(cfg.webhook_key))
+                await tg.start(functools.partial(
+                    serve, make_app(admit, timeout=cfg.bind_timeout + 3), cfg.webhook_host,
+                    cfg.webhook_port, ctx, reuse_port=True))
+            await tg.start(cache.run)
+            self.synced = True
+            log.info("cache synced", devices=len(cache.view.devices()),
+                     nodes=len(cache.view.nodes()))
+            await tg.start(self.elector.run, lead)
+        return 0

@@ -1,0 +1,83 @@
+"""Prometheus metrics of one replica (prometheus-client, a registry per process).
+
+Counters and histograms are updated where things happen (admissions, decisions); the actor
+tree's figures (restarts, reservations in flight, mailbox depth) and leadership are read on
+scrape from the frozen `statistics()` values, so nothing reaches inside an actor.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from k8s.admission import VMIAdmission
+    from k8s.controller import Controller
+
+
+class _TreeCollector:
+    def __init__(self, controller: "Controller", admission: "VMIAdmission") -> None:
+        self.controller = controller
+        self.admission = admission
+
+    def collect(self) -> Iterator:
+        elector = self.controller.elector
+        leader = GaugeMetricFamily("gpu_binder_leader", "1 while this replica holds the Lease")
+        leader.add_metric([], 1.0 if elector is not None and elector.is_leader else 0.0)
+        yield leader
+        transitions = CounterMetricFamily("gpu_binder_leader_transitions",
+                                          "times this replica became leader")
+        transitions.add_metric([], float(elector.transitions if elector else 0))
+        yield transitions
+        adm = CounterMetricFamily("gpu_binder_admissions", "VMI admissions by outcome",
+                                  labels=["outcome"])
+        adm.add_metric(["admitted"], float(self.admission.admitted))
+        adm.add_metric(["denied"], float(self.admission.denied))
+        yield adm
+        binder = self.controller.binder
+        stats = binder.statistics() if binder is not None else None
+        restarts = CounterMetricFamily("gpu_binder_actor_restarts",
+                                       "actor restarts by the supervisor")
+        reservations = GaugeMetricFamily("gpu_binder_reservations_in_flight",
+                                         "capacity reservations held by node actors")
+        inflight = GaugeMetricFamily("gpu_binder_requests_in_flight",
+                                     "requests decided whose writes are not yet visible")
+        depth = GaugeMetricFamily("gpu_binder_mailbox_depth", "messages queued, all actors")
+        actors = GaugeMetricFamily("gpu_binder_actors", "running actors")
+        if stats is not None:
+            children = stats.children.values()
+            restarts.add_metric([], float(stats.restarts))
+            reservations.add_metric([], float(sum(c.reservations for c in children
+                                                  if c.name.startswith("node:"))))
+            inflight.add_metric([], float(sum(c.reservations for c in children
+                                              if not c.name.startswith("node:"))))
+            depth.add_metric([], float(sum(c.mailbox_depth for c in children)))
+            actors.add_metric([], float(sum(1 for c in children if c.running)))
+        else:
+            for fam in (restarts, reservations, inflight, depth, actors):
+                fam.add_metric([], 0.0)
+        yield from (restarts, reservations, inflight, depth, actors)
+
+
+class Metrics:
+    """The replica's registry. `render()` gives (body bytes, content type) for /metrics."""
+
+    def __init__(self, controller: "Controller", admission: "VMIAdmission") -> None:
+        self.registry = CollectorRegistry()
+        self.admission_latency = Histogram(
+            "gpu_binder_admission_seconds", "VMI admission latency (webhook, seconds)",
+            registry=self.registry,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30))
+        self.decisions = Counter("gpu_binder_decisions", "binder results by result and rule",
+                                 ["result", "rule"], registry=self.registry)
+        self.decision_latency = Histogram(
+            "gpu_binder_decision_seconds", "binder decision latency (seconds)",
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
+        self.registry.register(_TreeCollector(controller, admission))
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
