@@ -54,21 +54,25 @@ class ResultWaiter:
 
     async def wait(self, namespace: str, request_id: str, names: tuple[str, ...],
                    timeout: float) -> list[GPUDevice] | None:
-        """The devices once every one carries `request_id` with a result; None on timeout
-        or when a device vanished or lost the request."""
+        """The devices once every one carries `request_id` with a result; None on timeout,
+        or when a device that was seen carrying the request vanished or lost it."""
         key = (namespace, request_id)
+        seen: set[str] = set()  # devices the cache has shown carrying the request
         with anyio.move_on_after(timeout):
             while True:
                 self._events[key] = anyio.Event()
                 try:
                     devs = [self.cache.view.device((namespace, n)) for n in names]
-                    if any(d is None for d in devs):
+                    carrying = {d.name for d in devs if d is not None
+                                and d.status.bind_request is not None
+                                and d.status.bind_request.id == request_id}
+                    if seen - carrying:  # deleted, or the request was cleared or replaced
                         return None
-                    brs = [d.status.bind_request for d in devs]
-                    if any(b is None or b.id != request_id for b in brs):
-                        return None
-                    if all(b.result is not None for b in brs):
+                    seen |= carrying
+                    if len(carrying) == len(names) and all(
+                            d.status.bind_request.result is not None for d in devs):
                         return devs
+                    # the cache may still be behind our own writes: wait for the informer
                     await self._events[key].wait()
                 finally:
                     self._events.pop(key, None)
