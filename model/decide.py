@@ -8,13 +8,14 @@ Pure: `decide` reads a `Snapshot` and returns a `Decision`; nothing here writes 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Iterable
 
 from model.snapshot import Snapshot, budget_message
 from model.types import (
     BindRequest,
+    DeviceStatus,
     GPUDevice,
     Labels,
     OnCordon,
@@ -23,10 +24,12 @@ from model.types import (
     labels_include,
 )
 
-MAX_PLACEMENTS = 16
-"""Default bound on `Decision.placements`: the first eligible nodes in B4 order. Listing all
-of a large fleet's nodes would cost more than the decision; if every listed node refuses a
-prepare, the coordinator decides again against its refreshed snapshot."""
+MAX_PLACEMENTS = 4
+"""Default bound on `Decision.placements`: the first eligible nodes in B4 order. Listing every
+eligible node of a large fleet would cost more than the decision itself (a placement of 8
+devices is 8 Move values); a node actor refuses a prepare only when the coordinator's
+snapshot is stale, so if every listed node refuses, the coordinator decides again against its
+refreshed snapshot. Pass `limit=None` to `decide` for every eligible node."""
 
 MESSAGE_NODES = 10
 """Most nodes a refusal message explains one by one; the rest are counted ("and 4990 more
@@ -165,23 +168,28 @@ def apply_decision(snapshot: Snapshot, request: Request, decision: Decision, *, 
     one of this id) gets result, message and node; the request's reservations are dropped.
     Missing members are skipped."""
     snap = snapshot.without_reservation(request.id)
+    ok = decision.result is Result.SUCCEEDED
+    node = decision.node if ok else None
     updated = []
+    written: dict[tuple, BindRequest] = {}  # members usually carry equal requests: share one
     for name in dict.fromkeys(request.devices):
         d = snap.device(request.namespace, name)
         if d is None:
             continue
         st = d.status
-        br = st.bind_request
-        if br is None or br.id != request.id:
-            br = BindRequest(request.id, request.vmi, request.devices, request.requested_at,
-                             request.node_selector)
-        if decision.result is Result.SUCCEEDED:
-            br = replace(br, result=Result.SUCCEEDED, message=decision.message, node=decision.node)
-            if d.bound_node != decision.node:
-                st = replace(st, phase=Phase.BOUND, node_name=decision.node, bound_at=now)
+        old = st.bind_request
+        key = ((request.id, request.vmi, request.devices, request.requested_at, request.node_selector)
+               if old is None or old.id != request.id else
+               (old.id, old.vmi, old.devices, old.requested_at, old.node_selector))
+        br = written.get(key)
+        if br is None:
+            br = written[key] = BindRequest(*key, decision.result, decision.message, node)
+        if ok and d.bound_node != node:
+            st = DeviceStatus(Phase.BOUND, node, now, st.attached_to, br)
         else:
-            br = replace(br, result=Result.REFUSED, message=decision.message, node=None)
-        updated.append(replace(d, status=replace(st, bind_request=br)))
+            st = DeviceStatus(st.phase, st.node_name, st.bound_at, st.attached_to, br)
+        updated.append(GPUDevice(d.namespace, d.name, d.class_name, d.template_for, st,
+                                 d.resource_version, d.uid, d.created_at))
     return snap.with_devices(updated)
 
 
@@ -212,6 +220,8 @@ class _Set:
                 on[res] = on.get(res, 0) + 1
         self.resources = sorted(self.total)
         self.n_bound = len(members) - sum(self.pending.values())
+        self.where = [(m.key, m.status.node_name if m.status.phase is Phase.BOUND else None) for m in members]
+        self.budget_needs = tuple(sorted(self.pending.items()))
 
     def problems(self, node: str) -> list[str]:
         """Why `node` is not eligible (B3) for the whole set; empty when it is."""
@@ -286,11 +296,14 @@ class _Set:
         return found
 
     def placement(self, node: str) -> Placement:
-        moves = tuple(Move(m.key, m.bound_node, node) for m in self.members if m.bound_node != node)
-        here = self.here.get(node, {})
-        needs = tuple((r, self.total[r] - here.get(r, 0)) for r in self.resources
-                      if self.total[r] - here.get(r, 0) > 0)
-        return Placement(node, moves, needs, tuple(sorted(self.pending.items())))
+        moves = tuple([Move(key, at, node) for key, at in self.where if at != node])
+        here = self.here.get(node)
+        if here is None:
+            needs = tuple([(r, self.total[r]) for r in self.resources])
+        else:
+            needs = tuple([(r, self.total[r] - here.get(r, 0)) for r in self.resources
+                           if self.total[r] - here.get(r, 0) > 0])
+        return Placement(node, moves, needs, self.budget_needs)
 
     def explain(self) -> list[str]:
         """Per-node reasons of a refusal, at most MESSAGE_NODES nodes (see there)."""
@@ -308,14 +321,19 @@ class _Set:
         if len(shown) < MESSAGE_NODES and rest:
             served = frozenset.intersection(*(snap.serving_nodes(c) for c in self.class_names)) & rest
             sel = self.request.node_selector
-            matching = {n for n in served if not sel or labels_include(snap.node_labels(n), sel)}
-            cordoned = {n for n in matching if snap.nodes[n].unschedulable}
+            matching = {n for n in served if labels_include(snap.node_labels(n), sel)} if sel else served
+            cordoned = matching & snap.cordoned_nodes()
             capacity_only = matching - cordoned
-            r0 = self.resources[0]
-            buckets = snap.free_buckets(r0)
-            ranked = [n for f in sorted(buckets, reverse=True) for n in buckets[f] if n in capacity_only]
-            ranked += sorted(capacity_only - set(ranked))
-            ranked += sorted(cordoned) + sorted(served - matching) + sorted(rest - served)
+            buckets = snap.free_buckets(self.resources[0])
+            ranked = []  # capacity-only failures, most free first: every one is in a bucket
+            for f in sorted(buckets, reverse=True):
+                ranked += [n for n in buckets[f] if n in capacity_only]
+                if len(shown) + len(ranked) >= MESSAGE_NODES:
+                    break
+            for group in (cordoned, served - matching, rest - served):
+                if len(shown) + len(ranked) >= MESSAGE_NODES:
+                    break
+                ranked += sorted(group)
             shown += ranked[:MESSAGE_NODES - len(shown)]
         lines = [f"{n}: {', '.join(self.problems(n))}" for n in shown]
         if total > len(shown):

@@ -86,7 +86,7 @@ class _Static:
     from them only (memoised on first use, shared by every snapshot of one build)."""
 
     __slots__ = ("nodes", "classes", "namespaces", "budgets", "alloc", "labels", "class_res",
-                 "advertising", "views", "_serving", "_entitled")
+                 "advertising", "cordoned", "views", "_serving", "_entitled")
 
     def __init__(self, nodes: Iterable[Node], classes: Iterable[GPUClass],
                  namespaces: Iterable[Namespace], budgets: Iterable[Budget]) -> None:
@@ -106,6 +106,7 @@ class _Static:
                 if q > 0:
                     adv.setdefault(res, []).append(name)
         self.advertising = {res: tuple(names) for res, names in adv.items()}
+        self.cordoned = frozenset(name for name, n in self.nodes.items() if n.unschedulable)
         self.views = (MappingProxyType(self.nodes), MappingProxyType(self.classes),
                       MappingProxyType(self.namespaces), MappingProxyType(self.budgets))
         self._serving: dict[str, frozenset[str]] = {}
@@ -216,7 +217,7 @@ class _Index:
                         if reserved.get(k, 0) != self.reserved.get(k, 0)}
         by_free = self.by_free
         copied: set[str] = set()
-        for node, res in sorted(touched):
+        for node, res in touched:
             if node not in st.nodes or st.nodes[node].unschedulable:
                 continue
             alloc = st.alloc[node].get(res, 0)
@@ -399,6 +400,10 @@ class Snapshot:
         """Nodes with allocatable[resource] > 0, sorted by name."""
         return self._st.advertising.get(resource, ())
 
+    def cordoned_nodes(self) -> frozenset[str]:
+        """Names of the cordoned nodes (`spec.unschedulable`)."""
+        return self._st.cordoned
+
     def free_buckets(self, resource: str) -> Mapping[int, tuple[str, ...]]:
         """Schedulable nodes advertising `resource`, grouped by free units (each group sorted
         by name). Read-only; for decisions that walk nodes in tightest-fit order."""
@@ -520,15 +525,28 @@ class Snapshot:
         """A snapshot with `device` added, or replacing the one of the same key."""
         return self.with_devices((device,))
 
+    def without_devices(self, keys: Iterable[tuple[str, str]]) -> Snapshot:
+        """A snapshot without the devices of these (namespace, name) keys; keys of no device
+        are ignored (itself when none is present)."""
+        by_ns = self._by_ns
+        copied: set[str] = set()
+        changes: list[tuple[GPUDevice | None, GPUDevice | None]] = []
+        for ns, name in keys:
+            old = by_ns.get(ns, {}).get(name)
+            if old is None:
+                continue
+            if not copied:
+                by_ns = dict(by_ns)
+            if ns not in copied:
+                by_ns[ns] = dict(by_ns[ns])
+                copied.add(ns)
+            del by_ns[ns][name]
+            changes.append((old, None))
+        return self._derive(by_ns, changes, None) if changes else self
+
     def without_device(self, namespace: str, name: str) -> Snapshot:
         """A snapshot without that device (itself when there is none)."""
-        old = self.device(namespace, name)
-        if old is None:
-            return self
-        by_ns = dict(self._by_ns)
-        inner = by_ns[namespace] = dict(by_ns[namespace])
-        del inner[name]
-        return self._derive(by_ns, [(old, None)], None)
+        return self.without_devices(((namespace, name),))
 
     def with_reservation(self, reservation: Reservation) -> Snapshot:
         """A snapshot with `reservation` added, replacing one of the same request and node."""
