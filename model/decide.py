@@ -146,7 +146,11 @@ def decide(snapshot: Snapshot, request: Request, *, limit: int | None = MAX_PLAC
     request's nodeSelector, a choice beyond the seed, since the VMI could not run there);
     else B1 over the eligible nodes (B3) in B4 order, or refused with a message naming every
     device and its node and why each candidate node failed (see MESSAGE_NODES).
+
+    Raises ValueError when `limit` is below 1; never raises for any snapshot or request.
     """
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be at least 1 or None, got {limit}")
     decision, _ = _judge(snapshot, request, limit)
     return decision
 

@@ -170,7 +170,7 @@ def parse_quantity_int(value: Any) -> int | None:
 # --- objects --------------------------------------------------------------------------------
 
 
-def parse_label_selector(value: Any, reader: _Reader, field: str) -> LabelSelector:
+def _parse_label_selector(value: Any, reader: _Reader, field: str) -> LabelSelector:
     """A LabelSelector object (`matchLabels`, `matchExpressions`); raises ParseError on unknown
     operators, `In`/`NotIn` without values or `Exists`/`DoesNotExist` with values."""
     m = reader.obj(value, field)
@@ -213,13 +213,13 @@ def parse_gpu_class(obj: dict) -> GPUClass:
         resource_name=resource,
         on_cordon=OnCordon(on_cordon),
         node_selector=r.labels(spec.get("nodeSelector"), "spec.nodeSelector"),
-        namespace_selector=None if ns_sel is None else parse_label_selector(ns_sel, r, "spec.namespaceSelector"),
+        namespace_selector=None if ns_sel is None else _parse_label_selector(ns_sel, r, "spec.namespaceSelector"),
     )
 
 
 def parse_node(obj: dict) -> Node:
     """A core Node → Node. `status.allocatable` keeps every entry whose quantity is a whole
-    number (so "4" and "16Gi" are kept, "3500m" is dropped); `spec.unschedulable` is the
+    non-negative number (so "4" and "16Gi" are kept, "3500m" is dropped); `spec.unschedulable` is the
     cordon. Raises ParseError for a missing name or malformed labels/allocatable."""
     r, meta = _metadata(obj, "Node", namespaced=False)
     spec = r.obj(obj.get("spec"), "spec")
@@ -228,7 +228,7 @@ def parse_node(obj: dict) -> Node:
     allocatable = []
     for key, q in alloc.items():
         n = parse_quantity_int(q)
-        if isinstance(key, str) and n is not None:
+        if isinstance(key, str) and n is not None and n >= 0:
             allocatable.append((key, n))
     unsched = spec.get("unschedulable", False)
     if not isinstance(unsched, bool):

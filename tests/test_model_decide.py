@@ -167,6 +167,32 @@ def test_B1_no_node_serves_class():
         "refused tenant-a/vm-1 request r1: devices gpu-a (Pending); no node serves class h100")
 
 
+# --- B2 single decision loop (the model's part: the ledger it judges against) -------------
+
+
+def test_B2_two_requests_racing_for_one_unit_cannot_both_win():
+    s = world([node("node-1", 1)], [dev("gpu-a"), dev("gpu-b")])
+    first = decide(s, req("gpu-a", rid="r1"))
+    s = apply_decision(s, req("gpu-a", rid="r1"), first, now=NOW)
+    second = decide(s, req("gpu-b", rid="r2"))
+    assert (first.result, second.result) == (Result.SUCCEEDED, Result.REFUSED)
+
+
+def test_B2_a_reservation_in_flight_holds_the_unit_and_the_budget_slot():
+    s = world([node("node-1", 2)], [dev("gpu-a"), dev("gpu-b")], budgets=[Budget(NS, H, 1)])
+    first = decide(s, req("gpu-a", rid="r1"))
+    p = first.placements[0]
+    held = s.with_reservation(Reservation("r1", NS, p.node, p.needs, p.budget_needs))
+    assert decide(held, req("gpu-b", rid="r2")).message.endswith(
+        "budget of tenant tenant-a for nvidia.com/H100 exhausted: 1 bound or reserved of 1, request adds 1")
+    assert decide(held.without_reservation("r1"), req("gpu-b", rid="r2")).result is Result.SUCCEEDED
+
+
+def test_decide_rejects_a_limit_below_one():
+    with pytest.raises(ValueError):
+        decide(world([node("node-1", 1)], [dev("gpu-a")]), req("gpu-a"), limit=0)
+
+
 # --- B3 eligible node ---------------------------------------------------------------------
 
 

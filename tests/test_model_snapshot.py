@@ -118,3 +118,14 @@ def test_snapshot_views_are_read_only():
     with pytest.raises(TypeError):
         s.devices_in(NS)["b"] = dev("b")  # type: ignore[index]
     assert isinstance(Snapshot.build(), Snapshot) and len(Snapshot.build().devices) == 0
+
+
+def test_with_nodes_replaces_the_fleet_and_keeps_the_rest():
+    s = world([node("n1", 2), node("n2", 2)], [dev("a", "n1")], budgets=[Budget(NS, H, 1)],
+              reservations=[Reservation("r", NS, "n2", ((H, 1),))])
+    assert s.free("n2", H) == 1
+    t = s.with_nodes([node("n1", 1, cordoned=True), node("n3", 4)])
+    assert set(t.nodes) == {"n1", "n3"} and t.cordoned_nodes() == {"n1"}
+    assert (t.free("n1", H), t.free("n2", H), t.budget_of(NS, H), t.reserved("n2", H)) == (0, -1, 1, 1)
+    assert t.free_buckets(H) == {4: ("n3",)}
+    assert t.device(NS, "a") is s.device(NS, "a")
