@@ -106,3 +106,45 @@ async def tenant_client():
     finally:
         for c in made:
             await c.close()
+
+
+# -- the whole system: control plane + controllers + webhook -----------------------------
+
+FAST_CONTROLLER_ARGS = (
+    "--lease-duration=4", "--renew-deadline=3", "--retry-period=0.5",
+    "--attachment-grace=8", "--bind-timeout=6", "--housekeeping-period=1",
+)
+
+
+@pytest.fixture(scope="module")
+def system(control_plane, tmp_path_factory):
+    """Two controller replicas (short Lease and grace for tests) on the session's control
+    plane, webhook registered; stopped at the end of the module. The Lease is deleted first
+    so a previous module's replicas do not hold it."""
+    from k8s.localcluster import LocalCluster
+
+    control_plane.kubectl("delete", "lease", "gpu-binder", "-n", "cozy-system",
+                          "--ignore-not-found")
+    lc = LocalCluster(controllers=2, controller_args=FAST_CONTROLLER_ARGS,
+                      control_plane=control_plane,
+                      log_dir=tmp_path_factory.mktemp("controller-logs"))
+    lc.start()
+    try:
+        yield lc
+    finally:
+        lc.stop()
+        control_plane.kubectl("delete", "mutatingwebhookconfiguration", "gpu-binder",
+                              "--ignore-not-found")
+
+
+@pytest.fixture
+async def fleet(admin_client):
+    """`k8s.fleet.Fleet` on the admin client."""
+    from k8s.fleet import Fleet
+
+    return Fleet(admin_client)
+
+
+def unique(prefix: str) -> str:
+    """A name unique to this test run (cluster-scoped objects are shared by tests)."""
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"

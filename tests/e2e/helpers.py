@@ -1,0 +1,51 @@
+"""Small helpers for e2e tests: bounded polling and writing bind requests as the webhook
+would (attachedTo + bindRequest), through the API server."""
+
+from __future__ import annotations
+
+import time
+from typing import Awaitable, Callable, TypeVar
+
+import anyio
+
+T = TypeVar("T")
+WEBHOOK_MANAGER = "gpu-binder-webhook"
+
+
+async def eventually(probe: Callable[[], Awaitable[T]], *, timeout: float = 20.0,
+                     interval: float = 0.2, what: str = "condition") -> T:
+    """Call `probe` until it returns a truthy value; fail after `timeout` seconds with the
+    last value seen."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await anyio.sleep(interval)
+    raise AssertionError(f"{what} not reached within {timeout:.0f} s; last: {last!r}")
+
+
+def stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+async def request(fleet, namespace: str, request_id: str, vmi: str, devices: list[str],
+                  node_selector: dict[str, str] | None = None) -> None:
+    """Write attachedTo and one bindRequest on every device (W3 steps 2-3)."""
+    # a merge patch merges into an older bindRequest: null the binder's fields explicitly
+    br = {"id": request_id, "vmi": vmi, "devices": devices, "requestedAt": stamp(),
+          "result": None, "message": None, "node": None, "nodeSelector": None}
+    if node_selector:
+        br["nodeSelector"] = node_selector
+    for d in devices:
+        await fleet.set_status(namespace, d, {"attachedTo": {"vmi": vmi, "since": stamp()},
+                                              "bindRequest": br}, WEBHOOK_MANAGER)
+
+
+async def results(fleet, namespace: str, devices: list[str]) -> list[dict]:
+    """The devices' statuses once every one has a bindRequest.result, else []."""
+    got = [(await fleet.get_device(namespace, d)).get("status") or {} for d in devices]
+    if all((s.get("bindRequest") or {}).get("result") for s in got):
+        return got
+    return []

@@ -1,0 +1,179 @@
+"""The controller on a real API server (issue 5): B1-B8 through informers and the status
+writer, leader election, cordon/allocatable changes, housekeeping H1-H3, API server restart."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.e2e.conftest import unique
+from tests.e2e.helpers import eventually, request, results
+
+pytestmark = pytest.mark.anyio
+
+
+async def make_pool(fleet, nodes: dict[str, int], *, budget: int | None = None,
+                    devices: int = 0, on_cordon: str = "Move"):
+    """A class with its own resource name, nodes advertising it, a tenant, held devices."""
+    res = f"{unique('gpu')}.example.com/gpu"
+    cls = unique("cls")
+    await fleet.gpu_class(cls, res, on_cordon=on_cordon)
+    names = {}
+    for short, units in nodes.items():
+        names[short] = unique(short)
+        await fleet.node(names[short], {res: units})
+    tenant = unique("t")
+    await fleet.tenant(tenant, budgets={res: budget} if budget is not None else None)
+    devs = [f"gpu-{i}" for i in range(devices)]
+    for d in devs:
+        await fleet.device(tenant, d, cls)
+    return res, cls, names, tenant, devs
+
+
+async def test_B1_request_written_on_devices_is_placed_and_only_binder_owns_fields(system, fleet):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 1, "b": 3}, devices=3)
+    await request(fleet, tenant, "r1", "vm-1", devs)
+    got = await eventually(lambda: results(fleet, tenant, devs), what="results")
+    assert {s["bindRequest"]["result"] for s in got} == {"Succeeded"}
+    assert {s["nodeName"] for s in got} == {nodes["b"]}        # only b has room for 3
+    assert {s["phase"] for s in got} == {"Bound"}
+    raw = await fleet.get_device(tenant, devs[0])
+    owners: dict[str, set[str]] = {}
+    for entry in raw["metadata"]["managedFields"]:
+        fields = entry.get("fieldsV1", {}).get("f:status", {})
+        for f in ("f:phase", "f:nodeName", "f:boundAt"):
+            if f in fields:
+                owners.setdefault(f, set()).add(entry["manager"])
+        for f in ("f:result", "f:message", "f:node"):
+            if f in fields.get("f:bindRequest", {}):
+                owners.setdefault(f, set()).add(entry["manager"])
+    assert owners == {f: {"gpu-binder-binder"} for f in
+                      ("f:phase", "f:nodeName", "f:boundAt", "f:result", "f:message", "f:node")}
+
+
+async def test_B1_set_that_fits_nowhere_is_refused_with_reasons_and_nothing_moves(system, fleet):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 1, "b": 1}, devices=2)
+    await request(fleet, tenant, "r1", "vm-1", devs)
+    got = await eventually(lambda: results(fleet, tenant, devs), what="results")
+    assert {s["bindRequest"]["result"] for s in got} == {"Refused"}
+    assert all(s.get("phase", "Pending") == "Pending" and "nodeName" not in s for s in got)
+    msg = got[0]["bindRequest"]["message"]
+    assert "gpu-0 (Pending)" in msg and "gpu-1 (Pending)" in msg
+    assert f"{nodes['a']}: needs 2 × {res}, has 1 free" in msg
+
+
+async def test_B2_budget_checked_in_binder_two_requests_race_for_last_slot(system, fleet):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 4}, budget=1, devices=2)
+    await request(fleet, tenant, "r1", "vm-1", devs[:1])
+    await request(fleet, tenant, "r2", "vm-2", devs[1:])
+    got = await eventually(lambda: results(fleet, tenant, devs), what="results")
+    outcomes = sorted(s["bindRequest"]["result"] for s in got)
+    assert outcomes == ["Refused", "Succeeded"]
+    refused = next(s for s in got if s["bindRequest"]["result"] == "Refused")
+    assert f"budget of tenant {tenant} for {res} exhausted" in refused["bindRequest"]["message"]
+
+
+async def test_cordon_by_real_kubectl_and_lowered_allocatable_reach_the_binder(
+        system, fleet, control_plane):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 2, "b": 4}, devices=3)
+    control_plane.kubectl("cordon", nodes["b"])
+    await fleet.set_allocatable(nodes["a"], {res: 1})
+    await request(fleet, tenant, "r1", "vm-1", devs[:2])
+    got = await eventually(lambda: results(fleet, tenant, devs[:2]), what="results")
+    msg = got[0]["bindRequest"]["message"]
+    assert {s["bindRequest"]["result"] for s in got} == {"Refused"}
+    assert f"{nodes['b']}: cordoned" in msg and f"{nodes['a']}: needs 2 × {res}, has 1 free" in msg
+    control_plane.kubectl("uncordon", nodes["b"])
+    await eventually(lambda: _schedulable(fleet, nodes["b"]), what="uncordon visible")
+    await request(fleet, tenant, "r2", "vm-2", devs[:2])
+    got = await eventually(lambda: _result_of(fleet, tenant, devs[:2], "r2"), what="r2 result")
+    assert [s["bindRequest"]["result"] for s in got] == ["Succeeded"] * 2, got[0]["bindRequest"]
+    assert {s["nodeName"] for s in got} == {nodes["b"]}
+
+
+async def _schedulable(fleet, node):
+    n = await fleet.core.read_node(node)
+    return not n.spec.unschedulable
+
+
+async def _result_of(fleet, ns, devs, rid):
+    got = await results(fleet, ns, devs)
+    return got if got and all(s["bindRequest"]["id"] == rid for s in got) else []
+
+
+async def test_exactly_one_replica_leads(system):
+    leader = system.leader()
+    assert leader in {"replica-0", "replica-1"}
+    flags = []
+    for i in range(2):
+        text = system.metrics(i)
+        flags.append(next(line for line in text.splitlines()
+                          if line.startswith("gpu_binder_leader ")).split()[1])
+    assert sorted(flags) == ["0.0", "1.0"]
+
+
+async def test_B7_recovered_after_leader_kill_on_the_recorded_node(system, fleet):
+    """The state a leader killed between the first and last placement write leaves behind
+    (decision recorded on every member, one member Bound) is finished by the successor on the
+    recorded node even though another node would now be a tighter fit."""
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 3, "b": 2}, devices=2)
+    old = system.leader()
+    idx = int(old.split("-")[1])
+    system.kill_replica(idx, signal.SIGKILL)
+    br = {"id": "r-b7", "vmi": "vm-1", "devices": devs, "requestedAt": "2026-11-30T08:00:00Z",
+          "node": nodes["a"]}
+    for d in devs:
+        await fleet.set_status(tenant, d, {"attachedTo": {"vmi": "vm-1",
+                                                          "since": "2026-11-30T08:00:00Z"},
+                                           "bindRequest": br}, "gpu-binder-binder")
+    await fleet.set_status(tenant, devs[0], {"phase": "Bound", "nodeName": nodes["a"],
+                                             "boundAt": "2026-11-30T08:00:01Z"},
+                           "gpu-binder-binder")
+    started = time.monotonic()
+    got = await eventually(lambda: results(fleet, tenant, devs), timeout=30, what="B7 results")
+    took = time.monotonic() - started
+    assert system.leader() not in (None, old)
+    assert {s["bindRequest"]["result"] for s in got} == {"Succeeded"}
+    assert {s["nodeName"] for s in got} == {nodes["a"]}
+    print(f"successor finished the request {took:.1f} s after the kill (lease 4 s)")
+    assert took < 4 + 6
+    system.start_replica(idx)
+    system.wait_ready(idx)
+
+
+async def test_H1_attachment_of_vmi_that_never_appears_is_cleared_and_templates_deleted(
+        system, fleet):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 2}, devices=1)
+    await fleet.custom.create_namespaced_custom_object(
+        "gpu.cozystack.io", "v1alpha1", tenant, "gpudevices", {
+            "apiVersion": "gpu.cozystack.io/v1alpha1", "kind": "GPUDevice",
+            "metadata": {"name": "ghost-t-0",
+                         "labels": {"gpu.cozystack.io/template-for": "ghost"}},
+            "spec": {"class": cls}})
+    await request(fleet, tenant, "r1", "ghost", devs + ["ghost-t-0"])
+    await eventually(lambda: results(fleet, tenant, devs), what="bound")
+
+    async def cleared():
+        held = (await fleet.get_device(tenant, devs[0])).get("status") or {}
+        listing = await fleet.custom.list_namespaced_custom_object(
+            "gpu.cozystack.io", "v1alpha1", tenant, "gpudevices")
+        names = [i["metadata"]["name"] for i in listing["items"]]
+        return ("attachedTo" not in held and "bindRequest" not in held
+                and names == devs) and held
+    held = await eventually(cleared, timeout=30, what="H1 clean-up")
+    assert held["phase"] == "Bound"  # a held device keeps its node
+
+
+async def test_H3_hand_edit_of_settings_configmap_is_repaired(system, control_plane):
+    control_plane.kubectl("patch", "configmap", "gpu-settings", "-n", "cozy-system",
+                          "--type=merge", "-p",
+                          '{"data":{"rawResourceNames":"denied","extra":"x"}}')
+
+    async def repaired():
+        out = control_plane.kubectl("get", "configmap", "gpu-settings", "-n", "cozy-system",
+                                    "-o", "jsonpath={.data}").stdout
+        return "extra" not in out and '"rawResourceNames":"allowed"' in out and out
+    out = await eventually(repaired, timeout=20, what="H3 repair")
+    assert ".example.com/gpu" in out
