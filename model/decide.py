@@ -208,13 +208,13 @@ class _Set:
     """A request's members resolved against a snapshot, with the per-node questions."""
 
     def __init__(self, snap: Snapshot, request: Request, members: list[GPUDevice], class_names: list[str]):
-        self.snap, self.request, self.members, self.class_names = snap, request, members, class_names
+        self.snap, self.request, self.class_names = snap, request, class_names
         res_of = {c: snap.classes[c].resource_name for c in class_names}
-        self.res_of = [res_of[m.class_name] for m in members]
         self.total: dict[str, int] = {}
         self.pending: dict[str, int] = {}
         self.here: dict[str, dict[str, int]] = {}
-        for m, res in zip(members, self.res_of):
+        for m in members:
+            res = res_of[m.class_name]
             self.total[res] = self.total.get(res, 0) + 1
             node = m.bound_node
             if node is None:
@@ -372,21 +372,18 @@ def _judge(snap: Snapshot, request: Request, limit: int | None) -> tuple[Decisio
     if not request.devices:
         problems.append("request lists no devices")
     class_names = list(dict.fromkeys(m.class_name for m in members))
-    class_problem = False
     for c in class_names:
         if c not in snap.classes:
             problems.append(f"class {c} not found")
-            class_problem = True
         elif not snap.entitled(ns, c):
             problems.append(f"tenant {ns} not entitled to class {c}")
-            class_problem = True
     head = "devices " + ", ".join(described) if described else "no devices"
 
     def refuse(reasons: list[str]) -> tuple[Decision, str]:
         body = "; ".join([head, *reasons])
         return Decision(request.id, Result.REFUSED, None, (), f"refused {who}: {body}", "refused"), body
 
-    if class_problem or problems:
+    if problems:
         return refuse(problems)
     s = _Set(snap, request, members, class_names)
     for res in s.resources:
