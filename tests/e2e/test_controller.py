@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import time
 
+import anyio
 import pytest
 
 from tests.e2e.conftest import unique
@@ -177,3 +178,79 @@ async def test_H3_hand_edit_of_settings_configmap_is_repaired(system, control_pl
         return "extra" not in out and '"rawResourceNames":"allowed"' in out and out
     out = await eventually(repaired, timeout=20, what="H3 repair")
     assert ".example.com/gpu" in out
+
+
+async def test_H2_deleting_an_admitted_vmi_releases_devices_at_once(system, fleet,
+                                                                     control_plane):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 2}, devices=2)
+    vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+           "metadata": {"name": "vm-h2"}, "spec": {"domain": {"devices": {}}}}
+    await fleet.custom.create_namespaced_custom_object("kubevirt.io", "v1", tenant,
+                                                       "virtualmachineinstances", vmi)
+    await request(fleet, tenant, "r1", "vm-h2", devs)
+    await eventually(lambda: results(fleet, tenant, devs), what="bound")
+    await anyio.sleep(1.5)  # housekeeping has seen the VMI alive
+    control_plane.kubectl("delete", "vmi", "vm-h2", "-n", tenant)
+    started = time.monotonic()
+
+    async def released():
+        st = [(await fleet.get_device(tenant, d)).get("status") or {} for d in devs]
+        return all("attachedTo" not in s for s in st) and st
+    st = await eventually(released, timeout=15, what="H2 release")
+    assert time.monotonic() - started < 8  # well before the 8 s grace would have done it
+    assert [s["phase"] for s in st] == ["Bound", "Bound"]  # held devices keep their node
+
+
+async def _stream(fleet, tenant, devs, prefix):
+    """One single-device request per device, written back to back."""
+    for i, d in enumerate(devs):
+        await request(fleet, tenant, f"{prefix}-{i}", f"vm-{i}", [d])
+
+
+def _check_invariants(statuses: list[dict], capacity: dict[str, int], budget: int | None):
+    """Invariants 1, 3 and 4 of DESIGN.md §7 over single-device requests."""
+    per_node: dict[str, int] = {}
+    bound = 0
+    for s in statuses:
+        br = s["bindRequest"]
+        if br["result"] == "Succeeded":
+            assert s["phase"] == "Bound" and s["nodeName"] == br["node"]
+        else:
+            assert s.get("phase", "Pending") == "Pending"
+        if s.get("phase") == "Bound":
+            per_node[s["nodeName"]] = per_node.get(s["nodeName"], 0) + 1
+            bound += 1
+    for node, n in per_node.items():
+        assert n <= capacity[node], (node, n)
+    if budget is not None:
+        assert bound <= budget
+
+
+async def test_leader_killed_during_a_stream_of_requests_every_request_answered(system, fleet):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 5, "b": 5, "c": 5},
+                                                    budget=12, devices=20)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_stream, fleet, tenant, devs, "s")
+        await anyio.sleep(0.3)
+        old = system.leader()
+        system.kill_replica(int(old.split("-")[1]), signal.SIGKILL)
+    got = await eventually(lambda: results(fleet, tenant, devs), timeout=40,
+                           what="every request answered")
+    assert system.leader() != old
+    _check_invariants(got, {nodes[k]: 5 for k in nodes}, budget=12)
+    assert sum(s["bindRequest"]["result"] == "Succeeded" for s in got) == 12
+    i = int(old.split("-")[1])
+    system.start_replica(i)
+    system.wait_ready(i)
+
+
+async def test_kube_apiserver_killed_and_restarted_during_a_stream_loses_no_request(
+        system, fleet, control_plane):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 8, "b": 8}, devices=16)
+    await _stream(fleet, tenant, devs[:8], "x")
+    control_plane.restart_apiserver()
+    await _stream(fleet, tenant, devs[8:], "y")
+    got = await eventually(lambda: results(fleet, tenant, devs), timeout=60,
+                           what="every request answered after the restart")
+    assert [s["bindRequest"]["result"] for s in got] == ["Succeeded"] * 16
+    _check_invariants(got, {nodes["a"]: 8, nodes["b"]: 8}, None)
