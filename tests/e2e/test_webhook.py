@@ -1,0 +1,255 @@
+"""The VMI admission webhook, called by the real API server (issue 6, W1-W6)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import signal
+import ssl
+
+import anyio
+import pytest
+import yaml
+from kubernetes_asyncio.client import ApiException
+
+from tests.e2e.conftest import FIXTURES, unique
+from tests.e2e.helpers import eventually
+
+pytestmark = pytest.mark.anyio
+VMI_GROUP, VMI_VERSION, VMIS = "kubevirt.io", "v1", "virtualmachineinstances"
+P40 = "nvidia.com/GP102GL_Tesla_P40"
+
+
+def fixture(name: str) -> dict:
+    return yaml.safe_load((FIXTURES / name).read_text())
+
+
+def annotated(vmi: dict, name: str, *, templates: str | None = None,
+              devices: str | None = None) -> dict:
+    vmi = copy.deepcopy(vmi)
+    vmi["apiVersion"] = "kubevirt.io/v1"  # the client posts to the v1 endpoint
+    vmi["metadata"]["name"] = name
+    ann = vmi["metadata"].setdefault("annotations", {})
+    if templates:
+        ann["gpu.cozystack.io/templates"] = templates
+    if devices:
+        ann["gpu.cozystack.io/devices"] = devices
+    return vmi
+
+
+async def pool(fleet, nodes: dict[str, int], *, resource: str | None = None,
+               budget: int | None = None, held: int = 0):
+    res = resource or f"{unique('gpu')}.example.com/gpu"
+    cls = unique("cls")
+    await fleet.gpu_class(cls, res)
+    names = {}
+    for short, units in nodes.items():
+        names[short] = unique(short)
+        await fleet.node(names[short], {res: units})
+    tenant = unique("t")
+    await fleet.tenant(tenant, budgets={res: budget} if budget is not None else None)
+    for i in range(held):
+        await fleet.device(tenant, f"held-{i}", cls)
+    await anyio.sleep(0.5)  # let the informers see the new objects
+    return res, cls, names, tenant
+
+
+async def create(fleet, ns: str, vmi: dict) -> tuple[bool, str]:
+    """Create through the API server (webhook in the path): (admitted, message)."""
+    try:
+        made = await fleet.custom.create_namespaced_custom_object(VMI_GROUP, VMI_VERSION, ns,
+                                                                  VMIS, vmi)
+        return True, json.dumps(made["spec"])
+    except ApiException as exc:
+        return False, json.loads(exc.body).get("message", "") if exc.body else str(exc)
+
+
+async def devices(fleet, ns: str) -> list[dict]:
+    got = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", ns,
+                                                           "gpudevices")
+    return got["items"]
+
+
+@pytest.mark.parametrize("name", ["vmi-gpu.yaml", "vmi-dra-pgpu.yaml", "vmi-fedora.yaml"])
+def test_W1_fixtures_without_gpu_annotations_pass_unchanged(system, make_tenant, name):
+    t = make_tenant()
+    original = fixture(name)
+    system.cp.kubectl("create", "-n", t.namespace, "-f", str(FIXTURES / name))
+    got = yaml.safe_load(system.cp.kubectl("get", "vmi", original["metadata"]["name"], "-n",
+                                           t.namespace, "-o", "yaml").stdout)
+    assert got["spec"] == original["spec"]
+
+
+async def test_W3_vmi_gpu_fixture_with_templates_is_admitted_pinned_and_bound(system, fleet):
+    res, cls, nodes, tenant = await pool(fleet, {"small": 1, "big": 4}, resource=P40)
+    vmi = annotated(fixture("vmi-gpu.yaml"), "vmi-gpu", templates=f"{cls}=2")
+    out = system.cp.kubectl("create", "-n", tenant, "-f", "-", input=yaml.safe_dump(vmi))
+    assert out.stdout.strip() == "virtualmachineinstance.kubevirt.io/vmi-gpu created"
+    got = yaml.safe_load(system.cp.kubectl("get", "vmi", "vmi-gpu", "-n", tenant, "-o",
+                                           "yaml").stdout)
+    assert got["spec"]["nodeSelector"] == {"kubernetes.io/hostname": nodes["big"]}
+    assert got["spec"]["domain"]["devices"]["gpus"] == [
+        {"name": f"vmi-gpu-{cls}-0", "deviceName": P40},
+        {"name": f"vmi-gpu-{cls}-1", "deviceName": P40}]   # the fixture's own P40 entry replaced
+    devs = await devices(fleet, tenant)
+    assert sorted(d["metadata"]["name"] for d in devs) == [f"vmi-gpu-{cls}-0", f"vmi-gpu-{cls}-1"]
+    assert {(d["status"]["phase"], d["status"]["nodeName"], d["status"]["attachedTo"]["vmi"])
+            for d in devs} == {("Bound", nodes["big"], "vmi-gpu")}
+
+
+async def test_B1_held_devices_on_two_nodes_are_gathered_and_vmi_pinned(system, fleet):
+    res, cls, nodes, tenant = await pool(fleet, {"a": 2, "b": 2}, held=2)
+    # place held-0 on a and held-1 on b through two single-device VMIs, then delete them
+    for i, node_key in ((0, "a"), (1, "b")):
+        vmi = annotated(fixture("vmi-fedora.yaml"), f"warm-{i}", devices=f"held-{i}")
+        vmi["spec"]["nodeSelector"] = {"kubernetes.io/hostname": nodes[node_key]}
+        ok, msg = await create(fleet, tenant, vmi)
+        assert ok, msg
+        await fleet.custom.delete_namespaced_custom_object(VMI_GROUP, VMI_VERSION, tenant, VMIS,
+                                                           f"warm-{i}")
+
+    async def released():
+        ds = await devices(fleet, tenant)
+        return all("attachedTo" not in d["status"] for d in ds) and ds
+    ds = await eventually(released, what="H2 release of the warm-up VMIs")
+    assert sorted(d["status"]["nodeName"] for d in ds) == sorted([nodes["a"], nodes["b"]])
+    ok, spec = await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "both",
+                                                     devices="held-0,held-1"))
+    assert ok, spec
+    pinned = json.loads(spec)["nodeSelector"]["kubernetes.io/hostname"]
+    ds = await devices(fleet, tenant)
+    assert {d["status"]["nodeName"] for d in ds} == {pinned}
+
+
+async def test_W5_set_that_fits_nowhere_is_denied_and_leaves_nothing(system, fleet):
+    res, cls, nodes, tenant = await pool(fleet, {"a": 1, "b": 1}, held=1)
+    ok, msg = await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "too-big",
+                                                    devices="held-0", templates=f"{cls}=1"))
+    assert not ok
+    assert "cannot be placed" in msg and f"needs 2 × {res}, has 1 free" in msg
+    ds = await devices(fleet, tenant)
+    assert [d["metadata"]["name"] for d in ds] == ["held-0"]
+    assert ds[0].get("status", {}).get("attachedTo") is None
+    events = system.cp.kubectl("get", "events", "-n", tenant, "-o",
+                               "jsonpath={.items[*].reason}").stdout
+    assert events == "GPUSetRefused"
+
+
+async def test_W2_server_dry_run_writes_nothing(system, fleet):
+    res, cls, nodes, tenant = await pool(fleet, {"a": 2}, held=1)
+    vmi = annotated(fixture("vmi-fedora.yaml"), "dry", devices="held-0", templates=f"{cls}=1")
+    out = system.cp.kubectl("create", "--dry-run=server", "-n", tenant, "-f", "-",
+                            input=yaml.safe_dump(vmi))
+    assert "created (server dry run)" in out.stdout
+    ds = await devices(fleet, tenant)
+    assert [(d["metadata"]["name"], d.get("status")) for d in ds] == [("held-0", None)]
+
+
+async def _race(fleet, tenant, vmis: list[dict]) -> list[tuple[bool, str]]:
+    out: list[tuple[bool, str]] = [None] * len(vmis)  # type: ignore[list-item]
+
+    async def one(i: int) -> None:
+        out[i] = await create(fleet, tenant, vmis[i])
+    async with anyio.create_task_group() as tg:
+        for i in range(len(vmis)):
+            tg.start_soon(one, i)
+    return out
+
+
+async def test_B2_twenty_vmis_for_ten_units_exactly_ten_admitted(system, fleet):
+    res, cls, nodes, tenant = await pool(fleet, {"a": 4, "b": 3, "c": 3})
+    vmis = [annotated(fixture("vmi-fedora.yaml"), f"vm-{i}", templates=f"{cls}=1")
+            for i in range(20)]
+    got = await _race(fleet, tenant, vmis)
+    assert sum(ok for ok, _ in got) == 10, [m for ok, m in got if not ok][:3]
+    bound: dict[str, int] = {}
+    for d in await devices(fleet, tenant):
+        if d["status"].get("phase") == "Bound":
+            bound[d["status"]["nodeName"]] = bound.get(d["status"]["nodeName"], 0) + 1
+    assert bound == {nodes["a"]: 4, nodes["b"]: 3, nodes["c"]: 3}
+
+
+async def test_W3_five_vmis_racing_for_one_held_device_exactly_one_admitted(system, fleet):
+    res, cls, nodes, tenant = await pool(fleet, {"a": 2}, held=1)
+    vmis = [annotated(fixture("vmi-fedora.yaml"), f"vm-{i}", devices="held-0")
+            for i in range(5)]
+    got = await _race(fleet, tenant, vmis)
+    assert sum(ok for ok, _ in got) == 1, got
+    winner = next(v["metadata"]["name"] for v, (ok, _) in zip(vmis, got) if ok)
+    d = (await devices(fleet, tenant))[0]
+    assert d["status"]["attachedTo"]["vmi"] == winner
+
+
+async def test_B2_budget_two_five_vmis_exactly_two_admitted(system, fleet):
+    res, cls, nodes, tenant = await pool(fleet, {"a": 8}, budget=2)
+    vmis = [annotated(fixture("vmi-fedora.yaml"), f"vm-{i}", templates=f"{cls}=1")
+            for i in range(5)]
+    got = await _race(fleet, tenant, vmis)
+    assert sum(ok for ok, _ in got) == 2
+    bound = [d for d in await devices(fleet, tenant) if d["status"].get("phase") == "Bound"]
+    assert len(bound) == 2
+
+
+def _review(uid: str, vmi: dict, namespace: str, **over) -> dict:
+    req = {"uid": uid, "kind": {"group": "kubevirt.io", "version": "v1",
+                                "kind": "VirtualMachineInstance"},
+           "resource": {"group": "kubevirt.io", "version": "v1",
+                        "resource": "virtualmachineinstances"},
+           "namespace": namespace, "name": vmi["metadata"]["name"], "operation": "CREATE",
+           "object": vmi, "dryRun": False, "userInfo": {"username": "test"}}
+    req.update(over)
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}
+
+
+def _client_ssl(system) -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.load_verify_locations(cadata=system.cp.ca.cert_pem.decode())
+    return ctx
+
+
+async def test_W4_repeated_review_for_admitted_vmi_admits_without_new_request(system, fleet):
+    import aiohttp
+
+    res, cls, nodes, tenant = await pool(fleet, {"a": 2})
+    vmi = annotated(fixture("vmi-fedora.yaml"), "again", templates=f"{cls}=1")
+    ok, spec = await create(fleet, tenant, vmi)
+    assert ok, spec
+    before = (await devices(fleet, tenant))[0]["status"]["bindRequest"]
+    url = f"https://127.0.0.1:{system.webhook_port}/mutate-vmi"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, json=_review("uid-w4", vmi, tenant),
+                             ssl=_client_ssl(system)) as resp:
+            body = await resp.json()
+    assert body["response"]["uid"] == "uid-w4" and body["response"]["allowed"] is True
+    assert body["response"]["patchType"] == "JSONPatch"
+    after = (await devices(fleet, tenant))[0]["status"]["bindRequest"]
+    assert after["id"] == before["id"] and after["result"] == "Succeeded"
+
+
+async def test_leader_killed_while_webhook_waits_admits_or_denies_and_cleans_up(system, fleet):
+    res, cls, nodes, tenant = await pool(fleet, {"a": 8})
+    vmis = [annotated(fixture("vmi-fedora.yaml"), f"vm-{i}", templates=f"{cls}=1")
+            for i in range(6)]
+    old = system.leader()
+    idx = int(old.split("-")[1])
+    results: list = []
+
+    async def go() -> None:
+        results.extend(await _race(fleet, tenant, vmis))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(go)
+        await anyio.sleep(0.05)
+        system.kill_replica(idx, signal.SIGKILL)
+    for ok, msg in results:
+        assert ok or "not bound within" in msg or "cannot be placed" in msg or "starting" in msg \
+            or "failed calling webhook" in msg, msg
+    admitted = {v["metadata"]["name"] for v, (ok, _) in zip(vmis, results) if ok}
+
+    async def tidy():
+        ds = await devices(fleet, tenant)
+        stray = [d for d in ds if (d.get("status") or {}).get("attachedTo", {}).get("vmi")
+                 not in admitted | {None}]
+        return not stray and ds
+    await eventually(tidy, timeout=30, what="no device attached to a VMI that does not exist")
+    system.start_replica(idx)
+    system.wait_ready(idx)
