@@ -15,7 +15,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
     from k8s.controlplane import ControlPlaneError, main_up
 
     try:
-        return main_up(Path(args.dir))
+        return main_up(Path(args.dir), controllers=args.controllers)
     except ControlPlaneError as exc:
         print(f"gpu-binder cluster up: {exc}", file=sys.stderr)
         return 2
@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     csub = cluster.add_subparsers(dest="action", required=True)
     up = csub.add_parser("up", help="run it in the foreground until Ctrl-C/SIGTERM")
     up.add_argument("--dir", required=True, help="where to write the kubeconfigs")
+    up.add_argument("--controllers", type=int, default=0,
+                    help="controller replicas to run, with the webhook registered (default 0)")
     up.set_defaults(func=_cluster_up)
 
     from k8s.config import Config

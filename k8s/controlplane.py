@@ -334,9 +334,13 @@ class ControlPlane:
         path.chmod(0o600)
 
 
-def main_up(directory: Path, *, tenant: str = "tenant-a") -> int:
-    """`gpu-binder cluster up --dir D`: run a control plane in the foreground, write
-    D/admin.kubeconfig and D/<tenant>.kubeconfig, print the API URL, stop on SIGINT/SIGTERM."""
+def main_up(directory: Path, *, tenant: str = "tenant-a", controllers: int = 0) -> int:
+    """`gpu-binder cluster up --dir D [--controllers N]`: run a control plane (and, with N > 0,
+    the manifests and N controller replicas with the webhook registered) in the foreground.
+    Writes D/admin.kubeconfig and D/<tenant>.kubeconfig (a tenant namespace bound to the
+    tenant role), prints the API URL, stops everything on SIGINT/SIGTERM."""
+    from k8s.localcluster import LocalCluster
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     stop = {"now": False}
@@ -347,17 +351,35 @@ def main_up(directory: Path, *, tenant: str = "tenant-a") -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     with ControlPlane() as cp:
-        shutil.copy(cp.admin_kubeconfig, directory / "admin.kubeconfig")
-        cp.write_user_kubeconfig(directory / f"{tenant}.kubeconfig", tenant,
-                                 ("gpu-binder:tenants",), namespace=tenant)
-        print(f"API server: {cp.server}", flush=True)
-        print(f"admin kubeconfig: {directory / 'admin.kubeconfig'}", flush=True)
-        print(f"tenant kubeconfig: {directory / (tenant + '.kubeconfig')}", flush=True)
-        print("Ctrl-C stops it.", flush=True)
-        while not stop["now"]:
-            for name, proc in cp.procs.items():
-                if proc.poll() is not None:
-                    print(f"{name} exited with code {proc.returncode}", file=sys.stderr)
+        lc = LocalCluster(controllers=controllers, control_plane=cp, log_dir=directory / "logs")
+        if controllers:
+            lc.start()
+        else:
+            lc.install()
+        try:
+            shutil.copy(cp.admin_kubeconfig, directory / "admin.kubeconfig")
+            cp.kubectl("create", "namespace", tenant)
+            cp.kubectl("label", "namespace", tenant, "gpu.cozystack.io/tenant=true")
+            cp.kubectl("create", "rolebinding", "gpu-tenant", "-n", tenant,
+                       "--clusterrole=gpu-binder:tenant", f"--user={tenant}")
+            cp.kubectl("create", "rolebinding", "vmi-editor", "-n", tenant,
+                       "--clusterrole=gpu-binder-testing:vmi-editor", f"--user={tenant}")
+            cp.write_user_kubeconfig(directory / f"{tenant}.kubeconfig", tenant,
+                                     ("gpu-binder:tenants",), namespace=tenant)
+            print(f"API server: {cp.server}", flush=True)
+            print(f"admin kubeconfig: {directory / 'admin.kubeconfig'}", flush=True)
+            print(f"tenant kubeconfig: {directory / (tenant + '.kubeconfig')}", flush=True)
+            if controllers:
+                print(f"controllers: {controllers} (logs in {directory / 'logs'}), webhook on "
+                      f"https://127.0.0.1:{lc.webhook_port}/mutate-vmi", flush=True)
+            print("Ctrl-C stops it.", flush=True)
+            while not stop["now"]:
+                dead = [n for n, p in cp.procs.items() if p.poll() is not None]
+                dead += [r.identity for r in lc.replicas if not r.alive]
+                if dead:
+                    print(f"exited unexpectedly: {', '.join(dead)}", file=sys.stderr)
                     return 1
-            time.sleep(0.5)
+                time.sleep(0.5)
+        finally:
+            lc.stop()
     return 0

@@ -54,17 +54,20 @@ class Fleet:
 
     async def tenant(self, name: str, *, labels: dict[str, str] | None = None,
                      budgets: dict[str, int] | None = None, user: str | None = None) -> None:
-        """A tenant namespace (label gpu.cozystack.io/tenant), a RoleBinding of the tenant
-        ClusterRole for `user`, and a ResourceQuota `gpu-budget` with `budgets`."""
+        """A tenant namespace (label gpu.cozystack.io/tenant), RoleBindings of the tenant and
+        VMI-editor ClusterRoles for `user`, and a ResourceQuota `gpu-budget` with `budgets`."""
         labels = {"gpu.cozystack.io/tenant": "true", **(labels or {})}
         await self.core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
                                           "metadata": {"name": name, "labels": labels}})
-        if user:
+        for binding, role in (("gpu-tenant", "gpu-binder:tenant"),
+                              ("vmi-editor", "gpu-binder-testing:vmi-editor")):
+            if not user:
+                break
             await self.rbac.create_namespaced_role_binding(name, {
                 "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": "gpu-tenant"},
+                "metadata": {"name": binding},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                            "name": "gpu-binder:tenant"},
+                            "name": role},
                 "subjects": [{"kind": "User", "name": user,
                               "apiGroup": "rbac.authorization.k8s.io"}]})
         if budgets:
