@@ -36,6 +36,21 @@ def _controller(args: argparse.Namespace) -> int:
     return anyio.run(Controller(cfg).run)
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from k8s.controlplane import ControlPlaneError
+    from k8s.demo import run
+
+    try:
+        return run(nodes=args.nodes, vmis=args.vmis, seed=args.seed, log_dir=Path(args.log_dir),
+                   keep=args.keep)
+    except ControlPlaneError as exc:
+        print(f"gpu-binder demo: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; everything was stopped", file=sys.stderr)
+        return 130
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     parser = argparse.ArgumentParser(prog="gpu-binder", description=__doc__.splitlines()[0])
@@ -48,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--controllers", type=int, default=0,
                     help="controller replicas to run, with the webhook registered (default 0)")
     up.set_defaults(func=_cluster_up)
+
+    demo = sub.add_parser("demo", help="the whole system on a local control plane (make demo)")
+    demo.add_argument("--nodes", type=int, default=8, help="GPU nodes (default 8)")
+    demo.add_argument("--vmis", type=int, default=30, help="VMIs created at once (default 30)")
+    demo.add_argument("--seed", type=int, default=7, help="seed of the VMI mix (default 7)")
+    demo.add_argument("--log-dir", default="logs", help="per-node logs (default ./logs)")
+    demo.add_argument("--keep", action="store_true", help="keep running until Ctrl-C")
+    demo.set_defaults(func=_demo)
 
     from k8s.config import Config
 
