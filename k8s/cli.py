@@ -51,6 +51,17 @@ def _demo(args: argparse.Namespace) -> int:
         return 130
 
 
+def _bench(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.which == "e2e":
+        from bench.e2e import run
+    else:
+        from bench.core import run
+    run(out, quick=args.quick, seed=args.seed)
+    print(f"report: {out}/{args.which}.json, plot: {out}/{args.which}.png")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     parser = argparse.ArgumentParser(prog="gpu-binder", description=__doc__.splitlines()[0])
@@ -71,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--log-dir", default="logs", help="per-node logs (default ./logs)")
     demo.add_argument("--keep", action="store_true", help="keep running until Ctrl-C")
     demo.set_defaults(func=_demo)
+
+    bench = sub.add_parser("bench", help="benchmarks: core (actors vs bare model) or e2e")
+    bench.add_argument("which", choices=["core", "e2e"])
+    bench.add_argument("--out", default="bench-out", help="folder for JSON and PNG")
+    bench.add_argument("--quick", action="store_true", help="fewer levels and requests")
+    bench.add_argument("--seed", type=int, default=1)
+    bench.set_defaults(func=_bench)
 
     from k8s.config import Config
 
