@@ -2,3 +2,26 @@
 routing of node changes and complete bind requests to the binder's actors (DESIGN.md §6).
 No placement logic lives here. Imports: `actors`, `model`.
 """
+
+from supervisor.binder import COORDINATOR, Binder, BinderConfig, node_child_id
+from supervisor.tree import (
+    ChildSpec,
+    Restart,
+    Supervisor,
+    SupervisorConfig,
+    SupervisorEscalation,
+    SupervisorStatistics,
+)
+
+__all__ = [
+    "COORDINATOR",
+    "Binder",
+    "BinderConfig",
+    "ChildSpec",
+    "Restart",
+    "Supervisor",
+    "SupervisorConfig",
+    "SupervisorEscalation",
+    "SupervisorStatistics",
+    "node_child_id",
+]

@@ -1,0 +1,605 @@
+"""Coordinator: the binder's one decision loop (B2) and its only status writer (B8).
+
+For each complete request it builds a snapshot from the ClusterView plus its own requests
+in flight (capacity and budget they will take and the view does not show yet), calls
+`model.decide`, and for a success runs the two-phase protocol on the node actors: prepare on
+the first placement, falling back to the next one when a node actor refuses, then commit.
+The writes of a decided request run as a child task in the coordinator's task group, so the
+loop goes on deciding: `record_decision` on every member (the durable record, B7), then
+`bind` each member not on the node yet, then `write_result` on every member; each write is
+retried with tenacity (conflicts and transient errors only, bounded). A request in flight
+keeps its reservation until its writes are done *and* the view shows them.
+
+On start it adopts the node actors' ledgers (dropping holds of earlier incarnations) and
+recovers every request that carries a decision (`bindRequest.node`) but not all its
+results, finishing it on that node whatever the capacity now (B7), before deciding anything.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Mapping
+
+import anyio
+import structlog
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from actors.errors import (
+    RETRYABLE_WRITE_ERRORS,
+    ActorStopped,
+    AskTimeout,
+    MailboxFull,
+    NotFound,
+    RequestWithdrawn,
+    TransientWriteError,
+    WriteError,
+)
+from actors.node_actor import (
+    Abort,
+    Adopt,
+    Claim,
+    Commit,
+    CommitRefused,
+    Prepare,
+    PrepareRefused,
+    Release,
+)
+from actors.ports import Clock, ClusterView, DeviceKey, NodeDirectory, StatusWriter
+from actors.runtime import Actor, ActorContext, ActorRef
+from model.decide import Decision, Placement, Request, decide, describe_placement, find_requests
+from model.snapshot import Reservation, Snapshot
+from model.types import GPUDevice, Result
+
+_log = structlog.get_logger("gpu_binder.coordinator")
+
+RequestKey = tuple[str, str]
+"""(namespace, request id)."""
+
+
+# -- messages -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Examine:
+    """Request `request_id` of `namespace` changed: read it from the view and act if it is
+    complete and lacks a result. Level based: sending it twice is harmless."""
+
+    namespace: str
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resync:
+    """Scan every device for complete requests lacking a result (level-based safety net)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetStatus:
+    """Reply: `CoordinatorStatus`."""
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorStatus:
+    """Counters of this incarnation. `in_flight` requests hold a reservation (writes running,
+    stalled, or done but not yet seen in the view); `writing` have a write task running."""
+
+    owner: str
+    pending: int
+    deferred: int
+    in_flight: int
+    writing: int
+    decided: int
+    succeeded: int
+    refused: int
+    recovered: int
+    withdrawn: int
+    gave_up: int
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    """Timeouts and bounds of the coordinator (seconds unless named otherwise).
+
+    `ask_timeout` bounds one prepare/commit; `write_timeout` one StatusWriter call;
+    `retry_*` the tenacity policy per write; `max_rounds` decide-and-prepare rounds before a
+    request every node actor refused is answered Refused; `requeue_delay` between rounds;
+    `stalled_delay` before a request whose writes gave up is tried again; `resync_interval`
+    between full scans; `settle_timeout` the longest a finished request waits for the view
+    to show its writes (polled every `settle_poll`); `batch_size` requests decided on one snapshot."""
+
+    ask_timeout: float = 5.0
+    write_timeout: float = 10.0
+    retry_attempts: int = 6
+    retry_initial: float = 0.05
+    retry_max: float = 2.0
+    retry_jitter: float = 0.05
+    max_rounds: int = 3
+    requeue_delay: float = 0.05
+    stalled_delay: float = 1.0
+    resync_interval: float = 30.0
+    settle_timeout: float = 60.0
+    settle_poll: float = 0.05
+    batch_size: int = 64
+
+
+@dataclass(slots=True)
+class _Flight:
+    """A decided request whose writes are running or not yet visible in the view."""
+
+    request: Request
+    result: Result
+    node: str | None
+    message: str
+    landing: tuple[tuple[DeviceKey, str], ...]  # members to land on `node`, with resource
+    started_at: float
+    written: set[DeviceKey] = field(default_factory=set)  # binds attempted (maybe applied)
+    running: bool = True
+    stalled: bool = False  # writes gave up: full reservation kept until tried again
+    finished_at: float | None = None
+
+
+class Coordinator(Actor):
+    """The coordinator actor (see the module docstring). Build one per incarnation."""
+
+    name = "coordinator"
+
+    def __init__(
+        self,
+        view: ClusterView,
+        writer: StatusWriter,
+        nodes: NodeDirectory,
+        clock: Clock,
+        config: CoordinatorConfig | None = None,
+    ) -> None:
+        self._view = view
+        self._writer = writer
+        self._nodes = nodes
+        self._clock = clock
+        self._cfg = config or CoordinatorConfig()
+        self._owner = f"coordinator-{uuid.uuid4().hex[:10]}"
+        self._pending: dict[RequestKey, None] = {}
+        self._deferred: dict[RequestKey, float] = {}
+        self._rounds: dict[RequestKey, int] = {}
+        self._flights: dict[RequestKey, _Flight] = {}
+        self._wakeup = anyio.Event()
+        self._next_resync = 0.0
+        self._counts: Counter[str] = Counter()
+        self._tg: Any = None
+
+    def log_context(self) -> Mapping[str, Any]:
+        return {"actor": "coordinator"}
+
+    def reservations(self) -> int:
+        return len(self._flights)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def on_start(self, ctx: ActorContext) -> None:
+        self._tg = ctx.task_group
+        for ref in self._nodes.node_actors().values():
+            self._tell_quietly(ref, Adopt(self._owner))
+        complete, _ = find_requests(self._view.devices().values())
+        recovered = 0
+        for req in complete:
+            key = (req.namespace, req.id)
+            members = self._view.request_members(req.namespace, req.id)
+            node = _recorded_node(req.id, members)
+            if node is not None:
+                self._recover(req, node, members)  # before any new decision (B7)
+                recovered += 1
+            else:
+                self._pending[key] = None
+        self._next_resync = anyio.current_time() + self._cfg.resync_interval
+        _log.info("coordinator_start", owner=self._owner, incarnation=ctx.incarnation,
+                  recovered=recovered, pending=len(self._pending))
+        ctx.task_group.start_soon(self._decision_loop)
+
+    async def on_stop(self) -> None:
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+
+    async def receive(self, message: Any) -> Any:
+        match message:
+            case Examine(namespace, request_id):
+                self._pending[(namespace, request_id)] = None
+                self._wakeup.set()
+                return None
+            case Resync():
+                self._scan()
+                self._wakeup.set()
+                return None
+            case GetStatus():
+                return self.status()
+        raise TypeError(f"coordinator: unexpected message {message!r}")
+
+    def status(self) -> CoordinatorStatus:
+        c = self._counts
+        return CoordinatorStatus(
+            owner=self._owner,
+            pending=len(self._pending),
+            deferred=len(self._deferred),
+            in_flight=len(self._flights),
+            writing=sum(1 for f in self._flights.values() if f.running),
+            decided=c["decided"], succeeded=c["succeeded"], refused=c["refused"],
+            recovered=c["recovered"], withdrawn=c["withdrawn"], gave_up=c["gave_up"],
+        )
+
+    # -- the decision loop --------------------------------------------------------------------
+
+    async def _decision_loop(self) -> None:
+        """The one decision loop (B2): requests are decided one at a time, each against the
+        snapshot that includes every reservation made before it."""
+        while True:
+            now = anyio.current_time()
+            for key, due in list(self._deferred.items()):
+                if due <= now:
+                    del self._deferred[key]
+                    self._pending[key] = None
+            if now >= self._next_resync:
+                self._next_resync = now + self._cfg.resync_interval
+                self._scan()
+            if not self._pending:
+                wake_at = min([self._next_resync, *self._deferred.values()])
+                if self._prune():
+                    wake_at = min(wake_at, now + self._cfg.settle_poll)
+                with anyio.move_on_after(max(0.0, wake_at - now)):
+                    await self._wakeup.wait()
+                self._wakeup = anyio.Event()
+                continue
+            self._wakeup = anyio.Event()
+            batch = list(self._pending)[: self._cfg.batch_size]
+            for key in batch:
+                del self._pending[key]
+            snap: Snapshot | None = None  # built on the first request that needs deciding
+            for key in batch:
+                snap = await self._handle(key, snap)
+
+    def _scan(self) -> None:
+        complete, _ = find_requests(self._view.devices().values())
+        for req in complete:
+            key = (req.namespace, req.id)
+            flight = self._flights.get(key)
+            if flight is None or not flight.running:
+                self._pending[key] = None
+
+    def _snapshot(self) -> Snapshot:
+        """The view plus what every request in flight will still take (B3: "counting
+        reservations in flight")."""
+        self._prune()
+        snap = self._view.snapshot()
+        for flight in self._flights.values():
+            snap = self._with_flight(snap, flight)
+        return snap
+
+    def _prune(self) -> bool:
+        """Drop finished requests the view has caught up with (or that waited longer than
+        `settle_timeout`), releasing their node holds. True if some finished request is
+        still waiting for the view."""
+        now = anyio.current_time()
+        waiting = False
+        for key, flight in list(self._flights.items()):
+            if flight.running or flight.stalled:
+                continue
+            needs, _ = self._outstanding(flight)
+            if needs and now - (flight.finished_at or now) <= self._cfg.settle_timeout:
+                waiting = True
+                continue
+            del self._flights[key]
+            if flight.node is not None and flight.landing:
+                ref = self._nodes.node_actor(flight.node)
+                if ref is not None:
+                    self._tell_quietly(ref, Release(flight.request.id))
+        return waiting
+
+    def _outstanding(self, flight: _Flight) -> tuple[dict[str, int], dict[str, int]]:
+        """Units per resource `flight` will still land on its node, and budget slots (its
+        Pending members among them). Once its writes stopped, only binds it attempted and
+        the view does not show yet."""
+        needs: dict[str, int] = {}
+        budget: dict[str, int] = {}
+        finished = not flight.running and not flight.stalled
+        for key, res in flight.landing:
+            dev = self._view.device(key)
+            if dev is None or dev.bound_node == flight.node:
+                continue
+            if finished:
+                br = dev.status.bind_request
+                if key not in flight.written or br is None or br.id != flight.request.id:
+                    continue
+            needs[res] = needs.get(res, 0) + 1
+            if dev.bound_node is None:
+                budget[res] = budget.get(res, 0) + 1
+        return needs, budget
+
+    async def _handle(self, key: RequestKey, snap: Snapshot | None) -> Snapshot | None:
+        """Act on one request; return the snapshot for the next one (None: not built yet,
+        nothing decided in this batch so far)."""
+        ns, rid = key
+        flight = self._flights.get(key)
+        if flight is not None and flight.running:
+            return snap
+        members = self._view.request_members(ns, rid)
+        complete, _ = find_requests(members)
+        req = next((r for r in complete if r.id == rid), None)
+        if req is None:  # withdrawn, partial, or every member has its result
+            self._rounds.pop(key, None)
+            return snap
+        node = _recorded_node(rid, members)
+        if node is not None:
+            flight = self._recover(req, node, members)
+            return None if snap is None else self._with_flight(snap, flight)
+        refused = next((m.status.bind_request.message for m in members
+                        if m.status.bind_request is not None
+                        and m.status.bind_request.result is Result.REFUSED), None)
+        if refused is not None:  # a refusal whose writes were cut short: finish it
+            self._start(req, Result.REFUSED, None, refused, ())
+            return snap
+        if snap is None:
+            snap = self._snapshot()
+        decision = decide(snap, req)
+        self._counts["decided"] += 1
+        _log.info("decision", request_id=rid, namespace=ns, vmi=req.vmi, rule=decision.rule,
+                  result=decision.result.value, chosen=decision.node,
+                  candidates=[p.node for p in decision.placements])
+        if decision.result is Result.REFUSED:
+            self._start(req, Result.REFUSED, None, decision.message, ())
+            return snap
+        first = decision.placements[0]
+        if not first.moves:  # B5, B6: nothing lands anywhere
+            self._start(req, Result.SUCCEEDED, first.node, decision.message, ())
+            return snap
+        placement, refusals = await self._prepare_commit(req, decision, snap)
+        if placement is None:
+            rounds = self._rounds.get(key, 0) + 1
+            if rounds >= self._cfg.max_rounds:
+                self._rounds.pop(key, None)
+                _log.info("refused_by_ledgers", request_id=rid, namespace=ns, reasons=refusals)
+                self._start(req, Result.REFUSED, None, _ledger_refusal(req, snap, refusals), ())
+            else:
+                self._rounds[key] = rounds
+                self._defer(key, self._cfg.requeue_delay)
+            return snap
+        self._rounds.pop(key, None)
+        message = decision.message if placement is first else describe_placement(req, placement)
+        flight = self._start(req, Result.SUCCEEDED, placement.node, message,
+                             _landing(placement, snap))
+        return self._with_flight(snap, flight)
+
+    def _with_flight(self, snap: Snapshot, flight: _Flight) -> Snapshot:
+        needs, budget = self._outstanding(flight)
+        if not needs or flight.node is None:
+            return snap
+        return snap.with_reservation(Reservation(
+            flight.request.id, flight.request.namespace, flight.node,
+            tuple(sorted(needs.items())), tuple(sorted(budget.items()))))
+
+    def _defer(self, key: RequestKey, delay: float) -> None:
+        self._deferred[key] = anyio.current_time() + delay
+        self._wakeup.set()
+
+    # -- two-phase reservation ------------------------------------------------------------------
+
+    async def _prepare_commit(
+        self, req: Request, decision: Decision, snap: Snapshot
+    ) -> tuple[Placement | None, list[str]]:
+        """Prepare on the placements in B4 order until a node actor reserves, then commit
+        there. Returns the committed placement (None if none) and why the others failed.
+        A prepare whose answer is unknown (timeout, crash, cancellation) is aborted."""
+        refusals: list[str] = []
+        timeout = self._cfg.ask_timeout
+        for placement in decision.placements:
+            ref = self._nodes.node_actor(placement.node)
+            if ref is None:
+                refusals.append(f"{placement.node}: no node actor")
+                continue
+            prepare = Prepare(req.id, placement.needs, _landing(placement, snap), self._owner)
+            try:
+                reply = await ref.ask(prepare, timeout=timeout)
+                if isinstance(reply, PrepareRefused):
+                    refusals.append(f"{placement.node}: {reply.reason}")
+                    continue
+                committed = await ref.ask(Commit(req.id, reply.incarnation), timeout=timeout)
+            except (AskTimeout, ActorStopped) as exc:
+                self._tell_quietly(ref, Abort(req.id))
+                refusals.append(f"{placement.node}: node actor unavailable ({type(exc).__name__})")
+                continue
+            except BaseException:
+                self._tell_quietly(ref, Abort(req.id))  # cancelled: do not leak the hold
+                raise
+            if isinstance(committed, CommitRefused):
+                self._tell_quietly(ref, Abort(req.id))
+                refusals.append(f"{placement.node}: {committed.reason}")
+                continue
+            return placement, refusals
+        return None, refusals
+
+    @staticmethod
+    def _tell_quietly(ref: ActorRef, message: Any) -> None:
+        """Best effort: a full or stopped mailbox is left to the hold's expiry."""
+        try:
+            ref.tell_nowait(message)
+        except (MailboxFull, ActorStopped):
+            pass
+
+    # -- recovery (B7) --------------------------------------------------------------------------
+
+    def _recover(self, req: Request, node: str, members: tuple[GPUDevice, ...]) -> _Flight:
+        classes = self._view.classes()
+        landing = tuple(
+            (m.key, classes[m.class_name].resource_name) for m in _in_order(req, members)
+            if m.bound_node != node and m.class_name in classes
+        )
+        message = next((m.status.bind_request.message for m in members
+                        if m.status.bind_request is not None
+                        and m.status.bind_request.result is Result.SUCCEEDED
+                        and m.status.bind_request.message), None)
+        message = message or (f"placed {req.namespace}/{req.vmi} request {req.id} on {node}: "
+                              "finishing a decision made before a binder restart")
+        self._counts["recovered"] += 1
+        _log.info("recover", request_id=req.id, namespace=req.namespace, chosen=node,
+                  landing=[k for k, _ in landing])
+        ref = self._nodes.node_actor(node)
+        if ref is not None and landing:
+            needs = Counter(res for _, res in landing)
+            self._tell_quietly(ref, Claim(req.id, tuple(sorted(needs.items())), landing, self._owner))
+        return self._start(req, Result.SUCCEEDED, node, message, landing)
+
+    # -- writes (B8) -----------------------------------------------------------------------------
+
+    def _start(
+        self,
+        req: Request,
+        result: Result,
+        node: str | None,
+        message: str,
+        landing: tuple[tuple[DeviceKey, str], ...],
+    ) -> _Flight:
+        flight = _Flight(req, result, node, message, landing, anyio.current_time())
+        self._flights[(req.namespace, req.id)] = flight
+        self._tg.start_soon(self._carry_out, flight)
+        return flight
+
+    async def _carry_out(self, flight: _Flight) -> None:
+        """Write the decision: record, binds, results (Succeeded) or results (Refused).
+        Stops at RequestWithdrawn/NotFound (what is written stays); on exhausted retries the
+        request is tried again later, keeping its reservation."""
+        req, node, rid = flight.request, flight.node, flight.request.id
+        keys = [(req.namespace, name) for name in dict.fromkeys(req.devices)]
+        outcome = "done"
+        try:
+            if flight.result is Result.SUCCEEDED:
+                assert node is not None
+                for key in keys:
+                    if not self._carries(key, rid, lambda br: br.node == node):
+                        await self._retrying("record_decision", self._writer.record_decision, key, rid, node)
+                for key in keys:
+                    dev = self._view.device(key)
+                    if dev is not None and dev.bound_node == node:
+                        continue
+                    flight.written.add(key)
+                    await self._retrying("bind", self._writer.bind, key, rid, node, self._clock.now())
+            for key in keys:
+                if not self._carries(key, rid, lambda br: (br.result, br.node, br.message)
+                                     == (flight.result, node, flight.message)):
+                    await self._retrying("write_result", self._writer.write_result, key, rid,
+                                         flight.result, flight.message, node)
+        except (RequestWithdrawn, NotFound) as exc:
+            outcome = "withdrawn"
+            _log.info("withdrawn", request_id=rid, namespace=req.namespace, error=str(exc))
+        except WriteError as exc:
+            outcome = "gave_up"
+            _log.warning("writes_gave_up", request_id=rid, namespace=req.namespace, error=str(exc))
+        finally:
+            flight.running = False
+            flight.finished_at = anyio.current_time()
+        self._counts[outcome] += 1
+        if outcome == "done":
+            self._counts["succeeded" if flight.result is Result.SUCCEEDED else "refused"] += 1
+        elif outcome == "gave_up":
+            flight.stalled = True
+            self._defer((req.namespace, rid), self._cfg.stalled_delay)
+        _log.info("writes_finished", request_id=rid, namespace=req.namespace, outcome=outcome,
+                  result=flight.result.value, chosen=node,
+                  seconds=round(anyio.current_time() - flight.started_at, 4))
+        self._wakeup.set()  # let the loop drop the reservation once the view shows the writes
+
+    def _carries(self, key: DeviceKey, request_id: str, done: Callable[[Any], bool]) -> bool:
+        """True when the view shows the device carrying `request_id` with `done(br)` true
+        (the write would be a no-op)."""
+        dev = self._view.device(key)
+        br = dev.status.bind_request if dev is not None else None
+        return br is not None and br.id == request_id and done(br)
+
+    async def _retrying(self, op: str, call: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """`call(*args)` with tenacity: WriteConflict and TransientWriteError (a timeout
+        counts as one) are retried with exponential jitter up to `retry_attempts` tries in
+        all; the last error is re-raised. RequestWithdrawn and NotFound are never retried.
+        The first try runs without tenacity's machinery (the common, successful case)."""
+        cfg = self._cfg
+        try:
+            return await self._write_once(op, call, *args)
+        except RETRYABLE_WRITE_ERRORS as exc:
+            if cfg.retry_attempts <= 1:
+                raise
+            _log.info("write_retry", op=op, error=str(exc))
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(RETRYABLE_WRITE_ERRORS),
+            wait=wait_exponential_jitter(multiplier=cfg.retry_initial, max=cfg.retry_max,
+                                         jitter=cfg.retry_jitter),
+            stop=stop_after_attempt(cfg.retry_attempts - 1),
+            sleep=anyio.sleep,
+            reraise=True,
+        )
+        await anyio.sleep(cfg.retry_initial)
+        async for attempt in retrying:
+            with attempt:
+                await self._write_once(op, call, *args)
+
+    async def _write_once(self, op: str, call: Callable[..., Awaitable[None]], *args: Any) -> None:
+        try:
+            with anyio.fail_after(self._cfg.write_timeout):
+                await call(*args)
+        except TimeoutError:
+            raise TransientWriteError(f"{op} timed out after {self._cfg.write_timeout}s") from None
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _recorded_node(request_id: str, members: tuple[GPUDevice, ...]) -> str | None:
+    """The node recorded for `request_id` on its members (B7), the most common if (by a bug)
+    they disagree; None when no member carries one."""
+    nodes = Counter(
+        br.node for m in members
+        if (br := m.status.bind_request) is not None and br.id == request_id
+        and br.node is not None and br.result is not Result.REFUSED
+    )
+    if not nodes:
+        return None
+    if len(nodes) > 1:
+        _log.error("recorded_nodes_disagree", request_id=request_id, nodes=dict(nodes))
+    return nodes.most_common(1)[0][0]
+
+
+def _in_order(req: Request, members: tuple[GPUDevice, ...]) -> list[GPUDevice]:
+    by_name = {m.name: m for m in members}
+    return [by_name[n] for n in dict.fromkeys(req.devices) if n in by_name]
+
+
+def _landing(placement: Placement, snap: Snapshot) -> tuple[tuple[DeviceKey, str], ...]:
+    out = []
+    for move in placement.moves:
+        dev = snap.devices.get(move.device)
+        cls = snap.classes.get(dev.class_name) if dev is not None else None
+        if cls is not None:
+            out.append((move.device, cls.resource_name))
+    return tuple(out)
+
+
+def _ledger_refusal(req: Request, snap: Snapshot, reasons: list[str]) -> str:
+    """The Refused message when the model found room but every node actor refused (B1:
+    names every device and its node, and why each candidate failed)."""
+    described = []
+    for name in req.devices:
+        dev = snap.device(req.namespace, name)
+        if dev is None:
+            described.append(f"{name} (not found)")
+        elif dev.bound_node:
+            described.append(f"{name} (Bound on {dev.bound_node})")
+        else:
+            described.append(f"{name} (Pending)")
+    why = "; ".join(reasons) or "no candidate node"
+    return (f"refused {req.namespace}/{req.vmi} request {req.id}: devices {', '.join(described)}; "
+            f"node ledgers refused every candidate: {why}")
+
+
+__all__ = [
+    "Coordinator",
+    "CoordinatorConfig",
+    "CoordinatorStatus",
+    "Examine",
+    "GetStatus",
+    "Resync",
+]

@@ -1,0 +1,466 @@
+"""An in-memory cluster: the fake `ClusterView`, `ChangeFeed` and `StatusWriter` beside the
+Kubernetes adapter, for tests and bench/. No Kubernetes.
+
+It behaves like an API server plus informer cache that is never behind: every write is
+applied atomically and is visible to the next read. Faults are injected from a seeded
+random generator (`Faults`): write errors before the write, conflicts, *ambiguous*
+errors (applied, then reported as failed), and latency; or one at a time with
+`fail_next`. Every applied write is appended to `history`, which tests read to check the
+invariants of DESIGN.md §7; `on_write` observes each one as it happens.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import AsyncIterator, Callable, Iterable, Literal, Mapping, Sequence
+
+import anyio
+from anyio.streams.memory import MemoryObjectSendStream
+
+from actors.errors import NotFound, RequestWithdrawn, TransientWriteError, WriteConflict, WriteError
+from actors.ports import Change, ChangeKind, Clock, DeviceKey, SystemClock
+from model.snapshot import Snapshot
+from model.types import (
+    Attachment,
+    BindRequest,
+    Budget,
+    DeviceStatus,
+    GPUClass,
+    GPUDevice,
+    LabelSelector,
+    Namespace,
+    Node,
+    OnCordon,
+    Phase,
+    Result,
+    freeze_labels,
+)
+
+WriteOp = Literal["record_decision", "bind", "write_result"]
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRecord:
+    """One applied write. `op` is a StatusWriter method, or `request`/`withdraw` (the
+    webhook's writes) or `node`/`device` (test setup after start). For `bind`,
+    `from_node` is where the device was Bound before (None: Pending)."""
+
+    seq: int
+    op: str
+    key: DeviceKey | str
+    request_id: str | None = None
+    node: str | None = None
+    result: Result | None = None
+    message: str | None = None
+    from_node: str | None = None
+
+
+@dataclass(slots=True)
+class Faults:
+    """Random faults of StatusWriter calls, drawn from the store's seeded generator.
+
+    `error_rate`: TransientWriteError, nothing applied. `conflict_rate`: WriteConflict,
+    nothing applied. `ambiguous_rate`: applied, then TransientWriteError. `latency`: each
+    call waits uniform [0, latency] seconds before applying (0: one checkpoint)."""
+
+    error_rate: float = 0.0
+    conflict_rate: float = 0.0
+    ambiguous_rate: float = 0.0
+    latency: float = 0.0
+
+
+@dataclass(slots=True)
+class _Injected:
+    op: str | None
+    key: DeviceKey | None
+    error: type[WriteError]
+    times: int
+    applied: bool
+
+
+class MemoryStore:
+    """The fake cluster (see the module docstring). Setup methods are synchronous and emit
+    change notifications like watch events would."""
+
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        faults: Faults | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.rng = random.Random(seed)
+        self.faults = faults or Faults()
+        self.clock: Clock = clock or SystemClock()
+        self.history: list[WriteRecord] = []
+        self.on_write: Callable[[WriteRecord], None] | None = None
+        self.writes_attempted = 0
+        self.writes_failed = 0
+        self._nodes: dict[str, Node] = {}
+        self._classes: dict[str, GPUClass] = {}
+        self._namespaces: dict[str, Namespace] = {}
+        self._budgets: dict[tuple[str, str], Budget] = {}
+        self._devices: dict[DeviceKey, GPUDevice] = {}
+        self._on_node: dict[str, dict[DeviceKey, GPUDevice]] = {}
+        self._by_request: dict[tuple[str, str], dict[DeviceKey, GPUDevice]] = {}
+        self._snap: Snapshot | None = None
+        self._snap_changes: dict[DeviceKey, GPUDevice | None] = {}  # not yet in _snap
+        self._subscribers: list[MemoryObjectSendStream[Change]] = []
+        self._injected: list[_Injected] = []
+
+    # -- ClusterView ---------------------------------------------------------------------
+
+    def node(self, name: str) -> Node | None:
+        return self._nodes.get(name)
+
+    def nodes(self) -> Mapping[str, Node]:
+        return dict(self._nodes)
+
+    def classes(self) -> Mapping[str, GPUClass]:
+        return dict(self._classes)
+
+    def device(self, key: DeviceKey) -> GPUDevice | None:
+        return self._devices.get(key)
+
+    def devices(self) -> Mapping[DeviceKey, GPUDevice]:
+        return dict(self._devices)
+
+    def devices_on(self, node: str) -> tuple[GPUDevice, ...]:
+        return tuple(self._on_node.get(node, {}).values())
+
+    def request_members(self, namespace: str, request_id: str) -> tuple[GPUDevice, ...]:
+        return tuple(self._by_request.get((namespace, request_id), {}).values())
+
+    def budgets(self) -> tuple[Budget, ...]:
+        return tuple(self._budgets.values())
+
+    def namespaces(self) -> Mapping[str, Namespace]:
+        return dict(self._namespaces)
+
+    def snapshot(self) -> Snapshot:
+        if self._snap is not None and self._snap_changes:
+            puts = [d for d in self._snap_changes.values() if d is not None]
+            snap = self._snap.with_devices(puts) if puts else self._snap
+            for key, dev in self._snap_changes.items():
+                if dev is None:
+                    snap = snap.without_device(*key)
+            self._snap = snap
+            self._snap_changes.clear()
+        if self._snap is None:
+            self._snap = Snapshot.build(
+                nodes=self._nodes.values(),
+                classes=self._classes.values(),
+                devices=self._devices.values(),
+                budgets=self._budgets.values(),
+                namespaces=self._namespaces.values(),
+            )
+        return self._snap
+
+    # -- ChangeFeed ----------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def subscribe(self) -> AsyncIterator[AsyncIterator[Change]]:
+        send, receive = anyio.create_memory_object_stream[Change](math.inf)
+        self._subscribers.append(send)
+        try:
+            async with receive:
+                yield receive
+        finally:
+            self._subscribers.remove(send)
+            send.close()
+
+    def _emit(self, kind: ChangeKind, key: str | DeviceKey) -> None:
+        change = Change(kind, key)
+        for send in list(self._subscribers):
+            try:
+                send.send_nowait(change)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+
+    # -- setup (as the API server would see objects appear and change) --------------------
+
+    def add_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> None:
+        self._namespaces[name] = Namespace(name, freeze_labels(labels))
+        self._snap = None
+        self._snap_changes.clear()
+        self._emit("namespace", name)
+
+    def add_class(
+        self,
+        name: str,
+        resource_name: str,
+        *,
+        on_cordon: OnCordon = OnCordon.MOVE,
+        node_selector: Mapping[str, str] | None = None,
+        namespace_selector: LabelSelector | None = None,
+    ) -> None:
+        self._classes[name] = GPUClass(
+            name, resource_name, on_cordon, freeze_labels(node_selector), namespace_selector
+        )
+        self._snap = None
+        self._snap_changes.clear()
+        self._emit("class", name)
+
+    def add_node(
+        self,
+        name: str,
+        allocatable: Mapping[str, int],
+        *,
+        labels: Mapping[str, str] | None = None,
+        unschedulable: bool = False,
+    ) -> None:
+        labels = {"kubernetes.io/hostname": name, **(labels or {})}
+        self._nodes[name] = Node(
+            name, freeze_labels(labels), tuple(sorted(allocatable.items())), unschedulable
+        )
+        self._snap = None
+        self._snap_changes.clear()
+        self._emit("node", name)
+
+    def cordon(self, name: str, unschedulable: bool = True) -> None:
+        """Set `spec.unschedulable` of the node."""
+        self._nodes[name] = replace(self._nodes[name], unschedulable=unschedulable)
+        self._snap = None
+        self._snap_changes.clear()
+        self._emit("node", name)
+
+    def set_allocatable(self, name: str, resource: str, units: int) -> None:
+        """Change one resource of the node's `status.allocatable` (lower it to lose capacity)."""
+        alloc = dict(self._nodes[name].allocatable)
+        alloc[resource] = units
+        self._nodes[name] = replace(self._nodes[name], allocatable=tuple(sorted(alloc.items())))
+        self._snap = None
+        self._snap_changes.clear()
+        self._emit("node", name)
+
+    def delete_node(self, name: str) -> None:
+        """The Node object is deleted (its devices keep their `nodeName`)."""
+        del self._nodes[name]
+        self._snap = None
+        self._snap_changes.clear()
+        self._emit("node", name)
+
+    def add_budget(self, namespace: str, resource: str, hard: int) -> None:
+        self._budgets[(namespace, resource)] = Budget(namespace, resource, hard)
+        self._snap = None
+        self._snap_changes.clear()
+        self._emit("budget", namespace)
+
+    def add_device(
+        self,
+        namespace: str,
+        name: str,
+        class_name: str,
+        *,
+        node: str | None = None,
+        template_for: str | None = None,
+    ) -> DeviceKey:
+        """Create a device, Bound to `node` when given, else Pending."""
+        status = DeviceStatus()
+        if node is not None:
+            status = DeviceStatus(phase=Phase.BOUND, node_name=node, bound_at=self.clock.now())
+        dev = GPUDevice(namespace, name, class_name, template_for, status,
+                        created_at=self.clock.now())
+        self._put(dev)
+        return dev.key
+
+    def delete_device(self, key: DeviceKey) -> None:
+        self._put(None, key)
+
+    def request(
+        self,
+        namespace: str,
+        vmi: str,
+        devices: Sequence[str],
+        *,
+        request_id: str | None = None,
+        node_selector: Mapping[str, str] | None = None,
+        only: Iterable[str] | None = None,
+    ) -> str:
+        """Write what the webhook writes (W3 steps 2 and 3): `attachedTo` and the same
+        `bindRequest` on each device of `devices` (or only on `only`, to make a partial
+        request). Returns the request id. Raises KeyError for a missing device."""
+        request_id = request_id or uuid.uuid4().hex[:12]
+        now = self.clock.now()
+        br = BindRequest(request_id, vmi, tuple(devices), now, freeze_labels(node_selector))
+        targets = list(devices) if only is None else list(only)
+        for name in targets:
+            dev = self._devices[(namespace, name)]
+            status = replace(dev.status, attached_to=Attachment(vmi, now), bind_request=br)
+            self._put(replace(dev, status=status))
+            self._record(WriteRecord(0, "request", (namespace, name), request_id))
+        return request_id
+
+    def withdraw(self, namespace: str, request_id: str) -> int:
+        """Clear `bindRequest` and `attachedTo` on every device carrying `request_id` (the
+        webhook cleaning up after a timeout, W5, or housekeeping, H1). Returns how many."""
+        members = list(self._by_request.get((namespace, request_id), {}).values())
+        for dev in members:
+            status = replace(dev.status, attached_to=None, bind_request=None)
+            self._put(replace(dev, status=status))
+            self._record(WriteRecord(0, "withdraw", dev.key, request_id))
+        return len(members)
+
+    # -- fault injection -----------------------------------------------------------------
+
+    def fail_next(
+        self,
+        error: type[WriteError] = TransientWriteError,
+        *,
+        op: WriteOp | None = None,
+        key: DeviceKey | None = None,
+        times: int = 1,
+        applied: bool = False,
+    ) -> None:
+        """Make the next `times` matching StatusWriter calls raise `error`; with `applied`,
+        the write is applied first (an ambiguous failure)."""
+        self._injected.append(_Injected(op, key, error, times, applied))
+
+    # -- StatusWriter --------------------------------------------------------------------
+
+    async def record_decision(self, key: DeviceKey, request_id: str, node: str) -> None:
+        async def apply(dev: GPUDevice) -> None:
+            br = dev.status.bind_request
+            assert br is not None
+            if br.node == node:
+                return
+            self._put(replace(dev, status=replace(dev.status, bind_request=replace(br, node=node))))
+            self._record(WriteRecord(0, "record_decision", key, request_id, node=node))
+
+        await self._write("record_decision", key, request_id, apply)
+
+    async def bind(self, key: DeviceKey, request_id: str, node: str, bound_at: datetime) -> None:
+        async def apply(dev: GPUDevice) -> None:
+            if dev.bound_node == node:
+                return
+            status = replace(dev.status, phase=Phase.BOUND, node_name=node, bound_at=bound_at)
+            self._put(replace(dev, status=status))
+            self._record(WriteRecord(0, "bind", key, request_id, node=node, from_node=dev.bound_node))
+
+        await self._write("bind", key, request_id, apply)
+
+    async def write_result(
+        self,
+        key: DeviceKey,
+        request_id: str,
+        result: Result,
+        message: str,
+        node: str | None,
+    ) -> None:
+        async def apply(dev: GPUDevice) -> None:
+            br = dev.status.bind_request
+            assert br is not None
+            if (br.result, br.message, br.node) == (result, message, node):
+                return
+            new = replace(br, result=result, message=message, node=node)
+            self._put(replace(dev, status=replace(dev.status, bind_request=new)))
+            self._record(WriteRecord(0, "write_result", key, request_id, node=node,
+                                     result=result, message=message))
+
+        await self._write("write_result", key, request_id, apply)
+
+    async def _write(self, op: str, key: DeviceKey, request_id: str, apply) -> None:
+        self.writes_attempted += 1
+        f = self.faults
+        if f.latency > 0:
+            await anyio.sleep(self.rng.uniform(0, f.latency))
+        else:
+            await anyio.sleep(0)
+        injected = self._take_injected(op, key)
+        if injected is not None and not injected.applied:
+            self.writes_failed += 1
+            raise injected.error(f"injected {injected.error.__name__} on {op} {key}", key=key)
+        if injected is None:
+            roll = self.rng.random()
+            if roll < f.error_rate:
+                self.writes_failed += 1
+                raise TransientWriteError(f"injected transient error on {op} {key}", key=key)
+            if roll < f.error_rate + f.conflict_rate:
+                self.writes_failed += 1
+                raise WriteConflict(f"injected conflict on {op} {key}", key=key)
+        dev = self._devices.get(key)
+        if dev is None:
+            raise NotFound(f"device {key[0]}/{key[1]} not found", key=key)
+        br = dev.status.bind_request
+        if br is None or br.id != request_id:
+            raise RequestWithdrawn(
+                f"device {key[0]}/{key[1]} no longer carries request {request_id}", key=key
+            )
+        await apply(dev)
+        if injected is not None:
+            self.writes_failed += 1
+            raise injected.error(f"injected ambiguous {injected.error.__name__} on {op} {key}", key=key)
+        if f.ambiguous_rate and self.rng.random() < f.ambiguous_rate:
+            self.writes_failed += 1
+            raise TransientWriteError(f"injected ambiguous error on {op} {key} (applied)", key=key)
+
+    def _take_injected(self, op: str, key: DeviceKey) -> _Injected | None:
+        for inj in self._injected:
+            if (inj.op is None or inj.op == op) and (inj.key is None or inj.key == key):
+                inj.times -= 1
+                if inj.times <= 0:
+                    self._injected.remove(inj)
+                return inj
+        return None
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _record(self, rec: WriteRecord) -> None:
+        rec = replace(rec, seq=len(self.history) + 1)
+        self.history.append(rec)
+        if self.on_write is not None:
+            self.on_write(rec)
+
+    def _put(self, dev: GPUDevice | None, key: DeviceKey | None = None) -> None:
+        key = dev.key if dev is not None else key
+        assert key is not None
+        old = self._devices.get(key)
+        if old is not None:
+            if old.bound_node is not None:
+                self._on_node.get(old.bound_node, {}).pop(key, None)
+            br = old.status.bind_request
+            if br is not None:
+                bucket = self._by_request.get((key[0], br.id))
+                if bucket is not None:
+                    bucket.pop(key, None)
+                    if not bucket:
+                        del self._by_request[(key[0], br.id)]
+        if dev is None:
+            self._devices.pop(key, None)
+            if self._snap is not None:
+                self._snap_changes[key] = None
+        else:
+            self._devices[key] = dev
+            if dev.bound_node is not None:
+                self._on_node.setdefault(dev.bound_node, {})[key] = dev
+            br = dev.status.bind_request
+            if br is not None:
+                self._by_request.setdefault((key[0], br.id), {})[key] = dev
+            if self._snap is not None:
+                self._snap_changes[key] = dev
+        self._emit("device", key)
+
+    # -- helpers for tests ---------------------------------------------------------------
+
+    def used(self, node: str, resource: str) -> int:
+        """Bound devices on `node` whose class has `resource` (what invariant 1 counts)."""
+        return sum(
+            1 for d in self._on_node.get(node, {}).values()
+            if (c := self._classes.get(d.class_name)) is not None and c.resource_name == resource
+        )
+
+    def tenant_bound(self, namespace: str, resource: str) -> int:
+        """Bound devices of the tenant of `resource` (what invariant 4 counts)."""
+        return sum(
+            1 for d in self._devices.values()
+            if d.namespace == namespace and d.bound_node is not None
+            and (c := self._classes.get(d.class_name)) is not None and c.resource_name == resource
+        )
+
+
+__all__ = ["Faults", "MemoryStore", "WriteRecord"]

@@ -1,0 +1,413 @@
+"""NodeActor: the only owner of one node's free capacity (DESIGN.md §6).
+
+Its ledger, per resource: `allocatable` and `bound` (re-read from the ClusterView, level
+based), plus *holds* per request id: prepared (reserved, expiring after `prepare_ttl`) or
+committed (decided, writes in flight; kept until released, until the view shows every
+member that lands here as Bound here, or, as a safety net, until `commit_ttl`). A hold only
+counts what has not landed yet, so capacity is never counted twice while writes progress.
+
+Two-phase protocol, spoken by the Coordinator: `Prepare` → `Prepared(incarnation, …)` or
+`PrepareRefused(reason)`; `Commit(incarnation)` → `Committed` or `CommitRefused` (e.g. the
+ledger was rebuilt: every (re)start has a fresh incarnation number and starts without
+holds); `Abort`; `Release`. Every decision is one JSON log line carrying `node=<name>`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import structlog
+
+from actors.ports import Clock, ClusterView, DeviceKey
+from actors.runtime import Actor, ActorContext
+
+_log = structlog.get_logger("gpu_binder.node")
+
+_incarnations = itertools.count(1)
+"""Process-wide: no two NodeActor incarnations share a number, whatever their node."""
+
+Needs = tuple[tuple[str, int], ...]
+
+
+# -- messages and replies ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare:
+    """Reserve `needs` (units per resource) for `request_id`. `devices` are the members that
+    will land here, with their resource: once the view shows one Bound here, it no longer
+    counts against the hold. `owner` identifies the coordinator incarnation. Re-preparing a
+    request replaces its hold. Reply: `Prepared` or `PrepareRefused`."""
+
+    request_id: str
+    needs: Needs
+    devices: tuple[tuple[DeviceKey, str], ...] = ()
+    owner: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    node: str
+    request_id: str
+    incarnation: int
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareRefused:
+    node: str
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """Turn the prepared hold into a committed one; refused when `incarnation` is not the
+    ledger's (it was rebuilt since the prepare) or the hold is gone (expired, aborted).
+    Reply: `Committed` or `CommitRefused`. Idempotent."""
+
+    request_id: str
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    node: str
+    request_id: str
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRefused:
+    node: str
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A committed hold without a capacity check: the decision was already made (B7
+    recovery after a coordinator restart). Reply: `Committed`."""
+
+    request_id: str
+    needs: Needs
+    devices: tuple[tuple[DeviceKey, str], ...] = ()
+    owner: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """Drop the hold of `request_id` (no-op when there is none). Reply: True if one was
+    dropped."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """The coordinator is done with `request_id` (its writes finished and the view shows
+    them, or it stopped). Drops the hold. Reply: True if one was dropped."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Adopt:
+    """A new coordinator incarnation `owner` took over: drop holds of every other owner
+    (their decisions are re-made or recovered by the new one)."""
+
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChanged:
+    """The Node object changed (allocatable, cordon, labels, deleted): re-read it."""
+
+
+@dataclass(frozen=True, slots=True)
+class DevicesChanged:
+    """Devices on this node (or classes) changed: re-read what is Bound here."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetLedger:
+    """Reply: the `Ledger` now."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """A frozen view of the ledger. `held` = units held by holds and not landed yet
+    (prepared + committed); `free` = allocatable − bound − held (negative: overcommitted,
+    e.g. allocatable lowered under bound devices)."""
+
+    node: str
+    incarnation: int
+    exists: bool
+    unschedulable: bool
+    allocatable: Mapping[str, int]
+    bound: Mapping[str, int]
+    prepared: Mapping[str, int]
+    committed: Mapping[str, int]
+    free: Mapping[str, int]
+    holds: tuple[str, ...]
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeActorConfig:
+    """`prepare_ttl`: a prepared hold neither committed nor aborted expires after it.
+    `commit_ttl`: safety net for a committed hold nobody releases. `sweep_interval`: how
+    often expiry is checked when no message arrives (it is also checked on every message)."""
+
+    prepare_ttl: float = 10.0
+    commit_ttl: float = 300.0
+    sweep_interval: float = 1.0
+
+
+@dataclass(slots=True)
+class _Hold:
+    request_id: str
+    owner: str
+    needs: dict[str, int]
+    devices: tuple[tuple[DeviceKey, str], ...]
+    committed: bool
+    expires_at: float
+
+
+@dataclass(slots=True)
+class _State:
+    exists: bool = False
+    unschedulable: bool = False
+    allocatable: dict[str, int] = field(default_factory=dict)
+    bound: dict[str, int] = field(default_factory=dict)
+    holds: dict[str, _Hold] = field(default_factory=dict)
+
+
+class NodeActor(Actor):
+    """The actor of node `node` (see the module docstring). Build one per incarnation."""
+
+    def __init__(
+        self,
+        node: str,
+        view: ClusterView,
+        clock: Clock,
+        config: NodeActorConfig | None = None,
+    ) -> None:
+        self.node = node
+        self.name = f"node:{node}"
+        self._view = view
+        self._clock = clock
+        self._cfg = config or NodeActorConfig()
+        self.tick_interval = self._cfg.sweep_interval
+        self.incarnation = next(_incarnations)
+        self._st = _State()
+        self._dirty = False
+
+    def log_context(self) -> Mapping[str, Any]:
+        return {"actor": "node", "node": self.node}
+
+    def reservations(self) -> int:
+        return len(self._st.holds)
+
+    async def on_start(self, ctx: ActorContext) -> None:
+        self._read_node()
+        self._read_bound()
+        _log.info("rebuild", incarnation=self.incarnation, **self._ledger_fields())
+
+    async def on_tick(self) -> None:
+        self._sweep()
+        if self._dirty and self._st.holds:
+            self._read_bound()
+            self._settle()
+        self._dirty = False
+
+    async def receive(self, message: Any) -> Any:
+        self._sweep()
+        match message:
+            case Prepare():
+                return self._prepare(message)
+            case Commit():
+                return self._commit(message)
+            case Abort(request_id):
+                return self._drop(request_id, "abort")
+            case Release(request_id):
+                return self._drop(request_id, "release")
+            case Claim():
+                return self._claim(message)
+            case Adopt(owner):
+                return self._adopt(owner)
+            case NodeChanged():
+                return self._node_changed()
+            case DevicesChanged():
+                self._dirty = True  # settled on the next tick; prepares re-read anyway
+                return None
+            case GetLedger():
+                self._read_bound()
+                return self.ledger()
+        raise TypeError(f"{self.name}: unexpected message {message!r}")
+
+    # -- reading the view -----------------------------------------------------------------
+
+    def _read_node(self) -> None:
+        st = self._st
+        node = self._view.node(self.node)
+        st.exists = node is not None
+        st.unschedulable = bool(node and node.unschedulable)
+        st.allocatable = dict(node.allocatable) if node else {}
+
+    def _read_bound(self) -> None:
+        classes = self._view.classes()
+        bound: dict[str, int] = {}
+        for dev in self._view.devices_on(self.node):
+            c = classes.get(dev.class_name)
+            if c is not None:
+                bound[c.resource_name] = bound.get(c.resource_name, 0) + 1
+        self._st.bound = bound
+
+    def _outstanding(self, hold: _Hold) -> dict[str, int]:
+        """Units of `hold` not landed here yet."""
+        if not hold.devices:
+            return dict(hold.needs)
+        left = dict(hold.needs)
+        for key, res in hold.devices:
+            dev = self._view.device(key)
+            if dev is not None and dev.bound_node == self.node and left.get(res, 0) > 0:
+                left[res] -= 1
+        return left
+
+    def _held(self, *, exclude: str | None = None) -> tuple[dict[str, int], dict[str, int]]:
+        prepared: dict[str, int] = {}
+        committed: dict[str, int] = {}
+        for rid, hold in self._st.holds.items():
+            if rid == exclude:
+                continue
+            into = committed if hold.committed else prepared
+            for res, n in self._outstanding(hold).items():
+                if n > 0:
+                    into[res] = into.get(res, 0) + n
+        return prepared, committed
+
+    # -- the protocol ---------------------------------------------------------------------
+
+    def _prepare(self, msg: Prepare) -> Prepared | PrepareRefused:
+        st = self._st
+        self._read_node()
+        self._read_bound()
+        needs = {res: n for res, n in msg.needs if n > 0}
+        reason = None
+        if needs and not st.exists:
+            reason = "node is gone"
+        elif needs and st.unschedulable:
+            reason = "node is cordoned"
+        else:
+            prepared, committed = self._held(exclude=msg.request_id)
+            short = []
+            for res, n in sorted(needs.items()):
+                free = (st.allocatable.get(res, 0) - st.bound.get(res, 0)
+                        - prepared.get(res, 0) - committed.get(res, 0))
+                if n > free:
+                    short.append(f"needs {n} × {res}, has {max(free, 0)} free")
+            if short:
+                reason = "; ".join(short)
+        if reason is not None:
+            _log.info("prepare", outcome="refused", request_id=msg.request_id,
+                      needs=dict(needs), reason=reason, incarnation=self.incarnation)
+            return PrepareRefused(self.node, msg.request_id, reason)
+        expires_at = self._clock.monotonic() + self._cfg.prepare_ttl
+        st.holds[msg.request_id] = _Hold(msg.request_id, msg.owner, needs, msg.devices, False, expires_at)
+        _log.info("prepare", outcome="reserved", request_id=msg.request_id, needs=dict(needs),
+                  incarnation=self.incarnation, ttl=self._cfg.prepare_ttl, **self._free_field())
+        return Prepared(self.node, msg.request_id, self.incarnation, expires_at)
+
+    def _commit(self, msg: Commit) -> Committed | CommitRefused:
+        hold = self._st.holds.get(msg.request_id)
+        reason = None
+        if msg.incarnation != self.incarnation:
+            reason = f"ledger rebuilt: incarnation {self.incarnation}, prepared in {msg.incarnation}"
+        elif hold is None:
+            reason = "no reservation (expired or aborted)"
+        if reason is not None:
+            _log.info("commit", outcome="refused", request_id=msg.request_id, reason=reason,
+                      incarnation=self.incarnation)
+            return CommitRefused(self.node, msg.request_id, reason)
+        assert hold is not None
+        if not hold.committed:
+            hold.committed = True
+            hold.expires_at = self._clock.monotonic() + self._cfg.commit_ttl
+            _log.info("commit", outcome="committed", request_id=msg.request_id,
+                      needs=dict(hold.needs), incarnation=self.incarnation)
+        return Committed(self.node, msg.request_id, self.incarnation)
+
+    def _claim(self, msg: Claim) -> Committed:
+        needs = {res: n for res, n in msg.needs if n > 0}
+        expires_at = self._clock.monotonic() + self._cfg.commit_ttl
+        self._st.holds[msg.request_id] = _Hold(msg.request_id, msg.owner, needs, msg.devices, True, expires_at)
+        self._read_node()
+        self._read_bound()
+        _log.info("claim", request_id=msg.request_id, needs=needs, incarnation=self.incarnation,
+                  **self._free_field())
+        return Committed(self.node, msg.request_id, self.incarnation)
+
+    def _drop(self, request_id: str, event: str) -> bool:
+        hold = self._st.holds.pop(request_id, None)
+        _log.info(event, request_id=request_id, released=hold is not None,
+                  committed=bool(hold and hold.committed), incarnation=self.incarnation)
+        return hold is not None
+
+    def _adopt(self, owner: str) -> list[str]:
+        dropped = [rid for rid, h in self._st.holds.items() if h.owner != owner]
+        for rid in dropped:
+            del self._st.holds[rid]
+        _log.info("adopt", owner=owner, dropped=dropped, incarnation=self.incarnation)
+        return dropped
+
+    def _node_changed(self) -> Ledger:
+        self._read_node()
+        self._read_bound()
+        ledger = self.ledger()
+        over = sorted(res for res, f in ledger.free.items() if f < 0)
+        _log.info("node_changed", exists=ledger.exists, unschedulable=ledger.unschedulable,
+                  allocatable=dict(ledger.allocatable), overcommitted=over,
+                  incarnation=self.incarnation)
+        return ledger
+
+    def _sweep(self) -> None:
+        """Drop prepared and committed holds whose time is up."""
+        now = self._clock.monotonic()
+        for rid, hold in list(self._st.holds.items()):
+            if hold.expires_at <= now:
+                del self._st.holds[rid]
+                _log.info("expire", request_id=rid, committed=hold.committed,
+                          needs=dict(hold.needs), incarnation=self.incarnation)
+
+    def _settle(self) -> None:
+        """Drop committed holds whose members all landed here (writes observed)."""
+        for rid, hold in list(self._st.holds.items()):
+            if hold.committed and hold.devices and not any(self._outstanding(hold).values()):
+                del self._st.holds[rid]
+                _log.info("release", request_id=rid, released=True, committed=True,
+                          reason="observed", incarnation=self.incarnation)
+
+    # -- views ----------------------------------------------------------------------------
+
+    def ledger(self) -> Ledger:
+        st = self._st
+        prepared, committed = self._held()
+        resources = set(st.allocatable) | set(st.bound) | set(prepared) | set(committed)
+        free = {r: st.allocatable.get(r, 0) - st.bound.get(r, 0) - prepared.get(r, 0)
+                - committed.get(r, 0) for r in sorted(resources)}
+        return Ledger(self.node, self.incarnation, st.exists, st.unschedulable,
+                      dict(st.allocatable), dict(st.bound), prepared, committed, free,
+                      tuple(sorted(st.holds)))
+
+    def _ledger_fields(self) -> dict[str, Any]:
+        led = self.ledger()
+        return {"exists": led.exists, "unschedulable": led.unschedulable,
+                "allocatable": dict(led.allocatable), "bound": dict(led.bound)}
+
+    def _free_field(self) -> dict[str, Any]:
+        return {"free": dict(self.ledger().free)}

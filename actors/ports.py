@@ -1,0 +1,175 @@
+"""The small Protocols the actors depend on, and nothing else.
+
+`ClusterView` is the informer cache as the binder reads it (synchronous, in memory,
+possibly a little behind the API server); `ChangeFeed` says which keys changed (level
+based: a change names a key, the receiver re-reads the view); `StatusWriter` writes the
+binder's fields of GPUDevice status (B8); `Clock` gives monotonic and UTC time;
+`NodeDirectory` finds the node actor of a node. The Kubernetes adapter implements the
+first three, `actors.memory_store.MemoryStore` is the fake beside it.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, AsyncIterator, Literal, Mapping, Protocol, runtime_checkable
+
+from model.types import Budget, GPUClass, GPUDevice, Namespace, Node, Result
+
+if TYPE_CHECKING:
+    from actors.runtime import ActorRef
+    from model.snapshot import Snapshot
+
+DeviceKey = tuple[str, str]
+"""(namespace, name) of a GPUDevice."""
+
+ChangeKind = Literal["node", "device", "class", "budget", "namespace"]
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """"This key changed; read the view." `key` is a node/class/namespace name, a device
+    (namespace, name), or the namespace of a budget. Carries no object on purpose."""
+
+    kind: ChangeKind
+    key: str | DeviceKey
+
+
+@runtime_checkable
+class ClusterView(Protocol):
+    """What the binder knows of the cluster: an informer cache with a few indexes.
+
+    Every method is synchronous and cheap, never blocks and never raises for a missing
+    object (it returns None or an empty value). Two reads may see different versions of
+    the cluster; one object read is always internally consistent, and a later read of the
+    same object never shows an older version (per-object order, as a watch gives).
+    """
+
+    def node(self, name: str) -> Node | None:
+        """The Node, or None when it is gone (deleted or never seen)."""
+
+    def nodes(self) -> Mapping[str, Node]:
+        """Every Node by name."""
+
+    def classes(self) -> Mapping[str, GPUClass]:
+        """Every GPUClass by name."""
+
+    def device(self, key: DeviceKey) -> GPUDevice | None:
+        """The GPUDevice, or None when it is gone."""
+
+    def devices(self) -> Mapping[DeviceKey, GPUDevice]:
+        """Every GPUDevice by (namespace, name)."""
+
+    def devices_on(self, node: str) -> tuple[GPUDevice, ...]:
+        """The devices Bound to `node` (index on `status.nodeName` of Bound devices)."""
+
+    def request_members(self, namespace: str, request_id: str) -> tuple[GPUDevice, ...]:
+        """The devices of `namespace` whose `status.bindRequest.id` is `request_id`
+        (index on the id); empty when the request is gone (withdrawn)."""
+
+    def budgets(self) -> tuple[Budget, ...]:
+        """Every tenant budget (the smallest quota per namespace and resource)."""
+
+    def namespaces(self) -> Mapping[str, Namespace]:
+        """Every namespace by name (their labels decide entitlement)."""
+
+    def snapshot(self) -> Snapshot:
+        """A model Snapshot of the current view, without reservations."""
+
+
+@runtime_checkable
+class ChangeFeed(Protocol):
+    """Notifications of changed keys."""
+
+    def subscribe(self) -> AbstractAsyncContextManager[AsyncIterator[Change]]:
+        """An async context manager yielding an iterator of `Change`s made after the
+        subscription started. Nothing is dropped while subscribed (the feed buffers);
+        repeated changes of one key may be coalesced. Leaving the context unsubscribes."""
+
+
+@runtime_checkable
+class StatusWriter(Protocol):
+    """Writes the binder's fields of a GPUDevice's status (B8), one device per call.
+
+    Every method is idempotent (writing what is already there is a no-op), checks that the
+    device still carries `request_id` as `status.bindRequest.id`, and raises:
+    `RequestWithdrawn` when it does not (nothing written), `NotFound` when the device is
+    gone, `WriteConflict` on an optimistic-concurrency conflict (nothing written),
+    `TransientWriteError` when it cannot tell whether the write applied (retry is safe).
+    Cancellation: the write may or may not have been applied.
+    """
+
+    async def record_decision(self, key: DeviceKey, request_id: str, node: str) -> None:
+        """Write `status.bindRequest.node = node`: the durable record that the request is
+        decided for `node` (B7). Written on every member before any placement change."""
+
+    async def bind(self, key: DeviceKey, request_id: str, node: str, bound_at: datetime) -> None:
+        """Place the device: `status.phase = Bound`, `status.nodeName = node`,
+        `status.boundAt = bound_at`. A device already Bound to `node` is left as it is."""
+
+    async def write_result(
+        self,
+        key: DeviceKey,
+        request_id: str,
+        result: Result,
+        message: str,
+        node: str | None,
+    ) -> None:
+        """Write `status.bindRequest.{result, message, node}`. `node` is None for Refused."""
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """Time for actors: `monotonic()` for deadlines (seconds, same scale as the event
+    loop's timers), `now()` for timestamps written to the API (timezone-aware UTC)."""
+
+    def monotonic(self) -> float: ...
+
+    def now(self) -> datetime: ...
+
+
+class SystemClock:
+    """The real clock: `time.monotonic()` (what asyncio's loop uses) and UTC wall time."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+class ManualClock:
+    """A clock that only moves when told (`advance`), for tests of expiry and timestamps.
+    Deadlines of anyio waits still run on the event loop's own clock."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._mono = 1000.0
+        self._start = start or datetime(2030, 1, 1, tzinfo=UTC)
+
+    def monotonic(self) -> float:
+        return self._mono
+
+    def now(self) -> datetime:
+        from datetime import timedelta
+
+        return self._start + timedelta(seconds=self._mono - 1000.0)
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward by `seconds` (>= 0)."""
+        if seconds < 0:
+            raise ValueError("time does not go backwards")
+        self._mono += seconds
+
+
+@runtime_checkable
+class NodeDirectory(Protocol):
+    """Finds node actors. The supervisor implements it; the coordinator uses it."""
+
+    def node_actor(self, node: str) -> ActorRef | None:
+        """The node actor of `node`, or None when it has none (node gone or not started).
+        The reference stays valid across restarts of the actor."""
+
+    def node_actors(self) -> Mapping[str, ActorRef]:
+        """Every node actor by node name."""

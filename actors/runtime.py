@@ -1,0 +1,448 @@
+"""A small actor runtime on anyio: bounded mailboxes, tell/ask, one task group per actor.
+
+An `ActorCell` owns a mailbox (an anyio memory object stream with a fixed buffer, so a
+full mailbox pushes back on senders) and runs *incarnations* of an actor one after another:
+each `run` builds a fresh `Actor` from a factory, opens the actor's own task group, reports
+started, and handles messages one at a time until the mailbox is closed (a clean stop), the
+run is cancelled (a shutdown), or the actor raises (a crash, raised out of `run` for the
+supervisor to count; never swallowed). The mailbox outlives incarnations: messages queued
+for a crashed actor are handled by the next one; the message being handled when it crashed
+is lost and its asker gets `ActorStopped`. An `ActorRef` is the only handle on a cell;
+it comes from the cell (or from `spawn`), never from the actor itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+
+from actors.errors import ActorKilled, ActorStopped, AskTimeout, MailboxFull, StartTimeout
+
+_log = structlog.get_logger("gpu_binder.runtime")
+
+DEFAULT_ASK_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ActorStatistics:
+    """A frozen view of one actor for tests, metrics and bench/.
+
+    `mailbox_depth` messages are queued (not counting one being handled); `processed`
+    counts handled messages over all incarnations; `restarts` counts incarnations after
+    the first; `crashes` counts runs that ended by an exception (kills included);
+    `reservations` is what the actor reports holding (capacity holds for a NodeActor,
+    requests in flight for the Coordinator)."""
+
+    name: str
+    mailbox_depth: int
+    mailbox_capacity: int
+    processed: int
+    restarts: int
+    crashes: int
+    reservations: int
+    running: bool
+    incarnation: int
+    last_crash: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Crash:
+    """A message that makes the receiving actor crash with `ActorKilled(reason)` when it is
+    handled (after the messages queued before it). For chaos tests and operators."""
+
+    reason: str = "crash requested"
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Sent by the runtime to an actor every `Actor.tick_interval` seconds (dropped when the
+    mailbox is full: a busy actor gets its ticks from its own traffic)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActorContext:
+    """What an incarnation gets on start: its own reference, its own task group (children
+    started there die with the incarnation; an exception in one crashes the actor) and its
+    incarnation number (1 for the first run of the cell, +1 per restart)."""
+
+    ref: ActorRef
+    task_group: TaskGroup
+    incarnation: int
+
+
+class Actor:
+    """Base class of actors. Subclasses override what they need.
+
+    `receive` handles one message and returns the reply for `ask` (ignored for `tell`); an
+    exception raised from it crashes the actor. Refusals are replies (values), not
+    exceptions. Nothing else runs concurrently with `receive` except the actor's own
+    children in `ActorContext.task_group`, which share its state on the same event loop.
+    """
+
+    name: str = "actor"
+    tick_interval: float | None = None
+    """Seconds between `Tick` messages, None for no ticks."""
+
+    def log_context(self) -> Mapping[str, Any]:
+        """Context variables bound (structlog contextvars) for the whole incarnation."""
+        return {"actor": self.name}
+
+    async def on_start(self, ctx: ActorContext) -> None:
+        """Runs before the incarnation reports started (e.g. rebuild state from a view)."""
+
+    async def receive(self, message: Any) -> Any:
+        """Handle one message; the return value is the reply to `ask`."""
+        raise NotImplementedError
+
+    async def on_tick(self) -> None:
+        """Handle a `Tick`."""
+
+    async def on_stop(self) -> None:
+        """Runs after a clean stop (mailbox closed and drained), before the actor's task
+        group waits for its children: stop long-running children here."""
+
+    def reservations(self) -> int:
+        """What `ActorStatistics.reservations` reports."""
+        return 0
+
+
+class _Reply:
+    __slots__ = ("event", "value", "error")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def set(self, value: Any) -> None:
+        if not self.event.is_set():
+            self.value = value
+            self.event.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self.event.is_set():
+            self.error = error
+            self.event.set()
+
+
+@dataclass(slots=True)
+class _Envelope:
+    message: Any
+    reply: _Reply | None = None
+
+
+@dataclass(slots=True)
+class _CellState:
+    processed: int = 0
+    incarnation: int = 0
+    crashes: int = 0
+    running: bool = False
+    closed: bool = False
+    last_crash: str | None = None
+    actor: Actor | None = None
+    scope: anyio.CancelScope | None = None
+    kill_reason: str | None = None
+    current: _Envelope | None = None
+    on_started: list[Callable[[], None]] = field(default_factory=list)
+
+
+class ActorRef:
+    """The handle on an actor: `tell`, `tell_nowait`, `ask`, `statistics`. Thin: all state
+    lives in the cell. Stays valid across restarts of the actor."""
+
+    __slots__ = ("_cell",)
+
+    def __init__(self, cell: ActorCell) -> None:
+        self._cell = cell
+
+    @property
+    def name(self) -> str:
+        return self._cell.name
+
+    def tell_nowait(self, message: Any) -> None:
+        """Queue `message` without waiting.
+
+        Raises `MailboxFull` when the mailbox is full, `ActorStopped` when the actor is
+        stopped for good. On either error nothing was queued."""
+        self._cell._send_nowait(_Envelope(message))
+
+    async def tell(self, message: Any) -> None:
+        """Queue `message`, waiting while the mailbox is full (back-pressure).
+
+        Raises `ActorStopped` when the actor is stopped for good. Cancellation: either the
+        message is queued or you get the cancellation and the mailbox is unchanged. Bound
+        the wait with a cancel scope (`anyio.fail_after`) where a full mailbox must not
+        stall you."""
+        await self._cell._send(_Envelope(message))
+
+    async def ask(self, message: Any, *, timeout: float = DEFAULT_ASK_TIMEOUT) -> Any:
+        """Queue `message` and wait for the actor's reply; return the reply.
+
+        Raises `AskTimeout` when queueing plus handling took longer than `timeout` seconds
+        (the message may still be handled later), `ActorStopped` when the actor is stopped
+        for good or crashed while holding the message (`__cause__` is the crash).
+        Cancellation: the message may already be queued and will be handled; its reply is
+        dropped. A caller that must not leak what the reply grants (e.g. a capacity hold)
+        sends the compensating message in its cancellation handler."""
+        reply = _Reply()
+        try:
+            with anyio.fail_after(timeout):
+                await self._cell._send(_Envelope(message, reply))
+                await reply.event.wait()
+        except TimeoutError:
+            raise AskTimeout(f"{self.name}: no reply to {type(message).__name__} in {timeout}s") from None
+        if reply.error is not None:
+            raise reply.error
+        return reply.value
+
+    def statistics(self) -> ActorStatistics:
+        """A frozen view of the actor now."""
+        return self._cell.statistics()
+
+    def __repr__(self) -> str:
+        return f"ActorRef({self.name!r})"
+
+
+class ActorCell:
+    """Owns one actor's mailbox and runs its incarnations (see the module docstring).
+
+    The supervisor calls `run` once per incarnation, `kill` to crash the running one,
+    `close` to stop for good. Not for use by actors themselves: they get an `ActorRef`.
+    """
+
+    def __init__(self, name: str, *, mailbox_size: int = 64) -> None:
+        if mailbox_size < 1:
+            raise ValueError("mailbox_size must be >= 1")
+        self.name = name
+        self._capacity = mailbox_size
+        self._send_stream, self._receive_stream = anyio.create_memory_object_stream[_Envelope](
+            mailbox_size
+        )
+        self._state = _CellState()
+        self.ref = ActorRef(self)
+
+    # -- sending ------------------------------------------------------------------------
+
+    def _send_nowait(self, env: _Envelope) -> None:
+        try:
+            self._send_stream.send_nowait(env)
+        except anyio.WouldBlock:
+            raise MailboxFull(f"{self.name}: mailbox full ({self._capacity})") from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise ActorStopped(f"{self.name}: stopped") from None
+
+    async def _send(self, env: _Envelope) -> None:
+        try:
+            await self._send_stream.send(env)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise ActorStopped(f"{self.name}: stopped") from None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def run(
+        self,
+        factory: Callable[[], Actor],
+        *,
+        start_timeout: float = 30.0,
+        task_status: TaskStatus[ActorRef] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run one incarnation of the actor built by `factory()`; report started (with the
+        `ActorRef`) once its `on_start` returned.
+
+        Returns when the mailbox was closed and drained (clean stop). Raises what the actor
+        raised (a crash; a `Crash` message or `kill` raises `ActorKilled`), `StartTimeout`
+        when `on_start` took longer than `start_timeout`, `ActorStopped` when the cell is
+        already closed. Cancellation: the incarnation stops at its next await; the message
+        being handled is lost and its asker gets `ActorStopped`.
+        """
+        st = self._state
+        if st.closed:
+            raise ActorStopped(f"{self.name}: closed")
+        if st.running:
+            raise RuntimeError(f"{self.name}: already running")
+        actor = factory()
+        st.incarnation += 1
+        st.running = True
+        st.actor = actor
+        st.kill_reason = None
+        incarnation = st.incarnation
+        try:
+            with structlog.contextvars.bound_contextvars(**actor.log_context()):
+                async with anyio.create_task_group() as tg:
+                    st.scope = tg.cancel_scope
+                    ctx = ActorContext(ref=self.ref, task_group=tg, incarnation=incarnation)
+                    try:
+                        with anyio.fail_after(start_timeout):
+                            await actor.on_start(ctx)
+                    except TimeoutError:
+                        raise StartTimeout(f"{self.name}: not started in {start_timeout}s") from None
+                    ticker = anyio.CancelScope()
+                    if actor.tick_interval is not None:
+                        tg.start_soon(self._ticker, actor.tick_interval, ticker)
+                    task_status.started(self.ref)
+                    await self._loop(actor)
+                    # Clean stop: end the ticker, let the actor wind its children down;
+                    # the task group then waits for them (the supervisor bounds that wait).
+                    ticker.cancel()
+                    await actor.on_stop()
+            if st.kill_reason is not None:
+                raise ActorKilled(f"{self.name}: killed: {st.kill_reason}")
+        except BaseException as exc:
+            error = _unwrap(exc)
+            if not isinstance(error, anyio.get_cancelled_exc_class()):
+                st.crashes += 1
+                st.last_crash = f"{type(error).__name__}: {error}"
+            if st.current is not None and st.current.reply is not None:
+                stopped = ActorStopped(f"{self.name}: stopped while handling the message")
+                stopped.__cause__ = error
+                st.current.reply.fail(stopped)
+            if error is not exc:  # unwrap the task group's one-exception group
+                error.__suppress_context__ = True
+                raise error
+            raise
+        finally:
+            st.current = None
+            st.running = False
+            st.scope = None
+            st.actor = None
+            if st.closed:
+                self._drain_closed()
+
+    async def _ticker(self, interval: float, scope: anyio.CancelScope) -> None:
+        with scope:
+            while True:
+                await anyio.sleep(interval)
+                try:
+                    self._send_nowait(_Envelope(Tick()))
+                except (MailboxFull, ActorStopped):
+                    pass
+
+    async def _loop(self, actor: Actor) -> None:
+        st = self._state
+        while True:
+            try:
+                env = await self._receive_stream.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                return
+            st.current = env
+            message = env.message
+            if isinstance(message, Crash):
+                st.kill_reason = message.reason
+                raise ActorKilled(f"{self.name}: {message.reason}")
+            if isinstance(message, Tick):
+                await actor.on_tick()
+                st.current = None
+                continue
+            value = await actor.receive(message)
+            st.processed += 1
+            st.current = None
+            if env.reply is not None:
+                env.reply.set(value)
+
+    def kill(self, reason: str = "killed") -> bool:
+        """Crash the running incarnation now (it stops at its next await) so that `run`
+        raises `ActorKilled`. Returns False when nothing is running. Like Erlang's
+        `exit(Pid, kill)`: the actor gets no chance to clean up beyond its `finally`s."""
+        st = self._state
+        if not st.running or st.scope is None:
+            return False
+        st.kill_reason = reason
+        st.scope.cancel()
+        return True
+
+    def close(self) -> None:
+        """Stop for good: new messages are refused with `ActorStopped`; the running
+        incarnation (if any) handles what is queued and returns; queued asks left after it
+        (or with nothing running) get `ActorStopped`. Idempotent."""
+        st = self._state
+        if st.closed:
+            return
+        st.closed = True
+        self._send_stream.close()
+        if not st.running:
+            self._drain_closed()
+
+    def _drain_closed(self) -> None:
+        while True:
+            try:
+                env = self._receive_stream.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+            if env.reply is not None:
+                env.reply.fail(ActorStopped(f"{self.name}: stopped"))
+        self._receive_stream.close()
+
+    @property
+    def running(self) -> bool:
+        return self._state.running
+
+    @property
+    def closed(self) -> bool:
+        return self._state.closed
+
+    def statistics(self) -> ActorStatistics:
+        st = self._state
+        stream_stats = self._send_stream.statistics()
+        actor = st.actor
+        return ActorStatistics(
+            name=self.name,
+            mailbox_depth=stream_stats.current_buffer_used,
+            mailbox_capacity=self._capacity,
+            processed=st.processed,
+            restarts=max(0, st.incarnation - 1),
+            crashes=st.crashes,
+            reservations=actor.reservations() if actor is not None else 0,
+            running=st.running,
+            incarnation=st.incarnation,
+            last_crash=st.last_crash,
+        )
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The single leaf of (nested) one-exception groups, else `exc` itself."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def spawn(
+    task_group: TaskGroup,
+    factory: Callable[[], Actor],
+    *,
+    name: str | None = None,
+    mailbox_size: int = 64,
+    start_timeout: float = 30.0,
+) -> tuple[ActorRef, ActorCell]:
+    """Start one unsupervised incarnation of `factory()` in `task_group` and return its
+    reference and cell once it reported started. A crash propagates into `task_group`
+    (nothing restarts it); `cell.close()` stops it cleanly. Raises what `on_start` raised,
+    or `StartTimeout`."""
+    cell = ActorCell(name or getattr(factory, "__name__", "actor"), mailbox_size=mailbox_size)
+    ref = await task_group.start(_run_cell, cell, factory, start_timeout)
+    return ref, cell
+
+
+async def _run_cell(
+    cell: ActorCell,
+    factory: Callable[[], Actor],
+    start_timeout: float,
+    *,
+    task_status: TaskStatus[ActorRef] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    await cell.run(factory, start_timeout=start_timeout, task_status=task_status)
+
+
+__all__ = [
+    "Actor",
+    "ActorCell",
+    "ActorContext",
+    "ActorRef",
+    "ActorStatistics",
+    "Crash",
+    "Tick",
+    "spawn",
+]

@@ -1,0 +1,197 @@
+"""The binder's supervision tree and router (DESIGN.md §6).
+
+`Binder.run` starts a NodeActor per node in the view and one Coordinator under a
+one-for-one `Supervisor`, then routes the change feed, level based: a node change goes to
+that node's actor (starting an actor for a new node, stopping the one of a deleted node); a
+device change goes to the actor of the node it is Bound to and, when its request is
+complete and lacks a result, to the coordinator as `Examine` (partial requests are ignored).
+No placement logic lives here. `Binder` is also the coordinator's `NodeDirectory`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import anyio
+import structlog
+from anyio.abc import TaskStatus
+
+from actors.coordinator import Coordinator, CoordinatorConfig, Examine, Resync
+from actors.errors import ActorStopped, MailboxFull
+from actors.node_actor import DevicesChanged, NodeActor, NodeActorConfig, NodeChanged
+from actors.ports import Change, ChangeFeed, Clock, ClusterView, StatusWriter
+from actors.runtime import ActorRef
+from model.decide import find_requests
+from supervisor.tree import ChildSpec, Restart, Supervisor, SupervisorConfig, SupervisorStatistics
+
+_log = structlog.get_logger("gpu_binder.binder")
+
+COORDINATOR = "coordinator"
+"""Child id of the coordinator."""
+
+
+def node_child_id(node: str) -> str:
+    """Child id of the actor of `node`."""
+    return f"node:{node}"
+
+
+@dataclass(frozen=True, slots=True)
+class BinderConfig:
+    """Everything the tree needs that is not a port. `route_timeout` bounds how long the
+    router waits on a full coordinator mailbox before leaving the request to the
+    coordinator's periodic resync."""
+
+    supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+    node: NodeActorConfig = field(default_factory=NodeActorConfig)
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    node_mailbox: int = 256
+    coordinator_mailbox: int = 4096
+    shutdown: float = 5.0
+    route_timeout: float = 1.0
+
+
+class Binder:
+    """The binder part of the controller: supervisor, node actors, coordinator, router."""
+
+    def __init__(
+        self,
+        view: ClusterView,
+        feed: ChangeFeed,
+        writer: StatusWriter,
+        clock: Clock,
+        config: BinderConfig | None = None,
+    ) -> None:
+        self._view = view
+        self._feed = feed
+        self._writer = writer
+        self._clock = clock
+        self._cfg = config or BinderConfig()
+        self._sup: Supervisor | None = None
+
+    # -- NodeDirectory --------------------------------------------------------------------------
+
+    def node_actor(self, node: str) -> ActorRef | None:
+        return self._sup.ref(node_child_id(node)) if self._sup is not None else None
+
+    def node_actors(self) -> Mapping[str, ActorRef]:
+        if self._sup is None:
+            return {}
+        out = {}
+        for cid in self._sup.child_ids():
+            if cid.startswith("node:"):
+                ref = self._sup.ref(cid)
+                if ref is not None:
+                    out[cid[len("node:"):]] = ref
+        return out
+
+    # -- control --------------------------------------------------------------------------------
+
+    @property
+    def coordinator(self) -> ActorRef | None:
+        return self._sup.ref(COORDINATOR) if self._sup is not None else None
+
+    def kill(self, child_id: str, reason: str = "killed") -> bool:
+        """Crash a child now, e.g. `kill("coordinator")` or `kill(node_child_id("n1"))`;
+        the supervisor restarts it (counted against the restart intensity). False when it
+        is not running."""
+        return self._sup is not None and self._sup.kill(child_id, reason)
+
+    def child_ids(self) -> list[str]:
+        return self._sup.child_ids() if self._sup is not None else []
+
+    def statistics(self) -> SupervisorStatistics | None:
+        return self._sup.statistics() if self._sup is not None else None
+
+    # -- running --------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[Binder] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled. Reports started (with itself) once every node actor and the
+        coordinator have started. Raises `SupervisorEscalation` past the restart intensity
+        (every actor is stopped first). Cancellation stops every actor."""
+        async with Supervisor(self._cfg.supervisor, name="binder") as sup:
+            self._sup = sup
+            async with self._feed.subscribe() as changes:
+                # Subscribed first: a change made while starting is routed afterwards.
+                for name in sorted(self._view.nodes()):
+                    await self._start_node(name)
+                await sup.start_child(ChildSpec(
+                    id=COORDINATOR,
+                    start=self._new_coordinator,
+                    restart=Restart.PERMANENT,
+                    shutdown=self._cfg.shutdown,
+                    mailbox_size=self._cfg.coordinator_mailbox,
+                ))
+                _log.info("binder_started", nodes=len(self._view.nodes()))
+                task_status.started(self)
+                async for change in changes:
+                    await self._route(change)
+
+    def _new_coordinator(self) -> Coordinator:
+        return Coordinator(self._view, self._writer, self, self._clock, self._cfg.coordinator)
+
+    async def _start_node(self, name: str) -> None:
+        assert self._sup is not None
+        view, clock, cfg = self._view, self._clock, self._cfg.node
+        await self._sup.start_child(ChildSpec(
+            id=node_child_id(name),
+            start=lambda: NodeActor(name, view, clock, cfg),
+            restart=Restart.PERMANENT,
+            shutdown=self._cfg.shutdown,
+            mailbox_size=self._cfg.node_mailbox,
+        ))
+
+    async def _route(self, change: Change) -> None:
+        sup = self._sup
+        assert sup is not None
+        if change.kind == "node":
+            name = str(change.key)
+            cid = node_child_id(name)
+            exists = self._view.node(name) is not None
+            if not exists and sup.ref(cid) is not None:
+                await sup.terminate_child(cid)
+                _log.info("node_actor_stopped", node=name, reason="node deleted")
+            elif exists and sup.ref(cid) is None:
+                await self._start_node(name)
+            elif exists:
+                self._tell(sup.ref(cid), NodeChanged())
+            return
+        if change.kind == "device":
+            ns, name = change.key  # type: ignore[misc]
+            dev = self._view.device((ns, name))
+            if dev is None:
+                return
+            if dev.bound_node is not None:
+                self._tell(sup.ref(node_child_id(dev.bound_node)), DevicesChanged())
+            br = dev.status.bind_request
+            if br is None or br.result is not None or br.node is not None:
+                # No request, answered, or decided (a recorded node): the coordinator that
+                # decided it is writing it, or its successor recovers it on start (B7).
+                return
+            complete, _ = find_requests(self._view.request_members(ns, br.id))
+            if any(r.id == br.id for r in complete):
+                await self._tell_coordinator(Examine(ns, br.id))
+            return
+        # classes, budgets, namespaces: every ledger re-reads; the coordinator rescans.
+        for ref in self.node_actors().values():
+            self._tell(ref, DevicesChanged())
+        await self._tell_coordinator(Resync())
+
+    async def _tell_coordinator(self, message: object) -> None:
+        ref = self.coordinator
+        if ref is None:
+            return
+        with anyio.move_on_after(self._cfg.route_timeout):
+            try:
+                await ref.tell(message)
+            except ActorStopped:
+                pass
+
+    @staticmethod
+    def _tell(ref: ActorRef | None, message: object) -> None:
+        if ref is None:
+            return
+        try:
+            ref.tell_nowait(message)
+        except (MailboxFull, ActorStopped):
+            pass  # level based: the actor re-reads the view on its next prepare anyway

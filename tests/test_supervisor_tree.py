@@ -1,0 +1,173 @@
+"""The one-for-one supervisor: restart kinds, backoff, restart intensity and escalation,
+graceful and brutal shutdown, start failures."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from actors.errors import ActorStopped, StartTimeout
+from actors.runtime import Actor, ActorContext, Crash
+from supervisor import ChildSpec, Restart, Supervisor, SupervisorConfig, SupervisorEscalation
+from tests.actors_harness import quiet_logging, wait_until
+
+pytestmark = pytest.mark.anyio
+
+FAST = SupervisorConfig(max_restarts=50, max_seconds=1.0, backoff_initial=0.001, backoff_max=0.004)
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    quiet_logging()
+
+
+class Worker(Actor):
+    """'boom' → crash; ('sleep', s) → sleeps; else echoes."""
+
+    starts = 0
+
+    def __init__(self, name: str = "worker") -> None:
+        self.name = name
+        Worker.starts += 1
+
+    async def receive(self, message):
+        if message == "boom":
+            raise RuntimeError("boom")
+        if isinstance(message, tuple) and message[0] == "sleep":
+            await anyio.sleep(message[1])
+        return message
+
+
+async def test_one_for_one_restarts_only_the_crashed_child() -> None:
+    async with Supervisor(FAST) as sup:
+        a = await sup.start_child(ChildSpec("a", Worker))
+        b = await sup.start_child(ChildSpec("b", Worker))
+        a.tell_nowait("boom")
+        await wait_until(lambda: a.statistics().restarts == 1 and a.statistics().running, what="a restarted")
+        assert await a.ask("hi") == "hi"  # same reference after the restart
+        assert b.statistics().restarts == 0 and b.statistics().processed == 0
+        stats = sup.statistics()
+        assert stats.restarts == 1 and stats.children["a"].crashes == 1 and not stats.escalated
+
+
+async def test_kill_crashes_and_the_child_is_restarted() -> None:
+    async with Supervisor(FAST) as sup:
+        ref = await sup.start_child(ChildSpec("a", Worker))
+        assert sup.kill("a")
+        await wait_until(lambda: ref.statistics().restarts == 1 and ref.statistics().running)
+        ref.tell_nowait(Crash("via a message"))
+        await wait_until(lambda: ref.statistics().restarts == 2 and ref.statistics().running)
+        assert "ActorKilled" in ref.statistics().last_crash
+
+
+async def test_temporary_child_is_never_restarted_transient_only_after_a_crash() -> None:
+    async with Supervisor(FAST) as sup:
+        tmp = await sup.start_child(ChildSpec("tmp", Worker, restart=Restart.TEMPORARY))
+        tr = await sup.start_child(ChildSpec("tr", Worker, restart=Restart.TRANSIENT))
+        tmp.tell_nowait("boom")
+        tr.tell_nowait("boom")
+        await wait_until(lambda: tr.statistics().restarts == 1 and tr.statistics().running)
+        await anyio.sleep(0.02)
+        assert not tmp.statistics().running and tmp.statistics().restarts == 0
+
+
+async def test_backoff_grows_between_restarts() -> None:
+    config = SupervisorConfig(max_restarts=10, max_seconds=5.0, backoff_initial=0.01,
+                              backoff_multiplier=2.0, backoff_max=0.04)
+    async with Supervisor(config) as sup:
+        ref = await sup.start_child(ChildSpec("a", Worker))
+        times = []
+        for n in range(1, 5):
+            t0 = anyio.current_time()
+            ref.tell_nowait("boom")
+            await wait_until(lambda: ref.statistics().restarts == n and ref.statistics().running)
+            times.append(anyio.current_time() - t0)
+    # 0.01, 0.02, 0.04, 0.04 (capped)
+    assert times[0] >= 0.009 and times[1] >= 0.019 and times[2] >= 0.039 and times[3] >= 0.039
+    assert times[3] < 0.5
+
+
+async def test_restart_intensity_escalates_and_stops_every_child() -> None:
+    config = SupervisorConfig(max_restarts=3, max_seconds=10.0, backoff_initial=0.001, backoff_max=0.001)
+    refs = {}
+    with pytest.raises(SupervisorEscalation) as info:
+        async with Supervisor(config) as sup:
+            refs["a"] = await sup.start_child(ChildSpec("a", Worker))
+            refs["b"] = await sup.start_child(ChildSpec("b", Worker))
+            for _ in range(10):
+                with anyio.move_on_after(0.1):
+                    try:
+                        await refs["a"].tell("boom")
+                    except ActorStopped:
+                        break
+                await anyio.sleep(0.005)
+            await anyio.sleep(1)  # cancelled by the escalation
+            pytest.fail("the supervisor did not escalate")
+    assert info.value.child_id == "a"
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert not refs["a"].statistics().running and not refs["b"].statistics().running
+    with pytest.raises(ActorStopped):
+        refs["b"].tell_nowait("x")
+
+
+async def test_graceful_shutdown_drains_and_brutal_kill_does_not_wait() -> None:
+    async with Supervisor(FAST) as sup:
+        slow = await sup.start_child(ChildSpec("slow", Worker, shutdown=0.02))
+        slow.tell_nowait(("sleep", 5))  # longer than its shutdown timeout
+        await anyio.sleep(0.005)
+        t0 = anyio.current_time()
+        await sup.terminate_child("slow")
+        assert anyio.current_time() - t0 < 0.5
+        assert sup.ref("slow") is None
+
+        drains = await sup.start_child(ChildSpec("drains", Worker, shutdown=1.0))
+        drains.tell_nowait(("sleep", 0.01))
+        drains.tell_nowait("last")
+        await sup.terminate_child("drains")
+        assert drains.statistics().processed == 2  # handled what was queued, then stopped
+
+        brutal = await sup.start_child(ChildSpec("brutal", Worker, shutdown=None))
+        brutal.tell_nowait(("sleep", 5))
+        await anyio.sleep(0.005)
+        t0 = anyio.current_time()
+        await sup.terminate_child("brutal")
+        assert anyio.current_time() - t0 < 0.5
+
+
+class NeverStarts(Actor):
+    async def on_start(self, ctx: ActorContext) -> None:
+        await anyio.sleep(10)
+
+
+class FailsToStart(Actor):
+    async def on_start(self, ctx: ActorContext) -> None:
+        raise OSError("cannot start")
+
+
+async def test_a_child_that_never_reports_started_is_an_error_not_a_hang() -> None:
+    async with Supervisor(FAST) as sup:
+        with pytest.raises(StartTimeout):
+            await sup.start_child(ChildSpec("never", NeverStarts, start_timeout=0.02))
+        with pytest.raises(OSError):
+            await sup.start_child(ChildSpec("fails", FailsToStart))
+        assert sup.child_ids() == []
+
+
+async def test_duplicate_child_id_is_refused() -> None:
+    async with Supervisor(FAST) as sup:
+        await sup.start_child(ChildSpec("a", Worker))
+        with pytest.raises(ValueError):
+            await sup.start_child(ChildSpec("a", Worker))
+
+
+async def test_leaving_the_block_stops_children_in_reverse_order() -> None:
+    stopped: list[str] = []
+
+    class Noting(Worker):
+        async def on_stop(self) -> None:
+            stopped.append(self.name)
+
+    async with Supervisor(FAST) as sup:
+        for name in ("first", "second", "third"):
+            await sup.start_child(ChildSpec(name, lambda name=name: Noting(name)))
+    assert stopped == ["third", "second", "first"]
