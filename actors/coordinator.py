@@ -107,7 +107,8 @@ class CoordinatorConfig:
     request every node actor refused is answered Refused; `requeue_delay` between rounds;
     `stalled_delay` before a request whose writes gave up is tried again; `resync_interval`
     between full scans; `settle_timeout` the longest a finished request waits for the view
-    to show its writes (polled every `settle_poll`); `batch_size` requests decided on one snapshot."""
+    to show its writes (polled every `settle_poll`); `poison_delay` before a
+    request on which `model.decide` raised is tried again; `batch_size` requests decided on one snapshot."""
 
     ask_timeout: float = 5.0
     write_timeout: float = 10.0
@@ -121,6 +122,7 @@ class CoordinatorConfig:
     resync_interval: float = 30.0
     settle_timeout: float = 60.0
     settle_poll: float = 0.05
+    poison_delay: float = 30.0
     batch_size: int = 64
 
 
@@ -325,6 +327,8 @@ class Coordinator(Actor):
         req = next((r for r in complete if r.id == rid), None)
         if req is None:  # withdrawn, partial, or every member has its result
             self._rounds.pop(key, None)
+            if flight is not None and flight.stalled:
+                flight.stalled = False  # nothing more to write: keep only unobserved binds
             return snap
         node = _recorded_node(rid, members)
         if node is not None:
@@ -338,7 +342,12 @@ class Coordinator(Actor):
             return snap
         if snap is None:
             snap = self._snapshot()
-        decision = decide(snap, req)
+        try:
+            decision = decide(snap, req)
+        except Exception:  # a bug in the model must not crash-loop the binder on one request
+            _log.exception("decide_failed", request_id=rid, namespace=ns)
+            self._defer(key, self._cfg.poison_delay)
+            return snap
         self._counts["decided"] += 1
         _log.info("decision", request_id=rid, namespace=ns, vmi=req.vmi, rule=decision.rule,
                   result=decision.result.value, chosen=decision.node,
@@ -456,8 +465,15 @@ class Coordinator(Actor):
         message: str,
         landing: tuple[tuple[DeviceKey, str], ...],
     ) -> _Flight:
+        key = (req.namespace, req.id)
+        old = self._flights.get(key)
+        if old is not None and old.node is not None and old.landing and old.node != node:
+            # A stalled earlier attempt held capacity elsewhere (re-decided): release it.
+            ref = self._nodes.node_actor(old.node)
+            if ref is not None:
+                self._tell_quietly(ref, Release(req.id))
         flight = _Flight(req, result, node, message, landing, anyio.current_time())
-        self._flights[(req.namespace, req.id)] = flight
+        self._flights[key] = flight
         self._tg.start_soon(self._carry_out, flight)
         return flight
 

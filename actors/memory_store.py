@@ -329,6 +329,8 @@ class MemoryStore:
             assert br is not None
             if br.node == node:
                 return
+            if br.node is not None:
+                raise WriteConflict(f"request {request_id} already decided for {br.node}", key=key)
             self._put(replace(dev, status=replace(dev.status, bind_request=replace(br, node=node))))
             self._record(WriteRecord(0, "record_decision", key, request_id, node=node))
 

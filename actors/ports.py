@@ -103,7 +103,10 @@ class StatusWriter(Protocol):
 
     async def record_decision(self, key: DeviceKey, request_id: str, node: str) -> None:
         """Write `status.bindRequest.node = node`: the durable record that the request is
-        decided for `node` (B7). Written on every member before any placement change."""
+        decided for `node` (B7). Written on every member before any placement change.
+        Compare-and-set: when the device already records another node for this request
+        (a decision made by an earlier leader that this view did not show yet), raises
+        `WriteConflict` and writes nothing, so a request is never decided twice."""
 
     async def bind(self, key: DeviceKey, request_id: str, node: str, bound_at: datetime) -> None:
         """Place the device: `status.phase = Bound`, `status.nodeName = node`,

@@ -181,7 +181,14 @@ class Binder:
         ref = self.coordinator
         if ref is None:
             return
-        with anyio.move_on_after(self._cfg.route_timeout):
+        try:
+            ref.tell_nowait(message)
+            return
+        except MailboxFull:
+            pass
+        except ActorStopped:
+            return
+        with anyio.move_on_after(self._cfg.route_timeout):  # back-pressure, bounded
             try:
                 await ref.tell(message)
             except ActorStopped:

@@ -441,3 +441,19 @@ async def test_nodes_appearing_and_disappearing_start_and_stop_their_actors() ->
         rid = s.request("t", "vm", ["a"])
         res = await answer(s, binder, "t", rid)
     assert res["a"][:2] == (Result.SUCCEEDED, "n2")
+
+
+async def test_a_stalled_request_withdrawn_meanwhile_releases_its_reservation() -> None:
+    s = cluster(n1=1)
+    s.add_device("t", "a", "h100")
+    s.add_device("t", "b", "h100")
+    s.fail_next(TransientWriteError, op="bind", times=5)  # exactly one round of retries
+    async with running_binder(s) as binder:
+        r1 = s.request("t", "vm1", ["a"])
+        await wait_until(lambda: s.writes_failed >= 5, what="r1 stalled")
+        s.withdraw("t", r1)
+        await wait_until(lambda: binder.coordinator.statistics().reservations == 0,
+                         what="reservation released")
+        r2 = s.request("t", "vm2", ["b"])
+        res = await answer(s, binder, "t", r2)
+    assert res["b"][:2] == (Result.SUCCEEDED, "n1")
