@@ -249,6 +249,7 @@ class Supervisor:
                     _log.info("child_restart", child=spec.id, backoff=round(delay, 4),
                               restarts=self._restarts)
         finally:
+            child.cell.close()  # never runs again: queued asks fail now, not at their timeout
             child.done.set()
 
     def _allow_restart(self, child_id: str, now: float, crash: BaseException | None) -> bool:

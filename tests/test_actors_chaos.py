@@ -2,9 +2,10 @@
 
 Per seed: ≥20 nodes, ≥200 requests from many tenants (held devices, some Bound, plus fresh
 template devices), budgets; node actors and the coordinator are killed at random, and the
-coordinator also right after the first placement write of a multi-device request (between
-its first and last placement write, B7); writes fail at random (errors, conflicts,
-ambiguous errors applied-then-failed); some requests are withdrawn mid-way. Invariants 1
+coordinator also right after a placement write of a request with more to come (between
+its first and last placement write, B7); nodes are cordoned and uncordoned; writes fail at
+random (errors, conflicts, ambiguous errors applied-then-failed); some requests are
+withdrawn mid-way. Invariants 1
 and 4 of DESIGN.md §7 are checked on every placement write; after quiescence, 1–4 over the
 final state and the write history, and every complete request has exactly one result on
 every member. Run more seeds with `--chaos-seeds=N`, one with `--chaos-first-seed=S
@@ -169,6 +170,9 @@ async def chaos_run(seed: int) -> World:
             await anyio.sleep(rng.uniform(0.0005, 0.004))
             victim = COORDINATOR if rng.random() < 0.25 else rng.choice(victims[1:])
             world.binder.kill(victim, "chaos")
+            if rng.random() < 0.05:  # an operator cordons or uncordons a node (B3, B5)
+                node = rng.choice(world.nodes)
+                world.store.cordon(node, not world.store.node(node).unschedulable)
 
     async def withdraw_later(t: str, rid: str) -> None:
         await anyio.sleep(rng.uniform(0, 0.003))

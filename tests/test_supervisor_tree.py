@@ -69,6 +69,8 @@ async def test_temporary_child_is_never_restarted_transient_only_after_a_crash()
         await wait_until(lambda: tr.statistics().restarts == 1 and tr.statistics().running)
         await anyio.sleep(0.02)
         assert not tmp.statistics().running and tmp.statistics().restarts == 0
+        with pytest.raises(ActorStopped):
+            await tmp.ask("anyone?", timeout=1.0)
 
 
 async def test_backoff_grows_between_restarts() -> None:
