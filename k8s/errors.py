@@ -47,7 +47,12 @@ class Unavailable(ApiError):
 def _message(exc: ApiException) -> tuple[str, str]:
     try:
         body = orjson.loads(exc.body or b"{}")
-        return str(body.get("message") or exc.reason or ""), str(body.get("reason") or "")
+        message = str(body.get("message") or exc.reason or "")
+        causes = [c.get("message") for c in (body.get("details") or {}).get("causes") or []
+                  if isinstance(c, dict) and c.get("message")]
+        if causes:
+            message += " (" + "; ".join(str(c) for c in causes)[:500] + ")"
+        return message, str(body.get("reason") or "")
     except (orjson.JSONDecodeError, TypeError):
         return str(exc.reason or ""), ""
 

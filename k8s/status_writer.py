@@ -48,6 +48,9 @@ class ApiStatusWriter:
             if isinstance(err, api_errors.NotFound):
                 raise port.NotFound(str(err), key=key) from exc
             if isinstance(err, api_errors.Invalid):
+                log.info("status patch rejected", namespace=ns, device=name,
+                         request_id=request_id, ops=[o["path"] for o in ops],
+                         reason=err.message[:300])
                 # the `test` failed (id replaced) or the path is gone (request cleared)
                 raise port.RequestWithdrawn(
                     f"GPUDevice {ns}/{name} no longer carries request {request_id}: "
@@ -57,9 +60,34 @@ class ApiStatusWriter:
             raise port.TransientWriteError(str(err), key=key) from exc
 
     async def record_decision(self, key: tuple[str, str], request_id: str, node: str) -> None:
-        """Write `status.bindRequest.node` (B7's durable record of the decided node)."""
-        await self._patch(key, request_id,
-                          [{"op": "add", "path": "/status/bindRequest/node", "value": node}])
+        """Write `status.bindRequest.node` (B7's durable record of the decided node),
+        compare-and-set: read the device, then patch with a `test` of its resourceVersion.
+        Another node already recorded for this request → WriteConflict, nothing written."""
+        ns, name = key
+        try:
+            raw = await self._api.get_namespaced_custom_object_status(
+                GROUP, VERSION, ns, "gpudevices", name, _request_timeout=self._timeout)
+        except Exception as exc:  # noqa: BLE001 - translated
+            err = api_errors.translate(exc, f"read GPUDevice {ns}/{name}")
+            if isinstance(err, api_errors.NotFound):
+                raise port.NotFound(str(err), key=key) from exc
+            raise port.TransientWriteError(str(err), key=key) from exc
+        br = (raw.get("status") or {}).get("bindRequest") or {}
+        if br.get("id") != request_id:
+            raise port.RequestWithdrawn(f"GPUDevice {ns}/{name} no longer carries request "
+                                        f"{request_id}", key=key)
+        if br.get("node") == node:
+            return
+        if br.get("node"):
+            raise port.WriteConflict(f"GPUDevice {ns}/{name}: request {request_id} already "
+                                     f"decided for node {br['node']}", key=key)
+        rv = raw["metadata"]["resourceVersion"]
+        try:
+            await self._patch(key, request_id, [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+                {"op": "add", "path": "/status/bindRequest/node", "value": node}])
+        except port.RequestWithdrawn as exc:  # the id or the resourceVersion moved: re-read
+            raise port.WriteConflict(str(exc), key=key) from exc
 
     async def bind(self, key: tuple[str, str], request_id: str, node: str,
                    bound_at: datetime) -> None:

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from tests.e2e.conftest import unique
-from tests.e2e.helpers import eventually, request, results
+from tests.e2e.helpers import eventually, request, results, stamp
 
 pytestmark = pytest.mark.anyio
 
@@ -123,14 +123,13 @@ async def test_B7_recovered_after_leader_kill_on_the_recorded_node(system, fleet
     old = system.leader()
     idx = int(old.split("-")[1])
     system.kill_replica(idx, signal.SIGKILL)
-    br = {"id": "r-b7", "vmi": "vm-1", "devices": devs, "requestedAt": "2026-11-30T08:00:00Z",
+    br = {"id": "r-b7", "vmi": "vm-1", "devices": devs, "requestedAt": stamp(),
           "node": nodes["a"]}
-    for d in devs:
-        await fleet.set_status(tenant, d, {"attachedTo": {"vmi": "vm-1",
-                                                          "since": "2026-11-30T08:00:00Z"},
+    for d in devs:  # fresh attachments: housekeeping (H1) must not clear them meanwhile
+        await fleet.set_status(tenant, d, {"attachedTo": {"vmi": "vm-1", "since": stamp()},
                                            "bindRequest": br}, "gpu-binder-binder")
     await fleet.set_status(tenant, devs[0], {"phase": "Bound", "nodeName": nodes["a"],
-                                             "boundAt": "2026-11-30T08:00:01Z"},
+                                             "boundAt": stamp()},
                            "gpu-binder-binder")
     started = time.monotonic()
     got = await eventually(lambda: results(fleet, tenant, devs), timeout=30, what="B7 results")
@@ -231,12 +230,15 @@ async def test_leader_killed_during_a_stream_of_requests_every_request_answered(
                                                     budget=12, devices=20)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_stream, fleet, tenant, devs, "s")
-        await anyio.sleep(0.3)
+        await anyio.sleep(0.1)
         old = system.leader()
         system.kill_replica(int(old.split("-")[1]), signal.SIGKILL)
     got = await eventually(lambda: results(fleet, tenant, devs), timeout=40,
                            what="every request answered")
-    assert system.leader() != old
+
+    async def successor():
+        return system.leader() not in (None, old)
+    await eventually(successor, timeout=15, what="a new leader")
     _check_invariants(got, {nodes[k]: 5 for k in nodes}, budget=12)
     assert sum(s["bindRequest"]["result"] == "Succeeded" for s in got) == 12
     i = int(old.split("-")[1])
