@@ -11,13 +11,13 @@ import yaml
 from tests.e2e.conftest import MANIFESTS, unique
 
 RES = "nvidia.com/GH100_H100"
+# the same field manager as k8s.localcluster's install, so the tests' applies co-own fields
+INSTALL = ("apply", "--server-side", "--force-conflicts", "--field-manager=gpu-binder-install")
 
 
 def test_every_manifest_applies_with_server_side_dry_run(control_plane):
-    control_plane.kubectl("apply", "--server-side", "-f",
-                          str(MANIFESTS / "controller" / "namespace.yaml"))
-    out = control_plane.kubectl("apply", "--server-side", "--dry-run=server",
-                                "--field-manager=gpu-binder-tests", "-k", str(MANIFESTS))
+    control_plane.kubectl(*INSTALL, "-f", str(MANIFESTS / "controller" / "namespace.yaml"))
+    out = control_plane.kubectl(*INSTALL, "--dry-run=server", "-k", str(MANIFESTS))
     kinds = sorted(line.split("/")[0] for line in out.stdout.splitlines() if "/" in line)
     assert kinds == sorted([
         "namespace", "customresourcedefinition.apiextensions.k8s.io",
@@ -66,8 +66,7 @@ def _until(fn, timeout: float = 20.0):
 
 @pytest.fixture
 def tenant_ns(control_plane):
-    control_plane.kubectl("apply", "--server-side", "-f",
-                          str(MANIFESTS / "controller" / "namespace.yaml"),
+    control_plane.kubectl(*INSTALL, "-f", str(MANIFESTS / "controller" / "namespace.yaml"),
                           "-f", str(MANIFESTS / "policies"))
     ns = unique("tenant")
     control_plane.kubectl("create", "namespace", ns)
