@@ -46,7 +46,7 @@ from actors.node_actor import (
     PrepareRefused,
     Release,
 )
-from actors.ports import Clock, ClusterView, DeviceKey, NodeDirectory, StatusWriter
+from actors.ports import Clock, ClusterView, DecisionObserver, DeviceKey, NodeDirectory, StatusWriter
 from actors.runtime import Actor, ActorContext, ActorRef
 from model.decide import Decision, Placement, Request, decide, describe_placement, find_requests
 from model.snapshot import Reservation, Snapshot
@@ -154,7 +154,9 @@ class Coordinator(Actor):
         nodes: NodeDirectory,
         clock: Clock,
         config: CoordinatorConfig | None = None,
+        observer: DecisionObserver | None = None,
     ) -> None:
+        self._observer = observer
         self._view = view
         self._writer = writer
         self._nodes = nodes
@@ -342,6 +344,7 @@ class Coordinator(Actor):
             return snap
         if snap is None:
             snap = self._snapshot()
+        started = self._clock.monotonic()
         try:
             decision = decide(snap, req)
         except Exception:  # a bug in the model must not crash-loop the binder on one request
@@ -353,19 +356,25 @@ class Coordinator(Actor):
                   result=decision.result.value, chosen=decision.node,
                   candidates=[p.node for p in decision.placements])
         if decision.result is Result.REFUSED:
+            self._observe(decision.rule, Result.REFUSED, decision.message, started)
             self._start(req, Result.REFUSED, None, decision.message, ())
             return snap
         first = decision.placements[0]
         if not first.moves:  # B5, B6: nothing lands anywhere
+            self._observe(decision.rule, Result.SUCCEEDED, decision.message, started)
             self._start(req, Result.SUCCEEDED, first.node, decision.message, ())
             return snap
         placement, refusals = await self._prepare_commit(req, decision, snap)
+        if placement is not None:
+            self._observe(decision.rule, Result.SUCCEEDED, decision.message, started)
         if placement is None:
             rounds = self._rounds.get(key, 0) + 1
             if rounds >= self._cfg.max_rounds:
                 self._rounds.pop(key, None)
                 _log.info("refused_by_ledgers", request_id=rid, namespace=ns, reasons=refusals)
-                self._start(req, Result.REFUSED, None, _ledger_refusal(req, snap, refusals), ())
+                message = _ledger_refusal(req, snap, refusals)
+                self._observe("ledgers", Result.REFUSED, message, started)
+                self._start(req, Result.REFUSED, None, message, ())
             else:
                 self._rounds[key] = rounds
                 self._defer(key, self._cfg.requeue_delay)
@@ -383,6 +392,13 @@ class Coordinator(Actor):
         return snap.with_reservation(Reservation(
             flight.request.id, flight.request.namespace, flight.node,
             tuple(sorted(needs.items())), tuple(sorted(budget.items()))))
+
+    def _observe(self, rule: str, result: Result, message: str, started: float) -> None:
+        if self._observer is not None:
+            try:
+                self._observer.decided(rule, result, message, self._clock.monotonic() - started)
+            except Exception:  # an observer must not break the decision loop
+                _log.exception("observer_failed", rule=rule)
 
     def _defer(self, key: RequestKey, delay: float) -> None:
         self._deferred[key] = anyio.current_time() + delay

@@ -167,6 +167,16 @@ class ManualClock:
 
 
 @runtime_checkable
+class DecisionObserver(Protocol):
+    """Told of every decision the coordinator makes (metrics). Must not block or raise."""
+
+    def decided(self, rule: str, result: Result, message: str, seconds: float) -> None:
+        """`rule` is the Decision's rule ("B1", "B5a", "B5b", "B6", "refused", or
+        "ledgers" for a refusal by the node actors); `seconds` covers decide, prepare and
+        commit of the request."""
+
+
+@runtime_checkable
 class NodeDirectory(Protocol):
     """Finds node actors. The supervisor implements it; the coordinator uses it."""
 

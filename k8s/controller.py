@@ -112,7 +112,8 @@ class Controller:
 
         async def lead() -> None:
             writer = ApiStatusWriter(api, timeout=min(5.0, cfg.renew_deadline / 2))
-            self.binder = Binder(cache.view, cache.view, writer, SystemClock(), BinderConfig())
+            self.binder = Binder(cache.view, cache.view, writer, SystemClock(), BinderConfig(),
+                                 observer=metrics)
             keeper = Housekeeper(api, cache, grace=grace, raw_policy=cfg.raw_resource_names,
                                  period=cfg.housekeeping_period)
             try:

@@ -62,6 +62,18 @@ class _TreeCollector:
         yield from (restarts, reservations, inflight, depth, actors)
 
 
+def refusal_reason(message: str) -> str:
+    """A small, bounded label for a refusal message (budget, entitlement, not_found,
+    no_room), so metrics never carry request ids or node names."""
+    if "budget of tenant" in message:
+        return "budget"
+    if "not entitled" in message:
+        return "entitlement"
+    if "not found" in message:
+        return "not_found"
+    return "no_room"
+
+
 class Metrics:
     """The replica's registry. `render()` gives (body bytes, content type) for /metrics."""
 
@@ -71,13 +83,20 @@ class Metrics:
             "gpu_binder_admission_seconds", "VMI admission latency (webhook, seconds)",
             registry=self.registry,
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30))
-        self.decisions = Counter("gpu_binder_decisions", "binder results by result and rule",
-                                 ["result", "rule"], registry=self.registry)
+        self.decisions = Counter("gpu_binder_decisions",
+                                 "binder decisions by result, rule and refusal reason",
+                                 ["result", "rule", "reason"], registry=self.registry)
         self.decision_latency = Histogram(
             "gpu_binder_decision_seconds", "binder decision latency (seconds)",
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
         self.registry.register(_TreeCollector(controller, admission))
+
+    def decided(self, rule: str, result, message: str, seconds: float) -> None:
+        """`actors.ports.DecisionObserver`: count by result, rule and refusal reason."""
+        self.decisions.labels(result=result.value, rule=rule, reason=refusal_reason(message)
+                              if result.value == "Refused" else "").inc()
+        self.decision_latency.observe(seconds)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -20,7 +20,7 @@ from anyio.abc import TaskStatus
 from actors.coordinator import Coordinator, CoordinatorConfig, Examine, Resync
 from actors.errors import ActorStopped, MailboxFull
 from actors.node_actor import DevicesChanged, NodeActor, NodeActorConfig, NodeChanged
-from actors.ports import Change, ChangeFeed, Clock, ClusterView, StatusWriter
+from actors.ports import Change, ChangeFeed, Clock, ClusterView, DecisionObserver, StatusWriter
 from actors.runtime import ActorRef
 from model.decide import find_requests
 from supervisor.tree import ChildSpec, Restart, Supervisor, SupervisorConfig, SupervisorStatistics
@@ -61,7 +61,9 @@ class Binder:
         writer: StatusWriter,
         clock: Clock,
         config: BinderConfig | None = None,
+        observer: DecisionObserver | None = None,
     ) -> None:
+        self._observer = observer
         self._view = view
         self._feed = feed
         self._writer = writer
@@ -128,7 +130,8 @@ class Binder:
                     await self._route(change)
 
     def _new_coordinator(self) -> Coordinator:
-        return Coordinator(self._view, self._writer, self, self._clock, self._cfg.coordinator)
+        return Coordinator(self._view, self._writer, self, self._clock, self._cfg.coordinator,
+                           self._observer)
 
     async def _start_node(self, name: str) -> None:
         assert self._sup is not None

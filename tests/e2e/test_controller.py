@@ -256,3 +256,21 @@ async def test_kube_apiserver_killed_and_restarted_during_a_stream_loses_no_requ
                            what="every request answered after the restart")
     assert [s["bindRequest"]["result"] for s in got] == ["Succeeded"] * 16
     _check_invariants(got, {nodes["a"]: 8, nodes["b"]: 8}, None)
+
+
+async def test_metrics_count_decisions_by_rule_and_refusal_reason(system, fleet):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 1}, budget=1, devices=3)
+    await request(fleet, tenant, "ok", "vm-1", devs[:1])
+    await eventually(lambda: results(fleet, tenant, devs[:1]), what="first result")
+    await request(fleet, tenant, "over", "vm-2", devs[1:2])
+    await eventually(lambda: results(fleet, tenant, devs[1:2]), what="second result")
+    leader = int(system.leader().split("-")[1])
+    text = system.metrics(leader)
+
+    def value(prefix: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(prefix))
+    assert value('gpu_binder_decisions_total{reason="",result="Succeeded",rule="B1"}') >= 1
+    assert value('gpu_binder_decisions_total{reason="budget",result="Refused"') >= 1
+    assert value("gpu_binder_decision_seconds_count") >= 2
+    assert value("gpu_binder_leader ") == 1.0
