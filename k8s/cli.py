@@ -28,10 +28,12 @@ def _controller(args: argparse.Namespace) -> int:
     from k8s.controller import Controller
 
     flags = {k: v for k, v in vars(args).items() if k in config_mod.Config.__dataclass_fields__}
+    if args.command == "webhook":
+        flags["leader_election"] = False
     try:
         cfg = config_mod.load(args.config, flags=flags)
     except (ValueError, OSError) as exc:
-        print(f"gpu-binder controller: bad configuration: {exc}", file=sys.stderr)
+        print(f"gpu-binder {args.command}: bad configuration: {exc}", file=sys.stderr)
         return 2
     return anyio.run(Controller(cfg).run)
 
@@ -92,13 +94,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     from k8s.config import Config
 
-    ctl = sub.add_parser("controller", help="run one controller replica (binder, webhook, "
-                         "housekeeping)")
-    ctl.add_argument("--config", help="YAML/JSON file of settings (e.g. a mounted ConfigMap)")
-    for name, f in Config.__dataclass_fields__.items():
-        ctl.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                         help=f"(default: {'see docs' if name == 'identity' else f.default})")
-    ctl.set_defaults(func=_controller)
+    for command, text in (("controller", "run one controller replica (webhook in every "
+                           "replica; binder and housekeeping in the elected leader)"),
+                          ("webhook", "run the admission webhook alone (no leader election, "
+                           "no binder)")):
+        ctl = sub.add_parser(command, help=text)
+        ctl.add_argument("--config", help="YAML/JSON file of settings (e.g. a mounted ConfigMap)")
+        for name, f in Config.__dataclass_fields__.items():
+            if command == "webhook" and name == "leader_election":
+                continue
+            ctl.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                             help=f"(default: {'see docs' if name == 'identity' else f.default})")
+        ctl.set_defaults(func=_controller)
     return parser
 
 

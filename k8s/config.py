@@ -40,6 +40,7 @@ class Config:
     metrics_host: str = "0.0.0.0"
     log_dir: str | None = None               # one <node>.jsonl per node when set
     housekeeping_period: float = 5.0
+    leader_election: bool = True             # False: webhook and informers only (no binder)
 
     def validate(self) -> "Config":
         """Check ranges; return self. Raises ValueError naming the bad field."""
@@ -54,6 +55,12 @@ class Config:
             raise ValueError("lease_duration > renew_deadline > retry_period is required")
         if self.bind_timeout >= self.attachment_grace:
             raise ValueError("bind_timeout: must be shorter than attachment_grace")
+        if self.kubeconfig and not Path(self.kubeconfig).is_file():
+            raise ValueError(f"kubeconfig: no such file {self.kubeconfig!r}")
+        for name in ("webhook_cert", "webhook_key"):
+            value = getattr(self, name)
+            if self.webhook_port and value and not Path(value).is_file():
+                raise ValueError(f"{name}: no such file {value!r}")
         if self.webhook_port and not (self.webhook_cert and self.webhook_key):
             raise ValueError("webhook_cert and webhook_key are required when webhook_port is set"
                              " (use webhook_port=0 to run without the webhook)")

@@ -48,7 +48,8 @@ async def make_api_client(kubeconfig: str | None) -> ApiClient:
 
 
 class Controller:
-    """One replica. `run()` returns the exit code: 0 after a signal, 1 after an escalation."""
+    """One replica. `run()` returns the exit code: 0 after a signal, 1 after an escalation,
+    2 when no API client can be built (bad kubeconfig, not in a cluster)."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -80,7 +81,13 @@ class Controller:
         configure_logging(log_dir=cfg.log_dir)
         log.info("starting", identity=cfg.identity, lease=cfg.lease_name,
                  webhook_port=cfg.webhook_port, metrics_port=cfg.metrics_port)
-        api = await make_api_client(cfg.kubeconfig)
+        try:
+            api = await make_api_client(cfg.kubeconfig)
+        except Exception as exc:  # noqa: BLE001 - ConfigException, OSError, bad YAML
+            log.error("cannot build an API client", kubeconfig=cfg.kubeconfig,
+                      error=f"{type(exc).__name__}: {exc}")
+            close_logging()
+            return 2
         try:
             return await self._run(api)
         except SupervisorEscalation as exc:
@@ -144,5 +151,8 @@ class Controller:
             self.synced = True
             log.info("cache synced", devices=len(cache.view.devices()),
                      nodes=len(cache.view.nodes()))
-            await tg.start(self.elector.run, lead)
+            if cfg.leader_election:
+                await tg.start(self.elector.run, lead)
+            else:
+                log.info("leader election off: serving the webhook only")
         return 0

@@ -274,3 +274,21 @@ async def test_metrics_count_decisions_by_rule_and_refusal_reason(system, fleet)
     assert value('gpu_binder_decisions_total{reason="budget",result="Refused"') >= 1
     assert value("gpu_binder_decision_seconds_count") >= 2
     assert value("gpu_binder_leader ") == 1.0
+
+
+async def test_sigterm_exits_cleanly_within_seconds_and_releases_the_lease(system):
+    old = system.leader()
+    idx = int(old.split("-")[1])
+    started = time.monotonic()
+    code = system.kill_replica(idx, signal.SIGTERM)
+    took = time.monotonic() - started
+    assert code == 0, system.log_tail(idx)
+    assert took < 5, f"SIGTERM took {took:.1f} s"
+    # the Lease was released (holder cleared), so the other replica takes over at once
+    # instead of waiting for the 4 s lease duration to run out
+    async def successor():
+        return system.leader() not in (None, "", old)
+    await eventually(successor, timeout=3.5, interval=0.1, what="successor before expiry")
+    assert '"lease released"' in system.log_tail(idx, 10) or "lease released" in system.log_tail(idx, 10)
+    system.start_replica(idx)
+    system.wait_ready(idx)

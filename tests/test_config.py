@@ -1,0 +1,36 @@
+"""Controller configuration: precedence and clear errors (k8s.config)."""
+
+import pytest
+
+from k8s.config import load
+
+
+def test_flags_beat_environment_beat_file(tmp_path):
+    f = tmp_path / "settings.yaml"
+    f.write_text("bind-timeout: 11\nattachment_grace: 90\nraw-resource-names: denied\n")
+    cfg = load(str(f), env={"GPU_BINDER_BIND_TIMEOUT": "12", "GPU_BINDER_WEBHOOK_PORT": "0"},
+               flags={"bind_timeout": "13"})
+    assert (cfg.bind_timeout, cfg.attachment_grace, cfg.raw_resource_names, cfg.webhook_port) \
+        == (13.0, 90.0, "denied", 0)
+
+
+@pytest.mark.parametrize("flags, message", [
+    ({"raw_resource_names": "maybe"}, "raw_resource_names: must be 'allowed' or 'denied'"),
+    ({"bind_timeout": "soon"}, "flags: bind_timeout: not a float: 'soon'"),
+    ({"bind_timeout": "200"}, "bind_timeout: must be shorter than attachment_grace"),
+    ({"renew_deadline": "20"}, "lease_duration > renew_deadline > retry_period is required"),
+    ({"kubeconfig": "/no/such/file"}, "kubeconfig: no such file '/no/such/file'"),
+    ({"webhook_port": "9443"}, "webhook_cert and webhook_key are required"),
+])
+def test_bad_settings_are_refused_with_the_field_named(flags, message):
+    flags = {"webhook_port": "0", **flags}
+    with pytest.raises(ValueError) as err:
+        load(None, env={}, flags=flags)
+    assert message in str(err.value)
+
+
+def test_unknown_setting_in_file_is_named(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("bindTimeout: 3\n")
+    with pytest.raises(ValueError, match="unknown setting 'bindTimeout'"):
+        load(str(f), env={})
