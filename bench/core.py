@@ -1,38 +1,103 @@
 """The actor binder on the in-memory store against a bare sequential loop over the model
-(`gpu-binder bench core`, or `python -m bench.core [--quick] [--seed N] [--out DIR]`).
+(`gpu-binder bench core [--quick] [--out DIR] [--seed N]`, or `python -m bench.core …`).
 
-For each size (requests; nodes grow with them, 4 GPUs each, so about half the requests fit)
-one seeded workload is judged twice: by a *bare loop* (`decide` + `apply_decision` on one
-Snapshot, one request after the other: the ceiling of the pure model) and by the *actor
-system* (Binder: supervisor, node actors, coordinator with two-phase reservation, status
-writes with retries) on a `MemoryStore`, all requests written at once as the webhook would,
-timed until every request is answered. The actor run is repeated with 1 ms of latency per
-status write (an API server is slower than memory): writes of different requests overlap,
-the decision loop does not wait for them. Writes `core.json` and `core.png`.
+Fleets of 10, 100, 1,000 and 5,000 nodes × 8 GPUs (half H100, half L40S; three zones),
+50 tenants with budgets, 40 % of every fleet Bound to held devices at the start. One seeded
+stream of requests per fleet: a tenant asks for a set of 1–8 new template devices of one
+class (h100 Move, h100-stay Stay, l40s), one request in ten with a zone nodeSelector.
+
+- **actors**: the `Binder` (supervisor, one NodeActor per node, the Coordinator with
+  two-phase reservation and status writes) on a `MemoryStore`, production configuration,
+  driven by a closed loop of C clients (C = concurrency, outstanding requests): each
+  creates its template devices, writes the request as the webhook does (`store.request`),
+  waits until every member has a result, then writes its next request. Latency = request
+  written → last result written; decisions/s = requests answered / wall time.
+- **bare**: the same stream through `model.decide` + `model.apply_decision` on one
+  `Snapshot`, one request after the other (the logic's own limit); latency = one decide +
+  apply.
+
+A Succeeded VM keeps running until the template GPUs of running VMs exceed 30 % of the
+fleet, then the oldest stop (their template devices are deleted, as housekeeping does, H2);
+a refused request's templates are deleted at once (the webhook's clean-up, W5), so the fleet
+stays about 70 % full for any run length. The first `warmup` answers of a run are not
+measured. Every fleet runs in its own subprocess (its RSS is its own); so does the RSS
+point: 5,000 nodes × 8 GPUs with 40,000 devices (90 % Bound) and the binder running,
+answering requests at concurrency 50. Writes `core.json` (seed, versions, fleet and machine
+facts, every point) and `core.png`. A benchmark, not a test: it never fails on a target.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import logging
+import os
 import platform
 import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from collections import deque
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import anyio
 
-from actors.coordinator import CoordinatorConfig
 from actors.logging import configure_logging
-from actors.memory_store import Faults, MemoryStore
+from actors.memory_store import MemoryStore
 from actors.ports import SystemClock
-from model.decide import apply_decision, decide, find_requests
-from model.types import Result
-from supervisor import Binder, BinderConfig, SupervisorConfig
+from model.decide import Request, apply_decision, decide
+from model.snapshot import Snapshot
+from model.types import Attachment, BindRequest, DeviceStatus, GPUDevice, OnCordon, Result
+from supervisor import Binder, BinderConfig
 
-RES = {"h100": "nvidia.com/H100", "l40s": "nvidia.com/L40S"}
+FLEETS = (10, 100, 1000, 5000)
+CONCURRENCY = (1, 10, 50, 200)
+QUICK_FLEETS = (10, 1000)
+QUICK_CONCURRENCY = (1, 50)
+GPUS = 8
+TENANTS = 50
+H100, L40S = "nvidia.com/H100", "nvidia.com/L40S"
+CLASSES = {"h100": (H100, OnCordon.MOVE), "h100-stay": (H100, OnCordon.STAY), "l40s": (L40S, OnCordon.MOVE)}
+CLASS_WEIGHTS = (("h100", 4), ("h100-stay", 1), ("l40s", 5))
+ZONES = ("z0", "z1", "z2")
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+TARGETS = {"nodes": 1000, "concurrency": 50, "decisions_per_s": 2000.0, "ratio": 0.5,
+           "p99_ms": 20.0, "rss_nodes": 5000, "rss_devices": 40000, "rss_mib": 500.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """`nodes` × `gpus`; `fill` = share of GPUs Bound to held devices at the start;
+    `pending` more held devices left Pending; `running` = share of GPUs the template
+    devices of running VMs may take before the oldest VMs stop."""
+
+    nodes: int
+    gpus: int = GPUS
+    fill: float = 0.4
+    pending: int = 0
+    running: float = 0.3
+
+    @property
+    def capacity(self) -> int:
+        return self.nodes * self.gpus
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One request of the stream: tenant, class, set size, nodeSelector (frozen pairs)."""
+
+    tenant: str
+    class_name: str
+    size: int
+    selector: tuple[tuple[str, str], ...] = ()
 
 
 class _Discard:
@@ -43,110 +108,401 @@ class _Discard:
         pass
 
 
-def workload(n_requests: int, seed: int, latency: float = 0.0) -> tuple[MemoryStore, list[tuple]]:
-    """A store with n_requests/10 nodes (≥ 10) and 20 tenants, and the requests to write:
-    (namespace, vmi, device names); template devices already exist, Pending."""
+# -- the workload ---------------------------------------------------------------------------
+
+
+def build_store(fleet: Fleet, seed: int) -> MemoryStore:
+    """The fleet in a MemoryStore: nodes, classes, tenants with budgets, and held devices
+    (`fill` of the GPUs Bound, on random nodes with room; `pending` more Pending)."""
     rng = random.Random(seed)
-    s = MemoryStore(seed=seed, faults=Faults(latency=latency))
-    for cls, res in RES.items():
-        s.add_class(cls, res)
-    for i in range(max(10, n_requests // 10)):
-        s.add_node(f"node-{i:04d}", {RES["h100"]: 4, RES["l40s"]: 4})
-    tenants = [f"tenant-{t:02d}" for t in range(20)]
+    store = MemoryStore(seed=seed)
+    for name, (res, on_cordon) in CLASSES.items():
+        store.add_class(name, res, on_cordon=on_cordon)
+    names = [f"node-{i:05d}" for i in range(fleet.nodes)]
+    res_of = {}
+    for i, name in enumerate(names):
+        res_of[name] = H100 if i % 2 == 0 else L40S
+        store.add_node(name, {res_of[name]: fleet.gpus}, labels={"topology.kubernetes.io/zone": ZONES[i % 3]})
+    tenants = [f"tenant-{t:02d}" for t in range(TENANTS)]
+    per_res = fleet.capacity // 2
     for t in tenants:
-        s.add_namespace(t)
-        s.add_budget(t, RES["h100"], max(4, n_requests // 8))
-    requests = []
-    for n in range(n_requests):
-        t = rng.choice(tenants)
-        names = []
-        for j in range(rng.choice([1, 2, 2, 3, 4])):
-            name = f"tpl-{n}-{j}"
-            s.add_device(t, name, rng.choice(list(RES)), template_for=f"vm-{n}")
-            names.append(name)
-        requests.append((t, f"vm-{n}", names))
-    return s, requests
+        store.add_namespace(t)
+        for res in (H100, L40S):  # twice a fair share of a resource: it seldom bites
+            store.add_budget(t, res, max(8, 2 * per_res // TENANTS))
+    free = {name: fleet.gpus for name in names}
+    open_nodes = list(names)
+    for n in range(int(fleet.capacity * fleet.fill)):
+        i = rng.randrange(len(open_nodes))
+        node = open_nodes[i]
+        free[node] -= 1
+        if free[node] == 0:
+            open_nodes[i] = open_nodes[-1]
+            open_nodes.pop()
+        cls = "l40s" if res_of[node] == L40S else ("h100" if rng.random() < 0.8 else "h100-stay")
+        store.add_device(tenants[n % TENANTS], f"held-{n:06d}", cls, node=node)
+    for n in range(fleet.pending):
+        store.add_device(tenants[n % TENANTS], f"idle-{n:06d}", rng.choice(list(CLASSES)))
+    return store
 
 
-def bare_loop(store: MemoryStore, requests: list[tuple]) -> dict:
-    """decide + apply_decision, one request after the other, on one Snapshot."""
-    for t, vmi, names in requests:
-        store.request(t, vmi, names, request_id=f"r-{vmi}")
+def request_stream(n: int, seed: int) -> list[Ask]:
+    """`n` seeded requests: a tenant, a class (h100 40 %, h100-stay 10 %, l40s 50 %), a set
+    size uniform in 1–8, a zone nodeSelector on one request in ten."""
+    rng = random.Random(seed * 7919 + 17)
+    classes = [c for c, w in CLASS_WEIGHTS for _ in range(w)]
+    out = []
+    for _ in range(n):
+        sel = ((("topology.kubernetes.io/zone", rng.choice(ZONES)),) if rng.random() < 0.1 else ())
+        out.append(Ask(f"tenant-{rng.randrange(TENANTS):02d}", rng.choice(classes),
+                       rng.randint(1, 8), sel))
+    return out
+
+
+class _Lifecycle:
+    """Which template devices to delete after an answer: a refused request's at once (W5);
+    a Succeeded VM runs until running template GPUs exceed `limit`, then the oldest stop."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running: deque[list[tuple[str, str]]] = deque()
+        self.gpus = 0
+
+    def answered(self, ok: bool, keys: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        if not ok:
+            return keys
+        self.running.append(keys)
+        self.gpus += len(keys)
+        gone: list[tuple[str, str]] = []
+        while self.gpus > self.limit:
+            old = self.running.popleft()
+            self.gpus -= len(old)
+            gone += old
+        return gone
+
+
+def _names(i: int, ask: Ask) -> tuple[str, str, list[str]]:
+    vmi = f"vm-{i:06d}"
+    return f"r-{i:06d}", vmi, [f"{vmi}-{j}" for j in range(ask.size)]
+
+
+# -- the two runs ---------------------------------------------------------------------------
+
+
+def _summary(latencies: list[float], answered_at: list[float], outcomes: list[bool],
+             warmup: int) -> dict[str, Any]:
+    """decisions/s over the answers after `warmup`, latency percentiles (ms) of those."""
+    lat = sorted(latencies[warmup:])
+    times = sorted(answered_at)
+    measured = len(lat)
+    window = times[-1] - times[warmup - 1] if warmup > 0 else times[-1]
+    ok = sum(outcomes[warmup:])
+    return {
+        "requests": measured,
+        "decisions_per_s": round(measured / window, 1) if window > 0 else None,
+        "p50_ms": round(_pct(lat, 50) * 1e3, 3),
+        "p99_ms": round(_pct(lat, 99) * 1e3, 3),
+        "mean_ms": round(statistics.fmean(lat) * 1e3, 3),
+        "max_ms": round(lat[-1] * 1e3, 3),
+        "succeeded": ok,
+        "refused": measured - ok,
+    }
+
+
+def _pct(sorted_values: list[float], p: float) -> float:
+    """Nearest-rank percentile of sorted values."""
+    k = max(0, min(len(sorted_values) - 1, -(-len(sorted_values) * p // 100) - 1))
+    return sorted_values[int(k)]
+
+
+def bare_loop(fleet: Fleet, asks: list[Ask], seed: int, warmup: int) -> dict[str, Any]:
+    """`decide` + `apply_decision`, one request after the other, on one Snapshot; the
+    template devices of each request are added (and stopped VMs removed) outside the
+    timing."""
+    store = build_store(fleet, seed)
     snap = store.snapshot()
-    pending, _ = find_requests(snap.devices.values())
-    started = time.perf_counter()
-    ok = 0
-    for req in pending:
+    del store
+    life = _Lifecycle(int(fleet.capacity * fleet.running))
+    latencies: list[float] = []
+    outcomes: list[bool] = []
+    clock = 0.0
+    answered_at: list[float] = []
+    for i, ask in enumerate(asks):
+        rid, vmi, names = _names(i, ask)
+        br = BindRequest(rid, vmi, tuple(names), NOW, ask.selector)
+        status = DeviceStatus(attached_to=Attachment(vmi, NOW), bind_request=br)
+        snap = snap.with_devices([GPUDevice(ask.tenant, n, ask.class_name, vmi, status, created_at=NOW)
+                                  for n in names])
+        req = Request(rid, ask.tenant, vmi, tuple(names), ask.selector, NOW)
+        t0 = time.perf_counter()
         decision = decide(snap, req)
         snap = apply_decision(snap, req, decision, now=NOW)
-        ok += decision.result is Result.SUCCEEDED
-    seconds = time.perf_counter() - started
-    return {"seconds": seconds, "requests_per_s": len(pending) / seconds, "succeeded": ok,
-            "refused": len(pending) - ok}
+        dt = time.perf_counter() - t0
+        clock += dt
+        latencies.append(dt)
+        answered_at.append(clock)
+        ok = decision.result is Result.SUCCEEDED
+        outcomes.append(ok)
+        gone = life.answered(ok, [(ask.tenant, n) for n in names])
+        if gone:
+            snap = snap.without_devices(gone)
+    out = _summary(latencies, answered_at, outcomes, warmup)
+    out["p50_us"] = round(out["p50_ms"] * 1e3, 1)
+    out["p99_us"] = round(out["p99_ms"] * 1e3, 1)
+    return out
 
 
-async def actor_run(store: MemoryStore, requests: list[tuple]) -> dict:
-    """All requests written at once; the Binder answers them; timed until all are answered."""
-    config = BinderConfig(
-        supervisor=SupervisorConfig(),
-        coordinator=CoordinatorConfig(resync_interval=5.0, settle_poll=0.005),
-    )
-    binder = Binder(store, store, store, SystemClock(), config)
-    members = sum(len(names) for _, _, names in requests)
-    answered: set = set()
-    done = anyio.Event()
+async def actor_loop(fleet: Fleet, asks: list[Ask], concurrency: int, seed: int, warmup: int,
+                     *, config: BinderConfig | None = None, profiler: Any = None) -> dict[str, Any]:
+    """The Binder on a MemoryStore answering `asks` for a closed loop of `concurrency`
+    clients. With `profiler` (a pyinstrument Profiler), only the measured part is profiled."""
+    store = build_store(fleet, seed)
+    gc.collect()
+    binder = Binder(store, store, store, SystemClock(), config or BinderConfig())
+    waiting: dict[str, list[Any]] = {}  # request id -> [members without a result, Event]
 
-    def on_write(rec) -> None:
+    def on_write(rec: Any) -> None:
         if rec.op == "write_result":
-            answered.add(rec.key)
-            if len(answered) == members:
-                done.set()
+            w = waiting.get(rec.request_id)
+            if w is not None:
+                w[0] -= 1
+                if w[0] == 0:
+                    w[1].set()
 
     store.on_write = on_write
+    life = _Lifecycle(int(fleet.capacity * fleet.running))
+    latencies: list[float] = []
+    answered_at: list[float] = []
+    outcomes: list[bool] = []
+    stream = iter(enumerate(asks))
+    marks: dict[str, float] = {}
+
+    async def client() -> None:
+        for i, ask in stream:  # shared: each client takes the next request
+            rid, vmi, names = _names(i, ask)
+            for n in names:
+                store.add_device(ask.tenant, n, ask.class_name, template_for=vmi)
+            done = anyio.Event()
+            waiting[rid] = [len(names), done]
+            t0 = time.perf_counter()
+            store.request(ask.tenant, vmi, names, request_id=rid, node_selector=dict(ask.selector))
+            with anyio.fail_after(120):
+                await done.wait()
+            t1 = time.perf_counter()
+            del waiting[rid]
+            latencies.append(t1 - t0)
+            answered_at.append(t1)
+            if len(answered_at) == warmup:
+                marks["cpu"] = time.process_time()
+                if profiler is not None:
+                    profiler.start()
+            br = store.device((ask.tenant, names[0])).status.bind_request  # type: ignore[union-attr]
+            ok = br.result is Result.SUCCEEDED
+            outcomes.append(ok)
+            for key in life.answered(ok, [(ask.tenant, n) for n in names]):
+                store.delete_device(key)
+
+    t_boot = time.perf_counter()
     async with anyio.create_task_group() as tg:
         await tg.start(binder.run)
-        started = time.perf_counter()
-        cpu = time.process_time()
-        for t, vmi, names in requests:
-            store.request(t, vmi, names, request_id=f"r-{vmi}")
-        with anyio.fail_after(600):
-            await done.wait()
-        seconds = time.perf_counter() - started
-        cpu = time.process_time() - cpu
-        stats = binder.statistics()
+        boot = time.perf_counter() - t_boot
+        async with anyio.create_task_group() as clients:
+            for _ in range(concurrency):
+                clients.start_soon(client)
+        if profiler is not None and profiler.is_running:
+            profiler.stop()
+        cpu = time.process_time() - marks.get("cpu", time.process_time())
+        coord = await binder.coordinator.ask(_get_status()) if binder.coordinator else None
+        sup = binder.statistics()
         tg.cancel_scope.cancel()
-    results = {}
-    for t, vmi, names in requests:
-        results[vmi] = store.device((t, names[0])).status.bind_request.result
-    ok = sum(1 for r in results.values() if r is Result.SUCCEEDED)
-    return {"seconds": seconds, "cpu_seconds": cpu, "requests_per_s": len(requests) / seconds,
-            "succeeded": ok, "refused": len(requests) - ok, "status_writes": store.writes_attempted,
-            "restarts": stats.restarts if stats else 0}
+    out = _summary(latencies, answered_at, outcomes, warmup)
+    out.update({
+        "concurrency": concurrency,
+        "cpu_seconds": round(cpu, 3),
+        "cpu_ms_per_request": round(cpu * 1e3 / max(1, len(latencies) - warmup), 3),
+        "startup_s": round(boot, 3),
+        "status_writes": store.writes_attempted,
+        "restarts": sup.restarts if sup else 0,
+        "rss_mib": round(_rss_now(), 1),
+    })
+    if coord is not None:
+        out["coordinator"] = {k: getattr(coord, k) for k in ("decided", "succeeded", "refused", "gave_up")}
+    return out
+
+
+def _get_status() -> Any:
+    from actors.coordinator import GetStatus
+
+    return GetStatus()
+
+
+def _rss_now() -> float:
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss / 2**20
+    except ImportError:
+        return float("nan")
+
+
+def _rss_peak() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+# -- points (each in its own process) --------------------------------------------------------
+
+
+def fleet_point(nodes: int, levels: list[int], n_requests: int, warmup: int, seed: int) -> dict:
+    """Bare loop and actor runs at each concurrency level for one fleet size."""
+    fleet = Fleet(nodes)
+    asks = request_stream(n_requests + warmup, seed)
+    bare = bare_loop(fleet, asks, seed, warmup)
+    gc.collect()
+    rows = []
+    for c in levels:
+        row = anyio.run(actor_loop, fleet, asks, c, seed, warmup)
+        row["ratio"] = round(row["decisions_per_s"] / bare["decisions_per_s"], 3)
+        rows.append(row)
+        gc.collect()
+        print(f"  {nodes:5d} nodes  c={c:3d}  {row['decisions_per_s']:8.0f}/s  "
+              f"p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:7.2f} ms  ratio {row['ratio']:.2f}  "
+              f"(bare {bare['decisions_per_s']:.0f}/s)", file=sys.stderr, flush=True)
+    return {"nodes": nodes, "gpus_per_node": GPUS, "devices_at_start": int(fleet.capacity * fleet.fill),
+            "bare": bare, "actors": rows, "rss_peak_mib": round(_rss_peak(), 1)}
+
+
+def rss_point(nodes: int, devices: int, n_requests: int, concurrency: int, seed: int) -> dict:
+    """`devices` devices on `nodes` × 8 GPUs (90 % of the GPUs Bound, the rest Pending) and
+    the binder running, answering `n_requests` at `concurrency`; peak RSS of this process."""
+    base = _rss_peak()
+    bound = int(nodes * GPUS * 0.9)
+    fleet = Fleet(nodes, fill=bound / (nodes * GPUS), pending=max(0, devices - bound), running=0.05)
+    asks = request_stream(n_requests, seed)
+    row = anyio.run(actor_loop, fleet, asks, concurrency, seed, min(50, n_requests // 5))
+    return {"nodes": nodes, "gpus_per_node": GPUS, "devices": bound + fleet.pending,
+            "bound_at_start": bound, "concurrency": concurrency, "requests": n_requests,
+            "rss_peak_mib": round(_rss_peak(), 1), "rss_interpreter_mib": round(base, 1),
+            "decisions_per_s": row["decisions_per_s"], "p99_ms": row["p99_ms"],
+            "startup_s": row["startup_s"]}
+
+
+def _subprocess(args: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "point.json"
+        cmd = [sys.executable, "-m", "bench.core", *args, "--point-out", str(path)]
+        subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parent.parent)
+        return json.loads(path.read_text())
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+def _facts(seed: int, quick: bool) -> dict[str, Any]:
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    try:
+        import psutil
+
+        memory = round(psutil.virtual_memory().total / 2**30, 2)
+        physical = psutil.cpu_count(logical=False)
+    except ImportError:
+        memory, physical = None, None
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    return {
+        "benchmark": "core",
+        "seed": seed,
+        "quick": quick,
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": commit,
+        "versions": {"python": platform.python_version(), "implementation": platform.python_implementation(),
+                     **{d: version(d) for d in ("gpu-binder", "anyio", "structlog", "tenacity")},
+                     "event_loop": "asyncio (anyio default backend)"},
+        "machine": {"platform": platform.platform(), "machine": platform.machine(),
+                    "processor": platform.processor() or None, "cpu_count": os.cpu_count(),
+                    "physical_cores": physical, "memory_gib": memory,
+                    "load_average_at_start": [round(x, 2) for x in os.getloadavg()]},
+        "workload": {"gpus_per_node": GPUS, "resources": [H100, L40S], "classes": {
+                         c: {"resource": r, "onCordon": o.value} for c, (r, o) in CLASSES.items()},
+                     "tenants": TENANTS, "set_sizes": "1-8 uniform", "node_selector_share": 0.1,
+                     "fleet": asdict(Fleet(0)),
+                     "binder_config": "BinderConfig() defaults", "logging": "WARNING, discarded"},
+    }
+
+
+def _targets(fleets: list[dict], rss: dict | None) -> dict[str, Any]:
+    t = TARGETS
+    out: dict[str, Any] = {}
+    point = next((r for f in fleets if f["nodes"] == t["nodes"] for r in f["actors"]
+                  if r["concurrency"] == t["concurrency"]), None)
+    if point is not None:
+        where = f"{t['nodes']} nodes, concurrency {t['concurrency']}"
+        out["decisions_per_s"] = {"at": where, "target": f">= {t['decisions_per_s']}",
+                                  "value": point["decisions_per_s"],
+                                  "met": point["decisions_per_s"] >= t["decisions_per_s"]}
+        out["ratio"] = {"at": where, "target": f">= {t['ratio']}", "value": point["ratio"],
+                        "met": point["ratio"] >= t["ratio"]}
+        out["p99_ms"] = {"at": where, "target": f"< {t['p99_ms']}", "value": point["p99_ms"],
+                         "met": point["p99_ms"] < t["p99_ms"]}
+    if rss is not None:
+        out["rss_mib"] = {"at": f"{rss['nodes']} nodes, {rss['devices']} devices",
+                          "target": f"< {t['rss_mib']}", "value": rss["rss_peak_mib"],
+                          "met": rss["rss_peak_mib"] < t["rss_mib"]}
+    return out
 
 
 def run(out: Path, *, quick: bool = False, seed: int = 1) -> dict:
-    configure_logging(stream=_Discard(), level=40)  # type: ignore[arg-type]
-    sizes = [100, 300] if quick else [100, 300, 1000, 2000]
-    rows = []
-    for size in sizes:
-        bare = bare_loop(*workload(size, seed))
-        actors = anyio.run(actor_run, *workload(size, seed))
-        slow = anyio.run(actor_run, *workload(size, seed, latency=0.001))
-        rows.append({"requests": size, "nodes": max(10, size // 10), "bare": bare,
-                     "actors": actors, "actors_1ms_writes": slow})
-        print(f"{size:5d} requests: bare {bare['requests_per_s']:8.0f}/s  "
-              f"actors {actors['requests_per_s']:7.0f}/s  "
-              f"actors+1ms writes {slow['requests_per_s']:7.0f}/s  "
-              f"(succeeded bare {bare['succeeded']}, actors {actors['succeeded']})")
-    report = {"benchmark": "core", "seed": seed, "python": platform.python_version(),
-              "machine": platform.machine(), "rows": rows}
+    """Run the benchmark; write `<out>/core.json` and `<out>/core.png`; return the report."""
+    configure_logging(stream=_Discard(), level=logging.WARNING)  # type: ignore[arg-type]
+    fleets_n = QUICK_FLEETS if quick else FLEETS
+    levels = QUICK_CONCURRENCY if quick else CONCURRENCY
+    n_requests, warmup = (300, 50) if quick else (2000, 200)
+    report = _facts(seed, quick)
+    report["workload"].update({"requests_per_point": n_requests, "warmup_requests": warmup})
+    fleets = []
+    for nodes in fleets_n:
+        print(f"fleet {nodes} nodes × {GPUS} GPUs", file=sys.stderr, flush=True)
+        fleets.append(_subprocess(["--fleet-point", str(nodes), "--levels", ",".join(map(str, levels)),
+                                   "--requests", str(n_requests), "--warmup", str(warmup),
+                                   "--seed", str(seed)]))
+    rss = _subprocess(["--rss-point", str(TARGETS["rss_nodes"]), "--devices", str(TARGETS["rss_devices"]),
+                       "--requests", "200" if quick else "1000", "--levels", "50", "--seed", str(seed)])
+    print(f"  RSS: {rss['nodes']} nodes, {rss['devices']} devices, binder running: "
+          f"{rss['rss_peak_mib']:.0f} MiB peak", file=sys.stderr, flush=True)
+    report["fleets"] = fleets
+    report["rss_point"] = rss
+    report["targets"] = _targets(fleets, rss)
     out.mkdir(parents=True, exist_ok=True)
     (out / "core.json").write_text(json.dumps(report, indent=2))
-    _plot(rows, out / "core.png")
+    _plot(report, out / "core.png")
+    _print_table(report)
     return report
 
 
-def _plot(rows: list[dict], path: Path) -> None:
+def _print_table(report: dict) -> None:
+    print(f"{'nodes':>6} {'conc':>5} {'actors/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'bare/s':>8} "
+          f"{'bare p99 µs':>11} {'ratio':>6}")
+    for f in report["fleets"]:
+        b = f["bare"]
+        for r in f["actors"]:
+            print(f"{f['nodes']:6d} {r['concurrency']:5d} {r['decisions_per_s']:9.0f} {r['p50_ms']:8.2f} "
+                  f"{r['p99_ms']:8.2f} {b['decisions_per_s']:8.0f} {b['p99_us']:11.1f} {r['ratio']:6.2f}")
+    rss = report.get("rss_point")
+    if rss:
+        print(f"RSS {rss['nodes']} nodes × {rss['gpus_per_node']} GPUs, {rss['devices']} devices: "
+              f"{rss['rss_peak_mib']:.0f} MiB peak")
+    for name, t in report["targets"].items():
+        print(f"target {name} ({t['at']}): {t['value']} {t['target']}: {'met' if t['met'] else 'NOT met'}")
+
+
+def _plot(report: dict, path: Path) -> None:
     try:
         import matplotlib
     except ImportError:  # the plot is optional
@@ -154,17 +510,33 @@ def _plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    x = [r["requests"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for key, label in (("bare", "bare loop (decide + apply)"), ("actors", "actor binder"),
-                       ("actors_1ms_writes", "actor binder, 1 ms per write")):
-        ax.plot(x, [r[key]["requests_per_s"] for r in rows], marker="o", label=label)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("requests (nodes = requests / 10)")
-    ax.set_ylabel("requests answered per second")
-    ax.set_title("gpu-binder core: actors on the in-memory store vs the bare model")
-    ax.legend()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, f in enumerate(report["fleets"]):
+        color = colors[i % len(colors)]
+        cs = [r["concurrency"] for r in f["actors"]]
+        ax1.plot(cs, [r["decisions_per_s"] for r in f["actors"]], marker="o", color=color,
+                 label=f"{f['nodes']} nodes, actors")
+        ax1.plot(cs, [f["bare"]["decisions_per_s"]] * len(cs), linestyle="--", color=color,
+                 label=f"{f['nodes']} nodes, bare")
+        ax2.plot(cs, [r["p99_ms"] for r in f["actors"]], marker="o", color=color, label=f"{f['nodes']} nodes")
+    ax1.axhline(TARGETS["decisions_per_s"], color="grey", linewidth=0.8, linestyle=":")
+    ax2.axhline(TARGETS["p99_ms"], color="grey", linewidth=0.8, linestyle=":")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrency (outstanding requests)")
+    ax1.set_ylabel("set decisions per second")
+    ax1.set_title("actor binder (solid) vs bare decide loop (dashed)")
+    ax1.legend(fontsize=7, ncol=2)
+    ax2.set_ylabel("p99 latency, request written → last result (ms)")
+    ax2.set_title("actor binder p99 latency")
+    ax2.legend(fontsize=7)
+    rss = report.get("rss_point")
+    sub = (f"; {rss['nodes']} nodes, {rss['devices']} devices: {rss['rss_peak_mib']:.0f} MiB peak RSS"
+           if rss else "")
+    fig.suptitle(f"gpu-binder core, seed {report['seed']}, {report['machine']['cpu_count']} cores{sub}",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -175,8 +547,29 @@ def main() -> None:
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int, default=1)
+    # internal: one point in this process (used by `run`, one subprocess per point)
+    parser.add_argument("--fleet-point", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--rss-point", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--devices", type=int, default=TARGETS["rss_devices"], help=argparse.SUPPRESS)
+    parser.add_argument("--levels", default="1", help=argparse.SUPPRESS)
+    parser.add_argument("--requests", type=int, default=300, help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, default=50, help=argparse.SUPPRESS)
+    parser.add_argument("--point-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    run(Path(args.out), quick=args.quick, seed=args.seed)
+    configure_logging(stream=_Discard(), level=logging.WARNING)  # type: ignore[arg-type]
+    if args.fleet_point is None and args.rss_point is None:
+        run(Path(args.out), quick=args.quick, seed=args.seed)
+        return
+    levels = [int(x) for x in args.levels.split(",")]
+    if args.fleet_point is not None:
+        point = fleet_point(args.fleet_point, levels, args.requests, args.warmup, args.seed)
+    else:
+        point = rss_point(args.rss_point, args.devices, args.requests, levels[0], args.seed)
+    text = json.dumps(point)
+    if args.point_out:
+        Path(args.point_out).write_text(text)
+    else:
+        print(text)
 
 
 if __name__ == "__main__":
