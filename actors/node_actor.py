@@ -218,6 +218,10 @@ class NodeActor(Actor):
         self._read_bound()
         _log.info("rebuild", incarnation=self.incarnation, **self._ledger_fields())
 
+    def wants_tick(self) -> bool:
+        """Ticks only expire and settle holds: none wanted while there are none."""
+        return bool(self._st.holds)
+
     async def on_tick(self) -> None:
         self._sweep()
         if self._dirty and self._st.holds:

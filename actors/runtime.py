@@ -19,12 +19,16 @@ from typing import Any, Callable, Mapping
 import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
+from anyio.lowlevel import checkpoint, checkpoint_if_cancelled
 
 from actors.errors import ActorKilled, ActorStopped, AskTimeout, MailboxFull, StartTimeout
 
 _log = structlog.get_logger("gpu_binder.runtime")
 
 DEFAULT_ASK_TIMEOUT = 10.0
+
+_FAIRNESS = 32
+"""Messages an actor handles in a row from a non-empty mailbox before it yields once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,13 @@ class Actor:
     async def on_tick(self) -> None:
         """Handle a `Tick`."""
 
+    def wants_tick(self) -> bool:
+        """Whether ticks are wanted now (default: always). While it returns False the
+        runtime sends none; it asks again after every message the actor handles, so ticks
+        resume within `tick_interval` of the message that made them wanted. An actor with
+        nothing to time (e.g. a ledger without holds) saves a wake-up per interval."""
+        return True
+
     async def on_stop(self) -> None:
         """Runs after a clean stop (mailbox closed and drained), before the actor's task
         group waits for its children: stop long-running children here."""
@@ -138,6 +149,8 @@ class _Envelope:
 @dataclass(slots=True)
 class _CellState:
     processed: int = 0
+    wake: anyio.Event | None = None  # set by senders while the loop waits on an empty mailbox
+    tick_wanted: anyio.Event | None = None  # set by the loop while the ticker is parked
     incarnation: int = 0
     crashes: int = 0
     running: bool = False
@@ -189,12 +202,16 @@ class ActorRef:
         dropped. A caller that must not leak what the reply grants (e.g. a capacity hold)
         sends the compensating message in its cancellation handler."""
         reply = _Reply()
-        try:
-            with anyio.fail_after(timeout):
-                await self._cell._send(_Envelope(message, reply))
-                await reply.event.wait()
-        except TimeoutError:
-            raise AskTimeout(f"{self.name}: no reply to {type(message).__name__} in {timeout}s") from None
+        env = _Envelope(message, reply)
+        await checkpoint_if_cancelled()
+        with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
+            try:
+                self._cell._send_nowait(env)  # the common case: room in the mailbox
+            except MailboxFull:
+                await self._cell._send(env)
+            await reply.event.wait()
+        if scope.cancelled_caught:
+            raise AskTimeout(f"{self.name}: no reply to {type(message).__name__} in {timeout}s")
         if reply.error is not None:
             raise reply.error
         return reply.value
@@ -234,12 +251,20 @@ class ActorCell:
             raise MailboxFull(f"{self.name}: mailbox full ({self._capacity})") from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise ActorStopped(f"{self.name}: stopped") from None
+        self._wake()
 
     async def _send(self, env: _Envelope) -> None:
         try:
             await self._send_stream.send(env)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise ActorStopped(f"{self.name}: stopped") from None
+        self._wake()
+
+    def _wake(self) -> None:
+        wake = self._state.wake
+        if wake is not None:
+            self._state.wake = None
+            wake.set()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -282,7 +307,7 @@ class ActorCell:
                         raise StartTimeout(f"{self.name}: not started in {start_timeout}s") from None
                     ticker = anyio.CancelScope()
                     if actor.tick_interval is not None:
-                        tg.start_soon(self._ticker, actor.tick_interval, ticker)
+                        tg.start_soon(self._ticker, actor, actor.tick_interval, ticker)
                     task_status.started(self.ref)
                     await self._loop(actor)
                     # Clean stop: end the ticker, let the actor wind its children down;
@@ -309,25 +334,58 @@ class ActorCell:
             st.running = False
             st.scope = None
             st.actor = None
+            st.wake = None
+            st.tick_wanted = None
             if st.closed:
                 self._drain_closed()
 
-    async def _ticker(self, interval: float, scope: anyio.CancelScope) -> None:
+    async def _ticker(self, actor: Actor, interval: float, scope: anyio.CancelScope) -> None:
+        """A `Tick` every `interval` while `actor.wants_tick()`; parked (no wake-ups) while
+        it does not, until the loop sees it wanting ticks again after a message."""
+        st = self._state
         with scope:
             while True:
+                if not actor.wants_tick():
+                    wanted = st.tick_wanted = anyio.Event()
+                    await wanted.wait()
                 await anyio.sleep(interval)
+                if not actor.wants_tick():
+                    continue
                 try:
                     self._send_nowait(_Envelope(Tick()))
                 except (MailboxFull, ActorStopped):
                     pass
 
-    async def _loop(self, actor: Actor) -> None:
-        st = self._state
+    async def _receive(self) -> _Envelope:
+        """The next envelope: taken at once when one is queued, else waited for (on an
+        event the senders set, cheaper than the stream's own wait). Cancellation is
+        checked first either way, so a cancelled incarnation takes no further message.
+        Raises EndOfStream/ClosedResourceError once the mailbox is closed and drained."""
+        await checkpoint_if_cancelled()
+        recv = self._receive_stream
         while True:
             try:
-                env = await self._receive_stream.receive()
+                return recv.receive_nowait()
+            except anyio.WouldBlock:
+                pass
+            wake = self._state.wake = anyio.Event()
+            try:
+                await wake.wait()
+            finally:
+                self._state.wake = None
+
+    async def _loop(self, actor: Actor) -> None:
+        st = self._state
+        in_a_row = 0
+        while True:
+            if in_a_row >= _FAIRNESS:  # a busy mailbox still lets other tasks run
+                in_a_row = 0
+                await checkpoint()
+            try:
+                env = await self._receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 return
+            in_a_row += 1
             st.current = env
             message = env.message
             if isinstance(message, Crash):
@@ -336,12 +394,16 @@ class ActorCell:
             if isinstance(message, Tick):
                 await actor.on_tick()
                 st.current = None
-                continue
-            value = await actor.receive(message)
-            st.processed += 1
-            st.current = None
-            if env.reply is not None:
-                env.reply.set(value)
+            else:
+                value = await actor.receive(message)
+                st.processed += 1
+                st.current = None
+                if env.reply is not None:
+                    env.reply.set(value)
+            wanted = st.tick_wanted
+            if wanted is not None and actor.wants_tick():
+                st.tick_wanted = None
+                wanted.set()
 
     def kill(self, reason: str = "killed") -> bool:
         """Crash the running incarnation now (it stops at its next await) so that `run`
@@ -363,6 +425,7 @@ class ActorCell:
             return
         st.closed = True
         self._send_stream.close()
+        self._wake()  # a waiting loop finds the mailbox closed
         if not st.running:
             self._drain_closed()
 
