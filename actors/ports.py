@@ -86,7 +86,10 @@ class ChangeFeed(Protocol):
     def subscribe(self) -> AbstractAsyncContextManager[AsyncIterator[Change]]:
         """An async context manager yielding an iterator of `Change`s made after the
         subscription started. Nothing is dropped while subscribed (the feed buffers);
-        repeated changes of one key may be coalesced. Leaving the context unsubscribes."""
+        repeated changes of one key may be coalesced. Leaving the context unsubscribes.
+        An iterator that also has `receive_nowait()` (raising `anyio.WouldBlock` when
+        nothing is buffered, as anyio's memory streams do) lets the router take every
+        buffered change at once."""
 
 
 @runtime_checkable

@@ -5,13 +5,14 @@ one-for-one `Supervisor`, then routes the change feed, level based: a node chang
 that node's actor (starting an actor for a new node, stopping the one of a deleted node); a
 device change goes to the actor of the node it is Bound to and, when its request is
 complete and lacks a result, to the coordinator as `Examine` (partial requests are ignored).
-No placement logic lives here. `Binder` is also the coordinator's `NodeDirectory`.
+What the feed has buffered is routed in one pass, device changes coalesced (one message per
+node and per request, however many members changed). No placement logic lives here. `Binder` is also the coordinator's `NodeDirectory`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import anyio
 import structlog
@@ -40,7 +41,8 @@ def node_child_id(node: str) -> str:
 class BinderConfig:
     """Everything the tree needs that is not a port. `route_timeout` bounds how long the
     router waits on a full coordinator mailbox before leaving the request to the
-    coordinator's periodic resync."""
+    coordinator's periodic resync; `route_batch` is the most changes the router takes
+    from the feed's buffer to route in one pass."""
 
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
     node: NodeActorConfig = field(default_factory=NodeActorConfig)
@@ -49,6 +51,7 @@ class BinderConfig:
     coordinator_mailbox: int = 4096
     shutdown: float = 5.0
     route_timeout: float = 1.0
+    route_batch: int = 1024
 
 
 class Binder:
@@ -126,8 +129,16 @@ class Binder:
                 ))
                 _log.info("binder_started", nodes=len(self._view.nodes()))
                 task_status.started(self)
+                drain = getattr(changes, "receive_nowait", None)
                 async for change in changes:
-                    await self._route(change)
+                    batch = [change]
+                    if drain is not None:  # take what is already buffered: one pass for all
+                        while len(batch) < self._cfg.route_batch:
+                            try:
+                                batch.append(drain())
+                            except (anyio.WouldBlock, anyio.EndOfStream):
+                                break
+                    await self._route(batch)
 
     def _new_coordinator(self) -> Coordinator:
         return Coordinator(self._view, self._writer, self, self._clock, self._cfg.coordinator,
@@ -144,41 +155,67 @@ class Binder:
             mailbox_size=self._cfg.node_mailbox,
         ))
 
-    async def _route(self, change: Change) -> None:
+    async def _route(self, batch: list[Change]) -> None:
+        """Route a batch of changes. Node changes one by one, in order; device changes
+        coalesced (level based: the view is read once per key): one `DevicesChanged` per
+        node that some changed device is Bound to, one `Examine` per complete request
+        lacking a result; class, budget and namespace changes: one broadcast."""
         sup = self._sup
         assert sup is not None
-        if change.kind == "node":
-            name = str(change.key)
-            cid = node_child_id(name)
-            exists = self._view.node(name) is not None
-            if not exists and sup.ref(cid) is not None:
-                await sup.terminate_child(cid)
-                _log.info("node_actor_stopped", node=name, reason="node deleted")
-            elif exists and sup.ref(cid) is None:
-                await self._start_node(name)
-            elif exists:
-                self._tell(sup.ref(cid), NodeChanged())
-            return
-        if change.kind == "device":
-            ns, name = change.key  # type: ignore[misc]
-            dev = self._view.device((ns, name))
+        devices: dict[object, None] = {}
+        broadcast = False
+        for change in batch:
+            if change.kind == "node":
+                await self._route_node(str(change.key))
+            elif change.kind == "device":
+                devices[change.key] = None
+            else:
+                broadcast = True
+        if devices:
+            await self._route_devices(devices)
+        if broadcast:
+            # classes, budgets, namespaces: every ledger re-reads; the coordinator rescans.
+            for ref in self.node_actors().values():
+                self._tell(ref, DevicesChanged())
+            await self._tell_coordinator(Resync())
+
+    async def _route_node(self, name: str) -> None:
+        sup = self._sup
+        assert sup is not None
+        cid = node_child_id(name)
+        exists = self._view.node(name) is not None
+        if not exists and sup.ref(cid) is not None:
+            await sup.terminate_child(cid)
+            _log.info("node_actor_stopped", node=name, reason="node deleted")
+        elif exists and sup.ref(cid) is None:
+            await self._start_node(name)
+        elif exists:
+            self._tell(sup.ref(cid), NodeChanged())
+
+    async def _route_devices(self, keys: Iterable[object]) -> None:
+        sup = self._sup
+        assert sup is not None
+        view = self._view
+        nodes: dict[str, None] = {}
+        requests: dict[tuple[str, str], None] = {}
+        for key in keys:
+            dev = view.device(key)  # type: ignore[arg-type]
             if dev is None:
-                return
+                continue
             if dev.bound_node is not None:
-                self._tell(sup.ref(node_child_id(dev.bound_node)), DevicesChanged())
+                nodes[dev.bound_node] = None
             br = dev.status.bind_request
             if br is None or br.result is not None or br.node is not None:
                 # No request, answered, or decided (a recorded node): the coordinator that
                 # decided it is writing it, or its successor recovers it on start (B7).
-                return
-            complete, _ = find_requests(self._view.request_members(ns, br.id))
-            if any(r.id == br.id for r in complete):
-                await self._tell_coordinator(Examine(ns, br.id))
-            return
-        # classes, budgets, namespaces: every ledger re-reads; the coordinator rescans.
-        for ref in self.node_actors().values():
-            self._tell(ref, DevicesChanged())
-        await self._tell_coordinator(Resync())
+                continue
+            requests[(dev.namespace, br.id)] = None
+        for node in nodes:
+            self._tell(sup.ref(node_child_id(node)), DevicesChanged())
+        for ns, rid in requests:
+            complete, _ = find_requests(view.request_members(ns, rid))
+            if any(r.id == rid for r in complete):
+                await self._tell_coordinator(Examine(ns, rid))
 
     async def _tell_coordinator(self, message: object) -> None:
         ref = self.coordinator
