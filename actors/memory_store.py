@@ -291,8 +291,9 @@ class MemoryStore:
         targets = list(devices) if only is None else list(only)
         for name in targets:
             dev = self._devices[(namespace, name)]
-            status = replace(dev.status, attached_to=Attachment(vmi, now), bind_request=br)
-            self._put(replace(dev, status=status))
+            st = dev.status
+            self._put(_with_status(dev, DeviceStatus(st.phase, st.node_name, st.bound_at,
+                                                     Attachment(vmi, now), br)))
             self._record(WriteRecord(0, "request", (namespace, name), request_id))
         return request_id
 
@@ -301,8 +302,8 @@ class MemoryStore:
         webhook cleaning up after a timeout, W5, or housekeeping, H1). Returns how many."""
         members = list(self._by_request.get((namespace, request_id), {}).values())
         for dev in members:
-            status = replace(dev.status, attached_to=None, bind_request=None)
-            self._put(replace(dev, status=status))
+            st = dev.status
+            self._put(_with_status(dev, DeviceStatus(st.phase, st.node_name, st.bound_at, None, None)))
             self._record(WriteRecord(0, "withdraw", dev.key, request_id))
         return len(members)
 
@@ -331,7 +332,7 @@ class MemoryStore:
                 return
             if br.node is not None:
                 raise WriteConflict(f"request {request_id} already decided for {br.node}", key=key)
-            self._put(replace(dev, status=replace(dev.status, bind_request=replace(br, node=node))))
+            self._put(_with_request(dev, _answered(br, br.result, br.message, node)))
             self._record(WriteRecord(0, "record_decision", key, request_id, node=node))
 
         await self._write("record_decision", key, request_id, apply)
@@ -340,8 +341,9 @@ class MemoryStore:
         async def apply(dev: GPUDevice) -> None:
             if dev.bound_node == node:
                 return
-            status = replace(dev.status, phase=Phase.BOUND, node_name=node, bound_at=bound_at)
-            self._put(replace(dev, status=status))
+            st = dev.status
+            self._put(_with_status(dev, DeviceStatus(Phase.BOUND, node, bound_at, st.attached_to,
+                                                     st.bind_request)))
             self._record(WriteRecord(0, "bind", key, request_id, node=node, from_node=dev.bound_node))
 
         await self._write("bind", key, request_id, apply)
@@ -359,8 +361,7 @@ class MemoryStore:
             assert br is not None
             if (br.result, br.message, br.node) == (result, message, node):
                 return
-            new = replace(br, result=result, message=message, node=node)
-            self._put(replace(dev, status=replace(dev.status, bind_request=new)))
+            self._put(_with_request(dev, _answered(br, result, message, node)))
             self._record(WriteRecord(0, "write_result", key, request_id, node=node,
                                      result=result, message=message))
 
@@ -413,7 +414,8 @@ class MemoryStore:
     # -- internals -----------------------------------------------------------------------
 
     def _record(self, rec: WriteRecord) -> None:
-        rec = replace(rec, seq=len(self.history) + 1)
+        rec = WriteRecord(len(self.history) + 1, rec.op, rec.key, rec.request_id, rec.node,
+                          rec.result, rec.message, rec.from_node)
         self.history.append(rec)
         if self.on_write is not None:
             self.on_write(rec)
@@ -463,6 +465,25 @@ class MemoryStore:
             if d.namespace == namespace and d.bound_node is not None
             and (c := self._classes.get(d.class_name)) is not None and c.resource_name == resource
         )
+
+
+# Writes build new values with the constructors: `dataclasses.replace` costs several times
+# more, and the store is on the benchmark's hot path. `test_memory_store_copies_every_field`
+# checks these keep every field.
+
+
+def _with_status(dev: GPUDevice, status: DeviceStatus) -> GPUDevice:
+    return GPUDevice(dev.namespace, dev.name, dev.class_name, dev.template_for, status,
+                     dev.resource_version, dev.uid, dev.created_at)
+
+
+def _with_request(dev: GPUDevice, br: BindRequest) -> GPUDevice:
+    st = dev.status
+    return _with_status(dev, DeviceStatus(st.phase, st.node_name, st.bound_at, st.attached_to, br))
+
+
+def _answered(br: BindRequest, result: Result | None, message: str | None, node: str | None) -> BindRequest:
+    return BindRequest(br.id, br.vmi, br.devices, br.requested_at, br.node_selector, result, message, node)
 
 
 __all__ = ["Faults", "MemoryStore", "WriteRecord"]
