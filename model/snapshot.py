@@ -187,9 +187,13 @@ class _Index:
         return cls(used, tenant, reserved, tenant_reserved, by_free)
 
     def derive(self, st: _Static, changes: Sequence[tuple[GPUDevice | None, GPUDevice | None]],
-               reservations: Sequence[Reservation] | None) -> _Index:
+               reservations: Sequence[Reservation] | None,
+               added: Sequence[Reservation] | None = None) -> _Index:
         """The index after `changes` (old, new device pairs) and, when not None, with the
-        reservations replaced by `reservations`. Copies only the dicts it touches."""
+        reservations replaced by `reservations`. `added`, when given, says `reservations` are
+        the current ones plus `added`, whose request ids are new (none is current, none is
+        repeated): their counts are then added instead of recounting every reservation.
+        Copies only the dicts it touches."""
         d_used: dict[tuple[str, str], int] = {}
         d_tenant: dict[tuple[str, str], int] = {}
         for old, new in changes:
@@ -211,7 +215,21 @@ class _Index:
             for k, v in d_tenant.items():
                 tenant[k] = tenant.get(k, 0) + v
         reserved, tenant_reserved = self.reserved, self.tenant_reserved
-        if reservations is not None:
+        if added is not None:
+            reserved, tenant_reserved = dict(reserved), dict(tenant_reserved)
+            for r in added:
+                for res, n in r.needs:
+                    key = (r.node, res)
+                    reserved[key] = reserved.get(key, 0) + n
+                    if n:
+                        touched.add(key)
+                slots: dict[str, int] = {}  # as `reservation_counts`: the largest per resource
+                for res, n in r.budget_needs:
+                    slots[res] = max(n, slots.get(res, 0))
+                for res, n in slots.items():
+                    key = (r.namespace, res)
+                    tenant_reserved[key] = tenant_reserved.get(key, 0) + n
+        elif reservations is not None:
             reserved, tenant_reserved = self.reservation_counts(reservations)
             touched |= {k for k in reserved.keys() | self.reserved.keys()
                         if reserved.get(k, 0) != self.reserved.get(k, 0)}
@@ -550,9 +568,27 @@ class Snapshot:
 
     def with_reservation(self, reservation: Reservation) -> Snapshot:
         """A snapshot with `reservation` added, replacing one of the same request and node."""
+        rid = reservation.request_id
+        if not any(r.request_id == rid for r in self._reservations):  # a new request: add it
+            return self._derive(self._by_ns, (), self._reservations + (reservation,), (reservation,))
         kept = tuple(r for r in self._reservations
-                     if (r.request_id, r.node) != (reservation.request_id, reservation.node))
+                     if (r.request_id, r.node) != (rid, reservation.node))
         return self._derive(self._by_ns, (), kept + (reservation,))
+
+    def with_reservations(self, reservations: Iterable[Reservation]) -> Snapshot:
+        """The snapshot `with_reservation` gives for each of `reservations` in turn (one
+        step when they are of distinct requests, none of them reserved already)."""
+        new = tuple(reservations)
+        if not new:
+            return self
+        ids = {r.request_id for r in self._reservations}
+        fresh = {r.request_id for r in new}
+        if len(fresh) == len(new) and ids.isdisjoint(fresh):
+            return self._derive(self._by_ns, (), self._reservations + new, new)
+        snap = self
+        for r in new:
+            snap = snap.with_reservation(r)
+        return snap
 
     def without_reservation(self, request_id: str) -> Snapshot:
         """A snapshot without any reservation of `request_id` (itself when there is none)."""
@@ -569,10 +605,10 @@ class Snapshot:
         st.budgets.update(self._st.budgets)
         return Snapshot(st, self._by_ns, self._reservations, None)
 
-    def _derive(self, by_ns, changes, reservations) -> Snapshot:
+    def _derive(self, by_ns, changes, reservations, added=None) -> Snapshot:
         idx = self._idx
         if idx is not None:
-            idx = idx.derive(self._st, changes, reservations)
+            idx = idx.derive(self._st, changes, reservations, added)
         return Snapshot(self._st, by_ns, self._reservations if reservations is None else reservations, idx)
 
     def __repr__(self) -> str:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from model.snapshot import Order, Reservation, Snapshot, Verdict
 from model.types import Budget, LabelSelector, Namespace, SelectorRequirement
@@ -129,3 +131,39 @@ def test_with_nodes_replaces_the_fleet_and_keeps_the_rest():
     assert (t.free("n1", H), t.free("n2", H), t.budget_of(NS, H), t.reserved("n2", H)) == (0, -1, 1, 1)
     assert t.free_buckets(H) == {4: ("n3",)}
     assert t.device(NS, "a") is s.device(NS, "a")
+
+
+# --- reservations added one by one or together equal a fresh count --------------------------
+
+_reservations = st.lists(st.builds(
+    Reservation,
+    st.sampled_from(["r1", "r2", "r3", "r4"]),
+    st.sampled_from([NS, "other"]),
+    st.sampled_from(["n1", "n2", "n3"]),
+    st.lists(st.tuples(st.sampled_from([H, L]), st.integers(0, 3)), max_size=2).map(tuple),
+    st.lists(st.tuples(st.sampled_from([H, L]), st.integers(0, 3)), max_size=2).map(tuple),
+), max_size=6)
+
+
+def _counted(s: Snapshot):
+    nodes, resources = ("n1", "n2", "n3"), (H, L)
+    return ({(n, r): (s.reserved(n, r), s.free(n, r)) for n in nodes for r in resources},
+            {(ns, r): s.tenant_usage(ns, r) for ns in (NS, "other") for r in resources},
+            {r: dict(s.free_buckets(r)) for r in resources}, s.reservations)
+
+
+@given(_reservations, _reservations)
+def test_with_reservation_s_counts_equal_a_fresh_index(first, then):
+    """`with_reservation` one by one and `with_reservations` at once (each on a snapshot
+    whose index is built) count what an index built from scratch counts."""
+    base = world([node("n1", 4, 2), node("n2", 4, 2), node("n3", 1, 1)], [dev("a", "n1")])
+    start = base.with_reservations(first)
+    start.free("n1", H)  # build the index: later snapshots derive it
+    one_by_one = start
+    for r in then:
+        one_by_one = one_by_one.with_reservation(r)
+    together = start.with_reservations(then)
+    fresh = world([node("n1", 4, 2), node("n2", 4, 2), node("n3", 1, 1)], [dev("a", "n1")],
+                  reservations=list(one_by_one.reservations))
+    assert _counted(one_by_one) == _counted(fresh)
+    assert _counted(together) == _counted(fresh)
