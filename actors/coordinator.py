@@ -20,7 +20,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Iterator, Mapping
 
 import anyio
 import structlog
@@ -56,6 +56,9 @@ _log = structlog.get_logger("gpu_binder.coordinator")
 
 RequestKey = tuple[str, str]
 """(namespace, request id)."""
+
+_Write = tuple[str, Callable[..., Awaitable[None]], tuple[Any, ...]]
+"""(StatusWriter method name, the bound method, its arguments)."""
 
 
 # -- messages -------------------------------------------------------------------------------
@@ -272,10 +275,8 @@ class Coordinator(Actor):
         """The view plus what every request in flight will still take (B3: "counting
         reservations in flight")."""
         self._prune()
-        snap = self._view.snapshot()
-        for flight in self._flights.values():
-            snap = self._with_flight(snap, flight)
-        return snap
+        held = (self._reservation(flight) for flight in self._flights.values())
+        return self._view.snapshot().with_reservations(r for r in held if r is not None)
 
     def _prune(self) -> bool:
         """Drop finished requests the view has caught up with (or that waited longer than
@@ -386,12 +387,16 @@ class Coordinator(Actor):
         return self._with_flight(snap, flight)
 
     def _with_flight(self, snap: Snapshot, flight: _Flight) -> Snapshot:
+        held = self._reservation(flight)
+        return snap if held is None else snap.with_reservation(held)
+
+    def _reservation(self, flight: _Flight) -> Reservation | None:
+        """What `flight` still holds (None: nothing left to land)."""
         needs, budget = self._outstanding(flight)
         if not needs or flight.node is None:
-            return snap
-        return snap.with_reservation(Reservation(
-            flight.request.id, flight.request.namespace, flight.node,
-            tuple(sorted(needs.items())), tuple(sorted(budget.items()))))
+            return None
+        return Reservation(flight.request.id, flight.request.namespace, flight.node,
+                           tuple(sorted(needs.items())), tuple(sorted(budget.items())))
 
     def _observe(self, rule: str, result: Result, message: str, started: float) -> None:
         if self._observer is not None:
@@ -498,25 +503,9 @@ class Coordinator(Actor):
         Stops at RequestWithdrawn/NotFound (what is written stays); on exhausted retries the
         request is tried again later, keeping its reservation."""
         req, node, rid = flight.request, flight.node, flight.request.id
-        keys = [(req.namespace, name) for name in dict.fromkeys(req.devices)]
         outcome = "done"
         try:
-            if flight.result is Result.SUCCEEDED:
-                assert node is not None
-                for key in keys:
-                    if not self._carries(key, rid, lambda br: br.node == node):
-                        await self._retrying("record_decision", self._writer.record_decision, key, rid, node)
-                for key in keys:
-                    dev = self._view.device(key)
-                    if dev is not None and dev.bound_node == node:
-                        continue
-                    flight.written.add(key)
-                    await self._retrying("bind", self._writer.bind, key, rid, node, self._clock.now())
-            for key in keys:
-                if not self._carries(key, rid, lambda br: (br.result, br.node, br.message)
-                                     == (flight.result, node, flight.message)):
-                    await self._retrying("write_result", self._writer.write_result, key, rid,
-                                         flight.result, flight.message, node)
+            await self._write_all(self._writes(flight))
         except (RequestWithdrawn, NotFound) as exc:
             outcome = "withdrawn"
             _log.info("withdrawn", request_id=rid, namespace=req.namespace, error=str(exc))
@@ -537,6 +526,30 @@ class Coordinator(Actor):
                   seconds=round(anyio.current_time() - flight.started_at, 4))
         self._wakeup.set()  # let the loop drop the reservation once the view shows the writes
 
+    def _writes(self, flight: _Flight) -> Iterator[_Write]:
+        """The writes of `flight` in order, each decided just before it is made (after the
+        one before it succeeded): `record_decision` on every member not carrying the node
+        yet, `bind` on every member not Bound there yet (Succeeded), then `write_result` on
+        every member not carrying the result yet."""
+        req, node, rid = flight.request, flight.node, flight.request.id
+        keys = [(req.namespace, name) for name in dict.fromkeys(req.devices)]
+        if flight.result is Result.SUCCEEDED:
+            assert node is not None
+            for key in keys:
+                if not self._carries(key, rid, lambda br: br.node == node):
+                    yield "record_decision", self._writer.record_decision, (key, rid, node)
+            for key in keys:
+                dev = self._view.device(key)
+                if dev is not None and dev.bound_node == node:
+                    continue
+                flight.written.add(key)
+                yield "bind", self._writer.bind, (key, rid, node, self._clock.now())
+        for key in keys:
+            if not self._carries(key, rid, lambda br: (br.result, br.node, br.message)
+                                 == (flight.result, node, flight.message)):
+                yield "write_result", self._writer.write_result, (key, rid, flight.result,
+                                                                  flight.message, node)
+
     def _carries(self, key: DeviceKey, request_id: str, done: Callable[[Any], bool]) -> bool:
         """True when the view shows the device carrying `request_id` with `done(br)` true
         (the write would be a no-op)."""
@@ -544,18 +557,42 @@ class Coordinator(Actor):
         br = dev.status.bind_request if dev is not None else None
         return br is not None and br.id == request_id and done(br)
 
-    async def _retrying(self, op: str, call: Callable[..., Awaitable[None]], *args: Any) -> None:
-        """`call(*args)` with tenacity: WriteConflict and TransientWriteError (a timeout
-        counts as one) are retried with exponential jitter up to `retry_attempts` tries in
-        all; the last error is re-raised. RequestWithdrawn and NotFound are never retried.
-        The first try runs without tenacity's machinery (the common, successful case)."""
+    async def _write_all(self, writes: Iterator[_Write]) -> None:
+        """Make every write of `writes`, each bounded by `write_timeout` and retried as
+        `_retry` says. First tries share one cancel scope whose deadline moves to each
+        write (a scope per write costs more than the in-memory write itself); a write that
+        fails or times out is retried, then the rest go on under a fresh scope. Raises what
+        `_retry` raises, and RequestWithdrawn/NotFound as they come."""
+        timeout = self._cfg.write_timeout
+        while True:
+            current: _Write | None = None
+            failed: BaseException | None = None
+            with anyio.CancelScope() as scope:
+                for current in writes:
+                    scope.deadline = anyio.current_time() + timeout
+                    try:
+                        await current[1](*current[2])
+                    except RETRYABLE_WRITE_ERRORS as exc:
+                        failed = exc
+                        break
+                else:
+                    return
+            assert current is not None
+            op, call, args = current
+            if failed is None:  # the scope caught its own deadline: this write timed out
+                failed = TransientWriteError(f"{op} timed out after {timeout}s")
+            await self._retry(op, call, args, failed)
+
+    async def _retry(self, op: str, call: Callable[..., Awaitable[None]], args: tuple[Any, ...],
+                     failed: BaseException) -> None:
+        """After the first try of `call(*args)` failed with `failed` (WriteConflict or
+        TransientWriteError; a timeout counts as one): retried with tenacity, exponential
+        jitter, up to `retry_attempts` tries in all; the last error is re-raised.
+        RequestWithdrawn and NotFound are never retried."""
         cfg = self._cfg
-        try:
-            return await self._write_once(op, call, *args)
-        except RETRYABLE_WRITE_ERRORS as exc:
-            if cfg.retry_attempts <= 1:
-                raise
-            _log.info("write_retry", op=op, error=str(exc))
+        if cfg.retry_attempts <= 1:
+            raise failed
+        _log.info("write_retry", op=op, error=str(failed))
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(RETRYABLE_WRITE_ERRORS),
             wait=wait_exponential_jitter(multiplier=cfg.retry_initial, max=cfg.retry_max,
