@@ -322,9 +322,14 @@ class NodeActor(Actor):
                       needs=dict(needs), reason=reason, incarnation=self.incarnation)
             return PrepareRefused(self.node, msg.request_id, reason)
         expires_at = self._clock.monotonic() + self._cfg.prepare_ttl
-        st.holds[msg.request_id] = _Hold(msg.request_id, msg.owner, needs, msg.devices, False, expires_at)
+        hold = _Hold(msg.request_id, msg.owner, needs, msg.devices, False, expires_at)
+        st.holds[msg.request_id] = hold
+        for res, n in self._outstanding(hold).items():  # the ledger's free, without recounting
+            if n > 0:
+                prepared[res] = prepared.get(res, 0) + n
         _log.info("prepare", outcome="reserved", request_id=msg.request_id, needs=dict(needs),
-                  incarnation=self.incarnation, ttl=self._cfg.prepare_ttl, **self._free_field())
+                  incarnation=self.incarnation, ttl=self._cfg.prepare_ttl,
+                  free=self._free(prepared, committed))
         return Prepared(self.node, msg.request_id, self.incarnation, expires_at)
 
     def _commit(self, msg: Commit) -> Committed | CommitRefused:
@@ -401,12 +406,16 @@ class NodeActor(Actor):
     def ledger(self) -> Ledger:
         st = self._st
         prepared, committed = self._held()
-        resources = set(st.allocatable) | set(st.bound) | set(prepared) | set(committed)
-        free = {r: st.allocatable.get(r, 0) - st.bound.get(r, 0) - prepared.get(r, 0)
-                - committed.get(r, 0) for r in sorted(resources)}
         return Ledger(self.node, self.incarnation, st.exists, st.unschedulable,
-                      dict(st.allocatable), dict(st.bound), prepared, committed, free,
-                      tuple(sorted(st.holds)))
+                      dict(st.allocatable), dict(st.bound), prepared, committed,
+                      self._free(prepared, committed), tuple(sorted(st.holds)))
+
+    def _free(self, prepared: Mapping[str, int], committed: Mapping[str, int]) -> dict[str, int]:
+        """`Ledger.free` given the units held (prepared, committed), sorted by resource."""
+        st = self._st
+        resources = set(st.allocatable) | set(st.bound) | set(prepared) | set(committed)
+        return {r: st.allocatable.get(r, 0) - st.bound.get(r, 0) - prepared.get(r, 0)
+                - committed.get(r, 0) for r in sorted(resources)}
 
     def _ledger_fields(self) -> dict[str, Any]:
         led = self.ledger()
