@@ -145,11 +145,9 @@ class MemoryStore:
     def snapshot(self) -> Snapshot:
         if self._snap is not None and self._snap_changes:
             puts = [d for d in self._snap_changes.values() if d is not None]
+            gone = [k for k, d in self._snap_changes.items() if d is None]
             snap = self._snap.with_devices(puts) if puts else self._snap
-            for key, dev in self._snap_changes.items():
-                if dev is None:
-                    snap = snap.without_device(*key)
-            self._snap = snap
+            self._snap = snap.without_devices(gone) if gone else snap
             self._snap_changes.clear()
         if self._snap is None:
             self._snap = Snapshot.build(
