@@ -226,29 +226,40 @@ def bare_loop(fleet: Fleet, asks: list[Ask], seed: int, warmup: int) -> dict[str
     outcomes: list[bool] = []
     clock = 0.0
     answered_at: list[float] = []
-    for i, ask in enumerate(asks):
-        rid, vmi, names = _names(i, ask)
-        br = BindRequest(rid, vmi, tuple(names), NOW, ask.selector)
-        status = DeviceStatus(attached_to=Attachment(vmi, NOW), bind_request=br)
-        snap = snap.with_devices([GPUDevice(ask.tenant, n, ask.class_name, vmi, status, created_at=NOW)
-                                  for n in names])
-        req = Request(rid, ask.tenant, vmi, tuple(names), ask.selector, NOW)
-        t0 = time.perf_counter()
-        decision = decide(snap, req)
-        snap = apply_decision(snap, req, decision, now=NOW)
-        dt = time.perf_counter() - t0
-        clock += dt
-        latencies.append(dt)
-        answered_at.append(clock)
-        ok = decision.result is Result.SUCCEEDED
-        outcomes.append(ok)
-        gone = life.answered(ok, [(ask.tenant, n) for n in names])
-        if gone:
-            snap = snap.without_devices(gone)
+    pauses = _GCPauses()
+    with pauses:
+        for i, ask in enumerate(asks):
+            pauses.on = i >= warmup
+            snap, dt, ok = _bare_step(snap, i, ask, life)
+            clock += dt
+            latencies.append(dt)
+            answered_at.append(clock)
+            outcomes.append(ok)
     out = _summary(latencies, answered_at, outcomes, warmup)
     out["p50_us"] = round(out["p50_ms"] * 1e3, 1)
     out["p99_us"] = round(out["p99_ms"] * 1e3, 1)
+    out["gc"] = pauses.figures()
     return out
+
+
+def _bare_step(snap: Snapshot, i: int, ask: Ask, life: _Lifecycle) -> tuple[Snapshot, float, bool]:
+    """One request of the bare loop: its devices added, then decide + apply (timed), then
+    the VMs that stop removed."""
+    rid, vmi, names = _names(i, ask)
+    br = BindRequest(rid, vmi, tuple(names), NOW, ask.selector)
+    status = DeviceStatus(attached_to=Attachment(vmi, NOW), bind_request=br)
+    snap = snap.with_devices([GPUDevice(ask.tenant, n, ask.class_name, vmi, status, created_at=NOW)
+                              for n in names])
+    req = Request(rid, ask.tenant, vmi, tuple(names), ask.selector, NOW)
+    t0 = time.perf_counter()
+    decision = decide(snap, req)
+    snap = apply_decision(snap, req, decision, now=NOW)
+    dt = time.perf_counter() - t0
+    ok = decision.result is Result.SUCCEEDED
+    gone = life.answered(ok, [(ask.tenant, n) for n in names])
+    if gone:
+        snap = snap.without_devices(gone)
+    return snap, dt, ok
 
 
 async def actor_loop(fleet: Fleet, asks: list[Ask], concurrency: int, seed: int, warmup: int,
@@ -274,7 +285,9 @@ async def actor_loop(fleet: Fleet, asks: list[Ask], concurrency: int, seed: int,
     answered_at: list[float] = []
     outcomes: list[bool] = []
     stream = iter(enumerate(asks))
-    marks: dict[str, float] = {}
+    pauses = _GCPauses()
+    pauses.on = warmup == 0
+    cpu_start = [time.process_time()]
 
     async def client() -> None:
         for i, ask in stream:  # shared: each client takes the next request
@@ -291,8 +304,9 @@ async def actor_loop(fleet: Fleet, asks: list[Ask], concurrency: int, seed: int,
             del waiting[rid]
             latencies.append(t1 - t0)
             answered_at.append(t1)
-            if len(answered_at) == warmup:
-                marks["cpu"] = time.process_time()
+            if len(answered_at) == warmup:  # measured from here on
+                cpu_start[0] = time.process_time()
+                pauses.on = True
                 if profiler is not None:
                     profiler.start()
             br = store.device((ask.tenant, names[0])).status.bind_request  # type: ignore[union-attr]
@@ -302,18 +316,21 @@ async def actor_loop(fleet: Fleet, asks: list[Ask], concurrency: int, seed: int,
                 store.delete_device(key)
 
     t_boot = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        await tg.start(binder.run)
-        boot = time.perf_counter() - t_boot
-        async with anyio.create_task_group() as clients:
-            for _ in range(concurrency):
-                clients.start_soon(client)
-        if profiler is not None and profiler.is_running:
-            profiler.stop()
-        cpu = time.process_time() - marks.get("cpu", time.process_time())
-        coord = await binder.coordinator.ask(_get_status()) if binder.coordinator else None
-        sup = binder.statistics()
-        tg.cancel_scope.cancel()
+    with pauses:
+        async with anyio.create_task_group() as tg:
+            await tg.start(binder.run)
+            boot = time.perf_counter() - t_boot
+            cpu_start[0] = time.process_time()
+            async with anyio.create_task_group() as clients:
+                for _ in range(concurrency):
+                    clients.start_soon(client)
+            pauses.on = False
+            if profiler is not None and profiler.is_running:
+                profiler.stop()
+            cpu = time.process_time() - cpu_start[0]
+            coord = await binder.coordinator.ask(_get_status()) if binder.coordinator else None
+            sup = binder.statistics()
+            tg.cancel_scope.cancel()
     out = _summary(latencies, answered_at, outcomes, warmup)
     out.update({
         "concurrency": concurrency,
@@ -323,6 +340,7 @@ async def actor_loop(fleet: Fleet, asks: list[Ask], concurrency: int, seed: int,
         "status_writes": store.writes_attempted,
         "restarts": sup.restarts if sup else 0,
         "rss_mib": round(_rss_now(), 1),
+        "gc": pauses.figures(),
     })
     if coord is not None:
         out["coordinator"] = {k: getattr(coord, k) for k in ("decided", "succeeded", "refused", "gave_up")}
@@ -333,6 +351,39 @@ def _get_status() -> Any:
     from actors.coordinator import GetStatus
 
     return GetStatus()
+
+
+class _GCPauses:
+    """Collector pauses while `on`: count and seconds per generation, the longest pause
+    (a generation-2 collection of a large heap is what the p99 of a big fleet sees)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self.longest = 0.0
+        self._t0 = 0.0
+
+    def __enter__(self) -> _GCPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self.on:
+            pause = time.perf_counter() - self._t0
+            g = info["generation"]
+            self.count[g] += 1
+            self.seconds[g] += pause
+            self.longest = max(self.longest, pause)
+
+    def figures(self) -> dict[str, Any]:
+        return {"collections": self.count, "seconds": [round(x, 4) for x in self.seconds],
+                "longest_ms": round(self.longest * 1e3, 2)}
 
 
 def _rss_now() -> float:
