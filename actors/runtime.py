@@ -107,9 +107,10 @@ class Actor:
 
     def wants_tick(self) -> bool:
         """Whether ticks are wanted now (default: always). While it returns False the
-        runtime sends none; it asks again after every message the actor handles, so ticks
-        resume within `tick_interval` of the message that made them wanted. An actor with
-        nothing to time (e.g. a ledger without holds) saves a wake-up per interval."""
+        runtime sends none and runs no ticker task; it asks again after every message the
+        actor handles, so ticks resume within `tick_interval` of the message that made
+        them wanted. An actor with nothing to time (e.g. a ledger without holds) then costs
+        neither a wake-up per interval nor a parked task."""
         return True
 
     async def on_stop(self) -> None:
@@ -150,7 +151,7 @@ class _Envelope:
 class _CellState:
     processed: int = 0
     wake: anyio.Event | None = None  # set by senders while the loop waits on an empty mailbox
-    tick_wanted: anyio.Event | None = None  # set by the loop while the ticker is parked
+    ticker: anyio.CancelScope | None = None  # of the running ticker task, if any
     incarnation: int = 0
     crashes: int = 0
     running: bool = False
@@ -305,14 +306,13 @@ class ActorCell:
                             await actor.on_start(ctx)
                     except TimeoutError:
                         raise StartTimeout(f"{self.name}: not started in {start_timeout}s") from None
-                    ticker = anyio.CancelScope()
-                    if actor.tick_interval is not None:
-                        tg.start_soon(self._ticker, actor, actor.tick_interval, ticker)
+                    self._tick_if_wanted(actor, tg)
                     task_status.started(self.ref)
-                    await self._loop(actor)
+                    await self._loop(actor, tg)
                     # Clean stop: end the ticker, let the actor wind its children down;
                     # the task group then waits for them (the supervisor bounds that wait).
-                    ticker.cancel()
+                    if st.ticker is not None:
+                        st.ticker.cancel()
                     await actor.on_stop()
             if st.kill_reason is not None:
                 raise ActorKilled(f"{self.name}: killed: {st.kill_reason}")
@@ -335,26 +335,35 @@ class ActorCell:
             st.scope = None
             st.actor = None
             st.wake = None
-            st.tick_wanted = None
+            st.ticker = None
             if st.closed:
                 self._drain_closed()
 
-    async def _ticker(self, actor: Actor, interval: float, scope: anyio.CancelScope) -> None:
-        """A `Tick` every `interval` while `actor.wants_tick()`; parked (no wake-ups) while
-        it does not, until the loop sees it wanting ticks again after a message."""
+    def _tick_if_wanted(self, actor: Actor, tg: TaskGroup) -> None:
+        """Start the ticker task when the actor has ticks and wants them and none runs."""
         st = self._state
-        with scope:
-            while True:
-                if not actor.wants_tick():
-                    wanted = st.tick_wanted = anyio.Event()
-                    await wanted.wait()
-                await anyio.sleep(interval)
-                if not actor.wants_tick():
-                    continue
-                try:
-                    self._send_nowait(_Envelope(Tick()))
-                except (MailboxFull, ActorStopped):
-                    pass
+        if st.ticker is None and actor.tick_interval is not None and actor.wants_tick():
+            scope = st.ticker = anyio.CancelScope()
+            tg.start_soon(self._ticker, actor, actor.tick_interval, scope)
+
+    async def _ticker(self, actor: Actor, interval: float, scope: anyio.CancelScope) -> None:
+        """A `Tick` every `interval` while `actor.wants_tick()`; returns (no task, no
+        wake-ups) once it does not; the loop starts it again after a message that makes
+        ticks wanted."""
+        st = self._state
+        try:
+            with scope:
+                while True:
+                    await anyio.sleep(interval)
+                    if not actor.wants_tick():
+                        return
+                    try:
+                        self._send_nowait(_Envelope(Tick()))
+                    except (MailboxFull, ActorStopped):
+                        pass
+        finally:
+            if st.ticker is scope:
+                st.ticker = None
 
     async def _receive(self) -> _Envelope:
         """The next envelope: taken at once when one is queued, else waited for (on an
@@ -374,7 +383,7 @@ class ActorCell:
             finally:
                 self._state.wake = None
 
-    async def _loop(self, actor: Actor) -> None:
+    async def _loop(self, actor: Actor, tg: TaskGroup) -> None:
         st = self._state
         in_a_row = 0
         while True:
@@ -400,10 +409,8 @@ class ActorCell:
                 st.current = None
                 if env.reply is not None:
                     env.reply.set(value)
-            wanted = st.tick_wanted
-            if wanted is not None and actor.wants_tick():
-                st.tick_wanted = None
-                wanted.set()
+            if st.ticker is None:
+                self._tick_if_wanted(actor, tg)
 
     def kill(self, reason: str = "killed") -> bool:
         """Crash the running incarnation now (it stops at its next await) so that `run`
