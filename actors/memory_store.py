@@ -6,7 +6,8 @@ applied atomically and is visible to the next read. Faults are injected from a s
 random generator (`Faults`): write errors before the write, conflicts, *ambiguous*
 errors (applied, then reported as failed), and latency; or one at a time with
 `fail_next`. Every applied write is appended to `history`, which tests read to check the
-invariants of DESIGN.md §7; `on_write` observes each one as it happens.
+invariants of DESIGN.md §7 (unless built with `keep_history=False`, as bench/ does: a long
+run would keep a record per write); `on_write` observes each one as it happens.
 """
 
 from __future__ import annotations
@@ -93,8 +94,11 @@ class MemoryStore:
         seed: int = 0,
         faults: Faults | None = None,
         clock: Clock | None = None,
+        keep_history: bool = True,
     ) -> None:
         self.rng = random.Random(seed)
+        self.keep_history = keep_history
+        self._seq = 0
         self.faults = faults or Faults()
         self.clock: Clock = clock or SystemClock()
         self.history: list[WriteRecord] = []
@@ -412,9 +416,11 @@ class MemoryStore:
     # -- internals -----------------------------------------------------------------------
 
     def _record(self, rec: WriteRecord) -> None:
-        rec = WriteRecord(len(self.history) + 1, rec.op, rec.key, rec.request_id, rec.node,
+        self._seq += 1
+        rec = WriteRecord(self._seq, rec.op, rec.key, rec.request_id, rec.node,
                           rec.result, rec.message, rec.from_node)
-        self.history.append(rec)
+        if self.keep_history:
+            self.history.append(rec)
         if self.on_write is not None:
             self.on_write(rec)
 

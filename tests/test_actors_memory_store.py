@@ -66,3 +66,18 @@ async def test_memory_store_copies_every_field() -> None:
     assert (dev.status.phase, dev.status.node_name, dev.status.bound_at) == (Phase.BOUND, "n1", T0)
     assert (dev.resource_version, dev.uid, dev.created_at) == ("rv-7", "uid-1", T0)
     assert [r.seq for r in s.history] == list(range(1, len(s.history) + 1))
+
+
+@pytest.mark.anyio
+async def test_without_history_writes_are_still_observed_in_order() -> None:
+    s = MemoryStore(keep_history=False)
+    seen = []
+    s.on_write = seen.append
+    s.add_namespace("t")
+    s.add_class("h100", H100)
+    key = s.add_device("t", "a", "h100")
+    rid = s.request("t", "vm", ["a"])
+    await s.record_decision(key, rid, "n1")
+    await s.bind(key, rid, "n1", T0)
+    assert s.history == []
+    assert [(r.seq, r.op) for r in seen] == [(1, "request"), (2, "record_decision"), (3, "bind")]
