@@ -115,7 +115,7 @@ def build_store(fleet: Fleet, seed: int) -> MemoryStore:
     """The fleet in a MemoryStore: nodes, classes, tenants with budgets, and held devices
     (`fill` of the GPUs Bound, on random nodes with room; `pending` more Pending)."""
     rng = random.Random(seed)
-    store = MemoryStore(seed=seed)
+    store = MemoryStore(seed=seed, keep_history=False)  # a record per write: not the system's
     for name, (res, on_cordon) in CLASSES.items():
         store.add_class(name, res, on_cordon=on_cordon)
     names = [f"node-{i:05d}" for i in range(fleet.nodes)]
