@@ -24,7 +24,10 @@ from k8s.webhook import allow, deny, patch_response
 from model.admission import (AdmissionPlan, Refusal, already_admitted, attachment_is_live,
                              check, effective_resources, node_selector_of, vmi_patch)
 from model.parse import ParseError, format_time, parse_vmi_request
-from model.types import GROUP, TEMPLATE_FOR_LABEL, VERSION, GPUDevice, Result
+from model.types import (DEVICES_ANNOTATION, GROUP, TEMPLATE_FOR_LABEL, TEMPLATES_ANNOTATION,
+                         VERSION, GPUDevice, Result)
+
+ANNOTATION_PREFIX = "gpu.cozystack.io/"
 
 log = structlog.get_logger("gpu_binder.admission")
 
@@ -96,6 +99,18 @@ class VMIAdmission:
         self.waiter = ResultWaiter(cache)
         self.admitted = 0
         self.denied = 0
+        self.draining = False
+        self._inflight: set[anyio.CancelScope] = set()
+
+    async def drain(self, timeout: float = 5.0) -> None:
+        """Shutdown: refuse new reviews, cancel the ones in flight (each cleans up what it
+        wrote, under a shield, and answers with a denial), and wait for them, bounded."""
+        self.draining = True
+        for scope in list(self._inflight):
+            scope.cancel()
+        with anyio.move_on_after(timeout):
+            while self._inflight:
+                await anyio.sleep(0.02)
 
     # -- entry -------------------------------------------------------------------------
     async def handle(self, req: dict) -> dict:
@@ -117,26 +132,47 @@ class VMIAdmission:
                 isinstance(annotations, dict)
                 and all(isinstance(k, str) and isinstance(v, str) for k, v in annotations.items())):
             return deny(uid, "metadata.annotations must map strings to strings", 400, "BadRequest")
+        namespace = req.get("namespace") or meta.get("namespace")
+        name = meta.get("name") or req.get("name")
+        unknown = sorted(k for k in (annotations or {}) if k.startswith(ANNOTATION_PREFIX)
+                         and k not in (DEVICES_ANNOTATION, TEMPLATES_ANNOTATION))
+        if unknown:
+            return deny(uid, f"unknown annotation {', '.join(unknown)}: gpu-binder reads "
+                             f"{DEVICES_ANNOTATION} (held devices, \"gpu-a,gpu-b\") and "
+                             f"{TEMPLATES_ANNOTATION} (new devices, \"h100=2,l40s=1\")",
+                        422, "Invalid")
         try:
             ask = parse_vmi_request(annotations)
         except ParseError as exc:
-            return deny(uid, f"invalid GPU annotations: {exc}", 422, "Invalid")
+            return deny(uid, f"invalid GPU annotations on VMI {namespace}/{name}: {exc.field}: "
+                             f"{exc.problem}", 422, "Invalid")
         if ask is None:
             return allow(uid)
-        namespace = req.get("namespace") or meta.get("namespace")
-        name = meta.get("name") or req.get("name")
         if not isinstance(namespace, str) or not namespace or not isinstance(name, str) or not name:
             return deny(uid, "a VMI asking for GPUs needs metadata.name and a namespace "
                              "(generateName is not supported)", 422, "Invalid")
+        if self.draining:
+            return deny(uid, "gpu-binder replica is shutting down; retry", 503,
+                        "ServiceUnavailable")
+        scope = anyio.CancelScope()
+        self._inflight.add(scope)
         bound = structlog.contextvars.bound_contextvars(namespace=namespace, vmi=name)
-        with bound:
-            try:
-                resp = await self._admit(uid, namespace, name, obj, ask, bool(req.get("dryRun")))
-            except Denied as exc:
-                self.denied += 1
-                log.info("VMI denied", reason=str(exc)[:500])
-                await self._event(namespace, name, str(exc))
-                return deny(uid, str(exc))
+        try:
+            with bound, scope:
+                try:
+                    resp = await self._admit(uid, namespace, name, obj, ask,
+                                             bool(req.get("dryRun")))
+                except Denied as exc:
+                    self.denied += 1
+                    log.info("VMI denied", reason=str(exc)[:500])
+                    await self._event(namespace, name, str(exc))
+                    return deny(uid, str(exc))
+        finally:
+            self._inflight.discard(scope)
+        if scope.cancelled_caught:  # drained: what this call wrote was cleaned up
+            self.denied += 1
+            return deny(uid, "gpu-binder replica shut down while admitting; retry", 503,
+                        "ServiceUnavailable")
         self.admitted += 1
         return resp
 

@@ -55,6 +55,10 @@ class Config:
             raise ValueError("lease_duration > renew_deadline > retry_period is required")
         if self.bind_timeout >= self.attachment_grace:
             raise ValueError("bind_timeout: must be shorter than attachment_grace")
+        for name in ("webhook_port", "metrics_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ValueError(f"{name}: must be a TCP port 0-65535 (0: off), "
+                                 f"got {getattr(self, name)}")
         if self.kubeconfig and not Path(self.kubeconfig).is_file():
             raise ValueError(f"kubeconfig: no such file {self.kubeconfig!r}")
         for name in ("webhook_cert", "webhook_key"):
@@ -96,7 +100,10 @@ def load(file: str | None = None, env: dict[str, str] | None = None,
     """Defaults < file < environment (`GPU_BINDER_*`) < flags; validated."""
     cfg = Config()
     if file:
-        data = yaml.safe_load(Path(file).read_text()) or {}
+        try:
+            data = yaml.safe_load(Path(file).read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{file}: not valid YAML: {exc}") from None
         if not isinstance(data, dict):
             raise ValueError(f"{file}: expected a mapping of settings")
         cfg = cfg.merged(data, file)

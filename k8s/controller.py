@@ -85,7 +85,9 @@ class Controller:
             api = await make_api_client(cfg.kubeconfig)
         except Exception as exc:  # noqa: BLE001 - ConfigException, OSError, bad YAML
             log.error("cannot build an API client", kubeconfig=cfg.kubeconfig,
-                      error=f"{type(exc).__name__}: {exc}")
+                      error=f"{type(exc).__name__}: {exc}",
+                      hint=None if cfg.kubeconfig else
+                      "not running in a cluster: pass --kubeconfig")
             close_logging()
             return 2
         try:
@@ -135,6 +137,8 @@ class Controller:
                 with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                     async for signum in signals:
                         log.info("signal received; shutting down", signal=signum)
+                        self.synced = False          # /readyz fails: no new traffic
+                        await admission.drain(timeout=5.0)
                         tg.cancel_scope.cancel()
                         return
 
@@ -143,7 +147,13 @@ class Controller:
                 await tg.start(serve, self._health_app(metrics), cfg.metrics_host,
                                cfg.metrics_port, None)
             if cfg.webhook_port:
-                ctx = server_ssl_context(Path(cfg.webhook_cert), Path(cfg.webhook_key))
+                try:
+                    ctx = server_ssl_context(Path(cfg.webhook_cert), Path(cfg.webhook_key))
+                except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+                    log.error("cannot load the webhook certificate", cert=cfg.webhook_cert,
+                              key=cfg.webhook_key, error=f"{type(exc).__name__}: {exc}")
+                    tg.cancel_scope.cancel()
+                    return 2
                 await tg.start(functools.partial(
                     serve, make_app(admit, timeout=cfg.bind_timeout + 3), cfg.webhook_host,
                     cfg.webhook_port, ctx, reuse_port=True))

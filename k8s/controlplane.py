@@ -369,16 +369,22 @@ def main_up(directory: Path, *, tenant: str = "tenant-a", controllers: int = 0) 
             print(f"API server: {cp.server}", flush=True)
             print(f"admin kubeconfig: {directory / 'admin.kubeconfig'}", flush=True)
             print(f"tenant kubeconfig: {directory / (tenant + '.kubeconfig')}", flush=True)
+            print(f"kubectl: {cp.binaries.kubectl}", flush=True)
             if controllers:
                 print(f"controllers: {controllers} (logs in {directory / 'logs'}), webhook on "
                       f"https://127.0.0.1:{lc.webhook_port}/mutate-vmi", flush=True)
             print("Ctrl-C stops it.", flush=True)
             while not stop["now"]:
                 dead = [n for n, p in cp.procs.items() if p.poll() is not None]
-                dead += [r.identity for r in lc.replicas if not r.alive]
                 if dead:
-                    print(f"exited unexpectedly: {', '.join(dead)}", file=sys.stderr)
+                    print(f"{', '.join(dead)} exited unexpectedly; stopping everything",
+                          file=sys.stderr)
                     return 1
+                for i, r in enumerate(lc.replicas):  # as a Deployment would: restart it
+                    if not r.alive and not stop["now"]:
+                        print(f"controller {r.identity} exited with code "
+                              f"{r.proc.returncode}; restarting it", file=sys.stderr, flush=True)
+                        lc.start_replica(i)
                 time.sleep(0.5)
         finally:
             lc.stop()

@@ -19,7 +19,7 @@ from anyio.abc import TaskStatus
 from kubernetes_asyncio.client import ApiException
 from kubernetes_asyncio.watch import Watch
 
-from k8s.errors import read_json
+from k8s.errors import read_json, translate
 
 log = structlog.get_logger("gpu_binder.informer")
 
@@ -187,7 +187,8 @@ class Informer:
                     log.info("watch expired (410 Gone); relisting", informer=self.name)
                     rv = None
                     continue
-                await self._backoff(backoff, status=exc.status, error=str(exc.reason)[:200])
+                err = translate(exc, f"list/watch {self.name}")
+                await self._backoff(backoff, status=exc.status, error=err.message[:300])
                 rv, backoff = None, min(backoff * 2, self._backoff_max)
             except Exception as exc:  # connection refused, aiohttp errors, timeouts, bad JSON
                 await self._backoff(backoff, error=repr(exc)[:200])

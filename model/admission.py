@@ -95,8 +95,31 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
             orders.append(Order(namespace, class_name))
     verdict = snapshot.check_set(namespace, orders)
     if not verdict.admitted:
-        return Refusal(f"GPU set of VMI {namespace}/{vmi} cannot be placed: {verdict.reason}")
+        reason = verdict.reason or "unknown reason"
+        if reason.startswith("no schedulable node serving class"):
+            reason = _room_message(snapshot, orders)
+        return Refusal(f"GPU set of VMI {namespace}/{vmi} cannot be placed: {reason}")
     return AdmissionPlan(namespace, vmi, tuple(ask.held), tuple(templates), verdict.node)
+
+
+def _room_message(snapshot: Snapshot, orders: Sequence[Order]) -> str:
+    """Say what the set needs on one node and the most any schedulable node has, per
+    resource (the per-device check's own wording would read as if nothing were free)."""
+    need: dict[tuple[str, str], int] = {}
+    for o in orders:
+        dev = snapshot.device(o.namespace, o.device) if o.device else None
+        cls_name = dev.class_name if dev else o.class_name
+        cls = snapshot.classes.get(cls_name)
+        if cls is not None and (dev is None or dev.bound_node is None):
+            need[(cls_name, cls.resource_name)] = need.get((cls_name, cls.resource_name), 0) + 1
+    parts = []
+    cordoned = snapshot.cordoned_nodes()
+    for (cls_name, res), n in sorted(need.items()):
+        frees = [snapshot.free(node, res) for node in snapshot.serving_nodes(cls_name)
+                 if node not in cordoned]
+        parts.append(f"the set needs {n} × {res} (class {cls_name}) on one node; the most "
+                     f"free on a schedulable node serving it is {max(frees, default=0)}")
+    return "; ".join(parts) or "no schedulable node has room for the set"
 
 
 def already_admitted(snapshot: Snapshot, plan: AdmissionPlan) -> str | None:

@@ -85,3 +85,20 @@ def test_vmi_patch_replaces_gpu_entries_of_effective_set_and_pins_node():
             {"name": "g1", "deviceName": H100}]}}},
         {"op": "add", "path": "/spec/nodeSelector", "value": {"kubernetes.io/hostname": "n2"}},
     ]
+
+
+def test_W1_set_larger_than_any_node_says_what_it_needs_and_the_most_free():
+    one = Snapshot.build(nodes=[Node("n1", allocatable=((H100, 2),))],
+                         classes=[GPUClass("h100", H100)])
+    got = check(one, "t1", "vm", VMIAsk((), (("h100", 3),)), set(), NOW, GRACE)
+    assert got == Refusal("GPU set of VMI t1/vm cannot be placed: the set needs 3 × "
+                          "nvidia.com/H100 (class h100) on one node; the most free on a "
+                          "schedulable node serving it is 2")
+
+
+def test_W1_set_larger_than_free_units_across_nodes_gets_the_binders_per_node_reasons():
+    got = check(snap(free=2), "t1", "vm", VMIAsk((), (("h100", 3),)), set(), NOW, GRACE)
+    assert got == Refusal(
+        "GPU set of VMI t1/vm cannot be placed: devices new h100 #1 (Pending), new h100 #2 "
+        "(Pending), new h100 #3 (Pending); n1: needs 3 × nvidia.com/H100, has 2 free; "
+        "n2: needs 3 × nvidia.com/H100, has 1 free")

@@ -25,7 +25,7 @@ mkdir -p "$out"
 build() { # name package ldflags
   local name="$1" pkg="$2" ldflags="$3"
   if [ -x "$out/$name" ]; then
-    echo "build-controlplane: $name already built ($out/$name)" >&2
+    [ -n "${GPU_BINDER_BUILD_VERBOSE:-}" ] && echo "build-controlplane: $name already built ($out/$name)" >&2
     return 0
   fi
   echo "build-controlplane: building $name from $pkg (cold builds take 5-15 min on 2 cores) ..." >&2

@@ -253,3 +253,38 @@ async def test_leader_killed_while_webhook_waits_admits_or_denies_and_cleans_up(
     await eventually(tidy, timeout=30, what="no device attached to a VMI that does not exist")
     system.start_replica(idx)
     system.wait_ready(idx)
+
+
+async def test_W5_replica_stopped_while_admitting_denies_and_cleans_up(system, fleet):
+    """No leader (killed), so the admission waits; SIGTERM to the replica serving it must
+    answer with a denial and clear what it wrote, not drop the connection."""
+    res, cls, nodes, tenant = await pool(fleet, {"a": 2})
+    leader = int(system.leader().split("-")[1])
+    other = 1 - leader
+    system.kill_replica(leader, signal.SIGKILL)
+    result: list = []
+
+    async def go() -> None:
+        result.append(await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"),
+                                                            "stopping", templates=f"{cls}=1")))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(go)
+        await anyio.sleep(1.5)               # the webhook is waiting for a binder
+        system.kill_replica(other, signal.SIGTERM)
+    ok, msg = result[0]
+    assert not ok and "shut down while admitting" in msg, msg
+    assert await devices(fleet, tenant) == []  # the template it created is gone
+    for i in (0, 1):
+        system.start_replica(i)
+    for i in (0, 1):
+        system.wait_ready(i)
+
+
+async def test_W6_unknown_gpu_annotation_is_denied_with_the_known_ones_named(system, fleet):
+    res, cls, nodes, tenant = await pool(fleet, {"a": 1})
+    vmi = annotated(fixture("vmi-fedora.yaml"), "typo")
+    vmi["metadata"]["annotations"] = {"gpu.cozystack.io/template": f"{cls}=1"}
+    ok, msg = await create(fleet, tenant, vmi)
+    assert not ok
+    assert "unknown annotation gpu.cozystack.io/template: gpu-binder reads " \
+           "gpu.cozystack.io/devices" in msg
