@@ -42,6 +42,10 @@ def _demo(args: argparse.Namespace) -> int:
     from k8s.controlplane import ControlPlaneError
     from k8s.demo import run
 
+    if args.nodes < 2 or args.vmis < 1:
+        print("gpu-binder demo: --nodes must be at least 2 (one per GPU model) and --vmis at "
+              "least 1", file=sys.stderr)
+        return 2
     try:
         return run(nodes=args.nodes, vmis=args.vmis, seed=args.seed, log_dir=Path(args.log_dir),
                    keep=args.keep)
