@@ -12,6 +12,7 @@ escalation (restart intensity exceeded) propagates out and the process exits non
 from __future__ import annotations
 
 import functools
+import gc
 import signal
 from datetime import timedelta
 from pathlib import Path
@@ -158,6 +159,10 @@ class Controller:
                     serve, make_app(admit, timeout=cfg.bind_timeout + 3), cfg.webhook_host,
                     cfg.webhook_port, ctx, reuse_port=True))
             await tg.start(cache.run)
+            # the synced cache is long-lived: keep the collector from rescanning it on every
+            # full collection (those pauses set p99 at large fleets; see bench/core.py)
+            gc.collect()
+            gc.freeze()
             self.synced = True
             log.info("cache synced", devices=len(cache.view.devices()),
                      nodes=len(cache.view.nodes()))
