@@ -121,9 +121,10 @@ def run(out: Path, *, quick: bool = False, seed: int = 1) -> dict:
                     "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                 "platform": platform.platform()}}
     with LocalCluster(controllers=2, log_dir=out / "logs") as lc:
-        report["versions"] = {"kube-apiserver": lc.cp.kubectl("version", "-o", "json")
-                              .stdout and json.loads(lc.cp.kubectl("version", "-o", "json")
-                                                     .stdout)["serverVersion"]["gitVersion"]}
+        version = json.loads(lc.cp.kubectl("version", "-o", "json").stdout)
+        report["versions"] = {"kube-apiserver": version["serverVersion"]["gitVersion"],
+                              "kubectl": version["clientVersion"]["gitVersion"],
+                              "python": platform.python_version()}
 
         async def main() -> None:
             api = await new_client_from_config(config_file=str(lc.cp.admin_kubeconfig))

@@ -102,6 +102,18 @@ def _stop_all() -> None:
         cp.stop()
 
 
+def _exit_on_sigterm() -> None:
+    """Make SIGTERM raise SystemExit (when nobody handles it yet), so `finally` blocks and
+    atexit stop what was started; SIGKILL is covered by the children's parent-death signal."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        def handler(signum, frame):  # noqa: ARG001
+            raise SystemExit(128 + signum)
+        signal.signal(signal.SIGTERM, handler)
+
+
 def kubeconfig(server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes,
                user: str, namespace: str | None = None) -> dict:
     """A kubeconfig dict with embedded CA and client certificate for `user` at `server`."""
@@ -172,6 +184,7 @@ class ControlPlane:
     def start(self) -> "ControlPlane":
         """Start etcd, then kube-apiserver; return when /readyz is ok. Idempotent-safe:
         on failure everything started so far is stopped before the error propagates."""
+        _exit_on_sigterm()
         _live.add(self)
         try:
             self._start_etcd()

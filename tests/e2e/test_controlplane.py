@@ -147,3 +147,27 @@ def test_second_control_plane_leaves_no_process_and_no_temp_dir(control_plane):
     assert [p for p in pids if _alive(p)] == []
     assert not workdir.exists()
     cp.stop()  # idempotent
+
+
+def test_sigterm_to_the_launching_process_stops_everything_and_removes_its_dir(control_plane,
+                                                                                tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "launch.py"
+    script.write_text(
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
+        "from k8s.controlplane import ControlPlane, find_binaries\n"
+        "cp = ControlPlane(binaries=find_binaries())\n"
+        "cp.start()\n"
+        "print(cp.dir, *cp.pids, flush=True)\n"
+        "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    workdir, *pids = proc.stdout.readline().split()
+    assert all(_alive(int(p)) for p in pids)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 128 + signal.SIGTERM
+    assert [p for p in pids if _alive(int(p))] == []
+    assert not Path(workdir).exists()
