@@ -12,20 +12,17 @@ run would keep a record per write); `on_write` observes each one as it happens.
 
 from __future__ import annotations
 
-import math
 import random
 import uuid
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import AsyncIterator, Callable, Iterable, Literal, Mapping, Sequence
+from typing import Callable, Iterable, Literal, Mapping, Sequence
 
 import anyio
-from anyio.streams.memory import MemoryObjectSendStream
 
 from actors.errors import NotFound, RequestWithdrawn, TransientWriteError, WriteConflict, WriteError
-from actors.ports import Change, ChangeKind, Clock, DeviceKey, SystemClock
-from model.snapshot import Snapshot
+from actors.ports import Clock, DeviceKey, SystemClock
+from actors.view import IndexedView
 from model.types import (
     Attachment,
     BindRequest,
@@ -84,9 +81,11 @@ class _Injected:
     applied: bool
 
 
-class MemoryStore:
-    """The fake cluster (see the module docstring). Setup methods are synchronous and emit
-    change notifications like watch events would."""
+class MemoryStore(IndexedView):
+    """The fake cluster (see the module docstring): an `IndexedView` (the ClusterView and
+    ChangeFeed, its indexes and snapshot) that is also the StatusWriter. Setup methods are
+    synchronous and emit change notifications like watch events would: one per call, even
+    when nothing changed."""
 
     def __init__(
         self,
@@ -96,6 +95,7 @@ class MemoryStore:
         clock: Clock | None = None,
         keep_history: bool = True,
     ) -> None:
+        super().__init__()
         self.rng = random.Random(seed)
         self.keep_history = keep_history
         self._seq = 0
@@ -105,92 +105,13 @@ class MemoryStore:
         self.on_write: Callable[[WriteRecord], None] | None = None
         self.writes_attempted = 0
         self.writes_failed = 0
-        self._nodes: dict[str, Node] = {}
-        self._classes: dict[str, GPUClass] = {}
-        self._namespaces: dict[str, Namespace] = {}
-        self._budgets: dict[tuple[str, str], Budget] = {}
-        self._devices: dict[DeviceKey, GPUDevice] = {}
-        self._on_node: dict[str, dict[DeviceKey, GPUDevice]] = {}
-        self._by_request: dict[tuple[str, str], dict[DeviceKey, GPUDevice]] = {}
-        self._snap: Snapshot | None = None
-        self._snap_changes: dict[DeviceKey, GPUDevice | None] = {}  # not yet in _snap
-        self._subscribers: list[MemoryObjectSendStream[Change]] = []
         self._injected: list[_Injected] = []
-
-    # -- ClusterView ---------------------------------------------------------------------
-
-    def node(self, name: str) -> Node | None:
-        return self._nodes.get(name)
-
-    def nodes(self) -> Mapping[str, Node]:
-        return dict(self._nodes)
-
-    def classes(self) -> Mapping[str, GPUClass]:
-        return dict(self._classes)
-
-    def device(self, key: DeviceKey) -> GPUDevice | None:
-        return self._devices.get(key)
-
-    def devices(self) -> Mapping[DeviceKey, GPUDevice]:
-        return dict(self._devices)
-
-    def devices_on(self, node: str) -> tuple[GPUDevice, ...]:
-        return tuple(self._on_node.get(node, {}).values())
-
-    def request_members(self, namespace: str, request_id: str) -> tuple[GPUDevice, ...]:
-        return tuple(self._by_request.get((namespace, request_id), {}).values())
-
-    def budgets(self) -> tuple[Budget, ...]:
-        return tuple(self._budgets.values())
-
-    def namespaces(self) -> Mapping[str, Namespace]:
-        return dict(self._namespaces)
-
-    def snapshot(self) -> Snapshot:
-        if self._snap is not None and self._snap_changes:
-            puts = [d for d in self._snap_changes.values() if d is not None]
-            gone = [k for k, d in self._snap_changes.items() if d is None]
-            snap = self._snap.with_devices(puts) if puts else self._snap
-            self._snap = snap.without_devices(gone) if gone else snap
-            self._snap_changes.clear()
-        if self._snap is None:
-            self._snap = Snapshot.build(
-                nodes=self._nodes.values(),
-                classes=self._classes.values(),
-                devices=self._devices.values(),
-                budgets=self._budgets.values(),
-                namespaces=self._namespaces.values(),
-            )
-        return self._snap
-
-    # -- ChangeFeed ----------------------------------------------------------------------
-
-    @asynccontextmanager
-    async def subscribe(self) -> AsyncIterator[AsyncIterator[Change]]:
-        send, receive = anyio.create_memory_object_stream[Change](math.inf)
-        self._subscribers.append(send)
-        try:
-            async with receive:
-                yield receive
-        finally:
-            self._subscribers.remove(send)
-            send.close()
-
-    def _emit(self, kind: ChangeKind, key: str | DeviceKey) -> None:
-        change = Change(kind, key)
-        for send in list(self._subscribers):
-            try:
-                send.send_nowait(change)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass
 
     # -- setup (as the API server would see objects appear and change) --------------------
 
     def add_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> None:
         self._namespaces[name] = Namespace(name, freeze_labels(labels))
-        self._snap = None
-        self._snap_changes.clear()
-        self._emit("namespace", name)
+        self._changed("namespace", name)
 
     def add_class(
         self,
@@ -204,9 +125,7 @@ class MemoryStore:
         self._classes[name] = GPUClass(
             name, resource_name, on_cordon, freeze_labels(node_selector), namespace_selector
         )
-        self._snap = None
-        self._snap_changes.clear()
-        self._emit("class", name)
+        self._changed("class", name)
 
     def add_node(
         self,
@@ -220,38 +139,28 @@ class MemoryStore:
         self._nodes[name] = Node(
             name, freeze_labels(labels), tuple(sorted(allocatable.items())), unschedulable
         )
-        self._snap = None
-        self._snap_changes.clear()
-        self._emit("node", name)
+        self._changed("node", name)
 
     def cordon(self, name: str, unschedulable: bool = True) -> None:
         """Set `spec.unschedulable` of the node."""
         self._nodes[name] = replace(self._nodes[name], unschedulable=unschedulable)
-        self._snap = None
-        self._snap_changes.clear()
-        self._emit("node", name)
+        self._changed("node", name)
 
     def set_allocatable(self, name: str, resource: str, units: int) -> None:
         """Change one resource of the node's `status.allocatable` (lower it to lose capacity)."""
         alloc = dict(self._nodes[name].allocatable)
         alloc[resource] = units
         self._nodes[name] = replace(self._nodes[name], allocatable=tuple(sorted(alloc.items())))
-        self._snap = None
-        self._snap_changes.clear()
-        self._emit("node", name)
+        self._changed("node", name)
 
     def delete_node(self, name: str) -> None:
         """The Node object is deleted (its devices keep their `nodeName`)."""
         del self._nodes[name]
-        self._snap = None
-        self._snap_changes.clear()
-        self._emit("node", name)
+        self._changed("node", name)
 
     def add_budget(self, namespace: str, resource: str, hard: int) -> None:
         self._budgets[(namespace, resource)] = Budget(namespace, resource, hard)
-        self._snap = None
-        self._snap_changes.clear()
-        self._emit("budget", namespace)
+        self._changed("budget", namespace)
 
     def add_device(
         self,
@@ -268,11 +177,14 @@ class MemoryStore:
             status = DeviceStatus(phase=Phase.BOUND, node_name=node, bound_at=self.clock.now())
         dev = GPUDevice(namespace, name, class_name, template_for, status,
                         created_at=self.clock.now())
-        self._put(dev)
+        self.put_device(dev)
         return dev.key
 
     def delete_device(self, key: DeviceKey) -> None:
-        self._put(None, key)
+        if key in self._devices:
+            self.remove_device(key)
+        else:
+            self.emit("device", key)  # one Change per call, even for a missing device
 
     def request(
         self,
@@ -294,8 +206,8 @@ class MemoryStore:
         for name in targets:
             dev = self._devices[(namespace, name)]
             st = dev.status
-            self._put(_with_status(dev, DeviceStatus(st.phase, st.node_name, st.bound_at,
-                                                     Attachment(vmi, now), br)))
+            self.put_device(_with_status(dev, DeviceStatus(st.phase, st.node_name, st.bound_at,
+                                                           Attachment(vmi, now), br)))
             self._record(WriteRecord(0, "request", (namespace, name), request_id))
         return request_id
 
@@ -305,7 +217,8 @@ class MemoryStore:
         members = list(self._by_request.get((namespace, request_id), {}).values())
         for dev in members:
             st = dev.status
-            self._put(_with_status(dev, DeviceStatus(st.phase, st.node_name, st.bound_at, None, None)))
+            self.put_device(_with_status(dev, DeviceStatus(st.phase, st.node_name, st.bound_at,
+                                                           None, None)))
             self._record(WriteRecord(0, "withdraw", dev.key, request_id))
         return len(members)
 
@@ -334,7 +247,7 @@ class MemoryStore:
                 return
             if br.node is not None:
                 raise WriteConflict(f"request {request_id} already decided for {br.node}", key=key)
-            self._put(_with_request(dev, _answered(br, br.result, br.message, node)))
+            self.put_device(_with_request(dev, _answered(br, br.result, br.message, node)))
             self._record(WriteRecord(0, "record_decision", key, request_id, node=node))
 
         await self._write("record_decision", key, request_id, apply)
@@ -344,8 +257,8 @@ class MemoryStore:
             if dev.bound_node == node:
                 return
             st = dev.status
-            self._put(_with_status(dev, DeviceStatus(Phase.BOUND, node, bound_at, st.attached_to,
-                                                     st.bind_request)))
+            self.put_device(_with_status(dev, DeviceStatus(Phase.BOUND, node, bound_at,
+                                                           st.attached_to, st.bind_request)))
             self._record(WriteRecord(0, "bind", key, request_id, node=node, from_node=dev.bound_node))
 
         await self._write("bind", key, request_id, apply)
@@ -363,7 +276,7 @@ class MemoryStore:
             assert br is not None
             if (br.result, br.message, br.node) == (result, message, node):
                 return
-            self._put(_with_request(dev, _answered(br, result, message, node)))
+            self.put_device(_with_request(dev, _answered(br, result, message, node)))
             self._record(WriteRecord(0, "write_result", key, request_id, node=node,
                                      result=result, message=message))
 
@@ -423,35 +336,6 @@ class MemoryStore:
             self.history.append(rec)
         if self.on_write is not None:
             self.on_write(rec)
-
-    def _put(self, dev: GPUDevice | None, key: DeviceKey | None = None) -> None:
-        key = dev.key if dev is not None else key
-        assert key is not None
-        old = self._devices.get(key)
-        if old is not None:
-            if old.bound_node is not None:
-                self._on_node.get(old.bound_node, {}).pop(key, None)
-            br = old.status.bind_request
-            if br is not None:
-                bucket = self._by_request.get((key[0], br.id))
-                if bucket is not None:
-                    bucket.pop(key, None)
-                    if not bucket:
-                        del self._by_request[(key[0], br.id)]
-        if dev is None:
-            self._devices.pop(key, None)
-            if self._snap is not None:
-                self._snap_changes[key] = None
-        else:
-            self._devices[key] = dev
-            if dev.bound_node is not None:
-                self._on_node.setdefault(dev.bound_node, {})[key] = dev
-            br = dev.status.bind_request
-            if br is not None:
-                self._by_request.setdefault((key[0], br.id), {})[key] = dev
-            if self._snap is not None:
-                self._snap_changes[key] = dev
-        self._emit("device", key)
 
     # -- helpers for tests ---------------------------------------------------------------
 

@@ -1,8 +1,10 @@
 """`IndexedView`: a mutable, indexed set of model values that implements the `ClusterView`
 and `ChangeFeed` ports. The Kubernetes informer cache feeds it from watch events; the
-in-memory store can build on it. Devices are indexed by bound node and by bind-request id,
-and the model `Snapshot` is kept up to date incrementally for device changes (rebuilt
-lazily after a node, class, budget or namespace change).
+in-memory store (`actors.memory_store.MemoryStore`) builds on it. Devices are indexed by
+bound node and by bind-request id. The model `Snapshot` is kept up to date incrementally for
+device changes: they are collected and applied in one step (one `with_devices`, one
+`without_devices`) by the next `snapshot()`; after a node, class, budget or namespace change
+it is rebuilt lazily.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class IndexedView:
         self._on_node: dict[str, dict[DeviceKey, GPUDevice]] = {}
         self._by_request: dict[tuple[str, str], dict[DeviceKey, GPUDevice]] = {}
         self._snap: Snapshot | None = None
+        self._pending: dict[DeviceKey, GPUDevice | None] = {}  # device changes not yet in _snap
         self._subscribers: list[MemoryObjectSendStream[Change]] = []
 
     # -- ClusterView -----------------------------------------------------------------
@@ -67,6 +70,12 @@ class IndexedView:
         return dict(self._namespaces)
 
     def snapshot(self) -> Snapshot:
+        if self._snap is not None and self._pending:
+            puts = [d for d in self._pending.values() if d is not None]
+            gone = [k for k, d in self._pending.items() if d is None]
+            snap = self._snap.with_devices(puts) if puts else self._snap
+            self._snap = snap.without_devices(gone) if gone else snap
+            self._pending.clear()
         if self._snap is None:
             self._snap = Snapshot.build(
                 nodes=self._nodes.values(), classes=self._classes.values(),
@@ -100,40 +109,34 @@ class IndexedView:
         """Add or replace a Node."""
         if self._nodes.get(node.name) != node:
             self._nodes[node.name] = node
-            self._snap = None
-            self.emit("node", node.name)
+            self._changed("node", node.name)
 
     def remove_node(self, name: str) -> None:
         """Forget a Node (it is gone)."""
         if self._nodes.pop(name, None) is not None:
-            self._snap = None
-            self.emit("node", name)
+            self._changed("node", name)
 
     def put_class(self, cls: GPUClass) -> None:
         """Add or replace a GPUClass."""
         if self._classes.get(cls.name) != cls:
             self._classes[cls.name] = cls
-            self._snap = None
-            self.emit("class", cls.name)
+            self._changed("class", cls.name)
 
     def remove_class(self, name: str) -> None:
         """Forget a GPUClass."""
         if self._classes.pop(name, None) is not None:
-            self._snap = None
-            self.emit("class", name)
+            self._changed("class", name)
 
     def put_namespace(self, ns: Namespace) -> None:
         """Add or replace a Namespace."""
         if self._namespaces.get(ns.name) != ns:
             self._namespaces[ns.name] = ns
-            self._snap = None
-            self.emit("namespace", ns.name)
+            self._changed("namespace", ns.name)
 
     def remove_namespace(self, name: str) -> None:
         """Forget a Namespace."""
         if self._namespaces.pop(name, None) is not None:
-            self._snap = None
-            self.emit("namespace", name)
+            self._changed("namespace", name)
 
     def set_budgets(self, namespace: str, budgets: list[Budget]) -> None:
         """Replace every budget of `namespace` (the smallest hard per resource is kept)."""
@@ -147,21 +150,22 @@ class IndexedView:
             for k in old:
                 del self._budgets[k]
             self._budgets.update(fresh)
-            self._snap = None
-            self.emit("budget", namespace)
+            self._changed("budget", namespace)
 
     def put_device(self, dev: GPUDevice) -> None:
-        """Add or replace a GPUDevice, keeping the indexes and the snapshot current."""
-        self._unindex(dev.key)
-        self._devices[dev.key] = dev
+        """Add or replace a GPUDevice, keeping the indexes current (and the snapshot, at the
+        next `snapshot()`)."""
+        key = dev.key
+        self._unindex(key)
+        self._devices[key] = dev
         if dev.bound_node is not None:
-            self._on_node.setdefault(dev.bound_node, {})[dev.key] = dev
+            self._on_node.setdefault(dev.bound_node, {})[key] = dev
         br = dev.status.bind_request
         if br is not None:
-            self._by_request.setdefault((dev.namespace, br.id), {})[dev.key] = dev
+            self._by_request.setdefault((key[0], br.id), {})[key] = dev
         if self._snap is not None:
-            self._snap = self._snap.with_device(dev)
-        self.emit("device", dev.key)
+            self._pending[key] = dev
+        self.emit("device", key)
 
     def remove_device(self, key: DeviceKey) -> None:
         """Forget a GPUDevice (deleted)."""
@@ -170,8 +174,15 @@ class IndexedView:
         self._unindex(key)
         del self._devices[key]
         if self._snap is not None:
-            self._snap = self._snap.without_device(*key)
+            self._pending[key] = None
         self.emit("device", key)
+
+    # -- internals -------------------------------------------------------------------
+    def _changed(self, kind: ChangeKind, key: str) -> None:
+        """A node, class, namespace or budget changed: drop the snapshot, then emit."""
+        self._snap = None
+        self._pending.clear()
+        self.emit(kind, key)
 
     def _unindex(self, key: DeviceKey) -> None:
         old = self._devices.get(key)
