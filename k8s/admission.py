@@ -23,7 +23,7 @@ from k8s.cache import ClusterCache
 from k8s.webhook import allow, deny, patch_response
 from model.admission import (AdmissionPlan, Refusal, already_admitted, attachment_is_live,
                              check, effective_resources, node_selector_of, vmi_patch)
-from model.parse import ParseError, format_time, parse_vmi_request
+from model.parse import ParseError, format_time, parse_gpu_device, parse_vmi_request
 from model.types import (DEVICES_ANNOTATION, GROUP, TEMPLATE_FOR_LABEL, TEMPLATES_ANNOTATION,
                          VERSION, GPUDevice, Result)
 
@@ -269,13 +269,16 @@ class VMIAdmission:
         for _ in range(5):
             raw = await self.custom.get_namespaced_custom_object(
                 GROUP, VERSION, ns, "gpudevices", name, _request_timeout=self.timeout)
-            dev = self.cache.view.device((ns, name))
-            att = (raw.get("status") or {}).get("attachedTo") or {}
-            if att.get("vmi") == vmi:
+            try:  # judge the object just read, never the (possibly older) cache
+                dev = parse_gpu_device(raw)
+            except ParseError as exc:
+                raise Denied(f"GPU device {name} is malformed: {exc}") from exc
+            att = dev.status.attached_to
+            if att is not None and att.vmi == vmi:
                 return
-            if att.get("vmi") and dev is not None and dev.status.attached_to is not None \
-                    and attachment_is_live(dev, self.cache.vmi_keys(), self.now(), self.grace):
-                raise Denied(f"GPU device {name} is attached to VMI {att.get('vmi')}")
+            if att is not None and attachment_is_live(dev, self.cache.vmi_keys(), self.now(),
+                                                      self.grace):
+                raise Denied(f"GPU device {name} is attached to VMI {att.vmi}")
             patch = {"metadata": {"resourceVersion": raw["metadata"]["resourceVersion"]},
                      "status": {"attachedTo": {"vmi": vmi, "since": format_time(now)}}}
             try:
