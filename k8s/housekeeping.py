@@ -50,19 +50,24 @@ class Housekeeper:
 
     async def run(self) -> None:
         """Loop until cancelled."""
-        subs = [inf.subscribe() for inf in (self.cache.devices, self.cache.vmis,
-                                            self.cache.classes, self.cache.settings)]
+        informers = (self.cache.devices, self.cache.vmis, self.cache.classes,
+                     self.cache.settings)
+        subs = [inf.subscribe() for inf in informers]
         self._seen_vmis = self.cache.vmi_keys()
-        while True:
-            await self.round()
-            with anyio.move_on_after(self.period):
-                async with anyio.create_task_group() as tg:
-                    async def wait(sub) -> None:
-                        await sub.changed()
-                        tg.cancel_scope.cancel()
-                    for s in subs:
-                        tg.start_soon(wait, s)
-            await anyio.sleep(0.2)  # coalesce bursts
+        try:
+            while True:
+                await self.round()
+                with anyio.move_on_after(self.period):
+                    async with anyio.create_task_group() as tg:
+                        async def wait(sub) -> None:
+                            await sub.changed()
+                            tg.cancel_scope.cancel()
+                        for s in subs:
+                            tg.start_soon(wait, s)
+                await anyio.sleep(0.2)  # coalesce bursts
+        finally:  # leadership lost or shutdown: stop being marked
+            for inf, sub in zip(informers, subs):
+                inf.unsubscribe(sub)
 
     async def round(self, now: datetime | None = None) -> None:
         """One pass of H1, H2 and H3."""

@@ -107,6 +107,11 @@ class Informer:
         self._subs.append(sub)
         return sub
 
+    def unsubscribe(self, sub: Subscription) -> None:
+        """Stop marking `sub` (a consumer that is going away)."""
+        if sub in self._subs:
+            self._subs.remove(sub)
+
     def add_listener(self, fn: Callable[[Key, dict | None], None]) -> None:
         """Call `fn(key, obj)` synchronously on every change (`obj` None: deleted). After a
         relist it is called for every key listed and every key that vanished."""
