@@ -50,10 +50,11 @@ class ResultWaiter:
         cache.devices.add_listener(self._on_device)
 
     def _on_device(self, key: tuple[str, str], obj: dict | None) -> None:
-        br = ((obj or {}).get("status") or {}).get("bindRequest") or {}
-        ev = self._events.get((key[0], br.get("id"))) if isinstance(br, dict) else None
-        if ev is not None:
-            ev.set()
+        # any change in the namespace (a result, a cleared request, a deletion) wakes its
+        # waiters, who re-judge from the cache; waiters are few (one per admission)
+        for (ns, _), ev in list(self._events.items()):
+            if ns == key[0]:
+                ev.set()
 
     async def wait(self, namespace: str, request_id: str, names: tuple[str, ...],
                    timeout: float) -> list[GPUDevice] | None:
@@ -189,18 +190,20 @@ class VMIAdmission:
             return self._admit_response(uid, obj, plan, node)
         if dry_run:  # W2
             return allow(uid, "dry run: GPU devices were checked but not reserved")
-        created: list[tuple[str, str]] = []  # (name, uid) of templates created here
+        # what this call may have written, recorded *before* each write is awaited, so a
+        # cancellation after the server applied it still cleans it up (W5)
+        created: list[str] = []   # template devices this call creates
         attached: list[str] = []
         request_id = uuid.uuid4().hex
         try:
             for name, class_name in plan.templates:                     # W3 (1)
                 if self.cache.view.device((ns, name)) is None:
-                    made = await self._create_template(ns, vmi, name, class_name)
-                    if made is not None:
-                        created.append((name, made))
+                    created.append(name)
+                    if not await self._create_template(ns, vmi, name, class_name):
+                        created.remove(name)  # it existed: a retry of ours made it (W4)
             for name in plan.devices:                                   # W3 (2)
-                await self._attach(ns, vmi, name, now)
                 attached.append(name)
+                await self._attach(ns, vmi, name, now)
             selector = dict(node_selector_of(obj))
             body = {"id": request_id, "vmi": vmi, "devices": list(plan.devices),
                     "requestedAt": format_time(self.now())}
@@ -212,8 +215,7 @@ class VMIAdmission:
                     {"op": "add", "path": "/status/bindRequest", "value": body}])
             devs = await self.waiter.wait(ns, request_id, plan.devices, self.bind_timeout)
         except BaseException as exc:
-            with anyio.CancelScope(shield=True):
-                await self._clean_up(ns, vmi, request_id, attached, created)
+            await self._clean_up(ns, vmi, request_id, attached, created)
             if isinstance(exc, Denied | errors.ApiError):
                 raise Denied(str(exc)) from exc
             raise
@@ -242,7 +244,8 @@ class VMIAdmission:
             pairs.append((name, cls.resource_name))
         return patch_response(uid, vmi_patch(obj, pairs, node, effective_resources(snap)))
 
-    async def _create_template(self, ns: str, vmi: str, name: str, class_name: str) -> str | None:
+    async def _create_template(self, ns: str, vmi: str, name: str, class_name: str) -> bool:
+        """Create template device `name`; False when it already existed (a retry of ours)."""
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUDevice",
                 "metadata": {"name": name, "namespace": ns,
                              "labels": {TEMPLATE_FOR_LABEL: vmi}},
@@ -254,10 +257,10 @@ class VMIAdmission:
         except Exception as exc:  # noqa: BLE001
             err = errors.translate(exc, f"create template GPUDevice {ns}/{name}")
             if isinstance(err, errors.AlreadyExists):
-                return None  # a retry of ours made it: found in place (W4)
+                return False  # a retry of ours made it: found in place (W4)
             raise err from exc
         await self._wait_cached(ns, name)
-        return made["metadata"]["uid"]
+        return bool(made)
 
     async def _wait_cached(self, ns: str, name: str, timeout: float = 5.0) -> None:
         with anyio.move_on_after(timeout):
@@ -267,8 +270,9 @@ class VMIAdmission:
     async def _attach(self, ns: str, vmi: str, name: str, now: datetime) -> None:
         """W3 (2): write attachedTo with optimistic concurrency (resourceVersion)."""
         for _ in range(5):
-            raw = await self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, ns, "gpudevices", name, _request_timeout=self.timeout)
+            raw = await self._get(ns, name)
+            if raw is None:
+                raise Denied(f"GPU device {name} was deleted during admission")
             try:  # judge the object just read, never the (possibly older) cache
                 dev = parse_gpu_device(raw)
             except ParseError as exc:
@@ -304,41 +308,74 @@ class VMIAdmission:
                 raise Denied(f"GPU device {name} was taken by another VMI meanwhile") from exc
             raise err from exc
 
-    async def _clean_up(self, ns: str, vmi: str, request_id: str, attached: list[str],
-                        created: list[tuple[str, str]]) -> None:
-        """W5: clear what this call wrote. A request the binder already decided (its
-        `bindRequest.node` is set, B7) is left for the binder to finish; housekeeping
-        clears it later (H1)."""
-        def request_of(name: str):
-            dev = self.cache.view.device((ns, name))
-            br = dev.status.bind_request if dev else None
-            return br if br is not None and br.id == request_id else None
+    async def _get(self, ns: str, name: str) -> dict | None:
+        """The device as the API server has it now; None when it does not exist."""
+        try:
+            return await self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, ns, "gpudevices", name, _request_timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001
+            err = errors.translate(exc, f"read GPUDevice {ns}/{name}")
+            if isinstance(err, errors.NotFound):
+                return None
+            raise err from exc
 
-        decided = any((br := request_of(n)) is not None and br.node is not None
-                      and br.result is None for n in attached)
-        for name in attached:
-            mine = request_of(name) is not None
-            ops: list[dict[str, Any]] = [
-                {"op": "test", "path": "/status/attachedTo/vmi", "value": vmi},
-                {"op": "remove", "path": "/status/attachedTo"}]
-            if mine and not decided:
-                ops += [{"op": "test", "path": "/status/bindRequest/id", "value": request_id},
-                        {"op": "remove", "path": "/status/bindRequest"}]
-            try:
-                with anyio.fail_after(self.timeout + 1):
-                    await self._json_patch(ns, name, ops)
-            except Exception as exc:  # noqa: BLE001 - housekeeping (H1) retries later
-                log.warning("clean-up of attachment failed", device=name, error=repr(exc)[:200])
-        if decided:
-            return
-        for name, made_uid in created:
-            try:
-                with anyio.fail_after(self.timeout + 1):
-                    await self.custom.delete_namespaced_custom_object(
-                        GROUP, VERSION, ns, "gpudevices", name,
-                        body={"preconditions": {"uid": made_uid}}, _request_timeout=self.timeout)
-            except Exception as exc:  # noqa: BLE001
-                log.warning("clean-up of template failed", device=name, error=repr(exc)[:200])
+    async def _clean_up(self, ns: str, vmi: str, request_id: str, attached: list[str],
+                        created: list[str]) -> None:
+        """W5: clear what this call wrote, judged on fresh reads (the cache may be behind)
+        and shielded from cancellation, each call bounded. When the binder has already
+        recorded its decision for this request (`bindRequest.node` on a member, no result
+        yet), nothing is touched: the binder finishes the placement (B7) and housekeeping
+        clears the attachments and the request once the VMI has not appeared (H1)."""
+        with anyio.CancelScope(shield=True):
+            fresh: dict[str, dict | None] = {}
+            for name in attached:
+                try:
+                    with anyio.fail_after(self.timeout + 1):
+                        fresh[name] = await self._get(ns, name)
+                except Exception as exc:  # noqa: BLE001 - judge it unknown: leave it to H1
+                    log.warning("clean-up read failed", device=name, error=repr(exc)[:200])
+                    return
+
+            def request_of(raw: dict | None) -> dict:
+                br = ((raw or {}).get("status") or {}).get("bindRequest") or {}
+                return br if br.get("id") == request_id else {}
+
+            if any(request_of(r).get("node") and not request_of(r).get("result")
+                   for r in fresh.values()):
+                log.info("request already decided; left for the binder (B7)",
+                         request=request_id)
+                return
+            for name, raw in fresh.items():
+                att = ((raw or {}).get("status") or {}).get("attachedTo") or {}
+                if raw is None or att.get("vmi") != vmi:
+                    continue
+                ops: list[dict[str, Any]] = [
+                    {"op": "test", "path": "/status/attachedTo/vmi", "value": vmi},
+                    {"op": "remove", "path": "/status/attachedTo"}]
+                if request_of(raw):
+                    ops += [{"op": "test", "path": "/status/bindRequest/id",
+                             "value": request_id},
+                            {"op": "remove", "path": "/status/bindRequest"}]
+                try:
+                    with anyio.fail_after(self.timeout + 1):
+                        await self._json_patch(ns, name, ops)
+                except Exception as exc:  # noqa: BLE001 - housekeeping (H1) retries later
+                    log.warning("clean-up of attachment failed", device=name,
+                                error=repr(exc)[:200])
+            for name in created:
+                try:
+                    with anyio.fail_after(self.timeout + 1):
+                        raw = await self._get(ns, name)
+                        labels = ((raw or {}).get("metadata") or {}).get("labels") or {}
+                        if raw is None or labels.get(TEMPLATE_FOR_LABEL) != vmi:
+                            continue
+                        await self.custom.delete_namespaced_custom_object(
+                            GROUP, VERSION, ns, "gpudevices", name,
+                            body={"preconditions": {"uid": raw["metadata"]["uid"]}},
+                            _request_timeout=self.timeout)
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("clean-up of template failed", device=name,
+                                error=repr(exc)[:200])
 
     async def _event(self, ns: str, vmi: str, message: str) -> None:
         """A Warning Event about the refused VMI, so `kubectl get events` shows why."""

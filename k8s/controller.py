@@ -91,16 +91,23 @@ class Controller:
                       "not running in a cluster: pass --kubeconfig")
             close_logging()
             return 2
+        escalation: SupervisorEscalation | None = None
         try:
             return await self._run(api)
-        except SupervisorEscalation as exc:
-            log.error("supervisor escalated; exiting", child=exc.child_id, error=str(exc))
-            return 1
+        except* SupervisorEscalation as group:  # raised through nested task groups
+            escalation = group.exceptions[0]  # type: ignore[assignment]
         finally:
             with anyio.CancelScope(shield=True):
                 await api.close()
             log.info("stopped", identity=cfg.identity)
-            close_logging()
+            if escalation is None:
+                close_logging()
+        while isinstance(escalation, BaseExceptionGroup):
+            escalation = escalation.exceptions[0]
+        log.error("supervisor escalated; exiting", child=getattr(escalation, "child_id", None),
+                  error=str(escalation))
+        close_logging()
+        return 1
 
     async def _run(self, api: ApiClient) -> int:
         cfg = self.cfg
