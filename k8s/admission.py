@@ -279,6 +279,12 @@ class VMIAdmission:
                 raise Denied(f"GPU device {name} is malformed: {exc}") from exc
             att = dev.status.attached_to
             if att is not None and att.vmi == vmi:
+                # a retry or a re-created VMI of the same name: refresh `since`, so that
+                # housekeeping planned on the older attachment cannot clear this one
+                await self._json_patch(ns, name, [
+                    {"op": "test", "path": "/status/attachedTo/vmi", "value": vmi},
+                    {"op": "add", "path": "/status/attachedTo/since",
+                     "value": format_time(now)}])
                 return
             if att is not None and attachment_is_live(dev, self.cache.vmi_keys(), self.now(),
                                                       self.grace):

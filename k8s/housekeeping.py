@@ -82,14 +82,31 @@ class Housekeeper:
     async def _do(self, action: ClearAttachment | DeleteTemplate) -> None:
         ns, name = action.device
         try:
+            raw = self.cache.devices.get(action.device) or {}
             if isinstance(action, DeleteTemplate):
-                body = {"preconditions": {"uid": action.uid}} if action.uid else {}
+                # uid and resourceVersion as planned: a template an admission refreshed
+                # since (a re-created VMI of the same name) is not deleted
+                pre = {"uid": action.uid} if action.uid else {}
+                rv = (raw.get("metadata") or {}).get("resourceVersion")
+                if rv:
+                    pre["resourceVersion"] = rv
+                body = {"preconditions": pre} if pre else {}
                 await self._custom.delete_namespaced_custom_object(
                     GROUP, VERSION, ns, "gpudevices", name, body=body,
                     _request_timeout=self.timeout)
             else:
-                ops = [{"op": "test", "path": "/status/attachedTo/vmi", "value": action.vmi},
-                       {"op": "remove", "path": "/status/attachedTo"}]
+                now_att = (self.cache.view.device(action.device) or None)
+                now_att = now_att.status.attached_to if now_att else None
+                if now_att is None or now_att.since != action.since:
+                    log.info("housekeeping action moot: attachment changed since planned",
+                             rule=action.rule, namespace=ns, device=name)
+                    return
+                ops = [{"op": "test", "path": "/status/attachedTo/vmi", "value": action.vmi}]
+                since = ((raw.get("status") or {}).get("attachedTo") or {}).get("since")
+                if since:  # the attachment as planned, not one refreshed meanwhile
+                    ops.append({"op": "test", "path": "/status/attachedTo/since",
+                                "value": since})
+                ops.append({"op": "remove", "path": "/status/attachedTo"})
                 dev = self.cache.view.device(action.device)
                 br = dev.status.bind_request if dev else None
                 if br is not None and br.vmi == action.vmi:

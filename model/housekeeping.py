@@ -7,7 +7,7 @@ action planned from a stale view can never clear a newer attachment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Iterable
 
@@ -26,6 +26,8 @@ class ClearAttachment:
     vmi: str
     rule: str
     reason: str
+    since: datetime | None = field(default=None, compare=False)
+    """`attachedTo.since` as planned: the executor acts only on that same attachment."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +71,7 @@ def plan(devices: Iterable[GPUDevice], live_vmis: set[VMIKey], deleted_vmis: set
             if d.template_for is not None:
                 actions.append(DeleteTemplate(d.key, d.uid, rule, why))
             else:
-                actions.append(ClearAttachment(d.key, att.vmi, rule, why))
+                actions.append(ClearAttachment(d.key, att.vmi, rule, why, att.since))
         elif d.template_for is not None:
             owner = (d.namespace, d.template_for)
             if owner in live_vmis:
