@@ -179,6 +179,7 @@ class VMIAdmission:
 
     # -- steps -------------------------------------------------------------------------
     async def _admit(self, uid: str, ns: str, vmi: str, obj: dict, ask, dry_run: bool) -> dict:
+        deadline = anyio.current_time() + self.bind_timeout  # steps 1-4 share bindTimeout
         snap = self.cache.view.snapshot()
         now = self.now()
         plan = check(snap, ns, vmi, ask, self.cache.vmi_keys(), now, self.grace)
@@ -213,7 +214,8 @@ class VMIAdmission:
                 await self._json_patch(ns, name, [
                     {"op": "test", "path": "/status/attachedTo/vmi", "value": vmi},
                     {"op": "add", "path": "/status/bindRequest", "value": body}])
-            devs = await self.waiter.wait(ns, request_id, plan.devices, self.bind_timeout)
+            devs = await self.waiter.wait(ns, request_id, plan.devices,
+                                          max(0.5, deadline - anyio.current_time()))
         except BaseException as exc:
             await self._clean_up(ns, vmi, request_id, attached, created)
             if isinstance(exc, Denied | errors.ApiError):

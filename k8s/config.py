@@ -53,6 +53,9 @@ class Config:
                 raise ValueError(f"{name}: must be > 0 seconds, got {getattr(self, name)}")
         if not self.lease_duration > self.renew_deadline > self.retry_period:
             raise ValueError("lease_duration > renew_deadline > retry_period is required")
+        if self.bind_timeout > 21:
+            raise ValueError("bind_timeout: must be at most 21 s: the shipped webhook's "
+                             "timeoutSeconds is 25 and a review needs ~3 s around the wait")
         if self.bind_timeout >= self.attachment_grace:
             raise ValueError("bind_timeout: must be shorter than attachment_grace")
         for name in ("webhook_port", "metrics_port"):

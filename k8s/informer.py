@@ -83,7 +83,6 @@ class Informer:
         self._subs: list[Subscription] = []
         self._listeners: list[Callable[[Key, dict | None], None]] = []
         self.resource_version: str | None = None
-        self.synced = anyio.Event()
         self.relists = 0
         self.events = 0
 
@@ -181,7 +180,6 @@ class Informer:
                     self.resource_version = rv
                     if not started:
                         started = True
-                        self.synced.set()
                         task_status.started()
                     log.debug("informer listed", informer=self.name, items=len(self._cache),
                               resource_version=rv)

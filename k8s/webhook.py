@@ -45,11 +45,6 @@ def patch_response(uid: str, ops: list[dict]) -> dict:
             "patch": base64.b64encode(orjson.dumps(ops)).decode()}
 
 
-def pointer(*parts: str) -> str:
-    """A JSON pointer from raw path parts, escaping `~` and `/` (RFC 6901)."""
-    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
-
-
 def _review(response: dict) -> web.Response:
     body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
     return web.Response(body=orjson.dumps(body), content_type="application/json")

@@ -17,7 +17,9 @@ def test_flags_beat_environment_beat_file(tmp_path):
 @pytest.mark.parametrize("flags, message", [
     ({"raw_resource_names": "maybe"}, "raw_resource_names: must be 'allowed' or 'denied'"),
     ({"bind_timeout": "soon"}, "flags: bind_timeout: not a float: 'soon'"),
-    ({"bind_timeout": "200"}, "bind_timeout: must be shorter than attachment_grace"),
+    ({"bind_timeout": "200"}, "bind_timeout: must be at most 21 s"),
+    ({"bind_timeout": "20", "attachment_grace": "15"},
+     "bind_timeout: must be shorter than attachment_grace"),
     ({"renew_deadline": "20"}, "lease_duration > renew_deadline > retry_period is required"),
     ({"kubeconfig": "/no/such/file"}, "kubeconfig: no such file '/no/such/file'"),
     ({"webhook_port": "9443"}, "webhook_cert and webhook_key are required"),
