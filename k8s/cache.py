@@ -2,8 +2,9 @@
 webhook and housekeeping read, fed into an `actors.view.IndexedView` of model values.
 
 `ClusterCache.view` is the `ClusterView` + `ChangeFeed` the supervisor and actors use.
-Objects that fail to parse are left out and logged once per resourceVersion as one JSON
-line naming the object and the field, so one malformed GPUDevice never blocks the rest.
+Objects that fail to parse are left out and logged (on each event or relist that brings
+them) as one JSON line naming the object and the field, so one malformed GPUDevice never
+blocks the rest.
 """
 
 from __future__ import annotations
