@@ -148,3 +148,17 @@ async def fleet(admin_client):
 def unique(prefix: str) -> str:
     """A name unique to this test run (cluster-scoped objects are shared by tests)."""
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(autouse=True)
+def _replicas_restored(request):
+    """After a test that used `system`, every replica runs again (a test that killed one
+    and then failed must not take the next tests down with it)."""
+    yield
+    if "system" in request.fixturenames:
+        lc = request.getfixturevalue("system")
+        for i, replica in enumerate(lc.replicas):
+            if not replica.alive:
+                lc.start_replica(i)
+        for i in range(len(lc.replicas)):
+            lc.wait_ready(i)

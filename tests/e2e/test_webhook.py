@@ -247,12 +247,16 @@ async def test_leader_killed_while_webhook_waits_admits_or_denies_and_cleans_up(
 
     async def tidy():
         ds = await devices(fleet, tenant)
-        stray = [d for d in ds if (d.get("status") or {}).get("attachedTo", {}).get("vmi")
+        stray = [d["metadata"]["name"] for d in ds
+                 if (d.get("status") or {}).get("attachedTo", {}).get("vmi")
                  not in admitted | {None}]
-        return not stray and ds
-    await eventually(tidy, timeout=30, what="no device attached to a VMI that does not exist")
-    system.start_replica(idx)
-    system.wait_ready(idx)
+        return "tidy" if not stray else None
+    try:
+        await eventually(tidy, timeout=30,
+                         what="no device attached to a VMI that does not exist")
+    finally:
+        system.start_replica(idx)
+        system.wait_ready(idx)
 
 
 async def test_W5_replica_stopped_while_admitting_denies_and_cleans_up(system, fleet):
@@ -271,13 +275,16 @@ async def test_W5_replica_stopped_while_admitting_denies_and_cleans_up(system, f
         tg.start_soon(go)
         await anyio.sleep(1.5)               # the webhook is waiting for a binder
         system.kill_replica(other, signal.SIGTERM)
-    ok, msg = result[0]
-    assert not ok and "shut down while admitting" in msg, msg
-    assert await devices(fleet, tenant) == []  # the template it created is gone
-    for i in (0, 1):
-        system.start_replica(i)
-    for i in (0, 1):
-        system.wait_ready(i)
+    try:
+        ok, msg = result[0]
+        assert not ok and "shut down while admitting" in msg, msg
+        assert await devices(fleet, tenant) == []  # the template it created is gone
+    finally:
+        for i in (0, 1):
+            if not system.replicas[i].alive:
+                system.start_replica(i)
+        for i in (0, 1):
+            system.wait_ready(i)
 
 
 async def test_W6_unknown_gpu_annotation_is_denied_with_the_known_ones_named(system, fleet):
