@@ -33,12 +33,6 @@ def _micro(t: dt.datetime) -> str:
     return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse(s: str | None) -> dt.datetime | None:
-    if not s:
-        return None
-    return dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
-
-
 @dataclass(frozen=True, slots=True)
 class LeaseConfig:
     """Lease name/namespace and durations in seconds (lease > renew_deadline > retry)."""
@@ -71,6 +65,8 @@ class LeaderElector:
         self.is_leader = False
         self.transitions = 0
         self._last_renew = -math.inf
+        self._observed_record: tuple | None = None
+        self._observed_at = -math.inf
 
     # -- API -----------------------------------------------------------------------------
     async def _read(self) -> dict | None:
@@ -112,9 +108,14 @@ class LeaderElector:
             return True
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
-        renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
         duration = float(spec.get("leaseDurationSeconds") or self.cfg.lease_duration)
-        expired = renewed is None or (_now() - renewed).total_seconds() > duration
+        # as client-go does: time the holder by when *we* last saw its record change, on our
+        # own monotonic clock, so clock skew between replicas cannot shorten a lease
+        record = (holder, spec.get("renewTime"), spec.get("acquireTime"))
+        now = anyio.current_time()
+        if record != self._observed_record:
+            self._observed_record, self._observed_at = record, now
+        expired = not holder or now - self._observed_at > duration
         if holder and holder != self.identity and not expired:
             return False
         body = dict(lease)
