@@ -5,9 +5,10 @@ in flight (capacity and budget they will take and the view does not show yet), c
 `model.decide`, and for a success runs the two-phase protocol on the node actors: prepare on
 the first placement, falling back to the next one when a node actor refuses, then commit.
 The writes of a decided request run as a child task in the coordinator's task group, so the
-loop goes on deciding: `record_decision` on every member (the durable record, B7), then
-`bind` each member not on the node yet, then `write_result` on every member; each write is
-retried with tenacity (conflicts and transient errors only, bounded). A request in flight
+loop goes on deciding, in three steps of one `StatusWriter.write_many` each:
+`record_decision` on every member (the durable record, B7), then `bind` on each member not
+on the node yet, then `write_result` on every member; the writes of a step that fail with a
+conflict or a transient error are retried with tenacity (bounded). A request in flight
 keeps its reservation until its writes are done *and* the view shows them.
 
 On start it adopts the node actors' ledgers (dropping holds of earlier incarnations) and
@@ -20,7 +21,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterator, Mapping
+from typing import Any, Mapping
 
 import anyio
 import structlog
@@ -46,7 +47,16 @@ from actors.node_actor import (
     PrepareRefused,
     Release,
 )
-from actors.ports import Clock, ClusterView, DecisionObserver, DeviceKey, NodeDirectory, StatusWriter
+from actors.ports import (
+    Clock,
+    ClusterView,
+    DecisionObserver,
+    DeviceKey,
+    NodeDirectory,
+    StatusWrite,
+    StatusWriter,
+    WriteOp,
+)
 from actors.runtime import Actor, ActorContext, ActorRef
 from model.decide import Decision, Placement, Request, decide, describe_placement, find_requests
 from model.snapshot import Reservation, Snapshot
@@ -57,8 +67,8 @@ _log = structlog.get_logger("gpu_binder.coordinator")
 RequestKey = tuple[str, str]
 """(namespace, request id)."""
 
-_Write = tuple[str, Callable[..., Awaitable[None]], tuple[Any, ...]]
-"""(StatusWriter method name, the bound method, its arguments)."""
+_STEPS_SUCCEEDED: tuple[WriteOp, ...] = ("record_decision", "bind", "write_result")
+_STEPS_REFUSED: tuple[WriteOp, ...] = ("write_result",)
 
 
 # -- messages -------------------------------------------------------------------------------
@@ -499,13 +509,18 @@ class Coordinator(Actor):
         return flight
 
     async def _carry_out(self, flight: _Flight) -> None:
-        """Write the decision: record, binds, results (Succeeded) or results (Refused).
-        Stops at RequestWithdrawn/NotFound (what is written stays); on exhausted retries the
-        request is tried again later, keeping its reservation."""
+        """Write the decision in steps, one `write_many` each: records, binds, results
+        (Succeeded), or results (Refused). Stops at RequestWithdrawn/NotFound (what is
+        written stays); on exhausted retries the request is tried again later, keeping its
+        reservation."""
         req, node, rid = flight.request, flight.node, flight.request.id
         outcome = "done"
         try:
-            await self._write_all(self._writes(flight))
+            steps = (_STEPS_SUCCEEDED if flight.result is Result.SUCCEEDED else _STEPS_REFUSED)
+            for op in steps:
+                writes = self._step(flight, op)
+                if writes:
+                    await self._write_step(op, writes)
         except (RequestWithdrawn, NotFound) as exc:
             outcome = "withdrawn"
             _log.info("withdrawn", request_id=rid, namespace=req.namespace, error=str(exc))
@@ -526,73 +541,45 @@ class Coordinator(Actor):
                   seconds=round(anyio.current_time() - flight.started_at, 4))
         self._wakeup.set()  # let the loop drop the reservation once the view shows the writes
 
-    def _writes(self, flight: _Flight) -> Iterator[_Write]:
-        """The writes of `flight` in order, each decided just before it is made (after the
-        one before it succeeded): `record_decision` on every member not carrying the node
-        yet, `bind` on every member not Bound there yet (Succeeded), then `write_result` on
-        every member not carrying the result yet."""
+    def _step(self, flight: _Flight, op: WriteOp) -> list[StatusWrite]:
+        """The writes of one step of `flight`, decided from the view just before it (after
+        the step before it succeeded): `record_decision` on every member not carrying the
+        node yet, `bind` on every member not Bound there yet, `write_result` on every
+        member not carrying the result yet."""
         req, node, rid = flight.request, flight.node, flight.request.id
-        keys = [(req.namespace, name) for name in dict.fromkeys(req.devices)]
-        if flight.result is Result.SUCCEEDED:
-            assert node is not None
-            for key in keys:
-                if not self._carries(key, rid, lambda br: br.node == node):
-                    yield "record_decision", self._writer.record_decision, (key, rid, node)
-            for key in keys:
-                dev = self._view.device(key)
-                if dev is not None and dev.bound_node == node:
-                    continue
-                flight.written.add(key)
-                yield "bind", self._writer.bind, (key, rid, node, self._clock.now())
-        for key in keys:
-            if not self._carries(key, rid, lambda br: (br.result, br.node, br.message)
-                                 == (flight.result, node, flight.message)):
-                yield "write_result", self._writer.write_result, (key, rid, flight.result,
-                                                                  flight.message, node)
+        view = self._view
+        out: list[StatusWrite] = []
+        for name in dict.fromkeys(req.devices):
+            key = (req.namespace, name)
+            dev = view.device(key)
+            br = dev.status.bind_request if dev is not None else None
+            mine = br is not None and br.id == rid
+            if op == "record_decision":
+                if not (mine and br.node == node):  # type: ignore[union-attr]
+                    out.append(StatusWrite(op, key, rid, node=node))
+            elif op == "bind":
+                if dev is None or dev.bound_node != node:
+                    flight.written.add(key)
+                    out.append(StatusWrite(op, key, rid, node=node, bound_at=self._clock.now()))
+            elif not (mine and (br.result, br.node, br.message)  # type: ignore[union-attr]
+                      == (flight.result, node, flight.message)):
+                out.append(StatusWrite(op, key, rid, node=node, result=flight.result,
+                                       message=flight.message))
+        return out
 
-    def _carries(self, key: DeviceKey, request_id: str, done: Callable[[Any], bool]) -> bool:
-        """True when the view shows the device carrying `request_id` with `done(br)` true
-        (the write would be a no-op)."""
-        dev = self._view.device(key)
-        br = dev.status.bind_request if dev is not None else None
-        return br is not None and br.id == request_id and done(br)
-
-    async def _write_all(self, writes: Iterator[_Write]) -> None:
-        """Make every write of `writes`, each bounded by `write_timeout` and retried as
-        `_retry` says. First tries share one cancel scope whose deadline moves to each
-        write (a scope per write costs more than the in-memory write itself); a write that
-        fails or times out is retried, then the rest go on under a fresh scope. Raises what
-        `_retry` raises, and RequestWithdrawn/NotFound as they come."""
-        timeout = self._cfg.write_timeout
-        while True:
-            current: _Write | None = None
-            failed: BaseException | None = None
-            with anyio.CancelScope() as scope:
-                for current in writes:
-                    scope.deadline = anyio.current_time() + timeout
-                    try:
-                        await current[1](*current[2])
-                    except RETRYABLE_WRITE_ERRORS as exc:
-                        failed = exc
-                        break
-                else:
-                    return
-            assert current is not None
-            op, call, args = current
-            if failed is None:  # the scope caught its own deadline: this write timed out
-                failed = TransientWriteError(f"{op} timed out after {timeout}s")
-            await self._retry(op, call, args, failed)
-
-    async def _retry(self, op: str, call: Callable[..., Awaitable[None]], args: tuple[Any, ...],
-                     failed: BaseException) -> None:
-        """After the first try of `call(*args)` failed with `failed` (WriteConflict or
-        TransientWriteError; a timeout counts as one): retried with tenacity, exponential
-        jitter, up to `retry_attempts` tries in all; the last error is re-raised.
-        RequestWithdrawn and NotFound are never retried."""
+    async def _write_step(self, op: str, writes: list[StatusWrite]) -> None:
+        """One step: `write_many(writes)`, bounded by `write_timeout`; the writes that
+        failed with WriteConflict or TransientWriteError (a timeout counts as one for every
+        write of the call) are retried with tenacity, exponential jitter, up to
+        `retry_attempts` tries in all, and the last error is raised. RequestWithdrawn and
+        NotFound are raised at once, never retried."""
+        left = await self._write_once(op, writes)
+        if not left:
+            return
         cfg = self._cfg
         if cfg.retry_attempts <= 1:
-            raise failed
-        _log.info("write_retry", op=op, error=str(failed))
+            raise left[0][1]
+        _log.info("write_retry", op=op, error=str(left[0][1]), writes=len(left))
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(RETRYABLE_WRITE_ERRORS),
             wait=wait_exponential_jitter(multiplier=cfg.retry_initial, max=cfg.retry_max,
@@ -604,15 +591,29 @@ class Coordinator(Actor):
         await anyio.sleep(cfg.retry_initial)
         async for attempt in retrying:
             with attempt:
-                await self._write_once(op, call, *args)
+                left = await self._write_once(op, [w for w, _ in left])
+                if left:
+                    raise left[0][1]
 
-    async def _write_once(self, op: str, call: Callable[..., Awaitable[None]], *args: Any) -> None:
-        try:
-            with anyio.fail_after(self._cfg.write_timeout):
-                await call(*args)
-        except TimeoutError:
-            raise TransientWriteError(f"{op} timed out after {self._cfg.write_timeout}s") from None
-
+    async def _write_once(
+        self, op: str, writes: list[StatusWrite]
+    ) -> list[tuple[StatusWrite, WriteError]]:
+        """One `write_many` call: the writes that failed with a retryable error, with it.
+        Raises the first non-retryable error (RequestWithdrawn, NotFound)."""
+        timeout = self._cfg.write_timeout
+        with anyio.move_on_after(timeout) as scope:
+            outcomes = await self._writer.write_many(writes)
+        if scope.cancelled_caught:
+            err = TransientWriteError(f"{op} of {len(writes)} devices timed out after {timeout}s")
+            return [(w, err) for w in writes]
+        failed: list[tuple[StatusWrite, WriteError]] = []
+        for w, err in zip(writes, outcomes):
+            if err is None:
+                continue
+            if not isinstance(err, RETRYABLE_WRITE_ERRORS):
+                raise err
+            failed.append((w, err))
+        return failed
 
 # -- helpers ------------------------------------------------------------------------------------
 

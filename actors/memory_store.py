@@ -16,12 +16,12 @@ import random
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Callable, Iterable, Literal, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import anyio
 
 from actors.errors import NotFound, RequestWithdrawn, TransientWriteError, WriteConflict, WriteError
-from actors.ports import Clock, DeviceKey, SystemClock
+from actors.ports import Clock, DeviceKey, StatusWrite, SystemClock, WriteOp
 from actors.view import IndexedView
 from model.types import (
     Attachment,
@@ -38,9 +38,6 @@ from model.types import (
     Result,
     freeze_labels,
 )
-
-WriteOp = Literal["record_decision", "bind", "write_result"]
-
 
 @dataclass(frozen=True, slots=True)
 class WriteRecord:
@@ -240,28 +237,10 @@ class MemoryStore(IndexedView):
     # -- StatusWriter --------------------------------------------------------------------
 
     async def record_decision(self, key: DeviceKey, request_id: str, node: str) -> None:
-        async def apply(dev: GPUDevice) -> None:
-            br = dev.status.bind_request
-            assert br is not None
-            if br.node == node:
-                return
-            if br.node is not None:
-                raise WriteConflict(f"request {request_id} already decided for {br.node}", key=key)
-            self.put_device(_with_request(dev, _answered(br, br.result, br.message, node)))
-            self._record(WriteRecord(0, "record_decision", key, request_id, node=node))
-
-        await self._write("record_decision", key, request_id, apply)
+        await self._write_one(StatusWrite("record_decision", key, request_id, node=node))
 
     async def bind(self, key: DeviceKey, request_id: str, node: str, bound_at: datetime) -> None:
-        async def apply(dev: GPUDevice) -> None:
-            if dev.bound_node == node:
-                return
-            st = dev.status
-            self.put_device(_with_status(dev, DeviceStatus(Phase.BOUND, node, bound_at,
-                                                           st.attached_to, st.bind_request)))
-            self._record(WriteRecord(0, "bind", key, request_id, node=node, from_node=dev.bound_node))
-
-        await self._write("bind", key, request_id, apply)
+        await self._write_one(StatusWrite("bind", key, request_id, node=node, bound_at=bound_at))
 
     async def write_result(
         self,
@@ -271,29 +250,41 @@ class MemoryStore(IndexedView):
         message: str,
         node: str | None,
     ) -> None:
-        async def apply(dev: GPUDevice) -> None:
-            br = dev.status.bind_request
-            assert br is not None
-            if (br.result, br.message, br.node) == (result, message, node):
-                return
-            self.put_device(_with_request(dev, _answered(br, result, message, node)))
-            self._record(WriteRecord(0, "write_result", key, request_id, node=node,
-                                     result=result, message=message))
+        await self._write_one(StatusWrite("write_result", key, request_id, node=node,
+                                          result=result, message=message))
 
-        await self._write("write_result", key, request_id, apply)
-
-    async def _write(self, op: str, key: DeviceKey, request_id: str, apply) -> None:
-        self.writes_attempted += 1
-        f = self.faults
-        if f.latency > 0:
-            await anyio.sleep(self.rng.uniform(0, f.latency))
-        else:
+    async def write_many(self, writes: Sequence[StatusWrite]) -> list[WriteError | None]:
+        """Every write in turn, each with its own faults: one checkpoint for the call, or
+        with `Faults.latency` one wait per write (other tasks run between the writes)."""
+        latency = self.faults.latency
+        if latency <= 0:
             await anyio.sleep(0)
+        outcomes: list[WriteError | None] = []
+        for w in writes:
+            if latency > 0:
+                await anyio.sleep(self.rng.uniform(0, latency))
+            try:
+                self._apply(w)
+            except WriteError as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+        return outcomes
+
+    async def _write_one(self, w: StatusWrite) -> None:
+        latency = self.faults.latency
+        await anyio.sleep(self.rng.uniform(0, latency) if latency > 0 else 0)
+        self._apply(w)
+
+    def _apply(self, w: StatusWrite) -> None:
+        """Count, inject faults, check the request id, apply (see the module docstring)."""
+        self.writes_attempted += 1
+        op, key, f = w.op, w.key, self.faults
         injected = self._take_injected(op, key)
         if injected is not None and not injected.applied:
             self.writes_failed += 1
             raise injected.error(f"injected {injected.error.__name__} on {op} {key}", key=key)
-        if injected is None:
+        if injected is None and (f.error_rate or f.conflict_rate):
             roll = self.rng.random()
             if roll < f.error_rate:
                 self.writes_failed += 1
@@ -305,11 +296,28 @@ class MemoryStore(IndexedView):
         if dev is None:
             raise NotFound(f"device {key[0]}/{key[1]} not found", key=key)
         br = dev.status.bind_request
-        if br is None or br.id != request_id:
+        if br is None or br.id != w.request_id:
             raise RequestWithdrawn(
-                f"device {key[0]}/{key[1]} no longer carries request {request_id}", key=key
+                f"device {key[0]}/{key[1]} no longer carries request {w.request_id}", key=key
             )
-        await apply(dev)
+        if op == "record_decision":
+            if br.node != w.node:
+                if br.node is not None:
+                    raise WriteConflict(f"request {w.request_id} already decided for {br.node}",
+                                        key=key)
+                self.put_device(_with_request(dev, _answered(br, br.result, br.message, w.node)))
+                self._record(WriteRecord(0, op, key, w.request_id, node=w.node))
+        elif op == "bind":
+            if dev.bound_node != w.node:
+                st = dev.status
+                self.put_device(_with_status(dev, DeviceStatus(Phase.BOUND, w.node, w.bound_at,
+                                                               st.attached_to, br)))
+                self._record(WriteRecord(0, op, key, w.request_id, node=w.node,
+                                         from_node=dev.bound_node))
+        elif (br.result, br.message, br.node) != (w.result, w.message, w.node):
+            self.put_device(_with_request(dev, _answered(br, w.result, w.message, w.node)))
+            self._record(WriteRecord(0, op, key, w.request_id, node=w.node, result=w.result,
+                                     message=w.message))
         if injected is not None:
             self.writes_failed += 1
             raise injected.error(f"injected ambiguous {injected.error.__name__} on {op} {key}", key=key)

@@ -14,8 +14,11 @@ import time
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, AsyncIterator, Literal, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, AsyncIterator, Literal, Mapping, Protocol, Sequence, runtime_checkable
 
+import anyio
+
+from actors.errors import WriteError
 from model.types import Budget, GPUClass, GPUDevice, Namespace, Node, Result
 
 if TYPE_CHECKING:
@@ -92,16 +95,39 @@ class ChangeFeed(Protocol):
         buffered change at once."""
 
 
+WriteOp = Literal["record_decision", "bind", "write_result"]
+
+
+@dataclass(frozen=True, slots=True)
+class StatusWrite:
+    """One StatusWriter call as a value, for `StatusWriter.write_many`. `op` names the
+    method; the fields it takes: `record_decision` (key, request_id, node), `bind` (key,
+    request_id, node, bound_at), `write_result` (key, request_id, result, message, node:
+    None for Refused)."""
+
+    op: WriteOp
+    key: DeviceKey
+    request_id: str
+    node: str | None = None
+    bound_at: datetime | None = None
+    result: Result | None = None
+    message: str = ""
+
+
 @runtime_checkable
 class StatusWriter(Protocol):
-    """Writes the binder's fields of a GPUDevice's status (B8), one device per call.
+    """Writes the binder's fields of a GPUDevice's status (B8), one device per write.
 
-    Every method is idempotent (writing what is already there is a no-op), checks that the
-    device still carries `request_id` as `status.bindRequest.id`, and raises:
+    Every write is idempotent (writing what is already there is a no-op), checks that the
+    device still carries `request_id` as `status.bindRequest.id`, and fails with:
     `RequestWithdrawn` when it does not (nothing written), `NotFound` when the device is
     gone, `WriteConflict` on an optimistic-concurrency conflict (nothing written),
     `TransientWriteError` when it cannot tell whether the write applied (retry is safe).
     Cancellation: the write may or may not have been applied.
+
+    The coordinator writes through `write_many` (one call per step of a request: every
+    member's record, then every member's bind, then every member's result); the single
+    methods are the same writes one at a time. `write_each` builds `write_many` from them.
     """
 
     async def record_decision(self, key: DeviceKey, request_id: str, node: str) -> None:
@@ -124,6 +150,50 @@ class StatusWriter(Protocol):
         node: str | None,
     ) -> None:
         """Write `status.bindRequest.{result, message, node}`. `node` is None for Refused."""
+
+    async def write_many(self, writes: Sequence[StatusWrite]) -> list[WriteError | None]:
+        """Make every write of `writes` (independent writes, typically one per member of a
+        request; they may run concurrently and land in any order). Returns one outcome per
+        write, in order: None (applied, or already so) or the `WriteError` it failed with;
+        never raises a `WriteError` itself. Cancellation: any subset may have been applied."""
+
+
+async def write_each(
+    writer: StatusWriter, writes: Sequence[StatusWrite], *, limit: int = 16
+) -> list[WriteError | None]:
+    """`StatusWriter.write_many` built from the single-write methods of `writer`: at most
+    `limit` (>= 1) writes run at once (one after the other when 1). Returns the outcomes in
+    the order of `writes`; a non-`WriteError` exception propagates."""
+    outcomes: list[WriteError | None] = [None] * len(writes)
+
+    async def one(i: int, w: StatusWrite) -> None:
+        try:
+            if w.op == "record_decision":
+                assert w.node is not None
+                await writer.record_decision(w.key, w.request_id, w.node)
+            elif w.op == "bind":
+                assert w.node is not None and w.bound_at is not None
+                await writer.bind(w.key, w.request_id, w.node, w.bound_at)
+            else:
+                assert w.result is not None
+                await writer.write_result(w.key, w.request_id, w.result, w.message, w.node)
+        except WriteError as exc:
+            outcomes[i] = exc
+
+    if limit <= 1 or len(writes) <= 1:
+        for i, w in enumerate(writes):
+            await one(i, w)
+        return outcomes
+    limiter = anyio.CapacityLimiter(limit)
+
+    async def bounded(i: int, w: StatusWrite) -> None:
+        async with limiter:
+            await one(i, w)
+
+    async with anyio.create_task_group() as tg:
+        for i, w in enumerate(writes):
+            tg.start_soon(bounded, i, w)
+    return outcomes
 
 
 @runtime_checkable

@@ -10,11 +10,13 @@ timeout shorter than the Lease's renew deadline.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Sequence
 
 import structlog
 from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 
 from actors import errors as port
+from actors.ports import StatusWrite, write_each
 from k8s import errors as api_errors
 from model.parse import format_time
 from model.types import GROUP, VERSION, Result
@@ -26,14 +28,21 @@ JSON_PATCH = "application/json-patch+json"
 
 
 class ApiStatusWriter:
-    """`actors.ports.StatusWriter` over kubernetes_asyncio. `timeout` is per call, seconds."""
+    """`actors.ports.StatusWriter` over kubernetes_asyncio. `timeout` is per API call,
+    seconds; `parallel` (>= 1) bounds the patches one `write_many` has in flight at once
+    (a set's members are patched concurrently: one round trip per step, not per member)."""
 
-    def __init__(self, api: ApiClient, *, timeout: float = 5.0,
+    def __init__(self, api: ApiClient, *, timeout: float = 5.0, parallel: int = 8,
                  field_manager: str = BINDER_FIELD_MANAGER) -> None:
         self._api = CustomObjectsApi(api)
         self._timeout = timeout
+        self._parallel = max(1, parallel)
         self._manager = field_manager
         self.writes = 0
+
+    async def write_many(self, writes: Sequence[StatusWrite]) -> list[port.WriteError | None]:
+        """Each write as its own patch, at most `parallel` at once; outcomes in order."""
+        return await write_each(self, writes, limit=self._parallel)
 
     async def _patch(self, key: tuple[str, str], request_id: str, ops: list[dict]) -> None:
         body = [{"op": "test", "path": "/status/bindRequest/id", "value": request_id}, *ops]

@@ -361,6 +361,11 @@ class RecordingWriter:
         self._note("write_result")
         await self.store.write_result(*args)
 
+    async def write_many(self, writes):
+        for w in writes:
+            self._note(w.op)
+        return await self.store.write_many(writes)
+
 
 async def test_B8_the_coordinator_is_the_only_status_writer() -> None:
     from actors.ports import SystemClock
