@@ -43,7 +43,9 @@ from actors.node_actor import (
     Claim,
     Commit,
     CommitRefused,
+    Committed,
     Prepare,
+    Prepared,
     PrepareRefused,
     Release,
 )
@@ -57,7 +59,7 @@ from actors.ports import (
     StatusWriter,
     WriteOp,
 )
-from actors.runtime import Actor, ActorContext, ActorRef
+from actors.runtime import Actor, ActorContext, ActorRef, ask_all
 from model.decide import Decision, Placement, Request, decide, describe_placement, find_requests
 from model.snapshot import Reservation, Snapshot
 from model.types import GPUDevice, Result
@@ -153,6 +155,20 @@ class _Flight:
     running: bool = True
     stalled: bool = False  # writes gave up: full reservation kept until tried again
     finished_at: float | None = None
+
+
+@dataclass(slots=True)
+class _Placing:
+    """A request decided to land devices, between its decision and its two-phase
+    reservation: `placement` is set once a node actor committed one."""
+
+    key: RequestKey
+    request: Request
+    decision: Decision
+    started: float
+    refusals: list[str] = field(default_factory=list)
+    incarnation: int = 0
+    placement: Placement | None = None
 
 
 class Coordinator(Actor):
@@ -269,9 +285,7 @@ class Coordinator(Actor):
             batch = list(self._pending)[: self._cfg.batch_size]
             for key in batch:
                 del self._pending[key]
-            snap: Snapshot | None = None  # built on the first request that needs deciding
-            for key in batch:
-                snap = await self._handle(key, snap)
+            await self._decide_batch(batch)
 
     def _scan(self) -> None:
         complete, _ = find_requests(self._view.devices().values())
@@ -328,13 +342,30 @@ class Coordinator(Actor):
                 budget[res] = budget.get(res, 0) + 1
         return needs, budget
 
-    async def _handle(self, key: RequestKey, snap: Snapshot | None) -> Snapshot | None:
-        """Act on one request; return the snapshot for the next one (None: not built yet,
-        nothing decided in this batch so far)."""
+    async def _decide_batch(self, batch: list[RequestKey]) -> None:
+        """Decide `batch` in order on one snapshot (each decision sees the reservations of
+        those before it), then run the two-phase reservation for all of them at once: one
+        scatter-gather of prepares, one of commits; a request whose first placement a node
+        actor refused falls back to its next placements one by one."""
+        snap: Snapshot | None = None  # built on the first request that needs deciding
+        placing: list[_Placing] = []
+        for key in batch:
+            snap, item = self._triage(key, snap)
+            if item is not None:
+                placing.append(item)
+        if placing:
+            assert snap is not None
+            await self._place(placing, snap)
+
+    def _triage(self, key: RequestKey, snap: Snapshot | None) -> tuple[Snapshot | None, _Placing | None]:
+        """Act on one request without waiting: recover it, finish a cut-short refusal, or
+        decide it. Returns the snapshot for the next request (None: not built yet) and, for
+        a decision that lands devices, what the two-phase reservation must place (its first
+        placement is then reserved in the returned snapshot)."""
         ns, rid = key
         flight = self._flights.get(key)
         if flight is not None and flight.running:
-            return snap
+            return snap, None
         members = self._view.request_members(ns, rid)
         complete, _ = find_requests(members)
         req = next((r for r in complete if r.id == rid), None)
@@ -342,17 +373,17 @@ class Coordinator(Actor):
             self._rounds.pop(key, None)
             if flight is not None and flight.stalled:
                 flight.stalled = False  # nothing more to write: keep only unobserved binds
-            return snap
+            return snap, None
         node = _recorded_node(rid, members)
         if node is not None:
             flight = self._recover(req, node, members)
-            return None if snap is None else self._with_flight(snap, flight)
+            return (None if snap is None else self._with_flight(snap, flight)), None
         refused = next((m.status.bind_request.message for m in members
                         if m.status.bind_request is not None
                         and m.status.bind_request.result is Result.REFUSED), None)
         if refused is not None:  # a refusal whose writes were cut short: finish it
             self._start(req, Result.REFUSED, None, refused, ())
-            return snap
+            return snap, None
         if snap is None:
             snap = self._snapshot()
         started = self._clock.monotonic()
@@ -361,7 +392,7 @@ class Coordinator(Actor):
         except Exception:  # a bug in the model must not crash-loop the binder on one request
             _log.exception("decide_failed", request_id=rid, namespace=ns)
             self._defer(key, self._cfg.poison_delay)
-            return snap
+            return snap, None
         self._counts["decided"] += 1
         _log.info("decision", request_id=rid, namespace=ns, vmi=req.vmi, rule=decision.rule,
                   result=decision.result.value, chosen=decision.node,
@@ -369,32 +400,94 @@ class Coordinator(Actor):
         if decision.result is Result.REFUSED:
             self._observe(decision.rule, Result.REFUSED, decision.message, started)
             self._start(req, Result.REFUSED, None, decision.message, ())
-            return snap
+            return snap, None
         first = decision.placements[0]
         if not first.moves:  # B5, B6: nothing lands anywhere
             self._observe(decision.rule, Result.SUCCEEDED, decision.message, started)
             self._start(req, Result.SUCCEEDED, first.node, decision.message, ())
-            return snap
-        placement, refusals = await self._prepare_commit(req, decision, snap)
-        if placement is not None:
-            self._observe(decision.rule, Result.SUCCEEDED, decision.message, started)
+            return snap, None
+        item = _Placing(key, req, decision, started)
+        tentative = _Flight(req, Result.SUCCEEDED, first.node, decision.message,
+                            _landing(first, snap), anyio.current_time())
+        return self._with_flight(snap, tentative), item
+
+    async def _place(self, items: list[_Placing], snap: Snapshot) -> None:
+        """The two-phase reservation of `items` (each decided to land on its first
+        placement): prepares scattered and gathered at once, then commits likewise; every
+        item a node actor refused (or that got no answer: aborted) goes on to its next
+        placements one at a time (`_prepare_commit`). Then each is started, requeued for
+        another round, or refused by the ledgers (after `max_rounds`). Cancelled: every
+        hold this call may have taken is aborted."""
+        timeout = self._cfg.ask_timeout
+        sent: list[tuple[_Placing, ActorRef]] = []
+        try:
+            prepares = []
+            for it in items:
+                p = it.decision.placements[0]
+                ref = self._nodes.node_actor(p.node)
+                if ref is None:
+                    it.refusals.append(f"{p.node}: no node actor")
+                    continue
+                sent.append((it, ref))
+                prepares.append((ref, Prepare(it.request.id, p.needs, _landing(p, snap), self._owner)))
+            replies = await ask_all(prepares, timeout=timeout)
+            commits: list[tuple[_Placing, ActorRef]] = []
+            for (it, ref), reply in zip(sent, replies):
+                node = it.decision.placements[0].node
+                if isinstance(reply, Prepared):
+                    it.incarnation = reply.incarnation
+                    commits.append((it, ref))
+                elif isinstance(reply, PrepareRefused):
+                    it.refusals.append(f"{node}: {reply.reason}")
+                else:
+                    self._tell_quietly(ref, Abort(it.request.id))
+                    it.refusals.append(f"{node}: node actor unavailable ({type(reply).__name__})")
+            replies = await ask_all([(ref, Commit(it.request.id, it.incarnation))
+                                     for it, ref in commits], timeout=timeout)
+            for (it, ref), reply in zip(commits, replies):
+                node = it.decision.placements[0].node
+                if isinstance(reply, Committed):
+                    it.placement = it.decision.placements[0]
+                    continue
+                self._tell_quietly(ref, Abort(it.request.id))
+                if isinstance(reply, CommitRefused):
+                    it.refusals.append(f"{node}: {reply.reason}")
+                else:
+                    it.refusals.append(f"{node}: node actor unavailable ({type(reply).__name__})")
+        except BaseException:
+            for it, ref in sent:  # cancelled: do not leak a hold
+                self._tell_quietly(ref, Abort(it.request.id))
+            raise
+        for it in items:  # committed holds first: their writes start before any fallback waits
+            if it.placement is not None:
+                self._placed(it, snap)
+        for it in items:
+            if it.placement is None:
+                it.placement = await self._fall_back(it)
+                self._placed(it, snap)
+
+    def _placed(self, it: _Placing, snap: Snapshot) -> None:
+        """Start the writes of a placed item, or requeue it / refuse it (ledgers)."""
+        req, decision, key = it.request, it.decision, it.key
+        ns, rid = key
+        placement = it.placement
         if placement is None:
             rounds = self._rounds.get(key, 0) + 1
             if rounds >= self._cfg.max_rounds:
                 self._rounds.pop(key, None)
-                _log.info("refused_by_ledgers", request_id=rid, namespace=ns, reasons=refusals)
-                message = _ledger_refusal(req, snap, refusals)
-                self._observe("ledgers", Result.REFUSED, message, started)
+                _log.info("refused_by_ledgers", request_id=rid, namespace=ns, reasons=it.refusals)
+                message = _ledger_refusal(req, snap, it.refusals)
+                self._observe("ledgers", Result.REFUSED, message, it.started)
                 self._start(req, Result.REFUSED, None, message, ())
             else:
                 self._rounds[key] = rounds
                 self._defer(key, self._cfg.requeue_delay)
-            return snap
+            return
+        self._observe(decision.rule, Result.SUCCEEDED, decision.message, it.started)
         self._rounds.pop(key, None)
+        first = decision.placements[0]
         message = decision.message if placement is first else describe_placement(req, placement)
-        flight = self._start(req, Result.SUCCEEDED, placement.node, message,
-                             _landing(placement, snap))
-        return self._with_flight(snap, flight)
+        self._start(req, Result.SUCCEEDED, placement.node, message, _landing(placement, snap))
 
     def _with_flight(self, snap: Snapshot, flight: _Flight) -> Snapshot:
         held = self._reservation(flight)
@@ -421,15 +514,33 @@ class Coordinator(Actor):
 
     # -- two-phase reservation ------------------------------------------------------------------
 
-    async def _prepare_commit(
-        self, req: Request, decision: Decision, snap: Snapshot
-    ) -> tuple[Placement | None, list[str]]:
-        """Prepare on the placements in B4 order until a node actor reserves, then commit
-        there. Returns the committed placement (None if none) and why the others failed.
-        A prepare whose answer is unknown (timeout, crash, cancellation) is aborted."""
-        refusals: list[str] = []
+    async def _fall_back(self, it: _Placing) -> Placement | None:
+        """After the node actor of its first placement refused `it`: decide it again on a
+        fresh snapshot (every request started since counted: a restarted node actor may
+        have lost their holds, so its ledger alone is not enough, B3) and try the
+        candidates the ledgers have not refused yet, in B4 order. None when none commits
+        or the request no longer lands devices (it is then requeued)."""
+        snap = self._snapshot()
+        try:
+            decision = decide(snap, it.request)
+        except Exception:  # as in `_triage`: a model bug must not crash the loop
+            _log.exception("decide_failed", request_id=it.request.id, namespace=it.request.namespace)
+            return None
+        refused = {it.decision.placements[0].node}
+        candidates = [p for p in decision.placements if p.moves and p.node not in refused]
+        if decision.result is Result.REFUSED or not candidates:
+            return None
+        return await self._prepare_commit(it, candidates, snap)
+
+    async def _prepare_commit(self, it: _Placing, placements: list[Placement],
+                              snap: Snapshot) -> Placement | None:
+        """Prepare on `placements` in order until a node actor reserves, then commit there.
+        Returns the committed placement (None if none); why the others failed is added to
+        `it.refusals`. A prepare whose answer is unknown (timeout, crash, cancellation) is
+        aborted."""
+        req, refusals = it.request, it.refusals
         timeout = self._cfg.ask_timeout
-        for placement in decision.placements:
+        for placement in placements:
             ref = self._nodes.node_actor(placement.node)
             if ref is None:
                 refusals.append(f"{placement.node}: no node actor")
@@ -452,8 +563,8 @@ class Coordinator(Actor):
                 self._tell_quietly(ref, Abort(req.id))
                 refusals.append(f"{placement.node}: {committed.reason}")
                 continue
-            return placement, refusals
-        return None, refusals
+            return placement
+        return None
 
     @staticmethod
     def _tell_quietly(ref: ActorRef, message: Any) -> None:

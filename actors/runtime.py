@@ -14,7 +14,7 @@ it comes from the cell (or from `spawn`), never from the actor itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import anyio
 import structlog
@@ -141,10 +141,52 @@ class _Reply:
             self.event.set()
 
 
+class _Gather:
+    """The replies of one `ask_all`: one slot per ask, one event when every slot is in."""
+
+    __slots__ = ("event", "results", "missing")
+
+    def __init__(self, n: int) -> None:
+        self.event = anyio.Event()
+        self.results: list[Any] = [_NO_REPLY] * n
+        self.missing = n
+        if n == 0:
+            self.event.set()
+
+
+class _Slot:
+    """The reply handle of one ask of an `ask_all` (the `_Reply` interface)."""
+
+    __slots__ = ("_gather", "_index")
+
+    def __init__(self, gather: _Gather, index: int) -> None:
+        self._gather = gather
+        self._index = index
+
+    def set(self, value: Any) -> None:
+        g = self._gather
+        if g.results[self._index] is _NO_REPLY:
+            g.results[self._index] = value
+            g.missing -= 1
+            if g.missing == 0:
+                g.event.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.set(_Failed(error))
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    error: BaseException
+
+
+_NO_REPLY = object()
+
+
 @dataclass(slots=True)
 class _Envelope:
     message: Any
-    reply: _Reply | None = None
+    reply: _Reply | _Slot | None = None
 
 
 @dataclass(slots=True)
@@ -472,6 +514,40 @@ class ActorCell:
         )
 
 
+async def ask_all(
+    asks: Sequence[tuple[ActorRef, Any]], *, timeout: float = DEFAULT_ASK_TIMEOUT
+) -> list[Any]:
+    """Scatter-gather: queue every `(ref, message)` of `asks`, then wait once for all the
+    replies, the whole call bounded by `timeout` seconds. Returns, in the order of `asks`,
+    each reply or, in its place, the exception `ActorRef.ask` would have raised:
+    `AskTimeout` (no reply in time; the message may still be handled), `ActorStopped`.
+    Never raises those. The cost of one `ask` for the whole batch: one event, one deadline.
+    Cancellation: some messages may be queued and will be handled; replies are dropped (a
+    caller that must not leak what a reply grants compensates, as with `ask`)."""
+    gather = _Gather(len(asks))
+    await checkpoint_if_cancelled()
+    with anyio.CancelScope(deadline=anyio.current_time() + timeout):
+        for i, (ref, message) in enumerate(asks):
+            env = _Envelope(message, _Slot(gather, i))
+            try:
+                try:
+                    ref._cell._send_nowait(env)
+                except MailboxFull:
+                    await ref._cell._send(env)  # back-pressure, under the same deadline
+            except ActorStopped as exc:
+                env.reply.fail(exc)  # type: ignore[union-attr]
+        await gather.event.wait()
+    out: list[Any] = []
+    for (ref, message), value in zip(asks, gather.results):
+        if value is _NO_REPLY:
+            out.append(AskTimeout(f"{ref.name}: no reply to {type(message).__name__} in {timeout}s"))
+        elif isinstance(value, _Failed):
+            out.append(value.error)
+        else:
+            out.append(value)
+    return out
+
+
 def _unwrap(exc: BaseException) -> BaseException:
     """The single leaf of (nested) one-exception groups, else `exc` itself."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
@@ -514,5 +590,6 @@ __all__ = [
     "ActorStatistics",
     "Crash",
     "Tick",
+    "ask_all",
     "spawn",
 ]
