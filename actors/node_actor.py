@@ -128,7 +128,8 @@ class NodeChanged:
 
 @dataclass(frozen=True, slots=True)
 class DevicesChanged:
-    """Devices on this node (or classes) changed: re-read what is Bound here."""
+    """Classes (their resource names) changed: re-read what is Bound here. Device changes
+    need no message: every prepare, claim and ledger read re-reads the view."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +206,6 @@ class NodeActor(Actor):
         self.tick_interval = self._cfg.sweep_interval
         self.incarnation = next(_incarnations)
         self._st = _State()
-        self._dirty = False
 
     def log_context(self) -> Mapping[str, Any]:
         return {"actor": "node", "node": self.node}
@@ -223,11 +223,12 @@ class NodeActor(Actor):
         return bool(self._st.holds)
 
     async def on_tick(self) -> None:
+        """Expire holds whose time is up; drop committed holds whose members all landed
+        here (the coordinator releases them too; this covers a lost `Release`)."""
         self._sweep()
-        if self._dirty and self._st.holds:
+        if self._st.holds:
             self._read_bound()
             self._settle()
-        self._dirty = False
 
     async def receive(self, message: Any) -> Any:
         self._sweep()
@@ -247,7 +248,7 @@ class NodeActor(Actor):
             case NodeChanged():
                 return self._node_changed()
             case DevicesChanged():
-                self._dirty = True  # settled on the next tick; prepares re-read anyway
+                self._read_bound()
                 return None
             case GetLedger():
                 self._read_bound()

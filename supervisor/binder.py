@@ -3,10 +3,12 @@
 `Binder.run` starts a NodeActor per node in the view and one Coordinator under a
 one-for-one `Supervisor`, then routes the change feed, level based: a node change goes to
 that node's actor (starting an actor for a new node, stopping the one of a deleted node); a
-device change goes to the actor of the node it is Bound to and, when its request is
-complete and lacks a result, to the coordinator as `Examine` (partial requests are ignored).
-What the feed has buffered is routed in one pass, device changes coalesced (one message per
-node and per request, however many members changed). No placement logic lives here. `Binder` is also the coordinator's `NodeDirectory`.
+device change goes, when its request is complete and lacks a result, to the coordinator as
+`Examine` (partial requests are ignored; node actors need no device messages: they re-read
+the view on every prepare); a class, budget or namespace change is broadcast. What the feed
+has buffered is routed in one pass, device changes coalesced (one message per request,
+however many members changed). No placement logic lives here. `Binder` is also the
+coordinator's `NodeDirectory`.
 """
 
 from __future__ import annotations
@@ -157,9 +159,9 @@ class Binder:
 
     async def _route(self, batch: list[Change]) -> None:
         """Route a batch of changes. Node changes one by one, in order; device changes
-        coalesced (level based: the view is read once per key): one `DevicesChanged` per
-        node that some changed device is Bound to, one `Examine` per complete request
-        lacking a result; class, budget and namespace changes: one broadcast."""
+        coalesced (level based: the view is read once per key): one `Examine` per complete
+        request lacking a result; class, budget and namespace changes: one broadcast
+        (`DevicesChanged` to every node actor, `Resync` to the coordinator)."""
         sup = self._sup
         assert sup is not None
         devices: dict[object, None] = {}
@@ -196,22 +198,17 @@ class Binder:
         sup = self._sup
         assert sup is not None
         view = self._view
-        nodes: dict[str, None] = {}
         requests: dict[tuple[str, str], None] = {}
         for key in keys:
             dev = view.device(key)  # type: ignore[arg-type]
             if dev is None:
                 continue
-            if dev.bound_node is not None:
-                nodes[dev.bound_node] = None
             br = dev.status.bind_request
             if br is None or br.result is not None or br.node is not None:
                 # No request, answered, or decided (a recorded node): the coordinator that
                 # decided it is writing it, or its successor recovers it on start (B7).
                 continue
             requests[(dev.namespace, br.id)] = None
-        for node in nodes:
-            self._tell(sup.ref(node_child_id(node)), DevicesChanged())
         for ns, rid in requests:
             complete, _ = find_requests(view.request_members(ns, rid))
             if any(r.id == rid for r in complete):
