@@ -205,7 +205,7 @@ class MemoryStore(IndexedView):
             st = dev.status
             self.put_device(_with_status(dev, DeviceStatus(st.phase, st.node_name, st.bound_at,
                                                            Attachment(vmi, now), br)))
-            self._record(WriteRecord(0, "request", (namespace, name), request_id))
+            self._record("request", (namespace, name), request_id)
         return request_id
 
     def withdraw(self, namespace: str, request_id: str) -> int:
@@ -216,7 +216,7 @@ class MemoryStore(IndexedView):
             st = dev.status
             self.put_device(_with_status(dev, DeviceStatus(st.phase, st.node_name, st.bound_at,
                                                            None, None)))
-            self._record(WriteRecord(0, "withdraw", dev.key, request_id))
+            self._record("withdraw", dev.key, request_id)
         return len(members)
 
     # -- fault injection -----------------------------------------------------------------
@@ -306,18 +306,16 @@ class MemoryStore(IndexedView):
                     raise WriteConflict(f"request {w.request_id} already decided for {br.node}",
                                         key=key)
                 self.put_device(_with_request(dev, _answered(br, br.result, br.message, w.node)))
-                self._record(WriteRecord(0, op, key, w.request_id, node=w.node))
+                self._record(op, key, w.request_id, node=w.node)
         elif op == "bind":
             if dev.bound_node != w.node:
                 st = dev.status
                 self.put_device(_with_status(dev, DeviceStatus(Phase.BOUND, w.node, w.bound_at,
                                                                st.attached_to, br)))
-                self._record(WriteRecord(0, op, key, w.request_id, node=w.node,
-                                         from_node=dev.bound_node))
+                self._record(op, key, w.request_id, node=w.node, from_node=dev.bound_node)
         elif (br.result, br.message, br.node) != (w.result, w.message, w.node):
             self.put_device(_with_request(dev, _answered(br, w.result, w.message, w.node)))
-            self._record(WriteRecord(0, op, key, w.request_id, node=w.node, result=w.result,
-                                     message=w.message))
+            self._record(op, key, w.request_id, node=w.node, result=w.result, message=w.message)
         if injected is not None:
             self.writes_failed += 1
             raise injected.error(f"injected ambiguous {injected.error.__name__} on {op} {key}", key=key)
@@ -336,10 +334,13 @@ class MemoryStore(IndexedView):
 
     # -- internals -----------------------------------------------------------------------
 
-    def _record(self, rec: WriteRecord) -> None:
+    def _record(self, op: str, key: DeviceKey, request_id: str | None, *, node: str | None = None,
+                result: Result | None = None, message: str | None = None,
+                from_node: str | None = None) -> None:
         self._seq += 1
-        rec = WriteRecord(self._seq, rec.op, rec.key, rec.request_id, rec.node,
-                          rec.result, rec.message, rec.from_node)
+        if not self.keep_history and self.on_write is None:
+            return
+        rec = WriteRecord(self._seq, op, key, request_id, node, result, message, from_node)
         if self.keep_history:
             self.history.append(rec)
         if self.on_write is not None:
