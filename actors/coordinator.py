@@ -200,6 +200,7 @@ class Coordinator(Actor):
         self._next_resync = 0.0
         self._counts: Counter[str] = Counter()
         self._tg: Any = None
+        self._wave: list[_Flight] | None = None  # flights of the batch being decided
 
     def log_context(self) -> Mapping[str, Any]:
         return {"actor": "coordinator"}
@@ -349,13 +350,19 @@ class Coordinator(Actor):
         actor refused falls back to its next placements one by one."""
         snap: Snapshot | None = None  # built on the first request that needs deciding
         placing: list[_Placing] = []
-        for key in batch:
-            snap, item = self._triage(key, snap)
-            if item is not None:
-                placing.append(item)
-        if placing:
-            assert snap is not None
-            await self._place(placing, snap)
+        self._wave = wave = []
+        try:
+            for key in batch:
+                snap, item = self._triage(key, snap)
+                if item is not None:
+                    placing.append(item)
+            if placing:
+                assert snap is not None
+                await self._place(placing, snap)
+        finally:
+            self._wave = None
+            if wave:  # the batch's writes go together (cancelled: they die with the loop)
+                self._tg.start_soon(self._carry_out_wave, wave)
 
     def _triage(self, key: RequestKey, snap: Snapshot | None) -> tuple[Snapshot | None, _Placing | None]:
         """Act on one request without waiting: recover it, finish a cut-short refusal, or
@@ -616,40 +623,95 @@ class Coordinator(Actor):
                 self._tell_quietly(ref, Release(req.id))
         flight = _Flight(req, result, node, message, landing, anyio.current_time())
         self._flights[key] = flight
-        self._tg.start_soon(self._carry_out, flight)
+        if self._wave is not None:
+            self._wave.append(flight)
+        else:
+            self._tg.start_soon(self._carry_out, flight)
         return flight
 
-    async def _carry_out(self, flight: _Flight) -> None:
-        """Write the decision in steps, one `write_many` each: records, binds, results
-        (Succeeded), or results (Refused). Stops at RequestWithdrawn/NotFound (what is
-        written stays); on exhausted retries the request is tried again later, keeping its
-        reservation."""
-        req, node, rid = flight.request, flight.node, flight.request.id
+    async def _carry_out_wave(self, flights: list[_Flight]) -> None:
+        """The writes of the flights decided in one batch, step by step together: one
+        `write_many` per step for all of them (records, binds, results; a Refused flight
+        joins at the results). A flight with a failed write leaves the wave and goes on
+        alone (`_carry_out`: retries, or stops when withdrawn), so it never holds back the
+        others' next step."""
+        active = flights
+        try:
+            for op in _STEPS_SUCCEEDED:
+                plan = [(f, ws) for f in active
+                        if op == "write_result" or f.result is Result.SUCCEEDED
+                        if (ws := self._step(f, op))]
+                if not plan:
+                    continue
+                outcomes = await self._write_many(op, [w for _, ws in plan for w in ws])
+                left: set[int] = set()
+                i = 0
+                for f, ws in plan:
+                    failed = [(w, e) for w, e in zip(ws, outcomes[i:i + len(ws)]) if e is not None]
+                    i += len(ws)
+                    if failed:
+                        left.add(id(f))
+                        self._tg.start_soon(self._carry_out, f, op, failed)
+                if left:
+                    active = [f for f in active if id(f) not in left]
+        except BaseException:
+            for f in active:
+                f.running = False
+                f.finished_at = anyio.current_time()
+            raise
+        for f in active:
+            self._finish(f, "done")
+
+    async def _carry_out(self, flight: _Flight, resume: WriteOp | None = None,
+                         failed: list[tuple[StatusWrite, WriteError]] | None = None) -> None:
+        """Write the decision of one flight in steps, one `write_many` each: records,
+        binds, results (Succeeded), or results (Refused); with `resume`, first the `failed`
+        writes of that step (left by a wave), then the steps after it. Stops at
+        RequestWithdrawn/NotFound (what is written stays); on exhausted retries the
+        request is tried again later, keeping its reservation."""
         outcome = "done"
         try:
             steps = (_STEPS_SUCCEEDED if flight.result is Result.SUCCEEDED else _STEPS_REFUSED)
+            if resume is not None:
+                for _, err in failed or ():
+                    if not isinstance(err, RETRYABLE_WRITE_ERRORS):
+                        raise err
+                await self._retry_step(resume, failed or [])
+                steps = steps[steps.index(resume) + 1:]
             for op in steps:
                 writes = self._step(flight, op)
                 if writes:
-                    await self._write_step(op, writes)
+                    left = await self._write_once(op, writes)
+                    if left:
+                        await self._retry_step(op, left)
         except (RequestWithdrawn, NotFound) as exc:
             outcome = "withdrawn"
-            _log.info("withdrawn", request_id=rid, namespace=req.namespace, error=str(exc))
+            _log.info("withdrawn", request_id=flight.request.id,
+                      namespace=flight.request.namespace, error=str(exc))
         except WriteError as exc:
             outcome = "gave_up"
-            _log.warning("writes_gave_up", request_id=rid, namespace=req.namespace, error=str(exc))
-        finally:
+            _log.warning("writes_gave_up", request_id=flight.request.id,
+                         namespace=flight.request.namespace, error=str(exc))
+        except BaseException:
             flight.running = False
             flight.finished_at = anyio.current_time()
+            raise
+        self._finish(flight, outcome)
+
+    def _finish(self, flight: _Flight, outcome: str) -> None:
+        """Book the end of a flight's writes (`outcome`: done, withdrawn, gave_up)."""
+        req = flight.request
+        flight.running = False
+        flight.finished_at = anyio.current_time()
         self._counts[outcome] += 1
         if outcome == "done":
             self._counts["succeeded" if flight.result is Result.SUCCEEDED else "refused"] += 1
         elif outcome == "gave_up":
             flight.stalled = True
-            self._defer((req.namespace, rid), self._cfg.stalled_delay)
-        _log.info("writes_finished", request_id=rid, namespace=req.namespace, outcome=outcome,
-                  result=flight.result.value, chosen=node,
-                  seconds=round(anyio.current_time() - flight.started_at, 4))
+            self._defer((req.namespace, req.id), self._cfg.stalled_delay)
+        _log.info("writes_finished", request_id=req.id, namespace=req.namespace, outcome=outcome,
+                  result=flight.result.value, chosen=flight.node,
+                  seconds=round(flight.finished_at - flight.started_at, 4))
         self._wakeup.set()  # let the loop drop the reservation once the view shows the writes
 
     def _step(self, flight: _Flight, op: WriteOp) -> list[StatusWrite]:
@@ -678,15 +740,11 @@ class Coordinator(Actor):
                                        message=flight.message))
         return out
 
-    async def _write_step(self, op: str, writes: list[StatusWrite]) -> None:
-        """One step: `write_many(writes)`, bounded by `write_timeout`; the writes that
-        failed with WriteConflict or TransientWriteError (a timeout counts as one for every
-        write of the call) are retried with tenacity, exponential jitter, up to
-        `retry_attempts` tries in all, and the last error is raised. RequestWithdrawn and
-        NotFound are raised at once, never retried."""
-        left = await self._write_once(op, writes)
-        if not left:
-            return
+    async def _retry_step(self, op: str, left: list[tuple[StatusWrite, WriteError]]) -> None:
+        """Retry the writes of one step that failed with WriteConflict or
+        TransientWriteError (`left`, with their errors) with tenacity, exponential jitter,
+        up to `retry_attempts` tries in all counting the first; the last error is raised.
+        RequestWithdrawn and NotFound are raised at once, never retried."""
         cfg = self._cfg
         if cfg.retry_attempts <= 1:
             raise left[0][1]
@@ -711,20 +769,24 @@ class Coordinator(Actor):
     ) -> list[tuple[StatusWrite, WriteError]]:
         """One `write_many` call: the writes that failed with a retryable error, with it.
         Raises the first non-retryable error (RequestWithdrawn, NotFound)."""
-        timeout = self._cfg.write_timeout
-        with anyio.move_on_after(timeout) as scope:
-            outcomes = await self._writer.write_many(writes)
-        if scope.cancelled_caught:
-            err = TransientWriteError(f"{op} of {len(writes)} devices timed out after {timeout}s")
-            return [(w, err) for w in writes]
         failed: list[tuple[StatusWrite, WriteError]] = []
-        for w, err in zip(writes, outcomes):
+        for w, err in zip(writes, await self._write_many(op, writes)):
             if err is None:
                 continue
             if not isinstance(err, RETRYABLE_WRITE_ERRORS):
                 raise err
             failed.append((w, err))
         return failed
+
+    async def _write_many(self, op: str, writes: list[StatusWrite]) -> list[WriteError | None]:
+        """`StatusWriter.write_many` bounded by `write_timeout`: on timeout every write's
+        outcome is a TransientWriteError (it may or may not have applied)."""
+        timeout = self._cfg.write_timeout
+        with anyio.move_on_after(timeout) as scope:
+            return await self._writer.write_many(writes)
+        assert scope.cancelled_caught
+        err = TransientWriteError(f"{op} of {len(writes)} devices timed out after {timeout}s")
+        return [err] * len(writes)
 
 # -- helpers ------------------------------------------------------------------------------------
 
