@@ -76,12 +76,15 @@ def configure_logging(
     log_dir: str | os.PathLike[str] | None = None,
     *,
     level: int = _stdlib_logging.INFO,
+    cache: bool = False,
 ) -> None:
     """Configure structlog for the binder: JSON lines on `stream` (a binary stream, or a
     text stream with a `.buffer`; default stdout) and, with `log_dir`, one file per node.
 
-    Safe to call again (tests do): files of a previous configuration are closed. Loggers
-    are not cached on first use, so a reconfiguration applies to existing loggers too.
+    Safe to call again (tests do): files of a previous configuration are closed. Unless
+    `cache` is True, loggers are not cached on first use, so a reconfiguration applies to
+    existing loggers too; a process that configures once (the controller, bench/) passes
+    `cache=True`: a log call then skips building a logger each time.
     Raises OSError when `log_dir` cannot be created.
     """
     global _node_files
@@ -105,7 +108,7 @@ def configure_logging(
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.BytesLoggerFactory(file=binary),
-        cache_logger_on_first_use=False,
+        cache_logger_on_first_use=cache,
     )
 
 

@@ -526,7 +526,7 @@ def _targets(fleets: list[dict], rss: dict | None) -> dict[str, Any]:
 
 def run(out: Path, *, quick: bool = False, seed: int = 1) -> dict:
     """Run the benchmark; write `<out>/core.json` and `<out>/core.png`; return the report."""
-    configure_logging(stream=_Discard(), level=logging.WARNING)  # type: ignore[arg-type]
+    configure_logging(stream=_Discard(), level=logging.WARNING, cache=True)  # type: ignore[arg-type]
     fleets_n = QUICK_FLEETS if quick else FLEETS
     levels = QUICK_CONCURRENCY if quick else CONCURRENCY
     n_requests, warmup = (300, 50) if quick else (2000, 200)
@@ -622,7 +622,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50, help=argparse.SUPPRESS)
     parser.add_argument("--point-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    configure_logging(stream=_Discard(), level=logging.WARNING)  # type: ignore[arg-type]
+    configure_logging(stream=_Discard(), level=logging.WARNING, cache=True)  # type: ignore[arg-type]
     if args.fleet_point is None and args.rss_point is None:
         run(Path(args.out), quick=args.quick, seed=args.seed)
         return

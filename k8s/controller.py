@@ -79,7 +79,7 @@ class Controller:
 
     async def run(self) -> int:
         cfg = self.cfg
-        configure_logging(log_dir=cfg.log_dir)
+        configure_logging(log_dir=cfg.log_dir, cache=True)
         log.info("starting", identity=cfg.identity, lease=cfg.lease_name,
                  webhook_port=cfg.webhook_port, metrics_port=cfg.metrics_port)
         try:
