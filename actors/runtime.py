@@ -107,10 +107,10 @@ class Actor:
 
     def wants_tick(self) -> bool:
         """Whether ticks are wanted now (default: always). While it returns False the
-        runtime sends none and runs no ticker task; it asks again after every message the
-        actor handles, so ticks resume within `tick_interval` of the message that made
-        them wanted. An actor with nothing to time (e.g. a ledger without holds) then costs
-        neither a wake-up per interval nor a parked task."""
+        runtime sends none: its ticker task parks (no timer, no wake-up) and it asks again
+        after every message the actor handles, so ticks resume within `tick_interval` of
+        the message that made them wanted. An actor with nothing to time (e.g. a ledger
+        without holds) then costs no wake-up per interval, only one parked task."""
         return True
 
     async def on_stop(self) -> None:
@@ -193,7 +193,8 @@ class _Envelope:
 class _CellState:
     processed: int = 0
     wake: anyio.Event | None = None  # set by senders while the loop waits on an empty mailbox
-    ticker: anyio.CancelScope | None = None  # of the running ticker task, if any
+    ticker: anyio.CancelScope | None = None  # of the ticker task of this incarnation, if any
+    tick_parked: anyio.Event | None = None  # set to resume a ticker parked while unwanted
     incarnation: int = 0
     crashes: int = 0
     running: bool = False
@@ -378,27 +379,39 @@ class ActorCell:
             st.actor = None
             st.wake = None
             st.ticker = None
+            st.tick_parked = None
             if st.closed:
                 self._drain_closed()
 
     def _tick_if_wanted(self, actor: Actor, tg: TaskGroup) -> None:
-        """Start the ticker task when the actor has ticks and wants them and none runs."""
+        """Start the ticker task (once per incarnation) when the actor has ticks and wants
+        them, or resume it if it is parked."""
         st = self._state
-        if st.ticker is None and actor.tick_interval is not None and actor.wants_tick():
-            scope = st.ticker = anyio.CancelScope()
-            tg.start_soon(self._ticker, actor, actor.tick_interval, scope)
+        if actor.tick_interval is None:
+            return
+        if st.ticker is None:
+            if actor.wants_tick():
+                scope = st.ticker = anyio.CancelScope()
+                tg.start_soon(self._ticker, actor, actor.tick_interval, scope)
+        elif st.tick_parked is not None and actor.wants_tick():
+            parked, st.tick_parked = st.tick_parked, None
+            parked.set()
 
     async def _ticker(self, actor: Actor, interval: float, scope: anyio.CancelScope) -> None:
-        """A `Tick` every `interval` while `actor.wants_tick()`; returns (no task, no
-        wake-ups) once it does not; the loop starts it again after a message that makes
-        ticks wanted."""
+        """A `Tick` every `interval` while `actor.wants_tick()`; while it does not, the task
+        parks on an event (no timer, no wake-ups) until the loop resumes it after a message
+        that makes ticks wanted, so ticks resume within `interval` of that message."""
         st = self._state
         try:
             with scope:
                 while True:
+                    if not actor.wants_tick():
+                        parked = st.tick_parked = anyio.Event()
+                        await parked.wait()
+                        continue
                     await anyio.sleep(interval)
                     if not actor.wants_tick():
-                        return
+                        continue
                     try:
                         self._send_nowait(_Envelope(Tick()))
                     except (MailboxFull, ActorStopped):
@@ -406,6 +419,7 @@ class ActorCell:
         finally:
             if st.ticker is scope:
                 st.ticker = None
+                st.tick_parked = None
 
     async def _receive(self) -> _Envelope:
         """The next envelope: taken at once when one is queued, else waited for (on an
@@ -451,7 +465,7 @@ class ActorCell:
                 st.current = None
                 if env.reply is not None:
                     env.reply.set(value)
-            if st.ticker is None:
+            if st.ticker is None or st.tick_parked is not None:
                 self._tick_if_wanted(actor, tg)
 
     def kill(self, reason: str = "killed") -> bool:

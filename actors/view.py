@@ -9,16 +9,66 @@ it is rebuilt lazily.
 
 from __future__ import annotations
 
-import math
+from collections import deque
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Mapping
 
 import anyio
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.lowlevel import checkpoint
 
 from actors.ports import Change, ChangeKind, DeviceKey
 from model.snapshot import Snapshot
 from model.types import Budget, GPUClass, GPUDevice, Namespace, Node
+
+
+class ChangeQueue:
+    """One subscriber's changes, unbounded, in order: what `IndexedView.subscribe` yields.
+    An async iterator (each step is a checkpoint; ends once closed and drained) with
+    `receive_nowait()` (raises `anyio.WouldBlock` when empty, `anyio.EndOfStream` once
+    closed and drained), as the `ChangeFeed` port asks. Putting costs an append."""
+
+    __slots__ = ("_items", "_waiter", "_closed")
+
+    def __init__(self) -> None:
+        self._items: deque[Change] = deque()
+        self._waiter: anyio.Event | None = None
+        self._closed = False
+
+    def put(self, change: Change) -> None:
+        """Queue `change` (dropped once closed) and wake the consumer if it waits."""
+        if self._closed:
+            return
+        self._items.append(change)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            waiter.set()
+
+    def close(self) -> None:
+        """No more changes; a waiting consumer ends after draining what is queued."""
+        self._closed = True
+        if self._waiter is not None:
+            self._waiter.set()
+            self._waiter = None
+
+    def receive_nowait(self) -> Change:
+        if self._items:
+            return self._items.popleft()
+        if self._closed:
+            raise anyio.EndOfStream
+        raise anyio.WouldBlock
+
+    def __aiter__(self) -> ChangeQueue:
+        return self
+
+    async def __anext__(self) -> Change:
+        await checkpoint()
+        while not self._items:
+            if self._closed:
+                raise StopAsyncIteration
+            waiter = self._waiter = anyio.Event()
+            await waiter.wait()
+        return self._items.popleft()
 
 
 class IndexedView:
@@ -39,7 +89,7 @@ class IndexedView:
         self._by_request: dict[tuple[str, str], dict[DeviceKey, GPUDevice]] = {}
         self._snap: Snapshot | None = None
         self._pending: dict[DeviceKey, GPUDevice | None] = {}  # device changes not yet in _snap
-        self._subscribers: list[MemoryObjectSendStream[Change]] = []
+        self._subscribers: list[ChangeQueue] = []
 
     # -- ClusterView -----------------------------------------------------------------
     def node(self, name: str) -> Node | None:
@@ -86,23 +136,19 @@ class IndexedView:
     # -- ChangeFeed ------------------------------------------------------------------
     @asynccontextmanager
     async def subscribe(self) -> AsyncIterator[AsyncIterator[Change]]:
-        send, receive = anyio.create_memory_object_stream[Change](math.inf)
-        self._subscribers.append(send)
+        queue = ChangeQueue()
+        self._subscribers.append(queue)
         try:
-            async with receive:
-                yield receive
+            yield queue
         finally:
-            self._subscribers.remove(send)
-            send.close()
+            self._subscribers.remove(queue)
+            queue.close()
 
     def emit(self, kind: ChangeKind, key: str | DeviceKey) -> None:
         """Tell every subscriber that `key` of `kind` changed."""
         change = Change(kind, key)
-        for send in list(self._subscribers):
-            try:
-                send.send_nowait(change)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass
+        for queue in self._subscribers:
+            queue.put(change)
 
     # -- writers ---------------------------------------------------------------------
     def put_node(self, node: Node) -> None:

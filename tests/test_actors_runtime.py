@@ -209,3 +209,39 @@ async def test_ticks_arrive_when_idle() -> None:
         await anyio.sleep(0.05)
         cell.close()
     assert actor.ticks >= 3
+
+
+class TicksWhileBusy(Ticking):
+    """Wants ticks only while `busy` (set by a message, cleared by its third tick)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.busy = False
+
+    def wants_tick(self) -> bool:
+        return self.busy
+
+    async def receive(self, message: object) -> None:
+        self.busy = True
+
+    async def on_tick(self) -> None:
+        self.ticks += 1
+        if self.ticks % 3 == 0:
+            self.busy = False
+
+
+async def test_ticks_stop_while_unwanted_and_resume_after_a_message() -> None:
+    actor = TicksWhileBusy()
+    async with anyio.create_task_group() as tg:
+        ref, cell = await spawn(tg, lambda: actor, name="ticking")
+        await anyio.sleep(0.04)
+        assert actor.ticks == 0  # never wanted: no tick at all
+        for round_ in (1, 2):
+            await ref.ask("work")
+            with anyio.fail_after(1):
+                while actor.busy:
+                    await anyio.sleep(0.005)
+            assert actor.ticks == 3 * round_
+            await anyio.sleep(0.04)  # parked: ~8 intervals pass without a tick
+            assert actor.ticks == 3 * round_
+        cell.close()
