@@ -20,8 +20,8 @@ A Succeeded VM keeps running until the template GPUs of running VMs exceed 30 % 
 fleet, then the oldest stop (their template devices are deleted, as housekeeping does, H2);
 a refused request's templates are deleted at once (the webhook's clean-up, W5), so the fleet
 stays about 70 % full for any run length. The first `warmup` answers of a run are not
-measured. Both runs freeze the collector's view of the loaded fleet (`gc.freeze()`), as the
-controller does once its cache has synced. Every fleet runs in its own subprocess (its RSS is its own); so does the RSS
+measured. Both runs apply the controller's collector policy once the fleet is loaded
+(`actors.heap.settle_heap`: freeze it, raise the young threshold). Every fleet runs in its own subprocess (its RSS is its own); so does the RSS
 point: 5,000 nodes × 8 GPUs with 40,000 devices (90 % Bound) and the binder running,
 answering requests at concurrency 50. Writes `core.json` (seed, versions, fleet and machine
 facts, every point) and `core.png`. A benchmark, not a test: it never fails on a target.
@@ -51,6 +51,7 @@ from typing import Any
 
 import anyio
 
+from actors.heap import restore_heap, settle_heap
 from actors.logging import configure_logging
 from actors.memory_store import MemoryStore
 from actors.ports import SystemClock
@@ -222,7 +223,7 @@ def bare_loop(fleet: Fleet, asks: list[Ask], seed: int, warmup: int) -> dict[str
     store = build_store(fleet, seed)
     snap = store.snapshot()
     del store
-    _freeze_heap()  # the same heap policy as the actor runs
+    heap = settle_heap()  # the same heap policy as the actor runs
     life = _Lifecycle(int(fleet.capacity * fleet.running))
     latencies: list[float] = []
     outcomes: list[bool] = []
@@ -237,7 +238,7 @@ def bare_loop(fleet: Fleet, asks: list[Ask], seed: int, warmup: int) -> dict[str
             latencies.append(dt)
             answered_at.append(clock)
             outcomes.append(ok)
-    gc.unfreeze()
+    restore_heap(heap)
     out = _summary(latencies, answered_at, outcomes, warmup)
     out["p50_us"] = round(out["p50_ms"] * 1e3, 1)
     out["p99_us"] = round(out["p99_ms"] * 1e3, 1)
@@ -323,7 +324,7 @@ async def actor_loop(fleet: Fleet, asks: list[Ask], concurrency: int, seed: int,
         async with anyio.create_task_group() as tg:
             await tg.start(binder.run)
             boot = time.perf_counter() - t_boot
-            _freeze_heap()  # as the controller does once its cache has synced
+            heap = settle_heap()  # as the controller does once its cache has synced
             cpu_start[0] = time.process_time()
             async with anyio.create_task_group() as clients:
                 for _ in range(concurrency):
@@ -332,7 +333,7 @@ async def actor_loop(fleet: Fleet, asks: list[Ask], concurrency: int, seed: int,
             if profiler is not None and profiler.is_running:
                 profiler.stop()
             cpu = time.process_time() - cpu_start[0]
-            gc.unfreeze()  # the next point of this process starts from a plain heap
+            restore_heap(heap)  # the next point of this process starts from a plain heap
             coord = await binder.coordinator.ask(_get_status()) if binder.coordinator else None
             sup = binder.statistics()
             tg.cancel_scope.cancel()
@@ -350,14 +351,6 @@ async def actor_loop(fleet: Fleet, asks: list[Ask], concurrency: int, seed: int,
     if coord is not None:
         out["coordinator"] = {k: getattr(coord, k) for k in ("decided", "succeeded", "refused", "gave_up")}
     return out
-
-
-def _freeze_heap() -> None:
-    """The controller's heap policy (`k8s.controller`): once the long-lived state is loaded
-    (the synced cache there, the fleet and the started binder here), collect and freeze
-    it, so a full collection no longer rescans it (those pauses set p99 on big fleets)."""
-    gc.collect()
-    gc.freeze()
 
 
 def _get_status() -> Any:
@@ -498,8 +491,9 @@ def _facts(seed: int, quick: bool) -> dict[str, Any]:
                      "tenants": TENANTS, "set_sizes": "1-8 uniform", "node_selector_share": 0.1,
                      "fleet": asdict(Fleet(0)),
                      "binder_config": "BinderConfig() defaults", "logging": "WARNING, discarded",
-                     "gc": "CPython default thresholds; gc.freeze() once the fleet is loaded "
-                           "(and the binder started), as the controller does after its cache syncs"},
+                     "gc": "actors.heap.settle_heap() once the fleet is loaded and the binder "
+                           "started (gc.freeze, young threshold 10,000), as the controller does "
+                           "once its cache has synced"},
         "definitions": {
             "concurrency": "closed loop: requests outstanding at once (clients)",
             "latency": "actors: request written -> last member's result written; "

@@ -12,7 +12,6 @@ escalation (restart intensity exceeded) propagates out and the process exits non
 from __future__ import annotations
 
 import functools
-import gc
 import signal
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +21,7 @@ import structlog
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 
+from actors.heap import settle_heap
 from actors.logging import close_logging, configure_logging
 from actors.ports import SystemClock
 from k8s.admission import VMIAdmission
@@ -166,10 +166,7 @@ class Controller:
                     serve, make_app(admit, timeout=cfg.bind_timeout + 3), cfg.webhook_host,
                     cfg.webhook_port, ctx, reuse_port=True))
             await tg.start(cache.run)
-            # the synced cache is long-lived: keep the collector from rescanning it on every
-            # full collection (those pauses set p99 at large fleets; see bench/core.py)
-            gc.collect()
-            gc.freeze()
+            settle_heap()  # the synced cache is long-lived (see actors/heap.py)
             self.synced = True
             log.info("cache synced", devices=len(cache.view.devices()),
                      nodes=len(cache.view.nodes()))
