@@ -187,16 +187,18 @@ class GPUDevice:
     resource_version: str | None = None
     uid: str | None = None
     created_at: datetime | None = None
+    bound_node: str | None = field(init=False, repr=False, compare=False)
+    """The node this device is Bound to, or None when Pending (derived from `status` when
+    the value is made: read on every index update and decision, so not a property)."""
+
+    def __post_init__(self) -> None:
+        st = self.status
+        object.__setattr__(self, "bound_node", st.node_name if st.phase is Phase.BOUND else None)
 
     @property
     def key(self) -> tuple[str, str]:
         """(namespace, name): the identity used by every index and message."""
         return (self.namespace, self.name)
-
-    @property
-    def bound_node(self) -> str | None:
-        """The node this device is Bound to, or None when Pending."""
-        return self.status.node_name if self.status.phase is Phase.BOUND else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -167,3 +167,16 @@ def test_with_reservation_s_counts_equal_a_fresh_index(first, then):
                   reservations=list(one_by_one.reservations))
     assert _counted(one_by_one) == _counted(fresh)
     assert _counted(together) == _counted(fresh)
+
+
+def test_bound_node_follows_the_status_the_value_was_made_with() -> None:
+    from dataclasses import replace
+
+    from model.types import DeviceStatus, GPUDevice, Phase
+
+    pending = GPUDevice("t", "d", "h100", status=DeviceStatus(node_name="n1"))
+    assert pending.bound_node is None  # a nodeName without phase Bound places nothing
+    bound = replace(pending, status=DeviceStatus(Phase.BOUND, "n2"))
+    assert bound.bound_node == "n2"
+    assert replace(bound, status=DeviceStatus()).bound_node is None
+    assert bound == GPUDevice("t", "d", "h100", status=DeviceStatus(Phase.BOUND, "n2"))
