@@ -1,5 +1,6 @@
-"""Small helpers for e2e tests: bounded polling and writing bind requests as the webhook
-would (attachedTo + bindRequest), through the API server."""
+"""Small helpers for e2e tests: bounded polling, a pool of capacity of its own per test, and
+writing bind requests as the webhook would (attachedTo + bindRequest), through the API
+server."""
 
 from __future__ import annotations
 
@@ -24,6 +25,33 @@ async def eventually(probe: Callable[[], Awaitable[T]], *, timeout: float = 20.0
             return last
         await anyio.sleep(interval)
     raise AssertionError(f"{what} not reached within {timeout:.0f} s; last: {last!r}")
+
+
+async def make_pool(fleet, nodes: dict[str, int], *, resource: str | None = None,
+                    budget: int | None = None, devices: int = 0, prefix: str = "gpu",
+                    on_cordon: str = "Move", settle: float = 0.0):
+    """A pool no other test shares: a class of its own resource name (`resource`, else a
+    fresh one), nodes advertising it (`nodes`: short name -> units), a tenant (with
+    `budget` of that resource when given), and `devices` held devices named
+    `<prefix>-<i>`; then waits `settle` seconds for the informers to see them.
+    Returns (resource, class, {short: node name}, tenant, device names)."""
+    from tests.e2e.conftest import unique
+
+    res = resource or f"{unique('gpu')}.example.com/gpu"
+    cls = unique("cls")
+    await fleet.gpu_class(cls, res, on_cordon=on_cordon)
+    names = {}
+    for short, units in nodes.items():
+        names[short] = unique(short)
+        await fleet.node(names[short], {res: units})
+    tenant = unique("t")
+    await fleet.tenant(tenant, budgets={res: budget} if budget is not None else None)
+    devs = [f"{prefix}-{i}" for i in range(devices)]
+    for d in devs:
+        await fleet.device(tenant, d, cls)
+    if settle:
+        await anyio.sleep(settle)
+    return res, cls, names, tenant, devs
 
 
 def stamp() -> str:

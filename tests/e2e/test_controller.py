@@ -9,28 +9,9 @@ import time
 import anyio
 import pytest
 
-from tests.e2e.conftest import unique
-from tests.e2e.helpers import eventually, request, results, stamp
+from tests.e2e.helpers import eventually, make_pool, request, results, stamp
 
 pytestmark = pytest.mark.anyio
-
-
-async def make_pool(fleet, nodes: dict[str, int], *, budget: int | None = None,
-                    devices: int = 0, on_cordon: str = "Move"):
-    """A class with its own resource name, nodes advertising it, a tenant, held devices."""
-    res = f"{unique('gpu')}.example.com/gpu"
-    cls = unique("cls")
-    await fleet.gpu_class(cls, res, on_cordon=on_cordon)
-    names = {}
-    for short, units in nodes.items():
-        names[short] = unique(short)
-        await fleet.node(names[short], {res: units})
-    tenant = unique("t")
-    await fleet.tenant(tenant, budgets={res: budget} if budget is not None else None)
-    devs = [f"gpu-{i}" for i in range(devices)]
-    for d in devs:
-        await fleet.device(tenant, d, cls)
-    return res, cls, names, tenant, devs
 
 
 async def test_B1_request_written_on_devices_is_placed_and_only_binder_owns_fields(system, fleet):

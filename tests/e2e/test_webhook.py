@@ -12,8 +12,8 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiException
 
-from tests.e2e.conftest import FIXTURES, unique
-from tests.e2e.helpers import eventually
+from tests.e2e.conftest import FIXTURES
+from tests.e2e.helpers import eventually, make_pool
 
 pytestmark = pytest.mark.anyio
 VMI_GROUP, VMI_VERSION, VMIS = "kubevirt.io", "v1", "virtualmachineinstances"
@@ -35,23 +35,6 @@ def annotated(vmi: dict, name: str, *, templates: str | None = None,
     if devices:
         ann["gpu.cozystack.io/devices"] = devices
     return vmi
-
-
-async def pool(fleet, nodes: dict[str, int], *, resource: str | None = None,
-               budget: int | None = None, held: int = 0):
-    res = resource or f"{unique('gpu')}.example.com/gpu"
-    cls = unique("cls")
-    await fleet.gpu_class(cls, res)
-    names = {}
-    for short, units in nodes.items():
-        names[short] = unique(short)
-        await fleet.node(names[short], {res: units})
-    tenant = unique("t")
-    await fleet.tenant(tenant, budgets={res: budget} if budget is not None else None)
-    for i in range(held):
-        await fleet.device(tenant, f"held-{i}", cls)
-    await anyio.sleep(0.5)  # let the informers see the new objects
-    return res, cls, names, tenant
 
 
 async def create(fleet, ns: str, vmi: dict) -> tuple[bool, str]:
@@ -81,7 +64,9 @@ def test_W1_fixtures_without_gpu_annotations_pass_unchanged(system, make_tenant,
 
 
 async def test_W3_vmi_gpu_fixture_with_templates_is_admitted_pinned_and_bound(system, fleet):
-    res, cls, nodes, tenant = await pool(fleet, {"small": 1, "big": 4}, resource=P40)
+    res, cls, nodes, tenant, _ = await make_pool(
+        fleet, {"small": 1, "big": 4}, resource=P40,
+        prefix="held", settle=0.5)
     vmi = annotated(fixture("vmi-gpu.yaml"), "vmi-gpu", templates=f"{cls}=2")
     out = system.cp.kubectl("create", "-n", tenant, "-f", "-", input=yaml.safe_dump(vmi))
     assert out.stdout.strip() == "virtualmachineinstance.kubevirt.io/vmi-gpu created"
@@ -98,7 +83,9 @@ async def test_W3_vmi_gpu_fixture_with_templates_is_admitted_pinned_and_bound(sy
 
 
 async def test_B1_held_devices_on_two_nodes_are_gathered_and_vmi_pinned(system, fleet):
-    res, cls, nodes, tenant = await pool(fleet, {"a": 2, "b": 2}, held=2)
+    res, cls, nodes, tenant, _ = await make_pool(
+        fleet, {"a": 2, "b": 2}, devices=2,
+        prefix="held", settle=0.5)
     # place held-0 on a and held-1 on b through two single-device VMIs, then delete them
     for i, node_key in ((0, "a"), (1, "b")):
         vmi = annotated(fixture("vmi-fedora.yaml"), f"warm-{i}", devices=f"held-{i}")
@@ -122,7 +109,9 @@ async def test_B1_held_devices_on_two_nodes_are_gathered_and_vmi_pinned(system, 
 
 
 async def test_W5_set_that_fits_nowhere_is_denied_and_leaves_nothing(system, fleet):
-    res, cls, nodes, tenant = await pool(fleet, {"a": 1, "b": 1}, held=1)
+    res, cls, nodes, tenant, _ = await make_pool(
+        fleet, {"a": 1, "b": 1}, devices=1,
+        prefix="held", settle=0.5)
     ok, msg = await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "too-big",
                                                     devices="held-0", templates=f"{cls}=1"))
     assert not ok
@@ -136,7 +125,9 @@ async def test_W5_set_that_fits_nowhere_is_denied_and_leaves_nothing(system, fle
 
 
 async def test_W2_server_dry_run_writes_nothing(system, fleet):
-    res, cls, nodes, tenant = await pool(fleet, {"a": 2}, held=1)
+    res, cls, nodes, tenant, _ = await make_pool(
+        fleet, {"a": 2}, devices=1,
+        prefix="held", settle=0.5)
     vmi = annotated(fixture("vmi-fedora.yaml"), "dry", devices="held-0", templates=f"{cls}=1")
     out = system.cp.kubectl("create", "--dry-run=server", "-n", tenant, "-f", "-",
                             input=yaml.safe_dump(vmi))
@@ -157,7 +148,9 @@ async def _race(fleet, tenant, vmis: list[dict]) -> list[tuple[bool, str]]:
 
 
 async def test_B2_twenty_vmis_for_ten_units_exactly_ten_admitted(system, fleet):
-    res, cls, nodes, tenant = await pool(fleet, {"a": 4, "b": 3, "c": 3})
+    res, cls, nodes, tenant, _ = await make_pool(
+        fleet, {"a": 4, "b": 3, "c": 3},
+        prefix="held", settle=0.5)
     vmis = [annotated(fixture("vmi-fedora.yaml"), f"vm-{i}", templates=f"{cls}=1")
             for i in range(20)]
     got = await _race(fleet, tenant, vmis)
@@ -170,7 +163,9 @@ async def test_B2_twenty_vmis_for_ten_units_exactly_ten_admitted(system, fleet):
 
 
 async def test_W3_five_vmis_racing_for_one_held_device_exactly_one_admitted(system, fleet):
-    res, cls, nodes, tenant = await pool(fleet, {"a": 2}, held=1)
+    res, cls, nodes, tenant, _ = await make_pool(
+        fleet, {"a": 2}, devices=1,
+        prefix="held", settle=0.5)
     vmis = [annotated(fixture("vmi-fedora.yaml"), f"vm-{i}", devices="held-0")
             for i in range(5)]
     got = await _race(fleet, tenant, vmis)
@@ -181,7 +176,9 @@ async def test_W3_five_vmis_racing_for_one_held_device_exactly_one_admitted(syst
 
 
 async def test_B2_budget_two_five_vmis_exactly_two_admitted(system, fleet):
-    res, cls, nodes, tenant = await pool(fleet, {"a": 8}, budget=2)
+    res, cls, nodes, tenant, _ = await make_pool(
+        fleet, {"a": 8}, budget=2,
+        prefix="held", settle=0.5)
     vmis = [annotated(fixture("vmi-fedora.yaml"), f"vm-{i}", templates=f"{cls}=1")
             for i in range(5)]
     got = await _race(fleet, tenant, vmis)
@@ -210,7 +207,7 @@ def _client_ssl(system) -> ssl.SSLContext:
 async def test_W4_repeated_review_for_admitted_vmi_admits_without_new_request(system, fleet):
     import aiohttp
 
-    res, cls, nodes, tenant = await pool(fleet, {"a": 2})
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 2}, prefix="held", settle=0.5)
     vmi = annotated(fixture("vmi-fedora.yaml"), "again", templates=f"{cls}=1")
     ok, spec = await create(fleet, tenant, vmi)
     assert ok, spec
@@ -227,7 +224,7 @@ async def test_W4_repeated_review_for_admitted_vmi_admits_without_new_request(sy
 
 
 async def test_leader_killed_while_webhook_waits_admits_or_denies_and_cleans_up(system, fleet):
-    res, cls, nodes, tenant = await pool(fleet, {"a": 8})
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 8}, prefix="held", settle=0.5)
     vmis = [annotated(fixture("vmi-fedora.yaml"), f"vm-{i}", templates=f"{cls}=1")
             for i in range(6)]
     old = system.leader()
@@ -262,7 +259,7 @@ async def test_leader_killed_while_webhook_waits_admits_or_denies_and_cleans_up(
 async def test_W5_replica_stopped_while_admitting_denies_and_cleans_up(system, fleet):
     """No leader (killed), so the admission waits; SIGTERM to the replica serving it must
     answer with a denial and clear what it wrote, not drop the connection."""
-    res, cls, nodes, tenant = await pool(fleet, {"a": 2})
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 2}, prefix="held", settle=0.5)
     leader = int(system.leader().split("-")[1])
     other = 1 - leader
     system.kill_replica(leader, signal.SIGKILL)
@@ -288,7 +285,7 @@ async def test_W5_replica_stopped_while_admitting_denies_and_cleans_up(system, f
 
 
 async def test_W6_unknown_gpu_annotation_is_denied_with_the_known_ones_named(system, fleet):
-    res, cls, nodes, tenant = await pool(fleet, {"a": 1})
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, prefix="held", settle=0.5)
     vmi = annotated(fixture("vmi-fedora.yaml"), "typo")
     vmi["metadata"]["annotations"] = {"gpu.cozystack.io/template": f"{cls}=1"}
     ok, msg = await create(fleet, tenant, vmi)
