@@ -128,11 +128,12 @@ class Controller:
                 return await admission.handle(req)
 
         async def lead() -> None:
-            writer = ApiStatusWriter(api, timeout=min(5.0, cfg.renew_deadline / 2))
+            call_timeout = min(5.0, cfg.renew_deadline / 2)  # a leader's call ends before its lease
+            writer = ApiStatusWriter(api, timeout=call_timeout)
             self.binder = Binder(cache.view, cache.view, writer, SystemClock(), BinderConfig(),
                                  observer=metrics)
             keeper = Housekeeper(api, cache, grace=grace, raw_policy=cfg.raw_resource_names,
-                                 period=cfg.housekeeping_period)
+                                 period=cfg.housekeeping_period, timeout=call_timeout)
             try:
                 async with anyio.create_task_group() as tg:
                     await tg.start(self.binder.run)
