@@ -70,7 +70,8 @@ class Informer:
     `functools.partial` of `CustomObjectsApi.list_cluster_custom_object` with group,
     version and plural). Run it with `await task_group.start(informer.run)`: start returns
     after the first list (the cache has synced). Errors other than cancellation are logged
-    and retried with capped exponential backoff; `run` only returns when cancelled.
+    and retried with capped exponential backoff (at least the server's Retry-After, capped
+    too); `run` only returns when cancelled.
     """
 
     def __init__(self, name: str, list_fn: Callable[..., Awaitable[Any]], *,
@@ -191,7 +192,10 @@ class Informer:
                     rv = None
                     continue
                 err = translate(exc, f"list/watch {self.name}")
-                await self._backoff(backoff, status=exc.status, error=err.message[:300])
+                delay = backoff  # a throttled call (429) waits at least what the server asks
+                if err.retry_after is not None:
+                    delay = max(backoff, min(err.retry_after, self._backoff_max))
+                await self._backoff(delay, status=exc.status, error=err.message[:300])
                 rv, backoff = None, min(backoff * 2, self._backoff_max)
             except Exception as exc:  # connection refused, aiohttp errors, timeouts, bad JSON
                 await self._backoff(backoff, error=repr(exc)[:200])
