@@ -71,6 +71,8 @@ CLASSES = {"h100": (H100, OnCordon.MOVE), "h100-stay": (H100, OnCordon.STAY), "l
 CLASS_WEIGHTS = (("h100", 4), ("h100-stay", 1), ("l40s", 5))
 ZONES = ("z0", "z1", "z2")
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+RUN_TIMEOUT = 600.0
+"""Seconds one actor run may take before it fails (a request never answered)."""
 TARGETS = {"nodes": 1000, "concurrency": 50, "decisions_per_s": 2000.0, "ratio": 0.5,
            "p99_ms": 20.0, "rss_nodes": 5000, "rss_devices": 40000, "rss_mib": 500.0}
 
@@ -302,8 +304,7 @@ async def actor_loop(fleet: Fleet, asks: list[Ask], concurrency: int, seed: int,
             waiting[rid] = [len(names), done]
             t0 = time.perf_counter()
             store.request(ask.tenant, vmi, names, request_id=rid, node_selector=dict(ask.selector))
-            with anyio.fail_after(120):
-                await done.wait()
+            await done.wait()  # bounded: the whole run is (RUN_TIMEOUT)
             t1 = time.perf_counter()
             del waiting[rid]
             latencies.append(t1 - t0)
@@ -326,9 +327,10 @@ async def actor_loop(fleet: Fleet, asks: list[Ask], concurrency: int, seed: int,
             boot = time.perf_counter() - t_boot
             heap = settle_heap()  # as the controller does once its cache has synced
             cpu_start[0] = time.process_time()
-            async with anyio.create_task_group() as clients:
-                for _ in range(concurrency):
-                    clients.start_soon(client)
+            with anyio.fail_after(RUN_TIMEOUT):  # one bound for every answer of the run
+                async with anyio.create_task_group() as clients:
+                    for _ in range(concurrency):
+                        clients.start_soon(client)
             pauses.on = False
             if profiler is not None and profiler.is_running:
                 profiler.stop()
