@@ -169,6 +169,21 @@ class _Placing:
     refusals: list[str] = field(default_factory=list)
     incarnation: int = 0
     placement: Placement | None = None
+    ref: ActorRef | None = None  # the node actor of the first placement, once prepared
+
+
+@dataclass(slots=True)
+class _Answer:
+    """A decision that lands nothing (Refused, or Succeeded with nothing to move: B5, B6),
+    held until the batch's tentative reservations are known to have held."""
+
+    key: RequestKey
+    request: Request
+    result: Result
+    node: str | None
+    message: str
+    rule: str
+    started: float
 
 
 class Coordinator(Actor):
@@ -263,8 +278,9 @@ class Coordinator(Actor):
     # -- the decision loop --------------------------------------------------------------------
 
     async def _decision_loop(self) -> None:
-        """The one decision loop (B2): requests are decided one at a time, each against the
-        snapshot that includes every reservation made before it."""
+        """The one decision loop (B2): requests are taken in batches and decided one after
+        the other, each against the snapshot that includes every reservation made before
+        it (`_decide_batch`)."""
         while True:
             now = anyio.current_time()
             for key, due in list(self._deferred.items()):
@@ -344,31 +360,60 @@ class Coordinator(Actor):
         return needs, budget
 
     async def _decide_batch(self, batch: list[RequestKey]) -> None:
-        """Decide `batch` in order on one snapshot (each decision sees the reservations of
-        those before it), then run the two-phase reservation for all of them at once: one
-        scatter-gather of prepares, one of commits; a request whose first placement a node
-        actor refused falls back to its next placements one by one."""
+        """Decide `batch` in order on one snapshot, each decision seeing the tentative
+        reservations of those before it (B2, B3); then reserve every decision that lands
+        devices at once (`_reserve`: one scatter-gather of prepares, one of commits).
+
+        A tentative reservation that did not hold (a node actor refused or did not answer)
+        was capacity the later decisions of the batch counted as taken: those are not
+        answered but decided again in the next batch (their committed holds aborted), so a
+        phantom reservation never makes a refusal, a B5(a) answer or a B4 choice. The
+        batch's answers are written together (one wave); then each request whose first
+        placement failed falls back, one after the other, on a fresh decision
+        (`_fall_back`), and writes alone."""
         snap: Snapshot | None = None  # built on the first request that needs deciding
-        placing: list[_Placing] = []
+        entries: list[_Placing | _Answer] = []
+        failed: list[_Placing] = []
         self._wave = wave = []
         try:
             for key in batch:
-                snap, item = self._triage(key, snap)
-                if item is not None:
-                    placing.append(item)
+                snap, entry = self._triage(key, snap)
+                if entry is not None:
+                    entries.append(entry)
+            placing = [e for e in entries if isinstance(e, _Placing)]
             if placing:
                 assert snap is not None
-                await self._place(placing, snap)
+                await self._reserve(placing, snap)
+            cut = next((i for i, e in enumerate(entries)
+                        if isinstance(e, _Placing) and e.placement is None), len(entries))
+            for i, e in enumerate(entries):
+                if isinstance(e, _Placing) and e.placement is None:
+                    failed.append(e)
+                elif i > cut:  # decided against a reservation that did not hold: again
+                    if isinstance(e, _Placing) and e.ref is not None:
+                        self._tell_quietly(e.ref, Abort(e.request.id))
+                    self._pending[e.key] = None
+                elif isinstance(e, _Answer):
+                    self._observe(e.rule, e.result, e.message, e.started)
+                    self._start(e.request, e.result, e.node, e.message, ())
+                else:
+                    assert snap is not None
+                    self._placed(e, snap)
         finally:
             self._wave = None
             if wave:  # the batch's writes go together (cancelled: they die with the loop)
                 self._tg.start_soon(self._carry_out_wave, wave)
+        for it in failed:  # after the others' writes started; each then writes alone
+            assert snap is not None
+            it.placement = await self._fall_back(it)
+            self._placed(it, snap)
 
-    def _triage(self, key: RequestKey, snap: Snapshot | None) -> tuple[Snapshot | None, _Placing | None]:
+    def _triage(self, key: RequestKey, snap: Snapshot | None
+                ) -> tuple[Snapshot | None, _Placing | _Answer | None]:
         """Act on one request without waiting: recover it, finish a cut-short refusal, or
-        decide it. Returns the snapshot for the next request (None: not built yet) and, for
-        a decision that lands devices, what the two-phase reservation must place (its first
-        placement is then reserved in the returned snapshot)."""
+        decide it. Returns the snapshot for the next request (None: not built yet) and the
+        decision: an `_Answer` (lands nothing), or a `_Placing` for the two-phase
+        reservation (its first placement is then reserved in the returned snapshot)."""
         ns, rid = key
         flight = self._flights.get(key)
         if flight is not None and flight.running:
@@ -405,26 +450,23 @@ class Coordinator(Actor):
                   result=decision.result.value, chosen=decision.node,
                   candidates=[p.node for p in decision.placements])
         if decision.result is Result.REFUSED:
-            self._observe(decision.rule, Result.REFUSED, decision.message, started)
-            self._start(req, Result.REFUSED, None, decision.message, ())
-            return snap, None
+            return snap, _Answer(key, req, Result.REFUSED, None, decision.message,
+                                 decision.rule, started)
         first = decision.placements[0]
         if not first.moves:  # B5, B6: nothing lands anywhere
-            self._observe(decision.rule, Result.SUCCEEDED, decision.message, started)
-            self._start(req, Result.SUCCEEDED, first.node, decision.message, ())
-            return snap, None
+            return snap, _Answer(key, req, Result.SUCCEEDED, first.node, decision.message,
+                                 decision.rule, started)
         item = _Placing(key, req, decision, started)
         tentative = _Flight(req, Result.SUCCEEDED, first.node, decision.message,
                             _landing(first, snap), anyio.current_time())
         return self._with_flight(snap, tentative), item
 
-    async def _place(self, items: list[_Placing], snap: Snapshot) -> None:
-        """The two-phase reservation of `items` (each decided to land on its first
-        placement): prepares scattered and gathered at once, then commits likewise; every
-        item a node actor refused (or that got no answer: aborted) goes on to its next
-        placements one at a time (`_prepare_commit`). Then each is started, requeued for
-        another round, or refused by the ledgers (after `max_rounds`). Cancelled: every
-        hold this call may have taken is aborted."""
+    async def _reserve(self, items: list[_Placing], snap: Snapshot) -> None:
+        """The two-phase reservation of `items` on their first placements: prepares
+        scattered and gathered at once (`ask_all`), then commits likewise. Sets
+        `placement` of each item committed there; an item a node actor refused, or that
+        got no answer (its hold aborted), keeps None and the reasons in `refusals`.
+        Cancelled: every hold this call may have taken is aborted."""
         timeout = self._cfg.ask_timeout
         sent: list[tuple[_Placing, ActorRef]] = []
         try:
@@ -442,7 +484,7 @@ class Coordinator(Actor):
             for (it, ref), reply in zip(sent, replies):
                 node = it.decision.placements[0].node
                 if isinstance(reply, Prepared):
-                    it.incarnation = reply.incarnation
+                    it.incarnation, it.ref = reply.incarnation, ref
                     commits.append((it, ref))
                 elif isinstance(reply, PrepareRefused):
                     it.refusals.append(f"{node}: {reply.reason}")
@@ -465,13 +507,6 @@ class Coordinator(Actor):
             for it, ref in sent:  # cancelled: do not leak a hold
                 self._tell_quietly(ref, Abort(it.request.id))
             raise
-        for it in items:  # committed holds first: their writes start before any fallback waits
-            if it.placement is not None:
-                self._placed(it, snap)
-        for it in items:
-            if it.placement is None:
-                it.placement = await self._fall_back(it)
-                self._placed(it, snap)
 
     def _placed(self, it: _Placing, snap: Snapshot) -> None:
         """Start the writes of a placed item, or requeue it / refuse it (ledgers)."""
@@ -783,7 +818,10 @@ class Coordinator(Actor):
         outcome is a TransientWriteError (it may or may not have applied)."""
         timeout = self._cfg.write_timeout
         with anyio.move_on_after(timeout) as scope:
-            return await self._writer.write_many(writes)
+            outcomes = await self._writer.write_many(writes)
+            if len(outcomes) != len(writes):  # a broken writer: crash, do not guess
+                raise RuntimeError(f"write_many answered {len(outcomes)} of {len(writes)} writes")
+            return outcomes
         assert scope.cancelled_caught
         err = TransientWriteError(f"{op} of {len(writes)} devices timed out after {timeout}s")
         return [err] * len(writes)

@@ -159,11 +159,14 @@ class StatusWriter(Protocol):
 
 
 async def write_each(
-    writer: StatusWriter, writes: Sequence[StatusWrite], *, limit: int = 16
+    writer: StatusWriter, writes: Sequence[StatusWrite], *, limit: int = 16,
+    limiter: anyio.CapacityLimiter | None = None,
 ) -> list[WriteError | None]:
     """`StatusWriter.write_many` built from the single-write methods of `writer`: at most
-    `limit` (>= 1) writes run at once (one after the other when 1). Returns the outcomes in
-    the order of `writes`; a non-`WriteError` exception propagates."""
+    `limit` (>= 1) writes run at once (one after the other when 1), or, with `limiter`,
+    as many as it lets through (share one limiter between calls to bound them together).
+    Returns the outcomes in the order of `writes`; a non-`WriteError` exception
+    propagates."""
     outcomes: list[WriteError | None] = [None] * len(writes)
 
     async def one(i: int, w: StatusWrite) -> None:
@@ -180,11 +183,12 @@ async def write_each(
         except WriteError as exc:
             outcomes[i] = exc
 
-    if limit <= 1 or len(writes) <= 1:
-        for i, w in enumerate(writes):
-            await one(i, w)
-        return outcomes
-    limiter = anyio.CapacityLimiter(limit)
+    if limiter is None:
+        if limit <= 1 or len(writes) <= 1:
+            for i, w in enumerate(writes):
+                await one(i, w)
+            return outcomes
+        limiter = anyio.CapacityLimiter(limit)
 
     async def bounded(i: int, w: StatusWrite) -> None:
         async with limiter:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Sequence
 
+import anyio
 import structlog
 from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 
@@ -29,20 +30,22 @@ JSON_PATCH = "application/json-patch+json"
 
 class ApiStatusWriter:
     """`actors.ports.StatusWriter` over kubernetes_asyncio. `timeout` is per API call,
-    seconds; `parallel` (>= 1) bounds the patches one `write_many` has in flight at once
-    (a set's members are patched concurrently: one round trip per step, not per member)."""
+    seconds; `parallel` (>= 1) bounds the writes in flight at once over every
+    `write_many` call of this writer together (a set's members are patched concurrently:
+    one round trip per step, not per member, and retries cannot multiply the load)."""
 
     def __init__(self, api: ApiClient, *, timeout: float = 5.0, parallel: int = 8,
                  field_manager: str = BINDER_FIELD_MANAGER) -> None:
         self._api = CustomObjectsApi(api)
         self._timeout = timeout
-        self._parallel = max(1, parallel)
+        self._limiter = anyio.CapacityLimiter(max(1, parallel))
         self._manager = field_manager
         self.writes = 0
 
     async def write_many(self, writes: Sequence[StatusWrite]) -> list[port.WriteError | None]:
-        """Each write as its own patch, at most `parallel` at once; outcomes in order."""
-        return await write_each(self, writes, limit=self._parallel)
+        """Each write as its own patch (each bounded by `timeout`), at most `parallel` of
+        this writer's at once; outcomes in order."""
+        return await write_each(self, writes, limiter=self._limiter)
 
     async def _patch(self, key: tuple[str, str], request_id: str, ops: list[dict]) -> None:
         body = [{"op": "test", "path": "/status/bindRequest/id", "value": request_id}, *ops]

@@ -203,6 +203,60 @@ async def test_B4_fewest_moves_then_tightest_fit_then_name() -> None:
         assert (await answer(s, binder, "t", r2))["q1"][:2] == (Result.SUCCEEDED, "n2")
 
 
+async def test_B1_a_reservation_a_ledger_refused_does_not_refuse_the_rest_of_its_batch() -> None:
+    """n1 has 2 units; its ledger holds 1 the model does not see (a hold of another
+    coordinator incarnation). A (2 devices) and B (1) are decided in one batch: A first,
+    on n1, tentatively reserving both units, so B's decision in that batch says n1 is full.
+    n1 refuses A's prepare; B must then be decided again (1 unit is free), not refused."""
+    from actors.node_actor import Claim
+
+    s = cluster(n1=2)
+    for name in ("a1", "a2", "b1"):
+        s.add_device("t", name, "h100")
+    async with running_binder(s) as binder:
+        await binder.node_actor("n1").ask(Claim("elsewhere", ((H100, 1),), (), "another-owner"))
+        ra = s.request("t", "vmA", ["a1", "a2"])
+        rb = s.request("t", "vmB", ["b1"])  # same routing pass: the same batch
+        await settle(s, binder)
+    assert results_of(s, "t", rb)["b1"] == (Result.SUCCEEDED, "n1", "Bound", "n1")
+    assert {r[0] for r in results_of(s, "t", ra).values()} == {Result.REFUSED}
+    message = s.device(("t", "a1")).status.bind_request.message
+    assert "a1 (Pending), a2 (Pending)" in message and "n1" in message
+
+
+async def test_a_fallback_waiting_on_a_slow_node_actor_does_not_hold_back_its_batch(monkeypatch) -> None:
+    """A and B in one batch: B commits at once on n3; A's ledger refuses it on n1 and its
+    fallback waits on n2's node actor (blocked here). B's answer must not wait for A."""
+    from actors import node_actor
+    from actors.node_actor import Claim, Prepare
+
+    gate = anyio.Event()
+    receive = node_actor.NodeActor.receive
+
+    async def gated(self, message):
+        if self.node == "n2" and isinstance(message, Prepare):
+            await gate.wait()
+        return await receive(self, message)
+
+    monkeypatch.setattr(node_actor.NodeActor, "receive", gated)
+    s = cluster(n1=1, n2=1, n3=2)
+    for name in ("a", "b", "b2"):
+        s.add_device("t", name, "h100")
+    config = fast_config()  # A's ask to n2 must not time out while B's answer is awaited
+    config = replace(config, coordinator=replace(config.coordinator, ask_timeout=60.0))
+    async with running_binder(s, config) as binder:
+        await binder.node_actor("n1").ask(Claim("elsewhere", ((H100, 1),), (), "another-owner"))
+        rb = s.request("t", "vmB", ["b", "b2"])  # only n3 has room for two
+        ra = s.request("t", "vmA", ["a"])  # n1 (tightest, by name) is full in its ledger
+        await wait_until(lambda: results_of(s, "t", rb)["b"][0] is not None, timeout=3.0,
+                         what="B answered while A's fallback waits")
+        assert results_of(s, "t", ra)["a"][0] is None  # A's fallback still waits on n2
+        gate.set()
+        await settle(s, binder)
+    assert results_of(s, "t", rb)["b"] == (Result.SUCCEEDED, "n3", "Bound", "n3")
+    assert results_of(s, "t", ra)["a"] == (Result.SUCCEEDED, "n2", "Bound", "n2")
+
+
 # -- B5 -------------------------------------------------------------------------------------
 
 
