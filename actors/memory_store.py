@@ -39,9 +39,9 @@ from model.types import (
     freeze_labels,
 )
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made on every write, and a frozen __init__ costs twice
 class WriteRecord:
-    """One applied write. `op` is a StatusWriter method, or `request`/`withdraw` (the
+    """One applied write (treat as read-only). `op` is a StatusWriter method, or `request`/`withdraw` (the
     webhook's writes) or `node`/`device` (test setup after start). For `bind`,
     `from_node` is where the device was Bound before (None: Pending)."""
 
