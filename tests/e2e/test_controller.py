@@ -187,6 +187,16 @@ async def _stream(fleet, tenant, devs, prefix):
         await request(fleet, tenant, f"{prefix}-{i}", f"vm-{i}", [d])
 
 
+async def _live_vmis(fleet, tenant, n):
+    """VMIs vm-0 … vm-<n-1> (no GPU annotation: admitted as they are), so housekeeping sees
+    the requests' VMIs alive (H1 would clear them after the 8 s grace otherwise)."""
+    for i in range(n):
+        vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+               "metadata": {"name": f"vm-{i}"}, "spec": {"domain": {"devices": {}}}}
+        await fleet.custom.create_namespaced_custom_object("kubevirt.io", "v1", tenant,
+                                                           "virtualmachineinstances", vmi)
+
+
 def _check_invariants(statuses: list[dict], capacity: dict[str, int], budget: int | None):
     """Invariants 1, 3 and 4 of DESIGN.md §7 over single-device requests."""
     per_node: dict[str, int] = {}
@@ -209,6 +219,7 @@ def _check_invariants(statuses: list[dict], capacity: dict[str, int], budget: in
 async def test_leader_killed_during_a_stream_of_requests_every_request_answered(system, fleet):
     res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 5, "b": 5, "c": 5},
                                                     budget=12, devices=20)
+    await _live_vmis(fleet, tenant, 20)  # a slow failover must not race H1's grace
     async with anyio.create_task_group() as tg:
         tg.start_soon(_stream, fleet, tenant, devs, "s")
         await anyio.sleep(0.1)
@@ -230,11 +241,16 @@ async def test_leader_killed_during_a_stream_of_requests_every_request_answered(
 async def test_kube_apiserver_killed_and_restarted_during_a_stream_loses_no_request(
         system, fleet, control_plane):
     res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 8, "b": 8}, devices=16)
+    await _live_vmis(fleet, tenant, 8)  # a slow restart must not race H1's grace
     await _stream(fleet, tenant, devs[:8], "x")
     control_plane.restart_apiserver()
     await _stream(fleet, tenant, devs[8:], "y")
-    got = await eventually(lambda: results(fleet, tenant, devs), timeout=60,
-                           what="every request answered after the restart")
+    try:
+        got = await eventually(lambda: results(fleet, tenant, devs), timeout=60,
+                               what="every request answered after the restart")
+    except AssertionError as exc:  # say what the replicas were doing
+        tails = "\n".join(f"--- replica {i}:\n{system.log_tail(i, 60)}" for i in range(2))
+        raise AssertionError(f"{exc}\n{tails}") from None
     assert [s["bindRequest"]["result"] for s in got] == ["Succeeded"] * 16
     _check_invariants(got, {nodes["a"]: 8, nodes["b"]: 8}, None)
 
