@@ -160,9 +160,31 @@ def run(out: Path, *, quick: bool = False, seed: int = 1) -> dict:
                 await api.close()
 
         anyio.run(main)
+    report["targets"] = _targets(report)
     (out / "e2e.json").write_text(json.dumps(report, indent=2))
     _plot(report, out / "e2e.png")
+    for name, t in report["targets"].items():
+        print(f"target {name} ({t['at']}): {t['value']} {t['target']}: "
+              f"{'met' if t['met'] else 'NOT met'}", flush=True)
     return report
+
+
+TARGETS = {"concurrency": 20, "share_of_write_ceiling": 0.6, "p99_ms": 1000.0}
+
+
+def _targets(report: dict) -> dict:
+    """The issue's e2e targets at concurrency 20 (absent when that level was not run)."""
+    lvl = next((r for r in report.get("levels", []) if r["concurrency"] == TARGETS["concurrency"]), None)
+    if lvl is None:
+        return {}
+    at = f"concurrency {TARGETS['concurrency']}"
+    share, p99 = lvl["share_of_write_ceiling"], lvl["p99_ms"]
+    return {
+        "share_of_write_ceiling": {"at": at, "target": f">= {TARGETS['share_of_write_ceiling']}",
+                                   "value": share, "met": share >= TARGETS["share_of_write_ceiling"]},
+        "p99_ms": {"at": at, "target": f"< {TARGETS['p99_ms']:.0f}", "value": p99,
+                   "met": p99 < TARGETS["p99_ms"]},
+    }
 
 
 def _plot(report: dict, path: Path) -> None:
