@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 import anyio
 import structlog
@@ -197,23 +197,25 @@ class VMIAdmission:
         attached: list[str] = []
         request_id = uuid.uuid4().hex
         try:
-            for name, class_name in plan.templates:                     # W3 (1)
-                if self.cache.view.device((ns, name)) is None:
-                    created.append(name)
-                    if not await self._create_template(ns, vmi, name, class_name):
-                        created.remove(name)  # it existed: a retry of ours made it (W4)
-            for name in plan.devices:                                   # W3 (2)
-                attached.append(name)
-                await self._attach(ns, vmi, name, now)
+            # W3 (1)-(3) in order; within a step the set's devices go concurrently (bounded)
+            missing = [(name, class_name) for name, class_name in plan.templates
+                       if self.cache.view.device((ns, name)) is None]
+            created.extend(name for name, _ in missing)
+
+            async def create(item: tuple[str, str]) -> None:            # W3 (1)
+                if not await self._create_template(ns, vmi, item[0], item[1]):
+                    created.remove(item[0])  # it existed: a retry of ours made it (W4)
+            await _each(create, missing)
+            attached.extend(plan.devices)
+            await _each(lambda name: self._attach(ns, vmi, name, now), plan.devices)  # W3 (2)
             selector = dict(node_selector_of(obj))
             body = {"id": request_id, "vmi": vmi, "devices": list(plan.devices),
                     "requestedAt": format_time(self.now())}
             if selector:
                 body["nodeSelector"] = selector
-            for name in plan.devices:                                   # W3 (3)
-                await self._json_patch(ns, name, [
-                    {"op": "test", "path": "/status/attachedTo/vmi", "value": vmi},
-                    {"op": "add", "path": "/status/bindRequest", "value": body}])
+            await _each(lambda name: self._json_patch(ns, name, [                    # W3 (3)
+                {"op": "test", "path": "/status/attachedTo/vmi", "value": vmi},
+                {"op": "add", "path": "/status/bindRequest", "value": body}]), plan.devices)
             devs = await self.waiter.wait(ns, request_id, plan.devices,
                                           max(0.5, deadline - anyio.current_time()))
         except BaseException as exc:
@@ -401,3 +403,41 @@ class VMIAdmission:
                 await self.core.create_namespaced_event(ns, body, _request_timeout=self.timeout)
         except Exception as exc:  # noqa: BLE001 - an Event is best effort
             log.warning("event not recorded", error=repr(exc)[:200])
+
+
+STEP_PARALLEL = 8
+"""Devices of one set written at once in a step of W3 (templates, attachments, requests)."""
+
+
+async def _each(fn: Callable[[Any], Awaitable[None]], items: Sequence[Any]) -> None:
+    """`await fn(item)` for every item, at most `STEP_PARALLEL` at once. The first failure
+    cancels the others and is raised as it is, a `Denied` before an `errors.ApiError`
+    before anything else (what was written meanwhile is recorded by the caller for W5)."""
+    if len(items) <= 1:
+        for item in items:
+            await fn(item)
+        return
+    limiter = anyio.CapacityLimiter(STEP_PARALLEL)
+
+    async def one(item: Any) -> None:
+        async with limiter:
+            await fn(item)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for item in items:
+                tg.start_soon(one, item)
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        for kind in (Denied, errors.ApiError, Exception):
+            first = next((e for e in leaves if isinstance(e, kind)), None)
+            if first is not None:
+                raise first from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
