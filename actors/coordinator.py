@@ -30,7 +30,6 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from actors.errors import (
     RETRYABLE_WRITE_ERRORS,
     ActorStopped,
-    AskTimeout,
     MailboxFull,
     NotFound,
     RequestWithdrawn,
@@ -461,42 +460,44 @@ class Coordinator(Actor):
                             _landing(first, snap), anyio.current_time())
         return self._with_flight(snap, tentative), item
 
-    async def _reserve(self, items: list[_Placing], snap: Snapshot) -> None:
-        """The two-phase reservation of `items` on their first placements: prepares
-        scattered and gathered at once (`ask_all`), then commits likewise. Sets
-        `placement` of each item committed there; an item a node actor refused, or that
-        got no answer (its hold aborted), keeps None and the reasons in `refusals`.
-        Cancelled: every hold this call may have taken is aborted."""
+    async def _reserve(self, items: list[_Placing], snap: Snapshot,
+                       placements: list[Placement] | None = None) -> None:
+        """The two-phase reservation of each item on its placement (`placements`, in the
+        order of `items`; default: each one's first): prepares scattered and gathered at
+        once (`ask_all`), then commits likewise. Sets `placement` of each item committed;
+        an item a node actor refused, or that got no answer (its hold aborted), keeps None
+        and the reasons in `refusals`. Cancelled: every hold this call may have taken is
+        aborted."""
         timeout = self._cfg.ask_timeout
-        sent: list[tuple[_Placing, ActorRef]] = []
+        if placements is None:
+            placements = [it.decision.placements[0] for it in items]
+        sent: list[tuple[_Placing, Placement, ActorRef]] = []
         try:
             prepares = []
-            for it in items:
-                p = it.decision.placements[0]
+            for it, p in zip(items, placements):
                 ref = self._nodes.node_actor(p.node)
                 if ref is None:
                     it.refusals.append(f"{p.node}: no node actor")
                     continue
-                sent.append((it, ref))
+                sent.append((it, p, ref))
                 prepares.append((ref, Prepare(it.request.id, p.needs, _landing(p, snap), self._owner)))
             replies = await ask_all(prepares, timeout=timeout)
-            commits: list[tuple[_Placing, ActorRef]] = []
-            for (it, ref), reply in zip(sent, replies):
-                node = it.decision.placements[0].node
+            commits: list[tuple[_Placing, Placement, ActorRef]] = []
+            for (it, p, ref), reply in zip(sent, replies):
                 if isinstance(reply, Prepared):
                     it.incarnation, it.ref = reply.incarnation, ref
-                    commits.append((it, ref))
+                    commits.append((it, p, ref))
                 elif isinstance(reply, PrepareRefused):
-                    it.refusals.append(f"{node}: {reply.reason}")
+                    it.refusals.append(f"{p.node}: {reply.reason}")
                 else:
                     self._tell_quietly(ref, Abort(it.request.id))
-                    it.refusals.append(f"{node}: node actor unavailable ({type(reply).__name__})")
+                    it.refusals.append(f"{p.node}: node actor unavailable ({type(reply).__name__})")
             replies = await ask_all([(ref, Commit(it.request.id, it.incarnation))
-                                     for it, ref in commits], timeout=timeout)
-            for (it, ref), reply in zip(commits, replies):
-                node = it.decision.placements[0].node
+                                     for it, _, ref in commits], timeout=timeout)
+            for (it, p, ref), reply in zip(commits, replies):
+                node = p.node
                 if isinstance(reply, Committed):
-                    it.placement = it.decision.placements[0]
+                    it.placement = p
                     continue
                 self._tell_quietly(ref, Abort(it.request.id))
                 if isinstance(reply, CommitRefused):
@@ -504,7 +505,7 @@ class Coordinator(Actor):
                 else:
                     it.refusals.append(f"{node}: node actor unavailable ({type(reply).__name__})")
         except BaseException:
-            for it, ref in sent:  # cancelled: do not leak a hold
+            for it, _, ref in sent:  # cancelled: do not leak a hold
                 self._tell_quietly(ref, Abort(it.request.id))
             raise
 
@@ -570,42 +571,10 @@ class Coordinator(Actor):
             return None
         refused = {it.decision.placements[0].node}
         candidates = [p for p in decision.placements if p.moves and p.node not in refused]
-        if decision.result is Result.REFUSED or not candidates:
-            return None
-        return await self._prepare_commit(it, candidates, snap)
-
-    async def _prepare_commit(self, it: _Placing, placements: list[Placement],
-                              snap: Snapshot) -> Placement | None:
-        """Prepare on `placements` in order until a node actor reserves, then commit there.
-        Returns the committed placement (None if none); why the others failed is added to
-        `it.refusals`. A prepare whose answer is unknown (timeout, crash, cancellation) is
-        aborted."""
-        req, refusals = it.request, it.refusals
-        timeout = self._cfg.ask_timeout
-        for placement in placements:
-            ref = self._nodes.node_actor(placement.node)
-            if ref is None:
-                refusals.append(f"{placement.node}: no node actor")
-                continue
-            prepare = Prepare(req.id, placement.needs, _landing(placement, snap), self._owner)
-            try:
-                reply = await ref.ask(prepare, timeout=timeout)
-                if isinstance(reply, PrepareRefused):
-                    refusals.append(f"{placement.node}: {reply.reason}")
-                    continue
-                committed = await ref.ask(Commit(req.id, reply.incarnation), timeout=timeout)
-            except (AskTimeout, ActorStopped) as exc:
-                self._tell_quietly(ref, Abort(req.id))
-                refusals.append(f"{placement.node}: node actor unavailable ({type(exc).__name__})")
-                continue
-            except BaseException:
-                self._tell_quietly(ref, Abort(req.id))  # cancelled: do not leak the hold
-                raise
-            if isinstance(committed, CommitRefused):
-                self._tell_quietly(ref, Abort(req.id))
-                refusals.append(f"{placement.node}: {committed.reason}")
-                continue
-            return placement
+        for placement in candidates if decision.result is not Result.REFUSED else ():
+            await self._reserve([it], snap, [placement])
+            if it.placement is not None:
+                return it.placement
         return None
 
     @staticmethod

@@ -272,9 +272,9 @@ class MemoryStore(IndexedView):
         return outcomes
 
     async def _write_one(self, w: StatusWrite) -> None:
-        latency = self.faults.latency
-        await anyio.sleep(self.rng.uniform(0, latency) if latency > 0 else 0)
-        self._apply(w)
+        (error,) = await self.write_many((w,))
+        if error is not None:
+            raise error
 
     def _apply(self, w: StatusWrite) -> None:
         """Count, inject faults, check the request id, apply (see the module docstring)."""

@@ -122,27 +122,9 @@ class Actor:
         return 0
 
 
-class _Reply:
-    __slots__ = ("event", "value", "error")
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-    def set(self, value: Any) -> None:
-        if not self.event.is_set():
-            self.value = value
-            self.event.set()
-
-    def fail(self, error: BaseException) -> None:
-        if not self.event.is_set():
-            self.error = error
-            self.event.set()
-
-
 class _Gather:
-    """The replies of one `ask_all`: one slot per ask, one event when every slot is in."""
+    """The replies of one `ask` or `ask_all`: one slot per ask, one event when every slot
+    is in."""
 
     __slots__ = ("event", "results", "missing")
 
@@ -155,7 +137,7 @@ class _Gather:
 
 
 class _Slot:
-    """The reply handle of one ask of an `ask_all` (the `_Reply` interface)."""
+    """The reply handle of one envelope: `set(value)` or `fail(error)`, first one wins."""
 
     __slots__ = ("_gather", "_index")
 
@@ -186,7 +168,7 @@ _NO_REPLY = object()
 @dataclass(slots=True)
 class _Envelope:
     message: Any
-    reply: _Reply | _Slot | None = None
+    reply: _Slot | None = None
 
 
 @dataclass(slots=True)
@@ -245,20 +227,10 @@ class ActorRef:
         Cancellation: the message may already be queued and will be handled; its reply is
         dropped. A caller that must not leak what the reply grants (e.g. a capacity hold)
         sends the compensating message in its cancellation handler."""
-        reply = _Reply()
-        env = _Envelope(message, reply)
-        await checkpoint_if_cancelled()
-        with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
-            try:
-                self._cell._send_nowait(env)  # the common case: room in the mailbox
-            except MailboxFull:
-                await self._cell._send(env)
-            await reply.event.wait()
-        if scope.cancelled_caught:
-            raise AskTimeout(f"{self.name}: no reply to {type(message).__name__} in {timeout}s")
-        if reply.error is not None:
+        (reply,) = await _gather(((self, message),), timeout)
+        if isinstance(reply, _Failed):
             raise reply.error
-        return reply.value
+        return reply
 
     def statistics(self) -> ActorStatistics:
         """A frozen view of the actor now."""
@@ -538,28 +510,29 @@ async def ask_all(
     Never raises those. The cost of one `ask` for the whole batch: one event, one deadline.
     Cancellation: some messages may be queued and will be handled; replies are dropped (a
     caller that must not leak what a reply grants compensates, as with `ask`)."""
+    return [r.error if isinstance(r, _Failed) else r for r in await _gather(asks, timeout)]
+
+
+async def _gather(asks: Sequence[tuple[ActorRef, Any]], timeout: float) -> list[Any]:
+    """Queue every ask, wait once (bounded by `timeout`) for every reply. Each result is
+    the reply or `_Failed(AskTimeout | ActorStopped)`."""
     gather = _Gather(len(asks))
     await checkpoint_if_cancelled()
     with anyio.CancelScope(deadline=anyio.current_time() + timeout):
         for i, (ref, message) in enumerate(asks):
-            env = _Envelope(message, _Slot(gather, i))
+            slot = _Slot(gather, i)
+            env = _Envelope(message, slot)
             try:
                 try:
-                    ref._cell._send_nowait(env)
+                    ref._cell._send_nowait(env)  # the common case: room in the mailbox
                 except MailboxFull:
                     await ref._cell._send(env)  # back-pressure, under the same deadline
             except ActorStopped as exc:
-                env.reply.fail(exc)  # type: ignore[union-attr]
+                slot.fail(exc)
         await gather.event.wait()
-    out: list[Any] = []
-    for (ref, message), value in zip(asks, gather.results):
-        if value is _NO_REPLY:
-            out.append(AskTimeout(f"{ref.name}: no reply to {type(message).__name__} in {timeout}s"))
-        elif isinstance(value, _Failed):
-            out.append(value.error)
-        else:
-            out.append(value)
-    return out
+    return [_Failed(AskTimeout(f"{ref.name}: no reply to {type(message).__name__} in {timeout}s"))
+            if value is _NO_REPLY else value
+            for (ref, message), value in zip(asks, gather.results)]
 
 
 def _unwrap(exc: BaseException) -> BaseException:
