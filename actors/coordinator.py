@@ -1,10 +1,12 @@
 """Coordinator: the binder's one decision loop (B2) and its only status writer (B8).
 
-For each complete request it builds a snapshot from the ClusterView plus its own requests
-in flight (capacity and budget they will take and the view does not show yet), calls
-`model.decide`, and for a success runs the two-phase protocol on the node actors: prepare on
-the first placement, falling back to the next one when a node actor refuses, then commit.
-The writes of a decided request run as a child task in the coordinator's task group, so the
+It takes complete requests in batches and decides them one after the other on a snapshot of
+the ClusterView plus its own requests in flight (capacity and budget they will take and the
+view does not show yet), each decision seeing the tentative reservations of those before it
+(`model.decide`). The batch's successes then run the two-phase protocol on the node actors
+at once (prepares, then commits, scatter-gathered); a request a node actor refused is
+decided again on a fresh snapshot and tries its other candidates (`_decide_batch`).
+The writes of decided requests run as child tasks in the coordinator's task group, so the
 loop goes on deciding, in three steps of one `StatusWriter.write_many` each:
 `record_decision` on every member (the durable record, B7), then `bind` on each member not
 on the node yet, then `write_result` on every member; the writes of a step that fail with a
