@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from model.snapshot import Snapshot, budget_message
 from model.types import (
@@ -74,6 +74,23 @@ class Placement:
     moves: tuple[Move, ...]
     needs: tuple[tuple[str, int], ...]
     budget_needs: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    """Every reason the binder has about one request (what `decide`'s refusal message
+    summarises), for the operator's tools (`model.explain`).
+
+    `set_problems`: reasons that refuse the request whatever the node (a device missing or
+    listed twice, a class missing or not entitled, the budget), in the binder's wording.
+    `nodes`: per node asked about, why it is not eligible for the whole set (B3, the same
+    strings as the refusal message; empty: eligible), only when the set's classes resolve.
+    `holding`: members Bound per node. `decision`: what `decide` answers (no limit)."""
+
+    set_problems: tuple[str, ...]
+    nodes: Mapping[str, tuple[str, ...]]
+    holding: Mapping[str, int]
+    decision: Decision
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,13 +363,11 @@ class _Set:
         return lines
 
 
-def _judge(snap: Snapshot, request: Request, limit: int | None) -> tuple[Decision, str]:
-    """`decide`, also returning the reason of a refusal without its "refused … :" prefix
-    ("" on success). `check_set` uses the bare reason."""
-    if any(r.request_id == request.id for r in snap.reservations):
-        snap = snap.without_reservation(request.id)
+def _resolve(snap: Snapshot, request: Request) -> tuple[list[GPUDevice], list[str], list[str], list[str]]:
+    """The request's members against `snap`: (members found, each listed device described
+    with its node, set-level problems — a device missing or listed twice, a class missing or
+    not entitled — and the members' class names in first-seen order)."""
     ns = request.namespace
-    who = f"{ns}/{request.vmi} request {request.id}"
     members: list[GPUDevice] = []
     described: list[str] = []
     problems: list[str] = []
@@ -377,6 +392,31 @@ def _judge(snap: Snapshot, request: Request, limit: int | None) -> tuple[Decisio
             problems.append(f"class {c} not found")
         elif not snap.entitled(ns, c):
             problems.append(f"tenant {ns} not entitled to class {c}")
+    return members, described, problems, class_names
+
+
+def _budget_problems(snap: Snapshot, s: _Set) -> list[str]:
+    """The budget refusals of the set's Pending members (moves do not change usage)."""
+    ns = s.request.namespace
+    out = []
+    for res in s.resources:
+        adds = s.pending.get(res, 0)
+        budget = snap.budget_of(ns, res)
+        if adds and budget is not None:
+            usage = snap.tenant_usage(ns, res)
+            if usage + adds > budget:
+                out.append(budget_message(ns, res, usage, budget, adds))
+    return out
+
+
+def _judge(snap: Snapshot, request: Request, limit: int | None) -> tuple[Decision, str]:
+    """`decide`, also returning the reason of a refusal without its "refused … :" prefix
+    ("" on success). `check_set` uses the bare reason."""
+    if any(r.request_id == request.id for r in snap.reservations):
+        snap = snap.without_reservation(request.id)
+    ns = request.namespace
+    who = f"{ns}/{request.vmi} request {request.id}"
+    members, described, problems, class_names = _resolve(snap, request)
     head = "devices " + ", ".join(described) if described else "no devices"
 
     def refuse(reasons: list[str]) -> tuple[Decision, str]:
@@ -386,13 +426,7 @@ def _judge(snap: Snapshot, request: Request, limit: int | None) -> tuple[Decisio
     if problems:
         return refuse(problems)
     s = _Set(snap, request, members, class_names)
-    for res in s.resources:
-        adds = s.pending.get(res, 0)
-        budget = snap.budget_of(ns, res)
-        if adds and budget is not None:
-            usage = snap.tenant_usage(ns, res)
-            if usage + adds > budget:
-                problems.append(budget_message(ns, res, usage, budget, adds))
+    problems = _budget_problems(snap, s)
     if problems:
         return refuse(problems)
 
@@ -434,3 +468,25 @@ def _judge(snap: Snapshot, request: Request, limit: int | None) -> tuple[Decisio
     placements = tuple(s.placement(n) for n in nodes)
     return Decision(request.id, Result.SUCCEEDED, nodes[0], placements,
                     describe_placement(request, placements[0]), "B1"), ""
+
+
+def assess(snapshot: Snapshot, request: Request, nodes: Iterable[str] | None = None) -> Assessment:
+    """The binder's judgement of `request` (B1–B6) with its reasons per node: `decide`'s
+    decision (no placement limit) plus, for each of `nodes` (None: every node of the
+    snapshot, sorted), the B3 problems `decide` would report for it, and the set-level
+    problems (device, class, entitlement, budget). Reservations of the request itself are
+    not counted against it, as in `decide`. Pure; never raises."""
+    snap = snapshot
+    if any(r.request_id == request.id for r in snap.reservations):
+        snap = snap.without_reservation(request.id)
+    decision, _ = _judge(snap, request, None)
+    members, _, problems, class_names = _resolve(snap, request)
+    per_node: dict[str, tuple[str, ...]] = {}
+    holding: dict[str, int] = {}
+    if not any(c not in snap.classes for c in class_names) and request.devices:
+        s = _Set(snap, request, members, class_names)
+        problems = problems + _budget_problems(snap, s)
+        for name in (sorted(snap.nodes) if nodes is None else nodes):
+            per_node[name] = tuple(s.problems(name))
+        holding = {n: sum(on.values()) for n, on in s.here.items()}
+    return Assessment(tuple(problems), per_node, holding, decision)

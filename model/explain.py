@@ -1,0 +1,484 @@
+"""The operator's questions, answered by the binder's own judgement (pure; DESIGN.md §3, §4).
+
+- `explain`: would this VMI be admitted now, per node why the set fits there or not (the B3
+  reasons `model.decide` writes into refusals), the node the binder would choose and the
+  moves it would make (B4), and when it fits nowhere the smallest change that would make it
+  fit (idle held devices to move away from a node, units missing, the budget short).
+- `what_if`: cordon or drain some nodes, then re-admit every held set on them in turn: does
+  the set stay (B5), move (B1, where), or get refused; which admitted VMIs are stranded.
+- `top`: per class and node Bound / attached / idle / free, and the largest set of each class
+  placeable now (fragmentation); per tenant, budget used of budget.
+
+Every verdict comes from `model.admission.check` (W1) and `model.decide.assess`/`decide`
+(B1–B6), never from a re-implementation, so the tools say what an admission then does
+(barring changes in between). Units are devices. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Iterable, Mapping, Sequence
+
+from model.admission import Refusal, check, template_name
+from model.decide import Move, Request, apply_decision, assess, decide
+from model.parse import VMIAsk
+from model.snapshot import Snapshot
+from model.types import GPUDevice, Labels, Result
+
+EXPLAIN_REQUEST_ID = "(explain)"
+"""Request id of the hypothetical requests judged here; never a real (generated) id."""
+
+PROBE_NAMESPACE = "(probe)"
+"""Namespace of `top`'s probe devices: not a valid namespace name, so it clashes with none."""
+
+_CAPACITY_PREFIXES = ("needs ", "lost capacity of ")
+"""How `model.decide` words a capacity problem of a node (the rest are other B3 problems)."""
+
+
+def _is_capacity(problem: str) -> bool:
+    return problem.startswith(_CAPACITY_PREFIXES)
+
+
+# --- explain ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeVerdict:
+    """One node for one set: `reasons` the B3 problems (the binder's wording; empty: the set
+    is eligible there), `holds` members already Bound there, `chosen` the binder's choice."""
+
+    node: str
+    reasons: tuple[str, ...]
+    holds: int = 0
+    chosen: bool = False
+
+    @property
+    def fits(self) -> bool:
+        """True when the node is eligible for the whole set (B3)."""
+        return not self.reasons
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """The smallest change that would make the set fit on `node`: `missing` units per
+    resource; `idle` held devices Bound there, attached to no live VMI, whose moving away
+    would free them, each as ((namespace, name), node it could go to or None); `short` units
+    per resource still missing after moving them (capacity to add or devices to release);
+    `uncordon` when the node is also cordoned."""
+
+    node: str
+    missing: tuple[tuple[str, int], ...]
+    idle: tuple[tuple[tuple[str, str], str | None], ...]
+    short: tuple[tuple[str, int], ...]
+    uncordon: bool = False
+
+    @property
+    def size(self) -> int:
+        """Units missing in all (the ranking of shortfalls)."""
+        return sum(n for _, n in self.missing)
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """The answer of `explain` for VMI `namespace/vmi`.
+
+    `admitted`: an admission now would admit it (W1 passes and the binder places the set);
+    `message`: the denial the admission would give (W1's message, or the binder's refusal),
+    None when admitted. `devices`: the set (held names, then template names). `node`, `rule`,
+    `moves`: the binder's decision when the admission would admit. `set_problems`: reasons that
+    refuse the set whatever the node (device, attachment, class, entitlement, budget).
+    `nodes`: one verdict per node, sorted by name. `shortfalls`: when it fits nowhere, the
+    nodes failing on capacity or cordon only, with the change that would make the set fit
+    there, smallest first: moving idle devices away, then lifting a cordon, then the fewest
+    units to add. `budget_short`: units per resource by which
+    the tenant's budget is short (raise the quota or release Bound devices)."""
+
+    namespace: str
+    vmi: str
+    devices: tuple[str, ...]
+    admitted: bool
+    message: str | None
+    node: str | None
+    rule: str | None
+    moves: tuple[Move, ...]
+    set_problems: tuple[str, ...]
+    nodes: tuple[NodeVerdict, ...]
+    shortfalls: tuple[Shortfall, ...]
+    budget_short: tuple[tuple[str, int], ...]
+
+
+def set_request(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
+                node_selector: Labels = ()) -> tuple[Snapshot, Request]:
+    """The snapshot and complete request the binder would judge for this VMI's set (§3):
+    held devices by name, template devices under their deterministic names
+    (`template_name`, W3 step 1) added as Pending devices when they do not exist yet."""
+    names = list(ask.held)
+    new: list[GPUDevice] = []
+    for class_name, count in ask.templates:
+        for i in range(count):
+            name = template_name(vmi, class_name, i)
+            names.append(name)
+            if snapshot.device(namespace, name) is None:
+                new.append(GPUDevice(namespace, name, class_name, template_for=vmi))
+    snap = snapshot.with_devices(new) if new else snapshot
+    return snap, Request(EXPLAIN_REQUEST_ID, namespace, vmi, tuple(names), node_selector)
+
+
+def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
+            live_vmis: set[tuple[str, str]], now: datetime, grace: timedelta,
+            node_selector: Labels = ()) -> Explanation:
+    """Explain the admission of VMI `namespace/vmi` asking for `ask` with its own
+    `spec.nodeSelector` (W1 with `live_vmis`, `now`, `grace` as the webhook uses them; then
+    the binder's B1–B6 on the request the webhook would write). Pure; never raises."""
+    w1 = check(snapshot, namespace, vmi, ask, live_vmis, now, grace)
+    snap, request = set_request(snapshot, namespace, vmi, ask, node_selector)
+    a = assess(snap, request)
+    d = a.decision
+    ok = d.result is Result.SUCCEEDED
+    set_problems = list(a.set_problems)
+    message: str | None = None
+    if isinstance(w1, Refusal):
+        message = w1.message
+        # W1's own reasons about a held device (attached to another VMI, a template device
+        # named as held, a name taken): the binder never sees them
+        if w1.message.startswith("GPU device ") and "not found" not in w1.message:
+            set_problems.insert(0, w1.message)
+    elif not ok:
+        message = d.message
+    admitted = not isinstance(w1, Refusal) and ok
+    moves = d.placements[0].moves if admitted and d.placements else ()
+    verdicts = tuple(NodeVerdict(n, r, a.holding.get(n, 0), admitted and n == d.node)
+                     for n, r in sorted(a.nodes.items()))
+    shortfalls: tuple[Shortfall, ...] = ()
+    if not any(v.fits for v in verdicts):
+        shortfalls = _shortfalls(snap, request, verdicts, live_vmis)
+    return Explanation(namespace, vmi, request.devices, admitted, message,
+                       d.node if admitted else None, d.rule if admitted else None, moves,
+                       tuple(set_problems), verdicts, shortfalls,
+                       _budget_short(snap, request))
+
+
+def _set_needs(snap: Snapshot, request: Request) -> dict[str, dict[str, int]]:
+    """Per node, units per resource the set still needs there (its members not Bound there)."""
+    total: dict[str, int] = {}
+    here: dict[str, dict[str, int]] = {}
+    for name in request.devices:
+        d = snap.device(request.namespace, name)
+        cls = snap.classes.get(d.class_name) if d else None
+        if cls is None:
+            continue
+        total[cls.resource_name] = total.get(cls.resource_name, 0) + 1
+        if d.bound_node is not None:
+            on = here.setdefault(d.bound_node, {})
+            on[cls.resource_name] = on.get(cls.resource_name, 0) + 1
+    return {n: {r: t - here.get(n, {}).get(r, 0) for r, t in total.items()} for n in snap.nodes}
+
+
+def _shortfalls(snap: Snapshot, request: Request, verdicts: Sequence[NodeVerdict],
+                live_vmis: set[tuple[str, str]]) -> tuple[Shortfall, ...]:
+    members = set(request.devices)
+    needs = _set_needs(snap, request)
+    out: list[Shortfall] = []
+    for v in verdicts:
+        others = [r for r in v.reasons if not _is_capacity(r)]
+        if others not in ([], ["cordoned"]):
+            continue
+        missing: dict[str, int] = {}
+        for res, need in needs[v.node].items():
+            short = need - max(snap.free(v.node, res), 0)
+            if short > 0:
+                missing[res] = short
+        idle: list[tuple[tuple[str, str], str | None]] = []
+        short = dict(missing)
+        after = snap
+        for d in _idle_devices(snap, v.node, live_vmis):
+            res = snap.classes[d.class_name].resource_name
+            if d.namespace == request.namespace and d.name in members or short.get(res, 0) <= 0:
+                continue
+            to = after.tightest_node(d.class_name, 1, exclude=frozenset((v.node,)))
+            if to is not None:  # it takes a unit there: the next idle device sees that
+                after = after.with_device(replace(d, status=replace(d.status, node_name=to)))
+            idle.append((d.key, to))
+            short[res] -= 1
+        out.append(Shortfall(v.node, tuple(sorted(missing.items())), tuple(idle),
+                             tuple(sorted((r, n) for r, n in short.items() if n > 0)),
+                             others == ["cordoned"]))
+    # moving idle devices only, then lifting a cordon, then adding capacity (fewest first)
+    out.sort(key=lambda s: (bool(s.short), s.uncordon, sum(n for _, n in s.short), s.size,
+                            s.node))
+    return tuple(out)
+
+
+def _idle_devices(snap: Snapshot, node: str, live_vmis: set[tuple[str, str]]) -> list[GPUDevice]:
+    """Held devices Bound on `node` attached to no live VMI, by (namespace, name)."""
+    out = [d for d in snap.devices.values()
+           if d.bound_node == node and d.template_for is None and d.class_name in snap.classes
+           and not _attached_live(d, live_vmis)]
+    out.sort(key=lambda d: d.key)
+    return out
+
+
+def _attached_live(d: GPUDevice, live_vmis: set[tuple[str, str]]) -> bool:
+    att = d.status.attached_to
+    return att is not None and (d.namespace, att.vmi) in live_vmis
+
+
+def _budget_short(snap: Snapshot, request: Request) -> tuple[tuple[str, int], ...]:
+    adds: dict[str, int] = {}
+    for name in request.devices:
+        d = snap.device(request.namespace, name)
+        cls = snap.classes.get(d.class_name) if d else None
+        if cls is not None and d.bound_node is None:
+            adds[cls.resource_name] = adds.get(cls.resource_name, 0) + 1
+    out = []
+    for res, n in sorted(adds.items()):
+        budget = snap.budget_of(request.namespace, res)
+        if budget is not None:
+            over = snap.tenant_usage(request.namespace, res) + n - budget
+            if over > 0:
+                out.append((res, over))
+    return tuple(out)
+
+
+# --- what-if ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HeldSet:
+    """Devices Bound on one of the what-if nodes that would be admitted together next time:
+    the devices attached to one VMI (`vmi`, `running` when it exists), or, for held devices
+    attached to no live VMI, one tenant's idle held devices on that node (`vmi` None).
+    `held` are held device names; `templates` (class, count) the template devices the VMI's
+    next admission creates anew (its old ones are deleted with it, H2)."""
+
+    namespace: str
+    vmi: str | None
+    node: str
+    held: tuple[str, ...]
+    templates: tuple[tuple[str, int], ...] = ()
+    running: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the binder does on the set's next admission after the cordon or drain:
+    `action` "stay" (B5: kept on the cordoned node, the VMI waits for the cordon to lift),
+    "move" (B1: gathered on `node` with `moves`), "refused" (`message` says why); `rule`
+    the binder's rule. `stranded`: a running VMI that could not run again elsewhere."""
+
+    set: HeldSet
+    action: str
+    rule: str
+    node: str | None
+    moves: tuple[Move, ...]
+    message: str
+    stranded: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIf:
+    """The answer of `what_if`: `mode` "cordon" or "drain", the `nodes`, one outcome per held
+    set in the order they were judged (namespace, then VMI or node), and the running VMIs
+    stranded ((namespace, name), sorted). Under drain every running VMI on the nodes is
+    stopped (`evicted`); under cordon they keep running and the outcome is that of their
+    next admission."""
+
+    mode: str
+    nodes: tuple[str, ...]
+    outcomes: tuple[Outcome, ...]
+    stranded: tuple[tuple[str, str], ...]
+    evicted: tuple[tuple[str, str], ...]
+
+
+def held_sets(snapshot: Snapshot, nodes: Iterable[str], live_vmis: set[tuple[str, str]]) -> list[HeldSet]:
+    """The held sets (see `HeldSet`) with a device Bound on one of `nodes`, sorted by
+    namespace, then VMI (attached sets) before idle sets by node. Template devices attached
+    to no live VMI are left out: housekeeping deletes them (H1/H2)."""
+    wanted = set(nodes)
+    by_vmi: dict[tuple[str, str], list[GPUDevice]] = {}
+    idle: dict[tuple[str, str], list[str]] = {}
+    for d in snapshot.devices.values():
+        att = d.status.attached_to
+        if att is not None and (d.namespace, att.vmi) in live_vmis:
+            by_vmi.setdefault((d.namespace, att.vmi), []).append(d)
+        elif d.bound_node in wanted and d.template_for is None:
+            idle.setdefault((d.namespace, d.bound_node), []).append(d.name)
+    out: list[HeldSet] = []
+    for (ns, vmi), devs in by_vmi.items():
+        on = [d.bound_node for d in devs if d.bound_node in wanted]
+        if not on:
+            continue
+        templates: dict[str, int] = {}
+        for d in devs:
+            if d.template_for is not None:
+                templates[d.class_name] = templates.get(d.class_name, 0) + 1
+        held = tuple(sorted(d.name for d in devs if d.template_for is None))
+        out.append(HeldSet(ns, vmi, min(on), held, tuple(sorted(templates.items())), True))
+    for (ns, node), names in idle.items():
+        out.append(HeldSet(ns, None, node, tuple(sorted(names))))
+    out.sort(key=lambda s: (s.namespace, s.vmi is None, s.vmi or "", s.node))
+    return out
+
+
+def what_if(snapshot: Snapshot, mode: str, nodes: Sequence[str], *,
+            live_vmis: set[tuple[str, str]], now: datetime) -> WhatIf:
+    """Cordon (`mode` "cordon") or drain ("drain": cordon, and every running VMI on the
+    nodes stopped) `nodes`, then judge each held set on them with `decide` (B1–B6) as its
+    next admission would, in `held_sets` order, each decision applied before the next (so
+    two sets do not both count on one free unit). A set's old template devices are replaced
+    by new Pending ones (the VMI's re-admission creates them). `now` stamps the simulated
+    placements. Raises ValueError for a node not in the snapshot or an unknown mode."""
+    if mode not in ("cordon", "drain"):
+        raise ValueError(f"mode must be cordon or drain, got {mode!r}")
+    unknown = sorted(set(nodes) - set(snapshot.nodes))
+    if unknown:
+        raise ValueError(f"no such node: {', '.join(unknown)}")
+    targets = tuple(sorted(set(nodes)))
+    snap = snapshot.with_nodes(replace(n, unschedulable=True) if n.name in targets else n
+                               for n in snapshot.nodes.values())
+    sets = held_sets(snap, targets, live_vmis)
+    outcomes: list[Outcome] = []
+    for hs in sets:
+        vmi = hs.vmi or f"(idle on {hs.node})"
+        if hs.vmi is not None:  # its old templates go with the VMI (H2)
+            snap = snap.without_devices([d.key for d in snap.devices_in(hs.namespace).values()
+                                         if d.template_for == hs.vmi])
+        ask = VMIAsk(hs.held, hs.templates)
+        snap, request = set_request(snap, hs.namespace, vmi, ask)
+        decision = decide(snap, request, limit=1)
+        if decision.result is Result.SUCCEEDED:
+            placement = decision.placements[0]
+            action = "stay" if decision.rule in ("B5a", "B5b") else "move"
+            if decision.rule == "B6":
+                action = "stay"
+            snap = apply_decision(snap, request, decision, now=now)
+            outcomes.append(Outcome(hs, action, decision.rule, decision.node, placement.moves,
+                                    decision.message, hs.running and action == "stay"
+                                    and decision.node in targets))
+        else:
+            snap = snap.without_devices([(hs.namespace, n) for n in request.devices
+                                         if snap.device(hs.namespace, n) is not None
+                                         and snap.device(hs.namespace, n).template_for == vmi
+                                         and snap.device(hs.namespace, n).bound_node is None])
+            outcomes.append(Outcome(hs, "refused", decision.rule, None, (), decision.message,
+                                    hs.running))
+    stranded = tuple(sorted((o.set.namespace, o.set.vmi) for o in outcomes
+                            if o.stranded and o.set.vmi is not None))
+    evicted = tuple(sorted((s.namespace, s.vmi) for s in sets if s.running and s.vmi)
+                    ) if mode == "drain" else ()
+    return WhatIf(mode, targets, tuple(outcomes), stranded, evicted)
+
+
+# --- top -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFigures:
+    """One class on one node serving it: `allocatable` of its resource, `bound` devices of
+    the class Bound there, of which `attached` to a live VMI and `idle` not, `free` units of
+    the resource (allocatable − used − reserved, 0 at least), `largest` the largest set of
+    the class the binder would place there now (0 when the node is not eligible)."""
+
+    node: str
+    allocatable: int
+    bound: int
+    attached: int
+    idle: int
+    free: int
+    largest: int
+    cordoned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ClassFigures:
+    """One GPUClass: sums over the nodes serving it, and `largest` the largest set of the
+    class placeable now on one node (B3), so `free` − `largest` shows fragmentation."""
+
+    class_name: str
+    resource: str
+    bound: int
+    attached: int
+    idle: int
+    free: int
+    largest: int
+    nodes: tuple[NodeFigures, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TenantFigures:
+    """A tenant's use of one resource: Bound plus reserved `used`, budget `hard` (None: no
+    quota names it)."""
+
+    namespace: str
+    resource: str
+    used: int
+    hard: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Top:
+    """The answer of `top`: classes by name; tenants by namespace and resource."""
+
+    classes: tuple[ClassFigures, ...]
+    tenants: tuple[TenantFigures, ...]
+
+
+def largest_placeable(snapshot: Snapshot, class_name: str) -> dict[str, int]:
+    """Per node, the largest set of new devices of `class_name` the binder would place there
+    now: the node's free units of the class's resource when a one-device probe request is
+    eligible there (`assess`, B3), else 0. Entitlement and budgets are the tenant's and are
+    left out. Empty for an unknown class."""
+    cls = snapshot.classes.get(class_name)
+    if cls is None:
+        return {}
+    probe = GPUDevice(PROBE_NAMESPACE, "probe", class_name)
+    snap = snapshot.with_device(probe)
+    request = Request(EXPLAIN_REQUEST_ID, PROBE_NAMESPACE, "(top)", ("probe",))
+    nodes = sorted(snapshot.serving_nodes(class_name))
+    a = assess(snap, request, nodes)
+    return {n: (max(snapshot.free(n, cls.resource_name), 0) if not a.nodes[n] else 0)
+            for n in nodes}
+
+
+def top(snapshot: Snapshot, live_vmis: set[tuple[str, str]]) -> Top:
+    """Figures per class and node, and per tenant budget (see `Top`). Pure."""
+    counts: dict[tuple[str, str], list[int]] = {}  # (class, node) -> [bound, attached]
+    for d in snapshot.devices.values():
+        if d.bound_node is None:
+            continue
+        c = counts.setdefault((d.class_name, d.bound_node), [0, 0])
+        c[0] += 1
+        c[1] += _attached_live(d, live_vmis)
+    classes = []
+    for name in sorted(snapshot.classes):
+        res = snapshot.classes[name].resource_name
+        largest = largest_placeable(snapshot, name)
+        rows = []
+        nodes = set(snapshot.serving_nodes(name)) | {n for c, n in counts if c == name}
+        for n in sorted(nodes):
+            bound, attached = counts.get((name, n), (0, 0))
+            cordoned = n in snapshot.cordoned_nodes()
+            rows.append(NodeFigures(n, snapshot.allocatable(n, res), bound, attached,
+                                    bound - attached, max(snapshot.free(n, res), 0),
+                                    largest.get(n, 0), cordoned))
+        classes.append(ClassFigures(
+            name, res, sum(r.bound for r in rows), sum(r.attached for r in rows),
+            sum(r.idle for r in rows), sum(r.free for r in rows if not r.cordoned),
+            max((r.largest for r in rows), default=0), tuple(rows)))
+    tenants: dict[tuple[str, str], TenantFigures] = {}
+    for (ns, res), hard in snapshot.budgets.items():
+        tenants[(ns, res)] = TenantFigures(ns, res, snapshot.tenant_usage(ns, res), hard)
+    for d in snapshot.devices.values():
+        cls = snapshot.classes.get(d.class_name)
+        if cls is not None and (d.namespace, cls.resource_name) not in tenants:
+            key = (d.namespace, cls.resource_name)
+            tenants[key] = TenantFigures(d.namespace, cls.resource_name,
+                                         snapshot.tenant_usage(*key), None)
+    return Top(tuple(classes), tuple(tenants[k] for k in sorted(tenants)))
+
+
+def count_states(figures: ClassFigures) -> Mapping[str, int]:
+    """The class's figures by state name, as the metrics export them."""
+    return {"bound": figures.bound, "attached": figures.attached, "idle": figures.idle,
+            "free": figures.free}
