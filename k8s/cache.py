@@ -113,6 +113,14 @@ class ClusterCache:
                 await tg.start(informer.run)
             task_status.started()
 
+    async def read_once(self) -> None:
+        """List every informer once, concurrently, without watching: the view then holds the
+        cluster as it was (for `gpu-binder explain`/`what-if`/`top`). Read-only. Raises the
+        first `k8s.errors.ApiError` (e.g. Forbidden) or transport error."""
+        async with anyio.create_task_group() as tg:
+            for informer in self.informers:
+                tg.start_soon(informer.list_once)
+
     def vmi_keys(self) -> set[Key]:
         """(namespace, name) of every VMI that exists now."""
         return self.vmis.keys()

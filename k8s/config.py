@@ -17,6 +17,59 @@ import yaml
 from model.settings import RAW_ALLOWED, RAW_DENIED
 
 
+def flag(name: str) -> str:
+    """The command-line flag of setting `name`: "bind_timeout" → "--bind-timeout"."""
+    return "--" + name.replace("_", "-")
+
+
+FIELD_HELP: dict[str, str] = {
+    "kubeconfig": "kubeconfig file to reach the API server",
+    "identity": "this replica's name in the leader Lease",
+    "attachment_grace": "seconds an attachment whose VMI has not appeared still counts as "
+                        "live (W1) before housekeeping clears it (H1)",
+    "bind_timeout": "seconds the webhook waits for the binder's result; at most 21 (the "
+                    "shipped webhook's timeoutSeconds is 25) and below --attachment-grace",
+    "raw_resource_names": "'allowed' or 'denied': whether tenant VMIs and Pods may request "
+                          "the GPU resource names directly, bypassing the binder (written to "
+                          "the gpu-settings ConfigMap for the shipped policies)",
+    "settings_namespace": "namespace of the gpu-settings ConfigMap",
+    "lease_name": "name of the leader-election Lease",
+    "lease_namespace": "namespace of the leader-election Lease",
+    "lease_duration": "seconds a Lease stays valid without renewal; above --renew-deadline",
+    "renew_deadline": "seconds the leader keeps trying to renew before it stops leading; "
+                      "above --retry-period",
+    "retry_period": "seconds between Lease acquire/renew attempts",
+    "webhook_port": "TCP port of the admission webhook (HTTPS); 0: no webhook",
+    "webhook_host": "address the webhook listens on",
+    "webhook_cert": "PEM certificate file of the webhook's TLS server; required with "
+                    "--webhook-port",
+    "webhook_key": "PEM private-key file of --webhook-cert",
+    "metrics_port": "TCP port of /metrics, /healthz and /readyz (HTTP); 0: none",
+    "metrics_host": "address the metrics server listens on",
+    "log_dir": "directory for one <node>.jsonl decision log per node, besides stdout",
+    "housekeeping_period": "seconds between housekeeping passes (H1-H3)",
+    "leader_election": "true or false: take part in leader election; false runs the webhook "
+                       "and informers only, no binder",
+}
+"""Meaning and unit of each setting (`field_help` adds the default)."""
+
+_DEFAULT_TEXT = {"kubeconfig": "the in-cluster service account",
+                 "identity": "$POD_NAME, else the host name"}
+
+
+def field_help(name: str) -> str:
+    """The help of setting `name`'s flag: meaning, unit and default, e.g. "seconds the
+    webhook waits … (default: 20)". A setting missing from FIELD_HELP says so."""
+    text = FIELD_HELP.get(name, "undocumented setting")
+    if name in _DEFAULT_TEXT:
+        default = _DEFAULT_TEXT[name]
+    else:
+        value = Config.__dataclass_fields__[name].default
+        default = ("none" if value is None else str(value).lower() if isinstance(value, bool)
+                   else f"{value:g}" if isinstance(value, float) else str(value))
+    return f"{text} (default: {default})"
+
+
 @dataclass(slots=True)
 class Config:
     """Every setting of `gpu-binder controller` (DESIGN.md §2 "Config")."""
@@ -43,34 +96,39 @@ class Config:
     leader_election: bool = True             # False: webhook and informers only (no binder)
 
     def validate(self) -> "Config":
-        """Check ranges; return self. Raises ValueError naming the bad field."""
+        """Check ranges; return self. Raises ValueError naming the bad setting by its flag
+        ("--bind-timeout"; the same name, dashes or underscores, works in the file and as
+        GPU_BINDER_BIND_TIMEOUT)."""
+        f = flag
         if self.raw_resource_names not in (RAW_ALLOWED, RAW_DENIED):
-            raise ValueError(f"raw_resource_names: must be {RAW_ALLOWED!r} or {RAW_DENIED!r}, "
+            raise ValueError(f"--raw-resource-names: must be {RAW_ALLOWED!r} or {RAW_DENIED!r}, "
                              f"got {self.raw_resource_names!r}")
         for name in ("attachment_grace", "bind_timeout", "lease_duration", "renew_deadline",
                      "retry_period", "housekeeping_period"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name}: must be > 0 seconds, got {getattr(self, name)}")
+                raise ValueError(f"{f(name)}: must be > 0 seconds, got {getattr(self, name)}")
         if not self.lease_duration > self.renew_deadline > self.retry_period:
-            raise ValueError("lease_duration > renew_deadline > retry_period is required")
+            raise ValueError("--lease-duration > --renew-deadline > --retry-period is required, "
+                             f"got {self.lease_duration} > {self.renew_deadline} > "
+                             f"{self.retry_period}")
         if self.bind_timeout > 21:
-            raise ValueError("bind_timeout: must be at most 21 s: the shipped webhook's "
+            raise ValueError("--bind-timeout: must be at most 21 s: the shipped webhook's "
                              "timeoutSeconds is 25 and a review needs ~3 s around the wait")
         if self.bind_timeout >= self.attachment_grace:
-            raise ValueError("bind_timeout: must be shorter than attachment_grace")
+            raise ValueError("--bind-timeout: must be shorter than --attachment-grace")
         for name in ("webhook_port", "metrics_port"):
             if not 0 <= getattr(self, name) <= 65535:
-                raise ValueError(f"{name}: must be a TCP port 0-65535 (0: off), "
+                raise ValueError(f"{f(name)}: must be a TCP port 0-65535 (0: off), "
                                  f"got {getattr(self, name)}")
         if self.kubeconfig and not Path(self.kubeconfig).is_file():
-            raise ValueError(f"kubeconfig: no such file {self.kubeconfig!r}")
+            raise ValueError(f"--kubeconfig: no such file {self.kubeconfig!r}")
         for name in ("webhook_cert", "webhook_key"):
             value = getattr(self, name)
             if self.webhook_port and value and not Path(value).is_file():
-                raise ValueError(f"{name}: no such file {value!r}")
+                raise ValueError(f"{f(name)}: no such file {value!r}")
         if self.webhook_port and not (self.webhook_cert and self.webhook_key):
-            raise ValueError("webhook_cert and webhook_key are required when webhook_port is set"
-                             " (use webhook_port=0 to run without the webhook)")
+            raise ValueError("--webhook-cert and --webhook-key are required when --webhook-port "
+                             "is set (use --webhook-port=0 to run without the webhook)")
         return self
 
     def merged(self, values: dict[str, Any], source: str) -> "Config":
@@ -93,7 +151,9 @@ class Config:
                 else:
                     value = str(value)
             except ValueError:
-                raise ValueError(f"{source}: {raw_key}: not a {kind.__name__}: {value!r}") from None
+                shown = flag(key) if source == "flags" else (
+                    "GPU_BINDER_" + key.upper() if source == "environment" else raw_key)
+                raise ValueError(f"{source}: {shown}: not a {kind.__name__}: {value!r}") from None
             setattr(out, key, value)
         return out
 

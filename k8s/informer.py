@@ -155,6 +155,15 @@ class Informer:
         self._tell(k, self._cache.get(k))
         self._notify(k)
 
+    async def list_once(self) -> None:
+        """One list into the cache, telling listeners, and no watch (the operator's tools
+        read the cluster once). Raises `k8s.errors.ApiError` (translated) or the transport
+        error as it is."""
+        try:
+            self.resource_version = await self._list()
+        except ApiException as exc:
+            raise translate(exc, f"list {self.name}") from None
+
     async def _watch(self, rv: str) -> str:
         """Watch from `rv` until the server ends the watch; return the last rv seen."""
         async with Watch(return_type="object") as w:

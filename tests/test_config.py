@@ -15,16 +15,18 @@ def test_flags_beat_environment_beat_file(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    ({"raw_resource_names": "maybe"}, "raw_resource_names: must be 'allowed' or 'denied'"),
-    ({"bind_timeout": "soon"}, "flags: bind_timeout: not a float: 'soon'"),
-    ({"bind_timeout": "200"}, "bind_timeout: must be at most 21 s"),
+    ({"raw_resource_names": "maybe"}, "--raw-resource-names: must be 'allowed' or 'denied'"),
+    ({"bind_timeout": "soon"}, "flags: --bind-timeout: not a float: 'soon'"),
+    ({"bind_timeout": "200"}, "--bind-timeout: must be at most 21 s"),
     ({"bind_timeout": "20", "attachment_grace": "15"},
-     "bind_timeout: must be shorter than attachment_grace"),
-    ({"renew_deadline": "20"}, "lease_duration > renew_deadline > retry_period is required"),
-    ({"kubeconfig": "/no/such/file"}, "kubeconfig: no such file '/no/such/file'"),
-    ({"webhook_port": "9443"}, "webhook_cert and webhook_key are required"),
+     "--bind-timeout: must be shorter than --attachment-grace"),
+    ({"renew_deadline": "20"},
+     "--lease-duration > --renew-deadline > --retry-period is required, got 15.0 > 20.0 > 2.0"),
+    ({"kubeconfig": "/no/such/file"}, "--kubeconfig: no such file '/no/such/file'"),
+    ({"webhook_port": "9443"}, "--webhook-cert and --webhook-key are required"),
+    ({"metrics_port": "70000"}, "--metrics-port: must be a TCP port 0-65535"),
 ])
-def test_bad_settings_are_refused_with_the_field_named(flags, message):
+def test_bad_settings_are_refused_with_the_flag_named(flags, message):
     flags = {"webhook_port": "0", **flags}
     with pytest.raises(ValueError) as err:
         load(None, env={}, flags=flags)
@@ -36,3 +38,8 @@ def test_unknown_setting_in_file_is_named(tmp_path):
     f.write_text("bindTimeout: 3\n")
     with pytest.raises(ValueError, match="unknown setting 'bindTimeout'"):
         load(str(f), env={})
+
+
+def test_bad_environment_value_names_the_variable():
+    with pytest.raises(ValueError, match="environment: GPU_BINDER_BIND_TIMEOUT: not a float"):
+        load(None, env={"GPU_BINDER_BIND_TIMEOUT": "soon", "GPU_BINDER_WEBHOOK_PORT": "0"})
