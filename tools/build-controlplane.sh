@@ -21,6 +21,13 @@ fi
 export GOFLAGS=-modcacherw GOTOOLCHAIN=local CGO_ENABLED=0
 export GONOSUMDB="${GONOSUMDB:-k8s.io,sigs.k8s.io,go.etcd.io}"
 mkdir -p "$out"
+# One build at a time per cache: a second caller (another test session, `make demo`) waits for
+# the first instead of compiling the same binaries again into the same files.
+exec 9>"$out/.build.lock"
+if ! flock -n 9; then
+  echo "build-controlplane: another build into $out is running; waiting for it ..." >&2
+  flock 9
+fi
 
 build() { # name package ldflags
   local name="$1" pkg="$2" ldflags="$3"
