@@ -2,7 +2,9 @@
 
 Counters and histograms are updated where things happen (admissions, decisions); the actor
 tree's figures (restarts, reservations in flight, mailbox depth) and leadership are read on
-scrape from the frozen `statistics()` values, so nothing reaches inside an actor.
+scrape from the frozen `statistics()` values, so nothing reaches inside an actor; the fleet's
+figures per class and tenant (`gpu-binder top`'s) are computed on scrape from the cache.
+`k8s/manifests/dashboards/gpu-binder.json` is the Grafana dashboard over these names.
 """
 
 from __future__ import annotations
@@ -62,6 +64,61 @@ class _TreeCollector:
         yield from (restarts, reservations, inflight, depth, actors)
 
 
+class _FleetCollector:
+    """The figures of `gpu-binder top` per class and per tenant budget, computed on scrape
+    from the replica's cache with `model.explain.top` (the binder's own judgement of which
+    nodes are eligible). Nothing is exported until the cache has synced."""
+
+    def __init__(self, controller: "Controller", admission: "VMIAdmission") -> None:
+        self.controller = controller
+        self.admission = admission
+
+    def collect(self) -> Iterator:
+        from model.explain import top
+
+        labels = ["class", "resource"]
+        fams = {
+            "bound": GaugeMetricFamily("gpu_binder_class_bound_devices",
+                                       "GPUDevices of the class Bound to a node", labels=labels),
+            "attached": GaugeMetricFamily(
+                "gpu_binder_class_attached_devices",
+                "Bound devices of the class attached to a VMI that exists", labels=labels),
+            "idle": GaugeMetricFamily(
+                "gpu_binder_class_idle_devices",
+                "Bound devices of the class attached to no existing VMI (held idle)",
+                labels=labels),
+            "free": GaugeMetricFamily(
+                "gpu_binder_class_free_units",
+                "free units of the class's resource on schedulable nodes serving it",
+                labels=labels),
+            "largest": GaugeMetricFamily(
+                "gpu_binder_class_largest_placeable_set",
+                "largest set of new devices of the class the binder would place on one node "
+                "now (devices; below free units means fragmentation)", labels=labels),
+        }
+        used = GaugeMetricFamily("gpu_binder_tenant_budget_used_devices",
+                                 "a tenant's Bound plus reserved devices of a resource",
+                                 labels=["namespace", "resource"])
+        hard = GaugeMetricFamily("gpu_binder_tenant_budget_hard_devices",
+                                 "a tenant's budget of a resource (smallest ResourceQuota "
+                                 "requests.<resource>)", labels=["namespace", "resource"])
+        if getattr(self.controller, "synced", False):
+            cache = self.admission.cache
+            figures = top(cache.view.snapshot(), cache.vmi_keys())
+            for c in figures.classes:
+                values = {"bound": c.bound, "attached": c.attached, "idle": c.idle,
+                          "free": c.free, "largest": c.largest}
+                for key, fam in fams.items():
+                    fam.add_metric([c.class_name, c.resource], float(values[key]))
+            for t in figures.tenants:
+                used.add_metric([t.namespace, t.resource], float(t.used))
+                if t.hard is not None:
+                    hard.add_metric([t.namespace, t.resource], float(t.hard))
+        yield from fams.values()
+        yield used
+        yield hard
+
+
 def refusal_reason(message: str) -> str:
     """A small, bounded label for a refusal message (budget, entitlement, not_found,
     no_room), so metrics never carry request ids or node names."""
@@ -91,6 +148,7 @@ class Metrics:
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
         self.registry.register(_TreeCollector(controller, admission))
+        self.registry.register(_FleetCollector(controller, admission))
 
     def decided(self, rule: str, result, message: str, seconds: float) -> None:
         """`actors.ports.DecisionObserver`: count by result, rule and refusal reason."""
