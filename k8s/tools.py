@@ -165,7 +165,8 @@ def _units(pairs) -> str:
 
 def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
     """The text of `gpu-binder explain`: verdict, set-level problems, one line per node
-    (at most `max_nodes`, eligible and holding nodes first), the smallest changes."""
+    serving the set's classes or holding a member (at most `max_nodes`, chosen, eligible
+    and holding nodes first; the others counted), the smallest changes."""
     out = [f"VMI {e.namespace}/{e.vmi}: {len(e.devices)} device"
            f"{'s' if len(e.devices) != 1 else ''} ({', '.join(e.devices)})"]
     if e.admitted:
@@ -175,7 +176,11 @@ def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
     for p in e.set_problems:
         out.append(f"  whatever the node: {p}")
     out.append("nodes:")
-    ranked = sorted(e.nodes, key=lambda v: (not v.chosen, not v.fits, -v.holds, v.node))
+    unserving = [v for v in e.nodes if not v.holds
+                 and any(r.startswith("does not serve ") for r in v.reasons)]
+    skip = {v.node for v in unserving}
+    ranked = sorted((v for v in e.nodes if v.node not in skip),
+                    key=lambda v: (not v.chosen, not v.fits, -v.holds, v.node))
     width = max((len(v.node) for v in ranked), default=4)
     for v in ranked[:max_nodes]:
         held = f" (holds {v.holds})" if v.holds else ""
@@ -186,6 +191,9 @@ def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
         out.append(f"  {v.node:<{width}}  {what}{held}")
     if len(ranked) > max_nodes:
         out.append(f"  … and {len(ranked) - max_nodes} more nodes (--json lists all)")
+    if unserving:
+        out.append(f"  ({len(unserving)} other node{'s' if len(unserving) != 1 else ''} "
+                   "do not serve the set's classes; --json lists all)")
     if e.budget_short:
         out.append(f"budget: short by {_units(e.budget_short)} (raise the tenant's quota "
                    "or release Bound devices)")
