@@ -222,7 +222,8 @@ def render_what_if(w: WhatIf) -> str:
         s = o.set
         who = (f"{s.namespace}/{s.vmi} ({'running' if s.running else 'stopped'})" if s.vmi
                else f"{s.namespace} idle devices")
-        devs = ", ".join(s.held) + "".join(f" + {n} new {c}" for c, n in s.templates)
+        devs = " + ".join([", ".join(s.held)] * bool(s.held)
+                          + [f"{n} new {c}" for c, n in s.templates])
         if o.action == "stay":
             what = f"stays on {o.node} ({o.rule}); the VMI waits for the cordon to lift"
         elif o.action == "move":
