@@ -204,9 +204,12 @@ def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
             if s.uncordon:
                 steps.append("uncordon it")
             if s.idle:
-                steps.append("move idle " + ", ".join(
-                    f"{ns}/{name}" + (f" to {to}" if to else " (no room elsewhere)")
-                    for (ns, name), to in s.idle))
+                movable = [f"{ns}/{name} to {to}" for (ns, name), to in s.idle if to]
+                stuck = [f"{ns}/{name}" for (ns, name), to in s.idle if not to]
+                if movable:
+                    steps.append("move idle " + ", ".join(movable))
+                if stuck:
+                    steps.append("release idle " + ", ".join(stuck) + " (no room elsewhere)")
             if s.short:
                 steps.append(f"add or free {_units(s.short)}")
             missing = f" ({_units(s.missing)} missing)" if s.missing else ""

@@ -63,7 +63,8 @@ class NodeVerdict:
 class Shortfall:
     """The smallest change that would make the set fit on `node`: `missing` units per
     resource; `idle` held devices Bound there, attached to no live VMI, whose moving away
-    would free them, each as ((namespace, name), node it could go to or None); `short` units
+    would free them, each as ((namespace, name), the node it could go to, or None when no
+    other node has room: then only releasing it frees the unit); `short` units
     per resource still missing after moving them (capacity to add or devices to release);
     `uncordon` when the node is also cordoned."""
 
@@ -186,7 +187,7 @@ def _shortfalls(snap: Snapshot, request: Request, verdicts: Sequence[NodeVerdict
             continue
         missing: dict[str, int] = {}
         for res, need in needs[v.node].items():
-            short = need - max(snap.free(v.node, res), 0)
+            short = need - snap.free(v.node, res)  # lost capacity: more than need
             if short > 0:
                 missing[res] = short
         idle: list[tuple[tuple[str, str], str | None]] = []

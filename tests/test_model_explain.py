@@ -350,3 +350,28 @@ def test_B5_what_if_outcomes_are_decide_on_the_cordoned_cluster(snap, nodes, mod
                                      VMIAsk(first.held, first.templates))
         d = decide(whole, request, limit=1)
         assert (w.outcomes[0].rule, w.outcomes[0].node) == (d.rule, d.node)
+
+
+@PROPS
+@given(clusters(), st.integers(1, 4), st.sets(st.sampled_from(["vm-x", "vm-y"])))
+def test_B1_explain_smallest_change_made_makes_the_set_fit_there(snap, n, live):
+    """Carrying out the first shortfall that needs no added capacity and no uncordon —
+    moving the idle held devices it names to the nodes it names, releasing those with no
+    room elsewhere — makes `decide` place the set on that node."""
+    from dataclasses import replace as dc_replace
+
+    live_vmis = {(NS, v) for v in live} | {("tenant-b", v) for v in live}
+    ask = VMIAsk((), (("h100", n),))
+    e = explain(snap, NS, "vm-1", ask, live_vmis=live_vmis, now=NOW, grace=GRACE)
+    doable = [s for s in e.shortfalls if not s.short and not s.uncordon]
+    if e.set_problems or not doable:
+        return
+    s = doable[0]
+    moved = snap.with_devices(
+        dc_replace(d, status=dc_replace(d.status, node_name=to))
+        for (ns, name), to in s.idle if to is not None for d in [snap.device(ns, name)])
+    moved = moved.without_devices([key for key, to in s.idle if to is None])  # released
+    whole, request = set_request(moved, NS, "vm-1", ask)
+    d = decide(whole, request, limit=None)
+    assert d.result is Result.SUCCEEDED
+    assert s.node in {p.node for p in d.placements}
