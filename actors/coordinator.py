@@ -7,11 +7,11 @@ view does not show yet), each decision seeing the tentative reservations of thos
 at once (prepares, then commits, scatter-gathered); a request a node actor refused is
 decided again on a fresh snapshot and tries its other candidates (`_decide_batch`).
 The writes of decided requests run as child tasks in the coordinator's task group, so the
-loop goes on deciding, in three steps of one `StatusWriter.write_many` each:
-`record_decision` on every member (the durable record, B7), then `bind` on each member not
-on the node yet, then `write_result` on every member; the writes of a step that fail with a
-conflict or a transient error are retried with tenacity (bounded). A request in flight
-keeps its reservation until its writes are done *and* the view shows them.
+loop goes on deciding: one write per member (`StatusWriter.write_many`, a batch's requests
+together) carrying the decided node, the placement and the result at once; the first
+applied one is the durable record of the decision (B7). Writes that fail with a conflict
+or a transient error are retried with tenacity (bounded). A request in flight keeps its
+reservation until its writes are done *and* the view shows them.
 
 On start it adopts the node actors' ledgers (dropping holds of earlier incarnations) and
 recovers every request that carries a decision (`bindRequest.node`) but not all its
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import anyio
@@ -58,7 +58,6 @@ from actors.ports import (
     NodeDirectory,
     StatusWrite,
     StatusWriter,
-    WriteOp,
 )
 from actors.runtime import Actor, ActorContext, ActorRef, ask_all
 from model.decide import Decision, Placement, Request, decide, describe_placement, find_requests
@@ -70,8 +69,6 @@ _log = structlog.get_logger("gpu_binder.coordinator")
 RequestKey = tuple[str, str]
 """(namespace, request id)."""
 
-_STEPS_SUCCEEDED: tuple[WriteOp, ...] = ("record_decision", "bind", "write_result")
-_STEPS_REFUSED: tuple[WriteOp, ...] = ("write_result",)
 
 
 # -- messages -------------------------------------------------------------------------------
@@ -636,20 +633,15 @@ class Coordinator(Actor):
         return flight
 
     async def _carry_out_wave(self, flights: list[_Flight]) -> None:
-        """The writes of the flights decided in one batch, step by step together: one
-        `write_many` per step for all of them (records, binds, results; a Refused flight
-        joins at the results). A flight with a failed write leaves the wave and goes on
-        alone (`_carry_out`: retries, or stops when withdrawn), so it never holds back the
-        others' next step."""
+        """The writes of the flights decided in one batch together: one `write_many` with
+        one write per member of each (node, placement and result at once). A flight with a
+        failed write goes on alone (`_carry_out`: retries, or stops when withdrawn), so it
+        never holds back the others' settling."""
         active = flights
         try:
-            for op in _STEPS_SUCCEEDED:
-                plan = [(f, ws) for f in active
-                        if op == "write_result" or f.result is Result.SUCCEEDED
-                        if (ws := self._step(f, op))]
-                if not plan:
-                    continue
-                outcomes = await self._write_many(op, [w for _, ws in plan for w in ws])
+            plan = [(f, ws) for f in active if (ws := self._writes(f))]
+            if plan:
+                outcomes = await self._write_many([w for _, ws in plan for w in ws])
                 left: set[int] = set()
                 i = 0
                 for f, ws in plan:
@@ -657,7 +649,7 @@ class Coordinator(Actor):
                     i += len(ws)
                     if failed:
                         left.add(id(f))
-                        self._tg.start_soon(self._carry_out, f, op, failed)
+                        self._tg.start_soon(self._carry_out, f, failed)
                 if left:
                     active = [f for f in active if id(f) not in left]
         except BaseException:
@@ -668,28 +660,24 @@ class Coordinator(Actor):
         for f in active:
             self._finish(f, "done")
 
-    async def _carry_out(self, flight: _Flight, resume: WriteOp | None = None,
+    async def _carry_out(self, flight: _Flight,
                          failed: list[tuple[StatusWrite, WriteError]] | None = None) -> None:
-        """Write the decision of one flight in steps, one `write_many` each: records,
-        binds, results (Succeeded), or results (Refused); with `resume`, first the `failed`
-        writes of that step (left by a wave), then the steps after it. Stops at
-        RequestWithdrawn/NotFound (what is written stays); on exhausted retries the
-        request is tried again later, keeping its reservation."""
+        """Write the decision of one flight: one write per member (`_writes`), or, with
+        `failed` (left by a wave), retry those. Stops at RequestWithdrawn/NotFound (what is
+        written stays); on exhausted retries the request is tried again later, keeping its
+        reservation."""
         outcome = "done"
         try:
-            steps = (_STEPS_SUCCEEDED if flight.result is Result.SUCCEEDED else _STEPS_REFUSED)
-            if resume is not None:
-                for _, err in failed or ():
+            if failed is not None:
+                for _, err in failed:
                     if not isinstance(err, RETRYABLE_WRITE_ERRORS):
                         raise err
-                await self._retry_step(resume, failed or [])
-                steps = steps[steps.index(resume) + 1:]
-            for op in steps:
-                writes = self._step(flight, op)
-                if writes:
-                    left = await self._write_once(op, writes)
-                    if left:
-                        await self._retry_step(op, left)
+                left = failed
+            else:
+                writes = self._writes(flight)
+                left = await self._write_once(writes) if writes else []
+            if left:
+                await self._retry(left)
         except (RequestWithdrawn, NotFound) as exc:
             outcome = "withdrawn"
             _log.info("withdrawn", request_id=flight.request.id,
@@ -720,41 +708,42 @@ class Coordinator(Actor):
                   seconds=round(flight.finished_at - flight.started_at, 4))
         self._wakeup.set()  # let the loop drop the reservation once the view shows the writes
 
-    def _step(self, flight: _Flight, op: WriteOp) -> list[StatusWrite]:
-        """The writes of one step of `flight`, decided from the view just before it (after
-        the step before it succeeded): `record_decision` on every member not carrying the
-        node yet, `bind` on every member not Bound there yet, `write_result` on every
-        member not carrying the result yet."""
+    def _writes(self, flight: _Flight) -> list[StatusWrite]:
+        """One write per member of `flight` not answered yet, read from the view just
+        before: the node, the placement when the member lands (is not Bound on the node
+        yet) and the result together (B1, B7: the first applied one is the durable record
+        of the decision). A member already carrying all of it gets none."""
         req, node, rid = flight.request, flight.node, flight.request.id
+        landing = {k for k, _ in flight.landing}
         view = self._view
         out: list[StatusWrite] = []
+        now = None
         for name in dict.fromkeys(req.devices):
             key = (req.namespace, name)
             dev = view.device(key)
             br = dev.status.bind_request if dev is not None else None
-            mine = br is not None and br.id == rid
-            if op == "record_decision":
-                if not (mine and br.node == node):  # type: ignore[union-attr]
-                    out.append(StatusWrite(op, key, rid, node=node))
-            elif op == "bind":
-                if dev is None or dev.bound_node != node:
-                    flight.written.add(key)
-                    out.append(StatusWrite(op, key, rid, node=node, bound_at=self._clock.now()))
-            elif not (mine and (br.result, br.node, br.message)  # type: ignore[union-attr]
-                      == (flight.result, node, flight.message)):
-                out.append(StatusWrite(op, key, rid, node=node, result=flight.result,
-                                       message=flight.message))
+            lands = key in landing and (dev is None or dev.bound_node != node)
+            if (not lands and br is not None and br.id == rid
+                    and (br.result, br.node, br.message) == (flight.result, node, flight.message)):
+                continue
+            if lands:
+                flight.written.add(key)
+                now = now or self._clock.now()
+            out.append(StatusWrite(key, rid, flight.result, flight.message, node=node,
+                                   bound_at=now if lands else None,
+                                   expect_version=dev.resource_version if dev is not None else None))
         return out
 
-    async def _retry_step(self, op: str, left: list[tuple[StatusWrite, WriteError]]) -> None:
-        """Retry the writes of one step that failed with WriteConflict or
-        TransientWriteError (`left`, with their errors) with tenacity, exponential jitter,
-        up to `retry_attempts` tries in all counting the first; the last error is raised.
-        RequestWithdrawn and NotFound are raised at once, never retried."""
+    async def _retry(self, left: list[tuple[StatusWrite, WriteError]]) -> None:
+        """Retry the writes that failed with WriteConflict or TransientWriteError (`left`,
+        with their errors) with tenacity, exponential jitter, up to `retry_attempts` tries
+        in all counting the first; the last error is raised. RequestWithdrawn and NotFound
+        are raised at once, never retried. A retry does not trust the version the decision
+        saw (`expect_version` dropped: the writer reads the device first)."""
         cfg = self._cfg
         if cfg.retry_attempts <= 1:
             raise left[0][1]
-        _log.info("write_retry", op=op, error=str(left[0][1]), writes=len(left))
+        _log.info("write_retry", error=str(left[0][1]), writes=len(left))
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(RETRYABLE_WRITE_ERRORS),
             wait=wait_exponential_jitter(multiplier=cfg.retry_initial, max=cfg.retry_max,
@@ -766,17 +755,15 @@ class Coordinator(Actor):
         await anyio.sleep(cfg.retry_initial)
         async for attempt in retrying:
             with attempt:
-                left = await self._write_once(op, [w for w, _ in left])
+                left = await self._write_once([replace(w, expect_version=None) for w, _ in left])
                 if left:
                     raise left[0][1]
 
-    async def _write_once(
-        self, op: str, writes: list[StatusWrite]
-    ) -> list[tuple[StatusWrite, WriteError]]:
+    async def _write_once(self, writes: list[StatusWrite]) -> list[tuple[StatusWrite, WriteError]]:
         """One `write_many` call: the writes that failed with a retryable error, with it.
         Raises the first non-retryable error (RequestWithdrawn, NotFound)."""
         failed: list[tuple[StatusWrite, WriteError]] = []
-        for w, err in zip(writes, await self._write_many(op, writes)):
+        for w, err in zip(writes, await self._write_many(writes)):
             if err is None:
                 continue
             if not isinstance(err, RETRYABLE_WRITE_ERRORS):
@@ -784,7 +771,7 @@ class Coordinator(Actor):
             failed.append((w, err))
         return failed
 
-    async def _write_many(self, op: str, writes: list[StatusWrite]) -> list[WriteError | None]:
+    async def _write_many(self, writes: list[StatusWrite]) -> list[WriteError | None]:
         """`StatusWriter.write_many` bounded by `write_timeout`: on timeout every write's
         outcome is a TransientWriteError (it may or may not have applied)."""
         timeout = self._cfg.write_timeout
@@ -794,7 +781,7 @@ class Coordinator(Actor):
                 raise RuntimeError(f"write_many answered {len(outcomes)} of {len(writes)} writes")
             return outcomes
         assert scope.cancelled_caught
-        err = TransientWriteError(f"{op} of {len(writes)} devices timed out after {timeout}s")
+        err = TransientWriteError(f"writes of {len(writes)} devices timed out after {timeout}s")
         return [err] * len(writes)
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ from __future__ import annotations
 import random
 import uuid
 from dataclasses import dataclass, replace
-from datetime import datetime
 from typing import Callable, Iterable, Mapping, Sequence
 
 import anyio
@@ -41,9 +40,11 @@ from model.types import (
 
 @dataclass(slots=True)  # not frozen: made on every write, and a frozen __init__ costs twice
 class WriteRecord:
-    """One applied write (treat as read-only). `op` is a StatusWriter method, or `request`/`withdraw` (the
-    webhook's writes) or `node`/`device` (test setup after start). For `bind`,
-    `from_node` is where the device was Bound before (None: Pending)."""
+    """One applied write (treat as read-only). `op` is `answer` (the binder's one write per
+    member: node, result, message, and the placement when `moved`), or `request`/`withdraw`
+    (the webhook's writes) or `node`/`device` (test setup after start). `from_node` is
+    where the device was Bound before the write (None: Pending); `moved` says the write
+    changed its placement (to `node`)."""
 
     seq: int
     op: str
@@ -53,6 +54,7 @@ class WriteRecord:
     result: Result | None = None
     message: str | None = None
     from_node: str | None = None
+    moved: bool = False
 
 
 @dataclass(slots=True)
@@ -236,22 +238,8 @@ class MemoryStore(IndexedView):
 
     # -- StatusWriter --------------------------------------------------------------------
 
-    async def record_decision(self, key: DeviceKey, request_id: str, node: str) -> None:
-        await self._write_one(StatusWrite("record_decision", key, request_id, node=node))
-
-    async def bind(self, key: DeviceKey, request_id: str, node: str, bound_at: datetime) -> None:
-        await self._write_one(StatusWrite("bind", key, request_id, node=node, bound_at=bound_at))
-
-    async def write_result(
-        self,
-        key: DeviceKey,
-        request_id: str,
-        result: Result,
-        message: str,
-        node: str | None,
-    ) -> None:
-        await self._write_one(StatusWrite("write_result", key, request_id, node=node,
-                                          result=result, message=message))
+    async def answer(self, write: StatusWrite) -> None:
+        await self._write_one(write)
 
     async def write_many(self, writes: Sequence[StatusWrite]) -> list[WriteError | None]:
         """Every write in turn, each with its own faults: one checkpoint for the call, or
@@ -300,22 +288,19 @@ class MemoryStore(IndexedView):
             raise RequestWithdrawn(
                 f"device {key[0]}/{key[1]} no longer carries request {w.request_id}", key=key
             )
-        if op == "record_decision":
-            if br.node != w.node:
-                if br.node is not None:
-                    raise WriteConflict(f"request {w.request_id} already decided for {br.node}",
-                                        key=key)
-                self.put_device(_with_request(dev, _answered(br, br.result, br.message, w.node)))
-                self._record(op, key, w.request_id, node=w.node)
-        elif op == "bind":
-            if dev.bound_node != w.node:
-                st = dev.status
-                self.put_device(_with_status(dev, DeviceStatus(Phase.BOUND, w.node, w.bound_at,
-                                                               st.attached_to, br)))
-                self._record(op, key, w.request_id, node=w.node, from_node=dev.bound_node)
-        elif (br.result, br.message, br.node) != (w.result, w.message, w.node):
-            self.put_device(_with_request(dev, _answered(br, w.result, w.message, w.node)))
-            self._record(op, key, w.request_id, node=w.node, result=w.result, message=w.message)
+        if br.node is not None and br.node != w.node:
+            raise WriteConflict(f"request {w.request_id} already decided for {br.node}", key=key)
+        moved = w.bound_at is not None and dev.bound_node != w.node
+        if moved or (br.result, br.message, br.node) != (w.result, w.message, w.node):
+            st = dev.status
+            answered = _answered(br, w.result, w.message, w.node)
+            if moved:
+                status = DeviceStatus(Phase.BOUND, w.node, w.bound_at, st.attached_to, answered)
+            else:
+                status = DeviceStatus(st.phase, st.node_name, st.bound_at, st.attached_to, answered)
+            self.put_device(_with_status(dev, status))
+            self._record(op, key, w.request_id, node=w.node, result=w.result, message=w.message,
+                         from_node=dev.bound_node, moved=moved)
         if injected is not None:
             self.writes_failed += 1
             raise injected.error(f"injected ambiguous {injected.error.__name__} on {op} {key}", key=key)
@@ -336,11 +321,11 @@ class MemoryStore(IndexedView):
 
     def _record(self, op: str, key: DeviceKey, request_id: str | None, *, node: str | None = None,
                 result: Result | None = None, message: str | None = None,
-                from_node: str | None = None) -> None:
+                from_node: str | None = None, moved: bool = False) -> None:
         self._seq += 1
         if not self.keep_history and self.on_write is None:
             return
-        rec = WriteRecord(self._seq, op, key, request_id, node, result, message, from_node)
+        rec = WriteRecord(self._seq, op, key, request_id, node, result, message, from_node, moved)
         if self.keep_history:
             self.history.append(rec)
         if self.on_write is not None:

@@ -95,23 +95,27 @@ class ChangeFeed(Protocol):
         buffered change at once."""
 
 
-WriteOp = Literal["record_decision", "bind", "write_result"]
+WriteOp = Literal["answer"]
+"""The one kind of binder write (kept as a name for fault injection and history)."""
 
 
 @dataclass(frozen=True, slots=True)
 class StatusWrite:
-    """One StatusWriter call as a value, for `StatusWriter.write_many`. `op` names the
-    method; the fields it takes: `record_decision` (key, request_id, node), `bind` (key,
-    request_id, node, bound_at), `write_result` (key, request_id, result, message, node:
-    None for Refused)."""
+    """One binder write of one member of a request (B1, B7, B8), as a value:
+    `status.bindRequest.{node, result, message}` and, when `bound_at` is set, the placement
+    (`phase = Bound`, `nodeName = node`, `boundAt`), all in one write. `node` is None for
+    Refused (then `bound_at` is None too). `expect_version` is the device's resourceVersion
+    the decision saw (None: unknown); a writer may use it to make the compare-and-set of
+    the node without reading the device first."""
 
-    op: WriteOp
     key: DeviceKey
     request_id: str
+    result: Result
+    message: str
     node: str | None = None
     bound_at: datetime | None = None
-    result: Result | None = None
-    message: str = ""
+    expect_version: str | None = None
+    op: WriteOp = "answer"
 
 
 @runtime_checkable
@@ -125,31 +129,17 @@ class StatusWriter(Protocol):
     `TransientWriteError` when it cannot tell whether the write applied (retry is safe).
     Cancellation: the write may or may not have been applied.
 
-    The coordinator writes through `write_many` (one call per step of a request: every
-    member's record, then every member's bind, then every member's result); the single
-    methods are the same writes one at a time. `write_each` builds `write_many` from them.
+    The coordinator writes a request through `write_many`, one write per member; `answer`
+    is the same write one at a time, and `write_each` builds `write_many` from it.
     """
 
-    async def record_decision(self, key: DeviceKey, request_id: str, node: str) -> None:
-        """Write `status.bindRequest.node = node`: the durable record that the request is
-        decided for `node` (B7). Written on every member before any placement change.
-        Compare-and-set: when the device already records another node for this request
-        (a decision made by an earlier leader that this view did not show yet), raises
+    async def answer(self, write: StatusWrite) -> None:
+        """Write `write` on its device in one write (see `StatusWrite`): the decided node,
+        the placement when `bound_at` is set, and the result. The first such write of a
+        request is the durable record that it is decided for `node` (B7). Compare-and-set
+        on the node: when the device already records another node for this request (a
+        decision made by an earlier leader that this view did not show yet), raises
         `WriteConflict` and writes nothing, so a request is never decided twice."""
-
-    async def bind(self, key: DeviceKey, request_id: str, node: str, bound_at: datetime) -> None:
-        """Place the device: `status.phase = Bound`, `status.nodeName = node`,
-        `status.boundAt = bound_at`. A device already Bound to `node` is left as it is."""
-
-    async def write_result(
-        self,
-        key: DeviceKey,
-        request_id: str,
-        result: Result,
-        message: str,
-        node: str | None,
-    ) -> None:
-        """Write `status.bindRequest.{result, message, node}`. `node` is None for Refused."""
 
     async def write_many(self, writes: Sequence[StatusWrite]) -> list[WriteError | None]:
         """Make every write of `writes` (independent writes, typically one per member of a
@@ -162,24 +152,15 @@ async def write_each(
     writer: StatusWriter, writes: Sequence[StatusWrite], *, limit: int = 16,
     limiter: anyio.CapacityLimiter | None = None,
 ) -> list[WriteError | None]:
-    """`StatusWriter.write_many` built from the single-write methods of `writer`: at most
-    `limit` (>= 1) writes run at once (one after the other when 1), or, with `limiter`,
-    as many as it lets through (share one limiter between calls to bound them together).
-    Returns the outcomes in the order of `writes`; a non-`WriteError` exception
-    propagates."""
+    """`StatusWriter.write_many` built from `writer.answer`: at most `limit` (>= 1) writes
+    run at once (one after the other when 1), or, with `limiter`, as many as it lets
+    through (share one limiter between calls to bound them together). Returns the
+    outcomes in the order of `writes`; a non-`WriteError` exception propagates."""
     outcomes: list[WriteError | None] = [None] * len(writes)
 
     async def one(i: int, w: StatusWrite) -> None:
         try:
-            if w.op == "record_decision":
-                assert w.node is not None
-                await writer.record_decision(w.key, w.request_id, w.node)
-            elif w.op == "bind":
-                assert w.node is not None and w.bound_at is not None
-                await writer.bind(w.key, w.request_id, w.node, w.bound_at)
-            else:
-                assert w.result is not None
-                await writer.write_result(w.key, w.request_id, w.result, w.message, w.node)
+            await writer.answer(w)
         except WriteError as exc:
             outcomes[i] = exc
 

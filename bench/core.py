@@ -278,7 +278,7 @@ async def actor_loop(fleet: Fleet, asks: list[Ask], concurrency: int, seed: int,
     waiting: dict[str, list[Any]] = {}  # request id -> [members without a result, Event]
 
     def on_write(rec: Any) -> None:
-        if rec.op == "write_result":
+        if rec.op == "answer":
             w = waiting.get(rec.request_id)
             if w is not None:
                 w[0] -= 1

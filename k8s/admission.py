@@ -333,9 +333,11 @@ class VMIAdmission:
                         created: list[str]) -> None:
         """W5: clear what this call wrote, judged on fresh reads (the cache may be behind)
         and shielded from cancellation, each call bounded. When the binder has already
-        recorded its decision for this request (`bindRequest.node` on a member, no result
-        yet), nothing is touched: the binder finishes the placement (B7) and housekeeping
-        clears the attachments and the request once the VMI has not appeared (H1)."""
+        recorded its decision for this request (`bindRequest.node` on a member: the binder
+        writes node, placement and result of a member in one write, so some members may
+        carry it while others have nothing yet), nothing is touched: the binder finishes
+        the placement (B7) and housekeeping clears the attachments and the request once
+        the VMI has not appeared (H1)."""
         with anyio.CancelScope(shield=True):
             fresh: dict[str, dict | None] = {}
             for name in attached:
@@ -350,8 +352,7 @@ class VMIAdmission:
                 br = ((raw or {}).get("status") or {}).get("bindRequest") or {}
                 return br if br.get("id") == request_id else {}
 
-            if any(request_of(r).get("node") and not request_of(r).get("result")
-                   for r in fresh.values()):
+            if any(request_of(r).get("node") for r in fresh.values()):
                 log.info("request already decided; left for the binder (B7)",
                          request=request_id)
                 return

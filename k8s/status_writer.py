@@ -1,7 +1,8 @@
 """The binder's StatusWriter on the real API server (B7, B8).
 
-Each write is one JSON Patch on the `status` subresource under field manager
-`gpu-binder-binder`, led by a `test` of `status.bindRequest.id`: a request withdrawn or
+Each member of a request costs one write: one JSON Patch on the `status` subresource
+under field manager `gpu-binder-binder` carrying the decided node, the placement and the
+result together, led by a `test` of `status.bindRequest.id`: a request withdrawn or
 replaced meanwhile is never resurrected (the API server answers 422 and nothing is
 written). API errors are translated into the actor port's `WriteError`s; every call has a
 timeout shorter than the Lease's renew deadline.
@@ -9,7 +10,6 @@ timeout shorter than the Lease's renew deadline.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Sequence
 
 import anyio
@@ -20,7 +20,7 @@ from actors import errors as port
 from actors.ports import StatusWrite, write_each
 from k8s import errors as api_errors
 from model.parse import format_time
-from model.types import GROUP, VERSION, Result
+from model.types import GROUP, VERSION
 
 log = structlog.get_logger("gpu_binder.status_writer")
 
@@ -71,52 +71,61 @@ class ApiStatusWriter:
                 raise port.WriteConflict(str(err), key=key) from exc
             raise port.TransientWriteError(str(err), key=key) from exc
 
-    async def record_decision(self, key: tuple[str, str], request_id: str, node: str) -> None:
-        """Write `status.bindRequest.node` (B7's durable record of the decided node),
-        compare-and-set: read the device, then patch with a `test` of its resourceVersion.
-        Another node already recorded for this request → WriteConflict, nothing written."""
-        ns, name = key
+    async def answer(self, w: StatusWrite) -> None:
+        """Write the decided node, the placement (when `w.bound_at` is set) and the result
+        of one member in one patch (B1, B7). Compare-and-set on the node: with
+        `w.expect_version`, the patch tests that resourceVersion (no read); when that test
+        fails, or without it, the device is read first: another node already recorded for
+        this request → WriteConflict, nothing written; the patch then tests the version
+        read. Already so → no write."""
+        ns, name = w.key
+        ops = _answer_ops(w)
+        if w.expect_version is not None:
+            try:
+                await self._patch(w.key, w.request_id, [
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": w.expect_version},
+                    *ops])
+                return
+            except port.RequestWithdrawn:  # the id or the version moved: read and decide
+                pass
         try:
             raw = await self._api.get_namespaced_custom_object_status(
                 GROUP, VERSION, ns, "gpudevices", name, _request_timeout=self._timeout)
         except Exception as exc:  # noqa: BLE001 - translated
             err = api_errors.translate(exc, f"read GPUDevice {ns}/{name}")
             if isinstance(err, api_errors.NotFound):
-                raise port.NotFound(str(err), key=key) from exc
-            raise port.TransientWriteError(str(err), key=key) from exc
-        br = (raw.get("status") or {}).get("bindRequest") or {}
-        if br.get("id") != request_id:
+                raise port.NotFound(str(err), key=w.key) from exc
+            raise port.TransientWriteError(str(err), key=w.key) from exc
+        status = raw.get("status") or {}
+        br = status.get("bindRequest") or {}
+        if br.get("id") != w.request_id:
             raise port.RequestWithdrawn(f"GPUDevice {ns}/{name} no longer carries request "
-                                        f"{request_id}", key=key)
-        if br.get("node") == node:
+                                        f"{w.request_id}", key=w.key)
+        if br.get("node") and br["node"] != w.node:
+            raise port.WriteConflict(f"GPUDevice {ns}/{name}: request {w.request_id} already "
+                                     f"decided for node {br['node']}", key=w.key)
+        placed = w.bound_at is None or (status.get("phase") == "Bound"
+                                        and status.get("nodeName") == w.node)
+        if placed and (br.get("node"), br.get("result"), br.get("message")) == (
+                w.node, w.result.value, w.message[:32000]):
             return
-        if br.get("node"):
-            raise port.WriteConflict(f"GPUDevice {ns}/{name}: request {request_id} already "
-                                     f"decided for node {br['node']}", key=key)
         rv = raw["metadata"]["resourceVersion"]
         try:
-            await self._patch(key, request_id, [
-                {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-                {"op": "add", "path": "/status/bindRequest/node", "value": node}])
+            await self._patch(w.key, w.request_id, [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": rv}, *ops])
         except port.RequestWithdrawn as exc:  # the id or the resourceVersion moved: re-read
-            raise port.WriteConflict(str(exc), key=key) from exc
+            raise port.WriteConflict(str(exc), key=w.key) from exc
 
-    async def bind(self, key: tuple[str, str], request_id: str, node: str,
-                   bound_at: datetime) -> None:
-        """Write `status.phase = Bound`, `status.nodeName`, `status.boundAt` (B1)."""
-        await self._patch(key, request_id, [
-            {"op": "add", "path": "/status/phase", "value": "Bound"},
-            {"op": "add", "path": "/status/nodeName", "value": node},
-            {"op": "add", "path": "/status/boundAt", "value": format_time(bound_at)},
-        ])
 
-    async def write_result(self, key: tuple[str, str], request_id: str, result: Result,
-                           message: str, node: str | None) -> None:
-        """Write `status.bindRequest.{result,message,node}` (B1); `node` None for Refused."""
-        ops = [
-            {"op": "add", "path": "/status/bindRequest/result", "value": result.value},
-            {"op": "add", "path": "/status/bindRequest/message", "value": message[:32000]},
-        ]
-        if node is not None:
-            ops.append({"op": "add", "path": "/status/bindRequest/node", "value": node})
-        await self._patch(key, request_id, ops)
+def _answer_ops(w: StatusWrite) -> list[dict]:
+    """The JSON Patch operations of one binder write (after its tests)."""
+    ops: list[dict] = []
+    if w.bound_at is not None:
+        ops += [{"op": "add", "path": "/status/phase", "value": "Bound"},
+                {"op": "add", "path": "/status/nodeName", "value": w.node},
+                {"op": "add", "path": "/status/boundAt", "value": format_time(w.bound_at)}]
+    if w.node is not None:
+        ops.append({"op": "add", "path": "/status/bindRequest/node", "value": w.node})
+    ops += [{"op": "add", "path": "/status/bindRequest/result", "value": w.result.value},
+            {"op": "add", "path": "/status/bindRequest/message", "value": w.message[:32000]}]
+    return ops

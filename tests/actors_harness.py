@@ -131,9 +131,9 @@ def check_invariants(store: MemoryStore, *, withdrawn: set[str] = frozenset(),
     results: dict[tuple, set] = defaultdict(set)
     binds: dict[str, list] = defaultdict(list)
     for rec in store.history:
-        if rec.op == "write_result":
+        if rec.op == "answer":
             results[(rec.key, rec.request_id)].add((rec.result, rec.node))
-        elif rec.op == "bind":
+        if rec.moved:
             binds[rec.request_id].append(rec)
     for (key, rid), seen in results.items():
         if len(seen) != 1:

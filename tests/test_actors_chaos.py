@@ -103,7 +103,7 @@ class World:
 
     def on_write(self, rec: WriteRecord) -> None:
         """Invariants 1 and 4 on every placement write; kills between placement writes."""
-        if rec.op != "bind":
+        if not rec.moved:
             return
         dev = self.store.device(rec.key)
         res = self.store.classes()[dev.class_name].resource_name
@@ -220,7 +220,7 @@ async def test_chaos_invariants_hold(chaos_seed: int) -> None:
     # Every complete request not withdrawn: exactly one result on every member, in history.
     written: dict[tuple, set] = defaultdict(set)
     for rec in s.history:
-        if rec.op == "write_result":
+        if rec.op == "answer":
             written[(rec.key, rec.request_id)].add((rec.result, rec.node))
     outcomes = defaultdict(int)
     for t, rid, names in world.issued:

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 import pytest
 
 from actors.memory_store import MemoryStore
+from actors.ports import StatusWrite
 from model.types import Attachment, BindRequest, DeviceStatus, GPUDevice, Phase, Result
 
 H100 = "nvidia.com/H100"
@@ -45,9 +46,7 @@ async def test_memory_store_copies_every_field() -> None:
     assert (br.id, br.vmi, br.devices, br.node_selector) == (rid, "vm", ("a",), (("zone", "z1"),))
     assert dev.status.attached_to.vmi == "vm"
 
-    await s.record_decision(key, rid, "n1")
-    await s.bind(key, rid, "n1", T0)
-    await s.write_result(key, rid, Result.SUCCEEDED, "placed", "n1")
+    await s.answer(StatusWrite(key, rid, Result.SUCCEEDED, "placed", node="n1", bound_at=T0))
     dev = s.device(key)
     assert (dev.namespace, dev.name, dev.class_name, dev.template_for, dev.resource_version,
             dev.uid, dev.created_at) == ("t", "a", "h100", "vm", "rv-7", "uid-1", T0)
@@ -77,7 +76,6 @@ async def test_without_history_writes_are_still_observed_in_order() -> None:
     s.add_class("h100", H100)
     key = s.add_device("t", "a", "h100")
     rid = s.request("t", "vm", ["a"])
-    await s.record_decision(key, rid, "n1")
-    await s.bind(key, rid, "n1", T0)
+    await s.answer(StatusWrite(key, rid, Result.SUCCEEDED, "placed", node="n1", bound_at=T0))
     assert s.history == []
-    assert [(r.seq, r.op) for r in seen] == [(1, "request"), (2, "record_decision"), (3, "bind")]
+    assert [(r.seq, r.op, r.moved) for r in seen] == [(1, "request", False), (2, "answer", True)]

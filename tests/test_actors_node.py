@@ -28,7 +28,8 @@ from actors.node_actor import (
     PrepareRefused,
     Release,
 )
-from actors.ports import ManualClock
+from actors.ports import ManualClock, StatusWrite
+from model.types import Result
 from actors.runtime import ActorCell, spawn
 from tests.actors_harness import quiet_logging
 
@@ -138,10 +139,10 @@ async def test_hold_counts_only_members_not_landed_yet() -> None:
         ref, cell = await spawn(tg, lambda: node_actor(s), name="n1")
         p = await ref.ask(Prepare(rid, ((H100, 2),), devices))
         await ref.ask(Commit(rid, p.incarnation))
-        await s.bind(("t", "p0"), rid, "n1", s.clock.now())
+        await s.answer(StatusWrite(("t", "p0"), rid, Result.SUCCEEDED, "m", node="n1", bound_at=s.clock.now()))
         ledger = await ref.ask(GetLedger())
         assert ledger.bound[H100] == 1 and ledger.committed[H100] == 1 and ledger.free[H100] == 0
-        await s.bind(("t", "p1"), rid, "n1", s.clock.now())
+        await s.answer(StatusWrite(("t", "p1"), rid, Result.SUCCEEDED, "m", node="n1", bound_at=s.clock.now()))
         await ref.ask(DevicesChanged())
         ledger = await ref.ask(GetLedger())
         assert ledger.free[H100] == 0 and ledger.committed.get(H100, 0) == 0

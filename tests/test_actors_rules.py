@@ -13,6 +13,7 @@ from actors.coordinator import GetStatus
 from actors.errors import RequestWithdrawn, TransientWriteError, WriteConflict
 from actors.memory_store import Faults, MemoryStore
 from actors.node_actor import GetLedger
+from actors.ports import StatusWrite
 from model.types import OnCordon, Result
 from supervisor import COORDINATOR, Binder, node_child_id
 from tests.actors_harness import (
@@ -48,8 +49,10 @@ def cluster(**nodes: int) -> MemoryStore:
 
 
 def ops(store: MemoryStore, request_id: str) -> list[tuple[str, str]]:
-    return [(r.op, r.key[1]) for r in store.history
-            if r.request_id == request_id and r.op in ("record_decision", "bind", "write_result")]
+    """The binder's writes of `request_id`: ("place", device) for a write that also moved
+    the device, ("answer", device) for one that did not."""
+    return [("place" if r.moved else "answer", r.key[1]) for r in store.history
+            if r.request_id == request_id and r.op == "answer"]
 
 
 async def answer(store: MemoryStore, binder: Binder, namespace: str, request_id: str) -> dict:
@@ -74,15 +77,18 @@ async def test_B1_gathers_the_whole_set_on_one_node_moving_held_devices() -> Non
     assert check_invariants(s) == []
 
 
-async def test_B1_writes_record_first_then_placements_then_results() -> None:
+async def test_B1_B7_one_write_per_member_carries_node_placement_and_result() -> None:
+    """DESIGN §3 Writes: the decided node, the placement and the result of a member in
+    one write; one write per member in all."""
     s = cluster(n1=4)
     for name in ("a", "b"):
         s.add_device("t", name, "h100")
     async with running_binder(s) as binder:
         rid = s.request("t", "vm", ["a", "b"])
         await answer(s, binder, "t", rid)
-    assert ops(s, rid) == [("record_decision", "a"), ("record_decision", "b"), ("bind", "a"),
-                           ("bind", "b"), ("write_result", "a"), ("write_result", "b")]
+    assert ops(s, rid) == [("place", "a"), ("place", "b")]
+    recs = [r for r in s.history if r.request_id == rid and r.op == "answer"]
+    assert {(r.node, r.result, r.from_node) for r in recs} == {("n1", Result.SUCCEEDED, None)}
 
 
 async def test_B1_refuses_with_a_message_and_changes_no_placement() -> None:
@@ -98,7 +104,7 @@ async def test_B1_refuses_with_a_message_and_changes_no_placement() -> None:
     msg = s.device(("t", "new")).status.bind_request.message
     assert "held (Bound on n1)" in msg and "new (Pending)" in msg
     assert "n1:" in msg and "n2:" in msg
-    assert [op for op, _ in ops(s, rid)] == ["write_result", "write_result"]
+    assert ops(s, rid) == [("answer", "held"), ("answer", "new")]
 
 
 async def test_B1_partial_request_is_never_acted_on() -> None:
@@ -166,7 +172,7 @@ async def test_B3_counts_reservations_in_flight() -> None:
         s.add_device("t", name, "h100")
     async with running_binder(s) as binder:
         r1 = s.request("t", "vm1", ["a", "b"])
-        await wait_until(lambda: any(r.op == "record_decision" for r in s.history), what="r1 decided")
+        await wait_until(lambda: any(r.op == "answer" for r in s.history), what="r1 decided")
         r2 = s.request("t", "vm2", ["c"])
         await settle(s, binder)
     assert results_of(s, "t", r1)["a"][0] is Result.SUCCEEDED
@@ -269,7 +275,7 @@ async def test_B5a_move_class_on_cordoned_node_stays_when_no_other_node_has_room
         rid = s.request("t", "vm", ["a", "b"])
         res = await answer(s, binder, "t", rid)
     assert {v[:2] for v in res.values()} == {(Result.SUCCEEDED, "n1")}
-    assert [op for op, _ in ops(s, rid) if op == "bind"] == []
+    assert ops(s, rid) == [("answer", "a"), ("answer", "b")]
     assert "B5a" in s.device(("t", "a")).status.bind_request.message
 
 
@@ -317,7 +323,7 @@ async def test_B6_already_placed_succeeds_without_a_placement_write() -> None:
         rid = s.request("t", "vm", ["a", "b"])
         res = await answer(s, binder, "t", rid)
     assert {v for v in res.values()} == {(Result.SUCCEEDED, "n1", "Bound", "n1")}
-    assert not any(op == "bind" for op, _ in ops(s, rid))
+    assert ops(s, rid) == [("answer", "a"), ("answer", "b")]
 
 
 # -- B7 -------------------------------------------------------------------------------------
@@ -332,11 +338,12 @@ async def test_B7_coordinator_killed_between_placement_writes_finishes_on_the_sa
     holder: dict = {}
 
     def on_write(rec) -> None:
-        if rec.op == "bind" and not holder.get("killed"):
+        if rec.moved and not holder.get("killed"):
             holder["killed"] = holder["binder"].kill(COORDINATOR, "test: between binds")
             s.set_allocatable(rec.node, H100, 1)  # capacity now short for the rest
 
     s.on_write = on_write
+    s.faults = Faults(latency=0.005)  # the members' writes apart: the kill lands between them
     config = fast_config()
     config = replace(config, supervisor=replace(config.supervisor, backoff_initial=0.02))
     async with running_binder(s, config) as binder:
@@ -347,7 +354,7 @@ async def test_B7_coordinator_killed_between_placement_writes_finishes_on_the_sa
     assert holder["killed"]
     node = res["a"][1]
     assert res == {n: (Result.SUCCEEDED, node, "Bound", node) for n in ("a", "b", "c")}
-    assert [op for op, _ in ops(s, rid)].count("bind") == 3
+    assert [op for op, _ in ops(s, rid)].count("place") == 3
 
 
 async def test_B7_a_new_binder_finishes_a_recorded_request() -> None:
@@ -356,9 +363,9 @@ async def test_B7_a_new_binder_finishes_a_recorded_request() -> None:
     for name in ("a", "b"):
         s.add_device("t", name, "h100")
     rid = s.request("t", "vm", ["a", "b"])
-    await s.record_decision(("t", "a"), rid, "n2")  # a previous leader got this far
-    await s.record_decision(("t", "b"), rid, "n2")
-    await s.bind(("t", "a"), rid, "n2", s.clock.now())
+    s.add_device("t", "other", "h100", node="n1")  # a fresh decision would pick n1 (tightest)
+    await s.answer(StatusWrite(("t", "a"), rid, Result.SUCCEEDED, "placed on n2", node="n2",
+                               bound_at=s.clock.now()))  # a previous leader got this far
     async with running_binder(s) as binder:
         res = await answer(s, binder, "t", rid)
         status = await binder.coordinator.ask(GetStatus())
@@ -373,15 +380,14 @@ async def test_B7_withdrawn_request_stops_writing_and_releases_its_capacity() ->
     withdrawn: dict = {}
 
     def on_write(rec) -> None:
-        if rec.op == "bind" and not withdrawn:
+        if rec.moved and not withdrawn:
             withdrawn["n"] = s.withdraw("t", rec.request_id)  # the webhook gave up
 
     s.on_write = on_write
     async with running_binder(s) as binder:
         rid = s.request("t", "vm1", ["a", "b"])
         await settle(s, binder)
-        assert [op for op, _ in ops(s, rid)].count("bind") == 1  # the done write stays
-        assert not any(op == "write_result" for op, _ in ops(s, rid))
+        assert [op for op, _ in ops(s, rid)] == ["place"]  # the done write stays, no other
         s.on_write = None
         r2 = s.request("t", "vm2", ["c"])  # the other unit is free again
         res = await answer(s, binder, "t", r2)
@@ -403,17 +409,9 @@ class RecordingWriter:
     def _note(self, op: str) -> None:
         self.callers.append((op, structlog.contextvars.get_contextvars().get("actor")))
 
-    async def record_decision(self, *args):
-        self._note("record_decision")
-        await self.store.record_decision(*args)
-
-    async def bind(self, *args):
-        self._note("bind")
-        await self.store.bind(*args)
-
-    async def write_result(self, *args):
-        self._note("write_result")
-        await self.store.write_result(*args)
+    async def answer(self, write):
+        self._note(write.op)
+        await self.store.answer(write)
 
     async def write_many(self, writes):
         for w in writes:
@@ -436,7 +434,7 @@ async def test_B8_the_coordinator_is_the_only_status_writer() -> None:
         await settle(s, binder)
         tg.cancel_scope.cancel()
     assert writer.callers and {actor for _, actor in writer.callers} == {"coordinator"}
-    assert {r.op for r in s.history} <= {"request", "record_decision", "bind", "write_result"}
+    assert {r.op for r in s.history} <= {"request", "answer"}
 
 
 # -- writes: retries ------------------------------------------------------------------------
@@ -445,36 +443,36 @@ async def test_B8_the_coordinator_is_the_only_status_writer() -> None:
 async def test_transient_errors_and_conflicts_are_retried() -> None:
     s = cluster(n1=2)
     s.add_device("t", "a", "h100")
-    s.fail_next(TransientWriteError, op="bind", times=2)
-    s.fail_next(WriteConflict, op="write_result", times=1)
-    s.fail_next(TransientWriteError, op="record_decision", applied=True)  # ambiguous
+    s.fail_next(TransientWriteError, op="answer", times=2)
+    s.fail_next(WriteConflict, op="answer", times=1)
+    s.fail_next(TransientWriteError, op="answer", applied=True)  # ambiguous
     async with running_binder(s) as binder:
         rid = s.request("t", "vm", ["a"])
         res = await answer(s, binder, "t", rid)
     assert res["a"] == (Result.SUCCEEDED, "n1", "Bound", "n1")
-    assert ops(s, rid) == [("record_decision", "a"), ("bind", "a"), ("write_result", "a")]
+    assert ops(s, rid) == [("place", "a")]  # the ambiguous write applied; the retry is a no-op
 
 
 async def test_request_withdrawn_is_never_retried() -> None:
     s = cluster(n1=2)
     s.add_device("t", "a", "h100")
-    s.fail_next(RequestWithdrawn, op="bind")
+    s.fail_next(RequestWithdrawn, op="answer")
     async with running_binder(s) as binder:
         rid = s.request("t", "vm", ["a"])
-        await wait_until(lambda: s.writes_attempted >= 2, what="record and bind tried")
+        await wait_until(lambda: s.writes_attempted >= 1, what="the write tried")
         await anyio.sleep(0.05)
         attempts = s.writes_attempted
         await anyio.sleep(0.05)
-        assert s.writes_attempted == attempts == 2  # record_decision + one bind, no retry
+        assert s.writes_attempted == attempts == 1  # one write, no retry
         del binder
-    assert ops(s, rid) == [("record_decision", "a")]
+    assert ops(s, rid) == []
 
 
 async def test_exhausted_retries_keep_the_reservation_and_try_again_later() -> None:
     s = cluster(n1=1)
     s.add_device("t", "a", "h100")
     s.add_device("t", "b", "h100")
-    s.fail_next(TransientWriteError, op="bind", times=6)  # more than one round of retries
+    s.fail_next(TransientWriteError, op="answer", times=6)  # more than one round of retries
     async with running_binder(s) as binder:
         r1 = s.request("t", "vm1", ["a"])
         await wait_until(lambda: (binder.coordinator.statistics().reservations == 1
@@ -506,7 +504,7 @@ async def test_a_stalled_request_withdrawn_meanwhile_releases_its_reservation() 
     s = cluster(n1=1)
     s.add_device("t", "a", "h100")
     s.add_device("t", "b", "h100")
-    s.fail_next(TransientWriteError, op="bind", times=5)  # exactly one round of retries
+    s.fail_next(TransientWriteError, op="answer", times=5)  # exactly one round of retries
     async with running_binder(s) as binder:
         r1 = s.request("t", "vm1", ["a"])
         await wait_until(lambda: s.writes_failed >= 5, what="r1 stalled")

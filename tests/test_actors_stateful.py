@@ -94,7 +94,7 @@ class BinderMachine(RuleBasedStateMachine):
 
     def on_write(self, rec: WriteRecord) -> None:
         """Invariants 1 and 4 at every placement write (in the loop thread)."""
-        if rec.op != "bind":
+        if not rec.moved:
             return
         s = self.store
         dev = s.device(rec.key)
@@ -244,7 +244,7 @@ class BinderMachine(RuleBasedStateMachine):
         self.call(emit)
         note(f"redeliver stale device events of {rid}")
 
-    @rule(op=st.sampled_from([None, "record_decision", "bind", "write_result"]),
+    @rule(op=st.sampled_from([None, "answer"]),
           error=st.sampled_from([TransientWriteError, WriteConflict]),
           applied=st.booleans(), times=st.integers(1, 3))
     def fail_writes(self, op, error, applied, times):
@@ -285,7 +285,7 @@ class BinderMachine(RuleBasedStateMachine):
         def written():
             out: dict[tuple, set] = defaultdict(set)
             for rec in self.store.history:
-                if rec.op == "write_result":
+                if rec.op == "answer":
                     out[(rec.key, rec.request_id)].add((rec.result, rec.node))
             return out
         problems = self.call(check_invariants, self.store, withdrawn=self.withdrawn)
