@@ -61,7 +61,8 @@ from actors.ports import (
 )
 from actors.runtime import Actor, ActorContext, ActorRef, ask_all
 from model.decide import Decision, Placement, Request, decide, describe_placement, find_requests
-from model.snapshot import Reservation, Snapshot
+from model.hold import Hold, Landing, outstanding
+from model.snapshot import Snapshot
 from model.types import GPUDevice, Result
 
 _log = structlog.get_logger("gpu_binder.coordinator")
@@ -141,18 +142,23 @@ class CoordinatorConfig:
 
 @dataclass(slots=True)
 class _Flight:
-    """A decided request whose writes are running or not yet visible in the view."""
+    """A decided request whose writes are running or not yet visible in the view: `node`
+    the answer's (None: Refused), `hold` what it lands there (None: nothing lands)."""
 
     request: Request
     result: Result
     node: str | None
     message: str
-    landing: tuple[tuple[DeviceKey, str], ...]  # members to land on `node`, with resource
+    hold: Hold | None
     started_at: float
     written: set[DeviceKey] = field(default_factory=set)  # binds attempted (maybe applied)
     running: bool = True
     stalled: bool = False  # writes gave up: full reservation kept until tried again
     finished_at: float | None = None
+
+    @property
+    def landing(self) -> Landing:
+        return self.hold.landing if self.hold is not None else ()
 
 
 @dataclass(slots=True)
@@ -326,8 +332,8 @@ class Coordinator(Actor):
         for key, flight in list(self._flights.items()):
             if flight.running or flight.stalled:
                 continue
-            needs, _ = self._outstanding(flight)
-            if needs and now - (flight.finished_at or now) <= self._cfg.settle_timeout:
+            left = self._outstanding(flight)
+            if left is not None and not left.empty and now - (flight.finished_at or now) <= self._cfg.settle_timeout:
                 waiting = True
                 continue
             del self._flights[key]
@@ -337,25 +343,15 @@ class Coordinator(Actor):
                     self._tell_quietly(ref, Release(flight.request.id))
         return waiting
 
-    def _outstanding(self, flight: _Flight) -> tuple[dict[str, int], dict[str, int]]:
-        """Units per resource `flight` will still land on its node, and budget slots (its
-        Pending members among them). Once its writes stopped, only binds it attempted and
-        the view does not show yet."""
-        needs: dict[str, int] = {}
-        budget: dict[str, int] = {}
+    def _outstanding(self, flight: _Flight) -> Hold | None:
+        """What `flight` still holds (`model.hold.outstanding`; None: nothing lands). Once
+        its writes stopped, only placement writes it attempted and the view does not show
+        yet."""
+        if flight.hold is None:
+            return None
         finished = not flight.running and not flight.stalled
-        for key, res in flight.landing:
-            dev = self._view.device(key)
-            if dev is None or dev.bound_node == flight.node:
-                continue
-            if finished:
-                br = dev.status.bind_request
-                if key not in flight.written or br is None or br.id != flight.request.id:
-                    continue
-            needs[res] = needs.get(res, 0) + 1
-            if dev.bound_node is None:
-                budget[res] = budget.get(res, 0) + 1
-        return needs, budget
+        return outstanding(flight.hold, self._view.device,
+                           attempted=flight.written if finished else None)
 
     async def _decide_batch(self, batch: list[RequestKey]) -> None:
         """Decide `batch` in order on one snapshot, each decision seeing the tentative
@@ -393,7 +389,7 @@ class Coordinator(Actor):
                     self._pending[e.key] = None
                 elif isinstance(e, _Answer):
                     self._observe(e.rule, e.result, e.message, e.started)
-                    self._start(e.request, e.result, e.node, e.message, ())
+                    self._start(e.request, e.result, e.node, e.message, None)
                 else:
                     assert snap is not None
                     self._placed(e, snap)
@@ -432,7 +428,7 @@ class Coordinator(Actor):
                         if m.status.bind_request is not None
                         and m.status.bind_request.result is Result.REFUSED), None)
         if refused is not None:  # a refusal whose writes were cut short: finish it
-            self._start(req, Result.REFUSED, None, refused, ())
+            self._start(req, Result.REFUSED, None, refused, None)
             return snap, None
         if snap is None:
             snap = self._snapshot()
@@ -456,7 +452,7 @@ class Coordinator(Actor):
                                  decision.rule, started)
         item = _Placing(key, req, decision, started)
         tentative = _Flight(req, Result.SUCCEEDED, first.node, decision.message,
-                            _landing(first, snap), anyio.current_time())
+                            self._hold(req, first, snap), anyio.current_time())
         return self._with_flight(snap, tentative), item
 
     async def _reserve(self, items: list[_Placing], snap: Snapshot,
@@ -479,7 +475,7 @@ class Coordinator(Actor):
                     it.refusals.append(f"{p.node}: no node actor")
                     continue
                 sent.append((it, p, ref))
-                prepares.append((ref, Prepare(it.request.id, p.needs, _landing(p, snap), self._owner)))
+                prepares.append((ref, Prepare(self._hold(it.request, p, snap), self._owner)))
             replies = await ask_all(prepares, timeout=timeout)
             commits: list[tuple[_Placing, Placement, ActorRef]] = []
             for (it, p, ref), reply in zip(sent, replies):
@@ -520,7 +516,7 @@ class Coordinator(Actor):
                 _log.info("refused_by_ledgers", request_id=rid, namespace=ns, reasons=it.refusals)
                 message = _ledger_refusal(req, snap, it.refusals)
                 self._observe("ledgers", Result.REFUSED, message, it.started)
-                self._start(req, Result.REFUSED, None, message, ())
+                self._start(req, Result.REFUSED, None, message, None)
             else:
                 self._rounds[key] = rounds
                 self._defer(key, self._cfg.requeue_delay)
@@ -529,19 +525,22 @@ class Coordinator(Actor):
         self._rounds.pop(key, None)
         first = decision.placements[0]
         message = decision.message if placement is first else describe_placement(req, placement)
-        self._start(req, Result.SUCCEEDED, placement.node, message, _landing(placement, snap))
+        self._start(req, Result.SUCCEEDED, placement.node, message, self._hold(req, placement, snap))
 
     def _with_flight(self, snap: Snapshot, flight: _Flight) -> Snapshot:
         held = self._reservation(flight)
         return snap if held is None else snap.with_reservation(held)
 
-    def _reservation(self, flight: _Flight) -> Reservation | None:
-        """What `flight` still holds (None: nothing left to land)."""
-        needs, budget = self._outstanding(flight)
-        if not needs or flight.node is None:
-            return None
-        return Reservation(flight.request.id, flight.request.namespace, flight.node,
-                           tuple(sorted(needs.items())), tuple(sorted(budget.items())))
+    def _reservation(self, flight: _Flight) -> Hold | None:
+        """What `flight` still holds, for a snapshot (None: nothing left to land)."""
+        left = self._outstanding(flight)
+        return None if left is None or left.empty else left
+
+    @staticmethod
+    def _hold(req: Request, placement: Placement, snap: Snapshot) -> Hold:
+        """The hold of `req` landing `placement` (counts from `snap`'s devices)."""
+        return Hold(req.id, req.namespace, placement.node, placement.needs,
+                    placement.budget_needs, _landing(placement, snap))
 
     def _observe(self, rule: str, result: Result, message: str, started: float) -> None:
         if self._observer is not None:
@@ -602,10 +601,12 @@ class Coordinator(Actor):
         _log.info("recover", request_id=req.id, namespace=req.namespace, chosen=node,
                   landing=[k for k, _ in landing])
         ref = self._nodes.node_actor(node)
-        if ref is not None and landing:
-            needs = Counter(res for _, res in landing)
-            self._tell_quietly(ref, Claim(req.id, tuple(sorted(needs.items())), landing, self._owner))
-        return self._start(req, Result.SUCCEEDED, node, message, landing)
+        needs = Counter(res for _, res in landing)
+        hold = Hold(req.id, req.namespace, node, tuple(sorted(needs.items())), (), landing)
+        hold = outstanding(hold, self._view.device) if landing else None
+        if ref is not None and hold is not None:
+            self._tell_quietly(ref, Claim(hold, self._owner))
+        return self._start(req, Result.SUCCEEDED, node, message, hold)
 
     # -- writes (B8) -----------------------------------------------------------------------------
 
@@ -615,7 +616,7 @@ class Coordinator(Actor):
         result: Result,
         node: str | None,
         message: str,
-        landing: tuple[tuple[DeviceKey, str], ...],
+        hold: Hold | None,
     ) -> _Flight:
         key = (req.namespace, req.id)
         old = self._flights.get(key)
@@ -624,7 +625,7 @@ class Coordinator(Actor):
             ref = self._nodes.node_actor(old.node)
             if ref is not None:
                 self._tell_quietly(ref, Release(req.id))
-        flight = _Flight(req, result, node, message, landing, anyio.current_time())
+        flight = _Flight(req, result, node, message, hold, anyio.current_time())
         self._flights[key] = flight
         if self._wave is not None:
             self._wave.append(flight)
@@ -807,7 +808,7 @@ def _in_order(req: Request, members: tuple[GPUDevice, ...]) -> list[GPUDevice]:
     return [by_name[n] for n in dict.fromkeys(req.devices) if n in by_name]
 
 
-def _landing(placement: Placement, snap: Snapshot) -> tuple[tuple[DeviceKey, str], ...]:
+def _landing(placement: Placement, snap: Snapshot) -> Landing:
     out = []
     for move in placement.moves:
         dev = snap.devices.get(move.device)

@@ -1,10 +1,12 @@
 """NodeActor: the only owner of one node's free capacity (DESIGN.md §6).
 
 Its ledger, per resource: `allocatable` and `bound` (re-read from the ClusterView, level
-based), plus *holds* per request id: prepared (reserved, expiring after `prepare_ttl`) or
-committed (decided, writes in flight; kept until released, until the view shows every
-member that lands here as Bound here, or, as a safety net, until `commit_ttl`). A hold only
-counts what has not landed yet, so capacity is never counted twice while writes progress.
+based), plus one `model.hold.Hold` per request id: prepared (reserved, expiring after
+`prepare_ttl`) or committed (decided, writes in flight; kept until released, until the view
+shows every member that lands here as Bound here, or, as a safety net, until `commit_ttl`).
+A hold only counts what has not landed yet (`model.hold.outstanding`, the rule the
+coordinator and the snapshot use too), so capacity is never counted twice while writes
+progress.
 
 Two-phase protocol, spoken by the Coordinator: `Prepare` → `Prepared(incarnation, …)` or
 `PrepareRefused(reason)`; `Commit(incarnation)` → `Committed` or `CommitRefused` (e.g. the
@@ -20,15 +22,14 @@ from typing import Any, Mapping
 
 import structlog
 
-from actors.ports import Clock, ClusterView, DeviceKey
+from actors.ports import Clock, ClusterView
 from actors.runtime import Actor, ActorContext
+from model.hold import Hold, outstanding
 
 _log = structlog.get_logger("gpu_binder.node")
 
 _incarnations = itertools.count(1)
 """Process-wide: no two NodeActor incarnations share a number, whatever their node."""
-
-Needs = tuple[tuple[str, int], ...]
 
 
 # -- messages and replies ---------------------------------------------------------------
@@ -36,15 +37,17 @@ Needs = tuple[tuple[str, int], ...]
 
 @dataclass(frozen=True, slots=True)
 class Prepare:
-    """Reserve `needs` (units per resource) for `request_id`. `devices` are the members that
-    will land here, with their resource: once the view shows one Bound here, it no longer
-    counts against the hold. `owner` identifies the coordinator incarnation. Re-preparing a
-    request replaces its hold. Reply: `Prepared` or `PrepareRefused`."""
+    """Reserve `hold` (its `needs` on this node) for its request. Members of `hold.landing`
+    stop counting once the view shows them landed (`model.hold.outstanding`). `owner`
+    identifies the coordinator incarnation. Re-preparing a request replaces its hold.
+    Reply: `Prepared` or `PrepareRefused`."""
 
-    request_id: str
-    needs: Needs
-    devices: tuple[tuple[DeviceKey, str], ...] = ()
+    hold: Hold
     owner: str = ""
+
+    @property
+    def request_id(self) -> str:
+        return self.hold.request_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,13 +91,15 @@ class CommitRefused:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """A committed hold without a capacity check: the decision was already made (B7
+    """`hold` committed without a capacity check: the decision was already made (B7
     recovery after a coordinator restart). Reply: `Committed`."""
 
-    request_id: str
-    needs: Needs
-    devices: tuple[tuple[DeviceKey, str], ...] = ()
+    hold: Hold
     owner: str = ""
+
+    @property
+    def request_id(self) -> str:
+        return self.hold.request_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,11 +175,12 @@ class NodeActorConfig:
 
 
 @dataclass(slots=True)
-class _Hold:
-    request_id: str
+class _Lease:
+    """How the ledger keeps one `Hold`: for which coordinator incarnation (`owner`),
+    prepared or committed, until when. The capacity itself is the hold's."""
+
+    hold: Hold
     owner: str
-    needs: dict[str, int]
-    devices: tuple[tuple[DeviceKey, str], ...]
     committed: bool
     expires_at: float
 
@@ -185,7 +191,7 @@ class _State:
     unschedulable: bool = False
     allocatable: dict[str, int] = field(default_factory=dict)
     bound: dict[str, int] = field(default_factory=dict)
-    holds: dict[str, _Hold] = field(default_factory=dict)
+    holds: dict[str, _Lease] = field(default_factory=dict)
 
 
 class NodeActor(Actor):
@@ -273,16 +279,9 @@ class NodeActor(Actor):
                 bound[c.resource_name] = bound.get(c.resource_name, 0) + 1
         self._st.bound = bound
 
-    def _outstanding(self, hold: _Hold) -> dict[str, int]:
-        """Units of `hold` not landed here yet."""
-        if not hold.devices:
-            return dict(hold.needs)
-        left = dict(hold.needs)
-        for key, res in hold.devices:
-            dev = self._view.device(key)
-            if dev is not None and dev.bound_node == self.node and left.get(res, 0) > 0:
-                left[res] -= 1
-        return left
+    def _outstanding(self, lease: _Lease) -> dict[str, int]:
+        """Units of the lease's hold not landed here yet (`model.hold.outstanding`)."""
+        return dict(outstanding(lease.hold, self._view.device).needs)
 
     def _held(self, *, exclude: str | None = None) -> tuple[dict[str, int], dict[str, int]]:
         prepared: dict[str, int] = {}
@@ -302,7 +301,7 @@ class NodeActor(Actor):
         st = self._st
         self._read_node()
         self._read_bound()
-        needs = {res: n for res, n in msg.needs if n > 0}
+        needs = {res: n for res, n in msg.hold.needs if n > 0}
         reason = None
         if needs and not st.exists:
             reason = "node is gone"
@@ -323,7 +322,7 @@ class NodeActor(Actor):
                       needs=dict(needs), reason=reason, incarnation=self.incarnation)
             return PrepareRefused(self.node, msg.request_id, reason)
         expires_at = self._clock.monotonic() + self._cfg.prepare_ttl
-        hold = _Hold(msg.request_id, msg.owner, needs, msg.devices, False, expires_at)
+        hold = _Lease(msg.hold, msg.owner, False, expires_at)
         st.holds[msg.request_id] = hold
         for res, n in self._outstanding(hold).items():  # the ledger's free, without recounting
             if n > 0:
@@ -349,13 +348,13 @@ class NodeActor(Actor):
             hold.committed = True
             hold.expires_at = self._clock.monotonic() + self._cfg.commit_ttl
             _log.info("commit", outcome="committed", request_id=msg.request_id,
-                      needs=dict(hold.needs), incarnation=self.incarnation)
+                      needs=dict(hold.hold.needs), incarnation=self.incarnation)
         return Committed(self.node, msg.request_id, self.incarnation)
 
     def _claim(self, msg: Claim) -> Committed:
-        needs = {res: n for res, n in msg.needs if n > 0}
+        needs = {res: n for res, n in msg.hold.needs if n > 0}
         expires_at = self._clock.monotonic() + self._cfg.commit_ttl
-        self._st.holds[msg.request_id] = _Hold(msg.request_id, msg.owner, needs, msg.devices, True, expires_at)
+        self._st.holds[msg.request_id] = _Lease(msg.hold, msg.owner, True, expires_at)
         self._read_node()
         self._read_bound()
         _log.info("claim", request_id=msg.request_id, needs=needs, incarnation=self.incarnation,
@@ -392,12 +391,12 @@ class NodeActor(Actor):
             if hold.expires_at <= now:
                 del self._st.holds[rid]
                 _log.info("expire", request_id=rid, committed=hold.committed,
-                          needs=dict(hold.needs), incarnation=self.incarnation)
+                          needs=dict(hold.hold.needs), incarnation=self.incarnation)
 
     def _settle(self) -> None:
         """Drop committed holds whose members all landed here (writes observed)."""
         for rid, hold in list(self._st.holds.items()):
-            if hold.committed and hold.devices and not any(self._outstanding(hold).values()):
+            if hold.committed and hold.hold.landing and not any(self._outstanding(hold).values()):
                 del self._st.holds[rid]
                 _log.info("release", request_id=rid, released=True, committed=True,
                           reason="observed", incarnation=self.incarnation)

@@ -1,5 +1,6 @@
 """The cluster as the binder and the webhook see it: an immutable `Snapshot` of nodes, GPU
-classes, devices, budgets, namespaces and in-flight reservations, with the capacity, budget
+classes, devices, budgets, namespaces and in-flight reservations (`model.hold.Hold`s: what
+decided requests still take), with the capacity, budget
 and entitlement questions every decision asks, and `check_order`/`check_set` (W1).
 
 A Snapshot is built once (`Snapshot.build`) and never changes; `with_device`,
@@ -21,6 +22,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Iterable, Iterator, Mapping, Sequence
 
+from model.hold import Hold, Needs
 from model.types import (
     Budget,
     GPUClass,
@@ -31,27 +33,8 @@ from model.types import (
     labels_include,
 )
 
-Needs = tuple[tuple[str, int], ...]
-"""Units per resource name, sorted by resource name, only positive counts."""
-
 CHECK_REQUEST_ID = "(check)"
 """Request id `check_set` uses for the one-node test; never a real (generated) id."""
-
-
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    """Capacity held for an in-flight request (a NodeActor's prepared, not yet committed
-    reservation): `needs` units per resource on `node`, and `budget_needs` budget slots per
-    resource of tenant `namespace` (the request's Pending members, about to become Bound).
-
-    Several reservations of one request (prepares on several nodes) each hold their `needs`
-    on their node, but the tenant's budget slots count once per request (the largest)."""
-
-    request_id: str
-    namespace: str
-    node: str
-    needs: Needs
-    budget_needs: Needs = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +132,7 @@ class _Index:
         self.by_free: dict[str, dict[int, tuple[str, ...]]] = by_free
 
     @staticmethod
-    def reservation_counts(reservations: Sequence[Reservation]):
+    def reservation_counts(reservations: Sequence[Hold]):
         reserved: dict[tuple[str, str], int] = {}
         per_request: dict[tuple[str, str, str], int] = {}
         for r in reservations:
@@ -165,7 +148,7 @@ class _Index:
 
     @classmethod
     def build(cls, st: _Static, by_ns: Mapping[str, Mapping[str, GPUDevice]],
-              reservations: Sequence[Reservation]) -> _Index:
+              reservations: Sequence[Hold]) -> _Index:
         used: dict[tuple[str, str], int] = {}
         tenant: dict[tuple[str, str], int] = {}
         class_res = st.class_res
@@ -187,8 +170,8 @@ class _Index:
         return cls(used, tenant, reserved, tenant_reserved, by_free)
 
     def derive(self, st: _Static, changes: Sequence[tuple[GPUDevice | None, GPUDevice | None]],
-               reservations: Sequence[Reservation] | None,
-               added: Sequence[Reservation] | None = None) -> _Index:
+               reservations: Sequence[Hold] | None,
+               added: Sequence[Hold] | None = None) -> _Index:
         """The index after `changes` (old, new device pairs) and, when not None, with the
         reservations replaced by `reservations`. `added`, when given, says `reservations` are
         the current ones plus `added`, whose request ids are new (none is current, none is
@@ -300,7 +283,7 @@ class Snapshot:
     __slots__ = ("_st", "_by_ns", "_reservations", "_idx")
 
     def __init__(self, st: _Static, by_ns: dict[str, dict[str, GPUDevice]],
-                 reservations: tuple[Reservation, ...], idx: _Index | None) -> None:
+                 reservations: tuple[Hold, ...], idx: _Index | None) -> None:
         """Private: use `Snapshot.build`."""
         self._st = st
         self._by_ns = by_ns
@@ -311,7 +294,7 @@ class Snapshot:
     def build(cls, *, nodes: Iterable[Node] = (), classes: Iterable[GPUClass] = (),
               devices: Iterable[GPUDevice] = (), budgets: Iterable[Budget] = (),
               namespaces: Iterable[Namespace] = (),
-              reservations: Iterable[Reservation] = ()) -> Snapshot:
+              reservations: Iterable[Hold] = ()) -> Snapshot:
         """A snapshot of these objects. Later duplicates (same name or key) win; several
         budgets of one tenant and resource keep the smallest. O(1) beyond copying the
         inputs: the index is built on the first question."""
@@ -348,8 +331,8 @@ class Snapshot:
         return _DeviceMap(self._by_ns)
 
     @property
-    def reservations(self) -> tuple[Reservation, ...]:
-        """Reservations in flight, in the order they were added."""
+    def reservations(self) -> tuple[Hold, ...]:
+        """Holds in flight, in the order they were added."""
         return self._reservations
 
     def device(self, namespace: str, name: str) -> GPUDevice | None:
@@ -566,7 +549,7 @@ class Snapshot:
         """A snapshot without that device (itself when there is none)."""
         return self.without_devices(((namespace, name),))
 
-    def with_reservation(self, reservation: Reservation) -> Snapshot:
+    def with_reservation(self, reservation: Hold) -> Snapshot:
         """A snapshot with `reservation` added, replacing one of the same request and node."""
         rid = reservation.request_id
         if not any(r.request_id == rid for r in self._reservations):  # a new request: add it
@@ -575,7 +558,7 @@ class Snapshot:
                      if (r.request_id, r.node) != (rid, reservation.node))
         return self._derive(self._by_ns, (), kept + (reservation,))
 
-    def with_reservations(self, reservations: Iterable[Reservation]) -> Snapshot:
+    def with_reservations(self, reservations: Iterable[Hold]) -> Snapshot:
         """The snapshot `with_reservation` gives for each of `reservations` in turn (one
         step when they are of distinct requests, none of them reserved already)."""
         new = tuple(reservations)

@@ -29,8 +29,9 @@ from actors.node_actor import (
     Release,
 )
 from actors.ports import ManualClock, StatusWrite
-from model.types import Result
 from actors.runtime import ActorCell, spawn
+from model.hold import Hold
+from model.types import Result
 from tests.actors_harness import quiet_logging
 
 pytestmark = pytest.mark.anyio
@@ -41,6 +42,11 @@ H100 = "nvidia.com/H100"
 @pytest.fixture(autouse=True)
 def _quiet() -> None:
     quiet_logging()
+
+
+def held(request_id: str, needs, landing=()) -> Hold:
+    """A hold of `request_id` (tenant t) on n1."""
+    return Hold(request_id, "t", "n1", needs, (), landing)
 
 
 def store_with_node(alloc: int = 4, bound: int = 1) -> MemoryStore:
@@ -63,9 +69,9 @@ async def test_prepare_reserves_and_refuses_what_does_not_fit() -> None:
     s = store_with_node(alloc=4, bound=1)
     async with anyio.create_task_group() as tg:
         ref, cell = await spawn(tg, lambda: node_actor(s), name="n1")
-        ok = await ref.ask(Prepare("r1", ((H100, 2),)))
+        ok = await ref.ask(Prepare(held("r1", ((H100, 2),))))
         assert isinstance(ok, Prepared)
-        no = await ref.ask(Prepare("r2", ((H100, 2),)))
+        no = await ref.ask(Prepare(held("r2", ((H100, 2),))))
         assert isinstance(no, PrepareRefused) and "has 1 free" in no.reason
         ledger = await ref.ask(GetLedger())
         assert ledger.bound[H100] == 1 and ledger.prepared[H100] == 2 and ledger.free[H100] == 1
@@ -77,12 +83,12 @@ async def test_commit_abort_and_release() -> None:
     s = store_with_node(alloc=2, bound=0)
     async with anyio.create_task_group() as tg:
         ref, cell = await spawn(tg, lambda: node_actor(s), name="n1")
-        p = await ref.ask(Prepare("r1", ((H100, 2),)))
+        p = await ref.ask(Prepare(held("r1", ((H100, 2),))))
         assert isinstance(await ref.ask(Commit("r1", p.incarnation)), Committed)
         assert isinstance(await ref.ask(Commit("r1", p.incarnation)), Committed)  # idempotent
-        assert isinstance(await ref.ask(Prepare("r2", ((H100, 1),))), PrepareRefused)
+        assert isinstance(await ref.ask(Prepare(held("r2", ((H100, 1),)))), PrepareRefused)
         assert await ref.ask(Release("r1")) is True
-        p2 = await ref.ask(Prepare("r2", ((H100, 1),)))
+        p2 = await ref.ask(Prepare(held("r2", ((H100, 1),))))
         assert isinstance(p2, Prepared)
         assert await ref.ask(Abort("r2")) is True
         assert await ref.ask(Abort("r2")) is False
@@ -96,10 +102,10 @@ async def test_prepared_hold_expires_after_ttl() -> None:
     clock = ManualClock()
     async with anyio.create_task_group() as tg:
         ref, cell = await spawn(tg, lambda: node_actor(s, clock, prepare_ttl=5.0), name="n1")
-        p = await ref.ask(Prepare("r1", ((H100, 1),)))
-        assert isinstance(await ref.ask(Prepare("r2", ((H100, 1),))), PrepareRefused)
+        p = await ref.ask(Prepare(held("r1", ((H100, 1),))))
+        assert isinstance(await ref.ask(Prepare(held("r2", ((H100, 1),)))), PrepareRefused)
         clock.advance(5.0)
-        assert isinstance(await ref.ask(Prepare("r2", ((H100, 1),))), Prepared)
+        assert isinstance(await ref.ask(Prepare(held("r2", ((H100, 1),)))), Prepared)
         assert isinstance(await ref.ask(Commit("r1", p.incarnation)), CommitRefused)
         cell.close()
 
@@ -117,7 +123,7 @@ async def test_commit_against_a_rebuilt_ledger_is_refused() -> None:
 
     async with anyio.create_task_group() as tg:
         await tg.start(run_tolerating_kill)
-        p = await cell.ref.ask(Prepare("r1", ((H100, 2),)))
+        p = await cell.ref.ask(Prepare(held("r1", ((H100, 2),))))
         assert cell.kill("test")
         await anyio.sleep(0.01)
         await tg.start(cell.run, lambda: node_actor(s))
@@ -137,7 +143,7 @@ async def test_hold_counts_only_members_not_landed_yet() -> None:
     devices = ((("t", "p0"), H100), (("t", "p1"), H100))
     async with anyio.create_task_group() as tg:
         ref, cell = await spawn(tg, lambda: node_actor(s), name="n1")
-        p = await ref.ask(Prepare(rid, ((H100, 2),), devices))
+        p = await ref.ask(Prepare(held(rid, ((H100, 2),), devices)))
         await ref.ask(Commit(rid, p.incarnation))
         await s.answer(StatusWrite(("t", "p0"), rid, Result.SUCCEEDED, "m", node="n1", bound_at=s.clock.now()))
         ledger = await ref.ask(GetLedger())
@@ -156,11 +162,11 @@ async def test_cordoned_or_deleted_node_refuses_prepare_but_allows_nothing_to_la
         s.cordon("n1")
         led = await ref.ask(NodeChanged())
         assert led.unschedulable
-        no = await ref.ask(Prepare("r1", ((H100, 1),)))
+        no = await ref.ask(Prepare(held("r1", ((H100, 1),))))
         assert isinstance(no, PrepareRefused) and "cordoned" in no.reason
-        assert isinstance(await ref.ask(Prepare("r0", ())), Prepared)  # B5/B6: nothing lands
+        assert isinstance(await ref.ask(Prepare(held("r0", ()))), Prepared)  # B5/B6: nothing lands
         s.delete_node("n1")
-        no = await ref.ask(Prepare("r2", ((H100, 1),)))
+        no = await ref.ask(Prepare(held("r2", ((H100, 1),))))
         assert isinstance(no, PrepareRefused) and "gone" in no.reason
         cell.close()
 
@@ -172,7 +178,7 @@ async def test_lowered_allocatable_shrinks_free_capacity() -> None:
         s.set_allocatable("n1", H100, 1)
         led = await ref.ask(NodeChanged())
         assert led.free[H100] == -1  # lost capacity
-        assert isinstance(await ref.ask(Prepare("r1", ((H100, 1),))), PrepareRefused)
+        assert isinstance(await ref.ask(Prepare(held("r1", ((H100, 1),)))), PrepareRefused)
         cell.close()
 
 
@@ -180,10 +186,10 @@ async def test_adopt_drops_holds_of_other_coordinators_and_claim_skips_the_check
     s = store_with_node(alloc=1, bound=0)
     async with anyio.create_task_group() as tg:
         ref, cell = await spawn(tg, lambda: node_actor(s), name="n1")
-        await ref.ask(Prepare("old", ((H100, 1),), owner="c1"))
+        await ref.ask(Prepare(held("old", ((H100, 1),)), owner="c1"))
         assert await ref.ask(Adopt("c2")) == ["old"]
-        assert isinstance(await ref.ask(Claim("r1", ((H100, 1),), owner="c2")), Committed)
-        assert isinstance(await ref.ask(Claim("r2", ((H100, 1),), owner="c2")), Committed)
+        assert isinstance(await ref.ask(Claim(held("r1", ((H100, 1),)), owner="c2")), Committed)
+        assert isinstance(await ref.ask(Claim(held("r2", ((H100, 1),)), owner="c2")), Committed)
         ledger = await ref.ask(GetLedger())
         assert ledger.free[H100] == -1  # claims are decisions already made (B7)
         cell.close()
@@ -196,11 +202,11 @@ async def test_every_decision_is_one_json_line_bound_to_the_node(tmp_path) -> No
     clock = ManualClock()
     async with anyio.create_task_group() as tg:
         ref, cell = await spawn(tg, lambda: node_actor(s, clock, prepare_ttl=1.0), name="n1")
-        p = await ref.ask(Prepare("r1", ((H100, 1),)))
-        await ref.ask(Prepare("r2", ((H100, 1),)))
+        p = await ref.ask(Prepare(held("r1", ((H100, 1),))))
+        await ref.ask(Prepare(held("r2", ((H100, 1),))))
         await ref.ask(Commit("r1", p.incarnation))
         await ref.ask(Abort("r1"))
-        await ref.ask(Prepare("r3", ((H100, 1),)))
+        await ref.ask(Prepare(held("r3", ((H100, 1),))))
         clock.advance(2)
         await ref.ask(GetLedger())
         cell.close()

@@ -14,6 +14,7 @@ from actors.errors import RequestWithdrawn, TransientWriteError, WriteConflict
 from actors.memory_store import Faults, MemoryStore
 from actors.node_actor import GetLedger
 from actors.ports import StatusWrite
+from model.hold import Hold
 from model.types import OnCordon, Result
 from supervisor import COORDINATOR, Binder, node_child_id
 from tests.actors_harness import (
@@ -143,7 +144,7 @@ async def test_B2_node_ledgers_are_checked_again_and_refusals_fall_through() -> 
     async with running_binder(s) as binder:
         # Make n1 (the tightest fit, B4's first choice) look full to its own ledger only.
         from actors.node_actor import Claim
-        await binder.node_actor("n1").ask(Claim("phantom", ((H100, 1),)))
+        await binder.node_actor("n1").ask(Claim(Hold("phantom", "t", "n1", ((H100, 1),))))
         rid = s.request("t", "vm", ["a"])
         res = await answer(s, binder, "t", rid)
     assert res["a"][:2] == (Result.SUCCEEDED, "n2")
@@ -220,7 +221,7 @@ async def test_B1_a_reservation_a_ledger_refused_does_not_refuse_the_rest_of_its
     for name in ("a1", "a2", "b1"):
         s.add_device("t", name, "h100")
     async with running_binder(s) as binder:
-        await binder.node_actor("n1").ask(Claim("elsewhere", ((H100, 1),), (), "another-owner"))
+        await binder.node_actor("n1").ask(Claim(Hold("elsewhere", "t", "n1", ((H100, 1),)), "another-owner"))
         ra = s.request("t", "vmA", ["a1", "a2"])
         rb = s.request("t", "vmB", ["b1"])  # same routing pass: the same batch
         await settle(s, binder)
@@ -251,7 +252,7 @@ async def test_a_fallback_waiting_on_a_slow_node_actor_does_not_hold_back_its_ba
     config = fast_config()  # A's ask to n2 must not time out while B's answer is awaited
     config = replace(config, coordinator=replace(config.coordinator, ask_timeout=60.0))
     async with running_binder(s, config) as binder:
-        await binder.node_actor("n1").ask(Claim("elsewhere", ((H100, 1),), (), "another-owner"))
+        await binder.node_actor("n1").ask(Claim(Hold("elsewhere", "t", "n1", ((H100, 1),)), "another-owner"))
         rb = s.request("t", "vmB", ["b", "b2"])  # only n3 has room for two
         ra = s.request("t", "vmA", ["a"])  # n1 (tightest, by name) is full in its ledger
         await wait_until(lambda: results_of(s, "t", rb)["b"][0] is not None, timeout=3.0,

@@ -17,7 +17,8 @@ from model.decide import (
     decide,
     find_requests,
 )
-from model.snapshot import Reservation, Snapshot
+from model.hold import Hold
+from model.snapshot import Snapshot
 from model.types import (
     BindRequest,
     Budget,
@@ -127,7 +128,7 @@ def test_B1_budget_exhausted_refuses_whole_request():
 def test_B1_budget_counts_reservations_but_moves_add_nothing():
     s = world([node("node-1", 8, cordoned=True), node("node-2", 8)],
               [dev("held-1", "node-1"), dev("gpu-a")], budgets=[Budget(NS, H, 2)],
-              reservations=[Reservation("other", NS, "node-2", ((H, 1),), ((H, 1),))])
+              reservations=[Hold("other", NS, "node-2", ((H, 1),), ((H, 1),))])
     assert decide(s, req("gpu-a")).result is Result.REFUSED
     moved = decide(s, req("held-1"))  # over nothing: a move does not add usage
     assert (moved.result, moved.node) == (Result.SUCCEEDED, "node-2")
@@ -182,7 +183,7 @@ def test_B2_a_reservation_in_flight_holds_the_unit_and_the_budget_slot():
     s = world([node("node-1", 2)], [dev("gpu-a"), dev("gpu-b")], budgets=[Budget(NS, H, 1)])
     first = decide(s, req("gpu-a", rid="r1"))
     p = first.placements[0]
-    held = s.with_reservation(Reservation("r1", NS, p.node, p.needs, p.budget_needs))
+    held = s.with_reservation(Hold("r1", NS, p.node, p.needs, p.budget_needs))
     assert decide(held, req("gpu-b", rid="r2")).message.endswith(
         "budget of tenant tenant-a for nvidia.com/H100 exhausted: 1 bound or reserved of 1, request adds 1")
     assert decide(held.without_reservation("r1"), req("gpu-b", rid="r2")).result is Result.SUCCEEDED
@@ -214,11 +215,11 @@ def test_B3_ineligible_node_is_not_chosen(bad, why):
 
 def test_B3_counts_reservations_in_flight():
     s = world([node("node-1", 2), node("node-2", 4)], [dev("gpu-a"), dev("gpu-b")],
-              reservations=[Reservation("other", "tenant-b", "node-2", ((H, 3),))])
+              reservations=[Hold("other", "tenant-b", "node-2", ((H, 3),))])
     d = decide(s, req("gpu-a", "gpu-b"))
     assert d.node == "node-1" and [p.node for p in d.placements] == ["node-1"]
     # the request's own reservation is not held against it
-    own = s.with_reservation(Reservation("r1", NS, "node-1", ((H, 2),), ((H, 2),)))
+    own = s.with_reservation(Hold("r1", NS, "node-1", ((H, 2),), ((H, 2),)))
     assert decide(own, req("gpu-a", "gpu-b")).node == "node-1"
 
 

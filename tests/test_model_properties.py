@@ -15,7 +15,8 @@ from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 from model.decide import MAX_PLACEMENTS, Request, apply_decision, decide
-from model.snapshot import Order, Reservation, Snapshot
+from model.hold import Hold
+from model.snapshot import Order, Snapshot
 from model.types import (
     Budget,
     DeviceStatus,
@@ -41,7 +42,7 @@ class World:
     namespaces: list[Namespace]
     budgets: list[Budget]
     devices: list[GPUDevice]
-    reservations: list[Reservation]
+    reservations: list[Hold]
 
     def snapshot(self) -> Snapshot:
         return Snapshot.build(nodes=self.nodes, classes=self.classes, devices=self.devices,
@@ -77,7 +78,7 @@ def worlds(draw, bound: bool = True) -> World:
     reservations = []
     for i in range(draw(st.integers(0, 2))):
         res = draw(st.sampled_from((H, L)))
-        reservations.append(Reservation(f"other-{i}", draw(st.sampled_from(TENANTS)), draw(st.sampled_from(names)),
+        reservations.append(Hold(f"other-{i}", draw(st.sampled_from(TENANTS)), draw(st.sampled_from(names)),
                                         ((res, draw(st.integers(1, 2))),), ((res, draw(st.integers(0, 2))),)))
     return World(nodes, classes, namespaces, budgets, devices, reservations)
 

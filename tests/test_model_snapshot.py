@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from model.snapshot import Order, Reservation, Snapshot, Verdict
+from model.hold import Hold
+from model.snapshot import Order, Snapshot, Verdict
 from model.types import Budget, LabelSelector, Namespace, SelectorRequirement
 from tests.test_model_decide import H, L, NS, dev, gpu_class, node, world
 
@@ -15,7 +16,7 @@ from tests.test_model_decide import H, L, NS, dev, gpu_class, node, world
 def test_counting_used_reserved_free_and_lost_capacity():
     s = world([node("node-1", 2), node("node-2", 4)],
               [dev("a", "node-1"), dev("b", "node-1"), dev("c", "node-1"), dev("d"), dev("x", "node-2", cls="nope")],
-              reservations=[Reservation("r9", NS, "node-2", ((H, 3),), ((H, 2),))])
+              reservations=[Hold("r9", NS, "node-2", ((H, 3),), ((H, 2),))])
     assert (s.used("node-1", H), s.free("node-1", H), s.lost_capacity("node-1", H)) == (3, -1, True)
     assert (s.used("node-2", H), s.reserved("node-2", H), s.free("node-2", H)) == (0, 3, 1)
     assert s.free("gone", H) == 0 and s.allocatable("node-2", L) == 0
@@ -25,14 +26,14 @@ def test_counting_used_reserved_free_and_lost_capacity():
 
 def test_budget_smallest_quota_and_reservations_count_once_per_request():
     s = world([node("n1", 4), node("n2", 4)], [], budgets=[Budget(NS, H, 5), Budget(NS, H, 3)],
-              reservations=[Reservation("r1", NS, "n1", ((H, 2),), ((H, 2),)),
-                            Reservation("r1", NS, "n2", ((H, 2),), ((H, 2),))])
+              reservations=[Hold("r1", NS, "n1", ((H, 2),), ((H, 2),)),
+                            Hold("r1", NS, "n2", ((H, 2),), ((H, 2),))])
     assert s.budget_of(NS, H) == 3 and s.budget_of(NS, L) is None and s.budget_of("other", H) is None
     assert s.tenant_usage(NS, H) == 2
     assert s.reserved("n1", H) == 2 and s.reserved("n2", H) == 2
     assert s.without_reservation("r1").tenant_usage(NS, H) == 0
     assert s.without_reservation("nope") is s
-    again = s.with_reservation(Reservation("r1", NS, "n1", ((H, 1),), ((H, 1),)))
+    again = s.with_reservation(Hold("r1", NS, "n1", ((H, 1),), ((H, 1),)))
     assert again.reserved("n1", H) == 1 and len(again.reservations) == 2
 
 
@@ -124,7 +125,7 @@ def test_snapshot_views_are_read_only():
 
 def test_with_nodes_replaces_the_fleet_and_keeps_the_rest():
     s = world([node("n1", 2), node("n2", 2)], [dev("a", "n1")], budgets=[Budget(NS, H, 1)],
-              reservations=[Reservation("r", NS, "n2", ((H, 1),))])
+              reservations=[Hold("r", NS, "n2", ((H, 1),))])
     assert s.free("n2", H) == 1
     t = s.with_nodes([node("n1", 1, cordoned=True), node("n3", 4)])
     assert set(t.nodes) == {"n1", "n3"} and t.cordoned_nodes() == {"n1"}
@@ -136,7 +137,7 @@ def test_with_nodes_replaces_the_fleet_and_keeps_the_rest():
 # --- reservations added one by one or together equal a fresh count --------------------------
 
 _reservations = st.lists(st.builds(
-    Reservation,
+    Hold,
     st.sampled_from(["r1", "r2", "r3", "r4"]),
     st.sampled_from([NS, "other"]),
     st.sampled_from(["n1", "n2", "n3"]),
