@@ -31,25 +31,12 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from actors.errors import (
     RETRYABLE_WRITE_ERRORS,
-    ActorStopped,
-    MailboxFull,
     NotFound,
     RequestWithdrawn,
     TransientWriteError,
     WriteError,
 )
-from actors.node_actor import (
-    Abort,
-    Adopt,
-    Claim,
-    Commit,
-    CommitRefused,
-    Committed,
-    Prepare,
-    Prepared,
-    PrepareRefused,
-    Release,
-)
+from actors.node_actor import Abort, Adopt, Claim, Release
 from actors.ports import (
     Clock,
     ClusterView,
@@ -59,17 +46,29 @@ from actors.ports import (
     StatusWrite,
     StatusWriter,
 )
-from actors.runtime import Actor, ActorContext, ActorRef, ask_all
-from model.decide import Decision, Placement, Request, decide, describe_placement, find_requests
+from actors.reservation import Placing, ledger_refusal, reserve, tell_quietly
+from actors.runtime import Actor, ActorContext
+from model.decide import Placement, Request, decide, describe_placement, find_requests
 from model.hold import Hold, Landing, outstanding
+from model.plan import (
+    Action,
+    Answer,
+    Finish,
+    Recover,
+    Requeue,
+    Skip,
+    placement_hold,
+    plan_batch,
+    recorded_node,
+    recovery,
+)
 from model.snapshot import Snapshot
-from model.types import GPUDevice, Result
+from model.types import Result
 
 _log = structlog.get_logger("gpu_binder.coordinator")
 
 RequestKey = tuple[str, str]
 """(namespace, request id)."""
-
 
 
 # -- messages -------------------------------------------------------------------------------
@@ -162,21 +161,6 @@ class _Flight:
 
 
 @dataclass(slots=True)
-class _Placing:
-    """A request decided to land devices, between its decision and its two-phase
-    reservation: `placement` is set once a node actor committed one."""
-
-    key: RequestKey
-    request: Request
-    decision: Decision
-    started: float
-    refusals: list[str] = field(default_factory=list)
-    incarnation: int = 0
-    placement: Placement | None = None
-    ref: ActorRef | None = None  # the node actor of the first placement, once prepared
-
-
-@dataclass(slots=True)
 class _Answer:
     """A decision that lands nothing (Refused, or Succeeded with nothing to move: B5, B6),
     held until the batch's tentative reservations are known to have held."""
@@ -232,15 +216,16 @@ class Coordinator(Actor):
     async def on_start(self, ctx: ActorContext) -> None:
         self._tg = ctx.task_group
         for ref in self._nodes.node_actors().values():
-            self._tell_quietly(ref, Adopt(self._owner))
+            tell_quietly(ref, Adopt(self._owner))
         complete, _ = find_requests(self._view.devices().values())
         recovered = 0
+        snap = self._view.snapshot()
         for req in complete:
             key = (req.namespace, req.id)
             members = self._view.request_members(req.namespace, req.id)
-            node = _recorded_node(req.id, members)
+            node, _ = recorded_node(req.id, members)
             if node is not None:
-                self._recover(req, node, members)  # before any new decision (B7)
+                self._recover(recovery(req, node, members, snap))  # before any new decision (B7)
                 recovered += 1
             else:
                 self._pending[key] = None
@@ -319,9 +304,14 @@ class Coordinator(Actor):
     def _snapshot(self) -> Snapshot:
         """The view plus what every request in flight will still take (B3: "counting
         reservations in flight")."""
+        return self._view.snapshot().with_reservations(self._holds())
+
+    def _holds(self) -> list[Hold]:
+        """What every request in flight still holds (after dropping the finished ones the
+        view has caught up with)."""
         self._prune()
         held = (self._reservation(flight) for flight in self._flights.values())
-        return self._view.snapshot().with_reservations(r for r in held if r is not None)
+        return [h for h in held if h is not None]
 
     def _prune(self) -> bool:
         """Drop finished requests the view has caught up with (or that waited longer than
@@ -340,7 +330,7 @@ class Coordinator(Actor):
             if flight.node is not None and flight.landing:
                 ref = self._nodes.node_actor(flight.node)
                 if ref is not None:
-                    self._tell_quietly(ref, Release(flight.request.id))
+                    tell_quietly(ref, Release(flight.request.id))
         return waiting
 
     def _outstanding(self, flight: _Flight) -> Hold | None:
@@ -354,9 +344,10 @@ class Coordinator(Actor):
                            attempted=flight.written if finished else None)
 
     async def _decide_batch(self, batch: list[RequestKey]) -> None:
-        """Decide `batch` in order on one snapshot, each decision seeing the tentative
-        reservations of those before it (B2, B3); then reserve every decision that lands
-        devices at once (`_reserve`: one scatter-gather of prepares, one of commits).
+        """Plan `batch` on one snapshot of the view plus the holds in flight
+        (`model.plan.plan_batch`: each decision sees the holds planned before it, B2, B3);
+        then reserve every planned placement at once (`actors.reservation.reserve`: one
+        scatter-gather of prepares, one of commits).
 
         A tentative reservation that did not hold (a node actor refused or did not answer)
         was capacity the later decisions of the batch counted as taken: those are not
@@ -365,146 +356,81 @@ class Coordinator(Actor):
         batch's answers are written together (one wave); then each request whose first
         placement failed falls back, one after the other, on a fresh decision
         (`_fall_back`), and writes alone."""
-        snap: Snapshot | None = None  # built on the first request that needs deciding
-        entries: list[_Placing | _Answer] = []
-        failed: list[_Placing] = []
+        items = []
+        for ns, rid in batch:
+            flight = self._flights.get((ns, rid))
+            if flight is None or not flight.running:
+                items.append((ns, rid, self._view.request_members(ns, rid)))
+        if not items:
+            return
+        started = self._clock.monotonic()
+        actions, snap = plan_batch(self._view.snapshot(), self._holds(), items)
+        entries: list[Placing | _Answer] = []
+        failed: list[Placing] = []
         self._wave = wave = []
         try:
-            for key in batch:
-                snap, entry = self._triage(key, snap)
+            for action in actions:
+                entry = self._act(action, started)
                 if entry is not None:
                     entries.append(entry)
-            placing = [e for e in entries if isinstance(e, _Placing)]
+            placing = [e for e in entries if isinstance(e, Placing)]
             if placing:
-                assert snap is not None
-                await self._reserve(placing, snap)
+                await reserve(placing, snap, self._nodes, self._owner, self._cfg.ask_timeout)
             cut = next((i for i, e in enumerate(entries)
-                        if isinstance(e, _Placing) and e.placement is None), len(entries))
+                        if isinstance(e, Placing) and e.placement is None), len(entries))
             for i, e in enumerate(entries):
-                if isinstance(e, _Placing) and e.placement is None:
+                if isinstance(e, Placing) and e.placement is None:
                     failed.append(e)
                 elif i > cut:  # decided against a reservation that did not hold: again
-                    if isinstance(e, _Placing) and e.ref is not None:
-                        self._tell_quietly(e.ref, Abort(e.request.id))
+                    if isinstance(e, Placing) and e.ref is not None:
+                        tell_quietly(e.ref, Abort(e.request.id))
                     self._pending[e.key] = None
                 elif isinstance(e, _Answer):
                     self._observe(e.rule, e.result, e.message, e.started)
                     self._start(e.request, e.result, e.node, e.message, None)
                 else:
-                    assert snap is not None
                     self._placed(e, snap)
         finally:
             self._wave = None
             if wave:  # the batch's writes go together (cancelled: they die with the loop)
                 self._tg.start_soon(self._carry_out_wave, wave)
         for it in failed:  # after the others' writes started; each then writes alone
-            assert snap is not None
             it.placement = await self._fall_back(it)
             self._placed(it, snap)
 
-    def _triage(self, key: RequestKey, snap: Snapshot | None
-                ) -> tuple[Snapshot | None, _Placing | _Answer | None]:
-        """Act on one request without waiting: recover it, finish a cut-short refusal, or
-        decide it. Returns the snapshot for the next request (None: not built yet) and the
-        decision: an `_Answer` (lands nothing), or a `_Placing` for the two-phase
-        reservation (its first placement is then reserved in the returned snapshot)."""
-        ns, rid = key
-        flight = self._flights.get(key)
-        if flight is not None and flight.running:
-            return snap, None
-        members = self._view.request_members(ns, rid)
-        complete, _ = find_requests(members)
-        req = next((r for r in complete if r.id == rid), None)
-        if req is None:  # withdrawn, partial, or every member has its result
-            self._rounds.pop(key, None)
-            if flight is not None and flight.stalled:
-                flight.stalled = False  # nothing more to write: keep only unobserved binds
-            return snap, None
-        node = _recorded_node(rid, members)
-        if node is not None:
-            flight = self._recover(req, node, members)
-            return (None if snap is None else self._with_flight(snap, flight)), None
-        refused = next((m.status.bind_request.message for m in members
-                        if m.status.bind_request is not None
-                        and m.status.bind_request.result is Result.REFUSED), None)
-        if refused is not None:  # a refusal whose writes were cut short: finish it
-            self._start(req, Result.REFUSED, None, refused, None)
-            return snap, None
-        if snap is None:
-            snap = self._snapshot()
-        started = self._clock.monotonic()
-        try:
-            decision = decide(snap, req)
-        except Exception:  # a bug in the model must not crash-loop the binder on one request
-            _log.exception("decide_failed", request_id=rid, namespace=ns)
-            self._defer(key, self._cfg.poison_delay)
-            return snap, None
+    def _act(self, action: Action, started: float) -> Placing | _Answer | None:
+        """Carry out what needs no waiting of one planned action: recover, finish a
+        cut-short refusal, requeue, or book the decision; returns what waits for the
+        batch's reservation (an `_Answer`, which lands nothing, or a `Placing`)."""
+        match action:
+            case Skip(ns, rid):
+                self._rounds.pop((ns, rid), None)
+                flight = self._flights.get((ns, rid))
+                if flight is not None and flight.stalled:
+                    flight.stalled = False  # nothing more to write: keep only unobserved binds
+                return None
+            case Recover():
+                self._recover(action)
+                return None
+            case Finish(req, message):  # a refusal whose writes were cut short: finish it
+                self._start(req, Result.REFUSED, None, message, None)
+                return None
+            case Requeue(req, error):  # a bug in the model must not crash-loop the binder
+                _log.error("decide_failed", request_id=req.id, namespace=req.namespace, error=error)
+                self._defer((req.namespace, req.id), self._cfg.poison_delay)
+                return None
+        req, decision = action.request, action.decision
+        key = (req.namespace, req.id)
         self._counts["decided"] += 1
-        _log.info("decision", request_id=rid, namespace=ns, vmi=req.vmi, rule=decision.rule,
-                  result=decision.result.value, chosen=decision.node,
+        _log.info("decision", request_id=req.id, namespace=req.namespace, vmi=req.vmi,
+                  rule=decision.rule, result=decision.result.value, chosen=decision.node,
                   candidates=[p.node for p in decision.placements])
-        if decision.result is Result.REFUSED:
-            return snap, _Answer(key, req, Result.REFUSED, None, decision.message,
-                                 decision.rule, started)
-        first = decision.placements[0]
-        if not first.moves:  # B5, B6: nothing lands anywhere
-            return snap, _Answer(key, req, Result.SUCCEEDED, first.node, decision.message,
-                                 decision.rule, started)
-        item = _Placing(key, req, decision, started)
-        tentative = _Flight(req, Result.SUCCEEDED, first.node, decision.message,
-                            self._hold(req, first, snap), anyio.current_time())
-        return self._with_flight(snap, tentative), item
+        if isinstance(action, Answer):
+            return _Answer(key, req, decision.result, decision.node, decision.message,
+                           decision.rule, started)
+        return Placing(key, req, decision, started)
 
-    async def _reserve(self, items: list[_Placing], snap: Snapshot,
-                       placements: list[Placement] | None = None) -> None:
-        """The two-phase reservation of each item on its placement (`placements`, in the
-        order of `items`; default: each one's first): prepares scattered and gathered at
-        once (`ask_all`), then commits likewise. Sets `placement` of each item committed;
-        an item a node actor refused, or that got no answer (its hold aborted), keeps None
-        and the reasons in `refusals`. Cancelled: every hold this call may have taken is
-        aborted."""
-        timeout = self._cfg.ask_timeout
-        if placements is None:
-            placements = [it.decision.placements[0] for it in items]
-        sent: list[tuple[_Placing, Placement, ActorRef]] = []
-        try:
-            prepares = []
-            for it, p in zip(items, placements):
-                ref = self._nodes.node_actor(p.node)
-                if ref is None:
-                    it.refusals.append(f"{p.node}: no node actor")
-                    continue
-                sent.append((it, p, ref))
-                prepares.append((ref, Prepare(self._hold(it.request, p, snap), self._owner)))
-            replies = await ask_all(prepares, timeout=timeout)
-            commits: list[tuple[_Placing, Placement, ActorRef]] = []
-            for (it, p, ref), reply in zip(sent, replies):
-                if isinstance(reply, Prepared):
-                    it.incarnation, it.ref = reply.incarnation, ref
-                    commits.append((it, p, ref))
-                elif isinstance(reply, PrepareRefused):
-                    it.refusals.append(f"{p.node}: {reply.reason}")
-                else:
-                    self._tell_quietly(ref, Abort(it.request.id))
-                    it.refusals.append(f"{p.node}: node actor unavailable ({type(reply).__name__})")
-            replies = await ask_all([(ref, Commit(it.request.id, it.incarnation))
-                                     for it, _, ref in commits], timeout=timeout)
-            for (it, p, ref), reply in zip(commits, replies):
-                node = p.node
-                if isinstance(reply, Committed):
-                    it.placement = p
-                    continue
-                self._tell_quietly(ref, Abort(it.request.id))
-                if isinstance(reply, CommitRefused):
-                    it.refusals.append(f"{node}: {reply.reason}")
-                else:
-                    it.refusals.append(f"{node}: node actor unavailable ({type(reply).__name__})")
-        except BaseException:
-            for it, _, ref in sent:  # cancelled: do not leak a hold
-                self._tell_quietly(ref, Abort(it.request.id))
-            raise
-
-    def _placed(self, it: _Placing, snap: Snapshot) -> None:
+    def _placed(self, it: Placing, snap: Snapshot) -> None:
         """Start the writes of a placed item, or requeue it / refuse it (ledgers)."""
         req, decision, key = it.request, it.decision, it.key
         ns, rid = key
@@ -514,7 +440,7 @@ class Coordinator(Actor):
             if rounds >= self._cfg.max_rounds:
                 self._rounds.pop(key, None)
                 _log.info("refused_by_ledgers", request_id=rid, namespace=ns, reasons=it.refusals)
-                message = _ledger_refusal(req, snap, it.refusals)
+                message = ledger_refusal(req, snap, it.refusals)
                 self._observe("ledgers", Result.REFUSED, message, it.started)
                 self._start(req, Result.REFUSED, None, message, None)
             else:
@@ -525,22 +451,12 @@ class Coordinator(Actor):
         self._rounds.pop(key, None)
         first = decision.placements[0]
         message = decision.message if placement is first else describe_placement(req, placement)
-        self._start(req, Result.SUCCEEDED, placement.node, message, self._hold(req, placement, snap))
-
-    def _with_flight(self, snap: Snapshot, flight: _Flight) -> Snapshot:
-        held = self._reservation(flight)
-        return snap if held is None else snap.with_reservation(held)
+        self._start(req, Result.SUCCEEDED, placement.node, message, placement_hold(req, placement, snap))
 
     def _reservation(self, flight: _Flight) -> Hold | None:
         """What `flight` still holds, for a snapshot (None: nothing left to land)."""
         left = self._outstanding(flight)
         return None if left is None or left.empty else left
-
-    @staticmethod
-    def _hold(req: Request, placement: Placement, snap: Snapshot) -> Hold:
-        """The hold of `req` landing `placement` (counts from `snap`'s devices)."""
-        return Hold(req.id, req.namespace, placement.node, placement.needs,
-                    placement.budget_needs, _landing(placement, snap))
 
     def _observe(self, rule: str, result: Result, message: str, started: float) -> None:
         if self._observer is not None:
@@ -555,7 +471,7 @@ class Coordinator(Actor):
 
     # -- two-phase reservation ------------------------------------------------------------------
 
-    async def _fall_back(self, it: _Placing) -> Placement | None:
+    async def _fall_back(self, it: Placing) -> Placement | None:
         """After the node actor of its first placement refused `it`: decide it again on a
         fresh snapshot (every request started since counted: a restarted node actor may
         have lost their holds, so its ledger alone is not enough, B3) and try the
@@ -564,49 +480,30 @@ class Coordinator(Actor):
         snap = self._snapshot()
         try:
             decision = decide(snap, it.request)
-        except Exception:  # as in `_triage`: a model bug must not crash the loop
+        except Exception:  # as in `plan_batch`: a model bug must not crash the loop
             _log.exception("decide_failed", request_id=it.request.id, namespace=it.request.namespace)
             return None
         refused = {it.decision.placements[0].node}
         candidates = [p for p in decision.placements if p.moves and p.node not in refused]
         for placement in candidates if decision.result is not Result.REFUSED else ():
-            await self._reserve([it], snap, [placement])
+            await reserve([it], snap, self._nodes, self._owner, self._cfg.ask_timeout, [placement])
             if it.placement is not None:
                 return it.placement
         return None
 
-    @staticmethod
-    def _tell_quietly(ref: ActorRef, message: Any) -> None:
-        """Best effort: a full or stopped mailbox is left to the hold's expiry."""
-        try:
-            ref.tell_nowait(message)
-        except (MailboxFull, ActorStopped):
-            pass
-
     # -- recovery (B7) --------------------------------------------------------------------------
 
-    def _recover(self, req: Request, node: str, members: tuple[GPUDevice, ...]) -> _Flight:
-        classes = self._view.classes()
-        landing = tuple(
-            (m.key, classes[m.class_name].resource_name) for m in _in_order(req, members)
-            if m.bound_node != node and m.class_name in classes
-        )
-        message = next((m.status.bind_request.message for m in members
-                        if m.status.bind_request is not None
-                        and m.status.bind_request.result is Result.SUCCEEDED
-                        and m.status.bind_request.message), None)
-        message = message or (f"placed {req.namespace}/{req.vmi} request {req.id} on {node}: "
-                              "finishing a decision made before a binder restart")
+    def _recover(self, rec: Recover) -> _Flight:
+        """Finish `rec.request` on `rec.node` (B7): claim what it still lands there on the
+        node actor and start its writes."""
+        req, node = rec.request, rec.node
         self._counts["recovered"] += 1
         _log.info("recover", request_id=req.id, namespace=req.namespace, chosen=node,
-                  landing=[k for k, _ in landing])
+                  landing=[k for k, _ in rec.hold.landing] if rec.hold else [])
         ref = self._nodes.node_actor(node)
-        needs = Counter(res for _, res in landing)
-        hold = Hold(req.id, req.namespace, node, tuple(sorted(needs.items())), (), landing)
-        hold = outstanding(hold, self._view.device) if landing else None
-        if ref is not None and hold is not None:
-            self._tell_quietly(ref, Claim(hold, self._owner))
-        return self._start(req, Result.SUCCEEDED, node, message, hold)
+        if ref is not None and rec.hold is not None:
+            tell_quietly(ref, Claim(rec.hold, self._owner))
+        return self._start(req, Result.SUCCEEDED, node, rec.message, rec.hold)
 
     # -- writes (B8) -----------------------------------------------------------------------------
 
@@ -624,7 +521,7 @@ class Coordinator(Actor):
             # A stalled earlier attempt held capacity elsewhere (re-decided): release it.
             ref = self._nodes.node_actor(old.node)
             if ref is not None:
-                self._tell_quietly(ref, Release(req.id))
+                tell_quietly(ref, Release(req.id))
         flight = _Flight(req, result, node, message, hold, anyio.current_time())
         self._flights[key] = flight
         if self._wave is not None:
@@ -786,53 +683,6 @@ class Coordinator(Actor):
         return [err] * len(writes)
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def _recorded_node(request_id: str, members: tuple[GPUDevice, ...]) -> str | None:
-    """The node recorded for `request_id` on its members (B7), the most common if (by a bug)
-    they disagree; None when no member carries one."""
-    nodes = Counter(
-        br.node for m in members
-        if (br := m.status.bind_request) is not None and br.id == request_id
-        and br.node is not None and br.result is not Result.REFUSED
-    )
-    if not nodes:
-        return None
-    if len(nodes) > 1:
-        _log.error("recorded_nodes_disagree", request_id=request_id, nodes=dict(nodes))
-    return nodes.most_common(1)[0][0]
-
-
-def _in_order(req: Request, members: tuple[GPUDevice, ...]) -> list[GPUDevice]:
-    by_name = {m.name: m for m in members}
-    return [by_name[n] for n in dict.fromkeys(req.devices) if n in by_name]
-
-
-def _landing(placement: Placement, snap: Snapshot) -> Landing:
-    out = []
-    for move in placement.moves:
-        dev = snap.devices.get(move.device)
-        cls = snap.classes.get(dev.class_name) if dev is not None else None
-        if cls is not None:
-            out.append((move.device, cls.resource_name))
-    return tuple(out)
-
-
-def _ledger_refusal(req: Request, snap: Snapshot, reasons: list[str]) -> str:
-    """The Refused message when the model found room but every node actor refused (B1:
-    names every device and its node, and why each candidate failed)."""
-    described = []
-    for name in req.devices:
-        dev = snap.device(req.namespace, name)
-        if dev is None:
-            described.append(f"{name} (not found)")
-        elif dev.bound_node:
-            described.append(f"{name} (Bound on {dev.bound_node})")
-        else:
-            described.append(f"{name} (Pending)")
-    why = "; ".join(reasons) or "no candidate node"
-    return (f"refused {req.namespace}/{req.vmi} request {req.id}: devices {', '.join(described)}; "
-            f"node ledgers refused every candidate: {why}")
 
 
 __all__ = [

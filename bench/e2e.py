@@ -7,18 +7,30 @@ clients, timing every admission. In the same run it measures the API server's ra
 GPUDevice status-patch rate (the write ceiling) and counts, from kube-apiserver's own
 `apiserver_request_total`, how many GPUDevice writes one admission costs, so the report
 shows admissions/s × writes per admission as a share of that ceiling.
+
+`gpus` adds levels of 4- and 8-GPU VMIs (at concurrency 20). `vs_scheduler` also runs, in
+the same run on the same API server and fleet, kube-scheduler (out of cluster, built by
+tools/build-controlplane.sh) binding Pods that request the same GPU counts: the Nodes are
+made Ready and untainted for it; no kubelet runs, so a Pod counts as admitted once it is
+bound. Per GPU count the report gives admissions/s, p50/p99, writes per admission and our
+rate ÷ kube-scheduler's. The two share the fleet's allocatable without seeing each other
+(the binder counts GPUDevices, kube-scheduler Pods), so the fleet is sized for each alone.
 Writes `e2e.json` and `e2e.png` into the output folder.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import random
 import re
+import signal
 import statistics
+import subprocess
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
@@ -37,15 +49,16 @@ def _pct(values: list[float], p: float) -> float:
     return values[k]
 
 
-async def _writes(api) -> int:
-    """GPUDevice write requests served so far (create, patch, update, delete)."""
+async def _writes(api, resource: str = "gpudevices") -> int:
+    """Write requests on `resource` (any subresource) served so far (create, patch,
+    update, delete)."""
     resp = await api.call_api("/metrics", "GET", auth_settings=["BearerToken"],
                               _preload_content=False)
     text = (await resp.read()).decode()
     resp.release()
     total = 0
     for line in text.splitlines():
-        if line.startswith("apiserver_request_total{") and 'resource="gpudevices"' in line \
+        if line.startswith("apiserver_request_total{") and f'resource="{resource}"' in line \
                 and re.search(r'verb="(POST|PATCH|PUT|DELETE|APPLY|CREATE|UPDATE)"', line):
             total += int(float(line.rsplit(" ", 1)[1]))
     return total
@@ -72,7 +85,7 @@ async def _raw_patch_rate(fleet: Fleet, ns: str, devices: list[str], count: int,
 
 
 async def _level(fleet: Fleet, ns: str, concurrency: int, count: int, tag: str,
-                 cls: str) -> dict:
+                 cls: str, gpus: int = 1) -> dict:
     from kubernetes_asyncio.client import ApiException
 
     latencies: list[float] = []
@@ -85,7 +98,7 @@ async def _level(fleet: Fleet, ns: str, concurrency: int, count: int, tag: str,
             i = queue.pop()
             vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
                    "metadata": {"name": f"{tag}-{i}",
-                                "annotations": {"gpu.cozystack.io/templates": f"{cls}=1"}},
+                                "annotations": {"gpu.cozystack.io/templates": f"{cls}={gpus}"}},
                    "spec": {"domain": {"devices": {}}}}
             t0 = time.perf_counter()
             try:
@@ -98,7 +111,12 @@ async def _level(fleet: Fleet, ns: str, concurrency: int, count: int, tag: str,
         for _ in range(concurrency):
             tg.start_soon(worker)
     elapsed = time.perf_counter() - started
-    return {"concurrency": concurrency, "vmis": count, "admitted": len(latencies),
+    return _summary(concurrency, count, gpus, latencies, refused, elapsed)
+
+
+def _summary(concurrency: int, count: int, gpus: int, latencies: list[float],
+             refused: list[str], elapsed: float) -> dict:
+    return {"concurrency": concurrency, "gpus": gpus, "vmis": count, "admitted": len(latencies),
             "refused": len(refused), "first_refusal": refused[0] if refused else None,
             "seconds": round(elapsed, 3),
             "admissions_per_s": round(len(latencies) / elapsed, 2),
@@ -107,17 +125,133 @@ async def _level(fleet: Fleet, ns: str, concurrency: int, count: int, tag: str,
             "mean_ms": round(statistics.fmean(latencies) * 1000, 1) if latencies else None}
 
 
-def run(out: Path, *, quick: bool = False, seed: int = 1) -> dict:
-    """Run the benchmark; write e2e.json and e2e.png into `out`; return the report."""
+async def _ready_untainted(fleet: Fleet, name: str, allocatable: dict[str, int]) -> None:
+    """What a kubelet and the node lifecycle controller would do for kube-scheduler: the
+    `pods` allocatable, a Ready condition, and the not-ready taint TaintNodesByCondition
+    put on the new Node removed."""
+    await fleet.set_allocatable(name, {**allocatable, "pods": 110})
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    await fleet.core.patch_node_status(name, {"status": {"conditions": [
+        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "bench",
+         "lastHeartbeatTime": now, "lastTransitionTime": now}]}},
+        _content_type="application/merge-patch+json")
+    await fleet.core.patch_node(name, {"spec": {"taints": None}},
+                                _content_type="application/merge-patch+json")
+
+
+def _start_scheduler(lc: LocalCluster, workdir: Path) -> subprocess.Popen:
+    """kube-scheduler out of cluster (NOTES.md): no leader election, high qps/burst, no
+    serving port; its log goes to workdir/kube-scheduler.log."""
+    from k8s.controlplane import _die_with_parent
+
+    binary = lc.cp.binaries.kubectl.parent / "kube-scheduler"
+    if not os.access(binary, os.X_OK):
+        raise RuntimeError(f"kube-scheduler not built at {binary}: run tools/build-controlplane.sh")
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg = workdir / "kube-scheduler.yaml"
+    cfg.write_text(json.dumps({
+        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(lc.cp.admin_kubeconfig), "qps": 5000, "burst": 10000},
+        "leaderElection": {"leaderElect": False}}))
+    log = open(workdir / "kube-scheduler.log", "ab")
+    try:
+        return subprocess.Popen([str(binary), f"--config={cfg}", "--secure-port=0", "-v=1"],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent, start_new_session=True)
+    finally:
+        log.close()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            continue
+
+
+async def _scheduler_level(api, ns: str, concurrency: int, count: int, tag: str,
+                           gpus: int, timeout: float = 60.0) -> dict:
+    """`count` Pods requesting `gpus` × RES from `concurrency` clients; each timed from its
+    create to the watch showing it bound (spec.nodeName)."""
+    from kubernetes_asyncio import watch
+    from kubernetes_asyncio.client import ApiException, CoreV1Api
+
+    core = CoreV1Api(api)
+    bound: dict[str, anyio.Event] = {}
+    latencies: list[float] = []
+    refused: list[str] = []
+    queue = list(range(count))
+    rv = (await core.list_namespaced_pod(ns, limit=1)).metadata.resource_version
+
+    async def watcher() -> None:
+        w = watch.Watch()
+        async with w.stream(core.list_namespaced_pod, ns, resource_version=rv,
+                            timeout_seconds=int(timeout * 4)) as stream:
+            async for ev in stream:
+                raw = ev["raw_object"]
+                ev_ = bound.get(raw["metadata"]["name"])
+                if ev_ is not None and (raw.get("spec") or {}).get("nodeName"):
+                    ev_.set()
+
+    async def worker() -> None:
+        while queue:
+            i = queue.pop()
+            name = f"{tag}-{i}"
+            bound[name] = done = anyio.Event()
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                   "spec": {"containers": [{"name": "vm", "image": "bench/none",
+                                            "resources": {"limits": {RES: str(gpus)},
+                                                          "requests": {RES: str(gpus)}}}]}}
+            t0 = time.perf_counter()
+            try:
+                await core.create_namespaced_pod(ns, pod)
+            except ApiException as exc:
+                refused.append(str(exc.body)[:200])
+                continue
+            with anyio.move_on_after(timeout):
+                await done.wait()
+                latencies.append(time.perf_counter() - t0)
+                continue
+            refused.append(f"pod {name} not bound within {timeout} s")
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watcher)
+        await anyio.sleep(0.2)
+        started = time.perf_counter()
+        async with anyio.create_task_group() as clients:
+            for _ in range(concurrency):
+                clients.start_soon(worker)
+        elapsed = time.perf_counter() - started
+        tg.cancel_scope.cancel()
+    return _summary(concurrency, count, gpus, latencies, refused, elapsed)
+
+
+def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] = (1,),
+        vs_scheduler: bool = False, levels: tuple[int, ...] | None = None) -> dict:
+    """Run the benchmark; write e2e.json and e2e.png into `out`; return the report.
+
+    `gpus`: GPU counts per VMI; 1 runs every concurrency level, any other count one level
+    at concurrency 20. `vs_scheduler`: kube-scheduler binding Pods of each count too.
+    `levels`: the 1-GPU concurrency levels (default: 1, 5, 10, 20, 50; quick 1, 10, 20)."""
     from kubernetes_asyncio.config import new_client_from_config
 
     out.mkdir(parents=True, exist_ok=True)
-    levels = [1, 10, 20] if quick else [1, 5, 10, 20, 50]
+    levels = list(levels or ([1, 10, 20] if quick else [1, 5, 10, 20, 50]))
     per_level = 20 if quick else 60
-    nodes = 20 if quick else 50
+    plan = [(1, c) for c in levels] if 1 in gpus else []
+    plan += [(g, TARGETS["concurrency"]) for g in gpus if g != 1]
+    need = sum(g * per_level for g, _ in plan)  # VMIs never stop: every level keeps its GPUs
+    nodes = max(20 if quick else 50, math.ceil(need * 1.25 / 8))
     random.seed(seed)
     report: dict = {"benchmark": "e2e", "quick": quick, "seed": seed, "nodes": nodes,
-                    "gpus_per_node": 8, "vmis_per_level": per_level,
+                    "gpus_per_node": 8, "vmis_per_level": per_level, "gpus": list(gpus),
+                    "vs_scheduler": vs_scheduler,
+                    "load_before": os.getloadavg(),
                     "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                 "platform": platform.platform()}}
     with LocalCluster(controllers=2, log_dir=out / "logs") as lc:
@@ -125,16 +259,27 @@ def run(out: Path, *, quick: bool = False, seed: int = 1) -> dict:
         report["versions"] = {"kube-apiserver": version["serverVersion"]["gitVersion"],
                               "kubectl": version["clientVersion"]["gitVersion"],
                               "python": platform.python_version()}
+        sched = _start_scheduler(lc, out / "logs") if vs_scheduler else None
 
         async def main() -> None:
             api = await new_client_from_config(config_file=str(lc.cp.admin_kubeconfig))
             try:
                 fleet = Fleet(api)
                 await fleet.gpu_class("h100", RES)
-                for i in range(nodes):
-                    await fleet.node(f"bench-node-{i:03d}", {RES: 8})
+                limit = anyio.Semaphore(16)
+
+                async def make_node(i: int) -> None:
+                    async with limit:
+                        name = f"bench-node-{i:03d}"
+                        await fleet.node(name, {RES: 8})
+                        await _ready_untainted(fleet, name, {RES: 8})
+                async with anyio.create_task_group() as tg:
+                    for i in range(nodes):
+                        tg.start_soon(make_node, i)
                 await fleet.tenant("bench")
                 await fleet.tenant("bench-raw")
+                if vs_scheduler:
+                    await fleet.tenant("bench-pods")
                 probes = [f"probe-{i}" for i in range(20)]
                 for p in probes:
                     await fleet.device("bench-raw", p, "h100")
@@ -142,24 +287,49 @@ def run(out: Path, *, quick: bool = False, seed: int = 1) -> dict:
                 ceiling = await _raw_patch_rate(fleet, "bench-raw", probes, 600 if not quick else 300, 20)
                 report["raw_status_patch_per_s"] = round(ceiling, 1)
                 report["levels"] = []
-                for c in levels:
+                for g, c in plan:
                     w0 = await _writes(api)
-                    lvl = await _level(fleet, "bench", c, per_level, f"c{c}", "h100")
+                    lvl = await _level(fleet, "bench", c, per_level, f"g{g}c{c}", "h100", g)
                     w1 = await _writes(api)
                     lvl["gpudevice_writes"] = w1 - w0
                     lvl["writes_per_admission"] = round((w1 - w0) / max(lvl["admitted"], 1), 2)
                     lvl["share_of_write_ceiling"] = round(
                         lvl["admissions_per_s"] * lvl["writes_per_admission"] / ceiling, 3)
                     report["levels"].append(lvl)
-                    print(f"concurrency {c:>3}: {lvl['admissions_per_s']:>6} admissions/s, "
+                    print(f"{g}-GPU VMIs, concurrency {c:>3}: {lvl['admissions_per_s']:>6} admissions/s, "
                           f"p50 {lvl['p50_ms']} ms, p99 {lvl['p99_ms']} ms, "
                           f"{lvl['writes_per_admission']} writes/admission, "
                           f"{lvl['share_of_write_ceiling'] * 100:.0f}% of the write ceiling "
-                          f"({ceiling:.0f} patches/s)", flush=True)
+                          f"({ceiling:.0f} patches/s), refused {lvl['refused']}", flush=True)
+                if vs_scheduler:
+                    report["scheduler"] = []
+                    for g in gpus:
+                        c = TARGETS["concurrency"]
+                        w0 = await _writes(api, "pods")
+                        lvl = await _scheduler_level(api, "bench-pods", c, per_level, f"g{g}c{c}", g)
+                        w1 = await _writes(api, "pods")
+                        lvl["pod_writes"] = w1 - w0
+                        lvl["writes_per_admission"] = round((w1 - w0) / max(lvl["admitted"], 1), 2)
+                        ours = next((r for r in report["levels"]
+                                     if r["gpus"] == g and r["concurrency"] == c), None)
+                        if ours is not None and lvl["admissions_per_s"]:
+                            lvl["ours_over_scheduler"] = round(
+                                ours["admissions_per_s"] / lvl["admissions_per_s"], 3)
+                        report["scheduler"].append(lvl)
+                        print(f"kube-scheduler, {g}-GPU Pods, concurrency {c:>3}: "
+                              f"{lvl['admissions_per_s']:>6} bound/s, p50 {lvl['p50_ms']} ms, "
+                              f"p99 {lvl['p99_ms']} ms, {lvl['writes_per_admission']} pod writes/pod, "
+                              f"not bound {lvl['refused']}; ours ÷ kube-scheduler: "
+                              f"{lvl.get('ours_over_scheduler')}", flush=True)
             finally:
                 await api.close()
 
-        anyio.run(main)
+        try:
+            anyio.run(main)
+        finally:
+            if sched is not None:
+                _stop(sched)
+    report["load_after"] = os.getloadavg()
     report["targets"] = _targets(report)
     (out / "e2e.json").write_text(json.dumps(report, indent=2))
     _plot(report, out / "e2e.png")
@@ -174,7 +344,8 @@ TARGETS = {"concurrency": 20, "share_of_write_ceiling": 0.6, "p99_ms": 1000.0}
 
 def _targets(report: dict) -> dict:
     """The issue's e2e targets at concurrency 20 (absent when that level was not run)."""
-    lvl = next((r for r in report.get("levels", []) if r["concurrency"] == TARGETS["concurrency"]), None)
+    lvl = next((r for r in report.get("levels", []) if r["concurrency"] == TARGETS["concurrency"]
+                and r.get("gpus", 1) == 1), None)
     if lvl is None:
         return {}
     at = f"concurrency {TARGETS['concurrency']}"
@@ -193,7 +364,7 @@ def _plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lv = report["levels"]
+    lv = [r for r in report["levels"] if r.get("gpus", 1) == 1]
     xs = [r["concurrency"] for r in lv]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     a.plot(xs, [r["admissions_per_s"] for r in lv], "o-", label="admissions/s")

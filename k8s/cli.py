@@ -59,13 +59,28 @@ def _demo(args: argparse.Namespace) -> int:
         return 130
 
 
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise SystemExit(f"gpu-binder bench: {flag} takes positive integers separated by commas, got {text!r}")
+    return values
+
+
 def _bench(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.which == "e2e":
         from bench.e2e import run
     else:
         from bench.core import run
-    run(out, quick=args.quick, seed=args.seed)
+    if args.which == "e2e":
+        run(out, quick=args.quick, seed=args.seed, gpus=_ints(args.gpus, "--gpus"),
+            vs_scheduler=args.vs_scheduler,
+            levels=_ints(args.levels, "--levels") if args.levels else None)
+    else:
+        run(out, quick=args.quick, seed=args.seed)
     print(f"report: {out}/{args.which}.json, plot: {out}/{args.which}.png")
     return 0
 
@@ -174,6 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="fewer levels and requests (default: the full run)")
     bench.add_argument("--seed", type=int, default=1,
                        help="seed of the generated workload (default: %(default)s)")
+    bench.add_argument("--gpus", default="1",
+                       help="e2e: GPUs per VMI, comma separated; 1 runs every concurrency level, "
+                            "any other count one level at concurrency 20 (default: %(default)s)")
+    bench.add_argument("--levels", default="",
+                       help="e2e: concurrency levels (concurrent clients) of the 1-GPU VMIs, comma "
+                            "separated (default: 1,5,10,20,50; with --quick 1,10,20)")
+    bench.add_argument("--vs-scheduler", action="store_true",
+                       help="e2e: in the same run, kube-scheduler binding Pods of the same GPU "
+                            "counts on the same fleet at concurrency 20, and our rate ÷ its "
+                            "(default: off)")
     bench.set_defaults(func=_bench)
 
     _add_tools(sub, "gpu-binder")

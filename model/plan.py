@@ -1,0 +1,190 @@
+"""The binder's planner: what to do with a batch of requests, decided synchronously and
+purely (B2, B3, B7), before any node actor or API write is involved.
+
+`plan_batch(snapshot, holds, batch)` takes the view as a Snapshot, the holds of requests in
+flight (what they still take: `model.hold.outstanding`) and, per request of the batch, its
+members as the view shows them. It answers one action per request, in order, each deciding
+on the snapshot plus every hold planned before it in the batch (so two requests of one
+batch never take the same unit or budget slot):
+
+- `Skip`: nothing to do (withdrawn, partial, or every member has its result).
+- `Recover`: a member records a node for it (B7): finish it there whatever the capacity now.
+- `Finish`: a refusal whose writes were cut short: write it on the other members.
+- `Answer`: decided, and nothing lands (Refused, or B5/B6: Succeeded in place).
+- `Place`: decided to land devices; its first placement's hold is counted for the rest of
+  the batch. The caller reserves it on the node actors (two-phase) and writes it.
+- `Requeue`: `decide` raised on it (a model bug must not stop the loop); try it later.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from model.decide import Decision, Placement, Request, decide, find_requests
+from model.hold import Hold, Landing, outstanding
+from model.snapshot import Snapshot
+from model.types import GPUDevice, Result
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """Nothing to do for request `request_id` of `namespace`."""
+
+    namespace: str
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Recover:
+    """Finish `request` on `node` (B7: its decision is recorded on a member); `hold` what it
+    still lands there (None: nothing), `message` the Succeeded message to write."""
+
+    request: Request
+    node: str
+    message: str
+    hold: Hold | None
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """A Refused answer already written on some member: write `message` on the others."""
+
+    request: Request
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A decision that lands nothing: Refused (`node` None) or Succeeded in place (B5, B6)."""
+
+    request: Request
+    decision: Decision
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A decision that lands devices; `hold` is its first placement's (counted by the
+    requests planned after it in the batch)."""
+
+    request: Request
+    decision: Decision
+    hold: Hold
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """`decide` raised `error` on `request`: try it again later."""
+
+    request: Request
+    error: str
+
+
+Action = Skip | Recover | Finish | Answer | Place | Requeue
+
+
+def landing(placement: Placement, snap: Snapshot) -> Landing:
+    """The members `placement` lands on its node, with their resource (devices whose class
+    is unknown count against no resource and are left out)."""
+    out = []
+    for move in placement.moves:
+        dev = snap.devices.get(move.device)
+        cls = snap.classes.get(dev.class_name) if dev is not None else None
+        if cls is not None:
+            out.append((move.device, cls.resource_name))
+    return tuple(out)
+
+
+def placement_hold(request: Request, placement: Placement, snap: Snapshot) -> Hold:
+    """The hold of `request` landing `placement` (what it takes: units on the node, budget
+    slots of its Pending members), counted from `snap`'s devices."""
+    return outstanding(Hold(request.id, request.namespace, placement.node, placement.needs,
+                            placement.budget_needs, landing(placement, snap)), snap.devices.get)
+
+
+def recorded_node(request_id: str, members: Iterable[GPUDevice]) -> tuple[str | None, bool]:
+    """The node recorded for `request_id` on its members (B7), the most common if (by a
+    bug) they disagree, and whether they disagree; None when no member carries one."""
+    nodes = Counter(
+        br.node for m in members
+        if (br := m.status.bind_request) is not None and br.id == request_id
+        and br.node is not None and br.result is not Result.REFUSED
+    )
+    if not nodes:
+        return None, False
+    return nodes.most_common(1)[0][0], len(nodes) > 1
+
+
+def _in_order(req: Request, members: Sequence[GPUDevice]) -> list[GPUDevice]:
+    by_name = {m.name: m for m in members}
+    return [by_name[n] for n in dict.fromkeys(req.devices) if n in by_name]
+
+
+def recovery(req: Request, node: str, members: Sequence[GPUDevice], snap: Snapshot) -> Recover:
+    """B7: the `Recover` of `req`, decided for `node` (recorded on a member): the members
+    not Bound there yet land there (`hold`), with the Succeeded message already written on
+    a member, else a standard one."""
+    classes = snap.classes
+    land = tuple((m.key, classes[m.class_name].resource_name) for m in _in_order(req, members)
+                 if m.bound_node != node and m.class_name in classes)
+    message = next((m.status.bind_request.message for m in members
+                    if m.status.bind_request is not None
+                    and m.status.bind_request.result is Result.SUCCEEDED
+                    and m.status.bind_request.message), None)
+    message = message or (f"placed {req.namespace}/{req.vmi} request {req.id} on {node}: "
+                          "finishing a decision made before a binder restart")
+    hold = None
+    if land:
+        needs = Counter(res for _, res in land)
+        hold = outstanding(Hold(req.id, req.namespace, node, tuple(sorted(needs.items())), (), land),
+                           snap.devices.get)
+    return Recover(req, node, message, hold)
+
+
+def plan_one(snap: Snapshot, namespace: str, request_id: str,
+             members: Sequence[GPUDevice]) -> Action:
+    """The action for one request on `snap` (which already counts every hold in flight)."""
+    complete, _ = find_requests(members)
+    req = next((r for r in complete if r.id == request_id and r.namespace == namespace), None)
+    if req is None:
+        return Skip(namespace, request_id)
+    node, _ = recorded_node(request_id, members)
+    if node is not None:
+        return recovery(req, node, members, snap)
+    refused = next((m.status.bind_request.message for m in members
+                    if m.status.bind_request is not None
+                    and m.status.bind_request.result is Result.REFUSED), None)
+    if refused is not None:
+        return Finish(req, refused)
+    try:
+        decision = decide(snap, req)
+    except Exception as exc:  # noqa: BLE001 - a model bug must not stop the batch
+        return Requeue(req, repr(exc))
+    if decision.result is Result.REFUSED or not decision.placements[0].moves:
+        return Answer(req, decision)
+    return Place(req, decision, placement_hold(req, decision.placements[0], snap))
+
+
+def plan_batch(snapshot: Snapshot, holds: Iterable[Hold],
+               batch: Sequence[tuple[str, str, Sequence[GPUDevice]]]) -> tuple[list[Action], Snapshot]:
+    """One action per `(namespace, request_id, members)` of `batch`, in order (see the
+    module docstring), and the snapshot after the batch (with every planned hold).
+
+    `snapshot` is the view without holds; `holds` what requests in flight still take (as
+    `outstanding` gives them; empty ones are ignored). Each request is decided on the
+    snapshot with those holds and the holds of the `Place` and `Recover` actions planned
+    before it. Pure and deterministic; never raises for a bad request (`Requeue`)."""
+    snap = snapshot.with_reservations(h for h in holds if not h.empty)
+    actions: list[Action] = []
+    for namespace, request_id, members in batch:
+        action = plan_one(snap, namespace, request_id, members)
+        held = action.hold if isinstance(action, Place | Recover) else None
+        if held is not None and not held.empty:
+            snap = snap.with_reservation(held)
+        actions.append(action)
+    return actions, snap
+
+
+__all__ = ["Action", "Answer", "Finish", "Place", "Recover", "Requeue", "Skip", "landing",
+           "placement_hold", "plan_batch", "plan_one", "recorded_node", "recovery"]
