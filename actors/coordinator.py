@@ -1,11 +1,12 @@
 """Coordinator: the binder's one decision loop (B2) and its only status writer (B8).
 
-It takes complete requests in batches and decides them one after the other on a snapshot of
-the ClusterView plus its own requests in flight (capacity and budget they will take and the
-view does not show yet), each decision seeing the tentative reservations of those before it
-(`model.decide`). The batch's successes then run the two-phase protocol on the node actors
-at once (prepares, then commits, scatter-gathered); a request a node actor refused is
-decided again on a fresh snapshot and tries its other candidates (`_decide_batch`).
+It takes complete requests in batches and plans each batch synchronously and purely
+(`model.plan.plan_batch`) on a snapshot of the ClusterView plus the holds of its requests in
+flight (`model.hold`: capacity and budget they will take and the view does not show yet),
+each decision seeing the holds planned before it. The batch's placements then run the
+two-phase protocol on the node actors at once (`actors.reservation.reserve`: prepares, then
+commits, scatter-gathered); a request a node actor refused is decided again on a fresh
+snapshot and tries its other candidates (`_decide_batch`).
 The writes of decided requests run as child tasks in the coordinator's task group, so the
 loop goes on deciding: one write per member (`StatusWriter.write_many`, a batch's requests
 together) carrying the decided node, the placement and the result at once; the first
