@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast controlplane clean
+.PHONY: demo test test-fast controlplane helm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,10 +15,14 @@ $(STAMP): pyproject.toml
 controlplane:
 	bash tools/build-controlplane.sh
 
+# helm for the chart tests (tests/e2e/test_helm.py), built and cached like the control plane
+helm:
+	bash tools/build-helm.sh
+
 demo: $(STAMP) controlplane
 	$(VENV)/bin/gpu-binder demo
 
-test: $(STAMP) controlplane
+test: $(STAMP) controlplane helm
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)

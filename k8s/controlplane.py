@@ -202,6 +202,20 @@ class ControlPlane:
         self._write_kubeconfig(Path(path), pair, user, namespace)
         return Path(path)
 
+    def write_service_account_kubeconfig(self, path: Path, namespace: str, name: str,
+                                         duration: int = 3600) -> Path:
+        """Write a kubeconfig at `path` holding a TokenRequest token (valid `duration`
+        seconds) of ServiceAccount `namespace/name`: a client with exactly that account's
+        RBAC. Raises ControlPlaneError when the account does not exist."""
+        token = self.kubectl("create", "token", name, "-n", namespace,
+                             f"--duration={duration}s").stdout.strip()
+        cfg = kubeconfig(self.server, self.ca.cert_pem, b"", b"", name, namespace)
+        cfg["users"] = [{"name": name, "user": {"token": token}}]
+        path = Path(path)
+        path.write_text(yaml.safe_dump(cfg))
+        path.chmod(0o600)
+        return path
+
     def kubectl(self, *args: str, kubeconfig: Path | None = None, input: str | None = None,
                 check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run the built kubectl against this control plane (admin by default)."""

@@ -44,11 +44,18 @@ class LocalCluster:
     """Control plane + manifests + `controllers` replicas. `controller_args` are extra
     `gpu-binder controller` flags (e.g. short leases for tests). `start()` returns when every
     replica is ready; `stop()` stops replicas (SIGTERM, then SIGKILL after 10 s) and the
-    control plane. Raises ControlPlaneError with the replica's log tail on failure."""
+    control plane. Raises ControlPlaneError with the replica's log tail on failure.
+
+    `install=False` leaves the manifests and the webhook registration to the caller (e.g. a
+    Helm release pointing its webhook at `webhook_url`); `kubeconfig` is the replicas' API
+    access (default: the admin kubeconfig)."""
 
     def __init__(self, *, controllers: int = 2, controller_args: tuple[str, ...] = (),
-                 log_dir: Path | None = None, control_plane: ControlPlane | None = None) -> None:
+                 log_dir: Path | None = None, control_plane: ControlPlane | None = None,
+                 install: bool = True, kubeconfig: Path | None = None) -> None:
         self.own_cp = control_plane is None
+        self.install_manifests = install
+        self.kubeconfig = kubeconfig
         self.cp = control_plane or ControlPlane()
         self.n = controllers
         self.controller_args = tuple(controller_args)
@@ -68,14 +75,16 @@ class LocalCluster:
         try:
             if self.own_cp:
                 self.cp.start()
-            self.install()
+            if self.install_manifests:
+                self.install()
             self._webhook_certs()
             for i in range(self.n):
                 self.replicas.append(self._new_replica(i))
                 self.start_replica(i)
             for i in range(self.n):
                 self.wait_ready(i)
-            self.register_webhook()
+            if self.install_manifests:
+                self.register_webhook()
         except BaseException:
             self.stop()
             raise
@@ -92,7 +101,16 @@ class LocalCluster:
         k("apply", "--server-side", "--field-manager=gpu-binder-install",
           "-f", str(MANIFESTS / "policies"))
 
+    @property
+    def webhook_url(self) -> str:
+        """The replicas' webhook URL (https://127.0.0.1:<port>/mutate-vmi; serving cert
+        signed by the control plane's CA). Fixed before `start()` on first use."""
+        self._webhook_certs()
+        return f"https://127.0.0.1:{self.webhook_port}/mutate-vmi"
+
     def _webhook_certs(self) -> None:
+        if self.webhook_port:
+            return
         pair = self.cp.ca.issue_server(["127.0.0.1", "localhost"])
         d = self.cp.dir / "webhook"
         d.mkdir(exist_ok=True)
@@ -110,7 +128,7 @@ class LocalCluster:
                              .read_text())
         for hook in doc["webhooks"]:
             hook["clientConfig"] = {
-                "url": f"https://127.0.0.1:{self.webhook_port}/mutate-vmi",
+                "url": self.webhook_url,
                 "caBundle": base64.b64encode(self.cp.ca.cert_pem).decode()}
         self.cp.kubectl("apply", "--server-side", "--field-manager=gpu-binder-install",
                         "-f", "-", input=yaml.safe_dump(doc))
@@ -125,7 +143,8 @@ class LocalCluster:
         """(Re)start replica `i` as a subprocess."""
         r = self.replicas[i]
         args = [sys.executable, "-m", "k8s.cli", "controller",
-                f"--kubeconfig={self.cp.admin_kubeconfig}", f"--identity={r.identity}",
+                f"--kubeconfig={self.kubeconfig or self.cp.admin_kubeconfig}",
+                f"--identity={r.identity}",
                 f"--metrics-port={r.metrics_port}", "--metrics-host=127.0.0.1",
                 f"--webhook-port={self.webhook_port}", "--webhook-host=127.0.0.1",
                 f"--webhook-cert={self.webhook_dir / 'tls.crt'}",

@@ -1,0 +1,428 @@
+"""The Helm chart charts/gpu-binder (issue 15): `helm lint`, `helm template` with several
+value sets applied with server-side dry run to the test API server, the chart kept equal to
+the kustomize base k8s/manifests, the restricted Pod Security profile, and one real
+`helm install` that admits a VMI created by a tenant.
+
+helm is built from its pinned Go module by tools/build-helm.sh (with the Certificate and
+Issuer CRDs of the pinned cert-manager release, applied here so the chart's cert-manager
+objects are checked against cert-manager's real schema; no cert-manager controller runs, so
+no certificate is issued and no caBundle is injected in these tests).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import difflib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import anyio
+import pytest
+import yaml
+
+from k8s.controlplane import ControlPlaneError
+from tests.e2e.conftest import MANIFESTS, REPO, TENANT_GROUP, install_base, unique
+
+CHART = REPO / "charts" / "gpu-binder"
+BUILD = REPO / "tools" / "build-helm.sh"
+NS = "cozy-system"
+RELEASE = "gpu-binder"
+DRY_RUN = ("apply", "--server-side", "--dry-run=server", "--force-conflicts",
+           "--field-manager=gpu-binder-helm-tests", "-f", "-")
+
+# What only the chart has (by default) and only the kustomize base has, as (kind, name).
+CHART_ONLY = {("ConfigMap", "gpu-binder-config"), ("PodDisruptionBudget", "gpu-binder"),
+              ("Certificate", "gpu-binder-webhook"), ("Issuer", "gpu-binder-selfsigned")}
+KUSTOMIZE_ONLY = {("Namespace", NS)}   # the chart uses the release namespace (--create-namespace)
+
+
+class Helm:
+    """The built helm CLI with its own config/cache/data homes (nothing under ~)."""
+
+    def __init__(self, binary: Path, home: Path, crds: Path) -> None:
+        self.binary = binary
+        self.cert_manager_crds = crds
+        self.env = dict(os.environ, HELM_CACHE_HOME=str(home / "cache"),
+                        HELM_CONFIG_HOME=str(home / "config"), HELM_DATA_HOME=str(home / "data"))
+
+    def run(self, *args: str, check: bool = True, kubeconfig: Path | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        cmd = [str(self.binary), *args]
+        if kubeconfig:
+            cmd.append(f"--kubeconfig={kubeconfig}")
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env, input=input,
+                              timeout=180)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n"
+                                 f"{proc.stderr}{proc.stdout[-2000:]}")
+        return proc
+
+    def template(self, values: dict, *, namespace: str = NS,
+                 check: bool = True) -> subprocess.CompletedProcess:
+        """`helm template` of the chart (CRDs included) with `values`."""
+        return self.run("template", RELEASE, str(CHART), f"--namespace={namespace}",
+                        "--include-crds", "--values=-", input=yaml.safe_dump(values),
+                        check=check)
+
+    def objects(self, values: dict | None = None, *, namespace: str = NS) -> list[dict]:
+        """The rendered objects."""
+        return [d for d in yaml.safe_load_all(self.template(values or {},
+                                                            namespace=namespace).stdout) if d]
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory) -> Helm:
+    """helm built by tools/build-helm.sh (a cold build takes minutes; cached by version)."""
+    proc = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise ControlPlaneError(f"tools/build-helm.sh failed ({proc.returncode}):\n"
+                                f"{proc.stderr[-3000:]}")
+    out = Path(proc.stdout.strip().splitlines()[-1])
+    return Helm(out / "helm", tmp_path_factory.mktemp("helm-home"), out / "cert-manager-crds")
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane, helm):
+    """The session's API server with the release namespace and cert-manager's CRDs."""
+    cp = control_plane
+    cp.kubectl("apply", "--server-side", "--field-manager=gpu-binder-install",
+               "-f", str(MANIFESTS / "controller" / "namespace.yaml"))
+    cp.kubectl("apply", "--server-side", "--field-manager=gpu-binder-helm-tests",
+               "-f", str(helm.cert_manager_crds))
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+               "crd/certificates.cert-manager.io", "crd/issuers.cert-manager.io",
+               "crd/clusterissuers.cert-manager.io")
+    return cp
+
+
+def by_kind(objs: list[dict]) -> dict[tuple[str, str], dict]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objs}
+
+
+def controller_config(objs: list[dict]) -> dict:
+    return yaml.safe_load(by_kind(objs)[("ConfigMap", "gpu-binder-config")]["data"]["config.yaml"])
+
+
+def ca_bundle(cp) -> str:
+    return base64.b64encode(cp.ca.cert_pem).decode()
+
+
+# -- lint and templates -------------------------------------------------------------------
+
+VALUE_SETS = {
+    "defaults": {},
+    "cert-manager-cluster-issuer": {"webhook": {"certificate": {"certManager": {
+        "issuerRef": {"kind": "ClusterIssuer", "name": "corp-ca"}}}}},
+    "provided-secret": {"webhook": {"certificate": {"source": "secret", "secretName": "my-tls",
+                                                    "caBundle": "Q0EgUEVN"}}},
+    "raw-resource-names-denied": {"rawResourceNames": "denied"},
+    "replicas-3": {"replicas": 3, "resources": {"requests": {"cpu": "200m", "memory": "256Mi"},
+                                                "limits": {"memory": "1Gi"}}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_helm_lint_strict_passes(helm, name, tmp_path):
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(VALUE_SETS[name]))
+    out = helm.run("lint", str(CHART), "--strict", f"--values={values}")
+    assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_template_applies_with_server_side_dry_run(cluster, helm, name):
+    values = VALUE_SETS[name]
+    if name == "provided-secret":
+        values = copy.deepcopy(values)
+        values["webhook"]["certificate"]["caBundle"] = ca_bundle(cluster)
+    rendered = helm.template(values).stdout
+    out = cluster.kubectl(*DRY_RUN, input=rendered)
+    applied = sorted(line.split(" ")[0] for line in out.stdout.splitlines())
+    objs = [d for d in yaml.safe_load_all(rendered) if d]
+    assert len(applied) == len(objs), out.stdout
+    assert all(line.endswith("serverside-applied (server dry run)")
+               for line in out.stdout.splitlines()), out.stdout
+    got = by_kind(objs)
+    kinds = {k for k, _ in got}
+    deploy = got[("Deployment", "gpu-binder")]
+    hook = got[("MutatingWebhookConfiguration", "gpu-binder")]["webhooks"][0]
+    annotations = got[("MutatingWebhookConfiguration", "gpu-binder")]["metadata"].get(
+        "annotations", {})
+    cert = got.get(("Certificate", "gpu-binder-webhook"))
+    volumes = {v["name"]: v for v in deploy["spec"]["template"]["spec"]["volumes"]}
+    assert hook["clientConfig"]["service"] == {"name": "gpu-binder", "namespace": NS,
+                                               "path": "/mutate-vmi", "port": 443}
+    assert got[("PodDisruptionBudget", "gpu-binder")]["spec"]["maxUnavailable"] == 1
+    if name == "defaults":
+        assert {"Certificate", "Issuer"} <= kinds
+        assert annotations == {"cert-manager.io/inject-ca-from": f"{NS}/gpu-binder-webhook"}
+        assert "caBundle" not in hook["clientConfig"]
+        assert cert["spec"]["dnsNames"] == [f"gpu-binder.{NS}.svc",
+                                            f"gpu-binder.{NS}.svc.cluster.local"]
+        assert cert["spec"]["secretName"] == "gpu-binder-webhook-tls"
+        assert cert["spec"]["issuerRef"] == {"name": "gpu-binder-selfsigned", "kind": "Issuer",
+                                             "group": "cert-manager.io"}
+        assert got[("Issuer", "gpu-binder-selfsigned")]["spec"] == {"selfSigned": {}}
+        assert volumes["tls"]["secret"]["secretName"] == "gpu-binder-webhook-tls"
+        assert deploy["spec"]["replicas"] == 2
+        assert controller_config(objs)["raw_resource_names"] == "allowed"
+    elif name == "cert-manager-cluster-issuer":
+        assert "Issuer" not in kinds
+        assert cert["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer",
+                                             "group": "cert-manager.io"}
+        assert annotations == {"cert-manager.io/inject-ca-from": f"{NS}/gpu-binder-webhook"}
+    elif name == "provided-secret":
+        assert not {"Certificate", "Issuer"} & kinds
+        assert annotations == {}
+        assert hook["clientConfig"]["caBundle"] == ca_bundle(cluster)
+        assert volumes["tls"]["secret"]["secretName"] == "my-tls"
+    elif name == "raw-resource-names-denied":
+        assert controller_config(objs)["raw_resource_names"] == "denied"
+        assert {k for k, n in got if k.startswith("ValidatingAdmissionPolicy")} == {
+            "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+        assert len([k for k in got if k[0] == "ValidatingAdmissionPolicy"]) == 2
+    elif name == "replicas-3":
+        assert deploy["spec"]["replicas"] == 3
+        assert deploy["spec"]["template"]["spec"]["containers"][0]["resources"] == {
+            "requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+
+
+def test_template_in_another_namespace_names_it_everywhere(cluster, helm):
+    ns = unique("gpu-system")
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        rendered = helm.template({"namespace": {"create": True}}, namespace=ns).stdout
+        assert NS not in rendered
+        objs = [d for d in yaml.safe_load_all(rendered) if d]
+        got = by_kind(objs)
+        assert got[("Namespace", ns)]["metadata"]["name"] == ns
+        assert {b["spec"]["paramRef"]["namespace"] for (k, _), b in got.items()
+                if k == "ValidatingAdmissionPolicyBinding"} == {ns}
+        config = controller_config(objs)
+        assert (config["settings_namespace"], config["lease_namespace"]) == (ns, ns)
+        hook = got[("MutatingWebhookConfiguration", "gpu-binder")]["webhooks"][0]
+        assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system", ns]
+        out = cluster.kubectl(*DRY_RUN, input=rendered)
+        assert len(out.stdout.splitlines()) == len(objs), out.stdout
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+@pytest.mark.parametrize(("values", "named"), [
+    ({"rawResourceNames": "maybe"}, "rawResourceNames"),
+    ({"settings": {"bindTimeout": 23}}, "bindTimeout"),
+    ({"webhook": {"timeoutSeconds": 15}}, "settings.bindTimeout (20 s) must be at least 3 s below"
+                                          " webhook.timeoutSeconds (15 s)"),
+    ({"settings": {"renewDeadline": 20}}, "leaseDuration (15) > renewDeadline (20)"),
+    ({"settings": {"bindTimeout": 10, "attachmentGrace": 5}}, "settings.bindTimeout must be "
+                                                              "shorter than settings.attachmentGrace"),
+    ({"settings": {"webhookPort": 1}}, "webhookPort"),
+    ({"webhook": {"certificate": {"source": "secret"}}}, "webhook.certificate.caBundle is required"),
+    ({"webhook": {"certificate": {"source": "vault"}}}, "source"),
+])
+def test_bad_values_are_refused_naming_the_value(helm, values, named):
+    proc = helm.template(values, check=False)
+    assert proc.returncode != 0
+    assert named in proc.stderr, proc.stderr
+
+
+def test_chart_settings_are_accepted_by_the_controller(helm, tmp_path):
+    """The rendered config file and the Deployment's flags go through the controller's own
+    config loader and argument parser (k8s/config.py, k8s/cli.py)."""
+    from k8s.cli import build_parser
+    from k8s.config import load
+
+    settings = {"attachmentGrace": 90, "bindTimeout": 12.5, "leaseName": "gb",
+                "leaseDuration": 20, "renewDeadline": 12, "retryPeriod": 3,
+                "housekeepingPeriod": 7, "leaderElection": False}
+    objs = helm.objects({"settings": settings, "rawResourceNames": "denied"})
+    cfg_file = tmp_path / "config.yaml"
+    cfg_file.write_text(by_kind(objs)[("ConfigMap", "gpu-binder-config")]["data"]["config.yaml"])
+    for f in ("tls.crt", "tls.key"):
+        (tmp_path / f).write_text("x")
+    cfg = load(str(cfg_file), env={}, flags={"webhook_cert": str(tmp_path / "tls.crt"),
+                                             "webhook_key": str(tmp_path / "tls.key")})
+    assert (cfg.attachment_grace, cfg.bind_timeout, cfg.lease_name, cfg.lease_duration,
+            cfg.renew_deadline, cfg.retry_period, cfg.housekeeping_period,
+            cfg.leader_election, cfg.raw_resource_names, cfg.settings_namespace,
+            cfg.lease_namespace) == (90.0, 12.5, "gb", 20.0, 12.0, 3.0, 7.0, False, "denied",
+                                     NS, NS)
+    container = by_kind(objs)[("Deployment", "gpu-binder")]["spec"]["template"]["spec"][
+        "containers"][0]
+    args = build_parser().parse_args(container["args"])
+    assert (args.config, args.webhook_cert, args.webhook_key) == (
+        "/etc/gpu-binder/config.yaml", "/tls/tls.crt", "/tls/tls.key")
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/etc/gpu-binder", "/tls"} <= mounts
+
+
+# -- the chart and the kustomize base stay equal ------------------------------------------
+
+def _strip(obj: dict) -> dict:
+    obj = copy.deepcopy(obj)
+    obj["metadata"].pop("labels", None)
+    obj["metadata"].pop("annotations", None)
+    return obj
+
+
+def _subset_diff(want, got, path: str = "") -> list[str]:
+    """Where `want` (kustomize) is not contained in `got` (chart): dicts by key, lists of
+    named dicts by name, other lists by containment."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        return [d for k, v in want.items()
+                for d in ([f"{path}.{k}: missing"] if k not in got
+                          else _subset_diff(v, got[k], f"{path}.{k}"))]
+    if isinstance(want, list) and isinstance(got, list):
+        if all(isinstance(x, dict) and "name" in x for x in want + got):
+            named = {x["name"]: x for x in got}
+            return [d for x in want for d in
+                    ([f"{path}[{x['name']}]: missing"] if x["name"] not in named
+                     else _subset_diff(x, named[x["name"]], f"{path}[{x['name']}]"))]
+        return [f"{path}: {x!r} missing" for x in want if x not in got]
+    return [] if want == got else [f"{path}: kustomize {want!r}, chart {got!r}"]
+
+
+def _diff(a: dict, b: dict) -> str:
+    return "\n".join(difflib.unified_diff(yaml.safe_dump(a).splitlines(),
+                                          yaml.safe_dump(b).splitlines(),
+                                          "kustomize", "chart", lineterm=""))
+
+
+def test_chart_defaults_equal_the_kustomize_base(control_plane, helm):
+    """Every object of `kubectl kustomize k8s/manifests` is in the chart's default render
+    with the same content (RBAC rules, webhook rules and failurePolicy/sideEffects/
+    timeoutSeconds, policies and bindings, CRDs, Service); the Deployment's kustomize fields
+    are all in the chart's (which adds --config, the restricted securityContext, /tmp)."""
+    kust = by_kind([d for d in yaml.safe_load_all(
+        control_plane.kubectl("kustomize", str(MANIFESTS)).stdout) if d])
+    chart = by_kind(helm.objects())
+    assert set(chart) - CHART_ONLY == set(kust) - KUSTOMIZE_ONLY, (
+        f"only in the chart: {sorted(set(chart) - CHART_ONLY - set(kust))}; "
+        f"only in k8s/manifests: {sorted(set(kust) - KUSTOMIZE_ONLY - set(chart))}")
+    for key in sorted(set(kust) - KUSTOMIZE_ONLY):
+        want, got = _strip(kust[key]), _strip(chart[key])
+        if key[0] == "Deployment":
+            missing = _subset_diff(want, got)
+            assert not missing, f"{key}: the chart lacks kustomize's {missing}"
+        else:
+            assert got == want, f"{key} differs:\n{_diff(want, got)}"
+    # the chart's CRD files are the kustomize base's, byte for byte
+    for crd in sorted((MANIFESTS / "crds").glob("*.yaml")):
+        assert (CHART / "crds" / crd.name).read_bytes() == crd.read_bytes(), (
+            f"charts/gpu-binder/crds/{crd.name} differs from k8s/manifests/crds/{crd.name}: "
+            "copy it over")
+    assert sorted(p.name for p in (CHART / "crds").glob("*.yaml")) == sorted(
+        p.name for p in (MANIFESTS / "crds").glob("*.yaml"))
+
+
+# -- restricted Pod Security profile -------------------------------------------------------
+
+def test_pod_passes_the_restricted_pod_security_profile(cluster, helm):
+    """The Deployment's Pod template, created as a Pod (server dry run) in a namespace that
+    enforces the `restricted` Pod Security Standard, is admitted; the same Pod without the
+    seccomp profile is refused, so the profile is really enforced there."""
+    ns = unique("restricted")
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        cluster.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted",
+                        "pod-security.kubernetes.io/enforce-version=latest")
+        template = by_kind(helm.objects())[("Deployment", "gpu-binder")]["spec"]["template"]
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "gpu-binder-probe", "namespace": ns,
+                            "labels": template["metadata"]["labels"]},
+               "spec": template["spec"]}
+        out = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(pod))
+        assert out.stdout.strip() == "pod/gpu-binder-probe created (server dry run)", out.stderr
+        loose = copy.deepcopy(pod)
+        del loose["spec"]["securityContext"]["seccompProfile"]
+        del loose["spec"]["containers"][0]["securityContext"]["seccompProfile"]
+        bad = cluster.kubectl("create", "--dry-run=server", "-f", "-",
+                              input=yaml.safe_dump(loose), check=False)
+        assert bad.returncode != 0 and 'violates PodSecurity "restricted:latest"' in bad.stderr
+        assert "seccompProfile" in bad.stderr, bad.stderr
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+# -- one real install ----------------------------------------------------------------------
+
+# conftest.FAST_CONTROLLER_ARGS as chart settings
+FAST_SETTINGS = {"leaseDuration": 4, "renewDeadline": 3, "retryPeriod": 0.5,
+                 "attachmentGrace": 8, "bindTimeout": 6, "housekeepingPeriod": 1}
+
+
+@pytest.mark.anyio
+async def test_helm_install_then_tenant_vmi_is_admitted_pinned_and_bound(
+        cluster, helm, fleet, tmp_path):
+    """`helm install` of the chart (its webhook pointed by URL at two loopback replicas,
+    which run as subprocesses with the chart's ServiceAccount token and the chart's config
+    file, since there is no kubelet to run the Deployment); a tenant then creates a VMI
+    asking for a template device and it is admitted, pinned to the node and Bound."""
+    from k8s.localcluster import LocalCluster
+
+    cp = cluster
+    cp.kubectl("delete", "lease", "gpu-binder", "-n", NS, "--ignore-not-found")
+    config = tmp_path / "config.yaml"
+    lc = LocalCluster(controllers=2, control_plane=cp, log_dir=tmp_path / "logs",
+                      controller_args=(f"--config={config}",), install=False,
+                      kubeconfig=tmp_path / "sa.kubeconfig")
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        "settings": FAST_SETTINGS,
+        "webhook": {"url": lc.webhook_url,
+                    "certificate": {"source": "secret", "caBundle": ca_bundle(cp)}}}))
+    # objects of the kustomize base applied by earlier tests are adopted into the release
+    helm.run("install", RELEASE, str(CHART), f"--namespace={NS}", "--take-ownership",
+             f"--values={values}", kubeconfig=cp.admin_kubeconfig)
+    try:
+        status = json.loads(helm.run("status", RELEASE, f"--namespace={NS}", "--output=json",
+                                     kubeconfig=cp.admin_kubeconfig).stdout)
+        assert (status["info"]["status"], status["version"]) == ("deployed", 1)
+        hook = json.loads(cp.kubectl("get", "mutatingwebhookconfiguration", "gpu-binder",
+                                     "-o", "json").stdout)
+        assert hook["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
+        assert hook["webhooks"][0]["clientConfig"]["url"] == lc.webhook_url
+        config.write_text(cp.kubectl("get", "configmap", "gpu-binder-config", "-n", NS, "-o",
+                                     r"jsonpath={.data.config\.yaml}").stdout)
+        cp.write_service_account_kubeconfig(lc.kubeconfig, NS, "gpu-binder")
+        lc.start()
+        try:
+            lease = json.loads(cp.kubectl("get", "lease", "gpu-binder", "-n", NS,
+                                          "-o", "json").stdout)
+            assert lease["spec"]["leaseDurationSeconds"] == 4       # the chart's settings
+            res, cls, node = f"{unique('gpu')}.example.com/gpu", unique("cls"), unique("node")
+            await fleet.gpu_class(cls, res)
+            await fleet.node(node, {res: 2})
+            tenant, user = unique("t"), unique("user")
+            await fleet.tenant(tenant, user=user)
+            await anyio.sleep(0.5)    # the replicas' informers see the class and the node
+            kubeconfig = cp.write_user_kubeconfig(tmp_path / "tenant.kubeconfig", user,
+                                                  (TENANT_GROUP,), namespace=tenant)
+            vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                   "metadata": {"name": "vmi-helm",
+                                "annotations": {"gpu.cozystack.io/templates": f"{cls}=1"}},
+                   "spec": {"domain": {"devices": {},
+                                       "resources": {"requests": {"memory": "1Gi"}}}}}
+            out = cp.kubectl("create", "-f", "-", kubeconfig=kubeconfig,
+                             input=yaml.safe_dump(vmi))
+            assert out.stdout.strip() == "virtualmachineinstance.kubevirt.io/vmi-helm created"
+            got = json.loads(cp.kubectl("get", "vmi", "vmi-helm", "-n", tenant,
+                                        "-o", "json").stdout)
+            assert got["spec"]["nodeSelector"] == {"kubernetes.io/hostname": node}
+            assert got["spec"]["domain"]["devices"]["gpus"] == [
+                {"name": f"vmi-helm-{cls}-0", "deviceName": res}]
+            dev = await fleet.get_device(tenant, f"vmi-helm-{cls}-0")
+            assert (dev["status"]["phase"], dev["status"]["nodeName"],
+                    dev["status"]["attachedTo"]["vmi"]) == ("Bound", node, "vmi-helm")
+        finally:
+            lc.stop()
+    finally:
+        helm.run("uninstall", RELEASE, f"--namespace={NS}", kubeconfig=cp.admin_kubeconfig)
+        # the release took the tenant ClusterRole with it: restore the session's base
+        install_base(cp)
+    gone = cp.kubectl("get", "mutatingwebhookconfiguration", "gpu-binder", check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
+
