@@ -30,6 +30,12 @@ fi
 export GOFLAGS=-modcacherw GOTOOLCHAIN=local CGO_ENABLED=0
 export GONOSUMDB="${GONOSUMDB:-k8s.io,sigs.k8s.io,go.etcd.io,helm.sh}"
 mkdir -p "$out"
+# One build at a time per cache (as tools/build-controlplane.sh): a second caller waits.
+exec 9>"$out/.build.lock"
+if ! flock -n 9; then
+  echo "build-helm: another build into $out is running; waiting for it ..." >&2
+  flock 9
+fi
 
 cert_manager_crds() {
   local crds="$out/cert-manager-crds"
