@@ -17,6 +17,7 @@ import difflib
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import anyio
@@ -92,10 +93,19 @@ def cluster(control_plane, helm):
                "-f", str(MANIFESTS / "controller" / "namespace.yaml"))
     cp.kubectl("apply", "--server-side", "--field-manager=gpu-binder-helm-tests",
                "-f", str(helm.cert_manager_crds))
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-               "crd/certificates.cert-manager.io", "crd/issuers.cert-manager.io",
-               "crd/clusterissuers.cert-manager.io")
-    return cp
+    crds = ("certificates.cert-manager.io", "issuers.cert-manager.io",
+            "clusterissuers.cert-manager.io")
+    # (`kubectl wait --for=condition` errors out while a CRD has no status conditions yet)
+    deadline = time.monotonic() + 60
+    while True:
+        items = json.loads(cp.kubectl("get", "crd", *crds, "-o", "json").stdout)["items"]
+        got = [c["status"] for i in items
+               for c in (i.get("status") or {}).get("conditions") or []
+               if c["type"] == "Established"]
+        if got == ["True"] * len(crds):
+            return cp
+        assert time.monotonic() < deadline, f"cert-manager CRDs not Established in 60 s: {got}"
+        time.sleep(0.2)
 
 
 def by_kind(objs: list[dict]) -> dict[tuple[str, str], dict]:
