@@ -25,7 +25,8 @@ import pytest
 import yaml
 
 from k8s.controlplane import ControlPlaneError
-from tests.e2e.conftest import MANIFESTS, REPO, TENANT_GROUP, install_base, unique
+from tests.e2e.conftest import MANIFESTS, REPO, TENANT_GROUP, unique
+from tests.e2e.helpers import eventually
 
 CHART = REPO / "charts" / "gpu-binder"
 BUILD = REPO / "tools" / "build-helm.sh"
@@ -365,74 +366,106 @@ FAST_SETTINGS = {"leaseDuration": 4, "renewDeadline": 3, "retryPeriod": 0.5,
 
 
 @pytest.mark.anyio
-async def test_helm_install_then_tenant_vmi_is_admitted_pinned_and_bound(
-        cluster, helm, fleet, tmp_path):
-    """`helm install` of the chart (its webhook pointed by URL at two loopback replicas,
-    which run as subprocesses with the chart's ServiceAccount token and the chart's config
-    file, since there is no kubelet to run the Deployment); a tenant then creates a VMI
-    asking for a template device and it is admitted, pinned to the node and Bound."""
+async def test_helm_install_then_tenant_vmi_is_admitted_and_raw_pod_refused(helm, tmp_path):
+    """`helm install --create-namespace` of the chart into an empty API server of its own,
+    with rawResourceNames=denied and the webhook pointed by URL at two loopback replicas.
+    The replicas run as subprocesses (there is no kubelet to run the Deployment) with a token
+    of the chart's ServiceAccount and the chart's config file read back from its ConfigMap.
+    A tenant's VMI asking for a template device is admitted, pinned and Bound (W3); a raw Pod
+    naming the class's resource in the tenant namespace is refused by the chart's policy,
+    with the parameters the controller published (H3); `helm uninstall` removes the release.
+
+    (Its own API server, not the session's: the session's already holds the kustomize
+    objects, and a ValidatingAdmissionPolicy deleted and re-created with its binding in one
+    batch, as an uninstall followed by later tests' applies does, is left without its params
+    by kube-apiserver (kubernetes/kubernetes#133827): later policy tests would fail.)"""
+    from kubernetes_asyncio.config import new_client_from_config
+
+    from k8s.controlplane import ControlPlane
+    from k8s.fleet import Fleet
     from k8s.localcluster import LocalCluster
 
-    cp = cluster
-    cp.kubectl("delete", "lease", "gpu-binder", "-n", NS, "--ignore-not-found")
+    cp = ControlPlane()
     config = tmp_path / "config.yaml"
     lc = LocalCluster(controllers=2, control_plane=cp, log_dir=tmp_path / "logs",
                       controller_args=(f"--config={config}",), install=False,
                       kubeconfig=tmp_path / "sa.kubeconfig")
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({
-        "settings": FAST_SETTINGS,
-        "webhook": {"url": lc.webhook_url,
-                    "certificate": {"source": "secret", "caBundle": ca_bundle(cp)}}}))
-    # objects of the kustomize base applied by earlier tests are adopted into the release
-    helm.run("install", RELEASE, str(CHART), f"--namespace={NS}", "--take-ownership",
-             f"--values={values}", kubeconfig=cp.admin_kubeconfig)
+    client = None
     try:
+        cp.start()
+        # KubeVirt's stand-ins: the VMI CRD and the tenant's VMI editor role
+        cp.kubectl("apply", "--server-side", "-f", str(MANIFESTS / "testing"))
+        values = tmp_path / "values.yaml"
+        values.write_text(yaml.safe_dump({
+            "rawResourceNames": "denied", "settings": FAST_SETTINGS,
+            "webhook": {"url": lc.webhook_url,
+                        "certificate": {"source": "secret", "caBundle": ca_bundle(cp)}}}))
+        helm.run("install", RELEASE, str(CHART), f"--namespace={NS}", "--create-namespace",
+                 f"--values={values}", kubeconfig=cp.admin_kubeconfig)
         status = json.loads(helm.run("status", RELEASE, f"--namespace={NS}", "--output=json",
                                      kubeconfig=cp.admin_kubeconfig).stdout)
         assert (status["info"]["status"], status["version"]) == ("deployed", 1)
         hook = json.loads(cp.kubectl("get", "mutatingwebhookconfiguration", "gpu-binder",
                                      "-o", "json").stdout)
-        assert hook["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
         assert hook["webhooks"][0]["clientConfig"]["url"] == lc.webhook_url
         config.write_text(cp.kubectl("get", "configmap", "gpu-binder-config", "-n", NS, "-o",
                                      r"jsonpath={.data.config\.yaml}").stdout)
         cp.write_service_account_kubeconfig(lc.kubeconfig, NS, "gpu-binder")
         lc.start()
-        try:
-            lease = json.loads(cp.kubectl("get", "lease", "gpu-binder", "-n", NS,
-                                          "-o", "json").stdout)
-            assert lease["spec"]["leaseDurationSeconds"] == 4       # the chart's settings
-            res, cls, node = f"{unique('gpu')}.example.com/gpu", unique("cls"), unique("node")
-            await fleet.gpu_class(cls, res)
-            await fleet.node(node, {res: 2})
-            tenant, user = unique("t"), unique("user")
-            await fleet.tenant(tenant, user=user)
-            await anyio.sleep(0.5)    # the replicas' informers see the class and the node
-            kubeconfig = cp.write_user_kubeconfig(tmp_path / "tenant.kubeconfig", user,
-                                                  (TENANT_GROUP,), namespace=tenant)
-            vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-                   "metadata": {"name": "vmi-helm",
-                                "annotations": {"gpu.cozystack.io/templates": f"{cls}=1"}},
-                   "spec": {"domain": {"devices": {},
-                                       "resources": {"requests": {"memory": "1Gi"}}}}}
-            out = cp.kubectl("create", "-f", "-", kubeconfig=kubeconfig,
-                             input=yaml.safe_dump(vmi))
-            assert out.stdout.strip() == "virtualmachineinstance.kubevirt.io/vmi-helm created"
-            got = json.loads(cp.kubectl("get", "vmi", "vmi-helm", "-n", tenant,
-                                        "-o", "json").stdout)
-            assert got["spec"]["nodeSelector"] == {"kubernetes.io/hostname": node}
-            assert got["spec"]["domain"]["devices"]["gpus"] == [
-                {"name": f"vmi-helm-{cls}-0", "deviceName": res}]
-            dev = await fleet.get_device(tenant, f"vmi-helm-{cls}-0")
-            assert (dev["status"]["phase"], dev["status"]["nodeName"],
-                    dev["status"]["attachedTo"]["vmi"]) == ("Bound", node, "vmi-helm")
-        finally:
-            lc.stop()
-    finally:
-        helm.run("uninstall", RELEASE, f"--namespace={NS}", kubeconfig=cp.admin_kubeconfig)
-        # the release took the tenant ClusterRole with it: restore the session's base
-        install_base(cp)
-    gone = cp.kubectl("get", "mutatingwebhookconfiguration", "gpu-binder", check=False)
-    assert gone.returncode != 0 and "NotFound" in gone.stderr
+        lease = json.loads(cp.kubectl("get", "lease", "gpu-binder", "-n", NS, "-o",
+                                      "json").stdout)
+        assert lease["spec"]["leaseDurationSeconds"] == 4           # the chart's settings
 
+        client = await new_client_from_config(config_file=str(cp.admin_kubeconfig))
+        fleet = Fleet(client)
+        res, cls, node = "nvidia.com/GH100_H100", "h100", "gpu-node-0"
+        await fleet.gpu_class(cls, res)
+        await fleet.node(node, {res: 2})
+        tenant, user = "tenant-a", "user-a"
+        await fleet.tenant(tenant, user=user)
+        await anyio.sleep(0.5)        # the replicas' informers see the class and the node
+        kubeconfig = cp.write_user_kubeconfig(tmp_path / "tenant.kubeconfig", user,
+                                              (TENANT_GROUP,), namespace=tenant)
+        vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+               "metadata": {"name": "vmi-helm",
+                            "annotations": {"gpu.cozystack.io/templates": f"{cls}=1"}},
+               "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}}}
+        out = cp.kubectl("create", "-f", "-", kubeconfig=kubeconfig, input=yaml.safe_dump(vmi))
+        assert out.stdout.strip() == "virtualmachineinstance.kubevirt.io/vmi-helm created"
+        got = json.loads(cp.kubectl("get", "vmi", "vmi-helm", "-n", tenant, "-o", "json").stdout)
+        assert got["spec"]["nodeSelector"] == {"kubernetes.io/hostname": node}
+        assert got["spec"]["domain"]["devices"]["gpus"] == [
+            {"name": f"vmi-helm-{cls}-0", "deviceName": res}]
+        dev = await fleet.get_device(tenant, f"vmi-helm-{cls}-0")
+        assert (dev["status"]["phase"], dev["status"]["nodeName"],
+                dev["status"]["attachedTo"]["vmi"]) == ("Bound", node, "vmi-helm")
+
+        def pod(i: int) -> str:
+            return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod",
+                                   "metadata": {"name": f"raw-{i}"},
+                                   "spec": {"containers": [{"name": "c", "image": "busybox",
+                                                            "resources": {"limits": {res: "1"}}}]}})
+        tries = iter(range(1000))
+
+        async def probe():
+            # the leader publishes gpu-settings within a housekeeping period (1 s)
+            got = cp.kubectl("create", "-n", tenant, "-f", "-", input=pod(next(tries)),
+                             check=False)
+            assert got.returncode != 0 or "created" in got.stdout, got.stderr
+            return got.stderr if got.returncode != 0 else None
+        err = await eventually(probe, timeout=20, interval=0.5, what="raw Pod refused")
+        assert "ValidatingAdmissionPolicy 'gpu-binder-raw-pods'" in err, err
+        assert f"GPU resources ({res}) cannot be requested directly" in err, err
+
+        lc.stop()
+        helm.run("uninstall", RELEASE, f"--namespace={NS}", kubeconfig=cp.admin_kubeconfig)
+        gone = cp.kubectl("get", "mutatingwebhookconfiguration", "gpu-binder", check=False)
+        assert gone.returncode != 0 and "NotFound" in gone.stderr
+        # CRDs in the chart's crds/ outlive the release (Helm never deletes them)
+        assert cp.kubectl("get", "crd", "gpudevices.gpu.cozystack.io", "-o", "name").stdout \
+            .strip() == "customresourcedefinition.apiextensions.k8s.io/gpudevices.gpu.cozystack.io"
+    finally:
+        lc.stop()
+        if client is not None:
+            await client.close()
+        cp.stop()
