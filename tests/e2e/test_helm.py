@@ -304,9 +304,11 @@ def _diff(a: dict, b: dict) -> str:
 
 def test_chart_defaults_equal_the_kustomize_base(control_plane, helm):
     """Every object of `kubectl kustomize k8s/manifests` is in the chart's default render
-    with the same content (RBAC rules, webhook rules and failurePolicy/sideEffects/
-    timeoutSeconds, policies and bindings, CRDs, Service); the Deployment's kustomize fields
-    are all in the chart's (which adds --config, the restricted securityContext, /tmp)."""
+    with the same content and at least its labels (RBAC rules, webhook rules and
+    failurePolicy/sideEffects/timeoutSeconds, policies and bindings, CRDs, Service, the
+    dashboard ConfigMap); the Deployment's kustomize fields are all in the chart's (which
+    adds --config, the restricted securityContext, /tmp). The chart's copies of the CRDs and
+    dashboards are the base's files, byte for byte."""
     kust = by_kind([d for d in yaml.safe_load_all(
         control_plane.kubectl("kustomize", str(MANIFESTS)).stdout) if d])
     chart = by_kind(helm.objects())
@@ -314,6 +316,8 @@ def test_chart_defaults_equal_the_kustomize_base(control_plane, helm):
         f"only in the chart: {sorted(set(chart) - CHART_ONLY - set(kust))}; "
         f"only in k8s/manifests: {sorted(set(kust) - KUSTOMIZE_ONLY - set(chart))}")
     for key in sorted(set(kust) - KUSTOMIZE_ONLY):
+        labels = chart[key]["metadata"].get("labels") or {}
+        assert (kust[key]["metadata"].get("labels") or {}).items() <= labels.items(), key
         want, got = _strip(kust[key]), _strip(chart[key])
         if key[0] == "Deployment":
             missing = _subset_diff(want, got)
@@ -327,6 +331,10 @@ def test_chart_defaults_equal_the_kustomize_base(control_plane, helm):
             "copy it over")
     assert sorted(p.name for p in (CHART / "crds").glob("*.yaml")) == sorted(
         p.name for p in (MANIFESTS / "crds").glob("*.yaml"))
+    for board in sorted((MANIFESTS / "dashboards").glob("*.json")):
+        assert (CHART / "files" / "dashboards" / board.name).read_bytes() == board.read_bytes(), (
+            f"charts/gpu-binder/files/dashboards/{board.name} differs from "
+            f"k8s/manifests/dashboards/{board.name}: copy it over")
 
 
 # -- restricted Pod Security profile -------------------------------------------------------
