@@ -270,20 +270,21 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 # --- the commands ----------------------------------------------------------------------------
 
 
-def _quiet_logs() -> None:
-    """Log lines (a malformed object skipped) go to stderr, so stdout stays the answer."""
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-
-
 def run(args) -> int:
-    """Entry of `explain`, `what-if`, `top` (argparse namespace from `k8s.cli`)."""
-    _quiet_logs()
+    """Entry of `explain`, `what-if`, `top` (argparse namespace from `k8s.cli`). Log lines
+    (a malformed object skipped) go to the stderr of the moment, so stdout stays the
+    answer; the logging configuration is restored afterwards."""
     prog = getattr(args, "prog", "gpu-binder")
+    saved = structlog.get_config()
+    structlog.configure(logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
+                        cache_logger_on_first_use=False)
     try:
         return anyio.run(_run, args)
     except ToolError as exc:
         print(f"{prog} {args.command}: {exc}", file=sys.stderr)
         return 2
+    finally:
+        structlog.configure(**saved)
 
 
 async def _run(args) -> int:
