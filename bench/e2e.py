@@ -49,19 +49,23 @@ def _pct(values: list[float], p: float) -> float:
     return values[k]
 
 
-async def _writes(api, resource: str = "gpudevices") -> int:
+async def _writes(api, resource: str = "gpudevices") -> tuple[int, int]:
     """Write requests on `resource` (any subresource) served so far (create, patch,
-    update, delete)."""
+    update, delete): (succeeded, all, failed ones such as a refused JSON Patch `test`
+    included)."""
     resp = await api.call_api("/metrics", "GET", auth_settings=["BearerToken"],
                               _preload_content=False)
     text = (await resp.read()).decode()
     resp.release()
-    total = 0
+    ok = total = 0
     for line in text.splitlines():
         if line.startswith("apiserver_request_total{") and f'resource="{resource}"' in line \
                 and re.search(r'verb="(POST|PATCH|PUT|DELETE|APPLY|CREATE|UPDATE)"', line):
-            total += int(float(line.rsplit(" ", 1)[1]))
-    return total
+            n = int(float(line.rsplit(" ", 1)[1]))
+            total += n
+            if re.search(r'code="2\d\d"', line):
+                ok += n
+    return ok, total
 
 
 async def _raw_patch_rate(fleet: Fleet, ns: str, devices: list[str], count: int,
@@ -157,7 +161,7 @@ def _start_scheduler(lc: LocalCluster, workdir: Path) -> subprocess.Popen:
     try:
         return subprocess.Popen([str(binary), f"--config={cfg}", "--secure-port=0", "-v=1"],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=_die_with_parent, start_new_session=True)
+                                preexec_fn=_die_with_parent)  # its own process group
     finally:
         log.close()
 
@@ -288,26 +292,29 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
                 report["raw_status_patch_per_s"] = round(ceiling, 1)
                 report["levels"] = []
                 for g, c in plan:
-                    w0 = await _writes(api)
+                    (w0, a0) = await _writes(api)
                     lvl = await _level(fleet, "bench", c, per_level, f"g{g}c{c}", "h100", g)
-                    w1 = await _writes(api)
+                    (w1, a1) = await _writes(api)
                     lvl["gpudevice_writes"] = w1 - w0
+                    lvl["gpudevice_write_requests"] = a1 - a0  # failed ones too
                     lvl["writes_per_admission"] = round((w1 - w0) / max(lvl["admitted"], 1), 2)
+                    lvl["write_requests_per_admission"] = round((a1 - a0) / max(lvl["admitted"], 1), 2)
                     lvl["share_of_write_ceiling"] = round(
                         lvl["admissions_per_s"] * lvl["writes_per_admission"] / ceiling, 3)
                     report["levels"].append(lvl)
                     print(f"{g}-GPU VMIs, concurrency {c:>3}: {lvl['admissions_per_s']:>6} admissions/s, "
                           f"p50 {lvl['p50_ms']} ms, p99 {lvl['p99_ms']} ms, "
-                          f"{lvl['writes_per_admission']} writes/admission, "
+                          f"{lvl['writes_per_admission']} writes/admission "
+                          f"({lvl['write_requests_per_admission']} requests), "
                           f"{lvl['share_of_write_ceiling'] * 100:.0f}% of the write ceiling "
                           f"({ceiling:.0f} patches/s), refused {lvl['refused']}", flush=True)
                 if vs_scheduler:
                     report["scheduler"] = []
                     for g in gpus:
                         c = TARGETS["concurrency"]
-                        w0 = await _writes(api, "pods")
+                        (w0, _) = await _writes(api, "pods")
                         lvl = await _scheduler_level(api, "bench-pods", c, per_level, f"g{g}c{c}", g)
-                        w1 = await _writes(api, "pods")
+                        (w1, _) = await _writes(api, "pods")
                         lvl["pod_writes"] = w1 - w0
                         lvl["writes_per_admission"] = round((w1 - w0) / max(lvl["admitted"], 1), 2)
                         ours = next((r for r in report["levels"]
