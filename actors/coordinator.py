@@ -58,7 +58,6 @@ from model.plan import (
     Recover,
     Requeue,
     Skip,
-    placement_hold,
     plan_batch,
     recorded_node,
     recovery,
@@ -429,7 +428,7 @@ class Coordinator(Actor):
         if isinstance(action, Answer):
             return _Answer(key, req, decision.result, decision.node, decision.message,
                            decision.rule, started)
-        return Placing(key, req, decision, started)
+        return Placing(key, req, decision, started, hold=action.hold)
 
     def _placed(self, it: Placing, snap: Snapshot) -> None:
         """Start the writes of a placed item, or requeue it / refuse it (ledgers)."""
@@ -452,7 +451,7 @@ class Coordinator(Actor):
         self._rounds.pop(key, None)
         first = decision.placements[0]
         message = decision.message if placement is first else describe_placement(req, placement)
-        self._start(req, Result.SUCCEEDED, placement.node, message, placement_hold(req, placement, snap))
+        self._start(req, Result.SUCCEEDED, placement.node, message, it.hold_of(placement, snap))
 
     def _reservation(self, flight: _Flight) -> Hold | None:
         """What `flight` still holds, for a snapshot (None: nothing left to land)."""

@@ -18,6 +18,7 @@ from actors.node_actor import Abort, Commit, CommitRefused, Committed, Prepare, 
 from actors.ports import NodeDirectory
 from actors.runtime import ActorRef, ask_all
 from model.decide import Decision, Placement, Request
+from model.hold import Hold
 from model.plan import placement_hold
 from model.snapshot import Snapshot
 
@@ -40,6 +41,13 @@ class Placing:
     incarnation: int = 0
     placement: Placement | None = None
     ref: ActorRef | None = None
+    hold: Hold | None = None  # the planner's hold of the first placement (`model.plan.Place`)
+
+    def hold_of(self, placement: Placement, snap: Snapshot) -> Hold:
+        """The hold of landing `placement` (the planner's for the first placement)."""
+        if self.hold is not None and placement is self.decision.placements[0]:
+            return self.hold
+        return placement_hold(self.request, placement, snap)
 
 
 def tell_quietly(ref: ActorRef, message: Any) -> None:
@@ -69,7 +77,7 @@ async def reserve(items: Sequence[Placing], snap: Snapshot, nodes: NodeDirectory
                 it.refusals.append(f"{p.node}: no node actor")
                 continue
             sent.append((it, p, ref))
-            prepares.append((ref, Prepare(placement_hold(it.request, p, snap), owner)))
+            prepares.append((ref, Prepare(it.hold_of(p, snap), owner)))
         replies = await ask_all(prepares, timeout=timeout)
         commits: list[tuple[Placing, Placement, ActorRef]] = []
         for (it, p, ref), reply in zip(sent, replies):
