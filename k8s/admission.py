@@ -206,15 +206,16 @@ class VMIAdmission:
                 if not await self._create_template(ns, vmi, item[0], item[1]):
                     created.remove(item[0])  # it existed: a retry of ours made it (W4)
             await _each(create, missing)
+            attached.extend(plan.devices)
+            await _each(lambda name: self._attach(ns, vmi, name, now), plan.devices)  # W3 (2)
             selector = dict(node_selector_of(obj))
             body = {"id": request_id, "vmi": vmi, "devices": list(plan.devices),
                     "requestedAt": format_time(self.now())}
             if selector:
                 body["nodeSelector"] = selector
-            attached.extend(plan.devices)
-            # W3 (2) and (3) in one optimistic write per device: the request is complete
-            # (acted on by the binder) only once every member carries it
-            await _each(lambda name: self._attach(ns, vmi, name, now, body), plan.devices)
+            await _each(lambda name: self._json_patch(ns, name, [                    # W3 (3)
+                {"op": "test", "path": "/status/attachedTo/vmi", "value": vmi},
+                {"op": "add", "path": "/status/bindRequest", "value": body}]), plan.devices)
             devs = await self.waiter.wait(ns, request_id, plan.devices,
                                           max(0.5, deadline - anyio.current_time()))
         except BaseException as exc:
@@ -270,19 +271,12 @@ class VMIAdmission:
             while self.cache.view.device((ns, name)) is None:
                 await anyio.sleep(0.02)
 
-    async def _attach(self, ns: str, vmi: str, name: str, now: datetime, request: dict) -> None:
-        """W3 (2) and (3) in one write: `attachedTo` and the `bindRequest` `request`, with
-        optimistic concurrency (a JSON Patch testing the resourceVersion just read; a device
-        changed meanwhile is read and judged again)."""
-        refused: tuple[str, str] | None = None  # (version, why) of a write the server refused
+    async def _attach(self, ns: str, vmi: str, name: str, now: datetime) -> None:
+        """W3 (2): write attachedTo with optimistic concurrency (resourceVersion)."""
         for _ in range(5):
             raw = await self._get(ns, name)
             if raw is None:
                 raise Denied(f"GPU device {name} was deleted during admission")
-            if refused is not None and refused[0] == raw["metadata"]["resourceVersion"]:
-                # unchanged since: not the version test but the write itself was refused
-                raise Denied(f"GPU device {name}: the API server refused the attachment: "
-                             f"{refused[1][:300]}")
             try:  # judge the object just read, never the (possibly older) cache
                 dev = parse_gpu_device(raw)
             except ParseError as exc:
@@ -294,33 +288,22 @@ class VMIAdmission:
                 await self._json_patch(ns, name, [
                     {"op": "test", "path": "/status/attachedTo/vmi", "value": vmi},
                     {"op": "add", "path": "/status/attachedTo/since",
-                     "value": format_time(now)},
-                    {"op": "add", "path": "/status/bindRequest", "value": request}])
+                     "value": format_time(now)}])
                 return
             if att is not None and attachment_is_live(dev, self.cache.vmi_keys(), self.now(),
                                                       self.grace):
                 raise Denied(f"GPU device {name} is attached to VMI {att.vmi}")
-            attachment = {"vmi": vmi, "since": format_time(now)}
-            ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
-                                          "value": raw["metadata"]["resourceVersion"]}]
-            if isinstance(raw.get("status"), dict):
-                ops += [{"op": "add", "path": "/status/attachedTo", "value": attachment},
-                        {"op": "add", "path": "/status/bindRequest", "value": request}]
-            else:  # a new template device has no status yet (as read, version tested)
-                ops.append({"op": "add", "path": "/status",
-                            "value": {"attachedTo": attachment, "bindRequest": request}})
+            patch = {"metadata": {"resourceVersion": raw["metadata"]["resourceVersion"]},
+                     "status": {"attachedTo": {"vmi": vmi, "since": format_time(now)}}}
             try:
                 await self.custom.patch_namespaced_custom_object_status(
-                    GROUP, VERSION, ns, "gpudevices", name, ops, _content_type=JSON_PATCH,
+                    GROUP, VERSION, ns, "gpudevices", name, patch, _content_type=MERGE,
                     field_manager=FIELD_MANAGER, _request_timeout=self.timeout)
                 return
             except Exception as exc:  # noqa: BLE001
                 err = errors.translate(exc, f"attach GPUDevice {ns}/{name}")
-                if isinstance(err, errors.Invalid):  # the version test failed, or the write
-                    refused = (raw["metadata"]["resourceVersion"], err.message)
-                    continue  # re-read and re-judge
                 if isinstance(err, errors.Conflict):
-                    continue
+                    continue  # re-read and re-judge
                 raise err from exc
         raise Denied(f"GPU device {name} kept changing while attaching it; try again")
 
