@@ -68,6 +68,7 @@ class Controller:
             return web.Response(status=503, text="informers not synced")
 
         async def metrics_view(_: web.Request) -> web.Response:
+            await metrics.refresh_fleet()
             body, ctype = metrics.render()
             return web.Response(body=body, headers={"Content-Type": ctype})
 

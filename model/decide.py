@@ -85,12 +85,13 @@ class Assessment:
     listed twice, a class missing or not entitled, the budget), in the binder's wording.
     `nodes`: per node asked about, why it is not eligible for the whole set (B3, the same
     strings as the refusal message; empty: eligible), only when the set's classes resolve.
-    `holding`: members Bound per node. `decision`: what `decide` answers (no limit)."""
+    `holding`: members Bound per node. `decision`: what `decide` answers (no limit), None
+    when not asked for."""
 
     set_problems: tuple[str, ...]
     nodes: Mapping[str, tuple[str, ...]]
     holding: Mapping[str, int]
-    decision: Decision
+    decision: Decision | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,16 +471,18 @@ def _judge(snap: Snapshot, request: Request, limit: int | None) -> tuple[Decisio
                     describe_placement(request, placements[0]), "B1"), ""
 
 
-def assess(snapshot: Snapshot, request: Request, nodes: Iterable[str] | None = None) -> Assessment:
+def assess(snapshot: Snapshot, request: Request, nodes: Iterable[str] | None = None, *,
+           with_decision: bool = True) -> Assessment:
     """The binder's judgement of `request` (B1–B6) with its reasons per node: `decide`'s
-    decision (no placement limit) plus, for each of `nodes` (None: every node of the
-    snapshot, sorted), the B3 problems `decide` would report for it, and the set-level
-    problems (device, class, entitlement, budget). Reservations of the request itself are
-    not counted against it, as in `decide`. Pure; never raises."""
+    decision (no placement limit; skipped when not `with_decision`) plus, for each of
+    `nodes` (None: every node of the snapshot, sorted), the B3 problems `decide` would
+    report for it, and the set-level problems (device, class, entitlement, budget).
+    Reservations of the request itself are not counted against it, as in `decide`. Pure;
+    never raises."""
     snap = snapshot
     if any(r.request_id == request.id for r in snap.reservations):
         snap = snap.without_reservation(request.id)
-    decision, _ = _judge(snap, request, None)
+    decision = _judge(snap, request, None)[0] if with_decision else None
     members, _, problems, class_names = _resolve(snap, request)
     per_node: dict[str, tuple[str, ...]] = {}
     holding: dict[str, int] = {}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
 from model.admission import Refusal, check, template_name
 from model.decide import Move, Request, apply_decision, assess, decide
@@ -436,21 +436,31 @@ def largest_placeable(snapshot: Snapshot, class_name: str) -> dict[str, int]:
     probe = GPUDevice(PROBE_NAMESPACE, "probe", class_name)
     snap = snapshot.with_device(probe)
     request = Request(EXPLAIN_REQUEST_ID, PROBE_NAMESPACE, "(top)", ("probe",))
-    nodes = sorted(snapshot.serving_nodes(class_name))
-    a = assess(snap, request, nodes)
-    return {n: (max(snapshot.free(n, cls.resource_name), 0) if not a.nodes[n] else 0)
-            for n in nodes}
+    res = cls.resource_name
+    out = {n: 0 for n in snapshot.serving_nodes(class_name)}
+    room = sorted(n for n in out if snapshot.free(n, res) >= 1)  # no room: 0 whatever else
+    a = assess(snap, request, room, with_decision=False)
+    for n in room:
+        if not a.nodes[n]:
+            out[n] = snapshot.free(n, res)
+    return out
 
 
 def top(snapshot: Snapshot, live_vmis: set[tuple[str, str]]) -> Top:
     """Figures per class and node, and per tenant budget (see `Top`). Pure."""
     counts: dict[tuple[str, str], list[int]] = {}  # (class, node) -> [bound, attached]
+    holders: set[tuple[str, str]] = set()  # (namespace, resource) holding a device
+    classes_by_name = snapshot.classes
     for d in snapshot.devices.values():
+        cls = classes_by_name.get(d.class_name)
+        if cls is not None:
+            holders.add((d.namespace, cls.resource_name))
         if d.bound_node is None:
             continue
         c = counts.setdefault((d.class_name, d.bound_node), [0, 0])
         c[0] += 1
         c[1] += _attached_live(d, live_vmis)
+    cordoned_nodes = snapshot.cordoned_nodes()
     classes = []
     for name in sorted(snapshot.classes):
         res = snapshot.classes[name].resource_name
@@ -459,7 +469,7 @@ def top(snapshot: Snapshot, live_vmis: set[tuple[str, str]]) -> Top:
         nodes = set(snapshot.serving_nodes(name)) | {n for c, n in counts if c == name}
         for n in sorted(nodes):
             bound, attached = counts.get((name, n), (0, 0))
-            cordoned = n in snapshot.cordoned_nodes()
+            cordoned = n in cordoned_nodes
             rows.append(NodeFigures(n, snapshot.allocatable(n, res), bound, attached,
                                     bound - attached, max(snapshot.free(n, res), 0),
                                     largest.get(n, 0), cordoned))
@@ -470,16 +480,7 @@ def top(snapshot: Snapshot, live_vmis: set[tuple[str, str]]) -> Top:
     tenants: dict[tuple[str, str], TenantFigures] = {}
     for (ns, res), hard in snapshot.budgets.items():
         tenants[(ns, res)] = TenantFigures(ns, res, snapshot.tenant_usage(ns, res), hard)
-    for d in snapshot.devices.values():
-        cls = snapshot.classes.get(d.class_name)
-        if cls is not None and (d.namespace, cls.resource_name) not in tenants:
-            key = (d.namespace, cls.resource_name)
-            tenants[key] = TenantFigures(d.namespace, cls.resource_name,
-                                         snapshot.tenant_usage(*key), None)
+    for key in holders - tenants.keys():
+        tenants[key] = TenantFigures(*key, snapshot.tenant_usage(*key), None)
     return Top(tuple(classes), tuple(tenants[k] for k in sorted(tenants)))
 
-
-def count_states(figures: ClassFigures) -> Mapping[str, int]:
-    """The class's figures by state name, as the metrics export them."""
-    return {"bound": figures.bound, "attached": figures.attached, "idle": figures.idle,
-            "free": figures.free}

@@ -7,6 +7,8 @@ import json
 import re
 from types import SimpleNamespace
 
+import anyio
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.view import IndexedView
@@ -31,7 +33,9 @@ def _metrics(synced: bool = True) -> dict[str, dict[tuple, float]]:
     cache = SimpleNamespace(view=view, vmi_keys=lambda: set(LIVE))
     admission = SimpleNamespace(admitted=2, denied=1, cache=cache)
     controller = SimpleNamespace(elector=None, binder=None, synced=synced)
-    body, _ = Metrics(controller, admission).render()
+    metrics = Metrics(controller, admission)
+    anyio.run(metrics.refresh_fleet)
+    body, _ = metrics.render()
     out: dict[str, dict[tuple, float]] = {}
     for fam in text_string_to_metric_families(body.decode()):
         out.setdefault(fam.name, {})  # a labelled family with no sample yet counts too

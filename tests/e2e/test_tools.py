@@ -288,7 +288,7 @@ async def test_top_largest_placeable_set_is_what_admission_places_and_metrics_ag
         texts = [system.metrics(i) for i in range(2)]
         return all(figure(x, "gpu_binder_class_largest_placeable_set") == 3
                    and figure(x, "gpu_binder_class_bound_devices") == 2 for x in texts)
-    await eventually(exported, what="fleet metrics on both replicas")
+    await eventually(exported, timeout=30, what="fleet metrics on both replicas")  # 10 s reuse
     # largest 3: a set of 4 is refused, a set of 3 is admitted (on a)
     ok, msg = await admit(tenant_client, pool, vmi("vm-4", pool.tenant, templates=f"{pool.cls}=4"))
     assert not ok and "cannot be placed" in msg, msg
