@@ -356,7 +356,7 @@ class MemoryStore(IndexedView):
 
 def _with_status(dev: GPUDevice, status: DeviceStatus) -> GPUDevice:
     return GPUDevice(dev.namespace, dev.name, dev.class_name, dev.template_for, status,
-                     dev.resource_version, dev.uid, dev.created_at)
+                     dev.resource_version, dev.uid, dev.created_at, dev.deleting)
 
 
 def _with_request(dev: GPUDevice, br: BindRequest) -> GPUDevice:

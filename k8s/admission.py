@@ -22,7 +22,9 @@ from k8s import errors
 from k8s.cache import ClusterCache
 from k8s.webhook import allow, deny, patch_response
 from model.admission import (AdmissionPlan, Refusal, already_admitted, attachment_is_live,
-                             check, effective_resources, node_selector_of, vmi_patch)
+                             check, effective_resources, node_selector_of, same_name_conflict,
+                             vmi_patch)
+from model.housekeeping import VMIs
 from model.parse import ParseError, format_time, parse_gpu_device, parse_vmi_request
 from model.types import (DEVICES_ANNOTATION, GROUP, TEMPLATE_FOR_LABEL, TEMPLATES_ANNOTATION,
                          VERSION, GPUDevice, Result)
@@ -165,8 +167,9 @@ class VMIAdmission:
                                              bool(req.get("dryRun")))
                 except Denied as exc:
                     self.denied += 1
-                    log.info("VMI denied", reason=str(exc)[:500])
-                    await self._event(namespace, name, str(exc))
+                    log.info("VMI denied", reason=str(exc)[:500], dry_run=bool(req.get("dryRun")))
+                    if not req.get("dryRun"):  # W2: a dry run writes nothing, Events included
+                        await self._event(namespace, name, str(exc))
                     return deny(uid, str(exc))
         finally:
             self._inflight.discard(scope)
@@ -180,64 +183,130 @@ class VMIAdmission:
     # -- steps -------------------------------------------------------------------------
     async def _admit(self, uid: str, ns: str, vmi: str, obj: dict, ask, dry_run: bool) -> dict:
         deadline = anyio.current_time() + self.bind_timeout  # steps 1-4 share bindTimeout
+        # a live read first: the API server refuses a duplicate name only after admission, so
+        # a create of a live name must be denied here, before any write could move, re-pin or
+        # strip that VMI's devices
+        if await self._vmi_exists(ns, vmi):
+            raise Denied(f"VMI {ns}/{vmi} already exists; delete it first or choose another name")
+        vmis = self.cache.vmi_state().without((ns, vmi))
         snap = self.cache.view.snapshot()
         now = self.now()
-        plan = check(snap, ns, vmi, ask, self.cache.vmi_keys(), now, self.grace)
+        plan = check(snap, ns, vmi, ask, vmis, now, self.grace)
         if isinstance(plan, Refusal):
             raise Denied(plan.message)
+        admission = uuid.uuid4().hex  # unique to this call: keys its attachments and clean-up
         node = already_admitted(snap, plan)
-        if node is not None:  # W4
-            log.info("VMI already admitted; no new request", node=node)
-            return self._admit_response(uid, obj, plan, node)
+        took_over = False
+        if node is not None and not dry_run:  # W4: same set, already Succeeded on one node
+            if await self._take_over(ns, vmi, plan, snap, admission, now):
+                log.info("VMI already admitted; no new request", node=node, admission=admission)
+                return self._admit_response(uid, obj, plan, node, admission)
+            took_over = True  # maybe in part; a device changed meanwhile: admit afresh
+            snap = self.cache.view.snapshot()
+        elif node is not None:
+            return allow(uid, "dry run: GPU devices were checked but not reserved")
+        conflict = same_name_conflict(snap, plan, vmis, now, self.grace, admission)
+        if conflict is not None:
+            if took_over:
+                await self._clean_up(ns, vmi, admission, list(plan.devices), [])
+            raise Denied(conflict.message)
         if dry_run:  # W2
             return allow(uid, "dry run: GPU devices were checked but not reserved")
         # what this call may have written, recorded *before* each write is awaited, so a
         # cancellation after the server applied it still cleans it up (W5)
         created: list[str] = []   # template devices this call creates
         attached: list[str] = []
-        request_id = uuid.uuid4().hex
+        request_id = admission
         try:
-            # W3 (1)-(3) in order; within a step the set's devices go concurrently (bounded)
-            missing = [(name, class_name) for name, class_name in plan.templates
-                       if self.cache.view.device((ns, name)) is None]
-            created.extend(name for name, _ in missing)
+            # W3 (1)-(3) in order; within a step the set's devices go concurrently (bounded).
+            # Every template is created (AlreadyExists: found in place), never skipped on the
+            # cache's word: housekeeping may just have deleted an older incarnation's.
+            created.extend(name for name, _ in plan.templates)
+            classes = dict(plan.templates)
 
             async def create(item: tuple[str, str]) -> None:            # W3 (1)
                 if not await self._create_template(ns, vmi, item[0], item[1]):
                     created.remove(item[0])  # it existed: a retry of ours made it (W4)
-            await _each(create, missing)
+            await _each(create, list(plan.templates))
             attached.extend(plan.devices)
-            await _each(lambda name: self._attach(ns, vmi, name, now), plan.devices)  # W3 (2)
+            await _each(lambda name: self._attach(ns, vmi, name, now, admission, vmis,  # W3 (2)
+                                                  classes.get(name), created),
+                        plan.devices)
             selector = dict(node_selector_of(obj))
             body = {"id": request_id, "vmi": vmi, "devices": list(plan.devices),
                     "requestedAt": format_time(self.now())}
             if selector:
                 body["nodeSelector"] = selector
             await _each(lambda name: self._json_patch(ns, name, [                    # W3 (3)
-                {"op": "test", "path": "/status/attachedTo/vmi", "value": vmi},
+                {"op": "test", "path": "/status/attachedTo/admission", "value": admission},
                 {"op": "add", "path": "/status/bindRequest", "value": body}]), plan.devices)
             devs = await self.waiter.wait(ns, request_id, plan.devices,
                                           max(0.5, deadline - anyio.current_time()))
         except BaseException as exc:
-            await self._clean_up(ns, vmi, request_id, attached, created)
+            await self._clean_up(ns, vmi, admission, attached, created)
             if isinstance(exc, Denied | errors.ApiError):
                 raise Denied(str(exc)) from exc
             raise
         if devs is None:                                                # W5 timeout
-            await self._clean_up(ns, vmi, request_id, attached, created)
+            await self._clean_up(ns, vmi, admission, attached, created)
             raise Denied(f"GPU set of VMI {ns}/{vmi} was not bound within "
                          f"{self.bind_timeout:.0f} s (request {request_id}); try again")
         nodes = {d.status.bind_request.node for d in devs}
         if all(d.status.bind_request.result is Result.SUCCEEDED for d in devs) and len(nodes) == 1:
             node = nodes.pop()
             log.info("VMI admitted", node=node, request=request_id, devices=list(plan.devices))
-            return self._admit_response(uid, obj, plan, node)
+            return self._admit_response(uid, obj, plan, node, admission)
         message = next((d.status.bind_request.message for d in devs
                         if d.status.bind_request.result is Result.REFUSED), None)
-        await self._clean_up(ns, vmi, request_id, attached, created)
+        await self._clean_up(ns, vmi, admission, attached, created)
         raise Denied(message or f"GPU set of VMI {ns}/{vmi} was refused by the binder")
 
-    def _admit_response(self, uid: str, obj: dict, plan: AdmissionPlan, node: str) -> dict:
+    async def _vmi_exists(self, ns: str, vmi: str) -> bool:
+        """Whether the API server has VMI `ns/vmi` now (a live read, not the cache). Raises
+        Denied when it cannot tell (fail closed)."""
+        try:
+            await self.custom.get_namespaced_custom_object(
+                "kubevirt.io", "v1", ns, "virtualmachineinstances", vmi,
+                _request_timeout=self.timeout)
+            return True
+        except Exception as exc:  # noqa: BLE001
+            err = errors.translate(exc, f"read VMI {ns}/{vmi}")
+            if isinstance(err, errors.NotFound) and errors.names_object(exc, vmi):
+                return False
+            raise Denied(f"cannot confirm that VMI {ns}/{vmi} does not exist yet: "
+                         f"{err.message[:200]}; retry") from exc
+
+    async def _take_over(self, ns: str, vmi: str, plan: AdmissionPlan, snap, admission: str,
+                         now: datetime) -> bool:
+        """W4: every device already carries a Succeeded request for this VMI name on one
+        node; re-key each attachment to this admission (compare-and-set on the request and
+        the attachment as read), so housekeeping judging an older incarnation of the name
+        cannot clear it afterwards. No new request, nothing moves. False (and whatever was
+        re-keyed left to this admission's VMI or to housekeeping) when a device changed."""
+        async def one(name: str) -> None:
+            dev = snap.device(ns, name)
+            att, br = dev.status.attached_to, dev.status.bind_request
+            ops: list[dict[str, Any]] = [
+                {"op": "test", "path": "/status/bindRequest/id", "value": br.id},
+                {"op": "test", "path": "/status/attachedTo/vmi", "value": vmi}]
+            if att.admission:  # the attachment as read, not one written since
+                ops.append({"op": "test", "path": "/status/attachedTo/admission",
+                            "value": att.admission})
+            else:
+                ops.append({"op": "test", "path": "/status/attachedTo/since",
+                            "value": format_time(att.since)})
+            ops.append({"op": "replace", "path": "/status/attachedTo", "value": {
+                "vmi": vmi, "since": format_time(now), "admission": admission}})
+            await self._json_patch(ns, name, ops)
+        try:
+            await _each(one, plan.devices)
+            return True
+        except (Denied, errors.ApiError) as exc:
+            log.info("W4 take-over failed; admitting afresh", error=str(exc)[:200])
+            return False
+
+    def _admit_response(self, uid: str, obj: dict, plan: AdmissionPlan, node: str,
+                        admission: str) -> dict:
         snap = self.cache.view.snapshot()
         pairs = []
         for name in plan.devices:
@@ -246,7 +315,8 @@ class VMIAdmission:
             if cls is None:
                 raise Denied(f"GPU device {name} or its class disappeared during admission")
             pairs.append((name, cls.resource_name))
-        return patch_response(uid, vmi_patch(obj, pairs, node, effective_resources(snap)))
+        return patch_response(uid, vmi_patch(obj, pairs, node, effective_resources(snap),
+                                             admission))
 
     async def _create_template(self, ns: str, vmi: str, name: str, class_name: str) -> bool:
         """Create template device `name`; False when it already existed (a retry of ours)."""
@@ -271,30 +341,39 @@ class VMIAdmission:
             while self.cache.view.device((ns, name)) is None:
                 await anyio.sleep(0.02)
 
-    async def _attach(self, ns: str, vmi: str, name: str, now: datetime) -> None:
-        """W3 (2): write attachedTo with optimistic concurrency (resourceVersion)."""
+    async def _attach(self, ns: str, vmi: str, name: str, now: datetime, admission: str,
+                      vmis: VMIs, template_class: str | None, created: list[str]) -> None:
+        """W3 (2): write `attachedTo` {vmi, since, admission} with optimistic concurrency
+        (resourceVersion), judged on the object just read: an attachment that still holds
+        (`judge`: its VMI exists or may still appear) refuses; one of a deleted incarnation,
+        a refused request or past the grace is taken over. A template device deleted
+        meanwhile (housekeeping releasing an older incarnation of the name) is re-created."""
         for _ in range(5):
             raw = await self._get(ns, name)
+            if raw is None and template_class is not None:
+                if await self._create_template(ns, vmi, name, template_class) \
+                        and name not in created:
+                    created.append(name)
+                continue
             if raw is None:
                 raise Denied(f"GPU device {name} was deleted during admission")
             try:  # judge the object just read, never the (possibly older) cache
                 dev = parse_gpu_device(raw)
             except ParseError as exc:
                 raise Denied(f"GPU device {name} is malformed: {exc}") from exc
+            if dev.deleting:
+                raise Denied(f"GPU device {name} is being deleted")
             att = dev.status.attached_to
-            if att is not None and att.vmi == vmi:
-                # a retry or a re-created VMI of the same name: refresh `since`, so that
-                # housekeeping planned on the older attachment cannot clear this one
-                await self._json_patch(ns, name, [
-                    {"op": "test", "path": "/status/attachedTo/vmi", "value": vmi},
-                    {"op": "add", "path": "/status/attachedTo/since",
-                     "value": format_time(now)}])
-                return
-            if att is not None and attachment_is_live(dev, self.cache.vmi_keys(), self.now(),
-                                                      self.grace):
+            if att is not None and att.admission == admission:
+                return  # a retry of this very write
+            if att is not None and attachment_is_live(dev, vmis, self.now(), self.grace):
+                if att.vmi == vmi:
+                    raise Denied(f"GPU device {name} is being attached by another admission "
+                                 f"of VMI {ns}/{vmi}; retry once it has finished")
                 raise Denied(f"GPU device {name} is attached to VMI {att.vmi}")
             patch = {"metadata": {"resourceVersion": raw["metadata"]["resourceVersion"]},
-                     "status": {"attachedTo": {"vmi": vmi, "since": format_time(now)}}}
+                     "status": {"attachedTo": {"vmi": vmi, "since": format_time(now),
+                                               "admission": admission, "uid": None}}}
             try:
                 await self.custom.patch_namespaced_custom_object_status(
                     GROUP, VERSION, ns, "gpudevices", name, patch, _content_type=MERGE,
@@ -302,7 +381,7 @@ class VMIAdmission:
                 return
             except Exception as exc:  # noqa: BLE001
                 err = errors.translate(exc, f"attach GPUDevice {ns}/{name}")
-                if isinstance(err, errors.Conflict):
+                if isinstance(err, errors.Conflict | errors.NotFound):
                     continue  # re-read and re-judge
                 raise err from exc
         raise Denied(f"GPU device {name} kept changing while attaching it; try again")
@@ -331,13 +410,15 @@ class VMIAdmission:
 
     async def _clean_up(self, ns: str, vmi: str, request_id: str, attached: list[str],
                         created: list[str]) -> None:
-        """W5: clear what this call wrote, judged on fresh reads (the cache may be behind)
-        and shielded from cancellation, each call bounded. When the binder has already
-        recorded its decision for this request (`bindRequest.node` on a member: the binder
-        writes node, placement and result of a member in one write, so some members may
-        carry it while others have nothing yet), nothing is touched: the binder finishes
-        the placement (B7) and housekeeping clears the attachments and the request once
-        the VMI has not appeared (H1)."""
+        """W5: clear what this call wrote — only attachments carrying this call's admission
+        id (`request_id`), never another admission's of the same VMI name — judged on fresh
+        reads (the cache may be behind) and shielded from cancellation, each call bounded.
+        A template this call created is deleted unless another admission has attached it
+        since. When the binder has already recorded its decision for this request
+        (`bindRequest.node` on a member: the binder writes node, placement and result of a
+        member in one write, so some members may carry it while others have nothing yet),
+        nothing is touched: the binder finishes the placement (B7) and housekeeping clears
+        the attachments and the request once the VMI has not appeared (H1)."""
         with anyio.CancelScope(shield=True):
             fresh: dict[str, dict | None] = {}
             for name in attached:
@@ -358,10 +439,10 @@ class VMIAdmission:
                 return
             for name, raw in fresh.items():
                 att = ((raw or {}).get("status") or {}).get("attachedTo") or {}
-                if raw is None or att.get("vmi") != vmi:
+                if raw is None or att.get("admission") != request_id:
                     continue
                 ops: list[dict[str, Any]] = [
-                    {"op": "test", "path": "/status/attachedTo/vmi", "value": vmi},
+                    {"op": "test", "path": "/status/attachedTo/admission", "value": request_id},
                     {"op": "remove", "path": "/status/attachedTo"}]
                 if request_of(raw):
                     ops += [{"op": "test", "path": "/status/bindRequest/id",
@@ -380,9 +461,13 @@ class VMIAdmission:
                         labels = ((raw or {}).get("metadata") or {}).get("labels") or {}
                         if raw is None or labels.get(TEMPLATE_FOR_LABEL) != vmi:
                             continue
+                        if ((raw.get("status") or {}).get("attachedTo") or {}):
+                            continue  # another admission of the name attached it meanwhile
                         await self.custom.delete_namespaced_custom_object(
                             GROUP, VERSION, ns, "gpudevices", name,
-                            body={"preconditions": {"uid": raw["metadata"]["uid"]}},
+                            body={"preconditions": {
+                                "uid": raw["metadata"]["uid"],
+                                "resourceVersion": raw["metadata"]["resourceVersion"]}},
                             _request_timeout=self.timeout)
                 except Exception as exc:  # noqa: BLE001
                     log.warning("clean-up of template failed", device=name,

@@ -10,6 +10,8 @@ blocks the rest.
 from __future__ import annotations
 
 import functools
+import time
+from collections import OrderedDict
 from typing import Any, Callable
 
 import anyio
@@ -19,13 +21,18 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from actors.view import IndexedView
 from k8s.informer import Informer, Key
+from model.housekeeping import VMIRecord, VMIs
 from model.parse import (ParseError, parse_budgets, parse_gpu_class, parse_gpu_device,
                          parse_namespace, parse_node)
-from model.types import GROUP, VERSION
+from model.types import ADMISSION_ANNOTATION, GROUP, VERSION
 
 log = structlog.get_logger("gpu_binder.cache")
 
 SETTINGS_NAME = "gpu-settings"
+TOMBSTONE_TTL = 600.0
+"""Seconds a deleted VMI incarnation's admission id is remembered (H2 without a recorded
+uid; past this, H1's attachmentGrace has long covered it)."""
+TOMBSTONE_MAX = 100_000
 
 
 def _feed(kind: str, parse: Callable[[dict], Any], put: Callable[[Any], None],
@@ -84,6 +91,39 @@ class ClusterCache:
                                            lambda k: v.remove_namespace(k[1])))
         self._quota_budgets: dict[Key, list] = {}
         self.quotas.add_listener(self._on_quota)
+        self._vmi_records: dict[Key, VMIRecord] = {}
+        self._tombstones: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self.vmis.add_listener(self._on_vmi)
+
+    def _on_vmi(self, key: Key, obj: dict | None) -> None:
+        # the uid and admission annotation of every live VMI; an incarnation that goes
+        # (a DELETED event, or missing from a relist) leaves a tombstone of its admission id
+        old = self._vmi_records.pop(key, None)
+        if obj is not None:
+            meta = obj.get("metadata") or {}
+            ann = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+            adm = ann.get(ADMISSION_ANNOTATION)
+            rec = VMIRecord(key[0], key[1], str(meta.get("uid") or ""),
+                            adm if isinstance(adm, str) and adm else None)
+            self._vmi_records[key] = rec
+            if old is None or old.uid == rec.uid or not old.admission:
+                return
+        if old is not None and old.admission:
+            now = time.monotonic()
+            self._tombstones[(key[0], old.admission)] = now
+            self._tombstones.move_to_end((key[0], old.admission))
+            while self._tombstones and (len(self._tombstones) > TOMBSTONE_MAX or
+                                        next(iter(self._tombstones.values())) < now - TOMBSTONE_TTL):
+                self._tombstones.popitem(last=False)
+
+    def vmi_state(self) -> VMIs:
+        """H2/W1: the live VMIs (uid, admission annotation) and the admission ids of VMI
+        incarnations this replica saw deleted in the last `TOMBSTONE_TTL` seconds."""
+        return VMIs(dict(self._vmi_records), frozenset(self._tombstones))
+
+    def healthy(self, *informers: Informer) -> bool:
+        """True when every informer given (default: all) follows the API server."""
+        return all(i.healthy for i in (informers or self.informers))
 
     def _on_quota(self, key: Key, obj: dict | None) -> None:
         # a namespace's budget is the smallest hard over all its quotas

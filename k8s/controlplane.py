@@ -250,10 +250,19 @@ class ControlPlane:
 
     def restart_apiserver(self) -> None:
         """Kill kube-apiserver (SIGKILL) and start it again on the same port and etcd."""
+        self.stop_apiserver()
+        self.start_apiserver()
+
+    def stop_apiserver(self) -> None:
+        """Kill kube-apiserver (SIGKILL) and wait for it; etcd keeps running. Clients get
+        connection errors until `start_apiserver()`."""
         proc = self.procs.pop("kube-apiserver", None)
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+    def start_apiserver(self) -> None:
+        """Start kube-apiserver again on the same port and etcd; return when /readyz is ok."""
         self._start_apiserver(port=self.api_port)
 
     # -- internals -----------------------------------------------------------------------

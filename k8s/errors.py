@@ -108,3 +108,17 @@ async def read_json(resp, what: str) -> dict:
     if not isinstance(doc, dict):
         raise ApiException(status=0, reason=f"{what}: response is not a JSON object")
     return doc
+
+
+def names_object(exc: BaseException, name: str) -> bool:
+    """True when `exc` is a 404 about the object `name` itself (the Status `details.name`),
+    not about its resource type or version being unknown to the server: only then does a
+    404 prove the object does not exist."""
+    if not isinstance(exc, ApiException) or exc.status != 404:
+        return False
+    try:
+        body = orjson.loads(exc.body or b"{}")
+    except (orjson.JSONDecodeError, TypeError):
+        return False
+    details = body.get("details") if isinstance(body, dict) else None
+    return isinstance(details, dict) and details.get("name") == name

@@ -1,9 +1,14 @@
 """Housekeeping on the real API server (leader only): H1, H2 and the settings ConfigMap (H3).
 
-Decisions come from the pure `model.housekeeping.plan`; this module carries them out with
-field manager `gpu-binder-housekeeping`. Clearing an attachment is a JSON Patch that
-`test`s the attached VMI first, and a template is deleted with a uid precondition, so an
-action planned from a slightly stale cache never undoes a newer admission.
+Decisions come from the pure, level-based `model.housekeeping.plan` over the cache's
+`vmi_state()` (live VMIs with uid and admission, tombstones of deleted incarnations); this
+module carries them out with field manager `gpu-binder-housekeeping`. A round is skipped
+while an informer it reads is unhealthy (its cache may be behind). Every destructive step is
+confirmed first with a live GET of the VMI (`model.housekeeping.confirmed`); clearing an
+attachment is a JSON Patch that `test`s the attachment as planned (its admission id, else
+its `since`), and a template is deleted with uid and resourceVersion preconditions after its
+attachment is cleared (the shipped policy refuses deleting an attached device), so an action
+planned from a stale cache never undoes a newer admission.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from k8s import errors
 from k8s.cache import SETTINGS_NAME, ClusterCache
-from model.housekeeping import ClearAttachment, DeleteTemplate, plan
+from model.housekeeping import (Action, ClearAttachment, DeleteTemplate, LinkAttachment,
+                                VMIRecord, confirmed, plan)
+from model.parse import format_time
+from model.types import ADMISSION_ANNOTATION, Attachment
 from model.settings import format_resource_names, resource_names
 from model.types import GROUP, VERSION
 
@@ -45,15 +53,14 @@ class Housekeeper:
         self.raw_policy = raw_policy
         self.period = period
         self.timeout = timeout
-        self._seen_vmis: set[tuple[str, str]] = set()
         self.actions_done = 0
+        self.paused_rounds = 0
 
     async def run(self) -> None:
         """Loop until cancelled."""
         informers = (self.cache.devices, self.cache.vmis, self.cache.classes,
                      self.cache.settings)
         subs = [inf.subscribe() for inf in informers]
-        self._seen_vmis = self.cache.vmi_keys()
         try:
             while True:
                 await self.round()
@@ -70,24 +77,98 @@ class Housekeeper:
                 inf.unsubscribe(sub)
 
     async def round(self, now: datetime | None = None) -> None:
-        """One pass of H1, H2 and H3."""
+        """One pass of H1, H2 and H3; H1/H2 pause while the devices' or VMIs' informer is
+        unhealthy (what the cache shows may be long gone or missing)."""
         now = now or datetime.now(timezone.utc)
-        live = self.cache.vmi_keys()
-        deleted = self._seen_vmis - live
-        for action in plan(self.cache.view.devices().values(), live, deleted, now, self.grace):
-            await self._do(action)
-        self._seen_vmis = live
-        await self.ensure_settings()
+        if not self.cache.healthy(self.cache.devices, self.cache.vmis):
+            self.paused_rounds += 1
+            log.warning("housekeeping paused: an informer is not following the API server",
+                        rule="H2", devices=self.cache.devices.healthy,
+                        vmis=self.cache.vmis.healthy)
+        else:
+            for action in plan(self.cache.view.devices().values(), self.cache.vmi_state(),
+                               now, self.grace):
+                await self._do(action)
+        if self.cache.healthy(self.cache.classes, self.cache.settings):
+            await self.ensure_settings()
 
-    async def _do(self, action: ClearAttachment | DeleteTemplate) -> None:
+    async def _live_vmi(self, ns: str, name: str) -> VMIRecord | None:
+        """The VMI as the API server has it now; None when it does not exist. Raises
+        ApiError when that cannot be told."""
+        try:
+            raw = await self._custom.get_namespaced_custom_object(
+                "kubevirt.io", "v1", ns, "virtualmachineinstances", name,
+                _request_timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001
+            if errors.names_object(exc, name):
+                return None
+            raise errors.translate(exc, f"read VMI {ns}/{name}") from exc
+        meta = raw.get("metadata") or {}
+        adm = (meta.get("annotations") or {}).get(ADMISSION_ANNOTATION)
+        return VMIRecord(ns, name, str(meta.get("uid") or ""), adm or None)
+
+    def _attachment_tests(self, key: tuple[str, str], att: Attachment) -> list[dict]:
+        """JSON Patch tests that hold only on the attachment as planned."""
+        ops = [{"op": "test", "path": "/status/attachedTo/vmi", "value": att.vmi}]
+        if att.admission:  # this very attachment, not one a newer admission wrote
+            ops.append({"op": "test", "path": "/status/attachedTo/admission",
+                        "value": att.admission})
+        else:  # written before admission ids: its `since` as the cache has it, verbatim
+            raw = ((self.cache.devices.get(key) or {}).get("status") or {}).get("attachedTo")
+            since = (raw or {}).get("since") or format_time(att.since)
+            ops.append({"op": "test", "path": "/status/attachedTo/since", "value": since})
+        return ops
+
+    async def _patch(self, ns: str, name: str, ops: list[dict]) -> dict:
+        return await self._custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, ns, "gpudevices", name, ops,
+            _content_type="application/json-patch+json", field_manager=FIELD_MANAGER,
+            _request_timeout=self.timeout)
+
+    async def _clear(self, key: tuple[str, str], att: Attachment) -> dict:
+        """Clear `att` on device `key` (and a bindRequest for the same VMI); the response."""
+        ns, name = key
+        ops = self._attachment_tests(key, att) + [{"op": "remove", "path": "/status/attachedTo"}]
+        dev = self.cache.view.device(key)
+        br = dev.status.bind_request if dev else None
+        if br is not None and br.vmi == att.vmi:
+            ops += [{"op": "test", "path": "/status/bindRequest/id", "value": br.id},
+                    {"op": "remove", "path": "/status/bindRequest"}]
+        return await self._patch(ns, name, ops)
+
+    async def _do(self, action: Action) -> None:
         ns, name = action.device
         try:
-            raw = self.cache.devices.get(action.device) or {}
+            if isinstance(action, LinkAttachment):
+                att = Attachment(action.vmi, action.since, action.admission)
+                await self._patch(ns, name, self._attachment_tests(action.device, att) + [
+                    {"op": "add", "path": "/status/attachedTo/uid", "value": action.uid}])
+                self.actions_done += 1
+                log.info("housekeeping", rule=action.rule, action="LinkAttachment",
+                         namespace=ns, device=name, vmi=action.vmi, uid=action.uid)
+                return
             if isinstance(action, DeleteTemplate):
-                # uid and resourceVersion as planned: a template an admission refreshed
-                # since (a re-created VMI of the same name) is not deleted
-                pre = {"uid": action.uid} if action.uid else {}
+                att = action.attached
+                vmi = att.vmi if att else None
+                uid = att.uid if att else None
+            else:
+                att = Attachment(action.vmi, action.since, action.admission, action.uid) \
+                    if action.since else None
+                vmi, uid = action.vmi, action.uid
+            if vmi is not None:  # never on the cache's word alone: the VMI is read live
+                live = await self._live_vmi(ns, vmi)
+                if not confirmed(vmi, uid, live):
+                    log.warning("housekeeping action not confirmed: the VMI exists (the "
+                                "cache is behind)", rule=action.rule, namespace=ns,
+                                device=name, vmi=vmi)
+                    return
+            if isinstance(action, DeleteTemplate):
+                raw = self.cache.devices.get(action.device) or {}
                 rv = (raw.get("metadata") or {}).get("resourceVersion")
+                if att is not None:  # clear first; delete only the version that cleared
+                    rv = ((await self._clear(action.device, att)).get("metadata")
+                          or {}).get("resourceVersion")
+                pre = {"uid": action.uid} if action.uid else {}
                 if rv:
                     pre["resourceVersion"] = rv
                 body = {"preconditions": pre} if pre else {}
@@ -95,32 +176,15 @@ class Housekeeper:
                     GROUP, VERSION, ns, "gpudevices", name, body=body,
                     _request_timeout=self.timeout)
             else:
-                now_att = (self.cache.view.device(action.device) or None)
-                now_att = now_att.status.attached_to if now_att else None
-                if now_att is None or now_att.since != action.since:
-                    log.info("housekeeping action moot: attachment changed since planned",
-                             rule=action.rule, namespace=ns, device=name)
+                if att is None:
                     return
-                ops = [{"op": "test", "path": "/status/attachedTo/vmi", "value": action.vmi}]
-                since = ((raw.get("status") or {}).get("attachedTo") or {}).get("since")
-                if since:  # the attachment as planned, not one refreshed meanwhile
-                    ops.append({"op": "test", "path": "/status/attachedTo/since",
-                                "value": since})
-                ops.append({"op": "remove", "path": "/status/attachedTo"})
-                dev = self.cache.view.device(action.device)
-                br = dev.status.bind_request if dev else None
-                if br is not None and br.vmi == action.vmi:
-                    ops += [{"op": "test", "path": "/status/bindRequest/id", "value": br.id},
-                            {"op": "remove", "path": "/status/bindRequest"}]
-                await self._custom.patch_namespaced_custom_object_status(
-                    GROUP, VERSION, ns, "gpudevices", name, ops,
-                    _content_type="application/json-patch+json", field_manager=FIELD_MANAGER,
-                    _request_timeout=self.timeout)
+                await self._clear(action.device, att)
             self.actions_done += 1
             log.info("housekeeping", rule=action.rule, action=type(action).__name__,
                      namespace=ns, device=name, reason=action.reason)
         except Exception as exc:  # noqa: BLE001 - per-action; retried next round
-            err = errors.translate(exc, f"{type(action).__name__} {ns}/{name}")
+            err = exc if isinstance(exc, errors.ApiError) else \
+                errors.translate(exc, f"{type(action).__name__} {ns}/{name}")
             if isinstance(err, (errors.NotFound, errors.Invalid, errors.Conflict)):
                 log.info("housekeeping action moot", rule=action.rule, namespace=ns,
                          device=name, reason=err.message[:200])

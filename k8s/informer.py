@@ -86,6 +86,16 @@ class Informer:
         self.resource_version: str | None = None
         self.relists = 0
         self.events = 0
+        self.errors = 0
+        self._healthy = False
+
+    @property
+    def healthy(self) -> bool:
+        """True once a list succeeded and no list or watch has failed since: the cache
+        follows the API server. False before the first list and from a failure until the
+        next successful list (meanwhile the cache may be behind: destructive consumers,
+        such as housekeeping, pause)."""
+        return self._healthy
 
     # -- reading ---------------------------------------------------------------------
     def get(self, key: Key) -> dict | None:
@@ -134,6 +144,7 @@ class Informer:
         gone = set(self._cache) - set(fresh)
         self._cache = fresh
         self.relists += 1
+        self._healthy = True
         for k in gone:
             self._tell(k, None)
         for k, o in fresh.items():
@@ -211,6 +222,8 @@ class Informer:
                 rv, backoff = None, min(backoff * 2, self._backoff_max)
 
     async def _backoff(self, delay: float, **fields: object) -> None:
+        self._healthy = False
+        self.errors += 1
         log.warning("informer error; relisting after backoff", informer=self.name,
                     backoff_s=round(delay, 2), **fields)
         await anyio.sleep(delay)

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Mapping, Sequence
 
+from model.housekeeping import VMIs, judge
 from model.parse import VMIAsk
 from model.settings import resource_names
 from model.snapshot import Order, Snapshot
-from model.types import HOSTNAME_LABEL, GPUDevice, Labels, Phase, Result
+from model.types import ADMISSION_ANNOTATION, HOSTNAME_LABEL, GPUDevice, Labels, Phase, Result
 
 MAX_NAME = 253
 
@@ -53,22 +54,27 @@ class Refusal:
     message: str
 
 
-def attachment_is_live(device: GPUDevice, live_vmis: set[tuple[str, str]], now: datetime,
+def attachment_is_live(device: GPUDevice, vmis: VMIs | set[tuple[str, str]], now: datetime,
                        grace: timedelta) -> bool:
-    """W1: an attachment is live when its VMI exists or it is younger than `grace`."""
-    att = device.status.attached_to
-    if att is None:
-        return False
-    return (device.namespace, att.vmi) in live_vmis or now - att.since < grace
+    """W1: an attachment holds while its VMI exists or may still appear (`judge`: LIVE or
+    PENDING), i.e. unless that VMI incarnation is deleted, its request refused, or it never
+    appeared within `grace`."""
+    if not isinstance(vmis, VMIs):
+        vmis = VMIs.of_keys(vmis)
+    v = judge(device, vmis, now, grace)
+    return v is not None and v.holds
 
 
 def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
-          live_vmis: set[tuple[str, str]], now: datetime, grace: timedelta) -> AdmissionPlan | Refusal:
-    """W1: every check before any write. Refuses when a held device is missing, attached to
-    another live VMI, of a missing or unentitled class, when a template class is missing or
-    unentitled, when the tenant's budget has no room for the set, or when the set cannot fit
-    one node now (`Snapshot.check_set`). Template devices this VMI already has (a retried
-    admission, W4) are judged as the devices they are, not as new ones."""
+          live_vmis: VMIs | set[tuple[str, str]], now: datetime,
+          grace: timedelta) -> AdmissionPlan | Refusal:
+    """W1: every check before any write. Refuses when a held device is missing or being
+    deleted, attached to another VMI that holds it (`attachment_is_live`), of a missing or
+    unentitled class, when a template class is missing or unentitled, when the tenant's
+    budget has no room for the set, or when the set cannot fit one node now
+    (`Snapshot.check_set`). Template devices this VMI already has (a retried admission, W4)
+    are judged as the devices they are, not as new ones. Attachments to the same VMI name are
+    judged by `same_name_conflict`, after W4."""
     templates: list[tuple[str, str]] = []
     for class_name, count in ask.templates:
         templates.extend((template_name(vmi, class_name, i), class_name) for i in range(count))
@@ -77,6 +83,8 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
         dev = snapshot.device(namespace, name)
         if dev is None:
             return Refusal(f"GPU device {name} not found in namespace {namespace}")
+        if dev.deleting:
+            return Refusal(f"GPU device {name} is being deleted")
         if dev.template_for is not None and dev.template_for != vmi:
             return Refusal(f"GPU device {name} is a template device of VMI {dev.template_for}; "
                            "only held devices can be named in gpu.cozystack.io/devices")
@@ -90,6 +98,8 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
             if dev.template_for != vmi or dev.class_name != class_name:
                 return Refusal(f"GPU device {name} exists and is not a {class_name} template "
                                f"device of VMI {vmi}; delete it or rename the VMI")
+            if dev.deleting:
+                return Refusal(f"GPU device {name} is being deleted; retry")
             orders.append(Order(namespace, class_name, name))
         else:
             orders.append(Order(namespace, class_name))
@@ -122,6 +132,27 @@ def _room_message(snapshot: Snapshot, orders: Sequence[Order]) -> str:
     return "; ".join(parts) or "no schedulable node has room for the set"
 
 
+def same_name_conflict(snapshot: Snapshot, plan: AdmissionPlan, vmis: VMIs, now: datetime,
+                       grace: timedelta, admission: str | None = None) -> Refusal | None:
+    """W1 for a VMI name that a live read showed does not exist: a device of the plan that is
+    attached to that same name by another admission which still holds it (PENDING: a
+    concurrent create of the name, whose VMI may yet be stored) refuses the new admission,
+    so it can neither move nor strip that admission's devices. An attachment of a deleted
+    incarnation (GONE) or a stale one may be taken over, and this admission's own
+    (`admission`) is no conflict. `vmis` must not show the VMI."""
+    for name in plan.devices:
+        dev = snapshot.device(plan.namespace, name)
+        att = dev.status.attached_to if dev else None
+        if att is None or att.vmi != plan.vmi or (admission and att.admission == admission):
+            continue
+        v = judge(dev, vmis, now, grace)
+        if v is not None and v.holds:
+            return Refusal(f"GPU device {name} is being attached by another admission of VMI "
+                           f"{plan.namespace}/{plan.vmi} (a concurrent create of the same "
+                           "name); retry once it has finished")
+    return None
+
+
 def already_admitted(snapshot: Snapshot, plan: AdmissionPlan) -> str | None:
     """W4: the node when every device of the plan exists, is attached to the VMI and carries
     a Succeeded request for it on one node where it is Bound; else None."""
@@ -146,17 +177,27 @@ def _escape(part: str) -> str:
 
 
 def vmi_patch(vmi: Mapping[str, Any], devices: Sequence[tuple[str, str]], node: str,
-              effective_resources: Sequence[str]) -> list[dict]:
+              effective_resources: Sequence[str], admission: str | None = None) -> list[dict]:
     """The JSONPatch that admits `vmi` (§2): one `spec.domain.devices.gpus` entry per
     (device name, resource name) in `devices`, replacing entries naming a resource of
     `effective_resources` and keeping the others, and
-    `spec.nodeSelector["kubernetes.io/hostname"] = node`."""
+    `spec.nodeSelector["kubernetes.io/hostname"] = node`; with `admission`, the annotation
+    `gpu.cozystack.io/admission` (the id in the devices' attachments, linking this VMI
+    incarnation to them)."""
     spec = vmi.get("spec") if isinstance(vmi.get("spec"), Mapping) else None
     ops: list[dict] = []
+    if admission is not None:
+        meta = vmi.get("metadata") if isinstance(vmi.get("metadata"), Mapping) else {}
+        if isinstance(meta.get("annotations"), Mapping):
+            ops.append({"op": "add", "path": "/metadata/annotations/"
+                        + _escape(ADMISSION_ANNOTATION), "value": admission})
+        else:
+            ops.append({"op": "add", "path": "/metadata/annotations",
+                        "value": {ADMISSION_ANNOTATION: admission}})
     effective = set(effective_resources)
     ours = [{"name": name, "deviceName": res} for name, res in devices]
     if spec is None:
-        return [{"op": "add", "path": "/spec", "value": {
+        return ops + [{"op": "add", "path": "/spec", "value": {
             "domain": {"devices": {"gpus": ours}}, "nodeSelector": {HOSTNAME_LABEL: node}}}]
     domain = spec.get("domain") if isinstance(spec.get("domain"), Mapping) else None
     if domain is None:

@@ -211,7 +211,7 @@ def apply_decision(snapshot: Snapshot, request: Request, decision: Decision, *, 
         else:
             st = DeviceStatus(st.phase, st.node_name, st.bound_at, st.attached_to, br)
         updated.append(GPUDevice(d.namespace, d.name, d.class_name, d.template_for, st,
-                                 d.resource_version, d.uid, d.created_at))
+                                 d.resource_version, d.uid, d.created_at, d.deleting))
     return snap.with_devices(updated)
 
 

@@ -1,26 +1,141 @@
 """Housekeeping decisions (DESIGN.md §5, H1–H2) as a pure function of the cache.
 
-`plan(devices, live_vmis, deleted_vmis, now, grace)` returns the actions the leader should
-take; the k8s adapter carries them out with a JSON Patch `test` on the attachment, so an
-action planned from a stale view can never clear a newer attachment.
+Level-based: every round judges each attachment on its own against what is known of VMIs now
+(`VMIs`: the live VMIs with their uid and admission annotation, and the admissions of VMI
+incarnations seen deleted), never by comparing two samples of the cache. `judge` is shared
+with the webhook (W1), so both tell a VMI incarnation from an older or newer one of the same
+name the same way: by the attachment's `uid` once recorded, else by its `admission` id.
+
+`plan(devices, vmis, now, grace)` returns the actions the leader should take; the k8s
+adapter confirms each destructive one with a live read of the VMI (`confirmed`) and carries
+it out with a JSON Patch `test` on the attachment, so an action planned from a stale view
+can never clear a newer attachment.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Iterable
+from enum import Enum
+from typing import Iterable, Mapping
 
-from model.types import GPUDevice
+from model.types import Attachment, GPUDevice, Result
 
 VMIKey = tuple[str, str]
 """(namespace, VMI name)."""
 
 
 @dataclass(frozen=True, slots=True)
+class VMIRecord:
+    """A VMI that exists: its `uid` and its `gpu.cozystack.io/admission` annotation (None
+    when it carries none)."""
+
+    namespace: str
+    name: str
+    uid: str
+    admission: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VMIs:
+    """What is known about VMIs at one moment. `live` maps (namespace, name) to the VMI that
+    exists; `deleted` holds (namespace, admission id) of VMI incarnations that were seen and
+    then deleted (the informer's tombstones, kept for a while)."""
+
+    live: Mapping[VMIKey, VMIRecord] = field(default_factory=dict)
+    deleted: frozenset[tuple[str, str]] = frozenset()
+    uids: frozenset[tuple[str, str]] = field(init=False, repr=False, compare=False)
+    """(namespace, uid) of every live VMI (derived)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "uids", frozenset((r.namespace, r.uid)
+                                                   for r in self.live.values() if r.uid))
+
+    @classmethod
+    def of_keys(cls, keys: Iterable[VMIKey]) -> "VMIs":
+        """Live VMIs known by key only (no uid, no annotation): for callers and tests that
+        have nothing more."""
+        return cls({k: VMIRecord(k[0], k[1], "") for k in keys})
+
+    def without(self, key: VMIKey) -> "VMIs":
+        """This view with VMI `key` known *not* to exist (a live read said so); when the view
+        still showed it, its incarnation counts as deleted."""
+        rec = self.live.get(key)
+        live = {k: v for k, v in self.live.items() if k != key}
+        deleted = self.deleted
+        if rec is not None and rec.admission:
+            deleted = deleted | {(key[0], rec.admission)}
+        return VMIs(live, deleted)
+
+
+class State(str, Enum):
+    """Where an attachment stands. LIVE: its VMI exists. PENDING: its VMI has not appeared
+    yet and may still (an admission in flight, within `grace`). GONE: its VMI incarnation
+    existed and is deleted, or its own request was refused (release at once, H2). STALE: its
+    VMI never appeared within `grace` (H1)."""
+
+    LIVE = "live"
+    PENDING = "pending"
+    GONE = "gone"
+    STALE = "stale"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """`judge`'s answer: the state, why, and for a LIVE attachment that does not yet record
+    its VMI's uid, the uid to record (`link`)."""
+
+    state: State
+    reason: str
+    link: str | None = None
+
+    @property
+    def holds(self) -> bool:
+        """True while the attachment must be respected (LIVE or PENDING)."""
+        return self.state in (State.LIVE, State.PENDING)
+
+
+def judge(device: GPUDevice, vmis: VMIs, now: datetime, grace: timedelta) -> Verdict | None:
+    """The state of `device`'s attachment (None when it has none), H1/H2 and W1:
+
+    1. it records a VMI uid: LIVE while a VMI with that uid exists in the namespace, else
+       GONE (that incarnation was deleted; a same-name VMI is a newer one);
+    2. a VMI of its name exists: LIVE; `link` = that VMI's uid when its admission annotation
+       matches the attachment's admission (or the attachment has none). A mismatch stays
+       LIVE without a link: a tenant cannot free units by editing the annotation;
+    3. its admission is among the deleted incarnations: GONE;
+    4. its own request (bindRequest id = admission) was refused: GONE;
+    5. older than `grace`: STALE; else PENDING.
+    `now` is timezone-aware UTC."""
+    att = device.status.attached_to
+    if att is None:
+        return None
+    ns = device.namespace
+    if att.uid:
+        if (ns, att.uid) in vmis.uids:
+            return Verdict(State.LIVE, f"VMI {att.vmi} (uid {att.uid}) exists")
+        return Verdict(State.GONE, f"VMI {att.vmi} (uid {att.uid}) was deleted")
+    rec = vmis.live.get((ns, att.vmi))
+    if rec is not None:
+        link = rec.uid if rec.uid and (att.admission is None or rec.admission == att.admission) \
+            else None
+        return Verdict(State.LIVE, f"VMI {att.vmi} exists", link)
+    if att.admission and (ns, att.admission) in vmis.deleted:
+        return Verdict(State.GONE, f"VMI {att.vmi} was deleted")
+    br = device.status.bind_request
+    if att.admission and br is not None and br.id == att.admission \
+            and br.result is Result.REFUSED:
+        return Verdict(State.GONE, f"the request of VMI {att.vmi} was refused")
+    if now - att.since > grace:
+        age = int((now - att.since).total_seconds())
+        return Verdict(State.STALE, f"VMI {att.vmi} has not appeared {age} s after attachment")
+    return Verdict(State.PENDING, f"VMI {att.vmi} has not appeared yet")
+
+
+@dataclass(frozen=True, slots=True)
 class ClearAttachment:
     """Clear `status.attachedTo` (and a `bindRequest` for the same VMI) of `device`, provided
-    it is still attached to `vmi`."""
+    it is still the attachment planned (`admission`, else `since`)."""
 
     device: tuple[str, str]
     vmi: str
@@ -28,59 +143,92 @@ class ClearAttachment:
     reason: str
     since: datetime | None = field(default=None, compare=False)
     """`attachedTo.since` as planned: the executor acts only on that same attachment."""
+    admission: str | None = field(default=None, compare=False)
+    uid: str | None = field(default=None, compare=False)
+    """The attachment's recorded VMI uid: a live VMI of the name with another uid is a newer
+    incarnation and does not stop the action (`confirmed`)."""
 
 
 @dataclass(frozen=True, slots=True)
 class DeleteTemplate:
-    """Delete template device `device` (uid-preconditioned by the adapter when known)."""
+    """Delete template device `device` (uid-preconditioned by the adapter when known). When
+    `attached` is the attachment planned, the adapter clears it first (the shipped policy
+    refuses deleting an attached device) and deletes only that same version."""
 
     device: tuple[str, str]
     uid: str | None
     rule: str
     reason: str
+    attached: Attachment | None = field(default=None, compare=False)
 
 
-Action = ClearAttachment | DeleteTemplate
+@dataclass(frozen=True, slots=True)
+class LinkAttachment:
+    """Record `uid` (the VMI incarnation seen live) in `device`'s attachment of `vmi` made
+    by `admission` (H2: from then on the attachment is released as soon as that uid is gone,
+    across leader changes)."""
+
+    device: tuple[str, str]
+    vmi: str
+    uid: str
+    admission: str | None
+    since: datetime = field(compare=False)
+    rule: str = "H2"
+    reason: str = "VMI seen: its uid recorded"
 
 
-def plan(devices: Iterable[GPUDevice], live_vmis: set[VMIKey], deleted_vmis: set[VMIKey],
-         now: datetime, grace: timedelta) -> list[Action]:
-    """Actions for H1 and H2, sorted by device key.
+Action = ClearAttachment | DeleteTemplate | LinkAttachment
 
-    - H2: a device attached to a VMI that was seen and then deleted (`deleted_vmis`) is
-      released at once; a template device of it is deleted. Held devices keep their node.
-    - H1: an attachment (and its request) whose VMI does not exist and whose `since` is older
-      than `grace` is cleared; a template device for such a VMI is deleted, and so is a
-      template device with no attachment created more than `grace` ago.
-    A VMI in `live_vmis` protects its devices. `now` is timezone-aware UTC.
+
+def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
+         grace: timedelta) -> list[Action]:
+    """Actions for H1 and H2, sorted by device key (`judge` decides each attachment).
+
+    - GONE (H2): a held device's attachment is cleared, a template device deleted; held
+      devices keep their node.
+    - STALE (H1): likewise, after `grace`.
+    - LIVE with a uid to record: LinkAttachment.
+    - A template device with no attachment is deleted when no VMI of its name exists and it
+      was created more than `grace` ago (an admission creates it just before attaching it).
+    `vmis` may be a plain set of live keys (no uids known). `now` is timezone-aware UTC.
     """
+    if not isinstance(vmis, VMIs):
+        vmis = VMIs.of_keys(vmis)
     actions: list[Action] = []
     for d in sorted(devices, key=lambda d: d.key):
         att = d.status.attached_to
         if att is not None:
-            vmi_key = (d.namespace, att.vmi)
-            if vmi_key in live_vmis:
+            v = judge(d, vmis, now, grace)
+            assert v is not None
+            if v.state is State.LIVE:
+                if v.link:
+                    actions.append(LinkAttachment(d.key, att.vmi, v.link, att.admission,
+                                                  att.since))
                 continue
-            if vmi_key in deleted_vmis:
-                rule, why = "H2", f"VMI {att.vmi} was deleted"
-            elif now - att.since > grace:
-                age = int((now - att.since).total_seconds())
-                rule, why = "H1", f"VMI {att.vmi} has not appeared {age} s after attachment"
-            else:
+            if v.state is State.PENDING:
                 continue
+            rule = "H2" if v.state is State.GONE else "H1"
             if d.template_for is not None:
-                actions.append(DeleteTemplate(d.key, d.uid, rule, why))
+                actions.append(DeleteTemplate(d.key, d.uid, rule, v.reason, att))
             else:
-                actions.append(ClearAttachment(d.key, att.vmi, rule, why, att.since))
+                actions.append(ClearAttachment(d.key, att.vmi, rule, v.reason, att.since,
+                                               att.admission, att.uid))
         elif d.template_for is not None:
-            owner = (d.namespace, d.template_for)
-            if owner in live_vmis:
+            if (d.namespace, d.template_for) in vmis.live:
                 continue
-            if owner in deleted_vmis:
-                actions.append(DeleteTemplate(d.key, d.uid, "H2",
-                                              f"VMI {d.template_for} was deleted"))
-            elif d.created_at is not None and now - d.created_at > grace:
+            if d.created_at is not None and now - d.created_at > grace:
                 age = int((now - d.created_at).total_seconds())
                 actions.append(DeleteTemplate(
                     d.key, d.uid, "H1", f"template device with no attachment, {age} s old"))
     return actions
+
+
+def confirmed(vmi: str, attachment_uid: str | None, live: VMIRecord | None) -> bool:
+    """Whether a destructive step planned for VMI `vmi` may go ahead given the live read
+    `live` of that VMI (None: the API server says it does not exist). It may when the VMI
+    does not exist, or when the attachment records a uid and the live VMI is another
+    incarnation; never when the VMI of that name exists and cannot be told apart (the cache
+    was behind)."""
+    if live is None:
+        return True
+    return bool(attachment_uid) and live.uid != attachment_uid

@@ -292,6 +292,8 @@ def parse_gpu_device(obj: dict) -> GPUDevice:
         attached = Attachment(
             vmi=r.text(a.get("vmi"), "status.attachedTo.vmi", required=True),
             since=r.time(a.get("since"), "status.attachedTo.since", required=True),
+            admission=r.text(a.get("admission"), "status.attachedTo.admission") or None,
+            uid=r.text(a.get("uid"), "status.attachedTo.uid") or None,
         )
     return GPUDevice(
         namespace=meta["namespace"],
@@ -308,6 +310,7 @@ def parse_gpu_device(obj: dict) -> GPUDevice:
         resource_version=r.text(meta.get("resourceVersion"), "metadata.resourceVersion"),
         uid=r.text(meta.get("uid"), "metadata.uid"),
         created_at=r.time(meta.get("creationTimestamp"), "metadata.creationTimestamp"),
+        deleting=meta.get("deletionTimestamp") is not None,
     )
 
 
@@ -420,7 +423,12 @@ def device_status_to_dict(status: DeviceStatus) -> dict:
     if status.bound_at is not None:
         out["boundAt"] = format_time(status.bound_at)
     if status.attached_to is not None:
-        out["attachedTo"] = {"vmi": status.attached_to.vmi, "since": format_time(status.attached_to.since)}
+        att = status.attached_to
+        out["attachedTo"] = {"vmi": att.vmi, "since": format_time(att.since)}
+        if att.admission is not None:
+            out["attachedTo"]["admission"] = att.admission
+        if att.uid is not None:
+            out["attachedTo"]["uid"] = att.uid
     br = status.bind_request
     if br is not None:
         b: dict[str, Any] = {"id": br.id, "vmi": br.vmi, "devices": list(br.devices)}

@@ -17,6 +17,9 @@ TEMPLATE_FOR_LABEL = "gpu.cozystack.io/template-for"
 DEVICES_ANNOTATION = "gpu.cozystack.io/devices"
 TEMPLATES_ANNOTATION = "gpu.cozystack.io/templates"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+ADMISSION_ANNOTATION = "gpu.cozystack.io/admission"
+"""Set by the webhook on every VMI it admits: the admission id also written into each
+device's `status.attachedTo.admission`, linking the VMI incarnation to its attachments."""
 
 Labels = tuple[tuple[str, str], ...]
 """A label map frozen as a tuple of (key, value) pairs sorted by key."""
@@ -143,10 +146,18 @@ class Namespace:
 
 @dataclass(frozen=True, slots=True)
 class Attachment:
-    """`status.attachedTo`: the one VMI a device is reserved for, and since when (UTC)."""
+    """`status.attachedTo`: the one VMI a device is reserved for, and since when (UTC).
+
+    `admission` is the id of the one admission that wrote it (unique per webhook call that
+    attached the device; the VMI it admits carries it as `ADMISSION_ANNOTATION`), None on
+    attachments written before admission ids existed. `uid` is the uid of the VMI incarnation
+    it belongs to, recorded by housekeeping once that VMI was seen (H2), else None.
+    """
 
     vmi: str
     since: datetime
+    admission: str | None = None
+    uid: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +198,9 @@ class GPUDevice:
     resource_version: str | None = None
     uid: str | None = None
     created_at: datetime | None = None
+    deleting: bool = False
+    """`metadata.deletionTimestamp` is set (a finalizer keeps it): still counts as using its
+    unit while Bound, but no new VMI may take it (W1)."""
     bound_node: str | None = field(init=False, repr=False, compare=False)
     """The node this device is Bound to, or None when Pending (derived from `status` when
     the value is made: read on every index update and decision, so not a property)."""

@@ -21,7 +21,7 @@ def test_value_types_have_the_fields_the_store_copies() -> None:
     `_with_request` and `_answered` too: update them, then this list."""
     assert [f.name for f in fields(GPUDevice) if f.init] == [
         "namespace", "name", "class_name", "template_for", "status", "resource_version", "uid",
-        "created_at"]
+        "created_at", "deleting"]
     assert [f.name for f in fields(DeviceStatus)] == [
         "phase", "node_name", "bound_at", "attached_to", "bind_request"]
     assert [f.name for f in fields(BindRequest)] == [

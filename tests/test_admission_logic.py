@@ -102,3 +102,48 @@ def test_W1_set_larger_than_free_units_across_nodes_gets_the_binders_per_node_re
         "GPU set of VMI t1/vm cannot be placed: devices new h100 #1 (Pending), new h100 #2 "
         "(Pending), new h100 #3 (Pending); n1: needs 3 × nvidia.com/H100, has 2 free; "
         "n2: needs 3 × nvidia.com/H100, has 1 free")
+
+
+def _att(vmi, since_s=0, admission=None, uid=None):
+    return Attachment(vmi, NOW - timedelta(seconds=since_s), admission, uid)
+
+
+def test_W1_same_name_attachment_of_a_concurrent_admission_refuses_the_second_create():
+    from model.admission import same_name_conflict
+    from model.housekeeping import VMIs
+    d = GPUDevice("t1", "g1", "h100", status=DeviceStatus(
+        phase=Phase.BOUND, node_name="n1", attached_to=_att("vm", 1, "a1")))
+    s = snap(d)
+    plan = check(s, "t1", "vm", VMIAsk(("g1",), ()), VMIs(), NOW, GRACE)
+    assert isinstance(plan, AdmissionPlan)   # W1 proper leaves the same name to W4 / this check
+    got = same_name_conflict(s, plan, VMIs(), NOW, GRACE)
+    assert isinstance(got, Refusal) and "another admission of VMI t1/vm" in got.message
+    # the same attachment of an incarnation seen deleted (tombstone a1) may be taken over
+    assert same_name_conflict(s, plan, VMIs({}, frozenset({("t1", "a1")})), NOW, GRACE) is None
+    # ... and so may one whose VMI uid was recorded (that incarnation is gone: a live read
+    # said no VMI of the name exists)
+    linked = GPUDevice("t1", "g1", "h100", status=DeviceStatus(
+        phase=Phase.BOUND, node_name="n1", attached_to=_att("vm", 1, "a1", "u1")))
+    assert same_name_conflict(snap(linked), plan, VMIs(), NOW, GRACE) is None
+
+
+def test_W1_refuses_a_device_being_deleted():
+    from dataclasses import replace
+    d = replace(held("g1", bound="n1"), deleting=True)
+    assert check(snap(d), "t1", "vm", VMIAsk(("g1",), ()), set(), NOW, GRACE) == \
+        Refusal("GPU device g1 is being deleted")
+
+
+def test_B3_a_bound_device_being_deleted_still_uses_its_unit():
+    from dataclasses import replace
+    d = replace(held("g1", bound="n2"), deleting=True)
+    s = snap(d)
+    assert s.used("n2", H100) == 1 and s.free("n2", H100) == 0
+
+
+def test_W3_patch_annotates_the_vmi_with_its_admission_id():
+    vmi = {"metadata": {"name": "vm", "annotations": {"gpu.cozystack.io/templates": "h100=1"}},
+           "spec": {"domain": {"devices": {}}}}
+    ops = vmi_patch(vmi, [("vm-h100-0", H100)], "n1", [H100], "adm-1")
+    assert ops[0] == {"op": "add", "path": "/metadata/annotations/gpu.cozystack.io~1admission",
+                      "value": "adm-1"}

@@ -1,25 +1,33 @@
-"""H1 and H2 decisions of model.housekeeping.plan (pure)."""
+"""H1 and H2 decisions of model.housekeeping (pure): level-based judgement of each
+attachment by VMI incarnation (uid, admission id), never by two samples of the cache."""
 
 from datetime import datetime, timedelta, timezone
 
-from model.housekeeping import ClearAttachment, DeleteTemplate, plan
-from model.types import Attachment, DeviceStatus, GPUDevice, Phase
+from model.housekeeping import (ClearAttachment, DeleteTemplate, LinkAttachment, State,
+                                VMIRecord, VMIs, confirmed, judge, plan)
+from model.types import Attachment, BindRequest, DeviceStatus, GPUDevice, Phase, Result
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
 GRACE = timedelta(minutes=2)
 
 
-def dev(name, vmi=None, since_s=0, template_for=None, created_s=0, bound=None):
-    att = Attachment(vmi, NOW - timedelta(seconds=since_s)) if vmi else None
+def dev(name, vmi=None, since_s=0, template_for=None, created_s=0, bound=None,
+        admission=None, uid=None, request=None):
+    att = Attachment(vmi, NOW - timedelta(seconds=since_s), admission, uid) if vmi else None
     status = DeviceStatus(phase=Phase.BOUND if bound else Phase.PENDING, node_name=bound,
-                          attached_to=att)
+                          attached_to=att, bind_request=request)
     return GPUDevice("t1", name, "h100", template_for=template_for, status=status,
                      uid=f"uid-{name}", created_at=NOW - timedelta(seconds=created_s))
 
 
+def live(*recs: tuple[str, str, str | None], deleted=()) -> VMIs:
+    return VMIs({("t1", n): VMIRecord("t1", n, u, a) for n, u, a in recs},
+                frozenset(("t1", a) for a in deleted))
+
+
 def test_H1_attachment_of_vmi_that_never_appeared_is_cleared_after_grace_only():
     young, old = dev("young", "vm-a", since_s=119), dev("old", "vm-b", since_s=121, bound="n1")
-    assert plan([young, old], set(), set(), NOW, GRACE) == [
+    assert plan([young, old], VMIs(), NOW, GRACE) == [
         ClearAttachment(("t1", "old"), "vm-b", "H1", "VMI vm-b has not appeared 121 s after attachment")]
 
 
@@ -27,27 +35,81 @@ def test_H1_template_of_missing_vmi_deleted_and_unattached_old_template_deleted(
     attached = dev("vm-x-0", "vm-x", since_s=300, template_for="vm-x", created_s=300)
     orphan = dev("vm-y-0", template_for="vm-y", created_s=500)
     fresh_orphan = dev("vm-z-0", template_for="vm-z", created_s=10)
-    got = plan([orphan, attached, fresh_orphan], set(), set(), NOW, GRACE)
+    got = plan([orphan, attached, fresh_orphan], set(), NOW, GRACE)
     assert got == [
         DeleteTemplate(("t1", "vm-x-0"), "uid-vm-x-0", "H1",
                        "VMI vm-x has not appeared 300 s after attachment"),
         DeleteTemplate(("t1", "vm-y-0"), "uid-vm-y-0", "H1",
                        "template device with no attachment, 500 s old"),
     ]
+    assert got[0].attached == attached.status.attached_to  # cleared before it is deleted
 
 
-def test_H2_deleted_vmi_releases_held_devices_at_once_and_deletes_templates():
-    held = dev("held", "vm-a", since_s=5, bound="n1")
-    tmpl = dev("vm-a-0", "vm-a", since_s=5, template_for="vm-a", bound="n1")
-    other = dev("other", "vm-b", since_s=5000, bound="n2")
-    got = plan([held, tmpl, other], {("t1", "vm-b")}, {("t1", "vm-a")}, NOW, GRACE)
+def test_H2_deleted_incarnation_by_tombstone_released_at_once_without_two_samples():
+    # the VMI was created and deleted between two rounds: only its tombstone tells
+    held = dev("held", "vm-a", since_s=1, bound="n1", admission="a1")
+    tmpl = dev("vm-a-0", "vm-a", since_s=1, template_for="vm-a", bound="n1", admission="a1")
+    other = dev("other", "vm-b", since_s=5000, bound="n2", admission="b1", uid="u-b")
+    got = plan([held, tmpl, other], live(("vm-b", "u-b", "b1"), deleted=["a1"]), NOW, GRACE)
     assert got == [
         ClearAttachment(("t1", "held"), "vm-a", "H2", "VMI vm-a was deleted"),
         DeleteTemplate(("t1", "vm-a-0"), "uid-vm-a-0", "H2", "VMI vm-a was deleted"),
     ]
 
 
-def test_live_vmi_protects_its_devices_however_old():
-    d = dev("held", "vm-a", since_s=10_000, bound="n1")
+def test_H2_recorded_uid_releases_after_a_leader_change_with_no_tombstone():
+    # no replica saw the delete (all were down); the attachment's uid is enough
+    held = dev("held", "vm-a", since_s=1, bound="n1", admission="a1", uid="u1")
+    assert plan([held], VMIs(), NOW, GRACE) == [
+        ClearAttachment(("t1", "held"), "vm-a", "H2", "VMI vm-a (uid u1) was deleted")]
+
+
+def test_H2_newer_incarnation_of_the_name_does_not_keep_the_older_ones_devices():
+    old = dev("held", "vm-a", since_s=30, bound="n1", admission="a1", uid="u1")
+    v = judge(old, live(("vm-a", "u2", "a2")), NOW, GRACE)
+    assert v.state is State.GONE
+
+
+def test_H2_restart_race_new_admission_of_the_name_is_not_undone():
+    # deleted (tombstone a1) and re-created: the attachment now carries the new admission a2
+    new = dev("held", "vm-a", since_s=0, bound="n1", admission="a2")
+    assert plan([new], live(deleted=["a1"]), NOW, GRACE) == []      # pending: VMI not yet seen
+    assert plan([new], live(("vm-a", "u2", "a2"), deleted=["a1"]), NOW, GRACE) == [
+        LinkAttachment(("t1", "held"), "vm-a", "u2", "a2", new.status.attached_to.since)]
+
+
+def test_live_vmi_protects_its_devices_however_old_and_links_its_uid_once():
+    d = dev("held", "vm-a", since_s=10_000, bound="n1", admission="a1")
     t = dev("vm-a-0", template_for="vm-a", created_s=10_000)
-    assert plan([d, t], {("t1", "vm-a")}, set(), NOW, GRACE) == []
+    assert plan([d, t], live(("vm-a", "u1", "a1")), NOW, GRACE) == [
+        LinkAttachment(("t1", "held"), "vm-a", "u1", "a1", d.status.attached_to.since)]
+    linked = dev("held", "vm-a", since_s=10_000, bound="n1", admission="a1", uid="u1")
+    assert plan([linked, t], live(("vm-a", "u1", "a1")), NOW, GRACE) == []
+
+
+def test_tampered_admission_annotation_keeps_devices_attached_but_unlinked():
+    d = dev("held", "vm-a", since_s=10_000, bound="n1", admission="a1")
+    v = judge(d, live(("vm-a", "u1", "forged")), NOW, GRACE)
+    assert v.state is State.LIVE and v.link is None
+    assert plan([d], live(("vm-a", "u1", "forged")), NOW, GRACE) == []
+
+
+def test_refused_request_of_the_attachments_own_admission_is_gone():
+    br = BindRequest("a1", "vm-a", ("held",), result=Result.REFUSED, message="no room")
+    d = dev("held", "vm-a", since_s=1, admission="a1", request=br)
+    assert judge(d, VMIs(), NOW, GRACE).state is State.GONE
+    other = BindRequest("a0", "vm-a", ("held",), result=Result.REFUSED)
+    assert judge(dev("held", "vm-a", since_s=1, admission="a1", request=other), VMIs(), NOW,
+                 GRACE).state is State.PENDING
+
+
+def test_without_drops_a_vmi_a_live_read_says_is_gone_and_tombstones_it():
+    v = live(("vm-a", "u1", "a1")).without(("t1", "vm-a"))
+    assert v.live == {} and ("t1", "a1") in v.deleted
+
+
+def test_H2_destructive_step_confirmed_only_when_the_live_read_agrees():
+    assert confirmed("vm-a", None, None)                               # gone: go ahead
+    assert not confirmed("vm-a", None, VMIRecord("t1", "vm-a", "u1"))   # exists: cache behind
+    assert not confirmed("vm-a", "u1", VMIRecord("t1", "vm-a", "u1"))
+    assert confirmed("vm-a", "u1", VMIRecord("t1", "vm-a", "u2"))       # a newer incarnation

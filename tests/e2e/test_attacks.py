@@ -1,0 +1,280 @@
+"""Hostile tenants against admission and housekeeping (issue 13), through the real API server
+with the shipped webhook configuration and policies and two controller replicas.
+
+Items 2 (same-name re-create), 3 (restart race), 4 (deleting in-use devices), 6 (H2
+level-based) and 8 (dry run) of the issue; each test names the rule it protects.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+
+import anyio
+import pytest
+import yaml
+from kubernetes_asyncio.client import ApiException
+
+from tests.e2e.conftest import FAST_CONTROLLER_ARGS, unique
+from tests.e2e.helpers import eventually, make_pool
+
+pytestmark = pytest.mark.anyio
+GROUP, VERSION = "gpu.cozystack.io", "v1alpha1"
+VMI_GROUP, VMI_VERSION, VMIS = "kubevirt.io", "v1", "virtualmachineinstances"
+GRACE = 8.0  # --attachment-grace of FAST_CONTROLLER_ARGS
+
+
+def vmi_body(name: str, *, templates: str | None = None, devices: str | None = None,
+             node_selector: dict[str, str] | None = None) -> dict:
+    ann = {}
+    if templates:
+        ann["gpu.cozystack.io/templates"] = templates
+    if devices:
+        ann["gpu.cozystack.io/devices"] = devices
+    spec: dict = {"domain": {"devices": {}}}
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": name, "annotations": ann}, "spec": spec}
+
+
+async def create(fleet, ns: str, vmi: dict) -> tuple[bool, str]:
+    """Create through the API server (webhook in the path): (admitted, message or spec)."""
+    try:
+        made = await fleet.custom.create_namespaced_custom_object(VMI_GROUP, VMI_VERSION, ns,
+                                                                  VMIS, vmi)
+        return True, json.dumps(made["spec"])
+    except ApiException as exc:
+        return False, json.loads(exc.body).get("message", "") if exc.body else str(exc)
+
+
+async def get_vmi(fleet, ns: str, name: str) -> dict | None:
+    try:
+        return await fleet.custom.get_namespaced_custom_object(VMI_GROUP, VMI_VERSION, ns,
+                                                               VMIS, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+async def delete_vmi(fleet, ns: str, name: str) -> None:
+    await fleet.custom.delete_namespaced_custom_object(VMI_GROUP, VMI_VERSION, ns, VMIS, name)
+
+
+async def devices(fleet, ns: str) -> dict[str, dict]:
+    got = await fleet.custom.list_namespaced_custom_object(GROUP, VERSION, ns, "gpudevices")
+    return {d["metadata"]["name"]: d for d in got["items"]}
+
+
+def pinned(vmi: dict) -> str:
+    return vmi["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+
+
+async def assert_vmi_holds_its_set(fleet, ns: str, name: str) -> None:
+    """Invariant 5 for one running VMI: every device its spec names exists, is attached to it
+    (by the admission its annotation names), and is Bound on the node it is pinned to."""
+    vmi = await get_vmi(fleet, ns, name)
+    assert vmi is not None, f"VMI {name} does not exist"
+    node = pinned(vmi)
+    names = [g["name"] for g in vmi["spec"]["domain"]["devices"]["gpus"]]
+    have = await devices(fleet, ns)
+    admission = (vmi["metadata"].get("annotations") or {}).get("gpu.cozystack.io/admission")
+    for n in names:
+        assert n in have, f"device {n} of running VMI {name} is gone"
+        st = have[n].get("status") or {}
+        att = st.get("attachedTo") or {}
+        assert att.get("vmi") == name, f"device {n} of running VMI {name} is attached to {att}"
+        if admission is not None:
+            assert att.get("admission") == admission, (n, att, admission)
+        assert (st.get("phase"), st.get("nodeName")) == ("Bound", node), (n, st)
+
+
+# -- item 2: same-name re-create ----------------------------------------------------------
+
+async def test_W1_create_of_a_live_vmi_name_neither_moves_nor_strips_its_devices(system, fleet):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 2, "b": 2}, devices=1,
+                                                    settle=0.5)
+    first = vmi_body("vm", devices="gpu-0",
+                     node_selector={"kubernetes.io/hostname": nodes["a"]})
+    ok, spec = await create(fleet, tenant, first)
+    assert ok, spec
+    before = (await devices(fleet, tenant))["gpu-0"]["status"]
+    assert before["nodeName"] == nodes["a"]
+    # the same name again, asking the binder to move the device to b ...
+    ok, msg = await create(fleet, tenant, vmi_body(
+        "vm", devices="gpu-0", node_selector={"kubernetes.io/hostname": nodes["b"]}))
+    assert not ok
+    # ... and once more with a selector no node matches (the binder refuses; W5 clean-up)
+    ok2, msg2 = await create(fleet, tenant, vmi_body(
+        "vm", devices="gpu-0", node_selector={"zone": "nowhere"}))
+    assert not ok2
+    print("denials:", msg, "|", msg2)
+    after = (await devices(fleet, tenant))["gpu-0"]["status"]
+    assert after["nodeName"] == nodes["a"], "the running VMI's device was moved"
+    assert after.get("attachedTo", {}).get("vmi") == "vm", "the running VMI's device was stripped"
+    assert after["bindRequest"]["id"] == before["bindRequest"]["id"]
+    assert "already exists" in msg and "already exists" in msg2
+    await assert_vmi_holds_its_set(fleet, tenant, "vm")
+
+
+async def test_W3_concurrent_creates_of_one_new_name_leave_the_winner_its_whole_set(
+        system, fleet):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 8}, devices=3, settle=0.5)
+    for i in range(3):
+        name = f"dup-{i}"
+        body = vmi_body(name, devices=f"gpu-{i}", templates=f"{cls}=1")
+        got: list[tuple[bool, str]] = []
+
+        async def one() -> None:
+            got.append(await create(fleet, tenant, body))
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(one)
+        print(name, [(ok, m[:90]) for ok, m in got])
+        assert sum(ok for ok, _ in got) <= 1
+        vmi = await get_vmi(fleet, tenant, name)
+        if vmi is None:   # every create denied: nothing may stay attached to the name
+            continue
+        await anyio.sleep(2.5)  # the losers' clean-up and two housekeeping rounds are done
+        await assert_vmi_holds_its_set(fleet, tenant, name)
+
+
+# -- item 3: restart race -------------------------------------------------------------------
+
+async def test_H2_restart_race_delete_and_recreate_fifty_times_never_undoes_the_new_admission(
+        system, fleet):
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    rnd = random.Random(seed)
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 4}, devices=1, settle=0.5)
+    body = vmi_body("rr", devices="gpu-0", templates=f"{cls}=1")
+    ok, spec = await create(fleet, tenant, body)
+    assert ok, spec
+    for round_ in range(50):
+        await delete_vmi(fleet, tenant, "rr")
+        await anyio.sleep(rnd.uniform(0.05, 0.3))
+        ok, msg = await create(fleet, tenant, body)
+        assert ok, f"round {round_}: re-create denied: {msg}"
+        await assert_vmi_holds_its_set(fleet, tenant, "rr")
+    await anyio.sleep(3)  # several housekeeping rounds after the last re-create
+    await assert_vmi_holds_its_set(fleet, tenant, "rr")
+    have = await devices(fleet, tenant)
+    assert sorted(have) == ["gpu-0", f"rr-{cls}-0"]
+
+
+# -- item 4: deleting in-use devices ------------------------------------------------------
+
+async def test_B3_tenant_cannot_delete_attached_devices_so_no_second_tenant_lands_on_a_full_node(
+        system, fleet, control_plane, tmp_path):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"full": 2}, devices=1, settle=0.5)
+    ok, spec = await create(fleet, tenant, vmi_body("vm", devices="gpu-0", templates=f"{cls}=1"))
+    assert ok, spec  # both units of the only node are in use by the running VM
+    user = unique("user")
+    await fleet.rbac.create_namespaced_role_binding(tenant, {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "gpu-tenant"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "gpu-binder:tenant"},
+        "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]})
+    kc = control_plane.write_user_kubeconfig(tmp_path / "a.kubeconfig", user,
+                                             ("gpu-binder:tenants",), namespace=tenant)
+    out = control_plane.kubectl("delete", "gpudevices", "--all", "-n", tenant, kubeconfig=kc,
+                                check=False)
+    print(out.stdout, out.stderr)
+    one = control_plane.kubectl("delete", "gpudevice", "gpu-0", "-n", tenant, kubeconfig=kc,
+                                check=False)
+    assert one.returncode != 0 and "is attached to VMI vm" in one.stderr, one.stderr
+    left = await devices(fleet, tenant)
+    assert sorted(left) == ["gpu-0", f"vm-{cls}-0"], "an attached device was deleted"
+    assert all(d["metadata"].get("deletionTimestamp") is None for d in left.values())
+    # a second tenant entitled to the class: the node is full, so its VMI is refused
+    other = unique("t")
+    await fleet.tenant(other)
+    await anyio.sleep(0.5)
+    ok, msg = await create(fleet, other, vmi_body("intruder", templates=f"{cls}=1"))
+    assert not ok, f"second tenant's VMI admitted onto the full node: {msg}"
+    assert "cannot be placed" in msg, msg
+    await assert_vmi_holds_its_set(fleet, tenant, "vm")
+    # once the VM is gone, its devices are released and may be deleted
+    await delete_vmi(fleet, tenant, "vm")
+
+    async def released():
+        return "attachedTo" not in ((await devices(fleet, tenant))["gpu-0"].get("status") or {})
+    await eventually(released, timeout=15, what="H2 release")
+    control_plane.kubectl("delete", "gpudevice", "gpu-0", "-n", tenant, kubeconfig=kc)
+
+
+# -- item 6: H2 level-based ---------------------------------------------------------------
+
+async def _released(fleet, ns: str, held: list[str], templates: list[str]):
+    have = await devices(fleet, ns)
+    if any(t in have for t in templates):
+        return None
+    if any("attachedTo" in (have[h].get("status") or {}) for h in held):
+        return None
+    return have
+
+
+async def test_H2_vmi_deleted_within_a_round_of_its_admission_is_released_at_once(system, fleet):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 4}, devices=1, settle=0.5)
+    ok, spec = await create(fleet, tenant, vmi_body("quick", devices="gpu-0",
+                                                    templates=f"{cls}=1"))
+    assert ok, spec
+    await delete_vmi(fleet, tenant, "quick")   # before any housekeeping round saw it
+    started = time.monotonic()
+    have = await eventually(lambda: _released(fleet, tenant, ["gpu-0"], [f"quick-{cls}-0"]),
+                            timeout=20, what="H2 release")
+    took = time.monotonic() - started
+    print(f"released {took:.1f} s after the delete (grace {GRACE:.0f} s)")
+    assert took < GRACE - 2, "released by H1's grace, not by H2"
+    assert have["gpu-0"]["status"]["phase"] == "Bound"   # a held device keeps its node
+
+
+async def test_H2_vmi_deleted_while_no_replica_runs_is_released_once_one_leads(system, fleet):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 4}, devices=1, settle=0.5)
+    ok, spec = await create(fleet, tenant, vmi_body("failover", devices="gpu-0",
+                                                    templates=f"{cls}=1"))
+    assert ok, spec
+    await anyio.sleep(3)  # housekeeping has seen the VMI running
+    long_grace = tuple(a for a in FAST_CONTROLLER_ARGS if not a.startswith("--attachment-grace")
+                       ) + ("--attachment-grace=120",)
+    normal = system.controller_args
+    try:
+        for i in (0, 1):
+            system.kill_replica(i, signal.SIGKILL)
+        await delete_vmi(fleet, tenant, "failover")   # no replica runs
+        # the replicas come back with H1's grace at 2 minutes: only H2 can release in time
+        system.controller_args = long_grace
+        for i in (0, 1):
+            system.start_replica(i)
+        for i in (0, 1):
+            system.wait_ready(i)
+        started = time.monotonic()
+        await eventually(lambda: _released(fleet, tenant, ["gpu-0"], [f"failover-{cls}-0"]),
+                         timeout=30, what="H2 release after the failover")
+        print(f"released {time.monotonic() - started:.1f} s after both replicas were ready")
+    finally:
+        system.controller_args = normal
+        for i in (0, 1):
+            system.kill_replica(i, signal.SIGTERM)
+            system.start_replica(i)
+        for i in (0, 1):
+            system.wait_ready(i)
+
+
+# -- item 8: dry run ----------------------------------------------------------------------
+
+async def test_W2_denied_dry_run_writes_nothing_not_even_an_event(system, fleet):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 1}, devices=1, settle=0.5)
+    vmi = vmi_body("dry-denied", devices="gpu-0", templates=f"{cls}=1")   # 2 needed, 1 unit
+    out = system.cp.kubectl("create", "--dry-run=server", "-n", tenant, "-f", "-",
+                            input=yaml.safe_dump(vmi), check=False)
+    assert out.returncode != 0 and "cannot be placed" in out.stderr, out.stderr
+    await anyio.sleep(1.0)  # an Event would have been written by now
+    events = system.cp.kubectl("get", "events", "-n", tenant, "-o", "json").stdout
+    assert json.loads(events)["items"] == [], "a dry-run denial wrote an Event"
+    have = await devices(fleet, tenant)
+    assert list(have) == ["gpu-0"] and have["gpu-0"].get("status") is None

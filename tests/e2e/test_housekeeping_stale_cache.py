@@ -1,0 +1,128 @@
+"""Housekeeping never acts on a stale cache (issue 13 item 7, DESIGN.md §5 H2): it pauses
+while an informer it reads is failing, confirms every destructive step with a live read of
+the VMI, and holds across an API server outage.
+
+A `Housekeeper` and its `ClusterCache` run in the test's event loop against the session's
+real API server; this module starts no controller replicas, so nothing else housekeeps. The
+faults are a watch that errors (the VMI informer's list call made to fail) and a cache
+that is behind (a VMI dropped from the informer's cache), and the API server stopped 30 s.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import anyio
+import pytest
+from kubernetes_asyncio.client import ApiException
+
+from k8s.cache import ClusterCache
+from k8s.housekeeping import Housekeeper
+from tests.e2e.helpers import eventually, make_pool
+
+pytestmark = pytest.mark.anyio
+GROUP, VERSION = "gpu.cozystack.io", "v1alpha1"
+LONG_AGO = "2026-01-01T00:00:00Z"   # an attachment far older than the grace
+
+
+async def _attached(fleet, ns: str, name: str = "gpu-0") -> dict | None:
+    return ((await fleet.get_device(ns, name)).get("status") or {}).get("attachedTo")
+
+
+async def _running_vmi(fleet, ns: str, name: str, admission: str) -> dict:
+    """A VMI as the webhook would have admitted it (no webhook is registered here)."""
+    return await fleet.custom.create_namespaced_custom_object(
+        "kubevirt.io", "v1", ns, "virtualmachineinstances", {
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": name,
+                         "annotations": {"gpu.cozystack.io/admission": admission}},
+            "spec": {"domain": {"devices": {}}}})
+
+
+async def _pool_with_attached_device(fleet):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 2}, devices=1)
+    await fleet.set_status(tenant, "gpu-0", {
+        "phase": "Bound", "nodeName": nodes["a"], "boundAt": LONG_AGO,
+        "attachedTo": {"vmi": "v", "since": LONG_AGO, "admission": "a1"}},
+        "gpu-binder-webhook")
+    return tenant
+
+
+def _keeper(admin_client, cache) -> Housekeeper:
+    return Housekeeper(admin_client, cache, grace=timedelta(seconds=5), raw_policy="allowed",
+                       period=0.3, timeout=5.0)
+
+
+async def test_H2_housekeeping_pauses_while_the_vmi_watch_errors_and_confirms_with_a_live_read(
+        control_plane, admin_client, fleet):
+    tenant = await _pool_with_attached_device(fleet)
+    cache = ClusterCache(admin_client, watch_timeout=1)
+    keeper = _keeper(admin_client, cache)
+    async with anyio.create_task_group() as tg:
+        await tg.start(cache.run)
+        working = cache.vmis._list_fn
+
+        async def failing(*args, **kwargs):
+            raise ApiException(status=500, reason="injected: VMI list/watch fails")
+        cache.vmis._list_fn = failing      # from its next (re)watch on, every call errors
+        await anyio.sleep(2.5)
+        await _running_vmi(fleet, tenant, "v", "a1")   # exists; the VMI cache cannot see it
+        tg.start_soon(keeper.run)
+        await anyio.sleep(3)  # ~10 rounds; the attachment is far past the grace
+        assert await _attached(fleet, tenant) is not None, \
+            "housekeeping cleared the attachment of a running VMI its failing informer missed"
+        assert keeper.paused_rounds > 0 and not cache.vmis.healthy
+        # the watch recovers: the VMI is seen (its uid recorded) ...
+        cache.vmis._list_fn = working
+
+        async def linked():
+            return ((await _attached(fleet, tenant)) or {}).get("uid")
+        uid = await eventually(linked, timeout=15, what="uid recorded once the VMI is seen")
+        # ... then the cache falls behind: it loses the VMI that still exists
+        key = (tenant, "v")
+        cache.vmis._cache.pop(key)
+        cache.vmis._tell(key, None)
+        cache.vmis._notify(key)
+        await anyio.sleep(2)
+        att = await _attached(fleet, tenant)
+        assert att is not None and att["uid"] == uid, \
+            "housekeeping acted on a cache that was behind, without a live read"
+        # a real delete is released at once (H2)
+        await fleet.custom.delete_namespaced_custom_object(
+            "kubevirt.io", "v1", tenant, "virtualmachineinstances", "v")
+
+        async def released():
+            return await _attached(fleet, tenant) is None
+        await eventually(released, timeout=15, what="H2 release after the delete")
+        tg.cancel_scope.cancel()
+
+
+async def test_H2_api_server_stopped_30s_releases_nothing_and_h2_resumes_after(
+        control_plane, admin_client, fleet):
+    tenant = await _pool_with_attached_device(fleet)
+    await _running_vmi(fleet, tenant, "v", "a1")
+    cache = ClusterCache(admin_client, watch_timeout=5)
+    keeper = _keeper(admin_client, cache)
+    async with anyio.create_task_group() as tg:
+        await tg.start(cache.run)
+        tg.start_soon(keeper.run)
+        await anyio.sleep(1.5)
+        control_plane.stop_apiserver()
+        try:
+            await anyio.sleep(30)
+        finally:
+            await anyio.to_thread.run_sync(control_plane.start_apiserver)
+
+        async def synced():
+            return cache.healthy()
+        await eventually(synced, timeout=60, what="informers relisted after the outage")
+        await anyio.sleep(1.5)
+        assert await _attached(fleet, tenant) is not None, \
+            "housekeeping released a running VMI's device across the outage"
+        await fleet.custom.delete_namespaced_custom_object(
+            "kubevirt.io", "v1", tenant, "virtualmachineinstances", "v")
+
+        async def released():
+            return await _attached(fleet, tenant) is None
+        await eventually(released, timeout=15, what="H2 release after the outage")
+        tg.cancel_scope.cancel()
