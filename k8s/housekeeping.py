@@ -149,7 +149,8 @@ class Housekeeper:
                 return
             if isinstance(action, DeleteTemplate):
                 att = action.attached
-                vmi = att.vmi if att else None
+                dev = self.cache.view.device(action.device)
+                vmi = att.vmi if att else (dev.template_for if dev else None)
                 uid = att.uid if att else None
             else:
                 att = Attachment(action.vmi, action.since, action.admission, action.uid) \
