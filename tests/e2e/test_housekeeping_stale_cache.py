@@ -110,8 +110,8 @@ async def test_H2_api_server_stopped_30s_releases_nothing_and_h2_resumes_after(
         control_plane.stop_apiserver()
         try:
             await anyio.sleep(30)
-        finally:
-            await anyio.to_thread.run_sync(control_plane.start_apiserver)
+        finally:  # in this thread: its children die with the thread that forked them
+            control_plane.start_apiserver()   # (PR_SET_PDEATHSIG), so not in a worker thread
 
         async def synced():
             return cache.healthy()
