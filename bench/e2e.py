@@ -291,8 +291,10 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
                 ceiling = await _raw_patch_rate(fleet, "bench-raw", probes, 600 if not quick else 300, 20)
                 report["raw_status_patch_per_s"] = round(ceiling, 1)
                 # the probes' attachments name VMIs that never appear: housekeeping (H1)
-                # would clear them during the levels and count as their writes
+                # would clear them during the levels and count as their writes. The shipped
+                # policy refuses deleting an attached device: clear the attachment first
                 for p in probes:
+                    await fleet.set_status("bench-raw", p, {"attachedTo": None})
                     await fleet.custom.delete_namespaced_custom_object(
                         "gpu.cozystack.io", "v1alpha1", "bench-raw", "gpudevices", p)
                 await anyio.sleep(1.0)
