@@ -251,7 +251,9 @@ class HeldSet:
     the devices attached to one VMI (`vmi`, `running` when it exists), or, for held devices
     attached to no live VMI, one tenant's idle held devices on that node (`vmi` None).
     `held` are held device names; `templates` (class, count) the template devices the VMI's
-    next admission creates anew (its old ones are deleted with it, H2)."""
+    next admission creates anew (its old ones are deleted with it, H2). `node_selector`
+    is the VMI's own, as its last bind request recorded it (B3; the re-created VMI carries
+    it again)."""
 
     namespace: str
     vmi: str | None
@@ -259,6 +261,7 @@ class HeldSet:
     held: tuple[str, ...]
     templates: tuple[tuple[str, int], ...] = ()
     running: bool = False
+    node_selector: Labels = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,7 +318,12 @@ def held_sets(snapshot: Snapshot, nodes: Iterable[str], live_vmis: set[tuple[str
             if d.template_for is not None:
                 templates[d.class_name] = templates.get(d.class_name, 0) + 1
         held = tuple(sorted(d.name for d in devs if d.template_for is None))
-        out.append(HeldSet(ns, vmi, min(on), held, tuple(sorted(templates.items())), True))
+        selector = next((d.status.bind_request.node_selector
+                         for d in sorted(devs, key=lambda d: d.name)
+                         if d.status.bind_request is not None
+                         and d.status.bind_request.vmi == vmi), ())
+        out.append(HeldSet(ns, vmi, min(on), held, tuple(sorted(templates.items())), True,
+                           selector))
     for (ns, node), names in idle.items():
         out.append(HeldSet(ns, None, node, tuple(sorted(names))))
     out.sort(key=lambda s: (s.namespace, s.vmi is None, s.vmi or "", s.node))
@@ -346,7 +354,7 @@ def what_if(snapshot: Snapshot, mode: str, nodes: Sequence[str], *,
             snap = snap.without_devices([d.key for d in snap.devices_in(hs.namespace).values()
                                          if d.template_for == hs.vmi])
         ask = VMIAsk(hs.held, hs.templates)
-        snap, request = set_request(snap, hs.namespace, vmi, ask)
+        snap, request = set_request(snap, hs.namespace, vmi, ask, hs.node_selector)
         decision = decide(snap, request, limit=1)
         if decision.result is Result.SUCCEEDED:
             placement = decision.placements[0]

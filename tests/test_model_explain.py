@@ -375,3 +375,18 @@ def test_B1_explain_smallest_change_made_makes_the_set_fit_there(snap, n, live):
     d = decide(whole, request, limit=None)
     assert d.result is Result.SUCCEEDED
     assert s.node in {p.node for p in d.placements}
+
+
+def test_B3_what_if_keeps_the_vmis_own_node_selector():
+    from model.types import BindRequest
+    a = attached(dev("a", on="n1"), "vm")
+    a = GPUDevice(a.namespace, a.name, a.class_name, None, DeviceStatus(
+        a.status.phase, a.status.node_name, a.status.bound_at, a.status.attached_to,
+        BindRequest("r1", "vm", ("a",), NOW, (("zone", "a"),), Result.SUCCEEDED, "ok", "n1")))
+    snap = Snapshot.build(nodes=[node("n1", h=1, zone="a"), node("n2", h=1, zone="b"),
+                                 node("n3", h=1, zone="a")],
+                          classes=[gpu_class()], devices=[a])
+    [hs] = held_sets(snap, ["n1"], {(NS, "vm")})
+    assert hs.node_selector == (("zone", "a"),)
+    w = what_if(snap, "cordon", ["n1"], live_vmis={(NS, "vm")}, now=NOW)
+    assert [(o.action, o.node) for o in w.outcomes] == [("move", "n3")]  # not n2: zone b
