@@ -290,14 +290,15 @@ def run(args) -> int:
 async def _run(args) -> int:
     if args.timeout <= 0:
         raise ToolError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
-    cluster = await read_cluster(args.kubeconfig, settings_namespace=args.settings_namespace,
-                                 timeout=args.timeout)
-    now = datetime.now(timezone.utc)
-    if args.command == "explain":
+    if args.command == "explain":  # bad input is refused before the cluster is read
         if args.attachment_grace <= 0:
             raise ToolError(f"--attachment-grace must be > 0 seconds, got {args.attachment_grace:g}")
         if (args.vmi is None) == (args.filename is None):
             raise ToolError("give either NAMESPACE/NAME or -f FILE")
+    cluster = await read_cluster(args.kubeconfig, settings_namespace=args.settings_namespace,
+                                 timeout=args.timeout)
+    now = datetime.now(timezone.utc)
+    if args.command == "explain":
         vmi = load_vmi(args.vmi, args.filename, args.namespace, cluster)
         e = explain_vmi(cluster, vmi, grace=args.attachment_grace, now=now)
         print(json.dumps(to_jsonable(e), indent=2) if args.json else render_explain(e))

@@ -81,3 +81,12 @@ def test_tools_errors_name_the_flag(capsys, tmp_path):
         f"gpu-binder top: --kubeconfig: no such file '{tmp_path / 'none'}'\n")
     assert kubectl_main(["what-if", "cordon", "n1", "--timeout", "0"]) == 2
     assert capsys.readouterr().err == "kubectl gpu what-if: --timeout must be > 0 seconds, got 0\n"
+
+
+def test_explain_bad_input_is_refused_before_reading_the_cluster(capsys, tmp_path):
+    # the kubeconfig does not exist: the flag error comes first
+    assert main(["explain", "--kubeconfig", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err == "gpu-binder explain: give either NAMESPACE/NAME or -f FILE\n"
+    assert main(["explain", "ns/vm", "--attachment-grace", "-1"]) == 2
+    assert capsys.readouterr().err == ("gpu-binder explain: --attachment-grace must be > 0 "
+                                       "seconds, got -1\n")
