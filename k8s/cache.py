@@ -93,11 +93,13 @@ class ClusterCache:
         self.quotas.add_listener(self._on_quota)
         self._vmi_records: dict[Key, VMIRecord] = {}
         self._tombstones: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._vmi_state: VMIs | None = None   # built on demand, dropped on every VMI event
         self.vmis.add_listener(self._on_vmi)
 
     def _on_vmi(self, key: Key, obj: dict | None) -> None:
         # the uid and admission annotation of every live VMI; an incarnation that goes
         # (a DELETED event, or missing from a relist) leaves a tombstone of its admission id
+        self._vmi_state = None
         old = self._vmi_records.pop(key, None)
         if obj is not None:
             meta = obj.get("metadata") or {}
@@ -118,8 +120,11 @@ class ClusterCache:
 
     def vmi_state(self) -> VMIs:
         """H2/W1: the live VMIs (uid, admission annotation) and the admission ids of VMI
-        incarnations this replica saw deleted in the last `TOMBSTONE_TTL` seconds."""
-        return VMIs(dict(self._vmi_records), frozenset(self._tombstones))
+        incarnations this replica saw deleted in the last `TOMBSTONE_TTL` seconds (an
+        immutable value, rebuilt only after a VMI event: admissions share it)."""
+        if self._vmi_state is None:
+            self._vmi_state = VMIs(dict(self._vmi_records), frozenset(self._tombstones))
+        return self._vmi_state
 
     def healthy(self, *informers: Informer) -> bool:
         """True when every informer given (default: all) follows the API server."""

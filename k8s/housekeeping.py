@@ -55,6 +55,7 @@ class Housekeeper:
         self.timeout = timeout
         self.actions_done = 0
         self.paused_rounds = 0
+        self._paused = False
 
     async def run(self) -> None:
         """Loop until cancelled."""
@@ -82,10 +83,15 @@ class Housekeeper:
         now = now or datetime.now(timezone.utc)
         if not self.cache.healthy(self.cache.devices, self.cache.vmis):
             self.paused_rounds += 1
-            log.warning("housekeeping paused: an informer is not following the API server",
-                        rule="H2", devices=self.cache.devices.healthy,
-                        vmis=self.cache.vmis.healthy)
+            if not self._paused:
+                log.warning("housekeeping paused: an informer is not following the API "
+                            "server", rule="H2", devices=self.cache.devices.healthy,
+                            vmis=self.cache.vmis.healthy)
+            self._paused = True
         else:
+            if self._paused:
+                log.info("housekeeping resumed: informers follow the API server", rule="H2")
+            self._paused = False
             for action in plan(self.cache.view.devices().values(), self.cache.vmi_state(),
                                now, self.grace):
                 await self._do(action)

@@ -215,6 +215,40 @@ async def test_B3_tenant_cannot_delete_attached_devices_so_no_second_tenant_land
     control_plane.kubectl("delete", "gpudevice", "gpu-0", "-n", tenant, kubeconfig=kc)
 
 
+async def test_B3_a_bound_device_kept_terminating_by_a_tenant_finalizer_still_uses_its_unit(
+        system, fleet):
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"one": 1}, devices=1, settle=0.5)
+    ok, spec = await create(fleet, tenant, vmi_body("warm", devices="gpu-0"))
+    assert ok, spec
+    await delete_vmi(fleet, tenant, "warm")
+
+    async def released():
+        st = (await devices(fleet, tenant))["gpu-0"].get("status") or {}
+        return "attachedTo" not in st and st
+    st = await eventually(released, timeout=15, what="H2 release")
+    assert st["phase"] == "Bound"            # idle, but still holding the node's one unit
+    # the tenant's own finalizer keeps the deleted device around, Bound
+    await fleet.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, tenant, "gpudevices", "gpu-0",
+        {"metadata": {"finalizers": ["example.com/keep"]}},
+        _content_type="application/merge-patch+json")
+    await fleet.custom.delete_namespaced_custom_object(GROUP, VERSION, tenant, "gpudevices",
+                                                       "gpu-0")
+    try:
+        await anyio.sleep(0.5)
+        ok, msg = await create(fleet, tenant, vmi_body("reuse", devices="gpu-0"))
+        assert not ok and "gpu-0 is being deleted" in msg, msg
+        other = unique("t")
+        await fleet.tenant(other)
+        await anyio.sleep(0.5)
+        ok, msg = await create(fleet, other, vmi_body("intruder", templates=f"{cls}=1"))
+        assert not ok and "cannot be placed" in msg, msg   # the unit still counts as used
+    finally:
+        await fleet.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, tenant, "gpudevices", "gpu-0", {"metadata": {"finalizers": None}},
+            _content_type="application/merge-patch+json")
+
+
 # -- item 6: H2 level-based ---------------------------------------------------------------
 
 async def _released(fleet, ns: str, held: list[str], templates: list[str]):
