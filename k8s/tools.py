@@ -36,11 +36,13 @@ class ToolError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Cluster:
-    """The cluster as read once: the snapshot, live VMIs (namespace, name) and raw VMIs."""
+    """The cluster as read once: the snapshot, live VMIs (namespace, name), raw VMIs, and
+    what the webhook knows of VMIs (`ClusterCache.vmi_state`: uids, admission ids)."""
 
     snapshot: Snapshot
     live_vmis: set[tuple[str, str]]
     vmis: dict[tuple[str, str], dict]
+    vmi_state: Any = None
 
 
 def default_kubeconfig() -> str:
@@ -79,7 +81,7 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
         except Exception as exc:  # noqa: BLE001 - transport errors: name the server
             raise ToolError(f"cannot reach the API server of {kubeconfig}: {exc!r}"[:500]) from None
         vmis = {k: v for k, v in ((k, cache.vmis.get(k)) for k in cache.vmi_keys()) if v}
-        return Cluster(cache.view.snapshot(), set(vmis), vmis)
+        return Cluster(cache.view.snapshot(), set(vmis), vmis, cache.vmi_state())
     finally:
         await api.close()
 
@@ -129,7 +131,9 @@ def explain_vmi(cluster: Cluster, vmi: dict, *, grace: float, now: datetime) -> 
     if ask is None:
         raise ToolError(f"VMI {ns}/{name} asks for no GPU device (no gpu.cozystack.io/devices "
                         "or gpu.cozystack.io/templates annotation): gpu-binder admits it as is")
-    return explain(cluster.snapshot, ns, name, ask, live_vmis=cluster.live_vmis, now=now,
+    return explain(cluster.snapshot, ns, name, ask,
+                   live_vmis=cluster.vmi_state if cluster.vmi_state is not None
+                   else cluster.live_vmis, now=now,
                    grace=timedelta(seconds=grace), node_selector=node_selector_of(vmi))
 
 

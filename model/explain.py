@@ -20,8 +20,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Iterable, Sequence
 
-from model.admission import Refusal, check, template_name
+from model.admission import Refusal, already_admitted, check, same_name_conflict, template_name
 from model.decide import Move, Request, apply_decision, assess, decide
+from model.housekeeping import VMIs
 from model.parse import VMIAsk
 from model.snapshot import Snapshot
 from model.types import GPUDevice, Labels, Result
@@ -126,13 +127,25 @@ def set_request(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
     return snap, Request(EXPLAIN_REQUEST_ID, namespace, vmi, tuple(names), node_selector)
 
 
+def _keys(live_vmis: VMIs | set[tuple[str, str]]) -> set[tuple[str, str]]:
+    return set(live_vmis.live) if isinstance(live_vmis, VMIs) else set(live_vmis)
+
+
 def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
-            live_vmis: set[tuple[str, str]], now: datetime, grace: timedelta,
+            live_vmis: VMIs | set[tuple[str, str]], now: datetime, grace: timedelta,
             node_selector: Labels = ()) -> Explanation:
     """Explain the admission of VMI `namespace/vmi` asking for `ask` with its own
-    `spec.nodeSelector` (W1 with `live_vmis`, `now`, `grace` as the webhook uses them; then
-    the binder's B1–B6 on the request the webhook would write). Pure; never raises."""
-    w1 = check(snapshot, namespace, vmi, ask, live_vmis, now, grace)
+    `spec.nodeSelector`, as a CREATE of it now would go: W1 (`check`, then
+    `same_name_conflict` unless W4 finds the set already admitted) with the VMI itself not
+    live, as the webhook sees it (so an existing VMI is explained as if re-created: its own
+    attachments do not stand in its way), `now` and `grace`; then the binder's B1–B6 on the
+    request the webhook would write. Pure; never raises."""
+    vmis = live_vmis if isinstance(live_vmis, VMIs) else VMIs.of_keys(live_vmis)
+    vmis = vmis.without((namespace, vmi))
+    live_keys = set(vmis.live)
+    w1 = check(snapshot, namespace, vmi, ask, vmis, now, grace)
+    if not isinstance(w1, Refusal) and already_admitted(snapshot, w1) is None:
+        w1 = same_name_conflict(snapshot, w1, vmis, now, grace) or w1
     snap, request = set_request(snapshot, namespace, vmi, ask, node_selector)
     a = assess(snap, request)
     d = a.decision
@@ -153,7 +166,7 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
                      for n, r in sorted(a.nodes.items()))
     shortfalls: tuple[Shortfall, ...] = ()
     if not any(v.fits for v in verdicts):
-        shortfalls = _shortfalls(snap, request, verdicts, live_vmis)
+        shortfalls = _shortfalls(snap, request, verdicts, live_keys)
     return Explanation(namespace, vmi, request.devices, admitted, message,
                        d.node if admitted else None, d.rule if admitted else None, moves,
                        tuple(set_problems), verdicts, shortfalls,
@@ -295,11 +308,13 @@ class WhatIf:
     evicted: tuple[tuple[str, str], ...]
 
 
-def held_sets(snapshot: Snapshot, nodes: Iterable[str], live_vmis: set[tuple[str, str]]) -> list[HeldSet]:
+def held_sets(snapshot: Snapshot, nodes: Iterable[str],
+              live_vmis: VMIs | set[tuple[str, str]]) -> list[HeldSet]:
     """The held sets (see `HeldSet`) with a device Bound on one of `nodes`, sorted by
     namespace, then VMI (attached sets) before idle sets by node. Template devices attached
     to no live VMI are left out: housekeeping deletes them (H1/H2)."""
     wanted = set(nodes)
+    live_vmis = _keys(live_vmis)
     by_vmi: dict[tuple[str, str], list[GPUDevice]] = {}
     idle: dict[tuple[str, str], list[str]] = {}
     for d in snapshot.devices.values():
@@ -331,7 +346,7 @@ def held_sets(snapshot: Snapshot, nodes: Iterable[str], live_vmis: set[tuple[str
 
 
 def what_if(snapshot: Snapshot, mode: str, nodes: Sequence[str], *,
-            live_vmis: set[tuple[str, str]], now: datetime) -> WhatIf:
+            live_vmis: VMIs | set[tuple[str, str]], now: datetime) -> WhatIf:
     """Cordon (`mode` "cordon") or drain ("drain": cordon, and every running VMI on the
     nodes stopped) `nodes`, then judge each held set on them with `decide` (B1–B6) as its
     next admission would, in `held_sets` order, each decision applied before the next (so
@@ -454,8 +469,10 @@ def largest_placeable(snapshot: Snapshot, class_name: str) -> dict[str, int]:
     return out
 
 
-def top(snapshot: Snapshot, live_vmis: set[tuple[str, str]]) -> Top:
-    """Figures per class and node, and per tenant budget (see `Top`). Pure."""
+def top(snapshot: Snapshot, live_vmis: VMIs | set[tuple[str, str]]) -> Top:
+    """Figures per class and node, and per tenant budget (see `Top`); a device is attached
+    when the VMI it is attached to exists (in `live_vmis`). Pure."""
+    live_vmis = _keys(live_vmis)
     counts: dict[tuple[str, str], list[int]] = {}  # (class, node) -> [bound, attached]
     holders: set[tuple[str, str]] = set()  # (namespace, resource) holding a device
     classes_by_name = snapshot.classes
