@@ -161,10 +161,25 @@ class ClusterCache:
     async def read_once(self) -> None:
         """List every informer once, concurrently, without watching: the view then holds the
         cluster as it was (for `gpu-binder explain`/`what-if`/`top`). Read-only. Raises the
-        first `k8s.errors.ApiError` (e.g. Forbidden) or transport error."""
+        first `k8s.errors.ApiError` (e.g. Forbidden) or transport error; a kind the server
+        does not know (404: its CRD is not installed, e.g. no KubeVirt) is read as empty."""
+        from k8s.errors import NotFound
+
+        failed: list[Exception] = []
+
+        async def one(informer: Informer) -> None:
+            try:
+                await informer.list_once()
+            except NotFound:
+                pass
+            except Exception as exc:  # noqa: BLE001 - raised below, the first one as it is
+                failed.append(exc)
+
         async with anyio.create_task_group() as tg:
             for informer in self.informers:
-                tg.start_soon(informer.list_once)
+                tg.start_soon(one, informer)
+        if failed:
+            raise failed[0]
 
     def vmi_keys(self) -> set[Key]:
         """(namespace, name) of every VMI that exists now."""

@@ -157,6 +157,11 @@ async def test_W1_explain_says_budget_and_admission_is_denied_with_that_message(
     assert not ok
     assert msg.endswith(e.message), (msg, e.message)
     assert "budget of tenant" in msg
+    # the tenant's own kubeconfig may not list the cluster: a clear error, nothing else
+    out = run_tool(control_plane, "top", "--kubeconfig", str(pool.kubeconfig))
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("gpu-binder top: cannot read the cluster: list ")
+    assert " 403 " in out.stderr, out.stderr
 
 
 async def test_B1_explain_refused_for_room_names_each_node_and_the_change(
