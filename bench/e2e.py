@@ -248,7 +248,9 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
     levels = list(levels or ([1, 10, 20] if quick else [1, 5, 10, 20, 50]))
     per_level = 20 if quick else 60
     plan = [(1, c) for c in levels] if 1 in gpus else []
-    plan += [(g, TARGETS["concurrency"]) for g in gpus if g != 1]
+    # larger sets first, on the emptiest fleet: kube-scheduler spreads Pods (our binder packs),
+    # so small Pods placed first would leave no node with room for a large one
+    plan += [(g, TARGETS["concurrency"]) for g in sorted(gpus, reverse=True) if g != 1]
     need = sum(g * per_level for g, _ in plan)  # VMIs never stop: every level keeps its GPUs
     nodes = max(20 if quick else 50, math.ceil(need * 1.25 / 8))
     random.seed(seed)
@@ -318,7 +320,7 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
                           f"({ceiling:.0f} patches/s), refused {lvl['refused']}", flush=True)
                 if vs_scheduler:
                     report["scheduler"] = []
-                    for g in gpus:
+                    for g in sorted(gpus, reverse=True):
                         c = TARGETS["concurrency"]
                         (w0, _) = await _writes(api, "pods")
                         lvl = await _scheduler_level(api, "bench-pods", c, per_level, f"g{g}c{c}", g)
