@@ -2,7 +2,9 @@
 webhook and housekeeping read, fed into an `actors.view.IndexedView` of model values.
 
 `ClusterCache.view` is the `ClusterView` + `ChangeFeed` the supervisor and actors use.
-Objects that fail to parse are left out and logged (on each event or relist that brings
+Every informer keeps only what the code reads (per-kind ingest transforms below: no
+managedFields, no foreign annotations; tenants' own labels dropped). Objects that fail to
+parse are left out and logged (on each event or relist that brings
 them) as one JSON line naming the object and the field, so one malformed GPUDevice never
 blocks the rest.
 """
@@ -20,7 +22,7 @@ from anyio.abc import TaskStatus
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from actors.view import IndexedView
-from k8s.informer import Informer, Key
+from k8s.informer import Informer, Key, keep_all, slim
 from model.housekeeping import VMIRecord, VMIs
 from model.parse import (ParseError, parse_budgets, parse_gpu_class, parse_gpu_device,
                          parse_namespace, parse_node)
@@ -33,6 +35,33 @@ TOMBSTONE_TTL = 600.0
 """Seconds a deleted VMI incarnation's admission id is remembered (H2 without a recorded
 uid; past this, H1's attachmentGrace has long covered it)."""
 TOMBSTONE_MAX = 100_000
+
+
+def slim_tenant_object(obj: dict) -> dict:
+    """Ingest transform of tenant-owned kinds (GPUDevices): only our labels and annotations
+    are kept (a tenant can fill the others up to the API server's object size)."""
+    return slim(obj, foreign_labels=False)
+
+
+def slim_vmi(obj: dict) -> dict:
+    """Ingest transform of VMIs: as `slim_tenant_object`, and without `spec.volumes` (where
+    cloud-init user data lives); the rest of spec and status are kept."""
+    slim(obj, foreign_labels=False)
+    spec = obj.get("spec")
+    if isinstance(spec, dict):
+        spec.pop("volumes", None)
+    return obj
+
+
+def slim_node(obj: dict) -> dict:
+    """Ingest transform of Nodes: `slim`, and without `status.images` (every image on the
+    node) and the volume lists."""
+    slim(obj)
+    status = obj.get("status")
+    if isinstance(status, dict):
+        for key in ("images", "volumesInUse", "volumesAttached"):
+            status.pop(key, None)
+    return obj
 
 
 def _feed(kind: str, parse: Callable[[dict], Any], put: Callable[[Any], None],
@@ -67,17 +96,18 @@ class ClusterCache:
         p = functools.partial
         inf = functools.partial(Informer, watch_timeout=watch_timeout)
         self.devices = inf("gpudevices", p(custom.list_cluster_custom_object, GROUP, VERSION,
-                                           "gpudevices"))
+                                           "gpudevices"), transform=slim_tenant_object)
         self.classes = inf("gpuclasses", p(custom.list_cluster_custom_object, GROUP, VERSION,
                                            "gpuclasses"))
         self.vmis = inf("virtualmachineinstances", p(custom.list_cluster_custom_object,
-                                                     "kubevirt.io", "v1", "virtualmachineinstances"))
-        self.nodes = inf("nodes", core.list_node)
+                                                     "kubevirt.io", "v1", "virtualmachineinstances"),
+                        transform=slim_vmi)
+        self.nodes = inf("nodes", core.list_node, transform=slim_node)
         self.namespaces = inf("namespaces", core.list_namespace)
         self.quotas = inf("resourcequotas", core.list_resource_quota_for_all_namespaces)
         self.settings = inf("settings-configmap", p(
             core.list_namespaced_config_map, settings_namespace,
-            field_selector=f"metadata.name={SETTINGS_NAME}"))
+            field_selector=f"metadata.name={SETTINGS_NAME}"), transform=keep_all)
         self.settings_namespace = settings_namespace
         self.view = IndexedView()
         v = self.view

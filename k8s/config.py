@@ -42,8 +42,17 @@ FIELD_HELP: dict[str, str] = {
     "webhook_port": "TCP port of the admission webhook (HTTPS); 0: no webhook",
     "webhook_host": "address the webhook listens on",
     "webhook_cert": "PEM certificate file of the webhook's TLS server; required with "
-                    "--webhook-port",
-    "webhook_key": "PEM private-key file of --webhook-cert",
+                    "--webhook-port; reloaded when the file changes (no restart)",
+    "webhook_key": "PEM private-key file of --webhook-cert; reloaded with it",
+    "webhook_client_ca": "PEM CA bundle: the webhook accepts only TLS clients presenting a "
+                         "certificate it signed (the client certificate kube-apiserver "
+                         "presents, from its --admission-control-config-file); required with "
+                         "--webhook-port unless --webhook-insecure-skip-client-auth; reloaded "
+                         "when the file changes",
+    "webhook_insecure_skip_client_auth": "true: accept AdmissionReviews from any TLS client "
+                                         "(anyone who reaches the port can forge reviews "
+                                         "that write devices and Events); single-tenant "
+                                         "test clusters only",
     "metrics_port": "TCP port of /metrics, /healthz and /readyz (HTTP); 0: none",
     "metrics_host": "address the metrics server listens on",
     "log_dir": "directory for one <node>.jsonl decision log per node, besides stdout",
@@ -89,6 +98,8 @@ class Config:
     webhook_host: str = "0.0.0.0"
     webhook_cert: str | None = None
     webhook_key: str | None = None
+    webhook_client_ca: str | None = None     # CA of the API server's client cert (required)
+    webhook_insecure_skip_client_auth: bool = False  # explicit opt-out of the above
     metrics_port: int = 8080                 # /healthz, /readyz, /metrics; 0: none
     metrics_host: str = "0.0.0.0"
     log_dir: str | None = None               # one <node>.jsonl per node when set
@@ -122,13 +133,25 @@ class Config:
                                  f"got {getattr(self, name)}")
         if self.kubeconfig and not Path(self.kubeconfig).is_file():
             raise ValueError(f"--kubeconfig: no such file {self.kubeconfig!r}")
-        for name in ("webhook_cert", "webhook_key"):
+        for name in ("webhook_cert", "webhook_key", "webhook_client_ca"):
             value = getattr(self, name)
             if self.webhook_port and value and not Path(value).is_file():
                 raise ValueError(f"{f(name)}: no such file {value!r}")
         if self.webhook_port and not (self.webhook_cert and self.webhook_key):
             raise ValueError("--webhook-cert and --webhook-key are required when --webhook-port "
                              "is set (use --webhook-port=0 to run without the webhook)")
+        if self.webhook_port and self.webhook_client_ca and \
+                self.webhook_insecure_skip_client_auth:
+            raise ValueError("--webhook-client-ca and --webhook-insecure-skip-client-auth=true "
+                             "contradict each other: set one")
+        if self.webhook_port and not (self.webhook_client_ca or
+                                      self.webhook_insecure_skip_client_auth):
+            raise ValueError(
+                "--webhook-client-ca is required when --webhook-port is set: the CA that signed "
+                "the client certificate kube-apiserver presents to webhooks (its "
+                "--admission-control-config-file); without it anyone who reaches the port "
+                "can forge AdmissionReviews. --webhook-insecure-skip-client-auth=true accepts "
+                "unauthenticated reviews (single-tenant test clusters only)")
         return self
 
     def merged(self, values: dict[str, Any], source: str) -> "Config":

@@ -31,7 +31,7 @@ from k8s.housekeeping import Housekeeper
 from k8s.leader import LeaderElector, LeaseConfig
 from k8s.metrics import Metrics
 from k8s.status_writer import ApiStatusWriter
-from k8s.webhook import deny, make_app, serve, server_ssl_context
+from k8s.webhook import ReloadingTLS, deny, make_app, serve
 from supervisor.binder import Binder, BinderConfig
 from supervisor.tree import SupervisorEscalation
 
@@ -56,6 +56,7 @@ class Controller:
         self.cfg = cfg
         self.synced = False
         self.binder: Binder | None = None
+        self.cache: ClusterCache | None = None
         self.elector: LeaderElector | None = None
 
     def _health_app(self, metrics: Metrics) -> web.Application:
@@ -113,6 +114,7 @@ class Controller:
     async def _run(self, api: ApiClient) -> int:
         cfg = self.cfg
         cache = ClusterCache(api, settings_namespace=cfg.settings_namespace)
+        self.cache = cache
         grace = timedelta(seconds=cfg.attachment_grace)
         admission = VMIAdmission(api, cache, bind_timeout=cfg.bind_timeout, grace=grace)
         self.elector = LeaderElector(CoordinationV1Api(api), cfg.identity, LeaseConfig(
@@ -157,16 +159,23 @@ class Controller:
                 await tg.start(serve, self._health_app(metrics), cfg.metrics_host,
                                cfg.metrics_port, None)
             if cfg.webhook_port:
+                if cfg.webhook_insecure_skip_client_auth:
+                    log.warning("webhook client authentication is OFF: anyone who reaches "
+                                "the webhook port can forge AdmissionReviews",
+                                webhook_port=cfg.webhook_port)
                 try:
-                    ctx = server_ssl_context(Path(cfg.webhook_cert), Path(cfg.webhook_key))
+                    tls = ReloadingTLS(Path(cfg.webhook_cert), Path(cfg.webhook_key),
+                                       Path(cfg.webhook_client_ca) if cfg.webhook_client_ca
+                                       else None)
                 except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
                     log.error("cannot load the webhook certificate", cert=cfg.webhook_cert,
-                              key=cfg.webhook_key, error=f"{type(exc).__name__}: {exc}")
+                              key=cfg.webhook_key, client_ca=cfg.webhook_client_ca,
+                              error=f"{type(exc).__name__}: {exc}")
                     tg.cancel_scope.cancel()
                     return 2
                 await tg.start(functools.partial(
                     serve, make_app(admit, timeout=cfg.bind_timeout + 3), cfg.webhook_host,
-                    cfg.webhook_port, ctx, reuse_port=True))
+                    cfg.webhook_port, tls.context, reuse_port=True))
             await tg.start(cache.run)
             settle_heap()  # the synced cache is long-lived (see actors/heap.py)
             self.synced = True

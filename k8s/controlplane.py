@@ -3,7 +3,9 @@
 `ControlPlane` builds nothing itself: `find_binaries()` runs `tools/build-controlplane.sh`
 (pinned Go modules, cached outside the checkout) when the binaries are missing. It picks free
 loopback ports, makes throwaway CAs with `k8s.pki`, starts etcd then kube-apiserver with RBAC
-on, waits for readiness within a deadline and writes kubeconfigs. Every process it starts is
+on and an AdmissionConfiguration that makes it present a client certificate (of a CA of its
+own) to the webhook port it reserves (`webhook_port`), waits for readiness within a
+deadline and writes kubeconfigs. Every process it starts is
 in its own process group with a parent-death signal, and is stopped by `stop()`, by the
 context manager, at interpreter exit, and when the launching process dies.
 """
@@ -34,6 +36,7 @@ from k8s.pki import CertificateAuthority, rsa_service_account_keys
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "tools" / "build-controlplane.sh"
 ADMIN_USER = "gpu-binder-admin"
+WEBHOOK_CLIENT_USER = "kube-apiserver-webhook-client"
 
 
 class ControlPlaneError(RuntimeError):
@@ -157,6 +160,11 @@ class ControlPlane:
         self.api_port = 0
         self.ca = CertificateAuthority("gpu-binder-local-ca")
         self._admin = self.ca.issue_client(ADMIN_USER, ("system:masters",))
+        # the API server's identity towards admission webhooks (W6: a webhook trusts only
+        # this CA, never the cluster CA that also signs tenants' client certificates)
+        self.webhook_client_ca = CertificateAuthority("gpu-binder-webhook-client-ca")
+        self._webhook_client = self.webhook_client_ca.issue_client(WEBHOOK_CLIENT_USER)
+        self.webhook_port = free_port()
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -168,6 +176,19 @@ class ControlPlane:
     def admin_kubeconfig(self) -> Path:
         """Path of the admin (system:masters) kubeconfig."""
         return self.dir / "admin.kubeconfig"
+
+    @property
+    def webhook_client_ca_file(self) -> Path:
+        """PEM of the CA that signed the API server's webhook client certificate: what a
+        webhook served on `webhook_port` passes as `--webhook-client-ca`."""
+        return self.dir / "pki" / "webhook-client-ca.crt"
+
+    @property
+    def webhook_client_files(self) -> tuple[Path, Path]:
+        """(certificate, key) the API server presents to webhooks at 127.0.0.1/localhost on
+        `webhook_port` (tests use them to stand in for the API server)."""
+        d = self.dir / "pki"
+        return d / "webhook-client.crt", d / "webhook-client.key"
 
     @property
     def pids(self) -> list[int]:
@@ -333,6 +354,7 @@ class ControlPlane:
         else:
             for n in ("apiserver.crt", "apiserver.key"):
                 (d / n).write_bytes(files[n])
+        admission = self._admission_config(d)
         self._spawn("kube-apiserver", [
             str(self.binaries.kube_apiserver),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
@@ -344,6 +366,7 @@ class ControlPlane:
             "--service-cluster-ip-range=10.0.0.0/24",
             "--authorization-mode=RBAC",
             "--disable-admission-plugins=ServiceAccount",
+            f"--admission-control-config-file={admission}",
             f"--service-account-issuer=https://127.0.0.1:{self.api_port}",
             f"--service-account-key-file={d / 'sa.pub'}",
             f"--service-account-signing-key-file={d / 'sa.key'}",
@@ -363,6 +386,37 @@ class ControlPlane:
                 return r.status == 200
 
         self._wait("kube-apiserver", ready)
+
+    def _admission_config(self, d: Path) -> Path:
+        """Write the AdmissionConfiguration that makes the API server present its webhook
+        client certificate to webhooks at 127.0.0.1/localhost:`webhook_port` (the
+        WebhookAdmission kubeconfig is matched by the webhook URL's host:port); every other
+        webhook gets no client certificate. Returns the configuration file's path."""
+        import base64
+
+        cert, key = self.webhook_client_files
+        cert.write_bytes(self._webhook_client.cert_pem)
+        key.write_bytes(self._webhook_client.key_pem)
+        key.chmod(0o600)
+        self.webhook_client_ca_file.write_bytes(self.webhook_client_ca.cert_pem)
+        b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+        user = {"client-certificate-data": b64(self._webhook_client.cert_pem),
+                "client-key-data": b64(self._webhook_client.key_pem)}
+        kubeconfig_file = d / "webhook-admission.kubeconfig"
+        kubeconfig_file.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "users": [{"name": f"{host}:{self.webhook_port}", "user": user}
+                      for host in ("127.0.0.1", "localhost")]}))
+        kubeconfig_file.chmod(0o600)
+        plugin = {"apiVersion": "apiserver.config.k8s.io/v1",
+                  "kind": "WebhookAdmissionConfiguration",
+                  "kubeConfigFile": str(kubeconfig_file)}
+        config_file = d / "admission.yaml"
+        config_file.write_text(yaml.safe_dump({
+            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+            "plugins": [{"name": name, "configuration": plugin}
+                        for name in ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook")]}))
+        return config_file
 
     def _write_kubeconfig(self, path: Path, pair, user: str, namespace: str | None = None) -> None:
         cfg = kubeconfig(self.server, self.ca.cert_pem, pair.cert_pem, pair.key_pem, user, namespace)

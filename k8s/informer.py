@@ -2,9 +2,12 @@
 
 An `Informer` lists, then watches from the list's resourceVersion with bookmarks and both
 timeouts set; a watch that times out resumes from the last resourceVersion seen, and a
-410 Gone (or any watch error) leads to a fresh list. Consumers read the cache (`get`,
-`items`) and learn *which keys changed* through coalescing `Subscription`s: level-based,
-so a slow consumer never makes the informer buffer events without bound.
+410 Gone (or any watch error) leads to a fresh list. Lists are paginated (`limit` +
+`continue`), and every object passes a `transform` at ingest that keeps only what the code
+reads (bounded memory: no managedFields, no foreign annotations; see `slim`). Consumers read
+the cache (`get`, `items`) and learn *which keys changed* through coalescing
+`Subscription`s: level-based, so a slow consumer never makes the informer buffer events
+without bound.
 """
 
 from __future__ import annotations
@@ -25,6 +28,40 @@ log = structlog.get_logger("gpu_binder.informer")
 
 Key = tuple[str, str]
 """(namespace, name); namespace is "" for cluster-scoped objects."""
+
+
+OUR_PREFIX = "gpu.cozystack.io/"
+PAGE_SIZE = 250
+"""Objects per list page: bounds the raw bytes held at once during a (re)list."""
+
+
+def _ours(mapping: Any) -> dict:
+    if not isinstance(mapping, dict):
+        return {}
+    return {k: v for k, v in mapping.items() if isinstance(k, str) and k.startswith(OUR_PREFIX)}
+
+
+def slim(obj: dict, *, foreign_labels: bool = True) -> dict:
+    """The default ingest transform: `obj` without `metadata.managedFields` and with only
+    our annotations (prefix `gpu.cozystack.io/`); with `foreign_labels=False` also only our
+    labels (for tenant-owned kinds whose labels no rule reads). Mutates and returns `obj`."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+        if "annotations" in meta:
+            meta["annotations"] = _ours(meta["annotations"])
+        if not foreign_labels and "labels" in meta:
+            meta["labels"] = _ours(meta["labels"])
+    return obj
+
+
+def keep_all(obj: dict) -> dict:
+    """An ingest transform that only drops `metadata.managedFields` (small objects whose
+    every field is read, e.g. the settings ConfigMap that housekeeping replaces)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
 
 
 def key_of(obj: dict) -> Key:
@@ -71,13 +108,17 @@ class Informer:
     version and plural). Run it with `await task_group.start(informer.run)`: start returns
     after the first list (the cache has synced). Errors other than cancellation are logged
     and retried with capped exponential backoff (at least the server's Retry-After, capped
-    too); `run` only returns when cancelled.
+    too); `run` only returns when cancelled. `transform(obj) -> obj` is applied to every
+    listed or watched object before it is cached or shown to listeners (default `slim`).
     """
 
     def __init__(self, name: str, list_fn: Callable[..., Awaitable[Any]], *,
-                 watch_timeout: int = 240, backoff_max: float = 10.0) -> None:
+                 watch_timeout: int = 240, backoff_max: float = 10.0,
+                 transform: Callable[[dict], dict] = slim, page_size: int = PAGE_SIZE) -> None:
         self.name = name
         self._list_fn = list_fn
+        self._transform = transform
+        self._page_size = page_size
         self._watch_timeout = watch_timeout
         self._backoff_max = backoff_max
         self._cache: dict[Key, dict] = {}
@@ -86,6 +127,7 @@ class Informer:
         self.resource_version: str | None = None
         self.relists = 0
         self.events = 0
+        self.pages = 0
         self.errors = 0
         self._healthy = False
 
@@ -137,10 +179,25 @@ class Informer:
 
     # -- running ---------------------------------------------------------------------
     async def _list(self) -> str:
-        resp = await self._list_fn(_preload_content=False, _request_timeout=60)
-        body = await read_json(resp, f"list {self.name}")
-        items = body.get("items") or []
-        fresh = {key_of(o): o for o in items}
+        fresh: dict[Key, dict] = {}
+        token: str | None = None
+        pages = 0
+        while True:  # one consistent snapshot, page by page (410: the token expired; relist)
+            extra = {"_continue": token} if token else {}
+            resp = await self._list_fn(_preload_content=False, _request_timeout=60,
+                                       limit=self._page_size, **extra)
+            body = await read_json(resp, f"list {self.name}")
+            for o in body.get("items") or []:
+                o = self._transform(o)
+                fresh[key_of(o)] = o
+            pages += 1
+            meta = body.get("metadata") or {}
+            rv = meta.get("resourceVersion") or ""  # the snapshot's, the same on every page
+            token = meta.get("continue") or None
+            del resp, body  # the page's raw items are garbage now; only slim objects stay
+            if token is None:
+                break
+        self.pages = pages
         gone = set(self._cache) - set(fresh)
         self._cache = fresh
         self.relists += 1
@@ -150,7 +207,7 @@ class Informer:
         for k, o in fresh.items():
             self._tell(k, o)
         self._notify(None)
-        return (body.get("metadata") or {}).get("resourceVersion") or ""
+        return rv
 
     def _apply(self, kind: str, obj: dict) -> None:
         k = key_of(obj)
@@ -184,7 +241,7 @@ class Informer:
             async for event in stream:
                 kind = event["type"]
                 if kind != "BOOKMARK":
-                    self._apply(kind, event["raw_object"])
+                    self._apply(kind, self._transform(event["raw_object"]))
                 rv = w.resource_version or rv
                 self.resource_version = rv
         return rv

@@ -3,7 +3,8 @@ as subprocesses with the webhook registered by URL + caBundle.
 
 Used by `gpu-binder cluster up --controllers N`, the e2e tests, `make demo` and the e2e
 benchmark, so they all run the same code path. Replicas share one webhook port
-(SO_REUSEPORT), as pods behind a Service would.
+(SO_REUSEPORT), as pods behind a Service would. Replicas run with the shipped
+ServiceAccount's token (TokenRequest), not as admin, so the shipped RBAC is what they get.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import yaml
 from k8s.controlplane import REPO_ROOT, ControlPlane, ControlPlaneError, _die_with_parent, free_port
 
 MANIFESTS = REPO_ROOT / "k8s" / "manifests"
+SA_NAMESPACE, SA_NAME = "cozy-system", "gpu-binder"   # controller/rbac.yaml
 CRDS = ("gpuclasses.gpu.cozystack.io", "gpudevices.gpu.cozystack.io",
         "virtualmachineinstances.kubevirt.io")
 
@@ -46,13 +48,16 @@ class LocalCluster:
     replica is ready; `stop()` stops replicas (SIGTERM, then SIGKILL after 10 s) and the
     control plane. Raises ControlPlaneError with the replica's log tail on failure.
 
-    `install=False` leaves the manifests and the webhook registration to the caller (e.g. a
-    Helm release pointing its webhook at `webhook_url`); `kubeconfig` is the replicas' API
-    access (default: the admin kubeconfig)."""
+    Replicas authenticate with a TokenRequest token of ServiceAccount cozy-system/gpu-binder
+    (the shipped RBAC, never more), unless `kubeconfig` names another API access, or
+    `service_account` is False (admin). `install=False` leaves the manifests and the webhook
+    registration to the caller (e.g. a Helm release pointing its webhook at `webhook_url`;
+    it then passes `kubeconfig` for the release's ServiceAccount)."""
 
     def __init__(self, *, controllers: int = 2, controller_args: tuple[str, ...] = (),
                  log_dir: Path | None = None, control_plane: ControlPlane | None = None,
-                 install: bool = True, kubeconfig: Path | None = None) -> None:
+                 install: bool = True, kubeconfig: Path | None = None,
+                 service_account: bool = True) -> None:
         self.own_cp = control_plane is None
         self.install_manifests = install
         self.kubeconfig = kubeconfig
@@ -62,6 +67,7 @@ class LocalCluster:
         self.log_dir = Path(log_dir) if log_dir else None
         self.replicas: list[Replica] = []
         self.webhook_port = 0
+        self.service_account = service_account
 
     def __enter__(self) -> "LocalCluster":
         self.start()
@@ -77,6 +83,10 @@ class LocalCluster:
                 self.cp.start()
             if self.install_manifests:
                 self.install()
+            if self.kubeconfig is None and self.service_account:
+                self.kubeconfig = self.cp.write_service_account_kubeconfig(
+                    self.cp.dir / f"{SA_NAME}-sa.kubeconfig", SA_NAMESPACE, SA_NAME,
+                    duration=48 * 3600)
             self._webhook_certs()
             for i in range(self.n):
                 self.replicas.append(self._new_replica(i))
@@ -118,7 +128,8 @@ class LocalCluster:
         (d / "tls.key").write_bytes(pair.key_pem)
         (d / "tls.key").chmod(0o600)
         self.webhook_dir = d
-        self.webhook_port = free_port()
+        # the API server presents its webhook client certificate to this port only
+        self.webhook_port = self.cp.webhook_port
 
     def register_webhook(self) -> None:
         """The shipped MutatingWebhookConfiguration, pointed at the loopback replicas."""
@@ -148,7 +159,8 @@ class LocalCluster:
                 f"--metrics-port={r.metrics_port}", "--metrics-host=127.0.0.1",
                 f"--webhook-port={self.webhook_port}", "--webhook-host=127.0.0.1",
                 f"--webhook-cert={self.webhook_dir / 'tls.crt'}",
-                f"--webhook-key={self.webhook_dir / 'tls.key'}", *self.controller_args]
+                f"--webhook-key={self.webhook_dir / 'tls.key'}",
+                f"--webhook-client-ca={self.cp.webhook_client_ca_file}", *self.controller_args]
         if self.log_dir:
             args.append(f"--log-dir={self.log_dir / r.identity}")
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")

@@ -70,6 +70,12 @@ class _TreeCollector:
             for fam in (restarts, reservations, inflight, depth, actors):
                 fam.add_metric([], 0.0)
         yield from (restarts, reservations, inflight, depth, actors)
+        cached = GaugeMetricFamily("gpu_binder_cache_objects", "objects held by each informer",
+                                   labels=["informer"])
+        cache = getattr(self.controller, "cache", None)
+        for informer in (cache.informers if cache is not None else ()):
+            cached.add_metric([informer.name], float(len(informer.keys())))
+        yield cached
 
 
 class _FleetCollector:

@@ -10,7 +10,9 @@ The handler is `async (request: dict) -> dict` returning an AdmissionResponse bu
 from __future__ import annotations
 
 import base64
+import contextlib
 import ssl
+import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -105,12 +107,88 @@ def make_app(handler: Handler, *, timeout: float = 25.0, path: str = "/mutate-vm
     return app
 
 
-def server_ssl_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
-    """A TLS server context for the webhook (TLS 1.2+)."""
+def server_ssl_context(cert_file: Path, key_file: Path,
+                       client_ca_file: Path | None = None) -> ssl.SSLContext:
+    """A TLS server context for the webhook (TLS 1.2+). With `client_ca_file`, a client
+    must present a certificate signed by that CA or the handshake fails (W6: only the API
+    server may call the webhook). Raises OSError (ssl.SSLError) for unreadable or bad PEM."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(str(cert_file), str(key_file))
+    if client_ca_file is not None:
+        ctx.load_verify_locations(cafile=str(client_ca_file))
+        ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
+
+
+class ReloadingTLS:
+    """The webhook's server TLS context, following its files (cert-manager rotation).
+
+    `context` is what the server listens with. At each TLS handshake (at most once per
+    `check_every` seconds) the files' (inode, size, mtime) are compared with those last
+    loaded; when they changed, a new context is built from them and every later handshake
+    uses it (the SNI callback switches the connection's context, which OpenSSL calls with
+    or without a server name). A half-written rotation (unreadable, or key and certificate
+    not matching) is logged and the previous certificate is kept until the files load.
+    The constructor raises OSError (ssl.SSLError) when the files cannot be loaded."""
+
+    def __init__(self, cert_file: Path, key_file: Path, client_ca_file: Path | None = None,
+                 *, check_every: float = 1.0) -> None:
+        self._files = (Path(cert_file), Path(key_file), client_ca_file and Path(client_ca_file))
+        self._check_every = check_every
+        self._signature = self._stat()
+        self._current = server_ssl_context(*self._files)
+        self._checked = time.monotonic()
+        self._failed: tuple | None = None
+        self.reloads = 0
+        self.context = server_ssl_context(*self._files)
+        self.context.sni_callback = self._on_hello
+
+    def _stat(self) -> tuple:
+        out = []
+        for f in self._files:
+            if f is None:
+                continue
+            try:
+                st = f.stat()
+                out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def maybe_reload(self) -> bool:
+        """Reload when the files changed since the last load; True when it did."""
+        now = time.monotonic()
+        if now - self._checked < self._check_every:
+            return False
+        self._checked = now
+        signature = self._stat()
+        if signature == self._signature or signature == self._failed:
+            return False
+        try:
+            fresh = server_ssl_context(*self._files)
+        except (OSError, ValueError) as exc:
+            self._failed = signature
+            log.warning("webhook certificate files changed but do not load; keeping the "
+                        "previous certificate", cert=str(self._files[0]),
+                        error=f"{type(exc).__name__}: {exc}")
+            return False
+        self._current, self._signature, self._failed = fresh, signature, None
+        self.reloads += 1
+        log.info("webhook certificate reloaded", cert=str(self._files[0]),
+                 reloads=self.reloads)
+        return True
+
+    def _on_hello(self, conn: ssl.SSLObject, server_name: str | None,
+                  _ctx: ssl.SSLContext) -> None:
+        try:
+            self.maybe_reload()
+        except Exception:  # noqa: BLE001 - never fail a handshake over a reload check
+            with contextlib.suppress(Exception):  # not even over a broken log stream
+                log.exception("webhook certificate reload check failed")
+        finally:
+            conn.context = self._current
+        return None
 
 
 async def serve(app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None,

@@ -43,3 +43,21 @@ def test_unknown_setting_in_file_is_named(tmp_path):
 def test_bad_environment_value_names_the_variable():
     with pytest.raises(ValueError, match="environment: GPU_BINDER_BIND_TIMEOUT: not a float"):
         load(None, env={"GPU_BINDER_BIND_TIMEOUT": "soon", "GPU_BINDER_WEBHOOK_PORT": "0"})
+
+
+def test_W6_webhook_without_client_ca_is_refused_unless_explicitly_insecure(tmp_path):
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_text("x")
+    key.write_text("x")
+    base = {"webhook_port": "9443", "webhook_cert": str(cert), "webhook_key": str(key)}
+    with pytest.raises(ValueError, match="--webhook-client-ca is required when --webhook-port"):
+        load(None, env={}, flags=base)
+    cfg = load(None, env={"GPU_BINDER_WEBHOOK_INSECURE_SKIP_CLIENT_AUTH": "true"}, flags=base)
+    assert (cfg.webhook_client_ca, cfg.webhook_insecure_skip_client_auth) == (None, True)
+    cfg = load(None, env={}, flags={**base, "webhook_client_ca": str(cert)})
+    assert cfg.webhook_client_ca == str(cert)
+    with pytest.raises(ValueError, match="contradict"):
+        load(None, env={}, flags={**base, "webhook_client_ca": str(cert),
+                                  "webhook_insecure_skip_client_auth": "true"})
+    with pytest.raises(ValueError, match="--webhook-client-ca: no such file"):
+        load(None, env={}, flags={**base, "webhook_client_ca": str(tmp_path / "nope")})

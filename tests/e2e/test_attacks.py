@@ -2,15 +2,24 @@
 with the shipped webhook configuration and policies and two controller replicas.
 
 Items 2 (same-name re-create), 3 (restart race), 4 (deleting in-use devices), 6 (H2
-level-based) and 8 (dry run) of the issue; each test names the rule it protects.
+level-based) and 8 (dry run) of the issue; then 1 (forged AdmissionReviews: W6 caller
+authentication), 11 (failure isolation: matchConditions, serving certificate rotation), 10
+(least privilege: the replicas on the shipped ServiceAccount) and 9 (bounded memory); each
+test names the rule it protects. Item 5 (raw GPU bypasses) is in test_manifests.py, beside
+the policy tests (no controller there to overwrite the settings ConfigMap).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
 import signal
+import socket
+import ssl
 import time
+import uuid
 
 import anyio
 import pytest
@@ -19,6 +28,8 @@ from kubernetes_asyncio.client import ApiException
 
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, unique
 from tests.e2e.helpers import eventually, make_pool
+from tests.e2e.test_webhook import _client_ssl, _review, annotated, fixture
+from tests.e2e.test_webhook import create as webhook_create, devices as device_items
 
 pytestmark = pytest.mark.anyio
 GROUP, VERSION = "gpu.cozystack.io", "v1alpha1"
@@ -320,3 +331,271 @@ async def test_W2_denied_dry_run_writes_nothing_not_even_an_event(system, fleet)
     assert json.loads(events)["items"] == [], "a dry-run denial wrote an Event"
     have = await devices(fleet, tenant)
     assert list(have) == ["gpu-0"] and have["gpu-0"].get("status") is None
+
+
+# -- W6: only the API server may call the webhook ----------------------------------------
+
+async def _events(fleet, ns: str) -> list[dict]:
+    return (await fleet.core.list_namespaced_event(ns)).items
+
+
+def _caller_ssl(system, caller: str, tmp_path) -> ssl.SSLContext:
+    """A TLS client that trusts the webhook's serving CA and presents `caller`'s identity:
+    none, a client certificate of a CA of its own, or a tenant's real cluster client
+    certificate (signed by the cluster CA the API server trusts for users)."""
+    from k8s.pki import CertificateAuthority
+
+    ctx = ssl.create_default_context()
+    ctx.load_verify_locations(cadata=system.cp.ca.cert_pem.decode())
+    pair = None
+    if caller == "other-ca":
+        pair = CertificateAuthority("attacker-ca").issue_client("kube-apiserver-webhook-client")
+    elif caller == "tenant-cert":
+        pair = system.cp.ca.issue_client("user-attacker", ("gpu-binder:tenants",))
+    if pair is not None:
+        cert, key = tmp_path / "caller.crt", tmp_path / "caller.key"
+        cert.write_bytes(pair.cert_pem)
+        key.write_bytes(pair.key_pem)
+        ctx.load_cert_chain(str(cert), str(key))
+    return ctx
+
+
+@pytest.mark.parametrize("caller", ["no-cert", "other-ca", "tenant-cert"])
+async def test_W6_forged_review_for_another_tenant_writes_nothing(system, fleet, caller,
+                                                                  tmp_path):
+    """An attacker who reaches the webhook port POSTs a review for the victim's namespace:
+    templates that would eat its budget, its held device with a nodeSelector that would move
+    it. Without the API server's client certificate the TLS handshake fails: no template,
+    no attachment, no bind request, no Event. The API server's own call still admits."""
+    import aiohttp
+
+    res, cls, nodes, victim, held = await make_pool(fleet, {"a": 4, "b": 4}, budget=4,
+                                                    devices=1, prefix="held", settle=0.5)
+    vmi = annotated(fixture("vmi-fedora.yaml"), "forged", templates=f"{cls}=2",
+                    devices=held[0])
+    vmi["spec"]["nodeSelector"] = {"kubernetes.io/hostname": nodes["b"]}
+    url = f"https://127.0.0.1:{system.webhook_port}/mutate-vmi"
+    answers = []
+    for dry_run in (True, False):   # a dry run would reveal devices and budgets
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
+                async with http.post(url, json=_review(f"forged-{uuid.uuid4().hex[:6]}", vmi,
+                                                       victim, dryRun=dry_run),
+                                     ssl=_caller_ssl(system, caller, tmp_path)) as resp:
+                    answers.append((resp.status, (await resp.json()).get("response")))
+        except (aiohttp.ClientError, ssl.SSLError, OSError) as exc:
+            answers.append(("refused", type(exc).__name__))
+    after = await device_items(fleet, victim)
+    assert [d["metadata"]["name"] for d in after] == held, after
+    assert (after[0].get("status") or {}).get("attachedTo") is None, after[0]["status"]
+    assert (after[0].get("status") or {}).get("bindRequest") is None, after[0]["status"]
+    assert await _events(fleet, victim) == []
+    assert [a[0] for a in answers] == ["refused", "refused"], answers
+    # the API server itself still gets through
+    ok, msg = await webhook_create(fleet, victim, annotated(fixture("vmi-fedora.yaml"), "real",
+                                                    templates=f"{cls}=1"))
+    assert ok, msg
+
+
+async def test_W6_review_from_the_api_servers_client_certificate_is_answered(system, fleet):
+    """The certificate the API server presents (its AdmissionConfiguration's kubeconfig) is
+    the one the webhook trusts: a review signed in with it gets an answer."""
+    import aiohttp
+
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, settle=0.5)
+    vmi = annotated(fixture("vmi-fedora.yaml"), "dry", templates=f"{cls}=1")
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"https://127.0.0.1:{system.webhook_port}/mutate-vmi",
+                             json=_review("uid-api", vmi, tenant, dryRun=True),
+                             ssl=_client_ssl(system)) as resp:
+            body = await resp.json()
+    assert body["response"]["uid"] == "uid-api" and body["response"]["allowed"] is True
+    assert await device_items(fleet, tenant) == []      # a dry run writes nothing (W2)
+
+
+# -- failure isolation -------------------------------------------------------------------
+
+async def test_outage_blocks_only_vmis_with_gpu_annotations(system, fleet):
+    """With every replica stopped, a VMI that asks for no GPU is created (matchConditions:
+    it is never sent to the webhook); one with gpu annotations is refused (failurePolicy
+    Fail)."""
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, settle=0.5)
+    for i in range(len(system.replicas)):
+        system.kill_replica(i, signal.SIGKILL)
+    plain = fixture("vmi-fedora.yaml")
+    plain["apiVersion"] = "kubevirt.io/v1"
+    ok, msg = await webhook_create(fleet, tenant, plain)
+    assert ok, msg
+    ok, msg = await webhook_create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "wants-gpu",
+                                                    templates=f"{cls}=1"))
+    assert not ok and "failed calling webhook" in msg, msg
+    assert await device_items(fleet, tenant) == []
+
+
+def _served_certificate(system) -> bytes:
+    """DER of the certificate one new TLS connection to the webhook port is served."""
+    ctx = _client_ssl(system)
+    with socket.create_connection(("127.0.0.1", system.webhook_port), timeout=5) as sock:
+        with ctx.wrap_socket(sock, server_hostname="127.0.0.1") as tls:
+            return tls.getpeercert(binary_form=True)
+
+
+async def test_serving_certificate_rotation_is_served_without_restart(system, fleet):
+    """cert-manager rotates the Secret's files (written aside, then renamed into place):
+    every replica serves the new certificate on new connections, with no restart, and the
+    API server (same CA in caBundle) keeps admitting."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    pids = [r.proc.pid for r in system.replicas]
+    before = await anyio.to_thread.run_sync(_served_certificate, system)
+    fresh = system.cp.ca.issue_server(["127.0.0.1", "localhost"])
+    d = system.webhook_dir
+    for name, data in (("tls.key", fresh.key_pem), ("tls.crt", fresh.cert_pem)):
+        (d / f".{name}.new").write_bytes(data)
+        os.replace(d / f".{name}.new", d / name)
+    want = x509.load_pem_x509_certificate(fresh.cert_pem).public_bytes(Encoding.DER)
+    assert want != before
+
+    async def all_new() -> bool:
+        seen = [await anyio.to_thread.run_sync(_served_certificate, system) for _ in range(8)]
+        return all(s == want for s in seen)
+    await eventually(all_new, timeout=15, what="the rotated certificate served")
+    assert [r.proc.pid for r in system.replicas] == pids and all(r.alive for r in system.replicas)
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, settle=0.5)
+    ok, msg = await webhook_create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "after-rotation",
+                                                    templates=f"{cls}=1"))
+    assert ok, msg
+    print(f"served certificate sha256 {hashlib.sha256(before).hexdigest()[:16]} -> "
+          f"{hashlib.sha256(want).hexdigest()[:16]}")
+
+
+# -- least privilege ---------------------------------------------------------------------
+
+SA_USER = "system:serviceaccount:cozy-system:gpu-binder"
+
+
+def _can(system, *args: str) -> bool:
+    out = system.cp.kubectl("auth", "can-i", *args, kubeconfig=system.kubeconfig, check=False)
+    return out.stdout.strip() == "yes"
+
+
+async def test_least_privilege_replicas_run_a_full_cycle_on_the_shipped_service_account(
+        system, fleet):
+    """Every replica authenticates as the shipped ServiceAccount (TokenRequest), not as
+    admin: admission (templates, attachments, bind requests, an Event), binding, H2 clean-up
+    and H3 settings all work on controller/rbac.yaml alone, no call is forbidden, and the
+    account cannot do what it need not."""
+    who = system.cp.kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}",
+                            kubeconfig=system.kubeconfig).stdout.strip()
+    assert who == SA_USER
+    for i in range(len(system.replicas)):
+        assert f"--kubeconfig={system.kubeconfig}" in system.replicas[i].proc.args
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, settle=0.5)
+    ok, msg = await webhook_create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "fits",
+                                                    templates=f"{cls}=1"))
+    assert ok, msg
+    ok, msg = await webhook_create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "too-big",
+                                                    templates=f"{cls}=2"))
+    assert not ok
+    events = await _events(fleet, tenant)
+    assert [e.reason for e in events] == ["GPUSetRefused"]
+
+    async def settings_name_the_class() -> bool:
+        cm = await fleet.core.read_namespaced_config_map("gpu-settings", "cozy-system")
+        return res in (cm.data or {}).get("resourceNames", "").split(",")
+    await eventually(settings_name_the_class, timeout=20, what="H3 settings with the class")
+    await fleet.custom.delete_namespaced_custom_object("kubevirt.io", "v1", tenant,
+                                                       "virtualmachineinstances", "fits")
+
+    async def released() -> bool:
+        return await device_items(fleet, tenant) == []
+    await eventually(released, timeout=40, what="H2: the deleted VMI's template removed")
+    for i in range(len(system.replicas)):
+        log = system.replicas[i].log_path.read_text(errors="replace")
+        assert '"status":403' not in log and "forbidden" not in log.lower(), \
+            system.log_tail(i)
+    assert not _can(system, "get", "secrets", "-A")
+    assert not _can(system, "update", "leases/someone-else", "-n", "cozy-system")
+    assert not _can(system, "update", "configmaps/other", "-n", "cozy-system")
+    assert not _can(system, "create", "gpuclasses")                    # the admin's
+    assert not _can(system, "create", "virtualmachineinstances", "-n", tenant)
+    assert not _can(system, "delete", "namespaces")
+    assert _can(system, "update", "leases/gpu-binder", "-n", "cozy-system")
+
+
+# -- bounded memory ----------------------------------------------------------------------
+
+def _rss_mib(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+async def test_bounded_memory_2000_devices_with_100_kib_annotations(tmp_path):
+    """A tenant fills 2,000 GPUDevices with 100 KiB annotations (200 MiB through every
+    replica's informer, then a relist page by page): each replica keeps only what it reads
+    and stays far inside the Deployment's 512 Mi limit. On a control plane of its own, so
+    the 200 MiB leave with it instead of slowing every later test's lists."""
+    from kubernetes_asyncio.client import CustomObjectsApi
+    from kubernetes_asyncio.config import new_client_from_config
+
+    from k8s.fleet import Fleet
+    from k8s.localcluster import LocalCluster
+
+    lc = LocalCluster(controllers=2, controller_args=FAST_CONTROLLER_ARGS,
+                      log_dir=tmp_path / "logs")
+    client = None
+    try:
+        lc.start()
+        client = await new_client_from_config(config_file=str(lc.cp.admin_kubeconfig))
+        fleet = Fleet(client)
+        cls, tenant = unique("cls"), unique("t")
+        await fleet.gpu_class(cls, f"{unique('gpu')}.example.com/gpu")
+        await fleet.tenant(tenant)
+        await anyio.sleep(1)
+        before = [_rss_mib(r.proc.pid) for r in lc.replicas]
+        custom = CustomObjectsApi(client)
+        filler = "x" * (100 * 1024)
+        limit = anyio.CapacityLimiter(12)
+
+        async def one(i: int) -> None:
+            async with limit:
+                await custom.create_namespaced_custom_object(
+                    "gpu.cozystack.io", "v1alpha1", tenant, "gpudevices", {
+                        "apiVersion": "gpu.cozystack.io/v1alpha1", "kind": "GPUDevice",
+                        "metadata": {"name": f"fat-{i}",
+                                     "annotations": {"tenant/filler": filler},
+                                     "labels": {f"l{j}": "v" * 63 for j in range(20)}},
+                        "spec": {"class": cls}})
+        async with anyio.create_task_group() as tg:
+            for i in range(2000):
+                tg.start_soon(one, i)
+
+        async def cached_everywhere() -> bool:   # every replica's informer saw them all
+            text = [lc.metrics(i) for i in range(len(lc.replicas))]
+            return all(_gauge(t, 'gpu_binder_cache_objects{informer="gpudevices"}') >= 2000
+                       for t in text)
+        await eventually(cached_everywhere, timeout=120, interval=1,
+                         what="2,000 devices in every replica's cache")
+        # a relist too: restart one replica, which lists the 2,000 page by page
+        lc.kill_replica(0, signal.SIGTERM)
+        lc.start_replica(0)
+        lc.wait_ready(0, timeout=120)
+        after = [_rss_mib(r.proc.pid) for r in lc.replicas]
+        print(f"replica RSS MiB before {[round(b) for b in before]} after "
+              f"{[round(a) for a in after]} (replica 0 after a fresh relist)")
+        assert max(after) < 200, (before, after)
+        assert after[1] - before[1] < 100, (before, after)
+    finally:
+        if client is not None:
+            await client.close()
+        lc.stop()
+
+
+def _gauge(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {name} not exported")

@@ -216,7 +216,12 @@ def test_template_in_another_namespace_names_it_everywhere(cluster, helm):
         config = controller_config(objs)
         assert (config["settings_namespace"], config["lease_namespace"]) == (ns, ns)
         hook = got[("MutatingWebhookConfiguration", "gpu-binder")]["webhooks"][0]
-        assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system", ns]
+        system = ["kube-system", "kube-public", "kube-node-lease", ns]
+        assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == system
+        assert [b["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"]
+                for (k, _), b in got.items() if k == "ValidatingAdmissionPolicyBinding"] \
+            == [system, system]
+        assert got[("NetworkPolicy", "gpu-binder")]["metadata"]["namespace"] == ns
         out = cluster.kubectl(*DRY_RUN, input=rendered)
         assert len(out.stdout.splitlines()) == len(objs), out.stdout
     finally:
@@ -255,8 +260,10 @@ def test_chart_settings_are_accepted_by_the_controller(helm, tmp_path):
     cfg_file.write_text(by_kind(objs)[("ConfigMap", "gpu-binder-config")]["data"]["config.yaml"])
     for f in ("tls.crt", "tls.key"):
         (tmp_path / f).write_text("x")
+    (tmp_path / "ca.crt").write_text("x")
     cfg = load(str(cfg_file), env={}, flags={"webhook_cert": str(tmp_path / "tls.crt"),
-                                             "webhook_key": str(tmp_path / "tls.key")})
+                                             "webhook_key": str(tmp_path / "tls.key"),
+                                             "webhook_client_ca": str(tmp_path / "ca.crt")})
     assert (cfg.attachment_grace, cfg.bind_timeout, cfg.lease_name, cfg.lease_duration,
             cfg.renew_deadline, cfg.retry_period, cfg.housekeeping_period,
             cfg.leader_election, cfg.raw_resource_names, cfg.settings_namespace,
@@ -265,10 +272,10 @@ def test_chart_settings_are_accepted_by_the_controller(helm, tmp_path):
     container = by_kind(objs)[("Deployment", "gpu-binder")]["spec"]["template"]["spec"][
         "containers"][0]
     args = build_parser().parse_args(container["args"])
-    assert (args.config, args.webhook_cert, args.webhook_key) == (
-        "/etc/gpu-binder/config.yaml", "/tls/tls.crt", "/tls/tls.key")
+    assert (args.config, args.webhook_cert, args.webhook_key, args.webhook_client_ca) == (
+        "/etc/gpu-binder/config.yaml", "/tls/tls.crt", "/tls/tls.key", "/client-ca/ca.crt")
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert {"/etc/gpu-binder", "/tls"} <= mounts
+    assert {"/etc/gpu-binder", "/tls", "/client-ca"} <= mounts
 
 
 # -- the chart and the kustomize base stay equal ------------------------------------------

@@ -26,6 +26,7 @@ def test_every_manifest_applies_with_server_side_dry_run(control_plane):
         "clusterrolebinding.rbac.authorization.k8s.io", "role.rbac.authorization.k8s.io",
         "rolebinding.rbac.authorization.k8s.io", "serviceaccount", "service", "configmap",
         "deployment.apps", "mutatingwebhookconfiguration.admissionregistration.k8s.io",
+        "networkpolicy.networking.k8s.io",
         "validatingadmissionpolicy.admissionregistration.k8s.io",
         "validatingadmissionpolicy.admissionregistration.k8s.io",
         "validatingadmissionpolicy.admissionregistration.k8s.io",
@@ -97,10 +98,9 @@ def test_denied_policy_refuses_raw_pod_and_raw_vmi_in_tenant_namespace(control_p
     out = control_plane.kubectl("create", "-n", tenant_ns, "-f", "-", "--dry-run=server",
                                 check=False, input=yaml.safe_dump(vmi))
     assert out.returncode == 0, out.stderr
-    # outside tenant namespaces the policy does not apply
-    other = unique("infra")
-    control_plane.kubectl("create", "namespace", other)
-    out = control_plane.kubectl("create", "-n", other, "-f", "-", input=_pod("ok"))
+    # in the system namespaces the policy does not apply
+    out = control_plane.kubectl("create", "-n", "kube-system", "-f", "-", "--dry-run=server",
+                                input=_pod("ok"))
     assert out.returncode == 0
 
 
@@ -113,4 +113,93 @@ def test_allowed_policy_admits_raw_pod_and_raw_vmi(control_plane, tenant_ns):
         return out.returncode == 0
     assert _until(admitted_pod)
     out = control_plane.kubectl("create", "-n", tenant_ns, "-f", "-", input=_raw_vmi("raw"))
+    assert out.returncode == 0
+
+
+def _vmi(name: str, *, annotations: dict | None = None, gpus: bool = False,
+         host_devices: bool = False, limits: bool = False, requests: bool = False) -> dict:
+    domain: dict = {"devices": {}}
+    if gpus:
+        domain["devices"]["gpus"] = [{"name": "g", "deviceName": RES}]
+    if host_devices:
+        domain["devices"]["hostDevices"] = [{"name": "h", "deviceName": RES}]
+    if limits or requests:
+        domain["resources"] = {k: {RES: "1"} for k, on in (("limits", limits),
+                                                           ("requests", requests)) if on}
+    meta: dict = {"name": name}
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": meta, "spec": {"domain": domain}}
+
+
+ASKS = {"gpu.cozystack.io/templates": "h100=1"}
+
+
+@pytest.mark.parametrize("raw", ["hostDevices", "limits", "requests"])
+def test_denied_policy_refuses_annotated_vmi_that_also_names_a_gpu_directly(control_plane,
+                                                                           tenant_ns, raw):
+    """A VMI that carries our annotations (so the binder places its set) and also a
+    hostDevices entry or resources naming a GPU resource would get GPUs outside the binder:
+    refused. The webhook's own result (gpus entries, annotated) still passes."""
+    _settings(control_plane, "denied")
+    bad = _vmi(unique("both"), annotations=ASKS, gpus=True, host_devices=raw == "hostDevices",
+               limits=raw == "limits", requests=raw == "requests")
+
+    def refused():
+        out = control_plane.kubectl("create", "-n", tenant_ns, "-f", "-", "--dry-run=server",
+                                    check=False, input=yaml.safe_dump(bad))
+        return out.returncode != 0 and out.stderr
+    err = _until(refused)
+    assert err and "gpu-binder-raw-vmis" in err, err
+    assert ("hostDevices" if raw == "hostDevices" else "spec.domain.resources") in err, err
+    ok = _vmi(unique("ok"), annotations=ASKS, gpus=True)
+    out = control_plane.kubectl("create", "-n", tenant_ns, "-f", "-", "--dry-run=server",
+                                check=False, input=yaml.safe_dump(ok))
+    assert out.returncode == 0, out.stderr
+
+
+def test_denied_policy_covers_a_namespace_without_the_tenant_label(control_plane, tenant_ns):
+    """A namespace entitled to a class by its namespaceSelector but lacking the tenant label
+    is no way around the policy: every namespace but the system ones is in scope."""
+    _settings(control_plane, "denied")
+    cls = unique("cls")
+    control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "gpu.cozystack.io/v1alpha1", "kind": "GPUClass",
+        "metadata": {"name": cls},
+        "spec": {"resourceName": RES, "namespaceSelector": {"matchLabels": {"team": cls}}}}))
+    ns = unique("entitled")
+    control_plane.kubectl("create", "namespace", ns)
+    control_plane.kubectl("label", "namespace", ns, f"team={cls}")
+    _until(lambda: control_plane.kubectl("create", "-n", tenant_ns, "-f", "-", check=False,
+                                         input=_raw_vmi(unique("warm"))).returncode != 0)
+    for what, body in (("pod", _pod(unique("p"))),
+                       ("gpus", yaml.safe_dump(_vmi(unique("v"), gpus=True))),
+                       ("hostDevices", yaml.safe_dump(_vmi(unique("v"), host_devices=True))),
+                       ("limits", yaml.safe_dump(_vmi(unique("v"), limits=True)))):
+        out = control_plane.kubectl("create", "-n", ns, "-f", "-", check=False, input=body)
+        assert out.returncode != 0 and "gpu-binder-raw-" in out.stderr, (what, out.stdout)
+    control_plane.kubectl("delete", "gpuclass", cls)
+
+
+def test_denied_policy_refuses_an_update_that_adds_a_gpu_to_an_admitted_vmi(control_plane,
+                                                                            tenant_ns):
+    """The webhook sees CREATE only: an UPDATE may not add or change entries naming a GPU
+    resource (KubeVirt's own updates of the VMI, which leave them alone, still pass)."""
+    _settings(control_plane, "allowed")
+    name = unique("vm")
+    control_plane.kubectl("create", "-n", tenant_ns, "-f", "-",
+                          input=yaml.safe_dump(_vmi(name, annotations=ASKS, gpus=True)))
+    _settings(control_plane, "denied")
+
+    def refused():
+        grown = _vmi(name, annotations=ASKS, gpus=True, host_devices=True)
+        grown["spec"]["domain"]["devices"]["gpus"].append({"name": "g2", "deviceName": RES})
+        out = control_plane.kubectl("apply", "--server-side", "--force-conflicts",
+                                    "-n", tenant_ns, "-f", "-", check=False,
+                                    input=yaml.safe_dump(grown))
+        return out.returncode != 0 and out.stderr
+    err = _until(refused)
+    assert err and "gpu-binder-raw-vmis" in err, err
+    out = control_plane.kubectl("label", "vmi", name, "-n", tenant_ns, "kubevirt.io/nodeName=n1")
     assert out.returncode == 0

@@ -199,8 +199,11 @@ def _review(uid: str, vmi: dict, namespace: str, **over) -> dict:
 
 
 def _client_ssl(system) -> ssl.SSLContext:
+    """A TLS client context that verifies the webhook and presents the API server's own
+    webhook client certificate (these tests stand in for the API server)."""
     ctx = ssl.create_default_context()
     ctx.load_verify_locations(cadata=system.cp.ca.cert_pem.decode())
+    ctx.load_cert_chain(*map(str, system.cp.webhook_client_files))
     return ctx
 
 
