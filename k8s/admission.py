@@ -34,7 +34,6 @@ ANNOTATION_PREFIX = "gpu.cozystack.io/"
 log = structlog.get_logger("gpu_binder.admission")
 
 FIELD_MANAGER = "gpu-binder-webhook"
-MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
 
@@ -228,18 +227,17 @@ class VMIAdmission:
                 if not await self._create_template(ns, vmi, item[0], item[1]):
                     created.remove(item[0])  # it existed: a retry of ours made it (W4)
             await _each(create, list(plan.templates))
-            attached.extend(plan.devices)
-            await _each(lambda name: self._attach(ns, vmi, name, now, admission, vmis,  # W3 (2)
-                                                  classes.get(name), created),
-                        plan.devices)
             selector = dict(node_selector_of(obj))
             body = {"id": request_id, "vmi": vmi, "devices": list(plan.devices),
                     "requestedAt": format_time(self.now())}
             if selector:
                 body["nodeSelector"] = selector
-            await _each(lambda name: self._json_patch(ns, name, [                    # W3 (3)
-                {"op": "test", "path": "/status/attachedTo/admission", "value": admission},
-                {"op": "add", "path": "/status/bindRequest", "value": body}]), plan.devices)
+            attached.extend(plan.devices)
+            # W3 (2) and (3) in one optimistic write per device: the request is complete
+            # (acted on by the binder) only once every member carries it
+            await _each(lambda name: self._attach(ns, vmi, name, now, admission, vmis,
+                                                  classes.get(name), created, body),
+                        plan.devices)
             devs = await self.waiter.wait(ns, request_id, plan.devices,
                                           max(0.5, deadline - anyio.current_time()))
         except BaseException as exc:
@@ -342,14 +340,22 @@ class VMIAdmission:
                 await anyio.sleep(0.02)
 
     async def _attach(self, ns: str, vmi: str, name: str, now: datetime, admission: str,
-                      vmis: VMIs, template_class: str | None, created: list[str]) -> None:
-        """W3 (2): write `attachedTo` {vmi, since, admission} with optimistic concurrency
-        (resourceVersion), judged on the object just read: an attachment that still holds
+                      vmis: VMIs, template_class: str | None, created: list[str],
+                      request: dict) -> None:
+        """W3 (2) and (3) in one write: `attachedTo` {vmi, since, admission} and the
+        `bindRequest` `request`, with optimistic concurrency (a JSON Patch testing the
+        resourceVersion just read), judged on the object just read: an attachment that still holds
         (`judge`: its VMI exists or may still appear) refuses; one of a deleted incarnation,
         a refused request or past the grace is taken over. A template device deleted
         meanwhile (housekeeping releasing an older incarnation of the name) is re-created."""
+        refused: tuple[str, str] | None = None  # (version, why) of a write the server refused
         for _ in range(5):
             raw = await self._get(ns, name)
+            if raw is not None and refused is not None \
+                    and refused[0] == raw["metadata"]["resourceVersion"]:
+                # unchanged since: not the version test but the write itself was refused
+                raise Denied(f"GPU device {name}: the API server refused the attachment: "
+                             f"{refused[1][:300]}")
             if raw is None and template_class is not None:
                 if await self._create_template(ns, vmi, name, template_class) \
                         and name not in created:
@@ -365,22 +371,31 @@ class VMIAdmission:
                 raise Denied(f"GPU device {name} is being deleted")
             att = dev.status.attached_to
             if att is not None and att.admission == admission:
-                return  # a retry of this very write
+                return  # a retry of this very write (attachment and request went together)
             if att is not None and attachment_is_live(dev, vmis, self.now(), self.grace):
                 if att.vmi == vmi:
                     raise Denied(f"GPU device {name} is being attached by another admission "
                                  f"of VMI {ns}/{vmi}; retry once it has finished")
                 raise Denied(f"GPU device {name} is attached to VMI {att.vmi}")
-            patch = {"metadata": {"resourceVersion": raw["metadata"]["resourceVersion"]},
-                     "status": {"attachedTo": {"vmi": vmi, "since": format_time(now),
-                                               "admission": admission, "uid": None}}}
+            attachment = {"vmi": vmi, "since": format_time(now), "admission": admission}
+            ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
+                                          "value": raw["metadata"]["resourceVersion"]}]
+            if isinstance(raw.get("status"), dict):  # `add` replaces: no older field stays
+                ops += [{"op": "add", "path": "/status/attachedTo", "value": attachment},
+                        {"op": "add", "path": "/status/bindRequest", "value": request}]
+            else:  # a new template device has no status yet (as read, version tested)
+                ops.append({"op": "add", "path": "/status",
+                            "value": {"attachedTo": attachment, "bindRequest": request}})
             try:
                 await self.custom.patch_namespaced_custom_object_status(
-                    GROUP, VERSION, ns, "gpudevices", name, patch, _content_type=MERGE,
+                    GROUP, VERSION, ns, "gpudevices", name, ops, _content_type=JSON_PATCH,
                     field_manager=FIELD_MANAGER, _request_timeout=self.timeout)
                 return
             except Exception as exc:  # noqa: BLE001
                 err = errors.translate(exc, f"attach GPUDevice {ns}/{name}")
+                if isinstance(err, errors.Invalid):  # the version test failed, or the write
+                    refused = (raw["metadata"]["resourceVersion"], err.message)
+                    continue  # re-read and re-judge
                 if isinstance(err, errors.Conflict | errors.NotFound):
                     continue  # re-read and re-judge
                 raise err from exc

@@ -299,3 +299,43 @@ async def test_W6_unknown_gpu_annotation_is_denied_with_the_known_ones_named(sys
     assert not ok
     assert "unknown annotation gpu.cozystack.io/template: gpu-binder reads " \
            "gpu.cozystack.io/devices" in msg
+
+
+async def test_W3_B1_a_device_costs_one_webhook_write_and_one_binder_write(system, fleet):
+    """DESIGN §3 "Writes" and W3 (2)+(3): the webhook writes `attachedTo` and `bindRequest`
+    in one optimistic write per device, the binder node, placement and result in one: a
+    held device changes twice per admission, a template device is created and changes
+    twice (counted from the watch: every write that changes an object is one event). The
+    housekeeping write that links an attachment to the VMI's uid once the VMI exists (H2)
+    comes after the admission and is counted apart: at most one per device."""
+    from kubernetes_asyncio import watch
+
+    res, cls, nodes, tenant, held = await make_pool(fleet, {"n": 4}, devices=1, settle=0.5)
+    listed = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1",
+                                                              tenant, "gpudevices")
+    events: list[tuple[str, str]] = []
+    linked: list[str] = []
+
+    async def collect() -> None:
+        w = watch.Watch()
+        async with w.stream(fleet.custom.list_namespaced_custom_object, "gpu.cozystack.io",
+                            "v1alpha1", tenant, "gpudevices",
+                            resource_version=listed["metadata"]["resourceVersion"]) as stream:
+            async for ev in stream:
+                raw = ev["raw_object"]
+                if ((raw.get("status") or {}).get("attachedTo") or {}).get("uid"):
+                    linked.append(raw["metadata"]["name"])
+                else:
+                    events.append((ev["type"], raw["metadata"]["name"]))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(collect)
+        ok, msg = await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "one",
+                                                        devices=held[0], templates=f"{cls}=1"))
+        assert ok, msg
+        await anyio.sleep(1.0)  # any straggling write would show up by now
+        tg.cancel_scope.cancel()
+    template = f"one-{cls}-0"
+    assert sorted(events) == sorted([("MODIFIED", held[0])] * 2 + [("ADDED", template)]
+                                    + [("MODIFIED", template)] * 2), events
+    assert len(linked) == len(set(linked)) and set(linked) <= {held[0], template}, linked
