@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 
 controlplane:
 	bash tools/build-controlplane.sh
+	bash tools/build-kubevirt.sh
 
 # helm for the chart tests (tests/e2e/test_helm.py), built and cached like the control plane
 helm:

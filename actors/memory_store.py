@@ -34,7 +34,10 @@ from model.types import (
     Node,
     OnCordon,
     Phase,
+    KUBEVIRT_SCHEDULABLE_LABEL,
     Result,
+    Taint,
+    Toleration,
     freeze_labels,
 )
 
@@ -133,10 +136,17 @@ class MemoryStore(IndexedView):
         *,
         labels: Mapping[str, str] | None = None,
         unschedulable: bool = False,
+        ready: bool = True,
+        taints: Sequence[Taint] = (),
+        foreign: Mapping[str, int] | None = None,
     ) -> None:
-        labels = {"kubernetes.io/hostname": name, **(labels or {})}
+        """A Node as KubeVirt would run VMs on it: `kubernetes.io/hostname` and
+        `kubevirt.io/schedulable=true` labels (`labels` may override either), Ready unless
+        `ready` is False; `foreign` units used by Pods outside the binder (§2)."""
+        labels = {"kubernetes.io/hostname": name, KUBEVIRT_SCHEDULABLE_LABEL: "true", **(labels or {})}
         self._nodes[name] = Node(
-            name, freeze_labels(labels), tuple(sorted(allocatable.items())), unschedulable
+            name, freeze_labels(labels), tuple(sorted(allocatable.items())), unschedulable,
+            ready, tuple(taints), tuple(sorted((foreign or {}).items())),
         )
         self._changed("node", name)
 
@@ -194,13 +204,15 @@ class MemoryStore(IndexedView):
         request_id: str | None = None,
         node_selector: Mapping[str, str] | None = None,
         only: Iterable[str] | None = None,
+        tolerations: Sequence[Toleration] = (),
     ) -> str:
         """Write what the webhook writes (W3 steps 2 and 3): `attachedTo` and the same
         `bindRequest` on each device of `devices` (or only on `only`, to make a partial
         request). Returns the request id. Raises KeyError for a missing device."""
         request_id = request_id or uuid.uuid4().hex[:12]
         now = self.clock.now()
-        br = BindRequest(request_id, vmi, tuple(devices), now, freeze_labels(node_selector))
+        br = BindRequest(request_id, vmi, tuple(devices), now, freeze_labels(node_selector),
+                         tolerations=tuple(tolerations))
         targets = list(devices) if only is None else list(only)
         for name in targets:
             dev = self._devices[(namespace, name)]
@@ -365,7 +377,8 @@ def _with_request(dev: GPUDevice, br: BindRequest) -> GPUDevice:
 
 
 def _answered(br: BindRequest, result: Result | None, message: str | None, node: str | None) -> BindRequest:
-    return BindRequest(br.id, br.vmi, br.devices, br.requested_at, br.node_selector, result, message, node)
+    return BindRequest(br.id, br.vmi, br.devices, br.requested_at, br.node_selector, result, message, node,
+                       br.tolerations)
 
 
 __all__ = ["Faults", "MemoryStore", "WriteRecord"]

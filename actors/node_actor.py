@@ -145,8 +145,9 @@ class GetLedger:
 @dataclass(frozen=True, slots=True)
 class Ledger:
     """A frozen view of the ledger. `held` = units held by holds and not landed yet
-    (prepared + committed); `free` = allocatable − bound − held (negative: overcommitted,
-    e.g. allocatable lowered under bound devices)."""
+    (prepared + committed); `free` = allocatable − bound − foreign − held (negative:
+    overcommitted, e.g. allocatable lowered under bound devices; foreign = `Node.foreign`,
+    Pods outside the binder)."""
 
     node: str
     incarnation: int
@@ -189,7 +190,9 @@ class _Lease:
 class _State:
     exists: bool = False
     unschedulable: bool = False
+    problems: list[str] = field(default_factory=list)  # Node.placement_problems (B3)
     allocatable: dict[str, int] = field(default_factory=dict)
+    foreign: dict[str, int] = field(default_factory=dict)
     bound: dict[str, int] = field(default_factory=dict)
     holds: dict[str, _Lease] = field(default_factory=dict)
 
@@ -268,7 +271,9 @@ class NodeActor(Actor):
         node = self._view.node(self.node)
         st.exists = node is not None
         st.unschedulable = bool(node and node.unschedulable)
+        st.problems = node.placement_problems() if node else []
         st.allocatable = dict(node.allocatable) if node else {}
+        st.foreign = dict(node.foreign) if node else {}
 
     def _read_bound(self) -> None:
         classes = self._view.classes()
@@ -305,13 +310,13 @@ class NodeActor(Actor):
         reason = None
         if needs and not st.exists:
             reason = "node is gone"
-        elif needs and st.unschedulable:
-            reason = "node is cordoned"
+        elif needs and st.problems:
+            reason = "node is " + " and ".join(st.problems)
         else:
             prepared, committed = self._held(exclude=msg.request_id)
             short = []
             for res, n in sorted(needs.items()):
-                free = (st.allocatable.get(res, 0) - st.bound.get(res, 0)
+                free = (st.allocatable.get(res, 0) - st.bound.get(res, 0) - st.foreign.get(res, 0)
                         - prepared.get(res, 0) - committed.get(res, 0))
                 if n > free:
                     short.append(f"needs {n} × {res}, has {max(free, 0)} free")
@@ -414,8 +419,8 @@ class NodeActor(Actor):
         """`Ledger.free` given the units held (prepared, committed), sorted by resource."""
         st = self._st
         resources = set(st.allocatable) | set(st.bound) | set(prepared) | set(committed)
-        return {r: st.allocatable.get(r, 0) - st.bound.get(r, 0) - prepared.get(r, 0)
-                - committed.get(r, 0) for r in sorted(resources)}
+        return {r: st.allocatable.get(r, 0) - st.bound.get(r, 0) - st.foreign.get(r, 0)
+                - prepared.get(r, 0) - committed.get(r, 0) for r in sorted(resources)}
 
     def _ledger_fields(self) -> dict[str, Any]:
         led = self.ledger()

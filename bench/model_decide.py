@@ -36,7 +36,7 @@ def fleet(n_nodes: int, gpus: int, rng: random.Random) -> tuple[Snapshot, dict[s
     nodes = []
     for i in range(n_nodes):
         res = resources[0] if i < n_nodes * 0.4 else resources[1] if i < n_nodes * 0.7 else resources[2]
-        nodes.append(Node(f"node-{i:04d}", (("topology.kubernetes.io/zone", f"z{i % 3}"),),
+        nodes.append(Node(f"node-{i:04d}", (("kubevirt.io/schedulable", "true"), ("topology.kubernetes.io/zone", f"z{i % 3}")),
                           ((res, gpus), ("cpu", 64)), unschedulable=rng.random() < 0.02))
     classes = [GPUClass("h100", "nvidia.com/H100"),
                GPUClass("h100-stay", "nvidia.com/H100", OnCordon.STAY),

@@ -23,9 +23,10 @@ from k8s.cache import ClusterCache
 from k8s.webhook import allow, deny, patch_response
 from model.admission import (AdmissionPlan, Refusal, already_admitted, attachment_is_live,
                              check, effective_resources, node_selector_of, same_name_conflict,
-                             vmi_patch)
+                             unpermitted_gpu_entries, vmi_patch)
 from model.housekeeping import VMIs
-from model.parse import ParseError, format_time, parse_gpu_device, parse_vmi_request
+from model.parse import (ParseError, format_time, parse_gpu_device, parse_tolerations, parse_vmi_request,
+                         tolerations_to_list)
 from model.types import (DEVICES_ANNOTATION, GROUP, TEMPLATE_FOR_LABEL, TEMPLATES_ANNOTATION,
                          VERSION, GPUDevice, Result)
 
@@ -150,6 +151,11 @@ class VMIAdmission:
                              f"{exc.problem}", 422, "Invalid")
         if ask is None:
             return allow(uid)
+        spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+        try:
+            tolerations = parse_tolerations(spec.get("tolerations"))
+        except ParseError as exc:
+            return deny(uid, f"invalid VMI {namespace}/{name}: {exc.field}: {exc.problem}", 422, "Invalid")
         if not isinstance(namespace, str) or not namespace or not isinstance(name, str) or not name:
             return deny(uid, "a VMI asking for GPUs needs metadata.name and a namespace "
                              "(generateName is not supported)", 422, "Invalid")
@@ -163,7 +169,7 @@ class VMIAdmission:
             with bound, scope:
                 try:
                     resp = await self._admit(uid, namespace, name, obj, ask,
-                                             bool(req.get("dryRun")))
+                                             bool(req.get("dryRun")), tolerations)
                 except Denied as exc:
                     self.denied += 1
                     log.info("VMI denied", reason=str(exc)[:500], dry_run=bool(req.get("dryRun")))
@@ -180,7 +186,8 @@ class VMIAdmission:
         return resp
 
     # -- steps -------------------------------------------------------------------------
-    async def _admit(self, uid: str, ns: str, vmi: str, obj: dict, ask, dry_run: bool) -> dict:
+    async def _admit(self, uid: str, ns: str, vmi: str, obj: dict, ask, dry_run: bool,
+                     tolerations: tuple = ()) -> dict:
         deadline = anyio.current_time() + self.bind_timeout  # steps 1-4 share bindTimeout
         # a live read first: the API server refuses a duplicate name only after admission, so
         # a create of a live name must be denied here, before any write could move, re-pin or
@@ -190,9 +197,15 @@ class VMIAdmission:
         vmis = self.cache.vmi_state().without((ns, vmi))
         snap = self.cache.view.snapshot()
         now = self.now()
-        plan = check(snap, ns, vmi, ask, vmis, now, self.grace)
+        selector = node_selector_of(obj)
+        permitted = self.cache.permitted_resources()
+        plan = check(snap, ns, vmi, ask, vmis, now, self.grace,
+                     node_selector=selector, tolerations=tolerations, permitted=permitted)
         if isinstance(plan, Refusal):
             raise Denied(plan.message)
+        kept = unpermitted_gpu_entries(obj, effective_resources(snap), permitted)
+        if kept is not None:
+            raise Denied(kept.message)
         admission = uuid.uuid4().hex  # unique to this call: keys its attachments and clean-up
         node = already_admitted(snap, plan)
         took_over = False
@@ -227,11 +240,12 @@ class VMIAdmission:
                 if not await self._create_template(ns, vmi, item[0], item[1]):
                     created.remove(item[0])  # it existed: a retry of ours made it (W4)
             await _each(create, list(plan.templates))
-            selector = dict(node_selector_of(obj))
             body = {"id": request_id, "vmi": vmi, "devices": list(plan.devices),
                     "requestedAt": format_time(self.now())}
             if selector:
-                body["nodeSelector"] = selector
+                body["nodeSelector"] = dict(selector)
+            if tolerations:  # B3: the binder judges taints against the VMI's own tolerations
+                body["tolerations"] = tolerations_to_list(tolerations)
             attached.extend(plan.devices)
             # W3 (2) and (3) in one optimistic write per device: the request is complete
             # (acted on by the binder) only once every member carries it

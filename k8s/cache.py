@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any, Callable
 
 import anyio
@@ -23,10 +24,11 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from actors.view import IndexedView
 from k8s.informer import Informer, Key, keep_all, slim
+from model.foreign import LauncherClaim, PodUse, foreign_units, parse_launcher_claim, parse_pod_use
 from model.housekeeping import VMIRecord, VMIs
 from model.parse import (ParseError, parse_budgets, parse_gpu_class, parse_gpu_device,
-                         parse_namespace, parse_node)
-from model.types import ADMISSION_ANNOTATION, GROUP, VERSION
+                         parse_namespace, parse_node, parse_permitted_host_devices)
+from model.types import ADMISSION_ANNOTATION, GROUP, VERSION, Node
 
 log = structlog.get_logger("gpu_binder.cache")
 
@@ -84,11 +86,31 @@ def _feed(kind: str, parse: Callable[[dict], Any], put: Callable[[Any], None],
     return listener
 
 
+def trim_pod(obj: dict) -> dict:
+    """What the Pod informer keeps of a Pod (capacity, §2): name, namespace, resourceVersion,
+    the `kubevirt.io/created-by` label, nodeName, phase and the containers' resources."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    labels = meta.get("labels") or {}
+    keep = {k: labels[k] for k in ("kubevirt.io/created-by", "kubevirt.io") if k in labels}
+
+    def res(cs):
+        return [{"resources": (c or {}).get("resources") or {}} for c in cs or []]
+
+    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                         "resourceVersion": meta.get("resourceVersion"), "labels": keep},
+            "spec": {"nodeName": spec.get("nodeName"), "containers": res(spec.get("containers")),
+                     "initContainers": res(spec.get("initContainers"))},
+            "status": {"phase": (obj.get("status") or {}).get("phase")}}
+
+
 class ClusterCache:
-    """Informers for GPUDevices, GPUClasses, Nodes, Namespaces, ResourceQuotas, VMIs and the
-    settings ConfigMap. Start with `await tg.start(cache.run)`: it returns once every
-    informer has listed (the view is synced). Raw objects stay readable through the
-    informers (`cache.vmis.get(key)`), model values through `cache.view`."""
+    """Informers for GPUDevices, GPUClasses, Nodes, Namespaces, ResourceQuotas, VMIs, bound
+    Pods (trimmed, for foreign usage), KubeVirt CRs and the settings ConfigMap. Start with
+    `await tg.start(cache.run)`: it returns once every informer has listed (the view is
+    synced). Raw objects stay readable through the informers (`cache.vmis.get(key)`), model
+    values through `cache.view`. Each Node value's `foreign` units come from the Pods on it
+    (`model.foreign`), recomputed when a Pod on it or a binder-admitted VMI changes."""
 
     def __init__(self, api: ApiClient, *, settings_namespace: str = "cozy-system",
                  watch_timeout: int = 240) -> None:
@@ -103,6 +125,10 @@ class ClusterCache:
                                                      "kubevirt.io", "v1", "virtualmachineinstances"),
                         transform=slim_vmi)
         self.nodes = inf("nodes", core.list_node, transform=slim_node)
+        self.pods = inf("pods", p(core.list_pod_for_all_namespaces, field_selector="spec.nodeName!="),
+                        transform=trim_pod)
+        self.kubevirts = inf("kubevirts", p(custom.list_cluster_custom_object, "kubevirt.io", "v1",
+                                            "kubevirts"))
         self.namespaces = inf("namespaces", core.list_namespace)
         self.quotas = inf("resourcequotas", core.list_resource_quota_for_all_namespaces)
         self.settings = inf("settings-configmap", p(
@@ -115,8 +141,14 @@ class ClusterCache:
                                         v.remove_device))
         self.classes.add_listener(_feed("GPUClass", parse_gpu_class, v.put_class,
                                         lambda k: v.remove_class(k[1])))
-        self.nodes.add_listener(_feed("Node", parse_node, v.put_node,
-                                      lambda k: v.remove_node(k[1])))
+        self._raw_nodes: dict[str, Node] = {}
+        self._pod_uses: dict[Key, PodUse] = {}
+        self._pods_on: dict[str, set[Key]] = {}
+        self._claims: dict[str, LauncherClaim] = {}
+        self._claim_of_vmi: dict[Key, str] = {}
+        self.nodes.add_listener(_feed("Node", parse_node, self._put_node, self._remove_node))
+        self.pods.add_listener(self._on_pod)
+        self.vmis.add_listener(self._on_vmi)
         self.namespaces.add_listener(_feed("Namespace", parse_namespace, v.put_namespace,
                                            lambda k: v.remove_namespace(k[1])))
         self._quota_budgets: dict[Key, list] = {}
@@ -175,11 +207,62 @@ class ClusterCache:
         merged = [b for (qns, _), bs in self._quota_budgets.items() if qns == ns for b in bs]
         self.view.set_budgets(ns, merged)
 
+    # -- foreign usage (§2 capacity) ------------------------------------------------------
+    def _put_node(self, node: Node) -> None:
+        self._raw_nodes[node.name] = node
+        self._refresh_node(node.name)
+
+    def _remove_node(self, key: Key) -> None:
+        self._raw_nodes.pop(key[1], None)
+        self.view.remove_node(key[1])
+
+    def _refresh_node(self, name: str) -> None:
+        node = self._raw_nodes.get(name)
+        if node is None:
+            return
+        pods = (self._pod_uses[k] for k in self._pods_on.get(name, ()))
+        self.view.put_node(replace(node, foreign=foreign_units(pods, self._claims)))
+
+    def _on_pod(self, key: Key, obj: dict | None) -> None:
+        old = self._pod_uses.pop(key, None)
+        if old is not None:
+            self._pods_on.get(old.node, set()).discard(key)
+        use = parse_pod_use(obj) if obj is not None else None
+        if use is not None:
+            self._pod_uses[key] = use
+            self._pods_on.setdefault(use.node, set()).add(key)
+        for node in {u.node for u in (old, use) if u is not None}:
+            self._refresh_node(node)
+
+    def _on_vmi(self, key: Key, obj: dict | None) -> None:
+        old_uid = self._claim_of_vmi.pop(key, None)
+        old = self._claims.pop(old_uid, None) if old_uid else None
+        got = parse_launcher_claim(obj) if obj is not None else None
+        new = None
+        if got is not None:
+            uid, new = got
+            self._claims[uid] = new
+            self._claim_of_vmi[key] = uid
+        if old != new:
+            for node in {c.node for c in (old, new) if c is not None}:
+                self._refresh_node(node)
+
+    def permitted_resources(self) -> frozenset[str] | None:
+        """The resource names KubeVirt permits as host devices (the union over KubeVirt CRs
+        of `spec.configuration.permittedHostDevices`), or None when no KubeVirt CR exists."""
+        crs = self.kubevirts.items()
+        if not crs:
+            return None
+        out: set[str] = set()
+        for cr in crs:
+            out |= parse_permitted_host_devices(cr)
+        return frozenset(out)
+
     @property
     def informers(self) -> tuple[Informer, ...]:
         """Every informer of the cache."""
         return (self.namespaces, self.classes, self.nodes, self.quotas, self.devices,
-                self.vmis, self.settings)
+                self.vmis, self.pods, self.kubevirts, self.settings)
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         """Run every informer; report started once all have synced. Runs until cancelled."""

@@ -17,7 +17,8 @@ def _cluster_up(args: argparse.Namespace) -> int:
     from k8s.controlplane import ControlPlaneError, main_up
 
     try:
-        return main_up(Path(args.dir), controllers=args.controllers)
+        return main_up(Path(args.dir), controllers=args.controllers, kubevirt=args.kubevirt,
+                       permitted=tuple(r for r in (args.permit or "").split(",") if r))
     except ControlPlaneError as exc:
         print(f"gpu-binder cluster up: {exc}", file=sys.stderr)
         return 2
@@ -164,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--controllers", type=int, default=0,
                     help="controller replicas to run, with the webhook registered; 0: the "
                          "control plane only (default: %(default)s)")
+    up.add_argument("--kubevirt", action="store_true",
+                    help="also run KubeVirt's virt-api and virt-controller, kube-scheduler and KWOK "
+                         "(nodes annotated kwok.x-k8s.io/node=fake are kept Ready)")
+    up.add_argument("--permit", default="",
+                    help="with --kubevirt: resource names the KubeVirt CR permits as host devices "
+                         "(comma-separated; edit the CR kubevirt/kubevirt later to change them)")
     up.set_defaults(func=_cluster_up)
 
     demo = sub.add_parser("demo", help="the whole system on a local control plane (make demo)")

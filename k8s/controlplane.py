@@ -46,11 +46,13 @@ class ControlPlaneError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Binaries:
-    """Paths of the three control-plane executables."""
+    """Paths of the control-plane executables (`kube_scheduler` is checked by its user,
+    `k8s.kubevirt`, only)."""
 
     etcd: Path
     kube_apiserver: Path
     kubectl: Path
+    kube_scheduler: Path | None = None
 
 
 def find_binaries(*, build: bool = True) -> Binaries:
@@ -73,7 +75,7 @@ def find_binaries(*, build: bool = True) -> Binaries:
                 "(its messages are above)"
             )
         d = Path(proc.stdout.strip().splitlines()[-1])
-    bins = Binaries(d / "etcd", d / "kube-apiserver", d / "kubectl")
+    bins = Binaries(d / "etcd", d / "kube-apiserver", d / "kubectl", d / "kube-scheduler")
     for p in (bins.etcd, bins.kube_apiserver, bins.kubectl):
         if not os.access(p, os.X_OK):
             raise ControlPlaneError(f"control-plane binary missing or not executable: {p}")
@@ -424,11 +426,14 @@ class ControlPlane:
         path.chmod(0o600)
 
 
-def main_up(directory: Path, *, tenant: str = "tenant-a", controllers: int = 0) -> int:
-    """`gpu-binder cluster up --dir D [--controllers N]`: run a control plane (and, with N > 0,
-    the manifests and N controller replicas with the webhook registered) in the foreground.
-    Writes D/admin.kubeconfig and D/<tenant>.kubeconfig (a tenant namespace bound to the
-    tenant role), prints the API URL, stops everything on SIGINT/SIGTERM."""
+def main_up(directory: Path, *, tenant: str = "tenant-a", controllers: int = 0,
+            kubevirt: bool = False, permitted: tuple[str, ...] = ()) -> int:
+    """`gpu-binder cluster up --dir D [--controllers N] [--kubevirt [--permit R1,R2]]`: run a
+    control plane (and, with N > 0, the manifests and N controller replicas with the webhook
+    registered; with `kubevirt`, KubeVirt's virt-api and virt-controller, kube-scheduler and
+    KWOK, the KubeVirt CR permitting `permitted`) in the foreground. Writes
+    D/admin.kubeconfig and D/<tenant>.kubeconfig (a tenant namespace bound to the tenant
+    role), prints the API URL, stops everything on SIGINT/SIGTERM."""
     from k8s.localcluster import LocalCluster
 
     directory = Path(directory)
@@ -441,11 +446,14 @@ def main_up(directory: Path, *, tenant: str = "tenant-a", controllers: int = 0) 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     with ControlPlane() as cp:
-        lc = LocalCluster(controllers=controllers, control_plane=cp, log_dir=directory / "logs")
+        lc = LocalCluster(controllers=controllers, control_plane=cp, log_dir=directory / "logs",
+                          kubevirt=kubevirt, permitted=permitted)
         if controllers:
             lc.start()
         else:
             lc.install()
+            if kubevirt:
+                lc.start_kubevirt()
         try:
             shutil.copy(cp.admin_kubeconfig, directory / "admin.kubeconfig")
             cp.kubectl("create", "namespace", tenant)
@@ -463,9 +471,14 @@ def main_up(directory: Path, *, tenant: str = "tenant-a", controllers: int = 0) 
             if controllers:
                 print(f"controllers: {controllers} (logs in {directory / 'logs'}), webhook on "
                       f"https://127.0.0.1:{lc.webhook_port}/mutate-vmi", flush=True)
+            if lc.kubevirt is not None:
+                print(f"KubeVirt: virt-api on https://127.0.0.1:{lc.kubevirt.api_port}, virt-controller, "
+                      f"kube-scheduler, KWOK (logs in {lc.kubevirt.dir}); permitted host devices: "
+                      f"{', '.join(permitted) or 'none'}", flush=True)
             print("Ctrl-C stops it.", flush=True)
             while not stop["now"]:
                 dead = [n for n, p in cp.procs.items() if p.poll() is not None]
+                dead += lc.kubevirt.alive() if lc.kubevirt is not None else []
                 if dead:
                     print(f"{', '.join(dead)} exited unexpectedly; stopping everything",
                           file=sys.stderr)

@@ -1,10 +1,13 @@
 """`gpu-binder demo` (`make demo`): the whole system on an embedded local control plane.
 
 Starts etcd + kube-apiserver, installs the manifests, runs two controller replicas with the
-webhook registered, creates a fleet (nodes with two GPU models, one cordoned; three tenants
-with budgets; held devices), then creates VMIs at once — KubeVirt's own vmi-gpu example with
-gpu annotations added — as the tenants' own users through the API server, and prints what
-happened to each. Everything it started is stopped on exit or Ctrl-C.
+webhook registered, and KubeVirt's virt-api and virt-controller with kube-scheduler and KWOK
+(`k8s.kubevirt`), creates a fleet (KWOK-managed nodes with two GPU models, one cordoned;
+three tenants with budgets; held devices), then creates VMIs at once — KubeVirt's own vmi-gpu
+example with gpu annotations added — as the tenants' own users through the API server, and
+prints what happened to each: for an admitted VMI, the node kube-scheduler bound its
+virt-launcher Pod to and the GPUs that Pod requests. Everything it started is stopped on exit
+or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ class Row:
     node: str | None = None
     reason: str | None = None
     seconds: float = 0.0
+    uid: str | None = None
+    resource: str | None = None
+    launcher_node: str | None = None
+    launcher_gpus: int = 0
 
 
 def load_fixture() -> dict:
@@ -55,7 +62,7 @@ async def build_fleet(fleet: Fleet, nodes: int) -> None:
         model = "h100" if i % 2 == 0 else "l40s"
         res, units = MODELS[model]
         await fleet.node(f"gpu-node-{i:02d}", {res: units}, labels={"gpu-model": model},
-                         cordoned=(i == 3))
+                         cordoned=(i == 3), kwok=True)
     for tenant, budgets in TENANTS.items():
         await fleet.tenant(tenant, budgets=budgets, user=tenant)
     for i in range(2):  # held devices, placed by the first VMIs that name them
@@ -94,6 +101,8 @@ async def create_all(lc: LocalCluster, kubeconfigs: dict[str, Path],
             vmi = copy.deepcopy(base)
             vmi["metadata"]["name"] = name
             vmi["metadata"]["annotations"] = ann
+            # the example's own entry names a P40, which this fleet has not: ours replace it
+            vmi["spec"]["domain"]["devices"].pop("gpus", None)
             row = Row(name, tenant, ", ".join(f"{v}" for v in ann.values()))
             rows.append(row)
             started = time.monotonic()
@@ -101,6 +110,9 @@ async def create_all(lc: LocalCluster, kubeconfigs: dict[str, Path],
                 made = await CustomObjectsApi(clients[tenant]).create_namespaced_custom_object(
                     "kubevirt.io", "v1", tenant, "virtualmachineinstances", vmi)
                 row.node = made["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+                row.uid = made["metadata"]["uid"]
+                gpus = made["spec"]["domain"]["devices"].get("gpus") or []
+                row.resource = gpus[0]["deviceName"] if gpus else None
             except ApiException as exc:
                 try:
                     row.reason = json.loads(exc.body)["message"]
@@ -117,6 +129,28 @@ async def create_all(lc: LocalCluster, kubeconfigs: dict[str, Path],
     return sorted(rows, key=lambda r: r.vmi)
 
 
+async def find_launchers(api, rows: list[Row], timeout: float = 60.0) -> None:
+    """Fill in, per admitted row, the node kube-scheduler bound its virt-launcher Pod to
+    (`spec.nodeName`) and the GPUs of its resource that Pod requests; waits up to `timeout`
+    seconds for every one to be bound."""
+    from kubernetes_asyncio.client import CoreV1Api
+
+    core = CoreV1Api(api)
+    want = [r for r in rows if r.uid]
+    with anyio.move_on_after(timeout):
+        while any(r.launcher_node is None for r in want):
+            for r in want:
+                if r.launcher_node is not None:
+                    continue
+                pods = await core.list_namespaced_pod(r.tenant, label_selector=f"kubevirt.io/created-by={r.uid}")
+                for p in pods.items:
+                    if p.spec.node_name:
+                        r.launcher_node = p.spec.node_name
+                        r.launcher_gpus = sum(int((c.resources.requests or {}).get(r.resource, 0))
+                                              for c in p.spec.containers)
+            await anyio.sleep(0.5)
+
+
 def short_reason(reason: str) -> str:
     """The binder's or webhook's refusal without the request/device preamble: the reasons."""
     reason = reason.replace('admission webhook "vmi.gpu.cozystack.io" denied the request: ', "")
@@ -130,14 +164,21 @@ def short_reason(reason: str) -> str:
 def print_table(rows: list[Row]) -> None:
     print()
     print(f"{'VMI':<22} {'TENANT':<12} {'GPUs ASKED':<28} {'RESULT'}")
-    print("-" * 110)
+    print("-" * 130)
     for r in rows:
-        result = f"admitted on {r.node} ({r.seconds:.2f} s)" if r.node else \
-            f"REFUSED: {short_reason(r.reason or '')}"
+        if r.node:
+            pod = (f"virt-launcher Pod bound to {r.launcher_node} by kube-scheduler, requests "
+                   f"{r.launcher_gpus} GPU{'s' if r.launcher_gpus != 1 else ''}"
+                   if r.launcher_node else "virt-launcher Pod NOT bound")
+            result = f"admitted, pinned to {r.node} ({r.seconds:.2f} s); {pod}"
+        else:
+            result = f"REFUSED: {short_reason(r.reason or '')}"
         print(f"{r.vmi:<22} {r.tenant:<12} {r.asked:<28} {result}")
     admitted = [r for r in rows if r.node]
-    print("-" * 110)
-    print(f"{len(rows)} VMIs: {len(admitted)} admitted, {len(rows) - len(admitted)} refused")
+    on_pin = [r for r in admitted if r.launcher_node == r.node]
+    print("-" * 130)
+    print(f"{len(rows)} VMIs: {len(admitted)} admitted, {len(rows) - len(admitted)} refused; "
+          f"{len(on_pin)} of {len(admitted)} launcher Pods bound on their pinned node")
     per_node: dict[str, int] = {}
     for r in admitted:
         per_node[r.node] = per_node.get(r.node, 0) + 1
@@ -151,9 +192,11 @@ def run(*, nodes: int = 8, vmis: int = 30, seed: int = 7, log_dir: Path = Path("
 
     log_dir = log_dir.resolve()
     shutil.rmtree(log_dir, ignore_errors=True)
-    print(f"starting a local control plane and 2 controller replicas (logs in {log_dir}) ...",
+    print(f"starting a local control plane, 2 controller replicas, KubeVirt (virt-api, virt-controller), "
+          f"kube-scheduler and KWOK (logs in {log_dir}) ...",
           flush=True)
-    with LocalCluster(controllers=2, log_dir=log_dir) as lc:
+    permitted = tuple(res for res, _ in MODELS.values())
+    with LocalCluster(controllers=2, log_dir=log_dir, kubevirt=True, permitted=permitted) as lc:
         kubeconfigs = {t: lc.cp.write_user_kubeconfig(lc.cp.dir / f"{t}.kubeconfig", t,
                                                       ("gpu-binder:tenants",), namespace=t)
                        for t in TENANTS}
@@ -168,9 +211,15 @@ def run(*, nodes: int = 8, vmis: int = 30, seed: int = 7, log_dir: Path = Path("
                 await api.close()
             await anyio.sleep(1.0)  # the informers see the fleet
             plan = plan_vmis(vmis, seed)
-            print(f"fleet: {nodes} nodes (gpu-node-03 cordoned), {len(TENANTS)} tenants; "
+            print(f"fleet: {nodes} KWOK nodes (gpu-node-03 cordoned), {len(TENANTS)} tenants; "
                   f"creating {len(plan)} VMIs at once ...", flush=True)
-            return await create_all(lc, kubeconfigs, plan)
+            rows = await create_all(lc, kubeconfigs, plan)
+            api = await new_client_from_config(config_file=str(lc.cp.admin_kubeconfig))
+            try:
+                await find_launchers(api, rows)
+            finally:
+                await api.close()
+            return rows
 
         rows = anyio.run(main)
         print_table(rows)

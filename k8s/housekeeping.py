@@ -21,8 +21,8 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from k8s import errors
 from k8s.cache import SETTINGS_NAME, ClusterCache
-from model.housekeeping import (Action, ClearAttachment, DeleteTemplate, LinkAttachment,
-                                VMIRecord, confirmed, plan)
+from model.housekeeping import (KUBEVIRT_CONDITION, Action, ClearAttachment, DeleteTemplate,
+                                LinkAttachment, VMIRecord, confirmed, kubevirt_condition, plan)
 from model.parse import format_time
 from model.types import ADMISSION_ANNOTATION, Attachment
 from model.settings import format_resource_names, resource_names
@@ -60,7 +60,7 @@ class Housekeeper:
     async def run(self) -> None:
         """Loop until cancelled."""
         informers = (self.cache.devices, self.cache.vmis, self.cache.classes,
-                     self.cache.settings)
+                     self.cache.settings, self.cache.kubevirts)
         subs = [inf.subscribe() for inf in informers]
         try:
             while True:
@@ -97,6 +97,43 @@ class Housekeeper:
                 await self._do(action)
         if self.cache.healthy(self.cache.classes, self.cache.settings):
             await self.ensure_settings()
+        if self.cache.healthy(self.cache.classes, self.cache.kubevirts):
+            await self.ensure_class_conditions()
+
+    async def ensure_class_conditions(self) -> None:
+        """Each GPUClass's KubeVirtPermitted condition (`model.housekeeping.kubevirt_condition`),
+        merge-patched into its status when the cache shows it differs."""
+        permitted = self.cache.permitted_resources()
+        for raw in self.cache.classes.items():
+            meta = raw.get("metadata") or {}
+            name = meta.get("name")
+            res = (raw.get("spec") or {}).get("resourceName")
+            if not isinstance(name, str) or not isinstance(res, str):
+                continue
+            status, reason, message = kubevirt_condition(res, permitted)
+            conds = (raw.get("status") or {}).get("conditions") or []
+            have = next((c for c in conds if isinstance(c, dict) and c.get("type") == KUBEVIRT_CONDITION), None)
+            gen = meta.get("generation")
+            if have is not None and (have.get("status"), have.get("reason"), have.get("message"),
+                                     have.get("observedGeneration")) == (status, reason, message, gen):
+                continue
+            when = (have.get("lastTransitionTime") if have is not None and have.get("status") == status
+                    else datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+            cond = {"type": KUBEVIRT_CONDITION, "status": status, "reason": reason,
+                    "message": message, "lastTransitionTime": when}
+            if isinstance(gen, int):
+                cond["observedGeneration"] = gen
+            others = [c for c in conds if isinstance(c, dict) and c.get("type") != KUBEVIRT_CONDITION]
+            try:
+                await self._custom.patch_cluster_custom_object_status(
+                    GROUP, VERSION, "gpuclasses", name, {"status": {"conditions": [*others, cond]}},
+                    _content_type="application/merge-patch+json", field_manager=FIELD_MANAGER,
+                    _request_timeout=self.timeout)
+                log.info("GPUClass condition written", gpu_class=name, condition=KUBEVIRT_CONDITION,
+                         status=status, reason=reason)
+            except Exception as exc:  # noqa: BLE001 - retried next round
+                log.warning("GPUClass condition write failed", gpu_class=name,
+                            error=str(errors.translate(exc, f"patch GPUClass {name} status"))[:300])
 
     async def _live_vmi(self, ns: str, name: str) -> VMIRecord | None:
         """The VMI as the API server has it now; None when it does not exist. Raises

@@ -116,6 +116,7 @@ class Informer:
                  watch_timeout: int = 240, backoff_max: float = 10.0,
                  transform: Callable[[dict], dict] = slim, page_size: int = PAGE_SIZE) -> None:
         self.name = name
+        self._transform = transform  # what the cache keeps of each object (e.g. trimmed Pods)
         self._list_fn = list_fn
         self._transform = transform
         self._page_size = page_size
@@ -210,6 +211,8 @@ class Informer:
         return rv
 
     def _apply(self, kind: str, obj: dict) -> None:
+        if self._transform is not None:
+            obj = self._transform(obj)
         k = key_of(obj)
         if kind == "DELETED":
             self._cache.pop(k, None)

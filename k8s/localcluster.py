@@ -5,6 +5,8 @@ Used by `gpu-binder cluster up --controllers N`, the e2e tests, `make demo` and 
 benchmark, so they all run the same code path. Replicas share one webhook port
 (SO_REUSEPORT), as pods behind a Service would. Replicas run with the shipped
 ServiceAccount's token (TokenRequest), not as admin, so the shipped RBAC is what they get.
+KubeVirt's own CRDs are always installed (`k8s.kubevirt.install_crds`); with `kubevirt=True`
+virt-api, virt-controller, kube-scheduler and KWOK run too (`k8s.kubevirt.KubeVirt`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ from k8s.controlplane import REPO_ROOT, ControlPlane, ControlPlaneError, _die_wi
 
 MANIFESTS = REPO_ROOT / "k8s" / "manifests"
 SA_NAMESPACE, SA_NAME = "cozy-system", "gpu-binder"   # controller/rbac.yaml
-CRDS = ("gpuclasses.gpu.cozystack.io", "gpudevices.gpu.cozystack.io",
-        "virtualmachineinstances.kubevirt.io")
+CRDS = ("gpuclasses.gpu.cozystack.io", "gpudevices.gpu.cozystack.io")
 
 
 @dataclass
@@ -57,10 +58,14 @@ class LocalCluster:
     def __init__(self, *, controllers: int = 2, controller_args: tuple[str, ...] = (),
                  log_dir: Path | None = None, control_plane: ControlPlane | None = None,
                  install: bool = True, kubeconfig: Path | None = None,
-                 service_account: bool = True) -> None:
+                 service_account: bool = True,
+                 kubevirt: bool = False, permitted: tuple[str, ...] = ()) -> None:
         self.own_cp = control_plane is None
         self.install_manifests = install
         self.kubeconfig = kubeconfig
+        self.with_kubevirt = kubevirt
+        self.permitted = tuple(permitted)
+        self.kubevirt = None  # the k8s.kubevirt.KubeVirt harness once started
         self.cp = control_plane or ControlPlane()
         self.n = controllers
         self.controller_args = tuple(controller_args)
@@ -95,19 +100,33 @@ class LocalCluster:
                 self.wait_ready(i)
             if self.install_manifests:
                 self.register_webhook()
+            if self.with_kubevirt:
+                self.start_kubevirt()
         except BaseException:
             self.stop()
             raise
         return self
 
+    def start_kubevirt(self) -> None:
+        """Start virt-api, virt-controller, kube-scheduler and KWOK (KubeVirt CR permitting
+        `permitted`)."""
+        from k8s.kubevirt import KubeVirt
+
+        self.kubevirt = KubeVirt(self.cp, permitted=self.permitted,
+                                 log_dir=(self.log_dir / "kubevirt") if self.log_dir else None)
+        self.kubevirt.start()
+
     def install(self) -> None:
-        """Apply CRDs, RBAC, the test VMI CRD, the settings namespace and the policies."""
+        """Apply CRDs (ours and KubeVirt's own), RBAC, the settings namespace and the policies."""
+        from k8s.kubevirt import install_crds
+
         k = self.cp.kubectl
         k("apply", "--server-side", "--field-manager=gpu-binder-install",
           "-f", str(MANIFESTS / "controller" / "namespace.yaml"),
           "-f", str(MANIFESTS / "crds"), "-f", str(MANIFESTS / "rbac"),
           "-f", str(MANIFESTS / "testing"), "-f", str(MANIFESTS / "controller" / "rbac.yaml"))
         k("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{c}" for c in CRDS])
+        install_crds(self.cp)
         k("apply", "--server-side", "--field-manager=gpu-binder-install",
           "-f", str(MANIFESTS / "policies"))
 
@@ -221,6 +240,9 @@ class LocalCluster:
             return r.read().decode()
 
     def stop(self) -> None:
+        if self.kubevirt is not None:
+            self.kubevirt.stop()
+            self.kubevirt = None
         for i in range(len(self.replicas)):
             self.kill_replica(i, signal.SIGTERM)
         if self.own_cp:

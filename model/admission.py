@@ -14,7 +14,7 @@ from model.housekeeping import VMIs, judge
 from model.parse import VMIAsk
 from model.settings import resource_names
 from model.snapshot import Order, Snapshot
-from model.types import ADMISSION_ANNOTATION, HOSTNAME_LABEL, GPUDevice, Labels, Phase, Result
+from model.types import ADMISSION_ANNOTATION, HOSTNAME_LABEL, GPUDevice, Labels, Phase, Result, Toleration
 
 MAX_NAME = 253
 
@@ -67,12 +67,15 @@ def attachment_is_live(device: GPUDevice, vmis: VMIs | set[tuple[str, str]], now
 
 def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
           live_vmis: VMIs | set[tuple[str, str]], now: datetime,
-          grace: timedelta) -> AdmissionPlan | Refusal:
+          grace: timedelta, *, node_selector: Labels = (), tolerations: tuple[Toleration, ...] = (),
+          permitted: frozenset[str] | None = None) -> AdmissionPlan | Refusal:
     """W1: every check before any write. Refuses when a held device is missing or being
     deleted, attached to another VMI that holds it (`attachment_is_live`), of a missing or
-    unentitled class, when a template class is missing or unentitled, when the tenant's
-    budget has no room for the set, or when the set cannot fit one node now
-    (`Snapshot.check_set`). Template devices this VMI already has (a retried admission, W4)
+    unentitled class, when a template class is missing or unentitled, when a class's
+    resource is not in KubeVirt's `permittedHostDevices` (`permitted`; None: no KubeVirt CR
+    is known, nothing is checked), when the tenant's budget has no room for the set, or when
+    the set cannot fit one node now (`Snapshot.check_set`, with the VMI's `node_selector`
+    and `tolerations`, B3). Template devices this VMI already has (a retried admission, W4)
     are judged as the devices they are, not as new ones. Attachments to the same VMI name are
     judged by `same_name_conflict`, after W4."""
     templates: list[tuple[str, str]] = []
@@ -103,13 +106,58 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
             orders.append(Order(namespace, class_name, name))
         else:
             orders.append(Order(namespace, class_name))
-    verdict = snapshot.check_set(namespace, orders)
+    if permitted is not None:
+        refusal = _unpermitted(snapshot, orders, permitted)
+        if refusal is not None:
+            return refusal
+    verdict = snapshot.check_set(namespace, orders, node_selector=node_selector,
+                                 tolerations=tolerations)
     if not verdict.admitted:
         reason = verdict.reason or "unknown reason"
         if reason.startswith("no schedulable node serving class"):
             reason = _room_message(snapshot, orders)
+            judged = snapshot.judge_set(namespace, orders, node_selector=node_selector,
+                                        tolerations=tolerations)
+            if not judged.admitted and judged.reason:  # the binder's per-node reasons (B3)
+                per_node = judged.reason.split("; ", 1)[-1] if judged.reason.startswith("devices ") \
+                    else judged.reason
+                reason = f"{reason}; {per_node}"
         return Refusal(f"GPU set of VMI {namespace}/{vmi} cannot be placed: {reason}")
     return AdmissionPlan(namespace, vmi, tuple(ask.held), tuple(templates), verdict.node)
+
+
+def _unpermitted(snapshot: Snapshot, orders: Sequence[Order], permitted: frozenset[str]) -> Refusal | None:
+    """W1: the first class of the set whose resource KubeVirt does not permit, as a Refusal."""
+    for o in orders:
+        dev = snapshot.device(o.namespace, o.device) if o.device else None
+        cls = snapshot.classes.get(dev.class_name if dev else o.class_name)
+        if cls is not None and cls.resource_name not in permitted:
+            return Refusal(f"GPU class {cls.name}: KubeVirt does not permit resource {cls.resource_name} "
+                           "(not in the KubeVirt CR's spec.configuration.permittedHostDevices), so it "
+                           "would not start this VMI; ask the operator to permit it")
+    return None
+
+
+def unpermitted_gpu_entries(vmi: Mapping[str, Any], effective: Sequence[str],
+                            permitted: frozenset[str] | None) -> Refusal | None:
+    """W1: the VMI's own `spec.domain.devices.gpus` entries that the mutation keeps (their
+    `deviceName` is not a GPUClass resource) must name resources KubeVirt permits too, or
+    virt-controller would never make the launcher Pod of the admitted VMI. None when all
+    do, or when no KubeVirt CR is known (`permitted` None)."""
+    if permitted is None:
+        return None
+    spec = vmi.get("spec") if isinstance(vmi.get("spec"), Mapping) else {}
+    domain = spec.get("domain") if isinstance(spec.get("domain"), Mapping) else {}
+    devs = domain.get("devices") if isinstance(domain.get("devices"), Mapping) else {}
+    gpus = devs.get("gpus") if isinstance(devs.get("gpus"), list) else []
+    ours = set(effective)
+    for g in gpus:
+        res = g.get("deviceName") if isinstance(g, Mapping) else None
+        if isinstance(res, str) and res not in ours and res not in permitted:
+            return Refusal(f"GPU entry {g.get('name')!r} of the VMI names {res}, which KubeVirt does not "
+                           "permit (not in the KubeVirt CR's spec.configuration.permittedHostDevices), "
+                           "so it would not start this VMI; remove the entry or ask the operator to permit it")
+    return None
 
 
 def _room_message(snapshot: Snapshot, orders: Sequence[Order]) -> str:
@@ -123,7 +171,7 @@ def _room_message(snapshot: Snapshot, orders: Sequence[Order]) -> str:
         if cls is not None and (dev is None or dev.bound_node is None):
             need[(cls_name, cls.resource_name)] = need.get((cls_name, cls.resource_name), 0) + 1
     parts = []
-    cordoned = snapshot.cordoned_nodes()
+    cordoned = snapshot.unplaceable_nodes()
     for (cls_name, res), n in sorted(need.items()):
         frees = [snapshot.free(node, res) for node in snapshot.serving_nodes(cls_name)
                  if node not in cordoned]

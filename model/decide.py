@@ -21,6 +21,7 @@ from model.types import (
     OnCordon,
     Phase,
     Result,
+    Toleration,
     labels_include,
 )
 
@@ -34,8 +35,10 @@ refreshed snapshot. Pass `limit=None` to `decide` for every eligible node."""
 MESSAGE_NODES = 10
 """Most nodes a refusal message explains one by one; the rest are counted ("and 4990 more
 nodes"), so a 5,000-node fleet does not make a megabyte message. Shown first: nodes holding
-members (fewest moves first), then nodes failing only on capacity (most free first), then
-cordoned nodes, nodes not matching the node selector, nodes not serving a class (by name)."""
+members (fewest moves first), then placeable nodes failing on capacity or an untolerated taint
+(most free first), then unplaceable nodes (cordoned, not Ready, without
+`kubevirt.io/schedulable=true`), nodes not matching the node selector, nodes not serving a
+class (by name)."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -43,8 +46,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 @dataclass(frozen=True, slots=True)
 class Request:
     """A complete request (§3): the devices of tenant `namespace` that carry `id`, in the
-    order of `bindRequest.devices`; `node_selector` is the VMI's own (B3); `requested_at`
-    when the webhook wrote it (None if absent)."""
+    order of `bindRequest.devices`; `node_selector` and `tolerations` are the VMI's own
+    (B3); `requested_at` when the webhook wrote it (None if absent)."""
 
     id: str
     namespace: str
@@ -52,6 +55,7 @@ class Request:
     devices: tuple[str, ...]
     node_selector: Labels = ()
     requested_at: datetime | None = None
+    tolerations: tuple[Toleration, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +140,8 @@ def find_requests(devices: Iterable[GPUDevice]) -> tuple[list[Request], list[str
             br = m.status.bind_request
             assert br is not None
             if (set(br.devices) != names or len(br.devices) != len(names)
-                    or br.vmi != first.vmi or br.node_selector != first.node_selector):
+                    or br.vmi != first.vmi or br.node_selector != first.node_selector
+                    or br.tolerations != first.tolerations):
                 ok = False
         if not ok:
             partial.add(rid)
@@ -146,7 +151,7 @@ def find_requests(devices: Iterable[GPUDevice]) -> tuple[list[Request], list[str
         times = [m.status.bind_request.requested_at for m in members  # type: ignore[union-attr]
                  if m.status.bind_request.requested_at is not None]  # type: ignore[union-attr]
         complete.append(Request(rid, ns, first.vmi, first.devices, first.node_selector,
-                                min(times) if times else None))
+                                min(times) if times else None, first.tolerations))
     complete.sort(key=lambda r: (r.requested_at is None, r.requested_at or _EPOCH, r.namespace, r.id))
     return complete, sorted(partial)
 
@@ -200,12 +205,14 @@ def apply_decision(snapshot: Snapshot, request: Request, decision: Decision, *, 
             continue
         st = d.status
         old = st.bind_request
-        key = ((request.id, request.vmi, request.devices, request.requested_at, request.node_selector)
+        key = ((request.id, request.vmi, request.devices, request.requested_at, request.node_selector,
+                request.tolerations)
                if old is None or old.id != request.id else
-               (old.id, old.vmi, old.devices, old.requested_at, old.node_selector))
+               (old.id, old.vmi, old.devices, old.requested_at, old.node_selector, old.tolerations))
         br = written.get(key)
         if br is None:
-            br = written[key] = BindRequest(*key, decision.result, decision.message, node)
+            br = written[key] = BindRequest(*key[:5], decision.result, decision.message, node,
+                                            tolerations=key[5])
         if ok and d.bound_node != node:
             st = DeviceStatus(Phase.BOUND, node, now, st.attached_to, br)
         else:
@@ -251,9 +258,11 @@ class _Set:
         n = snap.nodes.get(node)
         if n is None:
             return ["gone"]
-        out = []
-        if n.unschedulable:
-            out.append("cordoned")
+        out = n.placement_problems()
+        taints = snap.untolerated_taints(node, self.request.tolerations)
+        if taints:
+            out.append(f"{'taint' if len(taints) == 1 else 'taints'} "
+                       f"{', '.join(str(t) for t in taints)} not tolerated")
         unserved = [c for c in self.class_names if not snap.serves(node, c)]
         if unserved:
             out.append("does not serve " + _plural("class", unserved))
@@ -269,10 +278,12 @@ class _Set:
             free = snap.free(node, res)
             if free < need:
                 used = snap.used(node, res)
+                foreign = snap.foreign(node, res)
+                others = f" ({foreign} used by Pods outside the binder)" if foreign else ""
                 if used > alloc:
-                    out.append(f"lost capacity of {res}: {used} bound of {alloc}")
+                    out.append(f"lost capacity of {res}: {used - foreign} bound{others} of {alloc}")
                 else:
-                    out.append(f"needs {need} × {res}, has {max(free, 0)} free")
+                    out.append(f"needs {need} × {res}, has {max(free, 0)} free{others}")
         return out
 
     def leftover(self, node: str) -> int:
@@ -288,6 +299,7 @@ class _Set:
         others = [r for r in self.resources if r != r0]
         serving = sorted((snap.serving_nodes(c) for c in self.class_names), key=len)
         sel = self.request.node_selector
+        tol = self.request.tolerations
         holding = self.here
         buckets = snap.free_buckets(r0)
         found: list[tuple[int, str]] = []
@@ -303,6 +315,8 @@ class _Set:
                         break
                 else:
                     if sel and not labels_include(snap.node_labels(name), sel):
+                        continue
+                    if snap.has_hard_taints(name) and snap.untolerated_taints(name, tol):
                         continue
                     lo = f - t0
                     for r in others:
@@ -344,7 +358,7 @@ class _Set:
             served = frozenset.intersection(*(snap.serving_nodes(c) for c in self.class_names)) & rest
             sel = self.request.node_selector
             matching = {n for n in served if labels_include(snap.node_labels(n), sel)} if sel else served
-            cordoned = matching & snap.cordoned_nodes()
+            cordoned = matching & snap.unplaceable_nodes()
             capacity_only = matching - cordoned
             buckets = snap.free_buckets(self.resources[0])
             ranked = []  # capacity-only failures, most free first: every one is in a bucket

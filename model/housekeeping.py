@@ -232,3 +232,21 @@ def confirmed(vmi: str, attachment_uid: str | None, live: VMIRecord | None) -> b
     if live is None:
         return True
     return bool(attachment_uid) and live.uid != attachment_uid
+KUBEVIRT_CONDITION = "KubeVirtPermitted"
+"""GPUClass `status.conditions[type]` saying whether KubeVirt permits the class's resource."""
+
+
+def kubevirt_condition(resource_name: str, permitted: frozenset[str] | None) -> tuple[str, str, str]:
+    """The KubeVirtPermitted condition of a GPUClass with `resource_name` as (status, reason,
+    message): True when KubeVirt's `permittedHostDevices` (`permitted`) lists it, False
+    when not (the webhook then denies VMIs asking for the class, W1), Unknown when no
+    KubeVirt CR exists (`permitted` None; nothing is denied for it)."""
+    if permitted is None:
+        return ("Unknown", "NoKubeVirt",
+                "no KubeVirt CR found; permittedHostDevices cannot be checked")
+    if resource_name in permitted:
+        return ("True", "Permitted",
+                f"{resource_name} is in the KubeVirt CR's spec.configuration.permittedHostDevices")
+    return ("False", "NotPermitted",
+            f"{resource_name} is not in the KubeVirt CR's spec.configuration.permittedHostDevices: "
+            "KubeVirt would not start a VMI asking for it, so the webhook denies such VMIs")

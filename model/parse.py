@@ -31,6 +31,8 @@ from model.types import (
     Phase,
     Result,
     SelectorRequirement,
+    Taint,
+    Toleration,
     freeze_labels,
 )
 
@@ -233,12 +235,88 @@ def parse_node(obj: dict) -> Node:
     unsched = spec.get("unschedulable", False)
     if not isinstance(unsched, bool):
         raise r.fail("spec.unschedulable", "must be a boolean")
+    conditions = status.get("conditions") or []
+    if not isinstance(conditions, list):
+        raise r.fail("status.conditions", "must be a list")
+    ready = any(isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
+                for c in conditions)
+    raw_taints = spec.get("taints") or []
+    if not isinstance(raw_taints, list):
+        raise r.fail("spec.taints", "must be a list")
+    taints = []
+    for i, t in enumerate(raw_taints):
+        t = r.obj(t, f"spec.taints[{i}]", required=True)
+        taints.append(Taint(r.text(t.get("key"), f"spec.taints[{i}].key", required=True),
+                            r.text(t.get("value"), f"spec.taints[{i}].value") or "",
+                            r.text(t.get("effect"), f"spec.taints[{i}].effect", required=True)))
     return Node(
         name=meta["name"],
         labels=r.labels(meta.get("labels"), "metadata.labels"),
         allocatable=tuple(sorted(allocatable)),
         unschedulable=unsched,
+        ready=ready,
+        taints=tuple(taints),
     )
+
+
+def parse_tolerations(value: Any, what: str = "VMI", field: str = "spec.tolerations") -> tuple[Toleration, ...]:
+    """A `tolerations` list (VMI `spec.tolerations`, bindRequest `tolerations`) → Tolerations
+    in list order. Raises ParseError (naming `what` and `field`) when it is not a list of
+    objects with string key/operator/value/effect, or an operator is not Equal/Exists (B3)."""
+    r = _Reader(what)
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise r.fail(field, "must be a list")
+    out = []
+    for i, t in enumerate(value):
+        f = f"{field}[{i}]"
+        t = r.obj(t, f, required=True)
+        op = r.text(t.get("operator"), f"{f}.operator") or "Equal"
+        if op not in ("Equal", "Exists"):
+            raise r.fail(f"{f}.operator", f"must be Equal or Exists, got {op!r}")
+        out.append(Toleration(r.text(t.get("key"), f"{f}.key") or "", op,
+                              r.text(t.get("value"), f"{f}.value") or "",
+                              r.text(t.get("effect"), f"{f}.effect") or ""))
+    return tuple(out)
+
+
+def tolerations_to_list(tolerations: tuple[Toleration, ...]) -> list[dict]:
+    """Tolerations as the API's list of dicts (empty fields omitted; the inverse of
+    `parse_tolerations`)."""
+    out = []
+    for t in tolerations:
+        d = {"operator": t.operator}
+        if t.key:
+            d["key"] = t.key
+        if t.value:
+            d["value"] = t.value
+        if t.effect:
+            d["effect"] = t.effect
+        out.append(d)
+    return out
+
+
+def parse_permitted_host_devices(kubevirt: Any) -> frozenset[str]:
+    """The resource names a KubeVirt CR permits as host devices: `resourceName` of every
+    `spec.configuration.permittedHostDevices.pciHostDevices[]` and `mediatedDevices[]`
+    entry (the kinds a VMI's `spec.domain.devices.gpus` may name). Malformed parts are
+    skipped (never raises): what is not clearly permitted is not permitted."""
+    out: set[str] = set()
+    if not isinstance(kubevirt, Mapping):
+        return frozenset()
+    cur: Any = kubevirt
+    for step in ("spec", "configuration", "permittedHostDevices"):
+        cur = cur.get(step) if isinstance(cur, Mapping) else None
+    if not isinstance(cur, Mapping):
+        return frozenset()
+    for kind in ("pciHostDevices", "mediatedDevices"):
+        entries = cur.get(kind)
+        for e in entries if isinstance(entries, list) else []:
+            name = e.get("resourceName") if isinstance(e, Mapping) else None
+            if isinstance(name, str) and name:
+                out.add(name)
+    return frozenset(out)
 
 
 def parse_namespace(obj: dict) -> Namespace:
@@ -267,6 +345,7 @@ def _parse_bind_request(r: _Reader, value: Any) -> BindRequest | None:
         result=None if result is None else Result(result),
         message=r.text(m.get("message"), f"{f}.message"),
         node=r.text(m.get("node"), f"{f}.node") or None,
+        tolerations=parse_tolerations(m.get("tolerations"), r.what, f"{f}.tolerations"),
     )
 
 
@@ -442,5 +521,7 @@ def device_status_to_dict(status: DeviceStatus) -> dict:
             b["message"] = br.message
         if br.node is not None:
             b["node"] = br.node
+        if br.tolerations:
+            b["tolerations"] = tolerations_to_list(br.tolerations)
         out["bindRequest"] = b
     return out

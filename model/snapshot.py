@@ -12,7 +12,10 @@ at nodes in tightest-fit order.
 
 Conventions: a device is *Bound* when its phase is Bound and it names a node (a Bound device
 without `nodeName` counts as Pending); a device whose class is unknown counts against no
-resource. Units are devices (one unit of an extended resource per GPUDevice).
+resource. Units are devices (one unit of an extended resource per GPUDevice). *Used* units of
+a node are its Bound devices plus its `Node.foreign` units (Pods outside the binder, §2).
+A node is *placeable* when it is not cordoned, Ready and carries `kubevirt.io/schedulable=true`
+(the request-independent part of B3); only placeable nodes are in the free buckets.
 """
 
 from __future__ import annotations
@@ -27,10 +30,14 @@ from model.types import (
     Budget,
     GPUClass,
     GPUDevice,
+    Labels,
     Namespace,
     Node,
     Phase,
+    Taint,
+    Toleration,
     labels_include,
+    untolerated,
 )
 
 CHECK_REQUEST_ID = "(check)"
@@ -41,11 +48,13 @@ CHECK_REQUEST_ID = "(check)"
 class Order:
     """One device a VMI asks for (W1): a held device by name (`device`), or a new template
     device of `class_name` (`device` None). For a held device that exists, its own class
-    governs and `class_name` is ignored."""
+    governs and `class_name` is ignored. `tolerations` are the VMI's (B3: a node with a taint
+    they do not tolerate has no room for it)."""
 
     namespace: str
     class_name: str
     device: str | None = None
+    tolerations: tuple[Toleration, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +78,7 @@ class _Static:
     from them only (memoised on first use, shared by every snapshot of one build)."""
 
     __slots__ = ("nodes", "classes", "namespaces", "budgets", "alloc", "labels", "class_res",
-                 "advertising", "cordoned", "views", "_serving", "_entitled")
+                 "advertising", "cordoned", "unplaceable", "foreign", "tainted", "views", "_serving", "_entitled")
 
     def __init__(self, nodes: Iterable[Node], classes: Iterable[GPUClass],
                  namespaces: Iterable[Namespace], budgets: Iterable[Budget]) -> None:
@@ -90,6 +99,12 @@ class _Static:
                     adv.setdefault(res, []).append(name)
         self.advertising = {res: tuple(names) for res, names in adv.items()}
         self.cordoned = frozenset(name for name, n in self.nodes.items() if n.unschedulable)
+        self.unplaceable = frozenset(name for name, n in self.nodes.items()
+                                     if n.unschedulable or not n.ready or not n.kubevirt_schedulable)
+        self.foreign = {(name, res): q for name, n in self.nodes.items() for res, q in n.foreign if q}
+        self.tainted = {name: tuple(t for t in n.taints if t.effect in ("NoSchedule", "NoExecute"))
+                        for name, n in self.nodes.items()
+                        if any(t.effect in ("NoSchedule", "NoExecute") for t in n.taints)}
         self.views = (MappingProxyType(self.nodes), MappingProxyType(self.classes),
                       MappingProxyType(self.namespaces), MappingProxyType(self.budgets))
         self._serving: dict[str, frozenset[str]] = {}
@@ -149,7 +164,7 @@ class _Index:
     @classmethod
     def build(cls, st: _Static, by_ns: Mapping[str, Mapping[str, GPUDevice]],
               reservations: Sequence[Hold]) -> _Index:
-        used: dict[tuple[str, str], int] = {}
+        used: dict[tuple[str, str], int] = dict(st.foreign)
         tenant: dict[tuple[str, str], int] = {}
         class_res = st.class_res
         for ns, devices in by_ns.items():
@@ -163,7 +178,7 @@ class _Index:
         for res, names in st.advertising.items():
             buckets: dict[int, list[str]] = {}
             for name in names:  # sorted, so every bucket is sorted
-                if not st.nodes[name].unschedulable:
+                if name not in st.unplaceable:
                     f = st.alloc[name][res] - used.get((name, res), 0) - reserved.get((name, res), 0)
                     buckets.setdefault(f, []).append(name)
             by_free[res] = {f: tuple(v) for f, v in buckets.items()}
@@ -219,7 +234,7 @@ class _Index:
         by_free = self.by_free
         copied: set[str] = set()
         for node, res in touched:
-            if node not in st.nodes or st.nodes[node].unschedulable:
+            if node not in st.nodes or node in st.unplaceable:
                 continue
             alloc = st.alloc[node].get(res, 0)
             if alloc <= 0:
@@ -356,8 +371,13 @@ class Snapshot:
         return self._st.alloc.get(node, {}).get(resource, 0)
 
     def used(self, node: str, resource: str) -> int:
-        """Bound devices on `node` whose class has `resource` (units)."""
+        """Units of `resource` used on `node`: its Bound devices whose class has `resource`
+        plus the node's foreign units (Pods outside the binder, §2)."""
         return self._index().used.get((node, resource), 0)
+
+    def foreign(self, node: str, resource: str) -> int:
+        """Units of `resource` that Pods outside the binder request on `node` (§2 capacity)."""
+        return self._st.foreign.get((node, resource), 0)
 
     def reserved(self, node: str, resource: str) -> int:
         """Units of `resource` held on `node` by reservations in flight."""
@@ -370,7 +390,8 @@ class Snapshot:
         return self.allocatable(node, resource) - idx.used.get(key, 0) - idx.reserved.get(key, 0)
 
     def lost_capacity(self, node: str, resource: str) -> bool:
-        """True when `node` has more Bound devices of `resource` than allocatable (§2)."""
+        """True when `node` has more used units of `resource` (Bound devices plus foreign
+        Pods) than allocatable (§2)."""
         return self.used(node, resource) > self.allocatable(node, resource)
 
     def tenant_usage(self, namespace: str, resource: str) -> int:
@@ -405,9 +426,25 @@ class Snapshot:
         """Names of the cordoned nodes (`spec.unschedulable`)."""
         return self._st.cordoned
 
+    def unplaceable_nodes(self) -> frozenset[str]:
+        """Names of the nodes that fail the request-independent part of B3: cordoned, not
+        Ready, or without `kubevirt.io/schedulable=true`."""
+        return self._st.unplaceable
+
+    def untolerated_taints(self, node: str, tolerations: tuple[Toleration, ...]) -> list[Taint]:
+        """The NoSchedule/NoExecute taints of `node` none of `tolerations` tolerates (B3:
+        kube-scheduler would not place the launcher Pod there); empty for a gone node."""
+        taints = self._st.tainted.get(node)
+        return untolerated(taints, tolerations) if taints else []
+
+    def has_hard_taints(self, node: str) -> bool:
+        """True when `node` carries a NoSchedule or NoExecute taint."""
+        return node in self._st.tainted
+
     def free_buckets(self, resource: str) -> Mapping[int, tuple[str, ...]]:
-        """Schedulable nodes advertising `resource`, grouped by free units (each group sorted
-        by name). Read-only; for decisions that walk nodes in tightest-fit order."""
+        """Placeable nodes (see `unplaceable_nodes`) advertising `resource`, grouped by free
+        units (each group sorted by name). Read-only; for decisions that walk nodes in
+        tightest-fit order. Taints are not looked at here."""
         return self._index().by_free.get(resource, {})
 
     def node_labels(self, node: str) -> Mapping[str, str]:
@@ -416,17 +453,24 @@ class Snapshot:
 
     # --- W1 ---------------------------------------------------------------------------
 
-    def tightest_node(self, class_name: str, need: int = 1, exclude: frozenset[str] = frozenset()) -> str | None:
-        """A schedulable node serving `class_name` with at least `need` free units of its
-        resource, least free first, then by name; None when there is none."""
+    def tightest_node(self, class_name: str, need: int = 1, exclude: frozenset[str] = frozenset(),
+                      tolerations: tuple[Toleration, ...] | None = None) -> str | None:
+        """A placeable node serving `class_name` with at least `need` free units of its
+        resource, least free first, then by name; None when there is none. With
+        `tolerations` given, a node with a NoSchedule/NoExecute taint they do not tolerate is
+        skipped (B3)."""
         res = self._st.class_res.get(class_name)
         if res is None:
             return None
         serving = self._st.serving(class_name)
         buckets = self.free_buckets(res)
+        tainted = self._st.tainted
         for f in sorted(k for k in buckets if k >= need):
             for name in buckets[f]:
                 if name in serving and name not in exclude:
+                    if (tolerations is not None and name in tainted
+                            and untolerated(tainted[name], tolerations)):
+                        continue
                     return name
         return None
 
@@ -459,21 +503,21 @@ class Snapshot:
                 return Verdict(False, budget_message(ns, res, usage, budget, 1))
         elif self.serves(bound, class_name) and self.free(bound, res) >= 0:
             return Verdict(True, node=bound)
-        node = self.tightest_node(class_name, 1)
+        node = self.tightest_node(class_name, 1, tolerations=order.tolerations)
         if node is None:
             return Verdict(False, f"no schedulable node serving class {class_name} has a free {res}")
         return Verdict(True, node=node)
 
-    def check_set(self, namespace: str, orders: Sequence[Order]) -> Verdict:
+    def check_set(self, namespace: str, orders: Sequence[Order], *, node_selector: Labels = (),
+                  tolerations: tuple[Toleration, ...] = ()) -> Verdict:
         """W1 for a whole set: `check_order` on each order in turn, adding each admitted
         device as Bound on its verdict's node before checking the next (so budget and room
         are judged for the set), then the binder's own judgement (`model.decide.decide`,
         B1–B6) on a request of the set, with template devices as Pending devices named
-        "new <class> #<n>": the set must fit one node. The verdict's node is the node the
-        binder would choose now; the reason of a refusal is the binder's, without its
-        "refused <vmi> request <id>:" prefix."""
-        from model.decide import Request, _judge  # decide builds on this module
-
+        "new <class> #<n>": the set must fit one node. `node_selector` and `tolerations` are
+        the VMI's, judged as the binder judges the bind request (B3). The verdict's node is
+        the node the binder would choose now; the reason of a refusal is the binder's,
+        without its "refused <vmi> request <id>:" prefix."""
         if not orders:
             return Verdict(False, "no devices asked for")
         snap = self
@@ -485,6 +529,8 @@ class Snapshot:
                 return Verdict(False, f"device of namespace {order.namespace} in a set of tenant {namespace}")
             if order.device is not None and order.device in names:
                 return Verdict(False, f"device {order.device} listed twice")
+            if order.tolerations != tolerations:
+                order = replace(order, tolerations=tolerations)
             verdict = snap.check_order(order)
             if not verdict.admitted:
                 return verdict
@@ -500,8 +546,33 @@ class Snapshot:
             if base.bound_node != verdict.node:
                 snap = snap.with_device(replace(base, status=replace(
                     base.status, phase=Phase.BOUND, node_name=verdict.node)))
+        return self._judge_set(namespace, names, templates, node_selector, tolerations)
+
+    def judge_set(self, namespace: str, orders: Sequence[Order], *, node_selector: Labels = (),
+                  tolerations: tuple[Toleration, ...] = ()) -> Verdict:
+        """The binder's own judgement (`model.decide`, B1–B6) of the whole set alone, without
+        `check_order`'s per-device checks: what `check_set` ends with. Orders of held devices
+        that do not exist are left out. For the per-node reasons of a set that has no room."""
+        names: list[str] = []
+        templates: list[GPUDevice] = []
+        counts: dict[str, int] = {}
+        for order in orders:
+            if order.device is not None:
+                if self.device(namespace, order.device) is not None:
+                    names.append(order.device)
+                continue
+            counts[order.class_name] = counts.get(order.class_name, 0) + 1
+            templates.append(GPUDevice(namespace, f"new {order.class_name} #{counts[order.class_name]}",
+                                       order.class_name))
+            names.append(templates[-1].name)
+        return self._judge_set(namespace, names, templates, node_selector, tolerations)
+
+    def _judge_set(self, namespace, names, templates, node_selector, tolerations) -> Verdict:
+        from model.decide import Request, _judge  # decide builds on this module
+
         whole = self.with_devices(templates) if templates else self
-        decision, reason = _judge(whole, Request(CHECK_REQUEST_ID, namespace, "", tuple(names)), 1)
+        decision, reason = _judge(whole, Request(CHECK_REQUEST_ID, namespace, "", tuple(names),
+                                                 node_selector, tolerations=tolerations), 1)
         if decision.node is None:
             return Verdict(False, reason)
         return Verdict(True, node=decision.node)

@@ -20,6 +20,10 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 ADMISSION_ANNOTATION = "gpu.cozystack.io/admission"
 """Set by the webhook on every VMI it admits: the admission id also written into each
 device's `status.attachedTo.admission`, linking the VMI incarnation to its attachments."""
+KUBEVIRT_SCHEDULABLE_LABEL = "kubevirt.io/schedulable"
+"""KubeVirt puts `kubevirt.io/schedulable: "true"` into every launcher Pod's nodeSelector (B3)."""
+HARD_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+"""Taint effects kube-scheduler enforces (PreferNoSchedule only scores) (B3)."""
 
 Labels = tuple[tuple[str, str], ...]
 """A label map frozen as a tuple of (key, value) pairs sorted by key."""
@@ -119,14 +123,83 @@ class GPUClass:
 
 
 @dataclass(frozen=True, slots=True)
+class Taint:
+    """One `spec.taints` entry of a Node: key, value (may be empty) and effect (NoSchedule,
+    PreferNoSchedule or NoExecute)."""
+
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """One `spec.tolerations` entry of a VMI (copied into the bind request, B3): operator
+    `Equal` (default) or `Exists`; an empty key with `Exists` tolerates every taint; an empty
+    effect tolerates every effect."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: Taint) -> bool:
+        """Kubernetes' ToleratesTaint: effect matches (or is empty), and for `Exists` the key
+        matches (or is empty), for `Equal` key and value match. Unknown operators tolerate
+        nothing (fail closed)."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        if self.operator == "Equal":
+            return bool(self.key) and self.key == taint.key and self.value == taint.value
+        return False
+
+
+def untolerated(taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...]) -> list[Taint]:
+    """The NoSchedule/NoExecute taints of `taints` that no toleration tolerates (B3)."""
+    return [t for t in taints if t.effect in HARD_TAINT_EFFECTS
+            and not any(tol.tolerates(t) for tol in tolerations)]
+
+
+@dataclass(frozen=True, slots=True)
 class Node:
     """A core Node as the binder sees it: labels, `status.allocatable` of extended resources
-    (integers, units of devices) and whether it is cordoned (`spec.unschedulable`)."""
+    (integers, units of devices), whether it is cordoned (`spec.unschedulable`), whether its
+    `Ready` condition is True, its taints, and `foreign`: units per extended resource that
+    Pods on it request which are not virt-launcher Pods of binder-admitted VMIs (filled in by
+    the cache from the Pod informer, not from the Node object; capacity, §2)."""
 
     name: str
     labels: Labels = ()
     allocatable: tuple[tuple[str, int], ...] = ()
     unschedulable: bool = False
+    ready: bool = True
+    taints: tuple[Taint, ...] = ()
+    foreign: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def kubevirt_schedulable(self) -> bool:
+        """True when the node carries `kubevirt.io/schedulable=true` (KubeVirt's label, B3)."""
+        for key, value in self.labels:
+            if key == KUBEVIRT_SCHEDULABLE_LABEL:
+                return value == "true"
+        return False
+
+    def placement_problems(self) -> list[str]:
+        """The request-independent B3 failures of this node, in message wording: "cordoned",
+        "not Ready", "lacks label kubevirt.io/schedulable=true"; empty when none."""
+        out = []
+        if self.unschedulable:
+            out.append("cordoned")
+        if not self.ready:
+            out.append("not Ready")
+        if not self.kubevirt_schedulable:
+            out.append(f"lacks label {KUBEVIRT_SCHEDULABLE_LABEL}=true")
+        return out
 
     def allocatable_of(self, resource_name: str) -> int:
         """Allocatable units of `resource_name` on this node (0 when not advertised)."""
@@ -162,7 +235,8 @@ class Attachment:
 
 @dataclass(frozen=True, slots=True)
 class BindRequest:
-    """`status.bindRequest`: the webhook writes id..node_selector, the binder the rest (B8)."""
+    """`status.bindRequest`: the webhook writes id..node_selector and tolerations (the VMI's
+    `spec.tolerations`, B3), the binder result, message and node (B8)."""
 
     id: str
     vmi: str
@@ -172,6 +246,7 @@ class BindRequest:
     result: Result | None = None
     message: str | None = None
     node: str | None = None
+    tolerations: tuple[Toleration, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,8 @@ def test_value_types_have_the_fields_the_store_copies() -> None:
     assert [f.name for f in fields(DeviceStatus)] == [
         "phase", "node_name", "bound_at", "attached_to", "bind_request"]
     assert [f.name for f in fields(BindRequest)] == [
-        "id", "vmi", "devices", "requested_at", "node_selector", "result", "message", "node"]
+        "id", "vmi", "devices", "requested_at", "node_selector", "result", "message", "node",
+        "tolerations"]
 
 
 @pytest.mark.anyio

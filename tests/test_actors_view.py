@@ -21,7 +21,8 @@ NODES = ("n1", "n2", "n3")
 
 
 def _node(name: str, units: int, cordoned: bool = False) -> Node:
-    return Node(name, (("kubernetes.io/hostname", name),), ((H, units),), cordoned)
+    return Node(name, (("kubernetes.io/hostname", name), ("kubevirt.io/schedulable", "true")),
+                ((H, units),), cordoned)
 
 
 def _device(rng: random.Random, ns: str, name: str) -> GPUDevice:

@@ -12,10 +12,11 @@ from model.types import (Attachment, BindRequest, Budget, DeviceStatus, GPUClass
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
 GRACE = timedelta(minutes=2)
 H100 = "nvidia.com/H100"
+KV = (("kubevirt.io/schedulable", "true"),)  # KubeVirt runs VMs here (B3)
 
 
 def snap(*devices, budget=None, free=2):
-    nodes = [Node("n1", allocatable=((H100, free),)), Node("n2", allocatable=((H100, 1),))]
+    nodes = [Node("n1", KV, allocatable=((H100, free),)), Node("n2", KV, allocatable=((H100, 1),))]
     budgets = [Budget("t1", H100, budget)] if budget is not None else []
     return Snapshot.build(nodes=nodes, classes=[GPUClass("h100", H100)], devices=devices,
                           budgets=budgets)
@@ -88,12 +89,12 @@ def test_vmi_patch_replaces_gpu_entries_of_effective_set_and_pins_node():
 
 
 def test_W1_set_larger_than_any_node_says_what_it_needs_and_the_most_free():
-    one = Snapshot.build(nodes=[Node("n1", allocatable=((H100, 2),))],
+    one = Snapshot.build(nodes=[Node("n1", KV, allocatable=((H100, 2),))],
                          classes=[GPUClass("h100", H100)])
     got = check(one, "t1", "vm", VMIAsk((), (("h100", 3),)), set(), NOW, GRACE)
     assert got == Refusal("GPU set of VMI t1/vm cannot be placed: the set needs 3 × "
                           "nvidia.com/H100 (class h100) on one node; the most free on a "
-                          "schedulable node serving it is 2")
+                          "schedulable node serving it is 2; n1: needs 3 × nvidia.com/H100, has 2 free")
 
 
 def test_W1_set_larger_than_free_units_across_nodes_gets_the_binders_per_node_reasons():

@@ -41,6 +41,7 @@ NS = "tenant-a"
 
 def node(name: str, h: int = 0, l: int = 0, *, cordoned: bool = False, **labels: str) -> Node:
     alloc = tuple((r, n) for r, n in ((H, h), (L, l)) if n)
+    labels = {"kubevirt.io/schedulable": "true", **labels}
     return Node(name, tuple(sorted(labels.items())), alloc, cordoned)
 
 

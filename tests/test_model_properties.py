@@ -54,7 +54,7 @@ class World:
 def worlds(draw, bound: bool = True) -> World:
     nodes = []
     for i in range(draw(st.integers(1, 6))):
-        labels = {"zone": draw(st.sampled_from("ab"))}
+        labels = {"zone": draw(st.sampled_from("ab")), "kubevirt.io/schedulable": "true"}
         if draw(st.booleans()):
             labels["gpu"] = "yes"
         alloc = tuple((r, n) for r, n in ((H, draw(st.integers(0, 4))), (L, draw(st.integers(0, 3)))) if n)

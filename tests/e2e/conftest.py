@@ -19,7 +19,6 @@ FIXTURES = REPO.parent / "shared" / "fixtures" / "kubevirt"
 CRD_NAMES = (
     "gpuclasses.gpu.cozystack.io",
     "gpudevices.gpu.cozystack.io",
-    "virtualmachineinstances.kubevirt.io",
 )
 TENANT_GROUP = "gpu-binder:tenants"
 
@@ -36,12 +35,16 @@ def anyio_backend():
 
 
 def install_base(cp: ControlPlane) -> None:
-    """Apply the CRDs, the tenant role and the test VMI CRD; wait until Established."""
+    """Apply our CRDs, the tenant role, the VMI-editor role and KubeVirt's own CRDs (the
+    real VMI schema, printed by KubeVirt's code); wait until Established."""
+    from k8s.kubevirt import install_crds
+
     cp.kubectl("apply", "--server-side", "--field-manager=gpu-binder-tests",
                "-f", str(MANIFESTS / "crds"), "-f", str(MANIFESTS / "rbac"),
                "-f", str(MANIFESTS / "testing"))
     cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                *[f"crd/{n}" for n in CRD_NAMES])
+    install_crds(cp)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,259 @@
+"""The real consumers in the loop (issue 12): KubeVirt's virt-api and virt-controller turn an
+admitted VMI into a virt-launcher Pod, kube-scheduler binds it, KWOK keeps the nodes Ready.
+Each test checks that what gpu-binder admits actually gets its GPUs on the pinned node (B3,
+capacity §2, W1 against KubeVirt's permittedHostDevices)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import anyio
+import pytest
+import yaml
+from kubernetes_asyncio.client import ApiException
+
+from tests.e2e.conftest import FIXTURES, unique
+from tests.e2e.helpers import eventually
+
+pytestmark = [pytest.mark.anyio, pytest.mark.kubevirt]
+VMI_GROUP, VMI_VERSION, VMIS = "kubevirt.io", "v1", "virtualmachineinstances"
+BASE_VMI = yaml.safe_load((FIXTURES / "vmi-gpu.yaml").read_text())
+GPU_TAINT = {"key": "gpu.example.com/reserved", "value": "team-x", "effect": "NoSchedule"}
+
+
+@pytest.fixture(scope="module")
+def system(control_plane, tmp_path_factory):
+    """As conftest's `system`, with a bind timeout of 15 s (not 6): virt-api's webhooks and
+    50 racing VMIs share two cores with everything else here."""
+    from k8s.localcluster import LocalCluster
+    from tests.e2e.conftest import FAST_CONTROLLER_ARGS
+
+    args = tuple(a for a in FAST_CONTROLLER_ARGS if not a.startswith(("--bind-timeout", "--attachment-grace")))
+    args += ("--bind-timeout=15", "--attachment-grace=30")
+    control_plane.kubectl("delete", "lease", "gpu-binder", "-n", "cozy-system", "--ignore-not-found")
+    lc = LocalCluster(controllers=2, controller_args=args, control_plane=control_plane,
+                      log_dir=tmp_path_factory.mktemp("controller-logs"))
+    lc.start()
+    try:
+        yield lc
+    finally:
+        lc.stop()
+        control_plane.kubectl("delete", "mutatingwebhookconfiguration", "gpu-binder", "--ignore-not-found")
+
+
+@pytest.fixture(scope="module")
+def kubevirt(system):
+    """virt-api, virt-controller, kube-scheduler and KWOK for this module, on the session's
+    control plane next to the module's two controller replicas. On teardown the KubeVirt CR
+    is deleted, so later modules run without a KubeVirt CR (no permittedHostDevices check)."""
+    from k8s.kubevirt import KUBEVIRT_CR, NAMESPACE, KubeVirt
+
+    kv = KubeVirt(system.cp, log_dir=system.log_dir / "kubevirt" if system.log_dir else None)
+    kv.start()
+    try:
+        yield kv
+    finally:
+        kv.stop()
+        system.cp.kubectl("delete", "kubevirt", KUBEVIRT_CR, "-n", NAMESPACE, "--ignore-not-found",
+                          "--wait=false", check=False)
+
+
+async def pool(fleet, kv, nodes: dict[str, dict], *, permit: bool = True):
+    """A class of its own resource, KubeVirt permitting it (unless `permit` is False), a
+    tenant, and nodes (short name -> Fleet.node keyword arguments, `units` the GPUs); waits
+    until the controller's housekeeping has written the class's KubeVirtPermitted condition
+    (so the webhook's cache has seen the KubeVirt CR). Returns (resource, class, {short:
+    node}, tenant)."""
+    res = f"{unique('gpu')}.example.com/gpu"
+    cls = unique("cls")
+    if permit:
+        kv.set_permitted(kv.permitted + (res,))
+    await fleet.gpu_class(cls, res)
+    names = {}
+    for short, kw in nodes.items():
+        kw = dict(kw)
+        names[short] = unique(short)
+        await fleet.node(names[short], {res: kw.pop("units")}, **{"kwok": True, **kw})
+    tenant = unique("t")
+    await fleet.tenant(tenant)
+    want = "True" if permit else "False"
+
+    async def condition():
+        got = await fleet.custom.get_cluster_custom_object("gpu.cozystack.io", "v1alpha1", "gpuclasses", cls)
+        return [c for c in (got.get("status") or {}).get("conditions") or []
+                if c["type"] == "KubeVirtPermitted" and c["status"] == want]
+    await eventually(condition, timeout=30, what=f"GPUClass {cls} KubeVirtPermitted={want}")
+    return res, cls, names, tenant
+
+
+def vmi(name: str, cls: str, count: int, *, tolerations: list[dict] | None = None) -> dict:
+    """KubeVirt's own vmi-gpu example asking for `count` template devices of `cls`."""
+    v = copy.deepcopy(BASE_VMI)
+    v["apiVersion"] = "kubevirt.io/v1"
+    v["metadata"]["name"] = name
+    v["metadata"]["annotations"] = {"gpu.cozystack.io/templates": f"{cls}={count}"}
+    del v["spec"]["domain"]["devices"]["gpus"]  # the example's own P40 entry: ours replace it
+    if tolerations:
+        v["spec"]["tolerations"] = tolerations
+    return v
+
+
+async def create(fleet, ns: str, body: dict) -> tuple[dict | None, str]:
+    """Create through the API server (gpu-binder's and virt-api's webhooks in the path):
+    (the VMI, "") when admitted, (None, message) when denied."""
+    try:
+        return await fleet.custom.create_namespaced_custom_object(VMI_GROUP, VMI_VERSION, ns, VMIS, body), ""
+    except ApiException as exc:
+        return None, json.loads(exc.body).get("message", "") if exc.body else str(exc)
+
+
+def gpu_requests(pod: dict, res: str) -> int:
+    return sum(int((c.get("resources") or {}).get("requests", {}).get(res, 0))
+               for c in pod["spec"].get("containers") or [])
+
+
+async def launcher_pod(fleet, ns: str, uid: str) -> dict | None:
+    pods = await fleet.core.list_namespaced_pod(ns, label_selector=f"kubevirt.io/created-by={uid}")
+    items = [p.to_dict() for p in pods.items]
+    return items[0] if len(items) == 1 else None
+
+
+async def bound_launcher(fleet, ns: str, made: dict, timeout: float = 60) -> dict:
+    """The VMI's one virt-launcher Pod once kube-scheduler has bound it (spec.nodeName)."""
+    async def probe():
+        pod = await launcher_pod(fleet, ns, made["metadata"]["uid"])
+        return pod if pod and pod["spec"].get("node_name") else None
+    pod = await eventually(probe, timeout=timeout, what=f"launcher Pod of {made['metadata']['name']} bound")
+    pod["spec"]["nodeName"] = pod["spec"]["node_name"]
+    pod["spec"]["containers"] = [{"resources": {"requests": (c.get("resources") or {}).get("requests") or {}}}
+                                 for c in pod["spec"]["containers"]]
+    return pod
+
+
+def pin(made: dict) -> str:
+    return made["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+
+
+async def test_B3_fifty_vmi_race_every_admitted_vmi_gets_a_launcher_pod_bound_on_its_pin(system, kubevirt, fleet):
+    res, cls, nodes, tenant = await pool(fleet, kubevirt, {f"n{i}": {"units": 4} for i in range(5)})
+    asks = {f"race-{i:02d}": 1 + i % 3 for i in range(50)}  # 100 GPUs asked, 20 exist
+    got: dict[str, tuple[dict | None, str]] = {}
+
+    async def one(name: str) -> None:
+        got[name] = await create(fleet, tenant, vmi(name, cls, asks[name]))
+    async with anyio.create_task_group() as tg:
+        for name in asks:
+            tg.start_soon(one, name)
+    admitted = {n: v for n, (v, _) in got.items() if v is not None}
+    denied = {n: m for n, (v, m) in got.items() if v is None}
+    assert sum(asks[n] for n in admitted) <= 20
+    assert len(admitted) >= 7, denied  # 20 units, at most 3 per VMI: 7 VMIs at least fit
+    for n, m in denied.items():
+        assert "cannot be placed" in m or "refused" in m, (n, m)
+    per_node: dict[str, int] = {}
+    for n, made in admitted.items():
+        pod = await bound_launcher(fleet, tenant, made)
+        assert pod["spec"]["nodeName"] == pin(made), n          # kube-scheduler agrees with the pin
+        assert gpu_requests(pod, res) == asks[n], n             # with every GPU of the set
+        per_node[pin(made)] = per_node.get(pin(made), 0) + asks[n]
+    assert all(v <= 4 for v in per_node.values()), per_node
+    pods = (await fleet.core.list_namespaced_pod(tenant)).items
+    assert len(pods) == len(admitted) and all(p.spec.node_name for p in pods)  # none Pending
+    for n in denied:  # a denied VMI does not exist, so it has no launcher Pod
+        with pytest.raises(ApiException):
+            await fleet.custom.get_namespaced_custom_object(VMI_GROUP, VMI_VERSION, tenant, VMIS, n)
+
+
+async def test_B3_untolerated_taint_node_is_skipped_a_tolerating_vmi_lands_there(system, kubevirt, fleet):
+    res, cls, nodes, tenant = await pool(fleet, kubevirt, {
+        "tainted": {"units": 2, "taints": [GPU_TAINT]}, "plain": {"units": 4}})
+    made, msg = await create(fleet, tenant, vmi("plain-vm", cls, 1))
+    assert made is not None, msg
+    assert pin(made) == nodes["plain"]  # the tighter tainted node would win B4 without its taint
+    pod = await bound_launcher(fleet, tenant, made)
+    assert pod["spec"]["nodeName"] == nodes["plain"]
+    tol = [{"key": GPU_TAINT["key"], "operator": "Equal", "value": "team-x", "effect": "NoSchedule"}]
+    made, msg = await create(fleet, tenant, vmi("tolerating-vm", cls, 2, tolerations=tol))
+    assert made is not None, msg
+    assert pin(made) == nodes["tainted"]
+    pod = await bound_launcher(fleet, tenant, made)
+    assert pod["spec"]["nodeName"] == nodes["tainted"] and gpu_requests(pod, res) == 2
+
+
+async def test_B3_not_ready_node_is_not_chosen_and_the_denial_says_why(system, kubevirt, fleet):
+    res, cls, nodes, tenant = await pool(fleet, kubevirt, {"down": {"units": 4, "kwok": False, "ready": False}})
+    made, msg = await create(fleet, tenant, vmi("vm", cls, 1))
+    assert made is None
+    assert f"{nodes['down']}: not Ready" in msg, msg
+    devs = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant, "gpudevices")
+    assert devs["items"] == []  # W1 denied before any write
+
+
+async def test_B3_node_without_kubevirt_schedulable_label_is_not_chosen(system, kubevirt, fleet):
+    res, cls, nodes, tenant = await pool(fleet, kubevirt, {"bare": {"units": 4, "kubevirt": False},
+                                                            "kv": {"units": 1}})
+    made, msg = await create(fleet, tenant, vmi("vm", cls, 2))
+    assert made is None
+    assert f"{nodes['bare']}: lacks label kubevirt.io/schedulable=true" in msg, msg
+    made, msg = await create(fleet, tenant, vmi("vm-1", cls, 1))
+    assert made is not None, msg
+    pod = await bound_launcher(fleet, tenant, made)
+    assert pod["spec"]["nodeName"] == nodes["kv"] == pin(made)
+
+
+async def test_capacity_foreign_gpu_pod_is_counted_and_never_double_booked(system, kubevirt, fleet):
+    res, cls, nodes, tenant = await pool(fleet, kubevirt, {"n": {"units": 2}})
+    system_ns = unique("gpu-system")
+    await fleet.core.create_namespace({"metadata": {"name": system_ns}})
+    await fleet.core.create_namespaced_pod(system_ns, {
+        "metadata": {"name": "gpu-burner"},
+        "spec": {"nodeName": nodes["n"], "containers": [{
+            "name": "burn", "image": "example.invalid/burn",
+            "resources": {"limits": {res: "1"}}}]}})  # requests default to limits
+
+    async def counted():
+        made, msg = await create(fleet, tenant, vmi(unique("probe"), cls, 2))
+        assert made is None, "a 2-GPU VMI was admitted next to a foreign 1-GPU Pod on a 2-GPU node"
+        return msg if "1 used by Pods outside the binder" in msg else None
+    msg = await eventually(counted, timeout=20, what="the foreign Pod counted")
+    assert f"{nodes['n']}: needs 2 × {res}, has 1 free (1 used by Pods outside the binder)" in msg
+    made, msg = await create(fleet, tenant, vmi("fits", cls, 1))
+    assert made is not None, msg
+    pod = await bound_launcher(fleet, tenant, made)  # not Pending "Insufficient"
+    assert pod["spec"]["nodeName"] == nodes["n"] and gpu_requests(pod, res) == 1
+    # the launcher Pod's GPU is the VMI's Bound device, not foreign: nothing is left, and the
+    # refusal counts 1 bound + 1 foreign
+    made, msg = await create(fleet, tenant, vmi("more", cls, 1))
+    assert made is None and "has 0 free (1 used by Pods outside the binder)" in msg, msg
+
+
+async def test_W1_class_kubevirt_does_not_permit_is_denied_before_any_write(system, kubevirt, fleet):
+    res, cls, nodes, tenant = await pool(fleet, kubevirt, {"n": {"units": 4}}, permit=False)
+    made, msg = await create(fleet, tenant, vmi("vm", cls, 1))
+    assert made is None
+    assert f"GPU class {cls}: KubeVirt does not permit resource {res}" in msg, msg
+    devs = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant, "gpudevices")
+    assert devs["items"] == []
+    got = await fleet.custom.get_cluster_custom_object("gpu.cozystack.io", "v1alpha1", "gpuclasses", cls)
+    (cond,) = [c for c in got["status"]["conditions"] if c["type"] == "KubeVirtPermitted"]
+    assert (cond["status"], cond["reason"]) == ("False", "NotPermitted")
+    kubevirt.set_permitted(kubevirt.permitted + (res,))  # the operator permits it: admitted, runs
+
+    async def admitted():
+        made, _ = await create(fleet, tenant, vmi(unique("vm"), cls, 1))
+        return made
+    made = await eventually(admitted, timeout=30, what="admission once permitted")
+    pod = await bound_launcher(fleet, tenant, made)
+    assert pod["spec"]["nodeName"] == nodes["n"] == pin(made)
+
+
+async def test_W1_vmi_keeping_its_own_gpu_entry_kubevirt_does_not_permit_is_denied(system, kubevirt, fleet):
+    res, cls, nodes, tenant = await pool(fleet, kubevirt, {"n": {"units": 4}})
+    body = vmi("keeps-p40", cls, 1)
+    body["spec"]["domain"]["devices"]["gpus"] = copy.deepcopy(BASE_VMI["spec"]["domain"]["devices"]["gpus"])
+    made, msg = await create(fleet, tenant, body)
+    assert made is None
+    assert "GPU entry 'gpu1' of the VMI names nvidia.com/GP102GL_Tesla_P40, which KubeVirt does not permit" in msg, msg
+    devs = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant, "gpudevices")
+    assert devs["items"] == []
