@@ -399,8 +399,11 @@ async def test_helm_install_then_tenant_vmi_is_admitted_and_raw_pod_refused(helm
     client = None
     try:
         cp.start()
-        # KubeVirt's stand-ins: the VMI CRD and the tenant's VMI editor role
+        # KubeVirt's own CRDs (k8s.kubevirt) and the tenant's VMI editor role
+        from k8s.kubevirt import install_crds
+
         cp.kubectl("apply", "--server-side", "-f", str(MANIFESTS / "testing"))
+        install_crds(cp)
         values = tmp_path / "values.yaml"
         values.write_text(yaml.safe_dump({
             "rawResourceNames": "denied", "settings": FAST_SETTINGS,
