@@ -167,10 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "control plane only (default: %(default)s)")
     up.add_argument("--kubevirt", action="store_true",
                     help="also run KubeVirt's virt-api and virt-controller, kube-scheduler and KWOK "
-                         "(nodes annotated kwok.x-k8s.io/node=fake are kept Ready)")
+                         "(nodes annotated kwok.x-k8s.io/node=fake are kept Ready; default: off)")
     up.add_argument("--permit", default="",
                     help="with --kubevirt: resource names the KubeVirt CR permits as host devices "
-                         "(comma-separated; edit the CR kubevirt/kubevirt later to change them)")
+                         "(comma-separated; edit the CR kubevirt/kubevirt later to change them; "
+                         "default: none)")
     up.set_defaults(func=_cluster_up)
 
     demo = sub.add_parser("demo", help="the whole system on a local control plane (make demo)")
