@@ -14,6 +14,7 @@ from model.plan import Answer, Finish, Place, Recover, Skip, plan_batch
 from model.snapshot import Snapshot
 from model.types import BindRequest, DeviceStatus, GPUClass, GPUDevice, Namespace, Node, Phase, Result
 from tests.test_model_properties import PROPS, TENANTS, World, oracle, worlds
+KV = (("kubevirt.io/schedulable", "true"),)  # KubeVirt runs VMs on these nodes (B3)
 
 H = "nvidia.com/H100"
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -28,7 +29,7 @@ def with_request(dev: GPUDevice, rid: str, names: tuple[str, ...], *, result: Re
 
 
 def small() -> Snapshot:
-    return Snapshot.build(nodes=[Node("n1", (), ((H, 2),)), Node("n2", (), ((H, 4),))],
+    return Snapshot.build(nodes=[Node("n1", KV, ((H, 2),)), Node("n2", KV, ((H, 4),))],
                           classes=[GPUClass("h100", H)], namespaces=[Namespace("t")],
                           devices=[GPUDevice("t", n, "h100") for n in ("a", "b", "c", "d")])
 
@@ -82,7 +83,7 @@ def test_B1_a_cut_short_refusal_is_finished_and_partial_or_answered_requests_ski
 
 
 def test_B6_nothing_to_land_is_an_answer() -> None:
-    snap = Snapshot.build(nodes=[Node("n1", (), ((H, 2),))], classes=[GPUClass("h100", H)],
+    snap = Snapshot.build(nodes=[Node("n1", KV, ((H, 2),))], classes=[GPUClass("h100", H)],
                           devices=[GPUDevice("t", "a", "h100", status=DeviceStatus(Phase.BOUND, "n1"))])
     actions, after = plan_batch(snap, (), [("t", "r1", members(snap, "r1", ("a",)))])
     assert isinstance(actions[0], Answer) and actions[0].decision.rule == "B6"
