@@ -148,7 +148,7 @@ class ClusterCache:
         self._claim_of_vmi: dict[Key, str] = {}
         self.nodes.add_listener(_feed("Node", parse_node, self._put_node, self._remove_node))
         self.pods.add_listener(self._on_pod)
-        self.vmis.add_listener(self._on_vmi)
+        self.vmis.add_listener(self._on_vmi_claim)
         self.namespaces.add_listener(_feed("Namespace", parse_namespace, v.put_namespace,
                                            lambda k: v.remove_namespace(k[1])))
         self._quota_budgets: dict[Key, list] = {}
@@ -234,7 +234,8 @@ class ClusterCache:
         for node in {u.node for u in (old, use) if u is not None}:
             self._refresh_node(node)
 
-    def _on_vmi(self, key: Key, obj: dict | None) -> None:
+    def _on_vmi_claim(self, key: Key, obj: dict | None) -> None:
+        """A VMI changed: refresh the nodes whose foreign units its launcher claim excuses."""
         old_uid = self._claim_of_vmi.pop(key, None)
         old = self._claims.pop(old_uid, None) if old_uid else None
         got = parse_launcher_claim(obj) if obj is not None else None
