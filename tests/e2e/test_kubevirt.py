@@ -251,9 +251,10 @@ async def test_W1_class_kubevirt_does_not_permit_is_denied_before_any_write(syst
 async def test_W1_vmi_keeping_its_own_gpu_entry_kubevirt_does_not_permit_is_denied(system, kubevirt, fleet):
     res, cls, nodes, tenant = await pool(fleet, kubevirt, {"n": {"units": 4}})
     body = vmi("keeps-p40", cls, 1)
-    body["spec"]["domain"]["devices"]["gpus"] = copy.deepcopy(BASE_VMI["spec"]["domain"]["devices"]["gpus"])
+    own = f"{unique('own')}.example.com/gpu"  # no GPUClass names it (the example's own P40 may be one)
+    body["spec"]["domain"]["devices"]["gpus"] = [{"name": "gpu1", "deviceName": own}]
     made, msg = await create(fleet, tenant, body)
     assert made is None
-    assert "GPU entry 'gpu1' of the VMI names nvidia.com/GP102GL_Tesla_P40, which KubeVirt does not permit" in msg, msg
+    assert f"GPU entry 'gpu1' of the VMI names {own}, which KubeVirt does not permit" in msg, msg
     devs = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant, "gpudevices")
     assert devs["items"] == []
