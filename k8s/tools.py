@@ -26,7 +26,7 @@ import yaml
 
 from model.admission import node_selector_of
 from model.explain import Explanation, Top, WhatIf, explain, top, what_if
-from model.parse import ParseError, parse_vmi_request
+from model.parse import ParseError, parse_tolerations, parse_vmi_request
 from model.snapshot import Snapshot
 
 
@@ -43,6 +43,7 @@ class Cluster:
     live_vmis: set[tuple[str, str]]
     vmis: dict[tuple[str, str], dict]
     vmi_state: Any = None
+    permitted: frozenset[str] | None = None
 
 
 def default_kubeconfig() -> str:
@@ -81,7 +82,8 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
         except Exception as exc:  # noqa: BLE001 - transport errors: name the server
             raise ToolError(f"cannot reach the API server of {kubeconfig}: {exc!r}"[:500]) from None
         vmis = {k: v for k, v in ((k, cache.vmis.get(k)) for k in cache.vmi_keys()) if v}
-        return Cluster(cache.view.snapshot(), set(vmis), vmis, cache.vmi_state())
+        return Cluster(cache.view.snapshot(), set(vmis), vmis, cache.vmi_state(),
+                       cache.permitted_resources())
     finally:
         await api.close()
 
@@ -123,8 +125,10 @@ def explain_vmi(cluster: Cluster, vmi: dict, *, grace: float, now: datetime) -> 
     do not parse (the admission would deny it the same way) or it asks for no GPU."""
     meta = vmi["metadata"]
     ns, name = meta["namespace"], meta["name"]
+    spec = vmi.get("spec") if isinstance(vmi.get("spec"), dict) else {}
     try:
         ask = parse_vmi_request(meta.get("annotations") or {})
+        tolerations = parse_tolerations(spec.get("tolerations"))
     except ParseError as exc:
         raise ToolError(f"invalid GPU annotations on VMI {ns}/{name}: {exc.field}: "
                         f"{exc.problem}") from None
@@ -134,7 +138,8 @@ def explain_vmi(cluster: Cluster, vmi: dict, *, grace: float, now: datetime) -> 
     return explain(cluster.snapshot, ns, name, ask,
                    live_vmis=cluster.vmi_state if cluster.vmi_state is not None
                    else cluster.live_vmis, now=now,
-                   grace=timedelta(seconds=grace), node_selector=node_selector_of(vmi))
+                   grace=timedelta(seconds=grace), node_selector=node_selector_of(vmi),
+                   tolerations=tolerations, permitted=cluster.permitted, vmi_object=vmi)
 
 
 # --- rendering -------------------------------------------------------------------------------

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from model.admission import Refusal, already_admitted, check, same_name_conflict, template_name
+from model.admission import (Refusal, already_admitted, check, effective_resources,
+                             same_name_conflict, template_name, unpermitted_gpu_entries)
 from model.decide import Move, Request, apply_decision, assess, decide
 from model.housekeeping import VMIs
 from model.parse import VMIAsk
 from model.snapshot import Snapshot
-from model.types import GPUDevice, Labels, Result
+from model.types import GPUDevice, Labels, Result, Toleration
 
 EXPLAIN_REQUEST_ID = "(explain)"
 """Request id of the hypothetical requests judged here; never a real (generated) id."""
@@ -111,7 +112,8 @@ class Explanation:
 
 
 def set_request(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
-                node_selector: Labels = ()) -> tuple[Snapshot, Request]:
+                node_selector: Labels = (),
+                tolerations: tuple[Toleration, ...] = ()) -> tuple[Snapshot, Request]:
     """The snapshot and complete request the binder would judge for this VMI's set (§3):
     held devices by name, template devices under their deterministic names
     (`template_name`, W3 step 1) added as Pending devices when they do not exist yet."""
@@ -124,7 +126,8 @@ def set_request(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
             if snapshot.device(namespace, name) is None:
                 new.append(GPUDevice(namespace, name, class_name, template_for=vmi))
     snap = snapshot.with_devices(new) if new else snapshot
-    return snap, Request(EXPLAIN_REQUEST_ID, namespace, vmi, tuple(names), node_selector)
+    return snap, Request(EXPLAIN_REQUEST_ID, namespace, vmi, tuple(names), node_selector,
+                         None, tolerations)
 
 
 def _keys(live_vmis: VMIs | set[tuple[str, str]]) -> set[tuple[str, str]]:
@@ -133,9 +136,12 @@ def _keys(live_vmis: VMIs | set[tuple[str, str]]) -> set[tuple[str, str]]:
 
 def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
             live_vmis: VMIs | set[tuple[str, str]], now: datetime, grace: timedelta,
-            node_selector: Labels = ()) -> Explanation:
+            node_selector: Labels = (), tolerations: tuple[Toleration, ...] = (),
+            permitted: frozenset[str] | None = None,
+            vmi_object: Mapping[str, Any] | None = None) -> Explanation:
     """Explain the admission of VMI `namespace/vmi` asking for `ask` with its own
-    `spec.nodeSelector`, as a CREATE of it now would go: W1 (`check`, then
+    `spec.nodeSelector` and `spec.tolerations` (B3), KubeVirt's `permitted` host devices
+    (None: no KubeVirt CR) and the VMI object itself (its kept `gpus` entries), as a CREATE of it now would go: W1 (`check`, then
     `same_name_conflict` unless W4 finds the set already admitted) with the VMI itself not
     live, as the webhook sees it (so an existing VMI is explained as if re-created: its own
     attachments do not stand in its way), `now` and `grace`; then the binder's B1–B6 on the
@@ -143,10 +149,13 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
     vmis = live_vmis if isinstance(live_vmis, VMIs) else VMIs.of_keys(live_vmis)
     vmis = vmis.without((namespace, vmi))
     live_keys = set(vmis.live)
-    w1 = check(snapshot, namespace, vmi, ask, vmis, now, grace)
+    w1 = check(snapshot, namespace, vmi, ask, vmis, now, grace, node_selector=node_selector,
+               tolerations=tolerations, permitted=permitted)
+    if not isinstance(w1, Refusal) and vmi_object is not None:
+        w1 = unpermitted_gpu_entries(vmi_object, effective_resources(snapshot), permitted) or w1
     if not isinstance(w1, Refusal) and already_admitted(snapshot, w1) is None:
         w1 = same_name_conflict(snapshot, w1, vmis, now, grace) or w1
-    snap, request = set_request(snapshot, namespace, vmi, ask, node_selector)
+    snap, request = set_request(snapshot, namespace, vmi, ask, node_selector, tolerations)
     a = assess(snap, request)
     d = a.decision
     ok = d.result is Result.SUCCEEDED
@@ -275,6 +284,7 @@ class HeldSet:
     templates: tuple[tuple[str, int], ...] = ()
     running: bool = False
     node_selector: Labels = ()
+    tolerations: tuple[Toleration, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,12 +343,12 @@ def held_sets(snapshot: Snapshot, nodes: Iterable[str],
             if d.template_for is not None:
                 templates[d.class_name] = templates.get(d.class_name, 0) + 1
         held = tuple(sorted(d.name for d in devs if d.template_for is None))
-        selector = next((d.status.bind_request.node_selector
-                         for d in sorted(devs, key=lambda d: d.name)
-                         if d.status.bind_request is not None
-                         and d.status.bind_request.vmi == vmi), ())
+        last = next((d.status.bind_request for d in sorted(devs, key=lambda d: d.name)
+                     if d.status.bind_request is not None
+                     and d.status.bind_request.vmi == vmi), None)
         out.append(HeldSet(ns, vmi, min(on), held, tuple(sorted(templates.items())), True,
-                           selector))
+                           last.node_selector if last else (),
+                           last.tolerations if last else ()))
     for (ns, node), names in idle.items():
         out.append(HeldSet(ns, None, node, tuple(sorted(names))))
     out.sort(key=lambda s: (s.namespace, s.vmi is None, s.vmi or "", s.node))
@@ -369,7 +379,8 @@ def what_if(snapshot: Snapshot, mode: str, nodes: Sequence[str], *,
             snap = snap.without_devices([d.key for d in snap.devices_in(hs.namespace).values()
                                          if d.template_for == hs.vmi])
         ask = VMIAsk(hs.held, hs.templates)
-        snap, request = set_request(snap, hs.namespace, vmi, ask, hs.node_selector)
+        snap, request = set_request(snap, hs.namespace, vmi, ask, hs.node_selector,
+                                    hs.tolerations)
         decision = decide(snap, request, limit=1)
         if decision.result is Result.SUCCEEDED:
             placement = decision.placements[0]

@@ -73,8 +73,8 @@ def test_B3_explain_gives_every_node_its_reason():
         "n3": ("does not match node selector zone=a", "needs 2 × nvidia.com/H100, has 1 free"),
         "n4": ("does not match node selector zone=a",),
     }
-    # W1 ignores the VMI's nodeSelector (it fits n4), the binder's refusal is the message
-    assert e.message.startswith("refused tenant-a/vm-1 request (explain): devices ")
+    # W1 judges the VMI's nodeSelector too (B3): its refusal is the message
+    assert e.message.startswith("GPU set of VMI tenant-a/vm-1 cannot be placed: devices ")
 
 
 def test_W1_explain_says_budget_and_by_how_much():
@@ -276,7 +276,7 @@ def test_W1_B1_explain_agrees_with_check_and_decide(snap, held, templates, selec
     live_vmis = {(NS, v) for v in live} | {("tenant-b", v) for v in live}
     e = explain(snap, NS, "vm-1", ask, live_vmis=live_vmis, now=NOW, grace=GRACE,
                 node_selector=selector)
-    w1 = check(snap, NS, "vm-1", ask, live_vmis, NOW, GRACE)
+    w1 = check(snap, NS, "vm-1", ask, live_vmis, NOW, GRACE, node_selector=selector)
     whole, request = set_request(snap, NS, "vm-1", ask, selector)
     d = decide(whole, request, limit=None)
     assert e.admitted == (not isinstance(w1, Refusal) and d.result is Result.SUCCEEDED)
