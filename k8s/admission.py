@@ -247,11 +247,15 @@ class VMIAdmission:
             if tolerations:  # B3: the binder judges taints against the VMI's own tolerations
                 body["tolerations"] = tolerations_to_list(tolerations)
             attached.extend(plan.devices)
-            # W3 (2) and (3) in one optimistic write per device: the request is complete
-            # (acted on by the binder) only once every member carries it
+            # W3 (2) then (3): every attachment first, then the request on each member, each
+            # write testing this admission's attachment (the single-write variant lost
+            # requests to housekeeping's H2 in the restart race: see the issue notes)
             await _each(lambda name: self._attach(ns, vmi, name, now, admission, vmis,
-                                                  classes.get(name), created, body),
+                                                  classes.get(name), created),
                         plan.devices)
+            await _each(lambda name: self._json_patch(ns, name, [
+                {"op": "test", "path": "/status/attachedTo/admission", "value": admission},
+                {"op": "add", "path": "/status/bindRequest", "value": body}]), plan.devices)
             devs = await self.waiter.wait(ns, request_id, plan.devices,
                                           max(0.5, deadline - anyio.current_time()))
         except BaseException as exc:
@@ -354,11 +358,9 @@ class VMIAdmission:
                 await anyio.sleep(0.02)
 
     async def _attach(self, ns: str, vmi: str, name: str, now: datetime, admission: str,
-                      vmis: VMIs, template_class: str | None, created: list[str],
-                      request: dict) -> None:
-        """W3 (2) and (3) in one write: `attachedTo` {vmi, since, admission} and the
-        `bindRequest` `request`, with optimistic concurrency (a JSON Patch testing the
-        resourceVersion just read), judged on the object just read: an attachment that still holds
+                      vmis: VMIs, template_class: str | None, created: list[str]) -> None:
+        """W3 (2): `attachedTo` {vmi, since, admission}, with optimistic concurrency (a JSON
+        Patch testing the resourceVersion just read), judged on the object just read: an attachment that still holds
         (`judge`: its VMI exists or may still appear) refuses; one of a deleted incarnation,
         a refused request or past the grace is taken over. A template device deleted
         meanwhile (housekeeping releasing an older incarnation of the name) is re-created."""
@@ -385,7 +387,7 @@ class VMIAdmission:
                 raise Denied(f"GPU device {name} is being deleted")
             att = dev.status.attached_to
             if att is not None and att.admission == admission:
-                return  # a retry of this very write (attachment and request went together)
+                return  # a retry of this very write
             if att is not None and attachment_is_live(dev, vmis, self.now(), self.grace):
                 if att.vmi == vmi:
                     raise Denied(f"GPU device {name} is being attached by another admission "
@@ -395,11 +397,9 @@ class VMIAdmission:
             ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
                                           "value": raw["metadata"]["resourceVersion"]}]
             if isinstance(raw.get("status"), dict):  # `add` replaces: no older field stays
-                ops += [{"op": "add", "path": "/status/attachedTo", "value": attachment},
-                        {"op": "add", "path": "/status/bindRequest", "value": request}]
+                ops.append({"op": "add", "path": "/status/attachedTo", "value": attachment})
             else:  # a new template device has no status yet (as read, version tested)
-                ops.append({"op": "add", "path": "/status",
-                            "value": {"attachedTo": attachment, "bindRequest": request}})
+                ops.append({"op": "add", "path": "/status", "value": {"attachedTo": attachment}})
             try:
                 await self.custom.patch_namespaced_custom_object_status(
                     GROUP, VERSION, ns, "gpudevices", name, ops, _content_type=JSON_PATCH,
