@@ -119,6 +119,23 @@ def _exit_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, handler)
 
 
+def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """Stop `proc`'s process group: SIGTERM, then SIGKILL after `grace` seconds; returns once
+    it has exited (at once when it already has)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait()
+
+
 def kubeconfig(server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes,
                user: str, namespace: str | None = None) -> dict:
     """A kubeconfig dict with embedded CA and client certificate for `user` at `server`."""
@@ -255,18 +272,7 @@ class ControlPlane:
             proc = self.procs.pop(name, None)
             if proc is None:
                 continue
-            for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-                if proc.poll() is not None:
-                    break
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(wait)
-                except subprocess.TimeoutExpired:
-                    continue
-            proc.wait()
+            stop_process(proc)
         _live.discard(self)
         if self._own_dir and not self.keep_dir:
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
 import subprocess
 import time
 import urllib.error
@@ -28,7 +27,8 @@ from pathlib import Path
 
 import yaml
 
-from k8s.controlplane import REPO_ROOT, ControlPlane, ControlPlaneError, _die_with_parent, free_port
+from k8s.controlplane import (REPO_ROOT, ControlPlane, ControlPlaneError, _die_with_parent, free_port,
+                             stop_process)
 from k8s.fleet import KWOK_ANNOTATION
 
 BUILD_SCRIPT = REPO_ROOT / "tools" / "build-kubevirt.sh"
@@ -175,18 +175,7 @@ class KubeVirt:
             proc = self.procs.pop(name, None)
             if proc is None:
                 continue
-            for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-                if proc.poll() is not None:
-                    break
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(wait)
-                except subprocess.TimeoutExpired:
-                    continue
-            proc.wait()
+            stop_process(proc)
         if self.cp.procs.get("kube-apiserver") is not None:
             for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
                 self.cp.kubectl("delete", kind, "-l", "gpu-binder.local/harness=kubevirt",
