@@ -29,7 +29,7 @@ from kubernetes_asyncio.client import ApiException
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, unique
 from tests.e2e.helpers import eventually, make_pool
 from tests.e2e.test_webhook import _client_ssl, _review, annotated, fixture
-from tests.e2e.test_webhook import create as webhook_create, devices as device_items
+from tests.e2e.test_webhook import create, devices as device_items
 
 pytestmark = pytest.mark.anyio
 GROUP, VERSION = "gpu.cozystack.io", "v1alpha1"
@@ -49,16 +49,6 @@ def vmi_body(name: str, *, templates: str | None = None, devices: str | None = N
         spec["nodeSelector"] = node_selector
     return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
             "metadata": {"name": name, "annotations": ann}, "spec": spec}
-
-
-async def create(fleet, ns: str, vmi: dict) -> tuple[bool, str]:
-    """Create through the API server (webhook in the path): (admitted, message or spec)."""
-    try:
-        made = await fleet.custom.create_namespaced_custom_object(VMI_GROUP, VMI_VERSION, ns,
-                                                                  VMIS, vmi)
-        return True, json.dumps(made["spec"])
-    except ApiException as exc:
-        return False, json.loads(exc.body).get("message", "") if exc.body else str(exc)
 
 
 async def get_vmi(fleet, ns: str, name: str) -> dict | None:
@@ -392,7 +382,7 @@ async def test_W6_forged_review_for_another_tenant_writes_nothing(system, fleet,
     assert await _events(fleet, victim) == []
     assert [a[0] for a in answers] == ["refused", "refused"], answers
     # the API server itself still gets through
-    ok, msg = await webhook_create(fleet, victim, annotated(fixture("vmi-fedora.yaml"), "real",
+    ok, msg = await create(fleet, victim, annotated(fixture("vmi-fedora.yaml"), "real",
                                                     templates=f"{cls}=1"))
     assert ok, msg
 
@@ -424,9 +414,9 @@ async def test_outage_blocks_only_vmis_with_gpu_annotations(system, fleet):
         system.kill_replica(i, signal.SIGKILL)
     plain = fixture("vmi-fedora.yaml")
     plain["apiVersion"] = "kubevirt.io/v1"
-    ok, msg = await webhook_create(fleet, tenant, plain)
+    ok, msg = await create(fleet, tenant, plain)
     assert ok, msg
-    ok, msg = await webhook_create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "wants-gpu",
+    ok, msg = await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "wants-gpu",
                                                     templates=f"{cls}=1"))
     assert not ok and "failed calling webhook" in msg, msg
     assert await device_items(fleet, tenant) == []
@@ -463,7 +453,7 @@ async def test_serving_certificate_rotation_is_served_without_restart(system, fl
     await eventually(all_new, timeout=15, what="the rotated certificate served")
     assert [r.proc.pid for r in system.replicas] == pids and all(r.alive for r in system.replicas)
     res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, settle=0.5)
-    ok, msg = await webhook_create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "after-rotation",
+    ok, msg = await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "after-rotation",
                                                     templates=f"{cls}=1"))
     assert ok, msg
     print(f"served certificate sha256 {hashlib.sha256(before).hexdigest()[:16]} -> "
@@ -492,10 +482,10 @@ async def test_least_privilege_replicas_run_a_full_cycle_on_the_shipped_service_
     for i in range(len(system.replicas)):
         assert f"--kubeconfig={system.kubeconfig}" in system.replicas[i].proc.args
     res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, settle=0.5)
-    ok, msg = await webhook_create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "fits",
+    ok, msg = await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "fits",
                                                     templates=f"{cls}=1"))
     assert ok, msg
-    ok, msg = await webhook_create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "too-big",
+    ok, msg = await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "too-big",
                                                     templates=f"{cls}=2"))
     assert not ok
     events = await _events(fleet, tenant)
