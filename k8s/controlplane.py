@@ -136,6 +136,19 @@ def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
     proc.wait()
 
 
+def spawn_logged(directory: Path, name: str, args: list[str]) -> subprocess.Popen:
+    """Start `args` in `directory`, stdout and stderr appended to `directory/<name>.log`,
+    stdin closed, killed with its parent (Linux PR_SET_PDEATHSIG). Raises OSError when the
+    binary cannot be started."""
+    log = open(directory / f"{name}.log", "ab")
+    try:
+        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                                cwd=directory)
+    finally:
+        log.close()
+
+
 def kubeconfig(server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes,
                user: str, namespace: str | None = None) -> dict:
     """A kubeconfig dict with embedded CA and client certificate for `user` at `server`."""
@@ -296,14 +309,7 @@ class ControlPlane:
 
     # -- internals -----------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.dir / f"{name}.log", "ab")
-        try:
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
-                                    cwd=self.dir)
-        finally:
-            log.close()
-        self.procs[name] = proc
+        proc = self.procs[name] = spawn_logged(self.dir, name, args)
         return proc
 
     def _log_tail(self, name: str, lines: int = 25) -> str:

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import yaml
 
-from k8s.controlplane import (REPO_ROOT, ControlPlane, ControlPlaneError, _die_with_parent, free_port,
-                             stop_process)
+from k8s.controlplane import (REPO_ROOT, ControlPlane, ControlPlaneError, free_port,
+                             spawn_logged, stop_process)
 from k8s.fleet import KWOK_ANNOTATION
 
 BUILD_SCRIPT = REPO_ROOT / "tools" / "build-kubevirt.sh"
@@ -183,14 +183,7 @@ class KubeVirt:
 
     # -- internals -----------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.dir / f"{name}.log", "ab")
-        try:
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
-                                    cwd=self.dir)
-        finally:
-            log.close()
-        self.procs[name] = proc
+        proc = self.procs[name] = spawn_logged(self.dir, name, args)
         return proc
 
     def _install(self) -> None:
