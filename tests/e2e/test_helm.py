@@ -337,16 +337,20 @@ def test_chart_defaults_equal_the_kustomize_base(control_plane, helm):
 
 # -- restricted Pod Security profile -------------------------------------------------------
 
-def test_pod_passes_the_restricted_pod_security_profile(cluster, helm):
-    """The Deployment's Pod template, created as a Pod (server dry run) in a namespace that
-    enforces the `restricted` Pod Security Standard, is admitted; the same Pod without the
-    seccomp profile is refused, so the profile is really enforced there."""
+@pytest.mark.parametrize("source", ["chart", "kustomize"])
+def test_pod_passes_the_restricted_pod_security_profile(cluster, helm, source):
+    """The Deployment's Pod template (the chart's default render, or `kubectl kustomize
+    k8s/manifests`), created as a Pod (server dry run) in a namespace that enforces the
+    `restricted` Pod Security Standard, is admitted; the same Pod without the seccomp
+    profile is refused, so the profile is really enforced there."""
+    objects = helm.objects() if source == "chart" else [
+        d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(MANIFESTS)).stdout) if d]
     ns = unique("restricted")
     cluster.kubectl("create", "namespace", ns)
     try:
         cluster.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted",
                         "pod-security.kubernetes.io/enforce-version=latest")
-        template = by_kind(helm.objects())[("Deployment", "gpu-binder")]["spec"]["template"]
+        template = by_kind(objects)[("Deployment", "gpu-binder")]["spec"]["template"]
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": "gpu-binder-probe", "namespace": ns,
                             "labels": template["metadata"]["labels"]},
