@@ -197,7 +197,7 @@ class VMIAdmission:
         vmis = self.cache.vmi_state().without((ns, vmi))
         snap = self.cache.view.snapshot()
         now = self.now()
-        selector = node_selector_of(obj)
+        selector = node_selector_of(obj, self.cache.launcher_defaults())  # B3: the launcher's
         permitted = self.cache.permitted_resources()
         plan = check(snap, ns, vmi, ask, vmis, now, self.grace,
                      node_selector=selector, tolerations=tolerations, permitted=permitted)

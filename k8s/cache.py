@@ -24,6 +24,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from actors.view import IndexedView
 from k8s.informer import Informer, Key, keep_all, slim
+from model.admission import LauncherDefaults, launcher_defaults
 from model.foreign import LauncherClaim, PodUse, foreign_units, parse_launcher_claim, parse_pod_use
 from model.housekeeping import VMIRecord, VMIs
 from model.parse import (ParseError, parse_budgets, parse_gpu_class, parse_gpu_device,
@@ -258,6 +259,11 @@ class ClusterCache:
         for cr in crs:
             out |= parse_permitted_host_devices(cr)
         return frozenset(out)
+
+    def launcher_defaults(self) -> LauncherDefaults:
+        """What virt-controller adds to every launcher Pod's nodeSelector, from the KubeVirt
+        CR (`model.admission.launcher_defaults`; empty without a CR)."""
+        return launcher_defaults(self.kubevirts.items())
 
     @property
     def informers(self) -> tuple[Informer, ...]:

@@ -24,7 +24,7 @@ import anyio
 import structlog
 import yaml
 
-from model.admission import node_selector_of
+from model.admission import LauncherDefaults, node_selector_of
 from model.explain import Explanation, Top, WhatIf, explain, top, what_if
 from model.parse import ParseError, parse_tolerations, parse_vmi_request
 from model.snapshot import Snapshot
@@ -44,6 +44,7 @@ class Cluster:
     vmis: dict[tuple[str, str], dict]
     vmi_state: Any = None
     permitted: frozenset[str] | None = None
+    launcher: LauncherDefaults = LauncherDefaults()
 
 
 def default_kubeconfig() -> str:
@@ -83,7 +84,7 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
             raise ToolError(f"cannot reach the API server of {kubeconfig}: {exc!r}"[:500]) from None
         vmis = {k: v for k, v in ((k, cache.vmis.get(k)) for k in cache.vmi_keys()) if v}
         return Cluster(cache.view.snapshot(), set(vmis), vmis, cache.vmi_state(),
-                       cache.permitted_resources())
+                       cache.permitted_resources(), cache.launcher_defaults())
     finally:
         await api.close()
 
@@ -138,7 +139,7 @@ def explain_vmi(cluster: Cluster, vmi: dict, *, grace: float, now: datetime) -> 
     return explain(cluster.snapshot, ns, name, ask,
                    live_vmis=cluster.vmi_state if cluster.vmi_state is not None
                    else cluster.live_vmis, now=now,
-                   grace=timedelta(seconds=grace), node_selector=node_selector_of(vmi),
+                   grace=timedelta(seconds=grace), node_selector=node_selector_of(vmi, cluster.launcher),
                    tolerations=tolerations, permitted=cluster.permitted, vmi_object=vmi)
 
 

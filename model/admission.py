@@ -273,9 +273,59 @@ def effective_resources(snapshot: Snapshot) -> tuple[str, ...]:
     return resource_names(snapshot.classes.values())
 
 
-def node_selector_of(vmi: Mapping[str, Any]) -> Labels:
-    """The VMI's own `spec.nodeSelector` as frozen labels (copied into the bind request);
-    non-string entries are ignored."""
+ARCH_LABEL = "kubernetes.io/arch"
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherDefaults:
+    """What virt-controller puts in a launcher Pod's nodeSelector besides the VMI's own
+    (KubeVirt v1.8, `NewNodeSelectorRenderer`): `architecture`, the KubeVirt CR's
+    `status.defaultArchitecture` ("" when unknown), which virt-api's mutator writes into a VMI
+    without `spec.architecture`; `node_selectors`, the CR's
+    `spec.configuration.developerConfiguration.nodeSelectors`."""
+
+    architecture: str = ""
+    node_selectors: Labels = ()
+
+
+def _string_map(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _step(obj: Any, *path: str) -> Any:
+    for key in path:
+        obj = obj.get(key) if isinstance(obj, Mapping) else None
+    return obj
+
+
+def launcher_defaults(kubevirts: Sequence[Mapping[str, Any]]) -> LauncherDefaults:
+    """`LauncherDefaults` of the cluster's KubeVirt CR (raw objects; the first by name when
+    there are several, as KubeVirt runs one). No CR, or a malformed part: the empty
+    defaults (nothing added), never an error."""
+    crs = sorted((cr for cr in kubevirts if isinstance(cr, Mapping)),
+                 key=lambda cr: str(_step(cr, "metadata", "name") or ""))
+    if not crs:
+        return LauncherDefaults()
+    cr = crs[0]
+    arch = _step(cr, "status", "defaultArchitecture")
+    extra = _string_map(_step(cr, "spec", "configuration", "developerConfiguration", "nodeSelectors"))
+    return LauncherDefaults(arch if isinstance(arch, str) else "", tuple(sorted(extra.items())))
+
+
+def node_selector_of(vmi: Mapping[str, Any], defaults: LauncherDefaults | None = None) -> Labels:
+    """The nodeSelector virt-controller gives the VMI's launcher Pod, as frozen labels
+    (copied into the bind request and judged by B3 and W1, so the pinned node is one
+    kube-scheduler can bind the launcher Pod to): `kubernetes.io/arch` = the lower-cased
+    `spec.architecture`, else `defaults.architecture`, when either is set; then
+    `defaults.node_selectors`; then the VMI's own `spec.nodeSelector`, which wins, as in
+    KubeVirt. Non-string entries are ignored."""
+    d = defaults or LauncherDefaults()
     spec = vmi.get("spec") if isinstance(vmi.get("spec"), Mapping) else {}
-    sel = spec.get("nodeSelector") if isinstance(spec.get("nodeSelector"), Mapping) else {}
-    return tuple(sorted((k, v) for k, v in sel.items() if isinstance(k, str) and isinstance(v, str)))
+    arch = spec.get("architecture") if isinstance(spec.get("architecture"), str) else ""
+    arch = arch or d.architecture
+    out: dict[str, str] = {ARCH_LABEL: arch.lower()} if arch else {}
+    out.update(d.node_selectors)
+    out.update(_string_map(spec.get("nodeSelector")))
+    return tuple(sorted(out.items()))

@@ -206,3 +206,51 @@ def test_W1_class_kubevirt_does_not_permit_is_refused_before_room_is_checked():
     assert check(s, NS, "vm-1", ask, set(), now, timedelta(minutes=2), permitted=permitted | {H}).node == "node-1"
     assert check(s, NS, "vm-1", ask, set(), now, timedelta(minutes=2), permitted=None).node == "node-1"
     assert parse_permitted_host_devices({"spec": "junk"}) == frozenset()
+
+
+# -- the launcher Pod's nodeSelector (B3: kubernetes.io/arch and KubeVirt's own selectors) ----
+
+KUBEVIRT_CR = {"metadata": {"name": "kubevirt"},
+               "spec": {"configuration": {"developerConfiguration": {
+                   "nodeSelectors": {"pool": "vms", "bad": 3}}}},
+               "status": {"defaultArchitecture": "amd64"}}
+
+
+def test_B3_launcher_selector_adds_the_default_architecture_and_kubevirts_node_selectors():
+    from model.admission import LauncherDefaults, launcher_defaults, node_selector_of
+
+    d = launcher_defaults([KUBEVIRT_CR])
+    assert d == LauncherDefaults("amd64", (("pool", "vms"),))
+    vm = {"spec": {"nodeSelector": {"zone": "a"}}}
+    assert node_selector_of(vm, d) == (("kubernetes.io/arch", "amd64"), ("pool", "vms"), ("zone", "a"))
+    assert node_selector_of(vm) == (("zone", "a"),)  # no KubeVirt CR: only the VMI's own
+
+
+def test_B3_launcher_selector_the_vmis_architecture_and_own_selector_win():
+    from model.admission import launcher_defaults, node_selector_of
+
+    d = launcher_defaults([KUBEVIRT_CR])
+    assert dict(node_selector_of({"spec": {"architecture": "ARM64"}}, d))["kubernetes.io/arch"] == "arm64"
+    own = {"spec": {"nodeSelector": {"kubernetes.io/arch": "s390x", "pool": "big"}}}
+    assert node_selector_of(own, d) == (("kubernetes.io/arch", "s390x"), ("pool", "big"))
+
+
+def test_B3_launcher_defaults_of_malformed_or_missing_crs_add_nothing():
+    from model.admission import LauncherDefaults, launcher_defaults
+
+    assert launcher_defaults([]) == LauncherDefaults()
+    assert launcher_defaults([{"status": {"defaultArchitecture": 7}, "spec": []}, "junk"]) == LauncherDefaults()
+
+
+def test_B3_node_of_another_architecture_is_not_eligible_and_the_refusal_says_so():
+    from model.admission import launcher_defaults, node_selector_of
+
+    sel = node_selector_of({"spec": {}}, launcher_defaults([KUBEVIRT_CR]))
+    arm, amd = {"kubernetes.io/arch": "arm64"}, {"kubernetes.io/arch": "amd64", "pool": "vms"}
+    s = world([node("node-1", 1, **arm), node("node-2", 4, **amd)], [dev("gpu-a")])
+    d = decide(s, replace(req("gpu-a"), node_selector=sel))
+    assert d.result is Result.SUCCEEDED and d.node == "node-2"  # node-1 fits tighter (B4)
+    s2 = world([node("node-1", 1, **arm)], [dev("gpu-a")])
+    d2 = decide(s2, replace(req("gpu-a"), node_selector=sel))
+    assert d2.result is Result.REFUSED
+    assert "node-1: does not match node selector kubernetes.io/arch=amd64,pool=vms" in d2.message

@@ -258,3 +258,19 @@ async def test_W1_vmi_keeping_its_own_gpu_entry_kubevirt_does_not_permit_is_deni
     assert f"GPU entry 'gpu1' of the VMI names {own}, which KubeVirt does not permit" in msg, msg
     devs = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant, "gpudevices")
     assert devs["items"] == []
+
+
+async def test_B3_node_of_another_architecture_is_not_chosen_though_it_fits_tighter(system, kubevirt, fleet):
+    """virt-controller selects `kubernetes.io/arch` = the VMI's architecture (KubeVirt's
+    default, the CR's status.defaultArchitecture, here amd64): an arm64 node is never the
+    pin, though B4's tightest fit would pick it, so the launcher Pod is bound where pinned."""
+    res, cls, nodes, tenant = await pool(fleet, kubevirt, {
+        "arm": {"units": 2, "labels": {"kubernetes.io/arch": "arm64"}}, "x86": {"units": 4}})
+    made, msg = await create(fleet, tenant, vmi("vm", cls, 1))
+    assert made is not None, msg
+    assert pin(made) == nodes["x86"]
+    pod = await bound_launcher(fleet, tenant, made)
+    assert pod["spec"]["nodeName"] == nodes["x86"] and gpu_requests(pod, res) == 1
+    made, msg = await create(fleet, tenant, vmi("vm-4", cls, 4))  # 3 left on x86, 2 on arm
+    assert made is None
+    assert f"{nodes['arm']}: does not match node selector kubernetes.io/arch=amd64" in msg, msg
