@@ -90,21 +90,33 @@ async def test_one_leader_and_it_stops_leading_before_the_lease_can_expire():
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(a.run, lead("a"))
-        await anyio.sleep(0.3)
+        await until(lambda: a.is_leader, 2.0, "a leads")
         tg.start_soon(b.run, lead("b"))
-        await anyio.sleep(1.0)
+        await anyio.sleep(3 * CFG.retry_period)  # b has tried a few times meanwhile
         assert (a.is_leader, b.is_leader, api.holder) == (True, False, "a")
         api.down = True                      # the API server goes away
         outage = anyio.current_time()
-        await anyio.sleep(1.6)
-        # a dropped leadership within the renew deadline (+ one retry), before expiry
-        assert not a.is_leader and "a" in stopped
-        assert stopped["a"] - outage < CFG.lease_duration
+        # a drops leadership within the renew deadline (+ one retry), before expiry
+        await until(lambda: "a" in stopped and not a.is_leader, CFG.lease_duration,
+                    "a stops leading")
+        assert not a.is_leader and stopped["a"] - outage < CFG.lease_duration
         api.down = False
-        await anyio.sleep(2.0)
-        assert sum(e.is_leader for e in (a, b)) == 1
+        await until(lambda: sum(e.is_leader for e in (a, b)) == 1, 4 * CFG.lease_duration,
+                    "one leader again")
+        await anyio.sleep(3 * CFG.retry_period)
+        assert sum(e.is_leader for e in (a, b)) == 1  # and only one, as renewals go on
         tg.cancel_scope.cancel()
     assert api.holder is None                 # released on shutdown
+
+
+async def until(cond, timeout: float, what: str) -> None:
+    """Poll `cond` every 20 ms; fail with `what` after `timeout` seconds."""
+    try:
+        with anyio.fail_after(timeout):
+            while not cond():
+                await anyio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"not within {timeout} s: {what}") from None
 
 
 async def test_release_lets_a_successor_take_over_without_waiting_for_expiry():
@@ -118,8 +130,7 @@ async def test_release_lets_a_successor_take_over_without_waiting_for_expiry():
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(a.run, idle)
-                await anyio.sleep(0.2)
-                assert a.is_leader
+                await until(lambda: a.is_leader, 2.0, "a leads")
                 outer.start_soon(b.run, idle)
                 await anyio.sleep(0.3)
                 assert not b.is_leader
