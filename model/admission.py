@@ -65,6 +65,36 @@ def attachment_is_live(device: GPUDevice, vmis: VMIs | set[tuple[str, str]], now
     return v is not None and v.holds
 
 
+# Bounds of `bindRequest.nodeSelector` and `bindRequest.tolerations` in the GPUDevice CRD
+# schema (k8s/manifests/crds; tests/test_admission_logic.py keeps them equal).
+MAX_SELECTOR_ENTRIES = 64
+MAX_TOLERATIONS = 64
+MAX_LABEL_KEY = 317
+MAX_LABEL_VALUE = 63
+
+
+def request_bounds(node_selector: Labels, tolerations: Sequence[Toleration]) -> Refusal | None:
+    """W1: a Refusal naming the part of the VMI's launcher nodeSelector or tolerations that
+    the bind request could not carry (more entries, or longer keys or values, than the
+    GPUDevice schema allows), so the API server never refuses a request write half-way;
+    None when they fit."""
+    if len(node_selector) > MAX_SELECTOR_ENTRIES:
+        return Refusal(f"the VMI's nodeSelector has {len(node_selector)} entries (with KubeVirt's "
+                       f"own); gpu-binder carries at most {MAX_SELECTOR_ENTRIES}")
+    for k, v in node_selector:
+        if len(k) > MAX_LABEL_KEY or len(v) > MAX_LABEL_VALUE:
+            return Refusal(f"the VMI's nodeSelector entry {k[:80]!r} is longer than a label allows "
+                           f"(key {MAX_LABEL_KEY}, value {MAX_LABEL_VALUE} characters)")
+    if len(tolerations) > MAX_TOLERATIONS:
+        return Refusal(f"the VMI has {len(tolerations)} tolerations; gpu-binder carries at most "
+                       f"{MAX_TOLERATIONS}")
+    for t in tolerations:
+        if len(t.key) > MAX_LABEL_KEY or len(t.value) > MAX_LABEL_VALUE:
+            return Refusal(f"the VMI's toleration of {t.key[:80]!r} is longer than a taint allows "
+                           f"(key {MAX_LABEL_KEY}, value {MAX_LABEL_VALUE} characters)")
+    return None
+
+
 def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
           live_vmis: VMIs | set[tuple[str, str]], now: datetime,
           grace: timedelta, *, node_selector: Labels = (), tolerations: tuple[Toleration, ...] = (),
@@ -77,7 +107,11 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
     the set cannot fit one node now (`Snapshot.check_set`, with the VMI's `node_selector`
     and `tolerations`, B3). Template devices this VMI already has (a retried admission, W4)
     are judged as the devices they are, not as new ones. Attachments to the same VMI name are
-    judged by `same_name_conflict`, after W4."""
+    judged by `same_name_conflict`, after W4. A nodeSelector or tolerations the bind
+    request could not carry are refused first (`request_bounds`)."""
+    bounds = request_bounds(node_selector, tolerations)
+    if bounds is not None:
+        return bounds
     templates: list[tuple[str, str]] = []
     for class_name, count in ask.templates:
         templates.extend((template_name(vmi, class_name, i), class_name) for i in range(count))

@@ -148,3 +148,47 @@ def test_W3_patch_annotates_the_vmi_with_its_admission_id():
     ops = vmi_patch(vmi, [("vm-h100-0", H100)], "n1", [H100], "adm-1")
     assert ops[0] == {"op": "add", "path": "/metadata/annotations/gpu.cozystack.io~1admission",
                       "value": "adm-1"}
+
+
+def test_W1_refuses_a_node_selector_or_tolerations_the_bind_request_cannot_carry():
+    from model.types import Toleration
+
+    ask = VMIAsk(("g1",), ())
+    ok = [(f"k{i}", "v") for i in range(64)]
+    assert isinstance(check(snap(held("g1", bound="n1")), "t1", "vm", ask, set(), NOW, GRACE,
+                            node_selector=tuple(ok)), Refusal)  # no node has those labels
+    got = check(snap(held("g1", bound="n1")), "t1", "vm", ask, set(), NOW, GRACE,
+                node_selector=tuple([*ok, ("k64", "v")]))
+    assert got == Refusal("the VMI's nodeSelector has 65 entries (with KubeVirt's own); "
+                          "gpu-binder carries at most 64")
+    long_value = check(snap(held("g1", bound="n1")), "t1", "vm", ask, set(), NOW, GRACE,
+                       node_selector=(("zone", "x" * 64),))
+    assert isinstance(long_value, Refusal) and "longer than a label allows" in long_value.message
+    many = tuple(Toleration(f"k{i}") for i in range(65))
+    got = check(snap(held("g1", bound="n1")), "t1", "vm", ask, set(), NOW, GRACE, tolerations=many)
+    assert got == Refusal("the VMI has 65 tolerations; gpu-binder carries at most 64")
+    fits = check(snap(held("g1", bound="n1")), "t1", "vm", ask, set(), NOW, GRACE,
+                 tolerations=many[:64])
+    assert isinstance(fits, AdmissionPlan)
+
+
+def test_W1_request_bounds_equal_the_gpudevice_schema():
+    """The bounds `request_bounds` checks are the CRD's, so the webhook refuses exactly what
+    the API server would refuse half-way through the request writes."""
+    from pathlib import Path
+
+    import yaml
+
+    from model import admission as a
+
+    crd = yaml.safe_load((Path(__file__).parent.parent / "k8s/manifests/crds/"
+                          "gpu.cozystack.io_gpudevices.yaml").read_text())
+    br = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"][
+        "properties"]["bindRequest"]["properties"]
+    sel, tol = br["nodeSelector"], br["tolerations"]
+    assert sel["maxProperties"] == a.MAX_SELECTOR_ENTRIES
+    assert sel["additionalProperties"]["maxLength"] == a.MAX_LABEL_VALUE
+    assert "size(k) <= %d" % a.MAX_LABEL_KEY in sel["x-kubernetes-validations"][0]["rule"]
+    assert tol["maxItems"] == a.MAX_TOLERATIONS
+    assert tol["items"]["properties"]["key"]["maxLength"] == a.MAX_LABEL_KEY
+    assert tol["items"]["properties"]["value"]["maxLength"] == a.MAX_LABEL_VALUE

@@ -274,3 +274,18 @@ async def test_B3_node_of_another_architecture_is_not_chosen_though_it_fits_tigh
     made, msg = await create(fleet, tenant, vmi("vm-4", cls, 4))  # 3 left on x86, 2 on arm
     assert made is None
     assert f"{nodes['arm']}: does not match node selector kubernetes.io/arch=amd64" in msg, msg
+
+
+async def test_W1_node_selector_too_large_for_the_bind_request_is_denied_before_any_write(system, kubevirt, fleet):
+    """A tenant's VMI whose 64 own nodeSelector entries, with KubeVirt's kubernetes.io/arch,
+    are more than `bindRequest.nodeSelector` may carry: denied with that reason (not a
+    misleading write failure half-way), no GPUDevice written."""
+    own = {f"example.com/k{i}": "v" for i in range(64)}
+    res, cls, nodes, tenant = await pool(fleet, kubevirt, {"n": {"units": 2, "labels": own}})
+    body = vmi("vm", cls, 1)
+    body["spec"]["nodeSelector"] = own  # the node matches all of it: only the bound refuses
+    made, msg = await create(fleet, tenant, body)
+    assert made is None
+    assert "nodeSelector has 65 entries (with KubeVirt's own); gpu-binder carries at most 64" in msg, msg
+    devs = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant, "gpudevices")
+    assert devs["items"] == []
