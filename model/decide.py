@@ -268,7 +268,9 @@ class _Set:
             out.append("does not serve " + _plural("class", unserved))
         sel = self.request.node_selector
         if sel and not labels_include(snap.node_labels(node), sel):
-            out.append("does not match node selector " + ",".join(f"{k}={v}" for k, v in sel))
+            have = dict(snap.node_labels(node))  # name only the entries the node lacks
+            out.append("does not match node selector " + ",".join(
+                f"{k}={v}" for k, v in sel if have.get(k) != v))
         here = self.here.get(node, {})
         for res in self.resources:
             alloc = snap.allocatable(node, res)

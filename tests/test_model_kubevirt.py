@@ -254,3 +254,6 @@ def test_B3_node_of_another_architecture_is_not_eligible_and_the_refusal_says_so
     d2 = decide(s2, replace(req("gpu-a"), node_selector=sel))
     assert d2.result is Result.REFUSED
     assert "node-1: does not match node selector kubernetes.io/arch=amd64,pool=vms" in d2.message
+    s3 = world([node("node-1", 1, pool="vms", **arm)], [dev("gpu-a")])  # names only what fails
+    assert "node-1: does not match node selector kubernetes.io/arch=amd64 " in \
+        decide(s3, replace(req("gpu-a"), node_selector=sel)).message + " "
