@@ -17,6 +17,7 @@ holds); `Abort`; `Release`. Every decision is one JSON log line carrying `node=<
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -25,8 +26,16 @@ import structlog
 from actors.ports import Clock, ClusterView
 from actors.runtime import Actor, ActorContext
 from model.hold import Hold, outstanding
+from model.types import Node
 
 _log = structlog.get_logger("gpu_binder.node")
+
+
+def _info_enabled() -> bool:
+    """Whether INFO lines are emitted (a filtering logger below INFO drops them): a hot
+    path skips computing the fields of a line that would be dropped."""
+    check = getattr(_log, "is_enabled_for", None)
+    return True if check is None else bool(check(logging.INFO))
 
 _incarnations = itertools.count(1)
 """Process-wide: no two NodeActor incarnations share a number, whatever their node."""
@@ -186,8 +195,13 @@ class _Lease:
     expires_at: float
 
 
+_UNREAD: Any = object()
+"""`_State.node` before the first read of the Node."""
+
+
 @dataclass(slots=True)
 class _State:
+    node: Node | None = _UNREAD  # the Node object the fields below were read from
     exists: bool = False
     unschedulable: bool = False
     problems: list[str] = field(default_factory=list)  # Node.placement_problems (B3)
@@ -269,6 +283,9 @@ class NodeActor(Actor):
     def _read_node(self) -> None:
         st = self._st
         node = self._view.node(self.node)
+        if node is st.node:  # model values are immutable: the same object, the same fields
+            return
+        st.node = node
         st.exists = node is not None
         st.unschedulable = bool(node and node.unschedulable)
         st.problems = node.placement_problems() if node else []
@@ -324,17 +341,18 @@ class NodeActor(Actor):
                 reason = "; ".join(short)
         if reason is not None:
             _log.info("prepare", outcome="refused", request_id=msg.request_id,
-                      needs=dict(needs), reason=reason, incarnation=self.incarnation)
+                      needs=needs, reason=reason, incarnation=self.incarnation)
             return PrepareRefused(self.node, msg.request_id, reason)
         expires_at = self._clock.monotonic() + self._cfg.prepare_ttl
         hold = _Lease(msg.hold, msg.owner, False, expires_at)
         st.holds[msg.request_id] = hold
-        for res, n in self._outstanding(hold).items():  # the ledger's free, without recounting
-            if n > 0:
-                prepared[res] = prepared.get(res, 0) + n
-        _log.info("prepare", outcome="reserved", request_id=msg.request_id, needs=dict(needs),
-                  incarnation=self.incarnation, ttl=self._cfg.prepare_ttl,
-                  free=self._free(prepared, committed))
+        if _info_enabled():
+            for res, n in self._outstanding(hold).items():  # the ledger's free, without recounting
+                if n > 0:
+                    prepared[res] = prepared.get(res, 0) + n
+            _log.info("prepare", outcome="reserved", request_id=msg.request_id, needs=needs,
+                      incarnation=self.incarnation, ttl=self._cfg.prepare_ttl,
+                      free=self._free(prepared, committed))
         return Prepared(self.node, msg.request_id, self.incarnation, expires_at)
 
     def _commit(self, msg: Commit) -> Committed | CommitRefused:
@@ -363,7 +381,7 @@ class NodeActor(Actor):
         self._read_node()
         self._read_bound()
         _log.info("claim", request_id=msg.request_id, needs=needs, incarnation=self.incarnation,
-                  **self._free_field())
+                  **(self._free_field() if _info_enabled() else {}))
         return Committed(self.node, msg.request_id, self.incarnation)
 
     def _drop(self, request_id: str, event: str) -> bool:

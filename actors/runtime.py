@@ -1,7 +1,7 @@
 """A small actor runtime on anyio: bounded mailboxes, tell/ask, one task group per actor.
 
-An `ActorCell` owns a mailbox (an anyio memory object stream with a fixed buffer, so a
-full mailbox pushes back on senders) and runs *incarnations* of an actor one after another:
+An `ActorCell` owns a mailbox (a bounded queue, so a full mailbox pushes back on senders)
+and runs *incarnations* of an actor one after another:
 each `run` builds a fresh `Actor` from a factory, opens the actor's own task group, reports
 started, and handles messages one at a time until the mailbox is closed (a clean stop), the
 run is cancelled (a shutdown), or the actor raises (a crash, raised out of `run` for the
@@ -13,6 +13,7 @@ it comes from the cell (or from `spawn`), never from the actor itself.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -245,6 +246,10 @@ class ActorCell:
 
     The supervisor calls `run` once per incarnation, `kill` to crash the running one,
     `close` to stop for good. Not for use by actors themselves: they get an `ActorRef`.
+
+    The mailbox is a deque of at most `mailbox_size` envelopes that only the running
+    incarnation's loop takes from; senders that find it full wait (`tell`) or get
+    `MailboxFull` (`tell_nowait`); once closed, senders get `ActorStopped`.
     """
 
     def __init__(self, name: str, *, mailbox_size: int = 64) -> None:
@@ -252,29 +257,44 @@ class ActorCell:
             raise ValueError("mailbox_size must be >= 1")
         self.name = name
         self._capacity = mailbox_size
-        self._send_stream, self._receive_stream = anyio.create_memory_object_stream[_Envelope](
-            mailbox_size
-        )
+        self._box: deque[_Envelope] = deque()
+        self._space: anyio.Event | None = None  # set when a full mailbox gets room (or closes)
         self._state = _CellState()
         self.ref = ActorRef(self)
 
     # -- sending ------------------------------------------------------------------------
 
     def _send_nowait(self, env: _Envelope) -> None:
-        try:
-            self._send_stream.send_nowait(env)
-        except anyio.WouldBlock:
-            raise MailboxFull(f"{self.name}: mailbox full ({self._capacity})") from None
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise ActorStopped(f"{self.name}: stopped") from None
-        self._wake()
+        if self._state.closed:
+            raise ActorStopped(f"{self.name}: stopped")
+        box = self._box
+        if len(box) >= self._capacity:
+            raise MailboxFull(f"{self.name}: mailbox full ({self._capacity})")
+        box.append(env)
+        wake = self._state.wake
+        if wake is not None:
+            self._state.wake = None
+            wake.set()
 
     async def _send(self, env: _Envelope) -> None:
-        try:
-            await self._send_stream.send(env)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise ActorStopped(f"{self.name}: stopped") from None
-        self._wake()
+        await checkpoint()  # a send is a checkpoint, room or not
+        while True:
+            if self._state.closed:
+                raise ActorStopped(f"{self.name}: stopped")
+            if len(self._box) < self._capacity:
+                self._send_nowait(env)
+                return
+            space = self._space
+            if space is None:
+                space = self._space = anyio.Event()
+            await space.wait()  # cancelled here: nothing was queued
+
+    def _took(self) -> None:
+        """An envelope left the mailbox: let senders waiting for room try again."""
+        space = self._space
+        if space is not None:
+            self._space = None
+            space.set()
 
     def _wake(self) -> None:
         wake = self._state.wake
@@ -306,6 +326,7 @@ class ActorCell:
         if st.running:
             raise RuntimeError(f"{self.name}: already running")
         actor = factory()
+        self._event_class = type(anyio.Event())
         st.incarnation += 1
         st.running = True
         st.actor = actor
@@ -394,22 +415,35 @@ class ActorCell:
                 st.tick_parked = None
 
     async def _receive(self) -> _Envelope:
-        """The next envelope: taken at once when one is queued, else waited for (on an
-        event the senders set, cheaper than the stream's own wait). Cancellation is
-        checked first either way, so a cancelled incarnation takes no further message.
-        Raises EndOfStream/ClosedResourceError once the mailbox is closed and drained."""
-        await checkpoint_if_cancelled()
-        recv = self._receive_stream
-        while True:
-            try:
-                return recv.receive_nowait()
-            except anyio.WouldBlock:
-                pass
-            wake = self._state.wake = anyio.Event()
-            try:
-                await wake.wait()
-            finally:
-                self._state.wake = None
+        """The next envelope: taken at once when one is queued (after a cancellation
+        check), else waited for on an event the senders set (the wait is the cancellation
+        check then), so a cancelled incarnation takes no further message. Raises
+        EndOfStream once the mailbox is closed and drained."""
+        box = self._box
+        if box:
+            await checkpoint_if_cancelled()
+        else:
+            while not box:
+                if self._state.closed:
+                    raise anyio.EndOfStream
+                wake = self._state.wake = self._event()
+                try:
+                    await wake.wait()
+                finally:
+                    self._state.wake = None
+        env = box.popleft()
+        if self._space is not None:
+            self._took()
+        return env
+
+    _event_class: type[anyio.Event] | None = None
+
+    def _event(self) -> anyio.Event:
+        """A fresh `anyio.Event` of the running backend's class (built directly: the
+        backend lookup of `anyio.Event()` costs more than the event; looked up once per
+        incarnation, see `run`)."""
+        cls = self._event_class
+        return cls() if cls is not None else anyio.Event()
 
     async def _loop(self, actor: Actor, tg: TaskGroup) -> None:
         st = self._state
@@ -420,7 +454,7 @@ class ActorCell:
                 await checkpoint()
             try:
                 env = await self._receive()
-            except (anyio.EndOfStream, anyio.ClosedResourceError):
+            except anyio.EndOfStream:
                 return
             in_a_row += 1
             st.current = env
@@ -459,20 +493,17 @@ class ActorCell:
         if st.closed:
             return
         st.closed = True
-        self._send_stream.close()
         self._wake()  # a waiting loop finds the mailbox closed
+        self._took()  # senders waiting for room find it closed
         if not st.running:
             self._drain_closed()
 
     def _drain_closed(self) -> None:
-        while True:
-            try:
-                env = self._receive_stream.receive_nowait()
-            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                break
+        box = self._box
+        while box:
+            env = box.popleft()
             if env.reply is not None:
                 env.reply.fail(ActorStopped(f"{self.name}: stopped"))
-        self._receive_stream.close()
 
     @property
     def running(self) -> bool:
@@ -484,11 +515,10 @@ class ActorCell:
 
     def statistics(self) -> ActorStatistics:
         st = self._state
-        stream_stats = self._send_stream.statistics()
         actor = st.actor
         return ActorStatistics(
             name=self.name,
-            mailbox_depth=stream_stats.current_buffer_used,
+            mailbox_depth=len(self._box),
             mailbox_capacity=self._capacity,
             processed=st.processed,
             restarts=max(0, st.incarnation - 1),

@@ -2,8 +2,8 @@
 and `ChangeFeed` ports. The Kubernetes informer cache feeds it from watch events; the
 in-memory store (`actors.memory_store.MemoryStore`) builds on it. Devices are indexed by
 bound node and by bind-request id. The model `Snapshot` is kept up to date incrementally for
-device changes: they are collected and applied in one step (one `with_devices`, one
-`without_devices`) by the next `snapshot()`; after a node, class, budget or namespace change
+device changes: they are collected and applied in one step (`Snapshot.with_changes`) by
+the next `snapshot()`; after a node, class, budget or namespace change
 it is rebuilt lazily.
 """
 
@@ -123,8 +123,7 @@ class IndexedView:
         if self._snap is not None and self._pending:
             puts = [d for d in self._pending.values() if d is not None]
             gone = [k for k, d in self._pending.items() if d is None]
-            snap = self._snap.with_devices(puts) if puts else self._snap
-            self._snap = snap.without_devices(gone) if gone else snap
+            self._snap = self._snap.with_changes(puts, gone)
             self._pending.clear()
         if self._snap is None:
             self._snap = Snapshot.build(

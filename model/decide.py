@@ -131,29 +131,61 @@ def find_requests(devices: Iterable[GPUDevice]) -> tuple[list[Request], list[str
     complete: list[Request] = []
     partial: set[str] = set()
     for (ns, rid), members in groups.items():
-        members.sort(key=lambda m: m.name)
-        first = members[0].status.bind_request
-        assert first is not None
-        names = {m.name for m in members}
-        ok = len(first.devices) == len(names)
-        for m in members:
-            br = m.status.bind_request
-            assert br is not None
-            if (set(br.devices) != names or len(br.devices) != len(names)
-                    or br.vmi != first.vmi or br.node_selector != first.node_selector
-                    or br.tolerations != first.tolerations):
-                ok = False
+        req, ok = _complete(ns, rid, members)
         if not ok:
             partial.add(rid)
-            continue
-        if all(m.status.bind_request.result is not None for m in members):  # type: ignore[union-attr]
-            continue
-        times = [m.status.bind_request.requested_at for m in members  # type: ignore[union-attr]
-                 if m.status.bind_request.requested_at is not None]  # type: ignore[union-attr]
-        complete.append(Request(rid, ns, first.vmi, first.devices, first.node_selector,
-                                min(times) if times else None, first.tolerations))
+        elif req is not None:
+            complete.append(req)
     complete.sort(key=lambda r: (r.requested_at is None, r.requested_at or _EPOCH, r.namespace, r.id))
     return complete, sorted(partial)
+
+
+def complete_request(namespace: str, request_id: str, members: Iterable[GPUDevice]) -> Request | None:
+    """The request `request_id` of `namespace` as `find_requests` finds it among `members`
+    (devices of other namespaces or requests are ignored): None when it is partial, every
+    member has its result, or no member carries it. For one request without grouping all
+    (the planner and the router look at one request's members)."""
+    group = [m for m in members if m.namespace == namespace
+             and (br := m.status.bind_request) is not None and br.id == request_id]
+    if not group:
+        return None
+    return _complete(namespace, request_id, group)[0]
+
+
+def _name(d: GPUDevice) -> str:
+    return d.name
+
+
+def _complete(ns: str, rid: str, members: list[GPUDevice]) -> tuple[Request | None, bool]:
+    """One group of `find_requests` (every member carries `rid` in `ns`): (the request, or
+    None when every member has its result; complete?). The fields come from the member of
+    the smallest name; members whose `bindRequest.devices` equal its are judged by it."""
+    first = min(members, key=_name).status.bind_request
+    assert first is not None
+    names = {m.name for m in members}
+    listed = first.devices
+    n = len(names)
+    if len(listed) != n or set(listed) != names:
+        return None, False
+    vmi, selector, tolerations = first.vmi, first.node_selector, first.tolerations
+    answered = True
+    earliest = None
+    for m in members:
+        br = m.status.bind_request
+        assert br is not None
+        if br is not first:
+            if br.devices != listed and (len(br.devices) != n or set(br.devices) != names):
+                return None, False
+            if br.vmi != vmi or br.node_selector != selector or br.tolerations != tolerations:
+                return None, False
+        if br.result is None:
+            answered = False
+        at = br.requested_at
+        if at is not None and (earliest is None or at < earliest):
+            earliest = at
+    if answered:
+        return None, True
+    return Request(rid, ns, vmi, listed, selector, earliest, tolerations), True
 
 
 def decide(snapshot: Snapshot, request: Request, *, limit: int | None = MAX_PLACEMENTS) -> Decision:

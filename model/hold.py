@@ -71,24 +71,31 @@ def outstanding(hold: Hold, device: Callable[[DeviceKey], GPUDevice | None], *,
     applied can still show up), a member counts only if it is in `attempted` and still
     carries the request (`status.bindRequest.id`). A hold without `landing` is returned
     as it is. Pure: `device` is the caller's lookup (a ClusterView or a Snapshot)."""
-    if not hold.landing:
+    landing = hold.landing
+    if not landing:
         return hold
     needs: dict[str, int] = {}
     budget: dict[str, int] = {}
     rid, node = hold.request_id, hold.node
-    for key, res in hold.landing:
+    for key, res in landing:
         dev = device(key)
-        if dev is None or dev.bound_node == node:
+        if dev is None:
+            continue
+        bound = dev.bound_node
+        if bound == node:
             continue
         if attempted is not None:
             br = dev.status.bind_request
             if key not in attempted or br is None or br.id != rid:
                 continue
         needs[res] = needs.get(res, 0) + 1
-        if dev.bound_node is None:
+        if bound is None:
             budget[res] = budget.get(res, 0) + 1
-    return Hold(rid, hold.namespace, node, tuple(sorted(needs.items())),
-                tuple(sorted(budget.items())), hold.landing)
+    counts = tuple(sorted(needs.items())) if len(needs) > 1 else tuple(needs.items())
+    slots = tuple(sorted(budget.items())) if len(budget) > 1 else tuple(budget.items())
+    if counts == hold.needs and slots == hold.budget_needs:
+        return hold  # nothing landed since: the same value
+    return Hold(rid, hold.namespace, node, counts, slots, landing)
 
 
 __all__ = ["DeviceKey", "Hold", "Landing", "Needs", "hold_for", "outstanding"]

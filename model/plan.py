@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from model.decide import Decision, Placement, Request, decide, find_requests
+from model.decide import Decision, Placement, Request, complete_request, decide
 from model.hold import Hold, Landing, outstanding
 from model.snapshot import Snapshot
 from model.types import GPUDevice, Result
@@ -88,11 +88,13 @@ def landing(placement: Placement, snap: Snapshot) -> Landing:
     """The members `placement` lands on its node, with their resource (devices whose class
     is unknown count against no resource and are left out)."""
     out = []
+    classes = snap.classes
     for move in placement.moves:
-        dev = snap.devices.get(move.device)
-        cls = snap.classes.get(dev.class_name) if dev is not None else None
+        key = move.device
+        dev = snap.device(key[0], key[1])
+        cls = classes.get(dev.class_name) if dev is not None else None
         if cls is not None:
-            out.append((move.device, cls.resource_name))
+            out.append((key, cls.resource_name))
     return tuple(out)
 
 
@@ -106,14 +108,15 @@ def placement_hold(request: Request, placement: Placement, snap: Snapshot) -> Ho
 def recorded_node(request_id: str, members: Iterable[GPUDevice]) -> tuple[str | None, bool]:
     """The node recorded for `request_id` on its members (B7), the most common if (by a
     bug) they disagree, and whether they disagree; None when no member carries one."""
-    nodes = Counter(
-        br.node for m in members
-        if (br := m.status.bind_request) is not None and br.id == request_id
-        and br.node is not None and br.result is not Result.REFUSED
-    )
-    if not nodes:
-        return None, False
-    return nodes.most_common(1)[0][0], len(nodes) > 1
+    nodes: dict[str, int] = {}
+    for m in members:
+        br = m.status.bind_request
+        if (br is not None and br.node is not None and br.id == request_id
+                and br.result is not Result.REFUSED):
+            nodes[br.node] = nodes.get(br.node, 0) + 1
+    if len(nodes) <= 1:
+        return next(iter(nodes), None), False
+    return Counter(nodes).most_common(1)[0][0], True
 
 
 def _in_order(req: Request, members: Sequence[GPUDevice]) -> list[GPUDevice]:
@@ -145,8 +148,7 @@ def recovery(req: Request, node: str, members: Sequence[GPUDevice], snap: Snapsh
 def plan_one(snap: Snapshot, namespace: str, request_id: str,
              members: Sequence[GPUDevice]) -> Action:
     """The action for one request on `snap` (which already counts every hold in flight)."""
-    complete, _ = find_requests(members)
-    req = next((r for r in complete if r.id == request_id and r.namespace == namespace), None)
+    req = complete_request(namespace, request_id, members)
     if req is None:
         return Skip(namespace, request_id)
     node, _ = recorded_node(request_id, members)

@@ -181,3 +181,32 @@ def test_bound_node_follows_the_status_the_value_was_made_with() -> None:
     assert bound.bound_node == "n2"
     assert replace(bound, status=DeviceStatus()).bound_node is None
     assert bound == GPUDevice("t", "d", "h100", status=DeviceStatus(Phase.BOUND, "n2"))
+
+
+_device_changes = st.lists(st.tuples(
+    st.sampled_from(["a", "b", "c", "d"]),
+    st.sampled_from([None, "n1", "n2", "gone"]),  # Pending, Bound on a node, or removed
+    st.sampled_from(["h100", "l40s"]),
+), max_size=8)
+
+
+@given(_device_changes)
+def test_with_changes_counts_equal_with_devices_then_without_devices(changes):
+    """`with_changes(puts, gone)` (the view's one step per batch of watch events) gives the
+    devices and counts of `with_devices(puts).without_devices(gone)` and of a fresh index."""
+    nodes = [node("n1", 4, 2), node("n2", 4, 2)]
+    classes = [gpu_class(), gpu_class("l40s", L)]
+    base = world(nodes, [dev("a", "n1"), dev("b"), dev("c", "n2", cls="l40s")], classes)
+    base.free("n1", H)  # build the index: the step derives it
+    last = {}
+    for name, where, cls in changes:
+        last[name] = (where, cls)
+    puts = [dev(n, w, cls=c) for n, (w, c) in last.items() if w != "gone"]
+    gone = [(NS, n) for n, (w, _) in last.items() if w == "gone"]
+    step = base.with_changes(puts, gone)
+    two = base.with_devices(puts).without_devices(gone)
+    fresh = world(nodes, list(two.devices.values()), classes)
+    assert dict(step.devices) == dict(two.devices)
+    assert _counted(step) == _counted(two) == _counted(fresh)
+    if not puts and not any(k in base.devices for k in gone):
+        assert step is base
