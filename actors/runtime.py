@@ -13,6 +13,7 @@ it comes from the cell (or from `spawn`), never from the actor itself.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -30,6 +31,11 @@ DEFAULT_ASK_TIMEOUT = 10.0
 
 _FAIRNESS = 32
 """Messages an actor handles in a row from a non-empty mailbox before it yields once."""
+
+TIMER_TICKS = True
+"""On asyncio, ticks come from a timer callback (`loop.call_later`) instead of a ticker task:
+arming a tick then costs no task wake-up. False (or another backend): a ticker task. Read
+when an incarnation starts; tests run both."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +114,11 @@ class Actor:
 
     def wants_tick(self) -> bool:
         """Whether ticks are wanted now (default: always). While it returns False the
-        runtime sends none: its ticker task parks (no timer, no wake-up) and it asks again
+        runtime sends none and keeps no timer (on asyncio the ticks come from a timer
+        callback; on another backend from a ticker task that parks), and it asks again
         after every message the actor handles, so ticks resume within `tick_interval` of
         the message that made them wanted. An actor with nothing to time (e.g. a ledger
-        without holds) then costs no wake-up per interval, only one parked task."""
+        without holds) then costs no wake-up per interval."""
         return True
 
     async def on_stop(self) -> None:
@@ -178,6 +185,8 @@ class _CellState:
     wake: anyio.Event | None = None  # set by senders while the loop waits on an empty mailbox
     ticker: anyio.CancelScope | None = None  # of the ticker task of this incarnation, if any
     tick_parked: anyio.Event | None = None  # set to resume a ticker parked while unwanted
+    tick_timer: asyncio.TimerHandle | None = None  # the next tick's timer (asyncio), if any
+    loop: asyncio.AbstractEventLoop | None = None  # the asyncio loop of the incarnation
     incarnation: int = 0
     crashes: int = 0
     running: bool = False
@@ -327,6 +336,10 @@ class ActorCell:
             raise RuntimeError(f"{self.name}: already running")
         actor = factory()
         self._event_class = type(anyio.Event())
+        try:
+            st.loop = asyncio.get_running_loop() if TIMER_TICKS else None
+        except RuntimeError:  # another anyio backend: ticks come from a ticker task
+            st.loop = None
         st.incarnation += 1
         st.running = True
         st.actor = actor
@@ -349,6 +362,7 @@ class ActorCell:
                     # the task group then waits for them (the supervisor bounds that wait).
                     if st.ticker is not None:
                         st.ticker.cancel()
+                    self._cancel_tick_timer()
                     await actor.on_stop()
             if st.kill_reason is not None:
                 raise ActorKilled(f"{self.name}: killed: {st.kill_reason}")
@@ -373,14 +387,20 @@ class ActorCell:
             st.wake = None
             st.ticker = None
             st.tick_parked = None
+            self._cancel_tick_timer()
             if st.closed:
                 self._drain_closed()
 
     def _tick_if_wanted(self, actor: Actor, tg: TaskGroup) -> None:
-        """Start the ticker task (once per incarnation) when the actor has ticks and wants
-        them, or resume it if it is parked."""
+        """When the actor has ticks and wants them: on asyncio, arm the timer of the next
+        tick unless it is armed (`_tick_due`); elsewhere start the ticker task (once per
+        incarnation) or resume it if it is parked."""
         st = self._state
         if actor.tick_interval is None:
+            return
+        if st.loop is not None:
+            if st.tick_timer is None and actor.wants_tick():
+                st.tick_timer = st.loop.call_later(actor.tick_interval, self._tick_due, actor)
             return
         if st.ticker is None:
             if actor.wants_tick():
@@ -389,6 +409,35 @@ class ActorCell:
         elif st.tick_parked is not None and actor.wants_tick():
             parked, st.tick_parked = st.tick_parked, None
             parked.set()
+
+    def _tick_due(self, actor: Actor) -> None:
+        """The tick timer fired (asyncio): send a `Tick` and arm the next one while the
+        actor wants ticks; when it does not, nothing stays armed (no timer, no wake-up)
+        until the loop arms it again after a message that makes ticks wanted. A timer
+        callback, not a task: a tick costs no task wake-up of its own. Should `wants_tick`
+        raise here, the Tick is sent and the loop's next call raises it in the actor."""
+        st = self._state
+        st.tick_timer = None
+        if st.actor is not actor or st.loop is None:
+            return  # the incarnation is over
+        try:
+            wanted = actor.wants_tick()
+        except Exception:  # noqa: BLE001 - raised again in the actor's own task
+            wanted = True
+        if not wanted:
+            return
+        try:
+            self._send_nowait(_Envelope(Tick()))
+        except (MailboxFull, ActorStopped):
+            pass
+        if not st.closed:
+            st.tick_timer = st.loop.call_later(actor.tick_interval, self._tick_due, actor)  # type: ignore[arg-type]
+
+    def _cancel_tick_timer(self) -> None:
+        timer = self._state.tick_timer
+        if timer is not None:
+            self._state.tick_timer = None
+            timer.cancel()
 
     async def _ticker(self, actor: Actor, interval: float, scope: anyio.CancelScope) -> None:
         """A `Tick` every `interval` while `actor.wants_tick()`; while it does not, the task
@@ -471,7 +520,7 @@ class ActorCell:
                 st.current = None
                 if env.reply is not None:
                     env.reply.set(value)
-            if st.ticker is None or st.tick_parked is not None:
+            if st.tick_timer is None and (st.ticker is None or st.tick_parked is not None):
                 self._tick_if_wanted(actor, tg)
 
     def kill(self, reason: str = "killed") -> bool:

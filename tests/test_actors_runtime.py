@@ -202,7 +202,17 @@ class Ticking(Actor):
         self.ticks += 1
 
 
-async def test_ticks_arrive_when_idle() -> None:
+@pytest.fixture(params=[True, False], ids=["timer", "task"])
+def tick_source(request, monkeypatch):
+    """Both sources of ticks: the asyncio timer callback and the ticker task (the fallback
+    for other backends)."""
+    import actors.runtime
+
+    monkeypatch.setattr(actors.runtime, "TIMER_TICKS", request.param)
+    return request.param
+
+
+async def test_ticks_arrive_when_idle(tick_source) -> None:
     actor = Ticking()
     async with anyio.create_task_group() as tg:
         _, cell = await spawn(tg, lambda: actor, name="ticking")
@@ -230,7 +240,7 @@ class TicksWhileBusy(Ticking):
             self.busy = False
 
 
-async def test_ticks_stop_while_unwanted_and_resume_after_a_message() -> None:
+async def test_ticks_stop_while_unwanted_and_resume_after_a_message(tick_source) -> None:
     actor = TicksWhileBusy()
     async with anyio.create_task_group() as tg:
         ref, cell = await spawn(tg, lambda: actor, name="ticking")
