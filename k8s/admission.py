@@ -2,9 +2,10 @@
 
 `VMIAdmission.handle(request)` is the pure-ish handler behind `k8s.webhook`: it judges with
 `model.admission.check` (W1, no writes), stops on a dry run (W2), then (W3) creates the
-template devices, writes `attachedTo` with optimistic concurrency, writes one `bindRequest`
-on every device, and waits on the informer — never polling the API — for the binder's
-results. It admits with a JSONPatch pinning the VMI, or cleans up what it wrote and denies
+template devices, writes `attachedTo` and the one `bindRequest` on every device in a single
+optimistic write per device (steps 2 and 3 together: the request is complete only once
+every member carries it), and waits on the informer — never polling the API — for the
+binder's results. It admits with a JSONPatch pinning the VMI, or cleans up what it wrote and denies
 (W5). Repeated calls are idempotent (W4). Writes use field manager `gpu-binder-webhook`.
 """
 
@@ -247,15 +248,11 @@ class VMIAdmission:
             if tolerations:  # B3: the binder judges taints against the VMI's own tolerations
                 body["tolerations"] = tolerations_to_list(tolerations)
             attached.extend(plan.devices)
-            # W3 (2) then (3): every attachment first, then the request on each member, each
-            # write testing this admission's attachment (the single-write variant lost
-            # requests to housekeeping's H2 in the restart race: see the issue notes)
+            # W3 (2) and (3) in one optimistic write per device: the request is complete
+            # (acted on by the binder) only once every member carries it
             await _each(lambda name: self._attach(ns, vmi, name, now, admission, vmis,
-                                                  classes.get(name), created),
+                                                  classes.get(name), created, body),
                         plan.devices)
-            await _each(lambda name: self._json_patch(ns, name, [
-                {"op": "test", "path": "/status/attachedTo/admission", "value": admission},
-                {"op": "add", "path": "/status/bindRequest", "value": body}]), plan.devices)
             devs = await self.waiter.wait(ns, request_id, plan.devices,
                                           max(0.5, deadline - anyio.current_time()))
         except BaseException as exc:
@@ -358,12 +355,18 @@ class VMIAdmission:
                 await anyio.sleep(0.02)
 
     async def _attach(self, ns: str, vmi: str, name: str, now: datetime, admission: str,
-                      vmis: VMIs, template_class: str | None, created: list[str]) -> None:
-        """W3 (2): `attachedTo` {vmi, since, admission}, with optimistic concurrency (a JSON
-        Patch testing the resourceVersion just read), judged on the object just read: an attachment that still holds
-        (`judge`: its VMI exists or may still appear) refuses; one of a deleted incarnation,
-        a refused request or past the grace is taken over. A template device deleted
-        meanwhile (housekeeping releasing an older incarnation of the name) is re-created."""
+                      vmis: VMIs, template_class: str | None, created: list[str],
+                      request: dict) -> None:
+        """W3 (2) and (3) in one write: `attachedTo` {vmi, since, admission} and the
+        `bindRequest` `request` (its id is `admission`), with optimistic concurrency (a JSON
+        Patch testing the resourceVersion just read), judged on the object just read: an
+        attachment that still holds (`judge`: its VMI exists or may still appear) refuses;
+        one of a deleted incarnation, a refused request or past the grace is taken over.
+        The device is left as it is only when it carries both this admission's attachment
+        and its request (a retry of this write); this admission's attachment beside another
+        request (a W4 take-over that re-keyed it before another member changed) gets the
+        request. A template device deleted meanwhile (housekeeping releasing an older
+        incarnation of the name) is re-created. Raises Denied, or errors.ApiError."""
         refused: tuple[str, str] | None = None  # (version, why) of a write the server refused
         for _ in range(5):
             raw = await self._get(ns, name)
@@ -386,9 +389,14 @@ class VMIAdmission:
             if dev.deleting:
                 raise Denied(f"GPU device {name} is being deleted")
             att = dev.status.attached_to
+            br = dev.status.bind_request
             if att is not None and att.admission == admission:
-                return  # a retry of this very write
-            if att is not None and attachment_is_live(dev, vmis, self.now(), self.grace):
+                if br is not None and br.id == request["id"]:
+                    return  # a retry of this very write: attachment and request went together
+                # this admission's attachment without its request: W4's take-over re-keyed
+                # it (another member changed, so the admission went afresh); the request
+                # must still go on, or it stays partial (no member acts on it) until timeout
+            elif att is not None and attachment_is_live(dev, vmis, self.now(), self.grace):
                 if att.vmi == vmi:
                     raise Denied(f"GPU device {name} is being attached by another admission "
                                  f"of VMI {ns}/{vmi}; retry once it has finished")
@@ -397,9 +405,11 @@ class VMIAdmission:
             ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
                                           "value": raw["metadata"]["resourceVersion"]}]
             if isinstance(raw.get("status"), dict):  # `add` replaces: no older field stays
-                ops.append({"op": "add", "path": "/status/attachedTo", "value": attachment})
+                ops += [{"op": "add", "path": "/status/attachedTo", "value": attachment},
+                        {"op": "add", "path": "/status/bindRequest", "value": request}]
             else:  # a new template device has no status yet (as read, version tested)
-                ops.append({"op": "add", "path": "/status", "value": {"attachedTo": attachment}})
+                ops.append({"op": "add", "path": "/status",
+                            "value": {"attachedTo": attachment, "bindRequest": request}})
             try:
                 await self.custom.patch_namespaced_custom_object_status(
                     GROUP, VERSION, ns, "gpudevices", name, ops, _content_type=JSON_PATCH,
