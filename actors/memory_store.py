@@ -280,7 +280,7 @@ class MemoryStore(IndexedView):
         """Count, inject faults, check the request id, apply (see the module docstring)."""
         self.writes_attempted += 1
         op, key, f = w.op, w.key, self.faults
-        injected = self._take_injected(op, key)
+        injected = self._take_injected(op, key) if self._injected else None
         if injected is not None and not injected.applied:
             self.writes_failed += 1
             raise injected.error(f"injected {injected.error.__name__} on {op} {key}", key=key)

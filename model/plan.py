@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 
 from model.decide import Decision, Placement, Request, complete_request, decide
 from model.hold import Hold, Landing, outstanding
-from model.snapshot import Snapshot
+from model.snapshot import Reserving, Snapshot
 from model.types import GPUDevice, Result
 
 
@@ -177,15 +177,15 @@ def plan_batch(snapshot: Snapshot, holds: Iterable[Hold],
     `outstanding` gives them; empty ones are ignored). Each request is decided on the
     snapshot with those holds and the holds of the `Place` and `Recover` actions planned
     before it. Pure and deterministic; never raises for a bad request (`Requeue`)."""
-    snap = snapshot.with_reservations(h for h in holds if not h.empty)
+    work = Reserving(snapshot.with_reservations(h for h in holds if not h.empty))
     actions: list[Action] = []
     for namespace, request_id, members in batch:
-        action = plan_one(snap, namespace, request_id, members)
+        action = plan_one(work.snapshot, namespace, request_id, members)
         held = action.hold if isinstance(action, Place | Recover) else None
         if held is not None and not held.empty:
-            snap = snap.with_reservation(held)
+            work.add(held)  # = with_reservation, without a copy of the counts per hold
         actions.append(action)
-    return actions, snap
+    return actions, work.snapshot
 
 
 __all__ = ["Action", "Answer", "Finish", "Place", "Recover", "Requeue", "Skip", "landing",

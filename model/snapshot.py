@@ -265,6 +265,50 @@ class _Index:
         return _Index(used, tenant, reserved, tenant_reserved, by_free)
 
 
+    def owned(self) -> _Index:
+        """A copy whose reservation counts and free buckets `reserve_in_place` may change
+        (the device counts stay shared: they are never changed in place)."""
+        return _Index(self.used, self.tenant_bound, dict(self.reserved), dict(self.tenant_reserved),
+                      {res: dict(b) for res, b in self.by_free.items()})
+
+    def reserve_in_place(self, st: _Static, r: Hold) -> None:
+        """Count hold `r` (of a request with no hold counted yet) into this index, changing
+        it: what `derive(..., added=(r,))` gives, without copying. Only for an index made by
+        `owned` that nobody else reads while it changes."""
+        reserved, used, by_free = self.reserved, self.used, self.by_free
+        for res, n in r.needs:
+            if not n:
+                continue
+            key = (r.node, res)
+            before_held = reserved.get(key, 0)
+            reserved[key] = before_held + n
+            node = r.node
+            if node not in st.nodes or node in st.unplaceable:
+                continue
+            alloc = st.alloc[node].get(res, 0)
+            if alloc <= 0:
+                continue
+            before = alloc - used.get(key, 0) - before_held
+            after = before - n
+            buckets = by_free[res]
+            old = buckets[before]
+            if len(old) == 1:
+                del buckets[before]
+            else:
+                i = bisect.bisect_left(old, node)
+                buckets[before] = old[:i] + old[i + 1:]
+            new = buckets.get(after, ())
+            j = bisect.bisect_left(new, node)
+            buckets[after] = new[:j] + (node,) + new[j:]
+        slots: dict[str, int] = {}  # as `reservation_counts`: the largest per resource
+        for res, n in r.budget_needs:
+            slots[res] = max(n, slots.get(res, 0))
+        tenant_reserved = self.tenant_reserved
+        for res, n in slots.items():
+            key = (r.namespace, res)
+            tenant_reserved[key] = tenant_reserved.get(key, 0) + n
+
+
 class _DeviceMap(Mapping[tuple[str, str], GPUDevice]):
     """Read-only view of a snapshot's devices keyed by (namespace, name)."""
 
@@ -704,3 +748,34 @@ class Snapshot:
     def __repr__(self) -> str:
         return (f"<Snapshot nodes={len(self._st.nodes)} classes={len(self._st.classes)} "
                 f"devices={len(self.devices)} reservations={len(self._reservations)}>")
+
+
+class Reserving:
+    """A planner's working snapshot: `snapshot` answers every question; `add(hold)` counts
+    one more hold, in place when its request has none counted yet (no copy of the counts
+    per hold, which `with_reservation` makes), else through `with_reservation`. For a loop
+    that decides, adds the decision's hold, and decides the next request on the result
+    (`model.plan.plan_batch`). Each `snapshot` is valid until the next `add`: keep only the
+    last one (its counts are the maker's; `start` is never changed)."""
+
+    __slots__ = ("snapshot", "_ids")
+
+    def __init__(self, start: Snapshot) -> None:
+        self.snapshot = self._own(start)
+        self._ids = {r.request_id for r in start.reservations}
+
+    @staticmethod
+    def _own(snap: Snapshot) -> Snapshot:
+        return Snapshot(snap._st, snap._by_ns, snap._reservations, snap._index().owned())
+
+    def add(self, hold: Hold) -> None:
+        """`snapshot = snapshot.with_reservation(hold)`, in place when it can be."""
+        snap = self.snapshot
+        rid = hold.request_id
+        if rid in self._ids:
+            self.snapshot = self._own(snap.with_reservation(hold))
+            return
+        assert snap._idx is not None
+        snap._idx.reserve_in_place(snap._st, hold)
+        snap._reservations = snap._reservations + (hold,)
+        self._ids.add(rid)

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from model.hold import Hold
-from model.snapshot import Order, Snapshot, Verdict
+from model.snapshot import Order, Reserving, Snapshot, Verdict
 from model.types import Budget, LabelSelector, Namespace, SelectorRequirement
 from tests.test_model_decide import H, L, NS, dev, gpu_class, node, world
 
@@ -210,3 +210,19 @@ def test_with_changes_counts_equal_with_devices_then_without_devices(changes):
     assert _counted(step) == _counted(two) == _counted(fresh)
     if not puts and not any(k in base.devices for k in gone):
         assert step is base
+
+
+@given(_reservations, _reservations)
+def test_reserving_adds_as_with_reservation_and_leaves_the_start_alone(first, then):
+    """`Reserving.add` (the planner's in-place working copy) counts what `with_reservation`
+    one by one counts, after each hold, and never changes the snapshot it started from."""
+    base = world([node("n1", 4, 2), node("n2", 4, 2), node("n3", 1, 1)], [dev("a", "n1")])
+    start = base.with_reservations(first)
+    before = _counted(start)
+    work = Reserving(start)
+    expected = start
+    for r in then:
+        work.add(r)
+        expected = expected.with_reservation(r)
+        assert _counted(work.snapshot) == _counted(expected)
+    assert _counted(start) == before
