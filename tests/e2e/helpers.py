@@ -29,12 +29,13 @@ async def eventually(probe: Callable[[], Awaitable[T]], *, timeout: float = 20.0
 
 async def make_pool(fleet, nodes: dict[str, int], *, resource: str | None = None,
                     budget: int | None = None, devices: int = 0, prefix: str = "gpu",
-                    on_cordon: str = "Move", settle: float = 0.0):
+                    on_cordon: str = "Move", settle: float = 0.0, user: str | None = None):
     """A pool no other test shares: a class of its own resource name (`resource`, else a
     fresh one), nodes advertising it (`nodes`: short name -> units), a tenant (with
-    `budget` of that resource when given), and `devices` held devices named
-    `<prefix>-<i>`; then waits `settle` seconds for the informers to see them.
-    Returns (resource, class, {short: node name}, tenant, device names)."""
+    `budget` of that resource when given, and `user` bound to its roles when given), and
+    `devices` held devices named `<prefix>-<i>`; then waits `settle` seconds for the
+    informers to see them. Returns (resource, class, {short: node name}, tenant, device
+    names)."""
     from tests.e2e.conftest import unique
 
     res = resource or f"{unique('gpu')}.example.com/gpu"
@@ -45,7 +46,7 @@ async def make_pool(fleet, nodes: dict[str, int], *, resource: str | None = None
         names[short] = unique(short)
         await fleet.node(names[short], {res: units})
     tenant = unique("t")
-    await fleet.tenant(tenant, budgets={res: budget} if budget is not None else None)
+    await fleet.tenant(tenant, budgets={res: budget} if budget is not None else None, user=user)
     devs = [f"{prefix}-{i}" for i in range(devices)]
     for d in devs:
         await fleet.device(tenant, d, cls)

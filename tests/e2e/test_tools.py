@@ -19,6 +19,7 @@ from kubernetes_asyncio.client import ApiException, CustomObjectsApi
 from k8s.tools import explain_vmi, read_cluster, render_explain
 from model.explain import top, what_if
 from tests.e2e.conftest import TENANT_GROUP, unique
+from tests.e2e import helpers
 from tests.e2e.helpers import eventually
 
 pytestmark = pytest.mark.anyio
@@ -37,22 +38,14 @@ class Pool:
 
 async def make_pool(fleet, control_plane, tmp_path, nodes: dict[str, int], *, held: int = 0,
                     budget: int | None = None, on_cordon: str = "Move") -> Pool:
-    res = f"{unique('gpu')}.example.com/gpu"
-    cls = unique("cls")
-    await fleet.gpu_class(cls, res, on_cordon=on_cordon)
-    names = {}
-    for short, units in nodes.items():
-        names[short] = unique(short)
-        await fleet.node(names[short], {res: units})
-    tenant = unique("t")
-    user = f"user-{tenant}"
-    await fleet.tenant(tenant, budgets={res: budget} if budget is not None else None, user=user)
-    devs = [f"held-{i}" for i in range(held)]
-    for d in devs:
-        await fleet.device(tenant, d, cls)
-    kubeconfig = control_plane.write_user_kubeconfig(tmp_path / f"{tenant}.kubeconfig", user,
+    """`helpers.make_pool` with a tenant user of its own (and its kubeconfig) and `held`
+    held devices named `held-<i>`."""
+    tenant_user = f"user-{unique('t')}"
+    res, cls, names, tenant, devs = await helpers.make_pool(
+        fleet, nodes, budget=budget, devices=held, prefix="held", on_cordon=on_cordon,
+        settle=0.5, user=tenant_user)  # settle: the replicas' informers see the pool
+    kubeconfig = control_plane.write_user_kubeconfig(tmp_path / f"{tenant}.kubeconfig", tenant_user,
                                                      (TENANT_GROUP,), namespace=tenant)
-    await anyio.sleep(0.5)  # the replicas' informers see the pool
     return Pool(res, cls, names, tenant, kubeconfig, devs)
 
 
