@@ -1,5 +1,6 @@
 """The one-for-one supervisor: restart kinds, backoff, restart intensity and escalation,
-graceful and brutal shutdown, start failures."""
+graceful and brutal shutdown, start failures; one-for-all groups (the coordinator and its
+status pipeline are one)."""
 
 from __future__ import annotations
 
@@ -173,3 +174,81 @@ async def test_leaving_the_block_stops_children_in_reverse_order() -> None:
         for name in ("first", "second", "third"):
             await sup.start_child(ChildSpec(name, lambda name=name: Noting(name)))
     assert stopped == ["third", "second", "first"]
+
+
+# -- one-for-all groups ---------------------------------------------------------------------
+
+
+class Logged(Worker):
+    """A worker noting its starts and clean stops in `log` as (event, name)."""
+
+    log: list[tuple[str, str]] = []
+
+    async def on_start(self, ctx: ActorContext) -> None:
+        Logged.log.append(("start", self.name))
+
+    async def on_stop(self) -> None:
+        Logged.log.append(("stop", self.name))
+
+
+def logged(name: str) -> ChildSpec:
+    return ChildSpec(name, lambda: Logged(name))
+
+
+async def test_one_for_all_a_crash_in_a_group_restarts_every_member_once_and_nothing_else() -> None:
+    async with Supervisor(FAST) as sup:
+        solo = await sup.start_child(ChildSpec("solo", Worker))
+        a, b = await sup.start_group([logged("a"), logged("b")])
+        assert sup.child_ids() == ["solo", "a", "b"]
+        Logged.log = []
+        b.tell_nowait("boom")
+        await wait_until(lambda: all(r.statistics().restarts == 1 and r.statistics().running
+                                     for r in (a, b)), what="a and b restarted")
+        assert Logged.log == [("start", "a"), ("start", "b")]  # in order, each once
+        assert await a.ask("hi") == "hi" and await b.ask("ho") == "ho"  # same references
+        stats = sup.statistics()
+        assert stats.restarts == 1  # one restart of the group, counted once
+        assert stats.children["b"].crashes == 1
+        assert stats.children["a"].crashes == 0  # stopped with its group, not crashed
+        assert solo.statistics().restarts == 0 and solo.statistics().running
+        assert sup.kill("a")  # a kill of either member restarts both too
+        await wait_until(lambda: all(r.statistics().restarts == 2 and r.statistics().running
+                                     for r in (a, b)), what="a and b restarted again")
+        assert sup.statistics().restarts == 2 and solo.statistics().restarts == 0
+
+
+async def test_a_group_stops_in_reverse_order_and_terminating_a_member_stops_the_group() -> None:
+    Logged.log = []
+    async with Supervisor(FAST) as sup:
+        await sup.start_group([logged("x"), logged("y")])
+        await sup.start_group([logged("p"), logged("q")])
+        await sup.terminate_child("p")
+        assert sup.child_ids() == ["x", "y"]
+    assert Logged.log == [("start", "x"), ("start", "y"), ("start", "p"), ("start", "q"),
+                          ("stop", "q"), ("stop", "p"), ("stop", "y"), ("stop", "x")]
+
+
+async def test_group_members_are_permanent_and_a_failed_start_keeps_no_member() -> None:
+    async with Supervisor(FAST) as sup:
+        with pytest.raises(ValueError):
+            await sup.start_group([ChildSpec("a", Worker), ChildSpec("b", Worker, restart=Restart.TRANSIENT)])
+        with pytest.raises(ValueError):
+            await sup.start_group([])
+        with pytest.raises(OSError):
+            await sup.start_group([ChildSpec("ok", Worker), ChildSpec("fails", FailsToStart)])
+        assert sup.child_ids() == []
+        a, = await sup.start_group([ChildSpec("ok", Worker)])  # the id is free again
+        assert await a.ask("x") == "x"
+
+
+async def test_group_restarts_count_against_the_restart_intensity() -> None:
+    config = SupervisorConfig(max_restarts=2, max_seconds=10.0, backoff_initial=0.001, backoff_max=0.001)
+    with pytest.raises(SupervisorEscalation) as info:
+        async with Supervisor(config) as sup:
+            await sup.start_group([ChildSpec("a", Worker), ChildSpec("b", Worker)])
+            for _ in range(10):
+                sup.kill("b")
+                await anyio.sleep(0.01)
+            await anyio.sleep(1)  # cancelled by the escalation
+            pytest.fail("the supervisor did not escalate")
+    assert info.value.child_id == "b"
