@@ -1,67 +1,54 @@
-"""Coordinator: the binder's one decision loop (B2) and its only status writer (B8).
+"""Coordinator: the binder's one decision loop (B2). Its writes are its status pipeline's.
 
-It takes complete requests in batches and plans each batch synchronously and purely
-(`model.plan.plan_batch`) on a snapshot of the ClusterView plus the holds of its requests in
-flight (`model.hold`: capacity and budget they will take and the view does not show yet),
-each decision seeing the holds planned before it. The batch's placements then run the
-two-phase protocol on the node actors at once (`actors.reservation.reserve`: prepares, then
-commits, scatter-gathered); a request a node actor refused is decided again on a fresh
-snapshot and tries its other candidates (`_decide_batch`).
-The writes of decided requests run as child tasks in the coordinator's task group, so the
-loop goes on deciding: one write per member (`StatusWriter.write_many`, a batch's requests
-together) carrying the decided node, the placement and the result at once; the first
-applied one is the durable record of the decision (B7). Writes that fail with a conflict
-or a transient error are retried with tenacity (bounded). A request in flight keeps its
-reservation until its writes are done *and* the view shows them.
+It takes complete requests in batches (`Examine`, `Resync`; the loop's progress is a
+message to itself, `_Decide`, so its state changes only in `receive`) and plans each batch
+synchronously and purely (`model.plan.plan_batch`) on a snapshot of the ClusterView plus
+what the requests in flight still hold (asked of the pipeline, `GetFlights`: B3 "counting
+reservations in flight"), each decision seeing the holds planned before it. The batch's
+placements then run the two-phase protocol on the node actors at once
+(`actors.reservation.reserve`); a request a node actor refused is decided again on a fresh
+snapshot and tries its other candidates (`_fall_back`). Every decision goes to the
+pipeline (`actors.status_pipeline`: `Fly`, one wave per batch), which writes it, keeps the
+reservation until the view shows the writes and then releases the node actor's hold (B8:
+the pipeline is the only status writer).
 
-On start it adopts the node actors' ledgers (dropping holds of earlier incarnations) and
-recovers every request that carries a decision (`bindRequest.node`) but not all its
-results, finishing it on that node whatever the capacity now (B7), before deciding anything.
+On start it attaches to its pipeline, adopts the node actors' ledgers (dropping holds of
+earlier incarnations) and recovers every request that carries a decision
+(`bindRequest.node`) but not all its results, finishing it on that node whatever the
+capacity now (B7), before deciding anything. It and its pipeline are one supervised group
+(one-for-all, `supervisor.binder`): a crash of either restarts both, so this recovery also
+covers the flights a crashed pipeline lost.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import anyio
 import structlog
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from actors.errors import (
-    RETRYABLE_WRITE_ERRORS,
-    NotFound,
-    RequestWithdrawn,
-    TransientWriteError,
-    WriteError,
-)
-from actors.node_actor import Abort, Adopt, Claim, Release
-from actors.ports import (
-    Clock,
-    ClusterView,
-    DecisionObserver,
-    DeviceKey,
-    NodeDirectory,
-    StatusWrite,
-    StatusWriter,
-)
+from actors.errors import ActorStopped, MailboxFull
+from actors.node_actor import Abort, Adopt, Claim
+from actors.ports import Clock, ClusterView, DecisionObserver, NodeDirectory
 from actors.reservation import Placing, ledger_refusal, reserve, tell_quietly
-from actors.runtime import Actor, ActorContext
-from model.decide import Placement, Request, decide, describe_placement, find_requests
-from model.hold import Hold, Landing, outstanding
-from model.plan import (
-    Action,
-    Answer,
-    Finish,
-    Recover,
-    Requeue,
-    Skip,
-    plan_batch,
-    recorded_node,
-    recovery,
+from actors.runtime import Actor, ActorContext, ActorRef
+from actors.status_pipeline import (
+    Attach,
+    Decided,
+    Flights,
+    Fly,
+    GetFlights,
+    GetPipelineStatus,
+    PipelineConfig,
+    PipelineStatus,
+    Settle,
+    Stalled,
 )
+from model.decide import Placement, Request, decide, describe_placement, find_requests
+from model.plan import Action, Answer, Finish, Recover, Requeue, Skip, plan_batch, recorded_node, recovery
 from model.snapshot import Snapshot
 from model.types import Result
 
@@ -90,13 +77,14 @@ class Resync:
 
 @dataclass(frozen=True, slots=True)
 class GetStatus:
-    """Reply: `CoordinatorStatus`."""
+    """Reply: `CoordinatorStatus` (asks the pipeline for its part)."""
 
 
 @dataclass(frozen=True, slots=True)
 class CoordinatorStatus:
-    """Counters of this incarnation. `in_flight` requests hold a reservation (writes running,
-    stalled, or done but not yet seen in the view); `writing` have a write task running."""
+    """Counters of this incarnation (coordinator and pipeline). `in_flight` requests hold a
+    reservation (writes running, stalled, or done but not yet seen in the view); `writing`
+    have writes running; `succeeded`/`refused`/`withdrawn`/`gave_up` count ended writes."""
 
     owner: str
     pending: int
@@ -113,15 +101,17 @@ class CoordinatorStatus:
 
 @dataclass(frozen=True, slots=True)
 class CoordinatorConfig:
-    """Timeouts and bounds of the coordinator (seconds unless named otherwise).
+    """Timeouts and bounds of the coordinator and its pipeline (seconds unless named
+    otherwise).
 
-    `ask_timeout` bounds one prepare/commit; `write_timeout` one StatusWriter call;
-    `retry_*` the tenacity policy per write; `max_rounds` decide-and-prepare rounds before a
-    request every node actor refused is answered Refused; `requeue_delay` between rounds;
-    `stalled_delay` before a request whose writes gave up is tried again; `resync_interval`
-    between full scans; `settle_timeout` the longest a finished request waits for the view
-    to show its writes (polled every `settle_poll`); `poison_delay` before a
-    request on which `model.decide` raised is tried again; `batch_size` requests decided on one snapshot."""
+    `ask_timeout` bounds one prepare/commit round and one question to the pipeline;
+    `max_rounds` decide-and-prepare rounds before a request every node actor refused is
+    answered Refused; `requeue_delay` between rounds; `stalled_delay` before a request whose
+    writes gave up is tried again; `resync_interval` between full scans; `poison_delay`
+    before a request on which `model.decide` raised is tried again; `batch_size` requests
+    decided on one snapshot. The pipeline's (`pipeline()`): `write_timeout` bounds one
+    StatusWriter call; `retry_*` the tenacity policy per write; `settle_timeout` the longest
+    a finished request waits for the view to show its writes (polled every `settle_poll`)."""
 
     ask_timeout: float = 5.0
     write_timeout: float = 10.0
@@ -138,51 +128,50 @@ class CoordinatorConfig:
     poison_delay: float = 30.0
     batch_size: int = 64
 
-
-@dataclass(slots=True)
-class _Flight:
-    """A decided request whose writes are running or not yet visible in the view: `node`
-    the answer's (None: Refused), `hold` what it lands there (None: nothing lands)."""
-
-    request: Request
-    result: Result
-    node: str | None
-    message: str
-    hold: Hold | None
-    started_at: float
-    written: set[DeviceKey] = field(default_factory=set)  # binds attempted (maybe applied)
-    running: bool = True
-    stalled: bool = False  # writes gave up: full reservation kept until tried again
-    finished_at: float | None = None
-
-    @property
-    def landing(self) -> Landing:
-        return self.hold.landing if self.hold is not None else ()
+    def pipeline(self) -> PipelineConfig:
+        """The status pipeline's part of this configuration."""
+        return PipelineConfig(self.write_timeout, self.retry_attempts, self.retry_initial,
+                              self.retry_max, self.retry_jitter, self.settle_timeout,
+                              self.settle_poll)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Answer:
     """A decision that lands nothing (Refused, or Succeeded with nothing to move: B5, B6),
     held until the batch's tentative reservations are known to have held."""
 
-    key: RequestKey
-    request: Request
-    result: Result
-    node: str | None
-    message: str
+    decided: Decided
     rule: str
     started: float
 
+    @property
+    def request(self) -> Request:
+        return self.decided.request
+
+
+@dataclass(frozen=True, slots=True)
+class _Decide:
+    """To itself: decide the next batch of pending requests."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Due:
+    """To itself, from the alarm set for `at` (loop time): deferrals or the periodic resync
+    due by then are due."""
+
+    at: float
+
 
 class Coordinator(Actor):
-    """The coordinator actor (see the module docstring). Build one per incarnation."""
+    """The coordinator actor (see the module docstring). Build one per incarnation;
+    `pipeline` is its status pipeline (the other member of its supervised group)."""
 
     name = "coordinator"
 
     def __init__(
         self,
         view: ClusterView,
-        writer: StatusWriter,
+        pipeline: ActorRef,
         nodes: NodeDirectory,
         clock: Clock,
         config: CoordinatorConfig | None = None,
@@ -190,7 +179,7 @@ class Coordinator(Actor):
     ) -> None:
         self._observer = observer
         self._view = view
-        self._writer = writer
+        self._pipeline = pipeline
         self._nodes = nodes
         self._clock = clock
         self._cfg = config or CoordinatorConfig()
@@ -198,150 +187,145 @@ class Coordinator(Actor):
         self._pending: dict[RequestKey, None] = {}
         self._deferred: dict[RequestKey, float] = {}
         self._rounds: dict[RequestKey, int] = {}
-        self._flights: dict[RequestKey, _Flight] = {}
-        self._wakeup = anyio.Event()
         self._next_resync = 0.0
+        self._alarms: set[float] = set()  # times of the alarm tasks pending
+        self._decide_queued = False
         self._counts: Counter[str] = Counter()
+        self._ref: ActorRef | None = None
         self._tg: Any = None
-        self._wave: list[_Flight] | None = None  # flights of the batch being decided
 
     def log_context(self) -> Mapping[str, Any]:
         return {"actor": "coordinator"}
 
-    def reservations(self) -> int:
-        return len(self._flights)
-
     # -- lifecycle --------------------------------------------------------------------------
 
     async def on_start(self, ctx: ActorContext) -> None:
-        self._tg = ctx.task_group
+        self._ref, self._tg = ctx.ref, ctx.task_group
+        await self._tell_pipeline(Attach(self._owner, ctx.ref))
         for ref in self._nodes.node_actors().values():
             tell_quietly(ref, Adopt(self._owner))
         complete, _ = find_requests(self._view.devices().values())
-        recovered = 0
         snap = self._view.snapshot()
+        wave: list[Decided] = []
         for req in complete:
-            key = (req.namespace, req.id)
             members = self._view.request_members(req.namespace, req.id)
             node, _ = recorded_node(req.id, members)
-            if node is not None:
-                self._recover(recovery(req, node, members, snap))  # before any new decision (B7)
-                recovered += 1
+            if node is not None:  # before any new decision (B7)
+                wave.append(self._recover(recovery(req, node, members, snap)))
             else:
-                self._pending[key] = None
+                self._pending[(req.namespace, req.id)] = None
+        if wave:
+            await self._tell_pipeline(Fly(self._owner, tuple(wave)))
         self._next_resync = anyio.current_time() + self._cfg.resync_interval
+        self._arm(self._next_resync)
         _log.info("coordinator_start", owner=self._owner, incarnation=ctx.incarnation,
-                  recovered=recovered, pending=len(self._pending))
-        ctx.task_group.start_soon(self._decision_loop)
+                  recovered=len(wave), pending=len(self._pending))
+        self._kick()
 
     async def on_stop(self) -> None:
-        assert self._tg is not None
-        self._tg.cancel_scope.cancel()
+        self._tg.cancel_scope.cancel()  # alarms
 
     async def receive(self, message: Any) -> Any:
         match message:
             case Examine(namespace, request_id):
                 self._pending[(namespace, request_id)] = None
-                self._wakeup.set()
-                return None
+            case _Decide():
+                self._decide_queued = False
+                self._due()
+                batch = list(self._pending)[: self._cfg.batch_size]
+                for key in batch:
+                    del self._pending[key]
+                if batch:
+                    await self._decide_batch(batch)
+            case _Due(at):
+                self._alarms.discard(at)
+                self._due(at)
+            case Stalled(key):
+                self._defer(key, self._cfg.stalled_delay)
             case Resync():
                 self._scan()
-                self._wakeup.set()
-                return None
             case GetStatus():
-                return self.status()
-        raise TypeError(f"coordinator: unexpected message {message!r}")
+                return await self.status()
+            case _:
+                raise TypeError(f"coordinator: unexpected message {message!r}")
+        self._kick()
+        return None
 
-    def status(self) -> CoordinatorStatus:
+    async def status(self) -> CoordinatorStatus:
+        """This incarnation's counters, the pipeline's asked for (bounded by `ask_timeout`)."""
+        p: PipelineStatus = await self._pipeline.ask(GetPipelineStatus(), timeout=self._cfg.ask_timeout)
         c = self._counts
         return CoordinatorStatus(
-            owner=self._owner,
-            pending=len(self._pending),
-            deferred=len(self._deferred),
-            in_flight=len(self._flights),
-            writing=sum(1 for f in self._flights.values() if f.running),
-            decided=c["decided"], succeeded=c["succeeded"], refused=c["refused"],
-            recovered=c["recovered"], withdrawn=c["withdrawn"], gave_up=c["gave_up"],
+            owner=self._owner, pending=len(self._pending), deferred=len(self._deferred),
+            in_flight=p.in_flight, writing=p.writing, decided=c["decided"],
+            succeeded=p.succeeded, refused=p.refused, recovered=c["recovered"],
+            withdrawn=p.withdrawn, gave_up=p.gave_up,
         )
 
-    # -- the decision loop --------------------------------------------------------------------
+    # -- the loop's progress: messages to itself ------------------------------------------------
 
-    async def _decision_loop(self) -> None:
-        """The one decision loop (B2): requests are taken in batches and decided one after
-        the other, each against the snapshot that includes every reservation made before
-        it (`_decide_batch`)."""
-        while True:
-            now = anyio.current_time()
-            for key, due in list(self._deferred.items()):
-                if due <= now:
-                    del self._deferred[key]
-                    self._pending[key] = None
-            if now >= self._next_resync:
-                self._next_resync = now + self._cfg.resync_interval
-                self._scan()
-            if not self._pending:
-                wake_at = min([self._next_resync, *self._deferred.values()])
-                if self._prune():
-                    wake_at = min(wake_at, now + self._cfg.settle_poll)
-                with anyio.move_on_after(max(0.0, wake_at - now)):
-                    await self._wakeup.wait()
-                self._wakeup = anyio.Event()
-                continue
-            self._wakeup = anyio.Event()
-            batch = list(self._pending)[: self._cfg.batch_size]
-            for key in batch:
-                del self._pending[key]
-            await self._decide_batch(batch)
+    def _kick(self) -> None:
+        """Queue one `_Decide` when requests are pending and none is queued. A full mailbox
+        leaves it to the end of the next message (one will come: the mailbox is full)."""
+        if self._pending and not self._decide_queued:
+            assert self._ref is not None
+            try:
+                self._ref.tell_nowait(_Decide())
+                self._decide_queued = True
+            except (MailboxFull, ActorStopped):  # stopped: the incarnation is ending
+                pass
+
+    def _due(self, at: float = 0.0) -> None:
+        """Move the deferred requests due by now (or by `at`, an alarm's time: a timer may
+        wake a hair early) to pending; rescan when due; re-arm."""
+        now = max(anyio.current_time(), at)
+        self._alarms = {t for t in self._alarms if t > now}
+        for key, due in list(self._deferred.items()):
+            if due <= now:
+                del self._deferred[key]
+                self._pending[key] = None
+        if now >= self._next_resync:
+            self._next_resync = now + self._cfg.resync_interval
+            self._scan()
+        self._arm(min([self._next_resync, *self._deferred.values()]))
+
+    def _arm(self, at: float) -> None:
+        """Make sure a `_Due` arrives by `at`: a new alarm task unless one is due by then
+        (so the alarms pending are few: each new one is earlier than all the others)."""
+        if self._alarms and min(self._alarms) <= at:
+            return
+        self._alarms.add(at)
+        self._tg.start_soon(self._alarm, at)
+
+    async def _alarm(self, at: float) -> None:
+        """Sleep until `at`, then tell `_Due` to the coordinator (waiting for room: the actor
+        drains its own mailbox). Touches no state."""
+        await anyio.sleep(max(0.0, at - anyio.current_time()))
+        assert self._ref is not None
+        await self._ref.tell(_Due(at))
+
+    def _defer(self, key: RequestKey, delay: float) -> None:
+        due = anyio.current_time() + delay
+        self._deferred[key] = due
+        self._arm(due)
 
     def _scan(self) -> None:
+        """Every complete request lacking a result to pending (requests whose writes run
+        are skipped when their batch is decided)."""
         complete, _ = find_requests(self._view.devices().values())
         for req in complete:
-            key = (req.namespace, req.id)
-            flight = self._flights.get(key)
-            if flight is None or not flight.running:
-                self._pending[key] = None
+            self._pending[(req.namespace, req.id)] = None
 
-    def _snapshot(self) -> Snapshot:
-        """The view plus what every request in flight will still take (B3: "counting
-        reservations in flight")."""
-        return self._view.snapshot().with_reservations(self._holds())
+    async def _tell_pipeline(self, message: Any) -> None:
+        """Tell the pipeline, waiting for room at most `ask_timeout` (TimeoutError then
+        crashes this incarnation, and its group: a decision never silently lost)."""
+        with anyio.fail_after(self._cfg.ask_timeout):
+            await self._pipeline.tell(message)
 
-    def _holds(self) -> list[Hold]:
-        """What every request in flight still holds (after dropping the finished ones the
-        view has caught up with)."""
-        self._prune()
-        held = (self._reservation(flight) for flight in self._flights.values())
-        return [h for h in held if h is not None]
+    async def _flights(self) -> Flights:
+        return await self._pipeline.ask(GetFlights(), timeout=self._cfg.ask_timeout)
 
-    def _prune(self) -> bool:
-        """Drop finished requests the view has caught up with (or that waited longer than
-        `settle_timeout`), releasing their node holds. True if some finished request is
-        still waiting for the view."""
-        now = anyio.current_time()
-        waiting = False
-        for key, flight in list(self._flights.items()):
-            if flight.running or flight.stalled:
-                continue
-            left = self._outstanding(flight)
-            if left is not None and not left.empty and now - (flight.finished_at or now) <= self._cfg.settle_timeout:
-                waiting = True
-                continue
-            del self._flights[key]
-            if flight.node is not None and flight.landing:
-                ref = self._nodes.node_actor(flight.node)
-                if ref is not None:
-                    tell_quietly(ref, Release(flight.request.id))
-        return waiting
-
-    def _outstanding(self, flight: _Flight) -> Hold | None:
-        """What `flight` still holds (`model.hold.outstanding`; None: nothing lands). Once
-        its writes stopped, only placement writes it attempted and the view does not show
-        yet."""
-        if flight.hold is None:
-            return None
-        finished = not flight.running and not flight.stalled
-        return outstanding(flight.hold, self._view.device,
-                           attempted=flight.written if finished else None)
+    # -- deciding a batch -----------------------------------------------------------------------
 
     async def _decide_batch(self, batch: list[RequestKey]) -> None:
         """Plan `batch` on one snapshot of the view plus the holds in flight
@@ -353,96 +337,95 @@ class Coordinator(Actor):
         was capacity the later decisions of the batch counted as taken: those are not
         answered but decided again in the next batch (their committed holds aborted), so a
         phantom reservation never makes a refusal, a B5(a) answer or a B4 choice. The
-        batch's answers are written together (one wave); then each request whose first
-        placement failed falls back, one after the other, on a fresh decision
-        (`_fall_back`), and writes alone."""
-        items = []
-        for ns, rid in batch:
-            flight = self._flights.get((ns, rid))
-            if flight is None or not flight.running:
-                items.append((ns, rid, self._view.request_members(ns, rid)))
+        batch's decisions go to the pipeline together (one wave); then each request whose
+        first placement failed falls back, one after the other, on a fresh decision
+        (`_fall_back`), and goes alone."""
+        flights = await self._flights()
+        items = [(ns, rid, self._view.request_members(ns, rid)) for ns, rid in batch
+                 if (ns, rid) not in flights.running]
         if not items:
             return
         started = self._clock.monotonic()
-        actions, snap = plan_batch(self._view.snapshot(), self._holds(), items)
+        actions, snap = plan_batch(self._view.snapshot(), flights.holds, items)
+        wave: list[Decided] = []
         entries: list[Placing | _Answer] = []
+        for action in actions:
+            entry = self._act(action, started, flights, wave)
+            if entry is not None:
+                entries.append(entry)
+        placing = [e for e in entries if isinstance(e, Placing)]
+        if placing:
+            await reserve(placing, snap, self._nodes, self._owner, self._cfg.ask_timeout)
+        cut = next((i for i, e in enumerate(entries)
+                    if isinstance(e, Placing) and e.placement is None), len(entries))
         failed: list[Placing] = []
-        self._wave = wave = []
-        try:
-            for action in actions:
-                entry = self._act(action, started)
-                if entry is not None:
-                    entries.append(entry)
-            placing = [e for e in entries if isinstance(e, Placing)]
-            if placing:
-                await reserve(placing, snap, self._nodes, self._owner, self._cfg.ask_timeout)
-            cut = next((i for i, e in enumerate(entries)
-                        if isinstance(e, Placing) and e.placement is None), len(entries))
-            for i, e in enumerate(entries):
-                if isinstance(e, Placing) and e.placement is None:
-                    failed.append(e)
-                elif i > cut:  # decided against a reservation that did not hold: again
-                    if isinstance(e, Placing) and e.ref is not None:
-                        tell_quietly(e.ref, Abort(e.request.id))
-                    self._pending[e.key] = None
-                elif isinstance(e, _Answer):
-                    self._observe(e.rule, e.result, e.message, e.started)
-                    self._start(e.request, e.result, e.node, e.message, None)
-                else:
-                    self._placed(e, snap)
-        finally:
-            self._wave = None
-            if wave:  # the batch's writes go together (cancelled: they die with the loop)
-                self._tg.start_soon(self._carry_out_wave, wave)
-        for it in failed:  # after the others' writes started; each then writes alone
+        for i, e in enumerate(entries):
+            if isinstance(e, Placing) and e.placement is None:
+                failed.append(e)
+            elif i > cut:  # decided against a reservation that did not hold: again
+                if isinstance(e, Placing) and e.ref is not None:
+                    tell_quietly(e.ref, Abort(e.request.id))
+                self._pending[(e.request.namespace, e.request.id)] = None
+            elif isinstance(e, _Answer):
+                d = e.decided
+                self._observe(e.rule, d.result, d.message, e.started)
+                wave.append(d)
+            else:
+                self._placed(e, snap, wave)
+        if wave:
+            await self._tell_pipeline(Fly(self._owner, tuple(wave)))
+        for it in failed:  # after the wave went; each then goes alone
             it.placement = await self._fall_back(it)
-            self._placed(it, snap)
+            alone: list[Decided] = []
+            self._placed(it, snap, alone)
+            if alone:
+                await self._tell_pipeline(Fly(self._owner, tuple(alone)))
 
-    def _act(self, action: Action, started: float) -> Placing | _Answer | None:
+    def _act(self, action: Action, started: float, flights: Flights,
+             wave: list[Decided]) -> Placing | _Answer | None:
         """Carry out what needs no waiting of one planned action: recover, finish a
-        cut-short refusal, requeue, or book the decision; returns what waits for the
-        batch's reservation (an `_Answer`, which lands nothing, or a `Placing`)."""
+        cut-short refusal, requeue, or book the decision (into `wave` when it goes at
+        once); returns what waits for the batch's reservation (an `_Answer`, which lands
+        nothing, or a `Placing`)."""
         match action:
             case Skip(ns, rid):
                 self._rounds.pop((ns, rid), None)
-                flight = self._flights.get((ns, rid))
-                if flight is not None and flight.stalled:
-                    flight.stalled = False  # nothing more to write: keep only unobserved binds
+                if (ns, rid) in flights.stalled:  # nothing more to write: only unobserved binds
+                    tell_quietly(self._pipeline, Settle((ns, rid)))
                 return None
             case Recover():
-                self._recover(action)
+                wave.append(self._recover(action))
                 return None
             case Finish(req, message):  # a refusal whose writes were cut short: finish it
-                self._start(req, Result.REFUSED, None, message, None)
+                wave.append(Decided(req, Result.REFUSED, None, message, None))
                 return None
             case Requeue(req, error):  # a bug in the model must not crash-loop the binder
                 _log.error("decide_failed", request_id=req.id, namespace=req.namespace, error=error)
                 self._defer((req.namespace, req.id), self._cfg.poison_delay)
                 return None
         req, decision = action.request, action.decision
-        key = (req.namespace, req.id)
         self._counts["decided"] += 1
         _log.info("decision", request_id=req.id, namespace=req.namespace, vmi=req.vmi,
                   rule=decision.rule, result=decision.result.value, chosen=decision.node,
                   candidates=[p.node for p in decision.placements])
         if isinstance(action, Answer):
-            return _Answer(key, req, decision.result, decision.node, decision.message,
+            return _Answer(Decided(req, decision.result, decision.node, decision.message, None),
                            decision.rule, started)
-        return Placing(key, req, decision, started, hold=action.hold)
+        return Placing((req.namespace, req.id), req, decision, started, hold=action.hold)
 
-    def _placed(self, it: Placing, snap: Snapshot) -> None:
-        """Start the writes of a placed item, or requeue it / refuse it (ledgers)."""
+    def _placed(self, it: Placing, snap: Snapshot, wave: list[Decided]) -> None:
+        """Hand a placed item to `wave`, or requeue it / refuse it (ledgers, B1)."""
         req, decision, key = it.request, it.decision, it.key
-        ns, rid = key
         placement = it.placement
         if placement is None:
             rounds = self._rounds.get(key, 0) + 1
             if rounds >= self._cfg.max_rounds:
                 self._rounds.pop(key, None)
-                _log.info("refused_by_ledgers", request_id=rid, namespace=ns, reasons=it.refusals)
+                _log.info("refused_by_ledgers", request_id=req.id, namespace=req.namespace,
+                          reasons=it.refusals)
                 message = ledger_refusal(req, snap, it.refusals)
                 self._observe("ledgers", Result.REFUSED, message, it.started)
-                self._start(req, Result.REFUSED, None, message, None)
+                wave.append(Decided(req, Result.REFUSED, None, message, None))
             else:
                 self._rounds[key] = rounds
                 self._defer(key, self._cfg.requeue_delay)
@@ -451,12 +434,7 @@ class Coordinator(Actor):
         self._rounds.pop(key, None)
         first = decision.placements[0]
         message = decision.message if placement is first else describe_placement(req, placement)
-        self._start(req, Result.SUCCEEDED, placement.node, message, it.hold_of(placement, snap))
-
-    def _reservation(self, flight: _Flight) -> Hold | None:
-        """What `flight` still holds, for a snapshot (None: nothing left to land)."""
-        left = self._outstanding(flight)
-        return None if left is None or left.empty else left
+        wave.append(Decided(req, Result.SUCCEEDED, placement.node, message, it.hold_of(placement, snap)))
 
     def _observe(self, rule: str, result: Result, message: str, started: float) -> None:
         if self._observer is not None:
@@ -465,19 +443,14 @@ class Coordinator(Actor):
             except Exception:  # an observer must not break the decision loop
                 _log.exception("observer_failed", rule=rule)
 
-    def _defer(self, key: RequestKey, delay: float) -> None:
-        self._deferred[key] = anyio.current_time() + delay
-        self._wakeup.set()
-
-    # -- two-phase reservation ------------------------------------------------------------------
-
     async def _fall_back(self, it: Placing) -> Placement | None:
         """After the node actor of its first placement refused `it`: decide it again on a
-        fresh snapshot (every request started since counted: a restarted node actor may
-        have lost their holds, so its ledger alone is not enough, B3) and try the
-        candidates the ledgers have not refused yet, in B4 order. None when none commits
-        or the request no longer lands devices (it is then requeued)."""
-        snap = self._snapshot()
+        fresh snapshot (every request in flight counted, the batch's wave included: a
+        restarted node actor may have lost their holds, so its ledger alone is not enough,
+        B3) and try the candidates the ledgers have not refused yet, in B4 order. None
+        when none commits or the request no longer lands devices (it is then requeued)."""
+        flights = await self._flights()
+        snap = self._view.snapshot().with_reservations(h for h in flights.holds if not h.empty)
         try:
             decision = decide(snap, it.request)
         except Exception:  # as in `plan_batch`: a model bug must not crash the loop
@@ -491,11 +464,9 @@ class Coordinator(Actor):
                 return it.placement
         return None
 
-    # -- recovery (B7) --------------------------------------------------------------------------
-
-    def _recover(self, rec: Recover) -> _Flight:
+    def _recover(self, rec: Recover) -> Decided:
         """Finish `rec.request` on `rec.node` (B7): claim what it still lands there on the
-        node actor and start its writes."""
+        node actor; the returned decision goes to the pipeline."""
         req, node = rec.request, rec.node
         self._counts["recovered"] += 1
         _log.info("recover", request_id=req.id, namespace=req.namespace, chosen=node,
@@ -503,186 +474,7 @@ class Coordinator(Actor):
         ref = self._nodes.node_actor(node)
         if ref is not None and rec.hold is not None:
             tell_quietly(ref, Claim(rec.hold, self._owner))
-        return self._start(req, Result.SUCCEEDED, node, rec.message, rec.hold)
-
-    # -- writes (B8) -----------------------------------------------------------------------------
-
-    def _start(
-        self,
-        req: Request,
-        result: Result,
-        node: str | None,
-        message: str,
-        hold: Hold | None,
-    ) -> _Flight:
-        key = (req.namespace, req.id)
-        old = self._flights.get(key)
-        if old is not None and old.node is not None and old.landing and old.node != node:
-            # A stalled earlier attempt held capacity elsewhere (re-decided): release it.
-            ref = self._nodes.node_actor(old.node)
-            if ref is not None:
-                tell_quietly(ref, Release(req.id))
-        flight = _Flight(req, result, node, message, hold, anyio.current_time())
-        self._flights[key] = flight
-        if self._wave is not None:
-            self._wave.append(flight)
-        else:
-            self._tg.start_soon(self._carry_out, flight)
-        return flight
-
-    async def _carry_out_wave(self, flights: list[_Flight]) -> None:
-        """The writes of the flights decided in one batch together: one `write_many` with
-        one write per member of each (node, placement and result at once). A flight with a
-        failed write goes on alone (`_carry_out`: retries, or stops when withdrawn), so it
-        never holds back the others' settling."""
-        active = flights
-        try:
-            plan = [(f, ws) for f in active if (ws := self._writes(f))]
-            if plan:
-                outcomes = await self._write_many([w for _, ws in plan for w in ws])
-                left: set[int] = set()
-                i = 0
-                for f, ws in plan:
-                    failed = [(w, e) for w, e in zip(ws, outcomes[i:i + len(ws)]) if e is not None]
-                    i += len(ws)
-                    if failed:
-                        left.add(id(f))
-                        self._tg.start_soon(self._carry_out, f, failed)
-                if left:
-                    active = [f for f in active if id(f) not in left]
-        except BaseException:
-            for f in active:
-                f.running = False
-                f.finished_at = anyio.current_time()
-            raise
-        for f in active:
-            self._finish(f, "done")
-
-    async def _carry_out(self, flight: _Flight,
-                         failed: list[tuple[StatusWrite, WriteError]] | None = None) -> None:
-        """Write the decision of one flight: one write per member (`_writes`), or, with
-        `failed` (left by a wave), retry those. Stops at RequestWithdrawn/NotFound (what is
-        written stays); on exhausted retries the request is tried again later, keeping its
-        reservation."""
-        outcome = "done"
-        try:
-            if failed is not None:
-                for _, err in failed:
-                    if not isinstance(err, RETRYABLE_WRITE_ERRORS):
-                        raise err
-                left = failed
-            else:
-                writes = self._writes(flight)
-                left = await self._write_once(writes) if writes else []
-            if left:
-                await self._retry(left)
-        except (RequestWithdrawn, NotFound) as exc:
-            outcome = "withdrawn"
-            _log.info("withdrawn", request_id=flight.request.id,
-                      namespace=flight.request.namespace, error=str(exc))
-        except WriteError as exc:
-            outcome = "gave_up"
-            _log.warning("writes_gave_up", request_id=flight.request.id,
-                         namespace=flight.request.namespace, error=str(exc))
-        except BaseException:
-            flight.running = False
-            flight.finished_at = anyio.current_time()
-            raise
-        self._finish(flight, outcome)
-
-    def _finish(self, flight: _Flight, outcome: str) -> None:
-        """Book the end of a flight's writes (`outcome`: done, withdrawn, gave_up)."""
-        req = flight.request
-        flight.running = False
-        flight.finished_at = anyio.current_time()
-        self._counts[outcome] += 1
-        if outcome == "done":
-            self._counts["succeeded" if flight.result is Result.SUCCEEDED else "refused"] += 1
-        elif outcome == "gave_up":
-            flight.stalled = True
-            self._defer((req.namespace, req.id), self._cfg.stalled_delay)
-        _log.info("writes_finished", request_id=req.id, namespace=req.namespace, outcome=outcome,
-                  result=flight.result.value, chosen=flight.node,
-                  seconds=round(flight.finished_at - flight.started_at, 4))
-        self._wakeup.set()  # let the loop drop the reservation once the view shows the writes
-
-    def _writes(self, flight: _Flight) -> list[StatusWrite]:
-        """One write per member of `flight` not answered yet, read from the view just
-        before: the node, the placement when the member lands (is not Bound on the node
-        yet) and the result together (B1, B7: the first applied one is the durable record
-        of the decision). A member already carrying all of it gets none."""
-        req, node, rid = flight.request, flight.node, flight.request.id
-        landing = {k for k, _ in flight.landing}
-        view = self._view
-        out: list[StatusWrite] = []
-        now = None
-        for name in dict.fromkeys(req.devices):
-            key = (req.namespace, name)
-            dev = view.device(key)
-            br = dev.status.bind_request if dev is not None else None
-            lands = key in landing and (dev is None or dev.bound_node != node)
-            if (not lands and br is not None and br.id == rid
-                    and (br.result, br.node, br.message) == (flight.result, node, flight.message)):
-                continue
-            if lands:
-                flight.written.add(key)
-                now = now or self._clock.now()
-            out.append(StatusWrite(key, rid, flight.result, flight.message, node=node,
-                                   bound_at=now if lands else None,
-                                   expect_version=dev.resource_version if dev is not None else None))
-        return out
-
-    async def _retry(self, left: list[tuple[StatusWrite, WriteError]]) -> None:
-        """Retry the writes that failed with WriteConflict or TransientWriteError (`left`,
-        with their errors) with tenacity, exponential jitter, up to `retry_attempts` tries
-        in all counting the first; the last error is raised. RequestWithdrawn and NotFound
-        are raised at once, never retried. A retry does not trust the version the decision
-        saw (`expect_version` dropped: the writer reads the device first)."""
-        cfg = self._cfg
-        if cfg.retry_attempts <= 1:
-            raise left[0][1]
-        _log.info("write_retry", error=str(left[0][1]), writes=len(left))
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type(RETRYABLE_WRITE_ERRORS),
-            wait=wait_exponential_jitter(multiplier=cfg.retry_initial, max=cfg.retry_max,
-                                         jitter=cfg.retry_jitter),
-            stop=stop_after_attempt(cfg.retry_attempts - 1),
-            sleep=anyio.sleep,
-            reraise=True,
-        )
-        await anyio.sleep(cfg.retry_initial)
-        async for attempt in retrying:
-            with attempt:
-                left = await self._write_once([replace(w, expect_version=None) for w, _ in left])
-                if left:
-                    raise left[0][1]
-
-    async def _write_once(self, writes: list[StatusWrite]) -> list[tuple[StatusWrite, WriteError]]:
-        """One `write_many` call: the writes that failed with a retryable error, with it.
-        Raises the first non-retryable error (RequestWithdrawn, NotFound)."""
-        failed: list[tuple[StatusWrite, WriteError]] = []
-        for w, err in zip(writes, await self._write_many(writes)):
-            if err is None:
-                continue
-            if not isinstance(err, RETRYABLE_WRITE_ERRORS):
-                raise err
-            failed.append((w, err))
-        return failed
-
-    async def _write_many(self, writes: list[StatusWrite]) -> list[WriteError | None]:
-        """`StatusWriter.write_many` bounded by `write_timeout`: on timeout every write's
-        outcome is a TransientWriteError (it may or may not have applied)."""
-        timeout = self._cfg.write_timeout
-        with anyio.move_on_after(timeout) as scope:
-            outcomes = await self._writer.write_many(writes)
-            if len(outcomes) != len(writes):  # a broken writer: crash, do not guess
-                raise RuntimeError(f"write_many answered {len(outcomes)} of {len(writes)} writes")
-            return outcomes
-        assert scope.cancelled_caught
-        err = TransientWriteError(f"writes of {len(writes)} devices timed out after {timeout}s")
-        return [err] * len(writes)
-
-# -- helpers ------------------------------------------------------------------------------------
+        return Decided(req, Result.SUCCEEDED, node, rec.message, rec.hold)
 
 
 __all__ = [

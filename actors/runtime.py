@@ -46,7 +46,7 @@ class ActorStatistics:
     counts handled messages over all incarnations; `restarts` counts incarnations after
     the first; `crashes` counts runs that ended by an exception (kills included);
     `reservations` is what the actor reports holding (capacity holds for a NodeActor,
-    requests in flight for the Coordinator)."""
+    requests in flight for the StatusPipeline)."""
 
     name: str
     mailbox_depth: int

@@ -1,9 +1,9 @@
-"""The supervision tree: child specs, one-for-one restarts with intensity limits, and the
+"""The supervision tree: child specs, one-for-one restarts (one-for-all within a group) with intensity limits, and the
 routing of node changes and complete bind requests to the binder's actors (DESIGN.md §6).
 No placement logic lives here. Imports: `actors`, `model`.
 """
 
-from supervisor.binder import COORDINATOR, Binder, BinderConfig, node_child_id
+from supervisor.binder import COORDINATOR, PIPELINE, Binder, BinderConfig, node_child_id
 from supervisor.tree import (
     ChildSpec,
     Restart,
@@ -15,6 +15,7 @@ from supervisor.tree import (
 
 __all__ = [
     "COORDINATOR",
+    "PIPELINE",
     "Binder",
     "BinderConfig",
     "ChildSpec",

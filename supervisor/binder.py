@@ -1,14 +1,26 @@
 """The binder's supervision tree and router (DESIGN.md §6).
 
-`Binder.run` starts a NodeActor per node in the view and one Coordinator under a
-one-for-one `Supervisor`, then routes the change feed, level based: a node change goes to
+`Binder.run` starts a NodeActor per node in the view, one-for-one, and the Coordinator with
+its StatusPipeline as one group (one-for-all: a crash of either restarts both, see below)
+under one `Supervisor`, then routes the change feed, level based: a node change goes to
 that node's actor (starting an actor for a new node, stopping the one of a deleted node); a
 device change goes, when its request is complete and lacks a result, to the coordinator as
 `Examine` (partial requests are ignored; node actors need no device messages: they re-read
 the view on every prepare); a class, budget or namespace change is broadcast. What the feed
 has buffered is routed in one pass, device changes coalesced (one message per request,
 however many members changed). No placement logic lives here. `Binder` is also the
-coordinator's `NodeDirectory`.
+coordinator's and the pipeline's `NodeDirectory`.
+
+Why the coordinator and the pipeline restart together: the pipeline's flights are
+reservations the coordinator made (committed holds on node ledgers, counted in every
+snapshot). A pipeline restarted alone would lose them while the ledgers keep their holds
+(owned by a coordinator that no longer knows them: nobody releases them but their expiry)
+and the coordinator, not knowing they are gone, would neither recover their requests (B7)
+nor re-decide them. A coordinator restarted alone would adopt the ledgers (dropping the
+holds of the flights still writing) and could decide again requests whose first write is
+not in the view yet. Restarted as one incarnation, the new coordinator adopts every ledger
+(no hold left behind) and recovers every decided request from the view (B7), as after a
+leader failover.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from actors.errors import ActorStopped, MailboxFull
 from actors.node_actor import DevicesChanged, NodeActor, NodeActorConfig, NodeChanged
 from actors.ports import Change, ChangeFeed, Clock, ClusterView, DecisionObserver, StatusWriter
 from actors.runtime import ActorRef
+from actors.status_pipeline import StatusPipeline
 from model.decide import find_requests
 from supervisor.tree import ChildSpec, Restart, Supervisor, SupervisorConfig, SupervisorStatistics
 
@@ -32,6 +45,9 @@ _log = structlog.get_logger("gpu_binder.binder")
 
 COORDINATOR = "coordinator"
 """Child id of the coordinator."""
+
+PIPELINE = "status_pipeline"
+"""Child id of the coordinator's status pipeline (in the coordinator's group)."""
 
 
 def node_child_id(node: str) -> str:
@@ -41,7 +57,7 @@ def node_child_id(node: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class BinderConfig:
-    """Everything the tree needs that is not a port. `route_timeout` bounds how long the
+    """Everything the tree needs that is not a port (mailboxes in messages). `route_timeout` bounds how long the
     router waits on a full coordinator mailbox before leaving the request to the
     coordinator's periodic resync; `route_batch` is the most changes the router takes
     from the feed's buffer to route in one pass."""
@@ -51,13 +67,15 @@ class BinderConfig:
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     node_mailbox: int = 256
     coordinator_mailbox: int = 4096
+    pipeline_mailbox: int = 4096
     shutdown: float = 5.0
     route_timeout: float = 1.0
     route_batch: int = 1024
 
 
 class Binder:
-    """The binder part of the controller: supervisor, node actors, coordinator, router."""
+    """The binder part of the controller: supervisor, node actors, coordinator and its
+    status pipeline, router."""
 
     def __init__(
         self,
@@ -98,10 +116,15 @@ class Binder:
     def coordinator(self) -> ActorRef | None:
         return self._sup.ref(COORDINATOR) if self._sup is not None else None
 
+    @property
+    def pipeline(self) -> ActorRef | None:
+        """The status pipeline (its `statistics().reservations` = requests in flight)."""
+        return self._sup.ref(PIPELINE) if self._sup is not None else None
+
     def kill(self, child_id: str, reason: str = "killed") -> bool:
-        """Crash a child now, e.g. `kill("coordinator")` or `kill(node_child_id("n1"))`;
-        the supervisor restarts it (counted against the restart intensity). False when it
-        is not running."""
+        """Crash a child now, e.g. `kill(COORDINATOR)`, `kill(PIPELINE)` (either restarts
+        both) or `kill(node_child_id("n1"))`; the supervisor restarts it (counted against
+        the restart intensity). False when it is not running."""
         return self._sup is not None and self._sup.kill(child_id, reason)
 
     def child_ids(self) -> list[str]:
@@ -113,8 +136,8 @@ class Binder:
     # -- running --------------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[Binder] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Run until cancelled. Reports started (with itself) once every node actor and the
-        coordinator have started. Raises `SupervisorEscalation` past the restart intensity
+        """Run until cancelled. Reports started (with itself) once every node actor, the
+        pipeline and the coordinator have started. Raises `SupervisorEscalation` past the restart intensity
         (every actor is stopped first). Cancellation stops every actor."""
         async with Supervisor(self._cfg.supervisor, name="binder") as sup:
             self._sup = sup
@@ -122,13 +145,12 @@ class Binder:
                 # Subscribed first: a change made while starting is routed afterwards.
                 for name in sorted(self._view.nodes()):
                     await self._start_node(name)
-                await sup.start_child(ChildSpec(
-                    id=COORDINATOR,
-                    start=self._new_coordinator,
-                    restart=Restart.PERMANENT,
-                    shutdown=self._cfg.shutdown,
-                    mailbox_size=self._cfg.coordinator_mailbox,
-                ))
+                await sup.start_group([  # started in order, stopped in reverse
+                    ChildSpec(id=PIPELINE, start=self._new_pipeline, restart=Restart.PERMANENT,
+                              shutdown=self._cfg.shutdown, mailbox_size=self._cfg.pipeline_mailbox),
+                    ChildSpec(id=COORDINATOR, start=self._new_coordinator, restart=Restart.PERMANENT,
+                              shutdown=self._cfg.shutdown, mailbox_size=self._cfg.coordinator_mailbox),
+                ])
                 _log.info("binder_started", nodes=len(self._view.nodes()))
                 task_status.started(self)
                 drain = getattr(changes, "receive_nowait", None)
@@ -142,8 +164,14 @@ class Binder:
                                 break
                     await self._route(batch)
 
+    def _new_pipeline(self) -> StatusPipeline:
+        return StatusPipeline(self._view, self._writer, self, self._clock,
+                              self._cfg.coordinator.pipeline())
+
     def _new_coordinator(self) -> Coordinator:
-        return Coordinator(self._view, self._writer, self, self._clock, self._cfg.coordinator,
+        pipeline = self.pipeline
+        assert pipeline is not None  # the group's cells exist before its members start
+        return Coordinator(self._view, pipeline, self, self._clock, self._cfg.coordinator,
                            self._observer)
 
     async def _start_node(self, name: str) -> None:

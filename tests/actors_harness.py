@@ -84,10 +84,14 @@ def all_answered(store: MemoryStore) -> bool:
 
 
 async def settle(store: MemoryStore, binder: Binder, timeout: float = 10.0) -> None:
-    """Wait until every complete request is answered and the coordinator is idle."""
+    """Wait until every complete request is answered, the coordinator is idle and its
+    pipeline has no request in flight."""
     def idle() -> bool:
-        ref = binder.coordinator
-        if ref is None or ref.statistics().reservations or ref.statistics().mailbox_depth:
+        ref, pipe = binder.coordinator, binder.pipeline
+        if ref is None or pipe is None or ref.statistics().mailbox_depth:
+            return False
+        p = pipe.statistics()
+        if p.reservations or p.mailbox_depth:
             return False
         return all_answered(store)
     await wait_until(idle, timeout, "every complete request answered and no reservation left",

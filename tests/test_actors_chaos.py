@@ -1,9 +1,10 @@
 """Seeded chaos: many tenants race for scarce capacity while actors die and writes fail.
 
 Per seed: ≥20 nodes, ≥200 requests from many tenants (held devices, some Bound, plus fresh
-template devices), budgets; node actors and the coordinator are killed at random, and the
-coordinator also right after a placement write of a request with more to come (between
-its first and last placement write, B7); nodes are cordoned and uncordoned; writes fail at
+template devices), budgets; node actors, the coordinator and its status pipeline (the
+writer) are killed at random, and the coordinator or the pipeline also right after a
+placement write of a request with more to come (between its first and last placement
+write, B7; either restarts both, their group); nodes are cordoned and uncordoned; writes fail at
 random (errors, conflicts, ambiguous errors applied-then-failed); some requests are
 withdrawn mid-way. Invariants 1
 and 4 of DESIGN.md §7 are checked on every placement write; after quiescence, 1–4 over the
@@ -22,7 +23,7 @@ import pytest
 
 from actors.memory_store import Faults, MemoryStore, WriteRecord
 from model.types import OnCordon, Result
-from supervisor import COORDINATOR, node_child_id
+from supervisor import COORDINATOR, PIPELINE, node_child_id
 from tests.actors_harness import check_invariants, fast_config, quiet_logging, running_binder, settle
 
 pytestmark = [pytest.mark.anyio, pytest.mark.chaos]
@@ -120,12 +121,14 @@ class World:
             self.violations.append(f"inv4: bind {rec.key} of {rec.request_id} put "
                                    f"{dev.namespace} over {res}")
         self.binds_by_request[rec.request_id] += 1
-        # Kill the coordinator right after a placement write of a request with more
-        # placement writes to come (B7: the next incarnation must finish it on that node).
+        # Kill the coordinator or the pipeline (the writer) right after a placement write of
+        # a request with more placement writes to come (B7: the next incarnation of the
+        # pair must finish it on that node).
         if self.binder is not None and (self.mid_kills == 0 or self.rng.random() < 0.1):
             to_come = [m for m in self.store.request_members(dev.namespace, rec.request_id)
                        if m.bound_node != rec.node]
-            if to_come and self.binder.kill(COORDINATOR, "chaos: between placement writes"):
+            victim = self.rng.choice([COORDINATOR, PIPELINE])
+            if to_come and self.binder.kill(victim, "chaos: between placement writes"):
                 self.mid_kills += 1
                 self.mid_killed.add(rec.request_id)
 
@@ -165,10 +168,11 @@ async def chaos_run(seed: int) -> World:
     kill_stop = anyio.Event()
 
     async def killer() -> None:
-        victims = [COORDINATOR] + [node_child_id(n) for n in world.nodes]
+        nodes = [node_child_id(n) for n in world.nodes]
         while not kill_stop.is_set():
             await anyio.sleep(rng.uniform(0.0005, 0.004))
-            victim = COORDINATOR if rng.random() < 0.25 else rng.choice(victims[1:])
+            r = rng.random()
+            victim = COORDINATOR if r < 0.15 else PIPELINE if r < 0.25 else rng.choice(nodes)
             world.binder.kill(victim, "chaos")
             if rng.random() < 0.05:  # an operator cordons or uncordons a node (B3, B5)
                 node = rng.choice(world.nodes)

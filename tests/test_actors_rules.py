@@ -16,7 +16,7 @@ from actors.node_actor import GetLedger
 from actors.ports import StatusWrite
 from model.hold import Hold
 from model.types import OnCordon, Result
-from supervisor import COORDINATOR, Binder, node_child_id
+from supervisor import COORDINATOR, PIPELINE, Binder, node_child_id
 from tests.actors_harness import (
     check_invariants,
     fast_config,
@@ -352,10 +352,50 @@ async def test_B7_coordinator_killed_between_placement_writes_finishes_on_the_sa
         rid = s.request("t", "vm", ["a", "b", "c"])
         res = await answer(s, binder, "t", rid)
         assert binder.coordinator.statistics().restarts == 1
+        assert binder.pipeline.statistics().restarts == 1  # its group: the writer too
     assert holder["killed"]
     node = res["a"][1]
     assert res == {n: (Result.SUCCEEDED, node, "Bound", node) for n in ("a", "b", "c")}
     assert [op for op, _ in ops(s, rid)].count("place") == 3
+
+
+async def test_B7_the_writer_killed_between_placement_writes_restarts_both_and_leaves_no_hold() -> None:
+    """The status pipeline (the writer, owner of the flights) is killed after the first
+    bind of a 3-device request. Its group restarts: the coordinator too (a new owner, so
+    the ledger drops the old incarnation's committed hold), which recovers the request on
+    the recorded node (B7). No hold is left behind: the free unit goes to the next request,
+    and nothing is over-placed."""
+    s = cluster(n1=4)
+    for name in ("a", "b", "c", "d", "e"):
+        s.add_device("t", name, "h100")
+    holder: dict = {}
+
+    def on_write(rec) -> None:
+        if rec.moved and not holder.get("killed"):
+            holder["killed"] = holder["binder"].kill(PIPELINE, "test: between binds")
+
+    s.on_write = on_write
+    s.faults = Faults(latency=0.005)  # the members' writes apart: the kill lands between them
+    async with running_binder(s) as binder:
+        holder["binder"] = binder
+        owner = (await binder.coordinator.ask(GetStatus())).owner
+        rid = s.request("t", "vm", ["a", "b", "c"])
+        res = await answer(s, binder, "t", rid)
+        assert holder["killed"]
+        assert binder.pipeline.statistics().restarts == 1
+        assert binder.coordinator.statistics().restarts == 1  # one incarnation: both restarted
+        status = await binder.coordinator.ask(GetStatus())
+        assert status.owner != owner and status.recovered == 1
+        s.on_write = None
+        r2 = s.request("t", "vm2", ["d"])  # the 4th unit is free: no hold kept it
+        r3 = s.request("t", "vm3", ["e"])  # and there is no 5th
+        await settle(s, binder)
+        ledger = await binder.node_actor("n1").ask(GetLedger())
+    assert res == {n: (Result.SUCCEEDED, "n1", "Bound", "n1") for n in ("a", "b", "c")}
+    assert results_of(s, "t", r2)["d"][:2] == (Result.SUCCEEDED, "n1")
+    assert results_of(s, "t", r3)["e"][0] is Result.REFUSED
+    assert ledger.holds == () and ledger.free[H100] == 0
+    assert check_invariants(s) == []
 
 
 async def test_B7_a_new_binder_finishes_a_recorded_request() -> None:
@@ -420,7 +460,7 @@ class RecordingWriter:
         return await self.store.write_many(writes)
 
 
-async def test_B8_the_coordinator_is_the_only_status_writer() -> None:
+async def test_B8_the_status_pipeline_is_the_only_status_writer() -> None:
     from actors.ports import SystemClock
 
     s = cluster(n1=2, n2=2)
@@ -434,7 +474,7 @@ async def test_B8_the_coordinator_is_the_only_status_writer() -> None:
         s.request("t", "vm2", ["c", "d", "e"])
         await settle(s, binder)
         tg.cancel_scope.cancel()
-    assert writer.callers and {actor for _, actor in writer.callers} == {"coordinator"}
+    assert writer.callers and {actor for _, actor in writer.callers} == {"status_pipeline"}
     assert {r.op for r in s.history} <= {"request", "answer"}
 
 
@@ -476,7 +516,7 @@ async def test_exhausted_retries_keep_the_reservation_and_try_again_later() -> N
     s.fail_next(TransientWriteError, op="answer", times=6)  # more than one round of retries
     async with running_binder(s) as binder:
         r1 = s.request("t", "vm1", ["a"])
-        await wait_until(lambda: (binder.coordinator.statistics().reservations == 1
+        await wait_until(lambda: (binder.pipeline.statistics().reservations == 1
                                   and s.writes_failed >= 5), what="r1 stalled")
         r2 = s.request("t", "vm2", ["b"])  # must not take r1's unit meanwhile
         await settle(s, binder)
@@ -491,7 +531,7 @@ async def test_nodes_appearing_and_disappearing_start_and_stop_their_actors() ->
     s = cluster(n1=1)
     s.add_device("t", "a", "h100")
     async with running_binder(s) as binder:
-        assert binder.child_ids() == [node_child_id("n1"), COORDINATOR]
+        assert binder.child_ids() == [node_child_id("n1"), PIPELINE, COORDINATOR]
         s.add_node("n2", {H100: 4})
         await wait_until(lambda: binder.node_actor("n2") is not None, what="n2 actor")
         s.delete_node("n1")
@@ -510,7 +550,7 @@ async def test_a_stalled_request_withdrawn_meanwhile_releases_its_reservation() 
         r1 = s.request("t", "vm1", ["a"])
         await wait_until(lambda: s.writes_failed >= 5, what="r1 stalled")
         s.withdraw("t", r1)
-        await wait_until(lambda: binder.coordinator.statistics().reservations == 0,
+        await wait_until(lambda: binder.pipeline.statistics().reservations == 0,
                          what="reservation released")
         r2 = s.request("t", "vm2", ["b"])
         res = await answer(s, binder, "t", r2)

@@ -12,7 +12,7 @@ from actors.memory_store import MemoryStore
 from actors.node_actor import GetLedger
 from actors.ports import SystemClock
 from model.types import Result
-from supervisor import COORDINATOR, Binder, SupervisorEscalation, node_child_id
+from supervisor import COORDINATOR, PIPELINE, Binder, SupervisorEscalation, node_child_id
 from tests.actors_harness import fast_config, quiet_logging, results_of, running_binder, settle, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -37,7 +37,8 @@ def store() -> MemoryStore:
 async def test_one_node_actor_per_node_and_one_coordinator() -> None:
     s = store()
     async with running_binder(s) as binder:
-        assert sorted(binder.child_ids()) == [COORDINATOR, node_child_id("n1"), node_child_id("n2")]
+        assert sorted(binder.child_ids()) == [COORDINATOR, node_child_id("n1"), node_child_id("n2"),
+                                             PIPELINE]
         assert set(binder.node_actors()) == {"n1", "n2"}
 
 

@@ -1,0 +1,513 @@
+"""StatusPipeline: the coordinator's write half, the binder's only status writer (B8).
+
+It owns the *flights*: requests the coordinator decided (and, when they land devices,
+reserved on a node actor) whose writes are running, or done but not yet visible in the
+view. A decision arrives as a message (`Fly`: one batch's decisions, written together as one
+wave); the pipeline writes each member once (`StatusWriter.write_many`: the decided node,
+the placement when the member lands and the result in one write; the first applied one is
+the durable record of the decision, B7). Writes that fail with a conflict or a transient
+error are retried with tenacity (bounded: `retry_attempts` tries in all); RequestWithdrawn
+or NotFound stop the request (what is written stays); when the retries give up the request
+is *stalled*: it keeps its whole reservation and the coordinator is told (`Stalled`) to
+examine it again after `stalled_delay`.
+
+A flight keeps its reservation until its writes are done *and* the view shows them
+(`model.hold.outstanding`, the rule the node ledger and the snapshot use), or for at most
+`settle_timeout` after its writes ended; then the pipeline sends `Release` to the node
+actor and forgets it. Meanwhile it answers the coordinator's `GetFlights` with what every
+flight still holds and which requests are running or stalled, so each decision counts them
+(B3: "counting reservations in flight") and no request is decided twice while its writes run.
+
+State changes only in `receive` (and `on_tick`, handled from the mailbox like a message):
+the write tasks (children in the incarnation's task group) read nothing of it and report
+their outcome by a message to the pipeline itself (`_Written`).
+
+Supervision: the pipeline and its coordinator are one group (`supervisor.tree.start_group`,
+one-for-all). A crash of either stops both, and the new coordinator incarnation adopts the
+node ledgers (dropping every hold of the old one) and recovers every decided request from
+the view (B7): so a writer crash never leaves a ledger holding capacity nobody releases
+(Adopt drops it), nor a coordinator deciding without the flights it no longer sees (it is
+new and reads the view). A fresh pipeline incarnation drops decisions queued by an earlier
+coordinator incarnation (`Fly.owner` is not the `Attach`ed one): the new coordinator
+recovers or decides those requests again.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+import anyio
+import structlog
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from actors.errors import (
+    RETRYABLE_WRITE_ERRORS,
+    ActorStopped,
+    MailboxFull,
+    NotFound,
+    RequestWithdrawn,
+    TransientWriteError,
+    WriteError,
+)
+from actors.node_actor import Release
+from actors.ports import Clock, ClusterView, DeviceKey, NodeDirectory, StatusWrite, StatusWriter
+from actors.runtime import Actor, ActorContext, ActorRef
+from model.decide import Request
+from model.hold import Hold, outstanding
+from model.types import Result
+
+_log = structlog.get_logger("gpu_binder.status_pipeline")
+
+RequestKey = tuple[str, str]
+"""(namespace, request id)."""
+
+
+# -- messages -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """One decided request to write: `result`, `node` (None: Refused), the `message` to
+    write on every member, and `hold`, what it lands on `node` (None: nothing lands; the
+    node actor holds the same capacity, committed or claimed, until `Release`)."""
+
+    request: Request
+    result: Result
+    node: str | None
+    message: str
+    hold: Hold | None
+
+    @property
+    def key(self) -> RequestKey:
+        return (self.request.namespace, self.request.id)
+
+
+@dataclass(frozen=True, slots=True)
+class Attach:
+    """Sent first by every coordinator incarnation: `owner` is its id (decisions of other
+    owners are dropped), `coordinator` where `Stalled` goes. Reply: None."""
+
+    owner: str
+    coordinator: ActorRef
+
+
+@dataclass(frozen=True, slots=True)
+class Fly:
+    """Write `decisions` (one wave: their writes go in one `write_many`) for coordinator
+    incarnation `owner`. A decision for a request already in flight replaces it (the
+    coordinator only re-decides requests whose writes are not running), releasing the
+    node the old one held when it differs. Reply: None."""
+
+    owner: str
+    decisions: tuple[Decided, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GetFlights:
+    """Reply: `Flights` (after dropping the flights the view has caught up with)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Flights:
+    """What the flights still hold (B3: one `Hold` per flight that still takes capacity,
+    as `outstanding` gives it), which requests have writes running (not to be decided
+    again) and which are stalled (their writes gave up)."""
+
+    holds: tuple[Hold, ...]
+    running: frozenset[RequestKey]
+    stalled: frozenset[RequestKey]
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """The coordinator found nothing left to write for stalled request `key` (every
+    member answered, or it is gone): keep only what its attempted placement writes may
+    still land, until the view shows them. Reply: None."""
+
+    key: RequestKey
+
+
+@dataclass(frozen=True, slots=True)
+class GetPipelineStatus:
+    """Reply: `PipelineStatus`."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineStatus:
+    """Counters of this incarnation: `in_flight` flights (writes running, stalled, or
+    done and not yet seen in the view), `writing` with writes running; outcomes of the
+    writes that ended: `succeeded`/`refused` (done), `withdrawn`, `gave_up`."""
+
+    in_flight: int
+    writing: int
+    succeeded: int
+    refused: int
+    withdrawn: int
+    gave_up: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stalled:
+    """Told to the coordinator: the writes of `key` gave up (its reservation is kept):
+    examine it again after `stalled_delay`."""
+
+    key: RequestKey
+
+
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """A write task's report: flight `serial` ended with `outcome` (done, withdrawn,
+    gave_up)."""
+
+    serial: int
+    outcome: str
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    """Seconds unless named otherwise. `write_timeout` bounds one `write_many` call (and
+    a write task's report to its pipeline); `retry_*` the tenacity policy per flight
+    (`retry_attempts` tries in all, counting the first); `settle_timeout` the longest a
+    finished flight waits for the view to show its writes (polled every `settle_poll`)."""
+
+    write_timeout: float = 10.0
+    retry_attempts: int = 6
+    retry_initial: float = 0.05
+    retry_max: float = 2.0
+    retry_jitter: float = 0.05
+    settle_timeout: float = 60.0
+    settle_poll: float = 0.05
+
+
+@dataclass(slots=True)
+class _Flight:
+    """A decided request whose writes are running (`running`), gave up (`stalled`: the
+    whole reservation kept), or ended at `finished_at` and wait for the view. `written`:
+    members whose placement write was attempted (may have applied)."""
+
+    decided: Decided
+    serial: int
+    started_at: float
+    written: frozenset[DeviceKey] = frozenset()
+    running: bool = True
+    stalled: bool = False
+    finished_at: float | None = None
+
+
+_serials = itertools.count(1)
+
+
+class StatusPipeline(Actor):
+    """The pipeline actor (see the module docstring). Build one per incarnation."""
+
+    name = "status_pipeline"
+
+    def __init__(self, view: ClusterView, writer: StatusWriter, nodes: NodeDirectory,
+                 clock: Clock, config: PipelineConfig | None = None) -> None:
+        self._view = view
+        self._writer = writer
+        self._nodes = nodes
+        self._clock = clock
+        self._cfg = config or PipelineConfig()
+        self.tick_interval = self._cfg.settle_poll
+        self._owner: str | None = None
+        self._coordinator: ActorRef | None = None
+        self._flights: dict[RequestKey, _Flight] = {}
+        self._by_serial: dict[int, RequestKey] = {}
+        self._counts: Counter[str] = Counter()
+        self._ref: ActorRef | None = None
+        self._tg: Any = None
+
+    def log_context(self) -> Mapping[str, Any]:
+        return {"actor": "status_pipeline"}
+
+    def reservations(self) -> int:
+        """Flights (requests in flight)."""
+        return len(self._flights)
+
+    async def on_start(self, ctx: ActorContext) -> None:
+        self._ref, self._tg = ctx.ref, ctx.task_group
+
+    async def on_stop(self) -> None:
+        self._tg.cancel_scope.cancel()  # writes die with the incarnation: the next one recovers
+
+    def wants_tick(self) -> bool:
+        """Ticks poll the view for finished flights it has not caught up with yet."""
+        return any(not f.running and not f.stalled for f in self._flights.values())
+
+    async def on_tick(self) -> None:
+        self._prune()
+
+    async def receive(self, message: Any) -> Any:
+        match message:
+            case _Written(serial, outcome):
+                self._finish(serial, outcome)
+                self._prune()
+                return None
+            case Fly(owner, decisions):
+                if owner != self._owner:
+                    _log.info("stale_decisions_dropped", owner=owner, attached=self._owner,
+                              requests=[d.request.id for d in decisions])
+                    return None
+                self._fly(decisions)
+                return None
+            case GetFlights():
+                return self.flights()
+            case Settle(key):
+                flight = self._flights.get(key)
+                if flight is not None and flight.stalled:
+                    flight.stalled = False
+                    flight.finished_at = anyio.current_time()
+                self._prune()
+                return None
+            case Attach(owner, coordinator):
+                self._owner, self._coordinator = owner, coordinator
+                return None
+            case GetPipelineStatus():
+                return self.status()
+        raise TypeError(f"status pipeline: unexpected message {message!r}")
+
+    def flights(self) -> Flights:
+        """`Flights` now (see `GetFlights`)."""
+        self._prune()
+        holds = []
+        for flight in self._flights.values():
+            left = self._outstanding(flight)
+            if left is not None and not left.empty:
+                holds.append(left)
+        return Flights(
+            tuple(holds),
+            frozenset(k for k, f in self._flights.items() if f.running),
+            frozenset(k for k, f in self._flights.items() if f.stalled),
+        )
+
+    def status(self) -> PipelineStatus:
+        c = self._counts
+        return PipelineStatus(
+            in_flight=len(self._flights),
+            writing=sum(1 for f in self._flights.values() if f.running),
+            succeeded=c["succeeded"], refused=c["refused"], withdrawn=c["withdrawn"],
+            gave_up=c["gave_up"],
+        )
+
+    # -- flights --------------------------------------------------------------------------------
+
+    def _fly(self, decisions: tuple[Decided, ...]) -> None:
+        """Register the flights of one wave, plan their writes (read from the view now)
+        and start one task writing them all."""
+        plan: list[tuple[int, list[StatusWrite]]] = []
+        now = anyio.current_time()
+        for d in decisions:
+            old = self._flights.get(d.key)
+            if old is not None:
+                self._by_serial.pop(old.serial, None)
+                if old.decided.node is not None and old.decided.hold is not None \
+                        and old.decided.node != d.node:
+                    self._release(old)  # an earlier attempt held capacity elsewhere
+            serial = next(_serials)
+            writes, written = self._writes(d)
+            self._flights[d.key] = _Flight(d, serial, now, written)
+            self._by_serial[serial] = d.key
+            if writes:
+                plan.append((serial, writes))
+            else:
+                self._finish(serial, "done")  # every member carries it already
+        if plan:
+            self._tg.start_soon(self._write_wave, plan)
+
+    def _finish(self, serial: int, outcome: str) -> None:
+        """Book the end of flight `serial`'s writes (`outcome`: done, withdrawn, gave_up;
+        a report of a replaced flight is ignored)."""
+        key = self._by_serial.get(serial)
+        flight = self._flights.get(key) if key is not None else None
+        if flight is None or flight.serial != serial or not flight.running:
+            return
+        d = flight.decided
+        flight.running = False
+        flight.finished_at = anyio.current_time()
+        self._counts[outcome] += 1
+        if outcome == "done":
+            self._counts["succeeded" if d.result is Result.SUCCEEDED else "refused"] += 1
+        elif outcome == "gave_up":
+            flight.stalled = True
+            if self._coordinator is not None:
+                try:
+                    self._coordinator.tell_nowait(Stalled(d.key))
+                except (MailboxFull, ActorStopped):
+                    pass  # the coordinator's resync examines it again (level based)
+        _log.info("writes_finished", request_id=d.request.id, namespace=d.request.namespace,
+                  outcome=outcome, result=d.result.value, chosen=d.node,
+                  seconds=round(flight.finished_at - flight.started_at, 4))
+
+    def _prune(self) -> None:
+        """Drop finished flights the view has caught up with (or that waited longer than
+        `settle_timeout`), releasing their node holds."""
+        now = anyio.current_time()
+        for key, flight in list(self._flights.items()):
+            if flight.running or flight.stalled:
+                continue
+            left = self._outstanding(flight)
+            if (left is not None and not left.empty
+                    and now - (flight.finished_at or now) <= self._cfg.settle_timeout):
+                continue
+            del self._flights[key]
+            self._by_serial.pop(flight.serial, None)
+            if flight.decided.node is not None and flight.decided.hold is not None:
+                self._release(flight)
+
+    def _release(self, flight: _Flight) -> None:
+        """`Release` to the node actor of `flight` (best effort: a lost one is left to the
+        ledger's own settling and its commit expiry)."""
+        d = flight.decided
+        ref = self._nodes.node_actor(d.node) if d.node is not None else None
+        if ref is not None:
+            try:
+                ref.tell_nowait(Release(d.request.id))
+            except (MailboxFull, ActorStopped):
+                pass
+
+    def _outstanding(self, flight: _Flight) -> Hold | None:
+        """What `flight` still holds (`model.hold.outstanding`; None: nothing lands). Once
+        its writes stopped, only placement writes it attempted and the view does not show
+        yet."""
+        hold = flight.decided.hold
+        if hold is None:
+            return None
+        finished = not flight.running and not flight.stalled
+        return outstanding(hold, self._view.device, attempted=flight.written if finished else None)
+
+    def _writes(self, d: Decided) -> tuple[list[StatusWrite], frozenset[DeviceKey]]:
+        """One write per member of `d` not answered yet, read from the view now: the node,
+        the placement when the member lands (is not Bound on the node yet) and the result
+        together (B1, B7). A member already carrying all of it gets none. Also the members
+        whose placement is written (attempted)."""
+        req, node, rid = d.request, d.node, d.request.id
+        landing = {k for k, _ in d.hold.landing} if d.hold is not None else set()
+        out: list[StatusWrite] = []
+        written: set[DeviceKey] = set()
+        now = None
+        for name in dict.fromkeys(req.devices):
+            key = (req.namespace, name)
+            dev = self._view.device(key)
+            br = dev.status.bind_request if dev is not None else None
+            lands = key in landing and (dev is None or dev.bound_node != node)
+            if (not lands and br is not None and br.id == rid
+                    and (br.result, br.node, br.message) == (d.result, node, d.message)):
+                continue
+            if lands:
+                written.add(key)
+                now = now or self._clock.now()
+            out.append(StatusWrite(key, rid, d.result, d.message, node=node,
+                                   bound_at=now if lands else None,
+                                   expect_version=dev.resource_version if dev is not None else None))
+        return out, frozenset(written)
+
+    # -- write tasks (children: they touch no state, they report by message) -------------------
+
+    async def _write_wave(self, plan: list[tuple[int, list[StatusWrite]]]) -> None:
+        """The writes of one wave in one `write_many`; a flight with a failed write goes
+        on alone (`_retry_flight`), so it never holds back the others' settling."""
+        outcomes = await self._write_many([w for _, ws in plan for w in ws])
+        i = 0
+        for serial, ws in plan:
+            failed = [(w, e) for w, e in zip(ws, outcomes[i:i + len(ws)]) if e is not None]
+            i += len(ws)
+            if failed:
+                self._tg.start_soon(self._retry_flight, serial, failed)
+            else:
+                await self._report(serial, "done")
+
+    async def _retry_flight(self, serial: int, failed: list[tuple[StatusWrite, WriteError]]) -> None:
+        """Retry the failed writes of one flight; report done, withdrawn (RequestWithdrawn,
+        NotFound: never retried) or gave_up (retries exhausted, or another WriteError)."""
+        outcome = "done"
+        try:
+            for w, err in failed:
+                if not isinstance(err, RETRYABLE_WRITE_ERRORS):
+                    raise err
+            await self._retry(failed)
+        except (RequestWithdrawn, NotFound) as exc:
+            outcome = "withdrawn"
+            _log.info("withdrawn", request_id=failed[0][0].request_id, error=str(exc))
+        except WriteError as exc:
+            outcome = "gave_up"
+            _log.warning("writes_gave_up", request_id=failed[0][0].request_id,
+                         namespace=failed[0][0].key[0], error=str(exc))
+        await self._report(serial, outcome)
+
+    async def _report(self, serial: int, outcome: str) -> None:
+        """Tell the pipeline itself how flight `serial` ended, waiting for room in its
+        mailbox at most `write_timeout` (then TimeoutError crashes the pipeline, and its
+        group: a lost report would keep a reservation for good)."""
+        assert self._ref is not None
+        with anyio.fail_after(self._cfg.write_timeout):
+            await self._ref.tell(_Written(serial, outcome))
+
+    async def _retry(self, left: list[tuple[StatusWrite, WriteError]]) -> None:
+        """Retry the writes that failed with WriteConflict or TransientWriteError (`left`,
+        with their errors) with tenacity, exponential jitter, up to `retry_attempts` tries
+        in all counting the first; the last error is raised. RequestWithdrawn and NotFound
+        are raised at once, never retried. A retry does not trust the version the decision
+        saw (`expect_version` dropped: the writer reads the device first)."""
+        cfg = self._cfg
+        if cfg.retry_attempts <= 1:
+            raise left[0][1]
+        _log.info("write_retry", error=str(left[0][1]), writes=len(left))
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(RETRYABLE_WRITE_ERRORS),
+            wait=wait_exponential_jitter(multiplier=cfg.retry_initial, max=cfg.retry_max,
+                                         jitter=cfg.retry_jitter),
+            stop=stop_after_attempt(cfg.retry_attempts - 1),
+            sleep=anyio.sleep,
+            reraise=True,
+        )
+        await anyio.sleep(cfg.retry_initial)
+        async for attempt in retrying:
+            with attempt:
+                left = await self._write_once([replace(w, expect_version=None) for w, _ in left])
+                if left:
+                    raise left[0][1]
+
+    async def _write_once(self, writes: list[StatusWrite]) -> list[tuple[StatusWrite, WriteError]]:
+        """One `write_many` call: the writes that failed with a retryable error, with it.
+        Raises the first non-retryable error (RequestWithdrawn, NotFound)."""
+        failed: list[tuple[StatusWrite, WriteError]] = []
+        for w, err in zip(writes, await self._write_many(writes)):
+            if err is None:
+                continue
+            if not isinstance(err, RETRYABLE_WRITE_ERRORS):
+                raise err
+            failed.append((w, err))
+        return failed
+
+    async def _write_many(self, writes: list[StatusWrite]) -> list[WriteError | None]:
+        """`StatusWriter.write_many` bounded by `write_timeout`: on timeout every write's
+        outcome is a TransientWriteError (it may or may not have applied). Raises
+        RuntimeError for a writer answering a wrong number of outcomes (a crash)."""
+        timeout = self._cfg.write_timeout
+        with anyio.move_on_after(timeout) as scope:
+            outcomes = await self._writer.write_many(writes)
+            if len(outcomes) != len(writes):  # a broken writer: crash, do not guess
+                raise RuntimeError(f"write_many answered {len(outcomes)} of {len(writes)} writes")
+            return outcomes
+        assert scope.cancelled_caught
+        err = TransientWriteError(f"writes of {len(writes)} devices timed out after {timeout}s")
+        return [err] * len(writes)
+
+
+__all__ = [
+    "Attach",
+    "Decided",
+    "Flights",
+    "Fly",
+    "GetFlights",
+    "GetPipelineStatus",
+    "PipelineConfig",
+    "PipelineStatus",
+    "Settle",
+    "Stalled",
+    "StatusPipeline",
+]
