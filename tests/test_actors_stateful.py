@@ -2,9 +2,9 @@
 `MemoryStore` and a small model of what was asked of it (STYLE.md "Invariant tests").
 
 Rules: add a node, cordon/uncordon one, write a complete request of a tenant for devices
-with no unanswered request (as the webhook does), withdraw a request, kill a node actor or
-the coordinator (now, or right after the next placement write of a request with more to
-come), redeliver stale device events of a request, inject write faults (`fail_next`), and
+with no unanswered request (as the webhook does), withdraw a request, kill a node actor,
+the coordinator or its status pipeline (now, or right after the next placement write of a
+request with more to come; either of the two restarts both), redeliver stale device events of a request, inject write faults (`fail_next`), and
 `settle` (wait, bounded, until every complete request is answered and the coordinator is
 idle). The binder runs in an anyio
 event loop on a blocking portal's thread; every read and write of the store goes through
@@ -40,7 +40,7 @@ from hypothesis.stateful import (
 from actors.errors import TransientWriteError, WriteConflict
 from actors.memory_store import MemoryStore, WriteRecord
 from model.types import OnCordon, Result
-from supervisor import COORDINATOR, Binder, node_child_id
+from supervisor import COORDINATOR, PIPELINE, Binder, node_child_id
 from tests.actors_harness import check_invariants, fast_config, quiet_logging, settle
 
 pytestmark = [pytest.mark.chaos]
@@ -80,7 +80,7 @@ class BinderMachine(RuleBasedStateMachine):
         self.n_nodes = 0
         self.n_devices = 0
         self.n_requests = 0
-        self.mid_kill_armed = False
+        self.mid_kill_armed: str | None = None  # the child to kill after the next placement write
         self.mid_kills = 0
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -111,8 +111,9 @@ class BinderMachine(RuleBasedStateMachine):
             # Between the first and the last placement write of a request (B7).
             to_come = [m for m in s.request_members(dev.namespace, rec.request_id)
                        if m.bound_node != rec.node]
-            if to_come and self.binder.kill(COORDINATOR, "stateful chaos: between placement writes"):
-                self.mid_kill_armed = False
+            if to_come and self.binder.kill(self.mid_kill_armed,
+                                            "stateful chaos: between placement writes"):
+                self.mid_kill_armed = None
                 self.mid_kills += 1
 
     def release_answered(self) -> None:
@@ -224,16 +225,16 @@ class BinderMachine(RuleBasedStateMachine):
             if self.busy.get((tenant, d)) == rid:
                 del self.busy[(tenant, d)]
 
-    @rule(node=st.none() | nodes)
+    @rule(node=st.sampled_from([COORDINATOR, PIPELINE]) | nodes)
     def kill(self, node):
-        victim = COORDINATOR if node is None else node_child_id(node)
+        victim = node if node in (COORDINATOR, PIPELINE) else node_child_id(node)
         killed = self.call(self.binder.kill, victim, "stateful chaos")
         note(f"kill {victim}: {killed}")
 
-    @rule()
-    def kill_coordinator_mid_placement(self):
-        self.mid_kill_armed = True
-        note("kill the coordinator right after the next placement write with more to come")
+    @rule(victim=st.sampled_from([COORDINATOR, PIPELINE]))
+    def kill_coordinator_mid_placement(self, victim):
+        self.mid_kill_armed = victim
+        note(f"kill {victim} right after the next placement write with more to come")
 
     @rule(rid=requests)
     def redeliver(self, rid):
