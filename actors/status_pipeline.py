@@ -159,10 +159,10 @@ class Stalled:
 
 @dataclass(frozen=True, slots=True)
 class _Written:
-    """A write task's report: flight `serial` ended with `outcome` (done, withdrawn,
+    """A write task's report: the flights `serials` ended with `outcome` (done, withdrawn,
     gave_up)."""
 
-    serial: int
+    serials: tuple[int, ...]
     outcome: str
 
 
@@ -243,8 +243,9 @@ class StatusPipeline(Actor):
 
     async def receive(self, message: Any) -> Any:
         match message:
-            case _Written(serial, outcome):
-                self._finish(serial, outcome)
+            case _Written(serials, outcome):
+                for serial in serials:
+                    self._finish(serial, outcome)
                 self._prune()
                 return None
             case Fly(owner, decisions):
@@ -412,13 +413,16 @@ class StatusPipeline(Actor):
         on alone (`_retry_flight`), so it never holds back the others' settling."""
         outcomes = await self._write_many([w for _, ws in plan for w in ws])
         i = 0
+        done = []
         for serial, ws in plan:
             failed = [(w, e) for w, e in zip(ws, outcomes[i:i + len(ws)]) if e is not None]
             i += len(ws)
             if failed:
                 self._tg.start_soon(self._retry_flight, serial, failed)
             else:
-                await self._report(serial, "done")
+                done.append(serial)
+        if done:
+            await self._report(tuple(done), "done")  # one report for the wave's done flights
 
     async def _retry_flight(self, serial: int, failed: list[tuple[StatusWrite, WriteError]]) -> None:
         """Retry the failed writes of one flight; report done, withdrawn (RequestWithdrawn,
@@ -436,15 +440,15 @@ class StatusPipeline(Actor):
             outcome = "gave_up"
             _log.warning("writes_gave_up", request_id=failed[0][0].request_id,
                          namespace=failed[0][0].key[0], error=str(exc))
-        await self._report(serial, outcome)
+        await self._report((serial,), outcome)
 
-    async def _report(self, serial: int, outcome: str) -> None:
-        """Tell the pipeline itself how flight `serial` ended, waiting for room in its
+    async def _report(self, serials: tuple[int, ...], outcome: str) -> None:
+        """Tell the pipeline itself how the flights `serials` ended, waiting for room in its
         mailbox at most `write_timeout` (then TimeoutError crashes the pipeline, and its
         group: a lost report would keep a reservation for good)."""
         assert self._ref is not None
         with anyio.fail_after(self._cfg.write_timeout):
-            await self._ref.tell(_Written(serial, outcome))
+            await self._ref.tell(_Written(serials, outcome))
 
     async def _retry(self, left: list[tuple[StatusWrite, WriteError]]) -> None:
         """Retry the writes that failed with WriteConflict or TransientWriteError (`left`,
