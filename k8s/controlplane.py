@@ -55,6 +55,23 @@ class Binaries:
     kube_scheduler: Path | None = None
 
 
+def built_dir(script: Path, override_env: str, *, build: bool = True) -> Path:
+    """The directory of cached binaries a build script made: `$<override_env>` when set,
+    else the last stdout line of `bash script` (which skips what is cached; its messages go
+    to stderr). Raises ControlPlaneError when the script fails or building is disabled."""
+    override = os.environ.get(override_env)
+    if override:
+        return Path(override)
+    if not build:
+        raise ControlPlaneError(f"{override_env} is not set and building is disabled")
+    proc = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise ControlPlaneError(f"tools/{script.name} failed with exit code {proc.returncode} "
+                                "(its messages are above)")
+    return Path(lines[-1])
+
+
 def find_binaries(*, build: bool = True) -> Binaries:
     """Locate (and, when `build`, build) etcd, kube-apiserver and kubectl.
 
@@ -62,19 +79,7 @@ def find_binaries(*, build: bool = True) -> Binaries:
     build script is run (it skips what is cached) and its last stdout line is the directory.
     Raises ControlPlaneError when Go or the module proxy is missing or a binary is absent.
     """
-    override = os.environ.get("GPU_BINDER_BIN_DIR")
-    if override:
-        d = Path(override)
-    else:
-        if not build:
-            raise ControlPlaneError("GPU_BINDER_BIN_DIR is not set and building is disabled")
-        proc = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True)
-        if proc.returncode != 0:
-            raise ControlPlaneError(
-                f"tools/build-controlplane.sh failed with exit code {proc.returncode} "
-                "(its messages are above)"
-            )
-        d = Path(proc.stdout.strip().splitlines()[-1])
+    d = built_dir(BUILD_SCRIPT, "GPU_BINDER_BIN_DIR", build=build)
     bins = Binaries(d / "etcd", d / "kube-apiserver", d / "kubectl", d / "kube-scheduler")
     for p in (bins.etcd, bins.kube_apiserver, bins.kubectl):
         if not os.access(p, os.X_OK):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from k8s.controlplane import (REPO_ROOT, ControlPlane, ControlPlaneError, free_port,
+from k8s.controlplane import (REPO_ROOT, ControlPlane, ControlPlaneError, built_dir, free_port,
                              spawn_logged, stop_process)
 from k8s.fleet import KWOK_ANNOTATION
 
@@ -58,17 +58,7 @@ def find_kubevirt_binaries(*, build: bool = True) -> KubeVirtBinaries:
     manifests. `GPU_BINDER_KUBEVIRT_DIR` points at a directory that already holds them;
     otherwise `tools/build-kubevirt.sh` runs (it skips what is cached) and its last stdout
     line is the directory. Raises ControlPlaneError when something is missing."""
-    override = os.environ.get("GPU_BINDER_KUBEVIRT_DIR")
-    if override:
-        d = Path(override)
-    else:
-        if not build:
-            raise ControlPlaneError("GPU_BINDER_KUBEVIRT_DIR is not set and building is disabled")
-        proc = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True)
-        if proc.returncode != 0:
-            raise ControlPlaneError(f"tools/build-kubevirt.sh failed with exit code {proc.returncode} "
-                                    "(its messages are above)")
-        d = Path(proc.stdout.strip().splitlines()[-1])
+    d = built_dir(BUILD_SCRIPT, "GPU_BINDER_KUBEVIRT_DIR", build=build)
     bins = KubeVirtBinaries(d / "virt-controller", d / "virt-api", d / "kwok",
                             d / "kubevirt-manifests.json", d / "kwok-stages.yaml")
     for p in (bins.virt_controller, bins.virt_api, bins.kwok):

@@ -24,7 +24,7 @@ import anyio
 import pytest
 import yaml
 
-from k8s.controlplane import ControlPlaneError
+from k8s.controlplane import built_dir
 from tests.e2e.conftest import MANIFESTS, REPO, TENANT_GROUP, unique
 from tests.e2e.helpers import eventually
 
@@ -78,11 +78,7 @@ class Helm:
 @pytest.fixture(scope="session")
 def helm(tmp_path_factory) -> Helm:
     """helm built by tools/build-helm.sh (a cold build takes minutes; cached by version)."""
-    proc = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise ControlPlaneError(f"tools/build-helm.sh failed ({proc.returncode}):\n"
-                                f"{proc.stderr[-3000:]}")
-    out = Path(proc.stdout.strip().splitlines()[-1])
+    out = built_dir(BUILD, "GPU_BINDER_HELM_DIR")
     return Helm(out / "helm", tmp_path_factory.mktemp("helm-home"), out / "cert-manager-crds")
 
 
