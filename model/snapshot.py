@@ -196,16 +196,27 @@ class _Index:
         d_tenant: dict[tuple[str, str], int] = {}
         class_res = st.class_res
         for old, new in changes:
-            if (old is not None and new is not None and old.bound_node == new.bound_node
-                    and old.class_name == new.class_name):
+            was = old.bound_node if old is not None else None
+            now = new.bound_node if new is not None else None
+            if was is None:
+                if now is None:
+                    continue  # Pending (or absent) before and after: counts nothing
+            elif was == now and old.class_name == new.class_name:  # type: ignore[union-attr]
                 continue  # same node, same class (same key, so same tenant): no count changes
-            for dev, sign in ((old, -1), (new, 1)):
-                if dev is None:
-                    continue
-                node, res = dev.bound_node, class_res.get(dev.class_name)
-                if node is not None and res is not None:
-                    d_used[(node, res)] = d_used.get((node, res), 0) + sign
-                    d_tenant[(dev.namespace, res)] = d_tenant.get((dev.namespace, res), 0) + sign
+            else:
+                res = class_res.get(old.class_name)  # type: ignore[union-attr]
+                if res is not None:
+                    key = (was, res)
+                    d_used[key] = d_used.get(key, 0) - 1
+                    key = (old.namespace, res)  # type: ignore[union-attr]
+                    d_tenant[key] = d_tenant.get(key, 0) - 1
+            if now is not None:
+                res = class_res.get(new.class_name)  # type: ignore[union-attr]
+                if res is not None:
+                    key = (now, res)
+                    d_used[key] = d_used.get(key, 0) + 1
+                    key = (new.namespace, res)  # type: ignore[union-attr]
+                    d_tenant[key] = d_tenant.get(key, 0) + 1
         used, tenant = self.used, self.tenant_bound
         touched = {k for k, v in d_used.items() if v}
         if touched:
