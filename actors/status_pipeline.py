@@ -218,6 +218,7 @@ class StatusPipeline(Actor):
         self._flights: dict[RequestKey, _Flight] = {}
         self._by_serial: dict[int, RequestKey] = {}
         self._counts: Counter[str] = Counter()
+        self._settling = False  # some finished flight waits for the view (`_prune`)
         self._ref: ActorRef | None = None
         self._tg: Any = None
 
@@ -235,8 +236,9 @@ class StatusPipeline(Actor):
         self._tg.cancel_scope.cancel()  # writes die with the incarnation: the next one recovers
 
     def wants_tick(self) -> bool:
-        """Ticks poll the view for finished flights it has not caught up with yet."""
-        return any(not f.running and not f.stalled for f in self._flights.values())
+        """Ticks poll the view for finished flights it has not caught up with yet (as the
+        last `_prune` found them: every message that ends writes prunes)."""
+        return self._settling
 
     async def on_tick(self) -> None:
         self._prune()
@@ -318,6 +320,7 @@ class StatusPipeline(Actor):
                 self._finish(serial, "done")  # every member carries it already
         if plan:
             self._tg.start_soon(self._write_wave, plan)
+        self._prune()
 
     def _finish(self, serial: int, outcome: str) -> None:
         """Book the end of flight `serial`'s writes (`outcome`: done, withdrawn, gave_up;
@@ -347,17 +350,20 @@ class StatusPipeline(Actor):
         """Drop finished flights the view has caught up with (or that waited longer than
         `settle_timeout`), releasing their node holds."""
         now = anyio.current_time()
+        settling = False
         for key, flight in list(self._flights.items()):
             if flight.running or flight.stalled:
                 continue
             left = self._outstanding(flight)
             if (left is not None and not left.empty
                     and now - (flight.finished_at or now) <= self._cfg.settle_timeout):
+                settling = True
                 continue
             del self._flights[key]
             self._by_serial.pop(flight.serial, None)
             if flight.decided.node is not None and flight.decided.hold is not None:
                 self._release(flight)
+        self._settling = settling
 
     def _release(self, flight: _Flight) -> None:
         """`Release` to the node actor of `flight` (best effort: a lost one is left to the
