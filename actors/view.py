@@ -200,17 +200,35 @@ class IndexedView:
     def put_device(self, dev: GPUDevice) -> None:
         """Add or replace a GPUDevice, keeping the indexes current (and the snapshot, at the
         next `snapshot()`)."""
-        key = dev.key
-        self._unindex(key)
-        self._devices[key] = dev
-        if dev.bound_node is not None:
-            self._on_node.setdefault(dev.bound_node, {})[key] = dev
+        key = (dev.namespace, dev.name)
+        node = dev.bound_node
         br = dev.status.bind_request
+        old = self._devices.get(key)
+        if old is not None:  # `_unindex`, inlined (the hot path of every write and event)
+            was = old.bound_node
+            if was is not None:
+                bucket = self._on_node.get(was)
+                if bucket is not None:
+                    bucket.pop(key, None)
+                    if not bucket and was != node:
+                        del self._on_node[was]
+            obr = old.status.bind_request
+            if obr is not None:
+                bucket = self._by_request.get((key[0], obr.id))
+                if bucket is not None:
+                    bucket.pop(key, None)
+                    if not bucket and (br is None or br.id != obr.id):
+                        del self._by_request[(key[0], obr.id)]
+        self._devices[key] = dev
+        if node is not None:
+            self._on_node.setdefault(node, {})[key] = dev
         if br is not None:
             self._by_request.setdefault((key[0], br.id), {})[key] = dev
         if self._snap is not None:
             self._pending[key] = dev
-        self.emit("device", key)
+        change = Change("device", key)
+        for queue in self._subscribers:
+            queue.put(change)
 
     def remove_device(self, key: DeviceKey) -> None:
         """Forget a GPUDevice (deleted)."""

@@ -87,22 +87,29 @@ Action = Skip | Recover | Finish | Answer | Place | Requeue
 def landing(placement: Placement, snap: Snapshot) -> Landing:
     """The members `placement` lands on its node, with their resource (devices whose class
     is unknown count against no resource and are left out)."""
+    return _landing(placement, snap)[0]
+
+
+def _landing(placement: Placement, snap: Snapshot) -> tuple[Landing, dict]:
+    """`landing`, and the moved members as `snap` has them (None: gone) by key."""
+    found: dict = {}
     out = []
     classes = snap.classes
     for move in placement.moves:
         key = move.device
-        dev = snap.device(key[0], key[1])
+        dev = found[key] = snap.device(key[0], key[1])
         cls = classes.get(dev.class_name) if dev is not None else None
         if cls is not None:
             out.append((key, cls.resource_name))
-    return tuple(out)
+    return tuple(out), found
 
 
 def placement_hold(request: Request, placement: Placement, snap: Snapshot) -> Hold:
     """The hold of `request` landing `placement` (what it takes: units on the node, budget
     slots of its Pending members), counted from `snap`'s devices."""
+    land, found = _landing(placement, snap)  # the members looked up once for both steps
     return outstanding(Hold(request.id, request.namespace, placement.node, placement.needs,
-                            placement.budget_needs, landing(placement, snap)), snap.devices.get)
+                            placement.budget_needs, land), found.get)
 
 
 def recorded_node(request_id: str, members: Iterable[GPUDevice]) -> tuple[str | None, bool]:
