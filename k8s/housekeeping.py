@@ -41,11 +41,13 @@ def desired_settings(cache: ClusterCache, raw_policy: str) -> dict[str, str]:
 
 class Housekeeper:
     """Runs H1–H3 every `period` seconds and whenever devices, VMIs, classes or the settings
-    ConfigMap change. `grace` is `attachmentGrace`. Errors are logged per action and the
+    ConfigMap change. `grace` is `attachmentGrace`; `timeout` bounds each API call (seconds);
+    up to `concurrency` devices are worked on at once. Errors are logged per action and the
     action is retried on the next round."""
 
     def __init__(self, api: ApiClient, cache: ClusterCache, *, grace: timedelta,
-                 raw_policy: str, period: float = 5.0, timeout: float = 5.0) -> None:
+                 raw_policy: str, period: float = 5.0, timeout: float = 5.0,
+                 concurrency: int = 16) -> None:
         self._custom = CustomObjectsApi(api)
         self._core = CoreV1Api(api)
         self.cache = cache
@@ -53,6 +55,7 @@ class Housekeeper:
         self.raw_policy = raw_policy
         self.period = period
         self.timeout = timeout
+        self.concurrency = concurrency
         self.actions_done = 0
         self.paused_rounds = 0
         self._paused = False
@@ -92,13 +95,31 @@ class Housekeeper:
             if self._paused:
                 log.info("housekeeping resumed: informers follow the API server", rule="H2")
             self._paused = False
-            for action in plan(self.cache.view.devices().values(), self.cache.vmi_state(),
-                               now, self.grace):
-                await self._do(action)
+            await self._carry_out(plan(self.cache.view.devices().values(),
+                                       self.cache.vmi_state(), now, self.grace))
         if self.cache.healthy(self.cache.classes, self.cache.settings):
             await self.ensure_settings()
         if self.cache.healthy(self.cache.classes, self.cache.kubevirts):
             await self.ensure_class_conditions()
+
+    async def _carry_out(self, actions: list[Action]) -> None:
+        """Carry out a round's `actions`: a device's own in plan order, different devices'
+        concurrently, at most `concurrency` API calls in flight (each action is confirmed
+        and written on its own device only, so their order across devices does not matter);
+        returns when all are done (each bounded by `timeout` per call)."""
+        per_device: dict[tuple[str, str], list[Action]] = {}
+        for action in actions:
+            per_device.setdefault(action.device, []).append(action)
+        limiter = anyio.CapacityLimiter(self.concurrency)
+
+        async def device(todo: list[Action]) -> None:
+            async with limiter:
+                for action in todo:
+                    await self._do(action)
+
+        async with anyio.create_task_group() as tg:
+            for todo in per_device.values():
+                tg.start_soon(device, todo)
 
     async def ensure_class_conditions(self) -> None:
         """Each GPUClass's KubeVirtPermitted condition (`model.housekeeping.kubevirt_condition`),

@@ -1,0 +1,52 @@
+"""How `k8s.housekeeping.Housekeeper` carries out a round's plan (H1, H2): a device's own
+actions in plan order, different devices concurrently and bounded. The API calls are
+replaced by a recorder here; tests/e2e carry them out against the real API server."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import anyio
+import pytest
+
+from k8s.housekeeping import Housekeeper
+from model.housekeeping import ClearAttachment, DeleteTemplate, LinkAttachment
+
+pytestmark = pytest.mark.anyio
+SINCE = datetime(2026, 12, 1, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+class _Recorder(Housekeeper):
+    def __init__(self, concurrency: int) -> None:  # no API client: `_do` is replaced
+        self.concurrency = concurrency
+        self.log: list[tuple[str, tuple[str, str], str]] = []
+        self.running = 0
+        self.peak = 0
+
+    async def _do(self, action) -> None:
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        self.log.append(("start", action.device, type(action).__name__))
+        await anyio.sleep(0.01)
+        self.log.append(("end", action.device, type(action).__name__))
+        self.running -= 1
+
+
+async def test_H2_a_rounds_actions_run_per_device_in_order_and_devices_at_once_bounded():
+    links = [LinkAttachment(("t", f"gpu-{i}"), "vm", "uid-1", "adm", SINCE) for i in range(40)]
+    clear = ClearAttachment(("t", "tmpl"), "old", "H2", "VMI deleted", SINCE, "adm-0")
+    delete = DeleteTemplate(("t", "tmpl"), None, "H2", "VMI deleted")
+    keeper = _Recorder(concurrency=8)
+    with anyio.fail_after(5):
+        await keeper._carry_out([clear, *links, delete])
+    starts = [e for e in keeper.log if e[0] == "start"]
+    assert len(starts) == 42                                  # every action, once
+    assert keeper.peak == 8                                   # devices at once, bounded
+    tmpl = [e for e in keeper.log if e[1] == ("t", "tmpl")]   # one device: in plan order
+    assert tmpl == [("start", ("t", "tmpl"), "ClearAttachment"), ("end", ("t", "tmpl"), "ClearAttachment"),
+                    ("start", ("t", "tmpl"), "DeleteTemplate"), ("end", ("t", "tmpl"), "DeleteTemplate")]
