@@ -24,14 +24,12 @@ from k8s.cache import ClusterCache
 from k8s.webhook import allow, deny, patch_response
 from model.admission import (AdmissionPlan, Refusal, already_admitted, attachment_is_live,
                              check, effective_resources, node_selector_of, same_name_conflict,
-                             unpermitted_gpu_entries, vmi_patch)
+                             unknown_annotations, unpermitted_gpu_entries, vmi_patch)
 from model.housekeeping import VMIs
 from model.parse import (ParseError, format_time, parse_gpu_device, parse_tolerations, parse_vmi_request,
                          tolerations_to_list)
-from model.types import (DEVICES_ANNOTATION, GROUP, TEMPLATE_FOR_LABEL, TEMPLATES_ANNOTATION,
-                         VERSION, GPUDevice, Result)
+from model.types import GROUP, TEMPLATE_FOR_LABEL, VERSION, GPUDevice, Result
 
-ANNOTATION_PREFIX = "gpu.cozystack.io/"
 
 log = structlog.get_logger("gpu_binder.admission")
 
@@ -117,38 +115,47 @@ class VMIAdmission:
                 await anyio.sleep(0.02)
 
     # -- entry -------------------------------------------------------------------------
+    @staticmethod
+    def _refuse(req: dict, message: str, code: int, reason: str) -> dict:
+        """W1/W6: deny before any judgement or write (bad kind or operation, malformed
+        object or annotations, unknown annotation, no name), logged as one JSON line naming
+        the request (uid) and, when known, the VMI, as every later denial is."""
+        obj = req.get("object") if isinstance(req.get("object"), dict) else {}
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        ns, name = req.get("namespace") or meta.get("namespace"), meta.get("name") or req.get("name")
+        log.info("VMI denied", uid=str(req.get("uid"))[:64],
+                 namespace=ns if isinstance(ns, str) else None,
+                 vmi=name if isinstance(name, str) else None, code=code, reason=message[:300])
+        return deny(req["uid"], message, code, reason)
+
     async def handle(self, req: dict) -> dict:
         """AdmissionRequest dict → AdmissionResponse dict. Never raises for bad input."""
         uid = req["uid"]
         kind = req.get("kind") if isinstance(req.get("kind"), dict) else {}
         if (kind.get("group"), kind.get("kind")) != ("kubevirt.io", "VirtualMachineInstance"):
-            return deny(uid, f"gpu-binder admits only kubevirt.io VirtualMachineInstances, got "
+            return self._refuse(req, f"gpu-binder admits only kubevirt.io VirtualMachineInstances, got "
                              f"{kind.get('group')!r}/{kind.get('kind')!r}", 400, "BadRequest")
         if req.get("operation") != "CREATE":
-            return deny(uid, f"gpu-binder handles CREATE only, got {req.get('operation')!r}",
+            return self._refuse(req, f"gpu-binder handles CREATE only, got {req.get('operation')!r}",
                         400, "BadRequest")
         obj = req.get("object")
         meta = obj.get("metadata") if isinstance(obj, dict) else None
         if not isinstance(meta, dict):
-            return deny(uid, "request.object.metadata must be an object", 400, "BadRequest")
+            return self._refuse(req, "request.object.metadata must be an object", 400, "BadRequest")
         annotations = meta.get("annotations")
         if annotations is not None and not (
                 isinstance(annotations, dict)
                 and all(isinstance(k, str) and isinstance(v, str) for k, v in annotations.items())):
-            return deny(uid, "metadata.annotations must map strings to strings", 400, "BadRequest")
+            return self._refuse(req, "metadata.annotations must map strings to strings", 400, "BadRequest")
         namespace = req.get("namespace") or meta.get("namespace")
         name = meta.get("name") or req.get("name")
-        unknown = sorted(k for k in (annotations or {}) if k.startswith(ANNOTATION_PREFIX)
-                         and k not in (DEVICES_ANNOTATION, TEMPLATES_ANNOTATION))
-        if unknown:
-            return deny(uid, f"unknown annotation {', '.join(unknown)}: gpu-binder reads "
-                             f"{DEVICES_ANNOTATION} (held devices, \"gpu-a,gpu-b\") and "
-                             f"{TEMPLATES_ANNOTATION} (new devices, \"h100=2,l40s=1\")",
-                        422, "Invalid")
+        unknown = unknown_annotations(annotations)
+        if unknown is not None:
+            return self._refuse(req, unknown.message, 422, "Invalid")
         try:
             ask = parse_vmi_request(annotations)
         except ParseError as exc:
-            return deny(uid, f"invalid GPU annotations on VMI {namespace}/{name}: {exc.field}: "
+            return self._refuse(req, f"invalid GPU annotations on VMI {namespace}/{name}: {exc.field}: "
                              f"{exc.problem}", 422, "Invalid")
         if ask is None:
             return allow(uid)
@@ -156,9 +163,9 @@ class VMIAdmission:
         try:
             tolerations = parse_tolerations(spec.get("tolerations"))
         except ParseError as exc:
-            return deny(uid, f"invalid VMI {namespace}/{name}: {exc.field}: {exc.problem}", 422, "Invalid")
+            return self._refuse(req, f"invalid VMI {namespace}/{name}: {exc.field}: {exc.problem}", 422, "Invalid")
         if not isinstance(namespace, str) or not namespace or not isinstance(name, str) or not name:
-            return deny(uid, "a VMI asking for GPUs needs metadata.name and a namespace "
+            return self._refuse(req, "a VMI asking for GPUs needs metadata.name and a namespace "
                              "(generateName is not supported)", 422, "Invalid")
         if self.draining:
             return deny(uid, "gpu-binder replica is shutting down; retry", 503,
@@ -267,7 +274,7 @@ class VMIAdmission:
         nodes = {d.status.bind_request.node for d in devs}
         if all(d.status.bind_request.result is Result.SUCCEEDED for d in devs) and len(nodes) == 1:
             node = nodes.pop()
-            log.info("VMI admitted", node=node, request=request_id, devices=list(plan.devices))
+            log.info("VMI admitted", node=node, request_id=request_id, devices=list(plan.devices))
             return self._admit_response(uid, obj, plan, node, admission)
         message = next((d.status.bind_request.message for d in devs
                         if d.status.bind_request.result is Result.REFUSED), None)
@@ -474,7 +481,7 @@ class VMIAdmission:
 
             if any(request_of(r).get("node") for r in fresh.values()):
                 log.info("request already decided; left for the binder (B7)",
-                         request=request_id)
+                         request_id=request_id)
                 return
             for name, raw in fresh.items():
                 att = ((raw or {}).get("status") or {}).get("attachedTo") or {}

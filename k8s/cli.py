@@ -9,6 +9,7 @@ unit and default. Each sub-command imports only what it needs, so `--help` stays
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -232,8 +233,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `gpu-binder` console script; returns the process exit code."""
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    return _run(build_parser().parse_args(argv))
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the chosen sub-command; a reader that went away (`gpu-binder top | head`) ends it
+    quietly with exit code 141 (128 + SIGPIPE, as a shell reports it), not a traceback."""
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)  # the interpreter flushes stdout at exit
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 def build_kubectl_parser() -> argparse.ArgumentParser:
@@ -248,8 +259,7 @@ def build_kubectl_parser() -> argparse.ArgumentParser:
 
 def kubectl_main(argv: list[str] | None = None) -> int:
     """Entry point of the `kubectl-gpu` console script (`kubectl gpu explain …`)."""
-    args = build_kubectl_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    return _run(build_kubectl_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

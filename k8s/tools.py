@@ -24,7 +24,8 @@ import anyio
 import structlog
 import yaml
 
-from model.admission import LauncherDefaults, node_selector_of
+from model.admission import LauncherDefaults, node_selector_of, unknown_annotations
+from model.types import ADMISSION_ANNOTATION
 from model.explain import Explanation, Top, WhatIf, explain, top, what_if
 from model.parse import ParseError, parse_tolerations, parse_vmi_request
 from model.snapshot import Snapshot
@@ -127,6 +128,13 @@ def explain_vmi(cluster: Cluster, vmi: dict, *, grace: float, now: datetime) -> 
     meta = vmi["metadata"]
     ns, name = meta["namespace"], meta["name"]
     spec = vmi.get("spec") if isinstance(vmi.get("spec"), dict) else {}
+    annotations = dict(meta.get("annotations") or {})
+    live = cluster.vmis.get((ns, name))
+    if live is not None and meta.get("uid") and (live.get("metadata") or {}).get("uid") == meta["uid"]:
+        annotations.pop(ADMISSION_ANNOTATION, None)  # the webhook wrote it on this running VMI
+    unknown = unknown_annotations(annotations)
+    if unknown is not None:  # W1 as the webhook says it: the admission would be denied
+        raise ToolError(f"VMI {ns}/{name} would be denied: {unknown.message}")
     try:
         ask = parse_vmi_request(meta.get("annotations") or {})
         tolerations = parse_tolerations(spec.get("tolerations"))

@@ -14,7 +14,9 @@ from model.housekeeping import VMIs, judge
 from model.parse import VMIAsk
 from model.settings import resource_names
 from model.snapshot import Order, Snapshot
-from model.types import ADMISSION_ANNOTATION, HOSTNAME_LABEL, GPUDevice, Labels, Phase, Result, Toleration
+from model.types import (ADMISSION_ANNOTATION, DEVICES_ANNOTATION, HOSTNAME_LABEL,
+                         TEMPLATES_ANNOTATION, GPUDevice, Labels, Phase, Result, Toleration,
+                         labels_include)
 
 MAX_NAME = 253
 
@@ -63,6 +65,24 @@ def attachment_is_live(device: GPUDevice, vmis: VMIs | set[tuple[str, str]], now
         vmis = VMIs.of_keys(vmis)
     v = judge(device, vmis, now, grace)
     return v is not None and v.holds
+
+
+ANNOTATION_PREFIX = "gpu.cozystack.io/"
+
+
+def unknown_annotations(annotations: Mapping[str, str] | None) -> Refusal | None:
+    """W1: a Refusal naming every `gpu.cozystack.io/` annotation other than the two a VMI
+    may carry (a typo such as `tempaltes` must not admit the VMI without its GPUs; the
+    webhook sets `gpu.cozystack.io/admission` itself, so a tenant may not). None when there
+    is none."""
+    unknown = sorted(k for k in (annotations or {}) if isinstance(k, str)
+                     and k.startswith(ANNOTATION_PREFIX)
+                     and k not in (DEVICES_ANNOTATION, TEMPLATES_ANNOTATION))
+    if not unknown:
+        return None
+    return Refusal(f"unknown annotation {', '.join(unknown)}: gpu-binder reads "
+                   f"{DEVICES_ANNOTATION} (held devices, \"gpu-a,gpu-b\") and "
+                   f"{TEMPLATES_ANNOTATION} (new devices, \"h100=2,l40s=1\")")
 
 
 # Bounds of `bindRequest.nodeSelector` and `bindRequest.tolerations` in the GPUDevice CRD
@@ -149,7 +169,7 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
     if not verdict.admitted:
         reason = verdict.reason or "unknown reason"
         if reason.startswith("no schedulable node serving class"):
-            reason = _room_message(snapshot, orders)
+            reason = _room_message(snapshot, orders, node_selector, tolerations)
             judged = snapshot.judge_set(namespace, orders, node_selector=node_selector,
                                         tolerations=tolerations)
             if not judged.admitted and judged.reason:  # the binder's per-node reasons (B3)
@@ -194,9 +214,11 @@ def unpermitted_gpu_entries(vmi: Mapping[str, Any], effective: Sequence[str],
     return None
 
 
-def _room_message(snapshot: Snapshot, orders: Sequence[Order]) -> str:
-    """Say what the set needs on one node and the most any schedulable node has, per
-    resource (the per-device check's own wording would read as if nothing were free)."""
+def _room_message(snapshot: Snapshot, orders: Sequence[Order], node_selector: Labels,
+                  tolerations: tuple[Toleration, ...]) -> str:
+    """Say what the set needs on one node and the most any eligible node has, per resource
+    (B3: placeable, no untolerated NoSchedule/NoExecute taint, matching the launcher's
+    nodeSelector; the per-device check's own wording would read as if nothing were free)."""
     need: dict[tuple[str, str], int] = {}
     for o in orders:
         dev = snapshot.device(o.namespace, o.device) if o.device else None
@@ -205,13 +227,18 @@ def _room_message(snapshot: Snapshot, orders: Sequence[Order]) -> str:
         if cls is not None and (dev is None or dev.bound_node is None):
             need[(cls_name, cls.resource_name)] = need.get((cls_name, cls.resource_name), 0) + 1
     parts = []
-    cordoned = snapshot.unplaceable_nodes()
+    unplaceable = snapshot.unplaceable_nodes()
+
+    def eligible(node: str) -> bool:
+        return (node not in unplaceable and not snapshot.untolerated_taints(node, tolerations)
+                and labels_include(snapshot.node_labels(node), node_selector))
     for (cls_name, res), n in sorted(need.items()):
         frees = [snapshot.free(node, res) for node in snapshot.serving_nodes(cls_name)
-                 if node not in cordoned]
-        parts.append(f"the set needs {n} × {res} (class {cls_name}) on one node; the most "
-                     f"free on a schedulable node serving it is {max(frees, default=0)}")
-    return "; ".join(parts) or "no schedulable node has room for the set"
+                 if eligible(node)]
+        most = (f"the most free on an eligible node serving it is {max(frees)}" if frees
+                else "no node serving it is eligible")
+        parts.append(f"the set needs {n} × {res} (class {cls_name}) on one node; {most}")
+    return "; ".join(parts) or "no eligible node has room for the set"
 
 
 def same_name_conflict(snapshot: Snapshot, plan: AdmissionPlan, vmis: VMIs, now: datetime,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from model.hold import Hold, Needs
+from model.hold import Hold
 from model.types import (
     Budget,
     GPUClass,
@@ -597,7 +597,7 @@ class Snapshot:
                 order = replace(order, tolerations=tolerations)
             verdict = snap.check_order(order)
             if not verdict.admitted:
-                return verdict
+                return self._set_budget_verdict(namespace, orders, verdict)
             if order.device is not None:
                 base = snap.device(namespace, order.device)
                 assert base is not None
@@ -611,6 +611,27 @@ class Snapshot:
                 snap = snap.with_device(replace(base, status=replace(
                     base.status, phase=Phase.BOUND, node_name=verdict.node)))
         return self._judge_set(namespace, names, templates, node_selector, tolerations)
+
+    def _set_budget_verdict(self, namespace: str, orders: Sequence[Order], verdict: Verdict) -> Verdict:
+        """`verdict` of one order of a set; a budget refusal (counted on the snapshot with the
+        set's earlier devices added) reworded with the whole set's numbers: usage before the
+        set, and what the set adds (its members not Bound yet), as B1's refusal says."""
+        for res in {self._order_resource(o) for o in orders} - {None}:
+            budget = self.budget_of(namespace, res)
+            if budget is None:
+                continue
+            adds = sum(1 for o in orders if self._order_resource(o) == res and not (
+                o.device is not None and (d := self.device(namespace, o.device)) is not None
+                and d.bound_node is not None))
+            usage = self.tenant_usage(namespace, res)
+            if (verdict.reason or "").startswith(f"budget of tenant {namespace} for {res} exhausted:"):
+                return Verdict(False, budget_message(namespace, res, usage, budget, adds))
+        return verdict
+
+    def _order_resource(self, order: Order) -> str | None:
+        dev = self.device(order.namespace, order.device) if order.device is not None else None
+        cls = self._st.classes.get(dev.class_name if dev is not None else order.class_name)
+        return cls.resource_name if cls is not None else None
 
     def judge_set(self, namespace: str, orders: Sequence[Order], *, node_selector: Labels = (),
                   tolerations: tuple[Toleration, ...] = ()) -> Verdict:

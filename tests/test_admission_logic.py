@@ -93,8 +93,26 @@ def test_W1_set_larger_than_any_node_says_what_it_needs_and_the_most_free():
                          classes=[GPUClass("h100", H100)])
     got = check(one, "t1", "vm", VMIAsk((), (("h100", 3),)), set(), NOW, GRACE)
     assert got == Refusal("GPU set of VMI t1/vm cannot be placed: the set needs 3 × "
-                          "nvidia.com/H100 (class h100) on one node; the most free on a "
-                          "schedulable node serving it is 2; n1: needs 3 × nvidia.com/H100, has 2 free")
+                          "nvidia.com/H100 (class h100) on one node; the most free on an "
+                          "eligible node serving it is 2; n1: needs 3 × nvidia.com/H100, has 2 free")
+
+
+def test_W1_the_most_free_counts_only_eligible_nodes_taints_and_selector_too():
+    """A tainted node or one the launcher's nodeSelector excludes is not "the most free"
+    (the refusal would contradict its own per-node reasons)."""
+    from model.types import Taint
+
+    taint = Taint("node.kubernetes.io/not-ready", "", "NoSchedule")
+    snap = Snapshot.build(nodes=[Node("n1", KV, allocatable=((H100, 4),), taints=(taint,)),
+                                 Node("n2", (*KV, ("zone", "b")), allocatable=((H100, 1),))],
+                          classes=[GPUClass("h100", H100)])
+    got = check(snap, "t1", "vm", VMIAsk((), (("h100", 2),)), set(), NOW, GRACE)
+    assert isinstance(got, Refusal)
+    assert "the most free on an eligible node serving it is 1;" in got.message, got.message
+    assert "n1: taint node.kubernetes.io/not-ready:NoSchedule not tolerated" in got.message
+    got = check(snap, "t1", "vm", VMIAsk((), (("h100", 2),)), set(), NOW, GRACE,
+                node_selector=(("zone", "a"),))
+    assert "(class h100) on one node; no node serving it is eligible;" in got.message, got.message
 
 
 def test_W1_set_larger_than_free_units_across_nodes_gets_the_binders_per_node_reasons():
@@ -192,3 +210,38 @@ def test_W1_request_bounds_equal_the_gpudevice_schema():
     assert tol["maxItems"] == a.MAX_TOLERATIONS
     assert tol["items"]["properties"]["key"]["maxLength"] == a.MAX_LABEL_KEY
     assert tol["items"]["properties"]["value"]["maxLength"] == a.MAX_LABEL_VALUE
+
+
+def test_W1_unknown_gpu_annotation_is_refused_by_the_webhook_rule_and_explain_alike():
+    """A typo (`tempaltes`) or the webhook's own `admission` annotation set by a tenant:
+    the webhook denies it, and `gpu-binder explain` says so rather than "admitted"."""
+    import pytest
+
+    from k8s.tools import Cluster, ToolError, explain_vmi
+    from model.admission import unknown_annotations
+
+    assert unknown_annotations({"gpu.cozystack.io/templates": "h100=1", "other/x": "y"}) is None
+    got = unknown_annotations({"gpu.cozystack.io/tempaltes": "h100=1",
+                               "gpu.cozystack.io/admission": "forged"})
+    assert got is not None and got.message.startswith(
+        "unknown annotation gpu.cozystack.io/admission, gpu.cozystack.io/tempaltes: gpu-binder reads ")
+    vmi = {"metadata": {"name": "vm", "namespace": "t1",
+                        "annotations": {"gpu.cozystack.io/tempaltes": "h100=1"}}, "spec": {}}
+    with pytest.raises(ToolError, match=r"VMI t1/vm would be denied: unknown annotation "
+                                        r"gpu\.cozystack\.io/tempaltes"):
+        explain_vmi(Cluster(snap(), set(), {}), vmi, grace=120, now=NOW)
+
+
+def test_W1_explain_of_a_running_vmi_accepts_the_admission_annotation_the_webhook_wrote():
+    import pytest
+
+    from k8s.tools import Cluster, ToolError, explain_vmi
+
+    ann = {"gpu.cozystack.io/templates": "h100=1", "gpu.cozystack.io/admission": "a1"}
+    running = {"metadata": {"name": "vm", "namespace": "t1", "uid": "u-1", "annotations": ann},
+               "spec": {}}
+    cluster = Cluster(snap(), {("t1", "vm")}, {("t1", "vm"): running})
+    assert explain_vmi(cluster, running, grace=120, now=NOW).admitted  # judged, not refused
+    forged = {"metadata": {"name": "vm-2", "namespace": "t1", "annotations": ann}, "spec": {}}
+    with pytest.raises(ToolError, match="would be denied: unknown annotation gpu.cozystack.io/admission"):
+        explain_vmi(cluster, forged, grace=120, now=NOW)

@@ -48,3 +48,33 @@ async def test_one_item_runs_inline_and_its_error_is_not_wrapped() -> None:
 
     with pytest.raises(errors.Conflict):
         await _each(write, ["only"])
+
+
+async def test_W1_W6_an_early_denial_is_logged_naming_the_request_and_the_vmi(monkeypatch) -> None:
+    """Denials before any judgement (here an unknown annotation and a malformed one) leave
+    one log line each with the review's uid and the VMI, as placement denials do."""
+    from k8s import admission
+    from k8s.admission import VMIAdmission
+
+    logs: list[dict] = []
+
+    class Recorder:  # the module's logger (structlog caches bound loggers once configured)
+        def info(self, event: str, **fields) -> None:
+            logs.append({"event": event, **fields})
+    monkeypatch.setattr(admission, "log", Recorder())
+
+    adm = object.__new__(VMIAdmission)  # the early checks read nothing of the instance
+    review = {"uid": "u-1", "kind": {"group": "kubevirt.io", "kind": "VirtualMachineInstance"},
+              "operation": "CREATE", "namespace": "t1",
+              "object": {"metadata": {"name": "vm", "annotations": {
+                  "gpu.cozystack.io/tempaltes": "h100=1"}}}}
+    bad = {**review, "uid": "u-2", "object": {"metadata": {"name": "vm2", "annotations": {
+        "gpu.cozystack.io/templates": "h100=x"}}}}
+    first = await adm.handle(review)
+    second = await adm.handle(bad)
+    assert (first["allowed"], second["allowed"]) == (False, False)
+    denied = [e for e in logs if e["event"] == "VMI denied"]
+    assert [(e["uid"], e["namespace"], e["vmi"], e["code"]) for e in denied] == [
+        ("u-1", "t1", "vm", 422), ("u-2", "t1", "vm2", 422)]
+    assert denied[0]["reason"].startswith("unknown annotation gpu.cozystack.io/tempaltes")
+    assert denied[1]["reason"].startswith("invalid GPU annotations on VMI t1/vm2")

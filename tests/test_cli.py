@@ -90,3 +90,20 @@ def test_explain_bad_input_is_refused_before_reading_the_cluster(capsys, tmp_pat
     assert main(["explain", "ns/vm", "--attachment-grace", "-1"]) == 2
     assert capsys.readouterr().err == ("gpu-binder explain: --attachment-grace must be > 0 "
                                        "seconds, got -1\n")
+
+
+def test_output_to_a_reader_that_went_away_ends_quietly_with_141():
+    """`gpu-binder top | head`: a closed pipe ends the command with 141, no traceback."""
+    import subprocess
+    import sys
+
+    code = ("import argparse; from k8s.cli import _run\n"
+            "def spam(_):\n"
+            "    for i in range(200000): print('row', i)\n"
+            "raise SystemExit(_run(argparse.Namespace(func=spam)))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == b"row 0\n"
+    proc.stdout.close()  # the reader goes away
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (141, b"")

@@ -83,8 +83,8 @@ def test_W1_explain_says_budget_and_by_how_much():
     e = ex(snap, templates=[("h100", 3)])
     assert not e.admitted
     assert e.message == ("GPU set of VMI tenant-a/vm-1 cannot be placed: budget of tenant "
-                         "tenant-a for nvidia.com/H100 exhausted: 2 bound or reserved of 2, "
-                         "request adds 1")
+                         "tenant-a for nvidia.com/H100 exhausted: 1 bound or reserved of 2, "
+                         "request adds 3")  # W1 says what B1 says
     assert e.set_problems == ("budget of tenant tenant-a for nvidia.com/H100 exhausted: "
                               "1 bound or reserved of 2, request adds 3",)
     assert e.budget_short == ((H, 2),)

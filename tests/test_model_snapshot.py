@@ -90,8 +90,8 @@ def test_W1_check_order_no_room():
 def test_W1_check_set_adds_each_admitted_device_before_the_next():
     s = world([node("n1", 2), node("n2", 1)], [dev("held", "n2")], budgets=[Budget(NS, H, 3)])
     assert s.check_set(NS, [Order(NS, "h100"), Order(NS, "h100")]) == Verdict(True, node="n1")
-    assert s.check_set(NS, [Order(NS, "h100")] * 3) == Verdict(
-        False, "budget of tenant tenant-a for nvidia.com/H100 exhausted: 3 bound or reserved of 3, request adds 1")
+    assert s.check_set(NS, [Order(NS, "h100")] * 3) == Verdict(  # the set's numbers (as B1)
+        False, "budget of tenant tenant-a for nvidia.com/H100 exhausted: 1 bound or reserved of 3, request adds 3")
 
 
 def test_W1_check_set_requires_one_node_for_the_whole_set():
