@@ -440,7 +440,8 @@ class VMIAdmission:
         except Exception as exc:  # noqa: BLE001
             err = errors.translate(exc, f"patch GPUDevice {ns}/{name}")
             if isinstance(err, errors.Invalid):
-                raise Denied(f"GPU device {name} was taken by another VMI meanwhile") from exc
+                raise Denied(f"GPU device {name} changed meanwhile (another admission took it, "
+                             "or housekeeping released it)") from exc
             raise err from exc
 
     async def _get(self, ns: str, name: str) -> dict | None:
@@ -497,9 +498,12 @@ class VMIAdmission:
                 try:
                     with anyio.fail_after(self.timeout + 1):
                         await self._json_patch(ns, name, ops)
+                except (Denied, errors.NotFound) as exc:  # changed or gone since the read
+                    log.info("clean-up of attachment moot: the device changed since it was "
+                             "read", device=name, request_id=request_id, reason=str(exc)[:200])
                 except Exception as exc:  # noqa: BLE001 - housekeeping (H1) retries later
                     log.warning("clean-up of attachment failed", device=name,
-                                error=repr(exc)[:200])
+                                request_id=request_id, error=repr(exc)[:200])
             for name in created:
                 try:
                     with anyio.fail_after(self.timeout + 1):

@@ -251,11 +251,13 @@ class Housekeeper:
             err = exc if isinstance(exc, errors.ApiError) else \
                 errors.translate(exc, f"{type(action).__name__} {ns}/{name}")
             if isinstance(err, (errors.NotFound, errors.Invalid, errors.Conflict)):
-                log.info("housekeeping action moot", rule=action.rule, namespace=ns,
-                         device=name, reason=err.message[:200])
+                log.info("housekeeping action moot", rule=action.rule,
+                         action=type(action).__name__, namespace=ns, device=name,
+                         reason=err.message[:200])
             else:
-                log.warning("housekeeping action failed", rule=action.rule, namespace=ns,
-                            device=name, error=str(err)[:300])
+                log.warning("housekeeping action failed", rule=action.rule,
+                            action=type(action).__name__, namespace=ns, device=name,
+                            error=str(err)[:300])
 
     async def ensure_settings(self) -> None:
         """H3: create the settings ConfigMap, or replace its data when the cache shows drift."""
