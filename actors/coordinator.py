@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 import anyio
@@ -130,9 +130,7 @@ class CoordinatorConfig:
 
     def pipeline(self) -> PipelineConfig:
         """The status pipeline's part of this configuration."""
-        return PipelineConfig(self.write_timeout, self.retry_attempts, self.retry_initial,
-                              self.retry_max, self.retry_jitter, self.settle_timeout,
-                              self.settle_poll)
+        return PipelineConfig(**{f.name: getattr(self, f.name) for f in fields(PipelineConfig)})
 
 
 @dataclass(frozen=True, slots=True)

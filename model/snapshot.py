@@ -616,17 +616,17 @@ class Snapshot:
         """`verdict` of one order of a set; a budget refusal (counted on the snapshot with the
         set's earlier devices added) reworded with the whole set's numbers: usage before the
         set, and what the set adds (its members not Bound yet), as B1's refusal says."""
-        for res in {self._order_resource(o) for o in orders} - {None}:
-            budget = self.budget_of(namespace, res)
-            if budget is None:
-                continue
-            adds = sum(1 for o in orders if self._order_resource(o) == res and not (
-                o.device is not None and (d := self.device(namespace, o.device)) is not None
-                and d.bound_node is not None))
-            usage = self.tenant_usage(namespace, res)
-            if (verdict.reason or "").startswith(f"budget of tenant {namespace} for {res} exhausted:"):
-                return Verdict(False, budget_message(namespace, res, usage, budget, adds))
-        return verdict
+        reason = verdict.reason or ""
+        res = next((r for r in {self._order_resource(o) for o in orders} - {None}
+                    if reason.startswith(f"budget of tenant {namespace} for {r} exhausted:")), None)
+        budget = self.budget_of(namespace, res) if res is not None else None
+        if budget is None:
+            return verdict
+        adds = sum(1 for o in orders if self._order_resource(o) == res and not (
+            o.device is not None and (d := self.device(namespace, o.device)) is not None
+            and d.bound_node is not None))
+        return Verdict(False, budget_message(namespace, res, self.tenant_usage(namespace, res),
+                                             budget, adds))
 
     def _order_resource(self, order: Order) -> str | None:
         dev = self.device(order.namespace, order.device) if order.device is not None else None
