@@ -119,17 +119,16 @@ FAST_CONTROLLER_ARGS = (
 )
 
 
-@pytest.fixture(scope="module")
-def system(control_plane, tmp_path_factory):
-    """Two controller replicas (short Lease and grace for tests) on the session's control
-    plane, webhook registered; stopped at the end of the module. The Lease is deleted first
-    so a previous module's replicas do not hold it."""
+def controller_replicas(control_plane, tmp_path_factory, args: tuple[str, ...] = FAST_CONTROLLER_ARGS):
+    """Two controller replicas run with `args` on the session's control plane, webhook
+    registered; a generator for a module fixture (stopped, and the webhook configuration
+    deleted, at its end). The Lease is deleted first so a previous module's replicas do not
+    hold it."""
     from k8s.localcluster import LocalCluster
 
     control_plane.kubectl("delete", "lease", "gpu-binder", "-n", "cozy-system",
                           "--ignore-not-found")
-    lc = LocalCluster(controllers=2, controller_args=FAST_CONTROLLER_ARGS,
-                      control_plane=control_plane,
+    lc = LocalCluster(controllers=2, controller_args=args, control_plane=control_plane,
                       log_dir=tmp_path_factory.mktemp("controller-logs"))
     lc.start()
     try:
@@ -138,6 +137,12 @@ def system(control_plane, tmp_path_factory):
         lc.stop()
         control_plane.kubectl("delete", "mutatingwebhookconfiguration", "gpu-binder",
                               "--ignore-not-found")
+
+
+@pytest.fixture(scope="module")
+def system(control_plane, tmp_path_factory):
+    """Two controller replicas (short Lease and grace for tests) for the module."""
+    yield from controller_replicas(control_plane, tmp_path_factory)
 
 
 @pytest.fixture

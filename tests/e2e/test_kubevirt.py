@@ -26,20 +26,11 @@ GPU_TAINT = {"key": "gpu.example.com/reserved", "value": "team-x", "effect": "No
 def system(control_plane, tmp_path_factory):
     """As conftest's `system`, with a bind timeout of 15 s (not 6): virt-api's webhooks and
     50 racing VMIs share two cores with everything else here."""
-    from k8s.localcluster import LocalCluster
-    from tests.e2e.conftest import FAST_CONTROLLER_ARGS
+    from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas
 
     args = tuple(a for a in FAST_CONTROLLER_ARGS if not a.startswith(("--bind-timeout", "--attachment-grace")))
-    args += ("--bind-timeout=15", "--attachment-grace=30")
-    control_plane.kubectl("delete", "lease", "gpu-binder", "-n", "cozy-system", "--ignore-not-found")
-    lc = LocalCluster(controllers=2, controller_args=args, control_plane=control_plane,
-                      log_dir=tmp_path_factory.mktemp("controller-logs"))
-    lc.start()
-    try:
-        yield lc
-    finally:
-        lc.stop()
-        control_plane.kubectl("delete", "mutatingwebhookconfiguration", "gpu-binder", "--ignore-not-found")
+    yield from controller_replicas(control_plane, tmp_path_factory,
+                                   args + ("--bind-timeout=15", "--attachment-grace=30"))
 
 
 @pytest.fixture(scope="module")
