@@ -1,4 +1,6 @@
 # The controller image: one process image for the binder, the webhook and housekeeping.
+# Production packages only (model, actors, supervisor, k8s, cli): the local-cluster harness,
+# the fakes, bench and tests are not copied, and pyproject's package list leaves them out.
 # (Not built here: this machine has no container engine. Build with `docker build -t
 # ghcr.io/cozystack/gpu-binder:0.1.0 .` where one is available.)
 FROM python:3.11-slim AS build
@@ -8,7 +10,7 @@ COPY model model
 COPY actors actors
 COPY supervisor supervisor
 COPY k8s k8s
-COPY bench bench
+COPY cli cli
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim

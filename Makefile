@@ -4,12 +4,12 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast controlplane helm clean
+.PHONY: demo test test-fast lint-imports controlplane helm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pip install --quiet --config-settings editable_mode=compat -e '.[test,bench]'
 	touch $(STAMP)
 
 controlplane:
@@ -23,10 +23,15 @@ helm:
 demo: $(STAMP) controlplane
 	$(VENV)/bin/gpu-binder demo
 
-test: $(STAMP) controlplane helm
+# The import contract first (pyproject's [tool.importlinter]: layers one way, production never
+# imports the harness, fakes, bench or cli, no cycles), then the tests.
+lint-imports: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+test: $(STAMP) lint-imports controlplane helm
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) lint-imports
 	$(PY) -m pytest -m "not e2e" $(PYTEST_ARGS)
 
 clean:

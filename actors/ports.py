@@ -5,7 +5,7 @@ possibly a little behind the API server); `ChangeFeed` says which keys changed (
 based: a change names a key, the receiver re-reads the view); `StatusWriter` writes the
 binder's fields of GPUDevice status (B8); `Clock` gives monotonic and UTC time;
 `NodeDirectory` finds the node actor of a node. The Kubernetes adapter implements the
-first three, `actors.memory_store.MemoryStore` is the fake beside it.
+first three, `fakes.memory_store.MemoryStore` is the fake beside it.
 """
 
 from __future__ import annotations
@@ -199,29 +199,6 @@ class SystemClock:
 
     def now(self) -> datetime:
         return datetime.now(UTC)
-
-
-class ManualClock:
-    """A clock that only moves when told (`advance`), for tests of expiry and timestamps.
-    Deadlines of anyio waits still run on the event loop's own clock."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self._mono = 1000.0
-        self._start = start or datetime(2030, 1, 1, tzinfo=UTC)
-
-    def monotonic(self) -> float:
-        return self._mono
-
-    def now(self) -> datetime:
-        from datetime import timedelta
-
-        return self._start + timedelta(seconds=self._mono - 1000.0)
-
-    def advance(self, seconds: float) -> None:
-        """Move time forward by `seconds` (>= 0)."""
-        if seconds < 0:
-            raise ValueError("time does not go backwards")
-        self._mono += seconds
 
 
 @runtime_checkable

@@ -1,6 +1,6 @@
 """`IndexedView`: a mutable, indexed set of model values that implements the `ClusterView`
 and `ChangeFeed` ports. The Kubernetes informer cache feeds it from watch events; the
-in-memory store (`actors.memory_store.MemoryStore`) builds on it. Devices are indexed by
+in-memory store (`fakes.memory_store.MemoryStore`) builds on it. Devices are indexed by
 bound node and by bind-request id. The model `Snapshot` is kept up to date incrementally for
 device changes: they are collected and applied in one step (`Snapshot.with_changes`) by
 the next `snapshot()`; after a node, class, budget or namespace change

@@ -1,3 +1,3 @@
 """Benchmarks (not tests): the pure model's decision rate, the actor binder against a bare
-loop, and end-to-end admissions on a real control plane. Nothing imports this package.
+loop, and end-to-end admissions on a real control plane. Only `cli` imports this package.
 """

@@ -57,7 +57,7 @@ import anyio
 
 from actors.heap import restore_heap, settle_heap
 from actors.logging import configure_logging
-from actors.memory_store import MemoryStore
+from fakes.memory_store import MemoryStore
 from actors.ports import SystemClock
 from model.decide import Request, apply_decision, decide
 from model.snapshot import Snapshot

@@ -1,6 +1,6 @@
 """End-to-end admission benchmark on a real control plane (`gpu-binder bench e2e`).
 
-Starts the whole system (`k8s.localcluster.LocalCluster`: etcd, kube-apiserver, two
+Starts the whole system (`localcluster.cluster.LocalCluster`: etcd, kube-apiserver, two
 controller replicas, webhook registered), creates a fleet, then for each concurrency level
 creates VMIs through the API server (webhook in the path) from that many concurrent
 clients, timing every admission. In the same run it measures the API server's raw
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import anyio
 
-from k8s.fleet import Fleet
-from k8s.localcluster import LocalCluster
+from localcluster.fleet import Fleet
+from localcluster.cluster import LocalCluster
 
 RES = "nvidia.com/GH100_H100"
 
@@ -146,7 +146,7 @@ async def _ready_untainted(fleet: Fleet, name: str, allocatable: dict[str, int])
 def _start_scheduler(lc: LocalCluster, workdir: Path) -> subprocess.Popen:
     """kube-scheduler out of cluster (NOTES.md): no leader election, high qps/burst, no
     serving port; its log goes to workdir/kube-scheduler.log."""
-    from k8s.controlplane import _die_with_parent
+    from localcluster.controlplane import _die_with_parent
 
     binary = lc.cp.binaries.kubectl.parent / "kube-scheduler"
     if not os.access(binary, os.X_OK):

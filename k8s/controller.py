@@ -24,14 +24,14 @@ from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 from actors.heap import settle_heap
 from actors.logging import close_logging, configure_logging
 from actors.ports import SystemClock
-from k8s.admission import VMIAdmission
+from k8s.webhook.admission import VMIAdmission
 from k8s.cache import ClusterCache
 from k8s.config import Config
 from k8s.housekeeping import Housekeeper
 from k8s.leader import LeaderElector, LeaseConfig
 from k8s.metrics import Metrics
 from k8s.status_writer import ApiStatusWriter
-from k8s.webhook import ReloadingTLS, deny, make_app, serve
+from k8s.webhook.transport import ReloadingTLS, deny, make_app, serve
 from supervisor.binder import Binder, BinderConfig
 from supervisor.tree import SupervisorEscalation
 

@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from k8s import errors
 from k8s.cache import SETTINGS_NAME, ClusterCache
-from model.housekeeping import (KUBEVIRT_CONDITION, Action, ClearAttachment, DeleteTemplate,
+from model.housekeeping import (KUBEVIRT_CONDITION, Action, DeleteTemplate,
                                 LinkAttachment, VMIRecord, confirmed, kubevirt_condition, plan)
 from model.parse import format_time
 from model.types import ADMISSION_ANNOTATION, Attachment

@@ -11,7 +11,7 @@ figures per class and tenant (`gpu-binder top`'s) are computed from the cache by
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 import anyio
 
@@ -20,16 +20,29 @@ from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:
-    from k8s.admission import VMIAdmission
-    from k8s.controller import Controller
+    from k8s.cache import ClusterCache
+    from k8s.leader import LeaderElector
+    from k8s.webhook.admission import VMIAdmission
     from model.explain import Top
+    from supervisor.binder import Binder
+
+
+class Observed(Protocol):
+    """What the metrics read of the running process (`k8s.controller.Controller` is one):
+    the Lease elector, the binder while leading (else None), the informer cache once built
+    (else None) and whether it has synced."""
+
+    elector: "LeaderElector | None"
+    binder: "Binder | None"
+    cache: "ClusterCache | None"
+    synced: bool
 
 FLEET_MAX_AGE = 10.0
 """Seconds a computation of the fleet figures is reused by later scrapes."""
 
 
 class _TreeCollector:
-    def __init__(self, controller: "Controller", admission: "VMIAdmission") -> None:
+    def __init__(self, controller: Observed, admission: "VMIAdmission") -> None:
         self.controller = controller
         self.admission = admission
 
@@ -143,7 +156,7 @@ def refusal_reason(message: str) -> str:
 class Metrics:
     """The replica's registry. `render()` gives (body bytes, content type) for /metrics."""
 
-    def __init__(self, controller: "Controller", admission: "VMIAdmission") -> None:
+    def __init__(self, controller: Observed, admission: "VMIAdmission") -> None:
         self.registry = CollectorRegistry()
         self.admission_latency = Histogram(
             "gpu_binder_admission_seconds", "VMI admission latency (webhook, seconds)",

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Mapping, Sequence
 
+from model.check import check_set, judge_set
 from model.housekeeping import VMIs, judge
 from model.parse import VMIAsk
 from model.settings import resource_names
@@ -124,7 +125,7 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
     unentitled class, when a template class is missing or unentitled, when a class's
     resource is not in KubeVirt's `permittedHostDevices` (`permitted`; None: no KubeVirt CR
     is known, nothing is checked), when the tenant's budget has no room for the set, or when
-    the set cannot fit one node now (`Snapshot.check_set`, with the VMI's `node_selector`
+    the set cannot fit one node now (`model.check.check_set`, with the VMI's `node_selector`
     and `tolerations`, B3). Template devices this VMI already has (a retried admission, W4)
     are judged as the devices they are, not as new ones. Attachments to the same VMI name are
     judged by `same_name_conflict`, after W4. A nodeSelector or tolerations the bind
@@ -164,14 +165,14 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
         refusal = _unpermitted(snapshot, orders, permitted)
         if refusal is not None:
             return refusal
-    verdict = snapshot.check_set(namespace, orders, node_selector=node_selector,
-                                 tolerations=tolerations)
+    verdict = check_set(snapshot, namespace, orders, node_selector=node_selector,
+                        tolerations=tolerations)
     if not verdict.admitted:
         reason = verdict.reason or "unknown reason"
         if reason.startswith("no schedulable node serving class"):
             reason = _room_message(snapshot, orders, node_selector, tolerations)
-            judged = snapshot.judge_set(namespace, orders, node_selector=node_selector,
-                                        tolerations=tolerations)
+            judged = judge_set(snapshot, namespace, orders, node_selector=node_selector,
+                               tolerations=tolerations)
             if not judged.admitted and judged.reason:  # the binder's per-node reasons (B3)
                 per_node = judged.reason.split("; ", 1)[-1] if judged.reason.startswith("devices ") \
                     else judged.reason

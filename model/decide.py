@@ -206,7 +206,7 @@ def decide(snapshot: Snapshot, request: Request, *, limit: int | None = MAX_PLAC
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be at least 1 or None, got {limit}")
-    decision, _ = _judge(snapshot, request, limit)
+    decision, _ = judge(snapshot, request, limit)
     return decision
 
 
@@ -458,7 +458,7 @@ def _budget_problems(snap: Snapshot, s: _Set) -> list[str]:
     return out
 
 
-def _judge(snap: Snapshot, request: Request, limit: int | None) -> tuple[Decision, str]:
+def judge(snap: Snapshot, request: Request, limit: int | None) -> tuple[Decision, str]:
     """`decide`, also returning the reason of a refusal without its "refused … :" prefix
     ("" on success). `check_set` uses the bare reason."""
     if any(r.request_id == request.id for r in snap.reservations):
@@ -530,7 +530,7 @@ def assess(snapshot: Snapshot, request: Request, nodes: Iterable[str] | None = N
     snap = snapshot
     if any(r.request_id == request.id for r in snap.reservations):
         snap = snap.without_reservation(request.id)
-    decision = _judge(snap, request, None)[0] if with_decision else None
+    decision = judge(snap, request, None)[0] if with_decision else None
     members, _, problems, class_names = _resolve(snap, request)
     per_node: dict[str, tuple[str, ...]] = {}
     holding: dict[str, int] = {}

@@ -1,7 +1,8 @@
 """The cluster as the binder and the webhook see it: an immutable `Snapshot` of nodes, GPU
 classes, devices, budgets, namespaces and in-flight reservations (`model.hold.Hold`s: what
 decided requests still take), with the capacity, budget
-and entitlement questions every decision asks, and `check_order`/`check_set` (W1).
+and entitlement questions every decision asks, and `check_order` (W1 for one device; the
+whole set is `model.check.check_set`).
 
 A Snapshot is built once (`Snapshot.build`) and never changes; `with_device`,
 `with_reservation` and friends return a new one that shares everything untouched. Counting is
@@ -21,7 +22,7 @@ A node is *placeable* when it is not cordoned, Ready and carries `kubevirt.io/sc
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterable, Iterator, Mapping, Sequence
 
@@ -30,18 +31,14 @@ from model.types import (
     Budget,
     GPUClass,
     GPUDevice,
-    Labels,
     Namespace,
     Node,
-    Phase,
     Taint,
     Toleration,
     labels_include,
     untolerated,
 )
 
-CHECK_REQUEST_ID = "(check)"
-"""Request id `check_set` uses for the one-node test; never a real (generated) id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -571,96 +568,6 @@ class Snapshot:
         if node is None:
             return Verdict(False, f"no schedulable node serving class {class_name} has a free {res}")
         return Verdict(True, node=node)
-
-    def check_set(self, namespace: str, orders: Sequence[Order], *, node_selector: Labels = (),
-                  tolerations: tuple[Toleration, ...] = ()) -> Verdict:
-        """W1 for a whole set: `check_order` on each order in turn, adding each admitted
-        device as Bound on its verdict's node before checking the next (so budget and room
-        are judged for the set), then the binder's own judgement (`model.decide.decide`,
-        B1–B6) on a request of the set, with template devices as Pending devices named
-        "new <class> #<n>": the set must fit one node. `node_selector` and `tolerations` are
-        the VMI's, judged as the binder judges the bind request (B3). The verdict's node is
-        the node the binder would choose now; the reason of a refusal is the binder's,
-        without its "refused <vmi> request <id>:" prefix."""
-        if not orders:
-            return Verdict(False, "no devices asked for")
-        snap = self
-        names: list[str] = []
-        templates: list[GPUDevice] = []
-        counts: dict[str, int] = {}
-        for order in orders:
-            if order.namespace != namespace:
-                return Verdict(False, f"device of namespace {order.namespace} in a set of tenant {namespace}")
-            if order.device is not None and order.device in names:
-                return Verdict(False, f"device {order.device} listed twice")
-            if order.tolerations != tolerations:
-                order = replace(order, tolerations=tolerations)
-            verdict = snap.check_order(order)
-            if not verdict.admitted:
-                return self._set_budget_verdict(namespace, orders, verdict)
-            if order.device is not None:
-                base = snap.device(namespace, order.device)
-                assert base is not None
-            else:
-                counts[order.class_name] = counts.get(order.class_name, 0) + 1
-                base = GPUDevice(namespace, f"new {order.class_name} #{counts[order.class_name]}",
-                                 order.class_name)
-                templates.append(base)
-            names.append(base.name)
-            if base.bound_node != verdict.node:
-                snap = snap.with_device(replace(base, status=replace(
-                    base.status, phase=Phase.BOUND, node_name=verdict.node)))
-        return self._judge_set(namespace, names, templates, node_selector, tolerations)
-
-    def _set_budget_verdict(self, namespace: str, orders: Sequence[Order], verdict: Verdict) -> Verdict:
-        """`verdict` of one order of a set; a budget refusal (counted on the snapshot with the
-        set's earlier devices added) reworded with the whole set's numbers: usage before the
-        set, and what the set adds (its members not Bound yet), as B1's refusal says."""
-        reason = verdict.reason or ""
-        res = next((r for r in {self._order_resource(o) for o in orders} - {None}
-                    if reason.startswith(f"budget of tenant {namespace} for {r} exhausted:")), None)
-        budget = self.budget_of(namespace, res) if res is not None else None
-        if budget is None:
-            return verdict
-        adds = sum(1 for o in orders if self._order_resource(o) == res and not (
-            o.device is not None and (d := self.device(namespace, o.device)) is not None
-            and d.bound_node is not None))
-        return Verdict(False, budget_message(namespace, res, self.tenant_usage(namespace, res),
-                                             budget, adds))
-
-    def _order_resource(self, order: Order) -> str | None:
-        dev = self.device(order.namespace, order.device) if order.device is not None else None
-        cls = self._st.classes.get(dev.class_name if dev is not None else order.class_name)
-        return cls.resource_name if cls is not None else None
-
-    def judge_set(self, namespace: str, orders: Sequence[Order], *, node_selector: Labels = (),
-                  tolerations: tuple[Toleration, ...] = ()) -> Verdict:
-        """The binder's own judgement (`model.decide`, B1–B6) of the whole set alone, without
-        `check_order`'s per-device checks: what `check_set` ends with. Orders of held devices
-        that do not exist are left out. For the per-node reasons of a set that has no room."""
-        names: list[str] = []
-        templates: list[GPUDevice] = []
-        counts: dict[str, int] = {}
-        for order in orders:
-            if order.device is not None:
-                if self.device(namespace, order.device) is not None:
-                    names.append(order.device)
-                continue
-            counts[order.class_name] = counts.get(order.class_name, 0) + 1
-            templates.append(GPUDevice(namespace, f"new {order.class_name} #{counts[order.class_name]}",
-                                       order.class_name))
-            names.append(templates[-1].name)
-        return self._judge_set(namespace, names, templates, node_selector, tolerations)
-
-    def _judge_set(self, namespace, names, templates, node_selector, tolerations) -> Verdict:
-        from model.decide import Request, _judge  # decide builds on this module
-
-        whole = self.with_devices(templates) if templates else self
-        decision, reason = _judge(whole, Request(CHECK_REQUEST_ID, namespace, "", tuple(names),
-                                                 node_selector, tolerations=tolerations), 1)
-        if decision.node is None:
-            return Verdict(False, reason)
-        return Verdict(True, node=decision.node)
 
     # --- deriving ---------------------------------------------------------------------
 

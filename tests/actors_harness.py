@@ -12,7 +12,7 @@ from typing import AsyncIterator, Callable
 import anyio
 
 from actors.coordinator import CoordinatorConfig
-from actors.memory_store import MemoryStore
+from fakes.memory_store import MemoryStore
 from actors.node_actor import NodeActorConfig
 from actors.ports import SystemClock
 from model.decide import find_requests

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from k8s.controlplane import ControlPlane
+from localcluster.controlplane import ControlPlane
+from localcluster.paths import KUBEVIRT_FIXTURES, MANIFESTS, TESTING_MANIFESTS
 
 REPO = Path(__file__).resolve().parents[2]
-MANIFESTS = REPO / "k8s" / "manifests"
-FIXTURES = REPO.parent / "shared" / "fixtures" / "kubevirt"
+FIXTURES = KUBEVIRT_FIXTURES
 CRD_NAMES = (
     "gpuclasses.gpu.cozystack.io",
     "gpudevices.gpu.cozystack.io",
@@ -37,11 +37,11 @@ def anyio_backend():
 def install_base(cp: ControlPlane) -> None:
     """Apply our CRDs, the tenant role, the VMI-editor role and KubeVirt's own CRDs (the
     real VMI schema, printed by KubeVirt's code); wait until Established."""
-    from k8s.kubevirt import install_crds
+    from localcluster.kubevirt import install_crds
 
     cp.kubectl("apply", "--server-side", "--field-manager=gpu-binder-tests",
                "-f", str(MANIFESTS / "crds"), "-f", str(MANIFESTS / "rbac"),
-               "-f", str(MANIFESTS / "testing"))
+               "-f", str(TESTING_MANIFESTS))
     cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                *[f"crd/{n}" for n in CRD_NAMES])
     install_crds(cp)
@@ -124,7 +124,7 @@ def controller_replicas(control_plane, tmp_path_factory, args: tuple[str, ...] =
     registered; a generator for a module fixture (stopped, and the webhook configuration
     deleted, at its end). The Lease is deleted first so a previous module's replicas do not
     hold it."""
-    from k8s.localcluster import LocalCluster
+    from localcluster.cluster import LocalCluster
 
     control_plane.kubectl("delete", "lease", "gpu-binder", "-n", "cozy-system",
                           "--ignore-not-found")
@@ -147,8 +147,8 @@ def system(control_plane, tmp_path_factory):
 
 @pytest.fixture
 async def fleet(admin_client):
-    """`k8s.fleet.Fleet` on the admin client."""
-    from k8s.fleet import Fleet
+    """`localcluster.fleet.Fleet` on the admin client."""
+    from localcluster.fleet import Fleet
 
     return Fleet(admin_client)
 

@@ -333,7 +333,7 @@ def _caller_ssl(system, caller: str, tmp_path) -> ssl.SSLContext:
     """A TLS client that trusts the webhook's serving CA and presents `caller`'s identity:
     none, a client certificate of a CA of its own, or a tenant's real cluster client
     certificate (signed by the cluster CA the API server trusts for users)."""
-    from k8s.pki import CertificateAuthority
+    from localcluster.pki import CertificateAuthority
 
     ctx = ssl.create_default_context()
     ctx.load_verify_locations(cadata=system.cp.ca.cert_pem.decode())
@@ -532,8 +532,8 @@ async def test_bounded_memory_2000_devices_with_100_kib_annotations(tmp_path):
     from kubernetes_asyncio.client import CustomObjectsApi
     from kubernetes_asyncio.config import new_client_from_config
 
-    from k8s.fleet import Fleet
-    from k8s.localcluster import LocalCluster
+    from localcluster.fleet import Fleet
+    from localcluster.cluster import LocalCluster
 
     lc = LocalCluster(controllers=1, controller_args=FAST_CONTROLLER_ARGS,
                       log_dir=tmp_path / "logs")

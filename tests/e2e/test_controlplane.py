@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio.client import ApiException, CustomObjectsApi
 
-from k8s.controlplane import ControlPlane
+from localcluster.controlplane import ControlPlane
 from tests.e2e.conftest import CRD_NAMES, FIXTURES
 
 pytestmark = pytest.mark.anyio
@@ -110,7 +110,7 @@ async def test_gpuclass_schema_rejects_bad_resource_name_and_defaults_on_cordon(
 
 
 def test_kubevirt_schema_refuses_its_own_fedora_example_integer_chassis_asset(control_plane, make_tenant):
-    """KubeVirt's own CRD (the real schema, `k8s.kubevirt.install_crds`) types
+    """KubeVirt's own CRD (the real schema, `localcluster.kubevirt.install_crds`) types
     `spec.domain.chassis.asset` as a string; its examples/vmi-fedora.yaml has an integer."""
     t = make_tenant()
     out = control_plane.kubectl("create", "-n", t.namespace, "-f", str(FIXTURES / "vmi-fedora.yaml"),
@@ -169,7 +169,7 @@ def test_sigterm_to_the_launching_process_stops_everything_and_removes_its_dir(c
     script.write_text(
         "import sys, time\n"
         f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
-        "from k8s.controlplane import ControlPlane, find_binaries\n"
+        "from localcluster.controlplane import ControlPlane, find_binaries\n"
         "cp = ControlPlane(binaries=find_binaries())\n"
         "cp.start()\n"
         "print(cp.dir, *cp.pids, flush=True)\n"

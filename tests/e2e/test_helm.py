@@ -24,8 +24,9 @@ import anyio
 import pytest
 import yaml
 
-from k8s.controlplane import built_dir
-from tests.e2e.conftest import MANIFESTS, REPO, TENANT_GROUP, unique
+from localcluster.controlplane import built_dir
+from localcluster.paths import MANIFESTS, TESTING_MANIFESTS
+from tests.e2e.conftest import REPO, TENANT_GROUP, unique
 from tests.e2e.helpers import eventually
 
 CHART = REPO / "charts" / "gpu-binder"
@@ -245,8 +246,8 @@ def test_bad_values_are_refused_naming_the_value(helm, values, named):
 
 def test_chart_settings_are_accepted_by_the_controller(helm, tmp_path):
     """The rendered config file and the Deployment's flags go through the controller's own
-    config loader and argument parser (k8s/config.py, k8s/cli.py)."""
-    from k8s.cli import build_parser
+    config loader and argument parser (k8s/config.py, cli/main.py)."""
+    from cli.main import build_parser
     from k8s.config import load
 
     settings = {"attachmentGrace": 90, "bindTimeout": 12.5, "leaseName": "gb",
@@ -387,9 +388,9 @@ async def test_helm_install_then_tenant_vmi_is_admitted_and_raw_pod_refused(helm
     by kube-apiserver (kubernetes/kubernetes#133827): later policy tests would fail.)"""
     from kubernetes_asyncio.config import new_client_from_config
 
-    from k8s.controlplane import ControlPlane
-    from k8s.fleet import Fleet
-    from k8s.localcluster import LocalCluster
+    from localcluster.controlplane import ControlPlane
+    from localcluster.fleet import Fleet
+    from localcluster.cluster import LocalCluster
 
     cp = ControlPlane()
     config = tmp_path / "config.yaml"
@@ -399,10 +400,10 @@ async def test_helm_install_then_tenant_vmi_is_admitted_and_raw_pod_refused(helm
     client = None
     try:
         cp.start()
-        # KubeVirt's own CRDs (k8s.kubevirt) and the tenant's VMI editor role
-        from k8s.kubevirt import install_crds
+        # KubeVirt's own CRDs (localcluster.kubevirt) and the tenant's VMI editor role
+        from localcluster.kubevirt import install_crds
 
-        cp.kubectl("apply", "--server-side", "-f", str(MANIFESTS / "testing"))
+        cp.kubectl("apply", "--server-side", "-f", str(TESTING_MANIFESTS))
         install_crds(cp)
         values = tmp_path / "values.yaml"
         values.write_text(yaml.safe_dump({

@@ -38,7 +38,7 @@ def kubevirt(system):
     """virt-api, virt-controller, kube-scheduler and KWOK for this module, on the session's
     control plane next to the module's two controller replicas. On teardown the KubeVirt CR
     is deleted, so later modules run without a KubeVirt CR (no permittedHostDevices check)."""
-    from k8s.kubevirt import KUBEVIRT_CR, NAMESPACE, KubeVirt
+    from localcluster.kubevirt import KUBEVIRT_CR, NAMESPACE, KubeVirt
 
     kv = KubeVirt(system.cp, log_dir=system.log_dir / "kubevirt" if system.log_dir else None)
     kv.start()

@@ -11,7 +11,7 @@ import yaml
 from tests.e2e.conftest import MANIFESTS, unique
 
 RES = "nvidia.com/GH100_H100"
-# the same field manager as k8s.localcluster's install, so the tests' applies co-own fields
+# the same field manager as localcluster.cluster's install, so the tests' applies co-own fields
 INSTALL = ("apply", "--server-side", "--force-conflicts", "--field-manager=gpu-binder-install")
 
 

@@ -28,7 +28,7 @@ from datetime import datetime, timedelta, timezone
 import anyio
 import pytest
 
-from k8s.admission import VMIAdmission
+from k8s.webhook.admission import VMIAdmission
 from k8s.cache import ClusterCache
 from k8s.housekeeping import Housekeeper
 from model.decide import find_requests

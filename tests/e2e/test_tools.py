@@ -16,7 +16,7 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiException, CustomObjectsApi
 
-from k8s.tools import explain_vmi, read_cluster, render_explain
+from cli.tools import explain_vmi, read_cluster, render_explain
 from model.explain import top, what_if
 from tests.e2e.conftest import TENANT_GROUP, unique
 from tests.e2e import helpers

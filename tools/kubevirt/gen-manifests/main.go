@@ -1,5 +1,5 @@
 // Command gen-manifests prints, as one JSON v1 List (status and creationTimestamp dropped), the objects virt-operator
-// would install that gpu-binder's KubeVirt harness (k8s/kubevirt.py) needs: every KubeVirt CRD,
+// would install that gpu-binder's KubeVirt harness (localcluster/kubevirt.py) needs: every KubeVirt CRD,
 // the RBAC of virt-controller and virt-api (and the cluster roles), and virt-api's mutating and
 // validating webhook configurations (service clientConfig; the harness rewrites them to URLs).
 // They come from KubeVirt's own code (pkg/virt-operator/resource/generate), so the schema is real.

@@ -1,0 +1,267 @@
+"""The `gpu-binder` command line: the composition root.
+
+Sub-commands: `controller`, `webhook` (the product), `explain`, `what-if`, `top` (the
+operator's read-only tools, also the kubectl plugin `kubectl gpu …`), `demo`, `cluster up`
+(a local control plane in the foreground), `bench`. Every flag's help gives its meaning,
+unit and default. Each sub-command imports only what it needs, so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def _cluster_up(args: argparse.Namespace) -> int:
+    from localcluster.controlplane import ControlPlaneError
+    from localcluster.up import main_up
+
+    try:
+        return main_up(Path(args.dir), controllers=args.controllers, kubevirt=args.kubevirt,
+                       permitted=tuple(r for r in (args.permit or "").split(",") if r))
+    except ControlPlaneError as exc:
+        print(f"gpu-binder cluster up: {exc}", file=sys.stderr)
+        return 2
+
+
+def _controller(args: argparse.Namespace) -> int:
+    import anyio
+
+    from k8s import config as config_mod
+    from k8s.controller import Controller
+
+    flags = {k: v for k, v in vars(args).items() if k in config_mod.Config.__dataclass_fields__}
+    if args.command == "webhook":
+        flags["leader_election"] = False
+    try:
+        cfg = config_mod.load(args.config, flags=flags)
+    except (ValueError, OSError) as exc:
+        print(f"gpu-binder {args.command}: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    return anyio.run(Controller(cfg).run)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from localcluster.controlplane import ControlPlaneError
+    from localcluster.demo import run
+
+    if args.nodes < 2 or args.vmis < 1:
+        print("gpu-binder demo: --nodes must be at least 2 (one per GPU model) and --vmis at "
+              "least 1", file=sys.stderr)
+        return 2
+    try:
+        return run(nodes=args.nodes, vmis=args.vmis, seed=args.seed, log_dir=Path(args.log_dir),
+                   keep=args.keep)
+    except ControlPlaneError as exc:
+        print(f"gpu-binder demo: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; everything was stopped", file=sys.stderr)
+        return 130
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise SystemExit(f"gpu-binder bench: {flag} takes positive integers separated by commas, got {text!r}")
+    return values
+
+
+def _bench(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.which == "e2e":
+        from bench.e2e import run
+    else:
+        from bench.core import run
+    if args.which == "e2e":
+        run(out, quick=args.quick, seed=args.seed, gpus=_ints(args.gpus, "--gpus"),
+            vs_scheduler=args.vs_scheduler,
+            levels=_ints(args.levels, "--levels") if args.levels else None)
+    else:
+        run(out, quick=args.quick, seed=args.seed)
+    print(f"report: {out}/{args.which}.json, plot: {out}/{args.which}.png")
+    return 0
+
+
+def _tools(args: argparse.Namespace) -> int:
+    from cli.tools import run
+
+    return run(args)
+
+
+def _add_tools(sub, prog: str) -> None:
+    """The read-only operator tools `explain`, `what-if`, `top` (shared with kubectl-gpu)."""
+    from cli.tools import default_kubeconfig
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--kubeconfig", default=default_kubeconfig(),
+                       help="kubeconfig whose user may list nodes, GPU classes and devices, "
+                            "namespaces, quotas and VMIs (default: $KUBECONFIG, else "
+                            "~/.kube/config; now %(default)s)")
+        p.add_argument("--settings-namespace", default="cozy-system",
+                       help="namespace of the gpu-settings ConfigMap, as the controller's "
+                            "--settings-namespace (default: %(default)s)")
+        p.add_argument("--timeout", type=float, default=30.0,
+                       help="seconds to wait for the cluster to be read (default: %(default)g)")
+        p.add_argument("--json", action="store_true",
+                       help="print the answer as JSON for scripts (default: text)")
+        p.set_defaults(func=_tools, prog=prog)
+
+    ex = sub.add_parser(
+        "explain", help="would this VMI be admitted now, and why not: per node (read-only)",
+        description="Reads the cluster once (no writes) and tells whether an admission of the "
+                    "VMI now would place its GPU set: per node whether the set fits and why "
+                    "not, the node the binder would choose and its moves, and when it fits "
+                    "nowhere the smallest change that would make it fit. Exit code 0: it "
+                    "would be admitted; 1: it would be refused; 2: bad input or the cluster "
+                    "could not be read.")
+    ex.add_argument("vmi", nargs="?", metavar="NAMESPACE/NAME",
+                    help="an existing VMI (default: none; give this or -f)")
+    ex.add_argument("-f", "--filename", metavar="FILE",
+                    help="a VMI manifest (YAML or JSON; - for stdin), not created yet "
+                         "(default: none; give this or NAMESPACE/NAME)")
+    ex.add_argument("-n", "--namespace",
+                    help="namespace of the VMI of -f when its manifest has none "
+                         "(default: the manifest's metadata.namespace)")
+    ex.add_argument("--attachment-grace", type=float, default=120.0,
+                    help="seconds an attachment to a VMI that does not exist still counts as "
+                         "live, as the controller's --attachment-grace (default: %(default)g)")
+    common(ex)
+
+    wi = sub.add_parser(
+        "what-if", help="what a cordon or drain of nodes does to the sets held there",
+        description="Reads the cluster once (no writes), cordons or drains the NODEs in the "
+                    "model, and for every held set on them says what the binder would do on "
+                    "its next admission: stay (B5), move where (B1), or be refused; and which "
+                    "admitted VMIs would be stranded. drain also stops the VMIs running there.")
+    wi.add_argument("mode", choices=["cordon", "drain"],
+                    help="cordon: mark the nodes unschedulable; drain: cordon and stop their "
+                         "VMIs")
+    wi.add_argument("nodes", nargs="+", metavar="NODE", help="node names (one or more)")
+    common(wi)
+
+    tp = sub.add_parser(
+        "top", help="GPU use per class, node and tenant, and the largest placeable set",
+        description="Reads the cluster once (no writes): per class and node, devices Bound, "
+                    "attached to a VMI that exists, held idle, and free units; the largest "
+                    "set of each class placeable now (fragmentation); per tenant, budget used "
+                    "of budget.")
+    common(tp)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every sub-command."""
+    parser = argparse.ArgumentParser(prog="gpu-binder", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    cluster = sub.add_parser("cluster", help="a local control plane (etcd + kube-apiserver)")
+    csub = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = csub.add_parser("up", help="run it in the foreground until Ctrl-C/SIGTERM")
+    up.add_argument("--dir", required=True,
+                    help="directory to write the admin and tenant kubeconfigs to (required)")
+    up.add_argument("--controllers", type=int, default=0,
+                    help="controller replicas to run, with the webhook registered; 0: the "
+                         "control plane only (default: %(default)s)")
+    up.add_argument("--kubevirt", action="store_true",
+                    help="also run KubeVirt's virt-api and virt-controller, kube-scheduler and KWOK "
+                         "(nodes annotated kwok.x-k8s.io/node=fake are kept Ready; default: off)")
+    up.add_argument("--permit", default="",
+                    help="with --kubevirt: resource names the KubeVirt CR permits as host devices "
+                         "(comma-separated; edit the CR kubevirt/kubevirt later to change them; "
+                         "default: none)")
+    up.set_defaults(func=_cluster_up)
+
+    demo = sub.add_parser("demo", help="the whole system on a local control plane (make demo)")
+    demo.add_argument("--nodes", type=int, default=8,
+                      help="GPU nodes to create, at least 2 (default: %(default)s)")
+    demo.add_argument("--vmis", type=int, default=30,
+                      help="VMIs created at once, at least 1 (default: %(default)s)")
+    demo.add_argument("--seed", type=int, default=7,
+                      help="seed of the random VMI mix (default: %(default)s)")
+    demo.add_argument("--log-dir", default="logs",
+                      help="directory of the per-node decision logs (default: ./%(default)s)")
+    demo.add_argument("--keep", action="store_true",
+                      help="keep everything running until Ctrl-C (default: stop at the end)")
+    demo.set_defaults(func=_demo)
+
+    bench = sub.add_parser("bench", help="benchmarks: core (actors vs bare model) or e2e")
+    bench.add_argument("which", choices=["core", "e2e"],
+                       help="core: the actor system against the bare model in one process; "
+                            "e2e: the whole system on a local control plane")
+    bench.add_argument("--out", default="bench-out",
+                       help="directory for the JSON report and PNG plot (default: %(default)s)")
+    bench.add_argument("--quick", action="store_true",
+                       help="fewer levels and requests (default: the full run)")
+    bench.add_argument("--seed", type=int, default=1,
+                       help="seed of the generated workload (default: %(default)s)")
+    bench.add_argument("--gpus", default="1",
+                       help="e2e: GPUs per VMI, comma separated; 1 runs every concurrency level, "
+                            "any other count one level at concurrency 20 (default: %(default)s)")
+    bench.add_argument("--levels", default="",
+                       help="e2e: concurrency levels (concurrent clients) of the 1-GPU VMIs, comma "
+                            "separated (default: 1,5,10,20,50; with --quick 1,10,20)")
+    bench.add_argument("--vs-scheduler", action="store_true",
+                       help="e2e: in the same run, kube-scheduler binding Pods of the same GPU "
+                            "counts on the same fleet at concurrency 20, and our rate ÷ its "
+                            "(default: off)")
+    bench.set_defaults(func=_bench)
+
+    _add_tools(sub, "gpu-binder")
+
+    from k8s.config import Config, field_help
+
+    for command, text in (("controller", "run one controller replica (webhook in every "
+                           "replica; binder and housekeeping in the elected leader)"),
+                          ("webhook", "run the admission webhook alone (no leader election, "
+                           "no binder)")):
+        ctl = sub.add_parser(command, help=text)
+        ctl.add_argument("--config", help="YAML/JSON file of settings, keys named as the "
+                         "flags without their leading dashes (e.g. a mounted ConfigMap); "
+                         "flags and GPU_BINDER_* variables override it (default: none)")
+        for name in Config.__dataclass_fields__:
+            if command == "webhook" and name == "leader_election":
+                continue
+            ctl.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                             help=field_help(name))
+        ctl.set_defaults(func=_controller)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `gpu-binder` console script; returns the process exit code."""
+    return _run(build_parser().parse_args(argv))
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the chosen sub-command; a reader that went away (`gpu-binder top | head`) ends it
+    quietly with exit code 141 (128 + SIGPIPE, as a shell reports it), not a traceback."""
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)  # the interpreter flushes stdout at exit
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def build_kubectl_parser() -> argparse.ArgumentParser:
+    """The parser of the kubectl plugin: `explain`, `what-if`, `top` only."""
+    parser = argparse.ArgumentParser(
+        prog="kubectl gpu", description="gpu-binder's read-only tools as a kubectl plugin "
+        "(the same code as `gpu-binder explain|what-if|top`)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_tools(sub, "kubectl gpu")
+    return parser
+
+
+def kubectl_main(argv: list[str] | None = None) -> int:
+    """Entry point of the `kubectl-gpu` console script (`kubectl gpu explain …`)."""
+    return _run(build_kubectl_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,334 @@
+"""The operator's tools on a real cluster: `gpu-binder explain`, `what-if`, `top` (also the
+kubectl plugin `kubectl gpu …`).
+
+Each reads the cluster once with the user's kubeconfig — the same lists the controller's
+informers make, parsed the same way into the same `Snapshot` (`ClusterCache.read_once`) —
+writes nothing, and prints what `model.explain` answers, as text or (`--json`) JSON.
+Exit codes: 0 done (whatever the verdict), 1 `explain` found the VMI would be refused,
+2 bad input or the cluster could not be read (the message names the flag or the object).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+import yaml
+
+from model.admission import LauncherDefaults, node_selector_of, unknown_annotations
+from model.types import ADMISSION_ANNOTATION
+from model.explain import Explanation, Top, WhatIf, explain, top, what_if
+from model.parse import ParseError, parse_tolerations, parse_vmi_request
+from model.snapshot import Snapshot
+
+
+class ToolError(Exception):
+    """Bad input or an unreadable cluster; the message is printed as is (exit code 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """The cluster as read once: the snapshot, live VMIs (namespace, name), raw VMIs, and
+    what the webhook knows of VMIs (`ClusterCache.vmi_state`: uids, admission ids)."""
+
+    snapshot: Snapshot
+    live_vmis: set[tuple[str, str]]
+    vmis: dict[tuple[str, str], dict]
+    vmi_state: Any = None
+    permitted: frozenset[str] | None = None
+    launcher: LauncherDefaults = LauncherDefaults()
+
+
+def default_kubeconfig() -> str:
+    """$KUBECONFIG (its first path), else ~/.kube/config, as kubectl does."""
+    env = os.environ.get("KUBECONFIG")
+    if env:
+        return env.split(os.pathsep)[0]
+    return str(Path.home() / ".kube" / "config")
+
+
+async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-system",
+                       timeout: float = 30.0) -> Cluster:
+    """List nodes, GPU classes and devices, namespaces, quotas, VMIs (read-only) through
+    `ClusterCache`, so the snapshot is built exactly as the controller builds it. Raises
+    ToolError naming --kubeconfig or --timeout, or the list that failed."""
+    from kubernetes_asyncio.config import ConfigException, new_client_from_config
+
+    from k8s.cache import ClusterCache
+    from k8s.errors import ApiError
+
+    if not Path(kubeconfig).is_file():
+        raise ToolError(f"--kubeconfig: no such file {kubeconfig!r}")
+    try:
+        api = await new_client_from_config(config_file=kubeconfig)
+    except (ConfigException, OSError, ValueError, TypeError) as exc:
+        raise ToolError(f"--kubeconfig {kubeconfig}: not a usable kubeconfig: {exc}") from None
+    try:
+        cache = ClusterCache(api, settings_namespace=settings_namespace)
+        try:
+            with anyio.fail_after(timeout):
+                await cache.read_once()
+        except TimeoutError:
+            raise ToolError(f"the cluster was not read within --timeout {timeout:g} s") from None
+        except ApiError as exc:
+            raise ToolError(f"cannot read the cluster: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - transport errors: name the server
+            raise ToolError(f"cannot reach the API server of {kubeconfig}: {exc!r}"[:500]) from None
+        vmis = {k: v for k, v in ((k, cache.vmis.get(k)) for k in cache.vmi_keys()) if v}
+        return Cluster(cache.view.snapshot(), set(vmis), vmis, cache.vmi_state(),
+                       cache.permitted_resources(), cache.launcher_defaults())
+    finally:
+        await api.close()
+
+
+def load_vmi(source: str | None, file: str | None, namespace: str | None,
+             cluster: Cluster) -> dict:
+    """The VMI to explain: from `file` (YAML or JSON, the first VirtualMachineInstance
+    document; "-" is stdin) or `source` "NAMESPACE/NAME" of an existing VMI. Raises
+    ToolError naming -f or the argument."""
+    if file is not None:
+        try:
+            text = sys.stdin.read() if file == "-" else Path(file).read_text()
+            docs = [d for d in yaml.safe_load_all(text) if d]
+        except (OSError, yaml.YAMLError) as exc:
+            raise ToolError(f"-f {file}: cannot read a YAML/JSON document: {exc}") from None
+        vmi = next((d for d in docs if isinstance(d, dict)
+                    and d.get("kind") == "VirtualMachineInstance"), None)
+        if vmi is None:
+            raise ToolError(f"-f {file}: no VirtualMachineInstance document in it")
+        meta = vmi.setdefault("metadata", {})
+        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+            raise ToolError(f"-f {file}: the VMI needs metadata.name")
+        if namespace:
+            meta["namespace"] = namespace
+        if not meta.get("namespace"):
+            raise ToolError(f"-f {file}: the VMI has no metadata.namespace; pass -n NAMESPACE")
+        return vmi
+    if not source or source.count("/") != 1 or not all(source.split("/")):
+        raise ToolError("give the VMI as NAMESPACE/NAME, or a manifest with -f FILE")
+    ns, name = source.split("/")
+    vmi = cluster.vmis.get((ns, name))
+    if vmi is None:
+        raise ToolError(f"VMI {ns}/{name} not found (use -f FILE for one not created yet)")
+    return vmi
+
+
+def explain_vmi(cluster: Cluster, vmi: dict, *, grace: float, now: datetime) -> Explanation:
+    """`model.explain.explain` for a VMI object. Raises ToolError when its GPU annotations
+    do not parse (the admission would deny it the same way) or it asks for no GPU."""
+    meta = vmi["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    spec = vmi.get("spec") if isinstance(vmi.get("spec"), dict) else {}
+    annotations = dict(meta.get("annotations") or {})
+    live = cluster.vmis.get((ns, name))
+    if live is not None and meta.get("uid") and (live.get("metadata") or {}).get("uid") == meta["uid"]:
+        annotations.pop(ADMISSION_ANNOTATION, None)  # the webhook wrote it on this running VMI
+    unknown = unknown_annotations(annotations)
+    if unknown is not None:  # W1 as the webhook says it: the admission would be denied
+        raise ToolError(f"VMI {ns}/{name} would be denied: {unknown.message}")
+    try:
+        ask = parse_vmi_request(meta.get("annotations") or {})
+        tolerations = parse_tolerations(spec.get("tolerations"))
+    except ParseError as exc:
+        raise ToolError(f"invalid GPU annotations on VMI {ns}/{name}: {exc.field}: "
+                        f"{exc.problem}") from None
+    if ask is None:
+        raise ToolError(f"VMI {ns}/{name} asks for no GPU device (no gpu.cozystack.io/devices "
+                        "or gpu.cozystack.io/templates annotation): gpu-binder admits it as is")
+    return explain(cluster.snapshot, ns, name, ask,
+                   live_vmis=cluster.vmi_state if cluster.vmi_state is not None
+                   else cluster.live_vmis, now=now,
+                   grace=timedelta(seconds=grace), node_selector=node_selector_of(vmi, cluster.launcher),
+                   tolerations=tolerations, permitted=cluster.permitted, vmi_object=vmi)
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses, enums, tuples and datetimes as plain JSON values (dicts keep field names)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in value]
+    return value
+
+
+def _moves(moves) -> str:
+    binds = [m.device[1] for m in moves if m.from_node is None]
+    moved = [f"{m.device[1]} from {m.from_node}" for m in moves if m.from_node is not None]
+    parts = ([f"bind {', '.join(binds)}"] if binds else []) + (
+        [f"move {', '.join(moved)}"] if moved else [])
+    return "; ".join(parts) or "nothing to change"
+
+
+def _units(pairs) -> str:
+    return ", ".join(f"{n} × {r}" for r, n in pairs)
+
+
+def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
+    """The text of `gpu-binder explain`: verdict, set-level problems, one line per node
+    serving the set's classes or holding a member (at most `max_nodes`, chosen, eligible
+    and holding nodes first; the others counted), the smallest changes."""
+    out = [f"VMI {e.namespace}/{e.vmi}: {len(e.devices)} device"
+           f"{'s' if len(e.devices) != 1 else ''} ({', '.join(e.devices)})"]
+    if e.admitted:
+        out.append(f"verdict: admitted on {e.node} ({e.rule}): {_moves(e.moves)}")
+    else:
+        out.append(f"verdict: refused: {e.message}")
+    for p in e.set_problems:
+        out.append(f"  whatever the node: {p}")
+    out.append("nodes:")
+    unserving = [v for v in e.nodes if not v.holds
+                 and any(r.startswith("does not serve ") for r in v.reasons)]
+    skip = {v.node for v in unserving}
+    ranked = sorted((v for v in e.nodes if v.node not in skip),
+                    key=lambda v: (not v.chosen, not v.fits, -v.holds, v.node))
+    width = max((len(v.node) for v in ranked), default=4)
+    for v in ranked[:max_nodes]:
+        held = f" (holds {v.holds})" if v.holds else ""
+        if v.fits:
+            what = "fits, chosen" if v.chosen else "fits"
+        else:
+            what = "no: " + "; ".join(v.reasons)
+        out.append(f"  {v.node:<{width}}  {what}{held}")
+    if len(ranked) > max_nodes:
+        out.append(f"  … and {len(ranked) - max_nodes} more nodes (--json lists all)")
+    if unserving:
+        out.append(f"  ({len(unserving)} other node{'s' if len(unserving) != 1 else ''} "
+                   "do not serve the set's classes; --json lists all)")
+    if e.budget_short:
+        out.append(f"budget: short by {_units(e.budget_short)} (raise the tenant's quota "
+                   "or release Bound devices)")
+    if e.shortfalls:
+        out.append("smallest change that would make it fit:")
+        for s in e.shortfalls[:5]:
+            steps = []
+            if s.uncordon:
+                steps.append("uncordon it")
+            if s.idle:
+                movable = [f"{ns}/{name} to {to}" for (ns, name), to in s.idle if to]
+                stuck = [f"{ns}/{name}" for (ns, name), to in s.idle if not to]
+                if movable:
+                    steps.append("move idle " + ", ".join(movable))
+                if stuck:
+                    steps.append("release idle " + ", ".join(stuck) + " (no room elsewhere)")
+            if s.short:
+                steps.append(f"add or free {_units(s.short)}")
+            missing = f" ({_units(s.missing)} missing)" if s.missing else ""
+            out.append(f"  {s.node}{missing}: {'; then '.join(steps)}")
+    return "\n".join(out)
+
+
+def render_what_if(w: WhatIf) -> str:
+    """The text of `gpu-binder what-if`: one line per held set, then the stranded VMIs."""
+    out = [f"what if {w.mode} {' '.join(w.nodes)}: {len(w.outcomes)} held "
+           f"set{'s' if len(w.outcomes) != 1 else ''} on {'them' if len(w.nodes) > 1 else 'it'}"]
+    for o in w.outcomes:
+        s = o.set
+        who = (f"{s.namespace}/{s.vmi} ({'running' if s.running else 'stopped'})" if s.vmi
+               else f"{s.namespace} idle devices")
+        devs = " + ".join([", ".join(s.held)] * bool(s.held)
+                          + [f"{n} new {c}" for c, n in s.templates])
+        if o.action == "stay":
+            what = f"stays on {o.node} ({o.rule}); the VMI waits for the cordon to lift"
+        elif o.action == "move":
+            what = f"moves to {o.node} ({o.rule}): {_moves(o.moves)}"
+        else:
+            what = "refused: " + o.message
+        if w.mode == "cordon" and s.running:
+            what = "keeps running; on its next admission " + what
+        out.append(f"  {who} on {s.node} [{devs}]: {what}{'  STRANDED' if o.stranded else ''}")
+    if w.mode == "drain":
+        out.append("evicted: " + (", ".join(f"{ns}/{n}" for ns, n in w.evicted) or "none"))
+    out.append("stranded: " + (", ".join(f"{ns}/{n}" for ns, n in w.stranded) or "none"))
+    return "\n".join(out)
+
+
+def render_top(t: Top) -> str:
+    """The text of `gpu-binder top`: a table per class and node, class totals with the
+    largest placeable set, then tenant budgets."""
+    rows = [("CLASS", "NODE", "ALLOC", "BOUND", "ATTACHED", "IDLE", "FREE", "LARGEST")]
+    for c in t.classes:
+        for n in c.nodes:
+            rows.append((c.class_name, n.node + (" (cordoned)" if n.cordoned else ""),
+                         str(n.allocatable), str(n.bound), str(n.attached), str(n.idle),
+                         str(n.free), str(n.largest)))
+        rows.append((c.class_name, f"= all ({c.resource})", "", str(c.bound), str(c.attached),
+                     str(c.idle), str(c.free), str(c.largest)))
+    out = _table(rows)
+    out.append("")
+    trows = [("TENANT", "RESOURCE", "USED", "BUDGET")]
+    for x in t.tenants:
+        trows.append((x.namespace, x.resource, str(x.used), "none" if x.hard is None else str(x.hard)))
+    out += _table(trows) if len(trows) > 1 else ["no tenant holds a device or has a budget"]
+    return "\n".join(out)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+# --- the commands ----------------------------------------------------------------------------
+
+
+def run(args) -> int:
+    """Entry of `explain`, `what-if`, `top` (argparse namespace from `cli.main`). Log lines
+    (a malformed object skipped) go to the stderr of the moment, so stdout stays the
+    answer; the logging configuration is restored afterwards."""
+    prog = getattr(args, "prog", "gpu-binder")
+    saved = structlog.get_config()
+    structlog.configure(logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
+                        cache_logger_on_first_use=False)
+    try:
+        return anyio.run(_run, args)
+    except ToolError as exc:
+        print(f"{prog} {args.command}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        structlog.configure(**saved)
+
+
+async def _run(args) -> int:
+    if args.timeout <= 0:
+        raise ToolError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    if args.command == "explain":  # bad input is refused before the cluster is read
+        if args.attachment_grace <= 0:
+            raise ToolError(f"--attachment-grace must be > 0 seconds, got {args.attachment_grace:g}")
+        if (args.vmi is None) == (args.filename is None):
+            raise ToolError("give either NAMESPACE/NAME or -f FILE")
+    cluster = await read_cluster(args.kubeconfig, settings_namespace=args.settings_namespace,
+                                 timeout=args.timeout)
+    now = datetime.now(timezone.utc)
+    if args.command == "explain":
+        vmi = load_vmi(args.vmi, args.filename, args.namespace, cluster)
+        e = explain_vmi(cluster, vmi, grace=args.attachment_grace, now=now)
+        print(json.dumps(to_jsonable(e), indent=2) if args.json else render_explain(e))
+        return 0 if e.admitted else 1
+    if args.command == "what-if":
+        try:
+            w = what_if(cluster.snapshot, args.mode, args.nodes, live_vmis=cluster.live_vmis,
+                        now=now)
+        except ValueError as exc:
+            raise ToolError(f"NODE: {exc}") from None
+        print(json.dumps(to_jsonable(w), indent=2) if args.json else render_what_if(w))
+        return 0
+    t = top(cluster.snapshot, cluster.live_vmis)
+    print(json.dumps(to_jsonable(t), indent=2) if args.json else render_top(t))
+    return 0

@@ -1,0 +1,234 @@
+"""`gpu-binder demo` (`make demo`): the whole system on an embedded local control plane.
+
+Starts etcd + kube-apiserver, installs the manifests, runs two controller replicas with the
+webhook registered, and KubeVirt's virt-api and virt-controller with kube-scheduler and KWOK
+(`localcluster.kubevirt`), creates a fleet (KWOK-managed nodes with two GPU models, one cordoned;
+three tenants with budgets; held devices), then creates VMIs at once — KubeVirt's own vmi-gpu
+example with gpu annotations added — as the tenants' own users through the API server, and
+prints what happened to each: for an admitted VMI, the node kube-scheduler bound its
+virt-launcher Pod to and the GPUs that Pod requests. Everything it started is stopped on exit
+or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import yaml
+
+from localcluster.paths import KUBEVIRT_FIXTURES
+from localcluster.fleet import Fleet
+from localcluster.cluster import LocalCluster
+
+FIXTURE = KUBEVIRT_FIXTURES / "vmi-gpu.yaml"
+MODELS = {"h100": ("nvidia.com/GH100_H100", 4), "l40s": ("nvidia.com/NVIDIA_L40S-24C", 2)}
+TENANTS = {"tenant-acme": {"nvidia.com/GH100_H100": 8, "nvidia.com/NVIDIA_L40S-24C": 4},
+           "tenant-blue": {"nvidia.com/GH100_H100": 4},
+           "tenant-corp": {"nvidia.com/NVIDIA_L40S-24C": 6, "nvidia.com/GH100_H100": 0}}
+
+
+@dataclass
+class Row:
+    vmi: str
+    tenant: str
+    asked: str
+    node: str | None = None
+    reason: str | None = None
+    seconds: float = 0.0
+    uid: str | None = None
+    resource: str | None = None
+    launcher_node: str | None = None
+    launcher_gpus: int = 0
+
+
+def load_fixture() -> dict:
+    """KubeVirt's own vmi-gpu example (a dict), shipped with the harness."""
+    return yaml.safe_load(FIXTURE.read_text())
+
+
+async def build_fleet(fleet: Fleet, nodes: int) -> None:
+    await fleet.gpu_class("h100", MODELS["h100"][0])
+    await fleet.gpu_class("l40s", MODELS["l40s"][0], on_cordon="Stay")
+    for i in range(nodes):
+        model = "h100" if i % 2 == 0 else "l40s"
+        res, units = MODELS[model]
+        await fleet.node(f"gpu-node-{i:02d}", {res: units}, labels={"gpu-model": model},
+                         cordoned=(i == 3), kwok=True)
+    for tenant, budgets in TENANTS.items():
+        await fleet.tenant(tenant, budgets=budgets, user=tenant)
+    for i in range(2):  # held devices, placed by the first VMIs that name them
+        await fleet.device("tenant-acme", f"acme-h100-{i}", "h100")
+    await fleet.device("tenant-corp", "corp-l40s-0", "l40s")
+
+
+def plan_vmis(count: int, seed: int) -> list[tuple[str, str, dict[str, str]]]:
+    """(tenant, vmi name, annotations) for `count` VMIs, deterministic for `seed`."""
+    rng = random.Random(seed)
+    out = [("tenant-acme", "acme-held", {"gpu.cozystack.io/devices": "acme-h100-0,acme-h100-1"}),
+           ("tenant-corp", "corp-held", {"gpu.cozystack.io/devices": "corp-l40s-0",
+                                         "gpu.cozystack.io/templates": "l40s=1"})]
+    while len(out) < count:
+        tenant = rng.choice(list(TENANTS))
+        allowed = [m for m, (res, _) in MODELS.items() if TENANTS[tenant].get(res)]
+        if rng.random() < 0.15:
+            allowed = list(MODELS)  # sometimes ask for a model outside the budget
+        model = rng.choice(allowed)
+        n = rng.choice([1, 1, 1, 2, 2, 4]) if model == "h100" else rng.choice([1, 1, 2, 3])
+        out.append((tenant, f"vm-{len(out):02d}-{model}x{n}",
+                    {"gpu.cozystack.io/templates": f"{model}={n}"}))
+    return out[:count]
+
+
+async def create_all(lc: LocalCluster, kubeconfigs: dict[str, Path],
+                     plan: list[tuple[str, str, dict[str, str]]]) -> list[Row]:
+    from kubernetes_asyncio.client import ApiException, CustomObjectsApi
+    from kubernetes_asyncio.config import new_client_from_config
+
+    base = load_fixture()
+    clients = {t: await new_client_from_config(config_file=str(p)) for t, p in kubeconfigs.items()}
+    rows: list[Row] = []
+    try:
+        async def one(tenant: str, name: str, ann: dict[str, str]) -> None:
+            vmi = copy.deepcopy(base)
+            vmi["metadata"]["name"] = name
+            vmi["metadata"]["annotations"] = ann
+            # the example's own entry names a P40, which this fleet has not: ours replace it
+            vmi["spec"]["domain"]["devices"].pop("gpus", None)
+            row = Row(name, tenant, ", ".join(f"{v}" for v in ann.values()))
+            rows.append(row)
+            started = time.monotonic()
+            try:
+                made = await CustomObjectsApi(clients[tenant]).create_namespaced_custom_object(
+                    "kubevirt.io", "v1", tenant, "virtualmachineinstances", vmi)
+                row.node = made["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+                row.uid = made["metadata"]["uid"]
+                gpus = made["spec"]["domain"]["devices"].get("gpus") or []
+                row.resource = gpus[0]["deviceName"] if gpus else None
+            except ApiException as exc:
+                try:
+                    row.reason = json.loads(exc.body)["message"]
+                except (TypeError, ValueError, KeyError):
+                    row.reason = f"{exc.status} {exc.reason}"
+            row.seconds = time.monotonic() - started
+
+        async with anyio.create_task_group() as tg:
+            for tenant, name, ann in plan:
+                tg.start_soon(one, tenant, name, ann)
+    finally:
+        for c in clients.values():
+            await c.close()
+    return sorted(rows, key=lambda r: r.vmi)
+
+
+async def find_launchers(api, rows: list[Row], timeout: float = 60.0) -> None:
+    """Fill in, per admitted row, the node kube-scheduler bound its virt-launcher Pod to
+    (`spec.nodeName`) and the GPUs of its resource that Pod requests; waits up to `timeout`
+    seconds for every one to be bound."""
+    from kubernetes_asyncio.client import CoreV1Api
+
+    core = CoreV1Api(api)
+    want = [r for r in rows if r.uid]
+    with anyio.move_on_after(timeout):
+        while any(r.launcher_node is None for r in want):
+            for r in want:
+                if r.launcher_node is not None:
+                    continue
+                pods = await core.list_namespaced_pod(r.tenant, label_selector=f"kubevirt.io/created-by={r.uid}")
+                for p in pods.items:
+                    if p.spec.node_name:
+                        r.launcher_node = p.spec.node_name
+                        r.launcher_gpus = sum(int((c.resources.requests or {}).get(r.resource, 0))
+                                              for c in p.spec.containers)
+            await anyio.sleep(0.5)
+
+
+def short_reason(reason: str) -> str:
+    """The binder's or webhook's refusal without the request/device preamble: the reasons."""
+    reason = reason.replace('admission webhook "vmi.gpu.cozystack.io" denied the request: ', "")
+    parts = [p.strip() for p in reason.split("; ")]
+    if len(parts) > 1 and ": devices " in parts[0]:
+        parts = parts[1:]
+    text = "; ".join(parts)
+    return text if len(text) <= 140 else text[:137] + "..."
+
+
+def print_table(rows: list[Row]) -> None:
+    print()
+    print(f"{'VMI':<22} {'TENANT':<12} {'GPUs ASKED':<28} {'RESULT'}")
+    print("-" * 130)
+    for r in rows:
+        if r.node:
+            pod = (f"virt-launcher Pod bound to {r.launcher_node} by kube-scheduler, requests "
+                   f"{r.launcher_gpus} GPU{'s' if r.launcher_gpus != 1 else ''}"
+                   if r.launcher_node else "virt-launcher Pod NOT bound")
+            result = f"admitted, pinned to {r.node} ({r.seconds:.2f} s); {pod}"
+        else:
+            result = f"REFUSED: {short_reason(r.reason or '')}"
+        print(f"{r.vmi:<22} {r.tenant:<12} {r.asked:<28} {result}")
+    admitted = [r for r in rows if r.node]
+    on_pin = [r for r in admitted if r.launcher_node == r.node]
+    print("-" * 130)
+    print(f"{len(rows)} VMIs: {len(admitted)} admitted, {len(rows) - len(admitted)} refused; "
+          f"{len(on_pin)} of {len(admitted)} launcher Pods bound on their pinned node")
+    per_node: dict[str, int] = {}
+    for r in admitted:
+        per_node[r.node] = per_node.get(r.node, 0) + 1
+    print("admitted per node: " + ", ".join(f"{n}={c}" for n, c in sorted(per_node.items())))
+
+
+def run(*, nodes: int = 8, vmis: int = 30, seed: int = 7, log_dir: Path = Path("logs"),
+        keep: bool = False) -> int:
+    """The demo; returns the exit code (0 when it ran to the table)."""
+    import shutil
+
+    log_dir = log_dir.resolve()
+    shutil.rmtree(log_dir, ignore_errors=True)
+    print(f"starting a local control plane, 2 controller replicas, KubeVirt (virt-api, virt-controller), "
+          f"kube-scheduler and KWOK (logs in {log_dir}) ...",
+          flush=True)
+    permitted = tuple(res for res, _ in MODELS.values())
+    with LocalCluster(controllers=2, log_dir=log_dir, kubevirt=True, permitted=permitted) as lc:
+        kubeconfigs = {t: lc.cp.write_user_kubeconfig(lc.cp.dir / f"{t}.kubeconfig", t,
+                                                      ("gpu-binder:tenants",), namespace=t)
+                       for t in TENANTS}
+
+        async def main() -> list[Row]:
+            from kubernetes_asyncio.config import new_client_from_config
+
+            api = await new_client_from_config(config_file=str(lc.cp.admin_kubeconfig))
+            try:
+                await build_fleet(Fleet(api), nodes)
+            finally:
+                await api.close()
+            await anyio.sleep(1.0)  # the informers see the fleet
+            plan = plan_vmis(vmis, seed)
+            print(f"fleet: {nodes} KWOK nodes (gpu-node-03 cordoned), {len(TENANTS)} tenants; "
+                  f"creating {len(plan)} VMIs at once ...", flush=True)
+            rows = await create_all(lc, kubeconfigs, plan)
+            api = await new_client_from_config(config_file=str(lc.cp.admin_kubeconfig))
+            try:
+                await find_launchers(api, rows)
+            finally:
+                await api.close()
+            return rows
+
+        rows = anyio.run(main)
+        print_table(rows)
+        print(f"\nleader: {lc.leader()}; per-node decision logs: "
+              f"{log_dir}/<replica>/<node>.jsonl (e.g. tail -f {log_dir}/{lc.leader()}/gpu-node-00.jsonl)")
+        print(lc.cp.kubectl("get", "gpudevices", "-A", "--sort-by=.status.nodeName").stdout)
+        if keep:
+            print(f"kept running; admin kubeconfig: {lc.cp.admin_kubeconfig}. Ctrl-C stops it.")
+            try:
+                while True:
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
+    print("stopped everything.")
+    return 0

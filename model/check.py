@@ -1,0 +1,108 @@
+"""W1 for a whole set (DESIGN.md §4): judge a VMI's orders on a `Snapshot` the way the binder
+will judge its bind request. Sits above `model.snapshot` (per-order checks, budgets, room) and
+`model.decide` (B1–B6), which it combines: the webhook's W1 and the binder's placement agree
+because both end in `decide`'s judgement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+from model.decide import Request, judge
+from model.snapshot import Order, Snapshot, Verdict, budget_message
+from model.types import GPUDevice, Labels, Phase, Toleration
+
+CHECK_REQUEST_ID = "(check)"
+"""Request id `check_set` uses for the one-node test; never a real (generated) id."""
+
+
+def check_set(snapshot: Snapshot, namespace: str, orders: Sequence[Order], *, node_selector: Labels = (),
+              tolerations: tuple[Toleration, ...] = ()) -> Verdict:
+    """W1 for a whole set: `check_order` on each order in turn, adding each admitted
+    device as Bound on its verdict's node before checking the next (so budget and room
+    are judged for the set), then the binder's own judgement (`model.decide.decide`,
+    B1–B6) on a request of the set, with template devices as Pending devices named
+    "new <class> #<n>": the set must fit one node. `node_selector` and `tolerations` are
+    the VMI's, judged as the binder judges the bind request (B3). The verdict's node is
+    the node the binder would choose now; the reason of a refusal is the binder's,
+    without its "refused <vmi> request <id>:" prefix."""
+    if not orders:
+        return Verdict(False, "no devices asked for")
+    snap = snapshot
+    names: list[str] = []
+    templates: list[GPUDevice] = []
+    counts: dict[str, int] = {}
+    for order in orders:
+        if order.namespace != namespace:
+            return Verdict(False, f"device of namespace {order.namespace} in a set of tenant {namespace}")
+        if order.device is not None and order.device in names:
+            return Verdict(False, f"device {order.device} listed twice")
+        if order.tolerations != tolerations:
+            order = replace(order, tolerations=tolerations)
+        verdict = snap.check_order(order)
+        if not verdict.admitted:
+            return _set_budget_verdict(snapshot, namespace, orders, verdict)
+        if order.device is not None:
+            base = snap.device(namespace, order.device)
+            assert base is not None
+        else:
+            counts[order.class_name] = counts.get(order.class_name, 0) + 1
+            base = GPUDevice(namespace, f"new {order.class_name} #{counts[order.class_name]}",
+                             order.class_name)
+            templates.append(base)
+        names.append(base.name)
+        if base.bound_node != verdict.node:
+            snap = snap.with_device(replace(base, status=replace(
+                base.status, phase=Phase.BOUND, node_name=verdict.node)))
+    return _judge_set(snapshot, namespace, names, templates, node_selector, tolerations)
+
+def _set_budget_verdict(snapshot: Snapshot, namespace: str, orders: Sequence[Order], verdict: Verdict) -> Verdict:
+    """`verdict` of one order of a set; a budget refusal (counted on the snapshot with the
+    set's earlier devices added) reworded with the whole set's numbers: usage before the
+    set, and what the set adds (its members not Bound yet), as B1's refusal says."""
+    reason = verdict.reason or ""
+    res = next((r for r in {_order_resource(snapshot, o) for o in orders} - {None}
+                if reason.startswith(f"budget of tenant {namespace} for {r} exhausted:")), None)
+    budget = snapshot.budget_of(namespace, res) if res is not None else None
+    if budget is None:
+        return verdict
+    adds = sum(1 for o in orders if _order_resource(snapshot, o) == res and not (
+        o.device is not None and (d := snapshot.device(namespace, o.device)) is not None
+        and d.bound_node is not None))
+    return Verdict(False, budget_message(namespace, res, snapshot.tenant_usage(namespace, res),
+                                         budget, adds))
+
+def _order_resource(snapshot: Snapshot, order: Order) -> str | None:
+    dev = snapshot.device(order.namespace, order.device) if order.device is not None else None
+    cls = snapshot.classes.get(dev.class_name if dev is not None else order.class_name)
+    return cls.resource_name if cls is not None else None
+
+def judge_set(snapshot: Snapshot, namespace: str, orders: Sequence[Order], *, node_selector: Labels = (),
+              tolerations: tuple[Toleration, ...] = ()) -> Verdict:
+    """The binder's own judgement (`model.decide`, B1–B6) of the whole set alone, without
+    `check_order`'s per-device checks: what `check_set` ends with. Orders of held devices
+    that do not exist are left out. For the per-node reasons of a set that has no room."""
+    names: list[str] = []
+    templates: list[GPUDevice] = []
+    counts: dict[str, int] = {}
+    for order in orders:
+        if order.device is not None:
+            if snapshot.device(namespace, order.device) is not None:
+                names.append(order.device)
+            continue
+        counts[order.class_name] = counts.get(order.class_name, 0) + 1
+        templates.append(GPUDevice(namespace, f"new {order.class_name} #{counts[order.class_name]}",
+                                   order.class_name))
+        names.append(templates[-1].name)
+    return _judge_set(snapshot, namespace, names, templates, node_selector, tolerations)
+
+def _judge_set(snapshot: Snapshot, namespace: str, names: list[str], templates: list[GPUDevice],
+           node_selector: Labels, tolerations: tuple[Toleration, ...]) -> Verdict:
+
+    whole = snapshot.with_devices(templates) if templates else snapshot
+    decision, reason = judge(whole, Request(CHECK_REQUEST_ID, namespace, "", tuple(names),
+                                             node_selector, tolerations=tolerations), 1)
+    if decision.node is None:
+        return Verdict(False, reason)
+    return Verdict(True, node=decision.node)

@@ -1,0 +1,168 @@
+"""The status pipeline alone (actors.status_pipeline), on the in-memory store with a real
+node actor: one write per member and one `write_many` per wave (B1, B7, B8), the
+reservation kept until the view shows the writes then `Release`d, a stalled flight's
+whole hold counted (B3), decisions of an earlier coordinator incarnation dropped."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import anyio
+import pytest
+
+from actors.errors import TransientWriteError
+from fakes.memory_store import MemoryStore
+from actors.node_actor import Claim, GetLedger, NodeActor, NodeActorConfig
+from actors.ports import SystemClock
+from actors.runtime import Actor, ActorRef, spawn
+from actors.status_pipeline import (
+    Attach,
+    Decided,
+    Fly,
+    GetFlights,
+    GetPipelineStatus,
+    PipelineConfig,
+    Settle,
+    Stalled,
+    StatusPipeline,
+)
+from model.decide import Request, find_requests
+from model.hold import Hold, hold_for
+from model.types import Result
+from tests.actors_harness import quiet_logging, wait_until
+
+pytestmark = pytest.mark.anyio
+
+H100 = "nvidia.com/H100"
+FAST = PipelineConfig(write_timeout=2.0, retry_attempts=3, retry_initial=0.001, retry_max=0.002,
+                      retry_jitter=0.001, settle_timeout=5.0, settle_poll=0.01)
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    quiet_logging()
+
+
+class Nodes:
+    """A NodeDirectory of the node actors started by the test."""
+
+    def __init__(self) -> None:
+        self.refs: dict[str, ActorRef] = {}
+
+    def node_actor(self, node: str) -> ActorRef | None:
+        return self.refs.get(node)
+
+    def node_actors(self) -> Mapping[str, ActorRef]:
+        return dict(self.refs)
+
+
+class Inbox(Actor):
+    """Stands for the coordinator: keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.got: list[Any] = []
+
+    async def receive(self, message: Any) -> Any:
+        self.got.append(message)
+
+
+def store() -> MemoryStore:
+    s = MemoryStore()
+    s.add_namespace("t")
+    s.add_class("h100", H100)
+    s.add_node("n1", {H100: 4})
+    return s
+
+
+def decided(s: MemoryStore, rid: str, node: str = "n1") -> tuple[Decided, Hold]:
+    """The Succeeded decision of request `rid` on `node`, landing every member, and its hold."""
+    members = s.request_members("t", rid)
+    (req,), _ = find_requests(members)
+    assert isinstance(req, Request)
+    landing = tuple((("t", name), H100) for name in req.devices)
+    hold = hold_for(rid, "t", node, landing, s.device)
+    return Decided(req, Result.SUCCEEDED, node, f"placed on {node}", hold), hold
+
+
+async def test_B7_B8_a_wave_is_one_write_per_member_and_the_hold_is_released_once_seen() -> None:
+    s = store()
+    for name in ("a", "b", "c"):
+        s.add_device("t", name, "h100")
+    r1 = s.request("t", "vm1", ["a", "b"])
+    r2 = s.request("t", "vm2", ["c"])
+    calls: list[int] = []
+    write_many = s.write_many
+
+    async def counting(writes):
+        calls.append(len(writes))
+        return await write_many(writes)
+
+    s.write_many = counting  # type: ignore[method-assign]
+    nodes = Nodes()
+    async with anyio.create_task_group() as tg:
+        nodes.refs["n1"], _ = await spawn(tg, lambda: NodeActor("n1", s, SystemClock(), NodeActorConfig()))
+        inbox, _ = await spawn(tg, Inbox)
+        pipe, _ = await spawn(tg, lambda: StatusPipeline(s, s, nodes, SystemClock(), FAST))
+        (d1, h1), (d2, h2) = decided(s, r1), decided(s, r2)
+        for h in (h1, h2):
+            await nodes.refs["n1"].ask(Claim(h, "owner-1"))
+        await pipe.ask(Attach("owner-1", inbox))
+        await pipe.ask(Fly("owner-1", (d1, d2)))
+        await wait_until(lambda: pipe.statistics().reservations == 0, what="flights settled")
+        ledger = await nodes.refs["n1"].ask(GetLedger())
+        status = await pipe.ask(GetPipelineStatus())
+        tg.cancel_scope.cancel()
+    assert calls == [3]  # one write_many for the wave, one write per member
+    assert [(r.key[1], r.moved, r.node) for r in s.history if r.op == "answer"] == [
+        ("a", True, "n1"), ("b", True, "n1"), ("c", True, "n1")]
+    assert ledger.holds == ()  # released once the view showed the writes
+    assert (status.succeeded, status.in_flight, status.writing) == (2, 0, 0)
+
+
+async def test_decisions_of_an_earlier_coordinator_incarnation_are_dropped() -> None:
+    s = store()
+    s.add_device("t", "a", "h100")
+    rid = s.request("t", "vm", ["a"])
+    nodes = Nodes()
+    async with anyio.create_task_group() as tg:
+        inbox, _ = await spawn(tg, Inbox)
+        pipe, _ = await spawn(tg, lambda: StatusPipeline(s, s, nodes, SystemClock(), FAST))
+        d, _ = decided(s, rid)
+        await pipe.ask(Fly("old-owner", (d,)))  # queued before the new incarnation attached
+        await pipe.ask(Attach("new-owner", inbox))
+        await pipe.ask(Fly("old-owner", (d,)))
+        flights = await pipe.ask(GetFlights())
+        tg.cancel_scope.cancel()
+    assert flights.holds == () and not flights.running
+    assert [r for r in s.history if r.op == "answer"] == []
+
+
+async def test_B3_a_stalled_flight_keeps_its_whole_hold_and_the_coordinator_is_told() -> None:
+    s = store()
+    for name in ("a", "b"):
+        s.add_device("t", name, "h100")
+    rid = s.request("t", "vm", ["a", "b"])
+    s.fail_next(TransientWriteError, op="answer", times=100)
+    nodes = Nodes()
+    coordinator = Inbox()
+    async with anyio.create_task_group() as tg:
+        inbox, _ = await spawn(tg, lambda: coordinator)
+        pipe, _ = await spawn(tg, lambda: StatusPipeline(s, s, nodes, SystemClock(), FAST))
+        d, hold = decided(s, rid)
+        await pipe.ask(Attach("owner", inbox))
+        await pipe.ask(Fly("owner", (d,)))
+        await wait_until(lambda: coordinator.got, what="the coordinator told")
+        flights = await pipe.ask(GetFlights())
+        s._injected.clear()
+        await pipe.ask(Settle(("t", rid)))  # nothing more to write: keep only what may land
+        settled = await pipe.ask(GetFlights())
+        s.withdraw("t", rid)  # its members no longer carry it: none of its binds can land
+        gone = await pipe.ask(GetFlights())
+        left = pipe.statistics().reservations
+        tg.cancel_scope.cancel()
+    assert coordinator.got == [Stalled(("t", rid))]
+    assert flights.holds == (hold,) and hold.needs == ((H100, 2),)  # the whole reservation
+    assert flights.stalled == {("t", rid)} and not flights.running
+    # the failed binds may have applied (ambiguous errors): held until the view says
+    assert settled.holds == (hold,) and not settled.stalled and not settled.running
+    assert gone.holds == () and left == 0

@@ -1,0 +1,109 @@
+"""The command line describes itself: every flag of every sub-command of `gpu-binder` and of
+the kubectl plugin has a help text with its meaning and default, and bad settings are
+refused naming the flag, not the internal setting (cli.main, k8s.config, cli.tools)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from cli.main import build_kubectl_parser, build_parser, kubectl_main, main
+from k8s.config import FIELD_HELP, Config, field_help
+
+
+def _parsers(parser: argparse.ArgumentParser, path: str):
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, f"{path} {name}")
+
+
+def _flags():
+    for root, prog in ((build_parser(), "gpu-binder"), (build_kubectl_parser(), "kubectl gpu")):
+        for path, parser in _parsers(root, prog):
+            for action in parser._actions:
+                if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                    continue
+                yield path, action
+
+
+ALL = list(_flags())
+
+
+def test_every_sub_command_is_walked():
+    paths = {p for p, _ in ALL}
+    for want in ("gpu-binder controller", "gpu-binder webhook", "gpu-binder demo",
+                 "gpu-binder cluster up", "gpu-binder bench", "gpu-binder explain",
+                 "gpu-binder what-if", "gpu-binder top", "kubectl gpu explain",
+                 "kubectl gpu what-if", "kubectl gpu top"):
+        assert want in paths
+
+
+@pytest.mark.parametrize("path, action", ALL, ids=[f"{p} {a.dest}" for p, a in ALL])
+def test_every_flag_has_help_with_meaning_and_default(path, action):
+    text = action.help or ""
+    assert len(text) >= 15, f"{path} {action.option_strings or action.dest}: help too short"
+    if not action.option_strings:
+        return  # a positional: meaning only
+    if action.required:
+        assert "required" in text
+        return
+    assert "default" in text, f"{path} {action.option_strings}: help names no default"
+    shown = text % {"default": action.default} if "%(default)" in text else text
+    if action.default not in (None, False):
+        value = f"{action.default:g}" if isinstance(action.default, float) else str(action.default)
+        assert value in shown, f"{path} {action.option_strings}: default {value} not shown"
+
+
+def test_every_setting_is_documented_with_its_default():
+    assert set(FIELD_HELP) == set(Config.__dataclass_fields__)
+    assert field_help("bind_timeout").endswith("(default: 20)")
+    assert field_help("attachment_grace").endswith("(default: 120)")
+    assert field_help("leader_election").endswith("(default: true)")
+    assert field_help("webhook_cert").endswith("(default: none)")
+    assert "seconds" in field_help("lease_duration")
+
+
+def test_controller_bad_setting_names_the_flag(capsys):
+    assert main(["controller", "--bind-timeout", "30", "--webhook-port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpu-binder controller: bad configuration: --bind-timeout: "
+                          "must be at most 21 s")
+    assert main(["webhook", "--lease-duration", "soon"]) == 2
+    assert "flags: --lease-duration: not a float: 'soon'" in capsys.readouterr().err
+
+
+def test_tools_errors_name_the_flag(capsys, tmp_path):
+    assert main(["top", "--kubeconfig", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err == (
+        f"gpu-binder top: --kubeconfig: no such file '{tmp_path / 'none'}'\n")
+    assert kubectl_main(["what-if", "cordon", "n1", "--timeout", "0"]) == 2
+    assert capsys.readouterr().err == "kubectl gpu what-if: --timeout must be > 0 seconds, got 0\n"
+
+
+def test_explain_bad_input_is_refused_before_reading_the_cluster(capsys, tmp_path):
+    # the kubeconfig does not exist: the flag error comes first
+    assert main(["explain", "--kubeconfig", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err == "gpu-binder explain: give either NAMESPACE/NAME or -f FILE\n"
+    assert main(["explain", "ns/vm", "--attachment-grace", "-1"]) == 2
+    assert capsys.readouterr().err == ("gpu-binder explain: --attachment-grace must be > 0 "
+                                       "seconds, got -1\n")
+
+
+def test_output_to_a_reader_that_went_away_ends_quietly_with_141():
+    """`gpu-binder top | head`: a closed pipe ends the command with 141, no traceback."""
+    import subprocess
+    import sys
+
+    code = ("import argparse; from cli.main import _run\n"
+            "def spam(_):\n"
+            "    for i in range(200000): print('row', i)\n"
+            "raise SystemExit(_run(argparse.Namespace(func=spam)))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == b"row 0\n"
+    proc.stdout.close()  # the reader goes away
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (141, b"")

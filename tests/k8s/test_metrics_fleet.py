@@ -1,0 +1,87 @@
+"""The fleet metrics (`gpu-binder top`'s figures per class and tenant budget) and the shipped
+Grafana dashboard: every metric the dashboard queries is exported by `k8s.metrics`."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import anyio
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from actors.view import IndexedView
+from k8s.metrics import Metrics
+from model.types import Budget
+from tests.e2e.conftest import MANIFESTS
+from tests.model.test_explain import _cluster, LIVE
+
+DASHBOARD = MANIFESTS / "dashboards" / "gpu-binder.json"
+
+
+def _metrics(synced: bool = True) -> dict[str, dict[tuple, float]]:
+    view = IndexedView()
+    snap = _cluster()
+    for n in snap.nodes.values():
+        view.put_node(n)
+    for c in snap.classes.values():
+        view.put_class(c)
+    for d in snap.devices.values():
+        view.put_device(d)
+    view.set_budgets("tenant-a", [Budget("tenant-a", "nvidia.com/H100", 3)])
+    cache = SimpleNamespace(view=view, vmi_keys=lambda: set(LIVE))
+    admission = SimpleNamespace(admitted=2, denied=1, cache=cache)
+    controller = SimpleNamespace(elector=None, binder=None, synced=synced)
+    metrics = Metrics(controller, admission)
+    anyio.run(metrics.refresh_fleet)
+    body, _ = metrics.render()
+    out: dict[str, dict[tuple, float]] = {}
+    for fam in text_string_to_metric_families(body.decode()):
+        out.setdefault(fam.name, {})  # a labelled family with no sample yet counts too
+        for s in fam.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def test_fleet_metrics_per_class_and_tenant():
+    m = _metrics()
+    h100 = (("class", "h100"), ("resource", "nvidia.com/H100"))
+    assert m["gpu_binder_class_bound_devices"][h100] == 3
+    assert m["gpu_binder_class_attached_devices"][h100] == 2
+    assert m["gpu_binder_class_idle_devices"][h100] == 1
+    assert m["gpu_binder_class_free_units"][h100] == 1 + 2 + 1
+    assert m["gpu_binder_class_largest_placeable_set"][h100] == 2
+    a = (("namespace", "tenant-a"), ("resource", "nvidia.com/H100"))
+    assert m["gpu_binder_tenant_budget_used_devices"][a] == 2
+    assert m["gpu_binder_tenant_budget_hard_devices"] == {a: 3}
+
+
+def test_fleet_metrics_wait_for_the_synced_cache():
+    m = _metrics(synced=False)
+    assert m["gpu_binder_class_bound_devices"] == {}  # declared, no sample
+
+
+def test_dashboard_queries_only_exported_metrics():
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k in ("expr", "definition") and isinstance(v, str):
+                    exprs.append(v)
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(dash)
+    queried = {re.sub(r"_(total|bucket|sum|count)$", "", name)
+               for e in exprs for name in re.findall(r"gpu_binder_[a-z_]+", e)}
+    exported = {re.sub(r"_(total|bucket|sum|count|created)$", "", name) for name in _metrics()}
+    assert queried, "the dashboard queries nothing"
+    assert queried <= exported, sorted(queried - exported)
+    # and the dashboard shows every per-class and per-tenant figure
+    assert {n for n in exported if n.startswith(("gpu_binder_class_", "gpu_binder_tenant_"))} \
+        <= queried

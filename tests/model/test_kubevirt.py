@@ -1,0 +1,260 @@
+"""B3 as kube-scheduler sees it (Ready, NoSchedule/NoExecute taints against the VMI's
+tolerations, KubeVirt's `kubevirt.io/schedulable=true`), foreign Pods in the capacity (§2),
+and W1's `check_set` agreeing with the binder on all of it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from model.check import check_set
+from model.decide import Request, decide
+from model.parse import parse_gpu_device, parse_node, parse_tolerations, device_status_to_dict
+from model.snapshot import Order, Snapshot
+from model.types import BindRequest, DeviceStatus, GPUDevice, Phase, Result, Taint, Toleration
+from tests.model.test_decide import H, NS, dev, gpu_class, node, world
+
+NOT_READY = Taint("node.kubernetes.io/not-ready", "", "NoSchedule")
+GPU_TAINT = Taint("gpu", "reserved", "NoSchedule")
+
+
+def req(*names: str, tolerations: tuple[Toleration, ...] = ()) -> Request:
+    return Request("r1", NS, "vm-1", names, tolerations=tolerations)
+
+
+def test_B3_not_ready_node_is_not_eligible_and_the_refusal_says_so():
+    s = world([replace(node("node-1", 4), ready=False), node("node-2", 1)], [dev("gpu-a"), dev("gpu-b")])
+    d = decide(s, req("gpu-a", "gpu-b"))
+    assert d.result is Result.REFUSED
+    assert d.message.endswith("node-2: needs 2 × nvidia.com/H100, has 1 free; node-1: not Ready")
+    ok = world([replace(node("node-1", 4), ready=False), node("node-2", 2)], [dev("gpu-a"), dev("gpu-b")])
+    assert decide(ok, req("gpu-a", "gpu-b")).node == "node-2"
+
+
+def test_B3_node_without_kubevirt_schedulable_label_is_not_eligible():
+    bare = replace(node("node-1", 4), labels=())
+    wrong = node("node-2", 4, **{"kubevirt.io/schedulable": "false"})
+    d = decide(world([bare, wrong], [dev("gpu-a")]), req("gpu-a"))
+    assert d.result is Result.REFUSED
+    assert d.message.endswith("node-1: lacks label kubevirt.io/schedulable=true; "
+                              "node-2: lacks label kubevirt.io/schedulable=true")
+
+
+def test_B3_untolerated_taint_makes_a_node_ineligible_a_tolerated_one_does_not():
+    tainted = replace(node("node-1", 1), taints=(GPU_TAINT, Taint("soft", "", "PreferNoSchedule")))
+    s = world([tainted, node("node-2", 4)], [dev("gpu-a")])
+    assert decide(s, req("gpu-a")).node == "node-2"  # tighter node-1 skipped: taint not tolerated
+    only = world([tainted], [dev("gpu-a")])
+    d = decide(only, req("gpu-a"))
+    assert d.result is Result.REFUSED and d.message.endswith("node-1: taint gpu=reserved:NoSchedule not tolerated")
+    for tol in (Toleration("gpu", "Equal", "reserved", "NoSchedule"), Toleration("gpu", "Exists"),
+                Toleration("", "Exists")):
+        assert decide(s, req("gpu-a", tolerations=(tol,))).node == "node-1", tol
+    for tol in (Toleration("gpu", "Equal", "other"), Toleration("gpu", "Exists", effect="NoExecute"),
+                Toleration("", "Equal"), Toleration("gpu", "Bogus")):
+        assert decide(s, req("gpu-a", tolerations=(tol,))).node == "node-2", tol
+
+
+def test_B3_a_set_bound_on_a_not_ready_node_is_moved_not_kept():
+    s = world([replace(node("node-1", 2), ready=False, taints=(NOT_READY,)), node("node-2", 2)],
+              [dev("gpu-a", "node-1"), dev("gpu-b", "node-1")])
+    d = decide(s, req("gpu-a", "gpu-b"))
+    assert (d.result, d.rule, d.node) == (Result.SUCCEEDED, "B1", "node-2")
+
+
+def test_capacity_counts_pods_outside_the_binder_as_used():
+    busy = replace(node("node-1", 4), foreign=((H, 3),))
+    s = world([busy, node("node-2", 2)], [dev("gpu-a"), dev("gpu-b")])
+    assert (s.used("node-1", H), s.foreign("node-1", H), s.free("node-1", H)) == (3, 3, 1)
+    assert decide(s, req("gpu-a", "gpu-b")).node == "node-2"
+    full = world([busy], [dev("gpu-a"), dev("gpu-b")])
+    d = decide(full, req("gpu-a", "gpu-b"))
+    assert d.message.endswith("node-1: needs 2 × nvidia.com/H100, has 1 free (3 used by Pods outside the binder)")
+    lost = world([replace(node("node-1", 2), foreign=((H, 2),))], [dev("gpu-a", "node-1")])
+    assert lost.lost_capacity("node-1", H)
+    assert decide(lost, req("gpu-a")).message.endswith(
+        "node-1: lost capacity of nvidia.com/H100: 1 bound (2 used by Pods outside the binder) of 2")
+
+
+@pytest.mark.parametrize("bad, tol, why", [
+    (replace(node("node-1", 4), ready=False), (), "node-1: not Ready"),
+    (replace(node("node-1", 4), labels=()), (), "node-1: lacks label kubevirt.io/schedulable=true"),
+    (replace(node("node-1", 4), taints=(GPU_TAINT,)), (), "node-1: taint gpu=reserved:NoSchedule not tolerated"),
+    (replace(node("node-1", 4), foreign=((H, 4),)), (),
+     "node-1: needs 1 × nvidia.com/H100, has 0 free (4 used by Pods outside the binder)"),
+])
+def test_W1_check_set_agrees_with_B3_and_capacity(bad, tol, why):
+    s = world([bad], [])
+    v = check_set(s, NS, [Order(NS, "h100")], tolerations=tol)
+    assert not v.admitted
+    good = world([node("node-1", 4)], [])
+    assert check_set(good, NS, [Order(NS, "h100")]).node == "node-1"
+
+
+def test_W1_check_set_honours_tolerations_and_node_selector():
+    s = world([replace(node("node-1", 1), taints=(GPU_TAINT,)), node("node-2", 4, zone="b")], [])
+    assert check_set(s, NS, [Order(NS, "h100")]).node == "node-2"
+    tol = (Toleration("gpu", "Exists"),)
+    assert check_set(s, NS, [Order(NS, "h100")], tolerations=tol).node == "node-1"
+    v = check_set(s, NS, [Order(NS, "h100")], node_selector=(("zone", "a"),))
+    assert not v.admitted and "does not match node selector zone=a" in v.reason
+
+
+def test_parse_node_reads_ready_condition_and_taints():
+    obj = {"metadata": {"name": "n1", "labels": {"kubevirt.io/schedulable": "true"}},
+           "spec": {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"},
+                               {"key": "gpu", "value": "x", "effect": "NoExecute"}]},
+           "status": {"conditions": [{"type": "MemoryPressure", "status": "False"},
+                                     {"type": "Ready", "status": "True"}],
+                      "allocatable": {H: "4"}}}
+    n = parse_node(obj)
+    assert n.ready and n.kubevirt_schedulable and n.placement_problems() == []
+    assert n.taints == (NOT_READY, Taint("gpu", "x", "NoExecute"))
+    obj["status"]["conditions"][1]["status"] = "Unknown"
+    assert not parse_node(obj).ready
+    del obj["status"]["conditions"]
+    assert parse_node(obj).placement_problems() == ["not Ready"]
+
+
+def test_bind_request_tolerations_round_trip_and_bad_operator_is_a_parse_error():
+    tol = (Toleration("gpu", "Exists", effect="NoSchedule"), Toleration("a", "Equal", "b"))
+    br = BindRequest("r1", "vm-1", ("gpu-a",), tolerations=tol)
+    st = DeviceStatus(Phase.PENDING, None, None, None, br)
+    obj = {"metadata": {"name": "gpu-a", "namespace": NS}, "spec": {"class": "h100"},
+           "status": device_status_to_dict(st)}
+    assert parse_gpu_device(obj).status.bind_request.tolerations == tol
+    with pytest.raises(ValueError, match=r"spec.tolerations\[0\].operator: must be Equal or Exists"):
+        parse_tolerations([{"key": "a", "operator": "Gt"}])
+
+
+# --- foreign Pods (capacity, §2) ----------------------------------------------------------
+
+from model.foreign import LauncherClaim, PodUse, foreign_units, parse_launcher_claim, parse_pod_use  # noqa: E402
+
+
+def pod(name: str, requests: dict, *, ns: str = NS, node: str = "node-1", created_by: str | None = None,
+        phase: str = "Running", init: dict | None = None, limits_only: bool = False) -> dict:
+    res = {"limits": requests} if limits_only else {"requests": requests, "limits": requests}
+    spec = {"nodeName": node, "containers": [{"resources": res}, {"resources": {"requests": {"cpu": "1"}}}]}
+    if init:
+        spec["initContainers"] = [{"resources": {"requests": init}}]
+    labels = {"kubevirt.io/created-by": created_by} if created_by else {}
+    return {"metadata": {"name": name, "namespace": ns, "labels": labels}, "spec": spec,
+            "status": {"phase": phase}}
+
+
+def admitted_vmi(uid: str = "uid-1", node: str = "node-1", gpus: int = 2, ns: str = NS) -> dict:
+    return {"metadata": {"name": "vm-1", "namespace": ns, "uid": uid,
+                         "annotations": {"gpu.cozystack.io/templates": f"h100={gpus}"}},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                     "domain": {"devices": {"gpus": [{"name": f"g{i}", "deviceName": H} for i in range(gpus)]}}}}
+
+
+def test_capacity_pod_requests_as_kube_scheduler_counts_them():
+    assert parse_pod_use(pod("p", {H: "2"})).requests == ((H, 2),)
+    assert parse_pod_use(pod("p", {H: "1"}, limits_only=True)).requests == ((H, 1),)  # request = limit
+    assert parse_pod_use(pod("p", {H: "1"}, init={H: "3"})).requests == ((H, 3),)   # max(init, sum)
+    assert parse_pod_use(pod("p", {H: "1"}, phase="Succeeded")) is None              # ended: not counted
+    assert parse_pod_use(pod("p", {"devices.kubevirt.io/kvm": "1"})) is None         # not a GPU
+    unbound = pod("p", {H: "1"})
+    del unbound["spec"]["nodeName"]
+    assert parse_pod_use(unbound) is None
+    assert parse_pod_use({"metadata": "junk"}) is None
+
+
+def test_capacity_launcher_pod_of_binder_vmi_is_not_foreign_a_raw_pod_is():
+    uid, claim = parse_launcher_claim(admitted_vmi(gpus=2))
+    launcher = parse_pod_use(pod("virt-launcher-vm-1", {H: "2"}, created_by=uid))
+    raw = parse_pod_use(pod("raw", {H: "1"}))
+    assert foreign_units([launcher, raw], {uid: claim}) == ((H, 1),)
+    assert parse_launcher_claim({**admitted_vmi(), "metadata": {"name": "x", "namespace": NS, "uid": "u"}}) is None
+
+
+def test_capacity_forged_launcher_label_hides_no_more_than_the_vmi_gpus():
+    """Attacker: Pods labelled as the launcher of someone's binder VMI, in another namespace,
+    on another node, asking for more than the VMI has, or several of them: only the VMI's own
+    GPU units on its pinned node, once, are left out."""
+    uid, claim = parse_launcher_claim(admitted_vmi(gpus=2))
+    real = parse_pod_use(pod("virt-launcher-vm-1", {H: "2"}, created_by=uid))
+    forged = parse_pod_use(pod("forged", {H: "4"}, created_by=uid))
+    assert foreign_units([real, forged], {uid: claim}) == ((H, 4),)
+    assert foreign_units([forged], {uid: claim}) == ((H, 2),)
+    other_ns = parse_pod_use(pod("x", {H: "2"}, ns="evil", created_by=uid))
+    other_node = parse_pod_use(pod("y", {H: "2"}, node="node-2", created_by=uid))
+    assert foreign_units([other_ns], {uid: claim}) == ((H, 2),)
+    assert foreign_units([other_node], {uid: claim}) == ((H, 2),)
+    assert foreign_units([parse_pod_use(pod("z", {H: "1"}, created_by="no-such-vmi"))], {uid: claim}) == ((H, 1),)
+
+
+def test_W1_class_kubevirt_does_not_permit_is_refused_before_room_is_checked():
+    from datetime import datetime, timedelta, timezone
+
+    from model.admission import Refusal, check
+    from model.parse import VMIAsk, parse_permitted_host_devices
+
+    s = world([node("node-1", 4)], [])
+    now = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    ask = VMIAsk((), (("h100", 1),))
+    cr = {"spec": {"configuration": {"permittedHostDevices": {
+        "pciHostDevices": [{"pciVendorSelector": "10DE:2330", "resourceName": "nvidia.com/L40S"}],
+        "mediatedDevices": [{"mdevNameSelector": "x", "resourceName": "nvidia.com/GRID"}]}}}}
+    permitted = parse_permitted_host_devices(cr)
+    assert permitted == {"nvidia.com/L40S", "nvidia.com/GRID"}
+    got = check(s, NS, "vm-1", ask, set(), now, timedelta(minutes=2), permitted=permitted)
+    assert isinstance(got, Refusal) and got.message.startswith(
+        "GPU class h100: KubeVirt does not permit resource nvidia.com/H100")
+    assert check(s, NS, "vm-1", ask, set(), now, timedelta(minutes=2), permitted=permitted | {H}).node == "node-1"
+    assert check(s, NS, "vm-1", ask, set(), now, timedelta(minutes=2), permitted=None).node == "node-1"
+    assert parse_permitted_host_devices({"spec": "junk"}) == frozenset()
+
+
+# -- the launcher Pod's nodeSelector (B3: kubernetes.io/arch and KubeVirt's own selectors) ----
+
+KUBEVIRT_CR = {"metadata": {"name": "kubevirt"},
+               "spec": {"configuration": {"developerConfiguration": {
+                   "nodeSelectors": {"pool": "vms", "bad": 3}}}},
+               "status": {"defaultArchitecture": "amd64"}}
+
+
+def test_B3_launcher_selector_adds_the_default_architecture_and_kubevirts_node_selectors():
+    from model.admission import LauncherDefaults, launcher_defaults, node_selector_of
+
+    d = launcher_defaults([KUBEVIRT_CR])
+    assert d == LauncherDefaults("amd64", (("pool", "vms"),))
+    vm = {"spec": {"nodeSelector": {"zone": "a"}}}
+    assert node_selector_of(vm, d) == (("kubernetes.io/arch", "amd64"), ("pool", "vms"), ("zone", "a"))
+    assert node_selector_of(vm) == (("zone", "a"),)  # no KubeVirt CR: only the VMI's own
+
+
+def test_B3_launcher_selector_the_vmis_architecture_and_own_selector_win():
+    from model.admission import launcher_defaults, node_selector_of
+
+    d = launcher_defaults([KUBEVIRT_CR])
+    assert dict(node_selector_of({"spec": {"architecture": "ARM64"}}, d))["kubernetes.io/arch"] == "arm64"
+    own = {"spec": {"nodeSelector": {"kubernetes.io/arch": "s390x", "pool": "big"}}}
+    assert node_selector_of(own, d) == (("kubernetes.io/arch", "s390x"), ("pool", "big"))
+
+
+def test_B3_launcher_defaults_of_malformed_or_missing_crs_add_nothing():
+    from model.admission import LauncherDefaults, launcher_defaults
+
+    assert launcher_defaults([]) == LauncherDefaults()
+    assert launcher_defaults([{"status": {"defaultArchitecture": 7}, "spec": []}, "junk"]) == LauncherDefaults()
+
+
+def test_B3_node_of_another_architecture_is_not_eligible_and_the_refusal_says_so():
+    from model.admission import launcher_defaults, node_selector_of
+
+    sel = node_selector_of({"spec": {}}, launcher_defaults([KUBEVIRT_CR]))
+    arm, amd = {"kubernetes.io/arch": "arm64"}, {"kubernetes.io/arch": "amd64", "pool": "vms"}
+    s = world([node("node-1", 1, **arm), node("node-2", 4, **amd)], [dev("gpu-a")])
+    d = decide(s, replace(req("gpu-a"), node_selector=sel))
+    assert d.result is Result.SUCCEEDED and d.node == "node-2"  # node-1 fits tighter (B4)
+    s2 = world([node("node-1", 1, **arm)], [dev("gpu-a")])
+    d2 = decide(s2, replace(req("gpu-a"), node_selector=sel))
+    assert d2.result is Result.REFUSED
+    assert "node-1: does not match node selector kubernetes.io/arch=amd64,pool=vms" in d2.message
+    s3 = world([node("node-1", 1, pool="vms", **arm)], [dev("gpu-a")])  # names only what fails
+    assert "node-1: does not match node selector kubernetes.io/arch=amd64 " in \
+        decide(s3, replace(req("gpu-a"), node_selector=sel)).message + " "

@@ -1,0 +1,337 @@
+"""Property tests of the pure model over random fleets and request sequences (DESIGN.md §7).
+
+Requests are judged by `decide` and carried out by `apply_decision`; after each step the
+invariants 1, 3 and 4 are checked, the decision is compared with a brute-force oracle written
+from the text of B1–B6 (no index, every node scanned), and the copy-on-write index is compared
+with one built from scratch. Also: what W1 (`check_order`, `check_set`) admits, the binder
+places. On failure hypothesis prints the reproducing blob (`@reproduce_failure`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from hypothesis import event, given, note, settings
+from hypothesis import strategies as st
+
+from model.check import check_set
+from model.decide import MAX_PLACEMENTS, Request, apply_decision, decide
+from model.hold import Hold
+from model.snapshot import Order, Snapshot
+from model.types import (
+    Budget,
+    DeviceStatus,
+    GPUClass,
+    GPUDevice,
+    LabelSelector,
+    Namespace,
+    Node,
+    OnCordon,
+    Phase,
+    Result,
+)
+from tests.model.test_decide import H, L, NOW
+
+PROPS = settings(max_examples=500, derandomize=False, print_blob=True, deadline=None)
+TENANTS = ("t1", "t2")
+
+
+@dataclass
+class World:
+    nodes: list[Node]
+    classes: list[GPUClass]
+    namespaces: list[Namespace]
+    budgets: list[Budget]
+    devices: list[GPUDevice]
+    reservations: list[Hold]
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot.build(nodes=self.nodes, classes=self.classes, devices=self.devices,
+                              budgets=self.budgets, namespaces=self.namespaces,
+                              reservations=self.reservations)
+
+
+@st.composite
+def worlds(draw, bound: bool = True) -> World:
+    nodes = []
+    for i in range(draw(st.integers(1, 6))):
+        labels = {"zone": draw(st.sampled_from("ab")), "kubevirt.io/schedulable": "true"}
+        if draw(st.booleans()):
+            labels["gpu"] = "yes"
+        alloc = tuple((r, n) for r, n in ((H, draw(st.integers(0, 4))), (L, draw(st.integers(0, 3)))) if n)
+        nodes.append(Node(f"n{i}", tuple(sorted(labels.items())), alloc, draw(st.integers(0, 3)) == 0))
+    classes = [
+        GPUClass("h100", H, draw(st.sampled_from(OnCordon)), (("gpu", "yes"),) if draw(st.booleans()) else ()),
+        GPUClass("h100s", H, OnCordon.STAY),
+        GPUClass("l40s", L, draw(st.sampled_from(OnCordon)), (),
+                 LabelSelector((("tier", "gold"),)) if draw(st.booleans()) else None),
+    ]
+    namespaces = [Namespace("t1", (("tier", "gold"),)), Namespace("t2")]
+    budgets = [Budget(ns, r, draw(st.integers(0, 6))) for ns in TENANTS for r in (H, L) if draw(st.booleans())]
+    names = [n.name for n in nodes] + ["gone"]
+    devices = []
+    for ns in TENANTS:
+        for i in range(draw(st.integers(1, 6))):
+            on = draw(st.none() | st.sampled_from(names)) if bound else None
+            kinds = ["h100", "h100", "h100s", "l40s"] + (["a100"] if draw(st.integers(0, 9)) == 0 else [])
+            devices.append(GPUDevice(ns, f"d{i}", draw(st.sampled_from(kinds)),
+                                     status=DeviceStatus(Phase.BOUND if on else Phase.PENDING, on)))
+    reservations = []
+    for i in range(draw(st.integers(0, 2))):
+        res = draw(st.sampled_from((H, L)))
+        reservations.append(Hold(f"other-{i}", draw(st.sampled_from(TENANTS)), draw(st.sampled_from(names)),
+                                        ((res, draw(st.integers(1, 2))),), ((res, draw(st.integers(0, 2))),)))
+    return World(nodes, classes, namespaces, budgets, devices, reservations)
+
+
+request_steps = st.tuples(st.just("request"), st.sampled_from(TENANTS), st.lists(st.integers(0, 5), max_size=4),
+                          st.lists(st.sampled_from(["h100", "h100s", "l40s"]), max_size=3),
+                          st.none() | st.sampled_from("ab"))
+node_steps = st.tuples(st.sampled_from(["cordon", "shrink", "grow"]), st.integers(0, 5), st.sampled_from((H, L)))
+home_steps = st.tuples(st.just("home"), st.sampled_from(TENANTS), st.integers(0, 6), st.none() | st.sampled_from("ab"))
+release_steps = st.tuples(st.just("release"), st.sampled_from(TENANTS))
+evict_steps = st.tuples(st.just("evict"), st.sampled_from(TENANTS), st.integers(0, 5), st.none() | st.sampled_from("ab"))
+steps = st.lists(st.one_of(request_steps, request_steps, home_steps, evict_steps, node_steps, release_steps),
+                 min_size=2, max_size=10)
+
+
+def expand(plan):
+    """An "evict" step is a cordon of a node, then a request of what a tenant holds on it."""
+    for step in plan:
+        if step[0] == "evict":
+            yield ("cordon-on", step[2], H)
+            yield ("home",) + step[1:]
+        else:
+            yield step
+
+
+# --- the oracle: B1–B6 from the text, brute force -------------------------------------------
+
+
+def oracle(snap: Snapshot, request: Request, budgets: list[Budget]) -> tuple[str, list[str]]:
+    """(rule, nodes): rule as `Decision.rule`; nodes = the B5/B6 node or every eligible node
+    in B4 order. `budgets` is the raw list of quotas."""
+    devices = list(snap.devices.values())
+    classes = dict(snap.classes)
+    res_of = {c.name: c.resource_name for c in classes.values()}
+    rsv = [r for r in snap.reservations if r.request_id != request.id]
+    ns = request.namespace
+
+    def used(n, r):
+        return sum(1 for d in devices if d.bound_node == n and res_of.get(d.class_name) == r)
+
+    def alloc(n, r):
+        return dict(snap.nodes[n].allocatable).get(r, 0) if n in snap.nodes else 0
+
+    def free(n, r):
+        return alloc(n, r) - used(n, r) - sum(k for x in rsv if x.node == n for rr, k in x.needs if rr == r)
+
+    def serves(n, c):
+        labels = dict(snap.nodes[n].labels)
+        return alloc(n, classes[c].resource_name) > 0 and all(labels.get(k) == v for k, v in classes[c].node_selector)
+
+    if len(set(request.devices)) != len(request.devices) or not request.devices:
+        return "refused", []
+    members = [snap.devices.get((ns, name)) for name in request.devices]
+    if any(m is None for m in members):
+        return "refused", []
+    cls = {m.class_name for m in members}
+    for c in cls:
+        if c not in classes:
+            return "refused", []
+        sel = classes[c].namespace_selector
+        if sel is not None and not sel.matches(dict(snap.namespaces[ns].labels) if ns in snap.namespaces else {}):
+            return "refused", []
+    for r in {res_of[c] for c in cls}:
+        adds = sum(1 for m in members if m.bound_node is None and res_of[m.class_name] == r)
+        budget = min((b.hard for b in budgets if b.namespace == ns and b.resource_name == r), default=None)
+        slots = {}
+        for x in rsv:
+            if x.namespace == ns:
+                for rr, k in x.budget_needs:
+                    if rr == r:
+                        slots[x.request_id] = max(k, slots.get(x.request_id, 0))
+        usage = sum(1 for d in devices if d.namespace == ns and d.bound_node and res_of.get(d.class_name) == r) + sum(slots.values())
+        if adds and budget is not None and usage + adds > budget:
+            return "refused", []
+
+    def need(n, r):
+        return sum(1 for m in members if res_of[m.class_name] == r and m.bound_node != n)
+
+    set_res = {res_of[c] for c in cls}
+
+    def eligible(n, ignore_cordon=False):
+        if n not in snap.nodes or (snap.nodes[n].unschedulable and not ignore_cordon):
+            return False
+        labels = dict(snap.nodes[n].labels)
+        return (all(serves(n, c) for c in cls) and all(labels.get(k) == v for k, v in request.node_selector)
+                and all(free(n, r) - need(n, r) >= 0 for r in set_res))
+
+    homes = {m.bound_node for m in members}
+    if len(homes) == 1 and None not in homes:
+        (home,) = homes
+        if eligible(home):
+            return "B6", [home]
+        if home in snap.nodes and snap.nodes[home].unschedulable:
+            if any(classes[c].on_cordon is OnCordon.STAY for c in cls):
+                labels = dict(snap.nodes[home].labels)
+                if not (any(used(home, r) > alloc(home, r) for r in set_res) or not all(serves(home, c) for c in cls)
+                        or not all(labels.get(k) == v for k, v in request.node_selector)):
+                    return "B5b", [home]
+            elif eligible(home, ignore_cordon=True) and not any(eligible(n) for n in snap.nodes):
+                return "B5a", [home]
+    moves = {n: sum(1 for m in members if m.bound_node is not None and m.bound_node != n) for n in snap.nodes}
+    ranked = sorted((moves[n], sum(free(n, r) - need(n, r) for r in set_res), n) for n in snap.nodes if eligible(n))
+    return ("B1", [n for _, _, n in ranked]) if ranked else ("refused", [])
+
+
+# --- checks -----------------------------------------------------------------------------------
+
+
+def counts(snap: Snapshot):
+    used, tenant = {}, {}
+    for d in snap.devices.values():
+        r = snap.classes[d.class_name].resource_name if d.class_name in snap.classes else None
+        if d.bound_node and r:
+            used[(d.bound_node, r)] = used.get((d.bound_node, r), 0) + 1
+            tenant[(d.namespace, r)] = tenant.get((d.namespace, r), 0) + 1
+    return used, tenant
+
+
+def check_step(before: Snapshot, after: Snapshot, request: Request, decision) -> None:
+    placed = lambda s: {k: (d.status.phase, d.status.node_name) for k, d in s.devices.items()}  # noqa: E731
+    used0, tenant0 = counts(before)
+    used1, tenant1 = counts(after)
+    # invariant 1: no placement makes a node's Bound devices exceed allocatable (reservations counted)
+    for (n, r), k in used1.items():
+        if k > used0.get((n, r), 0):
+            assert k + after.reserved(n, r) <= after.allocatable(n, r), (n, r)
+    # invariant 4: no tenant's Bound devices (plus reserved slots) exceed its budget
+    for (ns, r), k in tenant1.items():
+        b = after.budget_of(ns, r)
+        if k > tenant0.get((ns, r), 0) and b is not None:
+            assert after.tenant_usage(ns, r) <= b, (ns, r)
+    # invariant 3
+    members = [after.device(request.namespace, n) for n in request.devices]
+    if decision.result is Result.SUCCEEDED:
+        assert all(m is not None and m.bound_node == decision.node for m in members)
+        assert all(m.status.bind_request.result is Result.SUCCEEDED for m in members)
+    else:
+        assert placed(after) == placed(before)  # a refusal changes no placement at all
+        assert decision.message.startswith(f"refused {request.namespace}/vm request {request.id}: ")
+        for name in request.devices:
+            assert name in decision.message
+    # the copy-on-write index equals one built from scratch
+    fresh = Snapshot.build(nodes=after.nodes.values(), classes=after.classes.values(),
+                           devices=after.devices.values(), budgets=[Budget(ns, r, h) for (ns, r), h in after.budgets.items()],
+                           namespaces=after.namespaces.values(), reservations=after.reservations)
+    for r in (H, L):
+        assert dict(after.free_buckets(r)) == dict(fresh.free_buckets(r))
+        for n in list(after.nodes) + ["gone"]:
+            assert (after.used(n, r), after.free(n, r)) == (fresh.used(n, r), fresh.free(n, r))
+        for ns in TENANTS:
+            assert after.tenant_usage(ns, r) == fresh.tenant_usage(ns, r)
+
+
+@PROPS
+@given(worlds(), steps)
+def test_invariants_hold_over_request_sequences(w: World, plan):
+    snap = w.snapshot()
+    counter = 0
+    for step in expand(plan):
+        kind = step[0]
+        if kind in ("request", "home"):
+            counter += 1
+            if kind == "request":  # some held devices and some new template devices
+                _, ns, held, templates, zone = step
+                existing = [d for (dns, _), d in snap.devices.items() if dns == ns and not d.name.startswith("tpl")]
+                names = list(dict.fromkeys(existing[i].name for i in held if i < len(existing)))
+                tpls = [GPUDevice(ns, f"tpl-{counter}-{i}", c, template_for="vm") for i, c in enumerate(templates)]
+                names += [t.name for t in tpls]
+            else:  # every device the tenant holds on one node (B5, B6)
+                _, ns, i, zone = step
+                home = (list(snap.nodes) + ["gone"])[min(i, len(snap.nodes))]
+                names = [d.name for (dns, _), d in snap.devices.items() if dns == ns and d.bound_node == home]
+                tpls = []
+            if not names:
+                continue
+            snap = snap.with_devices(tpls)
+            request = Request(f"r{counter}", ns, "vm", tuple(names), (("zone", zone),) if zone else ())
+            decision = decide(snap, request)
+            note(f"{request} -> {decision.rule} {decision.node}: {decision.message}")
+            event(f"rule {decision.rule}")
+            rule, nodes = oracle(snap, request, w.budgets)
+            assert decision.rule == rule
+            if rule == "refused":
+                assert decision.result is Result.REFUSED and decision.placements == ()
+            else:
+                assert [p.node for p in decision.placements] == nodes[:MAX_PLACEMENTS]
+                assert decision.node == nodes[0]
+                assert [p.node for p in decide(snap, request, limit=2).placements] == nodes[:2]
+                assert [p.node for p in decide(snap, request, limit=None).placements] == nodes
+            after = apply_decision(snap, request, decision, now=NOW)
+            check_step(snap, after, request, decision)
+            snap = after
+        elif kind == "release":
+            for (dns, name), d in list(snap.devices.items()):
+                if dns == step[1] and d.template_for:
+                    snap = snap.without_device(dns, name)
+        else:
+            _, i, res = step
+            nodes = list(snap.nodes.values())
+            if i >= len(nodes):
+                continue
+            n = nodes[i]
+            if kind in ("cordon", "cordon-on"):
+                n = replace(n, unschedulable=kind == "cordon-on" or not n.unschedulable)
+            else:
+                alloc = dict(n.allocatable)
+                alloc[res] = max(0, alloc.get(res, 0) + (-1 if kind == "shrink" else 1))
+                n = replace(n, allocatable=tuple(sorted((r, k) for r, k in alloc.items() if k)))
+            nodes[i] = n
+            snap = snap.with_nodes(nodes)
+
+
+def orders_for(snap: Snapshot, ns: str, held: list[int], templates: list[str]) -> list[Order]:
+    existing = sorted(d.name for (dns, _), d in snap.devices.items() if dns == ns)
+    names = list(dict.fromkeys(existing[i] if i < len(existing) else "missing" for i in held))
+    return [Order(ns, "", n) for n in names] + [Order(ns, c) for c in templates]
+
+
+def equivalent_request(snap: Snapshot, ns: str, orders: list[Order]) -> tuple[Snapshot, Request]:
+    tpls = [GPUDevice(ns, f"tpl-{i}", o.class_name) for i, o in enumerate(orders) if o.device is None]
+    names = [o.device for o in orders if o.device is not None] + [t.name for t in tpls]
+    return snap.with_devices(tpls), Request("w1", ns, "vm", tuple(names))
+
+
+@PROPS
+@given(worlds(), st.sampled_from(TENANTS), st.lists(st.integers(0, 6), max_size=3),
+       st.lists(st.sampled_from(["h100", "h100s", "l40s", "a100"]), max_size=3))
+def test_W1_check_set_admits_exactly_what_decide_places(w: World, ns, held, templates):
+    snap = w.snapshot()
+    orders = orders_for(snap, ns, held, templates)
+    if not orders:
+        return
+    verdict = check_set(snap, ns, orders)
+    whole, request = equivalent_request(snap, ns, orders)
+    decision = decide(whole, request)
+    note(f"{verdict} / {decision}")
+    if verdict.admitted:
+        assert decision.result is Result.SUCCEEDED and decision.node == verdict.node
+    elif not snap.reservations:
+        # With reservations in flight a held set on a cordoned node can pass B5(b) (no lost
+        # capacity) while check_order sees no free unit in place; W1 is then stricter.
+        assert decision.result is Result.REFUSED
+
+
+@PROPS
+@given(worlds(), st.sampled_from(TENANTS), st.integers(0, 6), st.sampled_from(["h100", "h100s", "l40s", "a100"]))
+def test_W1_check_order_admitting_implies_decide_succeeds(w: World, ns, held, template):
+    snap = w.snapshot()
+    for order in orders_for(snap, ns, [held], []) + [Order(ns, template)]:
+        verdict = snap.check_order(order)
+        if verdict.admitted:
+            whole, request = equivalent_request(snap, ns, [order])
+            decision = decide(whole, request)
+            note(f"{order}: {verdict} / {decision}")
+            assert decision.result is Result.SUCCEEDED

@@ -1,0 +1,119 @@
+"""The binder's supervision tree and router: a node actor per node, one coordinator,
+level-based routing of changes, escalation out of `Binder.run`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import anyio
+import pytest
+
+from fakes.memory_store import MemoryStore
+from actors.node_actor import GetLedger
+from actors.ports import SystemClock
+from model.types import Result
+from supervisor import COORDINATOR, PIPELINE, Binder, SupervisorEscalation, node_child_id
+from tests.actors_harness import fast_config, quiet_logging, results_of, running_binder, settle, wait_until
+
+pytestmark = pytest.mark.anyio
+
+H100 = "nvidia.com/H100"
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    quiet_logging()
+
+
+def store() -> MemoryStore:
+    s = MemoryStore()
+    s.add_namespace("t")
+    s.add_class("h100", H100)
+    s.add_node("n1", {H100: 2})
+    s.add_node("n2", {H100: 2})
+    return s
+
+
+async def test_one_node_actor_per_node_and_one_coordinator() -> None:
+    s = store()
+    async with running_binder(s) as binder:
+        assert sorted(binder.child_ids()) == [COORDINATOR, node_child_id("n1"), node_child_id("n2"),
+                                             PIPELINE]
+        assert set(binder.node_actors()) == {"n1", "n2"}
+
+
+async def test_node_changes_reach_the_node_actor_which_rereads_the_view() -> None:
+    s = store()
+    async with running_binder(s) as binder:
+        ref = binder.node_actor("n1")
+        s.cordon("n1")
+        s.set_allocatable("n1", H100, 5)
+        await wait_until(lambda: ref.statistics().processed >= 2, what="node changes routed")
+        ledger = await ref.ask(GetLedger())
+        assert ledger.unschedulable and ledger.allocatable[H100] == 5
+
+
+async def test_nodes_appear_and_disappear() -> None:
+    s = store()
+    async with running_binder(s) as binder:
+        s.add_node("n3", {H100: 1})
+        await wait_until(lambda: binder.node_actor("n3") is not None, what="n3 started")
+        old = binder.node_actor("n1")
+        s.delete_node("n1")
+        await wait_until(lambda: binder.node_actor("n1") is None, what="n1 stopped")
+        assert not old.statistics().running
+        s.add_node("n1", {H100: 1})  # back again: a fresh actor
+        await wait_until(lambda: binder.node_actor("n1") is not None, what="n1 restarted")
+        assert binder.node_actor("n1") is not old
+
+
+async def test_partial_requests_are_not_routed_complete_ones_are() -> None:
+    s = store()
+    s.add_device("t", "a", "h100")
+    s.add_device("t", "b", "h100")
+    async with running_binder(s) as binder:
+        coordinator = binder.coordinator
+        before = coordinator.statistics().processed
+        rid = s.request("t", "vm", ["a", "b"], only=["a"])
+        await anyio.sleep(0.02)
+        assert coordinator.statistics().processed == before  # nothing routed
+        s.request("t", "vm", ["a", "b"], request_id=rid, only=["b"])
+        await settle(s, binder)
+    assert {v[0] for v in results_of(s, "t", rid).values()} == {Result.SUCCEEDED}
+
+
+async def test_a_killed_actor_is_restarted_with_the_same_reference() -> None:
+    s = store()
+    s.add_device("t", "a", "h100")
+    async with running_binder(s) as binder:
+        ref = binder.node_actor("n1")
+        assert binder.kill(node_child_id("n1"))
+        assert binder.kill(COORDINATOR)
+        await wait_until(lambda: ref.statistics().restarts == 1 and ref.statistics().running
+                         and binder.coordinator.statistics().restarts == 1, what="restarts")
+        assert binder.node_actor("n1") is ref
+        rid = s.request("t", "vm", ["a"])
+        await settle(s, binder)
+    assert results_of(s, "t", rid)["a"][0] is Result.SUCCEEDED
+
+
+async def test_past_the_restart_intensity_run_raises_supervisor_escalation() -> None:
+    s = store()
+    config = fast_config()
+    config = replace(config, supervisor=replace(config.supervisor, max_restarts=2, max_seconds=10.0))
+    binder = Binder(s, s, s, SystemClock(), config)
+
+    async def killer() -> None:
+        await wait_until(lambda: binder.coordinator is not None, what="binder started")
+        for _ in range(5):
+            binder.kill(COORDINATOR)
+            await anyio.sleep(0.02)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(killer)
+        with pytest.raises(SupervisorEscalation) as info:
+            await binder.run()  # the process entry awaits this: it exits non-zero
+        tg.cancel_scope.cancel()
+    assert info.value.child_id == COORDINATOR
+    stats = binder.statistics()
+    assert stats.escalated and not any(c.running for c in stats.children.values())
