@@ -1,5 +1,5 @@
 """Helpers shared by the actor and supervisor tests: a running Binder on a MemoryStore, fast
-configurations, polling with a deadline, and the invariant checks of DESIGN.md §7 over the
+configurations, waiting until settled, and the invariant checks of DESIGN.md §7 over the
 store's state and write history. Not a test module (no `test_` prefix)."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from typing import AsyncIterator, Callable
 import anyio
 
 from actors.coordinator import CoordinatorConfig
+from fakes.clock import LoopClock
 from fakes.memory_store import MemoryStore
 from actors.node_actor import NodeActorConfig
-from actors.ports import SystemClock
 from model.decide import find_requests
 from model.types import Result
 from supervisor import Binder, BinderConfig, SupervisorConfig
+from tests.timing import eventually
 
 
 def fast_config(**overrides) -> BinderConfig:
@@ -45,27 +46,15 @@ def fast_config(**overrides) -> BinderConfig:
 @asynccontextmanager
 async def running_binder(store: MemoryStore, config: BinderConfig | None = None,
                          clock=None) -> AsyncIterator[Binder]:
-    """A Binder running on `store` for the duration of the block; cancelled after it."""
-    binder = Binder(store, store, store, clock or SystemClock(), config or fast_config())
+    """A Binder running on `store` for the duration of the block; cancelled after it. Its
+    clock is `clock`, else the event loop's (`LoopClock`: fake on fake time)."""
+    binder = Binder(store, store, store, clock or LoopClock(), config or fast_config())
     async with anyio.create_task_group() as tg:
         await tg.start(binder.run)
         try:
             yield binder
         finally:
             tg.cancel_scope.cancel()
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition",
-                     interval: float = 0.001) -> None:
-    """Poll `predicate` until true (every 0.2 ms at first, backing off to `interval`);
-    AssertionError naming `what` after `timeout` seconds."""
-    step = min(0.0002, interval)
-    with anyio.move_on_after(timeout):
-        while not predicate():
-            await anyio.sleep(step)
-            step = min(interval, step * 1.5)
-        return
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def results_of(store: MemoryStore, namespace: str, request_id: str) -> dict[str, tuple]:
@@ -94,7 +83,7 @@ async def settle(store: MemoryStore, binder: Binder, timeout: float = 10.0) -> N
         if p.reservations or p.mailbox_depth:
             return False
         return all_answered(store)
-    await wait_until(idle, timeout, "every complete request answered and no reservation left",
+    await eventually(idle, timeout, "every complete request answered and no reservation left",
                      interval=0.005)
 
 

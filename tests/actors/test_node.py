@@ -34,6 +34,7 @@ from actors.runtime import ActorCell, spawn
 from model.hold import Hold
 from model.types import Result
 from tests.actors_harness import quiet_logging
+from tests.timing import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -126,7 +127,7 @@ async def test_commit_against_a_rebuilt_ledger_is_refused() -> None:
         await tg.start(run_tolerating_kill)
         p = await cell.ref.ask(Prepare(held("r1", ((H100, 2),))))
         assert cell.kill("test")
-        await anyio.sleep(0.01)
+        await eventually(lambda: not cell.running, what="the incarnation killed")
         await tg.start(cell.run, lambda: node_actor(s))
         reply = await cell.ref.ask(Commit("r1", p.incarnation))
         assert isinstance(reply, CommitRefused) and "rebuilt" in reply.reason

@@ -13,7 +13,7 @@ import pytest
 from actors.errors import TransientWriteError
 from fakes.memory_store import MemoryStore
 from actors.node_actor import Claim, GetLedger, NodeActor, NodeActorConfig
-from actors.ports import SystemClock
+from fakes.clock import LoopClock
 from actors.runtime import Actor, ActorRef, spawn
 from actors.status_pipeline import (
     Attach,
@@ -29,7 +29,8 @@ from actors.status_pipeline import (
 from model.decide import Request, find_requests
 from model.hold import Hold, hold_for
 from model.types import Result
-from tests.actors_harness import quiet_logging, wait_until
+from tests.actors_harness import quiet_logging
+from tests.timing import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -100,15 +101,15 @@ async def test_B7_B8_a_wave_is_one_write_per_member_and_the_hold_is_released_onc
     s.write_many = counting  # type: ignore[method-assign]
     nodes = Nodes()
     async with anyio.create_task_group() as tg:
-        nodes.refs["n1"], _ = await spawn(tg, lambda: NodeActor("n1", s, SystemClock(), NodeActorConfig()))
+        nodes.refs["n1"], _ = await spawn(tg, lambda: NodeActor("n1", s, LoopClock(), NodeActorConfig()))
         inbox, _ = await spawn(tg, Inbox)
-        pipe, _ = await spawn(tg, lambda: StatusPipeline(s, s, nodes, SystemClock(), FAST))
+        pipe, _ = await spawn(tg, lambda: StatusPipeline(s, s, nodes, LoopClock(), FAST))
         (d1, h1), (d2, h2) = decided(s, r1), decided(s, r2)
         for h in (h1, h2):
             await nodes.refs["n1"].ask(Claim(h, "owner-1"))
         await pipe.ask(Attach("owner-1", inbox))
         await pipe.ask(Fly("owner-1", (d1, d2)))
-        await wait_until(lambda: pipe.statistics().reservations == 0, what="flights settled")
+        await eventually(lambda: pipe.statistics().reservations == 0, what="flights settled")
         ledger = await nodes.refs["n1"].ask(GetLedger())
         status = await pipe.ask(GetPipelineStatus())
         tg.cancel_scope.cancel()
@@ -126,7 +127,7 @@ async def test_decisions_of_an_earlier_coordinator_incarnation_are_dropped() -> 
     nodes = Nodes()
     async with anyio.create_task_group() as tg:
         inbox, _ = await spawn(tg, Inbox)
-        pipe, _ = await spawn(tg, lambda: StatusPipeline(s, s, nodes, SystemClock(), FAST))
+        pipe, _ = await spawn(tg, lambda: StatusPipeline(s, s, nodes, LoopClock(), FAST))
         d, _ = decided(s, rid)
         await pipe.ask(Fly("old-owner", (d,)))  # queued before the new incarnation attached
         await pipe.ask(Attach("new-owner", inbox))
@@ -147,11 +148,11 @@ async def test_B3_a_stalled_flight_keeps_its_whole_hold_and_the_coordinator_is_t
     coordinator = Inbox()
     async with anyio.create_task_group() as tg:
         inbox, _ = await spawn(tg, lambda: coordinator)
-        pipe, _ = await spawn(tg, lambda: StatusPipeline(s, s, nodes, SystemClock(), FAST))
+        pipe, _ = await spawn(tg, lambda: StatusPipeline(s, s, nodes, LoopClock(), FAST))
         d, hold = decided(s, rid)
         await pipe.ask(Attach("owner", inbox))
         await pipe.ask(Fly("owner", (d,)))
-        await wait_until(lambda: coordinator.got, what="the coordinator told")
+        await eventually(lambda: coordinator.got, what="the coordinator told")
         flights = await pipe.ask(GetFlights())
         s._injected.clear()
         await pipe.ask(Settle(("t", rid)))  # nothing more to write: keep only what may land

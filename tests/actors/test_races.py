@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from fakes.memory_store import Faults, MemoryStore
@@ -41,7 +42,7 @@ async def race(store: MemoryStore, rng: random.Random, requests: list[tuple[str,
         for i, (ns, vmi, dev) in enumerate(requests):
             ids.append((ns, store.request(ns, vmi, [dev]), dev))
             if i == 0 and rng.random() < 0.5:
-                await anyio.sleep(0)  # sometimes let the first get a head start
+                await anyio.lowlevel.checkpoint()  # sometimes let the first get a head start
         await settle(store, binder)
     return [store.device((ns, dev)).status.bind_request.result for ns, _, dev in ids]
 

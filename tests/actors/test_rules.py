@@ -11,6 +11,7 @@ import structlog
 
 from actors.coordinator import GetStatus
 from actors.errors import RequestWithdrawn, TransientWriteError, WriteConflict
+from fakes.clock import LoopClock
 from fakes.memory_store import Faults, MemoryStore
 from actors.node_actor import GetLedger
 from actors.ports import StatusWrite
@@ -24,13 +25,14 @@ from tests.actors_harness import (
     results_of,
     running_binder,
     settle,
-    wait_until,
 )
+from tests.timing import advance, eventually
 
 pytestmark = pytest.mark.anyio
 
 H100 = "nvidia.com/H100"
 L40S = "nvidia.com/L40S"
+RESYNC = fast_config().coordinator.resync_interval
 
 
 @pytest.fixture(autouse=True)
@@ -114,7 +116,7 @@ async def test_B1_partial_request_is_never_acted_on() -> None:
         s.add_device("t", name, "h100")
     async with running_binder(s) as binder:
         rid = s.request("t", "vm", ["a", "b"], only=["a"])  # b lacks the id
-        await anyio.sleep(0.05)
+        await advance(2 * RESYNC)  # the router has seen it and the coordinator rescanned twice
         assert ops(s, rid) == []
         s.request("t", "vm", ["a", "b"], request_id=rid, only=["b"])  # now complete
         res = await answer(s, binder, "t", rid)
@@ -173,7 +175,7 @@ async def test_B3_counts_reservations_in_flight() -> None:
         s.add_device("t", name, "h100")
     async with running_binder(s) as binder:
         r1 = s.request("t", "vm1", ["a", "b"])
-        await wait_until(lambda: any(r.op == "answer" for r in s.history), what="r1 decided")
+        await eventually(lambda: any(r.op == "answer" for r in s.history), what="r1 decided")
         r2 = s.request("t", "vm2", ["c"])
         await settle(s, binder)
     assert results_of(s, "t", r1)["a"][0] is Result.SUCCEEDED
@@ -255,7 +257,7 @@ async def test_a_fallback_waiting_on_a_slow_node_actor_does_not_hold_back_its_ba
         await binder.node_actor("n1").ask(Claim(Hold("elsewhere", "t", "n1", ((H100, 1),)), "another-owner"))
         rb = s.request("t", "vmB", ["b", "b2"])  # only n3 has room for two
         ra = s.request("t", "vmA", ["a"])  # n1 (tightest, by name) is full in its ledger
-        await wait_until(lambda: results_of(s, "t", rb)["b"][0] is not None, timeout=3.0,
+        await eventually(lambda: results_of(s, "t", rb)["b"][0] is not None, timeout=3.0,
                          what="B answered while A's fallback waits")
         assert results_of(s, "t", ra)["a"][0] is None  # A's fallback still waits on n2
         gate.set()
@@ -461,13 +463,11 @@ class RecordingWriter:
 
 
 async def test_B8_the_status_pipeline_is_the_only_status_writer() -> None:
-    from actors.ports import SystemClock
-
     s = cluster(n1=2, n2=2)
     for name in ("a", "b", "c", "d", "e"):
         s.add_device("t", name, "h100")
     writer = RecordingWriter(s)
-    binder = Binder(s, s, writer, SystemClock(), fast_config())
+    binder = Binder(s, s, writer, LoopClock(), fast_config())
     async with anyio.create_task_group() as tg:
         await tg.start(binder.run)
         s.request("t", "vm1", ["a", "b"])
@@ -500,11 +500,11 @@ async def test_request_withdrawn_is_never_retried() -> None:
     s.fail_next(RequestWithdrawn, op="answer")
     async with running_binder(s) as binder:
         rid = s.request("t", "vm", ["a"])
-        await wait_until(lambda: s.writes_attempted >= 1, what="the write tried")
-        await anyio.sleep(0.05)
-        attempts = s.writes_attempted
-        await anyio.sleep(0.05)
-        assert s.writes_attempted == attempts == 1  # one write, no retry
+        await eventually(lambda: s.writes_attempted >= 1, what="the write tried")
+        # far past the whole retry budget (5 tries, 5 ms apart at most), and before the
+        # periodic rescan (which re-reads the request: the store still shows it)
+        await advance(RESYNC / 2)
+        assert s.writes_attempted == 1  # one write, no retry
         del binder
     assert ops(s, rid) == []
 
@@ -516,7 +516,7 @@ async def test_exhausted_retries_keep_the_reservation_and_try_again_later() -> N
     s.fail_next(TransientWriteError, op="answer", times=6)  # more than one round of retries
     async with running_binder(s) as binder:
         r1 = s.request("t", "vm1", ["a"])
-        await wait_until(lambda: (binder.pipeline.statistics().reservations == 1
+        await eventually(lambda: (binder.pipeline.statistics().reservations == 1
                                   and s.writes_failed >= 5), what="r1 stalled")
         r2 = s.request("t", "vm2", ["b"])  # must not take r1's unit meanwhile
         await settle(s, binder)
@@ -533,9 +533,9 @@ async def test_nodes_appearing_and_disappearing_start_and_stop_their_actors() ->
     async with running_binder(s) as binder:
         assert binder.child_ids() == [node_child_id("n1"), PIPELINE, COORDINATOR]
         s.add_node("n2", {H100: 4})
-        await wait_until(lambda: binder.node_actor("n2") is not None, what="n2 actor")
+        await eventually(lambda: binder.node_actor("n2") is not None, what="n2 actor")
         s.delete_node("n1")
-        await wait_until(lambda: binder.node_actor("n1") is None, what="n1 actor stopped")
+        await eventually(lambda: binder.node_actor("n1") is None, what="n1 actor stopped")
         rid = s.request("t", "vm", ["a"])
         res = await answer(s, binder, "t", rid)
     assert res["a"][:2] == (Result.SUCCEEDED, "n2")
@@ -548,9 +548,9 @@ async def test_a_stalled_request_withdrawn_meanwhile_releases_its_reservation() 
     s.fail_next(TransientWriteError, op="answer", times=5)  # exactly one round of retries
     async with running_binder(s) as binder:
         r1 = s.request("t", "vm1", ["a"])
-        await wait_until(lambda: s.writes_failed >= 5, what="r1 stalled")
+        await eventually(lambda: s.writes_failed >= 5, what="r1 stalled")
         s.withdraw("t", r1)
-        await wait_until(lambda: binder.pipeline.statistics().reservations == 0,
+        await eventually(lambda: binder.pipeline.statistics().reservations == 0,
                          what="reservation released")
         r2 = s.request("t", "vm2", ["b"])
         res = await answer(s, binder, "t", r2)

@@ -7,6 +7,7 @@ import pytest
 
 from actors.errors import ActorKilled, ActorStopped, AskTimeout, MailboxFull, StartTimeout
 from actors.runtime import Actor, ActorCell, ActorContext, Crash, spawn
+from tests.timing import advance, eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -54,7 +55,7 @@ async def test_full_mailbox_pushes_back_and_tell_nowait_refuses() -> None:
     async with anyio.create_task_group() as tg:
         ref, cell = await spawn(tg, lambda: actor, name="echo", mailbox_size=2)
         ref.tell_nowait("wait")  # taken by the actor, which blocks on the gate
-        await anyio.sleep(0.01)
+        await eventually(lambda: actor.seen == ["wait"], what="the actor took 'wait'")
         ref.tell_nowait(1)
         ref.tell_nowait(2)
         assert ref.statistics().mailbox_depth == 2
@@ -118,8 +119,7 @@ async def test_cell_keeps_its_mailbox_across_incarnations() -> None:
         await tg.start(first_run)
         cell.ref.tell_nowait(Crash("test"))
         cell.ref.tell_nowait("after")  # queued behind the crash: for the next incarnation
-        await anyio.sleep(0.01)
-        assert not cell.running and crashed
+        await eventually(lambda: not cell.running and crashed, what="the first run crashed")
         stats = cell.statistics()
         assert stats.crashes == 1 and "ActorKilled" in stats.last_crash
         await tg.start(cell.run, factory)
@@ -132,16 +132,21 @@ async def test_cell_keeps_its_mailbox_across_incarnations() -> None:
 async def test_kill_crashes_the_running_incarnation() -> None:
     cell = ActorCell("echo")
     outcome: list[BaseException] = []
+    actors: list[Echo] = []
+
+    def factory() -> Echo:
+        actors.append(Echo())
+        return actors[-1]
 
     async def run_once() -> None:
         try:
-            await cell.run(Echo)
+            await cell.run(factory)
         except ActorKilled as exc:
             outcome.append(exc)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run_once)
-        await anyio.sleep(0.01)
+        await eventually(lambda: cell.running, what="the cell running")
         pending = []
 
         async def asker() -> None:
@@ -151,10 +156,10 @@ async def test_kill_crashes_the_running_incarnation() -> None:
                 pending.append(exc)
 
         tg.start_soon(asker)
-        await anyio.sleep(0.01)
+        await eventually(lambda: actors[0].seen == [("sleep", 1.0)], what="the ask taken")
         assert cell.kill("test")
-        await anyio.sleep(0.01)
-    assert outcome and pending
+        await eventually(lambda: outcome and pending, what="the run killed, the asker told")
+    assert isinstance(outcome[0], ActorKilled) and isinstance(pending[0], ActorStopped)
     assert not cell.kill("again")  # nothing running
     cell.close()
 
@@ -216,9 +221,9 @@ async def test_ticks_arrive_when_idle(tick_source) -> None:
     actor = Ticking()
     async with anyio.create_task_group() as tg:
         _, cell = await spawn(tg, lambda: actor, name="ticking")
-        await anyio.sleep(0.05)
+        await advance(0.05)  # ten intervals of fake time, the actor idle throughout
         cell.close()
-    assert actor.ticks >= 3
+    assert actor.ticks in (9, 10)  # one per interval (the last may fall on the close)
 
 
 class TicksWhileBusy(Ticking):
@@ -244,14 +249,12 @@ async def test_ticks_stop_while_unwanted_and_resume_after_a_message(tick_source)
     actor = TicksWhileBusy()
     async with anyio.create_task_group() as tg:
         ref, cell = await spawn(tg, lambda: actor, name="ticking")
-        await anyio.sleep(0.04)
-        assert actor.ticks == 0  # never wanted: no tick at all
+        await advance(0.04)
+        assert actor.ticks == 0  # never wanted: no tick in 8 intervals
         for round_ in (1, 2):
             await ref.ask("work")
-            with anyio.fail_after(1):
-                while actor.busy:
-                    await anyio.sleep(0.005)
+            await eventually(lambda: not actor.busy, 1.0, "three ticks while busy")
             assert actor.ticks == 3 * round_
-            await anyio.sleep(0.04)  # parked: ~8 intervals pass without a tick
+            await advance(0.04)  # parked: 8 intervals pass without a tick
             assert actor.ticks == 3 * round_
         cell.close()

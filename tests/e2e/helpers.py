@@ -9,22 +9,18 @@ from typing import Awaitable, Callable, TypeVar
 
 import anyio
 
+from tests import timing
+
 T = TypeVar("T")
 WEBHOOK_MANAGER = "gpu-binder-webhook"
 
 
 async def eventually(probe: Callable[[], Awaitable[T]], *, timeout: float = 20.0,
                      interval: float = 0.2, what: str = "condition") -> T:
-    """Call `probe` until it returns a truthy value; fail after `timeout` seconds with the
-    last value seen."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = await probe()
-        if last:
-            return last
-        await anyio.sleep(interval)
-    raise AssertionError(f"{what} not reached within {timeout:.0f} s; last: {last!r}")
+    """`tests.timing.eventually` with the e2e defaults (a real API server on wall time:
+    20 s, polled every 0.2 s): the first truthy value of `probe()`; AssertionError with the
+    last value seen after `timeout` seconds."""
+    return await timing.eventually(probe, timeout, what, interval)
 
 
 async def make_pool(fleet, nodes: dict[str, int], *, resource: str | None = None,

@@ -10,10 +10,11 @@ import pytest
 
 from fakes.memory_store import MemoryStore
 from actors.node_actor import GetLedger
-from actors.ports import SystemClock
+from fakes.clock import LoopClock
 from model.types import Result
 from supervisor import COORDINATOR, PIPELINE, Binder, SupervisorEscalation, node_child_id
-from tests.actors_harness import fast_config, quiet_logging, results_of, running_binder, settle, wait_until
+from tests.actors_harness import fast_config, quiet_logging, results_of, running_binder, settle
+from tests.timing import advance, eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -48,7 +49,7 @@ async def test_node_changes_reach_the_node_actor_which_rereads_the_view() -> Non
         ref = binder.node_actor("n1")
         s.cordon("n1")
         s.set_allocatable("n1", H100, 5)
-        await wait_until(lambda: ref.statistics().processed >= 2, what="node changes routed")
+        await eventually(lambda: ref.statistics().processed >= 2, what="node changes routed")
         ledger = await ref.ask(GetLedger())
         assert ledger.unschedulable and ledger.allocatable[H100] == 5
 
@@ -57,13 +58,13 @@ async def test_nodes_appear_and_disappear() -> None:
     s = store()
     async with running_binder(s) as binder:
         s.add_node("n3", {H100: 1})
-        await wait_until(lambda: binder.node_actor("n3") is not None, what="n3 started")
+        await eventually(lambda: binder.node_actor("n3") is not None, what="n3 started")
         old = binder.node_actor("n1")
         s.delete_node("n1")
-        await wait_until(lambda: binder.node_actor("n1") is None, what="n1 stopped")
+        await eventually(lambda: binder.node_actor("n1") is None, what="n1 stopped")
         assert not old.statistics().running
         s.add_node("n1", {H100: 1})  # back again: a fresh actor
-        await wait_until(lambda: binder.node_actor("n1") is not None, what="n1 restarted")
+        await eventually(lambda: binder.node_actor("n1") is not None, what="n1 restarted")
         assert binder.node_actor("n1") is not old
 
 
@@ -72,11 +73,11 @@ async def test_partial_requests_are_not_routed_complete_ones_are() -> None:
     s.add_device("t", "a", "h100")
     s.add_device("t", "b", "h100")
     async with running_binder(s) as binder:
-        coordinator = binder.coordinator
-        before = coordinator.statistics().processed
         rid = s.request("t", "vm", ["a", "b"], only=["a"])
-        await anyio.sleep(0.02)
-        assert coordinator.statistics().processed == before  # nothing routed
+        # the router has seen the write, and the coordinator has rescanned twice meanwhile
+        await advance(2 * fast_config().coordinator.resync_interval)
+        assert [r for r in s.history if r.request_id == rid and r.op == "answer"] == []
+        assert s.device(("t", "a")).status.bind_request.result is None  # nothing acted on
         s.request("t", "vm", ["a", "b"], request_id=rid, only=["b"])
         await settle(s, binder)
     assert {v[0] for v in results_of(s, "t", rid).values()} == {Result.SUCCEEDED}
@@ -89,7 +90,7 @@ async def test_a_killed_actor_is_restarted_with_the_same_reference() -> None:
         ref = binder.node_actor("n1")
         assert binder.kill(node_child_id("n1"))
         assert binder.kill(COORDINATOR)
-        await wait_until(lambda: ref.statistics().restarts == 1 and ref.statistics().running
+        await eventually(lambda: ref.statistics().restarts == 1 and ref.statistics().running
                          and binder.coordinator.statistics().restarts == 1, what="restarts")
         assert binder.node_actor("n1") is ref
         rid = s.request("t", "vm", ["a"])
@@ -101,13 +102,13 @@ async def test_past_the_restart_intensity_run_raises_supervisor_escalation() -> 
     s = store()
     config = fast_config()
     config = replace(config, supervisor=replace(config.supervisor, max_restarts=2, max_seconds=10.0))
-    binder = Binder(s, s, s, SystemClock(), config)
+    binder = Binder(s, s, s, LoopClock(), config)
 
     async def killer() -> None:
-        await wait_until(lambda: binder.coordinator is not None, what="binder started")
+        await eventually(lambda: binder.coordinator is not None, what="binder started")
         for _ in range(5):
             binder.kill(COORDINATOR)
-            await anyio.sleep(0.02)
+            await advance(0.02)  # past the restart backoff
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(killer)

@@ -10,7 +10,8 @@ import pytest
 from actors.errors import ActorStopped, StartTimeout
 from actors.runtime import Actor, ActorContext, Crash
 from supervisor import ChildSpec, Restart, Supervisor, SupervisorConfig, SupervisorEscalation
-from tests.actors_harness import quiet_logging, wait_until
+from tests.actors_harness import quiet_logging
+from tests.timing import advance, eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -44,7 +45,7 @@ async def test_one_for_one_restarts_only_the_crashed_child() -> None:
         a = await sup.start_child(ChildSpec("a", Worker))
         b = await sup.start_child(ChildSpec("b", Worker))
         a.tell_nowait("boom")
-        await wait_until(lambda: a.statistics().restarts == 1 and a.statistics().running, what="a restarted")
+        await eventually(lambda: a.statistics().restarts == 1 and a.statistics().running, what="a restarted")
         assert await a.ask("hi") == "hi"  # same reference after the restart
         assert b.statistics().restarts == 0 and b.statistics().processed == 0
         stats = sup.statistics()
@@ -55,9 +56,9 @@ async def test_kill_crashes_and_the_child_is_restarted() -> None:
     async with Supervisor(FAST) as sup:
         ref = await sup.start_child(ChildSpec("a", Worker))
         assert sup.kill("a")
-        await wait_until(lambda: ref.statistics().restarts == 1 and ref.statistics().running)
+        await eventually(lambda: ref.statistics().restarts == 1 and ref.statistics().running)
         ref.tell_nowait(Crash("via a message"))
-        await wait_until(lambda: ref.statistics().restarts == 2 and ref.statistics().running)
+        await eventually(lambda: ref.statistics().restarts == 2 and ref.statistics().running)
         assert "ActorKilled" in ref.statistics().last_crash
 
 
@@ -67,8 +68,8 @@ async def test_temporary_child_is_never_restarted_transient_only_after_a_crash()
         tr = await sup.start_child(ChildSpec("tr", Worker, restart=Restart.TRANSIENT))
         tmp.tell_nowait("boom")
         tr.tell_nowait("boom")
-        await wait_until(lambda: tr.statistics().restarts == 1 and tr.statistics().running)
-        await anyio.sleep(0.02)
+        await eventually(lambda: tr.statistics().restarts == 1 and tr.statistics().running)
+        await advance(10 * FAST.backoff_max)  # ten restart backoffs: tmp's would have run
         assert not tmp.statistics().running and tmp.statistics().restarts == 0
         with pytest.raises(ActorStopped):
             await tmp.ask("anyone?", timeout=1.0)
@@ -83,11 +84,11 @@ async def test_backoff_grows_between_restarts() -> None:
         for n in range(1, 5):
             t0 = anyio.current_time()
             ref.tell_nowait("boom")
-            await wait_until(lambda: ref.statistics().restarts == n and ref.statistics().running)
+            await eventually(lambda: ref.statistics().restarts == n and ref.statistics().running,
+                             interval=0.0001)
             times.append(anyio.current_time() - t0)
-    # 0.01, 0.02, 0.04, 0.04 (capped)
-    assert times[0] >= 0.009 and times[1] >= 0.019 and times[2] >= 0.039 and times[3] >= 0.039
-    assert times[3] < 0.5
+    # fake time: the backoffs themselves, to the polling interval
+    assert times == pytest.approx([0.01, 0.02, 0.04, 0.04], abs=0.0002)  # the last capped
 
 
 async def test_restart_intensity_escalates_and_stops_every_child() -> None:
@@ -103,8 +104,8 @@ async def test_restart_intensity_escalates_and_stops_every_child() -> None:
                         await refs["a"].tell("boom")
                     except ActorStopped:
                         break
-                await anyio.sleep(0.005)
-            await anyio.sleep(1)  # cancelled by the escalation
+                await advance(0.005)  # past the restart backoff
+            await advance(1)  # cancelled by the escalation meanwhile
             pytest.fail("the supervisor did not escalate")
     assert info.value.child_id == "a"
     assert isinstance(info.value.__cause__, RuntimeError)
@@ -117,10 +118,10 @@ async def test_graceful_shutdown_drains_and_brutal_kill_does_not_wait() -> None:
     async with Supervisor(FAST) as sup:
         slow = await sup.start_child(ChildSpec("slow", Worker, shutdown=0.02))
         slow.tell_nowait(("sleep", 5))  # longer than its shutdown timeout
-        await anyio.sleep(0.005)
+        await eventually(lambda: slow.statistics().mailbox_depth == 0, what="slow busy")
         t0 = anyio.current_time()
         await sup.terminate_child("slow")
-        assert anyio.current_time() - t0 < 0.5
+        assert anyio.current_time() - t0 == pytest.approx(0.02)  # its shutdown timeout
         assert sup.ref("slow") is None
 
         drains = await sup.start_child(ChildSpec("drains", Worker, shutdown=1.0))
@@ -131,10 +132,10 @@ async def test_graceful_shutdown_drains_and_brutal_kill_does_not_wait() -> None:
 
         brutal = await sup.start_child(ChildSpec("brutal", Worker, shutdown=None))
         brutal.tell_nowait(("sleep", 5))
-        await anyio.sleep(0.005)
+        await eventually(lambda: brutal.statistics().mailbox_depth == 0, what="brutal busy")
         t0 = anyio.current_time()
         await sup.terminate_child("brutal")
-        assert anyio.current_time() - t0 < 0.5
+        assert anyio.current_time() - t0 == 0  # no wait at all
 
 
 class NeverStarts(Actor):
@@ -202,7 +203,7 @@ async def test_one_for_all_a_crash_in_a_group_restarts_every_member_once_and_not
         assert sup.child_ids() == ["solo", "a", "b"]
         Logged.log = []
         b.tell_nowait("boom")
-        await wait_until(lambda: all(r.statistics().restarts == 1 and r.statistics().running
+        await eventually(lambda: all(r.statistics().restarts == 1 and r.statistics().running
                                      for r in (a, b)), what="a and b restarted")
         assert Logged.log == [("start", "a"), ("start", "b")]  # in order, each once
         assert await a.ask("hi") == "hi" and await b.ask("ho") == "ho"  # same references
@@ -212,7 +213,7 @@ async def test_one_for_all_a_crash_in_a_group_restarts_every_member_once_and_not
         assert stats.children["a"].crashes == 0  # stopped with its group, not crashed
         assert solo.statistics().restarts == 0 and solo.statistics().running
         assert sup.kill("a")  # a kill of either member restarts both too
-        await wait_until(lambda: all(r.statistics().restarts == 2 and r.statistics().running
+        await eventually(lambda: all(r.statistics().restarts == 2 and r.statistics().running
                                      for r in (a, b)), what="a and b restarted again")
         assert sup.statistics().restarts == 2 and solo.statistics().restarts == 0
 
@@ -248,7 +249,7 @@ async def test_group_restarts_count_against_the_restart_intensity() -> None:
             await sup.start_group([ChildSpec("a", Worker), ChildSpec("b", Worker)])
             for _ in range(10):
                 sup.kill("b")
-                await anyio.sleep(0.01)
-            await anyio.sleep(1)  # cancelled by the escalation
+                await advance(0.01)  # past the restart backoff
+            await advance(1)  # cancelled by the escalation meanwhile
             pytest.fail("the supervisor did not escalate")
     assert info.value.child_id == "b"
