@@ -11,6 +11,7 @@ import pytest
 from kubernetes_asyncio.client import ApiException
 
 from k8s.leader import LeaderElector, LeaseConfig
+from tests.timing import FAKE_TIME, advance, eventually
 
 pytestmark = pytest.mark.anyio
 CFG = LeaseConfig(namespace="ns", name="lease", lease_duration=1.5, renew_deadline=1.0,
@@ -70,7 +71,7 @@ class FakeLeases:
 
 @pytest.fixture
 def anyio_backend():
-    return "asyncio"
+    return FAKE_TIME  # the Lease loop's timers, renew deadline and expiry on fake time
 
 
 async def test_one_leader_and_it_stops_leading_before_the_lease_can_expire():
@@ -90,33 +91,24 @@ async def test_one_leader_and_it_stops_leading_before_the_lease_can_expire():
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(a.run, lead("a"))
-        await until(lambda: a.is_leader, 2.0, "a leads")
+        await eventually(lambda: a.is_leader, 2.0, "a leads")
+        assert leading["a"] == [0.0]  # at once: the Lease did not exist
         tg.start_soon(b.run, lead("b"))
-        await anyio.sleep(3 * CFG.retry_period)  # b has tried a few times meanwhile
+        await advance(3 * CFG.retry_period)  # b tries three times meanwhile
         assert (a.is_leader, b.is_leader, api.holder) == (True, False, "a")
         api.down = True                      # the API server goes away
         outage = anyio.current_time()
         # a drops leadership within the renew deadline (+ one retry), before expiry
-        await until(lambda: "a" in stopped and not a.is_leader, CFG.lease_duration,
-                    "a stops leading")
-        assert not a.is_leader and stopped["a"] - outage < CFG.lease_duration
+        await eventually(lambda: "a" in stopped and not a.is_leader, CFG.lease_duration,
+                         "a stops leading")
+        assert stopped["a"] - outage <= CFG.renew_deadline + CFG.retry_period < CFG.lease_duration
         api.down = False
-        await until(lambda: sum(e.is_leader for e in (a, b)) == 1, 4 * CFG.lease_duration,
-                    "one leader again")
-        await anyio.sleep(3 * CFG.retry_period)
-        assert sum(e.is_leader for e in (a, b)) == 1  # and only one, as renewals go on
+        await eventually(lambda: sum(e.is_leader for e in (a, b)) == 1, 4 * CFG.lease_duration,
+                         "one leader again")
+        await advance(3 * CFG.lease_duration)  # renewals go on, the Lease never lapses
+        assert sum(e.is_leader for e in (a, b)) == 1 and len(leading["a"]) + len(leading["b"]) == 2
         tg.cancel_scope.cancel()
     assert api.holder is None                 # released on shutdown
-
-
-async def until(cond, timeout: float, what: str) -> None:
-    """Poll `cond` every 20 ms; fail with `what` after `timeout` seconds."""
-    try:
-        with anyio.fail_after(timeout):
-            while not cond():
-                await anyio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout} s: {what}") from None
 
 
 async def test_release_lets_a_successor_take_over_without_waiting_for_expiry():
@@ -130,14 +122,13 @@ async def test_release_lets_a_successor_take_over_without_waiting_for_expiry():
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(a.run, idle)
-                await until(lambda: a.is_leader, 2.0, "a leads")
+                await eventually(lambda: a.is_leader, 2.0, "a leads")
                 outer.start_soon(b.run, idle)
-                await anyio.sleep(0.3)
+                await advance(CFG.lease_duration)  # b has found the Lease held, over and over
                 assert not b.is_leader
                 scope.cancel()                 # a shuts down and releases the Lease
         released = anyio.current_time()
-        with anyio.fail_after(CFG.lease_duration - 0.3):
-            while not b.is_leader:
-                await anyio.sleep(0.05)
-        assert anyio.current_time() - released < CFG.lease_duration
+        await eventually(lambda: b.is_leader, CFG.lease_duration, "b leads", interval=0.01)
+        # at b's next try, not after the Lease would have expired
+        assert anyio.current_time() - released <= CFG.retry_period + 0.01
         outer.cancel_scope.cancel()
