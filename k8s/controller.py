@@ -58,6 +58,7 @@ class Controller:
         self.binder: Binder | None = None
         self.cache: ClusterCache | None = None
         self.elector: LeaderElector | None = None
+        self.housekeeper: Housekeeper | None = None
 
     def _health_app(self, metrics: Metrics) -> web.Application:
         async def healthz(_: web.Request) -> web.Response:
@@ -138,11 +139,12 @@ class Controller:
             keeper = Housekeeper(api, cache, grace=grace, raw_policy=cfg.raw_resource_names,
                                  period=cfg.housekeeping_period, timeout=call_timeout)
             try:
+                self.housekeeper = keeper
                 async with anyio.create_task_group() as tg:
                     await tg.start(self.binder.run)
                     tg.start_soon(keeper.run)
             finally:
-                self.binder = None
+                self.binder = self.housekeeper = None
 
         async with anyio.create_task_group() as tg:
             async def on_signal() -> None:

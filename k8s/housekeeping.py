@@ -43,7 +43,8 @@ class Housekeeper:
     """Runs H1–H3 every `period` seconds and whenever devices, VMIs, classes or the settings
     ConfigMap change. `grace` is `attachmentGrace`; `timeout` bounds each API call (seconds);
     up to `concurrency` devices are worked on at once. Errors are logged per action and the
-    action is retried on the next round."""
+    action is retried on the next round. `rounds` counts the rounds completed (paused ones
+    included)."""
 
     def __init__(self, api: ApiClient, cache: ClusterCache, *, grace: timedelta,
                  raw_policy: str, period: float = 5.0, timeout: float = 5.0,
@@ -58,6 +59,7 @@ class Housekeeper:
         self.concurrency = concurrency
         self.actions_done = 0
         self.paused_rounds = 0
+        self.rounds = 0
         self._paused = False
 
     async def run(self) -> None:
@@ -101,6 +103,7 @@ class Housekeeper:
             await self.ensure_settings()
         if self.cache.healthy(self.cache.classes, self.cache.kubevirts):
             await self.ensure_class_conditions()
+        self.rounds += 1
 
     async def _carry_out(self, actions: list[Action]) -> None:
         """Carry out a round's `actions`: a device's own in plan order, different devices'

@@ -21,6 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:
     from k8s.cache import ClusterCache
+    from k8s.housekeeping import Housekeeper
     from k8s.leader import LeaderElector
     from k8s.webhook.admission import VMIAdmission
     from model.explain import Top
@@ -29,11 +30,12 @@ if TYPE_CHECKING:
 
 class Observed(Protocol):
     """What the metrics read of the running process (`k8s.controller.Controller` is one):
-    the Lease elector, the binder while leading (else None), the informer cache once built
-    (else None) and whether it has synced."""
+    the Lease elector, the binder and the housekeeper while leading (else None), the
+    informer cache once built (else None) and whether it has synced."""
 
     elector: "LeaderElector | None"
     binder: "Binder | None"
+    housekeeper: "Housekeeper | None"
     cache: "ClusterCache | None"
     synced: bool
 
@@ -85,10 +87,22 @@ class _TreeCollector:
         yield from (restarts, reservations, inflight, depth, actors)
         cached = GaugeMetricFamily("gpu_binder_cache_objects", "objects held by each informer",
                                    labels=["informer"])
+        seen = GaugeMetricFamily("gpu_binder_informer_resource_version",
+                                 "the last resourceVersion each informer has applied (an etcd "
+                                 "revision: a write at or below it is in the cache)",
+                                 labels=["informer"])
         cache = getattr(self.controller, "cache", None)
         for informer in (cache.informers if cache is not None else ()):
             cached.add_metric([informer.name], float(len(informer.keys())))
+            if (informer.resource_version or "").isdigit():
+                seen.add_metric([informer.name], float(informer.resource_version))
         yield cached
+        yield seen
+        keeper = getattr(self.controller, "housekeeper", None)
+        rounds = CounterMetricFamily("gpu_binder_housekeeping_rounds",
+                                     "housekeeping rounds completed while leading (H1-H3)")
+        rounds.add_metric([], float(keeper.rounds if keeper is not None else 0))
+        yield rounds
 
 
 class _FleetCollector:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 import anyio
 

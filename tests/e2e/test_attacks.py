@@ -27,7 +27,15 @@ import yaml
 from kubernetes_asyncio.client import ApiException
 
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, unique
-from tests.e2e.helpers import eventually, make_pool
+from tests.e2e.helpers import (
+    class_rv,
+    device_rv,
+    eventually,
+    housekeeping_rounds,
+    make_pool,
+    namespace_rv,
+    replicas_saw,
+)
 from tests.e2e.test_webhook import _client_ssl, _review, annotated, fixture
 from tests.e2e.test_webhook import create, devices as device_items
 
@@ -97,7 +105,7 @@ async def assert_vmi_holds_its_set(fleet, ns: str, name: str) -> None:
 
 async def test_W1_create_of_a_live_vmi_name_neither_moves_nor_strips_its_devices(system, fleet):
     res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 2, "b": 2}, devices=1,
-                                                    settle=0.5)
+                                                    seen_by=system)
     first = vmi_body("vm", devices="gpu-0",
                      node_selector={"kubernetes.io/hostname": nodes["a"]})
     ok, spec = await create(fleet, tenant, first)
@@ -125,7 +133,7 @@ async def test_W1_create_of_a_live_vmi_name_neither_moves_nor_strips_its_devices
 
 async def test_W3_concurrent_creates_of_one_new_name_leave_the_winner_its_whole_set(
         system, fleet):
-    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 8}, devices=3, settle=0.5)
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 8}, devices=3, seen_by=system)
     for i in range(3):
         name = f"dup-{i}"
         body = vmi_body(name, devices=f"gpu-{i}", templates=f"{cls}=1")
@@ -139,7 +147,7 @@ async def test_W3_concurrent_creates_of_one_new_name_leave_the_winner_its_whole_
         print(name, [(ok, m[:90]) for ok, m in got])
         assert sum(ok for ok, _ in got) <= 1
         vmi = await get_vmi(fleet, tenant, name)
-        await anyio.sleep(2.5)  # the losers' clean-up and two housekeeping rounds are done
+        await housekeeping_rounds(system, 2)  # the losers cleaned up as they were denied
         if vmi is None:   # every create denied: nothing may stay attached to the name
             have = await devices(fleet, tenant)
             assert not [n for n, d in have.items()
@@ -155,20 +163,20 @@ async def test_H2_restart_race_delete_and_recreate_fifty_times_never_undoes_the_
     seed = random.randrange(1 << 30)
     print(f"seed {seed}")
     rnd = random.Random(seed)
-    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 4}, devices=1, settle=0.5)
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 4}, devices=1, seen_by=system)
     body = vmi_body("rr", devices="gpu-0", templates=f"{cls}=1")
     ok, spec = await create(fleet, tenant, body)
     assert ok, spec
     for round_ in range(50):
         await delete_vmi(fleet, tenant, "rr")
-        await anyio.sleep(rnd.uniform(0.05, 0.3))
+        await anyio.sleep(rnd.uniform(0.05, 0.3))  # the race: a seeded gap before re-creating
         ok, msg = await create(fleet, tenant, body)
         assert ok, f"round {round_}: re-create denied: {msg}"
         try:
             await assert_vmi_holds_its_set(fleet, tenant, "rr")
         except AssertionError as exc:
             raise AssertionError(f"round {round_}: {exc}") from None
-    await anyio.sleep(3)  # several housekeeping rounds after the last re-create
+    await housekeeping_rounds(system, 3)  # after the last re-create
     await assert_vmi_holds_its_set(fleet, tenant, "rr")
     have = await devices(fleet, tenant)
     assert sorted(have) == ["gpu-0", f"rr-{cls}-0"]
@@ -178,7 +186,7 @@ async def test_H2_restart_race_delete_and_recreate_fifty_times_never_undoes_the_
 
 async def test_B3_tenant_cannot_delete_attached_devices_so_no_second_tenant_lands_on_a_full_node(
         system, fleet, control_plane, tmp_path):
-    res, cls, nodes, tenant, devs = await make_pool(fleet, {"full": 2}, devices=1, settle=0.5)
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"full": 2}, devices=1, seen_by=system)
     ok, spec = await create(fleet, tenant, vmi_body("vm", devices="gpu-0", templates=f"{cls}=1"))
     assert ok, spec  # both units of the only node are in use by the running VM
     user = unique("user")
@@ -202,7 +210,7 @@ async def test_B3_tenant_cannot_delete_attached_devices_so_no_second_tenant_land
     # a second tenant entitled to the class: the node is full, so its VMI is refused
     other = unique("t")
     await fleet.tenant(other)
-    await anyio.sleep(0.5)
+    await replicas_saw(system, {"namespaces": await namespace_rv(fleet, other)}, what=other)
     ok, msg = await create(fleet, other, vmi_body("intruder", templates=f"{cls}=1"))
     assert not ok, f"second tenant's VMI admitted onto the full node: {msg}"
     assert "cannot be placed" in msg, msg
@@ -218,7 +226,7 @@ async def test_B3_tenant_cannot_delete_attached_devices_so_no_second_tenant_land
 
 async def test_B3_a_bound_device_kept_terminating_by_a_tenant_finalizer_still_uses_its_unit(
         system, fleet):
-    res, cls, nodes, tenant, devs = await make_pool(fleet, {"one": 1}, devices=1, settle=0.5)
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"one": 1}, devices=1, seen_by=system)
     ok, spec = await create(fleet, tenant, vmi_body("warm", devices="gpu-0"))
     assert ok, spec
     await delete_vmi(fleet, tenant, "warm")
@@ -236,12 +244,13 @@ async def test_B3_a_bound_device_kept_terminating_by_a_tenant_finalizer_still_us
     await fleet.custom.delete_namespaced_custom_object(GROUP, VERSION, tenant, "gpudevices",
                                                        "gpu-0")
     try:
-        await anyio.sleep(0.5)
+        await replicas_saw(system, {"gpudevices": await device_rv(fleet, tenant, "gpu-0")},
+                           what="the deletion of gpu-0")
         ok, msg = await create(fleet, tenant, vmi_body("reuse", devices="gpu-0"))
         assert not ok and "gpu-0 is being deleted" in msg, msg
         other = unique("t")
         await fleet.tenant(other)
-        await anyio.sleep(0.5)
+        await replicas_saw(system, {"namespaces": await namespace_rv(fleet, other)}, what=other)
         ok, msg = await create(fleet, other, vmi_body("intruder", templates=f"{cls}=1"))
         assert not ok and "cannot be placed" in msg, msg   # the unit still counts as used
     finally:
@@ -262,7 +271,7 @@ async def _released(fleet, ns: str, held: list[str], templates: list[str]):
 
 
 async def test_H2_vmi_deleted_within_a_round_of_its_admission_is_released_at_once(system, fleet):
-    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 4}, devices=1, settle=0.5)
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 4}, devices=1, seen_by=system)
     ok, spec = await create(fleet, tenant, vmi_body("quick", devices="gpu-0",
                                                     templates=f"{cls}=1"))
     assert ok, spec
@@ -277,11 +286,11 @@ async def test_H2_vmi_deleted_within_a_round_of_its_admission_is_released_at_onc
 
 
 async def test_H2_vmi_deleted_while_no_replica_runs_is_released_once_one_leads(system, fleet):
-    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 4}, devices=1, settle=0.5)
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 4}, devices=1, seen_by=system)
     ok, spec = await create(fleet, tenant, vmi_body("failover", devices="gpu-0",
                                                     templates=f"{cls}=1"))
     assert ok, spec
-    await anyio.sleep(3)  # housekeeping has seen the VMI running
+    await housekeeping_rounds(system, 2)  # a whole round has seen the VMI running
     long_grace = tuple(a for a in FAST_CONTROLLER_ARGS if not a.startswith("--attachment-grace")
                        ) + ("--attachment-grace=120",)
     normal = system.controller_args
@@ -311,16 +320,22 @@ async def test_H2_vmi_deleted_while_no_replica_runs_is_released_once_one_leads(s
 # -- item 8: dry run ----------------------------------------------------------------------
 
 async def test_W2_denied_dry_run_writes_nothing_not_even_an_event(system, fleet):
-    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 1}, devices=1, settle=0.5)
+    res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 1}, devices=1, seen_by=system)
     vmi = vmi_body("dry-denied", devices="gpu-0", templates=f"{cls}=1")   # 2 needed, 1 unit
     out = system.cp.kubectl("create", "--dry-run=server", "-n", tenant, "-f", "-",
                             input=yaml.safe_dump(vmi), check=False)
     assert out.returncode != 0 and "cannot be placed" in out.stderr, out.stderr
-    await anyio.sleep(1.0)  # an Event would have been written by now
+    # the webhook writes a denial's Event before it answers: the answer is the barrier
     events = system.cp.kubectl("get", "events", "-n", tenant, "-o", "json").stdout
     assert json.loads(events)["items"] == [], "a dry-run denial wrote an Event"
     have = await devices(fleet, tenant)
     assert list(have) == ["gpu-0"] and have["gpu-0"].get("status") is None
+    # ... as the same denial for real shows, at once
+    out = system.cp.kubectl("create", "-n", tenant, "-f", "-", input=yaml.safe_dump(vmi),
+                            check=False)
+    assert out.returncode != 0 and "cannot be placed" in out.stderr, out.stderr
+    events = json.loads(system.cp.kubectl("get", "events", "-n", tenant, "-o", "json").stdout)
+    assert [e["involvedObject"]["name"] for e in events["items"]] == ["dry-denied"], events
 
 
 # -- W6: only the API server may call the webhook ----------------------------------------
@@ -360,7 +375,7 @@ async def test_W6_forged_review_for_another_tenant_writes_nothing(system, fleet,
     import aiohttp
 
     res, cls, nodes, victim, held = await make_pool(fleet, {"a": 4, "b": 4}, budget=4,
-                                                    devices=1, prefix="held", settle=0.5)
+                                                    devices=1, prefix="held", seen_by=system)
     vmi = annotated(fixture("vmi-fedora.yaml"), "forged", templates=f"{cls}=2",
                     devices=held[0])
     vmi["spec"]["nodeSelector"] = {"kubernetes.io/hostname": nodes["b"]}
@@ -392,7 +407,7 @@ async def test_W6_review_from_the_api_servers_client_certificate_is_answered(sys
     the one the webhook trusts: a review signed in with it gets an answer."""
     import aiohttp
 
-    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, settle=0.5)
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, seen_by=system)
     vmi = annotated(fixture("vmi-fedora.yaml"), "dry", templates=f"{cls}=1")
     async with aiohttp.ClientSession() as http:
         async with http.post(f"https://127.0.0.1:{system.webhook_port}/mutate-vmi",
@@ -409,7 +424,7 @@ async def test_outage_blocks_only_vmis_with_gpu_annotations(system, fleet):
     """With every replica stopped, a VMI that asks for no GPU is created (matchConditions:
     it is never sent to the webhook); one with gpu annotations is refused (failurePolicy
     Fail)."""
-    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, settle=0.5)
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, seen_by=system)
     for i in range(len(system.replicas)):
         system.kill_replica(i, signal.SIGKILL)
     plain = fixture("vmi-fedora.yaml")
@@ -452,7 +467,7 @@ async def test_serving_certificate_rotation_is_served_without_restart(system, fl
         return all(s == want for s in seen)
     await eventually(all_new, timeout=15, what="the rotated certificate served")
     assert [r.proc.pid for r in system.replicas] == pids and all(r.alive for r in system.replicas)
-    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, settle=0.5)
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, seen_by=system)
     ok, msg = await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "after-rotation",
                                                     templates=f"{cls}=1"))
     assert ok, msg
@@ -481,7 +496,7 @@ async def test_least_privilege_replicas_run_a_full_cycle_on_the_shipped_service_
     assert who == SA_USER
     for i in range(len(system.replicas)):
         assert f"--kubeconfig={system.kubeconfig}" in system.replicas[i].proc.args
-    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, settle=0.5)
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, seen_by=system)
     ok, msg = await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "fits",
                                                     templates=f"{cls}=1"))
     assert ok, msg
@@ -545,7 +560,8 @@ async def test_bounded_memory_2000_devices_with_100_kib_annotations(tmp_path):
         cls, tenant = unique("cls"), unique("t")
         await fleet.gpu_class(cls, f"{unique('gpu')}.example.com/gpu")
         await fleet.tenant(tenant)
-        await anyio.sleep(1)
+        await replicas_saw(lc, {"gpuclasses": await class_rv(fleet, cls),
+                                "namespaces": await namespace_rv(fleet, tenant)}, what="the pool")
         before = _rss_mib(lc.replicas[0].proc.pid)
         custom = CustomObjectsApi(client)
         filler = "x" * (100 * 1024)

@@ -9,7 +9,7 @@ import time
 import anyio
 import pytest
 
-from tests.e2e.helpers import eventually, make_pool, request, results, stamp
+from tests.e2e.helpers import eventually, housekeeping_rounds, make_pool, request, results, stamp
 
 pytestmark = pytest.mark.anyio
 
@@ -169,7 +169,7 @@ async def test_H2_deleting_an_admitted_vmi_releases_devices_at_once(system, flee
                                                        "virtualmachineinstances", vmi)
     await request(fleet, tenant, "r1", "vm-h2", devs)
     await eventually(lambda: results(fleet, tenant, devs), what="bound")
-    await anyio.sleep(1.5)  # housekeeping has seen the VMI alive
+    await housekeeping_rounds(system, 2)  # a whole round has seen the VMI alive
     control_plane.kubectl("delete", "vmi", "vm-h2", "-n", tenant)
     started = time.monotonic()
 
@@ -185,6 +185,15 @@ async def _stream(fleet, tenant, devs, prefix):
     """One single-device request per device, written back to back."""
     for i, d in enumerate(devs):
         await request(fleet, tenant, f"{prefix}-{i}", f"vm-{i}", [d])
+
+
+async def answered(fleet, tenant: str, devs: list[str]) -> bool:
+    """Some device of `devs` has a bind request with a result."""
+    for d in devs:
+        br = ((await fleet.get_device(tenant, d)).get("status") or {}).get("bindRequest") or {}
+        if br.get("result"):
+            return True
+    return False
 
 
 async def _live_vmis(fleet, tenant, n):
@@ -222,7 +231,8 @@ async def test_leader_killed_during_a_stream_of_requests_every_request_answered(
     await _live_vmis(fleet, tenant, 20)  # a slow failover must not race H1's grace
     async with anyio.create_task_group() as tg:
         tg.start_soon(_stream, fleet, tenant, devs, "s")
-        await anyio.sleep(0.1)
+        await eventually(lambda: answered(fleet, tenant, devs), timeout=20, interval=0.02,
+                         what="the first answer of the stream")  # the leader is at work
         old = system.leader()
         system.kill_replica(int(old.split("-")[1]), signal.SIGKILL)
     got = await eventually(lambda: results(fleet, tenant, devs), timeout=40,

@@ -20,14 +20,13 @@ import subprocess
 import time
 from pathlib import Path
 
-import anyio
 import pytest
 import yaml
 
 from localcluster.controlplane import built_dir
 from localcluster.paths import MANIFESTS, TESTING_MANIFESTS
 from tests.e2e.conftest import REPO, TENANT_GROUP, unique
-from tests.e2e.helpers import eventually
+from tests.e2e.helpers import class_rv, eventually, namespace_rv, node_rv, replicas_saw
 
 CHART = REPO / "charts" / "gpu-binder"
 BUILD = REPO / "tools" / "build-helm.sh"
@@ -433,7 +432,10 @@ async def test_helm_install_then_tenant_vmi_is_admitted_and_raw_pod_refused(helm
         await fleet.node(node, {res: 2})
         tenant, user = "tenant-a", "user-a"
         await fleet.tenant(tenant, user=user)
-        await anyio.sleep(0.5)        # the replicas' informers see the class and the node
+        await replicas_saw(lc, {"gpuclasses": await class_rv(fleet, cls),
+                                "nodes": await node_rv(fleet, node),
+                                "namespaces": await namespace_rv(fleet, tenant)},
+                           what="the class, the node and the tenant")
         kubeconfig = cp.write_user_kubeconfig(tmp_path / "tenant.kubeconfig", user,
                                               (TENANT_GROUP,), namespace=tenant)
         vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",

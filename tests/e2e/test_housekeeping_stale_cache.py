@@ -65,10 +65,12 @@ async def test_H2_housekeeping_pauses_while_the_vmi_watch_errors_and_confirms_wi
         async def failing(*args, **kwargs):
             raise ApiException(status=500, reason="injected: VMI list/watch fails")
         cache.vmis._list_fn = failing      # from its next (re)watch on, every call errors
-        await anyio.sleep(2.5)
+        await eventually(lambda: not cache.vmis.healthy, timeout=10, interval=0.05,
+                         what="the VMI informer failing")
         await _running_vmi(fleet, tenant, "v", "a1")   # exists; the VMI cache cannot see it
         tg.start_soon(keeper.run)
-        await anyio.sleep(3)  # ~10 rounds; the attachment is far past the grace
+        await eventually(lambda: keeper.rounds >= 10, timeout=15, interval=0.05,
+                         what="ten housekeeping rounds")  # the attachment is far past the grace
         assert await _attached(fleet, tenant) is not None, \
             "housekeeping cleared the attachment of a running VMI its failing informer missed"
         assert keeper.paused_rounds > 0 and not cache.vmis.healthy
@@ -83,7 +85,9 @@ async def test_H2_housekeeping_pauses_while_the_vmi_watch_errors_and_confirms_wi
         cache.vmis._cache.pop(key)
         cache.vmis._tell(key, None)
         cache.vmis._notify(key)
-        await anyio.sleep(2)
+        done = keeper.rounds
+        await eventually(lambda: keeper.rounds >= done + 3, timeout=15, interval=0.05,
+                         what="three rounds on the cache that is behind")
         att = await _attached(fleet, tenant)
         assert att is not None and att["uid"] == uid, \
             "housekeeping acted on a cache that was behind, without a live read"
@@ -106,17 +110,21 @@ async def test_H2_api_server_stopped_30s_releases_nothing_and_h2_resumes_after(
     async with anyio.create_task_group() as tg:
         await tg.start(cache.run)
         tg.start_soon(keeper.run)
-        await anyio.sleep(1.5)
+        await eventually(lambda: keeper.rounds >= 2, timeout=15, interval=0.05,
+                         what="a whole round with the VMI running")
         control_plane.stop_apiserver()
         try:
-            await anyio.sleep(30)
+            await anyio.sleep(30)  # the outage itself: six times the grace
         finally:  # in this thread: its children die with the thread that forked them
             control_plane.start_apiserver()   # (PR_SET_PDEATHSIG), so not in a worker thread
 
         async def synced():
             return cache.healthy()
         await eventually(synced, timeout=60, what="informers relisted after the outage")
-        await anyio.sleep(1.5)
+        done = keeper.rounds
+        await eventually(lambda: keeper.rounds >= done + 2, timeout=15, interval=0.05,
+                         what="a whole round after the outage")
+        assert keeper.paused_rounds > 0  # it paused while its informers could not follow
         assert await _attached(fleet, tenant) is not None, \
             "housekeeping released a running VMI's device across the outage"
         await fleet.custom.delete_namespaced_custom_object(

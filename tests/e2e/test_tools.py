@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import anyio
 import pytest
 import yaml
 from kubernetes_asyncio.client import ApiException, CustomObjectsApi
@@ -36,14 +35,14 @@ class Pool:
         self.kubeconfig, self.held = kubeconfig, held
 
 
-async def make_pool(fleet, control_plane, tmp_path, nodes: dict[str, int], *, held: int = 0,
-                    budget: int | None = None, on_cordon: str = "Move") -> Pool:
+async def make_pool(system, fleet, control_plane, tmp_path, nodes: dict[str, int], *,
+                    held: int = 0, budget: int | None = None, on_cordon: str = "Move") -> Pool:
     """`helpers.make_pool` with a tenant user of its own (and its kubeconfig) and `held`
-    held devices named `held-<i>`."""
+    held devices named `held-<i>`, once `system`'s replicas have it all."""
     tenant_user = f"user-{unique('t')}"
     res, cls, names, tenant, devs = await helpers.make_pool(
         fleet, nodes, budget=budget, devices=held, prefix="held", on_cordon=on_cordon,
-        settle=0.5, user=tenant_user)  # settle: the replicas' informers see the pool
+        seen_by=system, user=tenant_user)
     kubeconfig = control_plane.write_user_kubeconfig(tmp_path / f"{tenant}.kubeconfig", tenant_user,
                                                      (TENANT_GROUP,), namespace=tenant)
     return Pool(res, cls, names, tenant, kubeconfig, devs)
@@ -106,7 +105,7 @@ def run_tool(control_plane, *args: str, plugin: bool = False) -> subprocess.Comp
 
 async def test_B4_explain_says_fits_on_node_and_admission_pins_it_there(
         system, fleet, control_plane, tenant_client, tmp_path):
-    pool = await make_pool(fleet, control_plane, tmp_path, {"a": 4, "b": 2})
+    pool = await make_pool(system, fleet, control_plane, tmp_path, {"a": 4, "b": 2})
     body = vmi("vm-1", pool.tenant, templates=f"{pool.cls}=2")
     manifest = tmp_path / "vm-1.yaml"
     manifest.write_text(yaml.safe_dump(body))
@@ -139,7 +138,7 @@ async def test_B4_explain_says_fits_on_node_and_admission_pins_it_there(
 
 async def test_W1_explain_says_budget_and_admission_is_denied_with_that_message(
         system, fleet, control_plane, tenant_client, tmp_path):
-    pool = await make_pool(fleet, control_plane, tmp_path, {"a": 4}, budget=1)
+    pool = await make_pool(system, fleet, control_plane, tmp_path, {"a": 4}, budget=1)
     body = vmi("vm-b", pool.tenant, templates=f"{pool.cls}=2")
     e = explain_vmi(await cluster(control_plane), body, grace=8, now=_now())
     assert not e.admitted
@@ -159,7 +158,7 @@ async def test_W1_explain_says_budget_and_admission_is_denied_with_that_message(
 
 async def test_B1_explain_refused_for_room_names_each_node_and_the_change(
         system, fleet, control_plane, tenant_client, tmp_path):
-    pool = await make_pool(fleet, control_plane, tmp_path, {"a": 2, "b": 1}, held=1)
+    pool = await make_pool(system, fleet, control_plane, tmp_path, {"a": 2, "b": 1}, held=1)
     # held-0 is placed on a by a first VMI, which is then deleted: idle on a
     ok, node = await admit(tenant_client, pool, vmi("warm", pool.tenant, devices="held-0",
                                                     selector={"kubernetes.io/hostname":
@@ -199,7 +198,7 @@ async def test_B1_explain_refused_for_room_names_each_node_and_the_change(
 
 async def test_B5_what_if_cordon_says_moves_to_and_readmission_does(
         system, fleet, control_plane, tenant_client, tmp_path):
-    pool = await make_pool(fleet, control_plane, tmp_path, {"a": 2, "b": 3}, held=2)
+    pool = await make_pool(system, fleet, control_plane, tmp_path, {"a": 2, "b": 3}, held=2)
     ok, node = await admit(tenant_client, pool, vmi("vm-w", pool.tenant,
                                                     devices="held-0,held-1"))
     assert ok and node == pool.nodes["a"], node  # tightest fit
@@ -216,7 +215,8 @@ async def test_B5_what_if_cordon_says_moves_to_and_readmission_does(
     # now for real: cordon, the VMI restarts (deleted, created again) and lands on b
     await fleet.cordon(pool.nodes["a"])
     await delete_and_release(fleet, pool, "vm-w")
-    await anyio.sleep(0.5)  # the replicas see the cordon
+    await helpers.replicas_saw(system, {"nodes": await helpers.node_rv(fleet, pool.nodes["a"])},
+                               what="the cordon")
     ok, node = await admit(tenant_client, pool, vmi("vm-w", pool.tenant,
                                                     devices="held-0,held-1"))
     assert ok and node == o.node, node
@@ -227,7 +227,7 @@ async def test_B5_what_if_cordon_says_moves_to_and_readmission_does(
 
 async def test_B5b_what_if_drain_says_stay_and_stranded_and_readmission_waits_there(
         system, fleet, control_plane, tenant_client, tmp_path):
-    pool = await make_pool(fleet, control_plane, tmp_path, {"a": 2, "b": 2}, held=1,
+    pool = await make_pool(system, fleet, control_plane, tmp_path, {"a": 2, "b": 2}, held=1,
                            on_cordon="Stay")
     ok, node = await admit(tenant_client, pool, vmi("vm-s", pool.tenant, devices="held-0"))
     assert ok and node == pool.nodes["a"], node
@@ -243,7 +243,8 @@ async def test_B5b_what_if_drain_says_stay_and_stranded_and_readmission_waits_th
     # now for real: cordon, the VMI stops and is created again: kept on a, waiting (B5b)
     await fleet.cordon(pool.nodes["a"])
     await delete_and_release(fleet, pool, "vm-s")
-    await anyio.sleep(0.5)  # the replicas see the cordon
+    await helpers.replicas_saw(system, {"nodes": await helpers.node_rv(fleet, pool.nodes["a"])},
+                               what="the cordon")
     c = await cluster(control_plane)
     w = what_if(c.snapshot, "drain", [pool.nodes["a"]], live_vmis=c.live_vmis, now=_now())
     [o] = [o for o in w.outcomes if o.set.namespace == pool.tenant]
@@ -257,7 +258,7 @@ async def test_B5b_what_if_drain_says_stay_and_stranded_and_readmission_waits_th
 
 async def test_top_largest_placeable_set_is_what_admission_places_and_metrics_agree(
         system, fleet, control_plane, tenant_client, tmp_path):
-    pool = await make_pool(fleet, control_plane, tmp_path, {"a": 3, "b": 2}, held=1,
+    pool = await make_pool(system, fleet, control_plane, tmp_path, {"a": 3, "b": 2}, held=1,
                            budget=10)
     ok, node = await admit(tenant_client, pool, vmi("vm-t", pool.tenant, devices="held-0",
                                                     templates=f"{pool.cls}=1"))

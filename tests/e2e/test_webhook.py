@@ -13,7 +13,7 @@ import yaml
 from kubernetes_asyncio.client import ApiException
 
 from tests.e2e.conftest import FIXTURES
-from tests.e2e.helpers import eventually, make_pool
+from tests.e2e.helpers import eventually, housekeeping_rounds, make_pool, quiet_after
 
 pytestmark = pytest.mark.anyio
 VMI_GROUP, VMI_VERSION, VMIS = "kubevirt.io", "v1", "virtualmachineinstances"
@@ -57,6 +57,13 @@ async def devices(fleet, ns: str) -> list[dict]:
     return got["items"]
 
 
+async def a_request_waits(fleet, ns: str) -> bool:
+    """Some device of `ns` carries a bind request without a result: an admission is
+    waiting for the binder."""
+    return any((br := (d.get("status") or {}).get("bindRequest")) and not br.get("result")
+               for d in await devices(fleet, ns))
+
+
 @pytest.mark.parametrize("name", ["vmi-gpu.yaml", "vmi-dra-pgpu.yaml"])  # vmi-fedora: see test_controlplane
 def test_W1_fixtures_without_gpu_annotations_pass_unchanged(system, make_tenant, name):
     t = make_tenant()
@@ -70,7 +77,7 @@ def test_W1_fixtures_without_gpu_annotations_pass_unchanged(system, make_tenant,
 async def test_W3_vmi_gpu_fixture_with_templates_is_admitted_pinned_and_bound(system, fleet):
     res, cls, nodes, tenant, _ = await make_pool(
         fleet, {"small": 1, "big": 4}, resource=P40,
-        prefix="held", settle=0.5)
+        prefix="held", seen_by=system)
     vmi = annotated(fixture("vmi-gpu.yaml"), "vmi-gpu", templates=f"{cls}=2")
     out = system.cp.kubectl("create", "-n", tenant, "-f", "-", input=yaml.safe_dump(vmi))
     assert out.stdout.strip() == "virtualmachineinstance.kubevirt.io/vmi-gpu created"
@@ -89,7 +96,7 @@ async def test_W3_vmi_gpu_fixture_with_templates_is_admitted_pinned_and_bound(sy
 async def test_B1_held_devices_on_two_nodes_are_gathered_and_vmi_pinned(system, fleet):
     res, cls, nodes, tenant, _ = await make_pool(
         fleet, {"a": 2, "b": 2}, devices=2,
-        prefix="held", settle=0.5)
+        prefix="held", seen_by=system)
     # place held-0 on a and held-1 on b through two single-device VMIs, then delete them
     for i, node_key in ((0, "a"), (1, "b")):
         vmi = annotated(fixture("vmi-fedora.yaml"), f"warm-{i}", devices=f"held-{i}")
@@ -115,7 +122,7 @@ async def test_B1_held_devices_on_two_nodes_are_gathered_and_vmi_pinned(system, 
 async def test_W5_set_that_fits_nowhere_is_denied_and_leaves_nothing(system, fleet):
     res, cls, nodes, tenant, _ = await make_pool(
         fleet, {"a": 1, "b": 1}, devices=1,
-        prefix="held", settle=0.5)
+        prefix="held", seen_by=system)
     ok, msg = await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "too-big",
                                                     devices="held-0", templates=f"{cls}=1"))
     assert not ok
@@ -131,7 +138,7 @@ async def test_W5_set_that_fits_nowhere_is_denied_and_leaves_nothing(system, fle
 async def test_W2_server_dry_run_writes_nothing(system, fleet):
     res, cls, nodes, tenant, _ = await make_pool(
         fleet, {"a": 2}, devices=1,
-        prefix="held", settle=0.5)
+        prefix="held", seen_by=system)
     vmi = annotated(fixture("vmi-fedora.yaml"), "dry", devices="held-0", templates=f"{cls}=1")
     out = system.cp.kubectl("create", "--dry-run=server", "-n", tenant, "-f", "-",
                             input=yaml.safe_dump(vmi))
@@ -154,7 +161,7 @@ async def _race(fleet, tenant, vmis: list[dict]) -> list[tuple[bool, str]]:
 async def test_B2_twenty_vmis_for_ten_units_exactly_ten_admitted(system, fleet):
     res, cls, nodes, tenant, _ = await make_pool(
         fleet, {"a": 4, "b": 3, "c": 3},
-        prefix="held", settle=0.5)
+        prefix="held", seen_by=system)
     vmis = [annotated(fixture("vmi-fedora.yaml"), f"vm-{i}", templates=f"{cls}=1")
             for i in range(20)]
     got = await _race(fleet, tenant, vmis)
@@ -169,7 +176,7 @@ async def test_B2_twenty_vmis_for_ten_units_exactly_ten_admitted(system, fleet):
 async def test_W3_five_vmis_racing_for_one_held_device_exactly_one_admitted(system, fleet):
     res, cls, nodes, tenant, _ = await make_pool(
         fleet, {"a": 2}, devices=1,
-        prefix="held", settle=0.5)
+        prefix="held", seen_by=system)
     vmis = [annotated(fixture("vmi-fedora.yaml"), f"vm-{i}", devices="held-0")
             for i in range(5)]
     got = await _race(fleet, tenant, vmis)
@@ -182,7 +189,7 @@ async def test_W3_five_vmis_racing_for_one_held_device_exactly_one_admitted(syst
 async def test_B2_budget_two_five_vmis_exactly_two_admitted(system, fleet):
     res, cls, nodes, tenant, _ = await make_pool(
         fleet, {"a": 8}, budget=2,
-        prefix="held", settle=0.5)
+        prefix="held", seen_by=system)
     vmis = [annotated(fixture("vmi-fedora.yaml"), f"vm-{i}", templates=f"{cls}=1")
             for i in range(5)]
     got = await _race(fleet, tenant, vmis)
@@ -214,7 +221,7 @@ def _client_ssl(system) -> ssl.SSLContext:
 async def test_W4_repeated_review_for_admitted_vmi_admits_without_new_request(system, fleet):
     import aiohttp
 
-    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 2}, prefix="held", settle=0.5)
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 2}, prefix="held", seen_by=system)
     vmi = annotated(fixture("vmi-fedora.yaml"), "again", templates=f"{cls}=1")
     url = f"https://127.0.0.1:{system.webhook_port}/mutate-vmi"
     # the first review's answer is lost (the VMI is never stored); the client retries
@@ -235,7 +242,7 @@ async def test_W4_repeated_review_for_admitted_vmi_admits_without_new_request(sy
 
 
 async def test_leader_killed_while_webhook_waits_admits_or_denies_and_cleans_up(system, fleet):
-    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 8}, prefix="held", settle=0.5)
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 8}, prefix="held", seen_by=system)
     vmis = [annotated(fixture("vmi-fedora.yaml"), f"vm-{i}", templates=f"{cls}=1")
             for i in range(6)]
     old = system.leader()
@@ -246,7 +253,8 @@ async def test_leader_killed_while_webhook_waits_admits_or_denies_and_cleans_up(
         results.extend(await _race(fleet, tenant, vmis))
     async with anyio.create_task_group() as tg:
         tg.start_soon(go)
-        await anyio.sleep(0.05)
+        await eventually(lambda: a_request_waits(fleet, tenant), timeout=10, interval=0.01,
+                         what="an admission waiting for the binder")
         system.kill_replica(idx, signal.SIGKILL)
     for ok, msg in results:
         assert ok or "not bound within" in msg or "cannot be placed" in msg or "starting" in msg \
@@ -270,7 +278,7 @@ async def test_leader_killed_while_webhook_waits_admits_or_denies_and_cleans_up(
 async def test_W5_replica_stopped_while_admitting_denies_and_cleans_up(system, fleet):
     """No leader (killed), so the admission waits; SIGTERM to the replica serving it must
     answer with a denial and clear what it wrote, not drop the connection."""
-    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 2}, prefix="held", settle=0.5)
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 2}, prefix="held", seen_by=system)
     leader = int(system.leader().split("-")[1])
     other = 1 - leader
     system.kill_replica(leader, signal.SIGKILL)
@@ -281,7 +289,8 @@ async def test_W5_replica_stopped_while_admitting_denies_and_cleans_up(system, f
                                                             "stopping", templates=f"{cls}=1")))
     async with anyio.create_task_group() as tg:
         tg.start_soon(go)
-        await anyio.sleep(1.5)               # the webhook is waiting for a binder
+        await eventually(lambda: a_request_waits(fleet, tenant), timeout=10, interval=0.05,
+                         what="the webhook waiting for a binder")
         system.kill_replica(other, signal.SIGTERM)
     try:
         ok, msg = result[0]
@@ -296,7 +305,7 @@ async def test_W5_replica_stopped_while_admitting_denies_and_cleans_up(system, f
 
 
 async def test_W6_unknown_gpu_annotation_is_denied_with_the_known_ones_named(system, fleet):
-    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, prefix="held", settle=0.5)
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, prefix="held", seen_by=system)
     vmi = annotated(fixture("vmi-fedora.yaml"), "typo")
     vmi["metadata"]["annotations"] = {"gpu.cozystack.io/template": f"{cls}=1"}
     ok, msg = await create(fleet, tenant, vmi)
@@ -314,7 +323,7 @@ async def test_W3_B1_a_device_costs_one_webhook_write_and_one_binder_write(syste
     comes after the admission and is counted apart: at most one per device."""
     from kubernetes_asyncio import watch
 
-    res, cls, nodes, tenant, held = await make_pool(fleet, {"n": 4}, devices=1, settle=0.5)
+    res, cls, nodes, tenant, held = await make_pool(fleet, {"n": 4}, devices=1, seen_by=system)
     listed = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1",
                                                               tenant, "gpudevices")
     events: list[tuple[str, str]] = []
@@ -337,8 +346,14 @@ async def test_W3_B1_a_device_costs_one_webhook_write_and_one_binder_write(syste
         ok, msg = await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "one",
                                                         devices=held[0], templates=f"{cls}=1"))
         assert ok, msg
-        await anyio.sleep(1.0)  # any straggling write would show up by now
+        await housekeeping_rounds(system, 2)  # H2 has linked the attachments to the VMI
+        rvs = [int(d["metadata"]["resourceVersion"]) for d in await devices(fleet, tenant)]
+        await quiet_after(system, {"gpudevices": max(rvs)})  # the binder has nothing left
+        await fleet.device(tenant, "marker", cls)  # a watch delivers in order: once the
+        await eventually(lambda: ("ADDED", "marker") in events, timeout=10,  # marker is in,
+                         what="the marker's watch event")  # every earlier write is too
         tg.cancel_scope.cancel()
+    events.remove(("ADDED", "marker"))
     template = f"one-{cls}-0"
     print(f"writes per device: {events}; H2 uid links apart: {linked}")
     assert sorted(events) == sorted([("MODIFIED", held[0])] * 2 + [("ADDED", template)]
