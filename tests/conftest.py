@@ -1,8 +1,11 @@
 """Shared pytest configuration.
 
 - `anyio_backend`: anyio's own pytest plugin runs `@pytest.mark.anyio` tests on asyncio
-  (session scoped, so session-scoped async fixtures work).
-- `--chaos-seeds=N`: how many seeds the `chaos` tests run (default 200).
+  (session scoped, so session-scoped async fixtures work). tests/actors, tests/supervisor
+  and the Lease, housekeeping and admission-step modules of tests/k8s override it with
+  `tests.timing.FAKE_TIME` (fake loop time, looptime); e2e tests run on real time.
+- `--chaos-seeds=N`: how many seeds the `chaos` tests run (default 200); each seed is one
+  schedule (tests/actors/test_chaos.py), replayed the same way every time.
 """
 
 from __future__ import annotations
