@@ -246,13 +246,14 @@ class World:
         self.binds_by_request[rec.request_id] += 1
         # Kill the coordinator or the pipeline (the writer) right after a placement write of
         # a request with more placement writes to come (B7: the next incarnation of the
-        # pair must finish it on that node); the first such write always.
+        # pair must finish it on that node); always, until one such kill has landed (its
+        # request has had a placement write since).
         if self.binder is None:
             return
         draws = self.schedule.between
         victim = draws[self.placements] if self.placements < len(draws) else None
         self.placements += 1
-        if victim is None and self.mid_kills == 0:
+        if victim is None and not self.landed_between():
             victim = draws[0]
         if victim is None:
             return
@@ -262,6 +263,10 @@ class World:
             self.mid_kills += 1
             self.mid_killed.add(rec.request_id)
             self.note("kill between placement writes", victim, rec.request_id)
+
+    def landed_between(self) -> bool:
+        """Some request killed between its placement writes had more than one."""
+        return any(self.binds_by_request[r] > 1 for r in self.mid_killed)
 
     def perform(self, step: Step) -> None:
         """Carry out one step of the schedule, now."""
@@ -393,6 +398,6 @@ async def test_chaos_invariants_hold(chaos_seed: int) -> None:
                 if br is not None and br.id == rid:
                     assert dev.bound_node == node, world.fail(f"{t}/{d} of {rid} not on {node}")
     assert outcomes[Result.SUCCEEDED] > 0, world.fail("nothing succeeded")
-    between = [r for r in world.mid_killed if world.binds_by_request[r] > 1]
-    assert between, world.fail("no kill landed between the first and the last placement write")
+    assert world.landed_between(), world.fail(
+        "no kill landed between the first and the last placement write")
     assert outcomes[Result.REFUSED] > 0, world.fail("nothing refused: capacity is not scarce")
