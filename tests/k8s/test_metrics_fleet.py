@@ -85,3 +85,23 @@ def test_dashboard_queries_only_exported_metrics():
     # and the dashboard shows every per-class and per-tenant figure
     assert {n for n in exported if n.startswith(("gpu_binder_class_", "gpu_binder_tenant_"))} \
         <= queried
+
+
+def test_informer_versions_and_housekeeping_rounds_are_exported():
+    """What e2e tests wait on (tests/e2e/helpers.py): the last resourceVersion each informer
+    applied (none for an informer that has not listed yet), and the leader's rounds."""
+    informers = (SimpleNamespace(name="gpudevices", resource_version="1234", keys=lambda: [1, 2]),
+                 SimpleNamespace(name="nodes", resource_version=None, keys=lambda: []))
+    controller = SimpleNamespace(elector=None, binder=None, synced=False,
+                                 cache=SimpleNamespace(informers=informers),
+                                 housekeeper=SimpleNamespace(rounds=7))
+    body, _ = Metrics(controller, SimpleNamespace(admitted=0, denied=0)).render()
+    got = {(s.name, tuple(s.labels.items())): s.value
+           for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
+    assert got[("gpu_binder_informer_resource_version", (("informer", "gpudevices"),))] == 1234
+    assert ("gpu_binder_informer_resource_version", (("informer", "nodes"),)) not in got
+    assert got[("gpu_binder_cache_objects", (("informer", "gpudevices"),))] == 2
+    assert got[("gpu_binder_housekeeping_rounds_total", ())] == 7
+    controller.housekeeper = None  # not leading
+    body, _ = Metrics(controller, SimpleNamespace(admitted=0, denied=0)).render()
+    assert "gpu_binder_housekeeping_rounds_total 0.0" in body.decode()
