@@ -1,13 +1,16 @@
 """Coordinator: the binder's one decision loop (B2). Its writes are its status pipeline's.
 
-It takes complete requests in batches (`Examine`, `Resync`; the loop's progress is a
-message to itself, `_Decide`, so its state changes only in `receive`) and plans each batch
+Its requests to decide are one work queue (`actors.workqueue.WorkQueue`, keyed by request:
+`Examine` and `Resync` add to it, a retry or a stalled request is deferred in it); a small
+pump task takes the first key due and tells `_Decide` to the coordinator, which takes every
+other key due up to `batch_size` (so its state changes only in `receive`) and plans the batch
 synchronously and purely (`model.plan.plan_batch`) on a snapshot of the ClusterView plus
 what the requests in flight still hold (asked of the pipeline, `GetFlights`: B3 "counting
 reservations in flight"), each decision seeing the holds planned before it. The batch's
 placements then run the two-phase protocol on the node actors at once
-(`actors.reservation.reserve`); a request a node actor refused is decided again on a fresh
-snapshot and tries its other candidates (`_fall_back`). Every decision goes to the
+(`actors.reservation.reserve`); a request a node actor refused is requeued, and a later
+batch decides it again on a fresh snapshot and tries its next candidate (one candidate a
+batch: `receive` never waits for a fallback). Every decision goes to the
 pipeline (`actors.status_pipeline`: `Fly`, one wave per batch), which writes it, keeps the
 reservation until the view shows the writes and then releases the node actor's hold (B8:
 the pipeline is the only status writer).
@@ -24,17 +27,17 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 import anyio
 import structlog
 
-from actors.errors import ActorStopped, MailboxFull
 from actors.node_actor import Abort, Adopt, Claim
 from actors.ports import Clock, ClusterView, DecisionObserver, NodeDirectory
 from actors.reservation import Placing, ledger_refusal, reserve, tell_quietly
 from actors.runtime import Actor, ActorContext, ActorRef
+from actors.workqueue import WorkQueue
 from actors.status_pipeline import (
     Attach,
     Decided,
@@ -47,9 +50,11 @@ from actors.status_pipeline import (
     Settle,
     Stalled,
 )
-from model.decide import Placement, Request, decide, describe_placement, find_requests
-from model.plan import Action, Answer, Finish, Recover, Requeue, Skip, plan_batch, recorded_node, recovery
-from model.snapshot import Snapshot
+from model.decide import Placement, Request, describe_placement, find_requests
+from model.hold import Hold
+from model.plan import (Action, Answer, Finish, Place, Recover, Requeue, Skip, placement_hold,
+                        plan_batch, plan_one, recorded_node, recovery)
+from model.snapshot import Reserving, Snapshot
 from model.types import Result
 
 _log = structlog.get_logger("gpu_binder.coordinator")
@@ -149,15 +154,21 @@ class _Answer:
 
 @dataclass(frozen=True, slots=True)
 class _Decide:
-    """To itself: decide the next batch of pending requests."""
+    """To itself, from the pump: decide `first` (taken from the queue, processing) and the
+    other requests due, as one batch."""
+
+    first: RequestKey
 
 
-@dataclass(frozen=True, slots=True)
-class _Due:
-    """To itself, from the alarm set for `at` (loop time): deferrals or the periodic resync
-    due by then are due."""
+@dataclass(slots=True)
+class _Chain:
+    """A request whose placement the node actors refused, between two batches: the nodes
+    refused so far (its next batch tries the next candidate), why, and when its first
+    decision started (for the observer)."""
 
-    at: float
+    started: float
+    refused: set[str] = field(default_factory=set)
+    refusals: list[str] = field(default_factory=list)
 
 
 class Coordinator(Actor):
@@ -182,12 +193,10 @@ class Coordinator(Actor):
         self._clock = clock
         self._cfg = config or CoordinatorConfig()
         self._owner = f"coordinator-{uuid.uuid4().hex[:10]}"
-        self._pending: dict[RequestKey, None] = {}
-        self._deferred: dict[RequestKey, float] = {}
+        self._queue: WorkQueue[RequestKey] = WorkQueue()  # on loop time, as anyio's timers
         self._rounds: dict[RequestKey, int] = {}
-        self._next_resync = 0.0
-        self._alarms: set[float] = set()  # times of the alarm tasks pending
-        self._decide_queued = False
+        self._chains: dict[RequestKey, _Chain] = {}  # requests falling back to a next candidate
+        self._handled: anyio.Event | None = None  # set once the pump's `_Decide` is handled
         self._counts: Counter[str] = Counter()
         self._ref: ActorRef | None = None
         self._tg: Any = None
@@ -211,42 +220,36 @@ class Coordinator(Actor):
             if node is not None:  # before any new decision (B7)
                 wave.append(self._recover(recovery(req, node, members, snap)))
             else:
-                self._pending[(req.namespace, req.id)] = None
+                self._queue.add((req.namespace, req.id))
         if wave:
             await self._tell_pipeline(Fly(self._owner, tuple(wave)))
-        self._next_resync = anyio.current_time() + self._cfg.resync_interval
-        self._arm(self._next_resync)
         _log.info("coordinator_start", owner=self._owner, incarnation=ctx.incarnation,
-                  recovered=len(wave), pending=len(self._pending))
-        self._kick()
+                  recovered=len(wave), pending=len(self._queue))
+        self._tg.start_soon(self._pump)
+        self._tg.start_soon(self._resync_timer)
 
     async def on_stop(self) -> None:
-        self._tg.cancel_scope.cancel()  # alarms
+        self._queue.shutdown()
+        self._tg.cancel_scope.cancel()  # the pump and the resync timer
 
     async def receive(self, message: Any) -> Any:
         match message:
             case Examine(namespace, request_id):
-                self._pending[(namespace, request_id)] = None
-            case _Decide():
-                self._decide_queued = False
-                self._due()
-                batch = list(self._pending)[: self._cfg.batch_size]
-                for key in batch:
-                    del self._pending[key]
-                if batch:
-                    await self._decide_batch(batch)
-            case _Due(at):
-                self._alarms.discard(at)
-                self._due(at)
+                self._queue.add((namespace, request_id))
+            case _Decide(first):
+                try:
+                    await self._decide_due(first)
+                finally:
+                    if self._handled is not None:
+                        self._handled.set()
             case Stalled(key):
-                self._defer(key, self._cfg.stalled_delay)
+                self._queue.add_after(key, self._cfg.stalled_delay)
             case Resync():
                 self._scan()
             case GetStatus():
                 return await self.status()
             case _:
                 raise TypeError(f"coordinator: unexpected message {message!r}")
-        self._kick()
         return None
 
     async def status(self) -> CoordinatorStatus:
@@ -254,65 +257,54 @@ class Coordinator(Actor):
         p: PipelineStatus = await self._pipeline.ask(GetPipelineStatus(), timeout=self._cfg.ask_timeout)
         c = self._counts
         return CoordinatorStatus(
-            owner=self._owner, pending=len(self._pending), deferred=len(self._deferred),
+            owner=self._owner, pending=len(self._queue), deferred=self._queue.statistics().deferred,
             in_flight=p.in_flight, writing=p.writing, decided=c["decided"],
             succeeded=p.succeeded, refused=p.refused, recovered=c["recovered"],
             withdrawn=p.withdrawn, gave_up=p.gave_up,
         )
 
-    # -- the loop's progress: messages to itself ------------------------------------------------
+    # -- the loop's progress: the queue, pumped into the mailbox -------------------------------
 
-    def _kick(self) -> None:
-        """Queue one `_Decide` when requests are pending and none is queued. A full mailbox
-        leaves it to the end of the next message (one will come: the mailbox is full)."""
-        if self._pending and not self._decide_queued:
-            assert self._ref is not None
-            try:
-                self._ref.tell_nowait(_Decide())
-                self._decide_queued = True
-            except (MailboxFull, ActorStopped):  # stopped: the incarnation is ending
-                pass
-
-    def _due(self, at: float = 0.0) -> None:
-        """Move the deferred requests due by now (or by `at`, an alarm's time: a timer may
-        wake a hair early) to pending; rescan when due; re-arm."""
-        now = max(anyio.current_time(), at)
-        self._alarms = {t for t in self._alarms if t > now}
-        for key, due in list(self._deferred.items()):
-            if due <= now:
-                del self._deferred[key]
-                self._pending[key] = None
-        if now >= self._next_resync:
-            self._next_resync = now + self._cfg.resync_interval
-            self._scan()
-        self._arm(min([self._next_resync, *self._deferred.values()]))
-
-    def _arm(self, at: float) -> None:
-        """Make sure a `_Due` arrives by `at`: a new alarm task unless one is due by then
-        (so the alarms pending are few: each new one is earlier than all the others)."""
-        if self._alarms and min(self._alarms) <= at:
-            return
-        self._alarms.add(at)
-        self._tg.start_soon(self._alarm, at)
-
-    async def _alarm(self, at: float) -> None:
-        """Sleep until `at`, then tell `_Due` to the coordinator (waiting for room: the actor
-        drains its own mailbox). Touches no state."""
-        await anyio.sleep(max(0.0, at - anyio.current_time()))
+    async def _pump(self) -> None:
+        """Take the first request due (waiting for one: the queue wakes it for a deferral
+        too), tell `_Decide` with it, and wait until `receive` handled it: one `_Decide` in
+        the mailbox at a time, so a batch takes every request due by then. Touches no other
+        state; cancelled with the incarnation."""
         assert self._ref is not None
-        await self._ref.tell(_Due(at))
+        while True:
+            key = await self._queue.get()
+            handled = self._handled = anyio.Event()
+            await self._ref.tell(_Decide(key))  # waiting for room: the actor drains its mailbox
+            await handled.wait()
 
-    def _defer(self, key: RequestKey, delay: float) -> None:
-        due = anyio.current_time() + delay
-        self._deferred[key] = due
-        self._arm(due)
+    async def _resync_timer(self) -> None:
+        """Every `resync_interval` seconds, a `Resync` (the level-based safety net)."""
+        assert self._ref is not None
+        while True:
+            await anyio.sleep(self._cfg.resync_interval)
+            await self._ref.tell(Resync())
+
+    async def _decide_due(self, first: RequestKey) -> None:
+        """Decide `first` and the requests due after it (at most `batch_size` in all) as one
+        batch; each is done in the queue afterwards (one added meanwhile comes again)."""
+        batch = [first]
+        try:
+            while len(batch) < self._cfg.batch_size:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except anyio.WouldBlock:
+                    break
+            await self._decide_batch(batch)
+        finally:
+            for key in batch:
+                self._queue.done(key)
 
     def _scan(self) -> None:
-        """Every complete request lacking a result to pending (requests whose writes run
+        """Every complete request lacking a result to the queue (requests whose writes run
         are skipped when their batch is decided)."""
         complete, _ = find_requests(self._view.devices().values())
         for req in complete:
-            self._pending[(req.namespace, req.id)] = None
+            self._queue.add((req.namespace, req.id))
 
     async def _tell_pipeline(self, message: Any) -> None:
         """Tell the pipeline, waiting for room at most `ask_timeout` (TimeoutError then
@@ -329,41 +321,54 @@ class Coordinator(Actor):
         """Plan `batch` on one snapshot of the view plus the holds in flight
         (`model.plan.plan_batch`: each decision sees the holds planned before it, B2, B3);
         then reserve every planned placement at once (`actors.reservation.reserve`: one
-        scatter-gather of prepares, one of commits).
+        scatter-gather of prepares, one of commits). Requests of the batch whose earlier
+        placement the node actors refused are planned first, each on its next candidate
+        (`_plan_fall_backs`), and their holds counted for the rest.
 
         A tentative reservation that did not hold (a node actor refused or did not answer)
         was capacity the later decisions of the batch counted as taken: those are not
         answered but decided again in the next batch (their committed holds aborted), so a
         phantom reservation never makes a refusal, a B5(a) answer or a B4 choice. The
-        batch's decisions go to the pipeline together (one wave); then each request whose
-        first placement failed falls back, one after the other, on a fresh decision
-        (`_fall_back`), and goes alone."""
+        request refused itself is requeued to try its next candidate in a later batch (no
+        fallback is awaited here). The batch's decisions go to the pipeline together."""
         flights = await self._flights()
-        items = [(ns, rid, self._view.request_members(ns, rid)) for ns, rid in batch
-                 if (ns, rid) not in flights.running]
-        if not items:
+        fresh: list = []
+        again: list[RequestKey] = []
+        for ns, rid in batch:
+            if (ns, rid) in flights.running:
+                continue
+            if (ns, rid) in self._chains:
+                again.append((ns, rid))
+            else:
+                fresh.append((ns, rid, self._view.request_members(ns, rid)))
+        if not fresh and not again:
             return
         started = self._clock.monotonic()
-        actions, snap = plan_batch(self._view.snapshot(), flights.holds, items)
         wave: list[Decided] = []
         entries: list[Placing | _Answer] = []
+        targets: dict[RequestKey, Placement] = {}  # of the fallbacks (others: their first)
+        snap = self._view.snapshot()
+        holds = [h for h in flights.holds if not h.empty]
+        if again:
+            holds += self._plan_fall_backs(again, snap, holds, started, flights, wave, entries, targets)
+        actions, snap = plan_batch(snap, holds, fresh)
         for action in actions:
             entry = self._act(action, started, flights, wave)
             if entry is not None:
                 entries.append(entry)
         placing = [e for e in entries if isinstance(e, Placing)]
         if placing:
-            await reserve(placing, snap, self._nodes, self._owner, self._cfg.ask_timeout)
+            await reserve(placing, snap, self._nodes, self._owner, self._cfg.ask_timeout,
+                          [targets.get(e.key) or e.decision.placements[0] for e in placing])
         cut = next((i for i, e in enumerate(entries)
                     if isinstance(e, Placing) and e.placement is None), len(entries))
-        failed: list[Placing] = []
         for i, e in enumerate(entries):
             if isinstance(e, Placing) and e.placement is None:
-                failed.append(e)
+                self._refused(e, targets.get(e.key) or e.decision.placements[0])
             elif i > cut:  # decided against a reservation that did not hold: again
                 if isinstance(e, Placing) and e.ref is not None:
                     tell_quietly(e.ref, Abort(e.request.id))
-                self._pending[(e.request.namespace, e.request.id)] = None
+                self._queue.add((e.request.namespace, e.request.id))
             elif isinstance(e, _Answer):
                 d = e.decided
                 self._observe(e.rule, d.result, d.message, e.started)
@@ -372,12 +377,57 @@ class Coordinator(Actor):
                 self._placed(e, snap, wave)
         if wave:
             await self._tell_pipeline(Fly(self._owner, tuple(wave)))
-        for it in failed:  # after the wave went; each then goes alone
-            it.placement = await self._fall_back(it)
-            alone: list[Decided] = []
-            self._placed(it, snap, alone)
-            if alone:
-                await self._tell_pipeline(Fly(self._owner, tuple(alone)))
+
+    def _plan_fall_backs(self, keys: list[RequestKey], snap: Snapshot, holds: list[Hold],
+                         started: float, flights: Flights, wave: list[Decided],
+                         entries: list[Placing | _Answer],
+                         targets: dict[RequestKey, Placement]) -> list[Hold]:
+        """Decide again each request of `keys` (refused by a node actor in an earlier batch)
+        on `snap` with `holds` (every request in flight counted: a restarted node actor may
+        have lost their holds, so its ledger alone is not enough, B3) and the holds planned
+        before it; a placement goes for its next candidate in B4 order that no node actor
+        refused yet (into `entries`, its target into `targets`), and is answered Refused by
+        the ledgers, or retried later, when none is left (`_placed`, B1). Anything else the
+        planner says (withdrawn, now refused or placed in place) is carried out as for any
+        request. Pure but for booking; returns the holds it planned."""
+        work = Reserving(snap.with_reservations(holds))
+        planned: list[Hold] = []
+        for key in keys:
+            chain = self._chains[key]
+            action = plan_one(work.snapshot, key[0], key[1], self._view.request_members(*key))
+            if not isinstance(action, Place):
+                del self._chains[key]
+                entry = self._act(action, chain.started, flights, wave)
+                if entry is not None:
+                    entries.append(entry)
+                held = action.hold if isinstance(action, Recover) else None
+            else:
+                it = Placing(key, action.request, action.decision, chain.started,
+                             refusals=chain.refusals)
+                target = next((p for p in action.decision.placements
+                               if p.moves and p.node not in chain.refused), None)
+                if target is None:  # every candidate refused: a round is over
+                    del self._chains[key]
+                    self._placed(it, work.snapshot, wave)
+                    continue
+                _log.info("fall_back", request_id=key[1], namespace=key[0], chosen=target.node,
+                          refused=sorted(chain.refused))
+                targets[key] = target
+                entries.append(it)
+                held = placement_hold(action.request, target, work.snapshot)
+            if held is not None and not held.empty:
+                work.add(held)
+                planned.append(held)
+        return planned
+
+    def _refused(self, it: Placing, target: Placement) -> None:
+        """The node actor of `target` refused `it`: requeue it to try its next candidate in
+        a later batch (its chain remembers the nodes refused so far)."""
+        chain = self._chains.get(it.key)
+        if chain is None:
+            chain = self._chains[it.key] = _Chain(it.started, refusals=it.refusals)
+        chain.refused.add(target.node)
+        self._queue.add(it.key)
 
     def _act(self, action: Action, started: float, flights: Flights,
              wave: list[Decided]) -> Placing | _Answer | None:
@@ -399,7 +449,7 @@ class Coordinator(Actor):
                 return None
             case Requeue(req, error):  # a bug in the model must not crash-loop the binder
                 _log.error("decide_failed", request_id=req.id, namespace=req.namespace, error=error)
-                self._defer((req.namespace, req.id), self._cfg.poison_delay)
+                self._queue.add_after((req.namespace, req.id), self._cfg.poison_delay)
                 return None
         req, decision = action.request, action.decision
         self._counts["decided"] += 1
@@ -412,7 +462,9 @@ class Coordinator(Actor):
         return Placing((req.namespace, req.id), req, decision, started, hold=action.hold)
 
     def _placed(self, it: Placing, snap: Snapshot, wave: list[Decided]) -> None:
-        """Hand a placed item to `wave`, or requeue it / refuse it (ledgers, B1)."""
+        """Hand a placed item to `wave`; one without a placement (every candidate refused
+        by the node actors) is retried after `requeue_delay`, or answered Refused after
+        `max_rounds` such rounds (ledgers, B1)."""
         req, decision, key = it.request, it.decision, it.key
         placement = it.placement
         if placement is None:
@@ -426,10 +478,11 @@ class Coordinator(Actor):
                 wave.append(Decided(req, Result.REFUSED, None, message, None))
             else:
                 self._rounds[key] = rounds
-                self._defer(key, self._cfg.requeue_delay)
+                self._queue.add_after(key, self._cfg.requeue_delay)
             return
         self._observe(decision.rule, Result.SUCCEEDED, decision.message, it.started)
         self._rounds.pop(key, None)
+        self._chains.pop(key, None)
         first = decision.placements[0]
         message = decision.message if placement is first else describe_placement(req, placement)
         wave.append(Decided(req, Result.SUCCEEDED, placement.node, message, it.hold_of(placement, snap)))
@@ -440,27 +493,6 @@ class Coordinator(Actor):
                 self._observer.decided(rule, result, message, self._clock.monotonic() - started)
             except Exception:  # an observer must not break the decision loop
                 _log.exception("observer_failed", rule=rule)
-
-    async def _fall_back(self, it: Placing) -> Placement | None:
-        """After the node actor of its first placement refused `it`: decide it again on a
-        fresh snapshot (every request in flight counted, the batch's wave included: a
-        restarted node actor may have lost their holds, so its ledger alone is not enough,
-        B3) and try the candidates the ledgers have not refused yet, in B4 order. None
-        when none commits or the request no longer lands devices (it is then requeued)."""
-        flights = await self._flights()
-        snap = self._view.snapshot().with_reservations(h for h in flights.holds if not h.empty)
-        try:
-            decision = decide(snap, it.request)
-        except Exception:  # as in `plan_batch`: a model bug must not crash the loop
-            _log.exception("decide_failed", request_id=it.request.id, namespace=it.request.namespace)
-            return None
-        refused = {it.decision.placements[0].node}
-        candidates = [p for p in decision.placements if p.moves and p.node not in refused]
-        for placement in candidates if decision.result is not Result.REFUSED else ():
-            await reserve([it], snap, self._nodes, self._owner, self._cfg.ask_timeout, [placement])
-            if it.placement is not None:
-                return it.placement
-        return None
 
     def _recover(self, rec: Recover) -> Decided:
         """Finish `rec.request` on `rec.node` (B7): claim what it still lands there on the
