@@ -14,7 +14,7 @@ import time
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, AsyncIterator, Literal, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Mapping, Protocol, Sequence, runtime_checkable
 
 import anyio
 
@@ -23,6 +23,7 @@ from model.types import Budget, GPUClass, GPUDevice, Namespace, Node, Result
 
 if TYPE_CHECKING:
     from actors.runtime import ActorRef
+    from actors.workqueue import WorkQueue
     from model.snapshot import Snapshot
 
 DeviceKey = tuple[str, str]
@@ -86,13 +87,13 @@ class ClusterView(Protocol):
 class ChangeFeed(Protocol):
     """Notifications of changed keys."""
 
-    def subscribe(self) -> AbstractAsyncContextManager[AsyncIterator[Change]]:
-        """An async context manager yielding an iterator of `Change`s made after the
-        subscription started. Nothing is dropped while subscribed (the feed buffers);
-        repeated changes of one key may be coalesced. Leaving the context unsubscribes.
-        An iterator that also has `receive_nowait()` (raising `anyio.WouldBlock` when
-        nothing is buffered, as anyio's memory streams do) lets the router take every
-        buffered change at once."""
+    def subscribe(self) -> AbstractAsyncContextManager[WorkQueue[Change]]:
+        """An async context manager yielding a `actors.workqueue.WorkQueue` of the `Change`s
+        made after the subscription started: coalescing (a change of a key already waiting
+        is not queued twice; one made while the consumer processes that key comes again
+        after its `done`), nothing dropped while subscribed. The consumer takes changes with
+        `get`/`get_nowait` and hands each back with `done`. Leaving the context unsubscribes
+        (and shuts the queue down)."""
 
 
 WriteOp = Literal["answer"]

@@ -9,74 +9,21 @@ it is rebuilt lazily.
 
 from __future__ import annotations
 
-from collections import deque
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Mapping
 
-import anyio
-from anyio.lowlevel import checkpoint
-
 from actors.ports import Change, ChangeKind, DeviceKey
+from actors.workqueue import WorkQueue
 from model.snapshot import Snapshot
 from model.types import Budget, GPUClass, GPUDevice, Namespace, Node
-
-
-class ChangeQueue:
-    """One subscriber's changes, unbounded, in order: what `IndexedView.subscribe` yields.
-    An async iterator (each step is a checkpoint; ends once closed and drained) with
-    `receive_nowait()` (raises `anyio.WouldBlock` when empty, `anyio.EndOfStream` once
-    closed and drained), as the `ChangeFeed` port asks. Putting costs an append."""
-
-    __slots__ = ("_items", "_waiter", "_closed")
-
-    def __init__(self) -> None:
-        self._items: deque[Change] = deque()
-        self._waiter: anyio.Event | None = None
-        self._closed = False
-
-    def put(self, change: Change) -> None:
-        """Queue `change` (dropped once closed) and wake the consumer if it waits."""
-        if self._closed:
-            return
-        self._items.append(change)
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            waiter.set()
-
-    def close(self) -> None:
-        """No more changes; a waiting consumer ends after draining what is queued."""
-        self._closed = True
-        if self._waiter is not None:
-            self._waiter.set()
-            self._waiter = None
-
-    def receive_nowait(self) -> Change:
-        if self._items:
-            return self._items.popleft()
-        if self._closed:
-            raise anyio.EndOfStream
-        raise anyio.WouldBlock
-
-    def __aiter__(self) -> ChangeQueue:
-        return self
-
-    async def __anext__(self) -> Change:
-        await checkpoint()
-        while not self._items:
-            if self._closed:
-                raise StopAsyncIteration
-            waiter = self._waiter = anyio.Event()
-            await waiter.wait()
-        return self._items.popleft()
 
 
 class IndexedView:
     """ClusterView + ChangeFeed over model values. Not thread-safe; one event loop.
 
     Writers call `put_*`/`remove_*` (each emits one `Change`); readers use the ClusterView
-    methods. `subscribe()` buffers without bound while subscribed (changes are small and
-    consumers drain them continuously); see `actors.ports.ChangeFeed`.
+    methods. `subscribe()` gives a coalescing `WorkQueue` of `Change`s (one entry per key
+    however often it changes before it is taken); see `actors.ports.ChangeFeed`.
     """
 
     def __init__(self) -> None:
@@ -89,7 +36,7 @@ class IndexedView:
         self._by_request: dict[tuple[str, str], dict[DeviceKey, GPUDevice]] = {}
         self._snap: Snapshot | None = None
         self._pending: dict[DeviceKey, GPUDevice | None] = {}  # device changes not yet in _snap
-        self._subscribers: list[ChangeQueue] = []
+        self._subscribers: list[WorkQueue[Change]] = []
 
     # -- ClusterView -----------------------------------------------------------------
     def node(self, name: str) -> Node | None:
@@ -134,20 +81,20 @@ class IndexedView:
 
     # -- ChangeFeed ------------------------------------------------------------------
     @asynccontextmanager
-    async def subscribe(self) -> AsyncIterator[AsyncIterator[Change]]:
-        queue = ChangeQueue()
+    async def subscribe(self) -> AsyncIterator[WorkQueue[Change]]:
+        queue: WorkQueue[Change] = WorkQueue()
         self._subscribers.append(queue)
         try:
             yield queue
         finally:
             self._subscribers.remove(queue)
-            queue.close()
+            queue.shutdown()
 
     def emit(self, kind: ChangeKind, key: str | DeviceKey) -> None:
         """Tell every subscriber that `key` of `kind` changed."""
         change = Change(kind, key)
         for queue in self._subscribers:
-            queue.put(change)
+            queue.add(change)
 
     # -- writers ---------------------------------------------------------------------
     def put_node(self, node: Node) -> None:
@@ -228,7 +175,7 @@ class IndexedView:
             self._pending[key] = dev
         change = Change("device", key)
         for queue in self._subscribers:
-            queue.put(change)
+            queue.add(change)
 
     def remove_device(self, key: DeviceKey) -> None:
         """Forget a GPUDevice (deleted)."""

@@ -20,14 +20,18 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Callable, Generic, Hashable, Iterable, TypeVar
+from typing import Callable, Generic, Hashable, Iterable, Protocol, TypeVar
 
 import anyio
 from anyio.lowlevel import checkpoint
 
-from actors.ports import Clock
-
 K = TypeVar("K", bound=Hashable)
+
+
+class _Monotonic(Protocol):
+    """What the queue needs of an `actors.ports.Clock` (not imported: ports names this module)."""
+
+    def monotonic(self) -> float: ...
 
 
 class QueueShutDown(Exception):
@@ -79,7 +83,7 @@ class WorkQueue(Generic[K]):
     `backoff_max`), `n` the times it was rate limited since its last `forget(key)`.
     """
 
-    def __init__(self, clock: Clock | Callable[[], float] | None = None, *,
+    def __init__(self, clock: _Monotonic | Callable[[], float] | None = None, *,
                  backoff_base: float = 0.005, backoff_max: float = 60.0) -> None:
         if clock is None:
             self._now: Callable[[], float] = anyio.current_time

@@ -19,6 +19,7 @@ import anyio
 import structlog
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
+from actors.workqueue import QueueShutDown, WorkQueue
 from k8s import errors
 from k8s.cache import SETTINGS_NAME, ClusterCache
 from model.housekeeping import (KUBEVIRT_CONDITION, Action, DeleteTemplate,
@@ -31,6 +32,8 @@ from model.types import GROUP, VERSION
 log = structlog.get_logger("gpu_binder.housekeeping")
 
 FIELD_MANAGER = "gpu-binder-housekeeping"
+_ROUND = "round"
+"""The one key of a housekeeper's queue of rounds (a round covers everything: level based)."""
 
 
 def desired_settings(cache: ClusterCache, raw_policy: str) -> dict[str, str]:
@@ -41,14 +44,14 @@ def desired_settings(cache: ClusterCache, raw_policy: str) -> dict[str, str]:
 
 class Housekeeper:
     """Runs H1–H3 every `period` seconds and whenever devices, VMIs, classes or the settings
-    ConfigMap change. `grace` is `attachmentGrace`; `timeout` bounds each API call (seconds);
-    up to `concurrency` devices are worked on at once. Errors are logged per action and the
-    action is retried on the next round. `rounds` counts the rounds completed (paused ones
-    included)."""
+    ConfigMap change (`coalesce` seconds after the first change of a burst). `grace` is
+    `attachmentGrace`; `timeout` bounds each API call (seconds); up to `concurrency` devices
+    are worked on at once. Errors are logged per action and the action is retried on the
+    next round. `rounds` counts the rounds completed (paused ones included)."""
 
     def __init__(self, api: ApiClient, cache: ClusterCache, *, grace: timedelta,
                  raw_policy: str, period: float = 5.0, timeout: float = 5.0,
-                 concurrency: int = 16) -> None:
+                 concurrency: int = 16, coalesce: float = 0.2) -> None:
         self._custom = CustomObjectsApi(api)
         self._core = CoreV1Api(api)
         self.cache = cache
@@ -57,30 +60,36 @@ class Housekeeper:
         self.period = period
         self.timeout = timeout
         self.concurrency = concurrency
+        self.coalesce = coalesce
         self.actions_done = 0
         self.paused_rounds = 0
         self.rounds = 0
         self._paused = False
 
     async def run(self) -> None:
-        """Loop until cancelled."""
+        """Loop until cancelled: a round now, then one after every change of the devices,
+        VMIs, classes, the settings ConfigMap or KubeVirt CRs (a burst of changes coalesced
+        into one round `coalesce` seconds after its first) and at least every `period`."""
         informers = (self.cache.devices, self.cache.vmis, self.cache.classes,
                      self.cache.settings, self.cache.kubevirts)
-        subs = [inf.subscribe() for inf in informers]
+        rounds: WorkQueue[str] = WorkQueue()
+
+        def changed(key: tuple[str, str], obj: dict | None) -> None:
+            rounds.add_after(_ROUND, self.coalesce)
+
+        for inf in informers:
+            inf.add_listener(changed)
         try:
             while True:
                 await self.round()
-                with anyio.move_on_after(self.period):
-                    async with anyio.create_task_group() as tg:
-                        async def wait(sub) -> None:
-                            await sub.changed()
-                            tg.cancel_scope.cancel()
-                        for s in subs:
-                            tg.start_soon(wait, s)
-                await anyio.sleep(0.2)  # coalesce bursts
-        finally:  # leadership lost or shutdown: stop being marked
-            for inf, sub in zip(informers, subs):
-                inf.unsubscribe(sub)
+                try:
+                    rounds.done(await rounds.get(timeout=self.period))
+                except TimeoutError:
+                    pass
+        finally:  # leadership lost or shutdown: stop being told
+            for inf in informers:
+                inf.remove_listener(changed)
+            rounds.shutdown()
 
     async def round(self, now: datetime | None = None) -> None:
         """One pass of H1, H2 and H3; H1/H2 pause while the devices' or VMIs' informer is
@@ -106,23 +115,34 @@ class Housekeeper:
         self.rounds += 1
 
     async def _carry_out(self, actions: list[Action]) -> None:
-        """Carry out a round's `actions`: a device's own in plan order, different devices'
+        """Carry out a round's `actions`: a device's own in plan order, different devices
         concurrently, at most `concurrency` API calls in flight (each action is confirmed
         and written on its own device only, so their order across devices does not matter);
-        returns when all are done (each bounded by `timeout` per call)."""
+        returns when all are done (each bounded by `timeout` per call). The devices are keys
+        of a work queue served by `concurrency` workers: a device is never worked on by two
+        at once."""
         per_device: dict[tuple[str, str], list[Action]] = {}
         for action in actions:
             per_device.setdefault(action.device, []).append(action)
-        limiter = anyio.CapacityLimiter(self.concurrency)
+        work: WorkQueue[tuple[str, str]] = WorkQueue()
+        work.add_all(per_device)
+        work.shutdown()  # nothing more this round: the workers end once it is empty
 
-        async def device(todo: list[Action]) -> None:
-            async with limiter:
-                for action in todo:
-                    await self._do(action)
+        async def worker() -> None:
+            while True:
+                try:
+                    key = work.get_nowait()
+                except QueueShutDown:
+                    return
+                try:
+                    for action in per_device[key]:
+                        await self._do(action)
+                finally:
+                    work.done(key)
 
         async with anyio.create_task_group() as tg:
-            for todo in per_device.values():
-                tg.start_soon(device, todo)
+            for _ in range(min(self.concurrency, len(per_device))):
+                tg.start_soon(worker)
 
     async def ensure_class_conditions(self) -> None:
         """Each GPUClass's KubeVirtPermitted condition (`model.housekeeping.kubevirt_condition`),

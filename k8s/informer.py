@@ -5,15 +5,14 @@ timeouts set; a watch that times out resumes from the last resourceVersion seen,
 410 Gone (or any watch error) leads to a fresh list. Lists are paginated (`limit` +
 `continue`), and every object passes a `transform` at ingest that keeps only what the code
 reads (bounded memory: no managedFields, no foreign annotations; see `slim`). Consumers read
-the cache (`get`, `items`) and learn *which keys changed* through coalescing
-`Subscription`s: level-based, so a slow consumer never makes the informer buffer events
-without bound.
+the cache (`get`, `items`) and learn *which keys changed* through listeners, called
+synchronously on every change; a listener that has work to do queues the key in a
+coalescing work queue of its own (`actors.workqueue.WorkQueue`): level-based, so a slow
+consumer never makes the informer buffer events without bound.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable
 
 import anyio
@@ -70,36 +69,6 @@ def key_of(obj: dict) -> Key:
     return (meta.get("namespace") or "", meta.get("name") or "")
 
 
-@dataclass(eq=False)
-class Subscription:
-    """Changed keys of one informer since the consumer last took them.
-
-    `changed()` waits (bounded by `timeout` seconds) for at least one change and returns the
-    set of keys changed since the previous call; it returns an empty set on timeout. A
-    relist marks the subscription `resynced` (every key may have changed).
-    """
-
-    dirty: set[Key] = field(default_factory=set)
-    resynced: bool = False
-    _event: anyio.Event = field(default_factory=anyio.Event)
-
-    def _mark(self, key: Key | None) -> None:
-        if key is None:
-            self.resynced = True
-        else:
-            self.dirty.add(key)
-        self._event.set()
-
-    async def changed(self, timeout: float = math.inf) -> tuple[set[Key], bool]:
-        """Wait for changes; return (changed keys, whether a full resync happened)."""
-        with anyio.move_on_after(timeout):
-            await self._event.wait()
-        keys, resynced = self.dirty, self.resynced
-        self.dirty, self.resynced = set(), False
-        self._event = anyio.Event()
-        return keys, resynced
-
-
 class Informer:
     """list+watch of one resource into a cache of plain dicts.
 
@@ -123,7 +92,6 @@ class Informer:
         self._watch_timeout = watch_timeout
         self._backoff_max = backoff_max
         self._cache: dict[Key, dict] = {}
-        self._subs: list[Subscription] = []
         self._listeners: list[Callable[[Key, dict | None], None]] = []
         self.resource_version: str | None = None
         self.relists = 0
@@ -153,26 +121,15 @@ class Informer:
         """The keys of every cached object."""
         return set(self._cache)
 
-    def subscribe(self) -> Subscription:
-        """A new Subscription; it first reports a resync so the consumer reads everything."""
-        sub = Subscription()
-        sub._mark(None)
-        self._subs.append(sub)
-        return sub
-
-    def unsubscribe(self, sub: Subscription) -> None:
-        """Stop marking `sub` (a consumer that is going away)."""
-        if sub in self._subs:
-            self._subs.remove(sub)
-
     def add_listener(self, fn: Callable[[Key, dict | None], None]) -> None:
         """Call `fn(key, obj)` synchronously on every change (`obj` None: deleted). After a
         relist it is called for every key listed and every key that vanished."""
         self._listeners.append(fn)
 
-    def _notify(self, key: Key | None) -> None:
-        for sub in self._subs:
-            sub._mark(key)
+    def remove_listener(self, fn: Callable[[Key, dict | None], None]) -> None:
+        """Stop calling `fn` (a consumer going away); no-op when it is not a listener."""
+        if fn in self._listeners:
+            self._listeners.remove(fn)
 
     def _tell(self, key: Key, obj: dict | None) -> None:
         for fn in self._listeners:
@@ -207,7 +164,6 @@ class Informer:
             self._tell(k, None)
         for k, o in fresh.items():
             self._tell(k, o)
-        self._notify(None)
         return rv
 
     def _apply(self, kind: str, obj: dict) -> None:
@@ -224,7 +180,6 @@ class Informer:
             self._cache[k] = obj
         self.events += 1
         self._tell(k, self._cache.get(k))
-        self._notify(k)
 
     async def list_once(self) -> None:
         """One list into the cache, telling listeners, and no watch (the operator's tools

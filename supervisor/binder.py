@@ -6,9 +6,11 @@ under one `Supervisor`, then routes the change feed, level based: a node change 
 that node's actor (starting an actor for a new node, stopping the one of a deleted node); a
 device change goes, when its request is complete and lacks a result, to the coordinator as
 `Examine` (partial requests are ignored; node actors need no device messages: they re-read
-the view on every prepare); a class, budget or namespace change is broadcast. What the feed
-has buffered is routed in one pass, device changes coalesced (one message per request,
-however many members changed). No placement logic lives here. `Binder` is also the
+the view on every prepare); a class, budget or namespace change is broadcast. The feed is a
+coalescing work queue (`actors.workqueue`: a key changed twice before it is routed is routed
+once, one changed while being routed is routed again); every change due is routed in one
+pass, device changes coalesced further (one message per request, however many members
+changed). No placement logic lives here. `Binder` is also the
 coordinator's and the pipeline's `NodeDirectory`.
 
 Why the coordinator and the pipeline restart together: the pipeline's flights are
@@ -60,7 +62,7 @@ class BinderConfig:
     """Everything the tree needs that is not a port (mailboxes in messages). `route_timeout` bounds how long the
     router waits on a full coordinator mailbox before leaving the request to the
     coordinator's periodic resync; `route_batch` is the most changes the router takes
-    from the feed's buffer to route in one pass."""
+    from the feed's queue to route in one pass."""
 
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
     node: NodeActorConfig = field(default_factory=NodeActorConfig)
@@ -153,16 +155,18 @@ class Binder:
                 ])
                 _log.info("binder_started", nodes=len(self._view.nodes()))
                 task_status.started(self)
-                drain = getattr(changes, "receive_nowait", None)
-                async for change in changes:
-                    batch = [change]
-                    if drain is not None:  # take what is already buffered: one pass for all
-                        while len(batch) < self._cfg.route_batch:
+                while True:
+                    batch = [await changes.get()]
+                    try:
+                        while len(batch) < self._cfg.route_batch:  # what is due: one pass
                             try:
-                                batch.append(drain())
-                            except (anyio.WouldBlock, anyio.EndOfStream):
+                                batch.append(changes.get_nowait())
+                            except anyio.WouldBlock:
                                 break
-                    await self._route(batch)
+                        await self._route(batch)
+                    finally:  # a key changed while routed comes again
+                        for change in batch:
+                            changes.done(change)
 
     def _new_pipeline(self) -> StatusPipeline:
         return StatusPipeline(self._view, self._writer, self, self._clock,

@@ -85,12 +85,19 @@ def test_indexed_view_snapshot_and_indexes_follow_every_write(seed: int) -> None
 
 
 async def _changes(view: IndexedView, writes) -> list[Change]:
+    """The changes each of `writes` (callables, in order) emits, taken after each one (the
+    feed coalesces a key changed again before it is taken)."""
+    seen: list[Change] = []
     async with view.subscribe() as feed:
-        writes()
-        seen: list[Change] = []
-        with anyio.move_on_after(0.05):
-            async for change in feed:
+        for write in writes:
+            write()
+            while True:
+                try:
+                    change = feed.get_nowait()
+                except anyio.WouldBlock:
+                    break
                 seen.append(change)
+                feed.done(change)
     return seen
 
 
@@ -99,21 +106,22 @@ async def test_indexed_view_emits_only_real_changes() -> None:
     v = IndexedView()
     dev = GPUDevice("a", "d", "h100", None, DeviceStatus())
 
-    def writes() -> None:
-        v.put_node(_node("n1", 2))
-        v.put_node(_node("n1", 2))  # same value: nothing
-        v.put_class(GPUClass("h100", H, OnCordon.MOVE))
-        v.put_namespace(Namespace("a"))
-        v.set_budgets("a", [Budget("a", H, 3), Budget("a", H, 2)])
-        v.set_budgets("a", [Budget("a", H, 2)])  # same budgets: nothing
-        v.put_device(dev)
-        v.put_device(dev)  # a device put always says so
-        v.remove_device(dev.key)
-        v.remove_device(dev.key)  # gone already: nothing
-        v.remove_namespace("a")
-        v.remove_class("h100")
-        v.remove_node("n1")
-        v.remove_node("n1")
+    writes = [
+        lambda: v.put_node(_node("n1", 2)),
+        lambda: v.put_node(_node("n1", 2)),  # same value: nothing
+        lambda: v.put_class(GPUClass("h100", H, OnCordon.MOVE)),
+        lambda: v.put_namespace(Namespace("a")),
+        lambda: v.set_budgets("a", [Budget("a", H, 3), Budget("a", H, 2)]),
+        lambda: v.set_budgets("a", [Budget("a", H, 2)]),  # same budgets: nothing
+        lambda: v.put_device(dev),
+        lambda: v.put_device(dev),  # a device put always says so
+        lambda: v.remove_device(dev.key),
+        lambda: v.remove_device(dev.key),  # gone already: nothing
+        lambda: v.remove_namespace("a"),
+        lambda: v.remove_class("h100"),
+        lambda: v.remove_node("n1"),
+        lambda: v.remove_node("n1"),
+    ]
 
     assert await _changes(v, writes) == [
         Change("node", "n1"), Change("class", "h100"), Change("namespace", "a"),
@@ -126,24 +134,25 @@ async def test_indexed_view_emits_only_real_changes() -> None:
 async def test_memory_store_setup_emits_one_change_per_call() -> None:
     s = MemoryStore()
 
-    def writes() -> None:
-        s.add_namespace("t")
-        s.add_namespace("t")
-        s.add_class("h100", H)
-        s.add_node("n1", {H: 2})
-        s.add_node("n1", {H: 2})
-        s.cordon("n1")
-        s.cordon("n1")
-        s.set_allocatable("n1", H, 1)
-        s.add_budget("t", H, 4)
-        key = s.add_device("t", "a", "h100", node="n1")
-        rid = s.request("t", "vm", ["a"])
-        s.withdraw("t", rid)
-        s.delete_device(key)
-        s.delete_device(key)  # missing: still one Change, as the store always did
-        s.delete_node("n1")
-
     k = ("t", "a")
+    rid: list[str] = []
+    writes = [
+        lambda: s.add_namespace("t"),
+        lambda: s.add_namespace("t"),
+        lambda: s.add_class("h100", H),
+        lambda: s.add_node("n1", {H: 2}),
+        lambda: s.add_node("n1", {H: 2}),
+        lambda: s.cordon("n1"),
+        lambda: s.cordon("n1"),
+        lambda: s.set_allocatable("n1", H, 1),
+        lambda: s.add_budget("t", H, 4),
+        lambda: s.add_device("t", "a", "h100", node="n1"),
+        lambda: rid.append(s.request("t", "vm", ["a"])),
+        lambda: s.withdraw("t", rid[0]),
+        lambda: s.delete_device(k),
+        lambda: s.delete_device(k),  # missing: still one Change, as the store always did
+        lambda: s.delete_node("n1"),
+    ]
     assert await _changes(s, writes) == [
         Change("namespace", "t"), Change("namespace", "t"), Change("class", "h100"),
         Change("node", "n1"), Change("node", "n1"), Change("node", "n1"), Change("node", "n1"),
