@@ -229,8 +229,7 @@ class Coordinator(Actor):
         self._tg.start_soon(self._resync_timer)
 
     async def on_stop(self) -> None:
-        self._queue.shutdown()
-        self._tg.cancel_scope.cancel()  # the pump and the resync timer
+        self._tg.cancel_scope.cancel()  # the pump and the resync timer (the queue goes with us)
 
     async def receive(self, message: Any) -> Any:
         match message:
