@@ -14,7 +14,7 @@ import time
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Literal, NamedTuple, Mapping, Protocol, Sequence, runtime_checkable
 
 import anyio
 
@@ -32,10 +32,10 @@ DeviceKey = tuple[str, str]
 ChangeKind = Literal["node", "device", "class", "budget", "namespace"]
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
+class Change(NamedTuple):
     """"This key changed; read the view." `key` is a node/class/namespace name, a device
-    (namespace, name), or the namespace of a budget. Carries no object on purpose."""
+    (namespace, name), or the namespace of a budget. Carries no object on purpose. Immutable;
+    a tuple so that hashing it (every change is a key of a coalescing queue) is cheap."""
 
     kind: ChangeKind
     key: str | DeviceKey

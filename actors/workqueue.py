@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Generic, Hashable, Iterable, Protocol, TypeVar
 
@@ -56,7 +57,7 @@ class WorkQueueStatistics:
 
 @dataclass(slots=True)
 class _State(Generic[K]):
-    waiting: dict[K, None]        # ready, in order (a dict: ordered, O(1) removal of any key)
+    waiting: OrderedDict[K, None]  # ready, in order (O(1) pop of the first and removal of any)
     processing: set[K]
     dirty: set[K]                 # must be processed (again): waiting, or added while processing
     deferred: dict[K, float]      # key -> due time (the heap may hold stale entries)
@@ -94,7 +95,7 @@ class WorkQueue(Generic[K]):
         if backoff_base <= 0 or backoff_max < backoff_base:
             raise ValueError("backoff: need 0 < backoff_base <= backoff_max")
         self._base, self._max = backoff_base, backoff_max
-        self._s: _State[K] = _State({}, set(), set(), {}, [], {})
+        self._s: _State[K] = _State(OrderedDict(), set(), set(), {}, [], {})
 
     # -- adding -------------------------------------------------------------------------------
 
@@ -105,10 +106,17 @@ class WorkQueue(Generic[K]):
         s = self._s
         if s.heap:
             self._promote()
-        if s.shut_down:
+        if s.shut_down or key in s.dirty:  # a dirty key is never deferred too
             return
-        s.deferred.pop(key, None)
-        self._add(key)
+        if s.deferred:
+            s.deferred.pop(key, None)
+        s.dirty.add(key)
+        s.adds += 1
+        if key in s.processing:
+            return
+        s.waiting[key] = None
+        if s.wakeup is not None or s.key_waiters:
+            self._wake(key)
 
     def add_after(self, key: K, seconds: float) -> None:
         """Queue `key` once `seconds` have passed on the queue's clock (at once when
@@ -176,8 +184,7 @@ class WorkQueue(Generic[K]):
         if s.heap:
             self._promote()
         if s.waiting:
-            key = next(iter(s.waiting))
-            del s.waiting[key]
+            key = s.waiting.popitem(last=False)[0]
             s.dirty.discard(key)
             s.processing.add(key)
             return key
