@@ -83,8 +83,7 @@ async def test_H2_housekeeping_pauses_while_the_vmi_watch_errors_and_confirms_wi
         # ... then the cache falls behind: it loses the VMI that still exists
         key = (tenant, "v")
         cache.vmis._cache.pop(key)
-        cache.vmis._tell(key, None)
-        cache.vmis._notify(key)
+        cache.vmis._tell(key, None)  # the listeners: the view and housekeeping's rounds
         done = keeper.rounds
         await eventually(lambda: keeper.rounds >= done + 3, timeout=15, interval=0.05,
                          what="three rounds on the cache that is behind")
