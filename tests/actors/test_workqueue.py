@@ -185,12 +185,7 @@ TestWorkQueueModel = WorkQueueMachine.TestCase
 TestWorkQueueModel.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 
 
-# -- the async waits (loop time; each bounded) -------------------------------------------------
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
+# -- the async waits (on fake loop time: tests/actors/conftest.py; each bounded) ---------------
 
 @pytest.mark.anyio
 async def test_get_waits_for_an_add_and_the_key_is_not_handed_out_twice() -> None:

@@ -12,13 +12,14 @@ import pytest
 from actors.view import IndexedView
 from k8s.webhook.waiter import ResultWaiter
 from model.types import BindRequest, DeviceStatus, GPUDevice, Result
+from tests.timing import FAKE_TIME
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
 def anyio_backend():
-    return "asyncio"
+    return FAKE_TIME  # a wait that is never woken ends at its timeout, in no wall time
 
 
 class _Cache:
