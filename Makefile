@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint-imports controlplane helm clean
+.PHONY: demo test test-fast lint-imports controlplane helm image clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,12 @@ controlplane:
 helm:
 	bash tools/build-helm.sh
 
+# The controller image (tools/build-image.sh): buildah, with the base made from Debian's packages
+# (cached) unless BASE_IMAGE names one to pull, e.g. `make image BASE_IMAGE=python:3.11-slim`.
+# tests/e2e/test_image.py runs it.
+image:
+	BASE_IMAGE="$(BASE_IMAGE)" bash tools/build-image.sh
+
 demo: $(STAMP) controlplane
 	$(VENV)/bin/gpu-binder demo
 
@@ -28,7 +34,7 @@ demo: $(STAMP) controlplane
 lint-imports: $(STAMP)
 	$(VENV)/bin/lint-imports
 
-test: $(STAMP) lint-imports controlplane helm
+test: $(STAMP) lint-imports controlplane helm image
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP) lint-imports
