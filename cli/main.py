@@ -154,9 +154,20 @@ def _add_tools(sub, prog: str) -> None:
     common(tp)
 
 
+def version() -> str:
+    """The installed distribution's version (pyproject.toml's `project.version`, the one
+    version: the image label and the chart's `version`/`appVersion` equal it), e.g. "0.1.0".
+    Raises importlib.metadata.PackageNotFoundError when gpu-binder is not installed."""
+    from importlib.metadata import version as dist_version
+
+    return dist_version("gpu-binder")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     parser = argparse.ArgumentParser(prog="gpu-binder", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
+                        help="print the installed package's version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     cluster = sub.add_parser("cluster", help="a local control plane (etcd + kube-apiserver)")

@@ -24,7 +24,8 @@ def _flags():
     for root, prog in ((build_parser(), "gpu-binder"), (build_kubectl_parser(), "kubectl gpu")):
         for path, parser in _parsers(root, prog):
             for action in parser._actions:
-                if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                if isinstance(action, (argparse._HelpAction, argparse._VersionAction,
+                                       argparse._SubParsersAction)):
                     continue
                 yield path, action
 
