@@ -91,8 +91,12 @@ fi
 
 echo "build-image: building $image from $base ..." >&2
 start=$SECONDS
+# The labels once more as --label: buildah's layer cache (1.28) re-uses the Dockerfile's LABEL
+# step when only a build argument changed, which would keep a previous revision's label.
 buildah bud --quiet --isolation chroot --layers "${ca_args[@]}" \
   --build-arg "BASE_IMAGE=$base" --build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
+  --label "org.opencontainers.image.version=$version" \
+  --label "org.opencontainers.image.revision=$revision" \
   -f "$repo/Dockerfile" -t "$image" "$repo" >&2 || {
   echo "build-image: buildah bud failed (see above); is PyPI reachable?" >&2; exit 3; }
 size="$(buildah images --format '{{.Size}}' "$image" | head -1)"
