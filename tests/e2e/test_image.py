@@ -114,22 +114,39 @@ def test_image_holds_production_packages_only(container):
     assert not {"pip", "setuptools", "wheel"} & set(found["distributions"])
 
 
+def _read_only_argv(root: str, argv: list[str], *, user: str | None = USER,
+                    env: dict[str, str] | None = None,
+                    mounts: dict[str, str] | None = None) -> list[str]:
+    """The host command running argv chrooted into `root` (a mounted container), bind-mounted
+    read-only in a private mount namespace, with a fresh tmpfs on /tmp, /proc and the host's
+    /dev, `mounts` (host path -> path inside) bind-mounted read-only as a kubelet mounts
+    volumes (their mount points made in the container's layer first, as a runtime does), the
+    environment exactly `env` plus PATH and HOME, as `user` (None: root)."""
+    mounts = mounts or {}
+    # a mount point is resolved inside the image (Debian's /var/run is a link to /run: followed
+    # from the host it would lead out of the image)
+    script = ['set -e; r="$1"; shift',
+              *[f'd{i}="$r$(chroot "$r" /usr/bin/realpath -m "{dst}")"; mkdir -p "$d{i}"'
+                for i, dst in enumerate(mounts.values())],
+              'mount --bind "$r" "$r"; mount -o remount,bind,ro "$r"',
+              *[f'mount --bind -o ro "{src}" "$d{i}"' for i, src in enumerate(mounts)],
+              'mount -t tmpfs -o mode=1777 tmpfs "$r/tmp"; mount -t proc proc "$r/proc"; '
+              'mount --rbind /dev "$r/dev"; cd "$r/tmp"; exec "$@"']
+    environ = {"PATH": "/opt/gpu-binder/bin:/usr/bin:/bin", "HOME": "/tmp",
+               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    chroot = ["chroot", *([f"--userspec={user}"] if user else []), root,
+              "/usr/bin/env", "-i", *[f"{k}={v}" for k, v in environ.items()], *argv]
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", "; ".join(script),
+            "sh", root, *chroot]
+
+
 def read_only_run(ctr: str, argv: list[str], *, user: str | None = USER,
                   timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run argv chrooted into the container's root, bind-mounted read-only in a private mount
-    namespace, with a fresh tmpfs on /tmp, /proc and the host's /dev; `user` None runs it as
-    root (to show that even root cannot write). Never raises on a non-zero exit."""
+    """Run argv to its end as `_read_only_argv` describes; never raises on a non-zero exit."""
     root = _run("buildah", "mount", ctr).stdout.strip()
-    env = ["/usr/bin/env", "-i", "PATH=/opt/gpu-binder/bin:/usr/bin:/bin", "HOME=/tmp",
-           "PYTHONDONTWRITEBYTECODE=1"]
-    chroot = ["chroot", *([f"--userspec={user}"] if user else []), root, *env, *argv]
-    script = ('set -e; r="$1"; shift; mount --bind "$r" "$r"; mount -o remount,bind,ro "$r"; '
-              'mount -t tmpfs -o mode=1777 tmpfs "$r/tmp"; mount -t proc proc "$r/proc"; '
-              'mount --rbind /dev "$r/dev"; cd "$r/tmp"; exec "$@"')
     try:
-        return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                               script, "sh", root, *chroot], capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(_read_only_argv(root, argv, user=user), capture_output=True,
+                              text=True, timeout=timeout)
     finally:
         _run("buildah", "umount", ctr, check=False)
 
@@ -146,3 +163,132 @@ def test_works_on_a_read_only_root_filesystem(container):
         out = read_only_run(container, argv)
         assert out.returncode == 0, (argv, out.stderr[-2000:])
     assert read_only_run(container, ["gpu-binder", "--version"]).stdout == f"gpu-binder {VERSION}\n"
+
+
+# -- one controller replica from the image, with in-cluster configuration ------------------
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"   # where a kubelet mounts it
+
+
+def _readable_copy(src: Path, dst: Path) -> str:
+    """Copy `src` to `dst` with mode 0644 (uid 65532 reads it, as a Secret volume's 0644)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(src.read_bytes())
+    dst.chmod(0o644)
+    return str(dst)
+
+
+@pytest.fixture
+def image_replica(control_plane, container, tmp_path):
+    """One `gpu-binder controller` inside the image as uid 65532 on a read-only root, with
+    the chart's arguments and nothing else to reach the API server than what a kubelet gives
+    a Pod: the ServiceAccount cozy-system/gpu-binder's token, the cluster CA and the namespace
+    under SA_DIR, and KUBERNETES_SERVICE_HOST/PORT (no kubeconfig: kubernetes_asyncio's
+    in-cluster loader, k8s.controller.make_api_client(None)). The shipped manifests are
+    installed and the webhook registered to it (LocalCluster with no replicas of its own).
+    Yields (LocalCluster, metrics port, log path); the replica is stopped at the end."""
+    import base64
+    import urllib.parse
+
+    import yaml
+
+    from localcluster.cluster import SA_NAME, SA_NAMESPACE, LocalCluster
+    from localcluster.controlplane import free_port
+
+    cp = control_plane
+    cp.kubectl("delete", "lease", "gpu-binder", "-n", "cozy-system", "--ignore-not-found")
+    lc = LocalCluster(controllers=0, control_plane=cp, log_dir=tmp_path / "logs")
+    lc.start()
+    admin = yaml.safe_load(Path(cp.admin_kubeconfig).read_text())["clusters"][0]["cluster"]
+    server = urllib.parse.urlsplit(admin["server"])
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir()
+    (sa / "token").write_text(cp.kubectl("create", "token", SA_NAME, "-n", SA_NAMESPACE,
+                                         "--duration=2h").stdout.strip())
+    (sa / "ca.crt").write_bytes(base64.b64decode(admin["certificate-authority-data"]))
+    (sa / "namespace").write_text(SA_NAMESPACE)
+    for f in sa.iterdir():
+        f.chmod(0o644)
+    _readable_copy(lc.webhook_dir / "tls.crt", tmp_path / "tls/tls.crt")
+    _readable_copy(lc.webhook_dir / "tls.key", tmp_path / "tls/tls.key")
+    _readable_copy(Path(cp.webhook_client_ca_file), tmp_path / "client-ca/ca.crt")
+    metrics_port = free_port()
+    # the chart's ConfigMap keys (values.yaml's config), here with the loopback ports and
+    # short leases of the other e2e replicas
+    settings = {"webhook_host": "127.0.0.1", "webhook_port": lc.webhook_port,
+                "metrics_host": "127.0.0.1", "metrics_port": metrics_port,
+                "lease_duration": 4, "renew_deadline": 3, "retry_period": 0.5,
+                "bind_timeout": 6}
+    config_file = tmp_path / "config/config.yaml"
+    config_file.parent.mkdir()
+    config_file.write_text(yaml.safe_dump(settings))
+    config_file.chmod(0o644)
+    root = _run("buildah", "mount", container).stdout.strip()
+    argv = ["gpu-binder", "controller", "--config=/etc/gpu-binder/config.yaml",
+            "--webhook-cert=/tls/tls.crt", "--webhook-key=/tls/tls.key",
+            "--webhook-client-ca=/client-ca/ca.crt"]
+    cmd = _read_only_argv(root, argv, env={
+        "POD_NAME": "image-0", "KUBERNETES_SERVICE_HOST": server.hostname,
+        "KUBERNETES_SERVICE_PORT": str(server.port)}, mounts={
+        str(sa): SA_DIR, str(tmp_path / "tls"): "/tls",
+        str(tmp_path / "client-ca"): "/client-ca", str(tmp_path / "config"): "/etc/gpu-binder"})
+    log_path = tmp_path / "image-0.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    try:
+        yield lc, proc, metrics_port, log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        lc.stop()
+        cp.kubectl("delete", "mutatingwebhookconfiguration", "gpu-binder", "--ignore-not-found")
+        _run("buildah", "umount", container, check=False)
+
+
+@pytest.mark.anyio
+async def test_replica_in_the_image_with_in_cluster_config_admits_and_binds(image_replica,
+                                                                           fleet):
+    import urllib.request
+
+    import anyio
+
+    from tests.e2e.helpers import eventually, make_pool
+    from tests.e2e.test_webhook import annotated, create, devices, fixture
+
+    lc, proc, metrics_port, log_path = image_replica
+
+    async def ready() -> bool:
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+
+        def get() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz",
+                                            timeout=2) as resp:
+                    return resp.status == 200
+            except OSError:
+                return False
+        return await anyio.to_thread.run_sync(get)
+    await eventually(ready, timeout=90, interval=0.5, what="the image replica ready")
+
+    async def leading() -> bool:
+        return lc.leader() == "image-0"
+    await eventually(leading, timeout=30, what="the image replica holding the Lease")
+
+    _, cls, nodes, tenant, _ = await make_pool(fleet, {"small": 1, "big": 2}, settle=0.5)
+    pinned = {}
+    for i in range(2):  # through its webhook (the only one registered), bound by its binder
+        ok, spec = await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), f"vm-{i}",
+                                                         templates=f"{cls}=1"))
+        assert ok, spec
+        pinned[f"vm-{i}"] = json.loads(spec)["nodeSelector"]["kubernetes.io/hostname"]
+    assert set(pinned.values()) <= set(nodes.values())
+    devs = await devices(fleet, tenant)
+    assert sorted((d["status"]["attachedTo"]["vmi"], d["status"]["phase"], d["status"]["nodeName"])
+                  for d in devs) == [(v, "Bound", n) for v, n in sorted(pinned.items())]
+    log = log_path.read_text()
+    assert "Traceback" not in log and "Read-only file system" not in log, log[-3000:]
