@@ -178,6 +178,27 @@ def _readable_copy(src: Path, dst: Path) -> str:
     return str(dst)
 
 
+class ImageReplica:
+    """The image replica's process, seen as tests.e2e.helpers sees a LocalCluster's replicas
+    (`replicas[i].alive`, `metrics(i)`), so `make_pool(seen_by=...)` waits on its informers."""
+
+    def __init__(self, cluster, proc: subprocess.Popen, metrics_port: int, log_path: Path):
+        self.cluster, self.proc, self.metrics_port, self.log_path = (cluster, proc,
+                                                                     metrics_port, log_path)
+        self.replicas = [self]
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def metrics(self, i: int) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                    timeout=5) as resp:
+            return resp.read().decode()
+
+
 @pytest.fixture
 def image_replica(control_plane, container, tmp_path):
     """One `gpu-binder controller` inside the image as uid 65532 on a read-only root, with
@@ -186,7 +207,7 @@ def image_replica(control_plane, container, tmp_path):
     under SA_DIR, and KUBERNETES_SERVICE_HOST/PORT (no kubeconfig: kubernetes_asyncio's
     in-cluster loader, k8s.controller.make_api_client(None)). The shipped manifests are
     installed and the webhook registered to it (LocalCluster with no replicas of its own).
-    Yields (LocalCluster, metrics port, log path); the replica is stopped at the end."""
+    Yields an ImageReplica; the replica is stopped at the end."""
     import base64
     import urllib.parse
 
@@ -237,7 +258,7 @@ def image_replica(control_plane, container, tmp_path):
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
     try:
-        yield lc, proc, metrics_port, log_path
+        yield ImageReplica(lc, proc, metrics_port, log_path)
     finally:
         proc.terminate()
         try:
@@ -260,7 +281,9 @@ async def test_replica_in_the_image_with_in_cluster_config_admits_and_binds(imag
     from tests.e2e.helpers import eventually, make_pool
     from tests.e2e.test_webhook import annotated, create, devices, fixture
 
-    lc, proc, metrics_port, log_path = image_replica
+    replica = image_replica
+    lc, proc, metrics_port, log_path = (replica.cluster, replica.proc, replica.metrics_port,
+                                        replica.log_path)
 
     async def ready() -> bool:
         assert proc.poll() is None, log_path.read_text()[-3000:]
@@ -279,7 +302,7 @@ async def test_replica_in_the_image_with_in_cluster_config_admits_and_binds(imag
         return lc.leader() == "image-0"
     await eventually(leading, timeout=30, what="the image replica holding the Lease")
 
-    _, cls, nodes, tenant, _ = await make_pool(fleet, {"small": 1, "big": 2}, settle=0.5)
+    _, cls, nodes, tenant, _ = await make_pool(fleet, {"small": 1, "big": 2}, seen_by=replica)
     pinned = {}
     for i in range(2):  # through its webhook (the only one registered), bound by its binder
         ok, spec = await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), f"vm-{i}",
