@@ -54,6 +54,7 @@ from model.decide import Placement, Request, describe_placement, find_requests
 from model.hold import Hold
 from model.plan import (Action, Answer, Finish, Place, Recover, Requeue, Skip, placement_hold,
                         plan_batch, plan_one, recorded_node, recovery)
+from model.reasons import Code
 from model.snapshot import Reserving, Snapshot
 from model.types import Result
 
@@ -146,6 +147,7 @@ class _Answer:
     decided: Decided
     rule: str
     started: float
+    code: Code | None = None  # the refusal's (metrics)
 
     @property
     def request(self) -> Request:
@@ -370,7 +372,7 @@ class Coordinator(Actor):
                 self._queue.add((e.request.namespace, e.request.id))
             elif isinstance(e, _Answer):
                 d = e.decided
-                self._observe(e.rule, d.result, d.message, e.started)
+                self._observe(e.rule, d.result, e.code, e.started)
                 wave.append(d)
             else:
                 self._placed(e, snap, wave)
@@ -456,8 +458,9 @@ class Coordinator(Actor):
                   rule=decision.rule, result=decision.result.value, chosen=decision.node,
                   candidates=[p.node for p in decision.placements])
         if isinstance(action, Answer):
+            reason = decision.reason
             return _Answer(Decided(req, decision.result, decision.node, decision.message, None),
-                           decision.rule, started)
+                           decision.rule, started, reason.code if reason is not None else None)
         return Placing((req.namespace, req.id), req, decision, started, hold=action.hold)
 
     def _placed(self, it: Placing, snap: Snapshot, wave: list[Decided]) -> None:
@@ -472,24 +475,24 @@ class Coordinator(Actor):
                 self._rounds.pop(key, None)
                 _log.info("refused_by_ledgers", request_id=req.id, namespace=req.namespace,
                           reasons=it.refusals)
-                message = ledger_refusal(req, snap, it.refusals)
-                self._observe("ledgers", Result.REFUSED, message, it.started)
-                wave.append(Decided(req, Result.REFUSED, None, message, None))
+                refusal = ledger_refusal(req, snap, it.refusals)
+                self._observe("ledgers", Result.REFUSED, refusal.code, it.started)
+                wave.append(Decided(req, Result.REFUSED, None, refusal.render(), None))
             else:
                 self._rounds[key] = rounds
                 self._queue.add_after(key, self._cfg.requeue_delay)
             return
-        self._observe(decision.rule, Result.SUCCEEDED, decision.message, it.started)
+        self._observe(decision.rule, Result.SUCCEEDED, None, it.started)
         self._rounds.pop(key, None)
         self._chains.pop(key, None)
         first = decision.placements[0]
         message = decision.message if placement is first else describe_placement(req, placement)
         wave.append(Decided(req, Result.SUCCEEDED, placement.node, message, it.hold_of(placement, snap)))
 
-    def _observe(self, rule: str, result: Result, message: str, started: float) -> None:
+    def _observe(self, rule: str, result: Result, code: Code | None, started: float) -> None:
         if self._observer is not None:
             try:
-                self._observer.decided(rule, result, message, self._clock.monotonic() - started)
+                self._observer.decided(rule, result, code, self._clock.monotonic() - started)
             except Exception:  # an observer must not break the decision loop
                 _log.exception("observer_failed", rule=rule)
 

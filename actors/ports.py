@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, Mapping, Protocol, Sequen
 import anyio
 
 from actors.errors import WriteError
+from model.reasons import Code
 from model.types import Budget, GPUClass, GPUDevice, Namespace, Node, Result
 
 if TYPE_CHECKING:
@@ -206,9 +207,10 @@ class SystemClock:
 class DecisionObserver(Protocol):
     """Told of every decision the coordinator makes (metrics). Must not block or raise."""
 
-    def decided(self, rule: str, result: Result, message: str, seconds: float) -> None:
+    def decided(self, rule: str, result: Result, code: Code | None, seconds: float) -> None:
         """`rule` is the Decision's rule ("B1", "B5a", "B5b", "B6", "refused", or
-        "ledgers" for a refusal by the node actors); `seconds` covers decide, prepare and
+        "ledgers" for a refusal by the node actors); `code` the refusal's
+        (`model.reasons.Code`; None when Succeeded); `seconds` covers decide, prepare and
         commit of the request."""
 
 

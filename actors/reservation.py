@@ -17,9 +17,10 @@ from actors.errors import ActorStopped, MailboxFull
 from actors.node_actor import Abort, Commit, CommitRefused, Committed, Prepare, Prepared, PrepareRefused
 from actors.ports import NodeDirectory
 from actors.runtime import ActorRef, ask_all
-from model.decide import Decision, Placement, Request
+from model.decide import Decision, Placement, Request, request_ref
 from model.hold import Hold
 from model.plan import placement_hold
+from model.reasons import DeviceAt, LedgersRefused, SetRefused
 from model.snapshot import Snapshot
 
 RequestKey = tuple[str, str]
@@ -106,21 +107,12 @@ async def reserve(items: Sequence[Placing], snap: Snapshot, nodes: NodeDirectory
         raise
 
 
-def ledger_refusal(req: Request, snap: Snapshot, reasons: list[str]) -> str:
-    """The Refused message when the model found room but every node actor refused (B1:
-    names every device and its node, and why each candidate failed)."""
-    described = []
-    for name in req.devices:
-        dev = snap.device(req.namespace, name)
-        if dev is None:
-            described.append(f"{name} (not found)")
-        elif dev.bound_node:
-            described.append(f"{name} (Bound on {dev.bound_node})")
-        else:
-            described.append(f"{name} (Pending)")
-    why = "; ".join(reasons) or "no candidate node"
-    return (f"refused {req.namespace}/{req.vmi} request {req.id}: devices {', '.join(described)}; "
-            f"node ledgers refused every candidate: {why}")
+def ledger_refusal(req: Request, snap: Snapshot, reasons: list[str]) -> SetRefused:
+    """The refusal when the model found room but every node actor refused (B1: names every
+    device and its node, and why each candidate failed; `LedgersRefused`)."""
+    devices = tuple(DeviceAt(name, dev.bound_node) if (dev := snap.device(req.namespace, name)) is not None
+                    else DeviceAt(name, found=False) for name in req.devices)
+    return SetRefused(devices, (LedgersRefused(tuple(reasons)),), request_ref(req))
 
 
 __all__ = ["Placing", "ledger_refusal", "reserve", "tell_quietly"]

@@ -29,6 +29,7 @@ from model.types import ADMISSION_ANNOTATION
 from model.explain import Explanation, Top, WhatIf, explain, top, what_if
 from model.parse import ParseError, parse_tolerations, parse_vmi_request
 from model.snapshot import Snapshot
+from model.reasons import Code, Reason
 
 
 class ToolError(Exception):
@@ -155,9 +156,18 @@ def explain_vmi(cluster: Cluster, vmi: dict, *, grace: float, now: datetime) -> 
 
 
 def to_jsonable(value: Any) -> Any:
-    """Dataclasses, enums, tuples and datetimes as plain JSON values (dicts keep field names)."""
+    """Dataclasses, enums, tuples and datetimes as plain JSON values (dicts keep field names;
+    a dataclass's `message` property is added as "message"). A `model.reasons.Reason` is
+    {"code", "category", "message", and its data}."""
+    if isinstance(value, Reason):
+        data = {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {"code": value.code.value, "category": value.category.value,
+                "message": value.render(), **data}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        out = {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(getattr(type(value), "message", None), property):
+            out["message"] = value.message
+        return out
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, datetime):
@@ -195,7 +205,7 @@ def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
         out.append(f"  whatever the node: {p}")
     out.append("nodes:")
     unserving = [v for v in e.nodes if not v.holds
-                 and any(r.startswith("does not serve ") for r in v.reasons)]
+                 and any(r.code is Code.CLASSES_NOT_SERVED for r in v.reasons)]
     skip = {v.node for v in unserving}
     ranked = sorted((v for v in e.nodes if v.node not in skip),
                     key=lambda v: (not v.chosen, not v.fits, -v.holds, v.node))
@@ -205,7 +215,7 @@ def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
         if v.fits:
             what = "fits, chosen" if v.chosen else "fits"
         else:
-            what = "no: " + "; ".join(v.reasons)
+            what = "no: " + "; ".join(r.render() for r in v.reasons)
         out.append(f"  {v.node:<{width}}  {what}{held}")
     if len(ranked) > max_nodes:
         out.append(f"  … and {len(ranked) - max_nodes} more nodes (--json lists all)")

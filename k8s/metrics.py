@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from k8s.leader import LeaderElector
     from k8s.webhook.admission import VMIAdmission
     from model.explain import Top
+    from model.reasons import Code
     from supervisor.binder import Binder
 
 
@@ -155,18 +156,6 @@ class _FleetCollector:
         yield hard
 
 
-def refusal_reason(message: str) -> str:
-    """A small, bounded label for a refusal message (budget, entitlement, not_found,
-    no_room), so metrics never carry request ids or node names."""
-    if "budget of tenant" in message:
-        return "budget"
-    if "not entitled" in message:
-        return "entitlement"
-    if "not found" in message:
-        return "not_found"
-    return "no_room"
-
-
 class Metrics:
     """The replica's registry. `render()` gives (body bytes, content type) for /metrics."""
 
@@ -208,10 +197,13 @@ class Metrics:
         snap, live = cache.view.snapshot(), cache.vmi_keys()
         self.fleet = await anyio.to_thread.run_sync(top, snap, live)
 
-    def decided(self, rule: str, result, message: str, seconds: float) -> None:
-        """`actors.ports.DecisionObserver`: count by result, rule and refusal reason."""
-        self.decisions.labels(result=result.value, rule=rule, reason=refusal_reason(message)
-                              if result.value == "Refused" else "").inc()
+    def decided(self, rule: str, result, code: Code | None, seconds: float) -> None:
+        """`actors.ports.DecisionObserver`: count by result, rule and refusal reason (the
+        refusal's `model.reasons.Code` value, a bounded label: never a request id or a
+        node name; "" when Succeeded)."""
+        self.decisions.labels(result=result.value, rule=rule,
+                              reason=code.value if code is not None and result.value == "Refused"
+                              else "").inc()
         self.decision_latency.observe(seconds)
 
     def render(self) -> tuple[bytes, str]:

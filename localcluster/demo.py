@@ -148,14 +148,13 @@ async def find_launchers(api, rows: list[Row], timeout: float = 60.0) -> None:
             await anyio.sleep(0.5)
 
 
-def short_reason(reason: str) -> str:
-    """The binder's or webhook's refusal without the request/device preamble: the reasons."""
+def short_reason(reason: str, limit: int = 140) -> str:
+    """A denial as the table shows it: without the API server's own "admission webhook …
+    denied the request: " prefix and, when longer than `limit`, its end (gpu-binder's
+    messages name the request and its devices first, the reasons last). The text of
+    gpu-binder's reasons is not parsed: it is rendered once, in `model.reasons`."""
     reason = reason.replace('admission webhook "vmi.gpu.cozystack.io" denied the request: ', "")
-    parts = [p.strip() for p in reason.split("; ")]
-    if len(parts) > 1 and ": devices " in parts[0]:
-        parts = parts[1:]
-    text = "; ".join(parts)
-    return text if len(text) <= 140 else text[:137] + "..."
+    return reason if len(reason) <= limit else "…" + reason[-(limit - 1):]
 
 
 def print_table(rows: list[Row]) -> None:

@@ -13,6 +13,11 @@ from typing import Any, Mapping, Sequence
 from model.check import check_set, judge_set
 from model.housekeeping import VMIs, judge
 from model.parse import VMIAsk
+from model.reasons import (CannotPlace, ClassNotPermitted, Code, DeviceAttached, DeviceBeingDeleted,
+                           GpuEntryNotPermitted, HeldDeviceNotFound, NameTaken, NoRoomForSet, Reason,
+                           SameNameConflict, SelectorEntryTooLong, SetNeeds, SetRefused,
+                           TemplateBeingDeleted, TemplateNamedAsHeld, TolerationTooLong,
+                           TooManySelectorEntries, TooManyTolerations, UnknownAnnotation)
 from model.settings import resource_names
 from model.snapshot import Order, Snapshot
 from model.types import (ADMISSION_ANNOTATION, DEVICES_ANNOTATION, HOSTNAME_LABEL,
@@ -52,9 +57,19 @@ class AdmissionPlan:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """A W1 denial: `message` tells the user what to fix."""
+    """A W1 denial: `reason` is typed (`model.reasons`: its `code`, its `category` for the
+    HTTP status, its data); `message` renders it, telling the user what to fix."""
 
-    message: str
+    reason: Reason
+
+    @property
+    def message(self) -> str:
+        """The denial's text (`reason` rendered)."""
+        return self.reason.render()
+
+    @property
+    def code(self) -> Code:
+        return self.reason.code
 
 
 def attachment_is_live(device: GPUDevice, vmis: VMIs | set[tuple[str, str]], now: datetime,
@@ -81,9 +96,7 @@ def unknown_annotations(annotations: Mapping[str, str] | None) -> Refusal | None
                      and k not in (DEVICES_ANNOTATION, TEMPLATES_ANNOTATION))
     if not unknown:
         return None
-    return Refusal(f"unknown annotation {', '.join(unknown)}: gpu-binder reads "
-                   f"{DEVICES_ANNOTATION} (held devices, \"gpu-a,gpu-b\") and "
-                   f"{TEMPLATES_ANNOTATION} (new devices, \"h100=2,l40s=1\")")
+    return Refusal(UnknownAnnotation(tuple(unknown), DEVICES_ANNOTATION, TEMPLATES_ANNOTATION))
 
 
 # Bounds of `bindRequest.nodeSelector` and `bindRequest.tolerations` in the GPUDevice CRD
@@ -100,19 +113,15 @@ def request_bounds(node_selector: Labels, tolerations: Sequence[Toleration]) -> 
     GPUDevice schema allows), so the API server never refuses a request write half-way;
     None when they fit."""
     if len(node_selector) > MAX_SELECTOR_ENTRIES:
-        return Refusal(f"the VMI's nodeSelector has {len(node_selector)} entries (with KubeVirt's "
-                       f"own); gpu-binder carries at most {MAX_SELECTOR_ENTRIES}")
+        return Refusal(TooManySelectorEntries(len(node_selector), MAX_SELECTOR_ENTRIES))
     for k, v in node_selector:
         if len(k) > MAX_LABEL_KEY or len(v) > MAX_LABEL_VALUE:
-            return Refusal(f"the VMI's nodeSelector entry {k[:80]!r} is longer than a label allows "
-                           f"(key {MAX_LABEL_KEY}, value {MAX_LABEL_VALUE} characters)")
+            return Refusal(SelectorEntryTooLong(k[:80], MAX_LABEL_KEY, MAX_LABEL_VALUE))
     if len(tolerations) > MAX_TOLERATIONS:
-        return Refusal(f"the VMI has {len(tolerations)} tolerations; gpu-binder carries at most "
-                       f"{MAX_TOLERATIONS}")
+        return Refusal(TooManyTolerations(len(tolerations), MAX_TOLERATIONS))
     for t in tolerations:
         if len(t.key) > MAX_LABEL_KEY or len(t.value) > MAX_LABEL_VALUE:
-            return Refusal(f"the VMI's toleration of {t.key[:80]!r} is longer than a taint allows "
-                           f"(key {MAX_LABEL_KEY}, value {MAX_LABEL_VALUE} characters)")
+            return Refusal(TolerationTooLong(t.key[:80], MAX_LABEL_KEY, MAX_LABEL_VALUE))
     return None
 
 
@@ -140,24 +149,22 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
     for name in ask.held:
         dev = snapshot.device(namespace, name)
         if dev is None:
-            return Refusal(f"GPU device {name} not found in namespace {namespace}")
+            return Refusal(HeldDeviceNotFound(name, namespace))
         if dev.deleting:
-            return Refusal(f"GPU device {name} is being deleted")
+            return Refusal(DeviceBeingDeleted(name))
         if dev.template_for is not None and dev.template_for != vmi:
-            return Refusal(f"GPU device {name} is a template device of VMI {dev.template_for}; "
-                           "only held devices can be named in gpu.cozystack.io/devices")
+            return Refusal(TemplateNamedAsHeld(name, dev.template_for))
         att = dev.status.attached_to
         if att is not None and att.vmi != vmi and attachment_is_live(dev, live_vmis, now, grace):
-            return Refusal(f"GPU device {name} is attached to VMI {att.vmi}")
+            return Refusal(DeviceAttached(name, att.vmi))
         orders.append(Order(namespace, dev.class_name, name))
     for name, class_name in templates:
         dev = snapshot.device(namespace, name)
         if dev is not None:
             if dev.template_for != vmi or dev.class_name != class_name:
-                return Refusal(f"GPU device {name} exists and is not a {class_name} template "
-                               f"device of VMI {vmi}; delete it or rename the VMI")
+                return Refusal(NameTaken(name, class_name, vmi))
             if dev.deleting:
-                return Refusal(f"GPU device {name} is being deleted; retry")
+                return Refusal(TemplateBeingDeleted(name))
             orders.append(Order(namespace, class_name, name))
         else:
             orders.append(Order(namespace, class_name))
@@ -168,16 +175,15 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
     verdict = check_set(snapshot, namespace, orders, node_selector=node_selector,
                         tolerations=tolerations)
     if not verdict.admitted:
-        reason = verdict.reason or "unknown reason"
-        if reason.startswith("no schedulable node serving class"):
-            reason = _room_message(snapshot, orders, node_selector, tolerations)
+        assert verdict.reason is not None
+        reasons: tuple[Reason, ...] = (verdict.reason,)
+        if verdict.reason.code is Code.NO_FREE_UNIT:
+            reasons = _room_reasons(snapshot, orders, node_selector, tolerations)
             judged = judge_set(snapshot, namespace, orders, node_selector=node_selector,
                                tolerations=tolerations)
-            if not judged.admitted and judged.reason:  # the binder's per-node reasons (B3)
-                per_node = judged.reason.split("; ", 1)[-1] if judged.reason.startswith("devices ") \
-                    else judged.reason
-                reason = f"{reason}; {per_node}"
-        return Refusal(f"GPU set of VMI {namespace}/{vmi} cannot be placed: {reason}")
+            if isinstance(judged.reason, SetRefused):  # the binder's per-node reasons (B3)
+                reasons += judged.reason.reasons
+        return Refusal(CannotPlace(namespace, vmi, reasons))
     return AdmissionPlan(namespace, vmi, tuple(ask.held), tuple(templates), verdict.node)
 
 
@@ -187,9 +193,7 @@ def _unpermitted(snapshot: Snapshot, orders: Sequence[Order], permitted: frozens
         dev = snapshot.device(o.namespace, o.device) if o.device else None
         cls = snapshot.classes.get(dev.class_name if dev else o.class_name)
         if cls is not None and cls.resource_name not in permitted:
-            return Refusal(f"GPU class {cls.name}: KubeVirt does not permit resource {cls.resource_name} "
-                           "(not in the KubeVirt CR's spec.configuration.permittedHostDevices), so it "
-                           "would not start this VMI; ask the operator to permit it")
+            return Refusal(ClassNotPermitted(cls.name, cls.resource_name))
     return None
 
 
@@ -209,15 +213,13 @@ def unpermitted_gpu_entries(vmi: Mapping[str, Any], effective: Sequence[str],
     for g in gpus:
         res = g.get("deviceName") if isinstance(g, Mapping) else None
         if isinstance(res, str) and res not in ours and res not in permitted:
-            return Refusal(f"GPU entry {g.get('name')!r} of the VMI names {res}, which KubeVirt does not "
-                           "permit (not in the KubeVirt CR's spec.configuration.permittedHostDevices), "
-                           "so it would not start this VMI; remove the entry or ask the operator to permit it")
+            return Refusal(GpuEntryNotPermitted(g.get("name"), res))
     return None
 
 
-def _room_message(snapshot: Snapshot, orders: Sequence[Order], node_selector: Labels,
-                  tolerations: tuple[Toleration, ...]) -> str:
-    """Say what the set needs on one node and the most any eligible node has, per resource
+def _room_reasons(snapshot: Snapshot, orders: Sequence[Order], node_selector: Labels,
+                  tolerations: tuple[Toleration, ...]) -> tuple[Reason, ...]:
+    """What the set needs on one node and the most any eligible node has, per resource
     (B3: placeable, no untolerated NoSchedule/NoExecute taint, matching the launcher's
     nodeSelector; the per-device check's own wording would read as if nothing were free)."""
     need: dict[tuple[str, str], int] = {}
@@ -227,7 +229,7 @@ def _room_message(snapshot: Snapshot, orders: Sequence[Order], node_selector: La
         cls = snapshot.classes.get(cls_name)
         if cls is not None and (dev is None or dev.bound_node is None):
             need[(cls_name, cls.resource_name)] = need.get((cls_name, cls.resource_name), 0) + 1
-    parts = []
+    parts: list[Reason] = []
     unplaceable = snapshot.unplaceable_nodes()
 
     def eligible(node: str) -> bool:
@@ -236,10 +238,8 @@ def _room_message(snapshot: Snapshot, orders: Sequence[Order], node_selector: La
     for (cls_name, res), n in sorted(need.items()):
         frees = [snapshot.free(node, res) for node in snapshot.serving_nodes(cls_name)
                  if eligible(node)]
-        most = (f"the most free on an eligible node serving it is {max(frees)}" if frees
-                else "no node serving it is eligible")
-        parts.append(f"the set needs {n} × {res} (class {cls_name}) on one node; {most}")
-    return "; ".join(parts) or "no eligible node has room for the set"
+        parts.append(SetNeeds(cls_name, res, n, max(frees) if frees else None))
+    return tuple(parts) or (NoRoomForSet(),)
 
 
 def same_name_conflict(snapshot: Snapshot, plan: AdmissionPlan, vmis: VMIs, now: datetime,
@@ -257,9 +257,7 @@ def same_name_conflict(snapshot: Snapshot, plan: AdmissionPlan, vmis: VMIs, now:
             continue
         v = judge(dev, vmis, now, grace)
         if v is not None and v.holds:
-            return Refusal(f"GPU device {name} is being attached by another admission of VMI "
-                           f"{plan.namespace}/{plan.vmi} (a concurrent create of the same "
-                           "name); retry once it has finished")
+            return Refusal(SameNameConflict(name, plan.namespace, plan.vmi))
     return None
 
 

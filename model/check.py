@@ -10,7 +10,8 @@ from dataclasses import replace
 from typing import Sequence
 
 from model.decide import Request, judge
-from model.snapshot import Order, Snapshot, Verdict, budget_message
+from model.reasons import BudgetExhausted, DeviceListedTwice, NoDevices, WrongNamespace
+from model.snapshot import Order, Snapshot, Verdict
 from model.types import GPUDevice, Labels, Phase, Toleration
 
 CHECK_REQUEST_ID = "(check)"
@@ -25,19 +26,21 @@ def check_set(snapshot: Snapshot, namespace: str, orders: Sequence[Order], *, no
     B1–B6) on a request of the set, with template devices as Pending devices named
     "new <class> #<n>": the set must fit one node. `node_selector` and `tolerations` are
     the VMI's, judged as the binder judges the bind request (B3). The verdict's node is
-    the node the binder would choose now; the reason of a refusal is the binder's,
-    without its "refused <vmi> request <id>:" prefix."""
+    the node the binder would choose now. The reason of a refusal (`model.reasons`):
+    `NoDevices`, `WrongNamespace` or `DeviceListedTwice` for a malformed set, the first
+    refused order's (`check_order`; a budget one with the whole set's numbers), else the
+    binder's `SetRefused` without its request (the "refused <vmi> request <id>:" prefix)."""
     if not orders:
-        return Verdict(False, "no devices asked for")
+        return Verdict(False, NoDevices(asked=True))
     snap = snapshot
     names: list[str] = []
     templates: list[GPUDevice] = []
     counts: dict[str, int] = {}
     for order in orders:
         if order.namespace != namespace:
-            return Verdict(False, f"device of namespace {order.namespace} in a set of tenant {namespace}")
+            return Verdict(False, WrongNamespace(order.namespace, namespace))
         if order.device is not None and order.device in names:
-            return Verdict(False, f"device {order.device} listed twice")
+            return Verdict(False, DeviceListedTwice(order.device))
         if order.tolerations != tolerations:
             order = replace(order, tolerations=tolerations)
         verdict = snap.check_order(order)
@@ -61,17 +64,18 @@ def _set_budget_verdict(snapshot: Snapshot, namespace: str, orders: Sequence[Ord
     """`verdict` of one order of a set; a budget refusal (counted on the snapshot with the
     set's earlier devices added) reworded with the whole set's numbers: usage before the
     set, and what the set adds (its members not Bound yet), as B1's refusal says."""
-    reason = verdict.reason or ""
-    res = next((r for r in {_order_resource(snapshot, o) for o in orders} - {None}
-                if reason.startswith(f"budget of tenant {namespace} for {r} exhausted:")), None)
-    budget = snapshot.budget_of(namespace, res) if res is not None else None
+    reason = verdict.reason
+    if not isinstance(reason, BudgetExhausted):
+        return verdict
+    res = reason.resource
+    budget = snapshot.budget_of(namespace, res)
     if budget is None:
         return verdict
     adds = sum(1 for o in orders if _order_resource(snapshot, o) == res and not (
         o.device is not None and (d := snapshot.device(namespace, o.device)) is not None
         and d.bound_node is not None))
-    return Verdict(False, budget_message(namespace, res, snapshot.tenant_usage(namespace, res),
-                                         budget, adds))
+    return Verdict(False, BudgetExhausted(namespace, res, snapshot.tenant_usage(namespace, res),
+                                          budget, adds))
 
 def _order_resource(snapshot: Snapshot, order: Order) -> str | None:
     dev = snapshot.device(order.namespace, order.device) if order.device is not None else None
@@ -98,11 +102,12 @@ def judge_set(snapshot: Snapshot, namespace: str, orders: Sequence[Order], *, no
     return _judge_set(snapshot, namespace, names, templates, node_selector, tolerations)
 
 def _judge_set(snapshot: Snapshot, namespace: str, names: list[str], templates: list[GPUDevice],
-           node_selector: Labels, tolerations: tuple[Toleration, ...]) -> Verdict:
-
+               node_selector: Labels, tolerations: tuple[Toleration, ...]) -> Verdict:
+    """`judge` on the set as a request (templates added as Pending devices); a refusal's
+    reason is the binder's `SetRefused` without its request."""
     whole = snapshot.with_devices(templates) if templates else snapshot
-    decision, reason = judge(whole, Request(CHECK_REQUEST_ID, namespace, "", tuple(names),
-                                             node_selector, tolerations=tolerations), 1)
-    if decision.node is None:
-        return Verdict(False, reason)
+    decision = judge(whole, Request(CHECK_REQUEST_ID, namespace, "", tuple(names),
+                                    node_selector, tolerations=tolerations), 1)
+    if decision.reason is not None:
+        return Verdict(False, replace(decision.reason, request=None))
     return Verdict(True, node=decision.node)

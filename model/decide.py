@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Iterable, Mapping
 
-from model.snapshot import Snapshot, budget_message
+from model.reasons import (AlreadyPlaced, BudgetExhausted, ClassesNotServed, ClassNotFound, Code, DeviceAt,
+                           DeviceListedTwice, DeviceNotFound, KeptCordoned, LostCapacity, NodeGone,
+                           NodeProblems, NoDevices, NoEligibleNode, NoNodeServes, NoRoom, NotEntitled,
+                           Outcome, Placed, Reason, RequestRef, SelectorMismatch, SetRefused,
+                           TaintsNotTolerated)
+from model.snapshot import Snapshot
 from model.types import (
     BindRequest,
     DeviceStatus,
@@ -83,17 +88,17 @@ class Placement:
 @dataclass(frozen=True, slots=True)
 class Assessment:
     """Every reason the binder has about one request (what `decide`'s refusal message
-    summarises), for the operator's tools (`model.explain`).
+    summarises), for the operator's tools (`model.explain`). Reasons are `model.reasons`
+    values.
 
     `set_problems`: reasons that refuse the request whatever the node (a device missing or
-    listed twice, a class missing or not entitled, the budget), in the binder's wording.
-    `nodes`: per node asked about, why it is not eligible for the whole set (B3, the same
-    strings as the refusal message; empty: eligible), only when the set's classes resolve.
-    `holding`: members Bound per node. `decision`: what `decide` answers (no limit), None
-    when not asked for."""
+    listed twice, a class missing or not entitled, the budget). `nodes`: per node asked
+    about, why it is not eligible for the whole set (B3, the same reasons as the refusal
+    message; empty: eligible), only when the set's classes resolve. `holding`: members
+    Bound per node. `decision`: what `decide` answers (no limit), None when not asked for."""
 
-    set_problems: tuple[str, ...]
-    nodes: Mapping[str, tuple[str, ...]]
+    set_problems: tuple[Reason, ...]
+    nodes: Mapping[str, tuple[Reason, ...]]
     holding: Mapping[str, int]
     decision: Decision | None
 
@@ -105,14 +110,26 @@ class Decision:
     Succeeded: `node` is `placements[0].node`; for rule "B1" `placements` are eligible
     nodes in B4 order (at most the `limit` given to `decide`), for "B5a", "B5b", "B6" one
     placement on the current node with no moves and no needs. Refused (rule "refused"):
-    `node` None, no placements. `message` is what the binder writes (B1)."""
+    `node` None, no placements. `outcome` says why, typed (`model.reasons`: `SetRefused`
+    for a refusal, else `Placed`, `KeptCordoned`, `AlreadyPlaced`); `message` renders it:
+    what the binder writes (B1)."""
 
     request_id: str
     result: Result
     node: str | None
     placements: tuple[Placement, ...]
-    message: str
     rule: str
+    outcome: Outcome
+
+    @property
+    def message(self) -> str:
+        """The text the binder writes on every member (`outcome` rendered)."""
+        return self.outcome.render()
+
+    @property
+    def reason(self) -> SetRefused | None:
+        """The typed refusal (code, category and data); None when Succeeded."""
+        return self.outcome if isinstance(self.outcome, SetRefused) else None
 
 
 def find_requests(devices: Iterable[GPUDevice]) -> tuple[list[Request], list[str]]:
@@ -206,18 +223,25 @@ def decide(snapshot: Snapshot, request: Request, *, limit: int | None = MAX_PLAC
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be at least 1 or None, got {limit}")
-    decision, _ = judge(snapshot, request, limit)
-    return decision
+    return judge(snapshot, request, limit)
+
+
+def request_ref(request: Request) -> RequestRef:
+    """How messages name `request` ("<namespace>/<vmi> request <id>")."""
+    return RequestRef(request.namespace, request.vmi, request.id)
+
+
+def placed(request: Request, placement: Placement) -> Placed:
+    """The Succeeded outcome of a B1 placement (binds, then moves, in request order)."""
+    return Placed(request_ref(request), placement.node,
+                  tuple(m.device[1] for m in placement.moves if m.from_node is None),
+                  tuple((m.device[1], m.from_node) for m in placement.moves if m.from_node is not None))
 
 
 def describe_placement(request: Request, placement: Placement) -> str:
     """The Succeeded message of a B1 placement, e.g. "placed tenant-a/vm-1 request r1 on
-    node-2: bind gpu-b; move gpu-a from node-1"."""
-    binds = [m.device[1] for m in placement.moves if m.from_node is None]
-    moves = [f"{m.device[1]} from {m.from_node}" for m in placement.moves if m.from_node is not None]
-    parts = ([f"bind {', '.join(binds)}"] if binds else []) + ([f"move {', '.join(moves)}"] if moves else [])
-    head = f"placed {request.namespace}/{request.vmi} request {request.id} on {placement.node}"
-    return f"{head}: {'; '.join(parts)}" if parts else f"{head}: nothing to change"
+    node-2: bind gpu-b; move gpu-a from node-1" (`placed` rendered)."""
+    return placed(request, placement).render()
 
 
 def apply_decision(snapshot: Snapshot, request: Request, decision: Decision, *, now: datetime) -> Snapshot:
@@ -257,10 +281,6 @@ def apply_decision(snapshot: Snapshot, request: Request, decision: Decision, *, 
 # --- the judgement ----------------------------------------------------------------------------
 
 
-def _plural(word: str, items: list[str]) -> str:
-    return f"{word} {items[0]}" if len(items) == 1 else f"{word}es {', '.join(items)}"
-
-
 class _Set:
     """A request's members resolved against a snapshot, with the per-node questions."""
 
@@ -284,25 +304,23 @@ class _Set:
         self.where = [(m.key, m.status.node_name if m.status.phase is Phase.BOUND else None) for m in members]
         self.budget_needs = tuple(sorted(self.pending.items()))
 
-    def problems(self, node: str) -> list[str]:
+    def problems(self, node: str) -> list[Reason]:
         """Why `node` is not eligible (B3) for the whole set; empty when it is."""
         snap = self.snap
         n = snap.nodes.get(node)
         if n is None:
-            return ["gone"]
-        out = n.placement_problems()
+            return [NodeGone()]
+        out = n.placement_reasons()
         taints = snap.untolerated_taints(node, self.request.tolerations)
         if taints:
-            out.append(f"{'taint' if len(taints) == 1 else 'taints'} "
-                       f"{', '.join(str(t) for t in taints)} not tolerated")
+            out.append(TaintsNotTolerated(tuple(str(t) for t in taints)))
         unserved = [c for c in self.class_names if not snap.serves(node, c)]
         if unserved:
-            out.append("does not serve " + _plural("class", unserved))
+            out.append(ClassesNotServed(tuple(unserved)))
         sel = self.request.node_selector
         if sel and not labels_include(snap.node_labels(node), sel):
             have = dict(snap.node_labels(node))  # name only the entries the node lacks
-            out.append("does not match node selector " + ",".join(
-                f"{k}={v}" for k, v in sel if have.get(k) != v))
+            out.append(SelectorMismatch(tuple((k, v) for k, v in sel if have.get(k) != v)))
         here = self.here.get(node, {})
         for res in self.resources:
             alloc = snap.allocatable(node, res)
@@ -313,11 +331,10 @@ class _Set:
             if free < need:
                 used = snap.used(node, res)
                 foreign = snap.foreign(node, res)
-                others = f" ({foreign} used by Pods outside the binder)" if foreign else ""
                 if used > alloc:
-                    out.append(f"lost capacity of {res}: {used - foreign} bound{others} of {alloc}")
+                    out.append(LostCapacity(res, used - foreign, foreign, alloc))
                 else:
-                    out.append(f"needs {need} × {res}, has {max(free, 0)} free{others}")
+                    out.append(NoRoom(res, need, max(free, 0), foreign))
         return out
 
     def leftover(self, node: str) -> int:
@@ -375,8 +392,8 @@ class _Set:
                            if self.total[r] - here.get(r, 0) > 0])
         return Placement(node, moves, needs, self.budget_needs)
 
-    def explain(self) -> list[str]:
-        """Per-node reasons of a refusal, at most MESSAGE_NODES nodes (see there)."""
+    def explain(self) -> Reason:
+        """The per-node reason of a refusal, at most MESSAGE_NODES nodes (see there)."""
         snap = self.snap
         holding = sorted(self.here, key=lambda n: (self.n_bound - sum(self.here[n].values()), n))
         advertising: set[str] = set()
@@ -385,8 +402,7 @@ class _Set:
         rest = advertising - set(holding)
         total = len(holding) + len(rest)
         if total == 0:
-            return ["no node serves " + ("class " + self.class_names[0] if len(self.class_names) == 1
-                                         else "any of classes " + ", ".join(self.class_names))]
+            return NoNodeServes(tuple(self.class_names))
         shown = holding[:MESSAGE_NODES]
         if len(shown) < MESSAGE_NODES and rest:
             served = frozenset.intersection(*(snap.serving_nodes(c) for c in self.class_names)) & rest
@@ -405,104 +421,106 @@ class _Set:
                     break
                 ranked += sorted(group)
             shown += ranked[:MESSAGE_NODES - len(shown)]
-        lines = [f"{n}: {', '.join(self.problems(n))}" for n in shown]
-        if total > len(shown):
-            more = total - len(shown)
-            lines.append(f"and {more} more node{'s' if more != 1 else ''}")
-        return lines
+        return NoEligibleNode(tuple(NodeProblems(n, tuple(self.problems(n))) for n in shown),
+                              total - len(shown))
 
 
-def _resolve(snap: Snapshot, request: Request) -> tuple[list[GPUDevice], list[str], list[str], list[str]]:
-    """The request's members against `snap`: (members found, each listed device described
-    with its node, set-level problems — a device missing or listed twice, a class missing or
-    not entitled — and the members' class names in first-seen order)."""
+def _resolve(snap: Snapshot, request: Request) -> tuple[list[GPUDevice], list[DeviceAt], list[Reason], list[str]]:
+    """The request's members against `snap`: (members found, each listed device with its
+    node, set-level problems — a device missing or listed twice, a class missing or not
+    entitled — and the members' class names in first-seen order)."""
     ns = request.namespace
     members: list[GPUDevice] = []
-    described: list[str] = []
-    problems: list[str] = []
+    described: list[DeviceAt] = []
+    problems: list[Reason] = []
     seen: set[str] = set()
     for name in request.devices:
         if name in seen:
-            problems.append(f"device {name} listed twice")
+            problems.append(DeviceListedTwice(name))
             continue
         seen.add(name)
         d = snap.device(ns, name)
         if d is None:
-            described.append(f"{name} (not found)")
-            problems.append(f"device {name} not found")
+            described.append(DeviceAt(name, found=False))
+            problems.append(DeviceNotFound(name))
             continue
         members.append(d)
-        described.append(f"{name} (Bound on {d.bound_node})" if d.bound_node else f"{name} (Pending)")
+        described.append(DeviceAt(name, d.bound_node))
     if not request.devices:
-        problems.append("request lists no devices")
+        problems.append(NoDevices())
     class_names = list(dict.fromkeys(m.class_name for m in members))
     for c in class_names:
         if c not in snap.classes:
-            problems.append(f"class {c} not found")
+            problems.append(ClassNotFound(c))
         elif not snap.entitled(ns, c):
-            problems.append(f"tenant {ns} not entitled to class {c}")
+            problems.append(NotEntitled(ns, c))
     return members, described, problems, class_names
 
 
-def _budget_problems(snap: Snapshot, s: _Set) -> list[str]:
+def _budget_problems(snap: Snapshot, s: _Set) -> list[Reason]:
     """The budget refusals of the set's Pending members (moves do not change usage)."""
     ns = s.request.namespace
-    out = []
+    out: list[Reason] = []
     for res in s.resources:
         adds = s.pending.get(res, 0)
         budget = snap.budget_of(ns, res)
         if adds and budget is not None:
             usage = snap.tenant_usage(ns, res)
             if usage + adds > budget:
-                out.append(budget_message(ns, res, usage, budget, adds))
+                out.append(BudgetExhausted(ns, res, usage, budget, adds))
     return out
 
 
-def judge(snap: Snapshot, request: Request, limit: int | None) -> tuple[Decision, str]:
-    """`decide`, also returning the reason of a refusal without its "refused … :" prefix
-    ("" on success). `check_set` uses the bare reason."""
+def _without_own_holds(snap: Snapshot, request: Request) -> Snapshot:
+    """`snap` without the reservations of `request` itself (they are not counted against it)."""
     if any(r.request_id == request.id for r in snap.reservations):
-        snap = snap.without_reservation(request.id)
-    ns = request.namespace
-    who = f"{ns}/{request.vmi} request {request.id}"
-    members, described, problems, class_names = _resolve(snap, request)
-    head = "devices " + ", ".join(described) if described else "no devices"
+        return snap.without_reservation(request.id)
+    return snap
 
-    def refuse(reasons: list[str]) -> tuple[Decision, str]:
-        body = "; ".join([head, *reasons])
-        return Decision(request.id, Result.REFUSED, None, (), f"refused {who}: {body}", "refused"), body
 
-    if problems:
-        return refuse(problems)
-    s = _Set(snap, request, members, class_names)
-    problems = _budget_problems(snap, s)
-    if problems:
-        return refuse(problems)
+def _refuse(request: Request, devices: list[DeviceAt], reasons: list[Reason]) -> Decision:
+    """B1(b): Refused, naming every device and its node, then the reasons."""
+    refusal = SetRefused(tuple(devices), tuple(reasons), request_ref(request))
+    return Decision(request.id, Result.REFUSED, None, (), "refused", refusal)
 
-    def keep(node: str, rule: str, why: str) -> tuple[Decision, str]:
-        msg = (f"{who}: already placed on {node}" if rule == "B6" else
-               f"{who}: kept on cordoned node {node} ({rule}: {why}); the VMI waits for the cordon to lift")
-        return Decision(request.id, Result.SUCCEEDED, node, (Placement(node, (), (), ()),), msg, rule), ""
 
-    elsewhere: list[tuple[int, str]] | None = None
-    if not s.pending and len(s.here) == 1:
-        (home,) = s.here
-        home_problems = s.problems(home)
-        if not home_problems:
-            return keep(home, "B6", "")
-        if home in snap.nodes and snap.nodes[home].unschedulable:
-            stay = [c for c in class_names if snap.classes[c].on_cordon is OnCordon.STAY]
-            if stay:
-                blocked = (any(snap.lost_capacity(home, r) for r in s.resources)
-                           or any(not snap.serves(home, c) for c in class_names)
-                           or (request.node_selector
-                               and not labels_include(snap.node_labels(home), request.node_selector)))
-                if not blocked:
-                    return keep(home, "B5b", f"{_plural('class', stay)} {'is' if len(stay) == 1 else 'are'} onCordon Stay")
-            elif home_problems == ["cordoned"]:
-                elsewhere = s.eligible_elsewhere(limit)
-                if not elsewhere:
-                    return keep(home, "B5a", "the cordon is its only problem and no other node has room")
+def _keep(request: Request, node: str, rule: str, stay: tuple[str, ...] = ()) -> Decision:
+    """Succeeded in place on `node` (B6, or B5 with the Stay classes `stay`), nothing moved."""
+    ref = request_ref(request)
+    outcome = AlreadyPlaced(ref, node) if rule == "B6" else KeptCordoned(ref, node, rule, stay)
+    return Decision(request.id, Result.SUCCEEDED, node, (Placement(node, (), (), ()),), rule, outcome)
+
+
+def _in_place(s: _Set, limit: int | None) -> tuple[Decision | None, list[tuple[int, str]] | None]:
+    """B6 and B5 for a set with nothing Pending, Bound entirely on one node: the decision
+    to keep it there (None: not kept), and the eligible nodes elsewhere when B5(a) had to
+    look for them (None: not looked for), so the caller need not look again."""
+    if s.pending or len(s.here) != 1:
+        return None, None
+    snap, request = s.snap, s.request
+    (home,) = s.here
+    home_problems = s.problems(home)
+    if not home_problems:
+        return _keep(request, home, "B6"), None
+    if home not in snap.nodes or not snap.nodes[home].unschedulable:
+        return None, None
+    stay = tuple(c for c in s.class_names if snap.classes[c].on_cordon is OnCordon.STAY)
+    if stay:  # B5(b), unless the node lost capacity, no longer serves or does not match
+        blocked = (any(snap.lost_capacity(home, r) for r in s.resources)
+                   or any(not snap.serves(home, c) for c in s.class_names)
+                   or (request.node_selector
+                       and not labels_include(snap.node_labels(home), request.node_selector)))
+        return (None if blocked else _keep(request, home, "B5b", stay)), None
+    if [p.code for p in home_problems] != [Code.CORDONED]:
+        return None, None
+    elsewhere = s.eligible_elsewhere(limit)  # B5(a): the cordon only, and no room elsewhere
+    return (None if elsewhere else _keep(request, home, "B5a")), elsewhere
+
+
+def _candidates(s: _Set, limit: int | None, elsewhere: list[tuple[int, str]] | None) -> list[str]:
+    """B3 and B4: the eligible nodes, at most `limit` (None: all), best first — nodes
+    holding members (fewest moves, then tightest fit, then name), then the others (tightest
+    fit, then name; `elsewhere` when already found for at least `limit`)."""
     ranked = sorted(((s.n_bound - sum(s.here[n].values()), s.leftover(n), n)
                      for n in s.here if not s.problems(n)))
     nodes = [n for _, _, n in ranked]
@@ -510,13 +528,30 @@ def judge(snap: Snapshot, request: Request, limit: int | None) -> tuple[Decision
         if elsewhere is None:
             elsewhere = s.eligible_elsewhere(None if limit is None else limit - len(nodes))
         nodes += [n for _, n in elsewhere]
-    if limit is not None:
-        nodes = nodes[:limit]
+    return nodes if limit is None else nodes[:limit]
+
+
+def judge(snap: Snapshot, request: Request, limit: int | None) -> Decision:
+    """`decide` without the check of `limit` (shared with `model.check`): set-level
+    problems, then budget, then the set kept in place (B6, B5), then B1 over the
+    candidates, else refused with the per-node reasons."""
+    snap = _without_own_holds(snap, request)
+    members, devices, problems, class_names = _resolve(snap, request)
+    if problems:
+        return _refuse(request, devices, problems)
+    s = _Set(snap, request, members, class_names)
+    problems = _budget_problems(snap, s)
+    if problems:
+        return _refuse(request, devices, problems)
+    kept, elsewhere = _in_place(s, limit)
+    if kept is not None:
+        return kept
+    nodes = _candidates(s, limit, elsewhere)
     if not nodes:
-        return refuse(s.explain())
+        return _refuse(request, devices, [s.explain()])
     placements = tuple(s.placement(n) for n in nodes)
-    return Decision(request.id, Result.SUCCEEDED, nodes[0], placements,
-                    describe_placement(request, placements[0]), "B1"), ""
+    return Decision(request.id, Result.SUCCEEDED, nodes[0], placements, "B1",
+                    placed(request, placements[0]))
 
 
 def assess(snapshot: Snapshot, request: Request, nodes: Iterable[str] | None = None, *,
@@ -527,12 +562,10 @@ def assess(snapshot: Snapshot, request: Request, nodes: Iterable[str] | None = N
     report for it, and the set-level problems (device, class, entitlement, budget).
     Reservations of the request itself are not counted against it, as in `decide`. Pure;
     never raises."""
-    snap = snapshot
-    if any(r.request_id == request.id for r in snap.reservations):
-        snap = snap.without_reservation(request.id)
-    decision = judge(snap, request, None)[0] if with_decision else None
+    snap = _without_own_holds(snapshot, request)
+    decision = judge(snap, request, None) if with_decision else None
     members, _, problems, class_names = _resolve(snap, request)
-    per_node: dict[str, tuple[str, ...]] = {}
+    per_node: dict[str, tuple[Reason, ...]] = {}
     holding: dict[str, int] = {}
     if not any(c not in snap.classes for c in class_names) and request.devices:
         s = _Set(snap, request, members, class_names)

@@ -25,6 +25,8 @@ from model.admission import (Refusal, already_admitted, check, effective_resourc
 from model.decide import Move, Request, apply_decision, assess, decide
 from model.housekeeping import VMIs
 from model.parse import VMIAsk
+from model.reasons import CAPACITY_CODES, W1_DEVICE_CODES, Code, Reason, SetRefused
+from model.reasons import Outcome as DecisionOutcome
 from model.snapshot import Snapshot
 from model.types import GPUDevice, Labels, Result, Toleration
 
@@ -34,12 +36,6 @@ EXPLAIN_REQUEST_ID = "(explain)"
 PROBE_NAMESPACE = "(probe)"
 """Namespace of `top`'s probe devices: not a valid namespace name, so it clashes with none."""
 
-_CAPACITY_PREFIXES = ("needs ", "lost capacity of ")
-"""How `model.decide` words a capacity problem of a node (the rest are other B3 problems)."""
-
-
-def _is_capacity(problem: str) -> bool:
-    return problem.startswith(_CAPACITY_PREFIXES)
 
 
 # --- explain ---------------------------------------------------------------------------------
@@ -47,11 +43,12 @@ def _is_capacity(problem: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class NodeVerdict:
-    """One node for one set: `reasons` the B3 problems (the binder's wording; empty: the set
-    is eligible there), `holds` members already Bound there, `chosen` the binder's choice."""
+    """One node for one set: `reasons` the B3 problems (the binder's, `model.reasons`; empty:
+    the set is eligible there), `holds` members already Bound there, `chosen` the binder's
+    choice."""
 
     node: str
-    reasons: tuple[str, ...]
+    reasons: tuple[Reason, ...]
     holds: int = 0
     chosen: bool = False
 
@@ -87,10 +84,10 @@ class Explanation:
     """The answer of `explain` for VMI `namespace/vmi`.
 
     `admitted`: an admission now would admit it (W1 passes and the binder places the set);
-    `message`: the denial the admission would give (W1's message, or the binder's refusal),
-    None when admitted. `devices`: the set (held names, then template names). `node`, `rule`,
+    `reason`: the denial the admission would give (W1's reason, or the binder's refusal),
+    typed (`model.reasons`), None when admitted; `message` renders it. `devices`: the set (held names, then template names). `node`, `rule`,
     `moves`: the binder's decision when the admission would admit. `set_problems`: reasons that
-    refuse the set whatever the node (device, attachment, class, entitlement, budget).
+    refuse the set whatever the node (device, attachment, class, entitlement, budget; typed).
     `nodes`: one verdict per node, sorted by name. `shortfalls`: when it fits nowhere, the
     nodes failing on capacity or cordon only, with the change that would make the set fit
     there, smallest first: moving idle devices away, then lifting a cordon, then the fewest
@@ -101,14 +98,19 @@ class Explanation:
     vmi: str
     devices: tuple[str, ...]
     admitted: bool
-    message: str | None
+    reason: Reason | None
     node: str | None
     rule: str | None
     moves: tuple[Move, ...]
-    set_problems: tuple[str, ...]
+    set_problems: tuple[Reason, ...]
     nodes: tuple[NodeVerdict, ...]
     shortfalls: tuple[Shortfall, ...]
     budget_short: tuple[tuple[str, int], ...]
+
+    @property
+    def message(self) -> str | None:
+        """The denial's text (`reason` rendered), None when admitted."""
+        return None if self.reason is None else self.reason.render()
 
 
 def set_request(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
@@ -160,15 +162,15 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
     d = a.decision
     ok = d.result is Result.SUCCEEDED
     set_problems = list(a.set_problems)
-    message: str | None = None
+    reason: Reason | None = None
     if isinstance(w1, Refusal):
-        message = w1.message
+        reason = w1.reason
         # W1's own reasons about a held device (attached to another VMI, a template device
         # named as held, a name taken): the binder never sees them
-        if w1.message.startswith("GPU device ") and "not found" not in w1.message:
-            set_problems.insert(0, w1.message)
+        if w1.reason.code in W1_DEVICE_CODES:
+            set_problems.insert(0, w1.reason)
     elif not ok:
-        message = d.message
+        reason = d.reason
     admitted = not isinstance(w1, Refusal) and ok
     moves = d.placements[0].moves if admitted and d.placements else ()
     verdicts = tuple(NodeVerdict(n, r, a.holding.get(n, 0), admitted and n == d.node)
@@ -176,7 +178,7 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
     shortfalls: tuple[Shortfall, ...] = ()
     if not any(v.fits for v in verdicts):
         shortfalls = _shortfalls(snap, request, verdicts, live_keys)
-    return Explanation(namespace, vmi, request.devices, admitted, message,
+    return Explanation(namespace, vmi, request.devices, admitted, reason,
                        d.node if admitted else None, d.rule if admitted else None, moves,
                        tuple(set_problems), verdicts, shortfalls,
                        _budget_short(snap, request))
@@ -204,8 +206,8 @@ def _shortfalls(snap: Snapshot, request: Request, verdicts: Sequence[NodeVerdict
     needs = _set_needs(snap, request)
     out: list[Shortfall] = []
     for v in verdicts:
-        others = [r for r in v.reasons if not _is_capacity(r)]
-        if others not in ([], ["cordoned"]):
+        others = [r.code for r in v.reasons if r.code not in CAPACITY_CODES]
+        if others not in ([], [Code.CORDONED]):
             continue
         missing: dict[str, int] = {}
         for res, need in needs[v.node].items():
@@ -226,7 +228,7 @@ def _shortfalls(snap: Snapshot, request: Request, verdicts: Sequence[NodeVerdict
             short[res] -= 1
         out.append(Shortfall(v.node, tuple(sorted(missing.items())), tuple(idle),
                              tuple(sorted((r, n) for r, n in short.items() if n > 0)),
-                             others == ["cordoned"]))
+                             others == [Code.CORDONED]))
     # moving idle devices only, then lifting a cordon, then adding capacity (fewest first)
     out.sort(key=lambda s: (bool(s.short), s.uncordon, sum(n for _, n in s.short), s.size,
                             s.node))
@@ -291,16 +293,27 @@ class HeldSet:
 class Outcome:
     """What the binder does on the set's next admission after the cordon or drain:
     `action` "stay" (B5: kept on the cordoned node, the VMI waits for the cordon to lift),
-    "move" (B1: gathered on `node` with `moves`), "refused" (`message` says why); `rule`
-    the binder's rule. `stranded`: a running VMI that could not run again elsewhere."""
+    "move" (B1: gathered on `node` with `moves`), "refused" (`reason` says why); `rule`
+    the binder's rule; `said` what the decision says, typed (`model.reasons`), rendered by
+    `message`. `stranded`: a running VMI that could not run again elsewhere."""
 
     set: HeldSet
     action: str
     rule: str
     node: str | None
     moves: tuple[Move, ...]
-    message: str
+    said: DecisionOutcome
     stranded: bool
+
+    @property
+    def message(self) -> str:
+        """The binder's message (`said` rendered)."""
+        return self.said.render()
+
+    @property
+    def reason(self) -> SetRefused | None:
+        """The typed refusal when `action` is "refused", else None."""
+        return self.said if isinstance(self.said, SetRefused) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,14 +402,14 @@ def what_if(snapshot: Snapshot, mode: str, nodes: Sequence[str], *,
                 action = "stay"
             snap = apply_decision(snap, request, decision, now=now)
             outcomes.append(Outcome(hs, action, decision.rule, decision.node, placement.moves,
-                                    decision.message, hs.running and action == "stay"
+                                    decision.outcome, hs.running and action == "stay"
                                     and decision.node in targets))
         else:
             snap = snap.without_devices([(hs.namespace, n) for n in request.devices
                                          if snap.device(hs.namespace, n) is not None
                                          and snap.device(hs.namespace, n).template_for == vmi
                                          and snap.device(hs.namespace, n).bound_node is None])
-            outcomes.append(Outcome(hs, "refused", decision.rule, None, (), decision.message,
+            outcomes.append(Outcome(hs, "refused", decision.rule, None, (), decision.outcome,
                                     hs.running))
     stranded = tuple(sorted((o.set.namespace, o.set.vmi) for o in outcomes
                             if o.stranded and o.set.vmi is not None))

@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import Iterable, Iterator, Mapping, Sequence
 
 from model.hold import Hold
+from model.reasons import BudgetExhausted, ClassNotFound, DeviceNotFound, NoFreeUnit, NotEntitled, Reason
 from model.types import (
     Budget,
     GPUClass,
@@ -56,18 +57,13 @@ class Order:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """Answer of `check_order`/`check_set`: admitted, or not with a `reason`; `node` is a node
-    where the order (or set) fits, chosen deterministically (tightest fit, then name)."""
+    """Answer of `check_order`/`check_set`: admitted, or not with a typed `reason`
+    (`model.reasons`); `node` is a node where the order (or set) fits, chosen
+    deterministically (tightest fit, then name)."""
 
     admitted: bool
-    reason: str | None = None
+    reason: Reason | None = None
     node: str | None = None
-
-
-def budget_message(namespace: str, resource: str, usage: int, budget: int, adds: int) -> str:
-    """The wording of a budget refusal, shared by W1 and B1."""
-    return (f"budget of tenant {namespace} for {resource} exhausted: "
-            f"{usage} bound or reserved of {budget}, request adds {adds}")
 
 
 class _Static:
@@ -536,10 +532,11 @@ class Snapshot:
         return None
 
     def check_order(self, order: Order) -> Verdict:
-        """W1 for one device of one tenant. Refuses, in this order: a held device that does not
-        exist ("device gpu-x not found"), a class that does not exist ("class h100 not found"),
-        a class the tenant is not entitled to ("tenant tenant-a not entitled to class h100"),
-        no budget room when the device is not already Bound (`budget_message`), and no room:
+        """W1 for one device of one tenant. Refuses (`model.reasons`), in this order: a held
+        device that does not exist (`DeviceNotFound`), a class that does not exist
+        (`ClassNotFound`), a class the tenant is not entitled to (`NotEntitled`), no budget
+        room when the device is not already Bound (`BudgetExhausted`, adds 1), and no room
+        (`NoFreeUnit`):
         admitted when the held device is Bound on a node that serves its class with nothing
         over allocatable there (node = that node), or some schedulable node serving the class
         has a free unit (node = the tightest such node, then by name)."""
@@ -548,25 +545,25 @@ class Snapshot:
         if order.device is not None:
             device = self.device(ns, order.device)
             if device is None:
-                return Verdict(False, f"device {order.device} not found")
+                return Verdict(False, DeviceNotFound(order.device))
             class_name = device.class_name
         cls = self._st.classes.get(class_name)
         if cls is None:
-            return Verdict(False, f"class {class_name} not found")
+            return Verdict(False, ClassNotFound(class_name))
         if not self.entitled(ns, class_name):
-            return Verdict(False, f"tenant {ns} not entitled to class {class_name}")
+            return Verdict(False, NotEntitled(ns, class_name))
         res = cls.resource_name
         bound = device.bound_node if device is not None else None
         if bound is None:
             budget = self.budget_of(ns, res)
             usage = self.tenant_usage(ns, res)
             if budget is not None and usage + 1 > budget:
-                return Verdict(False, budget_message(ns, res, usage, budget, 1))
+                return Verdict(False, BudgetExhausted(ns, res, usage, budget, 1))
         elif self.serves(bound, class_name) and self.free(bound, res) >= 0:
             return Verdict(True, node=bound)
         node = self.tightest_node(class_name, 1, tolerations=order.tolerations)
         if node is None:
-            return Verdict(False, f"no schedulable node serving class {class_name} has a free {res}")
+            return Verdict(False, NoFreeUnit(class_name, res))
         return Verdict(True, node=node)
 
     # --- deriving ---------------------------------------------------------------------

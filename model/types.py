@@ -11,6 +11,8 @@ from datetime import datetime
 from enum import Enum
 from typing import Mapping
 
+from model.reasons import Cordoned, NotKubevirtSchedulable, NotReady, Reason
+
 GROUP = "gpu.cozystack.io"
 VERSION = "v1alpha1"
 TEMPLATE_FOR_LABEL = "gpu.cozystack.io/template-for"
@@ -189,17 +191,22 @@ class Node:
                 return value == "true"
         return False
 
-    def placement_problems(self) -> list[str]:
-        """The request-independent B3 failures of this node, in message wording: "cordoned",
-        "not Ready", "lacks label kubevirt.io/schedulable=true"; empty when none."""
-        out = []
+    def placement_reasons(self) -> list[Reason]:
+        """The request-independent B3 failures of this node (`Cordoned`, `NotReady`,
+        `NotKubevirtSchedulable`); empty when none."""
+        out: list[Reason] = []
         if self.unschedulable:
-            out.append("cordoned")
+            out.append(Cordoned())
         if not self.ready:
-            out.append("not Ready")
+            out.append(NotReady())
         if not self.kubevirt_schedulable:
-            out.append(f"lacks label {KUBEVIRT_SCHEDULABLE_LABEL}=true")
+            out.append(NotKubevirtSchedulable(KUBEVIRT_SCHEDULABLE_LABEL))
         return out
+
+    def placement_problems(self) -> list[str]:
+        """`placement_reasons` in message wording: "cordoned", "not Ready", "lacks label
+        kubevirt.io/schedulable=true"; empty when none."""
+        return [r.render() for r in self.placement_reasons()]
 
     def allocatable_of(self, resource_name: str) -> int:
         """Allocatable units of `resource_name` on this node (0 when not advertised)."""

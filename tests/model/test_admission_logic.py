@@ -1,10 +1,15 @@
-"""W1/W4 judgement and the VMI mutation of model.admission (pure)."""
+"""W1/W4 judgement and the VMI mutation of model.admission (pure). Refusals are asserted as
+typed reasons (`model.reasons`); their wording is `tests/model/test_reasons.py`'s."""
 
 from datetime import datetime, timedelta, timezone
 
 from model.admission import (AdmissionPlan, Refusal, already_admitted, check, template_name,
                              vmi_patch)
 from model.parse import VMIAsk
+from model.reasons import (BudgetExhausted, CannotPlace, Category, Code, DeviceAt, DeviceAttached,
+                           DeviceBeingDeleted, HeldDeviceNotFound, NodeProblems, NoEligibleNode,
+                           NoRoom, SetNeeds, SetRefused, TooManySelectorEntries, TooManyTolerations,
+                           UnknownAnnotation)
 from model.snapshot import Snapshot
 from model.types import (Attachment, BindRequest, Budget, DeviceStatus, GPUClass, GPUDevice,
                          Node, Phase, Result)
@@ -39,20 +44,21 @@ def test_W1_plan_names_templates_deterministically_and_picks_a_node():
 def test_W1_refuses_device_attached_to_live_vmi_but_not_a_stale_attachment():
     busy = held("g1", bound="n1", attached="other", since_s=10)
     assert check(snap(busy), "t1", "vm", VMIAsk(("g1",), ()), set(), NOW, GRACE) == \
-        Refusal("GPU device g1 is attached to VMI other")
+        Refusal(DeviceAttached("g1", "other"))
     stale = held("g1", bound="n1", attached="other", since_s=500)
     assert isinstance(check(snap(stale), "t1", "vm", VMIAsk(("g1",), ()), set(), NOW, GRACE),
                       AdmissionPlan)
     assert check(snap(stale), "t1", "vm", VMIAsk(("g1",), ()), {("t1", "other")}, NOW, GRACE) \
-        == Refusal("GPU device g1 is attached to VMI other")
+        == Refusal(DeviceAttached("g1", "other"))
 
 
 def test_W1_refuses_missing_device_and_budget():
     assert check(snap(), "t1", "vm", VMIAsk(("nope",), ()), set(), NOW, GRACE) == \
-        Refusal("GPU device nope not found in namespace t1")
+        Refusal(HeldDeviceNotFound("nope", "t1"))
     got = check(snap(held("g1", bound="n1"), budget=1), "t1", "vm",
                 VMIAsk((), (("h100", 1),)), set(), NOW, GRACE)
-    assert isinstance(got, Refusal) and "budget of tenant t1 for nvidia.com/H100 exhausted" in got.message
+    assert got == Refusal(CannotPlace("t1", "vm", (BudgetExhausted("t1", H100, 1, 1, 1),)))
+    assert (got.code, got.reason.category) == (Code.BUDGET_EXHAUSTED, Category.POLICY)
 
 
 def test_W4_retry_counts_existing_bound_templates_once():
@@ -92,9 +98,9 @@ def test_W1_set_larger_than_any_node_says_what_it_needs_and_the_most_free():
     one = Snapshot.build(nodes=[Node("n1", KV, allocatable=((H100, 2),))],
                          classes=[GPUClass("h100", H100)])
     got = check(one, "t1", "vm", VMIAsk((), (("h100", 3),)), set(), NOW, GRACE)
-    assert got == Refusal("GPU set of VMI t1/vm cannot be placed: the set needs 3 × "
-                          "nvidia.com/H100 (class h100) on one node; the most free on an "
-                          "eligible node serving it is 2; n1: needs 3 × nvidia.com/H100, has 2 free")
+    assert got == Refusal(CannotPlace("t1", "vm", (
+        SetNeeds("h100", H100, needs=3, most_free=2),
+        NoEligibleNode((NodeProblems("n1", (NoRoom(H100, needs=3, free=2),)),)))))
 
 
 def test_W1_the_most_free_counts_only_eligible_nodes_taints_and_selector_too():
@@ -107,20 +113,23 @@ def test_W1_the_most_free_counts_only_eligible_nodes_taints_and_selector_too():
                                  Node("n2", (*KV, ("zone", "b")), allocatable=((H100, 1),))],
                           classes=[GPUClass("h100", H100)])
     got = check(snap, "t1", "vm", VMIAsk((), (("h100", 2),)), set(), NOW, GRACE)
-    assert isinstance(got, Refusal)
-    assert "the most free on an eligible node serving it is 1;" in got.message, got.message
-    assert "n1: taint node.kubernetes.io/not-ready:NoSchedule not tolerated" in got.message
+    assert isinstance(got, Refusal) and isinstance(got.reason, CannotPlace)
+    needs, per_node = got.reason.reasons
+    assert needs == SetNeeds("h100", H100, needs=2, most_free=1)
+    assert [(n.node, [p.code for p in n.problems]) for n in per_node.nodes] == [
+        ("n1", [Code.TAINTS_NOT_TOLERATED]), ("n2", [Code.NO_ROOM])]
+    assert per_node.nodes[0].problems[0].taints == ("node.kubernetes.io/not-ready:NoSchedule",)
     got = check(snap, "t1", "vm", VMIAsk((), (("h100", 2),)), set(), NOW, GRACE,
                 node_selector=(("zone", "a"),))
-    assert "(class h100) on one node; no node serving it is eligible;" in got.message, got.message
+    assert got.reason.reasons[0] == SetNeeds("h100", H100, needs=2, most_free=None)
 
 
 def test_W1_set_larger_than_free_units_across_nodes_gets_the_binders_per_node_reasons():
     got = check(snap(free=2), "t1", "vm", VMIAsk((), (("h100", 3),)), set(), NOW, GRACE)
-    assert got == Refusal(
-        "GPU set of VMI t1/vm cannot be placed: devices new h100 #1 (Pending), new h100 #2 "
-        "(Pending), new h100 #3 (Pending); n1: needs 3 × nvidia.com/H100, has 2 free; "
-        "n2: needs 3 × nvidia.com/H100, has 1 free")
+    assert got == Refusal(CannotPlace("t1", "vm", (SetRefused(
+        (DeviceAt("new h100 #1"), DeviceAt("new h100 #2"), DeviceAt("new h100 #3")),
+        (NoEligibleNode((NodeProblems("n1", (NoRoom(H100, needs=3, free=2),)),
+                         NodeProblems("n2", (NoRoom(H100, needs=3, free=1),)))),)),)))
 
 
 def _att(vmi, since_s=0, admission=None, uid=None):
@@ -136,7 +145,9 @@ def test_W1_same_name_attachment_of_a_concurrent_admission_refuses_the_second_cr
     plan = check(s, "t1", "vm", VMIAsk(("g1",), ()), VMIs(), NOW, GRACE)
     assert isinstance(plan, AdmissionPlan)   # W1 proper leaves the same name to W4 / this check
     got = same_name_conflict(s, plan, VMIs(), NOW, GRACE)
-    assert isinstance(got, Refusal) and "another admission of VMI t1/vm" in got.message
+    assert isinstance(got, Refusal) and got.code is Code.SAME_NAME_CONFLICT
+    assert (got.reason.device, got.reason.namespace, got.reason.vmi) == ("g1", "t1", "vm")
+    assert got.reason.category is Category.UNAVAILABLE  # retry once the other has finished
     # the same attachment of an incarnation seen deleted (tombstone a1) may be taken over
     assert same_name_conflict(s, plan, VMIs({}, frozenset({("t1", "a1")})), NOW, GRACE) is None
     # ... and so may one whose VMI uid was recorded (that incarnation is gone: a live read
@@ -150,7 +161,7 @@ def test_W1_refuses_a_device_being_deleted():
     from dataclasses import replace
     d = replace(held("g1", bound="n1"), deleting=True)
     assert check(snap(d), "t1", "vm", VMIAsk(("g1",), ()), set(), NOW, GRACE) == \
-        Refusal("GPU device g1 is being deleted")
+        Refusal(DeviceBeingDeleted("g1"))
 
 
 def test_B3_a_bound_device_being_deleted_still_uses_its_unit():
@@ -177,14 +188,15 @@ def test_W1_refuses_a_node_selector_or_tolerations_the_bind_request_cannot_carry
                             node_selector=tuple(ok)), Refusal)  # no node has those labels
     got = check(snap(held("g1", bound="n1")), "t1", "vm", ask, set(), NOW, GRACE,
                 node_selector=tuple([*ok, ("k64", "v")]))
-    assert got == Refusal("the VMI's nodeSelector has 65 entries (with KubeVirt's own); "
-                          "gpu-binder carries at most 64")
+    assert got == Refusal(TooManySelectorEntries(65, 64))
+    assert got.reason.category is Category.INVALID
     long_value = check(snap(held("g1", bound="n1")), "t1", "vm", ask, set(), NOW, GRACE,
                        node_selector=(("zone", "x" * 64),))
-    assert isinstance(long_value, Refusal) and "longer than a label allows" in long_value.message
+    assert isinstance(long_value, Refusal) and long_value.code is Code.SELECTOR_ENTRY_TOO_LONG
+    assert long_value.reason.key == "zone"
     many = tuple(Toleration(f"k{i}") for i in range(65))
     got = check(snap(held("g1", bound="n1")), "t1", "vm", ask, set(), NOW, GRACE, tolerations=many)
-    assert got == Refusal("the VMI has 65 tolerations; gpu-binder carries at most 64")
+    assert got == Refusal(TooManyTolerations(65, 64))
     fits = check(snap(held("g1", bound="n1")), "t1", "vm", ask, set(), NOW, GRACE,
                  tolerations=many[:64])
     assert isinstance(fits, AdmissionPlan)
@@ -223,8 +235,9 @@ def test_W1_unknown_gpu_annotation_is_refused_by_the_webhook_rule_and_explain_al
     assert unknown_annotations({"gpu.cozystack.io/templates": "h100=1", "other/x": "y"}) is None
     got = unknown_annotations({"gpu.cozystack.io/tempaltes": "h100=1",
                                "gpu.cozystack.io/admission": "forged"})
-    assert got is not None and got.message.startswith(
-        "unknown annotation gpu.cozystack.io/admission, gpu.cozystack.io/tempaltes: gpu-binder reads ")
+    assert got is not None and got.reason == UnknownAnnotation(
+        ("gpu.cozystack.io/admission", "gpu.cozystack.io/tempaltes"),
+        "gpu.cozystack.io/devices", "gpu.cozystack.io/templates")
     vmi = {"metadata": {"name": "vm", "namespace": "t1",
                         "annotations": {"gpu.cozystack.io/tempaltes": "h100=1"}}, "spec": {}}
     with pytest.raises(ToolError, match=r"VMI t1/vm would be denied: unknown annotation "

@@ -1,6 +1,7 @@
 """Table tests of `model.decide`, one per rule of DESIGN.md §3 (B1–B6) and per B5 case, with
-refusal messages asserted word for word. The small builders here are reused by the other
-test_model_* files."""
+the decision's outcome asserted as a typed value (`model.reasons`: codes and data; the wording
+is `tests/model/test_reasons.py`'s). The small builders here are reused by the other
+tests/model files."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ from model.decide import (
     find_requests,
 )
 from model.hold import Hold
+from model.reasons import (AlreadyPlaced, BudgetExhausted, ClassesNotServed, ClassNotFound, Code,
+                           Cordoned, DeviceAt, DeviceNotFound, KeptCordoned, LostCapacity, NodeGone,
+                           NodeProblems, NoEligibleNode, NoNodeServes, NoRoom, NotEntitled, Placed,
+                           RequestRef, SelectorMismatch, SetRefused)
 from model.snapshot import Snapshot
 from model.types import (
     BindRequest,
@@ -70,6 +75,21 @@ def req(*names: str, rid: str = "r1", ns: str = NS, selector: dict | None = None
     return Request(rid, ns, "vm-1", names, tuple(sorted((selector or {}).items())))
 
 
+R1 = RequestRef(NS, "vm-1", "r1")
+
+
+def refused(devices, *reasons, request=R1) -> SetRefused:
+    """The binder's refusal of `req(...)` (rid r1): devices as (name, node | None | "?"
+    for not found), then the reasons."""
+    return SetRefused(tuple(DeviceAt(n, found=False) if at == "?" else DeviceAt(n, at)
+                            for n, at in devices), reasons, request)
+
+
+def nodes(*lines) -> NoEligibleNode:
+    """NoEligibleNode of (node, problem, ...) lines, every node shown."""
+    return NoEligibleNode(tuple(NodeProblems(n, tuple(ps)) for n, *ps in lines))
+
+
 def placement_of(snap: Snapshot) -> dict:
     return {k: d.bound_node for k, d in snap.devices.items()}
 
@@ -85,7 +105,7 @@ def test_B1_gathers_held_and_pending_devices_onto_one_node():
         "node-2",
         (Move((NS, "gpu-a"), "node-1", "node-2"), Move((NS, "gpu-b"), None, "node-2")),
         ((H, 2),), ((H, 1),)),)
-    assert d.message == "placed tenant-a/vm-1 request r1 on node-2: bind gpu-b; move gpu-a from node-1"
+    assert d.outcome == Placed(R1, "node-2", ("gpu-b",), (("gpu-a", "node-1"),)) and d.reason is None
     after = apply_decision(s, req("gpu-a", "gpu-b"), d, now=NOW)
     assert {k: v for k, v in placement_of(after).items()} == {(NS, "gpu-a"): "node-2", (NS, "gpu-b"): "node-2"}
     assert all(x.status.bind_request.result is Result.SUCCEEDED for x in after.devices.values())
@@ -98,10 +118,10 @@ def test_B1_refusal_names_every_device_and_why_each_candidate_node_failed():
               [dev("gpu-a", "node-1"), dev("gpu-b"), dev("other", "node-2", ns="tenant-b")], classes)
     d = decide(s, req("gpu-a", "gpu-b"))
     assert (d.result, d.rule, d.node, d.placements) == (Result.REFUSED, "refused", None, ())
-    assert d.message == (
-        "refused tenant-a/vm-1 request r1: devices gpu-a (Bound on node-1), gpu-b (Pending); "
-        "node-1: cordoned; node-2: needs 2 × nvidia.com/H100, has 1 free; "
-        "node-3: does not serve class h100")
+    assert d.reason == refused([("gpu-a", "node-1"), ("gpu-b", None)], nodes(
+        ("node-1", Cordoned()), ("node-2", NoRoom(H, needs=2, free=1)),
+        ("node-3", ClassesNotServed(("h100",)))))
+    assert d.reason.code is Code.NO_ELIGIBLE_NODE
 
 
 def test_B1_refused_changes_no_placement_only_results():
@@ -109,8 +129,8 @@ def test_B1_refused_changes_no_placement_only_results():
     r = req("gpu-a", "gpu-b")
     d = decide(s, r)
     assert d.result is Result.REFUSED
-    assert d.message == ("refused tenant-a/vm-1 request r1: devices gpu-a (Bound on node-1), gpu-b (Pending); "
-                         "node-1: needs 1 × nvidia.com/H100, has 0 free")
+    assert d.reason == refused([("gpu-a", "node-1"), ("gpu-b", None)],
+                               nodes(("node-1", NoRoom(H, needs=1, free=0))))
     after = apply_decision(s, r, d, now=NOW)
     assert placement_of(after) == placement_of(s)
     for x in after.devices.values():
@@ -122,8 +142,7 @@ def test_B1_budget_exhausted_refuses_whole_request():
     s = world([node("node-1", 8)], [dev("held-1", "node-1"), dev("held-2", "node-1"), dev("gpu-a")],
               budgets=[Budget(NS, H, 3), Budget(NS, H, 2)])
     d = decide(s, req("gpu-a"))
-    assert d.message == ("refused tenant-a/vm-1 request r1: devices gpu-a (Pending); "
-                         "budget of tenant tenant-a for nvidia.com/H100 exhausted: 2 bound or reserved of 2, request adds 1")
+    assert d.reason == refused([("gpu-a", None)], BudgetExhausted(NS, H, usage=2, budget=2, adds=1))
 
 
 def test_B1_budget_counts_reservations_but_moves_add_nothing():
@@ -140,15 +159,14 @@ def test_B1_not_entitled_refuses_whole_request():
     s = world([node("node-1", 4, 4)], [dev("gpu-a"), dev("gpu-b", cls="l40s")], classes,
               namespaces=[Namespace(NS, (("tier", "silver"),))])
     d = decide(s, req("gpu-a", "gpu-b"))
-    assert d.message == ("refused tenant-a/vm-1 request r1: devices gpu-a (Pending), gpu-b (Pending); "
-                         "tenant tenant-a not entitled to class l40s")
+    assert d.reason == refused([("gpu-a", None), ("gpu-b", None)], NotEntitled(NS, "l40s"))
 
 
 def test_B1_missing_device_and_missing_class_refuse():
     s = world([node("node-1", 4)], [dev("gpu-a", cls="a100")])
     d = decide(s, req("gpu-a", "gpu-x"))
-    assert d.message == ("refused tenant-a/vm-1 request r1: devices gpu-a (Pending), gpu-x (not found); "
-                         "device gpu-x not found; class a100 not found")
+    assert d.reason == refused([("gpu-a", None), ("gpu-x", "?")], DeviceNotFound("gpu-x"),
+                               ClassNotFound("a100"))
 
 
 def test_B1_refusal_message_is_bounded_on_a_large_fleet():
@@ -156,17 +174,15 @@ def test_B1_refusal_message_is_bounded_on_a_large_fleet():
     s = world(nodes, [dev("gpu-a"), dev("gpu-b")])
     d = decide(s, req("gpu-a", "gpu-b"))
     assert d.result is Result.REFUSED
-    parts = d.message.split("; ")
-    assert len(parts) == 1 + MESSAGE_NODES + 1
-    assert parts[1] == "node-0000: needs 2 × nvidia.com/H100, has 1 free"
-    assert parts[-1] == "and 4990 more nodes"
+    [per_node] = d.reason.reasons
+    assert len(per_node.nodes) == MESSAGE_NODES and per_node.more == 4990
+    assert per_node.nodes[0] == NodeProblems("node-0000", (NoRoom(H, needs=2, free=1),))
     assert len(d.message) < 2000
 
 
 def test_B1_no_node_serves_class():
     s = world([node("node-1", 0, 4)], [dev("gpu-a")])
-    assert decide(s, req("gpu-a")).message == (
-        "refused tenant-a/vm-1 request r1: devices gpu-a (Pending); no node serves class h100")
+    assert decide(s, req("gpu-a")).reason == refused([("gpu-a", None)], NoNodeServes(("h100",)))
 
 
 # --- B2 single decision loop (the model's part: the ledger it judges against) -------------
@@ -185,8 +201,8 @@ def test_B2_a_reservation_in_flight_holds_the_unit_and_the_budget_slot():
     first = decide(s, req("gpu-a", rid="r1"))
     p = first.placements[0]
     held = s.with_reservation(Hold("r1", NS, p.node, p.needs, p.budget_needs))
-    assert decide(held, req("gpu-b", rid="r2")).message.endswith(
-        "budget of tenant tenant-a for nvidia.com/H100 exhausted: 1 bound or reserved of 1, request adds 1")
+    assert decide(held, req("gpu-b", rid="r2")).reason.reasons == (
+        BudgetExhausted(NS, H, usage=1, budget=1, adds=1),)
     assert decide(held.without_reservation("r1"), req("gpu-b", rid="r2")).result is Result.SUCCEEDED
 
 
@@ -199,19 +215,17 @@ def test_decide_rejects_a_limit_below_one():
 
 
 @pytest.mark.parametrize("bad, why", [
-    (node("node-1", 4, cordoned=True, zone="a"), "node-1: cordoned"),
-    (node("node-1", 4, zone="b"), "node-1: does not match node selector zone=a"),
-    (node("node-1", 1, zone="a"), "node-1: needs 2 × nvidia.com/H100, has 1 free"),
-    (node("node-1", 0, 4, zone="a"), None),  # does not advertise H100: not a candidate at all
+    (node("node-1", 4, cordoned=True, zone="a"), nodes(("node-1", Cordoned()))),
+    (node("node-1", 4, zone="b"), nodes(("node-1", SelectorMismatch((("zone", "a"),))))),
+    (node("node-1", 1, zone="a"), nodes(("node-1", NoRoom(H, needs=2, free=1)))),
+    # does not advertise H100: not a candidate at all
+    (node("node-1", 0, 4, zone="a"), NoNodeServes(("h100",))),
 ])
 def test_B3_ineligible_node_is_not_chosen(bad, why):
     s = world([bad], [dev("gpu-a"), dev("gpu-b")])
     d = decide(s, req("gpu-a", "gpu-b", selector={"zone": "a"}))
     assert d.result is Result.REFUSED
-    if why:
-        assert d.message.endswith("; " + why)
-    else:
-        assert d.message.endswith("; no node serves class h100")
+    assert d.reason.reasons == (why,)
 
 
 def test_B3_counts_reservations_in_flight():
@@ -266,8 +280,7 @@ def test_B5a_move_cordon_only_problem_no_room_elsewhere_succeeds_in_place():
     d = decide(s, req("gpu-a", "gpu-b"))
     assert (d.result, d.rule, d.node) == (Result.SUCCEEDED, "B5a", "node-1")
     assert d.placements == (Placement("node-1", (), (), ()),)
-    assert d.message == ("tenant-a/vm-1 request r1: kept on cordoned node node-1 (B5a: the cordon is its only "
-                         "problem and no other node has room); the VMI waits for the cordon to lift")
+    assert d.outcome == KeptCordoned(R1, "node-1", "B5a")
     assert placement_of(apply_decision(s, req("gpu-a", "gpu-b"), d, now=NOW)) == placement_of(s)
 
 
@@ -283,9 +296,9 @@ def test_B5a_move_cordon_plus_lost_capacity_is_treated_normally():
     s = world([node("node-1", 1, cordoned=True), node("node-2", 1)],
               [dev("gpu-a", "node-1"), dev("gpu-b", "node-1")])
     d = decide(s, req("gpu-a", "gpu-b"))
-    assert d.message == ("refused tenant-a/vm-1 request r1: devices gpu-a (Bound on node-1), gpu-b (Bound on node-1); "
-                         "node-1: cordoned, lost capacity of nvidia.com/H100: 2 bound of 1; "
-                         "node-2: needs 2 × nvidia.com/H100, has 1 free")
+    assert d.reason == refused([("gpu-a", "node-1"), ("gpu-b", "node-1")], nodes(
+        ("node-1", Cordoned(), LostCapacity(H, bound=2, foreign=0, allocatable=1)),
+        ("node-2", NoRoom(H, needs=2, free=1))))
 
 
 def test_B5a_move_cordon_plus_no_longer_serving_is_treated_normally():
@@ -294,7 +307,8 @@ def test_B5a_move_cordon_plus_no_longer_serving_is_treated_normally():
               [dev("gpu-a", "node-1")], classes)
     assert decide(s, req("gpu-a")).node == "node-2"
     s2 = world([node("node-1", 2, cordoned=True)], [dev("gpu-a", "node-1")], classes)
-    assert decide(s2, req("gpu-a")).message.endswith("; node-1: cordoned, does not serve class h100")
+    assert decide(s2, req("gpu-a")).reason.reasons == (
+        nodes(("node-1", Cordoned(), ClassesNotServed(("h100",)))),)
 
 
 def test_B5_pending_template_member_disables_the_exception():
@@ -308,8 +322,7 @@ def test_B5b_stay_succeeds_in_place_even_with_room_elsewhere():
               [dev("gpu-a", "node-1"), dev("gpu-b", "node-1", cls="h100-stay")], classes)
     d = decide(s, req("gpu-a", "gpu-b"))
     assert (d.result, d.rule, d.node, d.placements) == (Result.SUCCEEDED, "B5b", "node-1", (Placement("node-1", (), (), ()),))
-    assert d.message == ("tenant-a/vm-1 request r1: kept on cordoned node node-1 (B5b: class h100-stay is onCordon "
-                         "Stay); the VMI waits for the cordon to lift")
+    assert d.outcome == KeptCordoned(R1, "node-1", "B5b", ("h100-stay",))
 
 
 def test_B5b_stay_with_lost_capacity_is_treated_normally():
@@ -327,7 +340,7 @@ def test_B5b_stay_with_node_gone_is_treated_normally():
     d = decide(s, req("gpu-a"))
     assert (d.rule, d.node, d.placements[0].moves) == ("B1", "node-2", (Move((NS, "gpu-a"), "node-1", "node-2"),))
     gone = decide(world([], [dev("gpu-a", "node-1")], classes), req("gpu-a"))
-    assert gone.message == "refused tenant-a/vm-1 request r1: devices gpu-a (Bound on node-1); node-1: gone"
+    assert gone.reason == refused([("gpu-a", "node-1")], nodes(("node-1", NodeGone())))
 
 
 def test_B5b_stay_node_no_longer_serving_is_treated_normally():
@@ -350,7 +363,7 @@ def test_B6_already_placed_succeeds_with_no_write_to_placement():
     s = world([node("node-1", 2), node("node-2", 8)], [dev("gpu-a", "node-1"), dev("gpu-b", "node-1")])
     d = decide(s, req("gpu-a", "gpu-b"))
     assert (d.result, d.rule, d.node, d.placements) == (Result.SUCCEEDED, "B6", "node-1", (Placement("node-1", (), (), ()),))
-    assert d.message == "tenant-a/vm-1 request r1: already placed on node-1"
+    assert d.outcome == AlreadyPlaced(R1, "node-1")
     assert placement_of(apply_decision(s, req("gpu-a", "gpu-b"), d, now=NOW)) == placement_of(s)
 
 

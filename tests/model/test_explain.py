@@ -1,6 +1,7 @@
 """`model.explain`: explain, what-if and top give the binder's own verdicts (B1–B6, W1).
 
-Table tests with messages asserted word for word, and hypothesis properties tying every
+Table tests with reasons asserted as typed values (`model.reasons`; their wording is
+`tests/model/test_reasons.py`'s), and hypothesis properties tying every
 answer to `decide`/`check`: explain's node is the node `decide` places the set on, its
 per-node reasons are the ones a refusal writes, what-if outcomes are the decisions of the
 same requests, and top's largest set is exactly the largest request that `decide` places.
@@ -17,6 +18,9 @@ from model.decide import Request, decide
 from model.explain import (EXPLAIN_REQUEST_ID, NodeVerdict, explain, held_sets,
                            largest_placeable, set_request, top, what_if)
 from model.parse import VMIAsk
+from model.reasons import (BudgetExhausted, CannotPlace, ClassesNotServed, Code, Cordoned, DeviceAt,
+                           DeviceAttached, NodeProblems, NoRoom, NotEntitled, RequestRef,
+                           SelectorMismatch)
 from model.snapshot import Snapshot
 from model.types import (Attachment, Budget, DeviceStatus, GPUDevice, LabelSelector, Namespace,
                          Phase, Result)
@@ -55,7 +59,7 @@ def test_B4_explain_names_the_chosen_node_and_the_moves():
         ((NS, "vm-1-h100-0"), None, "n1"), ((NS, "vm-1-h100-1"), None, "n1")]
     assert e.nodes == (NodeVerdict("n1", (), 1, True),
                        NodeVerdict("n2", (), 0, False),
-                       NodeVerdict("n3", ("needs 3 × nvidia.com/H100, has 1 free",), 0, False))
+                       NodeVerdict("n3", (NoRoom(H, needs=3, free=1),), 0, False))
     assert e.shortfalls == ()
 
 
@@ -67,14 +71,16 @@ def test_B3_explain_gives_every_node_its_reason():
     e = ex(snap, templates=[("h100", 2)], selector=[("zone", "a")])
     assert not e.admitted and e.node is None
     by = {v.node: v.reasons for v in e.nodes}
+    zone = SelectorMismatch((("zone", "a"),))
     assert by == {
-        "n1": ("cordoned", "does not match node selector zone=a"),
-        "n2": ("does not serve class h100", "does not match node selector zone=a"),
-        "n3": ("does not match node selector zone=a", "needs 2 × nvidia.com/H100, has 1 free"),
-        "n4": ("does not match node selector zone=a",),
+        "n1": (Cordoned(), zone),
+        "n2": (ClassesNotServed(("h100",)), zone),
+        "n3": (zone, NoRoom(H, needs=2, free=1)),
+        "n4": (zone,),
     }
-    # W1 judges the VMI's nodeSelector too (B3): its refusal is the message
-    assert e.message.startswith("GPU set of VMI tenant-a/vm-1 cannot be placed: devices ")
+    # W1 judges the VMI's nodeSelector too (B3): its refusal is the binder's, per node
+    assert isinstance(e.reason, CannotPlace) and e.reason.code is Code.NO_ELIGIBLE_NODE
+    assert e.reason.reasons[0].code is Code.NO_ELIGIBLE_NODE
 
 
 def test_W1_explain_says_budget_and_by_how_much():
@@ -82,11 +88,9 @@ def test_W1_explain_says_budget_and_by_how_much():
                           devices=[dev("gpu-a", on="n1")], budgets=[Budget(NS, H, 2)])
     e = ex(snap, templates=[("h100", 3)])
     assert not e.admitted
-    assert e.message == ("GPU set of VMI tenant-a/vm-1 cannot be placed: budget of tenant "
-                         "tenant-a for nvidia.com/H100 exhausted: 1 bound or reserved of 2, "
-                         "request adds 3")  # W1 says what B1 says
-    assert e.set_problems == ("budget of tenant tenant-a for nvidia.com/H100 exhausted: "
-                              "1 bound or reserved of 2, request adds 3",)
+    budget = BudgetExhausted(NS, H, usage=1, budget=2, adds=3)
+    assert e.reason == CannotPlace(NS, "vm-1", (budget,))  # W1 says what B1 says
+    assert e.set_problems == (budget,)
     assert e.budget_short == ((H, 2),)
 
 
@@ -95,8 +99,8 @@ def test_W1_explain_names_attachment_to_another_vmi():
                           devices=[attached(dev("gpu-a", on="n1"), "other")])
     e = ex(snap, held=["gpu-a"], live=[(NS, "other")])
     assert not e.admitted
-    assert e.message == "GPU device gpu-a is attached to VMI other"
-    assert e.set_problems == ("GPU device gpu-a is attached to VMI other",)
+    assert e.reason == DeviceAttached("gpu-a", "other")
+    assert e.set_problems == (DeviceAttached("gpu-a", "other"),)
     assert e.nodes == (NodeVerdict("n1", (), 1, False),)  # the node itself would do
     assert e.node is None and e.moves == ()
 
@@ -106,9 +110,8 @@ def test_W1_explain_names_entitlement():
     snap = Snapshot.build(nodes=[node("n1", h=4)], classes=[cls],
                           namespaces=[Namespace(NS, (("tier", "free"),))])
     e = ex(snap, templates=[("h100", 1)])
-    assert e.message == ("GPU set of VMI tenant-a/vm-1 cannot be placed: tenant tenant-a not "
-                         "entitled to class h100")
-    assert e.set_problems == ("tenant tenant-a not entitled to class h100",)
+    assert e.reason == CannotPlace(NS, "vm-1", (NotEntitled(NS, "h100"),))
+    assert e.set_problems == (NotEntitled(NS, "h100"),)
 
 
 def test_B1_explain_smallest_change_moves_idle_held_devices():
@@ -140,7 +143,7 @@ def test_B5_explain_cordoned_node_counts_as_a_further_change():
     snap = Snapshot.build(nodes=[node("n1", h=4, cordoned=True)], classes=[gpu_class()])
     e = ex(snap, templates=[("h100", 2)])
     assert [(s.node, s.missing, s.uncordon) for s in e.shortfalls] == [("n1", (), True)]
-    assert e.nodes == (NodeVerdict("n1", ("cordoned",)),)
+    assert e.nodes == (NodeVerdict("n1", (Cordoned(),)),)
 
 
 # --- what-if -------------------------------------------------------------------------------
@@ -177,9 +180,13 @@ def test_B5_what_if_drain_reports_evicted_and_refused():
     w = what_if(snap, "drain", ["n1"], live_vmis=LIVE, now=NOW)
     got = [(o.set.vmi, o.action, o.rule) for o in w.outcomes]
     assert got == [("vm-a", "refused", "refused"), (None, "move", "B1"), ("vm-s", "stay", "B5b")]
-    assert w.outcomes[0].message.startswith(
-        "refused tenant-a/vm-a request (explain): devices a-1 (Bound on n1), vm-a-h100-0 "
-        "(Pending); n1: cordoned; n2: needs 2 × nvidia.com/H100, has 1 free")
+    refused = w.outcomes[0].reason
+    assert refused is not None and refused.request == RequestRef(NS, "vm-a", EXPLAIN_REQUEST_ID)
+    assert refused.devices == (DeviceAt("a-1", "n1"), DeviceAt("vm-a-h100-0"))
+    [per_node] = refused.reasons
+    assert per_node.nodes[:2] == (NodeProblems("n1", (Cordoned(),)),
+                                  NodeProblems("n2", (NoRoom(H, needs=2, free=1),)))
+    assert w.outcomes[0].message == refused.render()
     assert w.stranded == ((NS, "vm-a"), ("tenant-s", "vm-s"))
     assert w.evicted == ((NS, "vm-a"), ("tenant-s", "vm-s"))
 
@@ -281,9 +288,9 @@ def test_W1_B1_explain_agrees_with_check_and_decide(snap, held, templates, selec
     d = decide(whole, request, limit=None)
     assert e.admitted == (not isinstance(w1, Refusal) and d.result is Result.SUCCEEDED)
     if isinstance(w1, Refusal):
-        assert e.message == w1.message
+        assert e.reason == w1.reason
     elif d.result is Result.REFUSED:
-        assert e.message == d.message
+        assert e.reason == d.reason
     if e.admitted:
         assert e.node == d.node and e.moves == d.placements[0].moves
         if d.rule == "B1":  # the eligible nodes are exactly those placements
@@ -291,12 +298,14 @@ def test_W1_B1_explain_agrees_with_check_and_decide(snap, held, templates, selec
             assert [v.node for v in e.nodes if v.chosen] == [d.node]
     else:
         assert e.node is None and not any(v.chosen for v in e.nodes)
-        if not e.set_problems:  # a room refusal: every node line is in the binder's words
+        if not e.set_problems:  # a room refusal: every node shown has the binder's reasons
             assert not any(v.fits for v in e.nodes)
-            for v in e.nodes:
-                line = f"{v.node}: {', '.join(v.reasons)}"
-                if f"; {v.node}:" in d.message:
-                    assert line in d.message
+            assert d.reason is not None
+            [per_node] = d.reason.reasons
+            if per_node.code is Code.NO_ELIGIBLE_NODE:
+                by = {v.node: v.reasons for v in e.nodes}
+                for line in per_node.nodes:
+                    assert line.problems == by[line.node]
 
 
 @PROPS
@@ -330,7 +339,7 @@ def test_B5_what_if_outcomes_are_decide_on_the_cordoned_cluster(snap, nodes, mod
     for o in w.outcomes:
         assert o.action in ("stay", "move", "refused")
         if o.action == "refused":
-            assert o.node is None and o.message.startswith("refused ")
+            assert o.node is None and o.reason is not None and o.reason.request is not None
         elif o.action == "stay":
             assert o.node in nodes and o.moves == () and o.rule in ("B5a", "B5b")
         else:

@@ -8,7 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from model.check import check_set
+from model.check import check_set, judge_set
+from model.reasons import (ClassNotPermitted, LostCapacity, NodeProblems, NoEligibleNode, NoFreeUnit,
+                           NoRoom, NotKubevirtSchedulable, NotReady, SelectorMismatch, SetRefused,
+                           DeviceAt, TaintsNotTolerated)
 from model.decide import Request, decide
 from model.parse import parse_gpu_device, parse_node, parse_tolerations, device_status_to_dict
 from model.snapshot import Order, Snapshot
@@ -19,6 +22,11 @@ NOT_READY = Taint("node.kubernetes.io/not-ready", "", "NoSchedule")
 GPU_TAINT = Taint("gpu", "reserved", "NoSchedule")
 
 
+def per_node(*lines) -> tuple[NoEligibleNode]:
+    """The per-node reasons of a refusal of (node, problem, ...) lines, every node shown."""
+    return (NoEligibleNode(tuple(NodeProblems(n, tuple(ps)) for n, *ps in lines)),)
+
+
 def req(*names: str, tolerations: tuple[Toleration, ...] = ()) -> Request:
     return Request("r1", NS, "vm-1", names, tolerations=tolerations)
 
@@ -27,7 +35,7 @@ def test_B3_not_ready_node_is_not_eligible_and_the_refusal_says_so():
     s = world([replace(node("node-1", 4), ready=False), node("node-2", 1)], [dev("gpu-a"), dev("gpu-b")])
     d = decide(s, req("gpu-a", "gpu-b"))
     assert d.result is Result.REFUSED
-    assert d.message.endswith("node-2: needs 2 × nvidia.com/H100, has 1 free; node-1: not Ready")
+    assert d.reason.reasons == per_node(("node-2", NoRoom(H, needs=2, free=1)), ("node-1", NotReady()))
     ok = world([replace(node("node-1", 4), ready=False), node("node-2", 2)], [dev("gpu-a"), dev("gpu-b")])
     assert decide(ok, req("gpu-a", "gpu-b")).node == "node-2"
 
@@ -37,8 +45,8 @@ def test_B3_node_without_kubevirt_schedulable_label_is_not_eligible():
     wrong = node("node-2", 4, **{"kubevirt.io/schedulable": "false"})
     d = decide(world([bare, wrong], [dev("gpu-a")]), req("gpu-a"))
     assert d.result is Result.REFUSED
-    assert d.message.endswith("node-1: lacks label kubevirt.io/schedulable=true; "
-                              "node-2: lacks label kubevirt.io/schedulable=true")
+    lacks = NotKubevirtSchedulable("kubevirt.io/schedulable")
+    assert d.reason.reasons == per_node(("node-1", lacks), ("node-2", lacks))
 
 
 def test_B3_untolerated_taint_makes_a_node_ineligible_a_tolerated_one_does_not():
@@ -47,7 +55,8 @@ def test_B3_untolerated_taint_makes_a_node_ineligible_a_tolerated_one_does_not()
     assert decide(s, req("gpu-a")).node == "node-2"  # tighter node-1 skipped: taint not tolerated
     only = world([tainted], [dev("gpu-a")])
     d = decide(only, req("gpu-a"))
-    assert d.result is Result.REFUSED and d.message.endswith("node-1: taint gpu=reserved:NoSchedule not tolerated")
+    assert d.result is Result.REFUSED
+    assert d.reason.reasons == per_node(("node-1", TaintsNotTolerated(("gpu=reserved:NoSchedule",))))
     for tol in (Toleration("gpu", "Equal", "reserved", "NoSchedule"), Toleration("gpu", "Exists"),
                 Toleration("", "Exists")):
         assert decide(s, req("gpu-a", tolerations=(tol,))).node == "node-1", tol
@@ -70,24 +79,25 @@ def test_capacity_counts_pods_outside_the_binder_as_used():
     assert decide(s, req("gpu-a", "gpu-b")).node == "node-2"
     full = world([busy], [dev("gpu-a"), dev("gpu-b")])
     d = decide(full, req("gpu-a", "gpu-b"))
-    assert d.message.endswith("node-1: needs 2 × nvidia.com/H100, has 1 free (3 used by Pods outside the binder)")
+    assert d.reason.reasons == per_node(("node-1", NoRoom(H, needs=2, free=1, foreign=3)))
     lost = world([replace(node("node-1", 2), foreign=((H, 2),))], [dev("gpu-a", "node-1")])
     assert lost.lost_capacity("node-1", H)
-    assert decide(lost, req("gpu-a")).message.endswith(
-        "node-1: lost capacity of nvidia.com/H100: 1 bound (2 used by Pods outside the binder) of 2")
+    assert decide(lost, req("gpu-a")).reason.reasons == per_node(
+        ("node-1", LostCapacity(H, bound=1, foreign=2, allocatable=2)))
 
 
 @pytest.mark.parametrize("bad, tol, why", [
-    (replace(node("node-1", 4), ready=False), (), "node-1: not Ready"),
-    (replace(node("node-1", 4), labels=()), (), "node-1: lacks label kubevirt.io/schedulable=true"),
-    (replace(node("node-1", 4), taints=(GPU_TAINT,)), (), "node-1: taint gpu=reserved:NoSchedule not tolerated"),
-    (replace(node("node-1", 4), foreign=((H, 4),)), (),
-     "node-1: needs 1 × nvidia.com/H100, has 0 free (4 used by Pods outside the binder)"),
-])
+    (replace(node("node-1", 4), ready=False), (), NotReady()),
+    (replace(node("node-1", 4), labels=()), (), NotKubevirtSchedulable("kubevirt.io/schedulable")),
+    (replace(node("node-1", 4), taints=(GPU_TAINT,)), (), TaintsNotTolerated(("gpu=reserved:NoSchedule",))),
+    (replace(node("node-1", 4), foreign=((H, 4),)), (), NoRoom(H, needs=1, free=0, foreign=4)),
+], ids=["not-ready", "not-kubevirt-schedulable", "taint", "foreign-pods"])
 def test_W1_check_set_agrees_with_B3_and_capacity(bad, tol, why):
     s = world([bad], [])
     v = check_set(s, NS, [Order(NS, "h100")], tolerations=tol)
-    assert not v.admitted
+    assert v == type(v)(False, NoFreeUnit("h100", H))  # the per-device check says it first
+    judged = judge_set(s, NS, [Order(NS, "h100")], tolerations=tol)  # and the binder why
+    assert judged.reason.reasons == per_node(("node-1", why))
     good = world([node("node-1", 4)], [])
     assert check_set(good, NS, [Order(NS, "h100")]).node == "node-1"
 
@@ -98,7 +108,9 @@ def test_W1_check_set_honours_tolerations_and_node_selector():
     tol = (Toleration("gpu", "Exists"),)
     assert check_set(s, NS, [Order(NS, "h100")], tolerations=tol).node == "node-1"
     v = check_set(s, NS, [Order(NS, "h100")], node_selector=(("zone", "a"),))
-    assert not v.admitted and "does not match node selector zone=a" in v.reason
+    zone = SelectorMismatch((("zone", "a"),))
+    assert not v.admitted and v.reason == SetRefused((DeviceAt("new h100 #1"),), per_node(
+        ("node-1", TaintsNotTolerated(("gpu=reserved:NoSchedule",)), zone), ("node-2", zone)))
 
 
 def test_parse_node_reads_ready_condition_and_taints():
@@ -202,8 +214,7 @@ def test_W1_class_kubevirt_does_not_permit_is_refused_before_room_is_checked():
     permitted = parse_permitted_host_devices(cr)
     assert permitted == {"nvidia.com/L40S", "nvidia.com/GRID"}
     got = check(s, NS, "vm-1", ask, set(), now, timedelta(minutes=2), permitted=permitted)
-    assert isinstance(got, Refusal) and got.message.startswith(
-        "GPU class h100: KubeVirt does not permit resource nvidia.com/H100")
+    assert got == Refusal(ClassNotPermitted("h100", H))
     assert check(s, NS, "vm-1", ask, set(), now, timedelta(minutes=2), permitted=permitted | {H}).node == "node-1"
     assert check(s, NS, "vm-1", ask, set(), now, timedelta(minutes=2), permitted=None).node == "node-1"
     assert parse_permitted_host_devices({"spec": "junk"}) == frozenset()
@@ -254,7 +265,8 @@ def test_B3_node_of_another_architecture_is_not_eligible_and_the_refusal_says_so
     s2 = world([node("node-1", 1, **arm)], [dev("gpu-a")])
     d2 = decide(s2, replace(req("gpu-a"), node_selector=sel))
     assert d2.result is Result.REFUSED
-    assert "node-1: does not match node selector kubernetes.io/arch=amd64,pool=vms" in d2.message
+    assert d2.reason.reasons == per_node(
+        ("node-1", SelectorMismatch((("kubernetes.io/arch", "amd64"), ("pool", "vms")))))
     s3 = world([node("node-1", 1, pool="vms", **arm)], [dev("gpu-a")])  # names only what fails
-    assert "node-1: does not match node selector kubernetes.io/arch=amd64 " in \
-        decide(s3, replace(req("gpu-a"), node_selector=sel)).message + " "
+    assert decide(s3, replace(req("gpu-a"), node_selector=sel)).reason.reasons == per_node(
+        ("node-1", SelectorMismatch((("kubernetes.io/arch", "amd64"),))))

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from model.check import check_set
 from model.decide import MAX_PLACEMENTS, Request, apply_decision, decide
 from model.hold import Hold
+from model.reasons import RequestRef
 from model.snapshot import Order, Snapshot
 from model.types import (
     Budget,
@@ -218,9 +219,10 @@ def check_step(before: Snapshot, after: Snapshot, request: Request, decision) ->
         assert all(m.status.bind_request.result is Result.SUCCEEDED for m in members)
     else:
         assert placed(after) == placed(before)  # a refusal changes no placement at all
-        assert decision.message.startswith(f"refused {request.namespace}/vm request {request.id}: ")
-        for name in request.devices:
-            assert name in decision.message
+        refusal = decision.reason  # B1(b): names the request and every device listed
+        assert refusal is not None and refusal.request == RequestRef(request.namespace, "vm", request.id)
+        assert {d.name for d in refusal.devices} == set(request.devices)
+        assert decision.message == refusal.render()
     # the copy-on-write index equals one built from scratch
     fresh = Snapshot.build(nodes=after.nodes.values(), classes=after.classes.values(),
                            devices=after.devices.values(), budgets=[Budget(ns, r, h) for (ns, r), h in after.budgets.items()],

@@ -1,5 +1,6 @@
 """`model.snapshot`: counting, entitlement, reservations, the copy-on-write index, and
-`check_order`/`check_set` (W1), with refusal reasons asserted word for word."""
+`check_order`/`check_set` (W1), with refusal reasons asserted as typed values (their
+wording is `tests/model/test_reasons.py`'s)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from hypothesis import strategies as st
 
 from model.check import check_set
 from model.hold import Hold
+from model.reasons import (BudgetExhausted, ClassNotFound, DeviceAt, DeviceListedTwice, DeviceNotFound,
+                           NodeProblems, NoDevices, NoEligibleNode, NoFreeUnit, NoRoom, NotEntitled,
+                           SetRefused, WrongNamespace)
 from model.snapshot import Order, Reserving, Snapshot, Verdict
 from model.types import Budget, LabelSelector, Namespace, SelectorRequirement
 from tests.model.test_decide import H, L, NS, dev, gpu_class, node, world
@@ -66,11 +70,10 @@ def test_index_is_copy_on_write():
 
 
 @pytest.mark.parametrize("order, verdict", [
-    (Order(NS, "h100", "gpu-x"), Verdict(False, "device gpu-x not found")),
-    (Order(NS, "a100"), Verdict(False, "class a100 not found")),
-    (Order(NS, "l40s"), Verdict(False, "tenant tenant-a not entitled to class l40s")),
-    (Order(NS, "h100"), Verdict(False, "budget of tenant tenant-a for nvidia.com/H100 exhausted: "
-                                       "2 bound or reserved of 2, request adds 1")),
+    (Order(NS, "h100", "gpu-x"), Verdict(False, DeviceNotFound("gpu-x"))),
+    (Order(NS, "a100"), Verdict(False, ClassNotFound("a100"))),
+    (Order(NS, "l40s"), Verdict(False, NotEntitled(NS, "l40s"))),
+    (Order(NS, "h100"), Verdict(False, BudgetExhausted(NS, H, usage=2, budget=2, adds=1))),
     (Order(NS, "", "held"), Verdict(True, node="n1")),      # Bound in place: no budget needed
     (Order(NS, "h100", "stray"), Verdict(True, node="n2")),  # Bound on a node that lost capacity: moves
 ])
@@ -84,22 +87,23 @@ def test_W1_check_order(order, verdict):
 
 def test_W1_check_order_no_room():
     s = world([node("n1", 1, cordoned=True), node("n2", 1)], [dev("x", "n2", ns="other")])
-    assert s.check_order(Order(NS, "h100")) == Verdict(
-        False, "no schedulable node serving class h100 has a free nvidia.com/H100")
+    assert s.check_order(Order(NS, "h100")) == Verdict(False, NoFreeUnit("h100", H))
 
 
 def test_W1_check_set_adds_each_admitted_device_before_the_next():
     s = world([node("n1", 2), node("n2", 1)], [dev("held", "n2")], budgets=[Budget(NS, H, 3)])
     assert check_set(s, NS, [Order(NS, "h100"), Order(NS, "h100")]) == Verdict(True, node="n1")
     assert check_set(s, NS, [Order(NS, "h100")] * 3) == Verdict(  # the set's numbers (as B1)
-        False, "budget of tenant tenant-a for nvidia.com/H100 exhausted: 1 bound or reserved of 3, request adds 3")
+        False, BudgetExhausted(NS, H, usage=1, budget=3, adds=3))
 
 
 def test_W1_check_set_requires_one_node_for_the_whole_set():
     s = world([node("n1", 1), node("n2", 1)], [])
     v = check_set(s, NS, [Order(NS, "h100"), Order(NS, "h100")])
-    assert v == Verdict(False, "devices new h100 #1 (Pending), new h100 #2 (Pending); "
-                               "n1: needs 2 × nvidia.com/H100, has 1 free; n2: needs 2 × nvidia.com/H100, has 1 free")
+    short = (NoRoom(H, needs=2, free=1),)
+    assert v == Verdict(False, SetRefused(  # the binder's refusal, without the request
+        (DeviceAt("new h100 #1"), DeviceAt("new h100 #2")),
+        (NoEligibleNode((NodeProblems("n1", short), NodeProblems("n2", short))),)))
 
 
 def test_W1_check_set_held_on_cordoned_node_follows_B5():
@@ -110,9 +114,9 @@ def test_W1_check_set_held_on_cordoned_node_follows_B5():
 
 def test_W1_check_set_rejects_duplicates_and_foreign_orders():
     s = world([node("n1", 2)], [dev("a")])
-    assert check_set(s, NS, [Order(NS, "", "a"), Order(NS, "", "a")]) == Verdict(False, "device a listed twice")
-    assert check_set(s, NS, [Order("other", "h100")]) == Verdict(False, "device of namespace other in a set of tenant tenant-a")
-    assert check_set(s, NS, []) == Verdict(False, "no devices asked for")
+    assert check_set(s, NS, [Order(NS, "", "a"), Order(NS, "", "a")]) == Verdict(False, DeviceListedTwice("a"))
+    assert check_set(s, NS, [Order("other", "h100")]) == Verdict(False, WrongNamespace("other", NS))
+    assert check_set(s, NS, []) == Verdict(False, NoDevices(asked=True))
 
 
 def test_snapshot_views_are_read_only():

@@ -1,0 +1,696 @@
+"""Why the binder or the webhook says no (DESIGN.md §3 B1/B3, §4 W1), as types: a `Code` (an
+Enum, with its `Category`) and the data of each reason (one frozen dataclass per code). The
+English wording of every reason is written here once (`render()`, also `str()`); decisions,
+verdicts, assessments and refusals carry the typed reason, and the edges (status writes,
+webhook denials, metrics, the operator's tools) render it or read its code. Nothing parses a
+message back.
+
+Also here: the wording of a Succeeded decision (`Placed`, `AlreadyPlaced`, `KeptCordoned`),
+which carries no code (it is not a reason to refuse).
+
+Pure; imports nothing from the rest of `model`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import ClassVar, Sequence
+
+
+class Category(str, Enum):
+    """What kind of no a reason is (the webhook's HTTP status follows it): `POLICY` the
+    cluster's rules refuse it as asked (budget, entitlement, no room, cordon; 403);
+    `INVALID` the request itself is wrong (malformed, unknown class, a device listed twice;
+    422); `UNAVAILABLE` a transient condition the caller may retry (503/429)."""
+
+    POLICY = "policy"
+    INVALID = "invalid"
+    UNAVAILABLE = "unavailable"
+
+
+class Code(str, Enum):
+    """One code per reason; the value is the bounded label metrics use
+    (`gpu_binder_decisions_total{reason=...}`)."""
+
+    # the set, whatever the node (B1 and W1)
+    DEVICE_NOT_FOUND = "device_not_found"
+    DEVICE_LISTED_TWICE = "device_listed_twice"
+    NO_DEVICES = "no_devices"
+    CLASS_NOT_FOUND = "class_not_found"
+    NOT_ENTITLED = "not_entitled"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    WRONG_NAMESPACE = "wrong_namespace"
+    NO_FREE_UNIT = "no_free_unit"
+    # one node for the whole set (B3)
+    NODE_GONE = "node_gone"
+    CORDONED = "cordoned"
+    NOT_READY = "not_ready"
+    NOT_KUBEVIRT_SCHEDULABLE = "not_kubevirt_schedulable"
+    TAINTS_NOT_TOLERATED = "taints_not_tolerated"
+    CLASSES_NOT_SERVED = "classes_not_served"
+    SELECTOR_MISMATCH = "selector_mismatch"
+    LOST_CAPACITY = "lost_capacity"
+    NO_ROOM = "no_room"
+    # the set over the nodes (B1)
+    NO_NODE_SERVES = "no_node_serves"
+    NO_ELIGIBLE_NODE = "no_eligible_node"
+    LEDGERS_REFUSED = "ledgers_refused"
+    # the webhook's own checks (W1)
+    UNKNOWN_ANNOTATION = "unknown_annotation"
+    TOO_MANY_SELECTOR_ENTRIES = "too_many_selector_entries"
+    SELECTOR_ENTRY_TOO_LONG = "selector_entry_too_long"
+    TOO_MANY_TOLERATIONS = "too_many_tolerations"
+    TOLERATION_TOO_LONG = "toleration_too_long"
+    HELD_DEVICE_NOT_FOUND = "held_device_not_found"
+    DEVICE_BEING_DELETED = "device_being_deleted"
+    TEMPLATE_BEING_DELETED = "template_being_deleted"
+    TEMPLATE_NAMED_AS_HELD = "template_named_as_held"
+    DEVICE_ATTACHED = "device_attached"
+    NAME_TAKEN = "name_taken"
+    CLASS_NOT_PERMITTED = "class_not_permitted"
+    GPU_ENTRY_NOT_PERMITTED = "gpu_entry_not_permitted"
+    SET_NEEDS = "set_needs"
+    NO_ROOM_FOR_SET = "no_room_for_set"
+    SAME_NAME_CONFLICT = "same_name_conflict"
+
+    @property
+    def category(self) -> Category:
+        """The code's `Category` (see there)."""
+        return _CATEGORY.get(self, Category.POLICY)
+
+
+_CATEGORY = {
+    **{c: Category.INVALID for c in (
+        Code.DEVICE_NOT_FOUND, Code.DEVICE_LISTED_TWICE, Code.NO_DEVICES, Code.CLASS_NOT_FOUND,
+        Code.WRONG_NAMESPACE, Code.UNKNOWN_ANNOTATION, Code.TOO_MANY_SELECTOR_ENTRIES,
+        Code.SELECTOR_ENTRY_TOO_LONG, Code.TOO_MANY_TOLERATIONS, Code.TOLERATION_TOO_LONG,
+        Code.HELD_DEVICE_NOT_FOUND, Code.TEMPLATE_NAMED_AS_HELD, Code.NAME_TAKEN)},
+    **{c: Category.UNAVAILABLE for c in (
+        Code.LEDGERS_REFUSED, Code.TEMPLATE_BEING_DELETED, Code.SAME_NAME_CONFLICT)},
+}  # every other code is POLICY
+
+
+class Reason:
+    """Base of every reason: `code` (class-level), `category` (the code's), `render()` the
+    English wording (`str()` gives the same)."""
+
+    __slots__ = ()
+    code: ClassVar[Code]
+
+    @property
+    def category(self) -> Category:
+        return self.code.category
+
+    def render(self) -> str:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+def _plural(word: str, items: Sequence[str]) -> str:
+    return f"{word} {items[0]}" if len(items) == 1 else f"{word}es {', '.join(items)}"
+
+
+def _pods_outside(foreign: int) -> str:
+    return f" ({foreign} used by Pods outside the binder)" if foreign else ""
+
+
+# --- the set, whatever the node ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNotFound(Reason):
+    """A listed (or ordered) device does not exist in the tenant's namespace."""
+    code: ClassVar[Code] = Code.DEVICE_NOT_FOUND
+    device: str
+
+    def render(self) -> str:
+        return f"device {self.device} not found"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceListedTwice(Reason):
+    """A request (or set) names one device twice."""
+    code: ClassVar[Code] = Code.DEVICE_LISTED_TWICE
+    device: str
+
+    def render(self) -> str:
+        return f"device {self.device} listed twice"
+
+
+@dataclass(frozen=True, slots=True)
+class NoDevices(Reason):
+    """A bind request lists no device (`asked` False), or a set asks for none (`asked`)."""
+    code: ClassVar[Code] = Code.NO_DEVICES
+    asked: bool = False
+
+    def render(self) -> str:
+        return "no devices asked for" if self.asked else "request lists no devices"
+
+
+@dataclass(frozen=True, slots=True)
+class ClassNotFound(Reason):
+    """A member's (or order's) GPUClass does not exist."""
+    code: ClassVar[Code] = Code.CLASS_NOT_FOUND
+    class_name: str
+
+    def render(self) -> str:
+        return f"class {self.class_name} not found"
+
+
+@dataclass(frozen=True, slots=True)
+class NotEntitled(Reason):
+    """The class's namespaceSelector does not match the tenant's namespace."""
+    code: ClassVar[Code] = Code.NOT_ENTITLED
+    namespace: str
+    class_name: str
+
+    def render(self) -> str:
+        return f"tenant {self.namespace} not entitled to class {self.class_name}"
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetExhausted(Reason):
+    """The tenant's budget of `resource` (devices): `usage` Bound or reserved now, `budget`
+    the cap, `adds` what the set (or order) would add."""
+    code: ClassVar[Code] = Code.BUDGET_EXHAUSTED
+    namespace: str
+    resource: str
+    usage: int
+    budget: int
+    adds: int
+
+    def render(self) -> str:
+        return (f"budget of tenant {self.namespace} for {self.resource} exhausted: "
+                f"{self.usage} bound or reserved of {self.budget}, request adds {self.adds}")
+
+
+@dataclass(frozen=True, slots=True)
+class WrongNamespace(Reason):
+    """An order of namespace `namespace` in a set of tenant `tenant`."""
+    code: ClassVar[Code] = Code.WRONG_NAMESPACE
+    namespace: str
+    tenant: str
+
+    def render(self) -> str:
+        return f"device of namespace {self.namespace} in a set of tenant {self.tenant}"
+
+
+@dataclass(frozen=True, slots=True)
+class NoFreeUnit(Reason):
+    """W1 for one device: no placeable node serving the class has a free unit."""
+    code: ClassVar[Code] = Code.NO_FREE_UNIT
+    class_name: str
+    resource: str
+
+    def render(self) -> str:
+        return f"no schedulable node serving class {self.class_name} has a free {self.resource}"
+
+
+# --- one node for the whole set (B3) -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGone(Reason):
+    """The node does not exist (any more)."""
+    code: ClassVar[Code] = Code.NODE_GONE
+
+    def render(self) -> str:
+        return "gone"
+
+
+@dataclass(frozen=True, slots=True)
+class Cordoned(Reason):
+    """`spec.unschedulable`."""
+    code: ClassVar[Code] = Code.CORDONED
+
+    def render(self) -> str:
+        return "cordoned"
+
+
+@dataclass(frozen=True, slots=True)
+class NotReady(Reason):
+    """The node's Ready condition is not True."""
+    code: ClassVar[Code] = Code.NOT_READY
+
+    def render(self) -> str:
+        return "not Ready"
+
+
+@dataclass(frozen=True, slots=True)
+class NotKubevirtSchedulable(Reason):
+    """The node lacks `label`=true (KubeVirt's `kubevirt.io/schedulable`)."""
+    code: ClassVar[Code] = Code.NOT_KUBEVIRT_SCHEDULABLE
+    label: str
+
+    def render(self) -> str:
+        return f"lacks label {self.label}=true"
+
+
+@dataclass(frozen=True, slots=True)
+class TaintsNotTolerated(Reason):
+    """NoSchedule/NoExecute `taints` (as `key=value:Effect`) the VMI does not tolerate."""
+    code: ClassVar[Code] = Code.TAINTS_NOT_TOLERATED
+    taints: tuple[str, ...]
+
+    def render(self) -> str:
+        return (f"{'taint' if len(self.taints) == 1 else 'taints'} "
+                f"{', '.join(self.taints)} not tolerated")
+
+
+@dataclass(frozen=True, slots=True)
+class ClassesNotServed(Reason):
+    """The node does not serve these classes of the set."""
+    code: ClassVar[Code] = Code.CLASSES_NOT_SERVED
+    classes: tuple[str, ...]
+
+    def render(self) -> str:
+        return "does not serve " + _plural("class", self.classes)
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorMismatch(Reason):
+    """The entries of the VMI's nodeSelector the node's labels lack."""
+    code: ClassVar[Code] = Code.SELECTOR_MISMATCH
+    missing: tuple[tuple[str, str], ...]
+
+    def render(self) -> str:
+        return "does not match node selector " + ",".join(f"{k}={v}" for k, v in self.missing)
+
+
+@dataclass(frozen=True, slots=True)
+class LostCapacity(Reason):
+    """More of `resource` used on the node than allocatable: `bound` devices, `foreign`
+    units of Pods outside the binder, `allocatable`."""
+    code: ClassVar[Code] = Code.LOST_CAPACITY
+    resource: str
+    bound: int
+    foreign: int
+    allocatable: int
+
+    def render(self) -> str:
+        return (f"lost capacity of {self.resource}: {self.bound} bound"
+                f"{_pods_outside(self.foreign)} of {self.allocatable}")
+
+
+@dataclass(frozen=True, slots=True)
+class NoRoom(Reason):
+    """The set `needs` units of `resource` on the node, which has `free` (of which none is
+    taken by its `foreign` units, counted in the used ones)."""
+    code: ClassVar[Code] = Code.NO_ROOM
+    resource: str
+    needs: int
+    free: int
+    foreign: int = 0
+
+    def render(self) -> str:
+        return f"needs {self.needs} × {self.resource}, has {self.free} free{_pods_outside(self.foreign)}"
+
+
+CAPACITY_CODES = frozenset({Code.NO_ROOM, Code.LOST_CAPACITY})
+"""Node problems about capacity (the others are about the node itself or the set's match)."""
+
+
+# --- the set over the nodes (B1) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NoNodeServes(Reason):
+    """No node serves the set's classes (or holds a member)."""
+    code: ClassVar[Code] = Code.NO_NODE_SERVES
+    classes: tuple[str, ...]
+
+    def render(self) -> str:
+        return "no node serves " + ("class " + self.classes[0] if len(self.classes) == 1
+                                    else "any of classes " + ", ".join(self.classes))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeProblems:
+    """One node and why it is not eligible for the set (B3)."""
+    node: str
+    problems: tuple[Reason, ...]
+
+    def render(self) -> str:
+        return f"{self.node}: {', '.join(p.render() for p in self.problems)}"
+
+    __str__ = render
+
+
+@dataclass(frozen=True, slots=True)
+class NoEligibleNode(Reason):
+    """No node is eligible: the `nodes` shown (at most `model.decide.MESSAGE_NODES`) with
+    their problems, and `more` nodes not shown."""
+    code: ClassVar[Code] = Code.NO_ELIGIBLE_NODE
+    nodes: tuple[NodeProblems, ...]
+    more: int = 0
+
+    def render(self) -> str:
+        lines = [n.render() for n in self.nodes]
+        if self.more:
+            lines.append(f"and {self.more} more node{'s' if self.more != 1 else ''}")
+        return "; ".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgersRefused(Reason):
+    """The model found room but every node actor refused its prepare (their `refusals`, as
+    "<node>: <why>"): the coordinator's view was behind the ledgers; a retry decides again."""
+    code: ClassVar[Code] = Code.LEDGERS_REFUSED
+    refusals: tuple[str, ...]
+
+    def render(self) -> str:
+        return f"node ledgers refused every candidate: {'; '.join(self.refusals) or 'no candidate node'}"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRef:
+    """Names a request in messages: "<namespace>/<vmi> request <id>"."""
+    namespace: str
+    vmi: str
+    request_id: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.vmi} request {self.request_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAt:
+    """A listed device as a refusal names it: Bound on `node`, Pending (`node` None), or
+    not found (`found` False)."""
+    name: str
+    node: str | None = None
+    found: bool = True
+
+    def __str__(self) -> str:
+        if not self.found:
+            return f"{self.name} (not found)"
+        return f"{self.name} (Bound on {self.node})" if self.node else f"{self.name} (Pending)"
+
+
+@dataclass(frozen=True, slots=True)
+class SetRefused(Reason):
+    """The binder's refusal of a set (B1): every listed device with its node, then the
+    `reasons` (at least one). With `request` it is the message written on the members
+    ("refused <request>: devices …; …"); without, the bare reason W1 quotes. `code` and
+    `category` are the first reason's."""
+    devices: tuple[DeviceAt, ...]
+    reasons: tuple[Reason, ...]
+    request: RequestRef | None = None
+
+    @property
+    def code(self) -> Code:  # type: ignore[override]
+        return self.reasons[0].code
+
+    @property
+    def category(self) -> Category:
+        return self.reasons[0].category
+
+    def render(self) -> str:
+        head = "devices " + ", ".join(map(str, self.devices)) if self.devices else "no devices"
+        body = "; ".join([head, *(r.render() for r in self.reasons)])
+        return f"refused {self.request}: {body}" if self.request is not None else body
+
+
+# --- the webhook's own checks (W1) -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownAnnotation(Reason):
+    """`gpu.cozystack.io/` annotations other than the two a VMI may carry (`devices`,
+    `templates`: their keys)."""
+    code: ClassVar[Code] = Code.UNKNOWN_ANNOTATION
+    keys: tuple[str, ...]
+    devices: str
+    templates: str
+
+    def render(self) -> str:
+        return (f"unknown annotation {', '.join(self.keys)}: gpu-binder reads "
+                f"{self.devices} (held devices, \"gpu-a,gpu-b\") and "
+                f"{self.templates} (new devices, \"h100=2,l40s=1\")")
+
+
+@dataclass(frozen=True, slots=True)
+class TooManySelectorEntries(Reason):
+    """The launcher's nodeSelector has `count` entries, more than the request carries."""
+    code: ClassVar[Code] = Code.TOO_MANY_SELECTOR_ENTRIES
+    count: int
+    limit: int
+
+    def render(self) -> str:
+        return (f"the VMI's nodeSelector has {self.count} entries (with KubeVirt's "
+                f"own); gpu-binder carries at most {self.limit}")
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorEntryTooLong(Reason):
+    """A nodeSelector entry (`key`, cut to 80 characters) longer than a label allows."""
+    code: ClassVar[Code] = Code.SELECTOR_ENTRY_TOO_LONG
+    key: str
+    max_key: int
+    max_value: int
+
+    def render(self) -> str:
+        return (f"the VMI's nodeSelector entry {self.key[:80]!r} is longer than a label allows "
+                f"(key {self.max_key}, value {self.max_value} characters)")
+
+
+@dataclass(frozen=True, slots=True)
+class TooManyTolerations(Reason):
+    """The VMI has `count` tolerations, more than the request carries."""
+    code: ClassVar[Code] = Code.TOO_MANY_TOLERATIONS
+    count: int
+    limit: int
+
+    def render(self) -> str:
+        return f"the VMI has {self.count} tolerations; gpu-binder carries at most {self.limit}"
+
+
+@dataclass(frozen=True, slots=True)
+class TolerationTooLong(Reason):
+    """A toleration (of `key`, cut to 80 characters) longer than a taint allows."""
+    code: ClassVar[Code] = Code.TOLERATION_TOO_LONG
+    key: str
+    max_key: int
+    max_value: int
+
+    def render(self) -> str:
+        return (f"the VMI's toleration of {self.key[:80]!r} is longer than a taint allows "
+                f"(key {self.max_key}, value {self.max_value} characters)")
+
+
+@dataclass(frozen=True, slots=True)
+class HeldDeviceNotFound(Reason):
+    """A device named in `gpu.cozystack.io/devices` does not exist in `namespace`."""
+    code: ClassVar[Code] = Code.HELD_DEVICE_NOT_FOUND
+    device: str
+    namespace: str
+
+    def render(self) -> str:
+        return f"GPU device {self.device} not found in namespace {self.namespace}"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceBeingDeleted(Reason):
+    """A held device named by the VMI is being deleted."""
+    code: ClassVar[Code] = Code.DEVICE_BEING_DELETED
+    device: str
+
+    def render(self) -> str:
+        return f"GPU device {self.device} is being deleted"
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateBeingDeleted(Reason):
+    """A template device of this VMI (an earlier incarnation's) is still being deleted."""
+    code: ClassVar[Code] = Code.TEMPLATE_BEING_DELETED
+    device: str
+
+    def render(self) -> str:
+        return f"GPU device {self.device} is being deleted; retry"
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateNamedAsHeld(Reason):
+    """A template device of VMI `owner` named in `gpu.cozystack.io/devices`."""
+    code: ClassVar[Code] = Code.TEMPLATE_NAMED_AS_HELD
+    device: str
+    owner: str
+
+    def render(self) -> str:
+        return (f"GPU device {self.device} is a template device of VMI {self.owner}; "
+                "only held devices can be named in gpu.cozystack.io/devices")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAttached(Reason):
+    """The device is attached to another VMI that still holds it."""
+    code: ClassVar[Code] = Code.DEVICE_ATTACHED
+    device: str
+    vmi: str
+
+    def render(self) -> str:
+        return f"GPU device {self.device} is attached to VMI {self.vmi}"
+
+
+@dataclass(frozen=True, slots=True)
+class NameTaken(Reason):
+    """The deterministic name of a template device is taken by another device."""
+    code: ClassVar[Code] = Code.NAME_TAKEN
+    device: str
+    class_name: str
+    vmi: str
+
+    def render(self) -> str:
+        return (f"GPU device {self.device} exists and is not a {self.class_name} template "
+                f"device of VMI {self.vmi}; delete it or rename the VMI")
+
+
+@dataclass(frozen=True, slots=True)
+class ClassNotPermitted(Reason):
+    """KubeVirt's `permittedHostDevices` lacks the class's resource."""
+    code: ClassVar[Code] = Code.CLASS_NOT_PERMITTED
+    class_name: str
+    resource: str
+
+    def render(self) -> str:
+        return (f"GPU class {self.class_name}: KubeVirt does not permit resource {self.resource} "
+                "(not in the KubeVirt CR's spec.configuration.permittedHostDevices), so it "
+                "would not start this VMI; ask the operator to permit it")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEntryNotPermitted(Reason):
+    """The VMI's own `gpus` entry `entry` names `resource`, which KubeVirt does not permit."""
+    code: ClassVar[Code] = Code.GPU_ENTRY_NOT_PERMITTED
+    entry: object
+    resource: str
+
+    def render(self) -> str:
+        return (f"GPU entry {self.entry!r} of the VMI names {self.resource}, which KubeVirt does not "
+                "permit (not in the KubeVirt CR's spec.configuration.permittedHostDevices), "
+                "so it would not start this VMI; remove the entry or ask the operator to permit it")
+
+
+@dataclass(frozen=True, slots=True)
+class SetNeeds(Reason):
+    """The set needs `needs` new units of `resource` (class `class_name`) on one node; the
+    most free on an eligible node serving it is `most_free` (None: none is eligible)."""
+    code: ClassVar[Code] = Code.SET_NEEDS
+    class_name: str
+    resource: str
+    needs: int
+    most_free: int | None
+
+    def render(self) -> str:
+        most = (f"the most free on an eligible node serving it is {self.most_free}"
+                if self.most_free is not None else "no node serving it is eligible")
+        return f"the set needs {self.needs} × {self.resource} (class {self.class_name}) on one node; {most}"
+
+
+@dataclass(frozen=True, slots=True)
+class NoRoomForSet(Reason):
+    """No eligible node has room for the set (and it adds no new unit to name)."""
+    code: ClassVar[Code] = Code.NO_ROOM_FOR_SET
+
+    def render(self) -> str:
+        return "no eligible node has room for the set"
+
+
+@dataclass(frozen=True, slots=True)
+class SameNameConflict(Reason):
+    """Another admission of a VMI of the same name still holds the device."""
+    code: ClassVar[Code] = Code.SAME_NAME_CONFLICT
+    device: str
+    namespace: str
+    vmi: str
+
+    def render(self) -> str:
+        return (f"GPU device {self.device} is being attached by another admission of VMI "
+                f"{self.namespace}/{self.vmi} (a concurrent create of the same "
+                "name); retry once it has finished")
+
+
+@dataclass(frozen=True, slots=True)
+class CannotPlace(Reason):
+    """W1's denial of a set that fails its checks: "GPU set of VMI <ns>/<vmi> cannot be
+    placed: " and the `reasons`. `code` and `category` are the first reason's."""
+    namespace: str
+    vmi: str
+    reasons: tuple[Reason, ...]
+
+    @property
+    def code(self) -> Code:  # type: ignore[override]
+        return self.reasons[0].code
+
+    @property
+    def category(self) -> Category:
+        return self.reasons[0].category
+
+    def render(self) -> str:
+        return (f"GPU set of VMI {self.namespace}/{self.vmi} cannot be placed: "
+                + "; ".join(r.render() for r in self.reasons))
+
+
+W1_DEVICE_CODES = frozenset({Code.DEVICE_BEING_DELETED, Code.TEMPLATE_BEING_DELETED,
+                             Code.TEMPLATE_NAMED_AS_HELD, Code.DEVICE_ATTACHED, Code.NAME_TAKEN,
+                             Code.SAME_NAME_CONFLICT})
+"""W1's reasons about one device of the set that the binder never sees (explain lists them
+among the set's problems)."""
+
+
+# --- what a Succeeded decision says ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """B1: the set gathered on `node`, binding `binds` (Pending members) and moving `moves`
+    ((device, from node))."""
+    request: RequestRef
+    node: str
+    binds: tuple[str, ...]
+    moves: tuple[tuple[str, str], ...]
+
+    def render(self) -> str:
+        parts = ([f"bind {', '.join(self.binds)}"] if self.binds else []) + (
+            [f"move {', '.join(f'{d} from {f}' for d, f in self.moves)}"] if self.moves else [])
+        head = f"placed {self.request} on {self.node}"
+        return f"{head}: {'; '.join(parts)}" if parts else f"{head}: nothing to change"
+
+    __str__ = render
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadyPlaced:
+    """B6: the set is Bound entirely on eligible `node`."""
+    request: RequestRef
+    node: str
+
+    def render(self) -> str:
+        return f"{self.request}: already placed on {self.node}"
+
+    __str__ = render
+
+
+@dataclass(frozen=True, slots=True)
+class KeptCordoned:
+    """B5: the set is kept on its cordoned `node` under `rule` ("B5a": `stay` empty; "B5b":
+    `stay` the members' classes that are onCordon Stay)."""
+    request: RequestRef
+    node: str
+    rule: str
+    stay: tuple[str, ...] = ()
+
+    def render(self) -> str:
+        why = (f"{_plural('class', self.stay)} {'is' if len(self.stay) == 1 else 'are'} onCordon Stay"
+               if self.stay else "the cordon is its only problem and no other node has room")
+        return (f"{self.request}: kept on cordoned node {self.node} ({self.rule}: {why}); "
+                "the VMI waits for the cordon to lift")
+
+    __str__ = render
+
+
+Outcome = SetRefused | Placed | AlreadyPlaced | KeptCordoned
+"""What a `model.decide.Decision` says (rendered: its `message`)."""

@@ -1,0 +1,145 @@
+"""The wording of every reason (`model.reasons`), word for word, one row per code: the only
+tests of the English text users see (the others assert codes and data). Rewording a reason
+changes this table and nothing else. Also: every code has its row and one category, and the
+composite refusals take their code from their first reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from model import reasons as r
+from model.reasons import Category, Code
+
+H = "nvidia.com/H100"
+
+WORDING = [
+    (r.DeviceNotFound("gpu-x"), "device gpu-x not found"),
+    (r.DeviceListedTwice("gpu-a"), "device gpu-a listed twice"),
+    (r.NoDevices(), "request lists no devices"),
+    (r.ClassNotFound("a100"), "class a100 not found"),
+    (r.NotEntitled("tenant-a", "h100"), "tenant tenant-a not entitled to class h100"),
+    (r.BudgetExhausted("tenant-a", H, 2, 2, 1),
+     "budget of tenant tenant-a for nvidia.com/H100 exhausted: 2 bound or reserved of 2, request adds 1"),
+    (r.WrongNamespace("other", "tenant-a"), "device of namespace other in a set of tenant tenant-a"),
+    (r.NoFreeUnit("h100", H), "no schedulable node serving class h100 has a free nvidia.com/H100"),
+    (r.NodeGone(), "gone"),
+    (r.Cordoned(), "cordoned"),
+    (r.NotReady(), "not Ready"),
+    (r.NotKubevirtSchedulable("kubevirt.io/schedulable"), "lacks label kubevirt.io/schedulable=true"),
+    (r.TaintsNotTolerated(("gpu=reserved:NoSchedule",)), "taint gpu=reserved:NoSchedule not tolerated"),
+    (r.ClassesNotServed(("h100",)), "does not serve class h100"),
+    (r.SelectorMismatch((("zone", "a"), ("pool", "vms"))), "does not match node selector zone=a,pool=vms"),
+    (r.LostCapacity(H, 1, 2, 2),
+     "lost capacity of nvidia.com/H100: 1 bound (2 used by Pods outside the binder) of 2"),
+    (r.NoRoom(H, 2, 1), "needs 2 × nvidia.com/H100, has 1 free"),
+    (r.NoNodeServes(("h100",)), "no node serves class h100"),
+    (r.NoEligibleNode((r.NodeProblems("n1", (r.Cordoned(), r.NoRoom(H, 2, 1))),
+                       r.NodeProblems("n2", (r.NodeGone(),))), 4),
+     "n1: cordoned, needs 2 × nvidia.com/H100, has 1 free; n2: gone; and 4 more nodes"),
+    (r.LedgersRefused(("n1: node is cordoned", "n2: needs 1 × nvidia.com/H100, has 0 free")),
+     "node ledgers refused every candidate: n1: node is cordoned; n2: needs 1 × nvidia.com/H100, has 0 free"),
+    (r.UnknownAnnotation(("gpu.cozystack.io/tempaltes",), "gpu.cozystack.io/devices", "gpu.cozystack.io/templates"),
+     'unknown annotation gpu.cozystack.io/tempaltes: gpu-binder reads gpu.cozystack.io/devices '
+     '(held devices, "gpu-a,gpu-b") and gpu.cozystack.io/templates (new devices, "h100=2,l40s=1")'),
+    (r.TooManySelectorEntries(65, 64),
+     "the VMI's nodeSelector has 65 entries (with KubeVirt's own); gpu-binder carries at most 64"),
+    (r.SelectorEntryTooLong("zone", 317, 63),
+     "the VMI's nodeSelector entry 'zone' is longer than a label allows (key 317, value 63 characters)"),
+    (r.TooManyTolerations(65, 64), "the VMI has 65 tolerations; gpu-binder carries at most 64"),
+    (r.TolerationTooLong("gpu", 317, 63),
+     "the VMI's toleration of 'gpu' is longer than a taint allows (key 317, value 63 characters)"),
+    (r.HeldDeviceNotFound("nope", "t1"), "GPU device nope not found in namespace t1"),
+    (r.DeviceBeingDeleted("g1"), "GPU device g1 is being deleted"),
+    (r.TemplateBeingDeleted("vm-h100-0"), "GPU device vm-h100-0 is being deleted; retry"),
+    (r.TemplateNamedAsHeld("vm-h100-0", "vm"),
+     "GPU device vm-h100-0 is a template device of VMI vm; only held devices can be named in "
+     "gpu.cozystack.io/devices"),
+    (r.DeviceAttached("g1", "other"), "GPU device g1 is attached to VMI other"),
+    (r.NameTaken("vm-h100-0", "h100", "vm"),
+     "GPU device vm-h100-0 exists and is not a h100 template device of VMI vm; delete it or rename the VMI"),
+    (r.ClassNotPermitted("h100", H),
+     "GPU class h100: KubeVirt does not permit resource nvidia.com/H100 (not in the KubeVirt CR's "
+     "spec.configuration.permittedHostDevices), so it would not start this VMI; ask the operator to permit it"),
+    (r.GpuEntryNotPermitted("gpu1", "vendor.com/fpga"),
+     "GPU entry 'gpu1' of the VMI names vendor.com/fpga, which KubeVirt does not permit (not in the "
+     "KubeVirt CR's spec.configuration.permittedHostDevices), so it would not start this VMI; remove "
+     "the entry or ask the operator to permit it"),
+    (r.SetNeeds("h100", H, 3, 2),
+     "the set needs 3 × nvidia.com/H100 (class h100) on one node; the most free on an eligible node serving it is 2"),
+    (r.NoRoomForSet(), "no eligible node has room for the set"),
+    (r.SameNameConflict("g1", "t1", "vm"),
+     "GPU device g1 is being attached by another admission of VMI t1/vm (a concurrent create of the "
+     "same name); retry once it has finished"),
+]
+
+
+@pytest.mark.parametrize("reason, text", WORDING, ids=[x.code.value for x, _ in WORDING])
+def test_every_code_renders_its_wording(reason, text):
+    assert reason.render() == text and str(reason) == text
+
+
+def test_every_code_has_a_wording_row_and_one_reason_type():
+    assert sorted(x.code.value for x, _ in WORDING) == sorted(c.value for c in Code)
+    types = [t for t in vars(r).values() if isinstance(t, type) and issubclass(t, r.Reason)
+             and isinstance(vars(t).get("code"), Code)]
+    assert sorted(t.code.value for t in types) == sorted(c.value for c in Code)
+
+
+@pytest.mark.parametrize("reason, text", [
+    (r.NoDevices(asked=True), "no devices asked for"),
+    (r.TaintsNotTolerated(("a:NoSchedule", "b=c:NoExecute")), "taints a:NoSchedule, b=c:NoExecute not tolerated"),
+    (r.ClassesNotServed(("h100", "l40s")), "does not serve classes h100, l40s"),
+    (r.LostCapacity(H, 2, 0, 1), "lost capacity of nvidia.com/H100: 2 bound of 1"),
+    (r.NoRoom(H, 2, 0, 3), "needs 2 × nvidia.com/H100, has 0 free (3 used by Pods outside the binder)"),
+    (r.NoNodeServes(("h100", "l40s")), "no node serves any of classes h100, l40s"),
+    (r.NoEligibleNode((r.NodeProblems("n1", (r.Cordoned(),)),), 1), "n1: cordoned; and 1 more node"),
+    (r.LedgersRefused(()), "node ledgers refused every candidate: no candidate node"),
+    (r.SetNeeds("h100", H, 2, None),
+     "the set needs 2 × nvidia.com/H100 (class h100) on one node; no node serving it is eligible"),
+], ids=lambda x: x.code.value if isinstance(x, r.Reason) else "")
+def test_wording_variants(reason, text):
+    assert reason.render() == text
+
+
+def test_a_refusal_names_the_request_and_devices_and_takes_its_first_reasons_code():
+    ref = r.RequestRef("tenant-a", "vm-1", "r1")
+    devices = (r.DeviceAt("gpu-a", "node-1"), r.DeviceAt("gpu-b"), r.DeviceAt("gpu-x", found=False))
+    refused = r.SetRefused(devices, (r.DeviceNotFound("gpu-x"), r.NotEntitled("tenant-a", "h100")), ref)
+    assert refused.render() == ("refused tenant-a/vm-1 request r1: devices gpu-a (Bound on node-1), "
+                                "gpu-b (Pending), gpu-x (not found); device gpu-x not found; "
+                                "tenant tenant-a not entitled to class h100")
+    assert (refused.code, refused.category) == (Code.DEVICE_NOT_FOUND, Category.INVALID)
+    bare = r.SetRefused((), (r.NoNodeServes(("h100",)),))
+    assert bare.render() == "no devices; no node serves class h100"
+    w1 = r.CannotPlace("t1", "vm", (r.BudgetExhausted("t1", H, 1, 1, 1),))
+    assert w1.render() == ("GPU set of VMI t1/vm cannot be placed: budget of tenant t1 for "
+                           "nvidia.com/H100 exhausted: 1 bound or reserved of 1, request adds 1")
+    assert (w1.code, w1.category) == (Code.BUDGET_EXHAUSTED, Category.POLICY)
+
+
+def test_succeeded_wording():
+    ref = r.RequestRef("tenant-a", "vm-1", "r1")
+    assert r.Placed(ref, "node-2", ("gpu-b",), (("gpu-a", "node-1"),)).render() == (
+        "placed tenant-a/vm-1 request r1 on node-2: bind gpu-b; move gpu-a from node-1")
+    assert r.Placed(ref, "node-2", (), ()).render() == "placed tenant-a/vm-1 request r1 on node-2: nothing to change"
+    assert r.AlreadyPlaced(ref, "node-1").render() == "tenant-a/vm-1 request r1: already placed on node-1"
+    assert r.KeptCordoned(ref, "node-1", "B5a").render() == (
+        "tenant-a/vm-1 request r1: kept on cordoned node node-1 (B5a: the cordon is its only problem "
+        "and no other node has room); the VMI waits for the cordon to lift")
+    assert r.KeptCordoned(ref, "node-1", "B5b", ("a", "b")).render() == (
+        "tenant-a/vm-1 request r1: kept on cordoned node node-1 (B5b: classes a, b are onCordon Stay); "
+        "the VMI waits for the cordon to lift")
+
+
+@pytest.mark.parametrize("code, category", [
+    (Code.BUDGET_EXHAUSTED, Category.POLICY), (Code.NOT_ENTITLED, Category.POLICY),
+    (Code.NO_ELIGIBLE_NODE, Category.POLICY), (Code.CORDONED, Category.POLICY),
+    (Code.DEVICE_ATTACHED, Category.POLICY), (Code.CLASS_NOT_PERMITTED, Category.POLICY),
+    (Code.CLASS_NOT_FOUND, Category.INVALID), (Code.DEVICE_LISTED_TWICE, Category.INVALID),
+    (Code.WRONG_NAMESPACE, Category.INVALID), (Code.UNKNOWN_ANNOTATION, Category.INVALID),
+    (Code.HELD_DEVICE_NOT_FOUND, Category.INVALID),
+    (Code.LEDGERS_REFUSED, Category.UNAVAILABLE), (Code.SAME_NAME_CONFLICT, Category.UNAVAILABLE),
+    (Code.TEMPLATE_BEING_DELETED, Category.UNAVAILABLE),
+])
+def test_categories(code, category):
+    assert code.category is category
