@@ -1,5 +1,6 @@
 """The binding contract B1–B8 (DESIGN.md §3) through the whole actor system on the
-in-memory store: supervisor, node actors, coordinator."""
+in-memory store: supervisor, node actors, coordinator. A written message is compared with
+the rendering of the typed outcome expected (`model.reasons`), never matched in part."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from fakes.memory_store import Faults, MemoryStore
 from actors.node_actor import GetLedger
 from actors.ports import StatusWrite
 from model.hold import Hold
+from model.reasons import (BudgetExhausted, DeviceAt, KeptCordoned, NodeProblems, NoEligibleNode, NoRoom,
+                           Placed, RequestRef, SetRefused)
 from model.types import OnCordon, Result
 from supervisor import COORDINATOR, PIPELINE, Binder, node_child_id
 from tests.actors_harness import (
@@ -76,7 +79,7 @@ async def test_B1_gathers_the_whole_set_on_one_node_moving_held_devices() -> Non
         res = await answer(s, binder, "t", rid)
     assert res == {name: (Result.SUCCEEDED, "n2", "Bound", "n2") for name in ("held", "new-a", "new-b")}
     msg = s.device(("t", "held")).status.bind_request.message
-    assert "n2" in msg and "held from n1" in msg
+    assert msg == Placed(RequestRef("t", "vm", rid), "n2", ("new-a", "new-b"), (("held", "n1"),)).render()
     assert check_invariants(s) == []
 
 
@@ -105,8 +108,9 @@ async def test_B1_refuses_with_a_message_and_changes_no_placement() -> None:
     assert {v[0] for v in res.values()} == {Result.REFUSED}
     assert res["held"][3] == "n1" and res["new"][2] == "Pending"
     msg = s.device(("t", "new")).status.bind_request.message
-    assert "held (Bound on n1)" in msg and "new (Pending)" in msg
-    assert "n1:" in msg and "n2:" in msg
+    assert msg == SetRefused((DeviceAt("held", "n1"), DeviceAt("new")), (NoEligibleNode((
+        NodeProblems("n1", (NoRoom(H100, needs=1, free=0),)),
+        NodeProblems("n2", (NoRoom(H100, needs=2, free=0),)))),), RequestRef("t", "vm", rid)).render()
     assert ops(s, rid) == [("answer", "held"), ("answer", "new")]
 
 
@@ -193,7 +197,9 @@ async def test_B3_budget_is_checked_in_the_loop() -> None:
         r1 = s.request("t", "vm1", ["a", "b"])
         res = await answer(s, binder, "t", r1)
     assert res["a"][0] is Result.REFUSED
-    assert "budget of tenant t" in s.device(("t", "a")).status.bind_request.message
+    assert s.device(("t", "a")).status.bind_request.message == SetRefused(
+        (DeviceAt("a"), DeviceAt("b")), (BudgetExhausted("t", H100, usage=1, budget=2, adds=2),),
+        RequestRef("t", "vm1", r1)).render()
 
 
 # -- B4 -------------------------------------------------------------------------------------
@@ -230,7 +236,8 @@ async def test_B1_a_reservation_a_ledger_refused_does_not_refuse_the_rest_of_its
     assert results_of(s, "t", rb)["b1"] == (Result.SUCCEEDED, "n1", "Bound", "n1")
     assert {r[0] for r in results_of(s, "t", ra).values()} == {Result.REFUSED}
     message = s.device(("t", "a1")).status.bind_request.message
-    assert "a1 (Pending), a2 (Pending)" in message and "n1" in message
+    assert message == SetRefused((DeviceAt("a1"), DeviceAt("a2")), (NoEligibleNode((
+        NodeProblems("n1", (NoRoom(H100, needs=2, free=1),)),)),), RequestRef("t", "vmA", ra)).render()
 
 
 async def test_a_fallback_waiting_on_a_slow_node_actor_does_not_hold_back_its_batch(monkeypatch) -> None:
@@ -279,7 +286,8 @@ async def test_B5a_move_class_on_cordoned_node_stays_when_no_other_node_has_room
         res = await answer(s, binder, "t", rid)
     assert {v[:2] for v in res.values()} == {(Result.SUCCEEDED, "n1")}
     assert ops(s, rid) == [("answer", "a"), ("answer", "b")]
-    assert "B5a" in s.device(("t", "a")).status.bind_request.message
+    assert s.device(("t", "a")).status.bind_request.message == KeptCordoned(
+        RequestRef("t", "vm", rid), "n1", "B5a").render()
 
 
 async def test_B5a_move_class_is_moved_when_another_node_has_room() -> None:
@@ -301,7 +309,8 @@ async def test_B5b_stay_class_keeps_its_node_even_with_room_elsewhere() -> None:
         rid = s.request("t", "vm", ["a"])
         res = await answer(s, binder, "t", rid)
     assert res["a"] == (Result.SUCCEEDED, "n1", "Bound", "n1")
-    assert "B5b" in s.device(("t", "a")).status.bind_request.message
+    assert s.device(("t", "a")).status.bind_request.message == KeptCordoned(
+        RequestRef("t", "vm", rid), "n1", "B5b", ("l40s",)).render()
 
 
 async def test_B5b_not_when_the_node_is_gone() -> None:

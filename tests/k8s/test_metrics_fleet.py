@@ -105,3 +105,29 @@ def test_informer_versions_and_housekeeping_rounds_are_exported():
     controller.housekeeper = None  # not leading
     body, _ = Metrics(controller, SimpleNamespace(admitted=0, denied=0)).render()
     assert "gpu_binder_housekeeping_rounds_total 0.0" in body.decode()
+
+
+def test_decisions_are_labelled_by_the_refusals_code():
+    """`gpu_binder_decisions_total{reason}` is the refusal's `model.reasons.Code` (a bounded
+    label, read from the decision, never from its message); "" when Succeeded."""
+    from model.decide import Request, decide
+    from model.reasons import Code
+    from model.types import Result
+    from tests.model.test_decide import NS, dev, node, world
+
+    cache = SimpleNamespace(view=IndexedView(), vmi_keys=set)
+    metrics = Metrics(SimpleNamespace(elector=None, binder=None, synced=False),
+                      SimpleNamespace(admitted=0, denied=0, cache=cache))
+    full = decide(world([node("n1", 1)], [dev("a"), dev("b")]), Request("r1", NS, "vm", ("a", "b")))
+    metrics.decided(full.rule, full.result, full.reason.code, 0.01)
+    metrics.decided("ledgers", Result.REFUSED, Code.LEDGERS_REFUSED, 0.01)
+    metrics.decided("B1", Result.SUCCEEDED, None, 0.01)
+    body = metrics.render()[0].decode()
+    samples = {tuple(sorted(s.labels.items())): s.value
+               for fam in text_string_to_metric_families(body) if fam.name == "gpu_binder_decisions"
+               for s in fam.samples if s.name == "gpu_binder_decisions_total"}
+    assert samples == {
+        (("reason", "no_eligible_node"), ("result", "Refused"), ("rule", "refused")): 1.0,
+        (("reason", "ledgers_refused"), ("result", "Refused"), ("rule", "ledgers")): 1.0,
+        (("reason", ""), ("result", "Succeeded"), ("rule", "B1")): 1.0,
+    }
