@@ -9,6 +9,8 @@ import time
 import anyio
 import pytest
 
+from model.reasons import (BudgetExhausted, Code, Cordoned, DeviceAt, NodeProblems, NoEligibleNode,
+                           NoRoom, RequestRef, SetRefused)
 from tests.e2e.helpers import eventually, housekeeping_rounds, make_pool, request, results, stamp
 
 pytestmark = pytest.mark.anyio
@@ -42,8 +44,9 @@ async def test_B1_set_that_fits_nowhere_is_refused_with_reasons_and_nothing_move
     assert {s["bindRequest"]["result"] for s in got} == {"Refused"}
     assert all(s.get("phase", "Pending") == "Pending" and "nodeName" not in s for s in got)
     msg = got[0]["bindRequest"]["message"]
-    assert "gpu-0 (Pending)" in msg and "gpu-1 (Pending)" in msg
-    assert f"{nodes['a']}: needs 2 × {res}, has 1 free" in msg
+    assert msg == SetRefused((DeviceAt("gpu-0"), DeviceAt("gpu-1")), (NoEligibleNode(tuple(
+        NodeProblems(n, (NoRoom(res, needs=2, free=1),)) for n in sorted(nodes.values()))),),
+        RequestRef(tenant, "vm-1", "r1")).render()
 
 
 async def test_B2_budget_checked_in_binder_two_requests_race_for_last_slot(system, fleet):
@@ -53,8 +56,10 @@ async def test_B2_budget_checked_in_binder_two_requests_race_for_last_slot(syste
     got = await eventually(lambda: results(fleet, tenant, devs), what="results")
     outcomes = sorted(s["bindRequest"]["result"] for s in got)
     assert outcomes == ["Refused", "Succeeded"]
-    refused = next(s for s in got if s["bindRequest"]["result"] == "Refused")
-    assert f"budget of tenant {tenant} for {res} exhausted" in refused["bindRequest"]["message"]
+    refused = next(s for s in got if s["bindRequest"]["result"] == "Refused")["bindRequest"]
+    assert refused["message"] == SetRefused(
+        tuple(DeviceAt(d) for d in refused["devices"]), (BudgetExhausted(tenant, res, 1, 1, 1),),
+        RequestRef(tenant, refused["vmi"], refused["id"])).render()
 
 
 async def test_cordon_by_real_kubectl_and_lowered_allocatable_reach_the_binder(
@@ -66,7 +71,9 @@ async def test_cordon_by_real_kubectl_and_lowered_allocatable_reach_the_binder(
     got = await eventually(lambda: results(fleet, tenant, devs[:2]), what="results")
     msg = got[0]["bindRequest"]["message"]
     assert {s["bindRequest"]["result"] for s in got} == {"Refused"}
-    assert f"{nodes['b']}: cordoned" in msg and f"{nodes['a']}: needs 2 × {res}, has 1 free" in msg
+    assert msg == SetRefused((DeviceAt(devs[0]), DeviceAt(devs[1])), (NoEligibleNode((
+        NodeProblems(nodes["a"], (NoRoom(res, needs=2, free=1),)),  # room first, then cordoned
+        NodeProblems(nodes["b"], (Cordoned(),)))),), RequestRef(tenant, "vm-1", "r1")).render()
     control_plane.kubectl("uncordon", nodes["b"])
     await eventually(lambda: _schedulable(fleet, nodes["b"]), what="uncordon visible")
     await request(fleet, tenant, "r2", "vm-2", devs[:2])
@@ -278,7 +285,8 @@ async def test_metrics_count_decisions_by_rule_and_refusal_reason(system, fleet)
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith(prefix))
     assert value('gpu_binder_decisions_total{reason="",result="Succeeded",rule="B1"}') >= 1
-    assert value('gpu_binder_decisions_total{reason="budget",result="Refused"') >= 1
+    assert value('gpu_binder_decisions_total{reason="%s",result="Refused"'
+                 % Code.BUDGET_EXHAUSTED.value) >= 1
     assert value("gpu_binder_decision_seconds_count") >= 2
     assert value("gpu_binder_leader ") == 1.0
 

@@ -13,6 +13,8 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiException
 
+from model.reasons import (ClassNotPermitted, GpuEntryNotPermitted, NodeProblems, NoRoom,
+                           NotKubevirtSchedulable, NotReady, SelectorMismatch, TooManySelectorEntries)
 from tests.e2e.conftest import FIXTURES, unique
 from tests.e2e.helpers import eventually
 
@@ -176,7 +178,7 @@ async def test_B3_not_ready_node_is_not_chosen_and_the_denial_says_why(system, k
     res, cls, nodes, tenant = await pool(fleet, kubevirt, {"down": {"units": 4, "kwok": False, "ready": False}})
     made, msg = await create(fleet, tenant, vmi("vm", cls, 1))
     assert made is None
-    assert f"{nodes['down']}: not Ready" in msg, msg
+    assert str(NodeProblems(nodes["down"], (NotReady(),))) in msg, msg
     devs = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant, "gpudevices")
     assert devs["items"] == []  # W1 denied before any write
 
@@ -186,7 +188,8 @@ async def test_B3_node_without_kubevirt_schedulable_label_is_not_chosen(system, 
                                                             "kv": {"units": 1}})
     made, msg = await create(fleet, tenant, vmi("vm", cls, 2))
     assert made is None
-    assert f"{nodes['bare']}: lacks label kubevirt.io/schedulable=true" in msg, msg
+    lacks = NotKubevirtSchedulable("kubevirt.io/schedulable")
+    assert str(NodeProblems(nodes["bare"], (lacks,))) in msg, msg
     made, msg = await create(fleet, tenant, vmi("vm-1", cls, 1))
     assert made is not None, msg
     pod = await bound_launcher(fleet, tenant, made)
@@ -206,9 +209,9 @@ async def test_capacity_foreign_gpu_pod_is_counted_and_never_double_booked(syste
     async def counted():
         made, msg = await create(fleet, tenant, vmi(unique("probe"), cls, 2))
         assert made is None, "a 2-GPU VMI was admitted next to a foreign 1-GPU Pod on a 2-GPU node"
-        return msg if "1 used by Pods outside the binder" in msg else None
-    msg = await eventually(counted, timeout=20, what="the foreign Pod counted")
-    assert f"{nodes['n']}: needs 2 × {res}, has 1 free (1 used by Pods outside the binder)" in msg
+        line = str(NodeProblems(nodes["n"], (NoRoom(res, needs=2, free=1, foreign=1),)))
+        return msg if line in msg else None
+    await eventually(counted, timeout=20, what="the foreign Pod counted")
     made, msg = await create(fleet, tenant, vmi("fits", cls, 1))
     assert made is not None, msg
     pod = await bound_launcher(fleet, tenant, made)  # not Pending "Insufficient"
@@ -216,14 +219,15 @@ async def test_capacity_foreign_gpu_pod_is_counted_and_never_double_booked(syste
     # the launcher Pod's GPU is the VMI's Bound device, not foreign: nothing is left, and the
     # refusal counts 1 bound + 1 foreign
     made, msg = await create(fleet, tenant, vmi("more", cls, 1))
-    assert made is None and "has 0 free (1 used by Pods outside the binder)" in msg, msg
+    full = NodeProblems(nodes["n"], (NoRoom(res, needs=1, free=0, foreign=1),))
+    assert made is None and str(full) in msg, msg
 
 
 async def test_W1_class_kubevirt_does_not_permit_is_denied_before_any_write(system, kubevirt, fleet):
     res, cls, nodes, tenant = await pool(fleet, kubevirt, {"n": {"units": 4}}, permit=False)
     made, msg = await create(fleet, tenant, vmi("vm", cls, 1))
     assert made is None
-    assert f"GPU class {cls}: KubeVirt does not permit resource {res}" in msg, msg
+    assert msg.endswith(ClassNotPermitted(cls, res).render()), msg
     devs = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant, "gpudevices")
     assert devs["items"] == []
     got = await fleet.custom.get_cluster_custom_object("gpu.cozystack.io", "v1alpha1", "gpuclasses", cls)
@@ -246,7 +250,7 @@ async def test_W1_vmi_keeping_its_own_gpu_entry_kubevirt_does_not_permit_is_deni
     body["spec"]["domain"]["devices"]["gpus"] = [{"name": "gpu1", "deviceName": own}]
     made, msg = await create(fleet, tenant, body)
     assert made is None
-    assert f"GPU entry 'gpu1' of the VMI names {own}, which KubeVirt does not permit" in msg, msg
+    assert msg.endswith(GpuEntryNotPermitted("gpu1", own).render()), msg
     devs = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant, "gpudevices")
     assert devs["items"] == []
 
@@ -264,7 +268,8 @@ async def test_B3_node_of_another_architecture_is_not_chosen_though_it_fits_tigh
     assert pod["spec"]["nodeName"] == nodes["x86"] and gpu_requests(pod, res) == 1
     made, msg = await create(fleet, tenant, vmi("vm-4", cls, 4))  # 3 left on x86, 2 on arm
     assert made is None
-    assert f"{nodes['arm']}: does not match node selector kubernetes.io/arch=amd64" in msg, msg
+    wrong_arch = SelectorMismatch((("kubernetes.io/arch", "amd64"),))
+    assert str(NodeProblems(nodes["arm"], (wrong_arch,))) in msg, msg
 
 
 async def test_W1_node_selector_too_large_for_the_bind_request_is_denied_before_any_write(system, kubevirt, fleet):
@@ -277,6 +282,6 @@ async def test_W1_node_selector_too_large_for_the_bind_request_is_denied_before_
     body["spec"]["nodeSelector"] = own  # the node matches all of it: only the bound refuses
     made, msg = await create(fleet, tenant, body)
     assert made is None
-    assert "nodeSelector has 65 entries (with KubeVirt's own); gpu-binder carries at most 64" in msg, msg
+    assert msg.endswith(TooManySelectorEntries(65, 64).render()), msg
     devs = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant, "gpudevices")
     assert devs["items"] == []
