@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 
 from model.decide import Decision, Placement, Request, complete_request, decide
 from model.hold import Hold, Landing, outstanding
+from model.reasons import RequestRef, Resumed
 from model.snapshot import Reserving, Snapshot
 from model.types import GPUDevice, Result
 
@@ -142,8 +143,7 @@ def recovery(req: Request, node: str, members: Sequence[GPUDevice], snap: Snapsh
                     if m.status.bind_request is not None
                     and m.status.bind_request.result is Result.SUCCEEDED
                     and m.status.bind_request.message), None)
-    message = message or (f"placed {req.namespace}/{req.vmi} request {req.id} on {node}: "
-                          "finishing a decision made before a binder restart")
+    message = message or Resumed(RequestRef(req.namespace, req.vmi, req.id), node).render()
     hold = None
     if land:
         needs = Counter(res for _, res in land)

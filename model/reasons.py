@@ -5,8 +5,8 @@ verdicts, assessments and refusals carry the typed reason, and the edges (status
 webhook denials, metrics, the operator's tools) render it or read its code. Nothing parses a
 message back.
 
-Also here: the wording of a Succeeded decision (`Placed`, `AlreadyPlaced`, `KeptCordoned`),
-which carries no code (it is not a reason to refuse).
+Also here: the wording of a Succeeded decision (`Placed`, `AlreadyPlaced`, `KeptCordoned`,
+`Resumed`), which carries no code (it is not a reason to refuse).
 
 Pure; imports nothing from the rest of `model`.
 """
@@ -688,6 +688,19 @@ class KeptCordoned:
                if self.stay else "the cordon is its only problem and no other node has room")
         return (f"{self.request}: kept on cordoned node {self.node} ({self.rule}: {why}); "
                 "the VMI waits for the cordon to lift")
+
+    __str__ = render
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """B7: a decision recorded on a member before a binder restart, finished on `node` (when
+    no member carries its Succeeded message)."""
+    request: RequestRef
+    node: str
+
+    def render(self) -> str:
+        return f"placed {self.request} on {self.node}: finishing a decision made before a binder restart"
 
     __str__ = render
 

@@ -129,6 +129,8 @@ def test_succeeded_wording():
     assert r.KeptCordoned(ref, "node-1", "B5b", ("a", "b")).render() == (
         "tenant-a/vm-1 request r1: kept on cordoned node node-1 (B5b: classes a, b are onCordon Stay); "
         "the VMI waits for the cordon to lift")
+    assert r.Resumed(ref, "node-1").render() == (
+        "placed tenant-a/vm-1 request r1 on node-1: finishing a decision made before a binder restart")
 
 
 @pytest.mark.parametrize("code, category", [
