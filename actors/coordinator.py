@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import anyio
@@ -45,7 +45,6 @@ from actors.status_pipeline import (
     Fly,
     GetFlights,
     GetPipelineStatus,
-    PipelineConfig,
     PipelineStatus,
     Settle,
     Stalled,
@@ -107,36 +106,23 @@ class CoordinatorStatus:
 
 @dataclass(frozen=True, slots=True)
 class CoordinatorConfig:
-    """Timeouts and bounds of the coordinator and its pipeline (seconds unless named
-    otherwise).
+    """Timeouts and bounds of the coordinator (seconds unless named otherwise); its
+    pipeline's are `actors.status_pipeline.PipelineConfig`.
 
     `ask_timeout` bounds one prepare/commit round and one question to the pipeline;
     `max_rounds` decide-and-prepare rounds before a request every node actor refused is
     answered Refused; `requeue_delay` between rounds; `stalled_delay` before a request whose
     writes gave up is tried again; `resync_interval` between full scans; `poison_delay`
     before a request on which `model.decide` raised is tried again; `batch_size` requests
-    decided on one snapshot. The pipeline's (`pipeline()`): `write_timeout` bounds one
-    StatusWriter call; `retry_*` the tenacity policy per write; `settle_timeout` the longest
-    a finished request waits for the view to show its writes (polled every `settle_poll`)."""
+    decided on one snapshot."""
 
     ask_timeout: float = 5.0
-    write_timeout: float = 10.0
-    retry_attempts: int = 6
-    retry_initial: float = 0.05
-    retry_max: float = 2.0
-    retry_jitter: float = 0.05
     max_rounds: int = 3
     requeue_delay: float = 0.05
     stalled_delay: float = 1.0
     resync_interval: float = 30.0
-    settle_timeout: float = 60.0
-    settle_poll: float = 0.05
     poison_delay: float = 30.0
     batch_size: int = 64
-
-    def pipeline(self) -> PipelineConfig:
-        """The status pipeline's part of this configuration."""
-        return PipelineConfig(**{f.name: getattr(self, f.name) for f in fields(PipelineConfig)})
 
 
 @dataclass(frozen=True, slots=True)

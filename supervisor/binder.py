@@ -39,7 +39,7 @@ from actors.errors import ActorStopped, MailboxFull
 from actors.node_actor import DevicesChanged, NodeActor, NodeActorConfig, NodeChanged
 from actors.ports import Change, ChangeFeed, Clock, ClusterView, DecisionObserver, StatusWriter
 from actors.runtime import ActorRef
-from actors.status_pipeline import StatusPipeline
+from actors.status_pipeline import PipelineConfig, StatusPipeline
 from model.decide import find_requests
 from supervisor.tree import ChildSpec, Restart, Supervisor, SupervisorConfig, SupervisorStatistics
 
@@ -59,14 +59,18 @@ def node_child_id(node: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class BinderConfig:
-    """Everything the tree needs that is not a port (mailboxes in messages). `route_timeout` bounds how long the
-    router waits on a full coordinator mailbox before leaving the request to the
-    coordinator's periodic resync; `route_batch` is the most changes the router takes
-    from the feed's queue to route in one pass."""
+    """Everything the tree needs that is not a port: each actor's configuration, the
+    mailbox sizes (messages), `shutdown` (seconds a child has to stop), `route_timeout`
+    (seconds the router waits on a full coordinator mailbox before leaving the request to
+    the coordinator's periodic resync) and `route_batch` (the most changes the router takes
+    from the feed's queue to route in one pass). Every default of the binder's knobs is
+    here or in the actor configuration it nests; `k8s.controller` overrides the ones the
+    operator sets (`k8s.config.Config`)."""
 
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
     node: NodeActorConfig = field(default_factory=NodeActorConfig)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     node_mailbox: int = 256
     coordinator_mailbox: int = 4096
     pipeline_mailbox: int = 4096
@@ -169,8 +173,7 @@ class Binder:
                             changes.done(change)
 
     def _new_pipeline(self) -> StatusPipeline:
-        return StatusPipeline(self._view, self._writer, self, self._clock,
-                              self._cfg.coordinator.pipeline())
+        return StatusPipeline(self._view, self._writer, self, self._clock, self._cfg.pipeline)
 
     def _new_coordinator(self) -> Coordinator:
         pipeline = self.pipeline

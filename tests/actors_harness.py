@@ -15,6 +15,7 @@ from actors.coordinator import CoordinatorConfig
 from fakes.clock import LoopClock
 from fakes.memory_store import MemoryStore
 from actors.node_actor import NodeActorConfig
+from actors.status_pipeline import PipelineConfig
 from model.decide import find_requests
 from model.types import Result
 from supervisor import Binder, BinderConfig, SupervisorConfig
@@ -23,22 +24,15 @@ from tests.timing import eventually
 
 def fast_config(**overrides) -> BinderConfig:
     """Small timings so tests run in milliseconds; a generous restart intensity."""
-    coordinator = CoordinatorConfig(
-        ask_timeout=2.0,
-        write_timeout=2.0,
-        retry_attempts=5,
-        retry_initial=0.001,
-        retry_max=0.005,
-        retry_jitter=0.001,
-        requeue_delay=0.002,
-        stalled_delay=0.01,
-        resync_interval=0.5,
-        settle_timeout=5.0,
-    )
+    coordinator = CoordinatorConfig(ask_timeout=2.0, requeue_delay=0.002, stalled_delay=0.01,
+                                    resync_interval=0.5)
+    pipeline = PipelineConfig(write_timeout=2.0, retry_attempts=5, retry_initial=0.001,
+                              retry_max=0.005, retry_jitter=0.001, settle_timeout=5.0)
     node = NodeActorConfig(prepare_ttl=2.0, commit_ttl=30.0, sweep_interval=0.25)
     sup = SupervisorConfig(max_restarts=1000, max_seconds=1.0, backoff_initial=0.001,
                            backoff_max=0.01)
-    base = dict(supervisor=sup, node=node, coordinator=coordinator, shutdown=1.0)
+    base = dict(supervisor=sup, node=node, coordinator=coordinator, pipeline=pipeline,
+                shutdown=1.0)
     base.update(overrides)
     return BinderConfig(**base)
 
