@@ -55,13 +55,9 @@ from model.plan import (Action, Answer, Finish, Place, Recover, Requeue, Skip, p
                         plan_batch, plan_one, recorded_node, recovery)
 from model.reasons import Code
 from model.snapshot import Reserving, Snapshot
-from model.types import Result
+from model.types import RequestKey, Result
 
 _log = structlog.get_logger("gpu_binder.coordinator")
-
-RequestKey = tuple[str, str]
-"""(namespace, request id)."""
-
 
 # -- messages -------------------------------------------------------------------------------
 

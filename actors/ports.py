@@ -20,15 +20,12 @@ import anyio
 
 from actors.errors import WriteError
 from model.reasons import Code
-from model.types import Budget, GPUClass, GPUDevice, Namespace, Node, Result
+from model.types import Budget, DeviceKey, GPUClass, GPUDevice, Namespace, Node, Result
 
 if TYPE_CHECKING:
     from actors.runtime import ActorRef
     from actors.workqueue import WorkQueue
     from model.snapshot import Snapshot
-
-DeviceKey = tuple[str, str]
-"""(namespace, name) of a GPUDevice."""
 
 ChangeKind = Literal["node", "device", "class", "budget", "namespace"]
 

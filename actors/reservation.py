@@ -22,10 +22,7 @@ from model.hold import Hold
 from model.plan import placement_hold
 from model.reasons import DeviceAt, LedgersRefused, SetRefused
 from model.snapshot import Snapshot
-
-RequestKey = tuple[str, str]
-"""(namespace, request id)."""
-
+from model.types import RequestKey
 
 @dataclass(slots=True)
 class Placing:

@@ -53,17 +53,13 @@ from actors.errors import (
     WriteError,
 )
 from actors.node_actor import Release
-from actors.ports import Clock, ClusterView, DeviceKey, NodeDirectory, StatusWrite, StatusWriter
+from actors.ports import Clock, ClusterView, NodeDirectory, StatusWrite, StatusWriter
 from actors.runtime import Actor, ActorContext, ActorRef
 from model.decide import Request
 from model.hold import Hold, outstanding
-from model.types import Result
+from model.types import DeviceKey, RequestKey, Result
 
 _log = structlog.get_logger("gpu_binder.status_pipeline")
-
-RequestKey = tuple[str, str]
-"""(namespace, request id)."""
-
 
 # -- messages -------------------------------------------------------------------------------
 

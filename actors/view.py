@@ -12,10 +12,10 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Mapping
 
-from actors.ports import Change, ChangeKind, DeviceKey
+from actors.ports import Change, ChangeKind
 from actors.workqueue import WorkQueue
 from model.snapshot import Snapshot
-from model.types import Budget, GPUClass, GPUDevice, Namespace, Node
+from model.types import Budget, DeviceKey, GPUClass, GPUDevice, Namespace, Node, RequestKey
 
 
 class IndexedView:
@@ -33,7 +33,7 @@ class IndexedView:
         self._budgets: dict[tuple[str, str], Budget] = {}
         self._devices: dict[DeviceKey, GPUDevice] = {}
         self._on_node: dict[str, dict[DeviceKey, GPUDevice]] = {}
-        self._by_request: dict[tuple[str, str], dict[DeviceKey, GPUDevice]] = {}
+        self._by_request: dict[RequestKey, dict[DeviceKey, GPUDevice]] = {}
         self._snap: Snapshot | None = None
         self._pending: dict[DeviceKey, GPUDevice | None] = {}  # device changes not yet in _snap
         self._subscribers: list[WorkQueue[Change]] = []

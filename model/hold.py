@@ -14,10 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Collection
 
-from model.types import GPUDevice
-
-DeviceKey = tuple[str, str]
-"""(namespace, name) of a GPUDevice."""
+from model.types import DeviceKey, GPUDevice
 
 Needs = tuple[tuple[str, int], ...]
 """Units per resource name, sorted by resource name, only positive counts."""

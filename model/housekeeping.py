@@ -19,10 +19,7 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Iterable, Mapping
 
-from model.types import Attachment, GPUDevice, Result
-
-VMIKey = tuple[str, str]
-"""(namespace, VMI name)."""
+from model.types import Attachment, GPUDevice, Result, VMIKey
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,17 @@ Labels = tuple[tuple[str, str], ...]
 """A label map frozen as a tuple of (key, value) pairs sorted by key."""
 
 
+DeviceKey = tuple[str, str]
+"""(namespace, name) of a GPUDevice (`GPUDevice.key`): the identity used by every index and
+message."""
+
+RequestKey = tuple[str, str]
+"""(namespace, `status.bindRequest.id`) of a request: the set of devices carrying that id."""
+
+VMIKey = tuple[str, str]
+"""(namespace, name) of a VirtualMachineInstance."""
+
+
 def freeze_labels(labels: Mapping[str, str] | None) -> Labels:
     """Return `labels` as a sorted tuple of pairs (the frozen form used by every type)."""
     return tuple(sorted((labels or {}).items()))
@@ -292,7 +303,7 @@ class GPUDevice:
         object.__setattr__(self, "bound_node", st.node_name if st.phase is Phase.BOUND else None)
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> DeviceKey:
         """(namespace, name): the identity used by every index and message."""
         return (self.namespace, self.name)
 

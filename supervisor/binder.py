@@ -41,6 +41,7 @@ from actors.ports import Change, ChangeFeed, Clock, ClusterView, DecisionObserve
 from actors.runtime import ActorRef
 from actors.status_pipeline import PipelineConfig, StatusPipeline
 from model.decide import find_requests
+from model.types import RequestKey
 from supervisor.tree import ChildSpec, Restart, Supervisor, SupervisorConfig, SupervisorStatistics
 
 _log = structlog.get_logger("gpu_binder.binder")
@@ -233,7 +234,7 @@ class Binder:
         sup = self._sup
         assert sup is not None
         view = self._view
-        requests: dict[tuple[str, str], None] = {}
+        requests: dict[RequestKey, None] = {}
         for key in keys:
             dev = view.device(key)  # type: ignore[arg-type]
             if dev is None:
