@@ -5,7 +5,7 @@ full, an actor that stopped, an `ask` that timed out, an actor killed on purpose
 `WriteError` is what a `StatusWriter` (`actors.ports`) raises; the Kubernetes adapter
 translates API errors into these so no client exception ever reaches an actor:
 
-| adapter sees                                   | raises               | coordinator does |
+| adapter sees                                   | raises               | pipeline does    |
 |------------------------------------------------|----------------------|------------------|
 | 409 Conflict (stale resourceVersion)           | `WriteConflict`      | retries (bounded)|
 | 5xx, 429, timeouts, connection errors          | `TransientWriteError`| retries (bounded)|
@@ -14,6 +14,8 @@ translates API errors into these so no client exception ever reaches an actor:
 """
 
 from __future__ import annotations
+
+from model.types import DeviceKey
 
 
 class ActorError(Exception):
@@ -47,7 +49,7 @@ class StartTimeout(ActorError):
 class WriteError(Exception):
     """Base of the status writer's errors. `key` is the device (namespace, name)."""
 
-    def __init__(self, message: str, *, key: tuple[str, str] | None = None) -> None:
+    def __init__(self, message: str, *, key: DeviceKey | None = None) -> None:
         super().__init__(message)
         self.key = key
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import anyio
@@ -196,7 +196,6 @@ class _CellState:
     scope: anyio.CancelScope | None = None
     kill_reason: str | None = None
     current: _Envelope | None = None
-    on_started: list[Callable[[], None]] = field(default_factory=list)
 
 
 class ActorRef:

@@ -20,12 +20,13 @@ from typing import Callable, Iterable, Mapping, Sequence
 import anyio
 
 from actors.errors import NotFound, RequestWithdrawn, TransientWriteError, WriteConflict, WriteError
-from actors.ports import Clock, DeviceKey, StatusWrite, SystemClock, WriteOp
+from actors.ports import Clock, StatusWrite, SystemClock, WriteOp
 from actors.view import IndexedView
 from model.types import (
     Attachment,
     BindRequest,
     Budget,
+    DeviceKey,
     DeviceStatus,
     GPUClass,
     GPUDevice,
@@ -369,11 +370,6 @@ class MemoryStore(IndexedView):
 def _with_status(dev: GPUDevice, status: DeviceStatus) -> GPUDevice:
     return GPUDevice(dev.namespace, dev.name, dev.class_name, dev.template_for, status,
                      dev.resource_version, dev.uid, dev.created_at, dev.deleting)
-
-
-def _with_request(dev: GPUDevice, br: BindRequest) -> GPUDevice:
-    st = dev.status
-    return _with_status(dev, DeviceStatus(st.phase, st.node_name, st.bound_at, st.attached_to, br))
 
 
 def _answered(br: BindRequest, result: Result | None, message: str | None, node: str | None) -> BindRequest:

@@ -71,11 +71,6 @@ class Fleet:
         """Replace `spec.taints` of a Node."""
         await self.core.patch_node(name, {"spec": {"taints": taints}}, _content_type=MERGE)
 
-    async def set_ready(self, name: str, ready: bool) -> None:
-        """Write the Node's Ready condition (True or False)."""
-        await self.core.patch_node_status(name, {"status": {"conditions": _conditions(ready)}},
-                                          _content_type=MERGE)
-
     async def set_allocatable(self, name: str, allocatable: dict[str, int], *,
                               ready: bool | None = None) -> None:
         """Write `status.capacity` and `status.allocatable` of a Node: `allocatable` over

@@ -36,8 +36,6 @@ BUILD_SCRIPT = REPO_ROOT / "tools" / "build-kubevirt.sh"
 NAMESPACE = "kubevirt"
 KUBEVIRT_CR = "kubevirt"
 LAUNCHER_IMAGE = "gpu-binder.local/virt-launcher:v1.8.3"  # never pulled: no kubelet
-VMI_CRD = "virtualmachineinstances.kubevirt.io"
-KUBEVIRT_CRD = "kubevirts.kubevirt.io"
 _RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import AsyncIterator
 
 import anyio
@@ -79,14 +78,6 @@ async def settle(store: MemoryStore, binder: Binder, timeout: float = 10.0) -> N
         return all_answered(store)
     await eventually(idle, timeout, "every complete request answered and no reservation left",
                      interval=0.005)
-
-
-@dataclass
-class Violations:
-    messages: list[str]
-
-    def __bool__(self) -> bool:
-        return bool(self.messages)
 
 
 def check_invariants(store: MemoryStore, *, withdrawn: set[str] = frozenset(),

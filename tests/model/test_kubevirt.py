@@ -14,9 +14,9 @@ from model.reasons import (ClassNotPermitted, LostCapacity, NodeProblems, NoElig
                            DeviceAt, TaintsNotTolerated)
 from model.decide import Request, decide
 from model.parse import parse_gpu_device, parse_node, parse_tolerations, device_status_to_dict
-from model.snapshot import Order, Snapshot
-from model.types import BindRequest, DeviceStatus, GPUDevice, Phase, Result, Taint, Toleration
-from tests.model.test_decide import H, NS, dev, gpu_class, node, world
+from model.snapshot import Order
+from model.types import BindRequest, DeviceStatus, Phase, Result, Taint, Toleration
+from tests.model.test_decide import H, NS, dev, node, world
 
 NOT_READY = Taint("node.kubernetes.io/not-ready", "", "NoSchedule")
 GPU_TAINT = Taint("gpu", "reserved", "NoSchedule")
@@ -142,7 +142,7 @@ def test_bind_request_tolerations_round_trip_and_bad_operator_is_a_parse_error()
 
 # --- foreign Pods (capacity, §2) ----------------------------------------------------------
 
-from model.foreign import LauncherClaim, PodUse, foreign_units, parse_launcher_claim, parse_pod_use  # noqa: E402
+from model.foreign import foreign_units, parse_launcher_claim, parse_pod_use  # noqa: E402
 
 
 def pod(name: str, requests: dict, *, ns: str = NS, node: str = "node-1", created_by: str | None = None,
