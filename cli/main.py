@@ -97,13 +97,14 @@ def _tools(args: argparse.Namespace) -> int:
 def _add_tools(sub, prog: str) -> None:
     """The read-only operator tools `explain`, `what-if`, `top` (shared with kubectl-gpu)."""
     from cli.tools import default_kubeconfig
+    from k8s.config import default
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--kubeconfig", default=default_kubeconfig(),
                        help="kubeconfig whose user may list nodes, GPU classes and devices, "
                             "namespaces, quotas and VMIs (default: $KUBECONFIG, else "
                             "~/.kube/config; now %(default)s)")
-        p.add_argument("--settings-namespace", default="cozy-system",
+        p.add_argument("--settings-namespace", default=default("settings_namespace"),
                        help="namespace of the gpu-settings ConfigMap, as the controller's "
                             "--settings-namespace (default: %(default)s)")
         p.add_argument("--timeout", type=float, default=30.0,
@@ -128,7 +129,7 @@ def _add_tools(sub, prog: str) -> None:
     ex.add_argument("-n", "--namespace",
                     help="namespace of the VMI of -f when its manifest has none "
                          "(default: the manifest's metadata.namespace)")
-    ex.add_argument("--attachment-grace", type=float, default=120.0,
+    ex.add_argument("--attachment-grace", type=float, default=default("attachment_grace"),
                     help="seconds an attachment to a VMI that does not exist still counts as "
                          "live, as the controller's --attachment-grace (default: %(default)g)")
     common(ex)

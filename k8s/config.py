@@ -1,7 +1,10 @@
 """Controller configuration: defaults, overridden by a YAML/JSON file (`--config`, e.g. a
 mounted ConfigMap), then by environment variables `GPU_BINDER_<FIELD>`, then by flags.
 
-Durations are seconds (floats). `Config.validate()` raises ValueError naming the field.
+Durations are seconds (floats). `Config.validate()` raises ValueError naming the field. The
+settings that tune the binder take their defaults from `supervisor.binder.BinderConfig` (and
+the actor configurations it nests), the only place those defaults are written;
+`k8s.controller.binder_config` hands the operator's values to the actors.
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ from typing import Any
 import yaml
 
 from model.settings import RAW_ALLOWED, RAW_DENIED
+from supervisor.binder import BinderConfig
+
+_BINDER = BinderConfig()
+"""The binder's defaults, read by the settings that tune it."""
 
 
 def flag(name: str) -> str:
@@ -59,6 +66,20 @@ FIELD_HELP: dict[str, str] = {
     "housekeeping_period": "seconds between housekeeping passes (H1-H3)",
     "leader_election": "true or false: take part in leader election; false runs the webhook "
                        "and informers only, no binder",
+    "ask_timeout": "seconds the coordinator waits for one prepare/commit round with the node "
+                   "actors (and for one answer of its status pipeline); below --prepare-ttl",
+    "resync_interval": "seconds between the coordinator's full scans for complete requests "
+                       "lacking a result (the safety net of the change feed)",
+    "write_timeout": "seconds one batch of status writes may take before it counts as failed",
+    "write_attempts": "tries of a request's status writes, the first included, before they "
+                      "give up (the reservation is kept and the request examined again later)",
+    "settle_timeout": "seconds a written request keeps its reservation at most while waiting "
+                      "for the informers to show its writes",
+    "prepare_ttl": "seconds a node actor's prepared (not yet committed) reservation lasts",
+    "commit_ttl": "seconds a committed reservation nobody released lasts (safety net)",
+    "max_restarts": "restart intensity: crashes of the binder's actors tolerated within "
+                    "--max-restart-seconds; one more stops the binder and exits the process",
+    "max_restart_seconds": "restart intensity: the window of --max-restarts, in seconds",
 }
 """Meaning and unit of each setting (`field_help` adds the default)."""
 
@@ -66,17 +87,27 @@ _DEFAULT_TEXT = {"kubeconfig": "the in-cluster service account",
                  "identity": "$POD_NAME, else the host name"}
 
 
+def default(name: str) -> Any:
+    """The default value of setting `name` (e.g. 120.0 for "attachment_grace"), for tools that
+    take the same setting. Raises KeyError for an unknown name or one whose default is
+    computed at start ("identity")."""
+    value = Config.__dataclass_fields__[name].default
+    if value is dataclasses.MISSING:
+        raise KeyError(f"setting {name!r} has no fixed default")
+    return value
+
+
 def field_help(name: str) -> str:
     """The help of setting `name`'s flag: meaning, unit and default, e.g. "seconds the
     webhook waits … (default: 20)". A setting missing from FIELD_HELP says so."""
     text = FIELD_HELP.get(name, "undocumented setting")
     if name in _DEFAULT_TEXT:
-        default = _DEFAULT_TEXT[name]
+        shown = _DEFAULT_TEXT[name]
     else:
-        value = Config.__dataclass_fields__[name].default
-        default = ("none" if value is None else str(value).lower() if isinstance(value, bool)
-                   else f"{value:g}" if isinstance(value, float) else str(value))
-    return f"{text} (default: {default})"
+        value = default(name)
+        shown = ("none" if value is None else str(value).lower() if isinstance(value, bool)
+                 else f"{value:g}" if isinstance(value, float) else str(value))
+    return f"{text} (default: {shown})"
 
 
 @dataclass(slots=True)
@@ -105,6 +136,16 @@ class Config:
     log_dir: str | None = None               # one <node>.jsonl per node when set
     housekeeping_period: float = 5.0
     leader_election: bool = True             # False: webhook and informers only (no binder)
+    # The binder's knobs; their defaults are BinderConfig's (see the module docstring).
+    ask_timeout: float = _BINDER.coordinator.ask_timeout
+    resync_interval: float = _BINDER.coordinator.resync_interval
+    write_timeout: float = _BINDER.pipeline.write_timeout
+    write_attempts: int = _BINDER.pipeline.retry_attempts
+    settle_timeout: float = _BINDER.pipeline.settle_timeout
+    prepare_ttl: float = _BINDER.node.prepare_ttl
+    commit_ttl: float = _BINDER.node.commit_ttl
+    max_restarts: int = _BINDER.supervisor.max_restarts
+    max_restart_seconds: float = _BINDER.supervisor.max_seconds
 
     def validate(self) -> "Config":
         """Check ranges; return self. Raises ValueError naming the bad setting by its flag
@@ -115,9 +156,18 @@ class Config:
             raise ValueError(f"--raw-resource-names: must be {RAW_ALLOWED!r} or {RAW_DENIED!r}, "
                              f"got {self.raw_resource_names!r}")
         for name in ("attachment_grace", "bind_timeout", "lease_duration", "renew_deadline",
-                     "retry_period", "housekeeping_period"):
+                     "retry_period", "housekeeping_period", "ask_timeout", "resync_interval",
+                     "write_timeout", "settle_timeout", "prepare_ttl", "commit_ttl",
+                     "max_restart_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{f(name)}: must be > 0 seconds, got {getattr(self, name)}")
+        if self.write_attempts < 1:
+            raise ValueError(f"--write-attempts: must be at least 1, got {self.write_attempts}")
+        if self.max_restarts < 0:
+            raise ValueError(f"--max-restarts: must be at least 0, got {self.max_restarts}")
+        if self.prepare_ttl <= self.ask_timeout:
+            raise ValueError("--prepare-ttl: must be longer than --ask-timeout (a reservation "
+                             "expiring within the round that prepared it is refused at commit)")
         if not self.lease_duration > self.renew_deadline > self.retry_period:
             raise ValueError("--lease-duration > --renew-deadline > --retry-period is required, "
                              f"got {self.lease_duration} > {self.renew_deadline} > "

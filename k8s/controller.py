@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import signal
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -46,6 +47,29 @@ async def make_api_client(kubeconfig: str | None) -> ApiClient:
         return await kconfig.new_client_from_config(config_file=kubeconfig)
     kconfig.load_incluster_config()
     return ApiClient()
+
+
+def binder_config(cfg: Config) -> BinderConfig:
+    """The binder's configuration: `BinderConfig`'s defaults with the operator's settings
+    of `cfg` applied (the one path from `--write-attempts` & co. to the actors)."""
+    b = BinderConfig()
+    return replace(
+        b,
+        supervisor=replace(b.supervisor, max_restarts=cfg.max_restarts,
+                           max_seconds=cfg.max_restart_seconds),
+        node=replace(b.node, prepare_ttl=cfg.prepare_ttl, commit_ttl=cfg.commit_ttl),
+        coordinator=replace(b.coordinator, ask_timeout=cfg.ask_timeout,
+                            resync_interval=cfg.resync_interval),
+        pipeline=replace(b.pipeline, write_timeout=cfg.write_timeout,
+                         retry_attempts=cfg.write_attempts, settle_timeout=cfg.settle_timeout),
+    )
+
+
+def lease_config(cfg: Config) -> LeaseConfig:
+    """The Lease loop's configuration from the operator's settings of `cfg`."""
+    return LeaseConfig(namespace=cfg.lease_namespace, name=cfg.lease_name,
+                       lease_duration=cfg.lease_duration, renew_deadline=cfg.renew_deadline,
+                       retry_period=cfg.retry_period)
 
 
 class Controller:
@@ -118,10 +142,7 @@ class Controller:
         self.cache = cache
         grace = timedelta(seconds=cfg.attachment_grace)
         admission = VMIAdmission(api, cache, bind_timeout=cfg.bind_timeout, grace=grace)
-        self.elector = LeaderElector(CoordinationV1Api(api), cfg.identity, LeaseConfig(
-            namespace=cfg.lease_namespace, name=cfg.lease_name,
-            lease_duration=cfg.lease_duration, renew_deadline=cfg.renew_deadline,
-            retry_period=cfg.retry_period))
+        self.elector = LeaderElector(CoordinationV1Api(api), cfg.identity, lease_config(cfg))
         metrics = Metrics(self, admission)
 
         async def admit(req: dict) -> dict:
@@ -134,8 +155,8 @@ class Controller:
         async def lead() -> None:
             call_timeout = min(5.0, cfg.renew_deadline / 2)  # a leader's call ends before its lease
             writer = ApiStatusWriter(api, timeout=call_timeout)
-            self.binder = Binder(cache.view, cache.view, writer, SystemClock(), BinderConfig(),
-                                 observer=metrics)
+            self.binder = Binder(cache.view, cache.view, writer, SystemClock(),
+                                 binder_config(cfg), observer=metrics)
             keeper = Housekeeper(api, cache, grace=grace, raw_policy=cfg.raw_resource_names,
                                  period=cfg.housekeeping_period, timeout=call_timeout)
             try:

@@ -35,13 +35,15 @@ def _micro(t: dt.datetime) -> str:
 
 @dataclass(frozen=True, slots=True)
 class LeaseConfig:
-    """Lease name/namespace and durations in seconds (lease > renew_deadline > retry)."""
+    """Lease name/namespace and durations in seconds (lease > renew_deadline > retry). No
+    defaults: the operator's settings (`k8s.config.Config`) hold them. Raises ValueError
+    when the durations are out of order."""
 
-    namespace: str = "cozy-system"
-    name: str = "gpu-binder"
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
+    namespace: str
+    name: str
+    lease_duration: float
+    renew_deadline: float
+    retry_period: float
 
     def __post_init__(self) -> None:
         if not (self.lease_duration > self.renew_deadline > self.retry_period > 0):

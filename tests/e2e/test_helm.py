@@ -251,7 +251,8 @@ def test_chart_settings_are_accepted_by_the_controller(helm, tmp_path):
 
     settings = {"attachmentGrace": 90, "bindTimeout": 12.5, "leaseName": "gb",
                 "leaseDuration": 20, "renewDeadline": 12, "retryPeriod": 3,
-                "housekeepingPeriod": 7, "leaderElection": False}
+                "housekeepingPeriod": 7, "leaderElection": False, "writeAttempts": 2,
+                "prepareTTL": 12, "maxRestartSeconds": 30}
     objs = helm.objects({"settings": settings, "rawResourceNames": "denied"})
     cfg_file = tmp_path / "config.yaml"
     cfg_file.write_text(by_kind(objs)[("ConfigMap", "gpu-binder-config")]["data"]["config.yaml"])
@@ -264,8 +265,9 @@ def test_chart_settings_are_accepted_by_the_controller(helm, tmp_path):
     assert (cfg.attachment_grace, cfg.bind_timeout, cfg.lease_name, cfg.lease_duration,
             cfg.renew_deadline, cfg.retry_period, cfg.housekeeping_period,
             cfg.leader_election, cfg.raw_resource_names, cfg.settings_namespace,
-            cfg.lease_namespace) == (90.0, 12.5, "gb", 20.0, 12.0, 3.0, 7.0, False, "denied",
-                                     NS, NS)
+            cfg.lease_namespace, cfg.write_attempts, cfg.prepare_ttl,
+            cfg.max_restart_seconds) == (90.0, 12.5, "gb", 20.0, 12.0, 3.0, 7.0, False,
+                                         "denied", NS, NS, 2, 12.0, 30.0)
     container = by_kind(objs)[("Deployment", "gpu-binder")]["spec"]["template"]["spec"][
         "containers"][0]
     args = build_parser().parse_args(container["args"])

@@ -1,8 +1,38 @@
-"""Controller configuration: precedence and clear errors (k8s.config)."""
+"""Controller configuration (k8s.config): precedence, clear errors, one default per setting
+(the chart's copies checked against it) and the one path from a setting to the actor that
+uses it (k8s.controller.binder_config, lease_config)."""
 
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import anyio
 import pytest
+import yaml
 
-from k8s.config import load
+from actors.coordinator import GetStatus
+from actors.errors import TransientWriteError
+from fakes.memory_store import MemoryStore
+from k8s.config import Config, default, field_help, load
+from k8s.controller import binder_config, lease_config
+from k8s.leader import LeaseConfig
+from supervisor.binder import BinderConfig
+from tests.actors_harness import running_binder
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "gpu-binder"
+H100 = "nvidia.com/H100"
+
+BINDER_SETTINGS = {  # operator setting -> (part of BinderConfig, its field)
+    "ask_timeout": ("coordinator", "ask_timeout"),
+    "resync_interval": ("coordinator", "resync_interval"),
+    "write_timeout": ("pipeline", "write_timeout"),
+    "write_attempts": ("pipeline", "retry_attempts"),
+    "settle_timeout": ("pipeline", "settle_timeout"),
+    "prepare_ttl": ("node", "prepare_ttl"),
+    "commit_ttl": ("node", "commit_ttl"),
+    "max_restarts": ("supervisor", "max_restarts"),
+    "max_restart_seconds": ("supervisor", "max_seconds"),
+}
 
 
 def test_flags_beat_environment_beat_file(tmp_path):
@@ -25,6 +55,10 @@ def test_flags_beat_environment_beat_file(tmp_path):
     ({"kubeconfig": "/no/such/file"}, "--kubeconfig: no such file '/no/such/file'"),
     ({"webhook_port": "9443"}, "--webhook-cert and --webhook-key are required"),
     ({"metrics_port": "70000"}, "--metrics-port: must be a TCP port 0-65535"),
+    ({"write_attempts": "0"}, "--write-attempts: must be at least 1, got 0"),
+    ({"max_restarts": "-1"}, "--max-restarts: must be at least 0, got -1"),
+    ({"commit_ttl": "0"}, "--commit-ttl: must be > 0 seconds, got 0.0"),
+    ({"prepare_ttl": "5"}, "--prepare-ttl: must be longer than --ask-timeout"),
 ])
 def test_bad_settings_are_refused_with_the_flag_named(flags, message):
     flags = {"webhook_port": "0", **flags}
@@ -61,3 +95,73 @@ def test_W6_webhook_without_client_ca_is_refused_unless_explicitly_insecure(tmp_
                                   "webhook_insecure_skip_client_auth": "true"})
     with pytest.raises(ValueError, match="--webhook-client-ca: no such file"):
         load(None, env={}, flags={**base, "webhook_client_ca": str(tmp_path / "nope")})
+
+
+# -- one default per setting, one path to the actors ---------------------------------------
+
+
+def test_the_binder_settings_default_to_the_binders_own_defaults_and_reach_its_config():
+    defaults = BinderConfig()
+    for name, (part, knob) in BINDER_SETTINGS.items():
+        assert default(name) == getattr(getattr(defaults, part), knob), name
+        assert f"(default: {default(name):g})" in field_help(name)
+    assert binder_config(load(None, env={}, flags={"webhook_port": "0"})) == defaults
+    changed = {name: default(name) * 2 + 1 for name in BINDER_SETTINGS}
+    got = binder_config(load(None, env={}, flags={"webhook_port": "0", **changed}))
+    assert {name: getattr(getattr(got, part), knob)
+            for name, (part, knob) in BINDER_SETTINGS.items()} == changed
+    # nothing else moved
+    untouched = replace(got, **{part: getattr(defaults, part) for part, _ in
+                                BINDER_SETTINGS.values()})
+    assert untouched == defaults
+
+
+def test_lease_settings_reach_the_lease_loop():
+    cfg = load(None, env={"GPU_BINDER_LEASE_NAME": "gb"},
+               flags={"webhook_port": "0", "lease_namespace": "ops", "lease_duration": "30",
+                      "renew_deadline": "20", "retry_period": "4"})
+    assert lease_config(cfg) == LeaseConfig(namespace="ops", name="gb", lease_duration=30.0,
+                                            renew_deadline=20.0, retry_period=4.0)
+
+
+@pytest.mark.anyio
+async def test_a_retry_count_set_in_the_config_file_is_the_one_the_status_pipeline_uses(
+        tmp_path):
+    """--write-attempts from the operator's file: a request whose writes always fail is
+    tried exactly that often before its writes give up (the default would try 6 times)."""
+    f = tmp_path / "config.yaml"
+    f.write_text("write_attempts: 2\n")
+    cfg = load(str(f), env={"GPU_BINDER_WEBHOOK_PORT": "0"})
+    assert default("write_attempts") != 2
+    s = MemoryStore()
+    s.add_namespace("t")
+    s.add_class("h100", H100)
+    s.add_node("n1", {H100: 1})
+    s.add_device("t", "a", "h100")
+    s.fail_next(TransientWriteError, op="answer", times=1000)
+    async with running_binder(s, binder_config(cfg)) as binder:
+        s.request("t", "vm", ["a"])
+        with anyio.fail_after(10):
+            while (await binder.coordinator.ask(GetStatus())).gave_up < 1:
+                await anyio.sleep(0.005)
+        # read at once: the request is examined again only after stalled_delay (1 s)
+        assert s.writes_attempted == 2
+
+
+def _snake(key: str) -> str:
+    """Helm's `snakecase` of a settings key, as the chart's config template applies it."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).lower()
+
+
+def test_the_charts_settings_are_controller_settings_with_the_controllers_defaults():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["settings"]
+    assert values and all(value == default(_snake(key)) for key, value in values.items()), values
+    schema = yaml.safe_load((CHART / "values.schema.json").read_text())
+    keys = schema["properties"]["settings"]["properties"]
+    assert set(values) <= set(keys)
+    assert {_snake(k) for k in keys} <= set(Config.__dataclass_fields__)
+    # the template's fallbacks for unset values (its cross checks) are the same defaults
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    fallbacks = re.findall(r"\$s\.(\w+) \| default ([\d.]+)", helpers)
+    assert len(fallbacks) >= 4
+    assert {k: float(v) for k, v in fallbacks} == {k: default(_snake(k)) for k, _ in fallbacks}
