@@ -100,7 +100,7 @@ def unknown_annotations(annotations: Mapping[str, str] | None) -> Refusal | None
 
 
 # Bounds of `bindRequest.nodeSelector` and `bindRequest.tolerations` in the GPUDevice CRD
-# schema (k8s/manifests/crds; tests/test_admission_logic.py keeps them equal).
+# schema (k8s/manifests/crds; tests/model/test_admission_logic.py keeps them equal).
 MAX_SELECTOR_ENTRIES = 64
 MAX_TOLERATIONS = 64
 MAX_LABEL_KEY = 317

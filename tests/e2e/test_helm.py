@@ -330,7 +330,7 @@ def test_chart_defaults_equal_the_kustomize_base(control_plane, helm):
             assert not missing, f"{key}: the chart lacks kustomize's {missing}"
         else:
             assert got == want, f"{key} differs:\n{_diff(want, got)}"
-    # (the CRD, dashboard and policy files are generated: tests/test_chart_sync.py)
+    # (the CRD, dashboard and policy files are generated: tests/cli/test_chart_sync.py)
 
 
 # -- restricted Pod Security profile -------------------------------------------------------

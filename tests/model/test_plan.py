@@ -1,5 +1,5 @@
 """model.plan: the pure planner of a batch (B2, B3, B7), against the brute-force oracle of
-B1–B6 in tests/test_model_properties.py."""
+B1–B6 in tests/model/test_properties.py."""
 
 from __future__ import annotations
 
