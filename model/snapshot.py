@@ -185,6 +185,25 @@ class _Index:
         the current ones plus `added`, whose request ids are new (none is current, none is
         repeated): their counts are then added instead of recounting every reservation.
         Copies only the dicts it touches."""
+        d_used, d_tenant = self._bound_deltas(st, changes)
+        used, tenant, touched = self._with_bound(d_used, d_tenant)
+        if added is not None:
+            reserved, tenant_reserved = self._with_added(added, touched)
+        elif reservations is not None:
+            reserved, tenant_reserved = self.reservation_counts(reservations)
+            touched |= {k for k in reserved.keys() | self.reserved.keys()
+                        if reserved.get(k, 0) != self.reserved.get(k, 0)}
+        else:
+            reserved, tenant_reserved = self.reserved, self.tenant_reserved
+        by_free = self._rebucketed(st, touched, used, reserved)
+        return _Index(used, tenant, reserved, tenant_reserved, by_free)
+
+    @staticmethod
+    def _bound_deltas(st: _Static, changes: Sequence[tuple[GPUDevice | None, GPUDevice | None]]
+                      ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+        """How `changes` move the Bound counts: per (node, resource) and per (namespace,
+        resource), +1 for a device Bound after, -1 for one Bound before (nothing for one
+        that stays on the same node with the same class)."""
         d_used: dict[tuple[str, str], int] = {}
         d_tenant: dict[tuple[str, str], int] = {}
         class_res = st.class_res
@@ -210,6 +229,13 @@ class _Index:
                     d_used[key] = d_used.get(key, 0) + 1
                     key = (new.namespace, res)  # type: ignore[union-attr]
                     d_tenant[key] = d_tenant.get(key, 0) + 1
+        return d_used, d_tenant
+
+    def _with_bound(self, d_used: dict[tuple[str, str], int], d_tenant: dict[tuple[str, str], int]
+                    ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int],
+                               set[tuple[str, str]]]:
+        """`used` and `tenant_bound` with the deltas applied (copied only when one moves),
+        and the (node, resource) keys whose Bound count moved."""
         used, tenant = self.used, self.tenant_bound
         touched = {k for k, v in d_used.items() if v}
         if touched:
@@ -220,25 +246,32 @@ class _Index:
             tenant = dict(tenant)
             for k, v in d_tenant.items():
                 tenant[k] = tenant.get(k, 0) + v
-        reserved, tenant_reserved = self.reserved, self.tenant_reserved
-        if added is not None:
-            reserved, tenant_reserved = dict(reserved), dict(tenant_reserved)
-            for r in added:
-                for res, n in r.needs:
-                    key = (r.node, res)
-                    reserved[key] = reserved.get(key, 0) + n
-                    if n:
-                        touched.add(key)
-                slots: dict[str, int] = {}  # as `reservation_counts`: the largest per resource
-                for res, n in r.budget_needs:
-                    slots[res] = max(n, slots.get(res, 0))
-                for res, n in slots.items():
-                    key = (r.namespace, res)
-                    tenant_reserved[key] = tenant_reserved.get(key, 0) + n
-        elif reservations is not None:
-            reserved, tenant_reserved = self.reservation_counts(reservations)
-            touched |= {k for k in reserved.keys() | self.reserved.keys()
-                        if reserved.get(k, 0) != self.reserved.get(k, 0)}
+        return used, tenant, touched
+
+    def _with_added(self, added: Sequence[Hold], touched: set[tuple[str, str]]
+                    ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+        """`reserved` and `tenant_reserved` plus the holds `added` (of new request ids);
+        adds the (node, resource) keys they reserve on to `touched`."""
+        reserved, tenant_reserved = dict(self.reserved), dict(self.tenant_reserved)
+        for r in added:
+            for res, n in r.needs:
+                key = (r.node, res)
+                reserved[key] = reserved.get(key, 0) + n
+                if n:
+                    touched.add(key)
+            slots: dict[str, int] = {}  # as `reservation_counts`: the largest per resource
+            for res, n in r.budget_needs:
+                slots[res] = max(n, slots.get(res, 0))
+            for res, n in slots.items():
+                key = (r.namespace, res)
+                tenant_reserved[key] = tenant_reserved.get(key, 0) + n
+        return reserved, tenant_reserved
+
+    def _rebucketed(self, st: _Static, touched: set[tuple[str, str]],
+                    used: dict[tuple[str, str], int], reserved: dict[tuple[str, str], int]
+                    ) -> dict[str, dict[int, tuple[str, ...]]]:
+        """`by_free` with every placeable node of `touched` moved from the bucket of its free
+        units before to the one after (copied only where a node moves)."""
         by_free = self.by_free
         copied: set[str] = set()
         for node, res in touched:
@@ -266,7 +299,7 @@ class _Index:
             new = buckets.get(after, ())
             j = bisect.bisect_left(new, node)
             buckets[after] = new[:j] + (node,) + new[j:]
-        return _Index(used, tenant, reserved, tenant_reserved, by_free)
+        return by_free
 
 
     def owned(self) -> _Index:
