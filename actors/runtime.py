@@ -328,6 +328,22 @@ class ActorCell:
         already closed. Cancellation: the incarnation stops at its next await; the message
         being handled is lost and its asker gets `ActorStopped`.
         """
+        actor = self._begin(factory)
+        try:
+            await self._incarnation(actor, start_timeout, task_status)
+        except BaseException as exc:
+            error = self._crashed(exc)
+            if error is not exc:  # unwrap the task group's one-exception group
+                error.__suppress_context__ = True
+                raise error
+            raise
+        finally:
+            self._end()
+
+    def _begin(self, factory: Callable[[], Actor]) -> Actor:
+        """Build the next incarnation's actor and mark it running. Raises `ActorStopped`
+        when the cell is closed, RuntimeError when an incarnation is running, and what
+        `factory` raises (nothing is marked then)."""
         st = self._state
         if st.closed:
             raise ActorStopped(f"{self.name}: closed")
@@ -343,52 +359,65 @@ class ActorCell:
         st.running = True
         st.actor = actor
         st.kill_reason = None
-        incarnation = st.incarnation
-        try:
-            with structlog.contextvars.bound_contextvars(**actor.log_context()):
-                async with anyio.create_task_group() as tg:
-                    st.scope = tg.cancel_scope
-                    ctx = ActorContext(ref=self.ref, task_group=tg, incarnation=incarnation)
-                    try:
-                        with anyio.fail_after(start_timeout):
-                            await actor.on_start(ctx)
-                    except TimeoutError:
-                        raise StartTimeout(f"{self.name}: not started in {start_timeout}s") from None
-                    self._tick_if_wanted(actor, tg)
-                    task_status.started(self.ref)
-                    await self._loop(actor, tg)
-                    # Clean stop: end the ticker, let the actor wind its children down;
-                    # the task group then waits for them (the supervisor bounds that wait).
-                    if st.ticker is not None:
-                        st.ticker.cancel()
-                    self._cancel_tick_timer()
-                    await actor.on_stop()
-            if st.kill_reason is not None:
-                raise ActorKilled(f"{self.name}: killed: {st.kill_reason}")
-        except BaseException as exc:
-            error = _unwrap(exc)
-            if not isinstance(error, anyio.get_cancelled_exc_class()):
-                st.crashes += 1
-                st.last_crash = f"{type(error).__name__}: {error}"
-            if st.current is not None and st.current.reply is not None:
-                stopped = ActorStopped(f"{self.name}: stopped while handling the message")
-                stopped.__cause__ = error
-                st.current.reply.fail(stopped)
-            if error is not exc:  # unwrap the task group's one-exception group
-                error.__suppress_context__ = True
-                raise error
-            raise
-        finally:
-            st.current = None
-            st.running = False
-            st.scope = None
-            st.actor = None
-            st.wake = None
-            st.ticker = None
-            st.tick_parked = None
-            self._cancel_tick_timer()
-            if st.closed:
-                self._drain_closed()
+        return actor
+
+    async def _incarnation(self, actor: Actor, start_timeout: float,
+                           task_status: TaskStatus[ActorRef]) -> None:
+        """The incarnation in its own task group: `on_start` (within `start_timeout`, else
+        `StartTimeout`), started reported, the message loop until the mailbox is closed and
+        drained, then `on_stop`. Raises `ActorKilled` when it was killed."""
+        st = self._state
+        with structlog.contextvars.bound_contextvars(**actor.log_context()):
+            async with anyio.create_task_group() as tg:
+                st.scope = tg.cancel_scope
+                ctx = ActorContext(ref=self.ref, task_group=tg, incarnation=st.incarnation)
+                try:
+                    with anyio.fail_after(start_timeout):
+                        await actor.on_start(ctx)
+                except TimeoutError:
+                    raise StartTimeout(f"{self.name}: not started in {start_timeout}s") from None
+                self._tick_if_wanted(actor, tg)
+                task_status.started(self.ref)
+                await self._loop(actor, tg)
+                # Clean stop: end the ticker, let the actor wind its children down;
+                # the task group then waits for them (the supervisor bounds that wait).
+                if st.ticker is not None:
+                    st.ticker.cancel()
+                self._cancel_tick_timer()
+                await actor.on_stop()
+        if st.kill_reason is not None:
+            raise ActorKilled(f"{self.name}: killed: {st.kill_reason}")
+
+    def _crashed(self, exc: BaseException) -> BaseException:
+        """The incarnation ended with `exc`: count it as a crash unless it is a
+        cancellation, fail the asker of the message being handled with `ActorStopped`
+        (caused by the error), and return the error to raise (`exc` out of its task
+        group's one-exception group)."""
+        st = self._state
+        error = _unwrap(exc)
+        if not isinstance(error, anyio.get_cancelled_exc_class()):
+            st.crashes += 1
+            st.last_crash = f"{type(error).__name__}: {error}"
+        if st.current is not None and st.current.reply is not None:
+            stopped = ActorStopped(f"{self.name}: stopped while handling the message")
+            stopped.__cause__ = error
+            st.current.reply.fail(stopped)
+        return error
+
+    def _end(self) -> None:
+        """The incarnation is over, however it ended: nothing of it stays in the cell; a
+        closed cell fails what is still queued."""
+        st = self._state
+        st.current = None
+        st.running = False
+        st.scope = None
+        st.actor = None
+        st.wake = None
+        st.ticker = None
+        st.tick_parked = None
+        self._cancel_tick_timer()
+        if st.closed:
+            self._drain_closed()
 
     def _tick_if_wanted(self, actor: Actor, tg: TaskGroup) -> None:
         """When the actor has ticks and wants them: on asyncio, arm the timer of the next
