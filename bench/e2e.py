@@ -242,17 +242,8 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
     `gpus`: GPU counts per VMI; 1 runs every concurrency level, any other count one level
     at concurrency 20. `vs_scheduler`: kube-scheduler binding Pods of each count too.
     `levels`: the 1-GPU concurrency levels (default: 1, 5, 10, 20, 50; quick 1, 10, 20)."""
-    from kubernetes_asyncio.config import new_client_from_config
-
     out.mkdir(parents=True, exist_ok=True)
-    levels = list(levels or ([1, 10, 20] if quick else [1, 5, 10, 20, 50]))
-    per_level = 20 if quick else 60
-    plan = [(1, c) for c in levels] if 1 in gpus else []
-    # larger sets first, on the emptiest fleet: kube-scheduler spreads Pods (our binder packs),
-    # so small Pods placed first would leave no node with room for a large one
-    plan += [(g, TARGETS["concurrency"]) for g in sorted(gpus, reverse=True) if g != 1]
-    need = sum(g * per_level for g, _ in plan)  # VMIs never stop: every level keeps its GPUs
-    nodes = max(20 if quick else 50, math.ceil(need * 1.25 / 8))
+    plan, per_level, nodes = _plan(quick, gpus, levels)
     random.seed(seed)
     report: dict = {"benchmark": "e2e", "quick": quick, "seed": seed, "nodes": nodes,
                     "gpus_per_node": 8, "vmis_per_level": per_level, "gpus": list(gpus),
@@ -266,83 +257,8 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
                               "kubectl": version["clientVersion"]["gitVersion"],
                               "python": platform.python_version()}
         sched = _start_scheduler(lc, out / "logs") if vs_scheduler else None
-
-        async def main() -> None:
-            api = await new_client_from_config(config_file=str(lc.cp.admin_kubeconfig))
-            try:
-                fleet = Fleet(api)
-                await fleet.gpu_class("h100", RES)
-                limit = anyio.Semaphore(16)
-
-                async def make_node(i: int) -> None:
-                    async with limit:
-                        name = f"bench-node-{i:03d}"
-                        await fleet.node(name, {RES: 8})
-                        await _ready_untainted(fleet, name, {RES: 8})
-                async with anyio.create_task_group() as tg:
-                    for i in range(nodes):
-                        tg.start_soon(make_node, i)
-                await fleet.tenant("bench")
-                await fleet.tenant("bench-raw")
-                if vs_scheduler:
-                    await fleet.tenant("bench-pods")
-                probes = [f"probe-{i}" for i in range(20)]
-                for p in probes:
-                    await fleet.device("bench-raw", p, "h100")
-                await anyio.sleep(1.0)
-                ceiling = await _raw_patch_rate(fleet, "bench-raw", probes, 600 if not quick else 300, 20)
-                report["raw_status_patch_per_s"] = round(ceiling, 1)
-                # the probes' attachments name VMIs that never appear: housekeeping (H1)
-                # would clear them during the levels and count as their writes. The shipped
-                # policy refuses deleting an attached device: clear the attachment first
-                for p in probes:
-                    await fleet.set_status("bench-raw", p, {"attachedTo": None})
-                    await fleet.custom.delete_namespaced_custom_object(
-                        "gpu.cozystack.io", "v1alpha1", "bench-raw", "gpudevices", p)
-                await anyio.sleep(1.0)
-                report["levels"] = []
-                for g, c in plan:
-                    (w0, a0) = await _writes(api)
-                    lvl = await _level(fleet, "bench", c, per_level, f"g{g}c{c}", "h100", g)
-                    (w1, a1) = await _writes(api)
-                    lvl["gpudevice_writes"] = w1 - w0
-                    lvl["gpudevice_write_requests"] = a1 - a0  # failed ones too
-                    lvl["writes_per_admission"] = round((w1 - w0) / max(lvl["admitted"], 1), 2)
-                    lvl["write_requests_per_admission"] = round((a1 - a0) / max(lvl["admitted"], 1), 2)
-                    lvl["share_of_write_ceiling"] = round(
-                        lvl["admissions_per_s"] * lvl["writes_per_admission"] / ceiling, 3)
-                    report["levels"].append(lvl)
-                    print(f"{g}-GPU VMIs, concurrency {c:>3}: {lvl['admissions_per_s']:>6} admissions/s, "
-                          f"p50 {lvl['p50_ms']} ms, p99 {lvl['p99_ms']} ms, "
-                          f"{lvl['writes_per_admission']} writes/admission "
-                          f"({lvl['write_requests_per_admission']} requests), "
-                          f"{lvl['share_of_write_ceiling'] * 100:.0f}% of the write ceiling "
-                          f"({ceiling:.0f} patches/s), refused {lvl['refused']}", flush=True)
-                if vs_scheduler:
-                    report["scheduler"] = []
-                    for g in sorted(gpus, reverse=True):
-                        c = TARGETS["concurrency"]
-                        (w0, _) = await _writes(api, "pods")
-                        lvl = await _scheduler_level(api, "bench-pods", c, per_level, f"g{g}c{c}", g)
-                        (w1, _) = await _writes(api, "pods")
-                        lvl["pod_writes"] = w1 - w0
-                        lvl["writes_per_admission"] = round((w1 - w0) / max(lvl["admitted"], 1), 2)
-                        ours = next((r for r in report["levels"]
-                                     if r["gpus"] == g and r["concurrency"] == c), None)
-                        if ours is not None and lvl["admissions_per_s"]:
-                            lvl["ours_over_scheduler"] = round(
-                                ours["admissions_per_s"] / lvl["admissions_per_s"], 3)
-                        report["scheduler"].append(lvl)
-                        print(f"kube-scheduler, {g}-GPU Pods, concurrency {c:>3}: "
-                              f"{lvl['admissions_per_s']:>6} bound/s, p50 {lvl['p50_ms']} ms, "
-                              f"p99 {lvl['p99_ms']} ms, {lvl['writes_per_admission']} pod writes/pod, "
-                              f"not bound {lvl['refused']}; ours ÷ kube-scheduler: "
-                              f"{lvl.get('ours_over_scheduler')}", flush=True)
-            finally:
-                await api.close()
-
         try:
-            anyio.run(main)
+            anyio.run(_measure, lc, report, plan, per_level, gpus if vs_scheduler else None)
         finally:
             if sched is not None:
                 _stop(sched)
@@ -354,6 +270,126 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
         print(f"target {name} ({t['at']}): {t['value']} {t['target']}: "
               f"{'met' if t['met'] else 'NOT met'}", flush=True)
     return report
+
+
+def _plan(quick: bool, gpus: tuple[int, ...], levels: tuple[int, ...] | None
+          ) -> tuple[list[tuple[int, int]], int, int]:
+    """The levels to run as (GPUs per VMI, concurrency) in order, the VMIs per level and the
+    nodes (8 GPUs each) the fleet needs: every level keeps its GPUs (VMIs never stop)."""
+    levels = list(levels or ([1, 10, 20] if quick else [1, 5, 10, 20, 50]))
+    per_level = 20 if quick else 60
+    plan = [(1, c) for c in levels] if 1 in gpus else []
+    # larger sets first, on the emptiest fleet: kube-scheduler spreads Pods (our binder packs),
+    # so small Pods placed first would leave no node with room for a large one
+    plan += [(g, TARGETS["concurrency"]) for g in sorted(gpus, reverse=True) if g != 1]
+    need = sum(g * per_level for g, _ in plan)
+    nodes = max(20 if quick else 50, math.ceil(need * 1.25 / 8))
+    return plan, per_level, nodes
+
+
+async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], per_level: int,
+                   scheduler_gpus: tuple[int, ...] | None) -> None:
+    """Everything measured against the running cluster, into `report`: the fleet, the write
+    ceiling, our levels, then kube-scheduler's for each of `scheduler_gpus` (None: not run)."""
+    from kubernetes_asyncio.config import new_client_from_config
+
+    api = await new_client_from_config(config_file=str(lc.cp.admin_kubeconfig))
+    try:
+        fleet = Fleet(api)
+        await _make_fleet(fleet, report["nodes"], pods=scheduler_gpus is not None)
+        ceiling = await _write_ceiling(fleet, report["quick"])
+        report["raw_status_patch_per_s"] = round(ceiling, 1)
+        report["levels"] = []
+        for g, c in plan:
+            report["levels"].append(await _our_level(api, fleet, g, c, per_level, ceiling))
+        if scheduler_gpus is not None:
+            report["scheduler"] = []
+            for g in sorted(scheduler_gpus, reverse=True):
+                report["scheduler"].append(
+                    await _scheduler_vs_ours(api, g, per_level, report["levels"]))
+    finally:
+        await api.close()
+
+
+async def _make_fleet(fleet: Fleet, nodes: int, *, pods: bool) -> None:
+    """The GPU class, `nodes` Ready untainted nodes of 8 GPUs (16 made at once), and the
+    tenants: `bench` (VMIs), `bench-raw` (the ceiling's probes), with `pods` `bench-pods`."""
+    await fleet.gpu_class("h100", RES)
+    limit = anyio.Semaphore(16)
+
+    async def make_node(i: int) -> None:
+        async with limit:
+            name = f"bench-node-{i:03d}"
+            await fleet.node(name, {RES: 8})
+            await _ready_untainted(fleet, name, {RES: 8})
+    async with anyio.create_task_group() as tg:
+        for i in range(nodes):
+            tg.start_soon(make_node, i)
+    await fleet.tenant("bench")
+    await fleet.tenant("bench-raw")
+    if pods:
+        await fleet.tenant("bench-pods")
+
+
+async def _write_ceiling(fleet: Fleet, quick: bool) -> float:
+    """The API server's raw GPUDevice status-patch rate (patches/s) on 20 probe devices,
+    which are deleted afterwards."""
+    probes = [f"probe-{i}" for i in range(20)]
+    for p in probes:
+        await fleet.device("bench-raw", p, "h100")
+    await anyio.sleep(1.0)
+    ceiling = await _raw_patch_rate(fleet, "bench-raw", probes, 600 if not quick else 300, 20)
+    # the probes' attachments name VMIs that never appear: housekeeping (H1)
+    # would clear them during the levels and count as their writes. The shipped
+    # policy refuses deleting an attached device: clear the attachment first
+    for p in probes:
+        await fleet.set_status("bench-raw", p, {"attachedTo": None})
+        await fleet.custom.delete_namespaced_custom_object(
+            "gpu.cozystack.io", "v1alpha1", "bench-raw", "gpudevices", p)
+    await anyio.sleep(1.0)
+    return ceiling
+
+
+async def _our_level(api, fleet: Fleet, g: int, c: int, per_level: int, ceiling: float) -> dict:
+    """One level of `per_level` VMIs of `g` GPUs from `c` concurrent clients, with the
+    GPUDevice writes it cost (from the API server's counters); printed as one line."""
+    (w0, a0) = await _writes(api)
+    lvl = await _level(fleet, "bench", c, per_level, f"g{g}c{c}", "h100", g)
+    (w1, a1) = await _writes(api)
+    lvl["gpudevice_writes"] = w1 - w0
+    lvl["gpudevice_write_requests"] = a1 - a0  # failed ones too
+    lvl["writes_per_admission"] = round((w1 - w0) / max(lvl["admitted"], 1), 2)
+    lvl["write_requests_per_admission"] = round((a1 - a0) / max(lvl["admitted"], 1), 2)
+    lvl["share_of_write_ceiling"] = round(
+        lvl["admissions_per_s"] * lvl["writes_per_admission"] / ceiling, 3)
+    print(f"{g}-GPU VMIs, concurrency {c:>3}: {lvl['admissions_per_s']:>6} admissions/s, "
+          f"p50 {lvl['p50_ms']} ms, p99 {lvl['p99_ms']} ms, "
+          f"{lvl['writes_per_admission']} writes/admission "
+          f"({lvl['write_requests_per_admission']} requests), "
+          f"{lvl['share_of_write_ceiling'] * 100:.0f}% of the write ceiling "
+          f"({ceiling:.0f} patches/s), refused {lvl['refused']}", flush=True)
+    return lvl
+
+
+async def _scheduler_vs_ours(api, g: int, per_level: int, ours: list[dict]) -> dict:
+    """kube-scheduler binding `per_level` Pods of `g` GPUs at the target concurrency, with
+    the Pod writes it cost and our rate ÷ its at the same count (when we ran that level);
+    printed as one line."""
+    c = TARGETS["concurrency"]
+    (w0, _) = await _writes(api, "pods")
+    lvl = await _scheduler_level(api, "bench-pods", c, per_level, f"g{g}c{c}", g)
+    (w1, _) = await _writes(api, "pods")
+    lvl["pod_writes"] = w1 - w0
+    lvl["writes_per_admission"] = round((w1 - w0) / max(lvl["admitted"], 1), 2)
+    same = next((r for r in ours if r["gpus"] == g and r["concurrency"] == c), None)
+    if same is not None and lvl["admissions_per_s"]:
+        lvl["ours_over_scheduler"] = round(same["admissions_per_s"] / lvl["admissions_per_s"], 3)
+    print(f"kube-scheduler, {g}-GPU Pods, concurrency {c:>3}: "
+          f"{lvl['admissions_per_s']:>6} bound/s, p50 {lvl['p50_ms']} ms, "
+          f"p99 {lvl['p99_ms']} ms, {lvl['writes_per_admission']} pod writes/pod, "
+          f"not bound {lvl['refused']}; ours ÷ kube-scheduler: "
+          f"{lvl.get('ours_over_scheduler')}", flush=True)
+    return lvl
 
 
 TARGETS = {"concurrency": 20, "share_of_write_ceiling": 0.6, "p99_ms": 1000.0}
