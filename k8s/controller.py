@@ -51,7 +51,8 @@ async def make_api_client(kubeconfig: str | None) -> ApiClient:
 
 def binder_config(cfg: Config) -> BinderConfig:
     """The binder's configuration: `BinderConfig`'s defaults with the operator's settings
-    of `cfg` applied (the one path from `--write-attempts` & co. to the actors)."""
+    of `cfg` applied (the one path from `--write-attempts` & co. to the actors). Raises
+    nothing: `cfg` was validated."""
     b = BinderConfig()
     return replace(
         b,
@@ -66,7 +67,9 @@ def binder_config(cfg: Config) -> BinderConfig:
 
 
 def lease_config(cfg: Config) -> LeaseConfig:
-    """The Lease loop's configuration from the operator's settings of `cfg`."""
+    """The Lease loop's configuration from the operator's settings of `cfg` (seconds).
+    Raises ValueError when the durations are out of order (`Config.validate` refuses that
+    first)."""
     return LeaseConfig(namespace=cfg.lease_namespace, name=cfg.lease_name,
                        lease_duration=cfg.lease_duration, renew_deadline=cfg.renew_deadline,
                        retry_period=cfg.retry_period)
