@@ -154,8 +154,13 @@ def _snake(key: str) -> str:
 
 
 def test_the_charts_settings_are_controller_settings_with_the_controllers_defaults():
-    values = yaml.safe_load((CHART / "values.yaml").read_text())["settings"]
+    text = (CHART / "values.yaml").read_text()
+    values = yaml.safe_load(text)["settings"]
     assert values and all(value == default(_snake(key)) for key, value in values.items()), values
+    # the settings shown commented out (unset: the controller's defaults) show those defaults
+    shown = dict(re.findall(r"(?m)^  # (\w+): ([\d.]+)\b", text))
+    assert len(shown) >= 9
+    assert {k: float(v) for k, v in shown.items()} == {k: default(_snake(k)) for k in shown}
     schema = yaml.safe_load((CHART / "values.schema.json").read_text())
     keys = schema["properties"]["settings"]["properties"]
     assert set(values) <= set(keys)
