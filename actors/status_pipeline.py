@@ -22,14 +22,14 @@ State changes only in `receive` (and `on_tick`, handled from the mailbox like a 
 the write tasks (children in the incarnation's task group) read nothing of it and report
 their outcome by a message to the pipeline itself (`_Written`).
 
-Supervision: the pipeline and its coordinator are one group (`supervisor.tree.start_group`,
-one-for-all). A crash of either stops both, and the new coordinator incarnation adopts the
-node ledgers (dropping every hold of the old one) and recovers every decided request from
-the view (B7): so a writer crash never leaves a ledger holding capacity nobody releases
-(Adopt drops it), nor a coordinator deciding without the flights it no longer sees (it is
-new and reads the view). A fresh pipeline incarnation drops decisions queued by an earlier
-coordinator incarnation (`Fly.owner` is not the `Attach`ed one): the new coordinator
-recovers or decides those requests again.
+Supervision: the pipeline and its coordinator are one group
+(`supervisor.tree.Supervisor.start_group`, one-for-all). A crash of either stops both, and
+the new coordinator incarnation adopts the node ledgers (dropping every hold of the old one)
+and recovers every decided request from the view (B7): so a writer crash never leaves a
+ledger holding capacity nobody releases (Adopt drops it), nor a coordinator deciding without
+the flights it no longer sees (it is new and reads the view). A fresh pipeline incarnation
+drops decisions queued by an earlier coordinator incarnation (`Fly.owner` is not the
+`Attach`ed one): the new coordinator recovers or decides those requests again.
 """
 
 from __future__ import annotations

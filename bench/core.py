@@ -12,7 +12,7 @@ class (h100 Move, h100-stay Stay, l40s), one request in ten with a zone nodeSele
   creates its template devices, writes the request as the webhook does (`store.request`),
   waits until every member has a result, then writes its next request. Latency = request
   written → last result written; decisions/s = requests answered / wall time.
-- **bare**: the same stream through `model.decide` + `model.apply_decision` on one
+- **bare**: the same stream through `model.decide.decide` + `model.decide.apply_decision` on one
   `Snapshot`, one request after the other (the logic's own limit); latency = one decide +
   apply. `bare.with_upkeep` also times what the bare loop does outside that: adding the
   request's devices (carrying the request) to the snapshot before, removing the stopped
