@@ -6,7 +6,6 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-import anyio
 import pytest
 import yaml
 
@@ -18,6 +17,7 @@ from k8s.controller import binder_config, lease_config
 from k8s.leader import LeaseConfig
 from supervisor.binder import BinderConfig
 from tests.actors_harness import running_binder
+from tests.timing import FAKE_TIME, eventually
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "gpu-binder"
 H100 = "nvidia.com/H100"
@@ -124,6 +124,11 @@ def test_lease_settings_reach_the_lease_loop():
                                             renew_deadline=20.0, retry_period=4.0)
 
 
+@pytest.fixture
+def anyio_backend():
+    return FAKE_TIME  # the binder's retries and deadlines on fake time
+
+
 @pytest.mark.anyio
 async def test_a_retry_count_set_in_the_config_file_is_the_one_the_status_pipeline_uses(
         tmp_path):
@@ -141,9 +146,10 @@ async def test_a_retry_count_set_in_the_config_file_is_the_one_the_status_pipeli
     s.fail_next(TransientWriteError, op="answer", times=1000)
     async with running_binder(s, binder_config(cfg)) as binder:
         s.request("t", "vm", ["a"])
-        with anyio.fail_after(10):
-            while (await binder.coordinator.ask(GetStatus())).gave_up < 1:
-                await anyio.sleep(0.005)
+
+        async def gave_up() -> bool:
+            return (await binder.coordinator.ask(GetStatus())).gave_up >= 1
+        await eventually(gave_up, what="the request's writes gave up")
         # read at once: the request is examined again only after stalled_delay (1 s)
         assert s.writes_attempted == 2
 
