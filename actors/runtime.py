@@ -408,13 +408,8 @@ class ActorCell:
         """The incarnation is over, however it ended: nothing of it stays in the cell; a
         closed cell fails what is still queued."""
         st = self._state
-        st.current = None
         st.running = False
-        st.scope = None
-        st.actor = None
-        st.wake = None
-        st.ticker = None
-        st.tick_parked = None
+        st.current = st.scope = st.actor = st.wake = st.ticker = st.tick_parked = None
         self._cancel_tick_timer()
         if st.closed:
             self._drain_closed()
