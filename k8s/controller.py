@@ -32,6 +32,7 @@ from k8s.housekeeping import Housekeeper
 from k8s.leader import LeaderElector, LeaseConfig
 from k8s.metrics import Metrics
 from k8s.status_writer import ApiStatusWriter
+from k8s.webhook.review import Category, Denial, Review
 from k8s.webhook.transport import ReloadingTLS, deny, make_app, serve
 from supervisor.binder import Binder, BinderConfig
 from supervisor.tree import SupervisorEscalation
@@ -148,12 +149,12 @@ class Controller:
         self.elector = LeaderElector(CoordinationV1Api(api), cfg.identity, lease_config(cfg))
         metrics = Metrics(self, admission)
 
-        async def admit(req: dict) -> dict:
+        async def admit(review: Review) -> dict:
             if not self.synced:  # W6: fail closed until the cache is complete
-                return deny(req["uid"], "gpu-binder is starting (cache not synced); retry",
-                            503, "ServiceUnavailable")
+                return deny(review.uid, Denial(Category.UNAVAILABLE,
+                                               "gpu-binder is starting (cache not synced); retry"))
             with metrics.admission_latency.time():
-                return await admission.handle(req)
+                return await admission.handle(review)
 
         async def lead() -> None:
             call_timeout = min(5.0, cfg.renew_deadline / 2)  # a leader's call ends before its lease

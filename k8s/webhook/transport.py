@@ -1,10 +1,12 @@
-"""The AdmissionReview v1 transport: a thin aiohttp view around a pure handler (W6).
+"""The AdmissionReview v1 transport: a thin aiohttp view around a pure decoder and a handler
+(W6).
 
-Transport jobs only: cap the body size, require JSON, parse the AdmissionReview envelope,
-always answer with the request's uid, and turn *anything* unexpected (bad JSON, wrong
-types, a handler crash, a timeout) into a clear denial — never a 500 and never an admit.
-The handler is `async (request: dict) -> dict` returning an AdmissionResponse built by
-`allow`/`deny`/`patch_response`.
+Transport jobs only: cap the body size (413), require `application/json` (415), decode the
+body with `review.decode` (a typed `Review`, or a `Rejected` answered at once), bound the
+handler in time, always answer with the request's uid, and turn *anything* unexpected (a
+handler crash, a timeout) into a clear denial — never a bare 500 and never an admit. The
+handler is `async (Review) -> dict` returning an AdmissionResponse built by
+`allow`/`deny`/`patch_response`, which always set the uid.
 """
 
 from __future__ import annotations
@@ -21,86 +23,86 @@ import orjson
 import structlog
 from aiohttp import web
 
+from k8s.webhook.review import Category, Denial, Rejected, Review, decode
+
 log = structlog.get_logger("gpu_binder.webhook")
 
 MAX_BODY = 3 * 1024 * 1024  # bytes; a VMI CREATE review is far below this
-Handler = Callable[[dict], Awaitable[dict]]
+CONTENT_TYPE = "application/json"
+Handler = Callable[[Review], Awaitable[dict]]
 
 
-def allow(uid: str, message: str | None = None) -> dict:
-    """An AdmissionResponse that admits unchanged."""
+def allow(uid: str, warning: str | None = None) -> dict:
+    """An AdmissionResponse for review `uid` that admits unchanged; `warning` (≤ 500
+    characters) is shown by kubectl."""
     resp: dict[str, Any] = {"uid": uid, "allowed": True}
-    if message:
-        resp["warnings"] = [message[:500]]
+    if warning:
+        resp["warnings"] = [warning[:500]]
     return resp
 
 
-def deny(uid: str, message: str, code: int = 403, reason: str = "Forbidden") -> dict:
-    """An AdmissionResponse that refuses, with `message` shown to the user by kubectl."""
-    return {"uid": uid, "allowed": False,
-            "status": {"code": code, "reason": reason, "message": message[:8192]}}
+def deny(uid: str, denial: Denial) -> dict:
+    """An AdmissionResponse for review `uid` that refuses; its status (code, reason) comes
+    from the denial's category (`review.STATUS`), its message is shown to the user."""
+    return {"uid": uid, "allowed": False, "status": denial.status()}
 
 
 def patch_response(uid: str, ops: list[dict]) -> dict:
-    """An AdmissionResponse that admits with a JSONPatch (`ops`, RFC 6902)."""
+    """An AdmissionResponse for review `uid` that admits with a JSONPatch (`ops`, RFC 6902)."""
     return {"uid": uid, "allowed": True, "patchType": "JSONPatch",
             "patch": base64.b64encode(orjson.dumps(ops)).decode()}
 
 
-def _review(response: dict) -> web.Response:
+def _answer(response: dict) -> web.Response:
     body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
-    return web.Response(body=orjson.dumps(body), content_type="application/json")
+    return web.Response(body=orjson.dumps(body), content_type=CONTENT_TYPE)
 
 
-def parse_review(raw: bytes) -> tuple[str, dict | None, str | None]:
-    """(uid, request, error): the AdmissionReview's request, or an error message saying what
-    is wrong with the envelope. The uid is "" when it cannot be read."""
+def _rejected(rejected: Rejected) -> web.Response:
+    """W1/W6: a review denied before any judgement or write, logged as one JSON line naming
+    the request (uid) and, when known, the VMI, as every later denial is."""
+    log.info("VMI denied", uid=rejected.uid[:64], namespace=rejected.namespace or None,
+             vmi=rejected.name or None, code=rejected.denial.code,
+             reason=rejected.denial.message[:300])
+    return _answer(deny(rejected.uid, rejected.denial))
+
+
+async def _decoded(request: web.Request) -> Review | Rejected:
+    """The request's body decoded (`review.decode`), or Rejected for a wrong content type
+    (checked first: a body of another type is never read) or a body over `MAX_BODY`."""
+    if request.content_type != CONTENT_TYPE:
+        return Rejected("", Denial(Category.MEDIA_TYPE, f"unsupported content type "
+                                   f"{request.headers.get('Content-Type', '')!r}; expected "
+                                   f"{CONTENT_TYPE}"))
     try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        return "", None, f"request body is not valid JSON: {exc}"
-    if not isinstance(doc, dict):
-        return "", None, "AdmissionReview must be a JSON object"
-    req = doc.get("request")
-    uid = req.get("uid") if isinstance(req, dict) else None
-    uid = uid if isinstance(uid, str) else ""
-    if doc.get("kind") != "AdmissionReview" or doc.get("apiVersion") != "admission.k8s.io/v1":
-        return uid, None, "expected an admission.k8s.io/v1 AdmissionReview"
-    if not isinstance(req, dict) or not uid:
-        return uid, None, "AdmissionReview.request with a string uid is required"
-    return uid, req, None
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return Rejected("", Denial(Category.TOO_LARGE,
+                                   f"AdmissionReview larger than {MAX_BODY} bytes"))
+    return decode(raw)
 
 
 def make_app(handler: Handler, *, timeout: float = 25.0, path: str = "/mutate-vmi") -> web.Application:
-    """The aiohttp application: POST `path` → AdmissionReview; `timeout` seconds bound the
-    handler (W6: a timeout is a denial)."""
+    """The aiohttp application: POST `path` → AdmissionReview. `timeout` seconds bound the
+    handler (W6: a timeout is a retryable denial, a crash an internal-error denial; neither
+    admits)."""
 
     async def review(request: web.Request) -> web.Response:
-        ctype = request.headers.get("Content-Type", "")
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return _review(deny("", f"AdmissionReview larger than {MAX_BODY} bytes", 413,
-                                "RequestEntityTooLarge"))
-        if "json" not in ctype:
-            return _review(deny("", f"unsupported content type {ctype!r}; expected "
-                                "application/json", 415, "UnsupportedMediaType"))
-        uid, req, error = parse_review(raw)
-        if error is not None:
-            log.warning("malformed AdmissionReview", error=error, uid=uid)
-            return _review(deny(uid, error, 400, "BadRequest"))
+        decoded = await _decoded(request)
+        if isinstance(decoded, Rejected):
+            return _rejected(decoded)
         try:
             with anyio.fail_after(timeout):
-                resp = await handler(req)
+                resp = await handler(decoded)
         except TimeoutError:
-            resp = deny(uid, f"gpu-binder admission did not finish within {timeout:.0f} s",
-                        504, "Timeout")
+            resp = deny(decoded.uid, Denial(Category.UNAVAILABLE, "gpu-binder admission did "
+                                            f"not finish within {timeout:.0f} s; retry"))
         except Exception as exc:  # noqa: BLE001 - W6: fail closed, never a crash
-            log.exception("admission handler crashed", uid=uid)
-            resp = deny(uid, f"gpu-binder admission failed internally: {type(exc).__name__}",
-                        500, "InternalError")
-        resp["uid"] = uid
-        return _review(resp)
+            log.exception("admission handler crashed", uid=decoded.uid)
+            resp = deny(decoded.uid, Denial(Category.INTERNAL, "gpu-binder admission failed "
+                                            f"internally: {type(exc).__name__}"))
+        resp["uid"] = decoded.uid
+        return _answer(resp)
 
     app = web.Application(client_max_size=MAX_BODY)
     app.router.add_post(path, review)

@@ -29,6 +29,7 @@ import anyio
 import pytest
 
 from k8s.webhook.admission import VMIAdmission
+from k8s.webhook.review import decode_request
 from k8s.cache import ClusterCache
 from k8s.housekeeping import Housekeeper
 from model.decide import find_requests
@@ -75,7 +76,7 @@ async def test_W3_W4_recreate_whose_take_over_loses_a_member_to_H2_puts_its_requ
     cache = ClusterCache(admin_client, watch_timeout=5)
     webhook = VMIAdmission(admin_client, cache, bind_timeout=4, grace=GRACE)
     keeper = Housekeeper(admin_client, cache, grace=GRACE, raw_policy="allowed", timeout=5.0)
-    real_patch = webhook._json_patch
+    real_patch = webhook.api.patch_status
     template_taken_over = anyio.Event()
     raced: list[str] = []
 
@@ -93,7 +94,7 @@ async def test_W3_W4_recreate_whose_take_over_loses_a_member_to_H2_puts_its_requ
         await real_patch(ns, name, ops)
         if take_over and name == template:
             template_taken_over.set()
-    webhook._json_patch = racing_patch  # type: ignore[method-assign]
+    webhook.api.patch_status = racing_patch  # type: ignore[method-assign]
 
     vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
            "metadata": {"name": "rr", "namespace": tenant,
@@ -116,7 +117,7 @@ async def test_W3_W4_recreate_whose_take_over_loses_a_member_to_H2_puts_its_requ
         assert dev is not None and dev.status.attached_to.admission == old
 
         async def admit() -> None:
-            answer.update(await webhook.handle(review))
+            answer.update(await webhook.handle(decode_request(review)))
         tg.start_soon(admit)
 
         async def new_request():

@@ -18,7 +18,9 @@ from k8s.webhook.transport import ReloadingTLS, allow, make_app, serve
 
 pytestmark = pytest.mark.anyio
 REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-          "request": {"uid": "u-1"}}
+          "request": {"uid": "u-1", "operation": "CREATE", "namespace": "t",
+                      "kind": {"group": "kubevirt.io", "kind": "VirtualMachineInstance"},
+                      "object": {"metadata": {"name": "no-gpus"}}}}
 
 
 def _write(d: Path, name: str, pair: KeyPair) -> None:
@@ -56,8 +58,8 @@ class _Site:
 async def site(tmp_path):
     s = _Site(tmp_path)
 
-    async def handler(req: dict) -> dict:
-        return allow(req["uid"])
+    async def handler(review) -> dict:
+        return allow(review.uid)
     async with anyio.create_task_group() as tg:
         await tg.start(serve, make_app(handler), "127.0.0.1", s.port, s.tls.context)
         yield s

@@ -1,0 +1,204 @@
+"""The AdmissionReview decoder and the typed denials (W1, W6): pure, no I/O.
+
+`decode(raw)` turns the bytes the API server POSTs into a `Review` (uid, operation, the VMI,
+dryRun, the caller, the GPU set it asks for) or a `Rejected` (the uid when readable, and a
+`Denial`); it never raises. A `Denial` is a `Category` and a message; `STATUS` turns the
+category into the HTTP status the tenant sees, in this one place (as kopf's
+`AdmissionError(message, code)` and controller-runtime's `validationResponseFromStatus`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import orjson
+
+from model.admission import unknown_annotations
+from model.parse import ParseError, VMIAsk, parse_tolerations, parse_vmi_request
+from model.types import Toleration
+
+MESSAGE_LIMIT = 8192  # characters of a denial's message sent back (kubectl prints it)
+API_VERSION = "admission.k8s.io/v1"
+VMI_KIND = ("kubevirt.io", "VirtualMachineInstance")
+
+
+class Category(enum.StrEnum):
+    """Why an admission is denied; the values of `policy`, `invalid` and `unavailable` are
+    those of `model`'s refusal reasons (`reason.category`)."""
+
+    POLICY = "policy"            # W1/B1: the VMI may not have this set (budget, room, taken …)
+    INVALID = "invalid"          # the VMI as sent is malformed (annotations, tolerations …)
+    MALFORMED = "malformed"      # not an AdmissionReview this webhook serves (W6)
+    UNAVAILABLE = "unavailable"  # the binder cannot answer now (timeout, not synced, drain)
+    THROTTLED = "throttled"      # the API server throttles the webhook's own writes
+    TOO_LARGE = "too-large"      # the body is over the size cap (W6)
+    MEDIA_TYPE = "media-type"    # the body is not application/json (W6)
+    INTERNAL = "internal"        # the webhook failed (a bug, or its own RBAC): fail closed
+
+
+STATUS: Mapping[Category, tuple[int, str]] = {
+    Category.POLICY: (403, "Forbidden"),
+    Category.INVALID: (422, "Invalid"),
+    Category.MALFORMED: (400, "BadRequest"),
+    Category.UNAVAILABLE: (503, "ServiceUnavailable"),
+    Category.THROTTLED: (429, "TooManyRequests"),
+    Category.TOO_LARGE: (413, "RequestEntityTooLarge"),
+    Category.MEDIA_TYPE: (415, "UnsupportedMediaType"),
+    Category.INTERNAL: (500, "InternalError"),
+}
+"""Category → (HTTP code, Kubernetes `StatusReason`) of the AdmissionResponse's `status`; the
+API server hands both to the tenant's client unchanged."""
+
+RETRYABLE = frozenset({Category.UNAVAILABLE, Category.THROTTLED})
+"""Categories after which the same request may succeed; their message says to retry."""
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """A refusal to admit: `category` decides the status, `message` tells the user what to do
+    (for a retryable category it says to retry)."""
+
+    category: Category
+    message: str
+
+    @property
+    def code(self) -> int:
+        """The HTTP status code (`STATUS`)."""
+        return STATUS[self.category][0]
+
+    @property
+    def retryable(self) -> bool:
+        """True when the same request may succeed later (`RETRYABLE`)."""
+        return self.category in RETRYABLE
+
+    def status(self) -> dict[str, Any]:
+        """The AdmissionResponse `status` object: {code, reason, message} (message capped
+        at `MESSAGE_LIMIT` characters)."""
+        code, reason = STATUS[self.category]
+        return {"code": code, "reason": reason, "message": self.message[:MESSAGE_LIMIT]}
+
+
+@dataclass(frozen=True, slots=True)
+class Review:
+    """A VMI CREATE AdmissionReview as the webhook acts on it. `namespace` and `name` are ""
+    when absent (only a review with `ask` None may lack them); `object` is the VMI as sent
+    (read, never mutated); `ask` is None when the VMI carries no GPU annotation (not the
+    webhook's business: admitted unchanged), and then `tolerations` is () unread."""
+
+    uid: str
+    operation: str
+    namespace: str
+    name: str
+    object: Mapping[str, Any]
+    dry_run: bool
+    user: str
+    groups: tuple[str, ...]
+    ask: VMIAsk | None
+    tolerations: tuple[Toleration, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A review denied before any judgement: `uid` is "" when it could not be read; `namespace`
+    and `name` are what could be read of the VMI, for the log line ("" when unknown)."""
+
+    uid: str
+    denial: Denial
+    namespace: str = ""
+    name: str = ""
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _obj(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def decode(raw: bytes) -> Review | Rejected:
+    """The AdmissionReview in `raw` (the request body) → `Review`, or `Rejected` with
+    MALFORMED (not JSON, not an admission.k8s.io/v1 AdmissionReview, no string uid, a review
+    of another kind or operation, no object, a dryRun that is not a boolean) or INVALID (the
+    VMI's metadata or annotations are not what Kubernetes allows, an unknown or malformed
+    `gpu.cozystack.io/` annotation, malformed tolerations or no name on a VMI asking for
+    GPUs). Never raises (W6)."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return Rejected("", Denial(Category.MALFORMED, f"request body is not valid JSON: {exc}"))
+    if not isinstance(doc, dict):
+        return Rejected("", Denial(Category.MALFORMED, "AdmissionReview must be a JSON object"))
+    req = doc.get("request")
+    uid = _text(_obj(req).get("uid"))
+    if doc.get("kind") != "AdmissionReview" or doc.get("apiVersion") != API_VERSION:
+        return Rejected(uid, Denial(Category.MALFORMED,
+                                    f"expected an {API_VERSION} AdmissionReview"))
+    if not isinstance(req, dict) or not uid:
+        return Rejected(uid, Denial(Category.MALFORMED,
+                                    "AdmissionReview.request with a string uid is required"))
+    return decode_request(req)
+
+
+def decode_request(req: Mapping[str, Any]) -> Review | Rejected:
+    """`decode` for the AdmissionRequest object (`request` of the review; `uid` a non-empty
+    string, else MALFORMED)."""
+    uid = _text(req.get("uid"))
+    obj = req.get("object")
+    meta = _obj(_obj(obj).get("metadata"))
+    namespace = _text(req.get("namespace")) or _text(meta.get("namespace"))
+    name = _text(meta.get("name")) or _text(req.get("name"))
+
+    def rejected(category: Category, message: str) -> Rejected:
+        return Rejected(uid, Denial(category, message), namespace, name)
+
+    if not uid:
+        return rejected(Category.MALFORMED, "AdmissionRequest.uid must be a non-empty string")
+    kind = _obj(req.get("kind"))
+    if (kind.get("group"), kind.get("kind")) != VMI_KIND:
+        return rejected(Category.MALFORMED,
+                        f"gpu-binder admits only kubevirt.io VirtualMachineInstances, got "
+                        f"{kind.get('group')!r}/{kind.get('kind')!r}")
+    operation = req.get("operation")
+    if operation != "CREATE":
+        return rejected(Category.MALFORMED, f"gpu-binder handles CREATE only, got {operation!r}")
+    dry_run = req.get("dryRun")
+    if dry_run is not None and not isinstance(dry_run, bool):
+        # a string "false" is truthy: read loosely it would skip the reservation (W2) and admit
+        return rejected(Category.MALFORMED,
+                        f"AdmissionRequest.dryRun must be a boolean, got {type(dry_run).__name__}")
+    if not isinstance(obj, dict):
+        return rejected(Category.MALFORMED, "request.object must be an object")
+    if not isinstance(obj.get("metadata"), dict):
+        return rejected(Category.INVALID, "request.object.metadata must be an object")
+    annotations = meta.get("annotations")
+    if annotations is not None and not (
+            isinstance(annotations, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in annotations.items())):
+        return rejected(Category.INVALID, "metadata.annotations must map strings to strings")
+    unknown = unknown_annotations(annotations)
+    if unknown is not None:
+        return rejected(Category.INVALID, unknown.message)
+    try:
+        ask = parse_vmi_request(annotations)
+    except ParseError as exc:
+        return rejected(Category.INVALID, f"invalid GPU annotations on VMI {namespace}/{name}: "
+                                          f"{exc.field}: {exc.problem}")
+    tolerations: tuple[Toleration, ...] = ()
+    if ask is not None:
+        try:
+            tolerations = parse_tolerations(_obj(obj.get("spec")).get("tolerations"))
+        except ParseError as exc:
+            return rejected(Category.INVALID,
+                            f"invalid VMI {namespace}/{name}: {exc.field}: {exc.problem}")
+        if not namespace or not name:
+            return rejected(Category.INVALID, "a VMI asking for GPUs needs metadata.name and a "
+                                              "namespace (generateName is not supported)")
+    user = _obj(req.get("userInfo"))
+    groups = user.get("groups") if isinstance(user.get("groups"), list) else []
+    return Review(uid=uid, operation=operation, namespace=namespace, name=name, object=obj,
+                  dry_run=bool(dry_run), user=_text(user.get("username")),
+                  groups=tuple(g for g in groups if isinstance(g, str)), ask=ask,
+                  tolerations=tolerations)

@@ -1,0 +1,539 @@
+"""The steps of one admission on the API server (DESIGN.md §4: W1's live read, W3 (1)–(4),
+W4's take-over, W5's clean-up), one small function each, called in order by
+`k8s.webhook.admission`.
+
+Every write uses field manager `gpu-binder-webhook` and optimistic concurrency (a JSON Patch
+`test` of what was read). A step that finds a reason to refuse raises `Denied` (a typed
+`review.Denial`); API failures surface as `k8s.errors.ApiError`, which `api_denial` types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+import anyio
+import structlog
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
+
+from k8s import errors
+from k8s.webhook.review import Category, Denial
+from k8s.webhook.waiter import ResultWaiter
+from model.admission import AdmissionPlan, attachment_is_live, effective_resources, vmi_patch
+from model.housekeeping import VMIs
+from model.parse import ParseError, format_time, parse_gpu_device, tolerations_to_list
+from model.snapshot import Snapshot
+from model.types import GROUP, TEMPLATE_FOR_LABEL, VERSION, Labels, Result, Toleration
+
+log = structlog.get_logger("gpu_binder.admission")
+
+FIELD_MANAGER = "gpu-binder-webhook"
+JSON_PATCH = "application/json-patch+json"
+STEP_PARALLEL = 8
+"""Devices of one set written at once in a step of W3 (templates, attachments, requests)."""
+ATTACH_TRIES = 5
+"""Reads of one device before `attach` gives up on a device that keeps changing."""
+
+
+class Denied(Exception):
+    """A step found a reason to refuse; `denial` (category and message) is what the user
+    sees, `str()` is its message."""
+
+    def __init__(self, category: Category, message: str) -> None:
+        super().__init__(message)
+        self.denial = Denial(category, message)
+
+    @classmethod
+    def of(cls, denial: Denial) -> "Denied":
+        """The exception carrying `denial`."""
+        return cls(denial.category, denial.message)
+
+
+def api_denial(err: errors.ApiError) -> Denial:
+    """The denial for an API call of the steps that failed: the API server refusing the
+    write as invalid (something of the VMI the GPUDevice schema does not take) INVALID,
+    throttling THROTTLED, the webhook's own RBAC INTERNAL (the operator must fix it),
+    anything else (5xx, timeouts, a broken connection, conflicts) UNAVAILABLE."""
+    if isinstance(err, errors.Invalid):
+        return Denial(Category.INVALID, str(err))
+    if isinstance(err, errors.TooManyRequests):
+        return Denial(Category.THROTTLED, f"{err}; retry")
+    if isinstance(err, errors.Forbidden):
+        return Denial(Category.INTERNAL, str(err))
+    return Denial(Category.UNAVAILABLE, f"{err}; retry")
+
+
+class Api:
+    """The API calls of the steps, on GPUDevices (namespaced, group `gpu.cozystack.io`), VMIs
+    and Events; each call is bounded by `timeout` seconds and raises `errors.ApiError`
+    (translated, never a client exception)."""
+
+    def __init__(self, api: ApiClient, timeout: float) -> None:
+        self.custom = CustomObjectsApi(api)
+        self.core = CoreV1Api(api)
+        self.timeout = timeout
+
+    async def get_device(self, ns: str, name: str) -> dict | None:
+        """The device as the API server has it now; None when it does not exist."""
+        try:
+            return await self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, ns, "gpudevices", name, _request_timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001
+            err = errors.translate(exc, f"read GPUDevice {ns}/{name}")
+            if isinstance(err, errors.NotFound):
+                return None
+            raise err from exc
+
+    async def patch_status(self, ns: str, name: str, ops: list[dict]) -> None:
+        """A JSON Patch (RFC 6902) of the device's status; a failed `test` op raises
+        errors.Invalid."""
+        try:
+            await self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, ns, "gpudevices", name, ops, _content_type=JSON_PATCH,
+                field_manager=FIELD_MANAGER, _request_timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001
+            raise errors.translate(exc, f"patch GPUDevice {ns}/{name}") from exc
+
+    async def create_device(self, ns: str, body: dict) -> bool:
+        """Create a GPUDevice; False when one of that name already exists."""
+        name = body["metadata"]["name"]
+        try:
+            await self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, ns, "gpudevices", body, field_manager=FIELD_MANAGER,
+                _request_timeout=self.timeout)
+            return True
+        except Exception as exc:  # noqa: BLE001
+            err = errors.translate(exc, f"create template GPUDevice {ns}/{name}")
+            if isinstance(err, errors.AlreadyExists):
+                return False
+            raise err from exc
+
+    async def delete_device(self, ns: str, name: str, uid: str, resource_version: str) -> None:
+        """Delete the device if it is still the object read (uid and resourceVersion
+        preconditions: a 409 otherwise)."""
+        try:
+            await self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, ns, "gpudevices", name,
+                body={"preconditions": {"uid": uid, "resourceVersion": resource_version}},
+                _request_timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001
+            raise errors.translate(exc, f"delete GPUDevice {ns}/{name}") from exc
+
+    async def vmi_exists(self, ns: str, name: str) -> bool:
+        """Whether the API server has VMI `ns/name` now (a live read). Raises
+        errors.ApiError when it cannot tell (a 404 that is not about this VMI included)."""
+        try:
+            await self.custom.get_namespaced_custom_object(
+                "kubevirt.io", "v1", ns, "virtualmachineinstances", name,
+                _request_timeout=self.timeout)
+            return True
+        except Exception as exc:  # noqa: BLE001
+            err = errors.translate(exc, f"read VMI {ns}/{name}")
+            if isinstance(err, errors.NotFound) and errors.names_object(exc, name):
+                return False
+            raise err from exc
+
+    async def create_event(self, ns: str, body: dict) -> None:
+        """Create an Event in `ns`."""
+        try:
+            await self.core.create_namespaced_event(ns, body, _request_timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001
+            raise errors.translate(exc, f"create Event in {ns}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One admission call: the VMI `namespace/vmi`, `admission` (this call's own id: it keys
+    the attachments this call writes and is the id of its bind request), `since` (the
+    attachments' time), `vmis` (the cache's VMIs, without this one), `grace`
+    (attachmentGrace) and `now` (aware UTC time)."""
+
+    namespace: str
+    vmi: str
+    admission: str
+    since: datetime
+    vmis: VMIs
+    grace: timedelta
+    now: Callable[[], datetime]
+
+    def attachment(self) -> dict[str, str]:
+        """The `attachedTo` this call writes."""
+        return {"vmi": self.vmi, "since": format_time(self.since), "admission": self.admission}
+
+
+@dataclass
+class Written:
+    """What this call may have written, recorded *before* each write is awaited, so a
+    cancellation after the server applied it still cleans it up (W5): the template devices
+    it `created`, the devices it `attached`."""
+
+    created: list[str] = field(default_factory=list)
+    attached: list[str] = field(default_factory=list)
+
+
+# -- W1: the live read ------------------------------------------------------------------
+
+async def check_name_free(api: Api, ns: str, vmi: str) -> None:
+    """W1: the API server refuses a duplicate name only after admission, so a create of a
+    live name is denied here (POLICY), before any write could move, re-pin or strip that
+    VMI's devices. UNAVAILABLE when the API server cannot tell (fail closed)."""
+    try:
+        exists = await api.vmi_exists(ns, vmi)
+    except errors.ApiError as err:
+        raise Denied(Category.UNAVAILABLE, f"cannot confirm that VMI {ns}/{vmi} does not exist "
+                                           f"yet: {err.message[:200]}; retry") from err
+    if exists:
+        raise Denied(Category.POLICY, f"VMI {ns}/{vmi} already exists; delete it first or "
+                                      "choose another name")
+
+
+# -- W4: take over an admitted set ------------------------------------------------------
+
+async def take_over(api: Api, attempt: Attempt, plan: AdmissionPlan, snap: Snapshot) -> bool:
+    """W4: every device already carries a Succeeded request for this VMI name on one node;
+    re-key each attachment to this admission (compare-and-set on the request and the
+    attachment as read), so housekeeping judging an older incarnation of the name cannot
+    clear it afterwards. No new request, nothing moves. False (and whatever was re-keyed
+    left to this admission's VMI or to housekeeping) when a device changed or a write
+    failed."""
+    async def one(name: str) -> None:
+        dev = snap.device(attempt.namespace, name)
+        att, br = dev.status.attached_to, dev.status.bind_request
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": "/status/bindRequest/id", "value": br.id},
+            {"op": "test", "path": "/status/attachedTo/vmi", "value": attempt.vmi}]
+        if att.admission:  # the attachment as read, not one written since
+            ops.append({"op": "test", "path": "/status/attachedTo/admission",
+                        "value": att.admission})
+        else:
+            ops.append({"op": "test", "path": "/status/attachedTo/since",
+                        "value": format_time(att.since)})
+        ops.append({"op": "replace", "path": "/status/attachedTo", "value": attempt.attachment()})
+        await api.patch_status(attempt.namespace, name, ops)
+    try:
+        await each(one, plan.devices)
+        return True
+    except (Denied, errors.ApiError) as exc:
+        log.info("W4 take-over failed; admitting afresh", error=str(exc)[:200])
+        return False
+
+
+# -- W3 (1): templates ------------------------------------------------------------------
+
+async def create_template(api: Api, view, ns: str, vmi: str, name: str,
+                          class_name: str) -> bool:
+    """W3 (1): create template device `name` of `class_name` for `vmi` and wait (≤ 5 s)
+    until `view` (the device informer's) shows it; False when it already existed (a retry of
+    ours made it: found in place, W4). Raises errors.ApiError."""
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUDevice",
+            "metadata": {"name": name, "namespace": ns, "labels": {TEMPLATE_FOR_LABEL: vmi}},
+            "spec": {"class": class_name}}
+    if not await api.create_device(ns, body):
+        return False
+    with anyio.move_on_after(5.0):
+        while view.device((ns, name)) is None:
+            await anyio.sleep(0.02)
+    return True
+
+
+async def create_templates(api: Api, view, attempt: Attempt,
+                           templates: Sequence[tuple[str, str]], written: Written) -> None:
+    """W3 (1): every template (name, class) of the plan is created (AlreadyExists: found in
+    place), never skipped on the cache's word: housekeeping may just have deleted an older
+    incarnation's. Each is recorded in `written.created` before its write, and removed when
+    it was found in place."""
+    written.created.extend(name for name, _ in templates)
+
+    async def one(item: tuple[str, str]) -> None:
+        if not await create_template(api, view, attempt.namespace, attempt.vmi, *item):
+            written.created.remove(item[0])
+    await each(one, list(templates))
+
+
+# -- W3 (2) and (3): attachment and request in one write per device ---------------------
+
+def request_body(attempt: Attempt, plan: AdmissionPlan, selector: Labels,
+                 tolerations: tuple[Toleration, ...]) -> dict:
+    """W3 (3): the one `bindRequest` every device of the set carries: id (the admission),
+    vmi, devices, requestedAt (now), and the VMI's launcher nodeSelector and tolerations,
+    which the binder judges nodes against (B3)."""
+    body: dict[str, Any] = {"id": attempt.admission, "vmi": attempt.vmi,
+                            "devices": list(plan.devices),
+                            "requestedAt": format_time(attempt.now())}
+    if selector:
+        body["nodeSelector"] = dict(selector)
+    if tolerations:
+        body["tolerations"] = tolerations_to_list(tolerations)
+    return body
+
+
+def _judge_read(raw: dict, name: str, attempt: Attempt, request: Mapping[str, Any]) -> bool:
+    """The device just read (never the possibly older cache), judged for `attach`: True when
+    it carries both this admission's attachment and its request (a retry of this write: done);
+    False when the write should go on (no attachment, one that no longer holds, or this
+    admission's attachment beside another request: a W4 take-over that re-keyed it before
+    another member changed, so the request must still go on). Raises Denied."""
+    try:
+        dev = parse_gpu_device(raw)
+    except ParseError as exc:
+        raise Denied(Category.POLICY, f"GPU device {name} is malformed: {exc}") from exc
+    if dev.deleting:
+        raise Denied(Category.POLICY, f"GPU device {name} is being deleted")
+    att, br = dev.status.attached_to, dev.status.bind_request
+    if att is not None and att.admission == attempt.admission:
+        return br is not None and br.id == request["id"]
+    if att is not None and attachment_is_live(dev, attempt.vmis, attempt.now(), attempt.grace):
+        if att.vmi == attempt.vmi:
+            raise Denied(Category.UNAVAILABLE, f"GPU device {name} is being attached by another "
+                         f"admission of VMI {attempt.namespace}/{attempt.vmi}; retry once it "
+                         "has finished")
+        raise Denied(Category.POLICY, f"GPU device {name} is attached to VMI {att.vmi}")
+    return False
+
+
+def attach_ops(raw: dict, attempt: Attempt, request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The optimistic write of W3 (2) and (3) on the device `raw` as read: a `test` of its
+    resourceVersion, then `attachedTo` and `bindRequest` (`add` replaces: no older field
+    stays); a new template device with no status yet gets the whole status."""
+    attachment = attempt.attachment()
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
+                                  "value": raw["metadata"]["resourceVersion"]}]
+    if isinstance(raw.get("status"), dict):
+        ops += [{"op": "add", "path": "/status/attachedTo", "value": attachment},
+                {"op": "add", "path": "/status/bindRequest", "value": dict(request)}]
+    else:
+        ops.append({"op": "add", "path": "/status",
+                    "value": {"attachedTo": attachment, "bindRequest": dict(request)}})
+    return ops
+
+
+async def attach(api: Api, view, attempt: Attempt, request: Mapping[str, Any], name: str,
+                 template_class: str | None, written: Written) -> None:
+    """W3 (2) and (3) in one write on device `name`: `attachedTo` {vmi, since, admission}
+    and the `bindRequest` `request`, with optimistic concurrency, judged on the object just
+    read (`_judge_read`). A version test that failed, a conflict or a vanished object is
+    re-read and re-judged, at most `ATTACH_TRIES` times; a write refused on an unchanged
+    object is denied. A template device deleted meanwhile (housekeeping releasing an older
+    incarnation of the name: `template_class` given) is re-created. Raises Denied, or
+    errors.ApiError."""
+    refused: tuple[str, str] | None = None  # (version, why) of a write the server refused
+    for _ in range(ATTACH_TRIES):
+        raw = await api.get_device(attempt.namespace, name)
+        if raw is None and template_class is not None:
+            if await create_template(api, view, attempt.namespace, attempt.vmi, name,
+                                     template_class) and name not in written.created:
+                written.created.append(name)
+            continue
+        if raw is None:
+            raise Denied(Category.POLICY, f"GPU device {name} was deleted during admission")
+        version = raw["metadata"]["resourceVersion"]
+        if refused is not None and refused[0] == version:
+            # unchanged since: not the version test but the write itself was refused
+            raise Denied(Category.INVALID, f"GPU device {name}: the API server refused the "
+                                           f"attachment: {refused[1][:300]}")
+        if _judge_read(raw, name, attempt, request):
+            return
+        try:
+            await api.patch_status(attempt.namespace, name, attach_ops(raw, attempt, request))
+            return
+        except errors.Invalid as err:  # the version test failed, or the write itself
+            refused = (version, err.message)
+        except (errors.Conflict, errors.NotFound):
+            pass  # re-read and re-judge
+    raise Denied(Category.UNAVAILABLE, f"GPU device {name} kept changing while attaching it; "
+                                       "try again")
+
+
+async def attach_all(api: Api, view, attempt: Attempt, request: Mapping[str, Any],
+                     plan: AdmissionPlan, written: Written) -> None:
+    """W3 (2) and (3) on every device of the plan (recorded in `written.attached` first): the
+    request is complete, and acted on by the binder, only once every member carries it."""
+    classes = dict(plan.templates)
+    written.attached.extend(plan.devices)
+    await each(lambda name: attach(api, view, attempt, request, name, classes.get(name),
+                                   written), plan.devices)
+
+
+# -- W3 (4): the binder's result --------------------------------------------------------
+
+async def wait_result(waiter: ResultWaiter, attempt: Attempt, names: tuple[str, ...],
+                      timeout: float, bind_timeout: float) -> str:
+    """W3 (4): wait (≤ `timeout` seconds) on the informer until every device carries this
+    request with a result; the node when all Succeeded on one node. Raises Denied: POLICY
+    with the binder's message when it refused, UNAVAILABLE when no result came in time
+    (`bind_timeout` is the configured total, named in the message) or the request was
+    withdrawn meanwhile."""
+    ns, vmi, request_id = attempt.namespace, attempt.vmi, attempt.admission
+    devs = await waiter.wait(ns, request_id, names, timeout)
+    if devs is None:                                                          # W5 timeout
+        raise Denied(Category.UNAVAILABLE, f"GPU set of VMI {ns}/{vmi} was not bound within "
+                     f"{bind_timeout:.0f} s (request {request_id}); try again")
+    nodes = {d.status.bind_request.node for d in devs}
+    if all(d.status.bind_request.result is Result.SUCCEEDED for d in devs) and len(nodes) == 1:
+        return nodes.pop()
+    message = next((d.status.bind_request.message for d in devs
+                    if d.status.bind_request.result is Result.REFUSED), None)
+    raise Denied(Category.POLICY, message or f"GPU set of VMI {ns}/{vmi} was refused by the "
+                                             "binder")
+
+
+# -- W3 (4): admit ----------------------------------------------------------------------
+
+def admit_patch(snap: Snapshot, obj: Mapping[str, Any], plan: AdmissionPlan, node: str,
+                admission: str) -> list[dict]:
+    """The JSONPatch admitting the VMI `obj` on `node` (§2 VMI: one gpus entry per device,
+    the pin, the admission annotation), from the snapshot's devices and classes. Raises
+    Denied (UNAVAILABLE) when a device or its class disappeared meanwhile."""
+    pairs = []
+    for name in plan.devices:
+        dev = snap.device(plan.namespace, name)
+        cls = snap.classes.get(dev.class_name) if dev else None
+        if cls is None:
+            raise Denied(Category.UNAVAILABLE, f"GPU device {name} or its class disappeared "
+                                               "during admission; retry")
+        pairs.append((name, cls.resource_name))
+    return vmi_patch(obj, pairs, node, effective_resources(snap), admission)
+
+
+# -- W5: clean up what this call wrote --------------------------------------------------
+
+def _request_of(raw: dict | None, request_id: str) -> dict:
+    br = ((raw or {}).get("status") or {}).get("bindRequest") or {}
+    return br if br.get("id") == request_id else {}
+
+
+async def _read_attached(api: Api, attempt: Attempt,
+                         names: Sequence[str]) -> dict[str, dict | None] | None:
+    """Fresh reads of `names` (the cache may be behind), each bounded; None when one fails
+    (judged unknown: everything is left to housekeeping, H1)."""
+    fresh: dict[str, dict | None] = {}
+    for name in names:
+        try:
+            with anyio.fail_after(api.timeout + 1):
+                fresh[name] = await api.get_device(attempt.namespace, name)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("clean-up read failed", device=name, error=repr(exc)[:200])
+            return None
+    return fresh
+
+
+async def _clear_attachment(api: Api, attempt: Attempt, name: str, raw: dict | None) -> None:
+    """Remove this call's attachment (and its request, if the device carries it) from the
+    device as read, compare-and-set on both; a device changed or gone since is moot."""
+    request_id = attempt.admission
+    att = ((raw or {}).get("status") or {}).get("attachedTo") or {}
+    if raw is None or att.get("admission") != request_id:
+        return
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": "/status/attachedTo/admission", "value": request_id},
+        {"op": "remove", "path": "/status/attachedTo"}]
+    if _request_of(raw, request_id):
+        ops += [{"op": "test", "path": "/status/bindRequest/id", "value": request_id},
+                {"op": "remove", "path": "/status/bindRequest"}]
+    try:
+        with anyio.fail_after(api.timeout + 1):
+            await api.patch_status(attempt.namespace, name, ops)
+    except (errors.Invalid, errors.NotFound) as exc:  # changed or gone since the read
+        log.info("clean-up of attachment moot: the device changed since it was read",
+                 device=name, request_id=request_id, reason=str(exc)[:200])
+    except Exception as exc:  # noqa: BLE001 - housekeeping (H1) retries later
+        log.warning("clean-up of attachment failed", device=name, request_id=request_id,
+                    error=repr(exc)[:200])
+
+
+async def _delete_template(api: Api, attempt: Attempt, name: str) -> None:
+    """Delete template `name` this call created, unless it is no longer this VMI's template
+    or another admission of the name has attached it since (read fresh; preconditions)."""
+    try:
+        with anyio.fail_after(api.timeout + 1):
+            raw = await api.get_device(attempt.namespace, name)
+            labels = ((raw or {}).get("metadata") or {}).get("labels") or {}
+            if raw is None or labels.get(TEMPLATE_FOR_LABEL) != attempt.vmi:
+                return
+            if (raw.get("status") or {}).get("attachedTo"):
+                return  # another admission of the name attached it meanwhile
+            await api.delete_device(attempt.namespace, name, raw["metadata"]["uid"],
+                                    raw["metadata"]["resourceVersion"])
+    except Exception as exc:  # noqa: BLE001
+        log.warning("clean-up of template failed", device=name, error=repr(exc)[:200])
+
+
+async def clean_up(api: Api, attempt: Attempt, written: Written) -> None:
+    """W5: clear what this call wrote — only attachments carrying this call's admission id,
+    never another admission's of the same VMI name — judged on fresh reads and shielded from
+    cancellation, each call bounded; then delete the templates it created (`_delete_template`).
+    When the binder has already recorded its decision for this request (`bindRequest.node` on
+    a member: the binder writes node, placement and result of a member in one write, so some
+    members may carry it while others have nothing yet), nothing is touched: the binder
+    finishes the placement (B7) and housekeeping clears the attachments and the request once
+    the VMI has not appeared (H1). Never raises (failures are logged)."""
+    with anyio.CancelScope(shield=True):
+        fresh = await _read_attached(api, attempt, written.attached)
+        if fresh is None:
+            return
+        if any(_request_of(raw, attempt.admission).get("node") for raw in fresh.values()):
+            log.info("request already decided; left for the binder (B7)",
+                     request_id=attempt.admission)
+            return
+        for name, raw in fresh.items():
+            await _clear_attachment(api, attempt, name, raw)
+        for name in written.created:
+            await _delete_template(api, attempt, name)
+
+
+# -- after a denial ---------------------------------------------------------------------
+
+async def record_event(api: Api, ns: str, vmi: str, message: str, now: datetime) -> None:
+    """A Warning Event `GPUSetRefused` about the refused VMI, so `kubectl get events` shows
+    why. Best effort: a failure is logged, never raised."""
+    stamp = format_time(now)
+    body = {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{vmi}.", "namespace": ns},
+            "involvedObject": {"apiVersion": "kubevirt.io/v1",
+                               "kind": "VirtualMachineInstance", "name": vmi, "namespace": ns},
+            "reason": "GPUSetRefused", "message": message[:1024], "type": "Warning",
+            "source": {"component": "gpu-binder"}, "firstTimestamp": stamp,
+            "lastTimestamp": stamp, "count": 1, "reportingComponent": "gpu-binder",
+            "reportingInstance": "webhook"}
+    try:
+        with anyio.fail_after(api.timeout):
+            await api.create_event(ns, body)
+    except Exception as exc:  # noqa: BLE001 - an Event is best effort
+        log.warning("event not recorded", error=repr(exc)[:200])
+
+
+# -- concurrency within a step ----------------------------------------------------------
+
+async def each(fn: Callable[[Any], Awaitable[None]], items: Sequence[Any]) -> None:
+    """`await fn(item)` for every item, at most `STEP_PARALLEL` at once. The first failure
+    cancels the others and is raised as it is, a `Denied` before an `errors.ApiError`
+    before anything else (what was written meanwhile is recorded by the caller for W5)."""
+    if len(items) <= 1:
+        for item in items:
+            await fn(item)
+        return
+    limiter = anyio.CapacityLimiter(STEP_PARALLEL)
+
+    async def one(item: Any) -> None:
+        async with limiter:
+            await fn(item)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for item in items:
+                tg.start_soon(one, item)
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        for kind in (Denied, errors.ApiError, Exception):
+            first = next((e for e in leaves if isinstance(e, kind)), None)
+            if first is not None:
+                raise first from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
