@@ -39,7 +39,7 @@ from tests.e2e.helpers import (
     replicas_saw,
 )
 from tests.e2e.test_webhook import _client_ssl, _review, annotated, fixture
-from tests.e2e.test_webhook import create, devices as device_items
+from tests.e2e.test_webhook import create, create_denied, devices as device_items
 
 
 def _no_room(ns: str, vmi: str, cls: str, res: str, node: str, needs: int, free: int) -> CannotPlace:
@@ -428,6 +428,69 @@ async def test_W6_review_from_the_api_servers_client_certificate_is_answered(sys
             body = await resp.json()
     assert body["response"]["uid"] == "uid-api" and body["response"]["allowed"] is True
     assert await device_items(fleet, tenant) == []      # a dry run writes nothing (W2)
+
+
+async def _post_as_api_server(system, body: bytes, content_type: str) -> tuple[int, dict]:
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        async with http.post(f"https://127.0.0.1:{system.webhook_port}/mutate-vmi", data=body,
+                             headers={"Content-Type": content_type},
+                             ssl=_client_ssl(system)) as resp:
+            return resp.status, (await resp.json())["response"]
+
+
+async def test_W6_attacker_style_reviews_are_denied_with_the_status_that_fits(system, fleet):
+    """What a caller holding the API server's client certificate (a misconfigured or
+    compromised path) could send for the victim's namespace: each is answered (HTTP 200, an
+    AdmissionReview) with a denial whose code says what is wrong, the uid echoed when it
+    could be read, and nothing is written: no template, attachment, request or Event."""
+    res, cls, nodes, victim, held = await make_pool(fleet, {"a": 4}, budget=4, devices=1,
+                                                    prefix="held", seen_by=system)
+    vmi = annotated(fixture("vmi-fedora.yaml"), "forged", templates=f"{cls}=2",
+                    devices=held[0])
+
+    def body(uid: str, **over) -> bytes:
+        return json.dumps(_review(uid, vmi, victim, **over)).encode()
+    oversized = json.loads(body("u-big"))
+    oversized["request"]["object"]["metadata"]["annotations"]["padding"] = "x" * (4 << 20)
+    pod = {"metadata": {"name": "forged", "annotations": {
+        "gpu.cozystack.io/templates": f"{cls}=2"}}, "spec": {"containers": []}}
+    forged_admission = annotated(fixture("vmi-fedora.yaml"), "forged", templates=f"{cls}=1")
+    forged_admission["metadata"]["annotations"]["gpu.cozystack.io/admission"] = "a" * 32
+    cases = [  # (what, body, content type, uid answered, code, reason)
+        ("oversized body", json.dumps(oversized).encode(), "application/json", "", 413,
+         "RequestEntityTooLarge"),
+        ("wrong content type", body("u-ctype"), "application/x-www-form-urlencoded", "", 415,
+         "UnsupportedMediaType"),
+        ("not JSON", b'{"request": {"uid": "u-json"', "application/json", "", 400,
+         "BadRequest"),
+        ("a review for another kind", body("u-pod", kind={"group": "", "version": "v1",
+                                                          "kind": "Pod"}, object=pod),
+         "application/json", "u-pod", 400, "BadRequest"),
+        ("an UPDATE", body("u-update", operation="UPDATE"), "application/json", "u-update",
+         400, "BadRequest"),
+        ("a forged dryRun", body("u-dry", dryRun="false"), "application/json", "u-dry", 400,
+         "BadRequest"),
+        ("a forged admission annotation", json.dumps(_review("u-adm", forged_admission,
+                                                             victim)).encode(),
+         "application/json", "u-adm", 422, "Invalid"),
+    ]
+    got = []
+    for what, raw, ctype, *_ in cases:
+        status, resp = await _post_as_api_server(system, raw, ctype)
+        got.append((what, status, resp["uid"], resp["allowed"], resp["status"]["code"],
+                    resp["status"]["reason"]))
+        assert resp["status"]["message"], (what, resp)
+    assert got == [(what, 200, uid, False, code, reason)
+                   for what, _, _, uid, code, reason in cases]
+    after = await device_items(fleet, victim)
+    assert [d["metadata"]["name"] for d in after] == held, after
+    assert after[0].get("status") is None, after[0]["status"]
+    assert await _events(fleet, victim) == []
+    # through the API server, the tenant's client sees the webhook's code and reason
+    code, reason, msg = await create_denied(fleet, victim, forged_admission)
+    assert (code, reason) == (422, "Invalid") and "gpu.cozystack.io/admission" in msg, msg
 
 
 # -- failure isolation -------------------------------------------------------------------

@@ -154,6 +154,7 @@ async def test_W3_W4_recreate_whose_take_over_loses_a_member_to_H2_puts_its_requ
     # no binder runs here: the webhook times out, cleans up what it wrote (W5), denies
     assert answer["allowed"] is False
     assert f"not bound within 4 s (request {new})" in answer["status"]["message"]
+    assert answer["status"]["code"] == 503   # retryable: the binder did not answer in time
     for name in ("gpu-0", template):
         st = (await fleet.get_device(tenant, name)).get("status") or {}
         assert "attachedTo" not in st and "bindRequest" not in st, (name, st)

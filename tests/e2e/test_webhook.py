@@ -51,6 +51,18 @@ async def create(fleet, ns: str, vmi: dict) -> tuple[bool, str]:
         return False, json.loads(exc.body).get("message", "") if exc.body else str(exc)
 
 
+async def create_denied(fleet, ns: str, vmi: dict) -> tuple[int, str, str]:
+    """Create through the API server, expecting the webhook to deny it: (HTTP status,
+    Status reason, message) as the tenant's client receives them."""
+    try:
+        made = await fleet.custom.create_namespaced_custom_object(VMI_GROUP, VMI_VERSION, ns,
+                                                                  VMIS, vmi)
+    except ApiException as exc:
+        body = json.loads(exc.body) if exc.body else {}
+        return exc.status, body.get("reason", ""), body.get("message", "")
+    raise AssertionError(f"admitted: {made['metadata']['name']}")
+
+
 async def devices(fleet, ns: str) -> list[dict]:
     got = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", ns,
                                                            "gpudevices")
@@ -123,9 +135,9 @@ async def test_W5_set_that_fits_nowhere_is_denied_and_leaves_nothing(system, fle
     res, cls, nodes, tenant, _ = await make_pool(
         fleet, {"a": 1, "b": 1}, devices=1,
         prefix="held", seen_by=system)
-    ok, msg = await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"), "too-big",
-                                                    devices="held-0", templates=f"{cls}=1"))
-    assert not ok
+    code, reason, msg = await create_denied(fleet, tenant, annotated(
+        fixture("vmi-fedora.yaml"), "too-big", devices="held-0", templates=f"{cls}=1"))
+    assert (code, reason) == (403, "Forbidden")      # a policy refusal
     assert "cannot be placed" in msg and f"needs 2 × {res}, has 1 free" in msg
     ds = await devices(fleet, tenant)
     assert [d["metadata"]["name"] for d in ds] == ["held-0"]
@@ -285,16 +297,17 @@ async def test_W5_replica_stopped_while_admitting_denies_and_cleans_up(system, f
     result: list = []
 
     async def go() -> None:
-        result.append(await create(fleet, tenant, annotated(fixture("vmi-fedora.yaml"),
-                                                            "stopping", templates=f"{cls}=1")))
+        result.append(await create_denied(fleet, tenant, annotated(
+            fixture("vmi-fedora.yaml"), "stopping", templates=f"{cls}=1")))
     async with anyio.create_task_group() as tg:
         tg.start_soon(go)
         await eventually(lambda: a_request_waits(fleet, tenant), timeout=10, interval=0.05,
                          what="the webhook waiting for a binder")
         system.kill_replica(other, signal.SIGTERM)
     try:
-        ok, msg = result[0]
-        assert not ok and "shut down while admitting" in msg, msg
+        code, reason, msg = result[0]
+        assert (code, reason) == (503, "ServiceUnavailable"), (code, reason, msg)  # retryable
+        assert "shut down while admitting; retry" in msg, msg
         assert await devices(fleet, tenant) == []  # the template it created is gone
     finally:
         for i in (0, 1):
@@ -308,8 +321,8 @@ async def test_W6_unknown_gpu_annotation_is_denied_with_the_known_ones_named(sys
     res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 1}, prefix="held", seen_by=system)
     vmi = annotated(fixture("vmi-fedora.yaml"), "typo")
     vmi["metadata"]["annotations"] = {"gpu.cozystack.io/template": f"{cls}=1"}
-    ok, msg = await create(fleet, tenant, vmi)
-    assert not ok
+    code, reason, msg = await create_denied(fleet, tenant, vmi)
+    assert (code, reason) == (422, "Invalid")        # invalid input, not a policy refusal
     assert "unknown annotation gpu.cozystack.io/template: gpu-binder reads " \
            "gpu.cozystack.io/devices" in msg
 

@@ -1,0 +1,100 @@
+"""The webhook's transport (k8s/webhook/transport.py) on a real loopback aiohttp server (plain
+HTTP; TLS is test_webhook_tls.py): it always answers an AdmissionReview with the request's
+uid and a status that fits, whatever comes in or whatever the handler does (W6)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import anyio
+import orjson
+import pytest
+
+from k8s.webhook.admission import refusal_denial
+from k8s.webhook.review import Category
+from k8s.webhook.transport import MAX_BODY, allow, make_app, serve
+from localcluster.controlplane import free_port
+from model.admission import Refusal
+
+pytestmark = pytest.mark.anyio
+
+
+def review(uid: str = "u-1") -> dict:
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": uid, "operation": "CREATE", "namespace": "t",
+                        "kind": {"group": "kubevirt.io", "kind": "VirtualMachineInstance"},
+                        "object": {"metadata": {"name": "vm", "annotations": {
+                            "gpu.cozystack.io/templates": "h100=1"}}}}}
+
+
+async def _post(handler, body: bytes, content_type: str = "application/json",
+                timeout: float = 25.0) -> tuple[int, dict]:
+    import aiohttp
+
+    port = free_port()
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve, make_app(handler, timeout=timeout), "127.0.0.1", port, None)
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"http://127.0.0.1:{port}/mutate-vmi", data=body,
+                                 headers={"Content-Type": content_type}) as resp:
+                status, doc = resp.status, await resp.json()
+        tg.cancel_scope.cancel()
+    assert (doc["apiVersion"], doc["kind"]) == ("admission.k8s.io/v1", "AdmissionReview")
+    return status, doc["response"]
+
+
+async def _never_called(review) -> dict:
+    raise AssertionError(f"the handler was called with {review}")
+
+
+async def test_W6_an_oversized_body_is_denied_413_without_reaching_the_handler() -> None:
+    status, resp = await _post(_never_called, b"{" + b" " * (MAX_BODY + 1) + b"}")
+    assert (status, resp["allowed"], resp["status"]["code"]) == (200, False, 413)
+    assert resp["status"]["reason"] == "RequestEntityTooLarge"
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-notjson",
+                                          "application/yaml"])
+async def test_W6_a_body_of_another_content_type_is_denied_415(content_type) -> None:
+    status, resp = await _post(_never_called, orjson.dumps(review()), content_type)
+    assert (status, resp["allowed"], resp["status"]["code"]) == (200, False, 415)
+    assert content_type in resp["status"]["message"]
+
+
+async def test_W6_a_crashing_handler_is_an_internal_error_denial_with_the_uid() -> None:
+    async def crash(review) -> dict:
+        raise KeyError("boom")
+    status, resp = await _post(crash, orjson.dumps(review("u-crash")))
+    assert (status, resp["uid"], resp["allowed"]) == (200, "u-crash", False)
+    assert resp["status"] == {"code": 500, "reason": "InternalError",
+                              "message": "gpu-binder admission failed internally: KeyError"}
+
+
+async def test_W6_a_handler_past_its_deadline_is_a_retryable_denial() -> None:
+    async def stuck(review) -> dict:
+        await anyio.Event().wait()
+        raise AssertionError("not reached")
+    status, resp = await _post(stuck, orjson.dumps(review("u-slow")), timeout=0.2)
+    assert (resp["uid"], resp["allowed"], resp["status"]["code"]) == ("u-slow", False, 503)
+    assert resp["status"]["message"].endswith("; retry")
+
+
+async def test_the_answer_always_carries_the_reviews_uid() -> None:
+    async def other_uid(review) -> dict:
+        return allow("not-the-reviews-uid")
+    status, resp = await _post(other_uid, orjson.dumps(review("u-7")))
+    assert resp == {"uid": "u-7", "allowed": True}
+
+
+def test_a_refusals_typed_reason_decides_its_category_else_its_call_site() -> None:
+    """Until model's refusals carry a typed reason, the call site's category is used; a
+    reason's category (one this webhook knows) wins."""
+    plain = Refusal("GPU device gpu-a is attached to VMI other")
+    assert refusal_denial(plain, Category.POLICY).category is Category.POLICY
+
+    class Typed(SimpleNamespace):
+        message = "the VMI's nodeSelector has 70 entries"
+    typed = Typed(reason=SimpleNamespace(category="invalid"))
+    assert refusal_denial(typed, Category.POLICY).code == 422
+    odd = Typed(reason=SimpleNamespace(category="no-such-category"))
+    assert refusal_denial(odd, Category.POLICY).code == 403
