@@ -17,6 +17,7 @@ import anyio
 import structlog
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
+from actors.view import IndexedView
 from k8s import errors
 from k8s.webhook.review import Category, Denial
 from k8s.webhook.waiter import ResultWaiter
@@ -221,7 +222,7 @@ async def take_over(api: Api, attempt: Attempt, plan: AdmissionPlan, snap: Snaps
 
 # -- W3 (1): templates ------------------------------------------------------------------
 
-async def create_template(api: Api, view, ns: str, vmi: str, name: str,
+async def create_template(api: Api, view: IndexedView, ns: str, vmi: str, name: str,
                           class_name: str) -> bool:
     """W3 (1): create template device `name` of `class_name` for `vmi` and wait (≤ 5 s)
     until `view` (the device informer's) shows it; False when it already existed (a retry of
@@ -237,7 +238,7 @@ async def create_template(api: Api, view, ns: str, vmi: str, name: str,
     return True
 
 
-async def create_templates(api: Api, view, attempt: Attempt,
+async def create_templates(api: Api, view: IndexedView, attempt: Attempt,
                            templates: Sequence[tuple[str, str]], written: Written) -> None:
     """W3 (1): every template (name, class) of the plan is created (AlreadyExists: found in
     place), never skipped on the cache's word: housekeeping may just have deleted an older
@@ -308,8 +309,8 @@ def attach_ops(raw: dict, attempt: Attempt, request: Mapping[str, Any]) -> list[
     return ops
 
 
-async def attach(api: Api, view, attempt: Attempt, request: Mapping[str, Any], name: str,
-                 template_class: str | None, written: Written) -> None:
+async def attach(api: Api, view: IndexedView, attempt: Attempt, request: Mapping[str, Any],
+                 name: str, template_class: str | None, written: Written) -> None:
     """W3 (2) and (3) in one write on device `name`: `attachedTo` {vmi, since, admission}
     and the `bindRequest` `request`, with optimistic concurrency, judged on the object just
     read (`_judge_read`). A version test that failed, a conflict or a vanished object is
@@ -345,8 +346,8 @@ async def attach(api: Api, view, attempt: Attempt, request: Mapping[str, Any], n
                                        "try again")
 
 
-async def attach_all(api: Api, view, attempt: Attempt, request: Mapping[str, Any],
-                     plan: AdmissionPlan, written: Written) -> None:
+async def attach_all(api: Api, view: IndexedView, attempt: Attempt,
+                     request: Mapping[str, Any], plan: AdmissionPlan, written: Written) -> None:
     """W3 (2) and (3) on every device of the plan (recorded in `written.attached` first): the
     request is complete, and acted on by the binder, only once every member carries it."""
     classes = dict(plan.templates)

@@ -1,6 +1,6 @@
 """The webhook's steps (k8s/webhook/steps.py): the concurrent W3 steps (`each`: every device
 written, a bounded number at once, the first failure raised as it is, Denied before an API
-error), the typing of API failures, and the early-denial log line."""
+error) and the typing of API failures."""
 
 from __future__ import annotations
 
@@ -76,50 +76,3 @@ def test_an_api_failure_in_a_step_gets_the_status_of_what_it_is(error, status) -
     assert denial.code == status
     assert str(error) in denial.message
     assert denial.message.endswith("; retry") == denial.retryable == (status in (429, 503))
-
-
-async def test_W1_W6_an_early_denial_is_logged_naming_the_request_and_the_vmi(monkeypatch) -> None:
-    """Denials before any judgement (here an unknown annotation and a malformed one) leave
-    one log line each with the review's uid and the VMI, as placement denials do, and
-    answer 422 with the review's uid."""
-    import aiohttp
-    import orjson
-
-    from k8s.webhook import transport
-    from localcluster.controlplane import free_port
-
-    logs: list[dict] = []
-
-    class Recorder:  # the module's logger (structlog caches bound loggers once configured)
-        def info(self, event: str, **fields) -> None:
-            logs.append({"event": event, **fields})
-    monkeypatch.setattr(transport, "log", Recorder())
-
-    async def handler(review) -> dict:  # never reached: both are denied by the decoder
-        raise AssertionError(review)
-
-    def review(uid: str, name: str, annotations: dict) -> bytes:
-        return orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                             "request": {"uid": uid, "kind": {"group": "kubevirt.io",
-                                                              "kind": "VirtualMachineInstance"},
-                                         "operation": "CREATE", "namespace": "t1",
-                                         "object": {"metadata": {"name": name,
-                                                                 "annotations": annotations}}}})
-    port = free_port()
-    answers = []
-    async with anyio.create_task_group() as tg:
-        await tg.start(transport.serve, transport.make_app(handler), "127.0.0.1", port, None)
-        async with aiohttp.ClientSession() as http:
-            for body in (review("u-1", "vm", {"gpu.cozystack.io/tempaltes": "h100=1"}),
-                         review("u-2", "vm2", {"gpu.cozystack.io/templates": "h100=x"})):
-                async with http.post(f"http://127.0.0.1:{port}/mutate-vmi", data=body,
-                                     headers={"Content-Type": "application/json"}) as resp:
-                    answers.append((await resp.json())["response"])
-        tg.cancel_scope.cancel()
-    assert [(a["uid"], a["allowed"], a["status"]["code"]) for a in answers] == [
-        ("u-1", False, 422), ("u-2", False, 422)]
-    denied = [e for e in logs if e["event"] == "VMI denied"]
-    assert [(e["uid"], e["namespace"], e["vmi"], e["code"]) for e in denied] == [
-        ("u-1", "t1", "vm", 422), ("u-2", "t1", "vm2", 422)]
-    assert denied[0]["reason"].startswith("unknown annotation gpu.cozystack.io/tempaltes")
-    assert denied[1]["reason"].startswith("invalid GPU annotations on VMI t1/vm2")

@@ -86,6 +86,51 @@ async def test_the_answer_always_carries_the_reviews_uid() -> None:
     assert resp == {"uid": "u-7", "allowed": True}
 
 
+async def test_W1_W6_an_early_denial_is_logged_naming_the_request_and_the_vmi(monkeypatch) -> None:
+    """Denials before any judgement (here an unknown annotation and a malformed one) leave
+    one log line each with the review's uid and the VMI, as placement denials do, and
+    answer 422 with the review's uid."""
+    import aiohttp
+
+    from k8s.webhook import transport
+
+    logs: list[dict] = []
+
+    class Recorder:  # the module's logger (structlog caches bound loggers once configured)
+        def info(self, event: str, **fields) -> None:
+            logs.append({"event": event, **fields})
+    monkeypatch.setattr(transport, "log", Recorder())
+
+    async def handler(review) -> dict:  # never reached: both are denied by the decoder
+        raise AssertionError(review)
+
+    def review(uid: str, name: str, annotations: dict) -> bytes:
+        return orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                             "request": {"uid": uid, "kind": {"group": "kubevirt.io",
+                                                              "kind": "VirtualMachineInstance"},
+                                         "operation": "CREATE", "namespace": "t1",
+                                         "object": {"metadata": {"name": name,
+                                                                 "annotations": annotations}}}})
+    port = free_port()
+    answers = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(transport.serve, transport.make_app(handler), "127.0.0.1", port, None)
+        async with aiohttp.ClientSession() as http:
+            for body in (review("u-1", "vm", {"gpu.cozystack.io/tempaltes": "h100=1"}),
+                         review("u-2", "vm2", {"gpu.cozystack.io/templates": "h100=x"})):
+                async with http.post(f"http://127.0.0.1:{port}/mutate-vmi", data=body,
+                                     headers={"Content-Type": "application/json"}) as resp:
+                    answers.append((await resp.json())["response"])
+        tg.cancel_scope.cancel()
+    assert [(a["uid"], a["allowed"], a["status"]["code"]) for a in answers] == [
+        ("u-1", False, 422), ("u-2", False, 422)]
+    denied = [e for e in logs if e["event"] == "VMI denied"]
+    assert [(e["uid"], e["namespace"], e["vmi"], e["code"]) for e in denied] == [
+        ("u-1", "t1", "vm", 422), ("u-2", "t1", "vm2", 422)]
+    assert denied[0]["reason"].startswith("unknown annotation gpu.cozystack.io/tempaltes")
+    assert denied[1]["reason"].startswith("invalid GPU annotations on VMI t1/vm2")
+
+
 def test_a_refusals_typed_reason_decides_its_category_else_its_call_site() -> None:
     """Until model's refusals carry a typed reason, the call site's category is used; a
     reason's category (one this webhook knows) wins."""
