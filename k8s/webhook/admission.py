@@ -78,6 +78,7 @@ class VMIAdmission:
         self.denied = 0
         self.draining = False
         self._inflight: set[anyio.CancelScope] = set()
+        self._idle: anyio.Event | None = None  # set by the last review in flight, for drain
 
     async def drain(self, timeout: float = 5.0) -> None:
         """Shutdown: refuse new reviews, cancel the ones in flight (each cleans up what it
@@ -85,9 +86,10 @@ class VMIAdmission:
         self.draining = True
         for scope in list(self._inflight):
             scope.cancel()
-        with anyio.move_on_after(timeout):
-            while self._inflight:
-                await anyio.sleep(0.02)
+        if self._inflight:
+            self._idle = anyio.Event()
+            with anyio.move_on_after(timeout):
+                await self._idle.wait()
 
     # -- entry -------------------------------------------------------------------------
     async def handle(self, review: Review) -> dict:
@@ -103,13 +105,16 @@ class VMIAdmission:
         self._inflight.add(scope)
         try:
             with structlog.contextvars.bound_contextvars(namespace=review.namespace,
-                                                         vmi=review.name), scope:
+                                                         vmi=review.name,
+                                                         user=review.user or None), scope:
                 try:
                     resp = await self._admit(review)
                 except Denied as exc:
                     return await self._refused(review, exc.denial)
         finally:
             self._inflight.discard(scope)
+            if not self._inflight and self._idle is not None:
+                self._idle.set()
         if scope.cancelled_caught:  # drained: what this call wrote was cleaned up
             self.denied += 1
             return deny(review.uid, Denial(Category.UNAVAILABLE,
