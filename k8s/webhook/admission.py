@@ -23,7 +23,7 @@ from kubernetes_asyncio.client import ApiClient
 from k8s import errors
 from k8s.cache import ClusterCache
 from k8s.webhook import steps
-from k8s.webhook.review import Category, Denial, Review
+from k8s.webhook.review import Category, Denial, Review, refusal_denial
 from k8s.webhook.steps import Attempt, Denied, Written
 from k8s.webhook.transport import allow, deny, patch_response
 from k8s.webhook.waiter import ResultWaiter
@@ -36,17 +36,6 @@ from model.types import Labels
 log = structlog.get_logger("gpu_binder.admission")
 
 DRY_RUN_WARNING = "dry run: GPU devices were checked but not reserved"
-
-
-def refusal_denial(refusal: Refusal, category: Category) -> Denial:
-    """A model refusal as a denial: the category its typed reason names when it has one
-    (`refusal.reason.category`), else `category`, the one its call site knows."""
-    reason = getattr(refusal, "reason", None)
-    named = getattr(reason, "category", None)
-    try:
-        return Denial(Category(named) if named is not None else category, refusal.message)
-    except ValueError:  # a category this webhook does not know: the call site's
-        return Denial(category, refusal.message)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import orjson
 
-from model.admission import unknown_annotations
+from model.admission import Refusal, unknown_annotations
 from model.parse import ParseError, VMIAsk, parse_tolerations, parse_vmi_request
 from model.types import Toleration
 
@@ -78,6 +78,17 @@ class Denial:
         at `MESSAGE_LIMIT` characters)."""
         code, reason = STATUS[self.category]
         return {"code": code, "reason": reason, "message": self.message[:MESSAGE_LIMIT]}
+
+
+def refusal_denial(refusal: Refusal, category: Category) -> Denial:
+    """A model refusal as a denial: the category its typed reason names when it has one
+    (`refusal.reason.category`), else `category`, the one its call site knows."""
+    reason = getattr(refusal, "reason", None)
+    named = getattr(reason, "category", None)
+    try:
+        return Denial(Category(named) if named is not None else category, refusal.message)
+    except ValueError:  # a category this webhook does not know: the call site's
+        return Denial(category, refusal.message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +191,8 @@ def decode_request(req: Mapping[str, Any]) -> Review | Rejected:
         return rejected(Category.INVALID, "metadata.annotations must map strings to strings")
     unknown = unknown_annotations(annotations)
     if unknown is not None:
-        return rejected(Category.INVALID, unknown.message)
+        denial = refusal_denial(unknown, Category.INVALID)
+        return Rejected(uid, denial, namespace, name)
     try:
         ask = parse_vmi_request(annotations)
     except ParseError as exc:

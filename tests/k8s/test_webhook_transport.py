@@ -10,8 +10,7 @@ import anyio
 import orjson
 import pytest
 
-from k8s.webhook.admission import refusal_denial
-from k8s.webhook.review import Category
+from k8s.webhook.review import Category, refusal_denial
 from k8s.webhook.transport import MAX_BODY, allow, make_app, serve
 from localcluster.controlplane import free_port
 from model.admission import Refusal
