@@ -10,10 +10,10 @@ import anyio
 import orjson
 import pytest
 
-from k8s.webhook.review import Category, refusal_denial
+from k8s.webhook.review import Category, Denial, refusal_denial
 from k8s.webhook.transport import MAX_BODY, allow, make_app, serve
 from localcluster.controlplane import free_port
-from model.admission import Refusal
+from model.admission import unknown_annotations
 
 pytestmark = pytest.mark.anyio
 
@@ -131,14 +131,14 @@ async def test_W1_W6_an_early_denial_is_logged_naming_the_request_and_the_vmi(mo
 
 
 def test_a_refusals_typed_reason_decides_its_category_else_its_call_site() -> None:
-    """Until model's refusals carry a typed reason, the call site's category is used; a
-    reason's category (one this webhook knows) wins."""
-    plain = Refusal("GPU device gpu-a is attached to VMI other")
-    assert refusal_denial(plain, Category.POLICY).category is Category.POLICY
-
-    class Typed(SimpleNamespace):
-        message = "the VMI's nodeSelector has 70 entries"
-    typed = Typed(reason=SimpleNamespace(category="invalid"))
+    """A refusal's typed reason (`reason.category`, one this webhook knows) decides its
+    category; without one, the call site's is used."""
+    untyped = SimpleNamespace(message="GPU device gpu-a is attached to VMI other")
+    assert refusal_denial(untyped, Category.POLICY) == Denial(Category.POLICY, untyped.message)
+    typed = SimpleNamespace(message="the VMI's nodeSelector has 70 entries",
+                            reason=SimpleNamespace(category="invalid"))
     assert refusal_denial(typed, Category.POLICY).code == 422
-    odd = Typed(reason=SimpleNamespace(category="no-such-category"))
+    odd = SimpleNamespace(message="?", reason=SimpleNamespace(category="no-such-category"))
     assert refusal_denial(odd, Category.POLICY).code == 403
+    unknown = unknown_annotations({"gpu.cozystack.io/tempaltes": "h100=1"})   # model's own
+    assert refusal_denial(unknown, Category.INVALID).code == 422
