@@ -144,7 +144,7 @@ class VMIAdmission:
                                       attempt.admission)
         if conflict is not None:
             await steps.clean_up(self.api, attempt, taken)
-            raise Denied.of(refusal_denial(conflict, Category.UNAVAILABLE))
+            raise Denied.of(refusal_denial(conflict))
         if review.dry_run:  # W2
             return allow(review.uid, DRY_RUN_WARNING)
         node = await self._reserve(review, judged, deadline)
@@ -165,10 +165,10 @@ class VMIAdmission:
         plan = check(snap, ns, vmi, review.ask, vmis, now, self.grace, node_selector=selector,
                      tolerations=review.tolerations, permitted=permitted)
         if isinstance(plan, Refusal):
-            raise Denied.of(refusal_denial(plan, Category.POLICY))
+            raise Denied.of(refusal_denial(plan))
         kept = unpermitted_gpu_entries(review.object, effective_resources(snap), permitted)
         if kept is not None:
-            raise Denied.of(refusal_denial(kept, Category.POLICY))
+            raise Denied.of(refusal_denial(kept))
         # unique to this call: keys its attachments and clean-up, and is its request's id
         attempt = Attempt(ns, vmi, uuid.uuid4().hex, now, vmis, self.grace, self.now)
         return _Judged(plan, selector, snap, attempt)

@@ -25,8 +25,9 @@ VMI_KIND = ("kubevirt.io", "VirtualMachineInstance")
 
 
 class Category(enum.StrEnum):
-    """Why an admission is denied; the values of `policy`, `invalid` and `unavailable` are
-    those of `model`'s refusal reasons (`reason.category`)."""
+    """Why an admission is denied; `policy`, `invalid` and `unavailable` are
+    `model.reasons.Category` (a model refusal's `reason.category`), the others the
+    transport's and the steps' own."""
 
     POLICY = "policy"            # W1/B1: the VMI may not have this set (budget, room, taken …)
     INVALID = "invalid"          # the VMI as sent is malformed (annotations, tolerations …)
@@ -80,15 +81,10 @@ class Denial:
         return {"code": code, "reason": reason, "message": self.message[:MESSAGE_LIMIT]}
 
 
-def refusal_denial(refusal: Refusal, category: Category) -> Denial:
-    """A model refusal as a denial: the category its typed reason names when it has one
-    (`refusal.reason.category`), else `category`, the one its call site knows."""
-    reason = getattr(refusal, "reason", None)
-    named = getattr(reason, "category", None)
-    try:
-        return Denial(Category(named) if named is not None else category, refusal.message)
-    except ValueError:  # a category this webhook does not know: the call site's
-        return Denial(category, refusal.message)
+def refusal_denial(refusal: Refusal) -> Denial:
+    """A model refusal as a denial, in the category its typed reason names
+    (`refusal.reason.category`: model's policy, invalid or unavailable)."""
+    return Denial(Category(refusal.reason.category.value), refusal.message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +187,7 @@ def decode_request(req: Mapping[str, Any]) -> Review | Rejected:
         return rejected(Category.INVALID, "metadata.annotations must map strings to strings")
     unknown = unknown_annotations(annotations)
     if unknown is not None:
-        denial = refusal_denial(unknown, Category.INVALID)
+        denial = refusal_denial(unknown)
         return Rejected(uid, denial, namespace, name)
     try:
         ask = parse_vmi_request(annotations)

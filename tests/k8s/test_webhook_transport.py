@@ -4,16 +4,15 @@ uid and a status that fits, whatever comes in or whatever the handler does (W6).
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import anyio
 import orjson
 import pytest
 
-from k8s.webhook.review import Category, Denial, refusal_denial
+from k8s.webhook.review import refusal_denial
 from k8s.webhook.transport import MAX_BODY, allow, make_app, serve
 from localcluster.controlplane import free_port
-from model.admission import unknown_annotations
+from model import reasons
+from model.admission import Refusal
 
 pytestmark = pytest.mark.anyio
 
@@ -130,15 +129,13 @@ async def test_W1_W6_an_early_denial_is_logged_naming_the_request_and_the_vmi(mo
     assert denied[1]["reason"].startswith("invalid GPU annotations on VMI t1/vm2")
 
 
-def test_a_refusals_typed_reason_decides_its_category_else_its_call_site() -> None:
-    """A refusal's typed reason (`reason.category`, one this webhook knows) decides its
-    category; without one, the call site's is used."""
-    untyped = SimpleNamespace(message="GPU device gpu-a is attached to VMI other")
-    assert refusal_denial(untyped, Category.POLICY) == Denial(Category.POLICY, untyped.message)
-    typed = SimpleNamespace(message="the VMI's nodeSelector has 70 entries",
-                            reason=SimpleNamespace(category="invalid"))
-    assert refusal_denial(typed, Category.POLICY).code == 422
-    odd = SimpleNamespace(message="?", reason=SimpleNamespace(category="no-such-category"))
-    assert refusal_denial(odd, Category.POLICY).code == 403
-    unknown = unknown_annotations({"gpu.cozystack.io/tempaltes": "h100=1"})   # model's own
-    assert refusal_denial(unknown, Category.INVALID).code == 422
+@pytest.mark.parametrize(("reason", "status"), [
+    (reasons.UnknownAnnotation(("gpu.cozystack.io/tempaltes",), "gpu.cozystack.io/devices",
+                               "gpu.cozystack.io/templates"), 422),
+    (reasons.DeviceAttached("gpu-a", "other"), 403),
+    (reasons.SameNameConflict("gpu-a", "t", "vm"), 503),
+])
+def test_a_refusal_is_denied_in_the_category_of_its_typed_reason(reason, status) -> None:
+    denial = refusal_denial(Refusal(reason))
+    assert (denial.code, denial.message) == (status, reason.render())
+    assert denial.category.value == reason.category.value
