@@ -104,8 +104,17 @@ async def test_past_the_restart_intensity_run_raises_supervisor_escalation() -> 
     config = replace(config, supervisor=replace(config.supervisor, max_restarts=2, max_seconds=10.0))
     binder = Binder(s, s, s, LoopClock(), config)
 
+    started = anyio.Event()
+
+    class Started:  # binder.run's task status: started once every actor has started
+        def started(self, value: object = None) -> None:
+            started.set()
+
     async def killer() -> None:
-        await eventually(lambda: binder.coordinator is not None, what="binder started")
+        # kills before the first start completes fail the start (OTP: start_link returns the
+        # error); the intensity is about crashes of running children
+        with anyio.fail_after(5):
+            await started.wait()
         for _ in range(5):
             binder.kill(COORDINATOR)
             await advance(0.02)  # past the restart backoff
@@ -113,7 +122,7 @@ async def test_past_the_restart_intensity_run_raises_supervisor_escalation() -> 
     async with anyio.create_task_group() as tg:
         tg.start_soon(killer)
         with pytest.raises(SupervisorEscalation) as info:
-            await binder.run()  # the process entry awaits this: it exits non-zero
+            await binder.run(task_status=Started())  # the process entry awaits this: it exits non-zero
         tg.cancel_scope.cancel()
     assert info.value.child_id == COORDINATOR
     stats = binder.statistics()
