@@ -35,18 +35,24 @@ class _Cache:
             fn(("t", name), {})
 
 
-async def test_W3_a_wait_returns_once_every_named_device_has_its_result() -> None:
+def _two_members_carrying(rid: str) -> tuple[_Cache, ResultWaiter, list]:
+    """A cache whose devices a and b carry request `rid` without a result, its waiter, and
+    the list `_wait` appends the wait's answer to."""
     cache = _Cache()
     waiter = ResultWaiter(cache)  # type: ignore[arg-type]
-    cache.put("a", "r1")
-    cache.put("b", "r1")
-    got: list = []
+    cache.put("a", rid)
+    cache.put("b", rid)
+    return cache, waiter, []
 
-    async def wait() -> None:
-        got.append(await waiter.wait("t", "r1", ("a", "b"), timeout=5))
 
+async def _wait(waiter: ResultWaiter, got: list) -> None:
+    got.append(await waiter.wait("t", "r1", ("a", "b"), timeout=5))
+
+
+async def test_W3_a_wait_returns_once_every_named_device_has_its_result() -> None:
+    cache, waiter, got = _two_members_carrying("r1")
     async with anyio.create_task_group() as tg:
-        tg.start_soon(wait)
+        tg.start_soon(_wait, waiter, got)
         await anyio.wait_all_tasks_blocked()
         cache.put("a", "r1", Result.SUCCEEDED)
         cache.put("other", "r9")  # a device the wait does not name
@@ -58,17 +64,9 @@ async def test_W3_a_wait_returns_once_every_named_device_has_its_result() -> Non
 
 
 async def test_W5_a_wait_ends_with_none_when_a_member_loses_the_request_or_time_is_up() -> None:
-    cache = _Cache()
-    waiter = ResultWaiter(cache)  # type: ignore[arg-type]
-    cache.put("a", "r1")
-    cache.put("b", "r1")
-    got: list = []
-
-    async def wait() -> None:
-        got.append(await waiter.wait("t", "r1", ("a", "b"), timeout=5))
-
+    cache, waiter, got = _two_members_carrying("r1")
     async with anyio.create_task_group() as tg:
-        tg.start_soon(wait)
+        tg.start_soon(_wait, waiter, got)
         await anyio.wait_all_tasks_blocked()
         cache.put("b", None)  # housekeeping cleared it
     assert got == [None]
