@@ -3,8 +3,8 @@
 docstring), so the list is never typed by hand.
 
 Run from the repository root:
-    PYTHONPATH=$PWD .venv/bin/python docs/reason_codes.py          # rewrite the table
-    PYTHONPATH=$PWD .venv/bin/python docs/reason_codes.py --check  # exit 1 if it is stale
+    PYTHONPATH=$PWD .venv/bin/python tools/reason-codes.py          # rewrite the table
+    PYTHONPATH=$PWD .venv/bin/python tools/reason-codes.py --check  # exit 1 if it is stale
 The table sits between the `reason-codes:begin` and `reason-codes:end` comments. A code
 marked ✱ can be the `reason` label of `gpu_binder_decisions_total`: its reason class is
 built, as a set-level reason, in `model/decide.py` or `actors/reservation.py`.
@@ -20,7 +20,7 @@ from pathlib import Path
 import model.reasons as R
 from k8s.webhook.review import STATUS, Category
 
-DOC = Path("docs/metrics.md")
+DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 BEGIN, END = "<!-- reason-codes:begin", "<!-- reason-codes:end -->"
 
 
@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     new = f"{head}{BEGIN}{marker}\n{table()}{END}{tail}"
     if "--check" in argv:
         if new != text:
-            print(f"{DOC}: the reason-code table is stale; run docs/reason_codes.py", file=sys.stderr)
+            print(f"{DOC}: the reason-code table is stale; run tools/reason-codes.py", file=sys.stderr)
             return 1
         return 0
     DOC.write_text(new)
