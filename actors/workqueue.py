@@ -184,13 +184,16 @@ class WorkQueue(Generic[K]):
         if s.heap:
             self._promote()
         if s.waiting:
-            key = s.waiting.popitem(last=False)[0]
-            s.dirty.discard(key)
-            s.processing.add(key)
-            return key
+            return self._take(s.waiting.popitem(last=False)[0])
         if s.shut_down:
             raise QueueShutDown
         raise anyio.WouldBlock
+
+    def _take(self, key: K) -> K:
+        """`key`, just removed from `waiting`, handed out: processing until `done`."""
+        self._s.dirty.discard(key)
+        self._s.processing.add(key)
+        return key
 
     async def get(self, timeout: float | None = None) -> K:
         """`get_nowait`, waiting for a key to become due: at most `timeout` seconds (None:
@@ -218,9 +221,7 @@ class WorkQueue(Generic[K]):
             self._promote()
         if key in s.waiting:
             del s.waiting[key]
-            s.dirty.discard(key)
-            s.processing.add(key)
-            return key
+            return self._take(key)
         if s.shut_down:
             raise QueueShutDown
         raise anyio.WouldBlock
