@@ -25,11 +25,11 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 from actors.view import IndexedView
 from k8s.informer import Informer, Key, keep_all, slim
 from model.admission import LauncherDefaults, launcher_defaults
-from model.foreign import LauncherClaim, PodUse, foreign_units, parse_launcher_claim, parse_pod_use
+from model.foreign import PodUse, attachment_uid, node_foreign, parse_pod_use
 from model.housekeeping import VMIRecord, VMIs
 from model.parse import (ParseError, parse_budgets, parse_gpu_class, parse_gpu_device,
                          parse_namespace, parse_node, parse_permitted_host_devices)
-from model.types import ADMISSION_ANNOTATION, GROUP, VERSION, Node
+from model.types import ADMISSION_ANNOTATION, GROUP, VERSION, GPUDevice, Node
 
 log = structlog.get_logger("gpu_binder.cache")
 
@@ -89,20 +89,31 @@ def _feed(kind: str, parse: Callable[[dict], Any], put: Callable[[Any], None],
 
 def trim_pod(obj: dict) -> dict:
     """What the Pod informer keeps of a Pod (capacity, §2): name, namespace, resourceVersion,
-    the `kubevirt.io/created-by` label, nodeName, phase and the containers' resources."""
+    the `kubevirt.io/created-by` label, nodeName, phase, and what kube-scheduler's effective
+    requests read (`model.foreign.pod_requests`): the containers' and init containers'
+    resources, the init containers' `restartPolicy` (sidecars) and `spec.overhead`."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     labels = meta.get("labels") or {}
     keep = {k: labels[k] for k in ("kubevirt.io/created-by", "kubevirt.io") if k in labels}
 
-    def res(cs):
-        return [{"resources": (c or {}).get("resources") or {}} for c in cs or []]
+    def res(cs, *, init: bool = False):
+        out = []
+        for c in cs if isinstance(cs, list) else []:
+            c = c if isinstance(c, dict) else {}
+            box = {"resources": c.get("resources") or {}}
+            if init and c.get("restartPolicy") is not None:
+                box["restartPolicy"] = c["restartPolicy"]
+            out.append(box)
+        return out
 
+    kept = {"nodeName": spec.get("nodeName"), "containers": res(spec.get("containers")),
+            "initContainers": res(spec.get("initContainers"), init=True)}
+    if spec.get("overhead"):
+        kept["overhead"] = spec["overhead"]
     return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
                          "resourceVersion": meta.get("resourceVersion"), "labels": keep},
-            "spec": {"nodeName": spec.get("nodeName"), "containers": res(spec.get("containers")),
-                     "initContainers": res(spec.get("initContainers"))},
-            "status": {"phase": (obj.get("status") or {}).get("phase")}}
+            "spec": kept, "status": {"phase": (obj.get("status") or {}).get("phase")}}
 
 
 class ClusterCache:
@@ -111,7 +122,10 @@ class ClusterCache:
     `await tg.start(cache.run)`: it returns once every informer has listed (the view is
     synced). Raw objects stay readable through the informers (`cache.vmis.get(key)`), model
     values through `cache.view`. Each Node value's `foreign` units come from the Pods on it
-    (`model.foreign`), recomputed when a Pod on it or a binder-admitted VMI changes."""
+    less what the binder's own records excuse (`model.foreign`, W7), recomputed when a Pod
+    on it changes, when a device's excuse there changes (Bound there, attached to another
+    VMI incarnation, of another class), when the VMI an unlinked attachment names comes or
+    goes, and on every GPUClass change. VMI annotations never enter the count."""
 
     def __init__(self, api: ApiClient, *, settings_namespace: str = "cozy-system",
                  watch_timeout: int = 240) -> None:
@@ -145,11 +159,15 @@ class ClusterCache:
         self._raw_nodes: dict[str, Node] = {}
         self._pod_uses: dict[Key, PodUse] = {}
         self._pods_on: dict[str, set[Key]] = {}
-        self._claims: dict[str, LauncherClaim] = {}
-        self._claim_of_vmi: dict[Key, str] = {}
+        # W7 excuses: per device, (node, class, VMI uid) of the unit it may excuse there; the
+        # devices whose attachment has no recorded uid yet, by the VMI (namespace, name) named
+        self._excuse_of: dict[Key, tuple[str, str, str]] = {}
+        self._unlinked: dict[Key, set[Key]] = {}
+        self._unlinked_vmi: dict[Key, Key] = {}
+        self.devices.add_listener(self._on_device_excuse)   # after the view has the device
+        self.classes.add_listener(self._on_class_excuse)
         self.nodes.add_listener(_feed("Node", parse_node, self._put_node, self._remove_node))
         self.pods.add_listener(self._on_pod)
-        self.vmis.add_listener(self._on_vmi_claim)
         self.namespaces.add_listener(_feed("Namespace", parse_namespace, v.put_namespace,
                                            lambda k: v.remove_namespace(k[1])))
         self._quota_budgets: dict[Key, list] = {}
@@ -158,6 +176,7 @@ class ClusterCache:
         self._tombstones: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._vmi_state: VMIs | None = None   # built on demand, dropped on every VMI event
         self.vmis.add_listener(self._on_vmi)
+        self.vmis.add_listener(self._on_vmi_excuse)          # after `_vmi_records` is current
 
     def _on_vmi(self, key: Key, obj: dict | None) -> None:
         # the uid and admission annotation of every live VMI; an incarnation that goes
@@ -222,7 +241,10 @@ class ClusterCache:
         if node is None:
             return
         pods = (self._pod_uses[k] for k in self._pods_on.get(name, ()))
-        self.view.put_node(replace(node, foreign=foreign_units(pods, self._claims)))
+        resource_of = {c.name: c.resource_name for c in self.view.classes().values()}
+        foreign = node_foreign(name, pods, self.view.devices_on(name), resource_of,
+                               self._vmi_records)
+        self.view.put_node(replace(node, foreign=foreign))
 
     def _on_pod(self, key: Key, obj: dict | None) -> None:
         old = self._pod_uses.pop(key, None)
@@ -235,19 +257,47 @@ class ClusterCache:
         for node in {u.node for u in (old, use) if u is not None}:
             self._refresh_node(node)
 
-    def _on_vmi_claim(self, key: Key, obj: dict | None) -> None:
-        """A VMI changed: refresh the nodes whose foreign units its launcher claim excuses."""
-        old_uid = self._claim_of_vmi.pop(key, None)
-        old = self._claims.pop(old_uid, None) if old_uid else None
-        got = parse_launcher_claim(obj) if obj is not None else None
+    def _recount_device(self, key: Key, dev: GPUDevice | None) -> None:
+        """Refresh the nodes where device `key`'s excuse (W7) was or is, when it changed."""
         new = None
-        if got is not None:
-            uid, new = got
-            self._claims[uid] = new
-            self._claim_of_vmi[key] = uid
+        if dev is not None and dev.bound_node is not None:
+            uid = attachment_uid(dev, self._vmi_records)
+            if uid is not None:
+                new = (dev.bound_node, dev.class_name, uid)
+        old = self._excuse_of.pop(key, None)
+        if new is not None:
+            self._excuse_of[key] = new
         if old != new:
-            for node in {c.node for c in (old, new) if c is not None}:
+            for node in {e[0] for e in (old, new) if e is not None}:
                 self._refresh_node(node)
+
+    def _on_device_excuse(self, key: Key, obj: dict | None) -> None:
+        """A GPUDevice changed (the view already has its model value, or has dropped it)."""
+        dev = self.view.device(key) if obj is not None else None
+        was = self._unlinked_vmi.pop(key, None)
+        if was is not None:
+            bucket = self._unlinked.get(was)
+            if bucket is not None:
+                bucket.discard(key)
+                if not bucket:
+                    del self._unlinked[was]
+        att = dev.status.attached_to if dev is not None else None
+        if att is not None and not att.uid:
+            vmi = (key[0], att.vmi)
+            self._unlinked_vmi[key] = vmi
+            self._unlinked.setdefault(vmi, set()).add(key)
+        self._recount_device(key, dev)
+
+    def _on_vmi_excuse(self, key: Key, obj: dict | None) -> None:
+        """A VMI came, went or changed: the devices whose attachment names it without a
+        recorded uid may now excuse for another incarnation (or none)."""
+        for dkey in tuple(self._unlinked.get(key, ())):
+            self._recount_device(dkey, self.view.device(dkey))
+
+    def _on_class_excuse(self, key: Key, obj: dict | None) -> None:
+        """A GPUClass changed: its resource name decides what its devices excuse."""
+        for name in {e[0] for e in self._excuse_of.values()}:
+            self._refresh_node(name)
 
     def permitted_resources(self) -> frozenset[str] | None:
         """The resource names KubeVirt permits as host devices (the union over KubeVirt CRs

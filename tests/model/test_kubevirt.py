@@ -1,6 +1,6 @@
 """B3 as kube-scheduler sees it (Ready, NoSchedule/NoExecute taints against the VMI's
-tolerations, KubeVirt's `kubevirt.io/schedulable=true`), foreign Pods in the capacity (§2),
-and W1's `check_set` agreeing with the binder on all of it."""
+tolerations, KubeVirt's `kubevirt.io/schedulable=true`) and W1's `check_set` agreeing with
+the binder on all of it. Foreign Pods in the capacity (§2, W7) are in test_foreign.py."""
 
 from __future__ import annotations
 
@@ -138,65 +138,6 @@ def test_bind_request_tolerations_round_trip_and_bad_operator_is_a_parse_error()
     assert parse_gpu_device(obj).status.bind_request.tolerations == tol
     with pytest.raises(ValueError, match=r"spec.tolerations\[0\].operator: must be Equal or Exists"):
         parse_tolerations([{"key": "a", "operator": "Gt"}])
-
-
-# --- foreign Pods (capacity, §2) ----------------------------------------------------------
-
-from model.foreign import foreign_units, parse_launcher_claim, parse_pod_use  # noqa: E402
-
-
-def pod(name: str, requests: dict, *, ns: str = NS, node: str = "node-1", created_by: str | None = None,
-        phase: str = "Running", init: dict | None = None, limits_only: bool = False) -> dict:
-    res = {"limits": requests} if limits_only else {"requests": requests, "limits": requests}
-    spec = {"nodeName": node, "containers": [{"resources": res}, {"resources": {"requests": {"cpu": "1"}}}]}
-    if init:
-        spec["initContainers"] = [{"resources": {"requests": init}}]
-    labels = {"kubevirt.io/created-by": created_by} if created_by else {}
-    return {"metadata": {"name": name, "namespace": ns, "labels": labels}, "spec": spec,
-            "status": {"phase": phase}}
-
-
-def admitted_vmi(uid: str = "uid-1", node: str = "node-1", gpus: int = 2, ns: str = NS) -> dict:
-    return {"metadata": {"name": "vm-1", "namespace": ns, "uid": uid,
-                         "annotations": {"gpu.cozystack.io/templates": f"h100={gpus}"}},
-            "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
-                     "domain": {"devices": {"gpus": [{"name": f"g{i}", "deviceName": H} for i in range(gpus)]}}}}
-
-
-def test_capacity_pod_requests_as_kube_scheduler_counts_them():
-    assert parse_pod_use(pod("p", {H: "2"})).requests == ((H, 2),)
-    assert parse_pod_use(pod("p", {H: "1"}, limits_only=True)).requests == ((H, 1),)  # request = limit
-    assert parse_pod_use(pod("p", {H: "1"}, init={H: "3"})).requests == ((H, 3),)   # max(init, sum)
-    assert parse_pod_use(pod("p", {H: "1"}, phase="Succeeded")) is None              # ended: not counted
-    assert parse_pod_use(pod("p", {"devices.kubevirt.io/kvm": "1"})) is None         # not a GPU
-    unbound = pod("p", {H: "1"})
-    del unbound["spec"]["nodeName"]
-    assert parse_pod_use(unbound) is None
-    assert parse_pod_use({"metadata": "junk"}) is None
-
-
-def test_capacity_launcher_pod_of_binder_vmi_is_not_foreign_a_raw_pod_is():
-    uid, claim = parse_launcher_claim(admitted_vmi(gpus=2))
-    launcher = parse_pod_use(pod("virt-launcher-vm-1", {H: "2"}, created_by=uid))
-    raw = parse_pod_use(pod("raw", {H: "1"}))
-    assert foreign_units([launcher, raw], {uid: claim}) == ((H, 1),)
-    assert parse_launcher_claim({**admitted_vmi(), "metadata": {"name": "x", "namespace": NS, "uid": "u"}}) is None
-
-
-def test_capacity_forged_launcher_label_hides_no_more_than_the_vmi_gpus():
-    """Attacker: Pods labelled as the launcher of someone's binder VMI, in another namespace,
-    on another node, asking for more than the VMI has, or several of them: only the VMI's own
-    GPU units on its pinned node, once, are left out."""
-    uid, claim = parse_launcher_claim(admitted_vmi(gpus=2))
-    real = parse_pod_use(pod("virt-launcher-vm-1", {H: "2"}, created_by=uid))
-    forged = parse_pod_use(pod("forged", {H: "4"}, created_by=uid))
-    assert foreign_units([real, forged], {uid: claim}) == ((H, 4),)
-    assert foreign_units([forged], {uid: claim}) == ((H, 2),)
-    other_ns = parse_pod_use(pod("x", {H: "2"}, ns="evil", created_by=uid))
-    other_node = parse_pod_use(pod("y", {H: "2"}, node="node-2", created_by=uid))
-    assert foreign_units([other_ns], {uid: claim}) == ((H, 2),)
-    assert foreign_units([other_node], {uid: claim}) == ((H, 2),)
-    assert foreign_units([parse_pod_use(pod("z", {H: "1"}, created_by="no-such-vmi"))], {uid: claim}) == ((H, 1),)
 
 
 def test_W1_class_kubevirt_does_not_permit_is_refused_before_room_is_checked():
