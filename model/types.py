@@ -183,8 +183,10 @@ class Node:
     """A core Node as the binder sees it: labels, `status.allocatable` of extended resources
     (integers, units of devices), whether it is cordoned (`spec.unschedulable`), whether its
     `Ready` condition is True, its taints, and `foreign`: units per extended resource that
-    Pods on it request which are not virt-launcher Pods of binder-admitted VMIs (filled in by
-    the cache from the Pod informer, not from the Node object; capacity, §2)."""
+    Pods on it request (kube-scheduler's effective requests) beyond what the launcher Pods'
+    Bound, attached devices already count there (filled in by the cache from the Pod
+    informer and the binder's own records, not from the Node object; capacity §2, W7;
+    `model.foreign`)."""
 
     name: str
     labels: Labels = ()
