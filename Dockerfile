@@ -2,7 +2,7 @@
 # Production packages only (model, actors, supervisor, k8s, cli): the local-cluster harness,
 # the fakes, bench and tests are not copied, and pyproject's package list leaves them out.
 #
-#   docker build -t ghcr.io/cozystack/gpu-binder:0.1.0 .        (a machine with a registry)
+#   docker build -t ghcr.io/cozystack/gpu-binder:0.2.0 .        (a machine with a registry)
 #   make image                                                  (this repository's way: buildah,
 #       with a Debian base made from Debian's packages when no registry is reachable; see
 #       tools/build-image.sh)
@@ -44,7 +44,7 @@ ENTRYPOINT ["gpu-binder"]
 CMD ["controller"]
 # Last, so a new revision re-uses every layer above. VERSION is pyproject's version (tests/cli/
 # test_version.py keeps them equal); tools/build-image.sh passes REVISION (the git commit).
-ARG VERSION=0.1.0
+ARG VERSION=0.2.0
 ARG REVISION=unknown
 ARG SOURCE=https://github.com/cozystack/gpu-binder
 LABEL org.opencontainers.image.title="gpu-binder" \

@@ -7,22 +7,50 @@
 # warm build skips both; buildah's layer cache re-uses the dependency layer until pyproject.toml
 # changes.
 #   cache: $GPU_BINDER_CACHE, else $XDG_CACHE_HOME/gpu-binder, else ~/.cache/gpu-binder
-#   IMAGE: the tag to build (default localhost/gpu-binder:<pyproject version>)
+#   IMAGE: the tag to build (default localhost/gpu-binder:<pyproject version>, and for a
+#     GIT_REVISION build localhost/gpu-binder:<its version>-g<12 hex of the commit>: a tag no
+#     work tree's build of the same version overwrites)
 #   BASE_IMAGE: the Dockerfile's base (default: the local Debian base)
+#   GIT_REVISION: build that commit (any git revision: a tag, a hash) instead of the work
+#     tree, from `git archive` of it with its own Dockerfile and version (the upgrade tests'
+#     previous version: GIT_REVISION=9dfc521 gives localhost/gpu-binder:0.1.0-g9dfc52119057
+#     labelled version 0.1.0). The image is
+#     kept: a second build of the same commit only checks its revision label. A revision
+#     missing from the clone fails (exit 4) naming it.
 # Installs buildah and mmdebstrap with apt-get when missing (needs root). Prints the image's
 # tag on its last line of stdout.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
 cache="${GPU_BINDER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-binder}"
-version="$(awk -F'"' '$1=="version = "{print $2; exit}' "$repo/pyproject.toml")"
-if [ -z "$version" ]; then
-  echo "build-image: cannot read the version from $repo/pyproject.toml" >&2; exit 2
+# The build context: the work tree, or (GIT_REVISION) that commit's tree unpacked in the cache.
+src="$repo"
+if [ -n "${GIT_REVISION:-}" ]; then
+  revision="$(git -C "$repo" rev-parse --verify --quiet "${GIT_REVISION}^{commit}" 2>/dev/null)" || {
+    echo "build-image: revision $GIT_REVISION is not in the clone at $repo (a shallow clone?);" \
+         "fetch it first, e.g. git -C $repo fetch --unshallow, or git fetch origin $GIT_REVISION" >&2
+    exit 4; }
+  src="$cache/image/src-$revision"
+  if [ ! -f "$src/.unpacked" ]; then
+    rm -rf "$src"; mkdir -p "$src"
+    git -C "$repo" archive "$revision" | tar -x -C "$src"
+    touch "$src/.unpacked"
+  fi
 fi
-image="${IMAGE:-localhost/gpu-binder:$version}"
-revision="$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)"
-if [ "$revision" != unknown ] && [ -n "$(git -C "$repo" status --porcelain -- Dockerfile pyproject.toml README.md model actors supervisor k8s cli 2>/dev/null)" ]; then
-  revision="$revision-dirty"
+version="$(awk -F'"' '$1=="version = "{print $2; exit}' "$src/pyproject.toml")"
+if [ -z "$version" ]; then
+  echo "build-image: cannot read the version from $src/pyproject.toml" >&2; exit 2
+fi
+if [ -n "${GIT_REVISION:-}" ]; then
+  image="${IMAGE:-localhost/gpu-binder:$version-g${revision:0:12}}"
+else
+  image="${IMAGE:-localhost/gpu-binder:$version}"
+fi
+if [ -z "${GIT_REVISION:-}" ]; then
+  revision="$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)"
+  if [ "$revision" != unknown ] && [ -n "$(git -C "$repo" status --porcelain -- Dockerfile pyproject.toml README.md model actors supervisor k8s cli 2>/dev/null)" ]; then
+    revision="$revision-dirty"
+  fi
 fi
 
 need=()
@@ -79,6 +107,13 @@ local_base() {
   echo "build-image: base imported as $tag" >&2
   echo "$tag"
 }
+# A commit's image is built once: kept while its tag carries that commit's revision label.
+if [ -n "${GIT_REVISION:-}" ] && [ "$(buildah inspect --type image \
+    --format '{{index .OCIv1.Config.Labels "org.opencontainers.image.revision"}}' "$image" \
+    2>/dev/null)" = "$revision" ]; then
+  echo "build-image: $image of $revision already built" >&2
+  echo "$image"; exit 0
+fi
 base="${BASE_IMAGE:-$(local_base)}"
 
 # pip inside the build trusts the machine's CA bundle (this machine reaches PyPI through a
@@ -97,7 +132,7 @@ buildah bud --quiet --isolation chroot --layers "${ca_args[@]}" \
   --build-arg "BASE_IMAGE=$base" --build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
   --label "org.opencontainers.image.version=$version" \
   --label "org.opencontainers.image.revision=$revision" \
-  -f "$repo/Dockerfile" -t "$image" "$repo" >&2 || {
+  -f "$src/Dockerfile" -t "$image" "$src" >&2 || {
   echo "build-image: buildah bud failed (see above); is PyPI reachable?" >&2; exit 3; }
 size="$(buildah images --format '{{.Size}}' "$image" | head -1)"
 echo "build-image: $image built in $((SECONDS-start)) s, $size" >&2
