@@ -19,10 +19,10 @@ container inside the image the template names, as a kubelet would start a Pod of
   name, its Lease identity).
 
 The one liberty is the network: every pod shares the host's loopback, so the harness adds
-`--webhook-host/--webhook-port` (one port shared by every replica with SO_REUSEPORT, as
-pods behind one Service; the port the API server presents its webhook client certificate
-to) and `--metrics-host/--metrics-port` (a port of each pod's own) to the container's
-arguments. Ready is the container's readiness probe's path (`/readyz`) answering 200.
+`--webhook-host/--webhook-port` and `--metrics-host/--metrics-port` (ports of each pod's
+own) to the container's arguments, and `Service` stands for the Deployment's Service: it
+forwards the webhook's connections to the ready pods. Ready is the container's readiness
+probe's path (`/readyz`) answering 200.
 
 `Deployment.rolling_update` replaces the running pods with the new template one at a time,
 new pod ready before the old one is stopped (maxSurge 1, maxUnavailable 0);
@@ -70,6 +70,7 @@ class Pod:
     image: str
     version: str
     metrics_port: int
+    webhook_port: int
     log_path: Path
     grace: float
     proc: subprocess.Popen | None = None
@@ -142,11 +143,10 @@ class Images:
 
 class Kubelet:
     """Runs pods of Deployments held by control plane `cp` as processes (see the module's
-    docstring). `webhook_port`: the loopback port every pod's webhook shares; `workdir`: where
-    volumes and logs go."""
+    docstring); `workdir`: where volumes and logs go."""
 
-    def __init__(self, cp: ControlPlane, workdir: Path, webhook_port: int) -> None:
-        self.cp, self.workdir, self.webhook_port = cp, Path(workdir), webhook_port
+    def __init__(self, cp: ControlPlane, workdir: Path) -> None:
+        self.cp, self.workdir = cp, Path(workdir)
         self.images = Images()
         admin = yaml.safe_load(Path(cp.admin_kubeconfig).read_text())["clusters"][0]["cluster"]
         self.server = urllib.parse.urlsplit(admin["server"])
@@ -222,15 +222,16 @@ class Kubelet:
                 env[e["name"]] = e["value"]
             elif "fieldRef" in (e.get("valueFrom") or {}):
                 env[e["name"]] = fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
-        metrics_port = free_port()
+        metrics_port, webhook_port = free_port(), free_port()
         argv = [*(container.get("command") or config.get("Entrypoint") or []),
                 *container.get("args", config.get("Cmd") or []),
-                "--webhook-host=127.0.0.1", f"--webhook-port={self.webhook_port}",
+                "--webhook-host=127.0.0.1", f"--webhook-port={webhook_port}",
                 "--metrics-host=127.0.0.1", f"--metrics-port={metrics_port}"]
         labels = config.get("Labels") or {}
         pod = Pod(name=name, revision=template_hash(tmpl), image=image,
                   version=labels.get("org.opencontainers.image.version", "?"),
-                  metrics_port=metrics_port, log_path=pod_dir / "log",
+                  metrics_port=metrics_port, webhook_port=webhook_port,
+                  log_path=pod_dir / "log",
                   grace=float(spec.get("terminationGracePeriodSeconds", 30)))
         cmd = _chrooted(root, argv, user=user, env=env,
                         read_only=bool(security.get("readOnlyRootFilesystem")), mounts=mounts)
@@ -270,6 +271,120 @@ class Kubelet:
         return pod.proc.returncode if pod.proc else None
 
 
+class Service:
+    """The Deployment's Service on loopback: a TCP balancer on 127.0.0.1:`port` (the port
+    kube-apiserver presents its webhook client certificate to) forwarding each connection,
+    TLS untouched, to the next ready pod (round robin over `endpoints`, as kube-proxy picks
+    an endpoint per connection). kube-apiserver keeps its connections to a webhook alive, so
+    a pod started later would get no reviews while older connections last; like a
+    connection-age limit on a real load balancer, a connection older than `max_age` seconds
+    is closed once it has been idle `idle` seconds, so reviews spread over every ready pod.
+    `forced` holds the time.monotonic() of each such close: a request the client began
+    sending on that connection at that moment fails with EOF or a reset (kube-apiserver
+    reports "failed calling webhook"), an artifact of this balancer to tell from a replica's
+    error. Raises OSError when the port cannot be bound."""
+
+    def __init__(self, port: int, *, max_age: float = 2.0, idle: float = 0.3) -> None:
+        import socket
+        import threading
+
+        self.port, self.max_age, self.idle = port, max_age, idle
+        self.endpoints: list[int] = []       # the ready pods' webhook ports
+        self._next = 0
+        self._lock = threading.Lock()
+        self._conns: list[list] = []         # [client, backend, opened, last activity]
+        self.forced: list[float] = []
+        self._closed = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", port), reuse_port=False)
+        self._listener.settimeout(0.2)
+        for target in (self._accept, self._reap):
+            threading.Thread(target=target, daemon=True).start()
+
+    def add(self, port: int) -> None:
+        with self._lock:
+            if port not in self.endpoints:
+                self.endpoints.append(port)
+
+    def remove(self, port: int) -> None:
+        with self._lock:
+            if port in self.endpoints:
+                self.endpoints.remove(port)
+
+    def _pick(self) -> int | None:
+        with self._lock:
+            if not self.endpoints:
+                return None
+            self._next = (self._next + 1) % len(self.endpoints)
+            return self.endpoints[self._next]
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return
+            port = self._pick()
+            try:
+                if port is None:
+                    raise OSError("no ready endpoint")
+                backend = socket.create_connection(("127.0.0.1", port), timeout=5)
+            except OSError:
+                client.close()               # the client sees the connection refused/reset
+                continue
+            conn = [client, backend, time.monotonic(), time.monotonic()]
+            with self._lock:
+                self._conns.append(conn)
+            threading.Thread(target=self._pump, args=(conn,), daemon=True).start()
+
+    def _pump(self, conn: list) -> None:
+        import select
+
+        client, backend = conn[0], conn[1]
+        peer = {client: backend, backend: client}
+        try:
+            while True:
+                ready, _, _ = select.select([client, backend], [], [], 1.0)
+                for sock in ready:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    peer[sock].sendall(data)
+                    conn[3] = time.monotonic()
+        except OSError:
+            return
+        finally:
+            for sock in (client, backend):
+                sock.close()
+            with self._lock:
+                if conn in self._conns:
+                    self._conns.remove(conn)
+
+    def _reap(self) -> None:
+        import socket
+
+        while not self._closed.wait(0.1):
+            now = time.monotonic()
+            with self._lock:
+                old = [c for c in self._conns
+                       if now - c[2] > self.max_age and now - c[3] > self.idle]
+            for c in old:
+                self.forced.append(time.monotonic())
+                for sock in (c[0], c[1]):
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+
+
 def template_hash(template: dict) -> str:
     """A short, stable hash of a pod template (as a ReplicaSet's pod-template-hash)."""
     return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:8]
@@ -303,12 +418,13 @@ def _chrooted(root: str, argv: Sequence[str], *, user: str, env: dict[str, str],
 
 
 class Deployment:
-    """The pods of Deployment `namespace/name` as `kubelet` runs them; `pods` in start order.
+    """The pods of Deployment `namespace/name` as `kubelet` runs them, behind `service`
+    (a pod is an endpoint from ready until it is told to stop); `pods` in start order.
     `read()` is the Deployment the API server holds now (what the last helm install, upgrade
     or rollback applied)."""
 
-    def __init__(self, kubelet: Kubelet, namespace: str, name: str) -> None:
-        self.kubelet, self.namespace, self.name = kubelet, namespace, name
+    def __init__(self, kubelet: Kubelet, service: Service, namespace: str, name: str) -> None:
+        self.kubelet, self.service, self.namespace, self.name = kubelet, service, namespace, name
         self.pods: list[Pod] = []
         self._seq = 0
 
@@ -333,11 +449,13 @@ class Deployment:
         started and ready (raises ControlPlaneError when it is not)."""
         pod = self._start(self.read())
         self.kubelet.wait_ready(pod)
+        self.service.add(pod.webhook_port)
         return pod
 
     def stop_pod(self, pod: Pod) -> int | None:
         """One rolling-update step's second half: `pod` stopped (SIGTERM, then SIGKILL past
         its grace period); returns its exit code."""
+        self.service.remove(pod.webhook_port)
         return self.kubelet.stop(pod)
 
     @property
@@ -352,6 +470,7 @@ class Deployment:
         new = [self._start(deployment) for _ in range(want - len(self.running))]
         for pod in new:
             self.kubelet.wait_ready(pod)
+            self.service.add(pod.webhook_port)
         return new
 
     def rolling_update(self, order: Callable[[list[Pod]], list[Pod]] | None = None,
@@ -374,9 +493,9 @@ class Deployment:
         """Stop every running pod, then start the Deployment's replicas of its template now
         (no replica serves in between); returns the new pods once ready."""
         for pod in self.running:
-            self.kubelet.stop(pod)
+            self.stop_pod(pod)
         return self.scale_up()
 
     def stop(self) -> None:
         for pod in self.running:
-            self.kubelet.stop(pod)
+            self.stop_pod(pod)
