@@ -732,8 +732,11 @@ async def test_mixed_versions_with_the_leader_in_either_keep_the_invariants(rele
     """Item 4: a rolling update 0.1.0 → 0.2.0 paused with one pod of each version and the
     Lease held by the 0.1.0 pod, then finished; then a rolling rollback paused with one pod
     of each and the Lease held by the 0.2.0 pod, then finished; a 200+ VMI churn across all
-    of it. Both versions serve the webhook while mixed (one port, SO_REUSEPORT), and §7
-    holds in every sample and after the churn settles."""
+    of it. In each mixed phase the pods of both versions answered reviews (the Service
+    stand-in spreads kube-apiserver's connections), no tenant saw an error while no pod
+    was starting or stopping, and §7 holds in every sample and after the churn settles.
+    (A 0.2.0 that wrote `bindRequest.devices` in a form only it reads fails here: its
+    reviews wait on a 0.1.0 leader that never decides them, 503s while steady.)"""
     from localcluster.fleet import Fleet
 
     cp, started = release.cp, time.monotonic()
