@@ -110,7 +110,9 @@ class CoordinatorConfig:
     answered Refused; `requeue_delay` between rounds; `stalled_delay` before a request whose
     writes gave up is tried again; `resync_interval` between full scans; `poison_delay`
     before a request on which `model.decide` raised is tried again; `batch_size` requests
-    decided on one snapshot."""
+    decided on one snapshot; `defrag_interval` between defragmentation rounds (D1-D5; 0:
+    off, the default: D3 "off unless the operator turns it on"); `defrag_max_moves` the
+    most moves one round makes (D3)."""
 
     ask_timeout: float = 5.0
     max_rounds: int = 3
@@ -119,6 +121,8 @@ class CoordinatorConfig:
     resync_interval: float = 30.0
     poison_delay: float = 30.0
     batch_size: int = 64
+    defrag_interval: float = 0.0
+    defrag_max_moves: int = 4
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,6 +80,10 @@ FIELD_HELP: dict[str, str] = {
     "max_restarts": "restart intensity: crashes of the binder's actors tolerated within "
                     "--max-restart-seconds; one more stops the binder and exits the process",
     "max_restart_seconds": "restart intensity: the window of --max-restarts, in seconds",
+    "defrag_interval": "seconds between the binder's defragmentation rounds, which move idle "
+                       "held devices of Move classes so that larger sets fit (DESIGN.md §3a, "
+                       "D1-D5); 0: off",
+    "defrag_max_moves": "most devices one defragmentation round moves (D3); at least 1",
 }
 """Meaning and unit of each setting (`field_help` adds the default)."""
 
@@ -146,6 +150,8 @@ class Config:
     commit_ttl: float = _BINDER.node.commit_ttl
     max_restarts: int = _BINDER.supervisor.max_restarts
     max_restart_seconds: float = _BINDER.supervisor.max_seconds
+    defrag_interval: float = _BINDER.coordinator.defrag_interval  # 0: off (D3)
+    defrag_max_moves: int = _BINDER.coordinator.defrag_max_moves
 
     def validate(self) -> "Config":
         """Check ranges; return self. Raises ValueError naming the bad setting by its flag
@@ -163,6 +169,11 @@ class Config:
                 raise ValueError(f"{f(name)}: must be > 0 seconds, got {getattr(self, name)}")
         if self.write_attempts < 1:
             raise ValueError(f"--write-attempts: must be at least 1, got {self.write_attempts}")
+        if self.defrag_interval < 0:
+            raise ValueError(f"--defrag-interval: must be >= 0 seconds (0: off), "
+                             f"got {self.defrag_interval}")
+        if self.defrag_max_moves < 1:
+            raise ValueError(f"--defrag-max-moves: must be at least 1, got {self.defrag_max_moves}")
         if self.max_restarts < 0:
             raise ValueError(f"--max-restarts: must be at least 0, got {self.max_restarts}")
         if self.prepare_ttl <= self.ask_timeout:

@@ -61,7 +61,9 @@ def binder_config(cfg: Config) -> BinderConfig:
                            max_seconds=cfg.max_restart_seconds),
         node=replace(b.node, prepare_ttl=cfg.prepare_ttl, commit_ttl=cfg.commit_ttl),
         coordinator=replace(b.coordinator, ask_timeout=cfg.ask_timeout,
-                            resync_interval=cfg.resync_interval),
+                            resync_interval=cfg.resync_interval,
+                            defrag_interval=cfg.defrag_interval,
+                            defrag_max_moves=cfg.defrag_max_moves),
         pipeline=replace(b.pipeline, write_timeout=cfg.write_timeout,
                          retry_attempts=cfg.write_attempts, settle_timeout=cfg.settle_timeout),
     )

@@ -32,6 +32,8 @@ BINDER_SETTINGS = {  # operator setting -> (part of BinderConfig, its field)
     "commit_ttl": ("node", "commit_ttl"),
     "max_restarts": ("supervisor", "max_restarts"),
     "max_restart_seconds": ("supervisor", "max_seconds"),
+    "defrag_interval": ("coordinator", "defrag_interval"),
+    "defrag_max_moves": ("coordinator", "defrag_max_moves"),
 }
 
 
@@ -59,6 +61,8 @@ def test_flags_beat_environment_beat_file(tmp_path):
     ({"max_restarts": "-1"}, "--max-restarts: must be at least 0, got -1"),
     ({"commit_ttl": "0"}, "--commit-ttl: must be > 0 seconds, got 0.0"),
     ({"prepare_ttl": "5"}, "--prepare-ttl: must be longer than --ask-timeout"),
+    ({"defrag_interval": "-1"}, "--defrag-interval: must be >= 0 seconds (0: off), got -1.0"),
+    ({"defrag_max_moves": "0"}, "--defrag-max-moves: must be at least 1, got 0"),
 ])
 def test_bad_settings_are_refused_with_the_flag_named(flags, message):
     flags = {"webhook_port": "0", **flags}
