@@ -1,0 +1,304 @@
+"""Defragmentation (DESIGN.md §3a, D1–D5): which idle held devices to move so that larger
+sets fit. Pure: `plan_round` reads a `Snapshot` and returns a `DefragPlan`; nothing here
+writes or waits. The binder's coordinator carries a plan out inside its one decision loop
+(D2); `gpu-binder defrag --plan` and `explain` (D4) show it.
+
+Vocabulary:
+- a *movable* device (D1): held (no template label), Bound, carrying no attachment and no
+  bind request, not being deleted, its class known and `Move`;
+- the *largest placeable set* of a class: the most new devices of the class one node can
+  take now — over the placeable nodes serving the class (not cordoned, Ready,
+  `kubevirt.io/schedulable=true`, no NoSchedule/NoExecute taint), their free units of the
+  class's resource counting reservations in flight (B3) — and how many nodes have that room.
+  The same figure as `model.explain.largest_placeable` (a one-device probe with no
+  tolerations), maximised over nodes;
+- a *profile*: that pair (largest, nodes with room for it) per class. A round is kept only
+  when no class's pair goes down (lexicographically) and some class's goes up (D3).
+
+The search is greedy over *clearings*: free units on one node by moving k of its movable
+devices of one resource away (each to the tightest eligible other node, B4's tightest fit;
+never to a node this round clears), keeping the clearing that grows the profile most
+(then the fewest moves, then node name), until `max_moves` moves are planned or no
+clearing helps. Every move targets a node eligible for the device's class with a free
+unit (D2: reservations in flight counted); a move never changes a tenant's Bound count, so
+no budget figure moves (D5).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Collection, Iterable
+
+from model.snapshot import Snapshot
+from model.types import DeviceKey, GPUDevice, OnCordon, Phase
+
+DEFAULT_MAX_MOVES = 4
+"""Default `max_moves` of a round (`--defrag-max-moves`)."""
+
+DEFRAG_REQUEST_PREFIX = "defrag-"
+"""Request ids the binder gives its defragmenting moves (never a webhook's id: those are
+the admission ids the webhook generates, hex without a dash)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Largest:
+    """The largest placeable set of class `class_name` (resource `resource`): `size` new
+    devices fit on one node, on `nodes` nodes (0 and 0 when no node has a free unit)."""
+
+    class_name: str
+    resource: str
+    size: int
+    nodes: int
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        """What D3 compares: (size, nodes), lexicographically."""
+        return (self.size, self.nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class DefragMove:
+    """One defragmenting move: held device `device` (namespace, name) of class `class_name`
+    goes from `from_node` to `to_node`; `why` says what it helps: the clearing of
+    `cleared` that grows the largest placeable set of `for_class` from `before` to `after`
+    (sizes, devices). `render()` is the Event's and the log's text."""
+
+    device: DeviceKey
+    class_name: str
+    resource: str
+    from_node: str
+    to_node: str
+    cleared: str
+    for_class: str
+    before: int
+    after: int
+
+    def render(self) -> str:
+        """E.g. "defragmentation: moved tenant-b/gpu-c (h100) from node-1 to node-2, freeing
+        node-1 so the largest placeable h100 set grows from 3 to 4"."""
+        ns, name = self.device
+        grows = (f"grows from {self.before} to {self.after}" if self.after > self.before
+                 else f"fits on more nodes (size {self.after})")
+        return (f"defragmentation: moved {ns}/{name} ({self.class_name}) from {self.from_node} "
+                f"to {self.to_node}, freeing {self.cleared} so the largest placeable "
+                f"{self.for_class} set {grows}")
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+@dataclass(frozen=True, slots=True)
+class DefragPlan:
+    """A round's plan: `moves` in the order to make them (at most the round's `max_moves`;
+    empty when nothing helps), the profile `before` and `after` them (one `Largest` per
+    class, by name). Invariant (D3): no class's `rank` is lower after, and when `moves` is
+    not empty some class's is higher."""
+
+    moves: tuple[DefragMove, ...]
+    before: tuple[Largest, ...]
+    after: tuple[Largest, ...]
+
+    def grown(self) -> tuple[tuple[str, int, int], ...]:
+        """(class, size before, size after) of the classes whose largest set grows."""
+        return tuple((b.class_name, b.size, a.size) for b, a in zip(self.before, self.after)
+                     if a.size > b.size)
+
+
+def movable(device: GPUDevice, snap: Snapshot) -> bool:
+    """D1: `device` may be moved by a defragmentation (see the module docstring)."""
+    st = device.status
+    if device.template_for is not None or device.bound_node is None or device.deleting:
+        return False
+    if st.attached_to is not None or st.bind_request is not None:
+        return False
+    cls = snap.classes.get(device.class_name)
+    return cls is not None and cls.on_cordon is OnCordon.MOVE
+
+
+def eligible_nodes(snap: Snapshot, class_name: str) -> frozenset[str]:
+    """The nodes a new device of `class_name` may go to, room aside: placeable (see
+    `Snapshot.unplaceable_nodes`), serving the class, without a NoSchedule/NoExecute taint
+    (a device with no VMI has no tolerations). B3 for one device."""
+    unplaceable = snap.unplaceable_nodes()
+    return frozenset(n for n in snap.serving_nodes(class_name)
+                     if n not in unplaceable and not snap.has_hard_taints(n))
+
+
+def largest_sets(snap: Snapshot) -> tuple[Largest, ...]:
+    """The largest placeable set of every class, by class name (see the module docstring)."""
+    return _Profile(snap).largest()
+
+
+def apply_moves(snap: Snapshot, moves: Iterable[DefragMove], *, now: datetime | None = None) -> Snapshot:
+    """`snap` with each moved device Bound on its `to_node` (`boundAt` = `now` when given,
+    else kept). Moves of devices not in `snap` are skipped. For the read-only plan, explain
+    and tests: the binder writes moves through its status pipeline."""
+    changed = []
+    for m in moves:
+        d = snap.device(*m.device)
+        if d is None:
+            continue
+        st = d.status
+        changed.append(replace(d, status=replace(st, phase=Phase.BOUND, node_name=m.to_node,
+                                                 bound_at=now or st.bound_at)))
+        snap = snap.with_devices(changed[-1:])
+    return snap
+
+
+def plan_round(snap: Snapshot, *, max_moves: int = DEFAULT_MAX_MOVES,
+               keep: Collection[DeviceKey] = ()) -> DefragPlan:
+    """Plan one defragmentation round on `snap` (which counts the reservations in flight,
+    D2): at most `max_moves` moves of movable devices (D1; never one of `keep`, e.g. the
+    members of a set being explained) that grow the profile and shrink no class's (D3).
+    Deterministic. Raises ValueError when `max_moves` is below 1."""
+    if max_moves < 1:
+        raise ValueError(f"max_moves must be at least 1, got {max_moves}")
+    keep = frozenset(keep)
+    profile = _Profile(snap)
+    before = profile.largest()
+    moves: list[DefragMove] = []
+    cleared: set[str] = set()  # nodes this round frees: never a target
+    while len(moves) < max_moves:
+        best = _best_clearing(snap, profile, max_moves - len(moves), keep, cleared)
+        if best is None:
+            break
+        _, node, step, profile = best
+        moves += step
+        cleared.add(node)
+        keep |= {m.device for m in step}  # a device moves at most once a round
+        snap = apply_moves(snap, step)
+    return DefragPlan(tuple(moves), before, profile.largest())
+
+
+# --- the search -------------------------------------------------------------------------------
+
+
+class _Profile:
+    """Per class, the free units (>= 1) of each eligible node counted, as a Counter of free
+    values; cheap to copy and update for one moved device."""
+
+    __slots__ = ("classes", "eligible", "frees", "free")
+
+    def __init__(self, snap: Snapshot, *, _copy: _Profile | None = None) -> None:
+        if _copy is not None:
+            self.classes, self.eligible = _copy.classes, _copy.eligible
+            self.frees = {c: Counter(v) for c, v in _copy.frees.items()}
+            self.free = dict(_copy.free)
+            return
+        self.classes = {c: snap.classes[c].resource_name for c in sorted(snap.classes)}
+        self.eligible = {c: eligible_nodes(snap, c) for c in self.classes}
+        self.free: dict[tuple[str, str], int] = {}
+        self.frees: dict[str, Counter[int]] = {}
+        for c, res in self.classes.items():
+            counts: Counter[int] = Counter()
+            for n in self.eligible[c]:
+                f = self.free.setdefault((n, res), snap.free(n, res))
+                if f >= 1:
+                    counts[f] += 1
+            self.frees[c] = counts
+
+    def copy(self) -> _Profile:
+        return _Profile(None, _copy=self)  # type: ignore[arg-type]
+
+    def shift(self, node: str, res: str, delta: int, snap: Snapshot) -> None:
+        """`delta` more free units of `res` on `node`."""
+        key = (node, res)
+        old = self.free.get(key)
+        if old is None:
+            old = snap.free(node, res)
+        new = self.free[key] = old + delta
+        for c, r in self.classes.items():
+            if r != res or node not in self.eligible[c]:
+                continue
+            counts = self.frees[c]
+            if old >= 1:
+                counts[old] -= 1
+                if not counts[old]:
+                    del counts[old]
+            if new >= 1:
+                counts[new] += 1
+
+    def rank(self, c: str) -> tuple[int, int]:
+        counts = self.frees[c]
+        if not counts:
+            return (0, 0)
+        top = max(counts)
+        return (top, counts[top])
+
+    def largest(self) -> tuple[Largest, ...]:
+        return tuple(Largest(c, res, *self.rank(c)) for c, res in self.classes.items())
+
+
+def _gain(before: _Profile, after: _Profile) -> tuple[int, int] | None:
+    """(sum of size gains, sum of node-count gains over classes whose size is unchanged)
+    when no class's rank drops and some class's rises; else None (D3)."""
+    up = False
+    sizes = nodes = 0
+    for c in before.classes:
+        b, a = before.rank(c), after.rank(c)
+        if a < b:
+            return None
+        if a > b:
+            up = True
+            sizes += a[0] - b[0]
+            if a[0] == b[0]:
+                nodes += a[1] - b[1]
+    return (sizes, nodes) if up else None
+
+
+def _best_clearing(snap: Snapshot, profile: _Profile, budget: int, keep: frozenset[DeviceKey],
+                   cleared: set[str]):
+    """The best clearing of at most `budget` moves (see the module docstring): (gain key,
+    node, moves, profile after), or None when none grows the profile."""
+    by_node: dict[str, dict[str, list[GPUDevice]]] = {}
+    for d in snap.devices.values():
+        if d.key in keep or d.bound_node in cleared or not movable(d, snap):
+            continue
+        res = snap.classes[d.class_name].resource_name
+        by_node.setdefault(d.bound_node, {}).setdefault(res, []).append(d)  # type: ignore[arg-type]
+    best = None
+    for node in sorted(by_node):
+        for res, devices in sorted(by_node[node].items()):
+            devices.sort(key=lambda d: d.key)
+            step: list[DefragMove] = []
+            after = profile.copy()
+            work = snap
+            for d in devices[:budget]:
+                to = _target(work, d, exclude=cleared | {node})
+                if to is None:
+                    break
+                after.shift(node, res, +1, work)
+                after.shift(to, res, -1, work)
+                step.append(DefragMove(d.key, d.class_name, res, node, to, node, "", 0, 0))
+                work = apply_moves(work, step[-1:])
+                gain = _gain(profile, after)
+                if gain is None:
+                    continue
+                key = (gain[0], gain[1], -len(step))
+                if best is None or key > best[0]:
+                    best = (key, node, _explained(list(step), profile, after), after.copy())
+    return best
+
+
+def _target(snap: Snapshot, d: GPUDevice, exclude: set[str]) -> str | None:
+    """The tightest eligible node for `d` other than `exclude` (B4 tightest fit, then name;
+    B3 with no tolerations: a tainted node is skipped)."""
+    return snap.tightest_node(d.class_name, 1, exclude=frozenset(exclude | {d.bound_node}),
+                              tolerations=())
+
+
+def _explained(step: list[DefragMove], before: _Profile, after: _Profile) -> tuple[DefragMove, ...]:
+    """`step` with the why filled in: the class that grows most (size, then nodes, then
+    name)."""
+    grows = sorted(((after.rank(c)[0] - before.rank(c)[0], after.rank(c)[1] - before.rank(c)[1], c)
+                    for c in before.classes if after.rank(c) > before.rank(c)),
+                   key=lambda t: (-t[0], -t[1], t[2]))
+    _, _, c = grows[0]
+    return tuple(replace(m, for_class=c, before=before.rank(c)[0], after=after.rank(c)[0])
+                 for m in step)
+
+
+__all__ = ["DEFAULT_MAX_MOVES", "DEFRAG_REQUEST_PREFIX", "DefragMove", "DefragPlan", "Largest",
+           "apply_moves", "eligible_nodes", "largest_sets", "movable", "plan_round"]
