@@ -21,6 +21,16 @@ earlier incarnations) and recovers every request that carries a decision
 capacity now (B7), before deciding anything. It and its pipeline are one supervised group
 (one-for-all, `supervisor.binder`): a crash of either restarts both, so this recovery also
 covers the flights a crashed pipeline lost.
+
+Defragmentation (DESIGN.md §3a; off unless `defrag_interval` > 0): every `defrag_interval`
+seconds a timer tells `_Defrag`; the round (`_defragment`) runs in `receive`, so inside the
+one decision loop (D2), and only when no request is waiting in the queue or falling back
+(a complete request waiting is decided first: the round stays due and runs after the batch
+that empties the queue). It plans on the view plus the holds in flight
+(`model.defrag.plan_round`), reserves every move on its target's node actor (two-phase, as
+a B1 move) and hands them to the pipeline as one wave (`Decided.moving_from`: one `move`
+write each, an Event on the device). If a node actor refuses one move the whole round is
+given up (its holds aborted), so a half-made clearing never shrinks a class (D3).
 """
 
 from __future__ import annotations
@@ -49,11 +59,12 @@ from actors.status_pipeline import (
     Settle,
     Stalled,
 )
-from model.decide import Placement, Request, describe_placement, find_requests
+from model.decide import Decision, Move, Placement, Request, describe_placement, find_requests
+from model.defrag import DEFRAG_REQUEST_PREFIX, DefragPlan, plan_round
 from model.hold import Hold
 from model.plan import (Action, Answer, Finish, Place, Recover, Requeue, Skip, placement_hold,
                         plan_batch, plan_one, recorded_node, recovery)
-from model.reasons import Code
+from model.reasons import Code, Placed, RequestRef
 from model.snapshot import Reserving, Snapshot
 from model.types import RequestKey, Result
 
@@ -85,7 +96,8 @@ class GetStatus:
 class CoordinatorStatus:
     """Counters of this incarnation (coordinator and pipeline). `in_flight` requests hold a
     reservation (writes running, stalled, or done but not yet seen in the view); `writing`
-    have writes running; `succeeded`/`refused`/`withdrawn`/`gave_up` count ended writes."""
+    have writes running; `succeeded`/`refused`/`withdrawn`/`gave_up` count ended writes;
+    `defrag_moves` the defragmenting moves handed to the pipeline (D2)."""
 
     owner: str
     pending: int
@@ -98,6 +110,7 @@ class CoordinatorStatus:
     recovered: int
     withdrawn: int
     gave_up: int
+    defrag_moves: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +161,11 @@ class _Decide:
     first: RequestKey
 
 
+@dataclass(frozen=True, slots=True)
+class _Defrag:
+    """To itself, from the defragmentation timer: a round is due (D2, D3)."""
+
+
 @dataclass(slots=True)
 class _Chain:
     """A request whose placement the node actors refused, between two batches: the nodes
@@ -186,6 +204,7 @@ class Coordinator(Actor):
         self._chains: dict[RequestKey, _Chain] = {}  # requests falling back to a next candidate
         self._handled: anyio.Event | None = None  # set once the pump's `_Decide` is handled
         self._counts: Counter[str] = Counter()
+        self._defrag_due = False  # a round waits for the queue to empty (D2)
         self._ref: ActorRef | None = None
         self._tg: Any = None
 
@@ -215,6 +234,8 @@ class Coordinator(Actor):
                   recovered=len(wave), pending=len(self._queue))
         self._tg.start_soon(self._pump)
         self._tg.start_soon(self._resync_timer)
+        if self._cfg.defrag_interval > 0:
+            self._tg.start_soon(self._defrag_timer)
 
     async def on_stop(self) -> None:
         self._tg.cancel_scope.cancel()  # the pump and the resync timer (the queue goes with us)
@@ -229,6 +250,10 @@ class Coordinator(Actor):
                 finally:
                     if self._handled is not None:
                         self._handled.set()
+                await self._defrag_if_idle()
+            case _Defrag():
+                self._defrag_due = True
+                await self._defrag_if_idle()
             case Stalled(key):
                 self._queue.add_after(key, self._cfg.stalled_delay)
             case Resync():
@@ -247,7 +272,7 @@ class Coordinator(Actor):
             owner=self._owner, pending=len(self._queue), deferred=self._queue.statistics().deferred,
             in_flight=p.in_flight, writing=p.writing, decided=c["decided"],
             succeeded=p.succeeded, refused=p.refused, recovered=c["recovered"],
-            withdrawn=p.withdrawn, gave_up=p.gave_up,
+            withdrawn=p.withdrawn, gave_up=p.gave_up, defrag_moves=c["defrag_moves"],
         )
 
     # -- the loop's progress: the queue, pumped into the mailbox -------------------------------
@@ -270,6 +295,13 @@ class Coordinator(Actor):
         while True:
             await anyio.sleep(self._cfg.resync_interval)
             await self._ref.tell(Resync())
+
+    async def _defrag_timer(self) -> None:
+        """Every `defrag_interval` seconds, a `_Defrag` (D3: only when turned on)."""
+        assert self._ref is not None
+        while True:
+            await anyio.sleep(self._cfg.defrag_interval)
+            await self._ref.tell(_Defrag())
 
     async def _decide_due(self, first: RequestKey) -> None:
         """Decide `first` and the requests due after it (at most `batch_size` in all) as one
@@ -474,6 +506,64 @@ class Coordinator(Actor):
         first = decision.placements[0]
         message = decision.message if placement is first else describe_placement(req, placement)
         wave.append(Decided(req, Result.SUCCEEDED, placement.node, message, it.hold_of(placement, snap)))
+
+    # -- defragmentation (DESIGN.md §3a) ------------------------------------------------------
+
+    async def _defrag_if_idle(self) -> None:
+        """Run the due round when no request waits for the loop (D2: admissions first)."""
+        if not self._defrag_due or len(self._queue) or self._queue.processing() or self._chains:
+            return
+        self._defrag_due = False
+        await self._defragment()
+
+    async def _defragment(self) -> None:
+        """One round (see the module docstring): plan on the view plus the holds in flight,
+        reserve every move on its target node actor, hand them to the pipeline."""
+        flights = await self._flights()
+        snap = self._view.snapshot().with_reservations(h for h in flights.holds if not h.empty)
+        plan = plan_round(snap, max_moves=self._cfg.defrag_max_moves)
+        if not plan.moves:
+            self._observe_defrag(0, plan)
+            return
+        started = self._clock.monotonic()
+        items: list[Placing] = []
+        for m in plan.moves:
+            rid = f"{DEFRAG_REQUEST_PREFIX}{uuid.uuid4().hex[:12]}"
+            ns, name = m.device
+            req = Request(rid, ns, "", (name,))
+            placement = Placement(m.to_node, (Move(m.device, m.from_node, m.to_node),),
+                                  ((m.resource, 1),), ())
+            hold = Hold(rid, ns, m.to_node, ((m.resource, 1),), (), ((m.device, m.resource),))
+            outcome = Placed(RequestRef(ns, "", rid), m.to_node, (), ((name, m.from_node),))
+            decision = Decision(rid, Result.SUCCEEDED, m.to_node, (placement,), "D3", outcome)
+            items.append(Placing((ns, rid), req, decision, started, hold=hold))
+        await reserve(items, snap, self._nodes, self._owner, self._cfg.ask_timeout)
+        if any(it.placement is None for it in items):
+            for it in items:
+                if it.placement is not None and it.ref is not None:
+                    tell_quietly(it.ref, Abort(it.request.id))
+            _log.info("defrag_given_up", refusals=[r for it in items for r in it.refusals])
+            self._observe_defrag(0, plan, given_up=True)
+            return
+        wave = tuple(Decided(it.request, Result.SUCCEEDED, m.to_node, m.render(), it.hold,
+                             moving_from=m.from_node) for it, m in zip(items, plan.moves))
+        for m, it in zip(plan.moves, items):
+            _log.info("defrag_move", request_id=it.request.id, namespace=m.device[0],
+                      device=m.device[1], from_node=m.from_node, to_node=m.to_node,
+                      why=m.render())
+        self._counts["defrag_moves"] += len(wave)
+        await self._tell_pipeline(Fly(self._owner, wave))
+        self._observe_defrag(len(wave), plan)
+
+    def _observe_defrag(self, moves: int, plan: DefragPlan, *, given_up: bool = False) -> None:
+        observe = getattr(self._observer, "defragmented", None)
+        if observe is None:
+            return
+        sizes = plan.before if given_up or not moves else plan.after
+        try:
+            observe(moves, {x.class_name: x.size for x in sizes})
+        except Exception:  # an observer must not break the decision loop
+            _log.exception("observer_failed", rule="D3")
 
     def _observe(self, rule: str, result: Result, code: Code | None, started: float) -> None:
         if self._observer is not None:

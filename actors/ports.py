@@ -94,8 +94,9 @@ class ChangeFeed(Protocol):
         (and shuts the queue down)."""
 
 
-WriteOp = Literal["answer"]
-"""The one kind of binder write (kept as a name for fault injection and history)."""
+WriteOp = Literal["answer", "move"]
+"""The kinds of binder write (names for fault injection and history): `answer` writes a
+request's member (B1, B7); `move` a defragmenting move of an idle held device (D2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +116,7 @@ class StatusWrite:
     bound_at: datetime | None = None
     expect_version: str | None = None
     op: WriteOp = "answer"
+    from_node: str | None = None
 
 
 @runtime_checkable
@@ -209,6 +211,17 @@ class DecisionObserver(Protocol):
         "ledgers" for a refusal by the node actors); `code` the refusal's
         (`model.reasons.Code`; None when Succeeded); `seconds` covers decide, prepare and
         commit of the request."""
+
+
+@runtime_checkable
+class DefragObserver(Protocol):
+    """Told of every defragmentation round the coordinator runs (metrics; D4). An observer
+    of decisions may also be one (the coordinator checks). Must not block or raise."""
+
+    def defragmented(self, moves: int, largest: Mapping[str, int]) -> None:
+        """`moves` handed to the status pipeline by the round (0: nothing helped, or the
+        round was given up); `largest` the largest placeable set per class after them
+        (devices, by class name)."""
 
 
 @runtime_checkable

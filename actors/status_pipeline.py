@@ -68,13 +68,18 @@ _log = structlog.get_logger("gpu_binder.status_pipeline")
 class Decided:
     """One decided request to write: `result`, `node` (None: Refused), the `message` to
     write on every member, and `hold`, what it lands on `node` (None: nothing lands; the
-    node actor holds the same capacity, committed or claimed, until `Release`)."""
+    node actor holds the same capacity, committed or claimed, until `Release`).
+
+    A defragmenting move (D2) is a Decided too, with `moving_from` set: its one member
+    goes from `moving_from` to `node` by one `move` write (`StatusWrite`), `message` the
+    why for its Event; it keeps its hold until the view shows the device on `node`."""
 
     request: Request
     result: Result
     node: str | None
     message: str
     hold: Hold | None
+    moving_from: str | None = None
 
     @property
     def key(self) -> RequestKey:
@@ -191,6 +196,7 @@ class _Flight:
     running: bool = True
     stalled: bool = False
     finished_at: float | None = None
+    withdrawn: bool = False
 
 
 _serials = itertools.count(1)
@@ -329,8 +335,10 @@ class StatusPipeline(Actor):
         flight.running = False
         flight.finished_at = anyio.current_time()
         self._counts[outcome] += 1
+        flight.withdrawn = outcome == "withdrawn"
         if outcome == "done":
-            self._counts["succeeded" if d.result is Result.SUCCEEDED else "refused"] += 1
+            self._counts["moved" if d.moving_from is not None
+                         else "succeeded" if d.result is Result.SUCCEEDED else "refused"] += 1
         elif outcome == "gave_up":
             flight.stalled = True
             if self._coordinator is not None:
@@ -380,6 +388,13 @@ class StatusPipeline(Actor):
         if hold is None:
             return None
         finished = not flight.running and not flight.stalled
+        if flight.decided.moving_from is not None:
+            # a move carries no request on the device, so "attempted" cannot be told by
+            # the id: a withdrawn move wrote nothing (its compare-and-set failed), any
+            # other holds until the view shows the device on its node (or settle_timeout)
+            if finished and flight.withdrawn:
+                return None
+            return outstanding(hold, self._view.device)
         return outstanding(hold, self._view.device, attempted=flight.written if finished else None)
 
     def _writes(self, d: Decided) -> tuple[list[StatusWrite], frozenset[DeviceKey]]:
@@ -388,6 +403,8 @@ class StatusPipeline(Actor):
         together (B1, B7). A member already carrying all of it gets none. Also the members
         whose placement is written (attempted)."""
         req, node, rid = d.request, d.node, d.request.id
+        if d.moving_from is not None:
+            return self._move_writes(d)
         landing = {k for k, _ in d.hold.landing} if d.hold is not None else set()
         out: list[StatusWrite] = []
         written: set[DeviceKey] = set()
@@ -407,6 +424,18 @@ class StatusPipeline(Actor):
                                    bound_at=now if lands else None,
                                    expect_version=dev.resource_version if dev is not None else None))
         return out, frozenset(written)
+
+    def _move_writes(self, d: Decided) -> tuple[list[StatusWrite], frozenset[DeviceKey]]:
+        """The one `move` write of a defragmenting move (D2), none when the view shows the
+        device on its node already; the writer checks it is still idle where it was."""
+        key = (d.request.namespace, d.request.devices[0])
+        dev = self._view.device(key)
+        if dev is not None and dev.bound_node == d.node:
+            return [], frozenset()
+        return [StatusWrite(key, d.request.id, d.result, d.message, node=d.node,
+                            bound_at=self._clock.now(), op="move", from_node=d.moving_from,
+                            expect_version=dev.resource_version if dev is not None else None)
+                ], frozenset((key,))
 
     # -- write tasks (children: they touch no state, they report by message) -------------------
 

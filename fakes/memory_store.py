@@ -45,7 +45,8 @@ from model.types import (
 @dataclass(slots=True)  # not frozen: made on every write, and a frozen __init__ costs twice
 class WriteRecord:
     """One applied write (treat as read-only). `op` is `answer` (the binder's one write per
-    member: node, result, message, and the placement when `moved`), or `request`/`withdraw`
+    member: node, result, message, and the placement when `moved`), `move` (a
+    defragmenting move, D2: `from_node` to `node`, `message` why), or `request`/`withdraw`
     (the webhook's writes) or `node`/`device` (test setup after start). `from_node` is
     where the device was Bound before the write (None: Pending); `moved` says the write
     changed its placement (to `node`)."""
@@ -109,6 +110,9 @@ class MemoryStore(IndexedView):
         self.writes_attempted = 0
         self.writes_failed = 0
         self._injected: list[_Injected] = []
+        self.events: list[tuple[DeviceKey, str, str]] = []
+        """Events the binder recorded on devices: (device, reason, message); a defragmenting
+        move records `GPUDeviceMoved` (D4)."""
 
     # -- setup (as the API server would see objects appear and change) --------------------
 
@@ -296,6 +300,34 @@ class MemoryStore(IndexedView):
         dev = self._devices.get(key)
         if dev is None:
             raise NotFound(f"device {key[0]}/{key[1]} not found", key=key)
+        if op == "move":
+            self._move(dev, w)
+        else:
+            self._answer(dev, w)
+        if injected is not None:
+            self.writes_failed += 1
+            raise injected.error(f"injected ambiguous {injected.error.__name__} on {op} {key}", key=key)
+        if f.ambiguous_rate and self.rng.random() < f.ambiguous_rate:
+            self.writes_failed += 1
+            raise TransientWriteError(f"injected ambiguous error on {op} {key} (applied)", key=key)
+
+    def _move(self, dev: GPUDevice, w: StatusWrite) -> None:
+        """A defragmenting move (D1, D2): only while the device is still idle on
+        `w.from_node`; already on `w.node` is a no-op. The Event goes to `events`."""
+        key, st = dev.key, dev.status
+        if dev.bound_node == w.node and st.attached_to is None and st.bind_request is None:
+            return
+        if dev.bound_node != w.from_node or st.attached_to is not None \
+                or st.bind_request is not None:
+            raise RequestWithdrawn(f"device {key[0]}/{key[1]} is no longer idle on {w.from_node}",
+                                   key=key)
+        self.put_device(_with_status(dev, DeviceStatus(Phase.BOUND, w.node, w.bound_at, None, None)))
+        self._record("move", key, w.request_id, node=w.node, message=w.message,
+                     from_node=dev.bound_node, moved=True)
+        self.events.append((key, "GPUDeviceMoved", w.message))
+
+    def _answer(self, dev: GPUDevice, w: StatusWrite) -> None:
+        key = dev.key
         br = dev.status.bind_request
         if br is None or br.id != w.request_id:
             raise RequestWithdrawn(
@@ -312,14 +344,8 @@ class MemoryStore(IndexedView):
             else:
                 status = DeviceStatus(st.phase, st.node_name, st.bound_at, st.attached_to, answered)
             self.put_device(_with_status(dev, status))
-            self._record(op, key, w.request_id, node=w.node, result=w.result, message=w.message,
+            self._record(w.op, key, w.request_id, node=w.node, result=w.result, message=w.message,
                          from_node=dev.bound_node, moved=moved)
-        if injected is not None:
-            self.writes_failed += 1
-            raise injected.error(f"injected ambiguous {injected.error.__name__} on {op} {key}", key=key)
-        if f.ambiguous_rate and self.rng.random() < f.ambiguous_rate:
-            self.writes_failed += 1
-            raise TransientWriteError(f"injected ambiguous error on {op} {key} (applied)", key=key)
 
     def _take_injected(self, op: str, key: DeviceKey) -> _Injected | None:
         for inj in self._injected:
