@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Iterator, Protocol
 
 import anyio
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -172,6 +172,16 @@ class Metrics:
             "gpu_binder_decision_seconds", "binder decision latency (seconds)",
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
+        self.defrag_moves = Counter(
+            "gpu_binder_defrag_moves", "idle held devices moved by defragmentation rounds "
+            "(D2; handed to the status pipeline)", registry=self.registry)
+        self.defrag_rounds = Counter(
+            "gpu_binder_defrag_rounds", "defragmentation rounds run (with or without moves)",
+            registry=self.registry)
+        self.largest_set = Gauge(
+            "gpu_binder_largest_placeable_set", "largest set of new devices of the class "
+            "placeable on one node, as the last defragmentation round left it (D4)",
+            ["class"], registry=self.registry)
         self.registry.register(_TreeCollector(controller, admission))
         self.controller = controller
         self.admission = admission
@@ -205,6 +215,14 @@ class Metrics:
                               reason=code.value if code is not None and result.value == "Refused"
                               else "").inc()
         self.decision_latency.observe(seconds)
+
+    def defragmented(self, moves: int, largest) -> None:
+        """`actors.ports.DefragObserver`: count the round and its moves; set the largest
+        placeable set per class (a class name is a bounded label: GPUClasses are few)."""
+        self.defrag_rounds.inc()
+        self.defrag_moves.inc(moves)
+        for class_name, size in largest.items():
+            self.largest_set.labels(class_name).set(size)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -4,7 +4,9 @@ Each member of a request costs one write: one JSON Patch on the `status` subreso
 under field manager `gpu-binder-binder` carrying the decided node, the placement and the
 result together, led by a `test` of `status.bindRequest.id`: a request withdrawn or
 replaced meanwhile is never resurrected (the API server answers 422 and nothing is
-written). API errors are translated into the actor port's `WriteError`s; every call has a
+written). A defragmenting move (`op="move"`, D2) reads the device, checks it is still idle
+on its old node and patches the placement led by a `test` of the resourceVersion read, then
+records a `GPUDeviceMoved` Event on the device (from, to, why; D4, best effort). API errors are translated into the actor port's `WriteError`s; every call has a
 timeout shorter than the Lease's renew deadline.
 """
 
@@ -14,7 +16,7 @@ from typing import Sequence
 
 import anyio
 import structlog
-from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from actors import errors as port
 from actors.ports import StatusWrite, write_each
@@ -37,6 +39,7 @@ class ApiStatusWriter:
     def __init__(self, api: ApiClient, *, timeout: float = 5.0, parallel: int = 8,
                  field_manager: str = BINDER_FIELD_MANAGER) -> None:
         self._api = CustomObjectsApi(api)
+        self._core = CoreV1Api(api)
         self._timeout = timeout
         self._limiter = anyio.CapacityLimiter(max(1, parallel))
         self._manager = field_manager
@@ -47,8 +50,9 @@ class ApiStatusWriter:
         this writer's at once; outcomes in order."""
         return await write_each(self, writes, limiter=self._limiter)
 
-    async def _patch(self, key: tuple[str, str], request_id: str, ops: list[dict]) -> None:
-        body = [{"op": "test", "path": "/status/bindRequest/id", "value": request_id}, *ops]
+    async def _patch(self, key: tuple[str, str], request_id: str | None, ops: list[dict]) -> None:
+        body = ops if request_id is None else [
+            {"op": "test", "path": "/status/bindRequest/id", "value": request_id}, *ops]
         ns, name = key
         try:
             await self._api.patch_namespaced_custom_object_status(
@@ -79,6 +83,8 @@ class ApiStatusWriter:
         this request → WriteConflict, nothing written; the patch then tests the version
         read. Already so → no write."""
         ns, name = w.key
+        if w.op == "move":
+            return await self._move(w)
         ops = _answer_ops(w)
         if w.expect_version is not None:
             try:
@@ -115,6 +121,64 @@ class ApiStatusWriter:
                 {"op": "test", "path": "/metadata/resourceVersion", "value": rv}, *ops])
         except port.RequestWithdrawn as exc:  # the id or the resourceVersion moved: re-read
             raise port.WriteConflict(str(exc), key=w.key) from exc
+
+
+    async def _read(self, key: tuple[str, str]) -> dict:
+        ns, name = key
+        try:
+            return await self._api.get_namespaced_custom_object_status(
+                GROUP, VERSION, ns, "gpudevices", name, _request_timeout=self._timeout)
+        except Exception as exc:  # noqa: BLE001 - translated
+            err = api_errors.translate(exc, f"read GPUDevice {ns}/{name}")
+            if isinstance(err, api_errors.NotFound):
+                raise port.NotFound(str(err), key=key) from exc
+            raise port.TransientWriteError(str(err), key=key) from exc
+
+    async def _move(self, w: StatusWrite) -> None:
+        """A defragmenting move (D1, D2): read the device; already Bound idle on `w.node`:
+        nothing to do; not Bound idle (no attachment, no request) on `w.from_node`:
+        RequestWithdrawn, nothing written; else patch phase, nodeName and boundAt with a
+        `test` of the resourceVersion read (a change in between: WriteConflict, retried
+        from the read), then the Event."""
+        raw = await self._read(w.key)
+        status = raw.get("status") or {}
+        idle = not status.get("attachedTo") and not status.get("bindRequest") \
+            and status.get("phase") == "Bound"
+        ns, name = w.key
+        if idle and status.get("nodeName") == w.node:
+            return
+        if not idle or status.get("nodeName") != w.from_node:
+            raise port.RequestWithdrawn(f"GPUDevice {ns}/{name} is no longer idle on "
+                                        f"{w.from_node}", key=w.key)
+        assert w.bound_at is not None and w.node is not None
+        ops = [{"op": "test", "path": "/metadata/resourceVersion",
+                "value": raw["metadata"]["resourceVersion"]},
+               {"op": "add", "path": "/status/nodeName", "value": w.node},
+               {"op": "add", "path": "/status/boundAt", "value": format_time(w.bound_at)}]
+        try:
+            await self._patch(w.key, None, ops)
+        except port.RequestWithdrawn as exc:  # the version moved: read again (a retry)
+            raise port.WriteConflict(str(exc), key=w.key) from exc
+        await self._event(w, raw)
+
+    async def _event(self, w: StatusWrite, raw: dict) -> None:
+        """A Normal Event `GPUDeviceMoved` on the device (D4). Best effort: logged."""
+        ns, name = w.key
+        stamp = format_time(w.bound_at) if w.bound_at is not None else None
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{name}.", "namespace": ns},
+                "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUDevice",
+                                   "name": name, "namespace": ns,
+                                   "uid": (raw.get("metadata") or {}).get("uid")},
+                "reason": "GPUDeviceMoved", "message": w.message[:1024], "type": "Normal",
+                "source": {"component": "gpu-binder"}, "firstTimestamp": stamp,
+                "lastTimestamp": stamp, "count": 1, "reportingComponent": "gpu-binder",
+                "reportingInstance": "binder"}
+        try:
+            with anyio.fail_after(self._timeout):
+                await self._core.create_namespaced_event(ns, body, _request_timeout=self._timeout)
+        except Exception as exc:  # noqa: BLE001 - an Event is best effort
+            log.warning("event not recorded", device=f"{ns}/{name}", error=repr(exc)[:200])
 
 
 def _answer_ops(w: StatusWrite) -> list[dict]:

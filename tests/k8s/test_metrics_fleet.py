@@ -131,3 +131,19 @@ def test_decisions_are_labelled_by_the_refusals_code():
         (("reason", "ledgers_refused"), ("result", "Refused"), ("rule", "ledgers")): 1.0,
         (("reason", ""), ("result", "Succeeded"), ("rule", "B1")): 1.0,
     }
+
+
+def test_D4_defragmentation_rounds_count_moves_and_set_the_largest_set_per_class():
+    view = IndexedView()
+    cache = SimpleNamespace(view=view, vmi_keys=lambda: set())
+    metrics = Metrics(SimpleNamespace(elector=None, binder=None, synced=True),
+                      SimpleNamespace(admitted=0, denied=0, cache=cache))
+    metrics.defragmented(0, {"h100": 2, "l40s": 1})
+    metrics.defragmented(2, {"h100": 4, "l40s": 1})
+    out = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for fam in text_string_to_metric_families(metrics.render()[0].decode())
+           for s in fam.samples}
+    assert out[("gpu_binder_defrag_moves_total", ())] == 2
+    assert out[("gpu_binder_defrag_rounds_total", ())] == 2
+    assert out[("gpu_binder_largest_placeable_set", (("class", "h100"),))] == 4
+    assert out[("gpu_binder_largest_placeable_set", (("class", "l40s"),))] == 1
