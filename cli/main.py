@@ -95,7 +95,8 @@ def _tools(args: argparse.Namespace) -> int:
 
 
 def _add_tools(sub, prog: str) -> None:
-    """The read-only operator tools `explain`, `what-if`, `top` (shared with kubectl-gpu)."""
+    """The read-only operator tools `explain`, `defrag --plan`, `what-if`, `top` (shared with
+    kubectl-gpu)."""
     from cli.tools import default_kubeconfig
     from k8s.config import default
 
@@ -132,7 +133,26 @@ def _add_tools(sub, prog: str) -> None:
     ex.add_argument("--attachment-grace", type=float, default=default("attachment_grace"),
                     help="seconds an attachment to a VMI that does not exist still counts as "
                          "live, as the controller's --attachment-grace (default: %(default)g)")
+    ex.add_argument("--defrag-max-moves", type=int, default=default("defrag_max_moves"),
+                    help="moves of the defragmentation round explain tries when the set is "
+                         "refused, as the controller's --defrag-max-moves (default: "
+                         "%(default)s)")
     common(ex)
+
+    df = sub.add_parser(
+        "defrag", help="the moves a defragmentation round would make now (read-only)",
+        description="Reads the cluster once (no writes) and plans one defragmentation round "
+                    "as the binder would (DESIGN.md §3a): which idle held devices of Move "
+                    "classes it would move where, and the largest placeable set of each class "
+                    "before and after. The binder carries rounds out itself when run with "
+                    "--defrag-interval.")
+    df.add_argument("--plan", action="store_true", required=True,
+                    help="required: show the plan only (the one mode: this command never "
+                         "moves anything)")
+    df.add_argument("--max-moves", type=int, default=default("defrag_max_moves"),
+                    help="most moves of the round, as the controller's --defrag-max-moves "
+                         "(default: %(default)s)")
+    common(df)
 
     wi = sub.add_parser(
         "what-if", help="what a cordon or drain of nodes does to the sets held there",

@@ -1,5 +1,5 @@
-"""The operator's tools on a real cluster: `gpu-binder explain`, `what-if`, `top` (also the
-kubectl plugin `kubectl gpu …`).
+"""The operator's tools on a real cluster: `gpu-binder explain`, `defrag --plan`, `what-if`,
+`top` (also the kubectl plugin `kubectl gpu …`).
 
 Each reads the cluster once with the user's kubeconfig — the same lists the controller's
 informers make, parsed the same way into the same `Snapshot` (`ClusterCache.read_once`) —
@@ -26,6 +26,7 @@ import yaml
 
 from model.admission import LauncherDefaults, node_selector_of, unknown_annotations
 from model.types import ADMISSION_ANNOTATION
+from model.defrag import DefragPlan, plan_round
 from model.explain import Explanation, Top, WhatIf, explain, top, what_if
 from model.parse import ParseError, parse_tolerations, parse_vmi_request
 from model.snapshot import Snapshot
@@ -123,7 +124,8 @@ def load_vmi(source: str | None, file: str | None, namespace: str | None,
     return vmi
 
 
-def explain_vmi(cluster: Cluster, vmi: dict, *, grace: float, now: datetime) -> Explanation:
+def explain_vmi(cluster: Cluster, vmi: dict, *, grace: float, now: datetime,
+                defrag_max_moves: int | None = None) -> Explanation:
     """`model.explain.explain` for a VMI object. Raises ToolError when its GPU annotations
     do not parse (the admission would deny it the same way) or it asks for no GPU."""
     meta = vmi["metadata"]
@@ -149,7 +151,8 @@ def explain_vmi(cluster: Cluster, vmi: dict, *, grace: float, now: datetime) -> 
                    live_vmis=cluster.vmi_state if cluster.vmi_state is not None
                    else cluster.live_vmis, now=now,
                    grace=timedelta(seconds=grace), node_selector=node_selector_of(vmi, cluster.launcher),
-                   tolerations=tolerations, permitted=cluster.permitted, vmi_object=vmi)
+                   tolerations=tolerations, permitted=cluster.permitted, vmi_object=vmi,
+                   **({} if defrag_max_moves is None else {"defrag_max_moves": defrag_max_moves}))
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -242,6 +245,34 @@ def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
                 steps.append(f"add or free {_units(s.short)}")
             missing = f" ({_units(s.missing)} missing)" if s.missing else ""
             out.append(f"  {s.node}{missing}: {'; then '.join(steps)}")
+    if e.after_defrag is not None:
+        moves = e.after_defrag.plan.moves
+        out.append(f"after a defragmentation ({len(moves)} move{'s' if len(moves) != 1 else ''}"
+                   f") it would fit on {e.after_defrag.node}:")
+        out += [f"  move idle {m.device[0]}/{m.device[1]} from {m.from_node} to {m.to_node}"
+                for m in moves]
+        out.append("  (the binder makes such rounds with --defrag-interval; "
+                   "`gpu-binder defrag --plan` shows the round)")
+    return "\n".join(out)
+
+
+def render_defrag(plan: DefragPlan, max_moves: int) -> str:
+    """The text of `gpu-binder defrag --plan`: the moves, then per class the largest
+    placeable set (devices, and nodes with room for it) before and after."""
+    n = len(plan.moves)
+    out = [f"defragmentation round (at most {max_moves} move{'s' if max_moves != 1 else ''}): "
+           + (f"{n} move{'s' if n != 1 else ''}" if n else
+              "nothing to move (no move of idle held devices grows a class's largest set "
+              "without shrinking another's)")]
+    out += [f"  {m.device[0]}/{m.device[1]} ({m.class_name}): {m.from_node} -> {m.to_node}"
+            f"  (frees {m.cleared}: largest {m.for_class} set {m.before} -> {m.after})"
+            for m in plan.moves]
+    rows = [("CLASS", "RESOURCE", "LARGEST BEFORE", "AFTER")]
+    for b, a in zip(plan.before, plan.after):
+        rows.append((b.class_name, b.resource, f"{b.size} on {b.nodes} node{'s' * (b.nodes != 1)}",
+                     f"{a.size} on {a.nodes} node{'s' * (a.nodes != 1)}"))
+    out.append("")
+    out += _table(rows) if len(rows) > 1 else ["no GPU class"]
     return "\n".join(out)
 
 
@@ -299,7 +330,7 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 
 
 def run(args) -> int:
-    """Entry of `explain`, `what-if`, `top` (argparse namespace from `cli.main`). Log lines
+    """Entry of `explain`, `defrag`, `what-if`, `top` (argparse namespace from `cli.main`). Log lines
     (a malformed object skipped) go to the stderr of the moment, so stdout stays the
     answer; the logging configuration is restored afterwards."""
     prog = getattr(args, "prog", "gpu-binder")
@@ -323,12 +354,17 @@ async def _run(args) -> int:
             raise ToolError(f"--attachment-grace must be > 0 seconds, got {args.attachment_grace:g}")
         if (args.vmi is None) == (args.filename is None):
             raise ToolError("give either NAMESPACE/NAME or -f FILE")
+        if args.defrag_max_moves < 1:
+            raise ToolError(f"--defrag-max-moves must be at least 1, got {args.defrag_max_moves}")
+    if args.command == "defrag" and args.max_moves < 1:
+        raise ToolError(f"--max-moves must be at least 1, got {args.max_moves}")
     cluster = await read_cluster(args.kubeconfig, settings_namespace=args.settings_namespace,
                                  timeout=args.timeout)
     now = datetime.now(timezone.utc)
     if args.command == "explain":
         vmi = load_vmi(args.vmi, args.filename, args.namespace, cluster)
-        e = explain_vmi(cluster, vmi, grace=args.attachment_grace, now=now)
+        e = explain_vmi(cluster, vmi, grace=args.attachment_grace, now=now,
+                        defrag_max_moves=args.defrag_max_moves)
         print(json.dumps(to_jsonable(e), indent=2) if args.json else render_explain(e))
         return 0 if e.admitted else 1
     if args.command == "what-if":
@@ -338,6 +374,11 @@ async def _run(args) -> int:
         except ValueError as exc:
             raise ToolError(f"NODE: {exc}") from None
         print(json.dumps(to_jsonable(w), indent=2) if args.json else render_what_if(w))
+        return 0
+    if args.command == "defrag":
+        plan = plan_round(cluster.snapshot, max_moves=args.max_moves)
+        print(json.dumps(to_jsonable(plan), indent=2) if args.json
+              else render_defrag(plan, args.max_moves))
         return 0
     t = top(cluster.snapshot, cluster.live_vmis)
     print(json.dumps(to_jsonable(t), indent=2) if args.json else render_top(t))

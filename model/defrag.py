@@ -85,6 +85,11 @@ class DefragMove:
                 f"to {self.to_node}, freeing {self.cleared} so the largest placeable "
                 f"{self.for_class} set {grows}")
 
+    @property
+    def message(self) -> str:
+        """`render()` (the Event's text; also the "message" of `defrag --plan --json`)."""
+        return self.render()
+
     def __str__(self) -> str:
         return self.render()
 

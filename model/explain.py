@@ -3,7 +3,8 @@
 - `explain`: would this VMI be admitted now, per node why the set fits there or not (the B3
   reasons `model.decide` writes into refusals), the node the binder would choose and the
   moves it would make (B4), and when it fits nowhere the smallest change that would make it
-  fit (idle held devices to move away from a node, units missing, the budget short).
+  fit (idle held devices to move away from a node, units missing, the budget short), and
+  whether it would fit after one defragmentation round (D4, `model.defrag`).
 - `what_if`: cordon or drain some nodes, then re-admit every held set on them in turn: does
   the set stay (B5), move (B1, where), or get refused; which admitted VMIs are stranded.
 - `top`: per class and node Bound / attached / idle / free, and the largest set of each class
@@ -23,6 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from model.admission import (Refusal, already_admitted, check, effective_resources,
                              same_name_conflict, template_name, unpermitted_gpu_entries)
 from model.decide import Move, Request, apply_decision, assess, decide
+from model.defrag import DEFAULT_MAX_MOVES, DefragPlan, apply_moves, plan_round
 from model.housekeeping import VMIs
 from model.parse import VMIAsk
 from model.reasons import CAPACITY_CODES, W1_DEVICE_CODES, Code, Reason, SetRefused
@@ -80,6 +82,15 @@ class Shortfall:
 
 
 @dataclass(frozen=True, slots=True)
+class AfterDefrag:
+    """D4: a refused set would be admitted on `node` after the defragmentation round
+    `plan` (what the binder's round would move now: `model.defrag.plan_round`)."""
+
+    plan: DefragPlan
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
 class Explanation:
     """The answer of `explain` for VMI `namespace/vmi`.
 
@@ -92,7 +103,9 @@ class Explanation:
     nodes failing on capacity or cordon only, with the change that would make the set fit
     there, smallest first: moving idle devices away, then lifting a cordon, then the fewest
     units to add. `budget_short`: units per resource by which
-    the tenant's budget is short (raise the quota or release Bound devices)."""
+    the tenant's budget is short (raise the quota or release Bound devices). `after_defrag`:
+    when refused, and one defragmentation round would make the admission admit it (D4);
+    else None."""
 
     namespace: str
     vmi: str
@@ -106,6 +119,7 @@ class Explanation:
     nodes: tuple[NodeVerdict, ...]
     shortfalls: tuple[Shortfall, ...]
     budget_short: tuple[tuple[str, int], ...]
+    after_defrag: AfterDefrag | None = None
 
     @property
     def message(self) -> str | None:
@@ -140,14 +154,17 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
             live_vmis: VMIs | set[tuple[str, str]], now: datetime, grace: timedelta,
             node_selector: Labels = (), tolerations: tuple[Toleration, ...] = (),
             permitted: frozenset[str] | None = None,
-            vmi_object: Mapping[str, Any] | None = None) -> Explanation:
+            vmi_object: Mapping[str, Any] | None = None,
+            defrag_max_moves: int = DEFAULT_MAX_MOVES) -> Explanation:
     """Explain the admission of VMI `namespace/vmi` asking for `ask` with its own
     `spec.nodeSelector` and `spec.tolerations` (B3), KubeVirt's `permitted` host devices
     (None: no KubeVirt CR) and the VMI object itself (its kept `gpus` entries), as a CREATE of it now would go: W1 (`check`, then
     `same_name_conflict` unless W4 finds the set already admitted) with the VMI itself not
     live, as the webhook sees it (so an existing VMI is explained as if re-created: its own
     attachments do not stand in its way), `now` and `grace`; then the binder's B1–B6 on the
-    request the webhook would write. Pure; never raises."""
+    request the webhook would write. When refused, `after_defrag` says whether one
+    defragmentation round of at most `defrag_max_moves` moves (D4; the set's own devices
+    stay) would make the same admission admit it. Pure; never raises."""
     vmis = live_vmis if isinstance(live_vmis, VMIs) else VMIs.of_keys(live_vmis)
     vmis = vmis.without((namespace, vmi))
     live_keys = set(vmis.live)
@@ -178,10 +195,33 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
     shortfalls: tuple[Shortfall, ...] = ()
     if not any(v.fits for v in verdicts):
         shortfalls = _shortfalls(snap, request, verdicts, live_keys)
+    after = None
+    if not admitted and not set_problems:
+        after = _after_defrag(snapshot, namespace, vmi, ask, vmis, now, grace, node_selector,
+                              tolerations, permitted, defrag_max_moves)
     return Explanation(namespace, vmi, request.devices, admitted, reason,
                        d.node if admitted else None, d.rule if admitted else None, moves,
                        tuple(set_problems), verdicts, shortfalls,
-                       _budget_short(snap, request))
+                       _budget_short(snap, request), after)
+
+
+def _after_defrag(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, vmis: VMIs,
+                  now: datetime, grace: timedelta, node_selector: Labels,
+                  tolerations: tuple[Toleration, ...], permitted: frozenset[str] | None,
+                  max_moves: int) -> AfterDefrag | None:
+    """D4: the round the binder would make now, when after it W1 passes and the binder
+    places the set (its own held devices are kept out of the round); else None."""
+    keep = {(namespace, name) for name in ask.held}
+    plan = plan_round(snapshot, max_moves=max(1, max_moves), keep=keep)
+    if not plan.moves:
+        return None
+    after = apply_moves(snapshot, plan.moves)
+    if isinstance(check(after, namespace, vmi, ask, vmis, now, grace, node_selector=node_selector,
+                        tolerations=tolerations, permitted=permitted), Refusal):
+        return None
+    snap, request = set_request(after, namespace, vmi, ask, node_selector, tolerations)
+    d = decide(snap, request, limit=1)
+    return AfterDefrag(plan, d.node) if d.result is Result.SUCCEEDED and d.node else None
 
 
 def _set_needs(snap: Snapshot, request: Request) -> dict[str, dict[str, int]]:

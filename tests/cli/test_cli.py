@@ -38,7 +38,8 @@ def test_every_sub_command_is_walked():
     for want in ("gpu-binder controller", "gpu-binder webhook", "gpu-binder demo",
                  "gpu-binder cluster up", "gpu-binder bench", "gpu-binder explain",
                  "gpu-binder what-if", "gpu-binder top", "kubectl gpu explain",
-                 "kubectl gpu what-if", "kubectl gpu top"):
+                 "kubectl gpu what-if", "kubectl gpu top", "gpu-binder defrag",
+                 "kubectl gpu defrag"):
         assert want in paths
 
 

@@ -211,3 +211,30 @@ def test_largest_set_is_what_top_reports(snap):
         top = max(per_node.values(), default=0)
         assert x.size == top
         assert x.nodes == (sum(1 for v in per_node.values() if v == top) if top else 0)
+
+
+# --- explain (D4) ------------------------------------------------------------------------------
+
+
+def test_D4_explain_says_a_refused_set_would_fit_after_a_defragmentation():
+    from model.explain import explain
+    from model.parse import VMIAsk
+
+    devices = [dev("i1", on="n1", ns="tenant-b"), dev("i2", on="n1", ns="tenant-b"),
+               attached(dev("r1", on="n2")), attached(dev("r2", on="n2"))]
+    snap = Snapshot.build(nodes=[node("n1", h=4), node("n2", h=4)], classes=CLASSES,
+                          devices=devices)
+    e = explain(snap, NS, "vm-4", VMIAsk((), (("h100", 4),)), live_vmis={(NS, "vm-x")},
+                now=NOW, grace=timedelta(minutes=2))
+    assert not e.admitted
+    assert e.after_defrag is not None and e.after_defrag.node == "n1"
+    assert [(m.device, m.to_node) for m in e.after_defrag.plan.moves] == [
+        (("tenant-b", "i1"), "n2"), (("tenant-b", "i2"), "n2")]
+    # one move allowed: the round frees 3 units on n1, not 4: no claim that it would fit
+    e1 = explain(snap, NS, "vm-4", VMIAsk((), (("h100", 4),)), live_vmis={(NS, "vm-x")},
+                 now=NOW, grace=timedelta(minutes=2), defrag_max_moves=1)
+    assert not e1.admitted and e1.after_defrag is None
+    # a set that fits now says nothing about defragmentation
+    e2 = explain(snap, NS, "vm-2", VMIAsk((), (("h100", 2),)), live_vmis={(NS, "vm-x")},
+                 now=NOW, grace=timedelta(minutes=2))
+    assert e2.admitted and e2.after_defrag is None
