@@ -169,11 +169,12 @@ def plan_round(snap: Snapshot, *, max_moves: int = DEFAULT_MAX_MOVES,
         best = _best_clearing(snap, profile, max_moves - len(moves), keep, cleared)
         if best is None:
             break
-        _, node, step, profile = best
+        _, node, step, _ = best
         moves += step
         cleared.add(node)
         keep |= {m.device for m in step}  # a device moves at most once a round
         snap = apply_moves(snap, step)
+        profile = _Profile(snap)
     return DefragPlan(tuple(moves), before, profile.largest())
 
 
@@ -182,38 +183,41 @@ def plan_round(snap: Snapshot, *, max_moves: int = DEFAULT_MAX_MOVES,
 
 class _Profile:
     """Per class, the free units (>= 1) of each eligible node counted, as a Counter of free
-    values; cheap to copy and update for one moved device."""
+    values; cheap to copy and update for one moved device: the free units per (node,
+    resource) are read from the snapshot and only the changed ones are kept (`delta`)."""
 
-    __slots__ = ("classes", "eligible", "frees", "free")
+    __slots__ = ("classes", "eligible", "frees", "snap", "delta")
 
-    def __init__(self, snap: Snapshot, *, _copy: _Profile | None = None) -> None:
-        if _copy is not None:
-            self.classes, self.eligible = _copy.classes, _copy.eligible
-            self.frees = {c: Counter(v) for c, v in _copy.frees.items()}
-            self.free = dict(_copy.free)
-            return
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        self.delta: dict[tuple[str, str], int] = {}
         self.classes = {c: snap.classes[c].resource_name for c in sorted(snap.classes)}
         self.eligible = {c: eligible_nodes(snap, c) for c in self.classes}
-        self.free: dict[tuple[str, str], int] = {}
         self.frees: dict[str, Counter[int]] = {}
         for c, res in self.classes.items():
             counts: Counter[int] = Counter()
-            for n in self.eligible[c]:
-                f = self.free.setdefault((n, res), snap.free(n, res))
+            for f, names in snap.free_buckets(res).items():
                 if f >= 1:
-                    counts[f] += 1
+                    n = sum(1 for x in names if x in self.eligible[c])
+                    if n:
+                        counts[f] = n
             self.frees[c] = counts
 
     def copy(self) -> _Profile:
-        return _Profile(None, _copy=self)  # type: ignore[arg-type]
+        out = object.__new__(_Profile)
+        out.snap, out.classes, out.eligible = self.snap, self.classes, self.eligible
+        out.delta = dict(self.delta)
+        out.frees = {c: Counter(v) for c, v in self.frees.items()}
+        return out
 
-    def shift(self, node: str, res: str, delta: int, snap: Snapshot) -> None:
+    def free(self, node: str, res: str) -> int:
+        return self.snap.free(node, res) + self.delta.get((node, res), 0)
+
+    def shift(self, node: str, res: str, delta: int) -> None:
         """`delta` more free units of `res` on `node`."""
-        key = (node, res)
-        old = self.free.get(key)
-        if old is None:
-            old = snap.free(node, res)
-        new = self.free[key] = old + delta
+        old = self.free(node, res)
+        new = old + delta
+        self.delta[(node, res)] = self.delta.get((node, res), 0) + delta
         for c, r in self.classes.items():
             if r != res or node not in self.eligible[c]:
                 continue
@@ -253,6 +257,23 @@ def _gain(before: _Profile, after: _Profile) -> tuple[int, int] | None:
     return (sizes, nodes) if up else None
 
 
+def _targets(snap: Snapshot, class_name: str, res: str, exclude: set[str], count: int) -> list[str]:
+    """The first `count` nodes a device of `class_name` may go to, tightest first (free
+    units >= 1, then name; B4 tightest fit; eligible as `eligible_nodes`, not in
+    `exclude`). Walking these with the units a step takes gives what `tightest_node` on the
+    snapshot after each move gives: a step takes at most `count - 2` units."""
+    eligible = eligible_nodes(snap, class_name)
+    out: list[str] = []
+    buckets = snap.free_buckets(res)
+    for f in sorted(k for k in buckets if k >= 1):
+        for name in buckets[f]:
+            if name in eligible and name not in exclude:
+                out.append(name)
+                if len(out) >= count:
+                    return out
+    return out
+
+
 def _best_clearing(snap: Snapshot, profile: _Profile, budget: int, keep: frozenset[DeviceKey],
                    cleared: set[str]):
     """The best clearing of at most `budget` moves (see the module docstring): (gain key,
@@ -263,21 +284,25 @@ def _best_clearing(snap: Snapshot, profile: _Profile, budget: int, keep: frozens
             continue
         res = snap.classes[d.class_name].resource_name
         by_node.setdefault(d.bound_node, {}).setdefault(res, []).append(d)  # type: ignore[arg-type]
+    targets: dict[str, list[str]] = {}  # per class: tightest first, the clearing node included
     best = None
     for node in sorted(by_node):
         for res, devices in sorted(by_node[node].items()):
             devices.sort(key=lambda d: d.key)
             step: list[DefragMove] = []
             after = profile.copy()
-            work = snap
             for d in devices[:budget]:
-                to = _target(work, d, exclude=cleared | {node})
+                cands = targets.get(d.class_name)
+                if cands is None:
+                    cands = targets[d.class_name] = _targets(snap, d.class_name, res, cleared,
+                                                             budget + 2)
+                to = min(((f, n) for n in cands
+                          if n != node and (f := after.free(n, res)) >= 1), default=(0, None))[1]
                 if to is None:
                     break
-                after.shift(node, res, +1, work)
-                after.shift(to, res, -1, work)
+                after.shift(node, res, +1)
+                after.shift(to, res, -1)
                 step.append(DefragMove(d.key, d.class_name, res, node, to, node, "", 0, 0))
-                work = apply_moves(work, step[-1:])
                 gain = _gain(profile, after)
                 if gain is None:
                     continue
@@ -285,13 +310,6 @@ def _best_clearing(snap: Snapshot, profile: _Profile, budget: int, keep: frozens
                 if best is None or key > best[0]:
                     best = (key, node, _explained(list(step), profile, after), after.copy())
     return best
-
-
-def _target(snap: Snapshot, d: GPUDevice, exclude: set[str]) -> str | None:
-    """The tightest eligible node for `d` other than `exclude` (B4 tightest fit, then name;
-    B3 with no tolerations: a tainted node is skipped)."""
-    return snap.tightest_node(d.class_name, 1, exclude=frozenset(exclude | {d.bound_node}),
-                              tolerations=())
 
 
 def _explained(step: list[DefragMove], before: _Profile, after: _Profile) -> tuple[DefragMove, ...]:
