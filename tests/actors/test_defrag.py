@@ -185,3 +185,65 @@ async def test_D1_a_device_attached_after_the_plan_is_not_moved():
                              if d.name == "idle-1"), what="the round over")
         assert s.device((NS, "idle-1")).status.node_name == "n1"
         assert all(r.key[1] != "idle-1" for r in s.history if r.op == "move")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_D2_rounds_interleaved_with_churn_never_overcommit_a_node(seed):
+    """Seeded churn (sets of 1-4 devices arriving, VMs ending and releasing their devices
+    or leaving them held idle) with a round every 0.05 s: after every write no node is over allocatable (§7.1),
+    and at the end invariants 1-4 hold and some moves were made."""
+    import random
+
+    from tests.actors_harness import check_invariants
+
+    rng = random.Random(seed)
+    s = MemoryStore(seed=seed)
+    s.add_namespace(NS)
+    s.add_class("h100", H)
+    for i in range(4):
+        s.add_node(f"n{i}", {H: 4})
+    over: list[str] = []
+
+    def live_check(rec) -> None:
+        if rec.moved:
+            for n in s.nodes():
+                if s.used(n, H) > 4:
+                    over.append(f"{rec.op} {rec.key} -> {rec.node}: {n} has {s.used(n, H)}")
+    s.on_write = live_check
+    obs = Observer()
+    async with observed_binder(s, config(interval=0.05, max_moves=2), obs) as binder:
+        running: list[tuple[str, list[str]]] = []
+        idle: list[list[str]] = []
+        k = 0
+        for step in range(60):
+            while running and rng.random() < 0.5:  # a VM ends: devices released or left idle
+                rid, names = running.pop(rng.randrange(len(running)))
+                s.withdraw(NS, rid)
+                idle.append(names)
+            while idle and rng.random() < 0.4:  # a tenant releases idle held devices
+                for name in idle.pop(rng.randrange(len(idle))):
+                    s.delete_device((NS, name))
+            size = rng.choice([1, 1, 2, 4])
+            names = []
+            for _ in range(size):
+                s.add_device(NS, f"d{k}", "h100")
+                names.append(f"d{k}")
+                k += 1
+            rid = s.request(NS, f"vm-{step}", names)
+            await advance(rng.choice([0.0, 0.02, 0.06]))
+            await settle(s, binder)
+            res = {r[0] for r in results_of(s, NS, rid).values()}
+            if res == {Result.SUCCEEDED}:
+                running.append((rid, names))
+            else:
+                s.withdraw(NS, rid)
+                for name in names:  # W5: the webhook deletes what it created
+                    s.delete_device((NS, name))
+        await advance(1.0)
+        await eventually(lambda: not binder.pipeline.statistics().reservations,
+                         what="every hold released")
+    assert over == []
+    assert check_invariants(s) == []
+    assert [r for r in s.history if r.op == "move"], ("the churn never gave a round work",
+                                                      len(obs.rounds), obs.rounds[-3:])
