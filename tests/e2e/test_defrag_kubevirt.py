@@ -1,0 +1,103 @@
+"""Defragmentation with KubeVirt in the loop (DESIGN.md §3a; issue 21 item 2): virt-api,
+virt-controller, kube-scheduler and KWOK beside two controller replicas running a round
+every second.
+
+Two 4-GPU KWOK nodes: b runs a VM whose launcher Pod kube-scheduler bound there with its two
+GPUs; a holds two idle held devices (placed by an earlier request, then released). A 4-GPU
+VMI is refused for fragmentation while the idle devices' class is `Stay` (D1: rounds never
+move it); once it is `Move`, a round moves them to b, and the same VMI is admitted pinned to
+a and its launcher Pod bound there with all four GPUs — the running VM's devices and its
+launcher Pod stay on b throughout.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas
+from tests.e2e.helpers import eventually, request, results
+from tests.e2e.test_kubevirt import bound_launcher, create, gpu_requests, pin, pool, vmi
+
+pytestmark = [pytest.mark.anyio, pytest.mark.kubevirt]
+GROUP, VERSION = "gpu.cozystack.io", "v1alpha1"
+
+
+@pytest.fixture(scope="module")
+def system(control_plane, tmp_path_factory):
+    """Two replicas with a defragmentation round every second; a bind timeout of 15 s as
+    test_kubevirt's (virt-api's webhooks share two cores with everything else)."""
+    args = tuple(a for a in FAST_CONTROLLER_ARGS
+                 if not a.startswith(("--bind-timeout", "--attachment-grace")))
+    yield from controller_replicas(control_plane, tmp_path_factory,
+                                   args + ("--bind-timeout=15", "--attachment-grace=30",
+                                           "--defrag-interval=1", "--defrag-max-moves=4"))
+
+
+@pytest.fixture(scope="module")
+def kubevirt(system):
+    """As test_kubevirt's: KubeVirt for this module; its CR deleted on teardown."""
+    from localcluster.kubevirt import KUBEVIRT_CR, NAMESPACE, KubeVirt
+
+    kv = KubeVirt(system.cp, log_dir=system.log_dir / "kubevirt" if system.log_dir else None)
+    kv.start()
+    try:
+        yield kv
+    finally:
+        kv.stop()
+        system.cp.kubectl("delete", "kubevirt", KUBEVIRT_CR, "-n", NAMESPACE, "--ignore-not-found",
+                          "--wait=false", check=False)
+
+
+async def _nodes(fleet, ns: str) -> dict[str, str | None]:
+    got = await fleet.custom.list_namespaced_custom_object(GROUP, VERSION, ns, "gpudevices")
+    return {d["metadata"]["name"]: (d.get("status") or {}).get("nodeName") for d in got["items"]}
+
+
+async def test_D1_D2_refused_4_gpu_vmi_admitted_after_a_round_launcher_pods_where_pinned(
+        system, kubevirt, fleet):
+    res, cls, nodes, tenant = await pool(fleet, kubevirt, {"a": {"units": 4}, "b": {"units": 4}})
+    stay = f"{cls}-idle"
+    await fleet.gpu_class(stay, res, on_cordon="Stay")
+    running_vmi = vmi("running", cls, 2)
+    running_vmi["spec"]["nodeSelector"] = {"kubernetes.io/hostname": nodes["b"]}
+    made, msg = await create(fleet, tenant, running_vmi)
+    assert made is not None, msg
+    running_pod = await bound_launcher(fleet, tenant, made)
+    assert running_pod["spec"]["nodeName"] == nodes["b"] and gpu_requests(running_pod, res) == 2
+    # two held devices placed on a by an earlier request, then released (idle)
+    for name in ("idle-0", "idle-1"):
+        await fleet.device(tenant, name, stay)
+    await request(fleet, tenant, "earlier", "gone-vm", ["idle-0", "idle-1"],
+                  node_selector={"kubernetes.io/hostname": nodes["a"]})
+    got = await eventually(lambda: results(fleet, tenant, ["idle-0", "idle-1"]),
+                           what="the earlier request answered")
+    assert {(s["bindRequest"]["result"], s["nodeName"]) for s in got} == {("Succeeded", nodes["a"])}
+    for name in ("idle-0", "idle-1"):  # as housekeeping clears a gone VMI's attachment (H2)
+        await fleet.set_status(tenant, name, {"attachedTo": None, "bindRequest": None})
+    before = await _nodes(fleet, tenant)
+    running = {n: v for n, v in before.items() if n.startswith("running-")}
+    assert set(running.values()) == {nodes["b"]} and len(running) == 2
+
+    made, msg = await create(fleet, tenant, vmi("big", cls, 4))
+    assert made is None and "cannot be placed" in msg, msg   # 2 free on each node
+    await fleet.custom.patch_cluster_custom_object(
+        GROUP, VERSION, "gpuclasses", stay, {"spec": {"onCordon": "Move"}},
+        _content_type="application/merge-patch+json")
+
+    async def moved():
+        got = await _nodes(fleet, tenant)
+        return got if {got["idle-0"], got["idle-1"]} == {nodes["b"]} else None
+    after = await eventually(moved, timeout=30, what="a round moved the idle devices to b")
+    assert {n: after[n] for n in running} == running
+
+    made, msg = await create(fleet, tenant, vmi("big", cls, 4))
+    assert made is not None, msg
+    assert pin(made) == nodes["a"]
+    pod = await bound_launcher(fleet, tenant, made)
+    assert pod["spec"]["nodeName"] == nodes["a"] and gpu_requests(pod, res) == 4
+    final = await _nodes(fleet, tenant)
+    assert {n: final[n] for n in running} == running  # no running VM's device moved
+    again = await bound_launcher(fleet, tenant, {"metadata": {"uid": running_pod["metadata"]
+                                                              ["labels"]["kubevirt.io/created-by"],
+                                                              "name": "running"}})
+    assert again["spec"]["nodeName"] == nodes["b"]
