@@ -191,7 +191,8 @@ def test_template_applies_with_server_side_dry_run(cluster, helm, name):
         assert {k for k, n in got if k.startswith("ValidatingAdmissionPolicy")} == {
             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
         assert sorted(n for k, n in got if k == "ValidatingAdmissionPolicy") == [
-            "gpu-binder-attached-devices", "gpu-binder-raw-pods", "gpu-binder-raw-vmis"]
+            "gpu-binder-admitted-vmis", "gpu-binder-attached-devices", "gpu-binder-raw-pods",
+            "gpu-binder-raw-vmis"]
     elif name == "replicas-3":
         assert deploy["spec"]["replicas"] == 3
         assert deploy["spec"]["template"]["spec"]["containers"][0]["resources"] == {
@@ -453,6 +454,11 @@ async def test_helm_install_then_tenant_vmi_is_admitted_and_raw_pod_refused(helm
         dev = await fleet.get_device(tenant, f"vmi-helm-{cls}-0")
         assert (dev["status"]["phase"], dev["status"]["nodeName"],
                 dev["status"]["attachedTo"]["vmi"]) == ("Bound", node, "vmi-helm")
+        # W7: the chart's policy keeps the admitted VMI's annotations as admission wrote them
+        strip = cp.kubectl("annotate", "vmi", "vmi-helm", "-n", tenant,
+                           "gpu.cozystack.io/templates-", kubeconfig=kubeconfig, check=False)
+        assert strip.returncode != 0 and "ValidatingAdmissionPolicy 'gpu-binder-admitted-vmis'" \
+            in strip.stderr and "cannot be added, changed or removed" in strip.stderr, strip.stderr
 
         def pod(i: int) -> str:
             return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod",
