@@ -245,7 +245,7 @@ class Housekeeper:
                 vmi, uid = action.vmi, action.uid
             if vmi is not None:  # never on the cache's word alone: the VMI is read live
                 live = await self._live_vmi(ns, vmi)
-                if not confirmed(vmi, uid, live):
+                if not confirmed(vmi, uid, live, action.admissions):
                     log.warning("housekeeping action not confirmed: the VMI exists (the "
                                 "cache is behind)", rule=action.rule, namespace=ns,
                                 device=name, vmi=vmi)

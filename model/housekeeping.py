@@ -4,7 +4,12 @@ Level-based: every round judges each attachment on its own against what is known
 (`VMIs`: the live VMIs with their uid and admission annotation, and the admissions of VMI
 incarnations seen deleted), never by comparing two samples of the cache. `judge` is shared
 with the webhook (W1), so both tell a VMI incarnation from an older or newer one of the same
-name the same way: by the attachment's `uid` once recorded, else by its `admission` id.
+name the same way: by the VMI uid recorded for the attachment's admission once the VMI was
+seen (on one device of the set: `recorded_links`; version 0.1.0 wrote it on every device),
+else by its `admission` id, which the VMI carries as its `gpu.cozystack.io/admission`
+annotation and which no one can change once it is admitted (W7, the policy
+`gpu-binder-admitted-vmis`). The uid is what releases a set whose VMI was deleted while no
+replica watched, before `grace` has passed.
 
 `plan(devices, vmis, now, grace)` returns the actions the leader should take; the k8s
 adapter confirms each destructive one with a live read of the VMI (`confirmed`) and carries
@@ -79,8 +84,9 @@ class State(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """`judge`'s answer: the state, why, and for a LIVE attachment that does not yet record
-    its VMI's uid, the uid to record (`link`)."""
+    """`judge`'s answer: the state, why, and for a LIVE attachment without an admission id
+    (written before admission ids) that does not yet record its VMI's uid, the uid to record
+    (`link`)."""
 
     state: State
     reason: str
@@ -92,41 +98,73 @@ class Verdict:
         return self.state in (State.LIVE, State.PENDING)
 
 
-def judge(device: GPUDevice, vmis: VMIs, now: datetime, grace: timedelta) -> Verdict | None:
-    """The state of `device`'s attachment (None when it has none), H1/H2 and W1:
+def judge(device: GPUDevice, vmis: VMIs, now: datetime, grace: timedelta,
+          links: Mapping[tuple[str, str], str] | None = None) -> Verdict | None:
+    """The state of `device`'s attachment (None when it has none), H1/H2 and W1. `links`
+    (from `recorded_links`) maps (namespace, admission id) to the VMI uid that one device of
+    the set records:
 
-    1. it records a VMI uid: LIVE while a VMI with that uid exists in the namespace, else
-       GONE (that incarnation was deleted; a same-name VMI is a newer one);
-    2. a VMI of its name exists: LIVE; `link` = that VMI's uid when its admission annotation
-       matches the attachment's admission (or the attachment has none). A mismatch stays
-       LIVE without a link: a tenant cannot free units by editing the annotation;
+    1. it records a VMI uid, or another device attached by the same admission does
+       (`links`): LIVE while a VMI with that uid exists in the namespace, else GONE (that
+       incarnation was deleted; a same-name VMI is a newer one);
+    2. a VMI of its name exists and is its incarnation: its admission annotation is the
+       attachment's admission, or the id of the device's bind request for that VMI (the
+       request a W4 take-over re-keyed the attachment after); LIVE, `link` = that VMI's uid
+       (for `plan` to record on one device of the set). An attachment without an admission
+       id (written before admission ids) is LIVE while a VMI of its name exists, `link` =
+       that VMI's uid (recorded on that very device);
     3. its admission is among the deleted incarnations: GONE;
     4. its own request (bindRequest id = admission) was refused: GONE;
-    5. older than `grace`: STALE; else PENDING.
+    5. a VMI of its name exists as another incarnation (another admission annotation, or
+       none: W7 keeps a VMI's annotation as admission wrote it, so it is not this
+       attachment's VMI): PENDING within `grace` of the attachment (an admission of a new
+       incarnation in flight while the cache still shows the older one), else GONE;
+    6. older than `grace`: STALE; else PENDING.
     `now` is timezone-aware UTC."""
     att = device.status.attached_to
     if att is None:
         return None
     ns = device.namespace
-    if att.uid:
-        if (ns, att.uid) in vmis.uids:
-            return Verdict(State.LIVE, f"VMI {att.vmi} (uid {att.uid}) exists")
-        return Verdict(State.GONE, f"VMI {att.vmi} (uid {att.uid}) was deleted")
+    uid = att.uid or (links or {}).get((ns, att.admission or ""))
+    if uid:
+        if (ns, uid) in vmis.uids:
+            return Verdict(State.LIVE, f"VMI {att.vmi} (uid {uid}) exists")
+        return Verdict(State.GONE, f"VMI {att.vmi} (uid {uid}) was deleted")
     rec = vmis.live.get((ns, att.vmi))
-    if rec is not None:
-        link = rec.uid if rec.uid and (att.admission is None or rec.admission == att.admission) \
-            else None
-        return Verdict(State.LIVE, f"VMI {att.vmi} exists", link)
+    if rec is not None and (att.admission is None or rec.admission in incarnation(device)):
+        return Verdict(State.LIVE, f"VMI {att.vmi} exists", rec.uid or None)
     if att.admission and (ns, att.admission) in vmis.deleted:
         return Verdict(State.GONE, f"VMI {att.vmi} was deleted")
     br = device.status.bind_request
     if att.admission and br is not None and br.id == att.admission \
             and br.result is Result.REFUSED:
         return Verdict(State.GONE, f"the request of VMI {att.vmi} was refused")
+    if rec is not None:
+        if now - att.since <= grace:
+            return Verdict(State.PENDING, f"VMI {att.vmi} exists as another incarnation "
+                                          "(an admission of a new one in flight)")
+        return Verdict(State.GONE, f"VMI {att.vmi} exists as another incarnation (admission "
+                                   f"{rec.admission or 'none'}, not {att.admission})")
     if now - att.since > grace:
         age = int((now - att.since).total_seconds())
         return Verdict(State.STALE, f"VMI {att.vmi} has not appeared {age} s after attachment")
     return Verdict(State.PENDING, f"VMI {att.vmi} has not appeared yet")
+
+
+def incarnation(device: GPUDevice) -> frozenset[str]:
+    """The admission ids a VMI incarnation holding `device`'s attachment may carry as its
+    `gpu.cozystack.io/admission` annotation (W7: fixed at its admission): the attachment's
+    own, and the id of the device's bind request for the same VMI name (two creates of one
+    name racing: the one stored may be the request's admission, though a W4 take-over by
+    the other re-keyed the attachment). Empty when the attachment has no admission id
+    (written before admission ids: not told apart by id)."""
+    att = device.status.attached_to
+    if att is None or not att.admission:
+        return frozenset()
+    br = device.status.bind_request
+    if br is not None and br.vmi == att.vmi and br.id:
+        return frozenset({att.admission, br.id})
+    return frozenset({att.admission})
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +182,9 @@ class ClearAttachment:
     uid: str | None = field(default=None, compare=False)
     """The attachment's recorded VMI uid: a live VMI of the name with another uid is a newer
     incarnation and does not stop the action (`confirmed`)."""
+    admissions: frozenset[str] = field(default=frozenset(), compare=False)
+    """The admission ids of the attachment's incarnation (`incarnation`): a live VMI of the
+    name carrying none of them is another incarnation and does not stop the action."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,13 +198,16 @@ class DeleteTemplate:
     rule: str
     reason: str
     attached: Attachment | None = field(default=None, compare=False)
+    admissions: frozenset[str] = field(default=frozenset(), compare=False)
+    """As `ClearAttachment.admissions`, for `attached`."""
 
 
 @dataclass(frozen=True, slots=True)
 class LinkAttachment:
     """Record `uid` (the VMI incarnation seen live) in `device`'s attachment of `vmi` made
-    by `admission` (H2: from then on the attachment is released as soon as that uid is gone,
-    across leader changes)."""
+    by `admission` (H2: from then on every attachment of that admission is released as soon
+    as that uid is gone, across leader changes). One device per admission (the first by
+    name); each device when the attachment has no admission id."""
 
     device: tuple[str, str]
     vmi: str
@@ -184,32 +228,42 @@ def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
     - GONE (H2): a held device's attachment is cleared, a template device deleted; held
       devices keep their node.
     - STALE (H1): likewise, after `grace`.
-    - LIVE with a uid to record: LinkAttachment.
+    - LIVE with a uid to record: LinkAttachment, on one device per admission (the first by
+      name) when no device of that admission records it yet (one write per VMI, not per
+      device: `recorded_links` reads it for the others), on each device when the attachment
+      has no admission id.
     - A template device with no attachment is deleted when no VMI of its name exists and it
       was created more than `grace` ago (an admission creates it just before attaching it).
     `vmis` may be a plain set of live keys (no uids known). `now` is timezone-aware UTC.
     """
     if not isinstance(vmis, VMIs):
         vmis = VMIs.of_keys(vmis)
+    devices = sorted(devices, key=lambda d: d.key)
+    links = recorded_links(devices)
+    linking: set[tuple[str, str]] = set()  # admissions given their one link this round
     actions: list[Action] = []
-    for d in sorted(devices, key=lambda d: d.key):
+    for d in devices:
         att = d.status.attached_to
         if att is not None:
-            v = judge(d, vmis, now, grace)
+            v = judge(d, vmis, now, grace, links)
             assert v is not None
             if v.state is State.LIVE:
-                if v.link:
+                group = (d.namespace, att.admission or "")
+                if v.link and not att.uid and group not in links and group not in linking:
                     actions.append(LinkAttachment(d.key, att.vmi, v.link, att.admission,
                                                   att.since))
+                    if att.admission:
+                        linking.add(group)
                 continue
             if v.state is State.PENDING:
                 continue
             rule = "H2" if v.state is State.GONE else "H1"
+            ids = incarnation(d)
             if d.template_for is not None:
-                actions.append(DeleteTemplate(d.key, d.uid, rule, v.reason, att))
+                actions.append(DeleteTemplate(d.key, d.uid, rule, v.reason, att, ids))
             else:
                 actions.append(ClearAttachment(d.key, att.vmi, rule, v.reason, att.since,
-                                               att.admission, att.uid))
+                                               att.admission, att.uid, ids))
         elif d.template_for is not None:
             if (d.namespace, d.template_for) in vmis.live:
                 continue
@@ -220,15 +274,34 @@ def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
     return actions
 
 
-def confirmed(vmi: str, attachment_uid: str | None, live: VMIRecord | None) -> bool:
+def recorded_links(devices: Iterable[GPUDevice]) -> dict[tuple[str, str], str]:
+    """(namespace, admission id) → the VMI uid recorded in an attachment made by that
+    admission (one device of the set carries it; version 0.1.0 wrote it on every device).
+    Attachments without an admission id are not grouped."""
+    out: dict[tuple[str, str], str] = {}
+    for d in devices:
+        att = d.status.attached_to
+        if att is not None and att.uid and att.admission:
+            out.setdefault((d.namespace, att.admission), att.uid)
+    return out
+
+
+def confirmed(vmi: str, attachment_uid: str | None, live: VMIRecord | None,
+              admissions: frozenset[str] = frozenset()) -> bool:
     """Whether a destructive step planned for VMI `vmi` may go ahead given the live read
     `live` of that VMI (None: the API server says it does not exist). It may when the VMI
-    does not exist, or when the attachment records a uid and the live VMI is another
-    incarnation; never when the VMI of that name exists and cannot be told apart (the cache
-    was behind)."""
+    does not exist; when the attachment records a uid and the live VMI is another
+    incarnation; or when the attachment's incarnation is known by admission id
+    (`admissions`, from `incarnation`) and the live VMI carries none of them (W7: its
+    annotation is the one its admission wrote, so it is another incarnation). Never when the
+    VMI of that name exists and cannot be told apart (the cache was behind)."""
     if live is None:
         return True
-    return bool(attachment_uid) and live.uid != attachment_uid
+    if attachment_uid:
+        return live.uid != attachment_uid
+    return bool(admissions) and live.admission not in admissions
+
+
 KUBEVIRT_CONDITION = "KubeVirtPermitted"
 """GPUClass `status.conditions[type]` saying whether KubeVirt permits the class's resource."""
 

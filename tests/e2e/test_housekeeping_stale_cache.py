@@ -133,3 +133,31 @@ async def test_H2_api_server_stopped_30s_releases_nothing_and_h2_resumes_after(
             return await _attached(fleet, tenant) is None
         await eventually(released, timeout=15, what="H2 release after the outage")
         tg.cancel_scope.cancel()
+
+
+async def test_H2_same_name_vmi_of_another_admission_releases_the_older_attachment(
+        control_plane, admin_client, fleet):
+    """A leader that never saw the delete (no tombstone) and finds the name re-created by
+    another admission (its `gpu.cozystack.io/admission` differs; W7 keeps it as admitted):
+    the older attachment is another incarnation's, confirmed with a live read, and released
+    though no device of it records a uid. The same attachment under a VMI carrying its admission id
+    is kept."""
+    tenant = await _pool_with_attached_device(fleet)
+    await _running_vmi(fleet, tenant, "v", "a2")   # the name, admitted afresh elsewhere
+    cache = ClusterCache(admin_client, watch_timeout=5)
+    keeper = _keeper(admin_client, cache)
+    kept = await _pool_with_attached_device(fleet)
+    await _running_vmi(fleet, kept, "v", "a1")     # the attachment's own incarnation
+    async with anyio.create_task_group() as tg:
+        await tg.start(cache.run)
+        tg.start_soon(keeper.run)
+
+        async def released():
+            return await _attached(fleet, tenant) is None
+        await eventually(released, timeout=15, what="H2 release of the older incarnation's")
+        done = keeper.rounds
+        await eventually(lambda: keeper.rounds >= done + 2, timeout=15, interval=0.05,
+                         what="two more rounds")
+        att = await _attached(fleet, kept)
+        assert (att["vmi"], att["since"], att["admission"]) == ("v", LONG_AGO, "a1"), att
+        tg.cancel_scope.cancel()

@@ -76,22 +76,67 @@ def test_H2_restart_race_new_admission_of_the_name_is_not_undone():
     assert plan([new], live(deleted=["a1"]), NOW, GRACE) == []      # pending: VMI not yet seen
     assert plan([new], live(("vm-a", "u2", "a2"), deleted=["a1"]), NOW, GRACE) == [
         LinkAttachment(("t1", "held"), "vm-a", "u2", "a2", new.status.attached_to.since)]
+    # the cache still shows the older incarnation: within the grace the new one is pending
+    assert judge(new, live(("vm-a", "u1", "a1")), NOW, GRACE).state is State.PENDING
 
 
-def test_live_vmi_protects_its_devices_however_old_and_links_its_uid_once():
+def test_live_vmi_protects_its_devices_however_old_and_one_device_of_the_set_records_its_uid():
+    # one uid link per VMI, on the set's first device: the others read it from there
     d = dev("held", "vm-a", since_s=10_000, bound="n1", admission="a1")
-    t = dev("vm-a-0", template_for="vm-a", created_s=10_000)
+    t = dev("vm-a-0", "vm-a", since_s=10_000, template_for="vm-a", bound="n1", admission="a1")
     assert plan([d, t], live(("vm-a", "u1", "a1")), NOW, GRACE) == [
         LinkAttachment(("t1", "held"), "vm-a", "u1", "a1", d.status.attached_to.since)]
     linked = dev("held", "vm-a", since_s=10_000, bound="n1", admission="a1", uid="u1")
     assert plan([linked, t], live(("vm-a", "u1", "a1")), NOW, GRACE) == []
 
 
-def test_tampered_admission_annotation_keeps_devices_attached_but_unlinked():
+def test_H2_one_recorded_uid_releases_the_whole_set_after_a_leader_change_with_no_tombstone():
+    # deleted young (within the grace) while no replica watched: the uid on one device tells
+    linked = dev("held", "vm-a", since_s=1, bound="n1", admission="a1", uid="u1")
+    t = dev("vm-a-0", "vm-a", since_s=1, template_for="vm-a", bound="n1", admission="a1")
+    other = dev("other", "vm-b", since_s=1, bound="n1", admission="b1")  # not of that set
+    got = plan([linked, t, other], VMIs(), NOW, GRACE)
+    assert got == [
+        ClearAttachment(("t1", "held"), "vm-a", "H2", "VMI vm-a (uid u1) was deleted"),
+        DeleteTemplate(("t1", "vm-a-0"), "uid-vm-a-0", "H2", "VMI vm-a (uid u1) was deleted")]
+
+
+def test_H2_attachment_without_an_admission_id_is_still_linked_to_its_vmis_uid():
+    # written before admission ids: only a uid can tell its incarnation later
+    d = dev("held", "vm-a", since_s=10_000, bound="n1")
+    assert plan([d], live(("vm-a", "u1", "a1")), NOW, GRACE) == [
+        LinkAttachment(("t1", "held"), "vm-a", "u1", None, d.status.attached_to.since)]
+
+
+def test_H2_version_0_1_0_uid_link_still_decides():
+    # a device linked by 0.1.0: its uid is what counts, whatever the annotation says
+    d = dev("held", "vm-a", since_s=10_000, bound="n1", admission="a1", uid="u1")
+    assert judge(d, live(("vm-a", "u1", "other")), NOW, GRACE).state is State.LIVE
+    assert judge(d, live(("vm-a", "u2", "a1")), NOW, GRACE).state is State.GONE
+
+
+def test_H2_same_name_vmi_of_another_admission_is_another_incarnation_after_the_grace():
+    # no tombstone (a leader change), and the name re-created with other devices or none:
+    # W7 keeps an admitted VMI's annotation, so another admission id is another incarnation
     d = dev("held", "vm-a", since_s=10_000, bound="n1", admission="a1")
-    v = judge(d, live(("vm-a", "u1", "forged")), NOW, GRACE)
-    assert v.state is State.LIVE and v.link is None
-    assert plan([d], live(("vm-a", "u1", "forged")), NOW, GRACE) == []
+    tmpl = dev("vm-a-0", "vm-a", since_s=10_000, template_for="vm-a", bound="n1", admission="a1")
+    got = plan([d, tmpl], live(("vm-a", "u2", "a2")), NOW, GRACE)
+    why = "VMI vm-a exists as another incarnation (admission a2, not a1)"
+    assert got == [ClearAttachment(("t1", "held"), "vm-a", "H2", why),
+                   DeleteTemplate(("t1", "vm-a-0"), "uid-vm-a-0", "H2", why)]
+    assert got[0].admissions == got[1].admissions == frozenset({"a1"})
+    assert judge(d, live(("vm-a", "u2", None)), NOW, GRACE).state is State.GONE  # no GPUs now
+    young = dev("held", "vm-a", since_s=5, bound="n1", admission="a1")
+    assert judge(young, live(("vm-a", "u2", "a2")), NOW, GRACE).state is State.PENDING
+
+
+def test_H2_racing_creates_of_one_name_the_stored_vmi_carries_the_requests_admission():
+    # B took over A's Succeeded request (attachment re-keyed to B), but A's create was stored
+    br = BindRequest("a", "vm-a", ("held",), result=Result.SUCCEEDED, node="n1")
+    d = dev("held", "vm-a", since_s=10_000, bound="n1", admission="b", request=br)
+    assert judge(d, live(("vm-a", "u1", "a")), NOW, GRACE).state is State.LIVE
+    assert judge(d, live(("vm-a", "u1", "b")), NOW, GRACE).state is State.LIVE
+    assert judge(d, live(("vm-a", "u1", "c")), NOW, GRACE).state is State.GONE
 
 
 def test_refused_request_of_the_attachments_own_admission_is_gone():
@@ -113,3 +158,11 @@ def test_H2_destructive_step_confirmed_only_when_the_live_read_agrees():
     assert not confirmed("vm-a", None, VMIRecord("t1", "vm-a", "u1"))   # exists: cache behind
     assert not confirmed("vm-a", "u1", VMIRecord("t1", "vm-a", "u1"))
     assert confirmed("vm-a", "u1", VMIRecord("t1", "vm-a", "u2"))       # a newer incarnation
+    # by admission id (W7): a live VMI carrying none of the attachment's ids is another one
+    ids = frozenset({"a1", "r1"})
+    assert confirmed("vm-a", None, VMIRecord("t1", "vm-a", "u2", "a2"), ids)
+    assert confirmed("vm-a", None, VMIRecord("t1", "vm-a", "u2", None), ids)
+    assert not confirmed("vm-a", None, VMIRecord("t1", "vm-a", "u2", "a1"), ids)
+    assert not confirmed("vm-a", None, VMIRecord("t1", "vm-a", "u2", "r1"), ids)
+    assert not confirmed("vm-a", None, VMIRecord("t1", "vm-a", "u2", "a2"))  # no ids known
+    assert not confirmed("vm-a", "u1", VMIRecord("t1", "vm-a", "u1", "a2"), ids)  # uid decides
