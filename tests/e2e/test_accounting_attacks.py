@@ -26,6 +26,7 @@ from tests.e2e.test_kubevirt import (BASE_VMI, VMI_GROUP, VMI_VERSION, VMIS, cre
 pytestmark = [pytest.mark.anyio, pytest.mark.kubevirt]
 __all__ = ["kubevirt", "system"]  # the module's fixtures, shared with test_kubevirt.py
 WEBHOOK = "gpu-binder"
+W7_POLICY = "gpu-binder-admitted-vmis"  # k8s/manifests/policies/admitted-vmis.yaml
 
 
 def no_room(node: str, res: str, needs: int, free: int, foreign: int) -> str:
@@ -145,6 +146,45 @@ async def vmi_updates_unjudged(fleet):
             await api.replace_mutating_webhook_configuration(WEBHOOK, body)
 
 
+@asynccontextmanager
+async def w7_policy_suspended(fleet, ns: str, vmi: str):
+    """While inside, the W7 policy (`gpu-binder-admitted-vmis`) only audits: its binding's
+    validationActions are [Audit] until a server-side dry run adding a gpu.cozystack.io
+    annotation to VMI `ns/vmi` passes; on exit [Deny] again, until that dry run is denied.
+    The accounting tests put the tenant's edit through anyway, to show the count does not
+    depend on the edit being refused."""
+    from kubernetes_asyncio.client import AdmissionregistrationV1Api, ApiException
+
+    api = AdmissionregistrationV1Api(fleet.core.api_client)
+    merge = "application/merge-patch+json"
+
+    async def dry_run_passes() -> bool:
+        try:
+            await fleet.custom.patch_namespaced_custom_object(
+                VMI_GROUP, VMI_VERSION, ns, VMIS, vmi,
+                {"metadata": {"annotations": {"gpu.cozystack.io/probe": "x"}}},
+                dry_run="All", _content_type=merge)
+            return True
+        except ApiException as exc:
+            if exc.status == 403 and W7_POLICY in (exc.body or ""):
+                return False
+            raise
+
+    async def actions(which: str, passes: bool) -> None:
+        await api.patch_validating_admission_policy_binding(
+            W7_POLICY, {"spec": {"validationActions": [which]}}, _content_type=merge)
+
+        async def effective() -> bool:
+            return await dry_run_passes() is passes
+        await eventually(effective, timeout=20, what=f"W7 policy binding {which} in effect")
+
+    await actions("Audit", True)
+    try:
+        yield
+    finally:
+        await actions("Deny", False)
+
+
 async def test_W7_removing_our_annotations_from_a_running_vmi_blocks_no_other_tenant(
         system, kubevirt, fleet, control_plane, tmp_path, tenant_client):
     """Attacker (issue 23, 1): tenant A's admitted 2-GPU VM runs on a 4-GPU node; A strips
@@ -156,8 +196,9 @@ async def test_W7_removing_our_annotations_from_a_running_vmi_blocks_no_other_te
     api = await attacker(fleet, control_plane, tmp_path, a, tenant_client)
     made = await api.create_namespaced_custom_object(VMI_GROUP, VMI_VERSION, a, VMIS, vmi("a-vm", cls, 2))
     pod_rv = await bound_launcher_rv(fleet, a, made)
-    patched = await api.patch_namespaced_custom_object(VMI_GROUP, VMI_VERSION, a, VMIS, "a-vm", [
-        {"op": "remove", "path": "/metadata/annotations/gpu.cozystack.io~1templates"}])
+    async with w7_policy_suspended(fleet, a, "a-vm"):  # W7 refuses it: the count must not care
+        patched = await api.patch_namespaced_custom_object(VMI_GROUP, VMI_VERSION, a, VMIS, "a-vm", [
+            {"op": "remove", "path": "/metadata/annotations/gpu.cozystack.io~1templates"}])
     assert not any(k.startswith("gpu.cozystack.io/") and k != "gpu.cozystack.io/admission"
                    for k in patched["metadata"].get("annotations") or {}), patched["metadata"]
     await replicas_saw(system, {"virtualmachineinstances": patched["metadata"]["resourceVersion"],
@@ -179,8 +220,9 @@ async def test_W7_our_annotation_added_to_a_raw_gpu_vmi_later_excuses_nothing(sy
     after the edit; kube-scheduler agrees (a 1-GPU Pod pinned there stays Pending).
 
     The annotation is written by the admin client with the gpu-binder webhook's rules narrowed
-    to CREATE (`vmi_updates_unjudged`): the test is about the accounting, whether or not an
-    admission check (W7) would deny the edit."""
+    to CREATE (`vmi_updates_unjudged`) and the W7 policy auditing only
+    (`w7_policy_suspended`): the test is about the accounting, whether or not an admission
+    check (W7) would deny the edit."""
     res, cls, nodes, a = await pool(fleet, kubevirt, {"n": {"units": 2}})
     raw, msg = await create(fleet, a, raw_vmi("raw-vm", res, 2, nodes["n"]))
     assert raw is not None, msg
@@ -190,7 +232,7 @@ async def test_W7_our_annotation_added_to_a_raw_gpu_vmi_later_excuses_nothing(sy
     full = no_room(nodes["n"], res, 1, 0, 2)
     made, msg = await create(fleet, b, vmi("b-vm-0", cls, 1))
     await assert_refused(fleet, b, made, msg, full)
-    async with vmi_updates_unjudged(fleet):
+    async with vmi_updates_unjudged(fleet), w7_policy_suspended(fleet, a, "raw-vm"):
         patched = await fleet.custom.patch_namespaced_custom_object(
             VMI_GROUP, VMI_VERSION, a, VMIS, "raw-vm",
             {"metadata": {"annotations": {"gpu.cozystack.io/templates": f"{cls}=2"}}},
