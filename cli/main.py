@@ -74,6 +74,15 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 
 def _bench(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    if args.which == "packing":
+        from bench.packing import run as run_packing
+
+        report = run_packing(out, quick=args.quick, seed=args.seed, simulate_only=args.simulate)
+        for name, t in report["targets"].items():
+            met = {True: "met", False: "NOT met", None: "not available"}[t["met"]]
+            print(f"target {name}: {t['value']} ({t['target']}): {met}")
+        print(f"report: {out}/packing.json, plot: {out}/packing.png")
+        return 0
     if args.which == "e2e":
         from bench.e2e import run
     else:
@@ -221,14 +230,17 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep everything running until Ctrl-C (default: stop at the end)")
     demo.set_defaults(func=_demo)
 
-    bench = sub.add_parser("bench", help="benchmarks: core (actors vs bare model) or e2e")
-    bench.add_argument("which", choices=["core", "e2e"],
+    bench = sub.add_parser("bench", help="benchmarks: core (actors vs bare model), e2e or "
+                                         "packing (placement quality on a churn trace)")
+    bench.add_argument("which", choices=["core", "e2e", "packing"],
                        help="core: the actor system against the bare model in one process; "
-                            "e2e: the whole system on a local control plane")
+                            "e2e: the whole system on a local control plane; packing: one "
+                            "churn trace per load replayed against gpu-binder, kube-scheduler "
+                            "(default and MostAllocated) and the repacking bound")
     bench.add_argument("--out", default="bench-out",
                        help="directory for the JSON report and PNG plot (default: %(default)s)")
     bench.add_argument("--quick", action="store_true",
-                       help="fewer levels and requests (default: the full run)")
+                       help="fewer levels and requests; packing: 4 nodes a lane, 40 scored arrivals, load 0.85 (default: the full run)")
     bench.add_argument("--seed", type=int, default=1,
                        help="seed of the generated workload (default: %(default)s)")
     bench.add_argument("--gpus", default="1",
@@ -241,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="e2e: in the same run, kube-scheduler binding Pods of the same GPU "
                             "counts on the same fleet at concurrency 20, and our rate ÷ its "
                             "(default: off)")
+    bench.add_argument("--simulate", action="store_true",
+                       help="packing: the policy simulation only (tightest fit, spread, defrag, "
+                            "repack on the same traces), no cluster (default: off)")
     bench.set_defaults(func=_bench)
 
     _add_tools(sub, "gpu-binder")

@@ -103,14 +103,18 @@ def kubevirt_cr(permitted: list[str] | tuple[str, ...]) -> dict:
 class KubeVirt:
     """virt-api, virt-controller, kube-scheduler and KWOK against `cp`.
 
-    `permitted`: the resource names KubeVirt's CR permits. `start()` raises
+    `permitted`: the resource names KubeVirt's CR permits. `scheduler_profiles`: extra
+    kube-scheduler profiles (KubeSchedulerConfiguration `profiles` entries, each with its own
+    `schedulerName`), run by the same kube-scheduler after the default profile; a VMI picks one
+    with `spec.schedulerName` (the packing benchmark's MostAllocated peer). `start()` raises
     ControlPlaneError (with the log tail) when a process exits or virt-api is not serving
     within `start_timeout` s; `stop()` is idempotent (SIGTERM, SIGKILL after 10 s)."""
 
     def __init__(self, cp: ControlPlane, *, permitted: tuple[str, ...] = (),
                  bins: KubeVirtBinaries | None = None, log_dir: Path | None = None,
-                 start_timeout: float = 90.0) -> None:
+                 start_timeout: float = 90.0, scheduler_profiles: tuple[dict, ...] = ()) -> None:
         self.cp = cp
+        self.scheduler_profiles = tuple(scheduler_profiles)
         self.bins = bins or find_kubevirt_binaries()
         self.permitted = tuple(permitted)
         self.dir = Path(log_dir) if log_dir else cp.dir / "kubevirt"
@@ -212,6 +216,8 @@ class KubeVirt:
         cfg = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
                "clientConnection": {"kubeconfig": str(self.cp.admin_kubeconfig), "qps": 200, "burst": 400},
                "leaderElection": {"leaderElect": False}}
+        if self.scheduler_profiles:
+            cfg["profiles"] = [{"schedulerName": "default-scheduler"}, *self.scheduler_profiles]
         path = self.dir / "kube-scheduler.yaml"
         path.write_text(yaml.safe_dump(cfg))
         self._spawn("kube-scheduler", [str(sched), f"--config={path}", "--secure-port=0", "--v=2"])
