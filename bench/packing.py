@@ -25,12 +25,14 @@ compete for a GPU and (a)–(c) of every load run at the same time. An idle held
 (b) and (c), a placeholder Pod bound to the node its VM ran on (nodeName set, as a reservation
 would be), deleted at the set's release.
 
-**Time compression.** Trace time is cut into windows of `window` trace seconds (about
-`per_window` arrivals each). In a window, every stop and release is applied first and awaited
-(the VMI, its launcher Pod and its template devices gone), then every arrival is sent at once,
-concurrently, and the next window starts when each arrival's outcome is known. The order of
-windows is the trace's and nothing depends on the machine's speed but the races inside a
-window, so the packing shares are robust to load while any timing is not.
+**Time compression.** Trace time is cut into windows of about `per_window` arrivals each and
+the trace is quantized to them (`bench.packing_trace.quantize`: every event at its window's
+middle, a stop at least one window after its arrival), so the bound and the simulation see the
+very order the cluster is given. In a window, every stop and release is applied first and
+awaited (the VMI, its launcher Pod and its template devices gone), then every arrival is sent
+at once, concurrently, and the next window starts when each arrival's outcome is known. Trace
+time thus runs as fast as the system answers; nothing depends on the machine's speed but the
+races inside a window, so the packing shares are robust to load while any timing is not.
 
 **Figures** per lane (`bench.packing_trace.score`): share of GPU demand started, share of sets
 started per size, mean GPU utilisation (running VMs' GPUs ÷ fleet GPUs over trace time), the
@@ -278,7 +280,7 @@ class Replayer:
                         tg.start_soon(self._arrive, lane, s)
             used = self.seen.used_per_node(lane)
             free = [pt.GPUS_PER_NODE - used.get(n, 0) for n in lane.nodes]
-            lane.outcome.timeline.append(((w + 1) * window, lane.running, lane.held_idle,
+            lane.outcome.timeline.append(((w + 0.5) * window, lane.running, lane.held_idle,
                                           pt.largest_placeable(free)))
         lane.seconds = time.monotonic() - started
 
@@ -458,8 +460,11 @@ def prepare(plan: Plan, *, seed: int, quick: bool = False, simulate_only: bool =
             ) -> tuple[dict[float, pt.Trace], dict]:
     """The traces (load -> Trace) and the report so far: plan, machine, per load the trace's
     digest, the simulation and the bound (d). Pure but for the load average."""
-    traces = {load: pt.make_trace(seed=seed, nodes=plan.nodes, load=load, arrivals=plan.arrivals,
-                                  warmup=plan.warmup) for load in plan.loads}
+    traces = {}
+    for load in plan.loads:
+        raw = pt.make_trace(seed=seed, nodes=plan.nodes, load=load, arrivals=plan.arrivals,
+                            warmup=plan.warmup)
+        traces[load] = pt.quantize(raw, plan.per_window * raw.end / len(raw.sets))
     report: dict = {
         "benchmark": "packing", "quick": quick, "seed": seed, "simulation_only": simulate_only,
         "plan": {"nodes_per_lane": plan.nodes, "gpus_per_node": pt.GPUS_PER_NODE,
@@ -474,6 +479,7 @@ def prepare(plan: Plan, *, seed: int, quick: bool = False, simulate_only: bool =
         bound = pt.simulate(tr, "repack")
         report["loads"][str(load)] = {
             "trace": {"digest": trace_digest(tr), "sets": len(tr.sets),
+                      "window_s": round(tr.window, 3),
                       "scored": sum(s.scored for s in tr.sets), "trace_seconds": round(tr.end, 1),
                       "arrivals_digest": arrivals_digest(tr)},
             "simulation": {"note": "pure simulation of placement policies on this trace, no cluster",
@@ -562,13 +568,13 @@ async def _measure(lc: LocalCluster, plan: Plan, lanes: dict, report: dict, pref
             first = [ln for ln in lanes.values() if ln.system != "e"]
             async with anyio.create_task_group() as tg:
                 for ln in first:
-                    tg.start_soon(rep.lane, ln, _window(ln.trace, plan))
+                    tg.start_soon(rep.lane, ln, ln.trace.window)
             second = [ln for ln in lanes.values() if ln.system == "e"]
             if second:
                 await _restart_with_defrag(lc)
                 async with anyio.create_task_group() as tg:
                     for ln in second:
-                        tg.start_soon(rep.lane, ln, _window(ln.trace, plan))
+                        tg.start_soon(rep.lane, ln, ln.trace.window)
             watches.cancel_scope.cancel()
     finally:
         await api.close()
@@ -583,11 +589,6 @@ async def _measure(lc: LocalCluster, plan: Plan, lanes: dict, report: dict, pref
         load["systems"].setdefault("e", {"available": False, "why":
                                          "this tree's controller has no --defrag-interval/"
                                          "--defrag-max-moves (issue 21 item 2 not merged)"})
-
-
-def _window(trace: pt.Trace, plan: Plan) -> float:
-    rate = len(trace.sets) / trace.end
-    return plan.per_window / rate
 
 
 async def _setup(fleet: Fleet, lanes: dict) -> None:

@@ -62,7 +62,8 @@ class GpuSet:
 
 @dataclass(frozen=True, slots=True)
 class Trace:
-    """A seeded trace: the parameters it was made from and its sets, in arrival order."""
+    """A seeded trace: the parameters it was made from and its sets, in arrival order (times
+    in trace seconds)."""
 
     seed: int
     nodes: int
@@ -72,6 +73,8 @@ class Trace:
     idle_mean: float
     warmup: float
     sets: tuple[GpuSet, ...]
+    window: float = 0.0
+    """Trace seconds per replay window once `quantize`d (0: not quantized)."""
 
     @property
     def gpus(self) -> int:
@@ -125,6 +128,32 @@ def make_trace(*, seed: int, nodes: int, load: float, arrivals: int, held_share:
         scored += t >= start
         i += 1
     return Trace(seed, nodes, load, held_share, idle_share, idle_mean, start, tuple(sets))
+
+
+def quantize(trace: Trace, window: float) -> Trace:
+    """`trace` with every time moved to the middle of its window of `window` trace seconds
+    (window k is [k·window, (k+1)·window)), a stop at least one window after its arrival and
+    an idle set's release at least one after its stop: the order in which the cluster replay
+    applies events (a window's stops and releases, then its arrivals), made the trace's own, so
+    the bound, the simulation and every system see one and the same sequence. Pure; raises
+    ValueError when `window` is not positive."""
+    if window <= 0:
+        raise ValueError("window must be positive")
+
+    def k(t: float) -> int:
+        return int(t // window)
+
+    def mid(i: int) -> float:
+        return (i + 0.5) * window
+    sets = []
+    for s in trace.sets:
+        a = k(s.arrive)
+        st = max(k(s.stop), a + 1)
+        rel = max(k(s.release), st + 1) if s.idle else st
+        sets.append(GpuSet(s.id, mid(a), s.size, mid(st), mid(rel), s.held, s.scored))
+    warm = min((x.arrive for x in sets if x.scored), default=trace.warmup)
+    return Trace(trace.seed, trace.nodes, trace.load, trace.held_share, trace.idle_share,
+                 trace.idle_mean, warm, tuple(sets), window)
 
 
 def largest_placeable(free: list[int] | tuple[int, ...]) -> int:
