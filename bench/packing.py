@@ -438,7 +438,7 @@ class Plan:
 
 
 QUICK = Plan(nodes=6, arrivals=40, loads=(0.85,), per_window=3.0, warmup=1.0)
-FULL = Plan(nodes=24, arrivals=300, loads=pt.LOADS)
+FULL = Plan(nodes=24, arrivals=300, loads=pt.LOADS, per_window=6.0)
 
 
 def run(out: Path, *, quick: bool = False, seed: int = 1, simulate_only: bool = False,
@@ -706,3 +706,32 @@ def _plot(report: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def summary(report: dict) -> list[str]:
+    """The report as Markdown table rows (header first): per load and system, demand started,
+    8- and 4-GPU sets started, mean utilisation, time an 8-GPU set fits; the simulation's rows
+    are marked "sim"."""
+    def pct(v) -> str:
+        return "–" if v is None else f"{100 * v:.1f} %"
+    rows = ["| load | system | GPU demand started | 8-GPU sets | 4-GPU sets | mean utilisation "
+            "| time an 8-GPU set fits |", "|---|---|---|---|---|---|---|"]
+    for load, entry in report["loads"].items():
+        for key in "abcde":
+            fig = entry["systems"].get(key)
+            if fig is None:
+                continue
+            if fig.get("available") is False:
+                rows.append(f"| {load} | ({key}) {SYSTEMS[key]} | not available: {fig['why']} "
+                            "| | | | |")
+                continue
+            rows.append(f"| {load} | ({key}) {SYSTEMS[key]} | {pct(fig['demand_started'])} | "
+                        f"{pct(fig['sets_started']['8'])} | {pct(fig['sets_started']['4'])} | "
+                        f"{pct(fig['mean_utilisation'])} | {pct(fig['time_8_placeable'])} |")
+        for policy, fig in entry["simulation"].items():
+            if policy == "note":
+                continue
+            rows.append(f"| {load} | sim: {policy} | {pct(fig['demand_started'])} | "
+                        f"{pct(fig['sets_started']['8'])} | {pct(fig['sets_started']['4'])} | "
+                        f"{pct(fig['mean_utilisation'])} | {pct(fig['time_8_placeable'])} |")
+    return rows

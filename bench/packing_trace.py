@@ -25,7 +25,6 @@ are an upper bound per instant, and in practice, not a theorem, over a trace.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 
@@ -326,7 +325,3 @@ def _defrag_place(free: list[int], where: dict[int, int], live: dict[int, GpuSet
 def simulate_all(trace: Trace) -> dict[str, dict]:
     """`score` of every policy of POLICIES on `trace` (the simulation's report)."""
     return {p: score(trace, simulate(trace, p)) for p in POLICIES}
-
-
-def mean(values: list[float]) -> float:
-    return math.fsum(values) / len(values) if values else float("nan")

@@ -77,7 +77,20 @@ def _bench(args: argparse.Namespace) -> int:
     if args.which == "packing":
         from bench.packing import run as run_packing
 
-        report = run_packing(out, quick=args.quick, seed=args.seed, simulate_only=args.simulate)
+        from dataclasses import replace
+
+        from bench.packing import FULL, QUICK
+
+        plan = QUICK if args.quick else FULL
+        if args.nodes:
+            plan = replace(plan, nodes=args.nodes)
+        if args.arrivals:
+            plan = replace(plan, arrivals=args.arrivals)
+        report = run_packing(out, quick=args.quick, seed=args.seed, simulate_only=args.simulate,
+                             plan=plan)
+        from bench.packing import summary
+
+        print("\n".join(summary(report)))
         for name, t in report["targets"].items():
             met = {True: "met", False: "NOT met", None: "not available"}[t["met"]]
             print(f"target {name}: {t['value']} ({t['target']}): {met}")
@@ -256,6 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--simulate", action="store_true",
                        help="packing: the policy simulation only (tightest fit, spread, defrag, "
                             "repack on the same traces), no cluster (default: off)")
+    bench.add_argument("--nodes", type=int, default=0,
+                       help="packing: nodes of 8 GPUs per system and load (default: 24; with "
+                            "--quick 6)")
+    bench.add_argument("--arrivals", type=int, default=0,
+                       help="packing: scored arrivals per load, after the warm-up (default: "
+                            "300; with --quick 40)")
     bench.set_defaults(func=_bench)
 
     _add_tools(sub, "gpu-binder")
