@@ -472,7 +472,7 @@ def prepare(plan: Plan, *, seed: int, quick: bool = False, simulate_only: bool =
                  "arrivals_per_window": plan.per_window, "deadline_s": plan.deadline,
                  "warmup_mean_lives": plan.warmup, "held_share": 0.3, "idle_share": 0.5,
                  "sizes": dict(zip(map(str, pt.SIZES), pt.SIZE_WEIGHTS))},
-        "systems": SYSTEMS, "load_before": os.getloadavg(),
+        "systems": SYSTEMS, "commit": _commit(), "load_before": os.getloadavg(),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()}, "loads": {}}
     for load, tr in traces.items():
@@ -486,6 +486,19 @@ def prepare(plan: Plan, *, seed: int, quick: bool = False, simulate_only: bool =
                            **pt.simulate_all(tr)},
             "systems": {"d": {**pt.score(tr, bound), "timeline": _timeline(tr, bound)}}}
     return traces, report
+
+
+def _commit() -> str:
+    """The checkout's `git describe --always --dirty`, or "unknown" outside a git checkout."""
+    import subprocess
+
+    from localcluster.paths import REPO_ROOT
+
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def finish(report: dict, out: Path) -> dict:
