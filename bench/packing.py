@@ -295,8 +295,7 @@ class Replayer:
                     {"apiVersion": f"{DEV_GROUP}/{DEV_VERSION}", "kind": "GPUDevice",
                      "metadata": {"name": dev}, "spec": {"class": lane.cls}})
         try:
-            made = await self.custom.create_namespaced_custom_object(
-                VMI_GROUP, VMI_VERSION, lane.ns, "virtualmachineinstances", _vmi(name, lane, s))
+            made = await self._create_vmi(lane, name, s)
         except ApiException as exc:
             lane.counts["refused" if exc.status in (400, 403, 422) else f"error_{exc.status}"] += 1
             if lane.system in ("a", "e") and s.held:
@@ -324,6 +323,24 @@ class Replayer:
             lane.counts["admitted_not_bound"] += 1
             if s.held:
                 await self._delete_held(lane, s)
+
+    async def _create_vmi(self, lane: Lane, name: str, s: pt.GpuSet) -> dict:
+        """Create the VMI; a denial naming a held device "not found" (the webhook's informer
+        has not seen the tenant's brand-new GPUDevice yet) is retried for up to 5 s, counted
+        as `retried_device_not_found`: a harness race, not a placement refusal."""
+        from kubernetes_asyncio.client import ApiException
+
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                return await self.custom.create_namespaced_custom_object(
+                    VMI_GROUP, VMI_VERSION, lane.ns, "virtualmachineinstances", _vmi(name, lane, s))
+            except ApiException as exc:
+                if not (s.held and exc.status == 422 and "not found" in str(exc.body)
+                        and time.monotonic() < deadline):
+                    raise
+                lane.counts["retried_device_not_found"] += 1
+                await anyio.sleep(0.25)
 
     async def _leave_all(self, lane: Lane, steps: list[tuple[str, pt.GpuSet]]) -> None:
         for kind, s in steps:  # a set's stop before its release
