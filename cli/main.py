@@ -269,10 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--simulate", action="store_true",
                        help="packing: the policy simulation only (tightest fit, spread, defrag, "
                             "repack on the same traces), no cluster (default: off)")
-    bench.add_argument("--nodes", type=int, default=0,
+    bench.add_argument("--nodes", type=int, default=None,
                        help="packing: nodes of 8 GPUs per system and load (default: 24; with "
                             "--quick 6)")
-    bench.add_argument("--arrivals", type=int, default=0,
+    bench.add_argument("--arrivals", type=int, default=None,
                        help="packing: scored arrivals per load, after the warm-up (default: "
                             "300; with --quick 40)")
     bench.set_defaults(func=_bench)
