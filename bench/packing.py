@@ -459,7 +459,7 @@ FULL = Plan(nodes=24, arrivals=300, loads=pt.LOADS, per_window=6.0)
 
 
 def run(out: Path, *, quick: bool = False, seed: int = 1, simulate_only: bool = False,
-        plan: Plan | None = None) -> dict:
+        plan: Plan | None = None, systems: tuple[str, ...] = ("a", "b", "c", "e")) -> dict:
     """Run the benchmark (or, with `simulate_only`, the simulation alone) on a local cluster
     of its own; write packing.json and packing.png into `out`; return the report. Raises
     localcluster.controlplane.ControlPlaneError when the cluster cannot start."""
@@ -469,7 +469,7 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, simulate_only: bool = 
     if not simulate_only:
         with LocalCluster(controllers=1, controller_args=CONTROLLER_ARGS,
                           log_dir=out / "logs") as lc:
-            replay_on(lc, plan, traces, report, log_dir=out / "logs")
+            replay_on(lc, plan, traces, report, log_dir=out / "logs", systems=systems)
     return finish(report, out)
 
 
@@ -543,20 +543,24 @@ def _timeline(trace: pt.Trace, outcome: pt.Outcome) -> list[list]:
 
 
 def replay_on(lc: LocalCluster, plan: Plan, traces: dict[float, pt.Trace], report: dict, *,
-              log_dir: Path, prefix: str = "pk-") -> None:
+              log_dir: Path, prefix: str = "pk-",
+              systems: tuple[str, ...] = ("a", "b", "c", "e")) -> None:
     """Replay every lane on the running `lc` (its controllers restarted with the defrag flags
     for (e) when available) with KubeVirt's harness started here, kube-scheduler carrying the
     MostAllocated profile; adds each lane's figures to `report`. Every object it makes is
-    named `prefix`…, so a shared control plane (the e2e session's) keeps them apart."""
+    named `prefix`…, so a shared control plane (the e2e session's) keeps them apart.
+    `systems`: which of a, b, c, e to replay (the others are left out of the report)."""
     from localcluster.kubevirt import KUBEVIRT_CR, NAMESPACE, KubeVirt
 
-    systems = ["a", "b", "c"] + (["e"] if defrag_available() else [])
+    systems = [k for k in "abc" if k in systems] + (
+        ["e"] if "e" in systems and defrag_available() else [])
     lanes = {}
     for sys_ in systems:
         for load, tr in traces.items():
             lid = f"{prefix}{sys_}{round(load * 100)}"
             lanes[(sys_, load)] = Lane(sys_, tr, lid, f"{lid}.bench.example.com/gpu", lid,
                                        [f"{lid}-{i:03d}" for i in range(plan.nodes)])
+    report["replayed_systems"] = systems
     profile = {"schedulerName": MOST_ALLOCATED, "pluginConfig": [{
         "name": "NodeResourcesFit", "args": {"scoringStrategy": {
             "type": "MostAllocated",
@@ -616,6 +620,8 @@ async def _measure(lc: LocalCluster, plan: Plan, lanes: dict, report: dict, pref
                        "replayed_digest": hashlib.sha256(repr(ln.replayed).encode()).hexdigest()[:16],
                        "timeline": _timeline(ln.trace, ln.outcome)}
     for load in report["loads"].values():
+        if defrag_available():
+            continue
         load["systems"].setdefault("e", {"available": False, "why":
                                          "this tree's controller has no --defrag-interval/"
                                          "--defrag-max-moves (issue 21 item 2 not merged)"})

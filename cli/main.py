@@ -86,8 +86,11 @@ def _bench(args: argparse.Namespace) -> int:
             plan = replace(plan, nodes=args.nodes)
         if args.arrivals:
             plan = replace(plan, arrivals=args.arrivals)
+        systems = tuple(k for k in args.systems.split(",") if k)
+        if not systems or set(systems) - set("abce"):
+            raise SystemExit(f"gpu-binder bench: --systems takes a,b,c,e, got {args.systems!r}")
         report = run_packing(out, quick=args.quick, seed=args.seed, simulate_only=args.simulate,
-                             plan=plan)
+                             plan=plan, systems=systems)
         from bench.packing import summary
 
         print("\n".join(summary(report)))
@@ -272,6 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--nodes", type=int, default=None,
                        help="packing: nodes of 8 GPUs per system and load (default: 24; with "
                             "--quick 6)")
+    bench.add_argument("--systems", default="a,b,c,e",
+                       help="packing: the systems to replay, comma separated: a gpu-binder, b "
+                            "kube-scheduler default, c MostAllocated, e gpu-binder with "
+                            "defragmentation; the bound (d) is always computed (default: "
+                            "%(default)s)")
     bench.add_argument("--arrivals", type=int, default=None,
                        help="packing: scored arrivals per load, after the warm-up (default: "
                             "300; with --quick 40)")
