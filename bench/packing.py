@@ -454,7 +454,7 @@ class Plan:
     warmup: float = 2.0
 
 
-QUICK = Plan(nodes=6, arrivals=40, loads=(0.85,), per_window=3.0, warmup=1.0)
+QUICK = Plan(nodes=6, arrivals=30, loads=(0.85,), per_window=3.0, warmup=1.0)
 FULL = Plan(nodes=24, arrivals=300, loads=pt.LOADS, per_window=6.0)
 
 

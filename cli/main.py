@@ -256,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-out",
                        help="directory for the JSON report and PNG plot (default: %(default)s)")
     bench.add_argument("--quick", action="store_true",
-                       help="fewer levels and requests; packing: 4 nodes a lane, 40 scored arrivals, load 0.85 (default: the full run)")
+                       help="fewer levels and requests; packing: 6 nodes a lane, 30 scored arrivals, load 0.85 (default: the full run)")
     bench.add_argument("--seed", type=int, default=1,
                        help="seed of the generated workload (default: %(default)s)")
     bench.add_argument("--gpus", default="1",
@@ -282,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "%(default)s)")
     bench.add_argument("--arrivals", type=int, default=None,
                        help="packing: scored arrivals per load, after the warm-up (default: "
-                            "300; with --quick 40)")
+                            "300; with --quick 30)")
     bench.set_defaults(func=_bench)
 
     _add_tools(sub, "gpu-binder")
