@@ -63,8 +63,8 @@ NS, RELEASE = "cozy-system", "gpu-binder"
 NEW_VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 KV = ("kubevirt.io", "v1", "virtualmachineinstances")
 CHURN_TARGET = 200                  # VMIs created (and most deleted) per test
-RETRYABLE = ("connection refused", "EOF", "connection reset", "deadline exceeded",
-             "timeout", "Timeout", "i/o timeout", "no route to host")
+RETRYABLE = ("connection refused", "EOF", "connection reset", "broken pipe",
+             "deadline exceeded", "timeout", "Timeout", "i/o timeout", "no route to host")
 
 
 def _build(**env: str) -> str:
@@ -228,14 +228,14 @@ def _reason(message: str) -> str:
     return " ".join(words[:8])
 
 
-TRANSPORT = ("EOF", "connection reset")
+TRANSPORT = ("EOF", "connection reset", "broken pipe")
 
 
 def outside(errors: list[tuple[float, float, str, str]], pods, forced: list[float], *,
             after: float = 2.0) -> list:
     """The retryable errors whose try overlapped no span in which a pod was starting or
     stopping (Pod.windows, widened by `after` s): errors while every running replica was
-    steady and ready, which a tenant must never see. A connection error (EOF, reset) during
+    steady and ready, which a tenant must never see. A connection error (EOF, reset, broken pipe) during
     which the harness's Service closed a connection (`forced`) is the harness's, not a
     replica's, and is left out; a replica's answers (503, 504, 429, timeouts) never are."""
     spans = [w for p in pods for w in p.windows(after=after)]
@@ -249,7 +249,10 @@ def _classify(status: int | None, message: str) -> str | None:
     if status in (429, 503, 504):
         return str(status)
     if status == 500 and "failed calling webhook" in message:
-        return next((k for k in RETRYABLE if k in message), None)
+        # The API server quotes the webhook's URL, whose query is "?timeout=25s": match the
+        # error after it, or every transport error would read as a timeout.
+        cause = re.sub(r'"https?://[^"]*"', "", message)
+        return next((k for k in RETRYABLE if k in cause), None)
     return None
 
 
