@@ -3,7 +3,9 @@ as subprocesses with the webhook registered by URL + caBundle.
 
 Used by `gpu-binder cluster up --controllers N`, the e2e tests, `make demo` and the e2e
 benchmark, so they all run the same code path. Replicas share one webhook port
-(SO_REUSEPORT), as pods behind a Service would. Replicas run with the shipped
+(SO_REUSEPORT, which the kernel allows within one uid only), as pods behind a Service would;
+a replica may run inside the built image (`add_replica(image=...)`, localcluster.image) as
+uid 65532, beside source-tree replicas run as that uid (`user=`). Replicas run with the shipped
 ServiceAccount's token (TokenRequest), not as admin, so the shipped RBAC is what they get.
 KubeVirt's own CRDs are always installed (`localcluster.kubevirt.install_crds`); with `kubevirt=True`
 virt-api, virt-controller, kube-scheduler and KWOK run too (`localcluster.kubevirt.KubeVirt`).
@@ -17,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -31,12 +33,21 @@ CRDS = ("gpuclasses.gpu.cozystack.io", "gpudevices.gpu.cozystack.io")
 
 @dataclass
 class Replica:
-    """One controller subprocess."""
+    """One controller subprocess: from the source tree (as `user`, a uid, when set, else as
+    the caller), or inside `image` (a buildah `localcluster.image.Container` of it, always as
+    the image's uid 65532, with in-cluster configuration). `files` holds what it reads that
+    the caller's files would not let that uid read (copies), `settings` an image replica's
+    config file's keys."""
 
     identity: str
     metrics_port: int
     log_path: Path
     proc: subprocess.Popen | None = None
+    user: int | None = None
+    image: str | None = None
+    container: object | None = None      # localcluster.image.Container
+    files: Path | None = None
+    settings: dict = field(default_factory=dict)
 
     @property
     def alive(self) -> bool:
@@ -53,13 +64,20 @@ class LocalCluster:
     (the shipped RBAC, never more), unless `kubeconfig` names another API access, or
     `service_account` is False (admin). `install=False` leaves the manifests and the webhook
     registration to the caller (e.g. a Helm release pointing its webhook at `webhook_url`;
-    it then passes `kubeconfig` for the release's ServiceAccount)."""
+    it then passes `kubeconfig` for the release's ServiceAccount).
+
+    `user` (a uid) runs the `controllers` replicas from the source tree as that uid (its
+    group the same number, no supplementary groups), e.g. 65532 beside an image replica:
+    the kernel lets sockets share the webhook port (SO_REUSEPORT) only within one uid, as
+    the Pods behind the chart's Service all run as 65532. `add_replica(image=...)` adds a
+    replica inside the built image (localcluster.image)."""
 
     def __init__(self, *, controllers: int = 2, controller_args: tuple[str, ...] = (),
                  log_dir: Path | None = None, control_plane: ControlPlane | None = None,
                  install: bool = True, kubeconfig: Path | None = None,
                  service_account: bool = True,
-                 kubevirt: bool = False, permitted: tuple[str, ...] = ()) -> None:
+                 kubevirt: bool = False, permitted: tuple[str, ...] = (),
+                 user: int | None = None) -> None:
         self.own_cp = control_plane is None
         self.install_manifests = install
         self.kubeconfig = kubeconfig
@@ -73,6 +91,7 @@ class LocalCluster:
         self.replicas: list[Replica] = []
         self.webhook_port = 0
         self.service_account = service_account
+        self.user = user
 
     def __enter__(self) -> "LocalCluster":
         self.start()
@@ -95,7 +114,7 @@ class LocalCluster:
             self._webhook_certs()
             for i in range(self.n):
                 self.replicas.append(self._new_replica(i))
-                self.start_replica(i)
+                self.start_replica(i, user=self.user)
             for i in range(self.n):
                 self.wait_ready(i)
             if self.install_manifests:
@@ -164,30 +183,127 @@ class LocalCluster:
                         "-f", "-", input=yaml.safe_dump(doc))
 
     # -- replicas ----------------------------------------------------------------------
-    def _new_replica(self, i: int) -> Replica:
+    def _new_replica(self, i: int, prefix: str = "replica") -> Replica:
         logs = self.log_dir or self.cp.dir
         logs.mkdir(parents=True, exist_ok=True)
-        return Replica(f"replica-{i}", free_port(), logs / f"controller-{i}.log")
+        return Replica(f"{prefix}-{i}", free_port(), logs / f"controller-{i}.log")
 
-    def start_replica(self, i: int) -> None:
-        """(Re)start replica `i` as a subprocess."""
+    def add_replica(self, *, image: str | None = None, user: int | None = None,
+                    settings: dict | None = None) -> int:
+        """Start one more replica (not waited for: `wait_ready(i)`); returns its index i.
+
+        With `image` (a tag of the built controller image, `localcluster.image.build_image`),
+        the replica runs inside it as the image's uid 65532 on a read-only root, with the
+        chart's arguments (`--config=/etc/gpu-binder/config.yaml`, the TLS and client-CA
+        paths; then `controller_args` as the chart's extraArgs) and nothing else to reach the
+        API server than what a kubelet gives a Pod (in-cluster configuration: the
+        ServiceAccount's token, CA and namespace at SA_DIR, KUBERNETES_SERVICE_HOST/PORT,
+        POD_NAME its identity `image-<i>`). Its config file holds the loopback webhook and
+        metrics addresses, then `settings` (the chart's ConfigMap keys). Without `image`,
+        a source-tree replica `replica-<i>`, as `user` when given. Raises
+        localcluster.image.ImageError when buildah fails."""
+        i = len(self.replicas)
+        r = self._new_replica(i, "image" if image else "replica")
+        r.image, r.settings = image, dict(settings or {})
+        self.replicas.append(r)
+        self.start_replica(i, user=user)
+        return i
+
+    def start_replica(self, i: int, *, user: int | None = None) -> None:
+        """(Re)start replica `i` as a subprocess; `user` (a uid) runs a source-tree replica
+        as that uid from now on (None: as it ran before; an image replica always runs as
+        the image's uid). A replica run as another uid reads copies of the kubeconfig and
+        webhook files made for it at its first start (a later rotation of `webhook_dir`
+        does not reach them) and writes its --log-dir there."""
         r = self.replicas[i]
+        if user is not None:
+            r.user = user
+        if r.image:
+            self._start_in_image(r)
+            return
+        files = self._user_files(r) if r.user is not None else None
+        kubeconfig = Path(self.kubeconfig or self.cp.admin_kubeconfig)
+        cert, key = self.webhook_dir / "tls.crt", self.webhook_dir / "tls.key"
+        client_ca = Path(self.cp.webhook_client_ca_file)
+        if files is not None:
+            kubeconfig, cert, key, client_ca = (files / "kubeconfig", files / "tls.crt",
+                                                files / "tls.key", files / "client-ca.crt")
         args = [sys.executable, "-m", "cli.main", "controller",
-                f"--kubeconfig={self.kubeconfig or self.cp.admin_kubeconfig}",
+                f"--kubeconfig={kubeconfig}",
                 f"--identity={r.identity}",
                 f"--metrics-port={r.metrics_port}", "--metrics-host=127.0.0.1",
                 f"--webhook-port={self.webhook_port}", "--webhook-host=127.0.0.1",
-                f"--webhook-cert={self.webhook_dir / 'tls.crt'}",
-                f"--webhook-key={self.webhook_dir / 'tls.key'}",
-                f"--webhook-client-ca={self.cp.webhook_client_ca_file}", *self.controller_args]
-        if self.log_dir:
+                f"--webhook-cert={cert}", f"--webhook-key={key}",
+                f"--webhook-client-ca={client_ca}", *self.controller_args]
+        if files is not None:
+            args.append(f"--log-dir={files / 'logs'}")
+        elif self.log_dir:
             args.append(f"--log-dir={self.log_dir / r.identity}")
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
+        as_user = {}
+        if r.user is not None:
+            env.update(HOME=str(files), PYTHONDONTWRITEBYTECODE="1")
+            as_user = {"user": r.user, "group": r.user, "extra_groups": []}
         log = open(r.log_path, "ab")
         try:
             r.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT,
-                                      preexec_fn=_die_with_parent)
+                                      preexec_fn=_die_with_parent, **as_user)
+        finally:
+            log.close()
+
+    def _user_files(self, r: Replica) -> Path:
+        """A directory of r.user's own (mode 0700) with copies of what the replica reads."""
+        if r.files is None:
+            import shutil
+            import tempfile
+
+            d = Path(tempfile.mkdtemp(prefix=f"gpu-binder-{r.identity}-"))
+            for name, src in (("kubeconfig", self.kubeconfig or self.cp.admin_kubeconfig),
+                              ("tls.crt", self.webhook_dir / "tls.crt"),
+                              ("tls.key", self.webhook_dir / "tls.key"),
+                              ("client-ca.crt", self.cp.webhook_client_ca_file)):
+                shutil.copyfile(src, d / name)
+                (d / name).chmod(0o600)
+            (d / "logs").mkdir()
+            for p in (d, *d.iterdir()):
+                os.chown(p, r.user, r.user)
+            r.files = d
+        return r.files
+
+    def _start_in_image(self, r: Replica) -> None:
+        from localcluster import image as img
+
+        if r.container is None:
+            r.container = img.Container(r.image)
+        if r.files is None:
+            import tempfile
+
+            r.files = Path(tempfile.mkdtemp(prefix=f"gpu-binder-{r.identity}-"))
+        d = r.files
+        # a fresh token at each start, as a kubelet's projected token
+        env = img.write_service_account(self.cp, d / "serviceaccount", SA_NAMESPACE, SA_NAME)
+        img.readable_copy(self.webhook_dir / "tls.crt", d / "tls/tls.crt")
+        img.readable_copy(self.webhook_dir / "tls.key", d / "tls/tls.key")
+        img.readable_copy(self.cp.webhook_client_ca_file, d / "client-ca/ca.crt")
+        config = d / "config" / "config.yaml"
+        config.parent.mkdir(exist_ok=True)
+        config.parent.chmod(0o755)
+        config.write_text(yaml.safe_dump({
+            "webhook_host": "127.0.0.1", "webhook_port": self.webhook_port,
+            "metrics_host": "127.0.0.1", "metrics_port": r.metrics_port, **r.settings}))
+        config.chmod(0o644)
+        argv = ["gpu-binder", "controller", "--config=/etc/gpu-binder/config.yaml",
+                "--webhook-cert=/tls/tls.crt", "--webhook-key=/tls/tls.key",
+                "--webhook-client-ca=/client-ca/ca.crt", *self.controller_args]
+        cmd = r.container.read_only_argv(argv, env={"POD_NAME": r.identity, **env}, mounts={
+            str(d / "serviceaccount"): img.SA_DIR, str(d / "tls"): "/tls",
+            str(d / "client-ca"): "/client-ca", str(d / "config"): "/etc/gpu-binder"})
+        r.user = img.IMAGE_USER
+        log = open(r.log_path, "ab")
+        try:
+            r.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         finally:
             log.close()
 
@@ -243,7 +359,15 @@ class LocalCluster:
         if self.kubevirt is not None:
             self.kubevirt.stop()
             self.kubevirt = None
-        for i in range(len(self.replicas)):
+        import shutil
+
+        for i, r in enumerate(self.replicas):
             self.kill_replica(i, signal.SIGTERM)
+            if r.container is not None:
+                r.container.remove()
+                r.container = None
+            if r.files is not None:
+                shutil.rmtree(r.files, ignore_errors=True)
+                r.files = None
         if self.own_cp:
             self.cp.stop()
