@@ -47,7 +47,15 @@ class Housekeeper:
     ConfigMap change (`coalesce` seconds after the first change of a burst). `grace` is
     `attachmentGrace`; `timeout` bounds each API call (seconds); up to `concurrency` devices
     are worked on at once. Errors are logged per action and the action is retried on the
-    next round. `rounds` counts the rounds completed (paused ones included)."""
+    next round. `rounds` counts the rounds completed (paused ones included).
+
+    The settings ConfigMap is the parameter of the shipped ValidatingAdmissionPolicies, whose
+    bindings say `parameterNotFoundAction: Deny`: while it is missing they deny every Pod
+    and VMI they match (kubernetes#133827: never `Allow`, which silently stops enforcing
+    `rawResourceNames: denied`). `settings_present` is what H3 last found (None before its
+    first look; False while it is missing and could not be created), `settings_recreated`
+    counts the times H3 found it missing and created it; an absence H3 repairs or cannot
+    repair is told by a Warning Event `PolicyParameterMissing` on it (best effort)."""
 
     def __init__(self, api: ApiClient, cache: ClusterCache, *, grace: timedelta,
                  raw_policy: str, period: float = 5.0, timeout: float = 5.0,
@@ -64,6 +72,8 @@ class Housekeeper:
         self.actions_done = 0
         self.paused_rounds = 0
         self.rounds = 0
+        self.settings_present: bool | None = None
+        self.settings_recreated = 0
         self._paused = False
 
     async def run(self) -> None:
@@ -283,20 +293,20 @@ class Housekeeper:
                             error=str(err)[:300])
 
     async def ensure_settings(self) -> None:
-        """H3: create the settings ConfigMap, or replace its data when the cache shows drift."""
+        """H3: create the settings ConfigMap, or replace its data when the cache shows drift.
+        A create answered AlreadyExists means the cache was behind: it is present."""
         want = desired_settings(self.cache, self.raw_policy)
         have = self.cache.settings.get((self.cache.settings_namespace, SETTINGS_NAME))
         if have is not None and (have.get("data") or {}) == want:
+            self.settings_present = True
             return
         meta = {"name": SETTINGS_NAME, "namespace": self.cache.settings_namespace,
                 "labels": {"app.kubernetes.io/managed-by": "gpu-binder"}}
         try:
             if have is None:
-                await self._core.create_namespaced_config_map(
-                    self.cache.settings_namespace,
-                    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": want},
-                    field_manager=FIELD_MANAGER, _request_timeout=self.timeout)
+                await self._create_settings(meta, want)
             else:  # replace: data becomes exactly `want`, extra keys included (H3)
+                self.settings_present = True
                 body = dict(have)
                 body["metadata"] = {**have["metadata"], "labels": {
                     **(have["metadata"].get("labels") or {}), **meta["labels"]}}
@@ -309,3 +319,53 @@ class Housekeeper:
         except Exception as exc:  # noqa: BLE001 - retried next round
             log.warning("settings ConfigMap write failed", rule="H3",
                         error=str(errors.translate(exc, "apply ConfigMap gpu-settings"))[:300])
+
+    async def _create_settings(self, meta: dict, want: dict[str, str]) -> None:
+        """Create the missing settings ConfigMap; keep `settings_present` and
+        `settings_recreated` and tell an absence by an Event (see the class). Raises the
+        create's error (translated) unless it is AlreadyExists."""
+        try:
+            await self._core.create_namespaced_config_map(
+                self.cache.settings_namespace,
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": want},
+                field_manager=FIELD_MANAGER, _request_timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001 - sorted here
+            err = errors.translate(exc, "create ConfigMap gpu-settings")
+            if isinstance(err, errors.AlreadyExists):
+                self.settings_present = True  # the cache is behind; drift is seen next round
+                return
+            if self.settings_present is not False:  # once per absence
+                await self._parameter_event(
+                    "missing, and H3 cannot create it: the shipped policies deny every Pod "
+                    "and VMI they match until it exists (parameterNotFoundAction: Deny): "
+                    f"{str(err)[:300]}")
+            self.settings_present = False
+            raise err from exc
+        self.settings_recreated += 1
+        self.settings_present = True
+        await self._parameter_event(
+            "was missing, and H3 created it: until then the shipped policies denied every Pod "
+            "and VMI they match (parameterNotFoundAction: Deny)")
+
+    async def _parameter_event(self, message: str) -> None:
+        """A Warning Event `PolicyParameterMissing` about ConfigMap gpu-settings (the
+        policies' parameter), logged as well; best effort (a failure is logged)."""
+        ns = self.cache.settings_namespace
+        log.warning("policy parameter missing", rule="H3", namespace=ns, name=SETTINGS_NAME,
+                    message=message)
+        stamp = format_time(datetime.now(timezone.utc))
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{SETTINGS_NAME}.", "namespace": ns},
+                "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap",
+                                   "name": SETTINGS_NAME, "namespace": ns},
+                "reason": "PolicyParameterMissing", "type": "Warning",
+                "message": f"ConfigMap {ns}/{SETTINGS_NAME}, the parameter of "
+                           f"ValidatingAdmissionPolicies gpu-binder-raw-pods and "
+                           f"gpu-binder-raw-vmis, {message}"[:1024],
+                "source": {"component": "gpu-binder"}, "firstTimestamp": stamp,
+                "lastTimestamp": stamp, "count": 1, "reportingComponent": "gpu-binder",
+                "reportingInstance": "housekeeping"}
+        try:
+            await self._core.create_namespaced_event(ns, body, _request_timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001 - an Event is best effort
+            log.warning("event not recorded", error=repr(exc)[:200])

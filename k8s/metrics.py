@@ -104,6 +104,19 @@ class _TreeCollector:
                                      "housekeeping rounds completed while leading (H1-H3)")
         rounds.add_metric([], float(keeper.rounds if keeper is not None else 0))
         yield rounds
+        present = GaugeMetricFamily(
+            "gpu_binder_policy_parameter_present",
+            "1 while ConfigMap gpu-settings, the shipped policies' parameter, exists as H3 "
+            "last found it, 0 while missing (the policies then deny every Pod and VMI they "
+            "match); the leader only, after its first H3 look")
+        if keeper is not None and keeper.settings_present is not None:
+            present.add_metric([], 1.0 if keeper.settings_present else 0.0)
+        yield present
+        recreated = CounterMetricFamily(
+            "gpu_binder_policy_parameter_recreated",
+            "times H3 found ConfigMap gpu-settings missing and created it (while leading)")
+        recreated.add_metric([], float(keeper.settings_recreated if keeper is not None else 0))
+        yield recreated
 
 
 class _FleetCollector:

@@ -136,7 +136,8 @@ class LocalCluster:
         self.kubevirt.start()
 
     def install(self) -> None:
-        """Apply CRDs (ours and KubeVirt's own), RBAC, the settings namespace and the policies."""
+        """Apply CRDs (ours and KubeVirt's own), RBAC, the settings namespace and the policies
+        (with the settings ConfigMap gpu-settings they read, created before their bindings)."""
         from localcluster.kubevirt import install_crds
 
         k = self.cp.kubectl
@@ -146,7 +147,8 @@ class LocalCluster:
           "-f", str(TESTING_MANIFESTS), "-f", str(MANIFESTS / "controller" / "rbac.yaml"))
         k("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{c}" for c in CRDS])
         install_crds(self.cp)
-        k("apply", "--server-side", "--field-manager=gpu-binder-install",
+        # --force-conflicts: a controller's H3 may have taken gpu-settings' rawResourceNames
+        k("apply", "--server-side", "--force-conflicts", "--field-manager=gpu-binder-install",
           "-f", str(MANIFESTS / "policies"))
 
     @property

@@ -75,8 +75,11 @@ def tenant_ns(control_plane):
     control_plane.kubectl("create", "namespace", ns)
     control_plane.kubectl("label", "namespace", ns, "gpu.cozystack.io/tenant=true")
     yield ns
+    # back to the shipped ConfigMap (rawResourceNames: allowed): the bindings deny while it is
+    # missing (parameterNotFoundAction: Deny), and later modules create Pods and VMIs
     control_plane.kubectl("delete", "configmap", "gpu-settings", "-n", "cozy-system",
                           "--ignore-not-found")
+    control_plane.kubectl(*INSTALL, "-f", str(MANIFESTS / "policies"))
 
 
 def test_denied_policy_refuses_raw_pod_and_raw_vmi_in_tenant_namespace(control_plane,

@@ -94,7 +94,8 @@ def test_informer_versions_and_housekeeping_rounds_are_exported():
                  SimpleNamespace(name="nodes", resource_version=None, keys=lambda: []))
     controller = SimpleNamespace(elector=None, binder=None, synced=False,
                                  cache=SimpleNamespace(informers=informers),
-                                 housekeeper=SimpleNamespace(rounds=7))
+                                 housekeeper=SimpleNamespace(rounds=7, settings_present=None,
+                                                             settings_recreated=0))
     body, _ = Metrics(controller, SimpleNamespace(admitted=0, denied=0)).render()
     got = {(s.name, tuple(s.labels.items())): s.value
            for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
@@ -102,9 +103,26 @@ def test_informer_versions_and_housekeeping_rounds_are_exported():
     assert ("gpu_binder_informer_resource_version", (("informer", "nodes"),)) not in got
     assert got[("gpu_binder_cache_objects", (("informer", "gpudevices"),))] == 2
     assert got[("gpu_binder_housekeeping_rounds_total", ())] == 7
+    assert ("gpu_binder_policy_parameter_present", ()) not in got   # H3 has not looked yet
     controller.housekeeper = None  # not leading
     body, _ = Metrics(controller, SimpleNamespace(admitted=0, denied=0)).render()
     assert "gpu_binder_housekeeping_rounds_total 0.0" in body.decode()
+
+
+def test_policy_parameter_present_and_recreated_are_exported_by_the_leader():
+    """H3's view of ConfigMap gpu-settings, the shipped policies' parameter (kubernetes#133827)."""
+    keeper = SimpleNamespace(rounds=3, settings_present=False, settings_recreated=2)
+    controller = SimpleNamespace(elector=None, binder=None, synced=False, cache=None,
+                                 housekeeper=keeper)
+
+    def got():
+        body, _ = Metrics(controller, SimpleNamespace(admitted=0, denied=0)).render()
+        return {(s.name, tuple(s.labels.items())): s.value
+                for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
+    assert got()[("gpu_binder_policy_parameter_present", ())] == 0
+    assert got()[("gpu_binder_policy_parameter_recreated_total", ())] == 2
+    keeper.settings_present = True
+    assert got()[("gpu_binder_policy_parameter_present", ())] == 1
 
 
 def test_decisions_are_labelled_by_the_refusals_code():
