@@ -187,3 +187,181 @@ async def test_replica_in_the_image_with_in_cluster_config_admits_and_binds(imag
                   for d in devs) == [(v, "Bound", n) for v, n in sorted(pinned.items())]
     log = lc.replicas[0].log_path.read_text()
     assert "Traceback" not in log and "Read-only file system" not in log, log[-3000:]
+
+
+# -- the image replica beside a source-tree replica; killed mid-admission ------------------
+
+@pytest.fixture
+def beside(control_plane, image, tmp_path):
+    """A source-tree replica `replica-0` run as uid 65532 (it leads: started first) and the
+    image replica `image-1` beside it, sharing the webhook port as two Pods behind the
+    chart's Service (SO_REUSEPORT: one uid); both with the e2e short leases and grace."""
+    from localcluster.cluster import LocalCluster
+    from localcluster.image import IMAGE_USER
+    from tests.e2e.conftest import FAST_CONTROLLER_ARGS
+
+    cp = control_plane
+    cp.kubectl("delete", "lease", "gpu-binder", "-n", "cozy-system", "--ignore-not-found")
+    lc = LocalCluster(controllers=1, user=IMAGE_USER, control_plane=cp,
+                      controller_args=FAST_CONTROLLER_ARGS, log_dir=tmp_path / "logs")
+    try:
+        lc.start()
+        lc.wait_ready(lc.add_replica(image=image), timeout=90)
+        yield lc
+    finally:
+        lc.stop()
+        cp.kubectl("delete", "mutatingwebhookconfiguration", "gpu-binder", "--ignore-not-found")
+
+
+RETRYABLE = (429, 500, 503, 504)   # what a tenant's client retries (500: the webhook call failed)
+
+
+class Tenant:
+    """Creates VMIs as a tenant would, retrying a retryable refusal (RETRYABLE) after 0.3 s
+    until admitted; records each refusal and what is in flight."""
+
+    def __init__(self, fleet, ns: str, cls: str) -> None:
+        self.fleet, self.ns, self.cls = fleet, ns, cls
+        self.in_flight: dict[str, float] = {}         # name -> when its current try began
+        self.retryable: list[tuple[str, int, str]] = []
+        self.fatal: list[tuple[str, int, str]] = []
+        self.admitted: dict[str, str] = {}            # name -> pinned node
+
+    async def create(self, name: str, deadline: float = 60.0) -> None:
+        import time
+
+        import anyio
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        from tests.e2e.test_webhook import VMI_GROUP, VMI_VERSION, VMIS, annotated, fixture
+
+        body = annotated(fixture("vmi-fedora.yaml"), name, templates=f"{self.cls}=1")
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            self.in_flight[name] = time.monotonic()
+            try:
+                made = await self.fleet.custom.create_namespaced_custom_object(
+                    VMI_GROUP, VMI_VERSION, self.ns, VMIS, body)
+            except ApiException as exc:
+                msg = (json.loads(exc.body).get("message", "") if exc.body else str(exc))
+                if exc.status == 409 and "already exists" in msg:  # an earlier try got in
+                    made = await self.fleet.custom.get_namespaced_custom_object(
+                        VMI_GROUP, VMI_VERSION, self.ns, VMIS, name)
+                elif exc.status in RETRYABLE:
+                    self.retryable.append((name, exc.status, msg[:300]))
+                    await anyio.sleep(0.3)
+                    continue
+                else:
+                    self.fatal.append((name, exc.status, msg[:300]))
+                    return
+            finally:
+                self.in_flight.pop(name, None)
+            self.admitted[name] = made["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+            return
+        self.fatal.append((name, 0, "not admitted within the deadline"))
+
+
+async def _admitted(lc, i: int) -> float:
+    from tests.e2e.helpers import scrape
+
+    return (await scrape(lc, i)).get(("gpu_binder_admissions_total", (("outcome", "admitted"),)),
+                                     0.0)
+
+
+@pytest.mark.anyio
+async def test_image_replica_beside_a_source_replica_killed_mid_admission_loses_nothing(
+        beside, fleet):
+    import os
+    import signal
+    import time
+
+    import anyio
+
+    from tests.e2e.helpers import eventually, leader_idle, make_pool
+    from tests.e2e.test_webhook import VMI_GROUP, VMI_VERSION, VMIS, devices
+
+    lc, src, img = beside, 0, 1
+    assert lc.replicas[src].user == lc.replicas[img].user == 65532
+    assert lc.leader() == "replica-0"
+    capacity = 30
+    _, cls, nodes, ns, _ = await make_pool(fleet, {"a": capacity, "b": capacity},
+                                           seen_by=lc)
+    tenant = Tenant(fleet, ns, cls)
+    asked: set[str] = set()
+
+    # 1. admissions through both: batches of concurrent creates (the API server opens a
+    # connection per concurrent call; the kernel spreads connections over the two
+    # listeners) until each replica has admitted some, by its own counter
+    for batch in range(6):
+        async with anyio.create_task_group() as tg:
+            for k in range(6):
+                asked.add(f"b{batch}-{k}")
+                tg.start_soon(tenant.create, f"b{batch}-{k}")
+        if min(await _admitted(lc, src), await _admitted(lc, img)) >= 1:
+            break
+    by = {"source": await _admitted(lc, src), "image": await _admitted(lc, img)}
+    assert by["source"] >= 1 and by["image"] >= 1, by
+    assert (tenant.fatal, tenant.retryable) == ([], []), (tenant.fatal, tenant.retryable)
+
+    # 2. a stream of creates; the image replica is frozen (SIGSTOP: its reviews in flight
+    # and its connections held, as a stalled Pod) until some create has waited on it for
+    # 2 s (the source replica answers in well under that), then killed with SIGKILL: the
+    # process inside the container (chrooted into the container's root)
+    proc = lc.replicas[img].proc
+    assert os.readlink(f"/proc/{proc.pid}/root") == lc.replicas[img].container.root
+    stream = [f"s{w}-{j}" for w in range(6) for j in range(4)]
+    held: list[str] = []
+
+    async def worker(names: list[str]) -> None:
+        for name in names:
+            await tenant.create(name)
+
+    async with anyio.create_task_group() as tg:
+        for w in range(6):
+            tg.start_soon(worker, stream[w * 4:(w + 1) * 4])
+        await eventually(lambda: _admitted_since(lc, img, by["image"]), timeout=20,
+                         what="the image replica admitting in the stream")
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            async def stuck() -> list[str]:
+                now = time.monotonic()
+                return [n for n, t in tenant.in_flight.items() if now - t > 2]
+            held = await eventually(stuck, timeout=20, interval=0.05,
+                                    what="a create held by the frozen image replica")
+        finally:
+            lc.kill_replica(img, signal.SIGKILL)
+    assert not lc.replicas[img].alive
+
+    # the tenant saw at most retryable refusals, and every VMI it asked for is admitted
+    assert tenant.fatal == [], tenant.fatal
+    everything = asked | set(stream)
+    assert set(tenant.admitted) == everything and set(held) <= everything
+    print(f"admitted by source {by['source']:.0f}, image {by['image']:.0f} before the kill; "
+          f"held at the kill: {held}; retryable refusals: {tenant.retryable}")
+
+    # nothing stays attached to a VMI that does not exist (H1/H2 clear what the killed
+    # admissions left, after the 8 s grace), and each VMI's device is Bound on its node
+    async def settled():
+        vmis = {v["metadata"]["name"] for v in (await fleet.custom.list_namespaced_custom_object(
+            VMI_GROUP, VMI_VERSION, ns, VMIS))["items"]}
+        devs = await devices(fleet, ns)
+        attached = [(d["status"]["attachedTo"]["vmi"], d["status"].get("phase"),
+                     d["status"].get("nodeName")) for d in devs
+                    if (d.get("status") or {}).get("attachedTo")]
+        orphans = [a for a in attached if a[0] not in vmis]
+        return (vmis, devs, attached) if not orphans else None
+    vmis, devs, attached = await eventually(settled, timeout=45, interval=0.5,
+                                            what="no device attached to a missing VMI")
+    await leader_idle(lc)
+    assert vmis == everything
+    assert sorted(attached) == sorted((v, "Bound", tenant.admitted[v]) for v in everything)
+    per_node: dict[str, int] = {}
+    for d in devs:
+        if (d.get("status") or {}).get("phase") == "Bound":
+            per_node[d["status"]["nodeName"]] = per_node.get(d["status"]["nodeName"], 0) + 1
+    assert all(n <= capacity for n in per_node.values()) and \
+        set(per_node) <= set(nodes.values()), per_node
+
+
+async def _admitted_since(lc, i: int, before: float) -> bool:
+    return await _admitted(lc, i) > before
