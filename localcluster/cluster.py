@@ -31,6 +31,33 @@ SA_NAMESPACE, SA_NAME = "cozy-system", "gpu-binder"   # controller/rbac.yaml
 CRDS = ("gpuclasses.gpu.cozystack.io", "gpudevices.gpu.cozystack.io")
 
 
+def _reachable_by_others(path: str) -> bool:
+    """Every directory up to `path` searchable, and `path` executable, by any uid."""
+    p = Path(path)
+    return all(os.stat(d).st_mode & 0o001 for d in [*p.parents, p])
+
+
+def _interpreter_for(uid: int) -> tuple[str, tuple[str, ...]]:
+    """(interpreter, extra sys.path entries) with which `uid` runs this checkout: this
+    interpreter when another uid can reach it, else the system's python3 of the same version
+    with this interpreter's site-packages (a venv of a pyenv Python under /root, mode 0700,
+    is out of another uid's reach). Raises ControlPlaneError when there is none."""
+    real = os.path.realpath(sys.executable)
+    if _reachable_by_others(real):
+        return sys.executable, ()
+    import shutil
+    import site
+
+    for cand in ("/usr/bin/python3", shutil.which("python3") or ""):
+        if cand and os.path.exists(cand) and _reachable_by_others(os.path.realpath(cand)):
+            out = subprocess.run([cand, "-c", "import sys; print(sys.version_info[:2])"],
+                                 capture_output=True, text=True)
+            if out.stdout.strip() == str(tuple(sys.version_info[:2])):
+                return cand, tuple(site.getsitepackages())
+    raise ControlPlaneError(f"no Python {sys.version_info[0]}.{sys.version_info[1]} that uid "
+                            f"{uid} can run ({real} is out of its reach)")
+
+
 @dataclass
 class Replica:
     """One controller subprocess: from the source tree (as `user`, a uid, when set, else as
@@ -230,7 +257,8 @@ class LocalCluster:
         if files is not None:
             kubeconfig, cert, key, client_ca = (files / "kubeconfig", files / "tls.crt",
                                                 files / "tls.key", files / "client-ca.crt")
-        args = [sys.executable, "-m", "cli.main", "controller",
+        args = [_interpreter_for(r.user)[0] if r.user is not None else sys.executable,
+                "-m", "cli.main", "controller",
                 f"--kubeconfig={kubeconfig}",
                 f"--identity={r.identity}",
                 f"--metrics-port={r.metrics_port}", "--metrics-host=127.0.0.1",
@@ -244,7 +272,8 @@ class LocalCluster:
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
         as_user = {}
         if r.user is not None:
-            env.update(HOME=str(files), PYTHONDONTWRITEBYTECODE="1")
+            env.update(HOME=str(files), PYTHONDONTWRITEBYTECODE="1",
+                       PYTHONPATH=os.pathsep.join((str(REPO_ROOT), *_interpreter_for(r.user)[1])))
             as_user = {"user": r.user, "group": r.user, "extra_groups": []}
         log = open(r.log_path, "ab")
         try:
