@@ -25,6 +25,7 @@ def test_every_manifest_applies_with_server_side_dry_run(control_plane):
         "clusterrole.rbac.authorization.k8s.io", "clusterrole.rbac.authorization.k8s.io",
         "clusterrolebinding.rbac.authorization.k8s.io", "role.rbac.authorization.k8s.io",
         "rolebinding.rbac.authorization.k8s.io", "serviceaccount", "service", "configmap",
+        "configmap",   # the dashboard, and gpu-settings (the policies' parameter)
         "deployment.apps", "mutatingwebhookconfiguration.admissionregistration.k8s.io",
         "networkpolicy.networking.k8s.io",
         "validatingadmissionpolicy.admissionregistration.k8s.io",
