@@ -53,7 +53,7 @@ def _demo(args: argparse.Namespace) -> int:
         return 2
     try:
         return run(nodes=args.nodes, vmis=args.vmis, seed=args.seed, log_dir=Path(args.log_dir),
-                   keep=args.keep)
+                   keep=args.keep, vmi_only=args.vmi_only)
     except ControlPlaneError as exc:
         print(f"gpu-binder demo: {exc}", file=sys.stderr)
         return 2
@@ -148,7 +148,9 @@ def _add_tools(sub, prog: str) -> None:
                     "would be admitted; 1: it would be refused; 2: bad input or the cluster "
                     "could not be read.")
     ex.add_argument("vmi", nargs="?", metavar="NAMESPACE/NAME",
-                    help="an existing VMI (default: none; give this or -f)")
+                    help="an existing VMI, else a VirtualMachine (explained from its "
+                         "spec.template; a VMI of the name wins) (default: none; give this "
+                         "or -f)")
     ex.add_argument("-f", "--filename", metavar="FILE",
                     help="a VMI manifest (YAML or JSON; - for stdin), not created yet "
                          "(default: none; give this or NAMESPACE/NAME)")
@@ -237,7 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--nodes", type=int, default=8,
                       help="GPU nodes to create, at least 2 (default: %(default)s)")
     demo.add_argument("--vmis", type=int, default=30,
-                      help="VMIs created at once, at least 1 (default: %(default)s)")
+                      help="VirtualMachines (or, with --vmi-only, VMIs) created at once, at "
+                           "least 1 (default: %(default)s)")
+    demo.add_argument("--vmi-only", action="store_true",
+                      help="create VMIs directly instead of VirtualMachines (default: "
+                           "VirtualMachines, as Cozystack does)")
     demo.add_argument("--seed", type=int, default=7,
                       help="seed of the random VMI mix (default: %(default)s)")
     demo.add_argument("--log-dir", default="logs",

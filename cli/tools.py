@@ -14,7 +14,7 @@ import dataclasses
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from enum import Enum
 from pathlib import Path
@@ -30,6 +30,7 @@ from model.defrag import DefragPlan, plan_round
 from model.explain import Explanation, Top, WhatIf, explain, top, what_if
 from model.parse import ParseError, parse_tolerations, parse_vmi_request
 from model.snapshot import Snapshot
+from model.vm import vmi_of_vm
 from model.reasons import Code, Reason
 
 
@@ -40,7 +41,8 @@ class ToolError(Exception):
 @dataclass(frozen=True, slots=True)
 class Cluster:
     """The cluster as read once: the snapshot, live VMIs (namespace, name), raw VMIs, and
-    what the webhook knows of VMIs (`ClusterCache.vmi_state`: uids, admission ids)."""
+    what the webhook knows of VMIs (`ClusterCache.vmi_state`: uids, admission ids); `vms`
+    the VirtualMachines read by name (`read_cluster(vm=...)`)."""
 
     snapshot: Snapshot
     live_vmis: set[tuple[str, str]]
@@ -48,6 +50,7 @@ class Cluster:
     vmi_state: Any = None
     permitted: frozenset[str] | None = None
     launcher: LauncherDefaults = LauncherDefaults()
+    vms: dict[tuple[str, str], dict] = field(default_factory=dict)
 
 
 def default_kubeconfig() -> str:
@@ -59,10 +62,12 @@ def default_kubeconfig() -> str:
 
 
 async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-system",
-                       timeout: float = 30.0) -> Cluster:
+                       timeout: float = 30.0, vm: tuple[str, str] | None = None) -> Cluster:
     """List nodes, GPU classes and devices, namespaces, quotas, VMIs (read-only) through
-    `ClusterCache`, so the snapshot is built exactly as the controller builds it. Raises
-    ToolError naming --kubeconfig or --timeout, or the list that failed."""
+    `ClusterCache`, so the snapshot is built exactly as the controller builds it; with `vm`
+    (namespace, name), also GET that VirtualMachine (absent, or not readable by this user:
+    `Cluster.vms` lacks it). Raises ToolError naming --kubeconfig or --timeout, or the list
+    that failed."""
     from kubernetes_asyncio.config import ConfigException, new_client_from_config
 
     from k8s.cache import ClusterCache
@@ -86,17 +91,49 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
         except Exception as exc:  # noqa: BLE001 - transport errors: name the server
             raise ToolError(f"cannot reach the API server of {kubeconfig}: {exc!r}"[:500]) from None
         vmis = {k: v for k, v in ((k, cache.vmis.get(k)) for k in cache.vmi_keys()) if v}
+        vms = {vm: got} if vm is not None and (got := await _read_vm(api, vm, timeout)) else {}
         return Cluster(cache.view.snapshot(), set(vmis), vmis, cache.vmi_state(),
-                       cache.permitted_resources(), cache.launcher_defaults())
+                       cache.permitted_resources(), cache.launcher_defaults(), vms)
     finally:
         await api.close()
+
+
+async def _read_vm(api, key: tuple[str, str], timeout: float) -> dict | None:
+    """VirtualMachine `key`, or None when it does not exist, KubeVirt is not installed or the
+    user may not read it (explain then resolves the name to VMIs only)."""
+    from kubernetes_asyncio.client import CustomObjectsApi
+
+    try:
+        with anyio.fail_after(timeout):
+            return await CustomObjectsApi(api).get_namespaced_custom_object(
+                "kubevirt.io", "v1", key[0], "virtualmachines", key[1])
+    except Exception:  # noqa: BLE001 - 404/403/transport: no VM to explain from
+        return None
+
+
+def resolved_as(source: str | None, cluster: Cluster) -> str | None:
+    """What `NAMESPACE/NAME` names, said for the user when a VirtualMachine is involved:
+    the VM explained from its template (no VMI of that name), or the VMI a VM started
+    (both exist); None for a plain VMI or a file."""
+    if not source or source.count("/") != 1:
+        return None
+    key = tuple(source.split("/"))
+    if key not in cluster.vms:
+        return None
+    if key in cluster.vmis:
+        return (f"VirtualMachine {source} has a VMI of that name: explaining the VMI "
+                "(as a re-creation of it would go)")
+    return (f"VirtualMachine {source} has no VMI: explaining the VMI virt-controller "
+            "creates from its spec.template")
 
 
 def load_vmi(source: str | None, file: str | None, namespace: str | None,
              cluster: Cluster) -> dict:
     """The VMI to explain: from `file` (YAML or JSON, the first VirtualMachineInstance
-    document; "-" is stdin) or `source` "NAMESPACE/NAME" of an existing VMI. Raises
-    ToolError naming -f or the argument."""
+    document; "-" is stdin) or `source` "NAMESPACE/NAME" of an existing VMI, else of a
+    VirtualMachine in `cluster.vms` (the VMI virt-controller would create from its template,
+    `model.vm.vmi_of_vm`; a VMI of that name wins when both exist). Raises ToolError naming
+    -f or the argument."""
     if file is not None:
         try:
             text = sys.stdin.read() if file == "-" else Path(file).read_text()
@@ -119,8 +156,11 @@ def load_vmi(source: str | None, file: str | None, namespace: str | None,
         raise ToolError("give the VMI as NAMESPACE/NAME, or a manifest with -f FILE")
     ns, name = source.split("/")
     vmi = cluster.vmis.get((ns, name))
+    if vmi is None and (ns, name) in cluster.vms:
+        return vmi_of_vm(cluster.vms[(ns, name)])
     if vmi is None:
-        raise ToolError(f"VMI {ns}/{name} not found (use -f FILE for one not created yet)")
+        raise ToolError(f"no VMI or VirtualMachine {ns}/{name} found (use -f FILE for one "
+                        "not created yet)")
     return vmi
 
 
@@ -358,14 +398,23 @@ async def _run(args) -> int:
             raise ToolError(f"--defrag-max-moves must be at least 1, got {args.defrag_max_moves}")
     if args.command == "defrag" and args.max_moves < 1:
         raise ToolError(f"--max-moves must be at least 1, got {args.max_moves}")
+    vm = (tuple(args.vmi.split("/")) if args.command == "explain" and args.vmi
+          and args.vmi.count("/") == 1 else None)
     cluster = await read_cluster(args.kubeconfig, settings_namespace=args.settings_namespace,
-                                 timeout=args.timeout)
+                                 timeout=args.timeout, vm=vm)
     now = datetime.now(timezone.utc)
     if args.command == "explain":
         vmi = load_vmi(args.vmi, args.filename, args.namespace, cluster)
         e = explain_vmi(cluster, vmi, grace=args.attachment_grace, now=now,
                         defrag_max_moves=args.defrag_max_moves)
-        print(json.dumps(to_jsonable(e), indent=2) if args.json else render_explain(e))
+        note = resolved_as(args.vmi, cluster)
+        if args.json:
+            out = to_jsonable(e)
+            if note:
+                out["resolved"] = note
+            print(json.dumps(out, indent=2))
+        else:
+            print((note + "\n" if note else "") + render_explain(e))
         return 0 if e.admitted else 1
     if args.command == "what-if":
         try:

@@ -3,8 +3,8 @@
 1. HTTP first: `/healthz`, `/readyz`, `/metrics` (prometheus-client) and the webhook, which
    denies (fail closed) until the cache has synced;
 2. the informers (wait for sync), then `/readyz` turns ok;
-3. the Lease loop; while leading, the binder (supervisor, node actors, coordinator) and
-   housekeeping run in one task group, cancelled together when leadership is lost.
+3. the Lease loop; while leading, the binder (supervisor, node actors, coordinator),
+   housekeeping and the waiting-VM loop (`k8s.vm_waiting`) run in one task group, cancelled together when leadership is lost.
 SIGTERM/SIGINT cancel everything in reverse order; a held Lease is released. A supervisor
 escalation (restart intensity exceeded) propagates out and the process exits non-zero.
 """
@@ -32,6 +32,7 @@ from k8s.housekeeping import Housekeeper
 from k8s.leader import LeaderElector, LeaseConfig
 from k8s.metrics import Metrics
 from k8s.status_writer import ApiStatusWriter
+from k8s.vm_waiting import VMWaiting
 from k8s.webhook.review import Category, Denial, Review
 from k8s.webhook.transport import ReloadingTLS, deny, make_app, serve
 from supervisor.binder import Binder, BinderConfig
@@ -89,6 +90,7 @@ class Controller:
         self.cache: ClusterCache | None = None
         self.elector: LeaderElector | None = None
         self.housekeeper: Housekeeper | None = None
+        self.vm_waiting: VMWaiting | None = None
 
     def _health_app(self, metrics: Metrics) -> web.Application:
         async def healthz(_: web.Request) -> web.Response:
@@ -165,13 +167,15 @@ class Controller:
                                  binder_config(cfg), observer=metrics)
             keeper = Housekeeper(api, cache, grace=grace, raw_policy=cfg.raw_resource_names,
                                  period=cfg.housekeeping_period, timeout=call_timeout)
+            waiting = VMWaiting(api, cache, grace=grace, timeout=call_timeout)
             try:
-                self.housekeeper = keeper
+                self.housekeeper, self.vm_waiting = keeper, waiting
                 async with anyio.create_task_group() as tg:
                     await tg.start(self.binder.run)
                     tg.start_soon(keeper.run)
+                    tg.start_soon(waiting.run)
             finally:
-                self.binder = self.housekeeper = None
+                self.binder = self.housekeeper = self.vm_waiting = None
 
         async with anyio.create_task_group() as tg:
             async def on_signal() -> None:

@@ -3,11 +3,13 @@
 Starts etcd + kube-apiserver, installs the manifests, runs two controller replicas with the
 webhook registered, and KubeVirt's virt-api and virt-controller with kube-scheduler and KWOK
 (`localcluster.kubevirt`), creates a fleet (KWOK-managed nodes with two GPU models, one cordoned;
-three tenants with budgets; held devices), then creates VMIs at once — KubeVirt's own vmi-gpu
-example with gpu annotations added — as the tenants' own users through the API server, and
-prints what happened to each: for an admitted VMI, the node kube-scheduler bound its
-virt-launcher Pod to and the GPUs that Pod requests. Everything it started is stopped on exit
-or Ctrl-C.
+three tenants with budgets; held devices), then creates VirtualMachines at once, as Cozystack
+does — KubeVirt's own vm-cirros example, runStrategy Always, our annotations on its template —
+as the tenants' own users through the API server (virt-controller creates the VMIs; with
+`vmi_only`, the VMIs themselves, KubeVirt's vmi-gpu example), and prints what happened to each:
+its state and, for a started one, the node kube-scheduler bound its virt-launcher Pod to and
+the GPUs that Pod requests; for a waiting one, why (its GPUSetReady condition, in the binder's
+words). Everything it started is stopped on exit or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from localcluster.fleet import Fleet
 from localcluster.cluster import LocalCluster
 
 FIXTURE = KUBEVIRT_FIXTURES / "vmi-gpu.yaml"
+VM_FIXTURE = KUBEVIRT_FIXTURES / "vm-cirros.yaml"
 MODELS = {"h100": ("nvidia.com/GH100_H100", 4), "l40s": ("nvidia.com/NVIDIA_L40S-24C", 2)}
 TENANTS = {"tenant-acme": {"nvidia.com/GH100_H100": 8, "nvidia.com/NVIDIA_L40S-24C": 4},
            "tenant-blue": {"nvidia.com/GH100_H100": 4},
@@ -45,6 +48,8 @@ class Row:
     resource: str | None = None
     launcher_node: str | None = None
     launcher_gpus: int = 0
+    state: str | None = None
+    """A VM's printableStatus (None for a VMI)."""
 
 
 def load_fixture() -> dict:
@@ -126,6 +131,72 @@ async def create_all(lc: LocalCluster, kubeconfigs: dict[str, Path],
     return sorted(rows, key=lambda r: r.vmi)
 
 
+async def create_all_vms(kubeconfigs: dict[str, Path], plan: list[tuple[str, str, dict[str, str]]],
+                         timeout: float = 30.0) -> list[Row]:
+    """Create one VirtualMachine per plan entry at once (vm-cirros, runStrategy Always, the
+    annotations on its template) as the tenant, then wait up to `timeout` s until each has
+    started (its VMI admitted) or shows GPUSetReady=False; a Row per VM (`node` the node its
+    devices are Bound on, `reason` the condition's message while it waits)."""
+    from kubernetes_asyncio.client import ApiException, CustomObjectsApi
+    from kubernetes_asyncio.config import new_client_from_config
+
+    from model.types import ADMISSION_ANNOTATION
+    from model.vm import CONDITION
+
+    base = yaml.safe_load(VM_FIXTURE.read_text())
+    clients = {t: await new_client_from_config(config_file=str(p)) for t, p in kubeconfigs.items()}
+    rows: list[Row] = []
+    try:
+        async def one(tenant: str, name: str, ann: dict[str, str]) -> None:
+            vm = copy.deepcopy(base)
+            vm["metadata"] = {"name": name, "labels": {"kubevirt.io/vm": name}}
+            vm["spec"]["runStrategy"] = "Always"
+            vm["spec"]["template"]["metadata"]["annotations"] = ann
+            row = Row(name, tenant, ", ".join(ann.values()))
+            rows.append(row)
+            api = CustomObjectsApi(clients[tenant])
+            started = time.monotonic()
+            try:
+                await api.create_namespaced_custom_object("kubevirt.io", "v1", tenant, "virtualmachines", vm)
+            except ApiException as exc:
+                row.reason, row.state = f"VM not created: {exc.status} {exc.reason}", "Error"
+                return
+            with anyio.move_on_after(timeout):
+                while True:
+                    await anyio.sleep(0.5)
+                    got = await api.get_namespaced_custom_object("kubevirt.io", "v1", tenant,
+                                                                 "virtualmachines", name)
+                    row.state = (got.get("status") or {}).get("printableStatus")
+                    try:
+                        vmi = await api.get_namespaced_custom_object(
+                            "kubevirt.io", "v1", tenant, "virtualmachineinstances", name)
+                    except ApiException:
+                        vmi = None
+                    if vmi and (vmi["metadata"].get("annotations") or {}).get(ADMISSION_ANNOTATION):
+                        row.uid = vmi["metadata"]["uid"]
+                        gpus = vmi["spec"]["domain"]["devices"].get("gpus") or []
+                        row.resource = gpus[0]["deviceName"] if gpus else None
+                        dev = await api.get_namespaced_custom_object(
+                            "gpu.cozystack.io", "v1alpha1", tenant, "gpudevices", gpus[0]["name"])
+                        row.node = (dev.get("status") or {}).get("nodeName")
+                        row.reason = None
+                        break
+                    cond = next((c for c in (got.get("status") or {}).get("conditions") or []
+                                 if c.get("type") == CONDITION and c.get("status") == "False"), None)
+                    if cond:
+                        row.reason = f"waiting ({cond.get('reason')}): {cond.get('message')}"
+                        break
+            row.seconds = time.monotonic() - started
+
+        async with anyio.create_task_group() as tg:
+            for tenant, name, ann in plan:
+                tg.start_soon(one, tenant, name, ann)
+    finally:
+        for c in clients.values():
+            await c.close()
+    return sorted(rows, key=lambda r: r.vmi)
+
+
 async def find_launchers(api, rows: list[Row], timeout: float = 60.0) -> None:
     """Fill in, per admitted row, the node kube-scheduler bound its virt-launcher Pod to
     (`spec.nodeName`) and the GPUs of its resource that Pod requests; waits up to `timeout`
@@ -159,7 +230,9 @@ def short_reason(reason: str, limit: int = 140) -> str:
 
 def print_table(rows: list[Row]) -> None:
     print()
-    print(f"{'VMI':<22} {'TENANT':<12} {'GPUs ASKED':<28} {'RESULT'}")
+    vms = any(r.state is not None for r in rows)
+    kind = "VM" if vms else "VMI"
+    print(f"{kind:<22} {'TENANT':<12} {'GPUs ASKED':<28} {'STATE':<10} {'RESULT'}")
     print("-" * 130)
     for r in rows:
         if r.node:
@@ -167,13 +240,17 @@ def print_table(rows: list[Row]) -> None:
                    f"{r.launcher_gpus} GPU{'s' if r.launcher_gpus != 1 else ''}"
                    if r.launcher_node else "virt-launcher Pod NOT bound")
             result = f"admitted, pinned to {r.node} ({r.seconds:.2f} s); {pod}"
+        elif vms:
+            result = short_reason(r.reason or "no answer yet (neither started nor waiting)")
         else:
             result = f"REFUSED: {short_reason(r.reason or '')}"
-        print(f"{r.vmi:<22} {r.tenant:<12} {r.asked:<28} {result}")
+        state = r.state or ("Admitted" if r.node else "Refused")
+        print(f"{r.vmi:<22} {r.tenant:<12} {r.asked:<28} {state:<10} {result}")
     admitted = [r for r in rows if r.node]
     on_pin = [r for r in admitted if r.launcher_node == r.node]
     print("-" * 130)
-    print(f"{len(rows)} VMIs: {len(admitted)} admitted, {len(rows) - len(admitted)} refused; "
+    print(f"{len(rows)} {kind}s: {len(admitted)} admitted, {len(rows) - len(admitted)} "
+          f"{'waiting' if vms else 'refused'}; "
           f"{len(on_pin)} of {len(admitted)} launcher Pods bound on their pinned node")
     per_node: dict[str, int] = {}
     for r in admitted:
@@ -182,8 +259,9 @@ def print_table(rows: list[Row]) -> None:
 
 
 def run(*, nodes: int = 8, vmis: int = 30, seed: int = 7, log_dir: Path = Path("logs"),
-        keep: bool = False) -> int:
-    """The demo; returns the exit code (0 when it ran to the table)."""
+        keep: bool = False, vmi_only: bool = False) -> int:
+    """The demo; returns the exit code (0 when it ran to the table). `vmi_only`: create
+    VMIs directly instead of VirtualMachines."""
     import shutil
 
     log_dir = log_dir.resolve()
@@ -208,8 +286,12 @@ def run(*, nodes: int = 8, vmis: int = 30, seed: int = 7, log_dir: Path = Path("
             await anyio.sleep(1.0)  # the informers see the fleet
             plan = plan_vmis(vmis, seed)
             print(f"fleet: {nodes} KWOK nodes (gpu-node-03 cordoned), {len(TENANTS)} tenants; "
-                  f"creating {len(plan)} VMIs at once ...", flush=True)
-            rows = await create_all(lc, kubeconfigs, plan)
+                  f"creating {len(plan)} {'VMIs' if vmi_only else 'VirtualMachines'} at once ...",
+                  flush=True)
+            if vmi_only:
+                rows = await create_all(lc, kubeconfigs, plan)
+            else:
+                rows = await create_all_vms(kubeconfigs, plan)
             api = await new_client_from_config(config_file=str(lc.cp.admin_kubeconfig))
             try:
                 await find_launchers(api, rows)

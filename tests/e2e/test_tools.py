@@ -132,9 +132,9 @@ async def test_B4_explain_says_fits_on_node_and_admission_pins_it_there(
     got = json.loads(out.stdout)
     assert (got["admitted"], got["node"], got["rule"]) == (True, node, "B6")
     out = run_tool(control_plane, "explain", f"{pool.tenant}/no-such-vmi")
-    assert (out.returncode, out.stderr) == (2, f"gpu-binder explain: VMI {pool.tenant}/"
-                                               "no-such-vmi not found (use -f FILE for one not "
-                                               "created yet)\n")
+    assert (out.returncode, out.stderr) == (2, f"gpu-binder explain: no VMI or VirtualMachine "
+                                               f"{pool.tenant}/no-such-vmi found (use -f FILE "
+                                               "for one not created yet)\n")
 
 
 async def test_W1_explain_says_budget_and_admission_is_denied_with_that_message(

@@ -1,0 +1,247 @@
+"""Waiting VirtualMachines (leader only): say on the VM why it does not start, and let
+virt-controller know when room for its GPU set appears.
+
+virt-controller creates a VM's VMI; when our webhook denies that CREATE, it records a
+`Failure` condition (reason FailedCreate, the message of the *first* denial only: it never
+rewrites the message while the reason stays) and a FailedCreate Event, and retries with its
+work queue's exponential back-off (5 ms doubling, capped at 1000 s; `Forget` only after a
+success). So a VM that has waited long would start up to ~17 minutes after room appears.
+
+`VMWaiting` watches VMs (an informer of its own: only the leader needs it) and, in rounds
+triggered by changes of VMs, VMIs, devices, nodes, quotas, classes and KubeVirt CRs, plans
+with the pure `model.vm.plan_waiting` and writes the VM status condition `GPUSetReady`:
+False with the binder's reason and words while the set cannot be placed, True
+(`RoomAvailable`) once it can. Every write of the VM's status is a VM update event, on which
+virt-controller re-queues the VM at once (its update handler adds the key without the rate
+limiter): the True write is the nudge that makes the waiting VM start within a second or
+two, without a tenant-visible write to the VM's metadata or spec. virt-controller removes
+the condition itself once the VMI exists (it keeps only conditions the VMI carries); for a
+VM stopped while waiting this module removes it. Each change of the condition's status or
+reason is also an Event on the VM (`GPUSetWaiting` Warning, `GPUSetRoomAvailable` Normal).
+
+Writes are bounded so the binder never drives a retry storm: a VM's status is written at
+most once per `min_interval` seconds, and a waiting VM whose status and reason stay the same
+has its message refreshed at most once per `refresh_interval` seconds. Each write is a JSON
+Patch that `test`s the VM's resourceVersion as cached (field manager
+`gpu-binder-vm-waiting`), so it never overwrites a newer status of virt-controller's.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import anyio
+import structlog
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
+
+from actors.workqueue import QueueShutDown, WorkQueue
+from k8s import errors
+from k8s.cache import ClusterCache
+from k8s.informer import Informer, Key
+from model.admission import ANNOTATION_PREFIX
+from model.parse import format_time
+from model.vm import CONDITION, Condition, Waiting, current_condition, plan_waiting
+
+log = structlog.get_logger("gpu_binder.vm_waiting")
+
+FIELD_MANAGER = "gpu-binder-vm-waiting"
+_ROUND = "round"
+
+
+def slim_vm(obj: dict) -> dict:
+    """What the VM informer keeps of a VM: identity and times, the run strategy, the
+    template's `gpu.cozystack.io/` annotations and spec without volumes (cloud-init user
+    data), and the status fields read here (conditions, stateChangeRequests,
+    printableStatus)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    tmpl = spec.get("template") if isinstance(spec.get("template"), dict) else {}
+    tmeta = tmpl.get("metadata") if isinstance(tmpl.get("metadata"), dict) else {}
+    tspec = dict(tmpl.get("spec")) if isinstance(tmpl.get("spec"), dict) else {}
+    tspec.pop("volumes", None)
+    ann = tmeta.get("annotations") if isinstance(tmeta.get("annotations"), dict) else {}
+    status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+    return {
+        "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion",
+                                               "creationTimestamp", "deletionTimestamp")},
+        "spec": {"runStrategy": spec.get("runStrategy"), "running": spec.get("running"),
+                 "template": {"metadata": {"annotations": {
+                     k: v for k, v in ann.items() if isinstance(k, str)
+                     and k.startswith(ANNOTATION_PREFIX)}}, "spec": tspec}},
+        "status": {k: status[k] for k in ("conditions", "stateChangeRequests", "printableStatus")
+                   if k in status},
+    }
+
+
+class VMWaiting:
+    """Shows why waiting VMs wait and nudges virt-controller when room appears (module doc).
+
+    `grace` is attachmentGrace (W1's liveness of attachments); `timeout` bounds each API
+    call (seconds); `period` the longest time between rounds; `coalesce` the delay from the
+    first change of a burst to its round. Counters: `rounds`, `writes`, `nudges` (True
+    writes), `write_errors`. Errors are logged and retried on a later round; `run` returns
+    only when cancelled."""
+
+    def __init__(self, api: ApiClient, cache: ClusterCache, *, grace: timedelta,
+                 timeout: float = 5.0, period: float = 5.0, coalesce: float = 0.2,
+                 min_interval: float = 2.0, refresh_interval: float = 30.0) -> None:
+        self._custom = CustomObjectsApi(api)
+        self._core = CoreV1Api(api)
+        self.cache = cache
+        self.grace = grace
+        self.timeout = timeout
+        self.period = period
+        self.coalesce = coalesce
+        self.min_interval = min_interval
+        self.refresh_interval = refresh_interval
+        self.vms = Informer("virtualmachines", functools.partial(
+            self._custom.list_cluster_custom_object, "kubevirt.io", "v1", "virtualmachines"),
+            transform=slim_vm)
+        self._last_write: dict[Key, float] = {}
+        self._queue: WorkQueue[str] | None = None
+        self.rounds = self.writes = self.nudges = self.write_errors = 0
+
+    async def run(self) -> None:
+        """List and watch VMs, then a round now, after every change (coalesced) and at least
+        every `period` seconds, until cancelled."""
+        queue: WorkQueue[str] = WorkQueue()
+        self._queue = queue
+        informers = (self.vms, self.cache.vmis, self.cache.devices, self.cache.nodes,
+                     self.cache.quotas, self.cache.classes, self.cache.kubevirts,
+                     self.cache.pods)
+
+        def changed(key: Key, obj: dict | None) -> None:
+            queue.add_after(_ROUND, self.coalesce)
+
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.vms.run)
+            for inf in informers:
+                inf.add_listener(changed)
+            try:
+                while True:
+                    await self.round()
+                    try:
+                        queue.done(await queue.get(timeout=self.period))
+                    except TimeoutError:
+                        pass
+                    except QueueShutDown:
+                        return
+            finally:
+                for inf in informers:
+                    inf.remove_listener(changed)
+                queue.shutdown()
+                tg.cancel_scope.cancel()
+
+    def plan(self, now: datetime) -> list[Waiting]:
+        """`model.vm.plan_waiting` over the cached VMs and the cache's snapshot."""
+        return plan_waiting(self.cache.view.snapshot(), self.vms.items(),
+                            vmis=self.cache.vmi_state(), now=now, grace=self.grace,
+                            launcher=self.cache.launcher_defaults(),
+                            permitted=self.cache.permitted_resources())
+
+    async def round(self, now: datetime | None = None) -> None:
+        """One pass: write each waiting VM's condition when it changed (within the rate
+        bounds), and remove the condition from VMs that no longer wait and have no VMI.
+        Skipped while the VM, VMI or device informer is unhealthy."""
+        now = now or datetime.now(timezone.utc)
+        if not (self.vms.healthy and self.cache.healthy(self.cache.vmis, self.cache.devices)):
+            return
+        plans = {w.key: w for w in self.plan(now)}
+        live = self.cache.vmi_state().live
+        for key, w in plans.items():
+            vm = self.vms.get(key)
+            if vm is not None:
+                await self._show(key, vm, w.condition, now)
+        for vm in self.vms.items():
+            key = (vm["metadata"]["namespace"], vm["metadata"]["name"])
+            if key not in plans and key not in live and current_condition(vm) is not None:
+                await self._show(key, vm, None, now)
+        self.rounds += 1
+
+    def _due(self, key: Key, old: dict | None, new: Condition | None) -> float:
+        """Seconds until a write of `new` over `old` is allowed (0: now; inf: not needed)."""
+        if new is None:
+            wanted = old is not None
+        else:
+            wanted = old is None or (old.get("status"), old.get("reason"), old.get("message")) != (
+                new.status, new.reason, new.message)
+        if not wanted:
+            return float("inf")
+        since = time.monotonic() - self._last_write.get(key, float("-inf"))
+        same = (old is not None and new is not None and old.get("status") == new.status
+                and old.get("reason") == new.reason)
+        bound = self.refresh_interval if same else self.min_interval
+        return max(0.0, bound - since)
+
+    async def _show(self, key: Key, vm: dict, new: Condition | None, now: datetime) -> None:
+        old = current_condition(vm)
+        due = self._due(key, old, new)
+        if due == float("inf"):
+            return
+        if due > 0:
+            if self._queue is not None:
+                self._queue.add_after(_ROUND, due)
+            return
+        status = vm.get("status") or {}
+        conds = [c for c in status.get("conditions") or [] if c.get("type") != CONDITION]
+        if new is not None:
+            changed = old is None or old.get("status") != new.status
+            conds.append({"type": CONDITION, "status": new.status, "reason": new.reason,
+                          "message": new.message[:1024],
+                          "lastTransitionTime": format_time(now) if changed
+                          else old.get("lastTransitionTime") or format_time(now),
+                          "lastProbeTime": None})
+        ns, name = key
+        ops: list[dict] = [{"op": "test", "path": "/metadata/resourceVersion",
+                            "value": vm["metadata"]["resourceVersion"]}]
+        ops.append({"op": "add", "path": "/status/conditions", "value": conds} if status
+                   else {"op": "add", "path": "/status", "value": {"conditions": conds}})
+        self._last_write[key] = time.monotonic()
+        try:
+            with anyio.fail_after(self.timeout):
+                await self._custom.patch_namespaced_custom_object_status(
+                    "kubevirt.io", "v1", ns, "virtualmachines", name, ops,
+                    _content_type="application/json-patch+json", field_manager=FIELD_MANAGER,
+                    _request_timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001 - retried on a later round
+            err = errors.translate(exc, f"write the {CONDITION} condition of VM {ns}/{name}")
+            self.write_errors += 1
+            if not isinstance(err, (errors.Invalid, errors.Conflict, errors.NotFound)):
+                log.warning("VM condition not written", vm=f"{ns}/{name}", error=str(err)[:300])
+            if self._queue is not None:
+                self._queue.add_after(_ROUND, self.min_interval)
+            return
+        self.writes += 1
+        log.info("VM condition written", vm=f"{ns}/{name}", condition=CONDITION,
+                 status=new.status if new else None, reason=new.reason if new else None)
+        if new is not None and (old is None or (old.get("status"), old.get("reason"))
+                                != (new.status, new.reason)):
+            if new.status == "True":
+                self.nudges += 1
+            await self._event(vm, new, now)
+
+    async def _event(self, vm: dict, cond: Condition, now: datetime) -> None:
+        """An Event on the VM for a change of the condition's status or reason (best
+        effort: a failure is logged)."""
+        meta = vm["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        stamp = format_time(now)
+        waiting = cond.status == "False"
+        body: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": ns},
+            "involvedObject": {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                               "name": name, "namespace": ns, "uid": meta.get("uid")},
+            "reason": "GPUSetWaiting" if waiting else "GPUSetRoomAvailable",
+            "message": cond.message[:1024], "type": "Warning" if waiting else "Normal",
+            "source": {"component": "gpu-binder"}, "firstTimestamp": stamp,
+            "lastTimestamp": stamp, "count": 1, "reportingComponent": "gpu-binder",
+            "reportingInstance": "vm-waiting"}
+        try:
+            with anyio.fail_after(self.timeout):
+                await self._core.create_namespaced_event(ns, body, _request_timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001 - an Event is best effort
+            log.warning("event not recorded", vm=f"{ns}/{name}", error=repr(exc)[:200])

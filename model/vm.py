@@ -1,0 +1,231 @@
+"""VirtualMachines (`kubevirt.io/v1`), the path Cozystack's users take: virt-controller
+creates the VMI from the VM's `spec.template`, so our webhook judges a VMI named as the VM,
+and a refusal reaches the user through the VM. This module is the pure part: the VMI a VM
+would start, whether a VM wants a VMI now, and the `GPUSetReady` condition and the order in
+which the binder shows waiting VMs that room has appeared for (`k8s.vm_waiting` writes them).
+No I/O, no wall clock (time comes in as an argument).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, Iterable, Mapping, Sequence
+
+from model.admission import ANNOTATION_PREFIX, LauncherDefaults, node_selector_of, unknown_annotations
+from model.explain import Explanation, explain, set_request
+from model.housekeeping import VMIs
+from model.parse import ParseError, parse_tolerations, parse_vmi_request
+from model.snapshot import Snapshot
+from model.types import Phase
+
+CONDITION = "GPUSetReady"
+"""The VM status condition the binder writes on a VM waiting for its GPU set: `False` with
+the binder's reason while the set cannot be placed, `True` once it can (virt-controller
+re-reconciles the VM on that write and creates the VMI). virt-controller drops it once the
+VMI exists (it keeps only conditions the VMI carries), so it shows only while waiting."""
+ROOM_REASON = "RoomAvailable"
+STARTING_STRATEGIES = frozenset({"Always", "RerunOnFailure"})
+"""Run strategies under which virt-controller creates a VMI whenever none exists."""
+
+
+def run_strategy(vm: Mapping[str, Any]) -> str:
+    """The VM's run strategy as virt-controller reads it: `spec.runStrategy`, else
+    `spec.running` true → "Always", false or absent → "Halted"."""
+    spec = vm.get("spec") if isinstance(vm.get("spec"), Mapping) else {}
+    rs = spec.get("runStrategy")
+    if isinstance(rs, str) and rs:
+        return rs
+    return "Always" if spec.get("running") is True else "Halted"
+
+
+def wants_vmi(vm: Mapping[str, Any]) -> bool:
+    """True when virt-controller would create a VMI for the VM while none exists: run
+    strategy Always or RerunOnFailure, or Manual with a pending Start request; never while
+    the VM is being deleted."""
+    meta = vm.get("metadata") if isinstance(vm.get("metadata"), Mapping) else {}
+    if meta.get("deletionTimestamp"):
+        return False
+    rs = run_strategy(vm)
+    if rs in STARTING_STRATEGIES:
+        return True
+    if rs == "Manual":
+        status = vm.get("status") if isinstance(vm.get("status"), Mapping) else {}
+        reqs = status.get("stateChangeRequests") or []
+        return bool(reqs) and isinstance(reqs[0], Mapping) and reqs[0].get("action") == "Start"
+    return False
+
+
+def vmi_of_vm(vm: Mapping[str, Any]) -> dict:
+    """The VMI virt-controller creates from the VM (as its `SetupVMIFromVM`): named and
+    namespaced as the VM, with the template's labels, annotations and spec (a deep copy).
+    What instancetypes and preferences would add is not applied."""
+    meta = vm.get("metadata") if isinstance(vm.get("metadata"), Mapping) else {}
+    spec = vm.get("spec") if isinstance(vm.get("spec"), Mapping) else {}
+    tmpl = spec.get("template") if isinstance(spec.get("template"), Mapping) else {}
+    tmeta = tmpl.get("metadata") if isinstance(tmpl.get("metadata"), Mapping) else {}
+    tspec = tmpl.get("spec") if isinstance(tmpl.get("spec"), Mapping) else {}
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                         "labels": dict(tmeta.get("labels") or {}),
+                         "annotations": dict(tmeta.get("annotations") or {})},
+            "spec": copy.deepcopy(dict(tspec))}
+
+
+def asks_gpus(vm: Mapping[str, Any]) -> bool:
+    """True when the VM's template carries a `gpu.cozystack.io/` annotation (the webhook's
+    business once virt-controller creates the VMI)."""
+    ann = vmi_of_vm(vm)["metadata"]["annotations"]
+    return any(isinstance(k, str) and k.startswith(ANNOTATION_PREFIX) for k in ann)
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """A `GPUSetReady` condition: `status` "True" or "False", `reason` CamelCase (the
+    binder's reason code, or `ROOM_REASON`), `message` the binder's words."""
+
+    status: str
+    reason: str
+    message: str
+
+
+def reason_name(code: str) -> str:
+    """A reason code ("no_room") as a condition reason ("NoRoom")."""
+    return "".join(p[:1].upper() + p[1:] for p in code.split("_"))
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """One VM that wants a VMI and has none, judged now: `key` (namespace, name), `since`
+    (when it began waiting: its GPUSetReady False transition, else its creation), the
+    explanation of its template's set (None when its annotations do not parse: `condition`
+    then says why), `condition` the one it should show, `nudge` True when room for its set
+    appeared and it is among the waiting VMs the room is given to (in `order`)."""
+
+    key: tuple[str, str]
+    since: datetime | None
+    explanation: Explanation | None
+    condition: Condition
+    nudge: bool = False
+
+
+def current_condition(vm: Mapping[str, Any]) -> dict | None:
+    """The VM's GPUSetReady condition as stored (a dict), or None."""
+    status = vm.get("status") if isinstance(vm.get("status"), Mapping) else {}
+    for c in status.get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == CONDITION:
+            return dict(c)
+    return None
+
+
+def _since(vm: Mapping[str, Any]) -> datetime | None:
+    cond = current_condition(vm)
+    stamp = (cond or {}).get("lastTransitionTime") if (cond or {}).get("status") == "False" else None
+    stamp = stamp or (vm.get("metadata") or {}).get("creationTimestamp")
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def refused_before(vm: Mapping[str, Any]) -> bool:
+    """True when the VM waits on a refusal: it shows our GPUSetReady condition already, or
+    virt-controller's `Failure` condition with reason FailedCreate (its VMI CREATE was denied).
+    A VM virt-controller has not tried yet is not shown anything (it may well start)."""
+    if current_condition(vm) is not None:
+        return True
+    status = vm.get("status") if isinstance(vm.get("status"), Mapping) else {}
+    return any(isinstance(c, Mapping) and c.get("type") == "Failure"
+               and c.get("reason") == "FailedCreate" and c.get("status") == "True"
+               for c in status.get("conditions") or [])
+
+
+def judge_vm(snapshot: Snapshot, vm: Mapping[str, Any], *, vmis: VMIs, now: datetime,
+             grace: timedelta, launcher: LauncherDefaults = LauncherDefaults(),
+             permitted: frozenset[str] | None = None) -> tuple[Explanation | None, Condition]:
+    """Explain the VMI the VM would start (`vmi_of_vm`) as `model.explain.explain` does for
+    a VMI CREATE now (W1, then B1-B6), and the GPUSetReady condition that says it: False with
+    the denial's reason and words, or True when it would be admitted. Annotations that do
+    not parse give (None, a False condition naming the field). Pure; never raises."""
+    vmi = vmi_of_vm(vm)
+    meta = vmi["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    unknown = unknown_annotations(meta["annotations"])
+    if unknown is not None:
+        return None, Condition("False", reason_name(unknown.reason.code.value), unknown.message)
+    try:
+        ask = parse_vmi_request(meta["annotations"])
+        tolerations = parse_tolerations(vmi["spec"].get("tolerations"))
+    except ParseError as exc:
+        return None, Condition("False", "InvalidAnnotations",
+                               f"spec.template: {exc.field}: {exc.problem}")
+    if ask is None:
+        return None, Condition("True", ROOM_REASON, "the template asks for no GPU device")
+    e = explain(snapshot, ns, name, ask, live_vmis=vmis, now=now, grace=grace,
+                node_selector=node_selector_of(vmi, launcher), tolerations=tolerations,
+                permitted=permitted, vmi_object=vmi)
+    if e.admitted:
+        return e, Condition("True", ROOM_REASON,
+                            f"room for the GPU set on node {e.node}: virt-controller starts "
+                            "the VM on its next try")
+    assert e.reason is not None
+    return e, Condition("False", reason_name(e.reason.code.value), e.reason.render())
+
+
+def _placed(snapshot: Snapshot, vm: Mapping[str, Any], e: Explanation) -> Snapshot:
+    """`snapshot` with VM's set Bound on the node its explanation chose (room given away)."""
+    ask = parse_vmi_request(vmi_of_vm(vm)["metadata"]["annotations"])
+    assert ask is not None and e.node is not None
+    snap, request = set_request(snapshot, e.namespace, e.vmi, ask)
+    out = []
+    for name in request.devices:
+        d = snap.device(e.namespace, name)
+        if d is not None:
+            out.append(replace(d, status=replace(d.status, phase=Phase.BOUND, node_name=e.node)))
+    return snapshot.with_devices(out)
+
+
+def order(waiting: Iterable[tuple[Mapping[str, Any], datetime | None]]) -> list:
+    """Waiting VMs (vm, since) oldest first, then by namespace and name: the order in which
+    room is given (see `plan_waiting`)."""
+    def key(item):
+        vm, since = item
+        meta = vm.get("metadata") or {}
+        return (since is None, since.timestamp() if since else 0.0,
+                str(meta.get("namespace")), str(meta.get("name")))
+    return sorted(waiting, key=key)
+
+
+def plan_waiting(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], *, vmis: VMIs,
+                 now: datetime, grace: timedelta, launcher: LauncherDefaults = LauncherDefaults(),
+                 permitted: frozenset[str] | None = None) -> list[Waiting]:
+    """Every VM of `vms` that asks for GPUs, wants a VMI (`wants_vmi`) and has none (not in
+    `vmis.live`), judged in `order` (oldest waiting first): each VM whose set fits the
+    snapshot left by the VMs before it is given the room (`nudge`, and its set counts as
+    Bound on its chosen node for the VMs after it), so room for one set goes to the oldest
+    waiting VM it fits, and a younger VM whose set fits what is left is not held behind an
+    older one that does not. Pure; never raises."""
+    candidates = []
+    for vm in vms:
+        meta = vm.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        if key in vmis.live or not wants_vmi(vm) or not asks_gpus(vm):
+            continue
+        candidates.append((vm, _since(vm)))
+    out: list[Waiting] = []
+    snap = snapshot
+    for vm, since in order(candidates):
+        meta = vm.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        e, cond = judge_vm(snap, vm, vmis=vmis, now=now, grace=grace, launcher=launcher,
+                           permitted=permitted)
+        nudge = e is not None and e.admitted
+        if not refused_before(vm):
+            continue  # virt-controller has not tried, or was not refused: not waiting yet
+        if nudge:
+            snap = _placed(snap, vm, e)
+        out.append(Waiting(key, since, e, cond, nudge))
+    return out
