@@ -76,6 +76,24 @@ def slim_vm(obj: dict) -> dict:
     }
 
 
+def write_due(old: dict | None, new: Condition | None, since_last: float, min_interval: float,
+              refresh_interval: float) -> float:
+    """Seconds until the condition `new` (None: remove it) may be written over the stored
+    `old` (a condition dict or None), `since_last` seconds after this VM's last write: inf
+    when nothing would change; else at least `min_interval` after the last write, and
+    `refresh_interval` when only the message changed (same status and reason); 0: now."""
+    if new is None:
+        wanted = old is not None
+    else:
+        wanted = old is None or (old.get("status"), old.get("reason"), old.get("message")) != (
+            new.status, new.reason, new.message)
+    if not wanted:
+        return float("inf")
+    same = (old is not None and new is not None and old.get("status") == new.status
+            and old.get("reason") == new.reason)
+    return max(0.0, (refresh_interval if same else min_interval) - since_last)
+
+
 class VMWaiting:
     """Shows why waiting VMs wait and nudges virt-controller when room appears (module doc).
 
@@ -162,19 +180,8 @@ class VMWaiting:
         self.rounds += 1
 
     def _due(self, key: Key, old: dict | None, new: Condition | None) -> float:
-        """Seconds until a write of `new` over `old` is allowed (0: now; inf: not needed)."""
-        if new is None:
-            wanted = old is not None
-        else:
-            wanted = old is None or (old.get("status"), old.get("reason"), old.get("message")) != (
-                new.status, new.reason, new.message)
-        if not wanted:
-            return float("inf")
         since = time.monotonic() - self._last_write.get(key, float("-inf"))
-        same = (old is not None and new is not None and old.get("status") == new.status
-                and old.get("reason") == new.reason)
-        bound = self.refresh_interval if same else self.min_interval
-        return max(0.0, bound - since)
+        return write_due(old, new, since, self.min_interval, self.refresh_interval)
 
     async def _show(self, key: Key, vm: dict, new: Condition | None, now: datetime) -> None:
         old = current_condition(vm)

@@ -139,7 +139,7 @@ async def run_as_handler(fleet, ns: str, made: dict) -> None:
     pod = await bound_launcher(fleet, ns, made)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     stamps = (made.get("status") or {}).get("phaseTransitionTimestamps") or []
-    await fleet.custom.patch_namespaced_custom_object_status(
+    await fleet.custom.patch_namespaced_custom_object(  # the VMI CRD has no status subresource
         KV, V1, ns, "virtualmachineinstances", made["metadata"]["name"],
         {"status": {"phase": "Running", "nodeName": pod["spec"]["nodeName"],
                     "phaseTransitionTimestamps": stamps + [

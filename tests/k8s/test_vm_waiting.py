@@ -1,0 +1,46 @@
+"""k8s.vm_waiting's pure parts: what the VM informer keeps, and the write bounds that keep the
+binder from driving a retry storm through virt-controller (each VM status write re-queues the
+VM there)."""
+
+import math
+
+from k8s.vm_waiting import slim_vm, write_due
+from model.vm import Condition
+
+WAIT = Condition("False", "SetNeeds", "needs 2, has 0 free")
+
+
+def test_slim_vm_keeps_what_the_plan_reads_and_drops_user_data_and_foreign_annotations():
+    vm = {"metadata": {"name": "a", "namespace": "t", "uid": "u", "resourceVersion": "7",
+                       "creationTimestamp": "2026-12-02T04:00:00Z", "managedFields": [{}],
+                       "annotations": {"x": "y"}},
+          "spec": {"runStrategy": "Always", "template": {
+              "metadata": {"annotations": {"gpu.cozystack.io/templates": "h100=1", "other": "z"}},
+              "spec": {"volumes": [{"cloudInitNoCloud": {"userData": "secret"}}],
+                       "nodeSelector": {"zone": "a"}}}},
+          "status": {"conditions": [{"type": "Ready"}], "printableStatus": "Stopped",
+                     "volumeSnapshotStatuses": [{}]}}
+    got = slim_vm(vm)
+    assert got["metadata"] == {"name": "a", "namespace": "t", "uid": "u", "resourceVersion": "7",
+                               "creationTimestamp": "2026-12-02T04:00:00Z",
+                               "deletionTimestamp": None}
+    assert got["spec"]["template"] == {
+        "metadata": {"annotations": {"gpu.cozystack.io/templates": "h100=1"}},
+        "spec": {"nodeSelector": {"zone": "a"}}}
+    assert got["status"] == {"conditions": [{"type": "Ready"}], "printableStatus": "Stopped"}
+
+
+def test_write_due_nothing_to_write_is_never():
+    old = {"status": "False", "reason": "SetNeeds", "message": WAIT.message}
+    assert write_due(old, WAIT, 0.0, 2, 30) == math.inf
+    assert write_due(None, None, 0.0, 2, 30) == math.inf
+
+
+def test_write_due_a_change_of_status_waits_min_interval_a_message_only_change_refresh_interval():
+    old = {"status": "False", "reason": "SetNeeds", "message": "needs 2, has 1 free"}
+    assert write_due(None, WAIT, math.inf, 2, 30) == 0.0           # first write: now
+    assert write_due(old, WAIT, 10.0, 2, 30) == 20.0               # message only: 30 s apart
+    room = Condition("True", "RoomAvailable", "room on n1")
+    assert write_due(old, room, 0.5, 2, 30) == 1.5                 # the nudge: 2 s apart at most
+    assert write_due(old, room, 5.0, 2, 30) == 0.0
+    assert write_due(old, None, 0.0, 2, 30) == 2.0                 # removal: bounded too
