@@ -164,14 +164,24 @@ async def finish_deletion(fleet, ns: str, name: str, uid: str) -> None:
         pods = (await fleet.core.list_namespaced_pod(ns, label_selector=f"kubevirt.io/created-by={uid}")).items
         fin = v["metadata"].get("finalizers") or []
         if not pods and "kubevirt.io/foregroundDeleteVirtualMachine" in fin:
-            await fleet.custom.patch_namespaced_custom_object(
-                KV, V1, ns, "virtualmachineinstances", name,
-                [{"op": "test", "path": "/metadata/uid", "value": uid},
-                 {"op": "replace", "path": "/metadata/finalizers",
-                  "value": [f for f in fin if f != "kubevirt.io/foregroundDeleteVirtualMachine"]}],
-                _content_type="application/json-patch+json")
+            try:
+                await patch_finalizers(fleet, ns, name, uid, fin)
+            except ApiException as exc:
+                if exc.status in (404, 422):  # gone meanwhile (or a new incarnation): done
+                    return True
+                raise
         return False
     await eventually(gone, timeout=60, what=f"VMI {ns}/{name} {uid} deleted")
+
+
+async def patch_finalizers(fleet, ns: str, name: str, uid: str, fin: list[str]) -> None:
+    """Drop virt-handler's finalizer from VMI incarnation `uid` (JSON Patch testing the uid)."""
+    await fleet.custom.patch_namespaced_custom_object(
+        KV, V1, ns, "virtualmachineinstances", name,
+        [{"op": "test", "path": "/metadata/uid", "value": uid},
+         {"op": "replace", "path": "/metadata/finalizers",
+          "value": [f for f in fin if f != "kubevirt.io/foregroundDeleteVirtualMachine"]}],
+        _content_type="application/json-patch+json")
 
 
 def when(ev: dict):
