@@ -215,9 +215,9 @@ async def test_vm_launcher_is_not_counted_twice_a_second_vm_that_fits_exactly_st
     assert pod["spec"]["nodeName"] == nodes["n"] and gpu_requests(pod, res) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="virt-controller's LiveUpdate removes the binder's pin from a "
+@pytest.mark.xfail(strict=False, reason="virt-controller's LiveUpdate removes the binder's pin from a "
                    "VM's VMI; the webhook does not judge UPDATEs yet (W7): docs/virtualmachines.md, "
-                   "'Known gap'")
+                   "'Known gap'. Not strict: the removal races with this read (seen both ways)")
 async def test_W7_vm_started_vmi_keeps_its_pin(system, kubevirt, fleet):
     """virt-controller (LiveUpdate rollout, KubeVirt's default) syncs the VM template's
     nodeSelector onto the running VMI: with none in the template it removes the binder's pin
