@@ -215,13 +215,12 @@ async def test_vm_launcher_is_not_counted_twice_a_second_vm_that_fits_exactly_st
     assert pod["spec"]["nodeName"] == nodes["n"] and gpu_requests(pod, res) == 2
 
 
-@pytest.mark.xfail(strict=False, reason="virt-controller's LiveUpdate removes the binder's pin from a "
-                   "VM's VMI; the webhook does not judge UPDATEs yet (W7): docs/virtualmachines.md, "
-                   "'Known gap'. Not strict: the removal races with this read (seen both ways)")
 async def test_W7_vm_started_vmi_keeps_its_pin(system, kubevirt, fleet):
     """virt-controller (LiveUpdate rollout, KubeVirt's default) syncs the VM template's
-    nodeSelector onto the running VMI: with none in the template it removes the binder's pin
-    right after admission (invariant 5: every admitted VMI is pinned to its node)."""
+    nodeSelector onto the running VMI: with none in the template it would remove the binder's
+    pin right after admission; W7's policy denies that patch, so once virt-controller has
+    synced the VM the pin is still there (invariant 5: every admitted VMI is pinned to its
+    node). Without the policy this failed (the removal races with the read: seen both ways)."""
     res, cls, nodes, tenant = await pool(fleet, kubevirt, {"n": {"units": 4}})
     await create_vm(fleet, tenant, vm_body("pinned", templates=f"{cls}=1"))
     made = await started(fleet, tenant, "pinned")
