@@ -1,6 +1,7 @@
 """Coordinator: the binder's one decision loop (B2). Its writes are its status pipeline's.
 
-Its requests to decide are one work queue (`actors.workqueue.WorkQueue`, keyed by request:
+Its requests to decide are one work queue (`actors.workqueue.WorkQueue`, keyed by request,
+handing requests out round-robin over tenants:
 `Examine` and `Resync` add to it, a retry or a stalled request is deferred in it); a small
 pump task takes the first key due and tells `_Decide` to the coordinator, which takes every
 other key due up to `batch_size` (so its state changes only in `receive`) and plans the batch
@@ -69,6 +70,12 @@ from model.snapshot import Reserving, Snapshot
 from model.types import RequestKey, Result
 
 _log = structlog.get_logger("gpu_binder.coordinator")
+
+
+def _tenant(key: RequestKey) -> str:
+    """The tenant of a request key (its namespace): the decision queue's fairness group."""
+    return key[0]
+
 
 # -- messages -------------------------------------------------------------------------------
 
@@ -199,7 +206,9 @@ class Coordinator(Actor):
         self._clock = clock
         self._cfg = config or CoordinatorConfig()
         self._owner = f"coordinator-{uuid.uuid4().hex[:10]}"
-        self._queue: WorkQueue[RequestKey] = WorkQueue()  # on loop time, as anyio's timers
+        # on loop time, as anyio's timers; round-robin over tenants (a request key's
+        # namespace), so one tenant's burst of requests does not delay another's (issue 23)
+        self._queue: WorkQueue[RequestKey] = WorkQueue(fair_by=_tenant)
         self._rounds: dict[RequestKey, int] = {}
         self._chains: dict[RequestKey, _Chain] = {}  # requests falling back to a next candidate
         self._handled: anyio.Event | None = None  # set once the pump's `_Decide` is handled

@@ -10,7 +10,10 @@ three promises:
 - a key deferred (`add_after`, `add_rate_limited`) waits until due on the queue's clock,
   then is added as by `add`; a key added meanwhile is due now (the deferral is dropped).
 
-Keys come out in the order they became due (first added, first out). One event loop, not
+Keys come out in the order they became due (first added, first out) — or, with `fair_by`
+(a key's group, e.g. a request key's namespace: its tenant), round-robin over the groups
+with keys waiting, the group served least recently first and FIFO within a group, so one
+group's thousand keys do not make another's one key wait behind them. One event loop, not
 thread-safe. No Kubernetes here; time comes from the clock given (default: the event
 loop's, `anyio.current_time`), so tests drive it with a manual clock and `get_nowait`.
 """
@@ -63,7 +66,9 @@ class _State(Generic[K]):
     deferred: dict[K, float]      # key -> due time (the heap may hold stale entries)
     heap: list[tuple[float, int, K]]
     failures: dict[K, int]
+    served: dict[Hashable, int]   # fair_by: group -> serial of the last key handed out
     seq: int = 0
+    turn: int = 0
     adds: int = 0
     shut_down: bool = False
     wakeup: anyio.Event | None = None        # any `get` waiting
@@ -82,10 +87,15 @@ class WorkQueue(Generic[K]):
 
     `add_rate_limited(key)` defers `key` by `backoff_base * 2**n` seconds (at most
     `backoff_max`), `n` the times it was rate limited since its last `forget(key)`.
+
+    `fair_by(key)` (None: FIFO) names the key's group; `get`/`get_nowait` then hand out the
+    first waiting key of the group served least recently (a group never served, or idle
+    since, first; ties in queue order). Taking a key costs O(keys waiting) then.
     """
 
     def __init__(self, clock: _Monotonic | Callable[[], float] | None = None, *,
-                 backoff_base: float = 0.005, backoff_max: float = 60.0) -> None:
+                 backoff_base: float = 0.005, backoff_max: float = 60.0,
+                 fair_by: Callable[[K], Hashable] | None = None) -> None:
         if clock is None:
             self._now: Callable[[], float] = anyio.current_time
         elif callable(clock):
@@ -95,7 +105,8 @@ class WorkQueue(Generic[K]):
         if backoff_base <= 0 or backoff_max < backoff_base:
             raise ValueError("backoff: need 0 < backoff_base <= backoff_max")
         self._base, self._max = backoff_base, backoff_max
-        self._s: _State[K] = _State(OrderedDict(), set(), set(), {}, [], {})
+        self._fair_by = fair_by
+        self._s: _State[K] = _State(OrderedDict(), set(), set(), {}, [], {}, {})
 
     # -- adding -------------------------------------------------------------------------------
 
@@ -184,10 +195,40 @@ class WorkQueue(Generic[K]):
         if s.heap:
             self._promote()
         if s.waiting:
-            return self._take(s.waiting.popitem(last=False)[0])
+            if self._fair_by is None:
+                return self._take(s.waiting.popitem(last=False)[0])
+            key = self._fair_next()
+            del s.waiting[key]
+            return self._take(key)
         if s.shut_down:
             raise QueueShutDown
         raise anyio.WouldBlock
+
+    def _fair_next(self) -> K:
+        """The first waiting key of the group served least recently (`fair_by`); that group
+        is served now. Groups with nothing waiting are forgotten once there are many."""
+        s, group_of = self._s, self._fair_by
+        assert group_of is not None
+        best: K | None = None
+        best_turn = 0
+        seen: set[Hashable] = set()
+        for key in s.waiting:
+            group = group_of(key)
+            if group in seen:
+                continue
+            seen.add(group)
+            turn = s.served.get(group, -1)
+            if best is None or turn < best_turn:
+                best, best_turn = key, turn
+                if turn < 0:
+                    break  # never served (or idle since): nobody comes before it
+        assert best is not None
+        s.turn += 1
+        s.served[group_of(best)] = s.turn
+        if len(s.served) > 2 * len(seen) + 64:  # forget idle groups: the map stays bounded
+            waiting = {group_of(k) for k in s.waiting} | {group_of(k) for k in s.processing}
+            s.served = {g: t for g, t in s.served.items() if g in waiting}
+        return best
 
     def _take(self, key: K) -> K:
         """`key`, just removed from `waiting`, handed out: processing until `done`."""

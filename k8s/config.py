@@ -60,6 +60,16 @@ FIELD_HELP: dict[str, str] = {
                                          "(anyone who reaches the port can forge reviews "
                                          "that write devices and Events); single-tenant "
                                          "test clusters only",
+    "webhook_concurrency": "admissions one replica's webhook carries out at once past W1's "
+                           "checks on its cache (a fair share of them per tenant)",
+    "webhook_tenant_concurrency": "admissions of one tenant (namespace) one replica carries "
+                                  "out at once; more wait for a turn, round-robin over "
+                                  "tenants; at most --webhook-concurrency",
+    "webhook_tenant_queue": "admissions of one tenant that may wait for a turn at one "
+                            "replica; one more is denied at once, 429 TooManyRequests "
+                            "(retryable, reason tenant_busy)",
+    "webhook_tenant_wait": "seconds an admission waits for its tenant's turn at most before "
+                           "it is denied 429 (retryable); below --bind-timeout",
     "metrics_port": "TCP port of /metrics, /healthz and /readyz (HTTP); 0: none",
     "metrics_host": "address the metrics server listens on",
     "log_dir": "directory for one <node>.jsonl decision log per node, besides stdout",
@@ -135,6 +145,10 @@ class Config:
     webhook_key: str | None = None
     webhook_client_ca: str | None = None     # CA of the API server's client cert (required)
     webhook_insecure_skip_client_auth: bool = False  # explicit opt-out of the above
+    webhook_concurrency: int = 64            # admissions in progress per replica
+    webhook_tenant_concurrency: int = 4      # of them, per tenant (namespace)
+    webhook_tenant_queue: int = 16           # waiting for a turn, per tenant
+    webhook_tenant_wait: float = 5.0         # seconds a turn is waited for at most
     metrics_port: int = 8080                 # /healthz, /readyz, /metrics; 0: none
     metrics_host: str = "0.0.0.0"
     log_dir: str | None = None               # one <node>.jsonl per node when set
@@ -164,7 +178,7 @@ class Config:
         for name in ("attachment_grace", "bind_timeout", "lease_duration", "renew_deadline",
                      "retry_period", "housekeeping_period", "ask_timeout", "resync_interval",
                      "write_timeout", "settle_timeout", "prepare_ttl", "commit_ttl",
-                     "max_restart_seconds"):
+                     "max_restart_seconds", "webhook_tenant_wait"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{f(name)}: must be > 0 seconds, got {getattr(self, name)}")
         if self.write_attempts < 1:
@@ -186,6 +200,16 @@ class Config:
         if self.bind_timeout > 21:
             raise ValueError("--bind-timeout: must be at most 21 s: the shipped webhook's "
                              "timeoutSeconds is 25 and a review needs ~3 s around the wait")
+        if not 1 <= self.webhook_tenant_concurrency <= self.webhook_concurrency:
+            raise ValueError("--webhook-tenant-concurrency: must be at least 1 and at most "
+                             f"--webhook-concurrency ({self.webhook_concurrency}), got "
+                             f"{self.webhook_tenant_concurrency}")
+        if self.webhook_tenant_queue < 0:
+            raise ValueError("--webhook-tenant-queue: must be at least 0, got "
+                             f"{self.webhook_tenant_queue}")
+        if self.webhook_tenant_wait >= self.bind_timeout:
+            raise ValueError("--webhook-tenant-wait: must be shorter than --bind-timeout (the "
+                             "wait for a turn counts against it)")
         if self.bind_timeout >= self.attachment_grace:
             raise ValueError("--bind-timeout: must be shorter than --attachment-grace")
         for name in ("webhook_port", "metrics_port"):

@@ -33,6 +33,7 @@ from k8s.leader import LeaderElector, LeaseConfig
 from k8s.metrics import Metrics
 from k8s.status_writer import ApiStatusWriter
 from k8s.vm_waiting import VMWaiting
+from k8s.webhook.fairness import TenantGate
 from k8s.webhook.review import Category, Denial, Review
 from k8s.webhook.transport import ReloadingTLS, deny, make_app, serve
 from supervisor.binder import Binder, BinderConfig
@@ -68,6 +69,13 @@ def binder_config(cfg: Config) -> BinderConfig:
         pipeline=replace(b.pipeline, write_timeout=cfg.write_timeout,
                          retry_attempts=cfg.write_attempts, settle_timeout=cfg.settle_timeout),
     )
+
+
+def tenant_gate(cfg: Config) -> TenantGate:
+    """The webhook's fair share per tenant from the operator's settings of `cfg`
+    (`--webhook-concurrency` & co.). Raises nothing: `cfg` was validated."""
+    return TenantGate(cfg.webhook_concurrency, cfg.webhook_tenant_concurrency,
+                      cfg.webhook_tenant_queue, cfg.webhook_tenant_wait)
 
 
 def lease_config(cfg: Config) -> LeaseConfig:
@@ -149,7 +157,8 @@ class Controller:
         cache = ClusterCache(api, settings_namespace=cfg.settings_namespace)
         self.cache = cache
         grace = timedelta(seconds=cfg.attachment_grace)
-        admission = VMIAdmission(api, cache, bind_timeout=cfg.bind_timeout, grace=grace)
+        admission = VMIAdmission(api, cache, bind_timeout=cfg.bind_timeout, grace=grace,
+                                 gate=tenant_gate(cfg))
         self.elector = LeaderElector(CoordinationV1Api(api), cfg.identity, lease_config(cfg))
         metrics = Metrics(self, admission)
 

@@ -63,6 +63,28 @@ class _TreeCollector:
         adm.add_metric(["admitted"], float(self.admission.admitted))
         adm.add_metric(["denied"], float(self.admission.denied))
         yield adm
+        rejected = CounterMetricFamily(
+            "gpu_binder_admission_rejections",
+            "webhook refusals by tenant and reason code: W1's checks and turns refused",
+            labels=["namespace", "reason"])
+        for (namespace, code), n in sorted(self.admission.rejected.items()):
+            rejected.add_metric([namespace, code.value], float(n))
+        yield rejected
+        gate = self.admission.gate
+        stats = gate.statistics() if gate is not None else None
+        for name, help_, value in (
+                ("gpu_binder_admissions_in_progress",
+                 "admissions holding a turn of the webhook's fair share", stats and stats.in_flight),
+                ("gpu_binder_admissions_waiting",
+                 "admissions waiting for their tenant's turn", stats and stats.waiting)):
+            fam = GaugeMetricFamily(name, help_)
+            fam.add_metric([], float(value or 0))
+            yield fam
+        dropped = CounterMetricFamily("gpu_binder_denial_events_dropped",
+                                      "denial Events not written: the tenant's Event budget "
+                                      "was spent")
+        dropped.add_metric([], float(self.admission.events.dropped))
+        yield dropped
         binder = self.controller.binder
         stats = binder.statistics() if binder is not None else None
         restarts = CounterMetricFamily("gpu_binder_actor_restarts",

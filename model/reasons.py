@@ -22,11 +22,13 @@ class Category(str, Enum):
     """What kind of no a reason is (the webhook's HTTP status follows it): `POLICY` the
     cluster's rules refuse it as asked (budget, entitlement, no room, cordon; 403);
     `INVALID` the request itself is wrong (malformed, unknown class, a device listed twice;
-    422); `UNAVAILABLE` a transient condition the caller may retry (503/429)."""
+    422); `UNAVAILABLE` a transient condition the caller may retry (503); `THROTTLED` the
+    tenant has its fair share of admissions in progress and may retry shortly (429)."""
 
     POLICY = "policy"
     INVALID = "invalid"
     UNAVAILABLE = "unavailable"
+    THROTTLED = "throttled"
 
 
 class Code(str, Enum):
@@ -73,6 +75,8 @@ class Code(str, Enum):
     SET_NEEDS = "set_needs"
     NO_ROOM_FOR_SET = "no_room_for_set"
     SAME_NAME_CONFLICT = "same_name_conflict"
+    # the webhook's fair share per tenant (issue 23)
+    TENANT_BUSY = "tenant_busy"
 
     @property
     def category(self) -> Category:
@@ -88,6 +92,7 @@ _CATEGORY = {
         Code.HELD_DEVICE_NOT_FOUND, Code.TEMPLATE_NAMED_AS_HELD, Code.NAME_TAKEN)},
     **{c: Category.UNAVAILABLE for c in (
         Code.LEDGERS_REFUSED, Code.TEMPLATE_BEING_DELETED, Code.SAME_NAME_CONFLICT)},
+    Code.TENANT_BUSY: Category.THROTTLED,
 }  # every other code is POLICY
 
 
@@ -611,6 +616,26 @@ class SameNameConflict(Reason):
         return (f"GPU device {self.device} is being attached by another admission of VMI "
                 f"{self.namespace}/{self.vmi} (a concurrent create of the same "
                 "name); retry once it has finished")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantBusy(Reason):
+    """The tenant `namespace` already has its fair share of admissions at this replica:
+    `in_flight` in progress and `waiting` waiting for a turn (the most it may have), or this
+    one waited `waited` seconds without a turn; retry after `retry_after` seconds."""
+    code: ClassVar[Code] = Code.TENANT_BUSY
+    namespace: str
+    in_flight: int
+    waiting: int
+    waited: float
+    retry_after: int
+
+    def render(self) -> str:
+        why = (f"waited {self.waited:.1f} s for a turn" if self.waited > 0
+               else f"{self.waiting} more wait for a turn")
+        return (f"tenant {self.namespace} has {self.in_flight} GPU admissions in progress at "
+                f"this gpu-binder replica (its fair share) and {why}; too many requests, "
+                f"retry after {self.retry_after} s")
 
 
 @dataclass(frozen=True, slots=True)

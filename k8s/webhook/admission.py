@@ -1,7 +1,10 @@
 """The VMI admission webhook's orchestration (DESIGN.md §4, W1–W6).
 
 `VMIAdmission.handle(review)` is the handler behind `k8s.webhook.transport`, given a decoded
-`review.Review`: it judges with `model.admission.check` (W1, no writes), stops on a dry run
+`review.Review`: it judges with `model.admission.check` on the cache first (W1, no I/O: what
+the binder need not see is refused before any read, write or wait), waits for a turn of the
+tenant's fair share (`k8s.webhook.fairness.TenantGate`; none: 429), judges again after the
+live read (W1, no writes), stops on a dry run
 (W2), short-cuts a set already admitted (W4), then reserves (W3: templates; `attachedTo` and
 the one `bindRequest` in a single optimistic write per device; the wait on the informer for
 the binder's results) and admits with a JSONPatch pinning the VMI, or cleans up what it wrote
@@ -23,6 +26,7 @@ from kubernetes_asyncio.client import ApiClient
 from k8s import errors
 from k8s.cache import ClusterCache
 from k8s.webhook import steps
+from k8s.webhook.fairness import Busy, EventBudget, TenantGate
 from k8s.webhook.review import Category, Denial, Review, refusal_denial
 from k8s.webhook.steps import Attempt, Denied, Written
 from k8s.webhook.transport import allow, deny, patch_response
@@ -30,6 +34,7 @@ from k8s.webhook.waiter import ResultWaiter
 from model.admission import (AdmissionPlan, Refusal, already_admitted, check,
                              effective_resources, node_selector_of, same_name_conflict,
                              unpermitted_gpu_entries)
+from model.reasons import Code, TenantBusy
 from model.snapshot import Snapshot
 from model.types import Labels
 
@@ -52,19 +57,24 @@ class _Judged:
 class VMIAdmission:
     """Handles VMI CREATE reviews. `bind_timeout` (seconds) bounds steps 1–4 of W3; `grace`
     is `attachmentGrace`; `clock` returns aware UTC time; `timeout` (seconds) bounds each API
-    call. `admitted`/`denied` count answers (for metrics)."""
+    call; `gate` (None: unbounded) gives each tenant its fair share of concurrent admissions
+    past W1's checks on the cache (issue 23). `admitted`/`denied` count answers, `rejected`
+    W1 refusals and turns refused by the gate per (namespace, code) (for metrics)."""
 
     def __init__(self, api: ApiClient, cache: ClusterCache, *, bind_timeout: float,
                  grace: timedelta, clock: Callable[[], datetime] | None = None,
-                 timeout: float = 5.0) -> None:
+                 timeout: float = 5.0, gate: TenantGate | None = None) -> None:
         self.api = steps.Api(api, timeout)
         self.cache = cache
         self.bind_timeout = bind_timeout
         self.grace = grace
         self.now = clock or (lambda: datetime.now(timezone.utc))
         self.waiter = ResultWaiter(cache)
+        self.gate = gate
+        self.events = EventBudget()
         self.admitted = 0
         self.denied = 0
+        self.rejected: dict[tuple[str, Code], int] = {}
         self.draining = False
         self._inflight: set[anyio.CancelScope] = set()
         self._idle: anyio.Event | None = None  # set by the last review in flight, for drain
@@ -97,7 +107,7 @@ class VMIAdmission:
                                                          vmi=review.name,
                                                          user=review.user or None), scope:
                 try:
-                    resp = await self._admit(review)
+                    resp = await self._fair_admit(review)
                 except Denied as exc:
                     return await self._refused(review, exc.denial)
         finally:
@@ -113,19 +123,64 @@ class VMIAdmission:
 
     async def _refused(self, review: Review, denial: Denial) -> dict:
         """Count, log and answer a denial; a Warning Event unless a dry run (W2: it writes
-        nothing, Events included)."""
+        nothing, Events included), a THROTTLED one (429: the cheapest answer) or the tenant
+        has spent its Event budget (`EventBudget`: a burst of 10, then 1 a second)."""
         self.denied += 1
         log.info("VMI denied", uid=review.uid[:64], code=denial.code,
                  reason=denial.message[:500], dry_run=review.dry_run)
-        if not review.dry_run:
+        if (not review.dry_run and denial.category is not Category.THROTTLED  # a 429: none
+                and self.events.take(review.namespace)):
             await steps.record_event(self.api, review.namespace, review.name, denial.message,
                                      self.now())
         return deny(review.uid, denial)
 
     # -- the admission -----------------------------------------------------------------
-    async def _admit(self, review: Review) -> dict:
-        """W1, then W4's short cut, W2, and W3; raises Denied."""
-        deadline = anyio.current_time() + self.bind_timeout  # steps 1-4 share bindTimeout
+    async def _fair_admit(self, review: Review) -> dict:
+        """W1 on the cache alone first (`_precheck`: no I/O, so what the binder need not see
+        is refused before any read, write or turn), then a turn of the tenant's fair share
+        (`gate`; none left: THROTTLED, 429), then `_admit`. Raises Denied."""
+        deadline = anyio.current_time() + self.bind_timeout  # the wait for a turn included
+        refusal = self._precheck(review)
+        if refusal is not None:
+            self._rejection(review.namespace, refusal.code)
+            raise Denied.of(refusal_denial(refusal))
+        if self.gate is None:
+            return await self._admit(review, deadline)
+        try:
+            await self.gate.enter(review.namespace)
+        except Busy as busy:
+            self._rejection(review.namespace, Code.TENANT_BUSY)
+            reason = TenantBusy(review.namespace, busy.in_flight, busy.waiting, busy.waited,
+                                retry_after=1)
+            raise Denied.of(refusal_denial(Refusal(reason))) from None
+        try:
+            return await self._admit(review, deadline)
+        finally:
+            self.gate.leave(review.namespace)
+
+    def _rejection(self, namespace: str, code: Code) -> None:
+        key = (namespace, code)
+        self.rejected[key] = self.rejected.get(key, 0) + 1
+
+    def _precheck(self, review: Review) -> Refusal | None:
+        """W1's checks on the cache's snapshot (`model.admission.check`: class, entitlement,
+        budget, a set larger than any node, held devices …) and the VMI's own gpus entries,
+        without the live read; the Refusal, or None when `_judge` should go on."""
+        assert review.ask is not None
+        vmis = self.cache.vmi_state().without((review.namespace, review.name))
+        snap = self.cache.view.snapshot()
+        selector = node_selector_of(review.object, self.cache.launcher_defaults())
+        permitted = self.cache.permitted_resources()
+        plan = check(snap, review.namespace, review.name, review.ask, vmis, self.now(),
+                     self.grace, node_selector=selector, tolerations=review.tolerations,
+                     permitted=permitted)
+        if isinstance(plan, Refusal):
+            return plan
+        return unpermitted_gpu_entries(review.object, effective_resources(snap), permitted)
+
+    async def _admit(self, review: Review, deadline: float) -> dict:
+        """W1, then W4's short cut, W2, and W3 (steps 1-4 within `deadline`, loop time);
+        raises Denied."""
         judged = await self._judge(review)
         attempt, plan = judged.attempt, judged.plan
         node = already_admitted(judged.snap, plan)
@@ -165,9 +220,11 @@ class VMIAdmission:
         plan = check(snap, ns, vmi, review.ask, vmis, now, self.grace, node_selector=selector,
                      tolerations=review.tolerations, permitted=permitted)
         if isinstance(plan, Refusal):
+            self._rejection(ns, plan.code)
             raise Denied.of(refusal_denial(plan))
         kept = unpermitted_gpu_entries(review.object, effective_resources(snap), permitted)
         if kept is not None:
+            self._rejection(ns, kept.code)
             raise Denied.of(refusal_denial(kept))
         # unique to this call: keys its attachments and clean-up, and is its request's id
         attempt = Attempt(ns, vmi, uuid.uuid4().hex, now, vmis, self.grace, self.now)

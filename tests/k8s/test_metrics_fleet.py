@@ -13,11 +13,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from actors.view import IndexedView
 from k8s.metrics import Metrics
+from k8s.webhook.fairness import EventBudget, TenantGate
+from model.reasons import Code
 from model.types import Budget
 from tests.e2e.conftest import MANIFESTS
 from tests.model.test_explain import _cluster, LIVE
 
 DASHBOARD = MANIFESTS / "dashboards" / "gpu-binder.json"
+
+
+def _idle_admission(cache=None) -> SimpleNamespace:
+    """What `Metrics` reads of a `VMIAdmission` that has answered nothing yet."""
+    return SimpleNamespace(admitted=0, denied=0, cache=cache, gate=None, events=EventBudget(),
+                           rejected={})
 
 
 def _metrics(synced: bool = True) -> dict[str, dict[tuple, float]]:
@@ -31,7 +39,12 @@ def _metrics(synced: bool = True) -> dict[str, dict[tuple, float]]:
         view.put_device(d)
     view.set_budgets("tenant-a", [Budget("tenant-a", "nvidia.com/H100", 3)])
     cache = SimpleNamespace(view=view, vmi_keys=lambda: set(LIVE))
-    admission = SimpleNamespace(admitted=2, denied=1, cache=cache)
+    gate = TenantGate(capacity=4, per_tenant=2, queue=1, max_wait=1)
+    gate.enter_nowait("tenant-a")
+    admission = SimpleNamespace(admitted=2, denied=1, cache=cache, gate=gate,
+                                events=EventBudget(),
+                                rejected={("tenant-a", Code.TENANT_BUSY): 5,
+                                          ("tenant-b", Code.BUDGET_EXHAUSTED): 1})
     controller = SimpleNamespace(elector=None, binder=None, synced=synced)
     metrics = Metrics(controller, admission)
     anyio.run(metrics.refresh_fleet)
@@ -55,6 +68,16 @@ def test_fleet_metrics_per_class_and_tenant():
     a = (("namespace", "tenant-a"), ("resource", "nvidia.com/H100"))
     assert m["gpu_binder_tenant_budget_used_devices"][a] == 2
     assert m["gpu_binder_tenant_budget_hard_devices"] == {a: 3}
+
+
+def test_per_tenant_rejections_and_the_fair_share_in_use():
+    m = _metrics()
+    assert m["gpu_binder_admission_rejections_total"] == {
+        (("namespace", "tenant-a"), ("reason", "tenant_busy")): 5,
+        (("namespace", "tenant-b"), ("reason", "budget_exhausted")): 1}
+    assert m["gpu_binder_admissions_in_progress"] == {(): 1}
+    assert m["gpu_binder_admissions_waiting"] == {(): 0}
+    assert m["gpu_binder_denial_events_dropped_total"] == {(): 0}
 
 
 def test_fleet_metrics_wait_for_the_synced_cache():
@@ -96,7 +119,7 @@ def test_informer_versions_and_housekeeping_rounds_are_exported():
                                  cache=SimpleNamespace(informers=informers),
                                  housekeeper=SimpleNamespace(rounds=7, settings_present=None,
                                                              settings_recreated=0))
-    body, _ = Metrics(controller, SimpleNamespace(admitted=0, denied=0)).render()
+    body, _ = Metrics(controller, _idle_admission()).render()
     got = {(s.name, tuple(s.labels.items())): s.value
            for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
     assert got[("gpu_binder_informer_resource_version", (("informer", "gpudevices"),))] == 1234
@@ -105,7 +128,7 @@ def test_informer_versions_and_housekeeping_rounds_are_exported():
     assert got[("gpu_binder_housekeeping_rounds_total", ())] == 7
     assert ("gpu_binder_policy_parameter_present", ()) not in got   # H3 has not looked yet
     controller.housekeeper = None  # not leading
-    body, _ = Metrics(controller, SimpleNamespace(admitted=0, denied=0)).render()
+    body, _ = Metrics(controller, _idle_admission()).render()
     assert "gpu_binder_housekeeping_rounds_total 0.0" in body.decode()
 
 
@@ -135,7 +158,7 @@ def test_decisions_are_labelled_by_the_refusals_code():
 
     cache = SimpleNamespace(view=IndexedView(), vmi_keys=set)
     metrics = Metrics(SimpleNamespace(elector=None, binder=None, synced=False),
-                      SimpleNamespace(admitted=0, denied=0, cache=cache))
+                      _idle_admission(cache))
     full = decide(world([node("n1", 1)], [dev("a"), dev("b")]), Request("r1", NS, "vm", ("a", "b")))
     metrics.decided(full.rule, full.result, full.reason.code, 0.01)
     metrics.decided("ledgers", Result.REFUSED, Code.LEDGERS_REFUSED, 0.01)
