@@ -13,7 +13,7 @@ from actors.coordinator import GetStatus
 from actors.errors import TransientWriteError
 from fakes.memory_store import MemoryStore
 from k8s.config import Config, default, field_help, load
-from k8s.controller import binder_config, lease_config
+from k8s.controller import binder_config, lease_config, tenant_gate
 from k8s.leader import LeaseConfig
 from supervisor.binder import BinderConfig
 from tests.actors_harness import running_binder
@@ -63,6 +63,12 @@ def test_flags_beat_environment_beat_file(tmp_path):
     ({"prepare_ttl": "5"}, "--prepare-ttl: must be longer than --ask-timeout"),
     ({"defrag_interval": "-1"}, "--defrag-interval: must be >= 0 seconds (0: off), got -1.0"),
     ({"defrag_max_moves": "0"}, "--defrag-max-moves: must be at least 1, got 0"),
+    ({"webhook_tenant_concurrency": "0"}, "--webhook-tenant-concurrency: must be at least 1"),
+    ({"webhook_tenant_concurrency": "9", "webhook_concurrency": "8"},
+     "--webhook-tenant-concurrency: must be at least 1 and at most --webhook-concurrency (8)"),
+    ({"webhook_tenant_queue": "-1"}, "--webhook-tenant-queue: must be at least 0, got -1"),
+    ({"webhook_tenant_wait": "20"}, "--webhook-tenant-wait: must be shorter than --bind-timeout"),
+    ({"webhook_tenant_wait": "0"}, "--webhook-tenant-wait: must be > 0 seconds"),
 ])
 def test_bad_settings_are_refused_with_the_flag_named(flags, message):
     flags = {"webhook_port": "0", **flags}
@@ -118,6 +124,14 @@ def test_the_binder_settings_default_to_the_binders_own_defaults_and_reach_its_c
     untouched = replace(got, **{part: getattr(defaults, part) for part, _ in
                                 BINDER_SETTINGS.values()})
     assert untouched == defaults
+
+
+def test_the_fair_share_settings_reach_the_webhooks_gate():
+    cfg = load(None, env={"GPU_BINDER_WEBHOOK_TENANT_QUEUE": "3"},
+               flags={"webhook_port": "0", "webhook_concurrency": "10",
+                      "webhook_tenant_concurrency": "2", "webhook_tenant_wait": "1.5"})
+    gate = tenant_gate(cfg)
+    assert (gate.capacity, gate.per_tenant, gate.queue, gate.max_wait) == (10, 2, 3, 1.5)
 
 
 def test_lease_settings_reach_the_lease_loop():

@@ -141,3 +141,19 @@ def test_event_budget_is_a_burst_then_a_steady_rate_per_tenant():
     clock.advance(60)  # refills up to the burst, no further
     assert [budget.take("a") for _ in range(4)] == [True, True, True, False]
     assert budget.dropped == 4
+
+
+def test_a_turn_refused_is_a_retryable_429_that_says_when_to_retry():
+    from k8s.webhook.review import refusal_denial
+    from model.admission import Refusal
+    from model.reasons import Code, TenantBusy
+
+    denial = refusal_denial(Refusal(TenantBusy("t-a", 4, 16, 0.0, retry_after=1)))
+    assert denial.status() == {
+        "code": 429, "reason": "TooManyRequests",
+        "message": "tenant t-a has 4 GPU admissions in progress at this gpu-binder replica "
+                   "(its fair share) and 16 more wait for a turn; too many requests, retry "
+                   "after 1 s"}
+    assert denial.retryable and Code.TENANT_BUSY.category.value == "throttled"
+    waited = refusal_denial(Refusal(TenantBusy("t-a", 4, 2, 5.0, retry_after=1)))
+    assert "waited 5.0 s for a turn" in waited.message
