@@ -70,6 +70,9 @@ WORDING = [
     (r.SameNameConflict("g1", "t1", "vm"),
      "GPU device g1 is being attached by another admission of VMI t1/vm (a concurrent create of the "
      "same name); retry once it has finished"),
+    (r.TenantBusy("t1", 4, 16, 0.0, 1),
+     "tenant t1 has 4 GPU admissions in progress at this gpu-binder replica (its fair share) and "
+     "16 more wait for a turn; too many requests, retry after 1 s"),
 ]
 
 
