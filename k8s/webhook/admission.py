@@ -165,9 +165,15 @@ class VMIAdmission:
     def _precheck(self, review: Review) -> Refusal | None:
         """W1's checks on the cache's snapshot (`model.admission.check`: class, entitlement,
         budget, a set larger than any node, held devices …) and the VMI's own gpus entries,
-        without the live read; the Refusal, or None when `_judge` should go on."""
+        without the live read; the Refusal, or None when `_judge` should go on — always None
+        while the cache shows a VMI of that name: the live read then says the name is taken
+        (W1's answer to a create of a live name, whatever else is wrong with the set)."""
         assert review.ask is not None
-        vmis = self.cache.vmi_state().without((review.namespace, review.name))
+        key = (review.namespace, review.name)
+        state = self.cache.vmi_state()
+        if key in state.live:
+            return None
+        vmis = state.without(key)
         snap = self.cache.view.snapshot()
         selector = node_selector_of(review.object, self.cache.launcher_defaults())
         permitted = self.cache.permitted_resources()
