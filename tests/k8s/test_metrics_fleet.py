@@ -178,7 +178,7 @@ def test_D4_defragmentation_rounds_count_moves_and_set_the_largest_set_per_class
     view = IndexedView()
     cache = SimpleNamespace(view=view, vmi_keys=lambda: set())
     metrics = Metrics(SimpleNamespace(elector=None, binder=None, synced=True),
-                      SimpleNamespace(admitted=0, denied=0, cache=cache))
+                      _idle_admission(cache))
     metrics.defragmented(0, {"h100": 2, "l40s": 1})
     metrics.defragmented(2, {"h100": 4, "l40s": 1})
     out = {(s.name, tuple(sorted(s.labels.items()))): s.value
