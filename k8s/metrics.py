@@ -76,7 +76,10 @@ class _TreeCollector:
                 ("gpu_binder_admissions_in_progress",
                  "admissions holding a turn of the webhook's fair share", stats and stats.in_flight),
                 ("gpu_binder_admissions_waiting",
-                 "admissions waiting for their tenant's turn", stats and stats.waiting)):
+                 "admissions waiting for their tenant's turn", stats and stats.waiting),
+                ("gpu_binder_admissions_tenant_peak",
+                 "the most admissions of one tenant in progress at once since the start "
+                 "(at most --webhook-tenant-concurrency)", stats and stats.peak_per_tenant)):
             fam = GaugeMetricFamily(name, help_)
             fam.add_metric([], float(value or 0))
             yield fam

@@ -32,11 +32,13 @@ class Busy(Exception):
 @dataclass(frozen=True, slots=True)
 class GateStatistics:
     """What the gate holds now: `in_flight` admissions holding a slot, `waiting` in lines,
-    and per tenant with either, `tenants` {namespace: (in flight, waiting)}."""
+    and per tenant with either, `tenants` {namespace: (in flight, waiting)}; `peak_per_tenant`,
+    the most slots one tenant ever held at once (never above `per_tenant`)."""
 
     in_flight: int
     waiting: int
     tenants: dict[str, tuple[int, int]]
+    peak_per_tenant: int = 0
 
 
 @dataclass(slots=True)
@@ -52,6 +54,7 @@ class _State:
     lines: dict[str, deque[_Waiter]] = field(default_factory=dict)   # tenant -> its line
     served: dict[str, int] = field(default_factory=dict)  # tenant -> serial of its last grant
     serial: int = 0
+    peak: int = 0  # the most slots one tenant held at once, ever
 
 
 class TenantGate:
@@ -147,14 +150,16 @@ class TenantGate:
         names = set(s.by_tenant) | set(s.lines)
         return GateStatistics(
             in_flight=s.in_flight, waiting=sum(len(line) for line in s.lines.values()),
-            tenants={t: (s.by_tenant.get(t, 0), len(s.lines.get(t, ()))) for t in sorted(names)})
+            tenants={t: (s.by_tenant.get(t, 0), len(s.lines.get(t, ()))) for t in sorted(names)},
+            peak_per_tenant=s.peak)
 
     # -- internals ------------------------------------------------------------------------
 
     def _grant(self, tenant: str) -> None:
         s = self._s
         s.in_flight += 1
-        s.by_tenant[tenant] = s.by_tenant.get(tenant, 0) + 1
+        s.by_tenant[tenant] = held = s.by_tenant.get(tenant, 0) + 1
+        s.peak = max(s.peak, held)
         s.serial += 1
         s.served[tenant] = s.serial  # served now: last in turn
 

@@ -77,6 +77,7 @@ def test_per_tenant_rejections_and_the_fair_share_in_use():
         (("namespace", "tenant-b"), ("reason", "budget_exhausted")): 1}
     assert m["gpu_binder_admissions_in_progress"] == {(): 1}
     assert m["gpu_binder_admissions_waiting"] == {(): 0}
+    assert m["gpu_binder_admissions_tenant_peak"] == {(): 1}
     assert m["gpu_binder_denial_events_dropped_total"] == {(): 0}
 
 

@@ -42,6 +42,7 @@ async def test_a_tenant_holds_at_most_its_share_and_the_rest_wait_in_its_line():
         release.set()
     assert order == ["a"] * 5
     assert gate.statistics().in_flight == 0 and gate.statistics().tenants == {}
+    assert gate.statistics().peak_per_tenant == 2  # a's share, reached and never passed
 
 
 async def test_freed_slots_go_round_robin_over_the_tenants_waiting():
@@ -98,7 +99,7 @@ async def test_a_waiter_cancelled_after_its_turn_came_hands_the_slot_on():
         # slot and gives it back, or never held it; either way c gets it and nothing leaks
         await eventually(lambda: "c" in got, what="c got the slot")
     assert got in (["c"], ["b", "c"])
-    assert gate.statistics() == GateStatistics(0, 0, {})
+    assert gate.statistics() == GateStatistics(0, 0, {}, peak_per_tenant=1)
 
 
 async def test_leave_without_a_slot_is_a_bug():
