@@ -99,6 +99,13 @@ def _bench(args: argparse.Namespace) -> int:
             print(f"target {name}: {t['value']} ({t['target']}): {met}")
         print(f"report: {out}/packing.json, plot: {out}/packing.png")
         return 0
+    if args.which == "fairness":
+        from bench.fairness import run as run_fairness, summary as fairness_summary
+
+        report = run_fairness(out)
+        print("\n".join(fairness_summary(report)))
+        print(f"report: {out}/fairness.json")
+        return 0
     if args.which == "e2e":
         from bench.e2e import run
     else:
@@ -252,13 +259,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep everything running until Ctrl-C (default: stop at the end)")
     demo.set_defaults(func=_demo)
 
-    bench = sub.add_parser("bench", help="benchmarks: core (actors vs bare model), e2e or "
-                                         "packing (placement quality on a churn trace)")
-    bench.add_argument("which", choices=["core", "e2e", "packing"],
+    bench = sub.add_parser("bench", help="benchmarks: core (actors vs bare model), e2e, "
+                                         "packing (placement quality on a churn trace) or "
+                                         "fairness (a tenant's creates under another's flood)")
+    bench.add_argument("which", choices=["core", "e2e", "packing", "fairness"],
                        help="core: the actor system against the bare model in one process; "
                             "e2e: the whole system on a local control plane; packing: one "
                             "churn trace per load replayed against gpu-binder, kube-scheduler "
-                            "(default and MostAllocated) and the repacking bound")
+                            "(default and MostAllocated) and the repacking bound; fairness: "
+                            "tenant B's ten creates alone and under tenant A's 200 at once")
     bench.add_argument("--out", default="bench-out",
                        help="directory for the JSON report and PNG plot (default: %(default)s)")
     bench.add_argument("--quick", action="store_true",

@@ -1,0 +1,224 @@
+"""The noisy neighbour, timed (`gpu-binder bench fairness`; issue 23, item 4).
+
+Starts the whole system (`localcluster.cluster.LocalCluster`: etcd, kube-apiserver, two
+controller replicas with the shipped fair-share settings, webhook registered) and a fleet of
+three 8-GPU nodes. Tenant B creates `B_VMIS` ordinary 1-GPU VMIs one after another, first
+alone, then while tenant A sends `A_FLOOD` creates at once (a third race for A's whole
+budget, a third ask for more than it, a third name a class that does not exist; A's client
+opens its connections beforehand, so the flood is one of creates, not of TLS handshakes).
+Every create goes through the real API server and the replicas' webhooks as the tenant's
+own user. The report gives B's p50/p99 alone and under the flood, their ratio, A's answers
+by HTTP status and the target (issue 23: B's p99 under the flood at most 3× its p99 alone),
+met or not. The properties the flood must not break (B never refused, A held to its share)
+are tested in tests/e2e/test_fairness.py; this file only times. Writes `fairness.json`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import anyio
+
+from localcluster.cluster import LocalCluster
+from localcluster.fleet import Fleet
+from model.types import GROUP, VERSION
+
+RES = "nvidia.com/GH100_H100"
+CLS = "h100"
+TENANTS = "gpu-binder:tenants"
+VMI_GROUP, VMI_VERSION, VMIS = "kubevirt.io", "v1", "virtualmachineinstances"
+B_VMIS = 10
+A_FLOOD = 200
+A_BUDGET = 4
+RATIO = 3.0  # the target: B's p99 under the flood <= RATIO x its p99 alone
+
+
+def quantile(samples: list[float], q: float) -> float:
+    """Nearest-rank quantile `q` (0 < q <= 1) of `samples` (seconds). Raises ValueError
+    when `samples` is empty."""
+    if not samples:
+        raise ValueError("quantile of no samples")
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def _vmi(name: str, templates: str) -> dict:
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": name, "annotations": {"gpu.cozystack.io/templates": templates}},
+            "spec": {"domain": {"devices": {}}}}
+
+
+def _flood_body(i: int) -> dict:
+    templates = (f"{CLS}={A_BUDGET}", f"{CLS}={A_BUDGET + 1}", f"no-such-{CLS}=1")[i % 3]
+    return _vmi(f"a-{i}", templates)
+
+
+async def _create(api, ns: str, body: dict) -> tuple[int, float, float]:
+    """Create `body` in `ns`: (HTTP status, 201 when admitted, 0 when no answer; sent and
+    answered, monotonic seconds)."""
+    from kubernetes_asyncio.client import ApiException
+
+    sent = time.monotonic()
+    try:
+        await api.create_namespaced_custom_object(VMI_GROUP, VMI_VERSION, ns, VMIS, body,
+                                                  _request_timeout=60)
+        status = 201
+    except ApiException as exc:
+        status = exc.status
+    except (TimeoutError, OSError):
+        status = 0
+    return status, sent, time.monotonic()
+
+
+async def _one_by_one(api, ns: str, prefix: str) -> list[tuple[int, float, float]]:
+    return [await _create(api, ns, _vmi(f"{prefix}-{i}", f"{CLS}=1")) for i in range(B_VMIS)]
+
+
+async def _user_client(lc: LocalCluster, workdir: Path, user: str, ns: str):
+    from kubernetes_asyncio.client import ApiClient, Configuration
+    from kubernetes_asyncio.config import load_kube_config
+
+    path = lc.cp.write_user_kubeconfig(workdir / f"{user}.kubeconfig", user, (TENANTS,),
+                                       namespace=ns)
+    cfg = Configuration()
+    await load_kube_config(config_file=str(path), client_configuration=cfg)
+    cfg.connection_pool_maxsize = A_FLOOD + B_VMIS
+    return ApiClient(configuration=cfg)
+
+
+async def _replicas_saw(lc: LocalCluster, marks: dict[str, int], timeout: float = 60.0) -> None:
+    """Wait until every replica's informers applied the resourceVersions `marks` (informer
+    -> resourceVersion), from gpu_binder_informer_resource_version. TimeoutError after
+    `timeout` seconds."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with anyio.fail_after(timeout):
+        while True:
+            behind = False
+            for i in range(len(lc.replicas)):
+                text = await anyio.to_thread.run_sync(lc.metrics, i)
+                got = {s.labels.get("informer"): s.value
+                       for f in text_string_to_metric_families(text) for s in f.samples
+                       if s.name == "gpu_binder_informer_resource_version"}
+                behind |= any(got.get(name, -1) < rv for name, rv in marks.items())
+            if not behind:
+                return
+            await anyio.sleep(0.05)  # poll interval of the named condition above
+
+
+async def _measure(lc: LocalCluster, workdir: Path, report: dict) -> None:
+    from kubernetes_asyncio.client import CustomObjectsApi
+    from kubernetes_asyncio.config import new_client_from_config
+
+    admin = await new_client_from_config(config_file=str(lc.cp.admin_kubeconfig))
+    try:
+        fleet = Fleet(admin)
+        await fleet.gpu_class(CLS, RES)
+        for i in range(3):
+            await fleet.node(f"fair-node-{i}", {RES: 8})
+        await fleet.tenant("tenant-b", budgets={RES: 2 * B_VMIS}, user="user-b")
+        await fleet.tenant("tenant-a", budgets={RES: A_BUDGET}, user="user-a")
+        quotas = [int((await fleet.core.read_namespaced_resource_quota("gpu-budget", ns))
+                      .metadata.resource_version) for ns in ("tenant-a", "tenant-b")]
+        nodes = [int((await fleet.core.read_node(f"fair-node-{i}")).metadata.resource_version)
+                 for i in range(3)]
+        cls = await fleet.custom.get_cluster_custom_object(GROUP, VERSION, "gpuclasses", CLS)
+        await _replicas_saw(lc, {
+            "gpuclasses": int(cls["metadata"]["resourceVersion"]),
+            "namespaces": int((await fleet.core.read_namespace("tenant-a")).metadata.resource_version),
+            "resourcequotas": max(quotas), "nodes": max(nodes)})
+    finally:
+        await admin.close()
+    client_a = await _user_client(lc, workdir, "user-a", "tenant-a")
+    client_b = await _user_client(lc, workdir, "user-b", "tenant-b")
+    try:
+        api_a, api_b = CustomObjectsApi(client_a), CustomObjectsApi(client_b)
+        alone = await _one_by_one(api_b, "tenant-b", "alone")
+        async with anyio.create_task_group() as tg:  # A's connections, opened beforehand
+            for _ in range(A_FLOOD):
+                tg.start_soon(functools.partial(api_a.list_namespaced_custom_object,
+                                                VMI_GROUP, VMI_VERSION, "tenant-a", VMIS,
+                                                limit=1))
+        flood: list[tuple[int, float, float]] = []
+
+        async def one_of_a(i: int) -> None:
+            flood.append(await _create(api_a, "tenant-a", _flood_body(i)))
+        async with anyio.create_task_group() as tg:
+            for i in range(A_FLOOD):
+                tg.start_soon(one_of_a, i)
+            await anyio.lowlevel.checkpoint()  # A's creates are on their way first
+            busy = await _one_by_one(api_b, "tenant-b", "busy")
+    finally:
+        await client_a.close()
+        await client_b.close()
+    report["b_alone"] = _latencies(alone)
+    report["b_under_flood"] = _latencies(busy)
+    by_status: dict[str, int] = {}
+    for status, _, _ in flood:
+        by_status[str(status)] = by_status.get(str(status), 0) + 1
+    report["a_by_status"] = dict(sorted(by_status.items()))
+    report["a_flood_seconds"] = round(max(a for _, _, a in flood) - min(s for _, s, _ in flood), 3)
+
+
+def _latencies(outs: list[tuple[int, float, float]]) -> dict:
+    lat = [answered - sent for _, sent, answered in outs]
+    return {"n": len(lat), "admitted": sum(1 for s, _, _ in outs if s == 201),
+            "p50_s": round(quantile(lat, 0.5), 4), "p99_s": round(quantile(lat, 0.99), 4),
+            "max_s": round(max(lat), 4), "each_s": [round(x, 4) for x in lat]}
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run(out: Path) -> dict:
+    """Run the benchmark (one run, about a minute on 2 cores); write `out`/fairness.json and
+    return the report: `b_alone` and `b_under_flood` ({n, admitted, p50_s, p99_s, max_s,
+    each_s}, seconds per create), `ratio_p99` (under ÷ alone), `a_by_status` ({HTTP status:
+    count}, 0 for no answer) and `target` ({target, value, met}). Raises what LocalCluster
+    raises when the control plane cannot start."""
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"benchmark": "fairness", "commit": _commit(),
+                    "started": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "b_vmis": B_VMIS, "a_flood": A_FLOOD, "a_budget": A_BUDGET,
+                    "load_before": os.getloadavg(),
+                    "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                "platform": platform.platform()}}
+    with LocalCluster(controllers=2, log_dir=out / "logs") as lc:
+        anyio.run(_measure, lc, out, report)
+    report["load_after"] = os.getloadavg()
+    alone, under = report["b_alone"]["p99_s"], report["b_under_flood"]["p99_s"]
+    ratio = under / alone if alone > 0 else float("inf")
+    report["ratio_p99"] = round(ratio, 2)
+    report["target"] = {"target": f"B's p99 under A's flood <= {RATIO:g} x its p99 alone",
+                        "value": report["ratio_p99"], "met": ratio <= RATIO}
+    (out / "fairness.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def summary(report: dict) -> list[str]:
+    """The report as printed lines (B's figures, A's answers, the target)."""
+    lines = []
+    for key, what in (("b_alone", "B alone"), ("b_under_flood", "B under A's flood")):
+        r = report[key]
+        lines.append(f"{what}: p50 {r['p50_s']:.3f} s, p99 {r['p99_s']:.3f} s, max "
+                     f"{r['max_s']:.3f} s, {r['admitted']}/{r['n']} admitted")
+    lines.append(f"A's {report['a_flood']} creates by status: {report['a_by_status']} "
+                 f"(answered within {report['a_flood_seconds']:.1f} s)")
+    t = report["target"]
+    lines.append(f"target {t['target']}: ratio {t['value']}: {'met' if t['met'] else 'NOT met'}")
+    load = ", ".join(f"{x:.2f}" for x in report["load_before"])
+    lines.append(f"load average before: {load}")
+    return lines

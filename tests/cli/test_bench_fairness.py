@@ -1,0 +1,36 @@
+"""`gpu-binder bench fairness`: the parser takes it, the quantile and the summary's lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.fairness import quantile, summary
+from cli.main import build_parser
+
+
+def test_the_parser_takes_bench_fairness():
+    args = build_parser().parse_args(["bench", "fairness", "--out", "x"])
+    assert (args.which, args.out) == ("fairness", "x")
+
+
+def test_quantile_is_nearest_rank():
+    samples = [0.1 * i for i in range(1, 11)]  # 0.1 .. 1.0
+    assert quantile(samples, 0.5) == pytest.approx(0.5)
+    assert quantile(samples, 0.99) == pytest.approx(1.0)
+    assert quantile([3.0], 0.99) == 3.0
+    with pytest.raises(ValueError):
+        quantile([], 0.5)
+
+
+def test_summary_states_the_target_met_or_not():
+    def part(p50, p99):
+        return {"n": 10, "admitted": 10, "p50_s": p50, "p99_s": p99, "max_s": p99}
+    report = {"b_alone": part(0.05, 0.08), "b_under_flood": part(0.06, 0.4), "a_flood": 200,
+              "a_by_status": {"201": 1, "429": 50}, "a_flood_seconds": 1.2,
+              "target": {"target": "B's p99 under A's flood <= 3 x its p99 alone",
+                         "value": 5.0, "met": False}, "load_before": (4.0, 3.5, 3.0)}
+    lines = summary(report)
+    assert lines[0] == "B alone: p50 0.050 s, p99 0.080 s, max 0.080 s, 10/10 admitted"
+    assert lines[1].startswith("B under A's flood: p50 0.060 s, p99 0.400 s")
+    assert lines[3].endswith("ratio 5.0: NOT met")
+    assert lines[4] == "load average before: 4.00, 3.50, 3.00"
