@@ -9,7 +9,10 @@ opens its connections beforehand, so the flood is one of creates, not of TLS han
 Every create goes through the real API server and the replicas' webhooks as the tenant's
 own user. The report gives B's p50/p99 alone and under the flood, their ratio, A's answers
 by HTTP status and the target (issue 23: B's p99 under the flood at most 3× its p99 alone),
-met or not. The properties the flood must not break (B never refused, A held to its share)
+met or not. For each of B's creates it also gives the seconds spent inside the webhook's
+admission (`webhook_seconds` of the replicas' "VMI admitted" log line: W1 on the cache, the
+tenant's turn, the binder, the writes) and the rest, before it (the API server, its call to
+the webhook, the replica's HTTP server). The properties the flood must not break (B never refused, A held to its share)
 are tested in tests/e2e/test_fairness.py; this file only times. Writes `fairness.json`.
 """
 
@@ -175,6 +178,24 @@ def _latencies(outs: list[tuple[int, float, float]]) -> dict:
             "max_s": round(max(lat), 4), "each_s": [round(x, 4) for x in lat]}
 
 
+def _webhook_seconds(logs: Path) -> dict[str, float]:
+    """{B's VMI name: seconds its admission spent in the webhook's `_fair_admit` (W1 on the
+    cache, the tenant's turn, the binder, the writes)}, from the replicas' "VMI admitted"
+    log lines (`webhook_seconds`) in `logs`/controller-*.log."""
+    got: dict[str, float] = {}
+    for path in sorted(logs.glob("controller-*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if '"VMI admitted"' not in line or '"tenant-b"' not in line:
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if "webhook_seconds" in entry:
+                got[entry["vmi"]] = entry["webhook_seconds"]
+    return got
+
+
 def _commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -199,6 +220,13 @@ def run(out: Path) -> dict:
     with LocalCluster(controllers=2, log_dir=out / "logs") as lc:
         anyio.run(_measure, lc, out, report)
     report["load_after"] = os.getloadavg()
+    inside = _webhook_seconds(out / "logs")
+    for key, prefix in (("b_alone", "alone"), ("b_under_flood", "busy")):
+        each = [inside.get(f"{prefix}-{i}") for i in range(B_VMIS)]
+        report[key]["in_webhook_s"] = each
+        report[key]["before_webhook_s"] = [
+            None if w is None else round(t - w, 4)
+            for t, w in zip(report[key]["each_s"], each)]
     alone, under = report["b_alone"]["p99_s"], report["b_under_flood"]["p99_s"]
     ratio = under / alone if alone > 0 else float("inf")
     report["ratio_p99"] = round(ratio, 2)
@@ -215,6 +243,13 @@ def summary(report: dict) -> list[str]:
         r = report[key]
         lines.append(f"{what}: p50 {r['p50_s']:.3f} s, p99 {r['p99_s']:.3f} s, max "
                      f"{r['max_s']:.3f} s, {r['admitted']}/{r['n']} admitted")
+        each, inside = r.get("each_s", []), r.get("in_webhook_s", [])
+        slowest = max(range(len(each)), key=each.__getitem__, default=None)
+        if slowest is not None and slowest < len(inside) and inside[slowest] is not None:
+            lines.append(f"  slowest (create {slowest + 1}): {r['each_s'][slowest]:.3f} s, of "
+                         f"which {r['in_webhook_s'][slowest]:.3f} s in the webhook's admission "
+                         f"and {r['before_webhook_s'][slowest]:.3f} s before it (API server, "
+                         f"the call to the webhook, its HTTP server)")
     lines.append(f"A's {report['a_flood']} creates by status: {report['a_by_status']} "
                  f"(answered within {report['a_flood_seconds']:.1f} s)")
     t = report["target"]

@@ -210,7 +210,8 @@ class VMIAdmission:
             return allow(review.uid, DRY_RUN_WARNING)
         node = await self._reserve(review, judged, deadline)
         log.info("VMI admitted", node=node, request_id=attempt.admission,
-                 devices=list(plan.devices))
+                 devices=list(plan.devices),  # seconds since the review reached _fair_admit:
+                 webhook_seconds=round(anyio.current_time() - deadline + self.bind_timeout, 3))
         return self._admit_response(review, plan, node, attempt.admission)
 
     async def _judge(self, review: Review) -> _Judged:

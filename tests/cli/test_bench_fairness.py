@@ -25,12 +25,17 @@ def test_quantile_is_nearest_rank():
 def test_summary_states_the_target_met_or_not():
     def part(p50, p99):
         return {"n": 10, "admitted": 10, "p50_s": p50, "p99_s": p99, "max_s": p99}
-    report = {"b_alone": part(0.05, 0.08), "b_under_flood": part(0.06, 0.4), "a_flood": 200,
+    busy = {**part(0.06, 0.4), "each_s": [0.4, 0.06], "in_webhook_s": [0.05, 0.04],
+            "before_webhook_s": [0.35, 0.02]}
+    report = {"b_alone": part(0.05, 0.08), "b_under_flood": busy, "a_flood": 200,
               "a_by_status": {"201": 1, "429": 50}, "a_flood_seconds": 1.2,
               "target": {"target": "B's p99 under A's flood <= 3 x its p99 alone",
                          "value": 5.0, "met": False}, "load_before": (4.0, 3.5, 3.0)}
     lines = summary(report)
     assert lines[0] == "B alone: p50 0.050 s, p99 0.080 s, max 0.080 s, 10/10 admitted"
     assert lines[1].startswith("B under A's flood: p50 0.060 s, p99 0.400 s")
-    assert lines[3].endswith("ratio 5.0: NOT met")
-    assert lines[4] == "load average before: 4.00, 3.50, 3.00"
+    assert lines[2] == ("  slowest (create 1): 0.400 s, of which 0.050 s in the webhook's "
+                        "admission and 0.350 s before it (API server, the call to the "
+                        "webhook, its HTTP server)")
+    assert lines[4].endswith("ratio 5.0: NOT met")
+    assert lines[5] == "load average before: 4.00, 3.50, 3.00"
