@@ -140,7 +140,7 @@ def test_policy_parameter_present_and_recreated_are_exported_by_the_leader():
                                  housekeeper=keeper)
 
     def got():
-        body, _ = Metrics(controller, SimpleNamespace(admitted=0, denied=0)).render()
+        body, _ = Metrics(controller, _idle_admission()).render()
         return {(s.name, tuple(s.labels.items())): s.value
                 for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
     assert got()[("gpu_binder_policy_parameter_present", ())] == 0
