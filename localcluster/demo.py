@@ -185,8 +185,16 @@ async def create_all_vms(kubeconfigs: dict[str, Path], plan: list[tuple[str, str
                                  if c.get("type") == CONDITION and c.get("status") == "False"), None)
                     if cond:
                         row.reason = f"waiting ({cond.get('reason')}): {cond.get('message')}"
+                        row.state = "Waiting"   # virt-controller says Stopped: no VMI exists
                         break
             row.seconds = time.monotonic() - started
+            if row.node:   # admitted: virt-controller's view once it has synced the new VMI
+                with anyio.move_on_after(5):
+                    while row.state in (None, "Stopped"):
+                        await anyio.sleep(0.5)
+                        got = await api.get_namespaced_custom_object(
+                            "kubevirt.io", "v1", tenant, "virtualmachines", name)
+                        row.state = (got.get("status") or {}).get("printableStatus")
 
         async with anyio.create_task_group() as tg:
             for tenant, name, ann in plan:
