@@ -219,4 +219,8 @@ async def test_W7_admitted_vmi_runs_through_virt_controllers_updates_and_its_del
         return got["items"] == []
     await eventually(released, timeout=40, what="H2: the deleted VMI's templates removed")
     log = kubevirt.log_tail("virt-controller", 5000)
-    assert log != "(no log)" and "gpu-binder-admitted-vmis" not in log  # nothing denied
+    assert log != "(no log)"
+    # Nothing of this VMI denied (other modules' VMs do meet the policy: virt-controller's
+    # LiveUpdate patch of a VM's VMI pin is denied there, by design).
+    ours = [line for line in log.splitlines() if f'"namespace":"{tenant}"' in line]
+    assert not [line for line in ours if "gpu-binder-admitted-vmis" in line], ours
