@@ -64,6 +64,7 @@ NEW_VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["v
 KV = ("kubevirt.io", "v1", "virtualmachineinstances")
 CHURN_TARGET = 200                  # VMIs created (and most deleted) per test
 RETRYABLE = ("connection refused", "EOF", "connection reset", "broken pipe",
+             "server closed idle connection",
              "deadline exceeded", "timeout", "Timeout", "i/o timeout", "no route to host")
 
 
@@ -228,7 +229,10 @@ def _reason(message: str) -> str:
     return " ".join(words[:8])
 
 
-TRANSPORT = ("EOF", "connection reset", "broken pipe")
+TRANSPORT = ("EOF", "connection reset", "broken pipe", "server closed idle connection")
+SAME_NAME = "a concurrent create of the same name"
+"""W4/W5's retryable answer to a create of a name whose earlier try is still in flight: the
+churn's own retry after a transport error, not an outage of a steady replica."""
 
 
 def outside(errors: list[tuple[float, float, str, str]], pods, forced: list[float], *,
@@ -237,11 +241,13 @@ def outside(errors: list[tuple[float, float, str, str]], pods, forced: list[floa
     stopping (Pod.windows, widened by `after` s): errors while every running replica was
     steady and ready, which a tenant must never see. A connection error (EOF, reset, broken pipe) during
     which the harness's Service closed a connection (`forced`) is the harness's, not a
-    replica's, and is left out; a replica's answers (503, 504, 429, timeouts) never are."""
+    replica's, and is left out, as is SAME_NAME (the churn's own retry meeting its earlier try);
+    a replica's other answers (503, 504, 429, timeouts) never are."""
     spans = [w for p in pods for w in p.windows(after=after)]
     return [(round(b, 1), round(e, 1), k, m) for b, e, k, m in errors
             if not any(b <= hi and e >= lo for lo, hi in spans)
-            and not (k in TRANSPORT and any(b - 0.1 <= c <= e for c in forced))]
+            and not (k in TRANSPORT and any(b - 0.1 <= c <= e for c in forced))
+            and SAME_NAME not in m]
 
 
 def _classify(status: int | None, message: str) -> str | None:
