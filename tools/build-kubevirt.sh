@@ -25,6 +25,10 @@ export GOFLAGS=-modcacherw GOTOOLCHAIN=local CGO_ENABLED=0
 # kubevirt.io is not in the checksum DB; github.com/rhobs/operator-observability-toolkit v0.0.30 neither.
 export GONOSUMDB="${GONOSUMDB:-k8s.io,sigs.k8s.io,go.etcd.io,kubevirt.io,github.com/rhobs}"
 mkdir -p "$out"
+# One build at a time per cache, as tools/build-controlplane.sh: a second caller (a helper's test
+# session, `make demo`) waits for the first instead of moving the same .tmp files from under it.
+exec 9>"$out/.build.lock"
+flock 9
 
 build() { # module-dir name package
   local mod="$1" name="$2" pkg="$3"

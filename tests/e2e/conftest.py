@@ -23,10 +23,22 @@ CRD_NAMES = (
 TENANT_GROUP = "gpu-binder:tenants"
 
 
+_KUBEVIRT_FIXTURE_NAMES = ("kubevirt", "kubevirt_shared")
+
+
+def _uses_kubevirt(item) -> bool:
+    return any(f in _KUBEVIRT_FIXTURE_NAMES for f in getattr(item, "fixturenames", ()))
+
+
 def pytest_collection_modifyitems(items):
+    """Mark tests/e2e items `e2e`; then move the tests that use the session's KubeVirt
+    (`kubevirt_shared`, directly or through a module's `kubevirt`) after all others, in
+    their collected order: KubeVirt starts once, when the first of them runs, and every
+    test before it runs without virt-api's webhooks, kube-scheduler or KWOK, as before."""
     for item in items:
         if "/tests/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
+    items[:] = sorted(items, key=_uses_kubevirt)  # stable: the collected order within each part
 
 
 @pytest.fixture(scope="session")
@@ -143,6 +155,26 @@ def controller_replicas(control_plane, tmp_path_factory, args: tuple[str, ...] =
 def system(control_plane, tmp_path_factory):
     """Two controller replicas (short Lease and grace for tests) for the module."""
     yield from controller_replicas(control_plane, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def kubevirt_shared(control_plane, tmp_path_factory):
+    """virt-api, virt-controller, kube-scheduler and KWOK (`localcluster.kubevirt.KubeVirt`)
+    on the session's control plane, started once for every test that uses KubeVirt (those
+    run last, see `pytest_collection_modifyitems`) and stopped, with its CR deleted, at the
+    session's end. Tests add the resources they need to its permitted host devices
+    (`set_permitted`); each uses its own nodes, class and tenant, so what one test leaves
+    (VMIs, launcher Pods on its KWOK nodes) is not in another's way."""
+    from localcluster.kubevirt import KUBEVIRT_CR, NAMESPACE, KubeVirt
+
+    kv = KubeVirt(control_plane, log_dir=tmp_path_factory.mktemp("kubevirt-logs"))
+    kv.start()
+    try:
+        yield kv
+    finally:
+        kv.stop()
+        control_plane.kubectl("delete", "kubevirt", KUBEVIRT_CR, "-n", NAMESPACE,
+                              "--ignore-not-found", "--wait=false", check=False)
 
 
 @pytest.fixture

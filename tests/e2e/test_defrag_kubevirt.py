@@ -34,18 +34,9 @@ def system(control_plane, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def kubevirt(system):
-    """As test_kubevirt's: KubeVirt for this module; its CR deleted on teardown."""
-    from localcluster.kubevirt import KUBEVIRT_CR, NAMESPACE, KubeVirt
-
-    kv = KubeVirt(system.cp, log_dir=system.log_dir / "kubevirt" if system.log_dir else None)
-    kv.start()
-    try:
-        yield kv
-    finally:
-        kv.stop()
-        system.cp.kubectl("delete", "kubevirt", KUBEVIRT_CR, "-n", NAMESPACE, "--ignore-not-found",
-                          "--wait=false", check=False)
+def kubevirt(system, kubevirt_shared):
+    """The session's KubeVirt, as in test_kubevirt."""
+    return kubevirt_shared
 
 
 async def _nodes(fleet, ns: str) -> dict[str, str | None]:

@@ -36,20 +36,10 @@ def system(control_plane, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def kubevirt(system):
-    """virt-api, virt-controller, kube-scheduler and KWOK for this module, on the session's
-    control plane next to the module's two controller replicas. On teardown the KubeVirt CR
-    is deleted, so later modules run without a KubeVirt CR (no permittedHostDevices check)."""
-    from localcluster.kubevirt import KUBEVIRT_CR, NAMESPACE, KubeVirt
-
-    kv = KubeVirt(system.cp, log_dir=system.log_dir / "kubevirt" if system.log_dir else None)
-    kv.start()
-    try:
-        yield kv
-    finally:
-        kv.stop()
-        system.cp.kubectl("delete", "kubevirt", KUBEVIRT_CR, "-n", NAMESPACE, "--ignore-not-found",
-                          "--wait=false", check=False)
+def kubevirt(system, kubevirt_shared):
+    """The session's KubeVirt (conftest's `kubevirt_shared`) for tests that also run this
+    module's controller replicas (`system`, set up first)."""
+    return kubevirt_shared
 
 
 async def pool(fleet, kv, nodes: dict[str, dict], *, permit: bool = True):
