@@ -38,10 +38,12 @@ def fast_config(**overrides) -> BinderConfig:
 
 @asynccontextmanager
 async def running_binder(store: MemoryStore, config: BinderConfig | None = None,
-                         clock=None) -> AsyncIterator[Binder]:
+                         clock=None, observer=None) -> AsyncIterator[Binder]:
     """A Binder running on `store` for the duration of the block; cancelled after it. Its
-    clock is `clock`, else the event loop's (`LoopClock`: fake on fake time)."""
-    binder = Binder(store, store, store, clock or LoopClock(), config or fast_config())
+    clock is `clock`, else the event loop's (`LoopClock`: fake on fake time); `observer`,
+    when given, is the Binder's observer (metrics hooks)."""
+    binder = Binder(store, store, store, clock or LoopClock(), config or fast_config(),
+                    observer=observer)
     async with anyio.create_task_group() as tg:
         await tg.start(binder.run)
         try:

@@ -9,16 +9,13 @@ round makes a 4-device set placeable that was refused for fragmentation.
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
 from dataclasses import replace
 
 import anyio
 import pytest
 
 from actors.coordinator import GetStatus, Resync, _Defrag
-from fakes.clock import LoopClock
 from fakes.memory_store import MemoryStore
-from supervisor import Binder
 from model.types import Result
 from tests.actors_harness import fast_config, results_of, running_binder, settle
 from tests.timing import advance, eventually
@@ -49,17 +46,6 @@ def fragmented() -> MemoryStore:
     for name, node in (("idle-1", "n1"), ("idle-2", "n1"), ("run-1", "n2"), ("run-2", "n2")):
         s.add_device(NS, name, "h100", node=node)
     return s
-
-
-@asynccontextmanager
-async def observed_binder(s: MemoryStore, cfg, observer):
-    binder = Binder(s, s, s, LoopClock(), cfg, observer=observer)
-    async with anyio.create_task_group() as tg:
-        await tg.start(binder.run)
-        try:
-            yield binder
-        finally:
-            tg.cancel_scope.cancel()
 
 
 def config(interval: float, max_moves: int = 4):
@@ -95,7 +81,7 @@ async def test_D1_D2_D4_round_moves_idle_devices_and_the_4_set_then_fits():
     s = fragmented()
     await running_vms(s)
     obs = Observer()
-    async with observed_binder(s, config(interval=10.0), obs) as binder:
+    async with running_binder(s, config(interval=10.0), observer=obs) as binder:
         await settle(s, binder)
         attached = {d.name: d.status.node_name for d in s.devices().values()
                     if d.status.attached_to is not None}
@@ -148,7 +134,7 @@ async def test_D2_a_waiting_request_is_decided_before_the_round():
     s = fragmented()
     await running_vms(s)
     obs = Observer()
-    async with observed_binder(s, config(interval=1000.0), obs) as binder:
+    async with running_binder(s, config(interval=1000.0), observer=obs) as binder:
         await settle(s, binder)
         for i in range(2):
             s.add_device(NS, f"w-{i}", "h100")
@@ -212,7 +198,7 @@ async def test_D2_rounds_interleaved_with_churn_never_overcommit_a_node(seed):
                     over.append(f"{rec.op} {rec.key} -> {rec.node}: {n} has {s.used(n, H)}")
     s.on_write = live_check
     obs = Observer()
-    async with observed_binder(s, config(interval=0.05, max_moves=2), obs) as binder:
+    async with running_binder(s, config(interval=0.05, max_moves=2), observer=obs) as binder:
         running: list[tuple[str, list[str]]] = []
         idle: list[list[str]] = []
         k = 0
