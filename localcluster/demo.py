@@ -90,44 +90,55 @@ def plan_vmis(count: int, seed: int) -> list[tuple[str, str, dict[str, str]]]:
     return out[:count]
 
 
-async def create_all(lc: LocalCluster, kubeconfigs: dict[str, Path],
-                     plan: list[tuple[str, str, dict[str, str]]]) -> list[Row]:
-    from kubernetes_asyncio.client import ApiException, CustomObjectsApi
+async def _each_as_tenant(kubeconfigs: dict[str, Path], plan: list[tuple[str, str, dict[str, str]]],
+                          one) -> None:
+    """Run `await one(client, tenant, name, annotations)` for every plan entry at once, each
+    with an ApiClient of its tenant's own kubeconfig (one client per tenant, closed after)."""
     from kubernetes_asyncio.config import new_client_from_config
 
-    base = load_fixture()
     clients = {t: await new_client_from_config(config_file=str(p)) for t, p in kubeconfigs.items()}
-    rows: list[Row] = []
     try:
-        async def one(tenant: str, name: str, ann: dict[str, str]) -> None:
-            vmi = copy.deepcopy(base)
-            vmi["metadata"]["name"] = name
-            vmi["metadata"]["annotations"] = ann
-            # the example's own entry names a P40, which this fleet has not: ours replace it
-            vmi["spec"]["domain"]["devices"].pop("gpus", None)
-            row = Row(name, tenant, ", ".join(f"{v}" for v in ann.values()))
-            rows.append(row)
-            started = time.monotonic()
-            try:
-                made = await CustomObjectsApi(clients[tenant]).create_namespaced_custom_object(
-                    "kubevirt.io", "v1", tenant, "virtualmachineinstances", vmi)
-                row.node = made["spec"]["nodeSelector"]["kubernetes.io/hostname"]
-                row.uid = made["metadata"]["uid"]
-                gpus = made["spec"]["domain"]["devices"].get("gpus") or []
-                row.resource = gpus[0]["deviceName"] if gpus else None
-            except ApiException as exc:
-                try:
-                    row.reason = json.loads(exc.body)["message"]
-                except (TypeError, ValueError, KeyError):
-                    row.reason = f"{exc.status} {exc.reason}"
-            row.seconds = time.monotonic() - started
-
         async with anyio.create_task_group() as tg:
             for tenant, name, ann in plan:
-                tg.start_soon(one, tenant, name, ann)
+                tg.start_soon(one, clients[tenant], tenant, name, ann)
     finally:
         for c in clients.values():
             await c.close()
+
+
+async def create_all(lc: LocalCluster, kubeconfigs: dict[str, Path],
+                     plan: list[tuple[str, str, dict[str, str]]]) -> list[Row]:
+    """Create one VMI per plan entry at once as its tenant; a Row per VMI (`node` its pin,
+    `reason` the webhook's denial)."""
+    from kubernetes_asyncio.client import ApiException, CustomObjectsApi
+
+    base = load_fixture()
+    rows: list[Row] = []
+
+    async def one(client, tenant: str, name: str, ann: dict[str, str]) -> None:
+        vmi = copy.deepcopy(base)
+        vmi["metadata"]["name"] = name
+        vmi["metadata"]["annotations"] = ann
+        # the example's own entry names a P40, which this fleet has not: ours replace it
+        vmi["spec"]["domain"]["devices"].pop("gpus", None)
+        row = Row(name, tenant, ", ".join(f"{v}" for v in ann.values()))
+        rows.append(row)
+        started = time.monotonic()
+        try:
+            made = await CustomObjectsApi(client).create_namespaced_custom_object(
+                "kubevirt.io", "v1", tenant, "virtualmachineinstances", vmi)
+            row.node = made["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+            row.uid = made["metadata"]["uid"]
+            gpus = made["spec"]["domain"]["devices"].get("gpus") or []
+            row.resource = gpus[0]["deviceName"] if gpus else None
+        except ApiException as exc:
+            try:
+                row.reason = json.loads(exc.body)["message"]
+            except (TypeError, ValueError, KeyError):
+                row.reason = f"{exc.status} {exc.reason}"
+        row.seconds = time.monotonic() - started
+
+    await _each_as_tenant(kubeconfigs, plan, one)
     return sorted(rows, key=lambda r: r.vmi)
 
 
@@ -138,70 +149,63 @@ async def create_all_vms(kubeconfigs: dict[str, Path], plan: list[tuple[str, str
     started (its VMI admitted) or shows GPUSetReady=False; a Row per VM (`node` the node its
     devices are Bound on, `reason` the condition's message while it waits)."""
     from kubernetes_asyncio.client import ApiException, CustomObjectsApi
-    from kubernetes_asyncio.config import new_client_from_config
 
     from model.types import ADMISSION_ANNOTATION
     from model.vm import CONDITION
 
     base = yaml.safe_load(VM_FIXTURE.read_text())
-    clients = {t: await new_client_from_config(config_file=str(p)) for t, p in kubeconfigs.items()}
     rows: list[Row] = []
-    try:
-        async def one(tenant: str, name: str, ann: dict[str, str]) -> None:
-            vm = copy.deepcopy(base)
-            vm["metadata"] = {"name": name, "labels": {"kubevirt.io/vm": name}}
-            vm["spec"]["runStrategy"] = "Always"
-            vm["spec"]["template"]["metadata"]["annotations"] = ann
-            row = Row(name, tenant, ", ".join(ann.values()))
-            rows.append(row)
-            api = CustomObjectsApi(clients[tenant])
-            started = time.monotonic()
-            try:
-                await api.create_namespaced_custom_object("kubevirt.io", "v1", tenant, "virtualmachines", vm)
-            except ApiException as exc:
-                row.reason, row.state = f"VM not created: {exc.status} {exc.reason}", "Error"
-                return
-            with anyio.move_on_after(timeout):
-                while True:
-                    await anyio.sleep(0.5)
-                    got = await api.get_namespaced_custom_object("kubevirt.io", "v1", tenant,
-                                                                 "virtualmachines", name)
-                    row.state = (got.get("status") or {}).get("printableStatus")
-                    try:
-                        vmi = await api.get_namespaced_custom_object(
-                            "kubevirt.io", "v1", tenant, "virtualmachineinstances", name)
-                    except ApiException:
-                        vmi = None
-                    if vmi and (vmi["metadata"].get("annotations") or {}).get(ADMISSION_ANNOTATION):
-                        row.uid = vmi["metadata"]["uid"]
-                        gpus = vmi["spec"]["domain"]["devices"].get("gpus") or []
-                        row.resource = gpus[0]["deviceName"] if gpus else None
-                        dev = await api.get_namespaced_custom_object(
-                            "gpu.cozystack.io", "v1alpha1", tenant, "gpudevices", gpus[0]["name"])
-                        row.node = (dev.get("status") or {}).get("nodeName")
-                        row.reason = None
-                        break
-                    cond = next((c for c in (got.get("status") or {}).get("conditions") or []
-                                 if c.get("type") == CONDITION and c.get("status") == "False"), None)
-                    if cond:
-                        row.reason = f"waiting ({cond.get('reason')}): {cond.get('message')}"
-                        row.state = "Waiting"   # virt-controller says Stopped: no VMI exists
-                        break
-            row.seconds = time.monotonic() - started
-            if row.node:   # admitted: virt-controller's view once it has synced the new VMI
-                with anyio.move_on_after(5):
-                    while row.state in (None, "Stopped"):
-                        await anyio.sleep(0.5)
-                        got = await api.get_namespaced_custom_object(
-                            "kubevirt.io", "v1", tenant, "virtualmachines", name)
-                        row.state = (got.get("status") or {}).get("printableStatus")
 
-        async with anyio.create_task_group() as tg:
-            for tenant, name, ann in plan:
-                tg.start_soon(one, tenant, name, ann)
-    finally:
-        for c in clients.values():
-            await c.close()
+    async def one(client, tenant: str, name: str, ann: dict[str, str]) -> None:
+        vm = copy.deepcopy(base)
+        vm["metadata"] = {"name": name, "labels": {"kubevirt.io/vm": name}}
+        vm["spec"]["runStrategy"] = "Always"
+        vm["spec"]["template"]["metadata"]["annotations"] = ann
+        row = Row(name, tenant, ", ".join(ann.values()))
+        rows.append(row)
+        api = CustomObjectsApi(client)
+        started = time.monotonic()
+        try:
+            await api.create_namespaced_custom_object("kubevirt.io", "v1", tenant, "virtualmachines", vm)
+        except ApiException as exc:
+            row.reason, row.state = f"VM not created: {exc.status} {exc.reason}", "Error"
+            return
+        with anyio.move_on_after(timeout):
+            while True:
+                await anyio.sleep(0.5)
+                got = await api.get_namespaced_custom_object("kubevirt.io", "v1", tenant,
+                                                             "virtualmachines", name)
+                row.state = (got.get("status") or {}).get("printableStatus")
+                try:
+                    vmi = await api.get_namespaced_custom_object(
+                        "kubevirt.io", "v1", tenant, "virtualmachineinstances", name)
+                except ApiException:
+                    vmi = None
+                if vmi and (vmi["metadata"].get("annotations") or {}).get(ADMISSION_ANNOTATION):
+                    row.uid = vmi["metadata"]["uid"]
+                    gpus = vmi["spec"]["domain"]["devices"].get("gpus") or []
+                    row.resource = gpus[0]["deviceName"] if gpus else None
+                    dev = await api.get_namespaced_custom_object(
+                        "gpu.cozystack.io", "v1alpha1", tenant, "gpudevices", gpus[0]["name"])
+                    row.node = (dev.get("status") or {}).get("nodeName")
+                    row.reason = None
+                    break
+                cond = next((c for c in (got.get("status") or {}).get("conditions") or []
+                             if c.get("type") == CONDITION and c.get("status") == "False"), None)
+                if cond:
+                    row.reason = f"waiting ({cond.get('reason')}): {cond.get('message')}"
+                    row.state = "Waiting"   # virt-controller says Stopped: no VMI exists
+                    break
+        row.seconds = time.monotonic() - started
+        if row.node:   # admitted: virt-controller's view once it has synced the new VMI
+            with anyio.move_on_after(5):
+                while row.state in (None, "Stopped"):
+                    await anyio.sleep(0.5)
+                    got = await api.get_namespaced_custom_object(
+                        "kubevirt.io", "v1", tenant, "virtualmachines", name)
+                    row.state = (got.get("status") or {}).get("printableStatus")
+
+    await _each_as_tenant(kubeconfigs, plan, one)
     return sorted(rows, key=lambda r: r.vmi)
 
 
