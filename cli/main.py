@@ -99,6 +99,16 @@ def _bench(args: argparse.Namespace) -> int:
             print(f"target {name}: {t['value']} ({t['target']}): {met}")
         print(f"report: {out}/packing.json, plot: {out}/packing.png")
         return 0
+    if args.which == "scale":
+        from bench.scale import QUICK_PLAN, run as run_scale, summary as scale_summary
+
+        report = run_scale(out, nodes=args.nodes or (20 if args.quick else 1000),
+                           baseline_nodes=(10 if args.quick else 100) if args.baseline_nodes is None
+                           else args.baseline_nodes or None, vmis=args.vmis,
+                           plan=QUICK_PLAN if args.quick else None)
+        print("\n".join(scale_summary(report)))
+        print(f"report: {out}/scale.json, plot: {out}/scale.png")
+        return 0
     if args.which == "fairness":
         from bench.fairness import run as run_fairness, summary as fairness_summary
 
@@ -262,12 +272,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks: core (actors vs bare model), e2e, "
                                          "packing (placement quality on a churn trace) or "
                                          "fairness (a tenant's creates under another's flood)")
-    bench.add_argument("which", choices=["core", "e2e", "packing", "fairness"],
+    bench.add_argument("which", choices=["core", "e2e", "packing", "fairness", "scale"],
                        help="core: the actor system against the bare model in one process; "
                             "e2e: the whole system on a local control plane; packing: one "
                             "churn trace per load replayed against gpu-binder, kube-scheduler "
                             "(default and MostAllocated) and the repacking bound; fairness: "
-                            "tenant B's ten creates alone and under tenant A's 200 at once")
+                            "tenant B's ten creates alone and under tenant A's 200 at once; "
+                            "scale: a populated KWOK cluster with KubeVirt (start-up, memory, "
+                            "admissions quiet and in bursts, leader failover)")
     bench.add_argument("--out", default="bench-out",
                        help="directory for the JSON report and PNG plot (default: %(default)s)")
     bench.add_argument("--quick", action="store_true",
@@ -289,7 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "repack on the same traces), no cluster (default: off)")
     bench.add_argument("--nodes", type=int, default=None,
                        help="packing: nodes of 8 GPUs per system and load (default: 24; with "
-                            "--quick 6)")
+                            "--quick 6); scale: nodes of the large cluster (default: 1000; with "
+                            "--quick 20)")
+    bench.add_argument("--vmis", type=int, default=None,
+                       help="scale: running VMIs on the large cluster (default: 2 per node)")
+    bench.add_argument("--baseline-nodes", type=int, default=None,
+                       help="scale: nodes of the baseline cluster measured in the same run for "
+                            "the ratios, 0 for none (default: 100; with --quick 10)")
     bench.add_argument("--systems", default="a,b,c,e",
                        help="packing: the systems to replay, comma separated: a gpu-binder, b "
                             "kube-scheduler default, c MostAllocated, e gpu-binder with "

@@ -112,8 +112,10 @@ class KubeVirt:
 
     def __init__(self, cp: ControlPlane, *, permitted: tuple[str, ...] = (),
                  bins: KubeVirtBinaries | None = None, log_dir: Path | None = None,
-                 start_timeout: float = 90.0, scheduler_profiles: tuple[dict, ...] = ()) -> None:
+                 start_timeout: float = 90.0, scheduler_profiles: tuple[dict, ...] = (),
+                 kwok_args: tuple[str, ...] = ()) -> None:
         self.cp = cp
+        self.kwok_args = tuple(kwok_args)
         self.scheduler_profiles = tuple(scheduler_profiles)
         self.bins = bins or find_kubevirt_binaries()
         self.permitted = tuple(permitted)
@@ -228,7 +230,7 @@ class KubeVirt:
             str(self.bins.kwok), f"--kubeconfig={self.cp.admin_kubeconfig}",
             f"--manage-nodes-with-annotation-selector={key}={value}",
             f"--config={self.bins.stages}", f"--server-address=127.0.0.1:{free_port()}",
-            "--node-ip=127.0.0.1"])
+            "--node-ip=127.0.0.1", *self.kwok_args])
 
     def _start_virt_api(self) -> None:
         self.api_port = free_port()
