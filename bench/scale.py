@@ -48,7 +48,8 @@ class ScaleSpec:
     - then held, never attached GPUDevices (Pending) until the tenants' namespaces hold
       `devices` GPUDevices in all (None: `nodes * gpus_per_node`), none if already past;
     - `concurrency`: writes in flight at once (one anyio.Semaphore for every create);
-      `vmi_timeout`: seconds an admitted VMI's launcher Pod has to be bound.
+      `vmi_timeout`: seconds an admitted VMI's launcher Pod has to be bound (from its
+      admission: on 2 cores the launcher Pods lag the admissions by minutes at 1,000 nodes).
 
     Defaults are issue 22's 1,000-node cluster; `scaled(n)` keeps the proportions at n nodes.
     """
@@ -66,7 +67,7 @@ class ScaleSpec:
     held_share: float = 0.25
     devices: int | None = None
     concurrency: int = 24
-    vmi_timeout: float = 120.0
+    vmi_timeout: float = 600.0
     prefix: str = "sc-"
     seed: int = 1
 
@@ -109,6 +110,8 @@ class VmiRecord:
     """The node kube-scheduler bound its launcher Pod to ("" until bound)."""
     admit_ms: float = 0.0
     """Create call to answer, ms (webhooks of ours and virt-api's in the path)."""
+    bound_lag_s: float | None = None
+    """Seconds from the admission's answer to the launcher Pod seen bound (populate only)."""
 
 
 @dataclass
@@ -156,6 +159,9 @@ class Population:
                 "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
                 "vmis_per_s": round(len(adm) / self.seconds["vmis"], 2)
                 if self.seconds.get("vmis") else None,
+                "launcher_bound_lag_s": {
+                    p: _pct([v.bound_lag_s for v in adm if v.bound_lag_s is not None], q)
+                    for p, q in (("p50", 50), ("p99", 99), ("max", 100))},
                 "counts": dict(self.counts), "apiserver_writes": self.writes,
                 "cpu_seconds": {k: round(v, 1) for k, v in self.cpu_s.items()}}
 
@@ -224,6 +230,32 @@ async def apiserver_writes(api) -> dict[str, int]:
         key = (m.group(1) if m else "?") + (f"/{sub.group(1)}" if sub and sub.group(1) else "")
         out[key] += int(float(line.rsplit(" ", 1)[1]))
     return dict(out)
+
+
+async def apiserver_latency(api) -> dict[str, tuple[float, int]]:
+    """kube-apiserver's own request latency so far for what an admission costs:
+    "<verb> <resource>[/<subresource>]" -> (seconds summed, requests), from
+    `apiserver_request_duration_seconds` (GPUDevice and VMI requests, any verb)."""
+    import re
+
+    resp = await api.call_api("/metrics", "GET", auth_settings=["BearerToken"],
+                              _preload_content=False)
+    text = (await resp.read()).decode()
+    resp.release()
+    out: dict[str, list] = {}
+    for line in text.splitlines():
+        for suffix, slot in (("_sum{", 0), ("_count{", 1)):
+            if not line.startswith("apiserver_request_duration_seconds" + suffix):
+                continue
+            res = re.search(r'resource="([^"]*)"', line)
+            if not res or res.group(1) not in ("gpudevices", "virtualmachineinstances"):
+                continue
+            sub = re.search(r'subresource="([^"]*)"', line)
+            verb = re.search(r'verb="([^"]*)"', line)
+            key = f"{verb.group(1) if verb else '?'} {res.group(1)}" + (
+                f"/{sub.group(1)}" if sub and sub.group(1) else "")
+            out.setdefault(key, [0.0, 0])[slot] += float(line.rsplit(" ", 1)[1])
+    return {k: (v[0], int(v[1])) for k, v in out.items()}
 
 
 # -- the real path ---------------------------------------------------------------------------
@@ -464,7 +496,9 @@ async def populate(lc, kv, fleet: Fleet, spec: ScaleSpec) -> "Population":
             if not rec.admitted:
                 pop.counts["refused"] += 1
                 return
+            answered_at = time.monotonic()
             rec.node = await pods.bound(rec.uid, spec.vmi_timeout)
+            rec.bound_lag_s = round(time.monotonic() - answered_at, 2) if rec.node else None
             if not rec.node:
                 pop.counts["not_bound"] += 1
             elif rec.node != rec.pin:
@@ -664,12 +698,14 @@ class Measure:
         for size, n in self.plan.quiet.items():
             recs = []
             h0 = await self.histograms()
+            a0 = await apiserver_latency(self.fleet.custom.api_client)
             for _ in range(n):
                 rec = self._new(f"q{size}-", size)
                 await admit(self.fleet, rec, self.pop.counts)
                 await self._bound([rec])
                 recs.append(rec)
             h1 = await self.histograms()
+            a1 = await apiserver_latency(self.fleet.custom.api_client)
             d = {k: h1[k] - h0[k] for k in h0}
             released = await self.release(recs)
             out[str(size)] = {**latency_summary(recs), **_on_pin(recs), "inside": {
@@ -678,7 +714,11 @@ class Measure:
                 "decision_mean_ms": round(1000 * d["decision_s"] / d["decisions"], 2)
                 if d["decisions"] else None,
                 "client_mean_ms": round(sum(r.admit_ms for r in recs if r.admitted)
-                                        / max(1, sum(r.admitted for r in recs)), 1)},
+                                        / max(1, sum(r.admitted for r in recs)), 1),
+                "apiserver": {k: {"requests": a1[k][1] - a0.get(k, (0, 0))[1],
+                                  "mean_ms": round(1000 * (a1[k][0] - a0.get(k, (0, 0))[0])
+                                                   / (a1[k][1] - a0.get(k, (0, 0))[1]), 1)}
+                              for k in a1 if a1[k][1] - a0.get(k, (0, 0))[1] > 0}},
                 "release": released}
         return out
 
