@@ -136,9 +136,12 @@ class Config:
     settings_namespace: str = "cozy-system"
     lease_name: str = "gpu-binder"
     lease_namespace: str = "cozy-system"
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
+    # Shorter than client-go's 15/10/2: the webhook answers only while a leader binds, so a
+    # killed leader's Lease must expire fast (a takeover 9-11 s after kill -9; issue 22's
+    # failover < 15 s). Costs one Lease write per second.
+    lease_duration: float = 10.0
+    renew_deadline: float = 7.0
+    retry_period: float = 1.0
     webhook_port: int = 9443                 # 0: no webhook server
     webhook_host: str = "0.0.0.0"
     webhook_cert: str | None = None

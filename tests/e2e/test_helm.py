@@ -231,7 +231,7 @@ def test_template_in_another_namespace_names_it_everywhere(cluster, helm):
     ({"settings": {"bindTimeout": 23}}, "bindTimeout"),
     ({"webhook": {"timeoutSeconds": 15}}, "settings.bindTimeout (20 s) must be at least 3 s below"
                                           " webhook.timeoutSeconds (15 s)"),
-    ({"settings": {"renewDeadline": 20}}, "leaseDuration (15) > renewDeadline (20)"),
+    ({"settings": {"renewDeadline": 20}}, "leaseDuration (10) > renewDeadline (20)"),
     ({"settings": {"bindTimeout": 10, "attachmentGrace": 5}}, "settings.bindTimeout must be "
                                                               "shorter than settings.attachmentGrace"),
     ({"settings": {"webhookPort": 1}}, "webhookPort"),

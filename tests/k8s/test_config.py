@@ -53,7 +53,7 @@ def test_flags_beat_environment_beat_file(tmp_path):
     ({"bind_timeout": "20", "attachment_grace": "15"},
      "--bind-timeout: must be shorter than --attachment-grace"),
     ({"renew_deadline": "20"},
-     "--lease-duration > --renew-deadline > --retry-period is required, got 15.0 > 20.0 > 2.0"),
+     "--lease-duration > --renew-deadline > --retry-period is required, got 10.0 > 20.0 > 1.0"),
     ({"kubeconfig": "/no/such/file"}, "--kubeconfig: no such file '/no/such/file'"),
     ({"webhook_port": "9443"}, "--webhook-cert and --webhook-key are required"),
     ({"metrics_port": "70000"}, "--metrics-port: must be a TCP port 0-65535"),

@@ -38,9 +38,9 @@ app.kubernetes.io/name: gpu-binder
 {{- if gt (addf $bind 3) (float64 .Values.webhook.timeoutSeconds) -}}
 {{- fail (printf "settings.bindTimeout (%v s) must be at least 3 s below webhook.timeoutSeconds (%v s): a review needs time around the wait" $bind .Values.webhook.timeoutSeconds) -}}
 {{- end -}}
-{{- $ld := $s.leaseDuration | default 15 | float64 -}}
-{{- $rd := $s.renewDeadline | default 10 | float64 -}}
-{{- $rp := $s.retryPeriod | default 2 | float64 -}}
+{{- $ld := $s.leaseDuration | default 10 | float64 -}}
+{{- $rd := $s.renewDeadline | default 7 | float64 -}}
+{{- $rp := $s.retryPeriod | default 1 | float64 -}}
 {{- if not (and (gt $ld $rd) (gt $rd $rp)) -}}
 {{- fail (printf "settings: leaseDuration (%v) > renewDeadline (%v) > retryPeriod (%v) is required" $ld $rd $rp) -}}
 {{- end -}}
