@@ -854,7 +854,7 @@ def _on_pin(recs: list[VmiRecord]) -> dict:
 # -- the run ---------------------------------------------------------------------------------
 
 CONTROLLER_ARGS = ("--attachment-grace=30",)
-"""The replicas' flags: defaults (the default Lease: 15 s, renew deadline 10 s, retry 2 s)
+"""The replicas' flags: defaults (the default Lease: 10 s, renew deadline 7 s, retry 1 s)
 but a 30 s attachment grace, so the failover's none-lost check sees a killed webhook's
 leftovers cleared (H1) within the run."""
 
