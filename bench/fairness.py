@@ -7,9 +7,13 @@ alone, then while tenant A sends `A_FLOOD` creates at once (a third race for A's
 budget, a third ask for more than it, a third name a class that does not exist; A's client
 opens its connections beforehand, so the flood is one of creates, not of TLS handshakes).
 Every create goes through the real API server and the replicas' webhooks as the tenant's
-own user. The report gives B's p50/p99 alone and under the flood, their ratio, A's answers
-by HTTP status and the target (issue 23: B's p99 under the flood at most 3× its p99 alone),
-met or not. For each of B's creates it also gives the seconds spent inside the webhook's
+own user; B's client opens its connection before the first phase, so neither phase times
+a TLS handshake. The shipped API Priority and Fairness objects (k8s/manifests/flowcontrol/)
+are installed: the report names the FlowSchema and priority level that classified B's
+creates (from the answers' `X-Kubernetes-PF-*-UID` headers). The report gives B's p50/p99
+alone and under the flood, their ratio, A's answers by HTTP status (and its 429s by who
+answered them: a webhook's `tenant_busy`, or the API server's flow control) and the target
+(issue 23: B's p99 under the flood at most 3× its p99 alone), met or not. For each of B's creates it also gives the seconds spent inside the webhook's
 admission (`webhook_seconds` of the replicas' "VMI admitted" log line: W1 on the cache, the
 tenant's turn, the binder, the writes) and the rest, before it (the API server, its call to
 the webhook, the replica's HTTP server). The properties the flood must not break (B never refused, A held to its share)
@@ -18,6 +22,7 @@ are tested in tests/e2e/test_fairness.py; this file only times. Writes `fairness
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -41,6 +46,9 @@ VMI_GROUP, VMI_VERSION, VMIS = "kubevirt.io", "v1", "virtualmachineinstances"
 B_VMIS = 10
 A_FLOOD = 200
 A_BUDGET = 4
+APF = "gpu-binder-vmi-creates"  # the shipped FlowSchema and PriorityLevelConfiguration
+FLOWCONTROL = ("flowcontrol.apiserver.k8s.io", "v1")
+FS_UID, PL_UID = "x-kubernetes-pf-flowschema-uid", "x-kubernetes-pf-prioritylevel-uid"
 RATIO = 3.0  # the target: B's p99 under the flood <= RATIO x its p99 alone
 
 
@@ -64,24 +72,32 @@ def _flood_body(i: int) -> dict:
     return _vmi(f"a-{i}", templates)
 
 
-async def _create(api, ns: str, body: dict) -> tuple[int, float, float]:
+Outcome = tuple[int, float, float, dict]
+
+
+async def _create(api, ns: str, body: dict) -> Outcome:
     """Create `body` in `ns`: (HTTP status, 201 when admitted, 0 when no answer; sent and
-    answered, monotonic seconds)."""
+    answered, monotonic seconds; {"fs", "pl": the answer's flow-control UIDs, "webhook":
+    True when a webhook wrote the refusal (its fair-share hint)})."""
     from kubernetes_asyncio.client import ApiException
 
     sent = time.monotonic()
+    seen: dict = {}
     try:
-        await api.create_namespaced_custom_object(VMI_GROUP, VMI_VERSION, ns, VMIS, body,
-                                                  _request_timeout=60)
+        _, _, headers = await api.create_namespaced_custom_object_with_http_info(
+            VMI_GROUP, VMI_VERSION, ns, VMIS, body, _request_timeout=60)
         status = 201
     except ApiException as exc:
-        status = exc.status
+        status, headers = exc.status, exc.headers
+        seen["webhook"] = "fair share" in (exc.body or "")
     except (TimeoutError, OSError):
-        status = 0
-    return status, sent, time.monotonic()
+        status, headers = 0, None
+    lower = {k.lower(): v for k, v in (headers or {}).items()}
+    seen.update(fs=lower.get(FS_UID), pl=lower.get(PL_UID))
+    return status, sent, time.monotonic(), seen
 
 
-async def _one_by_one(api, ns: str, prefix: str) -> list[tuple[int, float, float]]:
+async def _one_by_one(api, ns: str, prefix: str) -> list[Outcome]:
     return [await _create(api, ns, _vmi(f"{prefix}-{i}", f"{CLS}=1")) for i in range(B_VMIS)]
 
 
@@ -118,7 +134,7 @@ async def _replicas_saw(lc: LocalCluster, marks: dict[str, int], timeout: float 
 
 
 async def _measure(lc: LocalCluster, workdir: Path, report: dict) -> None:
-    from kubernetes_asyncio.client import CustomObjectsApi
+    from kubernetes_asyncio.client import ApiException, CustomObjectsApi
     from kubernetes_asyncio.config import new_client_from_config
 
     admin = await new_client_from_config(config_file=str(lc.cp.admin_kubeconfig))
@@ -138,19 +154,28 @@ async def _measure(lc: LocalCluster, workdir: Path, report: dict) -> None:
             "gpuclasses": int(cls["metadata"]["resourceVersion"]),
             "namespaces": int((await fleet.core.read_namespace("tenant-a")).metadata.resource_version),
             "resourcequotas": max(quotas), "nodes": max(nodes)})
+        uids = {}
+        for plural in ("flowschemas", "prioritylevelconfigurations"):
+            with contextlib.suppress(ApiException):  # not installed: the report says so
+                obj = await fleet.custom.get_cluster_custom_object(*FLOWCONTROL, plural, APF)
+                uids[obj["metadata"]["uid"]] = f"{plural}/{APF}"
     finally:
         await admin.close()
     client_a = await _user_client(lc, workdir, "user-a", "tenant-a")
     client_b = await _user_client(lc, workdir, "user-b", "tenant-b")
     try:
         api_a, api_b = CustomObjectsApi(client_a), CustomObjectsApi(client_b)
+        # B's connection, opened beforehand: it is reused under the flood, so without this
+        # only the first phase would time a TLS handshake
+        await api_b.list_namespaced_custom_object(VMI_GROUP, VMI_VERSION, "tenant-b", VMIS,
+                                                  limit=1)
         alone = await _one_by_one(api_b, "tenant-b", "alone")
         async with anyio.create_task_group() as tg:  # A's connections, opened beforehand
             for _ in range(A_FLOOD):
                 tg.start_soon(functools.partial(api_a.list_namespaced_custom_object,
                                                 VMI_GROUP, VMI_VERSION, "tenant-a", VMIS,
                                                 limit=1))
-        flood: list[tuple[int, float, float]] = []
+        flood: list[Outcome] = []
 
         async def one_of_a(i: int) -> None:
             flood.append(await _create(api_a, "tenant-a", _flood_body(i)))
@@ -165,15 +190,21 @@ async def _measure(lc: LocalCluster, workdir: Path, report: dict) -> None:
     report["b_alone"] = _latencies(alone)
     report["b_under_flood"] = _latencies(busy)
     by_status: dict[str, int] = {}
-    for status, _, _ in flood:
+    for status, _, _, _ in flood:
         by_status[str(status)] = by_status.get(str(status), 0) + 1
     report["a_by_status"] = dict(sorted(by_status.items()))
-    report["a_flood_seconds"] = round(max(a for _, _, a in flood) - min(s for _, s, _ in flood), 3)
+    report["a_429_by_source"] = {
+        "webhook": sum(1 for st, _, _, seen in flood if st == 429 and seen.get("webhook")),
+        "apiserver": sum(1 for st, _, _, seen in flood if st == 429 and not seen.get("webhook"))}
+    report["a_flood_seconds"] = round(max(o[2] for o in flood) - min(o[1] for o in flood), 3)
+    report["apf"] = {  # what classified B's creates (None: no FlowSchema of ours)
+        "flow_schema": sorted({uids.get(seen["fs"]) for *_, seen in alone + busy}, key=str),
+        "priority_level": sorted({uids.get(seen["pl"]) for *_, seen in alone + busy}, key=str)}
 
 
-def _latencies(outs: list[tuple[int, float, float]]) -> dict:
-    lat = [answered - sent for _, sent, answered in outs]
-    return {"n": len(lat), "admitted": sum(1 for s, _, _ in outs if s == 201),
+def _latencies(outs: list[Outcome]) -> dict:
+    lat = [answered - sent for _, sent, answered, _ in outs]
+    return {"n": len(lat), "admitted": sum(1 for s, *_ in outs if s == 201),
             "p50_s": round(quantile(lat, 0.5), 4), "p99_s": round(quantile(lat, 0.99), 4),
             "max_s": round(max(lat), 4), "each_s": [round(x, 4) for x in lat]}
 
@@ -251,9 +282,14 @@ def summary(report: dict) -> list[str]:
                          f"and {r['before_webhook_s'][slowest]:.3f} s before it (API server, "
                          f"the call to the webhook, its HTTP server)")
     lines.append(f"A's {report['a_flood']} creates by status: {report['a_by_status']} "
-                 f"(answered within {report['a_flood_seconds']:.1f} s)")
+                 f"(answered within {report['a_flood_seconds']:.1f} s; 429s by "
+                 f"{report.get('a_429_by_source')})")
     t = report["target"]
     lines.append(f"target {t['target']}: ratio {t['value']}: {'met' if t['met'] else 'NOT met'}")
     load = ", ".join(f"{x:.2f}" for x in report["load_before"])
     lines.append(f"load average before: {load}")
+    if "apf" in report:
+        apf = report["apf"]
+        lines.append(f"B's creates classified by {', '.join(map(str, apf['flow_schema']))} "
+                     f"at {', '.join(map(str, apf['priority_level']))}")
     return lines

@@ -163,15 +163,17 @@ class LocalCluster:
         self.kubevirt.start()
 
     def install(self) -> None:
-        """Apply CRDs (ours and KubeVirt's own), RBAC, the settings namespace and the policies
-        (with the settings ConfigMap gpu-settings they read, created before their bindings)."""
+        """Apply CRDs (ours and KubeVirt's own), RBAC, the settings namespace, the API Priority
+        and Fairness objects for VMI creates and the policies (with the settings ConfigMap
+        gpu-settings they read, created before their bindings)."""
         from localcluster.kubevirt import install_crds
 
         k = self.cp.kubectl
         k("apply", "--server-side", "--field-manager=gpu-binder-install",
           "-f", str(MANIFESTS / "controller" / "namespace.yaml"),
           "-f", str(MANIFESTS / "crds"), "-f", str(MANIFESTS / "rbac"),
-          "-f", str(TESTING_MANIFESTS), "-f", str(MANIFESTS / "controller" / "rbac.yaml"))
+          "-f", str(TESTING_MANIFESTS), "-f", str(MANIFESTS / "controller" / "rbac.yaml"),
+          "-f", str(MANIFESTS / "flowcontrol"))
         k("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{c}" for c in CRDS])
         install_crds(self.cp)
         # --force-conflicts: a controller's H3 may have taken gpu-settings' rawResourceNames

@@ -39,3 +39,8 @@ def test_summary_states_the_target_met_or_not():
                         "webhook, its HTTP server)")
     assert lines[4].endswith("ratio 5.0: NOT met")
     assert lines[5] == "load average before: 4.00, 3.50, 3.00"
+    assert len(lines) == 6
+    report["apf"] = {"flow_schema": ["flowschemas/gpu-binder-vmi-creates"],
+                     "priority_level": ["prioritylevelconfigurations/gpu-binder-vmi-creates"]}
+    assert summary(report)[6] == ("B's creates classified by flowschemas/gpu-binder-vmi-creates"
+                                  " at prioritylevelconfigurations/gpu-binder-vmi-creates")

@@ -9,9 +9,14 @@ with a small share per tenant (`SHARE` in progress, `LINE` waiting) so the flood
 it. The properties, not the speed (the speed is `gpu-binder bench fairness`,
 docs/benchmarks.md): every one of B's VMIs is admitted, none refused or timed out; A is
 admitted once (its budget) and every one of its creates is answered; A is turned away with
-429 `tenant_busy` and a retry hint beyond its share, B never; A's refusals write a bounded
-number of Events; no replica ever had more than `SHARE` of one tenant's admissions in
-progress (`gpu_binder_admissions_tenant_peak`), and the flood did fill A's share.
+429 beyond its share, B never: by a webhook (`tenant_busy`, with a retry hint) or by the API
+server's API Priority and Fairness (A's queues full); A's refusals write a bounded number of
+Events; no replica ever had more than `SHARE` of one tenant's admissions in progress
+(`gpu_binder_admissions_tenant_peak`), and the flood did fill A's share. The shipped
+FlowSchema gpu-binder-vmi-creates (k8s/manifests/flowcontrol/) classifies every tenant
+create: each answer names it and its priority level (`X-Kubernetes-PF-FlowSchema-UID`,
+`X-Kubernetes-PF-PriorityLevel-UID`), and the API server's `apiserver_flowcontrol_*`
+counters of that schema count the creates it dispatched and rejected.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from kubernetes_asyncio.client import ApiClient, ApiException, Configuration, Cu
 from kubernetes_asyncio.config import load_kube_config
 
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas, unique
-from tests.e2e.helpers import make_pool, namespace_rv, replicas_saw, scrape
+from tests.e2e.helpers import eventually, make_pool, namespace_rv, replicas_saw, scrape
 
 pytestmark = pytest.mark.anyio
 VMI_GROUP, VMI_VERSION, VMIS = "kubevirt.io", "v1", "virtualmachineinstances"
@@ -39,6 +44,9 @@ A_BUDGET = 4
 SHARE, LINE = 2, 4  # per tenant and replica: admissions in progress, waiting for a turn
 EVENT_BURST = 10    # denial Events per tenant and replica at once, then 1 a second
 RETRY_HINT = re.compile(r"fair share.*retry after \d+ s")
+APF = "gpu-binder-vmi-creates"  # the shipped FlowSchema and PriorityLevelConfiguration
+FLOWCONTROL = ("flowcontrol.apiserver.k8s.io", "v1")
+FS_UID, PL_UID = "x-kubernetes-pf-flowschema-uid", "x-kubernetes-pf-prioritylevel-uid"
 
 
 @pytest.fixture(scope="module")
@@ -66,25 +74,36 @@ async def user_client(control_plane, tmp_path, user: str, namespace: str) -> Api
 
 class Outcome:
     """One create: when it was sent and answered (monotonic seconds), HTTP status (201 when
-    admitted, 0 when it got no answer), reason and message of a refusal."""
+    admitted, 0 when it got no answer), reason and message of a refusal, the answer's
+    headers, names in lower case (API Priority and Fairness names its FlowSchema and level
+    there)."""
 
     def __init__(self) -> None:
         self.sent = self.answered = 0.0
         self.status = 0
         self.reason = self.message = ""
+        self.headers: dict[str, str] = {}
+
+
+def lower_keys(headers) -> dict[str, str]:
+    """Response headers with lower-case names (Go sends X-Kubernetes-Pf-Flowschema-Uid)."""
+    return {k.lower(): v for k, v in (headers or {}).items()}
 
 
 async def create(api: CustomObjectsApi, ns: str, body: dict, out: Outcome) -> None:
     out.sent = time.monotonic()
     try:
-        await api.create_namespaced_custom_object(VMI_GROUP, VMI_VERSION, ns, VMIS, body,
-                                                  _request_timeout=60)
-        out.status = 201
+        _, _, headers = await api.create_namespaced_custom_object_with_http_info(
+            VMI_GROUP, VMI_VERSION, ns, VMIS, body, _request_timeout=60)
+        out.status, out.headers = 201, lower_keys(headers)
     except ApiException as exc:
-        out.status = exc.status
-        status = json.loads(exc.body) if exc.body else {}
+        out.status, out.headers = exc.status, lower_keys(exc.headers)
+        try:  # a Status; the API server's flow control answers a 429 in plain text
+            status = json.loads(exc.body) if exc.body else {}
+        except ValueError:
+            status = {"message": exc.body}
         out.reason = status.get("reason", "")
-        out.message = status.get("message", str(exc))[:400]
+        out.message = str(status.get("message", exc))[:400]
     except (TimeoutError, OSError) as exc:  # no answer: status stays 0
         out.message = repr(exc)[:400]
     finally:
@@ -106,6 +125,37 @@ async def warm(api: CustomObjectsApi, ns: str, connections: int) -> None:
                                             VMI_VERSION, ns, VMIS, limit=1))
 
 
+async def flowcontrol_counters(control_plane) -> tuple[float, float]:
+    """The API server's (dispatched, rejected) requests of FlowSchema `APF` so far
+    (`apiserver_flowcontrol_dispatched_requests_total`, `..._rejected_requests_total`, all
+    reasons), from its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = (await anyio.to_thread.run_sync(control_plane.kubectl, "get", "--raw",
+                                           "/metrics")).stdout
+    got = {"apiserver_flowcontrol_dispatched_requests_total": 0.0,
+           "apiserver_flowcontrol_rejected_requests_total": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in got and sample.labels.get("flow_schema") == APF:
+                got[sample.name] += sample.value
+    return tuple(got.values())  # type: ignore[return-value]
+
+
+async def flowcontrol_uids(fleet) -> tuple[str, str]:
+    """(FlowSchema uid, PriorityLevelConfiguration uid) of `APF`, once the API server's
+    flow-control configuration took the schema in (its Dangling condition False: the level
+    it names exists)."""
+    async def digested():
+        fs = await fleet.custom.get_cluster_custom_object(*FLOWCONTROL, "flowschemas", APF)
+        conds = {c["type"]: c["status"] for c in fs.get("status", {}).get("conditions", [])}
+        return conds.get("Dangling") == "False" and fs
+    fs = await eventually(digested, what=f"FlowSchema {APF} digested by the API server")
+    pl = await fleet.custom.get_cluster_custom_object(*FLOWCONTROL,
+                                                      "prioritylevelconfigurations", APF)
+    return fs["metadata"]["uid"], pl["metadata"]["uid"]
+
+
 async def test_a_tenants_flood_is_held_to_its_share_and_costs_another_tenant_nothing(
         system, fleet, control_plane, tmp_path):
     user_b, user_a = unique("user-b"), unique("user-a")
@@ -117,6 +167,8 @@ async def test_a_tenants_flood_is_held_to_its_share_and_costs_another_tenant_not
     await replicas_saw(system, {"namespaces": await namespace_rv(fleet, tenant_a),
                                 "resourcequotas": quota.metadata.resource_version},
                        what=tenant_a)
+    fs_uid, pl_uid = await flowcontrol_uids(fleet)
+    dispatched0, rejected0 = await flowcontrol_counters(control_plane)
     client_a = await user_client(control_plane, tmp_path, user_a, tenant_a)
     client_b = await user_client(control_plane, tmp_path, user_b, tenant_b)
     try:
@@ -146,10 +198,21 @@ async def test_a_tenants_flood_is_held_to_its_share_and_costs_another_tenant_not
     assert by_status.get(201, 0) == 1, "A admitted other than once (its budget is one set)"
     assert by_status.get(0, 0) == 0 and max(by_status) < 500, \
         [o.message for o in a if o.status == 0 or o.status >= 500][:3]
+    assert all((o.headers.get(FS_UID), o.headers.get(PL_UID)) == (fs_uid, pl_uid)
+               for o in a + b), f"a create not classified by FlowSchema {APF}: " + str(
+        next(o.headers for o in a + b if o.headers.get(FS_UID) != fs_uid))
     busy = [o for o in a if o.status == 429]
     assert busy, "A's flood was never turned away for its share"
-    assert all(o.reason == "TooManyRequests" and RETRY_HINT.search(o.message)
-               for o in busy), busy[0].message
+    at_webhook = [o for o in busy if o.reason == "TooManyRequests"]  # a Status: a webhook's
+    at_apiserver = [o for o in busy if o not in at_webhook]  # APF: A's queues were full
+    assert all(RETRY_HINT.search(o.message) for o in at_webhook), at_webhook[0].message
+    assert all(o.headers.get("retry-after") and "try again later" in o.message
+               for o in at_apiserver), (at_apiserver[0].headers, at_apiserver[0].message)
+    dispatched, rejected = await flowcontrol_counters(control_plane)
+    print(f"A's 429s: {len(at_webhook)} by a webhook, {len(at_apiserver)} by the API server; "
+          f"{APF} dispatched {dispatched - dispatched0:.0f}, rejected {rejected - rejected0:.0f}")
+    assert (dispatched - dispatched0, rejected - rejected0) == (
+        A_FLOOD + B_VMIS - len(at_apiserver), len(at_apiserver))
 
     flood_s = max(o.answered for o in a) - a[0].sent
     events = (await fleet.core.list_namespaced_event(tenant_a)).items
@@ -165,7 +228,7 @@ async def test_a_tenants_flood_is_held_to_its_share_and_costs_another_tenant_not
                      (("namespace", tenant_a), ("reason", "tenant_busy"))), 0) for m in metrics]
     print(f"per-tenant peak in progress by replica: {peaks}; A's tenant_busy: {turned}")
     assert max(peaks) == SHARE, f"one tenant's admissions in progress at once: {peaks}"
-    assert sum(turned) == len(busy)
+    assert sum(turned) == len(at_webhook)
     assert not any(m.get(("gpu_binder_admission_rejections_total",
                           (("namespace", tenant_b), ("reason", "tenant_busy"))))
                    for m in metrics)

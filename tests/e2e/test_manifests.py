@@ -28,6 +28,8 @@ def test_every_manifest_applies_with_server_side_dry_run(control_plane):
         "configmap",   # the dashboard, and gpu-settings (the policies' parameter)
         "deployment.apps", "mutatingwebhookconfiguration.admissionregistration.k8s.io",
         "networkpolicy.networking.k8s.io",
+        "flowschema.flowcontrol.apiserver.k8s.io",                  # VMI creates (issue 23)
+        "prioritylevelconfiguration.flowcontrol.apiserver.k8s.io",
         "validatingadmissionpolicy.admissionregistration.k8s.io",
         "validatingadmissionpolicy.admissionregistration.k8s.io",
         "validatingadmissionpolicy.admissionregistration.k8s.io",
