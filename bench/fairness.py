@@ -8,7 +8,8 @@ budget, a third ask for more than it, a third name a class that does not exist; 
 opens its connections beforehand, so the flood is one of creates, not of TLS handshakes).
 Every create goes through the real API server and the replicas' webhooks as the tenant's
 own user; B's client opens its connection before the first phase, so neither phase times
-a TLS handshake. The shipped API Priority and Fairness objects (k8s/manifests/flowcontrol/)
+a TLS handshake, and A's client runs in a process of its own (tenants are different
+clients: in one process, B's create would wait for its own event loop sending A's 200). The shipped API Priority and Fairness objects (k8s/manifests/flowcontrol/)
 are installed: the report names the FlowSchema and priority level that classified B's
 creates (from the answers' `X-Kubernetes-PF-*-UID` headers). The report gives B's p50/p99
 alone and under the flood, their ratio, A's answers by HTTP status (and its 429s by who
@@ -26,6 +27,7 @@ import contextlib
 import functools
 import json
 import math
+import multiprocessing
 import os
 import platform
 import subprocess
@@ -102,11 +104,15 @@ async def _one_by_one(api, ns: str, prefix: str) -> list[Outcome]:
 
 
 async def _user_client(lc: LocalCluster, workdir: Path, user: str, ns: str):
+    path = lc.cp.write_user_kubeconfig(workdir / f"{user}.kubeconfig", user, (TENANTS,),
+                                       namespace=ns)
+    return await _client_of(path)
+
+
+async def _client_of(path: Path):
     from kubernetes_asyncio.client import ApiClient, Configuration
     from kubernetes_asyncio.config import load_kube_config
 
-    path = lc.cp.write_user_kubeconfig(workdir / f"{user}.kubeconfig", user, (TENANTS,),
-                                       namespace=ns)
     cfg = Configuration()
     await load_kube_config(config_file=str(path), client_configuration=cfg)
     cfg.connection_pool_maxsize = A_FLOOD + B_VMIS
@@ -131,6 +137,41 @@ async def _replicas_saw(lc: LocalCluster, marks: dict[str, int], timeout: float 
             if not behind:
                 return
             await anyio.sleep(0.05)  # poll interval of the named condition above
+
+
+def _flood_child(kubeconfig: str, conn) -> None:
+    """Tenant A's client, in a process of its own (as another tenant's client is): open
+    A_FLOOD connections, send "ready", wait for "go", start the A_FLOOD creates, send
+    "started" once they are on their way, then the list of Outcomes (monotonic seconds are
+    the machine's, comparable with the parent's)."""
+    anyio.run(_flood_main, kubeconfig, conn)
+
+
+async def _flood_main(kubeconfig: str, conn) -> None:
+    from kubernetes_asyncio.client import CustomObjectsApi
+
+    client = await _client_of(Path(kubeconfig))
+    try:
+        api = CustomObjectsApi(client)
+        async with anyio.create_task_group() as tg:  # A's connections, opened beforehand
+            for _ in range(A_FLOOD):
+                tg.start_soon(functools.partial(api.list_namespaced_custom_object,
+                                                VMI_GROUP, VMI_VERSION, "tenant-a", VMIS,
+                                                limit=1))
+        conn.send("ready")
+        await anyio.to_thread.run_sync(conn.recv)  # "go"
+        flood: list[Outcome] = []
+
+        async def one(i: int) -> None:
+            flood.append(await _create(api, "tenant-a", _flood_body(i)))
+        async with anyio.create_task_group() as tg:
+            for i in range(A_FLOOD):
+                tg.start_soon(one, i)
+            await anyio.lowlevel.checkpoint()  # A's creates are on their way
+            conn.send("started")
+        conn.send(flood)
+    finally:
+        await client.close()
 
 
 async def _measure(lc: LocalCluster, workdir: Path, report: dict) -> None:
@@ -161,32 +202,34 @@ async def _measure(lc: LocalCluster, workdir: Path, report: dict) -> None:
                 uids[obj["metadata"]["uid"]] = f"{plural}/{APF}"
     finally:
         await admin.close()
-    client_a = await _user_client(lc, workdir, "user-a", "tenant-a")
+    path_a = lc.cp.write_user_kubeconfig(workdir / "user-a.kubeconfig", "user-a", (TENANTS,),
+                                         namespace="tenant-a")
     client_b = await _user_client(lc, workdir, "user-b", "tenant-b")
+    ctx = multiprocessing.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    child = ctx.Process(target=_flood_child, args=(str(path_a), theirs), daemon=True)
     try:
-        api_a, api_b = CustomObjectsApi(client_a), CustomObjectsApi(client_b)
+        api_b = CustomObjectsApi(client_b)
         # B's connection, opened beforehand: it is reused under the flood, so without this
         # only the first phase would time a TLS handshake
         await api_b.list_namespaced_custom_object(VMI_GROUP, VMI_VERSION, "tenant-b", VMIS,
                                                   limit=1)
         alone = await _one_by_one(api_b, "tenant-b", "alone")
-        async with anyio.create_task_group() as tg:  # A's connections, opened beforehand
-            for _ in range(A_FLOOD):
-                tg.start_soon(functools.partial(api_a.list_namespaced_custom_object,
-                                                VMI_GROUP, VMI_VERSION, "tenant-a", VMIS,
-                                                limit=1))
-        flood: list[Outcome] = []
-
-        async def one_of_a(i: int) -> None:
-            flood.append(await _create(api_a, "tenant-a", _flood_body(i)))
-        async with anyio.create_task_group() as tg:
-            for i in range(A_FLOOD):
-                tg.start_soon(one_of_a, i)
-            await anyio.lowlevel.checkpoint()  # A's creates are on their way first
+        child.start()
+        with anyio.fail_after(120):
+            for step in ("ready", "started"):  # "started": A's creates go first
+                said = await anyio.to_thread.run_sync(mine.recv)
+                if said != step:
+                    raise RuntimeError(f"tenant A's process said {said!r}, not {step!r}")
+                if step == "ready":
+                    mine.send("go")
             busy = await _one_by_one(api_b, "tenant-b", "busy")
+            flood: list[Outcome] = await anyio.to_thread.run_sync(mine.recv)
     finally:
-        await client_a.close()
         await client_b.close()
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
     report["b_alone"] = _latencies(alone)
     report["b_under_flood"] = _latencies(busy)
     by_status: dict[str, int] = {}
@@ -196,6 +239,7 @@ async def _measure(lc: LocalCluster, workdir: Path, report: dict) -> None:
     report["a_429_by_source"] = {
         "webhook": sum(1 for st, _, _, seen in flood if st == 429 and seen.get("webhook")),
         "apiserver": sum(1 for st, _, _, seen in flood if st == 429 and not seen.get("webhook"))}
+    report["a_client"] = "separate process"
     report["a_flood_seconds"] = round(max(o[2] for o in flood) - min(o[1] for o in flood), 3)
     report["apf"] = {  # what classified B's creates (None: no FlowSchema of ours)
         "flow_schema": sorted({uids.get(seen["fs"]) for *_, seen in alone + busy}, key=str),
