@@ -175,16 +175,24 @@ def judge_vm(snapshot: Snapshot, vm: Mapping[str, Any], *, vmis: VMIs, now: date
     return e, Condition("False", reason_name(e.reason.code.value), e.reason.render())
 
 
-def _placed(snapshot: Snapshot, vm: Mapping[str, Any], e: Explanation) -> Snapshot:
-    """`snapshot` with VM's set Bound on the node its explanation chose (room given away)."""
-    ask = parse_vmi_request(vmi_of_vm(vm)["metadata"]["annotations"])
-    assert ask is not None and e.node is not None
-    snap, request = set_request(snapshot, e.namespace, e.vmi, ask)
+def _placed(snapshot: Snapshot, vm: Mapping[str, Any], node: str) -> Snapshot:
+    """`snapshot` with the VM's set (its template's devices, `set_request`) Bound on `node`:
+    the room given away. A VM whose annotations do not parse is left out (the snapshot
+    unchanged)."""
+    vmi = vmi_of_vm(vm)
+    meta = vmi["metadata"]
+    try:
+        ask = parse_vmi_request(meta["annotations"])
+    except ParseError:
+        return snapshot
+    if ask is None:
+        return snapshot
+    snap, request = set_request(snapshot, meta["namespace"], meta["name"], ask)
     out = []
     for name in request.devices:
-        d = snap.device(e.namespace, name)
+        d = snap.device(meta["namespace"], name)
         if d is not None:
-            out.append(replace(d, status=replace(d.status, phase=Phase.BOUND, node_name=e.node)))
+            out.append(replace(d, status=replace(d.status, phase=Phase.BOUND, node_name=node)))
     return snapshot.with_devices(out)
 
 
@@ -201,31 +209,48 @@ def order(waiting: Iterable[tuple[Mapping[str, Any], datetime | None]]) -> list:
 
 def plan_waiting(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], *, vmis: VMIs,
                  now: datetime, grace: timedelta, launcher: LauncherDefaults = LauncherDefaults(),
-                 permitted: frozenset[str] | None = None) -> list[Waiting]:
-    """Every VM of `vms` that asks for GPUs, wants a VMI (`wants_vmi`) and has none (not in
-    `vmis.live`), judged in `order` (oldest waiting first): each VM whose set fits the
-    snapshot left by the VMs before it is given the room (`nudge`, and its set counts as
-    Bound on its chosen node for the VMs after it), so room for one set goes to the oldest
-    waiting VM it fits, and a younger VM whose set fits what is left is not held behind an
-    older one that does not. Pure; never raises."""
+                 permitted: frozenset[str] | None = None,
+                 given: Mapping[tuple[str, str], str] | None = None) -> list[Waiting]:
+    """The waiting VMs and the room given to them, in the documented order.
+
+    Candidates: every VM of `vms` that asks for GPUs, wants a VMI (`wants_vmi`) and has none
+    (not in `vmis.live`). They are judged in `order` (oldest waiting first, then namespace
+    and name); each one whose set fits the snapshot left by the VMs before it counts as
+    placed (its set Bound on its chosen node) for the VMs after it, so a younger VM is told
+    there is room only if room remains after every older VM that fits. A VM that fits but
+    has not been refused yet (`refused_before`: virt-controller has not tried, or its VMI is
+    being created right now and the caches have not seen it) takes its room too, but is not
+    returned (it is not waiting).
+
+    `given` (key → node): VMs nudged a moment ago whose VMI is live now; their sets count as
+    placed on that node first, whatever the snapshot shows yet (the device and VMI caches
+    lag each other: the VMI may be seen before the devices the webhook wrote for it).
+
+    Returns a `Waiting` per candidate refused before, in that order (`nudge` True for those
+    given room). Pure; never raises."""
+    snap = snapshot
+    by_key: dict[tuple[str, str], Mapping[str, Any]] = {}
     candidates = []
     for vm in vms:
         meta = vm.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
+        by_key[key] = vm
         if key in vmis.live or not wants_vmi(vm) or not asks_gpus(vm):
             continue
         candidates.append((vm, _since(vm)))
+    for key, node in sorted((given or {}).items()):
+        if key in vmis.live and key in by_key:
+            snap = _placed(snap, by_key[key], node)
     out: list[Waiting] = []
-    snap = snapshot
     for vm, since in order(candidates):
         meta = vm.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
         e, cond = judge_vm(snap, vm, vmis=vmis, now=now, grace=grace, launcher=launcher,
                            permitted=permitted)
-        nudge = e is not None and e.admitted
-        if not refused_before(vm):
-            continue  # virt-controller has not tried, or was not refused: not waiting yet
+        nudge = e is not None and e.admitted and e.node is not None
         if nudge:
-            snap = _placed(snap, vm, e)
-        out.append(Waiting(key, since, e, cond, nudge))
+            assert e is not None and e.node is not None
+            snap = _placed(snap, vm, e.node)
+        if refused_before(vm):
+            out.append(Waiting(key, since, e, cond, nudge))
     return out

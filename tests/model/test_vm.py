@@ -116,3 +116,44 @@ def test_held_devices_count_as_placed_for_the_next_vm():
     plan = plan_waiting(snap(free=2, devices=[held]), [second, first], vmis=VMIs(), now=NOW,
                         grace=GRACE)
     assert [(w.key[1], w.nudge) for w in plan] == [("a", True), ("b", False)]
+
+
+def test_an_older_vm_being_started_keeps_its_room_though_not_refused_any_more():
+    """virt-controller drops the Failure and GPUSetReady conditions as it creates the older
+    VM's VMI; until the caches see that VMI the older VM is not "refused", but it is about to
+    take the room: the younger VM must not be told there is room (issue 24's ordering)."""
+    old = vm("z-old", 2, conditions=(), created="2026-12-02T04:00:00Z")
+    young = vm("a-young", 2, conditions=(waiting_since("2026-12-02T04:30:00Z"),),
+               created="2026-12-02T04:20:00Z")
+    plan = plan_waiting(snap(free=2), [young, old], vmis=VMIs(), now=NOW, grace=GRACE)
+    assert [(w.key[1], w.nudge, w.condition.status) for w in plan] == [("a-young", False, "False")]
+
+
+def test_a_vm_given_room_whose_vmi_is_seen_before_its_devices_keeps_the_room():
+    """The VMI cache may see the older VM's VMI before the device cache sees the devices the
+    webhook wrote for it: the set given a moment ago (`given`) counts as placed regardless."""
+    old = vm("z-old", 2, conditions=())
+    young = vm("a-young", 2, conditions=(waiting_since("2026-12-02T04:30:00Z"),))
+    live = VMIs.of_keys({("t1", "z-old")})
+    racing = plan_waiting(snap(free=2), [young, old], vmis=live, now=NOW, grace=GRACE)
+    assert [(w.key[1], w.nudge) for w in racing] == [("a-young", True)]  # the window itself
+    plan = plan_waiting(snap(free=2), [young, old], vmis=live, now=NOW, grace=GRACE,
+                        given={("t1", "z-old"): "n1"})
+    assert [(w.key[1], w.nudge) for w in plan] == [("a-young", False)]
+    # room left after the given set: the younger one is told
+    plan = plan_waiting(snap(free=4), [young, old], vmis=live, now=NOW, grace=GRACE,
+                        given={("t1", "z-old"): "n1"})
+    assert [(w.key[1], w.nudge) for w in plan] == [("a-young", True)]
+
+
+def test_waiting_vms_are_given_room_oldest_first_whatever_the_input_order():
+    """Four VMs of one set size each, room for two: the two oldest waiting (by their
+    GPUSetReady False transition; a tie by namespace, name) are nudged, in any input order."""
+    vms = [vm(n, 1, conditions=(waiting_since(t),)) for n, t in
+           (("d", "2026-12-02T04:03:00Z"), ("c", "2026-12-02T04:01:00Z"),
+            ("b", "2026-12-02T04:01:00Z"), ("a", "2026-12-02T04:04:00Z"))]
+    for k in range(4):
+        rotated = vms[k:] + vms[:k]
+        plan = plan_waiting(snap(free=2), rotated, vmis=VMIs(), now=NOW, grace=GRACE)
+        assert [(w.key[1], w.nudge) for w in plan] == [("b", True), ("c", True), ("d", False),
+                                                       ("a", False)]
