@@ -21,6 +21,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 from actors import errors as port
 from actors.ports import StatusWrite, write_each
 from k8s import errors as api_errors
+from k8s import events
 from model.parse import format_time
 from model.types import GROUP, VERSION
 
@@ -164,21 +165,12 @@ class ApiStatusWriter:
     async def _event(self, w: StatusWrite, raw: dict) -> None:
         """A Normal Event `GPUDeviceMoved` on the device (D4). Best effort: logged."""
         ns, name = w.key
-        stamp = format_time(w.bound_at) if w.bound_at is not None else None
-        body = {"apiVersion": "v1", "kind": "Event",
-                "metadata": {"generateName": f"{name}.", "namespace": ns},
-                "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUDevice",
-                                   "name": name, "namespace": ns,
-                                   "uid": (raw.get("metadata") or {}).get("uid")},
-                "reason": "GPUDeviceMoved", "message": w.message[:1024], "type": "Normal",
-                "source": {"component": "gpu-binder"}, "firstTimestamp": stamp,
-                "lastTimestamp": stamp, "count": 1, "reportingComponent": "gpu-binder",
-                "reportingInstance": "binder"}
-        try:
-            with anyio.fail_after(self._timeout):
-                await self._core.create_namespaced_event(ns, body, _request_timeout=self._timeout)
-        except Exception as exc:  # noqa: BLE001 - an Event is best effort
-            log.warning("event not recorded", device=f"{ns}/{name}", error=repr(exc)[:200])
+        body = events.event_body(
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUDevice", "name": name,
+             "namespace": ns, "uid": (raw.get("metadata") or {}).get("uid")},
+            reason="GPUDeviceMoved", message=w.message, warning=False, instance="binder",
+            when=w.bound_at)
+        await events.record(self._core, body, timeout=self._timeout, device=f"{ns}/{name}")
 
 
 def _answer_ops(w: StatusWrite) -> list[dict]:

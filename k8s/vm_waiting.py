@@ -19,9 +19,16 @@ the condition itself once the VMI exists (it keeps only conditions the VMI carri
 VM stopped while waiting this module removes it. Each change of the condition's status or
 reason is also an Event on the VM (`GPUSetWaiting` Warning, `GPUSetRoomAvailable` Normal).
 
-Writes are bounded so the binder never drives a retry storm: a VM's status is written at
-most once per `min_interval` seconds, and a waiting VM whose status and reason stay the same
-has its message refreshed at most once per `refresh_interval` seconds. Each write is a JSON
+Each write of ours costs one webhook call (virt-controller re-queues the VM and is refused
+again, unless it was the nudge); Events cost none (virt-controller's VM controller watches
+no Events). So writes are bounded and the binder never drives a retry storm: nothing is
+written when nothing changed; a VM's status is written at most once per `min_interval`
+seconds and at most `max_writes` times per `window` seconds (room that flickers cannot make
+a VM flap True/False faster); a waiting VM whose status and reason stay the same has its
+message refreshed at most once per `refresh_interval` seconds. The nudge goes only to VMs
+whose set fits, oldest waiting first (`model.vm.plan_waiting`); a set given by a nudge
+counts as placed for `hold` seconds so that a younger VM is not told of the same room while
+the caches have seen the older VM's VMI but not yet its devices. Each write is a JSON
 Patch that `test`s the VM's resourceVersion as cached (field manager
 `gpu-binder-vm-waiting`), so it never overwrites a newer status of virt-controller's.
 """
@@ -31,14 +38,14 @@ from __future__ import annotations
 import functools
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Sequence
 
 import anyio
 import structlog
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from actors.workqueue import QueueShutDown, WorkQueue
-from k8s import errors
+from k8s import errors, events
 from k8s.cache import ClusterCache
 from k8s.informer import Informer, Key
 from model.admission import ANNOTATION_PREFIX
@@ -76,12 +83,16 @@ def slim_vm(obj: dict) -> dict:
     }
 
 
-def write_due(old: dict | None, new: Condition | None, since_last: float, min_interval: float,
-              refresh_interval: float) -> float:
+def write_due(old: dict | None, new: Condition | None, ages: Sequence[float],
+              min_interval: float, refresh_interval: float, *, max_writes: int = 4,
+              window: float = 60.0) -> float:
     """Seconds until the condition `new` (None: remove it) may be written over the stored
-    `old` (a condition dict or None), `since_last` seconds after this VM's last write: inf
-    when nothing would change; else at least `min_interval` after the last write, and
-    `refresh_interval` when only the message changed (same status and reason); 0: now."""
+    `old` (a condition dict or None); `ages` are the seconds since this VM's earlier writes
+    (any order). inf when nothing would change. Else the latest of: `min_interval` after
+    the last write (`refresh_interval` when only the message changed: same status and
+    reason), and, once `max_writes` writes lie within the last `window` seconds, the moment
+    the oldest of them leaves it (so never more than `max_writes` writes, hence
+    virt-controller re-queues, per VM per `window`). 0: now."""
     if new is None:
         wanted = old is not None
     else:
@@ -91,7 +102,12 @@ def write_due(old: dict | None, new: Condition | None, since_last: float, min_in
         return float("inf")
     same = (old is not None and new is not None and old.get("status") == new.status
             and old.get("reason") == new.reason)
-    return max(0.0, (refresh_interval if same else min_interval) - since_last)
+    since_last = min(ages, default=float("inf"))
+    recent = sorted(a for a in ages if a < window)
+    due = (refresh_interval if same else min_interval) - since_last
+    if len(recent) >= max_writes:
+        due = max(due, window - recent[max_writes - 1])
+    return max(0.0, due)
 
 
 class VMWaiting:
@@ -99,13 +115,15 @@ class VMWaiting:
 
     `grace` is attachmentGrace (W1's liveness of attachments); `timeout` bounds each API
     call (seconds); `period` the longest time between rounds; `coalesce` the delay from the
-    first change of a burst to its round. Counters: `rounds`, `writes`, `nudges` (True
-    writes), `write_errors`. Errors are logged and retried on a later round; `run` returns
+    first change of a burst to its round; `min_interval`, `max_writes` per `window`,
+    `refresh_interval` bound the writes per VM and `hold` keeps a nudged VM's room (seconds;
+    module doc). Counters: `rounds`, `writes`, `nudges` (True writes), `write_errors`. Errors are logged and retried on a later round; `run` returns
     only when cancelled."""
 
     def __init__(self, api: ApiClient, cache: ClusterCache, *, grace: timedelta,
                  timeout: float = 5.0, period: float = 5.0, coalesce: float = 0.2,
-                 min_interval: float = 2.0, refresh_interval: float = 30.0) -> None:
+                 min_interval: float = 2.0, refresh_interval: float = 60.0,
+                 max_writes: int = 4, window: float = 60.0, hold: float = 10.0) -> None:
         self._custom = CustomObjectsApi(api)
         self._core = CoreV1Api(api)
         self.cache = cache
@@ -115,10 +133,14 @@ class VMWaiting:
         self.coalesce = coalesce
         self.min_interval = min_interval
         self.refresh_interval = refresh_interval
+        self.max_writes = max_writes
+        self.window = window
+        self.hold = hold
         self.vms = Informer("virtualmachines", functools.partial(
             self._custom.list_cluster_custom_object, "kubevirt.io", "v1", "virtualmachines"),
             transform=slim_vm)
-        self._last_write: dict[Key, float] = {}
+        self._writes: dict[Key, list[float]] = {}  # monotonic times of the last writes
+        self._given: dict[Key, tuple[float, str]] = {}  # nudged: (monotonic time, node)
         self._queue: WorkQueue[str] | None = None
         self.rounds = self.writes = self.nudges = self.write_errors = 0
 
@@ -154,11 +176,17 @@ class VMWaiting:
                 tg.cancel_scope.cancel()
 
     def plan(self, now: datetime) -> list[Waiting]:
-        """`model.vm.plan_waiting` over the cached VMs and the cache's snapshot."""
+        """`model.vm.plan_waiting` over the cached VMs and the cache's snapshot, with the
+        sets given to VMs nudged within the last `hold` seconds (their VMI may be cached
+        before their devices are)."""
+        mono = time.monotonic()
+        for key in [k for k, (t, _) in self._given.items() if mono - t >= self.hold]:
+            del self._given[key]
         return plan_waiting(self.cache.view.snapshot(), self.vms.items(),
                             vmis=self.cache.vmi_state(), now=now, grace=self.grace,
                             launcher=self.cache.launcher_defaults(),
-                            permitted=self.cache.permitted_resources())
+                            permitted=self.cache.permitted_resources(),
+                            given={k: node for k, (_, node) in self._given.items()})
 
     async def round(self, now: datetime | None = None) -> None:
         """One pass: write each waiting VM's condition when it changed (within the rate
@@ -172,7 +200,8 @@ class VMWaiting:
         for key, w in plans.items():
             vm = self.vms.get(key)
             if vm is not None:
-                await self._show(key, vm, w.condition, now)
+                node = w.explanation.node if w.nudge and w.explanation is not None else None
+                await self._show(key, vm, w.condition, now, node)
         for vm in self.vms.items():
             key = (vm["metadata"]["namespace"], vm["metadata"]["name"])
             if key not in plans and key not in live and current_condition(vm) is not None:
@@ -180,10 +209,21 @@ class VMWaiting:
         self.rounds += 1
 
     def _due(self, key: Key, old: dict | None, new: Condition | None) -> float:
-        since = time.monotonic() - self._last_write.get(key, float("-inf"))
-        return write_due(old, new, since, self.min_interval, self.refresh_interval)
+        mono = time.monotonic()
+        ages = [mono - t for t in self._writes.get(key, ())]
+        return write_due(old, new, ages, self.min_interval, self.refresh_interval,
+                         max_writes=self.max_writes, window=self.window)
 
-    async def _show(self, key: Key, vm: dict, new: Condition | None, now: datetime) -> None:
+    def _wrote(self, key: Key) -> None:
+        mono = time.monotonic()
+        keep = max(self.window, self.refresh_interval, self.min_interval)
+        for k in [k for k, ts in self._writes.items() if mono - ts[-1] >= keep]:
+            del self._writes[k]  # VMs long unwritten (or gone): nothing bounds them any more
+        self._writes[key] = [t for t in self._writes.get(key, ()) if mono - t < self.window]
+        self._writes[key].append(mono)
+
+    async def _show(self, key: Key, vm: dict, new: Condition | None, now: datetime,
+                    node: str | None = None) -> None:
         old = current_condition(vm)
         due = self._due(key, old, new)
         if due == float("inf"):
@@ -206,7 +246,7 @@ class VMWaiting:
                             "value": vm["metadata"]["resourceVersion"]}]
         ops.append({"op": "add", "path": "/status/conditions", "value": conds} if status
                    else {"op": "add", "path": "/status", "value": {"conditions": conds}})
-        self._last_write[key] = time.monotonic()
+        self._wrote(key)
         try:
             with anyio.fail_after(self.timeout):
                 await self._custom.patch_namespaced_custom_object_status(
@@ -228,27 +268,20 @@ class VMWaiting:
                                 != (new.status, new.reason)):
             if new.status == "True":
                 self.nudges += 1
+                if node is not None:
+                    self._given[key] = (time.monotonic(), node)
             await self._event(vm, new, now)
 
     async def _event(self, vm: dict, cond: Condition, now: datetime) -> None:
         """An Event on the VM for a change of the condition's status or reason (best
-        effort: a failure is logged)."""
+        effort: a failure is logged). Events do not re-queue the VM in virt-controller (its
+        VM controller watches no Events)."""
         meta = vm["metadata"]
         ns, name = meta["namespace"], meta["name"]
-        stamp = format_time(now)
         waiting = cond.status == "False"
-        body: dict[str, Any] = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": ns},
-            "involvedObject": {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-                               "name": name, "namespace": ns, "uid": meta.get("uid")},
-            "reason": "GPUSetWaiting" if waiting else "GPUSetRoomAvailable",
-            "message": cond.message[:1024], "type": "Warning" if waiting else "Normal",
-            "source": {"component": "gpu-binder"}, "firstTimestamp": stamp,
-            "lastTimestamp": stamp, "count": 1, "reportingComponent": "gpu-binder",
-            "reportingInstance": "vm-waiting"}
-        try:
-            with anyio.fail_after(self.timeout):
-                await self._core.create_namespaced_event(ns, body, _request_timeout=self.timeout)
-        except Exception as exc:  # noqa: BLE001 - an Event is best effort
-            log.warning("event not recorded", vm=f"{ns}/{name}", error=repr(exc)[:200])
+        body = events.event_body(
+            {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": name,
+             "namespace": ns, "uid": meta.get("uid")},
+            reason="GPUSetWaiting" if waiting else "GPUSetRoomAvailable", message=cond.message,
+            warning=waiting, instance="vm-waiting", when=now)
+        await events.record(self._core, body, timeout=self.timeout, vm=f"{ns}/{name}")

@@ -12,7 +12,6 @@ import copy
 import json
 import os
 import time
-from datetime import datetime, timedelta, timezone
 
 import anyio
 import pytest
@@ -237,7 +236,40 @@ async def test_W7_vm_started_vmi_keeps_its_pin(system, kubevirt, fleet):
 
 ROUNDS = int(os.environ.get("GPU_BINDER_VM_ROUNDS", "6"))
 """Restart rounds of the stop/start/restart test: 6 in make test, 50 in the long form
-(`GPU_BINDER_VM_ROUNDS=50 make test-vm-long`, see docs/testing.md)."""
+(`GPU_BINDER_VM_ROUNDS=50 ... pytest tests/e2e/test_vm_path.py -k room_appears`, see
+docs/virtualmachines.md)."""
+WAIT = float(os.environ.get("GPU_BINDER_VM_WAIT", "65"))
+"""Seconds the waiting VMs wait at least (65: past virt-controller's 41-s back-off step; set
+it to some minutes to see the webhook calls per minute of a long wait)."""
+
+
+def backoff_calls(seconds: float) -> int:
+    """How many times virt-controller's VM controller runs a VM whose sync keeps failing
+    within `seconds` of the first failure, re-queued only by its work queue's limiter
+    (client-go's DefaultTypedControllerRateLimiter: 5 ms * 2^failures, capped at 1000 s;
+    kubevirt v1.8.3 pkg/virt-controller/watch/vm/vm.go:152-153, 347-351): the runs at
+    5 ms * (2^k - 1) for k = 0, 1, ... (an upper bound: each run takes time too)."""
+    n, t, delay = 0, 0.0, 0.005
+    while t <= seconds:
+        n, t, delay = n + 1, t + min(delay, 1000.0), delay * 2
+    return n
+
+
+def our_writes(system, ns: str, name: str) -> list[str]:
+    """The statuses ("True"/"False"/None: removed) of the GPUSetReady writes the binder's
+    replicas logged for VM ns/name, oldest first (k8s.vm_waiting's "VM condition written")."""
+    out = []
+    for r in system.replicas:
+        for line in r.log_path.read_text(errors="replace").splitlines():
+            if '"VM condition written"' in line and f'"{ns}/{name}"' in line:
+                j = json.loads(line)
+                if j.get("vm") == f"{ns}/{name}":
+                    out.append((j["timestamp"], j.get("status")))
+    return [st for _, st in sorted(out)]
+
+
+CHECKS = [0]
+"""How many times `check_invariants` ran (printed by the restart test)."""
 
 
 async def check_invariants(fleet, namespaces: list[str], allocatable: dict[str, int]) -> None:
@@ -266,14 +298,16 @@ async def check_invariants(fleet, namespaces: list[str], allocatable: dict[str, 
                     assert where == {p.spec.node_name}, (ns, name, where, p.spec.node_name)
     for node, n in per_node.items():
         assert n <= allocatable.get(node, 0), (node, n, allocatable)
+    CHECKS[0] += 1
 
 
 async def test_vm_waits_says_why_and_starts_by_itself_when_room_appears(system, kubevirt, fleet, control_plane):
     """Three VMs wait (no room: another VM holds it; a cordon; the budget), a fourth waits
     behind the first for the same room, while a tenant restarts a VM with a held device
-    ROUNDS times and a second tenant creates and deletes VMs. Then room appears for each:
-    it starts by itself within 10 s, oldest first, and virt-controller called the webhook at
-    most 6 times per waiting VM in the last minute."""
+    ROUNDS times and a second tenant creates and deletes VMs (invariants checked after every
+    round). The webhook calls per waiting VM are virt-controller's back-off, none driven by
+    the binder (see the assertions). Then room appears for each: it starts by itself within
+    10 s, oldest first (the younger VM is never told of the older one's room)."""
     res, cls, nodes, tenant = await pool(fleet, kubevirt, {"full": {"units": 2}})
     bres, bcls, bnodes, btenant = await pool(fleet, kubevirt, {"wide": {"units": 4}})
     await fleet.core.create_namespaced_resource_quota(btenant, {
@@ -342,6 +376,7 @@ async def test_vm_waits_says_why_and_starts_by_itself_when_room_appears(system, 
         made = await started(fleet, rtenant, "keeper", as_handler=True)
         uid = made["metadata"]["uid"]
         await bound_launcher(fleet, rtenant, made)
+        t_restarts = time.monotonic()
         for r in range(ROUNDS):  # restart: virt-controller re-creates the VMI of the same name
             await check_invariants(fleet, [rtenant, other], allocatable)
             await restart(fleet, rtenant, "keeper", uid)
@@ -351,18 +386,34 @@ async def test_vm_waits_says_why_and_starts_by_itself_when_room_appears(system, 
             assert (h0["phase"], h0["nodeName"], h0["attachedTo"]["vmi"]) == ("Bound", home, "keeper"), (r, h0)
             await bound_launcher(fleet, rtenant, made)
             await check_invariants(fleet, [rtenant, other], allocatable)
+        t_rounds = time.monotonic() - t_restarts
         # the waiters have waited long enough for virt-controller's back-off to be long
-        while time.monotonic() - t_wait < 65:
+        while time.monotonic() - t_wait < WAIT:
             await check_invariants(fleet, [rtenant, other], allocatable)
             await anyio.sleep(1)  # paces the invariant check only; nothing waits on it
         stop = False
-    minute_ago = datetime.now(timezone.utc) - timedelta(seconds=60)
-    calls = {}
+    print(f"{ROUNDS} restart rounds in {t_rounds:.0f} s, {CHECKS[0]} invariant checks, all held")
+    # The webhook calls of each waiting VM are virt-controller's own back-off and nothing we
+    # drive: the binder wrote each waiting VM once (GPUSetReady=False; each write re-queues
+    # the VM in virt-controller, so costs one call), nudged none, and the calls are at most
+    # the limiter's schedule for the time waited + 1 for virt-controller's own first status
+    # write + 1 per write of ours; after the first minute at most 1 a minute (its back-off is
+    # 41 s and more by then). The first minute's 13-14 calls are the limiter's 5 ms * 2^n
+    # (docs/virtualmachines.md); the issue's "<= 6 a minute" holds from the second minute on.
+    per_minute = {}
     for ns, name in waiters:
         ev = await events(fleet, ns, name, "GPUSetRefused")
-        calls[name] = (len(ev), len([e for e in ev if when(e) >= minute_ago]))
-    print(f"webhook calls per waiting VM (all, last minute) after {time.monotonic() - t_wait:.0f} s: {calls}")
-    assert all(last <= 6 for _, last in calls.values()), calls
+        first = when(ev[0])
+        minutes = [int((when(e) - first).total_seconds() // 60) + 1 for e in ev]
+        per_minute[name] = {m: minutes.count(m) for m in range(1, max(minutes) + 1)}
+        span = (when(ev[-1]) - first).total_seconds() + 1  # Event times are whole seconds
+        writes = our_writes(system, ns, name)
+        assert writes == ["False"], (name, writes)
+        bound = backoff_calls(span) + 1 + len(writes)
+        assert len(ev) <= bound, (name, len(ev), bound, span, per_minute[name])
+        assert all(n <= 1 for m, n in per_minute[name].items() if m > 1), (name, per_minute[name])
+    print(f"webhook calls per waiting VM per minute of its wait ({time.monotonic() - t_wait:.0f} s): "
+          f"{per_minute}")
 
     # room appears for each, and each starts by itself within 10 s
     delays = {}
@@ -380,14 +431,13 @@ async def test_vm_waits_says_why_and_starts_by_itself_when_room_appears(system, 
         tg.start_soon(one, "w4-budget", time.monotonic())
     print(f"start delays after room appeared (s): {delays}")
     assert all(d <= 10 for d in delays.values()), delays
-    # oldest first: the younger VM waiting for the same room still waits, and says why
+    # oldest first: the younger VM waiting for the same room still waits, says why, and was
+    # never told there was room (it would have been the room of the older VM, still starting)
     assert await get_vmi(fleet, tenant, "w2-young") is None
-
-    async def young_waits():  # a round may nudge it before w1-old's VMI takes the room
-        c = condition(await get_vm(fleet, tenant, "w2-young"))
-        return c if c and c["status"] == "False" else None
-    await eventually(young_waits, timeout=15, what="w2-young waiting again, GPUSetReady=False")
-    assert await get_vmi(fleet, tenant, "w2-young") is None
+    young = condition(await get_vm(fleet, tenant, "w2-young"))
+    assert young and young["status"] == "False", young
+    assert not await events(fleet, tenant, "w2-young", "GPUSetRoomAvailable")
+    assert "True" not in our_writes(system, tenant, "w2-young")
     # the condition clears once the VM runs (virt-controller keeps only the VMI's conditions)
     async def cleared():
         for ns, n in waiters - {(tenant, "w2-young")}:

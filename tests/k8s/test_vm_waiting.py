@@ -32,15 +32,45 @@ def test_slim_vm_keeps_what_the_plan_reads_and_drops_user_data_and_foreign_annot
 
 def test_write_due_nothing_to_write_is_never():
     old = {"status": "False", "reason": "SetNeeds", "message": WAIT.message}
-    assert write_due(old, WAIT, 0.0, 2, 30) == math.inf
-    assert write_due(None, None, 0.0, 2, 30) == math.inf
+    assert write_due(old, WAIT, [0.0], 2, 30) == math.inf
+    assert write_due(None, None, [0.0], 2, 30) == math.inf
 
 
 def test_write_due_a_change_of_status_waits_min_interval_a_message_only_change_refresh_interval():
     old = {"status": "False", "reason": "SetNeeds", "message": "needs 2, has 1 free"}
-    assert write_due(None, WAIT, math.inf, 2, 30) == 0.0           # first write: now
-    assert write_due(old, WAIT, 10.0, 2, 30) == 20.0               # message only: 30 s apart
+    assert write_due(None, WAIT, [], 2, 30) == 0.0                 # first write: now
+    assert write_due(old, WAIT, [10.0], 2, 30) == 20.0             # message only: 30 s apart
+    assert write_due(old, WAIT, [100.0], 2, 30) == 0.0             # (an old write is no bound)
     room = Condition("True", "RoomAvailable", "room on n1")
-    assert write_due(old, room, 0.5, 2, 30) == 1.5                 # the nudge: 2 s apart at most
-    assert write_due(old, room, 5.0, 2, 30) == 0.0
-    assert write_due(old, None, 0.0, 2, 30) == 2.0                 # removal: bounded too
+    assert write_due(old, room, [0.5], 2, 30) == 1.5               # the nudge: 2 s apart at most
+    assert write_due(old, room, [5.0, 70.0], 2, 30) == 0.0
+    assert write_due(old, None, [0.0], 2, 30) == 2.0               # removal: bounded too
+
+
+def test_write_due_at_most_max_writes_per_window_so_flickering_room_is_no_storm():
+    """Room that comes and goes every second would flip a VM True/False at every
+    min_interval (30 writes, so 30 webhook calls, a minute): the budget holds it to
+    max_writes per window; a VM that wrote less than that is not delayed by it."""
+    old = {"status": "False", "reason": "SetNeeds", "message": "m"}
+    room = Condition("True", "RoomAvailable", "room on n1")
+    assert write_due(old, room, [3.0, 20.0, 40.0], 2, 30, max_writes=4, window=60) == 0.0
+    assert write_due(old, room, [3.0, 20.0, 40.0, 50.0], 2, 30, max_writes=4, window=60) == 10.0
+    assert write_due(old, room, [3.0, 20.0, 40.0, 50.0, 59.0], 2, 30, max_writes=4,
+                     window=60) == 10.0
+    assert write_due(old, room, [3.0, 20.0, 40.0, 61.0], 2, 30, max_writes=4, window=60) == 0.0
+
+
+def test_write_due_simulated_flicker_stays_within_the_budget():
+    """A minute of room flipping every 0.5 s: at most max_writes writes in any window."""
+    writes: list[float] = []
+    for step in range(0, 1800):  # 15 minutes in 0.5 s steps
+        now = step * 0.5
+        cond = {"status": "True" if writes and len(writes) % 2 else "False", "reason": "r",
+                "message": "m"}
+        new = Condition("False" if cond["status"] == "True" else "True", "x", "m")
+        if write_due(cond, new, [now - t for t in writes], 2, 30, max_writes=4,
+                     window=60) == 0.0:
+            writes.append(now)
+    for t in writes:
+        assert len([u for u in writes if t <= u < t + 60]) <= 4
+    assert len(writes) >= 4 * 15 - 1  # and the budget is used, not starved
