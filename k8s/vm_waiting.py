@@ -117,8 +117,8 @@ class VMWaiting:
     call (seconds); `period` the longest time between rounds; `coalesce` the delay from the
     first change of a burst to its round; `min_interval`, `max_writes` per `window`,
     `refresh_interval` bound the writes per VM and `hold` keeps a nudged VM's room (seconds;
-    module doc). Counters: `rounds`, `writes`, `nudges` (True writes), `write_errors`. Errors are logged and retried on a later round; `run` returns
-    only when cancelled."""
+    module doc). Counters: `rounds`, `writes`, `nudges` (True writes), `write_errors`.
+    Errors are logged and retried on a later round; `run` returns only when cancelled."""
 
     def __init__(self, api: ApiClient, cache: ClusterCache, *, grace: timedelta,
                  timeout: float = 5.0, period: float = 5.0, coalesce: float = 0.2,
