@@ -199,6 +199,10 @@ class VMWaiting:
         live = self.cache.vmi_state().live
         for key, w in plans.items():
             vm = self.vms.get(key)
+            if w.held:  # nudged a moment ago, its start may be under way: judged after `hold`
+                if self._queue is not None:
+                    self._queue.add_after(_ROUND, self.hold)
+                continue
             if vm is not None:
                 node = w.explanation.node if w.nudge and w.explanation is not None else None
                 await self._show(key, vm, w.condition, now, node)

@@ -101,13 +101,17 @@ class Waiting:
     (when it began waiting: its GPUSetReady False transition, else its creation), the
     explanation of its template's set (None when its annotations do not parse: `condition`
     then says why), `condition` the one it should show, `nudge` True when room for its set
-    appeared and it is among the waiting VMs the room is given to (in `order`)."""
+    appeared and it is among the waiting VMs the room is given to (in `order`), `held` True
+    when it was given room a moment ago (`plan_waiting`'s `given`) and does not fit now: its
+    set still counts as placed and its condition is not to be written yet (its VMI CREATE
+    may be in flight, its own devices half written)."""
 
     key: tuple[str, str]
     since: datetime | None
     explanation: Explanation | None
     condition: Condition
     nudge: bool = False
+    held: bool = False
 
 
 def current_condition(vm: Mapping[str, Any]) -> dict | None:
@@ -222,9 +226,11 @@ def plan_waiting(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], *, vmis: 
     being created right now and the caches have not seen it) takes its room too, but is not
     returned (it is not waiting).
 
-    `given` (key → node): VMs nudged a moment ago whose VMI is live now; their sets count as
-    placed on that node first, whatever the snapshot shows yet (the device and VMI caches
-    lag each other: the VMI may be seen before the devices the webhook wrote for it).
+    `given` (key → node): VMs nudged a moment ago. Their sets count as placed on that node
+    whatever the snapshot shows yet: first for those whose VMI is live (the device and VMI
+    caches lag each other: the VMI may be seen before the devices the webhook wrote for
+    it), and in its turn for one still waiting that does not fit now (its VMI CREATE may be
+    in flight: its own devices written, not yet Bound): it comes out `held`.
 
     Returns a `Waiting` per candidate refused before, in that order (`nudge` True for those
     given room). Pure; never raises."""
@@ -248,9 +254,12 @@ def plan_waiting(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], *, vmis: 
         e, cond = judge_vm(snap, vm, vmis=vmis, now=now, grace=grace, launcher=launcher,
                            permitted=permitted)
         nudge = e is not None and e.admitted and e.node is not None
+        held = False
         if nudge:
             assert e is not None and e.node is not None
             snap = _placed(snap, vm, e.node)
+        elif key in (given or {}):
+            snap, held = _placed(snap, vm, (given or {})[key]), True
         if refused_before(vm):
-            out.append(Waiting(key, since, e, cond, nudge))
+            out.append(Waiting(key, since, e, cond, nudge, held))
     return out

@@ -157,3 +157,24 @@ def test_waiting_vms_are_given_room_oldest_first_whatever_the_input_order():
         plan = plan_waiting(snap(free=2), rotated, vmis=VMIs(), now=NOW, grace=GRACE)
         assert [(w.key[1], w.nudge) for w in plan] == [("b", True), ("c", True), ("d", False),
                                                        ("a", False)]
+
+
+def test_a_vm_given_room_whose_admission_is_in_flight_keeps_the_room_held():
+    """The older VM was nudged; while its VMI CREATE is being admitted (no VMI yet, its own
+    devices half written) it may not judge as fitting for an instant. Its set stays placed
+    on the given node and it comes out `held` (its condition not to be written), so the
+    younger VM is not told of that room. Seen in the e2e before this: the younger VM was
+    nudged 12 ms before the older one's admission returned."""
+    old = vm("z-old", 3, conditions=({"type": "GPUSetReady", "status": "True",
+                                      "reason": ROOM_REASON, "message": "room"},))
+    young = vm("a-young", 2, conditions=(waiting_since("2026-12-02T04:30:00Z"),),
+               created="2026-12-02T04:20:00Z")
+    other = GPUDevice("t2", "other", "h100", status=DeviceStatus(phase=Phase.BOUND, node_name="n1"))
+    view = snap(free=3, devices=[other])  # 2 free: the older VM's 3 do not fit this instant
+    plan = plan_waiting(view, [young, old], vmis=VMIs(), now=NOW, grace=GRACE)
+    assert [(w.key[1], w.nudge, w.held) for w in plan] == [("z-old", False, False),
+                                                           ("a-young", True, False)]
+    plan = plan_waiting(view, [young, old], vmis=VMIs(), now=NOW, grace=GRACE,
+                        given={("t1", "z-old"): "n1"})
+    assert [(w.key[1], w.nudge, w.held) for w in plan] == [("z-old", False, True),
+                                                           ("a-young", False, False)]
