@@ -51,7 +51,6 @@ import yaml
 from localcluster.controlplane import ControlPlane
 from localcluster.paths import TESTING_MANIFESTS
 from localcluster.rollout import Deployment, Kubelet, Service
-from model.types import GROUP, VERSION
 from tests.e2e.conftest import REPO, TENANT_GROUP, unique
 from tests.e2e.helpers import eventually
 from tests.e2e.test_helm import FAST_SETTINGS, helm  # noqa: F401  (the session's helm)
@@ -374,132 +373,84 @@ class Churn:
                 tg.start_soon(self._tenant, ns)
 
 
-# -- invariants ---------------------------------------------------------------------------
+# -- invariants (localcluster.invariants: DESIGN §7) -------------------------------------
 
 @dataclass
 class Watch:
-    """Invariant violations seen by the samples, and what they counted."""
+    """Invariant violations seen by the samples (localcluster.invariants.Violation keys),
+    split as the figures count them: `lost` (an admission's devices not where its answer
+    said), `double` (a device named twice, a node over allocatable, a tenant over budget,
+    housekeeping leftovers after settling)."""
 
-    lost: set = field(default_factory=set)            # (ns, vmi) admitted, devices not so
-    double: set = field(default_factory=set)          # device names / nodes / tenants over
+    lost: set = field(default_factory=set)
+    double: set = field(default_factory=set)
     messages: list[str] = field(default_factory=list)
     samples: int = 0
 
+    def add(self, violations) -> None:
+        from localcluster.invariants import LOST_KINDS
 
-async def _snapshot(admin) -> dict:
-    from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
-
-    custom, core = CustomObjectsApi(admin), CoreV1Api(admin)
-    vmis = (await custom.list_cluster_custom_object(*KV))["items"]
-    devices = (await custom.list_cluster_custom_object(GROUP, VERSION, "gpudevices"))["items"]
-    classes = (await custom.list_cluster_custom_object(GROUP, VERSION, "gpuclasses"))["items"]
-    nodes = (await core.list_node()).items
-    quotas = (await core.list_resource_quota_for_all_namespaces()).items
-    return {"vmis": vmis, "devices": devices,
-            "resource": {c["metadata"]["name"]: c["spec"]["resourceName"] for c in classes},
-            "allocatable": {n.metadata.name: {k: int(v) for k, v in
-                                              (n.status.allocatable or {}).items() if v.isdigit()}
-                            for n in nodes},
-            "budget": {(q.metadata.namespace, k.removeprefix("requests.")): int(v)
-                       for q in quotas for k, v in (q.spec.hard or {}).items()}}
-
-
-def check(snap: dict, watch: Watch, settled: set[tuple[str, str]] | None) -> None:
-    """Add to `watch` what breaks §7 in `snap`. `settled`: the VMIs whose devices must be
-    Bound on their pin (those the churn holds as admitted and not being deleted across the
-    whole snapshot; None: every VMI in the snapshot carrying our annotations)."""
-    devs = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in snap["devices"]}
-    named: Counter = Counter()
-    for vmi in snap["vmis"]:
-        ns, name = vmi["metadata"]["namespace"], vmi["metadata"]["name"]
-        gpus = [g["name"] for g in vmi["spec"]["domain"]["devices"].get("gpus") or []]
-        named.update((ns, g) for g in gpus)
-        if not any(k.startswith("gpu.cozystack.io/") for k in vmi["metadata"].get("annotations") or {}):
-            continue
-        if settled is not None and (ns, name) not in settled:
-            continue
-        pin = (vmi["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
-        for g in gpus or [None]:
-            st = (devs.get((ns, g)) or {}).get("status") or {}
-            br = st.get("bindRequest") or {}
-            ok = (pin and g and st.get("phase") == "Bound" and st.get("nodeName") == pin
-                  and (st.get("attachedTo") or {}).get("vmi") == name
-                  and br.get("result") == "Succeeded" and br.get("node") == pin)
-            if not ok:
-                watch.lost.add((ns, name))
-                watch.messages.append(f"admitted {ns}/{name} pin {pin}: device {g} {st}")
-    for (ns, g), n in named.items():
-        if n > 1:
-            watch.double.add(("device", ns, g))
-            watch.messages.append(f"device {ns}/{g} named by {n} VMIs")
-    bound_node: Counter = Counter()
-    bound_tenant: Counter = Counter()
-    for (ns, _), d in devs.items():
-        st = d.get("status") or {}
-        res = snap["resource"].get(d["spec"]["class"])
-        if st.get("phase") == "Bound" and res:
-            bound_node[(st.get("nodeName"), res)] += 1
-            bound_tenant[(ns, res)] += 1
-        br = st.get("bindRequest") or {}
-        if br.get("result") == "Succeeded" and (st.get("phase"), st.get("nodeName")) != (
-                "Bound", br.get("node")):
-            watch.lost.add(("device", ns, d["metadata"]["name"]))
-            watch.messages.append(f"device {ns}/{d['metadata']['name']} Succeeded but {st}")
-    for (node, res), n in bound_node.items():
-        if n > snap["allocatable"].get(node, {}).get(res, 0):
-            watch.double.add(("node", node, res))
-            watch.messages.append(f"node {node}: {n} Bound of {res} > allocatable")
-    for (ns, res), n in bound_tenant.items():
-        if (ns, res) in snap["budget"] and n > snap["budget"][(ns, res)]:
-            watch.double.add(("budget", ns, res))
-            watch.messages.append(f"tenant {ns}: {n} Bound of {res} > budget")
-    watch.samples += 1
+        self.samples += 1
+        for v in violations:
+            (self.lost if v.kind in LOST_KINDS else self.double).add(v.key)
+            self.messages.append(f"§{v.item} {v.kind} {'/'.join(map(str, v.obj))}: {v.message}")
 
 
 async def sample_while(churn: Churn, admin, watch: Watch, stop: anyio.Event) -> None:
-    """Check the invariants about every second until `stop`."""
+    """Check the invariants about every second until `stop` (the VMIs held as admitted
+    across the whole read as settled)."""
+    from localcluster import invariants
+
     while not stop.is_set():
         before = {k for k in churn.live}
-        snap = await _snapshot(admin)
-        check(snap, watch, before & set(churn.live))
+        snap = await invariants.snapshot(admin)
+        watch.add(invariants.check(snap, settled=before & set(churn.live)))
         with anyio.move_on_after(1):
             await stop.wait()
 
 
-async def settle_and_check(churn: Churn, admin, watch: Watch) -> dict:
+async def settle_and_check(churn: Churn, admin, watch: Watch):
     """After the churn: wait until housekeeping has cleared what deleted or never-created
-    VMIs left (no attachment to a VMI that does not exist, no template device of one, every
-    request with a result), then check every existing VMI (§7)."""
-    left: list[str] = []
+    VMIs left (`invariants.leftovers` empty), then check every existing VMI, and that every
+    VMI held as admitted still exists (§7). Returns the last snapshot."""
+    from localcluster import invariants
 
-    async def settled() -> dict | None:
-        snap = await _snapshot(admin)
-        exists = {(v["metadata"]["namespace"], v["metadata"]["name"]) for v in snap["vmis"]}
-        left.clear()
-        for d in snap["devices"]:
-            ns, st = d["metadata"]["namespace"], d.get("status") or {}
-            vmi = (st.get("attachedTo") or {}).get("vmi")
-            tmpl = (d["metadata"].get("labels") or {}).get("gpu.cozystack.io/template-for")
-            br = st.get("bindRequest") or {}
-            if vmi and (ns, vmi) not in exists:
-                left.append(f"{ns}/{d['metadata']['name']} attached to gone {vmi}")
-            if tmpl and (ns, tmpl) not in exists:
-                left.append(f"template {ns}/{d['metadata']['name']} of gone {tmpl}")
-            if br.get("id") and not br.get("result"):
-                left.append(f"{ns}/{d['metadata']['name']} request without a result")
+    left: list = []
+
+    async def settled():
+        snap = await invariants.snapshot(admin)
+        left[:] = invariants.leftovers(snap)
         return None if left else snap
     try:
         snap = await eventually(settled, timeout=45, interval=0.5,
                                 what="housekeeping cleared what gone VMIs left")
     except AssertionError:
-        raise AssertionError(f"left after 45 s: {left[:20]}") from None
-    check(snap, watch, None)
-    exists = {(v["metadata"]["namespace"], v["metadata"]["name"]) for v in snap["vmis"]}
-    for key in churn.live:       # admitted, never deleted: must exist
-        if key not in exists:
-            watch.lost.add(key)
-            watch.messages.append(f"admitted {key} is gone")
+        raise AssertionError(f"left after 45 s: {[v.to_dict() for v in left[:20]]}") from None
+    watch.add(invariants.check(snap, settled=set(churn.live), final=True))
     return snap
+
+
+async def churn_with(churn: Churn, operations, admin, watch: Watch) -> None:
+    """Run `operations()` and the churn together, sampling the invariants while the churn
+    runs: the churn ends (done) when the operations end, the sampling when the churn does;
+    then settle and check (`settle_and_check`)."""
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        async def ops_then_stop():
+            try:
+                await operations()
+            finally:
+                churn.done.set()
+        tg.start_soon(ops_then_stop)
+
+        async def churn_then_stop():
+            try:
+                await churn.run()
+            finally:
+                stop.set()
+        tg.start_soon(churn_then_stop)
+        tg.start_soon(sample_while, churn, admin, watch, stop)
+    await settle_and_check(churn, admin, watch)
 
 
 async def _pool(fleet, tmp: Path, cp: ControlPlane, *, tenants: int, nodes: int,
@@ -666,7 +617,7 @@ async def test_upgrade_and_rollback_under_churn_lose_no_admission(release, helm,
                                                                                 "vm-x")
 
         churn = Churn(apis, tenants, cls, seed=20, target=CHURN_TARGET)
-        watch, stop = Watch(), anyio.Event()
+        watch = Watch()
         phases = {}
 
         async def operations() -> None:
@@ -707,22 +658,7 @@ async def test_upgrade_and_rollback_under_churn_lose_no_admission(release, helm,
             assert await compat.admitted("vm-z") == node
             churn.done.set()
 
-        async with anyio.create_task_group() as tg:
-            async def ops_then_stop():
-                try:
-                    await operations()
-                finally:
-                    churn.done.set()
-            tg.start_soon(ops_then_stop)
-
-            async def churn_then_stop():
-                try:
-                    await churn.run()
-                finally:
-                    stop.set()
-            tg.start_soon(churn_then_stop)
-            tg.start_soon(sample_while, churn, admin, watch, stop)
-        await settle_and_check(churn, admin, watch)
+        await churn_with(churn, operations, admin, watch)
         history = [(h["revision"], h["chart"], h["status"]) for h in release.history()]
         assert history == [(1, "gpu-binder-0.1.0", "superseded"),
                            (2, f"gpu-binder-{NEW_VERSION}", "superseded"),
@@ -764,7 +700,7 @@ async def test_mixed_versions_with_the_leader_in_either_keep_the_invariants(rele
                                             budget=3)
         apis = {ns: CustomObjectsApi(await clients.make(configs[ns])) for ns in tenants}
         churn = Churn(apis, tenants, cls, seed=4, target=CHURN_TARGET)
-        watch, stop = Watch(), anyio.Event()
+        watch = Watch()
         mixed = {}
 
         async def step(keep_leader_version: str) -> None:
@@ -805,22 +741,7 @@ async def test_mixed_versions_with_the_leader_in_either_keep_the_invariants(rele
             await anyio.to_thread.run_sync(release.deployment.rolling_update)
             assert release.versions() == ["0.1.0", "0.1.0"]
 
-        async with anyio.create_task_group() as tg:
-            async def ops_then_stop():
-                try:
-                    await operations()
-                finally:
-                    churn.done.set()
-            tg.start_soon(ops_then_stop)
-
-            async def churn_then_stop():
-                try:
-                    await churn.run()
-                finally:
-                    stop.set()
-            tg.start_soon(churn_then_stop)
-            tg.start_soon(sample_while, churn, admin, watch, stop)
-        await settle_and_check(churn, admin, watch)
+        await churn_with(churn, operations, admin, watch)
         figures = _report("mixed-versions", churn, watch, release, started, {"mixed": mixed})
         _assert_clean(figures, watch)
         assert set(mixed) == {"leader 0.1.0", f"leader {NEW_VERSION}"}

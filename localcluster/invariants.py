@@ -1,0 +1,248 @@
+"""The invariants of DESIGN §7 (and what housekeeping §5 promises once churn stops), checked
+against a real API server: one read of the cluster (`snapshot`, pure reads through
+kubernetes_asyncio), then pure checks on it (`check`, `leftovers`) that return typed
+`Violation`s naming the object each concerns. Used by the upgrade tests and the soak
+(`bench/soak.py`, `tests/e2e/test_soak.py`).
+
+Two moments:
+- *while churn runs* (`check(snap, settled=...)`): what must hold at every instant —
+  §7.1 no node over allocatable, §7.3 `Succeeded` ⇒ Bound on the result node, §7.4 no tenant
+  over budget, §7.5 no device named by two VMIs, and for the VMIs the caller knows to be
+  admitted and not being deleted (`settled`): their whole set Bound on their pin.
+- *after settling* (`leftovers` empty, then `check(snap, final=True)`): also no device
+  attached to a VMI that does not exist and no template device without its VMI (H1/H2),
+  every request with a result (§7.2), every existing VMI of ours checked as admitted
+  (§7.5), and every launcher Pod of an admitted VMI bound on its pinned node (§2 capacity,
+  B3: what the binder placed is where kube-scheduler runs it).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+GROUP, VERSION = "gpu.cozystack.io", "v1alpha1"
+KV = ("kubevirt.io", "v1", "virtualmachineinstances")
+ANNOTATION_PREFIX = "gpu.cozystack.io/"
+TEMPLATE_LABEL = "gpu.cozystack.io/template-for"
+PIN_LABEL = "kubernetes.io/hostname"
+CREATED_BY = "kubevirt.io/created-by"
+
+# Violation kinds, with the DESIGN item each breaks
+NODE_OVER = "node-over-allocatable"          # §7.1
+NO_RESULT = "request-without-result"         # §7.2 (after settling only)
+SUCCEEDED_NOT_BOUND = "succeeded-not-bound"  # §7.3
+TENANT_OVER = "tenant-over-budget"           # §7.4
+DOUBLE_NAMED = "device-named-twice"          # §7.5 (no device attached to two VMIs)
+ADMITTED_NOT_PLACED = "admitted-not-placed"  # §7.5 (whole set Succeeded on the pin)
+ATTACHED_TO_GONE = "attached-to-missing-vmi" # H1/H2 (after settling only)
+TEMPLATE_ORPHAN = "template-without-vmi"     # H1/H2 (after settling only)
+LAUNCHER_OFF_PIN = "launcher-not-on-pin"     # §2/B3 (after settling only)
+ADMITTED_GONE = "admitted-vmi-gone"          # a VMI the caller holds as admitted is missing
+ITEMS = {NODE_OVER: "7.1", NO_RESULT: "7.2", SUCCEEDED_NOT_BOUND: "7.3", TENANT_OVER: "7.4",
+         DOUBLE_NAMED: "7.5", ADMITTED_NOT_PLACED: "7.5", ATTACHED_TO_GONE: "5.H1/H2",
+         TEMPLATE_ORPHAN: "5.H1/H2", LAUNCHER_OFF_PIN: "2/B3", ADMITTED_GONE: "7.5"}
+# kinds that mean an admission's devices are not where its answer said (counted as "lost")
+LOST_KINDS = frozenset({ADMITTED_NOT_PLACED, SUCCEEDED_NOT_BOUND, ADMITTED_GONE,
+                        LAUNCHER_OFF_PIN})
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant. `kind` one of the module's kind constants, `item` the DESIGN
+    item it breaks, `obj` the object it concerns as (kind, namespace or "", name[, resource]),
+    `message` what was seen."""
+
+    kind: str
+    obj: tuple
+    message: str
+
+    @property
+    def item(self) -> str:
+        return ITEMS[self.kind]
+
+    @property
+    def key(self) -> tuple:
+        """(kind, obj): the same breakage seen by two samples has the same key."""
+        return (self.kind, self.obj)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "item": self.item, "obj": list(self.obj),
+                "message": self.message[:400]}
+
+
+@dataclass
+class Snapshot:
+    """One read of the cluster. `vmis`, `devices`: the API's dicts; `resource`: GPUClass ->
+    resource name; `allocatable`: node -> {resource: int}; `budget`: (namespace, resource) ->
+    the smallest quota `requests.<resource>`; `pods`: VMI uid -> the nodeName of its launcher
+    Pod ("" while unbound), when read (`snapshot(..., pods=True)`), else None."""
+
+    vmis: list[dict]
+    devices: list[dict]
+    resource: dict[str, str]
+    allocatable: dict[str, dict[str, int]]
+    budget: dict[tuple[str, str], int]
+    pods: dict[str, str] | None = None
+
+    @property
+    def existing(self) -> set[tuple[str, str]]:
+        return {(v["metadata"]["namespace"], v["metadata"]["name"]) for v in self.vmis}
+
+
+def _int(v) -> int | None:
+    return int(v) if isinstance(v, str) and v.isdigit() else (v if isinstance(v, int) else None)
+
+
+async def snapshot(api, *, pods: bool = False, timeout: float = 30) -> Snapshot:
+    """Read VMIs, GPUDevices, GPUClasses, Nodes, ResourceQuotas (and, with `pods`, the Pods
+    labelled `kubevirt.io/created-by`) through `api` (a kubernetes_asyncio ApiClient with
+    list rights on them). Raises ApiException / aiohttp errors as the client does."""
+    from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
+
+    custom, core = CustomObjectsApi(api), CoreV1Api(api)
+    kw = {"_request_timeout": timeout}
+    vmis = (await custom.list_cluster_custom_object(*KV, **kw))["items"]
+    devices = (await custom.list_cluster_custom_object(GROUP, VERSION, "gpudevices", **kw))["items"]
+    classes = (await custom.list_cluster_custom_object(GROUP, VERSION, "gpuclasses", **kw))["items"]
+    nodes = (await core.list_node(**kw)).items
+    quotas = (await core.list_resource_quota_for_all_namespaces(**kw)).items
+    budget: dict[tuple[str, str], int] = {}
+    for q in quotas:
+        for k, v in (q.spec.hard or {}).items():
+            n, key = _int(v), (q.metadata.namespace, k.removeprefix("requests."))
+            if n is not None and k.startswith("requests."):
+                budget[key] = min(n, budget.get(key, n))
+    snap = Snapshot(
+        vmis=vmis, devices=devices,
+        resource={c["metadata"]["name"]: c["spec"]["resourceName"] for c in classes},
+        allocatable={n.metadata.name: {k: _int(v) for k, v in (n.status.allocatable or {}).items()
+                                       if _int(v) is not None} for n in nodes},
+        budget=budget)
+    if pods:
+        got = await core.list_pod_for_all_namespaces(label_selector=CREATED_BY, **kw)
+        snap.pods = {p.metadata.labels[CREATED_BY]: p.spec.node_name or "" for p in got.items
+                     if p.metadata.deletion_timestamp is None}
+    return snap
+
+
+def ours(vmi: dict) -> bool:
+    """A VMI asking the binder for GPUs (one of our annotations)."""
+    return any(k.startswith(ANNOTATION_PREFIX) for k in vmi["metadata"].get("annotations") or {})
+
+
+def check(snap: Snapshot, *, settled: set[tuple[str, str]] | None = None,
+          final: bool = False) -> list[Violation]:
+    """What breaks §7 in `snap`. `settled`: the (namespace, name) of VMIs the caller holds as
+    admitted and not being deleted across the whole read — each must have its whole set
+    Bound on its pin, attached to it, request `Succeeded` there (§7.5); with `final`, every
+    VMI of ours in the snapshot is so checked, each must exist when named in `settled`, and
+    (when `snap.pods` was read) its launcher Pod must be bound on its pin. Pure."""
+    out: list[Violation] = []
+    devs = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in snap.devices}
+    named: Counter = Counter()
+    exists = snap.existing
+    for vmi in snap.vmis:
+        ns, name = vmi["metadata"]["namespace"], vmi["metadata"]["name"]
+        gpus = [g["name"] for g in (vmi["spec"].get("domain") or {}).get("devices", {}).get("gpus") or []]
+        named.update((ns, g) for g in gpus)
+        if not ours(vmi):
+            continue
+        if not final and (settled is None or (ns, name) not in settled):
+            continue
+        pin = (vmi["spec"].get("nodeSelector") or {}).get(PIN_LABEL)
+        for g in gpus or [None]:
+            st = (devs.get((ns, g)) or {}).get("status") or {}
+            br = st.get("bindRequest") or {}
+            ok = (pin and g and st.get("phase") == "Bound" and st.get("nodeName") == pin
+                  and (st.get("attachedTo") or {}).get("vmi") == name
+                  and br.get("result") == "Succeeded" and br.get("node") == pin)
+            if not ok:
+                out.append(Violation(ADMITTED_NOT_PLACED, ("VirtualMachineInstance", ns, name),
+                                     f"pin {pin}: device {g} status {st}"))
+        if final and snap.pods is not None:
+            uid = vmi["metadata"].get("uid")
+            on = snap.pods.get(uid)
+            if on != pin:
+                out.append(Violation(LAUNCHER_OFF_PIN, ("VirtualMachineInstance", ns, name),
+                                     f"pin {pin}: launcher Pod on {on!r}"))
+    if final and settled:
+        for ns, name in sorted(settled - exists):
+            out.append(Violation(ADMITTED_GONE, ("VirtualMachineInstance", ns, name),
+                                 "admitted, never deleted, not in the API"))
+    for (ns, g), n in sorted(named.items()):
+        if n > 1:
+            out.append(Violation(DOUBLE_NAMED, ("GPUDevice", ns, g), f"named by {n} VMIs"))
+    bound_node: Counter = Counter()
+    bound_tenant: Counter = Counter()
+    for (ns, name), d in devs.items():
+        st = d.get("status") or {}
+        res = snap.resource.get((d.get("spec") or {}).get("class"))
+        if st.get("phase") == "Bound" and res:
+            bound_node[(st.get("nodeName"), res)] += 1
+            bound_tenant[(ns, res)] += 1
+        br = st.get("bindRequest") or {}
+        if br.get("result") == "Succeeded" and (st.get("phase"), st.get("nodeName")) != (
+                "Bound", br.get("node")):
+            out.append(Violation(SUCCEEDED_NOT_BOUND, ("GPUDevice", ns, name),
+                                 f"Succeeded on {br.get('node')} but {st.get('phase')} "
+                                 f"on {st.get('nodeName')}"))
+    for (node, res), n in sorted(bound_node.items(), key=str):
+        cap = snap.allocatable.get(node, {}).get(res, 0)
+        if n > cap:
+            out.append(Violation(NODE_OVER, ("Node", "", node, res),
+                                 f"{n} Bound of {res} > allocatable {cap}"))
+    for (ns, res), n in sorted(bound_tenant.items()):
+        if (ns, res) in snap.budget and n > snap.budget[(ns, res)]:
+            out.append(Violation(TENANT_OVER, ("Namespace", "", ns, res),
+                                 f"{n} Bound of {res} > budget {snap.budget[(ns, res)]}"))
+    return out
+
+
+def leftovers(snap: Snapshot) -> list[Violation]:
+    """What housekeeping still has to clear once churn stops (H1/H2, §7.2): devices attached
+    to a VMI that does not exist, template devices whose VMI does not exist, requests
+    without a result. While churn runs these are normal (grace periods); after settling
+    they are violations. Pure."""
+    out: list[Violation] = []
+    exists = snap.existing
+    for d in snap.devices:
+        ns, name = d["metadata"]["namespace"], d["metadata"]["name"]
+        st = d.get("status") or {}
+        vmi = (st.get("attachedTo") or {}).get("vmi")
+        tmpl = (d["metadata"].get("labels") or {}).get(TEMPLATE_LABEL)
+        br = st.get("bindRequest") or {}
+        if vmi and (ns, vmi) not in exists:
+            out.append(Violation(ATTACHED_TO_GONE, ("GPUDevice", ns, name),
+                                 f"attached to {vmi}, which does not exist"))
+        if tmpl and (ns, tmpl) not in exists:
+            out.append(Violation(TEMPLATE_ORPHAN, ("GPUDevice", ns, name),
+                                 f"template of {tmpl}, which does not exist"))
+        if br.get("id") and not br.get("result"):
+            out.append(Violation(NO_RESULT, ("GPUDevice", ns, name),
+                                 f"request {br.get('id')} of {br.get('vmi')} without a result"))
+    return out
+
+
+@dataclass
+class Tally:
+    """Violations seen across samples, each distinct `key` once (the first sighting kept),
+    and how many samples were taken."""
+
+    seen: dict[tuple, Violation] = field(default_factory=dict)
+    samples: int = 0
+
+    def add(self, violations: list[Violation]) -> list[Violation]:
+        """Record one sample's violations; returns those not seen before."""
+        self.samples += 1
+        new = [v for v in violations if v.key not in self.seen]
+        for v in new:
+            self.seen[v.key] = v
+        return new
+
+    @property
+    def violations(self) -> list[Violation]:
+        return list(self.seen.values())
+
+    def by_kind(self) -> dict[str, int]:
+        return dict(Counter(v.kind for v in self.seen.values()))
