@@ -109,6 +109,18 @@ def _bench(args: argparse.Namespace) -> int:
         print("\n".join(scale_summary(report)))
         print(f"report: {out}/scale.json, plot: {out}/scale.png")
         return 0
+    if args.which == "soak":
+        from bench.soak import run as run_soak
+
+        minutes = 20.0 if args.minutes is None else args.minutes
+        if not 0 < minutes <= 20:
+            raise SystemExit(f"gpu-binder bench soak: --minutes is in (0, 20], got {minutes}")
+        report = run_soak(out, nodes=args.nodes or 1000, minutes=minutes, seed=args.seed)
+        for name, t in report["targets"].items():
+            met = {True: "met", False: "NOT met", None: "not available"}[t["met"]]
+            print(f"target {name}: {t['value']} ({t['target']}): {met}")
+        print(f"report: {out}/soak.json, plot: {out}/soak.png")
+        return 0 if report["violations"] == 0 and report["admissions_lost"] == 0 else 1
     if args.which == "fairness":
         from bench.fairness import run as run_fairness, summary as fairness_summary
 
@@ -271,15 +283,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks: core (actors vs bare model), e2e, "
                                          "packing (placement quality on a churn trace) or "
-                                         "fairness (a tenant's creates under another's flood)")
-    bench.add_argument("which", choices=["core", "e2e", "packing", "fairness", "scale"],
+                                         "fairness (a tenant's creates under another's flood), "
+                                         "scale or soak (churn with leader kills, §7 checked)")
+    bench.add_argument("which", choices=["core", "e2e", "packing", "fairness", "scale", "soak"],
                        help="core: the actor system against the bare model in one process; "
                             "e2e: the whole system on a local control plane; packing: one "
                             "churn trace per load replayed against gpu-binder, kube-scheduler "
                             "(default and MostAllocated) and the repacking bound; fairness: "
                             "tenant B's ten creates alone and under tenant A's 200 at once; "
                             "scale: a populated KWOK cluster with KubeVirt (start-up, memory, "
-                            "admissions quiet and in bursts, leader failover)")
+                            "admissions quiet and in bursts, leader failover); soak: "
+                            "seeded churn (creates, deletes, cordons, held-device moves, a "
+                            "leader kill -9 every 3 min, one kube-apiserver restart) on a KWOK "
+                            "fleet with KubeVirt, DESIGN §7 checked throughout and at the end")
     bench.add_argument("--out", default="bench-out",
                        help="directory for the JSON report and PNG plot (default: %(default)s)")
     bench.add_argument("--quick", action="store_true",
@@ -302,12 +318,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--nodes", type=int, default=None,
                        help="packing: nodes of 8 GPUs per system and load (default: 24; with "
                             "--quick 6); scale: nodes of the large cluster (default: 1000; with "
-                            "--quick 20)")
+                            "--quick 20); soak: KWOK nodes of 8 GPUs (default: 1000)")
     bench.add_argument("--vmis", type=int, default=None,
                        help="scale: running VMIs on the large cluster (default: 2 per node)")
     bench.add_argument("--baseline-nodes", type=int, default=None,
                        help="scale: nodes of the baseline cluster measured in the same run for "
                             "the ratios, 0 for none (default: 100; with --quick 10)")
+    bench.add_argument("--minutes", type=float, default=None,
+                       help="soak: minutes of churn, at most 20 (default: 20)")
     bench.add_argument("--systems", default="a,b,c,e",
                        help="packing: the systems to replay, comma separated: a gpu-binder, b "
                             "kube-scheduler default, c MostAllocated, e gpu-binder with "

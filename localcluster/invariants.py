@@ -85,6 +85,18 @@ class Snapshot:
     budget: dict[tuple[str, str], int]
     pods: dict[str, str] | None = None
 
+    def within(self, prefix: str) -> "Snapshot":
+        """The VMIs, devices, budgets and Pods of namespaces named `prefix`… only (the
+        soak's own, on a control plane other tests share; nodes and classes as read)."""
+        vmis = [v for v in self.vmis if v["metadata"]["namespace"].startswith(prefix)]
+        uids = {v["metadata"].get("uid") for v in vmis}
+        return Snapshot(
+            vmis=vmis,
+            devices=[d for d in self.devices if d["metadata"]["namespace"].startswith(prefix)],
+            resource=self.resource, allocatable=self.allocatable,
+            budget={k: v for k, v in self.budget.items() if k[0].startswith(prefix)},
+            pods=None if self.pods is None else {u: n for u, n in self.pods.items() if u in uids})
+
     @property
     def existing(self) -> set[tuple[str, str]]:
         return {(v["metadata"]["namespace"], v["metadata"]["name"]) for v in self.vmis}

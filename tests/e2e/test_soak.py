@@ -1,0 +1,56 @@
+"""The shortened soak (issue 22 item 2; the full one is `gpu-binder bench soak`): 30 KWOK
+nodes × 8 GPUs with KubeVirt and kube-scheduler running, 75 s of seeded churn — VMI creates
+(1/2/4/8 GPUs, template and held devices) and deletes, cordons and uncordons (held devices
+move), one kill -9 of the leader, one kube-apiserver restart — with DESIGN §7 checked every
+3 s and after settling (`localcluster.invariants`). Asserts 0 violations and 0 admissions
+lost. The seed is printed; the same seed replays the same schedule of operations."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bench.soak import Soak, SoakSpec, schedule, schedule_digest, soak_on, summary
+
+pytestmark = [pytest.mark.anyio, pytest.mark.kubevirt]
+SEED = int(os.environ.get("SOAK_SEED", "22"))
+SPEC = SoakSpec(nodes=30, minutes=1.25, seed=SEED, tenants=3, live=40, create_rate=1.5,
+                cordon_every=15, cordon_for=20, kill_every=40, restart_at=0.7,
+                check_every=3, settle_timeout=90, pod_timeout=120, answer_timeout=60,
+                prefix="soak-")
+
+
+@pytest.fixture(scope="module")
+def system(control_plane, tmp_path_factory):
+    """This module's own two replicas (it kills the leader), bind timeout 15 s and grace
+    30 s as test_kubevirt's (virt-api's webhooks share two cores with everything else)."""
+    from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas
+
+    args = tuple(a for a in FAST_CONTROLLER_ARGS
+                 if not a.startswith(("--bind-timeout", "--attachment-grace")))
+    yield from controller_replicas(control_plane, tmp_path_factory,
+                                   args + ("--bind-timeout=15", "--attachment-grace=30"))
+
+
+async def test_short_soak_keeps_the_invariants_and_loses_no_admission(system, kubevirt_shared):
+    ops = schedule(SPEC)
+    kinds = {o.kind for o in ops}
+    assert {"create", "delete", "cordon", "uncordon", "kill-leader",
+            "restart-apiserver"} <= kinds, kinds
+    assert [o.kind for o in ops].count("kill-leader") == 1
+    assert schedule_digest(schedule(SPEC)) == schedule_digest(ops)  # same seed, same schedule
+    print(f"soak seed {SEED} (SOAK_SEED={SEED} replays it), schedule {schedule_digest(ops)}")
+    report = await soak_on(system, kubevirt_shared, SPEC)
+    print("\n".join(summary(report)))
+    assert report["schedule"] == schedule_digest(ops)
+    assert report["violations"] == 0, report["violation_list"]
+    assert report["admissions_lost"] == 0, report["lost"]
+    assert report["final"]["settled"], report["final"]
+    # the churn did what it says: admissions, deletes, a takeover, the API server back
+    assert report["admitted"] >= 20 and report["counts"].get("deleted", 0) >= 5, summary(report)
+    kills = [e for e in report["events"] if e["kind"] == "kill-leader"]
+    assert len(kills) == 1 and kills[0]["new_leader"], report["events"]
+    assert [e["kind"] for e in report["events"] if e["kind"].startswith("restart")] == [
+        "restart-apiserver"], report["events"]
+    assert Soak  # the driver the bench uses
