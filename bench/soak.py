@@ -270,6 +270,20 @@ def _message(exc) -> str:
         return str(getattr(exc, "body", "") or getattr(exc, "reason", "") or exc)
 
 
+_SPAWNER = None
+
+
+def _spawner():
+    """The process-wide spawner thread (a one-worker ThreadPoolExecutor, never shut down:
+    what it starts lives as long as the process needs it)."""
+    global _SPAWNER
+    if _SPAWNER is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="soak-spawner")
+    return _SPAWNER
+
+
 async def _until(probe, timeout: float, interval: float) -> bool:
     """Poll `probe()` every `interval` s until it is truthy (True) or `timeout` s pass (False)."""
     deadline = time.monotonic() + timeout
@@ -468,6 +482,16 @@ class Soak:
         (self.cordoned.add if on else self.cordoned.discard)(name)
         self.counts["cordons" if on else "uncordons"] += 1
 
+    async def _spawning(self, fn, *args):
+        """Run `fn(*args)` (one that starts a process: a replica, kube-apiserver) on the
+        soak's one long-lived spawner thread. The harness starts its processes with
+        PR_SET_PDEATHSIG, which the kernel ties to the *thread* that forked them: started
+        from an anyio worker thread (which exits when idle) they would be SIGKILLed seconds
+        later."""
+        import asyncio
+
+        return await asyncio.get_running_loop().run_in_executor(_spawner(), fn, *args)
+
     def _leader_index(self) -> int | None:
         who = self.lc.leader()
         return next((i for i, r in enumerate(self.lc.replicas) if r.identity == who), None)
@@ -481,26 +505,28 @@ class Soak:
                                 "skipped": "no leader"})
             return
         old = self.lc.replicas[i].identity
-        t = time.monotonic()
+        at, t = round(self.now(), 1), time.monotonic()
         await anyio.to_thread.run_sync(self.lc.kill_replica, i)
-        await anyio.to_thread.run_sync(self.lc.start_replica, i)
-        await anyio.to_thread.run_sync(self.lc.wait_ready, i, 90)
         new = None
         while time.monotonic() - t < 120:
             new = await anyio.to_thread.run_sync(self.lc.leader)
             if new and new != old:
                 break
             await anyio.sleep(0.5)
-        self.events.append({"at": round(self.now(), 1), "kind": "kill-leader", "killed": old,
-                            "new_leader": new, "takeover_s": round(time.monotonic() - t, 1)})
-        self.log(f"soak: t={self.now():.0f}s killed leader {old}; now {new}")
+        takeover = round(time.monotonic() - t, 1)
+        await self._spawning(self.lc.start_replica, i)
+        await anyio.to_thread.run_sync(self.lc.wait_ready, i, 90)
+        self.events.append({"at": at, "kind": "kill-leader", "killed": old, "new_leader": new,
+                            "takeover_s": takeover,
+                            "back_s": round(time.monotonic() - t, 1)})
+        self.log(f"soak: t={at:.0f}s killed leader {old}; {new} leads after {takeover} s")
 
     async def restart_apiserver(self) -> None:
-        t = time.monotonic()
-        await anyio.to_thread.run_sync(self.cp.restart_apiserver)
-        self.events.append({"at": round(self.now(), 1), "kind": "restart-apiserver",
+        at, t = round(self.now(), 1), time.monotonic()
+        await self._spawning(self.cp.restart_apiserver)
+        self.events.append({"at": at, "kind": "restart-apiserver",
                             "outage_s": round(time.monotonic() - t, 1)})
-        self.log(f"soak: t={self.now():.0f}s kube-apiserver restarted "
+        self.log(f"soak: t={at:.0f}s kube-apiserver killed and restarted "
                  f"({time.monotonic() - t:.1f} s down)")
 
     async def _op(self, op: Op) -> None:
@@ -590,7 +616,7 @@ class Soak:
             await self.fleet.cordon(name, False)
         for i, r in enumerate(self.lc.replicas):
             if not r.alive:
-                await anyio.to_thread.run_sync(self.lc.start_replica, i)
+                await self._spawning(self.lc.start_replica, i)
                 await anyio.to_thread.run_sync(self.lc.wait_ready, i, 90)
         left: list = []
 

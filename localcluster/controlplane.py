@@ -295,7 +295,11 @@ class ControlPlane:
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def restart_apiserver(self) -> None:
-        """Kill kube-apiserver (SIGKILL) and start it again on the same port and etcd."""
+        """Kill kube-apiserver (SIGKILL) and start it again on the same port and etcd;
+        returns once /readyz answers (ControlPlaneError after `start_timeout`). Call it from
+        a thread that outlives the new process (the main thread, or one long-lived worker):
+        processes are started with PR_SET_PDEATHSIG, which the kernel fires when the
+        *thread* that forked them exits — an anyio/asyncio worker thread exits when idle."""
         self.stop_apiserver()
         self.start_apiserver()
 
