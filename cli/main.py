@@ -14,10 +14,28 @@ import sys
 from pathlib import Path
 
 
+def _count(minimum: int):
+    """An argparse type: an int >= `minimum` (a clear usage error, exit 2, otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
 def _cluster_up(args: argparse.Namespace) -> int:
     from localcluster.controlplane import ControlPlaneError
     from localcluster.up import main_up
 
+    if args.permit and not args.kubevirt:
+        print("gpu-binder cluster up: --permit names KubeVirt's permitted host devices: it "
+              "needs --kubevirt", file=sys.stderr)
+        return 2
     try:
         return main_up(Path(args.dir), controllers=args.controllers, kubevirt=args.kubevirt,
                        permitted=tuple(r for r in (args.permit or "").split(",") if r))
@@ -252,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     up = csub.add_parser("up", help="run it in the foreground until Ctrl-C/SIGTERM")
     up.add_argument("--dir", required=True,
                     help="directory to write the admin and tenant kubeconfigs to (required)")
-    up.add_argument("--controllers", type=int, default=0,
+    up.add_argument("--controllers", type=_count(0), default=0,
                     help="controller replicas to run, with the webhook registered; 0: the "
                          "control plane only (default: %(default)s)")
     up.add_argument("--kubevirt", action="store_true",
@@ -265,9 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=_cluster_up)
 
     demo = sub.add_parser("demo", help="the whole system on a local control plane (make demo)")
-    demo.add_argument("--nodes", type=int, default=8,
+    demo.add_argument("--nodes", type=_count(1), default=8,
                       help="GPU nodes to create, at least 2 (default: %(default)s)")
-    demo.add_argument("--vmis", type=int, default=30,
+    demo.add_argument("--vmis", type=_count(1), default=30,
                       help="VirtualMachines (or, with --vmi-only, VMIs) created at once, at "
                            "least 1 (default: %(default)s)")
     demo.add_argument("--vmi-only", action="store_true",
@@ -315,13 +333,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--simulate", action="store_true",
                        help="packing: the policy simulation only (tightest fit, spread, defrag, "
                             "repack on the same traces), no cluster (default: off)")
-    bench.add_argument("--nodes", type=int, default=None,
+    bench.add_argument("--nodes", type=_count(1), default=None,
                        help="packing: nodes of 8 GPUs per system and load (default: 24; with "
                             "--quick 6); scale: nodes of the large cluster (default: 1000; with "
                             "--quick 20); soak: KWOK nodes of 8 GPUs (default: 1000)")
-    bench.add_argument("--vmis", type=int, default=None,
+    bench.add_argument("--vmis", type=_count(1), default=None,
                        help="scale: running VMIs on the large cluster (default: 2 per node)")
-    bench.add_argument("--baseline-nodes", type=int, default=None,
+    bench.add_argument("--baseline-nodes", type=_count(0), default=None,
                        help="scale: nodes of the baseline cluster measured in the same run for "
                             "the ratios, 0 for none (default: 100; with --quick 10)")
     bench.add_argument("--minutes", type=float, default=None,
@@ -331,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "kube-scheduler default, c MostAllocated, e gpu-binder with "
                             "defragmentation; the bound (d) is always computed (default: "
                             "%(default)s)")
-    bench.add_argument("--arrivals", type=int, default=None,
+    bench.add_argument("--arrivals", type=_count(1), default=None,
                        help="packing: scored arrivals per load, after the warm-up (default: "
                             "300; with --quick 30)")
     bench.set_defaults(func=_bench)

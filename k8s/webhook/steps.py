@@ -456,6 +456,8 @@ async def _delete_template(api: Api, attempt: Attempt, name: str) -> None:
                 return  # another admission of the name attached it meanwhile
             await api.delete_device(attempt.namespace, name, raw["metadata"]["uid"],
                                     raw["metadata"]["resourceVersion"])
+    except errors.NotFound as exc:  # housekeeping (H1/H3) deleted it first: nothing left to do
+        log.info("clean-up of template moot", device=name, reason=str(exc)[:200])
     except Exception as exc:  # noqa: BLE001
         log.warning("clean-up of template failed", device=name, error=repr(exc)[:200])
 

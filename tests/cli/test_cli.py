@@ -109,3 +109,25 @@ def test_output_to_a_reader_that_went_away_ends_quietly_with_141():
     proc.stdout.close()  # the reader goes away
     _, err = proc.communicate(timeout=60)
     assert (proc.returncode, err) == (141, b"")
+
+
+@pytest.mark.parametrize("argv, flag, message", [
+    (["bench", "scale", "--nodes", "-5"], "--nodes", "must be at least 1, got -5"),
+    (["bench", "packing", "--nodes", "0"], "--nodes", "must be at least 1, got 0"),
+    (["bench", "soak", "--nodes", "x"], "--nodes", "not an integer: 'x'"),
+    (["cluster", "up", "--controllers", "-1"], "--controllers", "must be at least 0, got -1"),
+    (["demo", "--vmis", "0"], "--vmis", "must be at least 1, got 0"),
+])
+def test_counts_are_checked_before_anything_starts(capsys, argv, flag, message):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: {message}" in err, err
+
+
+def test_cluster_up_permit_needs_kubevirt(capsys, tmp_path):
+    assert main(["cluster", "up", "--dir", str(tmp_path), "--permit", "nvidia.com/X"]) == 2
+    assert "--permit names KubeVirt's permitted host devices: it needs --kubevirt" in \
+        capsys.readouterr().err
+    assert not any(tmp_path.iterdir())   # nothing was started
