@@ -283,7 +283,7 @@ async def test_image_replica_beside_a_source_replica_killed_mid_admission_loses_
     lc, src, img = beside, 0, 1
     assert lc.replicas[src].user == lc.replicas[img].user == 65532
     assert lc.leader() == "replica-0"
-    capacity = 30
+    capacity = 60   # room for 12 batches of 6 and the stream's 24
     _, cls, nodes, ns, _ = await make_pool(fleet, {"a": capacity, "b": capacity},
                                            seen_by=lc)
     tenant = Tenant(fleet, ns, cls)
@@ -291,8 +291,9 @@ async def test_image_replica_beside_a_source_replica_killed_mid_admission_loses_
 
     # 1. admissions through both: batches of concurrent creates (the API server opens a
     # connection per concurrent call; the kernel spreads connections over the two
-    # listeners) until each replica has admitted some, by its own counter
-    for batch in range(6):
+    # listeners) until each replica has admitted some, by its own counter (the API server
+    # keeps connections alive, so a run may take several batches to open one to each)
+    for batch in range(12):
         async with anyio.create_task_group() as tg:
             for k in range(6):
                 asked.add(f"b{batch}-{k}")
