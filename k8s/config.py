@@ -70,6 +70,11 @@ FIELD_HELP: dict[str, str] = {
                             "(retryable, reason tenant_busy)",
     "webhook_tenant_wait": "seconds an admission waits for its tenant's turn at most before "
                            "it is denied 429 (retryable); below --bind-timeout",
+    "webhook_keepalive_reviews": "reviews one kept-alive connection of the API server "
+                                 "carries; the answer to the last says Connection: close, so "
+                                 "the API server reconnects and the Service places the new "
+                                 "connection on any ready replica (reviews reach a replica "
+                                 "added by a scale-up or rolling update); 0: no limit",
     "metrics_port": "TCP port of /metrics, /healthz and /readyz (HTTP); 0: none",
     "metrics_host": "address the metrics server listens on",
     "log_dir": "directory for one <node>.jsonl decision log per node, besides stdout",
@@ -152,6 +157,7 @@ class Config:
     webhook_tenant_concurrency: int = 4      # of them, per tenant (namespace)
     webhook_tenant_queue: int = 16           # waiting for a turn, per tenant
     webhook_tenant_wait: float = 5.0         # seconds a turn is waited for at most
+    webhook_keepalive_reviews: int = 100     # per connection, then Connection: close
     metrics_port: int = 8080                 # /healthz, /readyz, /metrics; 0: none
     metrics_host: str = "0.0.0.0"
     log_dir: str | None = None               # one <node>.jsonl per node when set
@@ -210,6 +216,9 @@ class Config:
         if self.webhook_tenant_queue < 0:
             raise ValueError("--webhook-tenant-queue: must be at least 0, got "
                              f"{self.webhook_tenant_queue}")
+        if self.webhook_keepalive_reviews < 0:
+            raise ValueError("--webhook-keepalive-reviews: must be at least 0 (0: no limit), "
+                             f"got {self.webhook_keepalive_reviews}")
         if self.webhook_tenant_wait >= self.bind_timeout:
             raise ValueError("--webhook-tenant-wait: must be shorter than --bind-timeout (the "
                              "wait for a turn counts against it)")

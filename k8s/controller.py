@@ -216,7 +216,8 @@ class Controller:
                     tg.cancel_scope.cancel()
                     return 2
                 await tg.start(functools.partial(
-                    serve, make_app(admit, timeout=cfg.bind_timeout + 3), cfg.webhook_host,
+                    serve, make_app(admit, timeout=cfg.bind_timeout + 3,
+                                    keepalive_reviews=cfg.webhook_keepalive_reviews), cfg.webhook_host,
                     cfg.webhook_port, tls.context, reuse_port=True))
             await tg.start(cache.run)
             settle_heap()  # the synced cache is long-lived (see actors/heap.py)

@@ -82,12 +82,55 @@ async def _decoded(request: web.Request) -> Review | Rejected:
     return decode(raw)
 
 
-def make_app(handler: Handler, *, timeout: float = 25.0, path: str = "/mutate-vmi") -> web.Application:
+class KeepAliveLimit:
+    """How many reviews one kept-alive connection carries (as nginx's `keepalive_requests` or
+    Envoy's `max_requests_per_connection`): the answer to the `limit`-th review on a
+    connection says `Connection: close`, so kube-apiserver closes it and opens a new one,
+    which the Service places on any ready replica. Without it the API server's kept-alive
+    connections stay on the replicas that were ready when they opened: a replica added by a
+    scale-up or a rolling update gets no reviews until those die. The close is announced in
+    an answer, never done under a request in flight, so no review fails for it. `limit` 0:
+    no limit. Counts are kept per connection (its transport, weakly: nothing outlives it)."""
+
+    def __init__(self, limit: int) -> None:
+        import weakref
+
+        self.limit = limit
+        self.closed = 0                                   # connections told to close
+        self._served: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def answered(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Count one review on `request`'s connection; mark `response` to close it when
+        this is its `limit`-th."""
+        transport = request.transport
+        if not self.limit or transport is None:
+            return
+        n = self._served.get(transport, 0) + 1
+        if n >= self.limit:
+            self._served.pop(transport, None)
+            response.force_close()
+            self.closed += 1
+        else:
+            self._served[transport] = n
+
+
+KEEPALIVE = web.AppKey("keepalive", KeepAliveLimit)  # the app's KeepAliveLimit
+
+
+def make_app(handler: Handler, *, timeout: float = 25.0, path: str = "/mutate-vmi",
+             keepalive_reviews: int = 0) -> web.Application:
     """The aiohttp application: POST `path` → AdmissionReview. `timeout` seconds bound the
     handler (W6: a timeout is a retryable denial, a crash an internal-error denial; neither
-    admits)."""
+    admits). `keepalive_reviews` > 0: a connection is closed after that many reviews
+    (`KeepAliveLimit`), so reviews spread over the replicas behind a Service."""
+    limit = KeepAliveLimit(keepalive_reviews)
 
     async def review(request: web.Request) -> web.Response:
+        response = await _review(request)
+        limit.answered(request, response)
+        return response
+
+    async def _review(request: web.Request) -> web.Response:
         decoded = await _decoded(request)
         if isinstance(decoded, Rejected):
             return _rejected(decoded)
@@ -106,6 +149,7 @@ def make_app(handler: Handler, *, timeout: float = 25.0, path: str = "/mutate-vm
 
     app = web.Application(client_max_size=MAX_BODY)
     app.router.add_post(path, review)
+    app[KEEPALIVE] = limit
     return app
 
 

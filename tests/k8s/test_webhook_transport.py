@@ -139,3 +139,45 @@ def test_a_refusal_is_denied_in_the_category_of_its_typed_reason(reason, status)
     denial = refusal_denial(Refusal(reason))
     assert (denial.code, denial.message) == (status, reason.render())
     assert denial.category.value == reason.category.value
+
+
+@pytest.mark.parametrize("limit, closes", [(3, [3, 6]), (1, list(range(1, 8))), (0, [])])
+async def test_a_connection_is_closed_after_its_keepalive_reviews_by_the_answer(limit,
+                                                                                 closes) -> None:
+    """--webhook-keepalive-reviews: on one kept-alive client connection, the answer to every
+    `limit`-th review says `Connection: close` and the client's next review opens a new
+    connection (which a Service may place on another replica); every review is answered."""
+    import aiohttp
+
+    from k8s.webhook.transport import KEEPALIVE
+
+    async def handler(r):
+        return allow(r.uid)
+
+    port, app = free_port(), make_app(handler, keepalive_reviews=limit)
+    closed_on, opened = [], []        # reviews answered with a close; that opened a connection
+    current = [0]
+
+    async def on_create(_session, _ctx, _params) -> None:
+        opened.append(current[0])
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_end.append(on_create)
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve, app, "127.0.0.1", port, None)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1),
+                                         trace_configs=[trace]) as http:
+            for i in range(1, 8):
+                current[0] = i
+                async with http.post(f"http://127.0.0.1:{port}/mutate-vmi",
+                                     data=orjson.dumps(review(f"u-{i}")),
+                                     headers={"Content-Type": "application/json"}) as resp:
+                    doc = await resp.json()
+                assert (resp.status, doc["response"]["uid"]) == (200, f"u-{i}")
+                if resp.headers.get("Connection", "").lower() == "close":
+                    closed_on.append(i)
+        tg.cancel_scope.cancel()
+    assert closed_on == closes
+    assert app[KEEPALIVE].closed == len(closes)
+    # the first review and each one after a close opened a connection; the others reused it
+    assert opened == [1] + [c + 1 for c in closes if c < 7]
