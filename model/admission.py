@@ -96,7 +96,8 @@ def unknown_annotations(annotations: Mapping[str, str] | None) -> Refusal | None
                      and k not in (DEVICES_ANNOTATION, TEMPLATES_ANNOTATION))
     if not unknown:
         return None
-    return Refusal(UnknownAnnotation(tuple(unknown), DEVICES_ANNOTATION, TEMPLATES_ANNOTATION))
+    return Refusal(UnknownAnnotation(tuple(unknown), DEVICES_ANNOTATION, TEMPLATES_ANNOTATION,
+                                     tuple(k for k in unknown if k == ADMISSION_ANNOTATION)))
 
 
 # Bounds of `bindRequest.nodeSelector` and `bindRequest.tolerations` in the GPUDevice CRD

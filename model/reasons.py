@@ -425,16 +425,25 @@ class SetRefused(Reason):
 @dataclass(frozen=True, slots=True)
 class UnknownAnnotation(Reason):
     """`gpu.cozystack.io/` annotations other than the two a VMI may carry (`devices`,
-    `templates`: their keys)."""
+    `templates`: their keys). `reserved`: those of `keys` that gpu-binder writes itself
+    (`gpu.cozystack.io/admission`, set at admission), named as such rather than unknown."""
     code: ClassVar[Code] = Code.UNKNOWN_ANNOTATION
     keys: tuple[str, ...]
     devices: str
     templates: str
+    reserved: tuple[str, ...] = ()
 
     def render(self) -> str:
-        return (f"unknown annotation {', '.join(self.keys)}: gpu-binder reads "
-                f"{self.devices} (held devices, \"gpu-a,gpu-b\") and "
-                f"{self.templates} (new devices, \"h100=2,l40s=1\")")
+        parts = []
+        unknown = [k for k in self.keys if k not in self.reserved]
+        if unknown:
+            parts.append(f"unknown annotation {', '.join(unknown)}: gpu-binder reads "
+                         f"{self.devices} (held devices, \"gpu-a,gpu-b\") and "
+                         f"{self.templates} (new devices, \"h100=2,l40s=1\")")
+        if self.reserved:
+            parts.append(f"annotation {', '.join(self.reserved)} is written by gpu-binder "
+                         "when it admits a VMI; a VMI may not carry it when created")
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,7 +109,7 @@ def _no_name(doc: dict) -> dict:
     (_annotations({"gpu.cozystack.io/tempaltes": "h100=1"}), Category.INVALID,
      "unknown annotation gpu.cozystack.io/tempaltes"),
     (_annotations({"gpu.cozystack.io/admission": "forged"}), Category.INVALID,
-     "unknown annotation gpu.cozystack.io/admission"),
+     "annotation gpu.cozystack.io/admission is written by gpu-binder when it admits a VMI"),
     (_annotations({TEMPLATES: "h100=x"}), Category.INVALID,
      "invalid GPU annotations on VMI tenant-a/vm: metadata.annotations[gpu.cozystack.io/templates]"),
     (_annotations({DEVICES: "gpu-a,gpu-a"}), Category.INVALID, "listed twice"),

@@ -237,7 +237,18 @@ def test_W1_unknown_gpu_annotation_is_refused_by_the_webhook_rule_and_explain_al
                                "gpu.cozystack.io/admission": "forged"})
     assert got is not None and got.reason == UnknownAnnotation(
         ("gpu.cozystack.io/admission", "gpu.cozystack.io/tempaltes"),
-        "gpu.cozystack.io/devices", "gpu.cozystack.io/templates")
+        "gpu.cozystack.io/devices", "gpu.cozystack.io/templates",
+        ("gpu.cozystack.io/admission",))
+    # the forged one is named as gpu-binder's own, not as unknown
+    assert got.reason.render() == (
+        'unknown annotation gpu.cozystack.io/tempaltes: gpu-binder reads '
+        'gpu.cozystack.io/devices (held devices, "gpu-a,gpu-b") and gpu.cozystack.io/templates '
+        '(new devices, "h100=2,l40s=1"); annotation gpu.cozystack.io/admission is written by '
+        'gpu-binder when it admits a VMI; a VMI may not carry it when created')
+    forged = unknown_annotations({"gpu.cozystack.io/admission": "forged"})
+    assert forged is not None and forged.reason.render() == (
+        "annotation gpu.cozystack.io/admission is written by gpu-binder when it admits a VMI; "
+        "a VMI may not carry it when created")
     vmi = {"metadata": {"name": "vm", "namespace": "t1",
                         "annotations": {"gpu.cozystack.io/tempaltes": "h100=1"}}, "spec": {}}
     with pytest.raises(ToolError, match=r"VMI t1/vm would be denied: unknown annotation "
@@ -256,5 +267,5 @@ def test_W1_explain_of_a_running_vmi_accepts_the_admission_annotation_the_webhoo
     cluster = Cluster(snap(), {("t1", "vm")}, {("t1", "vm"): running})
     assert explain_vmi(cluster, running, grace=120, now=NOW).admitted  # judged, not refused
     forged = {"metadata": {"name": "vm-2", "namespace": "t1", "annotations": ann}, "spec": {}}
-    with pytest.raises(ToolError, match="would be denied: unknown annotation gpu.cozystack.io/admission"):
+    with pytest.raises(ToolError, match="would be denied: annotation gpu.cozystack.io/admission is written by gpu-binder"):
         explain_vmi(cluster, forged, grace=120, now=NOW)
