@@ -278,7 +278,12 @@ class Service:
     an endpoint per connection). kube-apiserver keeps its connections to a webhook alive, so
     a pod started later would get no reviews while older connections last; like a
     connection-age limit on a real load balancer, a connection older than `max_age` seconds
-    is closed once it has been idle `idle` seconds, so reviews spread over every ready pod.
+    is closed once it has been idle `idle` seconds, so reviews spread over every ready pod;
+    one that busy (reviews back to back, as kube-apiserver's most recently used connection
+    is under a steady churn) is closed, once three times that old, at its first 20 ms pause
+    after an answer (between reviews, not under one),
+    or a pod that does not close connections itself (one older than
+    --webhook-keepalive-reviews) would keep every review.
     `forced` holds the time.monotonic() of each such close: a request the client began
     sending on that connection at that moment fails with EOF or a reset (kube-apiserver
     reports "failed calling webhook"), an artifact of this balancer to tell from a replica's
@@ -292,7 +297,8 @@ class Service:
         self.endpoints: list[int] = []       # the ready pods' webhook ports
         self._next = 0
         self._lock = threading.Lock()
-        self._conns: list[list] = []         # [client, backend, opened, last activity]
+        # [client, backend, opened, last activity, last bytes were the pod's (an answer)]
+        self._conns: list[list] = []
         self.forced: list[float] = []
         self._closed = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", port), reuse_port=False)
@@ -336,7 +342,7 @@ class Service:
             except OSError:
                 client.close()               # the client sees the connection refused/reset
                 continue
-            conn = [client, backend, time.monotonic(), time.monotonic()]
+            conn = [client, backend, time.monotonic(), time.monotonic(), False]
             with self._lock:
                 self._conns.append(conn)
             threading.Thread(target=self._pump, args=(conn,), daemon=True).start()
@@ -354,7 +360,7 @@ class Service:
                     if not data:
                         return
                     peer[sock].sendall(data)
-                    conn[3] = time.monotonic()
+                    conn[3], conn[4] = time.monotonic(), sock is backend
         except OSError:
             return
         finally:
@@ -367,11 +373,14 @@ class Service:
     def _reap(self) -> None:
         import socket
 
-        while not self._closed.wait(0.1):
+        while not self._closed.wait(0.01):
             now = time.monotonic()
             with self._lock:
-                old = [c for c in self._conns
-                       if now - c[2] > self.max_age and now - c[3] > self.idle]
+                old = [c for c in self._conns if now - c[2] > self.max_age and (
+                    now - c[3] > self.idle
+                    or (now - c[2] > 3 * self.max_age and c[4] and now - c[3] > 0.02))]
+                for c in old:
+                    c[2] = float("inf")      # closing: not again
             for c in old:
                 self.forced.append(time.monotonic())
                 for sock in (c[0], c[1]):

@@ -191,8 +191,9 @@ async def test_a_tenants_flood_is_held_to_its_share_and_costs_another_tenant_not
         by_status[o.status] = by_status.get(o.status, 0) + 1
     print(f"A's answers by status: {dict(sorted(by_status.items()))}; B's: "
           f"{[o.status for o in b]}")
-    assert a[0].sent < b[0].sent and max(o.answered for o in a) > b[0].answered, \
-        "B did not meet the flood"
+    # B met the flood: its first create went out after A's first and before A's last answer
+    # (how long B then waited is the benchmark's figure, not a property checked here)
+    assert a[0].sent < b[0].sent < max(o.answered for o in a), "B did not meet the flood"
     assert [(o.status, o.message) for o in b] == [(201, "")] * B_VMIS, \
         "B refused or timed out under A's flood"
     assert by_status.get(201, 0) == 1, "A admitted other than once (its budget is one set)"

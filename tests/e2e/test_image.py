@@ -195,7 +195,9 @@ async def test_replica_in_the_image_with_in_cluster_config_admits_and_binds(imag
 def beside(control_plane, image, tmp_path):
     """A source-tree replica `replica-0` run as uid 65532 (it leads: started first) and the
     image replica `image-1` beside it, sharing the webhook port as two Pods behind the
-    chart's Service (SO_REUSEPORT: one uid); both with the e2e short leases and grace."""
+    chart's Service (SO_REUSEPORT: one uid); both with the e2e short leases and grace, and a
+    connection closed after 2 reviews (--webhook-keepalive-reviews), so that the kernel
+    places the API server's connections anew all along the test."""
     from localcluster.cluster import LocalCluster
     from localcluster.image import IMAGE_USER
     from tests.e2e.conftest import FAST_CONTROLLER_ARGS
@@ -203,7 +205,8 @@ def beside(control_plane, image, tmp_path):
     cp = control_plane
     cp.kubectl("delete", "lease", "gpu-binder", "-n", "cozy-system", "--ignore-not-found")
     lc = LocalCluster(controllers=1, user=IMAGE_USER, control_plane=cp,
-                      controller_args=FAST_CONTROLLER_ARGS, log_dir=tmp_path / "logs")
+                      controller_args=FAST_CONTROLLER_ARGS + ("--webhook-keepalive-reviews=2",),
+                      log_dir=tmp_path / "logs")
     try:
         lc.start()
         lc.wait_ready(lc.add_replica(image=image), timeout=90)
@@ -290,9 +293,9 @@ async def test_image_replica_beside_a_source_replica_killed_mid_admission_loses_
     asked: set[str] = set()
 
     # 1. admissions through both: batches of concurrent creates (the API server opens a
-    # connection per concurrent call; the kernel spreads connections over the two
-    # listeners) until each replica has admitted some, by its own counter (the API server
-    # keeps connections alive, so a run may take several batches to open one to each)
+    # connection per concurrent call, and a new one after every 2 reviews on one; the
+    # kernel spreads connections over the two listeners) until each replica has admitted
+    # some, by its own counter
     for batch in range(12):
         async with anyio.create_task_group() as tg:
             for k in range(6):
