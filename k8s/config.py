@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -280,8 +281,11 @@ class Config:
 
 def load(file: str | None = None, env: dict[str, str] | None = None,
          flags: dict[str, Any] | None = None) -> Config:
-    """Defaults < file < environment (`GPU_BINDER_*`) < flags; validated."""
+    """Defaults < file < environment (`GPU_BINDER_*`) < flags; validated. Raises ValueError
+    naming the bad setting; a range error on a setting that came from the file or the
+    environment also says where it came from (the key in the file, the variable)."""
     cfg = Config()
+    origin: dict[str, str] = {}          # field -> where its value came from, unless a flag
     if file:
         try:
             data = yaml.safe_load(Path(file).read_text()) or {}
@@ -290,11 +294,24 @@ def load(file: str | None = None, env: dict[str, str] | None = None,
         if not isinstance(data, dict):
             raise ValueError(f"{file}: expected a mapping of settings")
         cfg = cfg.merged(data, file)
+        origin.update({str(k).replace("-", "_"): f"key {k!r} of {file}" for k in data})
     env = os.environ if env is None else env
     prefix = "GPU_BINDER_"
     env_values = {k[len(prefix):].lower(): v for k, v in env.items()
                   if k.startswith(prefix) and k[len(prefix):].lower() in
                   {f.name for f in dataclasses.fields(Config)}}
     cfg = cfg.merged(env_values, "environment")
-    cfg = cfg.merged({k: v for k, v in (flags or {}).items() if v is not None}, "flags")
-    return cfg.validate()
+    origin.update({k: f"environment variable {prefix}{k.upper()}" for k in env_values})
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    cfg = cfg.merged(given, "flags")
+    for k in given:
+        origin.pop(k.replace("-", "_"), None)
+    try:
+        return cfg.validate()
+    except ValueError as exc:
+        named = dict.fromkeys(m.replace("-", "_") for m in re.findall(r"--([a-z][a-z-]*)",
+                                                                         str(exc)))
+        came = [f"{flag(k)} is {origin[k]}" for k in named if k in origin]
+        if not came:
+            raise
+        raise ValueError(f"{exc} ({'; '.join(came)})") from None

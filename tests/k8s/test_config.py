@@ -194,3 +194,19 @@ def test_the_charts_settings_are_controller_settings_with_the_controllers_defaul
     fallbacks = re.findall(r"\$s\.(\w+) \| default ([\d.]+)", helpers)
     assert len(fallbacks) >= 4
     assert {k: float(v) for k, v in fallbacks} == {k: default(_snake(k)) for k, _ in fallbacks}
+
+
+def test_a_range_error_names_where_the_bad_value_came_from(tmp_path):
+    """A setting out of range from the environment or the file names the variable or the
+    key as well as the flag; one from a flag names the flag only."""
+    with pytest.raises(ValueError, match=r"^--bind-timeout: must be > 0 seconds, got -1\.0 "
+                                         r"\(--bind-timeout is environment variable "
+                                         r"GPU_BINDER_BIND_TIMEOUT\)$"):
+        load(env={"GPU_BINDER_BIND_TIMEOUT": "-1"})
+    path = tmp_path / "config.yaml"
+    path.write_text("webhook-tenant-queue: -2\n")
+    with pytest.raises(ValueError, match=r"\(--webhook-tenant-queue is key "
+                                         r"'webhook-tenant-queue' of .*config\.yaml\)$"):
+        load(file=str(path), env={})
+    with pytest.raises(ValueError, match=r"^--bind-timeout: must be > 0 seconds, got -1\.0$"):
+        load(env={"GPU_BINDER_BIND_TIMEOUT": "5"}, flags={"bind_timeout": -1})
