@@ -109,12 +109,15 @@ class Review:
 @dataclass(frozen=True, slots=True)
 class Rejected:
     """A review denied before any judgement: `uid` is "" when it could not be read; `namespace`
-    and `name` are what could be read of the VMI, for the log line ("" when unknown)."""
+    and `name` are what could be read of the VMI, `user` the requester's name and `dry_run`
+    the request's flag (None when not a boolean), for the log line ("" when unknown)."""
 
     uid: str
     denial: Denial
     namespace: str = ""
     name: str = ""
+    user: str = ""
+    dry_run: bool | None = None
 
 
 def _text(value: Any) -> str:
@@ -157,9 +160,11 @@ def decode_request(req: Mapping[str, Any]) -> Review | Rejected:
     meta = _obj(_obj(obj).get("metadata"))
     namespace = _text(req.get("namespace")) or _text(meta.get("namespace"))
     name = _text(meta.get("name")) or _text(req.get("name"))
+    requester = _text(_obj(req.get("userInfo")).get("username"))
+    flagged = req.get("dryRun") if isinstance(req.get("dryRun"), bool) else None
 
     def rejected(category: Category, message: str) -> Rejected:
-        return Rejected(uid, Denial(category, message), namespace, name)
+        return Rejected(uid, Denial(category, message), namespace, name, requester, flagged)
 
     if not uid:
         return rejected(Category.MALFORMED, "AdmissionRequest.uid must be a non-empty string")
@@ -187,8 +192,7 @@ def decode_request(req: Mapping[str, Any]) -> Review | Rejected:
         return rejected(Category.INVALID, "metadata.annotations must map strings to strings")
     unknown = unknown_annotations(annotations)
     if unknown is not None:
-        denial = refusal_denial(unknown)
-        return Rejected(uid, denial, namespace, name)
+        return Rejected(uid, refusal_denial(unknown), namespace, name, requester, flagged)
     try:
         ask = parse_vmi_request(annotations)
     except ParseError as exc:

@@ -62,7 +62,8 @@ def _rejected(rejected: Rejected) -> web.Response:
     """W1/W6: a review denied before any judgement or write, logged as one JSON line naming
     the request (uid) and, when known, the VMI, as every later denial is."""
     log.info("VMI denied", uid=rejected.uid[:64], namespace=rejected.namespace or None,
-             vmi=rejected.name or None, code=rejected.denial.code,
+             vmi=rejected.name or None, user=rejected.user[:256] or None,
+             dry_run=rejected.dry_run, code=rejected.denial.code,
              reason=rejected.denial.message[:300])
     return _answer(deny(rejected.uid, rejected.denial))
 

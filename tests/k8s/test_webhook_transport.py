@@ -86,8 +86,8 @@ async def test_the_answer_always_carries_the_reviews_uid() -> None:
 
 async def test_W1_W6_an_early_denial_is_logged_naming_the_request_and_the_vmi(monkeypatch) -> None:
     """Denials before any judgement (here an unknown annotation and a malformed one) leave
-    one log line each with the review's uid and the VMI, as placement denials do, and
-    answer 422 with the review's uid."""
+    one log line each with the review's uid, the VMI, the requester and the dry-run flag, as
+    placement denials do, and answer 422 with the review's uid."""
     import aiohttp
 
     from k8s.webhook import transport
@@ -102,11 +102,13 @@ async def test_W1_W6_an_early_denial_is_logged_naming_the_request_and_the_vmi(mo
     async def handler(review) -> dict:  # never reached: both are denied by the decoder
         raise AssertionError(review)
 
-    def review(uid: str, name: str, annotations: dict) -> bytes:
+    def review(uid: str, name: str, annotations: dict, dry_run: bool) -> bytes:
         return orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                              "request": {"uid": uid, "kind": {"group": "kubevirt.io",
                                                               "kind": "VirtualMachineInstance"},
                                          "operation": "CREATE", "namespace": "t1",
+                                         "dryRun": dry_run,
+                                         "userInfo": {"username": f"user-{uid}"},
                                          "object": {"metadata": {"name": name,
                                                                  "annotations": annotations}}}})
     port = free_port()
@@ -114,8 +116,8 @@ async def test_W1_W6_an_early_denial_is_logged_naming_the_request_and_the_vmi(mo
     async with anyio.create_task_group() as tg:
         await tg.start(transport.serve, transport.make_app(handler), "127.0.0.1", port, None)
         async with aiohttp.ClientSession() as http:
-            for body in (review("u-1", "vm", {"gpu.cozystack.io/tempaltes": "h100=1"}),
-                         review("u-2", "vm2", {"gpu.cozystack.io/templates": "h100=x"})):
+            for body in (review("u-1", "vm", {"gpu.cozystack.io/tempaltes": "h100=1"}, False),
+                         review("u-2", "vm2", {"gpu.cozystack.io/templates": "h100=x"}, True)):
                 async with http.post(f"http://127.0.0.1:{port}/mutate-vmi", data=body,
                                      headers={"Content-Type": "application/json"}) as resp:
                     answers.append((await resp.json())["response"])
@@ -123,8 +125,9 @@ async def test_W1_W6_an_early_denial_is_logged_naming_the_request_and_the_vmi(mo
     assert [(a["uid"], a["allowed"], a["status"]["code"]) for a in answers] == [
         ("u-1", False, 422), ("u-2", False, 422)]
     denied = [e for e in logs if e["event"] == "VMI denied"]
-    assert [(e["uid"], e["namespace"], e["vmi"], e["code"]) for e in denied] == [
-        ("u-1", "t1", "vm", 422), ("u-2", "t1", "vm2", 422)]
+    assert [(e["uid"], e["namespace"], e["vmi"], e["user"], e["dry_run"], e["code"])
+            for e in denied] == [("u-1", "t1", "vm", "user-u-1", False, 422),
+                                 ("u-2", "t1", "vm2", "user-u-2", True, 422)]
     assert denied[0]["reason"].startswith("unknown annotation gpu.cozystack.io/tempaltes")
     assert denied[1]["reason"].startswith("invalid GPU annotations on VMI t1/vm2")
 
