@@ -86,11 +86,25 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
     except ValueError:
         values = ()
     if not values or min(values) < 1:
-        raise SystemExit(f"gpu-binder bench: {flag} takes positive integers separated by commas, got {text!r}")
+        raise _BadBenchArgs(f"gpu-binder bench: {flag} takes positive integers separated by commas, got {text!r}")
     return values
 
 
+class _BadBenchArgs(Exception):
+    """A `bench` flag's value refused (its message names the flag): exit 2, as argparse's."""
+
+
 def _bench(args: argparse.Namespace) -> int:
+    """`gpu-binder bench WHICH`: 0 done, 1 a soak that found a violation or a lost admission,
+    2 a bad flag value (refused before anything starts)."""
+    try:
+        return _bench_run(args)
+    except _BadBenchArgs as exc:
+        print(exc, file=sys.stderr)
+        return 2
+
+
+def _bench_run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.which == "packing":
         from bench.packing import run as run_packing
@@ -106,7 +120,7 @@ def _bench(args: argparse.Namespace) -> int:
             plan = replace(plan, arrivals=args.arrivals)
         systems = tuple(k for k in args.systems.split(",") if k)
         if not systems or set(systems) - set("abce"):
-            raise SystemExit(f"gpu-binder bench: --systems takes a,b,c,e, got {args.systems!r}")
+            raise _BadBenchArgs(f"gpu-binder bench: --systems takes a,b,c,e, got {args.systems!r}")
         report = run_packing(out, quick=args.quick, seed=args.seed, simulate_only=args.simulate,
                              plan=plan, systems=systems)
         from bench.packing import summary
@@ -132,7 +146,7 @@ def _bench(args: argparse.Namespace) -> int:
 
         minutes = 20.0 if args.minutes is None else args.minutes
         if not 0 < minutes <= 20:
-            raise SystemExit(f"gpu-binder bench soak: --minutes is in (0, 20], got {minutes}")
+            raise _BadBenchArgs(f"gpu-binder bench soak: --minutes is in (0, 20], got {minutes}")
         report = run_soak(out, nodes=args.nodes or 1000, minutes=minutes, seed=args.seed)
         for name, t in report["targets"].items():
             met = {True: "met", False: "NOT met", None: "not available"}[t["met"]]

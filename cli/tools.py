@@ -380,6 +380,8 @@ def run(args) -> int:
     try:
         return anyio.run(_run, args)
     except ToolError as exc:
+        if getattr(args, "json", False):  # a script reading stdout gets JSON either way
+            print(json.dumps({"error": str(exc)}))
         print(f"{prog} {args.command}: {exc}", file=sys.stderr)
         return 2
     finally:

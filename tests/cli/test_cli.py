@@ -131,3 +131,28 @@ def test_cluster_up_permit_needs_kubevirt(capsys, tmp_path):
     assert "--permit names KubeVirt's permitted host devices: it needs --kubevirt" in \
         capsys.readouterr().err
     assert not any(tmp_path.iterdir())   # nothing was started
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "packing", "--systems", "a,x"], "--systems takes a,b,c,e, got 'a,x'"),
+    (["bench", "soak", "--minutes", "30"], "--minutes is in (0, 20], got 30"),
+    (["bench", "e2e", "--gpus", "1,0"], "--gpus takes positive integers"),
+])
+def test_bench_bad_values_exit_2_naming_the_flag(capsys, tmp_path, argv, message):
+    """A bench flag's bad value is a usage error (exit 2, as argparse's and every other
+    command's), refused before any cluster starts."""
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_explain_json_reports_an_error_as_json(capsys, tmp_path):
+    """`explain --json`: an error is a JSON object on stdout (and the plain line on
+    stderr), exit 2, so a script reading stdout can tell it from an explanation."""
+    import json
+
+    assert main(["explain", "ns/vm", "--json", "--kubeconfig", str(tmp_path / "none")]) == 2
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert set(doc) == {"error"} and "--kubeconfig" in doc["error"], doc
+    assert err.startswith("gpu-binder explain: ") and doc["error"] in err
