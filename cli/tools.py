@@ -344,15 +344,19 @@ def render_what_if(w: WhatIf) -> str:
 def render_top(t: Top) -> str:
     """The text of `gpu-binder top`: a table per class and node, class totals with the
     largest placeable set, then tenant budgets."""
-    rows = [("CLASS", "NODE", "ALLOC", "BOUND", "ATTACHED", "IDLE", "FREE", "LARGEST")]
+    rows = [("CLASS", "NODE", "ALLOC", "BOUND", "ATTACHED", "AWAITING", "IDLE", "FREE",
+             "LARGEST")]
     for c in t.classes:
         for n in c.nodes:
             rows.append((c.class_name, n.node + (" (cordoned)" if n.cordoned else ""),
-                         str(n.allocatable), str(n.bound), str(n.attached), str(n.idle),
-                         str(n.free), str(n.largest)))
+                         str(n.allocatable), str(n.bound), str(n.attached), str(n.awaiting),
+                         str(n.idle), str(n.free), str(n.largest)))
         rows.append((c.class_name, f"= all ({c.resource})", "", str(c.bound), str(c.attached),
-                     str(c.idle), str(c.free), str(c.largest)))
+                     str(c.awaiting), str(c.idle), str(c.free), str(c.largest)))
     out = _table(rows)
+    if any(c.awaiting for c in t.classes):
+        out.append("AWAITING: attached to a VMI not seen yet (an admission in progress, or a "
+                   "create that failed; housekeeping frees it after --attachment-grace)")
     out.append("")
     trows = [("TENANT", "RESOURCE", "USED", "BUDGET")]
     for x in t.tenants:

@@ -159,6 +159,11 @@ class _FleetCollector:
             "attached": GaugeMetricFamily(
                 "gpu_binder_class_attached_devices",
                 "Bound devices of the class attached to a VMI that exists", labels=labels),
+            "awaiting": GaugeMetricFamily(
+                "gpu_binder_class_awaiting_devices",
+                "Bound devices of the class attached to a VMI not seen yet (an admission in "
+                "progress, or a failed create: H1 frees them after the attachment grace)",
+                labels=labels),
             "idle": GaugeMetricFamily(
                 "gpu_binder_class_idle_devices",
                 "Bound devices of the class attached to no existing VMI (held idle)",
@@ -181,7 +186,8 @@ class _FleetCollector:
         figures = self.metrics.fleet
         if figures is not None:
             for c in figures.classes:
-                values = {"bound": c.bound, "attached": c.attached, "idle": c.idle,
+                values = {"bound": c.bound, "attached": c.attached, "awaiting": c.awaiting,
+                          "idle": c.idle,
                           "free": c.free, "largest": c.largest}
                 for key, fam in fams.items():
                     fam.add_metric([c.class_name, c.resource], float(values[key]))

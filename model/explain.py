@@ -464,14 +464,18 @@ def what_if(snapshot: Snapshot, mode: str, nodes: Sequence[str], *,
 @dataclass(frozen=True, slots=True)
 class NodeFigures:
     """One class on one node serving it: `allocatable` of its resource, `bound` devices of
-    the class Bound there, of which `attached` to a live VMI and `idle` not, `free` units of
-    the resource (allocatable − used − reserved, 0 at least), `largest` the largest set of
-    the class the binder would place there now (0 when the node is not eligible)."""
+    the class Bound there, of which `attached` to a live VMI, `awaiting` attached to a VMI
+    not seen (its admission in progress, or a create that failed after the binder bound
+    it: H1 clears that after the attachment grace) and `idle` attached to none, `free`
+    units of the resource (allocatable − used − reserved, 0 at least), `largest` the
+    largest set of the class the binder would place there now (0 when the node is not
+    eligible)."""
 
     node: str
     allocatable: int
     bound: int
     attached: int
+    awaiting: int
     idle: int
     free: int
     largest: int
@@ -487,6 +491,7 @@ class ClassFigures:
     resource: str
     bound: int
     attached: int
+    awaiting: int
     idle: int
     free: int
     largest: int
@@ -535,9 +540,10 @@ def largest_placeable(snapshot: Snapshot, class_name: str) -> dict[str, int]:
 
 def top(snapshot: Snapshot, live_vmis: VMIs | set[tuple[str, str]]) -> Top:
     """Figures per class and node, and per tenant budget (see `Top`); a device is attached
-    when the VMI it is attached to exists (in `live_vmis`). Pure."""
+    when the VMI it is attached to exists (in `live_vmis`), awaiting when that VMI does not
+    (yet). Pure."""
     live_vmis = _keys(live_vmis)
-    counts: dict[tuple[str, str], list[int]] = {}  # (class, node) -> [bound, attached]
+    counts: dict[tuple[str, str], list[int]] = {}  # (class, node) -> [bound, attached, awaiting]
     holders: set[tuple[str, str]] = set()  # (namespace, resource) holding a device
     classes_by_name = snapshot.classes
     for d in snapshot.devices.values():
@@ -546,9 +552,11 @@ def top(snapshot: Snapshot, live_vmis: VMIs | set[tuple[str, str]]) -> Top:
             holders.add((d.namespace, cls.resource_name))
         if d.bound_node is None:
             continue
-        c = counts.setdefault((d.class_name, d.bound_node), [0, 0])
+        c = counts.setdefault((d.class_name, d.bound_node), [0, 0, 0])
+        live = _attached_live(d, live_vmis)
         c[0] += 1
-        c[1] += _attached_live(d, live_vmis)
+        c[1] += live
+        c[2] += d.status.attached_to is not None and not live
     cordoned_nodes = snapshot.cordoned_nodes()
     classes = []
     for name in sorted(snapshot.classes):
@@ -557,14 +565,15 @@ def top(snapshot: Snapshot, live_vmis: VMIs | set[tuple[str, str]]) -> Top:
         rows = []
         nodes = set(snapshot.serving_nodes(name)) | {n for c, n in counts if c == name}
         for n in sorted(nodes):
-            bound, attached = counts.get((name, n), (0, 0))
+            bound, attached, awaiting = counts.get((name, n), (0, 0, 0))
             cordoned = n in cordoned_nodes
-            rows.append(NodeFigures(n, snapshot.allocatable(n, res), bound, attached,
-                                    bound - attached, max(snapshot.free(n, res), 0),
+            rows.append(NodeFigures(n, snapshot.allocatable(n, res), bound, attached, awaiting,
+                                    bound - attached - awaiting, max(snapshot.free(n, res), 0),
                                     largest.get(n, 0), cordoned))
         classes.append(ClassFigures(
             name, res, sum(r.bound for r in rows), sum(r.attached for r in rows),
-            sum(r.idle for r in rows), sum(r.free for r in rows if not r.cordoned),
+            sum(r.awaiting for r in rows), sum(r.idle for r in rows),
+            sum(r.free for r in rows if not r.cordoned),
             max((r.largest for r in rows), default=0), tuple(rows)))
     tenants: dict[tuple[str, str], TenantFigures] = {}
     for (ns, res), hard in snapshot.budgets.items():

@@ -63,6 +63,7 @@ def test_fleet_metrics_per_class_and_tenant():
     assert m["gpu_binder_class_bound_devices"][h100] == 3
     assert m["gpu_binder_class_attached_devices"][h100] == 2
     assert m["gpu_binder_class_idle_devices"][h100] == 1
+    assert m["gpu_binder_class_awaiting_devices"][h100] == 0
     assert m["gpu_binder_class_free_units"][h100] == 1 + 2 + 1
     assert m["gpu_binder_class_largest_placeable_set"][h100] == 2
     a = (("namespace", "tenant-a"), ("resource", "nvidia.com/H100"))

@@ -223,8 +223,8 @@ def test_top_counts_bound_attached_idle_free_and_largest():
     snap = _cluster().with_devices([dev("p", on="n2", ns="tenant-b")])
     t = top(snap, LIVE)
     h100 = t.classes[0]
-    assert (h100.class_name, h100.bound, h100.attached, h100.idle, h100.free, h100.largest) == (
-        "h100", 4, 2, 2, 1 + 1 + 1, 1)
+    assert (h100.class_name, h100.bound, h100.attached, h100.awaiting, h100.idle, h100.free,
+            h100.largest) == ("h100", 4, 2, 0, 2, 1 + 1 + 1, 1)
     assert [(n.node, n.allocatable, n.bound, n.attached, n.idle, n.free, n.largest)
             for n in h100.nodes] == [("n1", 4, 3, 2, 1, 1, 1), ("n2", 2, 1, 0, 1, 1, 1),
                                      ("n3", 1, 0, 0, 0, 1, 1)]
@@ -234,6 +234,21 @@ def test_top_counts_bound_attached_idle_free_and_largest():
     assert h100.free == 2 and [n.largest for n in h100.nodes] == [1, 0, 1]
     assert [(x.namespace, x.resource, x.used, x.hard) for x in t.tenants] == [
         (NS, H, 2, None), ("tenant-b", H, 2, None), ("tenant-s", L, 1, None)]
+
+
+def test_top_counts_a_device_attached_to_a_vmi_not_seen_as_awaiting_not_idle():
+    """A crashed replica's or a failed create's attachment: Bound, attached to a VMI that
+    does not exist (yet). It takes capacity until H1's grace runs out; `top` shows it as
+    awaiting its VMI, not as idle (which would invite a defragmentation or a reuse)."""
+    pending = attached(dev("w-1", on="n2", ns="tenant-b"), "vm-gone")
+    t = top(_cluster().with_devices([pending]), LIVE)
+    h100 = t.classes[0]
+    assert (h100.bound, h100.attached, h100.awaiting, h100.idle) == (4, 2, 1, 1)
+    assert [(n.node, n.bound, n.attached, n.awaiting, n.idle) for n in h100.nodes] == [
+        ("n1", 3, 2, 0, 1), ("n2", 1, 0, 1, 0), ("n3", 0, 0, 0, 0)]
+    # once its VMI is seen, it is attached
+    seen = top(_cluster().with_devices([pending]), LIVE | {("tenant-b", "vm-gone")})
+    assert (seen.classes[0].attached, seen.classes[0].awaiting) == (3, 0)
 
 
 def test_top_tenant_budgets():
