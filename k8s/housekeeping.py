@@ -20,7 +20,7 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from actors.workqueue import QueueShutDown, WorkQueue
-from k8s import errors
+from k8s import errors, events
 from k8s.cache import SETTINGS_NAME, ClusterCache
 from model.housekeeping import (KUBEVIRT_CONDITION, Action, DeleteTemplate,
                                 LinkAttachment, VMIRecord, confirmed, kubevirt_condition, plan)
@@ -353,19 +353,12 @@ class Housekeeper:
         ns = self.cache.settings_namespace
         log.warning("policy parameter missing", rule="H3", namespace=ns, name=SETTINGS_NAME,
                     message=message)
-        stamp = format_time(datetime.now(timezone.utc))
-        body = {"apiVersion": "v1", "kind": "Event",
-                "metadata": {"generateName": f"{SETTINGS_NAME}.", "namespace": ns},
-                "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap",
-                                   "name": SETTINGS_NAME, "namespace": ns},
-                "reason": "PolicyParameterMissing", "type": "Warning",
-                "message": f"ConfigMap {ns}/{SETTINGS_NAME}, the parameter of "
-                           f"ValidatingAdmissionPolicies gpu-binder-raw-pods and "
-                           f"gpu-binder-raw-vmis, {message}"[:1024],
-                "source": {"component": "gpu-binder"}, "firstTimestamp": stamp,
-                "lastTimestamp": stamp, "count": 1, "reportingComponent": "gpu-binder",
-                "reportingInstance": "housekeeping"}
-        try:
-            await self._core.create_namespaced_event(ns, body, _request_timeout=self.timeout)
-        except Exception as exc:  # noqa: BLE001 - an Event is best effort
-            log.warning("event not recorded", error=repr(exc)[:200])
+        involved = {"apiVersion": "v1", "kind": "ConfigMap", "name": SETTINGS_NAME,
+                    "namespace": ns}
+        body = events.event_body(
+            involved, reason="PolicyParameterMissing", warning=True, instance="housekeeping",
+            when=datetime.now(timezone.utc),
+            message=f"ConfigMap {ns}/{SETTINGS_NAME}, the parameter of ValidatingAdmissionPolicies "
+                    f"gpu-binder-raw-pods and gpu-binder-raw-vmis, {message}")
+        await events.record(self._core, body, timeout=self.timeout, rule="H3", namespace=ns,
+                            name=SETTINGS_NAME)
