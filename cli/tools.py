@@ -28,7 +28,7 @@ from model.admission import LauncherDefaults, node_selector_of, unknown_annotati
 from model.types import ADMISSION_ANNOTATION
 from model.defrag import DefragPlan, plan_round
 from model.explain import Explanation, Top, WhatIf, explain, top, what_if
-from model.parse import ParseError, parse_tolerations, parse_vmi_request
+from model.parse import ParseError, format_time, parse_tolerations, parse_vmi_request
 from model.snapshot import Snapshot
 from model.vm import vmi_of_vm
 from model.reasons import Code, Reason
@@ -285,6 +285,11 @@ def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
                 steps.append(f"add or free {_units(s.short)}")
             missing = f" ({_units(s.missing)} missing)" if s.missing else ""
             out.append(f"  {s.node}{missing}: {'; then '.join(steps)}")
+            for (ns, vmi), n, freed in s.awaiting:
+                out.append(f"    ({n} device{'s' if n != 1 else ''} there attached to VMI "
+                           f"{ns}/{vmi}, not seen yet: an admission in progress or a failed "
+                           f"create; housekeeping frees {'them' if n != 1 else 'it'} at "
+                           f"{format_time(freed)} unless it appears)")
     if e.after_defrag is not None:
         moves = e.after_defrag.plan.moves
         out.append(f"after a defragmentation ({len(moves)} move{'s' if len(moves) != 1 else ''}"

@@ -67,13 +67,17 @@ class Shortfall:
     would free them, each as ((namespace, name), the node it could go to, or None when no
     other node has room: then only releasing it frees the unit); `short` units
     per resource still missing after moving them (capacity to add or devices to release);
-    `uncordon` when the node is also cordoned."""
+    `uncordon` when the node is also cordoned; `awaiting` the devices Bound there attached
+    to a VMI not seen (an admission in progress, or a create that failed), per VMI as
+    ((namespace, vmi), devices, when H1 frees them unless the VMI appears: attached since +
+    the attachment grace, UTC). They are neither idle nor movable; they count in `short`."""
 
     node: str
     missing: tuple[tuple[str, int], ...]
     idle: tuple[tuple[tuple[str, str], str | None], ...]
     short: tuple[tuple[str, int], ...]
     uncordon: bool = False
+    awaiting: tuple[tuple[tuple[str, str], int, datetime], ...] = ()
 
     @property
     def size(self) -> int:
@@ -194,7 +198,7 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
                      for n, r in sorted(a.nodes.items()))
     shortfalls: tuple[Shortfall, ...] = ()
     if not any(v.fits for v in verdicts):
-        shortfalls = _shortfalls(snap, request, verdicts, live_keys)
+        shortfalls = _shortfalls(snap, request, verdicts, live_keys, grace)
     after = None
     if not admitted and not set_problems:
         after = _after_defrag(snapshot, namespace, vmi, ask, vmis, now, grace, node_selector,
@@ -241,7 +245,7 @@ def _set_needs(snap: Snapshot, request: Request) -> dict[str, dict[str, int]]:
 
 
 def _shortfalls(snap: Snapshot, request: Request, verdicts: Sequence[NodeVerdict],
-                live_vmis: set[tuple[str, str]]) -> tuple[Shortfall, ...]:
+                live_vmis: set[tuple[str, str]], grace: timedelta) -> tuple[Shortfall, ...]:
     members = set(request.devices)
     needs = _set_needs(snap, request)
     out: list[Shortfall] = []
@@ -268,7 +272,8 @@ def _shortfalls(snap: Snapshot, request: Request, verdicts: Sequence[NodeVerdict
             short[res] -= 1
         out.append(Shortfall(v.node, tuple(sorted(missing.items())), tuple(idle),
                              tuple(sorted((r, n) for r, n in short.items() if n > 0)),
-                             others == [Code.CORDONED]))
+                             others == [Code.CORDONED],
+                             _awaiting(snap, v.node, live_vmis, grace, request)))
     # moving idle devices only, then lifting a cordon, then adding capacity (fewest first)
     out.sort(key=lambda s: (bool(s.short), s.uncordon, sum(n for _, n in s.short), s.size,
                             s.node))
@@ -276,12 +281,30 @@ def _shortfalls(snap: Snapshot, request: Request, verdicts: Sequence[NodeVerdict
 
 
 def _idle_devices(snap: Snapshot, node: str, live_vmis: set[tuple[str, str]]) -> list[GPUDevice]:
-    """Held devices Bound on `node` attached to no live VMI, by (namespace, name)."""
+    """Held devices Bound on `node` attached to no VMI, by (namespace, name)."""
     out = [d for d in snap.devices.values()
            if d.bound_node == node and d.template_for is None and d.class_name in snap.classes
-           and not _attached_live(d, live_vmis)]
+           and d.status.attached_to is None]
     out.sort(key=lambda d: d.key)
     return out
+
+
+def _awaiting(snap: Snapshot, node: str, live_vmis: set[tuple[str, str]], grace: timedelta,
+              request: Request) -> tuple[tuple[tuple[str, str], int, datetime], ...]:
+    """Devices Bound on `node` attached to a VMI not in `live_vmis` (other than `request`'s
+    own VMI and devices), per VMI: ((namespace, vmi), count, the earliest attachment +
+    `grace`)."""
+    by: dict[tuple[str, str], list] = {}
+    own = {(request.namespace, n) for n in request.devices}
+    for d in snap.devices.values():
+        att = d.status.attached_to
+        if (d.bound_node != node or att is None or (d.namespace, att.vmi) in live_vmis
+                or (d.namespace, att.vmi) == (request.namespace, request.vmi) or d.key in own):
+            continue
+        entry = by.setdefault((d.namespace, att.vmi), [0, att.since])
+        entry[0] += 1
+        entry[1] = min(entry[1], att.since)
+    return tuple((k, n, since + grace) for k, (n, since) in sorted(by.items()))
 
 
 def _attached_live(d: GPUDevice, live_vmis: set[tuple[str, str]]) -> bool:

@@ -134,6 +134,33 @@ def test_B1_explain_smallest_change_moves_idle_held_devices():
     assert n2.short == ((H, 1),)
 
 
+def test_H1_explain_names_devices_awaiting_a_vmi_not_seen_and_never_calls_them_idle():
+    """A replica killed mid-admission (or a create the API server failed after the binder
+    bound the set) leaves devices attached to a VMI that does not exist. Until H1's grace
+    runs out they take capacity: explain names the VMI and when housekeeping frees them,
+    and does not offer to move them (the defragmentation never moves attached devices)."""
+    from cli.tools import render_explain
+
+    gone_a = attached(dev("w-1", on="n1", ns="tenant-b"), "vm-gone")
+    gone_b = attached(template("vm-gone-h100-0", "vm-gone", "n1", ns="tenant-b"), "vm-gone")
+    snap = Snapshot.build(nodes=[node("n1", h=4), node("n2", h=1)], classes=[gpu_class()],
+                          devices=[gone_a, gone_b])
+    e = ex(snap, templates=[("h100", 3)])
+    assert not e.admitted
+    n1 = next(s for s in e.shortfalls if s.node == "n1")
+    since = NOW - timedelta(hours=1)          # `attached` attaches an hour before NOW
+    assert (n1.missing, n1.idle, n1.short) == (((H, 1),), (), ((H, 1),))
+    assert n1.awaiting == ((("tenant-b", "vm-gone"), 2, since + GRACE),)
+    text = render_explain(e)
+    assert ("    (2 devices there attached to VMI tenant-b/vm-gone, not seen yet: an admission "
+            "in progress or a failed create; housekeeping frees them at 2026-01-02T02:06:05Z "
+            "unless it appears)") in text.splitlines(), text
+    assert "move idle" not in text
+    # the VMI appears: its devices are attached to a live VMI, no longer awaiting
+    seen = ex(snap, templates=[("h100", 3)], live=[("tenant-b", "vm-gone")])
+    assert all(s.awaiting == () for s in seen.shortfalls)
+
+
 def test_B5_explain_cordoned_node_counts_as_a_further_change():
     snap = Snapshot.build(nodes=[node("n1", h=4, cordoned=True), node("n2", h=1)],
                           classes=[gpu_class()], devices=[])
