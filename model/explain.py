@@ -261,7 +261,7 @@ def _shortfalls(snap: Snapshot, request: Request, verdicts: Sequence[NodeVerdict
         idle: list[tuple[tuple[str, str], str | None]] = []
         short = dict(missing)
         after = snap
-        for d in _idle_devices(snap, v.node, live_vmis):
+        for d in _idle_devices(snap, v.node):
             res = snap.classes[d.class_name].resource_name
             if d.namespace == request.namespace and d.name in members or short.get(res, 0) <= 0:
                 continue
@@ -280,7 +280,7 @@ def _shortfalls(snap: Snapshot, request: Request, verdicts: Sequence[NodeVerdict
     return tuple(out)
 
 
-def _idle_devices(snap: Snapshot, node: str, live_vmis: set[tuple[str, str]]) -> list[GPUDevice]:
+def _idle_devices(snap: Snapshot, node: str) -> list[GPUDevice]:
     """Held devices Bound on `node` attached to no VMI, by (namespace, name)."""
     out = [d for d in snap.devices.values()
            if d.bound_node == node and d.template_for is None and d.class_name in snap.classes
