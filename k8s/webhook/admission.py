@@ -34,13 +34,37 @@ from k8s.webhook.waiter import ResultWaiter
 from model.admission import (AdmissionPlan, Refusal, already_admitted, check,
                              effective_resources, node_selector_of, same_name_conflict,
                              unpermitted_gpu_entries)
-from model.reasons import Code, TenantBusy
+from model.reasons import Code, Reason, TenantBusy
 from model.snapshot import Snapshot
 from model.types import Labels
 
 log = structlog.get_logger("gpu_binder.admission")
 
 DRY_RUN_WARNING = "dry run: GPU devices were checked but not reserved"
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetInFlight(Reason):
+    """The tenant `namespace`'s budget of `resource` has no room for this set while its
+    `in_flight` admissions in progress at this replica (not yet Bound) hold `held` units of
+    it: `used` Bound, `budget` in all, the set adds `adds`. Retryable (429): should an
+    admission in progress fail, the budget is free again; retry after `retry_after` s."""
+    code = Code.TENANT_BUSY
+    namespace: str
+    resource: str
+    used: int
+    held: int
+    budget: int
+    adds: int
+    in_flight: int
+    retry_after: int
+
+    def render(self) -> str:
+        return (f"tenant {self.namespace} has {self.in_flight} GPU admissions in progress at "
+                f"this gpu-binder replica holding {self.held} × {self.resource} of its budget "
+                f"of {self.budget} ({self.used} used) and this set adds {self.adds}: more than its "
+                f"fair share while they last; too many requests, retry after "
+                f"{self.retry_after} s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +99,7 @@ class VMIAdmission:
         self.admitted = 0
         self.denied = 0
         self.rejected: dict[tuple[str, Code], int] = {}
+        self._claims: dict[str, list[AdmissionPlan]] = {}  # tenant -> plans past _precheck
         self.draining = False
         self._inflight: set[anyio.CancelScope] = set()
         self._idle: anyio.Event | None = None  # set by the last review in flight, for drain
@@ -137,35 +162,92 @@ class VMIAdmission:
     # -- the admission -----------------------------------------------------------------
     async def _fair_admit(self, review: Review) -> dict:
         """W1 on the cache alone first (`_precheck`: no I/O, so what the binder need not see
-        is refused before any read, write or turn), then a turn of the tenant's fair share
-        (`gate`; none left: THROTTLED, 429), then `_admit`. Raises Denied."""
+        is refused before any read, write or turn), then the tenant's budget with its
+        admissions in progress here counted (`_budget_in_flight`: none left, THROTTLED, 429,
+        before any turn), then a turn of the tenant's fair share (`gate`; none left:
+        THROTTLED, 429), then `_admit`. Raises Denied."""
         deadline = anyio.current_time() + self.bind_timeout  # the wait for a turn included
-        refusal = self._precheck(review)
-        if refusal is not None:
-            self._rejection(review.namespace, refusal.code)
-            raise Denied.of(refusal_denial(refusal))
-        if self.gate is None:
-            return await self._admit(review, deadline)
+        ns = review.namespace
+        judged = self._precheck(review)
+        if isinstance(judged, Refusal):
+            self._rejection(ns, judged.code)
+            raise Denied.of(refusal_denial(judged))
+        if judged is not None:
+            held = self._budget_in_flight(ns, judged)
+            if held is not None:
+                self._rejection(ns, held.code)
+                raise Denied.of(refusal_denial(held))
+            self._claims.setdefault(ns, []).append(judged)
         try:
-            await self.gate.enter(review.namespace)
-        except Busy as busy:
-            self._rejection(review.namespace, Code.TENANT_BUSY)
-            reason = TenantBusy(review.namespace, busy.in_flight, busy.waiting, busy.waited,
-                                retry_after=1)
-            raise Denied.of(refusal_denial(Refusal(reason))) from None
-        try:
-            return await self._admit(review, deadline)
+            if self.gate is None:
+                return await self._admit(review, deadline)
+            try:
+                await self.gate.enter(ns)
+            except Busy as busy:
+                self._rejection(ns, Code.TENANT_BUSY)
+                reason = TenantBusy(ns, busy.in_flight, busy.waiting, busy.waited,
+                                    retry_after=1)
+                raise Denied.of(refusal_denial(Refusal(reason))) from None
+            try:
+                return await self._admit(review, deadline)
+            finally:
+                self.gate.leave(ns)
         finally:
-            self.gate.leave(review.namespace)
+            if judged is not None:
+                claims = self._claims[ns]
+                claims.remove(judged)
+                if not claims:
+                    del self._claims[ns]
+
+    def _budget_in_flight(self, namespace: str, plan: AdmissionPlan) -> Refusal | None:
+        """A Refusal (`BudgetInFlight`, retryable) when the tenant's budget of a resource of
+        `plan` has room for the set on the cache (W1 passed) but not with the units its
+        other admissions in progress at this replica (past `_precheck`, waiting for a turn
+        or admitting) hold and are not Bound yet; None otherwise (no other in progress, no
+        budget, or room for all). So a burst of one tenant racing for its own budget is
+        answered at once instead of waiting for turns it cannot use (issue 23: a turn waited
+        for holds the API server's seat of the create, which another tenant's create
+        needs). What counts as used is `Snapshot.tenant_usage`; the binder judges the
+        budget for real (B1)."""
+        others = self._claims.get(namespace)
+        if not others:
+            return None
+        snap = self.cache.view.snapshot()
+        adds = self._unbound_units(snap, plan)
+        for res, n in adds.items():
+            budget = snap.budget_of(namespace, res)
+            if budget is None:
+                continue
+            held = sum(self._unbound_units(snap, p).get(res, 0) for p in others)
+            used = snap.tenant_usage(namespace, res)
+            if held and used + held + n > budget:
+                return Refusal(BudgetInFlight(namespace, res, used, held, budget, n,
+                                              len(others), retry_after=1))
+        return None
+
+    @staticmethod
+    def _unbound_units(snap: Snapshot, plan: AdmissionPlan) -> dict[str, int]:
+        """{resource: devices of `plan` of it not Bound on `snap`} (a template not created yet
+        counts by its class's resource; a class or device unknown counts nothing)."""
+        out: dict[str, int] = {}
+        classes = dict(plan.templates)
+        for name in plan.devices:
+            dev = snap.device(plan.namespace, name)
+            if dev is not None and dev.bound_node is not None:
+                continue
+            cls = snap.classes.get(dev.class_name if dev is not None else classes.get(name, ""))
+            if cls is not None:
+                out[cls.resource_name] = out.get(cls.resource_name, 0) + 1
+        return out
 
     def _rejection(self, namespace: str, code: Code) -> None:
         key = (namespace, code)
         self.rejected[key] = self.rejected.get(key, 0) + 1
 
-    def _precheck(self, review: Review) -> Refusal | None:
+    def _precheck(self, review: Review) -> Refusal | AdmissionPlan | None:
         """W1's checks on the cache's snapshot (`model.admission.check`: class, entitlement,
         budget, a set larger than any node, held devices …) and the VMI's own gpus entries,
-        without the live read; the Refusal, or None when `_judge` should go on — always None
+        without the live read; the Refusal, or the plan when `_judge` should go on, or None
         while the cache shows a VMI of that name: the live read then says the name is taken
         (W1's answer to a create of a live name, whatever else is wrong with the set)."""
         assert review.ask is not None
@@ -182,7 +264,8 @@ class VMIAdmission:
                      permitted=permitted)
         if isinstance(plan, Refusal):
             return plan
-        return unpermitted_gpu_entries(review.object, effective_resources(snap), permitted)
+        kept = unpermitted_gpu_entries(review.object, effective_resources(snap), permitted)
+        return plan if kept is None else kept
 
     async def _admit(self, review: Review, deadline: float) -> dict:
         """W1, then W4's short cut, W2, and W3 (steps 1-4 within `deadline`, loop time);
