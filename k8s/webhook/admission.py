@@ -203,13 +203,15 @@ class VMIAdmission:
         """A Refusal (`BudgetInFlight`, retryable) when the tenant's budget of a resource of
         `plan` has room for the set on the cache (W1 passed) but not with the units its
         other admissions in progress at this replica (past `_precheck`, waiting for a turn
-        or admitting) hold and are not Bound yet; None otherwise (no other in progress, no
-        budget, or room for all). So a burst of one tenant racing for its own budget is
+        or admitting; another try of the same VMI not counted) hold and are not Bound yet;
+        None otherwise (no other in progress, no budget, or room for all). So a burst of one tenant racing for its own budget is
         answered at once instead of waiting for turns it cannot use (issue 23: a turn waited
         for holds the API server's seat of the create, which another tenant's create
         needs). What counts as used is `Snapshot.tenant_usage`; the binder judges the
         budget for real (B1)."""
-        others = self._claims.get(namespace)
+        # another try of the same VMI (a client's retry meeting its earlier try) is W4's and
+        # same_name_conflict's to judge, after the live read: not counted here
+        others = [p for p in self._claims.get(namespace, ()) if p.vmi != plan.vmi]
         if not others:
             return None
         snap = self.cache.view.snapshot()

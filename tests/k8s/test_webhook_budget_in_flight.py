@@ -162,3 +162,15 @@ async def test_a_set_over_the_budget_on_the_cache_alone_is_still_w1s_403():
     assert status(h.answers["big"]) == (False, 403)
     assert h.admitting == [] and h.adm._claims == {}
     assert Category.THROTTLED.value == BudgetInFlight.code.category.value
+
+
+async def test_another_try_of_the_same_vmi_is_not_refused_for_the_budget_its_first_try_holds():
+    h = Harness()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(h.handle, review("t1", "vm", 4))
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(h.handle, review("t1", "vm", 4))   # a retry: W4 and same_name_conflict's
+        await anyio.wait_all_tasks_blocked()
+        assert h.admitting == ["vm", "vm"]
+        h.release.set()
+    assert h.adm._claims == {}
