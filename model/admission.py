@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 from model.check import check_set, judge_set
 from model.housekeeping import VMIs, judge
 from model.parse import VMIAsk
-from model.reasons import (CannotPlace, ClassNotPermitted, Code, DeviceAttached, DeviceBeingDeleted,
+from model.reasons import (BudgetInFlight, CannotPlace, ClassNotPermitted, Code, DeviceAttached, DeviceBeingDeleted,
                            GpuEntryNotPermitted, HeldDeviceNotFound, NameTaken, NoRoomForSet, Reason,
                            SameNameConflict, SelectorEntryTooLong, SetNeeds, SetRefused,
                            TemplateBeingDeleted, TemplateNamedAsHeld, TolerationTooLong,
@@ -98,6 +98,42 @@ def unknown_annotations(annotations: Mapping[str, str] | None) -> Refusal | None
         return None
     return Refusal(UnknownAnnotation(tuple(unknown), DEVICES_ANNOTATION, TEMPLATES_ANNOTATION,
                                      tuple(k for k in unknown if k == ADMISSION_ANNOTATION)))
+
+
+def unbound_units(snap: Snapshot, plan: AdmissionPlan) -> dict[str, int]:
+    """{resource: devices of `plan` of it not Bound on `snap`} (a template not created yet
+    counts by its class's resource; an unknown class or device counts nothing). Pure."""
+    out: dict[str, int] = {}
+    classes = dict(plan.templates)
+    for name in plan.devices:
+        dev = snap.device(plan.namespace, name)
+        if dev is not None and dev.bound_node is not None:
+            continue
+        cls = snap.classes.get(dev.class_name if dev is not None else classes.get(name, ""))
+        if cls is not None:
+            out[cls.resource_name] = out.get(cls.resource_name, 0) + 1
+    return out
+
+
+def budget_in_flight(snap: Snapshot, plan: AdmissionPlan, others: Sequence[AdmissionPlan], *,
+                     retry_after: int) -> Refusal | None:
+    """W1, issue 23: a Refusal (`BudgetInFlight`, THROTTLED: 429, retryable) when the
+    tenant's budget of a resource of `plan` has room for the set on `snap` (W1's budget
+    check passed) but not with the units its `others` (admissions in progress for other
+    VMIs of the same tenant) hold and are not Bound yet; None otherwise (no budget, nothing
+    held, or room for all). Used is `Snapshot.tenant_usage`; the binder judges the budget
+    for real (B1). Pure."""
+    adds = unbound_units(snap, plan)
+    for res, n in adds.items():
+        budget = snap.budget_of(plan.namespace, res)
+        if budget is None:
+            continue
+        held = sum(unbound_units(snap, p).get(res, 0) for p in others)
+        used = snap.tenant_usage(plan.namespace, res)
+        if held and used + held + n > budget:
+            return Refusal(BudgetInFlight(plan.namespace, res, used, held, budget, n,
+                                          len(others), retry_after=retry_after))
+    return None
 
 
 # Bounds of `bindRequest.nodeSelector` and `bindRequest.tolerations` in the GPUDevice CRD

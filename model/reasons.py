@@ -77,6 +77,7 @@ class Code(str, Enum):
     SAME_NAME_CONFLICT = "same_name_conflict"
     # the webhook's fair share per tenant (issue 23)
     TENANT_BUSY = "tenant_busy"
+    BUDGET_IN_FLIGHT = "budget_in_flight"
 
     @property
     def category(self) -> Category:
@@ -93,6 +94,7 @@ _CATEGORY = {
     **{c: Category.UNAVAILABLE for c in (
         Code.LEDGERS_REFUSED, Code.TEMPLATE_BEING_DELETED, Code.SAME_NAME_CONFLICT)},
     Code.TENANT_BUSY: Category.THROTTLED,
+    Code.BUDGET_IN_FLIGHT: Category.THROTTLED,
 }  # every other code is POLICY
 
 
@@ -645,6 +647,31 @@ class TenantBusy(Reason):
         return (f"tenant {self.namespace} has {self.in_flight} GPU admissions in progress at "
                 f"this gpu-binder replica (its fair share) and {why}; too many requests, "
                 f"retry after {self.retry_after} s")
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetInFlight(Reason):
+    """The tenant `namespace`'s budget of `resource` has no room for this set while its
+    `in_flight` other admissions in progress at this replica (not yet Bound) hold `held`
+    units of it: `used` Bound, `budget` in all, the set adds `adds`. Retryable (429):
+    should an admission in progress fail, the budget is free again; retry after
+    `retry_after` seconds (issue 23: answered before a turn is waited for)."""
+    code: ClassVar[Code] = Code.BUDGET_IN_FLIGHT
+    namespace: str
+    resource: str
+    used: int
+    held: int
+    budget: int
+    adds: int
+    in_flight: int
+    retry_after: int
+
+    def render(self) -> str:
+        return (f"tenant {self.namespace} has {self.in_flight} GPU admissions in progress at "
+                f"this gpu-binder replica holding {self.held} × {self.resource} of its budget "
+                f"of {self.budget} ({self.used} used) and this set adds {self.adds}: more than "
+                f"its fair share while they last; too many requests, retry after "
+                f"{self.retry_after} s")
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,40 +31,16 @@ from k8s.webhook.review import Category, Denial, Review, refusal_denial
 from k8s.webhook.steps import Attempt, Denied, Written
 from k8s.webhook.transport import allow, deny, patch_response
 from k8s.webhook.waiter import ResultWaiter
-from model.admission import (AdmissionPlan, Refusal, already_admitted, check,
+from model.admission import (AdmissionPlan, Refusal, already_admitted, budget_in_flight, check,
                              effective_resources, node_selector_of, same_name_conflict,
                              unpermitted_gpu_entries)
-from model.reasons import Code, Reason, TenantBusy
+from model.reasons import Code, TenantBusy
 from model.snapshot import Snapshot
 from model.types import Labels
 
 log = structlog.get_logger("gpu_binder.admission")
 
 DRY_RUN_WARNING = "dry run: GPU devices were checked but not reserved"
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetInFlight(Reason):
-    """The tenant `namespace`'s budget of `resource` has no room for this set while its
-    `in_flight` admissions in progress at this replica (not yet Bound) hold `held` units of
-    it: `used` Bound, `budget` in all, the set adds `adds`. Retryable (429): should an
-    admission in progress fail, the budget is free again; retry after `retry_after` s."""
-    code = Code.TENANT_BUSY
-    namespace: str
-    resource: str
-    used: int
-    held: int
-    budget: int
-    adds: int
-    in_flight: int
-    retry_after: int
-
-    def render(self) -> str:
-        return (f"tenant {self.namespace} has {self.in_flight} GPU admissions in progress at "
-                f"this gpu-binder replica holding {self.held} × {self.resource} of its budget "
-                f"of {self.budget} ({self.used} used) and this set adds {self.adds}: more than its "
-                f"fair share while they last; too many requests, retry after "
-                f"{self.retry_after} s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,47 +176,16 @@ class VMIAdmission:
                     del self._claims[ns]
 
     def _budget_in_flight(self, namespace: str, plan: AdmissionPlan) -> Refusal | None:
-        """A Refusal (`BudgetInFlight`, retryable) when the tenant's budget of a resource of
-        `plan` has room for the set on the cache (W1 passed) but not with the units its
-        other admissions in progress at this replica (past `_precheck`, waiting for a turn
-        or admitting; another try of the same VMI not counted) hold and are not Bound yet;
-        None otherwise (no other in progress, no budget, or room for all). So a burst of one tenant racing for its own budget is
-        answered at once instead of waiting for turns it cannot use (issue 23: a turn waited
-        for holds the API server's seat of the create, which another tenant's create
-        needs). What counts as used is `Snapshot.tenant_usage`; the binder judges the
-        budget for real (B1)."""
-        # another try of the same VMI (a client's retry meeting its earlier try) is W4's and
-        # same_name_conflict's to judge, after the live read: not counted here
+        """`model.admission.budget_in_flight` of `plan` against the tenant's other
+        admissions in progress at this replica (past `_precheck`; another try of the same
+        VMI not counted: W4 and same_name_conflict judge it after the live read). So a
+        burst of one tenant racing for its own budget is answered at once instead of
+        waiting for turns it cannot use (issue 23: a turn waited for holds the API server's
+        seat of the create, which another tenant's create needs)."""
         others = [p for p in self._claims.get(namespace, ()) if p.vmi != plan.vmi]
         if not others:
             return None
-        snap = self.cache.view.snapshot()
-        adds = self._unbound_units(snap, plan)
-        for res, n in adds.items():
-            budget = snap.budget_of(namespace, res)
-            if budget is None:
-                continue
-            held = sum(self._unbound_units(snap, p).get(res, 0) for p in others)
-            used = snap.tenant_usage(namespace, res)
-            if held and used + held + n > budget:
-                return Refusal(BudgetInFlight(namespace, res, used, held, budget, n,
-                                              len(others), retry_after=1))
-        return None
-
-    @staticmethod
-    def _unbound_units(snap: Snapshot, plan: AdmissionPlan) -> dict[str, int]:
-        """{resource: devices of `plan` of it not Bound on `snap`} (a template not created yet
-        counts by its class's resource; a class or device unknown counts nothing)."""
-        out: dict[str, int] = {}
-        classes = dict(plan.templates)
-        for name in plan.devices:
-            dev = snap.device(plan.namespace, name)
-            if dev is not None and dev.bound_node is not None:
-                continue
-            cls = snap.classes.get(dev.class_name if dev is not None else classes.get(name, ""))
-            if cls is not None:
-                out[cls.resource_name] = out.get(cls.resource_name, 0) + 1
-        return out
+        return budget_in_flight(self.cache.view.snapshot(), plan, others, retry_after=1)
 
     def _rejection(self, namespace: str, code: Code) -> None:
         key = (namespace, code)

@@ -9,8 +9,8 @@ with a small share per tenant (`SHARE` in progress, `LINE` waiting) so the flood
 it. The properties, not the speed (the speed is `gpu-binder bench fairness`,
 docs/benchmarks.md): every one of B's VMIs is admitted, none refused or timed out; A is
 admitted once (its budget) and every one of its creates is answered; A is turned away with
-429 beyond its share, B never: by a webhook (`tenant_busy`, with a retry hint: its turns
-taken, or its budget held by its admissions in progress there) or by the API
+429 beyond its share, B never: by a webhook (with a retry hint: `tenant_busy`, its turns
+taken, or `budget_in_flight`, its budget held by its admissions in progress there) or by the API
 server's API Priority and Fairness (A's queues full); A's refusals write a bounded number of
 Events; no replica ever had more than `SHARE` of one tenant's admissions in progress
 (`gpu_binder_admissions_tenant_peak`; A's creates racing for its whole budget are
@@ -228,14 +228,20 @@ async def test_a_tenants_flood_is_held_to_its_share_and_costs_another_tenant_not
 
     metrics = [await scrape(system, i) for i in range(len(system.replicas))]
     peaks = [m[("gpu_binder_admissions_tenant_peak", ())] for m in metrics]
-    turned = [m.get(("gpu_binder_admission_rejections_total",
-                     (("namespace", tenant_a), ("reason", "tenant_busy"))), 0) for m in metrics]
-    print(f"per-tenant peak in progress by replica: {peaks}; A's tenant_busy: {turned}")
+    def rejected(m, ns: str, reason: str) -> float:
+        return m.get(("gpu_binder_admission_rejections_total",
+                      (("namespace", ns), ("reason", reason))), 0)
+
+    busy_at = [rejected(m, tenant_a, "tenant_busy") for m in metrics]
+    held_at = [rejected(m, tenant_a, "budget_in_flight") for m in metrics]
+    turned = [b + h for b, h in zip(busy_at, held_at)]
+    print(f"per-tenant peak in progress by replica: {peaks}; A's tenant_busy: {busy_at}, "
+          f"budget_in_flight: {held_at}")
     # A's creates racing for its whole budget: one in progress per replica holds it, the
     # others are answered 429 at once (the budget held by admissions in progress), before
     # any turn, so A never needs more than its share
     assert 1 <= max(peaks) <= SHARE, f"one tenant's admissions in progress at once: {peaks}"
     assert sum(turned) == len(at_webhook)
-    assert not any(m.get(("gpu_binder_admission_rejections_total",
-                          (("namespace", tenant_b), ("reason", "tenant_busy"))))
-                   for m in metrics)
+    assert sum(held_at) > 0, "A's budget racers were not answered at once"
+    assert not any(rejected(m, tenant_b, r) for m in metrics
+                   for r in ("tenant_busy", "budget_in_flight"))

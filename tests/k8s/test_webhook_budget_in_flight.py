@@ -13,7 +13,8 @@ import anyio
 import orjson
 import pytest
 
-from k8s.webhook.admission import BudgetInFlight, VMIAdmission
+from k8s.webhook.admission import VMIAdmission
+from model.reasons import BudgetInFlight
 from k8s.webhook.fairness import TenantGate
 from k8s.webhook.review import Category, decode
 from model.admission import LauncherDefaults
@@ -120,7 +121,7 @@ async def test_a_set_that_only_the_tenants_admissions_in_progress_leave_no_room_
         msg = h.answers["second"]["status"]["message"]
         assert msg == str(BudgetInFlight("t1", H100, 0, 4, 4, 4, 1, retry_after=1))
         assert "fair share" in msg and "retry after 1 s" in msg
-        assert h.adm.rejected[("t1", Code.TENANT_BUSY)] == 2
+        assert h.adm.rejected[("t1", Code.BUDGET_IN_FLIGHT)] == 2
         assert h.adm.gate.statistics().tenants == {"t1": (1, 0)}  # never queued for a turn
         tg.start_soon(h.handle, review("t2", "other", 4))     # another tenant: its own budget
         await anyio.wait_all_tasks_blocked()

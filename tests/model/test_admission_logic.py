@@ -269,3 +269,26 @@ def test_W1_explain_of_a_running_vmi_accepts_the_admission_annotation_the_webhoo
     forged = {"metadata": {"name": "vm-2", "namespace": "t1", "annotations": ann}, "spec": {}}
     with pytest.raises(ToolError, match="would be denied: annotation gpu.cozystack.io/admission is written by gpu-binder"):
         explain_vmi(cluster, forged, grace=120, now=NOW)
+
+
+def test_W1_budget_in_flight_counts_other_admissions_unbound_units_only():
+    """issue 23: a set that fits the budget on the cache but not with the unbound units of
+    the tenant's other admissions in progress is THROTTLED (429, retryable); Bound units are
+    counted once (in use), a held device already Bound adds nothing, no budget: no limit."""
+    from model.admission import budget_in_flight, unbound_units
+    from model.reasons import BudgetInFlight
+
+    bound = held("g1", bound="n1")
+    s = snap(bound, held("g2"), budget=3)
+    racer = AdmissionPlan("t1", "a", (), (("a-h100-0", "h100"), ("a-h100-1", "h100")), "n1")
+    mine = AdmissionPlan("t1", "b", ("g2",), (), "n1")
+    assert unbound_units(s, racer) == {H100: 2} and unbound_units(s, mine) == {H100: 1}
+    assert unbound_units(s, AdmissionPlan("t1", "c", ("g1",), (), "n1")) == {}
+    got = budget_in_flight(s, mine, [racer], retry_after=1)   # 1 used + 2 held + 1 > 3
+    assert got == Refusal(BudgetInFlight("t1", H100, 1, 2, 3, 1, 1, retry_after=1))
+    assert got.reason.category is Category.THROTTLED
+    assert budget_in_flight(snap(bound, held("g2"), budget=4), mine, [racer],
+                            retry_after=1) is None                  # 1 + 2 + 1 = 4 fits
+    assert budget_in_flight(snap(bound, held("g2")), mine, [racer], retry_after=1) is None
+    held_bound = AdmissionPlan("t1", "c", ("g1",), (), "n1")  # nothing new to hold
+    assert budget_in_flight(s, mine, [held_bound], retry_after=1) is None

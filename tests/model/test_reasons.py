@@ -73,6 +73,10 @@ WORDING = [
     (r.TenantBusy("t1", 4, 16, 0.0, 1),
      "tenant t1 has 4 GPU admissions in progress at this gpu-binder replica (its fair share) and "
      "16 more wait for a turn; too many requests, retry after 1 s"),
+    (r.BudgetInFlight("t1", H, 2, 2, 4, 1, 2, 1),
+     "tenant t1 has 2 GPU admissions in progress at this gpu-binder replica holding 2 × "
+     "nvidia.com/H100 of its budget of 4 (2 used) and this set adds 1: more than its fair share "
+     "while they last; too many requests, retry after 1 s"),
 ]
 
 
