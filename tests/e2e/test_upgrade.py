@@ -63,7 +63,7 @@ NEW_VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["v
 KV = ("kubevirt.io", "v1", "virtualmachineinstances")
 CHURN_TARGET = 200                  # VMIs created (and most deleted) per test
 RETRYABLE = ("connection refused", "EOF", "connection reset", "broken pipe",
-             "server closed idle connection",
+             "server closed idle connection", "use of closed network connection",
              "deadline exceeded", "timeout", "Timeout", "i/o timeout", "no route to host")
 
 
@@ -228,7 +228,10 @@ def _reason(message: str) -> str:
     return " ".join(words[:8])
 
 
-TRANSPORT = ("EOF", "connection reset", "broken pipe", "server closed idle connection")
+# (Go's "use of closed network connection": the API server's client wrote a request on a
+# connection its reader had just seen closed by the peer, the harness's Service)
+TRANSPORT = ("EOF", "connection reset", "broken pipe", "server closed idle connection",
+             "use of closed network connection")
 SAME_NAME = "a concurrent create of the same name"
 """W4/W5's retryable answer to a create of a name whose earlier try is still in flight: the
 churn's own retry after a transport error, not an outage of a steady replica."""
