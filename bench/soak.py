@@ -63,7 +63,8 @@ class SoakSpec:
     """What the soak runs. `nodes` KWOK nodes of `gpus_per_node` GPUs; `tenants` (None:
     nodes // 50, at least 2) each with a budget of `budget_share` of each class's GPUs;
     `live` VMIs kept running (None: 2 per node), after which every create is preceded by a
-    delete of that tenant's oldest running VMI; creates at `create_rate` /s; `held_share` of
+    delete of that tenant's oldest running VMI (skipped while fewer than `live` are held as
+    admitted: refusals do not drain the live set); creates at `create_rate` /s; `held_share` of
     them name held devices; a cordon every `cordon_every` s lasting `cordon_for` s.
 
     `population`: "own" — one class, `held` held GPUDevices per tenant, the live set reached
@@ -488,7 +489,8 @@ class Soak:
     async def populate_scale(self, kv) -> dict:
         """`bench.scale.populate` with `spec.scale_spec()` (its VMIs through the real path,
         awaited until their launcher Pods are bound), then a ResourceQuota `gpu-budget` per
-        tenant (`spec.budget` of each class's resource), and the churn's state from it: every
+        tenant (`spec.budget` of each class's resource, at least what the tenant's admitted
+        VMIs hold plus two nodes' GPUs), and the churn's state from it: every
         admitted VMI running (deletable, oldest first, held as admitted), every held
         GPUDevice no admitted VMI names free for the churn's held creates. Returns seconds
         per phase (and keeps the population's summary in `self.population`)."""
@@ -497,11 +499,18 @@ class Soak:
         s, sc = self.spec, self.spec.scale_spec()
         pop = await populate(self.lc, kv, self.fleet, sc)
         t = time.monotonic()
+        used: Counter = Counter()
+        for v in pop.admitted:
+            used[(v.namespace, sc.classes[v.cls])] += v.size
+        budgets = {}
         for ns in pop.tenants:
+            # never below what the population already holds (at small fleets a tenant's share
+            # of it can pass budget_share), with two nodes' worth of room to churn in
+            budgets[ns] = {r: max(s.budget(r), used[(ns, r)] + 2 * s.gpus_per_node)
+                           for r in sc.classes.values()}
             await self.fleet.core.create_namespaced_resource_quota(ns, {
                 "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu-budget"},
-                "spec": {"hard": {f"requests.{r}": str(s.budget(r))
-                                  for r in sc.classes.values()}}})
+                "spec": {"hard": {f"requests.{r}": str(n) for r, n in budgets[ns].items()}}})
             self.running[ns] = deque()
             for cls in sc.classes:
                 self.held_free[(ns, cls)] = set()
@@ -524,7 +533,8 @@ class Soak:
             if (key in self.held_free and inv.TEMPLATE_LABEL not in (md.get("labels") or {})
                     and (md["namespace"], md["name"]) not in named):
                 self.held_free[key].add(md["name"])
-        self.population = {**pop.summary(), "held_free": sum(map(len, self.held_free.values()))}
+        self.population = {**pop.summary(), "budgets": budgets,
+                           "held_free": sum(map(len, self.held_free.values()))}
         return {**{f"{k}_s": round(v, 1) for k, v in pop.seconds.items()},
                 "budgets_s": round(time.monotonic() - t, 1)}
 
@@ -648,6 +658,9 @@ class Soak:
         from kubernetes_asyncio.client import ApiException
 
         ns = self.spec.tenant(op.tenant)
+        if len(self.admitted) < self.spec.n_live:   # refusals left the live set short
+            self.counts["delete_skipped_below_live"] += 1
+            return
         if not self.running[ns]:
             self.counts["delete_skipped"] += 1
             return
