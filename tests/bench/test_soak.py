@@ -1,0 +1,125 @@
+"""bench.soak's pure parts, without a cluster: the seeded schedule (disturbances first, a
+steady stretch after) and the RSS-trend judgement over the steady stretch."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bench.soak import (RSS_SLOPE_MAX_MIB_PER_MIN, RSS_TARGET_MIB, SoakSpec, rss_trend,
+                        schedule, schedule_digest, targets)
+
+DISTURBANCES = ("kill-leader", "restart-apiserver")
+
+
+def test_same_seed_same_schedule_and_another_seed_another():
+    spec = SoakSpec(nodes=30, minutes=2, seed=5, live=40, create_rate=2)
+    a, b = schedule(spec), schedule(spec)
+    assert a == b and schedule_digest(a) == schedule_digest(b)
+    assert schedule_digest(schedule(SoakSpec(nodes=30, minutes=2, seed=6, live=40,
+                                             create_rate=2))) != schedule_digest(a)
+    assert [o.at for o in a] == sorted(o.at for o in a)
+    kinds = [o.kind for o in a]
+    # 120 s: steady from 66 s, disturbances before 48 s: no kill (every 150 s), the restart
+    assert kinds.count("kill-leader") == 0 and kinds.count("restart-apiserver") == 1
+    # own population: deletes start once the steady number of VMIs has been created
+    first_delete = kinds.index("delete")
+    assert kinds[:first_delete].count("create") == 40
+
+
+def test_the_bench_schedule_disturbs_first_then_churns_steadily():
+    spec = SoakSpec(nodes=1000, minutes=20, seed=1, population="scale")
+    ops = schedule(spec)
+    assert (spec.steady_from, spec.disturb_until) == (660.0, 570.0)
+    assert 1 - spec.steady_from / spec.seconds >= 0.4
+    kills = [o.at for o in ops if o.kind == "kill-leader"]
+    restarts = [o.at for o in ops if o.kind == "restart-apiserver"]
+    assert kills == [150.0, 300.0, 450.0] and restarts == [360.0]
+    steady = [o for o in ops if o.at >= spec.steady_from]
+    assert not [o for o in steady if o.kind in DISTURBANCES]
+    kinds = {o.kind for o in steady}
+    assert {"create", "delete", "cordon", "uncordon"} <= kinds
+    # the population is running before the churn: every create is preceded by a delete
+    creates = [o for o in ops if o.kind == "create"]
+    assert len([o for o in ops if o.kind == "delete"]) == len(creates) > 4000
+    assert {o.cls for o in creates} == {0, 1}            # both GPU models
+    assert not {o.node for o in ops if o.kind == "cordon"} & spec.avoided_nodes()
+    assert len(spec.avoided_nodes()) == 30
+    assert spec.budget("h100.scale.example.com/gpu") == 600   # 15 % of the model's 4,000
+    assert schedule_digest(schedule(spec)) == schedule_digest(ops)
+
+
+def test_a_schedule_whose_disturbances_do_not_fit_is_refused():
+    with pytest.raises(ValueError, match="does not fit"):
+        schedule(SoakSpec(nodes=30, minutes=2, restart_at=0.5))
+    with pytest.raises(ValueError, match="no room"):
+        schedule(SoakSpec(nodes=30, minutes=2, steady_share=0.9, recover=30))
+
+
+def _series(replica, pid, t0, t1, level, slope_per_min, noise, seed=0, every=10.0):
+    """RSS samples every `every` s over [t0, t1]: a line plus seeded Gaussian noise plus a
+    GC-like sawtooth of 3 MiB."""
+    rng = random.Random(seed)
+    out, t = [], t0
+    while t <= t1:
+        saw = 3.0 * ((t / every) % 7) / 7
+        out.append((t, replica, pid, level + slope_per_min * (t - t0) / 60 + saw
+                    + rng.gauss(0, noise)))
+        t += every
+    return out
+
+
+def test_a_flat_series_over_the_steady_stretch_passes():
+    samples = _series(0, 11, 0, 1200, 250, 0.0, 1.5, seed=1)
+    got = rss_trend(samples, 660, 1200)
+    (p,) = got["processes"]
+    assert p["verdict"] == "flat" and got["verdict"] == "flat"
+    lo, hi = p["ci95_mib_per_min"]
+    assert lo <= 0.0 <= hi and hi <= RSS_SLOPE_MAX_MIB_PER_MIN
+    assert p["samples"] == 55 and p["span_s"] == 540
+    assert p["hours_to_target"] is None
+    assert got["peak_mib"] == round(max(m for *_, m in samples), 1)
+
+
+def test_a_growing_series_fails_and_says_when_it_reaches_the_target():
+    samples = _series(0, 11, 0, 1200, 200, 1.0, 1.5, seed=2)
+    got = rss_trend(samples, 660, 1200)
+    (p,) = got["processes"]
+    assert p["verdict"] == "growing" and got["verdict"] == "growing"
+    lo, hi = p["ci95_mib_per_min"]
+    assert lo <= 1.0 <= hi and hi - lo < 0.4          # the true slope, within ± 2 SE
+    assert lo > RSS_SLOPE_MAX_MIB_PER_MIN
+    # at the stretch's end ~220 MiB + 1.5 MiB sawtooth mean; 300 MiB ~80 min later
+    assert 1.0 < p["hours_to_target"] < 1.6
+
+
+def test_growth_just_over_the_threshold_is_growing_and_noise_is_inconclusive():
+    slow = rss_trend(_series(0, 1, 0, 1200, 200, 0.5, 0.5, seed=3), 660, 1200)
+    assert slow["verdict"] == "growing"
+    noisy = rss_trend(_series(0, 1, 0, 1200, 200, 0.2, 15, seed=4), 660, 1200)
+    assert noisy["verdict"] == "inconclusive", noisy["processes"]
+
+
+def test_only_processes_alive_through_the_stretch_are_judged():
+    flat = _series(1, 20, 0, 1200, 240, 0.0, 1.0, seed=5)
+    killed = _series(0, 21, 0, 800, 100, 5.0, 1.0, seed=6)        # gone mid-stretch
+    restarted = _series(0, 22, 820, 1200, 150, 5.0, 1.0, seed=7)  # started in it
+    got = rss_trend(flat + killed + restarted, 660, 1200)
+    assert [(p["replica"], p["pid"]) for p in got["processes"]] == [(1, 20)]
+    assert {x["pid"]: x["why"] for x in got["excluded"]} == {
+        21: "gone before the stretch ended", 22: "started after the stretch began"}
+    assert got["verdict"] == "flat"
+    # a growing process anywhere makes the run's verdict "growing"
+    grows = _series(0, 23, 0, 1200, 100, 2.0, 1.0, seed=8)
+    assert rss_trend(flat + grows, 660, 1200)["verdict"] == "growing"
+
+
+def test_no_process_through_the_stretch_gives_no_verdict_and_the_target_is_not_met_or_missed():
+    got = rss_trend(_series(0, 30, 0, 40, 90, 0.0, 1.0), 45, 75)
+    assert got["processes"] == [] and got["verdict"] is None
+    report = {"violations": 0, "admissions_lost": 0, "rss_trend": got,
+              "rss_peak_mib": got["peak_mib"]}
+    t = targets(report)
+    assert t["rss_flat"]["met"] is None and t["violations"]["met"] is True
+    assert t["rss_peak"]["met"] is (got["peak_mib"] < RSS_TARGET_MIB)
