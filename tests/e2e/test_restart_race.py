@@ -79,15 +79,20 @@ async def test_W3_W4_recreate_whose_take_over_loses_a_member_to_H2_puts_its_requ
     real_patch = webhook.api.patch_status
     template_taken_over = anyio.Event()
     raced: list[str] = []
-    ours: list[str] = []   # the round is cluster-wide: other tests' leftovers are its too
-    real_do = keeper._do
+    # the writes of the round that landed on this test's devices (the round is cluster-wide:
+    # other tests' leftovers are its too). Counted per write, not by `actions_done` around
+    # `_do`: a round's devices are worked on concurrently, so another device's action done
+    # meanwhile made a refused one (the template's DeleteTemplate planned from the cache
+    # that has not seen its take-over yet, its `test` failing: "moot") look done
+    ours: list[str] = []
+    real_write = keeper._patch
 
-    async def counted_do(action) -> None:
-        before = keeper.actions_done
-        await real_do(action)
-        if action.device[0] == tenant and keeper.actions_done > before:
-            ours.append(action.device[1])
-    keeper._do = counted_do  # type: ignore[method-assign]
+    async def counted_write(ns: str, name: str, ops: list[dict]) -> dict:
+        out = await real_write(ns, name, ops)   # raises when refused: nothing written
+        if ns == tenant:
+            ours.append(name)
+        return out
+    keeper._patch = counted_write  # type: ignore[method-assign]
 
     async def racing_patch(ns: str, name: str, ops: list[dict]) -> None:
         """The webhook's JSON Patch writes, with housekeeping's round between the W4
@@ -141,12 +146,10 @@ async def test_W3_W4_recreate_whose_take_over_loses_a_member_to_H2_puts_its_requ
             got = {n: (await fleet.get_device(tenant, n)).get("status") for n in
                    ("gpu-0", template)}
             raise AssertionError(f"the re-create's request is not on every member: {got}")
-        # the race happened: the round cleared gpu-0 (once) between the two take-overs. In
-        # full make test runs the same round has also acted on the template (twice in two
-        # runs, not understood yet; alone it never does): whatever it did there, the final
-        # state below must hold, one admission's attachment and request on every member
-        assert len(raced) == 1 and ours.count("gpu-0") == 1, (raced, ours)
-        print(f"housekeeping's round between the take-overs acted on: {ours}")
+        # the race happened: the round cleared gpu-0, once, between the two take-overs, and
+        # wrote nothing on the template (its DeleteTemplate, planned while the cache still
+        # showed OLD's attachment, is refused by its `test` on the admission: NEW's stays)
+        assert raced == ["housekeeping round done on: gpu-0"], (raced, ours)
         new = got["gpu-0"]["bindRequest"]["id"]
         for name, st in got.items():   # one admission: its attachment and its request
             assert st["attachedTo"]["admission"] == new, (name, st)
