@@ -266,14 +266,16 @@ async def test_top_largest_placeable_set_is_what_admission_places_and_metrics_ag
     c = await cluster(control_plane)
     t = top(c.snapshot, c.live_vmis)
     [fig] = [x for x in t.classes if x.class_name == pool.cls]
-    assert (fig.bound, fig.attached, fig.idle, fig.free, fig.largest) == (2, 2, 0, 3, 3)
+    assert (fig.bound, fig.attached, fig.awaiting, fig.idle, fig.free, fig.largest) == (
+        2, 2, 0, 0, 3, 3)
     assert [(n.node, n.bound, n.free, n.largest) for n in fig.nodes] == [
         (pool.nodes["a"], 0, 3, 3), (pool.nodes["b"], 2, 0, 0)]
     [budget] = [x for x in t.tenants if x.namespace == pool.tenant]
     assert (budget.resource, budget.used, budget.hard) == (pool.res, 2, 10)
     out = run_tool(control_plane, "top")
     assert out.returncode == 0, out.stderr
-    assert any(line.split() == [pool.cls, "=", "all", f"({pool.res})", "2", "2", "0", "3", "3"]
+    # the class total's columns: BOUND ATTACHED AWAITING IDLE FREE LARGEST
+    assert any(line.split() == [pool.cls, "=", "all", f"({pool.res})", "2", "2", "0", "0", "3", "3"]
                for line in out.stdout.splitlines()), out.stdout
 
     # every replica exports the same figures (computed from its own cache)
