@@ -88,7 +88,7 @@ class SoakSpec:
     budget_share: float = 0.15
     held: int = 8
     live: int | None = None
-    create_rate: float = 4.0
+    create_rate: float = 2.0
     held_share: float = 0.25
     cordon_every: float = 20.0
     cordon_for: float = 30.0
@@ -922,15 +922,21 @@ def targets(report: dict) -> dict:
 
 
 def run(out: Path, *, nodes: int = 1000, minutes: float = 20.0, seed: int = 1,
-        population: str = "scale") -> dict:
+        population: str = "scale", create_rate: float = 2.0) -> dict:
     """The soak on a cluster of its own (2 replicas with SOAK_ARGS, KubeVirt), `population`
-    "scale" (default) or "own"; writes soak.json and soak.png into `out`; returns the report.
-    ValueError when `minutes` is not in (0, 20] or leaves no room for the disturbances."""
+    "scale" (default) or "own", `create_rate` VMI creates per second (with the scale
+    population each preceded by a delete: twice that in operations); writes soak.json and
+    soak.png into `out`; returns the report. ValueError when `minutes` is not in (0, 20],
+    `create_rate` is not positive, or the run leaves no room for the disturbances."""
     from localcluster.cluster import LocalCluster
 
     if not 0 < minutes <= 20:
         raise ValueError(f"--minutes is at most 20, got {minutes}")
-    spec = SoakSpec(nodes=nodes, minutes=minutes, seed=seed, population=population)
+    if not create_rate > 0:
+        raise ValueError(f"--create-rate is a positive number of creates per second, got "
+                         f"{create_rate}")
+    spec = SoakSpec(nodes=nodes, minutes=minutes, seed=seed, population=population,
+                    create_rate=create_rate)
     ops = schedule(spec)   # the ValueError before any cluster starts
     out.mkdir(parents=True, exist_ok=True)
     print(f"soak: seed {seed}, schedule {schedule_digest(ops)}: {len(ops)} operations; "

@@ -148,7 +148,8 @@ def _bench_run(args: argparse.Namespace) -> int:
         if not 0 < minutes <= 20:
             raise _BadBenchArgs(f"gpu-binder bench soak: --minutes is in (0, 20], got {minutes}")
         try:
-            report = run_soak(out, nodes=args.nodes or 1000, minutes=minutes, seed=args.seed)
+            report = run_soak(out, nodes=args.nodes or 1000, minutes=minutes, seed=args.seed,
+                              create_rate=args.create_rate)
         except ValueError as exc:   # the schedule does not fit (too short a run)
             raise _BadBenchArgs(f"gpu-binder bench soak: {exc}") from None
         for name, t in report["targets"].items():
@@ -363,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "the ratios, 0 for none (default: 100; with --quick 10)")
     bench.add_argument("--minutes", type=float, default=None,
                        help="soak: minutes of churn, at most 20 (default: 20)")
+    bench.add_argument("--create-rate", type=float, default=2.0,
+                       help="soak: VMI creates per second, each preceded by a delete once the "
+                            "population runs (default: %(default)s)")
     bench.add_argument("--systems", default="a,b,c,e",
                        help="packing: the systems to replay, comma separated: a gpu-binder, b "
                             "kube-scheduler default, c MostAllocated, e gpu-binder with "
