@@ -132,17 +132,22 @@ async def flowcontrol_counters(control_plane) -> tuple[float, float]:
     """The API server's (dispatched, rejected) requests of FlowSchema `APF` so far
     (`apiserver_flowcontrol_dispatched_requests_total`, `..._rejected_requests_total`, all
     reasons), from its /metrics."""
+    got = {"apiserver_flowcontrol_dispatched_requests_total": 0.0,
+           "apiserver_flowcontrol_rejected_requests_total": 0.0}
+    for name, labels, value in await apiserver_samples(control_plane):
+        if name in got and labels.get("flow_schema") == APF:
+            got[name] += value
+    return tuple(got.values())  # type: ignore[return-value]
+
+
+async def apiserver_samples(control_plane) -> list[tuple[str, dict, float]]:
+    """Every sample of the API server's /metrics as (name, labels, value)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = (await anyio.to_thread.run_sync(control_plane.kubectl, "get", "--raw",
                                            "/metrics")).stdout
-    got = {"apiserver_flowcontrol_dispatched_requests_total": 0.0,
-           "apiserver_flowcontrol_rejected_requests_total": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in got and sample.labels.get("flow_schema") == APF:
-                got[sample.name] += sample.value
-    return tuple(got.values())  # type: ignore[return-value]
+    return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text)
+            for s in f.samples]
 
 
 async def flowcontrol_uids(fleet) -> tuple[str, str]:
@@ -171,6 +176,11 @@ async def test_a_tenants_flood_is_held_to_its_share_and_costs_another_tenant_not
                                 "resourcequotas": quota.metadata.resource_version},
                        what=tenant_a)
     fs_uid, pl_uid = await flowcontrol_uids(fleet)
+    # the shipped level's seats, as docs/security.md gives them: ceil(600 x 5 / (245 + 5))
+    [seats] = [v for n, labels, v in await apiserver_samples(control_plane)
+               if n == "apiserver_flowcontrol_nominal_limit_seats"
+               and labels.get("priority_level") == APF]
+    assert seats == 12, seats
     dispatched0, rejected0 = await flowcontrol_counters(control_plane)
     client_a = await user_client(control_plane, tmp_path, user_a, tenant_a)
     client_b = await user_client(control_plane, tmp_path, user_b, tenant_b)
