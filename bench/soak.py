@@ -468,6 +468,8 @@ class Soak:
         self.tally = inv.Tally()
         self.events: list[dict] = []
         self.rss: list[tuple[float, int, int, float]] = []
+        # (t s, replica, pid, {informer: objects}) from `gpu_binder_cache_objects`
+        self.cached: list[tuple[float, int, int, dict[str, int]]] = []
         self.samples: list[tuple[float, int, int]] = []        # (t, violations so far, admitted)
         self.cordoned: set[str] = set()
         self.t0 = 0.0
@@ -774,12 +776,18 @@ class Soak:
             await anyio.sleep(self.spec.check_every)
 
     async def rss_sampler(self) -> None:
+        """Every `rss_every` s, each live replica's RSS and the objects its informers hold
+        (`gpu_binder_cache_objects` from its /metrics; a scrape that fails is skipped): what
+        a growing RSS may follow."""
         while self.churning:
             for i, r in enumerate(self.lc.replicas):
                 if r.alive:
                     mib = rss_mib(r.proc.pid)
                     if mib is not None:
                         self.rss.append((round(self.now(), 1), i, r.proc.pid, round(mib, 1)))
+                    held = await cache_objects(self.lc, i)
+                    if held is not None:
+                        self.cached.append((round(self.now(), 1), i, r.proc.pid, held))
             await anyio.sleep(self.spec.rss_every)
 
     # -- the whole run -----------------------------------------------------------------
@@ -878,7 +886,37 @@ class Soak:
             "events": self.events, "final": self.final,
             "steady": self.steady(), "rss_trend": trend, "rss_peak_mib": trend["peak_mib"],
             "rss_samples": self.rss, "violation_timeline": self.samples,
+            "cache_samples": self.cached,
+            "cache_over_steady": cache_change(self.cached, trend),
         }
+
+
+async def cache_objects(lc, i: int) -> dict[str, int] | None:
+    """{informer: objects held} of replica `i` from its /metrics (`gpu_binder_cache_objects`),
+    None when the scrape fails (a replica starting or killed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = await anyio.to_thread.run_sync(lc.metrics, i)
+    except OSError:
+        return None
+    return {s.labels.get("informer", "?"): int(s.value)
+            for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "gpu_binder_cache_objects"}
+
+
+def cache_change(samples: list[tuple[float, int, int, dict[str, int]]], trend: dict) -> list[dict]:
+    """For each process the RSS trend judged, its informers' objects at the first and the
+    last sample within the steady stretch: [{replica, pid, first: {informer: n}, last: {…}}].
+    Pure."""
+    out = []
+    for p in trend["processes"]:
+        mine = [(t, held) for t, i, pid, held in samples
+                if pid == p["pid"] and trend["from_s"] <= t <= trend["to_s"]]
+        if mine:
+            out.append({"replica": p["replica"], "pid": p["pid"], "first": mine[0][1],
+                        "last": mine[-1][1]})
+    return out
 
 
 async def soak_on(lc, kv, spec: SoakSpec, log=print) -> dict:
@@ -981,7 +1019,10 @@ def summary(report: dict) -> list[str]:
                 f"{2 * p['se_mib_per_min']:.3f} ({p['verdict']}, level {p['level_mib']} MiB)"
                 for p in tr["processes"]) or "no process alive through it")
             + f"; threshold {tr['threshold_mib_per_min']}: {tr['verdict']}; "
-              f"peak RSS {tr['peak_mib']} MiB"]
+              f"peak RSS {tr['peak_mib']} MiB"] + [
+            f"informers' objects over it, replica-{c['replica']} pid {c['pid']}: " + ", ".join(
+                f"{k} {c['first'].get(k)} -> {c['last'].get(k)}" for k in sorted(c["last"]))
+            for c in report.get("cache_over_steady", [])]
 
 
 def plot(report: dict, path: Path) -> None:

@@ -123,3 +123,17 @@ def test_no_process_through_the_stretch_gives_no_verdict_and_the_target_is_not_m
     t = targets(report)
     assert t["rss_flat"]["met"] is None and t["violations"]["met"] is True
     assert t["rss_peak"]["met"] is (got["peak_mib"] < RSS_TARGET_MIB)
+
+
+def test_cache_change_takes_each_judged_process_first_and_last_sample_in_the_stretch():
+    from bench.soak import cache_change
+
+    trend = {"from_s": 100.0, "to_s": 200.0,
+             "processes": [{"replica": 0, "pid": 7}, {"replica": 1, "pid": 9}]}
+    samples = [(90.0, 0, 7, {"pods": 1}), (100.0, 0, 7, {"pods": 2}), (150.0, 0, 7, {"pods": 5}),
+               (200.0, 0, 7, {"pods": 6}), (210.0, 0, 7, {"pods": 9}),
+               (120.0, 1, 8, {"pods": 40}),            # a process the trend did not judge
+               (130.0, 1, 9, {"pods": 3})]
+    assert cache_change(samples, trend) == [
+        {"replica": 0, "pid": 7, "first": {"pods": 2}, "last": {"pods": 6}},
+        {"replica": 1, "pid": 9, "first": {"pods": 3}, "last": {"pods": 3}}]

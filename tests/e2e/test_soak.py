@@ -63,3 +63,8 @@ async def test_short_soak_keeps_the_invariants_and_loses_no_admission(system, ku
         "restart-apiserver"], report["events"]
     assert report["steady"]["operations"].get("create", 0) >= 20, report["steady"]
     assert report["rss_trend"]["peak_mib"], report["rss_trend"]
+    # the informers' objects are sampled beside RSS, from each replica's own metrics
+    informers = {k for _, _, _, held in report["cache_samples"] for k in held}
+    assert {"gpudevices", "virtualmachineinstances", "pods"} <= informers, informers
+    assert all(c["last"]["gpudevices"] > 0 for c in report["cache_over_steady"]), \
+        report["cache_over_steady"]
