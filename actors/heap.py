@@ -31,3 +31,27 @@ def restore_heap(thresholds: tuple[int, int, int]) -> None:
     """Undo `settle_heap` (for a process that loads another state next, as bench/ does)."""
     gc.unfreeze()
     gc.set_threshold(*thresholds)
+
+
+def heap_report(directory, n: int) -> dict:
+    """What the heap holds now, for telling a leak from allocator growth (`gpu-binder
+    controller` calls it on SIGUSR2; docs/troubleshooting.md): the objects the garbage
+    collector tracks (`gc_objects`, of which `gc_frozen` frozen by `settle_heap`) and, while
+    tracemalloc traces (`PYTHONTRACEMALLOC=1` in the process's environment), the bytes Python
+    has allocated and not freed (`traced_bytes`) with a snapshot written to
+    `directory`/tracemalloc-<pid>-<n>.snap (read it with `tracemalloc.Snapshot.load`; compare
+    two with `Snapshot.compare_to`). Returns those as a dict. OSError when the snapshot
+    cannot be written."""
+    import os
+    import tracemalloc
+    from pathlib import Path
+
+    out = {"pid": os.getpid(), "gc_objects": len(gc.get_objects()),
+           "gc_frozen": gc.get_freeze_count(),
+           "tracing": tracemalloc.is_tracing()}
+    if out["tracing"]:
+        current, peak = tracemalloc.get_traced_memory()
+        path = Path(directory) / f"tracemalloc-{os.getpid()}-{n}.snap"
+        tracemalloc.take_snapshot().dump(str(path))
+        out.update(traced_bytes=current, traced_peak_bytes=peak, snapshot=str(path))
+    return out

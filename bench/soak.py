@@ -34,6 +34,7 @@ import math
 import os
 import platform
 import random
+import signal
 import statistics
 import time
 from collections import Counter, deque
@@ -790,6 +791,17 @@ class Soak:
                         self.cached.append((round(self.now(), 1), i, r.proc.pid, held))
             await anyio.sleep(self.spec.rss_every)
 
+    async def heap_reporter(self) -> None:
+        """SIGUSR2 to every live replica at the steady stretch's start and end: each logs a
+        `heap report` (actors.heap.heap_report: gc's objects; traced bytes and a tracemalloc
+        snapshot when run with PYTHONTRACEMALLOC), read back by `heap_reports`."""
+        for at in (self.spec.steady_from, self.spec.seconds):
+            if at > self.now():
+                await anyio.sleep(at - self.now())
+            for r in self.lc.replicas:
+                if r.alive:
+                    r.proc.send_signal(signal.SIGUSR2)
+
     # -- the whole run -----------------------------------------------------------------
     async def run(self) -> dict:
         """The churn (ops at their scheduled times; each in its own task), the samplers,
@@ -804,6 +816,7 @@ class Soak:
             async with anyio.create_task_group() as samplers:
                 samplers.start_soon(self.sampler)
                 samplers.start_soon(self.rss_sampler)
+                samplers.start_soon(self.heap_reporter)
                 async with anyio.create_task_group() as tg:
                     for op in self.ops:
                         wait = op.at - self.now()
@@ -888,7 +901,58 @@ class Soak:
             "rss_samples": self.rss, "violation_timeline": self.samples,
             "cache_samples": self.cached,
             "cache_over_steady": cache_change(self.cached, trend),
+            "heap_over_steady": heap_change(heap_reports(
+                [r.log_path for r in self.lc.replicas]), trend),
         }
+
+
+def heap_reports(logs: list[Path]) -> list[dict]:
+    """The `heap report` lines (JSON) of the replicas' logs, in order, each with the index
+    of the log it came from as `replica`."""
+    out = []
+    for i, path in enumerate(logs):
+        try:
+            lines = Path(path).read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if '"heap report"' in line:
+                try:
+                    out.append({**json.loads(line), "replica": i})
+                except ValueError:
+                    pass
+    return out
+
+
+def heap_change(reports: list[dict], trend: dict, top: int = 12) -> list[dict]:
+    """For each process the RSS trend judged: its first and last heap report (gc's objects,
+    traced MiB) and, when both wrote a tracemalloc snapshot, the `top` source lines whose
+    allocations grew most between them ([file:line, KiB, blocks])."""
+    import tracemalloc
+
+    out = []
+    for p in trend["processes"]:
+        mine = [r for r in reports if r.get("pid") == p["pid"]]
+        if len(mine) < 2:
+            continue
+        first, last = mine[0], mine[-1]
+        row = {"replica": p["replica"], "pid": p["pid"],
+               "gc_objects": [first["gc_objects"], last["gc_objects"]],
+               "gc_frozen": last.get("gc_frozen")}
+        if first.get("snapshot") and last.get("snapshot"):
+            row["traced_mib"] = [round(first["traced_bytes"] / 2**20, 1),
+                                 round(last["traced_bytes"] / 2**20, 1)]
+            try:
+                a = tracemalloc.Snapshot.load(first["snapshot"])
+                b = tracemalloc.Snapshot.load(last["snapshot"])
+            except OSError as exc:
+                row["top_growth"] = f"cannot read the snapshots: {exc}"
+            else:
+                row["top_growth"] = [
+                    [str(d.traceback[0]), round(d.size_diff / 1024, 1), d.count_diff]
+                    for d in b.compare_to(a, "lineno")[:top]]
+        out.append(row)
+    return out
 
 
 async def cache_objects(lc, i: int) -> dict[str, int] | None:
@@ -960,11 +1024,13 @@ def targets(report: dict) -> dict:
 
 
 def run(out: Path, *, nodes: int = 1000, minutes: float = 20.0, seed: int = 1,
-        population: str = "scale", create_rate: float = 2.0) -> dict:
+        population: str = "scale", create_rate: float = 2.0, tracemalloc: bool = False) -> dict:
     """The soak on a cluster of its own (2 replicas with SOAK_ARGS, KubeVirt), `population`
     "scale" (default) or "own", `create_rate` VMI creates per second (with the scale
     population each preceded by a delete: twice that in operations); writes soak.json and
-    soak.png into `out`; returns the report. ValueError when `minutes` is not in (0, 20],
+    soak.png into `out`; returns the report. `tracemalloc`: the replicas run with
+    PYTHONTRACEMALLOC=1 (slower) and the report names the source lines whose allocations grew
+    over the steady stretch. ValueError when `minutes` is not in (0, 20],
     `create_rate` is not positive, or the run leaves no room for the disturbances."""
     from localcluster.cluster import LocalCluster
 
@@ -985,7 +1051,8 @@ def run(out: Path, *, nodes: int = 1000, minutes: float = 20.0, seed: int = 1,
                                "platform": platform.platform()}}
     t = time.monotonic()
     with LocalCluster(controllers=2, controller_args=SOAK_ARGS, log_dir=out / "logs",
-                      kubevirt=True) as lc:
+                      kubevirt=True,
+                      controller_env={"PYTHONTRACEMALLOC": "1"} if tracemalloc else None) as lc:
         from bench.packing import _commit
 
         report = {**report_head, "commit": _commit(), "controller_args": list(SOAK_ARGS),
@@ -1022,7 +1089,12 @@ def summary(report: dict) -> list[str]:
               f"peak RSS {tr['peak_mib']} MiB"] + [
             f"informers' objects over it, replica-{c['replica']} pid {c['pid']}: " + ", ".join(
                 f"{k} {c['first'].get(k)} -> {c['last'].get(k)}" for k in sorted(c["last"]))
-            for c in report.get("cache_over_steady", [])]
+            for c in report.get("cache_over_steady", [])] + [
+            f"heap over it, replica-{h['replica']} pid {h['pid']}: gc objects "
+            f"{h['gc_objects'][0]} -> {h['gc_objects'][1]}"
+            + (f", traced {h['traced_mib'][0]} -> {h['traced_mib'][1]} MiB" if "traced_mib" in h
+               else "")
+            for h in report.get("heap_over_steady", [])]
 
 
 def plot(report: dict, path: Path) -> None:

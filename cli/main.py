@@ -149,7 +149,7 @@ def _bench_run(args: argparse.Namespace) -> int:
             raise _BadBenchArgs(f"gpu-binder bench soak: --minutes is in (0, 20], got {minutes}")
         try:
             report = run_soak(out, nodes=args.nodes or 1000, minutes=minutes, seed=args.seed,
-                              create_rate=args.create_rate)
+                              create_rate=args.create_rate, tracemalloc=args.tracemalloc)
         except ValueError as exc:   # the schedule does not fit (too short a run)
             raise _BadBenchArgs(f"gpu-binder bench soak: {exc}") from None
         for name, t in report["targets"].items():
@@ -364,6 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "the ratios, 0 for none (default: 100; with --quick 10)")
     bench.add_argument("--minutes", type=float, default=None,
                        help="soak: minutes of churn, at most 20 (default: 20)")
+    bench.add_argument("--tracemalloc", action="store_true",
+                       help="soak: run the replicas with PYTHONTRACEMALLOC=1 and report the "
+                            "source lines whose allocations grew over the steady stretch "
+                            "(slower; default: off)")
     bench.add_argument("--create-rate", type=float, default=2.0,
                        help="soak: VMI creates per second, each preceded by a delete once the "
                             "population runs (default: %(default)s)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import signal
+import tempfile
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -22,7 +23,7 @@ import structlog
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 
-from actors.heap import settle_heap
+from actors.heap import heap_report, settle_heap
 from actors.logging import close_logging, configure_logging
 from actors.ports import SystemClock
 from k8s.webhook.admission import VMIAdmission
@@ -196,7 +197,24 @@ class Controller:
                         tg.cancel_scope.cancel()
                         return
 
+            async def on_heap_signal() -> None:
+                """SIGUSR2: one JSON line `heap report` (actors.heap.heap_report), with a
+                tracemalloc snapshot in --log-dir (or the temp directory) while tracing."""
+                where = Path(cfg.log_dir) if cfg.log_dir else Path(tempfile.gettempdir())
+                with anyio.open_signal_receiver(signal.SIGUSR2) as signals:
+                    n = 0
+                    async for _ in signals:
+                        n += 1
+                        try:
+                            got = await anyio.to_thread.run_sync(heap_report, where, n)
+                        except OSError as exc:
+                            log.error("heap report failed", directory=str(where),
+                                      error=f"{type(exc).__name__}: {exc}")
+                        else:
+                            log.info("heap report", report=n, **got)
+
             tg.start_soon(on_signal)
+            tg.start_soon(on_heap_signal)
             if cfg.metrics_port:
                 await tg.start(serve, self._health_app(metrics), cfg.metrics_host,
                                cfg.metrics_port, None)

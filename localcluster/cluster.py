@@ -83,7 +83,8 @@ class Replica:
 
 class LocalCluster:
     """Control plane + manifests + `controllers` replicas. `controller_args` are extra
-    `gpu-binder controller` flags (e.g. short leases for tests). `start()` returns when every
+    `gpu-binder controller` flags (e.g. short leases for tests), `controller_env` extra
+    environment of their processes (e.g. PYTHONTRACEMALLOC=1). `start()` returns when every
     replica is ready; `stop()` stops replicas (SIGTERM, then SIGKILL after 10 s) and the
     control plane. Raises ControlPlaneError with the replica's log tail on failure.
 
@@ -104,8 +105,9 @@ class LocalCluster:
                  install: bool = True, kubeconfig: Path | None = None,
                  service_account: bool = True,
                  kubevirt: bool = False, permitted: tuple[str, ...] = (),
-                 user: int | None = None) -> None:
+                 user: int | None = None, controller_env: dict[str, str] | None = None) -> None:
         self.own_cp = control_plane is None
+        self.controller_env = dict(controller_env or {})
         self.install_manifests = install
         self.kubeconfig = kubeconfig
         self.with_kubevirt = kubevirt
@@ -271,7 +273,8 @@ class LocalCluster:
             args.append(f"--log-dir={files / 'logs'}")
         elif self.log_dir:
             args.append(f"--log-dir={self.log_dir / r.identity}")
-        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1",
+                   **self.controller_env)
         as_user = {}
         if r.user is not None:
             env.update(HOME=str(files), PYTHONDONTWRITEBYTECODE="1",

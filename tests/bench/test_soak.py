@@ -137,3 +137,36 @@ def test_cache_change_takes_each_judged_process_first_and_last_sample_in_the_str
     assert cache_change(samples, trend) == [
         {"replica": 0, "pid": 7, "first": {"pods": 2}, "last": {"pods": 6}},
         {"replica": 1, "pid": 9, "first": {"pods": 3}, "last": {"pods": 3}}]
+
+
+def test_heap_change_pairs_each_judged_process_first_and_last_report(tmp_path):
+    import json
+    import tracemalloc
+
+    from bench.soak import heap_change, heap_reports
+
+    tracemalloc.start()
+    try:
+        a = tracemalloc.take_snapshot()
+        a.dump(str(tmp_path / "a.snap"))
+        grown = [bytearray(1024) for _ in range(512)]
+        b = tracemalloc.take_snapshot()
+        b.dump(str(tmp_path / "b.snap"))
+    finally:
+        tracemalloc.stop()
+    log0 = tmp_path / "controller-0.log"
+    log0.write_text("\n".join([
+        json.dumps({"event": "starting"}),
+        json.dumps({"event": "heap report", "pid": 7, "gc_objects": 10, "gc_frozen": 4,
+                    "traced_bytes": 2**20, "snapshot": str(tmp_path / "a.snap")}),
+        "not json \"heap report\"",
+        json.dumps({"event": "heap report", "pid": 7, "gc_objects": 15, "gc_frozen": 4,
+                    "traced_bytes": 3 * 2**20, "snapshot": str(tmp_path / "b.snap")})]))
+    reports = heap_reports([log0, tmp_path / "absent.log"])
+    assert [(r["pid"], r["gc_objects"], r["replica"]) for r in reports] == [(7, 10, 0), (7, 15, 0)]
+    trend = {"processes": [{"replica": 0, "pid": 7}, {"replica": 1, "pid": 8}]}
+    [row] = heap_change(reports, trend)
+    assert (row["gc_objects"], row["traced_mib"], row["gc_frozen"]) == ([10, 15], [1.0, 3.0], 4)
+    where, kib, blocks = row["top_growth"][0]
+    assert where.startswith(__file__) and kib >= 512 and blocks >= 512, row["top_growth"][:3]
+    assert len(grown) == 512

@@ -68,3 +68,6 @@ async def test_short_soak_keeps_the_invariants_and_loses_no_admission(system, ku
     assert {"gpudevices", "virtualmachineinstances", "pods"} <= informers, informers
     assert all(c["last"]["gpudevices"] > 0 for c in report["cache_over_steady"]), \
         report["cache_over_steady"]
+    # each judged replica answered SIGUSR2 at the stretch's start and end with a heap report
+    assert report["heap_over_steady"] and all(
+        h["gc_objects"][0] > 0 for h in report["heap_over_steady"]), report["heap_over_steady"]
