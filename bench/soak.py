@@ -888,7 +888,7 @@ class Soak:
             "creates": len(self.recs), "admitted": out["admitted"], "refused": out["refused"],
             "admissions_lost": out["lost"],
             "lost": [asdict(r) for r in self.recs if r.outcome == "lost"][:20],
-            "refusal_reasons": dict(Counter(r.refusal.split(":", 1)[-1].strip()[:60]
+            "refusal_reasons": dict(Counter(refusal_reason(r.refusal)
                                             for r in self.recs if r.outcome == "refused")
                                     .most_common(8)),
             "answer_p50_s": answers[len(answers) // 2] if answers else None,
@@ -904,6 +904,13 @@ class Soak:
             "heap_over_steady": heap_change(heap_reports(
                 [r.log_path for r in self.lc.replicas]), trend),
         }
+
+
+def refusal_reason(refusal: str) -> str:
+    """'403: admission webhook "…" denied the request: <reason>' -> '403: <reason>' (its
+    first 80 characters): what the report counts refusals by."""
+    status, _, message = refusal.partition(": ")
+    return f"{status}: {message.rpartition('denied the request: ')[2]}"[:80]
 
 
 def heap_reports(logs: list[Path]) -> list[dict]:

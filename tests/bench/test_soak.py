@@ -170,3 +170,15 @@ def test_heap_change_pairs_each_judged_process_first_and_last_report(tmp_path):
     where, kib, blocks = row["top_growth"][0]
     assert where.startswith(__file__) and kib >= 512 and blocks >= 512, row["top_growth"][:3]
     assert len(grown) == 512
+
+
+def test_refusals_are_counted_by_status_and_the_binders_reason():
+    from bench.soak import refusal_reason
+
+    got = refusal_reason('403: admission webhook "vmi.gpu.cozystack.io" denied the request: '
+                         'soak-t01/vm00012 cannot be placed: budget of tenant soak-t01 ' + "x" * 80)
+    assert got == ("403: soak-t01/vm00012 cannot be placed: budget of tenant soak-t01 "
+                   + "x" * 80)[:80]
+    assert len(got) == 80
+    assert refusal_reason("429: Too many requests, please try again later.") == \
+        "429: Too many requests, please try again later."
