@@ -278,17 +278,20 @@ async def test_metrics_count_decisions_by_rule_and_refusal_reason(system, fleet)
     await eventually(lambda: results(fleet, tenant, devs[:1]), what="first result")
     await request(fleet, tenant, "over", "vm-2", devs[1:2])
     await eventually(lambda: results(fleet, tenant, devs[1:2]), what="second result")
-    leader = int(system.leader().split("-")[1])
-    text = system.metrics(leader)
+    # the decisions were made by whichever replica led at the time (the short test Lease may
+    # change hands between them on a busy machine): the counters of both replicas together
+    text = "\n".join(system.metrics(i) for i in range(len(system.replicas)))
 
     def value(prefix: str) -> float:
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith(prefix))
-    assert value('gpu_binder_decisions_total{reason="",result="Succeeded",rule="B1"}') >= 1
+    decisions = [x for x in text.splitlines() if x.startswith("gpu_binder_decisions_total")]
+    assert value('gpu_binder_decisions_total{reason="",result="Succeeded",rule="B1"}') >= 1, \
+        decisions
     assert value('gpu_binder_decisions_total{reason="%s",result="Refused"'
-                 % Code.BUDGET_EXHAUSTED.value) >= 1
+                 % Code.BUDGET_EXHAUSTED.value) >= 1, decisions
     assert value("gpu_binder_decision_seconds_count") >= 2
-    assert value("gpu_binder_leader ") == 1.0
+    assert value("gpu_binder_leader ") == 1.0   # one replica leads
 
 
 async def test_sigterm_exits_cleanly_within_seconds_and_releases_the_lease(system):
