@@ -48,6 +48,7 @@ from localcluster import invariants as inv
 VMI_GROUP, VMI_VERSION, VMIS = "kubevirt.io", "v1", "virtualmachineinstances"
 DEV_GROUP, DEV_VERSION = "gpu.cozystack.io", "v1alpha1"
 SIZES = ((1, .5), (2, .25), (4, .15), (8, .10))
+MAX_CREATE_RATE = 50.0          # creates/s; 20 minutes of it is 60,000 operations
 RSS_TARGET_MIB = 300.0         # issue 22's target for a replica's RSS
 RSS_SLOPE_MAX_MIB_PER_MIN = round(RSS_TARGET_MIB / (24 * 60), 3)
 RSS_SLOPE_WHY = (f"{RSS_SLOPE_MAX_MIB_PER_MIN} MiB/min = the whole {RSS_TARGET_MIB:g} MiB RSS "
@@ -1037,15 +1038,15 @@ def run(out: Path, *, nodes: int = 1000, minutes: float = 20.0, seed: int = 1,
     population each preceded by a delete: twice that in operations); writes soak.json and
     soak.png into `out`; returns the report. `tracemalloc`: the replicas run with
     PYTHONTRACEMALLOC=1 (slower) and the report names the source lines whose allocations grew
-    over the steady stretch. ValueError when `minutes` is not in (0, 20],
-    `create_rate` is not positive, or the run leaves no room for the disturbances."""
+    over the steady stretch. ValueError when `minutes` is not in (0, 20], `create_rate` is
+    not in (0, MAX_CREATE_RATE], or the run leaves no room for the disturbances."""
     from localcluster.cluster import LocalCluster
 
     if not 0 < minutes <= 20:
         raise ValueError(f"--minutes is at most 20, got {minutes}")
-    if not create_rate > 0:
-        raise ValueError(f"--create-rate is a positive number of creates per second, got "
-                         f"{create_rate}")
+    if not 0 < create_rate <= MAX_CREATE_RATE:   # also refuses nan and inf
+        raise ValueError(f"--create-rate is creates per second in (0, {MAX_CREATE_RATE:g}], "
+                         f"got {create_rate}")
     spec = SoakSpec(nodes=nodes, minutes=minutes, seed=seed, population=population,
                     create_rate=create_rate)
     ops = schedule(spec)   # the ValueError before any cluster starts

@@ -369,8 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "source lines whose allocations grew over the steady stretch "
                             "(slower; default: off)")
     bench.add_argument("--create-rate", type=float, default=2.0,
-                       help="soak: VMI creates per second, each preceded by a delete once the "
-                            "population runs (default: %(default)s)")
+                       help="soak: VMI creates per second, at most 50, each preceded by a delete "
+                            "once the population runs (default: %(default)s)")
     bench.add_argument("--systems", default="a,b,c,e",
                        help="packing: the systems to replay, comma separated: a gpu-binder, b "
                             "kube-scheduler default, c MostAllocated, e gpu-binder with "

@@ -182,3 +182,12 @@ def test_refusals_are_counted_by_status_and_the_binders_reason():
     assert len(got) == 80
     assert refusal_reason("429: Too many requests, please try again later.") == \
         "429: Too many requests, please try again later."
+
+
+@pytest.mark.parametrize("rate", [0.0, -2.0, float("nan"), float("inf"), 51.0])
+def test_a_create_rate_outside_its_range_is_refused_before_any_cluster(rate, tmp_path):
+    from bench.soak import run
+
+    with pytest.raises(ValueError, match=r"--create-rate is creates per second in \(0, 50\]"):
+        run(tmp_path / "out", nodes=30, minutes=2, create_rate=rate)
+    assert not (tmp_path / "out").exists()
