@@ -901,9 +901,9 @@ class Soak:
             "steady": self.steady(), "rss_trend": trend, "rss_peak_mib": trend["peak_mib"],
             "rss_samples": self.rss, "violation_timeline": self.samples,
             "cache_samples": self.cached,
-            "cache_over_steady": cache_change(self.cached, trend),
+            "cache_over_steady": cache_change(self.cached, trend["from_s"], trend["to_s"]),
             "heap_over_steady": heap_change(heap_reports(
-                [r.log_path for r in self.lc.replicas]), trend),
+                [r.log_path for r in self.lc.replicas])),
         }
 
 
@@ -932,19 +932,22 @@ def heap_reports(logs: list[Path]) -> list[dict]:
     return out
 
 
-def heap_change(reports: list[dict], trend: dict, top: int = 12) -> list[dict]:
-    """For each process the RSS trend judged: its first and last heap report (gc's objects,
-    traced MiB) and, when both wrote a tracemalloc snapshot, the `top` source lines whose
-    allocations grew most between them ([file:line, KiB, blocks])."""
+def heap_change(reports: list[dict], top: int = 12) -> list[dict]:
+    """For each process with two heap reports or more (alive at the steady stretch's start
+    and end, when the soak sent SIGUSR2): its first and last (gc's objects, traced MiB) and,
+    when both wrote a tracemalloc snapshot, the `top` source lines whose allocations grew
+    most between them ([file:line, KiB, blocks])."""
     import tracemalloc
 
+    by: dict[tuple[int, int], list[dict]] = {}
+    for r in reports:
+        by.setdefault((r["replica"], r.get("pid")), []).append(r)
     out = []
-    for p in trend["processes"]:
-        mine = [r for r in reports if r.get("pid") == p["pid"]]
+    for (replica, pid), mine in by.items():
         if len(mine) < 2:
             continue
         first, last = mine[0], mine[-1]
-        row = {"replica": p["replica"], "pid": p["pid"],
+        row = {"replica": replica, "pid": pid,
                "gc_objects": [first["gc_objects"], last["gc_objects"]],
                "gc_frozen": last.get("gc_frozen")}
         if first.get("snapshot") and last.get("snapshot"):
@@ -977,18 +980,20 @@ async def cache_objects(lc, i: int) -> dict[str, int] | None:
             if s.name == "gpu_binder_cache_objects"}
 
 
-def cache_change(samples: list[tuple[float, int, int, dict[str, int]]], trend: dict) -> list[dict]:
-    """For each process the RSS trend judged, its informers' objects at the first and the
-    last sample within the steady stretch: [{replica, pid, first: {informer: n}, last: {…}}].
+def cache_change(samples: list[tuple[float, int, int, dict[str, int]]], start: float,
+                 end: float) -> list[dict]:
+    """For each process sampled at least twice within the steady stretch [`start`, `end`] s,
+    its informers' objects at the first and the last of those samples, in order of replica
+    and first sample: [{replica, pid, first_s, last_s, first: {informer: n}, last: {…}}].
     Pure."""
-    out = []
-    for p in trend["processes"]:
-        mine = [(t, held) for t, i, pid, held in samples
-                if pid == p["pid"] and trend["from_s"] <= t <= trend["to_s"]]
-        if mine:
-            out.append({"replica": p["replica"], "pid": p["pid"], "first": mine[0][1],
-                        "last": mine[-1][1]})
-    return out
+    by: dict[tuple[int, int], list[tuple[float, dict[str, int]]]] = {}
+    for t, i, pid, held in sorted(samples, key=lambda x: x[0]):
+        if start <= t <= end:
+            by.setdefault((i, pid), []).append((t, held))
+    return [{"replica": i, "pid": pid, "first_s": pts[0][0], "last_s": pts[-1][0],
+             "first": pts[0][1], "last": pts[-1][1]}
+            for (i, pid), pts in sorted(by.items(), key=lambda kv: (kv[0][0], kv[1][0][0]))
+            if len(pts) >= 2]
 
 
 async def soak_on(lc, kv, spec: SoakSpec, log=print) -> dict:

@@ -125,18 +125,18 @@ def test_no_process_through_the_stretch_gives_no_verdict_and_the_target_is_not_m
     assert t["rss_peak"]["met"] is (got["peak_mib"] < RSS_TARGET_MIB)
 
 
-def test_cache_change_takes_each_judged_process_first_and_last_sample_in_the_stretch():
+def test_cache_change_takes_each_process_first_and_last_sample_in_the_stretch():
     from bench.soak import cache_change
 
-    trend = {"from_s": 100.0, "to_s": 200.0,
-             "processes": [{"replica": 0, "pid": 7}, {"replica": 1, "pid": 9}]}
     samples = [(90.0, 0, 7, {"pods": 1}), (100.0, 0, 7, {"pods": 2}), (150.0, 0, 7, {"pods": 5}),
                (200.0, 0, 7, {"pods": 6}), (210.0, 0, 7, {"pods": 9}),
-               (120.0, 1, 8, {"pods": 40}),            # a process the trend did not judge
-               (130.0, 1, 9, {"pods": 3})]
-    assert cache_change(samples, trend) == [
-        {"replica": 0, "pid": 7, "first": {"pods": 2}, "last": {"pods": 6}},
-        {"replica": 1, "pid": 9, "first": {"pods": 3}, "last": {"pods": 3}}]
+               (120.0, 1, 8, {"pods": 40}),            # sampled once in the stretch
+               (130.0, 1, 9, {"pods": 3}), (140.0, 1, 9, {"pods": 4})]
+    assert cache_change(samples, 100.0, 200.0) == [
+        {"replica": 0, "pid": 7, "first_s": 100.0, "last_s": 200.0, "first": {"pods": 2},
+         "last": {"pods": 6}},
+        {"replica": 1, "pid": 9, "first_s": 130.0, "last_s": 140.0, "first": {"pods": 3},
+         "last": {"pods": 4}}]
 
 
 def test_heap_change_pairs_each_judged_process_first_and_last_report(tmp_path):
@@ -164,8 +164,9 @@ def test_heap_change_pairs_each_judged_process_first_and_last_report(tmp_path):
                     "traced_bytes": 3 * 2**20, "snapshot": str(tmp_path / "b.snap")})]))
     reports = heap_reports([log0, tmp_path / "absent.log"])
     assert [(r["pid"], r["gc_objects"], r["replica"]) for r in reports] == [(7, 10, 0), (7, 15, 0)]
-    trend = {"processes": [{"replica": 0, "pid": 7}, {"replica": 1, "pid": 8}]}
-    [row] = heap_change(reports, trend)
+    # pid 8 reported once (started after the stretch began): not paired
+    [row] = heap_change(reports + [{"event": "heap report", "pid": 8, "gc_objects": 3,
+                                    "replica": 1}])
     assert (row["gc_objects"], row["traced_mib"], row["gc_frozen"]) == ([10, 15], [1.0, 3.0], 4)
     where, kib, blocks = row["top_growth"][0]
     assert where.startswith(__file__) and kib >= 512 and blocks >= 512, row["top_growth"][:3]
