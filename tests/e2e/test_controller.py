@@ -274,24 +274,30 @@ async def test_kube_apiserver_killed_and_restarted_during_a_stream_loses_no_requ
 
 async def test_metrics_count_decisions_by_rule_and_refusal_reason(system, fleet):
     res, cls, nodes, tenant, devs = await make_pool(fleet, {"a": 1}, budget=1, devices=3)
+
+    def scrape() -> str:
+        return "\n".join(system.metrics(i) for i in range(len(system.replicas)))
+
+    def value(text: str, prefix: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(prefix))
+    admitted = 'gpu_binder_decisions_total{reason="",result="Succeeded",rule="B1"}'
+    over = 'gpu_binder_decisions_total{reason="%s",result="Refused"' % Code.BUDGET_EXHAUSTED.value
+    before = scrape()   # the counters are the process's: earlier tests' decisions are in them
     await request(fleet, tenant, "ok", "vm-1", devs[:1])
     await eventually(lambda: results(fleet, tenant, devs[:1]), what="first result")
     await request(fleet, tenant, "over", "vm-2", devs[1:2])
     await eventually(lambda: results(fleet, tenant, devs[1:2]), what="second result")
     # the decisions were made by whichever replica led at the time (the short test Lease may
-    # change hands between them on a busy machine): the counters of both replicas together
-    text = "\n".join(system.metrics(i) for i in range(len(system.replicas)))
-
-    def value(prefix: str) -> float:
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(prefix))
+    # change hands between them on a busy machine): the counters of both replicas together,
+    # each decision counted once, by rule and reason
+    text = scrape()
     decisions = [x for x in text.splitlines() if x.startswith("gpu_binder_decisions_total")]
-    assert value('gpu_binder_decisions_total{reason="",result="Succeeded",rule="B1"}') >= 1, \
-        decisions
-    assert value('gpu_binder_decisions_total{reason="%s",result="Refused"'
-                 % Code.BUDGET_EXHAUSTED.value) >= 1, decisions
-    assert value("gpu_binder_decision_seconds_count") >= 2
-    assert value("gpu_binder_leader ") == 1.0   # one replica leads
+    assert value(text, admitted) - value(before, admitted) == 1, decisions
+    assert value(text, over) - value(before, over) == 1, decisions
+    count = "gpu_binder_decision_seconds_count"
+    assert value(text, count) - value(before, count) >= 2
+    assert value(text, "gpu_binder_leader ") == 1.0   # one replica leads
 
 
 async def test_sigterm_exits_cleanly_within_seconds_and_releases_the_lease(system):
