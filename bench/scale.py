@@ -1063,6 +1063,7 @@ def summary(report: dict) -> list[str]:
                     f"| {part['failover']['to_next_admitted_s']} |")
     for name, t in report["targets"].items():
         met = {True: "met", False: "NOT met", None: "n/a"}[t["met"]]
-        rows.append(f"target {name}: {t['value']} {t['unit']} ({t['target']}; "
-                    f"{t['ratio_to_baseline']}× the baseline's {t['baseline']}): {met}")
+        ratio = (f"; {t['ratio_to_baseline']}× the baseline's {t['baseline']}"
+                 if t["baseline"] is not None else "; no baseline run")
+        rows.append(f"target {name}: {t['value']} {t['unit']} ({t['target']}{ratio}): {met}")
     return rows
