@@ -11,6 +11,9 @@ tenth of the binder's CPU and, at 5,000 nodes, pauses of 100–300 ms that set p
 from __future__ import annotations
 
 import gc
+import os
+import tracemalloc
+from pathlib import Path
 
 YOUNG_THRESHOLD = 10_000
 """Allocations (net of frees) between young-generation collections."""
@@ -42,10 +45,6 @@ def heap_report(directory, n: int) -> dict:
     `directory`/tracemalloc-<pid>-<n>.snap (read it with `tracemalloc.Snapshot.load`; compare
     two with `Snapshot.compare_to`). Returns those as a dict. OSError when the snapshot
     cannot be written."""
-    import os
-    import tracemalloc
-    from pathlib import Path
-
     out = {"pid": os.getpid(), "gc_objects": len(gc.get_objects()),
            "gc_frozen": gc.get_freeze_count(),
            "tracing": tracemalloc.is_tracing()}

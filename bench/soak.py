@@ -969,15 +969,15 @@ def heap_change(reports: list[dict], top: int = 12) -> list[dict]:
 async def cache_objects(lc, i: int) -> dict[str, int] | None:
     """{informer: objects held} of replica `i` from its /metrics (`gpu_binder_cache_objects`),
     None when the scrape fails (a replica starting or killed)."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from localcluster.metrics_text import parse_metrics
 
     try:
         text = await anyio.to_thread.run_sync(lc.metrics, i)
     except OSError:
         return None
-    return {s.labels.get("informer", "?"): int(s.value)
-            for f in text_string_to_metric_families(text) for s in f.samples
-            if s.name == "gpu_binder_cache_objects"}
+    return {dict(labels).get("informer", "?"): int(v)
+            for (name, labels), v in parse_metrics(text).items()
+            if name == "gpu_binder_cache_objects"}
 
 
 def cache_change(samples: list[tuple[float, int, int, dict[str, int]]], start: float,

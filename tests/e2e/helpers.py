@@ -30,11 +30,9 @@ async def eventually(probe: Callable[[], Awaitable[T]], *, timeout: float = 20.0
 
 async def scrape(system, i: int) -> dict[tuple[str, tuple], float]:
     """Replica `i`'s metrics as {(sample name, sorted label items): value}."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from localcluster.metrics_text import parse_metrics
 
-    text = await anyio.to_thread.run_sync(system.metrics, i)
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
+    return parse_metrics(await anyio.to_thread.run_sync(system.metrics, i))
 
 
 def _running(system) -> list[int]:

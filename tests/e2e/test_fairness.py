@@ -134,20 +134,18 @@ async def flowcontrol_counters(control_plane) -> tuple[float, float]:
     reasons), from its /metrics."""
     got = {"apiserver_flowcontrol_dispatched_requests_total": 0.0,
            "apiserver_flowcontrol_rejected_requests_total": 0.0}
-    for name, labels, value in await apiserver_samples(control_plane):
-        if name in got and labels.get("flow_schema") == APF:
+    for (name, labels), value in (await apiserver_samples(control_plane)).items():
+        if name in got and dict(labels).get("flow_schema") == APF:
             got[name] += value
     return tuple(got.values())  # type: ignore[return-value]
 
 
-async def apiserver_samples(control_plane) -> list[tuple[str, dict, float]]:
-    """Every sample of the API server's /metrics as (name, labels, value)."""
-    from prometheus_client.parser import text_string_to_metric_families
+async def apiserver_samples(control_plane):
+    """The API server's /metrics as {(sample name, sorted label items): value}."""
+    from localcluster.metrics_text import parse_metrics
 
-    text = (await anyio.to_thread.run_sync(control_plane.kubectl, "get", "--raw",
-                                           "/metrics")).stdout
-    return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text)
-            for s in f.samples]
+    return parse_metrics((await anyio.to_thread.run_sync(
+        control_plane.kubectl, "get", "--raw", "/metrics")).stdout)
 
 
 async def flowcontrol_uids(fleet) -> tuple[str, str]:
@@ -177,9 +175,9 @@ async def test_a_tenants_flood_is_held_to_its_share_and_costs_another_tenant_not
                        what=tenant_a)
     fs_uid, pl_uid = await flowcontrol_uids(fleet)
     # the shipped level's seats, as docs/security.md gives them: ceil(600 x 5 / (245 + 5))
-    [seats] = [v for n, labels, v in await apiserver_samples(control_plane)
+    [seats] = [v for (n, labels), v in (await apiserver_samples(control_plane)).items()
                if n == "apiserver_flowcontrol_nominal_limit_seats"
-               and labels.get("priority_level") == APF]
+               and dict(labels).get("priority_level") == APF]
     assert seats == 12, seats
     dispatched0, rejected0 = await flowcontrol_counters(control_plane)
     client_a = await user_client(control_plane, tmp_path, user_a, tenant_a)
