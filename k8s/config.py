@@ -63,14 +63,19 @@ FIELD_HELP: dict[str, str] = {
                                          "test clusters only",
     "webhook_concurrency": "admissions one replica's webhook carries out at once past W1's "
                            "checks on its cache (a fair share of them per tenant)",
-    "webhook_tenant_concurrency": "admissions of one tenant (namespace) one replica carries "
-                                  "out at once; more wait for a turn, round-robin over "
-                                  "tenants; at most --webhook-concurrency",
+    "webhook_tenant_concurrency": "a tenant's (namespace's) share of one replica's "
+                                  "admissions: binding only while another tenant waits (a "
+                                  "tenant alone may use all --webhook-concurrency); freed "
+                                  "turns go round-robin over the tenants waiting; at most "
+                                  "--webhook-concurrency",
     "webhook_tenant_queue": "admissions of one tenant that may wait for a turn at one "
                             "replica; one more is denied at once, 429 TooManyRequests "
-                            "(retryable, reason tenant_busy)",
+                            "(retryable, reason tenant_busy); 0: no limit (the review's "
+                            "deadline bounds the wait)",
     "webhook_tenant_wait": "seconds an admission waits for its tenant's turn at most before "
-                           "it is denied 429 (retryable); below --bind-timeout",
+                           "it is denied 429 (retryable); below --bind-timeout; 0: no cap of "
+                           "its own (a turn is waited for during the first three quarters "
+                           "of --bind-timeout)",
     "webhook_keepalive_reviews": "reviews one kept-alive connection of the API server "
                                  "carries; the answer to the last says Connection: close, so "
                                  "the API server reconnects and the Service places the new "
@@ -156,8 +161,8 @@ class Config:
     webhook_insecure_skip_client_auth: bool = False  # explicit opt-out of the above
     webhook_concurrency: int = 64            # admissions in progress per replica
     webhook_tenant_concurrency: int = 4      # of them, per tenant (namespace)
-    webhook_tenant_queue: int = 16           # waiting for a turn, per tenant
-    webhook_tenant_wait: float = 5.0         # seconds a turn is waited for at most
+    webhook_tenant_queue: int = 0            # waiting for a turn, per tenant (0: no limit)
+    webhook_tenant_wait: float = 0.0         # seconds a turn is waited for (0: the deadline)
     webhook_keepalive_reviews: int = 100     # per connection, then Connection: close
     metrics_port: int = 8080                 # /healthz, /readyz, /metrics; 0: none
     metrics_host: str = "0.0.0.0"
@@ -188,7 +193,7 @@ class Config:
         for name in ("attachment_grace", "bind_timeout", "lease_duration", "renew_deadline",
                      "retry_period", "housekeeping_period", "ask_timeout", "resync_interval",
                      "write_timeout", "settle_timeout", "prepare_ttl", "commit_ttl",
-                     "max_restart_seconds", "webhook_tenant_wait"):
+                     "max_restart_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{f(name)}: must be > 0 seconds, got {getattr(self, name)}")
         if self.write_attempts < 1:
@@ -220,6 +225,9 @@ class Config:
         if self.webhook_keepalive_reviews < 0:
             raise ValueError("--webhook-keepalive-reviews: must be at least 0 (0: no limit), "
                              f"got {self.webhook_keepalive_reviews}")
+        if self.webhook_tenant_wait < 0:
+            raise ValueError(f"--webhook-tenant-wait: must be >= 0 seconds (0: no cap of its "
+                             f"own), got {self.webhook_tenant_wait}")
         if self.webhook_tenant_wait >= self.bind_timeout:
             raise ValueError("--webhook-tenant-wait: must be shorter than --bind-timeout (the "
                              "wait for a turn counts against it)")

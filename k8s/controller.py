@@ -76,7 +76,7 @@ def tenant_gate(cfg: Config) -> TenantGate:
     """The webhook's fair share per tenant from the operator's settings of `cfg`
     (`--webhook-concurrency` & co.). Raises nothing: `cfg` was validated."""
     return TenantGate(cfg.webhook_concurrency, cfg.webhook_tenant_concurrency,
-                      cfg.webhook_tenant_queue, cfg.webhook_tenant_wait)
+                      cfg.webhook_tenant_queue, cfg.webhook_tenant_wait or None)
 
 
 def lease_config(cfg: Config) -> LeaseConfig:

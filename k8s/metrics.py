@@ -79,7 +79,13 @@ class _TreeCollector:
                  "admissions waiting for their tenant's turn", stats and stats.waiting),
                 ("gpu_binder_admissions_tenant_peak",
                  "the most admissions of one tenant in progress at once since the start "
-                 "(at most --webhook-tenant-concurrency)", stats and stats.peak_per_tenant)):
+                 "(up to --webhook-concurrency: a tenant alone borrows idle turns)",
+                 stats and stats.peak_per_tenant),
+                ("gpu_binder_admissions_tenant_peak_contended",
+                 "the most admissions of one tenant in progress just after a turn given while "
+                 "another tenant waited (above --webhook-tenant-concurrency only when every "
+                 "tenant waiting held its share: a turn lent, not left idle)",
+                 stats and stats.peak_contended)):
             fam = GaugeMetricFamily(name, help_)
             fam.add_metric([], float(value or 0))
             yield fam

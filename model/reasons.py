@@ -631,9 +631,10 @@ class SameNameConflict(Reason):
 
 @dataclass(frozen=True, slots=True)
 class TenantBusy(Reason):
-    """The tenant `namespace` already has its fair share of admissions at this replica:
-    `in_flight` in progress and `waiting` waiting for a turn (the most it may have), or this
-    one waited `waited` seconds without a turn; retry after `retry_after` seconds."""
+    """The tenant `namespace` got no turn at this replica, whose admissions were all taken
+    (its share binding while other tenants wait): `in_flight` of its own in progress and
+    `waiting` waiting for a turn (its line full), or this one waited `waited` seconds, as long
+    as the review's deadline allowed; retry after `retry_after` seconds."""
     code: ClassVar[Code] = Code.TENANT_BUSY
     namespace: str
     in_flight: int
@@ -642,11 +643,11 @@ class TenantBusy(Reason):
     retry_after: int
 
     def render(self) -> str:
-        why = (f"waited {self.waited:.1f} s for a turn" if self.waited > 0
-               else f"{self.waiting} more wait for a turn")
+        why = (f"this one waited {self.waited:.1f} s" if self.waited > 0
+               else f"{self.waiting} more wait")
         return (f"tenant {self.namespace} has {self.in_flight} GPU admissions in progress at "
-                f"this gpu-binder replica (its fair share) and {why}; too many requests, "
-                f"retry after {self.retry_after} s")
+                f"this busy gpu-binder replica and {why} for a turn of its fair share; too "
+                f"many requests, retry after {self.retry_after} s")
 
 
 @dataclass(frozen=True, slots=True)

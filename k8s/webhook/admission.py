@@ -3,7 +3,8 @@
 `VMIAdmission.handle(review)` is the handler behind `k8s.webhook.transport`, given a decoded
 `review.Review`: it judges with `model.admission.check` on the cache first (W1, no I/O: what
 the binder need not see is refused before any read, write or wait), waits for a turn of the
-tenant's fair share (`k8s.webhook.fairness.TenantGate`; none: 429), judges again after the
+tenant's fair share (`k8s.webhook.fairness.TenantGate`, which lends idle slots; none before
+the review's deadline: 429), judges again after the
 live read (W1, no writes), stops on a dry run
 (W2), short-cuts a set already admitted (W4), then reserves (W3: templates; `attachedTo` and
 the one `bindRequest` in a single optimistic write per device; the wait on the informer for
@@ -41,6 +42,10 @@ from model.types import Labels
 log = structlog.get_logger("gpu_binder.admission")
 
 DRY_RUN_WARNING = "dry run: GPU devices were checked but not reserved"
+AFTER_TURN = 0.25
+"""The part of the bind timeout kept for the admission itself once its turn came: a turn is
+waited for during the first three quarters of it at most (issue 31: the review's deadline,
+not a fixed line, bounds the wait; bind timeout < the webhook's timeoutSeconds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +145,9 @@ class VMIAdmission:
         """W1 on the cache alone first (`_precheck`: no I/O, so what the binder need not see
         is refused before any read, write or turn), then the tenant's budget with its
         admissions in progress here counted (`_budget_in_flight`: none left, THROTTLED, 429,
-        before any turn), then a turn of the tenant's fair share (`gate`; none left:
-        THROTTLED, 429), then `_admit`. Raises Denied."""
+        before any turn), then a turn of the tenant's fair share (`gate`; none within the
+        first `1 - AFTER_TURN` of the bind timeout: THROTTLED, 429), then `_admit`. Raises
+        Denied."""
         deadline = anyio.current_time() + self.bind_timeout  # the wait for a turn included
         ns = review.namespace
         judged = self._precheck(review)
@@ -157,8 +163,8 @@ class VMIAdmission:
         try:
             if self.gate is None:
                 return await self._admit(review, deadline)
-            try:
-                await self.gate.enter(ns)
+            try:  # the turn is waited for while the review's deadline leaves time to admit
+                await self.gate.enter(ns, deadline - self.bind_timeout * AFTER_TURN)
             except Busy as busy:
                 self._rejection(ns, Code.TENANT_BUSY)
                 reason = TenantBusy(ns, busy.in_flight, busy.waiting, busy.waited,

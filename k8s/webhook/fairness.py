@@ -1,18 +1,24 @@
-"""A fair share of the webhook's concurrency per tenant (issue 23: the noisy neighbour).
+"""A fair share of the webhook's concurrency per tenant that lends what is idle (issues 23, 31).
 
-`TenantGate` admits at most `capacity` admissions at once in this replica, at most
-`per_tenant` of them of one tenant (a namespace); an admission beyond its tenant's share
-waits, in its tenant's line (FIFO), and a freed slot goes round-robin to the tenant whose
-line was served least recently — so a tenant with a hundred waiting admissions and one with
-one each get the next slot in turn. A tenant's line holds at most `queue` admissions; one
-more, or one that has waited `max_wait` seconds, is turned away at once with `Busy`
-(the webhook answers it 429, retryable: `model.reasons.TenantBusy`). Pure bookkeeping on
-anyio Events: no I/O, no tasks of its own; time is the event loop's (`anyio.fail_after`).
+`TenantGate` admits at most `capacity` admissions at once in this replica. It is
+work-conserving: a tenant (a namespace) alone may hold every slot; its share, `per_tenant`
+slots, binds only while another tenant waits. An admission that finds no free slot waits in
+its tenant's line (FIFO); a freed slot goes to the least recently served waiting tenant
+holding fewer than its share, or, when every waiting tenant holds its share or more (the
+gate is full of them), to the least recently served waiting tenant (the slot is lent: no
+slot stays idle while anyone waits). So while tenant B waits, tenant A is never granted a
+slot that takes it past its share, and B's turns come round-robin with the other tenants'.
+An admission waits until the deadline its caller gives (the review's own, bounded by the
+bind timeout), at most `max_wait` seconds when set; a line of `queue` > 0 admissions turns
+one more away at once. Turned away, it gets `Busy` (the webhook answers 429, retryable:
+`model.reasons.TenantBusy`). Pure bookkeeping on anyio Events: no I/O, no tasks of its own;
+time is the event loop's (`anyio.move_on_after`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
@@ -21,8 +27,9 @@ import anyio
 
 
 class Busy(Exception):
-    """`tenant` already has its share in flight and its line is full (`waited` 0.0), or an
-    admission waited `waited` seconds in its line without a slot: retry later."""
+    """`tenant` could not get a slot: its line is full (`waited` 0.0), or the admission
+    waited `waited` seconds, until its deadline, without a slot; `in_flight` its tenant's
+    slots then, `waiting` its tenant's line. Retry later."""
 
     def __init__(self, tenant: str, in_flight: int, waiting: int, waited: float) -> None:
         super().__init__(f"tenant {tenant}: {in_flight} admissions in flight, {waiting} waiting")
@@ -32,13 +39,19 @@ class Busy(Exception):
 @dataclass(frozen=True, slots=True)
 class GateStatistics:
     """What the gate holds now: `in_flight` admissions holding a slot, `waiting` in lines,
-    and per tenant with either, `tenants` {namespace: (in flight, waiting)}; `peak_per_tenant`,
-    the most slots one tenant ever held at once (never above `per_tenant`)."""
+    and per tenant with either, `tenants` {namespace: (in flight, waiting)}. Since the start:
+    `peak_per_tenant`, the most slots one tenant held at once (up to `capacity`: a tenant
+    alone borrows idle slots); `peak_contended`, the most slots one tenant held just after a
+    grant made while another tenant waited (above `per_tenant` only when every tenant
+    waiting then held its share or more: a slot lent rather than left idle); `lent`, grants
+    that took a tenant past its share."""
 
     in_flight: int
     waiting: int
     tenants: dict[str, tuple[int, int]]
     peak_per_tenant: int = 0
+    peak_contended: int = 0
+    lent: int = 0
 
 
 @dataclass(slots=True)
@@ -54,18 +67,24 @@ class _State:
     lines: dict[str, deque[_Waiter]] = field(default_factory=dict)   # tenant -> its line
     served: dict[str, int] = field(default_factory=dict)  # tenant -> serial of its last grant
     serial: int = 0
-    peak: int = 0  # the most slots one tenant held at once, ever
+    peak: int = 0            # the most slots one tenant held at once, ever
+    peak_contended: int = 0  # the same, counted only at grants while another tenant waited
+    lent: int = 0            # grants past the tenant's share
 
 
 class TenantGate:
-    """At most `capacity` admissions at once, at most `per_tenant` of one tenant, at most
-    `queue` waiting per tenant, each at most `max_wait` seconds (see the module docstring).
-    Raises ValueError unless 1 <= per_tenant <= capacity, queue >= 0 and max_wait > 0."""
+    """At most `capacity` admissions at once; `per_tenant`, a tenant's share, binds while
+    other tenants wait (see the module docstring). `queue` (0: no limit) caps a tenant's line;
+    `max_wait` (None: no cap of its own) caps each wait besides the caller's deadline.
+    Raises ValueError unless 1 <= per_tenant <= capacity, queue >= 0 and max_wait is None
+    or > 0."""
 
-    def __init__(self, capacity: int, per_tenant: int, queue: int, max_wait: float) -> None:
-        if not 1 <= per_tenant <= capacity or queue < 0 or max_wait <= 0:
+    def __init__(self, capacity: int, per_tenant: int, queue: int = 0,
+                 max_wait: float | None = None) -> None:
+        if (not 1 <= per_tenant <= capacity or queue < 0
+                or (max_wait is not None and not max_wait > 0)):
             raise ValueError("TenantGate: need 1 <= per_tenant <= capacity, queue >= 0, "
-                             "max_wait > 0")
+                             "max_wait None or > 0")
         self.capacity, self.per_tenant, self.queue, self.max_wait = (capacity, per_tenant,
                                                                      queue, max_wait)
         self._s = _State()
@@ -74,35 +93,35 @@ class TenantGate:
 
     def enter_nowait(self, tenant: str) -> None:
         """Take a slot for `tenant` now. Raises `anyio.WouldBlock` when it would have to
-        wait (the gate is full, the tenant holds its share, or others of the tenant wait
-        already: its line is FIFO)."""
+        wait: no slot is free, or others of the tenant wait already (its line is FIFO), or
+        the tenant holds its share while another tenant waits."""
         s = self._s
-        if (s.in_flight >= self.capacity or s.by_tenant.get(tenant, 0) >= self.per_tenant
-                or s.lines.get(tenant)):
+        if s.in_flight >= self.capacity or s.lines.get(tenant) or (
+                s.by_tenant.get(tenant, 0) >= self.per_tenant and s.lines):
             raise anyio.WouldBlock
         self._grant(tenant)
 
-    async def enter(self, tenant: str) -> None:
-        """`enter_nowait`, else wait in `tenant`'s line, at most `max_wait` seconds. Raises
-        `Busy` when the line is full (at once) or the wait is over. Cancellation:
-        either you hold a slot or you get the cancellation and hold none (a slot granted
-        meanwhile is handed on)."""
+    async def enter(self, tenant: str, deadline: float = math.inf) -> None:
+        """`enter_nowait`, else wait in `tenant`'s line until `deadline` (event-loop time,
+        `anyio.current_time()`), and at most `max_wait` seconds when set. Raises `Busy` when
+        the line is full (at once) or the wait is over without a slot. Cancellation: either
+        you hold a slot or you get the cancellation and hold none (a slot granted meanwhile
+        is handed on)."""
         try:
             self.enter_nowait(tenant)
             return
         except anyio.WouldBlock:
             pass
         s = self._s
-        line = s.lines.setdefault(tenant, deque())
-        if len(line) >= self.queue:
-            if not line:
-                del s.lines[tenant]
+        line = s.lines.get(tenant, ())
+        if self.queue and len(line) >= self.queue:
             raise Busy(tenant, s.by_tenant.get(tenant, 0), len(line), 0.0)
-        waiter = _Waiter()
-        line.append(waiter)
         started = anyio.current_time()
+        until = deadline if self.max_wait is None else min(deadline, started + self.max_wait)
+        waiter = _Waiter()
+        s.lines.setdefault(tenant, deque()).append(waiter)
         try:
-            with anyio.move_on_after(self.max_wait):
+            with anyio.move_on_after(max(0.0, until - started)):
                 await waiter.event.wait()
         except BaseException:  # cancelled: a slot granted meanwhile goes on to the next
             with anyio.CancelScope(shield=True):
@@ -114,7 +133,7 @@ class TenantGate:
         if not waiter.granted:
             self._withdraw(tenant, waiter)
             raise Busy(tenant, s.by_tenant.get(tenant, 0), len(s.lines.get(tenant, ())),
-                             anyio.current_time() - started)
+                       anyio.current_time() - started)
 
     def leave(self, tenant: str) -> None:
         """Give back a slot of `tenant`; the freed slot goes to the next line in turn.
@@ -133,10 +152,10 @@ class TenantGate:
         self._hand_on()
 
     @contextlib.asynccontextmanager
-    async def slot(self, tenant: str) -> AsyncIterator[None]:
-        """`async with gate.slot(ns):` — `enter`, then `leave` on the way out (raises as
-        `enter`)."""
-        await self.enter(tenant)
+    async def slot(self, tenant: str, deadline: float = math.inf) -> AsyncIterator[None]:
+        """`async with gate.slot(ns, deadline):` — `enter`, then `leave` on the way out
+        (raises as `enter`)."""
+        await self.enter(tenant, deadline)
         try:
             yield
         finally:
@@ -151,7 +170,7 @@ class TenantGate:
         return GateStatistics(
             in_flight=s.in_flight, waiting=sum(len(line) for line in s.lines.values()),
             tenants={t: (s.by_tenant.get(t, 0), len(s.lines.get(t, ()))) for t in sorted(names)},
-            peak_per_tenant=s.peak)
+            peak_per_tenant=s.peak, peak_contended=s.peak_contended, lent=s.lent)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -160,6 +179,10 @@ class TenantGate:
         s.in_flight += 1
         s.by_tenant[tenant] = held = s.by_tenant.get(tenant, 0) + 1
         s.peak = max(s.peak, held)
+        if held > self.per_tenant:
+            s.lent += 1
+        if any(t != tenant for t in s.lines):
+            s.peak_contended = max(s.peak_contended, held)
         s.serial += 1
         s.served[tenant] = s.serial  # served now: last in turn
 
@@ -173,14 +196,13 @@ class TenantGate:
                 del s.lines[tenant]
 
     def _hand_on(self) -> None:
-        """Grant free slots to the first waiter of each eligible line, least recently
-        served tenant first."""
+        """Grant free slots to the first waiter of a line: the least recently served tenant
+        under its share, else (every waiting tenant holds its share) the least recently
+        served one — a slot is never left idle while an admission waits."""
         s = self._s
         while s.in_flight < self.capacity and s.lines:
-            eligible = [t for t in s.lines if s.by_tenant.get(t, 0) < self.per_tenant]
-            if not eligible:
-                return
-            tenant = min(eligible, key=lambda t: s.served.get(t, 0))
+            under = [t for t in s.lines if s.by_tenant.get(t, 0) < self.per_tenant]
+            tenant = min(under or s.lines, key=lambda t: s.served.get(t, 0))
             line = s.lines[tenant]
             waiter = line.popleft()
             if not line:

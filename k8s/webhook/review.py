@@ -55,14 +55,21 @@ API server hands both to the tenant's client unchanged."""
 RETRYABLE = frozenset({Category.UNAVAILABLE, Category.THROTTLED})
 """Categories after which the same request may succeed; their message says to retry."""
 
+RETRY_AFTER_CODES = frozenset({429, 503})
+"""HTTP codes of a denial whose status carries `details.retryAfterSeconds` (issue 31)."""
+RETRY_AFTER = 1
+"""Seconds a retryable denial asks the client to wait when its reason names none."""
+
 
 @dataclass(frozen=True, slots=True)
 class Denial:
     """A refusal to admit: `category` decides the status, `message` tells the user what to do
-    (for a retryable category it says to retry)."""
+    (for a retryable category it says to retry); `retry_after` (seconds, None: `RETRY_AFTER`)
+    is what a retryable one asks the client to wait."""
 
     category: Category
     message: str
+    retry_after: int | None = None
 
     @property
     def code(self) -> int:
@@ -76,15 +83,31 @@ class Denial:
 
     def status(self) -> dict[str, Any]:
         """The AdmissionResponse `status` object: {code, reason, message} (message capped
-        at `MESSAGE_LIMIT` characters)."""
+        at `MESSAGE_LIMIT` characters), and for a code in `RETRY_AFTER_CODES` (429, 503:
+        retryable) `details: {retryAfterSeconds}`.
+
+        Why details: kube-apiserver turns a denying webhook's status into the error it
+        answers with (k8s.io/apiserver/pkg/admission/plugin/webhook/errors/statuserror.go
+        `ToStatusErr`: code, reason and details kept, the message prefixed), and
+        `responsewriters.ErrorNegotiated` (k8s.io/apiserver/pkg/endpoints/handlers/
+        responsewriters/writers.go) sets the `Retry-After` header from
+        `details.retryAfterSeconds` when it is > 0. client-go retries a 429 or 5xx answer
+        that carries `Retry-After` by itself (rest/with_retry.go `checkWait`, up to 10
+        times), so kubectl and every Go client retry these denials without being told."""
         code, reason = STATUS[self.category]
-        return {"code": code, "reason": reason, "message": self.message[:MESSAGE_LIMIT]}
+        out: dict[str, Any] = {"code": code, "reason": reason,
+                               "message": self.message[:MESSAGE_LIMIT]}
+        if code in RETRY_AFTER_CODES:
+            out["details"] = {"retryAfterSeconds": max(1, self.retry_after or RETRY_AFTER)}
+        return out
 
 
 def refusal_denial(refusal: Refusal) -> Denial:
     """A model refusal as a denial, in the category its typed reason names
-    (`refusal.reason.category`: model's policy, invalid or unavailable)."""
-    return Denial(Category(refusal.reason.category.value), refusal.message)
+    (`refusal.reason.category`: model's policy, invalid, unavailable or throttled), with the
+    reason's own `retry_after` when it has one."""
+    return Denial(Category(refusal.reason.category.value), refusal.message,
+                  getattr(refusal.reason, "retry_after", None))
 
 
 @dataclass(frozen=True, slots=True)

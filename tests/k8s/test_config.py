@@ -68,7 +68,7 @@ def test_flags_beat_environment_beat_file(tmp_path):
      "--webhook-tenant-concurrency: must be at least 1 and at most --webhook-concurrency (8)"),
     ({"webhook_tenant_queue": "-1"}, "--webhook-tenant-queue: must be at least 0, got -1"),
     ({"webhook_tenant_wait": "20"}, "--webhook-tenant-wait: must be shorter than --bind-timeout"),
-    ({"webhook_tenant_wait": "0"}, "--webhook-tenant-wait: must be > 0 seconds"),
+    ({"webhook_tenant_wait": "-1"}, "--webhook-tenant-wait: must be >= 0 seconds"),
 ])
 def test_bad_settings_are_refused_with_the_flag_named(flags, message):
     flags = {"webhook_port": "0", **flags}

@@ -161,8 +161,14 @@ def test_decode_request_is_decode_of_the_request_object() -> None:
 ])
 def test_each_category_has_the_status_that_fits(category, code, reason, retryable) -> None:
     denial = Denial(category, "why " * 3000)
-    assert denial.status() == {"code": code, "reason": reason, "message": ("why " * 3000)[:8192]}
+    want = {"code": code, "reason": reason, "message": ("why " * 3000)[:8192]}
+    if retryable:  # issue 31: the API server answers with Retry-After, client-go retries
+        want["details"] = {"retryAfterSeconds": 1}
+    assert denial.status() == want
     assert (denial.code, denial.retryable) == (code, retryable)
+    if retryable:
+        assert Denial(category, "why", retry_after=3).status()["details"] == {
+            "retryAfterSeconds": 3}
 
 
 def test_the_table_covers_every_category_and_the_model_categories_by_value() -> None:

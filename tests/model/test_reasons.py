@@ -71,8 +71,8 @@ WORDING = [
      "GPU device g1 is being attached by another admission of VMI t1/vm (a concurrent create of the "
      "same name); retry once it has finished"),
     (r.TenantBusy("t1", 4, 16, 0.0, 1),
-     "tenant t1 has 4 GPU admissions in progress at this gpu-binder replica (its fair share) and "
-     "16 more wait for a turn; too many requests, retry after 1 s"),
+     "tenant t1 has 4 GPU admissions in progress at this busy gpu-binder replica and 16 more "
+     "wait for a turn of its fair share; too many requests, retry after 1 s"),
     (r.BudgetInFlight("t1", H, 2, 2, 4, 1, 2, 1),
      "tenant t1 has 2 GPU admissions in progress at this gpu-binder replica holding 2 × "
      "nvidia.com/H100 of its budget of 4 (2 used) and this set adds 1: more than its fair share "
