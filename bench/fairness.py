@@ -1,24 +1,37 @@
-"""The noisy neighbour, timed (`gpu-binder bench fairness`; issue 23, item 4).
+"""The noisy neighbour and the lone tenant, timed (`gpu-binder bench fairness`; issues 23, 31).
 
 Starts the whole system (`localcluster.cluster.LocalCluster`: etcd, kube-apiserver, two
 controller replicas with the shipped fair-share settings, webhook registered) and a fleet of
-three 8-GPU nodes. Tenant B creates `B_VMIS` ordinary 1-GPU VMIs one after another, first
-alone, then while tenant A sends `A_FLOOD` creates at once (a third race for A's whole
-budget, a third ask for more than it, a third name a class that does not exist; A's client
-opens its connections beforehand, so the flood is one of creates, not of TLS handshakes).
-Every create goes through the real API server and the replicas' webhooks as the tenant's
-own user; B's client opens its connection before the first phase, so neither phase times
-a TLS handshake, and A's client runs in a process of its own (tenants are different
-clients: in one process, B's create would wait for its own event loop sending A's 200). The shipped API Priority and Fairness objects (k8s/manifests/flowcontrol/)
-are installed: the report names the FlowSchema and priority level that classified B's
-creates (from the answers' `X-Kubernetes-PF-*-UID` headers). The report gives B's p50/p99
-alone and under the flood, their ratio, A's answers by HTTP status (and its 429s by who
-answered them: a webhook's `tenant_busy`, or the API server's flow control) and the target
-(issue 23: B's p99 under the flood at most 3× its p99 alone), met or not. For each of B's creates it also gives the seconds spent inside the webhook's
-admission (`webhook_seconds` of the replicas' "VMI admitted" log line: W1 on the cache, the
-tenant's turn, the binder, the writes) and the rest, before it (the API server, its call to
-the webhook, the replica's HTTP server). The properties the flood must not break (B never refused, A held to its share)
-are tested in tests/e2e/test_fairness.py; this file only times. Writes `fairness.json`.
+eight 40-GPU nodes. Three measurements, every create through the real API server and the
+replicas' webhooks as the tenant's own user:
+
+1. The lone tenant's burst (issue 31): tenant C creates `BURST` one-GPU VMIs, `BURST_AT_ONCE`
+   at a time, with room and budget for all, through a client that retries as client-go does
+   (a 429 or 5xx answer carrying `Retry-After` is sent again after that many seconds, at
+   most `RETRIES` times). The report gives its admissions per second, the share admitted,
+   the answers by status and the target: all admitted, within `BURST_SLOWDOWN`× the time
+   the same burst took before the work-conserving gate (`BURST_BEFORE_S`, or the
+   `baseline_burst_s` given to `run`).
+2. B alone: tenant B creates `B_VMIS` ordinary 1-GPU VMIs one after another.
+3. B under A's flood: B creates `B_VMIS` more while tenant A, in a process of its own (tenants
+   are different clients: in one process, B's create would wait for its own event loop
+   sending A's creates), sends rounds of `A_FLOOD` creates at once, one round after another
+   until B is done (a third race for A's whole budget, a third ask for more than it, a third
+   name a class that does not exist; A's client opens its connections beforehand, so the
+   flood is one of creates, not of TLS handshakes). B's client opens its connection before
+   phase 2, so neither phase times a TLS handshake.
+
+The shipped API Priority and Fairness objects (k8s/manifests/flowcontrol/) are installed: the
+report names the FlowSchema and priority level that classified B's creates (from the
+answers' `X-Kubernetes-PF-*-UID` headers). It gives B's p50/p99 alone and under the flood,
+their ratio (target, issue 23: at most `RATIO`×, over `B_VMIS` >= 50 creates each, so a p99
+is not one sample), A's answers by HTTP status (its 429s by who answered them: a webhook, or
+the API server's flow control). For each of B's creates it also gives the seconds spent
+inside the webhook's admission (`webhook_seconds` of the replicas' "VMI admitted" log line:
+W1 on the cache, the tenant's turn, the binder, the writes) and the rest, before it (the API
+server, its call to the webhook, the replica's HTTP server). The properties (B never
+refused, A held to its share, the lone tenant never turned away) are tested in
+tests/e2e/test_fairness.py; this file only times. Writes `fairness.json`.
 """
 
 from __future__ import annotations
@@ -45,13 +58,18 @@ RES = "nvidia.com/GH100_H100"
 CLS = "h100"
 TENANTS = "gpu-binder:tenants"
 VMI_GROUP, VMI_VERSION, VMIS = "kubevirt.io", "v1", "virtualmachineinstances"
-B_VMIS = 10
-A_FLOOD = 200
+B_VMIS = 50          # B's creates per phase: a p99 over 50 samples
+A_FLOOD = 200        # A's creates per round of its flood
 A_BUDGET = 4
+BURST, BURST_AT_ONCE = 200, 50  # the lone tenant's burst: creates, and how many at a time
+RETRIES = 10         # client-go's default (k8s.io/client-go rest.Request maxRetries)
+BURST_SLOWDOWN = 1.5  # the target: the burst within 1.5x the time it took before the gate
+BURST_BEFORE_S = None  # seconds of the burst before the gate: set from docs/benchmarks.md
 APF = "gpu-binder-vmi-creates"  # the shipped FlowSchema and PriorityLevelConfiguration
 FLOWCONTROL = ("flowcontrol.apiserver.k8s.io", "v1")
 FS_UID, PL_UID = "x-kubernetes-pf-flowschema-uid", "x-kubernetes-pf-prioritylevel-uid"
 RATIO = 3.0  # the target: B's p99 under the flood <= RATIO x its p99 alone
+NODES, NODE_GPUS = 8, 40  # room for B's 2 x 50, A's budget and C's burst of 200
 
 
 def quantile(samples: list[float], q: float) -> float:
@@ -69,9 +87,9 @@ def _vmi(name: str, templates: str) -> dict:
             "spec": {"domain": {"devices": {}}}}
 
 
-def _flood_body(i: int) -> dict:
+def _flood_body(i: int, round_: int = 0) -> dict:
     templates = (f"{CLS}={A_BUDGET}", f"{CLS}={A_BUDGET + 1}", f"no-such-{CLS}=1")[i % 3]
-    return _vmi(f"a-{i}", templates)
+    return _vmi(f"a-{round_}-{i}", templates)
 
 
 Outcome = tuple[int, float, float, dict]
@@ -92,6 +110,9 @@ async def _create(api, ns: str, body: dict) -> Outcome:
     except ApiException as exc:
         status, headers = exc.status, exc.headers
         seen["webhook"] = "fair share" in (exc.body or "")
+        after = {k.lower(): v for k, v in (headers or {}).items()}.get("retry-after", "")
+        if after.isdigit():
+            seen["retry_after"] = int(after)
     except (TimeoutError, OSError):
         status, headers = 0, None
     lower = {k.lower(): v for k, v in (headers or {}).items()}
@@ -141,8 +162,9 @@ async def _replicas_saw(lc: LocalCluster, marks: dict[str, int], timeout: float 
 
 def _flood_child(kubeconfig: str, conn) -> None:
     """Tenant A's client, in a process of its own (as another tenant's client is): open
-    A_FLOOD connections, send "ready", wait for "go", start the A_FLOOD creates, send
-    "started" once they are on their way, then the list of Outcomes (monotonic seconds are
+    A_FLOOD connections, send "ready", wait for "go", start rounds of A_FLOOD creates at
+    once, one round after another, send "started" once the first is on its way, and after
+    "stop" (read between rounds) the list of Outcomes of every round (monotonic seconds are
     the machine's, comparable with the parent's)."""
     anyio.run(_flood_main, kubeconfig, conn)
 
@@ -162,13 +184,18 @@ async def _flood_main(kubeconfig: str, conn) -> None:
         await anyio.to_thread.run_sync(conn.recv)  # "go"
         flood: list[Outcome] = []
 
-        async def one(i: int) -> None:
-            flood.append(await _create(api, "tenant-a", _flood_body(i)))
-        async with anyio.create_task_group() as tg:
-            for i in range(A_FLOOD):
-                tg.start_soon(one, i)
-            await anyio.lowlevel.checkpoint()  # A's creates are on their way
-            conn.send("started")
+        async def one(i: int, round_: int) -> None:
+            flood.append(await _create(api, "tenant-a", _flood_body(i, round_)))
+        round_ = 0
+        while round_ == 0 or not conn.poll():
+            async with anyio.create_task_group() as tg:
+                for i in range(A_FLOOD):
+                    tg.start_soon(one, i, round_)
+                await anyio.lowlevel.checkpoint()  # A's creates are on their way
+                if round_ == 0:
+                    conn.send("started")
+            round_ += 1
+        conn.recv()  # "stop"
         conn.send(flood)
     finally:
         await client.close()
@@ -182,18 +209,20 @@ async def _measure(lc: LocalCluster, workdir: Path, report: dict) -> None:
     try:
         fleet = Fleet(admin)
         await fleet.gpu_class(CLS, RES)
-        for i in range(3):
-            await fleet.node(f"fair-node-{i}", {RES: 8})
+        for i in range(NODES):
+            await fleet.node(f"fair-node-{i}", {RES: NODE_GPUS})
         await fleet.tenant("tenant-b", budgets={RES: 2 * B_VMIS}, user="user-b")
         await fleet.tenant("tenant-a", budgets={RES: A_BUDGET}, user="user-a")
+        await fleet.tenant("tenant-c", budgets={RES: BURST}, user="user-c")
         quotas = [int((await fleet.core.read_namespaced_resource_quota("gpu-budget", ns))
-                      .metadata.resource_version) for ns in ("tenant-a", "tenant-b")]
+                      .metadata.resource_version) for ns in ("tenant-a", "tenant-b", "tenant-c")]
         nodes = [int((await fleet.core.read_node(f"fair-node-{i}")).metadata.resource_version)
-                 for i in range(3)]
+                 for i in range(NODES)]
         cls = await fleet.custom.get_cluster_custom_object(GROUP, VERSION, "gpuclasses", CLS)
         await _replicas_saw(lc, {
             "gpuclasses": int(cls["metadata"]["resourceVersion"]),
-            "namespaces": int((await fleet.core.read_namespace("tenant-a")).metadata.resource_version),
+            "namespaces": max([int((await fleet.core.read_namespace(ns)).metadata.resource_version)
+                               for ns in ("tenant-a", "tenant-b", "tenant-c")]),
             "resourcequotas": max(quotas), "nodes": max(nodes)})
         uids = {}
         for plural in ("flowschemas", "prioritylevelconfigurations"):
@@ -202,6 +231,7 @@ async def _measure(lc: LocalCluster, workdir: Path, report: dict) -> None:
                 uids[obj["metadata"]["uid"]] = f"{plural}/{APF}"
     finally:
         await admin.close()
+    report["burst"] = await _burst(lc, workdir)
     path_a = lc.cp.write_user_kubeconfig(workdir / "user-a.kubeconfig", "user-a", (TENANTS,),
                                          namespace="tenant-a")
     client_b = await _user_client(lc, workdir, "user-b", "tenant-b")
@@ -224,6 +254,7 @@ async def _measure(lc: LocalCluster, workdir: Path, report: dict) -> None:
                 if step == "ready":
                     mine.send("go")
             busy = await _one_by_one(api_b, "tenant-b", "busy")
+            mine.send("stop")  # A's process stops after its round in progress
             flood: list[Outcome] = await anyio.to_thread.run_sync(mine.recv)
     finally:
         await client_b.close()
@@ -240,10 +271,60 @@ async def _measure(lc: LocalCluster, workdir: Path, report: dict) -> None:
         "webhook": sum(1 for st, _, _, seen in flood if st == 429 and seen.get("webhook")),
         "apiserver": sum(1 for st, _, _, seen in flood if st == 429 and not seen.get("webhook"))}
     report["a_client"] = "separate process"
+    report["a_rounds"] = len(flood) // A_FLOOD
     report["a_flood_seconds"] = round(max(o[2] for o in flood) - min(o[1] for o in flood), 3)
     report["apf"] = {  # what classified B's creates (None: no FlowSchema of ours)
         "flow_schema": sorted({uids.get(seen["fs"]) for *_, seen in alone + busy}, key=str),
         "priority_level": sorted({uids.get(seen["pl"]) for *_, seen in alone + busy}, key=str)}
+
+
+async def _retrying_create(api, ns: str, body: dict, seen: dict[int, int]) -> int:
+    """Create `body` in `ns` as client-go does: a 429 or 5xx answer carrying `Retry-After`
+    is sent again after that many seconds, at most `RETRIES` times. The final status (201
+    when admitted, 0 when no answer); every answer's status is counted in `seen`."""
+    for attempt in range(RETRIES + 1):
+        status, _, _, got = await _create(api, ns, body)
+        seen[status] = seen.get(status, 0) + 1
+        wait = got.get("retry_after")
+        if not (status == 429 or status >= 500) or wait is None or attempt == RETRIES:
+            return status
+        await anyio.sleep(wait)  # as told: the client's own wait, not a synchronisation
+    return status
+
+
+async def _burst(lc: LocalCluster, workdir: Path) -> dict:
+    """Tenant C, alone: `BURST` one-GPU creates, `BURST_AT_ONCE` at a time, retried as
+    client-go retries (`_retrying_create`): {n, admitted, share_admitted, seconds (first sent
+    to last answered), admissions_per_s, answers_by_status (every attempt's answer)}."""
+    from kubernetes_asyncio.client import CustomObjectsApi
+
+    client = await _user_client(lc, workdir, "user-c", "tenant-c")
+    seen: dict[int, int] = {}
+    final: list[int] = []
+    try:
+        api = CustomObjectsApi(client)
+        async with anyio.create_task_group() as tg:  # C's connections, opened beforehand
+            for _ in range(BURST_AT_ONCE):
+                tg.start_soon(functools.partial(api.list_namespaced_custom_object, VMI_GROUP,
+                                                VMI_VERSION, "tenant-c", VMIS, limit=1))
+        limit = anyio.CapacityLimiter(BURST_AT_ONCE)
+
+        async def one(i: int) -> None:
+            async with limit:
+                final.append(await _retrying_create(api, "tenant-c",
+                                                    _vmi(f"c-{i}", f"{CLS}=1"), seen))
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for i in range(BURST):
+                tg.start_soon(one, i)
+        seconds = time.monotonic() - started
+    finally:
+        await client.close()
+    admitted = sum(1 for st in final if st == 201)
+    return {"n": BURST, "at_once": BURST_AT_ONCE, "admitted": admitted,
+            "share_admitted": round(admitted / BURST, 3), "seconds": round(seconds, 3),
+            "admissions_per_s": round(admitted / seconds, 1) if seconds > 0 else None,
+            "answers_by_status": {str(k): v for k, v in sorted(seen.items())}}
 
 
 def _latencies(outs: list[Outcome]) -> dict:
@@ -279,20 +360,26 @@ def _commit() -> str:
         return "unknown"
 
 
-def run(out: Path) -> dict:
-    """Run the benchmark (one run, about a minute on 2 cores); write `out`/fairness.json and
-    return the report: `b_alone` and `b_under_flood` ({n, admitted, p50_s, p99_s, max_s,
-    each_s}, seconds per create), `ratio_p99` (under ÷ alone), `a_by_status` ({HTTP status:
-    count}, 0 for no answer) and `target` ({target, value, met}). Raises what LocalCluster
-    raises when the control plane cannot start."""
+def run(out: Path, controller_args: tuple[str, ...] = (),
+        baseline_burst_s: float | None = BURST_BEFORE_S) -> dict:
+    """Run the benchmark (one run, about a minute and a half on 2 cores) with the replicas'
+    extra `controller_args` (none: the shipped settings); write `out`/fairness.json and
+    return the report: `burst` (the lone tenant's, see `_burst`) and `burst_target` ({target,
+    value, met}: all admitted within `BURST_SLOWDOWN` x `baseline_burst_s`; met None without
+    a baseline), `b_alone` and `b_under_flood` ({n, admitted, p50_s, p99_s, max_s, each_s},
+    seconds per create), `ratio_p99` (under ÷ alone), `a_by_status` ({HTTP status: count},
+    0 for no answer) and `target` ({target, value, met}). Raises what LocalCluster raises
+    when the control plane cannot start."""
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {"benchmark": "fairness", "commit": _commit(),
                     "started": datetime.now(UTC).isoformat(timespec="seconds"),
                     "b_vmis": B_VMIS, "a_flood": A_FLOOD, "a_budget": A_BUDGET,
+                    "controller_args": list(controller_args),
                     "load_before": os.getloadavg(),
                     "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                 "platform": platform.platform()}}
-    with LocalCluster(controllers=2, log_dir=out / "logs") as lc:
+    with LocalCluster(controllers=2, controller_args=controller_args,
+                      log_dir=out / "logs") as lc:
         anyio.run(_measure, lc, out, report)
     report["load_after"] = os.getloadavg()
     inside = _webhook_seconds(out / "logs")
@@ -307,6 +394,15 @@ def run(out: Path) -> dict:
     report["ratio_p99"] = round(ratio, 2)
     report["target"] = {"target": f"B's p99 under A's flood <= {RATIO:g} x its p99 alone",
                         "value": report["ratio_p99"], "met": ratio <= RATIO}
+    burst = report["burst"]
+    limit = None if baseline_burst_s is None else BURST_SLOWDOWN * baseline_burst_s
+    report["burst_target"] = {
+        "target": f"all {BURST} of the lone tenant's burst admitted within "
+                  f"{BURST_SLOWDOWN:g} x its time before the gate"
+                  + (f" ({baseline_burst_s:g} s): {limit:.2f} s" if limit else " (no baseline)"),
+        "value": burst["seconds"],
+        "met": None if limit is None else (burst["admitted"] == BURST
+                                           and burst["seconds"] <= limit)}
     (out / "fairness.json").write_text(json.dumps(report, indent=2))
     return report
 
@@ -336,4 +432,14 @@ def summary(report: dict) -> list[str]:
         apf = report["apf"]
         lines.append(f"B's creates classified by {', '.join(map(str, apf['flow_schema']))} "
                      f"at {', '.join(map(str, apf['priority_level']))}")
+    if "burst" in report:
+        b = report["burst"]
+        lines.append(f"lone tenant's burst: {b['admitted']}/{b['n']} admitted "
+                     f"({b['share_admitted']:.0%}), {b['at_once']} at a time, in "
+                     f"{b['seconds']:.2f} s: {b['admissions_per_s']} admissions/s; answers "
+                     f"(retries included) by status: {b['answers_by_status']}")
+        t = report.get("burst_target")
+        if t:
+            met = {True: "met", False: "NOT met", None: "no baseline"}[t["met"]]
+            lines.append(f"target {t['target']}: {t['value']:.2f} s: {met}")
     return lines

@@ -89,6 +89,12 @@ class _TreeCollector:
             fam = GaugeMetricFamily(name, help_)
             fam.add_metric([], float(value or 0))
             yield fam
+        lent = CounterMetricFamily("gpu_binder_admission_turns_lent",
+                                   "turns given to a tenant past its share (--webhook-tenant-"
+                                   "concurrency) while no other tenant under its share waited: "
+                                   "idle capacity lent (issue 31)")
+        lent.add_metric([], float(stats.lent if stats is not None else 0))
+        yield lent
         dropped = CounterMetricFamily("gpu_binder_denial_events_dropped",
                                       "denial Events not written: the tenant's Event budget "
                                       "was spent")

@@ -86,14 +86,17 @@ class Denial:
         at `MESSAGE_LIMIT` characters), and for a code in `RETRY_AFTER_CODES` (429, 503:
         retryable) `details: {retryAfterSeconds}`.
 
-        Why details: kube-apiserver turns a denying webhook's status into the error it
-        answers with (k8s.io/apiserver/pkg/admission/plugin/webhook/errors/statuserror.go
-        `ToStatusErr`: code, reason and details kept, the message prefixed), and
-        `responsewriters.ErrorNegotiated` (k8s.io/apiserver/pkg/endpoints/handlers/
-        responsewriters/writers.go) sets the `Retry-After` header from
-        `details.retryAfterSeconds` when it is > 0. client-go retries a 429 or 5xx answer
-        that carries `Retry-After` by itself (rest/with_retry.go `checkWait`, up to 10
-        times), so kubectl and every Go client retry these denials without being told."""
+        Why details (read in k8s.io/apiserver v0.36.3, the kube-apiserver built here): the
+        mutating dispatcher (pkg/admission/plugin/webhook/mutating/dispatcher.go) turns a
+        denying response's status into the request's error with
+        pkg/admission/plugin/webhook/errors/statuserror.go `ToStatusErr`, which keeps code,
+        reason and details and only prefixes the message; the create handler answers that
+        error through `RequestScope.err` → pkg/endpoints/handlers/responsewriters/writers.go
+        `ErrorNegotiated`, which sets the `Retry-After` header from
+        `details.retryAfterSeconds` when it is > 0. client-go (k8s.io/client-go v0.36.3
+        rest/with_retry.go `IsNextRetry`/`checkWait`) retries a 429 or 5xx answer carrying
+        `Retry-After` by itself, up to 10 times: kubectl and every Go client retry these
+        denials unasked (tests/e2e/test_fairness.py sees the header and kubectl's retries)."""
         code, reason = STATUS[self.category]
         out: dict[str, Any] = {"code": code, "reason": reason,
                                "message": self.message[:MESSAGE_LIMIT]}

@@ -44,3 +44,22 @@ def test_summary_states_the_target_met_or_not():
                      "priority_level": ["prioritylevelconfigurations/gpu-binder-vmi-creates"]}
     assert summary(report)[6] == ("B's creates classified by flowschemas/gpu-binder-vmi-creates"
                                   " at prioritylevelconfigurations/gpu-binder-vmi-creates")
+
+
+def test_summary_gives_the_lone_tenants_burst_and_its_target():
+    base = {"b_alone": {"n": 50, "admitted": 50, "p50_s": 0.05, "p99_s": 0.08, "max_s": 0.08},
+            "b_under_flood": {"n": 50, "admitted": 50, "p50_s": 0.06, "p99_s": 0.1,
+                              "max_s": 0.1},
+            "a_flood": 200, "a_by_status": {"403": 200}, "a_flood_seconds": 1.0,
+            "target": {"target": "t", "value": 1.25, "met": True}, "load_before": (1, 1, 1),
+            "burst": {"n": 200, "at_once": 50, "admitted": 200, "share_admitted": 1.0,
+                      "seconds": 8.0, "admissions_per_s": 25.0,
+                      "answers_by_status": {"201": 200, "429": 31}},
+            "burst_target": {"target": "all 200 of the lone tenant's burst admitted within "
+                                       "1.5 x its time before the gate (6 s): 9.00 s",
+                             "value": 8.0, "met": True}}
+    lines = summary(base)
+    assert lines[-2] == ("lone tenant's burst: 200/200 admitted (100%), 50 at a time, in "
+                         "8.00 s: 25.0 admissions/s; answers (retries included) by status: "
+                         "{'201': 200, '429': 31}")
+    assert lines[-1].endswith("(6 s): 9.00 s: 8.00 s: met")
