@@ -175,3 +175,29 @@ async def test_another_try_of_the_same_vmi_is_not_refused_for_the_budget_its_fir
         assert h.admitting == ["vm", "vm"]
         h.release.set()
     assert h.adm._claims == {}
+
+
+async def test_a_turn_is_waited_for_while_the_reviews_deadline_allows_then_429_with_retry_after():
+    """Issue 31: no fixed line or wait; a review waits for a turn during the first three
+    quarters of the bind timeout (10 s here), then is answered 429 `tenant_busy` whose status
+    carries `details.retryAfterSeconds` (kube-apiserver's Retry-After)."""
+    from k8s.webhook.admission import AFTER_TURN
+    from tests.timing import advance
+
+    h = Harness()
+    h.adm.gate = TenantGate(capacity=1, per_tenant=1)  # the shipped defaults: no queue, no cap
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(h.handle, review("t1", "first", 1))    # holds the one turn
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(h.handle, review("t2", "second", 1))   # waits for it
+        await advance(10 * (1 - AFTER_TURN) - 0.01)
+        assert "second" not in h.answers and h.adm.gate.statistics().waiting == 1
+        await advance(0.02)
+        assert h.answers["second"]["status"] == {
+            "code": 429, "reason": "TooManyRequests", "details": {"retryAfterSeconds": 1},
+            "message": "tenant t2 has 0 GPU admissions in progress at this busy gpu-binder "
+                       "replica and this one waited 7.5 s for a turn of its fair share; too "
+                       "many requests, retry after 1 s"}
+        assert h.adm.rejected[("t2", Code.TENANT_BUSY)] == 1
+        h.release.set()
+    assert status(h.answers["first"]) == (True, 0)
