@@ -64,7 +64,8 @@ A_BUDGET = 4
 BURST, BURST_AT_ONCE = 200, 50  # the lone tenant's burst: creates, and how many at a time
 RETRIES = 10         # client-go's default (k8s.io/client-go rest.Request maxRetries)
 BURST_SLOWDOWN = 1.5  # the target: the burst within 1.5x the time it took before the gate
-BURST_BEFORE_S = None  # seconds of the burst before the gate: set from docs/benchmarks.md
+BURST_BEFORE_S = 7.27  # the burst before the work-conserving gate: main 33e865c with the
+# share unlimited (--webhook-tenant-concurrency=64), 2026-12-04, load 1.41 (docs/benchmarks.md)
 APF = "gpu-binder-vmi-creates"  # the shipped FlowSchema and PriorityLevelConfiguration
 FLOWCONTROL = ("flowcontrol.apiserver.k8s.io", "v1")
 FS_UID, PL_UID = "x-kubernetes-pf-flowschema-uid", "x-kubernetes-pf-prioritylevel-uid"
@@ -421,7 +422,8 @@ def summary(report: dict) -> list[str]:
                          f"which {r['in_webhook_s'][slowest]:.3f} s in the webhook's admission "
                          f"and {r['before_webhook_s'][slowest]:.3f} s before it (API server, "
                          f"the call to the webhook, its HTTP server)")
-    lines.append(f"A's {report['a_flood']} creates by status: {report['a_by_status']} "
+    lines.append(f"A's {report.get('a_rounds', 1)} x {report['a_flood']} creates by status: "
+                 f"{report['a_by_status']} "
                  f"(answered within {report['a_flood_seconds']:.1f} s; 429s by "
                  f"{report.get('a_429_by_source')})")
     t = report["target"]
