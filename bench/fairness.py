@@ -279,14 +279,20 @@ async def _measure(lc: LocalCluster, workdir: Path, report: dict) -> None:
         "priority_level": sorted({uids.get(seen["pl"]) for *_, seen in alone + busy}, key=str)}
 
 
-async def _retrying_create(api, ns: str, body: dict, seen: dict[int, int]) -> int:
+async def _retrying_create(api, ns: str, body: dict, seen: dict[int, int],
+                           waits: dict[int, int]) -> int:
     """Create `body` in `ns` as client-go does: a 429 or 5xx answer carrying `Retry-After`
     is sent again after that many seconds, at most `RETRIES` times. The final status (201
-    when admitted, 0 when no answer); every answer's status is counted in `seen`."""
+    when admitted, 0 when no answer); every answer's status is counted in `seen`, every
+    Retry-After (seconds) in `waits` (the API server's flow control raises its own from 1 s
+    up to 32 s while it keeps dropping a level's requests: k8s.io/apiserver
+    pkg/util/flowcontrol/dropped_requests_tracker.go)."""
     for attempt in range(RETRIES + 1):
         status, _, _, got = await _create(api, ns, body)
         seen[status] = seen.get(status, 0) + 1
         wait = got.get("retry_after")
+        if wait is not None:
+            waits[wait] = waits.get(wait, 0) + 1
         if not (status == 429 or status >= 500) or wait is None or attempt == RETRIES:
             return status
         await anyio.sleep(wait)  # as told: the client's own wait, not a synchronisation
@@ -296,11 +302,13 @@ async def _retrying_create(api, ns: str, body: dict, seen: dict[int, int]) -> in
 async def _burst(lc: LocalCluster, workdir: Path) -> dict:
     """Tenant C, alone: `BURST` one-GPU creates, `BURST_AT_ONCE` at a time, retried as
     client-go retries (`_retrying_create`): {n, admitted, share_admitted, seconds (first sent
-    to last answered), admissions_per_s, answers_by_status (every attempt's answer)}."""
+    to last answered), admissions_per_s, answers_by_status (every attempt's answer),
+    retry_after_s ({seconds: answers that said so})}."""
     from kubernetes_asyncio.client import CustomObjectsApi
 
     client = await _user_client(lc, workdir, "user-c", "tenant-c")
     seen: dict[int, int] = {}
+    waits: dict[int, int] = {}
     final: list[int] = []
     try:
         api = CustomObjectsApi(client)
@@ -313,7 +321,7 @@ async def _burst(lc: LocalCluster, workdir: Path) -> dict:
         async def one(i: int) -> None:
             async with limit:
                 final.append(await _retrying_create(api, "tenant-c",
-                                                    _vmi(f"c-{i}", f"{CLS}=1"), seen))
+                                                    _vmi(f"c-{i}", f"{CLS}=1"), seen, waits))
         started = time.monotonic()
         async with anyio.create_task_group() as tg:
             for i in range(BURST):
@@ -325,7 +333,8 @@ async def _burst(lc: LocalCluster, workdir: Path) -> dict:
     return {"n": BURST, "at_once": BURST_AT_ONCE, "admitted": admitted,
             "share_admitted": round(admitted / BURST, 3), "seconds": round(seconds, 3),
             "admissions_per_s": round(admitted / seconds, 1) if seconds > 0 else None,
-            "answers_by_status": {str(k): v for k, v in sorted(seen.items())}}
+            "answers_by_status": {str(k): v for k, v in sorted(seen.items())},
+            "retry_after_s": {str(k): v for k, v in sorted(waits.items())}}
 
 
 def _latencies(outs: list[Outcome]) -> dict:
@@ -363,7 +372,7 @@ def _commit() -> str:
 
 def run(out: Path, controller_args: tuple[str, ...] = (),
         baseline_burst_s: float | None = BURST_BEFORE_S) -> dict:
-    """Run the benchmark (one run, about a minute and a half on 2 cores) with the replicas'
+    """Run the benchmark (one run, about half a minute on 2 cores) with the replicas'
     extra `controller_args` (none: the shipped settings); write `out`/fairness.json and
     return the report: `burst` (the lone tenant's, see `_burst`) and `burst_target` ({target,
     value, met}: all admitted within `BURST_SLOWDOWN` x `baseline_burst_s`; met None without
@@ -439,7 +448,8 @@ def summary(report: dict) -> list[str]:
         lines.append(f"lone tenant's burst: {b['admitted']}/{b['n']} admitted "
                      f"({b['share_admitted']:.0%}), {b['at_once']} at a time, in "
                      f"{b['seconds']:.2f} s: {b['admissions_per_s']} admissions/s; answers "
-                     f"(retries included) by status: {b['answers_by_status']}")
+                     f"(retries included) by status: {b['answers_by_status']}; Retry-After "
+                     f"seconds told: {b.get('retry_after_s')}")
         t = report.get("burst_target")
         if t:
             met = {True: "met", False: "NOT met", None: "no baseline"}[t["met"]]

@@ -54,12 +54,13 @@ def test_summary_gives_the_lone_tenants_burst_and_its_target():
             "target": {"target": "t", "value": 1.25, "met": True}, "load_before": (1, 1, 1),
             "burst": {"n": 200, "at_once": 50, "admitted": 200, "share_admitted": 1.0,
                       "seconds": 8.0, "admissions_per_s": 25.0,
-                      "answers_by_status": {"201": 200, "429": 31}},
+                      "answers_by_status": {"201": 200, "429": 31},
+                      "retry_after_s": {"1": 31}},
             "burst_target": {"target": "all 200 of the lone tenant's burst admitted within "
                                        "1.5 x its time before the gate (6 s): 9.00 s",
                              "value": 8.0, "met": True}}
     lines = summary(base)
     assert lines[-2] == ("lone tenant's burst: 200/200 admitted (100%), 50 at a time, in "
                          "8.00 s: 25.0 admissions/s; answers (retries included) by status: "
-                         "{'201': 200, '429': 31}")
+                         "{'201': 200, '429': 31}; Retry-After seconds told: {'1': 31}")
     assert lines[-1].endswith("(6 s): 9.00 s: 8.00 s: met")
