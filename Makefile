@@ -6,10 +6,12 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-fast lint-imports controlplane helm image clean
 
+# The venv, with the package installed editable: pyproject's `package-dir` makes that one `.pth`
+# file naming this checkout, so the harness, fakes, bench and tests import from it as well.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --config-settings editable_mode=compat -e '.[test,bench]'
+	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $(STAMP)
 
 controlplane:
