@@ -231,36 +231,54 @@ async def find_launchers(api, rows: list[Row], timeout: float = 60.0) -> None:
             await anyio.sleep(0.5)
 
 
+DENIED_PREFIX = 'admission webhook "vmi.gpu.cozystack.io" denied the request: '
+
+
 def short_reason(reason: str, limit: int = 140) -> str:
-    """A denial as the table shows it: without the API server's own "admission webhook …
-    denied the request: " prefix and, when longer than `limit`, its end (gpu-binder's
-    messages name the request and its devices first, the reasons last). The text of
-    gpu-binder's reasons is not parsed: it is rendered once, in `model.reasons`."""
-    reason = reason.replace('admission webhook "vmi.gpu.cozystack.io" denied the request: ', "")
-    return reason if len(reason) <= limit else "…" + reason[-(limit - 1):]
+    """A denial or a waiting VM's message as the table shows it: without the API server's own
+    `DENIED_PREFIX`, and, when longer than `limit` characters, its beginning up to the last
+    whole word that fits, then "…" (at most `limit` characters in all). The beginning says
+    which request and what kind of no it is, so it is what is kept; the whole message is in
+    the VM's GPUSetReady condition and in `kubectl get events`. The text of gpu-binder's
+    reasons is not parsed: it is rendered once, in `model.reasons`. Raises ValueError when
+    `limit` is below 2 (no room for one character and the ellipsis)."""
+    if limit < 2:
+        raise ValueError(f"limit must be at least 2, got {limit}")
+    reason = reason.replace(DENIED_PREFIX, "")
+    if len(reason) <= limit:
+        return reason
+    head = reason[:limit - 1]
+    cut = reason.rfind(" ", 0, limit)   # the last word end that leaves room for "…"
+    if cut > limit // 2:   # end on a whole word, unless that throws away more than half
+        head = reason[:cut]
+    return head.rstrip(" ,;:") + "…"
 
 
 def print_table(rows: list[Row]) -> None:
+    """Print one line per VM (or VMI) with labelled columns, then the totals. ANSWER AFTER is
+    the seconds from the create call to the answer: for a VMI the webhook's admit or denial,
+    for a VM its VMI admitted or its GPUSetReady=False condition seen (polled every 0.5 s)."""
     print()
     vms = any(r.state is not None for r in rows)
     kind = "VM" if vms else "VMI"
-    print(f"{kind:<22} {'TENANT':<12} {'GPUs ASKED':<28} {'STATE':<10} {'RESULT'}")
-    print("-" * 130)
+    print(f"{kind:<22} {'TENANT':<12} {'GPUs ASKED':<28} {'STATE':<10} {'ANSWER AFTER':<13} RESULT")
+    print("-" * 150)
     for r in rows:
         if r.node:
             pod = (f"virt-launcher Pod bound to {r.launcher_node} by kube-scheduler, requests "
                    f"{r.launcher_gpus} GPU{'s' if r.launcher_gpus != 1 else ''}"
                    if r.launcher_node else "virt-launcher Pod NOT bound")
-            result = f"admitted, pinned to {r.node} ({r.seconds:.2f} s); {pod}"
+            result = f"admitted, pinned to {r.node}; {pod}"
         elif vms:
             result = short_reason(r.reason or "no answer yet (neither started nor waiting)")
         else:
             result = f"REFUSED: {short_reason(r.reason or '')}"
         state = r.state or ("Admitted" if r.node else "Refused")
-        print(f"{r.vmi:<22} {r.tenant:<12} {r.asked:<28} {state:<10} {result}")
+        took = f"{r.seconds:.2f} s"
+        print(f"{r.vmi:<22} {r.tenant:<12} {r.asked:<28} {state:<10} {took:<13} {result}")
     admitted = [r for r in rows if r.node]
     on_pin = [r for r in admitted if r.launcher_node == r.node]
-    print("-" * 130)
+    print("-" * 150)
     print(f"{len(rows)} {kind}s: {len(admitted)} admitted, {len(rows) - len(admitted)} "
           f"{'waiting' if vms else 'refused'}; "
           f"{len(on_pin)} of {len(admitted)} launcher Pods bound on their pinned node")
@@ -315,6 +333,7 @@ def run(*, nodes: int = 8, vmis: int = 30, seed: int = 7, log_dir: Path = Path("
         print_table(rows)
         print(f"\nleader: {lc.leader()}; per-node decision logs: "
               f"{log_dir}/<replica>/<node>.jsonl (e.g. tail -f {log_dir}/{lc.leader()}/gpu-node-00.jsonl)")
+        print("\nevery GPUDevice afterwards (kubectl get gpudevices -A, by node):")
         print(lc.cp.kubectl("get", "gpudevices", "-A", "--sort-by=.status.nodeName").stdout)
         if keep:
             print(f"kept running; admin kubeconfig: {lc.cp.admin_kubeconfig}. Ctrl-C stops it.")

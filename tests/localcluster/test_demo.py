@@ -1,0 +1,60 @@
+"""The demo's table (localcluster.demo, no cluster): a long refusal keeps its beginning and is
+cut at its end with an ellipsis, on a whole word; every column has a label."""
+
+from __future__ import annotations
+
+import pytest
+
+from localcluster.demo import DENIED_PREFIX, Row, print_table, short_reason
+
+# a refusal as a waiting VM shows it, rendered by model.reasons (SetNeeds), 185 characters
+LONG = ("waiting (GPUSetRefused): GPU set of tenant-blue/vm-07-h100x4 refused: the set needs "
+        "4 × nvidia.com/GH100_H100 (class h100) on one node; the most free on an eligible "
+        "node serving it is 0")
+
+
+def test_a_short_reason_is_shown_whole_without_the_api_servers_prefix():
+    assert short_reason(DENIED_PREFIX + "budget: no room") == "budget: no room"
+    assert short_reason("x" * 140) == "x" * 140
+
+
+def test_a_long_reason_keeps_its_beginning_and_ends_with_an_ellipsis_on_a_whole_word():
+    got = short_reason(LONG, limit=100)
+    assert got == ("waiting (GPUSetRefused): GPU set of tenant-blue/vm-07-h100x4 refused: the set "
+                   "needs 4 ×…")
+    assert len(got) <= 100
+    assert short_reason(DENIED_PREFIX + LONG, limit=100) == got   # the prefix is not counted
+
+
+def test_a_reason_without_spaces_is_cut_mid_word_at_the_limit():
+    assert short_reason("a" * 50, limit=10) == "a" * 9 + "…"
+
+
+def test_a_cut_drops_the_punctuation_before_the_ellipsis():
+    assert short_reason("refused: the set, and more words after it", limit=18) == "refused: the set…"
+
+
+@pytest.mark.parametrize("limit", [1, 0, -5])
+def test_a_limit_without_room_for_the_ellipsis_is_refused(limit):
+    with pytest.raises(ValueError, match=f"limit must be at least 2, got {limit}"):
+        short_reason(LONG, limit=limit)
+
+
+def test_the_table_labels_every_column_and_shows_the_answer_time_under_its_label(capsys):
+    rows = [Row("vm-00-h100x1", "tenant-acme", "h100=1", node="gpu-node-00", seconds=0.876,
+                launcher_node="gpu-node-00", launcher_gpus=1, state="Running"),
+            Row("vm-07-h100x4", "tenant-blue", "h100=4", reason=LONG, seconds=2.5, state="Waiting")]
+    print_table(rows)
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[1]
+    assert header.split() == ["VM", "TENANT", "GPUs", "ASKED", "STATE", "ANSWER", "AFTER", "RESULT"]
+    admitted = next(line for line in lines if line.startswith("vm-00-h100x1"))
+    assert admitted.index("0.88 s") == header.index("ANSWER AFTER")
+    assert admitted[header.index("RESULT"):] == (
+        "admitted, pinned to gpu-node-00; virt-launcher Pod bound to gpu-node-00 by "
+        "kube-scheduler, requests 1 GPU")
+    waiting = next(line for line in lines if line.startswith("vm-07-h100x4"))
+    assert waiting.index("2.50 s") == header.index("ANSWER AFTER")
+    assert waiting[header.index("RESULT"):] == short_reason(LONG)
+    assert lines[-2] == "2 VMs: 1 admitted, 1 waiting; 1 of 1 launcher Pods bound on their pinned node"
+    assert lines[-1] == "admitted per node: gpu-node-00=1"
