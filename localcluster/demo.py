@@ -234,12 +234,13 @@ async def find_launchers(api, rows: list[Row], timeout: float = 60.0) -> None:
 DENIED_PREFIX = 'admission webhook "vmi.gpu.cozystack.io" denied the request: '
 
 
-def short_reason(reason: str, limit: int = 140) -> str:
+def short_reason(reason: str, limit: int = 200) -> str:
     """A denial or a waiting VM's message as the table shows it: without the API server's own
     `DENIED_PREFIX`, and, when longer than `limit` characters, its beginning up to the last
     whole word that fits, then "…" (at most `limit` characters in all). The beginning says
     which request and what kind of no it is, so it is what is kept; the whole message is in
-    the VM's GPUSetReady condition and in `kubectl get events`. The text of gpu-binder's
+    the VM's GPUSetReady condition and in `kubectl get events`. The default `limit` shows a
+    one-reason refusal whole (a budget's or a set's need, about 190 characters). The text of gpu-binder's
     reasons is not parsed: it is rendered once, in `model.reasons`. Raises ValueError when
     `limit` is below 2 (no room for one character and the ellipsis)."""
     if limit < 2:

@@ -15,7 +15,8 @@ LONG = ("waiting (GPUSetRefused): GPU set of tenant-blue/vm-07-h100x4 refused: t
 
 def test_a_short_reason_is_shown_whole_without_the_api_servers_prefix():
     assert short_reason(DENIED_PREFIX + "budget: no room") == "budget: no room"
-    assert short_reason("x" * 140) == "x" * 140
+    assert short_reason(LONG) == LONG   # one reason, shown whole by default
+    assert short_reason("x" * 200) == "x" * 200
 
 
 def test_a_long_reason_keeps_its_beginning_and_ends_with_an_ellipsis_on_a_whole_word():
@@ -43,7 +44,8 @@ def test_a_limit_without_room_for_the_ellipsis_is_refused(limit):
 def test_the_table_labels_every_column_and_shows_the_answer_time_under_its_label(capsys):
     rows = [Row("vm-00-h100x1", "tenant-acme", "h100=1", node="gpu-node-00", seconds=0.876,
                 launcher_node="gpu-node-00", launcher_gpus=1, state="Running"),
-            Row("vm-07-h100x4", "tenant-blue", "h100=4", reason=LONG, seconds=2.5, state="Waiting")]
+            Row("vm-07-h100x4", "tenant-blue", "h100=4", reason=LONG + "; " + LONG, seconds=2.5,
+                state="Waiting")]
     print_table(rows)
     lines = capsys.readouterr().out.splitlines()
     header = lines[1]
@@ -55,6 +57,8 @@ def test_the_table_labels_every_column_and_shows_the_answer_time_under_its_label
         "kube-scheduler, requests 1 GPU")
     waiting = next(line for line in lines if line.startswith("vm-07-h100x4"))
     assert waiting.index("2.50 s") == header.index("ANSWER AFTER")
-    assert waiting[header.index("RESULT"):] == short_reason(LONG)
+    shown = waiting[header.index("RESULT"):]
+    assert shown == short_reason(LONG + "; " + LONG) and len(shown) <= 200
+    assert shown.startswith(LONG) and shown.endswith("…")
     assert lines[-2] == "2 VMs: 1 admitted, 1 waiting; 1 of 1 launcher Pods bound on their pinned node"
     assert lines[-1] == "admitted per node: gpu-node-00=1"
