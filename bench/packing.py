@@ -46,7 +46,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import signal
 import time
 from collections import defaultdict
@@ -56,9 +55,9 @@ from pathlib import Path
 import anyio
 
 from bench import packing_trace as pt
+from bench.common import base_vmi, commit, machine, watch_namespaced
 from localcluster.cluster import LocalCluster
 from localcluster.fleet import Fleet
-from localcluster.paths import KUBEVIRT_FIXTURES
 from model.types import TEMPLATE_FOR_LABEL
 
 SYSTEMS = {"a": "gpu-binder", "b": "kube-scheduler (default)", "c": "kube-scheduler MostAllocated",
@@ -113,33 +112,6 @@ class Seen:
             if pns == ns and p["uid"] == uid:
                 return name, p
         return None
-
-
-async def _watch(list_fn, args: tuple, on_event, prefix: str) -> None:
-    """List then watch forever (re-listing after an expiry), calling on_event(type, obj dict)."""
-    from kubernetes_asyncio import watch
-    from kubernetes_asyncio.client import ApiException
-
-    while True:
-        listed = await list_fn(*args, _preload_content=False)
-        body = json.loads(await listed.read())
-        listed.release()
-        for obj in body.get("items") or []:
-            if obj["metadata"]["namespace"].startswith(prefix):
-                on_event("ADDED", obj)
-        rv = body["metadata"]["resourceVersion"]
-        try:
-            async with watch.Watch().stream(list_fn, *args, resource_version=rv,
-                                            timeout_seconds=600) as stream:
-                async for ev in stream:
-                    obj = ev["raw_object"]
-                    if obj.get("kind") == "Status":
-                        break
-                    if obj["metadata"]["namespace"].startswith(prefix):
-                        on_event(ev["type"], obj)
-        except ApiException as exc:
-            if exc.status != 410:
-                raise
 
 
 def _device_event(seen: Seen, kind: str, obj: dict) -> None:
@@ -201,7 +173,7 @@ class Lane:
 
 
 def _vmi(name: str, lane: Lane, s: pt.GpuSet) -> dict:
-    v = _base_vmi()
+    v = base_vmi()
     v["apiVersion"] = f"{VMI_GROUP}/{VMI_VERSION}"
     v["metadata"] = {"name": name, "labels": {"pk-bench/set": str(s.id)}}
     if lane.system in ("a", "e"):
@@ -215,21 +187,6 @@ def _vmi(name: str, lane: Lane, s: pt.GpuSet) -> dict:
         if lane.system == "c":
             v["spec"]["schedulerName"] = MOST_ALLOCATED
     return v
-
-
-def _base_vmi() -> dict:
-    """A fresh copy of KubeVirt's own vmi-gpu example (parsed once)."""
-    import copy
-
-    import yaml
-
-    global _BASE
-    if _BASE is None:
-        _BASE = yaml.safe_load((KUBEVIRT_FIXTURES / "vmi-gpu.yaml").read_text())
-    return copy.deepcopy(_BASE)
-
-
-_BASE: dict | None = None
 
 
 def _held_names(s: pt.GpuSet) -> list[str]:
@@ -489,9 +446,8 @@ def prepare(plan: Plan, *, seed: int, quick: bool = False, simulate_only: bool =
                  "arrivals_per_window": plan.per_window, "deadline_s": plan.deadline,
                  "warmup_mean_lives": plan.warmup, "held_share": 0.3, "idle_share": 0.5,
                  "sizes": dict(zip(map(str, pt.SIZES), pt.SIZE_WEIGHTS))},
-        "systems": SYSTEMS, "commit": _commit(), "load_before": os.getloadavg(),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()}, "loads": {}}
+        "systems": SYSTEMS, "commit": commit(), "load_before": os.getloadavg(),
+        "machine": machine(), "loads": {}}
     for load, tr in traces.items():
         bound = pt.simulate(tr, "repack")
         report["loads"][str(load)] = {
@@ -503,19 +459,6 @@ def prepare(plan: Plan, *, seed: int, quick: bool = False, simulate_only: bool =
                            **pt.simulate_all(tr)},
             "systems": {"d": {**pt.score(tr, bound), "timeline": _timeline(tr, bound)}}}
     return traces, report
-
-
-def _commit() -> str:
-    """The checkout's `git describe --always --dirty`, or "unknown" outside a git checkout."""
-    import subprocess
-
-    from localcluster.paths import REPO_ROOT
-
-    try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT,
-                              capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def finish(report: dict, out: Path) -> dict:
@@ -593,10 +536,10 @@ async def _measure(lc: LocalCluster, plan: Plan, lanes: dict, report: dict, pref
         await _setup(fleet, lanes)
         async with anyio.create_task_group() as watches:
             custom, core = CustomObjectsApi(api), CoreV1Api(api)
-            watches.start_soon(_watch, custom.list_cluster_custom_object,
+            watches.start_soon(watch_namespaced, custom.list_cluster_custom_object,
                                (DEV_GROUP, DEV_VERSION, "gpudevices"),
                                lambda k, o: _device_event(seen, k, o), prefix)
-            watches.start_soon(_watch, core.list_pod_for_all_namespaces, (),
+            watches.start_soon(watch_namespaced, core.list_pod_for_all_namespaces, (),
                                lambda k, o: _pod_event(res_of, seen, k, o), prefix)
             rep = Replayer(api, seen, deadline=plan.deadline)
             first = [ln for ln in lanes.values() if ln.system != "e"]
