@@ -35,6 +35,19 @@ def commit() -> str:
         return "unknown"
 
 
+def head_sha() -> str | None:
+    """The checkout's HEAD commit (40 hex digits), None outside a git checkout."""
+    import subprocess
+
+    from localcluster.paths import REPO_ROOT
+
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def machine() -> dict:
     """{cpus, python, platform} of this machine, as every report records it."""
     return {"cpus": os.cpu_count(), "python": platform.python_version(),
@@ -48,6 +61,13 @@ def percentile(values: list[float], p: float) -> float | None:
         return None
     values = sorted(values)
     return values[min(len(values) - 1, max(0, int(round(p / 100 * (len(values) - 1)))))]
+
+
+def nearest_rank(sorted_values: list[float], p: float) -> float:
+    """The nearest-rank `p`-th percentile (0-100) of `sorted_values` (sorted, not empty):
+    the value at rank ceil(p/100 · n)."""
+    k = max(0, min(len(sorted_values) - 1, -(-len(sorted_values) * p // 100) - 1))
+    return sorted_values[int(k)]
 
 
 # -- the API --------------------------------------------------------------------------------
