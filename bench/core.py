@@ -376,6 +376,7 @@ def run(out: Path, *, quick: bool = False, seed: int = 1) -> dict:
 
 
 def main() -> None:
+    """`python -m bench.core`: the benchmark, or (internal) one point in this process."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--quick", action="store_true")

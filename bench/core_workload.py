@@ -35,6 +35,7 @@ class Fleet:
 
     @property
     def capacity(self) -> int:
+        """GPUs in the fleet."""
         return self.nodes * self.gpus
 
 

@@ -29,6 +29,7 @@ class Seen:
     """(namespace, name) -> {uid: created-by VMI uid, node, unschedulable, gpus}."""
 
     def used_per_node(self, lane: "Lane") -> dict[str, int]:
+        """{node: GPUs in use} of `lane`: its Bound devices (a, e) or its bound Pods' GPUs."""
         used: dict[str, int] = defaultdict(int)
         if lane.system in ("a", "e"):
             for (ns, _), (node, _t) in self.devices.items():
@@ -41,6 +42,7 @@ class Seen:
         return used
 
     def pod_of(self, ns: str, uid: str) -> tuple[str, dict] | None:
+        """(name, pod) of the launcher Pod in `ns` of the VMI `uid`, None when none."""
         for (pns, name), p in self.pods.items():
             if pns == ns and p["uid"] == uid:
                 return name, p

@@ -114,6 +114,7 @@ class Release:
         self.timeline: list[tuple[float, str]] = []
 
     def note(self, what: str) -> None:
+        """Record `what` in the timeline, now."""
         self.timeline.append((round(time.monotonic(), 1), what))
 
     def helm_run(self, *args: str) -> str:
@@ -495,6 +496,7 @@ class Clients:
         return client
 
     async def close(self) -> None:
+        """Close every client made."""
         for c in self.made:
             await c.close()
 
@@ -560,6 +562,7 @@ class Compat:
         return await until(probe, timeout=30, interval=0.5, what=f"{name} admitted")
 
     async def delete(self, name: str) -> None:
+        """Delete VMI `name`; ApiException as the API answers (404 included)."""
         await self.api.delete_namespaced_custom_object(*KV[:2], self.ns, KV[2], name)
 
     async def device(self, fleet) -> dict:

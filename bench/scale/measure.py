@@ -316,6 +316,8 @@ class Measure:
 
 
 def on_pin(recs: list[VmiRecord]) -> dict:
+    """{bound_on_pin, off_pin_or_unbound}: of `recs`' admitted VMIs, how many have their
+    launcher Pod on the node the webhook pinned (B3) and how many not (or not bound)."""
     adm = [r for r in recs if r.admitted]
     ok = sum(1 for r in adm if r.node and r.node == r.pin)
     return {"bound_on_pin": ok, "off_pin_or_unbound": len(adm) - ok}

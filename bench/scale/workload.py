@@ -120,6 +120,7 @@ class Population:
 
     @property
     def admitted(self) -> list[VmiRecord]:
+        """The VMIs admitted, in the order asked."""
         return [v for v in self.vmis if v.admitted]
 
     @property

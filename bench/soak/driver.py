@@ -93,6 +93,7 @@ class Soak:
         self.final: dict = {}
 
     def now(self) -> float:
+        """Seconds since the churn started."""
         return time.monotonic() - self.t0
 
     # -- population --------------------------------------------------------------------
@@ -215,6 +216,10 @@ class Soak:
             await anyio.sleep(wait)
 
     async def create(self, op: Op) -> None:
+        """Create op's VMI as its tenant (held devices from the tenant's free pool when the
+        op asks and enough are free) and record it (`Rec`): admitted with its pin and the
+        launcher Pod's node, refused with the API's answer, or lost (no answer within
+        `answer_timeout`, or the launcher Pod not bound on its pin within `pod_timeout`)."""
         from kubernetes_asyncio.client import ApiException
 
         s = self.spec
@@ -272,6 +277,8 @@ class Soak:
             self.running[ns].append(rec)
 
     async def delete(self, op: Op) -> None:
+        """Delete op's tenant's oldest running VMI (skipped while fewer than `n_live` are
+        held as admitted), its held devices back in the free pool."""
         from kubernetes_asyncio.client import ApiException
 
         ns = self.spec.tenant(op.tenant)
@@ -296,6 +303,7 @@ class Soak:
         self.held_free[(ns, rec.cls)] |= set(rec.held)
 
     async def cordon(self, op: Op, on: bool) -> None:
+        """Cordon (`on`) or uncordon op's node; TimeoutError after 60 s of retries."""
         name = self.spec.node(op.node)
         await self._call(self.fleet.core.patch_node, name, {"spec": {"unschedulable": on}},
                          what="cordon", deadline=time.monotonic() + 60,
@@ -343,6 +351,7 @@ class Soak:
         self.log(f"soak: t={at:.0f}s killed leader {old}; {new} leads after {takeover} s")
 
     async def restart_apiserver(self) -> None:
+        """Kill and restart kube-apiserver, recording the outage."""
         at, t = round(self.now(), 1), time.monotonic()
         await self._spawning(self.cp.restart_apiserver)
         self.events.append({"at": at, "kind": "restart-apiserver",
@@ -380,6 +389,8 @@ class Soak:
         return got
 
     async def sampler(self) -> None:
+        """While churning, check the invariants every `check_every` s (violations tallied
+        and logged; a failed read skipped)."""
         while self.churning:
             got = await self._sample()
             if got is not None:

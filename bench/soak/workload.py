@@ -61,14 +61,17 @@ class SoakSpec:
 
     @property
     def n_tenants(self) -> int:
+        """Tenants: `tenants`, or nodes // 50, at least 2."""
         return self.tenants or max(2, self.nodes // 50)
 
     @property
     def n_live(self) -> int:
+        """VMIs kept running: `live`, or 2 per node."""
         return self.live or 2 * self.nodes
 
     @property
     def seconds(self) -> float:
+        """The churn's length in seconds."""
         return self.minutes * 60
 
     @property
@@ -84,10 +87,12 @@ class SoakSpec:
 
     @property
     def resource(self) -> str:
+        """The "own" population's extended resource."""
         return f"{self.prefix}gpu.example.com/gpu"
 
     @property
     def cls(self) -> str:
+        """The "own" population's GPUClass."""
         return f"{self.prefix}h100"
 
     def scale_spec(self) -> ScaleSpec | None:
@@ -127,9 +132,11 @@ class SoakSpec:
         return max(8, int(self.nodes * self.gpus_per_node * share * self.budget_share))
 
     def tenant(self, i: int) -> str:
+        """Tenant `i`'s namespace."""
         return f"{self.prefix}t{i:02d}"
 
     def node(self, i: int) -> str:
+        """Node `i`'s name."""
         return f"{self.prefix}n{i:04d}"
 
 
