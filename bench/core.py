@@ -37,19 +37,12 @@ import argparse
 import gc
 import json
 import logging
-import os
-import platform
-import random
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
-from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -57,55 +50,22 @@ import anyio
 
 from actors.heap import restore_heap, settle_heap
 from actors.logging import configure_logging
-from fakes.memory_store import MemoryStore
 from actors.ports import SystemClock
+from bench.common import nearest_rank
+from bench.core_report import TARGETS, facts, plot, print_table, targets
+from bench.core_workload import (GPUS, NOW, Ask, Fleet, Lifecycle, build_store,
+                                 request_names, request_stream)
 from model.decide import Request, apply_decision, decide
 from model.snapshot import Snapshot
-from model.types import Attachment, BindRequest, DeviceStatus, GPUDevice, OnCordon, Result
+from model.types import Attachment, BindRequest, DeviceStatus, GPUDevice, Result
 from supervisor import Binder, BinderConfig
 
 FLEETS = (10, 100, 1000, 5000)
 CONCURRENCY = (1, 10, 50, 200)
 QUICK_FLEETS = (10, 1000)
 QUICK_CONCURRENCY = (1, 50)
-GPUS = 8
-TENANTS = 50
-H100, L40S = "nvidia.com/H100", "nvidia.com/L40S"
-CLASSES = {"h100": (H100, OnCordon.MOVE), "h100-stay": (H100, OnCordon.STAY), "l40s": (L40S, OnCordon.MOVE)}
-CLASS_WEIGHTS = (("h100", 4), ("h100-stay", 1), ("l40s", 5))
-ZONES = ("z0", "z1", "z2")
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 RUN_TIMEOUT = 600.0
 """Seconds one actor run may take before it fails (a request never answered)."""
-TARGETS = {"nodes": 1000, "concurrency": 50, "decisions_per_s": 2000.0, "ratio": 0.5,
-           "p99_ms": 20.0, "rss_nodes": 5000, "rss_devices": 40000, "rss_mib": 500.0}
-
-
-@dataclass(frozen=True, slots=True)
-class Fleet:
-    """`nodes` × `gpus`; `fill` = share of GPUs Bound to held devices at the start;
-    `pending` more held devices left Pending; `running` = share of GPUs the template
-    devices of running VMs may take before the oldest VMs stop."""
-
-    nodes: int
-    gpus: int = GPUS
-    fill: float = 0.4
-    pending: int = 0
-    running: float = 0.3
-
-    @property
-    def capacity(self) -> int:
-        return self.nodes * self.gpus
-
-
-@dataclass(frozen=True, slots=True)
-class Ask:
-    """One request of the stream: tenant, class, set size, nodeSelector (frozen pairs)."""
-
-    tenant: str
-    class_name: str
-    size: int
-    selector: tuple[tuple[str, str], ...] = ()
 
 
 class _Discard:
@@ -114,83 +74,6 @@ class _Discard:
 
     def flush(self) -> None:
         pass
-
-
-# -- the workload ---------------------------------------------------------------------------
-
-
-def build_store(fleet: Fleet, seed: int) -> MemoryStore:
-    """The fleet in a MemoryStore: nodes, classes, tenants with budgets, and held devices
-    (`fill` of the GPUs Bound, on random nodes with room; `pending` more Pending)."""
-    rng = random.Random(seed)
-    store = MemoryStore(seed=seed, keep_history=False)  # a record per write: not the system's
-    for name, (res, on_cordon) in CLASSES.items():
-        store.add_class(name, res, on_cordon=on_cordon)
-    names = [f"node-{i:05d}" for i in range(fleet.nodes)]
-    res_of = {}
-    for i, name in enumerate(names):
-        res_of[name] = H100 if i % 2 == 0 else L40S
-        store.add_node(name, {res_of[name]: fleet.gpus}, labels={"topology.kubernetes.io/zone": ZONES[i % 3]})
-    tenants = [f"tenant-{t:02d}" for t in range(TENANTS)]
-    per_res = fleet.capacity // 2
-    for t in tenants:
-        store.add_namespace(t)
-        for res in (H100, L40S):  # twice a fair share of a resource: it seldom bites
-            store.add_budget(t, res, max(8, 2 * per_res // TENANTS))
-    free = {name: fleet.gpus for name in names}
-    open_nodes = list(names)
-    for n in range(int(fleet.capacity * fleet.fill)):
-        i = rng.randrange(len(open_nodes))
-        node = open_nodes[i]
-        free[node] -= 1
-        if free[node] == 0:
-            open_nodes[i] = open_nodes[-1]
-            open_nodes.pop()
-        cls = "l40s" if res_of[node] == L40S else ("h100" if rng.random() < 0.8 else "h100-stay")
-        store.add_device(tenants[n % TENANTS], f"held-{n:06d}", cls, node=node)
-    for n in range(fleet.pending):
-        store.add_device(tenants[n % TENANTS], f"idle-{n:06d}", rng.choice(list(CLASSES)))
-    return store
-
-
-def request_stream(n: int, seed: int) -> list[Ask]:
-    """`n` seeded requests: a tenant, a class (h100 40 %, h100-stay 10 %, l40s 50 %), a set
-    size uniform in 1–8, a zone nodeSelector on one request in ten."""
-    rng = random.Random(seed * 7919 + 17)
-    classes = [c for c, w in CLASS_WEIGHTS for _ in range(w)]
-    out = []
-    for _ in range(n):
-        sel = ((("topology.kubernetes.io/zone", rng.choice(ZONES)),) if rng.random() < 0.1 else ())
-        out.append(Ask(f"tenant-{rng.randrange(TENANTS):02d}", rng.choice(classes),
-                       rng.randint(1, 8), sel))
-    return out
-
-
-class _Lifecycle:
-    """Which template devices to delete after an answer: a refused request's at once (W5);
-    a Succeeded VM runs until running template GPUs exceed `limit`, then the oldest stop."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.running: deque[list[tuple[str, str]]] = deque()
-        self.gpus = 0
-
-    def answered(self, ok: bool, keys: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        if not ok:
-            return keys
-        self.running.append(keys)
-        self.gpus += len(keys)
-        gone: list[tuple[str, str]] = []
-        while self.gpus > self.limit:
-            old = self.running.popleft()
-            self.gpus -= len(old)
-            gone += old
-        return gone
-
-
-def _names(i: int, ask: Ask) -> tuple[str, str, list[str]]:
-    vmi = f"vm-{i:06d}"
-    return f"r-{i:06d}", vmi, [f"{vmi}-{j}" for j in range(ask.size)]
 
 
 # -- the two runs ---------------------------------------------------------------------------
@@ -207,19 +90,13 @@ def _summary(latencies: list[float], answered_at: list[float], outcomes: list[bo
     return {
         "requests": measured,
         "decisions_per_s": round(measured / window, 1) if window > 0 else None,
-        "p50_ms": round(_pct(lat, 50) * 1e3, 3),
-        "p99_ms": round(_pct(lat, 99) * 1e3, 3),
+        "p50_ms": round(nearest_rank(lat, 50) * 1e3, 3),
+        "p99_ms": round(nearest_rank(lat, 99) * 1e3, 3),
         "mean_ms": round(statistics.fmean(lat) * 1e3, 3),
         "max_ms": round(lat[-1] * 1e3, 3),
         "succeeded": ok,
         "refused": measured - ok,
     }
-
-
-def _pct(sorted_values: list[float], p: float) -> float:
-    """Nearest-rank percentile of sorted values."""
-    k = max(0, min(len(sorted_values) - 1, -(-len(sorted_values) * p // 100) - 1))
-    return sorted_values[int(k)]
 
 
 def bare_loop(fleet: Fleet, asks: list[Ask], seed: int, warmup: int) -> dict[str, Any]:
@@ -230,7 +107,7 @@ def bare_loop(fleet: Fleet, asks: list[Ask], seed: int, warmup: int) -> dict[str
     snap = store.snapshot()
     del store
     heap = settle_heap()  # the same heap policy as the actor runs
-    life = _Lifecycle(int(fleet.capacity * fleet.running))
+    life = Lifecycle(int(fleet.capacity * fleet.running))
     latencies: list[float] = []
     outcomes: list[bool] = []
     clock = 0.0
@@ -260,10 +137,10 @@ def bare_loop(fleet: Fleet, asks: list[Ask], seed: int, warmup: int) -> dict[str
     return out
 
 
-def _bare_step(snap: Snapshot, i: int, ask: Ask, life: _Lifecycle) -> tuple[Snapshot, float, float, bool]:
+def _bare_step(snap: Snapshot, i: int, ask: Ask, life: Lifecycle) -> tuple[Snapshot, float, float, bool]:
     """One request of the bare loop: its devices added, then decide + apply (timed: `dt`),
     then the VMs that stop removed; `upkeep` = the seconds of the adding and removing."""
-    rid, vmi, names = _names(i, ask)
+    rid, vmi, names = request_names(i, ask)
     br = BindRequest(rid, vmi, tuple(names), NOW, ask.selector)
     status = DeviceStatus(attached_to=Attachment(vmi, NOW), bind_request=br)
     devices = [GPUDevice(ask.tenant, n, ask.class_name, vmi, status, created_at=NOW) for n in names]
@@ -302,7 +179,7 @@ async def actor_loop(fleet: Fleet, asks: list[Ask], concurrency: int, seed: int,
                     w[1].set()
 
     store.on_write = on_write
-    life = _Lifecycle(int(fleet.capacity * fleet.running))
+    life = Lifecycle(int(fleet.capacity * fleet.running))
     latencies: list[float] = []
     answered_at: list[float] = []
     outcomes: list[bool] = []
@@ -313,7 +190,7 @@ async def actor_loop(fleet: Fleet, asks: list[Ask], concurrency: int, seed: int,
 
     async def client() -> None:
         for i, ask in stream:  # shared: each client takes the next request
-            rid, vmi, names = _names(i, ask)
+            rid, vmi, names = request_names(i, ask)
             for n in names:
                 store.add_device(ask.tenant, n, ask.class_name, template_for=vmi)
             done = anyio.Event()
@@ -470,99 +347,13 @@ def _subprocess(args: list[str]) -> dict:
         return json.loads(path.read_text())
 
 
-# -- report ---------------------------------------------------------------------------------
-
-
-def _facts(seed: int, quick: bool) -> dict[str, Any]:
-    def version(dist: str) -> str | None:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
-
-    try:
-        import psutil
-
-        memory = round(psutil.virtual_memory().total / 2**30, 2)
-        physical = psutil.cpu_count(logical=False)
-    except ImportError:
-        memory, physical = None, None
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                                text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
-    return {
-        "benchmark": "core",
-        "seed": seed,
-        "quick": quick,
-        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": commit,
-        "versions": {"python": platform.python_version(), "implementation": platform.python_implementation(),
-                     **{d: version(d) for d in ("gpu-binder", "anyio", "structlog", "tenacity")},
-                     "event_loop": "asyncio (anyio default backend)"},
-        "machine": {"platform": platform.platform(), "machine": platform.machine(),
-                    "processor": platform.processor() or None, "cpu_count": os.cpu_count(),
-                    "physical_cores": physical, "memory_gib": memory,
-                    "load_average_at_start": [round(x, 2) for x in os.getloadavg()]},
-        "workload": {"gpus_per_node": GPUS, "resources": [H100, L40S], "classes": {
-                         c: {"resource": r, "onCordon": o.value} for c, (r, o) in CLASSES.items()},
-                     "tenants": TENANTS, "set_sizes": "1-8 uniform", "node_selector_share": 0.1,
-                     "fleet": asdict(Fleet(0)),
-                     "binder_config": "BinderConfig() defaults", "logging": "WARNING, discarded",
-                     "gc": "actors.heap.settle_heap() once the fleet is loaded and the binder "
-                           "started (gc.freeze, young threshold 10,000), as the controller does "
-                           "once its cache has synced"},
-        "definitions": {
-            "concurrency": "closed loop: requests outstanding at once (clients)",
-            "latency": "actors: request written -> last member's result written; "
-                       "bare: one decide + apply_decision",
-            "decisions_per_s": "requests answered after the warm-up / wall time from the "
-                               "warm-up's last answer to the last answer (bare: / summed decide + apply time)",
-            "ratio": "actor decisions/s / bare decisions/s of the same fleet and stream",
-            "ratio_with_upkeep": "actor decisions/s / bare.with_upkeep decisions/s: the bare loop "
-                                 "also timing the snapshot's upkeep of the request's devices (added "
-                                 "before the decision, stopped VMs' removed after), which the actor "
-                                 "side does too",
-            "cpu_ms_per_request": "process CPU time over the measured window / measured requests",
-            "rss": "ru_maxrss of the point's own process (fleet + binder + run)",
-        },
-    }
-
-
-def _targets(fleets: list[dict], rss: dict | None) -> dict[str, Any]:
-    t = TARGETS
-    out: dict[str, Any] = {}
-    point = next((r for f in fleets if f["nodes"] == t["nodes"] for r in f["actors"]
-                  if r["concurrency"] == t["concurrency"]), None)
-    if point is not None:
-        where = f"{t['nodes']} nodes, concurrency {t['concurrency']}"
-        best = max((r for f in fleets if f["nodes"] == t["nodes"] for r in f["actors"]),
-                   key=lambda r: r["decisions_per_s"])
-        out["decisions_per_s"] = {"at": where, "target": f">= {t['decisions_per_s']}",
-                                  "value": point["decisions_per_s"],
-                                  "met": point["decisions_per_s"] >= t["decisions_per_s"],
-                                  "best_over_concurrency": {"concurrency": best["concurrency"],
-                                                            "value": best["decisions_per_s"]}}
-        out["ratio"] = {"at": where, "target": f">= {t['ratio']}", "value": point["ratio"],
-                        "met": point["ratio"] >= t["ratio"]}
-        out["p99_ms"] = {"at": where, "target": f"< {t['p99_ms']}", "value": point["p99_ms"],
-                         "met": point["p99_ms"] < t["p99_ms"]}
-    if rss is not None:
-        out["rss_mib"] = {"at": f"{rss['nodes']} nodes, {rss['devices']} devices",
-                          "target": f"< {t['rss_mib']}", "value": rss["rss_peak_mib"],
-                          "met": rss["rss_peak_mib"] < t["rss_mib"]}
-    return out
-
-
 def run(out: Path, *, quick: bool = False, seed: int = 1) -> dict:
     """Run the benchmark; write `<out>/core.json` and `<out>/core.png`; return the report."""
     configure_logging(stream=_Discard(), level=logging.WARNING, cache=True)  # type: ignore[arg-type]
     fleets_n = QUICK_FLEETS if quick else FLEETS
     levels = QUICK_CONCURRENCY if quick else CONCURRENCY
     n_requests, warmup = (300, 50) if quick else (2000, 200)
-    report = _facts(seed, quick)
+    report = facts(seed, quick)
     report["workload"].update({"requests_per_point": n_requests, "warmup_requests": warmup})
     fleets = []
     for nodes in fleets_n:
@@ -576,72 +367,16 @@ def run(out: Path, *, quick: bool = False, seed: int = 1) -> dict:
           f"{rss['rss_peak_mib']:.0f} MiB peak", file=sys.stderr, flush=True)
     report["fleets"] = fleets
     report["rss_point"] = rss
-    report["targets"] = _targets(fleets, rss)
+    report["targets"] = targets(fleets, rss)
     out.mkdir(parents=True, exist_ok=True)
     (out / "core.json").write_text(json.dumps(report, indent=2))
-    _plot(report, out / "core.png")
-    _print_table(report)
+    plot(report, out / "core.png")
+    print_table(report)
     return report
 
 
-def _print_table(report: dict) -> None:
-    print(f"{'nodes':>6} {'conc':>5} {'actors/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'bare/s':>8} "
-          f"{'bare p99 µs':>11} {'ratio':>6} {'bare+upkeep/s':>13} {'ratio':>6}")
-    for f in report["fleets"]:
-        b = f["bare"]
-        for r in f["actors"]:
-            print(f"{f['nodes']:6d} {r['concurrency']:5d} {r['decisions_per_s']:9.0f} {r['p50_ms']:8.2f} "
-                  f"{r['p99_ms']:8.2f} {b['decisions_per_s']:8.0f} {b['p99_us']:11.1f} {r['ratio']:6.2f} "
-                  f"{b['with_upkeep']['decisions_per_s']:13.0f} {r['ratio_with_upkeep']:6.2f}")
-    rss = report.get("rss_point")
-    if rss:
-        print(f"RSS {rss['nodes']} nodes × {rss['gpus_per_node']} GPUs, {rss['devices']} devices: "
-              f"{rss['rss_peak_mib']:.0f} MiB peak")
-    for name, t in report["targets"].items():
-        print(f"target {name} ({t['at']}): {t['value']} {t['target']}: {'met' if t['met'] else 'NOT met'}")
-
-
-def _plot(report: dict, path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:  # the plot is optional
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, f in enumerate(report["fleets"]):
-        color = colors[i % len(colors)]
-        cs = [r["concurrency"] for r in f["actors"]]
-        ax1.plot(cs, [r["decisions_per_s"] for r in f["actors"]], marker="o", color=color,
-                 label=f"{f['nodes']} nodes, actors")
-        ax1.plot(cs, [f["bare"]["decisions_per_s"]] * len(cs), linestyle="--", color=color,
-                 label=f"{f['nodes']} nodes, bare")
-        ax2.plot(cs, [r["p99_ms"] for r in f["actors"]], marker="o", color=color, label=f"{f['nodes']} nodes")
-    ax1.axhline(TARGETS["decisions_per_s"], color="grey", linewidth=0.8, linestyle=":")
-    ax2.axhline(TARGETS["p99_ms"], color="grey", linewidth=0.8, linestyle=":")
-    for ax in (ax1, ax2):
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("concurrency (outstanding requests)")
-    ax1.set_ylabel("set decisions per second")
-    ax1.set_title("actor binder (solid) vs bare decide loop (dashed)")
-    ax1.legend(fontsize=7, ncol=2)
-    ax2.set_ylabel("p99 latency, request written → last result (ms)")
-    ax2.set_title("actor binder p99 latency")
-    ax2.legend(fontsize=7)
-    rss = report.get("rss_point")
-    sub = (f"; {rss['nodes']} nodes, {rss['devices']} devices: {rss['rss_peak_mib']:.0f} MiB peak RSS"
-           if rss else "")
-    fig.suptitle(f"gpu-binder core, seed {report['seed']}, {report['machine']['cpu_count']} cores{sub}",
-                 fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main() -> None:
+    """`python -m bench.core`: the benchmark, or (internal) one point in this process."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--quick", action="store_true")

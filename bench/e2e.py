@@ -35,6 +35,7 @@ from pathlib import Path
 
 import anyio
 
+from bench.common import apiserver_metrics, machine, percentile
 from localcluster.fleet import Fleet
 from localcluster.cluster import LocalCluster
 
@@ -42,21 +43,16 @@ RES = "nvidia.com/GH100_H100"
 
 
 def _pct(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    k = min(len(values) - 1, max(0, int(round(p / 100 * (len(values) - 1)))))
-    return values[k]
+    """`bench.common.percentile`, NaN for no values (the report's figures are floats)."""
+    got = percentile(values, p)
+    return float("nan") if got is None else got
 
 
 async def _writes(api, resource: str = "gpudevices") -> tuple[int, int]:
     """Write requests on `resource` (any subresource) served so far (create, patch,
     update, delete): (succeeded, all, failed ones such as a refused JSON Patch `test`
     included)."""
-    resp = await api.call_api("/metrics", "GET", auth_settings=["BearerToken"],
-                              _preload_content=False)
-    text = (await resp.read()).decode()
-    resp.release()
+    text = await apiserver_metrics(api)
     ok = total = 0
     for line in text.splitlines():
         if line.startswith("apiserver_request_total{") and f'resource="{resource}"' in line \
@@ -146,7 +142,7 @@ async def _ready_untainted(fleet: Fleet, name: str, allocatable: dict[str, int])
 def _start_scheduler(lc: LocalCluster, workdir: Path) -> subprocess.Popen:
     """kube-scheduler out of cluster (NOTES.md): no leader election, high qps/burst, no
     serving port; its log goes to workdir/kube-scheduler.log."""
-    from localcluster.controlplane import _die_with_parent
+    from localcluster.controlplane import spawn_logged
 
     binary = lc.cp.binaries.kubectl.parent / "kube-scheduler"
     if not os.access(binary, os.X_OK):
@@ -155,15 +151,12 @@ def _start_scheduler(lc: LocalCluster, workdir: Path) -> subprocess.Popen:
     cfg = workdir / "kube-scheduler.yaml"
     cfg.write_text(json.dumps({
         "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": str(lc.cp.admin_kubeconfig), "qps": 5000, "burst": 10000},
+        "clientConnection": {"kubeconfig": str(Path(lc.cp.admin_kubeconfig).resolve()), "qps": 5000,
+                             "burst": 10000},
         "leaderElection": {"leaderElect": False}}))
-    log = open(workdir / "kube-scheduler.log", "ab")
-    try:
-        return subprocess.Popen([str(binary), f"--config={cfg}", "--secure-port=0", "-v=1"],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=_die_with_parent)  # its own process group
-    finally:
-        log.close()
+    # its own session, killed with this process; the log appended to workdir/kube-scheduler.log
+    return spawn_logged(workdir, "kube-scheduler",
+                        [str(binary), f"--config={cfg.resolve()}", "--secure-port=0", "-v=1"])
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -249,8 +242,7 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
                     "gpus_per_node": 8, "vmis_per_level": per_level, "gpus": list(gpus),
                     "vs_scheduler": vs_scheduler,
                     "load_before": os.getloadavg(),
-                    "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                "platform": platform.platform()}}
+                    "machine": machine()}
     with LocalCluster(controllers=2, log_dir=out / "logs") as lc:
         version = json.loads(lc.cp.kubectl("version", "-o", "json").stdout)
         report["versions"] = {"kube-apiserver": version["serverVersion"]["gitVersion"],

@@ -1,0 +1,257 @@
+"""What the benchmarks share: the checkout's commit and the machine a report names, a
+percentile, an admin API client, list-then-watch of one kind, the launcher Pods of VMIs by
+uid, KubeVirt's own GPU VMI as a request body, an API error's text (through k8s/errors), the
+kube-apiserver's /metrics text, a process's CPU and memory from /proc, and polling until a
+condition holds. Pure helpers and thin I/O; no benchmark's logic."""
+
+from __future__ import annotations
+
+import copy
+import os
+import platform
+import time
+from typing import Awaitable, Callable
+
+import anyio
+
+VMI_GROUP, VMI_VERSION, VMIS = "kubevirt.io", "v1", "virtualmachineinstances"
+DEV_GROUP, DEV_VERSION = "gpu.cozystack.io", "v1alpha1"
+CREATED_BY = "kubevirt.io/created-by"
+"""The label virt-controller puts on a launcher Pod: the uid of the VMI it runs."""
+
+
+# -- what a report names --------------------------------------------------------------------
+
+def commit() -> str:
+    """The checkout's `git describe --always --dirty`, or "unknown" outside a git checkout."""
+    import subprocess
+
+    from localcluster.paths import REPO_ROOT
+
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def head_sha() -> str | None:
+    """The checkout's HEAD commit (40 hex digits), None outside a git checkout."""
+    import subprocess
+
+    from localcluster.paths import REPO_ROOT
+
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def machine() -> dict:
+    """{cpus, python, platform} of this machine, as every report records it."""
+    return {"cpus": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """The `p`-th percentile (0-100) of `values` (any order): the value at index
+    round(p/100 · (n-1)) of the sorted values; None when `values` is empty."""
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, int(round(p / 100 * (len(values) - 1)))))]
+
+
+def nearest_rank(sorted_values: list[float], p: float) -> float:
+    """The nearest-rank `p`-th percentile (0-100) of `sorted_values` (sorted, not empty):
+    the value at rank ceil(p/100 · n)."""
+    k = max(0, min(len(sorted_values) - 1, -(-len(sorted_values) * p // 100) - 1))
+    return sorted_values[int(k)]
+
+
+# -- the API --------------------------------------------------------------------------------
+
+async def admin_client(lc, pool: int):
+    """A kubernetes_asyncio ApiClient as the admin of LocalCluster `lc`, with `pool`
+    connections at most (close it: `await client.close()` or `async with`)."""
+    from kubernetes_asyncio.client import ApiClient, Configuration
+    from kubernetes_asyncio.config import load_kube_config
+
+    cfg = Configuration()
+    await load_kube_config(config_file=str(lc.cp.admin_kubeconfig), client_configuration=cfg)
+    cfg.connection_pool_maxsize = pool
+    return ApiClient(cfg)
+
+
+def error_text(exc: BaseException, what: str = "request") -> str:
+    """The API's message of a failed call (k8s.errors.translate: the Status `message`, its
+    causes appended; the reason or the exception's repr when the body is not a Status)."""
+    from k8s.errors import translate
+
+    return translate(exc, what).message
+
+
+async def apiserver_metrics(api) -> str:
+    """kube-apiserver's /metrics text, read with `api` (an admin ApiClient)."""
+    resp = await api.call_api("/metrics", "GET", auth_settings=["BearerToken"],
+                              _preload_content=False)
+    try:
+        return (await resp.read()).decode()
+    finally:
+        resp.release()
+
+
+async def watch_namespaced(list_fn, args: tuple, on_event: Callable[[str, dict], None],
+                           prefix: str) -> None:
+    """List then watch `list_fn(*args)` forever (re-listing after a 410 Gone), calling
+    `on_event(type, object dict)` for each object in a namespace starting with `prefix`.
+    Raises the ApiException of any other failure (the caller decides whether to list
+    again)."""
+    import json
+
+    from kubernetes_asyncio import watch
+    from kubernetes_asyncio.client import ApiException
+
+    while True:
+        listed = await list_fn(*args, _preload_content=False)
+        body = json.loads(await listed.read())
+        listed.release()
+        for obj in body.get("items") or []:
+            if obj["metadata"]["namespace"].startswith(prefix):
+                on_event("ADDED", obj)
+        rv = body["metadata"]["resourceVersion"]
+        try:
+            async with watch.Watch().stream(list_fn, *args, resource_version=rv,
+                                            timeout_seconds=600) as stream:
+                async for ev in stream:
+                    obj = ev["raw_object"]
+                    if obj.get("kind") == "Status":
+                        break
+                    if obj["metadata"]["namespace"].startswith(prefix):
+                        on_event(ev["type"], obj)
+        except ApiException as exc:
+            if exc.status != 410:
+                raise
+
+
+class LauncherPods:
+    """The launcher Pods in namespaces starting with `prefix`, by the uid of the VMI that
+    made them (label CREATED_BY): `by_uid` uid -> (node or "", phase). Run `watch()` in a
+    task group; `bound(uid, timeout)` waits for a node. `relist`: after a failed list or
+    watch (an API server restarting) list again a second later instead of raising."""
+
+    def __init__(self, api, prefix: str, *, relist: bool = False) -> None:
+        from kubernetes_asyncio.client import CoreV1Api
+
+        self.core, self.prefix, self.relist = CoreV1Api(api), prefix, relist
+        self.by_uid: dict[str, tuple[str, str]] = {}
+        self._waiting: dict[str, anyio.Event] = {}
+
+    def on_event(self, kind: str, obj: dict) -> None:
+        """One watch event of a Pod (type, object dict)."""
+        uid = (obj["metadata"].get("labels") or {}).get(CREATED_BY)
+        if not uid:
+            return
+        if kind == "DELETED":
+            self.by_uid.pop(uid, None)
+            return
+        node = obj["spec"].get("nodeName") or ""
+        self.by_uid[uid] = (node, (obj.get("status") or {}).get("phase") or "")
+        if node and uid in self._waiting:
+            self._waiting.pop(uid).set()
+
+    async def watch(self) -> None:
+        """Forever; raises a failed list's or watch's ApiException unless `relist`."""
+        while True:
+            try:
+                await watch_namespaced(self.core.list_pod_for_all_namespaces, (),
+                                       self.on_event, self.prefix)
+            except Exception:   # noqa: BLE001 — the API server restarting; list again
+                if not self.relist:
+                    raise
+                await anyio.sleep(1)
+
+    def node(self, uid: str) -> str:
+        """The node the launcher Pod of VMI `uid` is bound to, "" if none (yet)."""
+        return self.by_uid.get(uid, ("", ""))[0]
+
+    async def bound(self, uid: str, timeout: float) -> str:
+        """The node the launcher Pod of VMI `uid` is bound to, "" if none within `timeout` s."""
+        if not self.node(uid):
+            ev = self._waiting.setdefault(uid, anyio.Event())
+            with anyio.move_on_after(timeout):
+                await ev.wait()
+        return self.node(uid)
+
+
+# -- request bodies -------------------------------------------------------------------------
+
+_BASE: dict | None = None
+
+
+def base_vmi() -> dict:
+    """A fresh copy of KubeVirt's own vmi-gpu example (parsed once)."""
+    import yaml
+
+    from localcluster.paths import KUBEVIRT_FIXTURES
+
+    global _BASE
+    if _BASE is None:
+        _BASE = yaml.safe_load((KUBEVIRT_FIXTURES / "vmi-gpu.yaml").read_text())
+    return copy.deepcopy(_BASE)
+
+
+def gpu_vmi(name: str, *, held: tuple[str, ...] = (), cls: str = "", size: int = 0,
+            labels: dict[str, str] | None = None) -> dict:
+    """KubeVirt's own vmi-gpu example named `name`, its own GPU entry removed (ours replace
+    it), asking for the held GPUDevices `held` by name, or else `size` template devices of
+    GPUClass `cls`; `labels` on its metadata when given."""
+    v = base_vmi()
+    v["apiVersion"] = f"{VMI_GROUP}/{VMI_VERSION}"
+    v["metadata"] = {"name": name, **({"labels": labels} if labels else {})}
+    del v["spec"]["domain"]["devices"]["gpus"]
+    v["metadata"]["annotations"] = (
+        {"gpu.cozystack.io/devices": ",".join(held)} if held
+        else {"gpu.cozystack.io/templates": f"{cls}={size}"})
+    return v
+
+
+# -- processes and waiting ------------------------------------------------------------------
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of `pid` (and its waited-for children), seconds; 0.0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def memory_mib(pid: int) -> dict[str, float]:
+    """{"VmRSS": …, "VmHWM": …} of `pid` from /proc/<pid>/status, MiB, unrounded; {} when
+    the process is gone."""
+    out: dict[str, float] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    out[key] = int(value.split()[0]) / 1024
+    except OSError:
+        return {}
+    return out
+
+
+async def poll_until(probe: Callable[[], Awaitable[object]], timeout: float,
+                     interval: float) -> bool:
+    """Await `probe()` every `interval` s until it is truthy (True) or `timeout` s pass
+    (False); wall time (a real cluster)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if await probe():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await anyio.sleep(interval)

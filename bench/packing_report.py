@@ -1,0 +1,111 @@
+"""The packing benchmark's report: issue 21's targets (`targets`), the figure (`plot`) and
+the Markdown rows (`summary`). Pure but for writing the figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import packing_trace as pt
+from bench.packing_replay import SYSTEMS
+
+
+def figure(report: dict, load: str, system: str, key: str, size: str | None = None):
+    """Figure `key` (of `size` when given) of `system` at `load`; None when the system did
+    not run or is not available."""
+    s = report["loads"].get(load, {}).get("systems", {}).get(system) or {}
+    if not s or s.get("available") is False:
+        return None
+    return s[key][size] if size else s[key]
+
+
+def targets(report: dict) -> dict:
+    """Issue 21's targets, each {value, target, met} (met None when a figure is missing)."""
+    def t(value, target: str, met) -> dict:
+        return {"value": value, "target": target, "met": met}
+    out = {}
+    a8, b8 = figure(report, "0.85", "a", "sets_started", "8"), figure(report, "0.85", "b", "sets_started", "8")
+    out["load 0.85: gpu-binder 8-GPU sets"] = t(a8, ">= 0.97", None if a8 is None else a8 >= 0.97)
+    out["load 0.85: gpu-binder / default kube-scheduler, 8-GPU sets"] = t(
+        None if a8 is None or b8 is None else (round(a8 / b8, 2) if b8 else "inf"), ">= 10",
+        None if a8 is None or b8 is None else (b8 == 0 and a8 > 0) or (b8 > 0 and a8 / b8 >= 10))
+    a, d, c = (figure(report, "0.95", k, "demand_started") for k in "adc")
+    out["load 0.95: demand within 3 points of the bound"] = t(
+        None if a is None else round(d - a, 4), "bound - gpu-binder <= 0.03",
+        None if a is None else d - a <= 0.03)
+    out["load 0.95: demand >= MostAllocated"] = t(
+        None if a is None or c is None else [a, c], "gpu-binder >= MostAllocated",
+        None if a is None or c is None else a >= c)
+    gaps = []
+    for load in report["loads"]:
+        e8, a8_, d8 = (figure(report, load, k, "sets_started", "8") for k in "ead")
+        if None not in (e8, a8_, d8) and d8 > a8_:
+            gaps.append((e8 - a8_) / (d8 - a8_))
+    out["defrag closes >= half the 8-GPU gap"] = t(
+        [round(g, 2) for g in gaps] or None, ">= 0.5 at every load with a gap",
+        None if not gaps else all(g >= 0.5 for g in gaps))
+    return out
+
+
+def plot(report: dict, path: Path) -> None:
+    """Per load: GPU utilisation and the largest placeable set over trace time, per system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loads = list(report["loads"])
+    fig, axes = plt.subplots(len(loads), 2, figsize=(12, 3.2 * len(loads)), squeeze=False)
+    gpus = report["plan"]["nodes_per_lane"] * report["plan"]["gpus_per_node"]
+    for row, load in zip(axes, loads):
+        for key, s in report["loads"][load]["systems"].items():
+            tl = s.get("timeline") if isinstance(s, dict) else None
+            if not tl:
+                continue
+            label = f"({key}) {SYSTEMS[key]}"
+            use = [p for p in tl if p[1] is not None]
+            big = [p for p in tl if p[3] is not None]
+            row[0].step([p[0] for p in use], [p[1] / gpus for p in use], where="post",
+                        label=label, lw=1)
+            row[1].step([p[0] for p in big], [p[3] for p in big], where="post", label=label, lw=1)
+        row[0].set_title(f"load {load}: GPU utilisation (running VMs)")
+        row[1].set_title(f"load {load}: largest placeable set")
+        row[0].set_ylim(0, 1.05)
+        row[1].set_yticks(list(pt.SIZES) + [0])
+        for ax in row:
+            ax.set_xlabel("trace time (s; mean VM life 100)")
+            ax.axvline(report["plan"]["warmup_mean_lives"] * pt.MEAN_LIFE, color="grey", ls=":")
+        row[0].legend(fontsize=7, loc="lower right")
+    if report["simulation_only"]:
+        fig.suptitle("simulation only (no cluster): the bound (d); see the report's simulation")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def summary(report: dict) -> list[str]:
+    """The report as Markdown table rows (header first): per load and system, demand started,
+    8- and 4-GPU sets started, mean utilisation, time an 8-GPU set fits; the simulation's rows
+    are marked "sim"."""
+    def pct(v) -> str:
+        return "–" if v is None else f"{100 * v:.1f} %"
+    rows = ["| load | system | GPU demand started | 8-GPU sets | 4-GPU sets | mean utilisation "
+            "| time an 8-GPU set fits |", "|---|---|---|---|---|---|---|"]
+    for load, entry in report["loads"].items():
+        for key in "abcde":
+            fig = entry["systems"].get(key)
+            if fig is None:
+                continue
+            if fig.get("available") is False:
+                rows.append(f"| {load} | ({key}) {SYSTEMS[key]} | not available: {fig['why']} "
+                            "| | | | |")
+                continue
+            rows.append(f"| {load} | ({key}) {SYSTEMS[key]} | {pct(fig['demand_started'])} | "
+                        f"{pct(fig['sets_started']['8'])} | {pct(fig['sets_started']['4'])} | "
+                        f"{pct(fig['mean_utilisation'])} | {pct(fig['time_8_placeable'])} |")
+        for policy, fig in entry["simulation"].items():
+            if policy == "note":
+                continue
+            rows.append(f"| {load} | sim: {policy} | {pct(fig['demand_started'])} | "
+                        f"{pct(fig['sets_started']['8'])} | {pct(fig['sets_started']['4'])} | "
+                        f"{pct(fig['mean_utilisation'])} | {pct(fig['time_8_placeable'])} |")
+    return rows

@@ -1,0 +1,404 @@
+"""The scale benchmark's measurements on a populated cluster (`Measure`: replica memory, a
+fresh replica's start-up, quiet admissions, bursts, a leader failover), one size's part of the
+report (`measure_on`) and the benchmark on clusters of its own (`run`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict
+
+import anyio
+
+from bench.common import (DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VERSION, VMIS, LauncherPods,
+                          admin_client, commit, machine, percentile)
+from bench.scale.population import admit, apiserver_latency, memory, populate, say
+from bench.scale.report import plot, targets
+from bench.scale.workload import Plan, Population, ScaleSpec, VmiRecord
+from localcluster.fleet import Fleet
+
+
+def latency_summary(recs: list[VmiRecord], seconds: float | None = None) -> dict:
+    """{asked, admitted, refused, p50_ms, p99_ms, max_ms, refusals (first 3)} of `recs`'s
+    answers (admitted ones' latencies), and admissions/s over `seconds` when given."""
+    lat = [r.admit_ms for r in recs if r.admitted]
+    out = {"asked": len(recs), "admitted": len(lat), "refused": sum(1 for r in recs if not r.admitted),
+           "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99), "max_ms": max(lat) if lat else None,
+           "refusals": [r.refusal for r in recs if not r.admitted][:3]}
+    if seconds:
+        out["seconds"] = round(seconds, 2)
+        out["admissions_per_s"] = round(len(lat) / seconds, 2)
+    return out
+
+
+
+class Measure:
+    """The measurements on a populated cluster (`run` calls them in order). Each new VMI is
+    named `<prefix><tag><k>`, spread round-robin over the population's tenants and classes."""
+
+    def __init__(self, lc, fleet: Fleet, pop: Population, pods: LauncherPods,
+                 plan: Plan) -> None:
+        self.lc, self.fleet, self.pop, self.pods, self.plan = lc, fleet, pop, pods, plan
+        self.k = 0
+        self.extra: list[VmiRecord] = []
+
+    def _new(self, tag: str, size: int) -> VmiRecord:
+        self.k += 1
+        spec = self.pop.spec
+        rec = VmiRecord(self.pop.tenants[self.k % len(self.pop.tenants)],
+                        f"{spec.prefix}{tag}{self.k:04d}", list(spec.classes)[self.k % len(spec.classes)], size)
+        self.extra.append(rec)
+        return rec
+
+    async def _bound(self, recs: list[VmiRecord]) -> None:
+        async def one(r: VmiRecord) -> None:
+            r.node = await self.pods.bound(r.uid, self.plan.bind_timeout)
+        async with anyio.create_task_group() as tg:
+            for r in recs:
+                if r.admitted:
+                    tg.start_soon(one, r)
+
+    async def release(self, recs: list[VmiRecord], timeout: float = 120.0) -> dict:
+        """Delete `recs`' admitted VMIs (grace 0, finalizers dropped: no virt-handler runs)
+        and their launcher Pods, then wait until the leader's housekeeping (H2) has deleted
+        their template devices and the Pods are gone, so the next measurement meets the
+        population as it was. Returns {released, seconds, timed_out}."""
+        from kubernetes_asyncio.client import ApiException
+
+        t0 = time.monotonic()
+        adm = [r for r in recs if r.admitted]
+
+        async def one(r: VmiRecord) -> None:
+            for patch in (False, True):
+                try:
+                    if patch:
+                        await self.fleet.custom.patch_namespaced_custom_object(
+                            VMI_GROUP, VMI_VERSION, r.namespace, VMIS, r.name,
+                            {"metadata": {"finalizers": None}},
+                            _content_type="application/merge-patch+json")
+                    else:
+                        await self.fleet.custom.delete_namespaced_custom_object(
+                            VMI_GROUP, VMI_VERSION, r.namespace, VMIS, r.name,
+                            grace_period_seconds=0)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+            pods = await self.fleet.core.list_namespaced_pod(
+                r.namespace, label_selector=f"kubevirt.io/created-by={r.uid}")
+            for pod in pods.items:
+                try:
+                    await self.fleet.core.delete_namespaced_pod(pod.metadata.name, r.namespace,
+                                                                grace_period_seconds=0)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+        limit = anyio.Semaphore(16)
+
+        async def bounded(r: VmiRecord) -> None:
+            async with limit:
+                await one(r)
+        async with anyio.create_task_group() as tg:
+            for r in adm:
+                tg.start_soon(bounded, r)
+        names = ",".join(sorted({r.name for r in adm}))
+        timed_out = False
+        while adm:
+            got = await self.fleet.custom.list_cluster_custom_object(
+                DEV_GROUP, DEV_VERSION, "gpudevices",
+                label_selector=f"gpu.cozystack.io/template-for in ({names})")
+            left = {(d["metadata"]["namespace"], d["metadata"]["labels"]["gpu.cozystack.io/template-for"])
+                    for d in got["items"]}
+            left &= {(r.namespace, r.name) for r in adm}
+            if not left and not any(r.uid in self.pods.by_uid for r in adm):
+                break
+            if time.monotonic() - t0 > timeout:
+                timed_out = True
+                self.pop.counts["release_timeout"] += 1
+                break
+            await anyio.sleep(1)
+        return {"released": len(adm), "seconds": round(time.monotonic() - t0, 1),
+                "timed_out": timed_out}
+
+    def memory(self) -> dict:
+        """Per live replica: {leader, rss_mib, hwm_mib}."""
+        leader = self.lc.leader()
+        return {r.identity: {"leader": r.identity == leader, **memory(r.proc.pid)}
+                for r in self.lc.replicas if r.alive}
+
+    async def startup(self) -> dict:
+        """A fresh replica added to the populated cluster: seconds from its process start to
+        /readyz ok (informers synced), its memory then, and the cache sizes it logged."""
+        t0 = time.monotonic()
+        i = self.lc.add_replica()
+        await anyio.to_thread.run_sync(lambda: self.lc.wait_ready(i, timeout=600))
+        ready = time.monotonic() - t0
+        r = self.lc.replicas[i]
+        out = {"identity": r.identity, "to_ready_s": round(ready, 2), **memory(r.proc.pid)}
+        await anyio.sleep(5)  # what it holds a little after (the first resyncs)
+        out["after_5s"] = memory(r.proc.pid)
+        await anyio.to_thread.run_sync(lambda: self.lc.kill_replica(i, 15))
+        return out
+
+    async def histograms(self) -> dict[str, float]:
+        """The replicas' own timings so far, summed over the live replicas:
+        {admission_s, admissions, decision_s, decisions} (gpu_binder_admission_seconds: the
+        webhook's time per VMI; gpu_binder_decision_seconds: the binder's decision loop)."""
+        out = {"admission_s": 0.0, "admissions": 0.0, "decision_s": 0.0, "decisions": 0.0}
+        names = {"gpu_binder_admission_seconds_sum": "admission_s",
+                 "gpu_binder_admission_seconds_count": "admissions",
+                 "gpu_binder_decision_seconds_sum": "decision_s",
+                 "gpu_binder_decision_seconds_count": "decisions"}
+        for i, r in enumerate(self.lc.replicas):
+            if not r.alive:
+                continue
+            text = await anyio.to_thread.run_sync(self.lc.metrics, i)
+            for line in text.splitlines():
+                key = line.split(" ", 1)[0].split("{", 1)[0]
+                if key in names:
+                    out[names[key]] += float(line.rsplit(" ", 1)[1])
+        return out
+
+    async def quiet(self) -> dict:
+        """Admissions one at a time (each VMI's launcher Pod awaited bound before the next;
+        the GPU count's VMIs released, `release`, before the next count): per GPU count, latency_summary, how many launcher Pods bound on their pin, and the
+        replicas' own mean webhook and decision times over the same admissions (`inside`:
+        what of the client's latency our webhook and binder account for)."""
+        out = {}
+        for size, n in self.plan.quiet.items():
+            recs = []
+            h0 = await self.histograms()
+            a0 = await apiserver_latency(self.fleet.custom.api_client)
+            for _ in range(n):
+                rec = self._new(f"q{size}-", size)
+                await admit(self.fleet, rec, self.pop.counts)
+                await self._bound([rec])
+                recs.append(rec)
+            h1 = await self.histograms()
+            a1 = await apiserver_latency(self.fleet.custom.api_client)
+            d = {k: h1[k] - h0[k] for k in h0}
+            released = await self.release(recs)
+            out[str(size)] = {**latency_summary(recs), **on_pin(recs), "inside": {
+                "webhook_mean_ms": round(1000 * d["admission_s"] / d["admissions"], 1)
+                if d["admissions"] else None,
+                "decision_mean_ms": round(1000 * d["decision_s"] / d["decisions"], 2)
+                if d["decisions"] else None,
+                "client_mean_ms": round(sum(r.admit_ms for r in recs if r.admitted)
+                                        / max(1, sum(r.admitted for r in recs)), 1),
+                "apiserver": {k: {"requests": a1[k][1] - a0.get(k, (0, 0))[1],
+                                  "mean_ms": round(1000 * (a1[k][0] - a0.get(k, (0, 0))[0])
+                                                   / (a1[k][1] - a0.get(k, (0, 0))[1]), 1)}
+                              for k in a1 if a1[k][1] - a0.get(k, (0, 0))[1] > 0}},
+                "release": released}
+        return out
+
+    async def burst(self, n: int, size: int = 1) -> dict:
+        """`n` creates of `size`-GPU VMIs at once: latency_summary over the burst's wall time
+        (first create to last answer), then launcher Pods on their pins; then released."""
+        recs = [self._new(f"b{n}-", size) for _ in range(n)]
+        t0 = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for r in recs:
+                tg.start_soon(admit, self.fleet, r, self.pop.counts)
+        took = time.monotonic() - t0
+        await self._bound(recs)
+        return {**latency_summary(recs, took), **on_pin(recs), "release": await self.release(recs)}
+
+    async def failover(self) -> dict:
+        """kill -9 the leader while a burst of `plan.failover_burst` 1-GPU creates is in
+        flight (at its first answer, or 0.3 s in), then one create at a time until
+        one is admitted. Figures: `to_next_admitted_s` (kill to the answer of the first
+        admission asked after the kill: the new leader's first decision, the failover time),
+        `to_first_admitted_answer_s` (kill to any admitted answer after it, a burst member
+        the old leader may have decided included), `to_new_leader_s` (kill to the Lease naming another
+        holder, polled every 0.5 s), every answer's time relative to the kill, and the
+        none-lost check: every create answered, every admitted VMI's launcher Pod bound on
+        its pin, no refused VMI in the API, no device still attached to a refused VMI
+        (awaited up to attachment grace + 60 s: H1 clears what a killed webhook left)."""
+        lc = self.lc
+        leader = lc.leader()
+        idx = next(i for i, r in enumerate(lc.replicas) if r.identity == leader and r.alive)
+        recs = [self._new("f-", 1) for _ in range(self.plan.failover_burst)]
+        answered: dict[str, float] = {}
+        first = anyio.Event()
+        t_kill = 0.0
+        probes: list[VmiRecord] = []
+        new_leader = {"s": None, "who": None}
+
+        async def one(r: VmiRecord) -> None:
+            await admit(self.fleet, r, self.pop.counts, retry_for=5)
+            answered[r.name] = time.monotonic()
+            first.set()
+
+        from kubernetes_asyncio.client import CoordinationV1Api
+
+        leases = CoordinationV1Api(self.fleet.custom.api_client)
+
+        async def watch_lease() -> None:
+            with anyio.move_on_after(150):
+                while True:
+                    got = await leases.read_namespaced_lease("gpu-binder", "cozy-system")
+                    who = got.spec.holder_identity
+                    if who and who != leader:
+                        new_leader.update(s=round(time.monotonic() - t_kill, 2), who=who)
+                        return
+                    await anyio.sleep(0.5)
+
+        async with anyio.create_task_group() as tg:
+            t0 = time.monotonic()
+            for r in recs:
+                tg.start_soon(one, r)
+            with anyio.move_on_after(0.3):  # creates in flight, none or few answered
+                await first.wait()
+            t_kill = time.monotonic()
+            await anyio.to_thread.run_sync(lambda: lc.kill_replica(idx, 9))
+            kill_at = t_kill - t0
+            tg.start_soon(watch_lease)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                p = self._new("fp-", 1)
+                await admit(self.fleet, p, self.pop.counts, retry_for=5)
+                answered[p.name] = time.monotonic()
+                probes.append(p)
+                if p.admitted:
+                    break
+                await anyio.sleep(0.2)
+        everyone = recs + probes
+        after = sorted(answered[r.name] - t_kill for r in everyone
+                       if r.admitted and answered[r.name] > t_kill)
+        after_probe = sorted(answered[r.name] - t_kill for r in probes if r.admitted)
+        await self._bound(everyone)
+        refused = [r for r in everyone if not r.admitted]
+        leftover = await self._refused_leftovers(refused)
+        lost = [r.name for r in everyone if r.name not in answered]
+        return {"killed": leader, "killed_at_s_into_burst": round(kill_at, 2),
+                "to_next_admitted_s": round(after_probe[0], 2) if after_probe else None,
+                "to_first_admitted_answer_s": round(after[0], 2) if after else None,
+                "to_new_leader_s": new_leader["s"], "new_leader": new_leader["who"],
+                "burst": latency_summary(recs), "probes": latency_summary(probes),
+                "answers": [{"vmi": r.name, "probe": r in probes, "admitted": r.admitted,
+                             "t_s": round(answered[r.name] - t_kill, 2), "ms": r.admit_ms,
+                             "refusal": r.refusal[:160]} for r in everyone if r.name in answered],
+                "none_lost": {"unanswered": lost, **on_pin(everyone),
+                              "refused_vmis_in_api": leftover["in_api"],
+                              "devices_attached_to_refused": leftover["attached"],
+                              "attachments_cleared_after_s": leftover["cleared_s"]},
+                "ok": not lost and on_pin(everyone)["off_pin_or_unbound"] == 0
+                and not leftover["in_api"] and leftover["attached"] == 0}
+
+    async def _refused_leftovers(self, refused: list[VmiRecord], grace: float = 30.0) -> dict:
+        from kubernetes_asyncio.client import ApiException
+
+        in_api = []
+        for r in refused:
+            try:
+                await self.fleet.custom.get_namespaced_custom_object(
+                    VMI_GROUP, VMI_VERSION, r.namespace, VMIS, r.name)
+                in_api.append(r.name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        names = {(r.namespace, r.name) for r in refused}
+        t0 = time.monotonic()
+        attached = 0
+        while True:
+            got = await self.fleet.custom.list_cluster_custom_object(DEV_GROUP, DEV_VERSION, "gpudevices")
+            attached = sum(1 for d in got["items"]
+                           if (d["metadata"]["namespace"],
+                               ((d.get("status") or {}).get("attachedTo") or {}).get("vmi")) in names
+                           or (d["metadata"]["namespace"],
+                               (d["metadata"].get("labels") or {}).get("gpu.cozystack.io/template-for")) in names)
+            if not attached or time.monotonic() - t0 > grace + 60:
+                break
+            await anyio.sleep(2)
+        return {"in_api": in_api, "attached": attached,
+                "cleared_s": round(time.monotonic() - t0, 1) if not attached else None}
+
+
+def on_pin(recs: list[VmiRecord]) -> dict:
+    """{bound_on_pin, off_pin_or_unbound}: of `recs`' admitted VMIs, how many have their
+    launcher Pod on the node the webhook pinned (B3) and how many not (or not bound)."""
+    adm = [r for r in recs if r.admitted]
+    ok = sum(1 for r in adm if r.node and r.node == r.pin)
+    return {"bound_on_pin": ok, "off_pin_or_unbound": len(adm) - ok}
+
+
+CONTROLLER_ARGS = ("--attachment-grace=30",)
+"""The replicas' flags: defaults (the default Lease: 10 s, renew deadline 7 s, retry 1 s)
+but a 30 s attachment grace, so the failover's none-lost check sees a killed webhook's
+leftovers cleared (H1) within the run."""
+
+
+
+async def measure_on(lc, spec: ScaleSpec, plan: Plan) -> dict:
+    """Populate `lc` (started with KubeVirt) with `spec`, then measure (module docstring):
+    replica memory, a fresh replica's start-up, quiet admissions, bursts, failover. Returns
+    that size's part of the report."""
+    api = await admin_client(lc, 128)
+    try:
+        fleet = Fleet(api)
+        pop = await populate(lc, lc.kubevirt, fleet, spec)
+        out: dict = {"population": pop.summary(), "load_after_population": os.getloadavg()}
+        pods = LauncherPods(api, spec.prefix)
+        async with anyio.create_task_group() as watches:
+            watches.start_soon(pods.watch)
+            m = Measure(lc, fleet, pop, pods, plan)
+            await anyio.sleep(2)
+            out["memory"] = m.memory()
+            say("memory read; start-up")
+            out["startup"] = await m.startup()
+            say("quiet admissions")
+            out["quiet"] = await m.quiet()
+            out["bursts"] = {str(n): await m.burst(n) for n in plan.bursts}
+            out["memory_after_bursts"] = m.memory()
+            say("failover")
+            out["failover"] = await m.failover()
+            watches.cancel_scope.cancel()
+        out["counts"] = dict(pop.counts)
+        return out
+    finally:
+        await api.close()
+
+
+def run(out, *, nodes: int = 1000, baseline_nodes: int | None = 100, vmis: int | None = None,
+        plan: Plan | None = None, spec: ScaleSpec | None = None, log_dir=None,
+        kwok_args: tuple[str, ...] = ()) -> dict:
+    """The benchmark: for `baseline_nodes` (None: skipped) then `nodes`, a LocalCluster of
+    its own (two replicas with CONTROLLER_ARGS, KubeVirt's harness) populated with `spec`
+    (default ScaleSpec) scaled to that many nodes (`vmis`: VMIs at `nodes`, scaled for the
+    baseline) and measured (`measure_on`); `kwok_args`: extra KWOK flags (KWOK's defaults:
+    a 40 s node Lease renewed every 10 s). Writes scale.json and scale.png into `out`;
+    returns the report. Raises ControlPlaneError when a cluster cannot start."""
+    from pathlib import Path
+
+    from localcluster.cluster import LocalCluster
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = plan or Plan()
+    base = spec or ScaleSpec()
+    top = base.scaled(nodes, **({"vmis": vmis} if vmis else {}))
+    sizes = [top] + ([top.scaled(baseline_nodes)] if baseline_nodes and baseline_nodes != nodes else [])
+    report: dict = {"benchmark": "scale", "commit": commit(), "nodes": nodes,
+                    "baseline_nodes": baseline_nodes, "plan": asdict(plan),
+                    "machine": machine(),
+                    "controller_args": list(CONTROLLER_ARGS), "kwok_args": list(kwok_args),
+                    "load_before": os.getloadavg(),
+                    "sizes": {}}
+    for sp in sorted(sizes, key=lambda s: s.nodes):
+        t0 = time.monotonic()
+        say(f"{sp.nodes} nodes: starting the cluster; load {os.getloadavg()}")
+        logs = Path(log_dir or out / "logs") / f"{sp.nodes}"
+        with LocalCluster(controllers=2, controller_args=CONTROLLER_ARGS, log_dir=logs) as lc:
+            from localcluster.kubevirt import KubeVirt
+
+            lc.kubevirt = KubeVirt(lc.cp, log_dir=logs / "kubevirt", kwok_args=kwok_args)
+            lc.kubevirt.start()
+            part = anyio.run(measure_on, lc, sp, plan)
+        part["wall_s"] = round(time.monotonic() - t0, 1)
+        report["sizes"][str(sp.nodes)] = part
+    report["load_after"] = os.getloadavg()
+    report["targets"] = targets(report)
+    (out / "scale.json").write_text(json.dumps(report, indent=1))
+    plot(report, out / "scale.png")
+    return report

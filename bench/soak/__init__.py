@@ -1,0 +1,44 @@
+"""Soak (issue 22 item 2): a KWOK fleet with KubeVirt and kube-scheduler running, under seeded
+churn — VMI creates (1/2/4/8 GPUs, template or held devices) and deletes as tenants, node
+cordons and uncordons (held devices then move: B4/B5), a kill -9 of the leader every few
+minutes and one kube-apiserver restart in the first part of the run, then a *steady stretch*
+(the last `steady_share` of it: the same churn, the live set constant, nothing killed) — while
+the invariants of DESIGN §7 (`localcluster.invariants`) are checked every few seconds and once
+more after settling.
+
+Figures: invariant violations (by kind), admissions lost (a create that got neither an answer
+nor, if admitted, a bound launcher Pod on its pin), creates/admitted/refused/deleted, held-device
+moves, leader takeovers, the API-server restart's outage, each replica's RSS every ~10 s, and
+the RSS trend (`rss_trend`): for each replica process alive through the whole steady stretch,
+the least-squares slope of its RSS over that stretch (MiB/min, ± 2 standard errors) judged
+against RSS_SLOPE_MAX_MIB_PER_MIN.
+
+The population: `population="scale"` (the bench) is `bench.scale.populate`'s — two GPU
+models, cordoned, tainted and not-Ready nodes, 2 running VMIs per node made through the real
+path, held devices up to 8 per node (idle ones included) — with a ResourceQuota budget per
+tenant added; `population="own"` (the shortened soak of `make test`) is nodes of one class and
+a few held devices per tenant, the live set reached by the churn's first creates.
+
+The operations are a pure function of the spec (`schedule(spec)`): the same seed gives the
+same schedule (times, kinds, tenants, sizes, classes, nodes; its digest is printed); outcomes
+(admitted or refused, which node) depend on the cluster.
+
+`gpu-binder bench soak --nodes N --minutes M --seed S --out DIR` runs it on its own cluster
+(`run`); `tests/e2e/test_soak.py` runs a short one on the session's (`soak_on`).
+
+Modules: `workload` (the spec and the seeded schedule, pure), `driver` (the churn, the
+samplers, `soak_on`, `run`), `report` (the RSS judgement, the report, targets, summary,
+plot). The names below are their public ones, re-exported.
+"""
+
+from bench.soak.driver import SOAK_ARGS, Rec, Soak, cache_objects, run, soak_on
+from bench.soak.report import (RSS_SLOPE_MAX_MIB_PER_MIN, RSS_SLOPE_WHY, RSS_TARGET_MIB,
+                               cache_change, heap_change, heap_reports, plot, refusal_reason,
+                               rss_trend, soak_report, summary, targets)
+from bench.soak.workload import MAX_CREATE_RATE, SIZES, Op, SoakSpec, schedule, schedule_digest
+
+__all__ = ["MAX_CREATE_RATE", "RSS_SLOPE_MAX_MIB_PER_MIN", "RSS_SLOPE_WHY", "RSS_TARGET_MIB",
+           "SIZES", "SOAK_ARGS", "Op", "Rec", "Soak", "SoakSpec", "cache_change",
+           "cache_objects", "heap_change", "heap_reports", "plot", "refusal_reason",
+           "rss_trend", "run", "schedule", "schedule_digest", "soak_on", "soak_report",
+           "summary", "targets"]

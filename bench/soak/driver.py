@@ -1,0 +1,573 @@
+"""The soak's driver: the churn on a running cluster (`Soak`: its population, the
+scheduled operations, the samplers of the invariants, RSS, informers' objects and heaps,
+settling and the final check), `soak_on` (on a cluster already running, as
+tests/e2e/test_soak.py runs it) and `run` (on a cluster of its own, writing soak.json and
+soak.png). The schedule is `bench.soak.workload`'s, the report `bench.soak.report`'s."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from bench.common import (DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VERSION, VMIS, LauncherPods,
+                          admin_client, commit, error_text, gpu_vmi, machine, memory_mib,
+                          poll_until)
+from bench.scale.population import populate
+from bench.soak.report import plot, soak_report, summary, targets
+from bench.soak.workload import MAX_CREATE_RATE, Op, SoakSpec, schedule, schedule_digest
+from localcluster import invariants as inv
+
+SOAK_ARGS = ("--lease-duration=8", "--renew-deadline=6", "--retry-period=1",
+             "--attachment-grace=30", "--bind-timeout=15", "--housekeeping-period=2")
+
+
+@dataclass
+class Rec:
+    """One create (or a VMI of the population): outcome "admitted" / "refused" / "lost" (no
+    answer in time, or admitted without a launcher Pod bound on its pin), its GPUClass, the
+    pin, the launcher Pod's node, held devices named and how many of them moved."""
+
+    ns: str
+    name: str
+    size: int
+    cls: str = ""
+    held: tuple[str, ...] = ()
+    outcome: str = ""
+    refusal: str = ""
+    pin: str = ""
+    pod_node: str = ""
+    uid: str = ""
+    answer_s: float = 0.0
+    moved: int = 0
+    tries: int = 0
+
+
+_SPAWNER = None
+
+
+def _spawner():
+    """The process-wide spawner thread (a one-worker ThreadPoolExecutor, never shut down:
+    what it starts lives as long as the process needs it)."""
+    global _SPAWNER
+    if _SPAWNER is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="soak-spawner")
+    return _SPAWNER
+
+
+class Soak:
+    """The churn driver on a running cluster (`lc` a LocalCluster whose replicas it may kill,
+    `cp` its ControlPlane, `api` an admin ApiClient). `populate()` then `run()`; `report()`."""
+
+    def __init__(self, lc, api, spec: SoakSpec, log=print) -> None:
+        from localcluster.fleet import Fleet
+
+        self.lc, self.cp, self.api, self.spec, self.log = lc, lc.cp, api, spec, log
+        self.fleet = Fleet(api)
+        self.ops = schedule(spec)
+        self.recs: list[Rec] = []
+        self.admitted: set[tuple[str, str]] = set()          # held as admitted, not deleting
+        self.running: dict[str, deque[Rec]] = {}              # deletable, oldest first
+        self.held_free: dict[tuple[str, str], set[str]] = {}   # (ns, class) -> free held
+        self.held_node: dict[tuple[str, str], str] = {}
+        self.population: dict = {}
+        self.counts: Counter = Counter()
+        self.tally = inv.Tally()
+        self.events: list[dict] = []
+        self.rss: list[tuple[float, int, int, float]] = []
+        # (t s, replica, pid, {informer: objects}) from `gpu_binder_cache_objects`
+        self.cached: list[tuple[float, int, int, dict[str, int]]] = []
+        self.samples: list[tuple[float, int, int]] = []        # (t, violations so far, admitted)
+        self.cordoned: set[str] = set()
+        self.t0 = 0.0
+        self.churning = False
+        self.pods = LauncherPods(api, spec.prefix, relist=True)
+        self.final: dict = {}
+
+    def now(self) -> float:
+        """Seconds since the churn started."""
+        return time.monotonic() - self.t0
+
+    # -- population --------------------------------------------------------------------
+    async def populate(self, kv) -> dict:
+        """The spec's population ("own": `populate_own`, "scale": `populate_scale`); returns
+        seconds per phase."""
+        if self.spec.population == "scale":
+            return await self.populate_scale(kv)
+        return await self.populate_own(kv)
+
+    async def populate_scale(self, kv) -> dict:
+        """`bench.scale.populate` with `spec.scale_spec()` (its VMIs through the real path,
+        awaited until their launcher Pods are bound), then a ResourceQuota `gpu-budget` per
+        tenant (`spec.budget` of each class's resource, at least what the tenant's admitted
+        VMIs hold plus two nodes' GPUs), and the churn's state from it: every
+        admitted VMI running (deletable, oldest first, held as admitted), every held
+        GPUDevice no admitted VMI names free for the churn's held creates. Returns seconds
+        per phase (and keeps the population's summary in `self.population`)."""
+        s, sc = self.spec, self.spec.scale_spec()
+        pop = await populate(self.lc, kv, self.fleet, sc)
+        t = time.monotonic()
+        used: Counter = Counter()
+        for v in pop.admitted:
+            used[(v.namespace, sc.classes[v.cls])] += v.size
+        budgets = {}
+        for ns in pop.tenants:
+            # never below what the population already holds (at small fleets a tenant's share
+            # of it can pass budget_share), with two nodes' worth of room to churn in
+            budgets[ns] = {r: max(s.budget(r), used[(ns, r)] + 2 * s.gpus_per_node)
+                           for r in sc.classes.values()}
+            await self.fleet.core.create_namespaced_resource_quota(ns, {
+                "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu-budget"},
+                "spec": {"hard": {f"requests.{r}": str(n) for r, n in budgets[ns].items()}}})
+            self.running[ns] = deque()
+            for cls in sc.classes:
+                self.held_free[(ns, cls)] = set()
+        named = set()
+        for v in pop.vmis:
+            if not v.admitted:
+                continue
+            rec = Rec(v.namespace, v.name, v.size, cls=v.cls, held=v.held, outcome="admitted",
+                      pin=v.pin, pod_node=v.node, uid=v.uid)
+            self.admitted.add((rec.ns, rec.name))
+            self.running[rec.ns].append(rec)
+            for h in v.held:
+                named.add((v.namespace, h))
+                self.held_node[(v.namespace, h)] = v.pin
+        devs = await self.fleet.custom.list_cluster_custom_object(DEV_GROUP, DEV_VERSION,
+                                                                  "gpudevices")
+        for d in devs["items"]:
+            md = d["metadata"]
+            key = (md["namespace"], d["spec"].get("class", ""))
+            if (key in self.held_free and inv.TEMPLATE_LABEL not in (md.get("labels") or {})
+                    and (md["namespace"], md["name"]) not in named):
+                self.held_free[key].add(md["name"])
+        self.population = {**pop.summary(), "budgets": budgets,
+                           "held_free": sum(map(len, self.held_free.values()))}
+        return {**{f"{k}_s": round(v, 1) for k, v in pop.seconds.items()},
+                "budgets_s": round(time.monotonic() - t, 1)}
+
+    async def populate_own(self, kv) -> dict:
+        """The class (KubeVirt permitting its resource), `nodes` KWOK nodes, the tenants
+        with budgets and held devices; returns seconds per phase. Waits until the class is
+        KubeVirtPermitted (TimeoutError after 90 s)."""
+        s, t = self.spec, time.monotonic()
+        kv.set_permitted(tuple(sorted({*kv.permitted, s.resource})))
+        await self.fleet.gpu_class(s.cls, s.resource)
+        sem = anyio.Semaphore(16)
+
+        async def node(i: int) -> None:
+            async with sem:
+                await self.fleet.node(s.node(i), {s.resource: s.gpus_per_node}, kwok=True)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(s.nodes):
+                tg.start_soon(node, i)
+        phases = {"nodes_s": round(time.monotonic() - t, 1)}
+        t = time.monotonic()
+        for k in range(s.n_tenants):
+            ns = s.tenant(k)
+            await self.fleet.tenant(ns, budgets={s.resource: s.budget()})
+            self.held_free[(ns, s.cls)] = set()
+            self.running[ns] = deque()
+            for h in range(s.held):
+                await self.fleet.device(ns, f"held-{h}", s.cls)
+                self.held_free[(ns, s.cls)].add(f"held-{h}")
+
+        async def permitted():
+            got = await self.fleet.custom.get_cluster_custom_object(DEV_GROUP, DEV_VERSION,
+                                                                    "gpuclasses", s.cls)
+            return [c for c in (got.get("status") or {}).get("conditions") or []
+                    if c["type"] == "KubeVirtPermitted" and c["status"] == "True"]
+        if not await poll_until(permitted, 90, 0.5):
+            raise TimeoutError(f"GPUClass {s.cls} not KubeVirtPermitted in 90 s")
+        phases["tenants_s"] = round(time.monotonic() - t, 1)
+        return phases
+
+    # -- operations --------------------------------------------------------------------
+    async def _call(self, fn, *args, what: str, deadline: float, **kw):
+        """`fn(*args)` retried on transport errors and 5xx (the API server or a replica
+        restarting, a tenant's retry) and 429 until `deadline` (monotonic); ApiException 4xx
+        propagate; TimeoutError at the deadline."""
+        import aiohttp
+        from kubernetes_asyncio.client import ApiException
+
+        while True:
+            try:
+                return await fn(*args, _request_timeout=40, **kw)
+            except ApiException as exc:
+                if exc.status == 429 or exc.status >= 500:
+                    self.counts[f"retried_{what}_{exc.status}"] += 1
+                    wait = float((exc.headers or {}).get("Retry-After") or 1)
+                else:
+                    raise
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                self.counts[f"retried_{what}_{type(exc).__name__}"] += 1
+                wait = 1.0
+            if time.monotonic() + wait > deadline:
+                raise TimeoutError(what)
+            await anyio.sleep(wait)
+
+    async def create(self, op: Op) -> None:
+        """Create op's VMI as its tenant (held devices from the tenant's free pool when the
+        op asks and enough are free) and record it (`Rec`): admitted with its pin and the
+        launcher Pod's node, refused with the API's answer, or lost (no answer within
+        `answer_timeout`, or the launcher Pod not bound on its pin within `pod_timeout`)."""
+        from kubernetes_asyncio.client import ApiException
+
+        s = self.spec
+        ns = s.tenant(op.tenant)
+        cls = list(s.classes())[op.cls]
+        rec = Rec(ns, op.name, op.size, cls=cls)
+        pool = self.held_free[(ns, cls)]
+        if op.held and len(pool) >= op.size:
+            rec.held = tuple(sorted(pool)[:op.size])
+            pool -= set(rec.held)
+        self.recs.append(rec)
+        before = {h: self.held_node.get((ns, h), "") for h in rec.held}
+        t, deadline = time.monotonic(), time.monotonic() + s.answer_timeout
+        custom = self.fleet.custom
+        try:
+            try:
+                made = await self._call(custom.create_namespaced_custom_object, VMI_GROUP,
+                                        VMI_VERSION, ns, VMIS,
+                                        gpu_vmi(rec.name, held=rec.held, cls=rec.cls or s.cls,
+                                                size=rec.size),
+                                        what="create", deadline=deadline)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                # an earlier try's answer was lost on the way: the VMI is there
+                self.counts["found_after_lost_answer"] += 1
+                made = await self._call(custom.get_namespaced_custom_object, VMI_GROUP,
+                                        VMI_VERSION, ns, VMIS, rec.name, what="get",
+                                        deadline=deadline + 30)
+        except ApiException as exc:
+            rec.outcome, rec.refusal = "refused", f"{exc.status}: {error_text(exc, 'create')}"[:300]
+            rec.answer_s = round(time.monotonic() - t, 3)
+            self.held_free[(ns, cls)] |= set(rec.held)
+            return
+        except TimeoutError:
+            rec.outcome = "lost"
+            rec.refusal = f"no answer in {s.answer_timeout:.0f} s"
+            self.log(f"soak: LOST {ns}/{rec.name}: {rec.refusal}")
+            return
+        rec.answer_s = round(time.monotonic() - t, 3)
+        rec.uid = made["metadata"]["uid"]
+        rec.pin = (made["spec"].get("nodeSelector") or {}).get(inv.PIN_LABEL, "")
+        rec.outcome = "admitted"
+        rec.moved = sum(1 for h, n in before.items() if n and n != rec.pin)
+        for h in rec.held:
+            self.held_node[(ns, h)] = rec.pin
+        self.counts["held_moves"] += rec.moved
+        self.admitted.add((ns, rec.name))
+        rec.pod_node = await self.pods.bound(rec.uid, s.pod_timeout)
+        if rec.pod_node != rec.pin:
+            rec.outcome = "lost"
+            rec.refusal = f"admitted on {rec.pin}; launcher Pod on {rec.pod_node!r}"
+            self.log(f"soak: LOST {ns}/{rec.name}: {rec.refusal}")
+        if (ns, rec.name) in self.admitted:
+            self.running[ns].append(rec)
+
+    async def delete(self, op: Op) -> None:
+        """Delete op's tenant's oldest running VMI (skipped while fewer than `n_live` are
+        held as admitted), its held devices back in the free pool."""
+        from kubernetes_asyncio.client import ApiException
+
+        ns = self.spec.tenant(op.tenant)
+        if len(self.admitted) < self.spec.n_live:   # refusals left the live set short
+            self.counts["delete_skipped_below_live"] += 1
+            return
+        if not self.running[ns]:
+            self.counts["delete_skipped"] += 1
+            return
+        rec = self.running[ns].popleft()
+        self.admitted.discard((ns, rec.name))
+        try:
+            await self._call(self.fleet.custom.delete_namespaced_custom_object, VMI_GROUP,
+                             VMI_VERSION, ns, VMIS, rec.name, what="delete",
+                             deadline=time.monotonic() + 120)
+        except ApiException as exc:
+            if exc.status != 404:
+                self.counts[f"delete_{exc.status}"] += 1
+        except TimeoutError:
+            self.counts["delete_timeout"] += 1
+        self.counts["deleted"] += 1
+        self.held_free[(ns, rec.cls)] |= set(rec.held)
+
+    async def cordon(self, op: Op, on: bool) -> None:
+        """Cordon (`on`) or uncordon op's node; TimeoutError after 60 s of retries."""
+        name = self.spec.node(op.node)
+        await self._call(self.fleet.core.patch_node, name, {"spec": {"unschedulable": on}},
+                         what="cordon", deadline=time.monotonic() + 60,
+                         _content_type="application/merge-patch+json")
+        (self.cordoned.add if on else self.cordoned.discard)(name)
+        self.counts["cordons" if on else "uncordons"] += 1
+
+    async def _spawning(self, fn, *args):
+        """Run `fn(*args)` (one that starts a process: a replica, kube-apiserver) on the
+        soak's one long-lived spawner thread. The harness starts its processes with
+        PR_SET_PDEATHSIG, which the kernel ties to the *thread* that forked them: started
+        from an anyio worker thread (which exits when idle) they would be SIGKILLed seconds
+        later."""
+        import asyncio
+
+        return await asyncio.get_running_loop().run_in_executor(_spawner(), fn, *args)
+
+    def _leader_index(self) -> int | None:
+        who = self.lc.leader()
+        return next((i for i, r in enumerate(self.lc.replicas) if r.identity == who), None)
+
+    async def kill_leader(self) -> None:
+        """kill -9 the Lease holder, restart it, and record the takeover (s until another
+        replica holds the Lease)."""
+        i = await anyio.to_thread.run_sync(self._leader_index)
+        if i is None:
+            self.events.append({"at": round(self.now(), 1), "kind": "kill-leader",
+                                "skipped": "no leader"})
+            return
+        old = self.lc.replicas[i].identity
+        at, t = round(self.now(), 1), time.monotonic()
+        await anyio.to_thread.run_sync(self.lc.kill_replica, i)
+        new = None
+        while time.monotonic() - t < 120:
+            new = await anyio.to_thread.run_sync(self.lc.leader)
+            if new and new != old:
+                break
+            await anyio.sleep(0.5)
+        takeover = round(time.monotonic() - t, 1)
+        await self._spawning(self.lc.start_replica, i)
+        await anyio.to_thread.run_sync(self.lc.wait_ready, i, 90)
+        self.events.append({"at": at, "kind": "kill-leader", "killed": old, "new_leader": new,
+                            "takeover_s": takeover,
+                            "back_s": round(time.monotonic() - t, 1)})
+        self.log(f"soak: t={at:.0f}s killed leader {old}; {new} leads after {takeover} s")
+
+    async def restart_apiserver(self) -> None:
+        """Kill and restart kube-apiserver, recording the outage."""
+        at, t = round(self.now(), 1), time.monotonic()
+        await self._spawning(self.cp.restart_apiserver)
+        self.events.append({"at": at, "kind": "restart-apiserver",
+                            "outage_s": round(time.monotonic() - t, 1)})
+        self.log(f"soak: t={at:.0f}s kube-apiserver killed and restarted "
+                 f"({time.monotonic() - t:.1f} s down)")
+
+    async def _op(self, op: Op) -> None:
+        try:
+            if op.kind == "create":
+                await self.create(op)
+            elif op.kind == "delete":
+                await self.delete(op)
+            elif op.kind in ("cordon", "uncordon"):
+                await self.cordon(op, op.kind == "cordon")
+            elif op.kind == "kill-leader":
+                await self.kill_leader()
+            elif op.kind == "restart-apiserver":
+                await self.restart_apiserver()
+        except Exception as exc:   # noqa: BLE001 — an op's failure is a figure, not the end
+            self.counts[f"op_error_{op.kind}"] += 1
+            self.events.append({"at": round(self.now(), 1), "kind": f"{op.kind}-error",
+                                "error": repr(exc)[:300]})
+
+    # -- sampling ----------------------------------------------------------------------
+    async def _sample(self, final: bool = False) -> list[inv.Violation] | None:
+        before = set(self.admitted)
+        try:
+            snap = (await inv.snapshot(self.api, pods=final)).within(self.spec.prefix)
+        except Exception:   # noqa: BLE001 — the API server restarting: no sample this time
+            self.counts["samples_failed"] += 1
+            return None
+        got = inv.check(snap, settled=before & self.admitted if not final else before,
+                        final=final)
+        return got
+
+    async def sampler(self) -> None:
+        """While churning, check the invariants every `check_every` s (violations tallied
+        and logged; a failed read skipped)."""
+        while self.churning:
+            got = await self._sample()
+            if got is not None:
+                for v in self.tally.add(got):
+                    self.log(f"soak: VIOLATION t={self.now():.0f}s §{v.item} {v.kind} "
+                             f"{'/'.join(map(str, v.obj))}: {v.message[:300]}")
+                self.samples.append((round(self.now(), 1), len(self.tally.seen),
+                                     len(self.admitted)))
+            await anyio.sleep(self.spec.check_every)
+
+    async def rss_sampler(self) -> None:
+        """Every `rss_every` s, each live replica's RSS and the objects its informers hold
+        (`gpu_binder_cache_objects` from its /metrics; a scrape that fails is skipped): what
+        a growing RSS may follow."""
+        while self.churning:
+            for i, r in enumerate(self.lc.replicas):
+                if r.alive:
+                    mib = memory_mib(r.proc.pid).get("VmRSS")
+                    if mib is not None:
+                        self.rss.append((round(self.now(), 1), i, r.proc.pid, round(mib, 1)))
+                    held = await cache_objects(self.lc, i)
+                    if held is not None:
+                        self.cached.append((round(self.now(), 1), i, r.proc.pid, held))
+            await anyio.sleep(self.spec.rss_every)
+
+    async def heap_reporter(self) -> None:
+        """SIGUSR2 to every live replica at the steady stretch's start and end: each logs a
+        `heap report` (actors.heap.heap_report: gc's objects; traced bytes and a tracemalloc
+        snapshot when run with PYTHONTRACEMALLOC), read back by `heap_reports`."""
+        for at in (self.spec.steady_from, self.spec.seconds):
+            if at > self.now():
+                await anyio.sleep(at - self.now())
+            for r in self.lc.replicas:
+                if r.alive:
+                    r.proc.send_signal(signal.SIGUSR2)
+
+    # -- the whole run -----------------------------------------------------------------
+    async def run(self) -> dict:
+        """The churn (ops at their scheduled times; each in its own task), the samplers,
+        then settling (uncordon all, every replica up, housekeeping clear, launcher Pods
+        bound) and the final check. Returns the report."""
+        s = self.spec
+        self.log(f"soak: seed {s.seed}, {len(self.ops)} operations over {s.minutes:g} min, "
+                 f"schedule {schedule_digest(self.ops)}")
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(self.pods.watch)
+            self.t0, self.churning = time.monotonic(), True
+            async with anyio.create_task_group() as samplers:
+                samplers.start_soon(self.sampler)
+                samplers.start_soon(self.rss_sampler)
+                samplers.start_soon(self.heap_reporter)
+                async with anyio.create_task_group() as tg:
+                    for op in self.ops:
+                        wait = op.at - self.now()
+                        if wait > 0:
+                            await anyio.sleep(wait)    # pacing the seeded schedule
+                        tg.start_soon(self._op, op)
+                    self.log(f"soak: t={self.now():.0f}s last operation started; "
+                             f"waiting for answers and launcher Pods")
+                self.churn_s = round(self.now(), 1)
+                await self.settle()
+                self.churning = False
+            outer.cancel_scope.cancel()
+        return self.report()
+
+    async def settle(self) -> None:
+        """Uncordon every node the churn left cordoned, wait until every replica runs and a
+        leader holds the Lease, then until housekeeping has cleared what deleted VMIs left
+        and every admitted VMI's launcher Pod is bound (`settle_timeout`); then the final
+        check (its violations are counted whether or not settling finished)."""
+        t = time.monotonic()
+        for name in sorted(self.cordoned):
+            await self.fleet.cordon(name, False)
+        for i, r in enumerate(self.lc.replicas):
+            if not r.alive:
+                await self._spawning(self.lc.start_replica, i)
+                await anyio.to_thread.run_sync(self.lc.wait_ready, i, 90)
+        left: list = []
+
+        async def settled():
+            try:
+                snap = (await inv.snapshot(self.api, pods=True)).within(self.spec.prefix)
+            except Exception:   # noqa: BLE001
+                return None
+            left[:] = inv.leftovers(snap) + [
+                v for v in inv.check(snap, settled=set(self.admitted), final=True)
+                if v.kind == inv.LAUNCHER_OFF_PIN]
+            return None if left else snap
+        settled_ok = await poll_until(settled, self.spec.settle_timeout, 1.0)
+        got = await self._sample(final=True)
+        final = (got or []) + (inv.leftovers((await inv.snapshot(self.api)).within(
+            self.spec.prefix)) if not settled_ok else [])
+        for v in self.tally.add(final):
+            self.log(f"soak: VIOLATION (final) §{v.item} {v.kind} "
+                     f"{'/'.join(map(str, v.obj))}: {v.message[:300]}")
+        self.final = {"settled": settled_ok, "settle_s": round(time.monotonic() - t, 1),
+                      "violations": len(final), "admitted_running": len(self.admitted)}
+
+    def steady(self) -> dict:
+        """The steady stretch [spec.steady_from, spec.seconds]: its bounds, the operations
+        scheduled in it by kind, and the VMIs held as admitted at its samples (min, max)."""
+        s = self.spec
+        live = [n for t, _, n in self.samples if s.steady_from <= t <= s.seconds]
+        return {"from_s": s.steady_from, "to_s": s.seconds,
+                "share": round(1 - s.steady_from / s.seconds, 3),
+                "operations": dict(Counter(o.kind for o in self.ops
+                                           if o.at >= s.steady_from)),
+                "live_min": min(live) if live else None, "live_max": max(live) if live else None}
+
+    def report(self) -> dict:
+        """The run's report (`bench.soak.report.soak_report`)."""
+        return soak_report(self)
+
+
+async def cache_objects(lc, i: int) -> dict[str, int] | None:
+    """{informer: objects held} of replica `i` from its /metrics (`gpu_binder_cache_objects`),
+    None when the scrape fails (a replica starting or killed)."""
+    from localcluster.metrics_text import parse_metrics
+
+    try:
+        text = await anyio.to_thread.run_sync(lc.metrics, i)
+    except OSError:
+        return None
+    return {dict(labels).get("informer", "?"): int(v)
+            for (name, labels), v in parse_metrics(text).items()
+            if name == "gpu_binder_cache_objects"}
+
+
+async def soak_on(lc, kv, spec: SoakSpec, log=print) -> dict:
+    """Populate and soak on a running LocalCluster `lc` (its KubeVirt harness `kv`); the
+    report (see `Soak.report`) with the population's phase seconds."""
+    async with await admin_client(lc, 64) as api:
+        soak = Soak(lc, api, spec, log)
+        phases = await soak.populate(kv)
+        log(f"soak: populated ({spec.population}) {spec.nodes} nodes, {spec.n_tenants} "
+            f"tenants: {phases}")
+        report = await soak.run()
+        report["population_s"] = phases
+        return report
+
+
+def run(out: Path, *, nodes: int = 1000, minutes: float = 20.0, seed: int = 1,
+        population: str = "scale", create_rate: float = 2.0, tracemalloc: bool = False) -> dict:
+    """The soak on a cluster of its own (2 replicas with SOAK_ARGS, KubeVirt), `population`
+    "scale" (default) or "own", `create_rate` VMI creates per second (with the scale
+    population each preceded by a delete: twice that in operations); writes soak.json and
+    soak.png into `out`; returns the report. `tracemalloc`: the replicas run with
+    PYTHONTRACEMALLOC=1 (slower) and the report names the source lines whose allocations grew
+    over the steady stretch. ValueError when `minutes` is not in (0, 20], `create_rate` is
+    not in (0, MAX_CREATE_RATE], or the run leaves no room for the disturbances."""
+    from localcluster.cluster import LocalCluster
+
+    if not 0 < minutes <= 20:
+        raise ValueError(f"--minutes is at most 20, got {minutes}")
+    if not 0 < create_rate <= MAX_CREATE_RATE:   # also refuses nan and inf
+        raise ValueError(f"--create-rate is creates per second in (0, {MAX_CREATE_RATE:g}], "
+                         f"got {create_rate}")
+    spec = SoakSpec(nodes=nodes, minutes=minutes, seed=seed, population=population,
+                    create_rate=create_rate)
+    ops = schedule(spec)   # the ValueError before any cluster starts
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"soak: seed {seed}, schedule {schedule_digest(ops)}: {len(ops)} operations; "
+          f"disturbances until {spec.disturb_until:.0f} s, steady stretch "
+          f"{spec.steady_from:.0f}-{spec.seconds:.0f} s", flush=True)
+    report_head = {"benchmark": "soak", "load_before": os.getloadavg(), "machine": machine()}
+    t = time.monotonic()
+    with LocalCluster(controllers=2, controller_args=SOAK_ARGS, log_dir=out / "logs",
+                      kubevirt=True,
+                      controller_env={"PYTHONTRACEMALLOC": "1"} if tracemalloc else None) as lc:
+        report = {**report_head, "commit": commit(), "controller_args": list(SOAK_ARGS),
+                  **anyio.run(soak_on, lc, lc.kubevirt, spec,
+                              lambda m: print(m, flush=True))}
+    report["load_after"] = os.getloadavg()
+    report["wall_s"] = round(time.monotonic() - t, 1)
+    report["targets"] = targets(report)
+    (out / "soak.json").write_text(json.dumps(report, indent=1))
+    plot(report, out / "soak.png")
+    for line in summary(report):
+        print(line, flush=True)
+    return report

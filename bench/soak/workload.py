@@ -1,0 +1,216 @@
+"""The soak's workload: what it runs (`SoakSpec`) and its seeded schedule of operations
+(`Op`, `schedule`, `schedule_digest`). Pure: the same spec gives the same schedule."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+
+from bench.scale.workload import ScaleSpec, problem_nodes
+
+SIZES = ((1, .5), (2, .25), (4, .15), (8, .10))
+MAX_CREATE_RATE = 50.0          # creates/s; 20 minutes of it is 60,000 operations
+
+
+@dataclass(frozen=True)
+class SoakSpec:
+    """What the soak runs. `nodes` KWOK nodes of `gpus_per_node` GPUs; `tenants` (None:
+    nodes // 50, at least 2) each with a budget of `budget_share` of each class's GPUs;
+    `live` VMIs kept running (None: 2 per node), after which every create is preceded by a
+    delete of that tenant's oldest running VMI (skipped while fewer than `live` are held as
+    admitted: refusals do not drain the live set); creates at `create_rate` /s; `held_share` of
+    them name held devices; a cordon every `cordon_every` s lasting `cordon_for` s.
+
+    `population`: "own" — one class, `held` held GPUDevices per tenant, the live set reached
+    by the churn's first creates; "scale" — `bench.scale.populate`'s cluster at `nodes`
+    (`scale_spec()`: two classes, problem nodes, `live` VMIs running before the churn starts,
+    held devices up to `gpus_per_node` per node), tenants' budgets added after it.
+
+    The disturbances come first: a leader kill -9 every `kill_every` s and one kube-apiserver
+    restart at `restart_at` of the duration (None: none), all before `disturb_until`; then
+    `recover` s (None: 15 % of the run, at most 90 s: a killed replica back and warm), then
+    the steady stretch, the last `steady_share` of the run, from `steady_from`: the same churn,
+    nothing killed. The invariants sampled every `check_every` s, RSS every `rss_every` s;
+    everything named `prefix`…. `minutes` of churn (≤ 20). ValueError (from `schedule`) when
+    the disturbances do not fit before `disturb_until`."""
+
+    nodes: int = 1000
+    gpus_per_node: int = 8
+    minutes: float = 20.0
+    seed: int = 1
+    tenants: int | None = None
+    budget_share: float = 0.15
+    held: int = 8
+    live: int | None = None
+    create_rate: float = 2.0
+    held_share: float = 0.25
+    cordon_every: float = 20.0
+    cordon_for: float = 30.0
+    kill_every: float = 150.0
+    restart_at: float | None = 0.3
+    steady_share: float = 0.45
+    recover: float | None = None
+    population: str = "own"
+    check_every: float = 5.0
+    rss_every: float = 10.0
+    settle_timeout: float = 180.0
+    answer_timeout: float = 90.0      # s a create may go unanswered (retrying) before it is lost
+    pod_timeout: float = 240.0        # s an admitted VMI's launcher Pod may take to bind
+    prefix: str = "soak-"
+
+    @property
+    def n_tenants(self) -> int:
+        """Tenants: `tenants`, or nodes // 50, at least 2."""
+        return self.tenants or max(2, self.nodes // 50)
+
+    @property
+    def n_live(self) -> int:
+        """VMIs kept running: `live`, or 2 per node."""
+        return self.live or 2 * self.nodes
+
+    @property
+    def seconds(self) -> float:
+        """The churn's length in seconds."""
+        return self.minutes * 60
+
+    @property
+    def steady_from(self) -> float:
+        """s into the churn where the steady stretch (no kills, no restart) begins."""
+        return round((1 - self.steady_share) * self.seconds, 1)
+
+    @property
+    def disturb_until(self) -> float:
+        """Every kill and the restart start before this (s into the churn)."""
+        recover = min(90.0, 0.15 * self.seconds) if self.recover is None else self.recover
+        return round(self.steady_from - recover, 1)
+
+    @property
+    def resource(self) -> str:
+        """The "own" population's extended resource."""
+        return f"{self.prefix}gpu.example.com/gpu"
+
+    @property
+    def cls(self) -> str:
+        """The "own" population's GPUClass."""
+        return f"{self.prefix}h100"
+
+    def scale_spec(self) -> ScaleSpec | None:
+        """The `bench.scale.ScaleSpec` of the "scale" population (None for "own").
+        ValueError for a population other than "own" or "scale"."""
+        if self.population == "own":
+            return None
+        if self.population != "scale":
+            raise ValueError(f"population is 'own' or 'scale', got {self.population!r}")
+        return ScaleSpec(gpus_per_node=self.gpus_per_node, held_share=self.held_share,
+                         prefix=self.prefix, seed=self.seed).scaled(
+            self.nodes, vmis=self.n_live, tenants=self.n_tenants)
+
+    def classes(self) -> dict[str, str]:
+        """GPUClass -> extended resource, in the order an Op's `cls` indexes."""
+        sc = self.scale_spec()
+        return dict(sc.classes) if sc else {self.cls: self.resource}
+
+    def avoided_nodes(self) -> frozenset[int]:
+        """Node indices the churn does not cordon: the population's cordoned, tainted and
+        not-Ready ones (uncordoning would change them)."""
+        sc = self.scale_spec()
+        if not sc:
+            return frozenset()
+        return frozenset(problem_nodes(sc))
+
+    def pre_populated(self) -> int:
+        """VMIs running before the churn starts (asked of the population)."""
+        sc = self.scale_spec()
+        return sc.vmis if sc else 0
+
+    def budget(self, resource: str | None = None) -> int:
+        """A tenant's budget of `resource` (None: the own class's): `budget_share` of that
+        class's GPUs, at least 8."""
+        res = list(self.classes().values())
+        share = 1 / len(res) if resource is None or resource in res else 0
+        return max(8, int(self.nodes * self.gpus_per_node * share * self.budget_share))
+
+    def tenant(self, i: int) -> str:
+        """Tenant `i`'s namespace."""
+        return f"{self.prefix}t{i:02d}"
+
+    def node(self, i: int) -> str:
+        """Node `i`'s name."""
+        return f"{self.prefix}n{i:04d}"
+
+
+@dataclass(frozen=True)
+class Op:
+    """One scheduled operation: at `at` s into the churn, `kind` one of create, delete,
+    cordon, uncordon, kill-leader, restart-apiserver; `tenant`/`size`/`held`/`name`/`cls`
+    (index into `SoakSpec.classes()`) for VMIs, `node` for cordons."""
+
+    at: float
+    kind: str
+    tenant: int = -1
+    size: int = 0
+    held: bool = False
+    name: str = ""
+    node: int = -1
+    cls: int = 0
+
+
+def schedule(spec: SoakSpec) -> list[Op]:
+    """The churn's operations, sorted by time; a pure function of `spec` (same seed, same
+    list). Kills at `kill_every`, 2·`kill_every`, … before `disturb_until`; the restart at
+    `restart_at` of the run, moved 5 s on while within 15 s of a kill. ValueError when
+    `disturb_until` ≤ 0 or the restart does not fit before it."""
+    if spec.disturb_until <= 0:
+        raise ValueError(f"no room for disturbances: steady stretch from {spec.steady_from} s, "
+                         f"disturbances until {spec.disturb_until} s")
+    rng = random.Random(spec.seed)
+    sizes, weights = zip(*SIZES)
+    n_cls, pre = len(spec.classes()), spec.pre_populated()
+    ops: list[Op] = []
+    t, i = 0.0, 0
+    while True:
+        t += rng.expovariate(spec.create_rate)
+        if t >= spec.seconds:
+            break
+        tenant = rng.randrange(spec.n_tenants)
+        size = rng.choices(sizes, weights)[0]
+        held = rng.random() < spec.held_share
+        cls = rng.randrange(n_cls) if n_cls > 1 else 0
+        if i + pre >= spec.n_live:
+            ops.append(Op(t, "delete", tenant=tenant))
+        ops.append(Op(t, "create", tenant=tenant, size=size, held=held, name=f"vm{i:05d}",
+                      cls=cls))
+        i += 1
+    avoid = spec.avoided_nodes()
+    if len(avoid) >= spec.nodes:
+        raise ValueError("every node is a problem node: nothing to cordon")
+    t = spec.cordon_every
+    while t < spec.seconds:
+        node = rng.randrange(spec.nodes)
+        while node in avoid:
+            node = rng.randrange(spec.nodes)
+        ops.append(Op(t, "cordon", node=node))
+        ops.append(Op(min(t + spec.cordon_for, spec.seconds), "uncordon", node=node))
+        t += spec.cordon_every
+    t = spec.kill_every
+    while t < spec.disturb_until:
+        ops.append(Op(t, "kill-leader"))
+        t += spec.kill_every
+    if spec.restart_at is not None:
+        at = spec.restart_at * spec.seconds
+        kills = [o.at for o in ops if o.kind == "kill-leader"]
+        while any(abs(at - k) < 15 for k in kills):   # not on top of a kill: each its own event
+            at += 5
+        if at >= spec.disturb_until:
+            raise ValueError(f"the kube-apiserver restart ({at:.0f} s) does not fit before "
+                             f"{spec.disturb_until} s")
+        ops.append(Op(at, "restart-apiserver"))
+    return sorted(ops, key=lambda o: o.at)   # stable: a delete stays before its create
+
+
+def schedule_digest(ops: list[Op]) -> str:
+    """A short hash of a schedule (printed, so two runs can be seen to replay the same)."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps([asdict(o) for o in ops]).encode()).hexdigest()[:12]
