@@ -1,6 +1,6 @@
 """The one typed Kubernetes client of the production code: every call the binder, the
 webhook, housekeeping and VM waiting make on the API server (reads, patches, creates and
-deletes of GPUDevices, GPUClasses, VMIs, VMs, Events and ConfigMaps), each bounded by the
+deletes of GPUDevices, GPUClasses, VMIs, VMs, Events, ConfigMaps and Leases), each bounded by the
 client's timeout and each translating kubernetes_asyncio's exceptions once into
 `k8s.errors.ApiError` types (status, message, the API Status's `reason` and `details`,
 Retry-After). Nothing outside this module and the informers sees a client exception.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
 import anyio
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
+from kubernetes_asyncio.client import ApiClient, CoordinationV1Api, CoreV1Api, CustomObjectsApi
 
 from k8s import errors
 from model.types import GROUP, VERSION
@@ -71,6 +71,7 @@ class KubeClient:
         self._api = api
         self._custom = CustomObjectsApi(api)
         self._core = CoreV1Api(api)
+        self._coordination = CoordinationV1Api(api)
         self.timeout = timeout
         self.field_manager = field_manager
 
@@ -172,6 +173,32 @@ class KubeClient:
         return await self._call(what or f"replace ConfigMap {ns}/{name}",
                                 self._core.replace_namespaced_config_map, name, ns, body,
                                 field_manager=self.field_manager)
+
+    # -- leases ------------------------------------------------------------------------
+    async def read_lease(self, ns: str, name: str) -> dict | None:
+        """Lease `ns/name` as a dict (decoded by orjson, not into a model); None when the
+        API server answers 404."""
+        what = f"read Lease {ns}/{name}"
+
+        async def read(**kw: Any) -> dict:
+            resp = await self._coordination.read_namespaced_lease(
+                name, ns, _preload_content=False, **kw)
+            return await errors.read_json(resp, what)
+        try:
+            return await self._call(what, read)
+        except errors.NotFound:
+            return None
+
+    async def create_lease(self, ns: str, body: dict) -> None:
+        """Create the Lease `body` in `ns`; errors.AlreadyExists when it exists."""
+        await self._call(f"create Lease {ns}/{body['metadata']['name']}",
+                         self._coordination.create_namespaced_lease, ns, body)
+
+    async def replace_lease(self, ns: str, name: str, body: dict) -> None:
+        """Replace Lease `ns/name` by `body` (its `metadata.resourceVersion`: a stale one
+        raises errors.Conflict)."""
+        await self._call(f"replace Lease {ns}/{name}",
+                         self._coordination.replace_namespaced_lease, name, ns, body)
 
     # -- informers ---------------------------------------------------------------------
     def lister(self, res: Resource) -> Callable[..., Awaitable[Any]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import anyio
 import structlog
 from aiohttp import web
-from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
+from kubernetes_asyncio.client import ApiClient
 
 from actors.heap import heap_report, settle_heap
 from actors.logging import close_logging, configure_logging
@@ -162,7 +162,7 @@ class Controller:
         client = KubeClient(api, timeout=5.0)
         admission = VMIAdmission(client, cache, bind_timeout=cfg.bind_timeout, grace=grace,
                                  gate=tenant_gate(cfg))
-        self.elector = LeaderElector(CoordinationV1Api(api), cfg.identity, lease_config(cfg))
+        self.elector = LeaderElector(client, cfg.identity, lease_config(cfg))
         metrics = Metrics(self, admission)
 
         async def admit(review: Review) -> dict:

@@ -122,3 +122,31 @@ async def test_conflicts_throttling_and_hung_calls_come_out_typed():
 def test_a_timeout_that_is_not_positive_is_refused():
     with pytest.raises(ValueError, match="timeout"):
         KubeClient(object(), timeout=0)  # type: ignore[arg-type]
+
+
+class _Raw:
+    """An undecoded response (`_preload_content=False`), as the Lease read gets it."""
+
+    def __init__(self, status: int, body: dict) -> None:
+        self.status, self.reason, self.headers = status, "", {}
+        self.body = orjson.dumps(body)
+
+    async def read(self) -> bytes:
+        return self.body
+
+    def release(self) -> None:
+        pass
+
+
+async def test_a_lease_is_read_raw_a_missing_one_is_none_and_a_lost_race_is_typed():
+    lease = {"metadata": {"name": "l", "resourceVersion": "3"}, "spec": {"holderIdentity": "a"}}
+    api = _Transport(_Raw(200, lease), _Raw(404, {"kind": "Status", "code": 404,
+                                                  "reason": "NotFound", "details": {"name": "l"}}),
+                     _status(409, "Conflict", "the object has been modified"))
+    client = KubeClient(api, timeout=0.5)
+    assert await client.read_lease("ns", "l") == lease
+    assert await client.read_lease("ns", "l") is None
+    with pytest.raises(errors.Conflict, match="replace Lease ns/l: 409"):
+        await client.replace_lease("ns", "l", lease)
+    assert [r["timeout"] for r in api.requests] == [0.5, 0.5, 0.5]
+    await api.close()
