@@ -130,11 +130,3 @@ async def read_json(resp, what: str) -> dict:
     if not isinstance(doc, dict):
         raise ApiException(status=0, reason=f"{what}: response is not a JSON object")
     return doc
-
-
-def names_object(exc: BaseException, name: str) -> bool:
-    """True when `exc` (an ApiError, or a client exception, translated here) is a 404 about
-    the object `name` itself: `ApiError.names`."""
-    if not isinstance(exc, (ApiError, ApiException)):
-        return False
-    return translate(exc, "").names(name)
