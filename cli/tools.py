@@ -101,13 +101,12 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
 async def _read_vm(api, key: tuple[str, str], timeout: float) -> dict | None:
     """VirtualMachine `key`, or None when it does not exist, KubeVirt is not installed or the
     user may not read it (explain then resolves the name to VMIs only)."""
-    from kubernetes_asyncio.client import CustomObjectsApi
+    from k8s import errors
+    from k8s.client import VMS, KubeClient
 
     try:
-        with anyio.fail_after(timeout):
-            return await CustomObjectsApi(api).get_namespaced_custom_object(
-                "kubevirt.io", "v1", key[0], "virtualmachines", key[1])
-    except Exception:  # noqa: BLE001 - 404/403/transport: no VM to explain from
+        return await KubeClient(api, timeout=timeout).get(VMS, key[0], key[1])
+    except errors.ApiError:  # 404/403/transport: no VM to explain from
         return None
 
 

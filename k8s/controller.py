@@ -21,13 +21,14 @@ from pathlib import Path
 import anyio
 import structlog
 from aiohttp import web
-from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
+from kubernetes_asyncio.client import ApiClient
 
 from actors.heap import heap_report, settle_heap
 from actors.logging import close_logging, configure_logging
 from actors.ports import SystemClock
 from k8s.webhook.admission import VMIAdmission
 from k8s.cache import ClusterCache
+from k8s.client import KubeClient
 from k8s.config import Config
 from k8s.housekeeping import Housekeeper
 from k8s.leader import LeaderElector, LeaseConfig
@@ -158,9 +159,10 @@ class Controller:
         cache = ClusterCache(api, settings_namespace=cfg.settings_namespace)
         self.cache = cache
         grace = timedelta(seconds=cfg.attachment_grace)
-        admission = VMIAdmission(api, cache, bind_timeout=cfg.bind_timeout, grace=grace,
+        client = KubeClient(api, timeout=5.0)
+        admission = VMIAdmission(client, cache, bind_timeout=cfg.bind_timeout, grace=grace,
                                  gate=tenant_gate(cfg))
-        self.elector = LeaderElector(CoordinationV1Api(api), cfg.identity, lease_config(cfg))
+        self.elector = LeaderElector(client, cfg.identity, lease_config(cfg))
         metrics = Metrics(self, admission)
 
         async def admit(review: Review) -> dict:
@@ -171,13 +173,14 @@ class Controller:
                 return await admission.handle(review)
 
         async def lead() -> None:
-            call_timeout = min(5.0, cfg.renew_deadline / 2)  # a leader's call ends before its lease
-            writer = ApiStatusWriter(api, timeout=call_timeout)
+            # a leader's call ends before its lease
+            leading = client.using(timeout=min(5.0, cfg.renew_deadline / 2))
+            writer = ApiStatusWriter(leading)
             self.binder = Binder(cache.view, cache.view, writer, SystemClock(),
                                  binder_config(cfg), observer=metrics)
-            keeper = Housekeeper(api, cache, grace=grace, raw_policy=cfg.raw_resource_names,
-                                 period=cfg.housekeeping_period, timeout=call_timeout)
-            waiting = VMWaiting(api, cache, grace=grace, timeout=call_timeout)
+            keeper = Housekeeper(leading, cache, grace=grace, raw_policy=cfg.raw_resource_names,
+                                 period=cfg.housekeeping_period)
+            waiting = VMWaiting(leading, cache, grace=grace)
             try:
                 self.housekeeper, self.vm_waiting = keeper, waiting
                 async with anyio.create_task_group() as tg:

@@ -6,10 +6,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-import anyio
 import structlog
-from kubernetes_asyncio.client import CoreV1Api
 
+from k8s.client import KubeClient
 from model.parse import format_time
 
 log = structlog.get_logger("gpu_binder.events")
@@ -30,12 +29,11 @@ def event_body(involved: dict[str, Any], *, reason: str, message: str, warning: 
             "reportingComponent": "gpu-binder", "reportingInstance": instance}
 
 
-async def record(core: CoreV1Api, body: dict, *, timeout: float, **context: Any) -> None:
-    """Create the Event `body` (`event_body`) within `timeout` seconds. Best effort: a failure
-    is logged with `context`, never raised."""
+async def record(client: KubeClient, body: dict, **context: Any) -> None:
+    """Create the Event `body` (`event_body`) through `client` (bounded by its timeout).
+    Best effort: a failure is logged with `context`, never raised."""
     ns = body["metadata"]["namespace"]
     try:
-        with anyio.fail_after(timeout):
-            await core.create_namespaced_event(ns, body, _request_timeout=timeout)
+        await client.create_event(ns, body)
     except Exception as exc:  # noqa: BLE001 - an Event is best effort
         log.warning("event not recorded", error=repr(exc)[:200], **context)

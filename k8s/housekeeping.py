@@ -17,23 +17,21 @@ from datetime import datetime, timedelta, timezone
 
 import anyio
 import structlog
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from actors.workqueue import QueueShutDown, WorkQueue
 from k8s import errors, events
 from k8s.cache import SETTINGS_NAME, ClusterCache
+from k8s.client import GPU_CLASSES, GPU_DEVICES, VMIS, KubeClient
+from k8s.rounds import RoundLoop
 from model.housekeeping import (KUBEVIRT_CONDITION, Action, DeleteTemplate,
                                 LinkAttachment, VMIRecord, confirmed, kubevirt_condition, plan)
 from model.parse import format_time
 from model.types import ADMISSION_ANNOTATION, Attachment
 from model.settings import format_resource_names, resource_names
-from model.types import GROUP, VERSION
 
 log = structlog.get_logger("gpu_binder.housekeeping")
 
 FIELD_MANAGER = "gpu-binder-housekeeping"
-_ROUND = "round"
-"""The one key of a housekeeper's queue of rounds (a round covers everything: level based)."""
 
 
 def desired_settings(cache: ClusterCache, raw_policy: str) -> dict[str, str]:
@@ -44,8 +42,9 @@ def desired_settings(cache: ClusterCache, raw_policy: str) -> dict[str, str]:
 
 class Housekeeper:
     """Runs H1–H3 every `period` seconds and whenever devices, VMIs, classes or the settings
-    ConfigMap change (`coalesce` seconds after the first change of a burst). `grace` is
-    `attachmentGrace`; `timeout` bounds each API call (seconds); up to `concurrency` devices
+    ConfigMap change (`coalesce` seconds after the first change of a burst; `k8s.rounds`).
+    `client` makes its API calls (its timeout bounds each; writes carry field manager
+    `gpu-binder-housekeeping`); `grace` is `attachmentGrace`; up to `concurrency` devices
     are worked on at once. Errors are logged per action and the action is retried on the
     next round. `rounds` counts the rounds completed (paused ones included).
 
@@ -57,16 +56,14 @@ class Housekeeper:
     counts the times H3 found it missing and created it; an absence H3 repairs or cannot
     repair is told by a Warning Event `PolicyParameterMissing` on it (best effort)."""
 
-    def __init__(self, api: ApiClient, cache: ClusterCache, *, grace: timedelta,
-                 raw_policy: str, period: float = 5.0, timeout: float = 5.0,
-                 concurrency: int = 16, coalesce: float = 0.2) -> None:
-        self._custom = CustomObjectsApi(api)
-        self._core = CoreV1Api(api)
+    def __init__(self, client: KubeClient, cache: ClusterCache, *, grace: timedelta,
+                 raw_policy: str, period: float = 5.0, concurrency: int = 16,
+                 coalesce: float = 0.2) -> None:
+        self._client = client.using(field_manager=FIELD_MANAGER)
         self.cache = cache
         self.grace = grace
         self.raw_policy = raw_policy
         self.period = period
-        self.timeout = timeout
         self.concurrency = concurrency
         self.coalesce = coalesce
         self.actions_done = 0
@@ -80,26 +77,9 @@ class Housekeeper:
         """Loop until cancelled: a round now, then one after every change of the devices,
         VMIs, classes, the settings ConfigMap or KubeVirt CRs (a burst of changes coalesced
         into one round `coalesce` seconds after its first) and at least every `period`."""
-        informers = (self.cache.devices, self.cache.vmis, self.cache.classes,
-                     self.cache.settings, self.cache.kubevirts)
-        rounds: WorkQueue[str] = WorkQueue()
-
-        def changed(key: tuple[str, str], obj: dict | None) -> None:
-            rounds.add_after(_ROUND, self.coalesce)
-
-        for inf in informers:
-            inf.add_listener(changed)
-        try:
-            while True:
-                await self.round()
-                try:
-                    rounds.done(await rounds.get(timeout=self.period))
-                except TimeoutError:
-                    pass
-        finally:  # leadership lost or shutdown: stop being told
-            for inf in informers:
-                inf.remove_listener(changed)
-            rounds.shutdown()
+        await RoundLoop(self.round, period=self.period, coalesce=self.coalesce, sources=(
+            self.cache.devices, self.cache.vmis, self.cache.classes, self.cache.settings,
+            self.cache.kubevirts)).run()
 
     async def round(self, now: datetime | None = None) -> None:
         """One pass of H1, H2 and H3; H1/H2 pause while the devices' or VMIs' informer is
@@ -128,7 +108,7 @@ class Housekeeper:
         """Carry out a round's `actions`: a device's own in plan order, different devices
         concurrently, at most `concurrency` API calls in flight (each action is confirmed
         and written on its own device only, so their order across devices does not matter);
-        returns when all are done (each bounded by `timeout` per call). The devices are keys
+        returns when all are done (each call bounded by the client's timeout). The devices are keys
         of a work queue served by `concurrency` workers: a device is never worked on by two
         at once."""
         per_device: dict[tuple[str, str], list[Action]] = {}
@@ -179,27 +159,23 @@ class Housekeeper:
                 cond["observedGeneration"] = gen
             others = [c for c in conds if isinstance(c, dict) and c.get("type") != KUBEVIRT_CONDITION]
             try:
-                await self._custom.patch_cluster_custom_object_status(
-                    GROUP, VERSION, "gpuclasses", name, {"status": {"conditions": [*others, cond]}},
-                    _content_type="application/merge-patch+json", field_manager=FIELD_MANAGER,
-                    _request_timeout=self.timeout)
+                await self._client.patch_status(
+                    GPU_CLASSES, None, name, {"status": {"conditions": [*others, cond]}},
+                    what=f"patch GPUClass {name} status")
                 log.info("GPUClass condition written", gpu_class=name, condition=KUBEVIRT_CONDITION,
                          status=status, reason=reason)
-            except Exception as exc:  # noqa: BLE001 - retried next round
-                log.warning("GPUClass condition write failed", gpu_class=name,
-                            error=str(errors.translate(exc, f"patch GPUClass {name} status"))[:300])
+            except errors.ApiError as err:  # retried next round
+                log.warning("GPUClass condition write failed", gpu_class=name, error=str(err)[:300])
 
     async def _live_vmi(self, ns: str, name: str) -> VMIRecord | None:
         """The VMI as the API server has it now; None when it does not exist. Raises
         ApiError when that cannot be told."""
         try:
-            raw = await self._custom.get_namespaced_custom_object(
-                "kubevirt.io", "v1", ns, "virtualmachineinstances", name,
-                _request_timeout=self.timeout)
-        except Exception as exc:  # noqa: BLE001
-            if errors.names_object(exc, name):
+            raw = await self._client.get(VMIS, ns, name)
+        except errors.NotFound as err:
+            if err.names(name):
                 return None
-            raise errors.translate(exc, f"read VMI {ns}/{name}") from exc
+            raise
         meta = raw.get("metadata") or {}
         adm = (meta.get("annotations") or {}).get(ADMISSION_ANNOTATION)
         return VMIRecord(ns, name, str(meta.get("uid") or ""), adm or None)
@@ -216,14 +192,12 @@ class Housekeeper:
             ops.append({"op": "test", "path": "/status/attachedTo/since", "value": since})
         return ops
 
-    async def _patch(self, ns: str, name: str, ops: list[dict]) -> dict:
-        return await self._custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, ns, "gpudevices", name, ops,
-            _content_type="application/json-patch+json", field_manager=FIELD_MANAGER,
-            _request_timeout=self.timeout)
+    async def _patch(self, ns: str, name: str, ops: list[dict], what: str) -> dict:
+        return await self._client.patch_status(GPU_DEVICES, ns, name, ops, what=what)
 
-    async def _clear(self, key: tuple[str, str], att: Attachment) -> dict:
-        """Clear `att` on device `key` (and a bindRequest for the same VMI); the response."""
+    async def _clear(self, key: tuple[str, str], att: Attachment, what: str) -> dict:
+        """Clear `att` on device `key` (and a bindRequest for the same VMI); the response.
+        `what` names the action in errors."""
         ns, name = key
         ops = self._attachment_tests(key, att) + [{"op": "remove", "path": "/status/attachedTo"}]
         dev = self.cache.view.device(key)
@@ -231,15 +205,16 @@ class Housekeeper:
         if br is not None and br.vmi == att.vmi:
             ops += [{"op": "test", "path": "/status/bindRequest/id", "value": br.id},
                     {"op": "remove", "path": "/status/bindRequest"}]
-        return await self._patch(ns, name, ops)
+        return await self._patch(ns, name, ops, what)
 
     async def _do(self, action: Action) -> None:
         ns, name = action.device
+        what = f"{type(action).__name__} {ns}/{name}"
         try:
             if isinstance(action, LinkAttachment):
                 att = Attachment(action.vmi, action.since, action.admission)
                 await self._patch(ns, name, self._attachment_tests(action.device, att) + [
-                    {"op": "add", "path": "/status/attachedTo/uid", "value": action.uid}])
+                    {"op": "add", "path": "/status/attachedTo/uid", "value": action.uid}], what)
                 self.actions_done += 1
                 log.info("housekeeping", rule=action.rule, action="LinkAttachment",
                          namespace=ns, device=name, vmi=action.vmi, uid=action.uid)
@@ -264,25 +239,19 @@ class Housekeeper:
                 raw = self.cache.devices.get(action.device) or {}
                 rv = (raw.get("metadata") or {}).get("resourceVersion")
                 if att is not None:  # clear first; delete only the version that cleared
-                    rv = ((await self._clear(action.device, att)).get("metadata")
+                    rv = ((await self._clear(action.device, att, what)).get("metadata")
                           or {}).get("resourceVersion")
-                pre = {"uid": action.uid} if action.uid else {}
-                if rv:
-                    pre["resourceVersion"] = rv
-                body = {"preconditions": pre} if pre else {}
-                await self._custom.delete_namespaced_custom_object(
-                    GROUP, VERSION, ns, "gpudevices", name, body=body,
-                    _request_timeout=self.timeout)
+                await self._client.delete(GPU_DEVICES, ns, name, uid=action.uid,
+                                          resource_version=rv, what=what)
             else:
                 if att is None:
                     return
-                await self._clear(action.device, att)
+                await self._clear(action.device, att, what)
             self.actions_done += 1
             log.info("housekeeping", rule=action.rule, action=type(action).__name__,
                      namespace=ns, device=name, reason=action.reason)
-        except Exception as exc:  # noqa: BLE001 - per-action; retried next round
-            err = exc if isinstance(exc, errors.ApiError) else \
-                errors.translate(exc, f"{type(action).__name__} {ns}/{name}")
+        except Exception as exc:  # noqa: BLE001 - per action, so one device never stops a
+            err = errors.translate(exc, what)  # round; retried on the next one
             if isinstance(err, (errors.NotFound, errors.Invalid, errors.Conflict)):
                 log.info("housekeeping action moot", rule=action.rule,
                          action=type(action).__name__, namespace=ns, device=name,
@@ -311,26 +280,24 @@ class Housekeeper:
                 body["metadata"] = {**have["metadata"], "labels": {
                     **(have["metadata"].get("labels") or {}), **meta["labels"]}}
                 body["data"] = want
-                await self._core.replace_namespaced_config_map(
-                    SETTINGS_NAME, self.cache.settings_namespace, body,
-                    field_manager=FIELD_MANAGER, _request_timeout=self.timeout)
+                await self._client.replace_config_map(
+                    self.cache.settings_namespace, SETTINGS_NAME, body,
+                    what="apply ConfigMap gpu-settings")
             log.info("settings ConfigMap written", rule="H3", namespace=self.cache.settings_namespace,
                      drift=have is not None, **want)
-        except Exception as exc:  # noqa: BLE001 - retried next round
-            log.warning("settings ConfigMap write failed", rule="H3",
-                        error=str(errors.translate(exc, "apply ConfigMap gpu-settings"))[:300])
+        except errors.ApiError as err:  # retried next round
+            log.warning("settings ConfigMap write failed", rule="H3", error=str(err)[:300])
 
     async def _create_settings(self, meta: dict, want: dict[str, str]) -> None:
         """Create the missing settings ConfigMap; keep `settings_present` and
         `settings_recreated` and tell an absence by an Event (see the class). Raises the
         create's error (translated) unless it is AlreadyExists."""
         try:
-            await self._core.create_namespaced_config_map(
+            await self._client.create_config_map(
                 self.cache.settings_namespace,
                 {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": want},
-                field_manager=FIELD_MANAGER, _request_timeout=self.timeout)
-        except Exception as exc:  # noqa: BLE001 - sorted here
-            err = errors.translate(exc, "create ConfigMap gpu-settings")
+                what="create ConfigMap gpu-settings")
+        except errors.ApiError as err:  # sorted here
             if isinstance(err, errors.AlreadyExists):
                 self.settings_present = True  # the cache is behind; drift is seen next round
                 return
@@ -340,7 +307,7 @@ class Housekeeper:
                     "and VMI they match until it exists (parameterNotFoundAction: Deny): "
                     f"{str(err)[:300]}")
             self.settings_present = False
-            raise err from exc
+            raise
         self.settings_recreated += 1
         self.settings_present = True
         await self._parameter_event(
@@ -360,5 +327,4 @@ class Housekeeper:
             when=datetime.now(timezone.utc),
             message=f"ConfigMap {ns}/{SETTINGS_NAME}, the parameter of ValidatingAdmissionPolicies "
                     f"gpu-binder-raw-pods and gpu-binder-raw-vmis, {message}")
-        await events.record(self._core, body, timeout=self.timeout, rule="H3", namespace=ns,
-                            name=SETTINGS_NAME)
+        await events.record(self._client, body, rule="H3", namespace=ns, name=SETTINGS_NAME)

@@ -1,8 +1,9 @@
 """Informers: list + watch one resource into a shared read-only cache (controller style).
 
 An `Informer` lists, then watches from the list's resourceVersion with bookmarks and both
-timeouts set; a watch that times out resumes from the last resourceVersion seen, and a
-410 Gone (or any watch error) leads to a fresh list. Lists are paginated (`limit` +
+timeouts set, each watch line decoded once, by orjson (`OrjsonWatch`); a watch that times
+out resumes from the last resourceVersion seen, and a 410 Gone (or any watch error) leads
+to a fresh list. Lists are paginated (`limit` +
 `continue`), and every object passes a `transform` at ingest that keeps only what the code
 reads (bounded memory: no managedFields, no foreign annotations; see `slim`). Consumers read
 the cache (`get`, `items`) and learn *which keys changed* through listeners, called
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Awaitable, Callable, Iterable
 
 import anyio
+import orjson
 import structlog
 from anyio.abc import TaskStatus
 from kubernetes_asyncio.client import ApiException
@@ -67,6 +69,40 @@ def key_of(obj: dict) -> Key:
     """The cache key of an API object dict."""
     meta = obj.get("metadata") or {}
     return (meta.get("namespace") or "", meta.get("name") or "")
+
+
+class OrjsonWatch(Watch):
+    """kubernetes_asyncio's `Watch` with each event line decoded once, by orjson: the
+    event's `object` is the dict decoded (also as `raw_object`), never encoded and decoded
+    again into a model (the stock `Watch` decodes with stdlib json and, for
+    `return_type="object"`, dumps and loads each object a second time). The rest is the
+    stock contract: `resource_version` follows every event carrying one and every BOOKMARK
+    (a BOOKMARK without one raises ValueError), an ERROR event raises ApiException with its
+    Status `code` (410 Gone: the caller relists), a line that is not JSON is returned as
+    it is, and a JSON line that is no event raises ApiException (it carries a `code`) or
+    ValueError."""
+
+    def unmarshal_event(self, data: str | bytes, response_type: str | None) -> Any:
+        try:
+            js = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return data
+        if not isinstance(js, dict) or "object" not in js or "type" not in js:
+            if isinstance(js, dict) and "code" in js:
+                raise ApiException(status=js["code"],
+                                   reason=f"{js.get('reason')}: {js.get('message')}")
+            raise ValueError(f"watch: not an event: {str(data)[:300]}")
+        obj = js["raw_object"] = js["object"]
+        kind = str(js["type"]).lower()
+        if kind == "error":
+            raise ApiException(status=obj["code"], reason=f"{obj['reason']}: {obj['message']}")
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        if isinstance(meta, dict) and "resourceVersion" in meta:
+            self.resource_version = meta["resourceVersion"]
+        elif kind == "bookmark":
+            raise ValueError(f"watch: a BOOKMARK without metadata.resourceVersion: "
+                             f"{str(data)[:300]}")
+        return js
 
 
 class Informer:
@@ -192,7 +228,7 @@ class Informer:
 
     async def _watch(self, rv: str) -> str:
         """Watch from `rv` until the server ends the watch; return the last rv seen."""
-        async with Watch(return_type="object") as w:
+        async with OrjsonWatch(return_type="object") as w:
             stream = w.stream(self._list_fn, resource_version=rv, allow_watch_bookmarks=True,
                               timeout_seconds=self._watch_timeout,
                               _request_timeout=self._watch_timeout + 30)

@@ -18,9 +18,8 @@ from typing import Awaitable, Callable
 import anyio
 import structlog
 from anyio.abc import TaskStatus
-from kubernetes_asyncio.client import ApiException, CoordinationV1Api
-
-from k8s.errors import read_json
+from k8s import errors
+from k8s.client import KubeClient
 
 log = structlog.get_logger("gpu_binder.leader")
 
@@ -57,11 +56,12 @@ class LeaderElector:
 
     `is_leader` is True only while `lead()` may run. `transitions` counts how often this
     replica became leader. Raises nothing but cancellation out of `run`; API errors are
-    logged and retried every `retry_period`.
+    logged and retried every `retry_period`. `client`'s Lease calls are made with the
+    timeout `retry_period`.
     """
 
-    def __init__(self, api: CoordinationV1Api, identity: str, config: LeaseConfig) -> None:
-        self.api = api
+    def __init__(self, client: KubeClient, identity: str, config: LeaseConfig) -> None:
+        self.api = client.using(timeout=config.retry_period)
         self.identity = identity
         self.cfg = config
         self.is_leader = False
@@ -72,15 +72,7 @@ class LeaderElector:
 
     # -- API -----------------------------------------------------------------------------
     async def _read(self) -> dict | None:
-        resp = await self.api.read_namespaced_lease(
-            self.cfg.name, self.cfg.namespace, _preload_content=False,
-            _request_timeout=self.cfg.retry_period)
-        try:
-            return await read_json(resp, f"read Lease {self.cfg.name}")
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return await self.api.read_lease(self.cfg.namespace, self.cfg.name)
 
     def _spec(self, prior: dict | None, acquiring: bool) -> dict:
         now = _now()
@@ -95,18 +87,14 @@ class LeaderElector:
     async def _try_acquire_or_renew(self) -> bool:
         """One attempt; True when this replica holds the Lease afterwards."""
         lease = await self._read()
-        timeout = self.cfg.retry_period
         if lease is None:
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.cfg.name, "namespace": self.cfg.namespace},
                     "spec": self._spec(None, True)}
             try:
-                await self.api.create_namespaced_lease(self.cfg.namespace, body,
-                                                       _request_timeout=timeout)
-            except ApiException as exc:
-                if exc.status == 409:  # someone else created it first
-                    return False
-                raise
+                await self.api.create_lease(self.cfg.namespace, body)
+            except (errors.AlreadyExists, errors.Conflict):  # someone else created it first
+                return False
             return True
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
@@ -123,12 +111,9 @@ class LeaderElector:
         body = dict(lease)
         body["spec"] = self._spec(lease, acquiring=holder != self.identity)
         try:
-            await self.api.replace_namespaced_lease(self.cfg.name, self.cfg.namespace, body,
-                                                    _request_timeout=timeout)
-        except ApiException as exc:
-            if exc.status == 409:  # lost a race; the next round reads again
-                return False
-            raise
+            await self.api.replace_lease(self.cfg.namespace, self.cfg.name, body)
+        except (errors.AlreadyExists, errors.Conflict):  # lost a race: the next round reads
+            return False
         return True
 
     async def release(self) -> None:
@@ -139,9 +124,7 @@ class LeaderElector:
                 if lease and (lease.get("spec") or {}).get("holderIdentity") == self.identity:
                     lease["spec"]["holderIdentity"] = ""
                     lease["spec"]["leaseDurationSeconds"] = 1
-                    await self.api.replace_namespaced_lease(
-                        self.cfg.name, self.cfg.namespace, lease,
-                        _request_timeout=self.cfg.retry_period)
+                    await self.api.replace_lease(self.cfg.namespace, self.cfg.name, lease)
                     log.info("lease released", lease=self.cfg.name, identity=self.identity)
             except Exception as exc:  # noqa: BLE001 - shutdown path, log and go
                 log.warning("lease release failed", lease=self.cfg.name, error=repr(exc)[:200])

@@ -16,38 +16,35 @@ from typing import Sequence
 
 import anyio
 import structlog
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from actors import errors as port
 from actors.ports import StatusWrite, write_each
 from k8s import errors as api_errors
 from k8s import events
+from k8s.client import GPU_DEVICES, KubeClient
 from model.parse import format_time
 from model.types import GROUP, VERSION
 
 log = structlog.get_logger("gpu_binder.status_writer")
 
 BINDER_FIELD_MANAGER = "gpu-binder-binder"
-JSON_PATCH = "application/json-patch+json"
 
 
 class ApiStatusWriter:
-    """`actors.ports.StatusWriter` over kubernetes_asyncio. `timeout` is per API call,
-    seconds; `parallel` (>= 1) bounds the writes in flight at once over every
-    `write_many` call of this writer together (a set's members are patched concurrently:
-    one round trip per step, not per member, and retries cannot multiply the load)."""
+    """`actors.ports.StatusWriter` over `client` (`k8s.client.KubeClient`, whose timeout
+    bounds each API call; its writes here carry `field_manager`); `parallel` (>= 1) bounds
+    the writes in flight at once over every `write_many` call of this writer together (a
+    set's members are patched concurrently: one round trip per step, not per member, and
+    retries cannot multiply the load)."""
 
-    def __init__(self, api: ApiClient, *, timeout: float = 5.0, parallel: int = 8,
+    def __init__(self, client: KubeClient, *, parallel: int = 8,
                  field_manager: str = BINDER_FIELD_MANAGER) -> None:
-        self._api = CustomObjectsApi(api)
-        self._core = CoreV1Api(api)
-        self._timeout = timeout
+        self._client = client.using(field_manager=field_manager)
         self._limiter = anyio.CapacityLimiter(max(1, parallel))
-        self._manager = field_manager
         self.writes = 0
 
     async def write_many(self, writes: Sequence[StatusWrite]) -> list[port.WriteError | None]:
-        """Each write as its own patch (each bounded by `timeout`), at most `parallel` of
+        """Each write as its own patch (each bounded by the client's timeout), at most `parallel` of
         this writer's at once; outcomes in order."""
         return await write_each(self, writes, limiter=self._limiter)
 
@@ -56,14 +53,11 @@ class ApiStatusWriter:
             {"op": "test", "path": "/status/bindRequest/id", "value": request_id}, *ops]
         ns, name = key
         try:
-            await self._api.patch_namespaced_custom_object_status(
-                GROUP, VERSION, ns, "gpudevices", name, body, _content_type=JSON_PATCH,
-                field_manager=self._manager, _request_timeout=self._timeout)
+            await self._client.patch_status(GPU_DEVICES, ns, name, body)
             self.writes += 1
-        except Exception as exc:  # translated below; cancellation is not an Exception
-            err = api_errors.translate(exc, f"patch status of GPUDevice {ns}/{name}")
+        except api_errors.ApiError as err:
             if isinstance(err, api_errors.NotFound):
-                raise port.NotFound(str(err), key=key) from exc
+                raise port.NotFound(str(err), key=key) from err
             if isinstance(err, api_errors.Invalid):
                 log.info("status patch rejected", namespace=ns, device=name,
                          request_id=request_id, ops=[o["path"] for o in ops],
@@ -71,10 +65,10 @@ class ApiStatusWriter:
                 # the `test` failed (id replaced) or the path is gone (request cleared)
                 raise port.RequestWithdrawn(
                     f"GPUDevice {ns}/{name} no longer carries request {request_id}: "
-                    f"{err.message}", key=key) from exc
+                    f"{err.message}", key=key) from err
             if isinstance(err, api_errors.Conflict):
-                raise port.WriteConflict(str(err), key=key) from exc
-            raise port.TransientWriteError(str(err), key=key) from exc
+                raise port.WriteConflict(str(err), key=key) from err
+            raise port.TransientWriteError(str(err), key=key) from err
 
     async def answer(self, w: StatusWrite) -> None:
         """Write the decided node, the placement (when `w.bound_at` is set) and the result
@@ -95,14 +89,7 @@ class ApiStatusWriter:
                 return
             except port.RequestWithdrawn:  # the id or the version moved: read and decide
                 pass
-        try:
-            raw = await self._api.get_namespaced_custom_object_status(
-                GROUP, VERSION, ns, "gpudevices", name, _request_timeout=self._timeout)
-        except Exception as exc:  # noqa: BLE001 - translated
-            err = api_errors.translate(exc, f"read GPUDevice {ns}/{name}")
-            if isinstance(err, api_errors.NotFound):
-                raise port.NotFound(str(err), key=w.key) from exc
-            raise port.TransientWriteError(str(err), key=w.key) from exc
+        raw = await self._read(w.key)
         status = raw.get("status") or {}
         br = status.get("bindRequest") or {}
         if br.get("id") != w.request_id:
@@ -127,13 +114,11 @@ class ApiStatusWriter:
     async def _read(self, key: tuple[str, str]) -> dict:
         ns, name = key
         try:
-            return await self._api.get_namespaced_custom_object_status(
-                GROUP, VERSION, ns, "gpudevices", name, _request_timeout=self._timeout)
-        except Exception as exc:  # noqa: BLE001 - translated
-            err = api_errors.translate(exc, f"read GPUDevice {ns}/{name}")
-            if isinstance(err, api_errors.NotFound):
-                raise port.NotFound(str(err), key=key) from exc
-            raise port.TransientWriteError(str(err), key=key) from exc
+            return await self._client.get_status(GPU_DEVICES, ns, name)
+        except api_errors.NotFound as err:
+            raise port.NotFound(str(err), key=key) from err
+        except api_errors.ApiError as err:
+            raise port.TransientWriteError(str(err), key=key) from err
 
     async def _move(self, w: StatusWrite) -> None:
         """A defragmenting move (D1, D2): read the device; already Bound idle on `w.node`:
@@ -170,7 +155,7 @@ class ApiStatusWriter:
              "namespace": ns, "uid": (raw.get("metadata") or {}).get("uid")},
             reason="GPUDeviceMoved", message=w.message, warning=False, instance="binder",
             when=w.bound_at)
-        await events.record(self._core, body, timeout=self._timeout, device=f"{ns}/{name}")
+        await events.record(self._client, body, device=f"{ns}/{name}")
 
 
 def _answer_ops(w: StatusWrite) -> list[dict]:

@@ -35,19 +35,18 @@ Patch that `test`s the VM's resourceVersion as cached (field manager
 
 from __future__ import annotations
 
-import functools
 import time
 from datetime import datetime, timedelta, timezone
 from typing import Sequence
 
 import anyio
 import structlog
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
-from actors.workqueue import QueueShutDown, WorkQueue
 from k8s import errors, events
 from k8s.cache import ClusterCache
+from k8s.client import VMS, KubeClient
 from k8s.informer import Informer, Key
+from k8s.rounds import RoundLoop
 from model.admission import ANNOTATION_PREFIX
 from model.parse import format_time
 from model.vm import CONDITION, Condition, Waiting, current_condition, plan_waiting
@@ -55,7 +54,6 @@ from model.vm import CONDITION, Condition, Waiting, current_condition, plan_wait
 log = structlog.get_logger("gpu_binder.vm_waiting")
 
 FIELD_MANAGER = "gpu-binder-vm-waiting"
-_ROUND = "round"
 
 
 def slim_vm(obj: dict) -> dict:
@@ -113,66 +111,42 @@ def write_due(old: dict | None, new: Condition | None, ages: Sequence[float],
 class VMWaiting:
     """Shows why waiting VMs wait and nudges virt-controller when room appears (module doc).
 
-    `grace` is attachmentGrace (W1's liveness of attachments); `timeout` bounds each API
-    call (seconds); `period` the longest time between rounds; `coalesce` the delay from the
-    first change of a burst to its round; `min_interval`, `max_writes` per `window`,
+    `client` makes its API calls (its timeout bounds each; writes carry field manager
+    `gpu-binder-vm-waiting`); `grace` is attachmentGrace (W1's liveness of attachments);
+    `period` the longest time between rounds; `coalesce` the delay from the first change of
+    a burst to its round (`k8s.rounds.RoundLoop`); `min_interval`, `max_writes` per `window`,
     `refresh_interval` bound the writes per VM and `hold` keeps a nudged VM's room (seconds;
     module doc). Counters: `rounds`, `writes`, `nudges` (True writes), `write_errors`.
     Errors are logged and retried on a later round; `run` returns only when cancelled."""
 
-    def __init__(self, api: ApiClient, cache: ClusterCache, *, grace: timedelta,
-                 timeout: float = 5.0, period: float = 5.0, coalesce: float = 0.2,
+    def __init__(self, client: KubeClient, cache: ClusterCache, *, grace: timedelta,
+                 period: float = 5.0, coalesce: float = 0.2,
                  min_interval: float = 2.0, refresh_interval: float = 60.0,
                  max_writes: int = 4, window: float = 60.0, hold: float = 10.0) -> None:
-        self._custom = CustomObjectsApi(api)
-        self._core = CoreV1Api(api)
+        self._client = client.using(field_manager=FIELD_MANAGER)
         self.cache = cache
         self.grace = grace
-        self.timeout = timeout
-        self.period = period
-        self.coalesce = coalesce
         self.min_interval = min_interval
         self.refresh_interval = refresh_interval
         self.max_writes = max_writes
         self.window = window
         self.hold = hold
-        self.vms = Informer("virtualmachines", functools.partial(
-            self._custom.list_cluster_custom_object, "kubevirt.io", "v1", "virtualmachines"),
-            transform=slim_vm)
+        self.vms = Informer("virtualmachines", client.lister(VMS), transform=slim_vm)
         self._writes: dict[Key, list[float]] = {}  # monotonic times of the last writes
         self._given: dict[Key, tuple[float, str]] = {}  # nudged: (monotonic time, node)
-        self._queue: WorkQueue[str] | None = None
+        self._loop = RoundLoop(self.round, period=period, coalesce=coalesce, sources=(
+            self.vms, self.cache.vmis, self.cache.devices, self.cache.nodes, self.cache.quotas,
+            self.cache.classes, self.cache.kubevirts, self.cache.pods))
         self.rounds = self.writes = self.nudges = self.write_errors = 0
 
     async def run(self) -> None:
         """List and watch VMs, then a round now, after every change (coalesced) and at least
         every `period` seconds, until cancelled."""
-        queue: WorkQueue[str] = WorkQueue()
-        self._queue = queue
-        informers = (self.vms, self.cache.vmis, self.cache.devices, self.cache.nodes,
-                     self.cache.quotas, self.cache.classes, self.cache.kubevirts,
-                     self.cache.pods)
-
-        def changed(key: Key, obj: dict | None) -> None:
-            queue.add_after(_ROUND, self.coalesce)
-
         async with anyio.create_task_group() as tg:
             await tg.start(self.vms.run)
-            for inf in informers:
-                inf.add_listener(changed)
             try:
-                while True:
-                    await self.round()
-                    try:
-                        queue.done(await queue.get(timeout=self.period))
-                    except TimeoutError:
-                        pass
-                    except QueueShutDown:
-                        return
+                await self._loop.run()
             finally:
-                for inf in informers:
-                    inf.remove_listener(changed)
-                queue.shutdown()
                 tg.cancel_scope.cancel()
 
     def plan(self, now: datetime) -> list[Waiting]:
@@ -200,8 +174,7 @@ class VMWaiting:
         for key, w in plans.items():
             vm = self.vms.get(key)
             if w.held:  # nudged a moment ago, its start may be under way: judged after `hold`
-                if self._queue is not None:
-                    self._queue.add_after(_ROUND, self.hold)
+                self._loop.kick(after=self.hold)
                 continue
             if vm is not None:
                 node = w.explanation.node if w.nudge and w.explanation is not None else None
@@ -233,8 +206,7 @@ class VMWaiting:
         if due == float("inf"):
             return
         if due > 0:
-            if self._queue is not None:
-                self._queue.add_after(_ROUND, due)
+            self._loop.kick(after=due)
             return
         status = vm.get("status") or {}
         conds = [c for c in status.get("conditions") or [] if c.get("type") != CONDITION]
@@ -252,18 +224,13 @@ class VMWaiting:
                    else {"op": "add", "path": "/status", "value": {"conditions": conds}})
         self._wrote(key)
         try:
-            with anyio.fail_after(self.timeout):
-                await self._custom.patch_namespaced_custom_object_status(
-                    "kubevirt.io", "v1", ns, "virtualmachines", name, ops,
-                    _content_type="application/json-patch+json", field_manager=FIELD_MANAGER,
-                    _request_timeout=self.timeout)
-        except Exception as exc:  # noqa: BLE001 - retried on a later round
-            err = errors.translate(exc, f"write the {CONDITION} condition of VM {ns}/{name}")
+            await self._client.patch_status(
+                VMS, ns, name, ops, what=f"write the {CONDITION} condition of VM {ns}/{name}")
+        except errors.ApiError as err:  # retried on a later round
             self.write_errors += 1
             if not isinstance(err, (errors.Invalid, errors.Conflict, errors.NotFound)):
                 log.warning("VM condition not written", vm=f"{ns}/{name}", error=str(err)[:300])
-            if self._queue is not None:
-                self._queue.add_after(_ROUND, self.min_interval)
+            self._loop.kick(after=self.min_interval)
             return
         self.writes += 1
         log.info("VM condition written", vm=f"{ns}/{name}", condition=CONDITION,
@@ -288,4 +255,4 @@ class VMWaiting:
              "namespace": ns, "uid": meta.get("uid")},
             reason="GPUSetWaiting" if waiting else "GPUSetRoomAvailable", message=cond.message,
             warning=waiting, instance="vm-waiting", when=now)
-        await events.record(self._core, body, timeout=self.timeout, vm=f"{ns}/{name}")
+        await events.record(self._client, body, vm=f"{ns}/{name}")

@@ -22,10 +22,9 @@ from typing import Callable
 
 import anyio
 import structlog
-from kubernetes_asyncio.client import ApiClient
-
 from k8s import errors
 from k8s.cache import ClusterCache
+from k8s.client import KubeClient
 from k8s.webhook import steps
 from k8s.webhook.fairness import Busy, EventBudget, TenantGate
 from k8s.webhook.review import Category, Denial, Review, refusal_denial
@@ -61,15 +60,15 @@ class _Judged:
 
 class VMIAdmission:
     """Handles VMI CREATE reviews. `bind_timeout` (seconds) bounds steps 1–4 of W3; `grace`
-    is `attachmentGrace`; `clock` returns aware UTC time; `timeout` (seconds) bounds each API
+    is `attachmentGrace`; `clock` returns aware UTC time; `client`'s timeout bounds each API
     call; `gate` (None: unbounded) gives each tenant its fair share of concurrent admissions
     past W1's checks on the cache (issue 23). `admitted`/`denied` count answers, `rejected`
     W1 refusals and turns refused by the gate per (namespace, code) (for metrics)."""
 
-    def __init__(self, api: ApiClient, cache: ClusterCache, *, bind_timeout: float,
+    def __init__(self, client: KubeClient, cache: ClusterCache, *, bind_timeout: float,
                  grace: timedelta, clock: Callable[[], datetime] | None = None,
-                 timeout: float = 5.0, gate: TenantGate | None = None) -> None:
-        self.api = steps.Api(api, timeout)
+                 gate: TenantGate | None = None) -> None:
+        self.api = steps.Api(client)
         self.cache = cache
         self.bind_timeout = bind_timeout
         self.grace = grace

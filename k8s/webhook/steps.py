@@ -15,10 +15,9 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import anyio
 import structlog
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
-
 from actors.view import IndexedView
 from k8s import errors
+from k8s.client import GPU_DEVICES, VMIS, KubeClient
 from k8s.webhook.review import Category, Denial
 from k8s.webhook.waiter import ResultWaiter
 from model.admission import AdmissionPlan, attachment_is_live, effective_resources, vmi_patch
@@ -30,7 +29,6 @@ from model.types import GROUP, TEMPLATE_FOR_LABEL, VERSION, Labels, Result, Tole
 log = structlog.get_logger("gpu_binder.admission")
 
 FIELD_MANAGER = "gpu-binder-webhook"
-JSON_PATCH = "application/json-patch+json"
 STEP_PARALLEL = 8
 """Devices of one set written at once in a step of W3 (templates, attachments, requests)."""
 ATTACH_TRIES = 5
@@ -67,80 +65,56 @@ def api_denial(err: errors.ApiError) -> Denial:
 
 class Api:
     """The API calls of the steps, on GPUDevices (namespaced, group `gpu.cozystack.io`), VMIs
-    and Events; each call is bounded by `timeout` seconds and raises `errors.ApiError`
-    (translated, never a client exception)."""
+    and Events, over `client` (`k8s.client.KubeClient`, whose timeout bounds each call;
+    writes carry field manager `gpu-binder-webhook`); each raises `errors.ApiError`."""
 
-    def __init__(self, api: ApiClient, timeout: float) -> None:
-        self.custom = CustomObjectsApi(api)
-        self.core = CoreV1Api(api)
-        self.timeout = timeout
+    def __init__(self, client: KubeClient) -> None:
+        self.client = client.using(field_manager=FIELD_MANAGER)
+        self.timeout = client.timeout
 
     async def get_device(self, ns: str, name: str) -> dict | None:
         """The device as the API server has it now; None when it does not exist."""
         try:
-            return await self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, ns, "gpudevices", name, _request_timeout=self.timeout)
-        except Exception as exc:  # noqa: BLE001
-            err = errors.translate(exc, f"read GPUDevice {ns}/{name}")
-            if isinstance(err, errors.NotFound):
-                return None
-            raise err from exc
+            return await self.client.get(GPU_DEVICES, ns, name)
+        except errors.NotFound:
+            return None
 
     async def patch_status(self, ns: str, name: str, ops: list[dict]) -> None:
         """A JSON Patch (RFC 6902) of the device's status; a failed `test` op raises
         errors.Invalid."""
-        try:
-            await self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, ns, "gpudevices", name, ops, _content_type=JSON_PATCH,
-                field_manager=FIELD_MANAGER, _request_timeout=self.timeout)
-        except Exception as exc:  # noqa: BLE001
-            raise errors.translate(exc, f"patch GPUDevice {ns}/{name}") from exc
+        await self.client.patch_status(GPU_DEVICES, ns, name, ops,
+                                       what=f"patch GPUDevice {ns}/{name}")
 
     async def create_device(self, ns: str, body: dict) -> bool:
         """Create a GPUDevice; False when one of that name already exists."""
         name = body["metadata"]["name"]
         try:
-            await self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, ns, "gpudevices", body, field_manager=FIELD_MANAGER,
-                _request_timeout=self.timeout)
+            await self.client.create(GPU_DEVICES, ns, body,
+                                     what=f"create template GPUDevice {ns}/{name}")
             return True
-        except Exception as exc:  # noqa: BLE001
-            err = errors.translate(exc, f"create template GPUDevice {ns}/{name}")
-            if isinstance(err, errors.AlreadyExists):
-                return False
-            raise err from exc
+        except errors.AlreadyExists:
+            return False
 
     async def delete_device(self, ns: str, name: str, uid: str, resource_version: str) -> None:
         """Delete the device if it is still the object read (uid and resourceVersion
         preconditions: a 409 otherwise)."""
-        try:
-            await self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, ns, "gpudevices", name,
-                body={"preconditions": {"uid": uid, "resourceVersion": resource_version}},
-                _request_timeout=self.timeout)
-        except Exception as exc:  # noqa: BLE001
-            raise errors.translate(exc, f"delete GPUDevice {ns}/{name}") from exc
+        await self.client.delete(GPU_DEVICES, ns, name, uid=uid,
+                                 resource_version=resource_version)
 
     async def vmi_exists(self, ns: str, name: str) -> bool:
         """Whether the API server has VMI `ns/name` now (a live read). Raises
         errors.ApiError when it cannot tell (a 404 that is not about this VMI included)."""
         try:
-            await self.custom.get_namespaced_custom_object(
-                "kubevirt.io", "v1", ns, "virtualmachineinstances", name,
-                _request_timeout=self.timeout)
+            await self.client.get(VMIS, ns, name)
             return True
-        except Exception as exc:  # noqa: BLE001
-            err = errors.translate(exc, f"read VMI {ns}/{name}")
-            if isinstance(err, errors.NotFound) and errors.names_object(exc, name):
+        except errors.NotFound as err:
+            if err.names(name):
                 return False
-            raise err from exc
+            raise
 
     async def create_event(self, ns: str, body: dict) -> None:
         """Create an Event in `ns`."""
-        try:
-            await self.core.create_namespaced_event(ns, body, _request_timeout=self.timeout)
-        except Exception as exc:  # noqa: BLE001
-            raise errors.translate(exc, f"create Event in {ns}") from exc
+        await self.client.create_event(ns, body)
 
 
 @dataclass(frozen=True, slots=True)

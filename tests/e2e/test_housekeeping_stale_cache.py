@@ -17,6 +17,7 @@ import pytest
 from kubernetes_asyncio.client import ApiException
 
 from k8s.cache import ClusterCache
+from k8s.client import KubeClient
 from k8s.housekeeping import Housekeeper
 from tests.e2e.helpers import eventually, make_pool
 
@@ -49,8 +50,8 @@ async def _pool_with_attached_device(fleet):
 
 
 def _keeper(admin_client, cache) -> Housekeeper:
-    return Housekeeper(admin_client, cache, grace=timedelta(seconds=5), raw_policy="allowed",
-                       period=0.3, timeout=5.0)
+    return Housekeeper(KubeClient(admin_client, timeout=5.0), cache, grace=timedelta(seconds=5),
+                       raw_policy="allowed", period=0.3)
 
 
 async def test_H2_housekeeping_pauses_while_the_vmi_watch_errors_and_confirms_with_a_live_read(

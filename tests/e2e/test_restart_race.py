@@ -31,6 +31,7 @@ import pytest
 from k8s.webhook.admission import VMIAdmission
 from k8s.webhook.review import decode_request
 from k8s.cache import ClusterCache
+from k8s.client import KubeClient
 from k8s.housekeeping import Housekeeper
 from model.decide import find_requests
 from model.parse import format_time
@@ -74,8 +75,7 @@ async def test_W3_W4_recreate_whose_take_over_loses_a_member_to_H2_puts_its_requ
     old = uuid.uuid4().hex
     cls, node, tenant, template = await _admitted_then_deleted(fleet, old)
     cache = ClusterCache(admin_client, watch_timeout=5)
-    webhook = VMIAdmission(admin_client, cache, bind_timeout=4, grace=GRACE)
-    keeper = Housekeeper(admin_client, cache, grace=GRACE, raw_policy="allowed", timeout=5.0)
+    webhook = VMIAdmission(KubeClient(admin_client), cache, bind_timeout=4, grace=GRACE)
     real_patch = webhook.api.patch_status
     template_taken_over = anyio.Event()
     raced: list[str] = []
@@ -85,14 +85,15 @@ async def test_W3_W4_recreate_whose_take_over_loses_a_member_to_H2_puts_its_requ
     # meanwhile made a refused one (the template's DeleteTemplate planned from the cache
     # that has not seen its take-over yet, its `test` failing: "moot") look done
     ours: list[str] = []
-    real_write = keeper._patch
 
-    async def counted_write(ns: str, name: str, ops: list[dict]) -> dict:
-        out = await real_write(ns, name, ops)   # raises when refused: nothing written
-        if ns == tenant:
-            ours.append(name)
-        return out
-    keeper._patch = counted_write  # type: ignore[method-assign]
+    class CountedClient(KubeClient):
+        async def patch_status(self, res, ns, name, body, **kw) -> dict:
+            out = await super().patch_status(res, ns, name, body, **kw)  # raises when refused
+            if ns == tenant:
+                ours.append(name)
+            return out
+    keeper = Housekeeper(CountedClient(admin_client, timeout=5.0), cache, grace=GRACE,
+                         raw_policy="allowed")
 
     async def racing_patch(ns: str, name: str, ops: list[dict]) -> None:
         """The webhook's JSON Patch writes, with housekeeping's round between the W4

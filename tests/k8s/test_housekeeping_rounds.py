@@ -4,11 +4,13 @@ replaced by a recorder here; tests/e2e carry them out against the real API serve
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 
 import anyio
 import pytest
 
+from fakes.kube_client import ScriptedClient
 from k8s.housekeeping import Housekeeper
 from model.housekeeping import ClearAttachment, DeleteTemplate, LinkAttachment
 from tests.timing import FAKE_TIME
@@ -24,8 +26,12 @@ def anyio_backend():
 
 
 class _Recorder(Housekeeper):
-    def __init__(self, concurrency: int) -> None:  # no API client: `_do` is replaced
-        self.concurrency = concurrency
+    """A Housekeeper whose `_do` (one action's API calls) only records and takes `CALL`."""
+
+    def __init__(self, concurrency: int) -> None:
+        super().__init__(ScriptedClient(), SimpleNamespace(),  # type: ignore[arg-type]
+                         grace=timedelta(minutes=2), raw_policy="denied",
+                         concurrency=concurrency)
         self.log: list[tuple[str, tuple[str, str], str]] = []
         self.running = 0
         self.peak = 0

@@ -1,18 +1,19 @@
 """H3's handling of a missing settings ConfigMap (`k8s.housekeeping.Housekeeper.ensure_settings`),
 the parameter of the shipped ValidatingAdmissionPolicies whose bindings deny while it is
 missing (kubernetes#133827): what it records (`settings_present`, `settings_recreated`) and
-the Warning Events it writes. The API calls are replaced by a recorder; tests/e2e/
+the Warning Events it writes. The API calls go to a `fakes.kube_client.ScriptedClient`; tests/e2e/
 test_manifests.py runs the whole story against a real API server."""
 
 from __future__ import annotations
 
-import json
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from k8s.housekeeping import Housekeeper
+from fakes.kube_client import ScriptedClient
+from k8s import errors
+from k8s.housekeeping import FIELD_MANAGER, Housekeeper
 
 pytestmark = pytest.mark.anyio
 NS = "cozy-system"
@@ -23,72 +24,54 @@ def anyio_backend():
     return "asyncio"
 
 
-class _Core:
-    """CoreV1Api's two calls H3 makes for a missing ConfigMap; `fail` are the statuses the
-    next creates answer (then success)."""
-
-    def __init__(self, *fail: tuple[int, str]) -> None:
-        self.fail = list(fail)
-        self.created: list[dict] = []
-        self.events: list[dict] = []
-
-    async def create_namespaced_config_map(self, ns, body, **kw):
-        if self.fail:
-            status, reason = self.fail.pop(0)
-            raise _api_exception(status, reason)
-        self.created.append(body)
-        return body
-
-    async def create_namespaced_event(self, ns, body, **kw):
-        self.events.append(body)
+def _error(status: int, reason: str) -> errors.ApiError:
+    """What `KubeClient.create_config_map` raises for a refused create."""
+    cls = errors.AlreadyExists if reason == "AlreadyExists" else errors.Forbidden
+    return cls("create ConfigMap gpu-settings", status, f"{reason} here", reason=reason)
 
 
-def _api_exception(status: int, reason: str) -> ApiException:
-    exc = ApiException(status=status, reason=reason)
-    exc.body = json.dumps({"kind": "Status", "reason": reason, "message": f"{reason} here"})
-    return exc
-
-
-def _keeper(core: _Core, settings: dict) -> Housekeeper:
-    keeper = Housekeeper.__new__(Housekeeper)   # no API client: `_core` is the recorder
-    keeper._core = core
-    keeper.cache = SimpleNamespace(settings=settings, settings_namespace=NS,
-                                   view=SimpleNamespace(classes=lambda: {}))
-    keeper.raw_policy = "denied"
-    keeper.timeout = 1.0
-    keeper.settings_present = None
-    keeper.settings_recreated = 0
-    return keeper
+def _keeper(client: ScriptedClient, settings: dict) -> Housekeeper:
+    cache = SimpleNamespace(settings=settings, settings_namespace=NS,
+                            view=SimpleNamespace(classes=lambda: {}))
+    return Housekeeper(client, cache, grace=timedelta(minutes=2),  # type: ignore[arg-type]
+                       raw_policy="denied")
 
 
 async def test_H3_a_missing_parameter_that_cannot_be_created_reads_absent_and_is_told_once():
-    core = _Core((403, "Forbidden"), (403, "Forbidden"))
-    keeper = _keeper(core, {})
+    client = ScriptedClient()
+    client.script("create_config_map", _error(403, "Forbidden"), _error(403, "Forbidden"))
+    keeper = _keeper(client, {})
     await keeper.ensure_settings()
     await keeper.ensure_settings()
-    assert (keeper.settings_present, keeper.settings_recreated, core.created) == (False, 0, [])
-    assert [e["reason"] for e in core.events] == ["PolicyParameterMissing"]  # once per absence
-    event = core.events[0]
+    assert (keeper.settings_present, keeper.settings_recreated) == (False, 0)
+    assert len(client.of("create_config_map")) == 2                     # both refused
+    events = [body for _, body in client.of("create_event")]
+    assert [e["reason"] for e in events] == ["PolicyParameterMissing"]  # once per absence
+    event = events[0]
     assert (event["type"], event["involvedObject"]["kind"], event["involvedObject"]["name"],
             event["metadata"]["namespace"]) == ("Warning", "ConfigMap", "gpu-settings", NS)
     assert "cannot create it" in event["message"] and "Forbidden" in event["message"]
     await keeper.ensure_settings()                    # the third create succeeds
     assert (keeper.settings_present, keeper.settings_recreated) == (True, 1)
-    assert [c["data"] for c in core.created] == [{"resourceNames": "",
-                                                  "rawResourceNames": "denied"}]
-    assert len(core.events) == 2 and "H3 created it" in core.events[1]["message"]
+    third = client.calls[-2]                          # the create, then its Event
+    assert (third.method, third.field_manager, third.args[1]["data"]) == (
+        "create_config_map", FIELD_MANAGER, {"resourceNames": "", "rawResourceNames": "denied"})
+    events = [body for _, body in client.of("create_event")]
+    assert len(events) == 2 and "H3 created it" in events[1]["message"]
 
 
 async def test_H3_already_exists_means_the_cache_was_behind_not_missing():
-    core = _Core((409, "AlreadyExists"))
-    keeper = _keeper(core, {})
+    client = ScriptedClient()
+    client.script("create_config_map", _error(409, "AlreadyExists"))
+    keeper = _keeper(client, {})
     await keeper.ensure_settings()
-    assert (keeper.settings_present, keeper.settings_recreated, core.events) == (True, 0, [])
+    assert (keeper.settings_present, keeper.settings_recreated) == (True, 0)
+    assert [c.method for c in client.calls] == ["create_config_map"]    # no Event
 
 
 async def test_H3_a_present_parameter_reads_present_without_any_call():
-    core = _Core()
-    keeper = _keeper(core, {(NS, "gpu-settings"): {
+    client = ScriptedClient()
+    keeper = _keeper(client, {(NS, "gpu-settings"): {
         "data": {"resourceNames": "", "rawResourceNames": "denied"}}})
     await keeper.ensure_settings()
-    assert (keeper.settings_present, core.created, core.events) == (True, [], [])
+    assert (keeper.settings_present, client.calls) == (True, [])

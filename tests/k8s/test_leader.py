@@ -6,10 +6,9 @@ from __future__ import annotations
 import copy
 
 import anyio
-import orjson
 import pytest
-from kubernetes_asyncio.client import ApiException
 
+from k8s import errors
 from k8s.leader import LeaderElector, LeaseConfig
 from tests.timing import FAKE_TIME, advance, eventually
 
@@ -18,48 +17,40 @@ CFG = LeaseConfig(namespace="ns", name="lease", lease_duration=1.5, renew_deadli
                   retry_period=0.2)
 
 
-class _Resp:
-    def __init__(self, status: int, body: dict) -> None:
-        self.status, self.reason, self.headers = status, "", {}
-        self._body = orjson.dumps(body)
-
-    async def read(self) -> bytes:
-        return self._body
-
-    def release(self) -> None:
-        pass
-
-
 class FakeLeases:
-    """The three CoordinationV1Api calls the elector makes, with optimistic concurrency."""
+    """The three Lease calls of `k8s.client.KubeClient` the elector makes, with optimistic
+    concurrency, failing as the client does (`k8s.errors`) while `down`."""
 
     def __init__(self) -> None:
         self.lease: dict | None = None
         self.rv = 0
         self.down = False
+        self.timeouts: set[float] = set()
 
-    def _check(self) -> None:
+    def using(self, *, timeout: float | None = None, **_) -> "FakeLeases":
+        self.timeouts.add(timeout)
+        return self
+
+    def _check(self, what: str) -> None:
         if self.down:
-            raise ApiException(status=503, reason="unavailable")
+            raise errors.Unavailable(what, 503, "unavailable")
 
-    async def read_namespaced_lease(self, name, ns, **_):
-        self._check()
-        if self.lease is None:
-            return _Resp(404, {"code": 404})
-        return _Resp(200, copy.deepcopy(self.lease))
+    async def read_lease(self, ns, name):
+        self._check("read Lease")
+        return copy.deepcopy(self.lease)
 
-    async def create_namespaced_lease(self, ns, body, **_):
-        self._check()
+    async def create_lease(self, ns, body):
+        self._check("create Lease")
         if self.lease is not None:
-            raise ApiException(status=409, reason="AlreadyExists")
+            raise errors.AlreadyExists("create Lease", 409, "exists", reason="AlreadyExists")
         self.rv += 1
         self.lease = copy.deepcopy(body)
         self.lease["metadata"]["resourceVersion"] = str(self.rv)
 
-    async def replace_namespaced_lease(self, name, ns, body, **_):
-        self._check()
+    async def replace_lease(self, ns, name, body):
+        self._check("replace Lease")
         if body["metadata"].get("resourceVersion") != self.lease["metadata"]["resourceVersion"]:
-            raise ApiException(status=409, reason="Conflict")
+            raise errors.Conflict("replace Lease", 409, "modified", reason="Conflict")
         self.rv += 1
         self.lease = copy.deepcopy(body)
         self.lease["metadata"]["resourceVersion"] = str(self.rv)
@@ -132,3 +123,4 @@ async def test_release_lets_a_successor_take_over_without_waiting_for_expiry():
         # at b's next try, not after the Lease would have expired
         assert anyio.current_time() - released <= CFG.retry_period + 0.01
         outer.cancel_scope.cancel()
+    assert api.timeouts == {CFG.retry_period}  # every Lease call bounded by the retry period

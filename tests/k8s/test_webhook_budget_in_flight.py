@@ -13,6 +13,7 @@ import anyio
 import orjson
 import pytest
 
+from fakes.kube_client import ScriptedClient
 from k8s.webhook.admission import VMIAdmission
 from model.reasons import BudgetInFlight
 from k8s.webhook.fairness import TenantGate
@@ -84,7 +85,7 @@ class Harness:
 
     def __init__(self) -> None:
         self.cache = FakeCache()
-        self.adm = VMIAdmission(object(), self.cache, bind_timeout=10.0,  # type: ignore[arg-type]
+        self.adm = VMIAdmission(ScriptedClient(), self.cache, bind_timeout=10.0,  # type: ignore[arg-type]
                                 grace=timedelta(minutes=2),
                                 clock=lambda: datetime(2026, 12, 2, tzinfo=timezone.utc),
                                 gate=TenantGate(capacity=8, per_tenant=4, queue=16,

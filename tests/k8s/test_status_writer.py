@@ -1,0 +1,70 @@
+"""`k8s.status_writer.ApiStatusWriter` built through its constructor on a
+`fakes.kube_client.ScriptedClient`: the one patch of a binder write (B1, B7, B8) and how the
+client's typed errors become the actor port's `WriteError`s. tests/e2e run it against a
+real API server."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from actors import errors as port
+from actors.ports import StatusWrite
+from fakes.kube_client import ScriptedClient
+from k8s import errors
+from k8s.client import GPU_DEVICES
+from k8s.status_writer import BINDER_FIELD_MANAGER, ApiStatusWriter
+from model.types import Result
+
+pytestmark = pytest.mark.anyio
+KEY = ("t", "gpu-0")
+AT = datetime(2026, 12, 4, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def _write(**kw) -> StatusWrite:
+    return StatusWrite(KEY, "r1", Result.SUCCEEDED, "bound on n1", node="n1", bound_at=AT, **kw)
+
+
+async def test_a_write_with_the_version_seen_is_one_patch_led_by_its_tests():
+    client = ScriptedClient()
+    writer = ApiStatusWriter(client)
+    await writer.answer(_write(expect_version="7"))
+    (call,) = client.calls
+    res, ns, name, ops = call.args
+    assert (call.method, call.field_manager, res, ns, name) == (
+        "patch_status", BINDER_FIELD_MANAGER, GPU_DEVICES, "t", "gpu-0")
+    assert ops[:2] == [{"op": "test", "path": "/status/bindRequest/id", "value": "r1"},
+                       {"op": "test", "path": "/metadata/resourceVersion", "value": "7"}]
+    assert {o["path"]: o["value"] for o in ops[2:]} == {
+        "/status/phase": "Bound", "/status/nodeName": "n1",
+        "/status/boundAt": "2026-12-04T00:00:00Z", "/status/bindRequest/node": "n1",
+        "/status/bindRequest/result": "Succeeded", "/status/bindRequest/message": "bound on n1"}
+    assert writer.writes == 1
+
+
+async def test_the_clients_errors_become_the_ports_write_errors():
+    client = ScriptedClient()
+    failed_test = errors.Invalid("patch", 422, "test failed")
+    client.script("patch_status", failed_test, errors.NotFound("patch", 404, "gone"),
+                  errors.Conflict("patch", 409, "modified"),
+                  errors.Unavailable("patch", 0, "timeout"))
+    client.script("get_status", {"metadata": {"resourceVersion": "8"},
+                                 "status": {"bindRequest": {"id": "r2"}}})
+    writer = ApiStatusWriter(client)
+    with pytest.raises(port.RequestWithdrawn, match="no longer carries request r1"):
+        await writer.answer(_write(expect_version="7"))   # the test failed: read; r2 now
+    outcomes = await writer.write_many([_write(), _write(), _write()])
+    # without a version seen, each reads first (scripted reads are used up: {} then)
+    assert [type(o) for o in outcomes] == [port.RequestWithdrawn] * 3
+    client.script("get_status", *[{"metadata": {"resourceVersion": "8"},
+                                   "status": {"bindRequest": {"id": "r1"}}}] * 3)
+    outcomes = await writer.write_many([_write(), _write(), _write()])
+    assert [type(o) for o in outcomes] == [port.NotFound, port.WriteConflict,
+                                           port.TransientWriteError]
+    assert writer.writes == 0
