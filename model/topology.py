@@ -1,0 +1,237 @@
+"""Device-mode choice on one node (DESIGN.md §3b, DR3 and DR4): which named devices of a node
+take a class's share of a set, so that they all share the class's `matchAttribute` value and
+the aligned blocks that stay free are as large as possible (buddy best fit).
+
+Pure: values in, values out. A node's devices of one class come in as `Device` values (name
+and attributes, as a ResourceSlice lists them); what is free for this set comes in as a set of
+names (the caller has taken out the binder's records, every claim's allocation and tainted
+devices, DR2). Nothing here knows about Kubernetes objects or the ledger.
+
+Vocabulary: the *attribute* is the class's `spec.topology.matchAttribute` with `{size}`
+replaced by the number of this class's devices in the set (`gpu.nvidia.com/partition{size}`
+→ `gpu.nvidia.com/partition4`). A *group* is the devices of the node sharing one value of
+it. A group's *enclosing group* is, for a sized attribute, the group of the next larger size
+that exists on the node containing it (partition2 {2,3} → partition4 {0-3}); for an unsized
+attribute (`resource.kubernetes.io/pcieRoot`) the whole node.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+AttributeValue = str | int | bool
+"""A device attribute's value as DRA types them (string, int, bool; versions are strings)."""
+
+SIZE_PLACEHOLDER = "{size}"
+"""The placeholder in `spec.topology.matchAttribute` replaced by the set's count (DR3)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One device of a node as a ResourceSlice publishes it: `name` (unique within the
+    node's pool), `attributes` as sorted (qualified name, value) pairs, qualified names
+    as DRA's CEL sees them (`gpu.nvidia.com/partition2`, `resource.kubernetes.io/pcieRoot`)."""
+
+    name: str
+    attributes: tuple[tuple[str, AttributeValue], ...] = ()
+
+    @staticmethod
+    def of(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> "Device":
+        """Build a Device from a plain mapping (sorted into the frozen form)."""
+        return Device(name, tuple(sorted((attributes or {}).items())))
+
+    def attribute(self, qualified: str) -> AttributeValue | None:
+        """The value of `qualified` on this device, or None when the device lacks it."""
+        for key, value in self.attributes:
+            if key == qualified:
+                return value
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupChoice:
+    """The devices chosen on one node for one class's share of a set (DR3, DR4).
+
+    `devices`: the chosen names, in natural order (`gpu-2` before `gpu-10`), exactly the count
+    asked for. `group`: the shared attribute value (None when the class has no constraint).
+    `left_in_enclosing`: free devices left after the choice in each enclosing group, the
+    nearest first (partition2 → its partition4, then its partition8; an unsized attribute: the
+    node): buddy best fit, lower means an already broken block was used. `left_in_group`: free devices of the
+    chosen group left. `kept`: how many of the set's own current devices (`keep`) the choice
+    keeps, so fewer held devices are re-pointed. `fit` orders choices: lower is tighter."""
+
+    devices: tuple[str, ...]
+    group: AttributeValue | None
+    left_in_enclosing: tuple[int, ...]
+    left_in_group: int
+    kept: int
+
+    @property
+    def fit(self) -> tuple[tuple[int, ...], int, int]:
+        """The DR4 tightness key of this choice, lower first: (free left in the enclosing
+        groups, nearest first; free left in the group; re-pointed devices as a negative keep
+        count)."""
+        return (self.left_in_enclosing, self.left_in_group, -self.kept)
+
+
+@dataclass(frozen=True, slots=True)
+class NoGroup:
+    """No group on this node has room for the count asked (B3 in device mode).
+
+    `attribute`: the resolved attribute name (None without a constraint). `largest_free`:
+    the most free devices any one group of it has here (for an unconstrained class: the free
+    devices). `attribute_missing`: no device of this node carries the attribute at all (a
+    size no partition has, DR3). `sizes`: for a sized attribute, the sizes that do exist on
+    this node (sorted), so the refusal can name them."""
+
+    attribute: str | None
+    count: int
+    largest_free: int
+    attribute_missing: bool
+    sizes: tuple[int, ...] = ()
+
+
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """A sort key that orders embedded numbers by value: `gpu-2` < `gpu-10`."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part)
+                 for part in re.split(r"(\d+)", name) if part != "")
+
+
+def resolve_attribute(template: str | None, count: int) -> str | None:
+    """`spec.topology.matchAttribute` with `{size}` replaced by `count` (DR3); None stays None.
+
+    Raises ValueError for a count below 1."""
+    if count < 1:
+        raise ValueError(f"a set takes at least one device of a class, got {count}")
+    if template is None:
+        return None
+    return template.replace(SIZE_PLACEHOLDER, str(count))
+
+
+def sizes_present(template: str, devices: Iterable[Device]) -> tuple[int, ...]:
+    """The sizes n for which some device carries `template` with `{size}` = n (sorted).
+    An unsized template gives ()."""
+    if SIZE_PLACEHOLDER not in template:
+        return ()
+    prefix, _, suffix = template.partition(SIZE_PLACEHOLDER)
+    pattern = re.compile(re.escape(prefix) + r"(\d+)" + re.escape(suffix) + r"\Z")
+    found = {int(m.group(1)) for device in devices for key, _ in device.attributes
+             if (m := pattern.match(key))}
+    return tuple(sorted(found))
+
+
+def _enclosing_levels(template: str | None, count: int, devices: Sequence[Device],
+                      group_members: Sequence[Device]) -> list[list[Device]]:
+    """The enclosing groups of `group_members`, nearest first (see the module docstring): for
+    a sized template, for each larger size that exists on the node, the devices sharing that
+    size's value with the group's devices; otherwise (or with no larger size) the node."""
+    if template is None or SIZE_PLACEHOLDER not in template:
+        return [list(devices)]
+    levels = []
+    for size in (n for n in sizes_present(template, devices) if n > count):
+        attribute = resolve_attribute(template, size)
+        values = {d.attribute(attribute) for d in group_members} - {None}
+        levels.append([d for d in devices if d.attribute(attribute) in values])
+    return levels or [list(devices)]
+
+
+def choose_devices(devices: Sequence[Device], free: Iterable[str], count: int,
+                   template: str | None, keep: Iterable[str] = ()) -> GroupChoice | NoGroup:
+    """Choose `count` free devices of one node for one class's share of a set (DR3, DR4).
+
+    `devices`: every device of the class on the node (free or not); `free`: the names free for
+    this set, which must include the set's own current devices on this node (`keep`: held
+    members recorded here, which may be re-pointed, DR4). `template`: the class's
+    `spec.topology.matchAttribute` (None: no constraint).
+
+    With a constraint every chosen device shares the resolved attribute's value; devices
+    lacking the attribute are never chosen. Among groups with room: the tightest enclosing
+    groups first, nearest level first (fewest free left in each after the choice: a block
+    already broken is used before a whole one is broken), then the tightest group, then the most `keep` devices
+    kept, then the group's value; within the group, `keep` devices first, then natural name
+    order. Without a constraint the whole node is one group.
+
+    Returns a `GroupChoice`, or `NoGroup` when no group has `count` free devices. Raises
+    ValueError for a count below 1 or a free/keep name that is not a device of `devices`."""
+    attribute = resolve_attribute(template, count)
+    by_name = {d.name: d for d in devices}
+    free_set = set(free)
+    keep_set = set(keep)
+    unknown = (free_set | keep_set) - by_name.keys()
+    if unknown:
+        raise ValueError(f"not devices of this node: {sorted(unknown, key=natural_key)}")
+    if not keep_set <= free_set:
+        raise ValueError("the set's own devices (keep) must be counted as free for it")
+
+    groups: dict[AttributeValue | None, list[Device]] = {}
+    for device in devices:
+        value = device.attribute(attribute) if attribute is not None else None
+        if attribute is not None and value is None:
+            continue
+        groups.setdefault(value, []).append(device)
+
+    best: tuple[tuple, GroupChoice] | None = None
+    largest_free = 0
+    for value, members in groups.items():
+        free_members = [d for d in members if d.name in free_set]
+        largest_free = max(largest_free, len(free_members))
+        if len(free_members) < count:
+            continue
+        ordered = sorted(free_members, key=lambda d: (d.name not in keep_set, natural_key(d.name)))
+        chosen = ordered[:count]
+        left_enclosing = tuple(sum(1 for d in level if d.name in free_set) - count
+                               for level in _enclosing_levels(template, count, devices, members))
+        choice = GroupChoice(
+            devices=tuple(sorted((d.name for d in chosen), key=natural_key)),
+            group=value,
+            left_in_enclosing=left_enclosing,
+            left_in_group=len(free_members) - count,
+            kept=sum(1 for d in chosen if d.name in keep_set),
+        )
+        key = (choice.fit, natural_key(str(value)))
+        if best is None or key < best[0]:
+            best = (key, choice)
+    if best is not None:
+        return best[1]
+    missing = attribute is not None and not groups
+    sizes = sizes_present(template, devices) if template is not None else ()
+    return NoGroup(attribute=attribute, count=count, largest_free=largest_free,
+                   attribute_missing=missing, sizes=sizes)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassShare:
+    """One class's share of a set on a node: `count` devices of `devices` (that class's
+    devices on the node), constrained by `template`, with the set's own current devices of
+    this class on the node in `keep`."""
+
+    name: str
+    devices: tuple[Device, ...]
+    count: int
+    template: str | None = None
+    keep: tuple[str, ...] = ()
+
+
+def choose_set(shares: Sequence[ClassShare], free: Iterable[str]) \
+        -> tuple[dict[str, GroupChoice], None] | tuple[None, tuple[str, NoGroup]]:
+    """Choose devices on one node for every class of a set (DR3 per class: each class's
+    devices share its own attribute; classes never share a device).
+
+    Classes are taken largest count first (then by name), each from what the previous left
+    free: greedy, so a node where only another order would fit is reported as no room (a
+    class pair selecting overlapping devices with different constraints; rare, and then
+    refused, never placed wrongly). Returns ({class: choice}, None) or (None, (class, why))
+    for the first class with no group. Raises ValueError as `choose_devices`."""
+    remaining = set(free)
+    chosen: dict[str, GroupChoice] = {}
+    for share in sorted(shares, key=lambda s: (-s.count, s.name)):
+        own = {d.name for d in share.devices}
+        outcome = choose_devices(share.devices, remaining & own, share.count, share.template,
+                                 keep=[k for k in share.keep if k in remaining])
+        if isinstance(outcome, NoGroup):
+            return None, (share.name, outcome)
+        chosen[share.name] = outcome
+        remaining -= set(outcome.devices)
+    return chosen, None
