@@ -1,0 +1,211 @@
+"""What Dynamic Resource Allocation says a node has and what is taken (DESIGN.md §3b, DR1 and
+DR2), as pure values: ResourceSlices read into pools of the current generation, devices by
+node with their qualified attributes and taints, and the devices every ResourceClaim's
+allocation lists.
+
+Pure: parsers take the plain dicts the API returns (resource.k8s.io/v1) and return frozen
+values; nothing here reads the API or the clock. Selector matching (CEL) is `model.cel`'s.
+
+Shapes followed (Kubernetes v1.36 `resource.k8s.io/v1`): a ResourceSlice's `spec.driver`,
+`spec.pool{name, generation, resourceSliceCount}`, `spec.nodeName` (node-local slices; slices
+with `nodeSelector`/`allNodes` are not node-local and not GPUs of one node, so skipped), and
+`spec.devices[]{name, attributes{id: {string|int|bool|version}}, taints[]{key, value,
+effect}}`. An attribute id without a domain belongs to the driver's domain
+(`type` of driver `gpu.nvidia.com` is `gpu.nvidia.com/type`); `resource.kubernetes.io/pcieRoot`
+keeps its own. A claim's `status.allocation.devices.results[]{request, driver, pool, device}`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from model.topology import AttributeValue, Device
+
+HARD_DEVICE_TAINTS = ("NoSchedule", "NoExecute")
+"""Device taint effects that keep kube-scheduler's allocator off a device (DR2)."""
+
+
+class SliceError(ValueError):
+    """A ResourceSlice or claim object without the fields the API guarantees (a driver, a
+    pool with a non-negative generation, device names): the message names the object."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class DeviceRef:
+    """A device as an allocation result names it: driver, pool, device name."""
+
+    driver: str
+    pool: str
+    device: str
+
+    def __str__(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.device}"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTaint:
+    """One taint on a device (`key`, `value`, `effect`)."""
+
+    key: str
+    value: str = ""
+    effect: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SliceDevice:
+    """A device of a node-local slice: its `ref`, the `node`, the attributes with qualified
+    names (sorted pairs), and its taints."""
+
+    ref: DeviceRef
+    node: str
+    attributes: tuple[tuple[str, AttributeValue], ...]
+    taints: tuple[DeviceTaint, ...] = ()
+
+    @property
+    def tainted(self) -> bool:
+        """Whether a NoSchedule/NoExecute taint keeps the allocator off this device (DR2)."""
+        return any(t.effect in HARD_DEVICE_TAINTS for t in self.taints)
+
+    def as_device(self) -> Device:
+        """The topology view of this device (name and attributes) for `model.topology`."""
+        return Device(self.ref.device, self.attributes)
+
+    def cel_view(self) -> dict[str, Any]:
+        """The object a DeviceClass's or request's CEL selector sees as `device`:
+        `driver`, `attributes[domain][id]`, `capacity` (empty: not read here)."""
+        attributes: dict[str, dict[str, AttributeValue]] = {}
+        for qualified, value in self.attributes:
+            domain, _, ident = qualified.rpartition("/")
+            attributes.setdefault(domain, {})[ident] = value
+        return {"driver": self.ref.driver, "attributes": attributes, "capacity": {}}
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSlice:
+    """One parsed slice: its `name`, the driver, the pool with its generation and slice count,
+    the node (None when not node-local) and its devices."""
+
+    name: str
+    driver: str
+    pool: str
+    generation: int
+    slice_count: int
+    node: str | None
+    devices: tuple[SliceDevice, ...]
+
+
+def _attribute_value(raw: Mapping[str, Any]) -> AttributeValue | None:
+    """The one value of a DeviceAttribute (`string`, `int`, `bool` or `version`)."""
+    for key in ("string", "int", "bool", "version"):
+        if key in raw and raw[key] is not None:
+            return raw[key]
+    return None
+
+
+def qualify(driver: str, ident: str) -> str:
+    """An attribute id as a qualified name: ids without a domain belong to the driver."""
+    return ident if "/" in ident else f"{driver}/{ident}"
+
+
+def parse_resource_slice(obj: Mapping[str, Any]) -> ResourceSlice:
+    """Read a `resource.k8s.io/v1` ResourceSlice dict. Raises SliceError (naming the slice)
+    when the driver, the pool, its generation or a device name is missing or malformed."""
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name") or "?")
+    spec = obj.get("spec") or {}
+    driver = spec.get("driver")
+    pool = spec.get("pool") or {}
+    generation = pool.get("generation", 0)
+    count = pool.get("resourceSliceCount", 1)
+    if not isinstance(driver, str) or not driver:
+        raise SliceError(f"ResourceSlice {name}: spec.driver is missing")
+    if not isinstance(pool.get("name"), str) or not pool.get("name"):
+        raise SliceError(f"ResourceSlice {name}: spec.pool.name is missing")
+    if not isinstance(generation, int) or generation < 0 or not isinstance(count, int) or count < 1:
+        raise SliceError(f"ResourceSlice {name}: spec.pool generation {generation!r} or "
+                         f"resourceSliceCount {count!r} is not valid")
+    node = spec.get("nodeName") or None
+    devices = []
+    for raw in spec.get("devices") or ():
+        device_name = raw.get("name")
+        if not isinstance(device_name, str) or not device_name:
+            raise SliceError(f"ResourceSlice {name}: a device has no name")
+        attributes = []
+        for ident, value in (raw.get("attributes") or {}).items():
+            parsed = _attribute_value(value or {})
+            if parsed is not None:
+                attributes.append((qualify(driver, ident), parsed))
+        taints = tuple(DeviceTaint(str(t.get("key", "")), str(t.get("value", "") or ""),
+                                   str(t.get("effect", "") or ""))
+                       for t in raw.get("taints") or ())
+        devices.append(SliceDevice(DeviceRef(driver, pool["name"], device_name), node or "",
+                                   tuple(sorted(attributes)), taints))
+    return ResourceSlice(name, driver, pool["name"], generation, count, node, tuple(devices))
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """The node-local devices of every pool's current generation (DR1): `by_node` maps a node
+    to its devices (sorted by ref); `incomplete` names pools (driver, pool) whose current
+    generation has fewer slices than it announced (being rewritten; their devices are listed
+    as far as they are published). A device no current slice lists is simply absent: a
+    record naming it is lost capacity, never a free device (DR2)."""
+
+    by_node: Mapping[str, tuple[SliceDevice, ...]] = field(default_factory=dict)
+    incomplete: frozenset[tuple[str, str]] = frozenset()
+
+    @staticmethod
+    def build(slices: Iterable[ResourceSlice]) -> "Inventory":
+        """Keep, per (driver, pool), only the slices of the highest generation; index their
+        node-local devices by node. A device name listed twice in one pool keeps its first
+        listing (the API server allows it across slices; the allocator treats it as one)."""
+        current: dict[tuple[str, str], list[ResourceSlice]] = {}
+        for s in slices:
+            key = (s.driver, s.pool)
+            kept = current.get(key)
+            if kept is None or s.generation > kept[0].generation:
+                current[key] = [s]
+            elif s.generation == kept[0].generation:
+                kept.append(s)
+        by_node: dict[str, dict[DeviceRef, SliceDevice]] = {}
+        incomplete = set()
+        for key, group in current.items():
+            if len(group) < group[0].slice_count:
+                incomplete.add(key)
+            for s in sorted(group, key=lambda s: s.name):
+                if s.node is None:
+                    continue
+                for device in s.devices:
+                    by_node.setdefault(s.node, {}).setdefault(device.ref, device)
+        return Inventory({node: tuple(sorted(devs.values(), key=lambda d: d.ref))
+                          for node, devs in by_node.items()}, frozenset(incomplete))
+
+    def devices(self, node: str) -> tuple[SliceDevice, ...]:
+        """The devices of `node` (empty when it has none)."""
+        return tuple(self.by_node.get(node, ()))
+
+    def find(self, ref: DeviceRef) -> SliceDevice | None:
+        """The device `ref` names, or None when no current slice lists it (gone: DR2 counts a
+        recorded device that vanished as lost, never as free)."""
+        for devices in self.by_node.values():
+            for device in devices:
+                if device.ref == ref:
+                    return device
+        return None
+
+
+def allocated_devices(claim: Mapping[str, Any]) -> tuple[DeviceRef, ...]:
+    """The devices a ResourceClaim's `status.allocation` lists (DR2: server-side truth; a
+    tenant cannot write it). Empty when the claim is not allocated. Raises SliceError when a
+    result lacks its driver, pool or device."""
+    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}) \
+        .get("results") or ()
+    refs = []
+    for r in results:
+        if not all(isinstance(r.get(k), str) and r.get(k) for k in ("driver", "pool", "device")):
+            name = (claim.get("metadata") or {}).get("name", "?")
+            raise SliceError(f"ResourceClaim {name}: an allocation result lacks driver, pool "
+                             f"or device: {dict(r)}")
+        refs.append(DeviceRef(r["driver"], r["pool"], r["device"]))
+    return tuple(refs)
