@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kubectl, kube-scheduler and etcd from the Go module pinned in tools/controlplane
+# Builds kube-apiserver, kubectl, kube-scheduler, kube-controller-manager and etcd from the Go module pinned in tools/controlplane
 # into a cache outside the checkout, keyed by version. Skips what is already built.
 #   cache: $GPU_BINDER_CACHE, else $XDG_CACHE_HOME/gpu-binder, else ~/.cache/gpu-binder
 # Prints the directory holding the three binaries on its last line of stdout.
@@ -51,4 +51,5 @@ build etcd go.etcd.io/etcd/server/v3 "-s -w"
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$kv"
 build kubectl k8s.io/kubernetes/cmd/kubectl "$kv"
 build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$kv"
+build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$kv"
 echo "$out"

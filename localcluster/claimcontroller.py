@@ -1,0 +1,124 @@
+"""kube-controller-manager running only its `resourceclaim-controller`, for the local cluster's
+DRA world (DESIGN.md §3b, DR5): it makes claims from ResourceClaimTemplates for Pods, clears
+`status.reservedFor` when a Pod is done, and removes kube-scheduler's delete protection from a
+deallocated claim, so deleting an allocated claim completes (without it the claim hangs on its
+finalizer). Built from the same pinned `k8s.io/kubernetes` module as kube-apiserver
+(tools/build-controlplane.sh).
+
+It runs as the user `system:kube-controller-manager` (a client certificate of the control
+plane's CA) with the rights Kubernetes bootstraps for that controller, the ClusterRole
+`system:controller:resource-claim-controller`, and `--use-service-account-credentials=false`
+(no token controller runs here): no more than the real controller may do. No other controller
+runs (no garbage collector, no namespace or quota controller), so the other tests' world is
+unchanged beside it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+
+from localcluster.controlplane import ControlPlane, ControlPlaneError, spawn_logged, stop_process
+
+USER = "system:kube-controller-manager"
+CLUSTER_ROLE = "system:controller:resource-claim-controller"
+BINDING = "gpu-binder-local:resourceclaim-controller"
+STARTED_LINE = "Starting resource claim controller"
+SYNCED_LINE = "Caches are synced"
+"""kube-controller-manager v1.36's log lines (klog, --v=2) saying the controller runs."""
+
+
+class ClaimController:
+    """kube-controller-manager with `--controllers=resourceclaim-controller` against `cp`.
+
+    `start()` binds the controller's bootstrap ClusterRole to its user, spawns the process
+    (log `<dir>/kube-controller-manager.log`) and returns once the log says the claim
+    controller started and its informers synced (within `start_timeout` seconds); `stop()`
+    ends it. Raises ControlPlaneError when the
+    binary is missing (`tools/build-controlplane.sh` builds it), the ClusterRole does not
+    exist, or the process exits during start-up (with its log's tail). A context manager."""
+
+    def __init__(self, cp: ControlPlane, directory: Path | None = None,
+                 start_timeout: float = 30.0) -> None:
+        self.cp = cp
+        self.dir = Path(directory or cp.dir)
+        self.start_timeout = start_timeout
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def binary(self) -> Path:
+        """The kube-controller-manager executable beside the control plane's kube-apiserver."""
+        return Path(self.cp.binaries.kube_apiserver).with_name("kube-controller-manager")
+
+    def __enter__(self) -> "ClaimController":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> "ClaimController":
+        """Start the controller (see the class docstring); idempotent while it runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        if not os.access(self.binary, os.X_OK):
+            raise ControlPlaneError(f"kube-controller-manager missing or not executable: "
+                                    f"{self.binary} (tools/build-controlplane.sh builds it)")
+        if self.cp.kubectl("get", "clusterrole", CLUSTER_ROLE, check=False).returncode != 0:
+            raise ControlPlaneError(f"ClusterRole {CLUSTER_ROLE} is missing: this kube-apiserver "
+                                    "does not bootstrap the DRA controller's role")
+        binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": BINDING},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                               "name": CLUSTER_ROLE},
+                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                 "name": USER}]}
+        self.cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(binding))
+        kubeconfig = self.cp.write_user_kubeconfig(self.dir / "kube-controller-manager.kubeconfig", USER)
+        self.proc = spawn_logged(self.dir, "kube-controller-manager", [
+            str(self.binary), f"--kubeconfig={kubeconfig}",
+            "--controllers=resourceclaim-controller", "--leader-elect=false",
+            "--use-service-account-credentials=false", "--secure-port=0", "--v=2"])
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log_tail()
+                self.proc = None
+                raise ControlPlaneError(f"kube-controller-manager exited during start-up:\n{tail}")
+            if self._synced():
+                return self
+            time.sleep(0.1)
+        tail = self.log_tail()
+        self.stop()
+        raise ControlPlaneError(f"kube-controller-manager's claim controller not synced within "
+                                f"{self.start_timeout:.0f} s:\n{tail}")
+
+    def _synced(self) -> bool:
+        """Whether the log shows the claim controller started and, after that, its caches synced."""
+        try:
+            text = (self.dir / "kube-controller-manager.log").read_text(errors="replace")
+        except OSError:
+            return False
+        started = text.find(STARTED_LINE)
+        return started >= 0 and text.find(SYNCED_LINE, started) >= 0
+
+    def alive(self) -> bool:
+        """Whether the process is running."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 25) -> str:
+        """The last `lines` lines of the controller's log ('(no log)' when there is none)."""
+        try:
+            text = (self.dir / "kube-controller-manager.log").read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """Stop the process (SIGTERM, then SIGKILL after a grace) and wait for it."""
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None
