@@ -90,14 +90,24 @@ def _apply(cp: ControlPlane, objs: list[dict]) -> None:
                "-f", "-", input=body, timeout=120)
 
 
-def kubevirt_cr(permitted: list[str] | tuple[str, ...]) -> dict:
+GPUS_WITH_DRA = "GPUsWithDRA"
+"""KubeVirt's feature gate for VMI GPUs taken from ResourceClaims (alpha in v1.8, beta and on
+by default in v1.9): `gpus[].claimName/requestName` and `spec.resourceClaims` (DR5). It must be
+in the CR before virt-controller starts: enabled later, virt-controller exits to reinitialise."""
+
+
+def kubevirt_cr(permitted: list[str] | tuple[str, ...], feature_gates: tuple[str, ...] = ()) -> dict:
     """The KubeVirt CR permitting `permitted` resource names as externally provided PCI
-    host devices (`spec.configuration.permittedHostDevices.pciHostDevices`)."""
+    host devices (`spec.configuration.permittedHostDevices.pciHostDevices`), with
+    `feature_gates` in `developerConfiguration.featureGates`."""
+    configuration: dict = {"permittedHostDevices": {"pciHostDevices": [
+        {"pciVendorSelector": "10DE:2330", "resourceName": r, "externalResourceProvider": True}
+        for r in sorted(set(permitted))]}}
+    if feature_gates:
+        configuration["developerConfiguration"] = {"featureGates": sorted(set(feature_gates))}
     return {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
             "metadata": {"name": KUBEVIRT_CR, "namespace": NAMESPACE},
-            "spec": {"configuration": {"permittedHostDevices": {"pciHostDevices": [
-                {"pciVendorSelector": "10DE:2330", "resourceName": r, "externalResourceProvider": True}
-                for r in sorted(set(permitted))]}}}}
+            "spec": {"configuration": configuration}}
 
 
 class KubeVirt:
@@ -108,13 +118,15 @@ class KubeVirt:
     `schedulerName`), run by the same kube-scheduler after the default profile; a VMI picks one
     with `spec.schedulerName` (the packing benchmark's MostAllocated peer). `start()` raises
     ControlPlaneError (with the log tail) when a process exits or virt-api is not serving
-    within `start_timeout` s; `stop()` is idempotent (SIGTERM, SIGKILL after 10 s)."""
+    within `start_timeout` s; `stop()` is idempotent (SIGTERM, SIGKILL after 10 s).
+    `feature_gates`: KubeVirt feature gates in the CR from the start (e.g. `GPUS_WITH_DRA`)."""
 
     def __init__(self, cp: ControlPlane, *, permitted: tuple[str, ...] = (),
                  bins: KubeVirtBinaries | None = None, log_dir: Path | None = None,
                  start_timeout: float = 90.0, scheduler_profiles: tuple[dict, ...] = (),
-                 kwok_args: tuple[str, ...] = ()) -> None:
+                 kwok_args: tuple[str, ...] = (), feature_gates: tuple[str, ...] = ()) -> None:
         self.cp = cp
+        self.feature_gates = tuple(feature_gates)
         self.kwok_args = tuple(kwok_args)
         self.scheduler_profiles = tuple(scheduler_profiles)
         self.bins = bins or find_kubevirt_binaries()
@@ -150,7 +162,7 @@ class KubeVirt:
     def set_permitted(self, permitted: tuple[str, ...] | list[str]) -> None:
         """Replace the KubeVirt CR's permitted host devices by `permitted`."""
         self.permitted = tuple(permitted)
-        _apply(self.cp, [kubevirt_cr(self.permitted)])
+        _apply(self.cp, [kubevirt_cr(self.permitted, self.feature_gates)])
 
     def alive(self) -> list[str]:
         """Names of the processes that exited (empty when all run)."""
@@ -186,7 +198,7 @@ class KubeVirt:
         if k("get", "namespace", NAMESPACE, check=False).returncode != 0:
             k("create", "namespace", NAMESPACE)
         _apply(self.cp, kubevirt_objects(self.bins, _RBAC_KINDS))
-        _apply(self.cp, [kubevirt_cr(self.permitted)])
+        _apply(self.cp, [kubevirt_cr(self.permitted, self.feature_gates)])
         # virt-operator would write these; without it KubeVirt ignores the CR
         k("patch", "kubevirt", KUBEVIRT_CR, "-n", NAMESPACE, "--subresource=status", "--type=merge",
           "-p", '{"status":{"phase":"Deployed","defaultArchitecture":"amd64"}}')

@@ -164,10 +164,13 @@ def kubevirt_shared(control_plane, tmp_path_factory):
     run last, see `pytest_collection_modifyitems`) and stopped, with its CR deleted, at the
     session's end. Tests add the resources they need to its permitted host devices
     (`set_permitted`); each uses its own nodes, class and tenant, so what one test leaves
-    (VMIs, launcher Pods on its KWOK nodes) is not in another's way."""
-    from localcluster.kubevirt import KUBEVIRT_CR, NAMESPACE, KubeVirt
+    (VMIs, launcher Pods on its KWOK nodes) is not in another's way. `GPUsWithDRA` is on (as
+    it is by default from KubeVirt v1.9): count-mode tests run with it, device-mode tests
+    need it."""
+    from localcluster.kubevirt import GPUS_WITH_DRA, KUBEVIRT_CR, NAMESPACE, KubeVirt
 
-    kv = KubeVirt(control_plane, log_dir=tmp_path_factory.mktemp("kubevirt-logs"))
+    kv = KubeVirt(control_plane, log_dir=tmp_path_factory.mktemp("kubevirt-logs"),
+                  feature_gates=(GPUS_WITH_DRA,))
     kv.start()
     try:
         yield kv
