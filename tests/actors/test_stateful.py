@@ -41,7 +41,7 @@ from actors.errors import TransientWriteError, WriteConflict
 from fakes.memory_store import MemoryStore, WriteRecord
 from model.types import OnCordon, Result
 from supervisor import COORDINATOR, PIPELINE, Binder, node_child_id
-from tests.actors_harness import check_invariants, fast_config, quiet_logging, settle
+from tests.support.binder import check_invariants, fast_config, kill_child, quiet_logging, settle
 
 pytestmark = [pytest.mark.chaos]
 
@@ -111,8 +111,8 @@ class BinderMachine(RuleBasedStateMachine):
             # Between the first and the last placement write of a request (B7).
             to_come = [m for m in s.request_members(dev.namespace, rec.request_id)
                        if m.bound_node != rec.node]
-            if to_come and self.binder.kill(self.mid_kill_armed,
-                                            "stateful chaos: between placement writes"):
+            if to_come and kill_child(self.binder, self.mid_kill_armed,
+                                         "stateful chaos: between placement writes"):
                 self.mid_kill_armed = None
                 self.mid_kills += 1
 
@@ -228,7 +228,7 @@ class BinderMachine(RuleBasedStateMachine):
     @rule(node=st.sampled_from([COORDINATOR, PIPELINE]) | nodes)
     def kill(self, node):
         victim = node if node in (COORDINATOR, PIPELINE) else node_child_id(node)
-        killed = self.call(self.binder.kill, victim, "stateful chaos")
+        killed = self.call(kill_child, self.binder, victim, "stateful chaos")
         note(f"kill {victim}: {killed}")
 
     @rule(victim=st.sampled_from([COORDINATOR, PIPELINE]))
