@@ -21,19 +21,9 @@ from model.defrag import (DefragMove, Largest, apply_moves, eligible_nodes, larg
 from model.explain import largest_placeable
 from model.hold import Hold
 from model.snapshot import Snapshot
-from model.types import (Attachment, Budget, DeviceStatus, GPUDevice, Node, Phase, Result,
+from model.types import (Budget, DeviceStatus, GPUDevice, Node, Phase, Result,
                          Taint)
-from tests.model.test_decide import H, L, NOW, NS, dev, gpu_class, node
-
-CLASSES = [gpu_class(), gpu_class("l40s", L), gpu_class("stay", H, stay=True)]
-
-
-def attached(d: GPUDevice, vmi: str = "vm-x") -> GPUDevice:
-    st = d.status
-    return GPUDevice(d.namespace, d.name, d.class_name, d.template_for,
-                     DeviceStatus(st.phase, st.node_name, st.bound_at,
-                                  Attachment(vmi, NOW - timedelta(hours=1))))
-
+from tests.support.world import CLASSES, H, L, NOW, NS, attached, dev, gpu_class, node
 
 def template(name: str, on: str, vmi: str = "vm-t") -> GPUDevice:
     return GPUDevice(NS, name, "h100", template_for=vmi,

@@ -1,5 +1,5 @@
 """model.plan: the pure planner of a batch (B2, B3, B7), against the brute-force oracle of
-B1–B6 in tests/model/test_properties.py."""
+B1–B6 in tests/support/random_worlds.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from model.hold import Hold
 from model.plan import Answer, Finish, Place, Recover, Skip, plan_batch
 from model.snapshot import Snapshot
 from model.types import BindRequest, DeviceStatus, GPUClass, GPUDevice, Namespace, Node, Phase, Result
-from tests.model.test_properties import PROPS, TENANTS, World, oracle, worlds
+from tests.support.random_worlds import PROPS, TENANTS, World, oracle, worlds
 KV = (("kubevirt.io/schedulable", "true"),)  # KubeVirt runs VMs on these nodes (B3)
 
 H = "nvidia.com/H100"

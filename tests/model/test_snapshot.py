@@ -15,7 +15,7 @@ from model.reasons import (BudgetExhausted, ClassNotFound, DeviceAt, DeviceListe
                            SetRefused, WrongNamespace)
 from model.snapshot import Order, Reserving, Snapshot, Verdict
 from model.types import Budget, LabelSelector, Namespace, SelectorRequirement
-from tests.model.test_decide import H, L, NS, dev, gpu_class, node, world
+from tests.support.world import H, L, NS, dev, gpu_class, node, world
 
 
 def test_counting_used_reserved_free_and_lost_capacity():
