@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from hypothesis import event, given, note
+from hypothesis import assume, event, given, note
 from hypothesis import strategies as st
 
 from model.decide import MAX_PLACEMENTS, Request, decide
@@ -126,8 +126,7 @@ def test_B2_B4_plan_batch_decides_each_request_as_the_oracle_on_the_holds_before
                    for n in names)
         taken |= {(ns, n) for n in names}
         batch.append((ns, rid, ms, Request(rid, ns, "vm", tuple(names), sel, T0)))
-    if not batch:
-        return
+    assume(batch)
     view = base.with_devices(tpls)
     actions, after = plan_batch(view, w.reservations, [(ns, rid, ms) for ns, rid, ms, _ in batch])
     current = view.with_reservations(w.reservations)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import event, given, note
+from hypothesis import assume, event, given, note
 from hypothesis import strategies as st
 
 from model.check import check_set
@@ -170,12 +170,13 @@ def equivalent_request(snap: Snapshot, ns: str, orders: list[Order]) -> tuple[Sn
 def test_W1_check_set_admits_exactly_what_decide_places(w: World, ns, held, templates):
     snap = w.snapshot()
     orders = orders_for(snap, ns, held, templates)
-    if not orders:
-        return
+    assume(orders)
     verdict = check_set(snap, ns, orders)
     whole, request = equivalent_request(snap, ns, orders)
     decision = decide(whole, request)
     note(f"{verdict} / {decision}")
+    event(f"check_set {'admitted' if verdict.admitted else 'denied'}"
+          f"{', reservations in flight' if snap.reservations else ''}")
     if verdict.admitted:
         assert decision.result is Result.SUCCEEDED and decision.node == verdict.node
     elif not snap.reservations:
@@ -190,6 +191,7 @@ def test_W1_check_order_admitting_implies_decide_succeeds(w: World, ns, held, te
     snap = w.snapshot()
     for order in orders_for(snap, ns, [held], []) + [Order(ns, template)]:
         verdict = snap.check_order(order)
+        event(f"check_order {'admitted' if verdict.admitted else 'denied'}")
         if verdict.admitted:
             whole, request = equivalent_request(snap, ns, [order])
             decision = decide(whole, request)
