@@ -18,7 +18,7 @@ import pytest
 
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas
 from tests.e2e.helpers import counter_total, eventually, leader_index, make_pool, scrape
-from tests.e2e.test_webhook import VMI_GROUP, VMI_VERSION, VMIS, annotated, create, devices, fixture
+from tests.support.vmis import VMI_GROUP, VMI_VERSION, VMIS, annotated, create, devices, fixture
 
 pytestmark = pytest.mark.anyio
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas
 from tests.e2e.helpers import counter_total, eventually, request, results
-from tests.e2e.test_kubevirt import bound_launcher, create, gpu_requests, pin, pool, vmi
+from tests.support.kubevirt_vmis import bound_launcher, create, gpu_requests, pin, pool, vmi
 
 pytestmark = [pytest.mark.anyio, pytest.mark.kubevirt]
 GROUP, VERSION = "gpu.cozystack.io", "v1alpha1"

@@ -53,7 +53,7 @@ from localcluster.paths import TESTING_MANIFESTS
 from localcluster.rollout import Deployment, Kubelet, Service
 from tests.e2e.conftest import REPO, TENANT_GROUP, unique
 from tests.e2e.helpers import eventually
-from tests.e2e.test_helm import FAST_SETTINGS, helm  # noqa: F401  (the session's helm)
+from tests.support.helm import FAST_SETTINGS, helm  # noqa: F401  (the session's helm)
 
 OLD_REVISION = "9dfc521"            # main as 0.1.0 was released
 OLD_CHART = REPO / "tests" / "fixtures" / "chart-0.1.0"
