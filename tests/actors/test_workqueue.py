@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -123,6 +123,7 @@ class WorkQueueMachine(RuleBasedStateMachine):
 
     @rule(key=KEYS)
     def done_of_a_key_not_processing_raises(self, key: str) -> None:
+        event(f"done of a key {'being processed: skipped' if key in self.m.processing else 'not processing'}")
         if key not in self.m.processing:
             with pytest.raises(ValueError):
                 self.q.done(key)
