@@ -7,8 +7,8 @@ three promises:
 - a key already waiting is not added twice (the dirty set);
 - a key being processed (handed out by `get`, not yet `done`) is never handed out again
   until `done(key)`; added meanwhile, it is queued again by `done`;
-- a key deferred (`add_after`) waits until due on the queue's clock,
-  then is added as by `add`; a key added meanwhile is due now (the deferral is dropped).
+- a key deferred (`add_after`) waits until due on the queue's clock, then is added as by
+  `add`; a key added meanwhile is due now (the deferral is dropped).
 
 Keys come out in the order they became due (first added, first out) — or, with `fair_by`
 (a key's group, e.g. a request key's namespace: its tenant), round-robin over the groups
@@ -46,8 +46,8 @@ class QueueShutDown(Exception):
 class WorkQueueStatistics:
     """What a queue holds now: `waiting` keys ready to be handed out, `processing` keys
     handed out and not yet done (of which `dirty` were added again meanwhile), `deferred`
-    keys not due yet; `adds` counts
-    every `add` that queued or marked a key since the queue was made (coalesced ones not)."""
+    keys not due yet; `adds` counts every `add` that queued or marked a key since the queue
+    was made (coalesced ones not)."""
 
     waiting: int
     processing: int
