@@ -14,6 +14,7 @@ it comes from the cell (or from `spawn`), never from the actor itself.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -32,10 +33,17 @@ DEFAULT_ASK_TIMEOUT = 10.0
 _FAIRNESS = 32
 """Messages an actor handles in a row from a non-empty mailbox before it yields once."""
 
-TIMER_TICKS = True
-"""On asyncio, ticks come from a timer callback (`loop.call_later`) instead of a ticker task:
-arming a tick then costs no task wake-up. False (or another backend): a ticker task. Read
-when an incarnation starts; tests run both."""
+
+class TickSource(enum.Enum):
+    """Where an actor's `Tick`s come from, chosen per `ActorCell`.
+
+    TIMER: on asyncio, a timer callback (`loop.call_later`), so arming a tick costs no task
+    wake-up; on another anyio backend it falls back to TASK. TASK: a ticker task in the
+    actor's task group, on any backend. Both send the same ticks (the runtime's tests run
+    both)."""
+
+    TIMER = "timer"
+    TASK = "task"
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,10 +268,14 @@ class ActorCell:
     `MailboxFull` (`tell_nowait`); once closed, senders get `ActorStopped`.
     """
 
-    def __init__(self, name: str, *, mailbox_size: int = 64) -> None:
+    def __init__(self, name: str, *, mailbox_size: int = 64,
+                 ticks: TickSource = TickSource.TIMER) -> None:
         if mailbox_size < 1:
             raise ValueError("mailbox_size must be >= 1")
+        if not isinstance(ticks, TickSource):
+            raise TypeError(f"ticks must be a TickSource, not {ticks!r}")
         self.name = name
+        self._ticks = ticks
         self._capacity = mailbox_size
         self._box: deque[_Envelope] = deque()
         self._space: anyio.Event | None = None  # set when a full mailbox gets room (or closes)
@@ -352,7 +364,7 @@ class ActorCell:
         actor = factory()
         self._event_class = type(anyio.Event())
         try:
-            st.loop = asyncio.get_running_loop() if TIMER_TICKS else None
+            st.loop = asyncio.get_running_loop() if self._ticks is TickSource.TIMER else None
         except RuntimeError:  # another anyio backend: ticks come from a ticker task
             st.loop = None
         st.incarnation += 1
@@ -651,12 +663,14 @@ async def spawn(
     name: str | None = None,
     mailbox_size: int = 64,
     start_timeout: float = 30.0,
+    ticks: TickSource = TickSource.TIMER,
 ) -> tuple[ActorRef, ActorCell]:
     """Start one unsupervised incarnation of `factory()` in `task_group` and return its
     reference and cell once it reported started. A crash propagates into `task_group`
     (nothing restarts it); `cell.close()` stops it cleanly. Raises what `on_start` raised,
-    or `StartTimeout`."""
-    cell = ActorCell(name or getattr(factory, "__name__", "actor"), mailbox_size=mailbox_size)
+    or `StartTimeout`. `mailbox_size` and `ticks` go to the `ActorCell`."""
+    cell = ActorCell(name or getattr(factory, "__name__", "actor"), mailbox_size=mailbox_size,
+                     ticks=ticks)
     ref = await task_group.start(_run_cell, cell, factory, start_timeout)
     return ref, cell
 
@@ -679,6 +693,7 @@ __all__ = [
     "ActorStatistics",
     "Crash",
     "Tick",
+    "TickSource",
     "ask_all",
     "spawn",
 ]

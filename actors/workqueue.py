@@ -7,8 +7,8 @@ three promises:
 - a key already waiting is not added twice (the dirty set);
 - a key being processed (handed out by `get`, not yet `done`) is never handed out again
   until `done(key)`; added meanwhile, it is queued again by `done`;
-- a key deferred (`add_after`, `add_rate_limited`) waits until due on the queue's clock,
-  then is added as by `add`; a key added meanwhile is due now (the deferral is dropped).
+- a key deferred (`add_after`) waits until due on the queue's clock, then is added as by
+  `add`; a key added meanwhile is due now (the deferral is dropped).
 
 Keys come out in the order they became due (first added, first out) — or, with `fair_by`
 (a key's group, e.g. a request key's namespace: its tenant), round-robin over the groups
@@ -46,14 +46,13 @@ class QueueShutDown(Exception):
 class WorkQueueStatistics:
     """What a queue holds now: `waiting` keys ready to be handed out, `processing` keys
     handed out and not yet done (of which `dirty` were added again meanwhile), `deferred`
-    keys not due yet, `backing_off` keys with a rate-limit failure count; `adds` counts
-    every `add` that queued or marked a key since the queue was made (coalesced ones not)."""
+    keys not due yet; `adds` counts every `add` that queued or marked a key since the queue
+    was made (coalesced ones not)."""
 
     waiting: int
     processing: int
     dirty: int
     deferred: int
-    backing_off: int
     adds: int
     shut_down: bool
 
@@ -65,7 +64,6 @@ class _State(Generic[K]):
     dirty: set[K]                 # must be processed (again): waiting, or added while processing
     deferred: dict[K, float]      # key -> due time (the heap may hold stale entries)
     heap: list[tuple[float, int, K]]
-    failures: dict[K, int]
     served: dict[Hashable, int]   # fair_by: group -> serial of the last key handed out
     seq: int = 0
     turn: int = 0
@@ -77,7 +75,7 @@ class _State(Generic[K]):
 
 
 class WorkQueue(Generic[K]):
-    """A coalescing per-key work queue with deferrals and per-key exponential backoff.
+    """A coalescing per-key work queue with deferrals.
 
     `clock` is an `actors.ports.Clock` (its `monotonic()`, seconds) or a function giving
     seconds; default the event loop's time. Waiting calls (`get`, `get_key`, `drain`) wait on
@@ -85,16 +83,12 @@ class WorkQueue(Generic[K]):
     so with a clock other than the loop's (a manual clock in a test) a deferral that became
     due by moving the clock is seen by the next call of any method, not by a waiting `get`.
 
-    `add_rate_limited(key)` defers `key` by `backoff_base * 2**n` seconds (at most
-    `backoff_max`), `n` the times it was rate limited since its last `forget(key)`.
-
     `fair_by(key)` (None: FIFO) names the key's group; `get`/`get_nowait` then hand out the
     first waiting key of the group served least recently (a group never served, or idle
     since, first; ties in queue order). Taking a key costs O(keys waiting) then.
     """
 
     def __init__(self, clock: _Monotonic | Callable[[], float] | None = None, *,
-                 backoff_base: float = 0.005, backoff_max: float = 60.0,
                  fair_by: Callable[[K], Hashable] | None = None) -> None:
         if clock is None:
             self._now: Callable[[], float] = anyio.current_time
@@ -102,11 +96,8 @@ class WorkQueue(Generic[K]):
             self._now = clock
         else:
             self._now = clock.monotonic
-        if backoff_base <= 0 or backoff_max < backoff_base:
-            raise ValueError("backoff: need 0 < backoff_base <= backoff_max")
-        self._base, self._max = backoff_base, backoff_max
         self._fair_by = fair_by
-        self._s: _State[K] = _State(OrderedDict(), set(), set(), {}, [], {}, {})
+        self._s: _State[K] = _State(OrderedDict(), set(), set(), {}, [], {})
 
     # -- adding -------------------------------------------------------------------------------
 
@@ -153,37 +144,16 @@ class WorkQueue(Generic[K]):
         heapq.heappush(s.heap, (due, s.seq, key))
         self._wake_all()  # a waiting `get` may now have to wake earlier
 
-    def add_rate_limited(self, key: K) -> float:
-        """Defer `key` by its next backoff (`backoff_base * 2**n`, at most `backoff_max`,
-        `n` its rate-limited adds since the last `forget`), as `add_after`; returns that
-        delay in seconds. Never raises."""
-        s = self._s
-        n = s.failures.get(key, 0)
-        s.failures[key] = n + 1
-        delay = self._max if n >= 64 else min(self._max, self._base * (2 ** n))
-        self.add_after(key, delay)
-        return delay
-
-    def forget(self, key: K) -> None:
-        """Reset `key`'s backoff (call it once the key's work succeeded). A deferral already
-        made stays. Never raises."""
-        self._s.failures.pop(key, None)
-
-    def num_requeues(self, key: K) -> int:
-        """How many times `key` was rate limited since its last `forget`."""
-        return self._s.failures.get(key, 0)
-
     def discard(self, key: K) -> None:
         """Take back every add of `key` not handed out yet: it leaves the waiting keys, the
         deferred ones and the dirty set (a key being processed stays so until `done`, which
-        then does not queue it again). Its backoff is forgotten. Never raises."""
+        then does not queue it again). Never raises."""
         s = self._s
         if s.heap:
             self._promote()
         s.waiting.pop(key, None)
         s.dirty.discard(key)
         s.deferred.pop(key, None)
-        s.failures.pop(key, None)
 
     # -- taking -------------------------------------------------------------------------------
 
@@ -318,7 +288,6 @@ class WorkQueue(Generic[K]):
         s.shut_down = True
         s.deferred.clear()
         s.heap.clear()
-        s.failures.clear()
         self._wake_all()
 
     async def drain(self, timeout: float) -> None:
@@ -368,7 +337,7 @@ class WorkQueue(Generic[K]):
         return WorkQueueStatistics(
             waiting=len(s.waiting), processing=len(s.processing),
             dirty=len(s.dirty & s.processing), deferred=len(s.deferred),
-            backing_off=len(s.failures), adds=s.adds, shut_down=s.shut_down)
+            adds=s.adds, shut_down=s.shut_down)
 
     def add_all(self, keys: Iterable[K]) -> None:
         """`add` each of `keys`, in order."""

@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from supervisor.binder import ChildKind
+
 if TYPE_CHECKING:
     from k8s.cache import ClusterCache
     from k8s.housekeeping import Housekeeper
@@ -113,10 +115,12 @@ class _TreeCollector:
         if stats is not None:
             children = stats.children.values()
             restarts.add_metric([], float(stats.restarts))
-            reservations.add_metric([], float(sum(c.reservations for c in children
-                                                  if c.name.startswith("node:"))))
-            inflight.add_metric([], float(sum(c.reservations for c in children
-                                              if not c.name.startswith("node:"))))
+            reservations.add_metric([], float(sum(
+                c.reservations for cid, c in stats.children.items()
+                if stats.kinds[cid] is ChildKind.NODE)))
+            inflight.add_metric([], float(sum(
+                c.reservations for cid, c in stats.children.items()
+                if stats.kinds[cid] is not ChildKind.NODE)))
             depth.add_metric([], float(sum(c.mailbox_depth for c in children)))
             actors.add_metric([], float(sum(1 for c in children if c.running)))
         else:

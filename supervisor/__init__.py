@@ -3,7 +3,7 @@ routing of node changes and complete bind requests to the binder's actors (DESIG
 No placement logic lives here. Imports: `actors`, `model`.
 """
 
-from supervisor.binder import COORDINATOR, PIPELINE, Binder, BinderConfig, node_child_id
+from supervisor.binder import COORDINATOR, PIPELINE, Binder, BinderConfig, ChildKind, node_child_id
 from supervisor.tree import (
     ChildSpec,
     Restart,
@@ -18,6 +18,7 @@ __all__ = [
     "PIPELINE",
     "Binder",
     "BinderConfig",
+    "ChildKind",
     "ChildSpec",
     "Restart",
     "Supervisor",

@@ -27,6 +27,7 @@ leader failover.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
@@ -54,8 +55,17 @@ PIPELINE = "status_pipeline"
 
 
 def node_child_id(node: str) -> str:
-    """Child id of the actor of `node`."""
+    """Child id of the actor of `node` (an id only: select node actors by `ChildKind.NODE`,
+    never by parsing ids)."""
     return f"node:{node}"
+
+
+class ChildKind(enum.Enum):
+    """The kind of each child of the binder's tree (its `ChildSpec.kind`)."""
+
+    NODE = "node"
+    COORDINATOR = "coordinator"
+    PIPELINE = "pipeline"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +110,7 @@ class Binder:
         self._clock = clock
         self._cfg = config or BinderConfig()
         self._sup: Supervisor | None = None
+        self._node_of: dict[str, str] = {}  # child id -> node, for the node actors started
 
     # -- NodeDirectory --------------------------------------------------------------------------
 
@@ -110,11 +121,10 @@ class Binder:
         if self._sup is None:
             return {}
         out = {}
-        for cid in self._sup.child_ids():
-            if cid.startswith("node:"):
-                ref = self._sup.ref(cid)
-                if ref is not None:
-                    out[cid[len("node:"):]] = ref
+        for cid in self._sup.child_ids(ChildKind.NODE):
+            ref = self._sup.ref(cid)
+            if ref is not None:
+                out[self._node_of[cid]] = ref
         return out
 
     # -- control --------------------------------------------------------------------------------
@@ -128,11 +138,12 @@ class Binder:
         """The status pipeline (its `statistics().reservations` = requests in flight)."""
         return self._sup.ref(PIPELINE) if self._sup is not None else None
 
-    def kill(self, child_id: str, reason: str = "killed") -> bool:
-        """Crash a child now, e.g. `kill(COORDINATOR)`, `kill(PIPELINE)` (either restarts
-        both) or `kill(node_child_id("n1"))`; the supervisor restarts it (counted against
-        the restart intensity). False when it is not running."""
-        return self._sup is not None and self._sup.kill(child_id, reason)
+    @property
+    def supervisor(self) -> Supervisor | None:
+        """The supervision tree while `run` runs (None before): its children are the node
+        actors (`node_child_id(n)`), `PIPELINE` and `COORDINATOR`, e.g. for
+        `supervisor.kill(COORDINATOR)` (which restarts the pipeline with it)."""
+        return self._sup
 
     def child_ids(self) -> list[str]:
         return self._sup.child_ids() if self._sup is not None else []
@@ -154,9 +165,11 @@ class Binder:
                     await self._start_node(name)
                 await sup.start_group([  # started in order, stopped in reverse
                     ChildSpec(id=PIPELINE, start=self._new_pipeline, restart=Restart.PERMANENT,
-                              shutdown=self._cfg.shutdown, mailbox_size=self._cfg.pipeline_mailbox),
+                              shutdown=self._cfg.shutdown, mailbox_size=self._cfg.pipeline_mailbox,
+                              kind=ChildKind.PIPELINE),
                     ChildSpec(id=COORDINATOR, start=self._new_coordinator, restart=Restart.PERMANENT,
-                              shutdown=self._cfg.shutdown, mailbox_size=self._cfg.coordinator_mailbox),
+                              shutdown=self._cfg.shutdown, mailbox_size=self._cfg.coordinator_mailbox,
+                              kind=ChildKind.COORDINATOR),
                 ])
                 _log.info("binder_started", nodes=len(self._view.nodes()))
                 task_status.started(self)
@@ -185,12 +198,15 @@ class Binder:
     async def _start_node(self, name: str) -> None:
         assert self._sup is not None
         view, clock, cfg = self._view, self._clock, self._cfg.node
+        cid = node_child_id(name)
+        self._node_of[cid] = name
         await self._sup.start_child(ChildSpec(
-            id=node_child_id(name),
+            id=cid,
             start=lambda: NodeActor(name, view, clock, cfg),
             restart=Restart.PERMANENT,
             shutdown=self._cfg.shutdown,
             mailbox_size=self._cfg.node_mailbox,
+            kind=ChildKind.NODE,
         ))
 
     async def _route(self, batch: list[Change]) -> None:
@@ -224,6 +240,7 @@ class Binder:
         exists = self._view.node(name) is not None
         if not exists and sup.ref(cid) is not None:
             await sup.terminate_child(cid)
+            self._node_of.pop(cid, None)
             _log.info("node_actor_stopped", node=name, reason="node deleted")
         elif exists and sup.ref(cid) is None:
             await self._start_node(name)

@@ -54,7 +54,10 @@ class ChildSpec:
     """How to run one child. `start()` builds a fresh actor for each incarnation.
     `shutdown`: seconds a graceful stop may take before the child is cancelled (None:
     cancel at once, a brutal kill). `start_timeout`: an incarnation that has not reported
-    started by then is a crash."""
+    started by then is a crash. `kind`: what sort of child this is, an enum member of the
+    owner's (e.g. `supervisor.binder.ChildKind`) or None; the supervisor never reads it, it
+    only lets the owner select children (`Supervisor.child_ids(kind)`,
+    `SupervisorStatistics.kinds`) without parsing their ids."""
 
     id: str
     start: Callable[[], Actor]
@@ -62,6 +65,7 @@ class ChildSpec:
     shutdown: float | None = 5.0
     mailbox_size: int = 64
     start_timeout: float = 10.0
+    kind: enum.Enum | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +93,11 @@ class SupervisorEscalation(Exception):
 
 @dataclass(frozen=True, slots=True)
 class SupervisorStatistics:
-    """A frozen view: every child's statistics by id, total restarts, escalated or not."""
+    """A frozen view: every child's statistics by id, each child's spec `kind` by id, total
+    restarts, escalated or not."""
 
     children: dict[str, ActorStatistics]
+    kinds: dict[str, enum.Enum | None]
     restarts: int
     escalated: bool
 
@@ -244,12 +250,17 @@ class Supervisor:
         child = self._children.get(child_id)
         return child.cell.ref if child is not None else None
 
-    def child_ids(self) -> list[str]:
-        return list(self._children)
+    def child_ids(self, kind: enum.Enum | None = None) -> list[str]:
+        """The children's ids in start order; with `kind`, only those whose spec has that
+        `kind`."""
+        if kind is None:
+            return list(self._children)
+        return [cid for cid, c in self._children.items() if c.spec.kind is kind]
 
     def statistics(self) -> SupervisorStatistics:
         return SupervisorStatistics(
             children={cid: c.cell.statistics() for cid, c in self._children.items()},
+            kinds={cid: c.spec.kind for cid, c in self._children.items()},
             restarts=self._restarts,
             escalated=self._escalation is not None,
         )

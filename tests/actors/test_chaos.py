@@ -35,7 +35,7 @@ from fakes.clock import LoopClock
 from fakes.memory_store import Faults, MemoryStore, WriteRecord
 from model.types import OnCordon, Result
 from supervisor import COORDINATOR, PIPELINE, node_child_id
-from tests.actors_harness import check_invariants, fast_config, quiet_logging, running_binder, settle
+from tests.support.binder import check_invariants, fast_config, kill_child, quiet_logging, running_binder, settle
 
 pytestmark = [pytest.mark.anyio, pytest.mark.chaos]
 
@@ -259,7 +259,7 @@ class World:
             return
         to_come = [m for m in self.store.request_members(dev.namespace, rec.request_id)
                    if m.bound_node != rec.node]
-        if to_come and self.binder.kill(victim, "chaos: between placement writes"):
+        if to_come and kill_child(self.binder, victim, "chaos: between placement writes"):
             self.mid_kills += 1
             self.mid_killed.add(rec.request_id)
             self.note("kill between placement writes", victim, rec.request_id)
@@ -279,7 +279,7 @@ class World:
                 self.withdrawn.add(rid)
             self.note("withdraw", rid, ok)
         elif step.kind == "kill":
-            self.note("kill", step.what, self.binder.kill(step.what, "chaos"))
+            self.note("kill", step.what, kill_child(self.binder, step.what, "chaos"))
         else:
             node = self.store.node(step.what)
             self.store.cordon(node.name, not node.unschedulable)

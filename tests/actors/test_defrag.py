@@ -17,7 +17,7 @@ import pytest
 from actors.coordinator import GetStatus, Resync, _Defrag
 from fakes.memory_store import MemoryStore
 from model.types import Result
-from tests.actors_harness import fast_config, results_of, running_binder, settle
+from tests.support.binder import fast_config, results_of, running_binder, settle
 from tests.timing import advance, eventually
 
 H = "nvidia.com/H100"
@@ -181,7 +181,7 @@ async def test_D2_rounds_interleaved_with_churn_never_overcommit_a_node(seed):
     and at the end invariants 1-4 hold and some moves were made."""
     import random
 
-    from tests.actors_harness import check_invariants
+    from tests.support.binder import check_invariants
 
     rng = random.Random(seed)
     s = MemoryStore(seed=seed)

@@ -12,7 +12,7 @@ import pytest
 from actors.logging import close_logging, configure_logging
 from fakes.memory_store import MemoryStore
 from model.types import Result
-from tests.actors_harness import running_binder, settle
+from tests.support.binder import running_binder, settle
 
 pytestmark = pytest.mark.anyio
 

@@ -33,7 +33,7 @@ from fakes.clock import ManualClock
 from actors.runtime import ActorCell, spawn
 from model.hold import Hold
 from model.types import Result
-from tests.actors_harness import quiet_logging
+from tests.support.binder import quiet_logging
 from tests.timing import eventually
 
 pytestmark = pytest.mark.anyio

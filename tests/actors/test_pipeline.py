@@ -29,7 +29,7 @@ from actors.status_pipeline import (
 from model.decide import Request, find_requests
 from model.hold import Hold, hold_for
 from model.types import Result
-from tests.actors_harness import quiet_logging
+from tests.support.binder import quiet_logging
 from tests.timing import eventually
 
 pytestmark = pytest.mark.anyio

@@ -13,7 +13,7 @@ import pytest
 
 from fakes.memory_store import Faults, MemoryStore
 from model.types import Result
-from tests.actors_harness import fast_config, quiet_logging, running_binder, settle
+from tests.support.binder import fast_config, quiet_logging, running_binder, settle
 
 pytestmark = pytest.mark.anyio
 

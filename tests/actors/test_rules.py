@@ -21,9 +21,10 @@ from model.reasons import (BudgetExhausted, DeviceAt, KeptCordoned, NodeProblems
                            Placed, RequestRef, SetRefused)
 from model.types import OnCordon, Result
 from supervisor import COORDINATOR, PIPELINE, Binder, node_child_id
-from tests.actors_harness import (
+from tests.support.binder import (
     check_invariants,
     fast_config,
+    kill_child,
     quiet_logging,
     results_of,
     running_binder,
@@ -351,7 +352,7 @@ async def test_B7_coordinator_killed_between_placement_writes_finishes_on_the_sa
 
     def on_write(rec) -> None:
         if rec.moved and not holder.get("killed"):
-            holder["killed"] = holder["binder"].kill(COORDINATOR, "test: between binds")
+            holder["killed"] = kill_child(holder["binder"], COORDINATOR, "test: between binds")
             s.set_allocatable(rec.node, H100, 1)  # capacity now short for the rest
 
     s.on_write = on_write
@@ -383,7 +384,7 @@ async def test_B7_the_writer_killed_between_placement_writes_restarts_both_and_l
 
     def on_write(rec) -> None:
         if rec.moved and not holder.get("killed"):
-            holder["killed"] = holder["binder"].kill(PIPELINE, "test: between binds")
+            holder["killed"] = kill_child(holder["binder"], PIPELINE, "test: between binds")
 
     s.on_write = on_write
     s.faults = Faults(latency=0.005)  # the members' writes apart: the kill lands between them

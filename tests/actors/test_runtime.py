@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from actors.errors import ActorKilled, ActorStopped, AskTimeout, MailboxFull, StartTimeout
-from actors.runtime import Actor, ActorCell, ActorContext, Crash, spawn
+from actors.runtime import Actor, ActorCell, ActorContext, Crash, TickSource, spawn
 from tests.timing import advance, eventually
 
 pytestmark = pytest.mark.anyio
@@ -207,20 +207,17 @@ class Ticking(Actor):
         self.ticks += 1
 
 
-@pytest.fixture(params=[True, False], ids=["timer", "task"])
-def tick_source(request, monkeypatch):
+@pytest.fixture(params=list(TickSource), ids=[t.value for t in TickSource])
+def tick_source(request) -> TickSource:
     """Both sources of ticks: the asyncio timer callback and the ticker task (the fallback
-    for other backends)."""
-    import actors.runtime
-
-    monkeypatch.setattr(actors.runtime, "TIMER_TICKS", request.param)
+    for other backends), given to the cell."""
     return request.param
 
 
 async def test_ticks_arrive_when_idle(tick_source) -> None:
     actor = Ticking()
     async with anyio.create_task_group() as tg:
-        _, cell = await spawn(tg, lambda: actor, name="ticking")
+        _, cell = await spawn(tg, lambda: actor, name="ticking", ticks=tick_source)
         await advance(0.05)  # ten intervals of fake time, the actor idle throughout
         cell.close()
     assert actor.ticks in (9, 10)  # one per interval (the last may fall on the close)
@@ -248,7 +245,7 @@ class TicksWhileBusy(Ticking):
 async def test_ticks_stop_while_unwanted_and_resume_after_a_message(tick_source) -> None:
     actor = TicksWhileBusy()
     async with anyio.create_task_group() as tg:
-        ref, cell = await spawn(tg, lambda: actor, name="ticking")
+        ref, cell = await spawn(tg, lambda: actor, name="ticking", ticks=tick_source)
         await advance(0.04)
         assert actor.ticks == 0  # never wanted: no tick in 8 intervals
         for round_ in (1, 2):
@@ -258,3 +255,9 @@ async def test_ticks_stop_while_unwanted_and_resume_after_a_message(tick_source)
             await advance(0.04)  # parked: 8 intervals pass without a tick
             assert actor.ticks == 3 * round_
         cell.close()
+
+
+def test_a_cell_takes_only_a_tick_source() -> None:
+    with pytest.raises(TypeError, match="TickSource"):
+        ActorCell("a", ticks=True)  # type: ignore[arg-type]  # the old module flag's value
+    assert ActorCell("a", ticks=TickSource.TASK).statistics().running is False

@@ -6,9 +6,11 @@ with no unanswered request (as the webhook does), withdraw a request, kill a nod
 the coordinator or its status pipeline (now, or right after the next placement write of a
 request with more to come; either of the two restarts both), redeliver stale device events of a request, inject write faults (`fail_next`), and
 `settle` (wait, bounded, until every complete request is answered and the coordinator is
-idle). The binder runs in an anyio
-event loop on a blocking portal's thread; every read and write of the store goes through
-`portal.call`, so the machine only ever sees the store between two event-loop steps.
+idle). The binder runs in an anyio event loop on fake time (`tests.timing.FAKE_TIME`, as
+every actor test) on a blocking portal's thread, the store and the binder on the loop's
+clock (`LoopClock`); every read and write of the store goes through `portal.call`, so the
+machine only ever sees the store between two event-loop steps. While the machine thinks the
+loop is idle and its time jumps from timer to timer, as it would pass on a real clock.
 
 Invariants (DESIGN.md §7), after every step: 1 and 4 on every placement write (live, via
 `store.on_write`) and over the current state, 3 over the write history (`check_invariants`),
@@ -24,7 +26,7 @@ from concurrent.futures import CancelledError, Future
 
 import pytest
 from anyio.from_thread import start_blocking_portal
-from hypothesis import HealthCheck, note, settings
+from hypothesis import HealthCheck, event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -38,10 +40,12 @@ from hypothesis.stateful import (
 )
 
 from actors.errors import TransientWriteError, WriteConflict
+from fakes.clock import LoopClock
 from fakes.memory_store import MemoryStore, WriteRecord
 from model.types import OnCordon, Result
 from supervisor import COORDINATOR, PIPELINE, Binder, node_child_id
-from tests.actors_harness import check_invariants, fast_config, quiet_logging, settle
+from tests.support.binder import check_invariants, fast_config, kill_child, quiet_logging, settle
+from tests.timing import FAKE_TIME
 
 pytestmark = [pytest.mark.chaos]
 
@@ -66,7 +70,7 @@ class BinderMachine(RuleBasedStateMachine):
         self.portal = None
         self.binder: Binder | None = None
         self.binder_future: Future | None = None
-        self.store = MemoryStore(seed=0)
+        self.store = MemoryStore(seed=0, clock=LoopClock())
         # The model: what exists and what was asked.
         self.alloc: dict[tuple[str, str], int] = {}
         self.labels: dict[str, dict[str, str]] = {}
@@ -111,8 +115,8 @@ class BinderMachine(RuleBasedStateMachine):
             # Between the first and the last placement write of a request (B7).
             to_come = [m for m in s.request_members(dev.namespace, rec.request_id)
                        if m.bound_node != rec.node]
-            if to_come and self.binder.kill(self.mid_kill_armed,
-                                            "stateful chaos: between placement writes"):
+            if to_come and kill_child(self.binder, self.mid_kill_armed,
+                                         "stateful chaos: between placement writes"):
                 self.mid_kill_armed = None
                 self.mid_kills += 1
 
@@ -140,9 +144,9 @@ class BinderMachine(RuleBasedStateMachine):
             self.budget[(t, RESOURCES["h100"])] = hard
         names = [self._add_node(first), self._add_node(second)]
         s.on_write = self.on_write
-        self.portal_cm = start_blocking_portal("asyncio")
+        self.portal_cm = start_blocking_portal(*FAKE_TIME)
         self.portal = self.portal_cm.__enter__()
-        self.binder = Binder(s, s, s, s.clock, fast_config())
+        self.binder = Binder(s, s, s, LoopClock(), fast_config())
         self.binder_future, _ = self.portal.start_task(self.binder.run)
         return multiple(*names)
 
@@ -228,8 +232,9 @@ class BinderMachine(RuleBasedStateMachine):
     @rule(node=st.sampled_from([COORDINATOR, PIPELINE]) | nodes)
     def kill(self, node):
         victim = node if node in (COORDINATOR, PIPELINE) else node_child_id(node)
-        killed = self.call(self.binder.kill, victim, "stateful chaos")
+        killed = self.call(kill_child, self.binder, victim, "stateful chaos")
         note(f"kill {victim}: {killed}")
+        event(f"kill landed: {killed}")
 
     @rule(victim=st.sampled_from([COORDINATOR, PIPELINE]))
     def kill_coordinator_mid_placement(self, victim):
@@ -258,6 +263,7 @@ class BinderMachine(RuleBasedStateMachine):
     def settle(self):
         note("settle")
         self.call(settle, self.store, self.binder, SETTLE_TIMEOUT)
+        event(f"settled after a kill between placement writes: {self.mid_kills > 0}")
         self.release_answered()
         self.check_answered()
 
@@ -302,6 +308,7 @@ class BinderMachine(RuleBasedStateMachine):
                 results |= seen
             assert len(results) == 1, f"inv2: request {rid}: members disagree {results}"
             (result, node), = results
+            event(f"settled: a request {result.value}")
             if result is Result.SUCCEEDED and sel:
                 assert self.labels[node]["zone"] == sel["zone"], f"{rid} Succeeded on {node}, selector {sel}"
 

@@ -12,8 +12,7 @@ from model.defrag import plan_round
 from model.explain import explain
 from model.parse import VMIAsk
 from model.snapshot import Snapshot
-from tests.model.test_decide import NOW, NS, dev, node
-from tests.model.test_defrag import CLASSES, attached
+from tests.support.world import CLASSES, NOW, NS, attached, dev, node
 
 
 def _snap() -> Snapshot:

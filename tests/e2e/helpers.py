@@ -88,6 +88,17 @@ async def quiet_after(system, marks: Mapping[str, str | int], *, what: str = "th
     await leader_idle(system)
 
 
+async def counter_total(system, name: str) -> float:
+    """Counter `name` (a sample without labels, e.g. "gpu_binder_defrag_moves_total")
+    summed over the running replicas: what the replicas did since they started, whichever
+    led. A test reads it before and after its own action and checks the difference, not
+    the total, which earlier tests on the same replicas may have filled."""
+    total = 0.0
+    for i in _running(system):
+        total += (await scrape(system, i)).get((name, ()), 0.0)
+    return total
+
+
 async def housekeeping_rounds(system, n: int = 2, *, timeout: float = 30.0) -> None:
     """Wait until the leader has completed `n` more housekeeping rounds than now (H1-H3):
     with n >= 2, at least one whole round began after this call."""

@@ -20,8 +20,8 @@ from kubernetes_asyncio.client import CustomObjectsApi
 from model.reasons import NodeProblems, NoRoom
 from tests.e2e.conftest import TENANT_GROUP, unique
 from tests.e2e.helpers import eventually, namespace_rv, replicas_saw
-from tests.e2e.test_kubevirt import (BASE_VMI, VMI_GROUP, VMI_VERSION, VMIS, create,
-                                     kubevirt, pin, pool, system, vmi)
+from tests.support.kubevirt_vmis import (BASE_VMI, VMI_GROUP, VMI_VERSION, VMIS, create,  # noqa: F401
+                                         kubevirt, pin, pool, system, vmi)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.kubevirt]
 __all__ = ["kubevirt", "system"]  # the module's fixtures, shared with test_kubevirt.py

@@ -38,8 +38,8 @@ from tests.e2e.helpers import (
     namespace_rv,
     replicas_saw,
 )
-from tests.e2e.test_webhook import _client_ssl, _review, annotated, fixture
-from tests.e2e.test_webhook import create, create_denied, devices as device_items
+from tests.support.vmis import annotated, client_ssl, create, create_denied, fixture, review
+from tests.support.vmis import devices as device_items
 
 
 def _no_room(ns: str, vmi: str, cls: str, res: str, node: str, needs: int, free: int) -> CannotPlace:
@@ -402,7 +402,7 @@ async def test_W6_forged_review_for_another_tenant_writes_nothing(system, fleet,
     for dry_run in (True, False):   # a dry run would reveal devices and budgets
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
-                async with http.post(url, json=_review(f"forged-{uuid.uuid4().hex[:6]}", vmi,
+                async with http.post(url, json=review(f"forged-{uuid.uuid4().hex[:6]}", vmi,
                                                        victim, dryRun=dry_run),
                                      ssl=_caller_ssl(system, caller, tmp_path)) as resp:
                     answers.append((resp.status, (await resp.json()).get("response")))
@@ -429,8 +429,8 @@ async def test_W6_review_from_the_api_servers_client_certificate_is_answered(sys
     vmi = annotated(fixture("vmi-fedora.yaml"), "dry", templates=f"{cls}=1")
     async with aiohttp.ClientSession() as http:
         async with http.post(f"https://127.0.0.1:{system.webhook_port}/mutate-vmi",
-                             json=_review("uid-api", vmi, tenant, dryRun=True),
-                             ssl=_client_ssl(system)) as resp:
+                             json=review("uid-api", vmi, tenant, dryRun=True),
+                             ssl=client_ssl(system)) as resp:
             body = await resp.json()
     assert body["response"]["uid"] == "uid-api" and body["response"]["allowed"] is True
     assert await device_items(fleet, tenant) == []      # a dry run writes nothing (W2)
@@ -442,7 +442,7 @@ async def _post_as_api_server(system, body: bytes, content_type: str) -> tuple[i
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
         async with http.post(f"https://127.0.0.1:{system.webhook_port}/mutate-vmi", data=body,
                              headers={"Content-Type": content_type},
-                             ssl=_client_ssl(system)) as resp:
+                             ssl=client_ssl(system)) as resp:
             return resp.status, (await resp.json())["response"]
 
 
@@ -457,7 +457,7 @@ async def test_W6_attacker_style_reviews_are_denied_with_the_status_that_fits(sy
                     devices=held[0])
 
     def body(uid: str, **over) -> bytes:
-        return json.dumps(_review(uid, vmi, victim, **over)).encode()
+        return json.dumps(review(uid, vmi, victim, **over)).encode()
     oversized = json.loads(body("u-big"))
     oversized["request"]["object"]["metadata"]["annotations"]["padding"] = "x" * (4 << 20)
     pod = {"metadata": {"name": "forged", "annotations": {
@@ -478,7 +478,7 @@ async def test_W6_attacker_style_reviews_are_denied_with_the_status_that_fits(sy
          400, "BadRequest"),
         ("a forged dryRun", body("u-dry", dryRun="false"), "application/json", "u-dry", 400,
          "BadRequest"),
-        ("a forged admission annotation", json.dumps(_review("u-adm", forged_admission,
+        ("a forged admission annotation", json.dumps(review("u-adm", forged_admission,
                                                              victim)).encode(),
          "application/json", "u-adm", 422, "Invalid"),
     ]
@@ -520,7 +520,7 @@ async def test_outage_blocks_only_vmis_with_gpu_annotations(system, fleet):
 
 def _served_certificate(system) -> bytes:
     """DER of the certificate one new TLS connection to the webhook port is served."""
-    ctx = _client_ssl(system)
+    ctx = client_ssl(system)
     with socket.create_connection(("127.0.0.1", system.webhook_port), timeout=5) as sock:
         with ctx.wrap_socket(sock, server_hostname="127.0.0.1") as tls:
             return tls.getpeercert(binary_form=True)

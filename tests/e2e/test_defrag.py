@@ -6,7 +6,8 @@ idle held devices, the other a running VM's two devices). The idle devices' clas
 `Stay`, so no round may move them (D1); once it is `Move`, one round moves both to the
 running VM's node — without touching the running VM's devices — and the same VMI is then
 admitted on the freed node. Each move is a `GPUDeviceMoved` Event on the device (D4) and is
-counted in `gpu_binder_defrag_moves_total`.
+counted in `gpu_binder_defrag_moves_total`: the counters are read before and after the
+test's own steps (deltas over both replicas), never as totals since the replicas started.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import json
 import pytest
 
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas
-from tests.e2e.helpers import eventually, leader_index, make_pool, scrape
-from tests.e2e.test_webhook import VMI_GROUP, VMI_VERSION, VMIS, annotated, create, devices, fixture
+from tests.e2e.helpers import counter_total, eventually, leader_index, make_pool, scrape
+from tests.support.vmis import VMI_GROUP, VMI_VERSION, VMIS, annotated, create, devices, fixture
 
 pytestmark = pytest.mark.anyio
 
@@ -69,9 +70,11 @@ async def test_D1_D2_D4_a_4_gpu_vmi_refused_for_fragmentation_is_admitted_after_
     ok, msg = await create(fleet, tenant, big)
     assert not ok and "cannot be placed" in msg, msg  # 2 free on each node: fragmented
     # rounds run every second, but a Stay class never moves (D1)
-    leader = await leader_index(system)
-    await eventually(lambda: _rounds_at_least(system, leader, 2), what="two rounds run")
+    moves0 = await counter_total(system, MOVES)
+    rounds0 = await counter_total(system, ROUNDS)
+    await eventually(lambda: _counted(system, ROUNDS, rounds0 + 2), what="two more rounds run")
     assert {_nodes(await devices(fleet, tenant))[n] for n in ("idle-0", "idle-1")} == {nodes["a"]}
+    assert await counter_total(system, MOVES) == moves0  # those rounds moved nothing
 
     await fleet.custom.patch_cluster_custom_object(
         GROUP, VERSION, "gpuclasses", stay, {"spec": {"onCordon": "Move"}},
@@ -94,11 +97,14 @@ async def test_D1_D2_D4_a_4_gpu_vmi_refused_for_fragmentation_is_admitted_after_
     moves = [e for e in events["items"] if e["reason"] == "GPUDeviceMoved"]
     assert sorted(e["involvedObject"]["name"] for e in moves) == ["idle-0", "idle-1"]
     assert all(f"from {nodes['a']} to {nodes['b']}" in e["message"] for e in moves)
+    await eventually(lambda: _counted(system, MOVES, moves0 + 2), what="the two moves counted")
+    assert await counter_total(system, MOVES) == moves0 + 2  # this test's two moves, no more
     got = await scrape(system, await leader_index(system))
-    assert got[("gpu_binder_defrag_moves_total", ())] >= 2
     assert ("gpu_binder_largest_placeable_set", (("class", cls),)) in got  # set by the rounds
 
 
-async def _rounds_at_least(system, i: int, n: int) -> bool:
-    got = await scrape(system, i)
-    return got.get(("gpu_binder_defrag_rounds_total", ()), 0) >= n
+MOVES, ROUNDS = "gpu_binder_defrag_moves_total", "gpu_binder_defrag_rounds_total"
+
+
+async def _counted(system, name: str, at_least: float) -> bool:
+    return await counter_total(system, name) >= at_least

@@ -7,7 +7,8 @@ GPUs; a holds two idle held devices (placed by an earlier request, then released
 VMI is refused for fragmentation while the idle devices' class is `Stay` (D1: rounds never
 move it); once it is `Move`, a round moves them to b, and the same VMI is admitted pinned to
 a and its launcher Pod bound there with all four GPUs — the running VM's devices and its
-launcher Pod stay on b throughout.
+launcher Pod stay on b throughout. `gpu_binder_defrag_moves_total` (summed over both
+replicas) grows by exactly those two moves between the class change and the admission.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas
-from tests.e2e.helpers import eventually, request, results
-from tests.e2e.test_kubevirt import bound_launcher, create, gpu_requests, pin, pool, vmi
+from tests.e2e.helpers import counter_total, eventually, request, results
+from tests.support.kubevirt_vmis import bound_launcher, create, gpu_requests, pin, pool, vmi
 
 pytestmark = [pytest.mark.anyio, pytest.mark.kubevirt]
 GROUP, VERSION = "gpu.cozystack.io", "v1alpha1"
+MOVES = "gpu_binder_defrag_moves_total"
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +73,7 @@ async def test_D1_D2_refused_4_gpu_vmi_admitted_after_a_round_launcher_pods_wher
 
     made, msg = await create(fleet, tenant, vmi("big", cls, 4))
     assert made is None and "cannot be placed" in msg, msg   # 2 free on each node
+    moves0 = await counter_total(system, MOVES)
     await fleet.custom.patch_cluster_custom_object(
         GROUP, VERSION, "gpuclasses", stay, {"spec": {"onCordon": "Move"}},
         _content_type="application/merge-patch+json")
@@ -81,6 +84,10 @@ async def test_D1_D2_refused_4_gpu_vmi_admitted_after_a_round_launcher_pods_wher
     after = await eventually(moved, timeout=30, what="a round moved the idle devices to b")
     assert {n: after[n] for n in running} == running
 
+    async def counted() -> bool:
+        return await counter_total(system, MOVES) >= moves0 + 2
+    await eventually(counted, what="the two moves counted")
+
     made, msg = await create(fleet, tenant, vmi("big", cls, 4))
     assert made is not None, msg
     assert pin(made) == nodes["a"]
@@ -88,6 +95,7 @@ async def test_D1_D2_refused_4_gpu_vmi_admitted_after_a_round_launcher_pods_wher
     assert pod["spec"]["nodeName"] == nodes["a"] and gpu_requests(pod, res) == 4
     final = await _nodes(fleet, tenant)
     assert {n: final[n] for n in running} == running  # no running VM's device moved
+    assert await counter_total(system, MOVES) == moves0 + 2  # the two idle devices, no more
     again = await bound_launcher(fleet, tenant, {"metadata": {"uid": running_pod["metadata"]
                                                               ["labels"]["kubevirt.io/created-by"],
                                                               "name": "running"}})

@@ -15,23 +15,16 @@ import base64
 import copy
 import difflib
 import json
-import os
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
-from localcluster.controlplane import built_dir
 from localcluster.paths import MANIFESTS, TESTING_MANIFESTS
-from tests.e2e.conftest import REPO, TENANT_GROUP, unique
+from tests.e2e.conftest import TENANT_GROUP, unique
 from tests.e2e.helpers import class_rv, eventually, namespace_rv, node_rv, replicas_saw
+from tests.support.helm import CHART, FAST_SETTINGS, NS, RELEASE, Helm, helm  # noqa: F401 (helm: a fixture)
 
-CHART = REPO / "charts" / "gpu-binder"
-BUILD = REPO / "tools" / "build-helm.sh"
-NS = "cozy-system"
-RELEASE = "gpu-binder"
 DRY_RUN = ("apply", "--server-side", "--dry-run=server", "--force-conflicts",
            "--field-manager=gpu-binder-helm-tests", "-f", "-")
 
@@ -39,47 +32,6 @@ DRY_RUN = ("apply", "--server-side", "--dry-run=server", "--force-conflicts",
 CHART_ONLY = {("ConfigMap", "gpu-binder-config"), ("PodDisruptionBudget", "gpu-binder"),
               ("Certificate", "gpu-binder-webhook"), ("Issuer", "gpu-binder-selfsigned")}
 KUSTOMIZE_ONLY = {("Namespace", NS)}   # the chart uses the release namespace (--create-namespace)
-
-
-class Helm:
-    """The built helm CLI with its own config/cache/data homes (nothing under ~)."""
-
-    def __init__(self, binary: Path, home: Path, crds: Path) -> None:
-        self.binary = binary
-        self.cert_manager_crds = crds
-        self.env = dict(os.environ, HELM_CACHE_HOME=str(home / "cache"),
-                        HELM_CONFIG_HOME=str(home / "config"), HELM_DATA_HOME=str(home / "data"))
-
-    def run(self, *args: str, check: bool = True, kubeconfig: Path | None = None,
-            input: str | None = None) -> subprocess.CompletedProcess:
-        cmd = [str(self.binary), *args]
-        if kubeconfig:
-            cmd.append(f"--kubeconfig={kubeconfig}")
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env, input=input,
-                              timeout=180)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n"
-                                 f"{proc.stderr}{proc.stdout[-2000:]}")
-        return proc
-
-    def template(self, values: dict, *, namespace: str = NS,
-                 check: bool = True) -> subprocess.CompletedProcess:
-        """`helm template` of the chart (CRDs included) with `values`."""
-        return self.run("template", RELEASE, str(CHART), f"--namespace={namespace}",
-                        "--include-crds", "--values=-", input=yaml.safe_dump(values),
-                        check=check)
-
-    def objects(self, values: dict | None = None, *, namespace: str = NS) -> list[dict]:
-        """The rendered objects."""
-        return [d for d in yaml.safe_load_all(self.template(values or {},
-                                                            namespace=namespace).stdout) if d]
-
-
-@pytest.fixture(scope="session")
-def helm(tmp_path_factory) -> Helm:
-    """helm built by tools/build-helm.sh (a cold build takes minutes; cached by version)."""
-    out = built_dir(BUILD, "GPU_BINDER_HELM_DIR")
-    return Helm(out / "helm", tmp_path_factory.mktemp("helm-home"), out / "cert-manager-crds")
 
 
 @pytest.fixture(scope="module")
@@ -368,11 +320,6 @@ def test_pod_passes_the_restricted_pod_security_profile(cluster, helm, source):
 
 
 # -- one real install ----------------------------------------------------------------------
-
-# conftest.FAST_CONTROLLER_ARGS as chart settings
-FAST_SETTINGS = {"leaseDuration": 4, "renewDeadline": 3, "retryPeriod": 0.5,
-                 "attachmentGrace": 8, "bindTimeout": 6, "housekeepingPeriod": 1}
-
 
 @pytest.mark.anyio
 async def test_helm_install_then_tenant_vmi_is_admitted_and_raw_pod_refused(helm, tmp_path):

@@ -165,7 +165,7 @@ async def test_replica_in_the_image_with_in_cluster_config_admits_and_binds(imag
     import anyio
 
     from tests.e2e.helpers import eventually, make_pool
-    from tests.e2e.test_webhook import annotated, create, devices, fixture
+    from tests.support.vmis import annotated, create, devices, fixture
 
     lc = image_replica
     await anyio.to_thread.run_sync(lambda: lc.wait_ready(0, timeout=90))
@@ -236,7 +236,7 @@ class Tenant:
         import anyio
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        from tests.e2e.test_webhook import VMI_GROUP, VMI_VERSION, VMIS, annotated, fixture
+        from tests.support.vmis import VMI_GROUP, VMI_VERSION, VMIS, annotated, fixture
 
         body = annotated(fixture("vmi-fedora.yaml"), name, templates=f"{self.cls}=1")
         end = time.monotonic() + deadline
@@ -281,7 +281,7 @@ async def test_image_replica_beside_a_source_replica_killed_mid_admission_loses_
     import anyio
 
     from tests.e2e.helpers import eventually, leader_idle, make_pool
-    from tests.e2e.test_webhook import VMI_GROUP, VMI_VERSION, VMIS, devices
+    from tests.support.vmis import VMI_GROUP, VMI_VERSION, VMIS, devices
 
     lc, src, img = beside, 0, 1
     assert lc.replicas[src].user == lc.replicas[img].user == 65532

@@ -6,10 +6,6 @@ the webhook and the binder of the `system` fixture's two replicas in the path.""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -18,49 +14,12 @@ from kubernetes_asyncio.client import ApiException, CustomObjectsApi
 from cli.tools import explain_vmi, read_cluster, render_explain
 from model.explain import top, what_if
 from model.reasons import BudgetExhausted, Code, NoRoom, SetNeeds
-from tests.e2e.conftest import TENANT_GROUP, unique
 from tests.e2e import helpers
 from tests.e2e.helpers import eventually
+from tests.support.tools import Pool, make_pool, run_tool, vmi
 
 pytestmark = pytest.mark.anyio
 VMIS = ("kubevirt.io", "v1")
-BIN = Path(sys.executable).parent
-
-
-class Pool:
-    """A class of its own resource, nodes advertising it, and a tenant with a user of its
-    own (tenant and VMI-editor roles), `held` held devices and an optional budget."""
-
-    def __init__(self, res, cls, nodes, tenant, kubeconfig, held):
-        self.res, self.cls, self.nodes, self.tenant = res, cls, nodes, tenant
-        self.kubeconfig, self.held = kubeconfig, held
-
-
-async def make_pool(system, fleet, control_plane, tmp_path, nodes: dict[str, int], *,
-                    held: int = 0, budget: int | None = None, on_cordon: str = "Move") -> Pool:
-    """`helpers.make_pool` with a tenant user of its own (and its kubeconfig) and `held`
-    held devices named `held-<i>`, once `system`'s replicas have it all."""
-    tenant_user = f"user-{unique('t')}"
-    res, cls, names, tenant, devs = await helpers.make_pool(
-        fleet, nodes, budget=budget, devices=held, prefix="held", on_cordon=on_cordon,
-        seen_by=system, user=tenant_user)
-    kubeconfig = control_plane.write_user_kubeconfig(tmp_path / f"{tenant}.kubeconfig", tenant_user,
-                                                     (TENANT_GROUP,), namespace=tenant)
-    return Pool(res, cls, names, tenant, kubeconfig, devs)
-
-
-def vmi(name: str, ns: str, *, templates: str | None = None, devices: str | None = None,
-        selector: dict | None = None) -> dict:
-    ann = {}
-    if templates:
-        ann["gpu.cozystack.io/templates"] = templates
-    if devices:
-        ann["gpu.cozystack.io/devices"] = devices
-    spec: dict = {"domain": {"devices": {}, "resources": {"requests": {"memory": "64M"}}}}
-    if selector:
-        spec["nodeSelector"] = selector
-    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-            "metadata": {"name": name, "namespace": ns, "annotations": ann}, "spec": spec}
 
 
 async def admit(tenant_client, pool: Pool, body: dict) -> tuple[bool, str]:
@@ -89,16 +48,6 @@ async def delete_and_release(fleet, pool: Pool, name: str) -> None:
 
 async def cluster(control_plane):
     return await read_cluster(str(control_plane.admin_kubeconfig))
-
-
-def run_tool(control_plane, *args: str, plugin: bool = False) -> subprocess.CompletedProcess:
-    """The installed console script; with `plugin`, through real `kubectl gpu …` discovery
-    (kubectl finds `kubectl-gpu` on PATH)."""
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-           "KUBECONFIG": str(control_plane.admin_kubeconfig)}
-    cmd = ([str(control_plane.binaries.kubectl), "gpu", *args] if plugin
-           else [str(BIN / "gpu-binder"), *args])
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
 
 
 # --- explain ------------------------------------------------------------------------------

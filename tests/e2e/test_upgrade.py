@@ -46,7 +46,7 @@ from localcluster.upgrade import (Churn, Clients, Compat, Release, Watch,
                                   chart_crds, churn_with, crd_versions, pool, prepare,
                                   record_figures, same_versions)
 from tests.e2e.conftest import REPO, TENANT_GROUP, unique
-from tests.e2e.test_helm import FAST_SETTINGS, helm  # noqa: F401  (the session's helm)
+from tests.support.helm import FAST_SETTINGS, helm  # noqa: F401  (the session's helm)
 
 OLD_REVISION = "9dfc521"            # main as 0.1.0 was released
 OLD_CHART = REPO / "tests" / "fixtures" / "chart-0.1.0"

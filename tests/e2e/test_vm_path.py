@@ -23,8 +23,8 @@ from model.types import ADMISSION_ANNOTATION, GROUP, VERSION
 from model.vm import CONDITION
 from tests.e2e.conftest import FIXTURES, unique
 from tests.e2e.helpers import eventually
-from tests.e2e.test_kubevirt import bound_launcher, gpu_requests, kubevirt, pool, system  # noqa: F401 (fixtures)
-from tests.e2e.test_tools import run_tool
+from tests.support.kubevirt_vmis import bound_launcher, gpu_requests, kubevirt, pool, system  # noqa: F401 (fixtures)
+from tests.support.tools import run_tool
 
 pytestmark = [pytest.mark.anyio, pytest.mark.kubevirt]
 KV, V1 = "kubevirt.io", "v1"

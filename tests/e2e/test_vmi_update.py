@@ -14,9 +14,9 @@ import pytest
 from kubernetes_asyncio.client import ApiException, CustomObjectsApi
 
 from tests.e2e.helpers import eventually
-from tests.e2e.test_kubevirt import bound_launcher, kubevirt, pool  # noqa: F401 - fixture
-from tests.e2e.test_kubevirt import vmi as kubevirt_vmi
-from tests.e2e.test_tools import make_pool, vmi
+from tests.support.kubevirt_vmis import bound_launcher, kubevirt, pool  # noqa: F401 - fixture
+from tests.support.kubevirt_vmis import vmi as kubevirt_vmi
+from tests.support.tools import make_pool, vmi
 
 pytestmark = pytest.mark.anyio
 VMIS = ("kubevirt.io", "v1")

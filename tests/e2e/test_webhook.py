@@ -2,71 +2,20 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import signal
-import ssl
 
 import anyio
 import pytest
 import yaml
-from kubernetes_asyncio.client import ApiException
 
 from tests.e2e.conftest import FIXTURES
 from tests.e2e.helpers import eventually, housekeeping_rounds, make_pool, quiet_after
+from tests.support.vmis import (VMI_GROUP, VMI_VERSION, VMIS, annotated, client_ssl, create,
+                                create_denied, devices, fixture, review)
 
 pytestmark = pytest.mark.anyio
-VMI_GROUP, VMI_VERSION, VMIS = "kubevirt.io", "v1", "virtualmachineinstances"
 P40 = "nvidia.com/GP102GL_Tesla_P40"
-
-
-def fixture(name: str) -> dict:
-    vmi = yaml.safe_load((FIXTURES / name).read_text())
-    chassis = vmi["spec"]["domain"].get("chassis") or {}
-    if isinstance(chassis.get("asset"), int):  # vmi-fedora.yaml: KubeVirt's schema wants a string
-        chassis["asset"] = str(chassis["asset"])
-    return vmi
-
-
-def annotated(vmi: dict, name: str, *, templates: str | None = None,
-              devices: str | None = None) -> dict:
-    vmi = copy.deepcopy(vmi)
-    vmi["apiVersion"] = "kubevirt.io/v1"  # the client posts to the v1 endpoint
-    vmi["metadata"]["name"] = name
-    ann = vmi["metadata"].setdefault("annotations", {})
-    if templates:
-        ann["gpu.cozystack.io/templates"] = templates
-    if devices:
-        ann["gpu.cozystack.io/devices"] = devices
-    return vmi
-
-
-async def create(fleet, ns: str, vmi: dict) -> tuple[bool, str]:
-    """Create through the API server (webhook in the path): (admitted, message)."""
-    try:
-        made = await fleet.custom.create_namespaced_custom_object(VMI_GROUP, VMI_VERSION, ns,
-                                                                  VMIS, vmi)
-        return True, json.dumps(made["spec"])
-    except ApiException as exc:
-        return False, json.loads(exc.body).get("message", "") if exc.body else str(exc)
-
-
-async def create_denied(fleet, ns: str, vmi: dict) -> tuple[int, str, str]:
-    """Create through the API server, expecting the webhook to deny it: (HTTP status,
-    Status reason, message) as the tenant's client receives them."""
-    try:
-        made = await fleet.custom.create_namespaced_custom_object(VMI_GROUP, VMI_VERSION, ns,
-                                                                  VMIS, vmi)
-    except ApiException as exc:
-        body = json.loads(exc.body) if exc.body else {}
-        return exc.status, body.get("reason", ""), body.get("message", "")
-    raise AssertionError(f"admitted: {made['metadata']['name']}")
-
-
-async def devices(fleet, ns: str) -> list[dict]:
-    got = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", ns,
-                                                           "gpudevices")
-    return got["items"]
 
 
 async def a_request_waits(fleet, ns: str) -> bool:
@@ -210,26 +159,6 @@ async def test_B2_budget_two_five_vmis_exactly_two_admitted(system, fleet):
     assert len(bound) == 2
 
 
-def _review(uid: str, vmi: dict, namespace: str, **over) -> dict:
-    req = {"uid": uid, "kind": {"group": "kubevirt.io", "version": "v1",
-                                "kind": "VirtualMachineInstance"},
-           "resource": {"group": "kubevirt.io", "version": "v1",
-                        "resource": "virtualmachineinstances"},
-           "namespace": namespace, "name": vmi["metadata"]["name"], "operation": "CREATE",
-           "object": vmi, "dryRun": False, "userInfo": {"username": "test"}}
-    req.update(over)
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}
-
-
-def _client_ssl(system) -> ssl.SSLContext:
-    """A TLS client context that verifies the webhook and presents the API server's own
-    webhook client certificate (these tests stand in for the API server)."""
-    ctx = ssl.create_default_context()
-    ctx.load_verify_locations(cadata=system.cp.ca.cert_pem.decode())
-    ctx.load_cert_chain(*map(str, system.cp.webhook_client_files))
-    return ctx
-
-
 async def test_W4_repeated_review_for_admitted_vmi_admits_without_new_request(system, fleet):
     import aiohttp
 
@@ -238,14 +167,14 @@ async def test_W4_repeated_review_for_admitted_vmi_admits_without_new_request(sy
     url = f"https://127.0.0.1:{system.webhook_port}/mutate-vmi"
     # the first review's answer is lost (the VMI is never stored); the client retries
     async with aiohttp.ClientSession() as http:
-        async with http.post(url, json=_review("uid-w4-first", vmi, tenant),
-                             ssl=_client_ssl(system)) as resp:
+        async with http.post(url, json=review("uid-w4-first", vmi, tenant),
+                             ssl=client_ssl(system)) as resp:
             first = await resp.json()
     assert first["response"]["allowed"] is True, first
     before = (await devices(fleet, tenant))[0]["status"]["bindRequest"]
     async with aiohttp.ClientSession() as http:
-        async with http.post(url, json=_review("uid-w4", vmi, tenant),
-                             ssl=_client_ssl(system)) as resp:
+        async with http.post(url, json=review("uid-w4", vmi, tenant),
+                             ssl=client_ssl(system)) as resp:
             body = await resp.json()
     assert body["response"]["uid"] == "uid-w4" and body["response"]["allowed"] is True
     assert body["response"]["patchType"] == "JSONPatch"

@@ -13,7 +13,7 @@ import random
 import anyio
 import pytest
 
-from tests.e2e.test_webhook import _client_ssl, _review
+from tests.support.vmis import client_ssl, review
 
 pytestmark = pytest.mark.anyio
 COUNT = int(os.environ.get("GPU_BINDER_FUZZ_COUNT", "5000"))
@@ -39,7 +39,7 @@ def _base(rng: random.Random) -> dict:
            "metadata": {"name": f"fz-{rng.randrange(10**6)}", "namespace": "fuzz",
                         "annotations": ann},
            "spec": {"domain": {"devices": {}}}}
-    return _review(f"uid-{rng.randrange(10**9)}", vmi, "fuzz")
+    return review(f"uid-{rng.randrange(10**9)}", vmi, "fuzz")
 
 
 def _mutate(rng: random.Random, doc: dict) -> dict:
@@ -98,7 +98,7 @@ async def test_W6_malformed_reviews_never_crash_and_never_admit(system, fleet):
     failures: list[str] = []
     counts = {"denied": 0, "allowed": 0}
     codes: dict[int, int] = {}
-    ctx = _client_ssl(system)
+    ctx = client_ssl(system)
     bodies = [_encode(rng, _mutate(rng, _base(rng))) for _ in range(COUNT)]
     limit = anyio.CapacityLimiter(8)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:

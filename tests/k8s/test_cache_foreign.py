@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from k8s.cache import ClusterCache, trim_pod
 from model.parse import device_status_to_dict
 from model.types import Attachment, DeviceStatus, Phase
-from tests.model.test_foreign import NOW
+from tests.support.world import NOW
 
 H = "nvidia.com/H100"
 NS = "tenant-a"

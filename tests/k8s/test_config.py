@@ -16,7 +16,7 @@ from k8s.config import Config, default, field_help, load
 from k8s.controller import binder_config, lease_config, tenant_gate
 from k8s.leader import LeaseConfig
 from supervisor.binder import BinderConfig
-from tests.actors_harness import running_binder
+from tests.support.binder import running_binder
 from tests.timing import FAKE_TIME, eventually
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "gpu-binder"

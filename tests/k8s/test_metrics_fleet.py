@@ -14,10 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from actors.view import IndexedView
 from k8s.metrics import Metrics
 from k8s.webhook.fairness import EventBudget, TenantGate
+from localcluster.paths import MANIFESTS
 from model.reasons import Code
 from model.types import Budget
-from tests.e2e.conftest import MANIFESTS
-from tests.model.test_explain import _cluster, LIVE
+from supervisor import ChildKind, SupervisorStatistics
+from tests.support.world import LIVE, what_if_cluster
 
 DASHBOARD = MANIFESTS / "dashboards" / "gpu-binder.json"
 
@@ -30,7 +31,7 @@ def _idle_admission(cache=None) -> SimpleNamespace:
 
 def _metrics(synced: bool = True) -> dict[str, dict[tuple, float]]:
     view = IndexedView()
-    snap = _cluster()
+    snap = what_if_cluster()
     for n in snap.nodes.values():
         view.put_node(n)
     for c in snap.classes.values():
@@ -156,7 +157,7 @@ def test_decisions_are_labelled_by_the_refusals_code():
     from model.decide import Request, decide
     from model.reasons import Code
     from model.types import Result
-    from tests.model.test_decide import NS, dev, node, world
+    from tests.support.world import NS, dev, node, world
 
     cache = SimpleNamespace(view=IndexedView(), vmi_keys=set)
     metrics = Metrics(SimpleNamespace(elector=None, binder=None, synced=False),
@@ -190,3 +191,28 @@ def test_D4_defragmentation_rounds_count_moves_and_set_the_largest_set_per_class
     assert out[("gpu_binder_defrag_rounds_total", ())] == 2
     assert out[("gpu_binder_largest_placeable_set", (("class", "h100"),))] == 4
     assert out[("gpu_binder_largest_placeable_set", (("class", "l40s"),))] == 1
+
+
+def test_reservations_are_split_by_the_childs_kind_not_its_id():
+    """`gpu_binder_reservations_in_flight` sums the node actors' holds and
+    `gpu_binder_requests_in_flight` the rest (the pipeline's flights), chosen by each
+    child's `ChildKind`: an id is only a name."""
+    from actors.runtime import ActorStatistics
+
+    def actor(name: str, reservations: int) -> ActorStatistics:
+        return ActorStatistics(name, 0, 8, 0, 0, 0, reservations, True, 1, None)
+
+    stats = SupervisorStatistics(
+        children={"gpu-1": actor("gpu-1", 2), "node:x": actor("node:x", 3),
+                  "pipe": actor("pipe", 5), "coord": actor("coord", 0)},
+        kinds={"gpu-1": ChildKind.NODE, "node:x": ChildKind.NODE,
+               "pipe": ChildKind.PIPELINE, "coord": ChildKind.COORDINATOR},
+        restarts=1, escalated=False)
+    binder = SimpleNamespace(statistics=lambda: stats)
+    metrics = Metrics(SimpleNamespace(elector=None, binder=binder, synced=False),
+                      _idle_admission(SimpleNamespace(view=IndexedView(), vmi_keys=set)))
+    samples = {s.name: s.value for fam in text_string_to_metric_families(metrics.render()[0].decode())
+               for s in fam.samples}
+    assert samples["gpu_binder_reservations_in_flight"] == 5
+    assert samples["gpu_binder_requests_in_flight"] == 5
+    assert samples["gpu_binder_actors"] == 4

@@ -1,11 +1,10 @@
 """Table tests of `model.decide`, one per rule of DESIGN.md §3 (B1–B6) and per B5 case, with
 the decision's outcome asserted as a typed value (`model.reasons`: codes and data; the wording
-is `tests/model/test_reasons.py`'s). The small builders here are reused by the other
-tests/model files."""
+is `tests/model/test_reasons.py`'s). The model builders are `tests.support.world`'s."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
 
@@ -24,51 +23,8 @@ from model.reasons import (AlreadyPlaced, BudgetExhausted, ClassesNotServed, Cla
                            NodeProblems, NoEligibleNode, NoNodeServes, NoRoom, NotEntitled, Placed,
                            RequestRef, SelectorMismatch, SetRefused)
 from model.snapshot import Snapshot
-from model.types import (
-    BindRequest,
-    Budget,
-    DeviceStatus,
-    GPUClass,
-    GPUDevice,
-    LabelSelector,
-    Namespace,
-    Node,
-    OnCordon,
-    Phase,
-    Result,
-)
-
-H = "nvidia.com/H100"
-L = "nvidia.com/L40S"
-NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-NS = "tenant-a"
-
-
-def node(name: str, h: int = 0, l: int = 0, *, cordoned: bool = False, **labels: str) -> Node:
-    alloc = tuple((r, n) for r, n in ((H, h), (L, l)) if n)
-    labels = {"kubevirt.io/schedulable": "true", **labels}
-    return Node(name, tuple(sorted(labels.items())), alloc, cordoned)
-
-
-def gpu_class(name: str = "h100", res: str = H, *, stay: bool = False, selector: dict | None = None,
-              tenants: LabelSelector | None = None) -> GPUClass:
-    return GPUClass(name, res, OnCordon.STAY if stay else OnCordon.MOVE,
-                    tuple(sorted((selector or {}).items())), tenants)
-
-
-def dev(name: str, on: str | None = None, cls: str = "h100", ns: str = NS, *,
-        rid: str | None = None, devices: tuple[str, ...] | None = None,
-        result: Result | None = None, at: datetime | None = None) -> GPUDevice:
-    br = None
-    if rid is not None:
-        br = BindRequest(rid, "vm-1", devices if devices is not None else (name,), at, result=result)
-    status = DeviceStatus(Phase.BOUND if on else Phase.PENDING, on, NOW if on else None, None, br)
-    return GPUDevice(ns, name, cls, status=status)
-
-
-def world(nodes, devices=(), classes=None, **kw) -> Snapshot:
-    classes = classes if classes is not None else [gpu_class()]
-    return Snapshot.build(nodes=nodes, classes=classes, devices=devices, **kw)
+from model.types import Budget, LabelSelector, Namespace, Result
+from tests.support.world import H, L, NOW, NS, dev, gpu_class, node, world
 
 
 def req(*names: str, rid: str = "r1", ns: str = NS, selector: dict | None = None) -> Request:

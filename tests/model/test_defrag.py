@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from model.decide import Request, decide
 from model.defrag import (DefragMove, Largest, apply_moves, eligible_nodes, largest_sets, movable,
@@ -21,19 +21,9 @@ from model.defrag import (DefragMove, Largest, apply_moves, eligible_nodes, larg
 from model.explain import largest_placeable
 from model.hold import Hold
 from model.snapshot import Snapshot
-from model.types import (Attachment, Budget, DeviceStatus, GPUDevice, Node, Phase, Result,
+from model.types import (Budget, DeviceStatus, GPUDevice, Node, Phase, Result,
                          Taint)
-from tests.model.test_decide import H, L, NOW, NS, dev, gpu_class, node
-
-CLASSES = [gpu_class(), gpu_class("l40s", L), gpu_class("stay", H, stay=True)]
-
-
-def attached(d: GPUDevice, vmi: str = "vm-x") -> GPUDevice:
-    st = d.status
-    return GPUDevice(d.namespace, d.name, d.class_name, d.template_for,
-                     DeviceStatus(st.phase, st.node_name, st.bound_at,
-                                  Attachment(vmi, NOW - timedelta(hours=1))))
-
+from tests.support.world import CLASSES, H, L, NOW, NS, attached, dev, gpu_class, node
 
 def template(name: str, on: str, vmi: str = "vm-t") -> GPUDevice:
     return GPUDevice(NS, name, "h100", template_for=vmi,
@@ -189,6 +179,7 @@ def test_D1_D2_D3_D5_a_round_is_safe_and_never_shrinks_a_class(snap, max_moves):
     assert plan.after == largest_sets(after)
     for b, a in zip(plan.before, plan.after):  # D3: nothing shrinks
         assert a.rank >= b.rank, (b, a)
+    event("a round moved devices" if plan.moves else "a round moved nothing")
     if plan.moves:  # D3: only if it helps
         assert any(a.rank > b.rank for b, a in zip(plan.before, plan.after))
     for res in (H, L):  # capacity: a move never takes a node over allocatable

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, event, given, settings, strategies as st
 
 from model.admission import Refusal, check
 from model.decide import Request, decide
@@ -22,23 +22,11 @@ from model.reasons import (BudgetExhausted, CannotPlace, ClassesNotServed, Code,
                            DeviceAttached, NodeProblems, NoRoom, NotEntitled, RequestRef,
                            SelectorMismatch)
 from model.snapshot import Snapshot
-from model.types import (Attachment, Budget, DeviceStatus, GPUDevice, LabelSelector, Namespace,
-                         Phase, Result)
-from tests.model.test_decide import H, L, NOW, NS, dev, gpu_class, node
+from model.types import Budget, DeviceStatus, GPUDevice, LabelSelector, Namespace, Result
+from tests.support.world import (CLASSES, H, L, LIVE, NOW, NS, attached, dev, gpu_class, node,
+                                 template, what_if_cluster)
 
 GRACE = timedelta(minutes=2)
-
-
-def attached(d: GPUDevice, vmi: str) -> GPUDevice:
-    return GPUDevice(d.namespace, d.name, d.class_name, d.template_for,
-                     DeviceStatus(d.status.phase, d.status.node_name, d.status.bound_at,
-                                  Attachment(vmi, NOW - timedelta(hours=1))))
-
-
-def template(name: str, vmi: str, on: str | None, cls: str = "h100", ns: str = NS) -> GPUDevice:
-    st_ = DeviceStatus(Phase.BOUND if on else Phase.PENDING, on, NOW if on else None,
-                       Attachment(vmi, NOW - timedelta(hours=1)))
-    return GPUDevice(ns, name, cls, template_for=vmi, status=st_)
 
 
 def ex(snap: Snapshot, held=(), templates=(), vmi="vm-1", live=(), selector=()):
@@ -176,21 +164,8 @@ def test_B5_explain_cordoned_node_counts_as_a_further_change():
 # --- what-if -------------------------------------------------------------------------------
 
 
-def _cluster():
-    a1 = attached(dev("a-1", on="n1"), "vm-a")
-    ta = template("vm-a-h100-0", "vm-a", "n1")
-    idle = dev("i-1", on="n1", ns="tenant-b")
-    s1 = attached(dev("s-1", on="n1", cls="stay", ns="tenant-s"), "vm-s")
-    return Snapshot.build(nodes=[node("n1", h=4, l=1), node("n2", h=2), node("n3", h=1)],
-                          classes=[gpu_class(), gpu_class("stay", L, stay=True)],
-                          devices=[a1, ta, idle, s1])
-
-
-LIVE = {(NS, "vm-a"), ("tenant-s", "vm-s")}
-
-
 def test_B5_what_if_cordon_moves_stays_and_refuses():
-    w = what_if(_cluster(), "cordon", ["n1"], live_vmis=LIVE, now=NOW)
+    w = what_if(what_if_cluster(), "cordon", ["n1"], live_vmis=LIVE, now=NOW)
     got = [(o.set.namespace, o.set.vmi, o.action, o.rule, o.node, o.stranded) for o in w.outcomes]
     assert got == [
         (NS, "vm-a", "move", "B1", "n2", False),     # 2 H100 fit n2
@@ -203,7 +178,7 @@ def test_B5_what_if_cordon_moves_stays_and_refuses():
 
 
 def test_B5_what_if_drain_reports_evicted_and_refused():
-    snap = _cluster().with_nodes([node("n1", h=4, l=1), node("n2", h=1)])
+    snap = what_if_cluster().with_nodes([node("n1", h=4, l=1), node("n2", h=1)])
     w = what_if(snap, "drain", ["n1"], live_vmis=LIVE, now=NOW)
     got = [(o.set.vmi, o.action, o.rule) for o in w.outcomes]
     assert got == [("vm-a", "refused", "refused"), (None, "move", "B1"), ("vm-s", "stay", "B5b")]
@@ -230,13 +205,13 @@ def test_B5a_what_if_cordon_only_problem_and_no_room_stays():
 def test_what_if_unknown_node_is_an_error():
     import pytest
     with pytest.raises(ValueError, match="no such node: nx"):
-        what_if(_cluster(), "cordon", ["nx"], live_vmis=set(), now=NOW)
+        what_if(what_if_cluster(), "cordon", ["nx"], live_vmis=set(), now=NOW)
     with pytest.raises(ValueError, match="mode"):
-        what_if(_cluster(), "reboot", ["n1"], live_vmis=set(), now=NOW)
+        what_if(what_if_cluster(), "reboot", ["n1"], live_vmis=set(), now=NOW)
 
 
 def test_held_sets_group_by_vmi_and_idle_by_tenant_and_node():
-    sets = held_sets(_cluster(), ["n1"], LIVE)
+    sets = held_sets(what_if_cluster(), ["n1"], LIVE)
     assert [(s.namespace, s.vmi, s.node, s.held, s.templates, s.running) for s in sets] == [
         (NS, "vm-a", "n1", ("a-1",), (("h100", 1),), True),
         ("tenant-b", None, "n1", ("i-1",), (), False),
@@ -247,7 +222,7 @@ def test_held_sets_group_by_vmi_and_idle_by_tenant_and_node():
 
 
 def test_top_counts_bound_attached_idle_free_and_largest():
-    snap = _cluster().with_devices([dev("p", on="n2", ns="tenant-b")])
+    snap = what_if_cluster().with_devices([dev("p", on="n2", ns="tenant-b")])
     t = top(snap, LIVE)
     h100 = t.classes[0]
     assert (h100.class_name, h100.bound, h100.attached, h100.awaiting, h100.idle, h100.free,
@@ -268,13 +243,13 @@ def test_top_counts_a_device_attached_to_a_vmi_not_seen_as_awaiting_not_idle():
     does not exist (yet). It takes capacity until H1's grace runs out; `top` shows it as
     awaiting its VMI, not as idle (which would invite a defragmentation or a reuse)."""
     pending = attached(dev("w-1", on="n2", ns="tenant-b"), "vm-gone")
-    t = top(_cluster().with_devices([pending]), LIVE)
+    t = top(what_if_cluster().with_devices([pending]), LIVE)
     h100 = t.classes[0]
     assert (h100.bound, h100.attached, h100.awaiting, h100.idle) == (4, 2, 1, 1)
     assert [(n.node, n.bound, n.attached, n.awaiting, n.idle) for n in h100.nodes] == [
         ("n1", 3, 2, 0, 1), ("n2", 1, 0, 1, 0), ("n3", 0, 0, 0, 0)]
     # once its VMI is seen, it is attached
-    seen = top(_cluster().with_devices([pending]), LIVE | {("tenant-b", "vm-gone")})
+    seen = top(what_if_cluster().with_devices([pending]), LIVE | {("tenant-b", "vm-gone")})
     assert (seen.classes[0].attached, seen.classes[0].awaiting) == (3, 0)
 
 
@@ -288,7 +263,6 @@ def test_top_tenant_budgets():
 # --- properties: the same verdicts as decide/check ----------------------------------------
 
 
-CLASSES = [gpu_class(), gpu_class("l40s", L), gpu_class("stay", H, stay=True)]
 
 
 @st.composite
@@ -309,6 +283,18 @@ def clusters(draw):
     return Snapshot.build(nodes=nodes, classes=CLASSES, devices=devices, budgets=budgets)
 
 
+@st.composite
+def fragmented(draw):
+    """Uncordoned H100 nodes, each with one free unit, the rest taken by idle devices
+    (attached to no VMI): a set of 2+ fits on a node once some of them move."""
+    nodes = [node(f"n{i}", h=draw(st.integers(2, 4))) for i in range(draw(st.integers(2, 4)))]
+    devices = []
+    for x in nodes:
+        for j in range(dict(x.allocatable)[H] - 1):
+            devices.append(dev(f"{x.name}-i{j}", on=x.name, ns=draw(st.sampled_from([NS, "tenant-b"]))))
+    return Snapshot.build(nodes=nodes, classes=CLASSES, devices=devices)
+
+
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -320,14 +306,15 @@ PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthC
 def test_W1_B1_explain_agrees_with_check_and_decide(snap, held, templates, selector, live):
     names = [f"d{i}" for i in held if snap.device(NS, f"d{i}") is not None]
     ask = VMIAsk(tuple(names), tuple(templates))
-    if ask.total == 0:
-        return
+    assume(ask.total > 0)
     live_vmis = {(NS, v) for v in live} | {("tenant-b", v) for v in live}
     e = explain(snap, NS, "vm-1", ask, live_vmis=live_vmis, now=NOW, grace=GRACE,
                 node_selector=selector)
     w1 = check(snap, NS, "vm-1", ask, live_vmis, NOW, GRACE, node_selector=selector)
     whole, request = set_request(snap, NS, "vm-1", ask, selector)
     d = decide(whole, request, limit=None)
+    event("admitted" if e.admitted else "refused by W1 check" if isinstance(w1, Refusal)
+          else "refused by decide")
     assert e.admitted == (not isinstance(w1, Refusal) and d.result is Result.SUCCEEDED)
     if isinstance(w1, Refusal):
         assert e.reason == w1.reason
@@ -340,6 +327,7 @@ def test_W1_B1_explain_agrees_with_check_and_decide(snap, held, templates, selec
             assert [v.node for v in e.nodes if v.chosen] == [d.node]
     else:
         assert e.node is None and not any(v.chosen for v in e.nodes)
+        event(f"refused, set problems: {bool(e.set_problems)}")
         if not e.set_problems:  # a room refusal: every node shown has the binder's reasons
             assert not any(v.fits for v in e.nodes)
             assert d.reason is not None
@@ -362,6 +350,7 @@ def test_B3_largest_placeable_is_the_largest_set_decide_places(snap, class_name)
         return decide(s, Request(EXPLAIN_REQUEST_ID, "probe-ns", "vm", tuple(
             d.name for d in devs))).result is Result.SUCCEEDED
 
+    event(f"largest placeable {class_name} set: {'some' if best else 'none'}")
     if best:
         assert places(best)
     assert not places(best + 1)
@@ -372,13 +361,14 @@ def test_B3_largest_placeable_is_the_largest_set_decide_places(snap, class_name)
                             max_size=2), st.sampled_from(["cordon", "drain"]))
 def test_B5_what_if_outcomes_are_decide_on_the_cordoned_cluster(snap, nodes, mode):
     nodes = [n for n in nodes if n in snap.nodes]
-    if not nodes:
-        return
+    assume(nodes)
     live = {(NS, "vm-x"), ("tenant-b", "vm-y")}
     w = what_if(snap, mode, nodes, live_vmis=live, now=NOW)
     sets = held_sets(snap, nodes, live)
     assert [o.set for o in w.outcomes] == sets
+    event(f"held sets on the nodes: {bool(sets)}")
     for o in w.outcomes:
+        event(f"a set's outcome: {o.action}")
         assert o.action in ("stay", "move", "refused")
         if o.action == "refused":
             assert o.node is None and o.reason is not None and o.reason.request is not None
@@ -404,17 +394,20 @@ def test_B5_what_if_outcomes_are_decide_on_the_cordoned_cluster(snap, nodes, mod
 
 
 @PROPS
-@given(clusters(), st.integers(1, 4), st.sets(st.sampled_from(["vm-x", "vm-y"])))
-def test_B1_explain_smallest_change_made_makes_the_set_fit_there(snap, n, live):
+@given(st.tuples(clusters(), st.integers(1, 4)) | st.tuples(fragmented(), st.integers(2, 4)),
+       st.sets(st.sampled_from(["vm-x", "vm-y"])))
+def test_B1_explain_smallest_change_made_makes_the_set_fit_there(fleet, live):
     """Carrying out the first shortfall that needs no added capacity and no uncordon —
     moving the idle held devices it names to the nodes it names, releasing those with no
     room elsewhere — makes `decide` place the set on that node."""
     from dataclasses import replace as dc_replace
 
+    snap, n = fleet
     live_vmis = {(NS, v) for v in live} | {("tenant-b", v) for v in live}
     ask = VMIAsk((), (("h100", n),))
     e = explain(snap, NS, "vm-1", ask, live_vmis=live_vmis, now=NOW, grace=GRACE)
     doable = [s for s in e.shortfalls if not s.short and not s.uncordon]
+    event(f"a shortfall doable by moves alone: {bool(doable) and not e.set_problems}")
     if e.set_problems or not doable:
         return
     s = doable[0]

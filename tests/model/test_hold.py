@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from model.hold import Hold, hold_for, outstanding
@@ -91,6 +91,7 @@ def test_B3_outstanding_counts_exactly_the_members_not_landed(states, finished) 
     assert dict(left.needs) == want and dict(left.budget_needs) == budget
     assert outstanding(left, view, attempted=attempted if finished else None) == left
     landed = [d for d in devices if d.bound_node != "n1"][:1]
+    event(f"a member left to land: {bool(landed)}")
     if landed:
         moved = dev(landed[0].name, "n1", landed[0].status.bind_request.id)
         after = outstanding(h, lookup(*[moved if d.key == moved.key else d for d in devices]),

@@ -16,7 +16,7 @@ from model.decide import Request, decide
 from model.parse import parse_gpu_device, parse_node, parse_tolerations, device_status_to_dict
 from model.snapshot import Order
 from model.types import BindRequest, DeviceStatus, Phase, Result, Taint, Toleration
-from tests.model.test_decide import H, NS, dev, node, world
+from tests.support.world import H, NS, dev, node, world
 
 NOT_READY = Taint("node.kubernetes.io/not-ready", "", "NoSchedule")
 GPU_TAINT = Taint("gpu", "reserved", "NoSchedule")

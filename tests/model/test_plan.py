@@ -1,11 +1,11 @@
 """model.plan: the pure planner of a batch (B2, B3, B7), against the brute-force oracle of
-B1–B6 in tests/model/test_properties.py."""
+B1–B6 in tests/support/random_worlds.py."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from hypothesis import event, given, note
+from hypothesis import assume, event, given, note
 from hypothesis import strategies as st
 
 from model.decide import MAX_PLACEMENTS, Request, decide
@@ -13,7 +13,7 @@ from model.hold import Hold
 from model.plan import Answer, Finish, Place, Recover, Skip, plan_batch
 from model.snapshot import Snapshot
 from model.types import BindRequest, DeviceStatus, GPUClass, GPUDevice, Namespace, Node, Phase, Result
-from tests.model.test_properties import PROPS, TENANTS, World, oracle, worlds
+from tests.support.random_worlds import PROPS, TENANTS, World, oracle, worlds
 KV = (("kubevirt.io/schedulable", "true"),)  # KubeVirt runs VMs on these nodes (B3)
 
 H = "nvidia.com/H100"
@@ -126,8 +126,7 @@ def test_B2_B4_plan_batch_decides_each_request_as_the_oracle_on_the_holds_before
                    for n in names)
         taken |= {(ns, n) for n in names}
         batch.append((ns, rid, ms, Request(rid, ns, "vm", tuple(names), sel, T0)))
-    if not batch:
-        return
+    assume(batch)
     view = base.with_devices(tpls)
     actions, after = plan_batch(view, w.reservations, [(ns, rid, ms) for ns, rid, ms, _ in batch])
     current = view.with_reservations(w.reservations)

@@ -5,7 +5,7 @@ wording is `tests/model/test_reasons.py`'s)."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from model.check import check_set
@@ -15,7 +15,7 @@ from model.reasons import (BudgetExhausted, ClassNotFound, DeviceAt, DeviceListe
                            SetRefused, WrongNamespace)
 from model.snapshot import Order, Reserving, Snapshot, Verdict
 from model.types import Budget, LabelSelector, Namespace, SelectorRequirement
-from tests.model.test_decide import H, L, NS, dev, gpu_class, node, world
+from tests.support.world import H, L, NS, dev, gpu_class, node, world
 
 
 def test_counting_used_reserved_free_and_lost_capacity():
@@ -213,7 +213,9 @@ def test_with_changes_counts_equal_with_devices_then_without_devices(changes):
     fresh = world(nodes, list(two.devices.values()), classes)
     assert dict(step.devices) == dict(two.devices)
     assert _counted(step) == _counted(two) == _counted(fresh)
-    if not puts and not any(k in base.devices for k in gone):
+    noop = not puts and not any(k in base.devices for k in gone)
+    event("changes: none that apply" if noop else f"changes: {len(puts)} put, {len(gone)} gone")
+    if noop:
         assert step is base
 
 

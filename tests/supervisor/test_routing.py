@@ -12,8 +12,8 @@ from fakes.memory_store import MemoryStore
 from actors.node_actor import GetLedger
 from fakes.clock import LoopClock
 from model.types import Result
-from supervisor import COORDINATOR, PIPELINE, Binder, SupervisorEscalation, node_child_id
-from tests.actors_harness import fast_config, quiet_logging, results_of, running_binder, settle
+from supervisor import COORDINATOR, PIPELINE, Binder, ChildKind, SupervisorEscalation, node_child_id
+from tests.support.binder import fast_config, kill_child, quiet_logging, results_of, running_binder, settle
 from tests.timing import advance, eventually
 
 pytestmark = pytest.mark.anyio
@@ -41,6 +41,12 @@ async def test_one_node_actor_per_node_and_one_coordinator() -> None:
         assert sorted(binder.child_ids()) == [COORDINATOR, node_child_id("n1"), node_child_id("n2"),
                                              PIPELINE]
         assert set(binder.node_actors()) == {"n1", "n2"}
+        sup = binder.supervisor
+        assert sup is not None
+        assert sup.statistics().kinds == {
+            node_child_id("n1"): ChildKind.NODE, node_child_id("n2"): ChildKind.NODE,
+            PIPELINE: ChildKind.PIPELINE, COORDINATOR: ChildKind.COORDINATOR}
+        assert sup.child_ids(ChildKind.NODE) == [node_child_id("n1"), node_child_id("n2")]
 
 
 async def test_node_changes_reach_the_node_actor_which_rereads_the_view() -> None:
@@ -88,8 +94,8 @@ async def test_a_killed_actor_is_restarted_with_the_same_reference() -> None:
     s.add_device("t", "a", "h100")
     async with running_binder(s) as binder:
         ref = binder.node_actor("n1")
-        assert binder.kill(node_child_id("n1"))
-        assert binder.kill(COORDINATOR)
+        assert kill_child(binder, node_child_id("n1"))
+        assert kill_child(binder, COORDINATOR)
         await eventually(lambda: ref.statistics().restarts == 1 and ref.statistics().running
                          and binder.coordinator.statistics().restarts == 1, what="restarts")
         assert binder.node_actor("n1") is ref
@@ -116,7 +122,7 @@ async def test_past_the_restart_intensity_run_raises_supervisor_escalation() -> 
         with anyio.fail_after(5):
             await started.wait()
         for _ in range(5):
-            binder.kill(COORDINATOR)
+            kill_child(binder, COORDINATOR)
             await advance(0.02)  # past the restart backoff
 
     async with anyio.create_task_group() as tg:

@@ -4,13 +4,15 @@ status pipeline are one)."""
 
 from __future__ import annotations
 
+import enum
+
 import anyio
 import pytest
 
 from actors.errors import ActorStopped, StartTimeout
 from actors.runtime import Actor, ActorContext, Crash
 from supervisor import ChildSpec, Restart, Supervisor, SupervisorConfig, SupervisorEscalation
-from tests.actors_harness import quiet_logging
+from tests.support.binder import quiet_logging
 from tests.timing import advance, eventually
 
 pytestmark = pytest.mark.anyio
@@ -50,6 +52,23 @@ async def test_one_for_one_restarts_only_the_crashed_child() -> None:
         assert b.statistics().restarts == 0 and b.statistics().processed == 0
         stats = sup.statistics()
         assert stats.restarts == 1 and stats.children["a"].crashes == 1 and not stats.escalated
+
+
+class _Kind(enum.Enum):
+    A = "a"
+    B = "b"
+
+
+async def test_child_ids_select_by_the_spec_kind() -> None:
+    async with Supervisor(FAST) as sup:
+        await sup.start_child(ChildSpec("x", Worker, kind=_Kind.A))
+        await sup.start_child(ChildSpec("y", Worker, kind=_Kind.B))
+        await sup.start_child(ChildSpec("z", Worker, kind=_Kind.A))
+        await sup.start_child(ChildSpec("w", Worker))
+        assert sup.child_ids(_Kind.A) == ["x", "z"]
+        assert sup.child_ids(_Kind.B) == ["y"]
+        assert sup.child_ids() == ["x", "y", "z", "w"]
+        assert sup.statistics().kinds == {"x": _Kind.A, "y": _Kind.B, "z": _Kind.A, "w": None}
 
 
 async def test_kill_crashes_and_the_child_is_restarted() -> None:

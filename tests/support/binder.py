@@ -154,3 +154,13 @@ def quiet_logging(level: int = 30) -> None:
     from actors.logging import configure_logging
 
     configure_logging(stream=_Discard(), level=level)  # type: ignore[arg-type]
+
+
+def kill_child(binder: Binder, child_id: str, reason: str = "killed by a test") -> bool:
+    """Crash one child of the running `binder` now, through its supervisor's public API
+    (`Supervisor.kill`): `COORDINATOR` or `PIPELINE` (either restarts both, one group) or
+    `node_child_id(n)`. The supervisor restarts it, counted against the restart intensity.
+    False when the binder is not running or the child is not (unknown, or between
+    incarnations)."""
+    sup = binder.supervisor
+    return sup is not None and sup.kill(child_id, reason)
