@@ -71,13 +71,18 @@ async def hgx_node(fleet, control_plane):
     return node, ns
 
 
+async def claim_and_vmi(fleet, ns: str, node: str, claim: str, indices: list[int]) -> dict:
+    """Create the pinned claim of GPUs `indices` of `node` and a VMI taking them; the VMI."""
+    await fleet.custom.create_namespaced_custom_object(RESOURCE, "v1", ns, "resourceclaims",
+                                                       pinned_claim(claim, node, indices))
+    return await fleet.custom.create_namespaced_custom_object(
+        "kubevirt.io", "v1", ns, "virtualmachineinstances", claim_vmi("vm", claim, node, len(indices)))
+
+
 async def test_DR5_scheduler_allocates_exactly_the_pinned_partition_and_binds_on_the_pin(kubevirt, fleet, hgx_node):
     node, ns = hgx_node
     # modules 1 and 2 are GPUs 3 and 0 in PCI order (the profile's module-id order)
-    await fleet.custom.create_namespaced_custom_object(RESOURCE, "v1", ns, "resourceclaims",
-                                                       pinned_claim("set", node, [3, 0]))
-    made = await fleet.custom.create_namespaced_custom_object(
-        "kubevirt.io", "v1", ns, "virtualmachineinstances", claim_vmi("vm", "set", node, 2))
+    made = await claim_and_vmi(fleet, ns, node, "set", [3, 0])
 
     async def bound():
         pod = await launcher(fleet, ns, made["metadata"]["uid"])
@@ -95,10 +100,7 @@ async def test_DR5_scheduler_allocates_exactly_the_pinned_partition_and_binds_on
 async def test_DR3_two_gpus_of_different_partitions_are_left_unschedulable(kubevirt, fleet, hgx_node):
     node, ns = hgx_node
     # GPUs 0 and 1 are modules 2 and 4: partition2 ids 3 and 4, no pair
-    await fleet.custom.create_namespaced_custom_object(RESOURCE, "v1", ns, "resourceclaims",
-                                                       pinned_claim("split", node, [0, 1]))
-    made = await fleet.custom.create_namespaced_custom_object(
-        "kubevirt.io", "v1", ns, "virtualmachineinstances", claim_vmi("vm", "split", node, 2))
+    made = await claim_and_vmi(fleet, ns, node, "split", [0, 1])
 
     async def unschedulable():
         pod = await launcher(fleet, ns, made["metadata"]["uid"])
