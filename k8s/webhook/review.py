@@ -2,14 +2,14 @@
 
 `decode(raw)` turns the bytes the API server POSTs into a `Review` (uid, operation, the VMI,
 dryRun, the caller, the GPU set it asks for) or a `Rejected` (the uid when readable, and a
-`Denial`); it never raises. A `Denial` is a `Category` and a message; `STATUS` turns the
-category into the HTTP status the tenant sees, in this one place (as kopf's
+`Denial`); it never raises. A `Denial` is a `Category` (`model.reasons.Category`, the one
+type for the model's reasons and the webhook's own denials) and a message; `STATUS` turns
+the category into the HTTP status the tenant sees, in this one place (as kopf's
 `AdmissionError(message, code)` and controller-runtime's `validationResponseFromStatus`).
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -17,26 +17,12 @@ import orjson
 
 from model.admission import Refusal, unknown_annotations
 from model.parse import ParseError, VMIAsk, parse_tolerations, parse_vmi_request
+from model.reasons import Category
 from model.types import Toleration
 
 MESSAGE_LIMIT = 8192  # characters of a denial's message sent back (kubectl prints it)
 API_VERSION = "admission.k8s.io/v1"
 VMI_KIND = ("kubevirt.io", "VirtualMachineInstance")
-
-
-class Category(enum.StrEnum):
-    """Why an admission is denied; `policy`, `invalid` and `unavailable` are
-    `model.reasons.Category` (a model refusal's `reason.category`), the others the
-    transport's and the steps' own."""
-
-    POLICY = "policy"            # W1/B1: the VMI may not have this set (budget, room, taken …)
-    INVALID = "invalid"          # the VMI as sent is malformed (annotations, tolerations …)
-    MALFORMED = "malformed"      # not an AdmissionReview this webhook serves (W6)
-    UNAVAILABLE = "unavailable"  # the binder cannot answer now (timeout, not synced, drain)
-    THROTTLED = "throttled"      # the API server throttles the webhook's own writes
-    TOO_LARGE = "too-large"      # the body is over the size cap (W6)
-    MEDIA_TYPE = "media-type"    # the body is not application/json (W6)
-    INTERNAL = "internal"        # the webhook failed (a bug, or its own RBAC): fail closed
 
 
 STATUS: Mapping[Category, tuple[int, str]] = {
@@ -107,9 +93,8 @@ class Denial:
 
 def refusal_denial(refusal: Refusal) -> Denial:
     """A model refusal as a denial, in the category its typed reason names
-    (`refusal.reason.category`: model's policy, invalid, unavailable or throttled), with the
-    reason's own `retry_after` when it has one."""
-    return Denial(Category(refusal.reason.category.value), refusal.message,
+    (`refusal.reason.category`), with the reason's own `retry_after` when it has one."""
+    return Denial(refusal.reason.category, refusal.message,
                   getattr(refusal.reason, "retry_after", None))
 
 
