@@ -19,7 +19,7 @@ import structlog
 from actors.view import IndexedView
 from k8s import errors
 from k8s.client import GPU_DEVICES, VMIS, KubeClient
-from k8s.webhook.review import Denial
+from k8s.webhook.review import Denial, reason_denial
 from k8s.webhook.waiter import ResultWaiter
 from model.admission import AdmissionPlan, attachment_is_live, effective_resources, vmi_patch
 from model.housekeeping import VMIs
@@ -48,8 +48,7 @@ class Denied(Exception):
 
     def __init__(self, reason: Reason | Denial) -> None:
         self.reason = reason if isinstance(reason, Reason) else None
-        self.denial = (reason if isinstance(reason, Denial)
-                       else Denial(reason.category, reason.render()))
+        self.denial = reason if isinstance(reason, Denial) else reason_denial(reason)
         super().__init__(self.denial.message)
 
     @classmethod
@@ -75,8 +74,7 @@ def api_reason(err: errors.ApiError) -> Reason:
 
 def api_denial(err: errors.ApiError) -> Denial:
     """The denial for an API call of the steps that failed (`api_reason`, rendered)."""
-    reason = api_reason(err)
-    return Denial(reason.category, reason.render())
+    return reason_denial(api_reason(err))
 
 
 class Api:
