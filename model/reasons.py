@@ -5,8 +5,15 @@ verdicts, assessments and refusals carry the typed reason, and the edges (status
 webhook denials, metrics, the operator's tools) render it or read its code. Nothing parses a
 message back.
 
+The webhook's own denials (its steps on the API server, its transport and decoder, its
+availability) are reasons here too, so every denial the tenant sees has a code and one
+`Category` (the same type the webhook's HTTP status table reads). A binder refusal crosses
+the status boundary typed: its code is written beside its message (`bindRequest.code`) and
+read back by the webhook (`BinderRefused`).
+
 Also here: the wording of a Succeeded decision (`Placed`, `AlreadyPlaced`, `KeptCordoned`,
-`Resumed`), which carries no code (it is not a reason to refuse).
+`Resumed`), which carries no code (it is not a reason to refuse), and of a node actor's no
+to a reservation (`NodeRefusal` and its `LedgerNo` kinds, the data of `LedgersRefused`).
 
 Pure; imports nothing from the rest of `model`.
 """
