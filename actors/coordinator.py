@@ -60,12 +60,12 @@ from actors.status_pipeline import (
     Settle,
     Stalled,
 )
-from model.decide import Decision, Move, Placement, Request, describe_placement, find_requests
+from model.decide import Decision, Move, Placement, Request, Rule, describe_placement, find_requests
 from model.defrag import DEFRAG_REQUEST_PREFIX, DefragPlan, plan_round
 from model.hold import Hold
 from model.plan import (Action, Answer, Finish, Place, Recover, Requeue, Skip, placement_hold,
                         plan_batch, plan_one, recorded_node, recovery)
-from model.reasons import Code, Placed, RequestRef
+from model.reasons import Code, NodeRefusal, Placed, RequestRef
 from model.snapshot import Reserving, Snapshot
 from model.types import RequestKey, Result
 
@@ -151,7 +151,7 @@ class _Answer:
     held until the batch's tentative reservations are known to have held."""
 
     decided: Decided
-    rule: str
+    rule: Rule
     started: float
     code: Code | None = None  # the refusal's (metrics)
 
@@ -181,7 +181,7 @@ class _Chain:
 
     started: float
     refused: set[str] = field(default_factory=set)
-    refusals: list[str] = field(default_factory=list)
+    refusals: list[NodeRefusal] = field(default_factory=list)
 
 
 class Coordinator(Actor):
@@ -472,8 +472,8 @@ class Coordinator(Actor):
             case Recover():
                 wave.append(self._recover(action))
                 return None
-            case Finish(req, message):  # a refusal whose writes were cut short: finish it
-                wave.append(Decided(req, Result.REFUSED, None, message, None))
+            case Finish(req, message, code):  # a refusal whose writes were cut short: finish it
+                wave.append(Decided(req, Result.REFUSED, None, message, None, code=code))
                 return None
             case Requeue(req, error):  # a bug in the model must not crash-loop the binder
                 _log.error("decide_failed", request_id=req.id, namespace=req.namespace, error=error)
@@ -486,8 +486,9 @@ class Coordinator(Actor):
                   candidates=[p.node for p in decision.placements])
         if isinstance(action, Answer):
             reason = decision.reason
-            return _Answer(Decided(req, decision.result, decision.node, decision.message, None),
-                           decision.rule, started, reason.code if reason is not None else None)
+            code = reason.code if reason is not None else None
+            return _Answer(Decided(req, decision.result, decision.node, decision.message, None,
+                                   code=code), decision.rule, started, code)
         return Placing((req.namespace, req.id), req, decision, started, hold=action.hold)
 
     def _placed(self, it: Placing, snap: Snapshot, wave: list[Decided]) -> None:
@@ -501,10 +502,11 @@ class Coordinator(Actor):
             if rounds >= self._cfg.max_rounds:
                 self._rounds.pop(key, None)
                 _log.info("refused_by_ledgers", request_id=req.id, namespace=req.namespace,
-                          reasons=it.refusals)
+                          reasons=[r.render() for r in it.refusals])
                 refusal = ledger_refusal(req, snap, it.refusals)
-                self._observe("ledgers", Result.REFUSED, refusal.code, it.started)
-                wave.append(Decided(req, Result.REFUSED, None, refusal.render(), None))
+                self._observe(Rule.LEDGERS, Result.REFUSED, refusal.code, it.started)
+                wave.append(Decided(req, Result.REFUSED, None, refusal.render(), None,
+                                    code=refusal.code))
             else:
                 self._rounds[key] = rounds
                 self._queue.add_after(key, self._cfg.requeue_delay)
@@ -544,14 +546,14 @@ class Coordinator(Actor):
                                   ((m.resource, 1),), ())
             hold = Hold(rid, ns, m.to_node, ((m.resource, 1),), (), ((m.device, m.resource),))
             outcome = Placed(RequestRef(ns, "", rid), m.to_node, (), ((name, m.from_node),))
-            decision = Decision(rid, Result.SUCCEEDED, m.to_node, (placement,), "D3", outcome)
+            decision = Decision(rid, Result.SUCCEEDED, m.to_node, (placement,), Rule.D3, outcome)
             items.append(Placing((ns, rid), req, decision, started, hold=hold))
         await reserve(items, snap, self._nodes, self._owner, self._cfg.ask_timeout)
         if any(it.placement is None for it in items):
             for it in items:
                 if it.placement is not None and it.ref is not None:
                     tell_quietly(it.ref, Abort(it.request.id))
-            _log.info("defrag_given_up", refusals=[r for it in items for r in it.refusals])
+            _log.info("defrag_given_up", refusals=[r.render() for it in items for r in it.refusals])
             self._observe_defrag(0, plan, given_up=True)
             return
         wave = tuple(Decided(it.request, Result.SUCCEEDED, m.to_node, m.render(), it.hold,
@@ -572,9 +574,9 @@ class Coordinator(Actor):
         try:
             observe(moves, {x.class_name: x.size for x in sizes})
         except Exception:  # an observer must not break the decision loop
-            _log.exception("observer_failed", rule="D3")
+            _log.exception("observer_failed", rule=Rule.D3)
 
-    def _observe(self, rule: str, result: Result, code: Code | None, started: float) -> None:
+    def _observe(self, rule: Rule, result: Result, code: Code | None, started: float) -> None:
         if self._observer is not None:
             try:
                 self._observer.decided(rule, result, code, self._clock.monotonic() - started)

@@ -11,7 +11,8 @@ progress.
 Two-phase protocol, spoken by the Coordinator: `Prepare` → `Prepared(incarnation, …)` or
 `PrepareRefused(reason)`; `Commit(incarnation)` → `Committed` or `CommitRefused` (e.g. the
 ledger was rebuilt: every (re)start has a fresh incarnation number and starts without
-holds); `Abort`; `Release`. Every decision is one JSON log line carrying `node=<name>`.
+holds); `Abort`; `Release`. A refusal's reason is a typed value of `model.reasons` (rendered
+only at the edges). Every decision is one JSON log line carrying `node=<name>`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import structlog
 from actors.ports import Clock, ClusterView
 from actors.runtime import Actor, ActorContext
 from model.hold import Hold, outstanding
+from model.reasons import LedgerRebuilt, NodeGone, NodeUnfit, NoRoom, NoReservation, Reason, Short
 from model.types import Node
 
 _log = structlog.get_logger("gpu_binder.node")
@@ -69,9 +71,12 @@ class Prepared:
 
 @dataclass(frozen=True, slots=True)
 class PrepareRefused:
+    """The hold was not taken: the node is unfit (`NodeUnfit`: gone, cordoned, not Ready …)
+    or its ledger is short of free units (`Short`: one `NoRoom` per resource)."""
+
     node: str
     request_id: str
-    reason: str
+    reason: NodeUnfit | Short
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +98,12 @@ class Committed:
 
 @dataclass(frozen=True, slots=True)
 class CommitRefused:
+    """The hold was not committed: the ledger was rebuilt since the prepare
+    (`LedgerRebuilt`) or the hold is gone (`NoReservation`: expired or aborted)."""
+
     node: str
     request_id: str
-    reason: str
+    reason: LedgerRebuilt | NoReservation
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +212,7 @@ class _State:
     node: Node | None = _UNREAD  # the Node object the fields below were read from
     exists: bool = False
     unschedulable: bool = False
-    problems: list[str] = field(default_factory=list)  # Node.placement_problems (B3)
+    problems: list[Reason] = field(default_factory=list)  # Node.placement_reasons (B3)
     allocatable: dict[str, int] = field(default_factory=dict)
     foreign: dict[str, int] = field(default_factory=dict)
     bound: dict[str, int] = field(default_factory=dict)
@@ -288,7 +296,7 @@ class NodeActor(Actor):
         st.node = node
         st.exists = node is not None
         st.unschedulable = bool(node and node.unschedulable)
-        st.problems = node.placement_problems() if node else []
+        st.problems = node.placement_reasons() if node else []
         st.allocatable = dict(node.allocatable) if node else {}
         st.foreign = dict(node.foreign) if node else {}
 
@@ -324,11 +332,11 @@ class NodeActor(Actor):
         self._read_node()
         self._read_bound()
         needs = {res: n for res, n in msg.hold.needs if n > 0}
-        reason = None
+        reason: NodeUnfit | Short | None = None
         if needs and not st.exists:
-            reason = "node is gone"
+            reason = NodeUnfit((NodeGone(),))
         elif needs and st.problems:
-            reason = "node is " + " and ".join(st.problems)
+            reason = NodeUnfit(tuple(st.problems))
         else:
             prepared, committed = self._held(exclude=msg.request_id)
             short = []
@@ -336,12 +344,12 @@ class NodeActor(Actor):
                 free = (st.allocatable.get(res, 0) - st.bound.get(res, 0) - st.foreign.get(res, 0)
                         - prepared.get(res, 0) - committed.get(res, 0))
                 if n > free:
-                    short.append(f"needs {n} × {res}, has {max(free, 0)} free")
+                    short.append(NoRoom(res, n, max(free, 0)))
             if short:
-                reason = "; ".join(short)
+                reason = Short(tuple(short))
         if reason is not None:
             _log.info("prepare", outcome="refused", request_id=msg.request_id,
-                      needs=needs, reason=reason, incarnation=self.incarnation)
+                      needs=needs, reason=reason.render(), incarnation=self.incarnation)
             return PrepareRefused(self.node, msg.request_id, reason)
         expires_at = self._clock.monotonic() + self._cfg.prepare_ttl
         hold = _Lease(msg.hold, msg.owner, False, expires_at)
@@ -357,14 +365,14 @@ class NodeActor(Actor):
 
     def _commit(self, msg: Commit) -> Committed | CommitRefused:
         hold = self._st.holds.get(msg.request_id)
-        reason = None
+        reason: LedgerRebuilt | NoReservation | None = None
         if msg.incarnation != self.incarnation:
-            reason = f"ledger rebuilt: incarnation {self.incarnation}, prepared in {msg.incarnation}"
+            reason = LedgerRebuilt(self.incarnation, msg.incarnation)
         elif hold is None:
-            reason = "no reservation (expired or aborted)"
+            reason = NoReservation()
         if reason is not None:
-            _log.info("commit", outcome="refused", request_id=msg.request_id, reason=reason,
-                      incarnation=self.incarnation)
+            _log.info("commit", outcome="refused", request_id=msg.request_id,
+                      reason=reason.render(), incarnation=self.incarnation)
             return CommitRefused(self.node, msg.request_id, reason)
         assert hold is not None
         if not hold.committed:

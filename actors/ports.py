@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, Mapping, Protocol, Sequen
 import anyio
 
 from actors.errors import WriteError
+from model.decide import Rule
 from model.reasons import Code
 from model.types import Budget, DeviceKey, GPUClass, GPUDevice, Namespace, Node, Result
 
@@ -102,7 +103,8 @@ request's member (B1, B7); `move` a defragmenting move of an idle held device (D
 @dataclass(frozen=True, slots=True)
 class StatusWrite:
     """One binder write of one member of a request (B1, B7, B8), as a value:
-    `status.bindRequest.{node, result, message}` and, when `bound_at` is set, the placement
+    `status.bindRequest.{node, result, message, code}` (`code`: the refusal's
+    `model.reasons.Code`, None when Succeeded) and, when `bound_at` is set, the placement
     (`phase = Bound`, `nodeName = node`, `boundAt`), all in one write. `node` is None for
     Refused (then `bound_at` is None too). `expect_version` is the device's resourceVersion
     the decision saw (None: unknown); a writer may use it to make the compare-and-set of
@@ -117,6 +119,7 @@ class StatusWrite:
     expect_version: str | None = None
     op: WriteOp = "answer"
     from_node: str | None = None
+    code: Code | None = None
 
 
 @runtime_checkable
@@ -206,9 +209,9 @@ class SystemClock:
 class DecisionObserver(Protocol):
     """Told of every decision the coordinator makes (metrics). Must not block or raise."""
 
-    def decided(self, rule: str, result: Result, code: Code | None, seconds: float) -> None:
-        """`rule` is the Decision's rule ("B1", "B5a", "B5b", "B6", "refused", or
-        "ledgers" for a refusal by the node actors); `code` the refusal's
+    def decided(self, rule: Rule, result: Result, code: Code | None, seconds: float) -> None:
+        """`rule` is the Decision's rule (`model.decide.Rule`: B1, B5a, B5b, B6, refused, or
+        ledgers for a refusal by the node actors); `code` the refusal's
         (`model.reasons.Code`; None when Succeeded); `seconds` covers decide, prepare and
         commit of the request."""
 

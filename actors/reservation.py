@@ -20,7 +20,8 @@ from actors.runtime import ActorRef, ask_all
 from model.decide import Decision, Placement, Request, request_ref
 from model.hold import Hold
 from model.plan import placement_hold
-from model.reasons import DeviceAt, LedgersRefused, SetRefused
+from model.reasons import (DeviceAt, LedgersRefused, NodeActorUnavailable, NodeRefusal, NoNodeActor,
+                           SetRefused)
 from model.snapshot import Snapshot
 from model.types import RequestKey
 
@@ -28,14 +29,14 @@ from model.types import RequestKey
 class Placing:
     """A request decided to land devices, between its decision and its two-phase
     reservation: `placement` is set once a node actor committed one; `refusals` collects
-    why the others did not (one "node: reason" each); `ref` is the node actor of the first
+    why the others did not (one `NodeRefusal` each); `ref` is the node actor of the first
     placement once prepared (so a hold can be aborted)."""
 
     key: RequestKey
     request: Request
     decision: Decision
     started: float
-    refusals: list[str] = field(default_factory=list)
+    refusals: list[NodeRefusal] = field(default_factory=list)
     incarnation: int = 0
     placement: Placement | None = None
     ref: ActorRef | None = None
@@ -72,7 +73,7 @@ async def reserve(items: Sequence[Placing], snap: Snapshot, nodes: NodeDirectory
         for it, p in zip(items, placements):
             ref = nodes.node_actor(p.node)
             if ref is None:
-                it.refusals.append(f"{p.node}: no node actor")
+                it.refusals.append(NodeRefusal(p.node, NoNodeActor()))
                 continue
             sent.append((it, p, ref))
             prepares.append((ref, Prepare(it.hold_of(p, snap), owner)))
@@ -83,10 +84,10 @@ async def reserve(items: Sequence[Placing], snap: Snapshot, nodes: NodeDirectory
                 it.incarnation, it.ref = reply.incarnation, ref
                 commits.append((it, p, ref))
             elif isinstance(reply, PrepareRefused):
-                it.refusals.append(f"{p.node}: {reply.reason}")
+                it.refusals.append(NodeRefusal(p.node, reply.reason))
             else:
                 tell_quietly(ref, Abort(it.request.id))
-                it.refusals.append(f"{p.node}: node actor unavailable ({type(reply).__name__})")
+                it.refusals.append(NodeRefusal(p.node, NodeActorUnavailable(type(reply).__name__)))
         replies = await ask_all([(ref, Commit(it.request.id, it.incarnation))
                                  for it, _, ref in commits], timeout=timeout)
         for (it, p, ref), reply in zip(commits, replies):
@@ -95,16 +96,16 @@ async def reserve(items: Sequence[Placing], snap: Snapshot, nodes: NodeDirectory
                 continue
             tell_quietly(ref, Abort(it.request.id))
             if isinstance(reply, CommitRefused):
-                it.refusals.append(f"{p.node}: {reply.reason}")
+                it.refusals.append(NodeRefusal(p.node, reply.reason))
             else:
-                it.refusals.append(f"{p.node}: node actor unavailable ({type(reply).__name__})")
+                it.refusals.append(NodeRefusal(p.node, NodeActorUnavailable(type(reply).__name__)))
     except BaseException:
         for it, _, ref in sent:  # cancelled: do not leak a hold
             tell_quietly(ref, Abort(it.request.id))
         raise
 
 
-def ledger_refusal(req: Request, snap: Snapshot, reasons: list[str]) -> SetRefused:
+def ledger_refusal(req: Request, snap: Snapshot, reasons: Sequence[NodeRefusal]) -> SetRefused:
     """The refusal when the model found room but every node actor refused (B1: names every
     device and its node, and why each candidate failed; `LedgersRefused`)."""
     devices = tuple(DeviceAt(name, dev.bound_node) if (dev := snap.device(req.namespace, name)) is not None

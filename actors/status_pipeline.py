@@ -37,6 +37,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any, Mapping
 
 import anyio
@@ -57,6 +58,7 @@ from actors.ports import Clock, ClusterView, NodeDirectory, StatusWrite, StatusW
 from actors.runtime import Actor, ActorContext, ActorRef
 from model.decide import Request
 from model.hold import Hold, outstanding
+from model.reasons import Code
 from model.types import DeviceKey, RequestKey, Result
 
 _log = structlog.get_logger("gpu_binder.status_pipeline")
@@ -67,8 +69,9 @@ _log = structlog.get_logger("gpu_binder.status_pipeline")
 @dataclass(frozen=True, slots=True)
 class Decided:
     """One decided request to write: `result`, `node` (None: Refused), the `message` to
-    write on every member, and `hold`, what it lands on `node` (None: nothing lands; the
-    node actor holds the same capacity, committed or claimed, until `Release`).
+    write on every member with the refusal's `code` beside it (None when Succeeded), and
+    `hold`, what it lands on `node` (None: nothing lands; the node actor holds the same
+    capacity, committed or claimed, until `Release`).
 
     A defragmenting move (D2) is a Decided too, with `moving_from` set: its one member
     goes from `moving_from` to `node` by one `move` write (`StatusWrite`), `message` the
@@ -80,6 +83,7 @@ class Decided:
     message: str
     hold: Hold | None
     moving_from: str | None = None
+    code: Code | None = None
 
     @property
     def key(self) -> RequestKey:
@@ -158,13 +162,24 @@ class Stalled:
     key: RequestKey
 
 
+class WriteOutcome(StrEnum):
+    """How the writes of a flight ended (the value is the `outcome` of the `writes_finished`
+    log line and a `PipelineStatus` counter): `DONE` every member written (or already so),
+    `WITHDRAWN` a member no longer carries the request or is gone (RequestWithdrawn,
+    NotFound: what was written stays), `GAVE_UP` the retries were exhausted (the flight is
+    stalled and keeps its reservation)."""
+
+    DONE = "done"
+    WITHDRAWN = "withdrawn"
+    GAVE_UP = "gave_up"
+
+
 @dataclass(frozen=True, slots=True)
 class _Written:
-    """A write task's report: the flights `serials` ended with `outcome` (done, withdrawn,
-    gave_up)."""
+    """A write task's report: the flights `serials` ended with `outcome`."""
 
     serials: tuple[int, ...]
-    outcome: str
+    outcome: WriteOutcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,8 +309,8 @@ class StatusPipeline(Actor):
         return PipelineStatus(
             in_flight=len(self._flights),
             writing=sum(1 for f in self._flights.values() if f.running),
-            succeeded=c["succeeded"], refused=c["refused"], withdrawn=c["withdrawn"],
-            gave_up=c["gave_up"],
+            succeeded=c["succeeded"], refused=c["refused"], withdrawn=c[WriteOutcome.WITHDRAWN],
+            gave_up=c[WriteOutcome.GAVE_UP],
         )
 
     # -- flights --------------------------------------------------------------------------------
@@ -319,14 +334,14 @@ class StatusPipeline(Actor):
             if writes:
                 plan.append((serial, writes))
             else:
-                self._finish(serial, "done")  # every member carries it already
+                self._finish(serial, WriteOutcome.DONE)  # every member carries it already
         if plan:
             self._tg.start_soon(self._write_wave, plan)
         self._prune()
 
-    def _finish(self, serial: int, outcome: str) -> None:
-        """Book the end of flight `serial`'s writes (`outcome`: done, withdrawn, gave_up;
-        a report of a replaced flight is ignored)."""
+    def _finish(self, serial: int, outcome: WriteOutcome) -> None:
+        """Book the end of flight `serial`'s writes (a report of a replaced flight is
+        ignored)."""
         key = self._by_serial.get(serial)
         flight = self._flights.get(key) if key is not None else None
         if flight is None or flight.serial != serial or not flight.running:
@@ -335,11 +350,11 @@ class StatusPipeline(Actor):
         flight.running = False
         flight.finished_at = anyio.current_time()
         self._counts[outcome] += 1
-        flight.withdrawn = outcome == "withdrawn"
-        if outcome == "done":
+        flight.withdrawn = outcome is WriteOutcome.WITHDRAWN
+        if outcome is WriteOutcome.DONE:
             self._counts["moved" if d.moving_from is not None
                          else "succeeded" if d.result is Result.SUCCEEDED else "refused"] += 1
-        elif outcome == "gave_up":
+        elif outcome is WriteOutcome.GAVE_UP:
             flight.stalled = True
             if self._coordinator is not None:
                 try:
@@ -415,12 +430,13 @@ class StatusPipeline(Actor):
             br = dev.status.bind_request if dev is not None else None
             lands = key in landing and (dev is None or dev.bound_node != node)
             if (not lands and br is not None and br.id == rid
-                    and (br.result, br.node, br.message) == (d.result, node, d.message)):
+                    and (br.result, br.node, br.message, br.code)
+                    == (d.result, node, d.message, d.code)):
                 continue
             if lands:
                 written.add(key)
                 now = now or self._clock.now()
-            out.append(StatusWrite(key, rid, d.result, d.message, node=node,
+            out.append(StatusWrite(key, rid, d.result, d.message, node=node, code=d.code,
                                    bound_at=now if lands else None,
                                    expect_version=dev.resource_version if dev is not None else None))
         return out, frozenset(written)
@@ -453,27 +469,27 @@ class StatusPipeline(Actor):
             else:
                 done.append(serial)
         if done:
-            await self._report(tuple(done), "done")  # one report for the wave's done flights
+            await self._report(tuple(done), WriteOutcome.DONE)  # one report for the wave's done flights
 
     async def _retry_flight(self, serial: int, failed: list[tuple[StatusWrite, WriteError]]) -> None:
         """Retry the failed writes of one flight; report done, withdrawn (RequestWithdrawn,
         NotFound: never retried) or gave_up (retries exhausted, or another WriteError)."""
-        outcome = "done"
+        outcome = WriteOutcome.DONE
         try:
             for w, err in failed:
                 if not isinstance(err, RETRYABLE_WRITE_ERRORS):
                     raise err
             await self._retry(failed)
         except (RequestWithdrawn, NotFound) as exc:
-            outcome = "withdrawn"
+            outcome = WriteOutcome.WITHDRAWN
             _log.info("withdrawn", request_id=failed[0][0].request_id, error=str(exc))
         except WriteError as exc:
-            outcome = "gave_up"
+            outcome = WriteOutcome.GAVE_UP
             _log.warning("writes_gave_up", request_id=failed[0][0].request_id,
                          namespace=failed[0][0].key[0], error=str(exc))
         await self._report((serial,), outcome)
 
-    async def _report(self, serials: tuple[int, ...], outcome: str) -> None:
+    async def _report(self, serials: tuple[int, ...], outcome: WriteOutcome) -> None:
         """Tell the pipeline itself how the flights `serials` ended, waiting for room in its
         mailbox at most `write_timeout` (then TimeoutError crashes the pipeline, and its
         group: a lost report would keep a reservation for good)."""
@@ -545,4 +561,5 @@ __all__ = [
     "Settle",
     "Stalled",
     "StatusPipeline",
+    "WriteOutcome",
 ]

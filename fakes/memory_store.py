@@ -336,9 +336,10 @@ class MemoryStore(IndexedView):
         if br.node is not None and br.node != w.node:
             raise WriteConflict(f"request {w.request_id} already decided for {br.node}", key=key)
         moved = w.bound_at is not None and dev.bound_node != w.node
-        if moved or (br.result, br.message, br.node) != (w.result, w.message, w.node):
+        if moved or (br.result, br.message, br.node, br.code) != (w.result, w.message, w.node,
+                                                                  w.code):
             st = dev.status
-            answered = _answered(br, w.result, w.message, w.node)
+            answered = replace(br, result=w.result, message=w.message, node=w.node, code=w.code)
             if moved:
                 status = DeviceStatus(Phase.BOUND, w.node, w.bound_at, st.attached_to, answered)
             else:
@@ -396,11 +397,6 @@ class MemoryStore(IndexedView):
 def _with_status(dev: GPUDevice, status: DeviceStatus) -> GPUDevice:
     return GPUDevice(dev.namespace, dev.name, dev.class_name, dev.template_for, status,
                      dev.resource_version, dev.uid, dev.created_at, dev.deleting)
-
-
-def _answered(br: BindRequest, result: Result | None, message: str | None, node: str | None) -> BindRequest:
-    return BindRequest(br.id, br.vmi, br.devices, br.requested_at, br.node_selector, result, message, node,
-                       br.tolerations)
 
 
 __all__ = ["Faults", "MemoryStore", "WriteRecord"]

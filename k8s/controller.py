@@ -36,8 +36,9 @@ from k8s.metrics import Metrics
 from k8s.status_writer import ApiStatusWriter
 from k8s.vm_waiting import VMWaiting
 from k8s.webhook.fairness import TenantGate
-from k8s.webhook.review import Category, Denial, Review
+from k8s.webhook.review import Review, reason_denial
 from k8s.webhook.transport import ReloadingTLS, deny, make_app, serve
+from model.reasons import NotSynced
 from supervisor.binder import Binder, BinderConfig
 from supervisor.tree import SupervisorEscalation
 
@@ -167,8 +168,7 @@ class Controller:
 
         async def admit(review: Review) -> dict:
             if not self.synced:  # W6: fail closed until the cache is complete
-                return deny(review.uid, Denial(Category.UNAVAILABLE,
-                                               "gpu-binder is starting (cache not synced); retry"))
+                return deny(review.uid, reason_denial(NotSynced()))
             with metrics.admission_latency.time():
                 return await admission.handle(review)
 

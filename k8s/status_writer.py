@@ -100,8 +100,8 @@ class ApiStatusWriter:
                                      f"decided for node {br['node']}", key=w.key)
         placed = w.bound_at is None or (status.get("phase") == "Bound"
                                         and status.get("nodeName") == w.node)
-        if placed and (br.get("node"), br.get("result"), br.get("message")) == (
-                w.node, w.result.value, w.message[:32000]):
+        if placed and (br.get("node"), br.get("result"), br.get("message"), br.get("code")) == (
+                w.node, w.result.value, w.message[:32000], w.code.value if w.code else None):
             return
         rv = raw["metadata"]["resourceVersion"]
         try:
@@ -169,4 +169,6 @@ def _answer_ops(w: StatusWrite) -> list[dict]:
         ops.append({"op": "add", "path": "/status/bindRequest/node", "value": w.node})
     ops += [{"op": "add", "path": "/status/bindRequest/result", "value": w.result.value},
             {"op": "add", "path": "/status/bindRequest/message", "value": w.message[:32000]}]
+    if w.code is not None:  # the refusal typed beside its message (older replicas: absent)
+        ops.append({"op": "add", "path": "/status/bindRequest/code", "value": w.code.value})
     return ops

@@ -74,8 +74,8 @@ def _set_budget_verdict(snapshot: Snapshot, namespace: str, orders: Sequence[Ord
     adds = sum(1 for o in orders if _order_resource(snapshot, o) == res and not (
         o.device is not None and (d := snapshot.device(namespace, o.device)) is not None
         and d.bound_node is not None))
-    return Verdict(False, BudgetExhausted(namespace, res, snapshot.tenant_usage(namespace, res),
-                                          budget, adds))
+    bound, reserved = snapshot.tenant_counts(namespace, res)
+    return Verdict(False, BudgetExhausted(namespace, res, bound, budget, adds, reserved))
 
 def _order_resource(snapshot: Snapshot, order: Order) -> str | None:
     dev = snapshot.device(order.namespace, order.device) if order.device is not None else None

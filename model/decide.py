@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from enum import StrEnum
 from typing import Iterable, Mapping
 
 from model.reasons import (AlreadyPlaced, BudgetExhausted, ClassesNotServed, ClassNotFound, Code, DeviceAt,
@@ -103,13 +104,30 @@ class Assessment:
     decision: Decision | None
 
 
+class Rule(StrEnum):
+    """Which rule decided (`Decision.rule`; the value is the `rule` label of
+    `gpu_binder_decisions_total` and of the coordinator's log lines): `B1` gathered the set
+    on one node (moves or binds), `B5A`/`B5B` kept it on its cordoned node, `B6` it is
+    already placed, `REFUSED` refused it (B1(b)); `D3` a defragmenting move the coordinator
+    decided (DESIGN.md §3a); `LEDGERS` a refusal by the node actors after the model found
+    room (the coordinator's, never `decide`'s)."""
+
+    B1 = "B1"
+    B5A = "B5a"
+    B5B = "B5b"
+    B6 = "B6"
+    REFUSED = "refused"
+    D3 = "D3"
+    LEDGERS = "ledgers"
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The binder's answer to one request.
 
-    Succeeded: `node` is `placements[0].node`; for rule "B1" `placements` are eligible
-    nodes in B4 order (at most the `limit` given to `decide`), for "B5a", "B5b", "B6" one
-    placement on the current node with no moves and no needs. Refused (rule "refused"):
+    Succeeded: `node` is `placements[0].node`; for rule B1 `placements` are eligible
+    nodes in B4 order (at most the `limit` given to `decide`), for B5a, B5b, B6 one
+    placement on the current node with no moves and no needs. Refused (rule REFUSED):
     `node` None, no placements. `outcome` says why, typed (`model.reasons`: `SetRefused`
     for a refusal, else `Placed`, `KeptCordoned`, `AlreadyPlaced`); `message` renders it:
     what the binder writes (B1)."""
@@ -118,7 +136,7 @@ class Decision:
     result: Result
     node: str | None
     placements: tuple[Placement, ...]
-    rule: str
+    rule: Rule
     outcome: Outcome
 
     @property
@@ -465,9 +483,9 @@ def _budget_problems(snap: Snapshot, s: _Set) -> list[Reason]:
         adds = s.pending.get(res, 0)
         budget = snap.budget_of(ns, res)
         if adds and budget is not None:
-            usage = snap.tenant_usage(ns, res)
-            if usage + adds > budget:
-                out.append(BudgetExhausted(ns, res, usage, budget, adds))
+            bound, reserved = snap.tenant_counts(ns, res)
+            if bound + reserved + adds > budget:
+                out.append(BudgetExhausted(ns, res, bound, budget, adds, reserved))
     return out
 
 
@@ -481,13 +499,13 @@ def _without_own_holds(snap: Snapshot, request: Request) -> Snapshot:
 def _refuse(request: Request, devices: list[DeviceAt], reasons: list[Reason]) -> Decision:
     """B1(b): Refused, naming every device and its node, then the reasons."""
     refusal = SetRefused(tuple(devices), tuple(reasons), request_ref(request))
-    return Decision(request.id, Result.REFUSED, None, (), "refused", refusal)
+    return Decision(request.id, Result.REFUSED, None, (), Rule.REFUSED, refusal)
 
 
-def _keep(request: Request, node: str, rule: str, stay: tuple[str, ...] = ()) -> Decision:
+def _keep(request: Request, node: str, rule: Rule, stay: tuple[str, ...] = ()) -> Decision:
     """Succeeded in place on `node` (B6, or B5 with the Stay classes `stay`), nothing moved."""
     ref = request_ref(request)
-    outcome = AlreadyPlaced(ref, node) if rule == "B6" else KeptCordoned(ref, node, rule, stay)
+    outcome = AlreadyPlaced(ref, node) if rule is Rule.B6 else KeptCordoned(ref, node, rule, stay)
     return Decision(request.id, Result.SUCCEEDED, node, (Placement(node, (), (), ()),), rule, outcome)
 
 
@@ -501,7 +519,7 @@ def _in_place(s: _Set, limit: int | None) -> tuple[Decision | None, list[tuple[i
     (home,) = s.here
     home_problems = s.problems(home)
     if not home_problems:
-        return _keep(request, home, "B6"), None
+        return _keep(request, home, Rule.B6), None
     if home not in snap.nodes or not snap.nodes[home].unschedulable:
         return None, None
     stay = tuple(c for c in s.class_names if snap.classes[c].on_cordon is OnCordon.STAY)
@@ -510,11 +528,11 @@ def _in_place(s: _Set, limit: int | None) -> tuple[Decision | None, list[tuple[i
                    or any(not snap.serves(home, c) for c in s.class_names)
                    or (request.node_selector
                        and not labels_include(snap.node_labels(home), request.node_selector)))
-        return (None if blocked else _keep(request, home, "B5b", stay)), None
+        return (None if blocked else _keep(request, home, Rule.B5B, stay)), None
     if [p.code for p in home_problems] != [Code.CORDONED]:
         return None, None
     elsewhere = s.eligible_elsewhere(limit)  # B5(a): the cordon only, and no room elsewhere
-    return (None if elsewhere else _keep(request, home, "B5a")), elsewhere
+    return (None if elsewhere else _keep(request, home, Rule.B5A)), elsewhere
 
 
 def _candidates(s: _Set, limit: int | None, elsewhere: list[tuple[int, str]] | None) -> list[str]:
@@ -550,7 +568,7 @@ def judge(snap: Snapshot, request: Request, limit: int | None) -> Decision:
     if not nodes:
         return _refuse(request, devices, [s.explain()])
     placements = tuple(s.placement(n) for n in nodes)
-    return Decision(request.id, Result.SUCCEEDED, nodes[0], placements, "B1",
+    return Decision(request.id, Result.SUCCEEDED, nodes[0], placements, Rule.B1,
                     placed(request, placements[0]))
 
 

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from model.admission import (Refusal, already_admitted, check, effective_resources,
                              same_name_conflict, template_name, unpermitted_gpu_entries)
-from model.decide import Move, Request, apply_decision, assess, decide
+from model.decide import Move, Request, Rule, apply_decision, assess, decide
 from model.defrag import DEFAULT_MAX_MOVES, DefragPlan, apply_moves, plan_round
 from model.housekeeping import VMIs
 from model.parse import VMIAsk
@@ -117,7 +117,7 @@ class Explanation:
     admitted: bool
     reason: Reason | None
     node: str | None
-    rule: str | None
+    rule: Rule | None
     moves: tuple[Move, ...]
     set_problems: tuple[Reason, ...]
     nodes: tuple[NodeVerdict, ...]
@@ -362,7 +362,7 @@ class Outcome:
 
     set: HeldSet
     action: str
-    rule: str
+    rule: Rule
     node: str | None
     moves: tuple[Move, ...]
     said: DecisionOutcome
@@ -460,8 +460,8 @@ def what_if(snapshot: Snapshot, mode: str, nodes: Sequence[str], *,
         decision = decide(snap, request, limit=1)
         if decision.result is Result.SUCCEEDED:
             placement = decision.placements[0]
-            action = "stay" if decision.rule in ("B5a", "B5b") else "move"
-            if decision.rule == "B6":
+            action = "stay" if decision.rule in (Rule.B5A, Rule.B5B) else "move"
+            if decision.rule is Rule.B6:
                 action = "stay"
             snap = apply_decision(snap, request, decision, now=now)
             outcomes.append(Outcome(hs, action, decision.rule, decision.node, placement.moves,

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping
 
+from model.reasons import Code
 from model.types import (
     DEVICES_ANNOTATION,
     TEMPLATE_FOR_LABEL,
@@ -346,7 +347,18 @@ def _parse_bind_request(r: _Reader, value: Any) -> BindRequest | None:
         message=r.text(m.get("message"), f"{f}.message"),
         node=r.text(m.get("node"), f"{f}.node") or None,
         tolerations=parse_tolerations(m.get("tolerations"), r.what, f"{f}.tolerations"),
+        code=_code(r.text(m.get("code"), f"{f}.code")),
     )
+
+
+def _code(value: str | None) -> Code | None:
+    """`bindRequest.code` → Code; None when absent (an older replica's refusal) or unknown
+    (a newer replica's code): never a ParseError, so a device stays readable across an
+    upgrade or a rollback (`BindRequest`)."""
+    try:
+        return Code(value) if value else None
+    except ValueError:
+        return None
 
 
 def parse_gpu_device(obj: dict) -> GPUDevice:
@@ -519,6 +531,8 @@ def device_status_to_dict(status: DeviceStatus) -> dict:
             b["result"] = br.result.value
         if br.message is not None:
             b["message"] = br.message
+        if br.code is not None:
+            b["code"] = br.code.value
         if br.node is not None:
             b["node"] = br.node
         if br.tolerations:

@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 
 from model.decide import Decision, Placement, Request, complete_request, decide
 from model.hold import Hold, Landing, outstanding
-from model.reasons import RequestRef, Resumed
+from model.reasons import Code, RequestRef, Resumed
 from model.snapshot import Reserving, Snapshot
 from model.types import GPUDevice, Result
 
@@ -50,10 +50,12 @@ class Recover:
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    """A Refused answer already written on some member: write `message` on the others."""
+    """A Refused answer already written on some member: write `message` and `code` (None:
+    the member carries none, written by an older replica) on the others."""
 
     request: Request
     message: str
+    code: Code | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,11 +163,12 @@ def plan_one(snap: Snapshot, namespace: str, request_id: str,
     node, _ = recorded_node(request_id, members)
     if node is not None:
         return recovery(req, node, members, snap)
-    refused = next((m.status.bind_request.message for m in members
+    refused = next((m.status.bind_request for m in members
                     if m.status.bind_request is not None
-                    and m.status.bind_request.result is Result.REFUSED), None)
+                    and m.status.bind_request.result is Result.REFUSED
+                    and m.status.bind_request.message is not None), None)
     if refused is not None:
-        return Finish(req, refused)
+        return Finish(req, refused.message, refused.code)
     try:
         decision = decide(snap, req)
     except Exception as exc:  # noqa: BLE001 - a model bug must not stop the batch

@@ -5,8 +5,15 @@ verdicts, assessments and refusals carry the typed reason, and the edges (status
 webhook denials, metrics, the operator's tools) render it or read its code. Nothing parses a
 message back.
 
+The webhook's own denials (its steps on the API server, its transport and decoder, its
+availability) are reasons here too, so every denial the tenant sees has a code and one
+`Category` (the same type the webhook's HTTP status table reads). A binder refusal crosses
+the status boundary typed: its code is written beside its message (`bindRequest.code`) and
+read back by the webhook (`BinderRefused`).
+
 Also here: the wording of a Succeeded decision (`Placed`, `AlreadyPlaced`, `KeptCordoned`,
-`Resumed`), which carries no code (it is not a reason to refuse).
+`Resumed`), which carries no code (it is not a reason to refuse), and of a node actor's no
+to a reservation (`NodeRefusal` and its `LedgerNo` kinds, the data of `LedgersRefused`).
 
 Pure; imports nothing from the rest of `model`.
 """
@@ -14,21 +21,30 @@ Pure; imports nothing from the rest of `model`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import ClassVar, Sequence
 
 
-class Category(str, Enum):
-    """What kind of no a reason is (the webhook's HTTP status follows it): `POLICY` the
-    cluster's rules refuse it as asked (budget, entitlement, no room, cordon; 403);
-    `INVALID` the request itself is wrong (malformed, unknown class, a device listed twice;
-    422); `UNAVAILABLE` a transient condition the caller may retry (503); `THROTTLED` the
-    tenant has its fair share of admissions in progress and may retry shortly (429)."""
+class Category(StrEnum):
+    """What kind of no a denial is; the webhook's HTTP status follows it
+    (`k8s.webhook.review.STATUS`), this one type for the model's reasons and the webhook's
+    own denials alike. A reason's: `POLICY` the cluster's rules refuse it as asked (budget,
+    entitlement, no room, cordon; 403); `INVALID` the request itself is wrong (malformed,
+    unknown class, a device listed twice; 422); `UNAVAILABLE` a transient condition the
+    caller may retry (503); `THROTTLED` the tenant has its fair share of admissions in
+    progress, or the API server throttles the webhook, and the caller may retry shortly
+    (429); `INTERNAL` the webhook failed (a bug, or its own RBAC; 500). The transport's own
+    (W6): `MALFORMED` not an AdmissionReview the webhook serves (400), `TOO_LARGE` the body
+    is over the size cap (413), `MEDIA_TYPE` the body is not application/json (415)."""
 
     POLICY = "policy"
     INVALID = "invalid"
+    MALFORMED = "malformed"
     UNAVAILABLE = "unavailable"
     THROTTLED = "throttled"
+    TOO_LARGE = "too-large"
+    MEDIA_TYPE = "media-type"
+    INTERNAL = "internal"
 
 
 class Code(str, Enum):
@@ -78,24 +94,79 @@ class Code(str, Enum):
     # the webhook's fair share per tenant (issue 23)
     TENANT_BUSY = "tenant_busy"
     BUDGET_IN_FLIGHT = "budget_in_flight"
+    # the webhook's steps on the API server (W1's live read, W3, W4)
+    VMI_EXISTS = "vmi_exists"
+    NAME_UNCONFIRMED = "name_unconfirmed"
+    DEVICE_MALFORMED = "device_malformed"
+    DEVICE_DELETED = "device_deleted"
+    ATTACHMENT_REFUSED = "attachment_refused"
+    DEVICE_KEPT_CHANGING = "device_kept_changing"
+    NOT_BOUND_IN_TIME = "not_bound_in_time"
+    BINDER_REFUSED = "binder_refused"
+    DEVICE_DISAPPEARED = "device_disappeared"
+    API_INVALID = "api_invalid"
+    API_THROTTLED = "api_throttled"
+    API_FORBIDDEN = "api_forbidden"
+    API_UNAVAILABLE = "api_unavailable"
+    # the webhook's transport and decoder (W6), and its own availability
+    WRONG_MEDIA_TYPE = "wrong_media_type"
+    BODY_TOO_LARGE = "body_too_large"
+    BODY_NOT_JSON = "body_not_json"
+    NOT_A_REVIEW = "not_a_review"
+    NOT_A_VMI = "not_a_vmi"
+    NOT_A_CREATE = "not_a_create"
+    DRY_RUN_NOT_BOOLEAN = "dry_run_not_boolean"
+    MALFORMED_METADATA = "malformed_metadata"
+    INVALID_ANNOTATIONS = "invalid_annotations"
+    INVALID_VMI = "invalid_vmi"
+    NO_NAME = "no_name"
+    NOT_SYNCED = "not_synced"
+    SHUTTING_DOWN = "shutting_down"
+    ADMISSION_TIMED_OUT = "admission_timed_out"
+    ADMISSION_CRASHED = "admission_crashed"
 
     @property
     def category(self) -> Category:
-        """The code's `Category` (see there)."""
-        return _CATEGORY.get(self, Category.POLICY)
+        """The code's `Category` (see there). Every code has one (`_CATEGORY` lists them
+        all; a unit test iterates `Code`), so a code added without one fails that test
+        instead of answering 403 silently. Raises KeyError for such a code."""
+        return _CATEGORY[self]
 
 
-_CATEGORY = {
+_CATEGORY: dict[Code, Category] = {
+    **{c: Category.POLICY for c in (
+        Code.NOT_ENTITLED, Code.BUDGET_EXHAUSTED, Code.NO_FREE_UNIT, Code.NODE_GONE,
+        Code.CORDONED, Code.NOT_READY, Code.NOT_KUBEVIRT_SCHEDULABLE, Code.TAINTS_NOT_TOLERATED,
+        Code.CLASSES_NOT_SERVED, Code.SELECTOR_MISMATCH, Code.LOST_CAPACITY, Code.NO_ROOM,
+        Code.NO_NODE_SERVES, Code.NO_ELIGIBLE_NODE, Code.DEVICE_BEING_DELETED,
+        Code.DEVICE_ATTACHED, Code.CLASS_NOT_PERMITTED, Code.GPU_ENTRY_NOT_PERMITTED,
+        Code.SET_NEEDS, Code.NO_ROOM_FOR_SET, Code.VMI_EXISTS, Code.DEVICE_MALFORMED,
+        Code.DEVICE_DELETED, Code.BINDER_REFUSED)},
     **{c: Category.INVALID for c in (
         Code.DEVICE_NOT_FOUND, Code.DEVICE_LISTED_TWICE, Code.NO_DEVICES, Code.CLASS_NOT_FOUND,
         Code.WRONG_NAMESPACE, Code.UNKNOWN_ANNOTATION, Code.TOO_MANY_SELECTOR_ENTRIES,
         Code.SELECTOR_ENTRY_TOO_LONG, Code.TOO_MANY_TOLERATIONS, Code.TOLERATION_TOO_LONG,
-        Code.HELD_DEVICE_NOT_FOUND, Code.TEMPLATE_NAMED_AS_HELD, Code.NAME_TAKEN)},
+        Code.HELD_DEVICE_NOT_FOUND, Code.TEMPLATE_NAMED_AS_HELD, Code.NAME_TAKEN,
+        Code.ATTACHMENT_REFUSED, Code.API_INVALID)},
     **{c: Category.UNAVAILABLE for c in (
-        Code.LEDGERS_REFUSED, Code.TEMPLATE_BEING_DELETED, Code.SAME_NAME_CONFLICT)},
-    Code.TENANT_BUSY: Category.THROTTLED,
-    Code.BUDGET_IN_FLIGHT: Category.THROTTLED,
-}  # every other code is POLICY
+        Code.LEDGERS_REFUSED, Code.TEMPLATE_BEING_DELETED, Code.SAME_NAME_CONFLICT,
+        Code.NAME_UNCONFIRMED, Code.DEVICE_KEPT_CHANGING, Code.NOT_BOUND_IN_TIME,
+        Code.DEVICE_DISAPPEARED, Code.API_UNAVAILABLE)},
+    **{c: Category.THROTTLED for c in (
+        Code.TENANT_BUSY, Code.BUDGET_IN_FLIGHT, Code.API_THROTTLED)},
+    **{c: Category.MALFORMED for c in (
+        Code.BODY_NOT_JSON, Code.NOT_A_REVIEW, Code.NOT_A_VMI, Code.NOT_A_CREATE,
+        Code.DRY_RUN_NOT_BOOLEAN)},
+    **{c: Category.INVALID for c in (
+        Code.MALFORMED_METADATA, Code.INVALID_ANNOTATIONS, Code.INVALID_VMI, Code.NO_NAME)},
+    **{c: Category.UNAVAILABLE for c in (
+        Code.NOT_SYNCED, Code.SHUTTING_DOWN, Code.ADMISSION_TIMED_OUT)},
+    Code.WRONG_MEDIA_TYPE: Category.MEDIA_TYPE,
+    Code.BODY_TOO_LARGE: Category.TOO_LARGE,
+    Code.API_FORBIDDEN: Category.INTERNAL,
+    Code.ADMISSION_CRASHED: Category.INTERNAL,
+}
+"""Every `Code`'s `Category` (no default: see `Code.category`)."""
 
 
 class Reason:
@@ -180,18 +251,26 @@ class NotEntitled(Reason):
 
 @dataclass(frozen=True, slots=True)
 class BudgetExhausted(Reason):
-    """The tenant's budget of `resource` (devices): `usage` Bound or reserved now, `budget`
-    the cap, `adds` what the set (or order) would add."""
+    """The tenant's budget of `resource` (devices): `bound` Bound now and `reserved` being
+    bound (held by decisions whose writes have not landed yet), `budget` the cap, `adds`
+    what the set (or order) would add."""
     code: ClassVar[Code] = Code.BUDGET_EXHAUSTED
     namespace: str
     resource: str
-    usage: int
+    bound: int
     budget: int
     adds: int
+    reserved: int = 0
+
+    @property
+    def usage(self) -> int:
+        """What counts against the budget now: `bound` + `reserved`."""
+        return self.bound + self.reserved
 
     def render(self) -> str:
+        being = f" + {self.reserved} being bound" if self.reserved else ""
         return (f"budget of tenant {self.namespace} for {self.resource} exhausted: "
-                f"{self.usage} bound or reserved of {self.budget}, request adds {self.adds}")
+                f"{self.bound} bound{being} of {self.budget}, request adds {self.adds}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,15 +440,107 @@ class NoEligibleNode(Reason):
         return "; ".join(lines)
 
 
+# --- a node actor's no to a reservation (B2, DESIGN.md §6) --------------------------------------
+# Not reasons of their own (no code): the data of `LedgersRefused`, one `NodeRefusal` per
+# candidate node, whose `why` is one of the `LedgerNo` types below.
+
+
 @dataclass(frozen=True, slots=True)
-class LedgersRefused(Reason):
-    """The model found room but every node actor refused its prepare (their `refusals`, as
-    "<node>: <why>"): the coordinator's view was behind the ledgers; a retry decides again."""
-    code: ClassVar[Code] = Code.LEDGERS_REFUSED
-    refusals: tuple[str, ...]
+class NodeUnfit:
+    """The node actor found its node unfit for any placement: `problems` are its own
+    (`NodeGone`, or `model.types.Node.placement_reasons`: cordoned, not Ready, …)."""
+    problems: tuple[Reason, ...]
 
     def render(self) -> str:
-        return f"node ledgers refused every candidate: {'; '.join(self.refusals) or 'no candidate node'}"
+        return "node is " + " and ".join(p.render() for p in self.problems)
+
+    __str__ = render
+
+
+@dataclass(frozen=True, slots=True)
+class Short:
+    """The node's ledger has too few free units: one `NoRoom` per resource short."""
+    rooms: tuple[NoRoom, ...]
+
+    def render(self) -> str:
+        return "; ".join(r.render() for r in self.rooms)
+
+    __str__ = render
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRebuilt:
+    """A commit refused: the ledger was rebuilt (incarnation `incarnation`) since the
+    prepare (made in `prepared_in`)."""
+    incarnation: int
+    prepared_in: int
+
+    def render(self) -> str:
+        return f"ledger rebuilt: incarnation {self.incarnation}, prepared in {self.prepared_in}"
+
+    __str__ = render
+
+
+@dataclass(frozen=True, slots=True)
+class NoReservation:
+    """A commit refused: the prepared hold is gone (expired or aborted)."""
+
+    def render(self) -> str:
+        return "no reservation (expired or aborted)"
+
+    __str__ = render
+
+
+@dataclass(frozen=True, slots=True)
+class NoNodeActor:
+    """No node actor runs for the candidate node (not started yet, or stopped)."""
+
+    def render(self) -> str:
+        return "no node actor"
+
+    __str__ = render
+
+
+@dataclass(frozen=True, slots=True)
+class NodeActorUnavailable:
+    """The node actor gave no answer: `reply` names what came instead (the exception's
+    type, e.g. "TimeoutError", "ActorStopped")."""
+    reply: str
+
+    def render(self) -> str:
+        return f"node actor unavailable ({self.reply})"
+
+    __str__ = render
+
+
+LedgerNo = NodeUnfit | Short | LedgerRebuilt | NoReservation | NoNodeActor | NodeActorUnavailable
+"""Why one node actor did not reserve: a prepare's `NodeUnfit`/`Short`, a commit's
+`LedgerRebuilt`/`NoReservation`, or no answer (`NoNodeActor`, `NodeActorUnavailable`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRefusal:
+    """One candidate `node` that did not reserve a set, and why: "<node>: <why>"."""
+    node: str
+    why: LedgerNo
+
+    def render(self) -> str:
+        return f"{self.node}: {self.why.render()}"
+
+    __str__ = render
+
+
+@dataclass(frozen=True, slots=True)
+class LedgersRefused(Reason):
+    """The model found room but every node actor refused its prepare (their `refusals`, one
+    `NodeRefusal` per candidate): the coordinator's view was behind the ledgers; a retry
+    decides again."""
+    code: ClassVar[Code] = Code.LEDGERS_REFUSED
+    refusals: tuple[NodeRefusal, ...]
+
+    def render(self) -> str:
+        said = "; ".join(r.render() for r in self.refusals)
+        return f"node ledgers refused every candidate: {said or 'no candidate node'}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -673,6 +844,354 @@ class BudgetInFlight(Reason):
                 f"of {self.budget} ({self.used} used) and this set adds {self.adds}: more than "
                 f"its fair share while they last; too many requests, retry after "
                 f"{self.retry_after} s")
+
+
+# --- the webhook's steps on the API server (W1's live read, W3, W4) ----------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VmiExists(Reason):
+    """W1's live read: VMI `namespace/vmi` exists already (the API server would refuse the
+    duplicate name only after admission)."""
+    code: ClassVar[Code] = Code.VMI_EXISTS
+    namespace: str
+    vmi: str
+
+    def render(self) -> str:
+        return (f"VMI {self.namespace}/{self.vmi} already exists; delete it first or choose "
+                "another name")
+
+
+@dataclass(frozen=True, slots=True)
+class NameUnconfirmed(Reason):
+    """W1's live read failed (`error`, cut to 200 characters): whether VMI
+    `namespace/vmi` exists is unknown, so the webhook fails closed."""
+    code: ClassVar[Code] = Code.NAME_UNCONFIRMED
+    namespace: str
+    vmi: str
+    error: str
+
+    def render(self) -> str:
+        return (f"cannot confirm that VMI {self.namespace}/{self.vmi} does not exist yet: "
+                f"{self.error[:200]}; retry")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMalformed(Reason):
+    """W3: the device as read from the API server does not parse (`problem`)."""
+    code: ClassVar[Code] = Code.DEVICE_MALFORMED
+    device: str
+    problem: str
+
+    def render(self) -> str:
+        return f"GPU device {self.device} is malformed: {self.problem}"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceDeleted(Reason):
+    """W3: a held device of the set was deleted while the webhook attached it."""
+    code: ClassVar[Code] = Code.DEVICE_DELETED
+    device: str
+
+    def render(self) -> str:
+        return f"GPU device {self.device} was deleted during admission"
+
+
+@dataclass(frozen=True, slots=True)
+class AttachmentRefused(Reason):
+    """W3: the API server refused the attachment write on an unchanged device (`error`, cut
+    to 300 characters): something of the VMI the GPUDevice schema does not take."""
+    code: ClassVar[Code] = Code.ATTACHMENT_REFUSED
+    device: str
+    error: str
+
+    def render(self) -> str:
+        return (f"GPU device {self.device}: the API server refused the attachment: "
+                f"{self.error[:300]}")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceKeptChanging(Reason):
+    """W3: every read of the device was followed by a change before the attachment could be
+    written (`steps.ATTACH_TRIES` tries)."""
+    code: ClassVar[Code] = Code.DEVICE_KEPT_CHANGING
+    device: str
+
+    def render(self) -> str:
+        return f"GPU device {self.device} kept changing while attaching it; try again"
+
+
+@dataclass(frozen=True, slots=True)
+class NotBoundInTime(Reason):
+    """W3 (4)/W5: the binder's result for request `request_id` did not come within
+    `seconds` (bindTimeout), or the request was withdrawn meanwhile."""
+    code: ClassVar[Code] = Code.NOT_BOUND_IN_TIME
+    namespace: str
+    vmi: str
+    request_id: str
+    seconds: float
+
+    def render(self) -> str:
+        return (f"GPU set of VMI {self.namespace}/{self.vmi} was not bound within "
+                f"{self.seconds:.0f} s (request {self.request_id}); try again")
+
+
+@dataclass(frozen=True, slots=True)
+class BinderRefused(Reason):
+    """W3 (4): the binder refused the set. `message` is its refusal as written on a member
+    (`status.bindRequest.message`; None: no member says), `refused` the code written beside
+    it (`status.bindRequest.code`; None: written by a replica older than that field). The
+    category is `refused`'s (so `ledgers_refused` is retryable, 503), else POLICY (403), as
+    every binder refusal was answered before the code was written."""
+    code: ClassVar[Code] = Code.BINDER_REFUSED
+    namespace: str
+    vmi: str
+    message: str | None = None
+    refused: Code | None = None
+
+    @property
+    def category(self) -> Category:
+        return self.refused.category if self.refused is not None else Category.POLICY
+
+    def render(self) -> str:
+        return self.message or f"GPU set of VMI {self.namespace}/{self.vmi} was refused by the binder"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceDisappeared(Reason):
+    """W3 (4): a device of the set, or its class, is gone from the cache when the VMI is
+    about to be admitted (the patch cannot be built)."""
+    code: ClassVar[Code] = Code.DEVICE_DISAPPEARED
+    device: str
+
+    def render(self) -> str:
+        return f"GPU device {self.device} or its class disappeared during admission; retry"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiInvalid(Reason):
+    """The API server refused a write of the steps as invalid (`error`: its message):
+    something of the VMI the GPUDevice schema does not take."""
+    code: ClassVar[Code] = Code.API_INVALID
+    error: str
+
+    def render(self) -> str:
+        return self.error
+
+
+@dataclass(frozen=True, slots=True)
+class ApiThrottled(Reason):
+    """The API server throttled a call of the steps (429; `error`: its message)."""
+    code: ClassVar[Code] = Code.API_THROTTLED
+    error: str
+
+    def render(self) -> str:
+        return f"{self.error}; retry"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiForbidden(Reason):
+    """The API server forbade a call of the steps (the webhook's own RBAC; `error`: its
+    message): the operator must fix it."""
+    code: ClassVar[Code] = Code.API_FORBIDDEN
+    error: str
+
+    def render(self) -> str:
+        return self.error
+
+
+@dataclass(frozen=True, slots=True)
+class ApiUnavailable(Reason):
+    """A call of the steps failed otherwise (5xx, a timeout, a broken connection, a
+    conflict; `error`: what happened)."""
+    code: ClassVar[Code] = Code.API_UNAVAILABLE
+    error: str
+
+    def render(self) -> str:
+        return f"{self.error}; retry"
+
+
+# --- the webhook's transport and decoder (W6), and its own availability ------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WrongMediaType(Reason):
+    """The review's body is of `content_type`, not `expected` (checked before it is read)."""
+    code: ClassVar[Code] = Code.WRONG_MEDIA_TYPE
+    content_type: str
+    expected: str
+
+    def render(self) -> str:
+        return f"unsupported content type {self.content_type!r}; expected {self.expected}"
+
+
+@dataclass(frozen=True, slots=True)
+class BodyTooLarge(Reason):
+    """The review's body is over `limit` bytes (checked before it is parsed)."""
+    code: ClassVar[Code] = Code.BODY_TOO_LARGE
+    limit: int
+
+    def render(self) -> str:
+        return f"AdmissionReview larger than {self.limit} bytes"
+
+
+@dataclass(frozen=True, slots=True)
+class BodyNotJson(Reason):
+    """The review's body does not parse as JSON (`error`: the parser's message)."""
+    code: ClassVar[Code] = Code.BODY_NOT_JSON
+    error: str
+
+    def render(self) -> str:
+        return f"request body is not valid JSON: {self.error}"
+
+
+_NOT_A_REVIEW = {
+    "object": "AdmissionReview must be a JSON object",
+    "request": "AdmissionReview.request with a string uid is required",
+    "uid": "AdmissionRequest.uid must be a non-empty string",
+    "vmi": "request.object must be an object",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class NotAReview(Reason):
+    """The body is not an AdmissionReview this webhook serves: `part` names what is wrong —
+    "object" (not a JSON object), "kind" (not an `api_version` AdmissionReview), "request"
+    (no request with a string uid), "uid" (an empty uid), "vmi" (request.object is not an
+    object)."""
+    code: ClassVar[Code] = Code.NOT_A_REVIEW
+    part: str
+    api_version: str = ""
+
+    def render(self) -> str:
+        if self.part == "kind":
+            return f"expected an {self.api_version} AdmissionReview"
+        return _NOT_A_REVIEW[self.part]
+
+
+@dataclass(frozen=True, slots=True)
+class NotAVmi(Reason):
+    """The review is about a `group`/`kind` other than kubevirt.io VirtualMachineInstance."""
+    code: ClassVar[Code] = Code.NOT_A_VMI
+    group: object
+    kind: object
+
+    def render(self) -> str:
+        return (f"gpu-binder admits only kubevirt.io VirtualMachineInstances, got "
+                f"{self.group!r}/{self.kind!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class NotACreate(Reason):
+    """The review's `operation` is not CREATE."""
+    code: ClassVar[Code] = Code.NOT_A_CREATE
+    operation: object
+
+    def render(self) -> str:
+        return f"gpu-binder handles CREATE only, got {self.operation!r}"
+
+
+@dataclass(frozen=True, slots=True)
+class DryRunNotBoolean(Reason):
+    """The review's dryRun is of type `type_name`, not a boolean (read loosely, a string
+    "false" would skip the reservation, W2, and admit)."""
+    code: ClassVar[Code] = Code.DRY_RUN_NOT_BOOLEAN
+    type_name: str
+
+    def render(self) -> str:
+        return f"AdmissionRequest.dryRun must be a boolean, got {self.type_name}"
+
+
+@dataclass(frozen=True, slots=True)
+class MalformedMetadata(Reason):
+    """The VMI's metadata is not an object (`annotations` False), or its annotations do not
+    map strings to strings (`annotations` True)."""
+    code: ClassVar[Code] = Code.MALFORMED_METADATA
+    annotations: bool = False
+
+    def render(self) -> str:
+        return ("metadata.annotations must map strings to strings" if self.annotations
+                else "request.object.metadata must be an object")
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidAnnotations(Reason):
+    """A `gpu.cozystack.io/` annotation of VMI `namespace/name` does not parse: `field` and
+    `problem` (`model.parse.ParseError`'s)."""
+    code: ClassVar[Code] = Code.INVALID_ANNOTATIONS
+    namespace: str
+    name: str
+    field: str
+    problem: str
+
+    def render(self) -> str:
+        return (f"invalid GPU annotations on VMI {self.namespace}/{self.name}: "
+                f"{self.field}: {self.problem}")
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidVmi(Reason):
+    """VMI `namespace/name` asking for GPUs has a field the binder must read that does not
+    parse (its tolerations): `field` and `problem` (`model.parse.ParseError`'s)."""
+    code: ClassVar[Code] = Code.INVALID_VMI
+    namespace: str
+    name: str
+    field: str
+    problem: str
+
+    def render(self) -> str:
+        return f"invalid VMI {self.namespace}/{self.name}: {self.field}: {self.problem}"
+
+
+@dataclass(frozen=True, slots=True)
+class NoName(Reason):
+    """A VMI asking for GPUs lacks metadata.name (generateName) or a namespace."""
+    code: ClassVar[Code] = Code.NO_NAME
+
+    def render(self) -> str:
+        return ("a VMI asking for GPUs needs metadata.name and a namespace "
+                "(generateName is not supported)")
+
+
+@dataclass(frozen=True, slots=True)
+class NotSynced(Reason):
+    """The replica's informers have not synced yet: it cannot judge (fail closed)."""
+    code: ClassVar[Code] = Code.NOT_SYNCED
+
+    def render(self) -> str:
+        return "gpu-binder is starting (cache not synced); retry"
+
+
+@dataclass(frozen=True, slots=True)
+class ShuttingDown(Reason):
+    """The replica is shutting down: it takes no new review (`while_admitting` False), or
+    it cancelled this one in flight after cleaning up what it wrote (True)."""
+    code: ClassVar[Code] = Code.SHUTTING_DOWN
+    while_admitting: bool = False
+
+    def render(self) -> str:
+        return ("gpu-binder replica shut down while admitting; retry" if self.while_admitting
+                else "gpu-binder replica is shutting down; retry")
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionTimedOut(Reason):
+    """The handler did not answer within `seconds` (the transport's bound, W6)."""
+    code: ClassVar[Code] = Code.ADMISSION_TIMED_OUT
+    seconds: float
+
+    def render(self) -> str:
+        return f"gpu-binder admission did not finish within {self.seconds:.0f} s; retry"
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionCrashed(Reason):
+    """The handler raised `error_type` (a bug): denied, never admitted (W6)."""
+    code: ClassVar[Code] = Code.ADMISSION_CRASHED
+    error_type: str
+
+    def render(self) -> str:
+        return f"gpu-binder admission failed internally: {self.error_type}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -486,9 +486,14 @@ class Snapshot:
 
     def tenant_usage(self, namespace: str, resource: str) -> int:
         """The tenant's Bound devices of `resource` plus budget slots its reservations hold."""
+        return sum(self.tenant_counts(namespace, resource))
+
+    def tenant_counts(self, namespace: str, resource: str) -> tuple[int, int]:
+        """`tenant_usage` in its two parts: (Bound devices, budget slots held by
+        reservations, i.e. being bound)."""
         idx = self._index()
         key = (namespace, resource)
-        return idx.tenant_bound.get(key, 0) + idx.tenant_reserved.get(key, 0)
+        return idx.tenant_bound.get(key, 0), idx.tenant_reserved.get(key, 0)
 
     def budget_of(self, namespace: str, resource: str) -> int | None:
         """The tenant's budget of `resource` (smallest quota), or None for no cap."""
@@ -589,9 +594,9 @@ class Snapshot:
         bound = device.bound_node if device is not None else None
         if bound is None:
             budget = self.budget_of(ns, res)
-            usage = self.tenant_usage(ns, res)
-            if budget is not None and usage + 1 > budget:
-                return Verdict(False, BudgetExhausted(ns, res, usage, budget, 1))
+            bound, reserved = self.tenant_counts(ns, res)
+            if budget is not None and bound + reserved + 1 > budget:
+                return Verdict(False, BudgetExhausted(ns, res, bound, budget, 1, reserved))
         elif self.serves(bound, class_name) and self.free(bound, res) >= 0:
             return Verdict(True, node=bound)
         node = self.tightest_node(class_name, 1, tolerations=order.tolerations)

@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Mapping
 
-from model.reasons import Cordoned, NotKubevirtSchedulable, NotReady, Reason
+from model.reasons import Code, Cordoned, NotKubevirtSchedulable, NotReady, Reason
 
 GROUP = "gpu.cozystack.io"
 VERSION = "v1alpha1"
@@ -216,11 +216,6 @@ class Node:
             out.append(NotKubevirtSchedulable(KUBEVIRT_SCHEDULABLE_LABEL))
         return out
 
-    def placement_problems(self) -> list[str]:
-        """`placement_reasons` in message wording: "cordoned", "not Ready", "lacks label
-        kubevirt.io/schedulable=true"; empty when none."""
-        return [r.render() for r in self.placement_reasons()]
-
     def allocatable_of(self, resource_name: str) -> int:
         """Allocatable units of `resource_name` on this node (0 when not advertised)."""
         for name, value in self.allocatable:
@@ -256,7 +251,11 @@ class Attachment:
 @dataclass(frozen=True, slots=True)
 class BindRequest:
     """`status.bindRequest`: the webhook writes id..node_selector and tolerations (the VMI's
-    `spec.tolerations`, B3), the binder result, message and node (B8)."""
+    `spec.tolerations`, B3), the binder result, message, code and node (B8). `code` is the
+    refusal's `model.reasons.Code` beside its rendered `message` (Refused only); None when
+    Succeeded, when written by a replica older than the field, or when it names a code this
+    replica does not know (a newer one's): readers then treat the refusal as a policy one,
+    as before the field existed."""
 
     id: str
     vmi: str
@@ -267,6 +266,7 @@ class BindRequest:
     message: str | None = None
     node: str | None = None
     tolerations: tuple[Toleration, ...] = ()
+    code: Code | None = None
 
 
 @dataclass(frozen=True, slots=True)

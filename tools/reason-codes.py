@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import model.reasons as R
-from k8s.webhook.review import STATUS, Category
+from k8s.webhook.review import STATUS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 BEGIN, END = "<!-- reason-codes:begin", "<!-- reason-codes:end -->"
@@ -47,7 +47,7 @@ def table() -> str:
             rows.append(f"| **{last}** | | | |")
         cls = classes[code]
         mark = " ✱" if cls.__name__ in built and groups[code] != node_group else ""
-        status = STATUS[Category(code.category.value)][0]
+        status = STATUS[code.category][0]
         doc = " ".join((cls.__doc__ or "").split()).replace("|", "\\|")
         rows.append(f"| `{code.value}`{mark} | {code.category.value} ({status}) "
                     f"| `{cls.__name__}` | {doc} |")

@@ -27,14 +27,14 @@ from k8s.cache import ClusterCache
 from k8s.client import KubeClient
 from k8s.webhook import steps
 from k8s.webhook.fairness import Busy, EventBudget, TenantGate
-from k8s.webhook.review import Category, Denial, Review, refusal_denial
+from k8s.webhook.review import Category, Denial, Review, reason_denial, refusal_denial
 from k8s.webhook.steps import Attempt, Denied, Written
 from k8s.webhook.transport import allow, deny, patch_response
 from k8s.webhook.waiter import ResultWaiter
 from model.admission import (AdmissionPlan, Refusal, already_admitted, budget_in_flight, check,
                              effective_resources, node_selector_of, same_name_conflict,
                              unpermitted_gpu_entries)
-from model.reasons import Code, TenantBusy
+from model.reasons import Code, ShuttingDown, TenantBusy
 from model.snapshot import Snapshot
 from model.types import Labels
 
@@ -103,8 +103,7 @@ class VMIAdmission:
         if review.ask is None:
             return allow(review.uid)
         if self.draining:
-            return deny(review.uid, Denial(Category.UNAVAILABLE,
-                                           "gpu-binder replica is shutting down; retry"))
+            return deny(review.uid, reason_denial(ShuttingDown()))
         scope = anyio.CancelScope()
         self._inflight.add(scope)
         try:
@@ -121,8 +120,7 @@ class VMIAdmission:
                 self._idle.set()
         if scope.cancelled_caught:  # drained: what this call wrote was cleaned up
             self.denied += 1
-            return deny(review.uid, Denial(Category.UNAVAILABLE,
-                                           "gpu-binder replica shut down while admitting; retry"))
+            return deny(review.uid, reason_denial(ShuttingDown(while_admitting=True)))
         self.admitted += 1
         return resp
 

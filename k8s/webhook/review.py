@@ -2,14 +2,14 @@
 
 `decode(raw)` turns the bytes the API server POSTs into a `Review` (uid, operation, the VMI,
 dryRun, the caller, the GPU set it asks for) or a `Rejected` (the uid when readable, and a
-`Denial`); it never raises. A `Denial` is a `Category` and a message; `STATUS` turns the
-category into the HTTP status the tenant sees, in this one place (as kopf's
+`Denial`); it never raises. A `Denial` is a `Category` (`model.reasons.Category`, the one
+type for the model's reasons and the webhook's own denials) and a message; `STATUS` turns
+the category into the HTTP status the tenant sees, in this one place (as kopf's
 `AdmissionError(message, code)` and controller-runtime's `validationResponseFromStatus`).
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -17,26 +17,13 @@ import orjson
 
 from model.admission import Refusal, unknown_annotations
 from model.parse import ParseError, VMIAsk, parse_tolerations, parse_vmi_request
+from model.reasons import (BodyNotJson, Category, DryRunNotBoolean, InvalidAnnotations, InvalidVmi,
+                           MalformedMetadata, NoName, NotACreate, NotAReview, NotAVmi, Reason)
 from model.types import Toleration
 
 MESSAGE_LIMIT = 8192  # characters of a denial's message sent back (kubectl prints it)
 API_VERSION = "admission.k8s.io/v1"
 VMI_KIND = ("kubevirt.io", "VirtualMachineInstance")
-
-
-class Category(enum.StrEnum):
-    """Why an admission is denied; `policy`, `invalid` and `unavailable` are
-    `model.reasons.Category` (a model refusal's `reason.category`), the others the
-    transport's and the steps' own."""
-
-    POLICY = "policy"            # W1/B1: the VMI may not have this set (budget, room, taken …)
-    INVALID = "invalid"          # the VMI as sent is malformed (annotations, tolerations …)
-    MALFORMED = "malformed"      # not an AdmissionReview this webhook serves (W6)
-    UNAVAILABLE = "unavailable"  # the binder cannot answer now (timeout, not synced, drain)
-    THROTTLED = "throttled"      # the API server throttles the webhook's own writes
-    TOO_LARGE = "too-large"      # the body is over the size cap (W6)
-    MEDIA_TYPE = "media-type"    # the body is not application/json (W6)
-    INTERNAL = "internal"        # the webhook failed (a bug, or its own RBAC): fail closed
 
 
 STATUS: Mapping[Category, tuple[int, str]] = {
@@ -105,12 +92,16 @@ class Denial:
         return out
 
 
+def reason_denial(reason: Reason) -> Denial:
+    """A typed reason (`model.reasons`) as a denial: its category, its rendered text and its
+    own `retry_after` (seconds) when it has one."""
+    return Denial(reason.category, reason.render(), getattr(reason, "retry_after", None))
+
+
 def refusal_denial(refusal: Refusal) -> Denial:
     """A model refusal as a denial, in the category its typed reason names
-    (`refusal.reason.category`: model's policy, invalid, unavailable or throttled), with the
-    reason's own `retry_after` when it has one."""
-    return Denial(Category(refusal.reason.category.value), refusal.message,
-                  getattr(refusal.reason, "retry_after", None))
+    (`refusal.reason.category`), with the reason's own `retry_after` when it has one."""
+    return reason_denial(refusal.reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,17 +155,15 @@ def decode(raw: bytes) -> Review | Rejected:
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        return Rejected("", Denial(Category.MALFORMED, f"request body is not valid JSON: {exc}"))
+        return Rejected("", reason_denial(BodyNotJson(str(exc))))
     if not isinstance(doc, dict):
-        return Rejected("", Denial(Category.MALFORMED, "AdmissionReview must be a JSON object"))
+        return Rejected("", reason_denial(NotAReview("object")))
     req = doc.get("request")
     uid = _text(_obj(req).get("uid"))
     if doc.get("kind") != "AdmissionReview" or doc.get("apiVersion") != API_VERSION:
-        return Rejected(uid, Denial(Category.MALFORMED,
-                                    f"expected an {API_VERSION} AdmissionReview"))
+        return Rejected(uid, reason_denial(NotAReview("kind", API_VERSION)))
     if not isinstance(req, dict) or not uid:
-        return Rejected(uid, Denial(Category.MALFORMED,
-                                    "AdmissionReview.request with a string uid is required"))
+        return Rejected(uid, reason_denial(NotAReview("request")))
     return decode_request(req)
 
 
@@ -189,51 +178,45 @@ def decode_request(req: Mapping[str, Any]) -> Review | Rejected:
     requester = _text(_obj(req.get("userInfo")).get("username"))
     flagged = req.get("dryRun") if isinstance(req.get("dryRun"), bool) else None
 
-    def rejected(category: Category, message: str) -> Rejected:
-        return Rejected(uid, Denial(category, message), namespace, name, requester, flagged)
+    def rejected(reason: Reason) -> Rejected:
+        return Rejected(uid, reason_denial(reason), namespace, name, requester, flagged)
 
     if not uid:
-        return rejected(Category.MALFORMED, "AdmissionRequest.uid must be a non-empty string")
+        return rejected(NotAReview("uid"))
     kind = _obj(req.get("kind"))
     if (kind.get("group"), kind.get("kind")) != VMI_KIND:
-        return rejected(Category.MALFORMED,
-                        f"gpu-binder admits only kubevirt.io VirtualMachineInstances, got "
-                        f"{kind.get('group')!r}/{kind.get('kind')!r}")
+        return rejected(NotAVmi(kind.get("group"), kind.get("kind")))
     operation = req.get("operation")
     if operation != "CREATE":
-        return rejected(Category.MALFORMED, f"gpu-binder handles CREATE only, got {operation!r}")
+        return rejected(NotACreate(operation))
     dry_run = req.get("dryRun")
     if dry_run is not None and not isinstance(dry_run, bool):
         # a string "false" is truthy: read loosely it would skip the reservation (W2) and admit
-        return rejected(Category.MALFORMED,
-                        f"AdmissionRequest.dryRun must be a boolean, got {type(dry_run).__name__}")
+        return rejected(DryRunNotBoolean(type(dry_run).__name__))
     if not isinstance(obj, dict):
-        return rejected(Category.MALFORMED, "request.object must be an object")
+        return rejected(NotAReview("vmi"))
     if not isinstance(obj.get("metadata"), dict):
-        return rejected(Category.INVALID, "request.object.metadata must be an object")
+        return rejected(MalformedMetadata())
     annotations = meta.get("annotations")
     if annotations is not None and not (
             isinstance(annotations, dict)
             and all(isinstance(k, str) and isinstance(v, str) for k, v in annotations.items())):
-        return rejected(Category.INVALID, "metadata.annotations must map strings to strings")
+        return rejected(MalformedMetadata(annotations=True))
     unknown = unknown_annotations(annotations)
     if unknown is not None:
         return Rejected(uid, refusal_denial(unknown), namespace, name, requester, flagged)
     try:
         ask = parse_vmi_request(annotations)
     except ParseError as exc:
-        return rejected(Category.INVALID, f"invalid GPU annotations on VMI {namespace}/{name}: "
-                                          f"{exc.field}: {exc.problem}")
+        return rejected(InvalidAnnotations(namespace, name, exc.field, exc.problem))
     tolerations: tuple[Toleration, ...] = ()
     if ask is not None:
         try:
             tolerations = parse_tolerations(_obj(obj.get("spec")).get("tolerations"))
         except ParseError as exc:
-            return rejected(Category.INVALID,
-                            f"invalid VMI {namespace}/{name}: {exc.field}: {exc.problem}")
+            return rejected(InvalidVmi(namespace, name, exc.field, exc.problem))
         if not namespace or not name:
-            return rejected(Category.INVALID, "a VMI asking for GPUs needs metadata.name and a "
-                                              "namespace (generateName is not supported)")
+            return rejected(NoName())
     user = _obj(req.get("userInfo"))
     groups = user.get("groups") if isinstance(user.get("groups"), list) else []
     return Review(uid=uid, operation=operation, namespace=namespace, name=name, object=obj,

@@ -3,8 +3,9 @@ W4's take-over, W5's clean-up), one small function each, called in order by
 `k8s.webhook.admission`.
 
 Every write uses field manager `gpu-binder-webhook` and optimistic concurrency (a JSON Patch
-`test` of what was read). A step that finds a reason to refuse raises `Denied` (a typed
-`review.Denial`); API failures surface as `k8s.errors.ApiError`, which `api_denial` types.
+`test` of what was read). A step that finds a reason to refuse raises `Denied` carrying a
+typed reason (`model.reasons`, rendered there: the steps build no English of their own);
+API failures surface as `k8s.errors.ApiError`, which `api_denial` types.
 """
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ import structlog
 from actors.view import IndexedView
 from k8s import errors
 from k8s.client import GPU_DEVICES, VMIS, KubeClient
-from k8s.webhook.review import Category, Denial
+from k8s.webhook.review import Denial, reason_denial
 from k8s.webhook.waiter import ResultWaiter
 from model.admission import AdmissionPlan, attachment_is_live, effective_resources, vmi_patch
 from model.housekeeping import VMIs
 from model.parse import ParseError, format_time, parse_gpu_device, tolerations_to_list
+from model.reasons import (ApiForbidden, ApiInvalid, ApiThrottled, ApiUnavailable, AttachmentRefused,
+                           BinderRefused, DeviceAttached, DeviceBeingDeleted, DeviceDeleted,
+                           DeviceDisappeared, DeviceKeptChanging, DeviceMalformed, NameUnconfirmed,
+                           NotBoundInTime, Reason, SameNameConflict, VmiExists)
 from model.snapshot import Snapshot
 from model.types import GROUP, TEMPLATE_FOR_LABEL, VERSION, Labels, Result, Toleration
 
@@ -36,31 +41,40 @@ ATTACH_TRIES = 5
 
 
 class Denied(Exception):
-    """A step found a reason to refuse; `denial` (category and message) is what the user
-    sees, `str()` is its message."""
+    """A step found a reason to refuse: `Denied(reason)` with a typed `model.reasons.Reason`
+    (or a `review.Denial` already made). `reason` is the reason (None when built from a
+    Denial), `denial` what the user sees (the reason's category and its rendered text),
+    `str()` its message."""
 
-    def __init__(self, category: Category, message: str) -> None:
-        super().__init__(message)
-        self.denial = Denial(category, message)
+    def __init__(self, reason: Reason | Denial) -> None:
+        self.reason = reason if isinstance(reason, Reason) else None
+        self.denial = reason if isinstance(reason, Denial) else reason_denial(reason)
+        super().__init__(self.denial.message)
 
     @classmethod
     def of(cls, denial: Denial) -> "Denied":
         """The exception carrying `denial`."""
-        return cls(denial.category, denial.message)
+        return cls(denial)
+
+
+def api_reason(err: errors.ApiError) -> Reason:
+    """Why an API call of the steps failed, typed: the API server refusing the write as
+    invalid (something of the VMI the GPUDevice schema does not take) `ApiInvalid` (422),
+    throttling `ApiThrottled` (429), the webhook's own RBAC `ApiForbidden` (500: the
+    operator must fix it), anything else (5xx, timeouts, a broken connection, conflicts)
+    `ApiUnavailable` (503)."""
+    if isinstance(err, errors.Invalid):
+        return ApiInvalid(str(err))
+    if isinstance(err, errors.TooManyRequests):
+        return ApiThrottled(str(err))
+    if isinstance(err, errors.Forbidden):
+        return ApiForbidden(str(err))
+    return ApiUnavailable(str(err))
 
 
 def api_denial(err: errors.ApiError) -> Denial:
-    """The denial for an API call of the steps that failed: the API server refusing the
-    write as invalid (something of the VMI the GPUDevice schema does not take) INVALID,
-    throttling THROTTLED, the webhook's own RBAC INTERNAL (the operator must fix it),
-    anything else (5xx, timeouts, a broken connection, conflicts) UNAVAILABLE."""
-    if isinstance(err, errors.Invalid):
-        return Denial(Category.INVALID, str(err))
-    if isinstance(err, errors.TooManyRequests):
-        return Denial(Category.THROTTLED, f"{err}; retry")
-    if isinstance(err, errors.Forbidden):
-        return Denial(Category.INTERNAL, str(err))
-    return Denial(Category.UNAVAILABLE, f"{err}; retry")
+    """The denial for an API call of the steps that failed (`api_reason`, rendered)."""
+    return reason_denial(api_reason(err))
 
 
 class Api:
@@ -156,11 +170,9 @@ async def check_name_free(api: Api, ns: str, vmi: str) -> None:
     try:
         exists = await api.vmi_exists(ns, vmi)
     except errors.ApiError as err:
-        raise Denied(Category.UNAVAILABLE, f"cannot confirm that VMI {ns}/{vmi} does not exist "
-                                           f"yet: {err.message[:200]}; retry") from err
+        raise Denied(NameUnconfirmed(ns, vmi, err.message[:200])) from err
     if exists:
-        raise Denied(Category.POLICY, f"VMI {ns}/{vmi} already exists; delete it first or "
-                                      "choose another name")
+        raise Denied(VmiExists(ns, vmi))
 
 
 # -- W4: take over an admitted set ------------------------------------------------------
@@ -252,18 +264,16 @@ def _judge_read(raw: dict, name: str, attempt: Attempt, request: Mapping[str, An
     try:
         dev = parse_gpu_device(raw)
     except ParseError as exc:
-        raise Denied(Category.POLICY, f"GPU device {name} is malformed: {exc}") from exc
+        raise Denied(DeviceMalformed(name, str(exc))) from exc
     if dev.deleting:
-        raise Denied(Category.POLICY, f"GPU device {name} is being deleted")
+        raise Denied(DeviceBeingDeleted(name))
     att, br = dev.status.attached_to, dev.status.bind_request
     if att is not None and att.admission == attempt.admission:
         return br is not None and br.id == request["id"]
     if att is not None and attachment_is_live(dev, attempt.vmis, attempt.now(), attempt.grace):
         if att.vmi == attempt.vmi:
-            raise Denied(Category.UNAVAILABLE, f"GPU device {name} is being attached by another "
-                         f"admission of VMI {attempt.namespace}/{attempt.vmi}; retry once it "
-                         "has finished")
-        raise Denied(Category.POLICY, f"GPU device {name} is attached to VMI {att.vmi}")
+            raise Denied(SameNameConflict(name, attempt.namespace, attempt.vmi))
+        raise Denied(DeviceAttached(name, att.vmi))
     return False
 
 
@@ -301,12 +311,11 @@ async def attach(api: Api, view: IndexedView, attempt: Attempt, request: Mapping
                 written.created.append(name)
             continue
         if raw is None:
-            raise Denied(Category.POLICY, f"GPU device {name} was deleted during admission")
+            raise Denied(DeviceDeleted(name))
         version = raw["metadata"]["resourceVersion"]
         if refused is not None and refused[0] == version:
             # unchanged since: not the version test but the write itself was refused
-            raise Denied(Category.INVALID, f"GPU device {name}: the API server refused the "
-                                           f"attachment: {refused[1][:300]}")
+            raise Denied(AttachmentRefused(name, refused[1][:300]))
         if _judge_read(raw, name, attempt, request):
             return
         try:
@@ -316,8 +325,7 @@ async def attach(api: Api, view: IndexedView, attempt: Attempt, request: Mapping
             refused = (version, err.message)
         except (errors.Conflict, errors.NotFound):
             pass  # re-read and re-judge
-    raise Denied(Category.UNAVAILABLE, f"GPU device {name} kept changing while attaching it; "
-                                       "try again")
+    raise Denied(DeviceKeptChanging(name))
 
 
 async def attach_all(api: Api, view: IndexedView, attempt: Attempt,
@@ -335,22 +343,23 @@ async def attach_all(api: Api, view: IndexedView, attempt: Attempt,
 async def wait_result(waiter: ResultWaiter, attempt: Attempt, names: tuple[str, ...],
                       timeout: float, bind_timeout: float) -> str:
     """W3 (4): wait (≤ `timeout` seconds) on the informer until every device carries this
-    request with a result; the node when all Succeeded on one node. Raises Denied: POLICY
-    with the binder's message when it refused, UNAVAILABLE when no result came in time
-    (`bind_timeout` is the configured total, named in the message) or the request was
-    withdrawn meanwhile."""
+    request with a result; the node when all Succeeded on one node. Raises Denied:
+    `BinderRefused` with the binder's message when it refused, in the category of the code
+    written beside it (`bindRequest.code`: `ledgers_refused` is retryable, 503; a policy
+    refusal 403; no code, from an older replica: 403 as before), `NotBoundInTime` (503) when
+    no result came in time (`bind_timeout` is the configured total, named in the message) or
+    the request was withdrawn meanwhile."""
     ns, vmi, request_id = attempt.namespace, attempt.vmi, attempt.admission
     devs = await waiter.wait(ns, request_id, names, timeout)
     if devs is None:                                                          # W5 timeout
-        raise Denied(Category.UNAVAILABLE, f"GPU set of VMI {ns}/{vmi} was not bound within "
-                     f"{bind_timeout:.0f} s (request {request_id}); try again")
+        raise Denied(NotBoundInTime(ns, vmi, request_id, bind_timeout))
     nodes = {d.status.bind_request.node for d in devs}
     if all(d.status.bind_request.result is Result.SUCCEEDED for d in devs) and len(nodes) == 1:
         return nodes.pop()
-    message = next((d.status.bind_request.message for d in devs
+    refused = next((d.status.bind_request for d in devs
                     if d.status.bind_request.result is Result.REFUSED), None)
-    raise Denied(Category.POLICY, message or f"GPU set of VMI {ns}/{vmi} was refused by the "
-                                             "binder")
+    raise Denied(BinderRefused(ns, vmi, refused.message if refused else None,
+                               refused.code if refused else None))
 
 
 # -- W3 (4): admit ----------------------------------------------------------------------
@@ -365,8 +374,7 @@ def admit_patch(snap: Snapshot, obj: Mapping[str, Any], plan: AdmissionPlan, nod
         dev = snap.device(plan.namespace, name)
         cls = snap.classes.get(dev.class_name) if dev else None
         if cls is None:
-            raise Denied(Category.UNAVAILABLE, f"GPU device {name} or its class disappeared "
-                                               "during admission; retry")
+            raise Denied(DeviceDisappeared(name))
         pairs.append((name, cls.resource_name))
     return vmi_patch(obj, pairs, node, effective_resources(snap), admission)
 

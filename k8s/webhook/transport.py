@@ -23,7 +23,8 @@ import orjson
 import structlog
 from aiohttp import web
 
-from k8s.webhook.review import Category, Denial, Rejected, Review, decode
+from k8s.webhook.review import Denial, Rejected, Review, decode, reason_denial
+from model.reasons import AdmissionCrashed, AdmissionTimedOut, BodyTooLarge, WrongMediaType
 
 log = structlog.get_logger("gpu_binder.webhook")
 
@@ -72,14 +73,12 @@ async def _decoded(request: web.Request) -> Review | Rejected:
     """The request's body decoded (`review.decode`), or Rejected for a wrong content type
     (checked first: a body of another type is never read) or a body over `MAX_BODY`."""
     if request.content_type != CONTENT_TYPE:
-        return Rejected("", Denial(Category.MEDIA_TYPE, f"unsupported content type "
-                                   f"{request.headers.get('Content-Type', '')!r}; expected "
-                                   f"{CONTENT_TYPE}"))
+        return Rejected("", reason_denial(WrongMediaType(request.headers.get("Content-Type", ""),
+                                                         CONTENT_TYPE)))
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        return Rejected("", Denial(Category.TOO_LARGE,
-                                   f"AdmissionReview larger than {MAX_BODY} bytes"))
+        return Rejected("", reason_denial(BodyTooLarge(MAX_BODY)))
     return decode(raw)
 
 
@@ -139,12 +138,10 @@ def make_app(handler: Handler, *, timeout: float = 25.0, path: str = "/mutate-vm
             with anyio.fail_after(timeout):
                 resp = await handler(decoded)
         except TimeoutError:
-            resp = deny(decoded.uid, Denial(Category.UNAVAILABLE, "gpu-binder admission did "
-                                            f"not finish within {timeout:.0f} s; retry"))
+            resp = deny(decoded.uid, reason_denial(AdmissionTimedOut(timeout)))
         except Exception as exc:  # noqa: BLE001 - W6: fail closed, never a crash
             log.exception("admission handler crashed", uid=decoded.uid)
-            resp = deny(decoded.uid, Denial(Category.INTERNAL, "gpu-binder admission failed "
-                                            f"internally: {type(exc).__name__}"))
+            resp = deny(decoded.uid, reason_denial(AdmissionCrashed(type(exc).__name__)))
         resp["uid"] = decoded.uid
         return _answer(resp)
 

@@ -17,8 +17,9 @@ T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
 
 def test_value_types_have_the_fields_the_store_copies() -> None:
-    """A new field on one of these types must be copied by the store's `_with_status` and
-    `_answered` too: update them, then this list."""
+    """A new field on one of these types must be copied by the store's `_with_status` too
+    (an answer copies the BindRequest with `dataclasses.replace`): update it, then this
+    list."""
     assert [f.name for f in fields(GPUDevice) if f.init] == [
         "namespace", "name", "class_name", "template_for", "status", "resource_version", "uid",
         "created_at", "deleting"]
@@ -26,7 +27,7 @@ def test_value_types_have_the_fields_the_store_copies() -> None:
         "phase", "node_name", "bound_at", "attached_to", "bind_request"]
     assert [f.name for f in fields(BindRequest)] == [
         "id", "vmi", "devices", "requested_at", "node_selector", "result", "message", "node",
-        "tolerations"]
+        "tolerations", "code"]
 
 
 @pytest.mark.anyio

@@ -32,6 +32,7 @@ from actors.ports import StatusWrite
 from fakes.clock import ManualClock
 from actors.runtime import ActorCell, spawn
 from model.hold import Hold
+from model.reasons import Cordoned, LedgerRebuilt, NodeGone, NodeUnfit, NoRoom, NoReservation, Short
 from model.types import Result
 from tests.support.binder import quiet_logging
 from tests.timing import eventually
@@ -74,7 +75,7 @@ async def test_prepare_reserves_and_refuses_what_does_not_fit() -> None:
         ok = await ref.ask(Prepare(held("r1", ((H100, 2),))))
         assert isinstance(ok, Prepared)
         no = await ref.ask(Prepare(held("r2", ((H100, 2),))))
-        assert isinstance(no, PrepareRefused) and "has 1 free" in no.reason
+        assert no == PrepareRefused("n1", "r2", Short((NoRoom(H100, needs=2, free=1),)))
         ledger = await ref.ask(GetLedger())
         assert ledger.bound[H100] == 1 and ledger.prepared[H100] == 2 and ledger.free[H100] == 1
         assert ref.statistics().reservations == 1
@@ -95,7 +96,7 @@ async def test_commit_abort_and_release() -> None:
         assert await ref.ask(Abort("r2")) is True
         assert await ref.ask(Abort("r2")) is False
         refused = await ref.ask(Commit("r2", p2.incarnation))
-        assert isinstance(refused, CommitRefused) and "no reservation" in refused.reason
+        assert refused == CommitRefused("n1", "r2", NoReservation())
         cell.close()
 
 
@@ -130,7 +131,10 @@ async def test_commit_against_a_rebuilt_ledger_is_refused() -> None:
         await eventually(lambda: not cell.running, what="the incarnation killed")
         await tg.start(cell.run, lambda: node_actor(s))
         reply = await cell.ref.ask(Commit("r1", p.incarnation))
-        assert isinstance(reply, CommitRefused) and "rebuilt" in reply.reason
+        assert isinstance(reply, CommitRefused)
+        assert reply.reason == LedgerRebuilt(incarnation=reply.reason.incarnation,
+                                             prepared_in=p.incarnation)
+        assert reply.reason.incarnation != p.incarnation
         ledger = await cell.ref.ask(GetLedger())
         assert ledger.incarnation != p.incarnation and ledger.holds == ()
         cell.close()
@@ -165,11 +169,11 @@ async def test_cordoned_or_deleted_node_refuses_prepare_but_allows_nothing_to_la
         led = await ref.ask(NodeChanged())
         assert led.unschedulable
         no = await ref.ask(Prepare(held("r1", ((H100, 1),))))
-        assert isinstance(no, PrepareRefused) and "cordoned" in no.reason
+        assert no == PrepareRefused("n1", "r1", NodeUnfit((Cordoned(),)))
         assert isinstance(await ref.ask(Prepare(held("r0", ()))), Prepared)  # B5/B6: nothing lands
         s.delete_node("n1")
         no = await ref.ask(Prepare(held("r2", ((H100, 1),))))
-        assert isinstance(no, PrepareRefused) and "gone" in no.reason
+        assert no == PrepareRefused("n1", "r2", NodeUnfit((NodeGone(),)))
         cell.close()
 
 

@@ -17,8 +17,8 @@ from fakes.memory_store import Faults, MemoryStore
 from actors.node_actor import GetLedger
 from actors.ports import StatusWrite
 from model.hold import Hold
-from model.reasons import (BudgetExhausted, DeviceAt, KeptCordoned, NodeProblems, NoEligibleNode, NoRoom,
-                           Placed, RequestRef, SetRefused)
+from model.reasons import (BudgetExhausted, Code, DeviceAt, KeptCordoned, LedgersRefused, NodeProblems,
+                           NodeRefusal, NoEligibleNode, NoRoom, Placed, RequestRef, SetRefused, Short)
 from model.types import OnCordon, Result
 from supervisor import COORDINATOR, PIPELINE, Binder, node_child_id
 from tests.support.binder import (
@@ -198,9 +198,30 @@ async def test_B3_budget_is_checked_in_the_loop() -> None:
         r1 = s.request("t", "vm1", ["a", "b"])
         res = await answer(s, binder, "t", r1)
     assert res["a"][0] is Result.REFUSED
-    assert s.device(("t", "a")).status.bind_request.message == SetRefused(
-        (DeviceAt("a"), DeviceAt("b")), (BudgetExhausted("t", H100, usage=1, budget=2, adds=2),),
+    br = s.device(("t", "a")).status.bind_request
+    assert br.message == SetRefused(
+        (DeviceAt("a"), DeviceAt("b")), (BudgetExhausted("t", H100, bound=1, budget=2, adds=2),),
         RequestRef("t", "vm1", r1)).render()
+    assert br.code is Code.BUDGET_EXHAUSTED  # typed beside the message: the webhook's 403
+
+
+async def test_B1_a_refusal_by_the_node_ledgers_is_written_with_its_code() -> None:
+    """The model sees a free unit on n1, but n1's ledger holds it (a hold of another
+    coordinator incarnation the view does not show): every round's prepare is refused, and
+    after `max_rounds` the refusal is written with `ledgers_refused` beside its message (the
+    webhook answers it 503: a retry decides again)."""
+    from actors.node_actor import Claim
+
+    s = cluster(n1=1)
+    s.add_device("t", "a", "h100")
+    async with running_binder(s) as binder:
+        await binder.node_actor("n1").ask(Claim(Hold("elsewhere", "t", "n1", ((H100, 1),)), "another-owner"))
+        rid = s.request("t", "vm", ["a"])
+        res = await answer(s, binder, "t", rid)
+    br = s.device(("t", "a")).status.bind_request
+    assert res["a"][0] is Result.REFUSED and br.code is Code.LEDGERS_REFUSED
+    assert br.message == SetRefused((DeviceAt("a"),), (LedgersRefused((
+        NodeRefusal("n1", Short((NoRoom(H100, needs=1, free=0),))),)),), RequestRef("t", "vm", rid)).render()
 
 
 # -- B4 -------------------------------------------------------------------------------------

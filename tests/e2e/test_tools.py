@@ -93,7 +93,7 @@ async def test_W1_explain_says_budget_and_admission_is_denied_with_that_message(
     e = explain_vmi(await cluster(control_plane), body, grace=8, now=_now())
     assert not e.admitted
     assert e.budget_short == ((pool.res, 1),)
-    assert e.set_problems == (BudgetExhausted(pool.tenant, pool.res, usage=0, budget=1, adds=2),)
+    assert e.set_problems == (BudgetExhausted(pool.tenant, pool.res, bound=0, budget=1, adds=2),)
     ok, msg = await admit(tenant_client, pool, body)
     assert not ok
     assert msg.endswith(e.message), (msg, e.message)

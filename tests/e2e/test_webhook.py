@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import signal
+from datetime import datetime, timezone
 
 import anyio
 import pytest
 import yaml
 
 from tests.e2e.conftest import FIXTURES
-from tests.e2e.helpers import eventually, housekeeping_rounds, make_pool, quiet_after
+from tests.e2e.helpers import (eventually, housekeeping_rounds, leader_index, make_pool,
+                               quiet_after, scrape)
 from tests.support.vmis import (VMI_GROUP, VMI_VERSION, VMIS, annotated, client_ssl, create,
                                 create_denied, devices, fixture, review)
 
@@ -301,3 +303,88 @@ async def test_W3_B1_a_device_costs_one_webhook_write_and_one_binder_write(syste
     assert sorted(events) == sorted([("MODIFIED", held[0])] * 2 + [("ADDED", template)]
                                     + [("MODIFIED", template)] * 2), events
     assert linked == [held[0]], linked  # one link per VMI, not one per device
+
+
+def _hold_lease(system, holder: str, seconds: int) -> None:
+    """Set the binder's Lease to `holder` for `seconds` (renewed now); holder "" frees it
+    (a replica takes it at its next attempt, as after a leader's release)."""
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    spec = {"holderIdentity": holder, "leaseDurationSeconds": seconds, "renewTime": now}
+    system.cp.kubectl("patch", "lease", "gpu-binder", "-n", "cozy-system", "--type=merge",
+                      "-p", json.dumps({"spec": spec}))
+
+
+async def _no_leader(system) -> bool:
+    """No replica leads (every one's gpu_binder_leader is 0)."""
+    for i in range(len(system.replicas)):
+        if (await scrape(system, i)).get(("gpu_binder_leader", ())) != 0:
+            return False
+    return True
+
+
+async def test_a_binder_refusal_answers_from_its_code_ledgers_refused_503_budget_403(system,
+                                                                                      fleet):
+    """Issue 30: a refusal's status follows its typed reason code, whichever path found it,
+    through the real kube-apiserver: a budget refusal (W1, on the cache) is 403 Forbidden;
+    a `ledgers_refused` the binder writes (`status.bindRequest.code`) is 503
+    ServiceUnavailable, so the tenant's client may retry (a retry decides again).
+
+    How the `ledgers_refused` is provoked, honestly: the node actors live inside the
+    controller processes, so a test cannot make one refuse its prepare on cue (the model
+    and the ledger read the same cache, so they disagree only for the length of a race).
+    Instead the test plays a leader that refused by the ledgers and lost its Lease after
+    writing the first of the set's members, the case B7 finishes: it takes the Lease (no
+    replica leads, the webhook still serves), lets the webhook write the request on both
+    held devices, writes the rendered ledger refusal with code `ledgers_refused` on the
+    *second* member only, and frees the Lease. The new leader's coordinator finishes the
+    refusal on the first member (`model.plan.Finish`: message and code, through the status
+    pipeline and the status writer). The webhook answers from the first Refused member in
+    the set's order, the one only the binder wrote: without the code written there the
+    answer would be the old 403 (and without any answer a timeout, whose message differs).
+    """
+    from model.reasons import (BudgetExhausted, DeviceAt, LedgersRefused, NodeRefusal, NoRoom,
+                               RequestRef, SetRefused, Short)
+
+    res, cls, nodes, tenant, _ = await make_pool(fleet, {"a": 4}, budget=2, devices=2,
+                                                 prefix="held", seen_by=system)
+    # a policy refusal, found by W1 on the cache: 403
+    code, reason, msg = await create_denied(fleet, tenant, annotated(
+        fixture("vmi-fedora.yaml"), "greedy", templates=f"{cls}=3"))
+    assert (code, reason) == (403, "Forbidden")
+    assert BudgetExhausted(tenant, res, bound=0, budget=2, adds=3).render() in msg
+
+    # a retryable refusal, found by the binder's node ledgers: 503
+    await anyio.to_thread.run_sync(_hold_lease, system, "e2e-no-leader", 60)
+    try:
+        await eventually(lambda: _no_leader(system), timeout=15, interval=0.1,
+                         what="no replica leading")
+        vmi = annotated(fixture("vmi-fedora.yaml"), "vm-ledgers", devices="held-0,held-1")
+        denied: list = []
+
+        async def create_it() -> None:
+            denied.append(await create_denied(fleet, tenant, vmi))
+
+        async def requested() -> str | None:
+            brs = [(d.get("status") or {}).get("bindRequest") or {}
+                   for d in await devices(fleet, tenant)]
+            ids = {br.get("id") for br in brs}
+            return ids.pop() if len(brs) == 2 and len(ids) == 1 and None not in ids else None
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(create_it)
+            rid = await eventually(requested, timeout=5, interval=0.02,
+                                   what="the webhook's request on both held devices")
+            written = SetRefused((DeviceAt("held-0"), DeviceAt("held-1")), (LedgersRefused((
+                NodeRefusal(nodes["a"], Short((NoRoom(res, needs=2, free=1),))),)),),
+                RequestRef(tenant, "vm-ledgers", rid)).render()
+            await fleet.set_status(tenant, "held-1", {"bindRequest": {
+                "result": "Refused", "message": written, "code": "ledgers_refused"}},
+                field_manager="gpu-binder")
+            await anyio.to_thread.run_sync(_hold_lease, system, "", 1)
+        code, reason, msg = denied[0]
+        assert (code, reason) == (503, "ServiceUnavailable"), msg
+        assert msg.endswith(written)
+    finally:
+        if await anyio.to_thread.run_sync(system.leader) == "e2e-no-leader":  # failed early
+            await anyio.to_thread.run_sync(_hold_lease, system, "", 1)
+        await leader_index(system)

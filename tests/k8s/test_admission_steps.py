@@ -7,9 +7,12 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from datetime import datetime, timedelta, timezone
+
 from k8s import errors
-from k8s.webhook.review import Category
-from k8s.webhook.steps import STEP_PARALLEL, Denied, api_denial, each
+from k8s.webhook.steps import STEP_PARALLEL, Attempt, Denied, api_denial, each, wait_result
+from model.reasons import BinderRefused, Code, DeviceAttached
+from model.types import BindRequest, DeviceStatus, GPUDevice, Result
 from tests.timing import FAKE_TIME
 
 pytestmark = pytest.mark.anyio
@@ -44,12 +47,14 @@ async def test_a_denial_is_raised_as_it_is_before_an_api_error() -> None:
         if name == "api":
             raise errors.Conflict("patch GPUDevice t/api", 409, "conflict")
         if name == "taken":  # fails in the same step as "api": both are in the group
-            raise Denied(Category.POLICY, "GPU device taken is attached to VMI other")
+            raise Denied(DeviceAttached("taken", "other"))
         await anyio.sleep(1)  # a slow write, cancelled by the failures
 
     t0 = anyio.current_time()
-    with pytest.raises(Denied, match="attached to VMI other"):
+    with pytest.raises(Denied, match="attached to VMI other") as raised:
         await each(write, ["api", "slow", "taken"])
+    assert raised.value.reason == DeviceAttached("taken", "other")
+    assert raised.value.denial.code == 403
     assert anyio.current_time() == t0  # the slow write did not hold the denial back
 
 
@@ -76,3 +81,37 @@ def test_an_api_failure_in_a_step_gets_the_status_of_what_it_is(error, status) -
     assert denial.code == status
     assert str(error) in denial.message
     assert denial.message.endswith("; retry") == denial.retryable == (status in (429, 503))
+
+
+class _Answered:
+    """A `ResultWaiter` whose devices already carry the binder's answer."""
+
+    def __init__(self, *devices: GPUDevice) -> None:
+        self.devices = list(devices)
+
+    async def wait(self, namespace, request_id, names, timeout):
+        return self.devices
+
+
+def _refused(name: str, message: str | None, code: Code | None) -> GPUDevice:
+    br = BindRequest("r1", "vm", ("g1", "g2"), result=Result.REFUSED, message=message, code=code)
+    return GPUDevice("t1", name, "h100", None, DeviceStatus(bind_request=br))
+
+
+@pytest.mark.parametrize(("code", "status"), [
+    (Code.LEDGERS_REFUSED, 503),   # retryable: a retry decides again
+    (Code.BUDGET_EXHAUSTED, 403),  # policy
+    (Code.DEVICE_NOT_FOUND, 422),  # the request itself is wrong
+    (None, 403),                   # an older replica wrote no code: as before the field
+])
+async def test_a_binder_refusal_is_answered_in_the_category_of_its_code(code, status) -> None:
+    """W3 (4): the binder's refusal crosses the status boundary typed (`bindRequest.code`
+    beside its message): the webhook's status follows the code, the text is the binder's."""
+    now = datetime(2026, 1, 2, tzinfo=timezone.utc)
+    attempt = Attempt("t1", "vm", "r1", now, None, timedelta(seconds=30), lambda: now)
+    waiter = _Answered(_refused("g1", "refused t1/vm request r1: …", code), _refused("g2", None, None))
+    with pytest.raises(Denied) as raised:
+        await wait_result(waiter, attempt, ("g1", "g2"), 1.0, 30.0)
+    assert raised.value.reason == BinderRefused("t1", "vm", "refused t1/vm request r1: …", code)
+    assert (raised.value.denial.code, raised.value.denial.message) == (
+        status, "refused t1/vm request r1: …")

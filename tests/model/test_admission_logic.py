@@ -222,6 +222,11 @@ def test_W1_request_bounds_equal_the_gpudevice_schema():
     assert tol["maxItems"] == a.MAX_TOLERATIONS
     assert tol["items"]["properties"]["key"]["maxLength"] == a.MAX_LABEL_KEY
     assert tol["items"]["properties"]["value"]["maxLength"] == a.MAX_LABEL_VALUE
+    # the refusal's code beside its message: optional (older replicas write none), any string
+    # (a newer replica's code must not make the write invalid), bounded like a label value
+    assert br["code"] == {"description": br["code"]["description"], "type": "string", "maxLength": 63}
+    assert max(len(c.value) for c in Code) <= 63 and "code" not in crd["spec"]["versions"][0][
+        "schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["bindRequest"]["required"]
 
 
 def test_W1_unknown_gpu_annotation_is_refused_by_the_webhook_rule_and_explain_alike():

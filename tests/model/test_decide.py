@@ -98,7 +98,7 @@ def test_B1_budget_exhausted_refuses_whole_request():
     s = world([node("node-1", 8)], [dev("held-1", "node-1"), dev("held-2", "node-1"), dev("gpu-a")],
               budgets=[Budget(NS, H, 3), Budget(NS, H, 2)])
     d = decide(s, req("gpu-a"))
-    assert d.reason == refused([("gpu-a", None)], BudgetExhausted(NS, H, usage=2, budget=2, adds=1))
+    assert d.reason == refused([("gpu-a", None)], BudgetExhausted(NS, H, bound=2, budget=2, adds=1))
 
 
 def test_B1_budget_counts_reservations_but_moves_add_nothing():
@@ -158,7 +158,7 @@ def test_B2_a_reservation_in_flight_holds_the_unit_and_the_budget_slot():
     p = first.placements[0]
     held = s.with_reservation(Hold("r1", NS, p.node, p.needs, p.budget_needs))
     assert decide(held, req("gpu-b", rid="r2")).reason.reasons == (
-        BudgetExhausted(NS, H, usage=1, budget=1, adds=1),)
+        BudgetExhausted(NS, H, bound=0, budget=1, adds=1, reserved=1),)
     assert decide(held.without_reservation("r1"), req("gpu-b", rid="r2")).result is Result.SUCCEEDED
 
 

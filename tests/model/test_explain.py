@@ -76,7 +76,7 @@ def test_W1_explain_says_budget_and_by_how_much():
                           devices=[dev("gpu-a", on="n1")], budgets=[Budget(NS, H, 2)])
     e = ex(snap, templates=[("h100", 3)])
     assert not e.admitted
-    budget = BudgetExhausted(NS, H, usage=1, budget=2, adds=3)
+    budget = BudgetExhausted(NS, H, bound=1, budget=2, adds=3)
     assert e.reason == CannotPlace(NS, "vm-1", (budget,))  # W1 says what B1 says
     assert e.set_problems == (budget,)
     assert e.budget_short == ((H, 2),)

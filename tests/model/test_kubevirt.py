@@ -121,12 +121,12 @@ def test_parse_node_reads_ready_condition_and_taints():
                                      {"type": "Ready", "status": "True"}],
                       "allocatable": {H: "4"}}}
     n = parse_node(obj)
-    assert n.ready and n.kubevirt_schedulable and n.placement_problems() == []
+    assert n.ready and n.kubevirt_schedulable and n.placement_reasons() == []
     assert n.taints == (NOT_READY, Taint("gpu", "x", "NoExecute"))
     obj["status"]["conditions"][1]["status"] = "Unknown"
     assert not parse_node(obj).ready
     del obj["status"]["conditions"]
-    assert parse_node(obj).placement_problems() == ["not Ready"]
+    assert parse_node(obj).placement_reasons() == [NotReady()]
 
 
 def test_bind_request_tolerations_round_trip_and_bad_operator_is_a_parse_error():

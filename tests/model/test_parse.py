@@ -21,6 +21,7 @@ from model.parse import (
     parse_quantity_int,
     parse_vmi_request,
 )
+from model.reasons import Code
 from model.settings import RAW_ALLOWED, RAW_DENIED, format_resource_names, resource_names
 from model.types import (
     Attachment,
@@ -211,7 +212,8 @@ def statuses(draw) -> DeviceStatus:
     br = draw(st.none() | st.builds(
         BindRequest, names, names, st.lists(names, min_size=1, max_size=3).map(tuple), st.none() | times,
         st.dictionaries(names, names, max_size=2).map(lambda m: tuple(sorted(m.items()))),
-        st.none() | st.sampled_from(Result), st.none() | st.text(max_size=20), st.none() | names))
+        st.none() | st.sampled_from(Result), st.none() | st.text(max_size=20), st.none() | names,
+        code=st.none() | st.sampled_from(Code)))
     return DeviceStatus(Phase.BOUND if bound else Phase.PENDING, draw(names) if bound else draw(st.none() | names),
                         draw(st.none() | times), draw(st.none() | st.builds(Attachment, names, times)), br)
 
@@ -221,6 +223,21 @@ def statuses(draw) -> DeviceStatus:
 def test_device_status_round_trips_through_the_api_shape(status):
     obj = {"metadata": {"name": "g", "namespace": "t"}, "spec": {"class": "c"}, "status": device_status_to_dict(status)}
     assert parse_gpu_device(obj).status == status
+
+
+def test_bind_request_code_is_read_typed_and_an_absent_or_unknown_one_is_none():
+    """`bindRequest.code` (the refusal's reason code beside its message): read as a `Code`;
+    absent (a replica older than the field) or unknown (a newer replica's code) reads as
+    None, never as a malformed device, so the readers fall back to a policy refusal."""
+    br = {"id": "r1", "vmi": "vm-1", "devices": ["gpu-1"], "result": "Refused", "message": "no"}
+    read = lambda **extra: parse_gpu_device(device_obj(bindRequest={**br, **extra})).status.bind_request
+    assert read(code="ledgers_refused").code is Code.LEDGERS_REFUSED
+    assert read().code is None
+    assert read(code="some_code_of_a_newer_replica").code is None
+    assert read(code="ledgers_refused").message == "no"
+    out = device_status_to_dict(DeviceStatus(bind_request=read(code="budget_exhausted")))
+    assert out["bindRequest"]["code"] == "budget_exhausted"
+    assert "code" not in device_status_to_dict(DeviceStatus(bind_request=read()))["bindRequest"]
 
 
 def test_settings_resource_names():

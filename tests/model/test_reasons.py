@@ -18,8 +18,8 @@ WORDING = [
     (r.NoDevices(), "request lists no devices"),
     (r.ClassNotFound("a100"), "class a100 not found"),
     (r.NotEntitled("tenant-a", "h100"), "tenant tenant-a not entitled to class h100"),
-    (r.BudgetExhausted("tenant-a", H, 2, 2, 1),
-     "budget of tenant tenant-a for nvidia.com/H100 exhausted: 2 bound or reserved of 2, request adds 1"),
+    (r.BudgetExhausted("tenant-a", H, 6, 8, 1, reserved=2),
+     "budget of tenant tenant-a for nvidia.com/H100 exhausted: 6 bound + 2 being bound of 8, request adds 1"),
     (r.WrongNamespace("other", "tenant-a"), "device of namespace other in a set of tenant tenant-a"),
     (r.NoFreeUnit("h100", H), "no schedulable node serving class h100 has a free nvidia.com/H100"),
     (r.NodeGone(), "gone"),
@@ -36,8 +36,16 @@ WORDING = [
     (r.NoEligibleNode((r.NodeProblems("n1", (r.Cordoned(), r.NoRoom(H, 2, 1))),
                        r.NodeProblems("n2", (r.NodeGone(),))), 4),
      "n1: cordoned, needs 2 × nvidia.com/H100, has 1 free; n2: gone; and 4 more nodes"),
-    (r.LedgersRefused(("n1: node is cordoned", "n2: needs 1 × nvidia.com/H100, has 0 free")),
-     "node ledgers refused every candidate: n1: node is cordoned; n2: needs 1 × nvidia.com/H100, has 0 free"),
+    (r.LedgersRefused((r.NodeRefusal("n1", r.NodeUnfit((r.Cordoned(), r.NotReady()))),
+                       r.NodeRefusal("n2", r.Short((r.NoRoom(H, 1, 0), r.NoRoom("x.com/L40S", 2, 1)))),
+                       r.NodeRefusal("n3", r.LedgerRebuilt(7, 5)),
+                       r.NodeRefusal("n4", r.NoReservation()),
+                       r.NodeRefusal("n5", r.NoNodeActor()),
+                       r.NodeRefusal("n6", r.NodeActorUnavailable("TimeoutError")))),
+     "node ledgers refused every candidate: n1: node is cordoned and not Ready; "
+     "n2: needs 1 × nvidia.com/H100, has 0 free; needs 2 × x.com/L40S, has 1 free; "
+     "n3: ledger rebuilt: incarnation 7, prepared in 5; n4: no reservation (expired or aborted); "
+     "n5: no node actor; n6: node actor unavailable (TimeoutError)"),
     (r.UnknownAnnotation(("gpu.cozystack.io/tempaltes",), "gpu.cozystack.io/devices", "gpu.cozystack.io/templates"),
      'unknown annotation gpu.cozystack.io/tempaltes: gpu-binder reads gpu.cozystack.io/devices '
      '(held devices, "gpu-a,gpu-b") and gpu.cozystack.io/templates (new devices, "h100=2,l40s=1")'),
@@ -77,6 +85,44 @@ WORDING = [
      "tenant t1 has 2 GPU admissions in progress at this gpu-binder replica holding 2 × "
      "nvidia.com/H100 of its budget of 4 (2 used) and this set adds 1: more than its fair share "
      "while they last; too many requests, retry after 1 s"),
+    (r.VmiExists("t1", "vm"), "VMI t1/vm already exists; delete it first or choose another name"),
+    (r.NameUnconfirmed("t1", "vm", "read VMI t1/vm: 500 boom" + "x" * 300),
+     "cannot confirm that VMI t1/vm does not exist yet: read VMI t1/vm: 500 boom" + "x" * 176
+     + "; retry"),
+    (r.DeviceMalformed("g1", "status.phase: must be Pending or Bound"),
+     "GPU device g1 is malformed: status.phase: must be Pending or Bound"),
+    (r.DeviceDeleted("g1"), "GPU device g1 was deleted during admission"),
+    (r.AttachmentRefused("g1", "y" * 400), "GPU device g1: the API server refused the attachment: "
+     + "y" * 300),
+    (r.DeviceKeptChanging("g1"), "GPU device g1 kept changing while attaching it; try again"),
+    (r.NotBoundInTime("t1", "vm", "r1", 30.0),
+     "GPU set of VMI t1/vm was not bound within 30 s (request r1); try again"),
+    (r.BinderRefused("t1", "vm", "refused t1/vm request r1: devices g1 (Pending); no room"),
+     "refused t1/vm request r1: devices g1 (Pending); no room"),
+    (r.DeviceDisappeared("g1"), "GPU device g1 or its class disappeared during admission; retry"),
+    (r.ApiInvalid("patch GPUDevice t1/g1: 422 Invalid"), "patch GPUDevice t1/g1: 422 Invalid"),
+    (r.ApiThrottled("create Event in t1: 429"), "create Event in t1: 429; retry"),
+    (r.ApiForbidden("patch GPUDevice t1/g1: 403 Forbidden"), "patch GPUDevice t1/g1: 403 Forbidden"),
+    (r.ApiUnavailable("read GPUDevice t1/g1: timed out"), "read GPUDevice t1/g1: timed out; retry"),
+    (r.WrongMediaType("text/plain", "application/json"),
+     "unsupported content type 'text/plain'; expected application/json"),
+    (r.BodyTooLarge(3145728), "AdmissionReview larger than 3145728 bytes"),
+    (r.BodyNotJson("unexpected character: line 1 column 1 (char 0)"),
+     "request body is not valid JSON: unexpected character: line 1 column 1 (char 0)"),
+    (r.NotAReview("kind", "admission.k8s.io/v1"), "expected an admission.k8s.io/v1 AdmissionReview"),
+    (r.NotAVmi("", "Pod"), "gpu-binder admits only kubevirt.io VirtualMachineInstances, got ''/'Pod'"),
+    (r.NotACreate("UPDATE"), "gpu-binder handles CREATE only, got 'UPDATE'"),
+    (r.DryRunNotBoolean("str"), "AdmissionRequest.dryRun must be a boolean, got str"),
+    (r.MalformedMetadata(), "request.object.metadata must be an object"),
+    (r.InvalidAnnotations("t1", "vm", "gpu.cozystack.io/templates", "not class=count"),
+     "invalid GPU annotations on VMI t1/vm: gpu.cozystack.io/templates: not class=count"),
+    (r.InvalidVmi("t1", "vm", "spec.tolerations[0].effect", "unknown effect 'Sometimes'"),
+     "invalid VMI t1/vm: spec.tolerations[0].effect: unknown effect 'Sometimes'"),
+    (r.NoName(), "a VMI asking for GPUs needs metadata.name and a namespace (generateName is not supported)"),
+    (r.NotSynced(), "gpu-binder is starting (cache not synced); retry"),
+    (r.ShuttingDown(), "gpu-binder replica is shutting down; retry"),
+    (r.AdmissionTimedOut(25.0), "gpu-binder admission did not finish within 25 s; retry"),
+    (r.AdmissionCrashed("KeyError"), "gpu-binder admission failed internally: KeyError"),
 ]
 
 
@@ -98,6 +144,15 @@ def test_every_code_has_a_wording_row_and_one_reason_type():
     (r.ClassesNotServed(("h100", "l40s")), "does not serve classes h100, l40s"),
     (r.LostCapacity(H, 2, 0, 1), "lost capacity of nvidia.com/H100: 2 bound of 1"),
     (r.NoRoom(H, 2, 0, 3), "needs 2 × nvidia.com/H100, has 0 free (3 used by Pods outside the binder)"),
+    (r.BudgetExhausted("tenant-a", H, 8, 8, 2),
+     "budget of tenant tenant-a for nvidia.com/H100 exhausted: 8 bound of 8, request adds 2"),
+    (r.BinderRefused("t1", "vm"), "GPU set of VMI t1/vm was refused by the binder"),
+    (r.NotAReview("object"), "AdmissionReview must be a JSON object"),
+    (r.NotAReview("request"), "AdmissionReview.request with a string uid is required"),
+    (r.NotAReview("uid"), "AdmissionRequest.uid must be a non-empty string"),
+    (r.NotAReview("vmi"), "request.object must be an object"),
+    (r.MalformedMetadata(annotations=True), "metadata.annotations must map strings to strings"),
+    (r.ShuttingDown(while_admitting=True), "gpu-binder replica shut down while admitting; retry"),
     (r.NoNodeServes(("h100", "l40s")), "no node serves any of classes h100, l40s"),
     (r.NoEligibleNode((r.NodeProblems("n1", (r.Cordoned(),)),), 1), "n1: cordoned; and 1 more node"),
     (r.LedgersRefused(()), "node ledgers refused every candidate: no candidate node"),
@@ -120,7 +175,7 @@ def test_a_refusal_names_the_request_and_devices_and_takes_its_first_reasons_cod
     assert bare.render() == "no devices; no node serves class h100"
     w1 = r.CannotPlace("t1", "vm", (r.BudgetExhausted("t1", H, 1, 1, 1),))
     assert w1.render() == ("GPU set of VMI t1/vm cannot be placed: budget of tenant t1 for "
-                           "nvidia.com/H100 exhausted: 1 bound or reserved of 1, request adds 1")
+                           "nvidia.com/H100 exhausted: 1 bound of 1, request adds 1")
     assert (w1.code, w1.category) == (Code.BUDGET_EXHAUSTED, Category.POLICY)
 
 
@@ -148,7 +203,24 @@ def test_succeeded_wording():
     (Code.WRONG_NAMESPACE, Category.INVALID), (Code.UNKNOWN_ANNOTATION, Category.INVALID),
     (Code.HELD_DEVICE_NOT_FOUND, Category.INVALID),
     (Code.LEDGERS_REFUSED, Category.UNAVAILABLE), (Code.SAME_NAME_CONFLICT, Category.UNAVAILABLE),
-    (Code.TEMPLATE_BEING_DELETED, Category.UNAVAILABLE),
+    (Code.TEMPLATE_BEING_DELETED, Category.UNAVAILABLE), (Code.NOT_BOUND_IN_TIME, Category.UNAVAILABLE),
+    (Code.API_THROTTLED, Category.THROTTLED), (Code.API_FORBIDDEN, Category.INTERNAL),
+    (Code.VMI_EXISTS, Category.POLICY), (Code.ATTACHMENT_REFUSED, Category.INVALID),
 ])
 def test_categories(code, category):
     assert code.category is category
+
+
+@pytest.mark.parametrize("code", list(Code), ids=lambda c: c.value)
+def test_every_code_names_its_category_explicitly(code):
+    """No default: a code added without a category fails here (and raises KeyError in
+    `Code.category`), instead of being answered 403 silently."""
+    assert isinstance(r._CATEGORY.get(code), Category), f"{code} has no category in _CATEGORY"
+
+
+def test_a_binder_refusal_takes_the_category_of_the_code_written_beside_it():
+    assert r.BinderRefused("t1", "vm", "m", Code.LEDGERS_REFUSED).category is Category.UNAVAILABLE
+    assert r.BinderRefused("t1", "vm", "m", Code.BUDGET_EXHAUSTED).category is Category.POLICY
+    assert r.BinderRefused("t1", "vm", "m", Code.DEVICE_NOT_FOUND).category is Category.INVALID
+    # no code: an older replica's refusal, answered as before the code was written
+    assert r.BinderRefused("t1", "vm", "m").category is Category.POLICY

@@ -73,7 +73,7 @@ def test_index_is_copy_on_write():
     (Order(NS, "h100", "gpu-x"), Verdict(False, DeviceNotFound("gpu-x"))),
     (Order(NS, "a100"), Verdict(False, ClassNotFound("a100"))),
     (Order(NS, "l40s"), Verdict(False, NotEntitled(NS, "l40s"))),
-    (Order(NS, "h100"), Verdict(False, BudgetExhausted(NS, H, usage=2, budget=2, adds=1))),
+    (Order(NS, "h100"), Verdict(False, BudgetExhausted(NS, H, bound=2, budget=2, adds=1))),
     (Order(NS, "", "held"), Verdict(True, node="n1")),      # Bound in place: no budget needed
     (Order(NS, "h100", "stray"), Verdict(True, node="n2")),  # Bound on a node that lost capacity: moves
 ])
@@ -94,7 +94,7 @@ def test_W1_check_set_adds_each_admitted_device_before_the_next():
     s = world([node("n1", 2), node("n2", 1)], [dev("held", "n2")], budgets=[Budget(NS, H, 3)])
     assert check_set(s, NS, [Order(NS, "h100"), Order(NS, "h100")]) == Verdict(True, node="n1")
     assert check_set(s, NS, [Order(NS, "h100")] * 3) == Verdict(  # the set's numbers (as B1)
-        False, BudgetExhausted(NS, H, usage=1, budget=3, adds=3))
+        False, BudgetExhausted(NS, H, bound=1, budget=3, adds=3))
 
 
 def test_W1_check_set_requires_one_node_for_the_whole_set():
