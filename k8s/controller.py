@@ -179,7 +179,8 @@ class Controller:
             self.binder = Binder(cache.view, cache.view, writer, SystemClock(),
                                  binder_config(cfg), observer=metrics)
             keeper = Housekeeper(leading, cache, grace=grace, raw_policy=cfg.raw_resource_names,
-                                 period=cfg.housekeeping_period)
+                                 period=cfg.housekeeping_period,
+                                 answer_window=timedelta(seconds=cfg.bind_timeout))
             waiting = VMWaiting(leading, cache, grace=grace)
             try:
                 self.housekeeper, self.vm_waiting = keeper, waiting

@@ -44,7 +44,8 @@ class Housekeeper:
     """Runs H1–H3 every `period` seconds and whenever devices, VMIs, classes or the settings
     ConfigMap change (`coalesce` seconds after the first change of a burst; `k8s.rounds`).
     `client` makes its API calls (its timeout bounds each; writes carry field manager
-    `gpu-binder-housekeeping`); `grace` is `attachmentGrace`; up to `concurrency` devices
+    `gpu-binder-housekeeping`); `grace` is `attachmentGrace`; `answer_window` (the bind timeout)
+    is how long a refused request is left to the webhook that wrote it; up to `concurrency` devices
     are worked on at once. Errors are logged per action and the action is retried on the
     next round. `rounds` counts the rounds completed (paused ones included).
 
@@ -58,10 +59,11 @@ class Housekeeper:
 
     def __init__(self, client: KubeClient, cache: ClusterCache, *, grace: timedelta,
                  raw_policy: str, period: float = 5.0, concurrency: int = 16,
-                 coalesce: float = 0.2) -> None:
+                 coalesce: float = 0.2, answer_window: timedelta = timedelta(0)) -> None:
         self._client = client.using(field_manager=FIELD_MANAGER)
         self.cache = cache
         self.grace = grace
+        self.answer_window = answer_window
         self.raw_policy = raw_policy
         self.period = period
         self.concurrency = concurrency
@@ -97,7 +99,8 @@ class Housekeeper:
                 log.info("housekeeping resumed: informers follow the API server", rule="H2")
             self._paused = False
             await self._carry_out(plan(self.cache.view.devices().values(),
-                                       self.cache.vmi_state(), now, self.grace))
+                                       self.cache.vmi_state(), now, self.grace,
+                                       self.answer_window))
         if self.cache.healthy(self.cache.classes, self.cache.settings):
             await self.ensure_settings()
         if self.cache.healthy(self.cache.classes, self.cache.kubevirts):

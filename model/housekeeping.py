@@ -99,7 +99,8 @@ class Verdict:
 
 
 def judge(device: GPUDevice, vmis: VMIs, now: datetime, grace: timedelta,
-          links: Mapping[tuple[str, str], str] | None = None) -> Verdict | None:
+          links: Mapping[tuple[str, str], str] | None = None,
+          answer_window: timedelta = timedelta(0)) -> Verdict | None:
     """The state of `device`'s attachment (None when it has none), H1/H2 and W1. `links`
     (from `recorded_links`) maps (namespace, admission id) to the VMI uid that one device of
     the set records:
@@ -114,7 +115,11 @@ def judge(device: GPUDevice, vmis: VMIs, now: datetime, grace: timedelta,
        id (written before admission ids) is LIVE while a VMI of its name exists, `link` =
        that VMI's uid (recorded on that very device);
     3. its admission is among the deleted incarnations: GONE;
-    4. its own request (bindRequest id = admission) was refused: GONE;
+    4. its own request (bindRequest id = admission) was refused: GONE, once `answer_window`
+       (the webhook's bind timeout) has passed since the request was written; before that
+       PENDING, since the webhook that wrote it may still be reading the binder's answer
+       from the other members and clears it itself (W5): clearing it first made that
+       webhook see the request withdrawn and answer a timeout instead of the refusal;
     5. a VMI of its name exists as another incarnation (another admission annotation, or
        none: W7 keeps a VMI's annotation as admission wrote it, so it is not this
        attachment's VMI): PENDING within `grace` of the attachment (an admission of a new
@@ -138,6 +143,10 @@ def judge(device: GPUDevice, vmis: VMIs, now: datetime, grace: timedelta,
     br = device.status.bind_request
     if att.admission and br is not None and br.id == att.admission \
             and br.result is Result.REFUSED:
+        asked = br.requested_at or att.since
+        if now - asked <= answer_window:
+            return Verdict(State.PENDING, f"the request of VMI {att.vmi} was refused; its "
+                                          "webhook may still be reading the answer")
         return Verdict(State.GONE, f"the request of VMI {att.vmi} was refused")
     if rec is not None:
         if now - att.since <= grace:
@@ -222,7 +231,7 @@ Action = ClearAttachment | DeleteTemplate | LinkAttachment
 
 
 def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
-         grace: timedelta) -> list[Action]:
+         grace: timedelta, answer_window: timedelta = timedelta(0)) -> list[Action]:
     """Actions for H1 and H2, sorted by device key (`judge` decides each attachment).
 
     - GONE (H2): a held device's attachment is cleared, a template device deleted; held
@@ -235,6 +244,7 @@ def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
     - A template device with no attachment is deleted when no VMI of its name exists and it
       was created more than `grace` ago (an admission creates it just before attaching it).
     `vmis` may be a plain set of live keys (no uids known). `now` is timezone-aware UTC.
+    `answer_window`: how long a refused request is left to its webhook (`judge`, case 4).
     """
     if not isinstance(vmis, VMIs):
         vmis = VMIs.of_keys(vmis)
@@ -245,7 +255,7 @@ def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
     for d in devices:
         att = d.status.attached_to
         if att is not None:
-            v = judge(d, vmis, now, grace, links)
+            v = judge(d, vmis, now, grace, links, answer_window)
             assert v is not None
             if v.state is State.LIVE:
                 group = (d.namespace, att.admission or "")

@@ -148,6 +148,21 @@ def test_refused_request_of_the_attachments_own_admission_is_gone():
                  GRACE).state is State.PENDING
 
 
+def test_H2_a_refused_request_is_left_to_its_webhook_for_the_answer_window():
+    """The webhook that wrote a refused request reads the binder's answer from every member
+    and clears the request itself (W5); H2 clears it only once the bind timeout has passed
+    since it was written, else that webhook saw it withdrawn and answered a timeout."""
+    window = timedelta(seconds=20)
+    asked = NOW - timedelta(seconds=5)
+    br = BindRequest("a1", "vm-a", ("held",), requested_at=asked, result=Result.REFUSED)
+    d = dev("held", "vm-a", since_s=5, admission="a1", request=br)
+    assert judge(d, VMIs(), NOW, GRACE, answer_window=window).state is State.PENDING
+    assert plan([d], VMIs(), NOW, GRACE, answer_window=window) == []
+    later = NOW + timedelta(seconds=16)
+    assert judge(d, VMIs(), later, GRACE, answer_window=window).state is State.GONE
+    assert [a.rule for a in plan([d], VMIs(), later, GRACE, answer_window=window)] == ["H2"]
+
+
 def test_without_drops_a_vmi_a_live_read_says_is_gone_and_tombstones_it():
     v = live(("vm-a", "u1", "a1")).without(("t1", "vm-a"))
     assert v.live == {} and ("t1", "a1") in v.deleted
