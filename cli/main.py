@@ -326,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "e2e: the whole system on a local control plane; packing: one "
                             "churn trace per load replayed against gpu-binder, kube-scheduler "
                             "(default and MostAllocated) and the repacking bound; fairness: "
-                            "tenant B's ten creates alone and under tenant A's 200 at once; "
+                            "one tenant's burst of 200 creates alone, and tenant B's 50 creates alone and under tenant A's floods of 200; "
                             "scale: a populated KWOK cluster with KubeVirt (start-up, memory, "
                             "admissions quiet and in bursts, leader failover); soak: "
                             "scale's population under seeded churn (creates, deletes, cordons, "

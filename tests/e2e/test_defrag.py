@@ -74,7 +74,7 @@ async def test_D1_D2_D4_a_4_gpu_vmi_refused_for_fragmentation_is_admitted_after_
     rounds0 = await counter_total(system, ROUNDS)
     await eventually(lambda: _counted(system, ROUNDS, rounds0 + 2), what="two more rounds run")
     assert {_nodes(await devices(fleet, tenant))[n] for n in ("idle-0", "idle-1")} == {nodes["a"]}
-    assert await counter_total(system, MOVES) == moves0  # those rounds moved nothing
+    assert _moved_in(system, tenant) == []  # those rounds moved nothing of this tenant's
 
     await fleet.custom.patch_cluster_custom_object(
         GROUP, VERSION, "gpuclasses", stay, {"spec": {"onCordon": "Move"}},
@@ -93,17 +93,24 @@ async def test_D1_D2_D4_a_4_gpu_vmi_refused_for_fragmentation_is_admitted_after_
     assert sorted(n for n, node in final.items() if node == nodes["a"]) == [
         f"big-{cls}-{i}" for i in range(4)]
 
-    events = json.loads(system.cp.kubectl("get", "events", "-n", tenant, "-o", "json").stdout)
-    moves = [e for e in events["items"] if e["reason"] == "GPUDeviceMoved"]
+    moves = _moved_in(system, tenant)
     assert sorted(e["involvedObject"]["name"] for e in moves) == ["idle-0", "idle-1"]
     assert all(f"from {nodes['a']} to {nodes['b']}" in e["message"] for e in moves)
+    # the counter is cluster-wide: the same rounds may also move idle devices earlier tests on
+    # this session's cluster left behind, so it grows by this test's two moves at least (the
+    # Events above say exactly which of this tenant's devices moved)
     await eventually(lambda: _counted(system, MOVES, moves0 + 2), what="the two moves counted")
-    assert await counter_total(system, MOVES) == moves0 + 2  # this test's two moves, no more
     got = await scrape(system, await leader_index(system))
     assert ("gpu_binder_largest_placeable_set", (("class", cls),)) in got  # set by the rounds
 
 
 MOVES, ROUNDS = "gpu_binder_defrag_moves_total", "gpu_binder_defrag_rounds_total"
+
+
+def _moved_in(system, namespace: str) -> list[dict]:
+    """The GPUDeviceMoved Events (D4) on devices of `namespace`."""
+    events = json.loads(system.cp.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)
+    return [e for e in events["items"] if e["reason"] == "GPUDeviceMoved"]
 
 
 async def _counted(system, name: str, at_least: float) -> bool:

@@ -87,7 +87,13 @@ async def test_DR5_scheduler_allocates_exactly_the_pinned_partition_and_binds_on
     async def bound():
         pod = await launcher(fleet, ns, made["metadata"]["uid"])
         return pod if pod and pod["spec"].get("node_name") else None
-    pod = await eventually(bound, timeout=60, what="launcher Pod bound")
+    try:
+        pod = await eventually(bound, timeout=60, what="launcher Pod bound")
+    except AssertionError as exc:
+        seen = await launcher(fleet, ns, made["metadata"]["uid"])
+        claim = await fleet.custom.get_namespaced_custom_object(RESOURCE, "v1", ns, "resourceclaims", "set")
+        raise AssertionError(f"{exc}; launcher Pod status: {(seen or {}).get('status')}; "
+                             f"claim status: {claim.get('status')}") from None
     assert pod["spec"]["node_name"] == node
     assert [c["resource_claim_name"] for c in pod["spec"]["resource_claims"]] == ["set"]
     claim = await fleet.custom.get_namespaced_custom_object(RESOURCE, "v1", ns, "resourceclaims", "set")

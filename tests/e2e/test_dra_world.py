@@ -69,6 +69,19 @@ def test_DR5_the_claim_controller_makes_a_pods_claim_from_its_template(control_p
                     "containers": [{"name": "c", "image": "none",
                                     "resources": {"claims": [{"name": "gpus"}]}}]}}
     _apply(control_plane, template, pod)
+    try:
+        _claim_made_for_the_pod(control_plane, claim_controller, ns)
+    finally:
+        # the Pod would stay Pending and take the first free partition of pairs some later
+        # test's node publishes (a foreign claim to that test): delete it and its claim
+        control_plane.kubectl("delete", "pod", "p", "-n", ns, "--ignore-not-found",
+                              "--grace-period=0", "--force", check=False)
+        control_plane.kubectl("delete", "resourceclaims", "--all", "-n", ns,
+                              "--ignore-not-found", "--wait=false", check=False)
+
+
+def _claim_made_for_the_pod(control_plane, claim_controller, ns: str) -> None:
+    """Wait (20 s at most) for the claim the controller makes for Pod `p` and check it."""
     deadline = time.monotonic() + 20
     claims: list = []
     while time.monotonic() < deadline and not claims:
