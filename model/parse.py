@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping
 
+from model.dra import DeviceRef
 from model.reasons import Code
 from model.types import (
     DEVICES_ANNOTATION,
+    DRA_QUOTA_SUFFIX,
     TEMPLATE_FOR_LABEL,
     TEMPLATES_ANNOTATION,
     Attachment,
@@ -34,6 +36,7 @@ from model.types import (
     SelectorRequirement,
     Taint,
     Toleration,
+    dra_resource_name,
     freeze_labels,
 )
 
@@ -200,23 +203,79 @@ def _parse_label_selector(value: Any, reader: _Reader, field: str) -> LabelSelec
     return LabelSelector(match_labels, tuple(reqs))
 
 
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|m|s|ms)")
+
+
+def parse_duration(value: str) -> timedelta:
+    """A Go/metav1 duration ("30m", "1h30m", "45s", "1.5h", "500ms") → timedelta. Raises
+    ValueError for an empty, negative or malformed text."""
+    text = value.strip() if isinstance(value, str) else ""
+    pos, total = 0, 0.0
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    while pos < len(text):
+        m = _DURATION_PART.match(text, pos)
+        if m is None:
+            break
+        total += float(m.group(1)) * units[m.group(2)]
+        pos = m.end()
+    if not text or pos != len(text):
+        raise ValueError(f"not a duration like 30m or 1h30m: {value!r}")
+    return timedelta(seconds=total)
+
+
 def parse_gpu_class(obj: dict) -> GPUClass:
-    """A GPUClass object → GPUClass. Raises ParseError ("GPUClass h100: spec.resourceName:
-    required") for a missing name or resourceName, an onCordon other than Move/Stay, or a
-    malformed nodeSelector/namespaceSelector."""
+    """A GPUClass object → GPUClass. Raises ParseError ("GPUClass h100: spec.onCordon: ...")
+    for a missing name, an onCordon other than Move/Stay, a malformed nodeSelector/
+    namespaceSelector, selectors or keepSetFor.
+
+    DR1: exactly one of `spec.resourceName` (count mode) and `spec.deviceClassName` (device
+    mode). Both or neither is not a ParseError: the class is returned with `problem` saying
+    so (it serves nothing; its VMIs are refused with that text, and the controller shows it as
+    a condition), so one bad class never hides from the tenants what is wrong."""
     r, meta = _metadata(obj, "GPUClass", namespaced=False)
     spec = r.obj(obj.get("spec"), "spec", required=True)
-    resource = r.text(spec.get("resourceName"), "spec.resourceName", required=True)
+    resource = r.text(spec.get("resourceName"), "spec.resourceName")
+    device_class = r.text(spec.get("deviceClassName"), "spec.deviceClassName")
     on_cordon = r.text(spec.get("onCordon"), "spec.onCordon") or OnCordon.MOVE.value
     if on_cordon not in (OnCordon.MOVE.value, OnCordon.STAY.value):
         raise r.fail("spec.onCordon", f"must be Move or Stay, got {on_cordon!r}")
     ns_sel = spec.get("namespaceSelector")
+    selectors: list[str] = []
+    raw_selectors = spec.get("selectors")
+    if raw_selectors is not None and not isinstance(raw_selectors, list):
+        raise r.fail("spec.selectors", "must be a list of {cel: {expression}}")
+    for i, sel in enumerate(raw_selectors or ()):
+        cel = r.obj(r.obj(sel, f"spec.selectors[{i}]").get("cel"), f"spec.selectors[{i}].cel", required=True)
+        selectors.append(r.text(cel.get("expression"), f"spec.selectors[{i}].cel.expression", required=True))
+    topology = r.obj(spec.get("topology"), "spec.topology")
+    match_attribute = r.text(topology.get("matchAttribute"), "spec.topology.matchAttribute") or None
+    keep_text = r.text(spec.get("keepSetFor"), "spec.keepSetFor")
+    keep = None
+    if keep_text:
+        try:
+            keep = parse_duration(keep_text)
+        except ValueError as e:
+            raise r.fail("spec.keepSetFor", str(e)) from None
+    problem = None
+    if resource and device_class:
+        problem = "sets both spec.resourceName and spec.deviceClassName: exactly one is allowed (DR1)"
+    elif not resource and not device_class:
+        problem = "sets neither spec.resourceName nor spec.deviceClassName: exactly one is required (DR1)"
+    elif resource and (selectors or match_attribute):
+        problem = "spec.selectors and spec.topology need spec.deviceClassName (device mode, DR1)"
+    if device_class and not resource:
+        resource = dra_resource_name(device_class)
     return GPUClass(
         name=meta["name"],
-        resource_name=resource,
+        resource_name=resource or "",
         on_cordon=OnCordon(on_cordon),
         node_selector=r.labels(spec.get("nodeSelector"), "spec.nodeSelector"),
         namespace_selector=None if ns_sel is None else _parse_label_selector(ns_sel, r, "spec.namespaceSelector"),
+        device_class_name=device_class,
+        selectors=tuple(selectors),
+        match_attribute=match_attribute,
+        keep_set_for=keep,
+        problem=problem,
     )
 
 
@@ -397,6 +456,7 @@ def parse_gpu_device(obj: dict) -> GPUDevice:
             bound_at=r.time(status.get("boundAt"), "status.boundAt"),
             attached_to=attached,
             bind_request=_parse_bind_request(r, status.get("bindRequest")),
+            device=_parse_device_record(r, status.get("device")),
         ),
         resource_version=r.text(meta.get("resourceVersion"), "metadata.resourceVersion"),
         uid=r.text(meta.get("uid"), "metadata.uid"),
@@ -405,9 +465,22 @@ def parse_gpu_device(obj: dict) -> GPUDevice:
     )
 
 
+def _parse_device_record(r: _Reader, value: Any) -> DeviceRef | None:
+    """`status.device` `{driver, pool, device}` (DR2) → DeviceRef; None when absent."""
+    if value is None:
+        return None
+    m = r.obj(value, "status.device")
+    return DeviceRef(r.text(m.get("driver"), "status.device.driver", required=True),
+                     r.text(m.get("pool"), "status.device.pool", required=True),
+                     r.text(m.get("device"), "status.device.device", required=True))
+
+
 def parse_budgets(resource_quota: dict) -> list[Budget]:
     """A ResourceQuota → one Budget per `spec.hard["requests.<resourceName>"]` whose resource
-    is an extended resource (contains "/"), in key order; other keys are ignored. Raises
+    is an extended resource (contains "/"), and one per DRA device count
+    `spec.hard["<deviceClassName>.deviceclass.resource.k8s.io/devices"]` (a device-mode
+    class's budget, DR1; its resource is the key itself), in key order; other keys are
+    ignored. Raises
     ParseError for a missing name/namespace or a budget that is not a whole, non-negative
     quantity."""
     r, meta = _metadata(resource_quota, "ResourceQuota", namespaced=True)
@@ -415,12 +488,16 @@ def parse_budgets(resource_quota: dict) -> list[Budget]:
     hard = r.obj(spec.get("hard"), "spec.hard")
     budgets = []
     for key in sorted(k for k in hard if isinstance(k, str)):
-        if not key.startswith("requests.") or "/" not in key:
+        if key.endswith(DRA_QUOTA_SUFFIX) and not key.startswith("requests."):
+            resource = key  # DRA devices of a DeviceClass (DR1): the quota key is the resource
+        elif key.startswith("requests.") and "/" in key:
+            resource = key[len("requests."):]
+        else:
             continue
         n = parse_quantity_int(hard[key])
         if n is None or n < 0:
             raise r.fail(f"spec.hard[{key}]", f"must be a whole, non-negative number, got {hard[key]!r}")
-        budgets.append(Budget(meta["namespace"], key[len("requests."):], n))
+        budgets.append(Budget(meta["namespace"], resource, n))
     return budgets
 
 
@@ -538,4 +615,7 @@ def device_status_to_dict(status: DeviceStatus) -> dict:
         if br.tolerations:
             b["tolerations"] = tolerations_to_list(br.tolerations)
         out["bindRequest"] = b
+    if status.device is not None:
+        out["device"] = {"driver": status.device.driver, "pool": status.device.pool,
+                         "device": status.device.device}
     return out

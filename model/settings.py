@@ -18,8 +18,17 @@ RAW_DENIED = "denied"
 
 
 def resource_names(classes: Iterable[GPUClass]) -> tuple[str, ...]:
-    """The effective resource-name set: every class's `resource_name`, unique, sorted."""
-    return tuple(sorted({c.resource_name for c in classes}))
+    """The effective resource-name set: every count-mode class's `resource_name`, unique,
+    sorted (device-mode classes name DeviceClasses, not extended resources: DR1)."""
+    return tuple(sorted({c.resource_name for c in classes
+                         if not c.device_mode and c.resource_name}))
+
+
+def device_class_names(classes: Iterable[GPUClass]) -> tuple[str, ...]:
+    """The managed DeviceClasses: every device-mode class's `device_class_name`, unique,
+    sorted (`data.deviceClassNames`; under `rawResourceNames: denied` tenants may not claim
+    them themselves, DR5)."""
+    return tuple(sorted({c.device_class_name for c in classes if c.device_class_name}))
 
 
 def format_resource_names(names: Iterable[str]) -> str:

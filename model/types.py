@@ -7,10 +7,11 @@ values hash and compare by content. Parsers from Kubernetes objects live in `mod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import Mapping
 
+from model.dra import DeviceRef, SliceDevice
 from model.reasons import Code, Cordoned, NotKubevirtSchedulable, NotReady, Reason
 
 GROUP = "gpu.cozystack.io"
@@ -24,6 +25,9 @@ ADMISSION_ANNOTATION = "gpu.cozystack.io/admission"
 device's `status.attachedTo.admission`, linking the VMI incarnation to its attachments."""
 KUBEVIRT_SCHEDULABLE_LABEL = "kubevirt.io/schedulable"
 """KubeVirt puts `kubevirt.io/schedulable: "true"` into every launcher Pod's nodeSelector (B3)."""
+DRA_QUOTA_SUFFIX = ".deviceclass.resource.k8s.io/devices"
+"""ResourceQuota counts DRA devices of a DeviceClass under `<deviceClassName>` + this suffix
+(Kubernetes' quota for `resource.k8s.io`, and the budget key of a device-mode class, DR1)."""
 HARD_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
 """Taint effects kube-scheduler enforces (PreferNoSchedule only scores) (B3)."""
 
@@ -120,12 +124,29 @@ def labels_include(labels: Mapping[str, str], required: Labels) -> bool:
     return True
 
 
+def dra_resource_name(device_class_name: str) -> str:
+    """The resource key a device-mode class counts under: `<deviceClassName>.deviceclass.
+    resource.k8s.io/devices`, the name ResourceQuota gives a DeviceClass's devices (so a
+    tenant's budget of a device-mode class is that quota, DR1). Node capacity of this key is
+    the node's devices of the DeviceClass (`Node.allocatable`, filled in by the cache)."""
+    return device_class_name + DRA_QUOTA_SUFFIX
+
+
 @dataclass(frozen=True, slots=True)
 class GPUClass:
     """A GPUClass (cluster-scoped): the extended resource it names and where it may run.
 
     `node_selector` are labels a node must carry to serve the class; `namespace_selector`
     None means every namespace is entitled.
+
+    Device mode (DR1): `device_class_name` names a DeviceClass (`spec.deviceClassName`);
+    `resource_name` is then `dra_resource_name(device_class_name)` (budget and count key).
+    `selectors` are the class's own CEL expressions (`spec.selectors[].cel.expression`) a
+    device must also match; `match_attribute` is `spec.topology.matchAttribute` (may hold
+    `{size}`, DR3). `keep_set_for` is `spec.keepSetFor` (H4; None: off). `problem` is set
+    when the object is readable but cannot serve (both or neither of resourceName and
+    deviceClassName, a DeviceClass that does not exist, a selector that does not compile):
+    its text is the class's condition and the refusal of its VMIs.
     """
 
     name: str
@@ -133,6 +154,16 @@ class GPUClass:
     on_cordon: OnCordon = OnCordon.MOVE
     node_selector: Labels = ()
     namespace_selector: LabelSelector | None = None
+    device_class_name: str | None = None
+    selectors: tuple[str, ...] = ()
+    match_attribute: str | None = None
+    keep_set_for: timedelta | None = None
+    problem: str | None = None
+
+    @property
+    def device_mode(self) -> bool:
+        """True for a device-mode class (`spec.deviceClassName`, DR1)."""
+        return self.device_class_name is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +226,22 @@ class Node:
     ready: bool = True
     taints: tuple[Taint, ...] = ()
     foreign: tuple[tuple[str, int], ...] = ()
+    class_devices: tuple[tuple[str, tuple[SliceDevice, ...]], ...] = ()
+    """Device mode (DR1): per device-mode GPUClass name (sorted), the node's devices of the
+    current pool generations matching its DeviceClass's and its own selectors (sorted by
+    ref). Filled in by the cache from ResourceSlices; empty in count mode."""
+    taken_devices: frozenset[str] = frozenset()
+    """Device mode (DR2): names of this node's devices some ResourceClaim's allocation lists
+    or a NoSchedule/NoExecute device taint covers (the binder's own records are not in it:
+    the snapshot adds them). The devices of `class_devices` among them that no Bound record
+    names are also counted in `foreign` under the class's resource."""
+
+    def devices_of(self, class_name: str) -> tuple[SliceDevice, ...]:
+        """The devices of device-mode class `class_name` on this node (empty when none)."""
+        for name, devices in self.class_devices:
+            if name == class_name:
+                return devices
+        return ()
 
     @property
     def kubevirt_schedulable(self) -> bool:
@@ -278,6 +325,9 @@ class DeviceStatus:
     bound_at: datetime | None = None
     attached_to: Attachment | None = None
     bind_request: BindRequest | None = None
+    device: DeviceRef | None = None
+    """Device mode (DR2): `status.device` `{driver, pool, device}`, the exact device of its
+    node this GPUDevice holds while Bound (written with the placement by the binder)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ def test_value_types_have_the_fields_the_store_copies() -> None:
         "namespace", "name", "class_name", "template_for", "status", "resource_version", "uid",
         "created_at", "deleting"]
     assert [f.name for f in fields(DeviceStatus)] == [
-        "phase", "node_name", "bound_at", "attached_to", "bind_request"]
+        "phase", "node_name", "bound_at", "attached_to", "bind_request", "device"]
     assert [f.name for f in fields(BindRequest)] == [
         "id", "vmi", "devices", "requested_at", "node_selector", "result", "message", "node",
         "tolerations", "code"]

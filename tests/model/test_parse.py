@@ -114,7 +114,10 @@ def test_parse_gpu_device_malformed_names_object_and_field(obj, message):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({}, "GPUClass h100: spec.resourceName: required"),
+    ({"resourceName": H, "keepSetFor": "soon"},
+     "GPUClass h100: spec.keepSetFor: not a duration like 30m or 1h30m: 'soon'"),
+    ({"deviceClassName": "vfio.gpu.nvidia.com", "selectors": [{"cel": {}}]},
+     "GPUClass h100: spec.selectors[0].cel.expression: required"),
     ({"resourceName": H, "onCordon": "Drain"}, "GPUClass h100: spec.onCordon: must be Move or Stay, got 'Drain'"),
     ({"resourceName": H, "nodeSelector": ["a"]}, "GPUClass h100: spec.nodeSelector: must be an object, got list"),
     ({"resourceName": H, "namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}},
@@ -127,6 +130,43 @@ def test_parse_gpu_class_malformed(spec, message):
         parse_gpu_class({"metadata": {"name": "h100"}, "spec": spec})
     assert str(err.value) == message
     assert err.value.what == "GPUClass h100"
+
+
+@pytest.mark.parametrize("spec, problem", [
+    ({}, "sets neither spec.resourceName nor spec.deviceClassName: exactly one is required (DR1)"),
+    ({"resourceName": H, "deviceClassName": "vfio.gpu.nvidia.com"},
+     "sets both spec.resourceName and spec.deviceClassName: exactly one is allowed (DR1)"),
+    ({"resourceName": H, "topology": {"matchAttribute": "gpu.nvidia.com/partition{size}"}},
+     "spec.selectors and spec.topology need spec.deviceClassName (device mode, DR1)"),
+])
+def test_a_class_with_both_or_neither_mode_parses_with_its_problem(spec, problem):
+    """DR1: readable but unable to serve; the problem text is what its VMIs are refused with."""
+    cls = parse_gpu_class({"metadata": {"name": "h100"}, "spec": spec})
+    assert cls.problem == problem
+
+
+def test_a_device_mode_class_counts_under_its_deviceclass_quota_key():
+    cls = parse_gpu_class({"metadata": {"name": "hgx"}, "spec": {
+        "deviceClassName": "vfio.gpu.nvidia.com",
+        "selectors": [{"cel": {"expression": 'device.attributes["gpu.nvidia.com"].productName == "H100"'}}],
+        "topology": {"matchAttribute": "gpu.nvidia.com/partition{size}"}, "keepSetFor": "1h30m"}})
+    assert (cls.device_mode, cls.problem) == (True, None)
+    assert cls.resource_name == "vfio.gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
+    assert cls.selectors == ('device.attributes["gpu.nvidia.com"].productName == "H100"',)
+    assert cls.match_attribute == "gpu.nvidia.com/partition{size}"
+    assert cls.keep_set_for.total_seconds() == 5400
+    budgets = parse_budgets({"metadata": {"name": "q", "namespace": "t"}, "spec": {"hard": {
+        "vfio.gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "4", "cpu": "8"}}})
+    assert [(b.resource_name, b.hard) for b in budgets] == [(cls.resource_name, 4)]
+
+
+def test_the_device_record_round_trips():
+    obj = {"metadata": {"name": "g", "namespace": "t"}, "spec": {"class": "hgx"},
+           "status": {"phase": "Bound", "nodeName": "n1",
+                      "device": {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-vfio-3"}}}
+    dev = parse_gpu_device(obj)
+    assert str(dev.status.device) == "gpu.nvidia.com/n1/gpu-vfio-3"
+    assert device_status_to_dict(dev.status) == obj["status"]
 
 
 def test_parse_node_malformed():
