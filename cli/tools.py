@@ -89,13 +89,29 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
         except ApiError as exc:
             raise ToolError(f"cannot read the cluster: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - transport errors: name the server
-            raise ToolError(f"cannot reach the API server of {kubeconfig}: {exc!r}"[:500]) from None
+            raise ToolError(f"cannot reach the API server of {kubeconfig}: "
+                            f"{_transport_error(exc)}"[:500]) from None
         vmis = {k: v for k, v in ((k, cache.vmis.get(k)) for k in cache.vmi_keys()) if v}
         vms = {vm: got} if vm is not None and (got := await _read_vm(api, vm, timeout)) else {}
         return Cluster(cache.view.snapshot(), set(vmis), vmis, cache.vmi_state(),
                        cache.permitted_resources(), cache.launcher_defaults(), vms)
     finally:
         await api.close()
+
+
+def _transport_error(exc: BaseException) -> str:
+    """A transport failure in one line: aiohttp's connector errors as "<host>:<port>: <the
+    OS's words>" ("127.0.0.1:6443: connection refused"), anything
+    else as its type and text."""
+    import os
+
+    import aiohttp
+
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        err = exc.os_error
+        why = os.strerror(err.errno).lower() if err is not None and err.errno else str(err or exc)
+        return f"{exc.host}:{exc.port}: {why}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 async def _read_vm(api, key: tuple[str, str], timeout: float) -> dict | None:

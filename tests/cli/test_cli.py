@@ -85,6 +85,26 @@ def test_tools_errors_name_the_flag(capsys, tmp_path):
     assert capsys.readouterr().err == "kubectl gpu what-if: --timeout must be > 0 seconds, got 0\n"
 
 
+def test_a_closed_api_server_port_is_one_line_naming_host_and_port(capsys, tmp_path):
+    """Newcomer's finding: not aiohttp's repr, the host:port and the OS's words."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'https://127.0.0.1:{port}', "
+        "insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n")
+    assert main(["top", "--kubeconfig", str(kubeconfig), "--timeout", "5"]) == 2
+    assert capsys.readouterr().err == (
+        f"gpu-binder top: cannot reach the API server of {kubeconfig}: "
+        f"127.0.0.1:{port}: connection refused\n")
+
+
 def test_explain_bad_input_is_refused_before_reading_the_cluster(capsys, tmp_path):
     # the kubeconfig does not exist: the flag error comes first
     assert main(["explain", "--kubeconfig", str(tmp_path / "none")]) == 2

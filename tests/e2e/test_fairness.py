@@ -168,17 +168,24 @@ async def flowcontrol_uids(fleet) -> tuple[str, str]:
     return fs["metadata"]["uid"], pl["metadata"]["uid"]
 
 
+async def budgeted_tenant_seen(system, fleet, res: str, budget: int, user: str) -> str:
+    """A new tenant namespace with a budget of `budget` units of `res` for `user`, once every
+    replica's informers saw the namespace and its quota (so the gate and W1 count it)."""
+    tenant = unique("t")
+    await fleet.tenant(tenant, budgets={res: budget}, user=user)
+    quota = await fleet.core.read_namespaced_resource_quota("gpu-budget", tenant)
+    await replicas_saw(system, {"namespaces": await namespace_rv(fleet, tenant),
+                                "resourcequotas": quota.metadata.resource_version},
+                       what=tenant)
+    return tenant
+
+
 async def test_a_tenants_flood_is_held_to_its_share_and_costs_another_tenant_nothing(
         system, fleet, control_plane, tmp_path):
     user_b, user_a = unique("user-b"), unique("user-a")
     res, cls, _, tenant_b, _ = await make_pool(
         fleet, {"a": 8, "b": 8, "c": 8}, budget=B_VMIS, seen_by=system, user=user_b)
-    tenant_a = unique("t")
-    await fleet.tenant(tenant_a, budgets={res: A_BUDGET}, user=user_a)
-    quota = await fleet.core.read_namespaced_resource_quota("gpu-budget", tenant_a)
-    await replicas_saw(system, {"namespaces": await namespace_rv(fleet, tenant_a),
-                                "resourcequotas": quota.metadata.resource_version},
-                       what=tenant_a)
+    tenant_a = await budgeted_tenant_seen(system, fleet, res, A_BUDGET, user_a)
     fs_uid, pl_uid = await flowcontrol_uids(fleet)
     # the shipped level's seats, as docs/security.md gives them: ceil(600 x 5 / (245 + 5))
     [seats] = [v for (n, labels), v in (await apiserver_samples(control_plane)).items()
@@ -417,12 +424,7 @@ async def test_two_tenants_b_is_admitted_and_a_held_to_its_share_while_b_waits(
     user_a, user_b = unique("user-a"), unique("user-b")
     res, cls, _, tenant_b, _ = await make_pool(fleet, {"a": 25, "b": 25}, budget=B_VMIS,
                                                seen_by=system, user=user_b)
-    tenant_a = unique("t")
-    await fleet.tenant(tenant_a, budgets={res: room_a}, user=user_a)
-    quota = await fleet.core.read_namespaced_resource_quota("gpu-budget", tenant_a)
-    await replicas_saw(system, {"namespaces": await namespace_rv(fleet, tenant_a),
-                                "resourcequotas": quota.metadata.resource_version},
-                       what=tenant_a)
+    tenant_a = await budgeted_tenant_seen(system, fleet, res, room_a, user_a)
     kubeconfig = control_plane.write_user_kubeconfig(tmp_path / "a.kubeconfig", user_a,
                                                      (TENANTS,), namespace=tenant_a)
     client_b = await user_client(control_plane, tmp_path, user_b, tenant_b)
