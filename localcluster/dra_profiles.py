@@ -2,26 +2,57 @@
 ResourceSlices NVIDIA's DRA driver for GPUs would publish for a node, so device mode is tested
 against slices of the real shape without GPUs (no driver runs here: nothing is prepared).
 
-Where each name and shape comes from (NVIDIA/k8s-dra-driver-gpu, read 2026-12-04):
-- DeviceClass `vfio.gpu.nvidia.com` and its selector:
-  `deployments/helm/dra-driver-nvidia-gpu/templates/deviceclass-vfio-gpu.yaml`.
-- A passthrough GPU's device name `gpu-vfio-<index>` (`VfioDeviceInfo.CanonicalName`) and its
-  attributes `type` (`vfio`), `uuid`, `deviceID`, `vendorID`, `numa` (int), `productName`,
-  `iommuFDEnabled` (bool), the standard `resource.kubernetes.io/pciBusID` and
-  `resource.kubernetes.io/pcieRoot`, capacity `addressableMemory`
-  (`cmd/gpu-kubelet-plugin/deviceinfo.go`, `VfioDeviceInfo.GetDevice`), behind the driver's
-  `PassthroughSupport` gate.
-- `gpuModuleID` and `partition1/2/4/8` (the Fabric Manager partition of that size holding the
-  GPU, numbered as Fabric Manager numbers an 8-GPU HGX board's shared-NVSwitch partitions:
-  8 → 0, 4 → 1-2, 2 → 3-6, 1 → 7-14, grouped by module id, not PCI order): the driver's
-  `FabricManagerPartitioning` gate on its main branch (../shared/NOTES.md; not in the
-  snapshot read above, so their exact spelling is to be checked when that gate is released).
-The PCI bus ids, module-id order and serials below are made up but shaped as on an HGX H100
-board: module ids do not follow PCI order, which is what makes PCI-order picking wrong.
+Where each name and shape comes from. The driver moved from NVIDIA/k8s-dra-driver-gpu to
+kubernetes-sigs/dra-driver-nvidia-gpu (module `sigs.k8s.io/dra-driver-nvidia-gpu`); read at
+its main branch, commit 95932046683719c43b6a0dd9613c2e5aad5d6703 (2026-08-07), unless a tag is
+named. Paths are in that repository.
+- Driver `gpu.nvidia.com`, one pool per node named after the node (the kubelet plugin
+  helper; `site/content/docs/guides/gpu-allocation/kubevirt-vfio-gpu-passthrough.md` shows
+  POOL = node name). Our slice name `<node>-gpu.nvidia.com` is fixed; the helper generates one.
+- DeviceClass `vfio.gpu.nvidia.com` and its CEL selector `device.driver == 'gpu.nvidia.com' &&
+  device.attributes['gpu.nvidia.com'].type == 'vfio'`, verbatim:
+  `deployments/helm/dra-driver-nvidia-gpu/templates/deviceclass-vfio-gpu.yaml` (the same at
+  tag v0.4.0 of NVIDIA/k8s-dra-driver-gpu, 6910a2be).
+- A passthrough GPU (`VfioDeviceInfo.GetDevice`, `cmd/gpu-kubelet-plugin/deviceinfo.go`;
+  values from `getVfioDeviceInfo`, `cmd/gpu-kubelet-plugin/nvlib.go`), behind the driver's
+  `PassthroughSupport` gate (`pkg/featuregates/featuregates.go`, alpha since v0.3):
+  device name `gpu-vfio-<index>` (`CanonicalName`); attributes `type` = `vfio`;
+  `uuid` = a version-5 UUID of the PCI address (`uuid.NewSHA1(uuid.NameSpaceDNS, address)`),
+  so it is unique per node but NOT across nodes: every board of the same layout repeats it (a
+  claim pinned by `uuid` needs the node pin too; `vfio_uuid`); `deviceID` and `vendorID`
+  as `0x%04x`; `productName` = the PCI ids database's name of the device id (go-nvlib's
+  `nvpci` `DeviceName`: `GH100 [H100 SXM5 80GB]`, `AD102GL [L40S]`, not NVML's name);
+  `iommuFDEnabled` (bool); the standard `resource.kubernetes.io/pciBusID` (extended BDF,
+  `0000:18:00.0`) and `resource.kubernetes.io/pcieRoot` (`pci<domain>:<bus>`), named by
+  `k8s.io/dynamic-resource-allocation/deviceattribute` (`attribute.go`:
+  `StandardDeviceAttributePCIBusID`, `StandardDeviceAttributePCIeRoot`); capacity
+  `addressableMemory` (the 64-bit BARs' total; our figures are illustrative).
+- NUMA: the driver's `addNumaNodeAttribute` publishes `resource.kubernetes.io/numaNode`
+  (`standardNumaNodeAttribute`, KEP-6072; int, or a one-element int list under the driver's
+  `DRAListTypeAttributes` gate), since commit 3b59d66e "Align NUMA attribute with KEP-6072".
+  Released v0.4.x (tag v0.4.1, 764900e7) still published the driver-domain `numa` (int)
+  instead; we follow main, where the partition attributes are (NUMA_ATTRIBUTE).
+- `gpuModuleID` (int, 1-based, from NVML; taken from the parent GPU for a vfio device) and
+  `partition1`/`partition2`/`partition4`/`partition8` (int: the id of the Fabric Manager
+  partition of that size holding the GPU, as Fabric Manager reports it; int attributes):
+  `GpuInfo.addFabricManagerAttributes` (`cmd/gpu-kubelet-plugin/deviceinfo.go`) and
+  `Manager.GetPartitionsBySizeByModuleID` (`pkg/fabricmanager/manager.go`), behind the alpha
+  `FabricManagerPartitioning` gate (v0.5, main only, commit 62ee668a "Support FabricManager GPU
+  partitions for VFIO devices"). The ids are whatever Fabric Manager reports; ours number an
+  8-GPU HGX board's shared-NVSwitch partitions as NVIDIA's Fabric Manager user guide lists the
+  HGX H100 defaults (8 → 0, 4 → 1-2, 2 → 3-6, 1 → 7-14, grouped by module id, not PCI order;
+  from ../shared/NOTES.md, not re-read here); only equality matters to `matchAttribute`. A GPU
+  already bound to vfio-pci when the plugin starts has no module id and so no partition
+  attributes (`attachFabricManagerPartitions`, `cmd/gpu-kubelet-plugin/device_state.go`). The driver's own example constraint is
+  `matchAttribute: gpu.nvidia.com/partition2`
+  (`demo/specs/fabric-manager-partitioning/resourceClaimTemplates.yaml`).
+The PCI bus ids and the module-id order below are made up but shaped as on an HGX H100 board:
+module ids do not follow PCI order, which is what makes PCI-order picking wrong.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +61,10 @@ DEVICE_CLASS = "vfio.gpu.nvidia.com"
 DEVICE_CLASS_SELECTOR = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'vfio'"
 PARTITION_ATTRIBUTE = f"{DRIVER}/partition{{size}}"
 """The `spec.topology.matchAttribute` an HGX class uses (DR3)."""
+PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+"""The standard attribute a PCIe-card class may match instead (DR3)."""
+NUMA_ATTRIBUTE = "resource.kubernetes.io/numaNode"
+"""The NUMA node, as the driver's main branch names it (KEP-6072; v0.4.x: `gpu.nvidia.com/numa`)."""
 
 _FM_FIRST_ID = {8: 0, 4: 1, 2: 3, 1: 7}
 
@@ -51,13 +86,14 @@ class Profile:
 
     name: str
     product: str
+    """`productName` of a passthrough GPU: the PCI ids database's name of `device_id`."""
     device_id: str
     memory: str
     gpus: tuple[GPU, ...]
 
 
 HGX_H100_8 = Profile(
-    name="hgx-h100-8", product="NVIDIA H100 80GB HBM3", device_id="0x2330", memory="80Gi",
+    name="hgx-h100-8", product="GH100 [H100 SXM5 80GB]", device_id="0x2330", memory="80Gi",
     gpus=tuple(GPU(bus, numa, root, module) for bus, numa, root, module in [
         ("0000:18:00.0", 0, "pci0000:15", 2), ("0000:2a:00.0", 0, "pci0000:27", 4),
         ("0000:3a:00.0", 0, "pci0000:37", 3), ("0000:5d:00.0", 0, "pci0000:5a", 1),
@@ -66,7 +102,7 @@ HGX_H100_8 = Profile(
 """An 8-GPU HGX H100 board in shared-NVSwitch mode (Fabric Manager partitions by module id)."""
 
 L40S_4 = Profile(
-    name="l40s-4", product="NVIDIA L40S", device_id="0x26b9", memory="48Gi",
+    name="l40s-4", product="AD102GL [L40S]", device_id="0x26b9", memory="48Gi",
     gpus=(GPU("0000:17:00.0", 0, "pci0000:16"), GPU("0000:31:00.0", 0, "pci0000:16"),
           GPU("0000:b1:00.0", 1, "pci0000:b0"), GPU("0000:ca:00.0", 1, "pci0000:b0")))
 """Four PCIe L40S cards, two per PCIe root, one root per NUMA node; no NVLink partitions."""
@@ -89,10 +125,16 @@ def device_class() -> dict[str, Any]:
             "spec": {"selectors": [{"cel": {"expression": DEVICE_CLASS_SELECTOR}}]}}
 
 
-def gpu_uuid(node: str, index: int) -> str:
-    """A stable, fleet-unique GPU uuid for `node`'s GPU `index` (the `uuid` a claim pins)."""
-    digest = sum((i + 1) * ord(c) for i, c in enumerate(node)) & 0xFFFFFFFF
-    return f"GPU-{digest:08x}-{len(node):04x}-{index:04x}-0000-{index:012x}"
+def vfio_uuid(pci_bus_id: str) -> str:
+    """The `uuid` the driver publishes for a passthrough GPU at `pci_bus_id`: a version-5 UUID
+    of the address in the DNS namespace (Go's `uuid.NewSHA1(uuid.NameSpaceDNS, address)`).
+    The same address on another node gives the same uuid."""
+    return str(uuid.uuid5(uuid.NAMESPACE_DNS, pci_bus_id))
+
+
+def gpu_uuid(profile: Profile, index: int) -> str:
+    """The `uuid` of GPU `index` (PCI order) of a node of `profile` (equal on every such node)."""
+    return vfio_uuid(profile.gpus[index].bus)
 
 
 def resource_slice(node: str, profile: Profile, generation: int = 1) -> dict[str, Any]:
@@ -102,14 +144,14 @@ def resource_slice(node: str, profile: Profile, generation: int = 1) -> dict[str
     for index, g in enumerate(profile.gpus):
         attributes: dict[str, dict[str, Any]] = {
             "type": {"string": "vfio"},
-            "uuid": {"string": gpu_uuid(node, index)},
+            "uuid": {"string": vfio_uuid(g.bus)},
             "deviceID": {"string": profile.device_id},
             "vendorID": {"string": "0x10de"},
-            "numa": {"int": g.numa},
             "productName": {"string": profile.product},
             "iommuFDEnabled": {"bool": False},
             "resource.kubernetes.io/pciBusID": {"string": g.bus},
-            "resource.kubernetes.io/pcieRoot": {"string": g.pcie_root},
+            PCIE_ROOT_ATTRIBUTE: {"string": g.pcie_root},
+            NUMA_ATTRIBUTE: {"int": g.numa},
         }
         if g.module_id is not None:
             attributes["gpuModuleID"] = {"int": g.module_id}

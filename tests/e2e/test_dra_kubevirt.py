@@ -29,14 +29,15 @@ def kubevirt(kubevirt_shared):
 
 def pinned_claim(name: str, node: str, indices: list[int]) -> dict:
     """A claim of one count-1 request per GPU, each pinned by its uuid (CEL sees attributes,
-    not device names), all sharing one partition of the set's size."""
+    not device names; a passthrough GPU's uuid repeats on every node of the profile, so the
+    VMI's node pin picks the node), all sharing one partition of the set's size."""
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name},
             "spec": {"devices": {
                 "requests": [{"name": f"gpu-{k}", "exactly": {
                     "deviceClassName": DEVICE_CLASS, "count": 1,
                     "selectors": [{"cel": {"expression":
-                        f"device.attributes['gpu.nvidia.com'].uuid == '{gpu_uuid(node, i)}'"}}]}}
+                        f"device.attributes['gpu.nvidia.com'].uuid == '{gpu_uuid(HGX_H100_8, i)}'"}}]}}
                     for k, i in enumerate(indices)],
                 "constraints": [{"matchAttribute": f"gpu.nvidia.com/partition{len(indices)}"}]}}}
 

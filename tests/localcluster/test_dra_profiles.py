@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from localcluster.dra_profiles import (DEVICE_CLASS_SELECTOR, HGX_H100_8, L40S_4, PARTITION_ATTRIBUTE,
-                                       device_class, gpu_uuid, partition_ids, resource_slice)
+import uuid
+
+from localcluster.dra_profiles import (DEVICE_CLASS_SELECTOR, HGX_H100_8, L40S_4, NUMA_ATTRIBUTE,
+                                       PARTITION_ATTRIBUTE, device_class, gpu_uuid, partition_ids,
+                                       resource_slice, vfio_uuid)
 from model.cel import Selector
 from model.dra import Inventory, parse_resource_slice
 from model.topology import GroupChoice, choose_devices
@@ -29,9 +32,30 @@ def test_DR1_hgx_slice_parses_and_every_gpu_matches_nvidias_device_class():
     selector = Selector.compile(DEVICE_CLASS_SELECTOR)
     assert all(selector.match(d.cel_view()).matched for d in devices)
     assert device_class()["spec"]["selectors"][0]["cel"]["expression"] == DEVICE_CLASS_SELECTOR
-    uuids = {dict(d.attributes)["gpu.nvidia.com/uuid"] for d in devices}
-    assert len(uuids) == 8 and gpu_uuid("gpu-node-01", 0) in uuids
-    assert gpu_uuid("gpu-node-01", 0) != gpu_uuid("gpu-node-02", 0)
+    uuids = [dict(d.attributes)["gpu.nvidia.com/uuid"] for d in devices]
+    assert len(set(uuids)) == 8 and uuids[0] == gpu_uuid(HGX_H100_8, 0)
+
+
+def test_DR5_a_passthrough_uuid_is_the_drivers_v5_uuid_of_the_pci_address_so_nodes_repeat_it():
+    # the driver: uuid.NewSHA1(uuid.NameSpaceDNS, address): unique per node, not per fleet
+    assert vfio_uuid("0000:18:00.0") == str(uuid.uuid5(uuid.NAMESPACE_DNS, "0000:18:00.0"))
+    assert uuid.UUID(vfio_uuid("0000:18:00.0")).version == 5
+    one, two = (parse_resource_slice(resource_slice(n, HGX_H100_8)) for n in ("n1", "n2"))
+    assert ([dict(d.attributes)["gpu.nvidia.com/uuid"] for d in one.devices]
+            == [dict(d.attributes)["gpu.nvidia.com/uuid"] for d in two.devices])
+
+
+def test_attribute_names_and_shapes_are_the_drivers():
+    (device, *_) = resource_slice("n", HGX_H100_8)["spec"]["devices"]
+    assert {k: next(iter(v)) for k, v in device["attributes"].items()} == {
+        "type": "string", "uuid": "string", "deviceID": "string", "vendorID": "string",
+        "productName": "string", "iommuFDEnabled": "bool",
+        "resource.kubernetes.io/pciBusID": "string", "resource.kubernetes.io/pcieRoot": "string",
+        NUMA_ATTRIBUTE: "int", "gpuModuleID": "int", "partition1": "int", "partition2": "int",
+        "partition4": "int", "partition8": "int"}
+    assert device["attributes"]["productName"] == {"string": "GH100 [H100 SXM5 80GB]"}
+    assert device["attributes"]["deviceID"] == {"string": "0x2330"}
+    assert list(device["capacity"]) == ["addressableMemory"]
 
 
 def test_DR3_pci_order_breaks_a_partition_and_the_topology_choice_does_not():
