@@ -36,9 +36,15 @@ def _cluster_up(args: argparse.Namespace) -> int:
         print("gpu-binder cluster up: --permit names KubeVirt's permitted host devices: it "
               "needs --kubevirt", file=sys.stderr)
         return 2
+    if (args.hgx_nodes is not None or args.l40s_nodes is not None) and not args.dra:
+        print("gpu-binder cluster up: --hgx-nodes and --l40s-nodes size the device-mode "
+              "fleet: they need --dra", file=sys.stderr)
+        return 2
     try:
         return main_up(Path(args.dir), controllers=args.controllers, kubevirt=args.kubevirt,
-                       permitted=tuple(r for r in (args.permit or "").split(",") if r))
+                       permitted=tuple(r for r in (args.permit or "").split(",") if r),
+                       dra=args.dra, hgx=4 if args.hgx_nodes is None else args.hgx_nodes,
+                       l40s=1 if args.l40s_nodes is None else args.l40s_nodes)
     except ControlPlaneError as exc:
         print(f"gpu-binder cluster up: {exc}", file=sys.stderr)
         return 2
@@ -70,6 +76,10 @@ def _demo(args: argparse.Namespace) -> int:
               "least 1", file=sys.stderr)
         return 2
     try:
+        if args.dra:
+            from localcluster.demo_dra import run as run_dra
+
+            return run_dra(log_dir=Path(args.log_dir), keep=args.keep)
         return run(nodes=args.nodes, vmis=args.vmis, seed=args.seed, log_dir=Path(args.log_dir),
                    keep=args.keep, vmi_only=args.vmi_only)
     except ControlPlaneError as exc:
@@ -298,6 +308,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --kubevirt: resource names the KubeVirt CR permits as host devices "
                          "(comma-separated; edit the CR kubevirt/kubevirt later to change them; "
                          "default: none)")
+    up.add_argument("--dra", action="store_true",
+                    help="device mode's world (DESIGN.md §3b, docs/device-mode.md): "
+                         "kube-controller-manager's resourceclaim-controller, NVIDIA's "
+                         "DeviceClass vfio.gpu.nvidia.com, KWOK nodes publishing ResourceSlices "
+                         "as NVIDIA's DRA driver would, the device-mode GPUClasses hgx-h100 and "
+                         "l40s; with --kubevirt, KubeVirt runs with GPUsWithDRA (default: off)")
+    up.add_argument("--hgx-nodes", type=_count(0), default=None,
+                    help="with --dra: KWOK nodes of the hgx-h100-8 profile (8 GPUs in Fabric "
+                         "Manager partitions) (default: 4)")
+    up.add_argument("--l40s-nodes", type=_count(0), default=None,
+                    help="with --dra: KWOK nodes of the l40s-4 profile (4 PCIe cards, two PCIe "
+                         "roots) (default: 1)")
     up.set_defaults(func=_cluster_up)
 
     demo = sub.add_parser("demo", help="the whole system on a local control plane (make demo)")
@@ -315,6 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="directory of the per-node decision logs (default: ./%(default)s)")
     demo.add_argument("--keep", action="store_true",
                       help="keep everything running until Ctrl-C (default: stop at the end)")
+    demo.add_argument("--dra", action="store_true",
+                      help="device mode instead (docs/device-mode.md): an HGX fleet publishing "
+                           "ResourceSlices, VMIs of 1, 2, 4 and 8 GPUs; prints each one's node, "
+                           "exact GPUs (module ids) and the partition they form, and the "
+                           "refusals; --nodes, --vmis, --seed and --vmi-only do not apply "
+                           "(default: off)")
     demo.set_defaults(func=_demo)
 
     bench = sub.add_parser("bench", help="benchmarks: core (actors vs bare model), e2e, "

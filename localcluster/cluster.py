@@ -9,6 +9,9 @@ uid 65532, beside source-tree replicas run as that uid (`user=`). Replicas run w
 ServiceAccount's token (TokenRequest), not as admin, so the shipped RBAC is what they get.
 KubeVirt's own CRDs are always installed (`localcluster.kubevirt.install_crds`); with `kubevirt=True`
 virt-api, virt-controller, kube-scheduler and KWOK run too (`localcluster.kubevirt.KubeVirt`).
+With `dra=True` (device mode, DESIGN.md §3b) NVIDIA's passthrough DeviceClass is installed,
+kube-controller-manager's resourceclaim-controller runs (`localcluster.claimcontroller`) and
+KubeVirt starts with `GPUsWithDRA`; `localcluster.dra_world` adds the nodes and their slices.
 """
 
 from __future__ import annotations
@@ -105,8 +108,11 @@ class LocalCluster:
                  install: bool = True, kubeconfig: Path | None = None,
                  service_account: bool = True,
                  kubevirt: bool = False, permitted: tuple[str, ...] = (),
-                 user: int | None = None, controller_env: dict[str, str] | None = None) -> None:
+                 user: int | None = None, controller_env: dict[str, str] | None = None,
+                 dra: bool = False) -> None:
         self.own_cp = control_plane is None
+        self.dra = dra
+        self.claim_controller = None  # localcluster.claimcontroller.ClaimController once started
         self.controller_env = dict(controller_env or {})
         self.install_manifests = install
         self.kubeconfig = kubeconfig
@@ -136,6 +142,8 @@ class LocalCluster:
                 self.cp.start()
             if self.install_manifests:
                 self.install()
+            if self.dra:
+                self.start_dra()
             if self.kubeconfig is None and self.service_account:
                 self.kubeconfig = self.cp.write_service_account_kubeconfig(
                     self.cp.dir / f"{SA_NAME}-sa.kubeconfig", SA_NAMESPACE, SA_NAME,
@@ -157,12 +165,37 @@ class LocalCluster:
 
     def start_kubevirt(self) -> None:
         """Start virt-api, virt-controller, kube-scheduler and KWOK (KubeVirt CR permitting
-        `permitted`)."""
-        from localcluster.kubevirt import KubeVirt
+        `permitted`; with `dra`, `GPUsWithDRA` in the CR before virt-controller starts)."""
+        from localcluster.kubevirt import GPUS_WITH_DRA, KubeVirt
 
         self.kubevirt = KubeVirt(self.cp, permitted=self.permitted,
-                                 log_dir=(self.log_dir / "kubevirt") if self.log_dir else None)
+                                 log_dir=(self.log_dir / "kubevirt") if self.log_dir else None,
+                                 feature_gates=(GPUS_WITH_DRA,) if self.dra else ())
         self.kubevirt.start()
+
+    def start_dra(self) -> None:
+        """Device mode's cluster side: NVIDIA's DeviceClass `vfio.gpu.nvidia.com` and
+        kube-controller-manager's resourceclaim-controller (log in `log_dir`, else the
+        control plane's directory). Raises ControlPlaneError as ClaimController.start does."""
+        from localcluster.claimcontroller import ClaimController
+        from localcluster.dra_profiles import device_class
+
+        self.cp.kubectl("apply", "--server-side", "--field-manager=gpu-binder-install", "-f", "-",
+                        input=yaml.safe_dump(device_class()))
+        if self.claim_controller is None:
+            if self.log_dir:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+            self.claim_controller = ClaimController(self.cp, self.log_dir)
+        self.claim_controller.start()
+
+    def dead(self) -> list[str]:
+        """Names of the harness's processes besides the replicas that exited (empty when all
+        run): the control plane's, KubeVirt's and kube-controller-manager."""
+        out = [n for n, p in self.cp.procs.items() if p.poll() is not None]
+        out += self.kubevirt.alive() if self.kubevirt is not None else []
+        if self.claim_controller is not None and not self.claim_controller.alive():
+            out.append("kube-controller-manager")
+        return out
 
     def install(self) -> None:
         """Apply CRDs (ours and KubeVirt's own), RBAC, the settings namespace, the API Priority
@@ -395,6 +428,9 @@ class LocalCluster:
         if self.kubevirt is not None:
             self.kubevirt.stop()
             self.kubevirt = None
+        if self.claim_controller is not None:
+            self.claim_controller.stop()
+            self.claim_controller = None
         import shutil
 
         for i, r in enumerate(self.replicas):

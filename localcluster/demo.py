@@ -130,7 +130,7 @@ async def create_all(lc: LocalCluster, kubeconfigs: dict[str, Path],
             row.node = made["spec"]["nodeSelector"]["kubernetes.io/hostname"]
             row.uid = made["metadata"]["uid"]
             gpus = made["spec"]["domain"]["devices"].get("gpus") or []
-            row.resource = gpus[0]["deviceName"] if gpus else None
+            row.resource = gpus[0].get("deviceName") if gpus else None   # none in device mode
         except ApiException as exc:
             try:
                 row.reason = json.loads(exc.body)["message"]

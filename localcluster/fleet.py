@@ -9,7 +9,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi, Rb
 
 from datetime import datetime, timezone
 
-from model.types import GROUP, KUBEVIRT_SCHEDULABLE_LABEL, VERSION
+from model.types import DRA_QUOTA_SUFFIX, GROUP, KUBEVIRT_SCHEDULABLE_LABEL, VERSION
 
 MERGE = "application/merge-patch+json"
 KUBEVIRT_NODE_LABELS = {KUBEVIRT_SCHEDULABLE_LABEL: "true", "machine-type.node.kubevirt.io/q35": "true"}
@@ -23,6 +23,13 @@ LAUNCHER_CAPACITY = {"cpu": "64", "memory": "256Gi", "pods": "250", "ephemeral-s
                      "devices.kubevirt.io/kvm": "1k", "devices.kubevirt.io/tun": "1k",
                      "devices.kubevirt.io/vhost-net": "1k"}
 """What a Node offers besides GPUs, so kube-scheduler can place launcher Pods on it."""
+
+
+def quota_key(resource: str) -> str:
+    """The ResourceQuota `spec.hard` key of a budget of `resource`: `requests.<resource>` for
+    an extended resource, the key itself for a DeviceClass's DRA devices (DR1,
+    `<dc>.deviceclass.resource.k8s.io/devices`, Kubernetes' own quota key)."""
+    return resource if resource.endswith(DRA_QUOTA_SUFFIX) else f"requests.{resource}"
 
 
 def _conditions(ready: bool) -> list[dict]:
@@ -86,10 +93,14 @@ class Fleet:
         await self.core.patch_node(name, {"spec": {"unschedulable": cordoned}},
                                    _content_type=MERGE)
 
-    async def gpu_class(self, name: str, resource: str, *, on_cordon: str = "Move",
+    async def gpu_class(self, name: str, resource: str | None = None, *, on_cordon: str = "Move",
                         node_selector: dict[str, str] | None = None,
-                        namespace_selector: dict | None = None) -> None:
-        spec: dict = {"resourceName": resource, "onCordon": on_cordon}
+                        namespace_selector: dict | None = None,
+                        device_mode: dict | None = None) -> None:
+        """A GPUClass: count mode over extended `resource`, or (DR1) device mode with the
+        `device_mode` spec fields (`deviceClassName`, `selectors`, `topology`)."""
+        spec: dict = {**({"resourceName": resource} if resource else {}), **(device_mode or {}),
+                      "onCordon": on_cordon}
         if node_selector:
             spec["nodeSelector"] = node_selector
         if namespace_selector:
@@ -101,7 +112,8 @@ class Fleet:
     async def tenant(self, name: str, *, labels: dict[str, str] | None = None,
                      budgets: dict[str, int] | None = None, user: str | None = None) -> None:
         """A tenant namespace (label gpu.cozystack.io/tenant), RoleBindings of the tenant and
-        VMI-editor ClusterRoles for `user`, and a ResourceQuota `gpu-budget` with `budgets`."""
+        VMI-editor ClusterRoles for `user`, and a ResourceQuota `gpu-budget` with `budgets`
+        (by resource name; `quota_key` makes the quota's keys)."""
         labels = {"gpu.cozystack.io/tenant": "true", **(labels or {})}
         await self.core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
                                           "metadata": {"name": name, "labels": labels}})
@@ -120,7 +132,7 @@ class Fleet:
             await self.core.create_namespaced_resource_quota(name, {
                 "apiVersion": "v1", "kind": "ResourceQuota",
                 "metadata": {"name": "gpu-budget"},
-                "spec": {"hard": {f"requests.{r}": str(n) for r, n in budgets.items()}}})
+                "spec": {"hard": {quota_key(r): str(n) for r, n in budgets.items()}}})
 
     async def device(self, namespace: str, name: str, class_name: str) -> dict:
         """A held GPUDevice (Pending until the binder places it)."""

@@ -153,6 +153,14 @@ def test_cluster_up_permit_needs_kubevirt(capsys, tmp_path):
     assert not any(tmp_path.iterdir())   # nothing was started
 
 
+@pytest.mark.parametrize("flag", ["--hgx-nodes", "--l40s-nodes"])
+def test_cluster_up_fleet_sizes_need_dra(capsys, tmp_path, flag):
+    assert main(["cluster", "up", "--dir", str(tmp_path), flag, "2"]) == 2
+    assert "--hgx-nodes and --l40s-nodes size the device-mode fleet: they need --dra" in \
+        capsys.readouterr().err
+    assert not any(tmp_path.iterdir())   # nothing was started
+
+
 @pytest.mark.parametrize("argv, message", [
     (["bench", "packing", "--systems", "a,x"], "--systems takes a,b,c,e, got 'a,x'"),
     (["bench", "soak", "--minutes", "30"], "--minutes is in (0, 20], got 30"),
