@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 DRIVER = "gpu.nvidia.com"
 DEVICE_CLASS = "vfio.gpu.nvidia.com"
@@ -132,14 +132,26 @@ def vfio_uuid(pci_bus_id: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_DNS, pci_bus_id))
 
 
+def module_index(profile: Profile, module_id: int) -> int:
+    """The index (PCI order, the `gpu-vfio-<index>` name) of the GPU with `module_id`.
+    Raises ValueError when the profile has no such module."""
+    for index, g in enumerate(profile.gpus):
+        if g.module_id == module_id:
+            return index
+    raise ValueError(f"{profile.name} has no GPU module {module_id}")
+
+
 def gpu_uuid(profile: Profile, index: int) -> str:
     """The `uuid` of GPU `index` (PCI order) of a node of `profile` (equal on every such node)."""
     return vfio_uuid(profile.gpus[index].bus)
 
 
-def resource_slice(node: str, profile: Profile, generation: int = 1) -> dict[str, Any]:
+def resource_slice(node: str, profile: Profile, generation: int = 1,
+                   taints: Mapping[int, list[dict[str, str]]] | None = None) -> dict[str, Any]:
     """The one ResourceSlice of `node`'s pool (named after the node, as the driver names it)
-    for `profile`, at pool `generation`."""
+    for `profile`, at pool `generation`; `taints` maps a GPU's index (PCI order) to its device
+    taints (`{key, value, effect}`, resource.k8s.io/v1 `Device.taints`, as an admin's or a
+    health check's would be; DR2)."""
     devices = []
     for index, g in enumerate(profile.gpus):
         attributes: dict[str, dict[str, Any]] = {
@@ -157,8 +169,11 @@ def resource_slice(node: str, profile: Profile, generation: int = 1) -> dict[str
             attributes["gpuModuleID"] = {"int": g.module_id}
             for size, pid in partition_ids(g.module_id).items():
                 attributes[f"partition{size}"] = {"int": pid}
-        devices.append({"name": f"gpu-vfio-{index}", "attributes": attributes,
-                        "capacity": {"addressableMemory": {"value": profile.memory}}})
+        device = {"name": f"gpu-vfio-{index}", "attributes": attributes,
+                  "capacity": {"addressableMemory": {"value": profile.memory}}}
+        if taints and taints.get(index):
+            device["taints"] = [dict(t) for t in taints[index]]
+        devices.append(device)
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"name": f"{node}-{DRIVER}"},
             "spec": {"driver": DRIVER, "nodeName": node,

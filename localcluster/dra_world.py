@@ -58,14 +58,15 @@ def node_names(hgx: int, l40s: int = 0) -> list[tuple[str, Profile]]:
             + [(f"l40s-node-{i:02d}", L40S_4) for i in range(l40s)])
 
 
-async def dra_node(fleet: Fleet, name: str, profile: Profile, **node_args) -> None:
+async def dra_node(fleet: Fleet, name: str, profile: Profile, *,
+                   device_taints: dict[int, list[dict]] | None = None, **node_args) -> None:
     """A KWOK node (no GPU extended resource: its GPUs are DRA devices) and the one
-    ResourceSlice of its pool for `profile`; `node_args` go to `Fleet.node` (labels, taints,
-    cordoned ...)."""
+    ResourceSlice of its pool for `profile`, with `device_taints` by GPU index
+    (`resource_slice`); `node_args` go to `Fleet.node` (labels, taints, cordoned ...)."""
     labels = {"gpu-profile": profile.name, **(node_args.pop("labels", None) or {})}
     await fleet.node(name, {}, kwok=True, labels=labels, **node_args)
-    await fleet.custom.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
-                                                    resource_slice(name, profile))
+    await fleet.custom.create_cluster_custom_object(
+        "resource.k8s.io", "v1", "resourceslices", resource_slice(name, profile, taints=device_taints))
 
 
 async def build_world(fleet: Fleet, hgx: int, l40s: int = 0,

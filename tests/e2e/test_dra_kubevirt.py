@@ -27,7 +27,7 @@ def kubevirt(kubevirt_shared):
     return kubevirt_shared
 
 
-def pinned_claim(name: str, node: str, indices: list[int]) -> dict:
+def pinned_claim(name: str, indices: list[int]) -> dict:
     """A claim of one count-1 request per GPU, each pinned by its uuid (CEL sees attributes,
     not device names; a passthrough GPU's uuid repeats on every node of the profile, so the
     VMI's node pin picks the node), all sharing one partition of the set's size."""
@@ -75,7 +75,7 @@ async def hgx_node(fleet, control_plane):
 async def claim_and_vmi(fleet, ns: str, node: str, claim: str, indices: list[int]) -> dict:
     """Create the pinned claim of GPUs `indices` of `node` and a VMI taking them; the VMI."""
     await fleet.custom.create_namespaced_custom_object(RESOURCE, "v1", ns, "resourceclaims",
-                                                       pinned_claim(claim, node, indices))
+                                                       pinned_claim(claim, indices))
     return await fleet.custom.create_namespaced_custom_object(
         "kubevirt.io", "v1", ns, "virtualmachineinstances", claim_vmi("vm", claim, node, len(indices)))
 
