@@ -289,6 +289,16 @@ def print_table(rows: list[Row]) -> None:
     print("admitted per node: " + ", ".join(f"{n}={c}" for n, c in sorted(per_node.items())))
 
 
+def hold(lc: LocalCluster) -> None:
+    """`--keep`: leave everything running until Ctrl-C."""
+    print(f"kept running; admin kubeconfig: {lc.cp.admin_kubeconfig}. Ctrl-C stops it.")
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+
+
 def run(*, nodes: int = 8, vmis: int = 30, seed: int = 7, log_dir: Path = Path("logs"),
         keep: bool = False, vmi_only: bool = False) -> int:
     """The demo; returns the exit code (0 when it ran to the table). `vmi_only`: create
@@ -337,11 +347,6 @@ def run(*, nodes: int = 8, vmis: int = 30, seed: int = 7, log_dir: Path = Path("
         print("\nevery GPUDevice afterwards (kubectl get gpudevices -A, by node):")
         print(lc.cp.kubectl("get", "gpudevices", "-A", "--sort-by=.status.nodeName").stdout)
         if keep:
-            print(f"kept running; admin kubeconfig: {lc.cp.admin_kubeconfig}. Ctrl-C stops it.")
-            try:
-                while True:
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                pass
+            hold(lc)
     print("stopped everything.")
     return 0

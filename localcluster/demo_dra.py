@@ -25,7 +25,7 @@ from pathlib import Path
 import anyio
 
 from localcluster.cluster import LocalCluster
-from localcluster.demo import Row, create_all, find_launchers, short_reason
+from localcluster.demo import Row, create_all, find_launchers, hold, short_reason
 from localcluster.dra_world import (CLASSES, DEVICE_BUDGET_KEY, HGX_CLASS, L40S_CLASS, build_world,
                                     describe, group_formed, module_ids)
 from localcluster.fleet import Fleet
@@ -250,11 +250,6 @@ def run(*, log_dir: Path = Path("logs"), keep: bool = False) -> int:
         print("\nResourceClaims afterwards (kubectl get resourceclaims -A):")
         print(lc.cp.kubectl("get", "resourceclaims", "-A", check=False).stdout)
         if keep:
-            print(f"kept running; admin kubeconfig: {lc.cp.admin_kubeconfig}. Ctrl-C stops it.")
-            try:
-                while True:
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                pass
+            hold(lc)
     print("stopped everything.")
     return 1 if wrong else 0
