@@ -6,11 +6,22 @@ from gpuModuleID as `localcluster.dra_profiles` publishes them)."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
+
+from model.dra import DeviceRef
+from model.decide import Request, Rule, apply_decision, decide
 from model.hold import Hold, outstanding
+from model.reasons import ClassProblem, Code, MixedModes, NoDeviceGroup
 from model.snapshot import Snapshot
-from model.types import GPUDevice
+from model.topology import resolve_attribute
+from model.types import DeviceStatus, GPUClass, GPUDevice, Phase, Result
 from tests.support.dra_worlds import CLASS, PARTITION_ATTRIBUTE, RES, device_class, dra_node, recorded, ref
 
+NOW = datetime(2026, 12, 4, tzinfo=timezone.utc)
+PROPS = settings(max_examples=150, deadline=None, print_blob=True)
 
 
 def pending(*names: str, ns: str = "t", cls: str = CLASS) -> list[GPUDevice]:
@@ -67,3 +78,182 @@ def test_DR2_a_hold_keeps_a_device_until_the_member_records_it_on_the_node():
     assert left.needs == () and left.devices == ((("t", "b"), ref("n1", 3)),) and not left.empty
     seen[("t", "b")] = recorded("t", "b", "n1", 3)
     assert outstanding(hold, seen.get).empty
+
+
+# --- DR3, DR4: the group check, the refusal, the order ------------------------------------------
+
+def test_DR3_five_free_but_no_partition_of_four_refused_there_placed_on_the_other_node():
+    # n1: GPUs 1, 5, 6 taken by foreign claims: 5 free, quad {0-3} has 3, quad {4-7} has 2
+    snap = snap_of([dra_node("n1", taken=(1, 5, 6)), dra_node("n2", taken=(0, 1, 2, 3, 4))],
+                   pending("a", "b", "c", "d"))
+    d = decide(snap, Request("r1", "t", "vm", ("a", "b", "c", "d")))
+    assert d.result is Result.REFUSED
+    (n1, n2) = d.reason.reasons[0].nodes
+    assert n1.problems == (NoDeviceGroup(CLASS, "gpu.nvidia.com/partition4", 4, 5, 3),)
+    assert n1.render() == ("n1: no 4 free h100x devices share gpu.nvidia.com/partition4: "
+                           "5 free, the largest group has 3")
+    snap = snap.with_nodes([dra_node("n1", taken=(1, 5, 6)), dra_node("n2", taken=(0,))])
+    d = decide(snap, Request("r1", "t", "vm", ("a", "b", "c", "d")))
+    assert (d.result, d.node) == (Result.SUCCEEDED, "n2")
+    assert sorted(r.device for _, r in d.placements[0].devices) == sorted(names(4, 5, 6, 7))
+
+
+def test_DR4_the_tightest_group_wins_over_the_tightest_node():
+    # a: free {1,2,5,7}: the whole pair {1,2} in a quad with 2 free → (0, 2)
+    # b: free {5,6,7}: the whole pair {5,7} breaks a quad with 3 free → (1, 1): fewer free
+    # units (count mode's B4 would pick b), but a's pair leaves no block broken further.
+    snap = snap_of([dra_node("a", taken=(0, 3, 4, 6)), dra_node("b", taken=(0, 1, 2, 3, 4))],
+                   pending("x", "y"))
+    d = decide(snap, Request("r1", "t", "vm", ("x", "y")), limit=None)
+    assert [p.node for p in d.placements] == ["a", "b"]
+    assert [r.device for _, r in d.placements[0].devices] == ["gpu-vfio-1", "gpu-vfio-2"]
+
+
+def test_DR4_fewest_moves_first_a_held_member_gathers_its_partner_into_its_pair():
+    # gpu-a holds GPU 3 (module 1) on n1; its pair partner is GPU 0 (module 2)
+    snap = snap_of([dra_node("n1"), dra_node("n2")], [recorded("t", "gpu-a", "n1", 3),
+                                                       *pending("new")])
+    d = decide(snap, Request("r1", "t", "vm", ("gpu-a", "new")))
+    assert d.node == "n1" and len(d.placements[0].moves) == 1
+    assert d.placements[0].devices == ((("t", "gpu-a"), ref("n1", 3)), (("t", "new"), ref("n1", 0)))
+    assert d.message == "placed t/vm request r1 on n1: bind new; devices gpu-a=gpu-vfio-3, new=gpu-vfio-0"
+
+
+def test_B6_device_mode_holds_only_with_records_that_exist_and_form_a_group():
+    pair = [recorded("t", "a", "n1", 3), recorded("t", "b", "n1", 0)]
+    snap = snap_of([dra_node("n1")], pair)
+    d = decide(snap, Request("r1", "t", "vm", ("a", "b")))
+    assert d.rule is Rule.B6 and d.placements[0].devices == ()
+    # not a partition of two: re-pointed on the same node (a status write, no move, DR4)
+    split = [recorded("t", "a", "n1", 3), recorded("t", "b", "n1", 1)]
+    d = decide(snap_of([dra_node("n1")], split), Request("r1", "t", "vm", ("a", "b")))
+    assert (d.rule, d.node, d.placements[0].moves) == (Rule.B1, "n1", ())
+    devices = dict(d.placements[0].devices)
+    pair_of = {devices[("t", "a")].device, devices[("t", "b")].device}
+    assert pair_of in ({"gpu-vfio-3", "gpu-vfio-0"}, {"gpu-vfio-2", "gpu-vfio-1"})
+    # a recorded device that vanished from the slices: a new choice
+    gone = [recorded("t", "a", "n1", 3), GPUDevice("t", "b", CLASS, status=DeviceStatus(
+        Phase.BOUND, "n1", None, device=DeviceRef("gpu.nvidia.com", "n1", "gpu-vfio-99")))]
+    d = decide(snap_of([dra_node("n1")], gone), Request("r1", "t", "vm", ("a", "b")))
+    assert d.rule is Rule.B1 and dict(d.placements[0].devices)[("t", "a")] == ref("n1", 3)
+
+
+def test_DR1_a_class_with_a_problem_refuses_its_sets():
+    bad = device_class(problem="DeviceClass vfio.gpu.nvidia.com not found")
+    d = decide(snap_of([dra_node("n1")], pending("a"), [bad]), Request("r1", "t", "vm", ("a",)))
+    assert d.reason.reasons == (ClassProblem(CLASS, "DeviceClass vfio.gpu.nvidia.com not found"),)
+    assert d.reason.code is Code.CLASS_PROBLEM
+
+
+def test_DR1_a_set_mixing_modes_is_refused_with_its_own_reason():
+    count = GPUClass("l40s", "nvidia.com/L40S")
+    classes = [device_class(), count]
+    snap = snap_of([dra_node("n1")], pending("a") + pending("b", cls="l40s"), classes)
+    d = decide(snap, Request("r1", "t", "vm", ("a", "b")))
+    assert d.reason.reasons == (MixedModes((CLASS,), ("l40s",)),)
+
+
+def test_DR4_apply_decision_records_the_chosen_devices():
+    snap = snap_of([dra_node("n1")], pending("a", "b"))
+    req = Request("r1", "t", "vm", ("a", "b"))
+    d = decide(snap, req)
+    after = apply_decision(snap, req, d, now=NOW)
+    assert {after.device("t", n).status.device for n in "ab"} == {r for _, r in d.placements[0].devices}
+    assert decide(after, Request("r2", "t", "vm", ("a", "b"))).rule is Rule.B6
+
+
+# --- properties -----------------------------------------------------------------------------------
+
+def _group_ok(snap: Snapshot, node: str, members: list[GPUDevice]) -> bool:
+    by_class: dict[str, list[GPUDevice]] = {}
+    for m in members:
+        by_class.setdefault(m.class_name, []).append(m)
+    for c, ms in by_class.items():
+        attribute = resolve_attribute(snap.classes[c].match_attribute, len(ms))
+        devs = {d.ref: d for d in snap.nodes[node].devices_of(c)}
+        values = {devs[m.status.device].as_device().attribute(attribute) for m in ms}
+        if None in values or len(values) != 1:
+            return False
+    return True
+
+
+@st.composite
+def fleets(draw):
+    n_nodes = draw(st.integers(1, 3))
+    nodes = [dra_node(f"n{i}", taken=tuple(draw(st.sets(st.integers(0, 7), max_size=3))))
+             for i in range(n_nodes)]
+    sizes = draw(st.lists(st.sampled_from([1, 1, 2, 2, 4, 8, 3]), min_size=1, max_size=8))
+    return nodes, sizes
+
+
+@PROPS
+@given(fleets(), st.data())
+def test_DR6_property_admitted_sets_satisfy_their_constraint_and_no_device_is_on_two_records(fleet, data):
+    nodes, sizes = fleet
+    snap = snap_of(nodes)
+    held: list[str] = []  # devices of earlier sets, some reused as held members
+    for i, size in enumerate(sizes):
+        reuse = data.draw(st.lists(st.sampled_from(held), unique=True, max_size=min(size, len(held))),
+                          label="held") if held else []
+        new = [f"d{i}-{j}" for j in range(size - len(reuse))]
+        snap = snap.with_devices(pending(*new))
+        req = Request(f"r{i}", "t", f"vm{i}", tuple(reuse + new))
+        d = decide(snap, req)
+        note(f"{req.devices}: {d.message}")
+        snap = apply_decision(snap, req, d, now=NOW)
+        held += new
+        if d.result is Result.SUCCEEDED:
+            members = [snap.device("t", n) for n in req.devices]
+            assert all(m.bound_node == d.node and m.status.device is not None for m in members)
+            assert _group_ok(snap, d.node, members)
+        assert size != 3 or d.result is Result.REFUSED
+        records: dict[tuple[str, str], tuple[str, str]] = {}
+        for key, dev in snap.devices.items():
+            if dev.status.device is not None:
+                where = (dev.bound_node, dev.status.device.device)
+                assert where not in records, f"{where} recorded by {records[where]} and {key}"
+                assert dev.status.device.device not in snap.nodes[dev.bound_node].taken_devices
+                records[where] = key
+
+
+@PROPS
+@given(st.sets(st.integers(0, 7), max_size=6), st.sampled_from([1, 2, 4]))
+def test_DR4_property_buddy_never_breaks_a_whole_block_when_another_placement_keeps_it(taken, size):
+    """The chosen group's enclosing block (the partition of twice its size) is whole-free
+    before the placement only when every group with room sits in a whole-free block."""
+    node = dra_node("n1", taken=tuple(taken))
+    snap = snap_of([node], pending(*(f"d{i}" for i in range(size))))
+    d = decide(snap, Request("r1", "t", "vm", tuple(f"d{i}" for i in range(size))))
+    if d.result is Result.REFUSED:
+        return
+    devs = {x.ref.device: x.as_device() for x in node.devices_of(CLASS)}
+    free = set(devs) - {f"gpu-vfio-{i}" for i in taken}
+    attr, up = f"gpu.nvidia.com/partition{size}", f"gpu.nvidia.com/partition{size * 2}"
+
+    def whole(block_value) -> bool:
+        return all(n in free for n, x in devs.items() if x.attribute(up) == block_value)
+
+    chosen = [r.device for _, r in d.placements[0].devices]
+    groups = {}
+    for n, x in devs.items():
+        groups.setdefault(x.attribute(attr), []).append(n)
+    fitting = [g for g in groups.values() if all(n in free for n in g)]
+    if whole(devs[chosen[0]].attribute(up)):
+        assert all(whole(devs[g[0]].attribute(up)) for g in fitting)
+
+
+@PROPS
+@given(st.sets(st.integers(0, 7), max_size=8), st.integers(1, 8))
+def test_DR3_property_refusal_exactly_when_no_group_has_room(taken, size):
+    node = dra_node("n1", taken=tuple(taken))
+    snap = snap_of([node], pending(*(f"d{i}" for i in range(size))))
+    d = decide(snap, Request("r1", "t", "vm", tuple(f"d{i}" for i in range(size))))
+    free = {f"gpu-vfio-{i}" for i in range(8)} - {f"gpu-vfio-{i}" for i in taken}
+    attr = f"gpu.nvidia.com/partition{size}"
+    groups: dict = {}
+    for x in node.devices_of(CLASS):
+        v = x.as_device().attribute(attr)
+        if v is not None:
+            groups.setdefault(v, []).append(x.ref.device)
+    room = any(all(n in free for n in g) for g in groups.values())
+    assert (d.result is Result.SUCCEEDED) == room
