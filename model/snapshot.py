@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import Iterable, Iterator, Mapping, Sequence
 
 from model.hold import Hold
-from model.reasons import BudgetExhausted, ClassNotFound, DeviceNotFound, NoFreeUnit, NotEntitled, Reason
+from model.reasons import BudgetExhausted, ClassNotFound, ClassProblem, DeviceNotFound, NoFreeUnit, NotEntitled, Reason
 from model.types import (
     Budget,
     DeviceKey,
@@ -575,7 +575,8 @@ class Snapshot:
     def check_order(self, order: Order) -> Verdict:
         """W1 for one device of one tenant. Refuses (`model.reasons`), in this order: a held
         device that does not exist (`DeviceNotFound`), a class that does not exist
-        (`ClassNotFound`), a class the tenant is not entitled to (`NotEntitled`), no budget
+        (`ClassNotFound`), a class the tenant is not entitled to (`NotEntitled`), a class that
+        cannot serve (`ClassProblem`, DR1), no budget
         room when the device is not already Bound (`BudgetExhausted`, adds 1), and no room
         (`NoFreeUnit`):
         admitted when the held device is Bound on a node that serves its class with nothing
@@ -593,6 +594,8 @@ class Snapshot:
             return Verdict(False, ClassNotFound(class_name))
         if not self.entitled(ns, class_name):
             return Verdict(False, NotEntitled(ns, class_name))
+        if cls.problem is not None:
+            return Verdict(False, ClassProblem(class_name, cls.problem))
         res = cls.resource_name
         bound = device.bound_node if device is not None else None
         if bound is None:

@@ -11,11 +11,12 @@ from datetime import datetime, timezone
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from model.check import check_set
 from model.dra import DeviceRef
 from model.decide import Request, Rule, apply_decision, decide
 from model.hold import Hold, outstanding
 from model.reasons import ClassProblem, Code, MixedModes, NoDeviceGroup
-from model.snapshot import Snapshot
+from model.snapshot import Order, Snapshot
 from model.topology import resolve_attribute
 from model.types import DeviceStatus, GPUClass, GPUDevice, Phase, Result
 from tests.support.dra_worlds import CLASS, PARTITION_ATTRIBUTE, RES, device_class, dra_node, recorded, ref
@@ -98,6 +99,21 @@ def test_DR3_five_free_but_no_partition_of_four_refused_there_placed_on_the_othe
     assert sorted(r.device for _, r in d.placements[0].devices) == sorted(names(4, 5, 6, 7))
 
 
+def test_DR3_W1_a_set_of_three_on_HGX_is_refused_naming_the_sizes_that_exist():
+    snap = snap_of([dra_node("n1")])
+    v = check_set(snap, "t", [Order("t", CLASS)] * 3)
+    assert not v.admitted and v.reason.code is Code.NO_ELIGIBLE_NODE
+    assert v.reason.render().endswith(
+        "n1: no h100x device carries gpu.nvidia.com/partition3 (sizes that exist: 1, 2, 4, 8)")
+    assert check_set(snap, "t", [Order("t", CLASS)] * 4).admitted
+
+
+def test_W1_a_class_with_a_problem_is_refused_per_order():
+    bad = device_class(problem="neither resourceName nor deviceClassName is set")
+    v = check_set(snap_of([dra_node("n1")], classes=[bad]), "t", [Order("t", CLASS)])
+    assert not v.admitted and v.reason == ClassProblem(CLASS, "neither resourceName nor deviceClassName is set")
+
+
 def test_DR4_the_tightest_group_wins_over_the_tightest_node():
     # a: free {1,2,5,7}: the whole pair {1,2} in a quad with 2 free → (0, 2)
     # b: free {5,6,7}: the whole pair {5,7} breaks a quad with 3 free → (1, 1): fewer free
@@ -145,12 +161,15 @@ def test_DR1_a_class_with_a_problem_refuses_its_sets():
     assert d.reason.code is Code.CLASS_PROBLEM
 
 
-def test_DR1_a_set_mixing_modes_is_refused_with_its_own_reason():
+def test_DR1_W1_a_set_mixing_modes_is_refused_with_its_own_reason():
     count = GPUClass("l40s", "nvidia.com/L40S")
     classes = [device_class(), count]
     snap = snap_of([dra_node("n1")], pending("a") + pending("b", cls="l40s"), classes)
     d = decide(snap, Request("r1", "t", "vm", ("a", "b")))
     assert d.reason.reasons == (MixedModes((CLASS,), ("l40s",)),)
+    v = check_set(snap, "t", [Order("t", CLASS), Order("t", "l40s")])
+    assert not v.admitted and v.reason.code is Code.MIXED_MODES
+    assert v.reason.render().startswith("KubeVirt refuses a VMI mixing DRA GPUs and device-plugin GPUs")
 
 
 def test_DR4_apply_decision_records_the_chosen_devices():
