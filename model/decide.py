@@ -736,6 +736,24 @@ def judge(snap: Snapshot, request: Request, limit: int | None) -> Decision:
                     placed(request, placements[0]))
 
 
+def recovery_devices(snap: Snapshot, request: Request, node: str) -> tuple[tuple[DeviceKey, DeviceRef], ...]:
+    """B7 in device mode: the devices of `node` for the request's device-mode members when
+    its decision for `node` is finished after a restart (what `Placement.devices` would
+    say: the members' records there kept where the group allows, DR3/DR4), whatever the
+    count capacity now. Empty in count mode, for a gone node, or when no group is free
+    (the members then land without a recorded device; the refusal of their VMI's claim
+    is the scheduler's)."""
+    snap = _without_own_holds(snap, request)
+    members, _, problems, class_names = _resolve(snap, request)
+    if (not members or node not in snap.nodes
+            or any(c not in snap.classes for c in class_names)):
+        return ()
+    s = _Set(snap, request, members, class_names)
+    if not s.device_classes or isinstance(s.device_choice(node), NoDeviceGroup):
+        return ()
+    return s.assign(node)
+
+
 def assess(snapshot: Snapshot, request: Request, nodes: Iterable[str] | None = None, *,
            with_decision: bool = True) -> Assessment:
     """The binder's judgement of `request` (B1–B6) with its reasons per node: `decide`'s
