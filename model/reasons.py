@@ -426,8 +426,10 @@ class NoDeviceGroup(Reason):
                 f"{self.free} free, the largest group has {self.largest}")
 
 
-CAPACITY_CODES = frozenset({Code.NO_ROOM, Code.LOST_CAPACITY, Code.NO_DEVICE_GROUP})
-"""Node problems about capacity (the others are about the node itself or the set's match)."""
+CAPACITY_CODES = frozenset({Code.NO_ROOM, Code.LOST_CAPACITY})
+"""Node problems about capacity (the others are about the node itself or the set's match).
+`NoDeviceGroup` (DR3) is not among them: freeing units elsewhere does not make a group, so
+explain's smallest change leaves such nodes out."""
 
 
 # --- device mode: the set whatever the node (DR1) ---------------------------------------------

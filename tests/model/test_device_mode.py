@@ -276,3 +276,36 @@ def test_DR3_property_refusal_exactly_when_no_group_has_room(taken, size):
             groups.setdefault(v, []).append(x.ref.device)
     room = any(all(n in free for n in g) for g in groups.values())
     assert (d.result is Result.SUCCEEDED) == room
+
+
+# --- D1, explain ------------------------------------------------------------------------------------
+
+def test_D1_device_mode_classes_are_left_out_of_defragmentation_moves():
+    """Two nodes each with 4 idle held devices (one per partition of 4 would free a node):
+    count mode would move them together; device mode leaves them (D1, for now)."""
+    from model.defrag import movable, plan_round
+    devices = [recorded("t", f"a{i}", "n1", i) for i in range(4)] + \
+              [recorded("t", f"b{i}", "n2", i) for i in range(4, 8)]
+    snap = snap_of([dra_node("n1"), dra_node("n2")], devices)
+    assert not any(movable(d, snap) for d in devices)
+    assert plan_round(snap).moves == ()
+    count = GPUClass("h100", "nvidia.com/H100")
+    assert movable(GPUDevice("t", "c", "h100", status=DeviceStatus(Phase.BOUND, "n1")),
+                   Snapshot.build(classes=[count]))
+
+
+def test_explain_renders_device_mode_reasons_through_the_typed_reasons():
+    """explain's verdict on the fragmented node is the typed NoDeviceGroup, and no
+    'smallest change' is offered there: freeing units elsewhere makes no group."""
+    from datetime import timedelta
+    from model.explain import explain
+    from model.parse import VMIAsk
+    snap = snap_of([dra_node("n1", taken=(1, 5, 6))])
+    e = explain(snap, "t", "vm", VMIAsk((), ((CLASS, 4),)), live_vmis=set(), now=NOW,
+                grace=timedelta(minutes=2))
+    assert not e.admitted and e.reason.code is Code.NO_ELIGIBLE_NODE
+    (verdict,) = e.nodes
+    assert [r.code for r in verdict.reasons] == [Code.NO_DEVICE_GROUP]
+    assert e.message.endswith("n1: no 4 free h100x devices share gpu.nvidia.com/partition4: "
+                              "5 free, the largest group has 3")
+    assert e.shortfalls == ()
