@@ -198,3 +198,26 @@ async def test_DR2_the_memory_store_writes_keeps_and_clears_status_device() -> N
     await s.answer(StatusWrite(key, rid, Result.SUCCEEDED, "moved", node="n2", bound_at=at,
                                clear_device=True))
     assert (s.device(key).bound_node, s.device(key).status.device) == ("n2", None)
+
+
+async def test_DR4_held_devices_split_over_two_pairs_are_re_pointed_within_the_node() -> None:
+    """a records GPU 1 (pair {1,2}), b GPU 3 (pair {0,3}); GPUs 0 and 2 are a foreign
+    claim's: the set is re-pointed to a whole pair of the node by status writes (no move,
+    no bind), Succeeded there, and the next request of the same set is B6."""
+    s = dra_store([dra_node("n1", taken=(0, 2)), dra_node("n2")])
+    s.add_device("t1", "a", CLASS, node="n1", device=ref("n1", 1))
+    s.add_device("t1", "b", CLASS, node="n1", device=ref("n1", 3))
+    async with running_binder(s) as binder:
+        rid = s.request("t1", "vm", ["a", "b"])
+        await settle(s, binder)
+        members = s.request_members("t1", rid)
+        assert {m.status.bind_request.result for m in members} == {Result.SUCCEEDED}
+        assert {m.bound_node for m in members} == {"n1"}
+        assert {m.status.device.device for m in members} in (
+            {"gpu-vfio-5", "gpu-vfio-7"}, {"gpu-vfio-4", "gpu-vfio-6"})
+        assert not [r for r in s.history if r.op == "answer" and r.moved]
+        s.withdraw("t1", rid)
+        rid2 = s.request("t1", "vm", ["a", "b"])
+        await settle(s, binder)
+        assert "already placed" in s.request_members("t1", rid2)[0].status.bind_request.message
+    assert _records_problems(s) == []

@@ -309,3 +309,18 @@ def test_explain_renders_device_mode_reasons_through_the_typed_reasons():
     assert e.message.endswith("n1: no 4 free h100x devices share gpu.nvidia.com/partition4: "
                               "5 free, the largest group has 3")
     assert e.shortfalls == ()
+
+
+def test_B7_recovery_in_device_mode_lands_the_rest_in_the_recorded_members_group():
+    from model.plan import Recover, plan_one
+    from model.types import BindRequest
+    br = BindRequest("r1", "vm", ("a", "b"), node="n1")
+    a = GPUDevice("t", "a", CLASS, status=DeviceStatus(
+        Phase.BOUND, "n1", NOW, bind_request=BindRequest("r1", "vm", ("a", "b"), None, (),
+                                                          Result.SUCCEEDED, "placed", "n1"),
+        device=ref("n1", 3)))
+    b = GPUDevice("t", "b", CLASS, status=DeviceStatus(bind_request=br))
+    snap = snap_of([dra_node("n1")], [a, b])
+    action = plan_one(snap, "t", "r1", [a, b])
+    assert isinstance(action, Recover) and action.node == "n1"
+    assert action.hold.devices == ((("t", "b"), ref("n1", 0)),)  # a's partner in pair {0,3}
