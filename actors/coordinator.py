@@ -433,7 +433,7 @@ class Coordinator(Actor):
                 it = Placing(key, action.request, action.decision, chain.started,
                              refusals=chain.refusals)
                 target = next((p for p in action.decision.placements
-                               if p.moves and p.node not in chain.refused), None)
+                               if (p.moves or p.devices) and p.node not in chain.refused), None)
                 if target is None:  # every candidate refused: a round is over
                     del self._chains[key]
                     self._placed(it, work.snapshot, wave)

@@ -13,6 +13,12 @@ Two-phase protocol, spoken by the Coordinator: `Prepare` → `Prepared(incarnati
 ledger was rebuilt: every (re)start has a fresh incarnation number and starts without
 holds); `Abort`; `Release`. A refusal's reason is a typed value of `model.reasons` (rendered
 only at the edges). Every decision is one JSON log line carrying `node=<name>`.
+
+Device mode (DR2): a hold may name devices of the node (`Hold.devices`); the ledger refuses
+a prepare naming one that another lease holds, that a Bound device outside the request
+records (`status.device`), or that a claim allocates or a taint covers
+(`Node.taken_devices`) with `DevicesTaken`. Commit, abort, release and expiry free the
+names with the hold; a member stops holding its name once the view shows it recorded.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ import structlog
 from actors.ports import Clock, ClusterView
 from actors.runtime import Actor, ActorContext
 from model.hold import Hold, outstanding
-from model.reasons import LedgerRebuilt, NodeGone, NodeUnfit, NoRoom, NoReservation, Reason, Short
+from model.reasons import (DevicesTaken, LedgerRebuilt, NodeGone, NodeUnfit, NoRoom, NoReservation, Reason,
+                           Short)
+from model.topology import natural_key
 from model.types import Node
 
 _log = structlog.get_logger("gpu_binder.node")
@@ -71,12 +79,13 @@ class Prepared:
 
 @dataclass(frozen=True, slots=True)
 class PrepareRefused:
-    """The hold was not taken: the node is unfit (`NodeUnfit`: gone, cordoned, not Ready …)
-    or its ledger is short of free units (`Short`: one `NoRoom` per resource)."""
+    """The hold was not taken: the node is unfit (`NodeUnfit`: gone, cordoned, not Ready …),
+    its ledger is short of free units (`Short`: one `NoRoom` per resource), or (device mode,
+    DR2) a named device is not free (`DevicesTaken`)."""
 
     node: str
     request_id: str
-    reason: NodeUnfit | Short
+    reason: NodeUnfit | Short | DevicesTaken
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +185,8 @@ class Ledger:
     committed: Mapping[str, int]
     free: Mapping[str, int]
     holds: tuple[str, ...]
+    held_devices: tuple[str, ...] = ()
+    """Device mode (DR2): names of this node's devices the holds take (not recorded yet)."""
 
 
 # -- configuration ------------------------------------------------------------------------
@@ -332,10 +343,11 @@ class NodeActor(Actor):
         self._read_node()
         self._read_bound()
         needs = {res: n for res, n in msg.hold.needs if n > 0}
-        reason: NodeUnfit | Short | None = None
-        if needs and not st.exists:
+        named = msg.hold.devices
+        reason: NodeUnfit | Short | DevicesTaken | None = None
+        if (needs or named) and not st.exists:
             reason = NodeUnfit((NodeGone(),))
-        elif needs and st.problems:
+        elif (needs or named) and st.problems:
             reason = NodeUnfit(tuple(st.problems))
         else:
             prepared, committed = self._held(exclude=msg.request_id)
@@ -347,6 +359,10 @@ class NodeActor(Actor):
                     short.append(NoRoom(res, n, max(free, 0)))
             if short:
                 reason = Short(tuple(short))
+            elif named:
+                taken = self._taken_names(msg.hold)
+                if taken:
+                    reason = DevicesTaken(taken)
         if reason is not None:
             _log.info("prepare", outcome="refused", request_id=msg.request_id,
                       needs=needs, reason=reason.render(), incarnation=self.incarnation)
@@ -362,6 +378,37 @@ class NodeActor(Actor):
                       incarnation=self.incarnation, ttl=self._cfg.prepare_ttl,
                       free=self._free(prepared, committed))
         return Prepared(self.node, msg.request_id, self.incarnation, expires_at)
+
+    def _taken_names(self, hold: Hold) -> tuple[str, ...]:
+        """Device mode (DR2): the devices `hold` names that are not free on this node
+        (natural order): in `Node.taken_devices` (a claim's allocation, a device taint),
+        recorded (`status.device`) by a Bound device here that is not a member of the
+        hold's request, or held by another request's lease (not recorded by its member yet).
+        A member's own record is free for it (its claim may allocate it: not in the way)."""
+        own = {key for key, _ in hold.devices} | {key for key, _ in hold.landing}
+        node = self._st.node
+        taken_by_claims = node.taken_devices if node else frozenset()
+        mine = set()
+        others = set()
+        for dev in self._view.devices_on(self.node):
+            rec = dev.status.device
+            if rec is not None:
+                (mine if dev.key in own else others).add(rec.device)
+        others |= self._held_names(exclude=hold.request_id)
+        wanted = [ref.device for _, ref in hold.devices]
+        out = {n for n in wanted
+               if n in others or (n in taken_by_claims and n not in mine)}
+        if len(set(wanted)) != len(wanted):  # one device for two members: never
+            out |= {n for n in wanted if wanted.count(n) > 1}
+        return tuple(sorted(out, key=natural_key))
+
+    def _held_names(self, *, exclude: str | None = None) -> set[str]:
+        """Names of this node's devices the leases hold (members not recording them yet)."""
+        out: set[str] = set()
+        for rid, lease in self._st.holds.items():
+            if rid != exclude and lease.hold.devices:
+                out |= outstanding(lease.hold, self._view.device).device_names
+        return out
 
     def _commit(self, msg: Commit) -> Committed | CommitRefused:
         hold = self._st.holds.get(msg.request_id)
@@ -427,7 +474,8 @@ class NodeActor(Actor):
     def _settle(self) -> None:
         """Drop committed holds whose members all landed here (writes observed)."""
         for rid, hold in list(self._st.holds.items()):
-            if hold.committed and hold.hold.landing and not any(self._outstanding(hold).values()):
+            if (hold.committed and (hold.hold.landing or hold.hold.devices)
+                    and outstanding(hold.hold, self._view.device).empty):
                 del self._st.holds[rid]
                 _log.info("release", request_id=rid, released=True, committed=True,
                           reason="observed", incarnation=self.incarnation)
@@ -439,7 +487,8 @@ class NodeActor(Actor):
         prepared, committed = self._held()
         return Ledger(self.node, self.incarnation, st.exists, st.unschedulable,
                       dict(st.allocatable), dict(st.bound), prepared, committed,
-                      self._free(prepared, committed), tuple(sorted(st.holds)))
+                      self._free(prepared, committed), tuple(sorted(st.holds)),
+                      tuple(sorted(self._held_names(), key=natural_key)))
 
     def _free(self, prepared: Mapping[str, int], committed: Mapping[str, int]) -> dict[str, int]:
         """`Ledger.free` given the units held (prepared, committed), sorted by resource."""

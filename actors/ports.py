@@ -20,6 +20,7 @@ import anyio
 
 from actors.errors import WriteError
 from model.decide import Rule
+from model.dra import DeviceRef
 from model.reasons import Code
 from model.types import Budget, DeviceKey, GPUClass, GPUDevice, Namespace, Node, Result
 
@@ -108,7 +109,12 @@ class StatusWrite:
     (`phase = Bound`, `nodeName = node`, `boundAt`), all in one write. `node` is None for
     Refused (then `bound_at` is None too). `expect_version` is the device's resourceVersion
     the decision saw (None: unknown); a writer may use it to make the compare-and-set of
-    the node without reading the device first."""
+    the node without reading the device first.
+
+    Device mode (DR2, DR4): with `device` the write also records `status.device` (with the
+    placement, or alone for a member already Bound on `node`: re-pointed, a status write, not
+    a move); `clear_device` clears it (null: the member lands on a node without a chosen
+    device). Neither: `status.device` is not touched (count mode's writes are unchanged)."""
 
     key: DeviceKey
     request_id: str
@@ -120,6 +126,8 @@ class StatusWrite:
     op: WriteOp = "answer"
     from_node: str | None = None
     code: Code | None = None
+    device: DeviceRef | None = None
+    clear_device: bool = False
 
 
 @runtime_checkable

@@ -421,6 +421,7 @@ class StatusPipeline(Actor):
         if d.moving_from is not None:
             return self._move_writes(d)
         landing = {k for k, _ in d.hold.landing} if d.hold is not None else set()
+        chosen = dict(d.hold.devices) if d.hold is not None and d.hold.devices else {}
         out: list[StatusWrite] = []
         written: set[DeviceKey] = set()
         now = None
@@ -429,16 +430,24 @@ class StatusPipeline(Actor):
             dev = self._view.device(key)
             br = dev.status.bind_request if dev is not None else None
             lands = key in landing and (dev is None or dev.bound_node != node)
-            if (not lands and br is not None and br.id == rid
+            device = chosen.get(key)
+            # DR4: a member Bound here recording another device is re-pointed (no move)
+            repoint = (device is not None and not lands and dev is not None
+                       and dev.bound_node == node and dev.status.device != device)
+            if (not lands and not repoint and br is not None and br.id == rid
                     and (br.result, br.node, br.message, br.code)
                     == (d.result, node, d.message, d.code)):
                 continue
-            if lands:
+            if lands or repoint:
                 written.add(key)
+            if lands:
                 now = now or self._clock.now()
             out.append(StatusWrite(key, rid, d.result, d.message, node=node, code=d.code,
                                    bound_at=now if lands else None,
-                                   expect_version=dev.resource_version if dev is not None else None))
+                                   expect_version=dev.resource_version if dev is not None else None,
+                                   device=device if lands or repoint else None,
+                                   clear_device=(lands and device is None and dev is not None
+                                                 and dev.status.device is not None)))
         return out, frozenset(written)
 
     def _move_writes(self, d: Decided) -> tuple[list[StatusWrite], frozenset[DeviceKey]]:

@@ -22,6 +22,7 @@ import anyio
 from actors.errors import NotFound, RequestWithdrawn, TransientWriteError, WriteConflict, WriteError
 from actors.ports import Clock, StatusWrite, SystemClock, WriteOp
 from actors.view import IndexedView
+from model.dra import DeviceRef
 from model.types import (
     Attachment,
     BindRequest,
@@ -184,11 +185,14 @@ class MemoryStore(IndexedView):
         *,
         node: str | None = None,
         template_for: str | None = None,
+        device: DeviceRef | None = None,
     ) -> DeviceKey:
-        """Create a device, Bound to `node` when given, else Pending."""
+        """Create a device, Bound to `node` when given (recording `device` there, device
+        mode), else Pending."""
         status = DeviceStatus()
         if node is not None:
-            status = DeviceStatus(phase=Phase.BOUND, node_name=node, bound_at=self.clock.now())
+            status = DeviceStatus(phase=Phase.BOUND, node_name=node, bound_at=self.clock.now(),
+                                  device=device)
         dev = GPUDevice(namespace, name, class_name, template_for, status,
                         created_at=self.clock.now())
         self.put_device(dev)
@@ -223,7 +227,7 @@ class MemoryStore(IndexedView):
             dev = self._devices[(namespace, name)]
             st = dev.status
             self.put_device(_with_status(dev, DeviceStatus(st.phase, st.node_name, st.bound_at,
-                                                           Attachment(vmi, now), br)))
+                                                           Attachment(vmi, now), br, st.device)))
             self._record("request", (namespace, name), request_id)
         return request_id
 
@@ -234,7 +238,7 @@ class MemoryStore(IndexedView):
         for dev in members:
             st = dev.status
             self.put_device(_with_status(dev, DeviceStatus(st.phase, st.node_name, st.bound_at,
-                                                           None, None)))
+                                                           None, None, st.device)))
             self._record("withdraw", dev.key, request_id)
         return len(members)
 
@@ -321,7 +325,8 @@ class MemoryStore(IndexedView):
                 or st.bind_request is not None:
             raise RequestWithdrawn(f"device {key[0]}/{key[1]} is no longer idle on {w.from_node}",
                                    key=key)
-        self.put_device(_with_status(dev, DeviceStatus(Phase.BOUND, w.node, w.bound_at, None, None)))
+        self.put_device(_with_status(dev, DeviceStatus(Phase.BOUND, w.node, w.bound_at, None, None,
+                                                       None)))  # D1: device mode never moves
         self._record("move", key, w.request_id, node=w.node, message=w.message,
                      from_node=dev.bound_node, moved=True)
         self.events.append((key, "GPUDeviceMoved", w.message))
@@ -336,14 +341,17 @@ class MemoryStore(IndexedView):
         if br.node is not None and br.node != w.node:
             raise WriteConflict(f"request {w.request_id} already decided for {br.node}", key=key)
         moved = w.bound_at is not None and dev.bound_node != w.node
-        if moved or (br.result, br.message, br.node, br.code) != (w.result, w.message, w.node,
-                                                                  w.code):
-            st = dev.status
+        st = dev.status
+        # status.device (DR2): set by a placement write (None clears it) or a re-point (DR4)
+        device = w.device if w.device is not None or w.clear_device else st.device
+        if moved or device != st.device or (br.result, br.message, br.node, br.code) != (
+                w.result, w.message, w.node, w.code):
             answered = replace(br, result=w.result, message=w.message, node=w.node, code=w.code)
             if moved:
-                status = DeviceStatus(Phase.BOUND, w.node, w.bound_at, st.attached_to, answered)
+                status = DeviceStatus(Phase.BOUND, w.node, w.bound_at, st.attached_to, answered, device)
             else:
-                status = DeviceStatus(st.phase, st.node_name, st.bound_at, st.attached_to, answered)
+                status = DeviceStatus(st.phase, st.node_name, st.bound_at, st.attached_to, answered,
+                                      device)
             self.put_device(_with_status(dev, status))
             self._record(w.op, key, w.request_id, node=w.node, result=w.result, message=w.message,
                          from_node=dev.bound_node, moved=moved)

@@ -6,7 +6,9 @@ result together, led by a `test` of `status.bindRequest.id`: a request withdrawn
 replaced meanwhile is never resurrected (the API server answers 422 and nothing is
 written). A defragmenting move (`op="move"`, D2) reads the device, checks it is still idle
 on its old node and patches the placement led by a `test` of the resourceVersion read, then
-records a `GPUDeviceMoved` Event on the device (from, to, why; D4, best effort). API errors are translated into the actor port's `WriteError`s; every call has a
+records a `GPUDeviceMoved` Event on the device (from, to, why; D4, best effort). Device mode:
+a placement write carries `status.device` (the chosen device, or null to clear a record from
+another node), a re-point within the node writes it alone with the result (DR2, DR4). API errors are translated into the actor port's `WriteError`s; every call has a
 timeout shorter than the Lease's renew deadline.
 """
 
@@ -22,6 +24,7 @@ from actors.ports import StatusWrite, write_each
 from k8s import errors as api_errors
 from k8s import events
 from k8s.client import GPU_DEVICES, KubeClient
+from model.dra import DeviceRef
 from model.parse import format_time
 from model.types import GROUP, VERSION
 
@@ -100,6 +103,9 @@ class ApiStatusWriter:
                                      f"decided for node {br['node']}", key=w.key)
         placed = w.bound_at is None or (status.get("phase") == "Bound"
                                         and status.get("nodeName") == w.node)
+        if (w.device is not None or w.clear_device) and \
+                (status.get("device") or None) != _device_dict(w.device):
+            placed = False  # status.device differs (DR2, DR4): write it
         if placed and (br.get("node"), br.get("result"), br.get("message"), br.get("code")) == (
                 w.node, w.result.value, w.message[:32000], w.code.value if w.code else None):
             return
@@ -158,6 +164,11 @@ class ApiStatusWriter:
         await events.record(self._client, body, device=f"{ns}/{name}")
 
 
+def _device_dict(ref: DeviceRef | None) -> dict | None:
+    """`status.device` as the API stores it (`model.parse.device_status_to_dict`)."""
+    return None if ref is None else {"driver": ref.driver, "pool": ref.pool, "device": ref.device}
+
+
 def _answer_ops(w: StatusWrite) -> list[dict]:
     """The JSON Patch operations of one binder write (after its tests)."""
     ops: list[dict] = []
@@ -165,6 +176,10 @@ def _answer_ops(w: StatusWrite) -> list[dict]:
         ops += [{"op": "add", "path": "/status/phase", "value": "Bound"},
                 {"op": "add", "path": "/status/nodeName", "value": w.node},
                 {"op": "add", "path": "/status/boundAt", "value": format_time(w.bound_at)}]
+    if w.device is not None or w.clear_device:
+        # device mode (DR2): the exact device with the placement; null clears a record the
+        # member had on another node (JSON Patch `add` replaces; null is the cleared field)
+        ops.append({"op": "add", "path": "/status/device", "value": _device_dict(w.device)})
     if w.node is not None:
         ops.append({"op": "add", "path": "/status/bindRequest/node", "value": w.node})
     ops += [{"op": "add", "path": "/status/bindRequest/result", "value": w.result.value},

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Sequence
 
-from model.decide import Request, judge
+from model.decide import Request, judge, mixed_modes
 from model.reasons import BudgetExhausted, DeviceListedTwice, NoDevices, WrongNamespace
 from model.snapshot import Order, Snapshot, Verdict
 from model.types import GPUDevice, Labels, Phase, Toleration
@@ -29,9 +29,17 @@ def check_set(snapshot: Snapshot, namespace: str, orders: Sequence[Order], *, no
     the node the binder would choose now. The reason of a refusal (`model.reasons`):
     `NoDevices`, `WrongNamespace` or `DeviceListedTwice` for a malformed set, the first
     refused order's (`check_order`; a budget one with the whole set's numbers), else the
-    binder's `SetRefused` without its request (the "refused <vmi> request <id>:" prefix)."""
+    binder's `SetRefused` without its request (the "refused <vmi> request <id>:" prefix).
+
+    Device mode (DR1, DR3): a set mixing device-mode and count-mode classes is refused
+    first (`MixedModes`: KubeVirt refuses such a VMI); a class with a problem is refused by
+    `check_order` (`ClassProblem`); the binder's judgement checks the topology (a set of 3
+    on HGX boards is refused naming the partition sizes that exist)."""
     if not orders:
         return Verdict(False, NoDevices(asked=True))
+    mixed = mixed_modes(snapshot, dict.fromkeys(_order_class(snapshot, o) for o in orders))
+    if mixed is not None:
+        return Verdict(False, mixed)
     snap = snapshot
     names: list[str] = []
     templates: list[GPUDevice] = []
@@ -76,6 +84,11 @@ def _set_budget_verdict(snapshot: Snapshot, namespace: str, orders: Sequence[Ord
         and d.bound_node is not None))
     bound, reserved = snapshot.tenant_counts(namespace, res)
     return Verdict(False, BudgetExhausted(namespace, res, bound, budget, adds, reserved))
+
+def _order_class(snapshot: Snapshot, order: Order) -> str:
+    """The class that governs `order`: a held device's own, else the order's."""
+    dev = snapshot.device(order.namespace, order.device) if order.device is not None else None
+    return dev.class_name if dev is not None else order.class_name
 
 def _order_resource(snapshot: Snapshot, order: Order) -> str | None:
     dev = snapshot.device(order.namespace, order.device) if order.device is not None else None

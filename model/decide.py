@@ -13,14 +13,17 @@ from datetime import datetime, timezone
 from enum import StrEnum
 from typing import Iterable, Mapping
 
-from model.reasons import (AlreadyPlaced, BudgetExhausted, ClassesNotServed, ClassNotFound, Code, DeviceAt,
-                           DeviceListedTwice, DeviceNotFound, KeptCordoned, LostCapacity, NodeGone,
-                           NodeProblems, NoDevices, NoEligibleNode, NoNodeServes, NoRoom, NotEntitled,
-                           Outcome, Placed, Reason, RequestRef, SelectorMismatch, SetRefused,
-                           TaintsNotTolerated)
+from model.dra import DeviceRef
+from model.reasons import (AlreadyPlaced, BudgetExhausted, ClassesNotServed, ClassNotFound, ClassProblem,
+                           Code, DeviceAt, DeviceListedTwice, DeviceNotFound, KeptCordoned, LostCapacity,
+                           MixedModes, NodeGone, NodeProblems, NoDeviceGroup, NoDevices, NoEligibleNode,
+                           NoNodeServes, NoRoom, NotEntitled, Outcome, Placed, Reason, RequestRef,
+                           SelectorMismatch, SetRefused, TaintsNotTolerated)
 from model.snapshot import Snapshot
+from model.topology import ClassShare, GroupChoice, NoGroup, choose_set, natural_key, resolve_attribute
 from model.types import (
     BindRequest,
+    DeviceKey,
     DeviceStatus,
     GPUDevice,
     Labels,
@@ -78,12 +81,18 @@ class Move:
 class Placement:
     """The set gathered on `node`: `moves` every member not Bound there yet (in request
     order); `needs` units per resource to reserve on `node` (those members); `budget_needs`
-    budget slots per resource (the Pending members, about to become Bound). Sorted pairs."""
+    budget slots per resource (the Pending members, about to become Bound). Sorted pairs.
+
+    Device mode (DR3, DR4): `devices` the exact device of `node` chosen for every member of
+    a device-mode class, in request order (empty in count mode, and for B5/B6 where the
+    records stay as they are). A member already Bound on `node` whose record
+    (`status.device`) differs is re-pointed: a status write, not a move."""
 
     node: str
     moves: tuple[Move, ...]
     needs: tuple[tuple[str, int], ...]
     budget_needs: tuple[tuple[str, int], ...]
+    devices: tuple[tuple[DeviceKey, DeviceRef], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +262,8 @@ def placed(request: Request, placement: Placement) -> Placed:
     """The Succeeded outcome of a B1 placement (binds, then moves, in request order)."""
     return Placed(request_ref(request), placement.node,
                   tuple(m.device[1] for m in placement.moves if m.from_node is None),
-                  tuple((m.device[1], m.from_node) for m in placement.moves if m.from_node is not None))
+                  tuple((m.device[1], m.from_node) for m in placement.moves if m.from_node is not None),
+                  tuple((key[1], ref.device) for key, ref in placement.devices))
 
 
 def describe_placement(request: Request, placement: Placement) -> str:
@@ -267,10 +277,13 @@ def apply_decision(snapshot: Snapshot, request: Request, decision: Decision, *, 
     on `decision.node` (`boundAt` = `now` for those that changed node), for Refused no
     placement change; in both, each member's bindRequest (created from `request` if it lacks
     one of this id) gets result, message and node; the request's reservations are dropped.
-    Missing members are skipped."""
+    Missing members are skipped. Device mode: a Succeeded member records
+    (`status.device`) the device its first placement chose for it (DR4: re-pointing one
+    already Bound there); a member moved to a node without a chosen device records none."""
     snap = snapshot.without_reservation(request.id)
     ok = decision.result is Result.SUCCEEDED
     node = decision.node if ok else None
+    chosen = dict(decision.placements[0].devices) if ok and decision.placements else {}
     updated = []
     written: dict[tuple, BindRequest] = {}  # members usually carry equal requests: share one
     for name in dict.fromkeys(request.devices):
@@ -288,9 +301,10 @@ def apply_decision(snapshot: Snapshot, request: Request, decision: Decision, *, 
             br = written[key] = BindRequest(*key[:5], decision.result, decision.message, node,
                                             tolerations=key[5])
         if ok and d.bound_node != node:
-            st = DeviceStatus(Phase.BOUND, node, now, st.attached_to, br)
+            st = DeviceStatus(Phase.BOUND, node, now, st.attached_to, br, chosen.get(d.key))
         else:
-            st = DeviceStatus(st.phase, st.node_name, st.bound_at, st.attached_to, br)
+            st = DeviceStatus(st.phase, st.node_name, st.bound_at, st.attached_to, br,
+                              chosen.get(d.key, st.device))
         updated.append(GPUDevice(d.namespace, d.name, d.class_name, d.template_for, st,
                                  d.resource_version, d.uid, d.created_at, d.deleting))
     return snap.with_devices(updated)
@@ -321,6 +335,121 @@ class _Set:
         self.n_bound = len(members) - sum(self.pending.values())
         self.where = [(m.key, m.status.node_name if m.status.phase is Phase.BOUND else None) for m in members]
         self.budget_needs = tuple(sorted(self.pending.items()))
+        classes = snap.classes
+        self.device_classes = [c for c in class_names if classes[c].device_mode]
+        """Device mode (DR1): the set's device-mode classes (empty: count mode, unchanged)."""
+        if self.device_classes:
+            self.members = members
+            self.own = frozenset(m.key for m in members)
+            self.by_class: dict[str, list[GPUDevice]] = {c: [] for c in self.device_classes}
+            for m in members:
+                if m.class_name in self.by_class:
+                    self.by_class[m.class_name].append(m)
+            self._choices: dict[str, dict[str, GroupChoice] | NoDeviceGroup] = {}
+
+    # --- device mode (DR2-DR4) --------------------------------------------------------------
+
+    def device_choice(self, node: str) -> dict[str, GroupChoice] | NoDeviceGroup:
+        """DR3/DR4 on `node` (which exists): one group per device-mode class of the set
+        (`model.topology.choose_set`), from the devices free for this request
+        (`Snapshot.free_devices`), keeping the members' records on the node where the choice
+        allows; or why there is none (`NoDeviceGroup`). Cached per node."""
+        found = self._choices.get(node)
+        if found is not None:
+            return found
+        snap, n = self.snap, self.snap.nodes[node]
+        shares, free_all, free_of = [], set(), {}
+        for c in self.device_classes:
+            devs = n.devices_of(c)
+            free = snap.free_devices(node, c, self.request.id, self.own)
+            free_of[c] = len(free)
+            free_all |= free
+            keep = tuple(m.status.device.device for m in self.by_class[c]
+                         if m.bound_node == node and m.status.device is not None
+                         and m.status.device.device in free)
+            shares.append(ClassShare(c, tuple(d.as_device() for d in devs), len(self.by_class[c]),
+                                     snap.classes[c].match_attribute, keep))
+        chosen, failed = choose_set(shares, free_all)
+        if chosen is None:
+            assert failed is not None
+            c, why = failed
+            found = NoDeviceGroup(c, why.attribute, why.count, free_of[c], why.largest_free,
+                                  why.attribute_missing, why.sizes if why.attribute_missing else ())
+        else:
+            found = chosen
+        self._choices[node] = found
+        return found
+
+    def fit(self, node: str) -> tuple:
+        """The DR4 tightness of the device choice on `node` (per class, in the set's order)."""
+        choice = self.device_choice(node)
+        assert not isinstance(choice, NoDeviceGroup)
+        return tuple(choice[c].fit for c in self.device_classes)
+
+    def assign(self, node: str) -> tuple[tuple[DeviceKey, DeviceRef], ...]:
+        """The chosen device of every device-mode member on `node` (request order): a member
+        whose record on the node is among its class's chosen devices keeps it; the others
+        take the rest in natural name order."""
+        choice = self.device_choice(node)
+        assert not isinstance(choice, NoDeviceGroup)
+        n = self.snap.nodes[node]
+        out: dict[DeviceKey, DeviceRef] = {}
+        for c in self.device_classes:
+            refs = {d.ref.device: d.ref for d in n.devices_of(c)}
+            left = list(choice[c].devices)
+            waiting = []
+            for m in self.by_class[c]:
+                rec = m.status.device
+                if m.bound_node == node and rec is not None and rec.device in left:
+                    left.remove(rec.device)
+                    out[m.key] = refs[rec.device]
+                else:
+                    waiting.append(m)
+            left.sort(key=natural_key)
+            for m, name in zip(waiting, left):
+                out[m.key] = refs[name]
+        return tuple((m.key, out[m.key]) for m in self.members if m.key in out)
+
+    def records_hold(self, node: str) -> bool:
+        """B6 in device mode: every device-mode member Bound on `node` records a device that
+        still exists there (`Node.devices_of`), is free for this set (no other record, hold,
+        claim or taint), and no two record the same device; per class, the records share the
+        class's attribute (DR3)."""
+        snap = self.snap
+        seen: set[str] = set()
+        for c in self.device_classes:
+            members = self.by_class[c]
+            free = snap.free_devices(node, c, self.request.id, self.own)
+            attribute = resolve_attribute(snap.classes[c].match_attribute, len(members))
+            by_name = {d.ref.device: d for d in snap.nodes[node].devices_of(c)}
+            values = set()
+            for m in members:
+                rec = m.status.device
+                if m.bound_node != node or rec is None or rec.device in seen:
+                    return False
+                d = by_name.get(rec.device)
+                if d is None or d.ref != rec or rec.device not in free:
+                    return False
+                seen.add(rec.device)
+                if attribute is not None:
+                    value = d.as_device().attribute(attribute)
+                    if value is None:
+                        return False
+                    values.add(value)
+            if len(values) > 1:
+                return False
+        return True
+
+    def device_elsewhere(self, limit: int | None) -> list[tuple[int, str]]:
+        """`eligible_elsewhere` for a set with device-mode classes: every count-eligible node
+        holding no member where the device choice succeeds, in DR4 order (tightest group,
+        then tightest node, then name), at most `limit` (None: all). Looks at every
+        count-eligible node: the group's fit is not ordered by the node's free units."""
+        ok = [(self.fit(name), lo, name) for lo, name in self.eligible_elsewhere(None)
+              if not isinstance(self.device_choice(name), NoDeviceGroup)]
+        ok.sort()
+        found = [(lo, name) for _, lo, name in ok]
+        return found if limit is None else found[:limit]
 
     def problems(self, node: str) -> list[Reason]:
         """Why `node` is not eligible (B3) for the whole set; empty when it is."""
@@ -340,6 +469,7 @@ class _Set:
             have = dict(snap.node_labels(node))  # name only the entries the node lacks
             out.append(SelectorMismatch(tuple((k, v) for k, v in sel if have.get(k) != v)))
         here = self.here.get(node, {})
+        short = False
         for res in self.resources:
             alloc = snap.allocatable(node, res)
             if alloc <= 0:
@@ -347,12 +477,17 @@ class _Set:
             need = self.total[res] - here.get(res, 0)
             free = snap.free(node, res)
             if free < need:
+                short = True
                 used = snap.used(node, res)
                 foreign = snap.foreign(node, res)
                 if used > alloc:
                     out.append(LostCapacity(res, used - foreign, foreign, alloc))
                 else:
                     out.append(NoRoom(res, need, max(free, 0), foreign))
+        if self.device_classes and not short and not unserved:
+            choice = self.device_choice(node)  # DR3: the units are there; a group of them?
+            if isinstance(choice, NoDeviceGroup):
+                out.append(choice)
         return out
 
     def leftover(self, node: str) -> int:
@@ -408,6 +543,8 @@ class _Set:
         else:
             needs = tuple([(r, self.total[r] - here.get(r, 0)) for r in self.resources
                            if self.total[r] - here.get(r, 0) > 0])
+        if self.device_classes:
+            return Placement(node, moves, needs, self.budget_needs, self.assign(node))
         return Placement(node, moves, needs, self.budget_needs)
 
     def explain(self) -> Reason:
@@ -467,12 +604,29 @@ def _resolve(snap: Snapshot, request: Request) -> tuple[list[GPUDevice], list[De
     if not request.devices:
         problems.append(NoDevices())
     class_names = list(dict.fromkeys(m.class_name for m in members))
+    classes = snap.classes
     for c in class_names:
-        if c not in snap.classes:
+        if c not in classes:
             problems.append(ClassNotFound(c))
         elif not snap.entitled(ns, c):
             problems.append(NotEntitled(ns, c))
+        elif classes[c].problem is not None:
+            problems.append(ClassProblem(c, classes[c].problem))
+    mixed = mixed_modes(snap, class_names)
+    if mixed is not None:
+        problems.append(mixed)
     return members, described, problems, class_names
+
+
+def mixed_modes(snap: Snapshot, class_names: Iterable[str]) -> MixedModes | None:
+    """DR1: `MixedModes` when the known classes among `class_names` are of both modes (one
+    set never mixes them: KubeVirt refuses such a VMI), else None."""
+    device, count = [], []
+    for c in class_names:
+        cls = snap.classes.get(c)
+        if cls is not None:
+            (device if cls.device_mode else count).append(c)
+    return MixedModes(tuple(device), tuple(count)) if device and count else None
 
 
 def _budget_problems(snap: Snapshot, s: _Set) -> list[Reason]:
@@ -519,7 +673,9 @@ def _in_place(s: _Set, limit: int | None) -> tuple[Decision | None, list[tuple[i
     (home,) = s.here
     home_problems = s.problems(home)
     if not home_problems:
-        return _keep(request, home, Rule.B6), None
+        if not s.device_classes or s.records_hold(home):
+            return _keep(request, home, Rule.B6), None
+        return None, None  # device mode: a new choice on the same node (re-points, DR4)
     if home not in snap.nodes or not snap.nodes[home].unschedulable:
         return None, None
     stay = tuple(c for c in s.class_names if snap.classes[c].on_cordon is OnCordon.STAY)
@@ -531,20 +687,28 @@ def _in_place(s: _Set, limit: int | None) -> tuple[Decision | None, list[tuple[i
         return (None if blocked else _keep(request, home, Rule.B5B, stay)), None
     if [p.code for p in home_problems] != [Code.CORDONED]:
         return None, None
-    elsewhere = s.eligible_elsewhere(limit)  # B5(a): the cordon only, and no room elsewhere
+    elsewhere = (s.device_elsewhere(limit) if s.device_classes
+                 else s.eligible_elsewhere(limit))  # B5(a): the cordon only, and no room elsewhere
     return (None if elsewhere else _keep(request, home, Rule.B5A)), elsewhere
 
 
 def _candidates(s: _Set, limit: int | None, elsewhere: list[tuple[int, str]] | None) -> list[str]:
     """B3 and B4: the eligible nodes, at most `limit` (None: all), best first — nodes
     holding members (fewest moves, then tightest fit, then name), then the others (tightest
-    fit, then name; `elsewhere` when already found for at least `limit`)."""
-    ranked = sorted(((s.n_bound - sum(s.here[n].values()), s.leftover(n), n)
-                     for n in s.here if not s.problems(n)))
-    nodes = [n for _, _, n in ranked]
+    fit, then name; `elsewhere` when already found for at least `limit`). With device-mode
+    classes (DR4): fewest moves, then the tightest group, then the tightest node, then name."""
+    if s.device_classes:
+        ranked = sorted(((s.n_bound - sum(s.here[n].values()), s.fit(n), s.leftover(n), n)
+                         for n in s.here if not s.problems(n)))
+        nodes = [r[-1] for r in ranked]
+    else:
+        ranked = sorted(((s.n_bound - sum(s.here[n].values()), s.leftover(n), n)
+                         for n in s.here if not s.problems(n)))
+        nodes = [n for _, _, n in ranked]
     if limit is None or len(nodes) < limit:
         if elsewhere is None:
-            elsewhere = s.eligible_elsewhere(None if limit is None else limit - len(nodes))
+            want = None if limit is None else limit - len(nodes)
+            elsewhere = s.device_elsewhere(want) if s.device_classes else s.eligible_elsewhere(want)
         nodes += [n for _, n in elsewhere]
     return nodes if limit is None else nodes[:limit]
 
@@ -570,6 +734,24 @@ def judge(snap: Snapshot, request: Request, limit: int | None) -> Decision:
     placements = tuple(s.placement(n) for n in nodes)
     return Decision(request.id, Result.SUCCEEDED, nodes[0], placements, Rule.B1,
                     placed(request, placements[0]))
+
+
+def recovery_devices(snap: Snapshot, request: Request, node: str) -> tuple[tuple[DeviceKey, DeviceRef], ...]:
+    """B7 in device mode: the devices of `node` for the request's device-mode members when
+    its decision for `node` is finished after a restart (what `Placement.devices` would
+    say: the members' records there kept where the group allows, DR3/DR4), whatever the
+    count capacity now. Empty in count mode, for a gone node, or when no group is free
+    (the members then land without a recorded device; the refusal of their VMI's claim
+    is the scheduler's)."""
+    snap = _without_own_holds(snap, request)
+    members, _, problems, class_names = _resolve(snap, request)
+    if (not members or node not in snap.nodes
+            or any(c not in snap.classes for c in class_names)):
+        return ()
+    s = _Set(snap, request, members, class_names)
+    if not s.device_classes or isinstance(s.device_choice(node), NoDeviceGroup):
+        return ()
+    return s.assign(node)
 
 
 def assess(snapshot: Snapshot, request: Request, nodes: Iterable[str] | None = None, *,

@@ -5,7 +5,9 @@ writes or waits. The binder's coordinator carries a plan out inside its one deci
 
 Vocabulary:
 - a *movable* device (D1): held (no template label), Bound, carrying no attachment and no
-  bind request, not being deleted, its class known and `Move`;
+  bind request, not being deleted, its class known and `Move`, and not in device mode:
+  device-mode classes (DR1) are left out of defragmentation for now (a move would have to
+  choose the target's exact device and group, DR3/DR4; counting free units cannot);
 - the *largest placeable set* of a class: the most new devices of the class one node can
   take now — over the placeable nodes serving the class (not cordoned, Ready,
   `kubevirt.io/schedulable=true`, no NoSchedule/NoExecute taint), their free units of the
@@ -119,7 +121,7 @@ def movable(device: GPUDevice, snap: Snapshot) -> bool:
     if st.attached_to is not None or st.bind_request is not None:
         return False
     cls = snap.classes.get(device.class_name)
-    return cls is not None and cls.on_cordon is OnCordon.MOVE
+    return cls is not None and cls.on_cordon is OnCordon.MOVE and not cls.device_mode
 
 
 def eligible_nodes(snap: Snapshot, class_name: str) -> frozenset[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Collection
 
+from model.dra import DeviceRef
 from model.types import DeviceKey, GPUDevice
 
 Needs = tuple[tuple[str, int], ...]
@@ -21,6 +22,10 @@ Needs = tuple[tuple[str, int], ...]
 
 Landing = tuple[tuple[DeviceKey, str], ...]
 """Members that land on the hold's node, each with its resource name, in request order."""
+
+Chosen = tuple[tuple[DeviceKey, DeviceRef], ...]
+"""Device mode (DR2, DR4): members with the exact device of the hold's node chosen for them,
+in request order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +38,12 @@ class Hold:
 
     A `Snapshot` counts `needs` and `budget_needs` as given (pass it `outstanding(...)`).
     Several holds of one request (prepares on several nodes) each hold their `needs` on
-    their node, but the tenant's budget slots count once per request (the largest)."""
+    their node, but the tenant's budget slots count once per request (the largest).
+
+    Device mode (DR2): `devices` are the named devices of `node` the hold takes, one per
+    member whose record (`status.device`) is not that device yet: members landing here and
+    idle held members re-pointed within the node (DR4). A member stops holding its device
+    once the view shows it Bound here recording it (`outstanding`)."""
 
     request_id: str
     namespace: str
@@ -41,11 +51,17 @@ class Hold:
     needs: Needs = ()
     budget_needs: Needs = ()
     landing: Landing = ()
+    devices: Chosen = ()
 
     @property
     def empty(self) -> bool:
-        """True when the hold takes nothing (no units on its node)."""
-        return not any(n > 0 for _, n in self.needs)
+        """True when the hold takes nothing (no units and no named devices on its node)."""
+        return not self.devices and not any(n > 0 for _, n in self.needs)
+
+    @property
+    def device_names(self) -> frozenset[str]:
+        """The names of the devices the hold takes on its node (device mode; empty else)."""
+        return frozenset(ref.device for _, ref in self.devices)
 
 
 def hold_for(request_id: str, namespace: str, node: str, landing: Landing,
@@ -67,9 +83,13 @@ def outstanding(hold: Hold, device: Callable[[DeviceKey], GPUDevice | None], *,
     `attempted` (the request's writes stopped: only placement writes that may have
     applied can still show up), a member counts only if it is in `attempted` and still
     carries the request (`status.bindRequest.id`). A hold without `landing` is returned
-    as it is. Pure: `device` is the caller's lookup (a ClusterView or a Snapshot)."""
-    landing = hold.landing
-    if not landing:
+    as it is. Pure: `device` is the caller's lookup (a ClusterView or a Snapshot).
+
+    Device mode: a member of `devices` keeps holding its device until `device(key)` shows it
+    Bound on the hold's node recording exactly that device, or the device is gone (with
+    `attempted`, only members in it still carrying the request)."""
+    landing, chosen = hold.landing, hold.devices
+    if not landing and not chosen:
         return hold
     needs: dict[str, int] = {}
     budget: dict[str, int] = {}
@@ -88,11 +108,29 @@ def outstanding(hold: Hold, device: Callable[[DeviceKey], GPUDevice | None], *,
         needs[res] = needs.get(res, 0) + 1
         if bound is None:
             budget[res] = budget.get(res, 0) + 1
-    counts = tuple(sorted(needs.items())) if len(needs) > 1 else tuple(needs.items())
-    slots = tuple(sorted(budget.items())) if len(budget) > 1 else tuple(budget.items())
-    if counts == hold.needs and slots == hold.budget_needs:
+    if not landing:
+        counts, slots = hold.needs, hold.budget_needs
+    else:
+        counts = tuple(sorted(needs.items())) if len(needs) > 1 else tuple(needs.items())
+        slots = tuple(sorted(budget.items())) if len(budget) > 1 else tuple(budget.items())
+    left = chosen
+    if chosen:
+        kept = []
+        for key, ref in chosen:
+            dev = device(key)
+            if dev is None:
+                continue
+            if dev.bound_node == node and dev.status.device == ref:
+                continue
+            if attempted is not None:
+                br = dev.status.bind_request
+                if key not in attempted or br is None or br.id != rid:
+                    continue
+            kept.append((key, ref))
+        left = tuple(kept) if len(kept) != len(chosen) else chosen
+    if counts == hold.needs and slots == hold.budget_needs and left is chosen:
         return hold  # nothing landed since: the same value
-    return Hold(rid, hold.namespace, node, counts, slots, landing)
+    return Hold(rid, hold.namespace, node, counts, slots, landing, left)
 
 
-__all__ = ["DeviceKey", "Hold", "Landing", "Needs", "hold_for", "outstanding"]
+__all__ = ["Chosen", "DeviceKey", "Hold", "Landing", "Needs", "hold_for", "outstanding"]

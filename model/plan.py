@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from model.decide import Decision, Placement, Request, complete_request, decide
+from model.decide import Decision, Placement, Request, complete_request, decide, recovery_devices
 from model.hold import Hold, Landing, outstanding
 from model.reasons import Code, RequestRef, Resumed
 from model.snapshot import Reserving, Snapshot
@@ -109,10 +109,27 @@ def _landing(placement: Placement, snap: Snapshot) -> tuple[Landing, dict]:
 
 def placement_hold(request: Request, placement: Placement, snap: Snapshot) -> Hold:
     """The hold of `request` landing `placement` (what it takes: units on the node, budget
-    slots of its Pending members), counted from `snap`'s devices."""
+    slots of its Pending members; device mode: the devices chosen for members that do not
+    record them there yet, DR2), counted from `snap`'s devices."""
     land, found = _landing(placement, snap)  # the members looked up once for both steps
+    if placement.devices:
+        for key, _ in placement.devices:
+            if key not in found:
+                found[key] = snap.device(key[0], key[1])
     return outstanding(Hold(request.id, request.namespace, placement.node, placement.needs,
-                            placement.budget_needs, land), found.get)
+                            placement.budget_needs, land, placement.devices), found.get)
+
+
+def changes(placement: Placement, snap: Snapshot) -> bool:
+    """Whether `placement` writes a placement: a member moves, or (device mode) a member
+    Bound on its node is re-pointed to another device of it (DR4: a status write)."""
+    if placement.moves:
+        return True
+    for key, ref in placement.devices:
+        dev = snap.device(key[0], key[1])
+        if dev is not None and dev.status.device != ref:
+            return True
+    return False
 
 
 def recorded_node(request_id: str, members: Iterable[GPUDevice]) -> tuple[str | None, bool]:
@@ -147,10 +164,13 @@ def recovery(req: Request, node: str, members: Sequence[GPUDevice], snap: Snapsh
                     and m.status.bind_request.message), None)
     message = message or Resumed(RequestRef(req.namespace, req.vmi, req.id), node).render()
     hold = None
-    if land:
+    chosen = recovery_devices(snap, req, node)
+    if land or chosen:
         needs = Counter(res for _, res in land)
-        hold = outstanding(Hold(req.id, req.namespace, node, tuple(sorted(needs.items())), (), land),
-                           snap.devices.get)
+        hold = outstanding(Hold(req.id, req.namespace, node, tuple(sorted(needs.items())), (), land,
+                                chosen), snap.devices.get)
+        if hold.empty:
+            hold = None
     return Recover(req, node, message, hold)
 
 
@@ -173,7 +193,7 @@ def plan_one(snap: Snapshot, namespace: str, request_id: str,
         decision = decide(snap, req)
     except Exception as exc:  # noqa: BLE001 - a model bug must not stop the batch
         return Requeue(req, repr(exc))
-    if decision.result is Result.REFUSED or not decision.placements[0].moves:
+    if decision.result is Result.REFUSED or not changes(decision.placements[0], snap):
         return Answer(req, decision)
     return Place(req, decision, placement_hold(req, decision.placements[0], snap))
 
@@ -198,5 +218,5 @@ def plan_batch(snapshot: Snapshot, holds: Iterable[Hold],
     return actions, work.snapshot
 
 
-__all__ = ["Action", "Answer", "Finish", "Place", "Recover", "Requeue", "Skip", "landing",
+__all__ = ["Action", "Answer", "Finish", "Place", "Recover", "Requeue", "Skip", "changes", "landing",
            "placement_hold", "plan_batch", "plan_one", "recorded_node", "recovery"]

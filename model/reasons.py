@@ -70,6 +70,10 @@ class Code(str, Enum):
     SELECTOR_MISMATCH = "selector_mismatch"
     LOST_CAPACITY = "lost_capacity"
     NO_ROOM = "no_room"
+    NO_DEVICE_GROUP = "no_device_group"
+    # device mode, the set whatever the node (DR1)
+    CLASS_PROBLEM = "class_problem"
+    MIXED_MODES = "mixed_modes"
     # the set over the nodes (B1)
     NO_NODE_SERVES = "no_node_serves"
     NO_ELIGIBLE_NODE = "no_eligible_node"
@@ -138,13 +142,14 @@ _CATEGORY: dict[Code, Category] = {
         Code.NOT_ENTITLED, Code.BUDGET_EXHAUSTED, Code.NO_FREE_UNIT, Code.NODE_GONE,
         Code.CORDONED, Code.NOT_READY, Code.NOT_KUBEVIRT_SCHEDULABLE, Code.TAINTS_NOT_TOLERATED,
         Code.CLASSES_NOT_SERVED, Code.SELECTOR_MISMATCH, Code.LOST_CAPACITY, Code.NO_ROOM,
+        Code.NO_DEVICE_GROUP, Code.CLASS_PROBLEM,
         Code.NO_NODE_SERVES, Code.NO_ELIGIBLE_NODE, Code.DEVICE_BEING_DELETED,
         Code.DEVICE_ATTACHED, Code.CLASS_NOT_PERMITTED, Code.GPU_ENTRY_NOT_PERMITTED,
         Code.SET_NEEDS, Code.NO_ROOM_FOR_SET, Code.VMI_EXISTS, Code.DEVICE_MALFORMED,
         Code.DEVICE_DELETED, Code.BINDER_REFUSED)},
     **{c: Category.INVALID for c in (
         Code.DEVICE_NOT_FOUND, Code.DEVICE_LISTED_TWICE, Code.NO_DEVICES, Code.CLASS_NOT_FOUND,
-        Code.WRONG_NAMESPACE, Code.UNKNOWN_ANNOTATION, Code.TOO_MANY_SELECTOR_ENTRIES,
+        Code.WRONG_NAMESPACE, Code.MIXED_MODES, Code.UNKNOWN_ANNOTATION, Code.TOO_MANY_SELECTOR_ENTRIES,
         Code.SELECTOR_ENTRY_TOO_LONG, Code.TOO_MANY_TOLERATIONS, Code.TOLERATION_TOO_LONG,
         Code.HELD_DEVICE_NOT_FOUND, Code.TEMPLATE_NAMED_AS_HELD, Code.NAME_TAKEN,
         Code.ATTACHMENT_REFUSED, Code.API_INVALID)},
@@ -395,8 +400,65 @@ class NoRoom(Reason):
         return f"needs {self.needs} × {self.resource}, has {self.free} free{_pods_outside(self.foreign)}"
 
 
+@dataclass(frozen=True, slots=True)
+class NoDeviceGroup(Reason):
+    """Device mode (DR3): the node has the units but no group of free devices of class
+    `class_name` sharing `attribute` (the class's matchAttribute with `{size}` = `count`):
+    `free` devices of the class are free here, the largest group has `largest` of them.
+    `missing`: no device of the node carries the attribute at all; `sizes` then the sizes of
+    the sized attribute that do exist on the node (empty for an unsized one)."""
+    code: ClassVar[Code] = Code.NO_DEVICE_GROUP
+    class_name: str
+    attribute: str | None
+    count: int
+    free: int
+    largest: int
+    missing: bool = False
+    sizes: tuple[int, ...] = ()
+
+    def render(self) -> str:
+        if self.missing:
+            sizes = f" (sizes that exist: {', '.join(map(str, self.sizes))})" if self.sizes else ""
+            return f"no {self.class_name} device carries {self.attribute}{sizes}"
+        if self.attribute is None:
+            return f"needs {self.count} free {self.class_name} devices, has {self.free}"
+        return (f"no {self.count} free {self.class_name} devices share {self.attribute}: "
+                f"{self.free} free, the largest group has {self.largest}")
+
+
 CAPACITY_CODES = frozenset({Code.NO_ROOM, Code.LOST_CAPACITY})
-"""Node problems about capacity (the others are about the node itself or the set's match)."""
+"""Node problems about capacity (the others are about the node itself or the set's match).
+`NoDeviceGroup` (DR3) is not among them: freeing units elsewhere does not make a group, so
+explain's smallest change leaves such nodes out."""
+
+
+# --- device mode: the set whatever the node (DR1) ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClassProblem(Reason):
+    """The GPUClass cannot serve (its `problem`: both or neither of resourceName and
+    deviceClassName, a DeviceClass that does not exist, a selector that does not compile)."""
+    code: ClassVar[Code] = Code.CLASS_PROBLEM
+    class_name: str
+    problem: str
+
+    def render(self) -> str:
+        return f"class {self.class_name} cannot serve: {self.problem}"
+
+
+@dataclass(frozen=True, slots=True)
+class MixedModes(Reason):
+    """The set mixes device-mode classes (`devices`) and count-mode ones (`counts`): KubeVirt
+    refuses a VMI taking GPUs both from ResourceClaims and from device plugins (DR1, W1)."""
+    code: ClassVar[Code] = Code.MIXED_MODES
+    devices: tuple[str, ...]
+    counts: tuple[str, ...]
+
+    def render(self) -> str:
+        return ("KubeVirt refuses a VMI mixing DRA GPUs and device-plugin GPUs: device-mode "
+                + _plural("class", self.devices) + " with count-mode "
+                + _plural("class", self.counts) + " in one set")
 
 
 # --- the set over the nodes (B1) ---------------------------------------------------------------
@@ -513,7 +575,21 @@ class NodeActorUnavailable:
     __str__ = render
 
 
-LedgerNo = NodeUnfit | Short | LedgerRebuilt | NoReservation | NoNodeActor | NodeActorUnavailable
+@dataclass(frozen=True, slots=True)
+class DevicesTaken:
+    """Device mode (DR2): a prepare named devices the node's ledger does not have free:
+    `devices` (names) held by another reservation, recorded by a Bound GPUDevice outside the
+    request, or allocated by a claim / tainted (`Node.taken_devices`)."""
+    devices: tuple[str, ...]
+
+    def render(self) -> str:
+        return f"{'device' if len(self.devices) == 1 else 'devices'} {', '.join(self.devices)} taken"
+
+    __str__ = render
+
+
+LedgerNo = (NodeUnfit | Short | DevicesTaken | LedgerRebuilt | NoReservation | NoNodeActor
+            | NodeActorUnavailable)
 """Why one node actor did not reserve: a prepare's `NodeUnfit`/`Short`, a commit's
 `LedgerRebuilt`/`NoReservation`, or no answer (`NoNodeActor`, `NodeActorUnavailable`)."""
 
@@ -1228,15 +1304,18 @@ among the set's problems)."""
 @dataclass(frozen=True, slots=True)
 class Placed:
     """B1: the set gathered on `node`, binding `binds` (Pending members) and moving `moves`
-    ((device, from node))."""
+    ((device, from node)); device mode (DR4): `devices` (member, device of the node) the
+    exact device each member records (empty in count mode)."""
     request: RequestRef
     node: str
     binds: tuple[str, ...]
     moves: tuple[tuple[str, str], ...]
+    devices: tuple[tuple[str, str], ...] = ()
 
     def render(self) -> str:
         parts = ([f"bind {', '.join(self.binds)}"] if self.binds else []) + (
-            [f"move {', '.join(f'{d} from {f}' for d, f in self.moves)}"] if self.moves else [])
+            [f"move {', '.join(f'{d} from {f}' for d, f in self.moves)}"] if self.moves else []) + (
+            [f"devices {', '.join(f'{m}={d}' for m, d in self.devices)}"] if self.devices else [])
         head = f"placed {self.request} on {self.node}"
         return f"{head}: {'; '.join(parts)}" if parts else f"{head}: nothing to change"
 

@@ -27,9 +27,10 @@ from types import MappingProxyType
 from typing import Iterable, Iterator, Mapping, Sequence
 
 from model.hold import Hold
-from model.reasons import BudgetExhausted, ClassNotFound, DeviceNotFound, NoFreeUnit, NotEntitled, Reason
+from model.reasons import BudgetExhausted, ClassNotFound, ClassProblem, DeviceNotFound, NoFreeUnit, NotEntitled, Reason
 from model.types import (
     Budget,
+    DeviceKey,
     GPUClass,
     GPUDevice,
     Namespace,
@@ -385,15 +386,17 @@ class Snapshot:
     touched entries). Safe to share between threads and tasks.
     """
 
-    __slots__ = ("_st", "_by_ns", "_reservations", "_idx")
+    __slots__ = ("_st", "_by_ns", "_reservations", "_idx", "_rec")
 
     def __init__(self, st: _Static, by_ns: dict[str, dict[str, GPUDevice]],
-                 reservations: tuple[Hold, ...], idx: _Index | None) -> None:
+                 reservations: tuple[Hold, ...], idx: _Index | None,
+                 rec: _Records | None = None) -> None:
         """Private: use `Snapshot.build`."""
         self._st = st
         self._by_ns = by_ns
         self._reservations = reservations
         self._idx = idx
+        self._rec = rec
 
     @classmethod
     def build(cls, *, nodes: Iterable[Node] = (), classes: Iterable[GPUClass] = (),
@@ -572,7 +575,8 @@ class Snapshot:
     def check_order(self, order: Order) -> Verdict:
         """W1 for one device of one tenant. Refuses (`model.reasons`), in this order: a held
         device that does not exist (`DeviceNotFound`), a class that does not exist
-        (`ClassNotFound`), a class the tenant is not entitled to (`NotEntitled`), no budget
+        (`ClassNotFound`), a class the tenant is not entitled to (`NotEntitled`), a class that
+        cannot serve (`ClassProblem`, DR1), no budget
         room when the device is not already Bound (`BudgetExhausted`, adds 1), and no room
         (`NoFreeUnit`):
         admitted when the held device is Bound on a node that serves its class with nothing
@@ -590,6 +594,8 @@ class Snapshot:
             return Verdict(False, ClassNotFound(class_name))
         if not self.entitled(ns, class_name):
             return Verdict(False, NotEntitled(ns, class_name))
+        if cls.problem is not None:
+            return Verdict(False, ClassProblem(class_name, cls.problem))
         res = cls.resource_name
         bound = device.bound_node if device is not None else None
         if bound is None:
@@ -711,17 +717,116 @@ class Snapshot:
         first question, so this costs one pass over the devices then."""
         st = _Static(nodes, self._st.classes.values(), self._st.namespaces.values(), ())
         st.budgets.update(self._st.budgets)
-        return Snapshot(st, self._by_ns, self._reservations, None)
+        return Snapshot(st, self._by_ns, self._reservations, None, self._rec)
 
     def _derive(self, by_ns, changes, reservations, added=None) -> Snapshot:
         idx = self._idx
         if idx is not None:
             idx = idx.derive(self._st, changes, reservations, added)
-        return Snapshot(self._st, by_ns, self._reservations if reservations is None else reservations, idx)
+        rec = self._rec
+        if rec is not None and changes:
+            rec = _derive_records(rec, changes)
+        return Snapshot(self._st, by_ns, self._reservations if reservations is None else reservations,
+                        idx, rec)
+
+    # --- device mode (DR2) ------------------------------------------------------------
+
+    def _records(self) -> _Records:
+        rec = self._rec
+        if rec is None:
+            rec = {}
+            for devices in self._by_ns.values():
+                for d in devices.values():
+                    _add_record(rec, d)
+            self._rec = rec
+        return rec
+
+    def recorded_devices(self, node: str) -> Mapping[str, tuple[DeviceKey, ...]]:
+        """Device mode (DR2): the names of `node`'s devices that Bound GPUDevices on it record
+        (`status.device`), each with the keys of the devices recording it (one, unless a bug
+        or a hand edit recorded it twice). Empty in count mode."""
+        return MappingProxyType(self._records().get(node, {}))
+
+    def held_devices(self, node: str, exclude_request: str | None = None) -> frozenset[str]:
+        """Device mode (DR2): names of `node`'s devices held by reservations in flight
+        (`Hold.devices`), except those of request `exclude_request`."""
+        out: set[str] = set()
+        for r in self._reservations:
+            if r.devices and r.node == node and r.request_id != exclude_request:
+                out.update(ref.device for _, ref in r.devices)
+        return frozenset(out)
+
+    def free_devices(self, node: str, class_name: str, request_id: str | None = None,
+                     own: Iterable[DeviceKey] = ()) -> frozenset[str]:
+        """Device mode (DR2): the names of the devices of `class_name` on `node`
+        (`Node.devices_of`) free for request `request_id` whose members are `own`: not
+        tainted NoSchedule/NoExecute, not in `Node.taken_devices`, not recorded by a Bound
+        GPUDevice on the node other than `own`, not held by another request's reservation.
+        A device recorded by one of `own` is free for it even when a claim allocates it
+        (its own claim, DR5). Empty for a gone node or a count-mode class."""
+        n = self._st.nodes.get(node)
+        if n is None:
+            return frozenset()
+        devices = n.devices_of(class_name)
+        if not devices:
+            return frozenset()
+        own_keys = set(own)
+        recorded = self._records().get(node, {})
+        mine = {name for name, keys in recorded.items() if any(k in own_keys for k in keys)}
+        others = {name for name, keys in recorded.items() if any(k not in own_keys for k in keys)}
+        held = self.held_devices(node, request_id)
+        taken = n.taken_devices
+        out = set()
+        for d in devices:
+            name = d.ref.device
+            if d.tainted or name in others or name in held:
+                continue
+            if name in taken and name not in mine:
+                continue
+            out.add(name)
+        return frozenset(out)
 
     def __repr__(self) -> str:
         return (f"<Snapshot nodes={len(self._st.nodes)} classes={len(self._st.classes)} "
                 f"devices={len(self.devices)} reservations={len(self._reservations)}>")
+
+
+_Records = dict[str, dict[str, tuple[tuple[str, str], ...]]]
+"""Per node, the device names Bound GPUDevices on it record, with their keys (DR2)."""
+
+
+def _add_record(rec: _Records, d: GPUDevice) -> None:
+    ref = d.status.device
+    node = d.bound_node
+    if ref is None or node is None:
+        return
+    on = rec.setdefault(node, {})
+    on[ref.device] = on.get(ref.device, ()) + (d.key,)
+
+
+def _derive_records(rec: _Records, changes) -> _Records:
+    """`rec` after `changes` (old, new device pairs), copying only the touched nodes."""
+    out = rec
+    for old, new in changes:
+        o = old is not None and old.status.device is not None and old.bound_node is not None
+        n = new is not None and new.status.device is not None and new.bound_node is not None
+        if not o and not n:
+            continue
+        if out is rec:
+            out = dict(rec)
+        if o:
+            node, name = old.bound_node, old.status.device.device
+            on = out[node] = dict(out.get(node, {}))
+            keys = tuple(k for k in on.get(name, ()) if k != old.key)
+            if keys:
+                on[name] = keys
+            else:
+                on.pop(name, None)
+        if n:
+            node = new.bound_node
+            out[node] = dict(out.get(node, {}))
+            _add_record(out, new)
+    return out
 
 
 class Reserving:
@@ -740,7 +845,7 @@ class Reserving:
 
     @staticmethod
     def _own(snap: Snapshot) -> Snapshot:
-        return Snapshot(snap._st, snap._by_ns, snap._reservations, snap._index().owned())
+        return Snapshot(snap._st, snap._by_ns, snap._reservations, snap._index().owned(), snap._rec)
 
     def add(self, hold: Hold) -> None:
         """`snapshot = snapshot.with_reservation(hold)`, in place when it can be."""

@@ -68,3 +68,20 @@ async def test_the_clients_errors_become_the_ports_write_errors():
     assert [type(o) for o in outcomes] == [port.NotFound, port.WriteConflict,
                                            port.TransientWriteError]
     assert writer.writes == 0
+
+
+async def test_DR2_device_mode_writes_status_device_with_the_placement_or_alone_or_clears_it():
+    from model.dra import DeviceRef
+    gpu = DeviceRef("gpu.nvidia.com", "n1", "gpu-vfio-3")
+    client = ScriptedClient()
+    writer = ApiStatusWriter(client)
+    await writer.answer(_write(expect_version="7", device=gpu))
+    await writer.answer(StatusWrite(KEY, "r1", Result.SUCCEEDED, "re-pointed", node="n1",
+                                    expect_version="8", device=gpu))
+    await writer.answer(_write(expect_version="9", clear_device=True))
+    placed, repointed, cleared = ({o["path"]: o["value"] for o in c.args[3][2:]} for c in client.calls)
+    want = {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-vfio-3"}
+    assert placed["/status/device"] == want and placed["/status/nodeName"] == "n1"
+    assert repointed["/status/device"] == want and "/status/nodeName" not in repointed
+    assert cleared["/status/device"] is None
+    # count mode: no status.device op at all (the first test's exact ops)

@@ -32,6 +32,13 @@ WORDING = [
     (r.LostCapacity(H, 1, 2, 2),
      "lost capacity of nvidia.com/H100: 1 bound (2 used by Pods outside the binder) of 2"),
     (r.NoRoom(H, 2, 1), "needs 2 × nvidia.com/H100, has 1 free"),
+    (r.NoDeviceGroup("h100x", "gpu.nvidia.com/partition4", 4, 5, 3),
+     "no 4 free h100x devices share gpu.nvidia.com/partition4: 5 free, the largest group has 3"),
+    (r.ClassProblem("h100x", "DeviceClass vfio.gpu.nvidia.com not found"),
+     "class h100x cannot serve: DeviceClass vfio.gpu.nvidia.com not found"),
+    (r.MixedModes(("h100x",), ("l40s",)),
+     "KubeVirt refuses a VMI mixing DRA GPUs and device-plugin GPUs: device-mode class h100x "
+     "with count-mode class l40s in one set"),
     (r.NoNodeServes(("h100",)), "no node serves class h100"),
     (r.NoEligibleNode((r.NodeProblems("n1", (r.Cordoned(), r.NoRoom(H, 2, 1))),
                        r.NodeProblems("n2", (r.NodeGone(),))), 4),
@@ -156,6 +163,13 @@ def test_every_code_has_a_wording_row_and_one_reason_type():
     (r.NoNodeServes(("h100", "l40s")), "no node serves any of classes h100, l40s"),
     (r.NoEligibleNode((r.NodeProblems("n1", (r.Cordoned(),)),), 1), "n1: cordoned; and 1 more node"),
     (r.LedgersRefused(()), "node ledgers refused every candidate: no candidate node"),
+    (r.NoDeviceGroup("h100x", "gpu.nvidia.com/partition3", 3, 8, 0, True, (1, 2, 4, 8)),
+     "no h100x device carries gpu.nvidia.com/partition3 (sizes that exist: 1, 2, 4, 8)"),
+    (r.NoDeviceGroup("l40sx", None, 2, 1, 1), "needs 2 free l40sx devices, has 1"),
+    (r.LedgersRefused((r.NodeRefusal("n1", r.DevicesTaken(("gpu-vfio-0", "gpu-vfio-3"))),
+                       r.NodeRefusal("n2", r.DevicesTaken(("gpu-vfio-1",))))),
+     "node ledgers refused every candidate: n1: devices gpu-vfio-0, gpu-vfio-3 taken; "
+     "n2: device gpu-vfio-1 taken"),
     (r.SetNeeds("h100", H, 2, None),
      "the set needs 2 × nvidia.com/H100 (class h100) on one node; no node serving it is eligible"),
 ], ids=lambda x: x.code.value if isinstance(x, r.Reason) else "")
@@ -184,6 +198,9 @@ def test_succeeded_wording():
     assert r.Placed(ref, "node-2", ("gpu-b",), (("gpu-a", "node-1"),)).render() == (
         "placed tenant-a/vm-1 request r1 on node-2: bind gpu-b; move gpu-a from node-1")
     assert r.Placed(ref, "node-2", (), ()).render() == "placed tenant-a/vm-1 request r1 on node-2: nothing to change"
+    assert r.Placed(ref, "node-2", ("gpu-b",), (), (("gpu-a", "gpu-vfio-3"), ("gpu-b", "gpu-vfio-0"))
+                    ).render() == ("placed tenant-a/vm-1 request r1 on node-2: bind gpu-b; "
+                                   "devices gpu-a=gpu-vfio-3, gpu-b=gpu-vfio-0")
     assert r.AlreadyPlaced(ref, "node-1").render() == "tenant-a/vm-1 request r1: already placed on node-1"
     assert r.KeptCordoned(ref, "node-1", "B5a").render() == (
         "tenant-a/vm-1 request r1: kept on cordoned node node-1 (B5a: the cordon is its only problem "
@@ -206,6 +223,8 @@ def test_succeeded_wording():
     (Code.TEMPLATE_BEING_DELETED, Category.UNAVAILABLE), (Code.NOT_BOUND_IN_TIME, Category.UNAVAILABLE),
     (Code.API_THROTTLED, Category.THROTTLED), (Code.API_FORBIDDEN, Category.INTERNAL),
     (Code.VMI_EXISTS, Category.POLICY), (Code.ATTACHMENT_REFUSED, Category.INVALID),
+    (Code.NO_DEVICE_GROUP, Category.POLICY), (Code.CLASS_PROBLEM, Category.POLICY),
+    (Code.MIXED_MODES, Category.INVALID),
 ])
 def test_categories(code, category):
     assert code.category is category
