@@ -211,3 +211,23 @@ def test_B3_node_of_another_architecture_is_not_eligible_and_the_refusal_says_so
     s3 = world([node("node-1", 1, pool="vms", **arm)], [dev("gpu-a")])  # names only what fails
     assert decide(s3, replace(req("gpu-a"), node_selector=sel)).reason.reasons == per_node(
         ("node-1", SelectorMismatch((("kubernetes.io/arch", "amd64"),))))
+
+
+def test_W1_a_device_mode_class_needs_no_permitted_host_device():
+    """DR1/DR5: KubeVirt takes DRA GPUs from the VMI's claims, not from permittedHostDevices,
+    so a device-mode class is never refused as not permitted (its quota key is no host
+    device), while a count-mode class beside it still is."""
+    from datetime import datetime, timedelta, timezone
+
+    from model.admission import AdmissionPlan, check
+    from model.parse import VMIAsk
+    from model.snapshot import Snapshot
+    from model.types import Namespace
+    from tests.support.dra_worlds import CLASS, device_class, dra_node
+
+    s = Snapshot.build(nodes=[dra_node("hgx-1")], classes=[device_class()],
+                       namespaces=[Namespace(NS)])
+    now = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    got = check(s, NS, "vm-1", VMIAsk((), ((CLASS, 2),)), set(), now, timedelta(minutes=2),
+                permitted=frozenset({"nvidia.com/L40S"}))
+    assert isinstance(got, AdmissionPlan) and got.node == "hgx-1", got
