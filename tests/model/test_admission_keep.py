@@ -93,3 +93,22 @@ def test_H4_kept_devices_count_against_the_tenants_budget():
     got = check(s, "t1", "vm2", VMIAsk((), (("h100", 1),)), VMIs(), NOW, GRACE)
     assert isinstance(got, Refusal) and got.code is Code.BUDGET_EXHAUSTED
     assert isinstance(got.reason.reasons[0], BudgetExhausted)
+
+
+def test_H4_explain_and_top_show_kept_sets():
+    from cli.tools import render_explain, render_top
+    from model.explain import KeptSet, explain, top
+    s = snap(kept("vm1-h100-0"), kept("vm1-h100-1"))
+    e = explain(s, "t1", "vm1", VMIAsk((), (("h100", 2),)), live_vmis=VMIs(), now=NOW, grace=GRACE)
+    assert e.admitted and e.node == "n1"
+    assert e.kept == (KeptSet("t1", "vm1", "n1", ("vm1-h100-0", "vm1-h100-1"), UNTIL),)
+    assert ("kept: vm1-h100-0, vm1-h100-1 on n1 for VirtualMachine t1/vm1 until "
+            "2026-11-30T08:30:00Z") in render_explain(e)
+    other = explain(s, "t2", "x", VMIAsk((), (("h100", 1),)), live_vmis=VMIs(), now=NOW, grace=GRACE)
+    text = render_explain(other)
+    assert "2 × nvidia.com/H100 kept for VirtualMachine t1/vm1 until 2026-11-30T08:30:00Z" in text
+    assert "not seen yet" not in text  # a kept set is not an admission awaited
+    t = top(s, VMIs())
+    assert (t.classes[0].kept, t.classes[0].awaiting, t.classes[0].idle) == (2, 0, 0)
+    assert t.kept == e.kept
+    assert "t1/vm1       n1    vm1-h100-0, vm1-h100-1  2026-11-30T08:30:00Z" in render_top(t)
