@@ -249,6 +249,14 @@ def _units(pairs) -> str:
     return ", ".join(f"{n} × {r}" for r, n in pairs)
 
 
+def kept_lines(e: Explanation) -> list[str]:
+    """H4: for a set kept for its VM (the VMI explained is that VM's next one), where and
+    until when (`Explanation.kept`)."""
+    return [f"kept: {', '.join(k.devices)} on {k.node} for VirtualMachine {k.namespace}/{k.vm} "
+            f"until {format_time(k.until)} (keepSetFor): its next VMI takes them there"
+            for k in e.kept]
+
+
 def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
     """The text of `gpu-binder explain`: verdict, set-level problems, one line per node
     serving the set's classes or holding a member (at most `max_nodes`, chosen, eligible
@@ -261,6 +269,8 @@ def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
         out.append(f"verdict: refused: {e.message}")
     for p in e.set_problems:
         out.append(f"  whatever the node: {p}")
+    for line in kept_lines(e):  # H4
+        out.append(line)
     out.append("nodes:")
     unserving = [v for v in e.nodes if not v.holds
                  and any(r.code is Code.CLASSES_NOT_SERVED for r in v.reasons)]
@@ -364,16 +374,25 @@ def render_what_if(w: WhatIf) -> str:
 def render_top(t: Top) -> str:
     """The text of `gpu-binder top`: a table per class and node, class totals with the
     largest placeable set, then tenant budgets."""
-    rows = [("CLASS", "NODE", "ALLOC", "BOUND", "ATTACHED", "AWAITING", "IDLE", "FREE",
-             "LARGEST")]
+    kept = bool(t.kept) or any(c.kept for c in t.classes)  # H4: a KEPT column only then
+    rows = [("CLASS", "NODE", "ALLOC", "BOUND", "ATTACHED", "AWAITING", *(("KEPT",) * kept),
+             "IDLE", "FREE", "LARGEST")]
     for c in t.classes:
         for n in c.nodes:
             rows.append((c.class_name, n.node + (" (cordoned)" if n.cordoned else ""),
                          str(n.allocatable), str(n.bound), str(n.attached), str(n.awaiting),
-                         str(n.idle), str(n.free), str(n.largest)))
+                         *((str(n.kept),) * kept), str(n.idle), str(n.free), str(n.largest)))
         rows.append((c.class_name, f"= all ({c.resource})", "", str(c.bound), str(c.attached),
-                     str(c.awaiting), str(c.idle), str(c.free), str(c.largest)))
+                     str(c.awaiting), *((str(c.kept),) * kept), str(c.idle), str(c.free),
+                     str(c.largest)))
     out = _table(rows)
+    if t.kept:
+        out.append("")
+        out += _table([("KEPT FOR VM", "NODE", "DEVICES", "UNTIL")] + [
+            (f"{k.namespace}/{k.vm}", k.node, ", ".join(k.devices), format_time(k.until))
+            for k in t.kept])
+        out.append("KEPT: Bound for a stopped VirtualMachine (GPUClass keepSetFor); its next "
+                   "VMI starts there; deleting the VM releases them")
     if any(c.awaiting for c in t.classes):
         out.append("AWAITING: attached to a VMI not seen yet (an admission in progress, or a "
                    "create that failed; housekeeping frees it after --attachment-grace)")

@@ -178,10 +178,11 @@ class Controller:
             writer = ApiStatusWriter(leading)
             self.binder = Binder(cache.view, cache.view, writer, SystemClock(),
                                  binder_config(cfg), observer=metrics)
+            waiting = VMWaiting(leading, cache, grace=grace)
             keeper = Housekeeper(leading, cache, grace=grace, raw_policy=cfg.raw_resource_names,
                                  period=cfg.housekeeping_period,
-                                 answer_window=timedelta(seconds=cfg.bind_timeout))
-            waiting = VMWaiting(leading, cache, grace=grace)
+                                 answer_window=timedelta(seconds=cfg.bind_timeout),
+                                 vms=waiting.vms)  # H4: the VMs, one informer for both
             try:
                 self.housekeeper, self.vm_waiting = keeper, waiting
                 async with anyio.create_task_group() as tg:

@@ -9,6 +9,14 @@ attachment is a JSON Patch that `test`s the attachment as planned (its admission
 its `since`), and a template is deleted with uid and resourceVersion preconditions after its
 attachment is cleared (the shipped policy refuses deleting an attached device), so an action
 planned from a stale cache never undoes a newer admission.
+
+H4: with the VirtualMachines (`vms`, the leader's VM informer, shared with
+`k8s.vm_waiting`) and the classes' `keepSetFor`, a set whose VMI went away while its VM
+exists is kept: `keptUntil` is written on each device (after a live read confirms the VMI
+incarnation is gone) and a Normal Event `GPUSetKept` on the VM says until when; a kept set
+is released (rule H4) once its time ran out, or once a live read confirms its VM is gone,
+with an Event `GPUSetReleased` on the VM. While the VM informer is not synced, no set is
+newly kept and a kept one is released only when its time ran out.
 """
 
 from __future__ import annotations
@@ -21,10 +29,13 @@ import structlog
 from actors.workqueue import QueueShutDown, WorkQueue
 from k8s import errors, events
 from k8s.cache import SETTINGS_NAME, ClusterCache
-from k8s.client import GPU_CLASSES, GPU_DEVICES, VMIS, KubeClient
+from k8s.client import GPU_CLASSES, GPU_DEVICES, VMIS, VMS, KubeClient
+from k8s.informer import Informer
 from k8s.rounds import RoundLoop
-from model.housekeeping import (KUBEVIRT_CONDITION, Action, DeleteTemplate,
-                                LinkAttachment, VMIRecord, confirmed, kubevirt_condition, plan)
+from model.housekeeping import (KUBEVIRT_CONDITION, Action, DeleteTemplate, KeepAttachment,
+                                LinkAttachment, VMIRecord, VMRecord, confirmed, kubevirt_condition,
+                                plan, set_keeps)
+from model.vm import run_strategy
 from model.parse import format_time
 from model.types import ADMISSION_ANNOTATION, Attachment
 from model.settings import format_resource_names, resource_names
@@ -59,8 +70,15 @@ class Housekeeper:
 
     def __init__(self, client: KubeClient, cache: ClusterCache, *, grace: timedelta,
                  raw_policy: str, period: float = 5.0, concurrency: int = 16,
-                 coalesce: float = 0.2, answer_window: timedelta = timedelta(0)) -> None:
+                 coalesce: float = 0.2, answer_window: timedelta = timedelta(0),
+                 vms: Informer | None = None) -> None:
         self._client = client.using(field_manager=FIELD_MANAGER)
+        self.vms = vms  # H4: the VirtualMachines (None: no set is ever kept)
+        self.kept_sets = 0
+        self.released_sets = 0
+        self._events: dict[tuple[str, str, str, str], tuple[str, str, datetime | None, str]] = {}
+        self._now = datetime.now(timezone.utc)
+        self._set_keep: dict[tuple[str, str], timedelta | None] = {}
         self.cache = cache
         self.grace = grace
         self.answer_window = answer_window
@@ -81,7 +99,26 @@ class Housekeeper:
         into one round `coalesce` seconds after its first) and at least every `period`."""
         await RoundLoop(self.round, period=self.period, coalesce=self.coalesce, sources=(
             self.cache.devices, self.cache.vmis, self.cache.classes, self.cache.settings,
-            self.cache.kubevirts)).run()
+            self.cache.kubevirts, *((self.vms,) if self.vms is not None else ()))).run()
+
+    def vm_records(self) -> dict[tuple[str, str], VMRecord] | None:
+        """H4: the VirtualMachines as the VM informer has them; None while it does not follow
+        the API server (or there is none): no set is then newly kept nor released for its VM
+        being gone."""
+        if self.vms is None or not self.vms.healthy:
+            return None
+        out: dict[tuple[str, str], VMRecord] = {}
+        for vm in self.vms.items():
+            meta = vm.get("metadata") or {}
+            ns, name = meta.get("namespace"), meta.get("name")
+            if isinstance(ns, str) and isinstance(name, str):
+                out[(ns, name)] = VMRecord(ns, name, str(meta.get("uid") or ""),
+                                           run_strategy(vm), bool(meta.get("deletionTimestamp")))
+        return out
+
+    def keeps(self) -> dict[str, timedelta | None]:
+        """H4: each GPUClass's keepSetFor (None: off)."""
+        return {name: c.keep_set_for for name, c in self.cache.view.classes().items()}
 
     async def round(self, now: datetime | None = None) -> None:
         """One pass of H1, H2 and H3; H1/H2 pause while the devices' or VMIs' informer is
@@ -98,9 +135,14 @@ class Housekeeper:
             if self._paused:
                 log.info("housekeeping resumed: informers follow the API server", rule="H2")
             self._paused = False
-            await self._carry_out(plan(self.cache.view.devices().values(),
-                                       self.cache.vmi_state(), now, self.grace,
-                                       self.answer_window))
+            self._now = now
+            devices = list(self.cache.view.devices().values())
+            keeps = self.keeps()
+            self._set_keep = set_keeps(devices, keeps)[0]
+            await self._carry_out(plan(devices, self.cache.vmi_state(), now, self.grace,
+                                       self.answer_window, keeps=keeps,
+                                       vms=self.vm_records()))
+            await self._set_events(now)
         if self.cache.healthy(self.cache.classes, self.cache.settings):
             await self.ensure_settings()
         if self.cache.healthy(self.cache.classes, self.cache.kubevirts):
@@ -183,6 +225,51 @@ class Housekeeper:
         adm = (meta.get("annotations") or {}).get(ADMISSION_ANNOTATION)
         return VMIRecord(ns, name, str(meta.get("uid") or ""), adm or None)
 
+    async def _live_vm_keeps(self, ns: str, name: str, owner: str | None) -> bool:
+        """H4: whether VirtualMachine `ns/name` exists now (a live read) with uid `owner` and
+        is not being deleted. Raises ApiError when that cannot be told."""
+        try:
+            raw = await self._client.get(VMS, ns, name)
+        except errors.NotFound as err:
+            if err.names(name):
+                return False
+            raise
+        meta = raw.get("metadata") or {}
+        return bool(owner) and meta.get("uid") == owner and not meta.get("deletionTimestamp")
+
+    def _note(self, kind: str, ns: str, vmi: str, uid: str | None, device: str,
+              node: str | None, until: datetime | None, reason: str) -> None:
+        """Remember a kept or released device of VM `ns/vmi` (uid `uid`) for this round's
+        Events."""
+        key = (kind, ns, vmi, uid or "")
+        devs, nodes, _, _ = self._events.get(key, ("", "", None, ""))
+        devs = f"{devs}, {device}" if devs else device
+        if node and node not in nodes.split(", "):
+            nodes = f"{nodes}, {node}" if nodes else node
+        self._events[key] = (devs, nodes, until, reason)
+
+    async def _set_events(self, now: datetime) -> None:
+        """One Event per VM whose set was kept (`GPUSetKept`, Normal: until when) or released
+        (`GPUSetReleased`) this round; best effort."""
+        pending, self._events = self._events, {}
+        for (kind, ns, vm, uid), (devs, nodes, until, reason) in sorted(pending.items()):
+            if kind == "kept":
+                self.kept_sets += 1
+                msg = (f"GPU set of VirtualMachine {ns}/{vm} (devices {devs} on node {nodes}) "
+                       f"kept until {format_time(until)} (keepSetFor): its next VMI starts "
+                       "there with the same devices; deleting the VM releases them")
+            else:
+                self.released_sets += 1
+                msg = f"GPU set of VirtualMachine {ns}/{vm} (devices {devs}) released: {reason}"
+            log.info("H4 " + kind, rule="H4", namespace=ns, vm=vm, devices=devs,
+                     until=format_time(until) if until else None)
+            body = events.event_body(
+                {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": vm,
+                 "namespace": ns, **({"uid": uid} if uid else {})},
+                reason="GPUSetKept" if kind == "kept" else "GPUSetReleased", message=msg,
+                warning=False, instance="housekeeping", when=now)
+            await events.record(self._client, body, rule="H4", namespace=ns, name=vm)
+
     def _attachment_tests(self, key: tuple[str, str], att: Attachment) -> list[dict]:
         """JSON Patch tests that hold only on the attachment as planned."""
         ops = [{"op": "test", "path": "/status/attachedTo/vmi", "value": att.vmi}]
@@ -194,6 +281,38 @@ class Housekeeper:
             since = (raw or {}).get("since") or format_time(att.since)
             ops.append({"op": "test", "path": "/status/attachedTo/since", "value": since})
         return ops
+
+    def _kept(self, key: tuple[str, str]) -> Attachment | None:
+        """The device's attachment as the cache has it (H4 reads its keep)."""
+        dev = self.cache.view.device(key)
+        return dev.status.attached_to if dev is not None else None
+
+    async def _keep(self, action: KeepAttachment, what: str) -> None:
+        """H4: write `keptUntil` on the device, after live reads confirm that the VMI
+        incarnation is gone and the VM exists with the recorded uid (so a live VMI's set is
+        never given an end, nor a deleted VM's set kept); a `test` of the attachment as
+        planned."""
+        ns, name = action.device
+        live = await self._live_vmi(ns, action.vmi)
+        if not confirmed(action.vmi, action.uid, live, action.admissions):
+            log.warning("H4 keep not confirmed: the VMI exists (the cache is behind)",
+                        rule="H4", namespace=ns, device=name, vmi=action.vmi)
+            return
+        if not await self._live_vm_keeps(ns, action.vmi, action.owner):
+            log.info("H4 keep not confirmed: the VM is gone; released next round",
+                     rule="H4", namespace=ns, device=name, vm=action.vmi)
+            return
+        att = Attachment(action.vmi, action.since, action.admission)
+        await self._patch(ns, name, self._attachment_tests(action.device, att) + [
+            {"op": "test", "path": "/status/attachedTo/owner", "value": action.owner},
+            {"op": "add", "path": "/status/attachedTo/keptUntil",
+             "value": format_time(action.until)}], what)
+        self.actions_done += 1
+        dev = self.cache.view.device(action.device)
+        log.info("housekeeping", rule="H4", action="KeepAttachment", namespace=ns,
+                 device=name, vm=action.vmi, until=format_time(action.until))
+        self._note("kept", ns, action.vmi, action.owner, name,
+                   dev.status.node_name if dev else None, action.until, action.reason)
 
     async def _patch(self, ns: str, name: str, ops: list[dict], what: str) -> dict:
         return await self._client.patch_status(GPU_DEVICES, ns, name, ops, what=what)
@@ -222,6 +341,9 @@ class Housekeeper:
                 log.info("housekeeping", rule=action.rule, action="LinkAttachment",
                          namespace=ns, device=name, vmi=action.vmi, uid=action.uid)
                 return
+            if isinstance(action, KeepAttachment):
+                await self._keep(action, what)
+                return
             if isinstance(action, DeleteTemplate):
                 att = action.attached
                 dev = self.cache.view.device(action.device)
@@ -238,6 +360,17 @@ class Housekeeper:
                                 "cache is behind)", rule=action.rule, namespace=ns,
                                 device=name, vmi=vmi)
                     return
+            kept = self._kept(action.device)
+            if kept is not None and kept.owner and (
+                    (kept.kept_until is not None and kept.kept_until > self._now)
+                    or (kept.kept_until is None
+                        and self._set_keep.get((ns, kept.admission or "")) is not None)):
+                # H4: released (or not kept) for its VM being gone: the VM is read live
+                if await self._live_vm_keeps(ns, kept.vmi, kept.owner):
+                    log.warning("housekeeping action not confirmed: the VM exists (the cache "
+                                "is behind)", rule=action.rule, namespace=ns, device=name,
+                                vm=kept.vmi)
+                    return
             if isinstance(action, DeleteTemplate):
                 raw = self.cache.devices.get(action.device) or {}
                 rv = (raw.get("metadata") or {}).get("resourceVersion")
@@ -253,6 +386,9 @@ class Housekeeper:
             self.actions_done += 1
             log.info("housekeeping", rule=action.rule, action=type(action).__name__,
                      namespace=ns, device=name, reason=action.reason)
+            if kept is not None and kept.kept_until is not None:
+                self._note("released", ns, kept.vmi, kept.owner, name, None, None,
+                           action.reason)
         except Exception as exc:  # noqa: BLE001 - per action, so one device never stops a
             err = errors.translate(exc, what)  # round; retried on the next one
             if isinstance(err, (errors.NotFound, errors.Invalid, errors.Conflict)):

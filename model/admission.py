@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, Sequence
 
 from model.check import check_set, judge_set
 from model.housekeeping import VMIs, judge
 from model.parse import VMIAsk
 from model.reasons import (BudgetInFlight, CannotPlace, ClassNotPermitted, Code, DeviceAttached, DeviceBeingDeleted,
+                           DeviceKept, KeptForVM,
                            GpuEntryNotPermitted, HeldDeviceNotFound, NameTaken, NoRoomForSet, Reason,
                            SameNameConflict, SelectorEntryTooLong, SetNeeds, SetRefused,
                            TemplateBeingDeleted, TemplateNamedAsHeld, TolerationTooLong,
@@ -193,6 +194,8 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
             return Refusal(TemplateNamedAsHeld(name, dev.template_for))
         att = dev.status.attached_to
         if att is not None and att.vmi != vmi and attachment_is_live(dev, live_vmis, now, grace):
+            if att.kept_until is not None:  # H4: kept for a stopped VM
+                return Refusal(DeviceKept(name, namespace, att.vmi, _stamp(att.kept_until)))
             return Refusal(DeviceAttached(name, att.vmi))
         orders.append(Order(namespace, dev.class_name, name))
     for name, class_name in templates:
@@ -220,8 +223,73 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
                                tolerations=tolerations)
             if isinstance(judged.reason, SetRefused):  # the binder's per-node reasons (B3)
                 reasons += judged.reason.reasons
+            reasons += kept_sets(snapshot, orders, now)  # H4: what stopped VMs keep
         return Refusal(CannotPlace(namespace, vmi, reasons))
     return AdmissionPlan(namespace, vmi, tuple(ask.held), tuple(templates), verdict.node)
+
+
+def _stamp(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def kept_sets(snapshot: Snapshot, orders: Sequence[Order], now: datetime) -> tuple[Reason, ...]:
+    """H4: for a set refused for room, the sets kept for stopped VirtualMachines
+    (`attachedTo.keptUntil` still ahead of `now`) that hold units of the set's resources on
+    nodes serving its classes: one `KeptForVM` per (node, resource, VM), by node, so the
+    tenant reads that those units are kept and until when."""
+    classes: set[str] = set()
+    for o in orders:
+        dev = snapshot.device(o.namespace, o.device) if o.device else None
+        classes.add(dev.class_name if dev else o.class_name)
+    resources = {snapshot.classes[c].resource_name for c in classes if c in snapshot.classes}
+    serving = set().union(*(snapshot.serving_nodes(c) for c in classes)) if classes else set()
+    count: dict[tuple[str, str, str, str], int] = {}
+    until: dict[tuple[str, str, str, str], datetime] = {}
+    for d in snapshot.devices.values():
+        att = d.status.attached_to
+        if att is None or att.kept_until is None or att.kept_until <= now:
+            continue
+        cls = snapshot.classes.get(d.class_name)
+        if d.bound_node is None or d.bound_node not in serving or cls is None \
+                or cls.resource_name not in resources:
+            continue
+        key = (d.bound_node, cls.resource_name, d.namespace, att.vmi)
+        count[key] = count.get(key, 0) + 1
+        until[key] = min(until.get(key, att.kept_until), att.kept_until)
+    return tuple(KeptForVM(n, r, c, ns, vm, _stamp(until[(n, r, ns, vm)]))
+                 for (n, r, ns, vm), c in sorted(count.items()))
+
+
+def vm_owner(vmi: Mapping[str, Any]) -> str | None:
+    """H4: the uid of the VirtualMachine that owns the VMI `vmi` (its controller
+    ownerReference of kind VirtualMachine, group kubevirt.io, as virt-controller sets it on
+    the VMI it creates for a VM), None for a bare VMI."""
+    meta = vmi.get("metadata") if isinstance(vmi.get("metadata"), Mapping) else {}
+    for ref in meta.get("ownerReferences") or []:
+        if (isinstance(ref, Mapping) and ref.get("kind") == "VirtualMachine"
+                and str(ref.get("apiVersion", "")).startswith("kubevirt.io/")
+                and ref.get("controller") is True and isinstance(ref.get("uid"), str)
+                and ref.get("uid")):
+            return ref["uid"]
+    return None
+
+
+def kept_conflict(snapshot: Snapshot, plan: AdmissionPlan, owner: str | None) -> Refusal | None:
+    """H4 (W1, before W4): a device of the plan kept for VirtualMachine `plan.vmi`
+    (`attachedTo.keptUntil`) may be taken only by a VMI that VM owns (`owner`, from
+    `vm_owner`, equal to the keep's `attachedTo.owner`): a bare VMI of the same name, or
+    one owned by another VM of the name (the kept one deleted and re-created), is refused
+    (`DeviceKept`) until housekeeping releases the set. None when nothing of the plan is
+    kept, or the owner matches."""
+    for name in plan.devices:
+        dev = snapshot.device(plan.namespace, name)
+        att = dev.status.attached_to if dev else None
+        if att is None or att.kept_until is None or att.vmi != plan.vmi:
+            continue
+        if owner is None or att.owner != owner:
+            return Refusal(DeviceKept(name, plan.namespace, att.vmi, _stamp(att.kept_until),
+                                      owner_required=True))
+    return None
 
 
 def _unpermitted(snapshot: Snapshot, orders: Sequence[Order], permitted: frozenset[str]) -> Refusal | None:
@@ -282,17 +350,21 @@ def _room_reasons(snapshot: Snapshot, orders: Sequence[Order], node_selector: La
 
 
 def same_name_conflict(snapshot: Snapshot, plan: AdmissionPlan, vmis: VMIs, now: datetime,
-                       grace: timedelta, admission: str | None = None) -> Refusal | None:
+                       grace: timedelta, admission: str | None = None,
+                       owner: str | None = None) -> Refusal | None:
     """W1 for a VMI name that a live read showed does not exist: a device of the plan that is
     attached to that same name by another admission which still holds it (PENDING: a
     concurrent create of the name, whose VMI may yet be stored) refuses the new admission,
     so it can neither move nor strip that admission's devices. An attachment of a deleted
     incarnation (GONE) or a stale one may be taken over, and this admission's own
-    (`admission`) is no conflict. `vmis` must not show the VMI."""
+    (`admission`) is no conflict, nor a set kept for the VM that owns this VMI (H4: `owner`
+    is the keep's `attachedTo.owner`). `vmis` must not show the VMI."""
     for name in plan.devices:
         dev = snapshot.device(plan.namespace, name)
         att = dev.status.attached_to if dev else None
         if att is None or att.vmi != plan.vmi or (admission and att.admission == admission):
+            continue
+        if att.kept_until is not None and owner is not None and att.owner == owner:
             continue
         v = judge(dev, vmis, now, grace)
         if v is not None and v.holds:

@@ -124,6 +124,8 @@ class Explanation:
     shortfalls: tuple[Shortfall, ...]
     budget_short: tuple[tuple[str, int], ...]
     after_defrag: AfterDefrag | None = None
+    kept: tuple["KeptSet", ...] = ()
+    """H4: the set's devices kept for their VirtualMachine (`attachedTo.keptUntil`), per node."""
 
     @property
     def message(self) -> str | None:
@@ -206,7 +208,22 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
     return Explanation(namespace, vmi, request.devices, admitted, reason,
                        d.node if admitted else None, d.rule if admitted else None, moves,
                        tuple(set_problems), verdicts, shortfalls,
-                       _budget_short(snap, request), after)
+                       _budget_short(snap, request), after, _kept_of(snap, request))
+
+
+def _kept_of(snap: Snapshot, request: Request) -> tuple["KeptSet", ...]:
+    """H4: the request's devices kept for a VirtualMachine, per (VM, node)."""
+    by: dict[tuple[str, str, str], list] = {}
+    for name in request.devices:
+        d = snap.device(request.namespace, name)
+        att = d.status.attached_to if d is not None else None
+        if d is None or att is None or att.kept_until is None or d.bound_node is None:
+            continue
+        k = by.setdefault((d.namespace, att.vmi, d.bound_node), [[], att.kept_until])
+        k[0].append(name)
+        k[1] = min(k[1], att.kept_until)
+    return tuple(KeptSet(ns, vm, node, tuple(devs), until)
+                 for (ns, vm, node), (devs, until) in sorted(by.items()))
 
 
 def _after_defrag(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, vmis: VMIs,
@@ -293,12 +310,13 @@ def _awaiting(snap: Snapshot, node: str, live_vmis: set[tuple[str, str]], grace:
               request: Request) -> tuple[tuple[tuple[str, str], int, datetime], ...]:
     """Devices Bound on `node` attached to a VMI not in `live_vmis` (other than `request`'s
     own VMI and devices), per VMI: ((namespace, vmi), count, the earliest attachment +
-    `grace`)."""
+    `grace`). Sets kept for a stopped VM (H4) are not awaited: W1 names them (KeptForVM)."""
     by: dict[tuple[str, str], list] = {}
     own = {(request.namespace, n) for n in request.devices}
     for d in snap.devices.values():
         att = d.status.attached_to
-        if (d.bound_node != node or att is None or (d.namespace, att.vmi) in live_vmis
+        if (d.bound_node != node or att is None or att.kept_until is not None
+                or (d.namespace, att.vmi) in live_vmis
                 or (d.namespace, att.vmi) == (request.namespace, request.vmi) or d.key in own):
             continue
         entry = by.setdefault((d.namespace, att.vmi), [0, att.since])
@@ -492,7 +510,8 @@ class NodeFigures:
     it: H1 clears that after the attachment grace) and `idle` attached to none, `free`
     units of the resource (allocatable − used − reserved, 0 at least), `largest` the
     largest set of the class the binder would place there now (0 when the node is not
-    eligible)."""
+    eligible). `kept`: Bound devices kept for a stopped VirtualMachine (H4,
+    `attachedTo.keptUntil`; not among `awaiting` nor `idle`)."""
 
     node: str
     allocatable: int
@@ -503,6 +522,7 @@ class NodeFigures:
     free: int
     largest: int
     cordoned: bool = False
+    kept: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -519,6 +539,7 @@ class ClassFigures:
     free: int
     largest: int
     nodes: tuple[NodeFigures, ...]
+    kept: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -533,11 +554,24 @@ class TenantFigures:
 
 
 @dataclass(frozen=True, slots=True)
+class KeptSet:
+    """H4: the devices kept for VirtualMachine `namespace/vm` on `node` until `until`."""
+
+    namespace: str
+    vm: str
+    node: str
+    devices: tuple[str, ...]
+    until: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class Top:
-    """The answer of `top`: classes by name; tenants by namespace and resource."""
+    """The answer of `top`: classes by name; tenants by namespace and resource; `kept` the
+    sets kept for stopped VirtualMachines (H4) by namespace and VM."""
 
     classes: tuple[ClassFigures, ...]
     tenants: tuple[TenantFigures, ...]
+    kept: tuple[KeptSet, ...] = ()
 
 
 def largest_placeable(snapshot: Snapshot, class_name: str) -> dict[str, int]:
@@ -566,7 +600,8 @@ def top(snapshot: Snapshot, live_vmis: VMIs | set[tuple[str, str]]) -> Top:
     when the VMI it is attached to exists (in `live_vmis`), awaiting when that VMI does not
     (yet). Pure."""
     live_vmis = _keys(live_vmis)
-    counts: dict[tuple[str, str], list[int]] = {}  # (class, node) -> [bound, attached, awaiting]
+    counts: dict[tuple[str, str], list[int]] = {}  # (class, node) -> [bound, attached, awaiting, kept]
+    kept_sets: dict[tuple[str, str, str], list] = {}  # (ns, vm, node) -> [devices, until]
     holders: set[tuple[str, str]] = set()  # (namespace, resource) holding a device
     classes_by_name = snapshot.classes
     for d in snapshot.devices.values():
@@ -575,11 +610,19 @@ def top(snapshot: Snapshot, live_vmis: VMIs | set[tuple[str, str]]) -> Top:
             holders.add((d.namespace, cls.resource_name))
         if d.bound_node is None:
             continue
-        c = counts.setdefault((d.class_name, d.bound_node), [0, 0, 0])
+        c = counts.setdefault((d.class_name, d.bound_node), [0, 0, 0, 0])
         live = _attached_live(d, live_vmis)
+        att = d.status.attached_to
+        kept = att is not None and att.kept_until is not None and not live
         c[0] += 1
         c[1] += live
-        c[2] += d.status.attached_to is not None and not live
+        c[2] += att is not None and not live and not kept
+        c[3] += kept
+        if kept:
+            assert att is not None and att.kept_until is not None
+            k = kept_sets.setdefault((d.namespace, att.vmi, d.bound_node), [[], att.kept_until])
+            k[0].append(d.name)
+            k[1] = min(k[1], att.kept_until)
     cordoned_nodes = snapshot.cordoned_nodes()
     classes = []
     for name in sorted(snapshot.classes):
@@ -588,20 +631,24 @@ def top(snapshot: Snapshot, live_vmis: VMIs | set[tuple[str, str]]) -> Top:
         rows = []
         nodes = set(snapshot.serving_nodes(name)) | {n for c, n in counts if c == name}
         for n in sorted(nodes):
-            bound, attached, awaiting = counts.get((name, n), (0, 0, 0))
+            bound, attached, awaiting, kept = counts.get((name, n), (0, 0, 0, 0))
             cordoned = n in cordoned_nodes
             rows.append(NodeFigures(n, snapshot.allocatable(n, res), bound, attached, awaiting,
-                                    bound - attached - awaiting, max(snapshot.free(n, res), 0),
-                                    largest.get(n, 0), cordoned))
+                                    bound - attached - awaiting - kept,
+                                    max(snapshot.free(n, res), 0),
+                                    largest.get(n, 0), cordoned, kept))
         classes.append(ClassFigures(
             name, res, sum(r.bound for r in rows), sum(r.attached for r in rows),
             sum(r.awaiting for r in rows), sum(r.idle for r in rows),
             sum(r.free for r in rows if not r.cordoned),
-            max((r.largest for r in rows), default=0), tuple(rows)))
+            max((r.largest for r in rows), default=0), tuple(rows),
+            sum(r.kept for r in rows)))
     tenants: dict[tuple[str, str], TenantFigures] = {}
     for (ns, res), hard in snapshot.budgets.items():
         tenants[(ns, res)] = TenantFigures(ns, res, snapshot.tenant_usage(ns, res), hard)
     for key in holders - tenants.keys():
         tenants[key] = TenantFigures(*key, snapshot.tenant_usage(*key), None)
-    return Top(tuple(classes), tuple(tenants[k] for k in sorted(tenants)))
+    return Top(tuple(classes), tuple(tenants[k] for k in sorted(tenants)),
+               tuple(KeptSet(ns, vm, node, tuple(sorted(devs)), until)
+                     for (ns, vm, node), (devs, until) in sorted(kept_sets.items())))
 

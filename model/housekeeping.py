@@ -11,6 +11,16 @@ annotation and which no one can change once it is admitted (W7, the policy
 `gpu-binder-admitted-vmis`). The uid is what releases a set whose VMI was deleted while no
 replica watched, before `grace` has passed.
 
+H4 (a VirtualMachine keeps its set): an attachment whose VMI incarnation went away (GONE by
+case 1 or 3 of `judge`) while the VirtualMachine that owned it (`attachedTo.owner`, the VM
+uid the webhook recorded at admission) still exists, with every class of the set setting
+`keepSetFor`, is KEPT instead: `plan` writes `attachedTo.keptUntil` (now + the smallest
+`keepSetFor` of the set's classes, one time for every device of the set) and leaves the set
+Bound and attached. A kept attachment holds (W1 sees it, the budget counts it) until
+`keptUntil`, or until its VM is gone (deleted, being deleted, or another uid of the name);
+then it is GONE and released as H2 releases (rule H4). The state lives in status only, so a
+new leader continues where the old one stopped.
+
 `plan(devices, vmis, now, grace)` returns the actions the leader should take; the k8s
 adapter confirms each destructive one with a live read of the VMI (`confirmed`) and carries
 it out with a JSON Patch `test` on the attachment, so an action planned from a stale view
@@ -70,37 +80,100 @@ class VMIs:
         return VMIs(live, deleted)
 
 
+@dataclass(frozen=True, slots=True)
+class VMRecord:
+    """A VirtualMachine that exists (H4): its `uid`, its run strategy, and whether it is
+    being deleted (`metadata.deletionTimestamp`)."""
+
+    namespace: str
+    name: str
+    uid: str
+    run_strategy: str = "Always"
+    deleting: bool = False
+
+
+VMs = Mapping[VMIKey, VMRecord]
+"""The VirtualMachines that exist, by (namespace, name) (H4)."""
+
+
 class State(str, Enum):
     """Where an attachment stands. LIVE: its VMI exists. PENDING: its VMI has not appeared
     yet and may still (an admission in flight, within `grace`). GONE: its VMI incarnation
-    existed and is deleted, or its own request was refused (release at once, H2). STALE: its
-    VMI never appeared within `grace` (H1)."""
+    existed and is deleted, or its own request was refused (release at once, H2), or its
+    keep ended (H4). STALE: its VMI never appeared within `grace` (H1). KEPT: its VMI is gone
+    and its VirtualMachine keeps the set (H4, until `Verdict.until`)."""
 
     LIVE = "live"
     PENDING = "pending"
     GONE = "gone"
     STALE = "stale"
+    KEPT = "kept"
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """`judge`'s answer: the state, why, and for a LIVE attachment without an admission id
     (written before admission ids) that does not yet record its VMI's uid, the uid to record
-    (`link`)."""
+    (`link`). KEPT: `until` is when the keep ends (recorded, or to record). `rule` names the
+    rule a release follows (H1, H2, H4)."""
 
     state: State
     reason: str
     link: str | None = None
+    until: datetime | None = None
+    rule: str = ""
 
     @property
     def holds(self) -> bool:
-        """True while the attachment must be respected (LIVE or PENDING)."""
-        return self.state in (State.LIVE, State.PENDING)
+        """True while the attachment must be respected (LIVE, PENDING or KEPT)."""
+        return self.state in (State.LIVE, State.PENDING, State.KEPT)
+
+
+def _judge_kept(ns: str, att: Attachment, vms: VMs | None, now: datetime) -> Verdict:
+    """H4: a recorded keep (`att.kept_until` set) holds until that time, unless the
+    VirtualMachine it is kept for is known gone (`vms` given: no VM of the name, another
+    uid, or being deleted). Without `vms` (W1, or the VM informer behind) only the time
+    decides."""
+    assert att.kept_until is not None
+    until = att.kept_until
+    if vms is not None:
+        vm = vms.get((ns, att.vmi))
+        if vm is None or vm.uid != att.owner:
+            return Verdict(State.GONE, f"VirtualMachine {att.vmi} (uid {att.owner}) was "
+                                       "deleted: its kept set is released", rule="H4")
+        if vm.deleting:
+            return Verdict(State.GONE, f"VirtualMachine {att.vmi} is being deleted: its "
+                                       "kept set is released", rule="H4")
+    if now >= until:
+        return Verdict(State.GONE, f"the set kept for VirtualMachine {att.vmi} ran out at "
+                                   f"{until.strftime('%Y-%m-%dT%H:%M:%SZ')}", rule="H4")
+    return Verdict(State.KEPT, f"kept for VirtualMachine {att.vmi} until "
+                               f"{until.strftime('%Y-%m-%dT%H:%M:%SZ')}", until=until, rule="H4")
+
+
+def _gone_or_kept(ns: str, att: Attachment, gone: Verdict, keep: timedelta | None,
+                  vms: VMs | None, now: datetime) -> Verdict:
+    """H4: the attachment's VMI incarnation is gone (`gone`); KEPT until now + `keep` when
+    the VM that owned it (`att.owner`) exists and is not being deleted and the set keeps
+    (`keep`: the smallest keepSetFor of its classes, None when one lacks it); PENDING while
+    the VMs are not known (`vms` None: whether to keep cannot be told yet); else `gone`."""
+    if not att.owner or keep is None:
+        return gone
+    if vms is None:
+        return Verdict(State.PENDING, f"VMI {att.vmi} is gone; whether VirtualMachine "
+                                      f"{att.vmi} keeps its set is not known yet")
+    vm = vms.get((ns, att.vmi))
+    if vm is None or vm.uid != att.owner or vm.deleting:
+        return gone
+    return Verdict(State.KEPT, f"VMI {att.vmi} is gone; VirtualMachine {att.vmi} keeps "
+                               f"its set for {int(keep.total_seconds())} s", until=now + keep,
+                   rule="H4")
 
 
 def judge(device: GPUDevice, vmis: VMIs, now: datetime, grace: timedelta,
           links: Mapping[tuple[str, str], str] | None = None,
-          answer_window: timedelta = timedelta(0)) -> Verdict | None:
+          answer_window: timedelta = timedelta(0), *, keep: timedelta | None = None,
+          vms: VMs | None = None) -> Verdict | None:
     """The state of `device`'s attachment (None when it has none), H1/H2 and W1. `links`
     (from `recorded_links`) maps (namespace, admission id) to the VMI uid that one device of
     the set records:
@@ -125,21 +198,29 @@ def judge(device: GPUDevice, vmis: VMIs, now: datetime, grace: timedelta,
        attachment's VMI): PENDING within `grace` of the attachment (an admission of a new
        incarnation in flight while the cache still shows the older one), else GONE;
     6. older than `grace`: STALE; else PENDING.
+    H4: a recorded keep (`keptUntil`) is judged first (`_judge_kept`: KEPT, or GONE once it
+    ran out or its VM is gone); in cases 1 and 3 (the VMI incarnation is gone) the set is
+    KEPT when its VM still exists and `keep` (the set's keepSetFor) is given
+    (`_gone_or_kept`). `vms`: the VirtualMachines that exist, None when not known (W1).
     `now` is timezone-aware UTC."""
     att = device.status.attached_to
     if att is None:
         return None
     ns = device.namespace
+    if att.kept_until is not None:
+        return _judge_kept(ns, att, vms, now)
     uid = att.uid or (links or {}).get((ns, att.admission or ""))
     if uid:
         if (ns, uid) in vmis.uids:
             return Verdict(State.LIVE, f"VMI {att.vmi} (uid {uid}) exists")
-        return Verdict(State.GONE, f"VMI {att.vmi} (uid {uid}) was deleted")
+        return _gone_or_kept(ns, att, Verdict(State.GONE, f"VMI {att.vmi} (uid {uid}) was "
+                                                          "deleted", rule="H2"), keep, vms, now)
     rec = vmis.live.get((ns, att.vmi))
     if rec is not None and (att.admission is None or rec.admission in incarnation(device)):
         return Verdict(State.LIVE, f"VMI {att.vmi} exists", rec.uid or None)
     if att.admission and (ns, att.admission) in vmis.deleted:
-        return Verdict(State.GONE, f"VMI {att.vmi} was deleted")
+        return _gone_or_kept(ns, att, Verdict(State.GONE, f"VMI {att.vmi} was deleted",
+                                              rule="H2"), keep, vms, now)
     br = device.status.bind_request
     if att.admission and br is not None and br.id == att.admission \
             and br.result is Result.REFUSED:
@@ -227,11 +308,65 @@ class LinkAttachment:
     reason: str = "VMI seen: its uid recorded"
 
 
-Action = ClearAttachment | DeleteTemplate | LinkAttachment
+@dataclass(frozen=True, slots=True)
+class KeepAttachment:
+    """H4: record `until` as `keptUntil` in `device`'s attachment of `vmi` made by
+    `admission` (kept for VirtualMachine `vmi` with uid `owner`). Every device of the set
+    gets the same time. The adapter confirms first that the VMI incarnation is gone and
+    the VM exists (live reads), and writes with a `test` of the attachment's admission."""
+
+    device: tuple[str, str]
+    vmi: str
+    owner: str
+    until: datetime
+    admission: str | None
+    since: datetime = field(compare=False)
+    uid: str | None = field(default=None, compare=False)
+    admissions: frozenset[str] = field(default=frozenset(), compare=False)
+    rule: str = "H4"
+    reason: str = ""
+
+
+Action = ClearAttachment | DeleteTemplate | LinkAttachment | KeepAttachment
+
+
+def set_keep(classes: Iterable[str], keeps: Mapping[str, timedelta | None]) -> timedelta | None:
+    """H4: how long a set of devices of `classes` is kept: the smallest `keepSetFor` of
+    them (`keeps`: class name → keepSetFor), None (not kept) when one of them lacks it or
+    is unknown, or when there is none."""
+    out: timedelta | None = None
+    any_class = False
+    for c in classes:
+        any_class = True
+        k = keeps.get(c)
+        if k is None or k <= timedelta(0):
+            return None
+        out = k if out is None else min(out, k)
+    return out if any_class else None
+
+
+def set_keeps(devices: Iterable[GPUDevice], keeps: Mapping[str, timedelta | None]
+              ) -> tuple[dict[tuple[str, str], timedelta | None], dict[tuple[str, str], datetime]]:
+    """Per set ((namespace, admission id) of its attachments): how long it is kept
+    (`set_keep` over the classes of its devices), and the `keptUntil` already recorded on a
+    device of it (the earliest, so a set whose keep was written in part gets one time)."""
+    classes: dict[tuple[str, str], set[str]] = {}
+    until: dict[tuple[str, str], datetime] = {}
+    for d in devices:
+        att = d.status.attached_to
+        if att is None or not att.admission:
+            continue
+        group = (d.namespace, att.admission)
+        classes.setdefault(group, set()).add(d.class_name)
+        if att.kept_until is not None:
+            until[group] = min(until.get(group, att.kept_until), att.kept_until)
+    return {g: set_keep(cs, keeps) for g, cs in classes.items()}, until
 
 
 def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
-         grace: timedelta, answer_window: timedelta = timedelta(0)) -> list[Action]:
+         grace: timedelta, answer_window: timedelta = timedelta(0), *,
+         keeps: Mapping[str, timedelta | None] | None = None,
+         vms: VMs | None = None) -> list[Action]:
     """Actions for H1 and H2, sorted by device key (`judge` decides each attachment).
 
     - GONE (H2): a held device's attachment is cleared, a template device deleted; held
@@ -245,18 +380,32 @@ def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
       was created more than `grace` ago (an admission creates it just before attaching it).
     `vmis` may be a plain set of live keys (no uids known). `now` is timezone-aware UTC.
     `answer_window`: how long a refused request is left to its webhook (`judge`, case 4).
+    - KEPT (H4; `keeps`: class name → keepSetFor, `vms`: the VirtualMachines that exist,
+      None when not known): KeepAttachment with the set's one `keptUntil` on each device
+      that does not record it yet; a kept set whose VM is gone or whose time ran out is
+      GONE and released as above (rule H4).
     """
     if not isinstance(vmis, VMIs):
         vmis = VMIs.of_keys(vmis)
     devices = sorted(devices, key=lambda d: d.key)
     links = recorded_links(devices)
+    set_keep_for, recorded_until = set_keeps(devices, keeps or {})
     linking: set[tuple[str, str]] = set()  # admissions given their one link this round
     actions: list[Action] = []
     for d in devices:
         att = d.status.attached_to
         if att is not None:
-            v = judge(d, vmis, now, grace, links, answer_window)
+            group = (d.namespace, att.admission or "")
+            v = judge(d, vmis, now, grace, links, answer_window,
+                      keep=set_keep_for.get(group), vms=vms)
             assert v is not None
+            if v.state is State.KEPT:
+                if att.kept_until is None and att.owner and v.until is not None:
+                    until = recorded_until.setdefault(group, v.until)
+                    actions.append(KeepAttachment(
+                        d.key, att.vmi, att.owner, until, att.admission, att.since,
+                        att.uid or links.get(group), incarnation(d), reason=v.reason))
+                continue
             if v.state is State.LIVE:
                 group = (d.namespace, att.admission or "")
                 if v.link and not att.uid and group not in links and group not in linking:
@@ -267,7 +416,7 @@ def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
                 continue
             if v.state is State.PENDING:
                 continue
-            rule = "H2" if v.state is State.GONE else "H1"
+            rule = v.rule or ("H2" if v.state is State.GONE else "H1")
             ids = incarnation(d)
             if d.template_for is not None:
                 actions.append(DeleteTemplate(d.key, d.uid, rule, v.reason, att, ids))

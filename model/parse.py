@@ -444,6 +444,8 @@ def parse_gpu_device(obj: dict) -> GPUDevice:
             since=r.time(a.get("since"), "status.attachedTo.since", required=True),
             admission=r.text(a.get("admission"), "status.attachedTo.admission") or None,
             uid=r.text(a.get("uid"), "status.attachedTo.uid") or None,
+            owner=r.text(a.get("owner"), "status.attachedTo.owner") or None,
+            kept_until=r.time(a.get("keptUntil"), "status.attachedTo.keptUntil"),
         )
     return GPUDevice(
         namespace=meta["namespace"],
@@ -597,6 +599,10 @@ def device_status_to_dict(status: DeviceStatus) -> dict:
             out["attachedTo"]["admission"] = att.admission
         if att.uid is not None:
             out["attachedTo"]["uid"] = att.uid
+        if att.owner is not None:
+            out["attachedTo"]["owner"] = att.owner
+        if att.kept_until is not None:
+            out["attachedTo"]["keptUntil"] = format_time(att.kept_until)
     br = status.bind_request
     if br is not None:
         b: dict[str, Any] = {"id": br.id, "vmi": br.vmi, "devices": list(br.devices)}

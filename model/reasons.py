@@ -95,6 +95,9 @@ class Code(str, Enum):
     SET_NEEDS = "set_needs"
     NO_ROOM_FOR_SET = "no_room_for_set"
     SAME_NAME_CONFLICT = "same_name_conflict"
+    # H4: a set kept for a stopped VirtualMachine
+    DEVICE_KEPT = "device_kept"
+    KEPT_FOR_VM = "kept_for_vm"
     # the webhook's fair share per tenant (issue 23)
     TENANT_BUSY = "tenant_busy"
     BUDGET_IN_FLIGHT = "budget_in_flight"
@@ -146,7 +149,7 @@ _CATEGORY: dict[Code, Category] = {
         Code.NO_NODE_SERVES, Code.NO_ELIGIBLE_NODE, Code.DEVICE_BEING_DELETED,
         Code.DEVICE_ATTACHED, Code.CLASS_NOT_PERMITTED, Code.GPU_ENTRY_NOT_PERMITTED,
         Code.SET_NEEDS, Code.NO_ROOM_FOR_SET, Code.VMI_EXISTS, Code.DEVICE_MALFORMED,
-        Code.DEVICE_DELETED, Code.BINDER_REFUSED)},
+        Code.DEVICE_DELETED, Code.BINDER_REFUSED, Code.DEVICE_KEPT, Code.KEPT_FOR_VM)},
     **{c: Category.INVALID for c in (
         Code.DEVICE_NOT_FOUND, Code.DEVICE_LISTED_TWICE, Code.NO_DEVICES, Code.CLASS_NOT_FOUND,
         Code.WRONG_NAMESPACE, Code.MIXED_MODES, Code.UNKNOWN_ANNOTATION, Code.TOO_MANY_SELECTOR_ENTRIES,
@@ -877,6 +880,43 @@ class SameNameConflict(Reason):
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceKept(Reason):
+    """H4: the device is part of a set kept for VirtualMachine `namespace/vm` (its VMI went
+    away while the VM exists) until `until` (RFC 3339); only a VMI owned by that VM may take
+    it (W4), `owner_required` says the denied VMI was of the same name but not that VM's."""
+    code: ClassVar[Code] = Code.DEVICE_KEPT
+    device: str
+    namespace: str
+    vm: str
+    until: str
+    owner_required: bool = False
+
+    def render(self) -> str:
+        who = ("only a VMI owned by that VirtualMachine may take it (this one is not)"
+               if self.owner_required else "only that VM's next VMI may take it")
+        return (f"GPU device {self.device} is kept for VirtualMachine {self.namespace}/{self.vm} "
+                f"until {self.until} (keepSetFor): {who}; delete the VM to release it")
+
+
+@dataclass(frozen=True, slots=True)
+class KeptForVM(Reason):
+    """H4: on node `node`, `count` units of `resource` are kept for the stopped
+    VirtualMachine `namespace/vm` until `until` (RFC 3339): they count as used there and
+    are released when the VM is deleted or the time runs out."""
+    code: ClassVar[Code] = Code.KEPT_FOR_VM
+    node: str
+    resource: str
+    count: int
+    namespace: str
+    vm: str
+    until: str
+
+    def render(self) -> str:
+        return (f"node {self.node}: {self.count} × {self.resource} kept for VirtualMachine "
+                f"{self.namespace}/{self.vm} until {self.until} (keepSetFor)")
+
+
+@dataclass(frozen=True, slots=True)
 class TenantBusy(Reason):
     """The tenant `namespace` got no turn at this replica, whose admissions were all taken
     (its share binding while other tenants wait): `in_flight` of its own in progress and
@@ -1293,7 +1333,7 @@ class CannotPlace(Reason):
 
 W1_DEVICE_CODES = frozenset({Code.DEVICE_BEING_DELETED, Code.TEMPLATE_BEING_DELETED,
                              Code.TEMPLATE_NAMED_AS_HELD, Code.DEVICE_ATTACHED, Code.NAME_TAKEN,
-                             Code.SAME_NAME_CONFLICT})
+                             Code.SAME_NAME_CONFLICT, Code.DEVICE_KEPT})
 """W1's reasons about one device of the set that the binder never sees (explain lists them
 among the set's problems)."""
 

@@ -287,12 +287,20 @@ class Attachment:
     attached the device; the VMI it admits carries it as `ADMISSION_ANNOTATION`), None on
     attachments written before admission ids existed. `uid` is the uid of the VMI incarnation
     it belongs to, recorded by housekeeping once that VMI was seen (H2), else None.
+
+    H4: `owner` is the uid of the VirtualMachine that owned the admitted VMI (its controller
+    ownerReference at CREATE, recorded by the webhook), None for a bare VMI. `kept_until` is
+    set by housekeeping once that VMI is gone while its VM still exists and every class of
+    the set has `keepSetFor`: until then the set stays Bound and attached, kept for that VM
+    (only a VMI owned by the VM with uid `owner` may take it, W4).
     """
 
     vmi: str
     since: datetime
     admission: str | None = None
     uid: str | None = None
+    owner: str | None = None
+    kept_until: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

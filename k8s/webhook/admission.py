@@ -32,8 +32,8 @@ from k8s.webhook.steps import Attempt, Denied, Written
 from k8s.webhook.transport import allow, deny, patch_response
 from k8s.webhook.waiter import ResultWaiter
 from model.admission import (AdmissionPlan, Refusal, already_admitted, budget_in_flight, check,
-                             effective_resources, node_selector_of, same_name_conflict,
-                             unpermitted_gpu_entries)
+                             effective_resources, kept_conflict, node_selector_of,
+                             same_name_conflict, unpermitted_gpu_entries, vm_owner)
 from model.reasons import Code, ShuttingDown, TenantBusy
 from model.snapshot import Snapshot
 from model.types import Labels
@@ -235,7 +235,7 @@ class VMIAdmission:
             taken.attached.extend(plan.devices)  # maybe in part; a device changed: afresh
             snap = self.cache.view.snapshot()
         conflict = same_name_conflict(snap, plan, attempt.vmis, attempt.since, self.grace,
-                                      attempt.admission)
+                                      attempt.admission, attempt.owner)
         if conflict is not None:
             await steps.clean_up(self.api, attempt, taken)
             raise Denied.of(refusal_denial(conflict))
@@ -266,8 +266,13 @@ class VMIAdmission:
         if kept is not None:
             self._rejection(ns, kept.code)
             raise Denied.of(refusal_denial(kept))
+        owner = vm_owner(review.object)  # H4: only the VM's own VMI takes a set kept for it
+        refusal = kept_conflict(snap, plan, owner)
+        if refusal is not None:
+            self._rejection(ns, refusal.code)
+            raise Denied.of(refusal_denial(refusal))
         # unique to this call: keys its attachments and clean-up, and is its request's id
-        attempt = Attempt(ns, vmi, uuid.uuid4().hex, now, vmis, self.grace, self.now)
+        attempt = Attempt(ns, vmi, uuid.uuid4().hex, now, vmis, self.grace, self.now, owner)
         return _Judged(plan, selector, snap, attempt)
 
     async def _reserve(self, review: Review, judged: _Judged, deadline: float) -> str:

@@ -145,10 +145,15 @@ class Attempt:
     vmis: VMIs
     grace: timedelta
     now: Callable[[], datetime]
+    owner: str | None = None
+    """H4: the uid of the VirtualMachine owning the VMI (`model.admission.vm_owner`)."""
 
     def attachment(self) -> dict[str, str]:
-        """The `attachedTo` this call writes."""
-        return {"vmi": self.vmi, "since": format_time(self.since), "admission": self.admission}
+        """The `attachedTo` this call writes (with `owner`, H4, when the VMI has one)."""
+        out = {"vmi": self.vmi, "since": format_time(self.since), "admission": self.admission}
+        if self.owner:
+            out["owner"] = self.owner
+        return out
 
 
 @dataclass
@@ -270,6 +275,9 @@ def _judge_read(raw: dict, name: str, attempt: Attempt, request: Mapping[str, An
     att, br = dev.status.attached_to, dev.status.bind_request
     if att is not None and att.admission == attempt.admission:
         return br is not None and br.id == request["id"]
+    if att is not None and att.kept_until is not None and att.vmi == attempt.vmi \
+            and attempt.owner and att.owner == attempt.owner:
+        return False  # H4: kept for the VM that owns this VMI: it takes the set
     if att is not None and attachment_is_live(dev, attempt.vmis, attempt.now(), attempt.grace):
         if att.vmi == attempt.vmi:
             raise Denied(SameNameConflict(name, attempt.namespace, attempt.vmi))

@@ -85,6 +85,11 @@ WORDING = [
     (r.SameNameConflict("g1", "t1", "vm"),
      "GPU device g1 is being attached by another admission of VMI t1/vm (a concurrent create of the "
      "same name); retry once it has finished"),
+    (r.DeviceKept("g1", "t1", "vm", "2026-01-01T00:30:00Z"),
+     "GPU device g1 is kept for VirtualMachine t1/vm until 2026-01-01T00:30:00Z (keepSetFor): only "
+     "that VM's next VMI may take it; delete the VM to release it"),
+    (r.KeptForVM("n1", "nvidia.com/H100", 2, "t1", "vm", "2026-01-01T00:30:00Z"),
+     "node n1: 2 × nvidia.com/H100 kept for VirtualMachine t1/vm until 2026-01-01T00:30:00Z (keepSetFor)"),
     (r.TenantBusy("t1", 4, 16, 0.0, 1),
      "tenant t1 has 4 GPU admissions in progress at this busy gpu-binder replica and 16 more "
      "wait for a turn of its fair share; too many requests, retry after 1 s"),

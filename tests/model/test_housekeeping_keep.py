@@ -1,0 +1,150 @@
+"""H4 (a VirtualMachine keeps its GPU set across stop and start) in model.housekeeping:
+the pure judgement on fake time. Level-based: each round judges the status alone (the keep
+lives in `attachedTo.keptUntil`), so a new leader decides as the old one would have."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from model.admission import attachment_is_live
+from model.housekeeping import (ClearAttachment, DeleteTemplate, KeepAttachment, State,
+                                VMIRecord, VMIs, VMRecord, judge, plan, set_keep)
+from model.types import Attachment, BindRequest, DeviceStatus, GPUDevice, Phase, Result
+
+T0 = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
+GRACE = timedelta(minutes=2)
+KEEPS = {"h100": timedelta(minutes=30), "l40s": timedelta(minutes=10), "a10": None}
+VM_UID = "vm-uid-1"
+
+
+def dev(name, cls="h100", *, owner=VM_UID, uid="vmi-u1", admission="a1", kept=None,
+        template=True, vmi="vm1", node="n1"):
+    att = Attachment(vmi, T0 - timedelta(minutes=5), admission, uid, owner, kept)
+    br = BindRequest(admission, vmi, ("vm1-h100-0", "vm1-h100-1"), result=Result.SUCCEEDED,
+                     node=node)
+    st = DeviceStatus(phase=Phase.BOUND, node_name=node, attached_to=att, bind_request=br)
+    return GPUDevice("t1", name, cls, template_for=vmi if template else None, status=st,
+                     uid=f"uid-{name}")
+
+
+def vms(uid=VM_UID, deleting=False, run="Halted"):
+    return {("t1", "vm1"): VMRecord("t1", "vm1", uid, run, deleting)}
+
+
+def running(uid="vmi-u1", admission="a1"):
+    return VMIs({("t1", "vm1"): VMIRecord("t1", "vm1", uid, admission)})
+
+
+def test_H4_set_keep_is_the_smallest_keepSetFor_and_off_when_one_class_lacks_it():
+    assert set_keep(["h100", "l40s"], KEEPS) == timedelta(minutes=10)
+    assert set_keep(["h100"], KEEPS) == timedelta(minutes=30)
+    assert set_keep(["h100", "a10"], KEEPS) is None          # all must set it
+    assert set_keep(["h100", "unknown"], KEEPS) is None
+    assert set_keep([], KEEPS) is None
+
+
+def test_H4_vmi_of_existing_vm_gone_keeps_the_set_with_one_time_for_every_device():
+    a = dev("vm1-h100-0")
+    b = dev("vm1-h100-1", uid=None)  # the VMI uid is recorded on one device of the set
+    got = plan([a, b], VMIs(), T0, GRACE, keeps=KEEPS, vms=vms())
+    until = T0 + timedelta(minutes=30)
+    assert [type(x) for x in got] == [KeepAttachment, KeepAttachment]
+    assert [(x.device, x.owner, x.until, x.admission, x.uid) for x in got] == [
+        (("t1", "vm1-h100-0"), VM_UID, until, "a1", "vmi-u1"),
+        (("t1", "vm1-h100-1"), VM_UID, until, "a1", "vmi-u1")]
+    assert judge(a, VMIs(), T0, GRACE, keep=timedelta(minutes=30), vms=vms()).holds
+
+
+def test_H4_mixed_classes_keep_for_the_smallest():
+    a, b = dev("vm1-h100-0"), dev("vm1-l40s-0", cls="l40s")
+    got = plan([a, b], VMIs(), T0, GRACE, keeps=KEEPS, vms=vms())
+    assert {x.until for x in got} == {T0 + timedelta(minutes=10)}
+
+
+def test_H4_partial_keep_write_is_completed_with_the_recorded_time():
+    # a leader wrote keptUntil on one device and died: the next leader writes the same time
+    earlier = T0 + timedelta(minutes=20)
+    a = dev("vm1-h100-0", kept=earlier)
+    b = dev("vm1-h100-1", uid=None)
+    got = plan([a, b], VMIs(), T0 + timedelta(minutes=3), GRACE, keeps=KEEPS, vms=vms())
+    assert [(x.device[1], x.until) for x in got] == [("vm1-h100-1", earlier)]
+
+
+@pytest.mark.parametrize("why, kw, rule_reason", [
+    ("class without keepSetFor", dict(cls="a10"), "VMI vm1 (uid vmi-u1) was deleted"),
+    ("bare VMI (no VM owner)", dict(owner=None), "VMI vm1 (uid vmi-u1) was deleted"),
+])
+def test_H4_off_by_default_and_bare_vmi_unchanged(why, kw, rule_reason):
+    d = dev("vm1-h100-0", **kw)
+    assert plan([d], VMIs(), T0, GRACE, keeps=KEEPS, vms=vms()) == [
+        DeleteTemplate(("t1", "vm1-h100-0"), "uid-vm1-h100-0", "H2", rule_reason)], why
+
+
+def test_H4_vm_already_deleted_or_being_deleted_or_another_uid_releases_at_once():
+    d = dev("vm1-h100-0")
+    for known in ({}, vms(deleting=True), vms(uid="other-vm")):
+        got = plan([d], VMIs(), T0, GRACE, keeps=KEEPS, vms=known)
+        assert [(type(x), x.rule) for x in got] == [(DeleteTemplate, "H2")]
+
+
+def test_H4_vms_unknown_neither_keeps_nor_releases_a_keeping_set():
+    d = dev("vm1-h100-0")
+    assert judge(d, VMIs(), T0, GRACE, keep=timedelta(minutes=30), vms=None).state is State.PENDING
+    assert plan([d], VMIs(), T0, GRACE, keeps=KEEPS, vms=None) == []
+    # a set that does not keep is released as before, VMs known or not
+    bare = dev("vm1-h100-0", owner=None)
+    assert len(plan([bare], VMIs(), T0, GRACE, keeps=KEEPS, vms=None)) == 1
+
+
+def test_H4_live_vmi_is_not_kept():
+    d = dev("vm1-h100-0")
+    assert plan([d], running(), T0, GRACE, keeps=KEEPS, vms=vms()) == []
+    assert judge(d, running(), T0, GRACE, keep=timedelta(minutes=30), vms=vms()).state is State.LIVE
+
+
+def test_H4_kept_set_holds_until_keptUntil_then_released_within_the_round():
+    until = T0 + timedelta(minutes=30)
+    held = dev("gpu-a", template=False, kept=until)
+    tmpl = dev("vm1-h100-0", kept=until)
+    for t in (T0, until - timedelta(seconds=1)):
+        assert plan([held, tmpl], VMIs(), t, GRACE, keeps=KEEPS, vms=vms()) == []
+        v = judge(tmpl, VMIs(), t, GRACE, vms=vms())
+        assert (v.state, v.until) == (State.KEPT, until)
+        assert attachment_is_live(tmpl, VMIs(), t, GRACE)  # W1: other VMIs may not take it
+    got = plan([held, tmpl], VMIs(), until, GRACE, keeps=KEEPS, vms=vms())
+    assert [(type(x), x.device[1], x.rule) for x in got] == [
+        (ClearAttachment, "gpu-a", "H4"), (DeleteTemplate, "vm1-h100-0", "H4")]
+    assert "ran out at 2026-11-30T08:30:00Z" in got[0].reason
+    assert not attachment_is_live(tmpl, VMIs(), until, GRACE)
+
+
+def test_H4_halted_vm_past_keptUntil_released_running_strategy_does_not_extend_it():
+    until = T0 + timedelta(minutes=30)
+    d = dev("vm1-h100-0", kept=until)
+    for run in ("Halted", "Always", "Manual"):
+        assert len(plan([d], VMIs(), until + timedelta(seconds=1), GRACE, keeps=KEEPS,
+                        vms=vms(run=run))) == 1
+
+
+def test_H4_vm_deleted_while_kept_releases_at_once_without_waiting_for_the_time():
+    d = dev("vm1-h100-0", kept=T0 + timedelta(minutes=30))
+    for known in ({}, vms(deleting=True), vms(uid="a-new-vm-of-the-name")):
+        got = plan([d], VMIs(), T0, GRACE, keeps=KEEPS, vms=known)
+        assert [(type(x), x.rule) for x in got] == [(DeleteTemplate, "H4")]
+        assert "VirtualMachine vm1" in got[0].reason
+
+
+def test_H4_keep_survives_a_leader_change_it_is_judged_from_status_only():
+    # a new leader (no tombstones, no memory): the keep recorded in status still holds
+    d = dev("vm1-h100-0", kept=T0 + timedelta(minutes=30))
+    assert plan([d], VMIs(), T0 + timedelta(minutes=29), GRACE, keeps=KEEPS, vms=vms()) == []
+    # and while this leader's VM informer is not synced, only the time decides
+    assert plan([d], VMIs(), T0 + timedelta(minutes=29), GRACE, keeps=KEEPS, vms=None) == []
+    assert len(plan([d], VMIs(), T0 + timedelta(minutes=31), GRACE, keeps=KEEPS, vms=None)) == 1
+
+
+def test_H4_keep_measured_from_the_round_that_saw_the_vmi_gone_by_tombstone():
+    # the VMI's uid was never recorded (deleted before a round saw it): the tombstone tells
+    d = dev("vm1-h100-0", uid=None)
+    got = plan([d], VMIs(deleted=frozenset({("t1", "a1")})), T0, GRACE, keeps=KEEPS, vms=vms())
+    assert [(type(x), x.until) for x in got] == [(KeepAttachment, T0 + timedelta(minutes=30))]
