@@ -28,12 +28,9 @@ from bench.common import commit, machine, percentile
 TEST = "tests/e2e/test_vm_keep.py::test_H4_vm_stopped_and_started_20_times_keeps_its_set_while_another_tenant_fills_the_fleet"
 
 
-def uptime() -> str:
-    """`uptime`'s line (load averages), or os.getloadavg() when it is not installed."""
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+def loadavg() -> list[float]:
+    """The machine's load averages [1, 5, 15 min] (what bench-results' table reads)."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def summary(values: list[float]) -> dict:
@@ -48,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cycles", type=int, default=20)
     ap.add_argument("--out", default="bench-results")
     args = ap.parse_args(argv)
-    before = uptime()
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    before = loadavg()
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "keep.json"
         env = {**os.environ, "GPU_BINDER_KEEP_CYCLES": str(args.cycles),
@@ -59,10 +57,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the scenario failed (pytest exit {rc}); no figures", file=sys.stderr)
             return 1
         got = json.loads(report.read_text())
-    after = uptime()
+    after = loadavg()
     figures = {k: summary(got[k]) for k in ("start_to_admitted", "start_to_launcher_bound",
                                             "stop_to_kept")}
-    out = {"when": datetime.now(UTC).isoformat(timespec="seconds"), "commit": commit(),
+    out = {"benchmark": "keep", "started_at": started, "commit": commit(),
            "machine": machine(), "load_before": before, "load_after": after,
            "cycles": got["cycles"], "node": got["node"],
            "other_tenant_refusals": got["other_tenant_refusals"], "figures": figures,
