@@ -211,3 +211,50 @@ def test_denied_policy_refuses_an_update_that_adds_a_gpu_to_an_admitted_vmi(cont
     assert err and "gpu-binder-raw-vmis" in err, err
     out = control_plane.kubectl("label", "vmi", name, "-n", tenant_ns, "kubevirt.io/nodeName=n1")
     assert out.returncode == 0
+
+
+def test_attached_devices_policy_says_delete_the_vmi_or_for_a_kept_device_the_vm(control_plane,
+                                                                               tenant_ns):
+    """The shipped policy `gpu-binder-attached-devices` refuses deleting an attached device
+    (B3, H2) by anyone, the administrator too; its message tells what to delete: the VMI, or
+    for a device kept for a stopped VirtualMachine (H4: `attachedTo.keptUntil`) the VM, or to
+    wait until the keep runs out. Unattached, it is deleted."""
+    control_plane.kubectl(*INSTALL, "-f", str(MANIFESTS / "crds"))
+
+    def device(name: str, attached: dict | None) -> None:
+        control_plane.kubectl("create", "-n", tenant_ns, "-f", "-", input=yaml.safe_dump({
+            "apiVersion": "gpu.cozystack.io/v1alpha1", "kind": "GPUDevice",
+            "metadata": {"name": name}, "spec": {"class": "h100"}}))
+        if attached is not None:
+            control_plane.kubectl("patch", "gpudevice", name, "-n", tenant_ns,
+                                  "--subresource=status", "--type=merge", "-p",
+                                  yaml.safe_dump({"status": {"attachedTo": attached}}))
+
+    def refused(name: str):
+        def probe():
+            out = control_plane.kubectl("delete", "gpudevice", name, "-n", tenant_ns,
+                                        "--wait=false", check=False)
+            if out.returncode == 0:
+                raise AssertionError(f"attached device {name} was deleted: {out.stdout}")
+            return out.stderr if "gpu-binder-attached-devices" in out.stderr else None
+        return _until(probe)
+
+    device("running", {"vmi": "vm-a", "since": "2026-01-01T00:00:00Z"})
+    device("kept", {"vmi": "vm-b", "since": "2026-01-01T00:00:00Z", "owner": "u-1",
+                    "keptUntil": "2026-01-02T03:04:05Z"})
+    device("free", None)
+    err = refused("running")
+    assert ("GPU device running is attached to VMI vm-a and cannot be deleted while attached: "
+            "delete the VMI first") in err, err
+    assert "VirtualMachine" not in err, err
+    err = refused("kept")
+    assert ("GPU device kept is kept for VirtualMachine vm-b until 2026-01-02T03:04:05Z and "
+            "cannot be deleted while kept: delete the VirtualMachine (its kept devices are "
+            "released within seconds) or wait until 2026-01-02T03:04:05Z") in err, err
+    assert "delete the VMI" not in err, err
+    control_plane.kubectl("delete", "gpudevice", "free", "-n", tenant_ns)
+    # released (housekeeping clears attachedTo first): deleted
+    control_plane.kubectl("patch", "gpudevice", "kept", "-n", tenant_ns, "--subresource=status",
+                          "--type=json", "-p", '[{"op": "remove", "path": "/status/attachedTo"}]')
+    assert _until(lambda: control_plane.kubectl("delete", "gpudevice", "kept", "-n", tenant_ns,
+                                                check=False).returncode == 0)
