@@ -16,7 +16,13 @@ exists is kept: `keptUntil` is written on each device (after a live read confirm
 incarnation is gone) and a Normal Event `GPUSetKept` on the VM says until when; a kept set
 is released (rule H4) once its time ran out, or once a live read confirms its VM is gone,
 with an Event `GPUSetReleased` on the VM. While the VM informer is not synced, no set is
-newly kept and a kept one is released only when its time ran out.
+newly kept and a kept one is released only when its time ran out. While a set is kept and its
+VM has no VMI, the VM carries the status condition `GPUSetKept` (True: the node, the devices,
+until when; `model.housekeeping.KEPT_CONDITION`), removed once the keep ends; virt-controller
+drops it itself once the VM has a VMI. It is written with a JSON Patch that `test`s the VM's
+resourceVersion as cached, only the `conditions` list, as `k8s.vm_waiting` writes
+`GPUSetReady`. Metrics: `kept_now` (sets kept as of the last round), `released_by` (sets
+released, by cause: `vm_deleted`, `expired`).
 """
 
 from __future__ import annotations
@@ -32,9 +38,9 @@ from k8s.cache import SETTINGS_NAME, ClusterCache
 from k8s.client import GPU_CLASSES, GPU_DEVICES, VMIS, VMS, KubeClient
 from k8s.informer import Informer
 from k8s.rounds import RoundLoop
-from model.housekeeping import (KUBEVIRT_CONDITION, Action, DeleteTemplate, KeepAttachment,
-                                LinkAttachment, VMIRecord, VMRecord, confirmed, kubevirt_condition,
-                                plan, set_keeps)
+from model.housekeeping import (KEPT_CONDITION, KEPT_REASON, KUBEVIRT_CONDITION, Action,
+                                DeleteTemplate, KeepAttachment, LinkAttachment, VMIRecord, VMRecord,
+                                confirmed, kept_for_vms, kubevirt_condition, plan, set_keeps)
 from model.vm import run_strategy
 from model.parse import format_time
 from model.types import ADMISSION_ANNOTATION, Attachment
@@ -76,7 +82,11 @@ class Housekeeper:
         self.vms = vms  # H4: the VirtualMachines (None: no set is ever kept)
         self.kept_sets = 0
         self.released_sets = 0
-        self._events: dict[tuple[str, str, str, str], tuple[str, str, datetime | None, str]] = {}
+        self.kept_now: int | None = None  # H4: sets kept as of the last round (None: no round yet)
+        self.released_by = {"vm_deleted": 0, "expired": 0}  # H4: sets released, by cause
+        self.condition_writes = 0
+        self._events: dict[tuple[str, str, str, str],
+                           tuple[str, str, datetime | None, str, str]] = {}
         self._now = datetime.now(timezone.utc)
         self._set_keep: dict[tuple[str, str], timedelta | None] = {}
         self.cache = cache
@@ -139,10 +149,14 @@ class Housekeeper:
             devices = list(self.cache.view.devices().values())
             keeps = self.keeps()
             self._set_keep = set_keeps(devices, keeps)[0]
+            kept = kept_for_vms(devices, now)
+            self.kept_now = len(kept)
+            vms = self.vm_records()
             await self._carry_out(plan(devices, self.cache.vmi_state(), now, self.grace,
-                                       self.answer_window, keeps=keeps,
-                                       vms=self.vm_records()))
+                                       self.answer_window, keeps=keeps, vms=vms))
             await self._set_events(now)
+            if vms is not None:
+                await self._kept_conditions(kept, now)
         if self.cache.healthy(self.cache.classes, self.cache.settings):
             await self.ensure_settings()
         if self.cache.healthy(self.cache.classes, self.cache.kubevirts):
@@ -238,21 +252,21 @@ class Housekeeper:
         return bool(owner) and meta.get("uid") == owner and not meta.get("deletionTimestamp")
 
     def _note(self, kind: str, ns: str, vmi: str, uid: str | None, device: str,
-              node: str | None, until: datetime | None, reason: str) -> None:
+              node: str | None, until: datetime | None, reason: str, cause: str = "") -> None:
         """Remember a kept or released device of VM `ns/vmi` (uid `uid`) for this round's
-        Events."""
+        Events; `cause` of a release: `vm_deleted` or `expired`."""
         key = (kind, ns, vmi, uid or "")
-        devs, nodes, _, _ = self._events.get(key, ("", "", None, ""))
+        devs, nodes, _, _, _ = self._events.get(key, ("", "", None, "", ""))
         devs = f"{devs}, {device}" if devs else device
         if node and node not in nodes.split(", "):
             nodes = f"{nodes}, {node}" if nodes else node
-        self._events[key] = (devs, nodes, until, reason)
+        self._events[key] = (devs, nodes, until, reason, cause)
 
     async def _set_events(self, now: datetime) -> None:
         """One Event per VM whose set was kept (`GPUSetKept`, Normal: until when) or released
         (`GPUSetReleased`) this round; best effort."""
         pending, self._events = self._events, {}
-        for (kind, ns, vm, uid), (devs, nodes, until, reason) in sorted(pending.items()):
+        for (kind, ns, vm, uid), (devs, nodes, until, reason, cause) in sorted(pending.items()):
             if kind == "kept":
                 self.kept_sets += 1
                 msg = (f"GPU set of VirtualMachine {ns}/{vm} (devices {devs} on node {nodes}) "
@@ -260,6 +274,7 @@ class Housekeeper:
                        "there with the same devices; deleting the VM releases them")
             else:
                 self.released_sets += 1
+                self.released_by[cause] = self.released_by.get(cause, 0) + 1
                 msg = f"GPU set of VirtualMachine {ns}/{vm} (devices {devs}) released: {reason}"
             log.info("H4 " + kind, rule="H4", namespace=ns, vm=vm, devices=devs,
                      until=format_time(until) if until else None)
@@ -269,6 +284,55 @@ class Housekeeper:
                 reason="GPUSetKept" if kind == "kept" else "GPUSetReleased", message=msg,
                 warning=False, instance="housekeeping", when=now)
             await events.record(self._client, body, rule="H4", namespace=ns, name=vm)
+
+    async def _kept_conditions(self, kept: dict, now: datetime) -> None:
+        """H4: the `GPUSetKept` condition on each VM (module doc): True while a set is kept
+        for it (`kept`: `model.housekeeping.kept_for_vms` of this round's devices, for this
+        VM's uid) and it has no VMI, removed otherwise. A VM with a VMI is left alone
+        (virt-controller keeps only the VMI's conditions on it). Written only when it
+        differs from the cached VM; best effort (retried next round)."""
+        live = self.cache.vmi_state().live
+        for vm in self.vms.items() if self.vms is not None else ():
+            meta = vm.get("metadata") or {}
+            key = (meta.get("namespace"), meta.get("name"))
+            if key in live or not isinstance(key[0], str) or not isinstance(key[1], str):
+                continue
+            status = vm.get("status") if isinstance(vm.get("status"), dict) else {}
+            conds = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+            have = next((c for c in conds if c.get("type") == KEPT_CONDITION), None)
+            k = kept.get(key)
+            if k is not None and (k.owner != meta.get("uid") or meta.get("deletionTimestamp")):
+                k = None
+            if k is None and have is None:
+                continue
+            want = None if k is None else {
+                "type": KEPT_CONDITION, "status": "True", "reason": KEPT_REASON,
+                "message": k.message()[:1024],
+                "lastTransitionTime": (have or {}).get("lastTransitionTime")
+                if (have or {}).get("status") == "True" else format_time(now),
+                "lastProbeTime": None}
+            if want is not None and have is not None and all(
+                    have.get(f) == want[f] for f in ("status", "reason", "message")):
+                continue
+            others = [c for c in conds if c.get("type") != KEPT_CONDITION]
+            new = others + ([want] if want is not None else [])
+            ns, name = key
+            ops: list[dict] = [{"op": "test", "path": "/metadata/resourceVersion",
+                                "value": meta.get("resourceVersion")},
+                               {"op": "add", "path": "/status/conditions", "value": new}
+                               if status else
+                               {"op": "add", "path": "/status", "value": {"conditions": new}}]
+            try:
+                await self._client.patch_status(
+                    VMS, ns, name, ops, what=f"write the {KEPT_CONDITION} condition of VM {ns}/{name}")
+            except errors.ApiError as err:  # a newer VM (Conflict/Invalid: the test) or gone
+                if not isinstance(err, (errors.Invalid, errors.Conflict, errors.NotFound)):
+                    log.warning("VM condition not written", rule="H4", vm=f"{ns}/{name}",
+                                condition=KEPT_CONDITION, error=str(err)[:300])
+                continue
+            self.condition_writes += 1
+            log.info("VM condition written", rule="H4", vm=f"{ns}/{name}",
+                     condition=KEPT_CONDITION, status="True" if want else None)
 
     def _attachment_tests(self, key: tuple[str, str], att: Attachment) -> list[dict]:
         """JSON Patch tests that hold only on the attachment as planned."""
@@ -388,7 +452,8 @@ class Housekeeper:
                      namespace=ns, device=name, reason=action.reason)
             if kept is not None and kept.kept_until is not None:
                 self._note("released", ns, kept.vmi, kept.owner, name, None, None,
-                           action.reason)
+                           action.reason, "expired" if kept.kept_until <= self._now
+                           else "vm_deleted")
         except Exception as exc:  # noqa: BLE001 - per action, so one device never stops a
             err = errors.translate(exc, what)  # round; retried on the next one
             if isinstance(err, (errors.NotFound, errors.Invalid, errors.Conflict)):

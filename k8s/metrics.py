@@ -158,6 +158,23 @@ class _TreeCollector:
             "times H3 found ConfigMap gpu-settings missing and created it (while leading)")
         recreated.add_metric([], float(keeper.settings_recreated if keeper is not None else 0))
         yield recreated
+        kept = GaugeMetricFamily(
+            "gpu_binder_kept_sets",
+            "GPU sets kept for a stopped VirtualMachine now (H4: attachedTo.keptUntil ahead), "
+            "as the last housekeeping round found them; the leader only")
+        kept_now = getattr(keeper, "kept_now", None)
+        if kept_now is not None:
+            kept.add_metric([], float(kept_now))
+        yield kept
+        released = CounterMetricFamily(
+            "gpu_binder_kept_sets_released",
+            "kept GPU sets housekeeping released (H4), by reason: vm_deleted (the VM deleted, "
+            "being deleted or re-created) or expired (keepSetFor ran out); while leading",
+            labels=["reason"])
+        by = getattr(keeper, "released_by", None) or {}
+        for reason in ("vm_deleted", "expired"):
+            released.add_metric([reason], float(by.get(reason, 0)))
+        yield released
 
 
 class _FleetCollector:

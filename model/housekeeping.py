@@ -461,6 +461,58 @@ def confirmed(vmi: str, attachment_uid: str | None, live: VMIRecord | None,
     return bool(admissions) and live.admission not in admissions
 
 
+KEPT_CONDITION = "GPUSetKept"
+"""H4: the VirtualMachine `status.conditions[type]` the leader's housekeeping writes on a VM
+whose set is kept for it (True, `KEPT_REASON`), removed once the keep ends. virt-controller
+keeps a condition it does not know on a VM without a VMI and drops it once the VM has a VMI
+(KubeVirt v1.8.3 `pkg/virt-controller/watch/vm/vm.go` `syncConditions`), so it shows while
+the VM is stopped and goes when the VM starts."""
+KEPT_REASON = "SetKept"
+
+
+@dataclass(frozen=True, slots=True)
+class KeptFor:
+    """H4: the set kept for VirtualMachine `namespace/vm` (uid `owner`): its devices, the
+    node(s) they are Bound on, and until when (the earliest `keptUntil` of them)."""
+
+    namespace: str
+    vm: str
+    owner: str
+    nodes: tuple[str, ...]
+    devices: tuple[str, ...]
+    until: datetime
+
+    def message(self) -> str:
+        """The text of the VM's `GPUSetKept` condition."""
+        return (f"GPU set kept on node {', '.join(self.nodes) or '(none)'} (devices "
+                f"{', '.join(self.devices)}) until {self.until.strftime('%Y-%m-%dT%H:%M:%SZ')} "
+                "(GPUClass keepSetFor): the next VMI of this VirtualMachine starts there with "
+                "the same devices; deleting the VirtualMachine releases them")
+
+
+def kept_for_vms(devices: Iterable[GPUDevice], now: datetime) -> dict[VMIKey, KeptFor]:
+    """H4: per VirtualMachine (namespace, name) the set kept for it now: the devices whose
+    attachment records an owner and a `keptUntil` still ahead of `now`. Devices kept for
+    two uids of one name (a VM deleted and re-created, the old keep not yet released) are
+    told apart by `owner`: the earliest keep's owner is kept, the other left out."""
+    out: dict[VMIKey, KeptFor] = {}
+    for d in sorted(devices, key=lambda d: d.key):
+        att = d.status.attached_to
+        if att is None or att.kept_until is None or not att.owner or att.kept_until <= now:
+            continue
+        key = (d.namespace, att.vmi)
+        have = out.get(key)
+        if have is not None and have.owner != att.owner:
+            continue
+        nodes = tuple(have.nodes) if have else ()
+        if d.bound_node and d.bound_node not in nodes:
+            nodes = (*nodes, d.bound_node)
+        out[key] = KeptFor(d.namespace, att.vmi, att.owner, nodes,
+                           (*(have.devices if have else ()), d.name),
+                           min(have.until, att.kept_until) if have else att.kept_until)
+    return out
+
+
 KUBEVIRT_CONDITION = "KubeVirtPermitted"
 """GPUClass `status.conditions[type]` saying whether KubeVirt permits the class's resource."""
 

@@ -151,6 +151,29 @@ def test_policy_parameter_present_and_recreated_are_exported_by_the_leader():
     assert got()[("gpu_binder_policy_parameter_present", ())] == 1
 
 
+def test_kept_sets_and_their_releases_are_exported_by_the_leader():
+    """H4: `gpu_binder_kept_sets` (sets kept now, as the last round found them; absent before
+    a round and off the leader) and `gpu_binder_kept_sets_released_total{reason}` (both
+    reasons always present, 0 off the leader)."""
+    keeper = SimpleNamespace(rounds=3, settings_present=True, settings_recreated=0,
+                             kept_now=None, released_by={"vm_deleted": 0, "expired": 0})
+    controller = SimpleNamespace(elector=None, binder=None, synced=False, cache=None,
+                                 housekeeper=keeper)
+
+    def got():
+        body, _ = Metrics(controller, _idle_admission()).render()
+        return {(s.name, tuple(s.labels.items())): s.value
+                for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
+    assert ("gpu_binder_kept_sets", ()) not in got()
+    keeper.kept_now, keeper.released_by = 3, {"vm_deleted": 2, "expired": 5}
+    assert got()[("gpu_binder_kept_sets", ())] == 3
+    assert got()[("gpu_binder_kept_sets_released_total", (("reason", "vm_deleted"),))] == 2
+    assert got()[("gpu_binder_kept_sets_released_total", (("reason", "expired"),))] == 5
+    controller.housekeeper = None
+    assert ("gpu_binder_kept_sets", ()) not in got()
+    assert got()[("gpu_binder_kept_sets_released_total", (("reason", "expired"),))] == 0
+
+
 def test_decisions_are_labelled_by_the_refusals_code():
     """`gpu_binder_decisions_total{reason}` is the refusal's `model.reasons.Code` (a bounded
     label, read from the decision, never from its message); "" when Succeeded."""

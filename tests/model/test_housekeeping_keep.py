@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from model.admission import attachment_is_live
-from model.housekeeping import (ClearAttachment, DeleteTemplate, KeepAttachment, State,
+from model.housekeeping import (ClearAttachment, DeleteTemplate, KeepAttachment, State, kept_for_vms,
                                 VMIRecord, VMIs, VMRecord, judge, plan, set_keep)
 from model.types import Attachment, BindRequest, DeviceStatus, GPUDevice, Phase, Result
 
@@ -148,3 +148,20 @@ def test_H4_keep_measured_from_the_round_that_saw_the_vmi_gone_by_tombstone():
     d = dev("vm1-h100-0", uid=None)
     got = plan([d], VMIs(deleted=frozenset({("t1", "a1")})), T0, GRACE, keeps=KEEPS, vms=vms())
     assert [(type(x), x.until) for x in got] == [(KeepAttachment, T0 + timedelta(minutes=30))]
+
+
+def test_H4_kept_for_vms_names_the_node_the_devices_and_the_earliest_time():
+    until = T0 + timedelta(minutes=30)
+    kept = kept_for_vms([dev("vm1-h100-1", kept=until), dev("vm1-h100-0", kept=until),
+                         dev("vm1-l40s-0", "l40s", kept=until - timedelta(minutes=1)),
+                         dev("live", vmi="vm2")], T0)
+    assert list(kept) == [("t1", "vm1")]
+    k = kept[("t1", "vm1")]
+    assert (k.owner, k.nodes, k.devices, k.until) == (
+        VM_UID, ("n1",), ("vm1-h100-0", "vm1-h100-1", "vm1-l40s-0"), until - timedelta(minutes=1))
+    assert k.message() == (
+        "GPU set kept on node n1 (devices vm1-h100-0, vm1-h100-1, vm1-l40s-0) until "
+        "2026-11-30T08:29:00Z (GPUClass keepSetFor): the next VMI of this VirtualMachine starts "
+        "there with the same devices; deleting the VirtualMachine releases them")
+    # run out (not yet released): no longer shown as kept
+    assert kept_for_vms([dev("vm1-h100-0", kept=T0)], T0) == {}
