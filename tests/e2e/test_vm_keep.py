@@ -7,7 +7,10 @@ and attached, kept for it (`status.attachedTo.keptUntil`), for the classes' `kee
 its next VMI is admitted on the same node with the same devices however full the fleet is;
 another tenant is told the devices are kept and until when; a deleted VM frees them at once,
 a keep that ran out within a housekeeping round (1 s here), and a leader killed while a
-set is kept leaves it kept."""
+set is kept leaves it kept. While kept, the VM carries the condition `GPUSetKept` (True:
+node, devices, until when), which survives virt-controller's own status updates of the
+stopped VM and is gone once the VM runs again or its keep is released; a kept device
+cannot be deleted, and the shipped policy says to delete the VM."""
 
 from __future__ import annotations
 
@@ -18,9 +21,10 @@ import time
 from datetime import datetime
 
 import pytest
+from kubernetes_asyncio.client import ApiException
 
 from model.types import GROUP, VERSION
-from tests.e2e.helpers import eventually, leader_index
+from tests.e2e.helpers import eventually, leader_index, scrape
 from model.types import ADMISSION_ANNOTATION
 from tests.e2e.test_vm_path import (KV, V1, clear_start_failure, create_vm, events, finish_deletion,
                                     get_vmi, set_run, started, vm_body)
@@ -114,6 +118,31 @@ async def start(fleet, ns: str, name: str, uid: str | None, res: str, node: str,
     return made
 
 
+async def kept_condition(fleet, ns: str, name: str) -> dict | None:
+    """The VM's `GPUSetKept` condition as stored, or None."""
+    got = await fleet.custom.get_namespaced_custom_object(KV, V1, ns, "virtualmachines", name)
+    return next((c for c in (got.get("status") or {}).get("conditions") or []
+                 if c.get("type") == "GPUSetKept"), None)
+
+
+async def shows_kept(fleet, ns: str, name: str, node: str, names: list[str],
+                     until: datetime) -> dict:
+    """Wait until the VM shows `GPUSetKept` True naming `node`, `names` and `until`."""
+    want = (f"GPU set kept on node {node} (devices {', '.join(names)}) until "
+            f"{until.strftime('%Y-%m-%dT%H:%M:%SZ')}")
+
+    async def probe():
+        c = await kept_condition(fleet, ns, name)
+        return c if c and c["status"] == "True" and c["message"].startswith(want) else None
+    return await eventually(probe, timeout=15, interval=0.1, what=f"GPUSetKept on VM {name}")
+
+
+async def shows_no_kept(fleet, ns: str, name: str) -> None:
+    async def probe():
+        return await kept_condition(fleet, ns, name) is None
+    await eventually(probe, timeout=15, interval=0.1, what=f"GPUSetKept gone from VM {name}")
+
+
 async def tenant_bound(fleet, ns: str) -> int:
     return sum(1 for d in (await devices(fleet, ns)).values()
                if (d.get("status") or {}).get("phase") == "Bound")
@@ -147,6 +176,7 @@ async def test_H4_vm_stopped_and_started_20_times_keeps_its_set_while_another_te
         await stop(fleet, tenant, "keeper", made)
         until = await kept(fleet, tenant, names, home)
         kept_after.append(time.monotonic() - t_stop)
+        cond = await shows_kept(fleet, tenant, "keeper", home, names, until)
         # another tenant's VMI is blocked by the kept devices, and told so
         if cycle % 5 == 0:
             got, msg = await create(fleet, other, vmi(f"late-{cycle}", cls, 1))
@@ -158,6 +188,9 @@ async def test_H4_vm_stopped_and_started_20_times_keeps_its_set_while_another_te
             got, msg = await create(fleet, tenant, vmi(f"extra-{cycle}", cls, 1))
             assert got is None and "budget" in msg, msg
         assert await tenant_bound(fleet, tenant) <= 2
+        # the condition survived virt-controller's status updates of the stopped VM (our
+        # write re-queued the VM: it synced with no VMI and kept it)
+        assert await kept_condition(fleet, tenant, "keeper") == cond, cycle
         made = await start(fleet, tenant, "keeper", made["metadata"]["uid"], res, home, names, timing)
         st = {n: d["status"] for n, d in (await devices(fleet, tenant)).items()}
         assert sorted(st) == names, st
@@ -165,6 +198,7 @@ async def test_H4_vm_stopped_and_started_20_times_keeps_its_set_while_another_te
             assert (st[n]["phase"], st[n]["nodeName"]) == ("Bound", home), (cycle, st[n])
             assert "keptUntil" not in st[n]["attachedTo"], (cycle, st[n])
         assert await tenant_bound(fleet, tenant) <= 2
+        await shows_no_kept(fleet, tenant, "keeper")  # virt-controller drops it: a VMI runs
     assert await events(fleet, tenant, "keeper", "GPUSetKept")
     adm = sorted(a for a, _ in timing)
     print(f"{CYCLES} stop/start cycles on {home}, same devices every time; start request -> VMI "
@@ -188,7 +222,23 @@ async def test_H4_deleted_vm_frees_its_kept_set_at_once_and_a_bare_vmi_of_its_na
     names = [f"gone-{cls}-0", f"gone-{cls}-1"]
     await bound_launcher(fleet, tenant, made)
     await stop(fleet, tenant, "gone", made)
-    await kept(fleet, tenant, names, nodes["n"])
+    until = await kept(fleet, tenant, names, nodes["n"])
+    await shows_kept(fleet, tenant, "gone", nodes["n"], names, until)
+
+    async def counted():
+        got = await scrape(system, await leader_index(system))
+        return got.get(("gpu_binder_kept_sets", ()), 0) >= 1 and got
+    before = (await eventually(counted, timeout=15, what="gpu_binder_kept_sets >= 1")).get(
+        ("gpu_binder_kept_sets_released_total", (("reason", "vm_deleted"),)), 0)
+    # a kept device cannot be deleted, by anyone; the policy says to delete the VM
+    stamp = until.strftime('%Y-%m-%dT%H:%M:%SZ')
+    try:
+        await fleet.custom.delete_namespaced_custom_object(GROUP, VERSION, tenant, "gpudevices",
+                                                           names[0])
+        raise AssertionError(f"kept device {names[0]} was deleted")
+    except ApiException as exc:
+        assert (f"GPU device {names[0]} is kept for VirtualMachine gone until {stamp} and "
+                "cannot be deleted while kept: delete the VirtualMachine") in exc.body, exc.body
     # a bare VMI of the VM's name (no owner) may not take the set kept for the VM
     got, msg = await create(fleet, tenant, vmi("gone", cls, 2))
     assert got is None and f"kept for VirtualMachine {tenant}/gone" in msg and "owned by" in msg, msg
@@ -200,6 +250,12 @@ async def test_H4_deleted_vm_frees_its_kept_set_at_once_and_a_bare_vmi_of_its_na
     got, msg = await create(fleet, other, vmi("next", cls, 2))
     assert got is not None, msg
     assert await events(fleet, tenant, "gone", "GPUSetReleased")
+
+    async def released_counted():
+        got = await scrape(system, await leader_index(system))
+        return got.get(("gpu_binder_kept_sets_released_total", (("reason", "vm_deleted"),)),
+                       0) >= before + 1
+    await eventually(released_counted, timeout=15, what="a vm_deleted release counted")
     print(f"deleted VM's kept set freed {t_free:.2f} s after the delete; load {os.getloadavg()}")
 
 
@@ -212,6 +268,7 @@ async def test_H4_expired_keep_is_released_within_one_round_and_a_leader_kill_ke
     await bound_launcher(fleet, tenant, made)
     await stop(fleet, tenant, "short", made)
     until = await kept(fleet, tenant, names, nodes["n"])
+    await shows_kept(fleet, tenant, "short", nodes["n"], names, until)
     # the leader is killed while the set is kept: the next leader keeps it (state in status)
     i = await leader_index(system)
     system.kill_replica(i, signal.SIGKILL)
@@ -224,6 +281,9 @@ async def test_H4_expired_keep_is_released_within_one_round_and_a_leader_kill_ke
         # within one housekeeping round (1 s here) of keptUntil, plus the informer's delay
         assert late <= 3, late
         assert await get_vmi(fleet, tenant, "short") is None
+        await shows_no_kept(fleet, tenant, "short")  # released: the VM no longer shows it
+        got = await scrape(system, j)
+        assert got.get(("gpu_binder_kept_sets_released_total", (("reason", "expired"),))) >= 1
         print(f"kept set survived the leader kill and was released {late:.2f} s after keptUntil; "
               f"load {os.getloadavg()}")
     finally:
