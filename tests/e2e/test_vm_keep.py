@@ -231,7 +231,7 @@ async def test_H4_deleted_vm_frees_its_kept_set_at_once_and_a_bare_vmi_of_its_na
     before = (await eventually(counted, timeout=15, what="gpu_binder_kept_sets >= 1")).get(
         ("gpu_binder_kept_sets_released_total", (("reason", "vm_deleted"),)), 0)
     # a kept device cannot be deleted, by anyone; the policy says to delete the VM
-    stamp = until.strftime('%Y-%m-%dT%H:%M:%SZ')
+    stamp = (await devices(fleet, tenant))[names[0]]["status"]["attachedTo"]["keptUntil"]
     try:
         await fleet.custom.delete_namespaced_custom_object(GROUP, VERSION, tenant, "gpudevices",
                                                            names[0])
