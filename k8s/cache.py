@@ -20,16 +20,17 @@ from typing import Any, Callable
 import anyio
 import structlog
 from anyio.abc import TaskStatus
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi, ResourceV1Api
 
 from actors.view import IndexedView
+from k8s.dra_index import DraIndex, SliceError
 from k8s.informer import Informer, Key, keep_all, slim
 from model.admission import LauncherDefaults, launcher_defaults
 from model.foreign import PodUse, attachment_uid, node_foreign, parse_pod_use
 from model.housekeeping import VMIRecord, VMIs
 from model.parse import (ParseError, parse_budgets, parse_gpu_class, parse_gpu_device,
                          parse_namespace, parse_node, parse_permitted_host_devices)
-from model.types import ADMISSION_ANNOTATION, GROUP, VERSION, GPUDevice, Node
+from model.types import ADMISSION_ANNOTATION, GROUP, VERSION, GPUClass, GPUDevice, Node
 
 log = structlog.get_logger("gpu_binder.cache")
 
@@ -116,6 +117,46 @@ def trim_pod(obj: dict) -> dict:
             "spec": kept, "status": {"phase": (obj.get("status") or {}).get("phase")}}
 
 
+def trim_claim(obj: dict) -> dict:
+    """What the ResourceClaim informer keeps (DR2, DR5): name, namespace, uid,
+    resourceVersion, creation and deletion times, the labels and annotations of ours
+    (`gpu.cozystack.io/*`, `app.kubernetes.io/managed-by`), and the allocation's results
+    (driver, pool, device, request). Not the spec (the webhook reads a claim it made live)."""
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+
+    def ours(m: dict) -> dict:
+        return {k: v for k, v in m.items() if isinstance(k, str)
+                and (k.startswith("gpu.cozystack.io/") or k == "app.kubernetes.io/managed-by")}
+
+    kept_meta = {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion",
+                                          "creationTimestamp", "deletionTimestamp")
+                 if meta.get(k) is not None}
+    kept_meta["labels"] = ours(labels if isinstance(labels, dict) else {})
+    kept_meta["annotations"] = ours(annotations if isinstance(annotations, dict) else {})
+    results = ((((obj.get("status") or {}).get("allocation") or {}).get("devices") or {})
+               .get("results") or [])
+    kept_results = [{k: r.get(k) for k in ("request", "driver", "pool", "device")}
+                    for r in results if isinstance(r, dict)]
+    out: dict = {"metadata": kept_meta}
+    if kept_results:
+        out["status"] = {"allocation": {"devices": {"results": kept_results}}}
+    return out
+
+
+def trim_slice(obj: dict) -> dict:
+    """What the ResourceSlice informer keeps (DR1): name, resourceVersion, and the spec's
+    driver, pool, nodeName and devices (name, attributes, taints; not capacity)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    devices = [{k: d.get(k) for k in ("name", "attributes", "taints") if d.get(k) is not None}
+               for d in spec.get("devices") or [] if isinstance(d, dict)]
+    return {"metadata": {"name": meta.get("name"), "resourceVersion": meta.get("resourceVersion")},
+            "spec": {"driver": spec.get("driver"), "pool": spec.get("pool"),
+                     "nodeName": spec.get("nodeName"), "devices": devices}}
+
+
 class ClusterCache:
     """Informers for GPUDevices, GPUClasses, Nodes, Namespaces, ResourceQuotas, VMIs, bound
     Pods (trimmed, for foreign usage), KubeVirt CRs and the settings ConfigMap. Start with
@@ -129,7 +170,7 @@ class ClusterCache:
 
     def __init__(self, api: ApiClient, *, settings_namespace: str = "cozy-system",
                  watch_timeout: int = 240) -> None:
-        core, custom = CoreV1Api(api), CustomObjectsApi(api)
+        core, custom, resource = CoreV1Api(api), CustomObjectsApi(api), ResourceV1Api(api)
         p = functools.partial
         inf = functools.partial(Informer, watch_timeout=watch_timeout)
         self.devices = inf("gpudevices", p(custom.list_cluster_custom_object, GROUP, VERSION,
@@ -150,12 +191,24 @@ class ClusterCache:
             core.list_namespaced_config_map, settings_namespace,
             field_selector=f"metadata.name={SETTINGS_NAME}"), transform=keep_all)
         self.settings_namespace = settings_namespace
+        # DRA (device mode, DESIGN.md §3b): slices, every claim's allocation, DeviceClasses
+        self.slices = inf("resourceslices", resource.list_resource_slice, transform=trim_slice)
+        self.claims = inf("resourceclaims", resource.list_resource_claim_for_all_namespaces,
+                          transform=trim_claim)
+        self.device_classes = inf("deviceclasses", resource.list_device_class, transform=keep_all)
+        self.dra = DraIndex()
+        self._parsed_classes: dict[str, GPUClass] = {}
+        self._records: dict[Key, tuple[str, str]] = {}   # device → (node, recorded device)
         self.view = IndexedView()
         v = self.view
         self.devices.add_listener(_feed("GPUDevice", parse_gpu_device, v.put_device,
                                         v.remove_device))
-        self.classes.add_listener(_feed("GPUClass", parse_gpu_class, v.put_class,
-                                        lambda k: v.remove_class(k[1])))
+        self.classes.add_listener(_feed("GPUClass", parse_gpu_class, self._put_class,
+                                        lambda k: self._remove_class(k[1])))
+        self.slices.add_listener(self._on_slice)
+        self.claims.add_listener(self._on_claim)
+        self.device_classes.add_listener(self._on_device_class)
+        self.devices.add_listener(self._on_device_record)
         self._raw_nodes: dict[str, Node] = {}
         self._pod_uses: dict[Key, PodUse] = {}
         self._pods_on: dict[str, set[Key]] = {}
@@ -242,9 +295,84 @@ class ClusterCache:
             return
         pods = (self._pod_uses[k] for k in self._pods_on.get(name, ()))
         resource_of = {c.name: c.resource_name for c in self.view.classes().values()}
-        foreign = node_foreign(name, pods, self.view.devices_on(name), resource_of,
-                               self._vmi_records)
+        on_node = self.view.devices_on(name)
+        foreign = node_foreign(name, pods, on_node, resource_of, self._vmi_records)
+        dra = self.dra.node_fields(name, [d for d in on_node if d.bound_node == name])
+        if dra.class_devices or dra.allocatable:
+            mine = {r for r, _ in dra.allocatable}
+            merged = dict(foreign)
+            for res, n in dra.foreign:
+                merged[res] = merged.get(res, 0) + n
+            node = replace(node,
+                           allocatable=tuple(sorted([*((r, q) for r, q in node.allocatable if r not in mine),
+                                                     *dra.allocatable])),
+                           class_devices=dra.class_devices, taken_devices=dra.taken_devices)
+            foreign = tuple(sorted((r, n) for r, n in merged.items() if n))
         self.view.put_node(replace(node, foreign=foreign))
+
+    # -- device mode (DR1, DR2) ---------------------------------------------------------------
+    def _refresh_nodes(self, names: set[str]) -> None:
+        for name in sorted(names):
+            self._refresh_node(name)
+
+    def _put_class(self, cls: GPUClass) -> None:
+        self._parsed_classes[cls.name] = cls
+        self._sync_classes()
+
+    def _remove_class(self, name: str) -> None:
+        self._parsed_classes.pop(name, None)
+        self.view.remove_class(name)
+        self._sync_classes()
+
+    def _sync_classes(self) -> None:
+        """Put every GPUClass into the view with its device-mode problem (a DeviceClass that
+        does not exist, a selector that does not compile: DR1) and recompute the nodes whose
+        device-mode fields that changes."""
+        effective = []
+        for cls in self._parsed_classes.values():
+            problem = cls.problem or self.dra.class_problem(cls)
+            eff = cls if problem == cls.problem else replace(cls, problem=problem)
+            if self.view.classes().get(cls.name) != eff:
+                if problem and problem != cls.problem:
+                    log.warning("GPUClass cannot serve", gpu_class=cls.name, problem=problem)
+                self.view.put_class(eff)
+            effective.append(eff)
+        self._refresh_nodes(self.dra.set_classes(effective))
+
+    def _on_slice(self, key: Key, obj: dict | None) -> None:
+        try:
+            touched = self.dra.put_slice(obj) if obj is not None else self.dra.remove_slice(key[1])
+        except SliceError as exc:
+            log.error("skipping malformed object", kind="ResourceSlice", name=key[1], error=str(exc))
+            touched = self.dra.remove_slice(key[1])
+        self._refresh_nodes(touched)
+
+    def _on_claim(self, key: Key, obj: dict | None) -> None:
+        try:
+            touched = self.dra.put_claim(key, obj) if obj is not None else self.dra.remove_claim(key)
+        except SliceError as exc:
+            log.error("skipping malformed object", kind="ResourceClaim", namespace=key[0],
+                      name=key[1], error=str(exc))
+            touched = self.dra.remove_claim(key)
+        self._refresh_nodes(touched)
+
+    def _on_device_class(self, key: Key, obj: dict | None) -> None:
+        touched = (self.dra.put_device_class(obj) if obj is not None
+                   else self.dra.remove_device_class(key[1]))
+        self._sync_classes()
+        self._refresh_nodes(touched)
+
+    def _on_device_record(self, key: Key, obj: dict | None) -> None:
+        """A GPUDevice's `status.device` record on its node excuses that device from the
+        node's DRA `foreign` count (DR2): refresh the nodes where it was and is."""
+        dev = self.view.device(key) if obj is not None else None
+        rec = (dev.bound_node, dev.status.device.device) \
+            if dev is not None and dev.bound_node and dev.status.device is not None else None
+        old = self._records.pop(key, None)
+        if rec is not None:
+            self._records[key] = rec  # type: ignore[assignment]
+        if old != rec:
+            self._refresh_nodes({r[0] for r in (old, rec) if r is not None} & self.dra.nodes())
 
     def _on_pod(self, key: Key, obj: dict | None) -> None:
         old = self._pod_uses.pop(key, None)
@@ -318,8 +446,9 @@ class ClusterCache:
     @property
     def informers(self) -> tuple[Informer, ...]:
         """Every informer of the cache."""
-        return (self.namespaces, self.classes, self.nodes, self.quotas, self.devices,
-                self.vmis, self.pods, self.kubevirts, self.settings)
+        return (self.namespaces, self.device_classes, self.classes, self.nodes, self.slices,
+                self.claims, self.quotas, self.devices, self.vmis, self.pods, self.kubevirts,
+                self.settings)
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         """Run every informer; report started once all have synced. Runs until cancelled."""

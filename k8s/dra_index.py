@@ -1,0 +1,281 @@
+"""What the cache knows of Dynamic Resource Allocation (DESIGN.md §3b, DR1 and DR2): the
+ResourceSlices, ResourceClaims and DeviceClasses the informers hold, indexed incrementally so
+a change recomputes only the nodes it touches, and turned into the device-mode fields of each
+`model.types.Node`:
+
+- `class_devices`: per device-mode GPUClass, the node's devices (current pool generation,
+  node-local) that match its DeviceClass's selectors and its own (DR1);
+- `taken_devices`: the node's devices some claim's `status.allocation` lists or a
+  NoSchedule/NoExecute device taint covers (DR2; tenants cannot write allocations);
+- `allocatable[<dc>.deviceclass.resource.k8s.io/devices]`: the node's devices of the
+  DeviceClass, and `foreign` of that key: those taken that no Bound GPUDevice records there
+  (so the count index, budgets and lost capacity work as in count mode).
+
+No I/O: the cache feeds objects in and asks for a node's fields; `classes` problems (a
+DeviceClass that does not exist, a selector that does not compile) are reported per class so
+the cache can put them on the GPUClass (`GPUClass.problem`). A malformed slice or claim is
+left out and logged by the caller (`SliceError`), never fatal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from model.cel import Selector, SelectorError, matches_all
+from model.dra import (DeviceRef, ResourceSlice, SliceDevice, SliceError, allocated_devices,
+                       parse_resource_slice)
+from model.types import GPUClass, GPUDevice, dra_resource_name
+
+PoolKey = tuple[str, str]
+"""(driver, pool)."""
+
+MATCH_CACHE_MAX = 200_000
+"""Most remembered selector verdicts (device × class); past it the memo starts over (a fleet
+of 1,000 HGX nodes with three classes needs 24,000)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceClassInfo:
+    """A DeviceClass as the binder uses it: its name and compiled CEL selectors; `problem`
+    the text of the first selector that does not compile (then it matches nothing)."""
+
+    name: str
+    selectors: tuple[Selector, ...]
+    problem: str | None = None
+
+
+def parse_device_class(obj: Mapping[str, Any]) -> DeviceClassInfo:
+    """A `resource.k8s.io/v1` DeviceClass dict → DeviceClassInfo (selectors compiled once).
+    A selector that does not compile is the class's `problem`, not an exception."""
+    name = str((obj.get("metadata") or {}).get("name") or "?")
+    compiled: list[Selector] = []
+    for i, sel in enumerate(((obj.get("spec") or {}).get("selectors")) or ()):
+        expression = ((sel or {}).get("cel") or {}).get("expression")
+        if not isinstance(expression, str):
+            return DeviceClassInfo(name, (), f"DeviceClass {name}: selectors[{i}] has no CEL expression")
+        try:
+            compiled.append(Selector.compile(expression))
+        except SelectorError as err:
+            return DeviceClassInfo(name, (), f"DeviceClass {name}: {err}")
+    return DeviceClassInfo(name, tuple(compiled))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDevices:
+    """The device-mode fields of one node (see the module docstring)."""
+
+    class_devices: tuple[tuple[str, tuple[SliceDevice, ...]], ...] = ()
+    taken_devices: frozenset[str] = frozenset()
+    allocatable: tuple[tuple[str, int], ...] = ()
+    foreign: tuple[tuple[str, int], ...] = ()
+
+
+class DraIndex:
+    """The incremental index. Feed it with `put_slice`/`remove_slice`, `put_claim`/
+    `remove_claim`, `put_device_class`/`remove_device_class`; each returns the node names whose
+    fields may have changed. `set_classes` takes the device-mode GPUClasses (all nodes may
+    change). `node_fields(node, bound)` computes one node's fields, `bound` being the Bound
+    GPUDevices on it (their `status.device` records excuse their own devices from `foreign`).
+    `class_problem(cls)` says why a device-mode class cannot serve (None when it can)."""
+
+    def __init__(self) -> None:
+        self._slices: dict[str, ResourceSlice] = {}
+        self._pool_slices: dict[PoolKey, set[str]] = {}
+        self._pool_nodes: dict[PoolKey, set[str]] = {}     # nodes of the current generation
+        self._node_devices: dict[str, dict[DeviceRef, SliceDevice]] = {}
+        self._claims: dict[tuple[str, str], tuple[DeviceRef, ...]] = {}
+        self._allocated: dict[DeviceRef, int] = {}
+        self._device_classes: dict[str, DeviceClassInfo] = {}
+        self._classes: dict[str, GPUClass] = {}
+        self._class_selectors: dict[str, tuple[Selector, ...] | str] = {}
+        self._match_cache: dict[tuple[str, DeviceRef, SliceDevice], bool] = {}
+
+    # -- slices -----------------------------------------------------------------------------
+    def put_slice(self, obj: Mapping[str, Any]) -> set[str]:
+        """A ResourceSlice was added or changed. Raises SliceError for a malformed one (the
+        caller logs it and calls `remove_slice` with its name)."""
+        parsed = parse_resource_slice(obj)
+        old = self._slices.get(parsed.name)
+        self._slices[parsed.name] = parsed
+        pools = {(parsed.driver, parsed.pool)}
+        if old is not None:
+            pools.add((old.driver, old.pool))
+            if (old.driver, old.pool) != (parsed.driver, parsed.pool):
+                self._pool_slices.get((old.driver, old.pool), set()).discard(old.name)
+        self._pool_slices.setdefault((parsed.driver, parsed.pool), set()).add(parsed.name)
+        return self._rebuild_pools(pools)
+
+    def remove_slice(self, name: str) -> set[str]:
+        """A ResourceSlice was deleted (or is malformed now)."""
+        old = self._slices.pop(name, None)
+        if old is None:
+            return set()
+        key = (old.driver, old.pool)
+        self._pool_slices.get(key, set()).discard(name)
+        return self._rebuild_pools({key})
+
+    def _rebuild_pools(self, pools: Iterable[PoolKey]) -> set[str]:
+        """Re-derive the devices of `pools` from their highest generation's slices (DR1)."""
+        touched: set[str] = set()
+        for key in pools:
+            for node in self._pool_nodes.pop(key, set()):
+                devices = self._node_devices.get(node, {})
+                for ref in [r for r in devices if (r.driver, r.pool) == key]:
+                    del devices[ref]
+                if not devices:
+                    self._node_devices.pop(node, None)
+                touched.add(node)
+            names = self._pool_slices.get(key, set())
+            slices = [self._slices[n] for n in names]
+            if not slices:
+                self._pool_slices.pop(key, None)
+                continue
+            top = max(s.generation for s in slices)
+            nodes: set[str] = set()
+            for s in sorted((s for s in slices if s.generation == top), key=lambda s: s.name):
+                if s.node is None:
+                    continue
+                devices = self._node_devices.setdefault(s.node, {})
+                for device in s.devices:
+                    devices.setdefault(device.ref, device)
+                nodes.add(s.node)
+            self._pool_nodes[key] = nodes
+            touched |= nodes
+        return touched
+
+    # -- claims -----------------------------------------------------------------------------
+    def put_claim(self, key: tuple[str, str], obj: Mapping[str, Any]) -> set[str]:
+        """A ResourceClaim was added or changed: its allocation's devices are taken (DR2).
+        Raises SliceError for a malformed allocation (the caller logs it and removes it)."""
+        refs = allocated_devices(obj)
+        old = self._claims.get(key, ())
+        if refs == old:
+            return set()
+        self._drop_claim(key)
+        if refs:
+            self._claims[key] = refs
+            for ref in refs:
+                self._allocated[ref] = self._allocated.get(ref, 0) + 1
+        return self._nodes_of(old + refs)
+
+    def remove_claim(self, key: tuple[str, str]) -> set[str]:
+        """A ResourceClaim was deleted."""
+        return self._nodes_of(self._drop_claim(key))
+
+    def _drop_claim(self, key: tuple[str, str]) -> tuple[DeviceRef, ...]:
+        old = self._claims.pop(key, ())
+        for ref in old:
+            n = self._allocated.get(ref, 0) - 1
+            if n > 0:
+                self._allocated[ref] = n
+            else:
+                self._allocated.pop(ref, None)
+        return old
+
+    def _nodes_of(self, refs: Iterable[DeviceRef]) -> set[str]:
+        """The nodes currently publishing `refs`' pools."""
+        out: set[str] = set()
+        for ref in refs:
+            out |= self._pool_nodes.get((ref.driver, ref.pool), set())
+        return out
+
+    # -- classes ----------------------------------------------------------------------------
+    def put_device_class(self, obj: Mapping[str, Any]) -> set[str]:
+        """A DeviceClass was added or changed: every node may change."""
+        info = parse_device_class(obj)
+        self._device_classes[info.name] = info
+        self._match_cache.clear()
+        return set(self._node_devices)
+
+    def remove_device_class(self, name: str) -> set[str]:
+        """A DeviceClass was deleted."""
+        self._device_classes.pop(name, None)
+        self._match_cache.clear()
+        return set(self._node_devices)
+
+    def set_classes(self, classes: Iterable[GPUClass]) -> set[str]:
+        """The GPUClasses now (device-mode ones are kept); returns every node with devices
+        when the device-mode set changed, else nothing."""
+        wanted = {c.name: c for c in classes if c.device_mode and c.problem is None}
+        if wanted == self._classes:
+            return set()
+        self._classes = wanted
+        self._class_selectors = {}
+        for c in wanted.values():
+            try:
+                self._class_selectors[c.name] = tuple(Selector.compile(e) for e in c.selectors)
+            except SelectorError as err:
+                self._class_selectors[c.name] = f"spec.selectors: {err}"
+        self._match_cache.clear()
+        return set(self._node_devices)
+
+    def class_problem(self, cls: GPUClass) -> str | None:
+        """Why device-mode class `cls` cannot serve (DR1 bad input): its DeviceClass does not
+        exist or has a selector that does not compile, or its own selector does not compile;
+        None when it can (and for count-mode classes)."""
+        if not cls.device_mode or cls.device_class_name is None:
+            return None
+        info = self._device_classes.get(cls.device_class_name)
+        if info is None:
+            return f"DeviceClass {cls.device_class_name} does not exist"
+        if info.problem:
+            return info.problem
+        for expression in cls.selectors:
+            try:
+                Selector.compile(expression)
+            except SelectorError as err:
+                return f"spec.selectors: {err}"
+        return None
+
+    # -- answers ----------------------------------------------------------------------------
+    def devices(self, node: str) -> tuple[SliceDevice, ...]:
+        """Every device of `node`'s current pool generations (sorted by ref)."""
+        return tuple(sorted(self._node_devices.get(node, {}).values(), key=lambda d: d.ref))
+
+    def nodes(self) -> set[str]:
+        """Nodes that publish devices now."""
+        return set(self._node_devices)
+
+    def _matches(self, what: str, selectors: tuple[Selector, ...], device: SliceDevice) -> bool:
+        key = (what, device.ref, device)
+        hit = self._match_cache.get(key)
+        if hit is None:
+            if len(self._match_cache) >= MATCH_CACHE_MAX:  # slices replaced many times over
+                self._match_cache.clear()
+            hit = self._match_cache[key] = matches_all(selectors, device.cel_view()).matched
+        return hit
+
+    def node_fields(self, node: str, bound: Iterable[GPUDevice]) -> NodeDevices:
+        """The device-mode fields of `node` (module docstring). `bound`: the Bound GPUDevices
+        on it (their records excuse their own devices from `foreign`)."""
+        devices = self.devices(node)
+        if not devices or not self._classes:
+            return NodeDevices()
+        taken = frozenset(d.ref.device for d in devices
+                          if d.ref in self._allocated or d.tainted)
+        recorded = {dev.status.device.device for dev in bound if dev.status.device is not None}
+        per_class: list[tuple[str, tuple[SliceDevice, ...]]] = []
+        counts: dict[str, tuple[int, int]] = {}
+        for name in sorted(self._classes):
+            cls = self._classes[name]
+            info = self._device_classes.get(cls.device_class_name or "")
+            own = self._class_selectors.get(name)
+            if info is None or info.problem or isinstance(own, str):
+                continue
+            of_class = [d for d in devices if self._matches("dc:" + info.name, info.selectors, d)]
+            res = dra_resource_name(info.name)
+            if res not in counts:
+                foreign = sum(1 for d in of_class
+                              if d.ref.device in taken and d.ref.device not in recorded)
+                counts[res] = (len(of_class), foreign)
+            mine = tuple(d for d in of_class if not own or self._matches("gc:" + name, own, d))
+            per_class.append((name, mine))
+        return NodeDevices(
+            class_devices=tuple(per_class),
+            taken_devices=taken,
+            allocatable=tuple(sorted((r, n) for r, (n, _) in counts.items())),
+            foreign=tuple(sorted((r, f) for r, (_, f) in counts.items() if f)))
+
+
+__all__ = ["DeviceClassInfo", "DraIndex", "NodeDevices", "SliceError", "parse_device_class"]

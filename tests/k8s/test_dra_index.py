@@ -1,0 +1,153 @@
+"""k8s.dra_index: the cache's incremental view of ResourceSlices, claims and DeviceClasses
+turned into each node's device-mode fields (DR1, DR2), with canned objects of the shapes
+NVIDIA's driver publishes (localcluster.dra_profiles)."""
+
+from __future__ import annotations
+
+import pytest
+
+from k8s.dra_index import DraIndex, SliceError
+from localcluster.dra_profiles import DEVICE_CLASS, HGX_H100_8, L40S_4, device_class, resource_slice
+from model.dra import DeviceRef
+from model.types import DeviceStatus, GPUClass, GPUDevice, Phase, dra_resource_name
+
+RES = dra_resource_name(DEVICE_CLASS)
+HGX = GPUClass("hgx", RES, device_class_name=DEVICE_CLASS,
+               selectors=('device.attributes["gpu.nvidia.com"].productName.startsWith("GH100")',),
+               match_attribute="gpu.nvidia.com/partition{size}")
+L40S = GPUClass("l40s", RES, device_class_name=DEVICE_CLASS,
+                selectors=('device.attributes["gpu.nvidia.com"].productName == "AD102GL [L40S]"',))
+
+
+def claim(*devices: tuple[str, str], request: str = "gpu") -> dict:
+    """A claim whose allocation lists `devices` ((pool, device) of driver gpu.nvidia.com)."""
+    return {"metadata": {"name": "c", "namespace": "t"},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": request, "driver": "gpu.nvidia.com", "pool": p, "device": d}
+                for p, d in devices]}}}}
+
+
+def bound(node: str, device: str) -> GPUDevice:
+    return GPUDevice("t", f"dev-{device}", "hgx", status=DeviceStatus(
+        Phase.BOUND, node, None, device=DeviceRef("gpu.nvidia.com", node, device)))
+
+
+def world() -> DraIndex:
+    idx = DraIndex()
+    idx.put_device_class(device_class())
+    idx.set_classes([HGX, L40S])
+    idx.put_slice(resource_slice("hgx-1", HGX_H100_8))
+    idx.put_slice(resource_slice("l40s-1", L40S_4))
+    return idx
+
+
+def names(fields, cls: str) -> list[str]:
+    return [d.ref.device for c, devs in fields.class_devices if c == cls for d in devs]
+
+
+def test_each_class_gets_the_devices_its_deviceclass_and_own_selectors_match():
+    idx = world()
+    hgx = idx.node_fields("hgx-1", [])
+    assert names(hgx, "hgx") == [f"gpu-vfio-{i}" for i in range(8)]
+    assert names(hgx, "l40s") == []
+    assert hgx.allocatable == ((RES, 8),) and hgx.foreign == () and hgx.taken_devices == frozenset()
+    l40s = idx.node_fields("l40s-1", [])
+    assert names(l40s, "l40s") == [f"gpu-vfio-{i}" for i in range(4)] and names(l40s, "hgx") == []
+    assert l40s.allocatable == ((RES, 4),)
+
+
+def test_DR2_a_claims_allocation_and_a_hard_taint_take_devices_and_records_excuse_their_own():
+    idx = world()
+    assert idx.put_claim(("t", "c"), claim(("hgx-1", "gpu-vfio-2"), ("hgx-1", "gpu-vfio-3"))) == {"hgx-1"}
+    fields = idx.node_fields("hgx-1", [bound("hgx-1", "gpu-vfio-2")])
+    assert fields.taken_devices == {"gpu-vfio-2", "gpu-vfio-3"}
+    assert fields.foreign == ((RES, 1),)  # gpu-vfio-2 is the binder's own record
+    idx.put_slice(resource_slice("hgx-1", HGX_H100_8, generation=2,
+                                 taints={5: [{"key": "health", "value": "xid", "effect": "NoExecute"}],
+                                         6: [{"key": "soft", "effect": "PreferNoSchedule"}]}))
+    fields = idx.node_fields("hgx-1", [])
+    assert fields.taken_devices == {"gpu-vfio-2", "gpu-vfio-3", "gpu-vfio-5"}
+    assert fields.foreign == ((RES, 3),)
+    assert idx.remove_claim(("t", "c")) == {"hgx-1"}
+    assert idx.node_fields("hgx-1", []).taken_devices == {"gpu-vfio-5"}
+
+
+def test_DR1_only_the_highest_pool_generation_counts_and_a_vanished_device_is_gone():
+    idx = world()
+    smaller = resource_slice("hgx-1", HGX_H100_8, generation=3)
+    smaller["spec"]["devices"] = smaller["spec"]["devices"][:6]
+    smaller["metadata"]["name"] = "hgx-1-new"
+    assert idx.put_slice(smaller) == {"hgx-1"}
+    assert names(idx.node_fields("hgx-1", []), "hgx") == [f"gpu-vfio-{i}" for i in range(6)]
+    assert idx.node_fields("hgx-1", []).allocatable == ((RES, 6),)
+    assert idx.remove_slice("hgx-1-new") == {"hgx-1"}  # the old generation counts again
+    assert idx.node_fields("hgx-1", []).allocatable == ((RES, 8),)
+    assert idx.remove_slice("hgx-1-gpu.nvidia.com") == {"hgx-1"}
+    assert idx.node_fields("hgx-1", []).class_devices == () and "hgx-1" not in idx.nodes()
+
+
+def test_DR1_class_problems_name_what_is_wrong():
+    idx = DraIndex()
+    assert idx.class_problem(HGX) == f"DeviceClass {DEVICE_CLASS} does not exist"
+    idx.put_device_class(device_class())
+    assert idx.class_problem(HGX) is None
+    bad = GPUClass("bad", RES, device_class_name=DEVICE_CLASS, selectors=("device.driver ==",))
+    assert idx.class_problem(bad).startswith("spec.selectors: CEL selector 'device.driver ==' does not compile")
+    broken = device_class()
+    broken["spec"]["selectors"][0]["cel"]["expression"] = "((("
+    idx.put_device_class(broken)
+    assert idx.class_problem(HGX).startswith(f"DeviceClass {DEVICE_CLASS}: CEL selector '(((' does not compile")
+    assert idx.class_problem(GPUClass("count", "nvidia.com/H100")) is None
+
+
+def test_malformed_objects_raise_slice_error_and_leave_the_rest():
+    idx = world()
+    with pytest.raises(SliceError, match="spec.driver is missing"):
+        idx.put_slice({"metadata": {"name": "x"}, "spec": {"pool": {"name": "p"}}})
+    with pytest.raises(SliceError, match="lacks driver, pool or device"):
+        idx.put_claim(("t", "bad"), {"metadata": {"name": "bad"},
+                                     "status": {"allocation": {"devices": {"results": [{"device": "d"}]}}}})
+    assert idx.node_fields("hgx-1", []).allocatable == ((RES, 8),)
+
+
+def test_a_claim_on_a_pool_no_node_publishes_touches_no_node():
+    idx = world()
+    assert idx.put_claim(("t", "c"), claim(("elsewhere", "gpu-vfio-0"))) == set()
+    assert idx.put_claim(("t", "c"), claim(("elsewhere", "gpu-vfio-0"))) == set()  # unchanged
+    assert idx.node_fields("hgx-1", []).taken_devices == frozenset()
+
+
+# -- through ClusterCache's informers (events in the order the watches may deliver them) ------
+
+def test_the_cache_fills_node_fields_and_class_problems_from_informer_events():
+    from model.parse import device_status_to_dict
+    from tests.k8s.test_cache_foreign import cache, event, stamped
+
+    c = cache()
+    node = {"metadata": {"name": "hgx-1", "labels": {"kubevirt.io/schedulable": "true"}},
+            "spec": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    hgx = {"metadata": {"name": "hgx"}, "spec": {
+        "deviceClassName": DEVICE_CLASS, "topology": {"matchAttribute": "gpu.nvidia.com/partition{size}"}}}
+    event(c.slices, stamped(resource_slice("hgx-1", HGX_H100_8)))
+    event(c.nodes, stamped(node))
+    event(c.classes, stamped(hgx))
+    assert c.view.classes()["hgx"].problem == f"DeviceClass {DEVICE_CLASS} does not exist"
+    assert c.view.node("hgx-1").class_devices == ()
+    event(c.device_classes, stamped(device_class()))
+    assert c.view.classes()["hgx"].problem is None
+    n = c.view.node("hgx-1")
+    assert [d.ref.device for d in n.devices_of("hgx")] == [f"gpu-vfio-{i}" for i in range(8)]
+    assert n.allocatable_of(RES) == 8 and n.foreign == ()
+    event(c.claims, stamped(claim(("hgx-1", "gpu-vfio-0"), ("hgx-1", "gpu-vfio-1"))))
+    assert c.view.node("hgx-1").taken_devices == {"gpu-vfio-0", "gpu-vfio-1"}
+    assert dict(c.view.node("hgx-1").foreign) == {RES: 2}
+    # the binder's own record on the node excuses its device from foreign (DR2)
+    dev = bound("hgx-1", "gpu-vfio-0")
+    event(c.devices, stamped({"metadata": {"name": dev.name, "namespace": "t"}, "spec": {"class": "hgx"},
+                              "status": device_status_to_dict(dev.status)}))
+    assert dict(c.view.node("hgx-1").foreign) == {RES: 1}
+    event(c.claims, None, ("t", "c"))
+    assert c.view.node("hgx-1").taken_devices == frozenset() and c.view.node("hgx-1").foreign == ()
+    event(c.device_classes, None, ("", DEVICE_CLASS))
+    assert c.view.classes()["hgx"].problem == f"DeviceClass {DEVICE_CLASS} does not exist"
+    assert c.view.node("hgx-1").class_devices == () and c.view.node("hgx-1").allocatable_of(RES) == 0
