@@ -38,9 +38,10 @@ from k8s.cache import SETTINGS_NAME, ClusterCache
 from k8s.client import GPU_CLASSES, GPU_DEVICES, VMIS, VMS, KubeClient
 from k8s.informer import Informer
 from k8s.rounds import RoundLoop
-from model.housekeeping import (KEPT_CONDITION, KEPT_REASON, KUBEVIRT_CONDITION, Action,
+from model.housekeeping import (KEPT_CONDITION, KEPT_REASON, KUBEVIRT_CONDITION, READY_CONDITION, Action,
                                 DeleteTemplate, KeepAttachment, LinkAttachment, VMIRecord, VMRecord,
-                                confirmed, kept_for_vms, kubevirt_condition, plan, set_keeps)
+                                confirmed, kept_for_vms, kubevirt_condition, plan, ready_condition,
+                                set_keeps)
 from model.vm import run_strategy
 from model.parse import format_time
 from model.types import ADMISSION_ANNOTATION, Attachment
@@ -194,35 +195,52 @@ class Housekeeper:
                 tg.start_soon(worker)
 
     async def ensure_class_conditions(self) -> None:
-        """Each GPUClass's KubeVirtPermitted condition (`model.housekeeping.kubevirt_condition`),
-        merge-patched into its status when the cache shows it differs."""
+        """Each GPUClass's conditions, merge-patched into its status when the cache shows
+        one differs: `Ready` (`model.housekeeping.ready_condition`: False with the class's
+        problem, DR1) on every class, and `KubeVirtPermitted`
+        (`model.housekeeping.kubevirt_condition`) on count-mode classes (a device-mode
+        class's GPUs come from claims, not permittedHostDevices)."""
         permitted = self.cache.permitted_resources()
+        classes = self.cache.view.classes()
         for raw in self.cache.classes.items():
             meta = raw.get("metadata") or {}
             name = meta.get("name")
-            res = (raw.get("spec") or {}).get("resourceName")
-            if not isinstance(name, str) or not isinstance(res, str):
-                continue
-            status, reason, message = kubevirt_condition(res, permitted)
-            conds = (raw.get("status") or {}).get("conditions") or []
-            have = next((c for c in conds if isinstance(c, dict) and c.get("type") == KUBEVIRT_CONDITION), None)
+            cls = classes.get(name) if isinstance(name, str) else None
+            if cls is None:
+                continue  # not parsed (logged by the cache)
+            wanted = {READY_CONDITION: ready_condition(cls)}
+            if not cls.device_mode and cls.resource_name:
+                wanted[KUBEVIRT_CONDITION] = kubevirt_condition(cls.resource_name, permitted)
+            conds = [c for c in (raw.get("status") or {}).get("conditions") or [] if isinstance(c, dict)]
             gen = meta.get("generation")
-            if have is not None and (have.get("status"), have.get("reason"), have.get("message"),
-                                     have.get("observedGeneration")) == (status, reason, message, gen):
+            now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            out, changed = [], []
+            for c in conds:
+                if c.get("type") not in wanted:
+                    out.append(c)
+            for ctype, (status, reason, message) in wanted.items():
+                have = next((c for c in conds if c.get("type") == ctype), None)
+                if have is not None and (have.get("status"), have.get("reason"), have.get("message"),
+                                         have.get("observedGeneration")) == (status, reason, message, gen):
+                    out.append(have)
+                    continue
+                when = (have.get("lastTransitionTime") if have is not None and have.get("status") == status
+                        else now)
+                cond = {"type": ctype, "status": status, "reason": reason, "message": message,
+                        "lastTransitionTime": when}
+                if isinstance(gen, int):
+                    cond["observedGeneration"] = gen
+                out.append(cond)
+                changed.append((ctype, status, reason))
+            if not changed:
                 continue
-            when = (have.get("lastTransitionTime") if have is not None and have.get("status") == status
-                    else datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
-            cond = {"type": KUBEVIRT_CONDITION, "status": status, "reason": reason,
-                    "message": message, "lastTransitionTime": when}
-            if isinstance(gen, int):
-                cond["observedGeneration"] = gen
-            others = [c for c in conds if isinstance(c, dict) and c.get("type") != KUBEVIRT_CONDITION]
             try:
                 await self._client.patch_status(
-                    GPU_CLASSES, None, name, {"status": {"conditions": [*others, cond]}},
+                    GPU_CLASSES, None, name, {"status": {"conditions": out}},
                     what=f"patch GPUClass {name} status")
-                log.info("GPUClass condition written", gpu_class=name, condition=KUBEVIRT_CONDITION,
-                         status=status, reason=reason)
+                for ctype, status, reason in changed:
+                    log.info("GPUClass condition written", gpu_class=name, condition=ctype,
+                             status=status, reason=reason)
             except errors.ApiError as err:  # retried next round
                 log.warning("GPUClass condition write failed", gpu_class=name, error=str(err)[:300])
 

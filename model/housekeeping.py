@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Iterable, Mapping
 
-from model.types import Attachment, GPUDevice, Result, VMIKey
+from model.types import Attachment, GPUClass, GPUDevice, Result, VMIKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -511,6 +511,24 @@ def kept_for_vms(devices: Iterable[GPUDevice], now: datetime) -> dict[VMIKey, Ke
                            (*(have.devices if have else ()), d.name),
                            min(have.until, att.kept_until) if have else att.kept_until)
     return out
+
+
+READY_CONDITION = "Ready"
+"""GPUClass `status.conditions[type]` saying whether the class can serve (DR1)."""
+
+
+def ready_condition(cls: GPUClass) -> tuple[str, str, str]:
+    """The Ready condition of GPUClass `cls` as (status, reason, message): False with reason
+    `CannotServe` and the class's `problem` (both or neither of resourceName and
+    deviceClassName, a DeviceClass that does not exist, a selector that does not compile:
+    its VMIs are refused with that text, DR1), else True naming its mode."""
+    if cls.problem:
+        return ("False", "CannotServe", cls.problem)
+    if cls.device_mode:
+        topo = f", sets share {cls.match_attribute}" if cls.match_attribute else ""
+        return ("True", "DeviceMode",
+                f"devices of DeviceClass {cls.device_class_name} in the nodes' ResourceSlices{topo}")
+    return ("True", "CountMode", f"units of extended resource {cls.resource_name}")
 
 
 KUBEVIRT_CONDITION = "KubeVirtPermitted"

@@ -151,3 +151,17 @@ def test_the_cache_fills_node_fields_and_class_problems_from_informer_events():
     event(c.device_classes, None, ("", DEVICE_CLASS))
     assert c.view.classes()["hgx"].problem == f"DeviceClass {DEVICE_CLASS} does not exist"
     assert c.view.node("hgx-1").class_devices == () and c.view.node("hgx-1").allocatable_of(RES) == 0
+
+
+def test_DR1_the_ready_condition_says_the_problem_or_the_mode():
+    from dataclasses import replace
+
+    from model.housekeeping import ready_condition
+
+    assert ready_condition(HGX) == (
+        "True", "DeviceMode", f"devices of DeviceClass {DEVICE_CLASS} in the nodes' ResourceSlices, "
+        "sets share gpu.nvidia.com/partition{size}")
+    assert ready_condition(GPUClass("h100", "nvidia.com/H100")) == (
+        "True", "CountMode", "units of extended resource nvidia.com/H100")
+    missing = replace(HGX, problem=f"DeviceClass {DEVICE_CLASS} does not exist")
+    assert ready_condition(missing) == ("False", "CannotServe", f"DeviceClass {DEVICE_CLASS} does not exist")
