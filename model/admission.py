@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from model.check import check_set, judge_set
 from model.housekeeping import VMIs, judge
@@ -403,6 +403,18 @@ def vmi_patch(vmi: Mapping[str, Any], devices: Sequence[tuple[str, str]], node: 
     `spec.nodeSelector["kubernetes.io/hostname"] = node`; with `admission`, the annotation
     `gpu.cozystack.io/admission` (the id in the devices' attachments, linking this VMI
     incarnation to them)."""
+    effective = set(effective_resources)
+    ours = [{"name": name, "deviceName": res} for name, res in devices]
+    return wiring_patch(vmi, ours, lambda g: g.get("deviceName") in effective, node, admission)
+
+
+def wiring_patch(vmi: Mapping[str, Any], ours: list[dict], replaced: Callable[[Mapping], bool],
+                 node: str, admission: str | None = None,
+                 claim: Mapping[str, str] | None = None) -> list[dict]:
+    """The JSONPatch admitting `vmi` on `node` with the gpus entries `ours`, dropping the VMI's
+    own entries for which `replaced(entry)` holds and keeping the others, pinning it to
+    `node`, annotating `admission` (see `vmi_patch`); with `claim` (a `spec.resourceClaims`
+    entry, device mode, DR5), that entry added, replacing one of the same name."""
     spec = vmi.get("spec") if isinstance(vmi.get("spec"), Mapping) else None
     ops: list[dict] = []
     if admission is not None:
@@ -413,11 +425,18 @@ def vmi_patch(vmi: Mapping[str, Any], devices: Sequence[tuple[str, str]], node: 
         else:
             ops.append({"op": "add", "path": "/metadata/annotations",
                         "value": {ADMISSION_ANNOTATION: admission}})
-    effective = set(effective_resources)
-    ours = [{"name": name, "deviceName": res} for name, res in devices]
     if spec is None:
-        return ops + [{"op": "add", "path": "/spec", "value": {
-            "domain": {"devices": {"gpus": ours}}, "nodeSelector": {HOSTNAME_LABEL: node}}}]
+        value: dict[str, Any] = {"domain": {"devices": {"gpus": ours}},
+                                 "nodeSelector": {HOSTNAME_LABEL: node}}
+        if claim is not None:
+            value["resourceClaims"] = [dict(claim)]
+        return ops + [{"op": "add", "path": "/spec", "value": value}]
+    if claim is not None:
+        have = spec.get("resourceClaims") if isinstance(spec.get("resourceClaims"), list) else []
+        kept_claims = [c for c in have
+                       if not (isinstance(c, Mapping) and c.get("name") == claim["name"])]
+        ops.append({"op": "add", "path": "/spec/resourceClaims",
+                    "value": kept_claims + [dict(claim)]})
     domain = spec.get("domain") if isinstance(spec.get("domain"), Mapping) else None
     if domain is None:
         ops.append({"op": "add", "path": "/spec/domain", "value": {"devices": {"gpus": ours}}})
@@ -427,8 +446,7 @@ def vmi_patch(vmi: Mapping[str, Any], devices: Sequence[tuple[str, str]], node: 
             ops.append({"op": "add", "path": "/spec/domain/devices", "value": {"gpus": ours}})
         else:
             existing = devs.get("gpus") if isinstance(devs.get("gpus"), list) else []
-            kept = [g for g in existing
-                    if not (isinstance(g, Mapping) and g.get("deviceName") in effective)]
+            kept = [g for g in existing if not (isinstance(g, Mapping) and replaced(g))]
             ops.append({"op": "add", "path": "/spec/domain/devices/gpus", "value": kept + ours})
     selector = spec.get("nodeSelector")
     if isinstance(selector, Mapping):

@@ -1,0 +1,332 @@
+"""The ResourceClaim of an admitted device-mode VMI and the VMI's wiring to it (DESIGN.md §3b
+DR5, §4 W4/W5, §5 H1/H2), as pure values: no I/O, no clock.
+
+One claim per VMI, in its namespace, named `claim_name(vmi)` (`<vmi>-gpus`, shortened with a
+hash past 253 characters), so a retried admission finds it (W4). It carries
+`app.kubernetes.io/managed-by: gpu-binder`, the label `gpu.cozystack.io/claim-for` (the VMI's
+name, shortened to a label value) and the annotation of the same key (the full name); the
+admission that last made or confirmed it and when (`gpu.cozystack.io/admission`,
+`gpu.cozystack.io/claimed-at`: housekeeping's clock starts there, H1).
+
+Spec: one request per device, in the set's order (`gpu-0`, `gpu-1`, …: virt-launcher takes one
+device per request), `exactly: {deviceClassName, allocationMode: ExactCount, count: 1,
+selectors: [uuid == the recorded device's uuid]}` (CEL sees attributes, not device names: the
+uuid, qualified by the recorded driver's domain, pins the device; the VMI's node pin picks the
+node, since a passthrough GPU's uuid repeats across nodes), plus per class with a
+`matchAttribute` one constraint on that class's requests with `{size}` resolved (DR3). When
+the claim holds one class only, the constraint names no requests (Kubernetes: it then spans
+every request of the claim; the same meaning, the shape NVIDIA's docs show).
+
+Ownership (never adopt a claim we did not make): a claim of that name is ours only when it
+carries our managed-by label and our claim-for annotation naming this VMI (`is_ours`); a
+tenant's claim of the name refuses the admission (`ClaimNameTaken`). Ours with the same spec
+(`same_spec`) is found in place; ours with another spec (the devices were re-pointed) is
+replaced, unless a Pod still holds it (`reservedFor`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable, Mapping, Sequence
+
+from model.admission import AdmissionPlan, wiring_patch
+from model.dra import DeviceRef, qualify
+from model.parse import format_time
+from model.reasons import DeviceUnrecorded, Reason
+from model.snapshot import Snapshot
+from model.topology import resolve_attribute
+from model.types import GPUClass, Phase
+
+RESOURCE_API = "resource.k8s.io/v1"
+CLAIM_SUFFIX = "-gpus"
+MAX_NAME = 253
+MAX_LABEL_VALUE = 63
+VMI_CLAIM_ENTRY = "gpu-binder"
+"""The name of the claim in the VMI (`spec.resourceClaims[].name`, `gpus[].claimName`); the
+launcher Pod's claim entry carries it too."""
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "gpu-binder"
+CLAIM_FOR = "gpu.cozystack.io/claim-for"
+"""Label (the VMI's name as a label value) and annotation (the full name) of a claim we made."""
+CLAIM_ADMISSION = "gpu.cozystack.io/admission"
+"""Annotation: the admission id that last made or confirmed the claim (W4)."""
+CLAIMED_AT = "gpu.cozystack.io/claimed-at"
+"""Annotation: when that admission made or confirmed it (RFC 3339 UTC; H1's clock)."""
+UUID_ATTRIBUTE = "uuid"
+"""The attribute id pinning a device (NVIDIA's driver publishes `uuid` per GPU)."""
+ALLOCATION_MODE = "ExactCount"
+_SAFE_VALUE = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
+
+
+def _shorten(name: str, limit: int) -> str:
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return f"{name[:limit - 11].rstrip('-.')}-{digest}"
+
+
+def claim_name(vmi: str) -> str:
+    """The claim's deterministic name for VMI `vmi` (W4): `<vmi>-gpus`, shortened with a hash
+    of it when over 253 characters."""
+    return _shorten(vmi + CLAIM_SUFFIX, MAX_NAME)
+
+
+def claim_for_label(vmi: str) -> str:
+    """The `gpu.cozystack.io/claim-for` label value naming `vmi` (shortened with a hash past 63
+    characters; the annotation carries the full name)."""
+    return _shorten(vmi, MAX_LABEL_VALUE)
+
+
+def request_name(index: int) -> str:
+    """The claim request of the set's `index`-th device (0-based)."""
+    return f"gpu-{index}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimMember:
+    """One device of the set in its claim: the GPUDevice's `device` name, its class, the
+    recorded device (`ref`, `status.device`) and that device's `uuid` on the node."""
+
+    device: str
+    gpu_class: GPUClass
+    ref: DeviceRef
+    uuid: str
+
+
+def uuid_selector(driver: str, uuid: str) -> str:
+    """The CEL selector pinning the device whose `uuid` attribute (in `driver`'s domain) is
+    `uuid`. Raises ValueError for a uuid that is not a plain token (letters, digits, `._:-`):
+    it is put into CEL source."""
+    if not _SAFE_VALUE.match(uuid):
+        raise ValueError(f"uuid {uuid!r} is not a plain token")
+    domain = qualify(driver, UUID_ATTRIBUTE).rpartition("/")[0]
+    return f'device.attributes["{domain}"].{UUID_ATTRIBUTE} == "{uuid}"'
+
+
+def members_of(snap: Snapshot, plan: AdmissionPlan, node: str) -> tuple[ClaimMember, ...] | Reason | None:
+    """DR5: the set's members for its claim, in the plan's order, read from `snap` after the
+    binder answered Succeeded on `node`: each device-mode member's recorded device
+    (`status.device`, Bound on `node`) and its uuid among the node's devices of its class.
+    None when no member is of a device-mode class (count mode: no claim); a `DeviceUnrecorded`
+    reason when a member has no record there yet, or the record names a device the node's
+    slices do not list with a uuid (retryable: the cache is behind, or the device vanished).
+    A set never mixes modes (W1 refuses it), so every member is then of device mode."""
+    members: list[ClaimMember] = []
+    device_mode = False
+    for name in plan.devices:
+        dev = snap.device(plan.namespace, name)
+        cls = snap.classes.get(dev.class_name) if dev is not None else None
+        if cls is None or not cls.device_mode:
+            continue
+        device_mode = True
+        st = dev.status
+        ref = st.device
+        if ref is None or st.phase is not Phase.BOUND or st.node_name != node:
+            return DeviceUnrecorded(name, node, None)
+        n = snap.nodes.get(node)
+        found = next((d for d in (n.devices_of(cls.name) if n else ()) if d.ref == ref), None)
+        uuid = dict(found.attributes).get(qualify(ref.driver, UUID_ATTRIBUTE)) if found else None
+        if not isinstance(uuid, str) or not _SAFE_VALUE.match(uuid):
+            return DeviceUnrecorded(name, node, str(ref))
+        members.append(ClaimMember(name, cls, ref, uuid))
+    return tuple(members) if device_mode else None
+
+
+def claim_spec(members: Sequence[ClaimMember]) -> dict[str, Any]:
+    """The claim's `spec` for `members` (see the module docstring)."""
+    requests = []
+    by_class: dict[str, list[str]] = {}
+    classes: dict[str, GPUClass] = {}
+    for i, m in enumerate(members):
+        req = request_name(i)
+        requests.append({"name": req, "exactly": {
+            "deviceClassName": m.gpu_class.device_class_name, "allocationMode": ALLOCATION_MODE,
+            "count": 1, "selectors": [{"cel": {"expression": uuid_selector(m.ref.driver, m.uuid)}}]}})
+        by_class.setdefault(m.gpu_class.name, []).append(req)
+        classes[m.gpu_class.name] = m.gpu_class
+    constraints = []
+    for name in sorted(by_class):
+        attribute = resolve_attribute(classes[name].match_attribute, len(by_class[name]))
+        if attribute is None:
+            continue
+        c: dict[str, Any] = {"matchAttribute": attribute}
+        if len(by_class) > 1:
+            c = {"requests": by_class[name], **c}
+        constraints.append(c)
+    devices: dict[str, Any] = {"requests": requests}
+    if constraints:
+        devices["constraints"] = constraints
+    return {"devices": devices}
+
+
+def build_claim(namespace: str, vmi: str, members: Sequence[ClaimMember], admission: str,
+                now: datetime) -> dict[str, Any]:
+    """The ResourceClaim (resource.k8s.io/v1) of VMI `namespace/vmi` for `members`, made or
+    confirmed by `admission` at `now` (aware UTC)."""
+    return {"apiVersion": RESOURCE_API, "kind": "ResourceClaim",
+            "metadata": {"name": claim_name(vmi), "namespace": namespace,
+                         "labels": {MANAGED_BY_LABEL: MANAGED_BY, CLAIM_FOR: claim_for_label(vmi)},
+                         "annotations": {CLAIM_FOR: vmi, CLAIM_ADMISSION: admission,
+                                         CLAIMED_AT: format_time(now)}},
+            "spec": claim_spec(members)}
+
+
+def stamp_ops(raw: Mapping[str, Any], admission: str, now: datetime) -> list[dict[str, Any]]:
+    """W4: the JSON Patch confirming claim `raw` (ours, same spec) for `admission` at `now`:
+    a `test` of its resourceVersion as read, then both annotations (H1's clock restarts)."""
+    return [{"op": "test", "path": "/metadata/resourceVersion",
+             "value": raw["metadata"]["resourceVersion"]},
+            {"op": "add", "path": "/metadata/annotations/gpu.cozystack.io~1admission",
+             "value": admission},
+            {"op": "add", "path": "/metadata/annotations/gpu.cozystack.io~1claimed-at",
+             "value": format_time(now)}]
+
+
+def is_ours(raw: Mapping[str, Any], vmi: str) -> bool:
+    """Whether claim `raw` is one the binder made for VMI `vmi`: our managed-by label and our
+    claim-for annotation naming `vmi` (a tenant's claim of the same name is never adopted)."""
+    meta = raw.get("metadata") if isinstance(raw.get("metadata"), Mapping) else {}
+    labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
+    ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
+    return labels.get(MANAGED_BY_LABEL) == MANAGED_BY and ann.get(CLAIM_FOR) == vmi
+
+
+def _normal(spec: Any) -> Any:
+    """`spec` with the defaults the API server fills in for an exact request (allocationMode
+    ExactCount, count 1) made explicit, so a stored spec compares equal to the one built."""
+    if not isinstance(spec, Mapping):
+        return spec
+    devices = spec.get("devices") if isinstance(spec.get("devices"), Mapping) else {}
+    requests = []
+    for r in devices.get("requests") or []:
+        if isinstance(r, Mapping) and isinstance(r.get("exactly"), Mapping):
+            ex = {"allocationMode": ALLOCATION_MODE, "count": 1, **r["exactly"]}
+            r = {**r, "exactly": ex}
+        requests.append(r)
+    out = {**spec, "devices": {**devices, "requests": requests}}
+    if not out["devices"].get("constraints"):
+        out["devices"].pop("constraints", None)
+    return out
+
+
+def same_spec(raw: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
+    """Whether claim `raw`'s spec is `spec` (server defaults aside)."""
+    return _normal(raw.get("spec")) == _normal(spec)
+
+
+def in_use(raw: Mapping[str, Any]) -> bool:
+    """Whether a Pod holds claim `raw` (`status.reservedFor` lists one)."""
+    return bool(((raw.get("status") or {}).get("reservedFor")))
+
+
+def deleting(raw: Mapping[str, Any]) -> bool:
+    """Whether claim `raw` is being deleted (a finalizer holds it)."""
+    return bool((raw.get("metadata") or {}).get("deletionTimestamp"))
+
+
+# -- the VMI's wiring (DR5) -------------------------------------------------------------------
+
+def gpu_entries(members: Sequence[ClaimMember]) -> list[dict[str, str]]:
+    """The VMI's `spec.domain.devices.gpus` entries of the claim: one per device, named by the
+    GPUDevice, taking the request of its index."""
+    return [{"name": m.device, "claimName": VMI_CLAIM_ENTRY, "requestName": request_name(i)}
+            for i, m in enumerate(members)]
+
+
+def claim_entry(vmi: str) -> dict[str, str]:
+    """The VMI's `spec.resourceClaims` entry of its claim."""
+    return {"name": VMI_CLAIM_ENTRY, "resourceClaimName": claim_name(vmi)}
+
+
+def claim_vmi_patch(vmi_obj: Mapping[str, Any], vmi: str, members: Sequence[ClaimMember],
+                    node: str, effective_resources: Sequence[str],
+                    admission: str | None = None) -> list[dict]:
+    """DR5: the JSONPatch admitting a device-mode VMI on `node`: `spec.resourceClaims` gains
+    the claim's entry (replacing one of that name), `gpus` one entry per device taking its
+    request (replacing entries of the same device name, entries of the claim's name and
+    entries naming a count-mode GPU resource of `effective_resources`; the VMI's others
+    stay), the node pin and the admission annotation (as `model.admission.vmi_patch`)."""
+    names = {m.device for m in members}
+    effective = set(effective_resources)
+
+    def replaced(g: Mapping) -> bool:
+        return (g.get("name") in names or g.get("claimName") == VMI_CLAIM_ENTRY
+                or g.get("deviceName") in effective)
+    return wiring_patch(vmi_obj, gpu_entries(members), replaced, node, admission,
+                        claim_entry(vmi))
+
+
+# -- housekeeping (H1, H2) --------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ClaimRecord:
+    """A claim the binder made, as housekeeping judges it: where, its `uid` and
+    `resource_version` (delete preconditions), the VMI it is for, and since when it counts
+    (`since`: its claimed-at annotation, else its creation)."""
+
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    vmi: str
+    since: datetime | None
+    deleting: bool = False
+
+
+def parse_claim_record(raw: Mapping[str, Any]) -> ClaimRecord | None:
+    """`raw` as a ClaimRecord when it is a claim the binder made (managed-by label and a
+    claim-for annotation), else None (never judged, never deleted)."""
+    meta = raw.get("metadata") if isinstance(raw.get("metadata"), Mapping) else {}
+    labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
+    ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
+    vmi = ann.get(CLAIM_FOR)
+    if labels.get(MANAGED_BY_LABEL) != MANAGED_BY or not isinstance(vmi, str) or not vmi:
+        return None
+    since = None
+    for value in (ann.get(CLAIMED_AT), meta.get("creationTimestamp")):
+        if isinstance(value, str):
+            try:
+                when = datetime.fromisoformat(value)
+            except ValueError:
+                continue
+            if when.tzinfo is not None:
+                since = when.astimezone(timezone.utc)
+                break
+    return ClaimRecord(str(meta.get("namespace") or ""), str(meta.get("name") or ""),
+                       str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""),
+                       vmi, since, bool(meta.get("deletionTimestamp")))
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteClaim:
+    """H1/H2: delete `claim` (uid and resourceVersion preconditions; the VMI read live
+    first)."""
+
+    claim: ClaimRecord
+    rule: str
+    reason: str
+
+
+def stale_claims(claims: Iterable[ClaimRecord], attached: Iterable[tuple[str, str]],
+                 live: Iterable[tuple[str, str]], now: datetime,
+                 grace: timedelta) -> list[DeleteClaim]:
+    """H1/H2 for claims the binder made: a claim is deleted when no VMI of its name exists
+    (`live`: (namespace, name) keys), no GPUDevice is attached to that VMI name (`attached`:
+    an admission in flight, a set kept for its VM (H4), or a set housekeeping has not released
+    yet keeps it) and it was made or last confirmed more than `grace` ago (H1: the VMI never
+    appeared; H2: it is gone). A claim already being deleted is left alone. Sorted by
+    (namespace, name). Pure; `now` is aware UTC."""
+    held = set(attached) | set(live)
+    out = []
+    for c in sorted(claims, key=lambda c: (c.namespace, c.name)):
+        if c.deleting or (c.namespace, c.vmi) in held or c.since is None:
+            continue
+        age = now - c.since
+        if age > grace:
+            out.append(DeleteClaim(c, "H1/H2", f"VMI {c.vmi} does not exist and no device is "
+                                            f"attached to it, {int(age.total_seconds())} s "
+                                            "after the claim was made"))
+    return out

@@ -1,0 +1,204 @@
+"""The ResourceClaim of an admitted device-mode set and the VMI's wiring to it (model/claim.py,
+DR5), exact objects; ownership (a tenant's claim of the name is never ours); housekeeping's
+judgement of the claims the binder made (H1/H2)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from localcluster.dra_profiles import HGX_H100_8, gpu_uuid
+from model.admission import AdmissionPlan
+from model.claim import (ClaimMember, ClaimRecord, DeleteClaim, build_claim, claim_name,
+                         claim_vmi_patch, is_ours, members_of, parse_claim_record, same_spec,
+                         stale_claims, stamp_ops, uuid_selector)
+from model.reasons import DeviceUnrecorded
+from model.snapshot import Snapshot
+from model.types import DeviceStatus, GPUClass, GPUDevice, Phase
+from tests.support.dra_worlds import (DEVICE_CLASS, DRIVER, RES, device_class, dra_node, recorded,
+                                      ref)
+
+NOW = datetime(2026, 12, 4, 10, 0, tzinfo=timezone.utc)
+H100 = device_class()
+L40S = device_class("l40s", "resource.kubernetes.io/pcieRoot")
+
+
+def sel(uuid: str) -> list[dict]:
+    return [{"cel": {"expression": f'device.attributes["gpu.nvidia.com"].uuid == "{uuid}"'}}]
+
+
+def test_DR5_claim_of_a_pair_pins_each_device_by_uuid_and_constrains_the_partition():
+    members = [ClaimMember("gpu-a", H100, ref("n1", 3), gpu_uuid(HGX_H100_8, 3)),
+               ClaimMember("vm-h100x-0", H100, ref("n1", 0), gpu_uuid(HGX_H100_8, 0))]
+    claim = build_claim("t1", "vm", members, "adm-1", NOW)
+    assert claim == {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "vm-gpus", "namespace": "t1",
+                     "labels": {"app.kubernetes.io/managed-by": "gpu-binder",
+                                "gpu.cozystack.io/claim-for": "vm"},
+                     "annotations": {"gpu.cozystack.io/claim-for": "vm",
+                                     "gpu.cozystack.io/admission": "adm-1",
+                                     "gpu.cozystack.io/claimed-at": "2026-12-04T10:00:00Z"}},
+        "spec": {"devices": {
+            "requests": [
+                {"name": "gpu-0", "exactly": {"deviceClassName": DEVICE_CLASS,
+                                              "allocationMode": "ExactCount", "count": 1,
+                                              "selectors": sel(gpu_uuid(HGX_H100_8, 3))}},
+                {"name": "gpu-1", "exactly": {"deviceClassName": DEVICE_CLASS,
+                                              "allocationMode": "ExactCount", "count": 1,
+                                              "selectors": sel(gpu_uuid(HGX_H100_8, 0))}}],
+            "constraints": [{"matchAttribute": "gpu.nvidia.com/partition2"}]}}}
+
+
+def test_DR5_two_classes_each_constrain_only_their_own_requests_and_a_class_without_attribute_none():
+    plain = GPUClass("plain", RES, device_class_name=DEVICE_CLASS)
+    members = [ClaimMember("a", H100, ref("n1", 0), "u0"), ClaimMember("b", L40S, ref("n1", 4), "u4"),
+               ClaimMember("c", H100, ref("n1", 1), "u1"), ClaimMember("d", plain, ref("n1", 5), "u5"),
+               ClaimMember("e", L40S, ref("n1", 6), "u6")]
+    spec = build_claim("t1", "vm", members, "adm", NOW)["spec"]
+    assert [r["name"] for r in spec["devices"]["requests"]] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4"]
+    assert spec["devices"]["constraints"] == [
+        {"requests": ["gpu-0", "gpu-2"], "matchAttribute": "gpu.nvidia.com/partition2"},
+        {"requests": ["gpu-1", "gpu-4"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}]
+    alone = build_claim("t1", "vm", [ClaimMember("d", plain, ref("n1", 5), "u5")], "adm", NOW)
+    assert "constraints" not in alone["spec"]["devices"]
+
+
+def test_DR5_one_device_keeps_its_size_one_constraint():
+    spec = build_claim("t1", "vm", [ClaimMember("a", H100, ref("n1", 0), "u0")], "adm", NOW)["spec"]
+    assert spec["devices"]["constraints"] == [{"matchAttribute": "gpu.nvidia.com/partition1"}]
+
+
+def test_claim_name_is_deterministic_and_fits_253_characters():
+    assert claim_name("vm") == "vm-gpus"
+    long = "v" * 253
+    name = claim_name(long)
+    assert len(name) == 253 and name == claim_name(long) and name != claim_name("v" * 252 + "w")
+    labels = build_claim("t1", long, [ClaimMember("a", H100, ref("n1", 0), "u0")], "x", NOW)["metadata"]
+    assert len(labels["labels"]["gpu.cozystack.io/claim-for"]) == 63
+    assert labels["annotations"]["gpu.cozystack.io/claim-for"] == long
+
+
+def test_a_uuid_that_is_not_a_plain_token_never_reaches_cel():
+    assert uuid_selector("gpu.nvidia.com", "GPU-1234abcd") == 'device.attributes["gpu.nvidia.com"].uuid == "GPU-1234abcd"'
+    assert uuid_selector("example.com", "u") == 'device.attributes["example.com"].uuid == "u"'
+    with pytest.raises(ValueError):
+        uuid_selector("gpu.nvidia.com", 'x" || true || "')
+
+
+def _snap(*devices: GPUDevice, classes=(H100,)) -> Snapshot:
+    return Snapshot.build(nodes=[dra_node("n1", classes=tuple(c.name for c in classes))],
+                          classes=list(classes), devices=list(devices))
+
+
+def test_DR5_members_are_read_from_the_records_and_the_nodes_slices_in_plan_order():
+    snap = _snap(recorded("t1", "held", "n1", 3), recorded("t1", "vm-h100x-0", "n1", 0))
+    plan = AdmissionPlan("t1", "vm", ("held",), (("vm-h100x-0", "h100x"),), "n1")
+    assert members_of(snap, plan, "n1") == (
+        ClaimMember("held", H100, ref("n1", 3), gpu_uuid(HGX_H100_8, 3)),
+        ClaimMember("vm-h100x-0", H100, ref("n1", 0), gpu_uuid(HGX_H100_8, 0)))
+
+
+def test_DR5_a_member_without_its_record_on_the_node_or_with_a_vanished_device_is_retryable():
+    bare = GPUDevice("t1", "held", "h100x", status=DeviceStatus(Phase.BOUND, "n1"))
+    plan = AdmissionPlan("t1", "vm", ("held",), (), "n1")
+    got = members_of(_snap(bare), plan, "n1")
+    assert got == DeviceUnrecorded("held", "n1", None) and got.category.value == "unavailable"
+    elsewhere = recorded("t1", "held", "n2", 3)
+    assert members_of(_snap(elsewhere), plan, "n1") == DeviceUnrecorded("held", "n1", None)
+    gone = GPUDevice("t1", "held", "h100x", status=DeviceStatus(
+        Phase.BOUND, "n1", device=ref("n1", 42)))
+    assert members_of(_snap(gone), plan, "n1") == DeviceUnrecorded("held", "n1", "gpu.nvidia.com/n1/gpu-vfio-42")
+
+
+def test_a_count_mode_set_has_no_claim():
+    count = GPUClass("h100", "nvidia.com/H100")
+    snap = Snapshot.build(nodes=[dra_node("n1")], classes=[count],
+                          devices=[GPUDevice("t1", "g", "h100", status=DeviceStatus(Phase.BOUND, "n1"))])
+    assert members_of(snap, AdmissionPlan("t1", "vm", ("g",), (), "n1"), "n1") is None
+
+
+def test_DR5_vmi_patch_wires_the_claim_replaces_entries_of_its_devices_keeps_others_and_pins():
+    members = [ClaimMember("gpu-a", H100, ref("n1", 3), "u3"), ClaimMember("gpu-b", H100, ref("n1", 0), "u0")]
+    vmi = {"metadata": {"name": "vm", "annotations": {"x": "y"}},
+           "spec": {"nodeSelector": {"zone": "z1"},
+                    "resourceClaims": [{"name": "nic", "resourceClaimName": "nic-claim"},
+                                       {"name": "gpu-binder", "resourceClaimName": "forged"}],
+                    "domain": {"devices": {"gpus": [
+                        {"name": "gpu-a", "deviceName": "something"},             # our device's name
+                        {"name": "x", "claimName": "gpu-binder", "requestName": "gpu-9"},  # our claim's
+                        {"name": "count", "deviceName": "nvidia.com/H100"},       # a count-mode resource
+                        {"name": "vgpu", "deviceName": "nvidia.com/GRID"}]}}}}   # not ours: kept
+    ops = claim_vmi_patch(vmi, "vm", members, "n1", ("nvidia.com/H100",), "adm-1")
+    assert ops == [
+        {"op": "add", "path": "/metadata/annotations/gpu.cozystack.io~1admission", "value": "adm-1"},
+        {"op": "add", "path": "/spec/resourceClaims", "value": [
+            {"name": "nic", "resourceClaimName": "nic-claim"},
+            {"name": "gpu-binder", "resourceClaimName": "vm-gpus"}]},
+        {"op": "add", "path": "/spec/domain/devices/gpus", "value": [
+            {"name": "vgpu", "deviceName": "nvidia.com/GRID"},
+            {"name": "gpu-a", "claimName": "gpu-binder", "requestName": "gpu-0"},
+            {"name": "gpu-b", "claimName": "gpu-binder", "requestName": "gpu-1"}]},
+        {"op": "add", "path": "/spec/nodeSelector/kubernetes.io~1hostname", "value": "n1"}]
+
+
+def test_DR5_vmi_patch_of_a_vmi_without_spec_builds_it_whole():
+    ops = claim_vmi_patch({"metadata": {"name": "vm"}}, "vm",
+                          [ClaimMember("g", H100, ref("n1", 0), "u0")], "n1", ())
+    assert ops == [{"op": "add", "path": "/spec", "value": {
+        "domain": {"devices": {"gpus": [{"name": "g", "claimName": "gpu-binder", "requestName": "gpu-0"}]}},
+        "nodeSelector": {"kubernetes.io/hostname": "n1"},
+        "resourceClaims": [{"name": "gpu-binder", "resourceClaimName": "vm-gpus"}]}}]
+
+
+def test_ownership_needs_our_label_and_the_annotation_naming_the_vmi():
+    ours = build_claim("t1", "vm", [ClaimMember("g", H100, ref("n1", 0), "u0")], "a", NOW)
+    assert is_ours(ours, "vm") and not is_ours(ours, "other")
+    tenant = {"metadata": {"name": "vm-gpus", "labels": {"app.kubernetes.io/managed-by": "gpu-binder"}}}
+    assert not is_ours(tenant, "vm")                   # the label alone is not enough
+    assert not is_ours({"metadata": {"name": "vm-gpus", "annotations": {
+        "gpu.cozystack.io/claim-for": "vm"}}}, "vm")   # nor the annotation alone
+    assert parse_claim_record(tenant) is None          # never judged by housekeeping
+
+
+def test_a_stored_spec_with_the_servers_defaults_is_the_same_and_another_device_is_not():
+    m = [ClaimMember("g", H100, ref("n1", 0), "u0")]
+    spec = build_claim("t1", "vm", m, "a", NOW)["spec"]
+    stored = {"spec": {"devices": {"requests": [{"name": "gpu-0", "exactly": {
+        "deviceClassName": DEVICE_CLASS, "count": 1, "selectors": sel("u0")}}],
+        "constraints": [{"matchAttribute": "gpu.nvidia.com/partition1"}]}}}
+    assert same_spec(stored, spec)
+    other = build_claim("t1", "vm", [ClaimMember("g", H100, ref("n1", 1), "u1")], "a", NOW)
+    assert not same_spec(other, spec)
+
+
+def test_W4_stamp_tests_the_version_read_and_restarts_the_clock():
+    raw = {"metadata": {"resourceVersion": "41", "annotations": {}}}
+    assert stamp_ops(raw, "adm-2", NOW) == [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
+        {"op": "add", "path": "/metadata/annotations/gpu.cozystack.io~1admission", "value": "adm-2"},
+        {"op": "add", "path": "/metadata/annotations/gpu.cozystack.io~1claimed-at",
+         "value": "2026-12-04T10:00:00Z"}]
+
+
+def _record(vmi: str, age: float, **kw) -> ClaimRecord:
+    return ClaimRecord("t1", f"{vmi}-gpus", f"uid-{vmi}", "7", vmi, NOW - timedelta(seconds=age), **kw)
+
+
+def test_H1_H2_a_claim_is_deleted_only_without_its_vmi_and_attachments_after_the_grace():
+    grace = timedelta(seconds=120)
+    claims = [_record("gone", 121), _record("young", 119), _record("live", 500),
+              _record("attached", 500), _record("deleting", 500, deleting=True)]
+    got = stale_claims(claims, attached={("t1", "attached")}, live={("t1", "live")}, now=NOW,
+                       grace=grace)
+    assert got == [DeleteClaim(claims[0], "H1/H2", "VMI gone does not exist and no device is "
+                                                   "attached to it, 121 s after the claim was made")]
+
+
+def test_H1_the_clock_is_the_last_confirmation_else_the_creation():
+    raw = build_claim("t1", "vm", [ClaimMember("g", H100, ref("n1", 0), "u0")], "a", NOW)
+    raw["metadata"].update(uid="u", resourceVersion="3", creationTimestamp="2026-12-04T09:00:00Z")
+    assert parse_claim_record(raw) == ClaimRecord("t1", "vm-gpus", "u", "3", "vm", NOW)
+    del raw["metadata"]["annotations"]["gpu.cozystack.io/claimed-at"]
+    assert parse_claim_record(raw).since == NOW - timedelta(hours=1)
