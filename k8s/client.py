@@ -1,6 +1,6 @@
 """The one typed Kubernetes client of the production code: every call the binder, the
 webhook, housekeeping and VM waiting make on the API server (reads, patches, creates and
-deletes of GPUDevices, GPUClasses, VMIs, VMs, Events, ConfigMaps and Leases), each bounded by the
+deletes of GPUDevices, GPUClasses, VMIs, VMs, ResourceClaims, Events, ConfigMaps and Leases), each bounded by the
 client's timeout and each translating kubernetes_asyncio's exceptions once into
 `k8s.errors.ApiError` types (status, message, the API Status's `reason` and `details`,
 Retry-After). Nothing outside this module and the informers sees a client exception.
@@ -45,6 +45,9 @@ GPU_DEVICES = Resource(GROUP, VERSION, "gpudevices", "GPUDevice")
 GPU_CLASSES = Resource(GROUP, VERSION, "gpuclasses", "GPUClass", namespaced=False)
 VMIS = Resource("kubevirt.io", "v1", "virtualmachineinstances", "VMI")
 VMS = Resource("kubevirt.io", "v1", "virtualmachines", "VM")
+RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim")
+"""DRA claims (built in, served at the same paths as a custom resource's): the webhook's
+claim of a device-mode set (DR5) and housekeeping's deletes (H1/H2)."""
 
 
 def _where(res: Resource, ns: str | None, name: str | None = None) -> str:
@@ -139,6 +142,24 @@ class KubeClient:
         return await self._call(what, self._custom.create_namespaced_custom_object,
                                 res.group, res.version, ns, res.plural, body,
                                 field_manager=self.field_manager)
+
+    async def patch(self, res: Resource, ns: str, name: str, body: list[dict], *,
+                    what: str | None = None) -> dict:
+        """JSON Patch (RFC 6902; a failed `test` op raises errors.Invalid) of the namespaced
+        object `ns/name` itself (not a subresource); the object written."""
+        return await self._call(what or f"patch {_where(res, ns, name)}",
+                                self._custom.patch_namespaced_custom_object,
+                                res.group, res.version, ns, res.plural, name, body,
+                                _content_type=JSON_PATCH, field_manager=self.field_manager)
+
+    async def list(self, res: Resource, *, label_selector: str | None = None,
+                   what: str | None = None) -> list[dict]:
+        """The objects of `res` in every namespace (with `label_selector`, those it selects),
+        as the API server has them now."""
+        kw = {"label_selector": label_selector} if label_selector else {}
+        got = await self._call(what or f"list {res.kind}s", self._custom.list_cluster_custom_object,
+                               res.group, res.version, res.plural, **kw)
+        return list(got.get("items") or [])
 
     async def delete(self, res: Resource, ns: str, name: str, *, uid: str | None = None,
                      resource_version: str | None = None, what: str | None = None) -> None:

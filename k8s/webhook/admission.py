@@ -231,7 +231,16 @@ class VMIAdmission:
             if await steps.take_over(self.api, attempt, plan, snap):
                 log.info("VMI already admitted; no new request", node=node,
                          admission=attempt.admission)
-                return self._admit_response(review, plan, node, attempt.admission)
+                written = Written()
+                try:
+                    ops = await self._wire(review, attempt, plan, node, written, deadline)
+                except BaseException as exc:
+                    if written.claim is not None:
+                        await steps.delete_own_claim(self.api, attempt, written.claim)
+                    if isinstance(exc, errors.ApiError):
+                        raise Denied.of(steps.api_denial(exc)) from exc
+                    raise
+                return patch_response(review.uid, ops)
             taken.attached.extend(plan.devices)  # maybe in part; a device changed: afresh
             snap = self.cache.view.snapshot()
         conflict = same_name_conflict(snap, plan, attempt.vmis, attempt.since, self.grace,
@@ -241,11 +250,11 @@ class VMIAdmission:
             raise Denied.of(refusal_denial(conflict))
         if review.dry_run:  # W2
             return allow(review.uid, DRY_RUN_WARNING)
-        node = await self._reserve(review, judged, deadline)
+        node, ops = await self._reserve(review, judged, deadline)
         log.info("VMI admitted", node=node, request_id=attempt.admission,
                  devices=list(plan.devices),  # seconds since the review reached _fair_admit:
                  webhook_seconds=round(anyio.current_time() - deadline + self.bind_timeout, 3))
-        return self._admit_response(review, plan, node, attempt.admission)
+        return patch_response(review.uid, ops)
 
     async def _judge(self, review: Review) -> _Judged:
         """W1: the live read (`steps.check_name_free`), then every check on the cache's
@@ -275,10 +284,13 @@ class VMIAdmission:
         attempt = Attempt(ns, vmi, uuid.uuid4().hex, now, vmis, self.grace, self.now, owner)
         return _Judged(plan, selector, snap, attempt)
 
-    async def _reserve(self, review: Review, judged: _Judged, deadline: float) -> str:
+    async def _reserve(self, review: Review, judged: _Judged,
+                       deadline: float) -> tuple[str, list[dict]]:
         """W3 (1)–(4) in order (within a step the set's devices go concurrently, bounded):
-        the node the binder placed the set on. On any failure, cancellation included, what
-        this call wrote is cleaned up (W5) before Denied (or the cancellation) goes on."""
+        the node the binder placed the set on and the JSONPatch admitting the VMI there (in
+        device mode after its ResourceClaim was made, DR5). On any failure, cancellation
+        included, what this call wrote is cleaned up (W5: the claim it made included) before
+        Denied (or the cancellation) goes on."""
         attempt, plan = judged.attempt, judged.plan
         written = Written()
         view = self.cache.view
@@ -286,16 +298,33 @@ class VMIAdmission:
             await steps.create_templates(self.api, view, attempt, plan.templates, written)
             request = steps.request_body(attempt, plan, judged.selector, review.tolerations)
             await steps.attach_all(self.api, view, attempt, request, plan, written)
-            return await steps.wait_result(self.waiter, attempt, plan.devices,
+            node = await steps.wait_result(self.waiter, attempt, plan.devices,
                                            max(0.5, deadline - anyio.current_time()),
                                            self.bind_timeout)
+            return node, await self._wire(review, attempt, plan, node, written, deadline)
         except BaseException as exc:
             await steps.clean_up(self.api, attempt, written)
             if isinstance(exc, errors.ApiError):
                 raise Denied.of(steps.api_denial(exc)) from exc
             raise
 
-    def _admit_response(self, review: Review, plan: AdmissionPlan, node: str,
-                        admission: str) -> dict:
-        ops = steps.admit_patch(self.cache.view.snapshot(), review.object, plan, node, admission)
-        return patch_response(review.uid, ops)
+    async def _wire(self, review: Review, attempt: Attempt, plan: AdmissionPlan, node: str,
+                    written: Written, deadline: float) -> list[dict]:
+        """The JSONPatch admitting the VMI on `node`: in count mode `steps.admit_patch`; in
+        device mode (DR5) after the set's claim exists (`steps.wire_claim`, recorded in
+        `written.claim` when this call made it), its members' records read from the cache,
+        which may show the binder's result a moment before a record: waited for until
+        `deadline` (loop time), then `DeviceUnrecorded` (503). Raises Denied or ApiError."""
+        while True:
+            snap = self.cache.view.snapshot()
+            try:
+                members = steps.claim_members(snap, plan, node)
+                break
+            except Denied:
+                if anyio.current_time() >= deadline:
+                    raise
+                await anyio.sleep(0.05)
+        if members is None:
+            return steps.admit_patch(snap, review.object, plan, node, attempt.admission)
+        return await steps.wire_claim(self.api, attempt, review.object, snap, plan, node,
+                                      members, written)

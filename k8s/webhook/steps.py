@@ -18,14 +18,17 @@ import anyio
 import structlog
 from actors.view import IndexedView
 from k8s import errors
-from k8s.client import GPU_DEVICES, VMIS, KubeClient
+from k8s.client import GPU_DEVICES, RESOURCE_CLAIMS, VMIS, KubeClient
 from k8s.webhook.review import Denial, reason_denial
 from k8s.webhook.waiter import ResultWaiter
 from model.admission import AdmissionPlan, attachment_is_live, effective_resources, vmi_patch
+from model.claim import (CLAIM_ADMISSION, ClaimMember, build_claim, claim_vmi_patch, deleting,
+                         in_use, is_ours, members_of, same_spec, stamp_ops)
 from model.housekeeping import VMIs
 from model.parse import ParseError, format_time, parse_gpu_device, tolerations_to_list
 from model.reasons import (ApiForbidden, ApiInvalid, ApiThrottled, ApiUnavailable, AttachmentRefused,
-                           BinderRefused, DeviceAttached, DeviceBeingDeleted, DeviceDeleted,
+                           BinderRefused, ClaimBeingDeleted, ClaimInUse, ClaimNameTaken,
+                           ClaimOverQuota, DeviceAttached, DeviceBeingDeleted, DeviceDeleted,
                            DeviceDisappeared, DeviceKeptChanging, DeviceMalformed, NameUnconfirmed,
                            NotBoundInTime, Reason, SameNameConflict, VmiExists)
 from model.snapshot import Snapshot
@@ -38,6 +41,8 @@ STEP_PARALLEL = 8
 """Devices of one set written at once in a step of W3 (templates, attachments, requests)."""
 ATTACH_TRIES = 5
 """Reads of one device before `attach` gives up on a device that keeps changing."""
+CLAIM_TRIES = 3
+"""Creates of the claim before `ensure_claim` gives up on a name that keeps changing."""
 
 
 class Denied(Exception):
@@ -130,6 +135,36 @@ class Api:
         """Create an Event in `ns`."""
         await self.client.create_event(ns, body)
 
+    async def get_claim(self, ns: str, name: str) -> dict | None:
+        """ResourceClaim `ns/name` as the API server has it now; None when it does not exist."""
+        try:
+            return await self.client.get(RESOURCE_CLAIMS, ns, name)
+        except errors.NotFound as err:
+            if err.names(name):
+                return None
+            raise
+
+    async def create_claim(self, ns: str, body: dict) -> bool:
+        """Create a ResourceClaim; False when one of that name already exists."""
+        try:
+            await self.client.create(RESOURCE_CLAIMS, ns, body,
+                                     what=f"create ResourceClaim {ns}/{body['metadata']['name']}")
+            return True
+        except errors.AlreadyExists:
+            return False
+
+    async def patch_claim(self, ns: str, name: str, ops: list[dict]) -> None:
+        """A JSON Patch of the claim's metadata (a failed `test` op raises errors.Invalid)."""
+        await self.client.patch(RESOURCE_CLAIMS, ns, name, ops,
+                                what=f"patch ResourceClaim {ns}/{name}")
+
+    async def delete_claim(self, ns: str, name: str, uid: str, resource_version: str) -> None:
+        """Delete the claim if it is still the object read (uid and resourceVersion
+        preconditions: a 409 otherwise)."""
+        await self.client.delete(RESOURCE_CLAIMS, ns, name, uid=uid,
+                                 resource_version=resource_version,
+                                 what=f"delete ResourceClaim {ns}/{name}")
+
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
@@ -160,10 +195,12 @@ class Attempt:
 class Written:
     """What this call may have written, recorded *before* each write is awaited, so a
     cancellation after the server applied it still cleans it up (W5): the template devices
-    it `created`, the devices it `attached`."""
+    it `created`, the devices it `attached`, the `claim` it created."""
 
     created: list[str] = field(default_factory=list)
     attached: list[str] = field(default_factory=list)
+    claim: str | None = None
+    """The ResourceClaim this call created (DR5), set before the create is awaited."""
 
 
 # -- W1: the live read ------------------------------------------------------------------
@@ -387,6 +424,107 @@ def admit_patch(snap: Snapshot, obj: Mapping[str, Any], plan: AdmissionPlan, nod
     return vmi_patch(obj, pairs, node, effective_resources(snap), admission)
 
 
+# -- DR5: the claim of a device-mode set ------------------------------------------------
+
+def claim_members(snap: Snapshot, plan: AdmissionPlan, node: str) -> tuple[ClaimMember, ...] | None:
+    """DR5: the set's members for its claim (`model.claim.members_of`), None for a count-mode
+    set; raises Denied (`DeviceUnrecorded`, retryable) when a record is missing."""
+    got = members_of(snap, plan, node)
+    if isinstance(got, Reason):
+        raise Denied(got)
+    return got
+
+
+def _quota_refusal(err: errors.ApiError) -> bool:
+    """Whether a 403 is the ResourceQuota admission refusing the claim (`exceeded quota`,
+    `failed quota`), not RBAC or a policy."""
+    return isinstance(err, errors.Forbidden) and ("exceeded quota" in err.message
+                                                  or "failed quota" in err.message)
+
+
+async def ensure_claim(api: Api, attempt: Attempt, body: dict, written: Written) -> None:
+    """DR5 after the set Succeeded on one node (W3 (4)), and W4: the VMI's ResourceClaim
+    `body` exists. Created (recorded in `written.claim` first, so W5 deletes it even when the
+    call is cancelled after the server applied it); one of that name already there is judged
+    on a fresh read: not ours (no managed-by label or claim-for annotation naming this VMI) →
+    `ClaimNameTaken`, never adopted; being deleted → `ClaimBeingDeleted` (retryable); ours
+    with the same spec → found in place, stamped with this admission (a `test` of the
+    version read: housekeeping's clock restarts and an older plan to delete it fails its
+    precondition); ours with another spec (the devices were re-pointed) → deleted (uid and
+    version preconditions) and created again, unless a Pod still holds it (`ClaimInUse`,
+    retryable). A quota refusal is `ClaimOverQuota` (403). Raises Denied or errors.ApiError."""
+    ns, name = attempt.namespace, body["metadata"]["name"]
+    for _ in range(CLAIM_TRIES):
+        written.claim = name
+        try:
+            created = await api.create_claim(ns, body)
+        except errors.ApiError as err:
+            if _quota_refusal(err):
+                written.claim = None  # refused by admission: nothing stored
+                raise Denied(ClaimOverQuota(ns, name, err.message)) from err
+            raise
+        if created:
+            log.info("ResourceClaim created", claim=name, admission=attempt.admission)
+            return
+        written.claim = None  # not ours to delete: it was there before this call
+        raw = await api.get_claim(ns, name)
+        if raw is None:
+            continue  # deleted since: create again
+        if not is_ours(raw, attempt.vmi):
+            raise Denied(ClaimNameTaken(ns, name, attempt.vmi))
+        if deleting(raw):
+            raise Denied(ClaimBeingDeleted(ns, name))
+        meta = raw["metadata"]
+        if same_spec(raw, body["spec"]):
+            try:
+                await api.patch_claim(ns, name, stamp_ops(raw, attempt.admission, attempt.now()))
+            except (errors.Invalid, errors.Conflict, errors.NotFound):
+                continue  # changed since the read: judge it again
+            log.info("ResourceClaim found in place", claim=name, admission=attempt.admission)
+            return
+        if in_use(raw):
+            raise Denied(ClaimInUse(ns, name))
+        try:
+            await api.delete_claim(ns, name, meta["uid"], meta["resourceVersion"])
+            log.info("ResourceClaim of other devices replaced", claim=name,
+                     admission=attempt.admission)
+        except (errors.Conflict, errors.NotFound):
+            pass  # changed or gone since the read: judge it again
+    raise Denied(ClaimBeingDeleted(ns, name))
+
+
+async def wire_claim(api: Api, attempt: Attempt, obj: Mapping[str, Any], snap: Snapshot,
+                     plan: AdmissionPlan, node: str, members: Sequence[ClaimMember],
+                     written: Written) -> list[dict]:
+    """DR5: ensure the set's claim (`ensure_claim`) and return the JSONPatch wiring the VMI
+    `obj` to it on `node` (`model.claim.claim_vmi_patch`). Raises Denied or errors.ApiError."""
+    body = build_claim(attempt.namespace, attempt.vmi, members, attempt.admission, attempt.now())
+    await ensure_claim(api, attempt, body, written)
+    return claim_vmi_patch(obj, attempt.vmi, members, node, effective_resources(snap),
+                           attempt.admission)
+
+
+async def delete_own_claim(api: Api, attempt: Attempt, name: str) -> None:
+    """W5: delete claim `name` that this call created, unless another admission of the VMI
+    has stamped it since (read fresh; uid and version preconditions). Shielded from
+    cancellation, each call bounded; never raises (housekeeping deletes what is left, H1)."""
+    with anyio.CancelScope(shield=True):
+        try:
+            with anyio.fail_after(api.timeout * 2 + 1):
+                raw = await api.get_claim(attempt.namespace, name)
+                meta = (raw or {}).get("metadata") or {}
+                if raw is None or not is_ours(raw, attempt.vmi) or \
+                        (meta.get("annotations") or {}).get(CLAIM_ADMISSION) != attempt.admission:
+                    return
+                await api.delete_claim(attempt.namespace, name, meta["uid"],
+                                       meta["resourceVersion"])
+                log.info("ResourceClaim deleted (W5)", claim=name, admission=attempt.admission)
+        except (errors.NotFound, errors.Conflict) as exc:
+            log.info("clean-up of claim moot", claim=name, reason=str(exc)[:200])
+        except Exception as exc:  # noqa: BLE001
+            log.warning("clean-up of claim failed", claim=name, error=repr(exc)[:200])
+
+
 # -- W5: clean up what this call wrote --------------------------------------------------
 
 def _request_of(raw: dict | None, request_id: str) -> dict:
@@ -460,8 +598,12 @@ async def clean_up(api: Api, attempt: Attempt, written: Written) -> None:
     a member: the binder writes node, placement and result of a member in one write, so some
     members may carry it while others have nothing yet), nothing is touched: the binder
     finishes the placement (B7) and housekeeping clears the attachments and the request once
-    the VMI has not appeared (H1). Never raises (failures are logged)."""
+    the VMI has not appeared (H1). The claim this call created (DR5) is deleted first, in
+    every case: the VMI it was made for is not admitted by this call. Never raises (failures
+    are logged)."""
     with anyio.CancelScope(shield=True):
+        if written.claim is not None:
+            await delete_own_claim(api, attempt, written.claim)
         fresh = await _read_attached(api, attempt, written.attached)
         if fresh is None:
             return
