@@ -1,4 +1,5 @@
-"""Housekeeping on the real API server (leader only): H1, H2 and the settings ConfigMap (H3).
+"""Housekeeping on the real API server (leader only): H1, H2 (GPUDevices, and the ResourceClaims
+the webhook made for device-mode VMIs, DR5) and the settings ConfigMap (H3).
 
 Decisions come from the pure, level-based `model.housekeeping.plan` over the cache's
 `vmi_state()` (live VMIs with uid and admission, tombstones of deleted incarnations); this
@@ -35,7 +36,7 @@ import structlog
 from actors.workqueue import QueueShutDown, WorkQueue
 from k8s import errors, events
 from k8s.cache import SETTINGS_NAME, ClusterCache
-from k8s.client import GPU_CLASSES, GPU_DEVICES, VMIS, VMS, KubeClient
+from k8s.client import GPU_CLASSES, GPU_DEVICES, RESOURCE_CLAIMS, VMIS, VMS, KubeClient
 from k8s.informer import Informer
 from k8s.rounds import RoundLoop
 from model.housekeeping import (KEPT_CONDITION, KEPT_REASON, KUBEVIRT_CONDITION, READY_CONDITION, Action,
@@ -43,9 +44,10 @@ from model.housekeeping import (KEPT_CONDITION, KEPT_REASON, KUBEVIRT_CONDITION,
                                 confirmed, kept_for_vms, kubevirt_condition, plan, ready_condition,
                                 set_keeps)
 from model.vm import run_strategy
+from model.claim import MANAGED_BY, MANAGED_BY_LABEL, DeleteClaim, parse_claim_record, stale_claims
 from model.parse import format_time
 from model.types import ADMISSION_ANNOTATION, Attachment
-from model.settings import format_resource_names, resource_names
+from model.settings import device_class_names, format_resource_names, resource_names
 
 log = structlog.get_logger("gpu_binder.housekeeping")
 
@@ -53,9 +55,13 @@ FIELD_MANAGER = "gpu-binder-housekeeping"
 
 
 def desired_settings(cache: ClusterCache, raw_policy: str) -> dict[str, str]:
-    """H3: the settings ConfigMap's `data` for the GPUClasses in the cache."""
-    names = resource_names(cache.view.classes().values())
-    return {"resourceNames": format_resource_names(names), "rawResourceNames": raw_policy}
+    """H3: the settings ConfigMap's `data` for the GPUClasses in the cache: the count-mode
+    resource names, the managed DeviceClasses (`deviceClassNames`, DR5: the claims policy
+    refuses tenants' claims and claim templates on them under `denied`) and the policy."""
+    classes = cache.view.classes().values()
+    return {"resourceNames": format_resource_names(resource_names(classes)),
+            "deviceClassNames": format_resource_names(device_class_names(classes)),
+            "rawResourceNames": raw_policy}
 
 
 class Housekeeper:
@@ -103,6 +109,11 @@ class Housekeeper:
         self.settings_present: bool | None = None
         self.settings_recreated = 0
         self._paused = False
+        self.claims_period = period
+        """Seconds between two lists of the claims the binder made, while no claim informer
+        is in the cache (`_managed_claims`)."""
+        self.claims_deleted = 0
+        self._claims_listed: float | None = None
 
     async def run(self) -> None:
         """Loop until cancelled: a round now, then one after every change of the devices,
@@ -481,6 +492,71 @@ class Housekeeper:
             else:
                 log.warning("housekeeping action failed", rule=action.rule,
                             action=type(action).__name__, namespace=ns, device=name,
+                            error=str(err)[:300])
+
+    # -- H1/H2 for the ResourceClaims the binder made (DR5) -----------------------------
+    async def _managed_claims(self) -> list[dict] | None:
+        """The claims the binder made (label `app.kubernetes.io/managed-by: gpu-binder`):
+        from the cache's claim informer when it has one (`cache.claims`; none: only while it
+        is not healthy), else listed live through the client at most every `claims_period`
+        seconds (None between two lists: nothing to judge this round). Raises ApiError."""
+        informer = getattr(self.cache, "claims", None)
+        if informer is not None:
+            if not self.cache.healthy(informer):
+                return None
+            return [raw for raw in informer.items()
+                    if ((raw.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL)
+                    == MANAGED_BY]
+        t = anyio.current_time()
+        if self._claims_listed is not None and t - self._claims_listed < self.claims_period:
+            return None
+        self._claims_listed = t
+        return await self._client.list(RESOURCE_CLAIMS,
+                                       label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}",
+                                       what="list ResourceClaims made by gpu-binder")
+
+    async def release_claims(self, now: datetime) -> None:
+        """H1/H2 for the claims the binder made (DR5; `model.claim.stale_claims`): deleted
+        once no VMI of their name exists, no device is attached to that name, and the grace
+        since the claim was made or last confirmed has passed; each confirmed by a live read
+        of the VMI first (never on the cache's word) and deleted with uid and resourceVersion
+        preconditions (an admission that confirmed it since changed its version: moot)."""
+        try:
+            raws = await self._managed_claims()
+        except errors.ApiError as err:  # retried next round
+            log.warning("housekeeping cannot list claims", rule="H1", error=str(err)[:300])
+            return
+        if not raws:
+            return
+        records = [r for r in map(parse_claim_record, raws) if r is not None]
+        attached = {(d.namespace, d.status.attached_to.vmi)
+                    for d in self.cache.view.devices().values() if d.status.attached_to}
+        live = set(self.cache.vmi_state().live)
+        for action in stale_claims(records, attached, live, now, self.grace):
+            await self._delete_claim(action)
+
+    async def _delete_claim(self, action: DeleteClaim) -> None:
+        c = action.claim
+        what = f"DeleteClaim {c.namespace}/{c.name}"
+        try:
+            if await self._live_vmi(c.namespace, c.vmi) is not None:
+                log.warning("housekeeping action not confirmed: the VMI exists (the cache is "
+                            "behind)", rule=action.rule, namespace=c.namespace, claim=c.name,
+                            vmi=c.vmi)
+                return
+            await self._client.delete(RESOURCE_CLAIMS, c.namespace, c.name, uid=c.uid,
+                                      resource_version=c.resource_version, what=what)
+            self.actions_done += 1
+            self.claims_deleted += 1
+            log.info("housekeeping", rule=action.rule, action="DeleteClaim",
+                     namespace=c.namespace, claim=c.name, vmi=c.vmi, reason=action.reason)
+        except errors.ApiError as err:
+            if isinstance(err, (errors.NotFound, errors.Conflict)):
+                log.info("housekeeping action moot", rule=action.rule, action="DeleteClaim",
+                         namespace=c.namespace, claim=c.name, reason=err.message[:200])
+            else:
+                log.warning("housekeeping action failed", rule=action.rule,
+                            action="DeleteClaim", namespace=c.namespace, claim=c.name,
                             error=str(err)[:300])
 
     async def ensure_settings(self) -> None:

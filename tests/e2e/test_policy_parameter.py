@@ -129,7 +129,7 @@ async def until(fn, what: str, timeout: float = 30.0):
     return await eventually(probe_, timeout=timeout, interval=0.2, what=what)
 
 
-WANT = {"rawResourceNames": "denied", "resourceNames": RES}
+WANT = {"rawResourceNames": "denied", "resourceNames": RES, "deviceClassNames": ""}
 
 
 async def test_a_missing_parameter_denies_with_a_clear_message_and_H3_restores_it(cluster):

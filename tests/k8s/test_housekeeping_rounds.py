@@ -60,3 +60,68 @@ async def test_H2_a_rounds_actions_run_per_device_in_order_and_devices_at_once_b
     tmpl = [e for e in keeper.log if e[1] == ("t", "tmpl")]   # one device: in plan order
     assert tmpl == [("start", ("t", "tmpl"), "ClearAttachment"), ("end", ("t", "tmpl"), "ClearAttachment"),
                     ("start", ("t", "tmpl"), "DeleteTemplate"), ("end", ("t", "tmpl"), "DeleteTemplate")]
+
+
+# -- H1/H2 for the ResourceClaims the binder made (DR5) ------------------------------------
+
+def _claim(vmi: str, made: datetime, *, labels: dict | None = None) -> dict:
+    from model.claim import ClaimMember, build_claim
+    from model.dra import DeviceRef
+    from tests.support.dra_worlds import device_class
+    raw = build_claim("t", vmi, [ClaimMember("g", device_class(), DeviceRef("gpu.nvidia.com", "n1", "gpu-vfio-0"), "u0")],
+                      "adm", made)
+    raw["metadata"].update(uid=f"uid-{vmi}", resourceVersion="5")
+    if labels is not None:
+        raw["metadata"]["labels"] = labels
+    return raw
+
+
+def _claim_keeper(client: ScriptedClient, devices=(), live=()) -> Housekeeper:
+    from model.housekeeping import VMIs, VMIRecord
+    cache = SimpleNamespace(
+        view=SimpleNamespace(devices=lambda: {d.key: d for d in devices}),
+        vmi_state=lambda: VMIs({k: VMIRecord(k[0], k[1], "uid") for k in live}))
+    keeper = Housekeeper(client, cache, grace=timedelta(minutes=2), raw_policy="denied")  # type: ignore[arg-type]
+    keeper.claims_period = 0
+    return keeper
+
+
+async def test_H1_H2_a_claim_of_a_vmi_that_never_appeared_or_is_gone_is_deleted_after_the_grace():
+    from k8s import errors
+    from k8s.client import RESOURCE_CLAIMS, VMIS
+    from model.types import Attachment, DeviceStatus, GPUDevice
+    now = SINCE + timedelta(minutes=10)
+    attached = GPUDevice("t", "held", "h100x", status=DeviceStatus(attached_to=Attachment("kept", SINCE)))
+    client = ScriptedClient()
+    client.script("list", [_claim("gone", SINCE), _claim("young", now - timedelta(minutes=1)),
+                           _claim("live", SINCE), _claim("kept", SINCE),
+                           _claim("tenants", SINCE, labels={})])   # a tenant's: never ours
+    client.script("get", errors.NotFound("read VMI t/gone", 404, 'virtualmachineinstances "gone" not found',
+                                          details={"name": "gone"}))
+    keeper = _claim_keeper(client, devices=[attached], live=[("t", "live")])
+    await keeper.release_claims(now)
+    assert client.of("list") == [(RESOURCE_CLAIMS, "app.kubernetes.io/managed-by=gpu-binder")]
+    assert client.of("get") == [(VMIS, "t", "gone")]                 # confirmed live first
+    assert client.of("delete") == [(RESOURCE_CLAIMS, "t", "gone-gpus", "uid-gone", "5")]
+    assert keeper.claims_deleted == 1
+
+
+async def test_H1_a_claim_whose_vmi_the_live_read_finds_is_not_deleted():
+    client = ScriptedClient()
+    client.script("list", [_claim("vm", SINCE)])
+    client.script("get", {"metadata": {"name": "vm", "uid": "u1"}})   # the cache was behind
+    keeper = _claim_keeper(client)
+    await keeper.release_claims(SINCE + timedelta(minutes=10))
+    assert client.of("delete") == [] and keeper.claims_deleted == 0
+
+
+async def test_H1_claims_are_listed_at_most_every_period_without_a_claim_informer():
+    client = ScriptedClient()
+    keeper = _claim_keeper(client)
+    keeper.claims_period = 5.0
+    for _ in range(3):
+        await keeper.release_claims(SINCE)
+    assert len(client.of("list")) == 1
+    await anyio.sleep(5.0)
+    await keeper.release_claims(SINCE)
+    assert len(client.of("list")) == 2

@@ -55,7 +55,7 @@ async def test_H3_a_missing_parameter_that_cannot_be_created_reads_absent_and_is
     assert (keeper.settings_present, keeper.settings_recreated) == (True, 1)
     third = client.calls[-2]                          # the create, then its Event
     assert (third.method, third.field_manager, third.args[1]["data"]) == (
-        "create_config_map", FIELD_MANAGER, {"resourceNames": "", "rawResourceNames": "denied"})
+        "create_config_map", FIELD_MANAGER, {"resourceNames": "", "deviceClassNames": "", "rawResourceNames": "denied"})
     events = [body for _, body in client.of("create_event")]
     assert len(events) == 2 and "H3 created it" in events[1]["message"]
 
@@ -72,6 +72,6 @@ async def test_H3_already_exists_means_the_cache_was_behind_not_missing():
 async def test_H3_a_present_parameter_reads_present_without_any_call():
     client = ScriptedClient()
     keeper = _keeper(client, {(NS, "gpu-settings"): {
-        "data": {"resourceNames": "", "rawResourceNames": "denied"}}})
+        "data": {"resourceNames": "", "deviceClassNames": "", "rawResourceNames": "denied"}}})
     await keeper.ensure_settings()
     assert (keeper.settings_present, client.calls) == (True, [])
