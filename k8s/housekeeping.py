@@ -143,7 +143,7 @@ class Housekeeper:
         return {name: c.keep_set_for for name, c in self.cache.view.classes().items()}
 
     async def round(self, now: datetime | None = None) -> None:
-        """One pass of H1, H2 and H3; H1/H2 pause while the devices' or VMIs' informer is
+        """One pass of H1, H2 (the binder's claims included) and H3; H1/H2 pause while the devices' or VMIs' informer is
         unhealthy (what the cache shows may be long gone or missing)."""
         now = now or datetime.now(timezone.utc)
         if not self.cache.healthy(self.cache.devices, self.cache.vmis):
@@ -169,6 +169,7 @@ class Housekeeper:
             await self._set_events(now)
             if vms is not None:
                 await self._kept_conditions(kept, now)
+            await self.release_claims(now)
         if self.cache.healthy(self.cache.classes, self.cache.settings):
             await self.ensure_settings()
         if self.cache.healthy(self.cache.classes, self.cache.kubevirts):

@@ -34,6 +34,8 @@ def test_every_manifest_applies_with_server_side_dry_run(control_plane):
         "validatingadmissionpolicy.admissionregistration.k8s.io",
         "validatingadmissionpolicy.admissionregistration.k8s.io",
         "validatingadmissionpolicy.admissionregistration.k8s.io",   # admitted-vmis (W7)
+        "validatingadmissionpolicy.admissionregistration.k8s.io",   # raw-device-claims (DR5)
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io",
         "validatingadmissionpolicybinding.admissionregistration.k8s.io",
         "validatingadmissionpolicybinding.admissionregistration.k8s.io",
         "validatingadmissionpolicybinding.admissionregistration.k8s.io",
