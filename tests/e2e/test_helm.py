@@ -143,8 +143,8 @@ def test_template_applies_with_server_side_dry_run(cluster, helm, name):
         assert {k for k, n in got if k.startswith("ValidatingAdmissionPolicy")} == {
             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
         assert sorted(n for k, n in got if k == "ValidatingAdmissionPolicy") == [
-            "gpu-binder-admitted-vmis", "gpu-binder-attached-devices", "gpu-binder-raw-pods",
-            "gpu-binder-raw-vmis"]
+            "gpu-binder-admitted-vmis", "gpu-binder-attached-devices", "gpu-binder-raw-claims",
+            "gpu-binder-raw-pods", "gpu-binder-raw-vmis"]
     elif name == "replicas-3":
         assert deploy["spec"]["replicas"] == 3
         assert deploy["spec"]["template"]["spec"]["containers"][0]["resources"] == {
@@ -170,7 +170,7 @@ def test_template_in_another_namespace_names_it_everywhere(cluster, helm):
         assert [b["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"]
                 for (k, n), b in got.items()
                 if k == "ValidatingAdmissionPolicyBinding" and n.startswith("gpu-binder-raw-")] \
-            == [system, system]
+            == [system, system, system]
         assert got[("NetworkPolicy", "gpu-binder")]["metadata"]["namespace"] == ns
         out = cluster.kubectl(*DRY_RUN, input=rendered)
         assert len(out.stdout.splitlines()) == len(objs), out.stdout
