@@ -12,8 +12,7 @@ address), and a tenant of its own.
 
 Written against the planned interfaces (devmode plan): GPUDevice `status.device {driver,
 pool, device}`, the VMI's `spec.resourceClaims` and `gpus[].claimName/requestName`, the
-claim's `status.allocation.devices.results`; marked xfail until the model, cache and claim
-branches are merged.
+claim's `status.allocation.devices.results`.
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ from tests.e2e.test_dra_kubevirt import RESOURCE, pinned_claim
 from tests.support.kubevirt_vmis import (  # noqa: F401 (system, kubevirt: fixtures)
     bound_launcher, create, kubevirt, pin, system, vmi)
 
-pytestmark = [pytest.mark.anyio, pytest.mark.kubevirt,
-              pytest.mark.xfail(strict=True, reason="device mode not merged yet")]
+pytestmark = [pytest.mark.anyio, pytest.mark.kubevirt]
 WORLD_LABEL = "gpu-binder.test/world"
 BROKEN = {"key": "gpu.example.com/broken", "value": "xid-79", "effect": "NoSchedule"}
 
