@@ -192,10 +192,15 @@ class ClusterCache:
             field_selector=f"metadata.name={SETTINGS_NAME}"), transform=keep_all)
         self.settings_namespace = settings_namespace
         # DRA (device mode, DESIGN.md §3b): slices, every claim's allocation, DeviceClasses
-        self.slices = inf("resourceslices", resource.list_resource_slice, transform=trim_slice)
+        # optional: an API the cluster does not serve (resource.k8s.io/v1 before Kubernetes
+        # 1.34; docs/install.md supports 1.30) reads as empty instead of never syncing
+        self.slices = inf("resourceslices", resource.list_resource_slice, transform=trim_slice,
+                          optional=True)
         self.claims = inf("resourceclaims", resource.list_resource_claim_for_all_namespaces,
-                          transform=trim_claim)
-        self.device_classes = inf("deviceclasses", resource.list_device_class, transform=keep_all)
+                          transform=trim_claim,
+                          optional=True)
+        self.device_classes = inf("deviceclasses", resource.list_device_class, transform=keep_all,
+                                  optional=True)
         self.dra = DraIndex()
         self._parsed_classes: dict[str, GPUClass] = {}
         self._records: dict[Key, tuple[str, str]] = {}   # device → (node, recorded device)

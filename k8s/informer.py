@@ -119,7 +119,8 @@ class Informer:
 
     def __init__(self, name: str, list_fn: Callable[..., Awaitable[Any]], *,
                  watch_timeout: int = 240, backoff_max: float = 10.0,
-                 transform: Callable[[dict], dict] = slim, page_size: int = PAGE_SIZE) -> None:
+                 transform: Callable[[dict], dict] = slim, page_size: int = PAGE_SIZE,
+                 optional: bool = False, absent_retry: float = 60.0) -> None:
         self.name = name
         self._transform = transform  # what the cache keeps of each object (e.g. trimmed Pods)
         self._list_fn = list_fn
@@ -135,6 +136,9 @@ class Informer:
         self.pages = 0
         self.errors = 0
         self._healthy = False
+        self.optional = optional
+        self.absent_retry = absent_retry
+        self.absent = False
 
     @property
     def healthy(self) -> bool:
@@ -192,6 +196,7 @@ class Informer:
             if token is None:
                 break
         self.pages = pages
+        self.absent = False
         gone = set(self._cache) - set(fresh)
         self._cache = fresh
         self.relists += 1
@@ -262,6 +267,13 @@ class Informer:
                     log.info("watch expired (410 Gone); relisting", informer=self.name)
                     rv = None
                     continue
+                if exc.status == 404 and self.optional and rv is None:
+                    self._not_served()
+                    if not started:
+                        started = True
+                        task_status.started()
+                    await anyio.sleep(self.absent_retry)
+                    continue
                 err = translate(exc, f"list/watch {self.name}")
                 delay = backoff  # a throttled call (429) waits at least what the server asks
                 if err.retry_after is not None:
@@ -271,6 +283,17 @@ class Informer:
             except Exception as exc:  # connection refused, aiohttp errors, timeouts, bad JSON
                 await self._backoff(backoff, error=repr(exc)[:200])
                 rv, backoff = None, min(backoff * 2, self._backoff_max)
+
+    def _not_served(self) -> None:
+        """An optional API the server does not serve: the cache is empty and follows it."""
+        if not self.absent:
+            log.info("API not served; reading it as empty", informer=self.name,
+                     retry_s=self.absent_retry)
+        self.absent = True
+        gone, self._cache = set(self._cache), {}
+        self._healthy = True
+        for k in gone:
+            self._tell(k, None)
 
     async def _backoff(self, delay: float, **fields: object) -> None:
         self._healthy = False
