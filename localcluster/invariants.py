@@ -1,7 +1,9 @@
 """The invariants of DESIGN §7 (and what housekeeping §5 promises once churn stops), checked
 against a real API server: one read of the cluster (`snapshot`, pure reads through
 kubernetes_asyncio), then pure checks on it (`check`, `leftovers`) that return typed
-`Violation`s naming the object each concerns. Used by the upgrade tests and the soak
+`Violation`s naming the object each concerns. Count-mode capacity and budgets are checked
+per extended resource; device-mode classes (no `spec.resourceName`, DESIGN §3b) are checked
+for DR6's "no device on two records" (their capacity is in ResourceSlices, not on Nodes). Used by the upgrade tests and the soak
 (`bench/soak.py`, `tests/e2e/test_soak.py`).
 
 Two moments:
@@ -34,13 +36,14 @@ NO_RESULT = "request-without-result"         # §7.2 (after settling only)
 SUCCEEDED_NOT_BOUND = "succeeded-not-bound"  # §7.3
 TENANT_OVER = "tenant-over-budget"           # §7.4
 DOUBLE_NAMED = "device-named-twice"          # §7.5 (no device attached to two VMIs)
+DOUBLE_RECORDED = "device-recorded-twice"    # DR6 (no DRA device on two Bound records)
 ADMITTED_NOT_PLACED = "admitted-not-placed"  # §7.5 (whole set Succeeded on the pin)
 ATTACHED_TO_GONE = "attached-to-missing-vmi" # H1/H2 (after settling only)
 TEMPLATE_ORPHAN = "template-without-vmi"     # H1/H2 (after settling only)
 LAUNCHER_OFF_PIN = "launcher-not-on-pin"     # §2/B3 (after settling only)
 ADMITTED_GONE = "admitted-vmi-gone"          # a VMI the caller holds as admitted is missing
 ITEMS = {NODE_OVER: "7.1", NO_RESULT: "7.2", SUCCEEDED_NOT_BOUND: "7.3", TENANT_OVER: "7.4",
-         DOUBLE_NAMED: "7.5", ADMITTED_NOT_PLACED: "7.5", ATTACHED_TO_GONE: "5.H1/H2",
+         DOUBLE_NAMED: "7.5", DOUBLE_RECORDED: "3b.DR6", ADMITTED_NOT_PLACED: "7.5", ATTACHED_TO_GONE: "5.H1/H2",
          TEMPLATE_ORPHAN: "5.H1/H2", LAUNCHER_OFF_PIN: "2/B3", ADMITTED_GONE: "7.5"}
 # kinds that mean an admission's devices are not where its answer said (counted as "lost")
 LOST_KINDS = frozenset({ADMITTED_NOT_PLACED, SUCCEEDED_NOT_BOUND, ADMITTED_GONE,
@@ -127,7 +130,8 @@ async def snapshot(api, *, pods: bool = False, timeout: float = 30) -> Snapshot:
                 budget[key] = min(n, budget.get(key, n))
     snap = Snapshot(
         vmis=vmis, devices=devices,
-        resource={c["metadata"]["name"]: c["spec"]["resourceName"] for c in classes},
+        resource={c["metadata"]["name"]: c["spec"]["resourceName"] for c in classes
+                  if isinstance((c.get("spec") or {}).get("resourceName"), str)},
         allocatable={n.metadata.name: {k: _int(v) for k, v in (n.status.allocatable or {}).items()
                                        if _int(v) is not None} for n in nodes},
         budget=budget)
@@ -187,8 +191,13 @@ def check(snap: Snapshot, *, settled: set[tuple[str, str]] | None = None,
             out.append(Violation(DOUBLE_NAMED, ("GPUDevice", ns, g), f"named by {n} VMIs"))
     bound_node: Counter = Counter()
     bound_tenant: Counter = Counter()
+    recorded: dict[tuple, list[str]] = {}
     for (ns, name), d in devs.items():
         st = d.get("status") or {}
+        rec = st.get("device")
+        if st.get("phase") == "Bound" and isinstance(rec, dict):
+            ref = (rec.get("driver"), rec.get("pool"), rec.get("device"))
+            recorded.setdefault(ref, []).append(f"{ns}/{name}")
         res = snap.resource.get((d.get("spec") or {}).get("class"))
         if st.get("phase") == "Bound" and res:
             bound_node[(st.get("nodeName"), res)] += 1
@@ -199,6 +208,10 @@ def check(snap: Snapshot, *, settled: set[tuple[str, str]] | None = None,
             out.append(Violation(SUCCEEDED_NOT_BOUND, ("GPUDevice", ns, name),
                                  f"Succeeded on {br.get('node')} but {st.get('phase')} "
                                  f"on {st.get('nodeName')}"))
+    for ref, holders in sorted(recorded.items(), key=str):
+        if len(holders) > 1:
+            out.append(Violation(DOUBLE_RECORDED, ("Device", "", "/".join(map(str, ref))),
+                                 f"recorded by {len(holders)} Bound GPUDevices: {', '.join(sorted(holders))}"))
     for (node, res), n in sorted(bound_node.items(), key=str):
         cap = snap.allocatable.get(node, {}).get(res, 0)
         if n > cap:

@@ -81,3 +81,16 @@ def test_tally_counts_each_breakage_once():
     v = inv.Violation(inv.NODE_OVER, ("Node", "", "n1", "r"), "x")
     assert t.add([v]) == [v] and t.add([v]) == []
     assert t.samples == 2 and t.by_kind() == {inv.NODE_OVER: 1}
+
+
+def test_DR6_a_device_on_two_bound_records_is_a_violation_and_device_mode_classes_are_no_resource():
+    rec = {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-vfio-3"}
+    a, b = dev("t", "g1", cls="hgx", rid=None), dev("u", "g2", cls="hgx", rid=None)
+    a["status"]["device"] = b["status"]["device"] = rec
+    s = snap([], [a, b])  # class "hgx" names no resource: not counted against "r"
+    got = inv.check(s)
+    assert kinds(got) == [inv.DOUBLE_RECORDED] and got[0].item == "3b.DR6"
+    assert got[0].obj == ("Device", "", "gpu.nvidia.com/n1/gpu-vfio-3")
+    assert got[0].message == "recorded by 2 Bound GPUDevices: t/g1, u/g2"
+    b["status"]["device"] = dict(rec, device="gpu-vfio-4")
+    assert inv.check(s) == []
