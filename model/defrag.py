@@ -13,7 +13,8 @@ Vocabulary:
   `kubevirt.io/schedulable=true`, no NoSchedule/NoExecute taint), their free units of the
   class's resource counting reservations in flight (B3) — and how many nodes have that room.
   The same figure as `model.explain.largest_placeable` (a one-device probe with no
-  tolerations), maximised over nodes;
+  tolerations), maximised over nodes; for a device-mode class the largest set a node's
+  free groups take (DR3, `model.device_view.largest_device_set`), not its free units;
 - a *profile*: that pair (largest, nodes with room for it) per class. A round is kept only
   when no class's pair goes down (lexicographically) and some class's goes up (D3).
 
@@ -33,6 +34,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Collection, Iterable
 
+from model.device_view import largest_device_set
 from model.snapshot import Snapshot
 from model.types import DeviceKey, GPUDevice, OnCordon, Phase
 
@@ -188,7 +190,7 @@ class _Profile:
     values; cheap to copy and update for one moved device: the free units per (node,
     resource) are read from the snapshot and only the changed ones are kept (`delta`)."""
 
-    __slots__ = ("classes", "eligible", "frees", "snap", "delta")
+    __slots__ = ("classes", "device_mode", "eligible", "frees", "snap", "delta")
 
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
@@ -196,7 +198,11 @@ class _Profile:
         self.classes = {c: snap.classes[c].resource_name for c in sorted(snap.classes)}
         self.eligible = {c: eligible_nodes(snap, c) for c in self.classes}
         self.frees: dict[str, Counter[int]] = {}
+        self.device_mode = frozenset(c for c in self.classes if snap.classes[c].device_mode)
         for c, res in self.classes.items():
+            if c in self.device_mode:  # DR3: per node the largest set its free groups take
+                self.frees[c] = _device_sets(snap, c, self.eligible[c])
+                continue
             counts: Counter[int] = Counter()
             for f, names in snap.free_buckets(res).items():
                 if f >= 1:
@@ -208,6 +214,7 @@ class _Profile:
     def copy(self) -> _Profile:
         out = object.__new__(_Profile)
         out.snap, out.classes, out.eligible = self.snap, self.classes, self.eligible
+        out.device_mode = self.device_mode
         out.delta = dict(self.delta)
         out.frees = {c: Counter(v) for c, v in self.frees.items()}
         return out
@@ -221,8 +228,8 @@ class _Profile:
         new = old + delta
         self.delta[(node, res)] = self.delta.get((node, res), 0) + delta
         for c, r in self.classes.items():
-            if r != res or node not in self.eligible[c]:
-                continue
+            if r != res or node not in self.eligible[c] or c in self.device_mode:
+                continue  # device mode: its devices never move (D1), its figure stays
             counts = self.frees[c]
             if old >= 1:
                 counts[old] -= 1
@@ -240,6 +247,17 @@ class _Profile:
 
     def largest(self) -> tuple[Largest, ...]:
         return tuple(Largest(c, res, *self.rank(c)) for c, res in self.classes.items())
+
+
+def _device_sets(snap: Snapshot, class_name: str, eligible: frozenset[str]) -> Counter[int]:
+    """A device-mode class's profile counts: per eligible node the largest set its free
+    groups take (`model.device_view.largest_device_set`, DR3), those of 1 or more."""
+    counts: Counter[int] = Counter()
+    for node in eligible:
+        size = largest_device_set(snap, node, class_name)
+        if size >= 1:
+            counts[size] += 1
+    return counts
 
 
 def _gain(before: _Profile, after: _Profile) -> tuple[int, int] | None:

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from model.admission import (Refusal, already_admitted, check, effective_resources,
                              same_name_conflict, template_name, unpermitted_gpu_entries)
 from model.decide import Move, Request, Rule, apply_decision, assess, decide
+from model.device_view import largest_device_set
 from model.defrag import DEFAULT_MAX_MOVES, DefragPlan, apply_moves, plan_round
 from model.housekeeping import VMIs
 from model.parse import VMIAsk
@@ -577,7 +578,8 @@ class Top:
 def largest_placeable(snapshot: Snapshot, class_name: str) -> dict[str, int]:
     """Per node, the largest set of new devices of `class_name` the binder would place there
     now: the node's free units of the class's resource when a one-device probe request is
-    eligible there (`assess`, B3), else 0. Entitlement and budgets are the tenant's and are
+    eligible there (`assess`, B3), else 0; for a device-mode class the largest set its free
+    groups take (DR3, `_largest_device_sets`). Entitlement and budgets are the tenant's and are
     left out. Empty for an unknown class."""
     cls = snapshot.classes.get(class_name)
     if cls is None:
@@ -589,9 +591,24 @@ def largest_placeable(snapshot: Snapshot, class_name: str) -> dict[str, int]:
     out = {n: 0 for n in snapshot.serving_nodes(class_name)}
     room = sorted(n for n in out if snapshot.free(n, res) >= 1)  # no room: 0 whatever else
     a = assess(snap, request, room, with_decision=False)
+    if cls.device_mode:  # DR3: the node's free groups bound the set, not its free units
+        return _largest_device_sets(snapshot, class_name, out, room, a.nodes)
     for n in room:
         if not a.nodes[n]:
             out[n] = snapshot.free(n, res)
+    return out
+
+
+def _largest_device_sets(snapshot: Snapshot, class_name: str, out: dict[str, int],
+                         room: Sequence[str], reasons: Mapping[str, tuple[Reason, ...]]
+                         ) -> dict[str, int]:
+    """`largest_placeable` for a device-mode class: on each node where the one-device
+    probe is eligible but for its own group (a set of one may have no group where larger
+    ones do: `NoDeviceGroup` alone does not rule the node out), the largest set the node's
+    free groups take (`model.device_view.largest_device_set`, DR3)."""
+    for n in room:
+        if all(r.code is Code.NO_DEVICE_GROUP for r in reasons[n]):
+            out[n] = largest_device_set(snapshot, n, class_name)
     return out
 
 

@@ -1,0 +1,332 @@
+"""The operator's view of device mode (DESIGN.md §3b DR2, DR3; issue 32 item 4): per node and
+device-mode class, which devices are free and how they sit in the class's groups (Fabric
+Manager partitions, PCIe roots), and the largest set placeable there respecting topology.
+`model.explain` (explain, top) and `model.defrag` (the largest placeable set it ranks and
+the metrics export) read it. Pure: values in, values out; count-mode classes get nothing here.
+
+Naming groups. A group is shown by its members' GPU module ids when every member carries
+`<domain>/gpuModuleID` (the domain of the class's `matchAttribute`, `gpu.nvidia.com` for
+NVIDIA's driver): Fabric Manager defines partitions over module ids (its user guide's
+tables, `nvidia-smi -q`'s "Module ID", `fmpm -l`), so a partition reads as a contiguous
+range, `{1-4}`, `{5,6}`, which an operator can check against those tools; the device names
+are in PCI order, which partitions do not follow (on `hgx-h100-8` the pair of modules {1,2}
+is gpu-vfio-3 and gpu-vfio-0), so by name a partition looks scattered. Without module ids
+(PCIe cards) a group is shown by its attribute value and its device names, compressed
+(`pci0000:16 gpu-vfio-{0,1}`). The devices a placement takes are always named by device
+name (what the binder records and the claim selects), with their module ids beside them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from model.snapshot import Snapshot
+from model.topology import (SIZE_PLACEHOLDER, AttributeValue, Device, natural_key,
+                            resolve_attribute, sizes_present)
+from model.types import DeviceKey
+
+MODULE_ID = "gpuModuleID"
+"""The attribute id (in the matchAttribute's domain) naming a GPU's module on an HGX board."""
+
+
+# --- names ------------------------------------------------------------------------------------
+
+
+def _ranges(numbers: Iterable[int]) -> str:
+    """1,2,3,4 → "1-4"; 1,2 → "1,2"; 1,2,3,6 → "1-3,6" (runs of three or more as ranges)."""
+    nums = sorted(set(numbers))
+    out: list[str] = []
+    i = 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        if j - i >= 2:
+            out.append(f"{nums[i]}-{nums[j]}")
+        else:
+            out.extend(str(n) for n in nums[i:j + 1])
+        i = j + 1
+    return ",".join(out)
+
+
+def compress_names(names: Sequence[str]) -> str:
+    """Device names sharing a prefix and ending in a number as `prefix{ranges}`
+    (`gpu-vfio-{0,1}`, `gpu-vfio-{0-3}`); one name as is; otherwise `{a, b}`."""
+    if len(names) == 1:
+        return names[0]
+    parts = [re.fullmatch(r"(.*?)(\d+)", n) for n in names]
+    if all(parts) and len({p.group(1) for p in parts}) == 1:  # type: ignore[union-attr]
+        return f"{parts[0].group(1)}{{{_ranges(int(p.group(2)) for p in parts)}}}"  # type: ignore[union-attr]
+    return "{" + ", ".join(sorted(names, key=natural_key)) + "}"
+
+
+def module_attribute(template: str | None) -> str | None:
+    """`<domain>/gpuModuleID` for a matchAttribute with a domain, else None."""
+    if not template or "/" not in template:
+        return None
+    return f"{template.rpartition('/')[0]}/{MODULE_ID}"
+
+
+def attribute_noun(template: str | None) -> str:
+    """What a group of the class is called: the matchAttribute's id without `{size}`
+    (`gpu.nvidia.com/partition{size}` → "partition", `resource.kubernetes.io/pcieRoot` →
+    "pcieRoot"); "node" without a constraint."""
+    if template is None:
+        return "node"
+    return template.rpartition("/")[2].replace(SIZE_PLACEHOLDER, "") or template
+
+
+def modules_of(devices: Sequence[Device], template: str | None) -> tuple[int, ...] | None:
+    """The module ids of `devices` (sorted) when every one carries an integer one, else None."""
+    attr = module_attribute(template)
+    if attr is None or not devices:
+        return None
+    ids = [d.attribute(attr) for d in devices]
+    if any(not isinstance(i, int) or isinstance(i, bool) for i in ids):
+        return None
+    return tuple(sorted(ids))  # type: ignore[arg-type]
+
+
+def group_label(devices: Sequence[Device], template: str | None,
+                value: AttributeValue | None = None) -> str:
+    """How a group is shown (see the module docstring): `{1-4}` by module ids, else the
+    attribute value (for an unsized attribute) and the compressed device names."""
+    modules = modules_of(devices, template)
+    if modules is not None:
+        return "{" + _ranges(modules) + "}"
+    names = compress_names(sorted((d.name for d in devices), key=natural_key))
+    sized = template is not None and SIZE_PLACEHOLDER in template
+    return names if sized or value is None else f"{value} {names}"
+
+
+def devices_label(names: Sequence[str], devices: Sequence[Device], template: str | None) -> str:
+    """Chosen device names, with their module ids when they all have one:
+    "gpu-vfio-4, gpu-vfio-5 (modules 5,7)"."""
+    by = {d.name: d for d in devices}
+    chosen = sorted(names, key=natural_key)
+    text = ", ".join(chosen)
+    modules = modules_of([by[n] for n in chosen if n in by], template) if all(
+        n in by for n in chosen) else None
+    if modules is not None:
+        text += f" (module{'s' if len(modules) != 1 else ''} {_ranges(modules)})"
+    return text
+
+
+# --- groups on a node -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GroupState:
+    """One group of a class's resolved attribute on a node: its `value`, how it is shown
+    (`label`), its `devices` and those `free` for the set (names, natural order)."""
+
+    value: AttributeValue
+    label: str
+    devices: tuple[str, ...]
+    free: tuple[str, ...]
+
+    @property
+    def used(self) -> int:
+        """Devices of the group not free for the set (records, claims, taints, holds)."""
+        return len(self.devices) - len(self.free)
+
+    def render(self) -> str:
+        """"{1-4} 1 used", "{5-8} free"."""
+        return f"{self.label} {'free' if not self.used else f'{self.used} used'}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClassOnNode:
+    """A device-mode class on one node for a share of `count` devices (DR2, DR3): the
+    class's `devices` there, those `free` for the set, the resolved `attribute` (None
+    without a constraint), its `groups` (sorted by label; empty without a constraint), and
+    `room` when some group (or, unconstrained, the node) has `count` free. `template` is
+    the class's matchAttribute; `missing` when no device carries the resolved attribute;
+    `sizes` the sizes of a sized attribute that exist on the node; `by_module` when the
+    groups are labelled by module ids."""
+
+    node: str
+    class_name: str
+    count: int
+    template: str | None
+    attribute: str | None
+    devices: int
+    free: tuple[str, ...]
+    groups: tuple[GroupState, ...]
+    room: bool
+    missing: bool = False
+    sizes: tuple[int, ...] = ()
+    by_module: bool = False
+
+    def render(self) -> str:
+        """E.g. "5 free, no free partition of 4: modules {1-4} 1 used, {5-8} 2 used";
+        "7 free, a free partition of 4: modules {5-8} free"; "3 free, no pcieRoot with 3
+        free: pci0000:16 gpu-vfio-{0,1} 1 used, pci0000:b0 gpu-vfio-{2,3} free"."""
+        head = f"{len(self.free)} free"
+        noun = attribute_noun(self.template)
+        if self.attribute is None:
+            return head
+        if self.missing:
+            sizes = f" (sizes: {', '.join(map(str, self.sizes))})" if self.sizes else ""
+            return f"{head}, no {noun} of {self.count}{sizes}"
+        sized = SIZE_PLACEHOLDER in (self.template or "")
+        if sized:
+            what = f"{'a' if self.room else 'no'} free {noun} of {self.count}"
+        else:
+            what = f"{'a' if self.room else 'no'} {noun} with {self.count} free"
+        shown = [g for g in self.groups if len(g.devices) > 1]
+        if not shown:  # groups of one device (partition1): the free count says it all
+            return f"{head}, {what}"
+        if self.room:  # only the groups with room matter then
+            shown = [g for g in shown if len(g.free) >= self.count]
+        prefix = "modules " if self.by_module else ""
+        return f"{head}, {what}: {prefix}{', '.join(g.render() for g in shown)}"
+
+
+def class_on_node(snap: Snapshot, node: str, class_name: str, count: int,
+                  request_id: str | None = None, own: Iterable[DeviceKey] = ()) -> ClassOnNode | None:
+    """The state of device-mode class `class_name` on `node` for a share of `count` devices
+    of request `request_id` whose members are `own` (free as `Snapshot.free_devices` says,
+    DR2; groups of the class's matchAttribute resolved for `count`, DR3). None for a
+    count-mode or unknown class, a gone node, or a node without the class's devices."""
+    cls = snap.classes.get(class_name)
+    n = snap.nodes.get(node)
+    if cls is None or not cls.device_mode or n is None or count < 1:
+        return None
+    devices = [d.as_device() for d in n.devices_of(class_name)]
+    if not devices:
+        return None
+    free = snap.free_devices(node, class_name, request_id, own)
+    template = cls.match_attribute
+    attribute = resolve_attribute(template, count)
+    free_names = tuple(sorted(free, key=natural_key))
+    if attribute is None:
+        return ClassOnNode(node, class_name, count, template, None, len(devices), free_names,
+                           (), len(free) >= count)
+    grouped: dict[AttributeValue, list[Device]] = {}
+    for d in devices:
+        v = d.attribute(attribute)
+        if v is not None:
+            grouped.setdefault(v, []).append(d)
+    groups = []
+    by_module = bool(grouped) and all(modules_of(m, template) is not None for m in grouped.values())
+    for value, members in grouped.items():
+        names = tuple(sorted((d.name for d in members), key=natural_key))
+        groups.append(GroupState(value, group_label(members, template, value), names,
+                                 tuple(x for x in names if x in free)))
+    groups.sort(key=lambda g: natural_key(g.label))
+    room = any(len(g.free) >= count for g in groups)
+    missing = not groups
+    sizes = sizes_present(template, devices) if missing and template else ()
+    return ClassOnNode(node, class_name, count, template, attribute, len(devices), free_names,
+                       tuple(groups), room, missing, sizes, by_module)
+
+
+# --- the largest set placeable (top, metrics, defragmentation's profile) ----------------------
+
+
+def largest_device_set(snap: Snapshot, node: str, class_name: str) -> int:
+    """The largest number n of new devices of device-mode class `class_name` one set can
+    take on `node` now, room and topology alone (DR3; eligibility of the node is the
+    caller's, `model.explain.largest_placeable`): n free units of the class's resource
+    (reservations in flight counted), and n free devices (DR2) sharing the attribute
+    resolved for n. For `partition{size}`: the largest size n that exists with a group of
+    it having n free devices (an entirely free partition); for an unsized attribute the
+    most free devices of one group; without a constraint the free devices. Capped by the
+    free units. 0 for a count-mode or unknown class or a gone node.
+
+    Not monotone: on HGX a node may place 4 and not 3 (no partition of 3)."""
+    cls = snap.classes.get(class_name)
+    n = snap.nodes.get(node)
+    if cls is None or not cls.device_mode or n is None:
+        return 0
+    units = snap.free(node, cls.resource_name)
+    if units < 1:
+        return 0
+    devices = [d.as_device() for d in n.devices_of(class_name)]
+    free = snap.free_devices(node, class_name)
+    template = cls.match_attribute
+    if template is None:
+        return min(len(free), units)
+
+    def largest_group(attribute: str) -> int:
+        counts: dict[AttributeValue, int] = {}
+        for d in devices:
+            v = d.attribute(attribute)
+            if v is not None and d.name in free:
+                counts[v] = counts.get(v, 0) + 1
+        return max(counts.values(), default=0)
+
+    if SIZE_PLACEHOLDER not in template:
+        return min(largest_group(template), units)
+    best = 0
+    for size in sizes_present(template, devices):
+        if best < size <= units and largest_group(resolve_attribute(template, size)) >= size:
+            best = size
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class Blocks:
+    """For `top`: a device-mode class on a node, its groups per size. For a sized
+    attribute, per size that exists `(size, whole free groups, groups)`; for an unsized
+    one, one row per group `(label, free, devices)`; none without a constraint."""
+
+    node: str
+    class_name: str
+    template: str | None
+    sized: tuple[tuple[int, int, int], ...] = ()
+    unsized: tuple[tuple[str, int, int], ...] = ()
+
+    def render(self) -> str:
+        """"whole free partitions by size: 8: 0/1, 4: 0/2, 2: 1/4, 1: 5/8" or "pcieRoot
+        free: pci0000:16 gpu-vfio-{0,1} 1/2, pci0000:b0 gpu-vfio-{2,3} 2/2"; "" when there is
+        nothing to show."""
+        noun = attribute_noun(self.template)
+        if self.sized:
+            return (f"whole free {noun}s by size: "
+                    + ", ".join(f"{s}: {w}/{g}" for s, w, g in sorted(self.sized, reverse=True)))
+        if self.unsized:
+            return f"{noun} free: " + ", ".join(f"{lbl} {f}/{n}" for lbl, f, n in self.unsized)
+        return ""
+
+
+def blocks(snap: Snapshot, node: str, class_name: str) -> Blocks | None:
+    """The `Blocks` of a device-mode class on `node` for a new set (DR2: free as
+    `Snapshot.free_devices` says); None for a count-mode or unknown class or a gone node."""
+    cls = snap.classes.get(class_name)
+    n = snap.nodes.get(node)
+    if cls is None or not cls.device_mode or n is None:
+        return None
+    template = cls.match_attribute
+    if template is None:
+        return Blocks(node, class_name, None)
+    devices = [d.as_device() for d in n.devices_of(class_name)]
+    free = snap.free_devices(node, class_name)
+    if SIZE_PLACEHOLDER in template:
+        rows = []
+        for size in sizes_present(template, devices):
+            attribute = resolve_attribute(template, size)
+            grouped: dict[AttributeValue, list[Device]] = {}
+            for d in devices:
+                v = d.attribute(attribute)
+                if v is not None:
+                    grouped.setdefault(v, []).append(d)
+            whole = sum(1 for g in grouped.values() if all(d.name in free for d in g))
+            rows.append((size, whole, len(grouped)))
+        return Blocks(node, class_name, template, sized=tuple(rows))
+    grouped = {}
+    for d in devices:
+        v = d.attribute(template)
+        if v is not None:
+            grouped.setdefault(v, []).append(d)
+    rows2 = sorted(((group_label(g, template, v), sum(1 for d in g if d.name in free), len(g))
+                    for v, g in grouped.items()), key=lambda r: natural_key(r[0]))
+    return Blocks(node, class_name, template, unsized=tuple(rows2))
+
+
+__all__ = ["Blocks", "ClassOnNode", "GroupState", "MODULE_ID", "attribute_noun", "blocks",
+           "class_on_node", "compress_names", "devices_label", "group_label",
+           "largest_device_set", "module_attribute", "modules_of"]
