@@ -215,14 +215,16 @@ def explain_vmi(cluster: Cluster, vmi: dict, *, grace: float, now: datetime,
 
 def to_jsonable(value: Any) -> Any:
     """Dataclasses, enums, tuples and datetimes as plain JSON values (dicts keep field names;
-    a dataclass's `message` property is added as "message"). A `model.reasons.Reason` is
+    a dataclass's `message` property is added as "message"; a field marked `omit_empty`
+    in its metadata, device mode's parts, is left out when empty). A `model.reasons.Reason` is
     {"code", "category", "message", and its data}."""
     if isinstance(value, Reason):
         data = {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
         return {"code": value.code.value, "category": value.category.value,
                 "message": value.render(), **data}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        out = {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
+               if not (f.metadata.get("omit_empty") and not getattr(value, f.name))}
         if isinstance(getattr(type(value), "message", None), property):
             out["message"] = value.message
         return out
@@ -285,6 +287,7 @@ def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
         else:
             what = "no: " + "; ".join(r.render() for r in v.reasons)
         out.append(f"  {v.node:<{width}}  {what}{held}")
+        out += _device_lines(e, v, width)
     if len(ranked) > max_nodes:
         out.append(f"  … and {len(ranked) - max_nodes} more nodes (--json lists all)")
     if unserving:
@@ -326,6 +329,26 @@ def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
     return "\n".join(out)
 
 
+def _device_lines(e: Explanation, v, width: int) -> list[str]:
+    """Device mode (DR2-DR4) under a node's line of `explain`: per device-mode class of the
+    set its free devices and groups, and, on the chosen node, the devices the set takes;
+    nothing in count mode."""
+    view = next((x for x in e.device_nodes if x.node == v.node), None)
+    if view is None:
+        return []
+    pad = " " * (width + 4)
+    lines = [f"{c.class_name}: {c.render()}" for c in view.classes]
+    if v.chosen:
+        lines += [f"{c} takes {what}" for c, what in view.takes]
+    return [pad + line for line in lines]
+
+
+def _takes(o) -> str:
+    """Device mode: "; h100x takes gpu-vfio-4, … (modules 5-8)" for a what-if outcome."""
+    return "".join(f"; {c} {'keeps' if o.action == 'stay' else 'takes'} {what}"
+                   for c, what in o.takes)
+
+
 def render_defrag(plan: DefragPlan, max_moves: int) -> str:
     """The text of `gpu-binder defrag --plan`: the moves, then per class the largest
     placeable set (devices, and nodes with room for it) before and after."""
@@ -357,9 +380,10 @@ def render_what_if(w: WhatIf) -> str:
         devs = " + ".join([", ".join(s.held)] * bool(s.held)
                           + [f"{n} new {c}" for c, n in s.templates])
         if o.action == "stay":
-            what = f"stays on {o.node} ({o.rule}); the VMI waits for the cordon to lift"
+            what = (f"stays on {o.node} ({o.rule}){_takes(o)}; the VMI waits for the cordon "
+                    "to lift")
         elif o.action == "move":
-            what = f"moves to {o.node} ({o.rule}): {_moves(o.moves)}"
+            what = f"moves to {o.node} ({o.rule}): {_moves(o.moves)}{_takes(o)}"
         else:
             what = "refused: " + o.message
         if w.mode == "cordon" and s.running:
@@ -396,12 +420,27 @@ def render_top(t: Top) -> str:
     if any(c.awaiting for c in t.classes):
         out.append("AWAITING: attached to a VMI not seen yet (an admission in progress, or a "
                    "create that failed; housekeeping frees it after --attachment-grace)")
+    out += _block_lines(t)
     out.append("")
     trows = [("TENANT", "RESOURCE", "USED", "BUDGET")]
     for x in t.tenants:
         trows.append((x.namespace, x.resource, str(x.used), "none" if x.hard is None else str(x.hard)))
     out += _table(trows) if len(trows) > 1 else ["no tenant holds a device or has a budget"]
     return "\n".join(out)
+
+
+def _block_lines(t: Top) -> list[str]:
+    """Device mode (DR3) after `top`'s table: per device-mode class and node its groups
+    (whole free partitions per size as free/all, or free/all devices per group); nothing in
+    count mode."""
+    if not t.blocks:
+        return []
+    width = max(len(f"{b.class_name} {b.node}") for b in t.blocks)
+    out = ["", "DEVICE GROUPS (free/all; LARGEST above: the largest set one free group takes)"]
+    for b in t.blocks:
+        text = b.render() or "no topology constraint"
+        out.append(f"{b.class_name + ' ' + b.node:<{width}}  {text}")
+    return out
 
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:

@@ -25,7 +25,8 @@ from typing import Iterable, Sequence
 from model.snapshot import Snapshot
 from model.topology import (SIZE_PLACEHOLDER, AttributeValue, Device, natural_key,
                             resolve_attribute, sizes_present)
-from model.types import DeviceKey
+from model.dra import DeviceRef
+from model.types import DeviceKey, GPUDevice
 
 MODULE_ID = "gpuModuleID"
 """The attribute id (in the matchAttribute's domain) naming a GPU's module on an HGX board."""
@@ -327,6 +328,78 @@ def blocks(snap: Snapshot, node: str, class_name: str) -> Blocks | None:
     return Blocks(node, class_name, template, unsized=tuple(rows2))
 
 
-__all__ = ["Blocks", "ClassOnNode", "GroupState", "MODULE_ID", "attribute_noun", "blocks",
+# --- a set's view (explain, what-if) ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDevices:
+    """For `explain`: a node serving a device-mode class of the set: per such class its
+    state for the set's share (`ClassOnNode`), and `takes` per class the devices a
+    placement there would take (or keep, B5/B6), rendered with their module ids (empty
+    where the set is not placed, or the binder does not say: `explain` asks it for every
+    eligible node). `devices` are those devices per member."""
+
+    node: str
+    classes: tuple[ClassOnNode, ...]
+    takes: tuple[tuple[str, str], ...] = ()
+    devices: tuple[tuple[DeviceKey, DeviceRef], ...] = ()
+
+    def lines(self) -> list[str]:
+        """One line per class ("h100x: 5 free, no free partition of 4: …"), then what a
+        placement takes ("h100x takes gpu-vfio-4, … (modules 5-8)")."""
+        return ([f"{c.class_name}: {c.render()}" for c in self.classes]
+                + [f"{c} takes {what}" for c, what in self.takes])
+
+
+def takes(snap: Snapshot, node: str, chosen: Sequence[tuple[DeviceKey, DeviceRef]]
+          ) -> tuple[tuple[str, str], ...]:
+    """Per class (sorted), the chosen devices of `node` rendered with their module ids
+    (`devices_label`); members unknown to `snap` are left out."""
+    n = snap.nodes.get(node)
+    if n is None:
+        return ()
+    by_class: dict[str, list[str]] = {}
+    for key, ref in chosen:
+        d = snap.device(*key)
+        if d is not None:
+            by_class.setdefault(d.class_name, []).append(ref.device)
+    out = []
+    for c, names in sorted(by_class.items()):
+        cls = snap.classes.get(c)
+        devices = [x.as_device() for x in n.devices_of(c)]
+        out.append((c, devices_label(names, devices, cls.match_attribute if cls else None)))
+    return tuple(out)
+
+
+def set_view(snap: Snapshot, request_id: str, members: Sequence[GPUDevice],
+             chosen: dict[str, tuple[tuple[DeviceKey, DeviceRef], ...]]) -> tuple[NodeDevices, ...]:
+    """The device-mode view of a set (`members`, of request `request_id`) on every node with
+    devices of one of its device-mode classes, by node name; `chosen` per node the devices a
+    placement there takes. Empty for a set without device-mode classes."""
+    counts: dict[str, int] = {}
+    for m in members:
+        cls = snap.classes.get(m.class_name)
+        if cls is not None and cls.device_mode:
+            counts[m.class_name] = counts.get(m.class_name, 0) + 1
+    if not counts:
+        return ()
+    own = [m.key for m in members]
+    out = []
+    for node in sorted(snap.nodes):
+        classes = tuple(v for c, k in sorted(counts.items())
+                        if (v := class_on_node(snap, node, c, k, request_id, own)) is not None)
+        if classes:
+            got = chosen.get(node, ())
+            out.append(NodeDevices(node, classes, takes(snap, node, got), tuple(got)))
+    return tuple(out)
+
+
+def recorded_choice(members: Sequence[GPUDevice], node: str) -> tuple[tuple[DeviceKey, DeviceRef], ...]:
+    """The members' records on `node` (what B5/B6 keep: their placement names no devices)."""
+    return tuple((m.key, m.status.device) for m in members
+                 if m.bound_node == node and m.status.device is not None)
+
+
+__all__ = ["NodeDevices", "recorded_choice", "set_view", "takes", "Blocks", "ClassOnNode", "GroupState", "MODULE_ID", "attribute_noun", "blocks",
            "class_on_node", "compress_names", "devices_label", "group_label",
            "largest_device_set", "module_attribute", "modules_of"]

@@ -17,24 +17,30 @@ Every verdict comes from `model.admission.check` (W1) and `model.decide.assess`/
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
 from model.admission import (Refusal, already_admitted, check, effective_resources,
                              same_name_conflict, template_name, unpermitted_gpu_entries)
 from model.decide import Move, Request, Rule, apply_decision, assess, decide
-from model.device_view import largest_device_set
+from model.device_view import (Blocks, NodeDevices, blocks, largest_device_set, recorded_choice,
+                                set_view, takes)
+from model.dra import DeviceRef
 from model.defrag import DEFAULT_MAX_MOVES, DefragPlan, apply_moves, plan_round
 from model.housekeeping import VMIs
 from model.parse import VMIAsk
 from model.reasons import CAPACITY_CODES, W1_DEVICE_CODES, Code, Reason, SetRefused
 from model.reasons import Outcome as DecisionOutcome
 from model.snapshot import Snapshot
-from model.types import GPUDevice, Labels, Result, Toleration
+from model.types import DeviceKey, GPUDevice, Labels, Result, Toleration
 
 EXPLAIN_REQUEST_ID = "(explain)"
 """Request id of the hypothetical requests judged here; never a real (generated) id."""
+
+DEVICE_MODE_ONLY = {"omit_empty": True}
+"""Field metadata of the device-mode parts of the answers (DR2-DR4): empty in count mode,
+and then left out of `--json` (`cli.tools.to_jsonable`), so count mode's output is as before."""
 
 PROBE_NAMESPACE = "(probe)"
 """Namespace of `top`'s probe devices: not a valid namespace name, so it clashes with none."""
@@ -110,7 +116,9 @@ class Explanation:
     units to add. `budget_short`: units per resource by which
     the tenant's budget is short (raise the quota or release Bound devices). `after_defrag`:
     when refused, and one defragmentation round would make the admission admit it (D4);
-    else None."""
+    else None. `device_nodes`: device mode (DR2-DR4), per node with devices of the set's
+    device-mode classes, its free devices and groups for the set's share and the devices a
+    placement there takes (`model.device_view.NodeDevices`); empty in count mode."""
 
     namespace: str
     vmi: str
@@ -127,6 +135,7 @@ class Explanation:
     after_defrag: AfterDefrag | None = None
     kept: tuple["KeptSet", ...] = ()
     """H4: the set's devices kept for their VirtualMachine (`attachedTo.keptUntil`), per node."""
+    device_nodes: tuple[NodeDevices, ...] = field(default=(), metadata=DEVICE_MODE_ONLY)
 
     @property
     def message(self) -> str | None:
@@ -209,7 +218,8 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
     return Explanation(namespace, vmi, request.devices, admitted, reason,
                        d.node if admitted else None, d.rule if admitted else None, moves,
                        tuple(set_problems), verdicts, shortfalls,
-                       _budget_short(snap, request), after, _kept_of(snap, request))
+                       _budget_short(snap, request), after, _kept_of(snap, request),
+                       device_nodes=_device_nodes(snap, request, d))
 
 
 def _kept_of(snap: Snapshot, request: Request) -> tuple["KeptSet", ...]:
@@ -225,6 +235,15 @@ def _kept_of(snap: Snapshot, request: Request) -> tuple["KeptSet", ...]:
         k[1] = min(k[1], att.kept_until)
     return tuple(KeptSet(ns, vm, node, tuple(devs), until)
                  for (ns, vm, node), (devs, until) in sorted(by.items()))
+
+
+def _device_nodes(snap: Snapshot, request: Request, d) -> tuple[NodeDevices, ...]:
+    """Device mode (DR2-DR4): the set's view per node (`model.device_view.set_view`), with
+    the devices each placement of the binder's decision takes there (B1: every eligible
+    node; B5/B6: the records kept). Empty in count mode."""
+    members = [m for n in request.devices if (m := snap.device(request.namespace, n)) is not None]
+    chosen = {p.node: p.devices or recorded_choice(members, p.node) for p in d.placements}
+    return set_view(snap, request.id, members, chosen)
 
 
 def _after_defrag(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, vmis: VMIs,
@@ -377,7 +396,9 @@ class Outcome:
     `action` "stay" (B5: kept on the cordoned node, the VMI waits for the cordon to lift),
     "move" (B1: gathered on `node` with `moves`), "refused" (`reason` says why); `rule`
     the binder's rule; `said` what the decision says, typed (`model.reasons`), rendered by
-    `message`. `stranded`: a running VMI that could not run again elsewhere."""
+    `message`. `stranded`: a running VMI that could not run again elsewhere. Device mode
+    (DR3, DR4): `devices` the device of `node` each device-mode member takes (or keeps),
+    `takes` per class those devices rendered with their module ids."""
 
     set: HeldSet
     action: str
@@ -386,6 +407,8 @@ class Outcome:
     moves: tuple[Move, ...]
     said: DecisionOutcome
     stranded: bool
+    devices: tuple[tuple[DeviceKey, DeviceRef], ...] = field(default=(), metadata=DEVICE_MODE_ONLY)
+    takes: tuple[tuple[str, str], ...] = field(default=(), metadata=DEVICE_MODE_ONLY)
 
     @property
     def message(self) -> str:
@@ -482,10 +505,12 @@ def what_if(snapshot: Snapshot, mode: str, nodes: Sequence[str], *,
             action = "stay" if decision.rule in (Rule.B5A, Rule.B5B) else "move"
             if decision.rule is Rule.B6:
                 action = "stay"
+            chosen = _outcome_devices(snap, request, placement)
+            shown = takes(snap, placement.node, chosen) if chosen else ()
             snap = apply_decision(snap, request, decision, now=now)
             outcomes.append(Outcome(hs, action, decision.rule, decision.node, placement.moves,
                                     decision.outcome, hs.running and action == "stay"
-                                    and decision.node in targets))
+                                    and decision.node in targets, chosen, shown))
         else:
             snap = snap.without_devices([(hs.namespace, n) for n in request.devices
                                          if snap.device(hs.namespace, n) is not None
@@ -498,6 +523,16 @@ def what_if(snapshot: Snapshot, mode: str, nodes: Sequence[str], *,
     evicted = tuple(sorted((s.namespace, s.vmi) for s in sets if s.running and s.vmi)
                     ) if mode == "drain" else ()
     return WhatIf(mode, targets, tuple(outcomes), stranded, evicted)
+
+
+def _outcome_devices(snap: Snapshot, request: Request, placement
+                     ) -> tuple[tuple[DeviceKey, DeviceRef], ...]:
+    """Device mode: the devices of the placement's node the set's device-mode members take
+    (B1) or keep (B5/B6: their records); empty in count mode."""
+    if placement.devices:
+        return placement.devices
+    members = [m for n in request.devices if (m := snap.device(request.namespace, n)) is not None]
+    return recorded_choice(members, placement.node)
 
 
 # --- top -------------------------------------------------------------------------------------
@@ -568,11 +603,16 @@ class KeptSet:
 @dataclass(frozen=True, slots=True)
 class Top:
     """The answer of `top`: classes by name; tenants by namespace and resource; `kept` the
-    sets kept for stopped VirtualMachines (H4) by namespace and VM."""
+    sets kept for stopped VirtualMachines (H4) by namespace and VM; `blocks`, device mode
+    (DR3): per device-mode class and node serving it, its groups (whole free partitions per
+    size, or free devices per group; `model.device_view.Blocks`), by class then node. A
+    device-mode class's rows are the nodes with its devices, `allocatable` and `free` count
+    its devices, `largest` is the largest set its free groups take."""
 
     classes: tuple[ClassFigures, ...]
     tenants: tuple[TenantFigures, ...]
     kept: tuple[KeptSet, ...] = ()
+    blocks: tuple[Blocks, ...] = field(default=(), metadata=DEVICE_MODE_ONLY)
 
 
 def largest_placeable(snapshot: Snapshot, class_name: str) -> dict[str, int]:
@@ -654,6 +694,8 @@ def top(snapshot: Snapshot, live_vmis: VMIs | set[tuple[str, str]]) -> Top:
                                     bound - attached - awaiting - kept,
                                     max(snapshot.free(n, res), 0),
                                     largest.get(n, 0), cordoned, kept))
+        if snapshot.classes[name].device_mode:
+            rows = _device_rows(snapshot, name, rows)
         classes.append(ClassFigures(
             name, res, sum(r.bound for r in rows), sum(r.attached for r in rows),
             sum(r.awaiting for r in rows), sum(r.idle for r in rows),
@@ -667,5 +709,33 @@ def top(snapshot: Snapshot, live_vmis: VMIs | set[tuple[str, str]]) -> Top:
         tenants[key] = TenantFigures(*key, snapshot.tenant_usage(*key), None)
     return Top(tuple(classes), tuple(tenants[k] for k in sorted(tenants)),
                tuple(KeptSet(ns, vm, node, tuple(sorted(devs)), until)
-                     for (ns, vm, node), (devs, until) in sorted(kept_sets.items())))
+                     for (ns, vm, node), (devs, until) in sorted(kept_sets.items())),
+               blocks=_blocks(snapshot))
+
+
+def _device_rows(snapshot: Snapshot, class_name: str, rows: list[NodeFigures]) -> list[NodeFigures]:
+    """`top`'s rows of a device-mode class (DR2): the nodes with devices of the class (or
+    devices of it Bound there), not every node counting its DeviceClass's quota key (classes
+    over one DeviceClass share that key); `allocatable` the class's devices there, `free`
+    those free for a new set (`Snapshot.free_devices`, at most the free units)."""
+    out = []
+    for r in rows:
+        devices = snapshot.nodes[r.node].devices_of(class_name) if r.node in snapshot.nodes else ()
+        if not devices and not r.bound:
+            continue
+        free = min(len(snapshot.free_devices(r.node, class_name)), r.free)
+        out.append(replace(r, allocatable=len(devices), free=free))
+    return out
+
+
+def _blocks(snapshot: Snapshot) -> tuple[Blocks, ...]:
+    """`Top.blocks`: device-mode classes only (empty in count mode)."""
+    out = []
+    for name in sorted(snapshot.classes):
+        if snapshot.classes[name].device_mode:
+            for n in sorted(snapshot.serving_nodes(name)):
+                b = blocks(snapshot, n, name)
+                if b is not None and snapshot.nodes[n].devices_of(name):
+                    out.append(b)
+    return tuple(out)
 

@@ -174,3 +174,79 @@ def test_DR3_property_largest_placeable_is_the_largest_set_decide_places_on_the_
     best = max(per_node.values(), default=0)
     assert profile.size == best
     assert profile.nodes == (sum(1 for v in per_node.values() if v == best) if best else 0)
+
+
+# --- explain, what-if, top in device mode ------------------------------------------------------
+
+
+def _fleet() -> Snapshot:
+    """gpu-node-03: GPUs 1, 5, 6 claimed (5 free, no whole quad); gpu-node-04: GPU 0 claimed,
+    tenant t's idle held `a` recorded on GPU 2 (module 3); l40s-01: one card claimed."""
+    return snap_of([dra_node("gpu-node-03", taken=(1, 5, 6)), dra_node("gpu-node-04", taken=(0,)),
+                    dra_node("l40s-01", classes=(L40S,), profile=L40S_4, taken=(1,))],
+                   [recorded("t", "a", "gpu-node-04", 2)])
+
+
+def test_DR3_explain_names_free_devices_groups_and_the_devices_taken():
+    from datetime import datetime, timedelta, timezone
+    from model.explain import explain
+    from model.parse import VMIAsk
+    e = explain(_fleet(), "t", "vm", VMIAsk((), ((CLASS, 4),)), live_vmis=set(),
+                now=datetime(2026, 12, 4, tzinfo=timezone.utc), grace=timedelta(minutes=2))
+    assert e.admitted and e.node == "gpu-node-04"
+    views = {v.node: v for v in e.device_nodes}
+    assert set(views) == {"gpu-node-03", "gpu-node-04"}  # l40s-01 has no h100x device
+    assert views["gpu-node-03"].lines() == [
+        "h100x: 5 free, no free partition of 4: modules {1-4} 1 used, {5-8} 2 used"]
+    assert views["gpu-node-04"].lines() == [
+        "h100x: 6 free, a free partition of 4: modules {5-8} free",
+        "h100x takes gpu-vfio-4, gpu-vfio-5, gpu-vfio-6, gpu-vfio-7 (modules 5-8)"]
+    # the devices shown are the binder's placement's
+    assert {r.device for _, r in views["gpu-node-04"].devices} == {
+        "gpu-vfio-4", "gpu-vfio-5", "gpu-vfio-6", "gpu-vfio-7"}
+
+
+def test_DR4_explain_keeps_the_held_members_record_in_its_pair():
+    from datetime import datetime, timedelta, timezone
+    from model.explain import explain
+    from model.parse import VMIAsk
+    e = explain(_fleet(), "t", "vm", VMIAsk(("a",), ((CLASS, 1),)), live_vmis=set(),
+                now=datetime(2026, 12, 4, tzinfo=timezone.utc), grace=timedelta(minutes=2))
+    assert (e.admitted, e.node) == (True, "gpu-node-04")
+    [v] = [v for v in e.device_nodes if v.node == "gpu-node-04"]
+    assert v.takes == (("h100x", "gpu-vfio-1, gpu-vfio-2 (modules 3,4)"),)
+    assert dict(v.devices)[("t", "a")].device == "gpu-vfio-2"  # its record, kept
+
+
+def test_DR3_what_if_says_which_devices_a_moved_device_mode_set_takes():
+    from datetime import datetime, timezone
+    from model.explain import what_if
+    w = what_if(_fleet(), "cordon", ["gpu-node-04"], live_vmis=set(),
+                now=datetime(2026, 12, 4, tzinfo=timezone.utc))
+    [o] = w.outcomes
+    assert (o.action, o.node) == ("move", "gpu-node-03")
+    # buddy best fit: a single GPU goes into a pair already broken (modules 5,6: 5 claimed)
+    assert o.takes == (("h100x", "gpu-vfio-7 (module 6)"),)
+    assert [(k, r.device) for k, r in o.devices] == [(("t", "a"), "gpu-vfio-7")]
+
+
+def test_DR3_top_counts_a_device_mode_class_on_its_own_nodes_in_devices_and_groups():
+    from model.explain import top
+    t = top(_fleet(), set())
+    h = next(c for c in t.classes if c.class_name == CLASS)
+    assert [(r.node, r.allocatable, r.bound, r.idle, r.free, r.largest) for r in h.nodes] == [
+        ("gpu-node-03", 8, 0, 0, 5, 2), ("gpu-node-04", 8, 1, 1, 6, 4)]
+    assert (h.free, h.largest) == (11, 4)
+    l40 = next(c for c in t.classes if c.class_name == L40S)
+    assert [(r.node, r.free, r.largest) for r in l40.nodes] == [("l40s-01", 3, 2)]
+    assert [(b.class_name, b.node, b.render()) for b in t.blocks] == [
+        (CLASS, "gpu-node-03", "whole free partitions by size: 8: 0/1, 4: 0/2, 2: 1/4, 1: 5/8"),
+        (CLASS, "gpu-node-04", "whole free partitions by size: 8: 0/1, 4: 1/2, 2: 2/4, 1: 6/8"),
+        (L40S, "l40s-01", "pcieRoot free: pci0000:16 gpu-vfio-{0,1} 1/2, pci0000:b0 gpu-vfio-{2,3} 2/2")]
+
+
+def test_count_mode_answers_carry_no_device_parts():
+    from model.explain import top
+    from tests.support.world import LIVE, what_if_cluster
+    t = top(what_if_cluster(), LIVE)
+    assert t.blocks == ()

@@ -1,0 +1,57 @@
+"""The fleet gauges in device mode (DESIGN.md §3b DR3; issue 32 item 4): the largest placeable
+set of a device-mode class respects topology — a node with 5 free GPUs spread over Fabric
+Manager partitions places at most a whole free pair — and the free figure counts the class's
+free devices; the D4 gauge (defragmentation's profile) says the same."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import anyio
+from prometheus_client.parser import text_string_to_metric_families
+
+from actors.view import IndexedView
+from k8s.metrics import Metrics
+from model.defrag import largest_sets
+from model.snapshot import Snapshot
+from tests.support.dra_worlds import CLASS, RES, device_class, dra_node
+from tests.k8s.test_metrics_fleet import _idle_admission
+
+
+def _samples(metrics: Metrics) -> dict[str, dict[tuple, float]]:
+    body, _ = metrics.render()
+    out: dict[str, dict[tuple, float]] = {}
+    for fam in text_string_to_metric_families(body.decode()):
+        for s in fam.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def test_DR3_largest_placeable_gauges_respect_partitions():
+    # n1: GPUs 1, 5, 6 claimed: 5 free, the largest whole free partition a pair;
+    # n2: GPUs 0-3 claimed: the quad of modules 5-8 whole
+    snap = Snapshot.build(nodes=[dra_node("n1", taken=(1, 5, 6)), dra_node("n2", taken=(0, 1, 2, 3))],
+                          classes=[device_class()])
+    view = IndexedView()
+    for n in snap.nodes.values():
+        view.put_node(n)
+    for c in snap.classes.values():
+        view.put_class(c)
+    cache = SimpleNamespace(view=view, vmi_keys=lambda: set())
+    metrics = Metrics(SimpleNamespace(elector=None, binder=None, synced=True),
+                      _idle_admission(cache))
+    anyio.run(metrics.refresh_fleet)
+    label = (("class", CLASS), ("resource", RES))
+    m = _samples(metrics)
+    assert m["gpu_binder_class_free_units"][label] == 5 + 4
+    assert m["gpu_binder_class_largest_placeable_set"][label] == 4
+    # n2's quad taken too: 5 + 3 free GPUs, yet no set larger than a pair fits anywhere
+    view.put_node(dra_node("n2", taken=(0, 1, 2, 3, 4)))
+    metrics._fleet_at = float("-inf")
+    anyio.run(metrics.refresh_fleet)
+    m = _samples(metrics)
+    assert m["gpu_binder_class_free_units"][label] == 5 + 3
+    assert m["gpu_binder_class_largest_placeable_set"][label] == 2
+    # the D4 gauge: what the coordinator hands `defragmented` (defrag's profile)
+    metrics.defragmented(0, {x.class_name: x.size for x in largest_sets(view.snapshot())})
+    assert _samples(metrics)["gpu_binder_largest_placeable_set"][(("class", CLASS),)] == 2
