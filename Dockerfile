@@ -8,8 +8,8 @@
 #       tools/build-image.sh)
 #
 # Runs as uid 65532, writes nothing outside /tmp (a read-only root filesystem is fine), and
-# needs only a Python 3.11 with `venv` in the base: python:3.11-slim, or Debian's python3 and
-# python3-venv.
+# needs only a Python 3.11 with `venv` and libstdc++ in the base (cel-expr-python's CEL runtime
+# is C++): python:3.11-slim, or Debian's python3, python3-venv and libstdc++6.
 ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS build

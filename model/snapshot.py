@@ -105,13 +105,16 @@ class _Static:
         self._entitled: dict[tuple[str, str], bool] = {}
 
     def serving(self, class_name: str) -> frozenset[str]:
-        """Nodes serving the class (allocatable > 0 and labels ⊇ nodeSelector), cordon aside."""
+        """Nodes serving the class (allocatable > 0 and labels ⊇ nodeSelector), cordon aside;
+        a device-mode class also needs devices of its own on the node (`Node.devices_of`:
+        classes on one DeviceClass share its count key, DR1)."""
         found = self._serving.get(class_name)
         if found is None:
             c = self.classes.get(class_name)
             found = frozenset() if c is None else frozenset(
                 n for n in self.advertising.get(c.resource_name, ())
-                if labels_include(self.labels[n], c.node_selector))
+                if labels_include(self.labels[n], c.node_selector)
+                and (not c.device_mode or self.nodes[n].devices_of(c.name)))
             self._serving[class_name] = found
         return found
 

@@ -73,10 +73,11 @@ if ! flock -n 9; then
   flock 9
 fi
 
-# The local base: Debian's essential set plus python3 and python3-venv (usr-is-merged stands in
+# The local base: Debian's essential set plus python3, python3-venv and libstdc++6 (the CEL
+# runtime of cel-expr-python, device mode's selectors, is C++; usr-is-merged stands in
 # for usrmerge, which would pull perl; the purge removes what it pulled anyway), without
 # /usr/share/{doc,man,info,locale}. Its tag carries a hash of this recipe.
-base_recipe=(--variant=essential --include=python3,python3-venv,usr-is-merged
+base_recipe=(--variant=essential --include=python3,python3-venv,libstdc++6,usr-is-merged
   "--dpkgopt=path-exclude=/usr/share/doc/*" "--dpkgopt=path-include=/usr/share/doc/*/copyright"
   "--dpkgopt=path-exclude=/usr/share/man/*" "--dpkgopt=path-exclude=/usr/share/info/*"
   "--dpkgopt=path-exclude=/usr/share/locale/*"
