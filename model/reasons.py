@@ -25,6 +25,19 @@ from enum import Enum, StrEnum
 from typing import ClassVar, Sequence
 
 
+DRA_DEVICES_SUFFIX = ".deviceclass.resource.k8s.io/devices"
+"""A device-mode class's count key ends so (`model.types.dra_resource_name`, DR1)."""
+
+
+def _resource(name: str) -> str:
+    """How a message names a counted resource: an extended resource as it is
+    (`nvidia.com/H100`), a device-mode class's DeviceClass quota key as
+    "<DeviceClass> devices" (`vfio.gpu.nvidia.com devices`)."""
+    if name.endswith(DRA_DEVICES_SUFFIX):
+        return name[:-len(DRA_DEVICES_SUFFIX)] + " devices"
+    return name
+
+
 class Category(StrEnum):
     """What kind of no a denial is; the webhook's HTTP status follows it
     (`k8s.webhook.review.STATUS`), this one type for the model's reasons and the webhook's
@@ -286,7 +299,7 @@ class BudgetExhausted(Reason):
 
     def render(self) -> str:
         being = f" + {self.reserved} being bound" if self.reserved else ""
-        return (f"budget of tenant {self.namespace} for {self.resource} exhausted: "
+        return (f"budget of tenant {self.namespace} for {_resource(self.resource)} exhausted: "
                 f"{self.bound} bound{being} of {self.budget}, request adds {self.adds}")
 
 
@@ -309,7 +322,9 @@ class NoFreeUnit(Reason):
     resource: str
 
     def render(self) -> str:
-        return f"no schedulable node serving class {self.class_name} has a free {self.resource}"
+        one = _resource(self.resource).removesuffix("devices") + "device" \
+            if self.resource.endswith(DRA_DEVICES_SUFFIX) else self.resource
+        return f"no schedulable node serving class {self.class_name} has a free {one}"
 
 
 # --- one node for the whole set (B3) -----------------------------------------------------------
@@ -394,7 +409,7 @@ class LostCapacity(Reason):
     allocatable: int
 
     def render(self) -> str:
-        return (f"lost capacity of {self.resource}: {self.bound} bound"
+        return (f"lost capacity of {_resource(self.resource)}: {self.bound} bound"
                 f"{_pods_outside(self.foreign)} of {self.allocatable}")
 
 
@@ -409,7 +424,7 @@ class NoRoom(Reason):
     foreign: int = 0
 
     def render(self) -> str:
-        return f"needs {self.needs} × {self.resource}, has {self.free} free{_pods_outside(self.foreign)}"
+        return f"needs {self.needs} × {_resource(self.resource)}, has {self.free} free{_pods_outside(self.foreign)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -862,7 +877,7 @@ class SetNeeds(Reason):
     def render(self) -> str:
         most = (f"the most free on an eligible node serving it is {self.most_free}"
                 if self.most_free is not None else "no node serving it is eligible")
-        return f"the set needs {self.needs} × {self.resource} (class {self.class_name}) on one node; {most}"
+        return f"the set needs {self.needs} × {_resource(self.resource)} (class {self.class_name}) on one node; {most}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -921,7 +936,7 @@ class KeptForVM(Reason):
     until: str
 
     def render(self) -> str:
-        return (f"node {self.node}: {self.count} × {self.resource} kept for VirtualMachine "
+        return (f"node {self.node}: {self.count} × {_resource(self.resource)} kept for VirtualMachine "
                 f"{self.namespace}/{self.vm} until {self.until} (keepSetFor)")
 
 
@@ -965,7 +980,7 @@ class BudgetInFlight(Reason):
 
     def render(self) -> str:
         return (f"tenant {self.namespace} has {self.in_flight} GPU admissions in progress at "
-                f"this gpu-binder replica holding {self.held} × {self.resource} of its budget "
+                f"this gpu-binder replica holding {self.held} × {_resource(self.resource)} of its budget "
                 f"of {self.budget} ({self.used} used) and this set adds {self.adds}: more than "
                 f"its fair share while they last; too many requests, retry after "
                 f"{self.retry_after} s")

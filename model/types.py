@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Mapping
 
 from model.dra import DeviceRef, SliceDevice
-from model.reasons import Code, Cordoned, NotKubevirtSchedulable, NotReady, Reason
+from model.reasons import DRA_DEVICES_SUFFIX, Code, Cordoned, NotKubevirtSchedulable, NotReady, Reason
 
 GROUP = "gpu.cozystack.io"
 VERSION = "v1alpha1"
@@ -25,7 +25,7 @@ ADMISSION_ANNOTATION = "gpu.cozystack.io/admission"
 device's `status.attachedTo.admission`, linking the VMI incarnation to its attachments."""
 KUBEVIRT_SCHEDULABLE_LABEL = "kubevirt.io/schedulable"
 """KubeVirt puts `kubevirt.io/schedulable: "true"` into every launcher Pod's nodeSelector (B3)."""
-DRA_QUOTA_SUFFIX = ".deviceclass.resource.k8s.io/devices"
+DRA_QUOTA_SUFFIX = DRA_DEVICES_SUFFIX
 """ResourceQuota counts DRA devices of a DeviceClass under `<deviceClassName>` + this suffix
 (Kubernetes' quota for `resource.k8s.io`, and the budget key of a device-mode class, DR1)."""
 HARD_TAINT_EFFECTS = ("NoSchedule", "NoExecute")

@@ -257,3 +257,14 @@ def test_a_binder_refusal_takes_the_category_of_the_code_written_beside_it():
     assert r.BinderRefused("t1", "vm", "m", Code.DEVICE_NOT_FOUND).category is Category.INVALID
     # no code: an older replica's refusal, answered as before the code was written
     assert r.BinderRefused("t1", "vm", "m").category is Category.POLICY
+
+
+def test_a_device_mode_count_key_reads_as_its_deviceclass_devices():
+    """DR1: messages name `vfio.gpu.nvidia.com devices`, not the quota key."""
+    from model.reasons import BudgetExhausted, NoRoom
+    from model.types import dra_resource_name
+
+    res = dra_resource_name("vfio.gpu.nvidia.com")
+    assert NoRoom(res, 3, 1, 0).render() == "needs 3 × vfio.gpu.nvidia.com devices, has 1 free"
+    assert "for vfio.gpu.nvidia.com devices exhausted" in BudgetExhausted("t", res, 4, 4, 1, 0).render()
+    assert NoRoom("nvidia.com/H100", 1, 0, 0).render() == "needs 1 × nvidia.com/H100, has 0 free"
