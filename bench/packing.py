@@ -52,17 +52,17 @@ from pathlib import Path
 
 import anyio
 
-from bench import packing_trace as pt
+from bench import packing_hgx as ph, packing_trace as pt
 from bench.common import (DEV_GROUP, DEV_VERSION, admin_client, commit, machine, poll_until,
                           watch_namespaced)
-from bench.packing_replay import (MOST_ALLOCATED, SYSTEMS, Lane, Replayer, Seen, device_event,
-                                  pod_event)
+from bench.packing_replay import (HGX_SYSTEMS, MOST_ALLOCATED, SYSTEMS, Lane, Replayer, Seen,
+                                  device_event, pod_event)
 from bench.packing_report import plot, summary, targets
 from localcluster.cluster import LocalCluster
 from localcluster.fleet import Fleet
 
-__all__ = ["CONTROLLER_ARGS", "DEFRAG_ARGS", "FULL", "MOST_ALLOCATED", "QUICK", "SYSTEMS", "Plan",
-           "arrivals_digest", "defrag_available", "finish", "plot", "prepare", "replay_on", "run",
+__all__ = ["CONTROLLER_ARGS", "DEFRAG_ARGS", "FULL", "HGX_SYSTEMS", "MOST_ALLOCATED", "QUICK", "QUICK_HGX", "SYSTEMS", "Plan",
+           "arrivals_digest", "defrag_available", "finish", "plot", "out_stem", "prepare", "replay_hgx_on", "replay_on", "run",
            "summary", "targets", "trace_digest"]
 
 CONTROLLER_ARGS = ("--housekeeping-period=1", "--attachment-grace=30", "--bind-timeout=15")
@@ -101,62 +101,77 @@ class Plan:
 
 QUICK = Plan(nodes=6, arrivals=30, loads=(0.85,), per_window=3.0, warmup=1.0)
 FULL = Plan(nodes=24, arrivals=300, loads=pt.LOADS, per_window=6.0)
+QUICK_HGX = Plan(nodes=4, arrivals=16, loads=(0.85,), per_window=4.0, warmup=1.0)
+"""The HGX pools' quick form (`make test`): a few windows of one load, kept short."""
 
 
 def run(out: Path, *, quick: bool = False, seed: int = 1, simulate_only: bool = False,
-        plan: Plan | None = None, systems: tuple[str, ...] = ("a", "b", "c", "e")) -> dict:
+        plan: Plan | None = None, systems: tuple[str, ...] = ("a", "b", "c", "e"),
+        hgx: bool = False) -> dict:
     """Run the benchmark (or, with `simulate_only`, the simulation alone) on a local cluster
-    of its own; write packing.json and packing.png into `out`; return the report. Raises
+    of its own; write packing.json and packing.png (`hgx`: packing-hgx.*, the HGX pools in
+    device mode, issue 33) into `out`; return the report. Raises
     localcluster.controlplane.ControlPlaneError when the cluster cannot start."""
     plan = plan or (QUICK if quick else FULL)
     out.mkdir(parents=True, exist_ok=True)
-    traces, report = prepare(plan, seed=seed, quick=quick, simulate_only=simulate_only)
+    traces, report = prepare(plan, seed=seed, quick=quick, simulate_only=simulate_only, hgx=hgx)
     if not simulate_only:
         with LocalCluster(controllers=1, controller_args=CONTROLLER_ARGS,
-                          log_dir=out / "logs") as lc:
-            replay_on(lc, plan, traces, report, log_dir=out / "logs", systems=systems)
+                          log_dir=out / "logs", dra=hgx) as lc:
+            replay = replay_hgx_on if hgx else replay_on
+            replay(lc, plan, traces, report, log_dir=out / "logs", systems=systems)
     return finish(report, out)
 
 
-def prepare(plan: Plan, *, seed: int, quick: bool = False, simulate_only: bool = False
-            ) -> tuple[dict[float, pt.Trace], dict]:
+def prepare(plan: Plan, *, seed: int, quick: bool = False, simulate_only: bool = False,
+            hgx: bool = False) -> tuple[dict[float, pt.Trace], dict]:
     """The traces (load -> Trace) and the report so far: plan, machine, per load the trace's
-    digest, the simulation and the bound (d). Pure but for the load average."""
+    digest, the simulation and the bound (d); with `hgx`, the device-level simulation
+    (`bench.packing_hgx`) and every figure's partition share. Pure but for the load average."""
     traces = {}
     for load in plan.loads:
         raw = pt.make_trace(seed=seed, nodes=plan.nodes, load=load, arrivals=plan.arrivals,
                             warmup=plan.warmup)
         traces[load] = pt.quantize(raw, plan.per_window * raw.end / len(raw.sets))
     report: dict = {
-        "benchmark": "packing", "quick": quick, "seed": seed, "simulation_only": simulate_only,
+        "benchmark": "packing", "mode": "hgx" if hgx else "count", "quick": quick, "seed": seed, "simulation_only": simulate_only,
         "plan": {"nodes_per_lane": plan.nodes, "gpus_per_node": pt.GPUS_PER_NODE,
                  "scored_arrivals": plan.arrivals, "loads": list(plan.loads),
                  "arrivals_per_window": plan.per_window, "deadline_s": plan.deadline,
                  "warmup_mean_lives": plan.warmup, "held_share": 0.3, "idle_share": 0.5,
                  "sizes": dict(zip(map(str, pt.SIZES), pt.SIZE_WEIGHTS))},
-        "systems": SYSTEMS, "commit": commit(), "load_before": os.getloadavg(),
+        "systems": HGX_SYSTEMS if hgx else SYSTEMS, "commit": commit(), "load_before": os.getloadavg(),
         "machine": machine(), "loads": {}}
     for load, tr in traces.items():
         bound = pt.simulate(tr, "repack")
+        extra = ph.partitions(tr, {i: True for i in bound.started}) if hgx else {}
+        sim = ph.simulate_hgx_all(tr, seed) if hgx else pt.simulate_all(tr)
         report["loads"][str(load)] = {
             "trace": {"digest": trace_digest(tr), "sets": len(tr.sets),
                       "window_s": round(tr.window, 3),
                       "scored": sum(s.scored for s in tr.sets), "trace_seconds": round(tr.end, 1),
                       "arrivals_digest": arrivals_digest(tr)},
             "simulation": {"note": "pure simulation of placement policies on this trace, no cluster",
-                           **pt.simulate_all(tr)},
-            "systems": {"d": {**pt.score(tr, bound), "timeline": _timeline(tr, bound)}}}
+                           **sim},
+            "systems": {"d": {**pt.score(tr, bound), **extra, "timeline": _timeline(tr, bound)}}}
     return traces, report
 
 
 def finish(report: dict, out: Path) -> dict:
-    """Targets, load after; write packing.json and packing.png into `out`; the report."""
+    """Targets, load after; write packing.json and packing.png (packing-hgx.* for the HGX
+    pools) into `out`; the report."""
     out.mkdir(parents=True, exist_ok=True)
     report["load_after"] = os.getloadavg()
     report["targets"] = targets(report)
-    (out / "packing.json").write_text(json.dumps(report, indent=1))
-    plot(report, out / "packing.png")
+    stem = out_stem(report)
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
+    plot(report, out / f"{stem}.png")
     return report
+
+
+def out_stem(report: dict) -> str:
+    """The report's file name without suffix: packing, or packing-hgx for the HGX pools."""
+    return "packing-hgx" if report.get("mode") == "hgx" else "packing"
 
 
 def arrivals_digest(trace: pt.Trace) -> str:
@@ -295,3 +310,7 @@ async def _restart_with_defrag(lc: LocalCluster) -> None:
     for i in range(len(lc.replicas)):
         await anyio.to_thread.run_sync(lc.wait_ready, i)
     await anyio.sleep(0)
+
+
+def replay_hgx_on(*a, **kw) -> None:
+    raise NotImplementedError("the HGX pools' cluster replay: next commit")

@@ -16,6 +16,9 @@ from model.types import TEMPLATE_FOR_LABEL
 
 SYSTEMS = {"a": "gpu-binder", "b": "kube-scheduler (default)", "c": "kube-scheduler MostAllocated",
            "d": "repacking bound", "e": "gpu-binder + defrag"}
+HGX_SYSTEMS = {"a": "gpu-binder, device mode", "b": "kube-scheduler DRA allocator alone",
+               "c": "gpu-binder, count mode + device plugin", "d": "repacking bound"}
+"""The systems of the HGX pools (issue 33; `bench.packing_hgx`)."""
 MOST_ALLOCATED = "most-allocated"
 
 

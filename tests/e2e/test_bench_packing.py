@@ -110,3 +110,37 @@ def test_quick_replay_same_trace_for_every_system_and_structural_relations(syste
         assert saved["targets"]["defrag closes >= half the 8-GPU gap"]["met"] is None
     else:
         assert systems["e"]["replayed_digest"] == entry["trace"]["arrivals_digest"]
+
+
+# -- the HGX pools in device mode (issue 33): the pure half --------------------------------
+
+def test_hgx_board_partitions_follow_module_ids_not_pci_order():
+    from bench import packing_hgx as ph
+
+    assert ph.partition_of((0, 1)) is None          # modules 2 and 4: different pairs
+    assert ph.partition_of((0, 3)) is not None      # modules 2 and 1: one pair
+    assert ph.partition_of(tuple(range(8))) == 0
+    # the allocator's walk in slice order takes the partition of the lowest free index
+    assert ph.dra_choice(frozenset(range(8)), 2) == (0, 3)
+    assert ph.dra_choice(frozenset({1, 2, 4, 5, 6, 7}), 4) == (4, 5, 6, 7)
+    assert ph.dra_choice(frozenset({0, 1, 2, 4, 5, 6}), 4) is None
+    # a device plugin's pick without a preference: the lowest indices, whatever the partition
+    assert ph.lowest_free(frozenset(range(8)), 2) == (0, 1)
+    # DR4: a 2-GPU set on a board with one broken pair completes that pair's 4-block
+    got = ph.binder_choice(frozenset({1, 2, 3, 4, 5, 6, 7}), 1)
+    assert got is not None and got.devices == ("gpu-vfio-3",)
+
+
+def test_hgx_simulation_on_100_nodes_device_mode_keeps_partitions_and_whole_boards():
+    from bench import packing_hgx as ph
+
+    raw = pt.make_trace(seed=1, nodes=100, load=0.95, arrivals=1500)
+    tr = pt.quantize(raw, 6 * raw.end / len(raw.sets))
+    sim = ph.simulate_hgx_all(tr)
+    a, b, c, d = (sim[p] for p in ph.HGX_POLICIES)
+    assert a["valid_partition"] == b["valid_partition"] == 1.0 and a["invalid_partition_sets"] == 0
+    assert c["invalid_partition_sets"] > 0 and c["valid_partition"] < 0.8
+    assert d["demand_started"] >= a["demand_started"] > b["demand_started"]
+    assert a["sets_started"]["8"] > 1.5 * b["sets_started"]["8"]
+    for fig in (a, b, c):
+        assert all(0 <= v <= 1 for v in _shares(fig)), fig
