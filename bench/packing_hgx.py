@@ -169,10 +169,16 @@ class HgxPlacer:
     def largest(self) -> int:
         if self.policy == "count":
             return pt.largest_placeable(self.count_free)
-        for size in sorted(pt.SIZES, reverse=True):
-            if any(dra_choice(self._free(n), size) for n in range(len(self.used))):
-                return size
-        return 0
+        return largest_partition([self._free(n) for n in range(len(self.used))])
+
+
+def largest_partition(frees: list[frozenset[int]]) -> int:
+    """The largest set size for which some node (its free GPU indices in `frees`) has a whole
+    free partition; 0 when none."""
+    for size in sorted(pt.SIZES, reverse=True):
+        if any(dra_choice(f, size) for f in frees):
+            return size
+    return 0
 
 
 def partitions(trace: pt.Trace, taken: dict[int, tuple[int, ...]] | dict[int, bool]) -> dict:
