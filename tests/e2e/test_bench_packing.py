@@ -144,3 +144,44 @@ def test_hgx_simulation_on_100_nodes_device_mode_keeps_partitions_and_whole_boar
     assert a["sets_started"]["8"] > 1.5 * b["sets_started"]["8"]
     for fig in (a, b, c):
         assert all(0 <= v <= 1 for v in _shares(fig)), fig
+
+
+@pytest.mark.e2e
+@pytest.mark.kubevirt
+def test_quick_hgx_replay_device_mode_and_the_dra_allocator_form_partitions_count_mode_is_measured(
+        system, kubevirt_shared, tmp_path):
+    """The HGX pools' quick form (issue 33) on the session's KubeVirt (`GPUsWithDRA` on):
+    one trace replayed by (a) gpu-binder in device mode, (b) kube-scheduler's DRA allocator
+    alone and (c) gpu-binder in count mode; every admitted multi-GPU set of (a) and (b) is a
+    valid partition (anything less is a bug), its claim allocated on its Pod's node with one
+    device per GPU; (c)'s share is measured. Shares are the benchmark's, not asserted."""
+    system.start_dra()
+    plan = packing.QUICK_HGX
+    traces, report = packing.prepare(plan, seed=1, quick=True, hgx=True)
+    packing.replay_on(system, plan, traces, report, log_dir=tmp_path / "logs", hgx=True,
+                      prefix=f"pk{uuid.uuid4().hex[:5]}-", kubevirt=kubevirt_shared)
+    packing.finish(report, tmp_path)
+    saved = json.loads((tmp_path / "packing-hgx.json").read_text())
+    assert (tmp_path / "packing-hgx.png").stat().st_size > 10_000
+    (load, entry), = saved["loads"].items()
+    tr = traces[float(load)]
+    systems = entry["systems"]
+    assert set(systems) == {"a", "b", "c", "d"} and saved["mode"] == "hgx"
+    for key in "abc":
+        fig = systems[key]
+        assert fig["replayed_digest"] == entry["trace"]["arrivals_digest"], key
+        assert fig["scored_sets"] == plan.arrivals and fig["scored_gpus"] == systems["d"]["scored_gpus"]
+        assert all(0 <= v <= 1 for v in _shares(fig)), (key, fig)
+        assert all(u is None or u + h <= tr.gpus for _, u, h, _b in fig["timeline"])
+        for bad in ("release_timeout", "pod_gone_timeout", "claim_free_timeout",
+                    "claim_not_allocated", "allocation_off_node", "allocated_other_size"):
+            assert fig["counts"].get(bad, 0) == 0, (key, bad, fig["counts"])
+        assert systems["d"]["demand_started"] >= fig["demand_started"], key
+        assert fig["multi_gpu_started"] > 0, key
+    assert systems["a"]["valid_partition"] == systems["b"]["valid_partition"] == 1.0
+    assert systems["c"]["valid_partition"] is not None
+    for key in "ac":  # every VMI gpu-binder admitted bound on its pin (B3)
+        counts = systems[key]["counts"]
+        assert counts.get("admitted_not_bound", 0) == 0 and counts.get("no_launcher_pod", 0) == 0
+        assert counts.get("pin_agrees", 0) == systems[key]["started_sets"] > 0, (key, counts)
+    assert saved["targets"]["(a) every admitted multi-GPU set a valid partition"]["met"] is True
