@@ -77,17 +77,25 @@ def test_on_100_nodes_the_simulation_orders_the_policies_as_issue_21_reports():
 
 @pytest.mark.e2e
 @pytest.mark.kubevirt
+def _quick(system, tmp_path, plan, **replay) -> tuple[dict, dict, dict, pt.Trace]:
+    """Replay `plan`'s one load on the session's control plane (`replay`: replay_on's
+    keywords); (the saved report, its load entry, its systems, the trace) once the JSON and
+    the PNG are written."""
+    hgx = replay.get("hgx", False)
+    traces, report = packing.prepare(plan, seed=1, quick=True, hgx=hgx)
+    packing.replay_on(system, plan, traces, report, log_dir=tmp_path / "logs",
+                      prefix=f"pk{uuid.uuid4().hex[:5]}-", **replay)
+    packing.finish(report, tmp_path)
+    stem = packing.out_stem(report)
+    saved = json.loads((tmp_path / f"{stem}.json").read_text())
+    assert (tmp_path / f"{stem}.png").stat().st_size > 10_000
+    (load, entry), = saved["loads"].items()
+    return saved, entry, entry["systems"], traces[float(load)]
+
+
 def test_quick_replay_same_trace_for_every_system_and_structural_relations(system, tmp_path):
     plan = packing.QUICK
-    traces, report = packing.prepare(plan, seed=1, quick=True)
-    packing.replay_on(system, plan, traces, report, log_dir=tmp_path / "logs",
-                      prefix=f"pk{uuid.uuid4().hex[:5]}-")
-    packing.finish(report, tmp_path)
-    saved = json.loads((tmp_path / "packing.json").read_text())
-    assert (tmp_path / "packing.png").stat().st_size > 10_000
-    (load, entry), = saved["loads"].items()
-    tr = traces[float(load)]
-    systems = entry["systems"]
+    saved, entry, systems, tr = _quick(system, tmp_path, plan)
     assert entry["trace"]["arrivals_digest"] == packing.arrivals_digest(tr)
     measured = {k: v for k, v in systems.items() if k in "abc"}
     assert set(measured) == {"a", "b", "c"}
@@ -157,15 +165,7 @@ def test_quick_hgx_replay_device_mode_and_the_dra_allocator_form_partitions_coun
     device per GPU; (c)'s share is measured. Shares are the benchmark's, not asserted."""
     system.start_dra()
     plan = packing.QUICK_HGX
-    traces, report = packing.prepare(plan, seed=1, quick=True, hgx=True)
-    packing.replay_on(system, plan, traces, report, log_dir=tmp_path / "logs", hgx=True,
-                      prefix=f"pk{uuid.uuid4().hex[:5]}-", kubevirt=kubevirt_shared)
-    packing.finish(report, tmp_path)
-    saved = json.loads((tmp_path / "packing-hgx.json").read_text())
-    assert (tmp_path / "packing-hgx.png").stat().st_size > 10_000
-    (load, entry), = saved["loads"].items()
-    tr = traces[float(load)]
-    systems = entry["systems"]
+    saved, entry, systems, tr = _quick(system, tmp_path, plan, hgx=True, kubevirt=kubevirt_shared)
     assert set(systems) == {"a", "b", "c", "d"} and saved["mode"] == "hgx"
     for key in "abc":
         fig = systems[key]
