@@ -34,6 +34,19 @@ at once, concurrently, and the next window starts when each arrival's outcome is
 time thus runs as fast as the system answers; nothing depends on the machine's speed but the
 races inside a window, so the packing shares are robust to load while any timing is not.
 
+**HGX pools in device mode** (`--hgx`, issue 33; `bench.packing_hgx`): the same trace on
+`hgx-h100-8` boards (KWOK nodes publishing the slices NVIDIA's DRA driver would, device mode's
+cluster side from `LocalCluster(dra=True)`, KubeVirt with `GPUsWithDRA`), replayed against
+(a) gpu-binder in device mode (a device-mode GPUClass per lane selecting its nodes by
+LANE_LABEL; started = launcher Pod bound and its claim allocated), (b) kube-scheduler's DRA
+allocator alone (each VMI names a ResourceClaimTemplate of N count-1 requests sharing
+`gpu.nvidia.com/partitionN` and is pinned to its lane's nodes by LANE_LABEL; refused =
+Unschedulable; an idle held set keeps its VMI until its release), (c) gpu-binder in count
+mode on boards advertised as an extended resource, the GPUs a device plugin takes modelled
+as the node's lowest-index free ones, and (d) the bound. Every started set's GPUs (the
+claim's allocation, or the device plugin's pick) are checked for a whole partition; writes
+`packing-hgx.json` and `packing-hgx.png`.
+
 **Figures** per lane (`bench.packing_trace.score`): share of GPU demand started, share of sets
 started per size, mean GPU utilisation (running VMs' GPUs ÷ fleet GPUs over trace time), the
 largest placeable set sampled after every window from the watched Bound devices (a, e) or

@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-out",
                        help="directory for the JSON report and PNG plot (default: %(default)s)")
     bench.add_argument("--quick", action="store_true",
-                       help="fewer levels and requests; packing: 6 nodes a lane, 30 scored arrivals, load 0.85 (default: the full run)")
+                       help="fewer levels and requests; packing: 6 nodes a lane, 30 scored arrivals, load 0.85 (with --hgx: 4 nodes, 16 arrivals) (default: the full run)")
     bench.add_argument("--seed", type=int, default=1,
                        help="seed of the generated workload (default: %(default)s)")
     bench.add_argument("--gpus", default="1",
