@@ -293,7 +293,8 @@ async def _measure(lc: LocalCluster, plan: Plan, lanes: dict, report: dict, pref
                        "replay_seconds": round(ln.seconds, 1),
                        "replayed_digest": hashlib.sha256(repr(ln.replayed).encode()).hexdigest()[:16],
                        "timeline": _timeline(ln.trace, ln.outcome),
-                       **(ph.partitions(ln.trace, ln.taken) if ln.mode == "hgx" else {})}
+                       **(ph.partitions(ln.trace, ln.taken) if ln.mode == "hgx" else {}),
+                       "started_ids": sorted(ln.outcome.started)}
     for load in report["loads"].values():
         if defrag_available() or report.get("mode") == "hgx":
             continue
