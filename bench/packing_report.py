@@ -87,7 +87,9 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     loads = list(report["loads"])
-    fig, axes = plt.subplots(len(loads), 2, figsize=(12, 3.2 * len(loads)), squeeze=False)
+    hgx = report.get("mode") == "hgx"
+    fig, axes = plt.subplots(len(loads), 3 if hgx else 2, figsize=(18 if hgx else 12, 3.2 * len(loads)),
+                             squeeze=False)
     gpus = report["plan"]["nodes_per_lane"] * report["plan"]["gpus_per_node"]
     for row, load in zip(axes, loads):
         for key, s in report["loads"][load]["systems"].items():
@@ -104,10 +106,12 @@ def plot(report: dict, path: Path) -> None:
         row[1].set_title(f"load {load}: largest placeable set")
         row[0].set_ylim(0, 1.05)
         row[1].set_yticks(list(pt.SIZES) + [0])
-        for ax in row:
+        for ax in row[:2]:
             ax.set_xlabel("trace time (s; mean VM life 100)")
             ax.axvline(report["plan"]["warmup_mean_lives"] * pt.MEAN_LIFE, color="grey", ls=":")
         row[0].legend(fontsize=7, loc="lower right")
+        if hgx:
+            _bars(row[2], report, load)
     if report["simulation_only"]:
         fig.suptitle("simulation only (no cluster): the bound (d); see the report's simulation")
     fig.tight_layout()
@@ -117,6 +121,21 @@ def plot(report: dict, path: Path) -> None:
 
 def _pct(v) -> str:
     return "–" if v is None else f"{100 * v:.1f} %"
+
+
+def _bars(ax, report: dict, load: str) -> None:
+    """HGX: per system, GPU demand started, 8-GPU sets started and the share of admitted
+    multi-GPU sets forming a valid partition, as grouped bars."""
+    keys = [k for k in "abcd" if k in report["loads"][load]["systems"]]
+    figures = (("GPU demand", "demand_started", None), ("8-GPU sets", "sets_started", "8"),
+               ("valid partitions", "valid_partition", None))
+    for i, (label, key, size) in enumerate(figures):
+        vals = [figure(report, load, k, key, size) or 0 for k in keys]
+        ax.bar([j + 0.27 * (i - 1) for j in range(len(keys))], vals, width=0.27, label=label)
+    ax.set_xticks(range(len(keys)), [f"({k})" for k in keys])
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"load {load}: started and valid partitions per system")
+    ax.legend(fontsize=7, loc="lower left")
 
 
 def summary(report: dict) -> list[str]:
