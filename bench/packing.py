@@ -34,6 +34,19 @@ at once, concurrently, and the next window starts when each arrival's outcome is
 time thus runs as fast as the system answers; nothing depends on the machine's speed but the
 races inside a window, so the packing shares are robust to load while any timing is not.
 
+**HGX pools in device mode** (`--hgx`, issue 33; `bench.packing_hgx`): the same trace on
+`hgx-h100-8` boards (KWOK nodes publishing the slices NVIDIA's DRA driver would, device mode's
+cluster side from `LocalCluster(dra=True)`, KubeVirt with `GPUsWithDRA`), replayed against
+(a) gpu-binder in device mode (a device-mode GPUClass per lane selecting its nodes by
+LANE_LABEL; started = launcher Pod bound and its claim allocated), (b) kube-scheduler's DRA
+allocator alone (each VMI names a ResourceClaimTemplate of N count-1 requests sharing
+`gpu.nvidia.com/partitionN` and is pinned to its lane's nodes by LANE_LABEL; refused =
+Unschedulable; an idle held set keeps its VMI until its release), (c) gpu-binder in count
+mode on boards advertised as an extended resource, the GPUs a device plugin takes modelled
+as the node's lowest-index free ones, and (d) the bound. Every started set's GPUs (the
+claim's allocation, or the device plugin's pick) are checked for a whole partition; writes
+`packing-hgx.json` and `packing-hgx.png`.
+
 **Figures** per lane (`bench.packing_trace.score`): share of GPU demand started, share of sets
 started per size, mean GPU utilisation (running VMs' GPUs ÷ fleet GPUs over trace time), the
 largest placeable set sampled after every window from the watched Bound devices (a, e) or
@@ -52,17 +65,18 @@ from pathlib import Path
 
 import anyio
 
-from bench import packing_trace as pt
+from bench import packing_hgx as ph, packing_trace as pt
 from bench.common import (DEV_GROUP, DEV_VERSION, admin_client, commit, machine, poll_until,
                           watch_namespaced)
-from bench.packing_replay import (MOST_ALLOCATED, SYSTEMS, Lane, Replayer, Seen, device_event,
+from bench.packing_replay import (HGX_SYSTEMS, LANE_LABEL, MOST_ALLOCATED, SYSTEMS, Lane,
+                                  Replayer, Seen, claim_event, claim_template, device_event,
                                   pod_event)
 from bench.packing_report import plot, summary, targets
 from localcluster.cluster import LocalCluster
 from localcluster.fleet import Fleet
 
-__all__ = ["CONTROLLER_ARGS", "DEFRAG_ARGS", "FULL", "MOST_ALLOCATED", "QUICK", "SYSTEMS", "Plan",
-           "arrivals_digest", "defrag_available", "finish", "plot", "prepare", "replay_on", "run",
+__all__ = ["CONTROLLER_ARGS", "DEFRAG_ARGS", "FULL", "HGX_SYSTEMS", "MOST_ALLOCATED", "QUICK", "QUICK_HGX", "SYSTEMS", "Plan",
+           "arrivals_digest", "defrag_available", "finish", "plot", "out_stem", "prepare", "replay_on", "run",
            "summary", "targets", "trace_digest"]
 
 CONTROLLER_ARGS = ("--housekeeping-period=1", "--attachment-grace=30", "--bind-timeout=15")
@@ -101,62 +115,76 @@ class Plan:
 
 QUICK = Plan(nodes=6, arrivals=30, loads=(0.85,), per_window=3.0, warmup=1.0)
 FULL = Plan(nodes=24, arrivals=300, loads=pt.LOADS, per_window=6.0)
+QUICK_HGX = Plan(nodes=4, arrivals=16, loads=(0.85,), per_window=4.0, warmup=1.0)
+"""The HGX pools' quick form (`make test`): a few windows of one load, kept short."""
 
 
 def run(out: Path, *, quick: bool = False, seed: int = 1, simulate_only: bool = False,
-        plan: Plan | None = None, systems: tuple[str, ...] = ("a", "b", "c", "e")) -> dict:
+        plan: Plan | None = None, systems: tuple[str, ...] = ("a", "b", "c", "e"),
+        hgx: bool = False) -> dict:
     """Run the benchmark (or, with `simulate_only`, the simulation alone) on a local cluster
-    of its own; write packing.json and packing.png into `out`; return the report. Raises
+    of its own; write packing.json and packing.png (`hgx`: packing-hgx.*, the HGX pools in
+    device mode, issue 33) into `out`; return the report. Raises
     localcluster.controlplane.ControlPlaneError when the cluster cannot start."""
     plan = plan or (QUICK if quick else FULL)
     out.mkdir(parents=True, exist_ok=True)
-    traces, report = prepare(plan, seed=seed, quick=quick, simulate_only=simulate_only)
+    traces, report = prepare(plan, seed=seed, quick=quick, simulate_only=simulate_only, hgx=hgx)
     if not simulate_only:
         with LocalCluster(controllers=1, controller_args=CONTROLLER_ARGS,
-                          log_dir=out / "logs") as lc:
-            replay_on(lc, plan, traces, report, log_dir=out / "logs", systems=systems)
+                          log_dir=out / "logs", dra=hgx) as lc:
+            replay_on(lc, plan, traces, report, log_dir=out / "logs", systems=systems, hgx=hgx)
     return finish(report, out)
 
 
-def prepare(plan: Plan, *, seed: int, quick: bool = False, simulate_only: bool = False
-            ) -> tuple[dict[float, pt.Trace], dict]:
+def prepare(plan: Plan, *, seed: int, quick: bool = False, simulate_only: bool = False,
+            hgx: bool = False) -> tuple[dict[float, pt.Trace], dict]:
     """The traces (load -> Trace) and the report so far: plan, machine, per load the trace's
-    digest, the simulation and the bound (d). Pure but for the load average."""
+    digest, the simulation and the bound (d); with `hgx`, the device-level simulation
+    (`bench.packing_hgx`) and every figure's partition share. Pure but for the load average."""
     traces = {}
     for load in plan.loads:
         raw = pt.make_trace(seed=seed, nodes=plan.nodes, load=load, arrivals=plan.arrivals,
                             warmup=plan.warmup)
         traces[load] = pt.quantize(raw, plan.per_window * raw.end / len(raw.sets))
     report: dict = {
-        "benchmark": "packing", "quick": quick, "seed": seed, "simulation_only": simulate_only,
+        "benchmark": "packing", "mode": "hgx" if hgx else "count", "quick": quick, "seed": seed, "simulation_only": simulate_only,
         "plan": {"nodes_per_lane": plan.nodes, "gpus_per_node": pt.GPUS_PER_NODE,
                  "scored_arrivals": plan.arrivals, "loads": list(plan.loads),
                  "arrivals_per_window": plan.per_window, "deadline_s": plan.deadline,
                  "warmup_mean_lives": plan.warmup, "held_share": 0.3, "idle_share": 0.5,
                  "sizes": dict(zip(map(str, pt.SIZES), pt.SIZE_WEIGHTS))},
-        "systems": SYSTEMS, "commit": commit(), "load_before": os.getloadavg(),
+        "systems": HGX_SYSTEMS if hgx else SYSTEMS, "commit": commit(), "load_before": os.getloadavg(),
         "machine": machine(), "loads": {}}
     for load, tr in traces.items():
         bound = pt.simulate(tr, "repack")
+        extra = ph.partitions(tr, {i: True for i in bound.started}) if hgx else {}
+        sim = ph.simulate_hgx_all(tr, seed) if hgx else pt.simulate_all(tr)
         report["loads"][str(load)] = {
             "trace": {"digest": trace_digest(tr), "sets": len(tr.sets),
                       "window_s": round(tr.window, 3),
                       "scored": sum(s.scored for s in tr.sets), "trace_seconds": round(tr.end, 1),
                       "arrivals_digest": arrivals_digest(tr)},
             "simulation": {"note": "pure simulation of placement policies on this trace, no cluster",
-                           **pt.simulate_all(tr)},
-            "systems": {"d": {**pt.score(tr, bound), "timeline": _timeline(tr, bound)}}}
+                           **sim},
+            "systems": {"d": {**pt.score(tr, bound), **extra, "timeline": _timeline(tr, bound)}}}
     return traces, report
 
 
 def finish(report: dict, out: Path) -> dict:
-    """Targets, load after; write packing.json and packing.png into `out`; the report."""
+    """Targets, load after; write packing.json and packing.png (packing-hgx.* for the HGX
+    pools) into `out`; the report."""
     out.mkdir(parents=True, exist_ok=True)
     report["load_after"] = os.getloadavg()
     report["targets"] = targets(report)
-    (out / "packing.json").write_text(json.dumps(report, indent=1))
-    plot(report, out / "packing.png")
+    stem = out_stem(report)
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
+    plot(report, out / f"{stem}.png")
     return report
+
+
+def out_stem(report: dict) -> str:
+    """The report's file name without suffix: packing, or packing-hgx for the HGX pools."""
+    return "packing-hgx" if report.get("mode") == "hgx" else "packing"
 
 
 def arrivals_digest(trace: pt.Trace) -> str:
@@ -175,22 +203,30 @@ def _timeline(trace: pt.Trace, outcome: pt.Outcome) -> list[list]:
 
 def replay_on(lc: LocalCluster, plan: Plan, traces: dict[float, pt.Trace], report: dict, *,
               log_dir: Path, prefix: str = "pk-",
-              systems: tuple[str, ...] = ("a", "b", "c", "e")) -> None:
+              systems: tuple[str, ...] = ("a", "b", "c", "e"), hgx: bool = False,
+              kubevirt=None) -> None:
     """Replay every lane on the running `lc` (its controllers restarted with the defrag flags
     for (e) when available) with KubeVirt's harness started here, kube-scheduler carrying the
     MostAllocated profile; adds each lane's figures to `report`. Every object it makes is
     named `prefix`…, so a shared control plane (the e2e session's) keeps them apart.
-    `systems`: which of a, b, c, e to replay (the others are left out of the report)."""
-    from localcluster.kubevirt import KUBEVIRT_CR, NAMESPACE, KubeVirt
+    `systems`: which of a, b, c, e to replay (the others are left out of the report).
+    `hgx`: the HGX pools of issue 33 instead (`HGX_SYSTEMS` a, b, c; `lc` must run device
+    mode's cluster side, `LocalCluster.start_dra`): KubeVirt with `GPUsWithDRA`, or the
+    running `kubevirt` harness when given (it must have the gate; it is left running)."""
+    from localcluster.kubevirt import GPUS_WITH_DRA, KUBEVIRT_CR, NAMESPACE, KubeVirt
 
-    systems = [k for k in "abc" if k in systems] + (
-        ["e"] if "e" in systems and defrag_available() else [])
+    if hgx:
+        systems = [k for k in "abc" if k in systems]
+    else:
+        systems = [k for k in "abc" if k in systems] + (
+            ["e"] if "e" in systems and defrag_available() else [])
     lanes = {}
     for sys_ in systems:
         for load, tr in traces.items():
             lid = f"{prefix}{sys_}{round(load * 100)}"
             lanes[(sys_, load)] = Lane(sys_, tr, lid, f"{lid}.bench.example.com/gpu", lid,
-                                       [f"{lid}-{i:03d}" for i in range(plan.nodes)])
+                                       [f"{lid}-{i:03d}" for i in range(plan.nodes)],
+                                       mode="hgx" if hgx else "count")
     report["replayed_systems"] = systems
     profile = {"schedulerName": MOST_ALLOCATED, "pluginConfig": [{
         "name": "NodeResourcesFit", "args": {"scoringStrategy": {
@@ -198,15 +234,22 @@ def replay_on(lc: LocalCluster, plan: Plan, traces: dict[float, pt.Trace], repor
             "resources": [{"name": ln.res, "weight": 1} for ln in lanes.values() if ln.system == "c"]}}}]}
     version = json.loads(lc.cp.kubectl("version", "-o", "json").stdout)
     report["versions"] = {"kube-apiserver": version["serverVersion"]["gitVersion"]}
-    kv = KubeVirt(lc.cp, permitted=tuple(ln.res for ln in lanes.values()),
-                  log_dir=log_dir / "kubevirt", scheduler_profiles=(profile,))
-    kv.start()
+    permitted = tuple(ln.res for ln in lanes.values() if not ln.claims)
+    kv = kubevirt
+    if kv is None:
+        kv = KubeVirt(lc.cp, permitted=permitted, log_dir=log_dir / "kubevirt",
+                      scheduler_profiles=() if hgx else (profile,),
+                      feature_gates=(GPUS_WITH_DRA,) if hgx else ())
+        kv.start()
+    else:
+        kv.set_permitted(kv.permitted + permitted)
     try:
         anyio.run(_measure, lc, plan, lanes, report, prefix)
     finally:
-        kv.stop()
-        lc.cp.kubectl("delete", "kubevirt", KUBEVIRT_CR, "-n", NAMESPACE, "--ignore-not-found",
-                      "--wait=false", check=False)
+        if kubevirt is None:
+            kv.stop()
+            lc.cp.kubectl("delete", "kubevirt", KUBEVIRT_CR, "-n", NAMESPACE, "--ignore-not-found",
+                          "--wait=false", check=False)
 
 
 async def _measure(lc: LocalCluster, plan: Plan, lanes: dict, report: dict, prefix: str) -> None:
@@ -225,6 +268,10 @@ async def _measure(lc: LocalCluster, plan: Plan, lanes: dict, report: dict, pref
                                lambda k, o: device_event(seen, k, o), prefix)
             watches.start_soon(watch_namespaced, core.list_pod_for_all_namespaces, (),
                                lambda k, o: pod_event(res_of, seen, k, o), prefix)
+            if any(ln.claims for ln in lanes.values()):
+                watches.start_soon(watch_namespaced, custom.list_cluster_custom_object,
+                                   ("resource.k8s.io", "v1", "resourceclaims"),
+                                   lambda k, o: claim_event(seen, k, o), prefix)
             rep = Replayer(api, seen, deadline=plan.deadline)
             first = [ln for ln in lanes.values() if ln.system != "e"]
             async with anyio.create_task_group() as tg:
@@ -245,9 +292,11 @@ async def _measure(lc: LocalCluster, plan: Plan, lanes: dict, report: dict, pref
                        "started_sets": len(ln.outcome.started),
                        "replay_seconds": round(ln.seconds, 1),
                        "replayed_digest": hashlib.sha256(repr(ln.replayed).encode()).hexdigest()[:16],
-                       "timeline": _timeline(ln.trace, ln.outcome)}
+                       "timeline": _timeline(ln.trace, ln.outcome),
+                       **(ph.partitions(ln.trace, ln.taken) if ln.mode == "hgx" else {}),
+                       "started_ids": sorted(ln.outcome.started)}
     for load in report["loads"].values():
-        if defrag_available():
+        if defrag_available() or report.get("mode") == "hgx":
             continue
         load["systems"].setdefault("e", {"available": False, "why":
                                          "this tree's controller has no --defrag-interval/"
@@ -255,36 +304,54 @@ async def _measure(lc: LocalCluster, plan: Plan, lanes: dict, report: dict, pref
 
 
 async def _setup(fleet: Fleet, lanes: dict) -> None:
-    """Per lane: namespace (a tenant for a, e), GPUClass (a, e), nodes; waits for each class's
-    KubeVirtPermitted=True (the webhook's cache has seen the KubeVirt CR)."""
+    """Per lane: namespace (a tenant for gpu-binder's lanes), GPUClass (gpu-binder's lanes:
+    count mode over the lane's resource, or on the HGX pools' (a) device mode over its nodes
+    by LANE_LABEL), (b) on the HGX pools its ResourceClaimTemplates, nodes (KWOK; HGX a, b:
+    `dra_node`s publishing hgx-h100-8 slices); waits for each class's KubeVirtPermitted=True
+    (count mode: the webhook's cache has seen the KubeVirt CR) or Ready=True (device mode)."""
+    from localcluster.dra_profiles import HGX_H100_8
+    from localcluster.dra_world import HGX_CLASS, dra_node
+
     limit = anyio.Semaphore(16)
 
-    async def node(name: str, res: str, system: str) -> None:
+    async def node(name: str, ln: Lane) -> None:
+        labels = {"pk-bench/system": ln.system, LANE_LABEL: ln.ns}
         async with limit:
-            await fleet.node(name, {res: pt.GPUS_PER_NODE}, kwok=True,
-                             labels={"pk-bench/system": system})
+            if ln.claims:
+                await dra_node(fleet, name, HGX_H100_8, labels=labels)
+            else:
+                await fleet.node(name, {ln.res: pt.GPUS_PER_NODE}, kwok=True, labels=labels)
     for ln in lanes.values():
-        if ln.system in ("a", "e"):
-            await fleet.gpu_class(ln.cls, ln.res)
+        if ln.by_binder:
+            if ln.claims:
+                await fleet.gpu_class(ln.cls, device_mode=HGX_CLASS.spec(),
+                                      node_selector={LANE_LABEL: ln.ns})
+            else:
+                await fleet.gpu_class(ln.cls, ln.res)
             await fleet.tenant(ln.ns)
         else:
             await fleet.core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
                                                "metadata": {"name": ln.ns}})
+        if ln.dra_alone:
+            for size in pt.SIZES:
+                await fleet.custom.create_namespaced_custom_object(
+                    "resource.k8s.io", "v1", ln.ns, "resourceclaimtemplates", claim_template(size))
     async with anyio.create_task_group() as tg:
         for ln in lanes.values():
             for n in ln.nodes:
-                tg.start_soon(node, n, ln.res, ln.system)
+                tg.start_soon(node, n, ln)
     for ln in lanes.values():
-        if ln.system not in ("a", "e"):
+        if not ln.by_binder:
             continue
+        want = "Ready" if ln.claims else "KubeVirtPermitted"
 
-        async def permitted(cls: str = ln.cls) -> bool:
+        async def ready(cls: str = ln.cls, want: str = want) -> bool:
             got = await fleet.custom.get_cluster_custom_object(DEV_GROUP, DEV_VERSION,
                                                                "gpuclasses", cls)
-            return any(c["type"] == "KubeVirtPermitted" and c["status"] == "True"
+            return any(c["type"] == want and c["status"] == "True"
                        for c in (got.get("status") or {}).get("conditions") or [])
-        if not await poll_until(permitted, 60, 0.5):
-            raise RuntimeError(f"GPUClass {ln.cls} not KubeVirtPermitted within 60 s")
+        if not await poll_until(ready, 60, 0.5):
+            raise RuntimeError(f"GPUClass {ln.cls} not {want} within 60 s")
 
 
 async def _restart_with_defrag(lc: LocalCluster) -> None:
@@ -295,3 +362,4 @@ async def _restart_with_defrag(lc: LocalCluster) -> None:
     for i in range(len(lc.replicas)):
         await anyio.to_thread.run_sync(lc.wait_ready, i)
     await anyio.sleep(0)
+

@@ -10,12 +10,17 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from bench import packing_trace as pt
+from bench import packing_hgx as ph, packing_trace as pt
 from bench.common import DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VERSION, base_vmi, gpu_vmi
+from localcluster.dra_profiles import DEVICE_CLASS, PARTITION_ATTRIBUTE
+from model.topology import resolve_attribute
 from model.types import TEMPLATE_FOR_LABEL
 
 SYSTEMS = {"a": "gpu-binder", "b": "kube-scheduler (default)", "c": "kube-scheduler MostAllocated",
            "d": "repacking bound", "e": "gpu-binder + defrag"}
+HGX_SYSTEMS = {"a": "gpu-binder, device mode", "b": "kube-scheduler DRA allocator alone",
+               "c": "gpu-binder, count mode + device plugin", "d": "repacking bound"}
+"""The systems of the HGX pools (issue 33; `bench.packing_hgx`)."""
 MOST_ALLOCATED = "most-allocated"
 
 
@@ -26,12 +31,14 @@ class Seen:
     devices: dict[tuple[str, str], tuple[str | None, str]] = field(default_factory=dict)
     """(namespace, name) -> (nodeName once Bound else None, template-for VMI name or "")."""
     pods: dict[tuple[str, str], dict] = field(default_factory=dict)
-    """(namespace, name) -> {uid: created-by VMI uid, node, unschedulable, gpus}."""
+    """(namespace, name) -> {uid: created-by VMI uid, node, unschedulable, gpus, claims}."""
+    claims: dict[tuple[str, str], tuple[str, tuple[str, ...]] | None] = field(default_factory=dict)
+    """(namespace, name) of a ResourceClaim -> (pool, device names) once allocated, else None."""
 
     def used_per_node(self, lane: "Lane") -> dict[str, int]:
         """{node: GPUs in use} of `lane`: its Bound devices (a, e) or its bound Pods' GPUs."""
         used: dict[str, int] = defaultdict(int)
-        if lane.system in ("a", "e"):
+        if lane.by_binder:
             for (ns, _), (node, _t) in self.devices.items():
                 if ns == lane.ns and node:
                     used[node] += 1
@@ -74,8 +81,25 @@ def pod_event(res_of: dict[str, str], seen: Seen, kind: str, obj: dict) -> None:
     unsched = any(c.get("type") == "PodScheduled" and c.get("status") == "False"
                   and c.get("reason") == "Unschedulable"
                   for c in (obj.get("status") or {}).get("conditions") or [])
+    claims = [c["resourceClaimName"] for c in (obj["spec"].get("resourceClaims") or [])
+              + ((obj.get("status") or {}).get("resourceClaimStatuses") or [])
+              if c.get("resourceClaimName")]
     seen.pods[key] = {"uid": (meta.get("labels") or {}).get("kubevirt.io/created-by", ""),
-                      "node": obj["spec"].get("nodeName"), "unschedulable": unsched, "gpus": gpus}
+                      "node": obj["spec"].get("nodeName"), "unschedulable": unsched, "gpus": gpus,
+                      "claims": claims}
+
+
+def claim_event(seen: Seen, kind: str, obj: dict) -> None:
+    """One watch event of a ResourceClaim into `seen.claims` (its allocation's pool and
+    devices; a claim's devices all lie in one node's pool on the HGX pools)."""
+    key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+    if kind == "DELETED":
+        seen.claims.pop(key, None)
+        return
+    results = ((((obj.get("status") or {}).get("allocation") or {}).get("devices") or {})
+               .get("results") or [])
+    seen.claims[key] = ((results[0]["pool"], tuple(r["device"] for r in results))
+                        if results else None)
 
 
 async def wait_cached(cond, timeout: float) -> bool:
@@ -108,6 +132,33 @@ class Lane:
     counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     replayed: list[tuple[int, int, bool]] = field(default_factory=list)
     seconds: float = 0.0
+    mode: str = "count"
+    """"count" (issue 21's pools) or "hgx" (issue 33's HGX pools, `HGX_SYSTEMS`)."""
+    taken: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """HGX: started set id -> the GPU indices it got (a, b: its claim's allocation; c: the
+    device plugin's pick)."""
+    holding: dict[int, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    """HGX: set id -> (node, GPU indices) while they are in use."""
+
+    @property
+    def by_binder(self) -> bool:
+        """VMIs through gpu-binder's webhook (GPUDevices, held sets by name)."""
+        return self.system in (("a", "c", "e") if self.mode == "hgx" else ("a", "e"))
+
+    @property
+    def claims(self) -> bool:
+        """The launcher Pod takes its GPUs from a ResourceClaim (HGX a, b)."""
+        return self.mode == "hgx" and self.system in ("a", "b")
+
+    @property
+    def dra_alone(self) -> bool:
+        """HGX (b): kube-scheduler's DRA allocator alone, claims from templates."""
+        return self.mode == "hgx" and self.system == "b"
+
+    def free_gpus(self, node: str) -> frozenset[int]:
+        """HGX: the GPU indices of `node` no set of this lane holds."""
+        used = {g for n, gpus in self.holding.values() if n == node for g in gpus}
+        return frozenset(range(pt.GPUS_PER_NODE)) - used
 
 
 def vmi_body(name: str, lane: Lane, s: pt.GpuSet) -> dict:
@@ -115,17 +166,39 @@ def vmi_body(name: str, lane: Lane, s: pt.GpuSet) -> dict:
     its held devices or its class's templates; for kube-scheduler (b, c) its GPUs in
     `spec.domain.devices.gpus`, (c) on the MostAllocated profile."""
     labels = {"pk-bench/set": str(s.id)}
-    if lane.system in ("a", "e"):
+    if lane.by_binder:
         return gpu_vmi(name, held=tuple(held_names(s)) if s.held else (), cls=lane.cls,
                        size=s.size, labels=labels)
     v = base_vmi()
     v["apiVersion"] = f"{VMI_GROUP}/{VMI_VERSION}"
     v["metadata"] = {"name": name, "labels": labels}
+    if lane.dra_alone:  # its own claim from the lane's template of its size, on the lane's nodes
+        v["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": f"gpu-{s.size}"}]
+        v["spec"]["domain"]["devices"]["gpus"] = [
+            {"name": f"gpu{k}", "claimName": "gpus", "requestName": f"gpu{k}"} for k in range(s.size)]
+        v["spec"]["nodeSelector"] = {LANE_LABEL: lane.ns}
+        return v
     v["spec"]["domain"]["devices"]["gpus"] = [{"name": f"gpu{k}", "deviceName": lane.res}
                                               for k in range(s.size)]
     if lane.system == "c":
         v["spec"]["schedulerName"] = MOST_ALLOCATED
     return v
+
+
+LANE_LABEL = "pk-bench/lane"
+"""The label of an HGX lane's nodes (its namespace's name): its class's or VMIs' nodeSelector."""
+
+
+def claim_template(size: int) -> dict:
+    """HGX (b): the ResourceClaimTemplate `gpu-<size>` a user without gpu-binder writes, in the
+    form NVIDIA's driver documents: `size` count-1 requests of the passthrough DeviceClass
+    sharing `gpu.nvidia.com/partition<size>`."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": f"gpu-{size}"},
+            "spec": {"spec": {"devices": {
+                "requests": [{"name": f"gpu{k}", "exactly": {"deviceClassName": DEVICE_CLASS,
+                                                            "count": 1}} for k in range(size)],
+                "constraints": [{"matchAttribute": resolve_attribute(PARTITION_ATTRIBUTE, size)}]}}}}
 
 
 def held_names(s: pt.GpuSet) -> list[str]:
@@ -175,17 +248,19 @@ class Replayer:
                         sent.add(s.id)
                         lane.replayed.append((s.id, s.size, s.held))
                         tg.start_soon(self._arrive, lane, s)
-            used = self.seen.used_per_node(lane)
-            free = [pt.GPUS_PER_NODE - used.get(n, 0) for n in lane.nodes]
-            lane.outcome.timeline.append(((w + 0.5) * window, lane.running, lane.held_idle,
-                                          pt.largest_placeable(free)))
+            if lane.claims:  # the largest free partition
+                big = ph.largest_partition([lane.free_gpus(n) for n in lane.nodes])
+            else:
+                used = self.seen.used_per_node(lane)
+                big = pt.largest_placeable([pt.GPUS_PER_NODE - used.get(n, 0) for n in lane.nodes])
+            lane.outcome.timeline.append(((w + 0.5) * window, lane.running, lane.held_idle, big))
         lane.seconds = time.monotonic() - started
 
     async def _arrive(self, lane: Lane, s: pt.GpuSet) -> None:
         from kubernetes_asyncio.client import ApiException
 
         name = f"s{s.id}"
-        if lane.system in ("a", "e") and s.held:
+        if lane.by_binder and s.held:
             for dev in held_names(s):
                 await self.custom.create_namespaced_custom_object(
                     DEV_GROUP, DEV_VERSION, lane.ns, "gpudevices",
@@ -195,7 +270,7 @@ class Replayer:
             made = await self._create_vmi(lane, name, s)
         except ApiException as exc:
             lane.counts["refused" if exc.status in (400, 403, 422) else f"error_{exc.status}"] += 1
-            if lane.system in ("a", "e") and s.held:
+            if lane.by_binder and s.held:
                 await self._delete_held(lane, s)
             return
         uid = made["metadata"]["uid"]
@@ -206,20 +281,47 @@ class Replayer:
             return got is not None and (bool(got[1]["node"]) or got[1]["unschedulable"])
         await wait_cached(outcome, self.deadline)
         got = self.seen.pod_of(lane.ns, uid)
-        if got is not None and got[1]["node"]:
+        gpus = await self._gpus_of(lane, s, got[1]) if got is not None and got[1]["node"] else None
+        if got is not None and got[1]["node"] and (gpus is not None or lane.mode != "hgx"):
             lane.placed[s.id] = got[1]["node"]
             lane.outcome.started.add(s.id)
             lane.running += s.size
-            if lane.system in ("a", "e"):
+            if gpus is not None:
+                lane.taken[s.id] = gpus
+                lane.holding[s.id] = (got[1]["node"], gpus)
+            if lane.by_binder:
                 pin = (made["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
                 lane.counts["pin_agrees"] += pin == got[1]["node"]
             return
-        lane.counts["unschedulable" if got is not None else "no_launcher_pod"] += 1
+        lane.counts["no_launcher_pod" if got is None else
+                    "claim_not_allocated" if got[1]["node"] else "unschedulable"] += 1
         await self._stop_vmi(lane, s)
-        if lane.system in ("a", "e"):  # admitted, yet its Pod never bound: withdraw it whole
+        if lane.by_binder:  # admitted, yet its Pod never bound: withdraw it whole
             lane.counts["admitted_not_bound"] += 1
             if s.held:
                 await self._delete_held(lane, s)
+
+    async def _gpus_of(self, lane: Lane, s: pt.GpuSet, pod: dict) -> tuple[int, ...] | None:
+        """HGX: the GPU indices of started set `s` (bound `pod`): (a, b) its claim's
+        allocation once the watch saw it (within the deadline; None when not: counted as
+        `claim_not_allocated`), checked to lie on the Pod's node; (c) the device plugin's
+        pick, the lowest-index GPUs of the node this lane holds no set on
+        (`bench.packing_hgx.lowest_free`). None for issue 21's pools."""
+        if lane.mode != "hgx":
+            return None
+        if not lane.claims:
+            return ph.lowest_free(lane.free_gpus(pod["node"]), s.size)
+        keys = [(lane.ns, c) for c in pod["claims"]]
+        if not keys or not await wait_cached(lambda: all(self.seen.claims.get(k) for k in keys),
+                                             self.deadline):
+            return None
+        out = []
+        for k in keys:
+            pool, devices = self.seen.claims[k]
+            lane.counts["allocation_off_node"] += pool != pod["node"]
+            out += [ph.NAMES.index(d) for d in devices]
+        lane.counts["allocated_other_size"] += len(out) != s.size
+        return tuple(sorted(out))
 
     async def _create_vmi(self, lane: Lane, name: str, s: pt.GpuSet) -> dict:
         """Create the VMI; a denial naming a held device "not found" (the webhook's informer
@@ -248,20 +350,28 @@ class Replayer:
             return
         if kind == "stop":
             node = lane.placed[s.id]
-            await self._stop_vmi(lane, s)
             lane.running -= s.size
+            if s.idle and lane.dra_alone:  # its VMI, Pod and claim keep the GPUs until release
+                lane.held_idle += s.size
+                return
+            await self._stop_vmi(lane, s)
+            if lane.mode == "hgx" and not lane.claims:  # (c): kubelet frees the Pod's GPUs
+                lane.holding.pop(s.id, None)
             if s.idle:
                 lane.held_idle += s.size
-                if lane.system in ("b", "c"):
+                if not lane.by_binder:
                     await self._placeholder(lane, s, node)
                 return
         else:
             lane.held_idle -= s.size
-            if lane.system in ("b", "c"):
+            if lane.dra_alone:
+                await self._stop_vmi(lane, s)
+            elif not lane.by_binder:
                 await self._delete_pod(lane.ns, f"idle-{s.id}")
-        if lane.system in ("a", "e") and s.held:
+        lane.holding.pop(s.id, None)
+        if lane.by_binder and s.held:
             await self._delete_held(lane, s)
-        elif lane.system in ("a", "e"):  # H2 deletes the template devices
+        elif lane.by_binder:  # H2 deletes the template devices
             vmi = f"s{s.id}"
             ok = await wait_cached(lambda: not any(ns == lane.ns and t == vmi
                                               for (ns, _), (_, t) in self.seen.devices.items()),
@@ -292,6 +402,11 @@ class Replayer:
             await self._delete_pod(lane.ns, got[0])
         ok = await wait_cached(lambda: self.seen.pod_of(lane.ns, uid) is None, self.release_timeout)
         lane.counts["pod_gone_timeout"] += not ok
+        if got is not None and got[1]["claims"]:  # its claim deallocated or deleted (DRA)
+            keys = [(lane.ns, c) for c in got[1]["claims"]]
+            ok = await wait_cached(lambda: not any(self.seen.claims.get(k) for k in keys),
+                                   self.release_timeout)
+            lane.counts["claim_free_timeout"] += not ok
 
     async def _delete_pod(self, ns: str, name: str) -> None:
         from kubernetes_asyncio.client import ApiException

@@ -18,10 +18,16 @@ def figure(report: dict, load: str, system: str, key: str, size: str | None = No
     return s[key][size] if size else s[key]
 
 
+def _t(value, target: str, met) -> dict:
+    return {"value": value, "target": target, "met": met}
+
+
 def targets(report: dict) -> dict:
-    """Issue 21's targets, each {value, target, met} (met None when a figure is missing)."""
-    def t(value, target: str, met) -> dict:
-        return {"value": value, "target": target, "met": met}
+    """Issue 21's targets (issue 33's for the HGX pools, `hgx_targets`), each {value,
+    target, met} (met None when a figure is missing)."""
+    if report.get("mode") == "hgx":
+        return hgx_targets(report)
+    t = _t
     out = {}
     a8, b8 = figure(report, "0.85", "a", "sets_started", "8"), figure(report, "0.85", "b", "sets_started", "8")
     out["load 0.85: gpu-binder 8-GPU sets"] = t(a8, ">= 0.97", None if a8 is None else a8 >= 0.97)
@@ -46,6 +52,33 @@ def targets(report: dict) -> dict:
     return out
 
 
+def hgx_targets(report: dict) -> dict:
+    """Issue 33's targets on the HGX pools, each {value, target, met}: (a) and (b) every
+    admitted multi-GPU set a valid partition at every load; at 0.85 (a) starts >= 97 % of
+    8-GPU sets and >= 1.5x (b)'s share; at 0.95 (a)'s GPU demand within 3 points of the
+    bound; (c)'s invalid share measured (met when measured)."""
+    out = {}
+    for key in "ab":
+        shares = {load: figure(report, load, key, "valid_partition") for load in report["loads"]}
+        got = [v for v in shares.values() if v is not None]
+        out[f"({key}) every admitted multi-GPU set a valid partition"] = _t(
+            shares, "1.0 at every load", all(v == 1.0 for v in got) if got else None)
+    a8, b8 = figure(report, "0.85", "a", "sets_started", "8"), figure(report, "0.85", "b", "sets_started", "8")
+    out["load 0.85: (a) 8-GPU sets"] = _t(a8, ">= 0.97", None if a8 is None else a8 >= 0.97)
+    out["load 0.85: (a) / (b), 8-GPU sets"] = _t(
+        None if a8 is None or b8 is None else (round(a8 / b8, 2) if b8 else "inf"), ">= 1.5",
+        None if a8 is None or b8 is None else (b8 == 0 and a8 > 0) or (b8 > 0 and a8 / b8 >= 1.5))
+    a, d = figure(report, "0.95", "a", "demand_started"), figure(report, "0.95", "d", "demand_started")
+    out["load 0.95: (a) demand within 3 points of the bound"] = _t(
+        None if a is None or d is None else round(d - a, 4), "bound - (a) <= 0.03",
+        None if a is None or d is None else d - a <= 0.03)
+    c = {load: figure(report, load, "c", "valid_partition") for load in report["loads"]}
+    out["(c) invalid partitions measured"] = _t(
+        {k: None if v is None else round(1 - v, 4) for k, v in c.items()}, "measured and reported",
+        None if all(v is None for v in c.values()) else True)
+    return out
+
+
 def plot(report: dict, path: Path) -> None:
     """Per load: GPU utilisation and the largest placeable set over trace time, per system."""
     import matplotlib
@@ -54,14 +87,16 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     loads = list(report["loads"])
-    fig, axes = plt.subplots(len(loads), 2, figsize=(12, 3.2 * len(loads)), squeeze=False)
+    hgx = report.get("mode") == "hgx"
+    fig, axes = plt.subplots(len(loads), 3 if hgx else 2, figsize=(18 if hgx else 12, 3.2 * len(loads)),
+                             squeeze=False)
     gpus = report["plan"]["nodes_per_lane"] * report["plan"]["gpus_per_node"]
     for row, load in zip(axes, loads):
         for key, s in report["loads"][load]["systems"].items():
             tl = s.get("timeline") if isinstance(s, dict) else None
             if not tl:
                 continue
-            label = f"({key}) {SYSTEMS[key]}"
+            label = f"({key}) {report['systems'][key]}"
             use = [p for p in tl if p[1] is not None]
             big = [p for p in tl if p[3] is not None]
             row[0].step([p[0] for p in use], [p[1] / gpus for p in use], where="post",
@@ -71,10 +106,12 @@ def plot(report: dict, path: Path) -> None:
         row[1].set_title(f"load {load}: largest placeable set")
         row[0].set_ylim(0, 1.05)
         row[1].set_yticks(list(pt.SIZES) + [0])
-        for ax in row:
+        for ax in row[:2]:
             ax.set_xlabel("trace time (s; mean VM life 100)")
             ax.axvline(report["plan"]["warmup_mean_lives"] * pt.MEAN_LIFE, color="grey", ls=":")
         row[0].legend(fontsize=7, loc="lower right")
+        if hgx:
+            _bars(row[2], report, load)
     if report["simulation_only"]:
         fig.suptitle("simulation only (no cluster): the bound (d); see the report's simulation")
     fig.tight_layout()
@@ -82,12 +119,32 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _pct(v) -> str:
+    return "–" if v is None else f"{100 * v:.1f} %"
+
+
+def _bars(ax, report: dict, load: str) -> None:
+    """HGX: per system, GPU demand started, 8-GPU sets started and the share of admitted
+    multi-GPU sets forming a valid partition, as grouped bars."""
+    keys = [k for k in "abcd" if k in report["loads"][load]["systems"]]
+    figures = (("GPU demand", "demand_started", None), ("8-GPU sets", "sets_started", "8"),
+               ("valid partitions", "valid_partition", None))
+    for i, (label, key, size) in enumerate(figures):
+        vals = [figure(report, load, k, key, size) or 0 for k in keys]
+        ax.bar([j + 0.27 * (i - 1) for j in range(len(keys))], vals, width=0.27, label=label)
+    ax.set_xticks(range(len(keys)), [f"({k})" for k in keys])
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"load {load}: started and valid partitions per system")
+    ax.legend(fontsize=7, loc="lower left")
+
+
 def summary(report: dict) -> list[str]:
     """The report as Markdown table rows (header first): per load and system, demand started,
     8- and 4-GPU sets started, mean utilisation, time an 8-GPU set fits; the simulation's rows
-    are marked "sim"."""
-    def pct(v) -> str:
-        return "–" if v is None else f"{100 * v:.1f} %"
+    are marked "sim". The HGX pools: `hgx_summary`."""
+    if report.get("mode") == "hgx":
+        return hgx_summary(report)
+    pct = _pct
     rows = ["| load | system | GPU demand started | 8-GPU sets | 4-GPU sets | mean utilisation "
             "| time an 8-GPU set fits |", "|---|---|---|---|---|---|---|"]
     for load, entry in report["loads"].items():
@@ -108,4 +165,24 @@ def summary(report: dict) -> list[str]:
             rows.append(f"| {load} | sim: {policy} | {pct(fig['demand_started'])} | "
                         f"{pct(fig['sets_started']['8'])} | {pct(fig['sets_started']['4'])} | "
                         f"{pct(fig['mean_utilisation'])} | {pct(fig['time_8_placeable'])} |")
+    return rows
+
+
+def hgx_summary(report: dict) -> list[str]:
+    """The HGX report as Markdown table rows (header first): per load and system (then the
+    simulation's, marked "sim"), GPU demand started, 8-, 4- and 2-GPU sets started, the share
+    of admitted multi-GPU sets forming a valid partition, mean utilisation."""
+    rows = ["| load | system | GPU demand started | 8-GPU sets | 4-GPU sets | 2-GPU sets "
+            "| valid partitions | mean utilisation |", "|---|---|---|---|---|---|---|---|"]
+    for load, entry in report["loads"].items():
+        named = [(f"({k}) {report['systems'][k]}", entry["systems"][k])
+                 for k in "abcd" if k in entry["systems"]]
+        named += [(f"sim: ({fig['system']}) {policy}", fig)
+                  for policy, fig in entry["simulation"].items() if policy != "note"]
+        for name, fig in named:
+            sets = fig["sets_started"]
+            rows.append(f"| {load} | {name} | {_pct(fig['demand_started'])} | {_pct(sets['8'])} | "
+                        f"{_pct(sets['4'])} | {_pct(sets['2'])} | {_pct(fig.get('valid_partition'))}"
+                        f" ({fig.get('invalid_partition_sets', 0)} invalid) | "
+                        f"{_pct(fig['mean_utilisation'])} |")
     return rows

@@ -247,27 +247,21 @@ def simulate(trace: Trace, policy: str) -> Outcome:
     on an unknown policy. This is a simulation, not a measurement of the system."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
-    free = [GPUS_PER_NODE] * trace.nodes
-    where: dict[int, int] = {}      # set id -> node (not kept by `repack`)
+    return replay(trace, CountPlacer(trace.nodes, policy))
+
+
+def replay(trace: Trace, placer) -> Outcome:
+    """Replay `trace` in event order against `placer`, which owns the fleet's state: its
+    `place(s) -> bool` (started or refused, at arrival), `idle(s)` (a held set's VM stopped,
+    its devices kept), `release(s)` (its GPUs given back) and `largest() -> int` (the largest
+    set placeable now). The loop every simulated policy shares (this module's count policies,
+    `bench.packing_hgx`'s device-level ones)."""
     live: dict[int, GpuSet] = {}    # placed sets not yet released
-    idle: set[int] = set()
     out = Outcome()
     running = held_idle = 0
     for t, _, kind, s in trace.events():
         if kind == "arrive":
-            node = _place(free, s.size, policy) if policy != "repack" else None
-            if policy == "repack":
-                ok = sum(free) >= s.size
-                if ok:
-                    free[0] -= s.size  # only the total matters to the bound
-            elif node is None and policy == "defrag":
-                ok = _defrag_place(free, where, live, idle, s)
-            else:
-                ok = node is not None
-                if ok:
-                    free[node] -= s.size
-                    where[s.id] = node
-            if ok:
+            if placer.place(s):
                 live[s.id] = s
                 out.started.add(s.id)
                 running += s.size
@@ -275,17 +269,57 @@ def simulate(trace: Trace, policy: str) -> Outcome:
             if kind == "stop":
                 running -= s.size
                 if s.idle:
-                    idle.add(s.id)
+                    placer.idle(s)
                     held_idle += s.size
-                    out.timeline.append((t, running, held_idle, _largest(free, policy)))
+                    out.timeline.append((t, running, held_idle, placer.largest()))
                     continue
             else:
-                idle.discard(s.id)
                 held_idle -= s.size
             live.pop(s.id)
-            free[where.pop(s.id, 0)] += s.size
-        out.timeline.append((t, running, held_idle, _largest(free, policy)))
+            placer.release(s)
+        out.timeline.append((t, running, held_idle, placer.largest()))
     return out
+
+
+class CountPlacer:
+    """A count policy of POLICIES over `nodes` × 8 free units (the `replay` protocol)."""
+
+    def __init__(self, nodes: int, policy: str) -> None:
+        self.policy = policy
+        self.free = [GPUS_PER_NODE] * nodes
+        self.where: dict[int, int] = {}      # set id -> node (not kept by `repack`)
+        self.live: dict[int, GpuSet] = {}
+        self.idle_ids: set[int] = set()
+
+    def place(self, s: GpuSet) -> bool:
+        free, policy = self.free, self.policy
+        if policy == "repack":
+            ok = sum(free) >= s.size
+            if ok:
+                free[0] -= s.size  # only the total matters to the bound
+        else:
+            node = _place(free, s.size, policy)
+            if node is None and policy == "defrag":
+                ok = _defrag_place(free, self.where, self.live, self.idle_ids, s)
+            else:
+                ok = node is not None
+                if ok:
+                    free[node] -= s.size
+                    self.where[s.id] = node
+        if ok:
+            self.live[s.id] = s
+        return ok
+
+    def idle(self, s: GpuSet) -> None:
+        self.idle_ids.add(s.id)
+
+    def release(self, s: GpuSet) -> None:
+        self.idle_ids.discard(s.id)
+        self.live.pop(s.id)
+        self.free[self.where.pop(s.id, 0)] += s.size
+
+    def largest(self) -> int:
+        return _largest(self.free, self.policy)
 
 
 def _largest(free: list[int], policy: str) -> int:

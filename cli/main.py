@@ -121,9 +121,9 @@ def _bench_run(args: argparse.Namespace) -> int:
 
         from dataclasses import replace
 
-        from bench.packing import FULL, QUICK
+        from bench.packing import FULL, QUICK, QUICK_HGX
 
-        plan = QUICK if args.quick else FULL
+        plan = (QUICK_HGX if args.hgx else QUICK) if args.quick else FULL
         if args.nodes:
             plan = replace(plan, nodes=args.nodes)
         if args.arrivals:
@@ -132,14 +132,15 @@ def _bench_run(args: argparse.Namespace) -> int:
         if not systems or set(systems) - set("abce"):
             raise _BadBenchArgs(f"gpu-binder bench: --systems takes a,b,c,e, got {args.systems!r}")
         report = run_packing(out, quick=args.quick, seed=args.seed, simulate_only=args.simulate,
-                             plan=plan, systems=systems)
+                             plan=plan, systems=systems, hgx=args.hgx)
         from bench.packing import summary
 
         print("\n".join(summary(report)))
         for name, t in report["targets"].items():
             met = {True: "met", False: "NOT met", None: "not available"}[t["met"]]
             print(f"target {name}: {t['value']} ({t['target']}): {met}")
-        print(f"report: {out}/packing.json, plot: {out}/packing.png")
+        stem = "packing-hgx" if args.hgx else "packing"
+        print(f"report: {out}/{stem}.json, plot: {out}/{stem}.png")
         return 0
     if args.which == "scale":
         from bench.scale import QUICK_PLAN, run as run_scale, summary as scale_summary
@@ -365,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-out",
                        help="directory for the JSON report and PNG plot (default: %(default)s)")
     bench.add_argument("--quick", action="store_true",
-                       help="fewer levels and requests; packing: 6 nodes a lane, 30 scored arrivals, load 0.85 (default: the full run)")
+                       help="fewer levels and requests; packing: 6 nodes a lane, 30 scored arrivals, load 0.85 (with --hgx: 4 nodes, 16 arrivals) (default: the full run)")
     bench.add_argument("--seed", type=int, default=1,
                        help="seed of the generated workload (default: %(default)s)")
     bench.add_argument("--gpus", default="1",
@@ -381,6 +382,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--simulate", action="store_true",
                        help="packing: the policy simulation only (tightest fit, spread, defrag, "
                             "repack on the same traces), no cluster (default: off)")
+    bench.add_argument("--hgx", action="store_true",
+                       help="packing: HGX pools (hgx-h100-8 boards) in device mode, issue 33: "
+                            "a gpu-binder in device mode, b kube-scheduler's DRA allocator alone, "
+                            "c gpu-binder in count mode with a device plugin's pick, d the bound; "
+                            "writes packing-hgx.json/png (default: off)")
     bench.add_argument("--nodes", type=_count(1), default=None,
                        help="packing: nodes of 8 GPUs per system and load (default: 24; with "
                             "--quick 6); scale: nodes of the large cluster (default: 1000; with "
