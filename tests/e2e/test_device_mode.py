@@ -23,7 +23,7 @@ from localcluster.dra_profiles import DRIVER, HGX_H100_8, module_index, resource
 from localcluster.dra_world import DEVICE_BUDGET_KEY, HGX_CLASS, dra_node, group_formed
 from model.dra import Inventory, parse_resource_slice
 from tests.e2e.conftest import unique
-from tests.e2e.helpers import class_rv, eventually, node_rv, replicas_saw
+from tests.e2e.helpers import class_rv, device_rv, eventually, node_rv, replicas_saw
 from tests.e2e.test_dra_kubevirt import RESOURCE, pinned_claim
 from tests.support.kubevirt_vmis import (  # noqa: F401 (system, kubevirt: fixtures)
     bound_launcher, create, kubevirt, pin, system, vmi)
@@ -185,3 +185,43 @@ async def test_DR2_an_administrators_claim_and_a_tainted_device_are_never_handed
     assert not set(handed) & {*foreign, tainted}, (handed, foreign, tainted)
     refused, why = await create(fleet, tenant, vmi("vm-5", cls, 1))
     assert refused is None and nodes["hgx"] in why, why
+
+
+async def test_DR4_a_held_device_gathers_with_a_template_into_one_partition_and_a_deleted_vmi_leaves_no_claim(
+        dra, fleet):
+    """A held device keeps its exact device when its VMI goes (H2 clears the attachment, the
+    record stays); the VMI's claim is deleted once the VMI is gone and the grace passed (DR5,
+    H2: no orphan claim); a new VMI asking for that held device plus one template device gets
+    both in one partition of 2, the held one re-pointed if its pair is not free (DR4)."""
+    cls, nodes, tenant, _ = await world(fleet, dra, {"hgx": {}})
+    await fleet.device(tenant, "held-a", cls)
+    await replicas_saw(dra, {"gpudevices": await device_rv(fleet, tenant, "held-a")}, what="held-a")
+    first = vmi("vm-held", cls, 1)
+    first["metadata"]["annotations"] = {"gpu.cozystack.io/devices": "held-a"}
+    made, why = await create(fleet, tenant, first)
+    assert made is not None, why
+    [kept] = await check_admitted_set(fleet, tenant, made, 1)
+    claim_name = made["spec"]["resourceClaims"][0]["resourceClaimName"]
+    await fleet.custom.delete_namespaced_custom_object("kubevirt.io", "v1", tenant,
+                                                       "virtualmachineinstances", "vm-held")
+
+    async def released():
+        dev = await fleet.custom.get_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant,
+                                                              "gpudevices", "held-a")
+        st = dev.get("status") or {}
+        claims = await fleet.custom.list_namespaced_custom_object(RESOURCE, "v1", tenant, "resourceclaims")
+        names = [c["metadata"]["name"] for c in claims["items"]]
+        if st.get("attachedTo") is None and claim_name not in names:
+            return st
+        return None
+
+    st = await eventually(released, timeout=60, what="held-a released and the VMI's claim deleted")
+    assert (st["phase"], st["nodeName"], st["device"]["device"]) == ("Bound", nodes["hgx"], kept)
+    second = vmi("vm-pair", cls, 1)
+    second["metadata"]["annotations"]["gpu.cozystack.io/devices"] = "held-a"
+    made, why = await create(fleet, tenant, second)
+    assert made is not None, why
+    assert pin(made) == nodes["hgx"]
+    record = await check_admitted_set(fleet, tenant, made, 2)
+    assert group_formed(devices_of(nodes["hgx"], record), HGX_CLASS.match_attribute) \
+        .startswith(f"{DRIVER}/partition2=")
