@@ -319,6 +319,9 @@ class ClusterCache:
     def _refresh_nodes(self, names: set[str]) -> None:
         for name in sorted(names):
             self._refresh_node(name)
+        for selector_of, device, error in self.dra.drain_errors():
+            log.warning("device selector failed; the device does not match", selector_of=selector_of,
+                        device=device, error=error[:300])
 
     def _put_class(self, cls: GPUClass) -> None:
         self._parsed_classes[cls.name] = cls

@@ -30,6 +30,9 @@ from model.types import GPUClass, GPUDevice, dra_resource_name
 PoolKey = tuple[str, str]
 """(driver, pool)."""
 
+ERRORS_MAX = 1_000
+"""Most selector errors kept between two `drain_errors` calls (the rest are dropped)."""
+
 MATCH_CACHE_MAX = 200_000
 """Most remembered selector verdicts (device × class); past it the memo starts over (a fleet
 of 1,000 HGX nodes with three classes needs 24,000)."""
@@ -90,6 +93,7 @@ class DraIndex:
         self._classes: dict[str, GPUClass] = {}
         self._class_selectors: dict[str, tuple[Selector, ...] | str] = {}
         self._match_cache: dict[tuple[str, DeviceRef, SliceDevice], bool] = {}
+        self.errors: list[tuple[str, str, str]] = []
 
     # -- slices -----------------------------------------------------------------------------
     def put_slice(self, obj: Mapping[str, Any]) -> set[str]:
@@ -243,8 +247,18 @@ class DraIndex:
         if hit is None:
             if len(self._match_cache) >= MATCH_CACHE_MAX:  # slices replaced many times over
                 self._match_cache.clear()
-            hit = self._match_cache[key] = matches_all(selectors, device.cel_view()).matched
+            verdict = matches_all(selectors, device.cel_view())
+            hit = self._match_cache[key] = verdict.matched
+            if verdict.error is not None and len(self.errors) < ERRORS_MAX:
+                self.errors.append((what.split(":", 1)[1], str(device.ref), verdict.error))
         return hit
+
+    def drain_errors(self) -> list[tuple[str, str, str]]:
+        """The selector run-time errors seen since the last call (each once per device and
+        class while its verdict is remembered): (DeviceClass or GPUClass name, device, the
+        CEL error). Such a device does not match (as Kubernetes' allocator treats it)."""
+        out, self.errors = self.errors, []
+        return out
 
     def node_fields(self, node: str, bound: Iterable[GPUDevice]) -> NodeDevices:
         """The device-mode fields of `node` (module docstring). `bound`: the Bound GPUDevices

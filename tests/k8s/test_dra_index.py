@@ -165,3 +165,18 @@ def test_DR1_the_ready_condition_says_the_problem_or_the_mode():
         "True", "CountMode", "units of extended resource nvidia.com/H100")
     missing = replace(HGX, problem=f"DeviceClass {DEVICE_CLASS} does not exist")
     assert ready_condition(missing) == ("False", "CannotServe", f"DeviceClass {DEVICE_CLASS} does not exist")
+
+
+def test_a_selector_run_time_error_is_no_match_and_is_reported_once():
+    idx = DraIndex()
+    idx.put_device_class(device_class())
+    odd = GPUClass("odd", RES, device_class_name=DEVICE_CLASS,
+                   selectors=('device.attributes["gpu.nvidia.com"].noSuchAttribute == 1',))
+    idx.set_classes([odd])
+    idx.put_slice(resource_slice("hgx-1", HGX_H100_8))
+    assert names(idx.node_fields("hgx-1", []), "odd") == []
+    errors = idx.drain_errors()
+    assert len(errors) == 8 and {e[0] for e in errors} == {"odd"}
+    assert errors[0][1] == "gpu.nvidia.com/hgx-1/gpu-vfio-0" and "noSuchAttribute" in errors[0][2]
+    idx.node_fields("hgx-1", [])
+    assert idx.drain_errors() == []  # remembered verdicts are not re-evaluated
