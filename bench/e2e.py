@@ -15,6 +15,17 @@ made Ready and untainted for it; no kubelet runs, so a Pod counts as admitted on
 bound. Per GPU count the report gives admissions/s, p50/p99, writes per admission and our
 rate ÷ kube-scheduler's. The two share the fleet's allocatable without seeing each other
 (the binder counts GPUDevices, kube-scheduler Pods), so the fleet is sized for each alone.
+
+`modes` (issue 32): count mode is the fleet above (extended resource `RES`); device mode
+(DESIGN.md §3b) is the same number of nodes again as HGX H100 boards publishing their
+ResourceSlices (`localcluster.dra_world`; the cluster runs with NVIDIA's DeviceClass,
+`LocalCluster(dra=True)`) and the device-mode GPUClass `HGX_CLASS` (whole Fabric Manager
+partitions, `gpu.nvidia.com/partition{size}`). Each level runs in every mode, one after the
+other on the same API server (so a change of the machine's load meets both); a device-mode
+admission is also timed to the webhook's answer, which now includes creating the VMI's
+ResourceClaim (DR5). The report's `device_vs_count` gives, per level run in both modes,
+device-mode p99 ÷ count-mode p99 (issue 32's target: at most 1.5 at concurrency 20 for 1-, 4-
+and 8-GPU sets).
 Writes `e2e.json` and `e2e.png` into the output folder.
 """
 
@@ -36,10 +47,16 @@ from pathlib import Path
 import anyio
 
 from bench.common import apiserver_metrics, machine, percentile
+from localcluster.dra_profiles import HGX_H100_8
+from localcluster.dra_world import HGX_CLASS, dra_node
 from localcluster.fleet import Fleet
 from localcluster.cluster import LocalCluster
 
 RES = "nvidia.com/GH100_H100"
+MODES = ("count", "device")
+CLASS_OF = {"count": "h100", "device": HGX_CLASS.name}
+"""The GPUClass each mode's VMIs ask for."""
+NODE_PREFIX = {"count": "bench-node", "device": "bench-hgx"}
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -229,21 +246,25 @@ async def _scheduler_level(api, ns: str, concurrency: int, count: int, tag: str,
 
 
 def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] = (1,),
-        vs_scheduler: bool = False, levels: tuple[int, ...] | None = None) -> dict:
+        vs_scheduler: bool = False, levels: tuple[int, ...] | None = None,
+        modes: tuple[str, ...] = ("count",)) -> dict:
     """Run the benchmark; write e2e.json and e2e.png into `out`; return the report.
 
     `gpus`: GPU counts per VMI; 1 runs every concurrency level, any other count one level
     at concurrency 20. `vs_scheduler`: kube-scheduler binding Pods of each count too.
-    `levels`: the 1-GPU concurrency levels (default: 1, 5, 10, 20, 50; quick 1, 10, 20)."""
+    `levels`: the 1-GPU concurrency levels (default: 1, 5, 10, 20, 50; quick 1, 10, 20).
+    `modes`: "count" and/or "device" (module docstring); `nodes` is per mode."""
+    if not modes or set(modes) - set(MODES):
+        raise ValueError(f"modes are {', '.join(MODES)}, got {modes!r}")
     out.mkdir(parents=True, exist_ok=True)
     plan, per_level, nodes = _plan(quick, gpus, levels)
     random.seed(seed)
     report: dict = {"benchmark": "e2e", "quick": quick, "seed": seed, "nodes": nodes,
                     "gpus_per_node": 8, "vmis_per_level": per_level, "gpus": list(gpus),
-                    "vs_scheduler": vs_scheduler,
+                    "modes": list(modes), "vs_scheduler": vs_scheduler,
                     "load_before": os.getloadavg(),
                     "machine": machine()}
-    with LocalCluster(controllers=2, log_dir=out / "logs") as lc:
+    with LocalCluster(controllers=2, log_dir=out / "logs", dra="device" in modes) as lc:
         version = json.loads(lc.cp.kubectl("version", "-o", "json").stdout)
         report["versions"] = {"kube-apiserver": version["serverVersion"]["gitVersion"],
                               "kubectl": version["clientVersion"]["gitVersion"],
@@ -288,12 +309,20 @@ async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], 
     api = await new_client_from_config(config_file=str(lc.cp.admin_kubeconfig))
     try:
         fleet = Fleet(api)
-        await _make_fleet(fleet, report["nodes"], pods=scheduler_gpus is not None)
+        modes = tuple(report.get("modes") or ("count",))
+        await _make_fleet(fleet, report["nodes"], pods=scheduler_gpus is not None, modes=modes)
         ceiling = await _write_ceiling(fleet, report["quick"])
         report["raw_status_patch_per_s"] = round(ceiling, 1)
         report["levels"] = []
         for g, c in plan:
-            report["levels"].append(await _our_level(api, fleet, g, c, per_level, ceiling))
+            for mode in modes:
+                report["levels"].append(
+                    await _our_level(api, fleet, g, c, per_level, ceiling, mode))
+        report["device_vs_count"] = device_vs_count(report["levels"])
+        for r in report["device_vs_count"]:
+            print(f"{r['gpus']}-GPU VMIs, concurrency {r['concurrency']:>3}: device-mode p99 "
+                  f"{r['device_p99_ms']} ms ÷ count-mode p99 {r['count_p99_ms']} ms = "
+                  f"{r['p99_ratio']}", flush=True)
         if scheduler_gpus is not None:
             report["scheduler"] = []
             for g in sorted(scheduler_gpus, reverse=True):
@@ -303,20 +332,29 @@ async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], 
         await api.close()
 
 
-async def _make_fleet(fleet: Fleet, nodes: int, *, pods: bool) -> None:
-    """The GPU class, `nodes` Ready untainted nodes of 8 GPUs (16 made at once), and the
-    tenants: `bench` (VMIs), `bench-raw` (the ceiling's probes), with `pods` `bench-pods`."""
-    await fleet.gpu_class("h100", RES)
+async def _make_fleet(fleet: Fleet, nodes: int, *, pods: bool,
+                      modes: tuple[str, ...] = ("count",)) -> None:
+    """The count-mode GPU class (the write ceiling's probes use it), per mode of `modes`
+    `nodes` Ready untainted nodes of 8 GPUs (16 made at once; count mode: `RES`
+    allocatable; device mode: an HGX board's ResourceSlice, and the class `HGX_CLASS`), and
+    the tenants: `bench` (VMIs), `bench-raw` (the ceiling's probes), with `pods` `bench-pods`."""
+    await fleet.gpu_class(CLASS_OF["count"], RES)
+    if "device" in modes:
+        await fleet.gpu_class(CLASS_OF["device"], device_mode=HGX_CLASS.spec())
     limit = anyio.Semaphore(16)
 
-    async def make_node(i: int) -> None:
+    async def make_node(mode: str, i: int) -> None:
         async with limit:
-            name = f"bench-node-{i:03d}"
+            name = f"{NODE_PREFIX[mode]}-{i:03d}"
+            if mode == "device":
+                await dra_node(fleet, name, HGX_H100_8)
+                return
             await fleet.node(name, {RES: 8})
             await _ready_untainted(fleet, name, {RES: 8})
     async with anyio.create_task_group() as tg:
-        for i in range(nodes):
-            tg.start_soon(make_node, i)
+        for mode in modes:
+            for i in range(nodes):
+                tg.start_soon(make_node, mode, i)
     await fleet.tenant("bench")
     await fleet.tenant("bench-raw")
     if pods:
@@ -342,19 +380,25 @@ async def _write_ceiling(fleet: Fleet, quick: bool) -> float:
     return ceiling
 
 
-async def _our_level(api, fleet: Fleet, g: int, c: int, per_level: int, ceiling: float) -> dict:
-    """One level of `per_level` VMIs of `g` GPUs from `c` concurrent clients, with the
-    GPUDevice writes it cost (from the API server's counters); printed as one line."""
+async def _our_level(api, fleet: Fleet, g: int, c: int, per_level: int, ceiling: float,
+                     mode: str = "count") -> dict:
+    """One level of `per_level` VMIs of `g` GPUs of `mode`'s class from `c` concurrent
+    clients, with the GPUDevice writes (and ResourceClaim writes) it cost (from the API
+    server's counters); printed as one line."""
     (w0, a0) = await _writes(api)
-    lvl = await _level(fleet, "bench", c, per_level, f"g{g}c{c}", "h100", g)
+    (cw0, _) = await _writes(api, "resourceclaims")
+    tag = ("d" if mode == "device" else "") + f"g{g}c{c}"
+    lvl = {"mode": mode, **await _level(fleet, "bench", c, per_level, tag, CLASS_OF[mode], g)}
     (w1, a1) = await _writes(api)
+    (cw1, _) = await _writes(api, "resourceclaims")
+    lvl["claim_writes"] = cw1 - cw0
     lvl["gpudevice_writes"] = w1 - w0
     lvl["gpudevice_write_requests"] = a1 - a0  # failed ones too
     lvl["writes_per_admission"] = round((w1 - w0) / max(lvl["admitted"], 1), 2)
     lvl["write_requests_per_admission"] = round((a1 - a0) / max(lvl["admitted"], 1), 2)
     lvl["share_of_write_ceiling"] = round(
         lvl["admissions_per_s"] * lvl["writes_per_admission"] / ceiling, 3)
-    print(f"{g}-GPU VMIs, concurrency {c:>3}: {lvl['admissions_per_s']:>6} admissions/s, "
+    print(f"{mode}: {g}-GPU VMIs, concurrency {c:>3}: {lvl['admissions_per_s']:>6} admissions/s, "
           f"p50 {lvl['p50_ms']} ms, p99 {lvl['p99_ms']} ms, "
           f"{lvl['writes_per_admission']} writes/admission "
           f"({lvl['write_requests_per_admission']} requests), "
@@ -373,7 +417,8 @@ async def _scheduler_vs_ours(api, g: int, per_level: int, ours: list[dict]) -> d
     (w1, _) = await _writes(api, "pods")
     lvl["pod_writes"] = w1 - w0
     lvl["writes_per_admission"] = round((w1 - w0) / max(lvl["admitted"], 1), 2)
-    same = next((r for r in ours if r["gpus"] == g and r["concurrency"] == c), None)
+    same = next((r for r in ours if r["gpus"] == g and r["concurrency"] == c
+                 and r.get("mode", "count") == "count"), None)
     if same is not None and lvl["admissions_per_s"]:
         lvl["ours_over_scheduler"] = round(same["admissions_per_s"] / lvl["admissions_per_s"], 3)
     print(f"kube-scheduler, {g}-GPU Pods, concurrency {c:>3}: "
@@ -384,22 +429,49 @@ async def _scheduler_vs_ours(api, g: int, per_level: int, ours: list[dict]) -> d
     return lvl
 
 
-TARGETS = {"concurrency": 20, "share_of_write_ceiling": 0.6, "p99_ms": 1000.0}
+TARGETS = {"concurrency": 20, "share_of_write_ceiling": 0.6, "p99_ms": 1000.0,
+           "device_over_count_p99": 1.5}
+
+
+def device_vs_count(levels: list[dict]) -> list[dict]:
+    """Per level run in both modes (same GPUs per VMI and concurrency), in the order run:
+    {gpus, concurrency, count_p99_ms, device_p99_ms, p99_ratio, count_p50_ms, device_p50_ms,
+    p50_ratio} (a ratio None when a p99 is missing or zero: no VMI admitted)."""
+    def ratio(a, b):
+        return round(a / b, 2) if a == a and b == b and a and b else None  # NaN != NaN
+    out = []
+    for c in (r for r in levels if r.get("mode", "count") == "count"):
+        d = next((r for r in levels if r.get("mode") == "device" and r["gpus"] == c["gpus"]
+                  and r["concurrency"] == c["concurrency"]), None)
+        if d is not None:
+            out.append({"gpus": c["gpus"], "concurrency": c["concurrency"],
+                        "count_p99_ms": c["p99_ms"], "device_p99_ms": d["p99_ms"],
+                        "p99_ratio": ratio(d["p99_ms"], c["p99_ms"]),
+                        "count_p50_ms": c["p50_ms"], "device_p50_ms": d["p50_ms"],
+                        "p50_ratio": ratio(d["p50_ms"], c["p50_ms"])})
+    return out
 
 
 def _targets(report: dict) -> dict:
-    """The issue's e2e targets at concurrency 20 (absent when that level was not run)."""
-    lvl = next((r for r in report.get("levels", []) if r["concurrency"] == TARGETS["concurrency"]
-                and r.get("gpus", 1) == 1), None)
-    if lvl is None:
-        return {}
+    """The issue's e2e targets at concurrency 20 (each absent when its level was not run):
+    count mode's 1-GPU write-ceiling share and p99 (issue 5), and per set size run in both
+    modes device-mode p99 ÷ count-mode p99 (issue 32)."""
     at = f"concurrency {TARGETS['concurrency']}"
+    out = {f"device_over_count_p99_{r['gpus']}gpu": {
+        "at": at, "target": f"<= {TARGETS['device_over_count_p99']}", "value": r["p99_ratio"],
+        "met": r["p99_ratio"] is not None and r["p99_ratio"] <= TARGETS["device_over_count_p99"]}
+        for r in report.get("device_vs_count") or [] if r["concurrency"] == TARGETS["concurrency"]}
+    lvl = next((r for r in report.get("levels", []) if r["concurrency"] == TARGETS["concurrency"]
+                and r.get("gpus", 1) == 1 and r.get("mode", "count") == "count"), None)
+    if lvl is None:
+        return out
     share, p99 = lvl["share_of_write_ceiling"], lvl["p99_ms"]
     return {
         "share_of_write_ceiling": {"at": at, "target": f">= {TARGETS['share_of_write_ceiling']}",
                                    "value": share, "met": share >= TARGETS["share_of_write_ceiling"]},
         "p99_ms": {"at": at, "target": f"< {TARGETS['p99_ms']:.0f}", "value": p99,
                    "met": p99 < TARGETS["p99_ms"]},
+        **out,
     }
 
 
@@ -409,7 +481,8 @@ def _plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lv = [r for r in report["levels"] if r.get("gpus", 1) == 1]
+    lv = [r for r in report["levels"] if r.get("gpus", 1) == 1 and r.get("mode", "count") == "count"]
+    dv = [r for r in report["levels"] if r.get("gpus", 1) == 1 and r.get("mode") == "device"]
     xs = [r["concurrency"] for r in lv]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     a.plot(xs, [r["admissions_per_s"] for r in lv], "o-", label="admissions/s")
@@ -421,6 +494,14 @@ def _plot(report: dict, path: Path) -> None:
     a.legend()
     b.plot(xs, [r["p50_ms"] for r in lv], "o-", label="p50")
     b.plot(xs, [r["p99_ms"] for r in lv], "s-", label="p99")
+    if dv:
+        a.plot([r["concurrency"] for r in dv], [r["admissions_per_s"] for r in dv], "o:",
+               label="admissions/s, device mode")
+        b.plot([r["concurrency"] for r in dv], [r["p50_ms"] for r in dv], "o:",
+               label="p50, device mode")
+        b.plot([r["concurrency"] for r in dv], [r["p99_ms"] for r in dv], "s:",
+               label="p99, device mode")
+        a.legend()
     b.axhline(1000, color="grey", ls=":", label="1 s target (p99 @ 20)")
     b.set_xlabel("concurrent clients")
     b.set_ylabel("admission latency (ms)")

@@ -90,6 +90,15 @@ def _demo(args: argparse.Namespace) -> int:
         return 130
 
 
+def _modes(text: str) -> tuple[str, ...]:
+    """`--modes`: count and/or device, comma separated, in the order given."""
+    values = tuple(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+    if not values or set(values) - {"count", "device"}:
+        raise _BadBenchArgs(f"gpu-binder bench: --modes takes count and/or device separated by "
+                            f"commas, got {text!r}")
+    return values
+
+
 def _ints(text: str, flag: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
@@ -148,7 +157,7 @@ def _bench_run(args: argparse.Namespace) -> int:
         report = run_scale(out, nodes=args.nodes or (20 if args.quick else 1000),
                            baseline_nodes=(10 if args.quick else 100) if args.baseline_nodes is None
                            else args.baseline_nodes or None, vmis=args.vmis,
-                           plan=QUICK_PLAN if args.quick else None)
+                           plan=QUICK_PLAN if args.quick else None, modes=_modes(args.modes))
         print("\n".join(scale_summary(report)))
         print(f"report: {out}/scale.json, plot: {out}/scale.png")
         return 0
@@ -182,7 +191,8 @@ def _bench_run(args: argparse.Namespace) -> int:
     if args.which == "e2e":
         run(out, quick=args.quick, seed=args.seed, gpus=_ints(args.gpus, "--gpus"),
             vs_scheduler=args.vs_scheduler,
-            levels=_ints(args.levels, "--levels") if args.levels else None)
+            levels=_ints(args.levels, "--levels") if args.levels else None,
+            modes=_modes(args.modes))
     else:
         run(out, quick=args.quick, seed=args.seed)
     print(f"report: {out}/{args.which}.json, plot: {out}/{args.which}.png")
@@ -375,6 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--levels", default="",
                        help="e2e: concurrency levels (concurrent clients) of the 1-GPU VMIs, comma "
                             "separated (default: 1,5,10,20,50; with --quick 1,10,20)")
+    bench.add_argument("--modes", default="count,device",
+                       help="e2e and scale: count (GPUs as an extended resource) and/or device "
+                            "(HGX boards publishing DRA ResourceSlices, a device-mode GPUClass; "
+                            "docs/device-mode.md), comma separated; e2e runs every level in each "
+                            "mode and reports device p99 ÷ count p99; scale measures the device-"
+                            "mode fleet at --nodes only, without the baseline "
+                            "(default: %(default)s)")
     bench.add_argument("--vs-scheduler", action="store_true",
                        help="e2e: in the same run, kube-scheduler binding Pods of the same GPU "
                             "counts on the same fleet at concurrency 20, and our rate ÷ its "

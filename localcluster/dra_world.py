@@ -62,9 +62,10 @@ async def dra_node(fleet: Fleet, name: str, profile: Profile, *,
                    device_taints: dict[int, list[dict]] | None = None, **node_args) -> None:
     """A KWOK node (no GPU extended resource: its GPUs are DRA devices) and the one
     ResourceSlice of its pool for `profile`, with `device_taints` by GPU index
-    (`resource_slice`); `node_args` go to `Fleet.node` (labels, taints, cordoned ...)."""
+    (`resource_slice`); `node_args` go to `Fleet.node` (labels, taints, cordoned, ready,
+    kwok: True unless given ...)."""
     labels = {"gpu-profile": profile.name, **(node_args.pop("labels", None) or {})}
-    await fleet.node(name, {}, kwok=True, labels=labels, **node_args)
+    await fleet.node(name, {}, labels=labels, **{"kwok": True, **node_args})
     await fleet.custom.create_cluster_custom_object(
         "resource.k8s.io", "v1", "resourceslices", resource_slice(name, profile, taints=device_taints))
 

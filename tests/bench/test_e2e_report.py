@@ -1,0 +1,65 @@
+"""`gpu-binder bench e2e`'s report in both modes (issue 32) without a cluster: the device ÷
+count ratios pair each level with its own twin, the targets name each set size run at
+concurrency 20 in both modes, count mode's own targets read count-mode levels only, and the
+plot draws both modes. The run itself is the benchmark's (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import e2e
+
+
+def _level(mode: str, gpus: int, c: int, p50: float, p99: float) -> dict:
+    return {"mode": mode, "gpus": gpus, "concurrency": c, "vmis": 20, "admitted": 20,
+            "refused": 0, "p50_ms": p50, "p99_ms": p99, "admissions_per_s": 10.0,
+            "writes_per_admission": 4.0, "share_of_write_ceiling": 0.7}
+
+
+LEVELS = [_level("count", 8, 20, 100.0, 200.0), _level("device", 8, 20, 120.0, 260.0),
+          _level("count", 1, 1, 40.0, 50.0), _level("device", 1, 1, 45.0, 60.0),
+          _level("count", 1, 20, 80.0, 300.0), _level("device", 1, 20, 90.0, 600.0),
+          _level("count", 4, 20, 90.0, 250.0)]   # 4 GPUs in count mode only
+
+
+def test_device_vs_count_pairs_each_level_with_its_twin_in_the_order_run():
+    got = e2e.device_vs_count(LEVELS)
+    assert [(r["gpus"], r["concurrency"]) for r in got] == [(8, 20), (1, 1), (1, 20)]
+    assert got[0] == {"gpus": 8, "concurrency": 20, "count_p99_ms": 200.0, "device_p99_ms": 260.0,
+                      "p99_ratio": 1.3, "count_p50_ms": 100.0, "device_p50_ms": 120.0,
+                      "p50_ratio": 1.2}
+    assert got[2]["p99_ratio"] == 2.0
+
+
+def test_a_level_with_nothing_admitted_has_no_ratio():
+    levels = [_level("count", 1, 20, 80.0, 300.0), _level("device", 1, 20, 0, float("nan"))]
+    (r,) = e2e.device_vs_count(levels)
+    assert r["p99_ratio"] is None and r["p50_ratio"] is None
+
+
+def test_targets_per_set_size_at_concurrency_20_and_count_mode_own_targets():
+    report = {"levels": LEVELS, "device_vs_count": e2e.device_vs_count(LEVELS)}
+    t = e2e._targets(report)
+    assert set(t) == {"share_of_write_ceiling", "p99_ms", "device_over_count_p99_8gpu",
+                      "device_over_count_p99_1gpu"}
+    assert t["device_over_count_p99_8gpu"] == {"at": "concurrency 20", "target": "<= 1.5",
+                                               "value": 1.3, "met": True}
+    assert t["device_over_count_p99_1gpu"]["value"] == 2.0
+    assert t["device_over_count_p99_1gpu"]["met"] is False
+    assert t["p99_ms"]["value"] == 300.0   # count mode's level, not device mode's 600
+    # a count-only report (no device levels) keeps its targets as before
+    count_only = [r for r in LEVELS if r["mode"] == "count"]
+    assert set(e2e._targets({"levels": count_only, "device_vs_count": []})) == {
+        "share_of_write_ceiling", "p99_ms"}
+
+
+@pytest.mark.parametrize("modes", [("count",), ("count", "device")])
+def test_plot_draws_every_mode(tmp_path, modes):
+    levels = [r for r in LEVELS if r["mode"] in modes]
+    e2e._plot({"levels": levels, "raw_status_patch_per_s": 500.0}, tmp_path / "e2e.png")
+    assert (tmp_path / "e2e.png").stat().st_size > 10_000
+
+
+def test_run_refuses_an_unknown_mode(tmp_path):
+    with pytest.raises(ValueError, match="modes"):
+        e2e.run(tmp_path, modes=("count", "devices"))
