@@ -360,18 +360,41 @@ async def measure_on(lc, spec: ScaleSpec, plan: Plan) -> dict:
         await api.close()
 
 
+def _measure_cluster(sp: ScaleSpec, plan: Plan, logs, kwok_args: tuple[str, ...]) -> dict:
+    """One size's part of the report: a LocalCluster of its own (two replicas with
+    CONTROLLER_ARGS, KubeVirt's harness; in device mode with NVIDIA's DeviceClass,
+    kube-controller-manager's resourceclaim-controller and `GPUsWithDRA`) populated with `sp`
+    and measured (`measure_on`), with its wall time."""
+    from localcluster.cluster import LocalCluster
+    from localcluster.kubevirt import GPUS_WITH_DRA, KubeVirt
+
+    t0 = time.monotonic()
+    device = sp.mode == "device"
+    say(f"{sp.nodes} nodes ({sp.mode} mode): starting the cluster; load {os.getloadavg()}")
+    with LocalCluster(controllers=2, controller_args=CONTROLLER_ARGS, log_dir=logs,
+                      dra=device) as lc:
+        lc.kubevirt = KubeVirt(lc.cp, log_dir=logs / "kubevirt", kwok_args=kwok_args,
+                               feature_gates=(GPUS_WITH_DRA,) if device else ())
+        lc.kubevirt.start()
+        part = anyio.run(measure_on, lc, sp, plan)
+    part["wall_s"] = round(time.monotonic() - t0, 1)
+    return part
+
+
 def run(out, *, nodes: int = 1000, baseline_nodes: int | None = 100, vmis: int | None = None,
         plan: Plan | None = None, spec: ScaleSpec | None = None, log_dir=None,
-        kwok_args: tuple[str, ...] = ()) -> dict:
+        kwok_args: tuple[str, ...] = (), modes: tuple[str, ...] = ("count",)) -> dict:
     """The benchmark: for `baseline_nodes` (None: skipped) then `nodes`, a LocalCluster of
     its own (two replicas with CONTROLLER_ARGS, KubeVirt's harness) populated with `spec`
     (default ScaleSpec) scaled to that many nodes (`vmis`: VMIs at `nodes`, scaled for the
     baseline) and measured (`measure_on`); `kwok_args`: extra KWOK flags (KWOK's defaults:
-    a 40 s node Lease renewed every 10 s). Writes scale.json and scale.png into `out`;
-    returns the report. Raises ControlPlaneError when a cluster cannot start."""
+    a 40 s node Lease renewed every 10 s). With "device" in `modes` (issue 32) the same
+    spec at `nodes` in device mode (HGX boards publishing ResourceSlices, ScaleSpec.mode) on
+    a cluster of its own, into `device_sizes` (no baseline); without "count" only that.
+    Writes scale.json and scale.png into `out`; returns the report. Raises
+    ControlPlaneError when a cluster cannot start."""
+    from dataclasses import replace
     from pathlib import Path
-
-    from localcluster.cluster import LocalCluster
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -379,24 +402,20 @@ def run(out, *, nodes: int = 1000, baseline_nodes: int | None = 100, vmis: int |
     base = spec or ScaleSpec()
     top = base.scaled(nodes, **({"vmis": vmis} if vmis else {}))
     sizes = [top] + ([top.scaled(baseline_nodes)] if baseline_nodes and baseline_nodes != nodes else [])
+    if "count" not in modes:
+        sizes = []
     report: dict = {"benchmark": "scale", "commit": commit(), "nodes": nodes,
-                    "baseline_nodes": baseline_nodes, "plan": asdict(plan),
+                    "baseline_nodes": baseline_nodes, "modes": list(modes), "plan": asdict(plan),
                     "machine": machine(),
                     "controller_args": list(CONTROLLER_ARGS), "kwok_args": list(kwok_args),
                     "load_before": os.getloadavg(),
-                    "sizes": {}}
+                    "sizes": {}, "device_sizes": {}}
+    logs = Path(log_dir or out / "logs")
     for sp in sorted(sizes, key=lambda s: s.nodes):
-        t0 = time.monotonic()
-        say(f"{sp.nodes} nodes: starting the cluster; load {os.getloadavg()}")
-        logs = Path(log_dir or out / "logs") / f"{sp.nodes}"
-        with LocalCluster(controllers=2, controller_args=CONTROLLER_ARGS, log_dir=logs) as lc:
-            from localcluster.kubevirt import KubeVirt
-
-            lc.kubevirt = KubeVirt(lc.cp, log_dir=logs / "kubevirt", kwok_args=kwok_args)
-            lc.kubevirt.start()
-            part = anyio.run(measure_on, lc, sp, plan)
-        part["wall_s"] = round(time.monotonic() - t0, 1)
-        report["sizes"][str(sp.nodes)] = part
+        report["sizes"][str(sp.nodes)] = _measure_cluster(sp, plan, logs / f"{sp.nodes}", kwok_args)
+    if "device" in modes:
+        report["device_sizes"][str(nodes)] = _measure_cluster(
+            replace(top, mode="device"), plan, logs / f"{nodes}-device", kwok_args)
     report["load_after"] = os.getloadavg()
     report["targets"] = targets(report)
     (out / "scale.json").write_text(json.dumps(report, indent=1))

@@ -15,6 +15,8 @@ from bench.common import (DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VERSION, VMIS, 
                           apiserver_metrics, cpu_seconds, error_text, gpu_vmi, memory_mib,
                           poll_until)
 from bench.scale.workload import TAINT, Population, ScaleSpec, VmiRecord, plan_vmis, problem_nodes
+from localcluster.dra_profiles import HGX_H100_8
+from localcluster.dra_world import HGX_CLASS, dra_node
 from localcluster.fleet import Fleet
 
 
@@ -130,16 +132,19 @@ async def admit(fleet: Fleet, rec: VmiRecord, counts: Counter, *, retry_for: flo
         return
 
 
-async def wait_permitted(fleet: Fleet, cls: str, timeout: float = 90.0) -> None:
-    """Wait until GPUClass `cls` shows KubeVirtPermitted=True (the leader's housekeeping has
-    seen the KubeVirt CR permitting its resource). Raises TimeoutError."""
+async def wait_permitted(fleet: Fleet, cls: str, timeout: float = 90.0,
+                         condition: str = "KubeVirtPermitted") -> None:
+    """Wait until GPUClass `cls` shows `condition`=True (KubeVirtPermitted: the leader's
+    housekeeping has seen the KubeVirt CR permitting its resource; a device-mode class has
+    none, its `Ready` says the leader's cache found its DeviceClass, DR1). Raises
+    TimeoutError."""
     async def permitted() -> bool:
         got = await fleet.custom.get_cluster_custom_object(DEV_GROUP, DEV_VERSION, "gpuclasses",
                                                            cls)
-        return any(c["type"] == "KubeVirtPermitted" and c["status"] == "True"
+        return any(c["type"] == condition and c["status"] == "True"
                    for c in (got.get("status") or {}).get("conditions") or [])
     if not await poll_until(permitted, timeout, 0.5):
-        raise TimeoutError(f"GPUClass {cls} not KubeVirtPermitted within {timeout:.0f} s")
+        raise TimeoutError(f"GPUClass {cls} not {condition} within {timeout:.0f} s")
 
 
 async def populate(lc, kv, fleet: Fleet, spec: ScaleSpec) -> Population:
@@ -149,7 +154,9 @@ async def populate(lc, kv, fleet: Fleet, spec: ScaleSpec) -> Population:
 
     Phases: (1) `kv`'s KubeVirt CR is made to permit the models' resources, the GPUClasses
     and tenants are created, then every node (concurrently, at most `spec.concurrency`
-    writes in flight); waits until every class is KubeVirtPermitted; (2) the held GPUDevices
+    writes in flight); waits until every class is KubeVirtPermitted (device mode: the
+    device-mode class and HGX nodes publishing their slices, ScaleSpec; waits until the class
+    is Ready); (2) the held GPUDevices
     (those the VMIs name, then the idle ones up to `spec.devices`); (3) the VMIs, at most
     `spec.concurrency` at once, each through `admit`, then awaited until kube-scheduler has
     bound its launcher Pod (`spec.vmi_timeout` s; counted `not_bound` if not, `off_pin` if
@@ -165,9 +172,14 @@ async def populate(lc, kv, fleet: Fleet, spec: ScaleSpec) -> Population:
 
     # (1) classes, tenants, nodes
     t = time.monotonic()
-    kv.set_permitted(tuple(sorted(set(kv.permitted) | set(spec.classes.values()))))
+    device = spec.mode == "device"
+    if not device:
+        kv.set_permitted(tuple(sorted(set(kv.permitted) | set(spec.classes.values()))))
     for cls, res in spec.classes.items():
-        await fleet.gpu_class(cls, res)
+        if device:
+            await fleet.gpu_class(cls, device_mode=HGX_CLASS.spec())
+        else:
+            await fleet.gpu_class(cls, res)
     pop.tenants = [f"{spec.prefix}t{k:02d}" for k in range(spec.tenants)]
     problems = problem_nodes(spec)
     classes = list(spec.classes.items())
@@ -188,7 +200,10 @@ async def populate(lc, kv, fleet: Fleet, spec: ScaleSpec) -> Population:
         elif kind == "not_ready":
             kw["ready"] = False
         async with limit:
-            await fleet.node(name, {res: spec.gpus_per_node}, **kw)
+            if device:
+                await dra_node(fleet, name, HGX_H100_8, **kw)
+            else:
+                await fleet.node(name, {res: spec.gpus_per_node}, **kw)
         pop.nodes[name] = cls
         if kind:
             getattr(pop, kind).append(name)
@@ -198,7 +213,7 @@ async def populate(lc, kv, fleet: Fleet, spec: ScaleSpec) -> Population:
         for i in range(spec.nodes):
             tg.start_soon(node, i)
     for cls in spec.classes:
-        await wait_permitted(fleet, cls)
+        await wait_permitted(fleet, cls, condition="Ready" if device else "KubeVirtPermitted")
     pop.seconds["nodes"] = time.monotonic() - t
     say(f"{spec.nodes} nodes, {len(spec.classes)} classes, {spec.tenants} tenants in "
          f"{pop.seconds['nodes']:.1f} s")

@@ -14,12 +14,27 @@ def max_hwm(part: dict) -> float | None:
     return max(vals) if vals else None
 
 
+def parts(report: dict) -> list[tuple[str, dict]]:
+    """(label, part) of every measured cluster: count mode's sizes by node count, then device
+    mode's as `<nodes> device` (issue 32)."""
+    return ([(n, p) for n, p in report["sizes"].items()]
+            + [(f"{n} device", p) for n, p in (report.get("device_sizes") or {}).items()])
+
+
+DEVICE_TARGETS = (("p99_1", "device mode: 1-GPU admission p99, quiet", 500, "ms"),
+                  ("rss", "device mode: replica peak RSS (VmHWM)", 350, "MiB"))
+"""Issue 32's scale targets in device mode at `nodes` (1,000 HGX nodes, 8,000 devices)."""
+
+
 def targets(report: dict) -> dict:
     """Issue 22's targets at `nodes`, each {value, target, met, ratio_to_baseline}: 1-GPU
     quiet p99 < 500 ms, 8-GPU quiet p99 < 1000 ms, replica peak RSS (VmHWM, every replica)
-    < 300 MiB, failover (kill to the next admission answered) < 15 s."""
+    < 300 MiB, failover (kill to the next admission answered) < 15 s (not given when only
+    device mode ran); then, when device mode ran, issue 32's (DEVICE_TARGETS) with
+    `count_mode`, count mode's figure at the same size, and `ratio_to_count`."""
     top = report["sizes"].get(str(report["nodes"])) or {}
     base = report["sizes"].get(str(report["baseline_nodes"])) or {}
+    dev = (report.get("device_sizes") or {}).get(str(report["nodes"])) or {}
 
     def fig(part: dict, key: str):
         if not part:
@@ -32,15 +47,24 @@ def targets(report: dict) -> dict:
             return max_hwm(part)
         return (part.get("failover") or {}).get("to_next_admitted_s")
 
+    def entry(v, limit: float, unit: str) -> dict:
+        return {"value": v, "unit": unit, "target": f"< {limit} {unit}",
+                "met": None if v is None else v < limit}
+
     out = {}
     for key, name, limit, unit in (("p99_1", "1-GPU admission p99, quiet", 500, "ms"),
                                    ("p99_8", "8-GPU admission p99, quiet", 1000, "ms"),
                                    ("rss", "replica peak RSS (VmHWM)", 300, "MiB"),
                                    ("failover", "failover to the next admitted VMI", 15, "s")):
+        if dev and not top:
+            break
         v, b = fig(top, key), fig(base, key)
-        out[name] = {"value": v, "unit": unit, "target": f"< {limit} {unit}",
-                     "met": None if v is None else v < limit,
-                     "baseline": b, "ratio_to_baseline": round(v / b, 2) if v and b else None}
+        out[name] = {**entry(v, limit, unit), "baseline": b,
+                     "ratio_to_baseline": round(v / b, 2) if v and b else None}
+    for key, name, limit, unit in DEVICE_TARGETS if dev else ():
+        v, c = fig(dev, key), fig(top, key)
+        out[name] = {**entry(v, limit, unit), "count_mode": c,
+                     "ratio_to_count": round(v / c, 2) if v and c else None}
     return out
 
 
@@ -52,11 +76,11 @@ def plot(report: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = list(report["sizes"])
+    measured = parts(report)
+    sizes = [n for n, _ in measured]
     fig, ax = plt.subplots(2, 2, figsize=(12, 8))
     width = 0.8 / max(1, len(sizes))
-    for j, n in enumerate(sizes):
-        part = report["sizes"][n]
+    for j, (n, part) in enumerate(measured):
         q = part.get("quiet") or {}
         xs = list(q)
         for p, alpha in (("p99_ms", 0.5), ("p50_ms", 1.0)):
@@ -95,7 +119,9 @@ def plot(report: dict, path) -> None:
     ax[0][0].set_title("quiet cluster: one admission at a time (ms; targets 500 / 1000 at p99)")
     ax[0][1].set_title("bursts of 1-GPU creates at once (ms)")
     ax[1][0].axhline(300, color="grey", ls=":")
-    ax[1][0].set_title("replica memory (MiB; target VmHWM < 300)")
+    if report.get("device_sizes"):
+        ax[1][0].axhline(350, color="grey", ls="--")
+    ax[1][0].set_title("replica memory (MiB; target VmHWM < 300, device mode < 350)")
     ax[1][1].axvline(15, color="grey", ls=":")
     ax[1][1].set_yticks(range(len(sizes)), [f"{n} nodes" for n in sizes])
     ax[1][1].set_title("failover: answers after kill -9 (o admitted, x refused; | new Lease)")
@@ -113,7 +139,7 @@ def summary(report: dict) -> list[str]:
     rows = ["| nodes | VMIs running | devices | populate s | quiet 1/4/8 GPU p50/p99 ms | "
             "burst p50/p99 ms | replica VmHWM MiB | start-up s | failover s |",
             "|---|---|---|---|---|---|---|---|---|"]
-    for n, part in report["sizes"].items():
+    for n, part in parts(report):
         pop = part["population"]
         q = " · ".join(f"{v['p50_ms']}/{v['p99_ms']}" for v in part["quiet"].values())
         b = " · ".join(f"{k}: {v['p50_ms']}/{v['p99_ms']}" for k, v in part["bursts"].items())
@@ -122,7 +148,11 @@ def summary(report: dict) -> list[str]:
                     f"| {part['failover']['to_next_admitted_s']} |")
     for name, t in report["targets"].items():
         met = {True: "met", False: "NOT met", None: "n/a"}[t["met"]]
-        ratio = (f"; {t['ratio_to_baseline']}× the baseline's {t['baseline']}"
-                 if t["baseline"] is not None else "; no baseline run")
+        if "count_mode" in t:
+            ratio = (f"; {t['ratio_to_count']}× count mode's {t['count_mode']}"
+                     if t["count_mode"] is not None else "; count mode not run")
+        else:
+            ratio = (f"; {t['ratio_to_baseline']}× the baseline's {t['baseline']}"
+                     if t["baseline"] is not None else "; no baseline run")
         rows.append(f"target {name}: {t['value']} {t['unit']} ({t['target']}{ratio}): {met}")
     return rows

@@ -33,6 +33,12 @@ class ScaleSpec:
       `vmi_timeout`: seconds an admitted VMI's launcher Pod has to be bound (from its
       admission: on 2 cores the launcher Pods lag the admissions by minutes at 1,000 nodes).
 
+    - `mode` "device" (issue 32, DESIGN.md §3b): every node is instead an HGX H100 board
+      publishing its ResourceSlice (`localcluster.dra_world.dra_node`) and the one GPUClass
+      `<prefix>hgx` is in device mode (`HGX_CLASS`'s spec: whole Fabric Manager partitions);
+      `models` is then unused. The cluster needs NVIDIA's DeviceClass and KubeVirt with
+      `GPUsWithDRA` (`LocalCluster(dra=True)`).
+
     Defaults are issue 22's 1,000-node cluster; `scaled(n)` keeps the proportions at n nodes.
     """
 
@@ -52,6 +58,7 @@ class ScaleSpec:
     vmi_timeout: float = 600.0
     prefix: str = "sc-"
     seed: int = 1
+    mode: str = "count"
 
     def scaled(self, nodes: int, **changes) -> ScaleSpec:
         """This spec at `nodes` nodes: VMIs, cordoned/tainted/not-Ready counts and devices in
@@ -68,7 +75,13 @@ class ScaleSpec:
 
     @property
     def classes(self) -> dict[str, str]:
-        """GPUClass name -> extended resource name."""
+        """GPUClass name -> extended resource name (device mode: the one class -> its DRA
+        resource key, `model.types.dra_resource_name`)."""
+        if self.mode == "device":
+            from localcluster.dra_profiles import DEVICE_CLASS
+            from model.types import dra_resource_name
+
+            return {f"{self.prefix}hgx": dra_resource_name(DEVICE_CLASS)}
         return {f"{self.prefix}{short}": res for short, res in self.models}
 
 

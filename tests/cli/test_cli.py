@@ -165,6 +165,8 @@ def test_cluster_up_fleet_sizes_need_dra(capsys, tmp_path, flag):
     (["bench", "packing", "--systems", "a,x"], "--systems takes a,b,c,e, got 'a,x'"),
     (["bench", "soak", "--minutes", "30"], "--minutes is in (0, 20], got 30"),
     (["bench", "e2e", "--gpus", "1,0"], "--gpus takes positive integers"),
+    (["bench", "e2e", "--modes", "count,dra"], "--modes takes count and/or device"),
+    (["bench", "scale", "--modes", ","], "--modes takes count and/or device"),
 ])
 def test_bench_bad_values_exit_2_naming_the_flag(capsys, tmp_path, argv, message):
     """A bench flag's bad value is a usage error (exit 2, as argparse's and every other
