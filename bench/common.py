@@ -1,7 +1,7 @@
 """What the benchmarks share: the checkout's commit and the machine a report names, a
 percentile, an admin API client, list-then-watch of one kind, the launcher Pods of VMIs by
 uid, KubeVirt's own GPU VMI as a request body, an API error's text (through k8s/errors), the
-kube-apiserver's /metrics text, a process's CPU and memory from /proc, and polling until a
+kube-apiserver's /metrics text, the replicas' own webhook and decision timings, a process's CPU and memory from /proc, and polling until a
 condition holds. Pure helpers and thin I/O; no benchmark's logic."""
 
 from __future__ import annotations
@@ -183,6 +183,36 @@ class LauncherPods:
             with anyio.move_on_after(timeout):
                 await ev.wait()
         return self.node(uid)
+
+
+async def replica_timings(lc) -> dict[str, float]:
+    """The replicas' own timings so far, summed over the live replicas of LocalCluster `lc`:
+    {admission_s, admissions, decision_s, decisions} (gpu_binder_admission_seconds: the
+    webhook's time per VMI; gpu_binder_decision_seconds: the binder's decision loop)."""
+    out = {"admission_s": 0.0, "admissions": 0.0, "decision_s": 0.0, "decisions": 0.0}
+    names = {"gpu_binder_admission_seconds_sum": "admission_s",
+             "gpu_binder_admission_seconds_count": "admissions",
+             "gpu_binder_decision_seconds_sum": "decision_s",
+             "gpu_binder_decision_seconds_count": "decisions"}
+    for i, r in enumerate(lc.replicas):
+        if not r.alive:
+            continue
+        text = await anyio.to_thread.run_sync(lc.metrics, i)
+        for line in text.splitlines():
+            key = line.split(" ", 1)[0].split("{", 1)[0]
+            if key in names:
+                out[names[key]] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def timings_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """{webhook_mean_ms, decision_mean_ms} over what happened between two `replica_timings`
+    readings (None when nothing did)."""
+    d = {k: after[k] - before[k] for k in before}
+    return {"webhook_mean_ms": round(1000 * d["admission_s"] / d["admissions"], 1)
+            if d["admissions"] else None,
+            "decision_mean_ms": round(1000 * d["decision_s"] / d["decisions"], 2)
+            if d["decisions"] else None}
 
 
 # -- request bodies -------------------------------------------------------------------------

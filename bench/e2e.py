@@ -46,7 +46,7 @@ from pathlib import Path
 
 import anyio
 
-from bench.common import apiserver_metrics, machine, percentile
+from bench.common import apiserver_metrics, machine, percentile, replica_timings, timings_between
 from localcluster.dra_profiles import HGX_H100_8
 from localcluster.dra_world import HGX_CLASS, dra_node
 from localcluster.fleet import Fleet
@@ -316,13 +316,18 @@ async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], 
         report["levels"] = []
         for g, c in plan:
             for mode in modes:
-                report["levels"].append(
-                    await _our_level(api, fleet, g, c, per_level, ceiling, mode))
+                t0 = await replica_timings(lc)
+                lvl = await _our_level(api, fleet, g, c, per_level, ceiling, mode)
+                # what of the client's latency our webhook and binder account for
+                lvl["inside"] = timings_between(t0, await replica_timings(lc))
+                report["levels"].append(lvl)
         report["device_vs_count"] = device_vs_count(report["levels"])
         for r in report["device_vs_count"]:
             print(f"{r['gpus']}-GPU VMIs, concurrency {r['concurrency']:>3}: device-mode p99 "
                   f"{r['device_p99_ms']} ms ÷ count-mode p99 {r['count_p99_ms']} ms = "
-                  f"{r['p99_ratio']}", flush=True)
+                  f"{r['p99_ratio']}; webhook mean {r['device_webhook_mean_ms']} ÷ "
+                  f"{r['count_webhook_mean_ms']} ms, decision mean "
+                  f"{r['device_decision_mean_ms']} ÷ {r['count_decision_mean_ms']} ms", flush=True)
         if scheduler_gpus is not None:
             report["scheduler"] = []
             for g in sorted(scheduler_gpus, reverse=True):
@@ -436,7 +441,8 @@ TARGETS = {"concurrency": 20, "share_of_write_ceiling": 0.6, "p99_ms": 1000.0,
 def device_vs_count(levels: list[dict]) -> list[dict]:
     """Per level run in both modes (same GPUs per VMI and concurrency), in the order run:
     {gpus, concurrency, count_p99_ms, device_p99_ms, p99_ratio, count_p50_ms, device_p50_ms,
-    p50_ratio} (a ratio None when a p99 is missing or zero: no VMI admitted)."""
+    p50_ratio, and each mode's replicas' webhook and decision means (`inside`, None when not
+    read)} (a ratio None when a p99 is missing or zero: no VMI admitted)."""
     def ratio(a, b):
         return round(a / b, 2) if a == a and b == b and a and b else None  # NaN != NaN
     out = []
@@ -448,7 +454,10 @@ def device_vs_count(levels: list[dict]) -> list[dict]:
                         "count_p99_ms": c["p99_ms"], "device_p99_ms": d["p99_ms"],
                         "p99_ratio": ratio(d["p99_ms"], c["p99_ms"]),
                         "count_p50_ms": c["p50_ms"], "device_p50_ms": d["p50_ms"],
-                        "p50_ratio": ratio(d["p50_ms"], c["p50_ms"])})
+                        "p50_ratio": ratio(d["p50_ms"], c["p50_ms"]),
+                        **{f"{m}_{k}": (lvl.get("inside") or {}).get(k)
+                           for m, lvl in (("count", c), ("device", d))
+                           for k in ("webhook_mean_ms", "decision_mean_ms")}})
     return out
 
 

@@ -12,7 +12,8 @@ from dataclasses import asdict
 import anyio
 
 from bench.common import (DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VERSION, VMIS, LauncherPods,
-                          admin_client, commit, machine, percentile)
+                          admin_client, commit, machine, percentile, replica_timings,
+                          timings_between)
 from bench.scale.population import admit, apiserver_latency, memory, populate, say
 from bench.scale.report import plot, targets
 from bench.scale.workload import Plan, Population, ScaleSpec, VmiRecord
@@ -141,23 +142,8 @@ class Measure:
         return out
 
     async def histograms(self) -> dict[str, float]:
-        """The replicas' own timings so far, summed over the live replicas:
-        {admission_s, admissions, decision_s, decisions} (gpu_binder_admission_seconds: the
-        webhook's time per VMI; gpu_binder_decision_seconds: the binder's decision loop)."""
-        out = {"admission_s": 0.0, "admissions": 0.0, "decision_s": 0.0, "decisions": 0.0}
-        names = {"gpu_binder_admission_seconds_sum": "admission_s",
-                 "gpu_binder_admission_seconds_count": "admissions",
-                 "gpu_binder_decision_seconds_sum": "decision_s",
-                 "gpu_binder_decision_seconds_count": "decisions"}
-        for i, r in enumerate(self.lc.replicas):
-            if not r.alive:
-                continue
-            text = await anyio.to_thread.run_sync(self.lc.metrics, i)
-            for line in text.splitlines():
-                key = line.split(" ", 1)[0].split("{", 1)[0]
-                if key in names:
-                    out[names[key]] += float(line.rsplit(" ", 1)[1])
-        return out
+        """The replicas' own timings so far (`bench.common.replica_timings`)."""
+        return await replica_timings(self.lc)
 
     async def quiet(self) -> dict:
         """Admissions one at a time (each VMI's launcher Pod awaited bound before the next;
@@ -176,13 +162,9 @@ class Measure:
                 recs.append(rec)
             h1 = await self.histograms()
             a1 = await apiserver_latency(self.fleet.custom.api_client)
-            d = {k: h1[k] - h0[k] for k in h0}
             released = await self.release(recs)
             out[str(size)] = {**latency_summary(recs), **on_pin(recs), "inside": {
-                "webhook_mean_ms": round(1000 * d["admission_s"] / d["admissions"], 1)
-                if d["admissions"] else None,
-                "decision_mean_ms": round(1000 * d["decision_s"] / d["decisions"], 2)
-                if d["decisions"] else None,
+                **timings_between(h0, h1),
                 "client_mean_ms": round(sum(r.admit_ms for r in recs if r.admitted)
                                         / max(1, sum(r.admitted for r in recs)), 1),
                 "apiserver": {k: {"requests": a1[k][1] - a0.get(k, (0, 0))[1],

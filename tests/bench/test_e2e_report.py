@@ -27,7 +27,9 @@ def test_device_vs_count_pairs_each_level_with_its_twin_in_the_order_run():
     assert [(r["gpus"], r["concurrency"]) for r in got] == [(8, 20), (1, 1), (1, 20)]
     assert got[0] == {"gpus": 8, "concurrency": 20, "count_p99_ms": 200.0, "device_p99_ms": 260.0,
                       "p99_ratio": 1.3, "count_p50_ms": 100.0, "device_p50_ms": 120.0,
-                      "p50_ratio": 1.2}
+                      "p50_ratio": 1.2, "count_webhook_mean_ms": None,
+                      "device_webhook_mean_ms": None, "count_decision_mean_ms": None,
+                      "device_decision_mean_ms": None}
     assert got[2]["p99_ratio"] == 2.0
 
 
@@ -63,3 +65,18 @@ def test_plot_draws_every_mode(tmp_path, modes):
 def test_run_refuses_an_unknown_mode(tmp_path):
     with pytest.raises(ValueError, match="modes"):
         e2e.run(tmp_path, modes=("count", "devices"))
+
+
+def test_the_replicas_own_timings_of_each_mode_go_with_the_ratio():
+    from bench.common import timings_between
+
+    before = {"admission_s": 1.0, "admissions": 10.0, "decision_s": 0.1, "decisions": 10.0}
+    after = {"admission_s": 3.0, "admissions": 30.0, "decision_s": 0.5, "decisions": 30.0}
+    assert timings_between(before, after) == {"webhook_mean_ms": 100.0, "decision_mean_ms": 20.0}
+    assert timings_between(after, after) == {"webhook_mean_ms": None, "decision_mean_ms": None}
+    count, device = _level("count", 1, 20, 80.0, 300.0), _level("device", 1, 20, 90.0, 600.0)
+    count["inside"] = timings_between(before, after)
+    device["inside"] = {"webhook_mean_ms": 250.0, "decision_mean_ms": 60.0}
+    (r,) = e2e.device_vs_count([count, device])
+    assert (r["count_webhook_mean_ms"], r["device_webhook_mean_ms"],
+            r["count_decision_mean_ms"], r["device_decision_mean_ms"]) == (100.0, 250.0, 20.0, 60.0)
