@@ -385,13 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--levels", default="",
                        help="e2e: concurrency levels (concurrent clients) of the 1-GPU VMIs, comma "
                             "separated (default: 1,5,10,20,50; with --quick 1,10,20)")
-    bench.add_argument("--modes", default="count,device",
+    bench.add_argument("--modes", default="count",
                        help="e2e and scale: count (GPUs as an extended resource) and/or device "
                             "(HGX boards publishing DRA ResourceSlices, a device-mode GPUClass; "
                             "docs/device-mode.md), comma separated; e2e runs every level in each "
-                            "mode and reports device p99 ÷ count p99; scale measures the device-"
-                            "mode fleet at --nodes only, without the baseline "
-                            "(default: %(default)s)")
+                            "mode and reports device p99 ÷ count p99 (issue 32: --gpus 1,4,8 "
+                            "--modes count,device); scale measures the device-mode fleet at "
+                            "--nodes only, without a baseline (default: %(default)s)")
     bench.add_argument("--vs-scheduler", action="store_true",
                        help="e2e: in the same run, kube-scheduler binding Pods of the same GPU "
                             "counts on the same fleet at concurrency 20, and our rate ÷ its "
