@@ -20,7 +20,7 @@ from bench.common import (DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VERSION, VMIS, 
                           admin_client, commit, error_text, gpu_vmi, machine, memory_mib,
                           poll_until)
 from bench.scale.population import populate
-from bench.soak.report import plot, soak_report, summary, targets
+from bench.soak.report import heap_reports, plot, soak_report, summary, targets
 from bench.soak.workload import MAX_CREATE_RATE, Op, SoakSpec, schedule, schedule_digest
 from localcluster import invariants as inv
 
@@ -48,6 +48,9 @@ class Rec:
     moved: int = 0
     tries: int = 0
 
+
+HEAP_REPORT_WAIT = 15.0
+"""Seconds the soak waits for each signalled replica's heap report to reach its log."""
 
 _SPAWNER = None
 
@@ -423,9 +426,17 @@ class Soak:
         for at in (self.spec.steady_from, self.spec.seconds):
             if at > self.now():
                 await anyio.sleep(at - self.now())
-            for r in self.lc.replicas:
+            asked = []
+            for i, r in enumerate(self.lc.replicas):
                 if r.alive:
+                    asked.append((i, len(heap_reports([r.log_path]))))
                     r.proc.send_signal(signal.SIGUSR2)
+            # each asked replica's report is in its log before the run reads the logs (a busy
+            # replica on a loaded machine wrote it after the read: one replica's pair missing)
+            with anyio.move_on_after(HEAP_REPORT_WAIT):
+                while any(len(heap_reports([self.lc.replicas[i].log_path])) <= n
+                          for i, n in asked if self.lc.replicas[i].alive):
+                    await anyio.sleep(0.2)
 
     # -- the whole run -----------------------------------------------------------------
     async def run(self) -> dict:
