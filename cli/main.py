@@ -255,7 +255,7 @@ def _add_tools(sub, prog: str) -> None:
     df = sub.add_parser(
         "defrag", help="the moves a defragmentation round would make now (read-only)",
         description="Reads the cluster once (no writes) and plans one defragmentation round "
-                    "as the binder would (DESIGN.md §3a): which idle held devices of Move "
+                    "as the binder would (docs/contract.md §3a): which idle held devices of Move "
                     "classes it would move where, and the largest placeable set of each class "
                     "before and after. The binder carries rounds out itself when run with "
                     "--defrag-interval.")
@@ -320,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(comma-separated; edit the CR kubevirt/kubevirt later to change them; "
                          "default: none)")
     up.add_argument("--dra", action="store_true",
-                    help="device mode's world (DESIGN.md §3b, docs/device-mode.md): "
+                    help="device mode's world (docs/contract.md §3b, docs/device-mode.md): "
                          "kube-controller-manager's resourceclaim-controller, NVIDIA's "
                          "DeviceClass vfio.gpu.nvidia.com, KWOK nodes publishing ResourceSlices "
                          "as NVIDIA's DRA driver would, the device-mode GPUClasses hgx-h100 and "

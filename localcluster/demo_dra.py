@@ -18,6 +18,8 @@ without a ResourceClaim") instead of hanging: every wait is bounded.
 
 from __future__ import annotations
 
+import textwrap
+
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +27,7 @@ from pathlib import Path
 import anyio
 
 from localcluster.cluster import LocalCluster
-from localcluster.demo import Row, create_all, find_launchers, hold, short_reason
+from localcluster.demo import Row, create_all, find_launchers, hold
 from localcluster.dra_world import (CLASSES, DEVICE_BUDGET_KEY, HGX_CLASS, L40S_CLASS, build_world,
                                     describe, group_formed, module_ids)
 from localcluster.fleet import Fleet
@@ -201,9 +203,10 @@ def print_outcomes(outcomes: list[Outcome]) -> int:
         asked = f"{o.ask.cls}={o.ask.gpus}"
         if o.admitted:
             devices = ", ".join(d.split("/", 1)[1] for d in sorted(o.recorded)) or "?"
+            modules = ", ".join(map(str, o.modules))
+            modules = f" (module{'s' if len(o.modules) > 1 else ''} {modules})" if o.modules else ""
             print(f"{o.ask.name:<10} {o.ask.tenant:<12} {asked:<12} admitted on {o.row.node}: "
-                  f"{devices}" + (f" (modules {', '.join(map(str, o.modules))})" if o.modules else "")
-                  + (f", forming {o.group}" if o.group else ""))
+                  f"{devices}{modules}" + (f", forming {o.group}" if o.group else ""))
             if o.claim:
                 pod = (f"launcher Pod bound on {o.row.launcher_node}" if o.row.launcher_node
                        else "launcher Pod not bound")
@@ -211,8 +214,13 @@ def print_outcomes(outcomes: list[Outcome]) -> int:
                     else f"allocated {', '.join(o.allocated) or 'nothing'}"
                 print(f"{'':<36}claim {o.claim}: {alloc}; {pod}")
         else:
-            print(f"{o.ask.name:<10} {o.ask.tenant:<12} {asked:<12} REFUSED: "
-                  f"{short_reason(o.row.reason or 'no answer')}")
+            # the whole reason, wrapped (a cut hid the per-node part and the budget: newcomer),
+            # without the "GPU set of VMI … cannot be placed: " every refusal starts with
+            reason = (o.row.reason or "no answer").split(" cannot be placed: ", 1)[-1]
+            lines = textwrap.wrap(reason, 84) or [""]
+            print(f"{o.ask.name:<10} {o.ask.tenant:<12} {asked:<12} REFUSED: {lines[0]}")
+            for line in lines[1:]:
+                print(f"{'':<45}{line}")
         if not o.as_expected:
             want = "admitted" if o.ask.admit else "refused"
             for p in o.problems or [f"expected {want} ({o.ask.why})"]:
