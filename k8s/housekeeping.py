@@ -74,9 +74,9 @@ class Housekeeper:
     next round. `rounds` counts the rounds completed (paused ones included).
 
     The settings ConfigMap is the parameter of the shipped ValidatingAdmissionPolicies, whose
-    bindings say `parameterNotFoundAction: Deny`: while it is missing they deny every Pod
-    and VMI they match (kubernetes#133827: never `Allow`, which silently stops enforcing
-    `rawResourceNames: denied`). `settings_present` is what H3 last found (None before its
+    bindings say `parameterNotFoundAction: Deny`: while it is missing they deny every Pod,
+    VMI, ResourceClaim and ResourceClaimTemplate they match (kubernetes#133827: never
+    `Allow`, which silently stops enforcing `rawResourceNames: denied`). `settings_present` is what H3 last found (None before its
     first look; False while it is missing and could not be created), `settings_recreated`
     counts the times H3 found it missing and created it; an absence H3 repairs or cannot
     repair is told by a Warning Event `PolicyParameterMissing` on it (best effort)."""
@@ -602,16 +602,18 @@ class Housekeeper:
                 return
             if self.settings_present is not False:  # once per absence
                 await self._parameter_event(
-                    "missing, and H3 cannot create it: the shipped policies deny every Pod "
-                    "and VMI they match until it exists (parameterNotFoundAction: Deny): "
+                    "missing, and H3 cannot create it: the shipped policies deny every Pod, "
+                    "VMI, ResourceClaim and ResourceClaimTemplate they match until it exists "
+                    "(parameterNotFoundAction: Deny): "
                     f"{str(err)[:300]}")
             self.settings_present = False
             raise
         self.settings_recreated += 1
         self.settings_present = True
         await self._parameter_event(
-            "was missing, and H3 created it: until then the shipped policies denied every Pod "
-            "and VMI they match (parameterNotFoundAction: Deny)")
+            "was missing, and H3 created it: until then the shipped policies denied every Pod, "
+            "VMI, ResourceClaim and ResourceClaimTemplate they match (parameterNotFoundAction: "
+            "Deny)")
 
     async def _parameter_event(self, message: str) -> None:
         """A Warning Event `PolicyParameterMissing` about ConfigMap gpu-settings (the
@@ -625,5 +627,5 @@ class Housekeeper:
             involved, reason="PolicyParameterMissing", warning=True, instance="housekeeping",
             when=datetime.now(timezone.utc),
             message=f"ConfigMap {ns}/{SETTINGS_NAME}, the parameter of ValidatingAdmissionPolicies "
-                    f"gpu-binder-raw-pods and gpu-binder-raw-vmis, {message}")
+                    f"gpu-binder-raw-pods, gpu-binder-raw-vmis and gpu-binder-raw-claims, {message}")
         await events.record(self._client, body, rule="H3", namespace=ns, name=SETTINGS_NAME)

@@ -148,8 +148,8 @@ class _TreeCollector:
         present = GaugeMetricFamily(
             "gpu_binder_policy_parameter_present",
             "1 while ConfigMap gpu-settings, the shipped policies' parameter, exists as H3 "
-            "last found it, 0 while missing (the policies then deny every Pod and VMI they "
-            "match); the leader only, after its first H3 look")
+            "last found it, 0 while missing (the policies then deny every Pod, VMI, ResourceClaim "
+            "and ResourceClaimTemplate they match); the leader only, after its first H3 look")
         if keeper is not None and keeper.settings_present is not None:
             present.add_metric([], 1.0 if keeper.settings_present else 0.0)
         yield present

@@ -51,6 +51,10 @@ async def test_H3_a_missing_parameter_that_cannot_be_created_reads_absent_and_is
     assert (event["type"], event["involvedObject"]["kind"], event["involvedObject"]["name"],
             event["metadata"]["namespace"]) == ("Warning", "ConfigMap", "gpu-settings", NS)
     assert "cannot create it" in event["message"] and "Forbidden" in event["message"]
+    # every policy whose binding reads it (parameterNotFoundAction: Deny) is named
+    assert ("ValidatingAdmissionPolicies gpu-binder-raw-pods, gpu-binder-raw-vmis and "
+            "gpu-binder-raw-claims," in event["message"])
+    assert "every Pod, VMI, ResourceClaim and ResourceClaimTemplate" in event["message"]
     await keeper.ensure_settings()                    # the third create succeeds
     assert (keeper.settings_present, keeper.settings_recreated) == (True, 1)
     third = client.calls[-2]                          # the create, then its Event
