@@ -17,6 +17,18 @@ T = TypeVar("T")
 WEBHOOK_MANAGER = "gpu-binder-webhook"
 
 
+def until_sync(fn: Callable[[], T], timeout: float = 20.0) -> T:
+    """The first truthy value of the blocking probe `fn()` within `timeout` seconds (polled
+    every 0.3 s), else its last value: for kubectl-driven checks of policies, whose params
+    reach the API server's admission informers after a moment."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = fn()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.3)
+
+
 async def eventually(probe: Callable[[], Awaitable[T]], *, timeout: float = 20.0,
                      interval: float = 0.2, what: str = "condition") -> T:
     """`tests.timing.eventually` with the e2e defaults (a real API server on wall time:

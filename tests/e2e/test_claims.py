@@ -23,7 +23,7 @@ from localcluster.dra_profiles import DEVICE_CLASS
 from model.claim import ClaimMember, build_claim, same_spec
 from model.dra import DeviceRef
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, MANIFESTS, unique
-from tests.e2e.helpers import eventually, housekeeping_rounds
+from tests.e2e.helpers import until_sync, eventually, housekeeping_rounds
 from tests.support.dra_worlds import device_class
 
 pytestmark = pytest.mark.anyio
@@ -95,16 +95,6 @@ def _create(cp, ns: str, obj: dict, kubeconfig=None):
                       kubeconfig=kubeconfig, input=yaml.safe_dump(obj))
 
 
-def _until(fn, timeout: float = 20.0):
-    """Policies and their params reach the API server's admission informers after a moment."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fn()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(0.3)
-
-
 def test_DR5_denied_refuses_a_tenants_claim_and_template_on_a_managed_device_class(control_plane, claimer):
     cp = control_plane
     ns, kc = claimer
@@ -113,7 +103,7 @@ def test_DR5_denied_refuses_a_tenants_claim_and_template_on_a_managed_device_cla
     def refused():
         out = _create(cp, ns, tenant_claim(unique("c"), DEVICE_CLASS), kc)
         return out.returncode != 0 and out.stderr
-    err = _until(refused)
+    err = until_sync(refused)
     assert err and "gpu-binder-raw-claims" in err and "managed by gpu-binder" in err, err
     for obj in (tenant_claim("t", DEVICE_CLASS, template=True),
                 tenant_claim("fa", DEVICE_CLASS, first_available=True),
@@ -140,7 +130,7 @@ def test_DR5_denied_without_published_device_classes_refuses_every_claim(control
     def refused():
         out = _create(cp, ns, tenant_claim(unique("c"), OTHER_CLASS), kc)
         return out.returncode != 0 and out.stderr
-    err = _until(refused)
+    err = until_sync(refused)
     assert err and "no deviceClassNames yet" in err, err
 
 
@@ -151,7 +141,7 @@ def test_DR5_allowed_admits_a_tenants_claim_and_template_on_the_managed_device_c
 
     def admitted():
         return _create(cp, ns, tenant_claim(unique("c"), DEVICE_CLASS), kc).returncode == 0
-    assert _until(admitted)
+    assert until_sync(admitted)
     out = cp.kubectl("create", "-n", ns, "-f", "-", kubeconfig=kc, check=False,
                      input=yaml.safe_dump(tenant_claim("t", DEVICE_CLASS, template=True)))
     assert out.returncode == 0, out.stderr

@@ -3,12 +3,11 @@ shipped ValidatingAdmissionPolicies enforce `rawResourceNames` from the settings
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import yaml
 
 from tests.e2e.conftest import MANIFESTS, unique
+from tests.e2e.helpers import until_sync
 
 RES = "nvidia.com/GH100_H100"
 # the same field manager as localcluster.cluster's install, so the tests' applies co-own fields
@@ -64,16 +63,6 @@ def _raw_vmi(name: str) -> str:
                                {"name": "g", "deviceName": RES}]}}}})
 
 
-def _until(fn, timeout: float = 20.0):
-    """Policies and their params reach the API server's admission informers after a moment."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fn()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(0.3)
-
-
 @pytest.fixture
 def tenant_ns(control_plane):
     control_plane.kubectl(*INSTALL, "-f", str(MANIFESTS / "controller" / "namespace.yaml"),
@@ -97,7 +86,7 @@ def test_denied_policy_refuses_raw_pod_and_raw_vmi_in_tenant_namespace(control_p
         out = control_plane.kubectl("create", "-n", tenant_ns, "-f", "-", check=False,
                                     input=_pod(unique("p")))
         return out.returncode != 0 and out.stderr
-    err = _until(refused_pod)
+    err = until_sync(refused_pod)
     assert "gpu-binder-raw-pods" in err and "cannot be requested directly" in err
     out = control_plane.kubectl("create", "-n", tenant_ns, "-f", "-", check=False,
                                 input=_raw_vmi("raw"))
@@ -121,7 +110,7 @@ def test_allowed_policy_admits_raw_pod_and_raw_vmi(control_plane, tenant_ns):
         out = control_plane.kubectl("create", "-n", tenant_ns, "-f", "-", "--dry-run=server",
                                     check=False, input=_pod("p"))
         return out.returncode == 0
-    assert _until(admitted_pod)
+    assert until_sync(admitted_pod)
     out = control_plane.kubectl("create", "-n", tenant_ns, "-f", "-", input=_raw_vmi("raw"))
     assert out.returncode == 0
 
@@ -160,7 +149,7 @@ def test_denied_policy_refuses_annotated_vmi_that_also_names_a_gpu_directly(cont
         out = control_plane.kubectl("create", "-n", tenant_ns, "-f", "-", "--dry-run=server",
                                     check=False, input=yaml.safe_dump(bad))
         return out.returncode != 0 and out.stderr
-    err = _until(refused)
+    err = until_sync(refused)
     assert err and "gpu-binder-raw-vmis" in err, err
     assert ("hostDevices" if raw == "hostDevices" else "spec.domain.resources") in err, err
     ok = _vmi(unique("ok"), annotations=ASKS, gpus=True)
@@ -181,7 +170,7 @@ def test_denied_policy_covers_a_namespace_without_the_tenant_label(control_plane
     ns = unique("entitled")
     control_plane.kubectl("create", "namespace", ns)
     control_plane.kubectl("label", "namespace", ns, f"team={cls}")
-    _until(lambda: control_plane.kubectl("create", "-n", tenant_ns, "-f", "-", check=False,
+    until_sync(lambda: control_plane.kubectl("create", "-n", tenant_ns, "-f", "-", check=False,
                                          input=_raw_vmi(unique("warm"))).returncode != 0)
     for what, body in (("pod", _pod(unique("p"))),
                        ("gpus", yaml.safe_dump(_vmi(unique("v"), gpus=True))),
@@ -209,7 +198,7 @@ def test_denied_policy_refuses_an_update_that_adds_a_gpu_to_an_admitted_vmi(cont
                                     "-n", tenant_ns, "-f", "-", check=False,
                                     input=yaml.safe_dump(grown))
         return out.returncode != 0 and out.stderr
-    err = _until(refused)
+    err = until_sync(refused)
     assert err and "gpu-binder-raw-vmis" in err, err
     out = control_plane.kubectl("label", "vmi", name, "-n", tenant_ns, "kubevirt.io/nodeName=n1")
     assert out.returncode == 0
@@ -239,7 +228,7 @@ def test_attached_devices_policy_says_delete_the_vmi_or_for_a_kept_device_the_vm
             if out.returncode == 0:
                 raise AssertionError(f"attached device {name} was deleted: {out.stdout}")
             return out.stderr if "gpu-binder-attached-devices" in out.stderr else None
-        return _until(probe)
+        return until_sync(probe)
 
     device("running", {"vmi": "vm-a", "since": "2026-01-01T00:00:00Z"})
     device("kept", {"vmi": "vm-b", "since": "2026-01-01T00:00:00Z", "owner": "u-1",
@@ -258,5 +247,5 @@ def test_attached_devices_policy_says_delete_the_vmi_or_for_a_kept_device_the_vm
     # released (housekeeping clears attachedTo first): deleted
     control_plane.kubectl("patch", "gpudevice", "kept", "-n", tenant_ns, "--subresource=status",
                           "--type=json", "-p", '[{"op": "remove", "path": "/status/attachedTo"}]')
-    assert _until(lambda: control_plane.kubectl("delete", "gpudevice", "kept", "-n", tenant_ns,
+    assert until_sync(lambda: control_plane.kubectl("delete", "gpudevice", "kept", "-n", tenant_ns,
                                                 check=False).returncode == 0)

@@ -212,18 +212,25 @@ async def test_H4_vm_stopped_and_started_20_times_keeps_its_set_while_another_te
                        "stop_to_kept": kept_after, "other_tenant_refusals": refusals}, f)
 
 
+async def started_then_kept(fleet, tenant: str, vm: str, cls: str, node: str):
+    """A VM of two template devices of `cls` started (launcher bound), stopped, and its set
+    seen kept on `node` with the VM's condition: (its first VMI, the device names, keptUntil)."""
+    await create_vm(fleet, tenant, vm_body(vm, templates=f"{cls}=2"))
+    made = await started(fleet, tenant, vm)
+    names = [f"{vm}-{cls}-0", f"{vm}-{cls}-1"]
+    await bound_launcher(fleet, tenant, made)
+    await stop(fleet, tenant, vm, made)
+    until = await kept(fleet, tenant, names, node)
+    await shows_kept(fleet, tenant, vm, node, names, until)
+    return made, names, until
+
+
 async def test_H4_deleted_vm_frees_its_kept_set_at_once_and_a_bare_vmi_of_its_name_may_not_take_it(
         system, kubevirt, fleet):
     res, cls, nodes, tenant = await keep_pool(fleet, kubevirt, {"n": {"units": 2}}, "10m")
     other = unique("t2")
     await fleet.tenant(other)
-    await create_vm(fleet, tenant, vm_body("gone", templates=f"{cls}=2"))
-    made = await started(fleet, tenant, "gone")
-    names = [f"gone-{cls}-0", f"gone-{cls}-1"]
-    await bound_launcher(fleet, tenant, made)
-    await stop(fleet, tenant, "gone", made)
-    until = await kept(fleet, tenant, names, nodes["n"])
-    await shows_kept(fleet, tenant, "gone", nodes["n"], names, until)
+    made, names, until = await started_then_kept(fleet, tenant, "gone", cls, nodes["n"])
 
     async def counted():
         got = await scrape(system, await leader_index(system))
@@ -262,13 +269,7 @@ async def test_H4_deleted_vm_frees_its_kept_set_at_once_and_a_bare_vmi_of_its_na
 async def test_H4_expired_keep_is_released_within_one_round_and_a_leader_kill_keeps_it(
         system, kubevirt, fleet):
     res, cls, nodes, tenant = await keep_pool(fleet, kubevirt, {"n": {"units": 2}}, "20s")
-    await create_vm(fleet, tenant, vm_body("short", templates=f"{cls}=2"))
-    made = await started(fleet, tenant, "short")
-    names = [f"short-{cls}-0", f"short-{cls}-1"]
-    await bound_launcher(fleet, tenant, made)
-    await stop(fleet, tenant, "short", made)
-    until = await kept(fleet, tenant, names, nodes["n"])
-    await shows_kept(fleet, tenant, "short", nodes["n"], names, until)
+    made, names, until = await started_then_kept(fleet, tenant, "short", cls, nodes["n"])
     # the leader is killed while the set is kept: the next leader keeps it (state in status)
     i = await leader_index(system)
     system.kill_replica(i, signal.SIGKILL)
