@@ -7,7 +7,11 @@ on and an AdmissionConfiguration that makes it present a client certificate (of 
 own) to the webhook port it reserves (`webhook_port`), waits for readiness within a
 deadline and writes kubeconfigs. Every process it starts is
 in its own process group with a parent-death signal, and is stopped by `stop()`, by the
-context manager, at interpreter exit, and when the launching process dies.
+context manager, at interpreter exit, and when the launching process dies. A process killed
+with SIGKILL cannot remove its work directory (etcd's data, the PKI with the CA key, the admin
+kubeconfig), so each one records its owner (`owner.json`: pid and the kernel's start time of
+that pid) and the next ControlPlane sweeps the directories whose owner is gone
+(`sweep_stale_workdirs`).
 """
 
 from __future__ import annotations
@@ -174,21 +178,78 @@ def kubeconfig(server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes,
     }
 
 
+OWNER_FILE = "owner.json"
+WORKDIR_PREFIX = "gpu-binder-cp-"
+
+
+def _process_start_ticks(pid: int) -> int | None:
+    """The kernel's start time of `pid` in clock ticks since boot (field 22 of
+    /proc/<pid>/stat), or None when no such process exists. A pid and its start time name one
+    process: a recycled pid has another start time."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name (field 2) is in parentheses and may hold spaces: split after it
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _record_owner(workdir: Path) -> None:
+    """Write `owner.json` (this process's pid and start time) into `workdir`."""
+    pid = os.getpid()
+    (workdir / OWNER_FILE).write_text(json.dumps({"pid": pid, "start": _process_start_ticks(pid)}))
+
+
+def _owner_alive(workdir: Path) -> bool:
+    """Whether the process recorded in `workdir`'s `owner.json` still runs. A directory
+    without a readable record counts as alive (it may be being made right now, or belong to
+    an older version): only a recorded owner that is gone makes a directory stale."""
+    try:
+        owner = json.loads((workdir / OWNER_FILE).read_text())
+        pid, start = int(owner["pid"]), owner["start"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    return _process_start_ticks(pid) == start
+
+
+def sweep_stale_workdirs(root: Path | None = None) -> list[Path]:
+    """Remove the `gpu-binder-cp-*` work directories under `root` (default: the temp dir)
+    whose recorded owner process is gone (killed with SIGKILL, so it could not clean up),
+    and return them. Directories of live owners, without an owner record, or of another
+    user are left alone."""
+    root = Path(root or tempfile.gettempdir())
+    removed = []
+    for d in sorted(root.glob(WORKDIR_PREFIX + "*")):
+        try:
+            if not d.is_dir() or d.stat().st_uid != os.getuid() or _owner_alive(d):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
 class ControlPlane:
     """etcd + kube-apiserver on loopback, in a private work directory.
 
     Usage: `with ControlPlane() as cp: cp.admin_kubeconfig ...`. `start()` raises
     ControlPlaneError (with the failing process's log tail) when a part does not become
     ready within `start_timeout` seconds. `stop()` is idempotent: SIGTERM to each process
-    group, SIGKILL after 10 s, then the work directory is removed (unless `keep_dir`).
+    group, SIGKILL after 10 s, then the work directory is removed (unless `keep_dir`); one
+    left behind by a SIGKILLed owner is removed by the next ControlPlane made here.
     """
 
     def __init__(self, *, binaries: Binaries | None = None, workdir: Path | None = None,
                  start_timeout: float = 90.0, keep_dir: bool = False) -> None:
         self.binaries = binaries or find_binaries()
         self._own_dir = workdir is None
-        self.dir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gpu-binder-cp-"))
+        if workdir is None:
+            sweep_stale_workdirs()
+        self.dir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self._own_dir:
+            _record_owner(self.dir)
         self.start_timeout = start_timeout
         self.keep_dir = keep_dir
         self.procs: dict[str, subprocess.Popen] = {}
