@@ -71,10 +71,16 @@ def _demo(args: argparse.Namespace) -> int:
     from localcluster.controlplane import ControlPlaneError
     from localcluster.demo import run
 
-    if args.nodes < 2 or args.vmis < 1:
-        print("gpu-binder demo: --nodes must be at least 2 (one per GPU model) and --vmis at "
-              "least 1", file=sys.stderr)
+    count_only = [flag for flag, value in (("--nodes", args.nodes), ("--vmis", args.vmis),
+                                           ("--seed", args.seed), ("--vmi-only", args.vmi_only or None))
+                  if value is not None]
+    if args.dra and count_only:
+        print(f"gpu-binder demo: {', '.join(count_only)} do not apply with --dra (its fleet and "
+              f"VMIs are fixed: docs/device-mode.md)", file=sys.stderr)
         return 2
+    args.nodes = 8 if args.nodes is None else args.nodes
+    args.vmis = 30 if args.vmis is None else args.vmis
+    args.seed = 7 if args.seed is None else args.seed
     try:
         if args.dra:
             from localcluster.demo_dra import run as run_dra
@@ -334,16 +340,16 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=_cluster_up)
 
     demo = sub.add_parser("demo", help="the whole system on a local control plane (make demo)")
-    demo.add_argument("--nodes", type=_count(1), default=8,
-                      help="GPU nodes to create, at least 2 (default: %(default)s)")
-    demo.add_argument("--vmis", type=_count(1), default=30,
+    demo.add_argument("--nodes", type=_count(2), default=None,
+                      help="GPU nodes to create, at least 2: one per GPU model (default: 8)")
+    demo.add_argument("--vmis", type=_count(1), default=None,
                       help="VirtualMachines (or, with --vmi-only, VMIs) created at once, at "
-                           "least 1 (default: %(default)s)")
+                           "least 1 (default: 30)")
     demo.add_argument("--vmi-only", action="store_true",
                       help="create VMIs directly instead of VirtualMachines (default: "
                            "VirtualMachines, as Cozystack does)")
-    demo.add_argument("--seed", type=int, default=7,
-                      help="seed of the random VMI mix (default: %(default)s)")
+    demo.add_argument("--seed", type=int, default=None,
+                      help="seed of the random VMI mix (default: 7)")
     demo.add_argument("--log-dir", default="logs",
                       help="directory of the per-node decision logs (default: ./%(default)s)")
     demo.add_argument("--keep", action="store_true",
@@ -352,8 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="device mode instead (docs/device-mode.md): an HGX fleet publishing "
                            "ResourceSlices, VMIs of 1, 2, 4 and 8 GPUs; prints each one's node, "
                            "exact GPUs (module ids) and the partition they form, and the "
-                           "refusals; --nodes, --vmis, --seed and --vmi-only do not apply "
-                           "(default: off)")
+                           "refusals; --nodes, --vmis, --seed and --vmi-only do not apply and "
+                           "are refused with it (default: off)")
     demo.set_defaults(func=_demo)
 
     bench = sub.add_parser("bench", help="benchmarks: core (actors vs bare model), e2e, "

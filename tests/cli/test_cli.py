@@ -137,6 +137,7 @@ def test_output_to_a_reader_that_went_away_ends_quietly_with_141():
     (["bench", "soak", "--nodes", "x"], "--nodes", "not an integer: 'x'"),
     (["cluster", "up", "--controllers", "-1"], "--controllers", "must be at least 0, got -1"),
     (["demo", "--vmis", "0"], "--vmis", "must be at least 1, got 0"),
+    (["demo", "--nodes", "1"], "--nodes", "must be at least 2, got 1"),
 ])
 def test_counts_are_checked_before_anything_starts(capsys, argv, flag, message):
     with pytest.raises(SystemExit) as exc:
@@ -159,6 +160,17 @@ def test_cluster_up_fleet_sizes_need_dra(capsys, tmp_path, flag):
     assert "--hgx-nodes and --l40s-nodes size the device-mode fleet: they need --dra" in \
         capsys.readouterr().err
     assert not any(tmp_path.iterdir())   # nothing was started
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--nodes", "3"], "--nodes"),
+    (["--nodes", "4", "--vmi-only", "--seed", "3"], "--nodes, --seed, --vmi-only"),
+])
+def test_demo_dra_refuses_the_count_mode_flags_it_would_ignore(capsys, extra, named):
+    """`demo --dra` runs a fixed HGX fleet: a count-mode flag beside it is refused (exit 2)
+    naming the flags, before anything starts, rather than silently ignored."""
+    assert main(["demo", "--dra", *extra]) == 2
+    assert f"gpu-binder demo: {named} do not apply with --dra" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
