@@ -31,7 +31,7 @@ from model.explain import Explanation, Top, WhatIf, explain, top, what_if
 from model.parse import ParseError, format_time, parse_tolerations, parse_vmi_request
 from model.snapshot import Snapshot
 from model.vm import vmi_of_vm
-from model.reasons import Code, Reason
+from model.reasons import Code, Reason, resource_label
 
 
 class ToolError(Exception):
@@ -406,10 +406,12 @@ def render_top(t: Top) -> str:
             rows.append((c.class_name, n.node + (" (cordoned)" if n.cordoned else ""),
                          str(n.allocatable), str(n.bound), str(n.attached), str(n.awaiting),
                          *((str(n.kept),) * kept), str(n.idle), str(n.free), str(n.largest)))
-        rows.append((c.class_name, f"= all ({c.resource})", "", str(c.bound), str(c.attached),
+        rows.append((c.class_name, f"= all ({resource_label(c.resource)})", "", str(c.bound), str(c.attached),
                      str(c.awaiting), *((str(c.kept),) * kept), str(c.idle), str(c.free),
                      str(c.largest)))
     out = _table(rows)
+    out += [f"NOT READY: class {c.class_name} cannot serve: {c.problem} (its VMIs are refused "
+            f"with this)" for c in t.classes if c.problem]
     if t.kept:
         out.append("")
         out += _table([("KEPT FOR VM", "NODE", "DEVICES", "UNTIL")] + [

@@ -564,7 +564,9 @@ class NodeFigures:
 @dataclass(frozen=True, slots=True)
 class ClassFigures:
     """One GPUClass: sums over the nodes serving it, and `largest` the largest set of the
-    class placeable now on one node (B3), so `free` − `largest` shows fragmentation."""
+    class placeable now on one node (B3), so `free` − `largest` shows fragmentation;
+    `problem` the class's own when it cannot serve (`GPUClass.problem`, its Ready=False
+    condition: its VMIs are refused with it)."""
 
     class_name: str
     resource: str
@@ -576,6 +578,7 @@ class ClassFigures:
     largest: int
     nodes: tuple[NodeFigures, ...]
     kept: int = 0
+    problem: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -701,7 +704,7 @@ def top(snapshot: Snapshot, live_vmis: VMIs | set[tuple[str, str]]) -> Top:
             sum(r.awaiting for r in rows), sum(r.idle for r in rows),
             sum(r.free for r in rows if not r.cordoned),
             max((r.largest for r in rows), default=0), tuple(rows),
-            sum(r.kept for r in rows)))
+            sum(r.kept for r in rows), snapshot.classes[name].problem))
     tenants: dict[tuple[str, str], TenantFigures] = {}
     for (ns, res), hard in snapshot.budgets.items():
         tenants[(ns, res)] = TenantFigures(ns, res, snapshot.tenant_usage(ns, res), hard)

@@ -29,7 +29,7 @@ DRA_DEVICES_SUFFIX = ".deviceclass.resource.k8s.io/devices"
 """A device-mode class's count key ends so (`model.types.dra_resource_name`, DR1)."""
 
 
-def _resource(name: str) -> str:
+def resource_label(name: str) -> str:
     """How a message names a counted resource: an extended resource as it is
     (`nvidia.com/H100`), a device-mode class's DeviceClass quota key as
     "<DeviceClass> devices" (`vfio.gpu.nvidia.com devices`)."""
@@ -298,8 +298,11 @@ class BudgetExhausted(Reason):
         return self.bound + self.reserved
 
     def render(self) -> str:
+        if self.budget == 0 and not self.bound and not self.reserved:
+            return (f"tenant {self.namespace} has no budget for {resource_label(self.resource)} "
+                    f"(its ResourceQuota allows 0), request adds {self.adds}")
         being = f" + {self.reserved} being bound" if self.reserved else ""
-        return (f"budget of tenant {self.namespace} for {_resource(self.resource)} exhausted: "
+        return (f"budget of tenant {self.namespace} for {resource_label(self.resource)} exhausted: "
                 f"{self.bound} bound{being} of {self.budget}, request adds {self.adds}")
 
 
@@ -322,7 +325,7 @@ class NoFreeUnit(Reason):
     resource: str
 
     def render(self) -> str:
-        one = _resource(self.resource).removesuffix("devices") + "device" \
+        one = resource_label(self.resource).removesuffix("devices") + "device" \
             if self.resource.endswith(DRA_DEVICES_SUFFIX) else self.resource
         return f"no schedulable node serving class {self.class_name} has a free {one}"
 
@@ -409,7 +412,7 @@ class LostCapacity(Reason):
     allocatable: int
 
     def render(self) -> str:
-        return (f"lost capacity of {_resource(self.resource)}: {self.bound} bound"
+        return (f"lost capacity of {resource_label(self.resource)}: {self.bound} bound"
                 f"{_pods_outside(self.foreign)} of {self.allocatable}")
 
 
@@ -424,7 +427,7 @@ class NoRoom(Reason):
     foreign: int = 0
 
     def render(self) -> str:
-        return f"needs {self.needs} × {_resource(self.resource)}, has {self.free} free{_pods_outside(self.foreign)}"
+        return f"needs {self.needs} × {resource_label(self.resource)}, has {self.free} free{_pods_outside(self.foreign)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -877,7 +880,7 @@ class SetNeeds(Reason):
     def render(self) -> str:
         most = (f"the most free on an eligible node serving it is {self.most_free}"
                 if self.most_free is not None else "no node serving it is eligible")
-        return f"the set needs {self.needs} × {_resource(self.resource)} (class {self.class_name}) on one node; {most}"
+        return f"the set needs {self.needs} × {resource_label(self.resource)} (class {self.class_name}) on one node; {most}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -936,7 +939,7 @@ class KeptForVM(Reason):
     until: str
 
     def render(self) -> str:
-        return (f"node {self.node}: {self.count} × {_resource(self.resource)} kept for VirtualMachine "
+        return (f"node {self.node}: {self.count} × {resource_label(self.resource)} kept for VirtualMachine "
                 f"{self.namespace}/{self.vm} until {self.until} (keepSetFor)")
 
 
@@ -980,7 +983,7 @@ class BudgetInFlight(Reason):
 
     def render(self) -> str:
         return (f"tenant {self.namespace} has {self.in_flight} GPU admissions in progress at "
-                f"this gpu-binder replica holding {self.held} × {_resource(self.resource)} of its budget "
+                f"this gpu-binder replica holding {self.held} × {resource_label(self.resource)} of its budget "
                 f"of {self.budget} ({self.used} used) and this set adds {self.adds}: more than "
                 f"its fair share while they last; too many requests, retry after "
                 f"{self.retry_after} s")

@@ -74,14 +74,13 @@ def test_DR4_what_if_prints_the_devices_a_moved_set_takes():
 
 def test_DR3_top_prints_device_rows_and_groups():
     text = render_top(top(_fleet(), set()))
-    key = "vfio.gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
     assert [line.split() for line in text.splitlines()[:6]] == [
         ["CLASS", "NODE", "ALLOC", "BOUND", "ATTACHED", "AWAITING", "IDLE", "FREE", "LARGEST"],
         ["h100x", "gpu-node-03", "8", "0", "0", "0", "0", "5", "2"],
         ["h100x", "gpu-node-04", "8", "1", "0", "0", "1", "6", "4"],
-        ["h100x", "=", "all", f"({key})", "1", "0", "0", "1", "11", "4"],
+        ["h100x", "=", "all", "(vfio.gpu.nvidia.com", "devices)", "1", "0", "0", "1", "11", "4"],
         ["l40s", "l40s-01", "4", "0", "0", "0", "0", "3", "2"],
-        ["l40s", "=", "all", f"({key})", "0", "0", "0", "0", "3", "2"]]
+        ["l40s", "=", "all", "(vfio.gpu.nvidia.com", "devices)", "0", "0", "0", "0", "3", "2"]]
     assert text.splitlines()[6:11] == [
         "",
         "DEVICE GROUPS (free/all; LARGEST above: the largest set one free group takes)",
@@ -100,3 +99,19 @@ def test_count_mode_json_and_text_carry_no_device_parts():
                 now=COUNT_NOW, grace=GRACE)
     assert "device_nodes" not in to_jsonable(e)
     assert all(not line.startswith("     ") for line in render_explain(e).splitlines())
+
+
+def test_top_says_which_class_cannot_serve_and_why():
+    """A class that cannot serve (both resourceName and deviceClassName set: Ready=False,
+    CannotServe) is not shown as a count row of zeros alone: a NOT READY line names it and
+    its problem, the text its VMIs are refused with."""
+    import dataclasses
+
+    fleet = _fleet()
+    broken = dataclasses.replace(device_class("both"), problem="sets both resourceName and deviceClassName")
+    snap = Snapshot.build(nodes=list(fleet.nodes.values()),
+                          classes=[*fleet.classes.values(), broken], devices=list(fleet.devices.values()))
+    text = render_top(top(snap, set()))
+    assert ("NOT READY: class both cannot serve: sets both resourceName and deviceClassName "
+            "(its VMIs are refused with this)") in text.splitlines()
+    assert "NOT READY" not in render_top(top(_fleet(), set()))

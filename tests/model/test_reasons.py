@@ -268,3 +268,12 @@ def test_a_device_mode_count_key_reads_as_its_deviceclass_devices():
     assert NoRoom(res, 3, 1, 0).render() == "needs 3 × vfio.gpu.nvidia.com devices, has 1 free"
     assert "for vfio.gpu.nvidia.com devices exhausted" in BudgetExhausted("t", res, 4, 4, 1, 0).render()
     assert NoRoom("nvidia.com/H100", 1, 0, 0).render() == "needs 1 × nvidia.com/H100, has 0 free"
+
+
+def test_a_budget_of_zero_reads_as_no_budget_not_zero_of_zero():
+    """B4 with `hard: 0`: the tenant was given no budget; "0 bound of 0" hid that."""
+    assert r.BudgetExhausted("tenant-a", H, 0, 0, 2).render() == (
+        "tenant tenant-a has no budget for nvidia.com/H100 (its ResourceQuota allows 0), "
+        "request adds 2")
+    assert r.BudgetExhausted("tenant-a", H, 0, 0, 1, reserved=1).render().startswith(
+        "budget of tenant tenant-a for nvidia.com/H100 exhausted: 0 bound + 1 being bound of 0")
