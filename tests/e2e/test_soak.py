@@ -22,7 +22,7 @@ SEED = int(os.environ.get("SOAK_SEED", "22"))
 SPEC = SoakSpec(nodes=30, minutes=1.25, seed=SEED, tenants=3, live=40, create_rate=1.5,
                 cordon_every=15, cordon_for=20, kill_every=25, restart_at=0.1,
                 steady_share=0.4, recover=15,
-                check_every=3, settle_timeout=90, pod_timeout=120, answer_timeout=60,
+                check_every=3, rss_every=5, settle_timeout=90, pod_timeout=120, answer_timeout=60,
                 prefix="soak-")
 
 
