@@ -103,36 +103,62 @@ async def apiserver_metrics(api) -> str:
 
 
 async def watch_namespaced(list_fn, args: tuple, on_event: Callable[[str, dict], None],
-                           prefix: str) -> None:
-    """List then watch `list_fn(*args)` forever (re-listing after a 410 Gone), calling
-    `on_event(type, object dict)` for each object in a namespace starting with `prefix`.
-    Raises the ApiException of any other failure (the caller decides whether to list
-    again)."""
+                           prefix: str, on_list: Callable[[str, int], None] | None = None) -> None:
+    """List then watch `list_fn(*args)` forever, calling `on_event(type, object dict)` for
+    each object in a namespace starting with `prefix`. It lists again whenever the watch
+    ends: the server closed it ("stream ended": its timeout, or a watcher it found too slow
+    under load), "410 Gone", or an error object in the stream ("Status"). A list after the
+    first replaces what was reported: an object reported before and not listed now is
+    reported DELETED (it went while no watch ran; without this a cache built from the
+    events kept it for ever: issue 33's release waits that ran out at 60 s).
+    `on_list(why, items)`, when given, is told of every list ("start" the first) with the
+    number of objects listed. Raises the ApiException of any other failure (the caller
+    decides whether to list again)."""
     import json
 
     from kubernetes_asyncio import watch
     from kubernetes_asyncio.client import ApiException
 
+    known: dict[tuple[str, str], dict] = {}  # what on_event was last told, by (ns, name)
+
+    def report(kind: str, obj: dict) -> None:
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if kind == "DELETED":
+            known.pop(key, None)
+        else:
+            known[key] = obj
+        on_event(kind, obj)
+
+    why = "start"
     while True:
         listed = await list_fn(*args, _preload_content=False)
         body = json.loads(await listed.read())
         listed.release()
-        for obj in body.get("items") or []:
-            if obj["metadata"]["namespace"].startswith(prefix):
-                on_event("ADDED", obj)
+        items = [obj for obj in body.get("items") or []
+                 if obj["metadata"]["namespace"].startswith(prefix)]
+        if on_list is not None:
+            on_list(why, len(items))
+        now = {(obj["metadata"]["namespace"], obj["metadata"]["name"]) for obj in items}
+        for key in [k for k in known if k not in now]:
+            report("DELETED", known[key])
+        for obj in items:
+            report("ADDED", obj)
         rv = body["metadata"]["resourceVersion"]
+        why = "stream ended"
         try:
             async with watch.Watch().stream(list_fn, *args, resource_version=rv,
                                             timeout_seconds=600) as stream:
                 async for ev in stream:
                     obj = ev["raw_object"]
                     if obj.get("kind") == "Status":
+                        why = "Status"
                         break
                     if obj["metadata"]["namespace"].startswith(prefix):
-                        on_event(ev["type"], obj)
+                        report(ev["type"], obj)
         except ApiException as exc:
             if exc.status != 410:
                 raise
+            why = "410 Gone"
 
 
 class LauncherPods:

@@ -60,6 +60,7 @@ import hashlib
 import json
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -257,6 +258,7 @@ async def _measure(lc: LocalCluster, plan: Plan, lanes: dict, report: dict, pref
 
     api = await admin_client(lc, 64)
     seen = Seen()
+    t0 = time.monotonic()
     res_of = {ln.ns: ln.res for ln in lanes.values()}
     try:
         fleet = Fleet(api)
@@ -265,13 +267,16 @@ async def _measure(lc: LocalCluster, plan: Plan, lanes: dict, report: dict, pref
             custom, core = CustomObjectsApi(api), CoreV1Api(api)
             watches.start_soon(watch_namespaced, custom.list_cluster_custom_object,
                                (DEV_GROUP, DEV_VERSION, "gpudevices"),
-                               lambda k, o: device_event(seen, k, o), prefix)
+                               lambda k, o: device_event(seen, k, o), prefix,
+                               seen.on_list("gpudevices"))
             watches.start_soon(watch_namespaced, core.list_pod_for_all_namespaces, (),
-                               lambda k, o: pod_event(res_of, seen, k, o), prefix)
+                               lambda k, o: pod_event(res_of, seen, k, o), prefix,
+                               seen.on_list("pods"))
             if any(ln.claims for ln in lanes.values()):
                 watches.start_soon(watch_namespaced, custom.list_cluster_custom_object,
                                    ("resource.k8s.io", "v1", "resourceclaims"),
-                                   lambda k, o: claim_event(seen, k, o), prefix)
+                                   lambda k, o: claim_event(seen, k, o), prefix,
+                                   seen.on_list("resourceclaims"))
             rep = Replayer(api, seen, deadline=plan.deadline)
             first = [ln for ln in lanes.values() if ln.system != "e"]
             async with anyio.create_task_group() as tg:
@@ -293,8 +298,13 @@ async def _measure(lc: LocalCluster, plan: Plan, lanes: dict, report: dict, pref
                        "replay_seconds": round(ln.seconds, 1),
                        "replayed_digest": hashlib.sha256(repr(ln.replayed).encode()).hexdigest()[:16],
                        "timeline": _timeline(ln.trace, ln.outcome),
+                       "release_timeouts": [{**t, "started": round(t["started"] - t0, 1)}
+                                            for t in ln.timeouts],
                        **(ph.partitions(ln.trace, ln.taken) if ln.mode == "hgx" else {}),
                        "started_ids": sorted(ln.outcome.started)}
+    # every list of the harness's watches, seconds after the replay began: a relist after
+    # the first follows a watch the server closed (`bench.common.watch_namespaced`)
+    report["watch_lists"] = [[round(t - t0, 1), res, why, n] for t, res, why, n in seen.lists]
     for load in report["loads"].values():
         if defrag_available() or report.get("mode") == "hgx":
             continue

@@ -34,6 +34,13 @@ class Seen:
     """(namespace, name) -> {uid: created-by VMI uid, node, unschedulable, gpus, claims}."""
     claims: dict[tuple[str, str], tuple[str, tuple[str, ...]] | None] = field(default_factory=dict)
     """(namespace, name) of a ResourceClaim -> (pool, device names) once allocated, else None."""
+    lists: list[tuple[float, str, str, int]] = field(default_factory=list)
+    """Every list of a watch (`bench.common.watch_namespaced`'s `on_list`): (monotonic time,
+    resource, why, objects listed)."""
+
+    def on_list(self, resource: str):
+        """The `on_list` callback of the watch of `resource`."""
+        return lambda why, items: self.lists.append((time.monotonic(), resource, why, items))
 
     def used_per_node(self, lane: "Lane") -> dict[str, int]:
         """{node: GPUs in use} of `lane`: its Bound devices (a, e) or its bound Pods' GPUs."""
@@ -139,6 +146,9 @@ class Lane:
     device plugin's pick)."""
     holding: dict[int, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     """HGX: set id -> (node, GPU indices) while they are in use."""
+    timeouts: list[dict] = field(default_factory=list)
+    """Every wait for a release that ran out (`Replayer.release_timeout`): the set, what was
+    awaited, when, and which of the objects the watch still showed exist in a live read."""
 
     @property
     def by_binder(self) -> bool:
@@ -373,10 +383,15 @@ class Replayer:
             await self._delete_held(lane, s)
         elif lane.by_binder:  # H2 deletes the template devices
             vmi = f"s{s.id}"
+            started = time.monotonic()
             ok = await wait_cached(lambda: not any(ns == lane.ns and t == vmi
                                               for (ns, _), (_, t) in self.seen.devices.items()),
                               self.release_timeout)
-            lane.counts["release_timeout"] += not ok
+            lane.counts["release_timeout"] += 0
+            if not ok:
+                await self._timed_out(lane, s, "template devices", started, [
+                    name for (ns, name), (_, t) in self.seen.devices.items()
+                    if ns == lane.ns and t == vmi])
         lane.placed.pop(s.id)
 
     async def _stop_vmi(self, lane: Lane, s: pt.GpuSet) -> None:
@@ -435,9 +450,34 @@ class Replayer:
                     if exc.status != 403 or time.monotonic() > deadline:
                         raise
                     await anyio.sleep(0.2)
+        started = time.monotonic()
         ok = await wait_cached(lambda: not any((lane.ns, d) in self.seen.devices for d in names),
                           self.release_timeout)
-        lane.counts["release_timeout"] += not ok
+        lane.counts["release_timeout"] += 0
+        if not ok:
+            await self._timed_out(lane, s, "held devices", started,
+                                  [d for d in names if (lane.ns, d) in self.seen.devices])
+
+    async def _timed_out(self, lane: Lane, s: pt.GpuSet, what: str, started: float,
+                         cached: list[str]) -> None:
+        """A wait for set `s`'s GPUDevices to go ran out: counted as `release_timeout`, and
+        as `release_timeout_gone` when a live read finds none of the devices the watch still
+        shows (the watch missed their deletion); recorded in `lane.timeouts`."""
+        from kubernetes_asyncio.client import ApiException
+
+        live = []
+        for name in cached:
+            try:
+                await self.custom.get_namespaced_custom_object(
+                    DEV_GROUP, DEV_VERSION, lane.ns, "gpudevices", name)
+                live.append(name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        lane.counts["release_timeout"] += 1
+        lane.counts["release_timeout_gone"] += bool(cached) and not live
+        lane.timeouts.append({"set": s.id, "size": s.size, "held": s.held, "what": what,
+                              "started": started, "cached": cached, "live": live})
 
     async def _placeholder(self, lane: Lane, s: pt.GpuSet, node: str) -> None:
         """(b, c) an idle held set: a Pod bound to `node` requesting the set's GPUs."""

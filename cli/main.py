@@ -143,6 +143,15 @@ def _bench_run(args: argparse.Namespace) -> int:
             plan = replace(plan, nodes=args.nodes)
         if args.arrivals:
             plan = replace(plan, arrivals=args.arrivals)
+        if args.loads:
+            try:
+                loads = tuple(float(x) for x in args.loads.split(",") if x)
+            except ValueError:
+                loads = ()
+            if not loads or any(not 0 < x < 1 for x in loads):
+                raise _BadBenchArgs(f"gpu-binder bench: --loads takes offered loads between 0 and 1, "
+                                    f"comma separated, got {args.loads!r}")
+            plan = replace(plan, loads=loads)
         systems = tuple(k for k in args.systems.split(",") if k)
         if not systems or set(systems) - set("abce"):
             raise _BadBenchArgs(f"gpu-binder bench: --systems takes a,b,c,e, got {args.systems!r}")
@@ -433,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "kube-scheduler default, c MostAllocated, e gpu-binder with "
                             "defragmentation; the bound (d) is always computed (default: "
                             "%(default)s)")
+    bench.add_argument("--loads", default="",
+                       help="packing: the offered loads to replay, comma separated, each "
+                            "between 0 and 1 (default: 0.70,0.85,0.95; with --quick 0.85)")
     bench.add_argument("--arrivals", type=_count(1), default=None,
                        help="packing: scored arrivals per load, after the warm-up (default: "
                             "300; with --quick 30)")

@@ -175,6 +175,8 @@ def test_demo_dra_refuses_the_count_mode_flags_it_would_ignore(capsys, extra, na
 
 @pytest.mark.parametrize("argv, message", [
     (["bench", "packing", "--systems", "a,x"], "--systems takes a,b,c,e, got 'a,x'"),
+    (["bench", "packing", "--loads", "0.95,1.2"], "--loads takes offered loads between 0 and 1"),
+    (["bench", "packing", "--loads", "high"], "got 'high'"),
     (["bench", "soak", "--minutes", "30"], "--minutes is in (0, 20], got 30"),
     (["bench", "e2e", "--gpus", "1,0"], "--gpus takes positive integers"),
     (["bench", "e2e", "--modes", "count,dra"], "--modes takes count and/or device"),
