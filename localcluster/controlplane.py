@@ -58,13 +58,22 @@ class Binaries:
     kube_scheduler: Path | None = None
 
 
+_BUILT: dict[Path, Path] = {}
+"""Per build script, the directory its run in this process printed (a script is run once a
+process: the test session applies KubeVirt's CRDs once a module, and its check of the cache
+costs about a second)."""
+
+
 def built_dir(script: Path, override_env: str, *, build: bool = True) -> Path:
     """The directory of cached binaries a build script made: `$<override_env>` when set,
     else the last stdout line of `bash script` (which skips what is cached; its messages go
-    to stderr). Raises ControlPlaneError when the script fails or building is disabled."""
+    to stderr; run once a process, then remembered). Raises ControlPlaneError when the
+    script fails or building is disabled."""
     override = os.environ.get(override_env)
     if override:
         return Path(override)
+    if script in _BUILT:
+        return _BUILT[script]
     if not build:
         raise ControlPlaneError(f"{override_env} is not set and building is disabled")
     proc = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True)
@@ -72,7 +81,8 @@ def built_dir(script: Path, override_env: str, *, build: bool = True) -> Path:
     if proc.returncode != 0 or not lines:
         raise ControlPlaneError(f"tools/{script.name} failed with exit code {proc.returncode} "
                                 "(its messages are above)")
-    return Path(lines[-1])
+    _BUILT[script] = Path(lines[-1])
+    return _BUILT[script]
 
 
 def find_binaries(*, build: bool = True) -> Binaries:
