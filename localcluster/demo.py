@@ -231,6 +231,25 @@ async def find_launchers(api, rows: list[Row], timeout: float = 60.0) -> None:
             await anyio.sleep(0.5)
 
 
+async def refresh_vm_states(api, rows: list[Row], timeout: float = 20.0) -> None:
+    """Re-read the printableStatus of each admitted VM still shown as Stopped (or unknown):
+    virt-controller writes a VM's status after it has synced the new VMI, which under load
+    comes after the admission the table reports; waits up to `timeout` seconds for all."""
+    from kubernetes_asyncio.client import CustomObjectsApi
+
+    custom = CustomObjectsApi(api)
+    stale = [r for r in rows if r.uid and r.state in (None, "Stopped")]
+    with anyio.move_on_after(timeout):
+        while stale:
+            for r in stale:
+                got = await custom.get_namespaced_custom_object("kubevirt.io", "v1", r.tenant,
+                                                                "virtualmachines", r.vmi)
+                r.state = (got.get("status") or {}).get("printableStatus")
+            stale = [r for r in stale if r.state in (None, "Stopped")]
+            if stale:
+                await anyio.sleep(0.5)
+
+
 DENIED_PREFIX = 'admission webhook "vmi.gpu.cozystack.io" denied the request: '
 
 
@@ -336,6 +355,8 @@ def run(*, nodes: int = 8, vmis: int = 30, seed: int = 7, log_dir: Path = Path("
             api = await new_client_from_config(config_file=str(lc.cp.admin_kubeconfig))
             try:
                 await find_launchers(api, rows)
+                if not vmi_only:
+                    await refresh_vm_states(api, rows)
             finally:
                 await api.close()
             return rows
