@@ -4,12 +4,15 @@ kube-scheduler (DRA allocator), kube-controller-manager's resourceclaim-controll
 virt-controller, virt-api and KWOK, with the session's KubeVirt and this module's replicas.
 
 While the VM has no VMI its GPUDevices stay Bound on their node with their recorded
-`status.device`, kept (`attachedTo.keptUntil`), and its claim `<vm>-gpus` stays, allocated to
-those devices, so neither the binder nor kube-scheduler's allocator hands them to anyone; the
-next VMI (same name) is admitted on the same node, its claim confirmed in place (same uuids
-in its selectors, same devices in its allocation) and its launcher Pod bound on the pin.
-Another tenant is told the devices are kept and until when; a deleted VM frees devices and
-claim at once, and another tenant's VMI then gets those devices allocated."""
+`status.device`, kept (`attachedTo.keptUntil`), and its claim `<vm>-gpus` stays, pinned to
+the same uuids (kube-controller-manager deallocates it while no Pod reserves it; the binder
+refuses everyone else the kept devices, and tenants cannot claim the managed DeviceClass);
+the next VMI (same name) is admitted on the same node, its claim confirmed in place (same
+uuids in its selectors, same devices in its allocation) and its launcher Pod bound on the
+pin.
+Another tenant is told the devices are kept and until when, the tenant's budget counts
+them; a deleted VM frees devices and claim at once (the claim of a released keep does not
+wait for H1/H2's grace), and another tenant's VMI then gets those devices allocated."""
 
 from __future__ import annotations
 
@@ -77,6 +80,9 @@ async def test_H4_device_mode_vm_keeps_its_claim_and_exact_devices_across_5_stop
         GROUP, VERSION, "gpuclasses", cls, {"spec": {"keepSetFor": "10m"}},
         _content_type="application/merge-patch+json")
     await replicas_saw(dra, {"gpuclasses": await class_rv(fleet, cls)}, what="keepSetFor")
+    # the keeper's tenant may hold 2 devices: the kept set counts, and its restarts need no room
+    await fleet.core.patch_namespaced_resource_quota(
+        "gpu-budget", tenant, {"spec": {"hard": {DEVICE_BUDGET_KEY: "2"}}})
     other = unique("t2")
     await fleet.tenant(other, budgets={DEVICE_BUDGET_KEY: 32})
     await create_vm(fleet, tenant, vm_body("keeper", templates=f"{cls}=2"))
@@ -110,6 +116,9 @@ async def test_H4_device_mode_vm_keeps_its_claim_and_exact_devices_across_5_stop
         assert got is None, f"cycle {cycle}: another tenant took devices kept for keeper"
         want = f"kept for VirtualMachine {tenant}/keeper until {until.strftime('%Y-%m-%dT%H:%M:%SZ')}"
         assert want in msg, msg
+        if cycle == 0:  # the tenant itself: its budget counts the kept devices (2 of 2)
+            got, msg = await create(fleet, tenant, vmi("extra", cls, 1))
+            assert got is None and "budget" in msg, msg
         t0 = time.monotonic()
         made = await start(fleet, tenant, "keeper", made["metadata"]["uid"])
         assert pin(made) == home
