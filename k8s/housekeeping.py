@@ -96,6 +96,10 @@ class Housekeeper:
                            tuple[str, str, datetime | None, str, str]] = {}
         self._now = datetime.now(timezone.utc)
         self._set_keep: dict[tuple[str, str], timedelta | None] = {}
+        self._released_keeps: dict[tuple[str, str], datetime] = {}
+        """H4: (namespace, admission id) of kept sets this replica released -> when; their
+        claims are deleted without the grace (`release_claims`). Forgotten after `grace`
+        (the H1/H2 rule covers the claim then) and on a change of leader (likewise)."""
         self.cache = cache
         self.grace = grace
         self.answer_window = answer_window
@@ -481,6 +485,8 @@ class Housekeeper:
             log.info("housekeeping", rule=action.rule, action=type(action).__name__,
                      namespace=ns, device=name, reason=action.reason)
             if kept is not None and kept.kept_until is not None:
+                if kept.admission:  # H4: the set's claim goes with it (`release_claims`)
+                    self._released_keeps[(ns, kept.admission)] = self._now
                 self._note("released", ns, kept.vmi, kept.owner, name, None, None,
                            action.reason, "expired" if kept.kept_until <= self._now
                            else "vm_deleted")
@@ -521,7 +527,11 @@ class Housekeeper:
         once no VMI of their name exists, no device is attached to that name, and the grace
         since the claim was made or last confirmed has passed; each confirmed by a live read
         of the VMI first (never on the cache's word) and deleted with uid and resourceVersion
-        preconditions (an admission that confirmed it since changed its version: moot)."""
+        preconditions (an admission that confirmed it since changed its version: moot).
+        H4: the claim of a kept set this replica released (`_released_keeps`) is deleted
+        without the grace, once the released devices are no longer attached in the cache."""
+        self._released_keeps = {k: t for k, t in self._released_keeps.items()
+                                if now - t <= self.grace}
         try:
             raws = await self._managed_claims()
         except errors.ApiError as err:  # retried next round
@@ -533,7 +543,8 @@ class Housekeeper:
         attached = {(d.namespace, d.status.attached_to.vmi)
                     for d in self.cache.view.devices().values() if d.status.attached_to}
         live = set(self.cache.vmi_state().live)
-        for action in stale_claims(records, attached, live, now, self.grace):
+        for action in stale_claims(records, attached, live, now, self.grace,
+                                   released=self._released_keeps):
             await self._delete_claim(action)
 
     async def _delete_claim(self, action: DeleteClaim) -> None:

@@ -1,5 +1,5 @@
 """The ResourceClaim of an admitted device-mode VMI and the VMI's wiring to it (DESIGN.md §3b
-DR5, §4 W4/W5, §5 H1/H2), as pure values: no I/O, no clock.
+DR5, §4 W4/W5, §5 H1/H2/H4), as pure values: no I/O, no clock.
 
 One claim per VMI, in its namespace, named `claim_name(vmi)` (`<vmi>-gpus`, shortened with a
 hash past 253 characters), so a retried admission finds it (W4). It carries
@@ -259,13 +259,14 @@ def claim_vmi_patch(vmi_obj: Mapping[str, Any], vmi: str, members: Sequence[Clai
                         claim_entry(vmi))
 
 
-# -- housekeeping (H1, H2) --------------------------------------------------------------------
+# -- housekeeping (H1, H2, H4) ----------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
 class ClaimRecord:
     """A claim the binder made, as housekeeping judges it: where, its `uid` and
-    `resource_version` (delete preconditions), the VMI it is for, and since when it counts
-    (`since`: its claimed-at annotation, else its creation)."""
+    `resource_version` (delete preconditions), the VMI it is for, since when it counts
+    (`since`: its claimed-at annotation, else its creation) and the admission that last made
+    or confirmed it (`admission`, its annotation; H4 matches it against a released keep)."""
 
     namespace: str
     name: str
@@ -274,6 +275,7 @@ class ClaimRecord:
     vmi: str
     since: datetime | None
     deleting: bool = False
+    admission: str | None = None
 
 
 def parse_claim_record(raw: Mapping[str, Any]) -> ClaimRecord | None:
@@ -295,15 +297,17 @@ def parse_claim_record(raw: Mapping[str, Any]) -> ClaimRecord | None:
             if when.tzinfo is not None:
                 since = when.astimezone(timezone.utc)
                 break
+    adm = ann.get(CLAIM_ADMISSION)
     return ClaimRecord(str(meta.get("namespace") or ""), str(meta.get("name") or ""),
                        str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""),
-                       vmi, since, bool(meta.get("deletionTimestamp")))
+                       vmi, since, bool(meta.get("deletionTimestamp")),
+                       adm if isinstance(adm, str) and adm else None)
 
 
 @dataclass(frozen=True, slots=True)
 class DeleteClaim:
-    """H1/H2: delete `claim` (uid and resourceVersion preconditions; the VMI read live
-    first)."""
+    """H1/H2 (or H4: its kept set released): delete `claim` (uid and resourceVersion
+    preconditions; the VMI read live first)."""
 
     claim: ClaimRecord
     rule: str
@@ -312,17 +316,32 @@ class DeleteClaim:
 
 def stale_claims(claims: Iterable[ClaimRecord], attached: Iterable[tuple[str, str]],
                  live: Iterable[tuple[str, str]], now: datetime,
-                 grace: timedelta) -> list[DeleteClaim]:
+                 grace: timedelta, released: Iterable[tuple[str, str]] = ()) -> list[DeleteClaim]:
     """H1/H2 for claims the binder made: a claim is deleted when no VMI of its name exists
     (`live`: (namespace, name) keys), no GPUDevice is attached to that VMI name (`attached`:
     an admission in flight, a set kept for its VM (H4), or a set housekeeping has not released
     yet keeps it) and it was made or last confirmed more than `grace` ago (H1: the VMI never
     appeared; H2: it is gone). A claim already being deleted is left alone. Sorted by
-    (namespace, name). Pure; `now` is aware UTC."""
+    (namespace, name). Pure; `now` is aware UTC.
+
+    H4: the claim of a kept set stays with the set (its devices are attached, kept for the
+    VM) and is confirmed in place by the VM's next VMI. Once housekeeping released that keep
+    (the VM deleted, or keepSetFor ran out), the claim goes with it without the grace:
+    `released` lists (namespace, admission id) of released keeps, and a claim last made or
+    confirmed by one of them (`ClaimRecord.admission`) is deleted as soon as no VMI of its
+    name exists and no device is attached to it. A newer admission that confirmed the claim
+    since changed its annotation: the grace applies again."""
     held = set(attached) | set(live)
+    done = set(released)
     out = []
     for c in sorted(claims, key=lambda c: (c.namespace, c.name)):
-        if c.deleting or (c.namespace, c.vmi) in held or c.since is None:
+        if c.deleting or (c.namespace, c.vmi) in held:
+            continue
+        if c.admission is not None and (c.namespace, c.admission) in done:
+            out.append(DeleteClaim(c, "H4", f"the set kept for VirtualMachine {c.vmi} was "
+                                            "released and no VMI of its name exists"))
+            continue
+        if c.since is None:
             continue
         age = now - c.since
         if age > grace:

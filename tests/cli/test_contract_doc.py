@@ -120,9 +120,9 @@ def test_the_not_yet_implemented_rules_say_so_under_their_heading():
                   "no DRA driver runs"):
         assert limit in limits, limit
     assert "not implemented" not in doc.split("## §4", 1)[0].split("## §3b", 1)[1]
-    # H4 is built (count mode): its heading says so, and nothing calls it unimplemented
+    # H4 is built (count and device mode): its heading says so, and nothing calls it unimplemented
     body = doc.split("### H4: a VM keeps its set", 1)[1].lstrip()
-    assert body.startswith("**Implemented (count mode).**")
+    assert body.startswith("**Implemented (count and device mode).**")
     assert "H4 are specified" not in doc and "and H4 are specified" not in (
         REPO / "README.md").read_text(encoding="utf-8")
 

@@ -125,3 +125,19 @@ async def test_H1_claims_are_listed_at_most_every_period_without_a_claim_informe
     await anyio.sleep(5.0)
     await keeper.release_claims(SINCE)
     assert len(client.of("list")) == 2
+
+
+async def test_H4_the_claim_of_a_keep_this_replica_released_is_deleted_without_the_grace():
+    from k8s import errors
+    from k8s.client import RESOURCE_CLAIMS
+    now = SINCE + timedelta(seconds=30)                 # the claim is 30 s old, grace 2 min
+    client = ScriptedClient()
+    client.script("list", [_claim("vm", SINCE)])       # last confirmed by admission "adm"
+    client.script("get", errors.NotFound("read VMI t/vm", 404, 'virtualmachineinstances "vm" not found',
+                                          details={"name": "vm"}))
+    keeper = _claim_keeper(client)
+    keeper._released_keeps[("t", "adm")] = now - timedelta(seconds=1)
+    keeper._released_keeps[("t", "old")] = now - timedelta(minutes=3)   # past the grace: forgotten
+    await keeper.release_claims(now)
+    assert client.of("delete") == [(RESOURCE_CLAIMS, "t", "vm-gpus", "uid-vm", "5")]
+    assert list(keeper._released_keeps) == [("t", "adm")]

@@ -199,6 +199,19 @@ def test_H1_H2_a_claim_is_deleted_only_without_its_vmi_and_attachments_after_the
 def test_H1_the_clock_is_the_last_confirmation_else_the_creation():
     raw = build_claim("t1", "vm", [ClaimMember("g", H100, ref("n1", 0), "u0")], "a", NOW)
     raw["metadata"].update(uid="u", resourceVersion="3", creationTimestamp="2026-12-04T09:00:00Z")
-    assert parse_claim_record(raw) == ClaimRecord("t1", "vm-gpus", "u", "3", "vm", NOW)
+    assert parse_claim_record(raw) == ClaimRecord("t1", "vm-gpus", "u", "3", "vm", NOW, admission="a")
     del raw["metadata"]["annotations"]["gpu.cozystack.io/claimed-at"]
     assert parse_claim_record(raw).since == NOW - timedelta(hours=1)
+
+
+def test_H4_the_claim_of_a_released_keep_goes_at_once_unless_confirmed_since_or_still_held():
+    grace = timedelta(seconds=120)
+    claims = [_record("vm", 10, admission="adm-1"),            # its keep released: at once
+              _record("newer", 10, admission="adm-3"),         # confirmed by a newer admission
+              _record("restarted", 10, admission="adm-2"),     # its VMI runs again
+              _record("still", 10, admission="adm-4")]         # devices still attached
+    got = stale_claims(claims, attached={("t1", "still")}, live={("t1", "restarted")}, now=NOW,
+                       grace=grace, released={("t1", "adm-1"), ("t1", "adm-2"), ("t1", "adm-4"),
+                                              ("t2", "adm-3")})
+    assert got == [DeleteClaim(claims[0], "H4", "the set kept for VirtualMachine vm was released "
+                                                "and no VMI of its name exists")]
