@@ -48,8 +48,10 @@ starts over (a fleet of 1,000 identical HGX boards with three classes needs 24).
 
 SHARE_MAX = 100_000
 """Most entries of the table that shares equal names, attribute pairs and attribute tuples
-between slices (1,000 identical HGX boards need about 150); past it the table starts over:
-memory stays bounded (a few MiB at worst) and later slices share among themselves again."""
+between slices (1,000 HGX boards: about 1,100, mostly their node names, each shared by its
+pool, its devices and their refs); past it the table starts over, so what it alone keeps
+alive stays bounded (about 15-20 MiB at the very worst: slices of all-distinct attributes
+coming and going) and later slices share among themselves again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +111,10 @@ class DraIndex:
         # (class, driver, id of an attribute tuple) → (that tuple, verdict); the tuple is
         # kept so its id is not reused while the entry lives
         self._match_cache: dict[tuple[str, str, int], tuple[tuple, bool]] = {}
-        # the sharing table (parse_slice): strings; pairs per type of value; attribute
-        # tuples by the ids of their shared pairs (alive while their entry is)
+        # the sharing table (parse_slice): strings, pairs per type of value, attribute tuples
         self._strings: dict[str, str] = {}
         self._pairs: dict[type, dict[tuple[str, Any], tuple[str, Any]]] = {}
-        self._tuples: dict[tuple[int, ...], tuple[tuple[str, Any], ...]] = {}
+        self._tuples: dict[tuple[tuple[str, Any], ...], tuple[tuple[str, Any], ...]] = {}
         self.errors: list[tuple[str, str, str]] = []
 
     # -- slices -----------------------------------------------------------------------------
@@ -130,8 +131,7 @@ class DraIndex:
             self._pairs.clear()
             self._tuples.clear()
         text = self._text
-        parsed = replace(parsed, name=text(parsed.name), driver=text(parsed.driver),
-                         pool=text(parsed.pool),
+        parsed = replace(parsed, driver=text(parsed.driver), pool=text(parsed.pool),
                          node=None if parsed.node is None else text(parsed.node),
                          devices=tuple(replace(
                              d, ref=DeviceRef(text(d.ref.driver), text(d.ref.pool),
@@ -149,16 +149,17 @@ class DraIndex:
 
     def _attributes(self, attributes: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
         """`attributes` made of shared pairs, and itself shared. Pairs are shared per type
-        of value (0 and False are equal in Python, never the same attribute value), and a
-        tuple by the identities of its shared pairs, so only a tuple with the same names,
-        values and types is taken for another."""
+        of value (0 and False are equal in Python, never the same attribute value); a kept
+        tuple is taken only when it is made of the very same pairs (so of the same types),
+        else this one is used unshared."""
         pairs = []
         for name, value in attributes:
             table = self._pairs.setdefault(type(value), {})
             pair = (self._text(name), self._text(value) if isinstance(value, str) else value)
             pairs.append(table.setdefault(pair, pair))
-        shared = tuple(pairs)
-        return self._tuples.setdefault(tuple(map(id, shared)), shared)
+        mine = tuple(pairs)
+        kept = self._tuples.setdefault(mine, mine)
+        return kept if all(a is b for a, b in zip(kept, mine)) else mine
 
     def put_slice(self, obj: Mapping[str, Any] | ResourceSlice) -> set[str]:
         """A ResourceSlice was added or changed: its dict (parsed here) or the value
