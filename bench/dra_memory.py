@@ -19,10 +19,12 @@ import argparse
 import gc
 import json
 import tracemalloc
+from datetime import datetime, timezone
 from pathlib import Path
 
 import orjson
 
+from bench.common import commit, machine
 from k8s.cache import ClusterCache
 from localcluster.dra_profiles import DEVICE_CLASS, DRIVER, HGX_H100_8, device_class, resource_slice
 
@@ -103,14 +105,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--nodes", type=int, default=1000, help="HGX boards, one slice each (default 1000)")
     ap.add_argument("--out", type=Path, help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
-    report = measure(args.nodes)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    report = {"benchmark": "dra_memory", "commit": commit(), "started": started,
+              "machine": machine(), **measure(args.nodes)}
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"{report['nodes']} hgx-h100-8 slices ({report['devices']} devices, "
           f"{report['slices_json_bytes'] / MIB:.1f} MiB of JSON): kept {report['kept_mib']} MiB "
           f"({report['bytes_per_slice']} B a slice), after a relist {report['after_relist_mib']} MiB")
     for line in report["top_lines"]:
         print(f"  {line['bytes'] / 1024:8.0f} KiB {line['count']:7d}  {line['where']}")
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
     return report
 
 
