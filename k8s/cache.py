@@ -145,16 +145,22 @@ def trim_claim(obj: dict) -> dict:
     return out
 
 
-def trim_slice(obj: dict) -> dict:
-    """What the ResourceSlice informer keeps (DR1): name, resourceVersion, and the spec's
-    driver, pool, nodeName and devices (name, attributes, taints; not capacity)."""
+def ingest_slice(obj: dict, parse: Callable[[dict], Any]) -> dict:
+    """What the ResourceSlice informer keeps (DR1): name and resourceVersion, and the slice
+    parsed once (`parse`: `DraIndex.parse_slice`, the very value the index then holds) or,
+    for a malformed one, the reason (`error`). The decoded devices are not kept (1,000 HGX
+    slices: `bench.dra_memory`). Idempotent (the watch may hand an ingested object back)."""
+    if "parsed" in obj:
+        return obj
     meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    devices = [{k: d.get(k) for k in ("name", "attributes", "taints") if d.get(k) is not None}
-               for d in spec.get("devices") or [] if isinstance(d, dict)]
-    return {"metadata": {"name": meta.get("name"), "resourceVersion": meta.get("resourceVersion")},
-            "spec": {"driver": spec.get("driver"), "pool": spec.get("pool"),
-                     "nodeName": spec.get("nodeName"), "devices": devices}}
+    out: dict = {"metadata": {k: meta.get(k) for k in ("name", "resourceVersion")},
+                 "parsed": None, "error": None}
+    try:
+        out["parsed"] = parse(obj)
+    except (SliceError, AttributeError, TypeError) as exc:  # API-valid slices never raise
+        out["error"] = str(exc) if isinstance(exc, SliceError) else \
+            f"ResourceSlice {meta.get('name')}: malformed: {exc!r}"
+    return out
 
 
 class ClusterCache:
@@ -194,14 +200,14 @@ class ClusterCache:
         # DRA (device mode, DESIGN.md §3b): slices, every claim's allocation, DeviceClasses
         # optional: an API the cluster does not serve (resource.k8s.io/v1 before Kubernetes
         # 1.34; docs/install.md supports 1.30) reads as empty instead of never syncing
-        self.slices = inf("resourceslices", resource.list_resource_slice, transform=trim_slice,
-                          optional=True)
+        self.dra = DraIndex()
+        self.slices = inf("resourceslices", resource.list_resource_slice, optional=True,
+                          transform=functools.partial(ingest_slice, parse=self.dra.parse_slice))
         self.claims = inf("resourceclaims", resource.list_resource_claim_for_all_namespaces,
                           transform=trim_claim,
                           optional=True)
         self.device_classes = inf("deviceclasses", resource.list_device_class, transform=keep_all,
                                   optional=True)
-        self.dra = DraIndex()
         self._parsed_classes: dict[str, GPUClass] = {}
         self._records: dict[Key, tuple[str, str]] = {}   # device → (node, recorded device)
         self.view = IndexedView()
@@ -348,10 +354,12 @@ class ClusterCache:
         self._refresh_nodes(self.dra.set_classes(effective))
 
     def _on_slice(self, key: Key, obj: dict | None) -> None:
-        try:
-            touched = self.dra.put_slice(obj) if obj is not None else self.dra.remove_slice(key[1])
-        except SliceError as exc:
-            log.error("skipping malformed object", kind="ResourceSlice", name=key[1], error=str(exc))
+        if obj is not None and obj["parsed"] is not None:
+            touched = self.dra.put_slice(obj["parsed"])
+        else:
+            if obj is not None:
+                log.error("skipping malformed object", kind="ResourceSlice", name=key[1],
+                          error=obj["error"])
             touched = self.dra.remove_slice(key[1])
         self._refresh_nodes(touched)
 

@@ -15,11 +15,20 @@ No I/O: the cache feeds objects in and asks for a node's fields; `classes` probl
 DeviceClass that does not exist, a selector that does not compile) are reported per class so
 the cache can put them on the GPUClass (`GPUClass.problem`). A malformed slice or claim is
 left out and logged by the caller (`SliceError`), never fatal.
+
+Memory (issue 32: a replica under 350 MiB at 1,000 HGX nodes): a slice is parsed once, at
+the informer's ingest (`parse_slice`), and that one `ResourceSlice` is both what the
+informer keeps and what the index holds; `parse_slice` also shares what boards of one kind
+repeat (attribute names, (name, value) pairs, a device's whole attribute tuple) through a
+bounded table. Selector verdicts are remembered per attribute tuple, so a fleet of identical
+boards evaluates each selector once per device position, not once per device
+(`bench.dra_memory` measures the bytes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any, Iterable, Mapping
 
 from model.cel import Selector, SelectorError, matches_all
@@ -34,8 +43,15 @@ ERRORS_MAX = 1_000
 """Most selector errors kept between two `drain_errors` calls (the rest are dropped)."""
 
 MATCH_CACHE_MAX = 200_000
-"""Most remembered selector verdicts (device × class); past it the memo starts over (a fleet
-of 1,000 HGX nodes with three classes needs 24,000)."""
+"""Most remembered selector verdicts (distinct attribute tuple × class); past it the memo
+starts over (a fleet of 1,000 identical HGX boards with three classes needs 24)."""
+
+SHARE_MAX = 100_000
+"""Most entries of the table that shares equal names, attribute pairs and attribute tuples
+between slices (1,000 HGX boards: about 1,100, mostly their node names, each shared by its
+pool, its devices and their refs); past it the table starts over, so what it alone keeps
+alive stays bounded (about 15-20 MiB at the very worst: slices of all-distinct attributes
+coming and going) and later slices share among themselves again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,15 +108,68 @@ class DraIndex:
         self._device_classes: dict[str, DeviceClassInfo] = {}
         self._classes: dict[str, GPUClass] = {}
         self._class_selectors: dict[str, tuple[Selector, ...] | str] = {}
-        self._match_cache: dict[tuple[str, DeviceRef, SliceDevice], bool] = {}
+        # (class, driver, id of an attribute tuple) → (that tuple, verdict); the tuple is
+        # kept so its id is not reused while the entry lives
+        self._match_cache: dict[tuple[str, str, int], tuple[tuple, bool]] = {}
+        # the sharing table (parse_slice): strings, pairs per type of value, attribute tuples
+        self._strings: dict[str, str] = {}
+        self._pairs: dict[type, dict[tuple[str, Any], tuple[str, Any]]] = {}
+        self._tuples: dict[tuple[tuple[str, Any], ...], tuple[tuple[str, Any], ...]] = {}
         self.errors: list[tuple[str, str, str]] = []
 
     # -- slices -----------------------------------------------------------------------------
-    def put_slice(self, obj: Mapping[str, Any]) -> set[str]:
-        """A ResourceSlice was added or changed. Raises SliceError for a malformed one (the
-        caller logs it and calls `remove_slice` with its name)."""
+    def parse_slice(self, obj: Mapping[str, Any]) -> ResourceSlice:
+        """A `resource.k8s.io/v1` ResourceSlice dict parsed (`model.dra.parse_resource_slice`)
+        with what boards of one kind repeat shared with the slices seen before: strings,
+        (name, value) attribute pairs and whole attribute tuples (the module docstring's
+        memory). When the index holds a slice of that name that is the same, that held value
+        is returned (a relist makes no second copy). The cache's informer calls it at ingest
+        and keeps the result. Raises SliceError for a malformed slice."""
         parsed = parse_resource_slice(obj)
+        if self._shared_count() >= SHARE_MAX:
+            self._strings.clear()
+            self._pairs.clear()
+            self._tuples.clear()
+        text = self._text
+        parsed = replace(parsed, driver=text(parsed.driver), pool=text(parsed.pool),
+                         node=None if parsed.node is None else text(parsed.node),
+                         devices=tuple(replace(
+                             d, ref=DeviceRef(text(d.ref.driver), text(d.ref.pool),
+                                              text(d.ref.device)),
+                             node=text(d.node), attributes=self._attributes(d.attributes))
+                             for d in parsed.devices))
+        held = self._slices.get(parsed.name)
+        return held if held is not None and _same_slice(held, parsed) else parsed
+
+    def _shared_count(self) -> int:
+        return len(self._strings) + len(self._tuples) + sum(map(len, self._pairs.values()))
+
+    def _text(self, value: str) -> str:
+        return self._strings.setdefault(value, value)
+
+    def _attributes(self, attributes: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+        """`attributes` made of shared pairs, and itself shared. Pairs are shared per type
+        of value (0 and False are equal in Python, never the same attribute value); a kept
+        tuple is taken only when it is made of the very same pairs (so of the same types),
+        else this one is used unshared."""
+        pairs = []
+        for name, value in attributes:
+            table = self._pairs.setdefault(type(value), {})
+            pair = (self._text(name), self._text(value) if isinstance(value, str) else value)
+            pairs.append(table.setdefault(pair, pair))
+        mine = tuple(pairs)
+        kept = self._tuples.setdefault(mine, mine)
+        return kept if all(a is b for a, b in zip(kept, mine)) else mine
+
+    def put_slice(self, obj: Mapping[str, Any] | ResourceSlice) -> set[str]:
+        """A ResourceSlice was added or changed: its dict (parsed here) or the value
+        `parse_slice` made of it at ingest. Raises SliceError for a malformed dict (the caller
+        logs it and calls `remove_slice` with its name). A slice the same as the one held
+        (a relist) changes nothing."""
+        parsed = obj if isinstance(obj, ResourceSlice) else self.parse_slice(obj)
         old = self._slices.get(parsed.name)
+        if old is not None and (old is parsed or _same_slice(old, parsed)):
+            return set()
         self._slices[parsed.name] = parsed
         pools = {(parsed.driver, parsed.pool)}
         if old is not None:
@@ -242,21 +311,27 @@ class DraIndex:
         return set(self._node_devices)
 
     def _matches(self, what: str, selectors: tuple[Selector, ...], device: SliceDevice) -> bool:
-        key = (what, device.ref, device)
+        """Whether `selectors` match `device`, remembered per (class, driver, attribute
+        tuple): the CEL view reads nothing else (`SliceDevice.cel_view`), and `parse_slice`
+        makes equal attribute tuples one object."""
+        attributes = device.attributes
+        key = (what, device.ref.driver, id(attributes))
         hit = self._match_cache.get(key)
-        if hit is None:
-            if len(self._match_cache) >= MATCH_CACHE_MAX:  # slices replaced many times over
-                self._match_cache.clear()
-            verdict = matches_all(selectors, device.cel_view())
-            hit = self._match_cache[key] = verdict.matched
-            if verdict.error is not None and len(self.errors) < ERRORS_MAX:
-                self.errors.append((what.split(":", 1)[1], str(device.ref), verdict.error))
-        return hit
+        if hit is not None and hit[0] is attributes:
+            return hit[1]
+        if len(self._match_cache) >= MATCH_CACHE_MAX:  # slices replaced many times over
+            self._match_cache.clear()
+        verdict = matches_all(selectors, device.cel_view())
+        self._match_cache[key] = (attributes, verdict.matched)
+        if verdict.error is not None and len(self.errors) < ERRORS_MAX:
+            self.errors.append((what.split(":", 1)[1], str(device.ref), verdict.error))
+        return verdict.matched
 
     def drain_errors(self) -> list[tuple[str, str, str]]:
-        """The selector run-time errors seen since the last call (each once per device and
-        class while its verdict is remembered): (DeviceClass or GPUClass name, device, the
-        CEL error). Such a device does not match (as Kubernetes' allocator treats it)."""
+        """The selector run-time errors seen since the last call (each once per class and
+        set of device attributes while its verdict is remembered): (DeviceClass or GPUClass
+        name, the first device seen with those attributes, the CEL error). Such a device
+        does not match (as Kubernetes' allocator treats it)."""
         out, self.errors = self.errors, []
         return out
 
@@ -290,6 +365,17 @@ class DraIndex:
             taken_devices=taken,
             allocatable=tuple(sorted((r, n) for r, (n, _) in counts.items())),
             foreign=tuple(sorted((r, f) for r, (_, f) in counts.items() if f)))
+
+
+def _same_slice(a: ResourceSlice, b: ResourceSlice) -> bool:
+    """Whether two parsed slices say the same: equal fields, and each device's attribute
+    tuple the same shared object (`DraIndex.parse_slice`; equal values of another type,
+    0 for False, are a change)."""
+    return ((a.name, a.driver, a.pool, a.generation, a.slice_count, a.node)
+            == (b.name, b.driver, b.pool, b.generation, b.slice_count, b.node)
+            and len(a.devices) == len(b.devices)
+            and all(x.ref == y.ref and x.node == y.node and x.attributes is y.attributes
+                    and x.taints == y.taints for x, y in zip(a.devices, b.devices)))
 
 
 __all__ = ["DeviceClassInfo", "DraIndex", "NodeDevices", "SliceError", "parse_device_class"]

@@ -180,3 +180,94 @@ def test_a_selector_run_time_error_is_no_match_and_is_reported_once():
     assert errors[0][1] == "gpu.nvidia.com/hgx-1/gpu-vfio-0" and "noSuchAttribute" in errors[0][2]
     idx.node_fields("hgx-1", [])
     assert idx.drain_errors() == []  # remembered verdicts are not re-evaluated
+
+
+# -- memory: one parsed copy, shared between boards (issue 32; bench.dra_memory has the bytes) --
+
+def test_a_slice_is_parsed_once_at_ingest_and_identical_boards_share_their_attributes():
+    from tests.k8s.test_cache_foreign import cache, event, stamped
+
+    c = cache()
+    event(c.device_classes, stamped(device_class()))
+    event(c.classes, stamped({"metadata": {"name": "hgx"}, "spec": {"deviceClassName": DEVICE_CLASS}}))
+    for node in ("hgx-1", "hgx-2"):
+        event(c.nodes, stamped({"metadata": {"name": node}, "spec": {},
+                                "status": {"conditions": [{"type": "Ready", "status": "True"}]}}))
+        event(c.slices, stamped(resource_slice(node, HGX_H100_8)))
+    kept = c.slices.get(("", "hgx-1-gpu.nvidia.com"))
+    assert set(kept) == {"metadata", "parsed", "error"} and kept["error"] is None  # no raw devices
+    held = c.dra.devices("hgx-1")
+    assert all(a is b for a, b in zip(kept["parsed"].devices, held, strict=True))
+    assert all(a is b for a, b in zip(c.view.node("hgx-1").devices_of("hgx"), held, strict=True))
+    other = c.dra.devices("hgx-2")
+    assert [d.ref.device for d in other] == [f"gpu-vfio-{i}" for i in range(8)]
+    assert all(a.attributes is b.attributes for a, b in zip(held, other))
+    assert held[0].attributes is not held[1].attributes  # another PCI address, another tuple
+    # a relist brings the same slice again: the informer keeps the value the index holds
+    event(c.slices, stamped(resource_slice("hgx-1", HGX_H100_8)))
+    again = c.slices.get(("", "hgx-1-gpu.nvidia.com"))
+    assert again["parsed"] is kept["parsed"] and c.dra.devices("hgx-1")[0] is held[0]
+    assert c.dra.put_slice(resource_slice("hgx-1", HGX_H100_8)) == set()
+
+
+def test_sharing_never_takes_0_for_False_nor_their_verdicts():
+    idx = DraIndex()
+    idx.put_device_class(device_class())
+    flag = GPUClass("flag", RES, device_class_name=DEVICE_CLASS,
+                    selectors=('device.attributes["gpu.nvidia.com"].flag == false',))
+    idx.set_classes([flag])
+
+    def board(node: str, value: dict) -> dict:
+        obj = resource_slice(node, HGX_H100_8)
+        for d in obj["spec"]["devices"]:
+            d["attributes"]["flag"] = dict(value)
+        return obj
+
+    idx.put_slice(board("a", {"bool": False}))
+    idx.put_slice(board("b", {"int": 0}))
+    a, b = idx.devices("a")[0], idx.devices("b")[0]
+    assert a.attributes == b.attributes and a.attributes is not b.attributes
+    assert dict(a.attributes)["gpu.nvidia.com/flag"] is False
+    assert type(dict(b.attributes)["gpu.nvidia.com/flag"]) is int
+    assert len(names(idx.node_fields("a", []), "flag")) == 8
+    assert names(idx.node_fields("b", []), "flag") == []  # CEL: int 0 == false is false
+    assert idx.put_slice(board("a", {"int": 0})) == {"a"}  # the same value of another type changed
+    assert names(idx.node_fields("a", []), "flag") == []
+
+
+def test_the_sharing_table_starts_over_past_its_bound_and_answers_stay_the_same(monkeypatch):
+    import k8s.dra_index as dra_index
+
+    monkeypatch.setattr(dra_index, "SHARE_MAX", 40)  # one HGX board fills it: every slice starts over
+    idx = world()
+    for i in (2, 3):
+        idx.put_slice(resource_slice(f"hgx-{i}", HGX_H100_8))
+    two, three = idx.devices("hgx-2"), idx.devices("hgx-3")
+    assert [d.attributes for d in two] == [d.attributes for d in three]
+    assert not any(a.attributes is b.attributes for a, b in zip(two, three))
+    for node in ("hgx-1", "hgx-2", "hgx-3"):
+        fields = idx.node_fields(node, [])
+        assert names(fields, "hgx") == [f"gpu-vfio-{k}" for k in range(8)]
+        assert fields.allocatable == ((RES, 8),)
+
+
+def test_a_malformed_slice_is_kept_as_its_reason_logged_and_left_out():
+    from structlog.testing import capture_logs
+
+    from k8s.cache import ingest_slice
+    from tests.k8s.test_cache_foreign import cache, event, stamped
+
+    c = cache()
+    event(c.device_classes, stamped(device_class()))
+    event(c.slices, stamped(resource_slice("hgx-1", HGX_H100_8)))
+    assert c.dra.nodes() == {"hgx-1"}
+    bad = stamped(resource_slice("hgx-1", HGX_H100_8))
+    bad["spec"]["devices"][3] = "not a device"
+    with capture_logs() as logs:
+        event(c.slices, bad)
+    kept = c.slices.get(("", "hgx-1-gpu.nvidia.com"))
+    assert kept["parsed"] is None and "malformed" in kept["error"]
+    assert ingest_slice(kept, c.dra.parse_slice) is kept  # the watch may hand it back
+    assert [(e["kind"], e["name"]) for e in logs if e["event"] == "skipping malformed object"] == [
+        ("ResourceSlice", "hgx-1-gpu.nvidia.com")]
+    assert c.dra.nodes() == set()
