@@ -1,5 +1,7 @@
 """Housekeeping on the real API server (leader only): H1, H2 (GPUDevices, and the ResourceClaims
-the webhook made for device-mode VMIs, DR5) and the settings ConfigMap (H3).
+the webhook made for device-mode VMIs, DR5), the claim of an admitted device-mode VMI made
+again from the record when someone deleted it (DR6, `Housekeeper.restore_claims`) and the
+settings ConfigMap (H3).
 
 Decisions come from the pure, level-based `model.housekeeping.plan` over the cache's
 `vmi_state()` (live VMIs with uid and admission, tombstones of deleted incarnations); this

@@ -22,6 +22,10 @@ carries our managed-by label and our claim-for annotation naming this VMI (`is_o
 tenant's claim of the name refuses the admission (`ClaimNameTaken`). Ours with the same spec
 (`same_spec`) is found in place; ours with another spec (the devices were re-pointed) is
 replaced, unless a Pod still holds it (`reservedFor`).
+
+DR6: a live VMI the binder admitted whose claim someone deleted before its launcher Pod took
+it gets the claim made again from the binder's record (`missing_claims`, `restorable_into`;
+housekeeping carries it out).
 """
 
 from __future__ import annotations
