@@ -1,5 +1,7 @@
 """Housekeeping on the real API server (leader only): H1, H2 (GPUDevices, and the ResourceClaims
-the webhook made for device-mode VMIs, DR5) and the settings ConfigMap (H3).
+the webhook made for device-mode VMIs, DR5), the claim of an admitted device-mode VMI made
+again from the record when someone deleted it (DR6, `Housekeeper.restore_claims`) and the
+settings ConfigMap (H3).
 
 Decisions come from the pure, level-based `model.housekeeping.plan` over the cache's
 `vmi_state()` (live VMIs with uid and admission, tombstones of deleted incarnations); this
@@ -44,7 +46,10 @@ from model.housekeeping import (KEPT_CONDITION, KEPT_REASON, KUBEVIRT_CONDITION,
                                 confirmed, kept_for_vms, kubevirt_condition, plan, ready_condition,
                                 set_keeps)
 from model.vm import run_strategy
-from model.claim import MANAGED_BY, MANAGED_BY_LABEL, DeleteClaim, parse_claim_record, stale_claims
+from model.admission import AdmissionPlan
+from model.claim import (MANAGED_BY, MANAGED_BY_LABEL, DeleteClaim, RestoreClaim, build_claim,
+                         claim_name, members_of, missing_claims, parse_claim_record,
+                         restorable_into, stale_claims)
 from model.parse import format_time
 from model.types import ADMISSION_ANNOTATION, Attachment
 from model.settings import device_class_names, format_resource_names, resource_names
@@ -117,6 +122,8 @@ class Housekeeper:
         """Seconds between two lists of the claims the binder made, while no claim informer
         is in the cache (`_managed_claims`)."""
         self.claims_deleted = 0
+        self.claims_restored = 0
+        """DR6: claims of admitted VMIs made again from the record (`restore_claims`)."""
         self._claims_listed: float | None = None
 
     async def run(self) -> None:
@@ -174,6 +181,7 @@ class Housekeeper:
             if vms is not None:
                 await self._kept_conditions(kept, now)
             await self.release_claims(now)
+            await self.restore_claims(now)
         if self.cache.healthy(self.cache.classes, self.cache.settings):
             await self.ensure_settings()
         if self.cache.healthy(self.cache.classes, self.cache.kubevirts):
@@ -570,6 +578,79 @@ class Housekeeper:
                 log.warning("housekeeping action failed", rule=action.rule,
                             action="DeleteClaim", namespace=c.namespace, claim=c.name,
                             error=str(err)[:300])
+
+    # -- DR6: the claim of an admitted VMI, made again from the record ------------------
+    async def restore_claims(self, now: datetime) -> None:
+        """DR6 (every admitted device-mode VMI has exactly one claim naming its recorded
+        devices): a live VMI the binder admitted whose claim someone deleted before its
+        launcher Pod took it (`model.claim.missing_claims`: nothing of the name in the claim
+        informer, the set recorded whole) gets the claim made again from the record, so the
+        Pod, which waits for it, is allocated exactly the recorded devices and the VMI is not
+        left half-admitted. Confirmed first by live reads: the claim is absent, the VMI is
+        the same incarnation, neither being deleted nor finished, and its own wiring is the
+        record's (`model.claim.restorable_into`). Told by a Warning log line and a Warning
+        Event `GPUClaimRestored` on the VMI. Skipped while the claim informer does not
+        follow the API server (or there is none)."""
+        informer = getattr(self.cache, "claims", None)
+        if informer is None or not self.cache.healthy(informer):
+            return
+        device_mode = {n for n, c in self.cache.view.classes().items() if c.device_mode}
+        if not device_mode:
+            return
+        for restore in missing_claims(self.cache.view.devices().values(),
+                                      self.cache.vmi_state().live, set(informer.keys()),
+                                      device_mode):
+            await self._restore_claim(restore, now)
+
+    async def _restore_claim(self, r: RestoreClaim, now: datetime) -> None:
+        name = claim_name(r.vmi)
+        what = f"RestoreClaim {r.namespace}/{name}"
+        ctx = {"rule": "DR6", "namespace": r.namespace, "claim": name, "vmi": r.vmi}
+        try:
+            members = members_of(self.cache.view.snapshot(),
+                                 AdmissionPlan(r.namespace, r.vmi, r.devices, (), r.node), r.node)
+            if not isinstance(members, tuple):
+                log.warning("claim of an admitted VMI missing; not made again: the record "
+                            "does not give its devices", reason=str(members), **ctx)
+                return
+            try:
+                raw = await self._client.get(VMIS, r.namespace, r.vmi)
+            except errors.NotFound as err:
+                if err.names(r.vmi):
+                    return  # gone: H2 and the claim's own H1/H2 take it from here
+                raise
+            why = restorable_into(raw, r, members)
+            if why is not None:
+                log.info("claim of an admitted VMI missing; not made again", why=why, **ctx)
+                return
+            try:
+                await self._client.get(RESOURCE_CLAIMS, r.namespace, name)
+                return  # there after all: the informer is behind
+            except errors.NotFound as err:
+                if not err.names(name):
+                    raise
+            body = build_claim(r.namespace, r.vmi, members, r.admission, now)
+            await self._client.create(RESOURCE_CLAIMS, r.namespace, body, what=what)
+        except errors.ApiError as err:
+            if isinstance(err, errors.AlreadyExists):
+                return  # made meanwhile (the informer is behind)
+            log.warning("housekeeping action failed", action="RestoreClaim",
+                        error=str(err)[:300], **ctx)
+            return
+        self.actions_done += 1
+        self.claims_restored += 1
+        devices = ", ".join(f"{m.device}={m.ref.device}" for m in members)
+        log.warning("claim of an admitted VMI was missing; made again from the record",
+                    action="RestoreClaim", node=r.node, devices=devices, admission=r.admission,
+                    **ctx)
+        body = events.event_body(
+            {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": r.vmi,
+             "namespace": r.namespace, "uid": r.uid},
+            reason="GPUClaimRestored", warning=True, instance="housekeeping", when=now,
+            message=f"ResourceClaim {r.namespace}/{name} of this VMI was deleted before its "
+                    f"launcher Pod took it; made again from the binder's record (node {r.node}, "
+                    f"devices {devices}). Delete the VMI to release its GPUs.")
+        await events.record(self._client, body, **ctx)
 
     async def ensure_settings(self) -> None:
         """H3: create the settings ConfigMap, or replace its data when the cache shows drift.

@@ -306,8 +306,8 @@ class LocalCluster:
             args.append(f"--log-dir={files / 'logs'}")
         elif self.log_dir:
             args.append(f"--log-dir={self.log_dir / r.identity}")
-        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1",
-                   **self.controller_env)
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1",
+               **self.controller_env}   # controller_env may set PYTHONPATH too (a test's fault point)
         as_user = {}
         if r.user is not None:
             env.update(HOME=str(files), PYTHONDONTWRITEBYTECODE="1",

@@ -22,6 +22,10 @@ carries our managed-by label and our claim-for annotation naming this VMI (`is_o
 tenant's claim of the name refuses the admission (`ClaimNameTaken`). Ours with the same spec
 (`same_spec`) is found in place; ours with another spec (the devices were re-pointed) is
 replaced, unless a Pod still holds it (`reservedFor`).
+
+DR6: a live VMI the binder admitted whose claim someone deleted before its launcher Pod took
+it gets the claim made again from the binder's record (`missing_claims`, `restorable_into`;
+housekeeping carries it out).
 """
 
 from __future__ import annotations
@@ -30,15 +34,16 @@ import hashlib
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Container, Iterable, Mapping, Sequence
 
 from model.admission import AdmissionPlan, wiring_patch
 from model.dra import DeviceRef, qualify
+from model.housekeeping import VMIRecord
 from model.parse import format_time
 from model.reasons import DeviceUnrecorded, Reason
 from model.snapshot import Snapshot
 from model.topology import resolve_attribute
-from model.types import GPUClass, Phase
+from model.types import GPUClass, GPUDevice, Phase, Result
 
 RESOURCE_API = "resource.k8s.io/v1"
 CLAIM_SUFFIX = "-gpus"
@@ -349,3 +354,80 @@ def stale_claims(claims: Iterable[ClaimRecord], attached: Iterable[tuple[str, st
                                             f"attached to it, {int(age.total_seconds())} s "
                                             "after the claim was made"))
     return out
+
+
+# -- DR6: the claim of an admitted VMI, made again from the record -------------------------
+
+@dataclass(frozen=True, slots=True)
+class RestoreClaim:
+    """DR6: VMI `namespace/vmi` (its `uid`, the `admission` that admitted it) exists, its set
+    is on the binder's record (every device attached by that admission, its request Succeeded
+    and the device Bound on `node`; `devices` in the request's order, which is the claim's
+    request order), and no claim of its name exists: someone deleted the binder's claim
+    before the launcher Pod took it. Housekeeping makes it again from the record."""
+
+    namespace: str
+    vmi: str
+    uid: str
+    admission: str
+    node: str
+    devices: tuple[str, ...]
+
+
+def missing_claims(devices: Iterable[GPUDevice], live: Mapping[tuple[str, str], VMIRecord],
+                   claims: Container[tuple[str, str]],
+                   device_mode: Container[str]) -> list[RestoreClaim]:
+    """DR6 for the live VMIs the binder admitted (`live` with an admission annotation): those
+    whose set is recorded whole (see `RestoreClaim`) with a member of a `device_mode` class,
+    and no claim named `claim_name(vmi)` in `claims` ((namespace, name) of every claim the
+    cache has, ours or not: a claim of the name that is not ours is never replaced). A set
+    whose attachments, request or records disagree (an admission or housekeeping half-way) is
+    left out: nothing is made from a record that does not hold. Sorted by (namespace, VMI).
+    Pure."""
+    by_vmi: dict[tuple[str, str], list[GPUDevice]] = {}
+    for d in devices:
+        att = d.status.attached_to
+        if att is not None and att.admission:
+            by_vmi.setdefault((d.namespace, att.vmi), []).append(d)
+    out = []
+    for key in sorted(by_vmi):
+        rec = live.get(key)
+        if rec is None or not rec.admission or (key[0], claim_name(key[1])) in claims:
+            continue
+        members = [d for d in by_vmi[key] if d.status.attached_to.admission == rec.admission]
+        brs = {d.status.bind_request for d in members}
+        br = next(iter(brs)) if len(brs) == 1 else None
+        if br is None or br.result is not Result.SUCCEEDED or br.vmi != key[1] or not br.node \
+                or set(br.devices) != {d.name for d in members} \
+                or any(d.bound_node != br.node or d.status.device is None for d in members) \
+                or not any(d.class_name in device_mode for d in members):
+            continue
+        out.append(RestoreClaim(key[0], key[1], rec.uid, rec.admission, br.node, br.devices))
+    return out
+
+
+def restorable_into(vmi_raw: Mapping[str, Any], restore: RestoreClaim,
+                    members: Sequence[ClaimMember]) -> str | None:
+    """Why VMI `vmi_raw` (read live) must not get its claim made again for `members`, None
+    when it may: it is another incarnation than `restore` names, it is being deleted or has
+    finished (its Pod is done with the claim), or its own wiring (`spec.resourceClaims`, the
+    `gpus` entries of the claim) is not the one `members` give (DR5): a claim made then would
+    not be the one the launcher Pod asks for."""
+    meta = vmi_raw.get("metadata") if isinstance(vmi_raw.get("metadata"), Mapping) else {}
+    if meta.get("uid") != restore.uid:
+        return "another incarnation of the VMI"
+    if meta.get("deletionTimestamp"):
+        return "the VMI is being deleted"
+    phase = (vmi_raw.get("status") or {}).get("phase") if isinstance(vmi_raw.get("status"), Mapping) else None
+    if phase in ("Succeeded", "Failed"):
+        return f"the VMI has finished ({phase})"
+    spec = vmi_raw.get("spec") if isinstance(vmi_raw.get("spec"), Mapping) else {}
+    if claim_entry(restore.vmi) not in (spec.get("resourceClaims") or []):
+        return "the VMI does not name the claim"
+    gpus = (((spec.get("domain") or {}).get("devices") or {}).get("gpus") or [])
+    wired = sorted((g.get("name"), g.get("requestName")) for g in gpus
+                   if isinstance(g, Mapping) and g.get("claimName") == VMI_CLAIM_ENTRY)
+    want = sorted((g["name"], g["requestName"]) for g in gpu_entries(members))
+    if wired != want:
+        return "the VMI's gpus entries are not the record's"
+    return None

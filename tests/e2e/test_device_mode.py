@@ -17,20 +17,39 @@ claim's `status.allocation.devices.results`.
 
 from __future__ import annotations
 
+import signal
+from datetime import datetime, timezone
+
+import anyio
 import pytest
+from kubernetes_asyncio.client import ApiException
 
 from localcluster.dra_profiles import DRIVER, HGX_H100_8, module_index, resource_slice
 from localcluster.dra_world import DEVICE_BUDGET_KEY, HGX_CLASS, dra_node, group_formed
 from model.dra import Inventory, parse_resource_slice
-from tests.e2e.conftest import unique
-from tests.e2e.helpers import class_rv, device_rv, eventually, node_rv, replicas_saw
+from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas, unique
+from tests.e2e.helpers import class_rv, device_rv, eventually, leader_index, node_rv, replicas_saw
 from tests.e2e.test_dra_kubevirt import RESOURCE, pinned_claim
-from tests.support.kubevirt_vmis import (  # noqa: F401 (system, kubevirt: fixtures)
-    bound_launcher, create, kubevirt, pin, system, vmi)
+from tests.support.faults import armed_hang_after_claim
+from tests.support.kubevirt_vmis import (  # noqa: F401 (kubevirt: a fixture)
+    bound_launcher, create, kubevirt, launcher_pod, pin, vmi)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.kubevirt]
 WORLD_LABEL = "gpu-binder.test/world"
 BROKEN = {"key": "gpu.example.com/broken", "value": "xid-79", "effect": "NoSchedule"}
+
+
+BIND_TIMEOUT, GRACE = 12, 16
+
+
+@pytest.fixture(scope="module")
+def system(control_plane, tmp_path_factory):
+    """Two replicas as conftest's `system`, with a bind timeout of 12 s and an attachment
+    grace of 16 s: room for KubeVirt's webhooks on two busy cores, and a grace short enough
+    for the tests that wait for housekeeping to pass it (H1/H2 of claims)."""
+    args = tuple(a for a in FAST_CONTROLLER_ARGS if not a.startswith(("--bind-timeout", "--attachment-grace")))
+    yield from controller_replicas(control_plane, tmp_path_factory,
+                                   args + (f"--bind-timeout={BIND_TIMEOUT}", f"--attachment-grace={GRACE}"))
 
 
 @pytest.fixture(scope="module")
@@ -225,3 +244,99 @@ async def test_DR4_a_held_device_gathers_with_a_template_into_one_partition_and_
     record = await check_admitted_set(fleet, tenant, made, 2)
     assert group_formed(devices_of(nodes["hgx"], record), HGX_CLASS.match_attribute) \
         .startswith(f"{DRIVER}/partition2=")
+
+
+# -- faults: a leader killed mid-admission; the binder's claim deleted by someone else -------
+
+async def get_claim(fleet, ns: str, name: str) -> dict | None:
+    """ResourceClaim `ns/name`, None when it does not exist."""
+    try:
+        return await fleet.custom.get_namespaced_custom_object(RESOURCE, "v1", ns, "resourceclaims", name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+async def test_H1_a_leader_killed_between_the_claim_and_its_answer_leaves_no_orphan_and_the_retry_is_admitted(
+        dra, fleet, tmp_path):
+    """DR5, H1: the leader, alone answering the webhook, is killed once its webhook has made
+    the VMI's claim and before it answers (a fault point: `tests.support.faults`); the API
+    server's call fails, so the VMI is not created. After the grace the new leader clears the
+    set (H1) and deletes the claim; the tenant's retry of the same name is admitted with a
+    claim allocated exactly as recorded, and no device is on two records."""
+    cls, _, tenant, _ = await world(fleet, dra, {"hgx": {}})
+    name, mark = "vm-killed", tmp_path / "claim-made"
+    leader = await leader_index(dra)
+    armed = 1 - leader
+    await anyio.to_thread.run_sync(armed_hang_after_claim, dra, armed, tenant, name, mark)
+    await anyio.to_thread.run_sync(dra.kill_replica, leader, signal.SIGTERM)   # gives the Lease up
+    assert await leader_index(dra) == armed
+    answer: dict = {}
+
+    async def create_it():
+        answer["made"], answer["why"] = await create(fleet, tenant, vmi(name, cls, 2))
+
+    async def claim_made():
+        return mark.exists()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(create_it)
+        await eventually(claim_made, timeout=30, what="the armed leader made the claim")
+        await anyio.to_thread.run_sync(dra.kill_replica, armed, signal.SIGKILL)
+    assert answer["made"] is None, answer
+    assert 'failed calling webhook "vmi.gpu.cozystack.io"' in answer["why"], answer["why"]
+    claim = await get_claim(fleet, tenant, f"{name}-gpus")
+    assert claim is not None and mark.read_text().split()[1] == f"{tenant}/{name}-gpus"
+    made_at = datetime.fromisoformat(claim["metadata"]["annotations"]["gpu.cozystack.io/claimed-at"])
+    for i in (leader, armed):
+        dra.start_replica(i)
+    for i in (leader, armed):
+        await anyio.to_thread.run_sync(dra.wait_ready, i)
+
+    async def cleaned():
+        devs = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant, "gpudevices")
+        return not devs["items"] and await get_claim(fleet, tenant, f"{name}-gpus") is None
+    await eventually(cleaned, timeout=GRACE + 30, interval=0.5,
+                     what="the set released and the orphan claim deleted by the new leader (H1)")
+    assert (datetime.now(timezone.utc) - made_at).total_seconds() >= GRACE - 1   # not before the grace
+    made, why = await create(fleet, tenant, vmi(name, cls, 2))
+    assert made is not None, why
+    record = await check_admitted_set(fleet, tenant, made, 2)
+    devs = await fleet.custom.list_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant, "gpudevices")
+    assert sorted(d["status"]["device"]["device"] for d in devs["items"]) == record   # one record each
+
+
+async def test_DR6_a_claim_deleted_before_the_launcher_pod_took_it_is_made_again_from_the_record(dra, fleet):
+    """DR6, H1: an administrator deletes the binder's claim of an admitted VMI whose launcher
+    Pod is not scheduled yet (its node has no memory for it). The VMI is not left
+    half-admitted: housekeeping makes the claim again from the binder's record (the same
+    spec, a Warning Event `GPUClaimRestored` on the VMI), and once the node has room the
+    launcher Pod gets exactly the recorded devices, which never changed."""
+    cls, nodes, tenant, _ = await world(fleet, dra, {"hgx": {}})
+    node = nodes["hgx"]
+    await fleet.set_allocatable(node, {"memory": "1Mi"})    # no room for a launcher Pod yet
+    made, why = await create(fleet, tenant, vmi("vm-lost", cls, 2))
+    assert made is not None, why
+    record = await recorded(fleet, tenant, made)
+    claim_name = made["spec"]["resourceClaims"][0]["resourceClaimName"]
+    first = await get_claim(fleet, tenant, claim_name)
+
+    async def unschedulable():
+        pod = await launcher_pod(fleet, tenant, made["metadata"]["uid"])
+        conds = ((pod or {}).get("status") or {}).get("conditions") or []
+        return any(c["type"] == "PodScheduled" and c["status"] == "False" for c in conds)
+    await eventually(unschedulable, timeout=60, what="the launcher Pod unschedulable (no memory)")
+    taken = (await get_claim(fleet, tenant, claim_name)).get("status") or {}
+    assert not taken.get("allocation") and not taken.get("reservedFor"), taken
+    await fleet.custom.delete_namespaced_custom_object(RESOURCE, "v1", tenant, "resourceclaims", claim_name)
+
+    async def restored():
+        got = await get_claim(fleet, tenant, claim_name)
+        return got if got and got["metadata"]["uid"] != first["metadata"]["uid"] else None
+    again = await eventually(restored, timeout=30, what="the claim made again from the record (DR6)")
+    assert again["spec"] == first["spec"]
+    assert again["metadata"]["labels"] == first["metadata"]["labels"]
+    events = await fleet.core.list_namespaced_event(tenant, field_selector="reason=GPUClaimRestored")
+    assert [(e.involved_object.name, e.type) for e in events.items] == [("vm-lost", "Warning")]
+    await fleet.set_allocatable(node, {})                   # room for the launcher Pod
+    assert await check_admitted_set(fleet, tenant, made, 2) == record

@@ -141,3 +141,67 @@ async def test_H4_the_claim_of_a_keep_this_replica_released_is_deleted_without_t
     await keeper.release_claims(now)
     assert client.of("delete") == [(RESOURCE_CLAIMS, "t", "vm-gpus", "uid-vm", "5")]
     assert list(keeper._released_keeps) == [("t", "adm")]
+
+
+# -- DR6: the claim of an admitted VMI, made again from the record ---------------------------
+
+def _restore_keeper(client: ScriptedClient, claims=()) -> Housekeeper:
+    """A Housekeeper over a cache with node n1 (hgx-h100-8), VMI t/vm admitted by adm-1 and
+    its set of two recorded on n1, and a claim informer holding `claims` ((ns, name))."""
+    from model.housekeeping import VMIs, VMIRecord
+    from model.snapshot import Snapshot
+    from model.types import Attachment, BindRequest, DeviceStatus, GPUDevice, Phase, Result
+    from tests.support.dra_worlds import device_class, dra_node, ref
+    cls = device_class()
+    br = BindRequest("req-1", "vm", ("held", "vm-t-0"), result=Result.SUCCEEDED, node="n1")
+    devs = [GPUDevice("t", n, cls.name, status=DeviceStatus(
+        Phase.BOUND, "n1", None, Attachment("vm", SINCE, "adm-1"), br, ref("n1", i)))
+        for n, i in (("held", 2), ("vm-t-0", 3))]
+    snap = Snapshot.build(nodes=[dra_node("n1")], classes=[cls], devices=devs)
+    informer = SimpleNamespace(keys=lambda: list(claims), healthy=True)
+    cache = SimpleNamespace(
+        claims=informer, healthy=lambda *i: all(x.healthy for x in i),
+        view=SimpleNamespace(devices=lambda: {d.key: d for d in devs}, snapshot=lambda: snap,
+                             classes=lambda: {cls.name: cls}),
+        vmi_state=lambda: VMIs({("t", "vm"): VMIRecord("t", "vm", "uid-1", "adm-1")}))
+    return Housekeeper(client, cache, grace=timedelta(minutes=2), raw_policy="denied")  # type: ignore[arg-type]
+
+
+def _wired_vmi(uid: str = "uid-1") -> dict:
+    return {"metadata": {"name": "vm", "uid": uid}, "spec": {
+        "resourceClaims": [{"name": "gpu-binder", "resourceClaimName": "vm-gpus"}],
+        "domain": {"devices": {"gpus": [{"name": "held", "claimName": "gpu-binder", "requestName": "gpu-0"},
+                                        {"name": "vm-t-0", "claimName": "gpu-binder", "requestName": "gpu-1"}]}}}}
+
+
+async def test_DR6_a_deleted_claim_of_an_admitted_vmi_is_made_again_from_the_record():
+    from k8s import errors
+    from k8s.client import RESOURCE_CLAIMS, VMIS
+    from localcluster.dra_profiles import HGX_H100_8, gpu_uuid
+    client = ScriptedClient()
+    client.script("get", _wired_vmi(), errors.NotFound("read", 404, "not found", details={"name": "vm-gpus"}))
+    keeper = _restore_keeper(client)
+    await keeper.restore_claims(SINCE)
+    assert client.of("get") == [(VMIS, "t", "vm"), (RESOURCE_CLAIMS, "t", "vm-gpus")]   # live reads first
+    [(res, ns, body)] = client.of("create")
+    assert (res, ns, body["metadata"]["name"]) == (RESOURCE_CLAIMS, "t", "vm-gpus")
+    assert body["metadata"]["annotations"]["gpu.cozystack.io/admission"] == "adm-1"
+    uuids = [r["exactly"]["selectors"][0]["cel"]["expression"].split('"')[-2]
+             for r in body["spec"]["devices"]["requests"]]
+    assert uuids == [gpu_uuid(HGX_H100_8, 2), gpu_uuid(HGX_H100_8, 3)]        # the record, in order
+    [(_, event)] = client.of("create_event")
+    assert event["reason"] == "GPUClaimRestored" and event["involvedObject"]["uid"] == "uid-1"
+    assert keeper.claims_restored == 1
+
+
+async def test_DR6_nothing_is_made_when_the_claim_is_there_or_the_vmi_is_another_or_finished():
+    client = ScriptedClient()
+    await _restore_keeper(client, claims=[("t", "vm-gpus")]).restore_claims(SINCE)
+    assert client.calls == []                                  # the informer has it
+    client.script("get", _wired_vmi(), {"metadata": {"name": "vm-gpus"}})      # the informer was behind
+    await _restore_keeper(client).restore_claims(SINCE)
+    client.script("get", _wired_vmi("uid-2"))                  # another incarnation
+    await _restore_keeper(client).restore_claims(SINCE)
+    client.script("get", {**_wired_vmi(), "status": {"phase": "Succeeded"}})   # its Pod is done
+    await _restore_keeper(client).restore_claims(SINCE)
+    assert client.of("create") == [] and client.of("create_event") == []

@@ -215,3 +215,63 @@ def test_H4_the_claim_of_a_released_keep_goes_at_once_unless_confirmed_since_or_
                                               ("t2", "adm-3")})
     assert got == [DeleteClaim(claims[0], "H4", "the set kept for VirtualMachine vm was released "
                                                 "and no VMI of its name exists")]
+
+
+# -- DR6: the claim of an admitted VMI, made again from the record --------------------------
+
+def _admitted(name: str, index: int, *, admission: str = "adm-1", devices=("held", "vm-h100x-0"),
+              result=None, node: str = "n1", vmi: str = "vm") -> GPUDevice:
+    """A member of VMI `vm`'s set as a finished admission leaves it: attached by `admission`,
+    the request Succeeded on `node`, Bound there with its record."""
+    from model.types import Attachment, BindRequest, Result
+    br = BindRequest("req-1", vmi, tuple(devices), result=result or Result.SUCCEEDED, node=node)
+    return GPUDevice("t1", name, "h100x", status=DeviceStatus(
+        Phase.BOUND, node, None, Attachment(vmi, NOW, admission), br, ref(node, index)))
+
+
+def _live(admission: str | None = "adm-1"):
+    from model.housekeeping import VMIRecord
+    return {("t1", "vm"): VMIRecord("t1", "vm", "uid-1", admission)}
+
+
+def test_DR6_a_live_admitted_vmi_without_its_claim_is_restored_in_the_requests_order():
+    from model.claim import RestoreClaim, missing_claims
+    devs = [_admitted("vm-h100x-0", 0), _admitted("held", 1)]
+    assert missing_claims(devs, _live(), set(), {"h100x"}) == [
+        RestoreClaim("t1", "vm", "uid-1", "adm-1", "n1", ("held", "vm-h100x-0"))]
+    # its claim there (ours or not), no VMI, a VMI not admitted by us, a count-mode class: none
+    assert missing_claims(devs, _live(), {("t1", "vm-gpus")}, {"h100x"}) == []
+    assert missing_claims(devs, {}, set(), {"h100x"}) == []
+    assert missing_claims(devs, _live(None), set(), {"h100x"}) == []
+    assert missing_claims(devs, _live(), set(), {"other"}) == []
+
+
+def test_DR6_a_set_whose_record_does_not_hold_whole_is_never_restored():
+    from model.claim import missing_claims
+    from model.types import Result
+    cases = {
+        "another admission's attachment": [_admitted("vm-h100x-0", 0), _admitted("held", 1, admission="adm-0")],
+        "a member missing": [_admitted("held", 1)],
+        "refused": [_admitted("vm-h100x-0", 0, result=Result.REFUSED), _admitted("held", 1, result=Result.REFUSED)],
+        "two nodes": [_admitted("vm-h100x-0", 0), _admitted("held", 1, node="n2")],
+    }
+    for what, devs in cases.items():
+        assert missing_claims(devs, _live(), set(), {"h100x"}) == [], what
+
+
+def test_DR6_the_live_vmi_must_be_the_same_incarnation_alive_and_wired_as_recorded():
+    from model.claim import RestoreClaim, claim_entry, gpu_entries, restorable_into
+    members = [ClaimMember("held", H100, ref("n1", 1), "u1"), ClaimMember("vm-h100x-0", H100, ref("n1", 0), "u0")]
+    r = RestoreClaim("t1", "vm", "uid-1", "adm-1", "n1", ("held", "vm-h100x-0"))
+    vmi = {"metadata": {"name": "vm", "uid": "uid-1"},   # as the admission wired it (DR5)
+           "spec": {"resourceClaims": [claim_entry("vm")],
+                    "domain": {"devices": {"gpus": [{"name": "x", "deviceName": "other"},
+                                                    *gpu_entries(members)]}}}}
+    assert restorable_into(vmi, r, members) is None
+    assert restorable_into({**vmi, "metadata": {"uid": "uid-2"}}, r, members) == "another incarnation of the VMI"
+    assert "deleted" in restorable_into({**vmi, "metadata": {"uid": "uid-1", "deletionTimestamp": "x"}}, r, members)
+    assert "finished" in restorable_into({**vmi, "status": {"phase": "Failed"}}, r, members)
+    swapped = list(reversed(members))          # the same devices on each other's requests
+    assert restorable_into(vmi, r, swapped) == "the VMI's gpus entries are not the record's"
+    assert restorable_into({**vmi, "spec": {**vmi["spec"], "resourceClaims": []}}, r, members) \
+        == "the VMI does not name the claim"
