@@ -57,7 +57,7 @@ FS_UID, PL_UID = "x-kubernetes-pf-flowschema-uid", "x-kubernetes-pf-priorityleve
 @pytest.fixture(scope="module")
 def system(control_plane, tmp_path_factory):
     """Two replicas whose webhooks carry `CAPACITY` admissions at once, a tenant's share
-    `SHARE` of them while another tenant waits (fewer than the API server's 12 seats of
+    `SHARE` of them while another tenant waits (fewer than the API server's 5 seats of
     `APF`, so the webhooks' gates, not only the API server, see the floods)."""
     yield from controller_replicas(control_plane, tmp_path_factory, FAST_CONTROLLER_ARGS + (
         f"--webhook-concurrency={CAPACITY}", f"--webhook-tenant-concurrency={SHARE}"))
@@ -187,11 +187,11 @@ async def test_a_tenants_flood_is_held_to_its_share_and_costs_another_tenant_not
         fleet, {"a": 8, "b": 8, "c": 8}, budget=B_VMIS, seen_by=system, user=user_b)
     tenant_a = await budgeted_tenant_seen(system, fleet, res, A_BUDGET, user_a)
     fs_uid, pl_uid = await flowcontrol_uids(fleet)
-    # the shipped level's seats, as docs/security.md gives them: ceil(600 x 5 / (245 + 5))
+    # the shipped level's seats, as docs/security.md gives them: ceil(600 x 2 / (245 + 2))
     [seats] = [v for (n, labels), v in (await apiserver_samples(control_plane)).items()
                if n == "apiserver_flowcontrol_nominal_limit_seats"
                and dict(labels).get("priority_level") == APF]
-    assert seats == 12, seats
+    assert seats == 5, seats
     dispatched0, rejected0 = await flowcontrol_counters(control_plane)
     client_a = await user_client(control_plane, tmp_path, user_a, tenant_a)
     client_b = await user_client(control_plane, tmp_path, user_b, tenant_b)
