@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from enum import StrEnum
 from typing import Iterable, Mapping
 
-from model.dra import DeviceRef
+from model.dra import DeviceRef, device_set
 from model.reasons import (AlreadyPlaced, BudgetExhausted, ClassesNotServed, ClassNotFound, ClassProblem,
                            Code, DeviceAt, DeviceListedTwice, DeviceNotFound, KeptCordoned, LostCapacity,
                            MixedModes, NodeGone, NodeProblems, NoDeviceGroup, NoDevices, NoEligibleNode,
@@ -358,16 +358,18 @@ class _Set:
         if found is not None:
             return found
         snap, n = self.snap, self.snap.nodes[node]
+        holding = node in self.here  # members record devices only where they are Bound
+        own = self.own if holding else ()
         shares, free_all, free_of = [], set(), {}
         for c in self.device_classes:
             devs = n.devices_of(c)
-            free = snap.free_devices(node, c, self.request.id, self.own)
+            free = snap.free_devices(node, c, self.request.id, own)
             free_of[c] = len(free)
             free_all |= free
             keep = tuple(m.status.device.device for m in self.by_class[c]
                          if m.bound_node == node and m.status.device is not None
-                         and m.status.device.device in free)
-            shares.append(ClassShare(c, tuple(d.as_device() for d in devs), len(self.by_class[c]),
+                         and m.status.device.device in free) if holding else ()
+            shares.append(ClassShare(c, device_set(devs).devices, len(self.by_class[c]),
                                      snap.classes[c].match_attribute, keep))
         chosen, failed = choose_set(shares, free_all)
         if chosen is None:

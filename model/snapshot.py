@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterable, Iterator, Mapping, Sequence
 
+from model.dra import device_set
 from model.hold import Hold
 from model.reasons import BudgetExhausted, ClassNotFound, ClassProblem, DeviceNotFound, NoFreeUnit, NotEntitled, Reason
 from model.types import (
@@ -389,7 +390,7 @@ class Snapshot:
     touched entries). Safe to share between threads and tasks.
     """
 
-    __slots__ = ("_st", "_by_ns", "_reservations", "_idx", "_rec")
+    __slots__ = ("_st", "_by_ns", "_reservations", "_idx", "_rec", "_held")
 
     def __init__(self, st: _Static, by_ns: dict[str, dict[str, GPUDevice]],
                  reservations: tuple[Hold, ...], idx: _Index | None,
@@ -400,6 +401,7 @@ class Snapshot:
         self._reservations = reservations
         self._idx = idx
         self._rec = rec
+        self._held: dict[str, list[Hold]] | None = None  # holds naming devices, by node (lazy)
 
     @classmethod
     def build(cls, *, nodes: Iterable[Node] = (), classes: Iterable[GPUClass] = (),
@@ -750,12 +752,23 @@ class Snapshot:
         or a hand edit recorded it twice). Empty in count mode."""
         return MappingProxyType(self._records().get(node, {}))
 
+    def _holds_on(self, node: str) -> list[Hold]:
+        """The reservations naming devices of `node` (`Hold.devices`), indexed on first use."""
+        held = self._held
+        if held is None:
+            held = {}
+            for r in self._reservations:
+                if r.devices:
+                    held.setdefault(r.node, []).append(r)
+            self._held = held
+        return held.get(node, [])
+
     def held_devices(self, node: str, exclude_request: str | None = None) -> frozenset[str]:
         """Device mode (DR2): names of `node`'s devices held by reservations in flight
         (`Hold.devices`), except those of request `exclude_request`."""
         out: set[str] = set()
-        for r in self._reservations:
-            if r.devices and r.node == node and r.request_id != exclude_request:
+        for r in self._holds_on(node):
+            if r.request_id != exclude_request:
                 out.update(ref.device for _, ref in r.devices)
         return frozenset(out)
 
@@ -766,28 +779,34 @@ class Snapshot:
         tainted NoSchedule/NoExecute, not in `Node.taken_devices`, not recorded by a Bound
         GPUDevice on the node other than `own`, not held by another request's reservation.
         A device recorded by one of `own` is free for it even when a claim allocates it
-        (its own claim, DR5). Empty for a gone node or a count-mode class."""
+        (its own claim, DR5). Empty for a gone node or a count-mode class.
+
+        Set operations on the node's `model.dra.DeviceSet` (its names worked out once per
+        node): a decision asks this of every eligible node."""
         n = self._st.nodes.get(node)
         if n is None:
             return frozenset()
         devices = n.devices_of(class_name)
         if not devices:
             return frozenset()
-        own_keys = set(own)
-        recorded = self._records().get(node, {})
-        mine = {name for name, keys in recorded.items() if any(k in own_keys for k in keys)}
-        others = {name for name, keys in recorded.items() if any(k not in own_keys for k in keys)}
-        held = self.held_devices(node, request_id)
+        out = device_set(devices).untainted
+        recorded = self._records().get(node)
+        mine: frozenset[str] | set[str] = frozenset()
+        if recorded:
+            own_keys = own if isinstance(own, (set, frozenset)) else set(own)
+            if own_keys:
+                mine = {name for name, keys in recorded.items() if any(k in own_keys for k in keys)}
+                others = {name for name, keys in recorded.items()
+                          if any(k not in own_keys for k in keys)}
+                out = out - others
+            else:
+                out = out - recorded.keys()
+        if self._holds_on(node):
+            out = out - self.held_devices(node, request_id)
         taken = n.taken_devices
-        out = set()
-        for d in devices:
-            name = d.ref.device
-            if d.tainted or name in others or name in held:
-                continue
-            if name in taken and name not in mine:
-                continue
-            out.add(name)
-        return frozenset(out)
+        if taken:
+            out = out - (taken - mine if mine else taken)
+        return out
 
     def __repr__(self) -> str:
         return (f"<Snapshot nodes={len(self._st.nodes)} classes={len(self._st.classes)} "
@@ -860,4 +879,6 @@ class Reserving:
         assert snap._idx is not None
         snap._idx.reserve_in_place(snap._st, hold)
         snap._reservations = snap._reservations + (hold,)
+        if hold.devices:
+            snap._held = None  # indexed again on the next question
         self._ids.add(rid)
