@@ -20,7 +20,7 @@ from model.reasons import (AlreadyPlaced, BudgetExhausted, ClassesNotServed, Cla
                            NoNodeServes, NoRoom, NotEntitled, Outcome, Placed, Reason, RequestRef,
                            SelectorMismatch, SetRefused, TaintsNotTolerated)
 from model.snapshot import Snapshot
-from model.topology import ClassShare, GroupChoice, NoGroup, choose_set, natural_key, resolve_attribute
+from model.topology import ClassShare, GroupChoice, NoGroup, choose_set, layout, natural_key, resolve_attribute
 from model.types import (
     BindRequest,
     DeviceKey,
@@ -313,6 +313,9 @@ def apply_decision(snapshot: Snapshot, request: Request, decision: Decision, *, 
 # --- the judgement ----------------------------------------------------------------------------
 
 
+_NO_NAMES: frozenset[str] = frozenset()
+
+
 class _Set:
     """A request's members resolved against a snapshot, with the per-node questions."""
 
@@ -359,6 +362,21 @@ class _Set:
             return found
         snap, n = self.snap, self.snap.nodes[node]
         holding = node in self.here  # members record devices only where they are Bound
+        if not holding and len(self.device_classes) == 1:
+            # the common case, as `choose_set` would do it for one class and nothing to keep
+            c = self.device_classes[0]
+            free = snap.free_devices(node, c, self.request.id)
+            count = len(self.by_class[c])
+            outcome = layout(device_set(n.devices_of(c)).devices, snap.classes[c].match_attribute,
+                             count).choose(free, _NO_NAMES, count)
+            if isinstance(outcome, NoGroup):
+                found = NoDeviceGroup(c, outcome.attribute, outcome.count, len(free),
+                                      outcome.largest_free, outcome.attribute_missing,
+                                      outcome.sizes if outcome.attribute_missing else ())
+            else:
+                found = {c: outcome}
+            self._choices[node] = found
+            return found
         own = self.own if holding else ()
         shares, free_all, free_of = [], set(), {}
         for c in self.device_classes:

@@ -800,7 +800,7 @@ class Snapshot:
                           if any(k not in own_keys for k in keys)}
                 out = out - others
             else:
-                out = out - recorded.keys()
+                out = out.difference(recorded)
         if self._holds_on(node):
             out = out - self.held_devices(node, request_id)
         taken = n.taken_devices

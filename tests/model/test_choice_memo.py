@@ -179,8 +179,10 @@ def test_property_free_devices_is_the_straightforward_set(case):
     snap, request, own = case
     for node in ("n1", "n2", "gone"):
         want = reference_free(snap, node, CLASS, request, own)
-        assert snap.free_devices(node, CLASS, request, own) == want
+        got = snap.free_devices(node, CLASS, request, own)
+        assert got == want and isinstance(got, frozenset)
         assert snap.free_devices(node, CLASS, request, list(own)) == want
         assert snap.free_devices(node, "other", request, own) == frozenset()
         if not own:
-            assert snap.free_devices(node, CLASS, request) == want
+            got = snap.free_devices(node, CLASS, request)
+            assert got == want and isinstance(got, frozenset)
