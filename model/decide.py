@@ -349,6 +349,10 @@ class _Set:
                 if m.class_name in self.by_class:
                     self.by_class[m.class_name].append(m)
             self._choices: dict[str, dict[str, GroupChoice] | NoDeviceGroup] = {}
+            rid = request.id
+            self._own_holds = frozenset(h.node for h in snap.reservations
+                                        if h.request_id == rid and h.devices)
+            """Nodes where this request holds devices (its free names there differ)."""
 
     # --- device mode (DR2-DR4) --------------------------------------------------------------
 
@@ -364,17 +368,26 @@ class _Set:
         holding = node in self.here  # members record devices only where they are Bound
         if not holding and len(self.device_classes) == 1:
             # the common case, as `choose_set` would do it for one class and nothing to keep
+            # (a new set's choice there depends on the node alone: remembered on the snapshot
+            # for every request without a hold of its own on the node)
             c = self.device_classes[0]
-            free = snap.free_devices(node, c, self.request.id)
             count = len(self.by_class[c])
-            outcome = layout(device_set(n.devices_of(c)).devices, snap.classes[c].match_attribute,
-                             count).choose(free, _NO_NAMES, count)
-            if isinstance(outcome, NoGroup):
-                found = NoDeviceGroup(c, outcome.attribute, outcome.count, len(free),
-                                      outcome.largest_free, outcome.attribute_missing,
-                                      outcome.sizes if outcome.attribute_missing else ())
-            else:
-                found = {c: outcome}
+            rid = self.request.id
+            memo = None if node in self._own_holds else snap.node_memo()
+            key = (node, c, count)
+            found = memo.get(key) if memo is not None else None
+            if found is None:
+                free = snap.free_devices(node, c, rid)
+                outcome = layout(device_set(n.devices_of(c)).devices, snap.classes[c].match_attribute,
+                                 count).choose(free, _NO_NAMES, count)
+                if isinstance(outcome, NoGroup):
+                    found = NoDeviceGroup(c, outcome.attribute, outcome.count, len(free),
+                                          outcome.largest_free, outcome.attribute_missing,
+                                          outcome.sizes if outcome.attribute_missing else ())
+                else:
+                    found = {c: outcome}
+                if memo is not None:
+                    memo[key] = found
             self._choices[node] = found
             return found
         own = self.own if holding else ()
@@ -465,8 +478,12 @@ class _Set:
         holding no member where the device choice succeeds, in DR4 order (tightest group,
         then tightest node, then name), at most `limit` (None: all). Looks at every
         count-eligible node: the group's fit is not ordered by the node's free units."""
-        ok = [(self.fit(name), lo, name) for lo, name in self.eligible_elsewhere(None)
-              if not isinstance(self.device_choice(name), NoDeviceGroup)]
+        ok = []
+        classes = self.device_classes
+        for lo, name in self.eligible_elsewhere(None):
+            choice = self.device_choice(name)
+            if not isinstance(choice, NoDeviceGroup):  # `fit`, inlined
+                ok.append((tuple(choice[c].fit for c in classes), lo, name))
         ok.sort()
         found = [(lo, name) for _, lo, name in ok]
         return found if limit is None else found[:limit]

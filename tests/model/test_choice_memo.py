@@ -186,3 +186,90 @@ def test_property_free_devices_is_the_straightforward_set(case):
         if not own:
             got = snap.free_devices(node, CLASS, request)
             assert got == want and isinstance(got, frozenset)
+
+
+# --- the snapshot's node memo: decisions on derived snapshots equal those on fresh ones ----------
+
+def _fresh(snap: Snapshot) -> Snapshot:
+    """The same content built anew (no memo, no index, no records carried over)."""
+    return Snapshot.build(nodes=snap.nodes.values(), classes=snap.classes.values(),
+                          devices=snap.devices.values(), namespaces=snap.namespaces.values(),
+                          reservations=snap.reservations)
+
+
+def _hgx_node(name: str, taken: frozenset[str]) -> Node:
+    from tests.support.dra_worlds import dra_node
+    return dra_node(name, taken=tuple(int(t.rsplit("-", 1)[1]) for t in sorted(taken)))
+
+
+@settings(max_examples=60, deadline=None, print_blob=True)
+@given(st.randoms(use_true_random=False))
+def test_property_decisions_on_derived_snapshots_equal_those_on_fresh_ones(rnd: random.Random):
+    """A random life of a 4-node HGX fleet: sets placed and carried out (records), stopped,
+    other requests' holds added and dropped, a batch planned through `Reserving` (holds
+    added in place), a node's claims changed (`with_nodes`); after each step the decision
+    and the W1 check of a new set of 1, 2, 4 or 8 on the derived snapshot (its node memo
+    carried over) equal those on the same content built anew."""
+    from model.check import check_set
+    from model.decide import Request, apply_decision, decide
+    from model.plan import placement_hold
+    from model.snapshot import Order, Reserving
+    from model.types import Result
+    from tests.support.dra_worlds import CLASS as HCLASS, device_class, ref
+
+    now = None
+    nodes = [_hgx_node(f"n{i}", frozenset()) for i in range(4)]
+    snap = Snapshot.build(nodes=nodes, classes=[device_class()])
+    running: list[list[tuple[str, str]]] = []
+    step = 0
+
+    def new_set(size: int):
+        nonlocal step
+        step += 1
+        tpls = [GPUDevice("t", f"v{step}-{i}", HCLASS, template_for=f"v{step}") for i in range(size)]
+        return tpls, Request(f"r{step}", "t", f"v{step}", tuple(t.name for t in tpls))
+
+    def same(s: Snapshot) -> None:
+        size = rnd.choice([1, 1, 2, 4, 8])
+        assert check_set(s, "t", [Order("t", HCLASS)] * size) == check_set(_fresh(s), "t", [Order("t", HCLASS)] * size)
+        tpls, req = new_set(size)
+        with_t = s.with_devices(tpls)
+        assert decide(with_t, req) == decide(_fresh(with_t), req)
+
+    for _ in range(12):
+        op = rnd.choice(["place", "place", "stop", "hold", "drop", "batch", "nodes"])
+        if op == "place":
+            tpls, req = new_set(rnd.choice([1, 2, 4]))
+            snap = snap.with_devices(tpls)
+            d = decide(snap, req)
+            snap = apply_decision(snap, req, d, now=now)
+            if d.result is Result.SUCCEEDED:
+                running.append([t.key for t in tpls])
+            else:
+                snap = snap.without_devices(t.key for t in tpls)
+        elif op == "stop" and running:
+            snap = snap.without_devices(running.pop(rnd.randrange(len(running))))
+        elif op == "hold":
+            node = rnd.choice(list(snap.nodes))
+            idx = rnd.sample(range(8), rnd.randint(1, 3))
+            snap = snap.with_reservation(Hold(f"h{step}-{rnd.randrange(3)}", "u", node, devices=tuple(
+                (("u", f"x{i}"), ref(node, i)) for i in idx)))
+        elif op == "drop" and snap.reservations:
+            snap = snap.without_reservation(rnd.choice(snap.reservations).request_id)
+        elif op == "batch":
+            work = Reserving(snap)
+            for _ in range(3):
+                tpls, req = new_set(rnd.choice([1, 2, 4]))
+                base = work.snapshot
+                work = Reserving(base.with_devices(tpls))
+                d = decide(work.snapshot, req)
+                assert d == decide(_fresh(work.snapshot), req)
+                if d.result is Result.SUCCEEDED and d.placements[0].devices:
+                    work.add(placement_hold(req, d.placements[0], work.snapshot))
+                    same(work.snapshot)
+            snap = snap.without_devices(())  # the batch's holds were tentative: back to the view
+        elif op == "nodes":
+            node = rnd.choice(list(snap.nodes))
+            taken = frozenset(f"gpu-vfio-{i}" for i in rnd.sample(range(8), rnd.randint(0, 2)))
+            snap = snap.with_nodes([_hgx_node(n, taken) if n == node else x for n, x in snap.nodes.items()])
+        same(snap)
