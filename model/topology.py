@@ -2,7 +2,8 @@
 take a class's share of a set, so that they all share the class's `matchAttribute` value and
 the aligned blocks that stay free are as large as possible (buddy best fit).
 
-Pure: values in, values out. A node's devices of one class come in as `Device` values (name
+Pure: values in, values out (a node's groups and the choices made on them are remembered
+by `layout`, which changes no answer). A node's devices of one class come in as `Device` values (name
 and attributes, as a ResourceSlice lists them); what is free for this set comes in as a set of
 names (the caller has taken out the binder's records, every claim's allocation and tainted
 devices, DR2). Nothing here knows about Kubernetes objects or the ledger.
