@@ -94,8 +94,10 @@ class DeviceSet:
         self.untainted = frozenset(d.ref.device for d in devices if not d.tainted)
 
 
-DEVICE_SETS_MAX = 20_000
-"""Most `DeviceSet`s `device_set` remembers; past it the memo starts over."""
+DEVICE_SETS_MAX = 8_192
+"""Most `DeviceSet`s `device_set` remembers (about 2 KiB each for an 8-GPU board: 16 MiB at
+most; a fleet of 1,000 nodes with three classes keeps 3,000 live, a Node's refresh adds
+one); past it the memo starts over."""
 
 _device_sets: dict[int, tuple[tuple[SliceDevice, ...], DeviceSet]] = {}
 

@@ -222,9 +222,11 @@ class Layout:
                        attribute_missing=missing, sizes=self.sizes)
 
 
-LAYOUTS_MAX = 20_000
-"""Most layouts `layout` remembers (by devices, template, count); past it the memo starts
-over. A fleet of 1,000 HGX nodes with one class asked for sets of 1, 2, 4 and 8 needs 4,000."""
+LAYOUTS_MAX = 8_192
+"""Most layouts `layout` remembers by the identity of the devices (a fleet of 1,000 HGX nodes
+with one class asked for sets of 1, 2, 4 and 8 needs 4,000), and by their value (boards of
+one profile whose uuids follow the PCI address share one per count; boards with uuids of
+their own have one each, a few KiB); past it a memo starts over."""
 
 CHOICES_PER_LAYOUT = 512
 """Most choices one `Layout` remembers; past it its memo starts over (an 8-GPU board has
@@ -249,7 +251,7 @@ def layout(devices: Sequence[Device], template: str | None, count: int) -> Layou
     found = _by_value.get(vkey)
     if found is None:
         found = Layout(frozen, template, count)
-        if len(_by_value) >= LAYOUTS_MAX:
+        if len(_by_value) >= LAYOUTS_MAX // 2:
             _by_value.clear()
         _by_value[vkey] = found
     if is_tuple:
