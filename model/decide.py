@@ -13,14 +13,14 @@ from datetime import datetime, timezone
 from enum import StrEnum
 from typing import Iterable, Mapping
 
-from model.dra import DeviceRef
+from model.dra import DeviceRef, device_set
 from model.reasons import (AlreadyPlaced, BudgetExhausted, ClassesNotServed, ClassNotFound, ClassProblem,
                            Code, DeviceAt, DeviceListedTwice, DeviceNotFound, KeptCordoned, LostCapacity,
                            MixedModes, NodeGone, NodeProblems, NoDeviceGroup, NoDevices, NoEligibleNode,
                            NoNodeServes, NoRoom, NotEntitled, Outcome, Placed, Reason, RequestRef,
                            SelectorMismatch, SetRefused, TaintsNotTolerated)
 from model.snapshot import Snapshot
-from model.topology import ClassShare, GroupChoice, NoGroup, choose_set, natural_key, resolve_attribute
+from model.topology import ClassShare, GroupChoice, NoGroup, choose_set, layout, natural_key, resolve_attribute
 from model.types import (
     BindRequest,
     DeviceKey,
@@ -313,6 +313,9 @@ def apply_decision(snapshot: Snapshot, request: Request, decision: Decision, *, 
 # --- the judgement ----------------------------------------------------------------------------
 
 
+_NO_NAMES: frozenset[str] = frozenset()
+
+
 class _Set:
     """A request's members resolved against a snapshot, with the per-node questions."""
 
@@ -346,6 +349,10 @@ class _Set:
                 if m.class_name in self.by_class:
                     self.by_class[m.class_name].append(m)
             self._choices: dict[str, dict[str, GroupChoice] | NoDeviceGroup] = {}
+            rid = request.id
+            self._own_holds = frozenset(h.node for h in snap.reservations
+                                        if h.request_id == rid and h.devices)
+            """Nodes where this request holds devices (its free names there differ)."""
 
     # --- device mode (DR2-DR4) --------------------------------------------------------------
 
@@ -358,16 +365,42 @@ class _Set:
         if found is not None:
             return found
         snap, n = self.snap, self.snap.nodes[node]
+        holding = node in self.here  # members record devices only where they are Bound
+        if not holding and len(self.device_classes) == 1:
+            # the common case, as `choose_set` would do it for one class and nothing to keep
+            # (a new set's choice there depends on the node alone: remembered on the snapshot
+            # for every request without a hold of its own on the node)
+            c = self.device_classes[0]
+            count = len(self.by_class[c])
+            rid = self.request.id
+            memo = None if node in self._own_holds else snap.node_memo()
+            key = (node, c, count)
+            found = memo.get(key) if memo is not None else None
+            if found is None:
+                free = snap.free_devices(node, c, rid)
+                outcome = layout(device_set(n.devices_of(c)).devices, snap.classes[c].match_attribute,
+                                 count).choose(free, _NO_NAMES, count)
+                if isinstance(outcome, NoGroup):
+                    found = NoDeviceGroup(c, outcome.attribute, outcome.count, len(free),
+                                          outcome.largest_free, outcome.attribute_missing,
+                                          outcome.sizes if outcome.attribute_missing else ())
+                else:
+                    found = {c: outcome}
+                if memo is not None:
+                    memo[key] = found
+            self._choices[node] = found
+            return found
+        own = self.own if holding else ()
         shares, free_all, free_of = [], set(), {}
         for c in self.device_classes:
             devs = n.devices_of(c)
-            free = snap.free_devices(node, c, self.request.id, self.own)
+            free = snap.free_devices(node, c, self.request.id, own)
             free_of[c] = len(free)
             free_all |= free
             keep = tuple(m.status.device.device for m in self.by_class[c]
                          if m.bound_node == node and m.status.device is not None
-                         and m.status.device.device in free)
-            shares.append(ClassShare(c, tuple(d.as_device() for d in devs), len(self.by_class[c]),
+                         and m.status.device.device in free) if holding else ()
+            shares.append(ClassShare(c, device_set(devs).devices, len(self.by_class[c]),
                                      snap.classes[c].match_attribute, keep))
         chosen, failed = choose_set(shares, free_all)
         if chosen is None:
@@ -445,8 +478,12 @@ class _Set:
         holding no member where the device choice succeeds, in DR4 order (tightest group,
         then tightest node, then name), at most `limit` (None: all). Looks at every
         count-eligible node: the group's fit is not ordered by the node's free units."""
-        ok = [(self.fit(name), lo, name) for lo, name in self.eligible_elsewhere(None)
-              if not isinstance(self.device_choice(name), NoDeviceGroup)]
+        ok = []
+        classes = self.device_classes
+        for lo, name in self.eligible_elsewhere(None):
+            choice = self.device_choice(name)
+            if not isinstance(choice, NoDeviceGroup):  # `fit`, inlined
+                ok.append((tuple(choice[c].fit for c in classes), lo, name))
         ok.sort()
         found = [(lo, name) for _, lo, name in ok]
         return found if limit is None else found[:limit]

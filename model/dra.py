@@ -81,6 +81,42 @@ class SliceDevice:
         return {"driver": self.ref.driver, "attributes": attributes, "capacity": {}}
 
 
+class DeviceSet:
+    """One node's devices of a class (`Node.devices_of`) as every decision reads them, worked
+    out once per tuple (`device_set`): their topology view (`devices`, for
+    `model.topology`), their names, and the names of those no hard taint covers (DR2)."""
+
+    __slots__ = ("devices", "names", "untainted")
+
+    def __init__(self, devices: tuple[SliceDevice, ...]) -> None:
+        self.devices = tuple(d.as_device() for d in devices)
+        self.names = frozenset(d.ref.device for d in devices)
+        self.untainted = frozenset(d.ref.device for d in devices if not d.tainted)
+
+
+DEVICE_SETS_MAX = 8_192
+"""Most `DeviceSet`s `device_set` remembers (about 2 KiB each for an 8-GPU board: 16 MiB at
+most; a fleet of 1,000 nodes with three classes keeps 3,000 live, a Node's refresh adds
+one); past it the memo starts over."""
+
+_device_sets: dict[int, tuple[tuple[SliceDevice, ...], DeviceSet]] = {}
+
+
+def device_set(devices: tuple[SliceDevice, ...]) -> DeviceSet:
+    """The `DeviceSet` of `devices`, found again by the tuple's identity (the tuple is kept
+    with it, so its id is not reused while remembered), else built: a Node's tuples live as
+    long as the Node, so a decision over a fleet does not rebuild them per node."""
+    hit = _device_sets.get(id(devices))
+    if hit is not None and hit[0] is devices:
+        return hit[1]
+    found = DeviceSet(devices)
+    if type(devices) is tuple:
+        if len(_device_sets) >= DEVICE_SETS_MAX:
+            _device_sets.clear()
+        _device_sets[id(devices)] = (devices, found)
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class ResourceSlice:
     """One parsed slice: its `name`, the driver, the pool with its generation and slice count,

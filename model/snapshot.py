@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterable, Iterator, Mapping, Sequence
 
+from model.dra import device_set
 from model.hold import Hold
 from model.reasons import BudgetExhausted, ClassNotFound, ClassProblem, DeviceNotFound, NoFreeUnit, NotEntitled, Reason
 from model.types import (
@@ -72,7 +73,8 @@ class _Static:
     from them only (memoised on first use, shared by every snapshot of one build)."""
 
     __slots__ = ("nodes", "classes", "namespaces", "budgets", "alloc", "labels", "class_res",
-                 "advertising", "cordoned", "unplaceable", "foreign", "tainted", "views", "_serving", "_entitled")
+                 "advertising", "cordoned", "unplaceable", "foreign", "tainted", "views", "_serving", "_entitled",
+                 "device_mode")
 
     def __init__(self, nodes: Iterable[Node], classes: Iterable[GPUClass],
                  namespaces: Iterable[Namespace], budgets: Iterable[Budget]) -> None:
@@ -103,6 +105,8 @@ class _Static:
                       MappingProxyType(self.namespaces), MappingProxyType(self.budgets))
         self._serving: dict[str, frozenset[str]] = {}
         self._entitled: dict[tuple[str, str], bool] = {}
+        self.device_mode = any(c.device_mode for c in self.classes.values())
+        """Some class is of device mode (DR1): the records (DR2) are worth carrying over."""
 
     def serving(self, class_name: str) -> frozenset[str]:
         """Nodes serving the class (allocatable > 0 and labels ⊇ nodeSelector), cordon aside;
@@ -389,17 +393,19 @@ class Snapshot:
     touched entries). Safe to share between threads and tasks.
     """
 
-    __slots__ = ("_st", "_by_ns", "_reservations", "_idx", "_rec")
+    __slots__ = ("_st", "_by_ns", "_reservations", "_idx", "_rec", "_held", "_memo")
 
     def __init__(self, st: _Static, by_ns: dict[str, dict[str, GPUDevice]],
                  reservations: tuple[Hold, ...], idx: _Index | None,
-                 rec: _Records | None = None) -> None:
+                 rec: _Records | None = None, memo: dict | None = None) -> None:
         """Private: use `Snapshot.build`."""
         self._st = st
         self._by_ns = by_ns
         self._reservations = reservations
         self._idx = idx
         self._rec = rec
+        self._held: dict[str, list[Hold]] | None = None  # holds naming devices, by node (lazy)
+        self._memo = memo
 
     @classmethod
     def build(cls, *, nodes: Iterable[Node] = (), classes: Iterable[GPUClass] = (),
@@ -412,7 +418,8 @@ class Snapshot:
         by_ns: dict[str, dict[str, GPUDevice]] = {}
         for d in devices:
             by_ns.setdefault(d.namespace, {})[d.name] = d
-        return cls(_Static(nodes, classes, namespaces, budgets), by_ns, tuple(reservations), None)
+        return cls(_Static(nodes, classes, namespaces, budgets), by_ns, tuple(reservations), None,
+                   memo={})
 
     # --- read-only views --------------------------------------------------------------
 
@@ -720,17 +727,24 @@ class Snapshot:
         first question, so this costs one pass over the devices then."""
         st = _Static(nodes, self._st.classes.values(), self._st.namespaces.values(), ())
         st.budgets.update(self._st.budgets)
-        return Snapshot(st, self._by_ns, self._reservations, None, self._rec)
+        return Snapshot(st, self._by_ns, self._reservations, None, self._rec, {})
 
     def _derive(self, by_ns, changes, reservations, added=None) -> Snapshot:
         idx = self._idx
         if idx is not None:
             idx = idx.derive(self._st, changes, reservations, added)
         rec = self._rec
+        if rec is None and self._st.device_mode:
+            rec = self._records()  # once here, not once per derived snapshot that asks
         if rec is not None and changes:
             rec = _derive_records(rec, changes)
+        memo = self._memo
+        if memo is not None:
+            touched = _touched_nodes(changes, self._reservations, reservations, added)
+            if touched:
+                memo = {k: v for k, v in memo.items() if k[0] not in touched}
         return Snapshot(self._st, by_ns, self._reservations if reservations is None else reservations,
-                        idx, rec)
+                        idx, rec, memo)
 
     # --- device mode (DR2) ------------------------------------------------------------
 
@@ -750,12 +764,35 @@ class Snapshot:
         or a hand edit recorded it twice). Empty in count mode."""
         return MappingProxyType(self._records().get(node, {}))
 
+    def node_memo(self) -> dict:
+        """Device mode: a memo for answers that depend only on one node (its devices, taken
+        devices and taints), the records on it and the reservations naming its devices, keyed
+        by tuples whose first item is the node's name (e.g. `model.decide`'s group choice for
+        a new set). A snapshot derived by `with_*`/`without_*` keeps the entries of the nodes
+        whose records and holds did not change (sharing the memo when none did: an entry is
+        true of both, whichever fills it); `with_nodes` and `Snapshot.build` start empty."""
+        memo = self._memo
+        if memo is None:
+            memo = self._memo = {}
+        return memo
+
+    def _holds_on(self, node: str) -> list[Hold]:
+        """The reservations naming devices of `node` (`Hold.devices`), indexed on first use."""
+        held = self._held
+        if held is None:
+            held = {}
+            for r in self._reservations:
+                if r.devices:
+                    held.setdefault(r.node, []).append(r)
+            self._held = held
+        return held.get(node, [])
+
     def held_devices(self, node: str, exclude_request: str | None = None) -> frozenset[str]:
         """Device mode (DR2): names of `node`'s devices held by reservations in flight
         (`Hold.devices`), except those of request `exclude_request`."""
         out: set[str] = set()
-        for r in self._reservations:
-            if r.devices and r.node == node and r.request_id != exclude_request:
+        for r in self._holds_on(node):
+            if r.request_id != exclude_request:
                 out.update(ref.device for _, ref in r.devices)
         return frozenset(out)
 
@@ -766,28 +803,34 @@ class Snapshot:
         tainted NoSchedule/NoExecute, not in `Node.taken_devices`, not recorded by a Bound
         GPUDevice on the node other than `own`, not held by another request's reservation.
         A device recorded by one of `own` is free for it even when a claim allocates it
-        (its own claim, DR5). Empty for a gone node or a count-mode class."""
+        (its own claim, DR5). Empty for a gone node or a count-mode class.
+
+        Set operations on the node's `model.dra.DeviceSet` (its names worked out once per
+        node): a decision asks this of every eligible node."""
         n = self._st.nodes.get(node)
         if n is None:
             return frozenset()
         devices = n.devices_of(class_name)
         if not devices:
             return frozenset()
-        own_keys = set(own)
-        recorded = self._records().get(node, {})
-        mine = {name for name, keys in recorded.items() if any(k in own_keys for k in keys)}
-        others = {name for name, keys in recorded.items() if any(k not in own_keys for k in keys)}
-        held = self.held_devices(node, request_id)
+        out = device_set(devices).untainted
+        recorded = self._records().get(node)
+        mine: frozenset[str] | set[str] = frozenset()
+        if recorded:
+            own_keys = own if isinstance(own, (set, frozenset)) else set(own)
+            if own_keys:
+                mine = {name for name, keys in recorded.items() if any(k in own_keys for k in keys)}
+                others = {name for name, keys in recorded.items()
+                          if any(k not in own_keys for k in keys)}
+                out = out - others
+            else:
+                out = out.difference(recorded)
+        if self._holds_on(node):
+            out = out - self.held_devices(node, request_id)
         taken = n.taken_devices
-        out = set()
-        for d in devices:
-            name = d.ref.device
-            if d.tainted or name in others or name in held:
-                continue
-            if name in taken and name not in mine:
-                continue
-            out.add(name)
-        return frozenset(out)
+        if taken:
+            out = out - (taken - mine if mine else taken)
+        return out
 
     def __repr__(self) -> str:
         return (f"<Snapshot nodes={len(self._st.nodes)} classes={len(self._st.classes)} "
@@ -796,6 +839,25 @@ class Snapshot:
 
 _Records = dict[str, dict[str, tuple[tuple[str, str], ...]]]
 """Per node, the device names Bound GPUDevices on it record, with their keys (DR2)."""
+
+
+def _touched_nodes(changes, before: tuple[Hold, ...], after: tuple[Hold, ...] | None,
+                   added: Sequence[Hold] | None) -> set[str]:
+    """The nodes whose records (device `changes`) or device holds (`before` → `after`, with
+    `added` the holds only added, when known) differ: their `Snapshot.node_memo` entries go."""
+    out: set[str] = set()
+    for old, new in changes:
+        for d in (old, new):
+            if d is not None and d.status.device is not None and d.bound_node is not None:
+                out.add(d.bound_node)
+    if after is not None:
+        if added is not None:
+            moved: Iterable[Hold] = added
+        else:
+            was, now = {id(h) for h in before}, {id(h) for h in after}
+            moved = [h for h in after if id(h) not in was] + [h for h in before if id(h) not in now]
+        out.update(h.node for h in moved if h.devices)
+    return out
 
 
 def _add_record(rec: _Records, d: GPUDevice) -> None:
@@ -848,7 +910,8 @@ class Reserving:
 
     @staticmethod
     def _own(snap: Snapshot) -> Snapshot:
-        return Snapshot(snap._st, snap._by_ns, snap._reservations, snap._index().owned(), snap._rec)
+        return Snapshot(snap._st, snap._by_ns, snap._reservations, snap._index().owned(), snap._rec,
+                        None if snap._memo is None else dict(snap._memo))
 
     def add(self, hold: Hold) -> None:
         """`snapshot = snapshot.with_reservation(hold)`, in place when it can be."""
@@ -860,4 +923,8 @@ class Reserving:
         assert snap._idx is not None
         snap._idx.reserve_in_place(snap._st, hold)
         snap._reservations = snap._reservations + (hold,)
+        if hold.devices:
+            snap._held = None  # indexed again on the next question
+            if snap._memo is not None:  # a new dict: snapshots derived before this hold keep theirs
+                snap._memo = {k: v for k, v in snap._memo.items() if k[0] != hold.node}
         self._ids.add(rid)

@@ -2,7 +2,8 @@
 take a class's share of a set, so that they all share the class's `matchAttribute` value and
 the aligned blocks that stay free are as large as possible (buddy best fit).
 
-Pure: values in, values out. A node's devices of one class come in as `Device` values (name
+Pure: values in, values out (a node's groups and the choices made on them are remembered
+by `layout`, which changes no answer). A node's devices of one class come in as `Device` values (name
 and attributes, as a ResourceSlice lists them); what is free for this set comes in as a set of
 names (the caller has taken out the binder's records, every claim's allocation and tainted
 devices, DR2). Nothing here knows about Kubernetes objects or the ledger.
@@ -137,6 +138,129 @@ def _enclosing_levels(template: str | None, count: int, devices: Sequence[Device
     return levels or [list(devices)]
 
 
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """One group of a `Layout`: its attribute `value`, its members' names in device order
+    (`names`) and in the order a choice takes them (`ordered`: natural name order, ties in
+    device order), and its enclosing groups' members' names, nearest first (`levels`)."""
+
+    value: AttributeValue | None
+    names: tuple[str, ...]
+    ordered: tuple[str, ...]
+    levels: tuple[tuple[str, ...], ...]
+
+
+class Layout:
+    """What `choose_devices` needs of one node's devices of a class for one count, worked out
+    once (DR3, DR4): the resolved `attribute`, the groups in device order with their
+    enclosing groups, the sizes that exist; and the choices already made on it, by the free
+    and keep names (`choose`). Built by `layout`, which finds it again for the same devices
+    (the slice's devices change far less often than decisions are made). Choices depend only
+    on the layout and the names, so a layout shared by calls answers each the same."""
+
+    __slots__ = ("attribute", "groups", "names", "sizes", "natural", "_choices")
+
+    def __init__(self, devices: Sequence[Device], template: str | None, count: int) -> None:
+        attribute = resolve_attribute(template, count)
+        self.attribute = attribute
+        self.names = frozenset(d.name for d in devices)
+        self.natural = {d.name: natural_key(d.name) for d in devices}
+        members: dict[AttributeValue | None, list[Device]] = {}
+        for device in devices:
+            value = device.attribute(attribute) if attribute is not None else None
+            if attribute is not None and value is None:
+                continue
+            members.setdefault(value, []).append(device)
+        key = self.natural.__getitem__
+        self.groups = tuple(
+            _Group(value, tuple(d.name for d in group),
+                   tuple(sorted((d.name for d in group), key=key)),
+                   tuple(tuple(d.name for d in level)
+                         for level in _enclosing_levels(template, count, devices, group)))
+            for value, group in members.items())
+        self.sizes = sizes_present(template, devices) if template is not None else ()
+        self._choices: dict[tuple[frozenset[str], frozenset[str]], GroupChoice | NoGroup] = {}
+
+    def choose(self, free: frozenset[str], keep: frozenset[str], count: int) -> GroupChoice | NoGroup:
+        """`choose_devices` on this layout (the names already checked), remembered by
+        (`free`, `keep`)."""
+        found = self._choices.get((free, keep))
+        if found is None:
+            if len(self._choices) >= CHOICES_PER_LAYOUT:
+                self._choices.clear()
+            found = self._choices[(free, keep)] = self._choose(free, keep, count)
+        return found
+
+    def _choose(self, free: frozenset[str], keep: frozenset[str], count: int) -> GroupChoice | NoGroup:
+        natural = self.natural
+        best: tuple[tuple, GroupChoice] | None = None
+        largest_free = 0
+        for group in self.groups:
+            n_free = sum(1 for x in group.names if x in free)
+            largest_free = max(largest_free, n_free)
+            if n_free < count:
+                continue
+            ordered = [x for x in group.ordered if x in free]
+            if keep:
+                ordered = [x for x in ordered if x in keep] + [x for x in ordered if x not in keep]
+            chosen = ordered[:count]
+            choice = GroupChoice(
+                devices=tuple(sorted(chosen, key=natural.__getitem__)),
+                group=group.value,
+                left_in_enclosing=tuple(sum(1 for x in level if x in free) - count
+                                        for level in group.levels),
+                left_in_group=n_free - count,
+                kept=sum(1 for x in chosen if x in keep),
+            )
+            key = (choice.fit, natural_key(str(group.value)))
+            if best is None or key < best[0]:
+                best = (key, choice)
+        if best is not None:
+            return best[1]
+        missing = self.attribute is not None and not self.groups
+        return NoGroup(attribute=self.attribute, count=count, largest_free=largest_free,
+                       attribute_missing=missing, sizes=self.sizes)
+
+
+LAYOUTS_MAX = 8_192
+"""Most layouts `layout` remembers by the identity of the devices (a fleet of 1,000 HGX nodes
+with one class asked for sets of 1, 2, 4 and 8 needs 4,000), and by their value (boards of
+one profile whose uuids follow the PCI address share one per count; boards with uuids of
+their own have one each, a few KiB); past it a memo starts over."""
+
+CHOICES_PER_LAYOUT = 512
+"""Most choices one `Layout` remembers; past it its memo starts over (an 8-GPU board has
+256 free sets)."""
+
+_by_identity: dict[tuple[int, str | None, int], tuple[Sequence[Device], Layout]] = {}
+_by_value: dict[tuple[tuple[Device, ...], str | None, int], Layout] = {}
+
+
+def layout(devices: Sequence[Device], template: str | None, count: int) -> Layout:
+    """The `Layout` of `devices` (one node's devices of a class) for `template` and `count`,
+    found again by the identity of `devices` (kept alive with it, so its id is not reused)
+    or by their value, else built. Raises ValueError for a count below 1."""
+    is_tuple = type(devices) is tuple  # a list may change after the call: found by value
+    key = (id(devices), template, count)
+    if is_tuple:
+        hit = _by_identity.get(key)
+        if hit is not None and hit[0] is devices:
+            return hit[1]
+    frozen = tuple(devices)
+    vkey = (frozen, template, count)
+    found = _by_value.get(vkey)
+    if found is None:
+        found = Layout(frozen, template, count)
+        if len(_by_value) >= LAYOUTS_MAX // 2:
+            _by_value.clear()
+        _by_value[vkey] = found
+    if is_tuple:
+        if len(_by_identity) >= LAYOUTS_MAX:
+            _by_identity.clear()
+        _by_identity[key] = (devices, found)
+    return found
+
+
 def choose_devices(devices: Sequence[Device], free: Iterable[str], count: int,
                    template: str | None, keep: Iterable[str] = ()) -> GroupChoice | NoGroup:
     """Choose `count` free devices of one node for one class's share of a set (DR3, DR4).
@@ -153,52 +277,20 @@ def choose_devices(devices: Sequence[Device], free: Iterable[str], count: int,
     kept, then the group's value; within the group, `keep` devices first, then natural name
     order. Without a constraint the whole node is one group.
 
+    The node's groups are worked out once per devices, template and count (`layout`) and
+    each choice is remembered there: the same question costs a lookup.
+
     Returns a `GroupChoice`, or `NoGroup` when no group has `count` free devices. Raises
     ValueError for a count below 1 or a free/keep name that is not a device of `devices`."""
-    attribute = resolve_attribute(template, count)
-    by_name = {d.name: d for d in devices}
-    free_set = set(free)
-    keep_set = set(keep)
-    unknown = (free_set | keep_set) - by_name.keys()
-    if unknown:
+    lay = layout(devices, template, count)
+    free_set = free if isinstance(free, frozenset) else frozenset(free)
+    keep_set = keep if isinstance(keep, frozenset) else frozenset(keep)
+    if not free_set <= lay.names or not keep_set <= lay.names:
+        unknown = (free_set | keep_set) - lay.names
         raise ValueError(f"not devices of this node: {sorted(unknown, key=natural_key)}")
     if not keep_set <= free_set:
         raise ValueError("the set's own devices (keep) must be counted as free for it")
-
-    groups: dict[AttributeValue | None, list[Device]] = {}
-    for device in devices:
-        value = device.attribute(attribute) if attribute is not None else None
-        if attribute is not None and value is None:
-            continue
-        groups.setdefault(value, []).append(device)
-
-    best: tuple[tuple, GroupChoice] | None = None
-    largest_free = 0
-    for value, members in groups.items():
-        free_members = [d for d in members if d.name in free_set]
-        largest_free = max(largest_free, len(free_members))
-        if len(free_members) < count:
-            continue
-        ordered = sorted(free_members, key=lambda d: (d.name not in keep_set, natural_key(d.name)))
-        chosen = ordered[:count]
-        left_enclosing = tuple(sum(1 for d in level if d.name in free_set) - count
-                               for level in _enclosing_levels(template, count, devices, members))
-        choice = GroupChoice(
-            devices=tuple(sorted((d.name for d in chosen), key=natural_key)),
-            group=value,
-            left_in_enclosing=left_enclosing,
-            left_in_group=len(free_members) - count,
-            kept=sum(1 for d in chosen if d.name in keep_set),
-        )
-        key = (choice.fit, natural_key(str(value)))
-        if best is None or key < best[0]:
-            best = (key, choice)
-    if best is not None:
-        return best[1]
-    missing = attribute is not None and not groups
-    sizes = sizes_present(template, devices) if template is not None else ()
-    return NoGroup(attribute=attribute, count=count, largest_free=largest_free,
-                   attribute_missing=missing, sizes=sizes)
+    return lay.choose(free_set, keep_set, count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,14 +316,14 @@ def choose_set(shares: Sequence[ClassShare], free: Iterable[str]) \
     class pair selecting overlapping devices with different constraints; rare, and then
     refused, never placed wrongly). Returns ({class: choice}, None) or (None, (class, why))
     for the first class with no group. Raises ValueError as `choose_devices`."""
-    remaining = set(free)
+    remaining = frozenset(free)
     chosen: dict[str, GroupChoice] = {}
-    for share in sorted(shares, key=lambda s: (-s.count, s.name)):
-        own = {d.name for d in share.devices}
+    for share in sorted(shares, key=lambda s: (-s.count, s.name)) if len(shares) > 1 else shares:
+        own = layout(share.devices, share.template, share.count).names
         outcome = choose_devices(share.devices, remaining & own, share.count, share.template,
-                                 keep=[k for k in share.keep if k in remaining])
+                                 keep=frozenset(k for k in share.keep if k in remaining))
         if isinstance(outcome, NoGroup):
             return None, (share.name, outcome)
         chosen[share.name] = outcome
-        remaining -= set(outcome.devices)
+        remaining = remaining - frozenset(outcome.devices)
     return chosen, None
