@@ -18,7 +18,7 @@ import anyio
 import structlog
 from actors.view import IndexedView
 from k8s import errors
-from k8s.client import GPU_DEVICES, RESOURCE_CLAIMS, VMIS, KubeClient
+from k8s.client import GPU_DEVICES, RESOURCE_CLAIMS, VMIS, KubeClient, Resource
 from k8s.webhook.review import Denial, reason_denial
 from k8s.webhook.waiter import ResultWaiter
 from model.admission import AdmissionPlan, attachment_is_live, effective_resources, vmi_patch
@@ -104,15 +104,19 @@ class Api:
         await self.client.patch_status(GPU_DEVICES, ns, name, ops,
                                        what=f"patch GPUDevice {ns}/{name}")
 
-    async def create_device(self, ns: str, body: dict) -> bool:
-        """Create a GPUDevice; False when one of that name already exists."""
-        name = body["metadata"]["name"]
+    async def _create_if_absent(self, resource: Resource, ns: str, body: dict, what: str) -> bool:
+        """Create `body` in `ns`; False when an object of its name already exists (a retried
+        admission finds its own, W4)."""
         try:
-            await self.client.create(GPU_DEVICES, ns, body,
-                                     what=f"create template GPUDevice {ns}/{name}")
+            await self.client.create(resource, ns, body,
+                                     what=f"create {what} {ns}/{body['metadata']['name']}")
             return True
         except errors.AlreadyExists:
             return False
+
+    async def create_device(self, ns: str, body: dict) -> bool:
+        """Create a GPUDevice; False when one of that name already exists."""
+        return await self._create_if_absent(GPU_DEVICES, ns, body, "template GPUDevice")
 
     async def delete_device(self, ns: str, name: str, uid: str, resource_version: str) -> None:
         """Delete the device if it is still the object read (uid and resourceVersion
@@ -145,13 +149,8 @@ class Api:
             raise
 
     async def create_claim(self, ns: str, body: dict) -> bool:
-        """Create a ResourceClaim; False when one of that name already exists."""
-        try:
-            await self.client.create(RESOURCE_CLAIMS, ns, body,
-                                     what=f"create ResourceClaim {ns}/{body['metadata']['name']}")
-            return True
-        except errors.AlreadyExists:
-            return False
+        """Create a ResourceClaim; False when one of that name already exists (DR5)."""
+        return await self._create_if_absent(RESOURCE_CLAIMS, ns, body, "ResourceClaim")
 
     async def patch_claim(self, ns: str, name: str, ops: list[dict]) -> None:
         """A JSON Patch of the claim's metadata (a failed `test` op raises errors.Invalid)."""
