@@ -12,10 +12,17 @@ uuids in its selectors, same devices in its allocation) and its launcher Pod bou
 pin.
 Another tenant is told the devices are kept and until when, the tenant's budget counts
 them; a deleted VM frees devices and claim at once (the claim of a released keep does not
-wait for H1/H2's grace), and another tenant's VMI then gets those devices allocated."""
+wait for H1/H2's grace), and another tenant's VMI then gets those devices allocated.
+
+`GPU_BINDER_KEEP_DEVICE_CYCLES` sets the number of stop/start cycles (default 5) and
+`GPU_BINDER_KEEP_DEVICE_REPORT` a JSON file for `bench/keep.py --mode device`: per cycle the
+seconds from the start request to the VMI admitted and to its launcher Pod bound, from the
+stop request to the set kept, and the node, allocated devices and pinned uuids (this test
+asserts no timing)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -30,7 +37,7 @@ from tests.e2e.test_dra_kubevirt import RESOURCE
 from tests.e2e.test_vm_keep import devices, kept, released, shows_kept, stop
 from tests.e2e.test_vm_path import KV, V1, clear_start_failure, create_vm, get_vmi, set_run, vm_body
 from tests.support.kubevirt_vmis import (  # noqa: F401 (system, kubevirt: fixtures)
-    create, kubevirt, pin, system, vmi)
+    create, kubevirt, launcher_pod, pin, system, vmi)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.kubevirt]
 CYCLES = int(os.environ.get("GPU_BINDER_KEEP_DEVICE_CYCLES", "5"))
@@ -57,6 +64,26 @@ def allocated(claim: dict) -> list[tuple[str, str]]:
 def pinned_uuids(claim: dict) -> list[str]:
     """The CEL selectors of the claim's requests, in request order (each pins one uuid)."""
     return [r["exactly"]["selectors"][0]["cel"]["expression"] for r in claim["spec"]["devices"]["requests"]]
+
+
+def uuid_of(selector: str) -> str:
+    """The uuid a pinning selector (`model.claim.uuid_selector`) names."""
+    return selector.rpartition('== "')[2].rstrip('"')
+
+
+def placed(made: dict, claim: dict) -> dict:
+    """What the report records of one start: the VMI's node, its claim's allocated devices
+    ([pool, device], sorted) and the uuids its claim pins (in request order)."""
+    return {"node": pin(made), "allocated": [list(a) for a in allocated(claim)],
+            "uuids": [uuid_of(s) for s in pinned_uuids(claim)]}
+
+
+async def launcher_bound(fleet, ns: str, made: dict) -> None:
+    """Wait until the launcher Pod of the VMI `made` is bound (polled every 0.05 s)."""
+    async def bound():
+        pod = await launcher_pod(fleet, ns, made["metadata"]["uid"])
+        return bool(pod and pod["spec"].get("node_name"))
+    await eventually(bound, timeout=60, interval=0.05, what=f"launcher Pod of {made['metadata']['name']} bound")
 
 
 async def start(fleet, ns: str, name: str, uid: str) -> dict:
@@ -92,16 +119,22 @@ async def test_H4_device_mode_vm_keeps_its_claim_and_exact_devices_across_5_stop
     record = await check_admitted_set(fleet, tenant, made, 2)
     claim_name = made["spec"]["resourceClaims"][0]["resourceClaimName"]
     first = await claim_of(fleet, tenant, claim_name)
+    at_first = placed(made, first)
     uuids, alloc = pinned_uuids(first), allocated(first)
     assert alloc == [(home, d) for d in record], alloc
     # the other tenant fills the fleet: 8 on the other node, then 4 and 2 beside the keeper
     for size in (8, 4, 2):
         got, msg = await create(fleet, other, vmi(f"fill-{size}", cls, size))
         assert got is not None, (size, msg)
-    timing = []
+    timing: list[tuple[float, float]] = []
+    kept_after: list[float] = []
+    cycles: list[dict] = []
+    refusals = 0
     for cycle in range(CYCLES):
+        t_stop = time.monotonic()
         await stop(fleet, tenant, "keeper", made)
         until = await kept(fleet, tenant, names, home)
+        kept_after.append(time.monotonic() - t_stop)
         await shows_kept(fleet, tenant, "keeper", home, names, until)
         st = {n: d["status"] for n, d in (await devices(fleet, tenant)).items()}
         assert sorted(st[n]["device"]["device"] for n in names) == record, (cycle, st)
@@ -116,16 +149,20 @@ async def test_H4_device_mode_vm_keeps_its_claim_and_exact_devices_across_5_stop
         assert got is None, f"cycle {cycle}: another tenant took devices kept for keeper"
         want = f"kept for VirtualMachine {tenant}/keeper until {until.strftime('%Y-%m-%dT%H:%M:%SZ')}"
         assert want in msg, msg
+        refusals += 1
         if cycle == 0:  # the tenant itself: its budget counts the kept devices (2 of 2)
             got, msg = await create(fleet, tenant, vmi("extra", cls, 1))
             assert got is None and "budget" in msg, msg
         t0 = time.monotonic()
         made = await start(fleet, tenant, "keeper", made["metadata"]["uid"])
+        t1 = time.monotonic()
+        await launcher_bound(fleet, tenant, made)
+        timing.append((t1 - t0, time.monotonic() - t0))
         assert pin(made) == home
         assert made["spec"]["resourceClaims"][0]["resourceClaimName"] == claim_name
         assert await check_admitted_set(fleet, tenant, made, 2) == record, cycle
-        timing.append(time.monotonic() - t0)
         now = await claim_of(fleet, tenant, claim_name)
+        cycles.append(placed(made, now))
         assert pinned_uuids(now) == uuids and allocated(now) == alloc, (cycle, now)
         st = {n: d["status"] for n, d in (await devices(fleet, tenant)).items()}
         assert sorted(st) == names and all("keptUntil" not in st[n]["attachedTo"] for n in names), st
@@ -146,9 +183,16 @@ async def test_H4_device_mode_vm_keeps_its_claim_and_exact_devices_across_5_stop
     assert pin(got) == home
     assert await check_admitted_set(fleet, other, got, 2) == record
     t_taken = time.monotonic() - t0
-    spent = sorted(timing)
+    spent = sorted(b for _, b in timing)
     print(f"{CYCLES} device-mode stop/start cycles on {home}, devices {record} every time; start "
-          f"request -> launcher bound with its claim allocated s: min {spent[0]:.2f} median "
+          f"request -> launcher bound s: min {spent[0]:.2f} median "
           f"{spent[len(spent) // 2]:.2f} max {spent[-1]:.2f}; deleted VM's devices and claim freed "
           f"{t_free:.2f} s, another tenant's launcher bound on them {t_taken:.2f} s after the "
           f"delete; load {os.getloadavg()}")
+    report = os.environ.get("GPU_BINDER_KEEP_DEVICE_REPORT")
+    if report:  # bench/keep.py --mode device's figures
+        with open(report, "w") as f:
+            json.dump({"cycles": CYCLES, "node": home, "first": at_first,
+                       "per_cycle": cycles, "start_to_admitted": [a for a, _ in timing],
+                       "start_to_launcher_bound": [b for _, b in timing],
+                       "stop_to_kept": kept_after, "other_tenant_refusals": refusals}, f)
