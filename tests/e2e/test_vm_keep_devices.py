@@ -34,7 +34,7 @@ from tests.e2e.conftest import unique
 from tests.e2e.helpers import class_rv, eventually, replicas_saw
 from tests.e2e.test_device_mode import check_admitted_set, world
 from tests.e2e.test_dra_kubevirt import RESOURCE
-from tests.e2e.test_vm_keep import devices, kept, released, shows_kept, stop
+from tests.e2e.test_vm_keep import admitted_once_seen_free, devices, kept, released, shows_kept, stop
 from tests.e2e.test_vm_path import KV, V1, clear_start_failure, create_vm, get_vmi, set_run, vm_body
 from tests.support.kubevirt_vmis import (  # noqa: F401 (system, kubevirt: fixtures)
     create, kubevirt, launcher_pod, pin, system, vmi)
@@ -178,8 +178,7 @@ async def test_H4_device_mode_vm_keeps_its_claim_and_exact_devices_across_5_stop
     await eventually(claim_gone, timeout=15, interval=0.1, what=f"claim {claim_name} deleted")
     t_free = time.monotonic() - t0
     assert t_free <= 5, t_free  # at once, not after the claim's H1/H2 grace (30 s here)
-    got, msg = await create(fleet, other, vmi("after", cls, 2))
-    assert got is not None, msg
+    got = await admitted_once_seen_free(fleet, other, vmi("after", cls, 2))
     assert pin(got) == home
     assert await check_admitted_set(fleet, other, got, 2) == record
     t_taken = time.monotonic() - t0
