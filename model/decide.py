@@ -84,9 +84,10 @@ class Placement:
     budget slots per resource (the Pending members, about to become Bound). Sorted pairs.
 
     Device mode (DR3, DR4): `devices` the exact device of `node` chosen for every member of
-    a device-mode class, in request order (empty in count mode, and for B5/B6 where the
-    records stay as they are). A member already Bound on `node` whose record
-    (`status.device`) differs is re-pointed: a status write, not a move."""
+    a device-mode class, in request order (empty in count mode, and for B6 and B5 where the
+    records stay as they are; for B5(a)/(b) whose records no longer hold on the cordoned
+    node, the group they are re-pointed to there). A member already Bound on `node` whose
+    record (`status.device`) differs is re-pointed: a status write, not a move."""
 
     node: str
     moves: tuple[Move, ...]
@@ -693,17 +694,38 @@ def _refuse(request: Request, devices: list[DeviceAt], reasons: list[Reason]) ->
     return Decision(request.id, Result.REFUSED, None, (), Rule.REFUSED, refusal)
 
 
-def _keep(request: Request, node: str, rule: Rule, stay: tuple[str, ...] = ()) -> Decision:
-    """Succeeded in place on `node` (B6, or B5 with the Stay classes `stay`), nothing moved."""
+def _keep(request: Request, node: str, rule: Rule, stay: tuple[str, ...] = (),
+          devices: tuple[tuple[DeviceKey, DeviceRef], ...] = ()) -> Decision:
+    """Succeeded in place on `node` (B6, or B5 with the Stay classes `stay`), nothing moved;
+    `devices` (B5 in device mode, DR4) the members' devices of `node` when some are
+    re-pointed (empty: the records stay as they are)."""
     ref = request_ref(request)
-    outcome = AlreadyPlaced(ref, node) if rule is Rule.B6 else KeptCordoned(ref, node, rule, stay)
-    return Decision(request.id, Result.SUCCEEDED, node, (Placement(node, (), (), ()),), rule, outcome)
+    outcome = (AlreadyPlaced(ref, node) if rule is Rule.B6 else
+               KeptCordoned(ref, node, rule, stay, tuple((key[1], r.device) for key, r in devices)))
+    return Decision(request.id, Result.SUCCEEDED, node, (Placement(node, (), (), (), devices),), rule,
+                    outcome)
+
+
+def _keep_cordoned(s: _Set, home: str, rule: Rule, stay: tuple[str, ...] = ()) -> Decision | None:
+    """B5(a)/(b) keeping the set on its cordoned `home`. Count mode: kept as it is. Device
+    mode (DR2-DR4), as B6 checks a set: kept as it is only when the records still hold there
+    (`_Set.records_hold`: each recorded device still in the node's slices, not taken by a
+    foreign claim, a taint or another record, the class's constraint met); else kept with its
+    members re-pointed to a group of the node's devices free for it (DR4: a status write,
+    not a move); None when the node has no such group (the set is then treated like any
+    other: moved if some node has room, else refused naming the node's `NoDeviceGroup`)."""
+    if not s.device_classes or s.records_hold(home):
+        return _keep(s.request, home, rule, stay)
+    if isinstance(s.device_choice(home), NoDeviceGroup):
+        return None
+    return _keep(s.request, home, rule, stay, s.assign(home))
 
 
 def _in_place(s: _Set, limit: int | None) -> tuple[Decision | None, list[tuple[int, str]] | None]:
     """B6 and B5 for a set with nothing Pending, Bound entirely on one node: the decision
     to keep it there (None: not kept), and the eligible nodes elsewhere when B5(a) had to
-    look for them (None: not looked for), so the caller need not look again."""
+    look for them (None: not looked for), so the caller need not look again. In device mode
+    both look at the records (B6 `records_hold`, B5 `_keep_cordoned`)."""
     if s.pending or len(s.here) != 1:
         return None, None
     snap, request = s.snap, s.request
@@ -721,12 +743,12 @@ def _in_place(s: _Set, limit: int | None) -> tuple[Decision | None, list[tuple[i
                    or any(not snap.serves(home, c) for c in s.class_names)
                    or (request.node_selector
                        and not labels_include(snap.node_labels(home), request.node_selector)))
-        return (None if blocked else _keep(request, home, Rule.B5B, stay)), None
+        return (None if blocked else _keep_cordoned(s, home, Rule.B5B, stay)), None
     if [p.code for p in home_problems] != [Code.CORDONED]:
         return None, None
     elsewhere = (s.device_elsewhere(limit) if s.device_classes
                  else s.eligible_elsewhere(limit))  # B5(a): the cordon only, and no room elsewhere
-    return (None if elsewhere else _keep(request, home, Rule.B5A)), elsewhere
+    return (None if elsewhere else _keep_cordoned(s, home, Rule.B5A)), elsewhere
 
 
 def _candidates(s: _Set, limit: int | None, elsewhere: list[tuple[int, str]] | None) -> list[str]:

@@ -1479,16 +1479,21 @@ class AlreadyPlaced:
 @dataclass(frozen=True, slots=True)
 class KeptCordoned:
     """B5: the set is kept on its cordoned `node` under `rule` ("B5a": `stay` empty; "B5b":
-    `stay` the members' classes that are onCordon Stay)."""
+    `stay` the members' classes that are onCordon Stay). Device mode (DR4): `devices`
+    (member, device of the node) when its records no longer held there and it was
+    re-pointed within the node (empty: the records stay as they are)."""
     request: RequestRef
     node: str
     rule: str
     stay: tuple[str, ...] = ()
+    devices: tuple[tuple[str, str], ...] = ()
 
     def render(self) -> str:
         why = (f"{_plural('class', self.stay)} {'is' if len(self.stay) == 1 else 'are'} onCordon Stay"
                if self.stay else "the cordon is its only problem and no other node has room")
-        return (f"{self.request}: kept on cordoned node {self.node} ({self.rule}: {why}); "
+        repointed = (f"; devices {', '.join(f'{m}={d}' for m, d in self.devices)}"
+                     if self.devices else "")
+        return (f"{self.request}: kept on cordoned node {self.node} ({self.rule}: {why}){repointed}; "
                 "the VMI waits for the cordon to lift")
 
     __str__ = render
