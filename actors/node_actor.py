@@ -18,7 +18,9 @@ Device mode (DR2): a hold may name devices of the node (`Hold.devices`); the led
 a prepare naming one that another lease holds, that a Bound device outside the request
 records (`status.device`), or that a claim allocates or a taint covers
 (`Node.taken_devices`) with `DevicesTaken`. Commit, abort, release and expiry free the
-names with the hold; a member stops holding its name once the view shows it recorded.
+names with the hold; a member stops holding its name once the view shows it recorded. A hold
+that only re-points members already Bound here (no units, nothing lands: B5(a)/(b) keeping a
+set on its cordoned node, DR4) is not refused for the node's placement problems (cordon …).
 """
 
 from __future__ import annotations
@@ -345,9 +347,12 @@ class NodeActor(Actor):
         needs = {res: n for res, n in msg.hold.needs if n > 0}
         named = msg.hold.devices
         reason: NodeUnfit | Short | DevicesTaken | None = None
+        # B5(a)/(b), DR4: a hold that only re-points members already Bound here (no units, nothing
+        # lands) is a status write on a set kept here, taken whatever the node's placement problems
+        repoint_only = bool(named) and not needs and not msg.hold.landing
         if (needs or named) and not st.exists:
             reason = NodeUnfit((NodeGone(),))
-        elif (needs or named) and st.problems:
+        elif (needs or named) and st.problems and not repoint_only:
             reason = NodeUnfit(tuple(st.problems))
         else:
             prepared, committed = self._held(exclude=msg.request_id)

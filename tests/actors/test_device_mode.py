@@ -18,11 +18,12 @@ from actors.runtime import spawn
 from fakes.clock import ManualClock
 from fakes.memory_store import Faults, MemoryStore
 from model.hold import Hold
-from model.reasons import DevicesTaken
+from model.reasons import Cordoned, DevicesTaken, NodeUnfit
 from model.topology import resolve_attribute
 from model.types import Result
 from tests.support.binder import check_invariants, quiet_logging, running_binder, settle
-from tests.support.dra_worlds import CLASS, RES, device_class, dra_node, ref
+from model.types import OnCordon
+from tests.support.dra_worlds import CLASS, RES, device_class, dra_node, ref, tainted
 
 pytestmark = pytest.mark.anyio
 
@@ -221,3 +222,46 @@ async def test_DR4_held_devices_split_over_two_pairs_are_re_pointed_within_the_n
         await settle(s, binder)
         assert "already placed" in s.request_members("t1", rid2)[0].status.bind_request.message
     assert _records_problems(s) == []
+
+
+async def test_B5b_a_set_on_its_cordoned_node_whose_record_broke_is_re_pointed_there() -> None:
+    """n1 is cordoned and its class onCordon Stay; a records GPU 3, b GPU 0 (pair {0,3}), and
+    GPU 0 is now NoExecute-tainted: B5(b) keeps the set on n1 but re-points it to a whole pair
+    of n1 (status writes, no move, though n2 has room; the node ledger takes a hold that lands
+    nothing on a cordoned node, DR4), and the next request of the set is B5(b) as it is."""
+    s = dra_store([tainted(dra_node("n1", unschedulable=True), 0), dra_node("n2")])
+    s.put_class(device_class(on_cordon=OnCordon.STAY))
+    s.add_device("t1", "a", CLASS, node="n1", device=ref("n1", 3))
+    s.add_device("t1", "b", CLASS, node="n1", device=ref("n1", 0))
+    async with running_binder(s) as binder:
+        rid = s.request("t1", "vm", ["a", "b"])
+        await settle(s, binder)
+        members = s.request_members("t1", rid)
+        assert {m.status.bind_request.result for m in members} == {Result.SUCCEEDED}
+        assert {m.bound_node for m in members} == {"n1"}
+        assert sorted(m.status.device.device for m in members) == ["gpu-vfio-1", "gpu-vfio-2"]
+        assert "kept on cordoned node n1 (B5b" in members[0].status.bind_request.message
+        assert not [r for r in s.history if r.op == "answer" and r.moved]
+        s.withdraw("t1", rid)
+        rid2 = s.request("t1", "vm", ["a", "b"])
+        await settle(s, binder)
+        again = s.request_members("t1", rid2)
+        assert "kept on cordoned node n1 (B5b" in again[0].status.bind_request.message
+        assert "devices" not in again[0].status.bind_request.message
+        assert sorted(m.status.device.device for m in again) == ["gpu-vfio-1", "gpu-vfio-2"]
+    assert _records_problems(s) == []
+
+
+async def test_B5_the_ledger_takes_a_re_point_only_hold_on_a_cordoned_node_not_a_landing_one() -> None:
+    s = dra_store([dra_node("n1", unschedulable=True)])
+    s.add_device("t1", "a", CLASS, node="n1", device=ref("n1", 3))
+    s.add_device("t1", "c", CLASS)
+    clock = ManualClock()
+    async with anyio.create_task_group() as tg:
+        node, cell = await spawn(tg, lambda: NodeActor("n1", s, clock, NodeActorConfig(prepare_ttl=5.0)),
+                                 name="n1")
+        repoint = Hold("r1", "t1", "n1", devices=((("t1", "a"), ref("n1", 1)),))
+        assert isinstance(await node.ask(Prepare(repoint)), Prepared)
+        no = await node.ask(Prepare(named("r2", ("c", 4))))
+        assert no == PrepareRefused("n1", "r2", NodeUnfit((Cordoned(),)))
+        cell.close()

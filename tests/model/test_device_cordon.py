@@ -10,16 +10,15 @@ HGX H100 pairs (partition2, by gpuModuleID): {0,3} {1,2} {4,6} {5,7}."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import datetime, timezone
 
 from model.decide import Placement, Request, Rule, apply_decision, decide
-from model.dra import DeviceRef, DeviceTaint
+from model.dra import DeviceRef
 from model.plan import changes, placement_hold
 from model.reasons import Cordoned, KeptCordoned, NodeProblems, NoDeviceGroup, RequestRef
 from model.snapshot import Snapshot
 from model.types import DeviceStatus, GPUDevice, OnCordon, Phase, Result
-from tests.support.dra_worlds import CLASS, PARTITION_ATTRIBUTE, device_class, dra_node, recorded, ref
+from tests.support.dra_worlds import CLASS, PARTITION_ATTRIBUTE, device_class, dra_node, recorded, ref, tainted
 
 NOW = datetime(2026, 12, 4, tzinfo=timezone.utc)
 R1 = RequestRef("t", "vm", "r1")
@@ -35,15 +34,6 @@ def snap_of(nodes, devices, cls=STAY) -> Snapshot:
 def pair(node: str = "n1", a: int = 3, b: int = 0) -> list[GPUDevice]:
     """a and b Bound on `node` recording GPUs `a` and `b` (default: the pair {0,3})."""
     return [recorded("t", "a", node, a), recorded("t", "b", node, b)]
-
-
-def tainted(node, *indices: int):
-    """`node` with a NoExecute device taint on its GPUs `indices` (DR2: used)."""
-    hard = (DeviceTaint("example.com/broken", "", "NoExecute"),)
-    names = {f"gpu-vfio-{i}" for i in indices}
-    return replace(node, class_devices=tuple(
-        (c, tuple(replace(d, taints=hard) if d.ref.device in names else d for d in devs))
-        for c, devs in node.class_devices))
 
 
 def devices_of(d) -> dict[str, str]:

@@ -5,8 +5,10 @@ constrained by `gpu.nvidia.com/partition{size}`, and devices recording their exa
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from localcluster.dra_profiles import DEVICE_CLASS, HGX_H100_8, L40S_4, PARTITION_ATTRIBUTE, Profile, resource_slice
-from model.dra import DeviceRef, SliceDevice, parse_resource_slice
+from model.dra import DeviceRef, DeviceTaint, SliceDevice, parse_resource_slice
 from model.types import (KUBEVIRT_SCHEDULABLE_LABEL, DeviceStatus, GPUClass, GPUDevice, Node, Phase,
                          dra_resource_name)
 
@@ -48,6 +50,16 @@ def dra_node(name: str, *, classes: tuple[str, ...] = (CLASS,), taken: tuple[int
                 taken_devices=names, **kw)
 
 
+def tainted(node: Node, *indices: int, effect: str = "NoExecute") -> Node:
+    """`node` with a device taint of `effect` on its GPUs `indices` (NoSchedule/NoExecute:
+    used, DR2)."""
+    hard = (DeviceTaint("example.com/broken", "", effect),)
+    names = {f"gpu-vfio-{i}" for i in indices}
+    return replace(node, class_devices=tuple(
+        (c, tuple(replace(d, taints=hard) if d.ref.device in names else d for d in devs))
+        for c, devs in node.class_devices))
+
+
 def recorded(namespace: str, name: str, node: str, index: int, class_name: str = CLASS,
              **kw) -> GPUDevice:
     """A held device Bound on `node` recording its GPU `index` (`status.device`)."""
@@ -56,4 +68,4 @@ def recorded(namespace: str, name: str, node: str, index: int, class_name: str =
 
 
 __all__ = ["CLASS", "DEVICE_CLASS", "DRIVER", "HGX_H100_8", "L40S_4", "PARTITION_ATTRIBUTE", "RES",
-           "device_class", "dra_node", "recorded", "ref", "slice_devices"]
+           "device_class", "dra_node", "recorded", "ref", "slice_devices", "tainted"]
