@@ -709,11 +709,13 @@ def _keep(request: Request, node: str, rule: Rule, stay: tuple[str, ...] = (),
 def _keep_cordoned(s: _Set, home: str, rule: Rule, stay: tuple[str, ...] = ()) -> Decision | None:
     """B5(a)/(b) keeping the set on its cordoned `home`. Count mode: kept as it is. Device
     mode (DR2-DR4), as B6 checks a set: kept as it is only when the records still hold there
-    (`_Set.records_hold`: each recorded device still in the node's slices, not taken by a
-    foreign claim, a taint or another record, the class's constraint met); else kept with its
-    members re-pointed to a group of the node's devices free for it (DR4: a status write,
-    not a move); None when the node has no such group (the set is then treated like any
-    other: moved if some node has room, else refused naming the node's `NoDeviceGroup`)."""
+    (`_Set.records_hold`: each recorded device still in the node's slices, not tainted
+    NoSchedule/NoExecute, recorded by another device or held by another request, the class's
+    constraint met; a claim allocating a recorded device reads as the set's own, DR5); else
+    kept with its members re-pointed to a group of the node's devices free for it (DR4: a
+    status write, not a move); None when the node has no such group (the set is then treated
+    like any other: moved if some node has room, else refused naming the node's
+    `NoDeviceGroup`)."""
     if not s.device_classes or s.records_hold(home):
         return _keep(s.request, home, rule, stay)
     if isinstance(s.device_choice(home), NoDeviceGroup):
