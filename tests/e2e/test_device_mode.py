@@ -60,15 +60,16 @@ def dra(system, kubevirt):
     return system
 
 
-async def world(fleet, system, nodes: dict[str, dict], *, labelled: bool = True):
-    """A device-mode class of its own (HGX_CLASS's spec, `nodeSelector` on this world's label),
-    HGX nodes of its own (short name -> `dra_node` keyword arguments; `labelled=False` leaves
-    them out of the class until `join`), and a tenant with a budget of 32 devices. Waits until
-    every replica's informers saw the class and the nodes. Returns (class, {short: node},
-    tenant, label)."""
+async def world(fleet, system, nodes: dict[str, dict], *, labelled: bool = True, on_cordon: str = "Move"):
+    """A device-mode class of its own (HGX_CLASS's spec, `nodeSelector` on this world's label,
+    `on_cordon`), HGX nodes of its own (short name -> `dra_node` keyword arguments;
+    `labelled=False` leaves them out of the class until `join`), and a tenant with a budget of
+    32 devices. Waits until every replica's informers saw the class and the nodes. Returns
+    (class, {short: node}, tenant, label)."""
     label = unique("world")
     cls = unique("hgx")
-    await fleet.gpu_class(cls, device_mode=HGX_CLASS.spec(), node_selector={WORLD_LABEL: label})
+    await fleet.gpu_class(cls, device_mode=HGX_CLASS.spec(), node_selector={WORLD_LABEL: label},
+                          on_cordon=on_cordon)
     names = {}
     for short, kw in nodes.items():
         names[short] = unique(short)
@@ -244,6 +245,65 @@ async def test_DR4_a_held_device_gathers_with_a_template_into_one_partition_and_
     record = await check_admitted_set(fleet, tenant, made, 2)
     assert group_formed(devices_of(nodes["hgx"], record), HGX_CLASS.match_attribute) \
         .startswith(f"{DRIVER}/partition2=")
+
+
+async def test_B5b_a_held_set_whose_record_broke_on_its_cordoned_node_is_re_pointed_there(dra, fleet):
+    """B5(b) in device mode (DR2-DR4): two held devices of an onCordon Stay class record a
+    partition of 2; their VMI goes (H2: the records stay), the node is cordoned and one
+    recorded GPU gets a NoSchedule device taint. The VMI asking for them again is admitted on
+    the cordoned node (B5(b), though another node has room) with its records re-pointed to a
+    whole free pair of that node, not the tainted GPU; once the cordon lifts, the launcher
+    Pod's claim is allocated exactly as recorded."""
+    cls, nodes, tenant, _ = await world(fleet, dra, {"a": {}, "b": {}}, on_cordon="Stay")
+    for name in ("held-a", "held-b"):
+        await fleet.device(tenant, name, cls)
+        await replicas_saw(dra, {"gpudevices": await device_rv(fleet, tenant, name)}, what=name)
+    first = vmi("vm-held", cls, 2)
+    first["metadata"]["annotations"] = {"gpu.cozystack.io/devices": "held-a,held-b"}
+    made, why = await create(fleet, tenant, first)
+    assert made is not None, why
+    home = pin(made)
+    before = await check_admitted_set(fleet, tenant, made, 2)
+    claim_name = made["spec"]["resourceClaims"][0]["resourceClaimName"]
+    await fleet.custom.delete_namespaced_custom_object("kubevirt.io", "v1", tenant,
+                                                       "virtualmachineinstances", "vm-held")
+
+    async def released():
+        claims = await fleet.custom.list_namespaced_custom_object(RESOURCE, "v1", tenant, "resourceclaims")
+        if claim_name in [c["metadata"]["name"] for c in claims["items"]]:
+            return None
+        for name in ("held-a", "held-b"):
+            dev = await fleet.custom.get_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant,
+                                                                  "gpudevices", name)
+            if (dev.get("status") or {}).get("attachedTo") is not None:
+                return None
+        return True
+    await eventually(released, timeout=60, what="the held set released and the VMI's claim deleted")
+    await fleet.cordon(home)
+    broken = before[0]
+    body = resource_slice(home, HGX_H100_8, taints={int(broken.rsplit("-", 1)[1]): [BROKEN]})
+    old = await fleet.custom.get_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
+                                                       body["metadata"]["name"])
+    body["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+    new = await fleet.custom.replace_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
+                                                           body["metadata"]["name"], body)
+    await replicas_saw(dra, {"nodes": await node_rv(fleet, home),
+                             "resourceslices": new["metadata"]["resourceVersion"]},
+                       what="the cordon and the device taint")
+    again = vmi("vm-back", cls, 2)
+    again["metadata"]["annotations"] = {"gpu.cozystack.io/devices": "held-a,held-b"}
+    made, why = await create(fleet, tenant, again)
+    assert made is not None, why
+    assert pin(made) == home
+    record = await recorded(fleet, tenant, made)
+    assert broken not in record and len(set(record)) == 2, (broken, record)
+    assert group_formed(devices_of(home, record), HGX_CLASS.match_attribute) is not None, record
+    dev = await fleet.custom.get_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant,
+                                                          "gpudevices", "held-a")
+    message = dev["status"]["bindRequest"]["message"]
+    assert f"kept on cordoned node {home} (B5b" in message and "devices" in message, message
+    await fleet.cordon(home, False)
+    assert await check_admitted_set(fleet, tenant, made, 2) == record
 
 
 # -- faults: a leader killed mid-admission; the binder's claim deleted by someone else -------
