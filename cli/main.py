@@ -75,7 +75,8 @@ def _demo(args: argparse.Namespace) -> int:
                                            ("--seed", args.seed), ("--vmi-only", args.vmi_only or None))
                   if value is not None]
     if args.dra and count_only:
-        print(f"gpu-binder demo: {', '.join(count_only)} do not apply with --dra (its fleet and "
+        verb = "does" if len(count_only) == 1 else "do"
+        print(f"gpu-binder demo: {', '.join(count_only)} {verb} not apply with --dra (its fleet and "
               f"VMIs are fixed: docs/device-mode.md)", file=sys.stderr)
         return 2
     args.nodes = 8 if args.nodes is None else args.nodes
@@ -145,7 +146,7 @@ def _bench_run(args: argparse.Namespace) -> int:
             plan = replace(plan, arrivals=args.arrivals)
         if args.loads:
             try:
-                loads = tuple(float(x) for x in args.loads.split(",") if x)
+                loads = tuple(float(x) for x in args.loads.split(","))  # an empty item: refused
             except ValueError:
                 loads = ()
             if not loads or any(not 0 < x < 1 for x in loads):

@@ -482,6 +482,10 @@ async def _run(args) -> int:
             raise ToolError("give either NAMESPACE/NAME or -f FILE")
         if args.defrag_max_moves < 1:
             raise ToolError(f"--defrag-max-moves must be at least 1, got {args.defrag_max_moves}")
+        if args.vmi is not None and (args.vmi.count("/") != 1 or not all(args.vmi.split("/"))):
+            raise ToolError("give the VMI as NAMESPACE/NAME, or a manifest with -f FILE")
+        if args.filename not in (None, "-") and not Path(args.filename).is_file():
+            raise ToolError(f"-f {args.filename}: no such file")
     if args.command == "defrag" and args.max_moves < 1:
         raise ToolError(f"--max-moves must be at least 1, got {args.max_moves}")
     vm = (tuple(args.vmi.split("/")) if args.command == "explain" and args.vmi

@@ -209,6 +209,7 @@ class ClusterCache:
         self.device_classes = inf("deviceclasses", resource.list_device_class, transform=keep_all,
                                   optional=True)
         self._parsed_classes: dict[str, GPUClass] = {}
+        self._warned_problems: dict[str, str] = {}  # GPUClass -> the problem last logged
         self._records: dict[Key, tuple[str, str]] = {}   # device → (node, recorded device)
         self.view = IndexedView()
         v = self.view
@@ -347,9 +348,14 @@ class ClusterCache:
             problem = cls.problem or self.dra.class_problem(cls)
             eff = cls if problem == cls.problem else replace(cls, problem=problem)
             if self.view.classes().get(cls.name) != eff:
-                if problem and problem != cls.problem:
-                    log.warning("GPUClass cannot serve", gpu_class=cls.name, problem=problem)
                 self.view.put_class(eff)
+            # logged once per problem, and only once the DeviceClasses are read: before that
+            # every device-mode class "names a DeviceClass that does not exist"
+            if not problem or problem == cls.problem:
+                self._warned_problems.pop(cls.name, None)
+            elif self.device_classes.healthy and self._warned_problems.get(cls.name) != problem:
+                self._warned_problems[cls.name] = problem
+                log.warning("GPUClass cannot serve", gpu_class=cls.name, problem=problem)
             effective.append(eff)
         self._refresh_nodes(self.dra.set_classes(effective))
 

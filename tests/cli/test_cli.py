@@ -112,6 +112,13 @@ def test_explain_bad_input_is_refused_before_reading_the_cluster(capsys, tmp_pat
     assert main(["explain", "ns/vm", "--attachment-grace", "-1"]) == 2
     assert capsys.readouterr().err == ("gpu-binder explain: --attachment-grace must be > 0 "
                                        "seconds, got -1\n")
+    # a malformed NAMESPACE/NAME or a missing -f file is named before the kubeconfig
+    for bad in ("not/a/vmi", "ns/", "/name"):
+        assert main(["explain", bad, "--kubeconfig", str(tmp_path / "none")]) == 2
+        assert capsys.readouterr().err == ("gpu-binder explain: give the VMI as NAMESPACE/NAME, "
+                                           "or a manifest with -f FILE\n")
+    assert main(["explain", "-f", str(tmp_path / "no.yaml"), "--kubeconfig", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err == f"gpu-binder explain: -f {tmp_path / 'no.yaml'}: no such file\n"
 
 
 def test_output_to_a_reader_that_went_away_ends_quietly_with_141():
@@ -170,13 +177,15 @@ def test_demo_dra_refuses_the_count_mode_flags_it_would_ignore(capsys, extra, na
     """`demo --dra` runs a fixed HGX fleet: a count-mode flag beside it is refused (exit 2)
     naming the flags, before anything starts, rather than silently ignored."""
     assert main(["demo", "--dra", *extra]) == 2
-    assert f"gpu-binder demo: {named} do not apply with --dra" in capsys.readouterr().err
+    verb = "do" if "," in named else "does"
+    assert f"gpu-binder demo: {named} {verb} not apply with --dra" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
     (["bench", "packing", "--systems", "a,x"], "--systems takes a,b,c,e, got 'a,x'"),
     (["bench", "packing", "--loads", "0.95,1.2"], "--loads takes offered loads between 0 and 1"),
     (["bench", "packing", "--loads", "high"], "got 'high'"),
+    (["bench", "packing", "--loads", "0.5,,0.7"], "got '0.5,,0.7'"),
     (["bench", "soak", "--minutes", "30"], "--minutes is in (0, 20], got 30"),
     (["bench", "e2e", "--gpus", "1,0"], "--gpus takes positive integers"),
     (["bench", "e2e", "--modes", "count,dra"], "--modes takes count and/or device"),
