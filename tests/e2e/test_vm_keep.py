@@ -86,6 +86,20 @@ async def stop(fleet, ns: str, name: str, made: dict) -> None:
     await finish_deletion(fleet, ns, name, made["metadata"]["uid"])
 
 
+
+async def next_admitted_vmi(fleet, ns: str, name: str, uid: str | None) -> dict:
+    """VM `ns/name`'s next VMI (not incarnation `uid`, not being deleted) once the webhook
+    admitted it, polled every 0.05 s (at most 60 s); clears the start failure virt-handler
+    would (none runs here)."""
+    async def admitted():
+        await clear_start_failure(fleet, ns, name)
+        v = await get_vmi(fleet, ns, name)
+        if v and v["metadata"]["uid"] != uid and not v["metadata"].get("deletionTimestamp") \
+                and (v["metadata"].get("annotations") or {}).get(ADMISSION_ANNOTATION):
+            return v
+        return None
+    return await eventually(admitted, timeout=60, interval=0.05, what=f"VM {ns}/{name} started")
+
 async def start(fleet, ns: str, name: str, uid: str | None, res: str, node: str,
                  names: list[str], timing: list | None = None) -> dict:
     """Start the VM; its VMI admitted with exactly `names` (res) and its launcher Pod bound
@@ -93,15 +107,7 @@ async def start(fleet, ns: str, name: str, uid: str | None, res: str, node: str,
     launcher Pod bound), polled every 0.05 s."""
     t0 = time.monotonic()
     await set_run(fleet, ns, name, "Always")
-
-    async def admitted():
-        await clear_start_failure(fleet, ns, name)  # virt-handler's part (none runs here)
-        v = await get_vmi(fleet, ns, name)
-        if v and v["metadata"]["uid"] != uid and not v["metadata"].get("deletionTimestamp") \
-                and (v["metadata"].get("annotations") or {}).get(ADMISSION_ANNOTATION):
-            return v
-        return None
-    made = await eventually(admitted, timeout=60, interval=0.05, what=f"VM {ns}/{name} started")
+    made = await next_admitted_vmi(fleet, ns, name, uid)
     t1 = time.monotonic()
 
     async def bound():

@@ -29,13 +29,14 @@ import time
 import pytest
 
 from localcluster.dra_world import DEVICE_BUDGET_KEY
-from model.types import ADMISSION_ANNOTATION, GROUP, VERSION
+from model.types import GROUP, VERSION
 from tests.e2e.conftest import unique
 from tests.e2e.helpers import class_rv, eventually, replicas_saw
 from tests.e2e.test_device_mode import check_admitted_set, world
 from tests.e2e.test_dra_kubevirt import RESOURCE
-from tests.e2e.test_vm_keep import admitted_once_seen_free, devices, kept, released, shows_kept, stop
-from tests.e2e.test_vm_path import KV, V1, clear_start_failure, create_vm, get_vmi, set_run, vm_body
+from tests.e2e.test_vm_keep import (admitted_once_seen_free, devices, kept, next_admitted_vmi,
+                                    released, shows_kept, stop)
+from tests.e2e.test_vm_path import KV, V1, create_vm, set_run, vm_body
 from tests.support.kubevirt_vmis import (  # noqa: F401 (system, kubevirt: fixtures)
     create, kubevirt, launcher_pod, pin, system, vmi)
 
@@ -89,15 +90,7 @@ async def launcher_bound(fleet, ns: str, made: dict) -> None:
 async def start(fleet, ns: str, name: str, uid: str) -> dict:
     """Start the VM; its next VMI (not incarnation `uid`) once admitted."""
     await set_run(fleet, ns, name, "Always")
-
-    async def admitted():
-        await clear_start_failure(fleet, ns, name)  # virt-handler's part (none runs here)
-        v = await get_vmi(fleet, ns, name)
-        if v and v["metadata"]["uid"] != uid and not v["metadata"].get("deletionTimestamp") \
-                and (v["metadata"].get("annotations") or {}).get(ADMISSION_ANNOTATION):
-            return v
-        return None
-    return await eventually(admitted, timeout=60, interval=0.05, what=f"VM {ns}/{name} started")
+    return await next_admitted_vmi(fleet, ns, name, uid)
 
 
 async def test_H4_device_mode_vm_keeps_its_claim_and_exact_devices_across_5_stops_while_another_tenant_fills(
