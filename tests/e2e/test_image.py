@@ -286,7 +286,7 @@ async def test_image_replica_beside_a_source_replica_killed_mid_admission_loses_
     lc, src, img = beside, 0, 1
     assert lc.replicas[src].user == lc.replicas[img].user == 65532
     assert lc.leader() == "replica-0"
-    capacity = 60   # room for 12 batches of 6 and the stream's 24
+    capacity = 70   # room for 12 batches of 6 and a stream of at most 6 x 11
     _, cls, nodes, ns, _ = await make_pool(fleet, {"a": capacity, "b": capacity},
                                            seen_by=lc)
     tenant = Tenant(fleet, ns, cls)
@@ -307,22 +307,28 @@ async def test_image_replica_beside_a_source_replica_killed_mid_admission_loses_
     assert by["source"] >= 1 and by["image"] >= 1, by
     assert (tenant.fatal, tenant.retryable) == ([], []), (tenant.fatal, tenant.retryable)
 
-    # 2. a stream of creates; the image replica is frozen (SIGSTOP: its reviews in flight
-    # and its connections held, as a stalled Pod) until some create has waited on it for
-    # 2 s (the source replica answers in well under that), then killed with SIGKILL: the
-    # process inside the container (chrooted into the container's root)
+    # 2. a stream of creates that goes on until the frozen replica holds one (a fixed stream
+    # could end before the freeze: CI saw 24 creates all answered by then); the image
+    # replica is frozen (SIGSTOP: its reviews in flight and its connections held, as a
+    # stalled Pod) until some create has waited on it for 2 s (the source replica answers
+    # in well under that), then killed with SIGKILL: the process inside the container
+    # (chrooted into the container's root)
     proc = lc.replicas[img].proc
     assert os.readlink(f"/proc/{proc.pid}/root") == lc.replicas[img].container.root
-    stream = [f"s{w}-{j}" for w in range(6) for j in range(4)]
+    stream: list[str] = []
     held: list[str] = []
+    enough = anyio.Event()
 
-    async def worker(names: list[str]) -> None:
-        for name in names:
-            await tenant.create(name)
+    async def worker(w: int) -> None:
+        for j in range(11):      # bounded: 6 x 11 creates at most
+            if enough.is_set():
+                return
+            stream.append(f"s{w}-{j}")
+            await tenant.create(f"s{w}-{j}")
 
     async with anyio.create_task_group() as tg:
         for w in range(6):
-            tg.start_soon(worker, stream[w * 4:(w + 1) * 4])
+            tg.start_soon(worker, w)
         await eventually(lambda: _admitted_since(lc, img, by["image"]), timeout=20,
                          what="the image replica admitting in the stream")
         os.kill(proc.pid, signal.SIGSTOP)
@@ -333,6 +339,7 @@ async def test_image_replica_beside_a_source_replica_killed_mid_admission_loses_
             held = await eventually(stuck, timeout=20, interval=0.05,
                                     what="a create held by the frozen image replica")
         finally:
+            enough.set()
             lc.kill_replica(img, signal.SIGKILL)
     assert not lc.replicas[img].alive
 
