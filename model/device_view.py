@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from model.snapshot import Snapshot
-from model.topology import (SIZE_PLACEHOLDER, AttributeValue, Device, natural_key,
+from model.topology import (SIZE_PLACEHOLDER, AttributeValue, Device, layout, natural_key,
                             resolve_attribute, sizes_present)
-from model.dra import DeviceRef
+from model.dra import DeviceRef, device_set
 from model.types import DeviceKey, GPUDevice
 
 MODULE_ID = "gpuModuleID"
@@ -238,7 +238,10 @@ def largest_device_set(snap: Snapshot, node: str, class_name: str) -> int:
     most free devices of one group; without a constraint the free devices. Capped by the
     free units. 0 for a count-mode or unknown class or a gone node.
 
-    Not monotone: on HGX a node may place 4 and not 3 (no partition of 3)."""
+    Not monotone: on HGX a node may place 4 and not 3 (no partition of 3). The figure before
+    the cap is remembered on the snapshot (`Snapshot.node_memo`): defragmentation asks it of
+    every node it might touch, for every step it weighs.
+    """
     cls = snap.classes.get(class_name)
     n = snap.nodes.get(node)
     if cls is None or not cls.device_mode or n is None:
@@ -246,27 +249,43 @@ def largest_device_set(snap: Snapshot, node: str, class_name: str) -> int:
     units = snap.free(node, cls.resource_name)
     if units < 1:
         return 0
-    devices = [d.as_device() for d in n.devices_of(class_name)]
-    free = snap.free_devices(node, class_name)
-    template = cls.match_attribute
-    if template is None:
-        return min(len(free), units)
+    memo = snap.node_memo()
+    key = (node, "largest-set", class_name)
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = placeable_sizes(device_set(n.devices_of(class_name)).devices,
+                                            cls.match_attribute,
+                                            snap.free_devices(node, class_name))
+    return capped(found, units)
 
-    def largest_group(attribute: str) -> int:
-        counts: dict[AttributeValue, int] = {}
-        for d in devices:
-            v = d.attribute(attribute)
-            if v is not None and d.name in free:
-                counts[v] = counts.get(v, 0) + 1
-        return max(counts.values(), default=0)
+
+def placeable_sizes(devices: Sequence[Device], template: str | None,
+                    free: frozenset[str]) -> int | tuple[int, ...]:
+    """`largest_device_set` before the cap by free units, for a node's `devices` of a class
+    with matchAttribute `template` of which `free` are free: for a sized attribute the sizes
+    with an entirely free group, else the most free devices of one group (of the node
+    without a constraint). The groups come from the devices' `model.topology.layout`,
+    worked out once per devices, template and size. `capped` turns it into the figure."""
+    if template is None:
+        return len(free)
+
+    def largest_group(count: int) -> int:
+        return max((sum(1 for x in g.names if x in free)
+                    for g in layout(devices, template, count).groups), default=0)
 
     if SIZE_PLACEHOLDER not in template:
-        return min(largest_group(template), units)
-    best = 0
-    for size in sizes_present(template, devices):
-        if best < size <= units and largest_group(resolve_attribute(template, size)) >= size:
-            best = size
-    return best
+        return largest_group(1)
+    return tuple(size for size in (layout(devices, template, 1).sizes if devices else ())
+                 if largest_group(size) >= size)
+
+
+def capped(sizes: int | tuple[int, ...], units: int) -> int:
+    """The largest set `placeable_sizes` allows with `units` free units (0 below 1)."""
+    if units < 1:
+        return 0
+    if isinstance(sizes, int):
+        return min(sizes, units)
+    return max((size for size in sizes if size <= units), default=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,4 +421,4 @@ def recorded_choice(members: Sequence[GPUDevice], node: str) -> tuple[tuple[Devi
 
 __all__ = ["NodeDevices", "recorded_choice", "set_view", "takes", "Blocks", "ClassOnNode", "GroupState", "MODULE_ID", "attribute_noun", "blocks",
            "class_on_node", "compress_names", "devices_label", "group_label",
-           "largest_device_set", "module_attribute", "modules_of"]
+           "largest_device_set", "module_attribute", "modules_of", "placeable_sizes", "capped"]

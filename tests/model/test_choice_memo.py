@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from model.dra import DeviceRef, DeviceTaint, SliceDevice
 from model.hold import Hold
 from model.snapshot import Snapshot
+from model.device_view import largest_device_set
 from model.topology import (SIZE_PLACEHOLDER, Device, GroupChoice, NoGroup, choose_devices, layout,
                             natural_key, resolve_attribute, sizes_present)
 from model.types import DeviceStatus, GPUClass, GPUDevice, Node, Phase
@@ -273,3 +274,67 @@ def test_property_decisions_on_derived_snapshots_equal_those_on_fresh_ones(rnd: 
             taken = frozenset(f"gpu-vfio-{i}" for i in rnd.sample(range(8), rnd.randint(0, 2)))
             snap = snap.with_nodes([_hgx_node(n, taken) if n == node else x for n, x in snap.nodes.items()])
         same(snap)
+
+
+# --- the largest placeable set (top, metrics, defragmentation) ----------------------------------
+
+def reference_largest(snap: Snapshot, node: str, class_name: str) -> int:
+    """`largest_device_set` straight from its docstring: the largest n <= free units with n
+    free devices sharing the attribute resolved for n (any n without a constraint)."""
+    from model.topology import resolve_attribute, sizes_present
+    cls, n = snap.classes.get(class_name), snap.nodes.get(node)
+    if cls is None or not cls.device_mode or n is None:
+        return 0
+    units = snap.free(node, cls.resource_name)
+    devices = [d.as_device() for d in n.devices_of(class_name)]
+    free = snap.free_devices(node, class_name)
+    template = cls.match_attribute
+    if template is None:
+        return max(0, min(len(free), units))
+
+    def most_in_a_group(attribute: str) -> int:
+        counts: dict = {}
+        for d in devices:
+            v = d.attribute(attribute)
+            if v is not None and d.name in free:
+                counts[v] = counts.get(v, 0) + 1
+        return max(counts.values(), default=0)
+
+    if SIZE_PLACEHOLDER not in template:
+        return max(0, min(most_in_a_group(template), units))
+    return max((size for size in sizes_present(template, devices)
+                if size <= units and most_in_a_group(resolve_attribute(template, size)) >= size),
+               default=0)
+
+
+@PROPS
+@given(st.randoms(use_true_random=False))
+def test_property_largest_device_set_is_the_straightforward_one_on_derived_snapshots(rnd: random.Random):
+    """On HGX nodes (partition{size}), a PCIe-root class and an unconstrained one, with random
+    claims, foreign units and records, and snapshots derived by moving records about (the
+    figure is remembered on the snapshot's node memo): always the reference figure."""
+    from localcluster.dra_profiles import DEVICE_CLASS
+    from tests.support.dra_worlds import RES as DRA_RES, dra_node, recorded
+    classes = [GPUClass(c, DRA_RES, device_class_name=DEVICE_CLASS, match_attribute=m)
+               for c, m in (("h100x", PARTITION), ("root", "resource.kubernetes.io/pcieRoot"),
+                            ("any", None))]
+    nodes = [dra_node(f"n{i}", classes=("any", "h100x", "root"),
+                      taken=tuple(rnd.sample(range(8), rnd.randint(0, 2)))) for i in range(3)]
+    devices = []
+    for k in range(rnd.randint(0, 12)):
+        node = rnd.choice(nodes).name
+        devices.append(recorded(rnd.choice("tu"), f"d{k}", node, rnd.randrange(8),
+                                class_name=rnd.choice(["h100x", "root", "any"])))
+    snap = Snapshot.build(nodes=nodes, classes=classes, devices=devices)
+    for _ in range(4):
+        for n in nodes:
+            for c in classes:
+                assert largest_device_set(snap, n.name, c.name) == \
+                    reference_largest(_fresh(snap), n.name, c.name)
+        if not devices:
+            break
+        d = rnd.choice(devices)
+        node = rnd.choice(nodes).name
+        moved = recorded(d.namespace, d.name, node, rnd.randrange(8), class_name=d.class_name)
+        devices = [moved if x.key == d.key else x for x in devices]
+        snap = snap.with_devices([moved])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from hypothesis import given, note, settings
+from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 from model.check import check_set
@@ -280,18 +280,164 @@ def test_DR3_property_refusal_exactly_when_no_group_has_room(taken, size):
 
 # --- D1, explain ------------------------------------------------------------------------------------
 
-def test_D1_device_mode_classes_are_left_out_of_defragmentation_moves():
-    """Two nodes each with 4 idle held devices (one per partition of 4 would free a node):
-    count mode would move them together; device mode leaves them (D1, for now)."""
-    from model.defrag import movable, plan_round
+def test_D1_D3_two_nodes_half_held_one_is_cleared_onto_the_other_for_a_set_of_eight():
+    """Two HGX nodes, each with 4 idle held devices (largest set 4 on both): the round moves
+    n1's four to n2's free devices, recording each, and an 8-set fits on n1 after it."""
+    from model.defrag import apply_moves, largest_sets, movable, plan_round
     devices = [recorded("t", f"a{i}", "n1", i) for i in range(4)] + \
               [recorded("t", f"b{i}", "n2", i) for i in range(4, 8)]
     snap = snap_of([dra_node("n1"), dra_node("n2")], devices)
-    assert not any(movable(d, snap) for d in devices)
+    assert all(movable(d, snap) for d in devices)
+    plan = plan_round(snap)
+    assert [(m.device[1], m.from_node, m.to_node) for m in plan.moves] == \
+        [(f"a{i}", "n1", "n2") for i in range(4)]
+    assert sorted(m.to_device.device for m in plan.moves) == sorted(names(0, 1, 2, 3))
+    assert [m.from_device for m in plan.moves] == [ref("n1", i) for i in range(4)]
+    assert [(x.size, x.nodes) for x in plan.before] == [(4, 2)]
+    assert [(x.size, x.nodes) for x in plan.after] == [(8, 1)]
+    after = apply_moves(snap, plan.moves, now=NOW)
+    assert largest_sets(after) == plan.after
+    assert all(after.device("t", f"a{i}").status.device.pool == "n2" for i in range(4))
+    after = after.with_devices(pending(*[f"p{i}" for i in range(8)]))
+    d = decide(after, Request("r8", "t", "vm8", tuple(f"p{i}" for i in range(8))))
+    assert (d.result, d.node) == (Result.SUCCEEDED, "n1")
+    assert "moved t/a0 (h100x) from n1 (gpu-vfio-0) to n2 (gpu-vfio-" in plan.moves[0].render()
+
+
+def test_DR4_D3_an_idle_held_device_is_re_pointed_within_its_node_to_make_a_partition_whole():
+    """One node, idle held devices on gpu-vfio-0 (module 2, partition of 4 {1-4}) and
+    gpu-vfio-4 (module 7, {5-8}): no partition of 4 is free. One re-point (a status write:
+    same node, another device) frees {1-4}; nothing moves off the node."""
+    from model.defrag import apply_moves, largest_sets, plan_round
+    devices = [recorded("t", "a", "n1", 0), recorded("t", "b", "n1", 4)]
+    snap = snap_of([dra_node("n1")], devices)
+    plan = plan_round(snap)
+    assert [(x.size, x.nodes) for x in plan.before] == [(2, 1)]
+    assert [(x.size, x.nodes) for x in plan.after] == [(4, 1)]
+    (m,) = plan.moves
+    assert m.repoint and (m.from_node, m.to_node) == ("n1", "n1")
+    assert m.from_device in (ref("n1", 0), ref("n1", 4))
+    after = apply_moves(snap, plan.moves)
+    moved = after.device(*m.device)
+    assert (moved.bound_node, moved.status.device) == ("n1", m.to_device)
+    assert moved.status.bound_at == snap.device(*m.device).status.bound_at  # not a move
+    assert largest_sets(after) == plan.after
+    assert "re-pointed t/" in m.render() and " on n1 from gpu-vfio-" in m.render()
+    after = after.with_devices(pending("p0", "p1", "p2", "p3"))
+    d = decide(after, Request("r4", "t", "vm4", ("p0", "p1", "p2", "p3")))
+    assert (d.result, d.node) == (Result.SUCCEEDED, "n1")
+
+
+def test_D1_device_mode_attached_template_stay_tainted_claimed_and_vanished_never_move():
+    """D1 in device mode: attached, template, `Stay` and record-less devices are not movable;
+    a device whose recorded GPU vanished from the slice (lost capacity) is neither moved nor
+    re-pointed; a re-point never lands on a claimed or tainted GPU (DR2)."""
+    from model.defrag import movable, plan_round
+    from model.types import Attachment, OnCordon
+    from tests.support.dra_worlds import tainted
+    stay = device_class("stay", on_cordon=OnCordon.STAY)
+    att = GPUDevice("t", "att", CLASS, status=DeviceStatus(
+        Phase.BOUND, "n1", None, Attachment("vm", NOW), device=ref("n1", 0)))
+    tmpl = recorded("t", "tmpl", "n1", 4, template_for="vm")
+    st_dev = recorded("t", "st", "n1", 1, class_name="stay")
+    bare = GPUDevice("t", "bare", CLASS, status=DeviceStatus(Phase.BOUND, "n1", None))
+    snap = snap_of([dra_node("n1", classes=(CLASS, "stay"))], [att, tmpl, st_dev, bare],
+                   classes=[device_class(), stay])
+    assert not any(movable(d, snap) for d in (att, tmpl, st_dev, bare))
     assert plan_round(snap).moves == ()
-    count = GPUClass("h100", "nvidia.com/H100")
-    assert movable(GPUDevice("t", "c", "h100", status=DeviceStatus(Phase.BOUND, "n1")),
-                   Snapshot.build(classes=[count]))
+    # a record of a GPU the slice no longer lists: kept as it is
+    n1 = dra_node("n1")
+    gone = replace_devices(n1, drop=("gpu-vfio-0",))
+    snap = snap_of([gone], [recorded("t", "a", "n1", 0), recorded("t", "b", "n1", 4)])
+    assert all(m.device[1] != "a" for m in plan_round(snap).moves)
+    # the free GPUs a re-point could take are claimed or tainted: b stays on gpu-vfio-4
+    n1 = tainted(dra_node("n1", taken=(1, 2, 3)), 5, 6, 7)
+    snap = snap_of([n1], [recorded("t", "a", "n1", 0), recorded("t", "b", "n1", 4)])
+    for m in plan_round(snap).moves:
+        assert m.to_device.device not in names(1, 2, 3, 5, 6, 7)
+
+
+def replace_devices(node, drop=()):
+    from dataclasses import replace as _replace
+    return _replace(node, class_devices=tuple(
+        (c, tuple(d for d in devs if d.ref.device not in drop)) for c, devs in node.class_devices))
+
+
+@st.composite
+def device_fleets(draw):
+    """Up to 4 HGX nodes (some GPUs claimed, tainted, one node maybe cordoned), idle held,
+    attached and template devices recording random free GPUs, a hold in flight naming one."""
+    from model.types import Attachment
+    from tests.support.dra_worlds import tainted
+    n_nodes = draw(st.integers(1, 4))
+    nodes = []
+    for i in range(n_nodes):
+        nd = dra_node(f"n{i}", taken=tuple(draw(st.sets(st.integers(0, 7), max_size=2))),
+                      unschedulable=draw(st.integers(0, 6)) == 0)
+        bad = draw(st.sets(st.integers(0, 7), max_size=1))
+        nodes.append(tainted(nd, *bad) if bad else nd)
+    devices, holds = [], []
+    for nd in nodes:
+        free = sorted(set(range(8)) - {int(x.rsplit("-", 1)[1]) for x in nd.taken_devices})
+        for j in draw(st.lists(st.sampled_from(free), unique=True, max_size=7)) if free else []:
+            kind = draw(st.sampled_from(["idle", "idle", "idle", "attached", "template"]))
+            ns = draw(st.sampled_from(["t", "u"]))
+            name = f"{nd.name}-{j}"
+            if kind == "attached":
+                devices.append(GPUDevice(ns, name, CLASS, status=DeviceStatus(
+                    Phase.BOUND, nd.name, NOW, Attachment("vm", NOW), device=ref(nd.name, j))))
+            else:
+                devices.append(recorded(ns, name, nd.name, j,
+                                        template_for="vm" if kind == "template" else None))
+    if draw(st.booleans()):
+        nd = draw(st.sampled_from(nodes))
+        used = {d.status.device.device for d in devices if d.bound_node == nd.name}
+        left = sorted(names(*range(8)) - used - nd.taken_devices)
+        if left:
+            g = draw(st.sampled_from(left))
+            holds.append(Hold("h0", "t", nd.name, ((RES, 1),), (), (),
+                              ((("t", "pending-x"), DeviceRef("gpu.nvidia.com", nd.name, g)),)))
+    return snap_of(nodes, devices, reservations=holds)
+
+
+@settings(max_examples=200, deadline=None)
+@given(device_fleets(), st.integers(1, 5))
+def test_D1_D2_D3_D5_DR6_property_a_device_mode_round_is_safe_and_never_shrinks(snap, max_moves):
+    """A round in device mode: at most `max_moves` moves of movable devices, each once; a
+    move goes to an eligible node with a free unit; every step records a device free for
+    it (never claimed, tainted, held in flight or on another record, DR2/DR6); the plan's
+    figures are those of the snapshot after it (D3: none lower, one higher when it moves);
+    no tenant's usage changes (D5)."""
+    from model.defrag import apply_moves, eligible_nodes, largest_sets, movable, plan_round
+    plan = plan_round(snap, max_moves=max_moves)
+    assert len(plan.moves) <= max_moves
+    assert plan.before == largest_sets(snap)
+    assert len({m.device for m in plan.moves}) == len(plan.moves)
+    work = snap
+    for m in plan.moves:
+        d = work.device(*m.device)
+        assert movable(snap.device(*m.device), snap)
+        assert (d.bound_node, d.status.device) == (m.from_node, m.from_device)
+        if not m.repoint:
+            assert m.to_node in eligible_nodes(snap, d.class_name) and m.to_node != m.from_node
+            assert work.free(m.to_node, m.resource) >= 1
+        assert m.to_device.pool == m.to_node
+        assert m.to_device.device in work.free_devices(m.to_node, CLASS, None, (d.key,))
+        work = apply_moves(work, [m])
+    assert plan.after == largest_sets(work)
+    for b, a in zip(plan.before, plan.after):
+        assert a.rank >= b.rank
+    if plan.moves:
+        assert any(a.rank > b.rank for b, a in zip(plan.before, plan.after))
+    event(f"moves: {len(plan.moves)}, re-points: {sum(m.repoint for m in plan.moves)}")
+    seen: dict[tuple[str, str], tuple[str, str]] = {}
+    for key, dev in work.devices.items():
+        if dev.status.device is not None:
+            where = (dev.bound_node, dev.status.device.device)
+            assert where not in seen, (where, seen[where], key)
+            seen[where] = key
+    for ns in ("t", "u"):
+        assert work.tenant_usage(ns, RES) == snap.tenant_usage(ns, RES)
 
 
 def test_explain_renders_device_mode_reasons_through_the_typed_reasons():
