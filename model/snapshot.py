@@ -776,15 +776,6 @@ class Snapshot:
             memo = self._memo = {}
         return memo
 
-    def without_memo(self) -> Snapshot:
-        """This snapshot without its node memo, so that snapshots derived from it carry none
-        either (each starts its own on first use): for a search that derives many snapshots
-        and asks each a few questions (`model.defrag`), where carrying a large memo over to
-        every derived one costs more than it saves. Same answers."""
-        if self._memo is None:
-            return self
-        return Snapshot(self._st, self._by_ns, self._reservations, self._idx, self._rec, None)
-
     def _holds_on(self, node: str) -> list[Hold]:
         """The reservations naming devices of `node` (`Hold.devices`), indexed on first use."""
         held = self._held
