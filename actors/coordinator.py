@@ -31,7 +31,9 @@ that empties the queue). It plans on the view plus the holds in flight
 (`model.defrag.plan_round`), reserves every move on its target's node actor (two-phase, as
 a B1 move) and hands them to the pipeline as one wave (`Decided.moving_from`: one `move`
 write each, an Event on the device). If a node actor refuses one move the whole round is
-given up (its holds aborted), so a half-made clearing never shrinks a class (D3).
+given up (its holds aborted), so a half-made clearing never shrinks a class (D3). In device
+mode each hold names the device recorded on the target (DR2: the node actor refuses one
+taken meanwhile), and a re-point within a node lands nothing and takes no unit (DR4).
 """
 
 from __future__ import annotations
@@ -542,9 +544,14 @@ class Coordinator(Actor):
             rid = f"{DEFRAG_REQUEST_PREFIX}{uuid.uuid4().hex[:12]}"
             ns, name = m.device
             req = Request(rid, ns, "", (name,))
-            placement = Placement(m.to_node, (Move(m.device, m.from_node, m.to_node),),
-                                  ((m.resource, 1),), ())
-            hold = Hold(rid, ns, m.to_node, ((m.resource, 1),), (), ((m.device, m.resource),))
+            # device mode: the hold names the device recorded on the target (DR2); a
+            # re-point lands nothing and takes no unit (DR4: the record alone changes)
+            chosen = ((m.device, m.to_device),) if m.to_device is not None else ()
+            moves = () if m.repoint else (Move(m.device, m.from_node, m.to_node),)
+            needs = () if m.repoint else ((m.resource, 1),)
+            placement = Placement(m.to_node, moves, needs, (), chosen)
+            hold = Hold(rid, ns, m.to_node, needs, (), tuple((k, m.resource) for k in
+                                                             (mv.device for mv in moves)), chosen)
             outcome = Placed(RequestRef(ns, "", rid), m.to_node, (), ((name, m.from_node),))
             decision = Decision(rid, Result.SUCCEEDED, m.to_node, (placement,), Rule.D3, outcome)
             items.append(Placing((ns, rid), req, decision, started, hold=hold))
@@ -557,10 +564,13 @@ class Coordinator(Actor):
             self._observe_defrag(0, plan, given_up=True)
             return
         wave = tuple(Decided(it.request, Result.SUCCEEDED, m.to_node, m.render(), it.hold,
-                             moving_from=m.from_node) for it, m in zip(items, plan.moves))
+                             moving_from=m.from_node, moving_device=m.from_device)
+                     for it, m in zip(items, plan.moves))
         for m, it in zip(plan.moves, items):
             _log.info("defrag_move", request_id=it.request.id, namespace=m.device[0],
                       device=m.device[1], from_node=m.from_node, to_node=m.to_node,
+                      **({"from_device": str(m.from_device), "to_device": str(m.to_device)}
+                         if m.to_device is not None else {}),
                       why=m.render())
         self._counts["defrag_moves"] += len(wave)
         await self._tell_pipeline(Fly(self._owner, wave))

@@ -114,7 +114,10 @@ class StatusWrite:
     Device mode (DR2, DR4): with `device` the write also records `status.device` (with the
     placement, or alone for a member already Bound on `node`: re-pointed, a status write, not
     a move); `clear_device` clears it (null: the member lands on a node without a chosen
-    device). Neither: `status.device` is not touched (count mode's writes are unchanged)."""
+    device). Neither: `status.device` is not touched (count mode's writes are unchanged).
+    A defragmenting `move` in device mode (D2, DR4) carries `device` (the device to record)
+    and `from_device` (the record it expects to find: otherwise RequestWithdrawn); with
+    `node == from_node` it is a re-point (the record alone changes)."""
 
     key: DeviceKey
     request_id: str
@@ -128,6 +131,7 @@ class StatusWrite:
     code: Code | None = None
     device: DeviceRef | None = None
     clear_device: bool = False
+    from_device: DeviceRef | None = None
 
 
 @runtime_checkable

@@ -56,6 +56,7 @@ from actors.errors import (
 from actors.node_actor import Release
 from actors.ports import Clock, ClusterView, NodeDirectory, StatusWrite, StatusWriter
 from actors.runtime import Actor, ActorContext, ActorRef
+from model.dra import DeviceRef
 from model.decide import Request
 from model.hold import Hold, outstanding
 from model.reasons import Code
@@ -75,7 +76,9 @@ class Decided:
 
     A defragmenting move (D2) is a Decided too, with `moving_from` set: its one member
     goes from `moving_from` to `node` by one `move` write (`StatusWrite`), `message` the
-    why for its Event; it keeps its hold until the view shows the device on `node`."""
+    why for its Event; it keeps its hold until the view shows the device on `node`. In
+    device mode `moving_device` is the record it leaves and the hold names the device it
+    records on `node` (`Hold.devices`); `moving_from == node` is a re-point (DR4)."""
 
     request: Request
     result: Result
@@ -83,6 +86,7 @@ class Decided:
     message: str
     hold: Hold | None
     moving_from: str | None = None
+    moving_device: DeviceRef | None = None
     code: Code | None = None
 
     @property
@@ -455,11 +459,13 @@ class StatusPipeline(Actor):
         device on its node already; the writer checks it is still idle where it was."""
         key = (d.request.namespace, d.request.devices[0])
         dev = self._view.device(key)
-        if dev is not None and dev.bound_node == d.node:
+        to = dict(d.hold.devices).get(key) if d.hold is not None else None
+        if dev is not None and dev.bound_node == d.node and (to is None or dev.status.device == to):
             return [], frozenset()
         return [StatusWrite(key, d.request.id, d.result, d.message, node=d.node,
                             bound_at=self._clock.now(), op="move", from_node=d.moving_from,
-                            expect_version=dev.resource_version if dev is not None else None)
+                            expect_version=dev.resource_version if dev is not None else None,
+                            device=to, from_device=d.moving_device)
                 ], frozenset((key,))
 
     # -- write tasks (children: they touch no state, they report by message) -------------------

@@ -317,19 +317,24 @@ class MemoryStore(IndexedView):
 
     def _move(self, dev: GPUDevice, w: StatusWrite) -> None:
         """A defragmenting move (D1, D2): only while the device is still idle on
-        `w.from_node`; already on `w.node` is a no-op. The Event goes to `events`."""
+        `w.from_node` (device mode: recording `w.from_device`); already on `w.node`
+        (recording `w.device`) is a no-op. A re-point (`w.node == w.from_node`) changes the
+        record alone (DR4). The Event goes to `events`."""
         key, st = dev.key, dev.status
-        if dev.bound_node == w.node and st.attached_to is None and st.bind_request is None:
+        idle = st.attached_to is None and st.bind_request is None
+        if idle and dev.bound_node == w.node and (w.device is None or st.device == w.device):
             return
-        if dev.bound_node != w.from_node or st.attached_to is not None \
-                or st.bind_request is not None:
+        if dev.bound_node != w.from_node or not idle or (
+                w.device is not None and st.device != w.from_device):
             raise RequestWithdrawn(f"device {key[0]}/{key[1]} is no longer idle on {w.from_node}",
                                    key=key)
-        self.put_device(_with_status(dev, DeviceStatus(Phase.BOUND, w.node, w.bound_at, None, None,
-                                                       None)))  # D1: device mode never moves
+        repoint = w.node == w.from_node
+        self.put_device(_with_status(dev, DeviceStatus(
+            Phase.BOUND, w.node, st.bound_at if repoint else w.bound_at, None, None, w.device)))
         self._record("move", key, w.request_id, node=w.node, message=w.message,
-                     from_node=dev.bound_node, moved=True)
-        self.events.append((key, "GPUDeviceMoved", w.message))
+                     from_node=dev.bound_node, moved=not repoint)
+        self.events.append((key, "GPUDeviceRepointed" if repoint else "GPUDeviceMoved",
+                            w.message))
 
     def _answer(self, dev: GPUDevice, w: StatusWrite) -> None:
         key = dev.key

@@ -6,7 +6,8 @@ result together, led by a `test` of `status.bindRequest.id`: a request withdrawn
 replaced meanwhile is never resurrected (the API server answers 422 and nothing is
 written). A defragmenting move (`op="move"`, D2) reads the device, checks it is still idle
 on its old node and patches the placement led by a `test` of the resourceVersion read, then
-records a `GPUDeviceMoved` Event on the device (from, to, why; D4, best effort). Device mode:
+records a `GPUDeviceMoved` Event on the device (from, to, why; D4, best effort; device mode:
+the devices too, `GPUDeviceRepointed` for a re-point within the node). Device mode:
 a placement write carries `status.device` (the chosen device, or null to clear a record from
 another node), a re-point within the node writes it alone with the result (DR2, DR4). API errors are translated into the actor port's `WriteError`s; every call has a
 timeout shorter than the Lease's renew deadline.
@@ -127,26 +128,36 @@ class ApiStatusWriter:
             raise port.TransientWriteError(str(err), key=key) from err
 
     async def _move(self, w: StatusWrite) -> None:
-        """A defragmenting move (D1, D2): read the device; already Bound idle on `w.node`:
-        nothing to do; not Bound idle (no attachment, no request) on `w.from_node`:
-        RequestWithdrawn, nothing written; else patch phase, nodeName and boundAt with a
-        `test` of the resourceVersion read (a change in between: WriteConflict, retried
+        """A defragmenting move (D1, D2): read the device; already Bound idle on `w.node`
+        (device mode: recording `w.device`): nothing to do; not Bound idle (no attachment,
+        no request) on `w.from_node` (device mode: recording `w.from_device`):
+        RequestWithdrawn, nothing written; else patch phase, nodeName and boundAt (device
+        mode: and `status.device`; a re-point, `w.node == w.from_node`, the record alone) with
+        a `test` of the resourceVersion read (a change in between: WriteConflict, retried
         from the read), then the Event."""
         raw = await self._read(w.key)
         status = raw.get("status") or {}
         idle = not status.get("attachedTo") and not status.get("bindRequest") \
             and status.get("phase") == "Bound"
         ns, name = w.key
-        if idle and status.get("nodeName") == w.node:
+        record = status.get("device") or None
+        if idle and status.get("nodeName") == w.node and (
+                w.device is None or record == _device_dict(w.device)):
             return
-        if not idle or status.get("nodeName") != w.from_node:
+        if not idle or status.get("nodeName") != w.from_node or (
+                w.device is not None and record != _device_dict(w.from_device)):
             raise port.RequestWithdrawn(f"GPUDevice {ns}/{name} is no longer idle on "
-                                        f"{w.from_node}", key=w.key)
+                                        f"{w.from_node}"
+                                        + (f" recording {w.from_device}" if w.device else ""),
+                                        key=w.key)
         assert w.bound_at is not None and w.node is not None
         ops = [{"op": "test", "path": "/metadata/resourceVersion",
-                "value": raw["metadata"]["resourceVersion"]},
-               {"op": "add", "path": "/status/nodeName", "value": w.node},
-               {"op": "add", "path": "/status/boundAt", "value": format_time(w.bound_at)}]
+                "value": raw["metadata"]["resourceVersion"]}]
+        if w.node != w.from_node:
+            ops += [{"op": "add", "path": "/status/nodeName", "value": w.node},
+                    {"op": "add", "path": "/status/boundAt", "value": format_time(w.bound_at)}]
+        if w.device is not None:  # DR2/DR4: the device recorded there
+            ops.append({"op": "add", "path": "/status/device", "value": _device_dict(w.device)})
         try:
             await self._patch(w.key, None, ops)
         except port.RequestWithdrawn as exc:  # the version moved: read again (a retry)
@@ -154,12 +165,14 @@ class ApiStatusWriter:
         await self._event(w, raw)
 
     async def _event(self, w: StatusWrite, raw: dict) -> None:
-        """A Normal Event `GPUDeviceMoved` on the device (D4). Best effort: logged."""
+        """A Normal Event `GPUDeviceMoved` on the device (D4; `GPUDeviceRepointed` for a
+        re-point within its node, DR4). Best effort: logged."""
         ns, name = w.key
         body = events.event_body(
             {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUDevice", "name": name,
              "namespace": ns, "uid": (raw.get("metadata") or {}).get("uid")},
-            reason="GPUDeviceMoved", message=w.message, warning=False, instance="binder",
+            reason="GPUDeviceRepointed" if w.node == w.from_node else "GPUDeviceMoved",
+            message=w.message, warning=False, instance="binder",
             when=w.bound_at)
         await events.record(self._client, body, device=f"{ns}/{name}")
 

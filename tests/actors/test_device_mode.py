@@ -265,3 +265,93 @@ async def test_B5_the_ledger_takes_a_re_point_only_hold_on_a_cordoned_node_not_a
         no = await node.ask(Prepare(named("r2", ("c", 4))))
         assert no == PrepareRefused("n1", "r2", NodeUnfit((Cordoned(),)))
         cell.close()
+
+
+# --- defragmentation in device mode (D1-D5 with DR2-DR4) ---------------------------------------
+
+def _defrag_config(interval: float = 10.0, max_moves: int = 4):
+    from dataclasses import replace as _replace
+
+    from tests.support.binder import fast_config
+    c = fast_config()
+    return _replace(c, coordinator=_replace(c.coordinator, defrag_interval=interval,
+                                            defrag_max_moves=max_moves))
+
+
+async def test_D2_D4_DR4_a_round_re_points_an_idle_held_device_and_a_set_of_four_then_fits() -> None:
+    """n1 alone; idle held a (GPU 0, partition of 4 {1-4}) and b (GPU 4, {5-8}): a 4-set is
+    refused (no free partition of 4). A round re-points one of them within n1 (one `move`
+    write with the same node and the new record, a GPUDeviceRepointed Event, boundAt kept),
+    the node ledger releases its hold once the view shows the record, and the 4-set is then
+    admitted on n1 forming a partition; no device on two records."""
+    from tests.support.binder import results_of
+    from tests.timing import advance, eventually
+    s = dra_store([dra_node("n1")])
+    s.add_device("t1", "a", CLASS, node="n1", device=ref("n1", 0))
+    s.add_device("t1", "b", CLASS, node="n1", device=ref("n1", 4))
+    bound_at = {k: s.device(("t1", k)).status.bound_at for k in ("a", "b")}
+    async with running_binder(s, _defrag_config()) as binder:
+        for i in range(4):
+            s.add_device("t1", f"p{i}", CLASS)
+        rid = s.request("t1", "vm4", [f"p{i}" for i in range(4)])
+        await settle(s, binder)
+        assert {r[0] for r in results_of(s, "t1", rid).values()} == {Result.REFUSED}
+        s.withdraw("t1", rid)
+        await advance(10.5)
+        await eventually(lambda: [r for r in s.history if r.op == "move"], what="a re-point written")
+        (move,) = [r for r in s.history if r.op == "move"]
+        assert (move.from_node, move.node, move.moved) == ("n1", "n1", False)
+        key = move.key
+        assert s.device(key).bound_node == "n1" and s.device(key).status.device != ref("n1", 0 if key[1] == "a" else 4)
+        assert s.device(key).status.bound_at == bound_at[key[1]]
+        assert [e[1] for e in s.events] == ["GPUDeviceRepointed"]
+        assert "re-pointed t1/" in s.events[0][2] and "grows from 2 to 4" in s.events[0][2]
+        await eventually(lambda: not binder.pipeline.statistics().reservations,
+                         what="the re-point's hold released once the view shows it")
+        rid = s.request("t1", "vm4", [f"p{i}" for i in range(4)])
+        await settle(s, binder)
+        res = results_of(s, "t1", rid)
+        assert {(r[0], r[1]) for r in res.values()} == {(Result.SUCCEEDED, "n1")}
+        members = s.request_members("t1", rid)
+        attr = resolve_attribute(device_class().match_attribute, 4)
+        slice_ = {d.ref.device: d.as_device() for d in dra_node("n1").devices_of(CLASS)}
+        assert len({slice_[m.status.device.device].attribute(attr) for m in members}) == 1
+    assert _records_problems(s) == []
+
+
+async def test_D1_D2_a_round_clears_a_node_in_device_mode_moving_records_and_never_a_running_set() -> None:
+    """n1: idle held a0-a3 on GPUs 0-3; n2: a running VM's set on GPUs 4-7 (attached): the
+    largest set is 4 on both. A round moves a0-a3 onto n2's free GPUs (each a `move` write
+    recording its new GPU, GPUDeviceMoved), never the running set, and an 8-set then fits on
+    n1. The node actors refuse nothing; no device on two records."""
+    from tests.support.binder import results_of
+    from tests.timing import advance, eventually
+    s = dra_store([dra_node("n1"), dra_node("n2")])
+    for i in range(4):
+        s.add_device("t1", f"a{i}", CLASS, node="n1", device=ref("n1", i))
+        s.add_device("t2", f"r{i}", CLASS, node="n2", device=ref("n2", 4 + i))
+    async with running_binder(s, _defrag_config()) as binder:
+        s.request("t2", "vm-running", [f"r{i}" for i in range(4)])
+        await settle(s, binder)
+        running = {k: (d.bound_node, d.status.device) for k, d in s.devices().items()
+                   if d.status.attached_to is not None}
+        assert len(running) == 4
+        await advance(10.5)
+        await eventually(lambda: len([r for r in s.history if r.op == "move"]) == 4,
+                         what="four moves written")
+        assert {(r.key[1], r.from_node, r.node) for r in s.history if r.op == "move"} == \
+            {(f"a{i}", "n1", "n2") for i in range(4)}
+        assert {s.device(("t1", f"a{i}")).status.device.device for i in range(4)} == \
+            {f"gpu-vfio-{i}" for i in range(4)}
+        assert all(s.device(("t1", f"a{i}")).status.device.pool == "n2" for i in range(4))
+        assert {k: (d.bound_node, d.status.device) for k, d in s.devices().items()
+                if d.status.attached_to is not None} == running
+        assert [e[1] for e in s.events] == ["GPUDeviceMoved"] * 4
+        await eventually(lambda: not binder.pipeline.statistics().reservations,
+                         what="the moves' holds released")
+        for i in range(8):
+            s.add_device("t1", f"p{i}", CLASS)
+        rid = s.request("t1", "vm8", [f"p{i}" for i in range(8)])
+        await settle(s, binder)
+        assert {(r[0], r[1]) for r in results_of(s, "t1", rid).values()} == {(Result.SUCCEEDED, "n1")}
+    assert _records_problems(s) == []

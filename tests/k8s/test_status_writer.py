@@ -85,3 +85,45 @@ async def test_DR2_device_mode_writes_status_device_with_the_placement_or_alone_
     assert repointed["/status/device"] == want and "/status/nodeName" not in repointed
     assert cleared["/status/device"] is None
     # count mode: no status.device op at all (the first test's exact ops)
+
+
+async def test_D2_DR4_a_device_mode_move_and_a_re_point_write_the_record_with_their_tests():
+    """A defragmenting move in device mode (`op="move"`): read, then one patch led by the
+    resourceVersion read, carrying nodeName, boundAt and `status.device`; a re-point (same
+    node) carries `status.device` alone; a device no longer recording the expected GPU is
+    RequestWithdrawn with nothing written; one recording the target already is a no-op."""
+    from model.dra import DeviceRef
+    was = DeviceRef("gpu.nvidia.com", "n1", "gpu-vfio-0")
+    to_n2 = DeviceRef("gpu.nvidia.com", "n2", "gpu-vfio-5")
+    to_n1 = DeviceRef("gpu.nvidia.com", "n1", "gpu-vfio-6")
+
+    def idle(rv: str, node: str, rec: DeviceRef) -> dict:
+        return {"metadata": {"resourceVersion": rv, "uid": "u"},
+                "status": {"phase": "Bound", "nodeName": node,
+                           "device": {"driver": rec.driver, "pool": rec.pool, "device": rec.device}}}
+
+    def move(node: str, to: DeviceRef) -> StatusWrite:
+        return StatusWrite(KEY, "defrag-1", Result.SUCCEEDED, "defragmentation: ...", node=node,
+                           bound_at=AT, op="move", from_node="n1", device=to, from_device=was)
+
+    client = ScriptedClient()
+    client.script("get_status", idle("5", "n1", was), idle("6", "n1", was),
+                  idle("7", "n1", to_n1), idle("8", "n1", DeviceRef("gpu.nvidia.com", "n1", "gpu-vfio-2")))
+    writer = ApiStatusWriter(client)
+    await writer.answer(move("n2", to_n2))
+    await writer.answer(move("n1", to_n1))
+    await writer.answer(move("n1", to_n1))          # already recorded: nothing written
+    with pytest.raises(port.RequestWithdrawn, match="recording gpu.nvidia.com/n1/gpu-vfio-0"):
+        await writer.answer(move("n2", to_n2))      # re-pointed meanwhile: nothing written
+    patches = [c.args[3] for c in client.calls if c.method == "patch_status"]
+    assert len(patches) == 2 and writer.writes == 2
+    moved, repointed = patches
+    assert moved[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "5"}
+    assert {o["path"]: o["value"] for o in moved[1:]} == {
+        "/status/nodeName": "n2", "/status/boundAt": "2026-12-04T00:00:00Z",
+        "/status/device": {"driver": "gpu.nvidia.com", "pool": "n2", "device": "gpu-vfio-5"}}
+    assert repointed[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "6"}
+    assert {o["path"]: o["value"] for o in repointed[1:]} == {
+        "/status/device": {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-vfio-6"}}
+    reasons = [c.args[1]["reason"] for c in client.calls if c.method == "create_event"]
+    assert reasons == ["GPUDeviceMoved", "GPUDeviceRepointed"]
