@@ -322,8 +322,7 @@ def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
         moves = e.after_defrag.plan.moves
         out.append(f"after a defragmentation ({len(moves)} move{'s' if len(moves) != 1 else ''}"
                    f") it would fit on {e.after_defrag.node}:")
-        out += [f"  move idle {m.device[0]}/{m.device[1]} from {m.from_node} to {m.to_node}"
-                for m in moves]
+        out += [f"  {_defrag_step(m, 'idle ')}" for m in moves]
         out.append("  (the binder makes such rounds with --defrag-interval; "
                    "`gpu-binder defrag --plan` shows the round)")
     return "\n".join(out)
@@ -349,6 +348,30 @@ def _takes(o) -> str:
                    for c, what in o.takes)
 
 
+def _where(node: str, ref) -> str:
+    """A move's end: the node, and in device mode the device recorded there."""
+    return node if ref is None else f"{node}/{ref.device}"
+
+
+def _arrow(m) -> str:
+    """"n1 -> n2", device mode "n1/gpu-vfio-0 -> n2/gpu-vfio-5"; a re-point (DR4) "n1:
+    gpu-vfio-0 -> gpu-vfio-6 (re-point)"."""
+    if m.repoint:
+        return f"{m.from_node}: {m.from_device.device} -> {m.to_device.device} (re-point)"
+    return f"{_where(m.from_node, m.from_device)} -> {_where(m.to_node, m.to_device)}"
+
+
+def _defrag_step(m, idle: str = "") -> str:
+    """explain's line for one step of the round: "move idle t/g from n1 to n2" (device mode
+    with the devices), "re-point idle t/g on n1 from gpu-vfio-0 to gpu-vfio-6"."""
+    ns, name = m.device
+    if m.repoint:
+        return (f"re-point {idle}{ns}/{name} on {m.from_node} from {m.from_device.device} "
+                f"to {m.to_device.device}")
+    return (f"move {idle}{ns}/{name} from {_where(m.from_node, m.from_device)} "
+            f"to {_where(m.to_node, m.to_device)}")
+
+
 def render_defrag(plan: DefragPlan, max_moves: int) -> str:
     """The text of `gpu-binder defrag --plan`: the moves, then per class the largest
     placeable set (devices, and nodes with room for it) before and after."""
@@ -357,8 +380,9 @@ def render_defrag(plan: DefragPlan, max_moves: int) -> str:
            + (f"{n} move{'s' if n != 1 else ''}" if n else
               "nothing to move (no move of idle held devices grows a class's largest set "
               "without shrinking another's)")]
-    out += [f"  {m.device[0]}/{m.device[1]} ({m.class_name}): {m.from_node} -> {m.to_node}"
-            f"  (frees {m.cleared}: largest {m.for_class} set {m.before} -> {m.after})"
+    out += [f"  {m.device[0]}/{m.device[1]} ({m.class_name}): {_arrow(m)}"
+            f"  ({'on' if m.repoint else 'frees'} {m.cleared}: largest {m.for_class} set "
+            f"{m.before} -> {m.after})"
             for m in plan.moves]
     rows = [("CLASS", "RESOURCE", "LARGEST BEFORE", "AFTER")]
     for b, a in zip(plan.before, plan.after):

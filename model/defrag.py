@@ -41,7 +41,7 @@ for the nodes it touches. A re-point wins a tie with a move.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Collection, Iterable
 
@@ -95,8 +95,8 @@ class DefragMove:
     for_class: str
     before: int
     after: int
-    from_device: DeviceRef | None = None
-    to_device: DeviceRef | None = None
+    from_device: DeviceRef | None = field(default=None, metadata={"omit_empty": True})
+    to_device: DeviceRef | None = field(default=None, metadata={"omit_empty": True})
 
     @property
     def repoint(self) -> bool:

@@ -57,3 +57,41 @@ def test_defrag_bad_max_moves_is_refused_before_reading_the_cluster(capsys, tmp_
     assert main(["defrag", "--plan", "--max-moves", "0",
                  "--kubeconfig", str(tmp_path / "none")]) == 2
     assert capsys.readouterr().err == "gpu-binder defrag: --max-moves must be at least 1, got 0\n"
+
+
+def test_D4_DR4_device_mode_plan_names_the_devices_and_says_re_point():
+    """Device mode: a re-point reads "n1: gpu-vfio-0 -> gpu-vfio-6 (re-point)", a move
+    "n1/gpu-vfio-0 -> n2/gpu-vfio-3"; JSON carries from_device and to_device (count mode's
+    JSON has neither)."""
+    from tests.support.dra_worlds import device_class, dra_node, recorded
+    one = Snapshot.build(nodes=[dra_node("n1")], classes=[device_class()],
+                         devices=[recorded("t", "a", "n1", 0), recorded("t", "b", "n1", 4)])
+    text = render_defrag(plan_round(one), 4)
+    assert text.splitlines()[0] == "defragmentation round (at most 4 moves): 1 move"
+    line = text.splitlines()[1]
+    assert line.startswith("  t/") and " (h100x): n1: gpu-vfio-" in line
+    assert "(re-point)  (on n1: largest h100x set 2 -> 4)" in line
+    (move,) = json.loads(json.dumps(to_jsonable(plan_round(one))))["moves"]
+    assert move["from_node"] == move["to_node"] == "n1"
+    assert move["to_device"]["pool"] == "n1" and move["from_device"]["device"] in ("gpu-vfio-0", "gpu-vfio-4")
+    two = Snapshot.build(nodes=[dra_node("n1"), dra_node("n2")], classes=[device_class()],
+                         devices=[recorded("t", f"a{i}", "n1", i) for i in range(4)]
+                         + [recorded("t", f"b{i}", "n2", i) for i in range(4, 8)])
+    lines = render_defrag(plan_round(two), 4).splitlines()
+    assert lines[1].startswith("  t/a0 (h100x): n1/gpu-vfio-0 -> n2/gpu-vfio-")
+    assert lines[1].endswith("(frees n1: largest h100x set 4 -> 8)")
+    count = json.loads(json.dumps(to_jsonable(plan_round(_snap(), max_moves=1))))["moves"][0]
+    assert "to_device" not in count and "from_device" not in count
+
+
+def test_D4_DR4_explain_in_device_mode_says_a_re_point_would_make_room():
+    """A 4-GPU VMI on the HGX node whose partitions of 4 each have one idle held device:
+    refused now, and explain says one re-point would make it fit on n1."""
+    from tests.support.dra_worlds import device_class, dra_node, recorded
+    snap = Snapshot.build(nodes=[dra_node("n1")], classes=[device_class()],
+                          devices=[recorded("t", "a", "n1", 0), recorded("t", "b", "n1", 4)])
+    e = explain(snap, "t", "vm-4", VMIAsk((), (("h100x", 4),)), live_vmis=set(), now=NOW,
+                grace=timedelta(minutes=2))
+    text = render_explain(e)
+    assert "after a defragmentation (1 move) it would fit on n1:" in text, text
+    assert "  re-point idle t/" in text and " on n1 from gpu-vfio-" in text
