@@ -368,7 +368,7 @@ def _best_clearing(snap: Snapshot, profile: _Profile, budget: int, keep: frozens
             continue
         by_node.setdefault(d.bound_node, {}).setdefault(  # type: ignore[arg-type]
             cls.resource_name, []).append(d)
-    targets: dict[str, list[str]] = {}  # per class: tightest first, the clearing node included
+    targets: dict = {}  # per class: tightest first (count mode: names; device mode: (free, name, device))
     best = None
     for node in sorted(by_node):
         for res, devices in sorted(by_node[node].items()):
@@ -490,7 +490,7 @@ class _Scratch:
 
 
 def _device_steps(snap: Snapshot, profile: _Profile, by_node: dict[str, dict[str, list[GPUDevice]]],
-                  budget: int, cleared: set[str], targets: dict[str, list[str]], memo: dict):
+                  budget: int, cleared: set[str], targets: dict, memo: dict):
     """Device mode: the candidate steps (see the module docstring), each as (node, moves
     without their why, its `_Scratch`): per node and class, each idle held device re-pointed
     alone and all of them re-pointed in turn (at most `budget`), each moved off alone and
@@ -588,34 +588,36 @@ def _repoint(scratch: _Scratch, d: GPUDevice) -> DefragMove | None:
 
 
 def _clear(snap: Snapshot, node: str, class_name: str, group: list[GPUDevice],
-           cleared: set[str], targets: dict[str, list[str]], budget: int, memo: dict):
+           cleared: set[str], targets: dict, budget: int, memo: dict):
     """`group` (idle held devices of `class_name` on `node`) moved off, each to the tightest
     other eligible node with a device free for it (B4; not a node of `cleared`), recording
     the device a one-device set takes there: (moves, `_Scratch`), or None when one of them
     has nowhere to go."""
     res = snap.classes[class_name].resource_name
-    cands = targets.get(class_name)
-    if cands is None:
-        cands = targets[class_name] = _targets(snap, class_name, res, cleared, budget + 8)
+    firsts = targets.get(class_name)
+    if firsts is None:  # once a round per class: the tightest nodes with a device free
+        firsts = targets[class_name] = sorted(
+            (snap.free(n, res), n, to) for n in _targets(snap, class_name, res, cleared, budget + 8)
+            if (to := _one_device(snap, n, class_name, snap.free_devices(n, class_name))) is not None)
     scratch, step = _Scratch(snap, memo), []
+    went: list[str] = []  # the targets of this step: only theirs differ from `firsts`
     for d in group:
-        best = None
-        for n in cands:  # tightest first by the free units before the step, which only
-            if n == node:  # lowers the targets': past the best found's, nothing is tighter
-                continue
-            if best is not None and snap.free(n, res) > best[0]:
-                break
-            if (f := scratch.units_of(n, res)) < 1 or (best is not None and (f, n) >= best[:2]):
-                continue
-            to = _one_device(snap, n, class_name, scratch.free(n, class_name))
-            if to is not None:
-                best = (f, n, to)
-        if best is None:
+        options = []
+        for n in went:
+            if (f := scratch.units_of(n, res)) >= 1 and (
+                    to := _one_device(snap, n, class_name, scratch.free(n, class_name))) is not None:
+                options.append((f, n, to))
+        first = next((o for o in firsts if o[1] != node and o[1] not in went), None)
+        if first is not None:
+            options.append(first)
+        if not options:
             return None
-        _, to_node, to = best
+        _, to_node, to = min(options, key=lambda o: o[:2])
         m = DefragMove(d.key, class_name, res, node, to_node, node, "", 0, 0, d.status.device, to)
         step.append(m)
         scratch.apply(m, d)
+        if to_node not in went:
+            went.append(to_node)
     return step, scratch
 
 

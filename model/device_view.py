@@ -263,20 +263,22 @@ def placeable_sizes(devices: Sequence[Device], template: str | None,
                     free: frozenset[str]) -> int | tuple[int, ...]:
     """`largest_device_set` before the cap by free units, for a node's `devices` of a class
     with matchAttribute `template` of which `free` are free: for a sized attribute the sizes
-    with an entirely free group, else the most free devices of one group (of the node
-    without a constraint). The groups come from the devices' `model.topology.layout`,
-    worked out once per devices, template and size. `capped` turns it into the figure."""
+    with a group of that many free devices, else the most free devices of one group (of the
+    node without a constraint). The groups come from the devices' `model.topology.layout`,
+    worked out once per devices, template and size, as bit masks (`Layout.masks`): a free
+    set is one mask, a group's free devices one AND. `capped` turns it into the figure."""
     if template is None:
         return len(free)
-
-    def largest_group(count: int) -> int:
-        return max((sum(1 for x in g.names if x in free)
-                    for g in layout(devices, template, count).groups), default=0)
-
+    base = layout(devices, template, 1)
+    bits = base.bits
+    mask = 0
+    for x in free:
+        mask |= bits.get(x, 0)
     if SIZE_PLACEHOLDER not in template:
-        return largest_group(1)
-    return tuple(size for size in (layout(devices, template, 1).sizes if devices else ())
-                 if largest_group(size) >= size)
+        return max((bin(mask & m).count("1") for m in base.masks), default=0)
+    return tuple(size for size in (base.sizes if devices else ())
+                 if any(bin(mask & m).count("1") >= size
+                        for m in layout(devices, template, size).masks))
 
 
 def capped(sizes: int | tuple[int, ...], units: int) -> int:

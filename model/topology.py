@@ -158,7 +158,7 @@ class Layout:
     (the slice's devices change far less often than decisions are made). Choices depend only
     on the layout and the names, so a layout shared by calls answers each the same."""
 
-    __slots__ = ("attribute", "groups", "names", "sizes", "natural", "_choices")
+    __slots__ = ("attribute", "groups", "names", "sizes", "natural", "bits", "masks", "_choices")
 
     def __init__(self, devices: Sequence[Device], template: str | None, count: int) -> None:
         attribute = resolve_attribute(template, count)
@@ -179,6 +179,10 @@ class Layout:
                          for level in _enclosing_levels(template, count, devices, group)))
             for value, group in members.items())
         self.sizes = sizes_present(template, devices) if template is not None else ()
+        # each device's bit (device order, the same in every layout of these devices) and
+        # each group's mask: "is a group entirely free" is one AND (`model.device_view`)
+        self.bits = {d.name: 1 << i for i, d in enumerate(devices)}
+        self.masks = tuple(sum(self.bits[x] for x in g.names) for g in self.groups)
         self._choices: dict[tuple[frozenset[str], frozenset[str]], GroupChoice | NoGroup] = {}
 
     def choose(self, free: frozenset[str], keep: frozenset[str], count: int) -> GroupChoice | NoGroup:
