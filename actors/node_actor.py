@@ -389,7 +389,8 @@ class NodeActor(Actor):
         (natural order): in `Node.taken_devices` (a claim's allocation, a device taint),
         recorded (`status.device`) by a Bound device here that is not a member of the
         hold's request, or held by another request's lease (not recorded by its member yet).
-        A member's own record is free for it (its claim may allocate it: not in the way)."""
+        A member's own record is free for it (its claim may allocate it: not in the way),
+        unless a claim the binder did not make allocates it (`Node.foreign_claimed`)."""
         own = {key for key, _ in hold.devices} | {key for key, _ in hold.landing}
         node = self._st.node
         taken_by_claims = node.taken_devices if node else frozenset()
@@ -401,8 +402,9 @@ class NodeActor(Actor):
                 (mine if dev.key in own else others).add(rec.device)
         others |= self._held_names(exclude=hold.request_id)
         wanted = [ref.device for _, ref in hold.devices]
+        foreign = node.foreign_claimed if node else frozenset()
         out = {n for n in wanted
-               if n in others or (n in taken_by_claims and n not in mine)}
+               if n in others or (n in taken_by_claims and (n not in mine or n in foreign))}
         if len(set(wanted)) != len(wanted):  # one device for two members: never
             out |= {n for n in wanted if wanted.count(n) > 1}
         return tuple(sorted(out, key=natural_key))

@@ -318,7 +318,8 @@ class ClusterCache:
             node = replace(node,
                            allocatable=tuple(sorted([*((r, q) for r, q in node.allocatable if r not in mine),
                                                      *dra.allocatable])),
-                           class_devices=dra.class_devices, taken_devices=dra.taken_devices)
+                           class_devices=dra.class_devices, taken_devices=dra.taken_devices,
+                           foreign_claimed=dra.foreign_claimed)
             foreign = tuple(sorted((r, n) for r, n in merged.items() if n))
         self.view.put_node(replace(node, foreign=foreign))
 

@@ -6,7 +6,10 @@ a change recomputes only the nodes it touches, and turned into the device-mode f
 - `class_devices`: per device-mode GPUClass, the node's devices (current pool generation,
   node-local) that match its DeviceClass's selectors and its own (DR1);
 - `taken_devices`: the node's devices some claim's `status.allocation` lists or a
-  NoSchedule/NoExecute device taint covers (DR2; tenants cannot write allocations);
+  NoSchedule/NoExecute device taint covers (DR2; tenants cannot write allocations), and
+  `foreign_claimed` those a claim the binder did not make allocates (`model.claim`'s
+  managed-by label: a set's own claim does not take its recorded device from it, another's
+  does);
 - `allocatable[<dc>.deviceclass.resource.k8s.io/devices]`: the node's devices of the
   DeviceClass, and `foreign` of that key: those taken that no Bound GPUDevice records there
   (so the count index, budgets and lost capacity work as in count mode).
@@ -88,6 +91,7 @@ class NodeDevices:
     taken_devices: frozenset[str] = frozenset()
     allocatable: tuple[tuple[str, int], ...] = ()
     foreign: tuple[tuple[str, int], ...] = ()
+    foreign_claimed: frozenset[str] = frozenset()
 
 
 class DraIndex:
@@ -104,6 +108,8 @@ class DraIndex:
         self._pool_nodes: dict[PoolKey, set[str]] = {}     # nodes of the current generation
         self._node_devices: dict[str, dict[DeviceRef, SliceDevice]] = {}
         self._claims: dict[tuple[str, str], tuple[DeviceRef, ...]] = {}
+        self._not_ours: set[tuple[str, str]] = set()   # claims the binder did not make
+        self._allocated_not_ours: dict[DeviceRef, int] = {}
         self._allocated: dict[DeviceRef, int] = {}
         self._device_classes: dict[str, DeviceClassInfo] = {}
         self._classes: dict[str, GPUClass] = {}
@@ -222,14 +228,19 @@ class DraIndex:
         """A ResourceClaim was added or changed: its allocation's devices are taken (DR2).
         Raises SliceError for a malformed allocation (the caller logs it and removes it)."""
         refs = allocated_devices(obj)
+        ours = _made_by_binder(obj)
         old = self._claims.get(key, ())
-        if refs == old:
+        if refs == old and (key in self._not_ours) != ours:
             return set()
         self._drop_claim(key)
         if refs:
             self._claims[key] = refs
             for ref in refs:
                 self._allocated[ref] = self._allocated.get(ref, 0) + 1
+            if not ours:
+                self._not_ours.add(key)
+                for ref in refs:
+                    self._allocated_not_ours[ref] = self._allocated_not_ours.get(ref, 0) + 1
         return self._nodes_of(old + refs)
 
     def remove_claim(self, key: tuple[str, str]) -> set[str]:
@@ -238,12 +249,17 @@ class DraIndex:
 
     def _drop_claim(self, key: tuple[str, str]) -> tuple[DeviceRef, ...]:
         old = self._claims.pop(key, ())
+        counts = [self._allocated]
+        if key in self._not_ours:
+            self._not_ours.discard(key)
+            counts.append(self._allocated_not_ours)
         for ref in old:
-            n = self._allocated.get(ref, 0) - 1
-            if n > 0:
-                self._allocated[ref] = n
-            else:
-                self._allocated.pop(ref, None)
+            for into in counts:
+                n = into.get(ref, 0) - 1
+                if n > 0:
+                    into[ref] = n
+                else:
+                    into.pop(ref, None)
         return old
 
     def _nodes_of(self, refs: Iterable[DeviceRef]) -> set[str]:
@@ -363,8 +379,18 @@ class DraIndex:
         return NodeDevices(
             class_devices=tuple(per_class),
             taken_devices=taken,
+            foreign_claimed=frozenset(d.ref.device for d in devices
+                                      if d.ref in self._allocated_not_ours),
             allocatable=tuple(sorted((r, n) for r, (n, _) in counts.items())),
             foreign=tuple(sorted((r, f) for r, (_, f) in counts.items() if f)))
+
+
+def _made_by_binder(obj: Mapping[str, Any]) -> bool:
+    """Whether claim `obj` carries the binder's managed-by label (`model.claim`): a set's
+    own claim, not a foreign consumer of its recorded devices (DR2)."""
+    from model.claim import MANAGED_BY, MANAGED_BY_LABEL
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return isinstance(labels, Mapping) and labels.get(MANAGED_BY_LABEL) == MANAGED_BY
 
 
 def _same_slice(a: ResourceSlice, b: ResourceSlice) -> bool:

@@ -802,8 +802,9 @@ class Snapshot:
         (`Node.devices_of`) free for request `request_id` whose members are `own`: not
         tainted NoSchedule/NoExecute, not in `Node.taken_devices`, not recorded by a Bound
         GPUDevice on the node other than `own`, not held by another request's reservation.
-        A device recorded by one of `own` is free for it even when a claim allocates it
-        (its own claim, DR5). Empty for a gone node or a count-mode class.
+        A device recorded by one of `own` is free for it even when a claim the binder made
+        allocates it (its own claim, DR5), not when another does (`Node.foreign_claimed`).
+        Empty for a gone node or a count-mode class.
 
         Set operations on the node's `model.dra.DeviceSet` (its names worked out once per
         node): a decision asks this of every eligible node."""
@@ -829,7 +830,8 @@ class Snapshot:
             out = out - self.held_devices(node, request_id)
         taken = n.taken_devices
         if taken:
-            out = out - (taken - mine if mine else taken)
+            # a set's own claim does not take its recorded device from it; another's does
+            out = out - (taken - (mine - n.foreign_claimed) if mine else taken)
         return out
 
     def __repr__(self) -> str:

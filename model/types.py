@@ -235,6 +235,11 @@ class Node:
     or a NoSchedule/NoExecute device taint covers (the binder's own records are not in it:
     the snapshot adds them). The devices of `class_devices` among them that no Bound record
     names are also counted in `foreign` under the class's resource."""
+    foreign_claimed: frozenset[str] = frozenset()
+    """Device mode (DR2): those of `taken_devices` a claim the binder did not make allocates
+    (an administrator's: no `app.kubernetes.io/managed-by: gpu-binder`). A device a set
+    records is free for that set though a claim allocates it (its own claim, DR5) unless
+    it is here: then someone else uses it, and the set is placed anew."""
 
     def devices_of(self, class_name: str) -> tuple[SliceDevice, ...]:
         """The devices of device-mode class `class_name` on this node (empty when none)."""

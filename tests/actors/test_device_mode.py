@@ -355,3 +355,24 @@ async def test_D1_D2_a_round_clears_a_node_in_device_mode_moving_records_and_nev
         await settle(s, binder)
         assert {(r[0], r[1]) for r in results_of(s, "t1", rid).values()} == {(Result.SUCCEEDED, "n1")}
     assert _records_problems(s) == []
+
+
+async def test_DR2_the_ledger_refuses_a_members_own_record_that_another_claim_allocates() -> None:
+    """The member's own record is free for it when the binder's claim allocates it, not when
+    an administrator's does (`Node.foreign_claimed`): a re-point-only hold keeping it there is
+    refused with DevicesTaken; one to another GPU is taken."""
+    from dataclasses import replace as _replace
+    node = _replace(dra_node("n1", taken=(2, 3)), foreign_claimed=frozenset({"gpu-vfio-3"}))
+    s = dra_store([node])
+    s.add_device("t1", "a", CLASS, node="n1", device=ref("n1", 2))  # its own claim's: free for a
+    s.add_device("t1", "b", CLASS, node="n1", device=ref("n1", 3))  # an administrator's
+    async with anyio.create_task_group() as tg:
+        actor, cell = await spawn(tg, lambda: NodeActor("n1", s, ManualClock()), name="n1")
+        keep_a = Hold("r1", "t1", "n1", devices=((("t1", "a"), ref("n1", 2)),))
+        assert isinstance(await actor.ask(Prepare(keep_a)), Prepared)
+        keep_b = Hold("r2", "t1", "n1", devices=((("t1", "b"), ref("n1", 3)),))
+        assert await actor.ask(Prepare(keep_b)) == PrepareRefused(
+            "n1", "r2", DevicesTaken(("gpu-vfio-3",)))
+        moved_b = Hold("r2", "t1", "n1", devices=((("t1", "b"), ref("n1", 5)),))
+        assert isinstance(await actor.ask(Prepare(moved_b)), Prepared)
+        cell.close()

@@ -72,6 +72,29 @@ def test_DR2_a_claims_allocation_and_a_hard_taint_take_devices_and_records_excus
     assert idx.node_fields("hgx-1", []).taken_devices == {"gpu-vfio-5"}
 
 
+def test_DR2_a_claim_the_binder_did_not_make_is_told_apart_and_follows_its_changes():
+    """`foreign_claimed`: the devices a claim without the binder's managed-by label allocates
+    (an administrator's); the binder's own claims take devices (`taken_devices`) but are not
+    in it. A label change, a new allocation and a deletion each move it."""
+    from model.claim import MANAGED_BY, MANAGED_BY_LABEL
+    idx = world()
+    ours = claim(("hgx-1", "gpu-vfio-1"))
+    ours["metadata"]["labels"] = {MANAGED_BY_LABEL: MANAGED_BY}
+    assert idx.put_claim(("t", "ours"), ours) == {"hgx-1"}
+    assert idx.put_claim(("t", "ours"), ours) == set()  # unchanged
+    assert idx.put_claim(("admin", "theirs"), claim(("hgx-1", "gpu-vfio-4"))) == {"hgx-1"}
+    fields = idx.node_fields("hgx-1", [])
+    assert fields.taken_devices == {"gpu-vfio-1", "gpu-vfio-4"}
+    assert fields.foreign_claimed == {"gpu-vfio-4"}
+    relabelled = claim(("hgx-1", "gpu-vfio-1"))  # same allocation, label gone
+    assert idx.put_claim(("t", "ours"), relabelled) == {"hgx-1"}
+    assert idx.node_fields("hgx-1", []).foreign_claimed == {"gpu-vfio-1", "gpu-vfio-4"}
+    assert idx.put_claim(("t", "ours"), ours) == {"hgx-1"}
+    assert idx.remove_claim(("admin", "theirs")) == {"hgx-1"}
+    fields = idx.node_fields("hgx-1", [])
+    assert (fields.taken_devices, fields.foreign_claimed) == ({"gpu-vfio-1"}, frozenset())
+
+
 def test_DR1_only_the_highest_pool_generation_counts_and_a_vanished_device_is_gone():
     idx = world()
     smaller = resource_slice("hgx-1", HGX_H100_8, generation=3)

@@ -59,6 +59,20 @@ def test_DR2_a_device_its_own_member_records_is_free_for_it_though_its_claim_all
     assert "gpu-vfio-3" not in snap.free_devices("n1", CLASS, "r2", {("t", "b")})
 
 
+def test_DR2_a_recorded_device_another_claim_allocates_is_not_free_for_its_set_which_is_re_pointed():
+    """An administrator's claim (not the binder's) allocates GPU 3, which idle held a records:
+    a is not free to use it (its own claim would be; this one is not), and a's next request is
+    re-pointed to another GPU of n1, never GPU 3."""
+    from dataclasses import replace as _replace
+    node = _replace(dra_node("n1", taken=(3,)), foreign_claimed=names(3))
+    snap = snap_of([node], [recorded("t", "a", "n1", 3)])
+    assert "gpu-vfio-3" not in snap.free_devices("n1", CLASS, "r1", {("t", "a")})
+    d = decide(snap, Request("r1", "t", "vm", ("a",)))
+    assert (d.result, d.node) == (Result.SUCCEEDED, "n1")
+    ((key, ref_),) = d.placements[0].devices
+    assert key == ("t", "a") and ref_.device != "gpu-vfio-3"
+
+
 def test_DR2_records_follow_with_devices_and_without_devices():
     snap = snap_of([dra_node("n1")], [recorded("t", "a", "n1", 0)])
     assert snap.free_devices("n1", CLASS) == names(1, 2, 3, 4, 5, 6, 7)
