@@ -110,6 +110,7 @@ class DraIndex:
         self._claims: dict[tuple[str, str], tuple[DeviceRef, ...]] = {}
         self._not_ours: set[tuple[str, str]] = set()   # claims the binder did not make
         self._allocated_not_ours: dict[DeviceRef, int] = {}
+        self._ours_by_ns: dict[DeviceRef, dict[str, int]] = {}  # the binder's, per namespace
         self._allocated: dict[DeviceRef, int] = {}
         self._device_classes: dict[str, DeviceClassInfo] = {}
         self._classes: dict[str, GPUClass] = {}
@@ -241,6 +242,10 @@ class DraIndex:
                 self._not_ours.add(key)
                 for ref in refs:
                     self._allocated_not_ours[ref] = self._allocated_not_ours.get(ref, 0) + 1
+            else:  # by namespace: the binder's claim of a set is in the set's namespace
+                for ref in refs:
+                    by_ns = self._ours_by_ns.setdefault(ref, {})
+                    by_ns[key[0]] = by_ns.get(key[0], 0) + 1
         return self._nodes_of(old + refs)
 
     def remove_claim(self, key: tuple[str, str]) -> set[str]:
@@ -249,17 +254,22 @@ class DraIndex:
 
     def _drop_claim(self, key: tuple[str, str]) -> tuple[DeviceRef, ...]:
         old = self._claims.pop(key, ())
-        counts = [self._allocated]
-        if key in self._not_ours:
-            self._not_ours.discard(key)
-            counts.append(self._allocated_not_ours)
+        ours = key not in self._not_ours
+        self._not_ours.discard(key)
         for ref in old:
-            for into in counts:
-                n = into.get(ref, 0) - 1
+            into = [(self._allocated, ref)]
+            if not ours:
+                into.append((self._allocated_not_ours, ref))
+            elif ref in self._ours_by_ns:
+                into.append((self._ours_by_ns[ref], key[0]))
+            for counts, k in into:
+                n = counts.get(k, 0) - 1
                 if n > 0:
-                    into[ref] = n
+                    counts[k] = n
                 else:
-                    into.pop(ref, None)
+                    counts.pop(k, None)
+            if ours and not self._ours_by_ns.get(ref, True):
+                del self._ours_by_ns[ref]
         return old
 
     def _nodes_of(self, refs: Iterable[DeviceRef]) -> set[str]:
@@ -343,6 +353,26 @@ class DraIndex:
             self.errors.append((what.split(":", 1)[1], str(device.ref), verdict.error))
         return verdict.matched
 
+    def _foreign_claimed(self, devices: Iterable[SliceDevice], bound: Iterable[GPUDevice]) -> frozenset[str]:
+        """The devices some claim other than the recording set's own allocates: a claim the
+        binder did not make, or one it made in another namespace than the GPUDevice that
+        records the device (a tenant may copy our labels onto a claim of its own under
+        `rawResourceNames: allowed`; the binder's claim of a set is in the set's namespace)."""
+        if not self._allocated_not_ours and not self._ours_by_ns:
+            return frozenset()
+        recorders: dict[str, set[str]] = {}
+        for dev in bound:
+            if dev.status.device is not None:
+                recorders.setdefault(dev.status.device.device, set()).add(dev.namespace)
+        out = set()
+        for d in devices:
+            if d.ref in self._allocated_not_ours:
+                out.add(d.ref.device)
+            elif d.ref in self._ours_by_ns and not set(self._ours_by_ns[d.ref]) <= recorders.get(
+                    d.ref.device, set()):
+                out.add(d.ref.device)
+        return frozenset(out)
+
     def drain_errors(self) -> list[tuple[str, str, str]]:
         """The selector run-time errors seen since the last call (each once per class and
         set of device attributes while its verdict is remembered): (DeviceClass or GPUClass
@@ -379,8 +409,7 @@ class DraIndex:
         return NodeDevices(
             class_devices=tuple(per_class),
             taken_devices=taken,
-            foreign_claimed=frozenset(d.ref.device for d in devices
-                                      if d.ref in self._allocated_not_ours),
+            foreign_claimed=self._foreign_claimed(devices, bound),
             allocatable=tuple(sorted((r, n) for r, (n, _) in counts.items())),
             foreign=tuple(sorted((r, f) for r, (_, f) in counts.items() if f)))
 

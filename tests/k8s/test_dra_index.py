@@ -73,9 +73,11 @@ def test_DR2_a_claims_allocation_and_a_hard_taint_take_devices_and_records_excus
 
 
 def test_DR2_a_claim_the_binder_did_not_make_is_told_apart_and_follows_its_changes():
-    """`foreign_claimed`: the devices a claim without the binder's managed-by label allocates
-    (an administrator's); the binder's own claims take devices (`taken_devices`) but are not
-    in it. A label change, a new allocation and a deletion each move it."""
+    """`foreign_claimed`: the devices a claim other than the recording set's own allocates: one
+    without the binder's managed-by label (an administrator's), or one with it in another
+    namespace than the recording GPUDevice's (a tenant copying our labels); the binder's own
+    claims take devices (`taken_devices`) but are not in it. A label change, a new allocation
+    and a deletion each move it, and nothing is left behind."""
     from model.claim import MANAGED_BY, MANAGED_BY_LABEL
     idx = world()
     ours = claim(("hgx-1", "gpu-vfio-1"))
@@ -83,16 +85,26 @@ def test_DR2_a_claim_the_binder_did_not_make_is_told_apart_and_follows_its_chang
     assert idx.put_claim(("t", "ours"), ours) == {"hgx-1"}
     assert idx.put_claim(("t", "ours"), ours) == set()  # unchanged
     assert idx.put_claim(("admin", "theirs"), claim(("hgx-1", "gpu-vfio-4"))) == {"hgx-1"}
-    fields = idx.node_fields("hgx-1", [])
+    rec = [bound("hgx-1", "gpu-vfio-1")]  # a device of namespace t records gpu-vfio-1
+    fields = idx.node_fields("hgx-1", rec)
     assert fields.taken_devices == {"gpu-vfio-1", "gpu-vfio-4"}
     assert fields.foreign_claimed == {"gpu-vfio-4"}
     relabelled = claim(("hgx-1", "gpu-vfio-1"))  # same allocation, label gone
     assert idx.put_claim(("t", "ours"), relabelled) == {"hgx-1"}
-    assert idx.node_fields("hgx-1", []).foreign_claimed == {"gpu-vfio-1", "gpu-vfio-4"}
+    assert idx.node_fields("hgx-1", rec).foreign_claimed == {"gpu-vfio-1", "gpu-vfio-4"}
     assert idx.put_claim(("t", "ours"), ours) == {"hgx-1"}
     assert idx.remove_claim(("admin", "theirs")) == {"hgx-1"}
-    fields = idx.node_fields("hgx-1", [])
+    fields = idx.node_fields("hgx-1", [bound("hgx-1", "gpu-vfio-1")])  # t's device records it
     assert (fields.taken_devices, fields.foreign_claimed) == ({"gpu-vfio-1"}, frozenset())
+    # our labels on a claim in another namespace than the recording device's: foreign
+    assert idx.put_claim(("mallory", "copy"), {**ours, "metadata": {
+        "name": "copy", "namespace": "mallory", "labels": {MANAGED_BY_LABEL: MANAGED_BY}}})
+    fields = idx.node_fields("hgx-1", [bound("hgx-1", "gpu-vfio-1")])
+    assert fields.foreign_claimed == {"gpu-vfio-1"}
+    assert idx.remove_claim(("mallory", "copy")) == {"hgx-1"}
+    assert idx.node_fields("hgx-1", [bound("hgx-1", "gpu-vfio-1")]).foreign_claimed == frozenset()
+    assert idx.remove_claim(("t", "ours")) == {"hgx-1"}
+    assert idx._ours_by_ns == {} and idx._allocated_not_ours == {}  # nothing left behind
 
 
 def test_DR1_only_the_highest_pool_generation_counts_and_a_vanished_device_is_gone():
