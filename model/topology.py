@@ -18,6 +18,7 @@ attribute (`resource.kubernetes.io/pcieRoot`) the whole node.
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -310,19 +311,40 @@ class ClassShare:
     keep: tuple[str, ...] = ()
 
 
+ORDERS_TRIED = 24
+"""Most class orders `choose_set` tries on one node (every order of up to four classes)."""
+
+
 def choose_set(shares: Sequence[ClassShare], free: Iterable[str]) \
         -> tuple[dict[str, GroupChoice], None] | tuple[None, tuple[str, NoGroup]]:
     """Choose devices on one node for every class of a set (DR3 per class: each class's
     devices share its own attribute; classes never share a device).
 
     Classes are taken largest count first (then by name), each from what the previous left
-    free: greedy, so a node where only another order would fit is reported as no room (a
-    class pair selecting overlapping devices with different constraints; rare, and then
-    refused, never placed wrongly). Returns ({class: choice}, None) or (None, (class, why))
-    for the first class with no group. Raises ValueError as `choose_devices`."""
+    free; when that order finds no group for some class, the other orders are tried in turn
+    (at most `ORDERS_TRIED`), so two classes selecting overlapping devices are placed when
+    any order fits them. Each class's choice within an order is its own buddy best fit, so a
+    node where only a different choice inside a class would fit is still reported as no room
+    (refused, never placed wrongly). Returns ({class: choice}, None) from the first order
+    that fits, or (None, (class, why)) for the first order's first class with no group.
+    Raises ValueError as `choose_devices`."""
     remaining = frozenset(free)
+    first = sorted(shares, key=lambda s: (-s.count, s.name)) if len(shares) > 1 else list(shares)
+    chosen, failed = _choose_in_order(first, remaining)
+    if chosen is not None or len(first) < 2:
+        return chosen, failed
+    for order in itertools.islice(itertools.permutations(first), 1, ORDERS_TRIED):
+        other, _ = _choose_in_order(order, remaining)
+        if other is not None:
+            return other, None
+    return None, failed
+
+
+def _choose_in_order(shares: Sequence[ClassShare], remaining: frozenset[str]) \
+        -> tuple[dict[str, GroupChoice], None] | tuple[None, tuple[str, NoGroup]]:
+    """`choose_set` for one order of the classes."""
     chosen: dict[str, GroupChoice] = {}
-    for share in sorted(shares, key=lambda s: (-s.count, s.name)) if len(shares) > 1 else shares:
+    for share in shares:
         own = layout(share.devices, share.template, share.count).names
         outcome = choose_devices(share.devices, remaining & own, share.count, share.template,
                                  keep=frozenset(k for k in share.keep if k in remaining))

@@ -276,3 +276,19 @@ def test_property_choose_set_shares_no_device_and_each_class_is_valid(case, seco
     assert not a & b
     assert a | b <= free
     assert len(a) == count and len(b) == second
+
+
+def test_choose_set_tries_another_order_of_the_classes_when_the_first_finds_no_group():
+    """Big (2 devices of gpu-0..2, no constraint) first takes gpu-0 and gpu-1, leaving Small
+    (1 device, only gpu-0) nothing; the other order places both. When no order fits, the
+    first order's failure is reported."""
+    from model.topology import ClassShare, NoGroup, choose_set
+    devs = [Device.of(f"gpu-{i}") for i in range(3)]
+    big = ClassShare("big", tuple(devs), 2)
+    small = ClassShare("small", (devs[0],), 1)
+    chosen, failed = choose_set([big, small], {"gpu-0", "gpu-1", "gpu-2"})
+    assert failed is None
+    assert chosen["small"].devices == ("gpu-0",) and chosen["big"].devices == ("gpu-1", "gpu-2")
+    assert not set(chosen["small"].devices) & set(chosen["big"].devices)
+    chosen, failed = choose_set([big, small], {"gpu-0", "gpu-1"})
+    assert chosen is None and failed[0] == "small" and isinstance(failed[1], NoGroup)
