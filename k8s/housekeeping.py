@@ -586,9 +586,10 @@ class Housekeeper:
         launcher Pod took it (`model.claim.missing_claims`: nothing of the name in the claim
         informer, the set recorded whole) gets the claim made again from the record, so the
         Pod, which waits for it, is allocated exactly the recorded devices and the VMI is not
-        left half-admitted. Confirmed first by live reads: the claim is absent, the VMI is
-        the same incarnation, neither being deleted nor finished, and its own wiring is the
-        record's (`model.claim.restorable_into`). Told by a Warning log line and a Warning
+        left half-admitted. Confirmed first by a live read of the VMI: the same incarnation,
+        neither being deleted nor finished, its own wiring the record's
+        (`model.claim.restorable_into`); then the claim is created, without reading it first:
+        AlreadyExists means one of the name is there after all, and nothing is made. Told by a Warning log line and a Warning
         Event `GPUClaimRestored` on the VMI. Skipped while the claim informer does not
         follow the API server (or there is none)."""
         informer = getattr(self.cache, "claims", None)
@@ -623,17 +624,16 @@ class Housekeeper:
             if why is not None:
                 log.info("claim of an admitted VMI missing; not made again", why=why, **ctx)
                 return
-            try:
-                await self._client.get(RESOURCE_CLAIMS, r.namespace, name)
-                return  # there after all: the informer is behind
-            except errors.NotFound as err:
-                if not err.names(name):
-                    raise
             body = build_claim(r.namespace, r.vmi, members, r.admission, now)
+            # The create is the live read of the claim: AlreadyExists proves one of the name
+            # is there (the informer is behind, or it was made meanwhile), whoever made it; a
+            # claim is never adopted or replaced, so nothing else needs reading to decide.
             await self._client.create(RESOURCE_CLAIMS, r.namespace, body, what=what)
         except errors.ApiError as err:
             if isinstance(err, errors.AlreadyExists):
-                return  # made meanwhile (the informer is behind)
+                log.info("claim of an admitted VMI missing; not made again",
+                         why="a claim of the name is there (the cache was behind)", **ctx)
+                return
             log.warning("housekeeping action failed", action="RestoreClaim",
                         error=str(err)[:300], **ctx)
             return

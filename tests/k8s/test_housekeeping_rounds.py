@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import anyio
 import pytest
+import structlog.testing
 
 from fakes.kube_client import ScriptedClient
 from k8s.housekeeping import Housekeeper
@@ -179,10 +180,11 @@ async def test_DR6_a_deleted_claim_of_an_admitted_vmi_is_made_again_from_the_rec
     from k8s.client import RESOURCE_CLAIMS, VMIS
     from localcluster.dra_profiles import HGX_H100_8, gpu_uuid
     client = ScriptedClient()
-    client.script("get", _wired_vmi(), errors.NotFound("read", 404, "not found", details={"name": "vm-gpus"}))
+    client.script("get", _wired_vmi())
     keeper = _restore_keeper(client)
     await keeper.restore_claims(SINCE)
-    assert client.of("get") == [(VMIS, "t", "vm"), (RESOURCE_CLAIMS, "t", "vm-gpus")]   # live reads first
+    assert client.of("get") == [(VMIS, "t", "vm")]       # the VMI read live; the claim is not read
+    assert [c.method for c in client.calls] == ["get", "create", "create_event"]
     [(res, ns, body)] = client.of("create")
     assert (res, ns, body["metadata"]["name"]) == (RESOURCE_CLAIMS, "t", "vm-gpus")
     assert body["metadata"]["annotations"]["gpu.cozystack.io/admission"] == "adm-1"
@@ -194,14 +196,52 @@ async def test_DR6_a_deleted_claim_of_an_admitted_vmi_is_made_again_from_the_rec
     assert keeper.claims_restored == 1
 
 
-async def test_DR6_nothing_is_made_when_the_claim_is_there_or_the_vmi_is_another_or_finished():
+async def test_DR6_nothing_is_made_when_the_informer_has_the_claim_or_the_vmi_is_another_or_finished():
     client = ScriptedClient()
     await _restore_keeper(client, claims=[("t", "vm-gpus")]).restore_claims(SINCE)
     assert client.calls == []                                  # the informer has it
-    client.script("get", _wired_vmi(), {"metadata": {"name": "vm-gpus"}})      # the informer was behind
-    await _restore_keeper(client).restore_claims(SINCE)
     client.script("get", _wired_vmi("uid-2"))                  # another incarnation
     await _restore_keeper(client).restore_claims(SINCE)
     client.script("get", {**_wired_vmi(), "status": {"phase": "Succeeded"}})   # its Pod is done
     await _restore_keeper(client).restore_claims(SINCE)
     assert client.of("create") == [] and client.of("create_event") == []
+
+
+async def test_DR6_a_create_answered_AlreadyExists_is_a_claim_there_after_all_and_nothing_else_is_done():
+    """The claim informer was behind, or the claim was made between the round's look and
+    the create: the 409 is the live read that it is there. No read of it follows, no Event,
+    nothing counted, and the next round (the informer caught up) does nothing."""
+    from k8s import errors
+    from k8s.client import RESOURCE_CLAIMS, VMIS
+    client = ScriptedClient()
+    client.script("get", _wired_vmi())
+    client.script("create", errors.AlreadyExists(
+        "RestoreClaim t/vm-gpus", 409, 'resourceclaims.resource.k8s.io "vm-gpus" already exists',
+        reason="AlreadyExists", details={"name": "vm-gpus"}))
+    keeper = _restore_keeper(client)
+    with structlog.testing.capture_logs() as logs:
+        await keeper.restore_claims(SINCE)
+    assert [c.method for c in client.calls] == ["get", "create"]
+    [told] = [e for e in logs if e["event"].startswith("claim of an admitted VMI")]
+    assert (told["event"], told["log_level"], told["rule"]) == (
+        "claim of an admitted VMI missing; not made again", "info", "DR6")
+    assert client.of("get") == [(VMIS, "t", "vm")]
+    [(res, ns, body)] = client.of("create")
+    assert (res, ns, body["metadata"]["name"]) == (RESOURCE_CLAIMS, "t", "vm-gpus")
+    assert keeper.claims_restored == 0 and keeper.actions_done == 0
+    client.calls.clear()
+    await _restore_keeper(client, claims=[("t", "vm-gpus")]).restore_claims(SINCE)
+    assert client.calls == []
+
+
+async def test_DR6_a_create_that_fails_otherwise_is_logged_and_counts_nothing():
+    from k8s import errors
+    client = ScriptedClient()
+    client.script("get", _wired_vmi())
+    client.script("create", errors.Forbidden("RestoreClaim t/vm-gpus", 403, "forbidden"))
+    keeper = _restore_keeper(client)
+    with structlog.testing.capture_logs() as logs:
+        await keeper.restore_claims(SINCE)
+    assert client.of("create_event") == [] and keeper.claims_restored == 0
+    [failed] = [e for e in logs if e["event"] == "housekeeping action failed"]
+    assert (failed["action"], failed["rule"], failed["claim"]) == ("RestoreClaim", "DR6", "vm-gpus")
