@@ -220,6 +220,8 @@ class ClusterCache:
         self.slices.add_listener(self._on_slice)
         self.claims.add_listener(self._on_claim)
         self.device_classes.add_listener(self._on_device_class)
+        # DR1: a list read, even empty, lets `_sync_classes` log the classes' problems
+        self.device_classes.add_synced_listener(self._sync_classes)
         self.devices.add_listener(self._on_device_record)
         self._raw_nodes: dict[str, Node] = {}
         self._pod_uses: dict[Key, PodUse] = {}
@@ -350,8 +352,9 @@ class ClusterCache:
             eff = cls if problem == cls.problem else replace(cls, problem=problem)
             if self.view.classes().get(cls.name) != eff:
                 self.view.put_class(eff)
-            # logged once per problem, and only once the DeviceClasses are read: before that
-            # every device-mode class "names a DeviceClass that does not exist"
+            # logged once per problem, and only once the DeviceClasses are read (listed, even
+            # empty or not served: then this runs again): before that every device-mode
+            # class "names a DeviceClass that does not exist"
             if not problem or problem == cls.problem:
                 self._warned_problems.pop(cls.name, None)
             elif self.device_classes.healthy and self._warned_problems.get(cls.name) != problem:

@@ -130,6 +130,7 @@ class Informer:
         self._backoff_max = backoff_max
         self._cache: dict[Key, dict] = {}
         self._listeners: list[Callable[[Key, dict | None], None]] = []
+        self._synced: list[Callable[[], None]] = []
         self.resource_version: str | None = None
         self.relists = 0
         self.events = 0
@@ -165,6 +166,12 @@ class Informer:
         """Call `fn(key, obj)` synchronously on every change (`obj` None: deleted). After a
         relist it is called for every key listed and every key that vanished."""
         self._listeners.append(fn)
+
+    def add_synced_listener(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` after every successful list, once the listeners were told of each key,
+        and when an optional API reads as not served: the cache follows the API server now,
+        which no per-key call says when the list was empty."""
+        self._synced.append(fn)
 
     def remove_listener(self, fn: Callable[[Key, dict | None], None]) -> None:
         """Stop calling `fn` (a consumer going away); no-op when it is not a listener."""
@@ -205,6 +212,8 @@ class Informer:
             self._tell(k, None)
         for k, o in fresh.items():
             self._tell(k, o)
+        for fn in self._synced:
+            fn()
         return rv
 
     def _apply(self, kind: str, obj: dict) -> None:
@@ -294,6 +303,8 @@ class Informer:
         self._healthy = True
         for k in gone:
             self._tell(k, None)
+        for fn in self._synced:
+            fn()
 
     async def _backoff(self, delay: float, **fields: object) -> None:
         self._healthy = False
