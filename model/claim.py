@@ -383,10 +383,15 @@ def missing_claims(devices: Iterable[GPUDevice], live: Mapping[tuple[str, str], 
     cache has, ours or not: a claim of the name that is not ours is never replaced). A set
     whose attachments, request or records disagree (an admission or housekeeping half-way) is
     left out: nothing is made from a record that does not hold. Sorted by (namespace, VMI).
-    Pure."""
+    A device without `status.device` (count mode, or a record not written yet) is skipped
+    before anything else is read of it: a set with such a member is left out anyway (its
+    members must all be recorded), and housekeeping walks every device each round. Pure."""
     by_vmi: dict[tuple[str, str], list[GPUDevice]] = {}
     for d in devices:
-        att = d.status.attached_to
+        st = d.status
+        if st.device is None:
+            continue
+        att = st.attached_to
         if att is not None and att.admission:
             by_vmi.setdefault((d.namespace, att.vmi), []).append(d)
     out = []

@@ -229,6 +229,12 @@ def _admitted(name: str, index: int, *, admission: str = "adm-1", devices=("held
         Phase.BOUND, node, None, Attachment(vmi, NOW, admission), br, ref(node, index)))
 
 
+def _unrecorded(d: GPUDevice) -> GPUDevice:
+    """`d` without its `status.device` record (count mode, or the record not written yet)."""
+    from dataclasses import replace
+    return replace(d, status=replace(d.status, device=None))
+
+
 def _live(admission: str | None = "adm-1"):
     from model.housekeeping import VMIRecord
     return {("t1", "vm"): VMIRecord("t1", "vm", "uid-1", admission)}
@@ -254,6 +260,8 @@ def test_DR6_a_set_whose_record_does_not_hold_whole_is_never_restored():
         "a member missing": [_admitted("held", 1)],
         "refused": [_admitted("vm-h100x-0", 0, result=Result.REFUSED), _admitted("held", 1, result=Result.REFUSED)],
         "two nodes": [_admitted("vm-h100x-0", 0), _admitted("held", 1, node="n2")],
+        "a member not recorded": [_admitted("vm-h100x-0", 0), _unrecorded(_admitted("held", 1))],
+        "no member recorded": [_unrecorded(_admitted("vm-h100x-0", 0)), _unrecorded(_admitted("held", 1))],
     }
     for what, devs in cases.items():
         assert missing_claims(devs, _live(), set(), {"h100x"}) == [], what
@@ -275,3 +283,16 @@ def test_DR6_the_live_vmi_must_be_the_same_incarnation_alive_and_wired_as_record
     assert restorable_into(vmi, r, swapped) == "the VMI's gpus entries are not the record's"
     assert restorable_into({**vmi, "spec": {**vmi["spec"], "resourceClaims": []}}, r, members) \
         == "the VMI does not name the claim"
+
+
+def test_DR6_devices_without_a_record_are_skipped_before_anything_else_is_read_of_them():
+    """Housekeeping hands `missing_claims` every device each round; one without
+    `status.device` (every count-mode device) costs a single attribute read: its attachment,
+    request and class are not looked at (an object without them does not fail)."""
+    from types import SimpleNamespace
+
+    from model.claim import RestoreClaim, missing_claims
+    count_mode = [SimpleNamespace(status=SimpleNamespace(device=None)) for _ in range(3)]
+    devs = [count_mode[0], _admitted("vm-h100x-0", 0), *count_mode[1:], _admitted("held", 1)]
+    assert missing_claims(devs, _live(), set(), {"h100x"}) == [
+        RestoreClaim("t1", "vm", "uid-1", "adm-1", "n1", ("held", "vm-h100x-0"))]
