@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import orjson
 import pytest
-import structlog.testing
 
 from localcluster.dra_profiles import DEVICE_CLASS, device_class
+from tests.support.logs import captured_logs
 from tests.k8s.test_cache_foreign import cache, event, stamped
 
 pytestmark = pytest.mark.anyio
@@ -55,7 +55,7 @@ async def test_DR1_an_empty_deviceclass_list_read_after_the_gpuclasses_logs_the_
     c = cache()
     lists(c.classes, [HGX])
     lists(c.device_classes, [], [])
-    with structlog.testing.capture_logs() as logs:
+    with captured_logs() as logs:
         await c.classes.list_once()
         assert c.view.classes()["hgx"].problem == MISSING
         assert warnings(logs) == []                       # the DeviceClasses are not read yet
@@ -70,7 +70,7 @@ async def test_DR1_an_empty_deviceclass_list_read_before_the_gpuclasses_logs_the
     c = cache()
     lists(c.device_classes, [])
     lists(c.classes, [HGX])
-    with structlog.testing.capture_logs() as logs:
+    with captured_logs() as logs:
         await c.device_classes.list_once()
         await c.classes.list_once()
     assert warnings(logs) == [("hgx", MISSING)]
@@ -79,7 +79,7 @@ async def test_DR1_an_empty_deviceclass_list_read_before_the_gpuclasses_logs_the
 async def test_DR1_a_cluster_without_the_dra_api_reads_as_no_deviceclass_and_logs_the_problem():
     c = cache()
     lists(c.classes, [HGX])
-    with structlog.testing.capture_logs() as logs:
+    with captured_logs() as logs:
         await c.classes.list_once()
         c.device_classes._not_served()                   # the optional informer's 404
     assert warnings(logs) == [("hgx", MISSING)]
@@ -89,7 +89,7 @@ async def test_DR1_a_problem_that_goes_and_comes_back_is_logged_again_and_a_serv
     c = cache()
     lists(c.classes, [HGX])
     lists(c.device_classes, [stamped(device_class())])
-    with structlog.testing.capture_logs() as logs:
+    with captured_logs() as logs:
         await c.classes.list_once()
         await c.device_classes.list_once()
         assert c.view.classes()["hgx"].problem is None and warnings(logs) == []

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import anyio
 import pytest
-import structlog.testing
 
 from fakes.kube_client import ScriptedClient
 from k8s.housekeeping import Housekeeper
 from model.housekeeping import ClearAttachment, DeleteTemplate, LinkAttachment
+from tests.support.logs import captured_logs
 from tests.timing import FAKE_TIME
 
 pytestmark = pytest.mark.anyio
@@ -219,7 +219,7 @@ async def test_DR6_a_create_answered_AlreadyExists_is_a_claim_there_after_all_an
         "RestoreClaim t/vm-gpus", 409, 'resourceclaims.resource.k8s.io "vm-gpus" already exists',
         reason="AlreadyExists", details={"name": "vm-gpus"}))
     keeper = _restore_keeper(client)
-    with structlog.testing.capture_logs() as logs:
+    with captured_logs() as logs:
         await keeper.restore_claims(SINCE)
     assert [c.method for c in client.calls] == ["get", "create"]
     [told] = [e for e in logs if e["event"].startswith("claim of an admitted VMI")]
@@ -240,7 +240,7 @@ async def test_DR6_a_create_that_fails_otherwise_is_logged_and_counts_nothing():
     client.script("get", _wired_vmi())
     client.script("create", errors.Forbidden("RestoreClaim t/vm-gpus", 403, "forbidden"))
     keeper = _restore_keeper(client)
-    with structlog.testing.capture_logs() as logs:
+    with captured_logs() as logs:
         await keeper.restore_claims(SINCE)
     assert client.of("create_event") == [] and keeper.claims_restored == 0
     [failed] = [e for e in logs if e["event"] == "housekeeping action failed"]
