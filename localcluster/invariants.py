@@ -109,19 +109,41 @@ def _int(v) -> int | None:
     return int(v) if isinstance(v, str) and v.isdigit() else (v if isinstance(v, int) else None)
 
 
+def _too_many(exc: BaseException) -> bool:
+    """A 429 (flow control, or "storage is (re)initializing" while a CRD's storage is
+    rebuilt, as a chart upgrade that changes the CRD does): to be retried after a pause."""
+    return getattr(exc, "status", None) == 429
+
+
+async def _listed(call, *args, **kw):
+    """`await call(*args, **kw)`, a 429 answer retried with tenacity (exponential pauses from
+    0.2 s, at most 2 s apart, for at most 20 s; then the 429 is raised)."""
+    from tenacity import (AsyncRetrying, retry_if_exception, stop_after_delay,
+                          wait_exponential)
+
+    async for attempt in AsyncRetrying(retry=retry_if_exception(_too_many),
+                                       wait=wait_exponential(multiplier=0.2, max=2),
+                                       stop=stop_after_delay(20), reraise=True):
+        with attempt:
+            return await call(*args, **kw)
+
+
 async def snapshot(api, *, pods: bool = False, timeout: float = 30) -> Snapshot:
     """Read VMIs, GPUDevices, GPUClasses, Nodes, ResourceQuotas (and, with `pods`, the Pods
     labelled `kubevirt.io/created-by`) through `api` (a kubernetes_asyncio ApiClient with
-    list rights on them). Raises ApiException / aiohttp errors as the client does."""
+    list rights on them). A 429 is retried for up to 20 s (`_listed`: a CRD's storage
+    re-initializing during a chart upgrade answers so). Raises ApiException / aiohttp errors
+    as the client does."""
     from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 
     custom, core = CustomObjectsApi(api), CoreV1Api(api)
     kw = {"_request_timeout": timeout}
-    vmis = (await custom.list_cluster_custom_object(*KV, **kw))["items"]
-    devices = (await custom.list_cluster_custom_object(GROUP, VERSION, "gpudevices", **kw))["items"]
-    classes = (await custom.list_cluster_custom_object(GROUP, VERSION, "gpuclasses", **kw))["items"]
-    nodes = (await core.list_node(**kw)).items
-    quotas = (await core.list_resource_quota_for_all_namespaces(**kw)).items
+    custom_list = custom.list_cluster_custom_object
+    vmis = (await _listed(custom_list, *KV, **kw))["items"]
+    devices = (await _listed(custom_list, GROUP, VERSION, "gpudevices", **kw))["items"]
+    classes = (await _listed(custom_list, GROUP, VERSION, "gpuclasses", **kw))["items"]
+    nodes = (await _listed(core.list_node, **kw)).items
+    quotas = (await _listed(core.list_resource_quota_for_all_namespaces, **kw)).items
     budget: dict[tuple[str, str], int] = {}
     for q in quotas:
         for k, v in (q.spec.hard or {}).items():
@@ -136,7 +158,7 @@ async def snapshot(api, *, pods: bool = False, timeout: float = 30) -> Snapshot:
                                        if _int(v) is not None} for n in nodes},
         budget=budget)
     if pods:
-        got = await core.list_pod_for_all_namespaces(label_selector=CREATED_BY, **kw)
+        got = await _listed(core.list_pod_for_all_namespaces, label_selector=CREATED_BY, **kw)
         snap.pods = {p.metadata.labels[CREATED_BY]: p.spec.node_name or "" for p in got.items
                      if p.metadata.deletion_timestamp is None}
     return snap

@@ -3,6 +3,8 @@ and a clean snapshot gives none."""
 
 from __future__ import annotations
 
+import pytest
+
 from localcluster import invariants as inv
 
 
@@ -94,3 +96,29 @@ def test_DR6_a_device_on_two_bound_records_is_a_violation_and_device_mode_classe
     assert got[0].message == "recorded by 2 Bound GPUDevices: t/g1, u/g2"
     b["status"]["device"] = dict(rec, device="gpu-vfio-4")
     assert inv.check(s) == []
+
+
+@pytest.mark.anyio
+async def test_a_list_answered_429_is_retried_and_another_error_is_not():
+    """The API server answers 429 "storage is (re)initializing" while a chart upgrade rebuilds
+    a CRD's storage (CI saw test_upgrade's invariant sampler fail on it): `_listed` retries
+    a 429 and returns the answer; any other error is raised at once."""
+    from kubernetes_asyncio.client import ApiException
+
+    answers = [ApiException(status=429, reason="Too Many Requests"),
+               ApiException(status=429, reason="Too Many Requests"), {"items": [1]}]
+    calls = []
+
+    async def call(*args, **kw):
+        calls.append((args, kw))
+        got = answers.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    assert await inv._listed(call, "g", "v", "gpudevices", _request_timeout=5) == {"items": [1]}
+    assert calls == [(("g", "v", "gpudevices"), {"_request_timeout": 5})] * 3
+    answers[:] = [ApiException(status=403, reason="Forbidden")]
+    with pytest.raises(ApiException) as err:
+        await inv._listed(call)
+    assert err.value.status == 403 and len(calls) == 4
