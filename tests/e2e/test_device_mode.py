@@ -27,6 +27,8 @@ from kubernetes_asyncio.client import ApiException
 from localcluster.dra_profiles import DRIVER, HGX_H100_8, module_index, resource_slice
 from localcluster.dra_world import DEVICE_BUDGET_KEY, HGX_CLASS, dra_node, group_formed
 from model.dra import Inventory, parse_resource_slice
+from localcluster.fleet import Fleet
+from model.claim import MANAGED_BY, MANAGED_BY_LABEL
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas, unique
 from tests.e2e.helpers import class_rv, device_rv, eventually, leader_index, node_rv, replicas_saw
 from tests.e2e.test_dra_kubevirt import RESOURCE, pinned_claim
@@ -92,15 +94,20 @@ async def join(fleet, system, node: str, label: str) -> None:
     await replicas_saw(system, {"nodes": await node_rv(fleet, node)}, what=f"node {node} joining")
 
 
-async def admin_claim(fleet, node: str, modules: list[int]) -> list[str]:
+async def admin_claim(fleet, node: str, modules: list[int], *, ns: str | None = None,
+                      labels: dict[str, str] | None = None) -> list[str]:
     """An administrator's claim (not the binder's) on `node`'s GPUs of `modules`, allocated
     by kube-scheduler for a Pod of the administrator's own pinned there; returns the devices
-    its allocation lists (foreign use, DR2)."""
-    ns, name = unique("admin"), unique("foreign")
-    await fleet.core.create_namespace({"metadata": {"name": ns}})
-    await fleet.custom.create_namespaced_custom_object(
-        RESOURCE, "v1", ns, "resourceclaims",
-        pinned_claim(name, [module_index(HGX_H100_8, m) for m in modules]))
+    its allocation lists (foreign use, DR2). `ns` (existing) and `labels` make it someone
+    else's: with `fleet` on a tenant's client, a tenant's own claim and Pod in its namespace."""
+    name = unique("foreign")
+    if ns is None:
+        ns = unique("admin")
+        await fleet.core.create_namespace({"metadata": {"name": ns}})
+    claim = pinned_claim(name, [module_index(HGX_H100_8, m) for m in modules])
+    if labels:
+        claim["metadata"]["labels"] = labels
+    await fleet.custom.create_namespaced_custom_object(RESOURCE, "v1", ns, "resourceclaims", claim)
     await fleet.core.create_namespaced_pod(ns, {
         "metadata": {"name": name},
         "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
@@ -245,6 +252,91 @@ async def test_DR4_a_held_device_gathers_with_a_template_into_one_partition_and_
     record = await check_admitted_set(fleet, tenant, made, 2)
     assert group_formed(devices_of(nodes["hgx"], record), HGX_CLASS.match_attribute) \
         .startswith(f"{DRIVER}/partition2=")
+
+
+TAKERS = ["administrator", "tenant-with-our-label"]
+
+
+async def taker_of(fleet, control_plane, tenant_client, tmp_path, who: str) -> tuple:
+    """Who takes an idle held device's GPU (DR2): an administrator (its own namespace, no
+    managed-by label), or another tenant copying the binder's managed-by label onto a claim of
+    its own, made with the tenant's own credentials (a Role letting it create claims and
+    Pods, as a platform's tenant-admin may: under this module's `rawResourceNames: allowed`
+    the policy admits it). Returns (fleet to make the claim with, its namespace, its labels)."""
+    if who == "administrator":
+        ns = unique("admin")
+        await fleet.core.create_namespace({"metadata": {"name": ns}})
+        return fleet, ns, None
+    settings = await fleet.core.read_namespaced_config_map("gpu-settings", "cozy-system")
+    assert settings.data["rawResourceNames"] == "allowed", settings.data
+    ns = unique("t")
+    user = f"user-{ns}"
+    await fleet.tenant(ns, budgets={DEVICE_BUDGET_KEY: 32}, user=user)
+    await fleet.rbac.create_namespaced_role(ns, {
+        "metadata": {"name": "claims"},
+        "rules": [{"apiGroups": [RESOURCE], "resources": ["resourceclaims"], "verbs": ["create", "get"]},
+                  {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get"]}]})
+    await fleet.rbac.create_namespaced_role_binding(ns, {
+        "metadata": {"name": "claims"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "claims"},
+        "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]})
+    path = await anyio.to_thread.run_sync(control_plane.write_user_kubeconfig,
+                                          tmp_path / f"{ns}.kubeconfig", user)
+    return Fleet(await tenant_client(path)), ns, {MANAGED_BY_LABEL: MANAGED_BY}
+
+
+@pytest.mark.parametrize("who", TAKERS)
+async def test_DR2_a_held_devices_gpu_taken_while_idle_re_points_it_on_its_node(
+        dra, fleet, control_plane, tenant_client, tmp_path, who):
+    """DR2/DR4/DR6: a held device's VMI goes (its record stays, the binder's claim is deleted);
+    while it is idle a claim that is not the set's own takes exactly its recorded GPU (an
+    administrator's, or another tenant's carrying our managed-by label in its own namespace)
+    and kube-scheduler allocates it. The tenant's VMI asking for that held device again is
+    admitted on the same node with the record re-pointed to another GPU, never the taken one,
+    and its launcher Pod is bound with a claim allocated exactly as the new record; the
+    taker's allocation is untouched."""
+    cls, nodes, tenant, _ = await world(fleet, dra, {"hgx": {}})
+    node = nodes["hgx"]
+    await fleet.device(tenant, "held-a", cls)
+    await replicas_saw(dra, {"gpudevices": await device_rv(fleet, tenant, "held-a")}, what="held-a")
+    first = vmi("vm-held", cls, 1)
+    first["metadata"]["annotations"] = {"gpu.cozystack.io/devices": "held-a"}
+    made, why = await create(fleet, tenant, first)
+    assert made is not None, why
+    assert pin(made) == node
+    [kept] = await check_admitted_set(fleet, tenant, made, 1)
+    claim_name = made["spec"]["resourceClaims"][0]["resourceClaimName"]
+    await fleet.custom.delete_namespaced_custom_object("kubevirt.io", "v1", tenant,
+                                                       "virtualmachineinstances", "vm-held")
+
+    async def released():
+        dev = await fleet.custom.get_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant,
+                                                              "gpudevices", "held-a")
+        st = dev.get("status") or {}
+        if st.get("attachedTo") is None and await get_claim(fleet, tenant, claim_name) is None:
+            return st
+        return None
+    st = await eventually(released, timeout=60, what="held-a released and the VMI's claim deleted")
+    assert (st["phase"], st["nodeName"], st["device"]["device"]) == ("Bound", node, kept)
+
+    as_taker, taker_ns, labels = await taker_of(fleet, control_plane, tenant_client, tmp_path, who)
+    module = HGX_H100_8.gpus[int(kept.rsplit("-", 1)[1])].module_id
+    assert await admin_claim(as_taker, node, [module], ns=taker_ns, labels=labels) == [kept]
+    [taken] = (await fleet.custom.list_namespaced_custom_object(RESOURCE, "v1", taker_ns,
+                                                                "resourceclaims"))["items"]
+    await replicas_saw(dra, {"resourceclaims": taken["metadata"]["resourceVersion"]},
+                       what="the taker's allocation")
+
+    again = vmi("vm-back", cls, 1)
+    again["metadata"]["annotations"] = {"gpu.cozystack.io/devices": "held-a"}
+    made, why = await create(fleet, tenant, again)
+    assert made is not None, why
+    assert pin(made) == node
+    assert [g["name"] for g in made["spec"]["domain"]["devices"]["gpus"]] == ["held-a"]
+    [moved] = await check_admitted_set(fleet, tenant, made, 1)
+    assert moved != kept, (moved, kept)
+    after = await get_claim(as_taker, taker_ns, taken["metadata"]["name"])
+    assert [r["device"] for r in after["status"]["allocation"]["devices"]["results"]] == [kept]
 
 
 async def test_B5b_a_held_set_whose_record_broke_on_its_cordoned_node_is_re_pointed_there(dra, fleet):
