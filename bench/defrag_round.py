@@ -116,6 +116,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="plans of each round timed; the best")
     ap.add_argument("--out", help="write the report as JSON here")
     a = ap.parse_args()
+    for name, ok, what in (("--nodes", a.nodes >= 1, "at least 1"),
+                           ("--fill", 0 <= a.fill <= 1, "between 0 and 1"),
+                           ("--attached", 0 <= a.attached <= 1, "between 0 and 1"),
+                           ("--rounds", a.rounds >= 1, "at least 1"),
+                           ("--max-moves", a.max_moves >= 1, "at least 1"),
+                           ("--repeat", a.repeat >= 1, "at least 1")):
+        if not ok:
+            ap.error(f"{name} must be {what}, got {getattr(a, name[2:].replace('-', '_'))}")
     rng = random.Random(a.seed)
     device = with_running(fleet(a.nodes, a.fill, rng), a.attached, rng)
     count = count_twin(device)
