@@ -168,6 +168,44 @@ async def check_admitted_set(fleet, ns: str, made: dict, size: int) -> list[str]
     return record
 
 
+async def admitted_naming(fleet, tenant: str, cls: str, name: str, size: int, held: str,
+                          node: str) -> dict:
+    """VMI `name` of `size` GPUs of `cls` naming the held devices `held` (comma separated),
+    created by `tenant` and admitted pinned to `node`; returns it as the API server made it."""
+    body = vmi(name, cls, size)
+    body["metadata"]["annotations"] = {"gpu.cozystack.io/devices": held}
+    made, why = await create(fleet, tenant, body)
+    assert made is not None, why
+    assert pin(made) == node
+    return made
+
+
+async def held_and_idle(fleet, system, cls: str, tenant: str, node: str) -> str:
+    """A held device `held-a` of `cls` whose one-GPU VMI `vm-held` was admitted on `node`
+    (checked as `check_admitted_set`) and then deleted: waits until H2 cleared its attachment
+    and the VMI's claim is gone, and that it stays Bound on `node` recording the same GPU.
+    Returns that GPU's name."""
+    await fleet.device(tenant, "held-a", cls)
+    await replicas_saw(system, {"gpudevices": await device_rv(fleet, tenant, "held-a")}, what="held-a")
+    made = await admitted_naming(fleet, tenant, cls, "vm-held", 1, "held-a", node)
+    [kept] = await check_admitted_set(fleet, tenant, made, 1)
+    claim_name = made["spec"]["resourceClaims"][0]["resourceClaimName"]
+    await fleet.custom.delete_namespaced_custom_object("kubevirt.io", "v1", tenant,
+                                                       "virtualmachineinstances", "vm-held")
+
+    async def released():
+        dev = await fleet.custom.get_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant,
+                                                              "gpudevices", "held-a")
+        st = dev.get("status") or {}
+        if st.get("attachedTo") is None and await get_claim(fleet, tenant, claim_name) is None:
+            return st
+        return None
+
+    st = await eventually(released, timeout=60, what="held-a released and the VMI's claim deleted")
+    assert (st["phase"], st["nodeName"], st["device"]["device"]) == ("Bound", node, kept)
+    return kept
+
+
 @pytest.mark.parametrize("size", [1, 2, 4, 8])
 async def test_DR6_a_set_of_each_size_gets_one_claim_allocated_exactly_as_recorded_in_one_partition(
         dra, fleet, size):
@@ -221,29 +259,7 @@ async def test_DR4_a_held_device_gathers_with_a_template_into_one_partition_and_
     H2: no orphan claim); a new VMI asking for that held device plus one template device gets
     both in one partition of 2, the held one re-pointed if its pair is not free (DR4)."""
     cls, nodes, tenant, _ = await world(fleet, dra, {"hgx": {}})
-    await fleet.device(tenant, "held-a", cls)
-    await replicas_saw(dra, {"gpudevices": await device_rv(fleet, tenant, "held-a")}, what="held-a")
-    first = vmi("vm-held", cls, 1)
-    first["metadata"]["annotations"] = {"gpu.cozystack.io/devices": "held-a"}
-    made, why = await create(fleet, tenant, first)
-    assert made is not None, why
-    [kept] = await check_admitted_set(fleet, tenant, made, 1)
-    claim_name = made["spec"]["resourceClaims"][0]["resourceClaimName"]
-    await fleet.custom.delete_namespaced_custom_object("kubevirt.io", "v1", tenant,
-                                                       "virtualmachineinstances", "vm-held")
-
-    async def released():
-        dev = await fleet.custom.get_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant,
-                                                              "gpudevices", "held-a")
-        st = dev.get("status") or {}
-        claims = await fleet.custom.list_namespaced_custom_object(RESOURCE, "v1", tenant, "resourceclaims")
-        names = [c["metadata"]["name"] for c in claims["items"]]
-        if st.get("attachedTo") is None and claim_name not in names:
-            return st
-        return None
-
-    st = await eventually(released, timeout=60, what="held-a released and the VMI's claim deleted")
-    assert (st["phase"], st["nodeName"], st["device"]["device"]) == ("Bound", nodes["hgx"], kept)
+    await held_and_idle(fleet, dra, cls, tenant, nodes["hgx"])  # its record stays, claim gone
     second = vmi("vm-pair", cls, 1)
     second["metadata"]["annotations"]["gpu.cozystack.io/devices"] = "held-a"
     made, why = await create(fleet, tenant, second)
@@ -297,27 +313,7 @@ async def test_DR2_a_held_devices_gpu_taken_while_idle_re_points_it_on_its_node(
     taker's allocation is untouched."""
     cls, nodes, tenant, _ = await world(fleet, dra, {"hgx": {}})
     node = nodes["hgx"]
-    await fleet.device(tenant, "held-a", cls)
-    await replicas_saw(dra, {"gpudevices": await device_rv(fleet, tenant, "held-a")}, what="held-a")
-    first = vmi("vm-held", cls, 1)
-    first["metadata"]["annotations"] = {"gpu.cozystack.io/devices": "held-a"}
-    made, why = await create(fleet, tenant, first)
-    assert made is not None, why
-    assert pin(made) == node
-    [kept] = await check_admitted_set(fleet, tenant, made, 1)
-    claim_name = made["spec"]["resourceClaims"][0]["resourceClaimName"]
-    await fleet.custom.delete_namespaced_custom_object("kubevirt.io", "v1", tenant,
-                                                       "virtualmachineinstances", "vm-held")
-
-    async def released():
-        dev = await fleet.custom.get_namespaced_custom_object("gpu.cozystack.io", "v1alpha1", tenant,
-                                                              "gpudevices", "held-a")
-        st = dev.get("status") or {}
-        if st.get("attachedTo") is None and await get_claim(fleet, tenant, claim_name) is None:
-            return st
-        return None
-    st = await eventually(released, timeout=60, what="held-a released and the VMI's claim deleted")
-    assert (st["phase"], st["nodeName"], st["device"]["device"]) == ("Bound", node, kept)
+    kept = await held_and_idle(fleet, dra, cls, tenant, node)
 
     as_taker, taker_ns, labels = await taker_of(fleet, control_plane, tenant_client, tmp_path, who)
     module = HGX_H100_8.gpus[int(kept.rsplit("-", 1)[1])].module_id
@@ -327,11 +323,7 @@ async def test_DR2_a_held_devices_gpu_taken_while_idle_re_points_it_on_its_node(
     await replicas_saw(dra, {"resourceclaims": taken["metadata"]["resourceVersion"]},
                        what="the taker's allocation")
 
-    again = vmi("vm-back", cls, 1)
-    again["metadata"]["annotations"] = {"gpu.cozystack.io/devices": "held-a"}
-    made, why = await create(fleet, tenant, again)
-    assert made is not None, why
-    assert pin(made) == node
+    made = await admitted_naming(fleet, tenant, cls, "vm-back", 1, "held-a", node)
     assert [g["name"] for g in made["spec"]["domain"]["devices"]["gpus"]] == ["held-a"]
     [moved] = await check_admitted_set(fleet, tenant, made, 1)
     assert moved != kept, (moved, kept)
@@ -382,11 +374,7 @@ async def test_B5b_a_held_set_whose_record_broke_on_its_cordoned_node_is_re_poin
     await replicas_saw(dra, {"nodes": await node_rv(fleet, home),
                              "resourceslices": new["metadata"]["resourceVersion"]},
                        what="the cordon and the device taint")
-    again = vmi("vm-back", cls, 2)
-    again["metadata"]["annotations"] = {"gpu.cozystack.io/devices": "held-a,held-b"}
-    made, why = await create(fleet, tenant, again)
-    assert made is not None, why
-    assert pin(made) == home
+    made = await admitted_naming(fleet, tenant, cls, "vm-back", 2, "held-a,held-b", home)
     record = await recorded(fleet, tenant, made)
     assert broken not in record and len(set(record)) == 2, (broken, record)
     assert group_formed(devices_of(home, record), HGX_CLASS.match_attribute) is not None, record
