@@ -286,7 +286,7 @@ async def test_image_replica_beside_a_source_replica_killed_mid_admission_loses_
     lc, src, img = beside, 0, 1
     assert lc.replicas[src].user == lc.replicas[img].user == 65532
     assert lc.leader() == "replica-0"
-    capacity = 70   # room for 12 batches of 6 and a stream of at most 6 x 11
+    capacity = 130  # room for 12 batches of 6 and a stream of at most 6 x 30
     _, cls, nodes, ns, _ = await make_pool(fleet, {"a": capacity, "b": capacity},
                                            seen_by=lc)
     tenant = Tenant(fleet, ns, cls)
@@ -320,24 +320,36 @@ async def test_image_replica_beside_a_source_replica_killed_mid_admission_loses_
     enough = anyio.Event()
 
     async def worker(w: int) -> None:
-        for j in range(11):      # bounded: 6 x 11 creates at most
+        for j in range(30):      # bounded: 6 x 30 creates at most
             if enough.is_set():
                 return
             stream.append(f"s{w}-{j}")
             await tenant.create(f"s{w}-{j}")
+
+    async def stuck() -> list[str]:
+        now = time.monotonic()
+        return [n for n, t in tenant.in_flight.items() if now - t > 2]
 
     async with anyio.create_task_group() as tg:
         for w in range(6):
             tg.start_soon(worker, w)
         await eventually(lambda: _admitted_since(lc, img, by["image"]), timeout=20,
                          what="the image replica admitting in the stream")
-        os.kill(proc.pid, signal.SIGSTOP)
         try:
-            async def stuck() -> list[str]:
-                now = time.monotonic()
-                return [n for n, t in tenant.in_flight.items() if now - t > 2]
-            held = await eventually(stuck, timeout=20, interval=0.05,
-                                    what="a create held by the frozen image replica")
+            # freeze it while its own counter shows an admission in progress (a fixed moment
+            # can find it idle: CI twice saw no create held); if that one finished between the
+            # scrape and the signal, let it go on and try again (bounded)
+            for attempt in range(8):
+                await eventually(lambda: _in_progress(lc, img), timeout=20, interval=0.02,
+                                 what="an admission in progress on the image replica")
+                os.kill(proc.pid, signal.SIGSTOP)
+                try:
+                    held = await eventually(stuck, timeout=6, interval=0.05,
+                                            what="a create held by the frozen image replica")
+                    break
+                except AssertionError:
+                    os.kill(proc.pid, signal.SIGCONT)
+            assert held, "no create held by the frozen image replica in 8 freezes"
         finally:
             enough.set()
             lc.kill_replica(img, signal.SIGKILL)
@@ -372,6 +384,13 @@ async def test_image_replica_beside_a_source_replica_killed_mid_admission_loses_
             per_node[d["status"]["nodeName"]] = per_node.get(d["status"]["nodeName"], 0) + 1
     assert all(n <= capacity for n in per_node.values()) and \
         set(per_node) <= set(nodes.values()), per_node
+
+
+async def _in_progress(lc, i: int) -> bool:
+    """Replica `i` holds an admission in progress now (its fair-share gate's gauge)."""
+    from tests.e2e.helpers import scrape
+
+    return (await scrape(lc, i)).get(("gpu_binder_admissions_in_progress", ()), 0.0) >= 1
 
 
 async def _admitted_since(lc, i: int, before: float) -> bool:
