@@ -313,6 +313,116 @@ def version() -> str:
     return dist_version("gpu-binder")
 
 
+def _add_bench_parsers(which) -> None:
+    """One sub-command per benchmark under `gpu-binder bench`, each with only the flags it
+    reads (`gpu-binder bench packing --help`); a flag of another benchmark is refused by
+    argparse (exit 2) instead of being ignored."""
+    def parser(name: str, text: str) -> argparse.ArgumentParser:
+        p = which.add_parser(name, help=text, description=text)
+        p.add_argument("--out", default="bench-out",
+                       help="directory for the JSON report (and the PNG plot where it draws "
+                            "one) (default: %(default)s)")
+        return p
+
+    def quick(p: argparse.ArgumentParser, text: str) -> None:
+        p.add_argument("--quick", action="store_true", help=f"{text} (default: the full run)")
+
+    def seed(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--seed", type=int, default=1,
+                       help="seed of the generated workload (default: %(default)s)")
+
+    def modes(p: argparse.ArgumentParser, text: str) -> None:
+        p.add_argument("--modes", default="count",
+                       help="count (GPUs as an extended resource) and/or device (HGX boards "
+                            "publishing DRA ResourceSlices, a device-mode GPUClass; "
+                            f"docs/device-mode.md), comma separated; {text} "
+                            "(default: %(default)s)")
+
+    core = parser("core", "the actor system against the bare model in one process, on an "
+                          "in-memory store")
+    quick(core, "fewer requests")
+    seed(core)
+
+    e2e = parser("e2e", "the whole system on a local control plane: admission latency by "
+                        "concurrency, the API server's write ceiling")
+    quick(e2e, "fewer levels and requests")
+    seed(e2e)
+    e2e.add_argument("--gpus", default="1",
+                     help="GPUs per VMI, comma separated; 1 runs every concurrency level, any "
+                          "other count one level at concurrency 20 (default: %(default)s)")
+    e2e.add_argument("--levels", default="",
+                     help="concurrency levels (concurrent clients) of the 1-GPU VMIs, comma "
+                          "separated (default: 1,5,10,20,50; with --quick 1,10,20)")
+    modes(e2e, "every level runs in each mode and the report gives device p99 ÷ count p99 "
+               "(issue 32: --gpus 1,4,8 --modes count,device)")
+    e2e.add_argument("--vs-scheduler", action="store_true",
+                     help="in the same run, kube-scheduler binding Pods of the same GPU counts "
+                          "on the same fleet at concurrency 20, and our rate ÷ its "
+                          "(default: off)")
+
+    packing = parser("packing", "one churn trace per load replayed against gpu-binder, "
+                                "kube-scheduler (default and MostAllocated) and the repacking "
+                                "bound; with --hgx, HGX boards in device mode")
+    quick(packing, "6 nodes a lane, 30 scored arrivals, load 0.85 (with --hgx: 4 nodes, 16 "
+                   "arrivals)")
+    seed(packing)
+    packing.add_argument("--simulate", action="store_true",
+                         help="the policy simulation only (tightest fit, spread, defrag, repack "
+                              "on the same traces), no cluster (default: off)")
+    packing.add_argument("--hgx", action="store_true",
+                         help="HGX pools (hgx-h100-8 boards) in device mode, issue 33: a "
+                              "gpu-binder in device mode, b kube-scheduler's DRA allocator "
+                              "alone, c gpu-binder in count mode with a device plugin's pick, d "
+                              "the bound; writes packing-hgx.json/png (default: off)")
+    packing.add_argument("--nodes", type=_count(1), default=None,
+                         help="nodes of 8 GPUs per system and load (default: 24; with --quick "
+                              "6, with --quick --hgx 4)")
+    packing.add_argument("--arrivals", type=_count(1), default=None,
+                         help="scored arrivals per load, after the warm-up (default: 300; with "
+                              "--quick 30)")
+    packing.add_argument("--systems", default="a,b,c,e",
+                         help="the systems to replay, comma separated: a gpu-binder, b "
+                              "kube-scheduler default, c MostAllocated, e gpu-binder with "
+                              "defragmentation; with --hgx a, b and c are --hgx's three and e is "
+                              "left out; the bound (d) is always computed (default: %(default)s)")
+    packing.add_argument("--loads", default="",
+                         help="the offered loads to replay, comma separated, each between 0 "
+                              "and 1 (default: 0.70,0.85,0.95; with --quick 0.85)")
+
+    parser("fairness", "one tenant's burst of 200 creates alone, and tenant B's 50 creates "
+                       "alone and under tenant A's floods of 200 (writes fairness.json)")
+
+    scale = parser("scale", "a populated KWOK cluster with KubeVirt: start-up, memory, "
+                            "admissions quiet and in bursts, leader failover")
+    quick(scale, "20 nodes and a shorter plan, a baseline of 10")
+    scale.add_argument("--nodes", type=_count(1), default=None,
+                       help="nodes of the large cluster (default: 1000; with --quick 20)")
+    scale.add_argument("--vmis", type=_count(1), default=None,
+                       help="running VMIs on the large cluster (default: 2 per node)")
+    scale.add_argument("--baseline-nodes", type=_count(0), default=None,
+                       help="nodes of the baseline cluster measured in the same run for the "
+                            "ratios, 0 for none (default: 100; with --quick 10)")
+    modes(scale, "device measures the device-mode fleet at --nodes only, without a baseline")
+
+    soak = parser("soak", "scale's population under seeded churn (creates, deletes, cordons, "
+                          "held-device moves; a leader kill -9 every 2.5 min and one "
+                          "kube-apiserver restart before the last 45 %% of the run, a steady "
+                          "stretch whose replica RSS trend is judged), DESIGN §7 checked "
+                          "throughout and at the end")
+    seed(soak)
+    soak.add_argument("--nodes", type=_count(1), default=None,
+                      help="KWOK nodes of 8 GPUs (default: 1000)")
+    soak.add_argument("--minutes", type=float, default=None,
+                      help="minutes of churn, at most 20 (default: 20)")
+    soak.add_argument("--create-rate", type=float, default=2.0,
+                      help="VMI creates per second, at most 50, each preceded by a delete once "
+                           "the population runs (default: %(default)s)")
+    soak.add_argument("--tracemalloc", action="store_true",
+                      help="run the replicas with PYTHONTRACEMALLOC=1 and report the source "
+                           "lines whose allocations grew over the steady stretch (slower; "
+                           "default: off)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     parser = argparse.ArgumentParser(prog="gpu-binder", description=__doc__.splitlines()[0])
@@ -375,81 +485,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks: core (actors vs bare model), e2e, "
                                          "packing (placement quality on a churn trace) or "
                                          "fairness (a tenant's creates under another's flood), "
-                                         "scale or soak (churn with leader kills, §7 checked)")
-    bench.add_argument("which", choices=["core", "e2e", "packing", "fairness", "scale", "soak"],
-                       help="core: the actor system against the bare model in one process; "
-                            "e2e: the whole system on a local control plane; packing: one "
-                            "churn trace per load replayed against gpu-binder, kube-scheduler "
-                            "(default and MostAllocated) and the repacking bound; fairness: "
-                            "one tenant's burst of 200 creates alone, and tenant B's 50 creates alone and under tenant A's floods of 200; "
-                            "scale: a populated KWOK cluster with KubeVirt (start-up, memory, "
-                            "admissions quiet and in bursts, leader failover); soak: "
-                            "scale's population under seeded churn (creates, deletes, cordons, "
-                            "held-device moves; a leader kill -9 every 2.5 min and one "
-                            "kube-apiserver restart before the last 45 %% of the run, a steady "
-                            "stretch whose replica RSS trend is judged), DESIGN §7 checked "
-                            "throughout and at the end")
-    bench.add_argument("--out", default="bench-out",
-                       help="directory for the JSON report and PNG plot (default: %(default)s)")
-    bench.add_argument("--quick", action="store_true",
-                       help="fewer levels and requests; packing: 6 nodes a lane, 30 scored arrivals, load 0.85 (with --hgx: 4 nodes, 16 arrivals) (default: the full run)")
-    bench.add_argument("--seed", type=int, default=1,
-                       help="seed of the generated workload (default: %(default)s)")
-    bench.add_argument("--gpus", default="1",
-                       help="e2e: GPUs per VMI, comma separated; 1 runs every concurrency level, "
-                            "any other count one level at concurrency 20 (default: %(default)s)")
-    bench.add_argument("--levels", default="",
-                       help="e2e: concurrency levels (concurrent clients) of the 1-GPU VMIs, comma "
-                            "separated (default: 1,5,10,20,50; with --quick 1,10,20)")
-    bench.add_argument("--modes", default="count",
-                       help="e2e and scale: count (GPUs as an extended resource) and/or device "
-                            "(HGX boards publishing DRA ResourceSlices, a device-mode GPUClass; "
-                            "docs/device-mode.md), comma separated; e2e runs every level in each "
-                            "mode and reports device p99 ÷ count p99 (issue 32: --gpus 1,4,8 "
-                            "--modes count,device); scale measures the device-mode fleet at "
-                            "--nodes only, without a baseline (default: %(default)s)")
-    bench.add_argument("--vs-scheduler", action="store_true",
-                       help="e2e: in the same run, kube-scheduler binding Pods of the same GPU "
-                            "counts on the same fleet at concurrency 20, and our rate ÷ its "
-                            "(default: off)")
-    bench.add_argument("--simulate", action="store_true",
-                       help="packing: the policy simulation only (tightest fit, spread, defrag, "
-                            "repack on the same traces), no cluster (default: off)")
-    bench.add_argument("--hgx", action="store_true",
-                       help="packing: HGX pools (hgx-h100-8 boards) in device mode, issue 33: "
-                            "a gpu-binder in device mode, b kube-scheduler's DRA allocator alone, "
-                            "c gpu-binder in count mode with a device plugin's pick, d the bound; "
-                            "writes packing-hgx.json/png (default: off)")
-    bench.add_argument("--nodes", type=_count(1), default=None,
-                       help="packing: nodes of 8 GPUs per system and load (default: 24; with "
-                            "--quick 6); scale: nodes of the large cluster (default: 1000; with "
-                            "--quick 20); soak: KWOK nodes of 8 GPUs (default: 1000)")
-    bench.add_argument("--vmis", type=_count(1), default=None,
-                       help="scale: running VMIs on the large cluster (default: 2 per node)")
-    bench.add_argument("--baseline-nodes", type=_count(0), default=None,
-                       help="scale: nodes of the baseline cluster measured in the same run for "
-                            "the ratios, 0 for none (default: 100; with --quick 10)")
-    bench.add_argument("--minutes", type=float, default=None,
-                       help="soak: minutes of churn, at most 20 (default: 20)")
-    bench.add_argument("--tracemalloc", action="store_true",
-                       help="soak: run the replicas with PYTHONTRACEMALLOC=1 and report the "
-                            "source lines whose allocations grew over the steady stretch "
-                            "(slower; default: off)")
-    bench.add_argument("--create-rate", type=float, default=2.0,
-                       help="soak: VMI creates per second, at most 50, each preceded by a delete "
-                            "once the population runs (default: %(default)s)")
-    bench.add_argument("--systems", default="a,b,c,e",
-                       help="packing: the systems to replay, comma separated: a gpu-binder, b "
-                            "kube-scheduler default, c MostAllocated, e gpu-binder with "
-                            "defragmentation; the bound (d) is always computed (default: "
-                            "%(default)s)")
-    bench.add_argument("--loads", default="",
-                       help="packing: the offered loads to replay, comma separated, each "
-                            "between 0 and 1 (default: 0.70,0.85,0.95; with --quick 0.85)")
-    bench.add_argument("--arrivals", type=_count(1), default=None,
-                       help="packing: scored arrivals per load, after the warm-up (default: "
-                            "300; with --quick 30)")
+                                         "scale or soak (churn with leader kills, §7 checked); "
+                                         "`gpu-binder bench WHICH --help` lists WHICH's flags")
     bench.set_defaults(func=_bench)
+    which = bench.add_subparsers(dest="which", required=True, metavar="WHICH")
+    _add_bench_parsers(which)
 
     _add_tools(sub, "gpu-binder")
 

@@ -36,10 +36,12 @@ ALL = list(_flags())
 def test_every_sub_command_is_walked():
     paths = {p for p, _ in ALL}
     for want in ("gpu-binder controller", "gpu-binder webhook", "gpu-binder demo",
-                 "gpu-binder cluster up", "gpu-binder bench", "gpu-binder explain",
+                 "gpu-binder cluster up", "gpu-binder explain",
                  "gpu-binder what-if", "gpu-binder top", "kubectl gpu explain",
                  "kubectl gpu what-if", "kubectl gpu top", "gpu-binder defrag",
-                 "kubectl gpu defrag"):
+                 "kubectl gpu defrag", "gpu-binder bench core", "gpu-binder bench e2e",
+                 "gpu-binder bench packing", "gpu-binder bench fairness",
+                 "gpu-binder bench scale", "gpu-binder bench soak"):
         assert want in paths
 
 
@@ -197,6 +199,49 @@ def test_bench_bad_values_exit_2_naming_the_flag(capsys, tmp_path, argv, message
     assert main([*argv, "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["bench", "core", "--hgx"], "--hgx"),                 # packing's
+    (["bench", "fairness", "--quick"], "--quick"),         # fairness has no quick form
+    (["bench", "soak", "--modes", "device"], "--modes"),   # e2e's and scale's
+    (["bench", "scale", "--seed", "3"], "--seed"),         # scale's workload is not seeded
+    (["bench", "e2e", "--nodes", "10"], "--nodes"),
+])
+def test_bench_refuses_another_benchmarks_flag(capsys, tmp_path, argv, flag):
+    """Each benchmark takes only the flags it reads: another's is a usage error (exit 2,
+    naming it), not silently ignored, and nothing is written."""
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert f"unrecognized arguments: {flag}" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_help_lists_only_the_benchmarks_own_flags():
+    """`gpu-binder bench WHICH --help`: each sub-command's flags, the ones its run reads."""
+    which = next(a for a in next(p for path, p in _parsers(build_parser(), "gpu-binder")
+                                 if path == "gpu-binder bench")._actions
+                 if isinstance(a, argparse._SubParsersAction))
+    flags = {name: {o for a in p._actions for o in a.option_strings if o.startswith("--")}
+             - {"--help"} for name, p in which.choices.items()}
+    assert flags == {
+        "core": {"--out", "--quick", "--seed"},
+        "e2e": {"--out", "--quick", "--seed", "--gpus", "--levels", "--modes",
+                "--vs-scheduler"},
+        "packing": {"--out", "--quick", "--seed", "--simulate", "--hgx", "--nodes",
+                    "--arrivals", "--systems", "--loads"},
+        "fairness": {"--out"},
+        "scale": {"--out", "--quick", "--nodes", "--vmis", "--baseline-nodes", "--modes"},
+        "soak": {"--out", "--seed", "--nodes", "--minutes", "--create-rate", "--tracemalloc"},
+    }
+
+
+def test_bench_without_a_benchmark_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench"])
+    assert exc.value.code == 2
+    assert "required: WHICH" in capsys.readouterr().err
 
 
 def test_explain_json_reports_an_error_as_json(capsys, tmp_path):
