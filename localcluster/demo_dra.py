@@ -48,6 +48,8 @@ class Ask:
     gpus: int
     admit: bool
     why: str
+    expect: str = ""
+    """A refusal's text must contain this (a refusal for another reason is not as planned)."""
 
 
 PLAN = (
@@ -55,11 +57,14 @@ PLAN = (
     Ask("tenant-acme", "infer-1", HGX_CLASS.name, 1, True, "one GPU on the other board"),
     Ask("tenant-acme", "infer-2", HGX_CLASS.name, 2, True, "a pair inside the started 4-block"),
     Ask("tenant-acme", "train-4", HGX_CLASS.name, 4, True, "the untouched 4-block stays whole"),
-    Ask("tenant-acme", "odd-3", HGX_CLASS.name, 3, False, "no partition has 3 GPUs"),
-    Ask("tenant-acme", "train-8b", HGX_CLASS.name, 8, False, "no whole board is free"),
+    Ask("tenant-acme", "odd-3", HGX_CLASS.name, 3, False, "no partition has 3 GPUs",
+        "sizes that exist: 1, 2, 4, 8"),
+    Ask("tenant-acme", "train-8b", HGX_CLASS.name, 8, False, "no whole board is free",
+        "needs 8"),
     Ask("tenant-acme", "infer-1b", HGX_CLASS.name, 1, True, "the last GPU of the board"),
     Ask("tenant-acme", "render-2", L40S_CLASS.name, 2, True, "two L40S on one PCIe root"),
-    Ask("tenant-blue", "blue-4", HGX_CLASS.name, 4, False, "over tenant-blue's budget of 2"),
+    Ask("tenant-blue", "blue-4", HGX_CLASS.name, 4, False, "over tenant-blue's budget of 2",
+        "budget of tenant tenant-blue"),
 )
 
 
@@ -85,7 +90,12 @@ class Outcome:
 
     @property
     def as_expected(self) -> bool:
-        return self.admitted == self.ask.admit and not self.problems
+        return self.admitted == self.ask.admit and not self.problems and self.reason_as_planned
+
+    @property
+    def reason_as_planned(self) -> bool:
+        """A planned refusal's text says why it was planned (`Ask.expect`)."""
+        return self.admitted or self.ask.expect in (self.row.reason or "")
 
 
 async def read_set(api, out: Outcome, inventory) -> None:
@@ -121,9 +131,12 @@ async def read_set(api, out: Outcome, inventory) -> None:
             out.problems.append(f"GPUDevice {g['name']} has no status.device (DR2 record)")
             continue
         out.recorded.append(f"{ref['pool']}/{ref['device']}")
-    devices = [d for d in inventory.devices(out.row.node)
-               if f"{d.ref.pool}/{d.ref.device}" in out.recorded]
-    out.modules = module_ids(devices)
+    devices = sorted((d for d in inventory.devices(out.row.node)
+                      if f"{d.ref.pool}/{d.ref.device}" in out.recorded),
+                     key=lambda d: f"{d.ref.pool}/{d.ref.device}")
+    # one module id per device, in the order the devices are printed (sorted ids read as
+    # if the first device had the first: newcomer)
+    out.modules = [m for d in devices for m in module_ids([d])]
     cls = next(c for c in CLASSES if c.name == out.ask.cls)
     out.group = group_formed(devices, cls.match_attribute)
     if out.recorded and out.group is None:
@@ -204,7 +217,8 @@ def print_outcomes(outcomes: list[Outcome]) -> int:
         if o.admitted:
             devices = ", ".join(d.split("/", 1)[1] for d in sorted(o.recorded)) or "?"
             modules = ", ".join(map(str, o.modules))
-            modules = f" (module{'s' if len(o.modules) > 1 else ''} {modules})" if o.modules else ""
+            modules = (f" (module ids {modules}, in that order)" if len(o.modules) > 1
+                       else f" (module id {modules})" if o.modules else "")
             print(f"{o.ask.name:<10} {o.ask.tenant:<12} {asked:<12} admitted on {o.row.node}: "
                   f"{devices}{modules}" + (f", forming {o.group}" if o.group else ""))
             if o.claim:
@@ -223,6 +237,8 @@ def print_outcomes(outcomes: list[Outcome]) -> int:
                 print(f"{'':<45}{line}")
         if not o.as_expected:
             want = "admitted" if o.ask.admit else "refused"
+            if o.admitted == o.ask.admit and not o.reason_as_planned:
+                want = f"refused saying {o.ask.expect!r}"
             for p in o.problems or [f"expected {want} ({o.ask.why})"]:
                 print(f"{'':<36}NOT AS EXPECTED: {p}")
     print("-" * 120)

@@ -295,11 +295,14 @@ def kept_conflict(snapshot: Snapshot, plan: AdmissionPlan, owner: str | None) ->
 def _unpermitted(snapshot: Snapshot, orders: Sequence[Order], permitted: frozenset[str]) -> Refusal | None:
     """W1: the first class of the set whose resource KubeVirt does not permit, as a Refusal.
     Device-mode classes are not host devices: KubeVirt takes their GPUs from the VMI's
-    ResourceClaims (`GPUsWithDRA`), not from `permittedHostDevices` (DR1, DR5)."""
+    ResourceClaims (`GPUsWithDRA`), not from `permittedHostDevices` (DR1, DR5). A class with
+    a problem (neither or both of resourceName and deviceClassName) is left to `check_set`,
+    which refuses it with that problem (`ClassProblem`), not as an unpermitted "" resource."""
     for o in orders:
         dev = snapshot.device(o.namespace, o.device) if o.device else None
         cls = snapshot.classes.get(dev.class_name if dev else o.class_name)
-        if cls is not None and not cls.device_mode and cls.resource_name not in permitted:
+        if cls is not None and cls.problem is None and not cls.device_mode \
+                and cls.resource_name not in permitted:
             return Refusal(ClassNotPermitted(cls.name, cls.resource_name))
     return None
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Sequence
 
-from model.decide import Request, judge, mixed_modes
-from model.reasons import BudgetExhausted, DeviceListedTwice, NoDevices, WrongNamespace
+from model.decide import Request, judge, mixed_modes, size_nowhere
+from model.reasons import BudgetExhausted, Code, DeviceListedTwice, NoDevices, WrongNamespace
 from model.snapshot import Order, Snapshot, Verdict
 from model.types import GPUDevice, Labels, Phase, Toleration
 
@@ -34,7 +34,8 @@ def check_set(snapshot: Snapshot, namespace: str, orders: Sequence[Order], *, no
     Device mode (DR1, DR3): a set mixing device-mode and count-mode classes is refused
     first (`MixedModes`: KubeVirt refuses such a VMI); a class with a problem is refused by
     `check_order` (`ClassProblem`); the binder's judgement checks the topology (a set of 3
-    on HGX boards is refused naming the partition sizes that exist)."""
+    on HGX boards is refused naming the partition sizes that exist, per node, even where
+    fewer units are free than it asks: no room would make that size exist)."""
     if not orders:
         return Verdict(False, NoDevices(asked=True))
     mixed = mixed_modes(snapshot, dict.fromkeys(_order_class(snapshot, o) for o in orders))
@@ -53,6 +54,14 @@ def check_set(snapshot: Snapshot, namespace: str, orders: Sequence[Order], *, no
             order = replace(order, tolerations=tolerations)
         verdict = snap.check_order(order)
         if not verdict.admitted:
+            if verdict.reason is not None and verdict.reason.code is Code.NO_FREE_UNIT:
+                counts_of: dict[str, int] = {}
+                for o in orders:
+                    c = _order_class(snapshot, o)
+                    counts_of[c] = counts_of.get(c, 0) + 1
+                if size_nowhere(snapshot, counts_of):  # DR3: no room would take it
+                    return judge_set(snapshot, namespace, orders, node_selector=node_selector,
+                                     tolerations=tolerations)
             return _set_budget_verdict(snapshot, namespace, orders, verdict)
         if order.device is not None:
             base = snap.device(namespace, order.device)

@@ -508,9 +508,13 @@ class _Set:
             out.append(SelectorMismatch(tuple((k, v) for k, v in sel if have.get(k) != v)))
         here = self.here.get(node, {})
         short = False
+        # a class the node does not serve is the reason; its units there (another class's
+        # devices of the same DeviceClass or resource) are not room for the set
+        unserved_res = {snap.classes[c].resource_name for c in unserved} - {
+            snap.classes[c].resource_name for c in self.class_names if c not in unserved}
         for res in self.resources:
             alloc = snap.allocatable(node, res)
-            if alloc <= 0:
+            if alloc <= 0 or res in unserved_res:
                 continue  # reported as a class it does not serve
             need = self.total[res] - here.get(res, 0)
             free = snap.free(node, res)
@@ -522,11 +526,28 @@ class _Set:
                     out.append(LostCapacity(res, used - foreign, foreign, alloc))
                 else:
                     out.append(NoRoom(res, need, max(free, 0), foreign))
-        if self.device_classes and not short and not unserved:
-            choice = self.device_choice(node)  # DR3: the units are there; a group of them?
-            if isinstance(choice, NoDeviceGroup):
-                out.append(choice)
+        if self.device_classes and not unserved:
+            missing = self.size_missing(node)
+            if missing is not None:
+                # DR3: no group of that size exists here at all; room would not help, so the
+                # node's shortage of units is not the reason (explain's smallest change
+                # leaves the node out: `CAPACITY_CODES`)
+                res = snap.classes[missing.class_name].resource_name
+                out = [r for r in out if not (isinstance(r, NoRoom) and r.resource == res)]
+                out.append(missing)
+            elif not short:
+                choice = self.device_choice(node)  # DR3: the units are there; a group of them?
+                if isinstance(choice, NoDeviceGroup):
+                    out.append(choice)
         return out
+
+    def size_missing(self, node: str) -> NoDeviceGroup | None:
+        """DR3: a device-mode class of the set whose sized matchAttribute, for the set's
+        count of it, no device of `node` carries (3 GPUs on HGX boards: partitions are of 1,
+        2, 4 and 8), whatever is free there; None when every class's size exists on the node
+        (or the node has no device of the class: it does not serve it)."""
+        return node_size_missing(self.snap, node, {c: len(self.by_class[c])
+                                                   for c in self.device_classes})
 
     def leftover(self, node: str) -> int:
         here = self.here.get(node, {})
@@ -654,6 +675,42 @@ def _resolve(snap: Snapshot, request: Request) -> tuple[list[GPUDevice], list[De
     if mixed is not None:
         problems.append(mixed)
     return members, described, problems, class_names
+
+
+def node_size_missing(snap: Snapshot, node: str, counts: Mapping[str, int]) -> NoDeviceGroup | None:
+    """DR3: the first device-mode class of `counts` (class name -> the set's count of it)
+    whose matchAttribute resolved for that count (`{size}`) no device of `node` carries,
+    as a `NoDeviceGroup` naming the sizes that exist there; None when each one's exists,
+    or the class has no `{size}` or no device on the node."""
+    n = snap.nodes.get(node)
+    if n is None:
+        return None
+    for c, count in counts.items():
+        cls = snap.classes.get(c)
+        template = cls.match_attribute if cls is not None else None
+        if template is None or "{size}" not in template:
+            continue
+        devices = n.devices_of(c)
+        if not devices:
+            continue
+        lay = layout(device_set(devices).devices, template, count)
+        if lay.attribute is not None and not lay.groups:
+            return NoDeviceGroup(c, lay.attribute, count, 0, 0, True, lay.sizes)
+    return None
+
+
+def size_nowhere(snap: Snapshot, counts: Mapping[str, int]) -> bool:
+    """DR3: some device-mode class of `counts` asks a size (`{size}` in its matchAttribute)
+    that no node serving the class has (a set of 3 on HGX boards): no room would ever take
+    the set, so W1 names the sizes (per node) rather than the units free."""
+    for c, count in counts.items():
+        cls = snap.classes.get(c)
+        if cls is None or not cls.device_mode:
+            continue
+        nodes = snap.serving_nodes(c)
+        if nodes and all(node_size_missing(snap, n, {c: count}) is not None for n in nodes):
+            return True
+    return False
 
 
 def mixed_modes(snap: Snapshot, class_names: Iterable[str]) -> MixedModes | None:

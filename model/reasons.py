@@ -674,6 +674,26 @@ class DeviceAt:
         return f"{self.name} (Bound on {self.node})" if self.node else f"{self.name} (Pending)"
 
 
+def _devices_head(devices: tuple[DeviceAt, ...]) -> str:
+    """The devices a set refusal lists: held ones by name and where they are; the template
+    devices W1 judges (named "new <class> #<n>" by `model.check`, not Kubernetes names) as
+    "<n> new <class> device(s)", so a set of 8 new GPUs reads as one phrase."""
+    if not devices:
+        return "no devices"
+    named: list[str] = []
+    new: dict[str, int] = {}
+    for d in devices:
+        cls, sep, _ = d.name[4:].rpartition(" #") if d.name.startswith("new ") else ("", "", "")
+        if sep and d.node is None and d.found:
+            new[cls] = new.get(cls, 0) + 1
+        else:
+            named.append(str(d))
+    fresh = [f"{n} new {c} device{'s' if n > 1 else ''}" for c, n in new.items()]
+    if not named:
+        return ", ".join(fresh)
+    return "devices " + ", ".join(named) + (" and " + ", ".join(fresh) if fresh else "")
+
+
 @dataclass(frozen=True, slots=True)
 class SetRefused(Reason):
     """The binder's refusal of a set (B1): every listed device with its node, then the
@@ -693,8 +713,7 @@ class SetRefused(Reason):
         return self.reasons[0].category
 
     def render(self) -> str:
-        head = "devices " + ", ".join(map(str, self.devices)) if self.devices else "no devices"
-        body = "; ".join([head, *(r.render() for r in self.reasons)])
+        body = "; ".join([_devices_head(self.devices), *(r.render() for r in self.reasons)])
         return f"refused {self.request}: {body}" if self.request is not None else body
 
 

@@ -77,12 +77,21 @@ def test_the_demo_says_what_was_not_as_expected_and_counts_it(capsys):
     refused = Outcome(Ask("tenant-acme", "odd-3", HGX_CLASS.name, 3, False, "no partition of 3"),
                       Row("odd-3", "tenant-acme", "", reason="no partition of 3 GPUs; sizes 1, 2, 4, 8"))
     wrongly = Outcome(ask, Row("train-4", "tenant-acme", "", reason="timeout"))
-    assert print_outcomes([ok, unwired, refused, wrongly]) == 2
+    # refused, but for another reason than planned (room instead of the sizes: newcomer)
+    odd = Ask("tenant-acme", "odd-3", HGX_CLASS.name, 3, False, "no partition of 3",
+              "sizes that exist")
+    other_reason = Outcome(odd, Row("odd-3", "tenant-acme", "", reason="needs 3, has 1 free"))
+    assert print_outcomes([ok, unwired, refused, wrongly, other_reason]) == 3
     out = capsys.readouterr().out
-    assert ("admitted on hgx-node-01: gpu-vfio-4, gpu-vfio-5, gpu-vfio-6, gpu-vfio-7 (modules 5, 6, "
-            "7, 8), forming gpu.nvidia.com/partition4=2") in out
+    assert ("admitted on hgx-node-01: gpu-vfio-4, gpu-vfio-5, gpu-vfio-6, gpu-vfio-7 (module ids "
+            "5, 6, 7, 8, in that order), forming gpu.nvidia.com/partition4=2") in out
     assert "claim train-4-gpus: allocated as recorded; launcher Pod bound on hgx-node-01" in out
     assert "NOT AS EXPECTED: admitted without a ResourceClaim" in out
     assert "REFUSED: no partition of 3 GPUs; sizes 1, 2, 4, 8" in out
     assert "NOT AS EXPECTED: expected admitted (why)" in out
-    assert "4 VMIs: 2 admitted, 2 refused; 2 of 4 as expected" in out
+    assert "NOT AS EXPECTED: expected refused saying 'sizes that exist' (no partition of 3)" in out
+    assert "5 VMIs: 2 admitted, 3 refused; 2 of 5 as expected" in out
+
+
+def test_every_planned_refusal_says_what_it_must_contain():
+    assert all(a.expect for a in PLAN if not a.admit)

@@ -15,7 +15,7 @@ from model.check import check_set
 from model.dra import DeviceRef
 from model.decide import Request, Rule, apply_decision, decide
 from model.hold import Hold, outstanding
-from model.reasons import ClassProblem, Code, MixedModes, NoDeviceGroup
+from model.reasons import CannotPlace, ClassProblem, Code, MixedModes, NoDeviceGroup
 from model.snapshot import Order, Snapshot
 from model.topology import resolve_attribute
 from model.types import DeviceStatus, GPUClass, GPUDevice, Phase, Result
@@ -120,6 +120,59 @@ def test_DR3_W1_a_set_of_three_on_HGX_is_refused_naming_the_sizes_that_exist():
     assert v.reason.render().endswith(
         "n1: no h100x device carries gpu.nvidia.com/partition3 (sizes that exist: 1, 2, 4, 8)")
     assert check_set(snap, "t", [Order("t", CLASS)] * 4).admitted
+
+
+def test_DR3_W1_a_set_of_three_is_refused_naming_the_sizes_even_where_fewer_units_are_free():
+    # newcomer: with 1 GPU free per board the refusal said "needs 3, has 1 free" (room)
+    # although no room would ever make a partition of 3
+    snap = snap_of([dra_node("n1", taken=(0, 1, 2, 3, 4, 5, 6)), dra_node("n2", taken=(0, 1, 2, 3, 4))])
+    v = check_set(snap, "t", [Order("t", CLASS)] * 3)
+    assert not v.admitted and v.reason.code is Code.NO_ELIGIBLE_NODE
+    text = v.reason.render()
+    for n in ("n1", "n2"):
+        assert f"{n}: no h100x device carries gpu.nvidia.com/partition3 (sizes that exist: " \
+               f"1, 2, 4, 8)" in text
+    assert "has 1 free" not in text and "has 3 free" not in text
+    # the binder's own per-node reasons agree (its refusal and explain read them)
+    d = decide(snap.with_devices(pending("a", "b", "c")), Request("r1", "t", "vm", ("a", "b", "c")))
+    assert d.result is Result.REFUSED
+    for nr in d.reason.reasons[0].nodes:
+        assert nr.problems == (NoDeviceGroup(CLASS, "gpu.nvidia.com/partition3", 3, 0, 0, True,
+                                             (1, 2, 4, 8)),)
+    # a size that exists and no room: still the room's reason
+    v = check_set(snap, "t", [Order("t", CLASS)] * 4)
+    assert not v.admitted and "sizes that exist" not in v.reason.render()
+    assert "n2: needs 4 × vfio.gpu.nvidia.com devices, has 3 free" in v.reason.render()
+
+
+def test_B3_a_node_not_serving_the_class_is_refused_for_that_alone_not_its_other_classes_units():
+    # newcomer: "l40s-node-00: does not serve class hgx-h100, needs 8 × … devices, has 4 free"
+    # (its L40S count under the same DeviceClass's quota key)
+    other = device_class("l40s", match_attribute=None)
+    snap = snap_of([dra_node("n1", taken=(0,)), dra_node("n2", classes=("l40s",), taken=(0, 1, 2, 3))],
+                   classes=[device_class(), other])
+    d = decide(snap.with_devices(pending(*"abcdefgh")), Request("r1", "t", "vm", tuple("abcdefgh")))
+    assert d.result is Result.REFUSED
+    by_node = {nr.node: nr.render() for nr in d.reason.reasons[0].nodes}
+    assert by_node["n2"] == "n2: does not serve class h100x"
+    assert by_node["n1"].startswith("n1: needs 8 × ") and "has 7 free" in by_node["n1"]
+
+
+def test_W1_a_class_with_neither_mode_is_refused_for_its_problem_not_as_unpermitted():
+    # newcomer: "KubeVirt does not permit resource  (…)" with an empty name, before the problem
+    from datetime import datetime, timedelta, timezone
+
+    from model.admission import Refusal, check
+    from model.parse import VMIAsk
+
+    problem = "sets neither spec.resourceName nor spec.deviceClassName: exactly one is required (DR1)"
+    neither = GPUClass(CLASS, "", problem=problem)   # as model.parse reads such a class
+    snap = snap_of([dra_node("n1")], classes=[neither])
+    got = check(snap, "t", "vm", VMIAsk((), ((CLASS, 1),)), set(),
+                datetime(2030, 1, 1, tzinfo=timezone.utc), timedelta(minutes=2),
+                permitted=frozenset({"nvidia.com/L40S"}))
+    assert got == Refusal(CannotPlace("t", "vm", (ClassProblem(CLASS, problem),)))
+    assert "does not permit" not in got.reason.render()
 
 
 def test_W1_a_class_with_a_problem_is_refused_per_order():

@@ -207,6 +207,20 @@ def test_a_refusal_names_the_request_and_devices_and_takes_its_first_reasons_cod
     assert (w1.code, w1.category) == (Code.BUDGET_EXHAUSTED, Category.POLICY)
 
 
+def test_W1_a_refusal_counts_the_template_devices_it_judged_instead_of_listing_each():
+    # newcomer: eight "new hgx-h100 #k (Pending)" before the reason
+    new = tuple(r.DeviceAt(f"new hgx-h100 #{i}") for i in range(1, 9))
+    nodes = (r.NoRoomForSet(),)
+    assert r.SetRefused(new, nodes).render() == ("8 new hgx-h100 devices; no eligible node has "
+                                                 "room for the set")
+    one = r.SetRefused((r.DeviceAt("new h100 #1"),), nodes).render()
+    assert one.startswith("1 new h100 device; ")
+    mixed = (r.DeviceAt("gpu-a", "node-1"), r.DeviceAt("new h100 #1"), r.DeviceAt("new l40s #1"),
+             r.DeviceAt("new h100 #2"))
+    assert r.SetRefused(mixed, nodes).render().startswith(
+        "devices gpu-a (Bound on node-1) and 2 new h100 devices, 1 new l40s device; ")
+
+
 def test_succeeded_wording():
     ref = r.RequestRef("tenant-a", "vm-1", "r1")
     assert r.Placed(ref, "node-2", ("gpu-b",), (("gpu-a", "node-1"),)).render() == (
