@@ -302,7 +302,9 @@ class BudgetExhausted(Reason):
             return (f"tenant {self.namespace} has no budget for {resource_label(self.resource)} "
                     f"(its ResourceQuota allows 0), request adds {self.adds}")
         being = f" + {self.reserved} being bound" if self.reserved else ""
-        return (f"budget of tenant {self.namespace} for {resource_label(self.resource)} exhausted: "
+        # "exhausted" only when nothing is left; else the request is what does not fit
+        state = "exhausted" if self.usage >= self.budget else "too small for the request"
+        return (f"budget of tenant {self.namespace} for {resource_label(self.resource)} {state}: "
                 f"{self.bound} bound{being} of {self.budget}, request adds {self.adds}")
 
 

@@ -221,6 +221,15 @@ def test_W1_a_refusal_counts_the_template_devices_it_judged_instead_of_listing_e
         "devices gpu-a (Bound on node-1) and 2 new h100 devices, 1 new l40s device; ")
 
 
+def test_a_budget_with_room_left_is_too_small_for_the_request_not_exhausted():
+    # newcomer: "exhausted: 0 bound of 2, request adds 4"
+    assert r.BudgetExhausted("t", H, 0, 2, 4).render() == (
+        "budget of tenant t for nvidia.com/H100 too small for the request: 0 bound of 2, "
+        "request adds 4")
+    assert r.BudgetExhausted("t", H, 1, 2, 2, reserved=1).render().startswith(
+        "budget of tenant t for nvidia.com/H100 exhausted: 1 bound + 1 being bound of 2")
+
+
 def test_succeeded_wording():
     ref = r.RequestRef("tenant-a", "vm-1", "r1")
     assert r.Placed(ref, "node-2", ("gpu-b",), (("gpu-a", "node-1"),)).render() == (
