@@ -308,6 +308,19 @@ def print_table(rows: list[Row]) -> None:
     print("admitted per node: " + ", ".join(f"{n}={c}" for n, c in sorted(per_node.items())))
 
 
+def write_whole_reasons(rows: list[Row], path: Path) -> int:
+    """The reasons the table cut with "…" (`short_reason`), each whole on one line
+    "<vm> <tenant>: <reason>", written to `path` (the cluster, its Events and conditions are
+    gone once the demo stops); returns how many, and writes nothing when none was cut."""
+    cut = [r for r in rows if not r.node and r.reason
+           and short_reason(r.reason) != r.reason.replace(DENIED_PREFIX, "")]
+    if cut:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(f"{r.vmi} {r.tenant}: {r.reason.replace(DENIED_PREFIX, '')}\n"
+                                for r in cut))
+    return len(cut)
+
+
 def hold(lc: LocalCluster) -> None:
     """`--keep`: leave everything running until Ctrl-C."""
     print(f"kept running; admin kubeconfig: {lc.cp.admin_kubeconfig}. Ctrl-C stops it.")
@@ -363,6 +376,9 @@ def run(*, nodes: int = 8, vmis: int = 30, seed: int = 7, log_dir: Path = Path("
 
         rows = anyio.run(main)
         print_table(rows)
+        whole = log_dir / "reasons.txt"
+        if write_whole_reasons(rows, whole):
+            print(f"reasons cut with … above are whole in {whole}")
         print(f"\nleader: {lc.leader()}; per-node decision logs: "
               f"{log_dir}/<replica>/<node>.jsonl (e.g. tail -f {log_dir}/{lc.leader()}/gpu-node-00.jsonl)")
         print("\nevery GPUDevice afterwards (kubectl get gpudevices -A, by node):")

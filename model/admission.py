@@ -333,10 +333,12 @@ def _room_reasons(snapshot: Snapshot, orders: Sequence[Order], node_selector: La
     (B3: placeable, no untolerated NoSchedule/NoExecute taint, matching the launcher's
     nodeSelector; the per-device check's own wording would read as if nothing were free)."""
     need: dict[tuple[str, str], int] = {}
+    members: dict[str, int] = {}
     for o in orders:
         dev = snapshot.device(o.namespace, o.device) if o.device else None
         cls_name = dev.class_name if dev else o.class_name
         cls = snapshot.classes.get(cls_name)
+        members[cls_name] = members.get(cls_name, 0) + 1
         if cls is not None and (dev is None or dev.bound_node is None):
             need[(cls_name, cls.resource_name)] = need.get((cls_name, cls.resource_name), 0) + 1
     parts: list[Reason] = []
@@ -348,7 +350,12 @@ def _room_reasons(snapshot: Snapshot, orders: Sequence[Order], node_selector: La
     for (cls_name, res), n in sorted(need.items()):
         frees = [snapshot.free(node, res) for node in snapshot.serving_nodes(cls_name)
                  if eligible(node)]
-        parts.append(SetNeeds(cls_name, res, n, max(frees) if frees else None))
+        cls = snapshot.classes[cls_name]
+        sizes = [len(snapshot.nodes[node].devices_of(cls_name)) if cls.device_mode
+                 else snapshot.allocatable(node, res) for node in snapshot.serving_nodes(cls_name)]
+        largest = max(sizes) if sizes and max(sizes) < members[cls_name] else None
+        parts.append(SetNeeds(cls_name, res, n, max(frees) if frees else None, largest,
+                              members[cls_name] if largest is not None else 0))
     return tuple(parts) or (NoRoomForSet(),)
 
 

@@ -891,17 +891,25 @@ class GpuEntryNotPermitted(Reason):
 @dataclass(frozen=True, slots=True)
 class SetNeeds(Reason):
     """The set needs `needs` new units of `resource` (class `class_name`) on one node; the
-    most free on an eligible node serving it is `most_free` (None: none is eligible)."""
+    most free on an eligible node serving it is `most_free` (None: none is eligible).
+    `largest`: set when no node serving the class has as many as the set's `members` of it
+    at all, free or not (the most any has): no wait makes room, a smaller set or a larger
+    node does."""
     code: ClassVar[Code] = Code.SET_NEEDS
     class_name: str
     resource: str
     needs: int
     most_free: int | None
+    largest: int | None = None
+    members: int = 0
 
     def render(self) -> str:
         most = (f"the most free on an eligible node serving it is {self.most_free}"
                 if self.most_free is not None else "no node serving it is eligible")
-        return f"the set needs {self.needs} × {resource_label(self.resource)} (class {self.class_name}) on one node; {most}"
+        never = (f"; no node serving it has {self.members} at all (the largest has "
+                 f"{self.largest})" if self.largest is not None else "")
+        return (f"the set needs {self.needs} × {resource_label(self.resource)} (class "
+                f"{self.class_name}) on one node; {most}{never}")
 
 
 @dataclass(frozen=True, slots=True)

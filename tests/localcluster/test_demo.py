@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from localcluster.demo import DENIED_PREFIX, Row, print_table, short_reason
+from localcluster.demo import DENIED_PREFIX, Row, print_table, short_reason, write_whole_reasons
 
 # a refusal as a waiting VM shows it, rendered by model.reasons (SetNeeds), 185 characters
 LONG = ("waiting (GPUSetRefused): GPU set of tenant-blue/vm-07-h100x4 refused: the set needs "
@@ -62,3 +62,15 @@ def test_the_table_labels_every_column_and_shows_the_answer_time_under_its_label
     assert shown.startswith(LONG) and shown.endswith("…")
     assert lines[-2] == "2 VMs: 1 admitted, 1 waiting; 1 of 1 launcher Pods bound on their pinned node"
     assert lines[-1] == "admitted per node: gpu-node-00=1"
+
+
+def test_the_reasons_the_table_cut_are_written_whole(tmp_path):
+    # newcomer: a cut reason's end was nowhere once the demo had stopped the cluster
+    rows = [Row("vm-a", "tenant-acme", "h100=1", reason=DENIED_PREFIX + LONG + "; " + LONG),
+            Row("vm-b", "tenant-acme", "h100=1", reason="short"),
+            Row("vm-c", "tenant-acme", "h100=1", node="gpu-node-00")]
+    path = tmp_path / "logs" / "reasons.txt"
+    assert write_whole_reasons(rows, path) == 1
+    assert path.read_text() == f"vm-a tenant-acme: {LONG}; {LONG}\n"
+    assert write_whole_reasons(rows[1:], tmp_path / "none.txt") == 0
+    assert not (tmp_path / "none.txt").exists()

@@ -99,8 +99,17 @@ def test_W1_set_larger_than_any_node_says_what_it_needs_and_the_most_free():
                          classes=[GPUClass("h100", H100)])
     got = check(one, "t1", "vm", VMIAsk((), (("h100", 3),)), set(), NOW, GRACE)
     assert got == Refusal(CannotPlace("t1", "vm", (
-        SetNeeds("h100", H100, needs=3, most_free=2),
+        SetNeeds("h100", H100, needs=3, most_free=2, largest=2, members=3),
         NoEligibleNode((NodeProblems("n1", (NoRoom(H100, needs=3, free=2),)),)))))
+    # newcomer: it read like a shortage that waiting would end; no node has 3 at all
+    assert got.reason.reasons[0].render().endswith(
+        "the most free on an eligible node serving it is 2; no node serving it has 3 at all "
+        "(the largest has 2)")
+    # a node with 4, all taken: a wait may end it, so nothing more is said
+    four = one.with_nodes([Node("n2", KV, allocatable=((H100, 4),), foreign=((H100, 4),))])
+    got = check(four, "t1", "vm", VMIAsk((), (("h100", 3),)), set(), NOW, GRACE)
+    needs = got.reason.reasons[0]
+    assert (needs.largest, needs.members) == (None, 0) and "at all" not in needs.render()
 
 
 def test_W1_the_most_free_counts_only_eligible_nodes_taints_and_selector_too():
