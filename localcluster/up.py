@@ -35,6 +35,8 @@ def main_up(directory: Path, *, tenant: str = "tenant-a", controllers: int = 0,
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    print(f"starting: {_what_runs(controllers, kubevirt, dra)} (etcd, kube-apiserver "
+          f"first; about 15-40 s) ...", flush=True)
     with ControlPlane() as cp:
         lc = LocalCluster(controllers=controllers, control_plane=cp, log_dir=directory / "logs",
                           kubevirt=kubevirt, permitted=permitted, dra=dra)
@@ -75,6 +77,9 @@ def main_up(directory: Path, *, tenant: str = "tenant-a", controllers: int = 0,
                 print(f"{describe(hgx, l40s)}; kube-controller-manager (resourceclaim-controller, "
                       f"log in {directory / 'logs'})", flush=True)
             print(f"ready: {_what_runs(controllers, kubevirt, dra)}", flush=True)
+            if not controllers:
+                print("no controller runs (--controllers 0): no webhook admits or refuses "
+                      "VMIs here, every create is stored as it is", flush=True)
             print("Ctrl-C stops it.", flush=True)
             while not stop["now"]:
                 dead = lc.dead()
