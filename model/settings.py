@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from model.types import GPUClass
+from model.types import GPUClass, dra_resource_name
 
 RAW_ALLOWED = "allowed"
 """`data.rawResourceNames`: tenants may request the GPU resource names directly."""
@@ -19,9 +19,12 @@ RAW_DENIED = "denied"
 
 def resource_names(classes: Iterable[GPUClass]) -> tuple[str, ...]:
     """The effective resource-name set: every count-mode class's `resource_name`, unique,
-    sorted (device-mode classes name DeviceClasses, not extended resources: DR1)."""
-    return tuple(sorted({c.resource_name for c in classes
-                         if not c.device_mode and c.resource_name}))
+    sorted (device-mode classes name DeviceClasses, not extended resources: DR1). A class
+    that cannot serve because it names both (`problem`) still names an extended resource
+    the operator manages: it is kept in the set, so the raw-resource policy goes on
+    refusing tenants' direct requests of it while the class is mended."""
+    return tuple(sorted({c.resource_name for c in classes if c.resource_name and (
+        not c.device_mode or c.resource_name != dra_resource_name(c.device_class_name))}))
 
 
 def device_class_names(classes: Iterable[GPUClass]) -> tuple[str, ...]:

@@ -286,3 +286,14 @@ def test_settings_resource_names():
     assert format_resource_names(resource_names(classes)) == "nvidia.com/H100,nvidia.com/L40S"
     assert format_resource_names([]) == ""
     assert (RAW_ALLOWED, RAW_DENIED) == ("allowed", "denied")
+
+
+def test_settings_keep_the_resource_of_a_class_naming_both_modes():
+    # newcomer: a class naming both resourceName and deviceClassName (it cannot serve) left
+    # its extended resource out of data.resourceNames: tenants could request it raw
+    both = parse_gpu_class({"metadata": {"name": "both"}, "spec": {
+        "resourceName": "nvidia.com/GH100_H100", "deviceClassName": "vfio.gpu.nvidia.com"}})
+    device = parse_gpu_class({"metadata": {"name": "dev"}, "spec": {
+        "deviceClassName": "vfio.gpu.nvidia.com"}})
+    assert both.problem and both.device_mode
+    assert resource_names([both, device]) == ("nvidia.com/GH100_H100",)
