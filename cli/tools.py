@@ -248,7 +248,9 @@ def _moves(moves) -> str:
 
 
 def _units(pairs) -> str:
-    return ", ".join(f"{n} × {r}" for r, n in pairs)
+    """`n × resource` per pair, the resource as messages name it (`resource_label`: a
+    device-mode class's quota key reads "<DeviceClass> devices")."""
+    return ", ".join(f"{n} × {resource_label(r)}" for r, n in pairs)
 
 
 def kept_lines(e: Explanation) -> list[str]:
@@ -291,8 +293,9 @@ def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
     if len(ranked) > max_nodes:
         out.append(f"  … and {len(ranked) - max_nodes} more nodes (--json lists all)")
     if unserving:
-        out.append(f"  ({len(unserving)} other node{'s' if len(unserving) != 1 else ''} "
-                   "do not serve the set's classes; --json lists all)")
+        many = len(unserving) != 1
+        out.append(f"  ({len(unserving)} other node{'s' if many else ''} "
+                   f"{'do' if many else 'does'} not serve the set's classes; --json lists all)")
     if e.budget_short:
         out.append(f"budget: short by {_units(e.budget_short)} (raise the tenant's quota "
                    "or release Bound devices)")

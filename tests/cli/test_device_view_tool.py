@@ -40,7 +40,7 @@ def test_DR3_explain_prints_free_devices_groups_and_the_devices_taken():
         "  gpu-node-03  no: no 4 free h100x devices share gpu.nvidia.com/partition4: 5 free, "
         "the largest group has 3",
         "               h100x: 5 free, no free partition of 4: modules {1-4} 1 used, {5-8} 2 used",
-        "  (1 other node do not serve the set's classes; --json lists all)",
+        "  (1 other node does not serve the set's classes; --json lists all)",
     ]
     data = json.loads(json.dumps(to_jsonable(e)))
     chosen = next(v for v in data["device_nodes"] if v["node"] == "gpu-node-04")
@@ -61,6 +61,19 @@ def test_DR3_explain_refused_everywhere_shows_each_nodes_groups():
         "  gpu-node-03  no: no 4 free h100x devices share gpu.nvidia.com/partition4: 5 free, "
         "the largest group has 3",
         "               h100x: 5 free, no free partition of 4: modules {1-4} 1 used, {5-8} 2 used"]
+
+
+def test_explain_smallest_change_names_device_mode_units_as_devices_not_the_quota_key():
+    # newcomer: "add or free 3 × vfio.gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
+    snap = Snapshot.build(nodes=[dra_node("gpu-node-03", taken=(0, 1, 2, 3, 4, 5, 6))],
+                          classes=[device_class()])
+    e = explain(snap, "t", "vm", VMIAsk((), (("h100x", 2),)), live_vmis=set(), now=NOW,
+                grace=GRACE)
+    text = render_explain(e)
+    assert "smallest change that would make it fit:" in text
+    assert "gpu-node-03 (1 × vfio.gpu.nvidia.com devices missing): add or free 1 × " \
+           "vfio.gpu.nvidia.com devices" in text
+    assert "deviceclass.resource.k8s.io" not in text
 
 
 def test_DR4_what_if_prints_the_devices_a_moved_set_takes():
