@@ -433,7 +433,8 @@ def render_top(t: Top) -> str:
             rows.append((c.class_name, n.node + (" (cordoned)" if n.cordoned else ""),
                          str(n.allocatable), str(n.bound), str(n.attached), str(n.awaiting),
                          *((str(n.kept),) * kept), str(n.idle), str(n.free), str(n.largest)))
-        rows.append((c.class_name, f"= all ({resource_label(c.resource)})", "", str(c.bound), str(c.attached),
+        total = f"= all ({resource_label(c.resource)})" if c.resource else "= all (no resource)"
+        rows.append((c.class_name, total, "", str(c.bound), str(c.attached),
                      str(c.awaiting), *((str(c.kept),) * kept), str(c.idle), str(c.free),
                      str(c.largest)))
     out = _table(rows)
