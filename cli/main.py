@@ -116,6 +116,14 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
     return values
 
 
+def _existing_parent(path: Path) -> Path:
+    """The nearest ancestor of `path` that exists (where `--out` would be made)."""
+    for p in path.absolute().parents:
+        if p.exists():
+            return p
+    return Path("/")
+
+
 class _BadBenchArgs(Exception):
     """A `bench` flag's value refused (its message names the flag): exit 2, as argparse's."""
 
@@ -132,6 +140,11 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _bench_run(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    if out.exists() and not out.is_dir():  # found before the run, not after it (newcomer)
+        raise _BadBenchArgs(f"gpu-binder bench {args.which}: --out {out} exists and is not a "
+                            f"directory")
+    if not os.access(out if out.exists() else _existing_parent(out), os.W_OK):
+        raise _BadBenchArgs(f"gpu-binder bench {args.which}: --out {out}: not writable")
     if args.which == "packing":
         from bench.packing import run as run_packing
 
@@ -488,7 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
                                          "scale or soak (churn with leader kills, §7 checked); "
                                          "`gpu-binder bench WHICH --help` lists WHICH's flags")
     bench.set_defaults(func=_bench)
-    which = bench.add_subparsers(dest="which", required=True, metavar="WHICH")
+    which = bench.add_subparsers(dest="which", required=True, metavar="WHICH",
+                                 help="the benchmark to run; each takes its own flags "
+                                      "(`gpu-binder bench WHICH --help`)")
     _add_bench_parsers(which)
 
     _add_tools(sub, "gpu-binder")
@@ -514,7 +529,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `gpu-binder` console script; returns the process exit code."""
-    return _run(build_parser().parse_args(argv))
+    return _run(_parse(build_parser(), argv))
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`parse_args`, but an argument no parser takes is reported by the sub-command it was
+    given to (`gpu-binder bench core: error: unrecognized arguments: --hgx`, with that
+    command's usage), not by the top-level parser. Exits 2 on a usage error, as argparse."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        inner = parser
+        while True:
+            subs = [a for a in inner._actions if isinstance(a, argparse._SubParsersAction)]
+            chosen = getattr(args, subs[0].dest, None) if subs else None
+            if chosen is None or chosen not in subs[0].choices:
+                break
+            inner = subs[0].choices[chosen]
+        inner.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -540,7 +572,7 @@ def build_kubectl_parser() -> argparse.ArgumentParser:
 
 def kubectl_main(argv: list[str] | None = None) -> int:
     """Entry point of the `kubectl-gpu` console script (`kubectl gpu explain …`)."""
-    return _run(build_kubectl_parser().parse_args(argv))
+    return _run(_parse(build_kubectl_parser(), argv))
 
 
 if __name__ == "__main__":

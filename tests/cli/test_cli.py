@@ -214,8 +214,28 @@ def test_bench_refuses_another_benchmarks_flag(capsys, tmp_path, argv, flag):
     with pytest.raises(SystemExit) as exc:
         main([*argv, "--out", str(tmp_path)])
     assert exc.value.code == 2
-    assert f"unrecognized arguments: {flag}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # reported by the benchmark's own parser, with its usage (newcomer: by "gpu-binder")
+    assert f"gpu-binder bench {argv[1]}: error: unrecognized arguments: {flag}" in err
+    assert err.startswith(f"usage: gpu-binder bench {argv[1]} ")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_argument_of_a_tool_is_reported_by_that_tool(capsys):
+    with pytest.raises(SystemExit) as exc:
+        kubectl_main(["top", "extra"])
+    assert exc.value.code == 2
+    assert "kubectl gpu top: error: unrecognized arguments: extra" in capsys.readouterr().err
+
+
+def test_bench_out_that_is_a_file_is_refused_before_the_run(capsys, tmp_path):
+    # newcomer: bench core --out /etc/passwd ran the whole benchmark, then a traceback
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    assert main(["bench", "core", "--quick", "--out", str(afile)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"gpu-binder bench core: --out {afile} exists and is not a directory")
+    assert afile.read_text() == "x"
 
 
 def test_bench_help_lists_only_the_benchmarks_own_flags():
