@@ -74,7 +74,8 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
     from k8s.errors import ApiError
 
     if not Path(kubeconfig).is_file():
-        raise ToolError(f"--kubeconfig: no such file {kubeconfig!r}")
+        raise ToolError(f"--kubeconfig: no such file {kubeconfig!r} (without the flag: "
+                        f"$KUBECONFIG's first path, else ~/.kube/config)")
     try:
         api = await new_client_from_config(config_file=kubeconfig)
     except (ConfigException, OSError, ValueError, TypeError) as exc:

@@ -82,7 +82,8 @@ def test_controller_bad_setting_names_the_flag(capsys):
 def test_tools_errors_name_the_flag(capsys, tmp_path):
     assert main(["top", "--kubeconfig", str(tmp_path / "none")]) == 2
     assert capsys.readouterr().err == (
-        f"gpu-binder top: --kubeconfig: no such file '{tmp_path / 'none'}'\n")
+        f"gpu-binder top: --kubeconfig: no such file '{tmp_path / 'none'}' (without the flag: "
+        f"$KUBECONFIG's first path, else ~/.kube/config)\n")
     assert kubectl_main(["what-if", "cordon", "n1", "--timeout", "0"]) == 2
     assert capsys.readouterr().err == "kubectl gpu what-if: --timeout must be > 0 seconds, got 0\n"
 
