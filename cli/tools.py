@@ -167,6 +167,11 @@ def load_vmi(source: str | None, file: str | None, namespace: str | None,
             meta["namespace"] = namespace
         if not meta.get("namespace"):
             raise ToolError(f"-f {file}: the VMI has no metadata.namespace; pass -n NAMESPACE")
+        ns = meta["namespace"]
+        if ns not in cluster.snapshot.namespaces:  # else budget and entitlement read as none
+            how = "-n" if namespace else "its metadata.namespace"
+            raise ToolError(f"namespace {ns!r} ({how}) not found in the cluster: a VMI there "
+                            f"could not be created")
         return vmi
     if not source or source.count("/") != 1 or not all(source.split("/")):
         raise ToolError("give the VMI as NAMESPACE/NAME, or a manifest with -f FILE")

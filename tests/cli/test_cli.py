@@ -275,3 +275,23 @@ def test_explain_json_reports_an_error_as_json(capsys, tmp_path):
     doc = json.loads(out)
     assert set(doc) == {"error"} and "--kubeconfig" in doc["error"], doc
     assert err.startswith("gpu-binder explain: ") and doc["error"] in err
+
+
+def test_explain_file_in_a_namespace_the_cluster_lacks_is_refused_naming_it(tmp_path):
+    # newcomer: `explain -f vmi.yaml -n nosuchns` printed a verdict with no budget or
+    # entitlement, as if the namespace were there
+    import yaml
+
+    from cli.tools import Cluster, ToolError, load_vmi
+    from model.snapshot import Snapshot
+    from model.types import Namespace
+
+    manifest = tmp_path / "vmi.yaml"
+    manifest.write_text(yaml.safe_dump({"kind": "VirtualMachineInstance",
+                                        "metadata": {"name": "vm", "namespace": "gone"}}))
+    cluster = Cluster(Snapshot.build(namespaces=[Namespace("tenant-a")]), set(), {})
+    with pytest.raises(ToolError, match=r"namespace 'nosuchns' \(-n\) not found in the cluster"):
+        load_vmi(None, str(manifest), "nosuchns", cluster)
+    with pytest.raises(ToolError, match=r"namespace 'gone' \(its metadata.namespace\) not found"):
+        load_vmi(None, str(manifest), None, cluster)
+    assert load_vmi(None, str(manifest), "tenant-a", cluster)["metadata"]["namespace"] == "tenant-a"
