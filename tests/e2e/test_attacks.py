@@ -42,9 +42,12 @@ from tests.support.vmis import annotated, client_ssl, create, create_denied, fix
 from tests.support.vmis import devices as device_items
 
 
-def _no_room(ns: str, vmi: str, cls: str, res: str, node: str, needs: int, free: int) -> CannotPlace:
-    """W1's denial of a set of `needs` new units of `cls` when its one node has `free`."""
-    return CannotPlace(ns, vmi, (SetNeeds(cls, res, needs, free),
+def _no_room(ns: str, vmi: str, cls: str, res: str, node: str, needs: int, free: int,
+             largest: int | None = None) -> CannotPlace:
+    """W1's denial of a set of `needs` new units of `cls` when its one node has `free`
+    (`largest`: its allocatable, when smaller than the set: it says no node has that many)."""
+    return CannotPlace(ns, vmi, (SetNeeds(cls, res, needs, free, largest,
+                                          needs if largest is not None else 0),
                                  NoEligibleNode((NodeProblems(node, (NoRoom(res, needs, free),)),))))
 
 
@@ -341,7 +344,7 @@ async def test_W2_denied_dry_run_writes_nothing_not_even_an_event(system, fleet)
     out = system.cp.kubectl("create", "--dry-run=server", "-n", tenant, "-f", "-",
                             input=yaml.safe_dump(vmi), check=False)
     assert out.returncode != 0, out.stderr
-    assert _no_room(tenant, "dry-denied", cls, res, nodes["a"], 2, 1).render() in out.stderr, out.stderr
+    assert _no_room(tenant, "dry-denied", cls, res, nodes["a"], 2, 1, largest=1).render() in out.stderr, out.stderr
     # the webhook writes a denial's Event before it answers: the answer is the barrier
     events = system.cp.kubectl("get", "events", "-n", tenant, "-o", "json").stdout
     assert json.loads(events)["items"] == [], "a dry-run denial wrote an Event"
@@ -351,7 +354,7 @@ async def test_W2_denied_dry_run_writes_nothing_not_even_an_event(system, fleet)
     out = system.cp.kubectl("create", "-n", tenant, "-f", "-", input=yaml.safe_dump(vmi),
                             check=False)
     assert out.returncode != 0, out.stderr
-    assert _no_room(tenant, "dry-denied", cls, res, nodes["a"], 2, 1).render() in out.stderr, out.stderr
+    assert _no_room(tenant, "dry-denied", cls, res, nodes["a"], 2, 1, largest=1).render() in out.stderr, out.stderr
     events = json.loads(system.cp.kubectl("get", "events", "-n", tenant, "-o", "json").stdout)
     assert [e["involvedObject"]["name"] for e in events["items"]] == ["dry-denied"], events
 
