@@ -95,6 +95,7 @@ def main_up(directory: Path, *, tenant: str = "tenant-a", controllers: int = 0,
                 time.sleep(0.5)
         finally:
             lc.stop()
+    print("stopped everything.", flush=True)
     return 0
 
 

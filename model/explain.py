@@ -485,7 +485,7 @@ def what_if(snapshot: Snapshot, mode: str, nodes: Sequence[str], *,
         raise ValueError(f"mode must be cordon or drain, got {mode!r}")
     unknown = sorted(set(nodes) - set(snapshot.nodes))
     if unknown:
-        raise ValueError(f"no such node: {', '.join(unknown)}")
+        raise ValueError(f"no such node: {', '.join(repr(n) for n in unknown)}")
     targets = tuple(sorted(set(nodes)))
     snap = snapshot.with_nodes(replace(n, unschedulable=True) if n.name in targets else n
                                for n in snapshot.nodes.values())

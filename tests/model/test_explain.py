@@ -204,8 +204,10 @@ def test_B5a_what_if_cordon_only_problem_and_no_room_stays():
 
 def test_what_if_unknown_node_is_an_error():
     import pytest
-    with pytest.raises(ValueError, match="no such node: nx"):
+    with pytest.raises(ValueError, match="no such node: 'nx'"):
         what_if(what_if_cluster(), "cordon", ["nx"], live_vmis=set(), now=NOW)
+    with pytest.raises(ValueError, match="no such node: ''"):   # an empty name shows as one
+        what_if(what_if_cluster(), "cordon", [""], live_vmis=set(), now=NOW)
     with pytest.raises(ValueError, match="mode"):
         what_if(what_if_cluster(), "reboot", ["n1"], live_vmis=set(), now=NOW)
 
