@@ -589,8 +589,8 @@ class Housekeeper:
         left half-admitted. Confirmed first by a live read of the VMI: the same incarnation,
         neither being deleted nor finished, its own wiring the record's
         (`model.claim.restorable_into`); then the claim is created, without reading it first:
-        AlreadyExists means one of the name is there after all, and nothing is made. Told by a Warning log line and a Warning
-        Event `GPUClaimRestored` on the VMI. Skipped while the claim informer does not
+        AlreadyExists means one of the name is there after all, and nothing is made. Told by
+        a Warning log line and a Warning Event `GPUClaimRestored` on the VMI. Skipped while the claim informer does not
         follow the API server (or there is none)."""
         informer = getattr(self.cache, "claims", None)
         if informer is None or not self.cache.healthy(informer):

@@ -10,7 +10,8 @@ from dataclasses import replace
 from typing import Sequence
 
 from model.decide import Request, judge, mixed_modes, size_nowhere
-from model.reasons import BudgetExhausted, Code, DeviceListedTwice, NoDevices, WrongNamespace
+from model.reasons import (BudgetExhausted, Code, DeviceListedTwice, NoDevices, WrongNamespace,
+                           new_device_name)
 from model.snapshot import Order, Snapshot, Verdict
 from model.types import GPUDevice, Labels, Phase, Toleration
 
@@ -24,9 +25,9 @@ def check_set(snapshot: Snapshot, namespace: str, orders: Sequence[Order], *, no
     device as Bound on its verdict's node before checking the next (so budget and room
     are judged for the set), then the binder's own judgement (`model.decide.decide`,
     B1–B6) on a request of the set, with template devices as Pending devices named
-    "new <class> #<n>": the set must fit one node. `node_selector` and `tolerations` are
-    the VMI's, judged as the binder judges the bind request (B3). The verdict's node is
-    the node the binder would choose now. The reason of a refusal (`model.reasons`):
+    "new <class> #<n>" (`new_device_name`): the set must fit one node. `node_selector` and
+    `tolerations` are the VMI's, judged as the binder judges the bind request (B3). The
+    verdict's node is the node the binder would choose now. The reason of a refusal (`model.reasons`):
     `NoDevices`, `WrongNamespace` or `DeviceListedTwice` for a malformed set, the first
     refused order's (`check_order`; a budget one with the whole set's numbers), else the
     binder's `SetRefused` without its request (the "refused <vmi> request <id>:" prefix).
@@ -68,7 +69,7 @@ def check_set(snapshot: Snapshot, namespace: str, orders: Sequence[Order], *, no
             assert base is not None
         else:
             counts[order.class_name] = counts.get(order.class_name, 0) + 1
-            base = GPUDevice(namespace, f"new {order.class_name} #{counts[order.class_name]}",
+            base = GPUDevice(namespace, new_device_name(order.class_name, counts[order.class_name]),
                              order.class_name)
             templates.append(base)
         names.append(base.name)
@@ -118,7 +119,7 @@ def judge_set(snapshot: Snapshot, namespace: str, orders: Sequence[Order], *, no
                 names.append(order.device)
             continue
         counts[order.class_name] = counts.get(order.class_name, 0) + 1
-        templates.append(GPUDevice(namespace, f"new {order.class_name} #{counts[order.class_name]}",
+        templates.append(GPUDevice(namespace, new_device_name(order.class_name, counts[order.class_name]),
                                    order.class_name))
         names.append(templates[-1].name)
     return _judge_set(snapshot, namespace, names, templates, node_selector, tolerations)

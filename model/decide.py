@@ -694,7 +694,7 @@ def node_size_missing(snap: Snapshot, node: str, counts: Mapping[str, int]) -> N
         if not devices:
             continue
         lay = layout(device_set(devices).devices, template, count)
-        if lay.attribute is not None and not lay.groups:
+        if lay.attribute_missing:
             return NoDeviceGroup(c, lay.attribute, count, 0, 0, True, lay.sizes)
     return None
 

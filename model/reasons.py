@@ -676,17 +676,31 @@ class DeviceAt:
         return f"{self.name} (Bound on {self.node})" if self.node else f"{self.name} (Pending)"
 
 
+def new_device_name(class_name: str, n: int) -> str:
+    """The name W1 gives the `n`th (from 1) template device of `class_name` it judges before
+    the device exists ("new <class> #<n>": no Kubernetes name has a space)."""
+    return f"new {class_name} #{n}"
+
+
+def new_device_class(name: str) -> str | None:
+    """The class of a name `new_device_name` made, else None."""
+    if not name.startswith("new "):
+        return None
+    cls, sep, n = name[4:].rpartition(" #")
+    return cls if sep and n.isdigit() else None
+
+
 def _devices_head(devices: tuple[DeviceAt, ...]) -> str:
     """The devices a set refusal lists: held ones by name and where they are; the template
-    devices W1 judges (named "new <class> #<n>" by `model.check`, not Kubernetes names) as
-    "<n> new <class> device(s)", so a set of 8 new GPUs reads as one phrase."""
+    devices W1 judges (`new_device_name`) as "<n> new <class> device(s)", so a set of 8 new
+    GPUs reads as one phrase."""
     if not devices:
         return "no devices"
     named: list[str] = []
     new: dict[str, int] = {}
     for d in devices:
-        cls, sep, _ = d.name[4:].rpartition(" #") if d.name.startswith("new ") else ("", "", "")
-        if sep and d.node is None and d.found:
+        cls = new_device_class(d.name)
+        if cls is not None and d.node is None and d.found:
             new[cls] = new.get(cls, 0) + 1
         else:
             named.append(str(d))

@@ -222,9 +222,14 @@ class Layout:
                 best = (key, choice)
         if best is not None:
             return best[1]
-        missing = self.attribute is not None and not self.groups
         return NoGroup(attribute=self.attribute, count=count, largest_free=largest_free,
-                       attribute_missing=missing, sizes=self.sizes)
+                       attribute_missing=self.attribute_missing, sizes=self.sizes)
+
+    @property
+    def attribute_missing(self) -> bool:
+        """No device of these carries the resolved attribute (a size no partition has,
+        DR3): no choice of free devices can ever succeed on this layout."""
+        return self.attribute is not None and not self.groups
 
 
 LAYOUTS_MAX = 8_192
