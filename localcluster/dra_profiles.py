@@ -38,13 +38,16 @@ named. Paths are in that repository.
   `GpuInfo.addFabricManagerAttributes` (`cmd/gpu-kubelet-plugin/deviceinfo.go`) and
   `Manager.GetPartitionsBySizeByModuleID` (`pkg/fabricmanager/manager.go`), behind the alpha
   `FabricManagerPartitioning` gate (v0.5, main only, commit 62ee668a "Support FabricManager GPU
-  partitions for VFIO devices"). The ids are whatever Fabric Manager reports; ours number an
-  8-GPU HGX board's shared-NVSwitch partitions as NVIDIA's Fabric Manager user guide lists the
-  HGX H100 defaults (8 → 0, 4 → 1-2, 2 → 3-6, 1 → 7-14, grouped by module id, not PCI order;
-  from ../shared/NOTES.md, not re-read here); only equality matters to `matchAttribute`. A GPU
-  already bound to vfio-pci when the plugin starts has no module id and so no partition
-  attributes (`attachFabricManagerPartitions`, `cmd/gpu-kubelet-plugin/device_state.go`). The driver's own example constraint is
-  `matchAttribute: gpu.nvidia.com/partition2`
+  partitions for VFIO devices"). The ids are whatever Fabric Manager reports (the driver's own
+  test set, `designDocPartitions` in `pkg/fabricmanager/manager_test.go` at commit 3be1f670,
+  numbers them otherwise); ours number an 8-GPU HGX board's shared-NVSwitch partitions as
+  the HGX H100 defaults of NVIDIA's Fabric Manager user guide
+  (https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/, shared NVSwitch
+  virtualization model): 8 → 0, 4 → 1-2, 2 → 3-6, 1 → 7-14, grouped by module id, not PCI
+  order; only equality matters to `matchAttribute`. A GPU already bound to vfio-pci when the
+  plugin starts has no module id and so no partition attributes
+  (`attachFabricManagerPartitions`, `cmd/gpu-kubelet-plugin/device_state.go`). The driver's
+  own example constraint is `matchAttribute: gpu.nvidia.com/partition2`
   (`demo/specs/fabric-manager-partitioning/resourceClaimTemplates.yaml`).
 The PCI bus ids and the module-id order below are made up but shaped as on an HGX H100 board:
 module ids do not follow PCI order, which is what makes PCI-order picking wrong.
