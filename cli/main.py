@@ -438,7 +438,16 @@ def _add_bench_parsers(which) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
-    parser = argparse.ArgumentParser(prog="gpu-binder", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="gpu-binder",
+        description="Hands out GPUs to KubeVirt virtual machines as whole sets: a VMI that asks "
+                    "for GPUs gets all of them on one node, pinned there, or is refused with the "
+                    "reason per node and nothing moved; tenants stay within their "
+                    "ResourceQuotas and GPU classes.",
+        epilog="In a cluster the Deployment runs `gpu-binder controller`; `explain`, "
+               "`defrag --plan`, `what-if` and `top` are read-only tools for operators (also "
+               "`kubectl gpu ...`); `demo` and `cluster up` try it on a local control plane. "
+               "`COMMAND --help` lists a command's flags; docs/install.md installs it.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
                         help="print the installed package's version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
