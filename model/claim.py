@@ -35,11 +35,12 @@ housekeeping carries it out).
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Container, Iterable, Mapping, Sequence
+
+import orjson
 
 from model.admission import AdmissionPlan, wiring_patch
 from model.dra import DeviceRef, qualify
@@ -318,9 +319,15 @@ def _normal(spec: Any) -> Any:
 def spec_digest(spec: Any) -> str:
     """A claim `spec`'s digest: SHA-256 of its canonical JSON (keys sorted) once the server's
     defaults are made explicit (`_normal`), so a stored spec and the one built for the same
-    devices have the same digest. A value JSON cannot hold reads as its `repr`."""
-    text = json.dumps(_normal(spec), sort_keys=True, separators=(",", ":"), default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()
+    devices have the same digest. Never raises: a value JSON cannot hold reads as its
+    `repr` (orjson: the cache digests every claim it ingests)."""
+    normal = _normal(spec)
+    try:
+        text = orjson.dumps(normal, default=repr,
+                            option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:  # e.g. an integer past 64 bits
+        text = repr(normal).encode()
+    return hashlib.sha256(text).hexdigest()
 
 
 def same_spec(claim: Claim, spec: Mapping[str, Any]) -> bool:
