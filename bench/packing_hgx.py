@@ -41,7 +41,7 @@ from functools import lru_cache
 
 from bench import packing_trace as pt
 from localcluster.dra_profiles import HGX_H100_8, PARTITION_ATTRIBUTE, resource_slice
-from model.dra import Inventory, parse_resource_slice
+from model.dra import parse_resource_slice, pool_devices
 from model.topology import GroupChoice, choose_devices, resolve_attribute
 
 HGX_POLICIES = ("binder", "dra", "count", "repack")
@@ -52,8 +52,8 @@ SYSTEM_OF = {"binder": "a", "dra": "b", "count": "c", "repack": "d"}
 def board() -> tuple:
     """The `model.topology.Device`s of one hgx-h100-8 node, in PCI (slice) order, read from
     the very slice the local cluster publishes."""
-    inv = Inventory.build([parse_resource_slice(resource_slice("n", HGX_H100_8))])
-    return tuple(d.as_device() for d in inv.devices("n"))
+    devices = pool_devices([parse_resource_slice(resource_slice("n", HGX_H100_8))])["n"]
+    return tuple(d.as_device() for d in devices)
 
 
 BOARD = board()

@@ -13,6 +13,7 @@ import anyio
 from bench import packing_hgx as ph, packing_trace as pt
 from bench.common import DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VERSION, base_vmi, gpu_vmi
 from localcluster.dra_profiles import DEVICE_CLASS, PARTITION_ATTRIBUTE
+from model.claim import parse_claim
 from model.topology import resolve_attribute
 from model.types import TEMPLATE_FOR_LABEL
 
@@ -99,14 +100,13 @@ def pod_event(res_of: dict[str, str], seen: Seen, kind: str, obj: dict) -> None:
 def claim_event(seen: Seen, kind: str, obj: dict) -> None:
     """One watch event of a ResourceClaim into `seen.claims` (its allocation's pool and
     devices; a claim's devices all lie in one node's pool on the HGX pools)."""
-    key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+    claim = parse_claim(obj)
+    key = (claim.namespace, claim.name)
     if kind == "DELETED":
         seen.claims.pop(key, None)
         return
-    results = ((((obj.get("status") or {}).get("allocation") or {}).get("devices") or {})
-               .get("results") or [])
-    seen.claims[key] = ((results[0]["pool"], tuple(r["device"] for r in results))
-                        if results else None)
+    refs = claim.allocated
+    seen.claims[key] = (refs[0].pool, tuple(r.device for r in refs)) if refs else None
 
 
 async def wait_cached(cond, timeout: float) -> bool:

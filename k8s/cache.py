@@ -26,6 +26,7 @@ from actors.view import IndexedView
 from k8s.dra_index import DraIndex, SliceError
 from k8s.informer import Informer, Key, keep_all, slim
 from model.admission import LauncherDefaults, launcher_defaults
+from model.claim import parse_claim
 from model.foreign import PodUse, attachment_uid, node_foreign, parse_pod_use
 from model.housekeeping import VMIRecord, VMIs
 from model.parse import (ParseError, parse_budgets, parse_gpu_class, parse_gpu_device,
@@ -117,32 +118,18 @@ def trim_pod(obj: dict) -> dict:
             "spec": kept, "status": {"phase": (obj.get("status") or {}).get("phase")}}
 
 
-def trim_claim(obj: dict) -> dict:
-    """What the ResourceClaim informer keeps (DR2, DR5): name, namespace, uid,
-    resourceVersion, creation and deletion times, the labels and annotations of ours
-    (`gpu.cozystack.io/*`, `app.kubernetes.io/managed-by`), and the allocation's results
-    (driver, pool, device, request). Not the spec (the webhook reads a claim it made live)."""
+def ingest_claim(obj: dict) -> dict:
+    """What the ResourceClaim informer keeps (DR2, DR5, DR6, H1/H2/H4): name, namespace and
+    resourceVersion, and the claim parsed once (`model.claim.parse_claim`: the typed value
+    the DRA index and housekeeping read, `parsed`). Of the spec only its digest; tenants'
+    labels and annotations not at all. Idempotent (the watch may hand an ingested object
+    back)."""
+    if "parsed" in obj:
+        return obj
     meta = obj.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
-
-    def ours(m: dict) -> dict:
-        return {k: v for k, v in m.items() if isinstance(k, str)
-                and (k.startswith("gpu.cozystack.io/") or k == "app.kubernetes.io/managed-by")}
-
-    kept_meta = {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion",
-                                          "creationTimestamp", "deletionTimestamp")
-                 if meta.get(k) is not None}
-    kept_meta["labels"] = ours(labels if isinstance(labels, dict) else {})
-    kept_meta["annotations"] = ours(annotations if isinstance(annotations, dict) else {})
-    results = ((((obj.get("status") or {}).get("allocation") or {}).get("devices") or {})
-               .get("results") or [])
-    kept_results = [{k: r.get(k) for k in ("request", "driver", "pool", "device")}
-                    for r in results if isinstance(r, dict)]
-    out: dict = {"metadata": kept_meta}
-    if kept_results:
-        out["status"] = {"allocation": {"devices": {"results": kept_results}}}
-    return out
+    return {"metadata": {k: meta.get(k) for k in ("name", "namespace", "resourceVersion")
+                         if meta.get(k) is not None},
+            "parsed": parse_claim(obj)}
 
 
 def ingest_slice(obj: dict, parse: Callable[[dict], Any]) -> dict:
@@ -204,8 +191,7 @@ class ClusterCache:
         self.slices = inf("resourceslices", resource.list_resource_slice, optional=True,
                           transform=functools.partial(ingest_slice, parse=self.dra.parse_slice))
         self.claims = inf("resourceclaims", resource.list_resource_claim_for_all_namespaces,
-                          transform=trim_claim,
-                          optional=True)
+                          transform=ingest_claim, optional=True)
         self.device_classes = inf("deviceclasses", resource.list_device_class, transform=keep_all,
                                   optional=True)
         self._parsed_classes: dict[str, GPUClass] = {}
@@ -375,7 +361,8 @@ class ClusterCache:
 
     def _on_claim(self, key: Key, obj: dict | None) -> None:
         try:
-            touched = self.dra.put_claim(key, obj) if obj is not None else self.dra.remove_claim(key)
+            touched = (self.dra.put_claim(key, obj["parsed"]) if obj is not None
+                       else self.dra.remove_claim(key))
         except SliceError as exc:
             log.error("skipping malformed object", kind="ResourceClaim", namespace=key[0],
                       name=key[1], error=str(exc))

@@ -35,8 +35,9 @@ from dataclasses import replace
 from typing import Any, Iterable, Mapping
 
 from model.cel import Selector, SelectorError, matches_all
-from model.dra import (DeviceRef, ResourceSlice, SliceDevice, SliceError, allocated_devices,
-                       parse_resource_slice)
+from model.claim import Claim
+from model.dra import (DeviceRef, ResourceSlice, SliceDevice, SliceError, parse_resource_slice,
+                       pool_devices)
 from model.types import GPUClass, GPUDevice, dra_resource_name
 
 PoolKey = tuple[str, str]
@@ -114,7 +115,8 @@ class DraIndex:
         self._allocated: dict[DeviceRef, int] = {}
         self._device_classes: dict[str, DeviceClassInfo] = {}
         self._classes: dict[str, GPUClass] = {}
-        self._class_selectors: dict[str, tuple[Selector, ...] | str] = {}
+        # GPUClass name → (its own selector expressions, compiled once: `_own_selectors`)
+        self._class_selectors: dict[str, tuple[tuple[str, ...], tuple[Selector, ...] | str]] = {}
         # (class, driver, id of an attribute tuple) → (that tuple, verdict); the tuple is
         # kept so its id is not reused while the entry lives
         self._match_cache: dict[tuple[str, str, int], tuple[tuple, bool]] = {}
@@ -196,7 +198,8 @@ class DraIndex:
         return self._rebuild_pools({key})
 
     def _rebuild_pools(self, pools: Iterable[PoolKey]) -> set[str]:
-        """Re-derive the devices of `pools` from their highest generation's slices (DR1)."""
+        """Re-derive the devices of `pools` from their slices (`model.dra.pool_devices`: the
+        highest generation's, DR1)."""
         touched: set[str] = set()
         for key in pools:
             for node in self._pool_nodes.pop(key, set()):
@@ -207,29 +210,27 @@ class DraIndex:
                     self._node_devices.pop(node, None)
                 touched.add(node)
             names = self._pool_slices.get(key, set())
-            slices = [self._slices[n] for n in names]
-            if not slices:
+            if not names:
                 self._pool_slices.pop(key, None)
                 continue
-            top = max(s.generation for s in slices)
-            nodes: set[str] = set()
-            for s in sorted((s for s in slices if s.generation == top), key=lambda s: s.name):
-                if s.node is None:
-                    continue
-                devices = self._node_devices.setdefault(s.node, {})
-                for device in s.devices:
-                    devices.setdefault(device.ref, device)
-                nodes.add(s.node)
-            self._pool_nodes[key] = nodes
-            touched |= nodes
+            current = pool_devices(self._slices[n] for n in names)
+            for node, devices in current.items():
+                self._node_devices.setdefault(node, {}).update((d.ref, d) for d in devices)
+            self._pool_nodes[key] = set(current)
+            touched |= set(current)
         return touched
 
     # -- claims -----------------------------------------------------------------------------
-    def put_claim(self, key: tuple[str, str], obj: Mapping[str, Any]) -> set[str]:
-        """A ResourceClaim was added or changed: its allocation's devices are taken (DR2).
-        Raises SliceError for a malformed allocation (the caller logs it and removes it)."""
-        refs = allocated_devices(obj)
-        ours = _made_by_binder(obj)
+    def put_claim(self, key: tuple[str, str], claim: Claim) -> set[str]:
+        """A ResourceClaim was added or changed (`model.claim.parse_claim`): its allocation's
+        devices are taken (DR2); one the binder made (`Claim.managed`: a set's own claim, not
+        a foreign consumer of its recorded devices) is counted per namespace. Raises
+        SliceError for an allocation that cannot be read (`Claim.problem`; the caller logs it
+        and removes the claim)."""
+        if claim.problem is not None:
+            raise SliceError(claim.problem)
+        refs = claim.allocated
+        ours = claim.managed
         old = self._claims.get(key, ())
         if refs == old and (key in self._not_ours) != ours:
             return set()
@@ -296,18 +297,33 @@ class DraIndex:
     def set_classes(self, classes: Iterable[GPUClass]) -> set[str]:
         """The GPUClasses now (device-mode ones are kept); returns every node with devices
         when the device-mode set changed, else nothing."""
+        classes = list(classes)
+        named = {c.name for c in classes}
+        for gone in [n for n in self._class_selectors if n not in named]:
+            del self._class_selectors[gone]
         wanted = {c.name: c for c in classes if c.device_mode and c.problem is None}
         if wanted == self._classes:
             return set()
         self._classes = wanted
-        self._class_selectors = {}
         for c in wanted.values():
-            try:
-                self._class_selectors[c.name] = tuple(Selector.compile(e) for e in c.selectors)
-            except SelectorError as err:
-                self._class_selectors[c.name] = f"spec.selectors: {err}"
+            self._own_selectors(c)
         self._match_cache.clear()
         return set(self._node_devices)
+
+    def _own_selectors(self, cls: GPUClass) -> tuple[Selector, ...] | str:
+        """GPUClass `cls`'s own selectors compiled, or the problem of the first that does not
+        compile (`spec.selectors: …`); compiled once per class and expressions (`class_problem`
+        and `set_classes` both ask)."""
+        held = self._class_selectors.get(cls.name)
+        if held is not None and held[0] == cls.selectors:
+            return held[1]
+        compiled: tuple[Selector, ...] | str
+        try:
+            compiled = tuple(Selector.compile(e) for e in cls.selectors)
+        except SelectorError as err:
+            compiled = f"spec.selectors: {err}"
+        self._class_selectors[cls.name] = (cls.selectors, compiled)
+        return compiled
 
     def class_problem(self, cls: GPUClass) -> str | None:
         """Why device-mode class `cls` cannot serve (DR1 bad input): its DeviceClass does not
@@ -320,12 +336,8 @@ class DraIndex:
             return f"DeviceClass {cls.device_class_name} does not exist"
         if info.problem:
             return info.problem
-        for expression in cls.selectors:
-            try:
-                Selector.compile(expression)
-            except SelectorError as err:
-                return f"spec.selectors: {err}"
-        return None
+        own = self._own_selectors(cls)
+        return own if isinstance(own, str) else None
 
     # -- answers ----------------------------------------------------------------------------
     def devices(self, node: str) -> tuple[SliceDevice, ...]:
@@ -395,7 +407,7 @@ class DraIndex:
         for name in sorted(self._classes):
             cls = self._classes[name]
             info = self._device_classes.get(cls.device_class_name or "")
-            own = self._class_selectors.get(name)
+            own = self._own_selectors(cls)
             if info is None or info.problem or isinstance(own, str):
                 continue
             of_class = [d for d in devices if self._matches("dc:" + info.name, info.selectors, d)]
@@ -412,14 +424,6 @@ class DraIndex:
             foreign_claimed=self._foreign_claimed(devices, bound),
             allocatable=tuple(sorted((r, n) for r, (n, _) in counts.items())),
             foreign=tuple(sorted((r, f) for r, (_, f) in counts.items() if f)))
-
-
-def _made_by_binder(obj: Mapping[str, Any]) -> bool:
-    """Whether claim `obj` carries the binder's managed-by label (`model.claim`): a set's
-    own claim, not a foreign consumer of its recorded devices (DR2)."""
-    from model.claim import MANAGED_BY, MANAGED_BY_LABEL
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    return isinstance(labels, Mapping) and labels.get(MANAGED_BY_LABEL) == MANAGED_BY
 
 
 def _same_slice(a: ResourceSlice, b: ResourceSlice) -> bool:

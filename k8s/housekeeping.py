@@ -47,9 +47,9 @@ from model.housekeeping import (KEPT_CONDITION, KEPT_REASON, KUBEVIRT_CONDITION,
                                 set_keeps)
 from model.vm import run_strategy
 from model.admission import AdmissionPlan
-from model.claim import (MANAGED_BY, MANAGED_BY_LABEL, DeleteClaim, RestoreClaim, build_claim,
-                         claim_name, members_of, missing_claims, parse_claim_record,
-                         restorable_into, stale_claims)
+from model.claim import (MANAGED_BY, MANAGED_BY_LABEL, Claim, DeleteClaim, RestoreClaim,
+                         build_claim, claim_name, claim_record, members_of, missing_claims,
+                         parse_claim, restorable_into, stale_claims)
 from model.parse import format_time
 from model.types import ADMISSION_ANNOTATION, Attachment
 from model.settings import device_class_names, format_resource_names, resource_names
@@ -510,25 +510,24 @@ class Housekeeper:
                             error=str(err)[:300])
 
     # -- H1/H2 for the ResourceClaims the binder made (DR5) -----------------------------
-    async def _managed_claims(self) -> list[dict] | None:
+    async def _managed_claims(self) -> list[Claim] | None:
         """The claims the binder made (label `app.kubernetes.io/managed-by: gpu-binder`):
-        from the cache's claim informer when it has one (`cache.claims`; none: only while it
-        is not healthy), else listed live through the client at most every `claims_period`
-        seconds (None between two lists: nothing to judge this round). Raises ApiError."""
+        from the cache's claim informer when it has one (`cache.claims`, parsed at ingest;
+        none: only while it is not healthy), else listed live through the client at most
+        every `claims_period` seconds (None between two lists: nothing to judge this round).
+        Raises ApiError."""
         informer = getattr(self.cache, "claims", None)
         if informer is not None:
             if not self.cache.healthy(informer):
                 return None
-            return [raw for raw in informer.items()
-                    if ((raw.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL)
-                    == MANAGED_BY]
+            return [obj["parsed"] for obj in informer.items() if obj["parsed"].managed]
         t = anyio.current_time()
         if self._claims_listed is not None and t - self._claims_listed < self.claims_period:
             return None
         self._claims_listed = t
-        return await self._client.list(RESOURCE_CLAIMS,
-                                       label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}",
-                                       what="list ResourceClaims made by gpu-binder")
+        return [parse_claim(raw) for raw in await self._client.list(
+            RESOURCE_CLAIMS, label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}",
+            what="list ResourceClaims made by gpu-binder")]
 
     async def release_claims(self, now: datetime) -> None:
         """H1/H2 for the claims the binder made (DR5; `model.claim.stale_claims`): deleted
@@ -541,13 +540,13 @@ class Housekeeper:
         self._released_keeps = {k: t for k, t in self._released_keeps.items()
                                 if now - t <= self.grace}
         try:
-            raws = await self._managed_claims()
+            claims = await self._managed_claims()
         except errors.ApiError as err:  # retried next round
             log.warning("housekeeping cannot list claims", rule="H1", error=str(err)[:300])
             return
-        if not raws:
+        if not claims:
             return
-        records = [r for r in map(parse_claim_record, raws) if r is not None]
+        records = [r for r in map(claim_record, claims) if r is not None]
         attached = {(d.namespace, d.status.attached_to.vmi)
                     for d in self.cache.view.devices().values() if d.status.attached_to}
         live = set(self.cache.vmi_state().live)

@@ -131,7 +131,7 @@ async def read_set(api, out: Outcome, inventory) -> None:
             out.problems.append(f"GPUDevice {g['name']} has no status.device (DR2 record)")
             continue
         out.recorded.append(f"{ref['pool']}/{ref['device']}")
-    devices = sorted((d for d in inventory.devices(out.row.node)
+    devices = sorted((d for d in inventory.get(out.row.node, ())
                       if f"{d.ref.pool}/{d.ref.device}" in out.recorded),
                      key=lambda d: f"{d.ref.pool}/{d.ref.device}")
     # one module id per device, in the order the devices are printed (sorted ids read as
@@ -148,14 +148,15 @@ async def read_allocation(api, out: Outcome) -> None:
     Pod is bound); a problem when it differs from the record (DR6)."""
     from kubernetes_asyncio.client import ApiException, CustomObjectsApi
 
+    from model.claim import parse_claim
+
     try:
         claim = await CustomObjectsApi(api).get_namespaced_custom_object(
             "resource.k8s.io", "v1", out.ask.tenant, "resourceclaims", out.claim)
     except ApiException as exc:
         out.problems.append(f"claim {out.claim}: {exc.status} {exc.reason}")
         return
-    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-    out.allocated = sorted(f"{r['pool']}/{r['device']}" for r in results)
+    out.allocated = sorted(f"{r.pool}/{r.device}" for r in parse_claim(claim).allocated)
     if not out.allocated:
         out.problems.append(f"claim {out.claim} not allocated (launcher Pod not scheduled)")
     elif out.allocated != sorted(out.recorded):
@@ -164,13 +165,14 @@ async def read_allocation(api, out: Outcome) -> None:
 
 
 async def inventory_now(api):
-    """The ResourceSlices read into a `model.dra.Inventory`."""
+    """The ResourceSlices' devices by node, as the binder gathers them
+    (`model.dra.pool_devices`: each pool's current generation)."""
     from kubernetes_asyncio.client import CustomObjectsApi
 
-    from model.dra import Inventory, parse_resource_slice
+    from model.dra import parse_resource_slice, pool_devices
 
     got = await CustomObjectsApi(api).list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")
-    return Inventory.build(parse_resource_slice(s) for s in got.get("items") or [])
+    return pool_devices(parse_resource_slice(s) for s in got.get("items") or [])
 
 
 async def play(lc: LocalCluster, kubeconfigs: dict[str, Path]) -> list[Outcome]:

@@ -17,11 +17,15 @@ node, since a passthrough GPU's uuid repeats across nodes), plus per class with 
 the claim holds one class only, the constraint names no requests (Kubernetes: it then spans
 every request of the claim; the same meaning, the shape NVIDIA's docs show).
 
+A claim read back (the cache's informer at ingest, the webhook's live read) is parsed once
+into a `Claim` (`parse_claim`), the one value every reader uses: the DRA index (its
+allocation, DR2), housekeeping (H1/H2/H4) and the webhook (W4/W5).
+
 Ownership (never adopt a claim we did not make): a claim of that name is ours only when it
-carries our managed-by label and our claim-for annotation naming this VMI (`is_ours`); a
-tenant's claim of the name refuses the admission (`ClaimNameTaken`). Ours with the same spec
-(`same_spec`) is found in place; ours with another spec (the devices were re-pointed) is
-replaced, unless a Pod still holds it (`reservedFor`).
+carries our managed-by label and our claim-for annotation naming this VMI (`Claim.is_for`);
+a tenant's claim of the name refuses the admission (`ClaimNameTaken`). Ours with the same
+spec (`same_spec`) is found in place; ours with another spec (the devices were re-pointed)
+is replaced, unless a Pod still holds it (`Claim.in_use`: `reservedFor`).
 
 DR6: a live VMI the binder admitted whose claim someone deleted before its launcher Pod took
 it gets the claim made again from the binder's record (`missing_claims`, `restorable_into`;
@@ -35,6 +39,8 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Container, Iterable, Mapping, Sequence
+
+import orjson
 
 from model.admission import AdmissionPlan, wiring_patch
 from model.dra import DeviceRef, qualify
@@ -179,24 +185,117 @@ def build_claim(namespace: str, vmi: str, members: Sequence[ClaimMember], admiss
             "spec": claim_spec(members)}
 
 
-def stamp_ops(raw: Mapping[str, Any], admission: str, now: datetime) -> list[dict[str, Any]]:
-    """W4: the JSON Patch confirming claim `raw` (ours, same spec) for `admission` at `now`:
-    a `test` of its resourceVersion as read, then both annotations (H1's clock restarts)."""
+# -- a claim read back: parsed once ----------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A ResourceClaim (resource.k8s.io/v1) as the binder reads it, parsed once
+    (`parse_claim`): by the cache's informer at ingest, by the webhook from a live read. Any
+    claim, ours or not.
+
+    `managed`: it carries our managed-by label (a set's own claim, not a foreign consumer of
+    its recorded devices: DR2; a tenant may copy the label onto a claim of its own, so a
+    VMI's claim is ours only with `vmi` naming it too: `is_for`). `vmi` and `admission`: our
+    claim-for and admission annotations (None when absent or empty). `since`: when it was
+    made or last confirmed (the claimed-at annotation, else its creation; aware UTC; None
+    when neither reads). `deleting`: a deletionTimestamp is set (a finalizer holds it).
+    `in_use`: a Pod holds it (`status.reservedFor` lists one). `allocated`: the devices its
+    `status.allocation` lists, in order (DR2: server-side truth, a tenant cannot write it;
+    empty when not allocated); `problem`: why they cannot be read (a result lacking its
+    driver, pool or device; `allocated` is then empty). `spec_digest`: the spec in canonical
+    form, hashed (`same_spec`; the cache keeps no spec: the webhook reads a claim it made
+    live)."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+    resource_version: str = ""
+    managed: bool = False
+    vmi: str | None = None
+    admission: str | None = None
+    since: datetime | None = None
+    deleting: bool = False
+    in_use: bool = False
+    allocated: tuple[DeviceRef, ...] = ()
+    problem: str | None = None
+    spec_digest: str = ""
+
+    def is_for(self, vmi: str) -> bool:
+        """Whether this is a claim the binder made for VMI `vmi`: our managed-by label and our
+        claim-for annotation naming `vmi` (a tenant's claim of the same name is never
+        adopted)."""
+        return self.managed and self.vmi == vmi
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _since(*values: Any) -> datetime | None:
+    """The first of `values` that reads as an aware RFC 3339 time, in UTC; None if none."""
+    for value in values:
+        if isinstance(value, str):
+            try:
+                when = datetime.fromisoformat(value)
+            except ValueError:
+                continue
+            if when.tzinfo is not None:
+                return when.astimezone(timezone.utc)
+    return None
+
+
+def _allocated(name: str, status: Mapping[str, Any]) -> tuple[tuple[DeviceRef, ...], str | None]:
+    """The devices `status.allocation.devices.results[]{driver, pool, device}` lists, or
+    ((), the problem) when a result lacks one of them. Results that are not objects are
+    skipped."""
+    results = _mapping(_mapping(status.get("allocation")).get("devices")).get("results") or ()
+    refs = []
+    for r in results if isinstance(results, (list, tuple)) else ():
+        if not isinstance(r, Mapping):
+            continue
+        if not all(isinstance(r.get(k), str) and r.get(k) for k in ("driver", "pool", "device")):
+            return (), (f"ResourceClaim {name}: an allocation result lacks driver, pool or "
+                        f"device: {dict(r)}")
+        refs.append(DeviceRef(r["driver"], r["pool"], r["device"]))
+    return tuple(refs), None
+
+
+def parse_claim(obj: Mapping[str, Any]) -> Claim:
+    """A `resource.k8s.io/v1` ResourceClaim dict as a `Claim`. Never raises: a field missing
+    or of another type reads as absent (the API server guarantees the shapes), an unreadable
+    allocation is the claim's `problem`. The one place that reads a claim's labels,
+    annotations, status and spec (the managed-by test included)."""
+    meta = _mapping(obj.get("metadata"))
+    labels = _mapping(meta.get("labels"))
+    ann = _mapping(meta.get("annotations"))
+    name = str(meta.get("name") or "")
+    status = _mapping(obj.get("status"))
+    allocated, problem = _allocated(name or "?", status)
+    return Claim(namespace=str(meta.get("namespace") or ""), name=name,
+                 uid=str(meta.get("uid") or ""),
+                 resource_version=str(meta.get("resourceVersion") or ""),
+                 managed=labels.get(MANAGED_BY_LABEL) == MANAGED_BY,
+                 vmi=_text(ann.get(CLAIM_FOR)), admission=_text(ann.get(CLAIM_ADMISSION)),
+                 since=_since(ann.get(CLAIMED_AT), meta.get("creationTimestamp")),
+                 deleting=bool(meta.get("deletionTimestamp")),
+                 in_use=bool(status.get("reservedFor")),
+                 allocated=allocated, problem=problem,
+                 spec_digest=spec_digest(obj.get("spec")))
+
+
+def stamp_ops(claim: Claim, admission: str, now: datetime) -> list[dict[str, Any]]:
+    """W4: the JSON Patch confirming `claim` (ours, same spec) for `admission` at `now`: a
+    `test` of its resourceVersion as read, then both annotations (H1's clock restarts)."""
     return [{"op": "test", "path": "/metadata/resourceVersion",
-             "value": raw["metadata"]["resourceVersion"]},
+             "value": claim.resource_version},
             {"op": "add", "path": "/metadata/annotations/gpu.cozystack.io~1admission",
              "value": admission},
             {"op": "add", "path": "/metadata/annotations/gpu.cozystack.io~1claimed-at",
              "value": format_time(now)}]
-
-
-def is_ours(raw: Mapping[str, Any], vmi: str) -> bool:
-    """Whether claim `raw` is one the binder made for VMI `vmi`: our managed-by label and our
-    claim-for annotation naming `vmi` (a tenant's claim of the same name is never adopted)."""
-    meta = raw.get("metadata") if isinstance(raw.get("metadata"), Mapping) else {}
-    labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
-    ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
-    return labels.get(MANAGED_BY_LABEL) == MANAGED_BY and ann.get(CLAIM_FOR) == vmi
 
 
 def _normal(spec: Any) -> Any:
@@ -217,19 +316,23 @@ def _normal(spec: Any) -> Any:
     return out
 
 
-def same_spec(raw: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
-    """Whether claim `raw`'s spec is `spec` (server defaults aside)."""
-    return _normal(raw.get("spec")) == _normal(spec)
+def spec_digest(spec: Any) -> str:
+    """A claim `spec`'s digest: SHA-256 of its canonical JSON (keys sorted) once the server's
+    defaults are made explicit (`_normal`), so a stored spec and the one built for the same
+    devices have the same digest. Never raises: a value JSON cannot hold reads as its
+    `repr` (orjson: the cache digests every claim it ingests)."""
+    normal = _normal(spec)
+    try:
+        text = orjson.dumps(normal, default=repr,
+                            option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:  # e.g. an integer past 64 bits
+        text = repr(normal).encode()
+    return hashlib.sha256(text).hexdigest()
 
 
-def in_use(raw: Mapping[str, Any]) -> bool:
-    """Whether a Pod holds claim `raw` (`status.reservedFor` lists one)."""
-    return bool(((raw.get("status") or {}).get("reservedFor")))
-
-
-def deleting(raw: Mapping[str, Any]) -> bool:
-    """Whether claim `raw` is being deleted (a finalizer holds it)."""
-    return bool((raw.get("metadata") or {}).get("deletionTimestamp"))
+def same_spec(claim: Claim, spec: Mapping[str, Any]) -> bool:
+    """Whether `claim`'s spec is `spec` (server defaults aside)."""
+    return claim.spec_digest == spec_digest(spec)
 
 
 # -- the VMI's wiring (DR5) -------------------------------------------------------------------
@@ -283,30 +386,13 @@ class ClaimRecord:
     admission: str | None = None
 
 
-def parse_claim_record(raw: Mapping[str, Any]) -> ClaimRecord | None:
-    """`raw` as a ClaimRecord when it is a claim the binder made (managed-by label and a
+def claim_record(claim: Claim) -> ClaimRecord | None:
+    """`claim` as a ClaimRecord when it is one the binder made (managed-by label and a
     claim-for annotation), else None (never judged, never deleted)."""
-    meta = raw.get("metadata") if isinstance(raw.get("metadata"), Mapping) else {}
-    labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
-    ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
-    vmi = ann.get(CLAIM_FOR)
-    if labels.get(MANAGED_BY_LABEL) != MANAGED_BY or not isinstance(vmi, str) or not vmi:
+    if not claim.managed or claim.vmi is None:
         return None
-    since = None
-    for value in (ann.get(CLAIMED_AT), meta.get("creationTimestamp")):
-        if isinstance(value, str):
-            try:
-                when = datetime.fromisoformat(value)
-            except ValueError:
-                continue
-            if when.tzinfo is not None:
-                since = when.astimezone(timezone.utc)
-                break
-    adm = ann.get(CLAIM_ADMISSION)
-    return ClaimRecord(str(meta.get("namespace") or ""), str(meta.get("name") or ""),
-                       str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""),
-                       vmi, since, bool(meta.get("deletionTimestamp")),
-                       adm if isinstance(adm, str) and adm else None)
+    return ClaimRecord(claim.namespace, claim.name, claim.uid, claim.resource_version,
+                       claim.vmi, claim.since, claim.deleting, claim.admission)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ keeps its own. A claim's `status.allocation.devices.results[]{request, driver, p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from model.topology import AttributeValue, Device
@@ -180,68 +180,31 @@ def parse_resource_slice(obj: Mapping[str, Any]) -> ResourceSlice:
     return ResourceSlice(name, driver, pool["name"], generation, count, node, tuple(devices))
 
 
-@dataclass(frozen=True, slots=True)
-class Inventory:
-    """The node-local devices of every pool's current generation (DR1): `by_node` maps a node
-    to its devices (sorted by ref); `incomplete` names pools (driver, pool) whose current
-    generation has fewer slices than it announced (being rewritten; their devices are listed
-    as far as they are published). A device no current slice lists is simply absent: a
-    record naming it is lost capacity, never a free device (DR2)."""
-
-    by_node: Mapping[str, tuple[SliceDevice, ...]] = field(default_factory=dict)
-    incomplete: frozenset[tuple[str, str]] = frozenset()
-
-    @staticmethod
-    def build(slices: Iterable[ResourceSlice]) -> "Inventory":
-        """Keep, per (driver, pool), only the slices of the highest generation; index their
-        node-local devices by node. A device name listed twice in one pool keeps its first
-        listing (the API server allows it across slices; the allocator treats it as one)."""
-        current: dict[tuple[str, str], list[ResourceSlice]] = {}
-        for s in slices:
-            key = (s.driver, s.pool)
-            kept = current.get(key)
-            if kept is None or s.generation > kept[0].generation:
-                current[key] = [s]
-            elif s.generation == kept[0].generation:
-                kept.append(s)
-        by_node: dict[str, dict[DeviceRef, SliceDevice]] = {}
-        incomplete = set()
-        for key, group in current.items():
-            if len(group) < group[0].slice_count:
-                incomplete.add(key)
-            for s in sorted(group, key=lambda s: s.name):
-                if s.node is None:
-                    continue
-                for device in s.devices:
-                    by_node.setdefault(s.node, {}).setdefault(device.ref, device)
-        return Inventory({node: tuple(sorted(devs.values(), key=lambda d: d.ref))
-                          for node, devs in by_node.items()}, frozenset(incomplete))
-
-    def devices(self, node: str) -> tuple[SliceDevice, ...]:
-        """The devices of `node` (empty when it has none)."""
-        return tuple(self.by_node.get(node, ()))
-
-    def find(self, ref: DeviceRef) -> SliceDevice | None:
-        """The device `ref` names, or None when no current slice lists it (gone: DR2 counts a
-        recorded device that vanished as lost, never as free)."""
-        for devices in self.by_node.values():
-            for device in devices:
-                if device.ref == ref:
-                    return device
-        return None
-
-
-def allocated_devices(claim: Mapping[str, Any]) -> tuple[DeviceRef, ...]:
-    """The devices a ResourceClaim's `status.allocation` lists (DR2: server-side truth; a
-    tenant cannot write it). Empty when the claim is not allocated. Raises SliceError when a
-    result lacks its driver, pool or device."""
-    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}) \
-        .get("results") or ()
-    refs = []
-    for r in results:
-        if not all(isinstance(r.get(k), str) and r.get(k) for k in ("driver", "pool", "device")):
-            name = (claim.get("metadata") or {}).get("name", "?")
-            raise SliceError(f"ResourceClaim {name}: an allocation result lacks driver, pool "
-                             f"or device: {dict(r)}")
-        refs.append(DeviceRef(r["driver"], r["pool"], r["device"]))
-    return tuple(refs)
+def pool_devices(slices: Iterable[ResourceSlice]) -> dict[str, tuple[SliceDevice, ...]]:
+    """DR1, the one pool gathering (the DRA index applies it to each pool that changes; the
+    bench and the demo to the slices they read): per (driver, pool), only the slices of its
+    highest generation count, and of those the node-local ones; their devices by node,
+    sorted by ref. Every node such a slice names is a key, even with no devices. A device
+    name listed twice in one pool keeps its first listing, slices taken by name (the API
+    server allows it across slices; the allocator treats it as one). A pool whose current
+    generation has fewer slices than it announced (being rewritten) counts as far as it is
+    published. A device no current slice lists is absent: a record naming it is lost
+    capacity, never a free device (DR2)."""
+    current: dict[tuple[str, str], list[ResourceSlice]] = {}
+    for s in slices:
+        key = (s.driver, s.pool)
+        kept = current.get(key)
+        if kept is None or s.generation > kept[0].generation:
+            current[key] = [s]
+        elif s.generation == kept[0].generation:
+            kept.append(s)
+    by_node: dict[str, dict[DeviceRef, SliceDevice]] = {}
+    for group in current.values():
+        for s in sorted(group, key=lambda s: s.name):
+            if s.node is None:
+                continue
+            devices = by_node.setdefault(s.node, {})
+            for device in s.devices:
+                devices.setdefault(device.ref, device)
+    return {node: tuple(sorted(devs.values(), key=lambda d: d.ref))
+            for node, devs in by_node.items()}

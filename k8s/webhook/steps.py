@@ -22,8 +22,8 @@ from k8s.client import GPU_DEVICES, RESOURCE_CLAIMS, VMIS, KubeClient, Resource
 from k8s.webhook.review import Denial, reason_denial
 from k8s.webhook.waiter import ResultWaiter
 from model.admission import AdmissionPlan, attachment_is_live, effective_resources, vmi_patch
-from model.claim import (CLAIM_ADMISSION, ClaimMember, build_claim, claim_vmi_patch, deleting,
-                         in_use, is_ours, members_of, same_spec, stamp_ops)
+from model.claim import (Claim, ClaimMember, build_claim, claim_vmi_patch, members_of,
+                         parse_claim, same_spec, stamp_ops)
 from model.housekeeping import VMIs
 from model.parse import ParseError, format_time, parse_gpu_device, tolerations_to_list
 from model.reasons import (ApiForbidden, ApiInvalid, ApiThrottled, ApiUnavailable, AttachmentRefused,
@@ -139,10 +139,11 @@ class Api:
         """Create an Event in `ns`."""
         await self.client.create_event(ns, body)
 
-    async def get_claim(self, ns: str, name: str) -> dict | None:
-        """ResourceClaim `ns/name` as the API server has it now; None when it does not exist."""
+    async def get_claim(self, ns: str, name: str) -> Claim | None:
+        """ResourceClaim `ns/name` as the API server has it now (`model.claim.parse_claim`);
+        None when it does not exist."""
         try:
-            return await self.client.get(RESOURCE_CLAIMS, ns, name)
+            return parse_claim(await self.client.get(RESOURCE_CLAIMS, ns, name))
         except errors.NotFound as err:
             if err.names(name):
                 return None
@@ -466,25 +467,24 @@ async def ensure_claim(api: Api, attempt: Attempt, body: dict, written: Written)
             log.info("ResourceClaim created", claim=name, admission=attempt.admission)
             return
         written.claim = None  # not ours to delete: it was there before this call
-        raw = await api.get_claim(ns, name)
-        if raw is None:
+        claim = await api.get_claim(ns, name)
+        if claim is None:
             continue  # deleted since: create again
-        if not is_ours(raw, attempt.vmi):
+        if not claim.is_for(attempt.vmi):
             raise Denied(ClaimNameTaken(ns, name, attempt.vmi))
-        if deleting(raw):
+        if claim.deleting:
             raise Denied(ClaimBeingDeleted(ns, name))
-        meta = raw["metadata"]
-        if same_spec(raw, body["spec"]):
+        if same_spec(claim, body["spec"]):
             try:
-                await api.patch_claim(ns, name, stamp_ops(raw, attempt.admission, attempt.now()))
+                await api.patch_claim(ns, name, stamp_ops(claim, attempt.admission, attempt.now()))
             except (errors.Invalid, errors.Conflict, errors.NotFound):
                 continue  # changed since the read: judge it again
             log.info("ResourceClaim found in place", claim=name, admission=attempt.admission)
             return
-        if in_use(raw):
+        if claim.in_use:
             raise Denied(ClaimInUse(ns, name))
         try:
-            await api.delete_claim(ns, name, meta["uid"], meta["resourceVersion"])
+            await api.delete_claim(ns, name, claim.uid, claim.resource_version)
             log.info("ResourceClaim of other devices replaced", claim=name,
                      admission=attempt.admission)
         except (errors.Conflict, errors.NotFound):
@@ -510,13 +510,12 @@ async def delete_own_claim(api: Api, attempt: Attempt, name: str) -> None:
     with anyio.CancelScope(shield=True):
         try:
             with anyio.fail_after(api.timeout * 2 + 1):
-                raw = await api.get_claim(attempt.namespace, name)
-                meta = (raw or {}).get("metadata") or {}
-                if raw is None or not is_ours(raw, attempt.vmi) or \
-                        (meta.get("annotations") or {}).get(CLAIM_ADMISSION) != attempt.admission:
+                claim = await api.get_claim(attempt.namespace, name)
+                if claim is None or not claim.is_for(attempt.vmi) or \
+                        claim.admission != attempt.admission:
                     return
-                await api.delete_claim(attempt.namespace, name, meta["uid"],
-                                       meta["resourceVersion"])
+                await api.delete_claim(attempt.namespace, name, claim.uid,
+                                       claim.resource_version)
                 log.info("ResourceClaim deleted (W5)", claim=name, admission=attempt.admission)
         except (errors.NotFound, errors.Conflict) as exc:
             log.info("clean-up of claim moot", claim=name, reason=str(exc)[:200])

@@ -15,7 +15,7 @@ import yaml
 from localcluster.claimcontroller import ClaimController
 from localcluster.dra_profiles import DEVICE_CLASS, HGX_H100_8, L40S_4, device_class, resource_slice
 from model.cel import Selector
-from model.dra import Inventory, parse_resource_slice
+from model.dra import parse_resource_slice, pool_devices
 from tests.e2e.conftest import unique
 
 
@@ -40,15 +40,15 @@ def test_DR1_profile_slices_pass_the_real_schema_and_read_back_the_same(control_
            resource_slice(pcie, L40S_4))
     try:
         served = [_get(control_plane, "resourceslice", f"{n}-gpu.nvidia.com") for n in (hgx, pcie)]
-        inventory = Inventory.build(parse_resource_slice(s) for s in served)
-        expected = Inventory.build([parse_resource_slice(resource_slice(hgx, HGX_H100_8)),
-                                    parse_resource_slice(resource_slice(pcie, L40S_4))])
+        inventory = pool_devices(parse_resource_slice(s) for s in served)
+        expected = pool_devices([parse_resource_slice(resource_slice(hgx, HGX_H100_8)),
+                                 parse_resource_slice(resource_slice(pcie, L40S_4))])
         assert inventory == expected
-        assert [len(inventory.devices(n)) for n in (hgx, pcie)] == [8, 4]
+        assert [len(inventory[n]) for n in (hgx, pcie)] == [8, 4]
         cls = _get(control_plane, "deviceclass", DEVICE_CLASS)
         selector = Selector.compile(cls["spec"]["selectors"][0]["cel"]["expression"])
         assert all(selector.match(d.cel_view()).matched
-                   for n in (hgx, pcie) for d in inventory.devices(n))
+                   for n in (hgx, pcie) for d in inventory[n])
     finally:
         control_plane.kubectl("delete", "resourceslice", f"{hgx}-gpu.nvidia.com",
                               f"{pcie}-gpu.nvidia.com", "--ignore-not-found", check=False)

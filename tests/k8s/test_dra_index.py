@@ -8,6 +8,7 @@ import pytest
 
 from k8s.dra_index import DraIndex, SliceError
 from localcluster.dra_profiles import DEVICE_CLASS, HGX_H100_8, L40S_4, device_class, resource_slice
+from model.claim import parse_claim
 from model.dra import DeviceRef
 from model.types import DeviceStatus, GPUClass, GPUDevice, Phase, dra_resource_name
 
@@ -58,7 +59,7 @@ def test_each_class_gets_the_devices_its_deviceclass_and_own_selectors_match():
 
 def test_DR2_a_claims_allocation_and_a_hard_taint_take_devices_and_records_excuse_their_own():
     idx = world()
-    assert idx.put_claim(("t", "c"), claim(("hgx-1", "gpu-vfio-2"), ("hgx-1", "gpu-vfio-3"))) == {"hgx-1"}
+    assert idx.put_claim(("t", "c"), parse_claim(claim(("hgx-1", "gpu-vfio-2"), ("hgx-1", "gpu-vfio-3")))) == {"hgx-1"}
     fields = idx.node_fields("hgx-1", [bound("hgx-1", "gpu-vfio-2")])
     assert fields.taken_devices == {"gpu-vfio-2", "gpu-vfio-3"}
     assert fields.foreign == ((RES, 1),)  # gpu-vfio-2 is the binder's own record
@@ -80,16 +81,17 @@ def test_DR2_a_claim_the_binder_did_not_make_is_told_apart_and_follows_its_chang
     and a deletion each move it, and nothing is left behind."""
     from model.claim import MANAGED_BY, MANAGED_BY_LABEL
     idx = world()
-    ours = claim(("hgx-1", "gpu-vfio-1"))
-    ours["metadata"]["labels"] = {MANAGED_BY_LABEL: MANAGED_BY}
+    raw = claim(("hgx-1", "gpu-vfio-1"))
+    raw["metadata"]["labels"] = {MANAGED_BY_LABEL: MANAGED_BY}
+    ours = parse_claim(raw)
     assert idx.put_claim(("t", "ours"), ours) == {"hgx-1"}
     assert idx.put_claim(("t", "ours"), ours) == set()  # unchanged
-    assert idx.put_claim(("admin", "theirs"), claim(("hgx-1", "gpu-vfio-4"))) == {"hgx-1"}
+    assert idx.put_claim(("admin", "theirs"), parse_claim(claim(("hgx-1", "gpu-vfio-4")))) == {"hgx-1"}
     rec = [bound("hgx-1", "gpu-vfio-1")]  # a device of namespace t records gpu-vfio-1
     fields = idx.node_fields("hgx-1", rec)
     assert fields.taken_devices == {"gpu-vfio-1", "gpu-vfio-4"}
     assert fields.foreign_claimed == {"gpu-vfio-4"}
-    relabelled = claim(("hgx-1", "gpu-vfio-1"))  # same allocation, label gone
+    relabelled = parse_claim(claim(("hgx-1", "gpu-vfio-1")))  # same allocation, label gone
     assert idx.put_claim(("t", "ours"), relabelled) == {"hgx-1"}
     assert idx.node_fields("hgx-1", rec).foreign_claimed == {"gpu-vfio-1", "gpu-vfio-4"}
     assert idx.put_claim(("t", "ours"), ours) == {"hgx-1"}
@@ -97,8 +99,8 @@ def test_DR2_a_claim_the_binder_did_not_make_is_told_apart_and_follows_its_chang
     fields = idx.node_fields("hgx-1", [bound("hgx-1", "gpu-vfio-1")])  # t's device records it
     assert (fields.taken_devices, fields.foreign_claimed) == ({"gpu-vfio-1"}, frozenset())
     # our labels on a claim in another namespace than the recording device's: foreign
-    assert idx.put_claim(("mallory", "copy"), {**ours, "metadata": {
-        "name": "copy", "namespace": "mallory", "labels": {MANAGED_BY_LABEL: MANAGED_BY}}})
+    assert idx.put_claim(("mallory", "copy"), parse_claim({**raw, "metadata": {
+        "name": "copy", "namespace": "mallory", "labels": {MANAGED_BY_LABEL: MANAGED_BY}}}))
     fields = idx.node_fields("hgx-1", [bound("hgx-1", "gpu-vfio-1")])
     assert fields.foreign_claimed == {"gpu-vfio-1"}
     assert idx.remove_claim(("mallory", "copy")) == {"hgx-1"}
@@ -140,15 +142,15 @@ def test_malformed_objects_raise_slice_error_and_leave_the_rest():
     with pytest.raises(SliceError, match="spec.driver is missing"):
         idx.put_slice({"metadata": {"name": "x"}, "spec": {"pool": {"name": "p"}}})
     with pytest.raises(SliceError, match="lacks driver, pool or device"):
-        idx.put_claim(("t", "bad"), {"metadata": {"name": "bad"},
-                                     "status": {"allocation": {"devices": {"results": [{"device": "d"}]}}}})
+        idx.put_claim(("t", "bad"), parse_claim({"metadata": {"name": "bad"}, "status": {
+            "allocation": {"devices": {"results": [{"device": "d"}]}}}}))
     assert idx.node_fields("hgx-1", []).allocatable == ((RES, 8),)
 
 
 def test_a_claim_on_a_pool_no_node_publishes_touches_no_node():
     idx = world()
-    assert idx.put_claim(("t", "c"), claim(("elsewhere", "gpu-vfio-0"))) == set()
-    assert idx.put_claim(("t", "c"), claim(("elsewhere", "gpu-vfio-0"))) == set()  # unchanged
+    assert idx.put_claim(("t", "c"), parse_claim(claim(("elsewhere", "gpu-vfio-0")))) == set()
+    assert idx.put_claim(("t", "c"), parse_claim(claim(("elsewhere", "gpu-vfio-0")))) == set()  # unchanged
     assert idx.node_fields("hgx-1", []).taken_devices == frozenset()
 
 
@@ -306,3 +308,99 @@ def test_a_malformed_slice_is_kept_as_its_reason_logged_and_left_out():
     assert [(e["kind"], e["name"]) for e in logs if e["event"] == "skipping malformed object"] == [
         ("ResourceSlice", "hgx-1-gpu.nvidia.com")]
     assert c.dra.nodes() == set()
+
+
+# -- a claim parsed once; one pool gathering; selectors compiled once (issue 38) ------------
+
+def test_a_claim_is_parsed_once_at_ingest_and_the_index_reads_that_value():
+    """The claim informer keeps name, namespace, resourceVersion and the parsed `Claim`
+    (`k8s.cache.ingest_claim`), nothing of the tenant's labels or the spec; a claim with an
+    allocation that cannot be read is logged and left out of the DRA index."""
+    from structlog.testing import capture_logs
+
+    from k8s.cache import ingest_claim
+    from model.claim import MANAGED_BY, MANAGED_BY_LABEL, Claim
+    from tests.k8s.test_cache_foreign import cache, event, stamped
+
+    c = cache()
+    event(c.device_classes, stamped(device_class()))
+    event(c.classes, stamped({"metadata": {"name": "hgx"}, "spec": {"deviceClassName": DEVICE_CLASS}}))
+    event(c.nodes, stamped({"metadata": {"name": "hgx-1"}, "spec": {},
+                            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}))
+    event(c.slices, stamped(resource_slice("hgx-1", HGX_H100_8)))
+    raw = stamped(claim(("hgx-1", "gpu-vfio-0")))
+    raw["metadata"]["labels"] = {MANAGED_BY_LABEL: MANAGED_BY, "tenant": "label"}
+    event(c.claims, raw)
+    kept = c.claims.get(("t", "c"))
+    assert set(kept) == {"metadata", "parsed"} and isinstance(kept["parsed"], Claim)
+    assert kept["metadata"] == {"name": "c", "namespace": "t",
+                                "resourceVersion": raw["metadata"]["resourceVersion"]}
+    assert kept["parsed"] == parse_claim(raw) and kept["parsed"].managed
+    assert ingest_claim(kept) is kept  # the watch may hand it back
+    assert c.view.node("hgx-1").taken_devices == {"gpu-vfio-0"}
+    assert ("t", "c") not in c.dra._not_ours  # the binder's: counted by namespace, not foreign
+    bad = stamped(claim(("hgx-1", "gpu-vfio-1")))
+    del bad["status"]["allocation"]["devices"]["results"][0]["pool"]
+    with capture_logs() as logs:
+        event(c.claims, bad)
+    assert c.claims.get(("t", "c"))["parsed"].problem is not None
+    assert [(e["kind"], e["name"]) for e in logs if e["event"] == "skipping malformed object"] == [
+        ("ResourceClaim", "c")]
+    assert c.view.node("hgx-1").taken_devices == frozenset()
+
+
+def test_the_index_gathers_pools_by_the_one_rule_the_bench_and_demo_use():
+    """`DraIndex` applies `model.dra.pool_devices` pool by pool as slices come and go; the
+    result is the function's over all the slices it holds (current generation, node-local,
+    first listing of a name by slice name)."""
+    from model.dra import parse_resource_slice, pool_devices
+
+    idx = DraIndex()
+    old = resource_slice("hgx-1", HGX_H100_8)
+    new = resource_slice("hgx-1", HGX_H100_8, generation=2)
+    new["metadata"]["name"], new["spec"]["devices"] = "hgx-1-new", new["spec"]["devices"][2:]
+    twin = resource_slice("hgx-1", HGX_H100_8, generation=2)
+    twin["metadata"]["name"], twin["spec"]["devices"] = "hgx-1-twin", twin["spec"]["devices"][:3]
+    other = resource_slice("l40s-1", L40S_4)
+    held = [old, new, twin, other]
+    for obj in held:
+        idx.put_slice(obj)
+    expected = pool_devices(parse_resource_slice(o) for o in held)
+    assert {n: idx.devices(n) for n in idx.nodes()} == expected
+    assert [d.ref.device for d in expected["hgx-1"]] == [f"gpu-vfio-{i}" for i in range(8)]
+    idx.remove_slice("hgx-1-new")
+    expected = pool_devices(parse_resource_slice(o) for o in (old, twin, other))
+    assert {n: idx.devices(n) for n in idx.nodes()} == expected
+    assert [d.ref.device for d in expected["hgx-1"]] == ["gpu-vfio-0", "gpu-vfio-1", "gpu-vfio-2"]
+
+
+def test_a_classs_own_selectors_are_compiled_once(monkeypatch):
+    """`class_problem` (the cache asks it for every class on each class change),
+    `set_classes` and `node_fields` share one compilation per class and expressions; a
+    changed expression is compiled again, a class gone is forgotten."""
+    from dataclasses import replace
+
+    from model.cel import Selector
+
+    compiled: list[str] = []
+    real = Selector.compile
+
+    def counting(expression):
+        compiled.append(expression)
+        return real(expression)
+
+    idx = DraIndex()
+    idx.put_device_class(device_class())
+    monkeypatch.setattr(Selector, "compile", staticmethod(counting))
+    for _ in range(3):
+        assert idx.class_problem(HGX) is None and idx.class_problem(L40S) is None
+    idx.set_classes([HGX, L40S])
+    idx.put_slice(resource_slice("hgx-1", HGX_H100_8))
+    assert names(idx.node_fields("hgx-1", []), "hgx") == [f"gpu-vfio-{i}" for i in range(8)]
+    assert sorted(compiled) == sorted(HGX.selectors + L40S.selectors)
+    wider = replace(HGX, selectors=('device.attributes["gpu.nvidia.com"].productName.startsWith("G")',))
+    assert idx.class_problem(wider) is None
+    idx.set_classes([wider, L40S])
+    assert compiled[-1] == wider.selectors[0] and len(compiled) == 3
+    idx.set_classes([L40S])
+    assert set(idx._class_selectors) == {"l40s"}

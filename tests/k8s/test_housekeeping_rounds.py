@@ -245,3 +245,23 @@ async def test_DR6_a_create_that_fails_otherwise_is_logged_and_counts_nothing():
     assert client.of("create_event") == [] and keeper.claims_restored == 0
     [failed] = [e for e in logs if e["event"] == "housekeeping action failed"]
     assert (failed["action"], failed["rule"], failed["claim"]) == ("RestoreClaim", "DR6", "vm-gpus")
+
+
+async def test_H1_H2_the_claims_come_from_the_informer_as_parsed_at_ingest():
+    """With the cache's claim informer, housekeeping reads the `model.claim.Claim` values its
+    transform made (`k8s.cache.ingest_claim`), ours only, and lists nothing live."""
+    from k8s import errors
+    from k8s.cache import ingest_claim
+    from k8s.client import RESOURCE_CLAIMS
+    from model.housekeeping import VMIs
+    client = ScriptedClient()
+    client.script("get", errors.NotFound("read VMI t/gone", 404, 'virtualmachineinstances "gone" not found',
+                                         details={"name": "gone"}))
+    held = [ingest_claim(_claim("gone", SINCE)), ingest_claim(_claim("tenants", SINCE, labels={}))]
+    cache = SimpleNamespace(view=SimpleNamespace(devices=lambda: {}), vmi_state=lambda: VMIs({}),
+                            claims=SimpleNamespace(items=lambda: held, healthy=True),
+                            healthy=lambda *i: all(x.healthy for x in i))
+    keeper = Housekeeper(client, cache, grace=timedelta(minutes=2), raw_policy="denied")  # type: ignore[arg-type]
+    await keeper.release_claims(SINCE + timedelta(minutes=10))
+    assert client.of("list") == []
+    assert client.of("delete") == [(RESOURCE_CLAIMS, "t", "gone-gpus", "uid-gone", "5")]

@@ -13,7 +13,7 @@ from localcluster.dra_profiles import (DEVICE_CLASS_SELECTOR, HGX_H100_8, L40S_4
                                        PARTITION_ATTRIBUTE, device_class, gpu_uuid, partition_ids,
                                        resource_slice, vfio_uuid)
 from model.cel import Selector
-from model.dra import Inventory, parse_resource_slice
+from model.dra import parse_resource_slice, pool_devices
 from model.topology import GroupChoice, choose_devices
 
 
@@ -26,8 +26,7 @@ def test_partition_ids_follow_fabric_manager_numbering():
 
 
 def test_DR1_hgx_slice_parses_and_every_gpu_matches_nvidias_device_class():
-    inv = Inventory.build([parse_resource_slice(resource_slice("gpu-node-01", HGX_H100_8))])
-    devices = inv.devices("gpu-node-01")
+    devices = pool_devices([parse_resource_slice(resource_slice("gpu-node-01", HGX_H100_8))])["gpu-node-01"]
     assert [d.ref.device for d in devices] == [f"gpu-vfio-{i}" for i in range(8)]
     selector = Selector.compile(DEVICE_CLASS_SELECTOR)
     assert all(selector.match(d.cel_view()).matched for d in devices)
@@ -59,8 +58,8 @@ def test_attribute_names_and_shapes_are_the_drivers():
 
 
 def test_DR3_pci_order_breaks_a_partition_and_the_topology_choice_does_not():
-    devices = [d.as_device() for d in Inventory.build(
-        [parse_resource_slice(resource_slice("n", HGX_H100_8))]).devices("n")]
+    devices = [d.as_device() for d in pool_devices(
+        [parse_resource_slice(resource_slice("n", HGX_H100_8))])["n"]]
     lowest_two = devices[:2]
     assert len({d.attribute("gpu.nvidia.com/partition2") for d in lowest_two}) == 2
     choice = choose_devices(devices, [d.name for d in devices], 2, PARTITION_ATTRIBUTE)

@@ -12,12 +12,12 @@ from localcluster.dra_world import (CLASSES, DEVICE_BUDGET_KEY, HGX_CLASS, L40S_
                                     module_ids, node_names)
 from localcluster.fleet import quota_key
 from model.cel import Selector
-from model.dra import Inventory, parse_resource_slice
+from model.dra import parse_resource_slice, pool_devices
 from model.parse import parse_gpu_class
 
 
 def _devices(profile, node="n", names=None):
-    devs = Inventory.build([parse_resource_slice(resource_slice(node, profile))]).devices(node)
+    devs = pool_devices([parse_resource_slice(resource_slice(node, profile))])[node]
     return [d for d in devs if names is None or d.ref.device in names]
 
 

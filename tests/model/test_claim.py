@@ -11,7 +11,7 @@ import pytest
 from localcluster.dra_profiles import HGX_H100_8, gpu_uuid
 from model.admission import AdmissionPlan
 from model.claim import (ClaimMember, ClaimRecord, DeleteClaim, build_claim, claim_name,
-                         claim_vmi_patch, is_ours, members_of, parse_claim_record, same_spec,
+                         claim_record, claim_vmi_patch, members_of, parse_claim, same_spec,
                          stale_claims, stamp_ops, uuid_selector)
 from model.reasons import DeviceUnrecorded
 from model.snapshot import Snapshot
@@ -153,13 +153,14 @@ def test_DR5_vmi_patch_of_a_vmi_without_spec_builds_it_whole():
 
 
 def test_ownership_needs_our_label_and_the_annotation_naming_the_vmi():
-    ours = build_claim("t1", "vm", [ClaimMember("g", H100, ref("n1", 0), "u0")], "a", NOW)
-    assert is_ours(ours, "vm") and not is_ours(ours, "other")
-    tenant = {"metadata": {"name": "vm-gpus", "labels": {"app.kubernetes.io/managed-by": "gpu-binder"}}}
-    assert not is_ours(tenant, "vm")                   # the label alone is not enough
-    assert not is_ours({"metadata": {"name": "vm-gpus", "annotations": {
-        "gpu.cozystack.io/claim-for": "vm"}}}, "vm")   # nor the annotation alone
-    assert parse_claim_record(tenant) is None          # never judged by housekeeping
+    ours = parse_claim(build_claim("t1", "vm", [ClaimMember("g", H100, ref("n1", 0), "u0")], "a", NOW))
+    assert ours.is_for("vm") and not ours.is_for("other")
+    tenant = parse_claim({"metadata": {"name": "vm-gpus",
+                                       "labels": {"app.kubernetes.io/managed-by": "gpu-binder"}}})
+    assert not tenant.is_for("vm")                     # the label alone is not enough
+    assert not parse_claim({"metadata": {"name": "vm-gpus", "annotations": {
+        "gpu.cozystack.io/claim-for": "vm"}}}).is_for("vm")   # nor the annotation alone
+    assert claim_record(tenant) is None                # never judged by housekeeping
 
 
 def test_a_stored_spec_with_the_servers_defaults_is_the_same_and_another_device_is_not():
@@ -168,14 +169,14 @@ def test_a_stored_spec_with_the_servers_defaults_is_the_same_and_another_device_
     stored = {"spec": {"devices": {"requests": [{"name": "gpu-0", "exactly": {
         "deviceClassName": DEVICE_CLASS, "count": 1, "selectors": sel("u0")}}],
         "constraints": [{"matchAttribute": "gpu.nvidia.com/partition1"}]}}}
-    assert same_spec(stored, spec)
+    assert same_spec(parse_claim(stored), spec)
     other = build_claim("t1", "vm", [ClaimMember("g", H100, ref("n1", 1), "u1")], "a", NOW)
-    assert not same_spec(other, spec)
+    assert not same_spec(parse_claim(other), spec)
 
 
 def test_W4_stamp_tests_the_version_read_and_restarts_the_clock():
     raw = {"metadata": {"resourceVersion": "41", "annotations": {}}}
-    assert stamp_ops(raw, "adm-2", NOW) == [
+    assert stamp_ops(parse_claim(raw), "adm-2", NOW) == [
         {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
         {"op": "add", "path": "/metadata/annotations/gpu.cozystack.io~1admission", "value": "adm-2"},
         {"op": "add", "path": "/metadata/annotations/gpu.cozystack.io~1claimed-at",
@@ -199,9 +200,10 @@ def test_H1_H2_a_claim_is_deleted_only_without_its_vmi_and_attachments_after_the
 def test_H1_the_clock_is_the_last_confirmation_else_the_creation():
     raw = build_claim("t1", "vm", [ClaimMember("g", H100, ref("n1", 0), "u0")], "a", NOW)
     raw["metadata"].update(uid="u", resourceVersion="3", creationTimestamp="2026-12-04T09:00:00Z")
-    assert parse_claim_record(raw) == ClaimRecord("t1", "vm-gpus", "u", "3", "vm", NOW, admission="a")
+    assert claim_record(parse_claim(raw)) == ClaimRecord("t1", "vm-gpus", "u", "3", "vm", NOW,
+                                                         admission="a")
     del raw["metadata"]["annotations"]["gpu.cozystack.io/claimed-at"]
-    assert parse_claim_record(raw).since == NOW - timedelta(hours=1)
+    assert claim_record(parse_claim(raw)).since == NOW - timedelta(hours=1)
 
 
 def test_H4_the_claim_of_a_released_keep_goes_at_once_unless_confirmed_since_or_still_held():
@@ -296,3 +298,25 @@ def test_DR6_devices_without_a_record_are_skipped_before_anything_else_is_read_o
     devs = [count_mode[0], _admitted("vm-h100x-0", 0), *count_mode[1:], _admitted("held", 1)]
     assert missing_claims(devs, _live(), set(), {"h100x"}) == [
         RestoreClaim("t1", "vm", "uid-1", "adm-1", "n1", ("held", "vm-h100x-0"))]
+
+
+def test_a_claim_read_back_is_parsed_once_into_every_field_its_readers_use():
+    """`parse_claim`: the one reading of a claim's metadata, status and spec (the DRA index,
+    housekeeping and the webhook read the `Claim`); total: a claim missing everything reads
+    as nobody's, unallocated, not held."""
+    from model.claim import Claim
+    from model.dra import DeviceRef
+
+    raw = build_claim("t1", "vm", [ClaimMember("g", H100, ref("n1", 0), "u0")], "adm-1", NOW)
+    raw["metadata"].update(uid="u", resourceVersion="9", deletionTimestamp="2026-12-04T10:01:00Z")
+    raw["status"] = {"reservedFor": [{"resource": "pods", "name": "virt-launcher-vm-x"}],
+                     "allocation": {"devices": {"results": [
+                         {"request": "gpu-0", "driver": DRIVER, "pool": "n1", "device": "gpu-vfio-0"}]}}}
+    claim = parse_claim(raw)
+    assert claim == Claim("t1", "vm-gpus", "u", "9", managed=True, vmi="vm", admission="adm-1",
+                          since=NOW, deleting=True, in_use=True,
+                          allocated=(DeviceRef(DRIVER, "n1", "gpu-vfio-0"),),
+                          spec_digest=claim.spec_digest)
+    assert same_spec(claim, raw["spec"]) and claim.is_for("vm")
+    assert parse_claim({}) == Claim("", "", spec_digest=parse_claim({}).spec_digest)
+    assert not parse_claim({"metadata": {"labels": "not a map"}, "status": []}).managed

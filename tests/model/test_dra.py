@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from model.cel import Match, Selector, SelectorError, matches_all
-from model.dra import (DeviceRef, Inventory, SliceError, allocated_devices, parse_resource_slice)
+from model.claim import parse_claim
+from model.dra import DeviceRef, SliceError, parse_resource_slice, pool_devices
 
 DRIVER = "gpu.nvidia.com"
 VFIO_CLASS = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'vfio'"
@@ -56,26 +57,24 @@ def test_DR1_only_the_current_pool_generation_counts():
     old = parse_resource_slice(slice_obj(name="old", generation=1, devices=[gpu(0), gpu(1)]))
     new = parse_resource_slice(slice_obj(name="new", generation=2, devices=[gpu(1), gpu(2)]))
     other = parse_resource_slice(slice_obj(name="n2", node="node-2", pool="node-2", devices=[gpu(0)]))
-    inv = Inventory.build([old, new, other])
-    assert [d.ref.device for d in inv.devices("node-1")] == ["gpu-1", "gpu-2"]
-    assert [d.ref.device for d in inv.devices("node-2")] == ["gpu-0"]
-    assert inv.find(DeviceRef(DRIVER, "node-1", "gpu-0")) is None, "vanished with generation 1"
-    assert inv.devices("node-3") == ()
-    assert inv.incomplete == frozenset()
+    by_node = pool_devices([old, new, other])
+    assert [d.ref.device for d in by_node["node-1"]] == ["gpu-1", "gpu-2"]
+    assert [d.ref.device for d in by_node["node-2"]] == ["gpu-0"]
+    assert DeviceRef(DRIVER, "node-1", "gpu-0") not in {
+        d.ref for devices in by_node.values() for d in devices}, "vanished with generation 1"
+    assert set(by_node) == {"node-1", "node-2"}
 
 
-def test_DR1_a_pool_short_of_its_announced_slices_is_incomplete():
+def test_DR1_a_pool_short_of_its_announced_slices_counts_as_far_as_it_is_published():
     first = parse_resource_slice(slice_obj(name="a", count=2, devices=[gpu(0)]))
-    inv = Inventory.build([first])
-    assert inv.incomplete == {(DRIVER, "node-1")}
-    assert [d.ref.device for d in inv.devices("node-1")] == ["gpu-0"]
+    assert [d.ref.device for d in pool_devices([first])["node-1"]] == ["gpu-0"]
 
 
 def test_slices_that_are_not_node_local_are_skipped():
     shared = slice_obj(node=None)
     shared["spec"].pop("nodeName")
     shared["spec"]["allNodes"] = True
-    assert Inventory.build([parse_resource_slice(shared)]).by_node == {}
+    assert pool_devices([parse_resource_slice(shared)]) == {}
 
 
 @pytest.mark.parametrize("mutate, message", [
@@ -96,13 +95,13 @@ def test_DR2_a_claims_allocation_lists_its_devices():
     claim = {"metadata": {"name": "vm-a"}, "status": {"allocation": {"devices": {"results": [
         {"request": "gpu-0", "driver": DRIVER, "pool": "node-1", "device": "gpu-3"},
         {"request": "gpu-1", "driver": DRIVER, "pool": "node-1", "device": "gpu-2"}]}}}}
-    assert allocated_devices(claim) == (DeviceRef(DRIVER, "node-1", "gpu-3"),
-                                        DeviceRef(DRIVER, "node-1", "gpu-2"))
-    assert allocated_devices({"metadata": {"name": "pending"}}) == ()
+    assert parse_claim(claim).allocated == (DeviceRef(DRIVER, "node-1", "gpu-3"),
+                                            DeviceRef(DRIVER, "node-1", "gpu-2"))
+    assert parse_claim({"metadata": {"name": "pending"}}).allocated == ()
     broken = {"metadata": {"name": "x"}, "status": {"allocation": {"devices": {"results": [
         {"request": "r", "driver": DRIVER}]}}}}
-    with pytest.raises(SliceError, match="ResourceClaim x"):
-        allocated_devices(broken)
+    assert parse_claim(broken).allocated == ()
+    assert parse_claim(broken).problem.startswith("ResourceClaim x: an allocation result lacks")
 
 
 def test_DR1_cel_selectors_match_like_a_DeviceClass():
