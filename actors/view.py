@@ -90,6 +90,10 @@ class IndexedView:
             self._subscribers.remove(queue)
             queue.shutdown()
 
+    def subscriptions(self) -> int:
+        """Subscriptions open now (a wait that ended left none behind)."""
+        return len(self._subscribers)
+
     def emit(self, kind: ChangeKind, key: str | DeviceKey) -> None:
         """Tell every subscriber that `key` of `kind` changed."""
         change = Change(kind, key)

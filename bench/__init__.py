@@ -8,4 +8,9 @@ figure): `core` / `core_workload` / `core_report`, `packing` / `packing_replay` 
 `packing_report` (with `packing_trace`), `scale/` (workload, population, measure, report),
 `soak/` (workload, driver, report). `common` holds what several share; `results_table`
 generates bench-results/README.md's table.
+
+Each benchmark module offers `BENCHMARK` (`common.Benchmark`: its flags and its run);
+`registry.BENCHMARKS` are those of `gpu-binder bench`, and `python -m bench.NAME` runs a
+module's own through `Benchmark.main`. A module imports the cluster's harness only when it
+runs, so listing the benchmarks stays fast.
 """

@@ -1,15 +1,21 @@
-"""What the benchmarks share: the checkout's commit and the machine a report names, a
-percentile, an admin API client, list-then-watch of one kind, the launcher Pods of VMIs by
-uid, KubeVirt's own GPU VMI as a request body, an API error's text (through k8s/errors), the
-kube-apiserver's /metrics text, the replicas' own webhook and decision timings, a process's CPU and memory from /proc, and polling until a
-condition holds. Pure helpers and thin I/O; no benchmark's logic."""
+"""What the benchmarks share: `Benchmark` (a benchmark's flags and its run, for `gpu-binder
+bench` and `python -m bench.NAME` alike) and its flag helpers, the checkout's commit and the
+machine a report names, the quantile, an admin API client, list-then-watch of one kind, the
+launcher Pods of VMIs by uid, KubeVirt's own GPU VMI as a request body, an API error's text
+(through k8s/errors), the kube-apiserver's /metrics text, the replicas' own webhook and
+decision timings, a process's CPU and memory from /proc, and polling until a condition
+holds. Pure helpers and thin I/O; no benchmark's logic."""
 
 from __future__ import annotations
 
+import argparse
 import copy
+import math
 import os
+import sys
 import platform
 import time
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import anyio
@@ -18,6 +24,110 @@ VMI_GROUP, VMI_VERSION, VMIS = "kubevirt.io", "v1", "virtualmachineinstances"
 DEV_GROUP, DEV_VERSION = "gpu.cozystack.io", "v1alpha1"
 CREATED_BY = "kubevirt.io/created-by"
 """The label virt-controller puts on a launcher Pod: the uid of the VMI it runs."""
+
+
+# -- the registry: a benchmark's flags and its run ------------------------------------------
+
+class BadArgs(Exception):
+    """A benchmark's flag value refused before anything starts (the message names the
+    flag): exit code 2, as argparse's usage errors."""
+
+
+@dataclass(frozen=True, slots=True)
+class Benchmark:
+    """One benchmark as the command line offers it: `name` (`gpu-binder bench NAME`, or
+    `python -m bench.NAME`), `help` (one line, also the description of its `--help`),
+    `add_arguments(parser)` (every flag it reads, each help naming its default) and
+    `run(args)` → exit code (0 done; BadArgs for a refused value). The module defining it
+    imports what the run needs only when it runs, so listing the benchmarks stays fast."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+    def main(self, argv: list[str] | None = None) -> int:
+        """`python -m bench.NAME [flags]`: the same flags and run as the registry gives the
+        command line; returns the exit code (2 for a refused value, as argparse's)."""
+        parser = argparse.ArgumentParser(prog=f"python -m bench.{self.name}",
+                                         description=self.help)
+        self.add_arguments(parser)
+        try:
+            return int(self.run(parser.parse_args(argv)) or 0)
+        except BadArgs as exc:
+            print(exc, file=sys.stderr)
+            return 2
+
+
+def at_least(minimum: int):
+    """An argparse type: an int >= `minimum` (a clear usage error, exit 2, otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def add_out(p: argparse.ArgumentParser) -> None:
+    """`--out DIR` of the `gpu-binder bench` benchmarks."""
+    p.add_argument("--out", default="bench-out",
+                   help="directory for the JSON report (and the PNG plot where it draws "
+                        "one) (default: %(default)s)")
+
+
+def add_quick(p: argparse.ArgumentParser, text: str) -> None:
+    """`--quick`: `text` says what the short run leaves out."""
+    p.add_argument("--quick", action="store_true", help=f"{text} (default: the full run)")
+
+
+def add_seed(p: argparse.ArgumentParser) -> None:
+    """`--seed N` of a seeded workload."""
+    p.add_argument("--seed", type=int, default=1,
+                   help="seed of the generated workload (default: %(default)s)")
+
+
+def add_modes(p: argparse.ArgumentParser, text: str) -> None:
+    """`--modes count,device`: `text` says what each mode does in this benchmark."""
+    p.add_argument("--modes", default="count",
+                   help="count (GPUs as an extended resource) and/or device (HGX boards "
+                        "publishing DRA ResourceSlices, a device-mode GPUClass; "
+                        f"docs/device-mode.md), comma separated; {text} "
+                        "(default: %(default)s)")
+
+
+def modes(text: str) -> tuple[str, ...]:
+    """`--modes`' value: count and/or device, in the order given. Raises BadArgs."""
+    values = tuple(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+    if not values or set(values) - {"count", "device"}:
+        raise BadArgs(f"gpu-binder bench: --modes takes count and/or device separated by "
+                      f"commas, got {text!r}")
+    return values
+
+
+def positive_ints(text: str, flag: str) -> tuple[int, ...]:
+    """A comma-separated list of positive integers given to `flag`. Raises BadArgs."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise BadArgs(f"gpu-binder bench: {flag} takes positive integers separated by commas, "
+                      f"got {text!r}")
+    return values
+
+
+def targets_lines(report: dict) -> list[str]:
+    """"target NAME: value (target): met" for each of `report["targets"]`."""
+    lines = []
+    for name, t in report["targets"].items():
+        met = {True: "met", False: "NOT met", None: "not available"}[t["met"]]
+        lines.append(f"target {name}: {t['value']} ({t['target']}): {met}")
+    return lines
 
 
 # -- what a report names --------------------------------------------------------------------
@@ -63,11 +173,15 @@ def percentile(values: list[float], p: float) -> float | None:
     return values[min(len(values) - 1, max(0, int(round(p / 100 * (len(values) - 1)))))]
 
 
-def nearest_rank(sorted_values: list[float], p: float) -> float:
-    """The nearest-rank `p`-th percentile (0-100) of `sorted_values` (sorted, not empty):
-    the value at rank ceil(p/100 · n)."""
-    k = max(0, min(len(sorted_values) - 1, -(-len(sorted_values) * p // 100) - 1))
-    return sorted_values[int(k)]
+def quantile(samples: list[float], q: float) -> float:
+    """The nearest-rank quantile `q` (0 < q <= 1) of `samples` (any order): the value at
+    rank ceil(q · n) of the sorted samples. Raises ValueError when `samples` is empty. The
+    one quantile of the benchmarks' p50/p99 figures (`percentile` is the older rule of the
+    reports that kept it: the rounded index)."""
+    if not samples:
+        raise ValueError("quantile of no samples")
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 # -- the API --------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The actor binder on the in-memory store against a bare sequential loop over the model
-(`gpu-binder bench core [--quick] [--out DIR] [--seed N]`, or `python -m bench.core …`).
+(`gpu-binder bench core [--quick] [--out DIR] [--seed N]`, or `python -m bench.core …`: the
+same `BENCHMARK`).
 
 Fleets of 10, 100, 1,000 and 5,000 nodes × 8 GPUs (half H100, half L40S; three zones),
 50 tenants with budgets, 40 % of every fleet Bound to held devices at the start. One seeded
@@ -51,7 +52,7 @@ import anyio
 from actors.heap import restore_heap, settle_heap
 from actors.logging import configure_logging
 from actors.ports import SystemClock
-from bench.common import nearest_rank
+from bench.common import Benchmark, add_out, add_quick, add_seed, quantile
 from bench.core_report import TARGETS, facts, plot, print_table, targets
 from bench.core_workload import (GPUS, NOW, Ask, Fleet, Lifecycle, build_store,
                                  request_names, request_stream)
@@ -90,8 +91,8 @@ def _summary(latencies: list[float], answered_at: list[float], outcomes: list[bo
     return {
         "requests": measured,
         "decisions_per_s": round(measured / window, 1) if window > 0 else None,
-        "p50_ms": round(nearest_rank(lat, 50) * 1e3, 3),
-        "p99_ms": round(nearest_rank(lat, 99) * 1e3, 3),
+        "p50_ms": round(quantile(lat, 0.5) * 1e3, 3),
+        "p99_ms": round(quantile(lat, 0.99) * 1e3, 3),
         "mean_ms": round(statistics.fmean(lat) * 1e3, 3),
         "max_ms": round(lat[-1] * 1e3, 3),
         "succeeded": ok,
@@ -339,12 +340,28 @@ def rss_point(nodes: int, devices: int, n_requests: int, concurrency: int, seed:
             "startup_s": row["startup_s"]}
 
 
-def _subprocess(args: list[str]) -> dict:
+def _subprocess(point: dict) -> dict:
+    """`point` ({"fleet"|"rss": nodes, …} as `point_process` reads it) measured in a
+    process of its own (its RSS is its own); its figures."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "point.json"
-        cmd = [sys.executable, "-m", "bench.core", *args, "--point-out", str(path)]
+        cmd = [sys.executable, "-c", "import sys; from bench.core import point_process; "
+               "point_process(sys.argv[1])", json.dumps({**point, "out": str(path)})]
         subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parent.parent)
         return json.loads(path.read_text())
+
+
+def point_process(spec: str) -> None:
+    """The child of `_subprocess`: one point in this process, `spec` its JSON ({"fleet":
+    nodes} or {"rss": nodes, "devices": n}, with "levels", "requests", "warmup", "seed" and
+    "out", the file the figures are written to)."""
+    configure_logging(stream=_Discard(), level=logging.WARNING, cache=True)  # type: ignore[arg-type]
+    p = json.loads(spec)
+    if "fleet" in p:
+        point = fleet_point(p["fleet"], p["levels"], p["requests"], p["warmup"], p["seed"])
+    else:
+        point = rss_point(p["rss"], p["devices"], p["requests"], p["levels"][0], p["seed"])
+    Path(p["out"]).write_text(json.dumps(point))
 
 
 def run(out: Path, *, quick: bool = False, seed: int = 1) -> dict:
@@ -358,11 +375,11 @@ def run(out: Path, *, quick: bool = False, seed: int = 1) -> dict:
     fleets = []
     for nodes in fleets_n:
         print(f"fleet {nodes} nodes × {GPUS} GPUs", file=sys.stderr, flush=True)
-        fleets.append(_subprocess(["--fleet-point", str(nodes), "--levels", ",".join(map(str, levels)),
-                                   "--requests", str(n_requests), "--warmup", str(warmup),
-                                   "--seed", str(seed)]))
-    rss = _subprocess(["--rss-point", str(TARGETS["rss_nodes"]), "--devices", str(TARGETS["rss_devices"]),
-                       "--requests", "200" if quick else "1000", "--levels", "50", "--seed", str(seed)])
+        fleets.append(_subprocess({"fleet": nodes, "levels": list(levels), "requests": n_requests,
+                                   "warmup": warmup, "seed": seed}))
+    rss = _subprocess({"rss": TARGETS["rss_nodes"], "devices": TARGETS["rss_devices"],
+                       "requests": 200 if quick else 1000, "levels": [50], "warmup": 0,
+                       "seed": seed})
     print(f"  RSS: {rss['nodes']} nodes, {rss['devices']} devices, binder running: "
           f"{rss['rss_peak_mib']:.0f} MiB peak", file=sys.stderr, flush=True)
     report["fleets"] = fleets
@@ -375,36 +392,22 @@ def run(out: Path, *, quick: bool = False, seed: int = 1) -> dict:
     return report
 
 
-def main() -> None:
-    """`python -m bench.core`: the benchmark, or (internal) one point in this process."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench-out")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--seed", type=int, default=1)
-    # internal: one point in this process (used by `run`, one subprocess per point)
-    parser.add_argument("--fleet-point", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--rss-point", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--devices", type=int, default=TARGETS["rss_devices"], help=argparse.SUPPRESS)
-    parser.add_argument("--levels", default="1", help=argparse.SUPPRESS)
-    parser.add_argument("--requests", type=int, default=300, help=argparse.SUPPRESS)
-    parser.add_argument("--warmup", type=int, default=50, help=argparse.SUPPRESS)
-    parser.add_argument("--point-out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    configure_logging(stream=_Discard(), level=logging.WARNING, cache=True)  # type: ignore[arg-type]
-    if args.fleet_point is None and args.rss_point is None:
-        run(Path(args.out), quick=args.quick, seed=args.seed)
-        return
-    levels = [int(x) for x in args.levels.split(",")]
-    if args.fleet_point is not None:
-        point = fleet_point(args.fleet_point, levels, args.requests, args.warmup, args.seed)
-    else:
-        point = rss_point(args.rss_point, args.devices, args.requests, levels[0], args.seed)
-    text = json.dumps(point)
-    if args.point_out:
-        Path(args.point_out).write_text(text)
-    else:
-        print(text)
+def _arguments(p: argparse.ArgumentParser) -> None:
+    add_out(p)
+    add_quick(p, "fewer requests")
+    add_seed(p)
+
+
+def _run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    run(out, quick=args.quick, seed=args.seed)
+    print(f"report: {out}/core.json, plot: {out}/core.png")
+    return 0
+
+
+BENCHMARK = Benchmark("core", "the actor system against the bare model in one process, on "
+                              "an in-memory store", _arguments, _run)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(BENCHMARK.main())

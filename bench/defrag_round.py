@@ -29,10 +29,11 @@ import argparse
 import json
 import os
 import random
+import sys
 import time
 from dataclasses import replace
 
-from bench.common import commit, machine
+from bench.common import BadArgs, Benchmark, at_least, commit, machine
 from bench.device_decide import CLASS, RES, fleet
 from model.defrag import apply_moves, largest_sets, movable, plan_round
 from model.device_view import largest_device_set
@@ -103,27 +104,31 @@ def rounds(snap: Snapshot, n_rounds: int, max_moves: int, repeat: int) -> list[d
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.defrag_round",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nodes", type=int, default=1000)
-    ap.add_argument("--fill", type=float, default=0.5, help="share of GPUs held at the start")
+def _arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--nodes", type=at_least(1), default=1000,
+                    help="HGX boards of the fleet (default: %(default)s)")
+    ap.add_argument("--fill", type=float, default=0.5,
+                    help="share of GPUs held at the start, 0 to 1 (default: %(default)s)")
     ap.add_argument("--attached", type=float, default=0.25,
-                    help="share of the held devices attached to running VMs")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=5, help="rounds run in turn")
-    ap.add_argument("--max-moves", type=int, default=4)
-    ap.add_argument("--repeat", type=int, default=3, help="plans of each round timed; the best")
-    ap.add_argument("--out", help="write the report as JSON here")
-    a = ap.parse_args()
-    for name, ok, what in (("--nodes", a.nodes >= 1, "at least 1"),
-                           ("--fill", 0 <= a.fill <= 1, "between 0 and 1"),
-                           ("--attached", 0 <= a.attached <= 1, "between 0 and 1"),
-                           ("--rounds", a.rounds >= 1, "at least 1"),
-                           ("--max-moves", a.max_moves >= 1, "at least 1"),
-                           ("--repeat", a.repeat >= 1, "at least 1")):
-        if not ok:
-            ap.error(f"{name} must be {what}, got {getattr(a, name[2:].replace('-', '_'))}")
+                    help="share of the held devices attached to running VMs, 0 to 1 "
+                         "(default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=1, help="seed of the fleet (default: %(default)s)")
+    ap.add_argument("--rounds", type=at_least(1), default=5,
+                    help="rounds run in turn (default: %(default)s)")
+    ap.add_argument("--max-moves", type=at_least(1), default=4,
+                    help="most moves of a round (default: %(default)s)")
+    ap.add_argument("--repeat", type=at_least(1), default=3,
+                    help="plans of each round timed; the best (default: %(default)s)")
+    ap.add_argument("--out", help="write the report as JSON here (default: none)")
+
+
+def _run(a: argparse.Namespace) -> int:
+    """The rounds of both modes, printed (and written to `--out`). BadArgs for a share
+    outside 0..1."""
+    for name, value in (("--fill", a.fill), ("--attached", a.attached)):
+        if not 0 <= value <= 1:
+            raise BadArgs(f"python -m bench.defrag_round: {name} must be between 0 and 1, "
+                          f"got {value}")
     rng = random.Random(a.seed)
     device = with_running(fleet(a.nodes, a.fill, rng), a.attached, rng)
     count = count_twin(device)
@@ -151,6 +156,13 @@ def main() -> None:
             json.dump(report, f, indent=2)
             f.write("\n")
 
+    return 0
+
+
+BENCHMARK = Benchmark("defrag_round", "a defragmentation round on 1,000 HGX boards, device "
+                                      "mode beside its count-mode twin, against perfect "
+                                      "repacking", _arguments, _run)
+
 
 if __name__ == "__main__":
-    main()
+    sys.exit(BENCHMARK.main())

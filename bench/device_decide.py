@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 from collections import Counter, defaultdict
 from datetime import datetime, timezone
 
+from bench.common import Benchmark
 from localcluster.dra_profiles import DEVICE_CLASS, HGX_H100_8, PARTITION_ATTRIBUTE, resource_slice
 from model.check import check_set
 from model.decide import Request, apply_decision, decide
@@ -128,27 +130,39 @@ def report(label: str, per_size: dict[int, tuple[int, float, float]]) -> None:
     print(f"{label}: " + "; ".join(parts))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--nodes", type=int, default=1000)
-    p.add_argument("--decisions", type=int, default=2000)
-    p.add_argument("--fill", type=float, default=0.5, help="share of GPUs held at the start")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=3, help="identical runs; the best is reported")
-    p.add_argument("--cold", action="store_true", help="build the snapshot anew before each step")
-    p.add_argument("--profile", action="store_true", help="one run under pyinstrument")
-    a = p.parse_args()
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=int, default=1000, help="HGX boards (default: %(default)s)")
+    p.add_argument("--decisions", type=int, default=2000,
+                   help="steps of a run (default: %(default)s)")
+    p.add_argument("--fill", type=float, default=0.5,
+                   help="share of GPUs held at the start (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the fleet and the steps "
+                   "(default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="identical runs; the best is reported (default: %(default)s)")
+    p.add_argument("--cold", action="store_true",
+                   help="build the snapshot anew before each step (default: derived)")
+    p.add_argument("--profile", action="store_true",
+                   help="one run under pyinstrument (default: off)")
+
+
+def _run(a: argparse.Namespace) -> int:
     if a.profile:
         from pyinstrument import Profiler
 
         with Profiler() as prof:
             run(a.nodes, a.decisions, a.fill, a.seed, a.cold)
         prof.print()
-        return
+        return 0
     runs = [run(a.nodes, a.decisions, a.fill, a.seed, a.cold) for _ in range(a.rounds)]
     best = {s: (runs[0][s][0], min(r[s][1] for r in runs), min(r[s][2] for r in runs)) for s in runs[0]}
     report(f"best of {a.rounds}", best)
+    return 0
+
+
+BENCHMARK = Benchmark("device_decide", "the pure model in device mode: decide and W1's "
+                                       "check_set on 1,000 HGX boards", _arguments, _run)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(BENCHMARK.main())

@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import sys
 import tracemalloc
 from datetime import datetime, timezone
 from pathlib import Path
 
 import orjson
 
-from bench.common import commit, machine
+from bench.common import Benchmark, commit, machine
 from k8s.cache import ClusterCache
 from localcluster.dra_profiles import DEVICE_CLASS, DRIVER, HGX_H100_8, device_class, resource_slice
 
@@ -100,11 +101,14 @@ def measure(nodes: int = 1000, top: int = 8) -> dict:
                           for s in lines]}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m bench.dra_memory", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nodes", type=int, default=1000, help="HGX boards, one slice each (default 1000)")
-    ap.add_argument("--out", type=Path, help="also write the figures to this JSON file")
-    args = ap.parse_args(argv)
+def _arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--nodes", type=int, default=1000,
+                    help="HGX boards, one slice each (default: %(default)s)")
+    ap.add_argument("--out", type=Path, help="also write the figures to this JSON file "
+                    "(default: none)")
+
+
+def _run(args: argparse.Namespace) -> int:
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     report = {"benchmark": "dra_memory", "commit": commit(), "started": started,
               "machine": machine(), **measure(args.nodes)}
@@ -115,8 +119,12 @@ def main(argv: list[str] | None = None) -> dict:
           f"({report['bytes_per_slice']} B a slice), after a relist {report['after_relist_mib']} MiB")
     for line in report["top_lines"]:
         print(f"  {line['bytes'] / 1024:8.0f} KiB {line['count']:7d}  {line['where']}")
-    return report
+    return 0
+
+
+BENCHMARK = Benchmark("dra_memory", "what the cache keeps for the ResourceSlices of a fleet "
+                                    "of HGX boards", _arguments, _run)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(BENCHMARK.main())

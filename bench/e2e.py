@@ -31,6 +31,7 @@ Writes `e2e.json` and `e2e.png` into the output folder.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -43,18 +44,22 @@ import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
-from bench.common import apiserver_metrics, machine, percentile, replica_timings, timings_between
+from bench.common import (Benchmark, add_modes, add_out, add_quick, add_seed, apiserver_metrics,
+                          machine, modes as parse_modes, percentile, positive_ints,
+                          replica_timings, timings_between)
 from localcluster.dra_profiles import HGX_H100_8
-from localcluster.dra_world import HGX_CLASS, dra_node
-from localcluster.fleet import Fleet
-from localcluster.cluster import LocalCluster
+
+if TYPE_CHECKING:  # the cluster's harness is imported when the benchmark runs
+    from localcluster.cluster import LocalCluster
+    from localcluster.fleet import Fleet
 
 RES = "nvidia.com/GH100_H100"
 MODES = ("count", "device")
-CLASS_OF = {"count": "h100", "device": HGX_CLASS.name}
+CLASS_OF = {"count": "h100", "device": "hgx-h100"}  # device: localcluster.dra_world.HGX_CLASS
 """The GPUClass each mode's VMIs ask for."""
 NODE_PREFIX = {"count": "bench-node", "device": "bench-hgx"}
 
@@ -264,6 +269,8 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
                     "modes": list(modes), "vs_scheduler": vs_scheduler,
                     "load_before": os.getloadavg(),
                     "machine": machine()}
+    from localcluster.cluster import LocalCluster
+
     with LocalCluster(controllers=2, log_dir=out / "logs", dra="device" in modes) as lc:
         version = json.loads(lc.cp.kubectl("version", "-o", "json").stdout)
         report["versions"] = {"kube-apiserver": version["serverVersion"]["gitVersion"],
@@ -306,6 +313,8 @@ async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], 
     ceiling, our levels, then kube-scheduler's for each of `scheduler_gpus` (None: not run)."""
     from kubernetes_asyncio.config import new_client_from_config
 
+    from localcluster.fleet import Fleet
+
     api = await new_client_from_config(config_file=str(lc.cp.admin_kubeconfig))
     try:
         fleet = Fleet(api)
@@ -343,6 +352,9 @@ async def _make_fleet(fleet: Fleet, nodes: int, *, pods: bool,
     `nodes` Ready untainted nodes of 8 GPUs (16 made at once; count mode: `RES`
     allocatable; device mode: an HGX board's ResourceSlice, and the class `HGX_CLASS`), and
     the tenants: `bench` (VMIs), `bench-raw` (the ceiling's probes), with `pods` `bench-pods`."""
+    from localcluster.dra_world import HGX_CLASS, dra_node
+
+    assert HGX_CLASS.name == CLASS_OF["device"]
     await fleet.gpu_class(CLASS_OF["count"], RES)
     if "device" in modes:
         await fleet.gpu_class(CLASS_OF["device"], device_mode=HGX_CLASS.spec())
@@ -518,3 +530,37 @@ def _plot(report: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# -- the command line -----------------------------------------------------------------------
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    add_out(p)
+    add_quick(p, "fewer levels and requests")
+    add_seed(p)
+    p.add_argument("--gpus", default="1",
+                   help="GPUs per VMI, comma separated; 1 runs every concurrency level, any "
+                        "other count one level at concurrency 20 (default: %(default)s)")
+    p.add_argument("--levels", default="",
+                   help="concurrency levels (concurrent clients) of the 1-GPU VMIs, comma "
+                        "separated (default: 1,5,10,20,50; with --quick 1,10,20)")
+    add_modes(p, "every level runs in each mode and the report gives device p99 ÷ count p99 "
+                 "(issue 32: --gpus 1,4,8 --modes count,device)")
+    p.add_argument("--vs-scheduler", action="store_true",
+                   help="in the same run, kube-scheduler binding Pods of the same GPU counts "
+                        "on the same fleet at concurrency 20, and our rate ÷ its "
+                        "(default: off)")
+
+
+def _run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    run(out, quick=args.quick, seed=args.seed, gpus=positive_ints(args.gpus, "--gpus"),
+        vs_scheduler=args.vs_scheduler,
+        levels=positive_ints(args.levels, "--levels") if args.levels else None,
+        modes=parse_modes(args.modes))
+    print(f"report: {out}/e2e.json, plot: {out}/e2e.png")
+    return 0
+
+
+BENCHMARK = Benchmark("e2e", "the whole system on a local control plane: admission latency by "
+                             "concurrency, the API server's write ceiling", _arguments, _run)

@@ -36,23 +36,25 @@ tests/e2e/test_fairness.py; this file only times. Writes `fairness.json`.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import json
-import math
 import multiprocessing
 import os
 import platform
-import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
-from localcluster.cluster import LocalCluster
-from localcluster.fleet import Fleet
+from bench.common import Benchmark, add_out, head_sha, quantile
 from model.types import GROUP, VERSION
+
+if TYPE_CHECKING:  # the cluster's harness is imported when the benchmark runs
+    from localcluster.cluster import LocalCluster
 
 RES = "nvidia.com/GH100_H100"
 CLS = "h100"
@@ -71,15 +73,6 @@ FLOWCONTROL = ("flowcontrol.apiserver.k8s.io", "v1")
 FS_UID, PL_UID = "x-kubernetes-pf-flowschema-uid", "x-kubernetes-pf-prioritylevel-uid"
 RATIO = 3.0  # the target: B's p99 under the flood <= RATIO x its p99 alone
 NODES, NODE_GPUS = 8, 40  # room for B's 2 x 50, A's budget and C's burst of 200
-
-
-def quantile(samples: list[float], q: float) -> float:
-    """Nearest-rank quantile `q` (0 < q <= 1) of `samples` (seconds). Raises ValueError
-    when `samples` is empty."""
-    if not samples:
-        raise ValueError("quantile of no samples")
-    ordered = sorted(samples)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def _vmi(name: str, templates: str) -> dict:
@@ -208,6 +201,8 @@ async def _measure(lc: LocalCluster, workdir: Path, report: dict) -> None:
 
     admin = await new_client_from_config(config_file=str(lc.cp.admin_kubeconfig))
     try:
+        from localcluster.fleet import Fleet
+
         fleet = Fleet(admin)
         await fleet.gpu_class(CLS, RES)
         for i in range(NODES):
@@ -362,14 +357,6 @@ def _webhook_seconds(logs: Path) -> dict[str, float]:
     return got
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def run(out: Path, controller_args: tuple[str, ...] = (),
         baseline_burst_s: float | None = BURST_BEFORE_S) -> dict:
     """Run the benchmark (one run, about half a minute on 2 cores) with the replicas'
@@ -381,13 +368,15 @@ def run(out: Path, controller_args: tuple[str, ...] = (),
     0 for no answer) and `target` ({target, value, met}). Raises what LocalCluster raises
     when the control plane cannot start."""
     out.mkdir(parents=True, exist_ok=True)
-    report: dict = {"benchmark": "fairness", "commit": _commit(),
+    report: dict = {"benchmark": "fairness", "commit": head_sha() or "unknown",
                     "started": datetime.now(UTC).isoformat(timespec="seconds"),
                     "b_vmis": B_VMIS, "a_flood": A_FLOOD, "a_budget": A_BUDGET,
                     "controller_args": list(controller_args),
                     "load_before": os.getloadavg(),
                     "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                 "platform": platform.platform()}}
+    from localcluster.cluster import LocalCluster
+
     with LocalCluster(controllers=2, controller_args=controller_args,
                       log_dir=out / "logs") as lc:
         anyio.run(_measure, lc, out, report)
@@ -455,3 +444,17 @@ def summary(report: dict) -> list[str]:
             met = {True: "met", False: "NOT met", None: "no baseline"}[t["met"]]
             lines.append(f"target {t['target']}: {t['value']:.2f} s: {met}")
     return lines
+
+
+# -- the command line -----------------------------------------------------------------------
+
+def _run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    print("\n".join(summary(run(out))))
+    print(f"report: {out}/fairness.json")
+    return 0
+
+
+BENCHMARK = Benchmark("fairness", "one tenant's burst of 200 creates alone, and tenant B's 50 "
+                                  "creates alone and under tenant A's floods of 200 (writes "
+                                  "fairness.json)", add_out, _run)

@@ -30,7 +30,7 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.common import commit, machine, percentile
+from bench.common import Benchmark, commit, machine, percentile
 
 TEST = "tests/e2e/test_vm_keep.py::test_H4_vm_stopped_and_started_20_times_keeps_its_set_while_another_tenant_fills_the_fleet"
 DEVICE_TEST = ("tests/e2e/test_vm_keep_devices.py::"
@@ -64,12 +64,17 @@ def same_every_cycle(got: dict) -> bool:
         for c in got["per_cycle"])
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cycles", type=int, default=20)
-    ap.add_argument("--out", default="bench-results")
-    ap.add_argument("--mode", choices=sorted(MODES), default="count")
-    args = ap.parse_args(argv)
+def _arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--cycles", type=int, default=20,
+                    help="stop/start cycles of the VM (default: %(default)s)")
+    ap.add_argument("--out", default="bench-results",
+                    help="directory of keep.json / keep-device.json (default: %(default)s)")
+    ap.add_argument("--mode", choices=sorted(MODES), default="count",
+                    help="count or device: the scenario run (default: %(default)s)")
+
+
+def _run(args: argparse.Namespace) -> int:
+    """1 when the scenario failed (no figures)."""
     test, cycles_var, report_var, out_name = MODES[args.mode]
     started = datetime.now(UTC).isoformat(timespec="seconds")
     before = loadavg()
@@ -110,5 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+
+BENCHMARK = Benchmark("keep", "H4: stop -> start latency of a VirtualMachine that keeps its "
+                              "GPU set, while another tenant fills the fleet", _arguments, _run)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(BENCHMARK.main())

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 from collections import Counter
 from datetime import datetime, timezone
 
+from bench.common import Benchmark
 from model.decide import Request, apply_decision, decide
 from model.snapshot import Snapshot
 from model.types import Budget, DeviceStatus, GPUClass, GPUDevice, Namespace, Node, OnCordon, Phase, Result
@@ -121,25 +123,35 @@ def report(label: str, decisions: int, t_decide: float, t_apply: float) -> None:
           f"({1e6 * (t_decide + t_apply) / decisions:.1f} µs each)")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--nodes", type=int, default=1000)
-    p.add_argument("--gpus", type=int, default=8)
-    p.add_argument("--decisions", type=int, default=20000)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=3, help="identical runs; the best is reported")
-    p.add_argument("--profile", action="store_true", help="one run under pyinstrument")
-    a = p.parse_args()
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=int, default=1000, help="nodes (default: %(default)s)")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs per node (default: %(default)s)")
+    p.add_argument("--decisions", type=int, default=20000,
+                   help="steps of a run (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the fleet and the steps "
+                   "(default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="identical runs; the best is reported (default: %(default)s)")
+    p.add_argument("--profile", action="store_true",
+                   help="one run under pyinstrument (default: off)")
+
+
+def _run(a: argparse.Namespace) -> int:
     if a.profile:
         from pyinstrument import Profiler
 
         with Profiler() as prof:
             run(a.nodes, a.gpus, a.decisions, a.seed)
         prof.print()
-        return
+        return 0
     runs = [run(a.nodes, a.gpus, a.decisions, a.seed) for _ in range(a.rounds)]
     report(f"best of {a.rounds}", a.decisions, min(r[0] for r in runs), min(r[1] for r in runs))
+    return 0
+
+
+BENCHMARK = Benchmark("model_decide", "the pure model: decide on 1,000 nodes x 8 GPUs",
+                      _arguments, _run)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(BENCHMARK.main())

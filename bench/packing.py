@@ -56,25 +56,30 @@ Writes `packing.json` and `packing.png` into the output folder. A benchmark, not
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
 from bench import packing_hgx as ph, packing_trace as pt
-from bench.common import (DEV_GROUP, DEV_VERSION, admin_client, commit, machine, poll_until,
-                          watch_namespaced)
+from bench.common import (DEV_GROUP, DEV_VERSION, BadArgs, Benchmark, add_out, add_quick,
+                          add_seed, admin_client, at_least, commit, machine, poll_until,
+                          targets_lines, watch_namespaced)
 from bench.packing_replay import (HGX_SYSTEMS, LANE_LABEL, MOST_ALLOCATED, SYSTEMS, Lane,
                                   Replayer, Seen, claim_event, claim_template, device_event,
                                   pod_event)
 from bench.packing_report import plot, summary, targets
-from localcluster.cluster import LocalCluster
-from localcluster.fleet import Fleet
+
+if TYPE_CHECKING:  # the cluster's harness is imported when the benchmark runs
+    from localcluster.cluster import LocalCluster
+    from localcluster.fleet import Fleet
 
 __all__ = ["CONTROLLER_ARGS", "DEFRAG_ARGS", "FULL", "HGX_SYSTEMS", "MOST_ALLOCATED", "QUICK", "QUICK_HGX", "SYSTEMS", "Plan",
            "arrivals_digest", "defrag_available", "finish", "plot", "out_stem", "prepare", "replay_on", "run",
@@ -131,6 +136,8 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, simulate_only: bool = 
     out.mkdir(parents=True, exist_ok=True)
     traces, report = prepare(plan, seed=seed, quick=quick, simulate_only=simulate_only, hgx=hgx)
     if not simulate_only:
+        from localcluster.cluster import LocalCluster
+
         with LocalCluster(controllers=1, controller_args=CONTROLLER_ARGS,
                           log_dir=out / "logs", dra=hgx) as lc:
             replay_on(lc, plan, traces, report, log_dir=out / "logs", systems=systems, hgx=hgx)
@@ -256,6 +263,8 @@ def replay_on(lc: LocalCluster, plan: Plan, traces: dict[float, pt.Trace], repor
 async def _measure(lc: LocalCluster, plan: Plan, lanes: dict, report: dict, prefix: str) -> None:
     from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 
+    from localcluster.fleet import Fleet
+
     api = await admin_client(lc, 64)
     seen = Seen()
     t0 = time.monotonic()
@@ -373,3 +382,69 @@ async def _restart_with_defrag(lc: LocalCluster) -> None:
         await anyio.to_thread.run_sync(lc.wait_ready, i)
     await anyio.sleep(0)
 
+
+# -- the command line -----------------------------------------------------------------------
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    add_out(p)
+    add_quick(p, "6 nodes a lane, 30 scored arrivals, load 0.85 (with --hgx: 4 nodes, 16 "
+                 "arrivals)")
+    add_seed(p)
+    p.add_argument("--simulate", action="store_true",
+                   help="the policy simulation only (tightest fit, spread, defrag, repack "
+                        "on the same traces), no cluster (default: off)")
+    p.add_argument("--hgx", action="store_true",
+                   help="HGX pools (hgx-h100-8 boards) in device mode, issue 33: a "
+                        "gpu-binder in device mode, b kube-scheduler's DRA allocator "
+                        "alone, c gpu-binder in count mode with a device plugin's pick, d "
+                        "the bound; writes packing-hgx.json/png (default: off)")
+    p.add_argument("--nodes", type=at_least(1), default=None,
+                   help="nodes of 8 GPUs per system and load (default: 24; with --quick "
+                        "6, with --quick --hgx 4)")
+    p.add_argument("--arrivals", type=at_least(1), default=None,
+                   help="scored arrivals per load, after the warm-up (default: 300; with "
+                        "--quick 30)")
+    p.add_argument("--systems", default="a,b,c,e",
+                   help="the systems to replay, comma separated: a gpu-binder, b "
+                        "kube-scheduler default, c MostAllocated, e gpu-binder with "
+                        "defragmentation; with --hgx a, b and c are --hgx's three and e is "
+                        "left out; the bound (d) is always computed (default: %(default)s)")
+    p.add_argument("--loads", default="",
+                   help="the offered loads to replay, comma separated, each between 0 "
+                        "and 1 (default: 0.70,0.85,0.95; with --quick 0.85)")
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The plan the flags give (BadArgs for a refused value, before anything starts), run;
+    its summary and targets printed."""
+    out = Path(args.out)
+    plan = (QUICK_HGX if args.hgx else QUICK) if args.quick else FULL
+    if args.nodes:
+        plan = replace(plan, nodes=args.nodes)
+    if args.arrivals:
+        plan = replace(plan, arrivals=args.arrivals)
+    if args.loads:
+        try:
+            loads = tuple(float(x) for x in args.loads.split(","))  # an empty item: refused
+        except ValueError:
+            loads = ()
+        if not loads or any(not 0 < x < 1 for x in loads):
+            raise BadArgs(f"gpu-binder bench: --loads takes offered loads between 0 and 1, "
+                          f"comma separated, got {args.loads!r}")
+        plan = replace(plan, loads=loads)
+    systems = tuple(k for k in args.systems.split(",") if k)
+    if not systems or set(systems) - set("abce"):
+        raise BadArgs(f"gpu-binder bench: --systems takes a,b,c,e, got {args.systems!r}")
+    report = run(out, quick=args.quick, seed=args.seed, simulate_only=args.simulate,
+                 plan=plan, systems=systems, hgx=args.hgx)
+    print("\n".join(summary(report)))
+    for line in targets_lines(report):
+        print(line)
+    stem = "packing-hgx" if args.hgx else "packing"
+    print(f"report: {out}/{stem}.json, plot: {out}/{stem}.png")
+    return 0
+
+
+BENCHMARK = Benchmark("packing", "one churn trace per load replayed against gpu-binder, "
+                                 "kube-scheduler (default and MostAllocated) and the repacking "
+                                 "bound; with --hgx, HGX boards in device mode", _arguments, _run)

@@ -11,10 +11,12 @@ tests/bench/test_results_table.py checks.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
+from bench.common import Benchmark
 from localcluster.paths import REPO_ROOT
 
 RESULTS = REPO_ROOT / "bench-results"
@@ -112,14 +114,19 @@ def render(readme: str, generated: str) -> str:
     return readme[:start + len(BEGIN)] + "\n" + generated + "\n" + readme[end:]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--check", action="store_true",
+                   help="compare only: exit 1 (the expected table printed) when the README "
+                        "is not current (default: rewrite it)")
+
+
+def _run(args: argparse.Namespace) -> int:
     """Rewrite bench-results/README.md's table (0), or with `--check` compare only: 0 when
     current, 1 (the expected table printed) when not."""
-    args = sys.argv[1:] if argv is None else argv
     readme_path = RESULTS / "README.md"
     readme = readme_path.read_text()
     want = render(readme, table())
-    if "--check" in args:
+    if args.check:
         if want != readme:
             print("bench-results/README.md's table is not current; expected:\n" + table())
             return 1
@@ -128,5 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+BENCHMARK = Benchmark("results_table", "bench-results/README.md's table, generated from the "
+                                       "JSON reports", _arguments, _run)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(BENCHMARK.main())

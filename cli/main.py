@@ -97,25 +97,6 @@ def _demo(args: argparse.Namespace) -> int:
         return 130
 
 
-def _modes(text: str) -> tuple[str, ...]:
-    """`--modes`: count and/or device, comma separated, in the order given."""
-    values = tuple(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
-    if not values or set(values) - {"count", "device"}:
-        raise _BadBenchArgs(f"gpu-binder bench: --modes takes count and/or device separated by "
-                            f"commas, got {text!r}")
-    return values
-
-
-def _ints(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        values = ()
-    if not values or min(values) < 1:
-        raise _BadBenchArgs(f"gpu-binder bench: {flag} takes positive integers separated by commas, got {text!r}")
-    return values
-
-
 def _existing_parent(path: Path) -> Path:
     """The nearest ancestor of `path` that exists (where `--out` would be made)."""
     for p in path.absolute().parents:
@@ -124,108 +105,27 @@ def _existing_parent(path: Path) -> Path:
     return Path("/")
 
 
-class _BadBenchArgs(Exception):
-    """A `bench` flag's value refused (its message names the flag): exit 2, as argparse's."""
-
-
 def _bench(args: argparse.Namespace) -> int:
-    """`gpu-binder bench WHICH`: 0 done, 1 a soak that found a violation or a lost admission,
-    2 a bad flag value (refused before anything starts)."""
+    """`gpu-binder bench WHICH`: the chosen benchmark's run (`bench.registry`): 0 done, 1 a
+    soak that found a violation or a lost admission, 2 a bad flag value or `--out` (refused
+    before anything starts)."""
+    if not hasattr(args, "benchmark"):
+        print("gpu-binder bench: the benchmarks run from a source checkout; this "
+              "installation has none", file=sys.stderr)
+        return 2
+    from bench.common import BadArgs
+
+    out = Path(args.out)
     try:
-        return _bench_run(args)
-    except _BadBenchArgs as exc:
+        if out.exists() and not out.is_dir():  # found before the run, not after it (newcomer)
+            raise BadArgs(f"gpu-binder bench {args.which}: --out {out} exists and is not a "
+                          f"directory")
+        if not os.access(out if out.exists() else _existing_parent(out), os.W_OK):
+            raise BadArgs(f"gpu-binder bench {args.which}: --out {out}: not writable")
+        return args.benchmark.run(args)
+    except BadArgs as exc:
         print(exc, file=sys.stderr)
         return 2
-
-
-def _bench_run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():  # found before the run, not after it (newcomer)
-        raise _BadBenchArgs(f"gpu-binder bench {args.which}: --out {out} exists and is not a "
-                            f"directory")
-    if not os.access(out if out.exists() else _existing_parent(out), os.W_OK):
-        raise _BadBenchArgs(f"gpu-binder bench {args.which}: --out {out}: not writable")
-    if args.which == "packing":
-        from bench.packing import run as run_packing
-
-        from dataclasses import replace
-
-        from bench.packing import FULL, QUICK, QUICK_HGX
-
-        plan = (QUICK_HGX if args.hgx else QUICK) if args.quick else FULL
-        if args.nodes:
-            plan = replace(plan, nodes=args.nodes)
-        if args.arrivals:
-            plan = replace(plan, arrivals=args.arrivals)
-        if args.loads:
-            try:
-                loads = tuple(float(x) for x in args.loads.split(","))  # an empty item: refused
-            except ValueError:
-                loads = ()
-            if not loads or any(not 0 < x < 1 for x in loads):
-                raise _BadBenchArgs(f"gpu-binder bench: --loads takes offered loads between 0 and 1, "
-                                    f"comma separated, got {args.loads!r}")
-            plan = replace(plan, loads=loads)
-        systems = tuple(k for k in args.systems.split(",") if k)
-        if not systems or set(systems) - set("abce"):
-            raise _BadBenchArgs(f"gpu-binder bench: --systems takes a,b,c,e, got {args.systems!r}")
-        report = run_packing(out, quick=args.quick, seed=args.seed, simulate_only=args.simulate,
-                             plan=plan, systems=systems, hgx=args.hgx)
-        from bench.packing import summary
-
-        print("\n".join(summary(report)))
-        for name, t in report["targets"].items():
-            met = {True: "met", False: "NOT met", None: "not available"}[t["met"]]
-            print(f"target {name}: {t['value']} ({t['target']}): {met}")
-        stem = "packing-hgx" if args.hgx else "packing"
-        print(f"report: {out}/{stem}.json, plot: {out}/{stem}.png")
-        return 0
-    if args.which == "scale":
-        from bench.scale import QUICK_PLAN, run as run_scale, summary as scale_summary
-
-        report = run_scale(out, nodes=args.nodes or (20 if args.quick else 1000),
-                           baseline_nodes=(10 if args.quick else 100) if args.baseline_nodes is None
-                           else args.baseline_nodes or None, vmis=args.vmis,
-                           plan=QUICK_PLAN if args.quick else None, modes=_modes(args.modes))
-        print("\n".join(scale_summary(report)))
-        print(f"report: {out}/scale.json, plot: {out}/scale.png")
-        return 0
-    if args.which == "soak":
-        from bench.soak import run as run_soak
-
-        minutes = 20.0 if args.minutes is None else args.minutes
-        if not 0 < minutes <= 20:
-            raise _BadBenchArgs(f"gpu-binder bench soak: --minutes is in (0, 20], got {minutes}")
-        try:
-            report = run_soak(out, nodes=args.nodes or 1000, minutes=minutes, seed=args.seed,
-                              create_rate=args.create_rate, tracemalloc=args.tracemalloc)
-        except ValueError as exc:   # the schedule does not fit (too short a run)
-            raise _BadBenchArgs(f"gpu-binder bench soak: {exc}") from None
-        for name, t in report["targets"].items():
-            met = {True: "met", False: "NOT met", None: "not available"}[t["met"]]
-            print(f"target {name}: {t['value']} ({t['target']}): {met}")
-        print(f"report: {out}/soak.json, plot: {out}/soak.png")
-        return 0 if report["violations"] == 0 and report["admissions_lost"] == 0 else 1
-    if args.which == "fairness":
-        from bench.fairness import run as run_fairness, summary as fairness_summary
-
-        report = run_fairness(out)
-        print("\n".join(fairness_summary(report)))
-        print(f"report: {out}/fairness.json")
-        return 0
-    if args.which == "e2e":
-        from bench.e2e import run
-    else:
-        from bench.core import run
-    if args.which == "e2e":
-        run(out, quick=args.quick, seed=args.seed, gpus=_ints(args.gpus, "--gpus"),
-            vs_scheduler=args.vs_scheduler,
-            levels=_ints(args.levels, "--levels") if args.levels else None,
-            modes=_modes(args.modes))
-    else:
-        run(out, quick=args.quick, seed=args.seed)
-    print(f"report: {out}/{args.which}.json, plot: {out}/{args.which}.png")
-    return 0
 
 
 def _tools(args: argparse.Namespace) -> int:
@@ -327,113 +227,19 @@ def version() -> str:
 
 
 def _add_bench_parsers(which) -> None:
-    """One sub-command per benchmark under `gpu-binder bench`, each with only the flags it
-    reads (`gpu-binder bench packing --help`); a flag of another benchmark is refused by
-    argparse (exit 2) instead of being ignored."""
-    def parser(name: str, text: str) -> argparse.ArgumentParser:
-        p = which.add_parser(name, help=text, description=text)
-        p.add_argument("--out", default="bench-out",
-                       help="directory for the JSON report (and the PNG plot where it draws "
-                            "one) (default: %(default)s)")
-        return p
-
-    def quick(p: argparse.ArgumentParser, text: str) -> None:
-        p.add_argument("--quick", action="store_true", help=f"{text} (default: the full run)")
-
-    def seed(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--seed", type=int, default=1,
-                       help="seed of the generated workload (default: %(default)s)")
-
-    def modes(p: argparse.ArgumentParser, text: str) -> None:
-        p.add_argument("--modes", default="count",
-                       help="count (GPUs as an extended resource) and/or device (HGX boards "
-                            "publishing DRA ResourceSlices, a device-mode GPUClass; "
-                            f"docs/device-mode.md), comma separated; {text} "
-                            "(default: %(default)s)")
-
-    core = parser("core", "the actor system against the bare model in one process, on an "
-                          "in-memory store")
-    quick(core, "fewer requests")
-    seed(core)
-
-    e2e = parser("e2e", "the whole system on a local control plane: admission latency by "
-                        "concurrency, the API server's write ceiling")
-    quick(e2e, "fewer levels and requests")
-    seed(e2e)
-    e2e.add_argument("--gpus", default="1",
-                     help="GPUs per VMI, comma separated; 1 runs every concurrency level, any "
-                          "other count one level at concurrency 20 (default: %(default)s)")
-    e2e.add_argument("--levels", default="",
-                     help="concurrency levels (concurrent clients) of the 1-GPU VMIs, comma "
-                          "separated (default: 1,5,10,20,50; with --quick 1,10,20)")
-    modes(e2e, "every level runs in each mode and the report gives device p99 ÷ count p99 "
-               "(issue 32: --gpus 1,4,8 --modes count,device)")
-    e2e.add_argument("--vs-scheduler", action="store_true",
-                     help="in the same run, kube-scheduler binding Pods of the same GPU counts "
-                          "on the same fleet at concurrency 20, and our rate ÷ its "
-                          "(default: off)")
-
-    packing = parser("packing", "one churn trace per load replayed against gpu-binder, "
-                                "kube-scheduler (default and MostAllocated) and the repacking "
-                                "bound; with --hgx, HGX boards in device mode")
-    quick(packing, "6 nodes a lane, 30 scored arrivals, load 0.85 (with --hgx: 4 nodes, 16 "
-                   "arrivals)")
-    seed(packing)
-    packing.add_argument("--simulate", action="store_true",
-                         help="the policy simulation only (tightest fit, spread, defrag, repack "
-                              "on the same traces), no cluster (default: off)")
-    packing.add_argument("--hgx", action="store_true",
-                         help="HGX pools (hgx-h100-8 boards) in device mode, issue 33: a "
-                              "gpu-binder in device mode, b kube-scheduler's DRA allocator "
-                              "alone, c gpu-binder in count mode with a device plugin's pick, d "
-                              "the bound; writes packing-hgx.json/png (default: off)")
-    packing.add_argument("--nodes", type=_count(1), default=None,
-                         help="nodes of 8 GPUs per system and load (default: 24; with --quick "
-                              "6, with --quick --hgx 4)")
-    packing.add_argument("--arrivals", type=_count(1), default=None,
-                         help="scored arrivals per load, after the warm-up (default: 300; with "
-                              "--quick 30)")
-    packing.add_argument("--systems", default="a,b,c,e",
-                         help="the systems to replay, comma separated: a gpu-binder, b "
-                              "kube-scheduler default, c MostAllocated, e gpu-binder with "
-                              "defragmentation; with --hgx a, b and c are --hgx's three and e is "
-                              "left out; the bound (d) is always computed (default: %(default)s)")
-    packing.add_argument("--loads", default="",
-                         help="the offered loads to replay, comma separated, each between 0 "
-                              "and 1 (default: 0.70,0.85,0.95; with --quick 0.85)")
-
-    parser("fairness", "one tenant's burst of 200 creates alone, and tenant B's 50 creates "
-                       "alone and under tenant A's floods of 200 (writes fairness.json)")
-
-    scale = parser("scale", "a populated KWOK cluster with KubeVirt: start-up, memory, "
-                            "admissions quiet and in bursts, leader failover")
-    quick(scale, "20 nodes and a shorter plan, a baseline of 10")
-    scale.add_argument("--nodes", type=_count(1), default=None,
-                       help="nodes of the large cluster (default: 1000; with --quick 20)")
-    scale.add_argument("--vmis", type=_count(1), default=None,
-                       help="running VMIs on the large cluster (default: 2 per node)")
-    scale.add_argument("--baseline-nodes", type=_count(0), default=None,
-                       help="nodes of the baseline cluster measured in the same run for the "
-                            "ratios, 0 for none (default: 100; with --quick 10)")
-    modes(scale, "device measures the device-mode fleet at --nodes only, without a baseline")
-
-    soak = parser("soak", "scale's population under seeded churn (creates, deletes, cordons, "
-                          "held-device moves; a leader kill -9 every 2.5 min and one "
-                          "kube-apiserver restart before the last 45 %% of the run, a steady "
-                          "stretch whose replica RSS trend is judged), DESIGN §7 checked "
-                          "throughout and at the end")
-    seed(soak)
-    soak.add_argument("--nodes", type=_count(1), default=None,
-                      help="KWOK nodes of 8 GPUs (default: 1000)")
-    soak.add_argument("--minutes", type=float, default=None,
-                      help="minutes of churn, at most 20 (default: 20)")
-    soak.add_argument("--create-rate", type=float, default=2.0,
-                      help="VMI creates per second, at most 50, each preceded by a delete once "
-                           "the population runs (default: %(default)s)")
-    soak.add_argument("--tracemalloc", action="store_true",
-                      help="run the replicas with PYTHONTRACEMALLOC=1 and report the source "
-                           "lines whose allocations grew over the steady stretch (slower; "
-                           "default: off)")
+    """One sub-command per benchmark of `bench.registry.BENCHMARKS` under `gpu-binder bench`,
+    each with only the flags it reads (`gpu-binder bench packing --help`); a flag of another
+    benchmark is refused by argparse (exit 2) instead of being ignored. The image ships no
+    benchmarks: there the command says so."""
+    try:
+        from bench.registry import BENCHMARKS
+    except ImportError:  # not a source checkout
+        which.required = False
+        return
+    for benchmark in BENCHMARKS:
+        p = which.add_parser(benchmark.name, help=benchmark.help, description=benchmark.help)
+        benchmark.add_arguments(p)
+        p.set_defaults(benchmark=benchmark)
 
 
 def build_parser() -> argparse.ArgumentParser:

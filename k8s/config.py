@@ -4,7 +4,8 @@ mounted ConfigMap), then by environment variables `GPU_BINDER_<FIELD>`, then by 
 Durations are seconds (floats). `Config.validate()` raises ValueError naming the field. The
 settings that tune the binder take their defaults from `supervisor.binder.BinderConfig` (and
 the actor configurations it nests), the only place those defaults are written;
-`k8s.controller.binder_config` hands the operator's values to the actors.
+`k8s.controller.binder_config` hands the operator's values to the actors. The webhook's
+waits on its cache take theirs from `k8s.webhook.waiter` likewise.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 
 from model.settings import RAW_ALLOWED, RAW_DENIED
+from k8s.webhook.waiter import RECORD_WAIT, TEMPLATE_WAIT
 from supervisor.binder import BinderConfig
 
 _BINDER = BinderConfig()
@@ -76,6 +78,15 @@ FIELD_HELP: dict[str, str] = {
                            "it is denied 429 (retryable); below --bind-timeout; 0: no cap of "
                            "its own (a turn is waited for during the first three quarters "
                            "of --bind-timeout)",
+    "webhook_template_wait": "seconds an admission waits at most for its informer to show a "
+                             "template device it just created (W3 (1); woken by the "
+                             "informer's event, within the review's deadline), then goes on "
+                             "(its attachment reads the device from the API server)",
+    "webhook_record_wait": "seconds an admission in device mode waits at most, once the "
+                           "binder answered, for its informer to show the set's device "
+                           "records (DR5; woken by the informer's events) before it is "
+                           "denied 503 (retryable); 0: until the review's deadline "
+                           "(--bind-timeout from its start)",
     "webhook_keepalive_reviews": "reviews one kept-alive connection of the API server "
                                  "carries; the answer to the last says Connection: close, so "
                                  "the API server reconnects and the Service places the new "
@@ -163,6 +174,8 @@ class Config:
     webhook_tenant_concurrency: int = 4      # of them, per tenant (namespace)
     webhook_tenant_queue: int = 0            # waiting for a turn, per tenant (0: no limit)
     webhook_tenant_wait: float = 0.0         # seconds a turn is waited for (0: the deadline)
+    webhook_template_wait: float = TEMPLATE_WAIT  # W3 (1), within the review's deadline
+    webhook_record_wait: float = RECORD_WAIT  # DR5 (0: the review's deadline)
     webhook_keepalive_reviews: int = 100     # per connection, then Connection: close
     metrics_port: int = 8080                 # /healthz, /readyz, /metrics; 0: none
     metrics_host: str = "0.0.0.0"
@@ -193,7 +206,7 @@ class Config:
         for name in ("attachment_grace", "bind_timeout", "lease_duration", "renew_deadline",
                      "retry_period", "housekeeping_period", "ask_timeout", "resync_interval",
                      "write_timeout", "settle_timeout", "prepare_ttl", "commit_ttl",
-                     "max_restart_seconds"):
+                     "max_restart_seconds", "webhook_template_wait"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{f(name)}: must be > 0 seconds, got {getattr(self, name)}")
         if self.write_attempts < 1:
@@ -228,6 +241,9 @@ class Config:
         if self.webhook_tenant_wait < 0:
             raise ValueError(f"--webhook-tenant-wait: must be >= 0 seconds (0: no cap of its "
                              f"own), got {self.webhook_tenant_wait}")
+        if self.webhook_record_wait < 0:
+            raise ValueError(f"--webhook-record-wait: must be >= 0 seconds (0: until the "
+                             f"review's deadline), got {self.webhook_record_wait}")
         if self.webhook_tenant_wait >= self.bind_timeout:
             raise ValueError("--webhook-tenant-wait: must be shorter than --bind-timeout (the "
                              "wait for a turn counts against it)")

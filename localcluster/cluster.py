@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from localcluster.paths import MANIFESTS, REPO_ROOT, TESTING_MANIFESTS
-from localcluster.controlplane import ControlPlane, ControlPlaneError, _die_with_parent, free_port
+from localcluster.controlplane import ControlPlane, ControlPlaneError, die_with_parent, free_port
 
 SA_NAMESPACE, SA_NAME = "cozy-system", "gpu-binder"   # controller/rbac.yaml
 CRDS = ("gpuclasses.gpu.cozystack.io", "gpudevices.gpu.cozystack.io")
@@ -317,7 +317,7 @@ class LocalCluster:
         try:
             r.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT,
-                                      preexec_fn=_die_with_parent, **as_user)
+                                      preexec_fn=die_with_parent, **as_user)
         finally:
             log.close()
 
@@ -372,7 +372,7 @@ class LocalCluster:
         log = open(r.log_path, "ab")
         try:
             r.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                      stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         finally:
             log.close()
 

@@ -111,7 +111,11 @@ _PR_SET_PDEATHSIG = 1
 _live: set["ControlPlane"] = set()
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """The `preexec_fn` of the harness's children (it runs in the child between fork and
+    exec): the kernel kills the child (SIGKILL) when its parent dies (prctl
+    PR_SET_PDEATHSIG; skipped where there is no libc prctl), and the child leads a session
+    of its own (`os.setsid`). Raises nothing the caller need handle."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
@@ -161,7 +165,7 @@ def spawn_logged(directory: Path, name: str, args: list[str]) -> subprocess.Pope
     log = open(directory / f"{name}.log", "ab")
     try:
         return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
                                 cwd=directory)
     finally:
         log.close()

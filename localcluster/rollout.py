@@ -48,7 +48,7 @@ from pathlib import Path
 
 import yaml
 
-from localcluster.controlplane import ControlPlane, ControlPlaneError, _die_with_parent, free_port
+from localcluster.controlplane import ControlPlane, ControlPlaneError, die_with_parent, free_port
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"   # where a kubelet mounts it
 
@@ -238,7 +238,7 @@ class Kubelet:
         with open(pod.log_path, "ab") as log:
             pod.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL,
-                                        preexec_fn=_die_with_parent)  # (its own session)
+                                        preexec_fn=die_with_parent)  # (its own session)
         return pod
 
     @staticmethod

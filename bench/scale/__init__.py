@@ -18,15 +18,65 @@ through the real path, and the process and API-server figures read meanwhile), `
 are their public ones, re-exported.
 """
 
-from bench.scale.measure import CONTROLLER_ARGS, Measure, latency_summary, measure_on, on_pin, run
-from bench.scale.population import (admit, apiserver_latency, apiserver_writes, cluster_pids,
-                                    memory, populate, wait_permitted)
+import argparse
+import importlib
+from pathlib import Path
+from typing import Any
+
+from bench.common import Benchmark, add_modes, add_out, add_quick, at_least, modes
 from bench.scale.report import max_hwm, plot, summary, targets
 from bench.scale.workload import (QUICK_PLAN, TAINT, Plan, Population, ScaleSpec, VmiRecord,
                                   plan_vmis, problem_nodes)
 
-__all__ = ["CONTROLLER_ARGS", "QUICK_PLAN", "TAINT", "Measure", "Plan", "Population",
+_LAZY = {**dict.fromkeys(("CONTROLLER_ARGS", "Measure", "latency_summary", "measure_on", "on_pin",
+                          "run"), "measure"),
+         **dict.fromkeys(("admit", "apiserver_latency", "apiserver_writes", "cluster_pids",
+                          "memory", "populate", "wait_permitted"), "population")}
+"""The names of the modules that drive a cluster, imported on first use (the cluster's
+harness is heavy to import; `gpu-binder --help` lists this benchmark without it)."""
+
+__all__ = ["BENCHMARK", "CONTROLLER_ARGS", "QUICK_PLAN", "TAINT", "Measure", "Plan", "Population",
            "ScaleSpec", "VmiRecord", "admit", "apiserver_latency", "apiserver_writes",
            "cluster_pids", "latency_summary", "max_hwm", "measure_on", "memory", "on_pin",
            "plan_vmis", "populate", "plot", "problem_nodes", "run", "summary", "targets",
            "wait_permitted"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"bench.scale.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'bench.scale' has no attribute {name!r}")
+
+
+# -- the command line -----------------------------------------------------------------------
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    add_out(p)
+    add_quick(p, "20 nodes and a shorter plan, a baseline of 10")
+    p.add_argument("--nodes", type=at_least(1), default=None,
+                   help="nodes of the large cluster (default: 1000; with --quick 20)")
+    p.add_argument("--vmis", type=at_least(1), default=None,
+                   help="running VMIs on the large cluster (default: 2 per node)")
+    p.add_argument("--baseline-nodes", type=at_least(0), default=None,
+                   help="nodes of the baseline cluster measured in the same run for the "
+                        "ratios, 0 for none (default: 100; with --quick 10)")
+    add_modes(p, "device measures the device-mode fleet at --nodes only, without a baseline")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from bench.scale.measure import run
+
+    out = Path(args.out)
+    chosen = modes(args.modes)
+    report = run(out, nodes=args.nodes or (20 if args.quick else 1000),
+                 baseline_nodes=(10 if args.quick else 100) if args.baseline_nodes is None
+                 else args.baseline_nodes or None, vmis=args.vmis,
+                 plan=QUICK_PLAN if args.quick else None, modes=chosen)
+    print("\n".join(summary(report)))
+    print(f"report: {out}/scale.json, plot: {out}/scale.png")
+    return 0
+
+
+BENCHMARK = Benchmark("scale", "a populated KWOK cluster with KubeVirt: start-up, memory, "
+                               "admissions quiet and in bursts, leader failover",
+                      _arguments, _run)

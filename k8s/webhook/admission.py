@@ -18,7 +18,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Callable
+from typing import Any, Callable
 
 import anyio
 import structlog
@@ -30,7 +30,7 @@ from k8s.webhook.fairness import Busy, EventBudget, TenantGate
 from k8s.webhook.review import Category, Denial, Review, reason_denial, refusal_denial
 from k8s.webhook.steps import Attempt, Denied, Written
 from k8s.webhook.transport import allow, deny, patch_response
-from k8s.webhook.waiter import ResultWaiter
+from k8s.webhook.waiter import RECORD_WAIT, TEMPLATE_WAIT, ResultWaiter, until
 from model.admission import (AdmissionPlan, Refusal, already_admitted, budget_in_flight, check,
                              effective_resources, kept_conflict, node_selector_of,
                              same_name_conflict, unpermitted_gpu_entries, vm_owner)
@@ -62,12 +62,17 @@ class VMIAdmission:
     """Handles VMI CREATE reviews. `bind_timeout` (seconds) bounds steps 1–4 of W3; `grace`
     is `attachmentGrace`; `clock` returns aware UTC time; `client`'s timeout bounds each API
     call; `gate` (None: unbounded) gives each tenant its fair share of concurrent admissions
-    past W1's checks on the cache (issue 23). `admitted`/`denied` count answers, `rejected`
+    past W1's checks on the cache (issue 23); `template_wait` and `record_wait` (seconds,
+    `--webhook-template-wait`/`--webhook-record-wait`) bound the waits on the cache for a
+    template device this call created and for a device-mode set's records, each also ended
+    by the review's deadline (`record_wait` 0: by the deadline alone). `admitted`/`denied`
+    count answers, `rejected`
     W1 refusals and turns refused by the gate per (namespace, code) (for metrics)."""
 
     def __init__(self, client: KubeClient, cache: ClusterCache, *, bind_timeout: float,
                  grace: timedelta, clock: Callable[[], datetime] | None = None,
-                 gate: TenantGate | None = None) -> None:
+                 gate: TenantGate | None = None, template_wait: float = TEMPLATE_WAIT,
+                 record_wait: float = RECORD_WAIT) -> None:
         self.api = steps.Api(client)
         self.cache = cache
         self.bind_timeout = bind_timeout
@@ -75,6 +80,8 @@ class VMIAdmission:
         self.now = clock or (lambda: datetime.now(timezone.utc))
         self.waiter = ResultWaiter(cache)
         self.gate = gate
+        self.template_wait = template_wait
+        self.record_wait = record_wait
         self.events = EventBudget()
         self.admitted = 0
         self.denied = 0
@@ -220,7 +227,7 @@ class VMIAdmission:
     async def _admit(self, review: Review, deadline: float) -> dict:
         """W1, then W4's short cut, W2, and W3 (steps 1-4 within `deadline`, loop time);
         raises Denied."""
-        judged = await self._judge(review)
+        judged = await self._judge(review, deadline)
         attempt, plan = judged.attempt, judged.plan
         node = already_admitted(judged.snap, plan)
         if node is not None and review.dry_run:
@@ -256,7 +263,7 @@ class VMIAdmission:
                  webhook_seconds=round(anyio.current_time() - deadline + self.bind_timeout, 3))
         return patch_response(review.uid, ops)
 
-    async def _judge(self, review: Review) -> _Judged:
+    async def _judge(self, review: Review, deadline: float) -> _Judged:
         """W1: the live read (`steps.check_name_free`), then every check on the cache's
         snapshot (`model.admission.check`) and the VMI's own gpus entries; raises Denied."""
         ns, vmi = review.namespace, review.name
@@ -281,7 +288,8 @@ class VMIAdmission:
             self._rejection(ns, refusal.code)
             raise Denied.of(refusal_denial(refusal))
         # unique to this call: keys its attachments and clean-up, and is its request's id
-        attempt = Attempt(ns, vmi, uuid.uuid4().hex, now, vmis, self.grace, self.now, owner)
+        attempt = Attempt(ns, vmi, uuid.uuid4().hex, now, vmis, self.grace, self.now, owner,
+                          deadline, self.template_wait)
         return _Judged(plan, selector, snap, attempt)
 
     async def _reserve(self, review: Review, judged: _Judged,
@@ -313,18 +321,31 @@ class VMIAdmission:
         """The JSONPatch admitting the VMI on `node`: in count mode `steps.admit_patch`; in
         device mode (DR5) after the set's claim exists (`steps.wire_claim`, recorded in
         `written.claim` when this call made it), its members' records read from the cache,
-        which may show the binder's result a moment before a record: waited for until
-        `deadline` (loop time), then `DeviceUnrecorded` (503). Raises Denied or ApiError."""
-        while True:
-            snap = self.cache.view.snapshot()
+        which may show the binder's result a moment before a record: waited for (woken by the
+        view's changes of the set's devices, of `node` and of the classes, never polling)
+        until `deadline` (loop time), or `record_wait` seconds when that is shorter, then
+        `DeviceUnrecorded` (503). Raises Denied or ApiError."""
+        view = self.cache.view
+        missing: Denied | None = None
+        keys = {("device", (plan.namespace, name)) for name in plan.devices} | {("node", node)}
+
+        def members() -> tuple[Snapshot, Any] | None:  # the snapshot, claim_members' answer
+            nonlocal missing
+            snap = view.snapshot()
             try:
-                members = steps.claim_members(snap, plan, node)
-                break
-            except Denied:
-                if anyio.current_time() >= deadline:
-                    raise
-                await anyio.sleep(0.05)
-        if members is None:
+                return snap, steps.claim_members(snap, plan, node)
+            except Denied as exc:
+                missing = exc
+                return None
+
+        left = deadline - anyio.current_time()
+        got = await until(view, members, min(self.record_wait, left) if self.record_wait > 0
+                          else left, relevant=lambda c: c.kind == "class" or c in keys)
+        if got is None:
+            assert missing is not None  # judged at least once, and not ready
+            raise missing
+        snap, found = got
+        if found is None:
             return steps.admit_patch(snap, review.object, plan, node, attempt.admission)
         return await steps.wire_claim(self.api, attempt, review.object, snap, plan, node,
-                                      members, written)
+                                      found, written)

@@ -10,6 +10,7 @@ API failures surface as `k8s.errors.ApiError`, which `api_denial` types.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Awaitable, Callable, Mapping, Sequence
@@ -20,7 +21,7 @@ from actors.view import IndexedView
 from k8s import errors
 from k8s.client import GPU_DEVICES, RESOURCE_CLAIMS, VMIS, KubeClient, Resource
 from k8s.webhook.review import Denial, reason_denial
-from k8s.webhook.waiter import ResultWaiter
+from k8s.webhook.waiter import TEMPLATE_WAIT, ResultWaiter, until
 from model.admission import AdmissionPlan, attachment_is_live, effective_resources, vmi_patch
 from model.claim import (Claim, ClaimMember, build_claim, claim_vmi_patch, members_of,
                          parse_claim, same_spec, stamp_ops)
@@ -182,6 +183,12 @@ class Attempt:
     now: Callable[[], datetime]
     owner: str | None = None
     """H4: the uid of the VirtualMachine owning the VMI (`model.admission.vm_owner`)."""
+    deadline: float = math.inf
+    """The review's deadline (loop time, `anyio.current_time`): every wait of the steps ends
+    by it."""
+    template_wait: float = TEMPLATE_WAIT
+    """Seconds W3 (1) waits at most for the informer to show a template device it created
+    (`--webhook-template-wait`)."""
 
     def attachment(self) -> dict[str, str]:
         """The `attachedTo` this call writes (with `owner`, H4, when the VMI has one)."""
@@ -251,18 +258,22 @@ async def take_over(api: Api, attempt: Attempt, plan: AdmissionPlan, snap: Snaps
 # -- W3 (1): templates ------------------------------------------------------------------
 
 async def create_template(api: Api, view: IndexedView, ns: str, vmi: str, name: str,
-                          class_name: str) -> bool:
-    """W3 (1): create template device `name` of `class_name` for `vmi` and wait (≤ 5 s)
-    until `view` (the device informer's) shows it; False when it already existed (a retry of
-    ours made it: found in place, W4). Raises errors.ApiError."""
+                          class_name: str, wait: float = TEMPLATE_WAIT,
+                          deadline: float = math.inf) -> bool:
+    """W3 (1): create template device `name` of `class_name` for `vmi` and wait (at most
+    `wait` seconds after the create, and not past `deadline`, loop time; woken by `view`'s
+    change of that device, never polling) until `view` (the device informer's) shows it;
+    then the admission goes on regardless (the attachment reads the device live). False
+    when it already existed (a retry of ours made it: found in place, W4). Raises
+    errors.ApiError."""
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUDevice",
             "metadata": {"name": name, "namespace": ns, "labels": {TEMPLATE_FOR_LABEL: vmi}},
             "spec": {"class": class_name}}
     if not await api.create_device(ns, body):
         return False
-    with anyio.move_on_after(5.0):
-        while view.device((ns, name)) is None:
-            await anyio.sleep(0.02)
+    key = (ns, name)
+    await until(view, lambda: view.device(key), min(wait, deadline - anyio.current_time()),
+                relevant=lambda change: change == ("device", key))
     return True
 
 
@@ -275,7 +286,8 @@ async def create_templates(api: Api, view: IndexedView, attempt: Attempt,
     written.created.extend(name for name, _ in templates)
 
     async def one(item: tuple[str, str]) -> None:
-        if not await create_template(api, view, attempt.namespace, attempt.vmi, *item):
+        if not await create_template(api, view, attempt.namespace, attempt.vmi, *item,
+                                     attempt.template_wait, attempt.deadline):
             written.created.remove(item[0])
     await each(one, list(templates))
 
@@ -352,7 +364,8 @@ async def attach(api: Api, view: IndexedView, attempt: Attempt, request: Mapping
         raw = await api.get_device(attempt.namespace, name)
         if raw is None and template_class is not None:
             if await create_template(api, view, attempt.namespace, attempt.vmi, name,
-                                     template_class) and name not in written.created:
+                                     template_class, attempt.template_wait, attempt.deadline) \
+                    and name not in written.created:
                 written.created.append(name)
             continue
         if raw is None:

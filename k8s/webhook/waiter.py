@@ -1,15 +1,69 @@
-"""W3 step 4: an admission waits for the binder's results on the device informer, never
-polling the API server."""
+"""An admission's waits on the informer cache, never polls: for the binder's results (W3
+step 4, `ResultWaiter`), and for the cache to show what the webhook wrote or what the binder
+recorded (`until`: a template device it created, W3 (1); a device-mode set's records, DR5).
+Each is woken by the cache's change notifications and bounded by the review's deadline."""
 
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import anyio
 
+from actors.ports import Change, ChangeFeed
 from actors.workqueue import WorkQueue
-from k8s.cache import ClusterCache
 from model.types import GPUDevice
+
+if TYPE_CHECKING:
+    from k8s.cache import ClusterCache
+
+T = TypeVar("T")
+
+TEMPLATE_WAIT = 5.0
+"""Seconds W3 (1) waits at most for the informer to show a template device the webhook just
+created (within the review's deadline); `--webhook-template-wait` sets it."""
+RECORD_WAIT = 0.0
+"""Seconds an admission waits at most, after the binder's Succeeded, for the informer to show
+its device-mode set's device records (DR5); 0: until the review's deadline, as before.
+`--webhook-record-wait` sets it."""
+
+
+async def until(feed: ChangeFeed, ready: Callable[[], T | None], timeout: float, *,
+                relevant: Callable[[Change], bool] | None = None) -> T | None:
+    """What `ready()` returns once it is not None: judged now, then again after each change
+    of `feed` that `relevant` names (default: any change), never on a timer. None when it is
+    still None after `timeout` seconds of loop time (<= 0: judged once, no wait).
+
+    The subscription starts before the first judgement, so a change made between a
+    judgement and the wait is not lost (it is waiting in the queue). `ready` must be cheap
+    and must not await. Cancellation: propagates; the subscription ends with the wait
+    (nothing stays registered), as it does on every return."""
+    async with feed.subscribe() as changes:
+        with anyio.move_on_after(max(0.0, timeout)):
+            while True:
+                got = ready()
+                if got is not None:
+                    return got
+                await _changed(changes, relevant)
+        return ready()  # the change that woke the deadline's last moment, if any
+
+
+async def _changed(changes: WorkQueue[Change], relevant: Callable[[Change], bool] | None) -> None:
+    """Return once a change `relevant` names (any, when None) has come: every change
+    waiting is taken (and handed back) on the way, a burst being one wake-up."""
+    while True:
+        change = await changes.get()
+        changes.done(change)
+        hit = relevant is None or relevant(change)
+        while True:
+            try:
+                change = changes.get_nowait()
+            except anyio.WouldBlock:
+                break
+            changes.done(change)
+            hit = hit or relevant is None or relevant(change)
+        if hit:
+            return
 
 _Wait = tuple[str, str, int]
 """(namespace, request id, serial): one admission's wait (the serial keeps two waits for

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import anyio
 import pytest
 
+from actors.view import IndexedView
 from fakes.kube_client import ScriptedClient
 from k8s import errors
 from k8s.client import RESOURCE_CLAIMS
@@ -167,7 +168,8 @@ async def test_W5_clean_up_leaves_a_claim_another_admission_stamped_since():
 
 class _Cache:
     def __init__(self, snap: Snapshot) -> None:
-        self.view = SimpleNamespace(snapshot=lambda: snap, device=lambda key: None)
+        self.view = SimpleNamespace(snapshot=lambda: snap, device=lambda key: None,
+                                    subscribe=IndexedView().subscribe)  # no change comes
         self.devices = SimpleNamespace(add_listener=lambda fn: None)
 
     def vmi_state(self) -> VMIs:
