@@ -16,6 +16,7 @@ from fakes.kube_client import ScriptedClient
 from k8s import errors
 from k8s.housekeeping import FIELD_MANAGER, Housekeeper
 from model.housekeeping import KEPT_CONDITION, VMIRecord, VMIs, kept_for_vms
+from model.housekeeping_reasons import KeptCondition
 from model.types import Attachment, DeviceStatus, GPUDevice, Phase
 
 pytestmark = pytest.mark.anyio
@@ -62,8 +63,7 @@ async def test_H4_stopped_vm_gets_GPUSetKept_true_with_node_devices_and_until():
     assert {k: conds[1][k] for k in ("type", "status", "reason", "lastTransitionTime")} == {
         "type": KEPT_CONDITION, "status": "True", "reason": "SetKept",
         "lastTransitionTime": "2026-12-01T08:00:00Z"}
-    assert conds[1]["message"].startswith(
-        "GPU set kept on node n1 (devices g0, g1) until 2026-12-01T08:10:00Z")
+    assert conds[1]["message"] == KeptCondition(("n1",), ("g0", "g1"), UNTIL).render()
     assert k.kept.condition_writes == 1
     # the VM as written: nothing more to write
     client2 = ScriptedClient()
