@@ -6,10 +6,12 @@ leader's log lines, Events and status conditions) render them. Nothing parses a 
 back; tests compare codes and data.
 
 Also here, for the same reason: the words of the GPUClass conditions housekeeping writes
-(`ClassCondition`: `Ready`, DR1, and `KubeVirtPermitted`) and of the `GPUSetKept` condition
-on a VirtualMachine whose set is kept (`KeptCondition`, H4).
+(`ClassCondition`: `Ready`, DR1, and `KubeVirtPermitted`), of the `GPUSetKept` condition on a
+VirtualMachine whose set is kept (`KeptCondition`, H4), and of the Events housekeeping sends
+(`HousekeepingEvent`: `GPUSetKept`, `GPUSetReleased`, `GPUClaimRestored`,
+`PolicyParameterMissing`).
 
-Pure; imports nothing from the rest of `model`.
+Pure; of the rest of `model` it imports only the time format (`model.parse.format_time`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import ClassVar
+
+from model.parse import format_time
 
 
 class Rule(StrEnum):
@@ -404,3 +408,103 @@ class NotPermitted(ClassCondition):
         return (f"{self.resource} is not in the KubeVirt CR's "
                 "spec.configuration.permittedHostDevices: KubeVirt would not start a VMI asking "
                 "for it, so the webhook denies such VMIs")
+
+
+# --- the Events housekeeping sends ---------------------------------------------------------------
+
+
+class HousekeepingEvent:
+    """Base of an Event's content: `reason` (the Event's CamelCase reason, class-level),
+    `warning` (its type), `render()` the message."""
+
+    __slots__ = ()
+    reason: ClassVar[str]
+    warning: ClassVar[bool]
+
+    def render(self) -> str:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+@dataclass(frozen=True, slots=True)
+class SetKeptEvent(HousekeepingEvent):
+    """H4, on VirtualMachine `namespace/vm`: its set (`devices` on `nodes`) is kept until
+    `until`."""
+    reason: ClassVar[str] = "GPUSetKept"
+    warning: ClassVar[bool] = False
+    namespace: str
+    vm: str
+    devices: tuple[str, ...]
+    nodes: tuple[str, ...]
+    until: datetime
+
+    def render(self) -> str:
+        return (f"GPU set of VirtualMachine {self.namespace}/{self.vm} (devices "
+                f"{', '.join(self.devices)} on node {', '.join(self.nodes)}) kept until "
+                f"{format_time(self.until)} (keepSetFor): its next VMI starts there with the "
+                "same devices; deleting the VM releases them")
+
+
+@dataclass(frozen=True, slots=True)
+class SetReleasedEvent(HousekeepingEvent):
+    """H4, on VirtualMachine `namespace/vm`: its kept set (`devices`) was released, `why`."""
+    reason: ClassVar[str] = "GPUSetReleased"
+    warning: ClassVar[bool] = False
+    namespace: str
+    vm: str
+    devices: tuple[str, ...]
+    why: HousekeepingReason | None
+
+    def render(self) -> str:
+        return (f"GPU set of VirtualMachine {self.namespace}/{self.vm} (devices "
+                f"{', '.join(self.devices)}) released: {self.why}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRestoredEvent(HousekeepingEvent):
+    """DR6, on the VMI: its ResourceClaim `namespace/claim` was made again from the record
+    (`node`; `devices`: (GPUDevice, the device it records) in the claim's order)."""
+    reason: ClassVar[str] = "GPUClaimRestored"
+    warning: ClassVar[bool] = True
+    namespace: str
+    claim: str
+    node: str
+    devices: tuple[tuple[str, str], ...]
+
+    def listed(self) -> str:
+        """The devices as the message and the log line show them ("gpu-0=gpu-vfio-2, …")."""
+        return ", ".join(f"{d}={r}" for d, r in self.devices)
+
+    def render(self) -> str:
+        return (f"ResourceClaim {self.namespace}/{self.claim} of this VMI was deleted before its "
+                f"launcher Pod took it; made again from the binder's record (node {self.node}, "
+                f"devices {self.listed()}). Delete the VMI to release its GPUs.")
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterMissingEvent(HousekeepingEvent):
+    """H3, on ConfigMap `namespace/name` (the shipped policies' parameter): it was missing
+    and H3 created it (`error` None), or it is missing and H3 cannot create it (`error`:
+    why, as the API server said)."""
+    reason: ClassVar[str] = "PolicyParameterMissing"
+    warning: ClassVar[bool] = True
+    namespace: str
+    name: str
+    error: str | None = None
+
+    def detail(self) -> str:
+        """What happened, without naming the ConfigMap (the log line's `message`)."""
+        if self.error is not None:
+            return ("missing, and H3 cannot create it: the shipped policies deny every Pod, "
+                    "VMI, ResourceClaim and ResourceClaimTemplate they match until it exists "
+                    f"(parameterNotFoundAction: Deny): {self.error}")
+        return ("was missing, and H3 created it: until then the shipped policies denied every "
+                "Pod, VMI, ResourceClaim and ResourceClaimTemplate they match "
+                "(parameterNotFoundAction: Deny)")
+
+    def render(self) -> str:
+        return (f"ConfigMap {self.namespace}/{self.name}, the parameter of "
+                "ValidatingAdmissionPolicies gpu-binder-raw-pods, gpu-binder-raw-vmis and "
+                f"gpu-binder-raw-claims, {self.detail()}")

@@ -19,7 +19,7 @@ from model.admission import AdmissionPlan
 from model.claim import (ClaimRecord, DeleteClaim, RestoreClaim, build_claim, claim_name,
                          members_of, missing_claims, parse_claim_record, restorable_into,
                          stale_claims)
-from model.housekeeping_reasons import Rule
+from model.housekeeping_reasons import ClaimRestoredEvent, Rule
 
 
 def claim_records(cache: ClusterCache) -> list[ClaimRecord] | None:
@@ -155,15 +155,14 @@ class ClaimsWorker:
             return
         self.actions_done += 1
         self.claims_restored += 1
-        devices = ", ".join(f"{m.device}={m.ref.device}" for m in members)
+        ev = ClaimRestoredEvent(r.namespace, name, r.node,
+                                tuple((m.device, m.ref.device) for m in members))
         log.warning("claim of an admitted VMI was missing; made again from the record",
-                    action="RestoreClaim", node=r.node, devices=devices, admission=r.admission,
-                    **ctx)
+                    action="RestoreClaim", node=r.node, devices=ev.listed(),
+                    admission=r.admission, **ctx)
         body = events.event_body(
             {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": r.vmi,
              "namespace": r.namespace, "uid": r.uid},
-            reason="GPUClaimRestored", warning=True, instance="housekeeping", when=now,
-            message=f"ResourceClaim {r.namespace}/{name} of this VMI was deleted before its "
-                    f"launcher Pod took it; made again from the binder's record (node {r.node}, "
-                    f"devices {devices}). Delete the VMI to release its GPUs.")
+            reason=ev.reason, warning=ev.warning, instance="housekeeping", when=now,
+            message=ev.render())
         await events.record(self._client, body, **ctx)

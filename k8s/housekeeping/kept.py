@@ -19,7 +19,8 @@ from k8s.client import VMS, KubeClient
 from k8s.housekeeping.common import log
 from k8s.informer import Informer
 from model.housekeeping import KEPT_CONDITION, KEPT_REASON, KeptFor, VMRecord
-from model.housekeeping_reasons import HousekeepingReason, Rule
+from model.housekeeping_reasons import (HousekeepingEvent, HousekeepingReason, Rule, SetKeptEvent,
+                                        SetReleasedEvent)
 from model.parse import format_time
 from model.vm import run_strategy
 
@@ -111,23 +112,22 @@ class KeptSets:
         (`GPUSetReleased`) since the last call; best effort."""
         pending, self._told = self._told, {}
         for (kind, ns, vm, uid), t in sorted(pending.items()):
-            devs, nodes = ", ".join(t.devices), ", ".join(t.nodes)
+            ev: HousekeepingEvent
             if kind == "kept":
+                assert t.until is not None  # `note_kept` always gives one
                 self.kept_sets += 1
-                msg = (f"GPU set of VirtualMachine {ns}/{vm} (devices {devs} on node {nodes}) "
-                       f"kept until {format_time(t.until)} (keepSetFor): its next VMI starts "
-                       "there with the same devices; deleting the VM releases them")
+                ev = SetKeptEvent(ns, vm, tuple(t.devices), tuple(t.nodes), t.until)
             else:
                 self.released_sets += 1
                 self.released_by[t.cause] = self.released_by.get(t.cause, 0) + 1
-                msg = f"GPU set of VirtualMachine {ns}/{vm} (devices {devs}) released: {t.reason}"
-            log.info("H4 " + kind, rule=Rule.H4, namespace=ns, vm=vm, devices=devs,
+                ev = SetReleasedEvent(ns, vm, tuple(t.devices), t.reason)
+            log.info("H4 " + kind, rule=Rule.H4, namespace=ns, vm=vm, devices=", ".join(t.devices),
                      until=format_time(t.until) if t.until else None)
             body = events.event_body(
                 {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": vm,
                  "namespace": ns, **({"uid": uid} if uid else {})},
-                reason="GPUSetKept" if kind == "kept" else "GPUSetReleased", message=msg,
-                warning=False, instance="housekeeping", when=now)
+                reason=ev.reason, message=ev.render(), warning=ev.warning,
+                instance="housekeeping", when=now)
             await events.record(self._client, body, rule=Rule.H4, namespace=ns, name=vm)
 
     async def write_conditions(self, kept: dict[tuple[str, str], KeptFor], now: datetime) -> None:

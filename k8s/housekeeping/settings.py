@@ -15,7 +15,7 @@ from k8s import errors, events
 from k8s.cache import SETTINGS_NAME, ClusterCache
 from k8s.client import KubeClient
 from k8s.housekeeping.common import log
-from model.housekeeping_reasons import Rule
+from model.housekeeping_reasons import ParameterMissingEvent, Rule
 from model.settings import device_class_names, format_resource_names, resource_names
 
 
@@ -84,31 +84,24 @@ class SettingsWorker:
                 self.settings_present = True  # the cache is behind; drift is seen next round
                 return
             if self.settings_present is not False:  # once per absence
-                await self._parameter_event(
-                    "missing, and H3 cannot create it: the shipped policies deny every Pod, "
-                    "VMI, ResourceClaim and ResourceClaimTemplate they match until it exists "
-                    "(parameterNotFoundAction: Deny): "
-                    f"{str(err)[:300]}")
+                await self._parameter_event(str(err)[:300])
             self.settings_present = False
             raise
         self.settings_recreated += 1
         self.settings_present = True
-        await self._parameter_event(
-            "was missing, and H3 created it: until then the shipped policies denied every Pod, "
-            "VMI, ResourceClaim and ResourceClaimTemplate they match (parameterNotFoundAction: "
-            "Deny)")
+        await self._parameter_event(None)
 
-    async def _parameter_event(self, message: str) -> None:
+    async def _parameter_event(self, error: str | None) -> None:
         """A Warning Event `PolicyParameterMissing` about ConfigMap gpu-settings (the
-        policies' parameter), logged as well; best effort (a failure is logged)."""
+        policies' parameter; `ParameterMissingEvent`: created, or not for `error`), logged
+        as well; best effort (a failure is logged)."""
         ns = self.cache.settings_namespace
+        ev = ParameterMissingEvent(ns, SETTINGS_NAME, error)
         log.warning("policy parameter missing", rule=Rule.H3, namespace=ns, name=SETTINGS_NAME,
-                    message=message)
+                    message=ev.detail())
         involved = {"apiVersion": "v1", "kind": "ConfigMap", "name": SETTINGS_NAME,
                     "namespace": ns}
         body = events.event_body(
-            involved, reason="PolicyParameterMissing", warning=True, instance="housekeeping",
-            when=datetime.now(timezone.utc),
-            message=f"ConfigMap {ns}/{SETTINGS_NAME}, the parameter of ValidatingAdmissionPolicies "
-                    f"gpu-binder-raw-pods, gpu-binder-raw-vmis and gpu-binder-raw-claims, {message}")
+            involved, reason=ev.reason, warning=ev.warning, instance="housekeeping",
+            when=datetime.now(timezone.utc), message=ev.render())
         await events.record(self._client, body, rule=Rule.H3, namespace=ns, name=SETTINGS_NAME)

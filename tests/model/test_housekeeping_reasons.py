@@ -84,3 +84,38 @@ def test_the_kept_condition_and_the_class_conditions_render_the_words_written_to
         "False", "NotPermitted",
         "nvidia.com/H100 is not in the KubeVirt CR's spec.configuration.permittedHostDevices: "
         "KubeVirt would not start a VMI asking for it, so the webhook denies such VMIs")
+
+
+def test_the_events_render_the_words_an_operator_reads():
+    until = datetime(2026, 11, 30, 8, 30, 0, 250000, tzinfo=timezone.utc)
+    kept = r.SetKeptEvent("t1", "vm1", ("g0", "g1"), ("n1",), until)
+    assert (kept.reason, kept.warning) == ("GPUSetKept", False)
+    assert kept.render() == (
+        "GPU set of VirtualMachine t1/vm1 (devices g0, g1 on node n1) kept until "
+        "2026-11-30T08:30:00.250000Z (keepSetFor): its next VMI starts there with the same "
+        "devices; deleting the VM releases them")
+    released = r.SetReleasedEvent("t1", "vm1", ("g0", "g1"), r.KeepRanOut("vm1", UNTIL))
+    assert (released.reason, released.warning) == ("GPUSetReleased", False)
+    assert released.render() == (
+        "GPU set of VirtualMachine t1/vm1 (devices g0, g1) released: the set kept for "
+        "VirtualMachine vm1 ran out at 2026-11-30T08:30:00Z")
+    restored = r.ClaimRestoredEvent("t", "vm-gpus", "n1", (("held", "gpu-vfio-2"),
+                                                          ("vm-t-0", "gpu-vfio-3")))
+    assert (restored.reason, restored.warning) == ("GPUClaimRestored", True)
+    assert restored.render() == (
+        "ResourceClaim t/vm-gpus of this VMI was deleted before its launcher Pod took it; made "
+        "again from the binder's record (node n1, devices held=gpu-vfio-2, vm-t-0=gpu-vfio-3). "
+        "Delete the VMI to release its GPUs.")
+    created = r.ParameterMissingEvent("cozy-system", "gpu-settings")
+    failed = r.ParameterMissingEvent("cozy-system", "gpu-settings", "Forbidden here")
+    assert (created.reason, created.warning) == ("PolicyParameterMissing", True)
+    assert created.render() == (
+        "ConfigMap cozy-system/gpu-settings, the parameter of ValidatingAdmissionPolicies "
+        "gpu-binder-raw-pods, gpu-binder-raw-vmis and gpu-binder-raw-claims, was missing, and "
+        "H3 created it: until then the shipped policies denied every Pod, VMI, ResourceClaim "
+        "and ResourceClaimTemplate they match (parameterNotFoundAction: Deny)")
+    assert failed.detail() == (
+        "missing, and H3 cannot create it: the shipped policies deny every Pod, VMI, "
+        "ResourceClaim and ResourceClaimTemplate they match until it exists "
+        "(parameterNotFoundAction: Deny): Forbidden here")
+    assert failed.render().endswith("gpu-binder-raw-claims, " + failed.detail())
