@@ -32,7 +32,7 @@ class ScriptedClient:
     made with `using`). Each call first sleeps `latency` seconds (loop time), then takes
     the next scripted answer of its method (`script`): an exception is raised (script
     `k8s.errors` types, as the real client raises), any other value returned. With none
-    scripted, a read returns {} (`list` []), a write the body it was given, `delete` and
+    scripted, a read returns {}, a write the body it was given, `delete` and
     `create_event` None."""
 
     def __init__(self, *, timeout: float = 5.0, field_manager: str = "test",
@@ -89,10 +89,6 @@ class ScriptedClient:
     async def patch(self, res: Resource, ns: str, name: str, body: list[dict], *,
                     what: str | None = None) -> dict:
         return await self._answer("patch", (res, ns, name, body), {})
-
-    async def list(self, res: Resource, *, label_selector: str | None = None,
-                   what: str | None = None) -> list[dict]:
-        return await self._answer("list", (res, label_selector), [])
 
     async def delete(self, res: Resource, ns: str, name: str, *, uid: str | None = None,
                      resource_version: str | None = None, what: str | None = None) -> None:

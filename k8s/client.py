@@ -152,15 +152,6 @@ class KubeClient:
                                 res.group, res.version, ns, res.plural, name, body,
                                 _content_type=JSON_PATCH, field_manager=self.field_manager)
 
-    async def list(self, res: Resource, *, label_selector: str | None = None,
-                   what: str | None = None) -> list[dict]:
-        """The objects of `res` in every namespace (with `label_selector`, those it selects),
-        as the API server has them now."""
-        kw = {"label_selector": label_selector} if label_selector else {}
-        got = await self._call(what or f"list {res.kind}s", self._custom.list_cluster_custom_object,
-                               res.group, res.version, res.plural, **kw)
-        return list(got.get("items") or [])
-
     async def delete(self, res: Resource, ns: str, name: str, *, uid: str | None = None,
                      resource_version: str | None = None, what: str | None = None) -> None:
         """Delete the namespaced object `ns/name`, only while it still has `uid` and

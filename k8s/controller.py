@@ -32,7 +32,7 @@ from k8s.client import KubeClient
 from k8s.config import Config
 from k8s.housekeeping import Housekeeper
 from k8s.leader import LeaderElector, LeaseConfig
-from k8s.metrics import Metrics
+from k8s.metrics import Metrics, Observed
 from k8s.status_writer import ApiStatusWriter
 from k8s.vm_waiting import VMWaiting
 from k8s.webhook.fairness import TenantGate
@@ -103,6 +103,12 @@ class Controller:
         self.housekeeper: Housekeeper | None = None
         self.vm_waiting: VMWaiting | None = None
 
+    def observed(self) -> Observed:
+        """What the metrics read of this replica now (`k8s.metrics.Observed`)."""
+        keeper = self.housekeeper
+        return Observed(self.synced, self.elector, self.binder, self.cache,
+                        keeper.statistics() if keeper is not None else None)
+
     def _health_app(self, metrics: Metrics) -> web.Application:
         async def healthz(_: web.Request) -> web.Response:
             return web.Response(text="ok")
@@ -165,7 +171,7 @@ class Controller:
                                  gate=tenant_gate(cfg), template_wait=cfg.webhook_template_wait,
                                  record_wait=cfg.webhook_record_wait)
         self.elector = LeaderElector(client, cfg.identity, lease_config(cfg))
-        metrics = Metrics(self, admission)
+        metrics = Metrics(self.observed, admission)
 
         async def admit(review: Review) -> dict:
             if not self.synced:  # W6: fail closed until the cache is complete

@@ -11,7 +11,8 @@ figures per class and tenant (`gpu-binder top`'s) are computed from the cache by
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterator, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import anyio
 
@@ -23,7 +24,7 @@ from supervisor.binder import ChildKind
 
 if TYPE_CHECKING:
     from k8s.cache import ClusterCache
-    from k8s.housekeeping import Housekeeper
+    from k8s.housekeeping import HousekeepingStats
     from k8s.leader import LeaderElector
     from k8s.webhook.admission import VMIAdmission
     from model.explain import Top
@@ -31,28 +32,31 @@ if TYPE_CHECKING:
     from supervisor.binder import Binder
 
 
-class Observed(Protocol):
-    """What the metrics read of the running process (`k8s.controller.Controller` is one):
-    the Lease elector, the binder and the housekeeper while leading (else None), the
-    informer cache once built (else None) and whether it has synced."""
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What the metrics read of the running process at one scrape
+    (`k8s.controller.Controller.observed()` makes it): whether the informer cache has
+    synced, the Lease elector once built, the binder while leading, the cache once built,
+    and housekeeping's figures while leading (None otherwise)."""
 
-    elector: "LeaderElector | None"
-    binder: "Binder | None"
-    housekeeper: "Housekeeper | None"
-    cache: "ClusterCache | None"
-    synced: bool
+    synced: bool = False
+    elector: "LeaderElector | None" = None
+    binder: "Binder | None" = None
+    cache: "ClusterCache | None" = None
+    housekeeping: "HousekeepingStats | None" = None
 
 FLEET_MAX_AGE = 10.0
 """Seconds a computation of the fleet figures is reused by later scrapes."""
 
 
 class _TreeCollector:
-    def __init__(self, controller: Observed, admission: "VMIAdmission") -> None:
-        self.controller = controller
+    def __init__(self, observe: Callable[[], Observed], admission: "VMIAdmission") -> None:
+        self.observe = observe
         self.admission = admission
 
     def collect(self) -> Iterator:
-        elector = self.controller.elector
+        state = self.observe()
+        elector = state.elector
         leader = GaugeMetricFamily("gpu_binder_leader", "1 while this replica holds the Lease")
         leader.add_metric([], 1.0 if elector is not None and elector.is_leader else 0.0)
         yield leader
@@ -102,7 +106,7 @@ class _TreeCollector:
                                       "was spent")
         dropped.add_metric([], float(self.admission.events.dropped))
         yield dropped
-        binder = self.controller.binder
+        binder = state.binder
         stats = binder.statistics() if binder is not None else None
         restarts = CounterMetricFamily("gpu_binder_actor_restarts",
                                        "actor restarts by the supervisor")
@@ -133,14 +137,13 @@ class _TreeCollector:
                                  "the last resourceVersion each informer has applied (an etcd "
                                  "revision: a write at or below it is in the cache)",
                                  labels=["informer"])
-        cache = getattr(self.controller, "cache", None)
-        for informer in (cache.informers if cache is not None else ()):
+        for informer in (state.cache.informers if state.cache is not None else ()):
             cached.add_metric([informer.name], float(len(informer.keys())))
             if (informer.resource_version or "").isdigit():
                 seen.add_metric([informer.name], float(informer.resource_version))
         yield cached
         yield seen
-        keeper = getattr(self.controller, "housekeeper", None)
+        keeper = state.housekeeping
         rounds = CounterMetricFamily("gpu_binder_housekeeping_rounds",
                                      "housekeeping rounds completed while leading (H1-H3)")
         rounds.add_metric([], float(keeper.rounds if keeper is not None else 0))
@@ -162,16 +165,15 @@ class _TreeCollector:
             "gpu_binder_kept_sets",
             "GPU sets kept for a stopped VirtualMachine now (H4: attachedTo.keptUntil ahead), "
             "as the last housekeeping round found them; the leader only")
-        kept_now = getattr(keeper, "kept_now", None)
-        if kept_now is not None:
-            kept.add_metric([], float(kept_now))
+        if keeper is not None and keeper.kept_now is not None:
+            kept.add_metric([], float(keeper.kept_now))
         yield kept
         released = CounterMetricFamily(
             "gpu_binder_kept_sets_released",
             "kept GPU sets housekeeping released (H4), by reason: vm_deleted (the VM deleted, "
             "being deleted or re-created) or expired (keepSetFor ran out); while leading",
             labels=["reason"])
-        by = getattr(keeper, "released_by", None) or {}
+        by = keeper.released_by if keeper is not None else {}
         for reason in ("vm_deleted", "expired"):
             released.add_metric([reason], float(by.get(reason, 0)))
         yield released
@@ -234,9 +236,11 @@ class _FleetCollector:
 
 
 class Metrics:
-    """The replica's registry. `render()` gives (body bytes, content type) for /metrics."""
+    """The replica's registry. `render()` gives (body bytes, content type) for /metrics.
+    `observe` gives what a scrape reads of the process (`Observed`); `admission` is the
+    webhook, whose counters are read as they are."""
 
-    def __init__(self, controller: Observed, admission: "VMIAdmission") -> None:
+    def __init__(self, observe: Callable[[], Observed], admission: "VMIAdmission") -> None:
         self.registry = CollectorRegistry()
         self.admission_latency = Histogram(
             "gpu_binder_admission_seconds", "VMI admission latency (webhook, seconds)",
@@ -259,8 +263,8 @@ class Metrics:
             "gpu_binder_largest_placeable_set", "largest set of new devices of the class "
             "placeable on one node, as the last defragmentation round left it (D4)",
             ["class"], registry=self.registry)
-        self.registry.register(_TreeCollector(controller, admission))
-        self.controller = controller
+        self.registry.register(_TreeCollector(observe, admission))
+        self.observe = observe
         self.admission = admission
         self.fleet: "Top | None" = None
         self._fleet_at = -math.inf
@@ -274,7 +278,7 @@ class Metrics:
         scrape never stalls admissions on this replica's event loop."""
         from model.explain import top
 
-        if not getattr(self.controller, "synced", False):
+        if not self.observe().synced:
             return
         now = anyio.current_time()
         if now - self._fleet_at < max_age:

@@ -45,6 +45,8 @@ import orjson
 from model.admission import AdmissionPlan, wiring_patch
 from model.dra import DeviceRef, qualify
 from model.housekeeping import VMIRecord
+from model.housekeeping_reasons import (ClaimOfReleasedKeep, ClaimUnused, HousekeepingReason,
+                                        Rule)
 from model.parse import format_time
 from model.reasons import DeviceUnrecorded, Reason
 from model.snapshot import Snapshot
@@ -401,8 +403,8 @@ class DeleteClaim:
     preconditions; the VMI read live first)."""
 
     claim: ClaimRecord
-    rule: str
-    reason: str
+    rule: Rule
+    reason: HousekeepingReason
 
 
 def stale_claims(claims: Iterable[ClaimRecord], attached: Iterable[tuple[str, str]],
@@ -429,16 +431,13 @@ def stale_claims(claims: Iterable[ClaimRecord], attached: Iterable[tuple[str, st
         if c.deleting or (c.namespace, c.vmi) in held:
             continue
         if c.admission is not None and (c.namespace, c.admission) in done:
-            out.append(DeleteClaim(c, "H4", f"the set kept for VirtualMachine {c.vmi} was "
-                                            "released and no VMI of its name exists"))
+            out.append(DeleteClaim(c, Rule.H4, ClaimOfReleasedKeep(c.vmi)))
             continue
         if c.since is None:
             continue
         age = now - c.since
         if age > grace:
-            out.append(DeleteClaim(c, "H1/H2", f"VMI {c.vmi} does not exist and no device is "
-                                            f"attached to it, {int(age.total_seconds())} s "
-                                            "after the claim was made"))
+            out.append(DeleteClaim(c, Rule.H1_H2, ClaimUnused(c.vmi, int(age.total_seconds()))))
     return out
 
 

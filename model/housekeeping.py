@@ -25,6 +25,9 @@ new leader continues where the old one stopped.
 adapter confirms each destructive one with a live read of the VMI (`confirmed`) and carries
 it out with a JSON Patch `test` on the attachment, so an action planned from a stale view
 can never clear a newer attachment.
+
+Verdicts and actions carry typed findings and rules (`model.housekeeping_reasons`: a `Rule`,
+a `HousekeepingReason` per code, rendered once there); nothing here writes English.
 """
 
 from __future__ import annotations
@@ -34,6 +37,14 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Iterable, Mapping
 
+from model.housekeeping_reasons import (AnotherIncarnation, CannotServe, ClassCondition,
+                                        HousekeepingReason, KeepNotKnown, KeepRanOut, KeepStarts,
+                                        Kept, KeptCondition, KeptVmDeleted, KeptVmDeleting,
+                                        NewIncarnationInFlight, NoKubeVirt, NotPermitted,
+                                        OrphanTemplate, Permitted, RefusalBeingRead,
+                                        RequestRefused, Rule, ServesDevices, ServesUnits,
+                                        UidRecorded, VmiDeleted, VmiExists, VmiNeverAppeared,
+                                        VmiNotYetSeen)
 from model.types import Attachment, GPUClass, GPUDevice, Result, VMIKey
 
 
@@ -112,16 +123,17 @@ class State(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """`judge`'s answer: the state, why, and for a LIVE attachment without an admission id
-    (written before admission ids) that does not yet record its VMI's uid, the uid to record
-    (`link`). KEPT: `until` is when the keep ends (recorded, or to record). `rule` names the
-    rule a release follows (H1, H2, H4)."""
+    """`judge`'s answer: the state, why (a typed `HousekeepingReason`, rendered at the
+    edge), and for a LIVE attachment without an admission id (written before admission ids)
+    that does not yet record its VMI's uid, the uid to record (`link`). KEPT: `until` is when
+    the keep ends (recorded, or to record). `rule` names the rule a release follows (H2,
+    H4; None: `plan` tells H1 from H2 by the state)."""
 
     state: State
-    reason: str
+    reason: HousekeepingReason
     link: str | None = None
     until: datetime | None = None
-    rule: str = ""
+    rule: Rule | None = None
 
     @property
     def holds(self) -> bool:
@@ -139,16 +151,12 @@ def _judge_kept(ns: str, att: Attachment, vms: VMs | None, now: datetime) -> Ver
     if vms is not None:
         vm = vms.get((ns, att.vmi))
         if vm is None or vm.uid != att.owner:
-            return Verdict(State.GONE, f"VirtualMachine {att.vmi} (uid {att.owner}) was "
-                                       "deleted: its kept set is released", rule="H4")
+            return Verdict(State.GONE, KeptVmDeleted(att.vmi, att.owner), rule=Rule.H4)
         if vm.deleting:
-            return Verdict(State.GONE, f"VirtualMachine {att.vmi} is being deleted: its "
-                                       "kept set is released", rule="H4")
+            return Verdict(State.GONE, KeptVmDeleting(att.vmi), rule=Rule.H4)
     if now >= until:
-        return Verdict(State.GONE, f"the set kept for VirtualMachine {att.vmi} ran out at "
-                                   f"{until.strftime('%Y-%m-%dT%H:%M:%SZ')}", rule="H4")
-    return Verdict(State.KEPT, f"kept for VirtualMachine {att.vmi} until "
-                               f"{until.strftime('%Y-%m-%dT%H:%M:%SZ')}", until=until, rule="H4")
+        return Verdict(State.GONE, KeepRanOut(att.vmi, until), rule=Rule.H4)
+    return Verdict(State.KEPT, Kept(att.vmi, until), until=until, rule=Rule.H4)
 
 
 def _gone_or_kept(ns: str, att: Attachment, gone: Verdict, keep: timedelta | None,
@@ -160,14 +168,12 @@ def _gone_or_kept(ns: str, att: Attachment, gone: Verdict, keep: timedelta | Non
     if not att.owner or keep is None:
         return gone
     if vms is None:
-        return Verdict(State.PENDING, f"VMI {att.vmi} is gone; whether VirtualMachine "
-                                      f"{att.vmi} keeps its set is not known yet")
+        return Verdict(State.PENDING, KeepNotKnown(att.vmi))
     vm = vms.get((ns, att.vmi))
     if vm is None or vm.uid != att.owner or vm.deleting:
         return gone
-    return Verdict(State.KEPT, f"VMI {att.vmi} is gone; VirtualMachine {att.vmi} keeps "
-                               f"its set for {int(keep.total_seconds())} s", until=now + keep,
-                   rule="H4")
+    return Verdict(State.KEPT, KeepStarts(att.vmi, int(keep.total_seconds())), until=now + keep,
+                   rule=Rule.H4)
 
 
 def judge(device: GPUDevice, vmis: VMIs, now: datetime, grace: timedelta,
@@ -212,33 +218,29 @@ def judge(device: GPUDevice, vmis: VMIs, now: datetime, grace: timedelta,
     uid = att.uid or (links or {}).get((ns, att.admission or ""))
     if uid:
         if (ns, uid) in vmis.uids:
-            return Verdict(State.LIVE, f"VMI {att.vmi} (uid {uid}) exists")
-        return _gone_or_kept(ns, att, Verdict(State.GONE, f"VMI {att.vmi} (uid {uid}) was "
-                                                          "deleted", rule="H2"), keep, vms, now)
+            return Verdict(State.LIVE, VmiExists(att.vmi, uid))
+        return _gone_or_kept(ns, att, Verdict(State.GONE, VmiDeleted(att.vmi, uid), rule=Rule.H2),
+                             keep, vms, now)
     rec = vmis.live.get((ns, att.vmi))
     if rec is not None and (att.admission is None or rec.admission in incarnation(device)):
-        return Verdict(State.LIVE, f"VMI {att.vmi} exists", rec.uid or None)
+        return Verdict(State.LIVE, VmiExists(att.vmi), rec.uid or None)
     if att.admission and (ns, att.admission) in vmis.deleted:
-        return _gone_or_kept(ns, att, Verdict(State.GONE, f"VMI {att.vmi} was deleted",
-                                              rule="H2"), keep, vms, now)
+        return _gone_or_kept(ns, att, Verdict(State.GONE, VmiDeleted(att.vmi), rule=Rule.H2),
+                             keep, vms, now)
     br = device.status.bind_request
     if att.admission and br is not None and br.id == att.admission \
             and br.result is Result.REFUSED:
         asked = br.requested_at or att.since
         if now - asked <= answer_window:
-            return Verdict(State.PENDING, f"the request of VMI {att.vmi} was refused; its "
-                                          "webhook may still be reading the answer")
-        return Verdict(State.GONE, f"the request of VMI {att.vmi} was refused")
+            return Verdict(State.PENDING, RefusalBeingRead(att.vmi))
+        return Verdict(State.GONE, RequestRefused(att.vmi))
     if rec is not None:
         if now - att.since <= grace:
-            return Verdict(State.PENDING, f"VMI {att.vmi} exists as another incarnation "
-                                          "(an admission of a new one in flight)")
-        return Verdict(State.GONE, f"VMI {att.vmi} exists as another incarnation (admission "
-                                   f"{rec.admission or 'none'}, not {att.admission})")
+            return Verdict(State.PENDING, NewIncarnationInFlight(att.vmi))
+        return Verdict(State.GONE, AnotherIncarnation(att.vmi, rec.admission, att.admission))
     if now - att.since > grace:
-        age = int((now - att.since).total_seconds())
-        return Verdict(State.STALE, f"VMI {att.vmi} has not appeared {age} s after attachment")
-    return Verdict(State.PENDING, f"VMI {att.vmi} has not appeared yet")
+        return Verdict(State.STALE, VmiNeverAppeared(att.vmi, int((now - att.since).total_seconds())))
+    return Verdict(State.PENDING, VmiNotYetSeen(att.vmi))
 
 
 def incarnation(device: GPUDevice) -> frozenset[str]:
@@ -264,8 +266,8 @@ class ClearAttachment:
 
     device: tuple[str, str]
     vmi: str
-    rule: str
-    reason: str
+    rule: Rule
+    reason: HousekeepingReason
     since: datetime | None = field(default=None, compare=False)
     """`attachedTo.since` as planned: the executor acts only on that same attachment."""
     admission: str | None = field(default=None, compare=False)
@@ -285,8 +287,8 @@ class DeleteTemplate:
 
     device: tuple[str, str]
     uid: str | None
-    rule: str
-    reason: str
+    rule: Rule
+    reason: HousekeepingReason
     attached: Attachment | None = field(default=None, compare=False)
     admissions: frozenset[str] = field(default=frozenset(), compare=False)
     """As `ClearAttachment.admissions`, for `attached`."""
@@ -304,8 +306,8 @@ class LinkAttachment:
     uid: str
     admission: str | None
     since: datetime = field(compare=False)
-    rule: str = "H2"
-    reason: str = "VMI seen: its uid recorded"
+    rule: Rule = Rule.H2
+    reason: HousekeepingReason = UidRecorded()
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,8 +325,9 @@ class KeepAttachment:
     since: datetime = field(compare=False)
     uid: str | None = field(default=None, compare=False)
     admissions: frozenset[str] = field(default=frozenset(), compare=False)
-    rule: str = "H4"
-    reason: str = ""
+    rule: Rule = Rule.H4
+    reason: HousekeepingReason | None = None
+    """The judgement that keeps it (`KeepStarts`, or `Kept` for a keep written in part)."""
 
 
 Action = ClearAttachment | DeleteTemplate | LinkAttachment | KeepAttachment
@@ -416,7 +419,7 @@ def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
                 continue
             if v.state is State.PENDING:
                 continue
-            rule = v.rule or ("H2" if v.state is State.GONE else "H1")
+            rule = v.rule or (Rule.H2 if v.state is State.GONE else Rule.H1)
             ids = incarnation(d)
             if d.template_for is not None:
                 actions.append(DeleteTemplate(d.key, d.uid, rule, v.reason, att, ids))
@@ -428,8 +431,7 @@ def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
                 continue
             if d.created_at is not None and now - d.created_at > grace:
                 age = int((now - d.created_at).total_seconds())
-                actions.append(DeleteTemplate(
-                    d.key, d.uid, "H1", f"template device with no attachment, {age} s old"))
+                actions.append(DeleteTemplate(d.key, d.uid, Rule.H1, OrphanTemplate(age)))
     return actions
 
 
@@ -482,12 +484,13 @@ class KeptFor:
     devices: tuple[str, ...]
     until: datetime
 
+    def condition(self) -> KeptCondition:
+        """The content of the VM's `GPUSetKept` condition (rendered by the writer)."""
+        return KeptCondition(self.nodes, self.devices, self.until)
+
     def message(self) -> str:
-        """The text of the VM's `GPUSetKept` condition."""
-        return (f"GPU set kept on node {', '.join(self.nodes) or '(none)'} (devices "
-                f"{', '.join(self.devices)}) until {self.until.strftime('%Y-%m-%dT%H:%M:%SZ')} "
-                "(GPUClass keepSetFor): the next VMI of this VirtualMachine starts there with "
-                "the same devices; deleting the VirtualMachine releases them")
+        """The text of the VM's `GPUSetKept` condition (`KeptCondition.render`)."""
+        return self.condition().render()
 
 
 def kept_for_vms(devices: Iterable[GPUDevice], now: datetime) -> dict[VMIKey, KeptFor]:
@@ -517,35 +520,30 @@ READY_CONDITION = "Ready"
 """GPUClass `status.conditions[type]` saying whether the class can serve (DR1)."""
 
 
-def ready_condition(cls: GPUClass) -> tuple[str, str, str]:
-    """The Ready condition of GPUClass `cls` as (status, reason, message): False with reason
-    `CannotServe` and the class's `problem` (both or neither of resourceName and
-    deviceClassName, a DeviceClass that does not exist, a selector that does not compile:
-    its VMIs are refused with that text, DR1), else True naming its mode."""
+def ready_condition(cls: GPUClass) -> ClassCondition:
+    """The Ready condition of GPUClass `cls` (`ClassCondition`: status, reason, and the
+    message it renders): `CannotServe` (False) with the class's `problem` (both or neither of
+    resourceName and deviceClassName, a DeviceClass that does not exist, a selector that does
+    not compile: its VMIs are refused with that text, DR1), else True naming its mode
+    (`ServesDevices`, `ServesUnits`)."""
     if cls.problem:
-        return ("False", "CannotServe", cls.problem)
+        return CannotServe(cls.problem)
     if cls.device_mode:
-        topo = f", sets share {cls.match_attribute}" if cls.match_attribute else ""
-        return ("True", "DeviceMode",
-                f"devices of DeviceClass {cls.device_class_name} in the nodes' ResourceSlices{topo}")
-    return ("True", "CountMode", f"units of extended resource {cls.resource_name}")
+        return ServesDevices(cls.device_class_name, cls.match_attribute)
+    return ServesUnits(cls.resource_name)
 
 
 KUBEVIRT_CONDITION = "KubeVirtPermitted"
 """GPUClass `status.conditions[type]` saying whether KubeVirt permits the class's resource."""
 
 
-def kubevirt_condition(resource_name: str, permitted: frozenset[str] | None) -> tuple[str, str, str]:
-    """The KubeVirtPermitted condition of a GPUClass with `resource_name` as (status, reason,
-    message): True when KubeVirt's `permittedHostDevices` (`permitted`) lists it, False
-    when not (the webhook then denies VMIs asking for the class, W1), Unknown when no
-    KubeVirt CR exists (`permitted` None; nothing is denied for it)."""
+def kubevirt_condition(resource_name: str, permitted: frozenset[str] | None) -> ClassCondition:
+    """The KubeVirtPermitted condition of a GPUClass with `resource_name`: `Permitted` (True)
+    when KubeVirt's `permittedHostDevices` (`permitted`) lists it, `NotPermitted` (False)
+    when not (the webhook then denies VMIs asking for the class, W1), `NoKubeVirt` (Unknown)
+    when no KubeVirt CR exists (`permitted` None; nothing is denied for it)."""
     if permitted is None:
-        return ("Unknown", "NoKubeVirt",
-                "no KubeVirt CR found; permittedHostDevices cannot be checked")
+        return NoKubeVirt()
     if resource_name in permitted:
-        return ("True", "Permitted",
-                f"{resource_name} is in the KubeVirt CR's spec.configuration.permittedHostDevices")
-    return ("False", "NotPermitted",
-            f"{resource_name} is not in the KubeVirt CR's spec.configuration.permittedHostDevices: "
-            "KubeVirt would not start a VMI asking for it, so the webhook denies such VMIs")
+        return Permitted(resource_name)
+    return NotPermitted(resource_name)

@@ -194,14 +194,13 @@ def test_DR1_the_ready_condition_says_the_problem_or_the_mode():
     from dataclasses import replace
 
     from model.housekeeping import ready_condition
+    from model.housekeeping_reasons import CannotServe, ServesDevices, ServesUnits
 
-    assert ready_condition(HGX) == (
-        "True", "DeviceMode", f"devices of DeviceClass {DEVICE_CLASS} in the nodes' ResourceSlices, "
-        "sets share gpu.nvidia.com/partition{size}")
-    assert ready_condition(GPUClass("h100", "nvidia.com/H100")) == (
-        "True", "CountMode", "units of extended resource nvidia.com/H100")
+    assert ready_condition(HGX) == ServesDevices(DEVICE_CLASS, HGX.match_attribute)
+    assert HGX.match_attribute
+    assert ready_condition(GPUClass("h100", "nvidia.com/H100")) == ServesUnits("nvidia.com/H100")
     missing = replace(HGX, problem=f"DeviceClass {DEVICE_CLASS} does not exist")
-    assert ready_condition(missing) == ("False", "CannotServe", f"DeviceClass {DEVICE_CLASS} does not exist")
+    assert ready_condition(missing) == CannotServe(f"DeviceClass {DEVICE_CLASS} does not exist")
 
 
 def test_a_selector_run_time_error_is_no_match_and_is_reported_once():

@@ -1,5 +1,5 @@
 """H4's VM condition `GPUSetKept` as the leader's housekeeping writes it
-(`k8s.housekeeping.Housekeeper._kept_conditions`): True on a VM without a VMI whose set is
+(`k8s.housekeeping.kept.KeptSets.write_conditions`): True on a VM without a VMI whose set is
 kept for it (node, devices, until when), removed once the keep ends, a VM with a VMI left to
 virt-controller (it keeps only the VMI's conditions), nothing written when nothing changed.
 The API calls go to a `fakes.kube_client.ScriptedClient`; tests/e2e/test_vm_keep.py checks
@@ -16,6 +16,7 @@ from fakes.kube_client import ScriptedClient
 from k8s import errors
 from k8s.housekeeping import FIELD_MANAGER, Housekeeper
 from model.housekeeping import KEPT_CONDITION, VMIRecord, VMIs, kept_for_vms
+from model.housekeeping_reasons import KeptCondition
 from model.types import Attachment, DeviceStatus, GPUDevice, Phase
 
 pytestmark = pytest.mark.anyio
@@ -51,7 +52,7 @@ async def test_H4_stopped_vm_gets_GPUSetKept_true_with_node_devices_and_until():
     client = ScriptedClient()
     other = {"type": "Failure", "status": "False"}
     k = keeper(client, [vm("vm1", "u1", [other])])
-    await k._kept_conditions(kept_for_vms([kept_dev("g1"), kept_dev("g0")], NOW), NOW)
+    await k.kept.write_conditions(kept_for_vms([kept_dev("g1"), kept_dev("g0")], NOW), NOW)
     [(res, ns, name, ops)] = [c.args[:4] for c in client.calls if c.method == "patch_status"]
     assert (res.plural, ns, name) == ("virtualmachines", "t", "vm1")
     assert client.calls[0].field_manager == FIELD_MANAGER
@@ -62,13 +63,12 @@ async def test_H4_stopped_vm_gets_GPUSetKept_true_with_node_devices_and_until():
     assert {k: conds[1][k] for k in ("type", "status", "reason", "lastTransitionTime")} == {
         "type": KEPT_CONDITION, "status": "True", "reason": "SetKept",
         "lastTransitionTime": "2026-12-01T08:00:00Z"}
-    assert conds[1]["message"].startswith(
-        "GPU set kept on node n1 (devices g0, g1) until 2026-12-01T08:10:00Z")
-    assert k.condition_writes == 1
+    assert conds[1]["message"] == KeptCondition(("n1",), ("g0", "g1"), UNTIL).render()
+    assert k.kept.condition_writes == 1
     # the VM as written: nothing more to write
     client2 = ScriptedClient()
     k2 = keeper(client2, [vm("vm1", "u1", conds)])
-    await k2._kept_conditions(kept_for_vms([kept_dev("g1"), kept_dev("g0")], NOW), NOW)
+    await k2.kept.write_conditions(kept_for_vms([kept_dev("g1"), kept_dev("g0")], NOW), NOW)
     assert client2.of("patch_status") == []
 
 
@@ -80,7 +80,7 @@ async def test_H4_condition_removed_when_the_keep_ended_and_left_alone_while_a_v
     # another uid of the name (re-created VM): not its set
     k = keeper(client, [vm("vm1", "u1", [other, cond]), vm("vm2", "u2", [cond]),
                         vm("vm3", "new", [])], live=("vm2",))
-    await k._kept_conditions(kept_for_vms([kept_dev("g3", "vm3", "old")], NOW), NOW)
+    await k.kept.write_conditions(kept_for_vms([kept_dev("g3", "vm3", "old")], NOW), NOW)
     [(res, ns, name, ops)] = [c.args[:4] for c in client.calls if c.method == "patch_status"]
     assert name == "vm1" and ops[1] == {"op": "add", "path": "/status/conditions",
                                         "value": [other]}
@@ -90,5 +90,5 @@ async def test_H4_condition_write_refused_by_its_test_is_retried_next_round_sile
     client = ScriptedClient()
     client.script("patch_status", errors.Invalid("patch", 422, "test failed", reason="Invalid"))
     k = keeper(client, [vm("vm1", "u1")])
-    await k._kept_conditions(kept_for_vms([kept_dev("g0")], NOW), NOW)
-    assert k.condition_writes == 0 and len(client.of("patch_status")) == 1
+    await k.kept.write_conditions(kept_for_vms([kept_dev("g0")], NOW), NOW)
+    assert k.kept.condition_writes == 0 and len(client.of("patch_status")) == 1

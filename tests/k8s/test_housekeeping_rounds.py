@@ -1,6 +1,8 @@
-"""How `k8s.housekeeping.Housekeeper` carries out a round's plan (H1, H2): a device's own
-actions in plan order, different devices concurrently and bounded. The API calls are
-replaced by a recorder here; tests/e2e carry them out against the real API server."""
+"""How housekeeping's workers carry out a round (`k8s.housekeeping`): the device worker's
+plan (H1, H2) a device's own actions in plan order, different devices concurrently and
+bounded; the claims worker's H1/H2 and DR6 on the claims the claim informer holds. The API
+calls are replaced by a recorder here; tests/e2e carry them out against the real API
+server."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ import pytest
 
 from fakes.kube_client import ScriptedClient
 from k8s.housekeeping import Housekeeper
+from k8s.housekeeping.devices import DeviceWorker
+from k8s.housekeeping.kept import KeptSets
 from model.housekeeping import ClearAttachment, DeleteTemplate, LinkAttachment
+from model.housekeeping_reasons import KeepRanOut, Rule, VmiDeleted
 from tests.support.logs import captured_logs
 from tests.timing import FAKE_TIME
 
@@ -26,12 +31,13 @@ def anyio_backend():
     return FAKE_TIME  # each recorded API call takes 10 ms of fake time
 
 
-class _Recorder(Housekeeper):
-    """A Housekeeper whose `_do` (one action's API calls) only records and takes `CALL`."""
+class _Recorder(DeviceWorker):
+    """A device worker whose `_do` (one action's API calls) only records and takes `CALL`."""
 
     def __init__(self, concurrency: int) -> None:
-        super().__init__(ScriptedClient(), SimpleNamespace(),  # type: ignore[arg-type]
-                         grace=timedelta(minutes=2), raw_policy="denied",
+        cache = SimpleNamespace()
+        super().__init__(ScriptedClient(), cache,  # type: ignore[arg-type]
+                         KeptSets(ScriptedClient(), cache, grace=timedelta(minutes=2)),  # type: ignore[arg-type]
                          concurrency=concurrency)
         self.log: list[tuple[str, tuple[str, str], str]] = []
         self.running = 0
@@ -48,11 +54,11 @@ class _Recorder(Housekeeper):
 
 async def test_H2_a_rounds_actions_run_per_device_in_order_and_devices_at_once_bounded():
     links = [LinkAttachment(("t", f"gpu-{i}"), "vm", "uid-1", "adm", SINCE) for i in range(40)]
-    clear = ClearAttachment(("t", "tmpl"), "old", "H2", "VMI deleted", SINCE, "adm-0")
-    delete = DeleteTemplate(("t", "tmpl"), None, "H2", "VMI deleted")
+    clear = ClearAttachment(("t", "tmpl"), "old", Rule.H2, VmiDeleted("old"), SINCE, "adm-0")
+    delete = DeleteTemplate(("t", "tmpl"), None, Rule.H2, VmiDeleted("old"))
     keeper = _Recorder(concurrency=8)
     t0 = anyio.current_time()
-    await keeper._carry_out([clear, *links, delete])
+    await keeper.carry_out([clear, *links, delete])
     # 42 calls, 8 at a time: six rounds of calls, the template's two among them
     assert anyio.current_time() - t0 == pytest.approx(6 * CALL)
     starts = [e for e in keeper.log if e[0] == "start"]
@@ -77,14 +83,20 @@ def _claim(vmi: str, made: datetime, *, labels: dict | None = None) -> dict:
     return raw
 
 
-def _claim_keeper(client: ScriptedClient, devices=(), live=()) -> Housekeeper:
+def _claim_keeper(client: ScriptedClient, devices=(), live=(), claims=(),
+                  healthy: bool = True) -> Housekeeper:
+    """A Housekeeper over a cache whose claim informer holds the claims `claims` as its
+    transform keeps them (`k8s.cache.ingest_claim`: parsed once)."""
+    from k8s.cache import ingest_claim
     from model.housekeeping import VMIs, VMIRecord
+    informer = SimpleNamespace(items=lambda: [ingest_claim(c) for c in claims], healthy=healthy,
+                               keys=lambda: [(c["metadata"]["namespace"], c["metadata"]["name"])
+                                             for c in claims])
     cache = SimpleNamespace(
+        claims=informer, healthy=lambda *i: all(x.healthy for x in i),
         view=SimpleNamespace(devices=lambda: {d.key: d for d in devices}),
         vmi_state=lambda: VMIs({k: VMIRecord(k[0], k[1], "uid") for k in live}))
-    keeper = Housekeeper(client, cache, grace=timedelta(minutes=2), raw_policy="denied")  # type: ignore[arg-type]
-    keeper.claims_period = 0
-    return keeper
+    return Housekeeper(client, cache, grace=timedelta(minutes=2), raw_policy="denied")  # type: ignore[arg-type]
 
 
 async def test_H1_H2_a_claim_of_a_vmi_that_never_appeared_or_is_gone_is_deleted_after_the_grace():
@@ -94,38 +106,42 @@ async def test_H1_H2_a_claim_of_a_vmi_that_never_appeared_or_is_gone_is_deleted_
     now = SINCE + timedelta(minutes=10)
     attached = GPUDevice("t", "held", "h100x", status=DeviceStatus(attached_to=Attachment("kept", SINCE)))
     client = ScriptedClient()
-    client.script("list", [_claim("gone", SINCE), _claim("young", now - timedelta(minutes=1)),
-                           _claim("live", SINCE), _claim("kept", SINCE),
-                           _claim("tenants", SINCE, labels={})])   # a tenant's: never ours
+    claims = [_claim("gone", SINCE), _claim("young", now - timedelta(minutes=1)),
+              _claim("live", SINCE), _claim("kept", SINCE),
+              _claim("tenants", SINCE, labels={})]   # a tenant's: never ours
     client.script("get", errors.NotFound("read VMI t/gone", 404, 'virtualmachineinstances "gone" not found',
                                           details={"name": "gone"}))
-    keeper = _claim_keeper(client, devices=[attached], live=[("t", "live")])
-    await keeper.release_claims(now)
-    assert client.of("list") == [(RESOURCE_CLAIMS, "app.kubernetes.io/managed-by=gpu-binder")]
+    keeper = _claim_keeper(client, devices=[attached], live=[("t", "live")], claims=claims)
+    await keeper.claims.release(now)
     assert client.of("get") == [(VMIS, "t", "gone")]                 # confirmed live first
     assert client.of("delete") == [(RESOURCE_CLAIMS, "t", "gone-gpus", "uid-gone", "5")]
-    assert keeper.claims_deleted == 1
+    assert keeper.claims.claims_deleted == 1
 
 
 async def test_H1_a_claim_whose_vmi_the_live_read_finds_is_not_deleted():
     client = ScriptedClient()
-    client.script("list", [_claim("vm", SINCE)])
     client.script("get", {"metadata": {"name": "vm", "uid": "u1"}})   # the cache was behind
-    keeper = _claim_keeper(client)
-    await keeper.release_claims(SINCE + timedelta(minutes=10))
-    assert client.of("delete") == [] and keeper.claims_deleted == 0
+    keeper = _claim_keeper(client, claims=[_claim("vm", SINCE)])
+    await keeper.claims.release(SINCE + timedelta(minutes=10))
+    assert client.of("delete") == [] and keeper.claims.claims_deleted == 0
 
 
-async def test_H1_claims_are_listed_at_most_every_period_without_a_claim_informer():
+async def test_H1_claims_are_judged_only_while_the_claim_informer_follows_and_never_listed():
+    """The claims come from the cache's claim informer alone (no list of the API server's,
+    which only test caches without one reached): while it does not follow, nothing is judged,
+    not even a claim long past the grace; once it does, the claim goes."""
+    from k8s import errors
+    from k8s.client import RESOURCE_CLAIMS
     client = ScriptedClient()
-    keeper = _claim_keeper(client)
-    keeper.claims_period = 5.0
+    old = [_claim("gone", SINCE)]
     for _ in range(3):
-        await keeper.release_claims(SINCE)
-    assert len(client.of("list")) == 1
-    await anyio.sleep(5.0)
-    await keeper.release_claims(SINCE)
-    assert len(client.of("list")) == 2
+        await _claim_keeper(client, claims=old, healthy=False).claims.release(
+            SINCE + timedelta(minutes=10))
+    assert client.calls == []
+    client.script("get", errors.NotFound("read VMI t/gone", 404, 'virtualmachineinstances "gone" not found',
+                                          details={"name": "gone"}))
+    await _claim_keeper(client, claims=old).claims.release(SINCE + timedelta(minutes=10))
+    assert client.of("delete") == [(RESOURCE_CLAIMS, "t", "gone-gpus", "uid-gone", "5")]
 
 
 async def test_H4_the_claim_of_a_keep_this_replica_released_is_deleted_without_the_grace():
@@ -133,15 +149,17 @@ async def test_H4_the_claim_of_a_keep_this_replica_released_is_deleted_without_t
     from k8s.client import RESOURCE_CLAIMS
     now = SINCE + timedelta(seconds=30)                 # the claim is 30 s old, grace 2 min
     client = ScriptedClient()
-    client.script("list", [_claim("vm", SINCE)])       # last confirmed by admission "adm"
     client.script("get", errors.NotFound("read VMI t/vm", 404, 'virtualmachineinstances "vm" not found',
                                           details={"name": "vm"}))
-    keeper = _claim_keeper(client)
-    keeper._released_keeps[("t", "adm")] = now - timedelta(seconds=1)
-    keeper._released_keeps[("t", "old")] = now - timedelta(minutes=3)   # past the grace: forgotten
-    await keeper.release_claims(now)
+    keeper = _claim_keeper(client, claims=[_claim("vm", SINCE)])  # last confirmed by "adm"
+    why = KeepRanOut("vm", SINCE)
+    keeper.kept.note_released("t", "vm", "vm-uid", "d0", "adm", why, now - timedelta(seconds=1),
+                              expired=True)
+    keeper.kept.note_released("t", "vm", "vm-uid", "d1", "old", why, now - timedelta(minutes=3),
+                              expired=True)                   # past the grace: forgotten
+    await keeper.claims.release(now, keeper.kept.released_admissions(now))
     assert client.of("delete") == [(RESOURCE_CLAIMS, "t", "vm-gpus", "uid-vm", "5")]
-    assert list(keeper._released_keeps) == [("t", "adm")]
+    assert list(keeper.kept.released_admissions(now)) == [("t", "adm")]
 
 
 # -- DR6: the claim of an admitted VMI, made again from the record ---------------------------
@@ -182,7 +200,7 @@ async def test_DR6_a_deleted_claim_of_an_admitted_vmi_is_made_again_from_the_rec
     client = ScriptedClient()
     client.script("get", _wired_vmi())
     keeper = _restore_keeper(client)
-    await keeper.restore_claims(SINCE)
+    await keeper.claims.restore(SINCE)
     assert client.of("get") == [(VMIS, "t", "vm")]       # the VMI read live; the claim is not read
     assert [c.method for c in client.calls] == ["get", "create", "create_event"]
     [(res, ns, body)] = client.of("create")
@@ -193,17 +211,17 @@ async def test_DR6_a_deleted_claim_of_an_admitted_vmi_is_made_again_from_the_rec
     assert uuids == [gpu_uuid(HGX_H100_8, 2), gpu_uuid(HGX_H100_8, 3)]        # the record, in order
     [(_, event)] = client.of("create_event")
     assert event["reason"] == "GPUClaimRestored" and event["involvedObject"]["uid"] == "uid-1"
-    assert keeper.claims_restored == 1
+    assert keeper.claims.claims_restored == 1
 
 
 async def test_DR6_nothing_is_made_when_the_informer_has_the_claim_or_the_vmi_is_another_or_finished():
     client = ScriptedClient()
-    await _restore_keeper(client, claims=[("t", "vm-gpus")]).restore_claims(SINCE)
+    await _restore_keeper(client, claims=[("t", "vm-gpus")]).claims.restore(SINCE)
     assert client.calls == []                                  # the informer has it
     client.script("get", _wired_vmi("uid-2"))                  # another incarnation
-    await _restore_keeper(client).restore_claims(SINCE)
+    await _restore_keeper(client).claims.restore(SINCE)
     client.script("get", {**_wired_vmi(), "status": {"phase": "Succeeded"}})   # its Pod is done
-    await _restore_keeper(client).restore_claims(SINCE)
+    await _restore_keeper(client).claims.restore(SINCE)
     assert client.of("create") == [] and client.of("create_event") == []
 
 
@@ -220,7 +238,7 @@ async def test_DR6_a_create_answered_AlreadyExists_is_a_claim_there_after_all_an
         reason="AlreadyExists", details={"name": "vm-gpus"}))
     keeper = _restore_keeper(client)
     with captured_logs() as logs:
-        await keeper.restore_claims(SINCE)
+        await keeper.claims.restore(SINCE)
     assert [c.method for c in client.calls] == ["get", "create"]
     [told] = [e for e in logs if e["event"].startswith("claim of an admitted VMI")]
     assert (told["event"], told["log_level"], told["rule"]) == (
@@ -228,9 +246,9 @@ async def test_DR6_a_create_answered_AlreadyExists_is_a_claim_there_after_all_an
     assert client.of("get") == [(VMIS, "t", "vm")]
     [(res, ns, body)] = client.of("create")
     assert (res, ns, body["metadata"]["name"]) == (RESOURCE_CLAIMS, "t", "vm-gpus")
-    assert keeper.claims_restored == 0 and keeper.actions_done == 0
+    assert keeper.claims.claims_restored == 0 and keeper.statistics().actions_done == 0
     client.calls.clear()
-    await _restore_keeper(client, claims=[("t", "vm-gpus")]).restore_claims(SINCE)
+    await _restore_keeper(client, claims=[("t", "vm-gpus")]).claims.restore(SINCE)
     assert client.calls == []
 
 
@@ -241,8 +259,8 @@ async def test_DR6_a_create_that_fails_otherwise_is_logged_and_counts_nothing():
     client.script("create", errors.Forbidden("RestoreClaim t/vm-gpus", 403, "forbidden"))
     keeper = _restore_keeper(client)
     with captured_logs() as logs:
-        await keeper.restore_claims(SINCE)
-    assert client.of("create_event") == [] and keeper.claims_restored == 0
+        await keeper.claims.restore(SINCE)
+    assert client.of("create_event") == [] and keeper.claims.claims_restored == 0
     [failed] = [e for e in logs if e["event"] == "housekeeping action failed"]
     assert (failed["action"], failed["rule"], failed["claim"]) == ("RestoreClaim", "DR6", "vm-gpus")
 
@@ -262,6 +280,6 @@ async def test_H1_H2_the_claims_come_from_the_informer_as_parsed_at_ingest():
                             claims=SimpleNamespace(items=lambda: held, healthy=True),
                             healthy=lambda *i: all(x.healthy for x in i))
     keeper = Housekeeper(client, cache, grace=timedelta(minutes=2), raw_policy="denied")  # type: ignore[arg-type]
-    await keeper.release_claims(SINCE + timedelta(minutes=10))
+    await keeper.claims.release(SINCE + timedelta(minutes=10))
     assert client.of("list") == []
     assert client.of("delete") == [(RESOURCE_CLAIMS, "t", "gone-gpus", "uid-gone", "5")]

@@ -43,7 +43,7 @@ async def test_H3_a_missing_parameter_that_cannot_be_created_reads_absent_and_is
     keeper = _keeper(client, {})
     await keeper.ensure_settings()
     await keeper.ensure_settings()
-    assert (keeper.settings_present, keeper.settings_recreated) == (False, 0)
+    assert (keeper.settings.settings_present, keeper.settings.settings_recreated) == (False, 0)
     assert len(client.of("create_config_map")) == 2                     # both refused
     events = [body for _, body in client.of("create_event")]
     assert [e["reason"] for e in events] == ["PolicyParameterMissing"]  # once per absence
@@ -56,7 +56,7 @@ async def test_H3_a_missing_parameter_that_cannot_be_created_reads_absent_and_is
             "gpu-binder-raw-claims," in event["message"])
     assert "every Pod, VMI, ResourceClaim and ResourceClaimTemplate" in event["message"]
     await keeper.ensure_settings()                    # the third create succeeds
-    assert (keeper.settings_present, keeper.settings_recreated) == (True, 1)
+    assert (keeper.settings.settings_present, keeper.settings.settings_recreated) == (True, 1)
     third = client.calls[-2]                          # the create, then its Event
     assert (third.method, third.field_manager, third.args[1]["data"]) == (
         "create_config_map", FIELD_MANAGER, {"resourceNames": "", "deviceClassNames": "", "rawResourceNames": "denied"})
@@ -69,7 +69,7 @@ async def test_H3_already_exists_means_the_cache_was_behind_not_missing():
     client.script("create_config_map", _error(409, "AlreadyExists"))
     keeper = _keeper(client, {})
     await keeper.ensure_settings()
-    assert (keeper.settings_present, keeper.settings_recreated) == (True, 0)
+    assert (keeper.settings.settings_present, keeper.settings.settings_recreated) == (True, 0)
     assert [c.method for c in client.calls] == ["create_config_map"]    # no Event
 
 
@@ -78,4 +78,4 @@ async def test_H3_a_present_parameter_reads_present_without_any_call():
     keeper = _keeper(client, {(NS, "gpu-settings"): {
         "data": {"resourceNames": "", "deviceClassNames": "", "rawResourceNames": "denied"}}})
     await keeper.ensure_settings()
-    assert (keeper.settings_present, client.calls) == (True, [])
+    assert (keeper.settings.settings_present, client.calls) == (True, [])

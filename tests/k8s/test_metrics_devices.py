@@ -11,7 +11,7 @@ import anyio
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.view import IndexedView
-from k8s.metrics import Metrics
+from k8s.metrics import Metrics, Observed
 from model.defrag import largest_sets
 from model.snapshot import Snapshot
 from tests.support.dra_worlds import CLASS, RES, device_class, dra_node
@@ -38,7 +38,7 @@ def test_DR3_largest_placeable_gauges_respect_partitions():
     for c in snap.classes.values():
         view.put_class(c)
     cache = SimpleNamespace(view=view, vmi_keys=lambda: set())
-    metrics = Metrics(SimpleNamespace(elector=None, binder=None, synced=True),
+    metrics = Metrics(lambda: Observed(synced=True),
                       _idle_admission(cache))
     anyio.run(metrics.refresh_fleet)
     label = (("class", CLASS), ("resource", RES))

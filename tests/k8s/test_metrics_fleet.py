@@ -12,7 +12,8 @@ import anyio
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.view import IndexedView
-from k8s.metrics import Metrics
+from k8s.housekeeping import HousekeepingStats
+from k8s.metrics import Metrics, Observed
 from k8s.webhook.fairness import EventBudget, TenantGate
 from localcluster.paths import MANIFESTS
 from model.reasons import Code
@@ -46,8 +47,7 @@ def _metrics(synced: bool = True) -> dict[str, dict[tuple, float]]:
                                 events=EventBudget(),
                                 rejected={("tenant-a", Code.TENANT_BUSY): 5,
                                           ("tenant-b", Code.BUDGET_EXHAUSTED): 1})
-    controller = SimpleNamespace(elector=None, binder=None, synced=synced)
-    metrics = Metrics(controller, admission)
+    metrics = Metrics(lambda: Observed(synced=synced), admission)
     anyio.run(metrics.refresh_fleet)
     body, _ = metrics.render()
     out: dict[str, dict[tuple, float]] = {}
@@ -118,11 +118,10 @@ def test_informer_versions_and_housekeeping_rounds_are_exported():
     applied (none for an informer that has not listed yet), and the leader's rounds."""
     informers = (SimpleNamespace(name="gpudevices", resource_version="1234", keys=lambda: [1, 2]),
                  SimpleNamespace(name="nodes", resource_version=None, keys=lambda: []))
-    controller = SimpleNamespace(elector=None, binder=None, synced=False,
-                                 cache=SimpleNamespace(informers=informers),
-                                 housekeeper=SimpleNamespace(rounds=7, settings_present=None,
-                                                             settings_recreated=0))
-    body, _ = Metrics(controller, _idle_admission()).render()
+    seen = Observed(cache=SimpleNamespace(informers=informers),  # type: ignore[arg-type]
+                    housekeeping=HousekeepingStats(rounds=7, settings_present=None,
+                                                   settings_recreated=0))
+    body, _ = Metrics(lambda: seen, _idle_admission()).render()
     got = {(s.name, tuple(s.labels.items())): s.value
            for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
     assert got[("gpu_binder_informer_resource_version", (("informer", "gpudevices"),))] == 1234
@@ -130,24 +129,24 @@ def test_informer_versions_and_housekeeping_rounds_are_exported():
     assert got[("gpu_binder_cache_objects", (("informer", "gpudevices"),))] == 2
     assert got[("gpu_binder_housekeeping_rounds_total", ())] == 7
     assert ("gpu_binder_policy_parameter_present", ()) not in got   # H3 has not looked yet
-    controller.housekeeper = None  # not leading
-    body, _ = Metrics(controller, _idle_admission()).render()
+    seen = Observed(cache=seen.cache)  # not leading: no housekeeping
+    body, _ = Metrics(lambda: seen, _idle_admission()).render()
     assert "gpu_binder_housekeeping_rounds_total 0.0" in body.decode()
 
 
 def test_policy_parameter_present_and_recreated_are_exported_by_the_leader():
     """H3's view of ConfigMap gpu-settings, the shipped policies' parameter (kubernetes#133827)."""
-    keeper = SimpleNamespace(rounds=3, settings_present=False, settings_recreated=2)
-    controller = SimpleNamespace(elector=None, binder=None, synced=False, cache=None,
-                                 housekeeper=keeper)
+    seen = [Observed(housekeeping=HousekeepingStats(rounds=3, settings_present=False,
+                                                    settings_recreated=2))]
 
     def got():
-        body, _ = Metrics(controller, _idle_admission()).render()
+        body, _ = Metrics(lambda: seen[0], _idle_admission()).render()
         return {(s.name, tuple(s.labels.items())): s.value
                 for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
     assert got()[("gpu_binder_policy_parameter_present", ())] == 0
     assert got()[("gpu_binder_policy_parameter_recreated_total", ())] == 2
-    keeper.settings_present = True
+    seen[0] = Observed(housekeeping=HousekeepingStats(rounds=3, settings_present=True,
+                                                      settings_recreated=2))
     assert got()[("gpu_binder_policy_parameter_present", ())] == 1
 
 
@@ -155,21 +154,21 @@ def test_kept_sets_and_their_releases_are_exported_by_the_leader():
     """H4: `gpu_binder_kept_sets` (sets kept now, as the last round found them; absent before
     a round and off the leader) and `gpu_binder_kept_sets_released_total{reason}` (both
     reasons always present, 0 off the leader)."""
-    keeper = SimpleNamespace(rounds=3, settings_present=True, settings_recreated=0,
-                             kept_now=None, released_by={"vm_deleted": 0, "expired": 0})
-    controller = SimpleNamespace(elector=None, binder=None, synced=False, cache=None,
-                                 housekeeper=keeper)
+    keeper = HousekeepingStats(rounds=3, settings_present=True, settings_recreated=0,
+                               kept_now=None, released_by={"vm_deleted": 0, "expired": 0})
+    seen = [Observed(housekeeping=keeper)]
 
     def got():
-        body, _ = Metrics(controller, _idle_admission()).render()
+        body, _ = Metrics(lambda: seen[0], _idle_admission()).render()
         return {(s.name, tuple(s.labels.items())): s.value
                 for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
     assert ("gpu_binder_kept_sets", ()) not in got()
-    keeper.kept_now, keeper.released_by = 3, {"vm_deleted": 2, "expired": 5}
+    seen[0] = Observed(housekeeping=HousekeepingStats(
+        rounds=3, settings_present=True, kept_now=3, released_by={"vm_deleted": 2, "expired": 5}))
     assert got()[("gpu_binder_kept_sets", ())] == 3
     assert got()[("gpu_binder_kept_sets_released_total", (("reason", "vm_deleted"),))] == 2
     assert got()[("gpu_binder_kept_sets_released_total", (("reason", "expired"),))] == 5
-    controller.housekeeper = None
+    seen[0] = Observed()  # not leading
     assert ("gpu_binder_kept_sets", ()) not in got()
     assert got()[("gpu_binder_kept_sets_released_total", (("reason", "expired"),))] == 0
 
@@ -183,8 +182,7 @@ def test_decisions_are_labelled_by_the_refusals_code():
     from tests.support.world import NS, dev, node, world
 
     cache = SimpleNamespace(view=IndexedView(), vmi_keys=set)
-    metrics = Metrics(SimpleNamespace(elector=None, binder=None, synced=False),
-                      _idle_admission(cache))
+    metrics = Metrics(lambda: Observed(), _idle_admission(cache))
     full = decide(world([node("n1", 1)], [dev("a"), dev("b")]), Request("r1", NS, "vm", ("a", "b")))
     metrics.decided(full.rule, full.result, full.reason.code, 0.01)
     metrics.decided("ledgers", Result.REFUSED, Code.LEDGERS_REFUSED, 0.01)
@@ -203,8 +201,7 @@ def test_decisions_are_labelled_by_the_refusals_code():
 def test_D4_defragmentation_rounds_count_moves_and_set_the_largest_set_per_class():
     view = IndexedView()
     cache = SimpleNamespace(view=view, vmi_keys=lambda: set())
-    metrics = Metrics(SimpleNamespace(elector=None, binder=None, synced=True),
-                      _idle_admission(cache))
+    metrics = Metrics(lambda: Observed(synced=True), _idle_admission(cache))
     metrics.defragmented(0, {"h100": 2, "l40s": 1})
     metrics.defragmented(2, {"h100": 4, "l40s": 1})
     out = {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -232,7 +229,7 @@ def test_reservations_are_split_by_the_childs_kind_not_its_id():
                "pipe": ChildKind.PIPELINE, "coord": ChildKind.COORDINATOR},
         restarts=1, escalated=False)
     binder = SimpleNamespace(statistics=lambda: stats)
-    metrics = Metrics(SimpleNamespace(elector=None, binder=binder, synced=False),
+    metrics = Metrics(lambda: Observed(binder=binder),  # type: ignore[arg-type]
                       _idle_admission(SimpleNamespace(view=IndexedView(), vmi_keys=set)))
     samples = {s.name: s.value for fam in text_string_to_metric_families(metrics.render()[0].decode())
                for s in fam.samples}

@@ -13,6 +13,7 @@ from model.admission import AdmissionPlan
 from model.claim import (ClaimMember, ClaimRecord, DeleteClaim, build_claim, claim_name,
                          claim_record, claim_vmi_patch, members_of, parse_claim, same_spec,
                          stale_claims, stamp_ops, uuid_selector)
+from model.housekeeping_reasons import ClaimOfReleasedKeep, ClaimUnused, Rule
 from model.reasons import DeviceUnrecorded
 from model.snapshot import Snapshot
 from model.types import DeviceStatus, GPUClass, GPUDevice, Phase
@@ -193,8 +194,7 @@ def test_H1_H2_a_claim_is_deleted_only_without_its_vmi_and_attachments_after_the
               _record("attached", 500), _record("deleting", 500, deleting=True)]
     got = stale_claims(claims, attached={("t1", "attached")}, live={("t1", "live")}, now=NOW,
                        grace=grace)
-    assert got == [DeleteClaim(claims[0], "H1/H2", "VMI gone does not exist and no device is "
-                                                   "attached to it, 121 s after the claim was made")]
+    assert got == [DeleteClaim(claims[0], Rule.H1_H2, ClaimUnused("gone", 121))]
 
 
 def test_H1_the_clock_is_the_last_confirmation_else_the_creation():
@@ -215,8 +215,7 @@ def test_H4_the_claim_of_a_released_keep_goes_at_once_unless_confirmed_since_or_
     got = stale_claims(claims, attached={("t1", "still")}, live={("t1", "restarted")}, now=NOW,
                        grace=grace, released={("t1", "adm-1"), ("t1", "adm-2"), ("t1", "adm-4"),
                                               ("t2", "adm-3")})
-    assert got == [DeleteClaim(claims[0], "H4", "the set kept for VirtualMachine vm was released "
-                                                "and no VMI of its name exists")]
+    assert got == [DeleteClaim(claims[0], Rule.H4, ClaimOfReleasedKeep("vm"))]
 
 
 # -- DR6: the claim of an admitted VMI, made again from the record --------------------------

@@ -9,6 +9,8 @@ import pytest
 from model.admission import attachment_is_live
 from model.housekeeping import (ClearAttachment, DeleteTemplate, KeepAttachment, State, kept_for_vms,
                                 VMIRecord, VMIs, VMRecord, judge, plan, set_keep)
+from model.housekeeping_reasons import (HousekeepingCode, KeepRanOut, KeptCondition, Rule,
+                                        VmiDeleted)
 from model.types import Attachment, BindRequest, DeviceStatus, GPUDevice, Phase, Result
 
 T0 = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
@@ -71,20 +73,20 @@ def test_H4_partial_keep_write_is_completed_with_the_recorded_time():
 
 
 @pytest.mark.parametrize("why, kw, rule_reason", [
-    ("class without keepSetFor", dict(cls="a10"), "VMI vm1 (uid vmi-u1) was deleted"),
-    ("bare VMI (no VM owner)", dict(owner=None), "VMI vm1 (uid vmi-u1) was deleted"),
+    ("class without keepSetFor", dict(cls="a10"), VmiDeleted("vm1", "vmi-u1")),
+    ("bare VMI (no VM owner)", dict(owner=None), VmiDeleted("vm1", "vmi-u1")),
 ])
 def test_H4_off_by_default_and_bare_vmi_unchanged(why, kw, rule_reason):
     d = dev("vm1-h100-0", **kw)
     assert plan([d], VMIs(), T0, GRACE, keeps=KEEPS, vms=vms()) == [
-        DeleteTemplate(("t1", "vm1-h100-0"), "uid-vm1-h100-0", "H2", rule_reason)], why
+        DeleteTemplate(("t1", "vm1-h100-0"), "uid-vm1-h100-0", Rule.H2, rule_reason)], why
 
 
 def test_H4_vm_already_deleted_or_being_deleted_or_another_uid_releases_at_once():
     d = dev("vm1-h100-0")
     for known in ({}, vms(deleting=True), vms(uid="other-vm")):
         got = plan([d], VMIs(), T0, GRACE, keeps=KEEPS, vms=known)
-        assert [(type(x), x.rule) for x in got] == [(DeleteTemplate, "H2")]
+        assert [(type(x), x.rule) for x in got] == [(DeleteTemplate, Rule.H2)]
 
 
 def test_H4_vms_unknown_neither_keeps_nor_releases_a_keeping_set():
@@ -113,8 +115,8 @@ def test_H4_kept_set_holds_until_keptUntil_then_released_within_the_round():
         assert attachment_is_live(tmpl, VMIs(), t, GRACE)  # W1: other VMIs may not take it
     got = plan([held, tmpl], VMIs(), until, GRACE, keeps=KEEPS, vms=vms())
     assert [(type(x), x.device[1], x.rule) for x in got] == [
-        (ClearAttachment, "gpu-a", "H4"), (DeleteTemplate, "vm1-h100-0", "H4")]
-    assert "ran out at 2026-11-30T08:30:00Z" in got[0].reason
+        (ClearAttachment, "gpu-a", Rule.H4), (DeleteTemplate, "vm1-h100-0", Rule.H4)]
+    assert got[0].reason == KeepRanOut("vm1", datetime(2026, 11, 30, 8, 30, tzinfo=timezone.utc))
     assert not attachment_is_live(tmpl, VMIs(), until, GRACE)
 
 
@@ -128,10 +130,12 @@ def test_H4_halted_vm_past_keptUntil_released_running_strategy_does_not_extend_i
 
 def test_H4_vm_deleted_while_kept_releases_at_once_without_waiting_for_the_time():
     d = dev("vm1-h100-0", kept=T0 + timedelta(minutes=30))
-    for known in ({}, vms(deleting=True), vms(uid="a-new-vm-of-the-name")):
+    for known, code in (({}, HousekeepingCode.KEPT_VM_DELETED),
+                        (vms(deleting=True), HousekeepingCode.KEPT_VM_DELETING),
+                        (vms(uid="a-new-vm-of-the-name"), HousekeepingCode.KEPT_VM_DELETED)):
         got = plan([d], VMIs(), T0, GRACE, keeps=KEEPS, vms=known)
-        assert [(type(x), x.rule) for x in got] == [(DeleteTemplate, "H4")]
-        assert "VirtualMachine vm1" in got[0].reason
+        assert [(type(x), x.rule) for x in got] == [(DeleteTemplate, Rule.H4)]
+        assert (got[0].reason.code, got[0].reason.vm) == (code, "vm1")
 
 
 def test_H4_keep_survives_a_leader_change_it_is_judged_from_status_only():
@@ -159,9 +163,7 @@ def test_H4_kept_for_vms_names_the_node_the_devices_and_the_earliest_time():
     k = kept[("t1", "vm1")]
     assert (k.owner, k.nodes, k.devices, k.until) == (
         VM_UID, ("n1",), ("vm1-h100-0", "vm1-h100-1", "vm1-l40s-0"), until - timedelta(minutes=1))
-    assert k.message() == (
-        "GPU set kept on node n1 (devices vm1-h100-0, vm1-h100-1, vm1-l40s-0) until "
-        "2026-11-30T08:29:00Z (GPUClass keepSetFor): the next VMI of this VirtualMachine starts "
-        "there with the same devices; deleting the VirtualMachine releases them")
+    assert k.condition() == KeptCondition(
+        ("n1",), ("vm1-h100-0", "vm1-h100-1", "vm1-l40s-0"), until - timedelta(minutes=1))
     # run out (not yet released): no longer shown as kept
     assert kept_for_vms([dev("vm1-h100-0", kept=T0)], T0) == {}

@@ -5,6 +5,8 @@ from datetime import datetime, timedelta, timezone
 
 from model.housekeeping import (ClearAttachment, DeleteTemplate, LinkAttachment, State,
                                 VMIRecord, VMIs, confirmed, judge, plan)
+from model.housekeeping_reasons import (AnotherIncarnation, OrphanTemplate, Rule, VmiDeleted,
+                                        VmiNeverAppeared)
 from model.types import Attachment, BindRequest, DeviceStatus, GPUDevice, Phase, Result
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
@@ -28,7 +30,7 @@ def live(*recs: tuple[str, str, str | None], deleted=()) -> VMIs:
 def test_H1_attachment_of_vmi_that_never_appeared_is_cleared_after_grace_only():
     young, old = dev("young", "vm-a", since_s=119), dev("old", "vm-b", since_s=121, bound="n1")
     assert plan([young, old], VMIs(), NOW, GRACE) == [
-        ClearAttachment(("t1", "old"), "vm-b", "H1", "VMI vm-b has not appeared 121 s after attachment")]
+        ClearAttachment(("t1", "old"), "vm-b", Rule.H1, VmiNeverAppeared("vm-b", 121))]
 
 
 def test_H1_template_of_missing_vmi_deleted_and_unattached_old_template_deleted():
@@ -37,10 +39,8 @@ def test_H1_template_of_missing_vmi_deleted_and_unattached_old_template_deleted(
     fresh_orphan = dev("vm-z-0", template_for="vm-z", created_s=10)
     got = plan([orphan, attached, fresh_orphan], set(), NOW, GRACE)
     assert got == [
-        DeleteTemplate(("t1", "vm-x-0"), "uid-vm-x-0", "H1",
-                       "VMI vm-x has not appeared 300 s after attachment"),
-        DeleteTemplate(("t1", "vm-y-0"), "uid-vm-y-0", "H1",
-                       "template device with no attachment, 500 s old"),
+        DeleteTemplate(("t1", "vm-x-0"), "uid-vm-x-0", Rule.H1, VmiNeverAppeared("vm-x", 300)),
+        DeleteTemplate(("t1", "vm-y-0"), "uid-vm-y-0", Rule.H1, OrphanTemplate(500)),
     ]
     assert got[0].attached == attached.status.attached_to  # cleared before it is deleted
 
@@ -52,8 +52,8 @@ def test_H2_deleted_incarnation_by_tombstone_released_at_once_without_two_sample
     other = dev("other", "vm-b", since_s=5000, bound="n2", admission="b1", uid="u-b")
     got = plan([held, tmpl, other], live(("vm-b", "u-b", "b1"), deleted=["a1"]), NOW, GRACE)
     assert got == [
-        ClearAttachment(("t1", "held"), "vm-a", "H2", "VMI vm-a was deleted"),
-        DeleteTemplate(("t1", "vm-a-0"), "uid-vm-a-0", "H2", "VMI vm-a was deleted"),
+        ClearAttachment(("t1", "held"), "vm-a", Rule.H2, VmiDeleted("vm-a")),
+        DeleteTemplate(("t1", "vm-a-0"), "uid-vm-a-0", Rule.H2, VmiDeleted("vm-a")),
     ]
 
 
@@ -61,7 +61,7 @@ def test_H2_recorded_uid_releases_after_a_leader_change_with_no_tombstone():
     # no replica saw the delete (all were down); the attachment's uid is enough
     held = dev("held", "vm-a", since_s=1, bound="n1", admission="a1", uid="u1")
     assert plan([held], VMIs(), NOW, GRACE) == [
-        ClearAttachment(("t1", "held"), "vm-a", "H2", "VMI vm-a (uid u1) was deleted")]
+        ClearAttachment(("t1", "held"), "vm-a", Rule.H2, VmiDeleted("vm-a", "u1"))]
 
 
 def test_H2_newer_incarnation_of_the_name_does_not_keep_the_older_ones_devices():
@@ -97,8 +97,8 @@ def test_H2_one_recorded_uid_releases_the_whole_set_after_a_leader_change_with_n
     other = dev("other", "vm-b", since_s=1, bound="n1", admission="b1")  # not of that set
     got = plan([linked, t, other], VMIs(), NOW, GRACE)
     assert got == [
-        ClearAttachment(("t1", "held"), "vm-a", "H2", "VMI vm-a (uid u1) was deleted"),
-        DeleteTemplate(("t1", "vm-a-0"), "uid-vm-a-0", "H2", "VMI vm-a (uid u1) was deleted")]
+        ClearAttachment(("t1", "held"), "vm-a", Rule.H2, VmiDeleted("vm-a", "u1")),
+        DeleteTemplate(("t1", "vm-a-0"), "uid-vm-a-0", Rule.H2, VmiDeleted("vm-a", "u1"))]
 
 
 def test_H2_attachment_without_an_admission_id_is_still_linked_to_its_vmis_uid():
@@ -121,9 +121,9 @@ def test_H2_same_name_vmi_of_another_admission_is_another_incarnation_after_the_
     d = dev("held", "vm-a", since_s=10_000, bound="n1", admission="a1")
     tmpl = dev("vm-a-0", "vm-a", since_s=10_000, template_for="vm-a", bound="n1", admission="a1")
     got = plan([d, tmpl], live(("vm-a", "u2", "a2")), NOW, GRACE)
-    why = "VMI vm-a exists as another incarnation (admission a2, not a1)"
-    assert got == [ClearAttachment(("t1", "held"), "vm-a", "H2", why),
-                   DeleteTemplate(("t1", "vm-a-0"), "uid-vm-a-0", "H2", why)]
+    why = AnotherIncarnation("vm-a", "a2", "a1")
+    assert got == [ClearAttachment(("t1", "held"), "vm-a", Rule.H2, why),
+                   DeleteTemplate(("t1", "vm-a-0"), "uid-vm-a-0", Rule.H2, why)]
     assert got[0].admissions == got[1].admissions == frozenset({"a1"})
     assert judge(d, live(("vm-a", "u2", None)), NOW, GRACE).state is State.GONE  # no GPUs now
     young = dev("held", "vm-a", since_s=5, bound="n1", admission="a1")
@@ -160,7 +160,7 @@ def test_H2_a_refused_request_is_left_to_its_webhook_for_the_answer_window():
     assert plan([d], VMIs(), NOW, GRACE, answer_window=window) == []
     later = NOW + timedelta(seconds=16)
     assert judge(d, VMIs(), later, GRACE, answer_window=window).state is State.GONE
-    assert [a.rule for a in plan([d], VMIs(), later, GRACE, answer_window=window)] == ["H2"]
+    assert [a.rule for a in plan([d], VMIs(), later, GRACE, answer_window=window)] == [Rule.H2]
 
 
 def test_without_drops_a_vmi_a_live_read_says_is_gone_and_tombstones_it():

@@ -1,0 +1,170 @@
+"""The ResourceClaims the binder made for device-mode VMIs (DR5): H1/H2 delete one no VMI
+uses (H4: at once when its kept set was released), and DR6 makes again the claim of an
+admitted VMI that someone deleted before its launcher Pod took it.
+
+Claims are read from the cache's claim informer only (`claim_records` and `claim_keys`, the
+only places that read them); while it does not follow the API server nothing is judged. Every step is
+confirmed first by a live read of the VMI.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from k8s import errors, events
+from k8s.cache import ClusterCache
+from k8s.client import RESOURCE_CLAIMS, VMIS, KubeClient
+from k8s.housekeeping.common import live_vmi, log
+from model.admission import AdmissionPlan
+from model.claim import (ClaimRecord, DeleteClaim, RestoreClaim, build_claim, claim_name,
+                         claim_record, members_of, missing_claims, restorable_into,
+                         stale_claims)
+from model.housekeeping_reasons import ClaimRestoredEvent, Rule
+
+
+def claim_records(cache: ClusterCache) -> list[ClaimRecord] | None:
+    """The claims the binder made (`model.claim.claim_record`: label
+    `app.kubernetes.io/managed-by: gpu-binder` and a claim-for annotation) as the claim
+    informer has them, parsed once at ingest (`k8s.cache.ingest_claim`); None while it does
+    not follow the API server (nothing to judge this round)."""
+    if not cache.healthy(cache.claims):
+        return None
+    return [r for r in (claim_record(obj["parsed"]) for obj in cache.claims.items())
+            if r is not None]
+
+
+def claim_keys(cache: ClusterCache) -> set[tuple[str, str]] | None:
+    """(namespace, name) of every claim the claim informer has, ours or not (a claim of the
+    name that is not ours is never replaced); None while it does not follow the API
+    server."""
+    if not cache.healthy(cache.claims):
+        return None
+    return set(cache.claims.keys())
+
+
+class ClaimsWorker:
+    """H1/H2 (`release`) and DR6 (`restore`) of the binder's claims; `grace` is
+    `attachmentGrace`. Counters: `claims_deleted`, `claims_restored`, `actions_done` (both)."""
+
+    def __init__(self, client: KubeClient, cache: ClusterCache, *, grace: timedelta) -> None:
+        self._client = client
+        self.cache = cache
+        self.grace = grace
+        self.actions_done = 0
+        self.claims_deleted = 0
+        self.claims_restored = 0
+
+    async def release(self, now: datetime,
+                      released: dict[tuple[str, str], datetime] | None = None) -> None:
+        """H1/H2 for the claims the binder made (`model.claim.stale_claims`): deleted once no
+        VMI of their name exists, no device is attached to that name, and the grace since the
+        claim was made or last confirmed has passed; each confirmed by a live read of the VMI
+        first (never on the cache's word) and deleted with uid and resourceVersion
+        preconditions (an admission that confirmed it since changed its version: moot). H4:
+        the claim of a kept set this replica released (`released`: (namespace, admission id)
+        → when, `KeptSets.released_admissions`) is deleted without the grace, once the
+        released devices are no longer attached in the cache."""
+        records = claim_records(self.cache)
+        if not records:
+            return
+        attached = {(d.namespace, d.status.attached_to.vmi)
+                    for d in self.cache.view.devices().values() if d.status.attached_to}
+        live = set(self.cache.vmi_state().live)
+        for action in stale_claims(records, attached, live, now, self.grace,
+                                   released=released or {}):
+            await self._delete(action)
+
+    async def _delete(self, action: DeleteClaim) -> None:
+        c = action.claim
+        what = f"DeleteClaim {c.namespace}/{c.name}"
+        try:
+            if await live_vmi(self._client, c.namespace, c.vmi) is not None:
+                log.warning("housekeeping action not confirmed: the VMI exists (the cache is "
+                            "behind)", rule=action.rule, namespace=c.namespace, claim=c.name,
+                            vmi=c.vmi)
+                return
+            await self._client.delete(RESOURCE_CLAIMS, c.namespace, c.name, uid=c.uid,
+                                      resource_version=c.resource_version, what=what)
+            self.actions_done += 1
+            self.claims_deleted += 1
+            log.info("housekeeping", rule=action.rule, action="DeleteClaim",
+                     namespace=c.namespace, claim=c.name, vmi=c.vmi,
+                     reason=action.reason.render())
+        except errors.ApiError as err:
+            if isinstance(err, (errors.NotFound, errors.Conflict)):
+                log.info("housekeeping action moot", rule=action.rule, action="DeleteClaim",
+                         namespace=c.namespace, claim=c.name, reason=err.message[:200])
+            else:
+                log.warning("housekeeping action failed", rule=action.rule,
+                            action="DeleteClaim", namespace=c.namespace, claim=c.name,
+                            error=str(err)[:300])
+
+    async def restore(self, now: datetime) -> None:
+        """DR6 (every admitted device-mode VMI has exactly one claim naming its recorded
+        devices): a live VMI the binder admitted whose claim someone deleted before its
+        launcher Pod took it (`model.claim.missing_claims`: nothing of the name in the claim
+        informer, the set recorded whole) gets the claim made again from the record, so the
+        Pod, which waits for it, is allocated exactly the recorded devices and the VMI is not
+        left half-admitted. Confirmed first by a live read of the VMI: the same incarnation,
+        neither being deleted nor finished, its own wiring the record's
+        (`model.claim.restorable_into`); then the claim is created, without reading it first:
+        AlreadyExists means one of the name is there after all, and nothing is made. Told by
+        a Warning log line and a Warning Event `GPUClaimRestored` on the VMI. Skipped while
+        the claim informer does not follow the API server."""
+        claims = claim_keys(self.cache)
+        if claims is None:
+            return
+        device_mode = {n for n, c in self.cache.view.classes().items() if c.device_mode}
+        if not device_mode:
+            return
+        for r in missing_claims(self.cache.view.devices().values(), self.cache.vmi_state().live,
+                                claims, device_mode):
+            await self._restore(r, now)
+
+    async def _restore(self, r: RestoreClaim, now: datetime) -> None:
+        name = claim_name(r.vmi)
+        what = f"RestoreClaim {r.namespace}/{name}"
+        ctx = {"rule": Rule.DR6, "namespace": r.namespace, "claim": name, "vmi": r.vmi}
+        try:
+            members = members_of(self.cache.view.snapshot(),
+                                 AdmissionPlan(r.namespace, r.vmi, r.devices, (), r.node), r.node)
+            if not isinstance(members, tuple):
+                log.warning("claim of an admitted VMI missing; not made again: the record "
+                            "does not give its devices", reason=str(members), **ctx)
+                return
+            try:
+                raw = await self._client.get(VMIS, r.namespace, r.vmi)
+            except errors.NotFound as err:
+                if err.names(r.vmi):
+                    return  # gone: H2 and the claim's own H1/H2 take it from here
+                raise
+            why = restorable_into(raw, r, members)
+            if why is not None:
+                log.info("claim of an admitted VMI missing; not made again", why=why, **ctx)
+                return
+            body = build_claim(r.namespace, r.vmi, members, r.admission, now)
+            # The create is the live read of the claim: AlreadyExists proves one of the name
+            # is there (the informer is behind, or it was made meanwhile), whoever made it; a
+            # claim is never adopted or replaced, so nothing else needs reading to decide.
+            await self._client.create(RESOURCE_CLAIMS, r.namespace, body, what=what)
+        except errors.ApiError as err:
+            if isinstance(err, errors.AlreadyExists):
+                log.info("claim of an admitted VMI missing; not made again",
+                         why="a claim of the name is there (the cache was behind)", **ctx)
+                return
+            log.warning("housekeeping action failed", action="RestoreClaim",
+                        error=str(err)[:300], **ctx)
+            return
+        self.actions_done += 1
+        self.claims_restored += 1
+        ev = ClaimRestoredEvent(r.namespace, name, r.node,
+                                tuple((m.device, m.ref.device) for m in members))
+        log.warning("claim of an admitted VMI was missing; made again from the record",
+                    action="RestoreClaim", node=r.node, devices=ev.listed(),
+                    admission=r.admission, **ctx)
+        body = events.event_body(
+            {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": r.vmi,
+             "namespace": r.namespace, "uid": r.uid},
+            reason=ev.reason, warning=ev.warning, instance="housekeeping", when=now,
+            message=ev.render())
+        await events.record(self._client, body, **ctx)
