@@ -209,7 +209,3 @@ class Reason:
 def plural(word: str, items: Sequence[str]) -> str:
     """"<word> a" for one item, "<word>es a, b" for more (`word` takes -es: "class")."""
     return f"{word} {items[0]}" if len(items) == 1 else f"{word}es {', '.join(items)}"
-
-
-def _pods_outside(foreign: int) -> str:
-    return f" ({foreign} used by Pods outside the binder)" if foreign else ""
