@@ -1,4 +1,4 @@
-"""The webhook's own checks of a VMI's set (DESIGN.md §4 W1, `model.admission`): its
+"""The webhook's own checks of a VMI's set (docs/contract.md §4 W1, `model.admission`): its
 annotations, nodeSelector and tolerations, its held and template devices (being deleted,
 attached, named as held, a name taken, kept for a VirtualMachine, H4), KubeVirt's permitted
 host devices, the room the set needs on one node; the tenant's fair share at this replica
@@ -296,7 +296,7 @@ class BudgetInFlight(Reason):
     `in_flight` other admissions in progress at this replica (not yet Bound) hold `held`
     units of it: `used` Bound, `budget` in all, the set adds `adds`. Retryable (429):
     should an admission in progress fail, the budget is free again; retry after
-    `retry_after` seconds (issue 23: answered before a turn is waited for)."""
+    `retry_after` seconds (answered before a turn is waited for)."""
     code: ClassVar[Code] = Code.BUDGET_IN_FLIGHT
     namespace: str
     resource: str

@@ -1,4 +1,4 @@
-"""The webhook's ResourceClaim of a device-mode set (DESIGN.md DR5, §4 W4, W5;
+"""The webhook's ResourceClaim of a device-mode set (docs/contract.md §3b DR5, §4 W4, W5;
 `model.claim`, `k8s.webhook.steps`): a member's exact device not recorded yet, the claim's
 name taken by a claim the binder did not make, the claim being deleted or still reserved
 by a Pod, or refused by the namespace's ResourceQuota.

@@ -1,9 +1,9 @@
-"""The catalogue of reasons (DESIGN.md §3 B1/B3, §4 W1): every `Code` (an Enum, its value the
-bounded metrics label), its `Category` (the kind of no, which the webhook's HTTP status
-follows), the `Reason` base every reason type derives from, and the wording helpers the
-reason modules share (`resource_label`, `plural`). Adding a code: a member of `Code` under
-its group comment (tools/reason-codes.py reads those), its `_CATEGORY` entry, and its reason
-type in the module of its section (see the package's docstring).
+"""The catalogue of reasons (docs/contract.md §3 B1/B3, §4 W1): every `Code` (an Enum, its
+value the bounded metrics label), its `Category` (the kind of no, which the webhook's HTTP
+status follows), the `Reason` base every reason type derives from, and the wording helpers
+the reason modules share (`resource_label`, `plural`). Adding a code: a member of `Code`
+under its group comment (tools/reason-codes.py reads those), its `_CATEGORY` entry, and its
+reason type in the module of its section (see the package's docstring).
 
 Pure; imports nothing from the rest of `model`.
 """
@@ -100,7 +100,7 @@ class Code(str, Enum):
     # H4: a set kept for a stopped VirtualMachine
     DEVICE_KEPT = "device_kept"
     KEPT_FOR_VM = "kept_for_vm"
-    # the webhook's fair share per tenant (issue 23)
+    # the webhook's fair share per tenant
     TENANT_BUSY = "tenant_busy"
     BUDGET_IN_FLIGHT = "budget_in_flight"
     # the webhook's steps on the API server (W1's live read, W3, W4)

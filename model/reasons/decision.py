@@ -1,4 +1,4 @@
-"""What a binder's decision says (DESIGN.md §3 B1, B5-B7): its refusal of a set,
+"""What a binder's decision says (docs/contract.md §3 B1, B5-B7): its refusal of a set,
 `SetRefused` (every listed device with its node, `DeviceAt`, then the reasons; the request
 named by `RequestRef`), and the wording of a Succeeded decision (`Placed`, `AlreadyPlaced`,
 `KeptCordoned`, `Resumed`), which carries no code (it is not a reason to refuse); `Outcome`

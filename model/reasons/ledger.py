@@ -1,5 +1,5 @@
-"""A node actor's no to a reservation (DESIGN.md §3 B2, §6): `LedgersRefused`, the set-level
-reason when every candidate node's ledger refused the prepare, and its data, one
+"""A node actor's no to a reservation (docs/contract.md §3 B2, §6): `LedgersRefused`, the
+set-level reason when every candidate node's ledger refused the prepare, and its data, one
 `NodeRefusal` per candidate node whose `why` is a `LedgerNo` (not reasons of their own: no
 code). Built by `actors.node_actor` and `actors.reservation`.
 
@@ -15,7 +15,7 @@ from model.reasons.codes import Code, Reason
 from model.reasons.nodes import NoRoom
 
 
-# --- a node actor's no to a reservation (B2, DESIGN.md §6) --------------------------------------
+# --- a node actor's no to a reservation (B2, docs/contract.md §6) -----------------------------
 # Not reasons of their own (no code): the data of `LedgersRefused`, one `NodeRefusal` per
 # candidate node, whose `why` is one of the `LedgerNo` types below.
 

@@ -1,4 +1,4 @@
-"""Why one node cannot take the whole set (DESIGN.md §3 B3): the node itself (gone,
+"""Why one node cannot take the whole set (docs/contract.md §3 B3): the node itself (gone,
 cordoned, not Ready, not schedulable for KubeVirt, taints), the set's match (classes not
 served, nodeSelector), its capacity (`NoRoom`, `LostCapacity`: `CAPACITY_CODES`) and, in
 device mode, its groups of devices (`NoDeviceGroup`, DR3). `model.decide` and

@@ -1,4 +1,4 @@
-"""Why a set is refused whatever the node, or over all the nodes (DESIGN.md §3 B1, §4 W1):
+"""Why a set is refused whatever the node, or over all the nodes (docs/contract.md §3 B1, §4 W1):
 its devices (not found, listed twice, none), its classes (not found, not entitled; device
 mode, DR1: a class that cannot serve, device-mode and count-mode classes mixed), its
 tenant's budget, a free unit of its class; then no node serving its classes, or none

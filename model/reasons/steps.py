@@ -1,4 +1,4 @@
-"""The webhook's steps on the API server (DESIGN.md §4 W1's live read, W3, W4;
+"""The webhook's steps on the API server (docs/contract.md §4 W1's live read, W3, W4;
 `k8s.webhook.steps`): the VMI's name already taken or unconfirmed, a held device malformed,
 deleted, refused or changing while attached, the binder's answer late or a refusal
 (`BinderRefused`, its category the code the binder wrote), a device gone before the patch,

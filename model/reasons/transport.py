@@ -1,4 +1,4 @@
-"""The webhook's transport and decoder (DESIGN.md §4 W6, `k8s.webhook.transport` and
+"""The webhook's transport and decoder (docs/contract.md §4 W6, `k8s.webhook.transport` and
 `k8s.webhook.review`), and its own availability: a body of the wrong media type, too large,
 not JSON or not an AdmissionReview of a VMI CREATE it serves, malformed metadata or GPU
 annotations, a VMI without a name; the replica not synced or shutting down, an admission
