@@ -315,6 +315,9 @@ class BudgetInFlight(Reason):
                 f"{self.retry_after} s")
 
 
+# --- W1's denial of the set, carrying the reasons above ----------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class CannotPlace(Reason):
     """W1's denial of a set that fails its checks: "GPU set of VMI <ns>/<vmi> cannot be

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from model.reasons.codes import Category, Code, Reason, plural
 
 
+# --- the binder's refusal of a set (B1) --------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class RequestRef:
     """Names a request in messages: "<namespace>/<vmi> request <id>"."""
