@@ -3,7 +3,8 @@
 
 Each reads the cluster once with the user's kubeconfig — the same lists the controller's
 informers make, parsed the same way into the same `Snapshot` (`ClusterCache.read_once`) —
-writes nothing, and prints what `model.explain` answers, as text or (`--json`) JSON.
+writes nothing, and prints what `model.explain` (what-if: `model.what_if`) answers, as text
+or (`--json`) JSON.
 Exit codes: 0 done (whatever the verdict), 1 `explain` found the VMI would be refused,
 2 bad input or the cluster could not be read (the message names the flag or the object).
 """
@@ -27,10 +28,11 @@ import yaml
 from model.admission import LauncherDefaults, node_selector_of, unknown_annotations
 from model.types import ADMISSION_ANNOTATION
 from model.defrag import DefragPlan, plan_round
-from model.explain import Explanation, Top, WhatIf, explain, top, what_if
+from model.explain import Explanation, Top, explain, top
 from model.parse import ParseError, format_time, parse_tolerations, parse_vmi_request
 from model.snapshot import Snapshot
 from model.vm import vmi_of_vm
+from model.what_if import WhatIf, what_if
 from model.reasons import Code, Reason, resource_label
 
 

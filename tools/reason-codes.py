@@ -1,6 +1,7 @@
-"""Writes the table of refusal reason codes in docs/metrics.md from `model/reasons.py` (the
-`Code` enum with its group comments, each code's `Category`, its reason class and that class's
-docstring), so the list is never typed by hand.
+"""Writes the table of refusal reason codes in docs/metrics.md from the package `model/reasons/`
+(the `Code` enum of `model/reasons/codes.py` with its group comments, each code's `Category`,
+its reason class, found among the names the package re-exports, and that class's docstring),
+so the list is never typed by hand.
 
 Run from the repository root:
     PYTHONPATH=$PWD .venv/bin/python tools/reason-codes.py          # rewrite the table

@@ -9,9 +9,10 @@ import json
 from datetime import datetime, timedelta, timezone
 
 from cli.tools import render_explain, render_top, render_what_if, to_jsonable
-from model.explain import explain, top, what_if
+from model.explain import explain, top
 from model.parse import VMIAsk
 from model.snapshot import Snapshot
+from model.what_if import what_if
 from tests.support.dra_worlds import L40S_4, device_class, dra_node, recorded
 from tests.support.world import LIVE, NOW as COUNT_NOW, what_if_cluster
 

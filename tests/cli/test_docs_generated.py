@@ -1,5 +1,5 @@
 """docs/metrics.md's table of reason codes is the one tools/reason-codes.py generates from
-model/reasons.py: adding or rewording a code without regenerating it fails here."""
+model/reasons/: adding or rewording a code without regenerating it fails here."""
 
 from __future__ import annotations
 

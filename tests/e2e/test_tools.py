@@ -12,8 +12,9 @@ import yaml
 from kubernetes_asyncio.client import ApiException, CustomObjectsApi
 
 from cli.tools import explain_vmi, read_cluster, render_explain
-from model.explain import top, what_if
+from model.explain import top
 from model.reasons import BudgetExhausted, Code, NoRoom, SetNeeds
+from model.what_if import what_if
 from tests.e2e import helpers
 from tests.e2e.helpers import eventually
 from tests.support.tools import Pool, make_pool, run_tool, vmi

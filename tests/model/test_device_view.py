@@ -221,7 +221,7 @@ def test_DR4_explain_keeps_the_held_members_record_in_its_pair():
 
 def test_DR3_what_if_says_which_devices_a_moved_device_mode_set_takes():
     from datetime import datetime, timezone
-    from model.explain import what_if
+    from model.what_if import what_if
     w = what_if(_fleet(), "cordon", ["gpu-node-04"], live_vmis=set(),
                 now=datetime(2026, 12, 4, tzinfo=timezone.utc))
     [o] = w.outcomes

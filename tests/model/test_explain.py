@@ -15,14 +15,15 @@ from hypothesis import HealthCheck, assume, event, given, settings, strategies a
 
 from model.admission import Refusal, check
 from model.decide import Request, decide
-from model.explain import (EXPLAIN_REQUEST_ID, NodeVerdict, explain, held_sets,
-                           largest_placeable, set_request, top, what_if)
+from model.explain import (EXPLAIN_REQUEST_ID, NodeVerdict, explain, largest_placeable,
+                           set_request, top)
 from model.parse import VMIAsk
 from model.reasons import (BudgetExhausted, CannotPlace, ClassesNotServed, Code, Cordoned, DeviceAt,
                            DeviceAttached, NodeProblems, NoRoom, NotEntitled, RequestRef,
                            SelectorMismatch)
 from model.snapshot import Snapshot
 from model.types import Budget, DeviceStatus, GPUDevice, LabelSelector, Namespace, Result
+from model.what_if import held_sets, what_if
 from tests.support.world import (CLASSES, H, L, LIVE, NOW, NS, attached, dev, gpu_class, node,
                                  template, what_if_cluster)
 

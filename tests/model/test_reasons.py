@@ -9,6 +9,7 @@ import pytest
 
 from model import reasons as r
 from model.reasons import Category, Code
+from model.reasons.codes import _CATEGORY
 
 H = "nvidia.com/H100"
 
@@ -271,7 +272,7 @@ def test_categories(code, category):
 def test_every_code_names_its_category_explicitly(code):
     """No default: a code added without a category fails here (and raises KeyError in
     `Code.category`), instead of being answered 403 silently."""
-    assert isinstance(r._CATEGORY.get(code), Category), f"{code} has no category in _CATEGORY"
+    assert isinstance(_CATEGORY.get(code), Category), f"{code} has no category in _CATEGORY"
 
 
 def test_a_binder_refusal_takes_the_category_of_the_code_written_beside_it():

@@ -1,0 +1,153 @@
+"""Why one node cannot take the whole set (docs/contract.md §3 B3): the node itself (gone,
+cordoned, not Ready, not schedulable for KubeVirt, taints), the set's match (classes not
+served, nodeSelector), its capacity (`NoRoom`, `LostCapacity`: `CAPACITY_CODES`) and, in
+device mode, its groups of devices (`NoDeviceGroup`, DR3). `model.decide` and
+`model.types.Node.placement_reasons` build them; `NoEligibleNode` (`model.reasons.sets`)
+lists them per node.
+
+Pure; imports only `model.reasons.codes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from model.reasons.codes import Code, Reason, plural, resource_label
+
+
+def _pods_outside(foreign: int) -> str:
+    """How a message adds the units used by Pods outside the binder (none: nothing)."""
+    return f" ({foreign} used by Pods outside the binder)" if foreign else ""
+
+
+# --- one node for the whole set (B3) -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGone(Reason):
+    """The node does not exist (any more)."""
+    code: ClassVar[Code] = Code.NODE_GONE
+
+    def render(self) -> str:
+        return "gone"
+
+
+@dataclass(frozen=True, slots=True)
+class Cordoned(Reason):
+    """`spec.unschedulable`."""
+    code: ClassVar[Code] = Code.CORDONED
+
+    def render(self) -> str:
+        return "cordoned"
+
+
+@dataclass(frozen=True, slots=True)
+class NotReady(Reason):
+    """The node's Ready condition is not True."""
+    code: ClassVar[Code] = Code.NOT_READY
+
+    def render(self) -> str:
+        return "not Ready"
+
+
+@dataclass(frozen=True, slots=True)
+class NotKubevirtSchedulable(Reason):
+    """The node lacks `label`=true (KubeVirt's `kubevirt.io/schedulable`)."""
+    code: ClassVar[Code] = Code.NOT_KUBEVIRT_SCHEDULABLE
+    label: str
+
+    def render(self) -> str:
+        return f"lacks label {self.label}=true"
+
+
+@dataclass(frozen=True, slots=True)
+class TaintsNotTolerated(Reason):
+    """NoSchedule/NoExecute `taints` (as `key=value:Effect`) the VMI does not tolerate."""
+    code: ClassVar[Code] = Code.TAINTS_NOT_TOLERATED
+    taints: tuple[str, ...]
+
+    def render(self) -> str:
+        return (f"{'taint' if len(self.taints) == 1 else 'taints'} "
+                f"{', '.join(self.taints)} not tolerated")
+
+
+@dataclass(frozen=True, slots=True)
+class ClassesNotServed(Reason):
+    """The node does not serve these classes of the set."""
+    code: ClassVar[Code] = Code.CLASSES_NOT_SERVED
+    classes: tuple[str, ...]
+
+    def render(self) -> str:
+        return "does not serve " + plural("class", self.classes)
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorMismatch(Reason):
+    """The entries of the VMI's nodeSelector the node's labels lack."""
+    code: ClassVar[Code] = Code.SELECTOR_MISMATCH
+    missing: tuple[tuple[str, str], ...]
+
+    def render(self) -> str:
+        return "does not match node selector " + ",".join(f"{k}={v}" for k, v in self.missing)
+
+
+@dataclass(frozen=True, slots=True)
+class LostCapacity(Reason):
+    """More of `resource` used on the node than allocatable: `bound` devices, `foreign`
+    units of Pods outside the binder, `allocatable`."""
+    code: ClassVar[Code] = Code.LOST_CAPACITY
+    resource: str
+    bound: int
+    foreign: int
+    allocatable: int
+
+    def render(self) -> str:
+        return (f"lost capacity of {resource_label(self.resource)}: {self.bound} bound"
+                f"{_pods_outside(self.foreign)} of {self.allocatable}")
+
+
+@dataclass(frozen=True, slots=True)
+class NoRoom(Reason):
+    """The set `needs` units of `resource` on the node, which has `free` (of which none is
+    taken by its `foreign` units, counted in the used ones)."""
+    code: ClassVar[Code] = Code.NO_ROOM
+    resource: str
+    needs: int
+    free: int
+    foreign: int = 0
+
+    def render(self) -> str:
+        return f"needs {self.needs} × {resource_label(self.resource)}, has {self.free} free{_pods_outside(self.foreign)}"
+
+
+@dataclass(frozen=True, slots=True)
+class NoDeviceGroup(Reason):
+    """Device mode (DR3): the node has the units but no group of free devices of class
+    `class_name` sharing `attribute` (the class's matchAttribute with `{size}` = `count`):
+    `free` devices of the class are free here, the largest group has `largest` of them.
+    `missing`: no device of the node carries the attribute at all; `sizes` then the sizes of
+    the sized attribute that do exist on the node (empty for an unsized one)."""
+    code: ClassVar[Code] = Code.NO_DEVICE_GROUP
+    class_name: str
+    attribute: str | None
+    count: int
+    free: int
+    largest: int
+    missing: bool = False
+    sizes: tuple[int, ...] = ()
+
+    def render(self) -> str:
+        if self.missing:
+            sizes = f" (sizes that exist: {', '.join(map(str, self.sizes))})" if self.sizes else ""
+            return f"no {self.class_name} device carries {self.attribute}{sizes}"
+        if self.attribute is None:
+            return f"needs {self.count} free {self.class_name} devices, has {self.free}"
+        return (f"no {self.count} free {self.class_name} devices share {self.attribute}: "
+                f"{self.free} free, the largest group has {self.largest}")
+
+
+CAPACITY_CODES = frozenset({Code.NO_ROOM, Code.LOST_CAPACITY})
+"""Node problems about capacity (the others are about the node itself or the set's match).
+`NoDeviceGroup` (DR3) is not among them: freeing units elsewhere does not make a group, so
+explain's smallest change leaves such nodes out."""
