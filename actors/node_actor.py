@@ -37,7 +37,7 @@ from actors.runtime import Actor, ActorContext
 from model.hold import Hold, outstanding
 from model.reasons import (DevicesTaken, LedgerRebuilt, NodeGone, NodeUnfit, NoRoom, NoReservation, Reason,
                            Short)
-from model.topology import natural_key
+from model.device.topology import natural_key
 from model.types import Node
 
 _log = structlog.get_logger("gpu_binder.node")

@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from localcluster.dra_profiles import DEVICE_CLASS, HGX_H100_8, PARTITION_ATTRIBUTE, resource_slice
 from model.check import check_set
 from model.decide import Request, apply_decision, decide
-from model.dra import DeviceRef, parse_resource_slice
+from model.device.dra import DeviceRef, parse_resource_slice
 from model.snapshot import Order, Snapshot
 from model.types import (KUBEVIRT_SCHEDULABLE_LABEL, DeviceStatus, GPUClass, GPUDevice, Namespace, Node,
                          Phase, Result, dra_resource_name)

@@ -41,8 +41,8 @@ from functools import lru_cache
 
 from bench import packing_trace as pt
 from localcluster.dra_profiles import HGX_H100_8, PARTITION_ATTRIBUTE, resource_slice
-from model.dra import Inventory, parse_resource_slice
-from model.topology import GroupChoice, choose_devices, resolve_attribute
+from model.device.dra import Inventory, parse_resource_slice
+from model.device.topology import GroupChoice, choose_devices, resolve_attribute
 
 HGX_POLICIES = ("binder", "dra", "count", "repack")
 SYSTEM_OF = {"binder": "a", "dra": "b", "count": "c", "repack": "d"}

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from dataclasses import replace
 from typing import Any, Iterable, Mapping
 
-from model.cel import Selector, SelectorError, matches_all
-from model.dra import (DeviceRef, ResourceSlice, SliceDevice, SliceError, allocated_devices,
+from model.device.cel import Selector, SelectorError, matches_all
+from model.device.dra import (DeviceRef, ResourceSlice, SliceDevice, SliceError, allocated_devices,
                        parse_resource_slice)
 from model.types import GPUClass, GPUDevice, dra_resource_name
 

@@ -167,7 +167,7 @@ async def inventory_now(api):
     """The ResourceSlices read into a `model.dra.Inventory`."""
     from kubernetes_asyncio.client import CustomObjectsApi
 
-    from model.dra import Inventory, parse_resource_slice
+    from model.device.dra import Inventory, parse_resource_slice
 
     got = await CustomObjectsApi(api).list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")
     return Inventory.build(parse_resource_slice(s) for s in got.get("items") or [])

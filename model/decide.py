@@ -13,14 +13,14 @@ from datetime import datetime, timezone
 from enum import StrEnum
 from typing import Iterable, Mapping
 
-from model.dra import DeviceRef, device_set
+from model.device.dra import DeviceRef, device_set
 from model.reasons import (AlreadyPlaced, BudgetExhausted, ClassesNotServed, ClassNotFound, ClassProblem,
                            Code, DeviceAt, DeviceListedTwice, DeviceNotFound, KeptCordoned, LostCapacity,
                            MixedModes, NodeGone, NodeProblems, NoDeviceGroup, NoDevices, NoEligibleNode,
                            NoNodeServes, NoRoom, NotEntitled, Outcome, Placed, Reason, RequestRef,
                            SelectorMismatch, SetRefused, TaintsNotTolerated)
 from model.snapshot import Snapshot
-from model.topology import ClassShare, GroupChoice, NoGroup, choose_set, layout, natural_key, resolve_attribute
+from model.device.topology import ClassShare, GroupChoice, NoGroup, choose_set, layout, natural_key, resolve_attribute
 from model.types import (
     BindRequest,
     DeviceKey,

@@ -45,10 +45,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Collection, Iterable
 
-from model.device_view import capped, largest_device_set, placeable_sizes
-from model.dra import DeviceRef, device_set
+from model.device.view import capped, largest_device_set, placeable_sizes
+from model.device.dra import DeviceRef, device_set
 from model.snapshot import Snapshot
-from model.topology import NoGroup, choose_devices
+from model.device.topology import NoGroup, choose_devices
 from model.types import DeviceKey, GPUDevice, OnCordon, Phase
 
 DEFAULT_MAX_MOVES = 4

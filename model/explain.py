@@ -24,9 +24,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from model.admission import (Refusal, already_admitted, check, effective_resources,
                              same_name_conflict, template_name, unpermitted_gpu_entries)
 from model.decide import Move, Request, Rule, apply_decision, assess, decide
-from model.device_view import (Blocks, NodeDevices, blocks, largest_device_set, recorded_choice,
+from model.device.view import (Blocks, NodeDevices, blocks, largest_device_set, recorded_choice,
                                 set_view, takes)
-from model.dra import DeviceRef
+from model.device.dra import DeviceRef
 from model.defrag import DEFAULT_MAX_MOVES, DefragPlan, apply_moves, plan_round
 from model.housekeeping import VMIs
 from model.parse import VMIAsk

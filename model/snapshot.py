@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from model.dra import device_set
+from model.device.dra import device_set
 from model.hold import Hold
 from model.reasons import BudgetExhausted, ClassNotFound, ClassProblem, DeviceNotFound, NoFreeUnit, NotEntitled, Reason
 from model.types import (

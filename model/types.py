@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Mapping
 
-from model.dra import DeviceRef, SliceDevice
+from model.device.dra import DeviceRef, SliceDevice
 from model.reasons import DRA_DEVICES_SUFFIX, Code, Cordoned, NotKubevirtSchedulable, NotReady, Reason
 
 GROUP = "gpu.cozystack.io"

@@ -26,7 +26,7 @@ from kubernetes_asyncio.client import ApiException
 
 from localcluster.dra_profiles import DRIVER, HGX_H100_8, module_index, resource_slice
 from localcluster.dra_world import DEVICE_BUDGET_KEY, HGX_CLASS, dra_node, group_formed
-from model.dra import Inventory, parse_resource_slice
+from model.device.dra import Inventory, parse_resource_slice
 from localcluster.fleet import Fleet
 from model.claim import MANAGED_BY, MANAGED_BY_LABEL
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas, unique

@@ -14,8 +14,8 @@ import yaml
 
 from localcluster.claimcontroller import ClaimController
 from localcluster.dra_profiles import DEVICE_CLASS, HGX_H100_8, L40S_4, device_class, resource_slice
-from model.cel import Selector
-from model.dra import Inventory, parse_resource_slice
+from model.device.cel import Selector
+from model.device.dra import Inventory, parse_resource_slice
 from tests.e2e.conftest import unique
 
 

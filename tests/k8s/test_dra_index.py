@@ -8,7 +8,7 @@ import pytest
 
 from k8s.dra_index import DraIndex, SliceError
 from localcluster.dra_profiles import DEVICE_CLASS, HGX_H100_8, L40S_4, device_class, resource_slice
-from model.dra import DeviceRef
+from model.device.dra import DeviceRef
 from model.types import DeviceStatus, GPUClass, GPUDevice, Phase, dra_resource_name
 
 RES = dra_resource_name(DEVICE_CLASS)

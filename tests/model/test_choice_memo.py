@@ -12,11 +12,11 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.dra import DeviceRef, DeviceTaint, SliceDevice
+from model.device.dra import DeviceRef, DeviceTaint, SliceDevice
 from model.hold import Hold
 from model.snapshot import Snapshot
-from model.device_view import largest_device_set
-from model.topology import (SIZE_PLACEHOLDER, Device, GroupChoice, NoGroup, choose_devices, layout,
+from model.device.view import largest_device_set
+from model.device.topology import (SIZE_PLACEHOLDER, Device, GroupChoice, NoGroup, choose_devices, layout,
                             natural_key, resolve_attribute, sizes_present)
 from model.types import DeviceStatus, GPUClass, GPUDevice, Node, Phase
 from tests.model.test_topology import PARTITION, PCIE_ROOT, hgx, pcie_node
@@ -281,7 +281,7 @@ def test_property_decisions_on_derived_snapshots_equal_those_on_fresh_ones(rnd: 
 def reference_largest(snap: Snapshot, node: str, class_name: str) -> int:
     """`largest_device_set` straight from its docstring: the largest n <= free units with n
     free devices sharing the attribute resolved for n (any n without a constraint)."""
-    from model.topology import resolve_attribute, sizes_present
+    from model.device.topology import resolve_attribute, sizes_present
     cls, n = snap.classes.get(class_name), snap.nodes.get(node)
     if cls is None or not cls.device_mode or n is None:
         return 0

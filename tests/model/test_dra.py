@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from model.cel import Match, Selector, SelectorError, matches_all
-from model.dra import (DeviceRef, Inventory, SliceError, allocated_devices, parse_resource_slice)
+from model.device.cel import Match, Selector, SelectorError, matches_all
+from model.device.dra import (DeviceRef, Inventory, SliceError, allocated_devices, parse_resource_slice)
 
 DRIVER = "gpu.nvidia.com"
 VFIO_CLASS = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'vfio'"

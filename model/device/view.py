@@ -22,11 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from model.snapshot import Snapshot
-from model.topology import (SIZE_PLACEHOLDER, AttributeValue, Device, layout, natural_key,
+from model.device.topology import (SIZE_PLACEHOLDER, AttributeValue, Device, layout, natural_key,
                             resolve_attribute, sizes_present)
-from model.dra import DeviceRef, device_set
-from model.types import DeviceKey, GPUDevice
+from model.device.dra import DeviceRef, device_set
 
 MODULE_ID = "gpuModuleID"
 """The attribute id (in the matchAttribute's domain) naming a GPU's module on an HGX board."""

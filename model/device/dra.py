@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from model.topology import AttributeValue, Device
+from model.device.topology import AttributeValue, Device
 
 HARD_DEVICE_TAINTS = ("NoSchedule", "NoExecute")
 """Device taint effects that keep kube-scheduler's allocator off a device (DR2)."""
