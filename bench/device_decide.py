@@ -17,7 +17,7 @@ out (`apply_decision`, the records). Reports per set size the mean CPU time of `
 the machine does not count), and the rules seen.
 
 The snapshot is derived from step to step as the view derives it between node changes, so
-its node memo (`Snapshot.node_memo`: a new set's group choice per node) keeps the nodes the
+its node memo (`Snapshot.memo`: a new set's group choice per node) keeps the nodes the
 step did not touch. With `--cold` it is built anew before each step (untimed), as the view
 does after any Node change (a launcher Pod, a claim's allocation), its counts and records
 indexed outside the timing: every node's choice is then worked out again, the figure to

@@ -16,7 +16,8 @@ from model.device.dra import DeviceRef, DeviceTaint, SliceDevice
 from model.hold import Hold
 from model.snapshot import Snapshot
 from model.device.view import largest_device_set
-from model.device.topology import (SIZE_PLACEHOLDER, Device, GroupChoice, NoGroup, choose_devices, layout,
+from model.device.match import MatchAttribute
+from model.device.topology import (SIZE_PLACEHOLDER, Board, Device, GroupChoice, NoGroup, choose_devices, layout,
                             natural_key, resolve_attribute, sizes_present)
 from model.types import DeviceStatus, GPUClass, GPUDevice, Node, Phase
 from tests.model.test_topology import PARTITION, PCIE_ROOT, hgx, pcie_node
@@ -97,11 +98,15 @@ def test_property_the_layout_choice_is_the_straightforward_one(case, rnd: random
     devices, free, keep, count, template = case
     want = reference_choose(devices, free, count, template, keep)
     assert choose_devices(devices, free, count, template, keep) == want
-    assert choose_devices(devices, free, count, template, keep) == want  # remembered
+    board = Board(devices)  # the layouts live with the node's devices
+    assert choose_devices(board, free, count, template, keep) == want
+    assert choose_devices(board, free, count, template, keep) == want  # remembered
     listed = list(free)
     rnd.shuffle(listed)
     assert choose_devices(list(devices), listed, count, template, sorted(keep)) == want  # by value
-    assert layout(devices, template, count) is layout(devices, template, count)
+    match = MatchAttribute.of(template)
+    assert board.layout(match, count) is board.layout(match, count)
+    assert layout(board, template, count) is board.layout(match, count)
 
 
 # --- the reference: free_devices as it was before the DeviceSet ---------------------------------
