@@ -5,7 +5,7 @@ HGX H100 boards.
 Run `python -m bench.device_decide [--nodes 1000] [--decisions 2000] [--fill 0.5] [--seed 1]
 [--rounds 3] [--profile]`. Not a test. Each node publishes the slice of
 `localcluster.dra_profiles.HGX_H100_8` (8 GPUs, `gpu.nvidia.com/partition{1,2,4,8}` by module
-id), read by `model.dra.parse_resource_slice`; one device-mode class constrained by
+id), read by `model.device.dra.parse_resource_slice`; one device-mode class constrained by
 `gpu.nvidia.com/partition{size}` (DR3). The fleet starts with about `--fill` of its GPUs
 recorded by held devices of 20 tenants (random GPUs, so partitions are broken), a few GPUs
 allocated by foreign claims and one in 200 tainted. Each step stops a running VM when too many

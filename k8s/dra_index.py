@@ -130,7 +130,7 @@ class DraIndex:
 
     # -- slices -----------------------------------------------------------------------------
     def parse_slice(self, obj: Mapping[str, Any]) -> ResourceSlice:
-        """A `resource.k8s.io/v1` ResourceSlice dict parsed (`model.dra.parse_resource_slice`)
+        """A `resource.k8s.io/v1` ResourceSlice dict parsed (`model.device.dra.parse_resource_slice`)
         with what boards of one kind repeat shared with the slices seen before: strings,
         (name, value) attribute pairs and whole attribute tuples (the module docstring's
         memory). When the index holds a slice of that name that is the same, that held value

@@ -164,7 +164,7 @@ async def read_allocation(api, out: Outcome) -> None:
 
 
 async def inventory_now(api):
-    """The ResourceSlices read into a `model.dra.Inventory`."""
+    """The ResourceSlices read into a `model.device.dra.Inventory`."""
     from kubernetes_asyncio.client import CustomObjectsApi
 
     from model.device.dra import Inventory, parse_resource_slice

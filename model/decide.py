@@ -24,7 +24,7 @@ from model.device.dra import DeviceRef
 from model.device.records import record_after
 from model.reasons import (AlreadyPlaced, BudgetExhausted, ClassesNotServed, ClassNotFound, ClassProblem,
                            Code, DeviceAt, DeviceListedTwice, DeviceNotFound, KeptCordoned, LostCapacity,
-                           MixedModes, NodeGone, NodeProblems, NoDeviceGroup, NoDevices, NoEligibleNode,
+                           MixedModes, NodeGone, NodeProblems, NoDevices, NoEligibleNode,
                            NoNodeServes, NoRoom, NotEntitled, Outcome, Placed, Reason, RequestRef,
                            SelectorMismatch, SetRefused, TaintsNotTolerated)
 from model.snapshot import Snapshot
@@ -94,7 +94,7 @@ class Placement:
     a device-mode class, in request order (empty in count mode, and for B6 and B5 where the
     records stay as they are; for B5(a)/(b) whose records no longer hold on the cordoned
     node, the group they are re-pointed to there). A member already Bound on `node` whose
-    record (`status.device`) differs is re-pointed: a status write, not a move."""
+    record differs is re-pointed: a status write, not a move."""
 
     node: str
     moves: tuple[Move, ...]
@@ -515,14 +515,6 @@ def _resolve(snap: Snapshot, request: Request) -> tuple[list[GPUDevice], list[De
     if mixed is not None:
         problems.append(mixed)
     return members, described, problems, class_names
-
-
-def node_size_missing(snap: Snapshot, node: str, counts: Mapping[str, int]) -> NoDeviceGroup | None:
-    """DR3: the first device-mode class of `counts` (class name -> the set's count of it)
-    whose matchAttribute resolved for that count (`{size}`) no device of `node` carries,
-    as a `NoDeviceGroup` naming the sizes that exist there; None when each one's exists,
-    or the class has no `{size}` or no device on the node (`CountMode.size_missing`)."""
-    return snap.mode.size_missing(snap, node, counts)
 
 
 def size_nowhere(snap: Snapshot, counts: Mapping[str, int]) -> bool:

@@ -6,14 +6,14 @@ writes or waits. The binder's coordinator carries a plan out inside its one deci
 Vocabulary:
 - a *movable* device (D1): held (no template label), Bound, carrying no attachment and no
   bind request, not being deleted, its class known and `Move`; in device mode (DR1) also
-  recording its exact device (`status.device`, DR2);
+  recording its exact device (DR2, the seam's `movable`);
 - the *largest placeable set* of a class: the most new devices of the class one node can
   take now — over the placeable nodes serving the class (not cordoned, Ready,
   `kubevirt.io/schedulable=true`, no NoSchedule/NoExecute taint), their free units of the
   class's resource counting reservations in flight (B3) — and how many nodes have that room.
   The same figure as `model.explain.largest_placeable` (a one-device probe with no
   tolerations), maximised over nodes; for a device-mode class the largest set a node's
-  free groups take (DR3, `model.device_view.largest_device_set`), not its free units;
+  free groups take (DR3, `model.device.view.largest_device_set`), not its free units;
 - a *profile*: that pair (largest, nodes with room for it) per class. A round is kept only
   when no class's pair goes down (lexicographically) and some class's goes up (D3).
 
@@ -25,17 +25,12 @@ clearing helps. Every move targets a node eligible for the device's class with a
 unit (D2: reservations in flight counted); a move never changes a tenant's Bound count, so
 no budget figure moves (D5).
 
-Device mode (DR2-DR4): a step is one of
-- a *re-point*: an idle held device keeps its node and records another of the node's free
-  devices of its class, the one a new one-device set would take there (DR4's buddy best
-  fit, `model.topology.choose_devices`), so that the block it leaves is whole again; a
-  status write, not a move (`DefragMove.repoint`);
-- a *clearing* as above, of one class's idle held devices of a node (each alone, and the
-  first k in name order), each to the tightest other eligible node with a device free for
-  it, recording the device a one-device set would take there.
-The profile of a device-mode class is per node the largest set its free groups take
-(`model.device_view.largest_device_set`), worked out again on the snapshot after the step
-for the nodes it touches. A re-point wins a tie with a move.
+Device mode (DR2-DR4): the idle held devices of device-mode classes are weighed through the
+seam (`Snapshot.mode.defrag_steps`, `model.device.defrag`): re-points (a status write on
+the same node, `DefragMove.repoint`) and clearings that record the device a one-device set
+takes on the target. The profile of a device-mode class is per node the largest set its
+free groups take (`Snapshot.mode.largest`), worked out again after the step for the nodes
+it touches (`_Profile.refresh`). A re-point wins a tie with a move.
 """
 
 from __future__ import annotations

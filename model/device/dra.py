@@ -4,7 +4,7 @@ node with their qualified attributes and taints, and the devices every ResourceC
 allocation lists.
 
 Pure: parsers take the plain dicts the API returns (resource.k8s.io/v1) and return frozen
-values; nothing here reads the API or the clock. Selector matching (CEL) is `model.cel`'s.
+values; nothing here reads the API or the clock. Selector matching (CEL) is `model.device.cel`'s.
 
 Shapes followed (Kubernetes v1.36 `resource.k8s.io/v1`): a ResourceSlice's `spec.driver`,
 `spec.pool{name, generation, resourceSliceCount}`, `spec.nodeName` (node-local slices; slices
@@ -68,7 +68,7 @@ class SliceDevice:
         return any(t.effect in HARD_DEVICE_TAINTS for t in self.taints)
 
     def as_device(self) -> Device:
-        """The topology view of this device (name and attributes) for `model.topology`."""
+        """The topology view of this device (name and attributes) for `model.device.topology`."""
         return Device(self.ref.device, self.attributes)
 
     def cel_view(self) -> dict[str, Any]:

@@ -123,7 +123,7 @@ async def admin_claim(fleet, node: str, modules: list[int], *, ns: str | None = 
 
 
 def devices_of(node: str, names) -> list:
-    """The `model.dra.SliceDevice`s `names` of `node`'s hgx-h100-8 slice, as published."""
+    """The `model.device.dra.SliceDevice`s `names` of `node`'s hgx-h100-8 slice, as published."""
     inv = Inventory.build([parse_resource_slice(resource_slice(node, HGX_H100_8))])
     return [d for d in inv.devices(node) if d.ref.device in set(names)]
 

@@ -8,8 +8,9 @@ import pytest
 
 from k8s.dra_index import DraIndex, SliceError
 from localcluster.dra_profiles import DEVICE_CLASS, HGX_H100_8, L40S_4, device_class, resource_slice
-from model.device.dra import DeviceRef
-from model.types import DeviceStatus, GPUClass, GPUDevice, Phase, dra_resource_name
+from model.device.dra import DeviceRef, DeviceSet
+from model.device.match import MatchAttribute
+from model.types import DeviceStatus, GPUClass, GPUDevice, Node, Phase, dra_resource_name
 
 RES = dra_resource_name(DEVICE_CLASS)
 HGX = GPUClass("hgx", RES, device_class_name=DEVICE_CLASS,
@@ -306,3 +307,15 @@ def test_a_malformed_slice_is_kept_as_its_reason_logged_and_left_out():
     assert [(e["kind"], e["name"]) for e in logs if e["event"] == "skipping malformed object"] == [
         ("ResourceSlice", "hgx-1-gpu.nvidia.com")]
     assert c.dra.nodes() == set()
+
+
+def test_a_nodes_devices_keep_their_layouts_and_equal_boards_share_one():
+    idx = world()
+    idx.put_slice(resource_slice("hgx-2", HGX_H100_8))
+    one = dict(idx.node_fields("hgx-1", []).class_devices)["hgx"]
+    two = dict(idx.node_fields("hgx-2", []).class_devices)["hgx"]
+    assert isinstance(one, DeviceSet) and one != two  # each node's own devices
+    assert one.board is two.board  # which look the same: one board, its layouts worked out once
+    match = MatchAttribute.of(HGX.match_attribute)
+    assert one.board.layout(match, 4) is two.board.layout(match, 4)
+    assert Node("hgx-1", class_devices=(("hgx", one),)).devices_of("hgx") is one

@@ -1,6 +1,6 @@
 """The remembered device-mode choice (DESIGN.md §3b DR2-DR4; issue 32's admission latency):
-`model.topology.choose_devices` on a node's worked-out `Layout`, and `Snapshot.free_devices`
-on a node's `model.dra.DeviceSet`, give exactly what the straightforward computation gives.
+`model.device.topology.choose_devices` on a node's worked-out `Layout`, and `Snapshot.free_devices`
+on a node's `model.device.dra.DeviceSet`, give exactly what the straightforward computation gives.
 Hypothesis compares both with reference copies of the computation they replaced (kept here,
 verbatim but for names) on random boards, free sets, keep sets, records, holds, claims and
 taints, asked repeatedly so the memos answer too."""
