@@ -15,7 +15,7 @@ Pure: `decide` reads a `Snapshot` and returns a `Decision`; nothing here writes 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import StrEnum
 from typing import Iterable, Mapping
@@ -312,7 +312,8 @@ def apply_decision(snapshot: Snapshot, request: Request, decision: Decision, *, 
         if moved:
             st = DeviceStatus(Phase.BOUND, node, now, st.attached_to, br, record_after(st, d.key, chosen, True))
         else:
-            st = replace(st, bind_request=br, device=record_after(st, d.key, chosen, False))
+            st = DeviceStatus(st.phase, st.node_name, st.bound_at, st.attached_to, br,
+                              record_after(st, d.key, chosen, False))
         updated.append(GPUDevice(d.namespace, d.name, d.class_name, d.template_for, st,
                                  d.resource_version, d.uid, d.created_at, d.deleting))
     return snap.with_devices(updated)
