@@ -11,14 +11,13 @@ Pure. The snapshot and the members are the core's values (`model.snapshot.Snapsh
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from model.device.dra import DeviceRef
 from model.device.match import MatchAttribute
+from model.device.ports import DeviceKey, DeviceView, SnapshotView
 from model.device.topology import ClassShare, GroupChoice, NoGroup, choose_set, natural_key
 from model.reasons import NoDeviceGroup, NoRoom, Reason
-
-DeviceKey = tuple[str, str]
 
 _NO_NAMES: frozenset[str] = frozenset()
 
@@ -74,12 +73,12 @@ class SetDevices(NoDevices):
     __slots__ = ("snap", "request_id", "members", "classes", "matches", "own", "by_class",
                  "here", "_choices", "_own_holds")
 
-    def __init__(self, snap: Any, request_id: str, members: Sequence[Any], classes: list[str],
+    def __init__(self, snap: SnapshotView, request_id: str, members: Sequence[DeviceView], classes: list[str],
                  matches: dict[str, MatchAttribute | None]) -> None:
         self.snap, self.request_id, self.members, self.classes = snap, request_id, members, classes
         self.matches = matches
         self.own = frozenset(m.key for m in members)
-        self.by_class: dict[str, list[Any]] = {c: [] for c in classes}
+        self.by_class: dict[str, list[DeviceView]] = {c: [] for c in classes}
         self.here: set[str] = set()
         for m in members:
             if m.class_name in self.by_class:
@@ -236,7 +235,7 @@ class SetDevices(NoDevices):
         return out
 
 
-def size_missing(snap: Any, node: str, counts: dict[str, int],
+def size_missing(snap: SnapshotView, node: str, counts: dict[str, int],
                  matches: dict[str, MatchAttribute | None]) -> NoDeviceGroup | None:
     """DR3: the first device-mode class of `counts` (class name -> the set's count of it)
     whose sized matchAttribute (`matches`), resolved for that count, no device of `node`

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator
 
 from model.device.dra import DeviceRef
+from model.device.ports import DeviceView, SnapshotView
 from model.device.topology import NoGroup, choose_devices
 from model.device.view import capped, placeable_sizes
 
@@ -32,7 +33,7 @@ class Scratch:
 
     __slots__ = ("snap", "taken", "freed", "units", "touched", "memo")
 
-    def __init__(self, snap, memo: dict) -> None:
+    def __init__(self, snap: SnapshotView, memo: dict) -> None:
         self.snap = snap
         self.memo = memo  # the round's: (node, class, free, units) -> largest
         self.taken: dict[str, set[str]] = {}
@@ -55,14 +56,14 @@ class Scratch:
             out = out | (back & self.snap.nodes[node].devices_of(class_name).names)
         return out - gone if gone else out
 
-    def free_for(self, d) -> frozenset[str]:
+    def free_for(self, d: DeviceView) -> frozenset[str]:
         """`free` for a set of `d` alone: its own record counts free (DR4)."""
         node, rec = d.bound_node, d.status.device
         assert node is not None and rec is not None
         free = self.free(node, d.class_name)
         return free | {rec.device} if self._record_free(d) else free
 
-    def _record_free(self, d) -> bool:
+    def _record_free(self, d: DeviceView) -> bool:
         """Whether `d`'s record is free once `d` gives it up: no claim allocates it, no taint
         covers it, no other device records it, no other reservation holds it, and the step
         has not recorded it again."""
@@ -102,7 +103,7 @@ class Scratch:
         return found
 
 
-def device_steps(snap, profile, by_node: dict[str, dict[str, list]], budget: int,
+def device_steps(snap: SnapshotView, profile: Any, by_node: dict[str, dict[str, list]], budget: int,
                  cleared: set[str], targets: dict, *, move: Callable[..., Any],
                  targets_of: Callable[..., list[str]]) -> Iterator[tuple[str, list, Scratch]]:
     """The candidate steps of a round (see the module docstring), each as (node, moves
@@ -153,7 +154,7 @@ def device_steps(snap, profile, by_node: dict[str, dict[str, list]], budget: int
                     yield node, *found
 
 
-def _may_grow(snap, profile, node: str, res: str, freed: int) -> bool:
+def _may_grow(snap: SnapshotView, profile: Any, node: str, res: str, freed: int) -> bool:
     """Whether `node`, with `freed` more free units of `res`, could grow some device-mode
     class's rank (D3): its figure there, at most the class's devices on the node and its free
     units, could pass the class's largest set, or reach it from below (one more node)."""
@@ -171,7 +172,7 @@ def _may_grow(snap, profile, node: str, res: str, freed: int) -> bool:
     return False
 
 
-def _record_exists(snap, d) -> bool:
+def _record_exists(snap: SnapshotView, d: DeviceView) -> bool:
     """Whether `d`'s record names a device its node still publishes for its class (a
     vanished one is lost capacity: never moved nor re-pointed away from)."""
     n = snap.nodes.get(d.bound_node or "")
@@ -180,7 +181,7 @@ def _record_exists(snap, d) -> bool:
         sd.ref == rec for sd in n.devices_of(d.class_name))
 
 
-def _one_device(snap, node: str, class_name: str, free: frozenset[str],
+def _one_device(snap: SnapshotView, node: str, class_name: str, free: frozenset[str],
                 keep: frozenset[str] = frozenset()) -> DeviceRef | None:
     """The device of `node` a new one-device set of `class_name` takes among `free`
     (DR4's buddy best fit, `keep` first on a tie), None when none."""
@@ -195,7 +196,7 @@ def _one_device(snap, node: str, class_name: str, free: frozenset[str],
     return next(sd.ref for sd in sds if sd.ref.device == name)
 
 
-def _repoint(scratch: Scratch, d, move: Callable[..., Any]) -> Any:
+def _repoint(scratch: Scratch, d: DeviceView, move: Callable[..., Any]) -> Any:
     """DR4: `d` re-pointed to the device of its node a one-device set would take, counting
     its own record free; None when that is its record."""
     node, rec = d.bound_node, d.status.device
@@ -208,7 +209,7 @@ def _repoint(scratch: Scratch, d, move: Callable[..., Any]) -> Any:
                 node, node, node, "", 0, 0, rec, to)
 
 
-def _clear(snap, node: str, class_name: str, group: list, cleared: set[str], targets: dict,
+def _clear(snap: SnapshotView, node: str, class_name: str, group: list, cleared: set[str], targets: dict,
            budget: int, memo: dict, move: Callable[..., Any], targets_of: Callable[..., list[str]]):
     """`group` (idle held devices of `class_name` on `node`) moved off, each to the tightest
     other eligible node with a device free for it (B4; not a node of `cleared`), recording

@@ -12,8 +12,16 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-DeviceKey = tuple[str, str]
-"""(namespace, name) of a GPUDevice (`model.types.DeviceKey`)."""
+from model.device.dra import DeviceRef
+from model.device.ports import DeviceKey, DeviceView, HoldView, NodeView
+from model.device.topology import GroupChoice
+from model.reasons import NoDeviceGroup
+
+GroupOutcome = dict[str, GroupChoice] | NoDeviceGroup
+"""A set's choice on a node: one group per device-mode class, or why there is none (DR3)."""
+
+Change = tuple[DeviceView | None, DeviceView | None]
+"""A device before and after (None: none), as a snapshot is derived."""
 
 Records = dict[str, dict[str, tuple[DeviceKey, ...]]]
 """Per node, the device names Bound GPUDevices on it record, with their keys (DR2)."""
@@ -30,9 +38,9 @@ class NodeMemo:
 
     __slots__ = ("groups", "largest")
 
-    def __init__(self, groups: dict[tuple[str, str, int], Any] | None = None,
+    def __init__(self, groups: dict[tuple[str, str, int], GroupOutcome] | None = None,
                  largest: dict[tuple[str, str], int | tuple[int, ...]] | None = None) -> None:
-        self.groups: dict[tuple[str, str, int], Any] = {} if groups is None else groups
+        self.groups: dict[tuple[str, str, int], GroupOutcome] = {} if groups is None else groups
         self.largest: dict[tuple[str, str], int | tuple[int, ...]] = {} if largest is None else largest
 
     def without(self, nodes: Iterable[str]) -> NodeMemo:
@@ -46,11 +54,11 @@ class NodeMemo:
         return NodeMemo(dict(self.groups), dict(self.largest))
 
 
-def _recorded(d: Any) -> bool:
+def _recorded(d: DeviceView | None) -> bool:
     return d is not None and d.status.device is not None and d.bound_node is not None
 
 
-def add_record(rec: Records, d: Any) -> None:
+def add_record(rec: Records, d: DeviceView) -> None:
     """Count `d`'s record (when it is Bound and records a device) into `rec`, in place."""
     ref = d.status.device
     node = d.bound_node
@@ -60,7 +68,7 @@ def add_record(rec: Records, d: Any) -> None:
     on[ref.device] = on.get(ref.device, ()) + (d.key,)
 
 
-def records_of(by_ns: Mapping[str, Mapping[str, Any]]) -> Records:
+def records_of(by_ns: Mapping[str, Mapping[str, DeviceView]]) -> Records:
     """The records of every device of `by_ns` (namespace -> name -> GPUDevice)."""
     rec: Records = {}
     for devices in by_ns.values():
@@ -69,7 +77,7 @@ def records_of(by_ns: Mapping[str, Mapping[str, Any]]) -> Records:
     return rec
 
 
-def derive_records(rec: Records, changes: Sequence[tuple[Any, Any]]) -> Records:
+def derive_records(rec: Records, changes: Sequence[Change]) -> Records:
     """`rec` after `changes` (old, new GPUDevice pairs, None for none), copying only the
     touched nodes."""
     out = rec
@@ -94,8 +102,8 @@ def derive_records(rec: Records, changes: Sequence[tuple[Any, Any]]) -> Records:
     return out
 
 
-def touched_nodes(changes: Sequence[tuple[Any, Any]], before: tuple, after: tuple | None,
-                  added: Sequence | None) -> set[str]:
+def touched_nodes(changes: Sequence[Change], before: tuple[HoldView, ...],
+                  after: tuple[HoldView, ...] | None, added: Sequence[HoldView] | None) -> set[str]:
     """The nodes whose records (device `changes`) or device holds (`before` -> `after`, with
     `added` the holds only added, when known) differ: their `NodeMemo` entries go."""
     out: set[str] = set()
@@ -105,7 +113,7 @@ def touched_nodes(changes: Sequence[tuple[Any, Any]], before: tuple, after: tupl
                 out.add(d.bound_node)
     if after is not None:
         if added is not None:
-            moved: Iterable = added
+            moved: Iterable[HoldView] = added
         else:
             was, now = {id(h) for h in before}, {id(h) for h in after}
             moved = [h for h in after if id(h) not in was] + [h for h in before if id(h) not in now]
@@ -113,16 +121,16 @@ def touched_nodes(changes: Sequence[tuple[Any, Any]], before: tuple, after: tupl
     return out
 
 
-def holds_by_node(reservations: Iterable) -> dict[str, list]:
+def holds_by_node(reservations: Iterable[HoldView]) -> dict[str, list[HoldView]]:
     """The reservations naming devices (`Hold.devices`), by node."""
-    held: dict[str, list] = {}
+    held: dict[str, list[HoldView]] = {}
     for r in reservations:
         if r.devices:
             held.setdefault(r.node, []).append(r)
     return held
 
 
-def held_names(holds: Iterable, exclude_request: str | None = None) -> frozenset[str]:
+def held_names(holds: Iterable[HoldView], exclude_request: str | None = None) -> frozenset[str]:
     """The device names `holds` (of one node) hold, except those of `exclude_request`."""
     out: set[str] = set()
     for r in holds:
@@ -131,8 +139,8 @@ def held_names(holds: Iterable, exclude_request: str | None = None) -> frozenset
     return frozenset(out)
 
 
-def free_devices(node: Any, class_name: str, recorded: Mapping[str, tuple[DeviceKey, ...]] | None,
-                 holds: Sequence, request_id: str | None = None,
+def free_devices(node: NodeView | None, class_name: str, recorded: Mapping[str, tuple[DeviceKey, ...]] | None,
+                 holds: Sequence[HoldView], request_id: str | None = None,
                  own: Iterable[DeviceKey] = ()) -> frozenset[str]:
     """DR2: the names of the devices of `class_name` on `node` (a `model.types.Node`, None
     when gone) free for request `request_id` whose members are `own`: not tainted
@@ -169,7 +177,8 @@ def free_devices(node: Any, class_name: str, recorded: Mapping[str, tuple[Device
     return out
 
 
-def record_after(status: Any, key: DeviceKey, chosen: Mapping[DeviceKey, Any], moved: bool) -> Any:
+def record_after(status: Any, key: DeviceKey, chosen: Mapping[DeviceKey, DeviceRef],
+                 moved: bool) -> DeviceRef | None:
     """The record (`status.device`) a GPUDevice of `key` carries after a decision: the device
     `chosen` for it, else none when it moved to another node, else the one it had (DR4)."""
     if moved:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from model.device.choice import NO_DEVICES, NoDevices, SetDevices, size_missing
 from model.device.defrag import device_steps
 from model.device.match import MatchAttribute
+from model.device.ports import DeviceView, NodeView, SnapshotView
 from model.device.records import Records, derive_records
 from model.device.view import largest_device_set
 
@@ -41,7 +42,7 @@ class CountMode:
     matches: Mapping[str, MatchAttribute | None] = MappingProxyType({})
     """Every device-mode class's matchAttribute (None: no constraint), by class name."""
 
-    def serves(self, node: Any, class_name: str) -> bool:
+    def serves(self, node: NodeView, class_name: str) -> bool:
         """Whether `node` (a `model.types.Node`) has what `class_name` needs beyond units."""
         return True
 
@@ -52,26 +53,26 @@ class CountMode:
         count mode carries them only when asked for already."""
         return derive_records(records, changes) if records is not None and changes else records
 
-    def for_set(self, snap: Any, request_id: str, members: Sequence[Any],
+    def for_set(self, snap: SnapshotView, request_id: str, members: Sequence[DeviceView],
                 class_names: Iterable[str]) -> NoDevices:
         """The set's device questions (`model.device.choice`): none in count mode."""
         return NO_DEVICES
 
-    def size_missing(self, snap: Any, node: str, counts: Mapping[str, int]) -> Any:
+    def size_missing(self, snap: SnapshotView, node: str, counts: Mapping[str, int]) -> Any:
         """DR3: the `NoDeviceGroup` of the first device-mode class of `counts` whose sized
         matchAttribute no device of `node` carries for its count; None when none."""
         return None
 
-    def size_nowhere(self, snap: Any, counts: Mapping[str, int]) -> bool:
+    def size_nowhere(self, snap: SnapshotView, counts: Mapping[str, int]) -> bool:
         """DR3: some device-mode class of `counts` asks a size no node serving it has."""
         return False
 
-    def movable(self, device: Any) -> bool:
+    def movable(self, device: DeviceView) -> bool:
         """D1 in device mode: an idle held device of a device-mode class moves its record
         (`status.device`), so it must have one."""
         return True
 
-    def largest(self, snap: Any, node: str, class_name: str) -> int:
+    def largest(self, snap: SnapshotView, node: str, class_name: str) -> int:
         """The largest set of device-mode `class_name` `node`'s free groups take (DR3)."""
         return 0
 
@@ -93,7 +94,7 @@ class DeviceMode(CountMode):
         self.matches = matches  # type: ignore[misc]
         self.device_classes = frozenset(matches)  # type: ignore[misc]
 
-    def serves(self, node: Any, class_name: str) -> bool:
+    def serves(self, node: NodeView, class_name: str) -> bool:
         return class_name not in self.matches or bool(node.devices_of(class_name))
 
     def carry(self, records: Records | None, build: Callable[[], Records],
@@ -102,18 +103,18 @@ class DeviceMode(CountMode):
             records = build()  # once here, not once per derived snapshot that asks
         return derive_records(records, changes) if changes else records
 
-    def for_set(self, snap: Any, request_id: str, members: Sequence[Any],
+    def for_set(self, snap: SnapshotView, request_id: str, members: Sequence[DeviceView],
                 class_names: Iterable[str]) -> NoDevices:
         classes = [c for c in class_names if c in self.matches]
         if not classes:
             return NO_DEVICES
         return SetDevices(snap, request_id, members, classes, self.matches)
 
-    def size_missing(self, snap: Any, node: str, counts: Mapping[str, int]) -> Any:
+    def size_missing(self, snap: SnapshotView, node: str, counts: Mapping[str, int]) -> Any:
         return size_missing(snap, node, {c: k for c, k in counts.items() if c in self.matches},
                             self.matches)
 
-    def size_nowhere(self, snap: Any, counts: Mapping[str, int]) -> bool:
+    def size_nowhere(self, snap: SnapshotView, counts: Mapping[str, int]) -> bool:
         for c, count in counts.items():
             if c not in self.matches:
                 continue
@@ -123,10 +124,10 @@ class DeviceMode(CountMode):
                 return True
         return False
 
-    def movable(self, device: Any) -> bool:
+    def movable(self, device: DeviceView) -> bool:
         return device.class_name not in self.matches or device.status.device is not None
 
-    def largest(self, snap: Any, node: str, class_name: str) -> int:
+    def largest(self, snap: SnapshotView, node: str, class_name: str) -> int:
         return largest_device_set(snap, node, class_name)
 
     def defrag_steps(self, *args: Any, **kwargs: Any) -> Iterable:

@@ -24,9 +24,9 @@ from typing import Iterable, Sequence
 
 from model.device.dra import DeviceRef
 from model.device.match import MODULE_ID, MatchAttribute
+from model.device.ports import DeviceKey, DeviceView, SnapshotView
 from model.device.topology import AttributeValue, Board, Device, natural_key
 
-DeviceKey = tuple[str, str]
 
 
 # --- names ------------------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def _groups(board: Board, match: MatchAttribute, count: int) -> list[tuple[Attri
     return [(g.value, [by_name[x] for x in g.names]) for g in board.layout(match, count).groups]
 
 
-def class_on_node(snap, node: str, class_name: str, count: int,
+def class_on_node(snap: SnapshotView, node: str, class_name: str, count: int,
                   request_id: str | None = None, own: Iterable[DeviceKey] = ()) -> ClassOnNode | None:
     """The state of device-mode class `class_name` on `node` for a share of `count` devices
     of request `request_id` whose members are `own` (free as `Snapshot.free_devices` says,
@@ -221,7 +221,7 @@ def class_on_node(snap, node: str, class_name: str, count: int,
 # --- the largest set placeable (top, metrics, defragmentation's profile) ----------------------
 
 
-def largest_device_set(snap, node: str, class_name: str) -> int:
+def largest_device_set(snap: SnapshotView, node: str, class_name: str) -> int:
     """The largest number n of new devices of device-mode class `class_name` one set can
     take on `node` now, room and topology alone (DR3; eligibility of the node is the
     caller's, `model.explain.largest_placeable`): n free units of the class's resource
@@ -308,7 +308,7 @@ class Blocks:
         return ""
 
 
-def blocks(snap, node: str, class_name: str) -> Blocks | None:
+def blocks(snap: SnapshotView, node: str, class_name: str) -> Blocks | None:
     """The `Blocks` of a device-mode class on `node` for a new set (DR2: free as
     `Snapshot.free_devices` says); None for a count-mode or unknown class or a gone node."""
     n = snap.nodes.get(node)
@@ -354,7 +354,7 @@ class NodeDevices:
                 + [f"{c} takes {what}" for c, what in self.takes])
 
 
-def takes(snap, node: str, chosen: Sequence[tuple[DeviceKey, DeviceRef]]
+def takes(snap: SnapshotView, node: str, chosen: Sequence[tuple[DeviceKey, DeviceRef]]
           ) -> tuple[tuple[str, str], ...]:
     """Per class (sorted), the chosen devices of `node` rendered with their module ids
     (`devices_label`); members unknown to `snap` are left out."""
@@ -372,7 +372,7 @@ def takes(snap, node: str, chosen: Sequence[tuple[DeviceKey, DeviceRef]]
     return tuple(out)
 
 
-def set_view(snap, request_id: str, members: Sequence,
+def set_view(snap: SnapshotView, request_id: str, members: Sequence[DeviceView],
              chosen: dict[str, tuple[tuple[DeviceKey, DeviceRef], ...]]) -> tuple[NodeDevices, ...]:
     """The device-mode view of a set (`members`, of request `request_id`) on every node with
     devices of one of its device-mode classes, by node name; `chosen` per node the devices a
@@ -394,7 +394,7 @@ def set_view(snap, request_id: str, members: Sequence,
     return tuple(out)
 
 
-def recorded_choice(members: Sequence, node: str) -> tuple[tuple[DeviceKey, DeviceRef], ...]:
+def recorded_choice(members: Sequence[DeviceView], node: str) -> tuple[tuple[DeviceKey, DeviceRef], ...]:
     """The members' records on `node` (what B5/B6 keep: their placement names no devices)."""
     return tuple((m.key, m.status.device) for m in members
                  if m.bound_node == node and m.status.device is not None)
