@@ -37,6 +37,7 @@ from typing import Any, Iterable, Mapping
 from model.device.cel import Selector, SelectorError, matches_all
 from model.device.dra import (DeviceRef, DeviceSet, ResourceSlice, SliceDevice, SliceError, allocated_devices,
                        parse_resource_slice)
+from model.device.records import recorded_names
 from model.device.topology import Board, Device
 from model.types import GPUClass, GPUDevice, dra_resource_name
 
@@ -404,7 +405,7 @@ class DraIndex:
             return NodeDevices()
         taken = frozenset(d.ref.device for d in devices
                           if d.ref in self._allocated or d.tainted)
-        recorded = {dev.status.device.device for dev in bound if dev.status.device is not None}
+        recorded = recorded_names(bound)
         per_class: list[tuple[str, tuple[SliceDevice, ...]]] = []
         counts: dict[str, tuple[int, int]] = {}
         for name in sorted(self._classes):

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from model.device.dra import DeviceRef
 from model.device.ports import DeviceKey, DeviceView, HoldView, NodeView
-from model.device.topology import GroupChoice
+from model.device.topology import GroupChoice, natural_key
 from model.reasons import NoDeviceGroup
 
 GroupOutcome = dict[str, GroupChoice] | NoDeviceGroup
@@ -177,6 +177,35 @@ def free_devices(node: NodeView | None, class_name: str, recorded: Mapping[str, 
     return out
 
 
+def recorded_names(devices: Iterable[DeviceView]) -> set[str]:
+    """The device names `devices` record (the Bound GPUDevices of one node)."""
+    return {d.status.device.device for d in devices if d.status.device is not None}
+
+
+def taken_names(wanted: Sequence[str], node: NodeView | None, devices_on: Iterable[DeviceView],
+                own: set[DeviceKey], held: set[str]) -> tuple[str, ...]:
+    """DR2 for a node actor's ledger: the names of `wanted` (the devices a hold names on
+    `node`, None when gone) that are not free there, in natural order: in
+    `Node.taken_devices` (a claim's allocation, a device taint), recorded by one of
+    `devices_on` (the devices on the node) that is not of `own` (the hold's members and
+    landing devices), held by another request's lease (`held`), or wanted twice. A member's
+    own record is free for it (its claim may allocate it: not in the way), unless a claim the
+    binder did not make allocates it (`Node.foreign_claimed`)."""
+    taken_by_claims = node.taken_devices if node else frozenset()
+    mine: set[str] = set()
+    others: set[str] = set(held)
+    for dev in devices_on:
+        rec = dev.status.device
+        if rec is not None:
+            (mine if dev.key in own else others).add(rec.device)
+    foreign = node.foreign_claimed if node else frozenset()
+    out = {n for n in wanted
+           if n in others or (n in taken_by_claims and (n not in mine or n in foreign))}
+    if len(set(wanted)) != len(wanted):  # one device for two members: never
+        out |= {n for n in wanted if wanted.count(n) > 1}
+    return tuple(sorted(out, key=natural_key))
+
+
 def record_after(status: Any, key: DeviceKey, chosen: Mapping[DeviceKey, DeviceRef],
                  moved: bool) -> DeviceRef | None:
     """The record (`status.device`) a GPUDevice of `key` carries after a decision: the device
@@ -186,5 +215,6 @@ def record_after(status: Any, key: DeviceKey, chosen: Mapping[DeviceKey, DeviceR
     return chosen.get(key, status.device)
 
 
-__all__ = ["DeviceKey", "NodeMemo", "Records", "add_record", "derive_records", "free_devices",
-           "held_names", "holds_by_node", "record_after", "records_of", "touched_nodes"]
+__all__ = ["NodeMemo", "Records", "add_record", "derive_records", "free_devices", "held_names",
+           "holds_by_node", "record_after", "recorded_names", "records_of", "taken_names",
+           "touched_nodes"]
