@@ -37,7 +37,8 @@ from actors.runtime import Actor, ActorContext
 from model.hold import Hold, outstanding
 from model.reasons import (DevicesTaken, LedgerRebuilt, NodeGone, NodeUnfit, NoRoom, NoReservation, Reason,
                            Short)
-from model.topology import natural_key
+from model.device.records import taken_names
+from model.device.topology import natural_key
 from model.types import Node
 
 _log = structlog.get_logger("gpu_binder.node")
@@ -386,28 +387,13 @@ class NodeActor(Actor):
 
     def _taken_names(self, hold: Hold) -> tuple[str, ...]:
         """Device mode (DR2): the devices `hold` names that are not free on this node
-        (natural order): in `Node.taken_devices` (a claim's allocation, a device taint),
-        recorded (`status.device`) by a Bound device here that is not a member of the
-        hold's request, or held by another request's lease (not recorded by its member yet).
-        A member's own record is free for it (its claim may allocate it: not in the way),
-        unless a claim the binder did not make allocates it (`Node.foreign_claimed`)."""
+        (`model.device.records.taken_names`: taken by a claim or a taint, recorded by a
+        Bound device here that is not a member of the hold's request, or held by another
+        request's lease not recorded by its member yet)."""
         own = {key for key, _ in hold.devices} | {key for key, _ in hold.landing}
-        node = self._st.node
-        taken_by_claims = node.taken_devices if node else frozenset()
-        mine = set()
-        others = set()
-        for dev in self._view.devices_on(self.node):
-            rec = dev.status.device
-            if rec is not None:
-                (mine if dev.key in own else others).add(rec.device)
-        others |= self._held_names(exclude=hold.request_id)
-        wanted = [ref.device for _, ref in hold.devices]
-        foreign = node.foreign_claimed if node else frozenset()
-        out = {n for n in wanted
-               if n in others or (n in taken_by_claims and (n not in mine or n in foreign))}
-        if len(set(wanted)) != len(wanted):  # one device for two members: never
-            out |= {n for n in wanted if wanted.count(n) > 1}
-        return tuple(sorted(out, key=natural_key))
+        return taken_names([ref.device for _, ref in hold.devices], self._st.node,
+                           self._view.devices_on(self.node), own,
+                           self._held_names(exclude=hold.request_id))
 
     def _held_names(self, *, exclude: str | None = None) -> set[str]:
         """Names of this node's devices the leases hold (members not recording them yet)."""

@@ -20,7 +20,7 @@ import anyio
 
 from actors.errors import WriteError
 from model.decide import Rule
-from model.dra import DeviceRef
+from model.device.dra import DeviceRef
 from model.reasons import Code
 from model.types import Budget, DeviceKey, GPUClass, GPUDevice, Namespace, Node, Result
 

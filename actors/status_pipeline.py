@@ -56,7 +56,7 @@ from actors.errors import (
 from actors.node_actor import Release
 from actors.ports import Clock, ClusterView, NodeDirectory, StatusWrite, StatusWriter
 from actors.runtime import Actor, ActorContext, ActorRef
-from model.dra import DeviceRef
+from model.device.dra import DeviceRef
 from model.decide import Request
 from model.hold import Hold, outstanding
 from model.reasons import Code

@@ -36,7 +36,7 @@ from dataclasses import replace
 from bench.common import BadArgs, Benchmark, at_least, commit, machine
 from bench.device_decide import CLASS, RES, fleet
 from model.defrag import apply_moves, largest_sets, movable, plan_round
-from model.device_view import largest_device_set
+from model.device.view import largest_device_set
 from model.snapshot import Snapshot
 from model.types import Attachment, DeviceStatus, GPUClass, GPUDevice, Node, Phase
 

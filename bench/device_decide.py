@@ -5,7 +5,7 @@ HGX H100 boards.
 Run `python -m bench.device_decide [--nodes 1000] [--decisions 2000] [--fill 0.5] [--seed 1]
 [--rounds 3] [--profile]`. Not a test. Each node publishes the slice of
 `localcluster.dra_profiles.HGX_H100_8` (8 GPUs, `gpu.nvidia.com/partition{1,2,4,8}` by module
-id), read by `model.dra.parse_resource_slice`; one device-mode class constrained by
+id), read by `model.device.dra.parse_resource_slice`; one device-mode class constrained by
 `gpu.nvidia.com/partition{size}` (DR3). The fleet starts with about `--fill` of its GPUs
 recorded by held devices of 20 tenants (random GPUs, so partitions are broken), a few GPUs
 allocated by foreign claims and one in 200 tainted. Each step stops a running VM when too many
@@ -17,7 +17,7 @@ out (`apply_decision`, the records). Reports per set size the mean CPU time of `
 the machine does not count), and the rules seen.
 
 The snapshot is derived from step to step as the view derives it between node changes, so
-its node memo (`Snapshot.node_memo`: a new set's group choice per node) keeps the nodes the
+its node memo (`Snapshot.memo`: a new set's group choice per node) keeps the nodes the
 step did not touch. With `--cold` it is built anew before each step (untimed), as the view
 does after any Node change (a launcher Pod, a claim's allocation), its counts and records
 indexed outside the timing: every node's choice is then worked out again, the figure to
@@ -37,7 +37,7 @@ from bench.common import Benchmark
 from localcluster.dra_profiles import DEVICE_CLASS, HGX_H100_8, PARTITION_ATTRIBUTE, resource_slice
 from model.check import check_set
 from model.decide import Request, apply_decision, decide
-from model.dra import DeviceRef, parse_resource_slice
+from model.device.dra import DeviceRef, parse_resource_slice
 from model.snapshot import Order, Snapshot
 from model.types import (KUBEVIRT_SCHEDULABLE_LABEL, DeviceStatus, GPUClass, GPUDevice, Namespace, Node,
                          Phase, Result, dra_resource_name)

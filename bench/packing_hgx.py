@@ -9,7 +9,7 @@ partition order. A set of N GPUs has NVLink only when its GPUs share `partitionN
 
 Simulated systems (`HGX_POLICIES`; the same seeded, quantized trace as the cluster replay):
 - **binder** (a): gpu-binder in device mode, DR4: on every node the group
-  `model.topology.choose_devices` takes (buddy best fit), nodes ranked as
+  `model.device.topology.choose_devices` takes (buddy best fit), nodes ranked as
   `model.decide._candidates` ranks them for a new set: tightest group, then fewest free units
   left on the node, then node name. Held idle sets keep their recorded devices.
 - **dra** (b): kube-scheduler's DRA allocator alone, each VMI's claim N count-1 requests with
@@ -41,8 +41,8 @@ from functools import lru_cache
 
 from bench import packing_trace as pt
 from localcluster.dra_profiles import HGX_H100_8, PARTITION_ATTRIBUTE, resource_slice
-from model.dra import parse_resource_slice, pool_devices
-from model.topology import GroupChoice, choose_devices, resolve_attribute
+from model.device.dra import parse_resource_slice, pool_devices
+from model.device.topology import Board, GroupChoice, choose_devices, resolve_attribute
 
 HGX_POLICIES = ("binder", "dra", "count", "repack")
 SYSTEM_OF = {"binder": "a", "dra": "b", "count": "c", "repack": "d"}
@@ -50,7 +50,7 @@ SYSTEM_OF = {"binder": "a", "dra": "b", "count": "c", "repack": "d"}
 
 
 def board() -> tuple:
-    """The `model.topology.Device`s of one hgx-h100-8 node, in PCI (slice) order, read from
+    """The `model.device.topology.Device`s of one hgx-h100-8 node, in PCI (slice) order, read from
     the very slice the local cluster publishes."""
     devices = pool_devices([parse_resource_slice(resource_slice("n", HGX_H100_8))])["n"]
     return tuple(d.as_device() for d in devices)
@@ -59,6 +59,8 @@ def board() -> tuple:
 BOARD = board()
 NAMES = tuple(d.name for d in BOARD)
 assert len(BOARD) == pt.GPUS_PER_NODE
+LAYOUTS = Board(BOARD)
+"""The board's layouts, worked out once for the whole replay (as a node keeps them)."""
 _ALL = frozenset(range(pt.GPUS_PER_NODE))
 
 
@@ -94,8 +96,8 @@ def dra_choice(free: frozenset[int], size: int) -> tuple[int, ...] | None:
 @lru_cache(maxsize=None)
 def binder_choice(free: frozenset[int], size: int) -> GroupChoice | None:
     """gpu-binder's DR3/DR4 choice on a node whose free GPUs are `free`
-    (`model.topology.choose_devices`); None when no partition has room."""
-    got = choose_devices(BOARD, [NAMES[i] for i in free], size, PARTITION_ATTRIBUTE)
+    (`model.device.topology.choose_devices`); None when no partition has room."""
+    got = choose_devices(LAYOUTS, [NAMES[i] for i in free], size, PARTITION_ATTRIBUTE)
     return got if isinstance(got, GroupChoice) else None
 
 

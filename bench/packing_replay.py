@@ -14,7 +14,7 @@ from bench import packing_hgx as ph, packing_trace as pt
 from bench.common import DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VERSION, base_vmi, gpu_vmi
 from localcluster.dra_profiles import DEVICE_CLASS, PARTITION_ATTRIBUTE
 from model.claim import parse_claim
-from model.topology import resolve_attribute
+from model.device.topology import resolve_attribute
 from model.types import TEMPLATE_FOR_LABEL
 
 SYSTEMS = {"a": "gpu-binder", "b": "kube-scheduler (default)", "c": "kube-scheduler MostAllocated",

@@ -22,7 +22,7 @@ import anyio
 from actors.errors import NotFound, RequestWithdrawn, TransientWriteError, WriteConflict, WriteError
 from actors.ports import Clock, StatusWrite, SystemClock, WriteOp
 from actors.view import IndexedView
-from model.dra import DeviceRef
+from model.device.dra import DeviceRef
 from model.types import (
     Attachment,
     BindRequest,

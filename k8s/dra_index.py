@@ -34,10 +34,12 @@ from dataclasses import dataclass
 from dataclasses import replace
 from typing import Any, Iterable, Mapping
 
-from model.cel import Selector, SelectorError, matches_all
 from model.claim import Claim
-from model.dra import (DeviceRef, ResourceSlice, SliceDevice, SliceError, parse_resource_slice,
-                       pool_devices)
+from model.device.cel import Selector, SelectorError, matches_all
+from model.device.dra import (DeviceRef, DeviceSet, ResourceSlice, SliceDevice, SliceError,
+                              parse_resource_slice, pool_devices)
+from model.device.records import recorded_names
+from model.device.topology import Board, Device
 from model.types import GPUClass, GPUDevice, dra_resource_name
 
 PoolKey = tuple[str, str]
@@ -124,11 +126,14 @@ class DraIndex:
         self._strings: dict[str, str] = {}
         self._pairs: dict[type, dict[tuple[str, Any], tuple[str, Any]]] = {}
         self._tuples: dict[tuple[tuple[str, Any], ...], tuple[tuple[str, Any], ...]] = {}
+        # the topology view of a node's devices of a class -> its one Board (layouts
+        # worked out once for every node whose devices look the same)
+        self._boards: dict[tuple[Device, ...], Board] = {}
         self.errors: list[tuple[str, str, str]] = []
 
     # -- slices -----------------------------------------------------------------------------
     def parse_slice(self, obj: Mapping[str, Any]) -> ResourceSlice:
-        """A `resource.k8s.io/v1` ResourceSlice dict parsed (`model.dra.parse_resource_slice`)
+        """A `resource.k8s.io/v1` ResourceSlice dict parsed (`model.device.dra.parse_resource_slice`)
         with what boards of one kind repeat shared with the slices seen before: strings,
         (name, value) attribute pairs and whole attribute tuples (the module docstring's
         memory). When the index holds a slice of that name that is the same, that held value
@@ -198,7 +203,7 @@ class DraIndex:
         return self._rebuild_pools({key})
 
     def _rebuild_pools(self, pools: Iterable[PoolKey]) -> set[str]:
-        """Re-derive the devices of `pools` from their slices (`model.dra.pool_devices`: the
+        """Re-derive the devices of `pools` from their slices (`model.device.dra.pool_devices`: the
         highest generation's, DR1)."""
         touched: set[str] = set()
         for key in pools:
@@ -385,6 +390,17 @@ class DraIndex:
                 out.add(d.ref.device)
         return frozenset(out)
 
+    def _device_set(self, devices: tuple[SliceDevice, ...]) -> DeviceSet:
+        """`devices` (a node's of one class) as the Node keeps them, with the board of
+        devices that look the same (`Board`: the layouts a decision works out)."""
+        view = tuple(d.as_device() for d in devices)
+        board = self._boards.get(view)
+        if board is None:
+            if len(self._boards) >= BOARDS_MAX:
+                self._boards.clear()
+            board = self._boards[view] = Board(view)
+        return DeviceSet(devices, board)
+
     def drain_errors(self) -> list[tuple[str, str, str]]:
         """The selector run-time errors seen since the last call (each once per class and
         set of device attributes while its verdict is remembered): (DeviceClass or GPUClass
@@ -401,7 +417,7 @@ class DraIndex:
             return NodeDevices()
         taken = frozenset(d.ref.device for d in devices
                           if d.ref in self._allocated or d.tainted)
-        recorded = {dev.status.device.device for dev in bound if dev.status.device is not None}
+        recorded = recorded_names(bound)
         per_class: list[tuple[str, tuple[SliceDevice, ...]]] = []
         counts: dict[str, tuple[int, int]] = {}
         for name in sorted(self._classes):
@@ -417,13 +433,19 @@ class DraIndex:
                               if d.ref.device in taken and d.ref.device not in recorded)
                 counts[res] = (len(of_class), foreign)
             mine = tuple(d for d in of_class if not own or self._matches("gc:" + name, own, d))
-            per_class.append((name, mine))
+            per_class.append((name, self._device_set(mine)))
         return NodeDevices(
             class_devices=tuple(per_class),
             taken_devices=taken,
             foreign_claimed=self._foreign_claimed(devices, bound),
             allocatable=tuple(sorted((r, n) for r, (n, _) in counts.items())),
             foreign=tuple(sorted((r, f) for r, (_, f) in counts.items() if f)))
+
+
+BOARDS_MAX = 4_096
+"""Most boards `DraIndex` keeps by the look of the devices (boards of one profile whose uuids
+follow the PCI address share one; boards with uuids of their own have one each, a few KiB
+with their layouts); past it the table starts over (a Node keeps its own)."""
 
 
 def _same_slice(a: ResourceSlice, b: ResourceSlice) -> bool:

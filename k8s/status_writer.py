@@ -25,7 +25,7 @@ from actors.ports import StatusWrite, write_each
 from k8s import errors as api_errors
 from k8s import events
 from k8s.client import GPU_DEVICES, KubeClient
-from model.dra import DeviceRef
+from model.device.dra import DeviceRef
 from model.parse import format_time
 from model.types import GROUP, VERSION
 

@@ -166,10 +166,10 @@ async def read_allocation(api, out: Outcome) -> None:
 
 async def inventory_now(api):
     """The ResourceSlices' devices by node, as the binder gathers them
-    (`model.dra.pool_devices`: each pool's current generation)."""
+    (`model.device.dra.pool_devices`: each pool's current generation)."""
     from kubernetes_asyncio.client import CustomObjectsApi
 
-    from model.dra import parse_resource_slice, pool_devices
+    from model.device.dra import parse_resource_slice, pool_devices
 
     got = await CustomObjectsApi(api).list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")
     return pool_devices(parse_resource_slice(s) for s in got.get("items") or [])

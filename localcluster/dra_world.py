@@ -91,7 +91,7 @@ def describe(hgx: int, l40s: int) -> str:
 
 
 def group_formed(devices, match_attribute: str) -> str | None:
-    """The group `devices` (`model.dra.SliceDevice`s of one node) form under `match_attribute`
+    """The group `devices` (`model.device.dra.SliceDevice`s of one node) form under `match_attribute`
     ({size} replaced by their number, DR3), as `<attribute>=<value>`, or None when they do not
     all carry one value of it (no group: a set no partition holds)."""
     name = match_attribute.replace("{size}", str(len(devices)))

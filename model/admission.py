@@ -301,7 +301,7 @@ def _unpermitted(snapshot: Snapshot, orders: Sequence[Order], permitted: frozens
     for o in orders:
         dev = snapshot.device(o.namespace, o.device) if o.device else None
         cls = snapshot.classes.get(dev.class_name if dev else o.class_name)
-        if cls is not None and cls.problem is None and not cls.device_mode \
+        if cls is not None and cls.problem is None and cls.name not in snapshot.mode.device_classes \
                 and cls.resource_name not in permitted:
             return Refusal(ClassNotPermitted(cls.name, cls.resource_name))
     return None
@@ -350,8 +350,8 @@ def _room_reasons(snapshot: Snapshot, orders: Sequence[Order], node_selector: La
     for (cls_name, res), n in sorted(need.items()):
         frees = [snapshot.free(node, res) for node in snapshot.serving_nodes(cls_name)
                  if eligible(node)]
-        cls = snapshot.classes[cls_name]
-        sizes = [len(snapshot.nodes[node].devices_of(cls_name)) if cls.device_mode
+        by_device = cls_name in snapshot.mode.device_classes
+        sizes = [len(snapshot.nodes[node].devices_of(cls_name)) if by_device
                  else snapshot.allocatable(node, res) for node in snapshot.serving_nodes(cls_name)]
         largest = max(sizes) if sizes and max(sizes) < members[cls_name] else None
         parts.append(SetNeeds(cls_name, res, n, max(frees) if frees else None, largest,

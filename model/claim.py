@@ -43,14 +43,14 @@ from typing import Any, Container, Iterable, Mapping, Sequence
 import orjson
 
 from model.admission import AdmissionPlan, wiring_patch
-from model.dra import DeviceRef, qualify
+from model.device.dra import DeviceRef, qualify
 from model.housekeeping import VMIRecord
 from model.housekeeping_reasons import (ClaimOfReleasedKeep, ClaimUnused, HousekeepingReason,
                                         Rule)
 from model.parse import format_time
 from model.reasons import DeviceUnrecorded, Reason
 from model.snapshot import Snapshot
-from model.topology import resolve_attribute
+from model.device.topology import resolve_attribute
 from model.types import GPUClass, GPUDevice, Phase, Result
 
 RESOURCE_API = "resource.k8s.io/v1"

@@ -1,7 +1,14 @@
-"""The binder's judgement of one request (DESIGN.md §3): gather the whole set onto one
-eligible node or refuse it (B1), eligibility (B3), choice (B4), the cordon exceptions (B5)
-and the already-placed case (B6); plus finding complete requests among devices and applying
-a decision to a snapshot (for tests and benchmarks).
+"""The binder's judgement of one request (docs/contract.md §3): gather the whole set onto
+one eligible node or refuse it (B1), eligibility (B3), choice (B4), the cordon exceptions
+(B5) and the already-placed case (B6). Also the requests' shape: `find_requests` and
+`complete_request` (the coordinator and the router find complete requests among devices),
+`recovery_devices` (B7 after a restart, `model.plan`), `assess` (every reason, for
+`model.explain`) and `apply_decision` (a decision carried out on a snapshot: what-if,
+tests and benchmarks).
+
+Device mode (DR1-DR4) is asked through the snapshot's seam (`Snapshot.mode`,
+`model.device.seam`): a set's device questions are `model.device.choice.SetDevices`
+(`_Set.dev`), count mode's null object when the set has no device-mode class.
 
 Pure: `decide` reads a `Snapshot` and returns a `Decision`; nothing here writes or waits.
 """
@@ -13,14 +20,14 @@ from datetime import datetime, timezone
 from enum import StrEnum
 from typing import Iterable, Mapping
 
-from model.dra import DeviceRef, device_set
+from model.device.dra import DeviceRef
+from model.device.records import record_after
 from model.reasons import (AlreadyPlaced, BudgetExhausted, ClassesNotServed, ClassNotFound, ClassProblem,
                            Code, DeviceAt, DeviceListedTwice, DeviceNotFound, KeptCordoned, LostCapacity,
-                           MixedModes, NodeGone, NodeProblems, NoDeviceGroup, NoDevices, NoEligibleNode,
+                           MixedModes, NodeGone, NodeProblems, NoDevices, NoEligibleNode,
                            NoNodeServes, NoRoom, NotEntitled, Outcome, Placed, Reason, RequestRef,
                            SelectorMismatch, SetRefused, TaintsNotTolerated)
 from model.snapshot import Snapshot
-from model.topology import ClassShare, GroupChoice, NoGroup, choose_set, layout, natural_key, resolve_attribute
 from model.types import (
     BindRequest,
     DeviceKey,
@@ -87,7 +94,7 @@ class Placement:
     a device-mode class, in request order (empty in count mode, and for B6 and B5 where the
     records stay as they are; for B5(a)/(b) whose records no longer hold on the cordoned
     node, the group they are re-pointed to there). A member already Bound on `node` whose
-    record (`status.device`) differs is re-pointed: a status write, not a move."""
+    record differs is re-pointed: a status write, not a move."""
 
     node: str
     moves: tuple[Move, ...]
@@ -278,9 +285,9 @@ def apply_decision(snapshot: Snapshot, request: Request, decision: Decision, *, 
     on `decision.node` (`boundAt` = `now` for those that changed node), for Refused no
     placement change; in both, each member's bindRequest (created from `request` if it lacks
     one of this id) gets result, message and node; the request's reservations are dropped.
-    Missing members are skipped. Device mode: a Succeeded member records
-    (`status.device`) the device its first placement chose for it (DR4: re-pointing one
-    already Bound there); a member moved to a node without a chosen device records none."""
+    Missing members are skipped. Device mode: a Succeeded member records the device its
+    first placement chose for it (DR4: re-pointing one already Bound there); a member moved
+    to a node without a chosen device records none (`model.device.records.record_after`)."""
     snap = snapshot.without_reservation(request.id)
     ok = decision.result is Result.SUCCEEDED
     node = decision.node if ok else None
@@ -301,20 +308,18 @@ def apply_decision(snapshot: Snapshot, request: Request, decision: Decision, *, 
         if br is None:
             br = written[key] = BindRequest(*key[:5], decision.result, decision.message, node,
                                             tolerations=key[5])
-        if ok and d.bound_node != node:
-            st = DeviceStatus(Phase.BOUND, node, now, st.attached_to, br, chosen.get(d.key))
+        moved = ok and d.bound_node != node
+        if moved:
+            st = DeviceStatus(Phase.BOUND, node, now, st.attached_to, br, record_after(st, d.key, chosen, True))
         else:
             st = DeviceStatus(st.phase, st.node_name, st.bound_at, st.attached_to, br,
-                              chosen.get(d.key, st.device))
+                              record_after(st, d.key, chosen, False))
         updated.append(GPUDevice(d.namespace, d.name, d.class_name, d.template_for, st,
                                  d.resource_version, d.uid, d.created_at, d.deleting))
     return snap.with_devices(updated)
 
 
 # --- the judgement ----------------------------------------------------------------------------
-
-
-_NO_NAMES: frozenset[str] = frozenset()
 
 
 class _Set:
@@ -339,155 +344,9 @@ class _Set:
         self.n_bound = len(members) - sum(self.pending.values())
         self.where = [(m.key, m.status.node_name if m.status.phase is Phase.BOUND else None) for m in members]
         self.budget_needs = tuple(sorted(self.pending.items()))
-        classes = snap.classes
-        self.device_classes = [c for c in class_names if classes[c].device_mode]
-        """Device mode (DR1): the set's device-mode classes (empty: count mode, unchanged)."""
-        if self.device_classes:
-            self.members = members
-            self.own = frozenset(m.key for m in members)
-            self.by_class: dict[str, list[GPUDevice]] = {c: [] for c in self.device_classes}
-            for m in members:
-                if m.class_name in self.by_class:
-                    self.by_class[m.class_name].append(m)
-            self._choices: dict[str, dict[str, GroupChoice] | NoDeviceGroup] = {}
-            rid = request.id
-            self._own_holds = frozenset(h.node for h in snap.reservations
-                                        if h.request_id == rid and h.devices)
-            """Nodes where this request holds devices (its free names there differ)."""
-
-    # --- device mode (DR2-DR4) --------------------------------------------------------------
-
-    def device_choice(self, node: str) -> dict[str, GroupChoice] | NoDeviceGroup:
-        """DR3/DR4 on `node` (which exists): one group per device-mode class of the set
-        (`model.topology.choose_set`), from the devices free for this request
-        (`Snapshot.free_devices`), keeping the members' records on the node where the choice
-        allows; or why there is none (`NoDeviceGroup`). Cached per node."""
-        found = self._choices.get(node)
-        if found is not None:
-            return found
-        snap, n = self.snap, self.snap.nodes[node]
-        holding = node in self.here  # members record devices only where they are Bound
-        if not holding and len(self.device_classes) == 1:
-            # the common case, as `choose_set` would do it for one class and nothing to keep
-            # (a new set's choice there depends on the node alone: remembered on the snapshot
-            # for every request without a hold of its own on the node)
-            c = self.device_classes[0]
-            count = len(self.by_class[c])
-            rid = self.request.id
-            memo = None if node in self._own_holds else snap.node_memo()
-            key = (node, c, count)
-            found = memo.get(key) if memo is not None else None
-            if found is None:
-                free = snap.free_devices(node, c, rid)
-                outcome = layout(device_set(n.devices_of(c)).devices, snap.classes[c].match_attribute,
-                                 count).choose(free, _NO_NAMES, count)
-                if isinstance(outcome, NoGroup):
-                    found = NoDeviceGroup(c, outcome.attribute, outcome.count, len(free),
-                                          outcome.largest_free, outcome.attribute_missing,
-                                          outcome.sizes if outcome.attribute_missing else ())
-                else:
-                    found = {c: outcome}
-                if memo is not None:
-                    memo[key] = found
-            self._choices[node] = found
-            return found
-        own = self.own if holding else ()
-        shares, free_all, free_of = [], set(), {}
-        for c in self.device_classes:
-            devs = n.devices_of(c)
-            free = snap.free_devices(node, c, self.request.id, own)
-            free_of[c] = len(free)
-            free_all |= free
-            keep = tuple(m.status.device.device for m in self.by_class[c]
-                         if m.bound_node == node and m.status.device is not None
-                         and m.status.device.device in free) if holding else ()
-            shares.append(ClassShare(c, device_set(devs).devices, len(self.by_class[c]),
-                                     snap.classes[c].match_attribute, keep))
-        chosen, failed = choose_set(shares, free_all)
-        if chosen is None:
-            assert failed is not None
-            c, why = failed
-            found = NoDeviceGroup(c, why.attribute, why.count, free_of[c], why.largest_free,
-                                  why.attribute_missing, why.sizes if why.attribute_missing else ())
-        else:
-            found = chosen
-        self._choices[node] = found
-        return found
-
-    def fit(self, node: str) -> tuple:
-        """The DR4 tightness of the device choice on `node` (per class, in the set's order)."""
-        choice = self.device_choice(node)
-        assert not isinstance(choice, NoDeviceGroup)
-        return tuple(choice[c].fit for c in self.device_classes)
-
-    def assign(self, node: str) -> tuple[tuple[DeviceKey, DeviceRef], ...]:
-        """The chosen device of every device-mode member on `node` (request order): a member
-        whose record on the node is among its class's chosen devices keeps it; the others
-        take the rest in natural name order."""
-        choice = self.device_choice(node)
-        assert not isinstance(choice, NoDeviceGroup)
-        n = self.snap.nodes[node]
-        out: dict[DeviceKey, DeviceRef] = {}
-        for c in self.device_classes:
-            refs = {d.ref.device: d.ref for d in n.devices_of(c)}
-            left = list(choice[c].devices)
-            waiting = []
-            for m in self.by_class[c]:
-                rec = m.status.device
-                if m.bound_node == node and rec is not None and rec.device in left:
-                    left.remove(rec.device)
-                    out[m.key] = refs[rec.device]
-                else:
-                    waiting.append(m)
-            left.sort(key=natural_key)
-            for m, name in zip(waiting, left):
-                out[m.key] = refs[name]
-        return tuple((m.key, out[m.key]) for m in self.members if m.key in out)
-
-    def records_hold(self, node: str) -> bool:
-        """B6 in device mode: every device-mode member Bound on `node` records a device that
-        still exists there (`Node.devices_of`), is free for this set (no other record, hold,
-        claim or taint), and no two record the same device; per class, the records share the
-        class's attribute (DR3)."""
-        snap = self.snap
-        seen: set[str] = set()
-        for c in self.device_classes:
-            members = self.by_class[c]
-            free = snap.free_devices(node, c, self.request.id, self.own)
-            attribute = resolve_attribute(snap.classes[c].match_attribute, len(members))
-            by_name = {d.ref.device: d for d in snap.nodes[node].devices_of(c)}
-            values = set()
-            for m in members:
-                rec = m.status.device
-                if m.bound_node != node or rec is None or rec.device in seen:
-                    return False
-                d = by_name.get(rec.device)
-                if d is None or d.ref != rec or rec.device not in free:
-                    return False
-                seen.add(rec.device)
-                if attribute is not None:
-                    value = d.as_device().attribute(attribute)
-                    if value is None:
-                        return False
-                    values.add(value)
-            if len(values) > 1:
-                return False
-        return True
-
-    def device_elsewhere(self, limit: int | None) -> list[tuple[int, str]]:
-        """`eligible_elsewhere` for a set with device-mode classes: every count-eligible node
-        holding no member where the device choice succeeds, in DR4 order (tightest group,
-        then tightest node, then name), at most `limit` (None: all). Looks at every
-        count-eligible node: the group's fit is not ordered by the node's free units."""
-        ok = []
-        classes = self.device_classes
-        for lo, name in self.eligible_elsewhere(None):
-            choice = self.device_choice(name)
-            if not isinstance(choice, NoDeviceGroup):  # `fit`, inlined
-                ok.append((tuple(choice[c].fit for c in classes), lo, name))
-        ok.sort()
-        found = [(lo, name) for _, lo, name in ok]
-        return found if limit is None else found[:limit]
+        self.dev = snap.mode.for_set(snap, request.id, members, class_names)
+        """The set's device-mode questions (DR2-DR4, `model.device.choice.SetDevices`):
+        count mode's null object when it has no device-mode class."""
 
     def problems(self, node: str) -> list[Reason]:
         """Why `node` is not eligible (B3) for the whole set; empty when it is."""
@@ -526,32 +385,16 @@ class _Set:
                     out.append(LostCapacity(res, used - foreign, foreign, alloc))
                 else:
                     out.append(NoRoom(res, need, max(free, 0), foreign))
-        if self.device_classes and not unserved:
-            missing = self.size_missing(node)
-            if missing is not None:
-                # DR3: no group of that size exists here at all; room would not help, so the
-                # node's shortage of units is not the reason (explain's smallest change
-                # leaves the node out: `CAPACITY_CODES`)
-                res = snap.classes[missing.class_name].resource_name
-                out = [r for r in out if not (isinstance(r, NoRoom) and r.resource == res)]
-                out.append(missing)
-            elif not short:
-                choice = self.device_choice(node)  # DR3: the units are there; a group of them?
-                if isinstance(choice, NoDeviceGroup):
-                    out.append(choice)
-        return out
-
-    def size_missing(self, node: str) -> NoDeviceGroup | None:
-        """DR3: a device-mode class of the set whose sized matchAttribute, for the set's
-        count of it, no device of `node` carries (3 GPUs on HGX boards: partitions are of 1,
-        2, 4 and 8), whatever is free there; None when every class's size exists on the node
-        (or the node has no device of the class: it does not serve it)."""
-        return node_size_missing(self.snap, node, {c: len(self.by_class[c])
-                                                   for c in self.device_classes})
+        return out if unserved else self.dev.problems(node, out, short)  # DR3: sizes, groups
 
     def leftover(self, node: str) -> int:
         here = self.here.get(node, {})
         return sum(self.snap.free(node, r) - (self.total[r] - here.get(r, 0)) for r in self.resources)
+
+    def elsewhere(self, limit: int | None) -> list[tuple[int, str]]:
+        """`eligible_elsewhere` as the set's device questions order and filter it (DR4:
+        only nodes where a group is free, tightest group first)."""
+        return self.dev.elsewhere(self.eligible_elsewhere, limit)
 
     def eligible_elsewhere(self, limit: int | None) -> list[tuple[int, str]]:
         """Eligible nodes holding no member, as sorted (leftover, name), at least the first
@@ -602,9 +445,7 @@ class _Set:
         else:
             needs = tuple([(r, self.total[r] - here.get(r, 0)) for r in self.resources
                            if self.total[r] - here.get(r, 0) > 0])
-        if self.device_classes:
-            return Placement(node, moves, needs, self.budget_needs, self.assign(node))
-        return Placement(node, moves, needs, self.budget_needs)
+        return Placement(node, moves, needs, self.budget_needs, self.dev.assign(node))
 
     def explain(self) -> Reason:
         """The per-node reason of a refusal, at most MESSAGE_NODES nodes (see there)."""
@@ -677,40 +518,11 @@ def _resolve(snap: Snapshot, request: Request) -> tuple[list[GPUDevice], list[De
     return members, described, problems, class_names
 
 
-def node_size_missing(snap: Snapshot, node: str, counts: Mapping[str, int]) -> NoDeviceGroup | None:
-    """DR3: the first device-mode class of `counts` (class name -> the set's count of it)
-    whose matchAttribute resolved for that count (`{size}`) no device of `node` carries,
-    as a `NoDeviceGroup` naming the sizes that exist there; None when each one's exists,
-    or the class has no `{size}` or no device on the node."""
-    n = snap.nodes.get(node)
-    if n is None:
-        return None
-    for c, count in counts.items():
-        cls = snap.classes.get(c)
-        template = cls.match_attribute if cls is not None else None
-        if template is None or "{size}" not in template:
-            continue
-        devices = n.devices_of(c)
-        if not devices:
-            continue
-        lay = layout(device_set(devices).devices, template, count)
-        if lay.attribute_missing:
-            return NoDeviceGroup(c, lay.attribute, count, 0, 0, True, lay.sizes)
-    return None
-
-
 def size_nowhere(snap: Snapshot, counts: Mapping[str, int]) -> bool:
     """DR3: some device-mode class of `counts` asks a size (`{size}` in its matchAttribute)
     that no node serving the class has (a set of 3 on HGX boards): no room would ever take
     the set, so W1 names the sizes (per node) rather than the units free."""
-    for c, count in counts.items():
-        cls = snap.classes.get(c)
-        if cls is None or not cls.device_mode:
-            continue
-        nodes = snap.serving_nodes(c)
-        if nodes and all(node_size_missing(snap, n, {c: count}) is not None for n in nodes):
-            return True
-    return False
+    return snap.mode.size_nowhere(snap, counts)
 
 
 def mixed_modes(snap: Snapshot, class_names: Iterable[str]) -> MixedModes | None:
@@ -766,18 +578,17 @@ def _keep(request: Request, node: str, rule: Rule, stay: tuple[str, ...] = (),
 def _keep_cordoned(s: _Set, home: str, rule: Rule, stay: tuple[str, ...] = ()) -> Decision | None:
     """B5(a)/(b) keeping the set on its cordoned `home`. Count mode: kept as it is. Device
     mode (DR2-DR4), as B6 checks a set: kept as it is only when the records still hold there
-    (`_Set.records_hold`: each recorded device still in the node's slices, not tainted
+    (`SetDevices.records_hold`: each recorded device still in the node's slices, not tainted
     NoSchedule/NoExecute, recorded by another device or held by another request, the class's
     constraint met; a claim allocating a recorded device reads as the set's own, DR5); else
     kept with its members re-pointed to a group of the node's devices free for it (DR4: a
     status write, not a move); None when the node has no such group (the set is then treated
     like any other: moved if some node has room, else refused naming the node's
     `NoDeviceGroup`)."""
-    if not s.device_classes or s.records_hold(home):
+    if s.dev.records_hold(home):
         return _keep(s.request, home, rule, stay)
-    if isinstance(s.device_choice(home), NoDeviceGroup):
-        return None
-    return _keep(s.request, home, rule, stay, s.assign(home))
+    devices = s.dev.repointed(home)
+    return None if devices is None else _keep(s.request, home, rule, stay, devices)
 
 
 def _in_place(s: _Set, limit: int | None) -> tuple[Decision | None, list[tuple[int, str]] | None]:
@@ -791,7 +602,7 @@ def _in_place(s: _Set, limit: int | None) -> tuple[Decision | None, list[tuple[i
     (home,) = s.here
     home_problems = s.problems(home)
     if not home_problems:
-        if not s.device_classes or s.records_hold(home):
+        if s.dev.records_hold(home):
             return _keep(request, home, Rule.B6), None
         return None, None  # device mode: a new choice on the same node (re-points, DR4)
     if home not in snap.nodes or not snap.nodes[home].unschedulable:
@@ -805,8 +616,7 @@ def _in_place(s: _Set, limit: int | None) -> tuple[Decision | None, list[tuple[i
         return (None if blocked else _keep_cordoned(s, home, Rule.B5B, stay)), None
     if [p.code for p in home_problems] != [Code.CORDONED]:
         return None, None
-    elsewhere = (s.device_elsewhere(limit) if s.device_classes
-                 else s.eligible_elsewhere(limit))  # B5(a): the cordon only, and no room elsewhere
+    elsewhere = s.elsewhere(limit)  # B5(a): the cordon only, and no room elsewhere
     return (None if elsewhere else _keep_cordoned(s, home, Rule.B5A)), elsewhere
 
 
@@ -815,18 +625,12 @@ def _candidates(s: _Set, limit: int | None, elsewhere: list[tuple[int, str]] | N
     holding members (fewest moves, then tightest fit, then name), then the others (tightest
     fit, then name; `elsewhere` when already found for at least `limit`). With device-mode
     classes (DR4): fewest moves, then the tightest group, then the tightest node, then name."""
-    if s.device_classes:
-        ranked = sorted(((s.n_bound - sum(s.here[n].values()), s.fit(n), s.leftover(n), n)
-                         for n in s.here if not s.problems(n)))
-        nodes = [r[-1] for r in ranked]
-    else:
-        ranked = sorted(((s.n_bound - sum(s.here[n].values()), s.leftover(n), n)
-                         for n in s.here if not s.problems(n)))
-        nodes = [n for _, _, n in ranked]
+    ranked = sorted(((s.n_bound - sum(s.here[n].values()), s.dev.fit(n), s.leftover(n), n)
+                     for n in s.here if not s.problems(n)))  # count mode: fit () for all
+    nodes = [r[-1] for r in ranked]
     if limit is None or len(nodes) < limit:
         if elsewhere is None:
-            want = None if limit is None else limit - len(nodes)
-            elsewhere = s.device_elsewhere(want) if s.device_classes else s.eligible_elsewhere(want)
+            elsewhere = s.elsewhere(None if limit is None else limit - len(nodes))
         nodes += [n for _, n in elsewhere]
     return nodes if limit is None else nodes[:limit]
 
@@ -866,10 +670,8 @@ def recovery_devices(snap: Snapshot, request: Request, node: str) -> tuple[tuple
     if (not members or node not in snap.nodes
             or any(c not in snap.classes for c in class_names)):
         return ()
-    s = _Set(snap, request, members, class_names)
-    if not s.device_classes or isinstance(s.device_choice(node), NoDeviceGroup):
-        return ()
-    return s.assign(node)
+    devices = _Set(snap, request, members, class_names).dev.repointed(node)
+    return devices or ()
 
 
 def assess(snapshot: Snapshot, request: Request, nodes: Iterable[str] | None = None, *,

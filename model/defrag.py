@@ -6,14 +6,14 @@ writes or waits. The binder's coordinator carries a plan out inside its one deci
 Vocabulary:
 - a *movable* device (D1): held (no template label), Bound, carrying no attachment and no
   bind request, not being deleted, its class known and `Move`; in device mode (DR1) also
-  recording its exact device (`status.device`, DR2);
+  recording its exact device (DR2, the seam's `movable`);
 - the *largest placeable set* of a class: the most new devices of the class one node can
   take now — over the placeable nodes serving the class (not cordoned, Ready,
   `kubevirt.io/schedulable=true`, no NoSchedule/NoExecute taint), their free units of the
   class's resource counting reservations in flight (B3) — and how many nodes have that room.
   The same figure as `model.explain.largest_placeable` (a one-device probe with no
   tolerations), maximised over nodes; for a device-mode class the largest set a node's
-  free groups take (DR3, `model.device_view.largest_device_set`), not its free units;
+  free groups take (DR3, `model.device.view.largest_device_set`), not its free units;
 - a *profile*: that pair (largest, nodes with room for it) per class. A round is kept only
   when no class's pair goes down (lexicographically) and some class's goes up (D3).
 
@@ -25,17 +25,12 @@ clearing helps. Every move targets a node eligible for the device's class with a
 unit (D2: reservations in flight counted); a move never changes a tenant's Bound count, so
 no budget figure moves (D5).
 
-Device mode (DR2-DR4): a step is one of
-- a *re-point*: an idle held device keeps its node and records another of the node's free
-  devices of its class, the one a new one-device set would take there (DR4's buddy best
-  fit, `model.topology.choose_devices`), so that the block it leaves is whole again; a
-  status write, not a move (`DefragMove.repoint`);
-- a *clearing* as above, of one class's idle held devices of a node (each alone, and the
-  first k in name order), each to the tightest other eligible node with a device free for
-  it, recording the device a one-device set would take there.
-The profile of a device-mode class is per node the largest set its free groups take
-(`model.device_view.largest_device_set`), worked out again on the snapshot after the step
-for the nodes it touches. A re-point wins a tie with a move.
+Device mode (DR2-DR4): the idle held devices of device-mode classes are weighed through the
+seam (`Snapshot.mode.defrag_steps`, `model.device.defrag`): re-points (a status write on
+the same node, `DefragMove.repoint`) and clearings that record the device a one-device set
+takes on the target. The profile of a device-mode class is per node the largest set its
+free groups take (`Snapshot.mode.largest`), worked out again after the step for the nodes
+it touches (`_Profile.refresh`). A re-point wins a tie with a move.
 """
 
 from __future__ import annotations
@@ -45,10 +40,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Collection, Iterable
 
-from model.device_view import capped, largest_device_set, placeable_sizes
-from model.dra import DeviceRef, device_set
+from model.device.dra import DeviceRef
 from model.snapshot import Snapshot
-from model.topology import NoGroup, choose_devices
 from model.types import DeviceKey, GPUDevice, OnCordon, Phase
 
 DEFAULT_MAX_MOVES = 4
@@ -163,7 +156,7 @@ def movable(device: GPUDevice, snap: Snapshot) -> bool:
     cls = snap.classes.get(device.class_name)
     if cls is None or cls.on_cordon is not OnCordon.MOVE:
         return False
-    return not cls.device_mode or st.device is not None  # DR2: device mode moves a record
+    return snap.mode.movable(device)  # DR2: device mode moves a record
 
 
 def eligible_nodes(snap: Snapshot, class_name: str) -> frozenset[str]:
@@ -237,7 +230,7 @@ class _Profile:
     (`sizes`, of the snapshot the profile was built on; `resized` the nodes worked out again
     on a later snapshot, `refresh`)."""
 
-    __slots__ = ("classes", "device_mode", "eligible", "frees", "snap", "delta", "sizes",
+    __slots__ = ("classes", "device_classes", "eligible", "frees", "snap", "delta", "sizes",
                  "resized")
 
     def __init__(self, snap: Snapshot) -> None:
@@ -248,10 +241,10 @@ class _Profile:
         self.classes = {c: snap.classes[c].resource_name for c in sorted(snap.classes)}
         self.eligible = {c: eligible_nodes(snap, c) for c in self.classes}
         self.frees: dict[str, Counter[int]] = {}
-        self.device_mode = frozenset(c for c in self.classes if snap.classes[c].device_mode)
+        self.device_classes = snap.mode.device_classes & self.classes.keys()
         for c, res in self.classes.items():
-            if c in self.device_mode:  # DR3: per node the largest set its free groups take
-                sizes = self.sizes[c] = {n: largest_device_set(snap, n, c)
+            if c in self.device_classes:  # DR3: per node the largest set its free groups take
+                sizes = self.sizes[c] = {n: snap.mode.largest(snap, n, c)
                                          for n in self.eligible[c]}
                 self.frees[c] = Counter(v for v in sizes.values() if v >= 1)
                 continue
@@ -266,7 +259,7 @@ class _Profile:
     def copy(self) -> _Profile:
         out = object.__new__(_Profile)
         out.snap, out.classes, out.eligible = self.snap, self.classes, self.eligible
-        out.device_mode, out.sizes = self.device_mode, self.sizes
+        out.device_classes, out.sizes = self.device_classes, self.sizes
         out.delta = dict(self.delta)
         out.resized = dict(self.resized)
         out.frees = {c: Counter(v) for c, v in self.frees.items()}
@@ -281,14 +274,14 @@ class _Profile:
         new = old + delta
         self.delta[(node, res)] = self.delta.get((node, res), 0) + delta
         for c, r in self.classes.items():
-            if r != res or node not in self.eligible[c] or c in self.device_mode:
+            if r != res or node not in self.eligible[c] or c in self.device_classes:
                 continue  # device mode: `refresh` works its figure out again
             _recount(self.frees[c], old, new)
 
     def refresh(self, largest, nodes: Iterable[str]) -> None:
         """Device mode: the largest set of every device-mode class on `nodes` as `largest(node,
         class)` gives it after a step (DR3)."""
-        for c in self.device_mode:
+        for c in self.device_classes:
             for node in nodes:
                 if node not in self.eligible[c]:
                     continue
@@ -357,13 +350,14 @@ def _best_clearing(snap: Snapshot, profile: _Profile, budget: int, keep: frozens
     node, moves, profile after), or None when none grows the profile. The gain key: size
     gains, node-count gains, fewer moves, fewer moves off their node (a re-point first)."""
     by_node: dict[str, dict[str, list[GPUDevice]]] = {}
-    in_device_mode: dict[str, dict[str, list[GPUDevice]]] = {}
+    of_devices: dict[str, dict[str, list[GPUDevice]]] = {}  # device-mode classes' (DR2-DR4)
+    device_classes = snap.mode.device_classes
     for d in snap.devices.values():
         if d.key in keep or d.bound_node in cleared or not movable(d, snap):
             continue
         cls = snap.classes[d.class_name]
-        if cls.device_mode:
-            in_device_mode.setdefault(d.bound_node, {}).setdefault(  # type: ignore[arg-type]
+        if d.class_name in device_classes:
+            of_devices.setdefault(d.bound_node, {}).setdefault(  # type: ignore[arg-type]
                 d.class_name, []).append(d)
             continue
         by_node.setdefault(d.bound_node, {}).setdefault(  # type: ignore[arg-type]
@@ -393,9 +387,9 @@ def _best_clearing(snap: Snapshot, profile: _Profile, budget: int, keep: frozens
                 key = (gain[0], gain[1], -len(step), -len(step))
                 if best is None or key > best[0]:
                     best = (key, node, _explained(list(step), profile, after), after.copy())
-    memo: dict = {}
-    for node, step, scratch in _device_steps(snap, profile, in_device_mode, budget, cleared,
-                                             targets, memo):
+    steps = snap.mode.defrag_steps(snap, profile, of_devices, budget, cleared, targets,
+                                   move=DefragMove, targets_of=_targets)
+    for node, step, scratch in steps:
         after = profile.copy()
         after.refresh(scratch.largest, scratch.touched)
         gain = _gain(profile, after)
@@ -405,220 +399,6 @@ def _best_clearing(snap: Snapshot, profile: _Profile, budget: int, keep: frozens
         if best is None or key > best[0]:
             best = (key, node, _explained(step, profile, after), after)
     return best
-
-
-class _Scratch:
-    """Device mode: a candidate step's changes over `snap` without deriving a snapshot per
-    candidate (a round weighs thousands on a large fleet): devices newly recorded per node
-    (`taken`), records given up that are free again (`freed`), free units per (node,
-    resource) (`units`), the nodes touched. `largest` is `largest_device_set` as the
-    snapshot after the step would answer it (a property test checks them against
-    `apply_moves`)."""
-
-    __slots__ = ("snap", "taken", "freed", "units", "touched", "memo")
-
-    def __init__(self, snap: Snapshot, memo: dict) -> None:
-        self.snap = snap
-        self.memo = memo  # the round's: (node, class, free, units) -> largest
-        self.taken: dict[str, set[str]] = {}
-        self.freed: dict[str, set[str]] = {}
-        self.units: dict[tuple[str, str], int] = {}
-        self.touched: set[str] = set()
-
-    def copy(self) -> _Scratch:
-        out = _Scratch(self.snap, self.memo)
-        out.taken = {k: set(v) for k, v in self.taken.items()}
-        out.freed = {k: set(v) for k, v in self.freed.items()}
-        out.units, out.touched = dict(self.units), set(self.touched)
-        return out
-
-    def free(self, node: str, class_name: str) -> frozenset[str]:
-        """The devices of `class_name` on `node` free for a new set after the step (DR2)."""
-        out = self.snap.free_devices(node, class_name)
-        back, gone = self.freed.get(node), self.taken.get(node)
-        if back:
-            n = self.snap.nodes[node]
-            out = out | (back & device_set(n.devices_of(class_name)).names)
-        return out - gone if gone else out
-
-    def free_for(self, d: GPUDevice) -> frozenset[str]:
-        """`free` for a set of `d` alone: its own record counts free (DR4)."""
-        node, rec = d.bound_node, d.status.device
-        assert node is not None and rec is not None
-        free = self.free(node, d.class_name)
-        return free | {rec.device} if self._record_free(d) else free
-
-    def _record_free(self, d: GPUDevice) -> bool:
-        """Whether `d`'s record is free once `d` gives it up: no claim allocates it, no taint
-        covers it, no other device records it, no other reservation holds it, and the step
-        has not recorded it again."""
-        node, rec = d.bound_node, d.status.device
-        assert node is not None and rec is not None
-        n = self.snap.nodes[node]
-        return (rec.device not in n.taken_devices
-                and rec.device not in self.taken.get(node, ())
-                and rec.device in self.snap.free_devices(node, d.class_name, None, (d.key,)))
-
-    def units_of(self, node: str, res: str) -> int:
-        return self.snap.free(node, res) + self.units.get((node, res), 0)
-
-    def apply(self, m: DefragMove, d: GPUDevice) -> None:
-        """`d` moved or re-pointed as `m` says (device mode)."""
-        assert m.to_device is not None
-        if self._record_free(d):
-            self.freed.setdefault(m.from_node, set()).add(m.from_device.device)  # type: ignore[union-attr]
-        self.taken.setdefault(m.to_node, set()).add(m.to_device.device)
-        if m.from_node != m.to_node:
-            self.units[(m.from_node, m.resource)] = self.units.get((m.from_node, m.resource), 0) + 1
-            self.units[(m.to_node, m.resource)] = self.units.get((m.to_node, m.resource), 0) - 1
-        self.touched.update((m.from_node, m.to_node))
-
-    def largest(self, node: str, class_name: str) -> int:
-        """`largest_device_set(snapshot after the step, node, class_name)`."""
-        cls = self.snap.classes[class_name]
-        n = self.snap.nodes.get(node)
-        if n is None:
-            return 0
-        free, units = self.free(node, class_name), self.units_of(node, cls.resource_name)
-        key = (node, class_name, free, units)
-        found = self.memo.get(key)
-        if found is None:
-            devices = device_set(n.devices_of(class_name)).devices
-            found = self.memo[key] = capped(placeable_sizes(devices, cls.match_attribute, free),
-                                            units)
-        return found
-
-
-def _device_steps(snap: Snapshot, profile: _Profile, by_node: dict[str, dict[str, list[GPUDevice]]],
-                  budget: int, cleared: set[str], targets: dict, memo: dict):
-    """Device mode: the candidate steps (see the module docstring), each as (node, moves
-    without their why, its `_Scratch`): per node and class, each idle held device re-pointed
-    alone and all of them re-pointed in turn (at most `budget`), each moved off alone and
-    the first 2..`budget` in name order. A node where no class's figure could reach its
-    largest set even with those devices gone is skipped (`_may_grow`): the other nodes a
-    step touches only lose free devices."""
-    for node in sorted(by_node):
-        for c, devices in sorted(by_node[node].items()):
-            devices.sort(key=lambda d: d.key)
-            devices = [d for d in devices if _record_exists(snap, d)]
-            res = snap.classes[c].resource_name
-            if devices and _may_grow(snap, profile, node, res, 0):
-                for d in devices:
-                    scratch = _Scratch(snap, memo)
-                    m = _repoint(scratch, d)
-                    if m is not None:
-                        scratch.apply(m, d)
-                        yield node, [m], scratch
-                if len(devices) > 1:
-                    step: list[DefragMove] = []
-                    scratch = _Scratch(snap, memo)
-                    for d in devices:
-                        m = _repoint(scratch, d)
-                        if m is not None:
-                            step.append(m)
-                            scratch.apply(m, d)
-                            if len(step) >= budget:
-                                break
-                    if len(step) > 1:
-                        yield node, step, scratch
-            if not devices or not _may_grow(snap, profile, node, res, min(budget, len(devices))):
-                continue
-            clearings = [[d] for d in devices]
-            clearings += [devices[:k] for k in range(2, min(budget, len(devices)) + 1)]
-            for group in clearings:
-                found = _clear(snap, node, c, group, cleared, targets, budget, memo)
-                if found is not None:
-                    yield node, *found
-
-
-def _may_grow(snap: Snapshot, profile: _Profile, node: str, res: str, freed: int) -> bool:
-    """Whether `node`, with `freed` more free units of `res`, could grow some device-mode
-    class's rank (D3): its figure there, at most the class's devices on the node and its free
-    units, could pass the class's largest set, or reach it from below (one more node)."""
-    n = snap.nodes.get(node)
-    if n is None:
-        return False
-    for c in profile.device_mode:
-        if node not in profile.eligible[c]:
-            continue
-        top = profile.rank(c)[0]
-        r = profile.classes[c]
-        upper = min(len(n.devices_of(c)), snap.free(node, r) + (freed if r == res else 0))
-        if upper > top or (upper == top and profile.sizes[c].get(node, 0) < top):
-            return True
-    return False
-
-
-def _record_exists(snap: Snapshot, d: GPUDevice) -> bool:
-    """Whether `d`'s record names a device its node still publishes for its class (a
-    vanished one is lost capacity: never moved nor re-pointed away from)."""
-    n = snap.nodes.get(d.bound_node or "")
-    rec = d.status.device
-    return n is not None and rec is not None and any(
-        sd.ref == rec for sd in n.devices_of(d.class_name))
-
-
-def _one_device(snap: Snapshot, node: str, class_name: str, free: frozenset[str],
-                keep: frozenset[str] = frozenset()) -> DeviceRef | None:
-    """The device of `node` a new one-device set of `class_name` takes among `free`
-    (DR4's buddy best fit, `keep` first on a tie), None when none."""
-    n = snap.nodes.get(node)
-    if n is None or not free:
-        return None
-    sds = n.devices_of(class_name)
-    choice = choose_devices(device_set(sds).devices, free, 1,
-                            snap.classes[class_name].match_attribute, keep)
-    if isinstance(choice, NoGroup):
-        return None
-    name = choice.devices[0]
-    return next(sd.ref for sd in sds if sd.ref.device == name)
-
-
-def _repoint(scratch: _Scratch, d: GPUDevice) -> DefragMove | None:
-    """DR4: `d` re-pointed to the device of its node a one-device set would take, counting
-    its own record free; None when that is its record."""
-    node, rec = d.bound_node, d.status.device
-    assert node is not None and rec is not None
-    free = scratch.free_for(d)
-    to = _one_device(scratch.snap, node, d.class_name, free, frozenset((rec.device,)) & free)
-    if to is None or to == rec:
-        return None
-    return DefragMove(d.key, d.class_name, scratch.snap.classes[d.class_name].resource_name,
-                      node, node, node, "", 0, 0, rec, to)
-
-
-def _clear(snap: Snapshot, node: str, class_name: str, group: list[GPUDevice],
-           cleared: set[str], targets: dict, budget: int, memo: dict):
-    """`group` (idle held devices of `class_name` on `node`) moved off, each to the tightest
-    other eligible node with a device free for it (B4; not a node of `cleared`), recording
-    the device a one-device set takes there: (moves, `_Scratch`), or None when one of them
-    has nowhere to go."""
-    res = snap.classes[class_name].resource_name
-    firsts = targets.get(class_name)
-    if firsts is None:  # once a round per class: the tightest nodes with a device free
-        firsts = targets[class_name] = sorted(
-            (snap.free(n, res), n, to) for n in _targets(snap, class_name, res, cleared, budget + 8)
-            if (to := _one_device(snap, n, class_name, snap.free_devices(n, class_name))) is not None)
-    scratch, step = _Scratch(snap, memo), []
-    went: list[str] = []  # the targets of this step: only theirs differ from `firsts`
-    for d in group:
-        options = []
-        for n in went:
-            if (f := scratch.units_of(n, res)) >= 1 and (
-                    to := _one_device(snap, n, class_name, scratch.free(n, class_name))) is not None:
-                options.append((f, n, to))
-        first = next((o for o in firsts if o[1] != node and o[1] not in went), None)
-        if first is not None:
-            options.append(first)
-        if not options:
-            return None
-        _, to_node, to = min(options, key=lambda o: o[:2])
-        m = DefragMove(d.key, class_name, res, node, to_node, node, "", 0, 0, d.status.device, to)
-        step.append(m)
-        scratch.apply(m, d)
-        if to_node not in went:
-            went.append(to_node)
-    return step, scratch
 
 
 def _explained(step: list[DefragMove], before: _Profile, after: _Profile) -> tuple[DefragMove, ...]:

@@ -24,9 +24,10 @@ from typing import Any, Mapping, Sequence
 
 from model.admission import (Refusal, already_admitted, check, effective_resources,
                              same_name_conflict, template_name, unpermitted_gpu_entries)
-from model.decide import Move, Request, Rule, assess, decide
-from model.device_view import (Blocks, NodeDevices, blocks, largest_device_set, recorded_choice,
-                                set_view)
+from model.decide import Move, Request, Rule, apply_decision, assess, decide
+from model.device.view import (Blocks, NodeDevices, blocks, largest_device_set, recorded_choice,
+                                set_view, takes)
+from model.device.dra import DeviceRef
 from model.defrag import DEFAULT_MAX_MOVES, DefragPlan, apply_moves, plan_round
 from model.housekeeping import VMIs
 from model.parse import VMIAsk
@@ -117,7 +118,7 @@ class Explanation:
     when refused, and one defragmentation round would make the admission admit it (D4);
     else None. `device_nodes`: device mode (DR2-DR4), per node with devices of the set's
     device-mode classes, its free devices and groups for the set's share and the devices a
-    placement there takes (`model.device_view.NodeDevices`); empty in count mode."""
+    placement there takes (`model.device.view.NodeDevices`); empty in count mode."""
 
     namespace: str
     vmi: str
@@ -238,7 +239,7 @@ def _kept_of(snap: Snapshot, request: Request) -> tuple["KeptSet", ...]:
 
 
 def _device_nodes(snap: Snapshot, request: Request, d) -> tuple[NodeDevices, ...]:
-    """Device mode (DR2-DR4): the set's view per node (`model.device_view.set_view`), with
+    """Device mode (DR2-DR4): the set's view per node (`model.device.view.set_view`), with
     the devices each placement of the binder's decision takes there (B1: every eligible
     node; B5/B6: the records kept). Empty in count mode."""
     members = [m for n in request.devices if (m := snap.device(request.namespace, n)) is not None]
@@ -440,7 +441,7 @@ class Top:
     """The answer of `top`: classes by name; tenants by namespace and resource; `kept` the
     sets kept for stopped VirtualMachines (H4) by namespace and VM; `blocks`, device mode
     (DR3): per device-mode class and node serving it, its groups (whole free partitions per
-    size, or free devices per group; `model.device_view.Blocks`), by class then node. A
+    size, or free devices per group; `model.device.view.Blocks`), by class then node. A
     device-mode class's rows are the nodes with its devices, `allocatable` and `free` count
     its devices, `largest` is the largest set its free groups take."""
 
@@ -466,7 +467,7 @@ def largest_placeable(snapshot: Snapshot, class_name: str) -> dict[str, int]:
     out = {n: 0 for n in snapshot.serving_nodes(class_name)}
     room = sorted(n for n in out if snapshot.free(n, res) >= 1)  # no room: 0 whatever else
     a = assess(snap, request, room, with_decision=False)
-    if cls.device_mode:  # DR3: the node's free groups bound the set, not its free units
+    if class_name in snapshot.mode.device_classes:  # DR3: free groups bound the set, not units
         return _largest_device_sets(snapshot, class_name, out, room, a.nodes)
     for n in room:
         if not a.nodes[n]:
@@ -480,7 +481,7 @@ def _largest_device_sets(snapshot: Snapshot, class_name: str, out: dict[str, int
     """`largest_placeable` for a device-mode class: on each node where the one-device
     probe is eligible but for its own group (a set of one may have no group where larger
     ones do: `NoDeviceGroup` alone does not rule the node out), the largest set the node's
-    free groups take (`model.device_view.largest_device_set`, DR3)."""
+    free groups take (`model.device.view.largest_device_set`, DR3)."""
     for n in room:
         if all(r.code is Code.NO_DEVICE_GROUP for r in reasons[n]):
             out[n] = largest_device_set(snapshot, n, class_name)
@@ -529,7 +530,7 @@ def top(snapshot: Snapshot, live_vmis: VMIs | set[tuple[str, str]]) -> Top:
                                     bound - attached - awaiting - kept,
                                     max(snapshot.free(n, res), 0),
                                     largest.get(n, 0), cordoned, kept))
-        if snapshot.classes[name].device_mode:
+        if name in snapshot.mode.device_classes:
             rows = _device_rows(snapshot, name, rows)
         classes.append(ClassFigures(
             name, res, sum(r.bound for r in rows), sum(r.attached for r in rows),
@@ -567,7 +568,7 @@ def _blocks(snapshot: Snapshot) -> tuple[Blocks, ...]:
     """`Top.blocks`: device-mode classes only (empty in count mode)."""
     out = []
     for name in sorted(snapshot.classes):
-        if snapshot.classes[name].device_mode:
+        if name in snapshot.mode.device_classes:
             for n in sorted(snapshot.serving_nodes(name)):
                 b = blocks(snapshot, n, name)
                 if b is not None and snapshot.nodes[n].devices_of(name):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Collection
 
-from model.dra import DeviceRef
+from model.device.dra import DeviceRef
 from model.types import DeviceKey, GPUDevice
 
 Needs = tuple[tuple[str, int], ...]

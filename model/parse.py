@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping
 
-from model.dra import DeviceRef
+from model.device.dra import DeviceRef
 from model.reasons import Code
 from model.types import (
     DEVICES_ANNOTATION,

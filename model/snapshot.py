@@ -21,12 +21,13 @@ A node is *placeable* when it is not cordoned, Ready and carries `kubevirt.io/sc
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Mapping
 
-from model.dra import device_set
+from model.counts import DeviceMap, Index
+from model.device.records import NodeMemo, Records, free_devices, held_names, holds_by_node, records_of, touched_nodes
+from model.device.seam import CountMode, mode_of
 from model.hold import Hold
 from model.reasons import BudgetExhausted, ClassNotFound, ClassProblem, DeviceNotFound, NoFreeUnit, NotEntitled, Reason
 from model.types import (
@@ -74,7 +75,7 @@ class _Static:
 
     __slots__ = ("nodes", "classes", "namespaces", "budgets", "alloc", "labels", "class_res",
                  "advertising", "cordoned", "unplaceable", "foreign", "tainted", "views", "_serving", "_entitled",
-                 "device_mode")
+                 "mode")
 
     def __init__(self, nodes: Iterable[Node], classes: Iterable[GPUClass],
                  namespaces: Iterable[Namespace], budgets: Iterable[Budget]) -> None:
@@ -105,12 +106,13 @@ class _Static:
                       MappingProxyType(self.namespaces), MappingProxyType(self.budgets))
         self._serving: dict[str, frozenset[str]] = {}
         self._entitled: dict[tuple[str, str], bool] = {}
-        self.device_mode = any(c.device_mode for c in self.classes.values())
-        """Some class is of device mode (DR1): the records (DR2) are worth carrying over."""
+        self.mode: CountMode = mode_of(self.classes.values())
+        """The device-mode seam (`model.device.seam`; count mode's null object when no class
+        is of device mode, DR1)."""
 
     def serving(self, class_name: str) -> frozenset[str]:
         """Nodes serving the class (allocatable > 0 and labels ⊇ nodeSelector), cordon aside;
-        a device-mode class also needs devices of its own on the node (`Node.devices_of`:
+        a device-mode class also needs devices of its own on the node (`CountMode.serves`:
         classes on one DeviceClass share its count key, DR1)."""
         found = self._serving.get(class_name)
         if found is None:
@@ -118,7 +120,7 @@ class _Static:
             found = frozenset() if c is None else frozenset(
                 n for n in self.advertising.get(c.resource_name, ())
                 if labels_include(self.labels[n], c.node_selector)
-                and (not c.device_mode or self.nodes[n].devices_of(c.name)))
+                and self.mode.serves(self.nodes[n], c.name))
             self._serving[class_name] = found
         return found
 
@@ -134,257 +136,6 @@ class _Static:
         return ok
 
 
-class _Index:
-    """Counts of one snapshot. `by_free[res][f]` lists, sorted, the schedulable nodes that
-    advertise `res` and have exactly `f` units free. Never mutated once made."""
-
-    __slots__ = ("used", "tenant_bound", "reserved", "tenant_reserved", "by_free")
-
-    def __init__(self, used, tenant_bound, reserved, tenant_reserved, by_free) -> None:
-        self.used: dict[tuple[str, str], int] = used
-        self.tenant_bound: dict[tuple[str, str], int] = tenant_bound
-        self.reserved: dict[tuple[str, str], int] = reserved
-        self.tenant_reserved: dict[tuple[str, str], int] = tenant_reserved
-        self.by_free: dict[str, dict[int, tuple[str, ...]]] = by_free
-
-    @staticmethod
-    def reservation_counts(reservations: Sequence[Hold]):
-        reserved: dict[tuple[str, str], int] = {}
-        per_request: dict[tuple[str, str, str], int] = {}
-        for r in reservations:
-            for res, n in r.needs:
-                reserved[(r.node, res)] = reserved.get((r.node, res), 0) + n
-            for res, n in r.budget_needs:
-                key = (r.request_id, r.namespace, res)
-                per_request[key] = max(n, per_request.get(key, 0))
-        tenant: dict[tuple[str, str], int] = {}
-        for (_, ns, res), n in per_request.items():
-            tenant[(ns, res)] = tenant.get((ns, res), 0) + n
-        return reserved, tenant
-
-    @classmethod
-    def build(cls, st: _Static, by_ns: Mapping[str, Mapping[str, GPUDevice]],
-              reservations: Sequence[Hold]) -> _Index:
-        used: dict[tuple[str, str], int] = dict(st.foreign)
-        tenant: dict[tuple[str, str], int] = {}
-        class_res = st.class_res
-        for ns, devices in by_ns.items():
-            for d in devices.values():
-                node, res = d.bound_node, class_res.get(d.class_name)
-                if node is not None and res is not None:
-                    used[(node, res)] = used.get((node, res), 0) + 1
-                    tenant[(ns, res)] = tenant.get((ns, res), 0) + 1
-        reserved, tenant_reserved = cls.reservation_counts(reservations)
-        by_free: dict[str, dict[int, tuple[str, ...]]] = {}
-        for res, names in st.advertising.items():
-            buckets: dict[int, list[str]] = {}
-            for name in names:  # sorted, so every bucket is sorted
-                if name not in st.unplaceable:
-                    f = st.alloc[name][res] - used.get((name, res), 0) - reserved.get((name, res), 0)
-                    buckets.setdefault(f, []).append(name)
-            by_free[res] = {f: tuple(v) for f, v in buckets.items()}
-        return cls(used, tenant, reserved, tenant_reserved, by_free)
-
-    def derive(self, st: _Static, changes: Sequence[tuple[GPUDevice | None, GPUDevice | None]],
-               reservations: Sequence[Hold] | None,
-               added: Sequence[Hold] | None = None) -> _Index:
-        """The index after `changes` (old, new device pairs) and, when not None, with the
-        reservations replaced by `reservations`. `added`, when given, says `reservations` are
-        the current ones plus `added`, whose request ids are new (none is current, none is
-        repeated): their counts are then added instead of recounting every reservation.
-        Copies only the dicts it touches."""
-        d_used, d_tenant = self._bound_deltas(st, changes)
-        used, tenant, touched = self._with_bound(d_used, d_tenant)
-        if added is not None:
-            reserved, tenant_reserved = self._with_added(added, touched)
-        elif reservations is not None:
-            reserved, tenant_reserved = self.reservation_counts(reservations)
-            touched |= {k for k in reserved.keys() | self.reserved.keys()
-                        if reserved.get(k, 0) != self.reserved.get(k, 0)}
-        else:
-            reserved, tenant_reserved = self.reserved, self.tenant_reserved
-        by_free = self._rebucketed(st, touched, used, reserved)
-        return _Index(used, tenant, reserved, tenant_reserved, by_free)
-
-    @staticmethod
-    def _bound_deltas(st: _Static, changes: Sequence[tuple[GPUDevice | None, GPUDevice | None]]
-                      ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
-        """How `changes` move the Bound counts: per (node, resource) and per (namespace,
-        resource), +1 for a device Bound after, -1 for one Bound before (nothing for one
-        that stays on the same node with the same class)."""
-        d_used: dict[tuple[str, str], int] = {}
-        d_tenant: dict[tuple[str, str], int] = {}
-        class_res = st.class_res
-        for old, new in changes:
-            was = old.bound_node if old is not None else None
-            now = new.bound_node if new is not None else None
-            if was is None:
-                if now is None:
-                    continue  # Pending (or absent) before and after: counts nothing
-            elif was == now and old.class_name == new.class_name:  # type: ignore[union-attr]
-                continue  # same node, same class (same key, so same tenant): no count changes
-            else:
-                res = class_res.get(old.class_name)  # type: ignore[union-attr]
-                if res is not None:
-                    key = (was, res)
-                    d_used[key] = d_used.get(key, 0) - 1
-                    key = (old.namespace, res)  # type: ignore[union-attr]
-                    d_tenant[key] = d_tenant.get(key, 0) - 1
-            if now is not None:
-                res = class_res.get(new.class_name)  # type: ignore[union-attr]
-                if res is not None:
-                    key = (now, res)
-                    d_used[key] = d_used.get(key, 0) + 1
-                    key = (new.namespace, res)  # type: ignore[union-attr]
-                    d_tenant[key] = d_tenant.get(key, 0) + 1
-        return d_used, d_tenant
-
-    def _with_bound(self, d_used: dict[tuple[str, str], int], d_tenant: dict[tuple[str, str], int]
-                    ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int],
-                               set[tuple[str, str]]]:
-        """`used` and `tenant_bound` with the deltas applied (copied only when one moves),
-        and the (node, resource) keys whose Bound count moved."""
-        used, tenant = self.used, self.tenant_bound
-        touched = {k for k, v in d_used.items() if v}
-        if touched:
-            used = dict(used)
-            for k in touched:
-                used[k] = used.get(k, 0) + d_used[k]
-        if any(d_tenant.values()):
-            tenant = dict(tenant)
-            for k, v in d_tenant.items():
-                tenant[k] = tenant.get(k, 0) + v
-        return used, tenant, touched
-
-    def _with_added(self, added: Sequence[Hold], touched: set[tuple[str, str]]
-                    ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
-        """`reserved` and `tenant_reserved` plus the holds `added` (of new request ids);
-        adds the (node, resource) keys they reserve on to `touched`."""
-        reserved, tenant_reserved = dict(self.reserved), dict(self.tenant_reserved)
-        for r in added:
-            for res, n in r.needs:
-                key = (r.node, res)
-                reserved[key] = reserved.get(key, 0) + n
-                if n:
-                    touched.add(key)
-            slots: dict[str, int] = {}  # as `reservation_counts`: the largest per resource
-            for res, n in r.budget_needs:
-                slots[res] = max(n, slots.get(res, 0))
-            for res, n in slots.items():
-                key = (r.namespace, res)
-                tenant_reserved[key] = tenant_reserved.get(key, 0) + n
-        return reserved, tenant_reserved
-
-    def _rebucketed(self, st: _Static, touched: set[tuple[str, str]],
-                    used: dict[tuple[str, str], int], reserved: dict[tuple[str, str], int]
-                    ) -> dict[str, dict[int, tuple[str, ...]]]:
-        """`by_free` with every placeable node of `touched` moved from the bucket of its free
-        units before to the one after (copied only where a node moves)."""
-        by_free = self.by_free
-        copied: set[str] = set()
-        for node, res in touched:
-            if node not in st.nodes or node in st.unplaceable:
-                continue
-            alloc = st.alloc[node].get(res, 0)
-            if alloc <= 0:
-                continue
-            before = alloc - self.used.get((node, res), 0) - self.reserved.get((node, res), 0)
-            after = alloc - used.get((node, res), 0) - reserved.get((node, res), 0)
-            if before == after:
-                continue
-            if not copied:
-                by_free = dict(by_free)
-            if res not in copied:
-                by_free[res] = dict(by_free[res])
-                copied.add(res)
-            buckets = by_free[res]
-            old = buckets[before]
-            i = bisect.bisect_left(old, node)
-            if len(old) == 1:
-                del buckets[before]
-            else:
-                buckets[before] = old[:i] + old[i + 1:]
-            new = buckets.get(after, ())
-            j = bisect.bisect_left(new, node)
-            buckets[after] = new[:j] + (node,) + new[j:]
-        return by_free
-
-
-    def owned(self) -> _Index:
-        """A copy whose reservation counts and free buckets `reserve_in_place` may change
-        (the device counts stay shared: they are never changed in place)."""
-        return _Index(self.used, self.tenant_bound, dict(self.reserved), dict(self.tenant_reserved),
-                      {res: dict(b) for res, b in self.by_free.items()})
-
-    def reserve_in_place(self, st: _Static, r: Hold) -> None:
-        """Count hold `r` (of a request with no hold counted yet) into this index, changing
-        it: what `derive(..., added=(r,))` gives, without copying. Only for an index made by
-        `owned` that nobody else reads while it changes."""
-        reserved, used, by_free = self.reserved, self.used, self.by_free
-        for res, n in r.needs:
-            if not n:
-                continue
-            key = (r.node, res)
-            before_held = reserved.get(key, 0)
-            reserved[key] = before_held + n
-            node = r.node
-            if node not in st.nodes or node in st.unplaceable:
-                continue
-            alloc = st.alloc[node].get(res, 0)
-            if alloc <= 0:
-                continue
-            before = alloc - used.get(key, 0) - before_held
-            after = before - n
-            buckets = by_free[res]
-            old = buckets[before]
-            if len(old) == 1:
-                del buckets[before]
-            else:
-                i = bisect.bisect_left(old, node)
-                buckets[before] = old[:i] + old[i + 1:]
-            new = buckets.get(after, ())
-            j = bisect.bisect_left(new, node)
-            buckets[after] = new[:j] + (node,) + new[j:]
-        slots: dict[str, int] = {}  # as `reservation_counts`: the largest per resource
-        for res, n in r.budget_needs:
-            slots[res] = max(n, slots.get(res, 0))
-        tenant_reserved = self.tenant_reserved
-        for res, n in slots.items():
-            key = (r.namespace, res)
-            tenant_reserved[key] = tenant_reserved.get(key, 0) + n
-
-
-class _DeviceMap(Mapping[tuple[str, str], GPUDevice]):
-    """Read-only view of a snapshot's devices keyed by (namespace, name)."""
-
-    __slots__ = ("_by_ns",)
-
-    def __init__(self, by_ns: Mapping[str, Mapping[str, GPUDevice]]) -> None:
-        self._by_ns = by_ns
-
-    def __getitem__(self, key: tuple[str, str]) -> GPUDevice:
-        ns, name = key
-        return self._by_ns[ns][name]
-
-    def get(self, key: tuple[str, str], default: GPUDevice | None = None) -> GPUDevice | None:  # type: ignore[override]
-        """The device of `key`, else `default` (no exception raised and caught on a miss)."""
-        inner = self._by_ns.get(key[0])
-        return default if inner is None else inner.get(key[1], default)
-
-    def __iter__(self) -> Iterator[tuple[str, str]]:
-        for ns, devices in self._by_ns.items():
-            for name in devices:
-                yield (ns, name)
-
-    def __len__(self) -> int:
-        return sum(len(d) for d in self._by_ns.values())
-
-    def __contains__(self, key: object) -> bool:
-        if not isinstance(key, tuple) or len(key) != 2:
-            return False
-        return key[1] in self._by_ns.get(key[0], {})
-
-
 class Snapshot:
     """An immutable view of the cluster for one decision (DESIGN.md §2, §3, §6 model).
 
@@ -396,8 +147,8 @@ class Snapshot:
     __slots__ = ("_st", "_by_ns", "_reservations", "_idx", "_rec", "_held", "_memo")
 
     def __init__(self, st: _Static, by_ns: dict[str, dict[str, GPUDevice]],
-                 reservations: tuple[Hold, ...], idx: _Index | None,
-                 rec: _Records | None = None, memo: dict | None = None) -> None:
+                 reservations: tuple[Hold, ...], idx: Index | None,
+                 rec: Records | None = None, memo: NodeMemo | None = None) -> None:
         """Private: use `Snapshot.build`."""
         self._st = st
         self._by_ns = by_ns
@@ -419,7 +170,7 @@ class Snapshot:
         for d in devices:
             by_ns.setdefault(d.namespace, {})[d.name] = d
         return cls(_Static(nodes, classes, namespaces, budgets), by_ns, tuple(reservations), None,
-                   memo={})
+                   memo=NodeMemo())
 
     # --- read-only views --------------------------------------------------------------
 
@@ -446,7 +197,7 @@ class Snapshot:
     @property
     def devices(self) -> Mapping[tuple[str, str], GPUDevice]:
         """GPUDevices by (namespace, name)."""
-        return _DeviceMap(self._by_ns)
+        return DeviceMap(self._by_ns)
 
     @property
     def reservations(self) -> tuple[Hold, ...]:
@@ -463,10 +214,10 @@ class Snapshot:
 
     # --- counting ---------------------------------------------------------------------
 
-    def _index(self) -> _Index:
+    def _index(self) -> Index:
         idx = self._idx
         if idx is None:
-            idx = self._idx = _Index.build(self._st, self._by_ns, self._reservations)
+            idx = self._idx = Index.build(self._st, self._by_ns, self._reservations)
         return idx
 
     def allocatable(self, node: str, resource: str) -> int:
@@ -727,173 +478,78 @@ class Snapshot:
         first question, so this costs one pass over the devices then."""
         st = _Static(nodes, self._st.classes.values(), self._st.namespaces.values(), ())
         st.budgets.update(self._st.budgets)
-        return Snapshot(st, self._by_ns, self._reservations, None, self._rec, {})
+        return Snapshot(st, self._by_ns, self._reservations, None, self._rec, NodeMemo())
 
     def _derive(self, by_ns, changes, reservations, added=None) -> Snapshot:
         idx = self._idx
         if idx is not None:
             idx = idx.derive(self._st, changes, reservations, added)
-        rec = self._rec
-        if rec is None and self._st.device_mode:
-            rec = self._records()  # once here, not once per derived snapshot that asks
-        if rec is not None and changes:
-            rec = _derive_records(rec, changes)
+        rec = self._st.mode.carry(self._rec, self._records, changes)
         memo = self._memo
         if memo is not None:
-            touched = _touched_nodes(changes, self._reservations, reservations, added)
+            touched = touched_nodes(changes, self._reservations, reservations, added)
             if touched:
-                memo = {k: v for k, v in memo.items() if k[0] not in touched}
+                memo = memo.without(touched)
         return Snapshot(self._st, by_ns, self._reservations if reservations is None else reservations,
                         idx, rec, memo)
 
-    # --- device mode (DR2) ------------------------------------------------------------
+    # --- device mode (DR2): what the seam reads -----------------------------------------
 
-    def _records(self) -> _Records:
+    @property
+    def mode(self) -> CountMode:
+        """The device-mode seam of this snapshot's classes (`model.device.seam`)."""
+        return self._st.mode
+
+    def _records(self) -> Records:
         rec = self._rec
         if rec is None:
-            rec = {}
-            for devices in self._by_ns.values():
-                for d in devices.values():
-                    _add_record(rec, d)
-            self._rec = rec
+            rec = self._rec = records_of(self._by_ns)
         return rec
 
     def recorded_devices(self, node: str) -> Mapping[str, tuple[DeviceKey, ...]]:
-        """Device mode (DR2): the names of `node`'s devices that Bound GPUDevices on it record
-        (`status.device`), each with the keys of the devices recording it (one, unless a bug
-        or a hand edit recorded it twice). Empty in count mode."""
+        """Device mode (DR2): the names of `node`'s devices that Bound GPUDevices on it record,
+        each with the keys of the devices recording it (one, unless a bug or a hand edit
+        recorded it twice). Empty in count mode."""
         return MappingProxyType(self._records().get(node, {}))
 
-    def node_memo(self) -> dict:
-        """Device mode: a memo for answers that depend only on one node (its devices, taken
-        devices and taints), the records on it and the reservations naming its devices, keyed
-        by tuples whose first item is the node's name (e.g. `model.decide`'s group choice for
-        a new set). A snapshot derived by `with_*`/`without_*` keeps the entries of the nodes
-        whose records and holds did not change (sharing the memo when none did: an entry is
-        true of both, whichever fills it); `with_nodes` and `Snapshot.build` start empty."""
+    @property
+    def memo(self) -> NodeMemo:
+        """Device mode: the memo of answers that depend only on one node, the records on it
+        and the holds naming its devices (`model.device.records.NodeMemo`). A snapshot
+        derived by `with_*`/`without_*` keeps the entries of the nodes whose records and
+        holds did not change; `with_nodes` and `Snapshot.build` start empty."""
         memo = self._memo
         if memo is None:
-            memo = self._memo = {}
+            memo = self._memo = NodeMemo()
         return memo
 
     def _holds_on(self, node: str) -> list[Hold]:
         """The reservations naming devices of `node` (`Hold.devices`), indexed on first use."""
         held = self._held
         if held is None:
-            held = {}
-            for r in self._reservations:
-                if r.devices:
-                    held.setdefault(r.node, []).append(r)
-            self._held = held
+            held = self._held = holds_by_node(self._reservations)
         return held.get(node, [])
 
     def held_devices(self, node: str, exclude_request: str | None = None) -> frozenset[str]:
         """Device mode (DR2): names of `node`'s devices held by reservations in flight
         (`Hold.devices`), except those of request `exclude_request`."""
-        out: set[str] = set()
-        for r in self._holds_on(node):
-            if r.request_id != exclude_request:
-                out.update(ref.device for _, ref in r.devices)
-        return frozenset(out)
+        return held_names(self._holds_on(node), exclude_request)
 
     def free_devices(self, node: str, class_name: str, request_id: str | None = None,
                      own: Iterable[DeviceKey] = ()) -> frozenset[str]:
-        """Device mode (DR2): the names of the devices of `class_name` on `node`
-        (`Node.devices_of`) free for request `request_id` whose members are `own`: not
-        tainted NoSchedule/NoExecute, not in `Node.taken_devices`, not recorded by a Bound
-        GPUDevice on the node other than `own`, not held by another request's reservation.
-        A device recorded by one of `own` is free for it even when a claim the binder made
-        allocates it (its own claim, DR5), not when another does (`Node.foreign_claimed`).
-        Empty for a gone node or a count-mode class.
-
-        Set operations on the node's `model.dra.DeviceSet` (its names worked out once per
-        node): a decision asks this of every eligible node."""
+        """Device mode (DR2): the names of the devices of `class_name` on `node` free for
+        request `request_id` whose members are `own` (`model.device.records.free_devices`:
+        not tainted, taken by a claim, recorded by another device or held by another
+        request). Empty for a gone node or a count-mode class."""
         n = self._st.nodes.get(node)
-        if n is None:
+        if n is None or not n.devices_of(class_name):
             return frozenset()
-        devices = n.devices_of(class_name)
-        if not devices:
-            return frozenset()
-        out = device_set(devices).untainted
-        recorded = self._records().get(node)
-        mine: frozenset[str] | set[str] = frozenset()
-        if recorded:
-            own_keys = own if isinstance(own, (set, frozenset)) else set(own)
-            if own_keys:
-                mine = {name for name, keys in recorded.items() if any(k in own_keys for k in keys)}
-                others = {name for name, keys in recorded.items()
-                          if any(k not in own_keys for k in keys)}
-                out = out - others
-            else:
-                out = out.difference(recorded)
-        if self._holds_on(node):
-            out = out - self.held_devices(node, request_id)
-        taken = n.taken_devices
-        if taken:
-            # a set's own claim does not take its recorded device from it; another's does
-            out = out - (taken - (mine - n.foreign_claimed) if mine else taken)
-        return out
+        return free_devices(n, class_name, self._records().get(node), self._holds_on(node),
+                            request_id, own)
 
     def __repr__(self) -> str:
         return (f"<Snapshot nodes={len(self._st.nodes)} classes={len(self._st.classes)} "
                 f"devices={len(self.devices)} reservations={len(self._reservations)}>")
-
-
-_Records = dict[str, dict[str, tuple[tuple[str, str], ...]]]
-"""Per node, the device names Bound GPUDevices on it record, with their keys (DR2)."""
-
-
-def _touched_nodes(changes, before: tuple[Hold, ...], after: tuple[Hold, ...] | None,
-                   added: Sequence[Hold] | None) -> set[str]:
-    """The nodes whose records (device `changes`) or device holds (`before` → `after`, with
-    `added` the holds only added, when known) differ: their `Snapshot.node_memo` entries go."""
-    out: set[str] = set()
-    for old, new in changes:
-        for d in (old, new):
-            if d is not None and d.status.device is not None and d.bound_node is not None:
-                out.add(d.bound_node)
-    if after is not None:
-        if added is not None:
-            moved: Iterable[Hold] = added
-        else:
-            was, now = {id(h) for h in before}, {id(h) for h in after}
-            moved = [h for h in after if id(h) not in was] + [h for h in before if id(h) not in now]
-        out.update(h.node for h in moved if h.devices)
-    return out
-
-
-def _add_record(rec: _Records, d: GPUDevice) -> None:
-    ref = d.status.device
-    node = d.bound_node
-    if ref is None or node is None:
-        return
-    on = rec.setdefault(node, {})
-    on[ref.device] = on.get(ref.device, ()) + (d.key,)
-
-
-def _derive_records(rec: _Records, changes) -> _Records:
-    """`rec` after `changes` (old, new device pairs), copying only the touched nodes."""
-    out = rec
-    for old, new in changes:
-        o = old is not None and old.status.device is not None and old.bound_node is not None
-        n = new is not None and new.status.device is not None and new.bound_node is not None
-        if not o and not n:
-            continue
-        if out is rec:
-            out = dict(rec)
-        if o:
-            node, name = old.bound_node, old.status.device.device
-            on = out[node] = dict(out.get(node, {}))
-            keys = tuple(k for k in on.get(name, ()) if k != old.key)
-            if keys:
-                on[name] = keys
-            else:
-                on.pop(name, None)
-        if n:
-            node = new.bound_node
-            out[node] = dict(out.get(node, {}))
-            _add_record(out, new)
-    return out
 
 
 class Reserving:
@@ -913,7 +569,7 @@ class Reserving:
     @staticmethod
     def _own(snap: Snapshot) -> Snapshot:
         return Snapshot(snap._st, snap._by_ns, snap._reservations, snap._index().owned(), snap._rec,
-                        None if snap._memo is None else dict(snap._memo))
+                        None if snap._memo is None else snap._memo.copy())
 
     def add(self, hold: Hold) -> None:
         """`snapshot = snapshot.with_reservation(hold)`, in place when it can be."""
@@ -927,6 +583,6 @@ class Reserving:
         snap._reservations = snap._reservations + (hold,)
         if hold.devices:
             snap._held = None  # indexed again on the next question
-            if snap._memo is not None:  # a new dict: snapshots derived before this hold keep theirs
-                snap._memo = {k: v for k, v in snap._memo.items() if k[0] != hold.node}
+            if snap._memo is not None:  # a new memo: snapshots derived before this hold keep theirs
+                snap._memo = snap._memo.without((hold.node,))
         self._ids.add(rid)

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Mapping
 
-from model.dra import DeviceRef, SliceDevice
+from model.device.dra import DeviceRef, DeviceSet, SliceDevice
 from model.reasons import DRA_DEVICES_SUFFIX, Code, Cordoned, NotKubevirtSchedulable, NotReady, Reason
 
 GROUP = "gpu.cozystack.io"
@@ -209,6 +209,9 @@ def untolerated(taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...]) 
             and not any(tol.tolerates(t) for tol in tolerations)]
 
 
+_NO_DEVICES = DeviceSet()
+
+
 @dataclass(frozen=True, slots=True)
 class Node:
     """A core Node as the binder sees it: labels, `status.allocatable` of extended resources
@@ -241,12 +244,20 @@ class Node:
     records is free for that set though a claim allocates it (its own claim, DR5) unless
     it is here: then someone else uses it, and the set is placed anew."""
 
-    def devices_of(self, class_name: str) -> tuple[SliceDevice, ...]:
-        """The devices of device-mode class `class_name` on this node (empty when none)."""
+    def __post_init__(self) -> None:
+        # each class's devices as a `DeviceSet` (the DRA index makes them; a tuple given
+        # here becomes one), so what decisions work out of them lives with the node
+        if self.class_devices and not all(type(d) is DeviceSet for _, d in self.class_devices):
+            object.__setattr__(self, "class_devices",
+                               tuple((c, DeviceSet.of(d)) for c, d in self.class_devices))
+
+    def devices_of(self, class_name: str) -> DeviceSet:
+        """The devices of device-mode class `class_name` on this node (empty when none), with
+        their names, topology view and layouts (`model.device.dra.DeviceSet`)."""
         for name, devices in self.class_devices:
             if name == class_name:
-                return devices
-        return ()
+                return devices  # type: ignore[return-value]
+        return _NO_DEVICES
 
     @property
     def kubevirt_schedulable(self) -> bool:

@@ -13,8 +13,8 @@ from datetime import datetime
 from typing import Iterable, Sequence
 
 from model.decide import Move, Request, Rule, apply_decision, decide
-from model.device_view import recorded_choice, takes
-from model.dra import DeviceRef
+from model.device.view import recorded_choice, takes
+from model.device.dra import DeviceRef
 from model.explain import DEVICE_MODE_ONLY, live_vmi_keys, set_request
 from model.housekeeping import VMIs
 from model.parse import VMIAsk

@@ -19,7 +19,7 @@ from fakes.clock import ManualClock
 from fakes.memory_store import Faults, MemoryStore
 from model.hold import Hold
 from model.reasons import Cordoned, DevicesTaken, NodeUnfit
-from model.topology import resolve_attribute
+from model.device.topology import resolve_attribute
 from model.types import Result
 from tests.support.binder import check_invariants, quiet_logging, running_binder, settle
 from model.types import OnCordon

@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import ApiException
 
 from localcluster.dra_profiles import DEVICE_CLASS
 from model.claim import ClaimMember, build_claim, parse_claim, same_spec
-from model.dra import DeviceRef
+from model.device.dra import DeviceRef
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, MANIFESTS, unique
 from tests.e2e.helpers import until_sync, eventually, housekeeping_rounds
 from tests.support.dra_worlds import device_class

@@ -26,7 +26,7 @@ from kubernetes_asyncio.client import ApiException
 
 from localcluster.dra_profiles import DRIVER, HGX_H100_8, module_index, resource_slice
 from localcluster.dra_world import DEVICE_BUDGET_KEY, HGX_CLASS, dra_node, group_formed
-from model.dra import parse_resource_slice, pool_devices
+from model.device.dra import parse_resource_slice, pool_devices
 from localcluster.fleet import Fleet
 from model.claim import MANAGED_BY, MANAGED_BY_LABEL
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas, unique
@@ -123,7 +123,7 @@ async def admin_claim(fleet, node: str, modules: list[int], *, ns: str | None = 
 
 
 def devices_of(node: str, names) -> list:
-    """The `model.dra.SliceDevice`s `names` of `node`'s hgx-h100-8 slice, as published."""
+    """The `model.device.dra.SliceDevice`s `names` of `node`'s hgx-h100-8 slice, as published."""
     devices = pool_devices([parse_resource_slice(resource_slice(node, HGX_H100_8))])[node]
     return [d for d in devices if d.ref.device in set(names)]
 

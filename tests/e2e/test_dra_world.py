@@ -14,8 +14,8 @@ import yaml
 
 from localcluster.claimcontroller import ClaimController
 from localcluster.dra_profiles import DEVICE_CLASS, HGX_H100_8, L40S_4, device_class, resource_slice
-from model.cel import Selector
-from model.dra import parse_resource_slice, pool_devices
+from model.device.cel import Selector
+from model.device.dra import parse_resource_slice, pool_devices
 from tests.e2e.conftest import unique
 
 

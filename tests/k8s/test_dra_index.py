@@ -9,8 +9,9 @@ import pytest
 from k8s.dra_index import DraIndex, SliceError
 from localcluster.dra_profiles import DEVICE_CLASS, HGX_H100_8, L40S_4, device_class, resource_slice
 from model.claim import parse_claim
-from model.dra import DeviceRef
-from model.types import DeviceStatus, GPUClass, GPUDevice, Phase, dra_resource_name
+from model.device.dra import DeviceRef, DeviceSet
+from model.device.match import MatchAttribute
+from model.types import DeviceStatus, GPUClass, GPUDevice, Node, Phase, dra_resource_name
 
 RES = dra_resource_name(DEVICE_CLASS)
 HGX = GPUClass("hgx", RES, device_class_name=DEVICE_CLASS,
@@ -349,10 +350,10 @@ def test_a_claim_is_parsed_once_at_ingest_and_the_index_reads_that_value():
 
 
 def test_the_index_gathers_pools_by_the_one_rule_the_bench_and_demo_use():
-    """`DraIndex` applies `model.dra.pool_devices` pool by pool as slices come and go; the
+    """`DraIndex` applies `model.device.dra.pool_devices` pool by pool as slices come and go; the
     result is the function's over all the slices it holds (current generation, node-local,
     first listing of a name by slice name)."""
-    from model.dra import parse_resource_slice, pool_devices
+    from model.device.dra import parse_resource_slice, pool_devices
 
     idx = DraIndex()
     old = resource_slice("hgx-1", HGX_H100_8)
@@ -379,7 +380,7 @@ def test_a_classs_own_selectors_are_compiled_once(monkeypatch):
     changed expression is compiled again, a class gone is forgotten."""
     from dataclasses import replace
 
-    from model.cel import Selector
+    from model.device.cel import Selector
 
     compiled: list[str] = []
     real = Selector.compile
@@ -403,3 +404,15 @@ def test_a_classs_own_selectors_are_compiled_once(monkeypatch):
     assert compiled[-1] == wider.selectors[0] and len(compiled) == 3
     idx.set_classes([L40S])
     assert set(idx._class_selectors) == {"l40s"}
+
+
+def test_a_nodes_devices_keep_their_layouts_and_equal_boards_share_one():
+    idx = world()
+    idx.put_slice(resource_slice("hgx-2", HGX_H100_8))
+    one = dict(idx.node_fields("hgx-1", []).class_devices)["hgx"]
+    two = dict(idx.node_fields("hgx-2", []).class_devices)["hgx"]
+    assert isinstance(one, DeviceSet) and one != two  # each node's own devices
+    assert one.board is two.board  # which look the same: one board, its layouts worked out once
+    match = MatchAttribute.of(HGX.match_attribute)
+    assert one.board.layout(match, 4) is two.board.layout(match, 4)
+    assert Node("hgx-1", class_devices=(("hgx", one),)).devices_of("hgx") is one

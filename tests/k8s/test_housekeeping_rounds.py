@@ -73,7 +73,7 @@ async def test_H2_a_rounds_actions_run_per_device_in_order_and_devices_at_once_b
 
 def _claim(vmi: str, made: datetime, *, labels: dict | None = None) -> dict:
     from model.claim import ClaimMember, build_claim
-    from model.dra import DeviceRef
+    from model.device.dra import DeviceRef
     from tests.support.dra_worlds import device_class
     raw = build_claim("t", vmi, [ClaimMember("g", device_class(), DeviceRef("gpu.nvidia.com", "n1", "gpu-vfio-0"), "u0")],
                       "adm", made)

@@ -71,7 +71,7 @@ async def test_the_clients_errors_become_the_ports_write_errors():
 
 
 async def test_DR2_device_mode_writes_status_device_with_the_placement_or_alone_or_clears_it():
-    from model.dra import DeviceRef
+    from model.device.dra import DeviceRef
     gpu = DeviceRef("gpu.nvidia.com", "n1", "gpu-vfio-3")
     client = ScriptedClient()
     writer = ApiStatusWriter(client)
@@ -92,7 +92,7 @@ async def test_D2_DR4_a_device_mode_move_and_a_re_point_write_the_record_with_th
     resourceVersion read, carrying nodeName, boundAt and `status.device`; a re-point (same
     node) carries `status.device` alone; a device no longer recording the expected GPU is
     RequestWithdrawn with nothing written; one recording the target already is a no-op."""
-    from model.dra import DeviceRef
+    from model.device.dra import DeviceRef
     was = DeviceRef("gpu.nvidia.com", "n1", "gpu-vfio-0")
     to_n2 = DeviceRef("gpu.nvidia.com", "n2", "gpu-vfio-5")
     to_n1 = DeviceRef("gpu.nvidia.com", "n1", "gpu-vfio-6")

@@ -12,9 +12,9 @@ import uuid
 from localcluster.dra_profiles import (DEVICE_CLASS_SELECTOR, HGX_H100_8, L40S_4, NUMA_ATTRIBUTE,
                                        PARTITION_ATTRIBUTE, device_class, gpu_uuid, partition_ids,
                                        resource_slice, vfio_uuid)
-from model.cel import Selector
-from model.dra import parse_resource_slice, pool_devices
-from model.topology import GroupChoice, choose_devices
+from model.device.cel import Selector
+from model.device.dra import parse_resource_slice, pool_devices
+from model.device.topology import GroupChoice, choose_devices
 
 
 def test_partition_ids_follow_fabric_manager_numbering():

@@ -11,8 +11,8 @@ from localcluster.dra_profiles import DEVICE_CLASS, HGX_H100_8, L40S_4, resource
 from localcluster.dra_world import (CLASSES, DEVICE_BUDGET_KEY, HGX_CLASS, L40S_CLASS, group_formed,
                                     module_ids, node_names)
 from localcluster.fleet import quota_key
-from model.cel import Selector
-from model.dra import parse_resource_slice, pool_devices
+from model.device.cel import Selector
+from model.device.dra import parse_resource_slice, pool_devices
 from model.parse import parse_gpu_class
 
 

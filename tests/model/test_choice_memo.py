@@ -1,6 +1,6 @@
 """The remembered device-mode choice (DESIGN.md §3b DR2-DR4; issue 32's admission latency):
-`model.topology.choose_devices` on a node's worked-out `Layout`, and `Snapshot.free_devices`
-on a node's `model.dra.DeviceSet`, give exactly what the straightforward computation gives.
+`model.device.topology.choose_devices` on a node's worked-out `Layout`, and `Snapshot.free_devices`
+on a node's `model.device.dra.DeviceSet`, give exactly what the straightforward computation gives.
 Hypothesis compares both with reference copies of the computation they replaced (kept here,
 verbatim but for names) on random boards, free sets, keep sets, records, holds, claims and
 taints, asked repeatedly so the memos answer too."""
@@ -12,11 +12,12 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.dra import DeviceRef, DeviceTaint, SliceDevice
+from model.device.dra import DeviceRef, DeviceTaint, SliceDevice
 from model.hold import Hold
 from model.snapshot import Snapshot
-from model.device_view import largest_device_set
-from model.topology import (SIZE_PLACEHOLDER, Device, GroupChoice, NoGroup, choose_devices, layout,
+from model.device.view import largest_device_set
+from model.device.match import MatchAttribute
+from model.device.topology import (SIZE_PLACEHOLDER, Board, Device, GroupChoice, NoGroup, choose_devices, layout,
                             natural_key, resolve_attribute, sizes_present)
 from model.types import DeviceStatus, GPUClass, GPUDevice, Node, Phase
 from tests.model.test_topology import PARTITION, PCIE_ROOT, hgx, pcie_node
@@ -97,11 +98,15 @@ def test_property_the_layout_choice_is_the_straightforward_one(case, rnd: random
     devices, free, keep, count, template = case
     want = reference_choose(devices, free, count, template, keep)
     assert choose_devices(devices, free, count, template, keep) == want
-    assert choose_devices(devices, free, count, template, keep) == want  # remembered
+    board = Board(devices)  # the layouts live with the node's devices
+    assert choose_devices(board, free, count, template, keep) == want
+    assert choose_devices(board, free, count, template, keep) == want  # remembered
     listed = list(free)
     rnd.shuffle(listed)
     assert choose_devices(list(devices), listed, count, template, sorted(keep)) == want  # by value
-    assert layout(devices, template, count) is layout(devices, template, count)
+    match = MatchAttribute.of(template)
+    assert board.layout(match, count) is board.layout(match, count)
+    assert layout(board, template, count) is board.layout(match, count)
 
 
 # --- the reference: free_devices as it was before the DeviceSet ---------------------------------
@@ -281,7 +286,7 @@ def test_property_decisions_on_derived_snapshots_equal_those_on_fresh_ones(rnd: 
 def reference_largest(snap: Snapshot, node: str, class_name: str) -> int:
     """`largest_device_set` straight from its docstring: the largest n <= free units with n
     free devices sharing the attribute resolved for n (any n without a constraint)."""
-    from model.topology import resolve_attribute, sizes_present
+    from model.device.topology import resolve_attribute, sizes_present
     cls, n = snap.classes.get(class_name), snap.nodes.get(node)
     if cls is None or not cls.device_mode or n is None:
         return 0

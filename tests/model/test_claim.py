@@ -304,7 +304,7 @@ def test_a_claim_read_back_is_parsed_once_into_every_field_its_readers_use():
     housekeeping and the webhook read the `Claim`); total: a claim missing everything reads
     as nobody's, unallocated, not held."""
     from model.claim import Claim
-    from model.dra import DeviceRef
+    from model.device.dra import DeviceRef
 
     raw = build_claim("t1", "vm", [ClaimMember("g", H100, ref("n1", 0), "u0")], "adm-1", NOW)
     raw["metadata"].update(uid="u", resourceVersion="9", deletionTimestamp="2026-12-04T10:01:00Z")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from model.decide import Placement, Request, Rule, apply_decision, decide
-from model.dra import DeviceRef
+from model.device.dra import DeviceRef
 from model.plan import changes, placement_hold
 from model.reasons import Cordoned, KeptCordoned, NodeProblems, NoDeviceGroup, RequestRef
 from model.snapshot import Snapshot

@@ -12,12 +12,12 @@ from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 from model.check import check_set
-from model.dra import DeviceRef
+from model.device.dra import DeviceRef
 from model.decide import Request, Rule, apply_decision, decide
 from model.hold import Hold, outstanding
 from model.reasons import CannotPlace, ClassProblem, Code, MixedModes, NoDeviceGroup
 from model.snapshot import Order, Snapshot
-from model.topology import resolve_attribute
+from model.device.topology import resolve_attribute
 from model.types import DeviceStatus, GPUClass, GPUDevice, Phase, Result
 from tests.support.dra_worlds import CLASS, PARTITION_ATTRIBUTE, RES, device_class, dra_node, recorded, ref
 

@@ -1,4 +1,4 @@
-"""`model.device_view`: device mode in the operator's view (DESIGN.md §3b DR2, DR3; issue 32
+"""`model.device.view`: device mode in the operator's view (DESIGN.md §3b DR2, DR3; issue 32
 item 4): groups named by module ids, a node's free devices and groups for a set, the largest
 set placeable respecting topology — and the property tying it to the binder: on every node,
 `largest_placeable` (top, the metrics) is the largest n for which `decide` places a set of n
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from model.decide import Request, decide
 from model.defrag import largest_sets
-from model.device_view import blocks, class_on_node, compress_names, largest_device_set
+from model.device.view import blocks, class_on_node, compress_names, largest_device_set
 from model.explain import EXPLAIN_REQUEST_ID, largest_placeable
 from model.hold import Hold
 from model.snapshot import Snapshot
@@ -113,7 +113,7 @@ def test_DR3_a_board_without_partitions_of_one_still_places_its_pairs():
     """A one-device probe fails its own group there (no partition1): the node is not ruled
     out for larger sets."""
     from dataclasses import replace
-    from model.dra import SliceDevice
+    from model.device.dra import SliceDevice
     node = dra_node("n1")
     stripped = tuple((c, tuple(SliceDevice(d.ref, d.node, tuple(
         (k, v) for k, v in d.attributes if not k.endswith("partition1")), d.taints) for d in devs))

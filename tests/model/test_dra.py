@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from model.cel import Match, Selector, SelectorError, matches_all
 from model.claim import parse_claim
-from model.dra import DeviceRef, SliceError, parse_resource_slice, pool_devices
+from model.device.cel import Match, Selector, SelectorError, matches_all
+from model.device.dra import DeviceRef, SliceError, parse_resource_slice, pool_devices
 
 DRIVER = "gpu.nvidia.com"
 VFIO_CLASS = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'vfio'"

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import assume, event, given, note, settings
 from hypothesis import strategies as st
 
-from model.topology import (ClassShare, Device, GroupChoice, NoGroup, choose_devices, choose_set,
+from model.device.topology import (ClassShare, Device, GroupChoice, NoGroup, choose_devices, choose_set,
                             natural_key, resolve_attribute, sizes_present)
 
 PARTITION = "gpu.nvidia.com/partition{size}"
@@ -282,7 +282,7 @@ def test_choose_set_tries_another_order_of_the_classes_when_the_first_finds_no_g
     """Big (2 devices of gpu-0..2, no constraint) first takes gpu-0 and gpu-1, leaving Small
     (1 device, only gpu-0) nothing; the other order places both. When no order fits, the
     first order's failure is reported."""
-    from model.topology import ClassShare, NoGroup, choose_set
+    from model.device.topology import ClassShare, NoGroup, choose_set
     devs = [Device.of(f"gpu-{i}") for i in range(3)]
     big = ClassShare("big", tuple(devs), 2)
     small = ClassShare("small", (devs[0],), 1)

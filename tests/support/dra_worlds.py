@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from localcluster.dra_profiles import DEVICE_CLASS, HGX_H100_8, L40S_4, PARTITION_ATTRIBUTE, Profile, resource_slice
-from model.dra import DeviceRef, DeviceTaint, SliceDevice, parse_resource_slice
+from model.device.dra import DeviceRef, DeviceTaint, SliceDevice, parse_resource_slice
 from model.types import (KUBEVIRT_SCHEDULABLE_LABEL, DeviceStatus, GPUClass, GPUDevice, Node, Phase,
                          dra_resource_name)
 

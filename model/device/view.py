@@ -22,14 +22,11 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from model.snapshot import Snapshot
-from model.topology import (SIZE_PLACEHOLDER, AttributeValue, Device, layout, natural_key,
-                            resolve_attribute, sizes_present)
-from model.dra import DeviceRef, device_set
-from model.types import DeviceKey, GPUDevice
+from model.device.dra import DeviceRef
+from model.device.match import MODULE_ID, MatchAttribute
+from model.device.ports import DeviceKey, DeviceView, SnapshotView
+from model.device.topology import AttributeValue, Board, Device, natural_key
 
-MODULE_ID = "gpuModuleID"
-"""The attribute id (in the matchAttribute's domain) naming a GPU's module on an HGX board."""
 
 
 # --- names ------------------------------------------------------------------------------------
@@ -63,25 +60,21 @@ def compress_names(names: Sequence[str]) -> str:
     return "{" + ", ".join(sorted(names, key=natural_key)) + "}"
 
 
-def module_attribute(template: str | None) -> str | None:
+def module_attribute(match: MatchAttribute | None) -> str | None:
     """`<domain>/gpuModuleID` for a matchAttribute with a domain, else None."""
-    if not template or "/" not in template:
-        return None
-    return f"{template.rpartition('/')[0]}/{MODULE_ID}"
+    return match.module_attribute if match is not None else None
 
 
-def attribute_noun(template: str | None) -> str:
+def attribute_noun(match: MatchAttribute | None) -> str:
     """What a group of the class is called: the matchAttribute's id without `{size}`
     (`gpu.nvidia.com/partition{size}` → "partition", `resource.kubernetes.io/pcieRoot` →
     "pcieRoot"); "node" without a constraint."""
-    if template is None:
-        return "node"
-    return template.rpartition("/")[2].replace(SIZE_PLACEHOLDER, "") or template
+    return "node" if match is None else match.noun
 
 
-def modules_of(devices: Sequence[Device], template: str | None) -> tuple[int, ...] | None:
+def modules_of(devices: Sequence[Device], match: MatchAttribute | None) -> tuple[int, ...] | None:
     """The module ids of `devices` (sorted) when every one carries an integer one, else None."""
-    attr = module_attribute(template)
+    attr = module_attribute(match)
     if attr is None or not devices:
         return None
     ids = [d.attribute(attr) for d in devices]
@@ -90,25 +83,25 @@ def modules_of(devices: Sequence[Device], template: str | None) -> tuple[int, ..
     return tuple(sorted(ids))  # type: ignore[arg-type]
 
 
-def group_label(devices: Sequence[Device], template: str | None,
+def group_label(devices: Sequence[Device], match: MatchAttribute | None,
                 value: AttributeValue | None = None) -> str:
     """How a group is shown (see the module docstring): `{1-4}` by module ids, else the
     attribute value (for an unsized attribute) and the compressed device names."""
-    modules = modules_of(devices, template)
+    modules = modules_of(devices, match)
     if modules is not None:
         return "{" + _ranges(modules) + "}"
     names = compress_names(sorted((d.name for d in devices), key=natural_key))
-    sized = template is not None and SIZE_PLACEHOLDER in template
+    sized = match is not None and match.sized
     return names if sized or value is None else f"{value} {names}"
 
 
-def devices_label(names: Sequence[str], devices: Sequence[Device], template: str | None) -> str:
+def devices_label(names: Sequence[str], devices: Sequence[Device], match: MatchAttribute | None) -> str:
     """Chosen device names, with their module ids when they all have one:
     "gpu-vfio-4, gpu-vfio-5 (modules 5,7)"."""
     by = {d.name: d for d in devices}
     chosen = sorted(names, key=natural_key)
     text = ", ".join(chosen)
-    modules = modules_of([by[n] for n in chosen if n in by], template) if all(
+    modules = modules_of([by[n] for n in chosen if n in by], match) if all(
         n in by for n in chosen) else None
     if modules is not None:
         text += f" (module{'s' if len(modules) != 1 else ''} {_ranges(modules)})"
@@ -143,7 +136,7 @@ class ClassOnNode:
     """A device-mode class on one node for a share of `count` devices (DR2, DR3): the
     class's `devices` there, those `free` for the set, the resolved `attribute` (None
     without a constraint), its `groups` (sorted by label; empty without a constraint), and
-    `room` when some group (or, unconstrained, the node) has `count` free. `template` is
+    `room` when some group (or, unconstrained, the node) has `count` free. `match` is
     the class's matchAttribute; `missing` when no device carries the resolved attribute;
     `sizes` the sizes of a sized attribute that exist on the node; `by_module` when the
     groups are labelled by module ids."""
@@ -151,7 +144,7 @@ class ClassOnNode:
     node: str
     class_name: str
     count: int
-    template: str | None
+    match: MatchAttribute | None
     attribute: str | None
     devices: int
     free: tuple[str, ...]
@@ -166,14 +159,13 @@ class ClassOnNode:
         "7 free, a free partition of 4: modules {5-8} free"; "3 free, no pcieRoot with 3
         free: pci0000:16 gpu-vfio-{0,1} 1 used, pci0000:b0 gpu-vfio-{2,3} free"."""
         head = f"{len(self.free)} free"
-        noun = attribute_noun(self.template)
+        noun = attribute_noun(self.match)
         if self.attribute is None:
             return head
         if self.missing:
             sizes = f" (sizes: {', '.join(map(str, self.sizes))})" if self.sizes else ""
             return f"{head}, no {noun} of {self.count}{sizes}"
-        sized = SIZE_PLACEHOLDER in (self.template or "")
-        if sized:
+        if self.match is not None and self.match.sized:
             what = f"{'a' if self.room else 'no'} free {noun} of {self.count}"
         else:
             what = f"{'a' if self.room else 'no'} {noun} with {self.count} free"
@@ -186,49 +178,50 @@ class ClassOnNode:
         return f"{head}, {what}: {prefix}{', '.join(g.render() for g in shown)}"
 
 
-def class_on_node(snap: Snapshot, node: str, class_name: str, count: int,
+def _groups(board: Board, match: MatchAttribute, count: int) -> list[tuple[AttributeValue, list[Device]]]:
+    """The groups of `board`'s devices sharing `match` resolved for `count` (each value with
+    its devices, in device order): the `Layout`'s one grouping."""
+    by_name = board.by_name
+    return [(g.value, [by_name[x] for x in g.names]) for g in board.layout(match, count).groups]
+
+
+def class_on_node(snap: SnapshotView, node: str, class_name: str, count: int,
                   request_id: str | None = None, own: Iterable[DeviceKey] = ()) -> ClassOnNode | None:
     """The state of device-mode class `class_name` on `node` for a share of `count` devices
     of request `request_id` whose members are `own` (free as `Snapshot.free_devices` says,
     DR2; groups of the class's matchAttribute resolved for `count`, DR3). None for a
     count-mode or unknown class, a gone node, or a node without the class's devices."""
-    cls = snap.classes.get(class_name)
     n = snap.nodes.get(node)
-    if cls is None or not cls.device_mode or n is None or count < 1:
+    if class_name not in snap.mode.matches or n is None or count < 1:
         return None
-    devices = [d.as_device() for d in n.devices_of(class_name)]
-    if not devices:
+    board = n.devices_of(class_name).board
+    if not board.devices:
         return None
     free = snap.free_devices(node, class_name, request_id, own)
-    template = cls.match_attribute
-    attribute = resolve_attribute(template, count)
+    match = snap.mode.matches[class_name]
     free_names = tuple(sorted(free, key=natural_key))
-    if attribute is None:
-        return ClassOnNode(node, class_name, count, template, None, len(devices), free_names,
+    if match is None:
+        return ClassOnNode(node, class_name, count, None, None, len(board.devices), free_names,
                            (), len(free) >= count)
-    grouped: dict[AttributeValue, list[Device]] = {}
-    for d in devices:
-        v = d.attribute(attribute)
-        if v is not None:
-            grouped.setdefault(v, []).append(d)
+    grouped = _groups(board, match, count)
     groups = []
-    by_module = bool(grouped) and all(modules_of(m, template) is not None for m in grouped.values())
-    for value, members in grouped.items():
+    by_module = bool(grouped) and all(modules_of(m, match) is not None for _, m in grouped)
+    for value, members in grouped:
         names = tuple(sorted((d.name for d in members), key=natural_key))
-        groups.append(GroupState(value, group_label(members, template, value), names,
+        groups.append(GroupState(value, group_label(members, match, value), names,  # type: ignore[arg-type]
                                  tuple(x for x in names if x in free)))
     groups.sort(key=lambda g: natural_key(g.label))
     room = any(len(g.free) >= count for g in groups)
     missing = not groups
-    sizes = sizes_present(template, devices) if missing and template else ()
-    return ClassOnNode(node, class_name, count, template, attribute, len(devices), free_names,
-                       tuple(groups), room, missing, sizes, by_module)
+    sizes = match.sizes_present(board.devices) if missing else ()
+    return ClassOnNode(node, class_name, count, match, match.resolve(count), len(board.devices),
+                       free_names, tuple(groups), room, missing, sizes, by_module)
 
 
 # --- the largest set placeable (top, metrics, defragmentation's profile) ----------------------
 
 
-def largest_device_set(snap: Snapshot, node: str, class_name: str) -> int:
+def largest_device_set(snap: SnapshotView, node: str, class_name: str) -> int:
     """The largest number n of new devices of device-mode class `class_name` one set can
     take on `node` now, room and topology alone (DR3; eligibility of the node is the
     caller's, `model.explain.largest_placeable`): n free units of the class's resource
@@ -239,46 +232,46 @@ def largest_device_set(snap: Snapshot, node: str, class_name: str) -> int:
     free units. 0 for a count-mode or unknown class or a gone node.
 
     Not monotone: on HGX a node may place 4 and not 3 (no partition of 3). The figure before
-    the cap is remembered on the snapshot (`Snapshot.node_memo`): defragmentation asks it of
+    the cap is remembered on the snapshot (`NodeMemo.largest`): defragmentation asks it of
     every node it might touch, for every step it weighs.
     """
-    cls = snap.classes.get(class_name)
     n = snap.nodes.get(node)
-    if cls is None or not cls.device_mode or n is None:
+    if class_name not in snap.mode.matches or n is None:
         return 0
-    units = snap.free(node, cls.resource_name)
+    units = snap.free(node, snap.classes[class_name].resource_name)
     if units < 1:
         return 0
-    memo = snap.node_memo()
-    key = (node, "largest-set", class_name)
+    memo = snap.memo.largest
+    key = (node, class_name)
     found = memo.get(key)
     if found is None:
-        found = memo[key] = placeable_sizes(device_set(n.devices_of(class_name)).devices,
-                                            cls.match_attribute,
+        found = memo[key] = placeable_sizes(n.devices_of(class_name).board,
+                                            snap.mode.matches[class_name],
                                             snap.free_devices(node, class_name))
     return capped(found, units)
 
 
-def placeable_sizes(devices: Sequence[Device], template: str | None,
+def placeable_sizes(board: Board, match: MatchAttribute | None,
                     free: frozenset[str]) -> int | tuple[int, ...]:
-    """`largest_device_set` before the cap by free units, for a node's `devices` of a class
-    with matchAttribute `template` of which `free` are free: for a sized attribute the sizes
-    with a group of that many free devices, else the most free devices of one group (of the
-    node without a constraint). The groups come from the devices' `model.topology.layout`,
-    worked out once per devices, template and size, as bit masks (`Layout.masks`): a free
-    set is one mask, a group's free devices one AND. `capped` turns it into the figure."""
-    if template is None:
+    """`largest_device_set` before the cap by free units, for a node's devices of a class
+    (`board`) with matchAttribute `match` of which `free` are free: for a sized attribute the
+    sizes with a group of that many free devices, else the most free devices of one group
+    (of the node without a constraint). The groups come from the board's layouts
+    (`Board.layout`, worked out once per matchAttribute and size), as bit masks
+    (`Layout.masks`): a free set is one mask, a group's free devices one AND. `capped` turns
+    it into the figure."""
+    if match is None:
         return len(free)
-    base = layout(devices, template, 1)
+    base = board.layout(match, 1)
     bits = base.bits
     mask = 0
     for x in free:
         mask |= bits.get(x, 0)
-    if SIZE_PLACEHOLDER not in template:
+    if not match.sized:
         return max((bin(mask & m).count("1") for m in base.masks), default=0)
-    return tuple(size for size in (base.sizes if devices else ())
+    return tuple(size for size in (base.sizes if board.devices else ())
                  if any(bin(mask & m).count("1") >= size
-                        for m in layout(devices, template, size).masks))
+                        for m in board.layout(match, size).masks))
 
 
 def capped(sizes: int | tuple[int, ...], units: int) -> int:
@@ -298,7 +291,7 @@ class Blocks:
 
     node: str
     class_name: str
-    template: str | None
+    match: MatchAttribute | None
     sized: tuple[tuple[int, int, int], ...] = ()
     unsized: tuple[tuple[str, int, int], ...] = ()
 
@@ -306,7 +299,7 @@ class Blocks:
         """"whole free partitions by size: 8: 0/1, 4: 0/2, 2: 1/4, 1: 5/8" or "pcieRoot
         free: pci0000:16 gpu-vfio-{0,1} 1/2, pci0000:b0 gpu-vfio-{2,3} 2/2"; "" when there is
         nothing to show."""
-        noun = attribute_noun(self.template)
+        noun = attribute_noun(self.match)
         if self.sized:
             return (f"whole free {noun}s by size: "
                     + ", ".join(f"{s}: {w}/{g}" for s, w, g in sorted(self.sized, reverse=True)))
@@ -315,38 +308,27 @@ class Blocks:
         return ""
 
 
-def blocks(snap: Snapshot, node: str, class_name: str) -> Blocks | None:
+def blocks(snap: SnapshotView, node: str, class_name: str) -> Blocks | None:
     """The `Blocks` of a device-mode class on `node` for a new set (DR2: free as
     `Snapshot.free_devices` says); None for a count-mode or unknown class or a gone node."""
-    cls = snap.classes.get(class_name)
     n = snap.nodes.get(node)
-    if cls is None or not cls.device_mode or n is None:
+    if class_name not in snap.mode.matches or n is None:
         return None
-    template = cls.match_attribute
-    if template is None:
+    match = snap.mode.matches[class_name]
+    if match is None:
         return Blocks(node, class_name, None)
-    devices = [d.as_device() for d in n.devices_of(class_name)]
+    board = n.devices_of(class_name).board
     free = snap.free_devices(node, class_name)
-    if SIZE_PLACEHOLDER in template:
+    if match.sized:
         rows = []
-        for size in sizes_present(template, devices):
-            attribute = resolve_attribute(template, size)
-            grouped: dict[AttributeValue, list[Device]] = {}
-            for d in devices:
-                v = d.attribute(attribute)
-                if v is not None:
-                    grouped.setdefault(v, []).append(d)
-            whole = sum(1 for g in grouped.values() if all(d.name in free for d in g))
+        for size in match.sizes_present(board.devices):
+            grouped = _groups(board, match, size)
+            whole = sum(1 for _, g in grouped if all(d.name in free for d in g))
             rows.append((size, whole, len(grouped)))
-        return Blocks(node, class_name, template, sized=tuple(rows))
-    grouped = {}
-    for d in devices:
-        v = d.attribute(template)
-        if v is not None:
-            grouped.setdefault(v, []).append(d)
-    rows2 = sorted(((group_label(g, template, v), sum(1 for d in g if d.name in free), len(g))
-                    for v, g in grouped.items()), key=lambda r: natural_key(r[0]))
-    return Blocks(node, class_name, template, unsized=tuple(rows2))
+        return Blocks(node, class_name, match, sized=tuple(rows))
+    rows2 = sorted(((group_label(g, match, v), sum(1 for d in g if d.name in free), len(g))
+                    for v, g in _groups(board, match, 1)), key=lambda r: natural_key(r[0]))
+    return Blocks(node, class_name, match, unsized=tuple(rows2))
 
 
 # --- a set's view (explain, what-if) ---------------------------------------------------------
@@ -372,7 +354,7 @@ class NodeDevices:
                 + [f"{c} takes {what}" for c, what in self.takes])
 
 
-def takes(snap: Snapshot, node: str, chosen: Sequence[tuple[DeviceKey, DeviceRef]]
+def takes(snap: SnapshotView, node: str, chosen: Sequence[tuple[DeviceKey, DeviceRef]]
           ) -> tuple[tuple[str, str], ...]:
     """Per class (sorted), the chosen devices of `node` rendered with their module ids
     (`devices_label`); members unknown to `snap` are left out."""
@@ -386,21 +368,18 @@ def takes(snap: Snapshot, node: str, chosen: Sequence[tuple[DeviceKey, DeviceRef
             by_class.setdefault(d.class_name, []).append(ref.device)
     out = []
     for c, names in sorted(by_class.items()):
-        cls = snap.classes.get(c)
-        devices = [x.as_device() for x in n.devices_of(c)]
-        out.append((c, devices_label(names, devices, cls.match_attribute if cls else None)))
+        out.append((c, devices_label(names, n.devices_of(c).devices, snap.mode.matches.get(c))))
     return tuple(out)
 
 
-def set_view(snap: Snapshot, request_id: str, members: Sequence[GPUDevice],
+def set_view(snap: SnapshotView, request_id: str, members: Sequence[DeviceView],
              chosen: dict[str, tuple[tuple[DeviceKey, DeviceRef], ...]]) -> tuple[NodeDevices, ...]:
     """The device-mode view of a set (`members`, of request `request_id`) on every node with
     devices of one of its device-mode classes, by node name; `chosen` per node the devices a
     placement there takes. Empty for a set without device-mode classes."""
     counts: dict[str, int] = {}
     for m in members:
-        cls = snap.classes.get(m.class_name)
-        if cls is not None and cls.device_mode:
+        if m.class_name in snap.mode.matches:
             counts[m.class_name] = counts.get(m.class_name, 0) + 1
     if not counts:
         return ()
@@ -415,7 +394,7 @@ def set_view(snap: Snapshot, request_id: str, members: Sequence[GPUDevice],
     return tuple(out)
 
 
-def recorded_choice(members: Sequence[GPUDevice], node: str) -> tuple[tuple[DeviceKey, DeviceRef], ...]:
+def recorded_choice(members: Sequence[DeviceView], node: str) -> tuple[tuple[DeviceKey, DeviceRef], ...]:
     """The members' records on `node` (what B5/B6 keep: their placement names no devices)."""
     return tuple((m.key, m.status.device) for m in members
                  if m.bound_node == node and m.status.device is not None)

@@ -4,7 +4,7 @@ node with their qualified attributes and taints, and the devices every ResourceC
 allocation lists.
 
 Pure: parsers take the plain dicts the API returns (resource.k8s.io/v1) and return frozen
-values; nothing here reads the API or the clock. Selector matching (CEL) is `model.cel`'s.
+values; nothing here reads the API or the clock. Selector matching (CEL) is `model.device.cel`'s.
 
 Shapes followed (Kubernetes v1.36 `resource.k8s.io/v1`): a ResourceSlice's `spec.driver`,
 `spec.pool{name, generation, resourceSliceCount}`, `spec.nodeName` (node-local slices; slices
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from model.topology import AttributeValue, Device
+from model.device.topology import AttributeValue, Board, Device
 
 HARD_DEVICE_TAINTS = ("NoSchedule", "NoExecute")
 """Device taint effects that keep kube-scheduler's allocator off a device (DR2)."""
@@ -68,7 +68,7 @@ class SliceDevice:
         return any(t.effect in HARD_DEVICE_TAINTS for t in self.taints)
 
     def as_device(self) -> Device:
-        """The topology view of this device (name and attributes) for `model.topology`."""
+        """The topology view of this device (name and attributes) for `model.device.topology`."""
         return Device(self.ref.device, self.attributes)
 
     def cel_view(self) -> dict[str, Any]:
@@ -81,40 +81,50 @@ class SliceDevice:
         return {"driver": self.ref.driver, "attributes": attributes, "capacity": {}}
 
 
-class DeviceSet:
-    """One node's devices of a class (`Node.devices_of`) as every decision reads them, worked
-    out once per tuple (`device_set`): their topology view (`devices`, for
-    `model.topology`), their names, and the names of those no hard taint covers (DR2)."""
+class DeviceSet(tuple):
+    """One node's devices of a class (`Node.devices_of`, a tuple of `SliceDevice`s sorted by
+    ref) with what every decision reads of them, worked out once and kept with them: their
+    topology view with its layouts (`board`, `model.device.topology.Board`), their names,
+    those no hard taint covers (DR2), and each by name. The DRA index makes them when it
+    builds a Node (sharing one board between nodes whose devices look the same); a Node made
+    from a plain tuple gets one too (`of`)."""
 
-    __slots__ = ("devices", "names", "untainted")
+    def __new__(cls, devices: Iterable[SliceDevice] = (), board: Board | None = None) -> "DeviceSet":
+        out = super().__new__(cls, devices)
+        out.board = board if board is not None else Board(d.as_device() for d in out)
+        return out
 
-    def __init__(self, devices: tuple[SliceDevice, ...]) -> None:
-        self.devices = tuple(d.as_device() for d in devices)
-        self.names = frozenset(d.ref.device for d in devices)
-        self.untainted = frozenset(d.ref.device for d in devices if not d.tainted)
+    board: Board
 
+    @staticmethod
+    def of(devices: "tuple[SliceDevice, ...] | DeviceSet") -> "DeviceSet":
+        """`devices` as a DeviceSet (itself when it is one)."""
+        return devices if isinstance(devices, DeviceSet) else DeviceSet(devices)
 
-DEVICE_SETS_MAX = 8_192
-"""Most `DeviceSet`s `device_set` remembers (about 2 KiB each for an 8-GPU board: 16 MiB at
-most; a fleet of 1,000 nodes with three classes keeps 3,000 live, a Node's refresh adds
-one); past it the memo starts over."""
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        """The topology view (name and attributes) of each device, in order."""
+        return self.board.devices
 
-_device_sets: dict[int, tuple[tuple[SliceDevice, ...], DeviceSet]] = {}
+    @property
+    def names(self) -> frozenset[str]:
+        """The devices' names."""
+        return self.board.names
 
+    @property
+    def untainted(self) -> frozenset[str]:
+        """The names of the devices no NoSchedule/NoExecute taint covers (DR2)."""
+        found = self.__dict__.get("_untainted")
+        if found is None:
+            found = self.__dict__["_untainted"] = frozenset(d.ref.device for d in self if not d.tainted)
+        return found
 
-def device_set(devices: tuple[SliceDevice, ...]) -> DeviceSet:
-    """The `DeviceSet` of `devices`, found again by the tuple's identity (the tuple is kept
-    with it, so its id is not reused while remembered), else built: a Node's tuples live as
-    long as the Node, so a decision over a fleet does not rebuild them per node."""
-    hit = _device_sets.get(id(devices))
-    if hit is not None and hit[0] is devices:
-        return hit[1]
-    found = DeviceSet(devices)
-    if type(devices) is tuple:
-        if len(_device_sets) >= DEVICE_SETS_MAX:
-            _device_sets.clear()
-        _device_sets[id(devices)] = (devices, found)
-    return found
+    def by_name(self, name: str) -> SliceDevice | None:
+        """The device named `name`, or None."""
+        index = self.__dict__.get("_by_name")
+        if index is None:
+            index = self.__dict__["_by_name"] = {d.ref.device: d for d in self}
+        return index.get(name)
 
 
 @dataclass(frozen=True, slots=True)

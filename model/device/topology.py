@@ -3,7 +3,7 @@ take a class's share of a set, so that they all share the class's `matchAttribut
 the aligned blocks that stay free are as large as possible (buddy best fit).
 
 Pure: values in, values out (a node's groups and the choices made on them are remembered
-by `layout`, which changes no answer). A node's devices of one class come in as `Device` values (name
+on its `Board`, which changes no answer). A node's devices of one class come in as `Device` values (name
 and attributes, as a ResourceSlice lists them); what is free for this set comes in as a set of
 names (the caller has taken out the binder's records, every claim's allocation and tainted
 devices, DR2). Nothing here knows about Kubernetes objects or the ledger.
@@ -23,11 +23,10 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
+from model.device.match import SIZE_PLACEHOLDER, MatchAttribute
+
 AttributeValue = str | int | bool
 """A device attribute's value as DRA types them (string, int, bool; versions are strings)."""
-
-SIZE_PLACEHOLDER = "{size}"
-"""The placeholder in `spec.topology.matchAttribute` replaced by the set's count (DR3)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,39 +100,32 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
                  for part in re.split(r"(\d+)", name) if part != "")
 
 
-def resolve_attribute(template: str | None, count: int) -> str | None:
-    """`spec.topology.matchAttribute` with `{size}` replaced by `count` (DR3); None stays None.
-
-    Raises ValueError for a count below 1."""
+def resolve_attribute(template: str | MatchAttribute | None, count: int) -> str | None:
+    """`spec.topology.matchAttribute` with `{size}` replaced by `count` (DR3,
+    `MatchAttribute.resolve`); None stays None. Raises ValueError for a count below 1."""
     if count < 1:
         raise ValueError(f"a set takes at least one device of a class, got {count}")
-    if template is None:
-        return None
-    return template.replace(SIZE_PLACEHOLDER, str(count))
+    match = MatchAttribute.of(template)
+    return None if match is None else match.resolve(count)
 
 
-def sizes_present(template: str, devices: Iterable[Device]) -> tuple[int, ...]:
-    """The sizes n for which some device carries `template` with `{size}` = n (sorted).
-    An unsized template gives ()."""
-    if SIZE_PLACEHOLDER not in template:
-        return ()
-    prefix, _, suffix = template.partition(SIZE_PLACEHOLDER)
-    pattern = re.compile(re.escape(prefix) + r"(\d+)" + re.escape(suffix) + r"\Z")
-    found = {int(m.group(1)) for device in devices for key, _ in device.attributes
-             if (m := pattern.match(key))}
-    return tuple(sorted(found))
+def sizes_present(template: str | MatchAttribute, devices: Iterable[Device]) -> tuple[int, ...]:
+    """`MatchAttribute.sizes_present` of `template` (sorted; () unsized)."""
+    match = MatchAttribute.of(template)
+    assert match is not None
+    return match.sizes_present(devices)
 
 
-def _enclosing_levels(template: str | None, count: int, devices: Sequence[Device],
+def _enclosing_levels(match: MatchAttribute | None, count: int, devices: Sequence[Device],
                       group_members: Sequence[Device]) -> list[list[Device]]:
     """The enclosing groups of `group_members`, nearest first (see the module docstring): for
-    a sized template, for each larger size that exists on the node, the devices sharing that
+    a sized attribute, for each larger size that exists on the node, the devices sharing that
     size's value with the group's devices; otherwise (or with no larger size) the node."""
-    if template is None or SIZE_PLACEHOLDER not in template:
+    if match is None or not match.sized:
         return [list(devices)]
     levels = []
-    for size in (n for n in sizes_present(template, devices) if n > count):
-        attribute = resolve_attribute(template, size)
+    for size in (n for n in match.sizes_present(devices) if n > count):
+        attribute = match.resolve(size)
         values = {d.attribute(attribute) for d in group_members} - {None}
         levels.append([d for d in devices if d.attribute(attribute) in values])
     return levels or [list(devices)]
@@ -155,14 +147,16 @@ class Layout:
     """What `choose_devices` needs of one node's devices of a class for one count, worked out
     once (DR3, DR4): the resolved `attribute`, the groups in device order with their
     enclosing groups, the sizes that exist; and the choices already made on it, by the free
-    and keep names (`choose`). Built by `layout`, which finds it again for the same devices
-    (the slice's devices change far less often than decisions are made). Choices depend only
-    on the layout and the names, so a layout shared by calls answers each the same."""
+    and keep names (`choose`). Made by `Board.layout`, which keeps it with the board (the
+    slice's devices change far less often than decisions are made). Choices depend only on
+    the layout and the names, so a layout shared by calls answers each the same. `groups`
+    is the one grouping of a node's devices by attribute value (the operator's view reads
+    it too, `model.device.view`)."""
 
     __slots__ = ("attribute", "groups", "names", "sizes", "natural", "bits", "masks", "_choices")
 
-    def __init__(self, devices: Sequence[Device], template: str | None, count: int) -> None:
-        attribute = resolve_attribute(template, count)
+    def __init__(self, devices: Sequence[Device], match: MatchAttribute | None, count: int) -> None:
+        attribute = match.resolve(count) if match is not None else resolve_attribute(None, count)
         self.attribute = attribute
         self.names = frozenset(d.name for d in devices)
         self.natural = {d.name: natural_key(d.name) for d in devices}
@@ -177,11 +171,11 @@ class Layout:
             _Group(value, tuple(d.name for d in group),
                    tuple(sorted((d.name for d in group), key=key)),
                    tuple(tuple(d.name for d in level)
-                         for level in _enclosing_levels(template, count, devices, group)))
+                         for level in _enclosing_levels(match, count, devices, group)))
             for value, group in members.items())
-        self.sizes = sizes_present(template, devices) if template is not None else ()
+        self.sizes = match.sizes_present(devices) if match is not None else ()
         # each device's bit (device order, the same in every layout of these devices) and
-        # each group's mask: "is a group entirely free" is one AND (`model.device_view`)
+        # each group's mask: "is a group entirely free" is one AND (`model.device.view`)
         self.bits = {d.name: 1 << i for i, d in enumerate(devices)}
         self.masks = tuple(sum(self.bits[x] for x in g.names) for g in self.groups)
         self._choices: dict[tuple[frozenset[str], frozenset[str]], GroupChoice | NoGroup] = {}
@@ -232,53 +226,58 @@ class Layout:
         return self.attribute is not None and not self.groups
 
 
-LAYOUTS_MAX = 8_192
-"""Most layouts `layout` remembers by the identity of the devices (a fleet of 1,000 HGX nodes
-with one class asked for sets of 1, 2, 4 and 8 needs 4,000), and by their value (boards of
-one profile whose uuids follow the PCI address share one per count; boards with uuids of
-their own have one each, a few KiB); past it a memo starts over."""
+LAYOUTS_PER_BOARD = 64
+"""Most layouts one `Board` keeps (one per matchAttribute and count asked: an HGX board
+asked for sets of 1, 2, 4 and 8 of one class keeps 4); past it its memo starts over."""
 
 CHOICES_PER_LAYOUT = 512
 """Most choices one `Layout` remembers; past it its memo starts over (an 8-GPU board has
 256 free sets)."""
 
-_by_identity: dict[tuple[int, str | None, int], tuple[Sequence[Device], Layout]] = {}
-_by_value: dict[tuple[tuple[Device, ...], str | None, int], Layout] = {}
+
+class Board:
+    """One node's devices of a class as topology sees them (`devices`, in slice order), with
+    the `Layout` of each matchAttribute and count asked, worked out once and kept here
+    (`layout`). A board lives with the node's device set (`model.device.dra.DeviceSet`, made
+    by the DRA index, which shares one board between nodes whose devices are equal), so the
+    memo dies with the devices it describes: no module-level cache."""
+
+    __slots__ = ("devices", "names", "by_name", "_layouts")
+
+    def __init__(self, devices: Iterable[Device]) -> None:
+        self.devices = tuple(devices)
+        self.names = frozenset(d.name for d in self.devices)
+        self.by_name = {d.name: d for d in self.devices}
+        self._layouts: dict[tuple[MatchAttribute | None, int], Layout] = {}
+
+    def layout(self, match: MatchAttribute | None, count: int) -> Layout:
+        """The `Layout` of these devices for `match` and `count`, made on first use. Raises
+        ValueError for a count below 1."""
+        key = (match, count)
+        found = self._layouts.get(key)
+        if found is None:
+            if len(self._layouts) >= LAYOUTS_PER_BOARD:
+                self._layouts.clear()
+            found = self._layouts[key] = Layout(self.devices, match, count)
+        return found
 
 
-def layout(devices: Sequence[Device], template: str | None, count: int) -> Layout:
-    """The `Layout` of `devices` (one node's devices of a class) for `template` and `count`,
-    found again by the identity of `devices` (kept alive with it, so its id is not reused)
-    or by their value, else built. Raises ValueError for a count below 1."""
-    is_tuple = type(devices) is tuple  # a list may change after the call: found by value
-    key = (id(devices), template, count)
-    if is_tuple:
-        hit = _by_identity.get(key)
-        if hit is not None and hit[0] is devices:
-            return hit[1]
-    frozen = tuple(devices)
-    vkey = (frozen, template, count)
-    found = _by_value.get(vkey)
-    if found is None:
-        found = Layout(frozen, template, count)
-        if len(_by_value) >= LAYOUTS_MAX // 2:
-            _by_value.clear()
-        _by_value[vkey] = found
-    if is_tuple:
-        if len(_by_identity) >= LAYOUTS_MAX:
-            _by_identity.clear()
-        _by_identity[key] = (devices, found)
-    return found
+def layout(devices: Sequence[Device] | Board, match: str | MatchAttribute | None, count: int) -> Layout:
+    """The `Layout` of `devices` for `match` and `count`: the board's own (remembered there)
+    when `devices` is a `Board`, else one made for this call. Raises ValueError for a count
+    below 1."""
+    board = devices if isinstance(devices, Board) else Board(devices)
+    return board.layout(MatchAttribute.of(match), count)
 
 
-def choose_devices(devices: Sequence[Device], free: Iterable[str], count: int,
-                   template: str | None, keep: Iterable[str] = ()) -> GroupChoice | NoGroup:
+def choose_devices(devices: Sequence[Device] | Board, free: Iterable[str], count: int,
+                   match: str | MatchAttribute | None, keep: Iterable[str] = ()) -> GroupChoice | NoGroup:
     """Choose `count` free devices of one node for one class's share of a set (DR3, DR4).
 
     `devices`: every device of the class on the node (free or not); `free`: the names free for
     this set, which must include the set's own current devices on this node (`keep`: held
-    members recorded here, which may be re-pointed, DR4). `template`: the class's
-    `spec.topology.matchAttribute` (None: no constraint).
+    members recorded here, which may be re-pointed, DR4). `match`: the class's
+    `spec.topology.matchAttribute` (its text or `MatchAttribute`; None: no constraint).
 
     With a constraint every chosen device shares the resolved attribute's value; devices
     lacking the attribute are never chosen. Among groups with room: the tightest enclosing
@@ -287,12 +286,12 @@ def choose_devices(devices: Sequence[Device], free: Iterable[str], count: int,
     kept, then the group's value; within the group, `keep` devices first, then natural name
     order. Without a constraint the whole node is one group.
 
-    The node's groups are worked out once per devices, template and count (`layout`) and
-    each choice is remembered there: the same question costs a lookup.
+    Given a `Board`, the node's groups are worked out once per matchAttribute and count
+    (`Board.layout`) and each choice is remembered there: the same question costs a lookup.
 
     Returns a `GroupChoice`, or `NoGroup` when no group has `count` free devices. Raises
     ValueError for a count below 1 or a free/keep name that is not a device of `devices`."""
-    lay = layout(devices, template, count)
+    lay = layout(devices, match, count)
     free_set = free if isinstance(free, frozenset) else frozenset(free)
     keep_set = keep if isinstance(keep, frozenset) else frozenset(keep)
     if not free_set <= lay.names or not keep_set <= lay.names:
@@ -306,13 +305,13 @@ def choose_devices(devices: Sequence[Device], free: Iterable[str], count: int,
 @dataclass(frozen=True, slots=True)
 class ClassShare:
     """One class's share of a set on a node: `count` devices of `devices` (that class's
-    devices on the node), constrained by `template`, with the set's own current devices of
-    this class on the node in `keep`."""
+    devices on the node: their `Board`, or the devices), constrained by `match`, with the
+    set's own current devices of this class on the node in `keep`."""
 
     name: str
-    devices: tuple[Device, ...]
+    devices: Board | tuple[Device, ...]
     count: int
-    template: str | None = None
+    match: MatchAttribute | str | None = None
     keep: tuple[str, ...] = ()
 
 
@@ -350,8 +349,8 @@ def _choose_in_order(shares: Sequence[ClassShare], remaining: frozenset[str]) \
     """`choose_set` for one order of the classes."""
     chosen: dict[str, GroupChoice] = {}
     for share in shares:
-        own = layout(share.devices, share.template, share.count).names
-        outcome = choose_devices(share.devices, remaining & own, share.count, share.template,
+        board = share.devices if isinstance(share.devices, Board) else Board(share.devices)
+        outcome = choose_devices(board, remaining & board.names, share.count, share.match,
                                  keep=frozenset(k for k in share.keep if k in remaining))
         if isinstance(outcome, NoGroup):
             return None, (share.name, outcome)

@@ -1,0 +1,260 @@
+"""A set's device-mode questions on a node (docs/contract.md §3b, DR2-DR4): which group of
+the node's free devices each device-mode class of the set takes (`SetDevices.choice`), how
+tight it is (`fit`), which device each member records (`assign`), whether the members'
+records still hold (`records_hold`), and the device-mode reasons a node is not eligible
+(`problems`). `model.decide` asks them through the seam (`model.device.seam`); a set
+without device-mode classes gets `NO_DEVICES`, which answers as count mode does.
+
+Pure. The snapshot and the members are the core's values (`model.snapshot.Snapshot`,
+`model.types.GPUDevice`), read by attribute.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from model.device.dra import DeviceRef
+from model.device.match import MatchAttribute
+from model.device.ports import DeviceKey, DeviceView, SnapshotView
+from model.device.topology import ClassShare, GroupChoice, NoGroup, choose_set, natural_key
+from model.reasons import NoDeviceGroup, NoRoom, Reason
+
+_NO_NAMES: frozenset[str] = frozenset()
+
+Elsewhere = Callable[[int | None], list[tuple[int, str]]]
+"""The count-mode core's eligible nodes holding no member, as sorted (leftover, name), at
+least the first `limit` (None: all): `model.decide`'s `_Set.eligible_elsewhere`."""
+
+
+def no_group(class_name: str, why: NoGroup, free: int) -> NoDeviceGroup:
+    """The reason of a failed choice of `class_name` with `free` devices free (DR3)."""
+    return NoDeviceGroup(class_name, why.attribute, why.count, free, why.largest_free,
+                         why.attribute_missing, why.sizes if why.attribute_missing else ())
+
+
+class NoDevices:
+    """The null object: a set without device-mode classes (count mode). Its records always
+    hold, every node has its (empty) choice, it assigns no device and adds no reason."""
+
+    __slots__ = ()
+
+    def records_hold(self, node: str) -> bool:
+        return True
+
+    def fit(self, node: str) -> tuple:
+        return ()
+
+    def assign(self, node: str) -> tuple[tuple[DeviceKey, DeviceRef], ...]:
+        return ()
+
+    def repointed(self, node: str) -> tuple[tuple[DeviceKey, DeviceRef], ...] | None:
+        """B5 on a cordoned `node` whose records do not hold: the devices the members are
+        re-pointed to there, None when no group is free (never asked in count mode)."""
+        return ()
+
+    def elsewhere(self, eligible: Elsewhere, limit: int | None) -> list[tuple[int, str]]:
+        """The eligible nodes holding no member, at most `limit`: count mode's as they are."""
+        return eligible(limit)
+
+    def problems(self, node: str, out: list[Reason], short: bool) -> list[Reason]:
+        """`out` (the count-mode reasons of `node`) with the device-mode ones: none."""
+        return out
+
+
+NO_DEVICES = NoDevices()
+
+
+class SetDevices(NoDevices):
+    """A set's members (`members`, of request `request_id`) with device-mode classes
+    `classes` (in the set's order) on `snap`; the choice on each node is remembered here (and
+    a new set's on the snapshot's `NodeMemo`). `matches` maps every device-mode class to its
+    matchAttribute."""
+
+    __slots__ = ("snap", "request_id", "members", "classes", "matches", "own", "by_class",
+                 "here", "_choices", "_own_holds")
+
+    def __init__(self, snap: SnapshotView, request_id: str, members: Sequence[DeviceView], classes: list[str],
+                 matches: dict[str, MatchAttribute | None]) -> None:
+        self.snap, self.request_id, self.members, self.classes = snap, request_id, members, classes
+        self.matches = matches
+        self.own = frozenset(m.key for m in members)
+        self.by_class: dict[str, list[DeviceView]] = {c: [] for c in classes}
+        self.here: set[str] = set()
+        for m in members:
+            if m.class_name in self.by_class:
+                self.by_class[m.class_name].append(m)
+            if m.bound_node is not None:
+                self.here.add(m.bound_node)
+        self._choices: dict[str, dict[str, GroupChoice] | NoDeviceGroup] = {}
+        self._own_holds = frozenset(h.node for h in snap.reservations
+                                    if h.request_id == request_id and h.devices)
+        """Nodes where this request holds devices (its free names there differ)."""
+
+    def choice(self, node: str) -> dict[str, GroupChoice] | NoDeviceGroup:
+        """DR3/DR4 on `node` (which exists): one group per device-mode class of the set
+        (`model.device.topology.choose_set`), from the devices free for this request
+        (`Snapshot.free_devices`), keeping the members' records on the node where the choice
+        allows; or why there is none (`NoDeviceGroup`). Cached per node."""
+        found = self._choices.get(node)
+        if found is not None:
+            return found
+        snap, n = self.snap, self.snap.nodes[node]
+        holding = node in self.here  # members record devices only where they are Bound
+        if not holding and len(self.classes) == 1:
+            # the common case, as `choose_set` would do it for one class and nothing to keep
+            # (a new set's choice there depends on the node alone: remembered on the snapshot
+            # for every request without a hold of its own on the node)
+            c = self.classes[0]
+            count = len(self.by_class[c])
+            memo = None if node in self._own_holds else snap.memo.groups
+            key = (node, c, count)
+            found = memo.get(key) if memo is not None else None
+            if found is None:
+                free = snap.free_devices(node, c, self.request_id)
+                outcome = n.devices_of(c).board.layout(self.matches[c], count).choose(free, _NO_NAMES, count)
+                found = no_group(c, outcome, len(free)) if isinstance(outcome, NoGroup) else {c: outcome}
+                if memo is not None:
+                    memo[key] = found
+            self._choices[node] = found
+            return found
+        own = self.own if holding else ()
+        shares, free_all, free_of = [], set(), {}
+        for c in self.classes:
+            free = snap.free_devices(node, c, self.request_id, own)
+            free_of[c] = len(free)
+            free_all |= free
+            keep = tuple(m.status.device.device for m in self.by_class[c]
+                         if m.bound_node == node and m.status.device is not None
+                         and m.status.device.device in free) if holding else ()
+            shares.append(ClassShare(c, n.devices_of(c).board, len(self.by_class[c]),
+                                     self.matches[c], keep))
+        chosen, failed = choose_set(shares, free_all)
+        if chosen is None:
+            assert failed is not None
+            c, why = failed
+            found = no_group(c, why, free_of[c])
+        else:
+            found = chosen
+        self._choices[node] = found
+        return found
+
+    def fit(self, node: str) -> tuple:
+        """The DR4 tightness of the device choice on `node` (per class, in the set's order)."""
+        choice = self.choice(node)
+        assert not isinstance(choice, NoDeviceGroup)
+        return tuple(choice[c].fit for c in self.classes)
+
+    def assign(self, node: str) -> tuple[tuple[DeviceKey, DeviceRef], ...]:
+        """The chosen device of every device-mode member on `node` (request order): a member
+        whose record on the node is among its class's chosen devices keeps it; the others
+        take the rest in natural name order."""
+        choice = self.choice(node)
+        assert not isinstance(choice, NoDeviceGroup)
+        n = self.snap.nodes[node]
+        out: dict[DeviceKey, DeviceRef] = {}
+        for c in self.classes:
+            devices = n.devices_of(c)
+            left = list(choice[c].devices)
+            waiting = []
+            for m in self.by_class[c]:
+                rec = m.status.device
+                if m.bound_node == node and rec is not None and rec.device in left:
+                    left.remove(rec.device)
+                    out[m.key] = devices.by_name(rec.device).ref
+                else:
+                    waiting.append(m)
+            left.sort(key=natural_key)
+            for m, name in zip(waiting, left):
+                out[m.key] = devices.by_name(name).ref
+        return tuple((m.key, out[m.key]) for m in self.members if m.key in out)
+
+    def repointed(self, node: str) -> tuple[tuple[DeviceKey, DeviceRef], ...] | None:
+        return None if isinstance(self.choice(node), NoDeviceGroup) else self.assign(node)
+
+    def records_hold(self, node: str) -> bool:
+        """B6 in device mode: every device-mode member Bound on `node` records a device that
+        still exists there (`Node.devices_of`), is free for this set (no other record, hold,
+        claim or taint), and no two record the same device; per class, the records share the
+        class's attribute (DR3)."""
+        snap = self.snap
+        seen: set[str] = set()
+        for c in self.classes:
+            members = self.by_class[c]
+            free = snap.free_devices(node, c, self.request_id, self.own)
+            match = self.matches[c]
+            attribute = match.resolve(len(members)) if match is not None else None
+            devices = snap.nodes[node].devices_of(c)
+            values = set()
+            for m in members:
+                rec = m.status.device
+                if m.bound_node != node or rec is None or rec.device in seen:
+                    return False
+                d = devices.by_name(rec.device)
+                if d is None or d.ref != rec or rec.device not in free:
+                    return False
+                seen.add(rec.device)
+                if attribute is not None:
+                    value = d.as_device().attribute(attribute)
+                    if value is None:
+                        return False
+                    values.add(value)
+            if len(values) > 1:
+                return False
+        return True
+
+    def elsewhere(self, eligible: Elsewhere, limit: int | None) -> list[tuple[int, str]]:
+        """Every count-eligible node holding no member where the device choice succeeds, in
+        DR4 order (tightest group, then tightest node, then name), at most `limit` (None:
+        all). Looks at every count-eligible node: the group's fit is not ordered by the
+        node's free units."""
+        ok = []
+        for lo, name in eligible(None):
+            choice = self.choice(name)
+            if not isinstance(choice, NoDeviceGroup):  # `fit`, inlined
+                ok.append((tuple(choice[c].fit for c in self.classes), lo, name))
+        ok.sort()
+        found = [(lo, name) for _, lo, name in ok]
+        return found if limit is None else found[:limit]
+
+    def problems(self, node: str, out: list[Reason], short: bool) -> list[Reason]:
+        """`out` (the count-mode reasons `node` fails the set with; it serves every class)
+        with DR3's: a size that exists nowhere on the node replaces the shortage of units of
+        its resource (room would not help; explain's smallest change leaves the node out,
+        `CAPACITY_CODES`); else, when the units are there, no group of them."""
+        snap = self.snap
+        missing = size_missing(snap, node, {c: len(self.by_class[c]) for c in self.classes},
+                               self.matches)
+        if missing is not None:
+            res = snap.classes[missing.class_name].resource_name
+            out = [r for r in out if not (isinstance(r, NoRoom) and r.resource == res)]
+            out.append(missing)
+        elif not short:
+            choice = self.choice(node)
+            if isinstance(choice, NoDeviceGroup):
+                out.append(choice)
+        return out
+
+
+def size_missing(snap: SnapshotView, node: str, counts: dict[str, int],
+                 matches: dict[str, MatchAttribute | None]) -> NoDeviceGroup | None:
+    """DR3: the first device-mode class of `counts` (class name -> the set's count of it)
+    whose sized matchAttribute (`matches`), resolved for that count, no device of `node`
+    carries, as a `NoDeviceGroup` naming the sizes that exist there; None when each one's
+    exists, or the class is unsized or has no device on the node."""
+    n = snap.nodes.get(node)
+    if n is None:
+        return None
+    for c, count in counts.items():
+        match = matches.get(c)
+        if match is None or not match.sized:
+            continue
+        devices = n.devices_of(c)
+        if not devices:
+            continue
+        lay = devices.board.layout(match, count)
+        if lay.attribute_missing:
+            return NoDeviceGroup(c, lay.attribute, count, 0, 0, True, lay.sizes)
+    return None
+
+
+__all__ = ["NO_DEVICES", "NoDevices", "SetDevices", "no_group", "size_missing"]

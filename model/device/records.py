@@ -1,0 +1,220 @@
+"""What a snapshot knows of device mode beyond its nodes (docs/contract.md §3b, DR2): the
+records (`status.device`) of the Bound GPUDevices per node, carried over copy-on-write as
+devices change; the devices free for a set on a node; and `NodeMemo`, the snapshot's memo of
+answers that depend on one node alone.
+
+Pure. Reads the core's values by attribute (a `model.types.GPUDevice`'s `key`, `bound_node`
+and `status.device`, a `model.types.Node`'s devices, a `model.hold.Hold`'s `node`,
+`request_id` and `devices`) and imports none of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from model.device.dra import DeviceRef
+from model.device.ports import DeviceKey, DeviceView, HoldView, NodeView
+from model.device.topology import GroupChoice, natural_key
+from model.reasons import NoDeviceGroup
+
+GroupOutcome = dict[str, GroupChoice] | NoDeviceGroup
+"""A set's choice on a node: one group per device-mode class, or why there is none (DR3)."""
+
+Change = tuple[DeviceView | None, DeviceView | None]
+"""A device before and after (None: none), as a snapshot is derived."""
+
+Records = dict[str, dict[str, tuple[DeviceKey, ...]]]
+"""Per node, the device names Bound GPUDevices on it record, with their keys (DR2)."""
+
+
+class NodeMemo:
+    """A snapshot's memo of device-mode answers that depend only on one node (its devices,
+    taken devices and taints), the records on it and the reservations naming its devices:
+    `groups[(node, class, count)]` the group choice of a new set (`model.device.choice`),
+    `largest[(node, class)]` the sizes its free groups take (`model.device.view`). A snapshot
+    derived by `with_*`/`without_*` keeps the entries of the nodes whose records and holds did
+    not change (`without`), sharing the memo when none did: an entry is true of both,
+    whichever fills it."""
+
+    __slots__ = ("groups", "largest")
+
+    def __init__(self, groups: dict[tuple[str, str, int], GroupOutcome] | None = None,
+                 largest: dict[tuple[str, str], int | tuple[int, ...]] | None = None) -> None:
+        self.groups: dict[tuple[str, str, int], GroupOutcome] = {} if groups is None else groups
+        self.largest: dict[tuple[str, str], int | tuple[int, ...]] = {} if largest is None else largest
+
+    def without(self, nodes: Iterable[str]) -> NodeMemo:
+        """A new memo without the entries of `nodes` (this one is left as it is)."""
+        gone = set(nodes)
+        return NodeMemo({k: v for k, v in self.groups.items() if k[0] not in gone},
+                        {k: v for k, v in self.largest.items() if k[0] not in gone})
+
+    def copy(self) -> NodeMemo:
+        """A copy a planner may fill or trim without changing this one."""
+        return NodeMemo(dict(self.groups), dict(self.largest))
+
+
+def _recorded(d: DeviceView | None) -> bool:
+    return d is not None and d.status.device is not None and d.bound_node is not None
+
+
+def add_record(rec: Records, d: DeviceView) -> None:
+    """Count `d`'s record (when it is Bound and records a device) into `rec`, in place."""
+    ref = d.status.device
+    node = d.bound_node
+    if ref is None or node is None:
+        return
+    on = rec.setdefault(node, {})
+    on[ref.device] = on.get(ref.device, ()) + (d.key,)
+
+
+def records_of(by_ns: Mapping[str, Mapping[str, DeviceView]]) -> Records:
+    """The records of every device of `by_ns` (namespace -> name -> GPUDevice)."""
+    rec: Records = {}
+    for devices in by_ns.values():
+        for d in devices.values():
+            add_record(rec, d)
+    return rec
+
+
+def derive_records(rec: Records, changes: Sequence[Change]) -> Records:
+    """`rec` after `changes` (old, new GPUDevice pairs, None for none), copying only the
+    touched nodes."""
+    out = rec
+    for old, new in changes:
+        o, n = _recorded(old), _recorded(new)
+        if not o and not n:
+            continue
+        if out is rec:
+            out = dict(rec)
+        if o:
+            node, name = old.bound_node, old.status.device.device
+            on = out[node] = dict(out.get(node, {}))
+            keys = tuple(k for k in on.get(name, ()) if k != old.key)
+            if keys:
+                on[name] = keys
+            else:
+                on.pop(name, None)
+        if n:
+            node = new.bound_node
+            out[node] = dict(out.get(node, {}))
+            add_record(out, new)
+    return out
+
+
+def touched_nodes(changes: Sequence[Change], before: tuple[HoldView, ...],
+                  after: tuple[HoldView, ...] | None, added: Sequence[HoldView] | None) -> set[str]:
+    """The nodes whose records (device `changes`) or device holds (`before` -> `after`, with
+    `added` the holds only added, when known) differ: their `NodeMemo` entries go."""
+    out: set[str] = set()
+    for old, new in changes:
+        for d in (old, new):
+            if _recorded(d):
+                out.add(d.bound_node)
+    if after is not None:
+        if added is not None:
+            moved: Iterable[HoldView] = added
+        else:
+            was, now = {id(h) for h in before}, {id(h) for h in after}
+            moved = [h for h in after if id(h) not in was] + [h for h in before if id(h) not in now]
+        out.update(h.node for h in moved if h.devices)
+    return out
+
+
+def holds_by_node(reservations: Iterable[HoldView]) -> dict[str, list[HoldView]]:
+    """The reservations naming devices (`Hold.devices`), by node."""
+    held: dict[str, list[HoldView]] = {}
+    for r in reservations:
+        if r.devices:
+            held.setdefault(r.node, []).append(r)
+    return held
+
+
+def held_names(holds: Iterable[HoldView], exclude_request: str | None = None) -> frozenset[str]:
+    """The device names `holds` (of one node) hold, except those of `exclude_request`."""
+    out: set[str] = set()
+    for r in holds:
+        if r.request_id != exclude_request:
+            out.update(ref.device for _, ref in r.devices)
+    return frozenset(out)
+
+
+def free_devices(node: NodeView | None, class_name: str, recorded: Mapping[str, tuple[DeviceKey, ...]] | None,
+                 holds: Sequence[HoldView], request_id: str | None = None,
+                 own: Iterable[DeviceKey] = ()) -> frozenset[str]:
+    """DR2: the names of the devices of `class_name` on `node` (a `model.types.Node`, None
+    when gone) free for request `request_id` whose members are `own`: not tainted
+    NoSchedule/NoExecute, not in `Node.taken_devices`, not recorded (`recorded`: the node's
+    records) by a Bound GPUDevice other than `own`, not held by another request's hold
+    (`holds`: those naming the node's devices). A device recorded by one of `own` is free for
+    it even when a claim the binder made allocates it (its own claim, DR5), not when another
+    does (`Node.foreign_claimed`). Empty for a gone node or a class without devices there.
+
+    Set operations on the node's `model.device.dra.DeviceSet` (its names worked out once per
+    node): a decision asks this of every eligible node."""
+    if node is None:
+        return frozenset()
+    devices = node.devices_of(class_name)
+    if not devices:
+        return frozenset()
+    out = devices.untainted
+    mine: frozenset[str] | set[str] = frozenset()
+    if recorded:
+        own_keys = own if isinstance(own, (set, frozenset)) else set(own)
+        if own_keys:
+            mine = {name for name, keys in recorded.items() if any(k in own_keys for k in keys)}
+            others = {name for name, keys in recorded.items()
+                      if any(k not in own_keys for k in keys)}
+            out = out - others
+        else:
+            out = out.difference(recorded)
+    if holds:
+        out = out - held_names(holds, request_id)
+    taken = node.taken_devices
+    if taken:
+        # a set's own claim does not take its recorded device from it; another's does
+        out = out - (taken - (mine - node.foreign_claimed) if mine else taken)
+    return out
+
+
+def recorded_names(devices: Iterable[DeviceView]) -> set[str]:
+    """The device names `devices` record (the Bound GPUDevices of one node)."""
+    return {d.status.device.device for d in devices if d.status.device is not None}
+
+
+def taken_names(wanted: Sequence[str], node: NodeView | None, devices_on: Iterable[DeviceView],
+                own: set[DeviceKey], held: set[str]) -> tuple[str, ...]:
+    """DR2 for a node actor's ledger: the names of `wanted` (the devices a hold names on
+    `node`, None when gone) that are not free there, in natural order: in
+    `Node.taken_devices` (a claim's allocation, a device taint), recorded by one of
+    `devices_on` (the devices on the node) that is not of `own` (the hold's members and
+    landing devices), held by another request's lease (`held`), or wanted twice. A member's
+    own record is free for it (its claim may allocate it: not in the way), unless a claim the
+    binder did not make allocates it (`Node.foreign_claimed`)."""
+    taken_by_claims = node.taken_devices if node else frozenset()
+    mine: set[str] = set()
+    others: set[str] = set(held)
+    for dev in devices_on:
+        rec = dev.status.device
+        if rec is not None:
+            (mine if dev.key in own else others).add(rec.device)
+    foreign = node.foreign_claimed if node else frozenset()
+    out = {n for n in wanted
+           if n in others or (n in taken_by_claims and (n not in mine or n in foreign))}
+    if len(set(wanted)) != len(wanted):  # one device for two members: never
+        out |= {n for n in wanted if wanted.count(n) > 1}
+    return tuple(sorted(out, key=natural_key))
+
+
+def record_after(status: Any, key: DeviceKey, chosen: Mapping[DeviceKey, DeviceRef],
+                 moved: bool) -> DeviceRef | None:
+    """The record (`status.device`) a GPUDevice of `key` carries after a decision: the device
+    `chosen` for it, else none when it moved to another node, else the one it had (DR4)."""
+    if moved:
+        return chosen.get(key)
+    return chosen.get(key, status.device)
+
+
+__all__ = ["NodeMemo", "Records", "add_record", "derive_records", "free_devices", "held_names",
+           "holds_by_node", "record_after", "recorded_names", "records_of", "taken_names",
+           "touched_nodes"]
