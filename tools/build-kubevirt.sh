@@ -30,25 +30,39 @@ mkdir -p "$out"
 exec 9>"$out/.build.lock"
 flock 9
 
-build() { # module-dir name package
-  local mod="$1" name="$2" pkg="$3"
-  if [ -x "$out/$name" ]; then
-    [ -n "${GPU_BINDER_BUILD_VERBOSE:-}" ] && echo "build-kubevirt: $name already built ($out/$name)" >&2
-    return 0
-  fi
-  echo "build-kubevirt: building $name from $pkg (cold builds take 1-5 min on 2 cores) ..." >&2
-  local start=$SECONDS
-  ( cd "$mod" && go mod download && go build -trimpath -ldflags "-s -w" -o "$out/$name.tmp" "$pkg" ) || {
-    echo "build-kubevirt: building $name failed; is the Go module proxy reachable (GOPROXY=$(go env GOPROXY))?" >&2
-    rm -f "$out/$name.tmp"; exit 3; }
-  mv "$out/$name.tmp" "$out/$name"
-  echo "build-kubevirt: $name built in $((SECONDS-start)) s" >&2
+build() { # module-dir name=package ...: the missing ones in one `go build` (as
+  # tools/build-controlplane.sh: packages load once, one binary links while the next compiles)
+  local mod="$1" names=() pkgs=() spec name start dest
+  shift
+  for spec in "$@"; do
+    name="${spec%%=*}"
+    if [ -x "$out/$name" ]; then
+      [ -n "${GPU_BINDER_BUILD_VERBOSE:-}" ] && echo "build-kubevirt: $name already built ($out/$name)" >&2
+      continue
+    fi
+    names+=("$name"); pkgs+=("${spec#*=}")
+  done
+  [ ${#names[@]} -gt 0 ] || return 0
+  echo "build-kubevirt: building ${names[*]} from ${pkgs[*]} (cold builds take 1-5 min on 2 cores) ..." >&2
+  start=$SECONDS
+  rm -rf "$out/.tmp" && mkdir -p "$out/.tmp"
+  # -o DIR/ names each binary after its package's last path element (the names given for
+  # several packages must be those); one package is written to its name
+  dest="$out/.tmp/"
+  [ ${#pkgs[@]} -gt 1 ] || dest="$out/.tmp/${names[0]}"
+  ( cd "$mod" && go mod download && go build -trimpath -ldflags "-s -w" -o "$dest" "${pkgs[@]}" ) || {
+    echo "build-kubevirt: building ${names[*]} failed; is the Go module proxy reachable (GOPROXY=$(go env GOPROXY))?" >&2
+    rm -rf "$out/.tmp"; exit 3; }
+  for name in "${names[@]}"; do
+    mv "$out/.tmp/$name" "$out/$name"
+  done
+  rm -rf "$out/.tmp"
+  echo "build-kubevirt: ${names[*]} built in $((SECONDS-start)) s" >&2
 }
 
-build "$kvmod" virt-controller kubevirt.io/kubevirt/cmd/virt-controller
-build "$kvmod" virt-api kubevirt.io/kubevirt/cmd/virt-api
-build "$kvmod" gen-manifests ./gen-manifests
-build "$kwokmod" kwok sigs.k8s.io/kwok/cmd/kwok
+build "$kvmod" virt-controller=kubevirt.io/kubevirt/cmd/virt-controller virt-api=kubevirt.io/kubevirt/cmd/virt-api \
+  gen-manifests=./gen-manifests
+build "$kwokmod" kwok=sigs.k8s.io/kwok/cmd/kwok
 
 if [ ! -s "$out/kubevirt-manifests.json" ]; then
   "$out/gen-manifests" > "$out/kubevirt-manifests.json.tmp" && mv "$out/kubevirt-manifests.json.tmp" "$out/kubevirt-manifests.json"
