@@ -23,7 +23,7 @@ capacity now (B7), before deciding anything. It and its pipeline are one supervi
 (one-for-all, `supervisor.binder`): a crash of either restarts both, so this recovery also
 covers the flights a crashed pipeline lost.
 
-Defragmentation (DESIGN.md §3a; off unless `defrag_interval` > 0): every `defrag_interval`
+Defragmentation (docs/contract.md §3a; off unless `defrag_interval` > 0): every `defrag_interval`
 seconds a timer tells `_Defrag`; the round (`_defragment`) runs in `receive`, so inside the
 one decision loop (D2), and only when no request is waiting in the queue or falling back
 (a complete request waiting is decided first: the round stays due and runs after the batch
@@ -209,7 +209,7 @@ class Coordinator(Actor):
         self._cfg = config or CoordinatorConfig()
         self._owner = f"coordinator-{uuid.uuid4().hex[:10]}"
         # on loop time, as anyio's timers; round-robin over tenants (a request key's
-        # namespace), so one tenant's burst of requests does not delay another's (issue 23)
+        # namespace), so one tenant's burst of requests does not delay another's
         self._queue: WorkQueue[RequestKey] = WorkQueue(fair_by=_tenant)
         self._rounds: dict[RequestKey, int] = {}
         self._chains: dict[RequestKey, _Chain] = {}  # requests falling back to a next candidate
@@ -520,7 +520,7 @@ class Coordinator(Actor):
         message = decision.message if placement is first else describe_placement(req, placement)
         wave.append(Decided(req, Result.SUCCEEDED, placement.node, message, it.hold_of(placement, snap)))
 
-    # -- defragmentation (DESIGN.md §3a) ------------------------------------------------------
+    # -- defragmentation (docs/contract.md §3a) ------------------------------------------------------
 
     async def _defrag_if_idle(self) -> None:
         """Run the due round when no request waits for the loop (D2: admissions first)."""

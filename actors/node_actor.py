@@ -1,4 +1,4 @@
-"""NodeActor: the only owner of one node's free capacity (DESIGN.md §6).
+"""NodeActor: the only owner of one node's free capacity (docs/contract.md §6).
 
 Its ledger, per resource: `allocatable` and `bound` (re-read from the ClusterView, level
 based), plus one `model.hold.Hold` per request id: prepared (reserved, expiring after

@@ -1,4 +1,4 @@
-"""The two-phase reservation of planned placements on the node actors (DESIGN.md §6).
+"""The two-phase reservation of planned placements on the node actors (docs/contract.md §6).
 
 `reserve` takes the `Placing`s of one batch (requests the planner decided to land
 devices, `model.plan.Place`) and reserves each on its placement at once: every `Prepare`

@@ -1,4 +1,4 @@
-"""Micro-benchmark of a defragmentation round (DESIGN.md §3a D1-D5; in device mode with
+"""Micro-benchmark of a defragmentation round (docs/contract.md §3a D1-D5; in device mode with
 DR2-DR4, issue 32) on a fleet of 1,000 HGX H100 boards, device mode beside its count-mode
 twin, against the bound of perfect repacking.
 

@@ -17,7 +17,7 @@ rate ÷ kube-scheduler's. The two share the fleet's allocatable without seeing e
 (the binder counts GPUDevices, kube-scheduler Pods), so the fleet is sized for each alone.
 
 `modes` (issue 32): count mode is the fleet above (extended resource `RES`); device mode
-(DESIGN.md §3b) is the same number of nodes again as HGX H100 boards publishing their
+(docs/contract.md §3b) is the same number of nodes again as HGX H100 boards publishing their
 ResourceSlices (`localcluster.dra_world`; the cluster runs with NVIDIA's DeviceClass,
 `LocalCluster(dra=True)`) and the device-mode GPUClass `HGX_CLASS` (whole Fabric Manager
 partitions, `gpu.nvidia.com/partition{size}`). Each level runs in every mode, one after the
@@ -545,7 +545,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    help="concurrency levels (concurrent clients) of the 1-GPU VMIs, comma "
                         "separated (default: 1,5,10,20,50; with --quick 1,10,20)")
     add_modes(p, "every level runs in each mode and the report gives device p99 ÷ count p99 "
-                 "(issue 32: --gpus 1,4,8 --modes count,device)")
+                 "(e.g. --gpus 1,4,8 --modes count,device)")
     p.add_argument("--vs-scheduler", action="store_true",
                    help="in the same run, kube-scheduler binding Pods of the same GPU counts "
                         "on the same fleet at concurrency 20, and our rate ÷ its "

@@ -394,7 +394,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    help="the policy simulation only (tightest fit, spread, defrag, repack "
                         "on the same traces), no cluster (default: off)")
     p.add_argument("--hgx", action="store_true",
-                   help="HGX pools (hgx-h100-8 boards) in device mode, issue 33: a "
+                   help="HGX pools (hgx-h100-8 boards) in device mode: a "
                         "gpu-binder in device mode, b kube-scheduler's DRA allocator "
                         "alone, c gpu-binder in count mode with a device plugin's pick, d "
                         "the bound; writes packing-hgx.json/png (default: off)")

@@ -6,7 +6,7 @@ applied atomically and is visible to the next read. Faults are injected from a s
 random generator (`Faults`): write errors before the write, conflicts, *ambiguous*
 errors (applied, then reported as failed), and latency; or one at a time with
 `fail_next`. Every applied write is appended to `history`, which tests read to check the
-invariants of DESIGN.md §7 (unless built with `keep_history=False`, as bench/ does: a long
+invariants of docs/contract.md §7 (unless built with `keep_history=False`, as bench/ does: a long
 run would keep a record per write); `on_write` observes each one as it happens.
 """
 

@@ -184,7 +184,7 @@ class ClusterCache:
             core.list_namespaced_config_map, settings_namespace,
             field_selector=f"metadata.name={SETTINGS_NAME}"), transform=keep_all)
         self.settings_namespace = settings_namespace
-        # DRA (device mode, DESIGN.md §3b): slices, every claim's allocation, DeviceClasses
+        # DRA (device mode, docs/contract.md §3b): slices, every claim's allocation, DeviceClasses
         # optional: an API the cluster does not serve (resource.k8s.io/v1 before Kubernetes
         # 1.34; docs/install.md supports 1.30) reads as empty instead of never syncing
         self.dra = DraIndex()

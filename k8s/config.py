@@ -113,7 +113,7 @@ FIELD_HELP: dict[str, str] = {
                     "--max-restart-seconds; one more stops the binder and exits the process",
     "max_restart_seconds": "restart intensity: the window of --max-restarts, in seconds",
     "defrag_interval": "seconds between the binder's defragmentation rounds, which move idle "
-                       "held devices of Move classes so that larger sets fit (DESIGN.md §3a, "
+                       "held devices of Move classes so that larger sets fit (docs/contract.md §3a, "
                        "D1-D5); 0: off",
     "defrag_max_moves": "most devices one defragmentation round moves (D3); at least 1",
 }
@@ -148,7 +148,7 @@ def field_help(name: str) -> str:
 
 @dataclass(slots=True)
 class Config:
-    """Every setting of `gpu-binder controller` (DESIGN.md §2 "Config")."""
+    """Every setting of `gpu-binder controller` (docs/contract.md §2 "Config")."""
 
     kubeconfig: str | None = None            # None: in-cluster service account
     identity: str = field(default_factory=lambda: os.environ.get("POD_NAME") or os.uname().nodename)
@@ -159,7 +159,7 @@ class Config:
     lease_name: str = "gpu-binder"
     lease_namespace: str = "cozy-system"
     # Shorter than client-go's 15/10/2: the webhook answers only while a leader binds, so a
-    # killed leader's Lease must expire fast (a takeover 9-11 s after kill -9; issue 22's
+    # killed leader's Lease must expire fast (a takeover 9-11 s after kill -9; the soak's
     # failover < 15 s). Costs one Lease write per second.
     lease_duration: float = 10.0
     renew_deadline: float = 7.0

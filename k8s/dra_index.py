@@ -1,4 +1,4 @@
-"""What the cache knows of Dynamic Resource Allocation (DESIGN.md §3b, DR1 and DR2): the
+"""What the cache knows of Dynamic Resource Allocation (docs/contract.md §3b, DR1 and DR2): the
 ResourceSlices, ResourceClaims and DeviceClasses the informers hold, indexed incrementally so
 a change recomputes only the nodes it touches, and turned into the device-mode fields of each
 `model.types.Node`:
@@ -19,7 +19,7 @@ DeviceClass that does not exist, a selector that does not compile) are reported 
 the cache can put them on the GPUClass (`GPUClass.problem`). A malformed slice or claim is
 left out and logged by the caller (`SliceError`), never fatal.
 
-Memory (issue 32: a replica under 350 MiB at 1,000 HGX nodes): a slice is parsed once, at
+Memory (a replica under 350 MiB at 1,000 HGX nodes, `bench dra-memory`): a slice is parsed once, at
 the informer's ingest (`parse_slice`), and that one `ResourceSlice` is both what the
 informer keeps and what the index holds; `parse_slice` also shares what boards of one kind
 repeat (attribute names, (name, value) pairs, a device's whole attribute tuple) through a

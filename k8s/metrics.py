@@ -98,7 +98,7 @@ class _TreeCollector:
         lent = CounterMetricFamily("gpu_binder_admission_turns_lent",
                                    "turns given to a tenant past its share (--webhook-tenant-"
                                    "concurrency) while no other tenant under its share waited: "
-                                   "idle capacity lent (issue 31)")
+                                   "idle capacity lent")
         lent.add_metric([], float(stats.lent if stats is not None else 0))
         yield lent
         dropped = CounterMetricFamily("gpu_binder_denial_events_dropped",

@@ -1,5 +1,5 @@
 """kube-controller-manager running only its `resourceclaim-controller`, for the local cluster's
-DRA world (DESIGN.md §3b, DR5): it makes claims from ResourceClaimTemplates for Pods, clears
+DRA world (docs/contract.md §3b, DR5): it makes claims from ResourceClaimTemplates for Pods, clears
 `status.reservedFor` when a Pod is done, and removes kube-scheduler's delete protection from a
 deallocated claim, so deleting an allocated claim completes (without it the claim hangs on its
 finalizer). Built from the same pinned `k8s.io/kubernetes` module as kube-apiserver

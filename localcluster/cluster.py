@@ -9,7 +9,7 @@ uid 65532, beside source-tree replicas run as that uid (`user=`). Replicas run w
 ServiceAccount's token (TokenRequest), not as admin, so the shipped RBAC is what they get.
 KubeVirt's own CRDs are always installed (`localcluster.kubevirt.install_crds`); with `kubevirt=True`
 virt-api, virt-controller, kube-scheduler and KWOK run too (`localcluster.kubevirt.KubeVirt`).
-With `dra=True` (device mode, DESIGN.md §3b) NVIDIA's passthrough DeviceClass is installed,
+With `dra=True` (device mode, docs/contract.md §3b) NVIDIA's passthrough DeviceClass is installed,
 kube-controller-manager's resourceclaim-controller runs (`localcluster.claimcontroller`) and
 KubeVirt starts with `GPUsWithDRA`; `localcluster.dra_world` adds the nodes and their slices.
 """

@@ -1,4 +1,4 @@
-"""`gpu-binder demo --dra`: device mode (DESIGN.md §3b) on an embedded local control plane.
+"""`gpu-binder demo --dra`: device mode (docs/contract.md §3b) on an embedded local control plane.
 
 Starts what `gpu-binder demo` starts (control plane, two controller replicas with the webhook,
 KubeVirt's virt-api and virt-controller, kube-scheduler, KWOK) plus device mode's world

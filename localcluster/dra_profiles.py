@@ -1,4 +1,4 @@
-"""Hardware profiles for the local cluster's DRA world (DESIGN.md §3b): the DeviceClass and the
+"""Hardware profiles for the local cluster's DRA world (docs/contract.md §3b): the DeviceClass and the
 ResourceSlices NVIDIA's DRA driver for GPUs would publish for a node, so device mode is tested
 against slices of the real shape without GPUs (no driver runs here: nothing is prepared).
 

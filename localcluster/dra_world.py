@@ -1,4 +1,4 @@
-"""The device-mode world (DESIGN.md §3b) on a local control plane: an HGX fleet of KWOK nodes,
+"""The device-mode world (docs/contract.md §3b) on a local control plane: an HGX fleet of KWOK nodes,
 each publishing one pool of `localcluster.dra_profiles` slices as NVIDIA's DRA driver would
 (driver `gpu.nvidia.com`, DeviceClass `vfio.gpu.nvidia.com`), optionally some PCIe L40S nodes,
 and the device-mode GPUClasses over them (DR1, DR3). Used by `gpu-binder cluster up --dra`,

@@ -1,4 +1,4 @@
-"""Processes inside the controller image (`make image`, tools/build-image.sh; issue 20), for
+"""Processes inside the controller image (`make image`, tools/build-image.sh), for
 the e2e tests and the harness.
 
 This sandbox cannot use `podman run` (crun's setrlimit is refused), so a process runs in a

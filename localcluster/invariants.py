@@ -1,8 +1,8 @@
-"""The invariants of DESIGN §7 (and what housekeeping §5 promises once churn stops), checked
+"""The invariants of docs/contract.md §7 (and what housekeeping §5 promises once churn stops), checked
 against a real API server: one read of the cluster (`snapshot`, pure reads through
 kubernetes_asyncio), then pure checks on it (`check`, `leftovers`) that return typed
 `Violation`s naming the object each concerns. Count-mode capacity and budgets are checked
-per extended resource; device-mode classes (no `spec.resourceName`, DESIGN §3b) are checked
+per extended resource; device-mode classes (no `spec.resourceName`, docs/contract.md §3b) are checked
 for DR6's "no device on two records" (their capacity is in ResourceSlices, not on Nodes). Used by the upgrade tests and the soak
 (`bench/soak.py`, `tests/e2e/test_soak.py`).
 
@@ -30,7 +30,7 @@ TEMPLATE_LABEL = "gpu.cozystack.io/template-for"
 PIN_LABEL = "kubernetes.io/hostname"
 CREATED_BY = "kubevirt.io/created-by"
 
-# Violation kinds, with the DESIGN item each breaks
+# Violation kinds, with the contract item each breaks
 NODE_OVER = "node-over-allocatable"          # §7.1
 NO_RESULT = "request-without-result"         # §7.2 (after settling only)
 SUCCEEDED_NOT_BOUND = "succeeded-not-bound"  # §7.3
@@ -52,7 +52,7 @@ LOST_KINDS = frozenset({ADMITTED_NOT_PLACED, SUCCEEDED_NOT_BOUND, ADMITTED_GONE,
 
 @dataclass(frozen=True)
 class Violation:
-    """One broken invariant. `kind` one of the module's kind constants, `item` the DESIGN
+    """One broken invariant. `kind` one of the module's kind constants, `item` the contract
     item it breaks, `obj` the object it concerns as (kind, namespace or "", name[, resource]),
     `message` what was seen."""
 

@@ -1,5 +1,5 @@
 """A Deployment's Pods run as processes from their image, replaced as a rolling update would
-(the upgrade tests, tests/e2e/test_upgrade.py; issue 20 items 3 and 4).
+(the upgrade tests, tests/e2e/test_upgrade.py).
 
 The local control plane has no kubelet (KWOK only fakes Pods), so a Helm release's
 Deployment cannot run. `Kubelet` plays the part for one container: it reads the Deployment

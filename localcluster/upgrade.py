@@ -1,7 +1,7 @@
-"""The upgrade harness (issue 20 items 3 and 4, used by tests/e2e/test_upgrade.py): a Helm
+"""The upgrade harness (used by tests/e2e/test_upgrade.py): a Helm
 release whose Deployment's pods run as processes (`Release`, on `localcluster.rollout`),
 tenants creating and deleting VMIs while it is upgraded or rolled back (`Churn`), the
-invariants of DESIGN §7 sampled meanwhile and after settling (`Watch`, `churn_with`), and
+invariants of docs/contract.md §7 sampled meanwhile and after settling (`Watch`, `churn_with`), and
 objects one version wrote read by the other (`Compat`, the CRD comparisons).
 
 What the tests assert stays in the test module; this module measures and records. Nothing
@@ -383,7 +383,7 @@ class Churn:
                 tg.start_soon(self._tenant, ns)
 
 
-# -- invariants (localcluster.invariants: DESIGN §7) -------------------------------------
+# -- invariants (localcluster.invariants: docs/contract.md §7) -------------------------------------
 
 @dataclass
 class Watch:

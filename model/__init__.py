@@ -1,4 +1,4 @@
-"""Pure placement, budget and capacity logic for gpu-binder (DESIGN.md §2, §3).
+"""Pure placement, budget and capacity logic for gpu-binder (docs/contract.md §2, §3).
 
 Frozen value types, parsers from Kubernetes objects, the `Snapshot` of the cluster as the
 binder sees it, `Snapshot.check_order` (W1) and `decide` (B1–B6), and the typed reasons

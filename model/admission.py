@@ -1,4 +1,4 @@
-"""The webhook's pure judgement of a VMI CREATE (DESIGN.md §4, W1 and W4) and the mutation
+"""The webhook's pure judgement of a VMI CREATE (docs/contract.md §4, W1 and W4) and the mutation
 of an admitted VMI (§2 VMI). No I/O: the k8s adapter supplies the snapshot, the set of
 live VMIs and the time, and carries out the writes.
 """
@@ -118,7 +118,7 @@ def unbound_units(snap: Snapshot, plan: AdmissionPlan) -> dict[str, int]:
 
 def budget_in_flight(snap: Snapshot, plan: AdmissionPlan, others: Sequence[AdmissionPlan], *,
                      retry_after: int) -> Refusal | None:
-    """W1, issue 23: a Refusal (`BudgetInFlight`, THROTTLED: 429, retryable) when the
+    """W1: a Refusal (`BudgetInFlight`, THROTTLED: 429, retryable) when the
     tenant's budget of a resource of `plan` has room for the set on `snap` (W1's budget
     check passed) but not with the units its `others` (admissions in progress for other
     VMIs of the same tenant) hold and are not Bound yet; None otherwise (no budget, nothing

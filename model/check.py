@@ -1,4 +1,4 @@
-"""W1 for a whole set (DESIGN.md §4): judge a VMI's orders on a `Snapshot` the way the binder
+"""W1 for a whole set (docs/contract.md §4): judge a VMI's orders on a `Snapshot` the way the binder
 will judge its bind request. Sits above `model.snapshot` (per-order checks, budgets, room) and
 `model.decide` (B1–B6), which it combines: the webhook's W1 and the binder's placement agree
 because both end in `decide`'s judgement.

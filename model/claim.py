@@ -1,4 +1,4 @@
-"""The ResourceClaim of an admitted device-mode VMI and the VMI's wiring to it (DESIGN.md §3b
+"""The ResourceClaim of an admitted device-mode VMI and the VMI's wiring to it (docs/contract.md §3b
 DR5, §4 W4/W5, §5 H1/H2/H4), as pure values: no I/O, no clock.
 
 One claim per VMI, in its namespace, named `claim_name(vmi)` (`<vmi>-gpus`, shortened with a

@@ -126,7 +126,7 @@ class Rule(StrEnum):
     `gpu_binder_decisions_total` and of the coordinator's log lines): `B1` gathered the set
     on one node (moves or binds), `B5A`/`B5B` kept it on its cordoned node, `B6` it is
     already placed, `REFUSED` refused it (B1(b)); `D3` a defragmenting move the coordinator
-    decided (DESIGN.md §3a); `LEDGERS` a refusal by the node actors after the model found
+    decided (docs/contract.md §3a); `LEDGERS` a refusal by the node actors after the model found
     room (the coordinator's, never `decide`'s)."""
 
     B1 = "B1"

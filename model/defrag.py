@@ -1,4 +1,4 @@
-"""Defragmentation (DESIGN.md §3a, D1–D5): which idle held devices to move so that larger
+"""Defragmentation (docs/contract.md §3a, D1–D5): which idle held devices to move so that larger
 sets fit. Pure: `plan_round` reads a `Snapshot` and returns a `DefragPlan`; nothing here
 writes or waits. The binder's coordinator carries a plan out inside its one decision loop
 (D2); `gpu-binder defrag --plan` and `explain` (D4) show it.

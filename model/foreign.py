@@ -1,4 +1,4 @@
-"""Foreign GPU consumers (DESIGN.md §2 capacity, §4 W7): the extended-resource requests of Pods
+"""Foreign GPU consumers (docs/contract.md §2 capacity, §4 W7): the extended-resource requests of Pods
 on a node beyond what the binder's own records already count there. Their units are
 `Node.foreign`, counted as used next to the Bound devices, so a GPU Pod outside the binder (a
 system namespace, a raw Pod or VMI while `rawResourceNames=allowed`) is never double-booked.

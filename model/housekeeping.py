@@ -1,4 +1,4 @@
-"""Housekeeping decisions (DESIGN.md §5, H1–H2) as a pure function of the cache.
+"""Housekeeping decisions (docs/contract.md §5, H1–H2) as a pure function of the cache.
 
 Level-based: every round judges each attachment on its own against what is known of VMIs now
 (`VMIs`: the live VMIs with their uid and admission annotation, and the admissions of VMI

@@ -1,4 +1,4 @@
-"""The settings ConfigMap's data, computed purely (DESIGN.md §2 "Settings ConfigMap", H3).
+"""The settings ConfigMap's data, computed purely (docs/contract.md §2 "Settings ConfigMap", H3).
 
 `data.resourceNames` is the effective resource-name set of the GPUClasses, sorted and
 comma-separated; `data.rawResourceNames` is `RAW_ALLOWED` or `RAW_DENIED`.

@@ -137,7 +137,7 @@ class _Static:
 
 
 class Snapshot:
-    """An immutable view of the cluster for one decision (DESIGN.md §2, §3, §6 model).
+    """An immutable view of the cluster for one decision (docs/contract.md §2, §3, §6 model).
 
     Build once with `Snapshot.build`; derive new snapshots with `with_device(s)`,
     `without_device`, `with_reservation`, `without_reservation` (cheap: copy-on-write of the

@@ -1,4 +1,4 @@
-"""Immutable value types of the GPU API (DESIGN.md §2).
+"""Immutable value types of the GPU API (docs/contract.md §2).
 
 Every type is a frozen, slotted dataclass; mappings are stored as sorted tuples of pairs so
 values hash and compare by content. Parsers from Kubernetes objects live in `model.parse`.

@@ -1,5 +1,5 @@
 """The supervision tree: child specs, one-for-one restarts (one-for-all within a group) with intensity limits, and the
-routing of node changes and complete bind requests to the binder's actors (DESIGN.md §6).
+routing of node changes and complete bind requests to the binder's actors (docs/contract.md §6).
 No placement logic lives here. Imports: `actors`, `model`.
 """
 

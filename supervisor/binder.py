@@ -1,4 +1,4 @@
-"""The binder's supervision tree and router (DESIGN.md §6).
+"""The binder's supervision tree and router (docs/contract.md §6).
 
 `Binder.run` starts a NodeActor per node in the view, one-for-one, and the Coordinator with
 its StatusPipeline as one group (one-for-all: a crash of either restarts both, see below)

@@ -33,7 +33,7 @@ class ScaleSpec:
       `vmi_timeout`: seconds an admitted VMI's launcher Pod has to be bound (from its
       admission: on 2 cores the launcher Pods lag the admissions by minutes at 1,000 nodes).
 
-    - `mode` "device" (issue 32, DESIGN.md §3b): every node is instead an HGX H100 board
+    - `mode` "device" (issue 32, docs/contract.md §3b): every node is instead an HGX H100 board
       publishing its ResourceSlice (`localcluster.dra_world.dra_node`) and the one GPUClass
       `<prefix>hgx` is in device mode (`HGX_CLASS`'s spec: whole Fabric Manager partitions);
       `models` is then unused. The cluster needs NVIDIA's DeviceClass and KubeVirt with

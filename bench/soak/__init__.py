@@ -3,7 +3,7 @@ churn — VMI creates (1/2/4/8 GPUs, template or held devices) and deletes as te
 cordons and uncordons (held devices then move: B4/B5), a kill -9 of the leader every few
 minutes and one kube-apiserver restart in the first part of the run, then a *steady stretch*
 (the last `steady_share` of it: the same churn, the live set constant, nothing killed) — while
-the invariants of DESIGN §7 (`localcluster.invariants`) are checked every few seconds and once
+the invariants of docs/contract.md §7 (`localcluster.invariants`) are checked every few seconds and once
 more after settling.
 
 Figures: invariant violations (by kind), admissions lost (a create that got neither an answer
@@ -99,5 +99,5 @@ def _run(args: argparse.Namespace) -> int:
 BENCHMARK = Benchmark("soak", "scale's population under seeded churn (creates, deletes, "
                               "cordons, held-device moves; a leader kill -9 every 2.5 min and "
                               "one kube-apiserver restart before the last 45 %% of the run, a "
-                              "steady stretch whose replica RSS trend is judged), DESIGN §7 "
+                              "steady stretch whose replica RSS trend is judged), docs/contract.md §7 "
                               "checked throughout and at the end", _arguments, _run)

@@ -1,4 +1,4 @@
-"""The VMI admission webhook (DESIGN.md §4, W1–W6), split by job as controller-runtime's
+"""The VMI admission webhook (docs/contract.md §4, W1–W6), split by job as controller-runtime's
 `pkg/webhook/admission`: `transport` is the aiohttp server (size cap, content type, TLS with
 reload, always an answer, response constructors that set the uid); `review` the pure decoder
 of an AdmissionReview into a typed review or a typed denial, and the one table from a

@@ -1,4 +1,4 @@
-"""The VMI admission webhook's orchestration (DESIGN.md §4, W1–W6).
+"""The VMI admission webhook's orchestration (docs/contract.md §4, W1–W6).
 
 `VMIAdmission.handle(review)` is the handler behind `k8s.webhook.transport`, given a decoded
 `review.Review`: it judges with `model.admission.check` on the cache first (W1, no I/O: what
@@ -43,7 +43,7 @@ log = structlog.get_logger("gpu_binder.admission")
 DRY_RUN_WARNING = "dry run: GPU devices were checked but not reserved"
 AFTER_TURN = 0.25
 """The part of the bind timeout kept for the admission itself once its turn came: a turn is
-waited for during the first three quarters of it at most (issue 31: the review's deadline,
+waited for during the first three quarters of it at most (the review's deadline,
 not a fixed line, bounds the wait; bind timeout < the webhook's timeoutSeconds)."""
 
 
@@ -62,7 +62,7 @@ class VMIAdmission:
     """Handles VMI CREATE reviews. `bind_timeout` (seconds) bounds steps 1–4 of W3; `grace`
     is `attachmentGrace`; `clock` returns aware UTC time; `client`'s timeout bounds each API
     call; `gate` (None: unbounded) gives each tenant its fair share of concurrent admissions
-    past W1's checks on the cache (issue 23); `template_wait` and `record_wait` (seconds,
+    past W1's checks on the cache; `template_wait` and `record_wait` (seconds,
     `--webhook-template-wait`/`--webhook-record-wait`) bound the waits on the cache for a
     template device this call created and for a device-mode set's records, each also ended
     by the review's deadline (`record_wait` 0: by the deadline alone). `admitted`/`denied`
@@ -190,7 +190,7 @@ class VMIAdmission:
         admissions in progress at this replica (past `_precheck`; another try of the same
         VMI not counted: W4 and same_name_conflict judge it after the live read). So a
         burst of one tenant racing for its own budget is answered at once instead of
-        waiting for turns it cannot use (issue 23: a turn waited for holds the API server's
+        waiting for turns it cannot use (a turn waited for holds the API server's
         seat of the create, which another tenant's create needs)."""
         others = [p for p in self._claims.get(namespace, ()) if p.vmi != plan.vmi]
         if not others:

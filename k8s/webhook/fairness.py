@@ -1,4 +1,4 @@
-"""A fair share of the webhook's concurrency per tenant that lends what is idle (issues 23, 31).
+"""A fair share of the webhook's concurrency per tenant that lends what is idle.
 
 `TenantGate` admits at most `capacity` admissions at once in this replica. It is
 work-conserving: a tenant (a namespace) alone may hold every slot; its share, `per_tenant`

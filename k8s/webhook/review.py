@@ -43,7 +43,7 @@ RETRYABLE = frozenset({Category.UNAVAILABLE, Category.THROTTLED})
 """Categories after which the same request may succeed; their message says to retry."""
 
 RETRY_AFTER_CODES = frozenset({429, 503})
-"""HTTP codes of a denial whose status carries `details.retryAfterSeconds` (issue 31)."""
+"""HTTP codes of a denial whose status carries `details.retryAfterSeconds`, which kube-apiserver sends as Retry-After."""
 RETRY_AFTER = 1
 """Seconds a retryable denial asks the client to wait when its reason names none."""
 

@@ -1,4 +1,4 @@
-"""The steps of one admission on the API server (DESIGN.md §4: W1's live read, W3 (1)–(4),
+"""The steps of one admission on the API server (docs/contract.md §4: W1's live read, W3 (1)–(4),
 W4's take-over, W5's clean-up), one small function each, called in order by
 `k8s.webhook.admission`.
 

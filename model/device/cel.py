@@ -1,4 +1,4 @@
-"""DRA device selectors in CEL (DESIGN.md §3b, DR1): compile a DeviceClass's or a GPUClass's
+"""DRA device selectors in CEL (docs/contract.md §3b, DR1): compile a DeviceClass's or a GPUClass's
 `selectors[].cel.expression` once and ask whether a device matches.
 
 Pure (no I/O): compiling and evaluating run in-process with Google's CEL runtime

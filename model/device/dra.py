@@ -1,4 +1,4 @@
-"""What Dynamic Resource Allocation says a node has and what is taken (DESIGN.md §3b, DR1 and
+"""What Dynamic Resource Allocation says a node has and what is taken (docs/contract.md §3b, DR1 and
 DR2), as pure values: ResourceSlices read into pools of the current generation, devices by
 node with their qualified attributes and taints, and the devices every ResourceClaim's
 allocation lists.

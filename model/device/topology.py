@@ -1,4 +1,4 @@
-"""Device-mode choice on one node (DESIGN.md §3b, DR3 and DR4): which named devices of a node
+"""Device-mode choice on one node (docs/contract.md §3b, DR3 and DR4): which named devices of a node
 take a class's share of a set, so that they all share the class's `matchAttribute` value and
 the aligned blocks that stay free are as large as possible (buddy best fit).
 

@@ -1,4 +1,4 @@
-"""The operator's view of device mode (DESIGN.md §3b DR2, DR3; issue 32 item 4): per node and
+"""The operator's view of device mode (docs/contract.md §3b DR2, DR3): per node and
 device-mode class, which devices are free and how they sit in the class's groups (Fabric
 Manager partitions, PCIe roots), and the largest set placeable there respecting topology.
 `model.explain` (explain, top) and `model.defrag` (the largest placeable set it ranks and

@@ -7,7 +7,7 @@ placement write of a request with more to come (between its first and last place
 write, B7; either restarts both, their group); nodes are cordoned and uncordoned; writes fail at
 random (errors, conflicts, ambiguous errors applied-then-failed); some requests are
 withdrawn mid-way. Invariants 1
-and 4 of DESIGN.md §7 are checked on every placement write; after quiescence, 1–4 over the
+and 4 of docs/contract.md §7 are checked on every placement write; after quiescence, 1–4 over the
 final state and the write history, and every complete request has exactly one result on
 every member.
 
@@ -363,7 +363,7 @@ async def test_chaos_a_seed_replays_the_same_run(request: pytest.FixtureRequest)
 
 
 async def test_chaos_invariants_hold(chaos_seed: int) -> None:
-    """Invariants 1–4 (DESIGN.md §7) and exactly one result per member, under chaos."""
+    """Invariants 1–4 (docs/contract.md §7) and exactly one result per member, under chaos."""
     print(f"chaos seed {chaos_seed}")
     try:
         world = await chaos_run(chaos_seed)

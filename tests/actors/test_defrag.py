@@ -1,4 +1,4 @@
-"""The binder's defragmentation rounds (DESIGN.md §3a) on the in-memory store, fake time.
+"""The binder's defragmentation rounds (docs/contract.md §3a) on the in-memory store, fake time.
 
 D2: a round runs inside the coordinator's one decision loop, each move reserved on its
 target's node actor and written by the status pipeline as a `move` write (an Event on the

@@ -1,4 +1,4 @@
-"""Device mode in the actors (DESIGN.md §3b DR2, DR6; B2): the node ledger reserves named
+"""Device mode in the actors (docs/contract.md §3b DR2, DR6; B2): the node ledger reserves named
 devices and refuses a prepare naming one that is taken (another lease, a Bound record, a
 claim's allocation); the status pipeline writes `status.device` with the placement; through
 the real coordinator and node actors on the in-memory store, concurrent device-mode

@@ -1,5 +1,5 @@
 """Logs of one run: every prepare/commit/abort concerning node X is one JSON line carrying
-node=X, on the stream and in `<log_dir>/X.jsonl` (DESIGN.md §6 NodeActor)."""
+node=X, on the stream and in `<log_dir>/X.jsonl` (docs/contract.md §6 NodeActor)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""NodeActor: the ledger of one node and the two-phase protocol (DESIGN.md §6)."""
+"""NodeActor: the ledger of one node and the two-phase protocol (docs/contract.md §6)."""
 
 from __future__ import annotations
 

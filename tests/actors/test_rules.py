@@ -1,4 +1,4 @@
-"""The binding contract B1–B8 (DESIGN.md §3) through the whole actor system on the
+"""The binding contract B1–B8 (docs/contract.md §3) through the whole actor system on the
 in-memory store: supervisor, node actors, coordinator. A written message is compared with
 the rendering of the typed outcome expected (`model.reasons`), never matched in part."""
 
@@ -85,7 +85,7 @@ async def test_B1_gathers_the_whole_set_on_one_node_moving_held_devices() -> Non
 
 
 async def test_B1_B7_one_write_per_member_carries_node_placement_and_result() -> None:
-    """DESIGN §3 Writes: the decided node, the placement and the result of a member in
+    """docs/contract.md §3 Writes: the decided node, the placement and the result of a member in
     one write; one write per member in all."""
     s = cluster(n1=4)
     for name in ("a", "b"):

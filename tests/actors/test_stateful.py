@@ -12,7 +12,7 @@ clock (`LoopClock`); every read and write of the store goes through `portal.call
 machine only ever sees the store between two event-loop steps. While the machine thinks the
 loop is idle and its time jumps from timer to timer, as it would pass on a real clock.
 
-Invariants (DESIGN.md §7), after every step: 1 and 4 on every placement write (live, via
+Invariants (docs/contract.md §7), after every step: 1 and 4 on every placement write (live, via
 `store.on_write`) and over the current state, 3 over the write history (`check_invariants`),
 and the binder has not escalated. After `settle`: 2, every complete request not withdrawn
 has exactly one result on every member, its members agree, and a Succeeded request is Bound

@@ -1,4 +1,4 @@
-"""`explain`, `what-if` and `top` as printed, in device mode (DESIGN.md §3b DR2-DR4; issue 32
+"""`explain`, `what-if` and `top` as printed, in device mode (docs/contract.md §3b DR2-DR4; issue 32
 item 4), on a canned world: per node the free devices and the groups (named by GPU module
 ids), the devices a placement takes; top's device-mode rows and groups. Count mode prints
 and serialises as before (the device parts are left out when empty)."""

@@ -1,4 +1,4 @@
-"""Hostile tenants against capacity accounting (issue 23, items 1 and 3; DESIGN.md §4 W7, last
+"""Hostile tenants against capacity accounting (issue 23, items 1 and 3; docs/contract.md §4 W7, last
 sentences), with KubeVirt, kube-scheduler and KWOK in the loop.
 
 The binder excuses a launcher Pod's GPUs only up to the devices its own status records

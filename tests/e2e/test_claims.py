@@ -1,4 +1,4 @@
-"""The claims of device mode against the real kube-apiserver (DESIGN.md §3b DR5, §5 H1/H2):
+"""The claims of device mode against the real kube-apiserver (docs/contract.md §3b DR5, §5 H1/H2):
 the claim `model.claim.build_claim` makes passes resource.k8s.io/v1 and reads back with the
 same spec; the shipped policy `gpu-binder-raw-claims` refuses a tenant's ResourceClaim and
 ResourceClaimTemplate on a managed DeviceClass under `rawResourceNames: denied` (exactly or as

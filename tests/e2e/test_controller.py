@@ -219,7 +219,7 @@ async def _live_vmis(fleet, tenant, n):
 
 
 def _check_invariants(statuses: list[dict], capacity: dict[str, int], budget: int | None):
-    """Invariants 1, 3 and 4 of DESIGN.md §7 over single-device requests."""
+    """Invariants 1, 3 and 4 of docs/contract.md §7 over single-device requests."""
     per_node: dict[str, int] = {}
     bound = 0
     for s in statuses:

@@ -1,4 +1,4 @@
-"""Defragmentation on the real API server (DESIGN.md §3a, issue 21 item 2): two controller
+"""Defragmentation on the real API server (docs/contract.md §3a, issue 21 item 2): two controller
 replicas with `--defrag-interval=1`, VMIs through the webhook.
 
 A 4-GPU VMI is refused for fragmentation (two 4-unit nodes, 2 free on each: one holds two

@@ -1,4 +1,4 @@
-"""Defragmentation in device mode end to end (DESIGN.md §3a D1-D5 with §3b DR2-DR4): two
+"""Defragmentation in device mode end to end (docs/contract.md §3a D1-D5 with §3b DR2-DR4): two
 controller replicas running a round every second beside kube-scheduler, the
 resourceclaim-controller, KubeVirt (`GPUsWithDRA`) and KWOK, on HGX nodes publishing
 `localcluster.dra_profiles`' hgx-h100-8 slices.

@@ -1,4 +1,4 @@
-"""Defragmentation with KubeVirt in the loop (DESIGN.md §3a; issue 21 item 2): virt-api,
+"""Defragmentation with KubeVirt in the loop (docs/contract.md §3a; issue 21 item 2): virt-api,
 virt-controller, kube-scheduler and KWOK beside two controller replicas running a round
 every second.
 

@@ -1,4 +1,4 @@
-"""Device mode end to end (DESIGN.md §3b, issue 32's acceptance): the binder places whole
+"""Device mode end to end (docs/contract.md §3b, issue 32's acceptance): the binder places whole
 Fabric Manager partitions of HGX nodes whose GPUs are DRA devices in ResourceSlices, the
 webhook writes one ResourceClaim per VMI, and kube-scheduler's allocator, given that claim,
 allocates exactly the devices on the binder's record for the launcher Pod on the pinned node.

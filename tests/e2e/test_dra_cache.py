@@ -1,5 +1,5 @@
 """`ClusterCache`'s view of Dynamic Resource Allocation against the real kube-apiserver
-(DESIGN.md §3b, DR1, DR2), the cache reading as the controller's ServiceAccount with the
+(docs/contract.md §3b, DR1, DR2), the cache reading as the controller's ServiceAccount with the
 shipped RBAC (k8s/manifests/controller/rbac.yaml): the profiles' slices for two nodes, a
 claim allocated through the status subresource as kube-scheduler writes it, a Bound
 GPUDevice's record, a device taint, a pool replaced by a new generation, the slices

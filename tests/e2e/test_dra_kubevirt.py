@@ -1,4 +1,4 @@
-"""The pin's consumers in device mode, without the binder yet (DESIGN.md §3b, DR5): a VMI that
+"""The pin's consumers in device mode, without the binder yet (docs/contract.md §3b, DR5): a VMI that
 takes its GPUs from a pre-created ResourceClaim (one count-1 request per device, pinned by
 `uuid`, constrained by `matchAttribute: gpu.nvidia.com/partition{size}`) and carries a node pin
 gets a launcher Pod from virt-controller (`GPUsWithDRA` on), and kube-scheduler's allocator can

@@ -1,4 +1,4 @@
-"""The local cluster's DRA world against the real kube-apiserver (DESIGN.md §3b): the hardware
+"""The local cluster's DRA world against the real kube-apiserver (docs/contract.md §3b): the hardware
 profiles' DeviceClass and ResourceSlices pass the real `resource.k8s.io/v1` schema and read
 back into the same inventory, and kube-controller-manager's resourceclaim-controller (the
 harness's `ClaimController`, with only its own bootstrap RBAC) makes a Pod's claim from a

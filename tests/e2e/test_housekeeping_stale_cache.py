@@ -1,4 +1,4 @@
-"""Housekeeping never acts on a stale cache (issue 13 item 7, DESIGN.md §5 H2): it pauses
+"""Housekeeping never acts on a stale cache (issue 13 item 7, docs/contract.md §5 H2): it pauses
 while an informer it reads is failing, confirms every destructive step with a live read of
 the VMI, and holds across an API server outage.
 

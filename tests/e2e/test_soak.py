@@ -2,7 +2,7 @@
 nodes × 8 GPUs with KubeVirt and kube-scheduler running, 75 s of seeded churn — VMI creates
 (1/2/4/8 GPUs, template and held devices) and deletes, cordons and uncordons (held devices
 move); one kube-apiserver restart (7.5 s) and one kill -9 of the leader (25 s) first, then
-the steady stretch (45–75 s: churn only) — with DESIGN §7 checked every 3 s and after
+the steady stretch (45–75 s: churn only) — with docs/contract.md §7 checked every 3 s and after
 settling (`localcluster.invariants`). Asserts 0 violations and 0 admissions lost, and that
 the steady stretch had churn and no disturbance. The own small population (not bench.scale's:
 its 40 VMIs and their launcher Pods would add to the test's time; `tests/bench/test_soak.py`

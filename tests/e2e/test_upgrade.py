@@ -13,7 +13,7 @@ API objects admitted by the webhook, and nothing runs them.
 The harness is localcluster.upgrade (this module keeps the fixtures and the tests). A churn
 driver (concurrent tenants creating and deleting VMIs asking for template and held
 devices, retrying what is retryable) runs while helm upgrades and rolls back. What is checked
-is invariants of the contract (DESIGN §7), sampled while the churn runs and once it settles,
+is invariants of the contract (docs/contract.md §7), sampled while the churn runs and once it settles,
 never how a version does its work:
   - every admitted VMI that exists is pinned, and each of its devices is Bound on that node,
     attached to it, its request Succeeded there (§7.3, §7.5) - else an admission is lost;

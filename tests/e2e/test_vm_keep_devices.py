@@ -1,4 +1,4 @@
-"""H4 in device mode (DESIGN.md §5 H4, §3b DR5): a VirtualMachine whose device-mode class sets
+"""H4 in device mode (docs/contract.md §5 H4, §3b DR5): a VirtualMachine whose device-mode class sets
 `keepSetFor` keeps its claim's exact devices across stop and start, against the real
 kube-scheduler (DRA allocator), kube-controller-manager's resourceclaim-controller,
 virt-controller, virt-api and KWOK, with the session's KubeVirt and this module's replicas.

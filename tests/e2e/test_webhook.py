@@ -259,7 +259,7 @@ async def test_W6_unknown_gpu_annotation_is_denied_with_the_known_ones_named(sys
 
 
 async def test_W3_B1_a_device_costs_one_webhook_write_and_one_binder_write(system, fleet):
-    """DESIGN §3 "Writes" and W3 (2), (3): the webhook writes `attachedTo` and `bindRequest`
+    """docs/contract.md §3 "Writes" and W3 (2), (3): the webhook writes `attachedTo` and `bindRequest`
     in one optimistic write per device, the binder node, placement and result in one: a held
     device changes twice per admission, a template device is created and changes twice
     (counted from the watch: every write that changes an object is one event). The

@@ -1,4 +1,4 @@
-"""The fleet gauges in device mode (DESIGN.md §3b DR3; issue 32 item 4): the largest placeable
+"""The fleet gauges in device mode (docs/contract.md §3b DR3; issue 32 item 4): the largest placeable
 set of a device-mode class respects topology — a node with 5 free GPUs spread over Fabric
 Manager partitions places at most a whole free pair — and the free figure counts the class's
 free devices; the D4 gauge (defragmentation's profile) says the same."""

@@ -1,4 +1,4 @@
-"""The local cluster's DRA hardware profiles (DESIGN.md §3b): their slices parse as the binder
+"""The local cluster's DRA hardware profiles (docs/contract.md §3b): their slices parse as the binder
 reads them, NVIDIA's DeviceClass selector matches every GPU, and the Fabric Manager partitions
 follow module ids, not PCI order (so picking the lowest PCI indices, as a device plugin does,
 breaks a partition while DR3/DR4's choice does not)."""

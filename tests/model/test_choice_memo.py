@@ -1,4 +1,4 @@
-"""The remembered device-mode choice (DESIGN.md §3b DR2-DR4; issue 32's admission latency):
+"""The remembered device-mode choice (docs/contract.md §3b DR2-DR4; issue 32's admission latency):
 `model.device.topology.choose_devices` on a node's worked-out `Layout`, and `Snapshot.free_devices`
 on a node's `model.device.dra.DeviceSet`, give exactly what the straightforward computation gives.
 Hypothesis compares both with reference copies of the computation they replaced (kept here,

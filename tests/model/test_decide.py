@@ -1,4 +1,4 @@
-"""Table tests of `model.decide`, one per rule of DESIGN.md §3 (B1–B6) and per B5 case, with
+"""Table tests of `model.decide`, one per rule of docs/contract.md §3 (B1–B6) and per B5 case, with
 the decision's outcome asserted as a typed value (`model.reasons`: codes and data; the wording
 is `tests/model/test_reasons.py`'s). The model builders are `tests.support.world`'s."""
 

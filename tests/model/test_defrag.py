@@ -1,4 +1,4 @@
-"""`model.defrag`: a defragmentation round (DESIGN.md §3a, D1–D5).
+"""`model.defrag`: a defragmentation round (docs/contract.md §3a, D1–D5).
 
 Table tests of the plan a fragmented fleet gets, and hypothesis properties over random
 fleets: a round never moves an attached, template, requested or `Stay` device (D1), never

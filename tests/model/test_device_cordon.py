@@ -1,4 +1,4 @@
-"""B5 in device mode (DESIGN.md §2 B5(a)/(b), §3b DR2-DR4): a set kept on its cordoned node
+"""B5 in device mode (docs/contract.md §2 B5(a)/(b), §3b DR2-DR4): a set kept on its cordoned node
 is kept as it is only when its records still hold there (as B6 checks them); a recorded
 device now NoExecute-tainted, recorded by another device, or vanished from the node's slices
 gets the set re-pointed within the node when a group is free there (a status write, no

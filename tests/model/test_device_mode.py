@@ -1,4 +1,4 @@
-"""Device mode in the pure model (DESIGN.md §3b DR2-DR4, DR6): what is free on a node by
+"""Device mode in the pure model (docs/contract.md §3b DR2-DR4, DR6): what is free on a node by
 name (DR2), the group check and its refusal naming the sizes that exist (DR3), the DR4 order,
 B6 with records, re-pointing within a node, the class problem and mixed-mode refusals (DR1),
 apply_decision recording `status.device`; property tests over HGX fleets (8 GPUs, partitions

@@ -1,4 +1,4 @@
-"""`model.device.view`: device mode in the operator's view (DESIGN.md §3b DR2, DR3; issue 32
+"""`model.device.view`: device mode in the operator's view (docs/contract.md §3b DR2, DR3; issue 32
 item 4): groups named by module ids, a node's free devices and groups for a set, the largest
 set placeable respecting topology — and the property tying it to the binder: on every node,
 `largest_placeable` (top, the metrics) is the largest n for which `decide` places a set of n

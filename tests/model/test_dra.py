@@ -1,4 +1,4 @@
-"""ResourceSlices, claim allocations and CEL selectors read into pure values (DESIGN.md §3b:
+"""ResourceSlices, claim allocations and CEL selectors read into pure values (docs/contract.md §3b:
 DR1 capacity from the current pool generation and the class's selectors, DR2 what is used:
 allocations and device taints)."""
 

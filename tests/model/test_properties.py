@@ -1,4 +1,4 @@
-"""Property tests of the pure model over random fleets and request sequences (DESIGN.md §7).
+"""Property tests of the pure model over random fleets and request sequences (docs/contract.md §7).
 
 Requests are judged by `decide` and carried out by `apply_decision`; after each step the
 invariants 1, 3 and 4 are checked, the decision is compared with a brute-force oracle written

@@ -1,4 +1,4 @@
-"""Device-mode choice on one node (DESIGN.md §3b: DR3 topology, DR4 buddy best fit), table
+"""Device-mode choice on one node (docs/contract.md §3b: DR3 topology, DR4 buddy best fit), table
 tests on an 8-GPU HGX board and a PCIe card node, and hypothesis properties over random
 aligned hierarchies: a chosen set always satisfies its constraint, the choice exists exactly
 when a brute-force search finds a group, buddy best fit never breaks a whole aligned block

@@ -1,5 +1,5 @@
 """Helpers shared by the actor and supervisor tests: a running Binder on a MemoryStore, fast
-configurations, waiting until settled, and the invariant checks of DESIGN.md §7 over the
+configurations, waiting until settled, and the invariant checks of docs/contract.md §7 over the
 store's state and write history. Not a test module (no `test_` prefix)."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ async def settle(store: MemoryStore, binder: Binder, timeout: float = 10.0) -> N
 
 def check_invariants(store: MemoryStore, *, withdrawn: set[str] = frozenset(),
                      initial_over: set[tuple[str, str]] = frozenset()) -> list[str]:
-    """Invariants 1–4 of DESIGN.md §7 over the final state and the write history.
+    """Invariants 1–4 of docs/contract.md §7 over the final state and the write history.
 
     1 capacity: every bind write left its node within allocatable (checked on the history
       replayed over the initial state is too costly; the chaos test checks it live through

@@ -1,4 +1,4 @@
-"""Device-mode worlds for the model's and the actors' tests (DESIGN.md §3b): HGX H100 nodes
+"""Device-mode worlds for the model's and the actors' tests (docs/contract.md §3b): HGX H100 nodes
 whose devices are read from the ResourceSlices `localcluster.dra_profiles` publishes (8 GPUs,
 `partition1/2/4/8` from `gpuModuleID`, module ids not in PCI order), a device-mode class
 constrained by `gpu.nvidia.com/partition{size}`, and devices recording their exact device."""

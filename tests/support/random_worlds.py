@@ -1,5 +1,5 @@
 """Random fleets for the model's property tests, and the brute-force oracle of B1–B6 they
-are judged against (DESIGN.md §7): `worlds()` draws nodes (labels, H100/L40S allocatable,
+are judged against (docs/contract.md §7): `worlds()` draws nodes (labels, H100/L40S allocatable,
 cordons), the three classes, two tenants with budgets, devices (Bound, Pending, on a node
 that is gone) and reservations of other requests; `oracle` decides a request from the text
 of the rules, every node scanned, no index."""

@@ -3,7 +3,7 @@
 PYTHONPATH; nothing of it is in the image or the package.
 
 With GPU_BINDER_TEST_HANG_AFTER_CLAIM=<namespace>/<vmi>, the webhook's `ensure_claim`
-(k8s.webhook.steps, DESIGN.md §3b DR5) for that VMI makes the claim as always, then writes
+(k8s.webhook.steps, docs/contract.md §3b DR5) for that VMI makes the claim as always, then writes
 the file GPU_BINDER_TEST_MARK (`<pid> <namespace>/<claim>`) and never returns: the replica
 stays between the claim's create and the admission's answer until the test kills it."""
 
