@@ -37,6 +37,7 @@ from bench.common import Benchmark
 from localcluster.dra_profiles import DEVICE_CLASS, HGX_H100_8, PARTITION_ATTRIBUTE, resource_slice
 from model.check import check_set
 from model.decide import Request, apply_decision, decide
+from model.device.boards import Boards
 from model.device.dra import DeviceRef, parse_resource_slice
 from model.snapshot import Order, Snapshot
 from model.types import (KUBEVIRT_SCHEDULABLE_LABEL, DeviceStatus, GPUClass, GPUDevice, Namespace, Node,
@@ -54,6 +55,7 @@ def fleet(n_nodes: int, fill: float, rng: random.Random) -> Snapshot:
     """The starting snapshot: `n_nodes` HGX boards, about `fill` of their GPUs recorded by
     held devices, 1 % allocated by foreign claims, 0.5 % tainted."""
     nodes, devices = [], []
+    boards = Boards()  # as the DRA index builds Nodes: one board for boards that look the same
     for i in range(n_nodes):
         name = f"hgx-{i:04d}"
         taints = {j: [{"key": "health", "effect": "NoSchedule"}] for j in range(8)
@@ -64,7 +66,8 @@ def fleet(n_nodes: int, fill: float, rng: random.Random) -> Snapshot:
         nodes.append(Node(name, labels=((KUBEVIRT_SCHEDULABLE_LABEL, "true"),),
                           allocatable=((RES, len(slice_devices)),),
                           foreign=((RES, len(taken)),) if taken else (),
-                          class_devices=((CLASS, slice_devices),), taken_devices=taken))
+                          class_devices=((CLASS, boards.device_set(slice_devices)),),
+                          taken_devices=taken))
         for j in range(8):
             gpu = f"gpu-vfio-{j}"
             if gpu not in taken and rng.random() < fill:

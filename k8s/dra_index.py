@@ -36,10 +36,10 @@ from typing import Any, Iterable, Mapping
 
 from model.claim import Claim
 from model.device.cel import Selector, SelectorError, matches_all
-from model.device.dra import (DeviceRef, DeviceSet, ResourceSlice, SliceDevice, SliceError,
+from model.device.dra import (DeviceRef, ResourceSlice, SliceDevice, SliceError,
                               parse_resource_slice, pool_devices)
+from model.device.boards import Boards
 from model.device.records import recorded_names
-from model.device.topology import Board, Device
 from model.types import GPUClass, GPUDevice, dra_resource_name
 
 PoolKey = tuple[str, str]
@@ -128,7 +128,7 @@ class DraIndex:
         self._tuples: dict[tuple[tuple[str, Any], ...], tuple[tuple[str, Any], ...]] = {}
         # the topology view of a node's devices of a class -> its one Board (layouts
         # worked out once for every node whose devices look the same)
-        self._boards: dict[tuple[Device, ...], Board] = {}
+        self._boards = Boards(BOARDS_MAX)
         self.errors: list[tuple[str, str, str]] = []
 
     # -- slices -----------------------------------------------------------------------------
@@ -390,17 +390,6 @@ class DraIndex:
                 out.add(d.ref.device)
         return frozenset(out)
 
-    def _device_set(self, devices: tuple[SliceDevice, ...]) -> DeviceSet:
-        """`devices` (a node's of one class) as the Node keeps them, with the board of
-        devices that look the same (`Board`: the layouts a decision works out)."""
-        view = tuple(d.as_device() for d in devices)
-        board = self._boards.get(view)
-        if board is None:
-            if len(self._boards) >= BOARDS_MAX:
-                self._boards.clear()
-            board = self._boards[view] = Board(view)
-        return DeviceSet(devices, board)
-
     def drain_errors(self) -> list[tuple[str, str, str]]:
         """The selector run-time errors seen since the last call (each once per class and
         set of device attributes while its verdict is remembered): (DeviceClass or GPUClass
@@ -433,7 +422,7 @@ class DraIndex:
                               if d.ref.device in taken and d.ref.device not in recorded)
                 counts[res] = (len(of_class), foreign)
             mine = tuple(d for d in of_class if not own or self._matches("gc:" + name, own, d))
-            per_class.append((name, self._device_set(mine)))
+            per_class.append((name, self._boards.device_set(mine)))
         return NodeDevices(
             class_devices=tuple(per_class),
             taken_devices=taken,
