@@ -50,6 +50,7 @@ from model.housekeeping_reasons import (ClaimOfReleasedKeep, ClaimUnused, Housek
 from model.parse import format_time
 from model.reasons import DeviceUnrecorded, Reason
 from model.snapshot import Snapshot
+from model.device.match import MatchAttribute
 from model.device.topology import resolve_attribute
 from model.types import GPUClass, GPUDevice, Phase, Result
 
@@ -160,7 +161,8 @@ def claim_spec(members: Sequence[ClaimMember]) -> dict[str, Any]:
         classes[m.gpu_class.name] = m.gpu_class
     constraints = []
     for name in sorted(by_class):
-        attribute = resolve_attribute(classes[name].match_attribute, len(by_class[name]))
+        match = MatchAttribute.of(classes[name].match_attribute)
+        attribute = resolve_attribute(match, len(by_class[name]))
         if attribute is None:
             continue
         c: dict[str, Any] = {"matchAttribute": attribute}
