@@ -57,6 +57,7 @@ from actors.node_actor import Release
 from actors.ports import Clock, ClusterView, NodeDirectory, StatusWrite, StatusWriter
 from actors.runtime import Actor, ActorContext, ActorRef
 from model.device.dra import DeviceRef
+from model.device.records import recorded_on
 from model.decide import Request
 from model.hold import Hold, outstanding
 from model.reasons import Code
@@ -437,7 +438,7 @@ class StatusPipeline(Actor):
             device = chosen.get(key)
             # DR4: a member Bound here recording another device is re-pointed (no move)
             repoint = (device is not None and not lands and dev is not None
-                       and dev.bound_node == node and dev.status.device != device)
+                       and dev.bound_node == node and recorded_on(dev) != (node, device))
             if (not lands and not repoint and br is not None and br.id == rid
                     and (br.result, br.node, br.message, br.code)
                     == (d.result, node, d.message, d.code)):
@@ -460,7 +461,7 @@ class StatusPipeline(Actor):
         key = (d.request.namespace, d.request.devices[0])
         dev = self._view.device(key)
         to = dict(d.hold.devices).get(key) if d.hold is not None else None
-        if dev is not None and dev.bound_node == d.node and (to is None or dev.status.device == to):
+        if dev is not None and dev.bound_node == d.node and (to is None or recorded_on(dev) == (d.node, to)):
             return [], frozenset()
         return [StatusWrite(key, d.request.id, d.result, d.message, node=d.node,
                             bound_at=self._clock.now(), op="move", from_node=d.moving_from,

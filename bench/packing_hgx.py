@@ -42,6 +42,7 @@ from functools import lru_cache
 from bench import packing_trace as pt
 from localcluster.dra_profiles import HGX_H100_8, PARTITION_ATTRIBUTE, resource_slice
 from model.device.dra import parse_resource_slice, pool_devices
+from model.device.match import MatchAttribute
 from model.device.topology import Board, GroupChoice, choose_devices, resolve_attribute
 
 HGX_POLICIES = ("binder", "dra", "count", "repack")
@@ -62,18 +63,20 @@ assert len(BOARD) == pt.GPUS_PER_NODE
 LAYOUTS = Board(BOARD)
 """The board's layouts, worked out once for the whole replay (as a node keeps them)."""
 _ALL = frozenset(range(pt.GPUS_PER_NODE))
+PARTITION = MatchAttribute(PARTITION_ATTRIBUTE)
+"""The class's matchAttribute (`partition{size}`, DR3) the choices agree on."""
 
 
 def partition_of(indices) -> int | None:
     """The `partitionN` id the GPUs at `indices` (PCI order) share, N = their number; None
     when they do not form one partition (DR3; a single GPU is its own partition)."""
-    attribute = resolve_attribute(PARTITION_ATTRIBUTE, len(indices))
+    attribute = resolve_attribute(PARTITION, len(indices))
     values = {BOARD[i].attribute(attribute) for i in indices}
     return values.pop() if len(values) == 1 and None not in values else None
 
 
 def _groups(size: int) -> dict[int, tuple[int, ...]]:
-    attribute = resolve_attribute(PARTITION_ATTRIBUTE, size)
+    attribute = resolve_attribute(PARTITION, size)
     out: dict[int, list[int]] = {}
     for i, d in enumerate(BOARD):
         out.setdefault(d.attribute(attribute), []).append(i)
@@ -97,7 +100,7 @@ def dra_choice(free: frozenset[int], size: int) -> tuple[int, ...] | None:
 def binder_choice(free: frozenset[int], size: int) -> GroupChoice | None:
     """gpu-binder's DR3/DR4 choice on a node whose free GPUs are `free`
     (`model.device.topology.choose_devices`); None when no partition has room."""
-    got = choose_devices(LAYOUTS, [NAMES[i] for i in free], size, PARTITION_ATTRIBUTE)
+    got = choose_devices(LAYOUTS, [NAMES[i] for i in free], size, PARTITION)
     return got if isinstance(got, GroupChoice) else None
 
 

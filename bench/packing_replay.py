@@ -12,7 +12,7 @@ import anyio
 
 from bench import packing_hgx as ph, packing_trace as pt
 from bench.common import DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VERSION, base_vmi, gpu_vmi
-from localcluster.dra_profiles import DEVICE_CLASS, PARTITION_ATTRIBUTE
+from localcluster.dra_profiles import DEVICE_CLASS
 from model.claim import parse_claim
 from model.device.topology import resolve_attribute
 from model.types import TEMPLATE_FOR_LABEL
@@ -208,7 +208,7 @@ def claim_template(size: int) -> dict:
             "spec": {"spec": {"devices": {
                 "requests": [{"name": f"gpu{k}", "exactly": {"deviceClassName": DEVICE_CLASS,
                                                             "count": 1}} for k in range(size)],
-                "constraints": [{"matchAttribute": resolve_attribute(PARTITION_ATTRIBUTE, size)}]}}}}
+                "constraints": [{"matchAttribute": resolve_attribute(ph.PARTITION, size)}]}}}}
 
 
 def held_names(s: pt.GpuSet) -> list[str]:

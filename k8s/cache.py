@@ -27,6 +27,7 @@ from k8s.dra_index import DraIndex, SliceError
 from k8s.informer import Informer, Key, keep_all, slim
 from model.admission import LauncherDefaults, launcher_defaults
 from model.claim import parse_claim
+from model.device.records import recorded_on
 from model.foreign import PodUse, attachment_uid, node_foreign, parse_pod_use
 from model.housekeeping import VMIRecord, VMIs
 from model.parse import (ParseError, parse_budgets, parse_gpu_class, parse_gpu_device,
@@ -378,9 +379,8 @@ class ClusterCache:
     def _on_device_record(self, key: Key, obj: dict | None) -> None:
         """A GPUDevice's `status.device` record on its node excuses that device from the
         node's DRA `foreign` count (DR2): refresh the nodes where it was and is."""
-        dev = self.view.device(key) if obj is not None else None
-        rec = (dev.bound_node, dev.status.device.device) \
-            if dev is not None and dev.bound_node and dev.status.device is not None else None
+        on = recorded_on(self.view.device(key)) if obj is not None else None
+        rec = (on[0], on[1].device) if on is not None and on[0] else None
         old = self._records.pop(key, None)
         if rec is not None:
             self._records[key] = rec  # type: ignore[assignment]

@@ -40,6 +40,7 @@ from model.device.dra import (DeviceRef, ResourceSlice, SliceDevice, SliceError,
                               parse_resource_slice, pool_devices)
 from model.device.boards import Boards
 from model.device.records import recorded_names
+from model.device.seam import device_classes, serves_devices
 from model.types import GPUClass, GPUDevice, dra_resource_name
 
 PoolKey = tuple[str, str]
@@ -306,7 +307,7 @@ class DraIndex:
         named = {c.name for c in classes}
         for gone in [n for n in self._class_selectors if n not in named]:
             del self._class_selectors[gone]
-        wanted = {c.name: c for c in classes if c.device_mode and c.problem is None}
+        wanted = {n: c for n, c in device_classes(classes).items() if c.problem is None}
         if wanted == self._classes:
             return set()
         self._classes = wanted
@@ -334,7 +335,7 @@ class DraIndex:
         """Why device-mode class `cls` cannot serve (DR1 bad input): its DeviceClass does not
         exist or has a selector that does not compile, or its own selector does not compile;
         None when it can (and for count-mode classes)."""
-        if not cls.device_mode or cls.device_class_name is None:
+        if not serves_devices(cls) or cls.device_class_name is None:
             return None
         info = self._device_classes.get(cls.device_class_name)
         if info is None:

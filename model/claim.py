@@ -50,6 +50,7 @@ from model.housekeeping_reasons import (ClaimOfReleasedKeep, ClaimUnused, Housek
 from model.parse import format_time
 from model.reasons import DeviceUnrecorded, Reason
 from model.snapshot import Snapshot
+from model.device.match import MatchAttribute
 from model.device.topology import resolve_attribute
 from model.types import GPUClass, GPUDevice, Phase, Result
 
@@ -128,13 +129,11 @@ def members_of(snap: Snapshot, plan: AdmissionPlan, node: str) -> tuple[ClaimMem
     slices do not list with a uuid (retryable: the cache is behind, or the device vanished).
     A set never mixes modes (W1 refuses it), so every member is then of device mode."""
     members: list[ClaimMember] = []
-    device_mode = False
     for name in plan.devices:
         dev = snap.device(plan.namespace, name)
         cls = snap.classes.get(dev.class_name) if dev is not None else None
-        if cls is None or not cls.device_mode:
+        if cls is None or cls.name not in snap.mode.device_classes:
             continue
-        device_mode = True
         st = dev.status
         ref = st.device
         if ref is None or st.phase is not Phase.BOUND or st.node_name != node:
@@ -145,7 +144,7 @@ def members_of(snap: Snapshot, plan: AdmissionPlan, node: str) -> tuple[ClaimMem
         if not isinstance(uuid, str) or not _SAFE_VALUE.match(uuid):
             return DeviceUnrecorded(name, node, str(ref))
         members.append(ClaimMember(name, cls, ref, uuid))
-    return tuple(members) if device_mode else None
+    return tuple(members) if members else None  # each device-mode member is in, or returned
 
 
 def claim_spec(members: Sequence[ClaimMember]) -> dict[str, Any]:
@@ -162,7 +161,8 @@ def claim_spec(members: Sequence[ClaimMember]) -> dict[str, Any]:
         classes[m.gpu_class.name] = m.gpu_class
     constraints = []
     for name in sorted(by_class):
-        attribute = resolve_attribute(classes[name].match_attribute, len(by_class[name]))
+        match = MatchAttribute.of(classes[name].match_attribute)
+        attribute = resolve_attribute(match, len(by_class[name]))
         if attribute is None:
             continue
         c: dict[str, Any] = {"matchAttribute": attribute}
@@ -461,9 +461,9 @@ class RestoreClaim:
 
 def missing_claims(devices: Iterable[GPUDevice], live: Mapping[tuple[str, str], VMIRecord],
                    claims: Container[tuple[str, str]],
-                   device_mode: Container[str]) -> list[RestoreClaim]:
+                   device_classes: Container[str]) -> list[RestoreClaim]:
     """DR6 for the live VMIs the binder admitted (`live` with an admission annotation): those
-    whose set is recorded whole (see `RestoreClaim`) with a member of a `device_mode` class,
+    whose set is recorded whole (see `RestoreClaim`) with a member of one of `device_classes` (names),
     and no claim named `claim_name(vmi)` in `claims` ((namespace, name) of every claim the
     cache has, ours or not: a claim of the name that is not ours is never replaced). A set
     whose attachments, request or records disagree (an admission or housekeeping half-way) is
@@ -490,7 +490,7 @@ def missing_claims(devices: Iterable[GPUDevice], live: Mapping[tuple[str, str], 
         if br is None or br.result is not Result.SUCCEEDED or br.vmi != key[1] or not br.node \
                 or set(br.devices) != {d.name for d in members} \
                 or any(d.bound_node != br.node or d.status.device is None for d in members) \
-                or not any(d.class_name in device_mode for d in members):
+                or not any(d.class_name in device_classes for d in members):
             continue
         out.append(RestoreClaim(key[0], key[1], rec.uid, rec.admission, br.node, br.devices))
     return out

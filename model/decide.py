@@ -530,9 +530,8 @@ def mixed_modes(snap: Snapshot, class_names: Iterable[str]) -> MixedModes | None
     set never mixes them: KubeVirt refuses such a VMI), else None."""
     device, count = [], []
     for c in class_names:
-        cls = snap.classes.get(c)
-        if cls is not None:
-            (device if cls.device_mode else count).append(c)
+        if c in snap.classes:
+            (device if c in snap.mode.device_classes else count).append(c)
     return MixedModes(tuple(device), tuple(count)) if device and count else None
 
 

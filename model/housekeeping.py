@@ -37,6 +37,7 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Iterable, Mapping
 
+from model.device.seam import serves_devices
 from model.housekeeping_reasons import (AnotherIncarnation, CannotServe, ClassCondition,
                                         HousekeepingReason, KeepNotKnown, KeepRanOut, KeepStarts,
                                         Kept, KeptCondition, KeptVmDeleted, KeptVmDeleting,
@@ -528,7 +529,7 @@ def ready_condition(cls: GPUClass) -> ClassCondition:
     (`ServesDevices`, `ServesUnits`)."""
     if cls.problem:
         return CannotServe(cls.problem)
-    if cls.device_mode:
+    if serves_devices(cls):
         return ServesDevices(cls.device_class_name, cls.match_attribute)
     return ServesUnits(cls.resource_name)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from model.device.seam import device_classes
 from model.types import GPUClass, dra_resource_name
 
 RAW_ALLOWED = "allowed"
@@ -23,8 +24,10 @@ def resource_names(classes: Iterable[GPUClass]) -> tuple[str, ...]:
     that cannot serve because it names both (`problem`) still names an extended resource
     the operator manages: it is kept in the set, so the raw-resource policy goes on
     refusing tenants' direct requests of it while the class is mended."""
+    classes = list(classes)
+    device = device_classes(classes)
     return tuple(sorted({c.resource_name for c in classes if c.resource_name and (
-        not c.device_mode or c.resource_name != dra_resource_name(c.device_class_name))}))
+        c.name not in device or c.resource_name != dra_resource_name(c.device_class_name))}))
 
 
 def device_class_names(classes: Iterable[GPUClass]) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from model.admission import AdmissionPlan
 from model.claim import (ClaimRecord, DeleteClaim, RestoreClaim, build_claim, claim_name,
                          claim_record, members_of, missing_claims, restorable_into,
                          stale_claims)
+from model.device.seam import device_classes
 from model.housekeeping_reasons import ClaimRestoredEvent, Rule
 
 
@@ -114,11 +115,11 @@ class ClaimsWorker:
         claims = claim_keys(self.cache)
         if claims is None:
             return
-        device_mode = {n for n, c in self.cache.view.classes().items() if c.device_mode}
-        if not device_mode:
+        device = device_classes(self.cache.view.classes().values())
+        if not device:
             return
         for r in missing_claims(self.cache.view.devices().values(), self.cache.vmi_state().live,
-                                claims, device_mode):
+                                claims, device):
             await self._restore(r, now)
 
     async def _restore(self, r: RestoreClaim, now: datetime) -> None:

@@ -12,6 +12,7 @@ from k8s import errors
 from k8s.cache import ClusterCache
 from k8s.client import GPU_CLASSES, KubeClient
 from k8s.housekeeping.common import log
+from model.device.seam import device_classes
 from model.housekeeping import (KUBEVIRT_CONDITION, READY_CONDITION, kubevirt_condition,
                                 ready_condition)
 
@@ -53,6 +54,7 @@ class ClassConditions:
         differs; a failed write is logged and retried next round."""
         permitted = self.cache.permitted_resources()
         classes = self.cache.view.classes()
+        device = device_classes(classes.values())
         for raw in self.cache.classes.items():
             meta = raw.get("metadata") or {}
             name = meta.get("name")
@@ -60,7 +62,7 @@ class ClassConditions:
             if cls is None:
                 continue  # not parsed (logged by the cache)
             wanted = {READY_CONDITION: ready_condition(cls).as_tuple()}
-            if not cls.device_mode and cls.resource_name:
+            if name not in device and cls.resource_name:
                 wanted[KUBEVIRT_CONDITION] = kubevirt_condition(cls.resource_name,
                                                                 permitted).as_tuple()
             conds = [c for c in (raw.get("status") or {}).get("conditions") or []

@@ -54,8 +54,18 @@ class NodeMemo:
         return NodeMemo(dict(self.groups), dict(self.largest))
 
 
+def recorded_on(d: DeviceView | None) -> tuple[str, DeviceRef] | None:
+    """Where and what GPUDevice `d` records (DR2): (its bound node, `status.device`), None
+    when it is gone, on no node or records no device. The one reading of a record that
+    the pipeline and the cache compare (a re-point, a move done, a node's excused device)."""
+    if d is None or d.bound_node is None:
+        return None
+    ref = d.status.device
+    return None if ref is None else (d.bound_node, ref)
+
+
 def _recorded(d: DeviceView | None) -> bool:
-    return d is not None and d.status.device is not None and d.bound_node is not None
+    return recorded_on(d) is not None
 
 
 def add_record(rec: Records, d: DeviceView) -> None:
@@ -216,5 +226,5 @@ def record_after(status: Any, key: DeviceKey, chosen: Mapping[DeviceKey, DeviceR
 
 
 __all__ = ["NodeMemo", "Records", "add_record", "derive_records", "free_devices", "held_names",
-           "holds_by_node", "record_after", "recorded_names", "records_of", "taken_names",
+           "holds_by_node", "record_after", "recorded_names", "recorded_on", "records_of", "taken_names",
            "touched_nodes"]

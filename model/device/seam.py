@@ -1,7 +1,8 @@
 """The seam between the count-mode core and device mode (docs/contract.md §3b, DR1-DR4).
 
-A snapshot carries one mode object (`mode_of`, the one place that asks which classes are of
-device mode), and the core (`model.snapshot`, `model.decide`, `model.defrag`) calls it at a
+A snapshot carries one mode object (`mode_of`; `serves_devices` is the one place that asks
+whether a class is of device mode, `device_classes` the device-mode classes of a list, for
+readers without a snapshot), and the core (`model.snapshot`, `model.decide`, `model.defrag`) calls it at a
 few named points, never reading a device record itself:
 
 - `serves(node, class_name)`: a device-mode class also needs devices of its own on a node;
@@ -20,7 +21,7 @@ few named points, never reading a device record itself:
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from model.device.choice import NO_DEVICES, NoDevices, SetDevices, size_missing
 from model.device.defrag import device_steps
@@ -135,11 +136,31 @@ class DeviceMode(CountMode):
         return device_steps(*args, **kwargs)
 
 
+C = TypeVar("C")
+"""A `model.types.GPUClass` (`model.device` does not import `model.types`, which imports it)."""
+
+
+def serves_devices(cls: Any) -> bool:
+    """DR1: whether GPUClass `cls` (`model.types.GPUClass`) is of device mode (it names a
+    DeviceClass: its sets take devices, recorded in `status.device`, and a ResourceClaim),
+    not of count mode (units of an extended resource). The one test of a class's mode:
+    `device_classes` and `mode_of` ask it, and so does every reader outside a snapshot."""
+    return cls.device_mode
+
+
+def device_classes(classes: Iterable[C]) -> dict[str, C]:
+    """The device-mode classes among `classes` (`model.types.GPUClass`es, `serves_devices`),
+    by name, in their order (the last of a name wins). A class that cannot serve
+    (`problem`) is among them when it names a DeviceClass."""
+    return {c.name: c for c in classes if serves_devices(c)}  # type: ignore[attr-defined]
+
+
 def mode_of(classes: Iterable[Any]) -> CountMode:
     """The mode object of a snapshot of `classes` (`model.types.GPUClass`es): `DeviceMode`
-    when some class is of device mode (DR1), else `COUNT_MODE`."""
-    matches = {c.name: MatchAttribute.of(c.match_attribute) for c in classes if c.device_mode}
+    when some class is of device mode (DR1, `device_classes`), else `COUNT_MODE`."""
+    matches = {name: MatchAttribute.of(c.match_attribute)
+               for name, c in device_classes(classes).items()}
     return DeviceMode(matches) if matches else COUNT_MODE
 
 
-__all__ = ["COUNT_MODE", "CountMode", "DeviceMode", "mode_of"]
+__all__ = ["COUNT_MODE", "CountMode", "DeviceMode", "device_classes", "mode_of", "serves_devices"]

@@ -100,19 +100,17 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
                  for part in re.split(r"(\d+)", name) if part != "")
 
 
-def resolve_attribute(template: str | MatchAttribute | None, count: int) -> str | None:
-    """`spec.topology.matchAttribute` with `{size}` replaced by `count` (DR3,
-    `MatchAttribute.resolve`); None stays None. Raises ValueError for a count below 1."""
+def resolve_attribute(match: MatchAttribute | None, count: int) -> str | None:
+    """The qualified attribute a share of `count` devices must agree on (DR3,
+    `MatchAttribute.resolve`: `{size}` replaced by `count`); None (no constraint) stays None.
+    Raises ValueError for a count below 1."""
     if count < 1:
         raise ValueError(f"a set takes at least one device of a class, got {count}")
-    match = MatchAttribute.of(template)
     return None if match is None else match.resolve(count)
 
 
-def sizes_present(template: str | MatchAttribute, devices: Iterable[Device]) -> tuple[int, ...]:
-    """`MatchAttribute.sizes_present` of `template` (sorted; () unsized)."""
-    match = MatchAttribute.of(template)
-    assert match is not None
+def sizes_present(match: MatchAttribute, devices: Iterable[Device]) -> tuple[int, ...]:
+    """`MatchAttribute.sizes_present` of `match` over `devices` (sorted; () unsized)."""
     return match.sizes_present(devices)
 
 
@@ -262,22 +260,22 @@ class Board:
         return found
 
 
-def layout(devices: Sequence[Device] | Board, match: str | MatchAttribute | None, count: int) -> Layout:
+def layout(devices: Sequence[Device] | Board, match: MatchAttribute | None, count: int) -> Layout:
     """The `Layout` of `devices` for `match` and `count`: the board's own (remembered there)
     when `devices` is a `Board`, else one made for this call. Raises ValueError for a count
     below 1."""
     board = devices if isinstance(devices, Board) else Board(devices)
-    return board.layout(MatchAttribute.of(match), count)
+    return board.layout(match, count)
 
 
 def choose_devices(devices: Sequence[Device] | Board, free: Iterable[str], count: int,
-                   match: str | MatchAttribute | None, keep: Iterable[str] = ()) -> GroupChoice | NoGroup:
+                   match: MatchAttribute | None, keep: Iterable[str] = ()) -> GroupChoice | NoGroup:
     """Choose `count` free devices of one node for one class's share of a set (DR3, DR4).
 
     `devices`: every device of the class on the node (free or not); `free`: the names free for
     this set, which must include the set's own current devices on this node (`keep`: held
     members recorded here, which may be re-pointed, DR4). `match`: the class's
-    `spec.topology.matchAttribute` (its text or `MatchAttribute`; None: no constraint).
+    `spec.topology.matchAttribute` (`MatchAttribute`; None: no constraint).
 
     With a constraint every chosen device shares the resolved attribute's value; devices
     lacking the attribute are never chosen. Among groups with room: the tightest enclosing
@@ -311,7 +309,7 @@ class ClassShare:
     name: str
     devices: Board | tuple[Device, ...]
     count: int
-    match: MatchAttribute | str | None = None
+    match: MatchAttribute | None = None
     keep: tuple[str, ...] = ()
 
 

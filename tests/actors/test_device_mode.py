@@ -19,6 +19,7 @@ from fakes.clock import ManualClock
 from fakes.memory_store import Faults, MemoryStore
 from model.hold import Hold
 from model.reasons import Cordoned, DevicesTaken, NodeUnfit
+from model.device.match import MatchAttribute
 from model.device.topology import resolve_attribute
 from model.types import Result
 from tests.support.binder import check_invariants, quiet_logging, running_binder, settle
@@ -120,7 +121,7 @@ def _records_problems(store: MemoryStore) -> list[str]:
             by_request.setdefault((dev.namespace, br.id), []).append(dev)
     for rid, members in by_request.items():
         node = members[0].bound_node
-        attr = resolve_attribute(store.classes()[CLASS].match_attribute, len(members))
+        attr = resolve_attribute(MatchAttribute.of(store.classes()[CLASS].match_attribute), len(members))
         devs = {d.ref: d.as_device() for d in store.node(node).devices_of(CLASS)}
         values = {devs[m.status.device].attribute(attr) if m.status.device in devs else None
                   for m in members}
@@ -313,7 +314,7 @@ async def test_D2_D4_DR4_a_round_re_points_an_idle_held_device_and_a_set_of_four
         res = results_of(s, "t1", rid)
         assert {(r[0], r[1]) for r in res.values()} == {(Result.SUCCEEDED, "n1")}
         members = s.request_members("t1", rid)
-        attr = resolve_attribute(device_class().match_attribute, 4)
+        attr = resolve_attribute(MatchAttribute.of(device_class().match_attribute), 4)
         slice_ = {d.ref.device: d.as_device() for d in dra_node("n1").devices_of(CLASS)}
         assert len({slice_[m.status.device.device].attribute(attr) for m in members}) == 1
     assert _records_problems(s) == []

@@ -14,6 +14,7 @@ from localcluster.dra_profiles import (DEVICE_CLASS_SELECTOR, HGX_H100_8, L40S_4
                                        resource_slice, vfio_uuid)
 from model.device.cel import Selector
 from model.device.dra import parse_resource_slice, pool_devices
+from model.device.match import MatchAttribute
 from model.device.topology import GroupChoice, choose_devices
 
 
@@ -62,7 +63,7 @@ def test_DR3_pci_order_breaks_a_partition_and_the_topology_choice_does_not():
         [parse_resource_slice(resource_slice("n", HGX_H100_8))])["n"]]
     lowest_two = devices[:2]
     assert len({d.attribute("gpu.nvidia.com/partition2") for d in lowest_two}) == 2
-    choice = choose_devices(devices, [d.name for d in devices], 2, PARTITION_ATTRIBUTE)
+    choice = choose_devices(devices, [d.name for d in devices], 2, MatchAttribute(PARTITION_ATTRIBUTE))
     assert isinstance(choice, GroupChoice)
     modules = sorted(next(d for d in devices if d.name == n).attribute("gpu.nvidia.com/gpuModuleID")
                      for n in choice.devices)

@@ -31,15 +31,15 @@ def _ref_levels(template, count, devices, group_members):
     if template is None or SIZE_PLACEHOLDER not in template:
         return [list(devices)]
     levels = []
-    for size in (n for n in sizes_present(template, devices) if n > count):
-        attribute = resolve_attribute(template, size)
+    for size in (n for n in sizes_present(MatchAttribute(template), devices) if n > count):
+        attribute = resolve_attribute(MatchAttribute(template), size)
         values = {d.attribute(attribute) for d in group_members} - {None}
         levels.append([d for d in devices if d.attribute(attribute) in values])
     return levels or [list(devices)]
 
 
 def reference_choose(devices, free, count, template, keep=()):
-    attribute = resolve_attribute(template, count)
+    attribute = resolve_attribute(MatchAttribute.of(template), count)
     free_set, keep_set = set(free), set(keep)
     groups: dict = {}
     for device in devices:
@@ -65,7 +65,7 @@ def reference_choose(devices, free, count, template, keep=()):
             best = (key, choice)
     if best is not None:
         return best[1]
-    sizes = sizes_present(template, devices) if template is not None else ()
+    sizes = sizes_present(MatchAttribute(template), devices) if template is not None else ()
     return NoGroup(attribute, count, largest_free, attribute is not None and not groups, sizes)
 
 
@@ -97,16 +97,16 @@ def nodes(draw):
 def test_property_the_layout_choice_is_the_straightforward_one(case, rnd: random.Random):
     devices, free, keep, count, template = case
     want = reference_choose(devices, free, count, template, keep)
-    assert choose_devices(devices, free, count, template, keep) == want
+    match = MatchAttribute.of(template)
+    assert choose_devices(devices, free, count, match, keep) == want
     board = Board(devices)  # the layouts live with the node's devices
-    assert choose_devices(board, free, count, template, keep) == want
-    assert choose_devices(board, free, count, template, keep) == want  # remembered
+    assert choose_devices(board, free, count, match, keep) == want
+    assert choose_devices(board, free, count, match, keep) == want  # remembered
     listed = list(free)
     rnd.shuffle(listed)
-    assert choose_devices(list(devices), listed, count, template, sorted(keep)) == want  # by value
-    match = MatchAttribute.of(template)
+    assert choose_devices(list(devices), listed, count, match, sorted(keep)) == want  # by value
     assert board.layout(match, count) is board.layout(match, count)
-    assert layout(board, template, count) is board.layout(match, count)
+    assert layout(board, match, count) is board.layout(match, count)
 
 
 # --- the reference: free_devices as it was before the DeviceSet ---------------------------------
@@ -307,8 +307,9 @@ def reference_largest(snap: Snapshot, node: str, class_name: str) -> int:
 
     if SIZE_PLACEHOLDER not in template:
         return max(0, min(most_in_a_group(template), units))
-    return max((size for size in sizes_present(template, devices)
-                if size <= units and most_in_a_group(resolve_attribute(template, size)) >= size),
+    match = MatchAttribute(template)
+    return max((size for size in sizes_present(match, devices)
+                if size <= units and most_in_a_group(resolve_attribute(match, size)) >= size),
                default=0)
 
 

@@ -255,7 +255,7 @@ def _group_ok(snap: Snapshot, node: str, members: list[GPUDevice]) -> bool:
     for m in members:
         by_class.setdefault(m.class_name, []).append(m)
     for c, ms in by_class.items():
-        attribute = resolve_attribute(snap.classes[c].match_attribute, len(ms))
+        attribute = resolve_attribute(snap.mode.matches[c], len(ms))
         devs = {d.ref: d for d in snap.nodes[node].devices_of(c)}
         values = {devs[m.status.device].as_device().attribute(attribute) for m in ms}
         if None in values or len(values) != 1:

@@ -13,11 +13,14 @@ import pytest
 from hypothesis import assume, event, given, note, settings
 from hypothesis import strategies as st
 
+from model.device.match import MatchAttribute
 from model.device.topology import (ClassShare, Device, GroupChoice, NoGroup, choose_devices, choose_set,
                             natural_key, resolve_attribute, sizes_present)
 
 PARTITION = "gpu.nvidia.com/partition{size}"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+BY_PARTITION = MatchAttribute(PARTITION)
+BY_PCIE_ROOT = MatchAttribute(PCIE_ROOT)
 PROPS = settings(max_examples=200, deadline=None, print_blob=True)
 
 
@@ -50,7 +53,7 @@ def names(*indices: int) -> set[str]:
 def test_DR3_a_pair_is_one_partition2_and_breaks_no_whole_block():
     """gpu-1 used: the free pairs are {2,3} {4,5} {6,7}; {2,3} sits in the broken {0-3}
     block, so the whole {4-7} stays free for a 4-GPU set (DR4)."""
-    choice = choose_devices(hgx(), names(0, 2, 3, 4, 5, 6, 7), 2, PARTITION)
+    choice = choose_devices(hgx(), names(0, 2, 3, 4, 5, 6, 7), 2, BY_PARTITION)
     assert choice == GroupChoice(devices=("gpu-2", "gpu-3"), group=4, left_in_enclosing=(1, 5),
                                  left_in_group=0, kept=0)
 
@@ -59,27 +62,27 @@ def test_DR4_buddy_looks_past_the_nearest_level():
     """gpu-0 and gpu-4, gpu-5, gpu-6 used: pairs {0,1} and {6,7} each have one free GPU (a tie
     at the pair level); {6,7} sits in the more broken 4-block, so gpu-7 is taken and gpu-1's
     block {0-3} keeps three free."""
-    choice = choose_devices(hgx(), names(1, 2, 3, 7), 1, PARTITION)
+    choice = choose_devices(hgx(), names(1, 2, 3, 7), 1, BY_PARTITION)
     assert isinstance(choice, GroupChoice)
     assert choice.devices == ("gpu-7",) and choice.left_in_enclosing == (0, 0, 3)
 
 
 def test_DR4_a_single_gpu_goes_to_the_broken_pair():
     """gpu-4 used: the lone free GPU of pair {4,5} is taken before any whole pair."""
-    choice = choose_devices(hgx(), names(0, 1, 2, 3, 5, 6, 7), 1, PARTITION)
+    choice = choose_devices(hgx(), names(0, 1, 2, 3, 5, 6, 7), 1, BY_PARTITION)
     assert isinstance(choice, GroupChoice)
     assert choice.devices == ("gpu-5",)
 
 
 def test_DR3_five_free_but_no_free_partition_of_four():
     """gpu-1, gpu-5, gpu-6 used: 5 free GPUs but both 4-blocks broken: no room for 4."""
-    outcome = choose_devices(hgx(), names(0, 2, 3, 4, 7), 4, PARTITION)
+    outcome = choose_devices(hgx(), names(0, 2, 3, 4, 7), 4, BY_PARTITION)
     assert outcome == NoGroup(attribute="gpu.nvidia.com/partition4", count=4, largest_free=3,
                               attribute_missing=False, sizes=(1, 2, 4, 8))
 
 
 def test_DR3_a_size_no_partition_has_names_the_sizes_that_exist():
-    outcome = choose_devices(hgx(), names(*range(8)), 3, PARTITION)
+    outcome = choose_devices(hgx(), names(*range(8)), 3, BY_PARTITION)
     assert isinstance(outcome, NoGroup)
     assert outcome.attribute == "gpu.nvidia.com/partition3"
     assert outcome.attribute_missing is True
@@ -87,7 +90,7 @@ def test_DR3_a_size_no_partition_has_names_the_sizes_that_exist():
 
 
 def test_DR3_all_eight_form_the_board_partition():
-    choice = choose_devices(hgx(), names(*range(8)), 8, PARTITION)
+    choice = choose_devices(hgx(), names(*range(8)), 8, BY_PARTITION)
     assert isinstance(choice, GroupChoice)
     assert choice.devices == tuple(f"gpu-{i}" for i in range(8))
     assert (choice.group, choice.left_in_enclosing, choice.left_in_group) == (0, (0,), 0)
@@ -95,18 +98,18 @@ def test_DR3_all_eight_form_the_board_partition():
 
 def test_DR3_unsized_attribute_pcie_root_tightest_root_first():
     """gpu-0 used: a single card goes to root A's last free card, a pair to root B."""
-    one = choose_devices(pcie_node(), names(1, 2, 3), 1, PCIE_ROOT)
-    two = choose_devices(pcie_node(), names(1, 2, 3), 2, PCIE_ROOT)
+    one = choose_devices(pcie_node(), names(1, 2, 3), 1, BY_PCIE_ROOT)
+    two = choose_devices(pcie_node(), names(1, 2, 3), 2, BY_PCIE_ROOT)
     assert isinstance(one, GroupChoice) and isinstance(two, GroupChoice)
     assert one.devices == ("gpu-1",)
     assert two.devices == ("gpu-2", "gpu-3") and two.group == "pci0000:80"
-    assert choose_devices(pcie_node(), names(1, 2), 2, PCIE_ROOT) == NoGroup(
+    assert choose_devices(pcie_node(), names(1, 2), 2, BY_PCIE_ROOT) == NoGroup(
         attribute=PCIE_ROOT, count=2, largest_free=1, attribute_missing=False, sizes=())
 
 
 def test_DR4_the_sets_own_devices_are_kept_when_the_fit_is_equal():
     """A held member recorded on gpu-7: a pair {6,7} keeps it rather than re-pointing it."""
-    choice = choose_devices(hgx(), names(2, 3, 6, 7), 2, PARTITION, keep=["gpu-7"])
+    choice = choose_devices(hgx(), names(2, 3, 6, 7), 2, BY_PARTITION, keep=["gpu-7"])
     assert isinstance(choice, GroupChoice)
     assert choice.devices == ("gpu-6", "gpu-7") and choice.kept == 1
 
@@ -114,7 +117,7 @@ def test_DR4_the_sets_own_devices_are_kept_when_the_fit_is_equal():
 def test_DR4_a_held_device_is_re_pointed_when_that_keeps_a_block_whole():
     """The set's held member sits on gpu-4 of a whole {4-7}; {0-3} is broken (gpu-0 used):
     the pair goes to {2,3} and the held member is re-pointed (kept 0), {4-7} stays whole."""
-    choice = choose_devices(hgx(), names(2, 3, 4, 5, 6, 7), 2, PARTITION, keep=["gpu-4"])
+    choice = choose_devices(hgx(), names(2, 3, 4, 5, 6, 7), 2, BY_PARTITION, keep=["gpu-4"])
     assert isinstance(choice, GroupChoice)
     assert choice.devices == ("gpu-2", "gpu-3") and choice.kept == 0
 
@@ -128,7 +131,7 @@ def test_no_constraint_takes_natural_order():
 
 def test_devices_without_the_attribute_are_never_chosen():
     devices = hgx()[:4] + [Device.of("gpu-x")]
-    outcome = choose_devices(devices, ["gpu-0", "gpu-x"], 2, PARTITION)
+    outcome = choose_devices(devices, ["gpu-0", "gpu-x"], 2, BY_PARTITION)
     assert isinstance(outcome, NoGroup) and outcome.largest_free == 1
 
 
@@ -139,28 +142,28 @@ def test_devices_without_the_attribute_are_never_chosen():
 ])
 def test_bad_input_is_a_clear_error(free, keep, count, message):
     with pytest.raises(ValueError, match=message):
-        choose_devices(hgx(), free, count, PARTITION, keep=keep)
+        choose_devices(hgx(), free, count, BY_PARTITION, keep=keep)
 
 
 def test_resolve_and_sizes():
-    assert resolve_attribute(PARTITION, 4) == "gpu.nvidia.com/partition4"
-    assert resolve_attribute(PCIE_ROOT, 4) == PCIE_ROOT
+    assert resolve_attribute(BY_PARTITION, 4) == "gpu.nvidia.com/partition4"
+    assert resolve_attribute(BY_PCIE_ROOT, 4) == PCIE_ROOT
     assert resolve_attribute(None, 2) is None
-    assert sizes_present(PARTITION, hgx(sizes=(2, 8))) == (2, 8)
-    assert sizes_present(PCIE_ROOT, pcie_node()) == ()
+    assert sizes_present(BY_PARTITION, hgx(sizes=(2, 8))) == (2, 8)
+    assert sizes_present(BY_PCIE_ROOT, pcie_node()) == ()
     assert sorted(["gpu-10", "gpu-2", "gpu-1"], key=natural_key) == ["gpu-1", "gpu-2", "gpu-10"]
 
 
 def test_DR3_two_classes_never_share_a_device():
     board = hgx()
-    chosen, failed = choose_set([ClassShare("a", tuple(board), 4, PARTITION),
-                                 ClassShare("b", tuple(board), 2, PARTITION)],
+    chosen, failed = choose_set([ClassShare("a", tuple(board), 4, BY_PARTITION),
+                                 ClassShare("b", tuple(board), 2, BY_PARTITION)],
                                 names(*range(8)))
     assert failed is None and chosen is not None
     assert chosen["a"].devices == ("gpu-0", "gpu-1", "gpu-2", "gpu-3")
     assert chosen["b"].devices == ("gpu-4", "gpu-5")
-    none, (cls, why) = choose_set([ClassShare("a", tuple(board), 4, PARTITION),
-                                   ClassShare("b", tuple(board), 4, PARTITION)],
+    none, (cls, why) = choose_set([ClassShare("a", tuple(board), 4, BY_PARTITION),
+                                   ClassShare("b", tuple(board), 4, BY_PARTITION)],
                                   names(0, 1, 2, 3, 4, 5, 6))
     assert none is None and cls == "b" and why.largest_free == 3
 
@@ -197,7 +200,7 @@ def brute_force_groups(board, free, count):
 @given(boards())
 def test_property_DR3_a_chosen_set_satisfies_its_constraint(case):
     board, free, count, keep = case
-    outcome = choose_devices(board, free, count, PARTITION, keep=keep)
+    outcome = choose_devices(board, free, count, BY_PARTITION, keep=keep)
     found = brute_force_groups(board, free, count)
     event("placed" if isinstance(outcome, GroupChoice) else "no group")
     if isinstance(outcome, GroupChoice):
@@ -213,7 +216,7 @@ def test_property_DR3_a_chosen_set_satisfies_its_constraint(case):
 def _enclosing_whole(board, group_devices, count, free):
     """Whether the next-larger partition around `group_devices` is entirely free (None when
     the board has no larger partition)."""
-    larger = [n for n in sizes_present(PARTITION, board) if n > count]
+    larger = [n for n in sizes_present(BY_PARTITION, board) if n > count]
     if not larger:
         return None
     attribute = f"gpu.nvidia.com/partition{larger[0]}"
@@ -238,7 +241,7 @@ def full_boards(draw):
 @given(full_boards())
 def test_property_DR4_buddy_never_breaks_a_whole_block_another_placement_keeps(case):
     board, free, count = case
-    outcome = choose_devices(board, free, count, PARTITION)
+    outcome = choose_devices(board, free, count, BY_PARTITION)
     assume(isinstance(outcome, GroupChoice))
     candidates = brute_force_groups(board, free, count)
     chosen_whole = _enclosing_whole(board, outcome.devices, count, free)
@@ -253,20 +256,20 @@ def test_property_DR4_buddy_never_breaks_a_whole_block_another_placement_keeps(c
 @given(boards(), st.randoms(use_true_random=False))
 def test_property_the_choice_does_not_depend_on_input_order(case, rnd: random.Random):
     board, free, count, keep = case
-    first = choose_devices(board, free, count, PARTITION, keep=keep)
+    first = choose_devices(board, free, count, BY_PARTITION, keep=keep)
     shuffled = list(board)
     rnd.shuffle(shuffled)
     free_list = list(free)
     rnd.shuffle(free_list)
-    assert choose_devices(shuffled, free_list, count, PARTITION, keep=sorted(keep)) == first
+    assert choose_devices(shuffled, free_list, count, BY_PARTITION, keep=sorted(keep)) == first
 
 
 @PROPS
 @given(boards(), st.integers(1, 4))
 def test_property_choose_set_shares_no_device_and_each_class_is_valid(case, second):
     board, free, count, _ = case
-    shares = [ClassShare("a", tuple(board), count, PARTITION),
-              ClassShare("b", tuple(board), second, PARTITION)]
+    shares = [ClassShare("a", tuple(board), count, BY_PARTITION),
+              ClassShare("b", tuple(board), second, BY_PARTITION)]
     chosen, failed = choose_set(shares, free)
     event("placed" if chosen else "refused")
     if chosen is None:
