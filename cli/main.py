@@ -313,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks: core (actors vs bare model), e2e, "
                                          "packing (placement quality on a churn trace) or "
                                          "fairness (a tenant's creates under another's flood), "
-                                         "scale or soak (churn with leader kills, §7 checked); "
+                                         "scale or soak (churn with leader kills, docs/contract.md §7 checked); "
                                          "`gpu-binder bench WHICH --help` lists WHICH's flags")
     bench.set_defaults(func=_bench)
     which = bench.add_subparsers(dest="which", required=True, metavar="WHICH",

@@ -75,12 +75,23 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
     from k8s.cache import ClusterCache
     from k8s.errors import ApiError
 
+    import yaml
+
     if not Path(kubeconfig).is_file():
         raise ToolError(f"--kubeconfig: no such file {kubeconfig!r} (without the flag: "
                         f"$KUBECONFIG's first path, else ~/.kube/config)")
     try:
+        with open(kubeconfig, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ToolError(f"--kubeconfig {kubeconfig}: not valid YAML: {first}") from None
+    if not isinstance(doc, dict):
+        raise ToolError(f"--kubeconfig {kubeconfig}: not a kubeconfig (a mapping with clusters, "
+                        f"users and contexts), but {type(doc).__name__ if doc is not None else 'empty'}")
+    try:
         api = await new_client_from_config(config_file=kubeconfig)
-    except (ConfigException, OSError, ValueError, TypeError) as exc:
+    except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
         raise ToolError(f"--kubeconfig {kubeconfig}: not a usable kubeconfig: {exc}") from None
     try:
         cache = ClusterCache(api, settings_namespace=settings_namespace)
@@ -145,6 +156,44 @@ def resolved_as(source: str | None, cluster: Cluster) -> str | None:
             "creates from its spec.template")
 
 
+def read_vmi_file(file: str, namespace: str | None) -> dict:
+    """The first VirtualMachineInstance document of `file` (YAML or JSON; "-" is stdin), with
+    `namespace` (-n) set on it when given: read before the cluster is, so bad input is refused
+    first. Raises ToolError naming -f and what is wrong (unreadable, a directory, not
+    YAML/JSON, no VMI, no metadata.name, no namespace)."""
+    if file != "-" and Path(file).is_dir():
+        raise ToolError(f"-f {file}: a directory, not a file")
+    try:
+        text = sys.stdin.read() if file == "-" else Path(file).read_text()
+        docs = [d for d in yaml.safe_load_all(text) if d]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ToolError(f"-f {file}: cannot read a YAML/JSON document: {exc}") from None
+    vmi = next((d for d in docs if isinstance(d, dict)
+                and d.get("kind") == "VirtualMachineInstance"), None)
+    if vmi is None:
+        raise ToolError(f"-f {file}: no VirtualMachineInstance document in it")
+    meta = vmi.setdefault("metadata", {})
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        raise ToolError(f"-f {file}: the VMI needs metadata.name")
+    if namespace:
+        meta["namespace"] = namespace
+    if not meta.get("namespace"):
+        raise ToolError(f"-f {file}: the VMI has no metadata.namespace; pass -n NAMESPACE")
+    return vmi
+
+
+def vmi_in_cluster(vmi: dict, file: str, namespace: str | None, cluster: Cluster) -> dict:
+    """`vmi` (from `read_vmi_file`) when its namespace exists in `cluster` (else budget and
+    entitlement would read as none). Raises ToolError naming the namespace and where it came
+    from (-n or its metadata.namespace)."""
+    ns = vmi["metadata"]["namespace"]
+    if ns not in cluster.snapshot.namespaces:
+        how = "-n" if namespace else "its metadata.namespace"
+        raise ToolError(f"namespace {ns!r} ({how}) not found in the cluster: a VMI there "
+                        f"could not be created")
+    return vmi
+
+
 def load_vmi(source: str | None, file: str | None, namespace: str | None,
              cluster: Cluster) -> dict:
     """The VMI to explain: from `file` (YAML or JSON, the first VirtualMachineInstance
@@ -153,28 +202,7 @@ def load_vmi(source: str | None, file: str | None, namespace: str | None,
     `model.vm.vmi_of_vm`; a VMI of that name wins when both exist). Raises ToolError naming
     -f or the argument."""
     if file is not None:
-        try:
-            text = sys.stdin.read() if file == "-" else Path(file).read_text()
-            docs = [d for d in yaml.safe_load_all(text) if d]
-        except (OSError, yaml.YAMLError) as exc:
-            raise ToolError(f"-f {file}: cannot read a YAML/JSON document: {exc}") from None
-        vmi = next((d for d in docs if isinstance(d, dict)
-                    and d.get("kind") == "VirtualMachineInstance"), None)
-        if vmi is None:
-            raise ToolError(f"-f {file}: no VirtualMachineInstance document in it")
-        meta = vmi.setdefault("metadata", {})
-        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
-            raise ToolError(f"-f {file}: the VMI needs metadata.name")
-        if namespace:
-            meta["namespace"] = namespace
-        if not meta.get("namespace"):
-            raise ToolError(f"-f {file}: the VMI has no metadata.namespace; pass -n NAMESPACE")
-        ns = meta["namespace"]
-        if ns not in cluster.snapshot.namespaces:  # else budget and entitlement read as none
-            how = "-n" if namespace else "its metadata.namespace"
-            raise ToolError(f"namespace {ns!r} ({how}) not found in the cluster: a VMI there "
-                            f"could not be created")
-        return vmi
+        return vmi_in_cluster(read_vmi_file(file, namespace), file, namespace, cluster)
     if not source or source.count("/") != 1 or not all(source.split("/")):
         raise ToolError("give the VMI as NAMESPACE/NAME, or a manifest with -f FILE")
     ns, name = source.split("/")
@@ -509,10 +537,10 @@ def run(args) -> int:
 
 
 async def _run(args) -> int:
-    if args.timeout <= 0:
+    if not args.timeout > 0:  # NaN too
         raise ToolError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
     if args.command == "explain":  # bad input is refused before the cluster is read
-        if args.attachment_grace <= 0:
+        if not args.attachment_grace > 0:
             raise ToolError(f"--attachment-grace must be > 0 seconds, got {args.attachment_grace:g}")
         if (args.vmi is None) == (args.filename is None):
             raise ToolError("give either NAMESPACE/NAME or -f FILE")
@@ -520,17 +548,20 @@ async def _run(args) -> int:
             raise ToolError(f"--defrag-max-moves must be at least 1, got {args.defrag_max_moves}")
         if args.vmi is not None and (args.vmi.count("/") != 1 or not all(args.vmi.split("/"))):
             raise ToolError("give the VMI as NAMESPACE/NAME, or a manifest with -f FILE")
-        if args.filename not in (None, "-") and not Path(args.filename).is_file():
+        if args.filename not in (None, "-") and not Path(args.filename).exists():
             raise ToolError(f"-f {args.filename}: no such file")
     if args.command == "defrag" and args.max_moves < 1:
         raise ToolError(f"--max-moves must be at least 1, got {args.max_moves}")
+    manifest = (read_vmi_file(args.filename, args.namespace)
+                if args.command == "explain" and args.filename is not None else None)
     vm = (tuple(args.vmi.split("/")) if args.command == "explain" and args.vmi
           and args.vmi.count("/") == 1 else None)
     cluster = await read_cluster(args.kubeconfig, settings_namespace=args.settings_namespace,
                                  timeout=args.timeout, vm=vm)
     now = datetime.now(timezone.utc)
     if args.command == "explain":
-        vmi = load_vmi(args.vmi, args.filename, args.namespace, cluster)
+        vmi = (vmi_in_cluster(manifest, args.filename, args.namespace, cluster)
+               if manifest is not None else load_vmi(args.vmi, None, args.namespace, cluster))
         e = explain_vmi(cluster, vmi, grace=args.attachment_grace, now=now,
                         defrag_max_moves=args.defrag_max_moves)
         note = resolved_as(args.vmi, cluster)

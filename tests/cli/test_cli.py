@@ -124,6 +124,37 @@ def test_explain_bad_input_is_refused_before_reading_the_cluster(capsys, tmp_pat
     assert capsys.readouterr().err == f"gpu-binder explain: -f {tmp_path / 'no.yaml'}: no such file\n"
 
 
+def test_explain_a_malformed_or_misplaced_manifest_is_refused_before_the_cluster(capsys, tmp_path):
+    """-f is parsed before the kubeconfig is read (which here does not exist): a manifest that
+    is not YAML, a directory, a NaN timeout, each refused with exit 2 naming what is wrong."""
+    none = str(tmp_path / "none")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("metadata: [unclosed\n")
+    assert main(["explain", "-f", str(bad), "--kubeconfig", none]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpu-binder explain: -f {bad}: cannot read a YAML/JSON document: "), err
+    assert main(["explain", "-f", str(tmp_path), "--kubeconfig", none]) == 2
+    assert capsys.readouterr().err == f"gpu-binder explain: -f {tmp_path}: a directory, not a file\n"
+    noname = tmp_path / "noname.yaml"
+    noname.write_text("kind: VirtualMachineInstance\nmetadata: {namespace: t}\n")
+    assert main(["explain", "-f", str(noname), "--kubeconfig", none]) == 2
+    assert capsys.readouterr().err == f"gpu-binder explain: -f {noname}: the VMI needs metadata.name\n"
+    assert main(["explain", "ns/vm", "--timeout", "nan", "--kubeconfig", none]) == 2
+    assert capsys.readouterr().err == "gpu-binder explain: --timeout must be > 0 seconds, got nan\n"
+
+
+@pytest.mark.parametrize("text, says", [
+    ("garbage: [\n", "not valid YAML: while parsing a flow node"),
+    ("", "not a kubeconfig (a mapping with clusters, users and contexts), but empty"),
+    ("- a\n- b\n", "not a kubeconfig (a mapping with clusters, users and contexts), but list"),
+])
+def test_a_malformed_kubeconfig_is_one_line_and_exit_2(capsys, tmp_path, text, says):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(text)
+    assert main(["top", "--kubeconfig", str(kubeconfig)]) == 2
+    assert capsys.readouterr().err == f"gpu-binder top: --kubeconfig {kubeconfig}: {says}\n"
+
+
 def test_output_to_a_reader_that_went_away_ends_quietly_with_141():
     """`gpu-binder top | head`: a closed pipe ends the command with 141, no traceback."""
     import subprocess

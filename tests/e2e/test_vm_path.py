@@ -460,5 +460,9 @@ async def test_vm_waits_says_why_and_starts_by_itself_when_room_appears(system, 
                 return False
         return True
     await eventually(cleared, timeout=20, what="GPUSetReady gone from the started VMs")
+    # the Event follows the True write (best effort, after it): the VM may start and lose its
+    # condition before the Event is stored, so wait for it rather than read it once
     for ns, name in waiters - {(tenant, "w2-young")}:
-        assert await events(fleet, ns, name, "GPUSetRoomAvailable"), name
+        async def told(ns=ns, name=name):
+            return await events(fleet, ns, name, "GPUSetRoomAvailable")
+        await eventually(told, timeout=20, what=f"a GPUSetRoomAvailable Event on VM {ns}/{name}")
