@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from model.device.dra import DeviceRef
 from model.reasons import Code
+from model.priority import DEFAULT_PRIORITY, ClassPreemption, PreemptionPolicy, Priority
 from model.types import (
     DEVICES_ANNOTATION,
     DRA_QUOTA_SUFFIX,
@@ -249,6 +250,9 @@ def parse_gpu_class(obj: dict) -> GPUClass:
         selectors.append(r.text(cel.get("expression"), f"spec.selectors[{i}].cel.expression", required=True))
     topology = r.obj(spec.get("topology"), "spec.topology")
     match_attribute = r.text(topology.get("matchAttribute"), "spec.topology.matchAttribute") or None
+    preemption = r.text(spec.get("preemption"), "spec.preemption") or ClassPreemption.LOWER_PRIORITY.value
+    if preemption not in tuple(ClassPreemption):
+        raise r.fail("spec.preemption", f"must be LowerPriority or Never, got {preemption!r}")
     keep_text = r.text(spec.get("keepSetFor"), "spec.keepSetFor")
     keep = None
     if keep_text:
@@ -276,6 +280,7 @@ def parse_gpu_class(obj: dict) -> GPUClass:
         match_attribute=match_attribute,
         keep_set_for=keep,
         problem=problem,
+        preemption=ClassPreemption(preemption),
     )
 
 
@@ -407,7 +412,21 @@ def _parse_bind_request(r: _Reader, value: Any) -> BindRequest | None:
         node=r.text(m.get("node"), f"{f}.node") or None,
         tolerations=parse_tolerations(m.get("tolerations"), r.what, f"{f}.tolerations"),
         code=_code(r.text(m.get("code"), f"{f}.code")),
+        priority=_priority(r, m, f),
     )
+
+
+def _priority(r: _Reader, m: dict, f: str) -> Priority:
+    """`bindRequest.priority`, `.preemptionPolicy`, `.priorityClassName` → Priority (P1);
+    the default when all are absent (a replica older than the fields wrote it)."""
+    value = m.get("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**31) <= value < 2**31:
+        raise r.fail(f"{f}.priority", f"must be a 32-bit integer, got {value!r}")
+    policy = r.text(m.get("preemptionPolicy"), f"{f}.preemptionPolicy") or PreemptionPolicy.PREEMPT_LOWER.value
+    if policy not in tuple(PreemptionPolicy):
+        raise r.fail(f"{f}.preemptionPolicy", f"must be PreemptLowerPriority or Never, got {policy!r}")
+    name = r.text(m.get("priorityClassName"), f"{f}.priorityClassName") or None
+    return Priority(value=value, policy=PreemptionPolicy(policy), class_name=name)
 
 
 def _code(value: str | None) -> Code | None:
@@ -620,6 +639,11 @@ def device_status_to_dict(status: DeviceStatus) -> dict:
             b["node"] = br.node
         if br.tolerations:
             b["tolerations"] = tolerations_to_list(br.tolerations)
+        if br.priority != DEFAULT_PRIORITY:
+            b["priority"] = br.priority.value
+            b["preemptionPolicy"] = br.priority.policy.value
+            if br.priority.class_name is not None:
+                b["priorityClassName"] = br.priority.class_name
         out["bindRequest"] = b
     if status.device is not None:
         out["device"] = {"driver": status.device.driver, "pool": status.device.pool,

@@ -12,6 +12,7 @@ from enum import Enum
 from typing import Mapping
 
 from model.device.dra import DeviceRef, DeviceSet, SliceDevice
+from model.priority import DEFAULT_PRIORITY, ClassPreemption, Priority
 from model.reasons import DRA_DEVICES_SUFFIX, Code, Cordoned, NotKubevirtSchedulable, NotReady, Reason
 
 GROUP = "gpu.cozystack.io"
@@ -146,7 +147,8 @@ class GPUClass:
     `{size}`, DR3). `keep_set_for` is `spec.keepSetFor` (H4; None: off). `problem` is set
     when the object is readable but cannot serve (both or neither of resourceName and
     deviceClassName, a DeviceClass that does not exist, a selector that does not compile):
-    its text is the class's condition and the refusal of its VMIs.
+    its text is the class's condition and the refusal of its VMIs. `preemption` is
+    `spec.preemption` (P2): whether its running sets may yield to a higher-priority set.
     """
 
     name: str
@@ -159,6 +161,7 @@ class GPUClass:
     match_attribute: str | None = None
     keep_set_for: timedelta | None = None
     problem: str | None = None
+    preemption: ClassPreemption = ClassPreemption.LOWER_PRIORITY
 
     @property
     def device_mode(self) -> bool:
@@ -326,7 +329,9 @@ class BindRequest:
     refusal's `model.reasons.Code` beside its rendered `message` (Refused only); None when
     Succeeded, when written by a replica older than the field, or when it names a code this
     replica does not know (a newer one's): readers then treat the refusal as a policy one,
-    as before the field existed."""
+    as before the field existed. `priority` is the VMI's priority as the webhook resolved
+    it at admission (P1: `priority`, `preemptionPolicy`, `priorityClassName`); the default
+    (0, PreemptLowerPriority) when absent, as written by a replica older than the field."""
 
     id: str
     vmi: str
@@ -338,6 +343,7 @@ class BindRequest:
     node: str | None = None
     tolerations: tuple[Toleration, ...] = ()
     code: Code | None = None
+    priority: Priority = DEFAULT_PRIORITY
 
 
 @dataclass(frozen=True, slots=True)

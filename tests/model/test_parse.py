@@ -21,6 +21,7 @@ from model.parse import (
     parse_quantity_int,
     parse_vmi_request,
 )
+from model.priority import ClassPreemption, PreemptionPolicy, Priority
 from model.reasons import Code
 from model.settings import RAW_ALLOWED, RAW_DENIED, format_resource_names, resource_names
 from model.types import (
@@ -101,6 +102,12 @@ def test_parse_gpu_device_full_status():
     (device_obj(bindRequest={"vmi": "v", "devices": ["gpu-1"]}), "GPUDevice tenant-a/gpu-1: status.bindRequest.id: required"),
     (device_obj(bindRequest={"id": "r", "vmi": "v", "devices": "gpu-1"}),
      "GPUDevice tenant-a/gpu-1: status.bindRequest.devices: required: a list of device names"),
+    (device_obj(bindRequest={"id": "r", "vmi": "v", "devices": ["gpu-1"], "priority": "high"}),
+     "GPUDevice tenant-a/gpu-1: status.bindRequest.priority: must be a 32-bit integer, got 'high'"),
+    (device_obj(bindRequest={"id": "r", "vmi": "v", "devices": ["gpu-1"], "priority": 2**31}),
+     "GPUDevice tenant-a/gpu-1: status.bindRequest.priority: must be a 32-bit integer, got 2147483648"),
+    (device_obj(bindRequest={"id": "r", "vmi": "v", "devices": ["gpu-1"], "preemptionPolicy": "Always"}),
+     "GPUDevice tenant-a/gpu-1: status.bindRequest.preemptionPolicy: must be PreemptLowerPriority or Never, got 'Always'"),
     (device_obj(bindRequest={"id": "r", "vmi": "v", "devices": ["gpu-1"], "result": "Maybe"}),
      "GPUDevice tenant-a/gpu-1: status.bindRequest.result: must be Succeeded or Refused, got 'Maybe'"),
     ({"metadata": {"name": "g", "namespace": "t", "labels": {"a": 1}}, "spec": {"class": "h"}},
@@ -119,6 +126,8 @@ def test_parse_gpu_device_malformed_names_object_and_field(obj, message):
     ({"deviceClassName": "vfio.gpu.nvidia.com", "selectors": [{"cel": {}}]},
      "GPUClass h100: spec.selectors[0].cel.expression: required"),
     ({"resourceName": H, "onCordon": "Drain"}, "GPUClass h100: spec.onCordon: must be Move or Stay, got 'Drain'"),
+    ({"resourceName": H, "preemption": "Sometimes"},
+     "GPUClass h100: spec.preemption: must be LowerPriority or Never, got 'Sometimes'"),
     ({"resourceName": H, "nodeSelector": ["a"]}, "GPUClass h100: spec.nodeSelector: must be an object, got list"),
     ({"resourceName": H, "namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}},
      "GPUClass h100: spec.namespaceSelector.matchExpressions[0].operator: unknown operator 'Near'"),
@@ -253,7 +262,9 @@ def statuses(draw) -> DeviceStatus:
         BindRequest, names, names, st.lists(names, min_size=1, max_size=3).map(tuple), st.none() | times,
         st.dictionaries(names, names, max_size=2).map(lambda m: tuple(sorted(m.items()))),
         st.none() | st.sampled_from(Result), st.none() | st.text(max_size=20), st.none() | names,
-        code=st.none() | st.sampled_from(Code)))
+        code=st.none() | st.sampled_from(Code),
+        priority=st.builds(Priority, st.integers(-(2**31), 2**31 - 1), st.sampled_from(PreemptionPolicy),
+                           st.none() | names)))
     return DeviceStatus(Phase.BOUND if bound else Phase.PENDING, draw(names) if bound else draw(st.none() | names),
                         draw(st.none() | times), draw(st.none() | st.builds(Attachment, names, times)), br)
 
@@ -297,3 +308,21 @@ def test_settings_keep_the_resource_of_a_class_naming_both_modes():
         "deviceClassName": "vfio.gpu.nvidia.com"}})
     assert both.problem and both.device_mode
     assert resource_names([both, device]) == ("nvidia.com/GH100_H100",)
+
+
+def test_a_recorded_priority_is_read_typed_and_its_absence_is_the_default():
+    """P1: `bindRequest.priority`/`preemptionPolicy`/`priorityClassName` as the webhook
+    records them; absent (a replica older than the fields) reads as 0, PreemptLowerPriority."""
+    br = {"id": "r1", "vmi": "vm-1", "devices": ["gpu-1"]}
+    read = lambda **extra: parse_gpu_device(device_obj(bindRequest={**br, **extra})).status.bind_request.priority
+    assert read(priority=-5, preemptionPolicy="Never", priorityClassName="spot") == Priority(
+        -5, PreemptionPolicy.NEVER, "spot")
+    assert read(priority=10).may_preempt is True
+    assert read() == Priority(0, PreemptionPolicy.PREEMPT_LOWER, None)
+
+
+def test_a_class_may_refuse_to_yield():
+    """P2: `spec.preemption` Never; absent is LowerPriority."""
+    cls = lambda **spec: parse_gpu_class({"metadata": {"name": "h100"}, "spec": {"resourceName": H, **spec}})
+    assert cls(preemption="Never").preemption is ClassPreemption.NEVER
+    assert cls().preemption is ClassPreemption.LOWER_PRIORITY
