@@ -19,19 +19,19 @@ PY_ROOTS = ("model", "actors", "supervisor", "k8s", "cli", "localcluster", "fake
 MD_FILES = ("README.md", "docs/*.md", "*/README.md")
 
 # Every rule of the contract, by id: B1-B8 binding, D1-D5 defragmentation, DR1-DR6 device mode,
-# W1-W7 admission, H1-H4 housekeeping.
+# P1-P6 contention, W1-W7 admission, H1-H4 housekeeping.
 RULE_IDS = frozenset([*(f"B{i}" for i in range(1, 9)), *(f"D{i}" for i in range(1, 6)),
-                      *(f"DR{i}" for i in range(1, 7)), *(f"W{i}" for i in range(1, 8)),
-                      *(f"H{i}" for i in range(1, 5))])
-SECTIONS = frozenset(["1", "2", "3", "3a", "3b", "4", "5", "6", "7"])
+                      *(f"DR{i}" for i in range(1, 7)), *(f"P{i}" for i in range(1, 7)),
+                      *(f"W{i}" for i in range(1, 8)), *(f"H{i}" for i in range(1, 5))])
+SECTIONS = frozenset(["1", "2", "3", "3a", "3b", "3c", "4", "5", "6", "7"])
 INVARIANTS = frozenset(["7.1", "7.2", "7.3", "7.4", "7.5"])
 
 # A rule id as cited: `B3`, `DR4`, `H1-H3` (both ends), `B5a` (part a of B5). One or two digits
 # and word boundaries, so GPU model names (`H100`, `GH100_H100`), hex (`0xD1`) and identifiers
 # (`sha256`, `B1_refusal`) do not count.
-CITED_RULE = re.compile(r"\b((?:DR|[BDWH])[0-9]{1,2})[a-z]?\b")
+CITED_RULE = re.compile(r"\b((?:DR|[BDWH])[0-9]{1,2}|P[1-9])[a-z]?\b")  # P: one digit (a P40 is a GPU)
 CITED_SECTION = re.compile(r"§ ?([0-9][a-z]?)(?:\.([0-9]+))?")
-RULE_HEADING = re.compile(r"^### ((?:DR|[BDWH])[0-9]+): \S", re.M)
+RULE_HEADING = re.compile(r"^### ((?:DR|[BDPWH])[0-9]+): \S", re.M)
 SECTION_HEADING = re.compile(r"^## §([0-9][a-z]?) \S", re.M)
 INVARIANT_HEADING = re.compile(r"^### (7\.[0-9]+) \S", re.M)
 LINK_TO_CONTRACT = re.compile(r"\]\((?:[\w./]*/)?contract\.md#([^)\s]+)\)")
