@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 from model.check import check_set, judge_set
 from model.housekeeping import VMIs, judge
 from model.parse import VMIAsk
+from model.priority import DEFAULT_PRIORITY, Priority, resolve_priority
 from model.reasons import (BudgetInFlight, CannotPlace, ClassNotPermitted, Code, DeviceAttached, DeviceBeingDeleted,
                            DeviceKept, KeptForVM,
                            GpuEntryNotPermitted, HeldDeviceNotFound, NameTaken, NoRoomForSet, Reason,
@@ -50,6 +51,8 @@ class AdmissionPlan:
     held: tuple[str, ...]
     templates: tuple[tuple[str, str], ...]
     node: str | None
+    priority: Priority = DEFAULT_PRIORITY
+    """The set's priority as resolved at admission (P1), what `status.bindRequest` records."""
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -166,7 +169,8 @@ def request_bounds(node_selector: Labels, tolerations: Sequence[Toleration]) -> 
 def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
           live_vmis: VMIs | set[tuple[str, str]], now: datetime,
           grace: timedelta, *, node_selector: Labels = (), tolerations: tuple[Toleration, ...] = (),
-          permitted: frozenset[str] | None = None) -> AdmissionPlan | Refusal:
+          permitted: frozenset[str] | None = None,
+          priority_class_name: str | None = None) -> AdmissionPlan | Refusal:
     """W1: every check before any write. Refuses when a held device is missing or being
     deleted, attached to another VMI that holds it (`attachment_is_live`), of a missing or
     unentitled class, when a template class is missing or unentitled, when a class's
@@ -176,10 +180,19 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
     and `tolerations`, B3). Template devices this VMI already has (a retried admission, W4)
     are judged as the devices they are, not as new ones. Attachments to the same VMI name are
     judged by `same_name_conflict`, after W4. A nodeSelector or tolerations the bind
-    request could not carry are refused first (`request_bounds`)."""
+    request could not carry are refused first (`request_bounds`).
+
+    P1: `priority_class_name` (the VMI's `spec.priorityClassName`) is resolved against the
+    snapshot's PriorityClasses as Kubernetes resolves a Pod's (`model.priority.
+    resolve_priority`): a class that does not exist is refused next (`PriorityClassNotFound`,
+    403, naming it); the plan carries the priority, and a budget scoped on its class is
+    judged with the set (`check_set`)."""
     bounds = request_bounds(node_selector, tolerations)
     if bounds is not None:
         return bounds
+    priority = resolve_priority(priority_class_name, snapshot.priority_classes)
+    if not isinstance(priority, Priority):
+        return Refusal(priority)
     templates: list[tuple[str, str]] = []
     for class_name, count in ask.templates:
         templates.extend((template_name(vmi, class_name, i), class_name) for i in range(count))
@@ -213,19 +226,19 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
         if refusal is not None:
             return refusal
     verdict = check_set(snapshot, namespace, orders, node_selector=node_selector,
-                        tolerations=tolerations)
+                        tolerations=tolerations, priority=priority)
     if not verdict.admitted:
         assert verdict.reason is not None
         reasons: tuple[Reason, ...] = (verdict.reason,)
         if verdict.reason.code is Code.NO_FREE_UNIT:
             reasons = _room_reasons(snapshot, orders, node_selector, tolerations)
             judged = judge_set(snapshot, namespace, orders, node_selector=node_selector,
-                               tolerations=tolerations)
+                               tolerations=tolerations, priority=priority)
             if isinstance(judged.reason, SetRefused):  # the binder's per-node reasons (B3)
                 reasons += judged.reason.reasons
             reasons += kept_sets(snapshot, orders, now)  # H4: what stopped VMs keep
         return Refusal(CannotPlace(namespace, vmi, reasons))
-    return AdmissionPlan(namespace, vmi, tuple(ask.held), tuple(templates), verdict.node)
+    return AdmissionPlan(namespace, vmi, tuple(ask.held), tuple(templates), verdict.node, priority)
 
 
 def _stamp(t: datetime) -> str:
