@@ -350,3 +350,39 @@ def test_a_request_is_judged_with_the_priority_its_members_record():
     assert req == Request("r9", "t1", "vm", ("x1", "x2"), (), NOW, (), SP)
     assert isinstance(decide(world(*members), req).outcome, object)
     assert not isinstance(decide(world(*members), req).reason, SetRefused)
+
+
+# --- the VirtualMachine path -----------------------------------------------------------------
+
+
+def template_vm(priority_class=None, count=1):
+    spec: dict = {"domain": {"devices": {}}}
+    if priority_class is not None:
+        spec["priorityClassName"] = priority_class
+    return {"metadata": {"name": "vm", "namespace": "t1", "creationTimestamp": "2026-12-06T07:00:00Z"},
+            "spec": {"runStrategy": "Always", "template": {
+                "metadata": {"annotations": {"gpu.cozystack.io/templates": f"h100={count}"}},
+                "spec": spec}},
+            "status": {"conditions": [{"type": "Failure", "status": "True", "reason": "FailedCreate"}]}}
+
+
+def test_a_vms_template_class_that_does_not_exist_is_its_waiting_reason():
+    from model.housekeeping import VMIs
+    from model.vm import judge_vm
+    e, cond = judge_vm(world(), template_vm("on-demnad"), vmis=VMIs(), now=NOW, grace=GRACE)
+    assert (cond.status, cond.reason, cond.message) == (
+        "False", "PriorityClassNotFound", "no PriorityClass with name on-demnad was found")
+    assert e is not None and e.reason == PriorityClassNotFound("on-demnad") and e.after_defrag is None
+    _, ok = judge_vm(world(), template_vm("spot"), vmis=VMIs(), now=NOW, grace=GRACE)
+    assert ok.status == "True"
+
+
+def test_a_vms_template_class_is_judged_against_the_quotas_scoped_on_it():
+    from model.housekeeping import VMIs
+    from model.vm import judge_vm
+    snap = world(budgets=[Budget("t1", H100, 0, IN_ON_DEMAND)])
+    _, cond = judge_vm(snap, template_vm("on-demand", 2), vmis=VMIs(), now=NOW, grace=GRACE)
+    assert (cond.status, cond.reason) == ("False", "BudgetExhausted")
+    assert "PriorityClass In (on-demand)" in cond.message
+    _, ok = judge_vm(snap, template_vm(None, 2), vmis=VMIs(), now=NOW, grace=GRACE)
+    assert ok.status == "True"
