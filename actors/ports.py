@@ -75,7 +75,8 @@ class ClusterView(Protocol):
         (index on the id); empty when the request is gone (withdrawn)."""
 
     def budgets(self) -> tuple[Budget, ...]:
-        """Every tenant budget (the smallest quota per namespace and resource)."""
+        """Every tenant budget (the smallest quota per namespace and resource; then each
+        budget scoped on PriorityClass, P1)."""
 
     def namespaces(self) -> Mapping[str, Namespace]:
         """Every namespace by name (their labels decide entitlement)."""

@@ -126,17 +126,28 @@ def budget_in_flight(snap: Snapshot, plan: AdmissionPlan, others: Sequence[Admis
     check passed) but not with the units its `others` (admissions in progress for other
     VMIs of the same tenant) hold and are not Bound yet; None otherwise (no budget, nothing
     held, or room for all). Used is `Snapshot.tenant_usage`; the binder judges the budget
-    for real (B1). Pure."""
+    for real (B1). A budget scoped on PriorityClass (P1) that matches the plan's class counts
+    only the others of classes it matches, and its own usage (`Snapshot.scoped_usage`).
+    Pure."""
     adds = unbound_units(snap, plan)
+    ns = plan.namespace
     for res, n in adds.items():
-        budget = snap.budget_of(plan.namespace, res)
-        if budget is None:
-            continue
-        held = sum(unbound_units(snap, p).get(res, 0) for p in others)
-        used = snap.tenant_usage(plan.namespace, res)
-        if held and used + held + n > budget:
-            return Refusal(BudgetInFlight(plan.namespace, res, used, held, budget, n,
-                                          len(others), retry_after=retry_after))
+        budget = snap.budget_of(ns, res)
+        if budget is not None:
+            held = sum(unbound_units(snap, p).get(res, 0) for p in others)
+            used = snap.tenant_usage(ns, res)
+            if held and used + held + n > budget:
+                return Refusal(BudgetInFlight(ns, res, used, held, budget, n,
+                                              len(others), retry_after=retry_after))
+        for hard, scope in snap.scoped_budgets(ns, res):
+            if not scope.matches(plan.priority.class_name):
+                continue
+            mine = [p for p in others if scope.matches(p.priority.class_name)]
+            held = sum(unbound_units(snap, p).get(res, 0) for p in mine)
+            used = snap.scoped_usage(ns, res, scope)
+            if held and used + held + n > hard:
+                return Refusal(BudgetInFlight(ns, res, used, held, hard, n, len(mine),
+                                              retry_after=retry_after))
     return None
 
 

@@ -324,6 +324,16 @@ class Snapshot:
                 return BudgetExhausted(namespace, resource, bound, hard, adds, reserved, scope.describe())
         return None
 
+    def scoped_usage(self, namespace: str, resource: str, scope: PriorityScope) -> int:
+        """What counts against a budget of `resource` scoped on `scope` (P1): the tenant's
+        Bound devices whose recorded class matches it, plus the budget slots reservations of
+        such sets hold. 0 when the tenant has no scoped budget of `resource` (not counted)."""
+        if not self._st.scoped.get((namespace, resource)):
+            return 0
+        counts = self._index().tenant_pc.get((namespace, resource), {})
+        return (sum(n for c, n in counts.items() if scope.matches(c))
+                + self._scoped_reserved(namespace, resource, scope))
+
     def _scoped_reserved(self, namespace: str, resource: str, scope: PriorityScope) -> int:
         """Budget slots of `resource` held by the tenant's reservations in flight whose set's
         recorded class matches `scope` (the largest per request, as the index counts them;

@@ -386,3 +386,35 @@ def test_a_vms_template_class_is_judged_against_the_quotas_scoped_on_it():
     assert "PriorityClass In (on-demand)" in cond.message
     _, ok = judge_vm(snap, template_vm(None, 2), vmis=VMIs(), now=NOW, grace=GRACE)
     assert ok.status == "True"
+
+
+def test_W1_admissions_in_flight_count_against_a_scoped_quota_only_when_of_its_classes():
+    from model.admission import budget_in_flight
+    from model.reasons import BudgetInFlight
+    snap = world(device("a", bound="n1", priority=OD), budgets=[Budget("t1", H100, 3, IN_ON_DEMAND)])
+    plan = AdmissionPlan("t1", "vm", (), (("vm-h100-0", "h100"),), "n1", OD)
+    od_other = AdmissionPlan("t1", "vm2", (), (("vm2-h100-0", "h100"), ("vm2-h100-1", "h100")), "n1", OD)
+    spot_other = AdmissionPlan("t1", "vm3", (), (("vm3-h100-0", "h100"),) * 1, "n1", SP)
+    assert budget_in_flight(snap, plan, [spot_other], retry_after=1) is None
+    assert budget_in_flight(snap, plan, [od_other, spot_other], retry_after=1) == Refusal(
+        BudgetInFlight("t1", H100, 1, 2, 3, 1, 1, retry_after=1))
+    assert budget_in_flight(snap, replace_priority(plan, SP), [od_other], retry_after=1) is None
+
+
+def replace_priority(plan, priority):
+    from dataclasses import replace
+    return replace(plan, priority=priority)
+
+
+def test_the_view_keeps_every_scoped_budget_beside_the_smallest_unscoped_one():
+    from actors.view import IndexedView
+    v = IndexedView()
+    guard = Budget("t1", H100, 0, IN_ON_DEMAND)
+    v.set_budgets("t1", [Budget("t1", H100, 5), Budget("t1", H100, 3), guard,
+                         Budget("t1", H100, 2, PriorityScope((ScopeRequirement("Exists"),)))])
+    snap = v.snapshot()
+    assert snap.budgets == {("t1", H100): 3}
+    assert sorted(h for h, _ in snap.scoped_budgets("t1", H100)) == [0, 2]
+    v.set_budgets("t1", [Budget("t1", H100, 3)])
+    assert v.snapshot().scoped_budgets("t1", H100) == ()
+    assert v.budgets() == (Budget("t1", H100, 3),)
