@@ -418,3 +418,38 @@ def test_the_view_keeps_every_scoped_budget_beside_the_smallest_unscoped_one():
     v.set_budgets("t1", [Budget("t1", H100, 3)])
     assert v.snapshot().scoped_budgets("t1", H100) == ()
     assert v.budgets() == (Budget("t1", H100, 3),)
+
+
+_pcs = st.sampled_from([None, "spot", "on-demand"])
+_dev = st.tuples(st.sampled_from(["a", "b", "c", "d"]), st.sampled_from(["t1", "t2"]),
+                 st.sampled_from([None, "n1"]), _pcs)
+
+
+def _make(spec):
+    name, ns, node, pc = spec
+    prio = None if pc is None else Priority(1, PreemptionPolicy.PREEMPT_LOWER, pc)
+    return device(name, ns=ns, bound=node, priority=prio, attached=False)
+
+
+SCOPES = [IN_ON_DEMAND, PriorityScope((ScopeRequirement("NotIn", ("spot",)),)),
+          PriorityScope((ScopeRequirement("DoesNotExist"),)), PriorityScope((ScopeRequirement("Exists"),))]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_dev, max_size=6), st.lists(st.lists(_dev, max_size=3), max_size=4),
+       st.lists(st.tuples(st.sampled_from(["t1", "t2"]), st.sampled_from(["a", "b", "c", "d"])), max_size=3))
+def test_property_scoped_usage_of_a_derived_snapshot_is_a_fresh_counts(start, steps, gone):
+    """The per-class counts carried copy-on-write by `with_changes` equal those of a
+    snapshot built from the same devices (only t1 has scoped budgets: t2's never count)."""
+    budgets = [Budget("t1", H100, 9, s) for s in SCOPES]
+    snap = world(*map(_make, start), budgets=budgets)
+    snap.scoped_usage("t1", H100, SCOPES[0])  # the index exists before the changes
+    for batch in steps:
+        snap = snap.with_changes([_make(s) for s in batch], ())
+    snap = snap.with_changes((), gone)
+    fresh = world(*(snap.devices.values()), budgets=budgets)
+    for scope in SCOPES:
+        want = sum(1 for d in snap.devices.values() if d.namespace == "t1" and d.bound_node
+                   and scope.matches(d.status.bind_request.priority.class_name if d.status.bind_request else None))
+        assert snap.scoped_usage("t1", H100, scope) == fresh.scoped_usage("t1", H100, scope) == want
+        assert snap.scoped_usage("t2", H100, scope) == 0
