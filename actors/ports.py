@@ -29,12 +29,13 @@ if TYPE_CHECKING:
     from actors.workqueue import WorkQueue
     from model.snapshot import Snapshot
 
-ChangeKind = Literal["node", "device", "class", "budget", "namespace"]
+ChangeKind = Literal["node", "device", "class", "budget", "namespace", "priority_class"]
 
 
 class Change(NamedTuple):
     """"This key changed; read the view." `key` is a node/class/namespace name, a device
-    (namespace, name), or the namespace of a budget. Carries no object on purpose. Immutable;
+    (namespace, name), the namespace of a budget, or a PriorityClass name (P1). Carries no
+    object on purpose. Immutable;
     a tuple so that hashing it (every change is a key of a coalescing queue) is cheap."""
 
     kind: ChangeKind
@@ -74,7 +75,8 @@ class ClusterView(Protocol):
         (index on the id); empty when the request is gone (withdrawn)."""
 
     def budgets(self) -> tuple[Budget, ...]:
-        """Every tenant budget (the smallest quota per namespace and resource)."""
+        """Every tenant budget (the smallest quota per namespace and resource; then each
+        budget scoped on PriorityClass, P1)."""
 
     def namespaces(self) -> Mapping[str, Namespace]:
         """Every namespace by name (their labels decide entitlement)."""

@@ -14,6 +14,7 @@ from typing import AsyncIterator, Mapping
 
 from actors.ports import Change, ChangeKind
 from actors.workqueue import WorkQueue
+from model.priority import PriorityClassInfo
 from model.snapshot import Snapshot
 from model.types import Budget, DeviceKey, GPUClass, GPUDevice, Namespace, Node, RequestKey
 
@@ -31,6 +32,8 @@ class IndexedView:
         self._classes: dict[str, GPUClass] = {}
         self._namespaces: dict[str, Namespace] = {}
         self._budgets: dict[tuple[str, str], Budget] = {}
+        self._scoped: dict[str, tuple[Budget, ...]] = {}  # budgets scoped on PriorityClass (P1)
+        self._priority_classes: dict[str, PriorityClassInfo] = {}
         self._devices: dict[DeviceKey, GPUDevice] = {}
         self._on_node: dict[str, dict[DeviceKey, GPUDevice]] = {}
         self._by_request: dict[RequestKey, dict[DeviceKey, GPUDevice]] = {}
@@ -61,7 +64,13 @@ class IndexedView:
         return tuple(self._by_request.get((namespace, request_id), {}).values())
 
     def budgets(self) -> tuple[Budget, ...]:
-        return tuple(self._budgets.values())
+        """The smallest unscoped budget per (namespace, resource), then every budget scoped
+        on PriorityClass (P1)."""
+        return tuple(self._budgets.values()) + tuple(b for bs in self._scoped.values() for b in bs)
+
+    def priority_classes(self) -> Mapping[str, PriorityClassInfo]:
+        """The cluster's PriorityClasses by name (P1)."""
+        return dict(self._priority_classes)
 
     def namespaces(self) -> Mapping[str, Namespace]:
         return dict(self._namespaces)
@@ -75,8 +84,9 @@ class IndexedView:
         if self._snap is None:
             self._snap = Snapshot.build(
                 nodes=self._nodes.values(), classes=self._classes.values(),
-                devices=self._devices.values(), budgets=self._budgets.values(),
-                namespaces=self._namespaces.values())
+                devices=self._devices.values(), budgets=self.budgets(),
+                namespaces=self._namespaces.values(),
+                priority_classes=self._priority_classes.values())
         return self._snap
 
     # -- ChangeFeed ------------------------------------------------------------------
@@ -135,18 +145,37 @@ class IndexedView:
             self._changed("namespace", name)
 
     def set_budgets(self, namespace: str, budgets: list[Budget]) -> None:
-        """Replace every budget of `namespace` (the smallest hard per resource is kept)."""
+        """Replace every budget of `namespace` (the smallest hard per resource is kept of
+        those on every set; those scoped on PriorityClass are kept each, P1)."""
         fresh: dict[tuple[str, str], Budget] = {}
+        scoped = tuple(b for b in budgets if b.scope is not None)
         for b in budgets:
+            if b.scope is not None:
+                continue
             k = (namespace, b.resource_name)
             if k not in fresh or b.hard < fresh[k].hard:
                 fresh[k] = b
         old = {k: v for k, v in self._budgets.items() if k[0] == namespace}
-        if old != fresh:
+        if old != fresh or self._scoped.get(namespace, ()) != scoped:
             for k in old:
                 del self._budgets[k]
             self._budgets.update(fresh)
+            if scoped:
+                self._scoped[namespace] = scoped
+            else:
+                self._scoped.pop(namespace, None)
             self._changed("budget", namespace)
+
+    def put_priority_class(self, pc: PriorityClassInfo) -> None:
+        """Add or replace a PriorityClass (P1)."""
+        if self._priority_classes.get(pc.name) != pc:
+            self._priority_classes[pc.name] = pc
+            self._changed("priority_class", pc.name)
+
+    def remove_priority_class(self, name: str) -> None:
+        """Forget a PriorityClass."""
+        if self._priority_classes.pop(name, None) is not None:
+            self._changed("priority_class", name)
 
     def put_device(self, dev: GPUDevice) -> None:
         """Add or replace a GPUDevice, keeping the indexes current (and the snapshot, at the

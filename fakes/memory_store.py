@@ -23,6 +23,8 @@ from actors.errors import NotFound, RequestWithdrawn, TransientWriteError, Write
 from actors.ports import Clock, StatusWrite, SystemClock, WriteOp
 from actors.view import IndexedView
 from model.device.dra import DeviceRef
+from model.priority import (DEFAULT_PRIORITY, PreemptionPolicy, Priority, PriorityClassInfo,
+                            PriorityScope)
 from model.types import (
     Attachment,
     BindRequest,
@@ -173,9 +175,21 @@ class MemoryStore(IndexedView):
         del self._nodes[name]
         self._changed("node", name)
 
-    def add_budget(self, namespace: str, resource: str, hard: int) -> None:
-        self._budgets[(namespace, resource)] = Budget(namespace, resource, hard)
+    def add_budget(self, namespace: str, resource: str, hard: int,
+                   scope: PriorityScope | None = None) -> None:
+        """A ResourceQuota's budget; with `scope`, one scoped on PriorityClass (P1), kept
+        beside the others of the namespace."""
+        if scope is None:
+            self._budgets[(namespace, resource)] = Budget(namespace, resource, hard)
+            self._changed("budget", namespace)
+            return
+        self._scoped[namespace] = self._scoped.get(namespace, ()) + (Budget(namespace, resource, hard, scope),)
         self._changed("budget", namespace)
+
+    def add_priority_class(self, name: str, value: int, *, global_default: bool = False,
+                           policy: PreemptionPolicy = PreemptionPolicy.PREEMPT_LOWER) -> None:
+        """A PriorityClass as the API server serves it (P1)."""
+        self.put_priority_class(PriorityClassInfo(name, value, global_default, policy))
 
     def add_device(
         self,
@@ -214,14 +228,16 @@ class MemoryStore(IndexedView):
         node_selector: Mapping[str, str] | None = None,
         only: Iterable[str] | None = None,
         tolerations: Sequence[Toleration] = (),
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> str:
         """Write what the webhook writes (W3 steps 2 and 3): `attachedTo` and the same
         `bindRequest` on each device of `devices` (or only on `only`, to make a partial
-        request). Returns the request id. Raises KeyError for a missing device."""
+        request), recording `priority` (P1). Returns the request id. Raises KeyError for a
+        missing device."""
         request_id = request_id or uuid.uuid4().hex[:12]
         now = self.clock.now()
         br = BindRequest(request_id, vmi, tuple(devices), now, freeze_labels(node_selector),
-                         tolerations=tuple(tolerations))
+                         tolerations=tuple(tolerations), priority=priority)
         targets = list(devices) if only is None else list(only)
         for name in targets:
             dev = self._devices[(namespace, name)]

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import anyio
 import structlog
 from anyio.abc import TaskStatus
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi, ResourceV1Api
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi, ResourceV1Api, SchedulingV1Api
 
 from actors.view import IndexedView
 from k8s.dra_index import DraIndex, SliceError
@@ -31,7 +31,8 @@ from model.device.records import recorded_on
 from model.foreign import PodUse, attachment_uid, node_foreign, parse_pod_use
 from model.housekeeping import VMIRecord, VMIs
 from model.parse import (ParseError, parse_budgets, parse_gpu_class, parse_gpu_device,
-                         parse_namespace, parse_node, parse_permitted_host_devices)
+                         parse_namespace, parse_node, parse_permitted_host_devices,
+                         parse_priority_class)
 from model.types import ADMISSION_ANNOTATION, GROUP, VERSION, GPUClass, GPUDevice, Node
 
 log = structlog.get_logger("gpu_binder.cache")
@@ -152,7 +153,7 @@ def ingest_slice(obj: dict, parse: Callable[[dict], Any]) -> dict:
 
 
 class ClusterCache:
-    """Informers for GPUDevices, GPUClasses, Nodes, Namespaces, ResourceQuotas, VMIs, bound
+    """Informers for GPUDevices, GPUClasses, Nodes, Namespaces, ResourceQuotas, PriorityClasses, VMIs, bound
     Pods (trimmed, for foreign usage), KubeVirt CRs and the settings ConfigMap. Start with
     `await tg.start(cache.run)`: it returns once every informer has listed (the view is
     synced). Raw objects stay readable through the informers (`cache.vmis.get(key)`), model
@@ -181,6 +182,10 @@ class ClusterCache:
                                             "kubevirts"))
         self.namespaces = inf("namespaces", core.list_namespace)
         self.quotas = inf("resourcequotas", core.list_resource_quota_for_all_namespaces)
+        # P1: a VMI's priority is its PriorityClass's (system-*-critical included: they are
+        # objects the API server creates), resolved by the webhook and the VM waiting rounds
+        self.priority_classes = inf("priorityclasses", SchedulingV1Api(api).list_priority_class,
+                                    transform=keep_all)
         self.settings = inf("settings-configmap", p(
             core.list_namespaced_config_map, settings_namespace,
             field_selector=f"metadata.name={SETTINGS_NAME}"), transform=keep_all)
@@ -226,6 +231,9 @@ class ClusterCache:
                                            lambda k: v.remove_namespace(k[1])))
         self._quota_budgets: dict[Key, list] = {}
         self.quotas.add_listener(self._on_quota)
+        self.priority_classes.add_listener(_feed("PriorityClass", parse_priority_class,
+                                                 v.put_priority_class,
+                                                 lambda k: v.remove_priority_class(k[1])))
         self._vmi_records: dict[Key, VMIRecord] = {}
         self._tombstones: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._vmi_state: VMIs | None = None   # built on demand, dropped on every VMI event
@@ -460,8 +468,8 @@ class ClusterCache:
     def informers(self) -> tuple[Informer, ...]:
         """Every informer of the cache."""
         return (self.namespaces, self.device_classes, self.classes, self.nodes, self.slices,
-                self.claims, self.quotas, self.devices, self.vmis, self.pods, self.kubevirts,
-                self.settings)
+                self.claims, self.quotas, self.priority_classes, self.devices, self.vmis,
+                self.pods, self.kubevirts, self.settings)
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         """Run every informer; report started once all have synced. Runs until cancelled."""

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 from model.check import check_set, judge_set
 from model.housekeeping import VMIs, judge
 from model.parse import VMIAsk
+from model.priority import DEFAULT_PRIORITY, Priority, resolve_priority
 from model.reasons import (BudgetInFlight, CannotPlace, ClassNotPermitted, Code, DeviceAttached, DeviceBeingDeleted,
                            DeviceKept, KeptForVM,
                            GpuEntryNotPermitted, HeldDeviceNotFound, NameTaken, NoRoomForSet, Reason,
@@ -50,6 +51,8 @@ class AdmissionPlan:
     held: tuple[str, ...]
     templates: tuple[tuple[str, str], ...]
     node: str | None
+    priority: Priority = DEFAULT_PRIORITY
+    """The set's priority as resolved at admission (P1), what `status.bindRequest` records."""
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -123,17 +126,28 @@ def budget_in_flight(snap: Snapshot, plan: AdmissionPlan, others: Sequence[Admis
     check passed) but not with the units its `others` (admissions in progress for other
     VMIs of the same tenant) hold and are not Bound yet; None otherwise (no budget, nothing
     held, or room for all). Used is `Snapshot.tenant_usage`; the binder judges the budget
-    for real (B1). Pure."""
+    for real (B1). A budget scoped on PriorityClass (P1) that matches the plan's class counts
+    only the others of classes it matches, and its own usage (`Snapshot.scoped_usage`).
+    Pure."""
     adds = unbound_units(snap, plan)
+    ns = plan.namespace
     for res, n in adds.items():
-        budget = snap.budget_of(plan.namespace, res)
-        if budget is None:
-            continue
-        held = sum(unbound_units(snap, p).get(res, 0) for p in others)
-        used = snap.tenant_usage(plan.namespace, res)
-        if held and used + held + n > budget:
-            return Refusal(BudgetInFlight(plan.namespace, res, used, held, budget, n,
-                                          len(others), retry_after=retry_after))
+        budget = snap.budget_of(ns, res)
+        if budget is not None:
+            held = sum(unbound_units(snap, p).get(res, 0) for p in others)
+            used = snap.tenant_usage(ns, res)
+            if held and used + held + n > budget:
+                return Refusal(BudgetInFlight(ns, res, used, held, budget, n,
+                                              len(others), retry_after=retry_after))
+        for hard, scope in snap.scoped_budgets(ns, res):
+            if not scope.matches(plan.priority.class_name):
+                continue
+            mine = [p for p in others if scope.matches(p.priority.class_name)]
+            held = sum(unbound_units(snap, p).get(res, 0) for p in mine)
+            used = snap.scoped_usage(ns, res, scope)
+            if held and used + held + n > hard:
+                return Refusal(BudgetInFlight(ns, res, used, held, hard, n, len(mine),
+                                              retry_after=retry_after))
     return None
 
 
@@ -166,7 +180,8 @@ def request_bounds(node_selector: Labels, tolerations: Sequence[Toleration]) -> 
 def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
           live_vmis: VMIs | set[tuple[str, str]], now: datetime,
           grace: timedelta, *, node_selector: Labels = (), tolerations: tuple[Toleration, ...] = (),
-          permitted: frozenset[str] | None = None) -> AdmissionPlan | Refusal:
+          permitted: frozenset[str] | None = None,
+          priority_class_name: str | None = None) -> AdmissionPlan | Refusal:
     """W1: every check before any write. Refuses when a held device is missing or being
     deleted, attached to another VMI that holds it (`attachment_is_live`), of a missing or
     unentitled class, when a template class is missing or unentitled, when a class's
@@ -176,10 +191,19 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
     and `tolerations`, B3). Template devices this VMI already has (a retried admission, W4)
     are judged as the devices they are, not as new ones. Attachments to the same VMI name are
     judged by `same_name_conflict`, after W4. A nodeSelector or tolerations the bind
-    request could not carry are refused first (`request_bounds`)."""
+    request could not carry are refused first (`request_bounds`).
+
+    P1: `priority_class_name` (the VMI's `spec.priorityClassName`) is resolved against the
+    snapshot's PriorityClasses as Kubernetes resolves a Pod's (`model.priority.
+    resolve_priority`): a class that does not exist is refused next (`PriorityClassNotFound`,
+    403, naming it); the plan carries the priority, and a budget scoped on its class is
+    judged with the set (`check_set`)."""
     bounds = request_bounds(node_selector, tolerations)
     if bounds is not None:
         return bounds
+    priority = resolve_priority(priority_class_name, snapshot.priority_classes)
+    if not isinstance(priority, Priority):
+        return Refusal(priority)
     templates: list[tuple[str, str]] = []
     for class_name, count in ask.templates:
         templates.extend((template_name(vmi, class_name, i), class_name) for i in range(count))
@@ -213,19 +237,19 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
         if refusal is not None:
             return refusal
     verdict = check_set(snapshot, namespace, orders, node_selector=node_selector,
-                        tolerations=tolerations)
+                        tolerations=tolerations, priority=priority)
     if not verdict.admitted:
         assert verdict.reason is not None
         reasons: tuple[Reason, ...] = (verdict.reason,)
         if verdict.reason.code is Code.NO_FREE_UNIT:
             reasons = _room_reasons(snapshot, orders, node_selector, tolerations)
             judged = judge_set(snapshot, namespace, orders, node_selector=node_selector,
-                               tolerations=tolerations)
+                               tolerations=tolerations, priority=priority)
             if isinstance(judged.reason, SetRefused):  # the binder's per-node reasons (B3)
                 reasons += judged.reason.reasons
             reasons += kept_sets(snapshot, orders, now)  # H4: what stopped VMs keep
         return Refusal(CannotPlace(namespace, vmi, reasons))
-    return AdmissionPlan(namespace, vmi, tuple(ask.held), tuple(templates), verdict.node)
+    return AdmissionPlan(namespace, vmi, tuple(ask.held), tuple(templates), verdict.node, priority)
 
 
 def _stamp(t: datetime) -> str:

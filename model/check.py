@@ -12,6 +12,7 @@ from typing import Sequence
 from model.decide import Request, judge, mixed_modes, size_nowhere
 from model.reasons import (BudgetExhausted, Code, DeviceListedTwice, NoDevices, WrongNamespace,
                            new_device_name)
+from model.priority import DEFAULT_PRIORITY, Priority
 from model.snapshot import Order, Snapshot, Verdict
 from model.types import GPUDevice, Labels, Phase, Toleration
 
@@ -20,7 +21,7 @@ CHECK_REQUEST_ID = "(check)"
 
 
 def check_set(snapshot: Snapshot, namespace: str, orders: Sequence[Order], *, node_selector: Labels = (),
-              tolerations: tuple[Toleration, ...] = ()) -> Verdict:
+              tolerations: tuple[Toleration, ...] = (), priority: Priority = DEFAULT_PRIORITY) -> Verdict:
     """W1 for a whole set: `check_order` on each order in turn, adding each admitted
     device as Bound on its verdict's node before checking the next (so budget and room
     are judged for the set), then the binder's own judgement (`model.decide.decide`,
@@ -36,7 +37,11 @@ def check_set(snapshot: Snapshot, namespace: str, orders: Sequence[Order], *, no
     first (`MixedModes`: KubeVirt refuses such a VMI); a class with a problem is refused by
     `check_order` (`ClassProblem`); the binder's judgement checks the topology (a set of 3
     on HGX boards is refused naming the partition sizes that exist, per node, even where
-    fewer units are free than it asks: no room would make that size exist)."""
+    fewer units are free than it asks: no room would make that size exist).
+
+    P1: `priority` is the set's, as the webhook will record it; a budget scoped on its
+    PriorityClass that the set takes over (held devices recorded under another class
+    included) refuses it with that `BudgetExhausted` (the binder's own judgement finds it)."""
     if not orders:
         return Verdict(False, NoDevices(asked=True))
     mixed = mixed_modes(snapshot, dict.fromkeys(_order_class(snapshot, o) for o in orders))
@@ -62,7 +67,7 @@ def check_set(snapshot: Snapshot, namespace: str, orders: Sequence[Order], *, no
                     counts_of[c] = counts_of.get(c, 0) + 1
                 if size_nowhere(snapshot, counts_of):  # DR3: no room would take it
                     return judge_set(snapshot, namespace, orders, node_selector=node_selector,
-                                     tolerations=tolerations)
+                                     tolerations=tolerations, priority=priority)
             return _set_budget_verdict(snapshot, namespace, orders, verdict)
         if order.device is not None:
             base = snap.device(namespace, order.device)
@@ -76,7 +81,7 @@ def check_set(snapshot: Snapshot, namespace: str, orders: Sequence[Order], *, no
         if base.bound_node != verdict.node:
             snap = snap.with_device(replace(base, status=replace(
                 base.status, phase=Phase.BOUND, node_name=verdict.node)))
-    return _judge_set(snapshot, namespace, names, templates, node_selector, tolerations)
+    return _judge_set(snapshot, namespace, names, templates, node_selector, tolerations, priority)
 
 def _set_budget_verdict(snapshot: Snapshot, namespace: str, orders: Sequence[Order], verdict: Verdict) -> Verdict:
     """`verdict` of one order of a set; a budget refusal (counted on the snapshot with the
@@ -106,7 +111,7 @@ def _order_resource(snapshot: Snapshot, order: Order) -> str | None:
     return cls.resource_name if cls is not None else None
 
 def judge_set(snapshot: Snapshot, namespace: str, orders: Sequence[Order], *, node_selector: Labels = (),
-              tolerations: tuple[Toleration, ...] = ()) -> Verdict:
+              tolerations: tuple[Toleration, ...] = (), priority: Priority = DEFAULT_PRIORITY) -> Verdict:
     """The binder's own judgement (`model.decide`, B1–B6) of the whole set alone, without
     `check_order`'s per-device checks: what `check_set` ends with. Orders of held devices
     that do not exist are left out. For the per-node reasons of a set that has no room."""
@@ -122,15 +127,21 @@ def judge_set(snapshot: Snapshot, namespace: str, orders: Sequence[Order], *, no
         templates.append(GPUDevice(namespace, new_device_name(order.class_name, counts[order.class_name]),
                                    order.class_name))
         names.append(templates[-1].name)
-    return _judge_set(snapshot, namespace, names, templates, node_selector, tolerations)
+    return _judge_set(snapshot, namespace, names, templates, node_selector, tolerations, priority)
 
 def _judge_set(snapshot: Snapshot, namespace: str, names: list[str], templates: list[GPUDevice],
-               node_selector: Labels, tolerations: tuple[Toleration, ...]) -> Verdict:
+               node_selector: Labels, tolerations: tuple[Toleration, ...],
+               priority: Priority = DEFAULT_PRIORITY) -> Verdict:
     """`judge` on the set as a request (templates added as Pending devices); a refusal's
-    reason is the binder's `SetRefused` without its request."""
+    reason is the binder's `SetRefused` without its request, or the bare `BudgetExhausted`
+    of a budget scoped on the set's PriorityClass (P1), as `check_order` gives the others."""
     whole = snapshot.with_devices(templates) if templates else snapshot
     decision = judge(whole, Request(CHECK_REQUEST_ID, namespace, "", tuple(names),
-                                    node_selector, tolerations=tolerations), 1)
+                                    node_selector, tolerations=tolerations, priority=priority), 1)
     if decision.reason is not None:
+        scoped = next((x for x in decision.reason.reasons
+                       if isinstance(x, BudgetExhausted) and x.scope is not None), None)
+        if scoped is not None:
+            return Verdict(False, scoped)
         return Verdict(False, replace(decision.reason, request=None))
     return Verdict(True, node=decision.node)

@@ -17,14 +17,18 @@ class Index:
     """Counts of one snapshot. `by_free[res][f]` lists, sorted, the schedulable nodes that
     advertise `res` and have exactly `f` units free. Never mutated once made."""
 
-    __slots__ = ("used", "tenant_bound", "reserved", "tenant_reserved", "by_free")
+    __slots__ = ("used", "tenant_bound", "reserved", "tenant_reserved", "by_free", "tenant_pc")
 
-    def __init__(self, used, tenant_bound, reserved, tenant_reserved, by_free) -> None:
+    def __init__(self, used, tenant_bound, reserved, tenant_reserved, by_free, tenant_pc=None) -> None:
         self.used: dict[tuple[str, str], int] = used
         self.tenant_bound: dict[tuple[str, str], int] = tenant_bound
         self.reserved: dict[tuple[str, str], int] = reserved
         self.tenant_reserved: dict[tuple[str, str], int] = tenant_reserved
         self.by_free: dict[str, dict[int, tuple[str, ...]]] = by_free
+        self.tenant_pc: dict[tuple[str, str], dict[str | None, int]] = {} if tenant_pc is None else tenant_pc
+        """Bound devices per (namespace, resource) per recorded PriorityClass (None: none
+        recorded), only for the namespaces with a budget scoped on PriorityClass
+        (`st.scoped_ns`, P1): empty, and never looked at per device, when there is none."""
 
     @staticmethod
     def reservation_counts(reservations: Sequence[Hold]):
@@ -53,6 +57,14 @@ class Index:
                 if node is not None and res is not None:
                     used[(node, res)] = used.get((node, res), 0) + 1
                     tenant[(ns, res)] = tenant.get((ns, res), 0) + 1
+        tenant_pc: dict[tuple[str, str], dict[str | None, int]] = {}
+        for ns in st.scoped_ns:  # P1: only tenants with a scoped budget, counted per class
+            for d in by_ns.get(ns, {}).values():
+                res = class_res.get(d.class_name)
+                if d.bound_node is not None and res is not None:
+                    per = tenant_pc.setdefault((ns, res), {})
+                    pc = priority_class_of(d)
+                    per[pc] = per.get(pc, 0) + 1
         reserved, tenant_reserved = cls.reservation_counts(reservations)
         by_free: dict[str, dict[int, tuple[str, ...]]] = {}
         for res, names in st.advertising.items():
@@ -62,7 +74,7 @@ class Index:
                     f = st.alloc[name][res] - used.get((name, res), 0) - reserved.get((name, res), 0)
                     buckets.setdefault(f, []).append(name)
             by_free[res] = {f: tuple(v) for f, v in buckets.items()}
-        return cls(used, tenant, reserved, tenant_reserved, by_free)
+        return cls(used, tenant, reserved, tenant_reserved, by_free, tenant_pc)
 
     def derive(self, st, changes: Sequence[tuple[GPUDevice | None, GPUDevice | None]],
                reservations: Sequence[Hold] | None,
@@ -83,7 +95,36 @@ class Index:
         else:
             reserved, tenant_reserved = self.reserved, self.tenant_reserved
         by_free = self._rebucketed(st, touched, used, reserved)
-        return Index(used, tenant, reserved, tenant_reserved, by_free)
+        tenant_pc = self._with_classes(st, changes) if st.scoped_ns else self.tenant_pc
+        return Index(used, tenant, reserved, tenant_reserved, by_free, tenant_pc)
+
+    def _with_classes(self, st, changes: Sequence[tuple[GPUDevice | None, GPUDevice | None]]
+                      ) -> dict[tuple[str, str], dict[str | None, int]]:
+        """`tenant_pc` after `changes` (P1): -1 for a device Bound before in a namespace with
+        a scoped budget, +1 for one Bound after, each under its recorded PriorityClass
+        (copied only where a count moves)."""
+        scoped, class_res = st.scoped_ns, st.class_res
+        deltas: dict[tuple[str, str, str | None], int] = {}
+        for old, new in changes:
+            for d, sign in ((old, -1), (new, 1)):
+                if d is None or d.namespace not in scoped or d.bound_node is None:
+                    continue
+                res = class_res.get(d.class_name)
+                if res is not None:
+                    key = (d.namespace, res, priority_class_of(d))
+                    deltas[key] = deltas.get(key, 0) + sign
+        out = self.tenant_pc
+        copied: set[tuple[str, str]] = set()
+        for (ns, res, pc), n in deltas.items():
+            if not n:
+                continue
+            if not copied:
+                out = dict(out)
+            if (ns, res) not in copied:
+                out[(ns, res)] = dict(out.get((ns, res), {}))
+                copied.add((ns, res))
+            out[(ns, res)][pc] = out[(ns, res)].get(pc, 0) + n
+        return out
 
     @staticmethod
     def _bound_deltas(st, changes: Sequence[tuple[GPUDevice | None, GPUDevice | None]]
@@ -193,7 +234,7 @@ class Index:
         """A copy whose reservation counts and free buckets `reserve_in_place` may change
         (the device counts stay shared: they are never changed in place)."""
         return Index(self.used, self.tenant_bound, dict(self.reserved), dict(self.tenant_reserved),
-                      {res: dict(b) for res, b in self.by_free.items()})
+                      {res: dict(b) for res, b in self.by_free.items()}, self.tenant_pc)
 
     def reserve_in_place(self, st, r: Hold) -> None:
         """Count hold `r` (of a request with no hold counted yet) into this index, changing
@@ -233,6 +274,14 @@ class Index:
             tenant_reserved[key] = tenant_reserved.get(key, 0) + n
 
 
+def priority_class_of(device: GPUDevice) -> str | None:
+    """The PriorityClass recorded for `device`'s set (`bindRequest.priorityClassName`, P1):
+    what budgets scoped on PriorityClass count it under; None when it records none (no
+    bindRequest, or a set of no class)."""
+    br = device.status.bind_request
+    return None if br is None else br.priority.class_name
+
+
 class DeviceMap(Mapping[tuple[str, str], GPUDevice]):
     """Read-only view of a snapshot's devices keyed by (namespace, name)."""
 
@@ -264,4 +313,4 @@ class DeviceMap(Mapping[tuple[str, str], GPUDevice]):
         return key[1] in self._by_ns.get(key[0], {})
 
 
-__all__ = ["DeviceMap", "Index"]
+__all__ = ["DeviceMap", "Index", "priority_class_of"]

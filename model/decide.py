@@ -27,6 +27,8 @@ from model.reasons import (AlreadyPlaced, BudgetExhausted, ClassesNotServed, Cla
                            MixedModes, NodeGone, NodeProblems, NoDevices, NoEligibleNode,
                            NoNodeServes, NoRoom, NotEntitled, Outcome, Placed, Reason, RequestRef,
                            SelectorMismatch, SetRefused, TaintsNotTolerated)
+from model.counts import priority_class_of
+from model.priority import DEFAULT_PRIORITY, Priority
 from model.snapshot import Snapshot
 from model.types import (
     BindRequest,
@@ -63,7 +65,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 class Request:
     """A complete request (§3): the devices of tenant `namespace` that carry `id`, in the
     order of `bindRequest.devices`; `node_selector` and `tolerations` are the VMI's own
-    (B3); `requested_at` when the webhook wrote it (None if absent)."""
+    (B3); `requested_at` when the webhook wrote it (None if absent); `priority` as the
+    webhook recorded it at admission (P1; the member of the smallest name's)."""
 
     id: str
     namespace: str
@@ -72,6 +75,7 @@ class Request:
     node_selector: Labels = ()
     requested_at: datetime | None = None
     tolerations: tuple[Toleration, ...] = ()
+    priority: Priority = DEFAULT_PRIORITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +241,7 @@ def _complete(ns: str, rid: str, members: list[GPUDevice]) -> tuple[Request | No
             earliest = at
     if answered:
         return None, True
-    return Request(rid, ns, vmi, listed, selector, earliest, tolerations), True
+    return Request(rid, ns, vmi, listed, selector, earliest, tolerations, first.priority), True
 
 
 def decide(snapshot: Snapshot, request: Request, *, limit: int | None = MAX_PLACEMENTS) -> Decision:
@@ -301,13 +305,14 @@ def apply_decision(snapshot: Snapshot, request: Request, decision: Decision, *, 
         st = d.status
         old = st.bind_request
         key = ((request.id, request.vmi, request.devices, request.requested_at, request.node_selector,
-                request.tolerations)
+                request.tolerations, request.priority)
                if old is None or old.id != request.id else
-               (old.id, old.vmi, old.devices, old.requested_at, old.node_selector, old.tolerations))
+               (old.id, old.vmi, old.devices, old.requested_at, old.node_selector, old.tolerations,
+                old.priority))
         br = written.get(key)
         if br is None:
             br = written[key] = BindRequest(*key[:5], decision.result, decision.message, node,
-                                            tolerations=key[5])
+                                            tolerations=key[5], priority=key[6])
         moved = ok and d.bound_node != node
         if moved:
             st = DeviceStatus(Phase.BOUND, node, now, st.attached_to, br, record_after(st, d.key, chosen, True))
@@ -331,6 +336,7 @@ class _Set:
         self.total: dict[str, int] = {}
         self.pending: dict[str, int] = {}
         self.here: dict[str, dict[str, int]] = {}
+        self.members = members
         for m in members:
             res = res_of[m.class_name]
             self.total[res] = self.total.get(res, 0) + 1
@@ -536,7 +542,10 @@ def mixed_modes(snap: Snapshot, class_names: Iterable[str]) -> MixedModes | None
 
 
 def _budget_problems(snap: Snapshot, s: _Set) -> list[Reason]:
-    """The budget refusals of the set's Pending members (moves do not change usage)."""
+    """The budget refusals of the set's Pending members (moves do not change usage); then,
+    per resource, the first budget scoped on the set's PriorityClass it takes over (P1,
+    `Snapshot.scoped_budget_refusal`: its Bound members recorded under another class enter
+    that scope too)."""
     ns = s.request.namespace
     out: list[Reason] = []
     for res in s.resources:
@@ -546,6 +555,14 @@ def _budget_problems(snap: Snapshot, s: _Set) -> list[Reason]:
             bound, reserved = snap.tenant_counts(ns, res)
             if bound + reserved + adds > budget:
                 out.append(BudgetExhausted(ns, res, bound, budget, adds, reserved))
+                continue
+        if snap.scoped_budgets(ns, res):
+            classes = snap.classes
+            bound = [priority_class_of(m) for m in s.members if m.bound_node is not None
+                     and m.class_name in classes and classes[m.class_name].resource_name == res]
+            found = snap.scoped_budget_refusal(ns, res, s.request.priority.class_name, adds, bound)
+            if found is not None:
+                out.append(found)
     return out
 
 

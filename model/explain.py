@@ -31,6 +31,7 @@ from model.device.dra import DeviceRef
 from model.defrag import DEFAULT_MAX_MOVES, DefragPlan, apply_moves, plan_round
 from model.housekeeping import VMIs
 from model.parse import VMIAsk
+from model.priority import Priority, resolve_priority
 from model.reasons import CAPACITY_CODES, W1_DEVICE_CODES, Code, Reason
 from model.snapshot import Snapshot
 from model.types import GPUDevice, Labels, Result, Toleration
@@ -181,17 +182,26 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
     attachments do not stand in its way), `now` and `grace`; then the binder's B1–B6 on the
     request the webhook would write. When refused, `after_defrag` says whether one
     defragmentation round of at most `defrag_max_moves` moves (D4; the set's own devices
-    stay) would make the same admission admit it. Pure; never raises."""
+    stay) would make the same admission admit it. P1: the VMI object's
+    `spec.priorityClassName` is resolved as the webhook resolves it (a class not found is
+    W1's refusal; the request is judged with the priority, for budgets scoped on its
+    class). Pure; never raises."""
     vmis = live_vmis if isinstance(live_vmis, VMIs) else VMIs.of_keys(live_vmis)
     vmis = vmis.without((namespace, vmi))
     live_keys = set(vmis.live)
+    spec = vmi_object.get("spec") if vmi_object is not None else None
+    pc_name = spec.get("priorityClassName") if isinstance(spec, Mapping) else None
+    pc_name = pc_name if isinstance(pc_name, str) and pc_name else None
+    priority = resolve_priority(pc_name, snapshot.priority_classes)
     w1 = check(snapshot, namespace, vmi, ask, vmis, now, grace, node_selector=node_selector,
-               tolerations=tolerations, permitted=permitted)
+               tolerations=tolerations, permitted=permitted, priority_class_name=pc_name)
     if not isinstance(w1, Refusal) and vmi_object is not None:
         w1 = unpermitted_gpu_entries(vmi_object, effective_resources(snapshot), permitted) or w1
     if not isinstance(w1, Refusal) and already_admitted(snapshot, w1) is None:
         w1 = same_name_conflict(snapshot, w1, vmis, now, grace) or w1
     snap, request = set_request(snapshot, namespace, vmi, ask, node_selector, tolerations)
+    if isinstance(priority, Priority) and priority != request.priority:
+        request = replace(request, priority=priority)
     a = assess(snap, request)
     d = a.decision
     ok = d.result is Result.SUCCEEDED
@@ -213,7 +223,7 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
     if not any(v.fits for v in verdicts):
         shortfalls = _shortfalls(snap, request, verdicts, live_keys, grace)
     after = None
-    if not admitted and not set_problems:
+    if not admitted and not set_problems and isinstance(priority, Priority):
         after = _after_defrag(snapshot, namespace, vmi, ask, vmis, now, grace, node_selector,
                               tolerations, permitted, defrag_max_moves)
     return Explanation(namespace, vmi, request.devices, admitted, reason,

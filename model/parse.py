@@ -15,7 +15,8 @@ from typing import Any, Mapping
 
 from model.device.dra import DeviceRef
 from model.reasons import Code
-from model.priority import DEFAULT_PRIORITY, ClassPreemption, PreemptionPolicy, Priority
+from model.priority import (DEFAULT_PRIORITY, ClassPreemption, PreemptionPolicy, Priority, PriorityClassInfo,
+                            PriorityScope, ScopeRequirement)
 from model.types import (
     DEVICES_ANNOTATION,
     DRA_QUOTA_SUFFIX,
@@ -496,17 +497,74 @@ def _parse_device_record(r: _Reader, value: Any) -> DeviceRef | None:
                      r.text(m.get("device"), "status.device.device", required=True))
 
 
+_APPLIES_TO_LAUNCHERS = {"NotTerminating": True, "NotBestEffort": True, "Terminating": False,
+                         "BestEffort": False, "CrossNamespacePodAffinity": False,
+                         "VolumeAttributesClass": False}
+"""Whether a ResourceQuota scope other than PriorityClass matches a VMI's launcher Pod: it
+sets no `activeDeadlineSeconds` (NotTerminating), requests CPU and memory (NotBestEffort),
+and the binder does not model Pod affinity across namespaces nor PVC scopes (they limit
+Pods and claims, which kube-apiserver itself checks at the launcher's creation). A scope
+not listed (a newer Kubernetes') is taken as matching: fail closed."""
+
+
+def _quota_scope(r: _Reader, spec: Mapping[str, Any]) -> tuple[bool, PriorityScope | None]:
+    """(whether the quota can apply to a VMI's set at all, its PriorityClass scope or None)
+    from `spec.scopes` and `spec.scopeSelector.matchExpressions`, all of which must match
+    (as kube-apiserver's quota evaluator reads them). Raises ParseError for a malformed
+    list, an unknown operator, In/NotIn without values or Exists/DoesNotExist with some."""
+    scopes = spec.get("scopes") or []
+    if not isinstance(scopes, list) or not all(isinstance(x, str) for x in scopes):
+        raise r.fail("spec.scopes", "must be a list of strings")
+    reqs: list[ScopeRequirement] = []
+    applies = True
+    for name in scopes:
+        if name == "PriorityClass":
+            reqs.append(ScopeRequirement("Exists"))
+        else:
+            applies = applies and _APPLIES_TO_LAUNCHERS.get(name, True)
+    selector = r.obj(spec.get("scopeSelector"), "spec.scopeSelector")
+    exprs = selector.get("matchExpressions") or []
+    if not isinstance(exprs, list):
+        raise r.fail("spec.scopeSelector.matchExpressions", "must be a list")
+    for i, e in enumerate(exprs):
+        f = f"spec.scopeSelector.matchExpressions[{i}]"
+        e = r.obj(e, f, required=True)
+        name = r.text(e.get("scopeName"), f"{f}.scopeName", required=True)
+        op = r.text(e.get("operator"), f"{f}.operator", required=True)
+        if op not in _SELECTOR_OPERATORS:
+            raise r.fail(f"{f}.operator", f"unknown operator {op!r}")
+        values = e.get("values") or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise r.fail(f"{f}.values", "must be a list of strings")
+        if name != "PriorityClass":
+            applies = applies and _APPLIES_TO_LAUNCHERS.get(name, True)
+            continue
+        if op in ("In", "NotIn") and not values:
+            raise r.fail(f"{f}.values", f"required for operator {op}")
+        if op in ("Exists", "DoesNotExist") and values:
+            raise r.fail(f"{f}.values", f"must be empty for operator {op}")
+        reqs.append(ScopeRequirement(op, tuple(values)))
+    return applies, (PriorityScope(tuple(reqs)) if reqs else None)
+
+
 def parse_budgets(resource_quota: dict) -> list[Budget]:
     """A ResourceQuota → one Budget per `spec.hard["requests.<resourceName>"]` whose resource
     is an extended resource (contains "/"), and one per DRA device count
     `spec.hard["<deviceClassName>.deviceclass.resource.k8s.io/devices"]` (a device-mode
     class's budget, DR1; its resource is the key itself), in key order; other keys are
-    ignored. Raises
-    ParseError for a missing name/namespace or a budget that is not a whole, non-negative
-    quantity."""
+    ignored.
+
+    Scopes (P1, docs/contract.md §3c): a `scopeSelector` on `PriorityClass` (In, NotIn,
+    Exists, DoesNotExist; `spec.scopes: [PriorityClass]` is Exists) gives every Budget that
+    `scope`: it applies only to sets whose recorded PriorityClass matches. A quota with a
+    scope that never matches a VMI's launcher Pod (Terminating, BestEffort,
+    CrossNamespacePodAffinity, VolumeAttributesClass) gives no Budget; NotTerminating and
+    NotBestEffort always match. Raises ParseError for a missing name/namespace, a budget
+    that is not a whole, non-negative quantity, or a malformed scope."""
     r, meta = _metadata(resource_quota, "ResourceQuota", namespaced=True)
     spec = r.obj(resource_quota.get("spec"), "spec")
     hard = r.obj(spec.get("hard"), "spec.hard")
+    applies, scope = _quota_scope(r, spec)
     budgets = []
     for key in sorted(k for k in hard if isinstance(k, str)):
         if key.endswith(DRA_QUOTA_SUFFIX) and not key.startswith("requests."):
@@ -518,8 +576,31 @@ def parse_budgets(resource_quota: dict) -> list[Budget]:
         n = parse_quantity_int(hard[key])
         if n is None or n < 0:
             raise r.fail(f"spec.hard[{key}]", f"must be a whole, non-negative number, got {hard[key]!r}")
-        budgets.append(Budget(meta["namespace"], resource, n))
-    return budgets
+        budgets.append(Budget(meta["namespace"], resource, n, scope))
+    return budgets if applies else []
+
+
+def parse_priority_class(obj: dict) -> PriorityClassInfo:
+    """A `scheduling.k8s.io/v1` PriorityClass → PriorityClassInfo (P1): `value` (required, a
+    32-bit integer), `globalDefault` (default false), `preemptionPolicy` (default
+    PreemptLowerPriority). Raises ParseError ("PriorityClass spot: value: ...") for a missing
+    name or value, a value that is not a 32-bit integer, a globalDefault that is not a
+    boolean or a preemptionPolicy other than PreemptLowerPriority/Never."""
+    r, meta = _metadata(obj, "PriorityClass", namespaced=False)
+    value = obj.get("value")
+    if value is None:
+        raise r.fail("value", "required")
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**31) <= value < 2**31:
+        raise r.fail("value", f"must be a 32-bit integer, got {value!r}")
+    default = obj.get("globalDefault", False)
+    if default is None:
+        default = False
+    if not isinstance(default, bool):
+        raise r.fail("globalDefault", f"must be a boolean, got {default!r}")
+    policy = r.text(obj.get("preemptionPolicy"), "preemptionPolicy") or PreemptionPolicy.PREEMPT_LOWER.value
+    if policy not in tuple(PreemptionPolicy):
+        raise r.fail("preemptionPolicy", f"must be PreemptLowerPriority or Never, got {policy!r}")
+    return PriorityClassInfo(meta["name"], value, default, PreemptionPolicy(policy))
 
 
 # --- VMI annotations (W1) -------------------------------------------------------------------

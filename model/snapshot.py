@@ -29,6 +29,7 @@ from model.counts import DeviceMap, Index
 from model.device.records import NodeMemo, Records, free_devices, held_names, holds_by_node, records_of, touched_nodes
 from model.device.seam import CountMode, mode_of
 from model.hold import Hold
+from model.priority import PriorityClassInfo, PriorityScope
 from model.reasons import BudgetExhausted, ClassNotFound, ClassProblem, DeviceNotFound, NoFreeUnit, NotEntitled, Reason
 from model.types import (
     Budget,
@@ -75,7 +76,7 @@ class _Static:
 
     __slots__ = ("nodes", "classes", "namespaces", "budgets", "alloc", "labels", "class_res",
                  "advertising", "cordoned", "unplaceable", "foreign", "tainted", "views", "_serving", "_entitled",
-                 "mode")
+                 "mode", "scoped", "scoped_ns", "priority_classes")
 
     def __init__(self, nodes: Iterable[Node], classes: Iterable[GPUClass],
                  namespaces: Iterable[Namespace], budgets: Iterable[Budget]) -> None:
@@ -83,9 +84,20 @@ class _Static:
         self.classes = {c.name: c for c in classes}
         self.namespaces = {n.name: n for n in namespaces}
         self.budgets: dict[tuple[str, str], int] = {}
+        scoped: dict[tuple[str, str], list[tuple[int, PriorityScope]]] = {}
         for b in budgets:
             key = (b.namespace, b.resource_name)
+            if b.scope is not None:
+                scoped.setdefault(key, []).append((b.hard, b.scope))
+                continue
             self.budgets[key] = min(b.hard, self.budgets.get(key, b.hard))
+        self.scoped: dict[tuple[str, str], tuple[tuple[int, PriorityScope], ...]] = {
+            k: tuple(v) for k, v in scoped.items()}
+        """Budgets scoped on PriorityClass by (namespace, resource): (hard, scope) each (P1)."""
+        self.scoped_ns = frozenset(ns for ns, _ in self.scoped)
+        self.priority_classes: Mapping[str, PriorityClassInfo] = MappingProxyType({})
+        """The namespaces with a scoped budget: the only ones whose Bound devices the index
+        also counts per recorded PriorityClass (`model.counts.Index.tenant_pc`)."""
         self.alloc = {name: dict(n.allocatable) for name, n in self.nodes.items()}
         self.labels = {name: dict(n.labels) for name, n in self.nodes.items()}
         self.class_res = {c.name: c.resource_name for c in self.classes.values()}
@@ -162,15 +174,20 @@ class Snapshot:
     def build(cls, *, nodes: Iterable[Node] = (), classes: Iterable[GPUClass] = (),
               devices: Iterable[GPUDevice] = (), budgets: Iterable[Budget] = (),
               namespaces: Iterable[Namespace] = (),
-              reservations: Iterable[Hold] = ()) -> Snapshot:
+              reservations: Iterable[Hold] = (),
+              priority_classes: Iterable[PriorityClassInfo] = ()) -> Snapshot:
         """A snapshot of these objects. Later duplicates (same name or key) win; several
-        budgets of one tenant and resource keep the smallest. O(1) beyond copying the
-        inputs: the index is built on the first question."""
+        budgets of one tenant and resource keep the smallest (those scoped on PriorityClass
+        are kept each, P1). O(1) beyond copying the inputs: the index is built on the first
+        question."""
         by_ns: dict[str, dict[str, GPUDevice]] = {}
         for d in devices:
             by_ns.setdefault(d.namespace, {})[d.name] = d
-        return cls(_Static(nodes, classes, namespaces, budgets), by_ns, tuple(reservations), None,
-                   memo=NodeMemo())
+        st = _Static(nodes, classes, namespaces, budgets)
+        pcs = {pc.name: pc for pc in priority_classes}
+        if pcs:
+            st.priority_classes = MappingProxyType(pcs)
+        return cls(st, by_ns, tuple(reservations), None, memo=NodeMemo())
 
     # --- read-only views --------------------------------------------------------------
 
@@ -188,6 +205,11 @@ class Snapshot:
     def namespaces(self) -> Mapping[str, Namespace]:
         """Namespaces by name (only those given to `build`)."""
         return self._st.views[2]
+
+    @property
+    def priority_classes(self) -> Mapping[str, PriorityClassInfo]:
+        """The cluster's PriorityClasses by name (P1: `model.priority.resolve_priority`)."""
+        return self._st.priority_classes
 
     @property
     def budgets(self) -> Mapping[tuple[str, str], int]:
@@ -262,6 +284,80 @@ class Snapshot:
     def budget_of(self, namespace: str, resource: str) -> int | None:
         """The tenant's budget of `resource` (smallest quota), or None for no cap."""
         return self._st.budgets.get((namespace, resource))
+
+    def scoped_budgets(self, namespace: str, resource: str) -> tuple[tuple[int, PriorityScope], ...]:
+        """The tenant's budgets of `resource` scoped on PriorityClass (P1): (hard, scope)
+        each, in no particular order; empty when it has none."""
+        return self._st.scoped.get((namespace, resource), ())
+
+    def scoped_budget_refusal(self, namespace: str, resource: str, priority_class: str | None,
+                              pending: int, bound_classes: Iterable[str | None] = ()
+                              ) -> BudgetExhausted | None:
+        """P1: the first budget of `resource` scoped on PriorityClass that a set of
+        `priority_class` (its recorded class, None: none) takes over, as a BudgetExhausted
+        naming the scope; None when every such budget has room (or none applies).
+
+        A scoped budget applies only when its scope matches `priority_class`; it counts the
+        tenant's Bound devices whose recorded class (`bindRequest.priorityClassName`)
+        matches it, plus the budget slots the reservations of such sets hold. What the set
+        adds to it: its `pending` members of `resource`, plus its Bound members whose
+        recorded class does not match yet (`bound_classes`: the recorded class of each
+        Bound member of `resource`; a held device recorded under another class enters the
+        scope when this set records its own). Nothing is checked when the set adds
+        nothing (moves do not change usage)."""
+        scoped = self._st.scoped.get((namespace, resource))
+        if not scoped:
+            return None
+        bound_classes = tuple(bound_classes)
+        counts = None
+        for hard, scope in scoped:
+            if not scope.matches(priority_class):
+                continue
+            adds = pending + sum(1 for c in bound_classes if not scope.matches(c))
+            if not adds:
+                continue
+            if counts is None:
+                counts = self._index().tenant_pc.get((namespace, resource), {})
+            bound = sum(n for c, n in counts.items() if scope.matches(c))
+            reserved = self._scoped_reserved(namespace, resource, scope)
+            if bound + reserved + adds > hard:
+                return BudgetExhausted(namespace, resource, bound, hard, adds, reserved, scope.describe())
+        return None
+
+    def scoped_usage(self, namespace: str, resource: str, scope: PriorityScope) -> int:
+        """What counts against a budget of `resource` scoped on `scope` (P1): the tenant's
+        Bound devices whose recorded class matches it, plus the budget slots reservations of
+        such sets hold. 0 when the tenant has no scoped budget of `resource` (not counted)."""
+        if not self._st.scoped.get((namespace, resource)):
+            return 0
+        counts = self._index().tenant_pc.get((namespace, resource), {})
+        return (sum(n for c, n in counts.items() if scope.matches(c))
+                + self._scoped_reserved(namespace, resource, scope))
+
+    def _scoped_reserved(self, namespace: str, resource: str, scope: PriorityScope) -> int:
+        """Budget slots of `resource` held by the tenant's reservations in flight whose set's
+        recorded class matches `scope` (the largest per request, as the index counts them;
+        a hold's class is the one its landing members record for its request)."""
+        per_request: dict[str, int] = {}
+        for r in self._reservations:
+            if r.namespace != namespace:
+                continue
+            n = next((n for res, n in r.budget_needs if res == resource), 0)
+            if not n or not scope.matches(self._hold_class(r)):
+                continue
+            per_request[r.request_id] = max(n, per_request.get(r.request_id, 0))
+        return sum(per_request.values())
+
+    def _hold_class(self, hold: Hold) -> str | None:
+        """The PriorityClass recorded for `hold`'s request on its landing members (None:
+        none, or no member carries the request)."""
+        inner = self._by_ns.get(hold.namespace, {})
+        for (_, name), _res in hold.landing:
+            d = inner.get(name)
+            br = d.status.bind_request if d is not None else None
+            if br is not None and br.id == hold.request_id:
+                return br.priority.class_name
+        return None
 
     def entitled(self, namespace: str, class_name: str) -> bool:
         """True when the class exists and its namespaceSelector (None: all) matches the
@@ -478,6 +574,8 @@ class Snapshot:
         first question, so this costs one pass over the devices then."""
         st = _Static(nodes, self._st.classes.values(), self._st.namespaces.values(), ())
         st.budgets.update(self._st.budgets)
+        st.scoped, st.scoped_ns = self._st.scoped, self._st.scoped_ns
+        st.priority_classes = self._st.priority_classes
         return Snapshot(st, self._by_ns, self._reservations, None, self._rec, NodeMemo())
 
     def _derive(self, by_ns, changes, reservations, added=None) -> Snapshot:

@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Mapping
 
 from model.device.dra import DeviceRef, DeviceSet, SliceDevice
-from model.priority import DEFAULT_PRIORITY, ClassPreemption, Priority
+from model.priority import DEFAULT_PRIORITY, ClassPreemption, Priority, PriorityScope
 from model.reasons import DRA_DEVICES_SUFFIX, Code, Cordoned, NotKubevirtSchedulable, NotReady, Reason
 
 GROUP = "gpu.cozystack.io"
@@ -392,9 +392,13 @@ class GPUDevice:
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """A tenant's cap on Bound (plus being-bound) devices of one resource: the smallest
-    ResourceQuota `spec.hard["requests.<resourceName>"]` in the namespace."""
+    """A tenant's cap on Bound (plus being-bound) devices of one resource: one ResourceQuota's
+    `spec.hard["requests.<resourceName>"]` in the namespace. `scope` None: the quota applies
+    to every set (the smallest such hard governs); else only to the sets whose recorded
+    PriorityClass matches it, counting only their devices (P1, a `scopeSelector` on
+    `PriorityClass`, as kube-apiserver applies it to Pods)."""
 
     namespace: str
     resource_name: str
     hard: int
+    scope: PriorityScope | None = None

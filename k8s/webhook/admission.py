@@ -218,7 +218,7 @@ class VMIAdmission:
         permitted = self.cache.permitted_resources()
         plan = check(snap, review.namespace, review.name, review.ask, vmis, self.now(),
                      self.grace, node_selector=selector, tolerations=review.tolerations,
-                     permitted=permitted)
+                     permitted=permitted, priority_class_name=review.priority_class_name)
         if isinstance(plan, Refusal):
             return plan
         kept = unpermitted_gpu_entries(review.object, effective_resources(snap), permitted)
@@ -274,7 +274,8 @@ class VMIAdmission:
         selector = node_selector_of(review.object, self.cache.launcher_defaults())  # B3
         permitted = self.cache.permitted_resources()
         plan = check(snap, ns, vmi, review.ask, vmis, now, self.grace, node_selector=selector,
-                     tolerations=review.tolerations, permitted=permitted)
+                     tolerations=review.tolerations, permitted=permitted,
+                     priority_class_name=review.priority_class_name)
         if isinstance(plan, Refusal):
             self._rejection(ns, plan.code)
             raise Denied.of(refusal_denial(plan))

@@ -109,7 +109,9 @@ class Review:
     """A VMI CREATE AdmissionReview as the webhook acts on it. `namespace` and `name` are ""
     when absent (only a review with `ask` None may lack them); `object` is the VMI as sent
     (read, never mutated); `ask` is None when the VMI carries no GPU annotation (not the
-    webhook's business: admitted unchanged), and then `tolerations` is () unread."""
+    webhook's business: admitted unchanged), and then `tolerations` is () unread and
+    `priority_class_name` None. `priority_class_name` is the VMI's `spec.priorityClassName`
+    (None when absent or empty; P1 resolves it)."""
 
     uid: str
     operation: str
@@ -121,6 +123,7 @@ class Review:
     groups: tuple[str, ...]
     ask: VMIAsk | None
     tolerations: tuple[Toleration, ...]
+    priority_class_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,8 +153,8 @@ def decode(raw: bytes) -> Review | Rejected:
     MALFORMED (not JSON, not an admission.k8s.io/v1 AdmissionReview, no string uid, a review
     of another kind or operation, no object, a dryRun that is not a boolean) or INVALID (the
     VMI's metadata or annotations are not what Kubernetes allows, an unknown or malformed
-    `gpu.cozystack.io/` annotation, malformed tolerations or no name on a VMI asking for
-    GPUs). Never raises (W6)."""
+    `gpu.cozystack.io/` annotation, malformed tolerations, a `spec.priorityClassName` that
+    is not a string or no name on a VMI asking for GPUs). Never raises (W6)."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -210,11 +213,17 @@ def decode_request(req: Mapping[str, Any]) -> Review | Rejected:
     except ParseError as exc:
         return rejected(InvalidAnnotations(namespace, name, exc.field, exc.problem))
     tolerations: tuple[Toleration, ...] = ()
+    priority_class: str | None = None
     if ask is not None:
         try:
             tolerations = parse_tolerations(_obj(obj.get("spec")).get("tolerations"))
         except ParseError as exc:
             return rejected(InvalidVmi(namespace, name, exc.field, exc.problem))
+        raw_class = _obj(obj.get("spec")).get("priorityClassName")
+        if raw_class is not None and not isinstance(raw_class, str):
+            return rejected(InvalidVmi(namespace, name, "spec.priorityClassName",
+                                       f"must be a string, got {type(raw_class).__name__}"))
+        priority_class = raw_class or None
         if not namespace or not name:
             return rejected(NoName())
     user = _obj(req.get("userInfo"))
@@ -222,4 +231,4 @@ def decode_request(req: Mapping[str, Any]) -> Review | Rejected:
     return Review(uid=uid, operation=operation, namespace=namespace, name=name, object=obj,
                   dry_run=bool(dry_run), user=_text(user.get("username")),
                   groups=tuple(g for g in groups if isinstance(g, str)), ask=ask,
-                  tolerations=tolerations)
+                  tolerations=tolerations, priority_class_name=priority_class)

@@ -26,14 +26,15 @@ from model.admission import AdmissionPlan, attachment_is_live, effective_resourc
 from model.claim import (Claim, ClaimMember, build_claim, claim_vmi_patch, members_of,
                          parse_claim, same_spec, stamp_ops)
 from model.housekeeping import VMIs
-from model.parse import ParseError, format_time, parse_gpu_device, tolerations_to_list
+from model.parse import ParseError, device_status_to_dict, format_time, parse_gpu_device
 from model.reasons import (ApiForbidden, ApiInvalid, ApiThrottled, ApiUnavailable, AttachmentRefused,
                            BinderRefused, ClaimBeingDeleted, ClaimInUse, ClaimNameTaken,
                            ClaimOverQuota, DeviceAttached, DeviceBeingDeleted, DeviceDeleted,
                            DeviceDisappeared, DeviceKeptChanging, DeviceMalformed, NameUnconfirmed,
                            NotBoundInTime, Reason, SameNameConflict, VmiExists)
 from model.snapshot import Snapshot
-from model.types import GROUP, TEMPLATE_FOR_LABEL, VERSION, Labels, Result, Toleration
+from model.types import (GROUP, TEMPLATE_FOR_LABEL, VERSION, BindRequest, DeviceStatus, Labels, Phase, Result,
+                         Toleration)
 
 log = structlog.get_logger("gpu_binder.admission")
 
@@ -297,16 +298,14 @@ async def create_templates(api: Api, view: IndexedView, attempt: Attempt,
 def request_body(attempt: Attempt, plan: AdmissionPlan, selector: Labels,
                  tolerations: tuple[Toleration, ...]) -> dict:
     """W3 (3): the one `bindRequest` every device of the set carries: id (the admission),
-    vmi, devices, requestedAt (now), and the VMI's launcher nodeSelector and tolerations,
-    which the binder judges nodes against (B3)."""
-    body: dict[str, Any] = {"id": attempt.admission, "vmi": attempt.vmi,
-                            "devices": list(plan.devices),
-                            "requestedAt": format_time(attempt.now())}
-    if selector:
-        body["nodeSelector"] = dict(selector)
-    if tolerations:
-        body["tolerations"] = tolerations_to_list(tolerations)
-    return body
+    vmi, devices, requestedAt (now), the VMI's launcher nodeSelector and tolerations,
+    which the binder judges nodes against (B3), and the set's priority as resolved at
+    admission (P1: priority, preemptionPolicy, priorityClassName; omitted when it is the
+    default, as `model.parse.device_status_to_dict` writes it). Tenants cannot write the
+    status subresource, so the recorded priority is the binder's from then on."""
+    br = BindRequest(attempt.admission, attempt.vmi, tuple(plan.devices), attempt.now(),
+                     selector, tolerations=tolerations, priority=plan.priority)
+    return device_status_to_dict(DeviceStatus(Phase.PENDING, bind_request=br))["bindRequest"]
 
 
 def _judge_read(raw: dict, name: str, attempt: Attempt, request: Mapping[str, Any]) -> bool:

@@ -22,7 +22,8 @@ One module per section; this package re-exports every public name, so callers im
 - `admission`: the webhook's own checks (W1) and its denial `CannotPlace`;
 - `steps`: the webhook's steps on the API server (W1's live read, W3, W4);
 - `claims`: the webhook's ResourceClaim of a device-mode set (DR5, W4, W5);
-- `transport`: the webhook's transport and decoder (W6), and its own availability.
+- `transport`: the webhook's transport and decoder (W6), and its own availability;
+- `priority`: a set's priority that cannot be had (P1: a PriorityClass not found).
 Every module imports only `codes` (`ledger` also `nodes`). Pure; imports nothing from the
 rest of `model`.
 """
@@ -59,3 +60,4 @@ from model.reasons.transport import (AdmissionCrashed, AdmissionTimedOut, BodyNo
                                      DryRunNotBoolean, InvalidAnnotations, InvalidVmi,
                                      MalformedMetadata, NoName, NotACreate, NotAReview, NotAVmi,
                                      NotSynced, ShuttingDown, WrongMediaType)
+from model.reasons.priority import PriorityClassNotFound

@@ -139,6 +139,8 @@ class Code(str, Enum):
     SHUTTING_DOWN = "shutting_down"
     ADMISSION_TIMED_OUT = "admission_timed_out"
     ADMISSION_CRASHED = "admission_crashed"
+    # priority as Kubernetes computes it (P1)
+    PRIORITY_CLASS_NOT_FOUND = "priority_class_not_found"
 
     @property
     def category(self) -> Category:
@@ -184,6 +186,7 @@ _CATEGORY: dict[Code, Category] = {
         Code.DEVICE_UNRECORDED, Code.CLAIM_BEING_DELETED, Code.CLAIM_IN_USE)},
     **{c: Category.POLICY for c in (Code.CLAIM_NAME_TAKEN, Code.CLAIM_OVER_QUOTA)},
     Code.ADMISSION_CRASHED: Category.INTERNAL,
+    Code.PRIORITY_CLASS_NOT_FOUND: Category.POLICY,
 }
 """Every `Code`'s `Category` (no default: see `Code.category`)."""
 

@@ -73,7 +73,9 @@ class NotEntitled(Reason):
 class BudgetExhausted(Reason):
     """The tenant's budget of `resource` (devices): `bound` Bound now and `reserved` being
     bound (held by decisions whose writes have not landed yet), `budget` the cap, `adds`
-    what the set (or order) would add."""
+    what the set (or order) would add. `scope`: for a ResourceQuota scoped on PriorityClass
+    (P1), the scope as it reads ("PriorityClass In (on-demand)"; the counts are then those
+    of the sets it matches); None for a quota on every set."""
     code: ClassVar[Code] = Code.BUDGET_EXHAUSTED
     namespace: str
     resource: str
@@ -81,6 +83,7 @@ class BudgetExhausted(Reason):
     budget: int
     adds: int
     reserved: int = 0
+    scope: str | None = None
 
     @property
     def usage(self) -> int:
@@ -88,13 +91,14 @@ class BudgetExhausted(Reason):
         return self.bound + self.reserved
 
     def render(self) -> str:
+        scoped = f" of sets of {self.scope}" if self.scope else ""
         if self.budget == 0 and not self.bound and not self.reserved:
-            return (f"tenant {self.namespace} has no budget for {resource_label(self.resource)} "
+            return (f"tenant {self.namespace} has no budget for {resource_label(self.resource)}{scoped} "
                     f"(its ResourceQuota allows 0), request adds {self.adds}")
         being = f" + {self.reserved} being bound" if self.reserved else ""
         # "exhausted" only when nothing is left; else the request is what does not fit
         state = "exhausted" if self.usage >= self.budget else "too small for the request"
-        return (f"budget of tenant {self.namespace} for {resource_label(self.resource)} {state}: "
+        return (f"budget of tenant {self.namespace} for {resource_label(self.resource)}{scoped} {state}: "
                 f"{self.bound} bound{being} of {self.budget}, request adds {self.adds}")
 
 

@@ -145,6 +145,7 @@ WORDING = [
     (r.ShuttingDown(), "gpu-binder replica is shutting down; retry"),
     (r.AdmissionTimedOut(25.0), "gpu-binder admission did not finish within 25 s; retry"),
     (r.AdmissionCrashed("KeyError"), "gpu-binder admission failed internally: KeyError"),
+    (r.PriorityClassNotFound("on-demnad"), "no PriorityClass with name on-demnad was found"),
 ]
 
 
@@ -263,6 +264,7 @@ def test_succeeded_wording():
     (Code.VMI_EXISTS, Category.POLICY), (Code.ATTACHMENT_REFUSED, Category.INVALID),
     (Code.NO_DEVICE_GROUP, Category.POLICY), (Code.CLASS_PROBLEM, Category.POLICY),
     (Code.MIXED_MODES, Category.INVALID),
+    (Code.PRIORITY_CLASS_NOT_FOUND, Category.POLICY),
 ])
 def test_categories(code, category):
     assert code.category is category
