@@ -22,7 +22,9 @@ One module per section; this package re-exports every public name, so callers im
 - `admission`: the webhook's own checks (W1) and its denial `CannotPlace`;
 - `steps`: the webhook's steps on the API server (W1's live read, W3, W4);
 - `claims`: the webhook's ResourceClaim of a device-mode set (DR5, W4, W5);
-- `transport`: the webhook's transport and decoder (W6), and its own availability.
+- `transport`: the webhook's transport and decoder (W6), and its own availability;
+- `line`: the waiting line (P5): a set behind another, a reserved node, and `explain`'s
+  place in line (`LinePlace`, no code).
 Every module imports only `codes` (`ledger` also `nodes`). Pure; imports nothing from the
 rest of `model`.
 """
@@ -59,3 +61,4 @@ from model.reasons.transport import (AdmissionCrashed, AdmissionTimedOut, BodyNo
                                      DryRunNotBoolean, InvalidAnnotations, InvalidVmi,
                                      MalformedMetadata, NoName, NotACreate, NotAReview, NotAVmi,
                                      NotSynced, ShuttingDown, WrongMediaType)
+from model.reasons.line import BehindInLine, InLine, LinePlace, NodeReserved, Waiter

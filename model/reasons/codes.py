@@ -139,6 +139,9 @@ class Code(str, Enum):
     SHUTTING_DOWN = "shutting_down"
     ADMISSION_TIMED_OUT = "admission_timed_out"
     ADMISSION_CRASHED = "admission_crashed"
+    # the waiting line (P5)
+    BEHIND_IN_LINE = "behind_in_line"
+    NODE_RESERVED = "node_reserved"
 
     @property
     def category(self) -> Category:
@@ -184,6 +187,7 @@ _CATEGORY: dict[Code, Category] = {
         Code.DEVICE_UNRECORDED, Code.CLAIM_BEING_DELETED, Code.CLAIM_IN_USE)},
     **{c: Category.POLICY for c in (Code.CLAIM_NAME_TAKEN, Code.CLAIM_OVER_QUOTA)},
     Code.ADMISSION_CRASHED: Category.INTERNAL,
+    **{c: Category.UNAVAILABLE for c in (Code.BEHIND_IN_LINE, Code.NODE_RESERVED)},
 }
 """Every `Code`'s `Category` (no default: see `Code.category`)."""
 
