@@ -393,7 +393,8 @@ def fits_on(snapshot: Snapshot, e: Entry, node: str) -> bool:
 def _units_free_for(snap: Snapshot, e: Entry, node: str, unplaceable: frozenset[str]) -> bool:
     """The cheap necessary part of `fits_on`: `node` placeable, serving every class of the
     set, matching its node selector, with its units free (members Bound elsewhere and new
-    ones count). False also when a class is unknown (the set is then refused, not waiting)."""
+    ones count). False also when a class or a held device is unknown (the set is then
+    refused for that, whatever the room)."""
     if node not in snap.nodes or node in unplaceable:
         return False
     classes = snap.classes
@@ -406,7 +407,9 @@ def _units_free_for(snap: Snapshot, e: Entry, node: str, unplaceable: frozenset[
         if c not in classes or not snap.serves(node, c):
             return False
         d = snap.device(e.identity.namespace, name)
-        if d is None or d.bound_node != node:
+        if d is None:
+            return False  # refused for it whatever the room
+        if d.bound_node != node:
             need[classes[c].resource_name] = need.get(classes[c].resource_name, 0) + 1
     sel = e.shape.node_selector
     if sel and not labels_include(snap.node_labels(node), sel):

@@ -20,7 +20,7 @@ from model.decide import Placement, Request, decide
 from model.device.dra import DeviceRef
 from model.explain import explain
 from model.line import _carried_out  # the placement carried out, as may_place sees it
-from model.line import (ALLOWED, DEFAULT_RESERVE_AFTER, DEFAULT_TTL, MAX_AHEAD_SHOWN, ROOM_CODES,
+from model.line import (ALLOWED, DEFAULT_RESERVE_AFTER, DEFAULT_TTL, MAX_AHEAD_SHOWN, MAX_DECIDED, ROOM_CODES,
                         Allowed, Behind, Entry, Identity, Line, LineSettings, Reserved, Shape,
                         entry, entry_request, fits_on, line_place, may_place, placeable,
                         request_priority, reservation, shape_of, shape_of_ask, soonest,
@@ -260,6 +260,27 @@ def fleet() -> Snapshot:
 def test_P5_empty_line_allows_at_once():
     snap, req, p = fresh(fleet(), "r")
     assert may_place(Line(), snap, req, p) is ALLOWED
+
+
+def test_P5_the_cost_nothing_for_an_empty_line_and_at_most_the_cap_for_a_long_one(monkeypatch):
+    import model.line as ml
+    judged = []
+    real_fits, real_placeable = ml.fits_on, ml.placeable
+    monkeypatch.setattr(ml, "fits_on", lambda *a: judged.append(a[1]) or real_fits(*a))
+    monkeypatch.setattr(ml, "placeable", lambda *a: judged.append(a[1]) or real_placeable(*a))
+    snap, req, p = fresh(fleet(), "small")
+    assert may_place(Line(), snap, req, p) is ALLOWED and judged == []
+    # 40 sets ahead too large for n1 or n2, 20 of another class: only count checks
+    line = Line([waiting(f"huge{i}", 5, at=i) for i in range(40)]
+                + [waiting(f"l{i}", 1, "l40s", at=i) for i in range(20)])
+    assert may_place(line, snap, req, placement_on(snap, req, "n1")) is ALLOWED and judged == []
+    # 40 sets ahead that could use n1 and fit elsewhere too: judged up to the cap, then refused
+    roomy = fleet().with_nodes([node("n1", h=4), node("n2", h=4), node("n4", h=8)])
+    snap, req, _ = fresh(roomy, "small")
+    line = Line([waiting(f"one{i}", 1, at=i) for i in range(40)])
+    v = may_place(line, snap, req, placement_on(snap, req, "n1"))
+    assert isinstance(v, Behind) and v.unchecked and v.position == MAX_DECIDED + 1
+    assert len({e.identity for e in judged}) == MAX_DECIDED
 
 
 def test_P5_a_later_set_may_not_take_the_room_the_head_needs():
