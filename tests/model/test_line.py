@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from model import reasons as r
 from model.check import check_set
-from model.decide import Placement, Request, decide
+from model.decide import Placement, Request, assess, decide
 from model.device.dra import DeviceRef
 from model.explain import explain
 from model.line import _carried_out  # the placement carried out, as may_place sees it
@@ -501,6 +501,16 @@ def count_worlds(draw):
 
 
 @st.composite
+def one_tenant_worlds(draw):
+    """`count_worlds` where every waiting set is tenant t1's, under a budget of H100 that
+    is often the tightest limit: the rule that a tenant's earlier set goes first."""
+    snap, line = draw(count_worlds())
+    snap = Snapshot.build(nodes=list(snap.nodes.values()), classes=list(snap.classes.values()),
+                          devices=list(snap.devices.values()), budgets=[Budget("t1", H, draw(st.integers(1, 5)))])
+    return snap, Line(replace(e, identity=Identity("t1", e.identity.vmi)) for e in line)
+
+
+@st.composite
 def device_worlds(draw):
     """1-3 HGX nodes (8 GPUs, partitions 1/2/4/8) with random GPUs taken by foreign claims
     and running sets of tenant o; a line of 0-5 entries of 1, 2, 4 or 8 GPUs."""
@@ -578,6 +588,33 @@ def test_P5_P6_property_count_mode(world_line, data):
     me = _the_set(data.draw, line, ["h100", "l40s"], [1, 2, 3])
     _check_p6(snap, line, me)
     _check_head(snap, line)
+
+
+@PROPS
+@given(one_tenant_worlds(), st.data())
+def test_P5_P6_property_one_tenant_under_budget(world_line, data):
+    snap, line = world_line
+    me = _the_set(data.draw, line, ["h100"], [1, 2, 3])
+    _check_p6(snap, line, replace(me, identity=Identity("t1", me.identity.vmi, me.identity.vm_uid)))
+
+
+@PROPS
+@given(count_worlds(), st.integers(0, 30))
+def test_P5_reservations_are_distinct_nodes_where_room_alone_is_missing(world_line, minutes):
+    """Heads past `reserveAfter` reserve distinct nodes, each one where the head fails on
+    room only (or fits); the same inputs give the same reservations."""
+    snap, line = world_line
+    now = T0 + timedelta(minutes=minutes)
+    res = reservation(line, snap, now, LineSettings(reserve_after=timedelta(minutes=3)))
+    assert res == reservation(line, snap, now, LineSettings(reserve_after=timedelta(minutes=3)))
+    assert len(set(res.values())) == len(res)
+    heads = {h.identity: h for h in line.heads()}
+    for ident, at in res.items():
+        h = heads[ident]
+        assert now - h.first_refused > timedelta(minutes=3)
+        snap_h, req = entry_request(snap, h)
+        problems = assess(snap_h, req, (at,), with_decision=False).nodes[at]
+        assert all(waits_for_room(p) for p in problems), problems
 
 
 @PROPS
