@@ -30,9 +30,10 @@ from model.device.view import (Blocks, NodeDevices, blocks, largest_device_set, 
 from model.device.dra import DeviceRef
 from model.defrag import DEFAULT_MAX_MOVES, DefragPlan, apply_moves, plan_round
 from model.housekeeping import VMIs
+from model.line import Identity, Line, line_place
 from model.parse import VMIAsk
 from model.priority import Priority, resolve_priority
-from model.reasons import CAPACITY_CODES, W1_DEVICE_CODES, Code, Reason
+from model.reasons import CAPACITY_CODES, W1_DEVICE_CODES, Code, LinePlace, Reason
 from model.snapshot import Snapshot
 from model.types import GPUDevice, Labels, Result, Toleration
 
@@ -137,6 +138,9 @@ class Explanation:
     kept: tuple["KeptSet", ...] = ()
     """H4: the set's devices kept for their VirtualMachine (`attachedTo.keptUntil`), per node."""
     device_nodes: tuple[NodeDevices, ...] = field(default=(), metadata=DEVICE_MODE_ONLY)
+    line: LinePlace | None = field(default=None, metadata={"omit_empty": True})
+    """P5: the set's place in the waiting line of its classes, what is ahead and its
+    reservation (`model.line.line_place`); None when it does not wait or no line was given."""
 
     @property
     def message(self) -> str | None:
@@ -173,7 +177,8 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
             node_selector: Labels = (), tolerations: tuple[Toleration, ...] = (),
             permitted: frozenset[str] | None = None,
             vmi_object: Mapping[str, Any] | None = None,
-            defrag_max_moves: int = DEFAULT_MAX_MOVES) -> Explanation:
+            defrag_max_moves: int = DEFAULT_MAX_MOVES, line: Line | None = None,
+            reservations: Mapping[Identity, str] | None = None) -> Explanation:
     """Explain the admission of VMI `namespace/vmi` asking for `ask` with its own
     `spec.nodeSelector` and `spec.tolerations` (B3), KubeVirt's `permitted` host devices
     (None: no KubeVirt CR) and the VMI object itself (its kept `gpus` entries), as a CREATE of it now would go: W1 (`check`, then
@@ -185,7 +190,9 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
     stay) would make the same admission admit it. P1: the VMI object's
     `spec.priorityClassName` is resolved as the webhook resolves it (a class not found is
     W1's refusal; the request is judged with the priority, for budgets scoped on its
-    class). Pure; never raises."""
+    class). With the waiting `line` (P5), `line` says the VMI's place in it and its
+    reservation (`reservations`, `model.line.reservation`) when it waits. Pure; never
+    raises."""
     vmis = live_vmis if isinstance(live_vmis, VMIs) else VMIs.of_keys(live_vmis)
     vmis = vmis.without((namespace, vmi))
     live_keys = set(vmis.live)
@@ -230,7 +237,9 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
                        d.node if admitted else None, d.rule if admitted else None, moves,
                        tuple(set_problems), verdicts, shortfalls,
                        _budget_short(snap, request), after, _kept_of(snap, request),
-                       device_nodes=_device_nodes(snap, request, d))
+                       device_nodes=_device_nodes(snap, request, d),
+                       line=(line_place(line, Identity(namespace, vmi), reservations)
+                             if line is not None else None))
 
 
 def _kept_of(snap: Snapshot, request: Request) -> tuple["KeptSet", ...]:

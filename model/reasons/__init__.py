@@ -24,6 +24,8 @@ One module per section; this package re-exports every public name, so callers im
 - `claims`: the webhook's ResourceClaim of a device-mode set (DR5, W4, W5);
 - `transport`: the webhook's transport and decoder (W6), and its own availability;
 - `priority`: a set's priority that cannot be had (P1: a PriorityClass not found).
+- `line`: the waiting line (P5): a set behind another, a reserved node, and `explain`'s
+  place in line (`LinePlace`, no code).
 Every module imports only `codes` (`ledger` also `nodes`). Pure; imports nothing from the
 rest of `model`.
 """
@@ -61,3 +63,4 @@ from model.reasons.transport import (AdmissionCrashed, AdmissionTimedOut, BodyNo
                                      MalformedMetadata, NoName, NotACreate, NotAReview, NotAVmi,
                                      NotSynced, ShuttingDown, WrongMediaType)
 from model.reasons.priority import PriorityClassNotFound
+from model.reasons.line import BehindInLine, InLine, LinePlace, NodeReserved, Waiter

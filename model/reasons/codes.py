@@ -141,6 +141,9 @@ class Code(str, Enum):
     ADMISSION_CRASHED = "admission_crashed"
     # priority as Kubernetes computes it (P1)
     PRIORITY_CLASS_NOT_FOUND = "priority_class_not_found"
+    # the waiting line (P5)
+    BEHIND_IN_LINE = "behind_in_line"
+    NODE_RESERVED = "node_reserved"
 
     @property
     def category(self) -> Category:
@@ -187,6 +190,7 @@ _CATEGORY: dict[Code, Category] = {
     **{c: Category.POLICY for c in (Code.CLAIM_NAME_TAKEN, Code.CLAIM_OVER_QUOTA)},
     Code.ADMISSION_CRASHED: Category.INTERNAL,
     Code.PRIORITY_CLASS_NOT_FOUND: Category.POLICY,
+    **{c: Category.UNAVAILABLE for c in (Code.BEHIND_IN_LINE, Code.NODE_RESERVED)},
 }
 """Every `Code`'s `Category` (no default: see `Code.category`)."""
 

@@ -5,6 +5,8 @@ composite refusals take their code from their first reason."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import pytest
 
 from model import reasons as r
@@ -12,6 +14,7 @@ from model.reasons import Category, Code
 from model.reasons.codes import _CATEGORY
 
 H = "nvidia.com/H100"
+SINCE = datetime(2026, 12, 4, 10, tzinfo=timezone.utc)
 
 WORDING = [
     (r.DeviceNotFound("gpu-x"), "device gpu-x not found"),
@@ -146,6 +149,13 @@ WORDING = [
     (r.AdmissionTimedOut(25.0), "gpu-binder admission did not finish within 25 s; retry"),
     (r.AdmissionCrashed("KeyError"), "gpu-binder admission failed internally: KeyError"),
     (r.PriorityClassNotFound("on-demnad"), "no PriorityClass with name on-demnad was found"),
+    (r.BehindInLine("h100", 1, r.Waiter("t1", "big", 1000, "on-demand", SINCE), "n1"),
+     "t1/big (priority 1000 on-demand, waiting since 2026-12-04T10:00:00Z) waits ahead at "
+     "position 1 in the line of class h100 and could start now on node n1, where this set "
+     "would take its room; it goes first; retry"),
+    (r.NodeReserved("n3", "h100", r.Waiter("t2", "eight", 0, None, SINCE)),
+     "node n3 is reserved for t2/eight (priority 0, waiting since 2026-12-04T10:00:00Z), the head "
+     "of the line of class h100 (waiting longer than line.reserveAfter); retry"),
 ]
 
 
@@ -188,6 +198,10 @@ def test_every_code_has_a_wording_row_and_one_reason_type():
      "n2: device gpu-vfio-1 taken"),
     (r.SetNeeds("h100", H, 2, None),
      "the set needs 2 × nvidia.com/H100 (class h100) on one node; no node serving it is eligible"),
+    (r.BehindInLine("h100", 17, r.Waiter("t1", "a", 0, None, SINCE), "n1", unchecked=True),
+     "more sets waiting ahead in the line of class h100 could use node n1 than one decision "
+     "checks, from t1/a (priority 0, waiting since 2026-12-04T10:00:00Z) at position 17; they "
+     "go first; retry"),
 ], ids=lambda x: x.code.value if isinstance(x, r.Reason) else "")
 def test_wording_variants(reason, text):
     assert reason.render() == text
@@ -265,6 +279,7 @@ def test_succeeded_wording():
     (Code.NO_DEVICE_GROUP, Category.POLICY), (Code.CLASS_PROBLEM, Category.POLICY),
     (Code.MIXED_MODES, Category.INVALID),
     (Code.PRIORITY_CLASS_NOT_FOUND, Category.POLICY),
+    (Code.BEHIND_IN_LINE, Category.UNAVAILABLE), (Code.NODE_RESERVED, Category.UNAVAILABLE),
 ])
 def test_categories(code, category):
     assert code.category is category
