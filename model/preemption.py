@@ -408,16 +408,18 @@ def _search(snapshot: Snapshot, request: Request, by_node: dict[str, list[Runnin
     """The best (key, node, victims, placement) over the nodes of `by_node` (each node's
     eligible victims), or None. See the module docstring for the pruning."""
     need = _Need(snapshot, request)
-    problems = _assessed(snapshot, request, sorted(by_node))
-    nodes = []
+    covered = []
     for node, vs in by_node.items():
+        short = need.short(node)
+        frees = {v.key: need.frees(v) for v in vs}
+        if _covers(short, frees.values()):
+            covered.append((node, vs, short, frees))
+    problems = _assessed(snapshot, request, sorted(n for n, _, _, _ in covered))
+    nodes = []
+    for node, vs, short, frees in covered:
         if not all(p.code in _ROOM_CODES and not (isinstance(p, NoDeviceGroup) and p.missing)
                    for p in problems.get(node, ())):
             continue  # cordoned, tainted, not matching, a size it has nowhere: no victim helps
-        short = need.short(node)
-        frees = {v.key: need.frees(v) for v in vs}
-        if not _covers(short, frees.values()):
-            continue
         vs = sorted(vs, key=lambda v: (v.priority.value, v.key[:2], v.admission or ""))
         # the lowest threshold whose pool could cover: a bound on the node's best key
         floor = next(v.priority.value for i, v in enumerate(vs)

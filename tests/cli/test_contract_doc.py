@@ -23,7 +23,7 @@ MD_FILES = ("README.md", "docs/*.md", "*/README.md")
 RULE_IDS = frozenset([*(f"B{i}" for i in range(1, 9)), *(f"D{i}" for i in range(1, 6)),
                       *(f"DR{i}" for i in range(1, 7)), *(f"W{i}" for i in range(1, 8)),
                       *(f"H{i}" for i in range(1, 5))])
-SECTIONS = frozenset(["1", "2", "3", "3a", "3b", "4", "5", "6", "7"])
+SECTIONS = frozenset(["1", "2", "3", "3a", "3b", "3c", "4", "5", "6", "7"])
 INVARIANTS = frozenset(["7.1", "7.2", "7.3", "7.4", "7.5"])
 
 # A rule id as cited: `B3`, `DR4`, `H1-H3` (both ends), `B5a` (part a of B5). One or two digits

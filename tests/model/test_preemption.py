@@ -56,13 +56,19 @@ def vm_set(vmi: str, on: str, gpus: int, *, ns: str = "t", value: int = 0, age: 
 
 
 def asking(vmi: str, gpus: int, *, ns: str = "p", value: int = 1000, cls: str = "h100",
-           policy: PreemptionPolicy = PreemptionPolicy.PREEMPT_LOWER) -> tuple[list[GPUDevice], Request]:
-    """A preemptor: VMI `vmi` asking `gpus` new devices of `cls`, at priority `value`."""
+           policy: PreemptionPolicy = PreemptionPolicy.PREEMPT_LOWER,
+           held_on: tuple[str, int | None] | None = None) -> tuple[list[GPUDevice], Request]:
+    """A preemptor: VMI `vmi` asking `gpus` devices of `cls` at priority `value`: new ones,
+    but with `held_on` (node, GPU index or None) the first is a held device Bound there."""
     names = tuple(f"{vmi}-{cls}-{i}" for i in range(gpus))
     br = BindRequest("rp", vmi, names, NOW, priority=prio(value, policy))
     att = Attachment(vmi, NOW, "adm-p")
     devices = [GPUDevice(ns, n, cls, template_for=vmi, status=DeviceStatus(attached_to=att, bind_request=br))
                for n in names]
+    if held_on is not None:
+        on, index = held_on
+        devices[0] = GPUDevice(ns, names[0], cls, status=DeviceStatus(
+            Phase.BOUND, on, NOW - HOUR, att, br, ref(on, index) if index is not None else None))
     return devices, Request("rp", ns, vmi, names, (), NOW)
 
 
@@ -386,7 +392,8 @@ def fleets(draw, device_mode: bool):
     8 running sets filling them (random priority, start, class Never or
     LowerPriority, held devices, kept; device mode: random GPUs of the board, their claims
     sometimes allocating them), a preemptor larger than the most any node has free (of
-    random priority, sometimes Never), one node sometimes cordoned."""
+    random priority, sometimes Never; sometimes one of its members a held device Bound where a
+    unit is free), one node sometimes cordoned."""
     n_nodes = draw(st.integers(2, 3) if device_mode else st.sampled_from([2, 2, 3, 4]))
     names = [f"n{i}" for i in range(1, n_nodes + 1)]
     cordoned = draw(st.none() | st.sampled_from(names))
@@ -421,8 +428,13 @@ def fleets(draw, device_mode: bool):
         top = max(caps[n] for n in names if n != cordoned)
         size = draw(st.sampled_from([top, top, min(most + 1, top)]))
     policy = draw(st.sampled_from([PreemptionPolicy.PREEMPT_LOWER] * 9 + [PreemptionPolicy.NEVER]))
+    spare = [n for n in names if free[n]]
+    held_on = None
+    if spare and draw(st.integers(0, 2)) == 0:  # one member held, Bound where a unit is free
+        on = draw(st.sampled_from(spare))
+        held_on = (on, free[on].pop(0) if device_mode else None)
     devices, req = asking("p", size, value=draw(st.sampled_from([10, 100, 1000])), policy=policy,
-                          cls=classes[0])
+                          cls=classes[0], held_on=held_on)
     if device_mode:
         nodes = [replace(dra_node(n, classes=(CLASS, "h100xn")), unschedulable=n == cordoned,
                          taken_devices=frozenset(claims[n])) for n in names]
