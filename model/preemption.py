@@ -72,9 +72,14 @@ _ROOM_CODES = CAPACITY_CODES | {Code.NO_DEVICE_GROUP}
 @dataclass(frozen=True, slots=True)
 class PreemptionSettings:
     """The operator's preemption settings: `min_runtime` (`preemption.minRuntime`, P2), how
-    long a set must have run before it may yield."""
+    long a set must have run before it may yield (0: at once)."""
 
     min_runtime: timedelta = DEFAULT_MIN_RUNTIME
+
+    def __post_init__(self) -> None:
+        """Raises ValueError for a negative `min_runtime`."""
+        if self.min_runtime < timedelta(0):
+            raise ValueError(f"preemption.minRuntime must not be negative, got {self.min_runtime}")
 
 
 SetKey = tuple[str, str, str | None]
@@ -314,6 +319,7 @@ def plan_preemption(snapshot: Snapshot, request: Request, now: datetime,
     at `now`, or why there is none (`NoPlan`: the preemptor's policy is Never, the set fits
     without preemption or is refused for another reason than room, no running set may
     yield, or stopping them frees room on no node). Deterministic; never raises."""
+    snapshot = snapshot.without_reservation(request.id)  # its own holds are not against it
     priority = request_priority(snapshot, request)
     if not priority.may_preempt:
         return NoPlan(request.id, PreemptorNever(priority.value, priority.class_name))

@@ -16,6 +16,7 @@ from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 from model.decide import Request, decide, decide_on
+from model.hold import Hold
 from model.preemption import (NoPlan, PreemptionPlan, PreemptionSettings, RunningSet, may_yield,
                               plan_preemption, release_sets, request_priority, running_sets)
 from model.priority import ClassPreemption, PreemptionPolicy, Priority
@@ -75,9 +76,9 @@ def asking(vmi: str, gpus: int, *, ns: str = "p", value: int = 1000, cls: str = 
 NEVER_CLASS = replace(gpu_class("h100n"), preemption=ClassPreemption.NEVER)
 
 
-def count_world(nodes, *sets, classes=None, budgets=()) -> Snapshot:
+def count_world(nodes, *sets, classes=None, budgets=(), reservations=()) -> Snapshot:
     return Snapshot.build(nodes=nodes, classes=classes or [gpu_class(), NEVER_CLASS],
-                          devices=[d for s in sets for d in s], budgets=budgets)
+                          devices=[d for s in sets for d in s], budgets=budgets, reservations=reservations)
 
 
 def victims_of(plan) -> list[str]:
@@ -141,6 +142,22 @@ def test_P2_min_runtime():
     assert victims_of(plan_preemption(snap, req, NOW + timedelta(minutes=1))) == ["young"]
     short = PreemptionSettings(min_runtime=timedelta(minutes=5))
     assert victims_of(plan_preemption(snap, req, NOW, short)) == ["young"]
+
+
+def test_P2_min_runtime_is_not_negative():
+    with pytest.raises(ValueError):
+        PreemptionSettings(min_runtime=timedelta(seconds=-1))
+    devices, req = asking("p", 4)
+    snap = count_world([node("n1", 4)], vm_set("now", "n1", 4, age=timedelta(0)), devices)
+    assert victims_of(plan_preemption(snap, req, NOW, PreemptionSettings(timedelta(0)))) == ["now"]
+
+
+def test_the_preemptors_own_holds_are_not_counted_against_it():
+    devices, req = asking("p", 4)
+    own = Hold("rp", "p", "n1", (("nvidia.com/H100", 4),))
+    snap = count_world([node("n1", 4)], vm_set("low", "n1", 4), devices, reservations=[own])
+    plan = plan_preemption(snap, req, NOW)
+    assert plan.node == "n1" and victims_of(plan) == ["low"]
 
 
 def test_P2_a_class_with_preemption_never_protects_its_sets():
