@@ -315,6 +315,20 @@ def test_decide_on_agrees_with_decide_and_names_only_its_node():
     assert rank is None and d.message.endswith("n1: needs 2 × nvidia.com/H100, has 1 free")
 
 
+@pytest.mark.parametrize("device_mode", [False, True])
+def test_decide_on_ranks_the_nodes_as_decide_orders_its_candidates(device_mode):
+    cls = CLASS if device_mode else "h100"
+    devices, req = asking("p", 2, cls=cls, held_on=("n3", 7 if device_mode else None))
+    fill = {"n1": 5, "n2": 3, "n3": 5, "n4": 3, "n5": 0}  # GPUs taken by a running set per node
+    sets = [vm_set(f"v-{n}", n, k, cls=cls, indices=tuple(range(k)) if device_mode else ())
+            for n, k in fill.items() if k]
+    nodes = [dra_node(n) if device_mode else node(n, 8) for n in fill]
+    snap = (dra_world if device_mode else count_world)(nodes, *sets, devices)
+    ranked = sorted((decide_on(snap, req, n)[1], n) for n in fill)
+    assert [n for _, n in ranked] == [p.node for p in decide(snap, req, limit=None).placements]
+    assert ranked[0][1] == "n3"  # fewest moves first
+
+
 # --- device mode (DR3): the freed devices must make one group ---------------------------------
 
 
