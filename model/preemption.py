@@ -454,7 +454,8 @@ def _node_best(base: Snapshot, request: Request, node: str, vs: list[RunningSet]
                short: dict[str, int], frees: dict[SetKey, dict[str, int]], best):
     """The best candidate on `node` (victims among `vs`, sorted by priority) that could beat
     `best`: thresholds ascending, then sizes ascending, all subsets of the first size that
-    makes room compared by `plan_key`; None when none beats it."""
+    makes room compared by `plan_key` (a subset whose victims alone already lose to the best
+    so far is not decided); None when none beats it."""
     thresholds = sorted({v.priority.value for v in vs})
     for p in thresholds:
         if best is not None and p > best[0][0]:
@@ -473,6 +474,9 @@ def _node_best(base: Snapshot, request: Request, node: str, vs: list[RunningSet]
                     continue  # its highest is below p: a lower threshold already said no
                 if not _covers(short, (frees[v.key] for v in combo)):
                     continue
+                head = plan_key(combo, ())[:4]  # what the victims alone decide of the key
+                if (best is not None and head > best[0][:4]) or (found is not None and head > found[0][:4]):
+                    continue  # loses whatever the node's rank: no decision needed
                 done = _feasible(base, request, node, combo)
                 if done is None:
                     continue
