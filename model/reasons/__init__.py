@@ -26,6 +26,8 @@ One module per section; this package re-exports every public name, so callers im
 - `priority`: a set's priority that cannot be had (P1: a PriorityClass not found).
 - `line`: the waiting line (P5): a set behind another, a reserved node, and `explain`'s
   place in line (`LinePlace`, no code).
+- `preemption`: why a set refused for room gets no preemption plan (P2, P3), and a plan's
+  Event words (`Preempts`).
 Every module imports only `codes` (`ledger` also `nodes`). Pure; imports nothing from the
 rest of `model`.
 """
@@ -58,6 +60,8 @@ from model.reasons.steps import (ApiForbidden, ApiInvalid, ApiThrottled, ApiUnav
                                  NotBoundInTime, VmiExists)
 from model.reasons.claims import (ClaimBeingDeleted, ClaimInUse, ClaimNameTaken, ClaimOverQuota,
                                   DeviceUnrecorded)
+from model.reasons.preemption import (FitsWithoutPreemption, NoEligibleVictim, NotRefusedForRoom,
+                                      NothingFreesEnough, PreemptorNever, Preempts)
 from model.reasons.transport import (AdmissionCrashed, AdmissionTimedOut, BodyNotJson, BodyTooLarge,
                                      DryRunNotBoolean, InvalidAnnotations, InvalidVmi,
                                      MalformedMetadata, NoName, NotACreate, NotAReview, NotAVmi,
