@@ -38,9 +38,10 @@ lint-imports: $(STAMP)
 
 # The steps before the tests run at once (make -j): on a cold machine helm's Go build (CPU)
 # overlaps the image's apt-get, mmdebstrap and pip downloads (network); warm each is a quick check.
+# Then tools/run-tests.sh: the in-memory suites beside the end-to-end ones (PYTEST_ARGS: one run).
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j4 lint-imports controlplane helm image
-	$(PY) -m pytest $(PYTEST_ARGS)
+	PY=$(PY) bash tools/run-tests.sh $(PYTEST_ARGS)
 
 test-fast: $(STAMP) lint-imports
 	$(PY) -m pytest -m "not e2e" $(PYTEST_ARGS)

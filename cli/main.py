@@ -350,18 +350,40 @@ def main(argv: list[str] | None = None) -> int:
 def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """`parse_args`, but an argument no parser takes is reported by the sub-command it was
     given to (`gpu-binder bench core: error: unrecognized arguments: --hgx`, with that
-    command's usage), not by the top-level parser. Exits 2 on a usage error, as argparse."""
-    args, extra = parser.parse_known_args(argv)
+    command's usage), not by the top-level parser, and before a missing command
+    (`gpu-binder --bogus`: unrecognized arguments, not "COMMAND is required"). Exits 2 on a
+    usage error, as argparse."""
+    required = [a for a in _subparser_actions(parser) if a.required]
+    for action in required:      # checked below, after the unknown arguments
+        action.required = False
+    try:
+        args, extra = parser.parse_known_args(argv)
+    finally:
+        for action in required:
+            action.required = True
+    inner = parser
+    while True:
+        subs = [a for a in inner._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subs[0].dest, None) if subs else None
+        if chosen is None or chosen not in subs[0].choices:
+            break
+        inner = subs[0].choices[chosen]
     if extra:
-        inner = parser
-        while True:
-            subs = [a for a in inner._actions if isinstance(a, argparse._SubParsersAction)]
-            chosen = getattr(args, subs[0].dest, None) if subs else None
-            if chosen is None or chosen not in subs[0].choices:
-                break
-            inner = subs[0].choices[chosen]
         inner.error(f"unrecognized arguments: {' '.join(extra)}")
+    if subs and chosen is None and subs[0].required:
+        inner.error(f"the following arguments are required: {subs[0].metavar or subs[0].dest}")
     return args
+
+
+def _subparser_actions(parser: argparse.ArgumentParser) -> list[argparse._SubParsersAction]:
+    """Every sub-command action of `parser` and of its sub-parsers, depth first."""
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            out.append(action)
+            for child in action.choices.values():
+                out.extend(_subparser_actions(child))
+    return out
 
 
 def _run(args: argparse.Namespace) -> int:

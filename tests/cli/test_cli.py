@@ -253,6 +253,22 @@ def test_bench_refuses_another_benchmarks_flag(capsys, tmp_path, argv, flag):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["--bogus"], "gpu-binder: error: unrecognized arguments: --bogus"),
+    ([], "gpu-binder: error: the following arguments are required: COMMAND"),
+    (["bench"], "gpu-binder bench: error: the following arguments are required: WHICH"),
+    (["bench", "--bogus"], "gpu-binder bench: error: unrecognized arguments: --bogus"),
+    (["cluster"], "gpu-binder cluster: error: the following arguments are required: ACTION"),
+])
+def test_an_unknown_option_before_the_command_is_named_not_taken_for_a_missing_command(capsys, argv, said):
+    """`gpu-binder --bogus` says --bogus is not an argument (it used to say COMMAND was
+    missing); a missing command is still reported by the parser that needs it."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == said
+
+
 def test_an_unknown_argument_of_a_tool_is_reported_by_that_tool(capsys):
     with pytest.raises(SystemExit) as exc:
         kubectl_main(["top", "extra"])

@@ -30,15 +30,42 @@ def _uses_kubevirt(item) -> bool:
     return any(f in _KUBEVIRT_FIXTURE_NAMES for f in getattr(item, "fixturenames", ()))
 
 
-def pytest_collection_modifyitems(items):
-    """Mark tests/e2e items `e2e`; then move the tests that use the session's KubeVirt
-    (`kubevirt_shared`, directly or through a module's `kubevirt`) after all others, in
-    their collected order: KubeVirt starts once, when the first of them runs, and every
-    test before it runs without virt-api's webhooks, kube-scheduler or KWOK, as before."""
+def _uses_system(item) -> bool:
+    return "system" in getattr(item, "fixturenames", ())
+
+
+def _own_system(item) -> bool:
+    """True when the item's module defines a `system` fixture of its own (other replica
+    arguments than conftest's), directly or imported from tests.support."""
+    return getattr(item, "module", None) is not None and "system" in vars(item.module)
+
+
+def _order(item) -> tuple[bool, bool, bool, str]:
+    """KubeVirt's tests last (it starts once, when the first of them runs, and every test
+    before it runs without virt-api's webhooks, kube-scheduler or KWOK); within each part,
+    modules that run no replicas first, then those on conftest's `system`, then those with a
+    `system` of their own, grouped by that fixture (tests.support.kubevirt_vmis' is shared by
+    several): so modules on the same replicas run one after another and share them
+    (`_SystemPool`)."""
+    module_uses = item.session.config.stash.get(_SYSTEM_MODULES, frozenset())
+    own = _own_system(item)
+    fixture = vars(item.module)["system"] if own else None
+    return (_uses_kubevirt(item), item.nodeid.split("::")[0] in module_uses, own,
+            f"{fixture.__module__}.{fixture.__name__}" if own else "")
+
+
+_SYSTEM_MODULES = pytest.StashKey[frozenset]()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark tests/e2e items `e2e`, then order them by `_order` (stable: the collected order
+    within each part, so a module's tests stay together and in file order)."""
     for item in items:
         if "/tests/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
-    items[:] = sorted(items, key=_uses_kubevirt)  # stable: the collected order within each part
+    config.stash[_SYSTEM_MODULES] = frozenset(
+        i.nodeid.split("::")[0] for i in items if _uses_system(i))
+    items[:] = sorted(items, key=_order)
 
 
 @pytest.fixture(scope="session")
@@ -131,29 +158,80 @@ FAST_CONTROLLER_ARGS = (
 )
 
 
+class _SystemPool:
+    """The session's running controller replicas, shared by consecutive modules that ask for
+    the same arguments (starting two replicas costs 10-20 s on two cores; the modules are
+    ordered so that those on the same replicas run together, `_order`). At most one set
+    runs: asking for other arguments stops it first, and so does a module that runs no
+    replicas (`_replicas_only_where_asked`), so every test sees the same replicas it saw when
+    each module started its own. Tests use their own namespaces, classes and nodes, so a
+    module leaves nothing in the next one's way; a replica a test killed is started again
+    after it (`_replicas_restored`)."""
+
+    def __init__(self) -> None:
+        self.args: tuple[str, ...] | None = None
+        self.lc = None
+        self.control_plane = None
+
+    def get(self, control_plane, tmp_path_factory, args: tuple[str, ...]):
+        """The running replicas for `args` on `control_plane`, started (after stopping any
+        others) when there are none. The Lease is deleted before a start so replicas stopped
+        before do not hold it."""
+        from localcluster.cluster import LocalCluster
+
+        if self.lc is not None and self.args == args and self.control_plane is control_plane:
+            if self.lc.claim_controller is not None:   # a module before started device mode's side
+                self.lc.claim_controller.stop()        # (`start_dra` starts it again when asked)
+            return self.lc
+        self.release()
+        control_plane.kubectl("delete", "lease", "gpu-binder", "-n", "cozy-system",
+                              "--ignore-not-found")
+        lc = LocalCluster(controllers=2, controller_args=args, control_plane=control_plane,
+                          log_dir=tmp_path_factory.mktemp("controller-logs"))
+        lc.start()
+        self.lc, self.args, self.control_plane = lc, args, control_plane
+        return lc
+
+    def release(self) -> None:
+        """Stop the running replicas, if any, and delete the webhook configuration."""
+        lc, cp, self.lc, self.args, self.control_plane = self.lc, self.control_plane, None, None, None
+        if lc is not None:
+            lc.stop()
+            cp.kubectl("delete", "mutatingwebhookconfiguration", "gpu-binder", "--ignore-not-found")
+
+
+_POOL = _SystemPool()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _system_pool():
+    """Stops the pool's replicas at the end of the session."""
+    yield _POOL
+    _POOL.release()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _replicas_only_where_asked(request):
+    """Before a module none of whose tests asks for `system`, stop the pool's replicas: such
+    a module runs with no replicas of ours, as it did when each module started its own."""
+    if request.node.nodeid not in request.config.stash.get(_SYSTEM_MODULES, frozenset()):
+        _POOL.release()
+
+
 def controller_replicas(control_plane, tmp_path_factory, args: tuple[str, ...] = FAST_CONTROLLER_ARGS):
     """Two controller replicas run with `args` on the session's control plane, webhook
-    registered; a generator for a module fixture (stopped, and the webhook configuration
-    deleted, at its end). The Lease is deleted first so a previous module's replicas do not
-    hold it."""
-    from localcluster.cluster import LocalCluster
-
-    control_plane.kubectl("delete", "lease", "gpu-binder", "-n", "cozy-system",
-                          "--ignore-not-found")
-    lc = LocalCluster(controllers=2, controller_args=args, control_plane=control_plane,
-                      log_dir=tmp_path_factory.mktemp("controller-logs"))
-    lc.start()
-    try:
-        yield lc
-    finally:
-        lc.stop()
-        control_plane.kubectl("delete", "mutatingwebhookconfiguration", "gpu-binder",
-                              "--ignore-not-found")
+    registered; a generator for a module fixture. The replicas are the session pool's
+    (`_SystemPool`): the next module asking for the same `args` gets the same replicas, and
+    they are stopped when other arguments are asked for, before a module that runs none, or
+    at the session's end. Device mode's claim controller, started by a module with
+    `start_dra`, is stopped before the next module gets the replicas."""
+    yield _POOL.get(control_plane, tmp_path_factory, args)
 
 
 @pytest.fixture(scope="module")
 def system(control_plane, tmp_path_factory):
-    """Two controller replicas (short Lease and grace for tests) for the module."""
+    """Two controller replicas (short Lease and grace for tests), shared with the other
+    modules on the same arguments (`controller_replicas`)."""
     yield from controller_replicas(control_plane, tmp_path_factory)
 
 
