@@ -95,6 +95,7 @@ def control_plane():
         install_base(cp)
         yield cp
     finally:
+        _POOL.release()   # the replicas the session's modules shared, before their API server
         cp.stop()
 
 
@@ -162,9 +163,9 @@ class _SystemPool:
     """The session's running controller replicas, shared by consecutive modules that ask for
     the same arguments (starting two replicas costs 10-20 s on two cores; the modules are
     ordered so that those on the same replicas run together, `_order`). At most one set
-    runs: asking for other arguments stops it first, and so does a module that runs no
-    replicas (`_replicas_only_where_asked`), so every test sees the same replicas it saw when
-    each module started its own. Tests use their own namespaces, classes and nodes, so a
+    runs: asking for other arguments stops it first, and so does a test that does not ask for
+    them (`_replicas_only_where_asked`); the session's control plane stops them before it
+    stops. Tests use their own namespaces, classes and nodes, so a
     module leaves nothing in the next one's way; a replica a test killed is started again
     after it (`_replicas_restored`)."""
 
@@ -203,27 +204,25 @@ class _SystemPool:
 _POOL = _SystemPool()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _system_pool():
-    """Stops the pool's replicas at the end of the session."""
-    yield _POOL
-    _POOL.release()
-
-
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(autouse=True)
 def _replicas_only_where_asked(request):
-    """Before a module none of whose tests asks for `system`, stop the pool's replicas: such
-    a module runs with no replicas of ours, as it did when each module started its own."""
-    if request.node.nodeid not in request.config.stash.get(_SYSTEM_MODULES, frozenset()):
+    """Before a test that does not ask for `system` (directly or through another fixture),
+    stop the pool's replicas: such a test runs with no replicas of ours (several set the
+    settings ConfigMap by hand, or start replicas of their own), as when each module started
+    its own only for the tests that asked."""
+    if "system" not in request.fixturenames:
         _POOL.release()
+    elif request.getfixturevalue("system") is not _POOL.lc:
+        pytest.fail("this module's `system` was stopped by a test between its tests that did not "
+                    "ask for it: give that test `system` too, or move it to the module's end")
 
 
 def controller_replicas(control_plane, tmp_path_factory, args: tuple[str, ...] = FAST_CONTROLLER_ARGS):
     """Two controller replicas run with `args` on the session's control plane, webhook
     registered; a generator for a module fixture. The replicas are the session pool's
     (`_SystemPool`): the next module asking for the same `args` gets the same replicas, and
-    they are stopped when other arguments are asked for, before a module that runs none, or
-    at the session's end. Device mode's claim controller, started by a module with
+    they are stopped when other arguments are asked for, before a test that does not ask for
+    them, or at the session's end. Device mode's claim controller, started by a module with
     `start_dra`, is stopped before the next module gets the replicas."""
     yield _POOL.get(control_plane, tmp_path_factory, args)
 
