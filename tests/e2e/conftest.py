@@ -180,7 +180,8 @@ class _SystemPool:
         before do not hold it."""
         from localcluster.cluster import LocalCluster
 
-        if self.lc is not None and self.args == args and self.control_plane is control_plane:
+        if (self.lc is not None and self.args == args and self.control_plane is control_plane
+                and tuple(self.lc.controller_args) == args):   # (a test may restart them with others)
             if self.lc.claim_controller is not None:   # a module before started device mode's side
                 self.lc.claim_controller.stop()        # (`start_dra` starts it again when asked)
             return self.lc
