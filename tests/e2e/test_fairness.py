@@ -439,8 +439,9 @@ async def test_two_tenants_b_is_admitted_and_a_held_to_its_share_while_b_waits(
                                                A_FLOOD))
         async with anyio.create_task_group() as tg:
             tg.start_soon(flood_a)
-            await eventually(lambda: vmi_names(fleet, tenant_a), interval=0.05,
-                             what="A's flood under way")  # B meets it
+            # B meets it; 50 kubectl processes starting at once take a while on two busy cores
+            await eventually(lambda: vmi_names(fleet, tenant_a), timeout=60, interval=0.05,
+                             what="A's flood under way")
             for i, out in enumerate(b):
                 await create(api_b, tenant_b, vmi(f"b-{i}", f"{cls}=1"), out)
     finally:
