@@ -657,6 +657,32 @@ def judge(snap: Snapshot, request: Request, limit: int | None) -> Decision:
                     placed(request, placements[0]))
 
 
+def decide_on(snapshot: Snapshot, request: Request, node: str) -> tuple[Decision, tuple | None]:
+    """`decide` restricted to `node`, for a plan that changes that node alone
+    (`model.preemption`, P3): the same set-level and budget refusals; then Succeeded by B1
+    with one placement on `node` when it is eligible for the whole set (B3, DR3), else
+    Refused naming that node's problems (a `NoEligibleNode` of `node` alone). B5 and B6 are
+    not looked at (a set kept or already placed is not refused for room). With the Decision,
+    the B4/DR4 rank `node` has among the eligible nodes, a tuple (moves, tightest group,
+    tightest fit, name) comparable across snapshots of one fleet, as `judge` orders its
+    candidates; None when Refused. Pure; never raises for any snapshot, request or node."""
+    snap = _without_own_holds(snapshot, request)
+    members, devices, problems, class_names = _resolve(snap, request)
+    if problems:
+        return _refuse(request, devices, problems), None
+    s = _Set(snap, request, members, class_names)
+    problems = _budget_problems(snap, s)
+    if problems:
+        return _refuse(request, devices, problems), None
+    here = s.problems(node)
+    if here:
+        return _refuse(request, devices, [NoEligibleNode((NodeProblems(node, tuple(here)),), 0)]), None
+    placement = s.placement(node)
+    rank = (s.n_bound - sum(s.here.get(node, {}).values()), s.dev.fit(node), s.leftover(node), node)
+    return (Decision(request.id, Result.SUCCEEDED, node, (placement,), Rule.B1, placed(request, placement)),
+            rank)
+
+
 def recovery_devices(snap: Snapshot, request: Request, node: str) -> tuple[tuple[DeviceKey, DeviceRef], ...]:
     """B7 in device mode: the devices of `node` for the request's device-mode members when
     its decision for `node` is finished after a restart (what `Placement.devices` would

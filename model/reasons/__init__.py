@@ -22,7 +22,9 @@ One module per section; this package re-exports every public name, so callers im
 - `admission`: the webhook's own checks (W1) and its denial `CannotPlace`;
 - `steps`: the webhook's steps on the API server (W1's live read, W3, W4);
 - `claims`: the webhook's ResourceClaim of a device-mode set (DR5, W4, W5);
-- `transport`: the webhook's transport and decoder (W6), and its own availability.
+- `transport`: the webhook's transport and decoder (W6), and its own availability;
+- `preemption`: why a set refused for room gets no preemption plan (P2, P3), and a plan's
+  Event words (`Preempts`).
 Every module imports only `codes` (`ledger` also `nodes`). Pure; imports nothing from the
 rest of `model`.
 """
@@ -55,6 +57,8 @@ from model.reasons.steps import (ApiForbidden, ApiInvalid, ApiThrottled, ApiUnav
                                  NotBoundInTime, VmiExists)
 from model.reasons.claims import (ClaimBeingDeleted, ClaimInUse, ClaimNameTaken, ClaimOverQuota,
                                   DeviceUnrecorded)
+from model.reasons.preemption import (FitsWithoutPreemption, NoEligibleVictim, NotRefusedForRoom,
+                                      NothingFreesEnough, PreemptorNever, Preempts)
 from model.reasons.transport import (AdmissionCrashed, AdmissionTimedOut, BodyNotJson, BodyTooLarge,
                                      DryRunNotBoolean, InvalidAnnotations, InvalidVmi,
                                      MalformedMetadata, NoName, NotACreate, NotAReview, NotAVmi,

@@ -80,6 +80,12 @@ class Code(str, Enum):
     NO_NODE_SERVES = "no_node_serves"
     NO_ELIGIBLE_NODE = "no_eligible_node"
     LEDGERS_REFUSED = "ledgers_refused"
+    # no preemption plan for a set refused for room (P2, P3)
+    PREEMPTOR_NEVER = "preemptor_never"
+    FITS_WITHOUT_PREEMPTION = "fits_without_preemption"
+    NOT_REFUSED_FOR_ROOM = "not_refused_for_room"
+    NO_ELIGIBLE_VICTIM = "no_eligible_victim"
+    NOTHING_FREES_ENOUGH = "nothing_frees_enough"
     # the webhook's own checks (W1)
     UNKNOWN_ANNOTATION = "unknown_annotation"
     TOO_MANY_SELECTOR_ENTRIES = "too_many_selector_entries"
@@ -184,6 +190,9 @@ _CATEGORY: dict[Code, Category] = {
         Code.DEVICE_UNRECORDED, Code.CLAIM_BEING_DELETED, Code.CLAIM_IN_USE)},
     **{c: Category.POLICY for c in (Code.CLAIM_NAME_TAKEN, Code.CLAIM_OVER_QUOTA)},
     Code.ADMISSION_CRASHED: Category.INTERNAL,
+    **{c: Category.POLICY for c in (
+        Code.PREEMPTOR_NEVER, Code.FITS_WITHOUT_PREEMPTION, Code.NOT_REFUSED_FOR_ROOM,
+        Code.NO_ELIGIBLE_VICTIM, Code.NOTHING_FREES_ENOUGH)},
 }
 """Every `Code`'s `Category` (no default: see `Code.category`)."""
 

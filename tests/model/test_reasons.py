@@ -54,6 +54,15 @@ WORDING = [
      "n2: needs 1 × nvidia.com/H100, has 0 free; needs 2 × x.com/L40S, has 1 free; "
      "n3: ledger rebuilt: incarnation 7, prepared in 5; n4: no reservation (expired or aborted); "
      "n5: no node actor; n6: node actor unavailable (TimeoutError)"),
+    (r.PreemptorNever(1000, "on-demand"),
+     "the set's priority 1000 (on-demand) has preemptionPolicy Never: it waits and preempts no one"),
+    (r.FitsWithoutPreemption("n1"), "the set fits on n1 without preemption"),
+    (r.NotRefusedForRoom(Code.BUDGET_EXHAUSTED),
+     "the set is refused for budget_exhausted, not for room: preemption would not help"),
+    (r.NoEligibleVictim(1000, 3, 1, 1, "10m0s"),
+     "no running set may yield to priority 1000: 3 of lower priority (1 ran less than 10m0s, "
+     "1 of a class with preemption Never)"),
+    (r.NothingFreesEnough(5, 3), "stopping the 5 sets that may yield, on 3 nodes, makes room for the set on none"),
     (r.UnknownAnnotation(("gpu.cozystack.io/tempaltes",), "gpu.cozystack.io/devices", "gpu.cozystack.io/templates"),
      'unknown annotation gpu.cozystack.io/tempaltes: gpu-binder reads gpu.cozystack.io/devices '
      '(held devices, "gpu-a,gpu-b") and gpu.cozystack.io/templates (new devices, "h100=2,l40s=1")'),
@@ -185,6 +194,9 @@ def test_every_code_has_a_wording_row_and_one_reason_type():
                        r.NodeRefusal("n2", r.DevicesTaken(("gpu-vfio-1",))))),
      "node ledgers refused every candidate: n1: devices gpu-vfio-0, gpu-vfio-3 taken; "
      "n2: device gpu-vfio-1 taken"),
+    (r.PreemptorNever(0), "the set's priority 0 has preemptionPolicy Never: it waits and preempts no one"),
+    (r.NoEligibleVictim(100, 0), "no running set has a priority below 100"),
+    (r.NoEligibleVictim(100, 2), "no running set may yield to priority 100: 2 of lower priority"),
     (r.SetNeeds("h100", H, 2, None),
      "the set needs 2 × nvidia.com/H100 (class h100) on one node; no node serving it is eligible"),
 ], ids=lambda x: x.code.value if isinstance(x, r.Reason) else "")
@@ -248,6 +260,8 @@ def test_succeeded_wording():
         "the VMI waits for the cordon to lift")
     assert r.Resumed(ref, "node-1").render() == (
         "placed tenant-a/vm-1 request r1 on node-1: finishing a decision made before a binder restart")
+    assert r.Preempts("t/spot-1", 0, "t/od-1", 1000, "node-3").render() == (
+        "preempts t/spot-1 (priority 0) for t/od-1 (priority 1000) on node-3")
 
 
 @pytest.mark.parametrize("code, category", [

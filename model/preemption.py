@@ -1,0 +1,492 @@
+"""Whole-set preemption, the pure plan (docs/contract.md §3c P2, P3): which running sets
+(admitted VMIs) may yield to a set refused for room, and on which node stopping the fewest,
+least important of them makes room for the whole set. Nothing here writes, waits or reads a
+clock: `now` is an argument; the binder nominates, holds and deletes (P4) elsewhere.
+
+- *Running sets* (`running_sets`): the snapshot's devices grouped by the VMI incarnation
+  they are attached to (namespace, `attachedTo.vmi`, `attachedTo.admission`), every member
+  Bound on one node with its bindRequest Succeeded (a group that is not so, e.g. half
+  moved, is no running set and never a victim: never a partial set). A set kept for a
+  stopped VM (H4, `keptUntil`) is one too, and yields like a running one of its priority.
+  Its priority is its `bindRequest.priority` (P1, as the webhook recorded it). Its start is
+  the latest `attachedTo.since` of its members: when this incarnation was admitted (a held
+  device's `boundAt` may be years older, from an earlier VM), a few seconds before the VM
+  ran, so `min_runtime` is counted from the admission.
+- *P2 who may yield* (`may_yield`): a running set of strictly lower priority value than the
+  preemptor's, started at least `PreemptionSettings.min_runtime` before `now`, every class of
+  it with `spec.preemption: LowerPriority` (a class not found: Never, fail closed); none at
+  all when the preemptor's PriorityClass says `preemptionPolicy: Never`.
+- *What stopping a set frees* (`release_sets`): its template devices are deleted (their
+  units and, in device mode, their recorded devices and their claim's allocation are free);
+  its held devices stay Bound to the tenant where they are, idle (attachment cleared), so
+  they still take their node's units and devices. No budget changes.
+- *P3 the plan* (`plan_preemption`): among nodes where stopping some eligible victims makes
+  room for the whole set, the node and victims minimising, in order: the highest victim
+  priority, the number of victims, the victims' GPUs (every device of their sets, templates
+  and held: what the stopped VMs had), the victims' start times sorted newest first
+  (later is better, compared lexicographically), then the binder's B4/DR4 rank of the node
+  on the snapshot without the victims (fewest moves, tightest group, tightest fit, name),
+  and last the victims' identities (so the answer is deterministic). Whether a subset makes
+  room is `model.decide.decide_on` on the snapshot `release_sets` gives: the binder's own
+  decision restricted to the node, so device mode's groups (DR3) are never worked out here.
+
+D-moves of idle held devices (D1-D5, "where they help") are not part of a plan: a plan
+frees room only by stopping victims. `model.defrag` plans rounds that grow the fleet-wide
+profile, not the room of one set on one node, and on a full fleet (where preemption runs)
+there is seldom a free unit elsewhere to move a device to; the defragmentation rounds still
+run as before and may make room for the set without any victim.
+
+Cost: one decision on the whole snapshot (is the set refused for room?), one pass over the
+devices (the running sets), one B3 assessment of the nodes with victims, then per node an
+arithmetic bound (free units plus every eligible victim's template units, per resource;
+device mode: units are devices, so it is an upper bound) before any decision on a modified
+snapshot; subsets are tried per node in P3's order (priority threshold ascending, subset
+size ascending) and only while they could beat the best plan found so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
+from itertools import combinations
+from typing import Iterable, Sequence
+
+from model.decide import Placement, Request, assess, decide, decide_on
+from model.device.dra import DeviceRef
+from model.priority import DEFAULT_PRIORITY, ClassPreemption, Priority
+from model.reasons import (CAPACITY_CODES, Code, FitsWithoutPreemption, NoDeviceGroup, NoEligibleNode,
+                           NoEligibleVictim, NotRefusedForRoom, NothingFreesEnough, PreemptorNever, Preempts,
+                           Reason)
+from model.snapshot import Snapshot
+from model.types import DeviceKey, GPUDevice, Result
+
+DEFAULT_MIN_RUNTIME = timedelta(minutes=10)
+"""`preemption.minRuntime`'s default (P2)."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
+_ROOM_CODES = CAPACITY_CODES | {Code.NO_DEVICE_GROUP}
+"""Node problems stopping victims can cure (a size the node has nowhere excepted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionSettings:
+    """The operator's preemption settings: `min_runtime` (`preemption.minRuntime`, P2), how
+    long a set must have run before it may yield."""
+
+    min_runtime: timedelta = DEFAULT_MIN_RUNTIME
+
+
+SetKey = tuple[str, str, str | None]
+"""(namespace, VMI name, admission id) of a running set: one VMI incarnation."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunningSet:
+    """What one admitted VMI holds (see the module docstring): the set `key` (namespace,
+    vmi, admission), Bound on `node`; `templates` and `held` its device names (sorted);
+    `classes` its GPUClass names (sorted); `priority` (P1, from its bindRequest);
+    `started` the latest `attachedTo.since` of its members (UTC); `kept` True for a set kept
+    for a stopped VM (H4); `request_id` its bindRequest id."""
+
+    namespace: str
+    vmi: str
+    admission: str | None
+    node: str
+    templates: tuple[str, ...]
+    held: tuple[str, ...]
+    classes: tuple[str, ...]
+    priority: Priority
+    started: datetime
+    kept: bool = False
+    request_id: str = ""
+
+    @property
+    def key(self) -> SetKey:
+        """(namespace, vmi, admission): the set's identity."""
+        return (self.namespace, self.vmi, self.admission)
+
+    @property
+    def gpus(self) -> int:
+        """Every device of the set, templates and held."""
+        return len(self.templates) + len(self.held)
+
+    @property
+    def name(self) -> str:
+        """"<namespace>/<vmi>", as Events name it."""
+        return f"{self.namespace}/{self.vmi}"
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionPlan:
+    """P3's choice for `request` (of `priority`): stop `victims` (sorted by key) on `node`,
+    then the set takes `placement` there (the decision on the snapshot without the victims:
+    its moves, needs and, in device mode, `devices`, the exact device of `node` for each
+    member). `rank` is the P3 key the plan won with (see `plan_key`)."""
+
+    request_id: str
+    namespace: str
+    vmi: str
+    priority: Priority
+    node: str
+    victims: tuple[RunningSet, ...]
+    placement: Placement
+    rank: tuple
+
+    @property
+    def devices(self) -> tuple[tuple[DeviceKey, DeviceRef], ...]:
+        """Device mode: the device each member takes (empty in count mode)."""
+        return self.placement.devices
+
+    def events(self) -> tuple[Preempts, ...]:
+        """One Event text per victim ("preempts t/vm-2 (priority 0) for t/vm-9 (priority
+        1000) on node-3")."""
+        me = f"{self.namespace}/{self.vmi}"
+        return tuple(Preempts(v.name, v.priority.value, me, self.priority.value, self.node)
+                     for v in self.victims)
+
+
+@dataclass(frozen=True, slots=True)
+class NoPlan:
+    """No plan for `request_id`: `reason` says why, typed (`model.reasons.preemption`)."""
+
+    request_id: str
+    reason: Reason
+
+    @property
+    def message(self) -> str:
+        return self.reason.render()
+
+
+# --- running sets -----------------------------------------------------------------------------
+
+
+def running_sets(snapshot: Snapshot) -> tuple[RunningSet, ...]:
+    """Every running set of `snapshot` (see the module docstring), sorted by node then key.
+    One pass over the devices."""
+    groups: dict[SetKey, list[GPUDevice]] = {}
+    for d in snapshot.devices.values():
+        att = d.status.attached_to
+        if att is not None:
+            groups.setdefault((d.namespace, att.vmi, att.admission), []).append(d)
+    out = []
+    for key, members in groups.items():
+        s = _running(key, members)
+        if s is not None:
+            out.append(s)
+    out.sort(key=lambda s: (s.node, s.namespace, s.vmi, s.admission or ""))
+    return tuple(out)
+
+
+def _running(key: SetKey, members: list[GPUDevice]) -> RunningSet | None:
+    """The running set of one group of devices attached to one incarnation, or None when it
+    is not one (a member not Bound, on another node, without a Succeeded bindRequest, or
+    the members not of one request)."""
+    node = members[0].bound_node
+    if node is None:
+        return None
+    first = min(members, key=lambda d: d.name).status.bind_request
+    if first is None:
+        return None
+    templates, held, classes = [], [], set()
+    started = None
+    kept = False
+    for d in members:
+        br = d.status.bind_request
+        if (d.bound_node != node or br is None or br.result is not Result.SUCCEEDED
+                or br.id != first.id):
+            return None
+        (templates if d.template_for is not None else held).append(d.name)
+        classes.add(d.class_name)
+        att = d.status.attached_to
+        assert att is not None
+        if started is None or att.since > started:
+            started = att.since
+        kept = kept or att.kept_until is not None
+    assert started is not None
+    return RunningSet(key[0], key[1], key[2], node, tuple(sorted(templates)), tuple(sorted(held)),
+                      tuple(sorted(classes)), first.priority, started, kept, first.id)
+
+
+def request_priority(snapshot: Snapshot, request: Request) -> Priority:
+    """The priority the webhook recorded for `request` (P1): its members' `bindRequest.priority`
+    (the member of the smallest name, as `model.decide.complete_request` reads a request);
+    the default (0) when no member is found."""
+    members = [d for n in request.devices if (d := snapshot.device(request.namespace, n)) is not None
+               and d.status.bind_request is not None and d.status.bind_request.id == request.id]
+    if not members:
+        return DEFAULT_PRIORITY
+    br = min(members, key=lambda d: d.name).status.bind_request
+    assert br is not None
+    return br.priority
+
+
+# --- P2 ---------------------------------------------------------------------------------------
+
+
+def may_yield(snapshot: Snapshot, victim: RunningSet, preemptor: Priority, now: datetime,
+              settings: PreemptionSettings = PreemptionSettings()) -> bool:
+    """P2: `victim` may yield to a set of priority `preemptor` at `now`: strictly lower
+    priority value, run at least `settings.min_runtime`, every class allowing it (a class
+    not in the snapshot: no), and the preemptor's policy not Never."""
+    return (preemptor.may_preempt and victim.priority.value < preemptor.value
+            and now - victim.started >= settings.min_runtime and _classes_allow(snapshot, victim))
+
+
+def _classes_allow(snapshot: Snapshot, victim: RunningSet) -> bool:
+    classes = snapshot.classes
+    return all(c in classes and classes[c].preemption is ClassPreemption.LOWER_PRIORITY
+               for c in victim.classes)
+
+
+def eligible_victims(snapshot: Snapshot, preemptor: Priority, now: datetime,
+                     settings: PreemptionSettings = PreemptionSettings(),
+                     sets: Sequence[RunningSet] | None = None) -> tuple[RunningSet, ...]:
+    """The running sets (`sets`, default `running_sets(snapshot)`) that may yield (P2)."""
+    sets = running_sets(snapshot) if sets is None else sets
+    return tuple(s for s in sets if may_yield(snapshot, s, preemptor, now, settings))
+
+
+# --- what stopping frees ----------------------------------------------------------------------
+
+
+def release_sets(snapshot: Snapshot, sets: Iterable[RunningSet]) -> Snapshot:
+    """`snapshot` after the VMIs of `sets` stopped (see the module docstring): their template
+    devices gone, their held devices idle where they are, and in device mode the devices
+    their ResourceClaims allocated no longer taken (`Node.taken_devices`; a device another's
+    claim allocates, `foreign_claimed`, stays taken)."""
+    sets = list(sets)
+    return _drop(_release_claims(snapshot, sets), sets)
+
+
+def _drop(snapshot: Snapshot, sets: Sequence[RunningSet]) -> Snapshot:
+    """The template devices of `sets` removed and their held devices detached."""
+    gone: list[DeviceKey] = []
+    idle: list[GPUDevice] = []
+    for s in sets:
+        gone += [(s.namespace, n) for n in s.templates]
+        for n in s.held:
+            d = snapshot.device(s.namespace, n)
+            if d is not None:
+                idle.append(replace(d, status=replace(d.status, attached_to=None)))
+    return snapshot.with_changes(idle, gone)
+
+
+def _release_claims(snapshot: Snapshot, sets: Sequence[RunningSet]) -> Snapshot:
+    """Device mode: `snapshot` whose nodes no longer count the devices the claims of `sets`
+    allocated as taken (the binder's claims: not `foreign_claimed`). Itself when none is.
+    Those devices stay recorded by the sets' GPUDevices until `_drop` removes them, so for
+    every other set they are as taken as before."""
+    if not snapshot.mode.device_classes:
+        return snapshot
+    freed: dict[str, set[str]] = {}
+    for s in sets:
+        node = snapshot.nodes.get(s.node)
+        if node is None or not node.taken_devices:
+            continue
+        for n in s.templates + s.held:
+            d = snapshot.device(s.namespace, n)
+            rec = d.status.device if d is not None else None
+            if rec is not None and rec.device in node.taken_devices and rec.device not in node.foreign_claimed:
+                freed.setdefault(s.node, set()).add(rec.device)
+    if not freed:
+        return snapshot
+    return snapshot.with_nodes(replace(n, taken_devices=n.taken_devices - freed[n.name]) if n.name in freed else n
+                               for n in snapshot.nodes.values())
+
+
+# --- P3 ---------------------------------------------------------------------------------------
+
+
+def plan_key(victims: Sequence[RunningSet], rank: tuple) -> tuple:
+    """P3's order of a candidate (smaller is better): the highest victim priority, the
+    number of victims, their GPUs, their start times newest first (later is better), the
+    node's B4/DR4 `rank` (`model.decide.decide_on`), then the victims' keys."""
+    starts = sorted((v.started for v in victims), reverse=True)
+    return (max(v.priority.value for v in victims), len(victims), sum(v.gpus for v in victims),
+            tuple(-((t - _EPOCH) // _US) for t in starts), rank,
+            tuple(sorted((v.namespace, v.vmi, v.admission or "") for v in victims)))
+
+
+def plan_preemption(snapshot: Snapshot, request: Request, now: datetime,
+                    settings: PreemptionSettings = PreemptionSettings()) -> PreemptionPlan | NoPlan:
+    """P3: the plan for `request` (a complete request, `model.decide.Request`) on `snapshot`
+    at `now`, or why there is none (`NoPlan`: the preemptor's policy is Never, the set fits
+    without preemption or is refused for another reason than room, no running set may
+    yield, or stopping them frees room on no node). Deterministic; never raises."""
+    priority = request_priority(snapshot, request)
+    if not priority.may_preempt:
+        return NoPlan(request.id, PreemptorNever(priority.value, priority.class_name))
+    now_decision = decide(snapshot, request, limit=1)
+    if now_decision.result is Result.SUCCEEDED:
+        return NoPlan(request.id, FitsWithoutPreemption(now_decision.node or ""))
+    refusal = now_decision.reason
+    assert refusal is not None
+    if not (len(refusal.reasons) == 1 and isinstance(refusal.reasons[0], NoEligibleNode)):
+        return NoPlan(request.id, NotRefusedForRoom(refusal.code))
+    sets = running_sets(snapshot)
+    victims = eligible_victims(snapshot, priority, now, settings, sets)
+    if not victims:
+        return NoPlan(request.id, _why_none(snapshot, sets, priority, now, settings))
+    by_node: dict[str, list[RunningSet]] = {}
+    for v in victims:
+        by_node.setdefault(v.node, []).append(v)
+    best = _search(snapshot, request, by_node)
+    if best is None:
+        return NoPlan(request.id, NothingFreesEnough(len(victims), len(by_node)))
+    key, node, chosen, placement = best
+    return PreemptionPlan(request.id, request.namespace, request.vmi, priority, node,
+                          tuple(sorted(chosen, key=lambda v: v.key[:2] + (v.admission or "",))),
+                          placement, key)
+
+
+def _why_none(snapshot: Snapshot, sets: Sequence[RunningSet], priority: Priority, now: datetime,
+              settings: PreemptionSettings) -> NoEligibleVictim:
+    lower = [s for s in sets if s.priority.value < priority.value]
+    young = sum(1 for s in lower if now - s.started < settings.min_runtime)
+    protected = sum(1 for s in lower if not _classes_allow(snapshot, s))
+    return NoEligibleVictim(priority.value, len(lower), young, protected, _duration(settings.min_runtime))
+
+
+def _duration(d: timedelta) -> str:
+    """Go's duration text of a whole number of seconds ("10m0s", "1h0m0s", "30s")."""
+    s = int(d.total_seconds())
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m}m{sec}s" if h else f"{m}m{sec}s" if m else f"{sec}s"
+
+
+class _Need:
+    """The set's units per resource, and what it still needs on a node (count arithmetic,
+    the cheap bound P3 prunes with)."""
+
+    def __init__(self, snapshot: Snapshot, request: Request) -> None:
+        self.snap = snapshot
+        self.res = {c.name: c.resource_name for c in snapshot.classes.values()}
+        self.total: dict[str, int] = {}
+        self.here: dict[str, dict[str, int]] = {}
+        for n in request.devices:
+            d = snapshot.device(request.namespace, n)
+            if d is None or d.class_name not in self.res:
+                continue
+            r = self.res[d.class_name]
+            self.total[r] = self.total.get(r, 0) + 1
+            if d.bound_node is not None:
+                on = self.here.setdefault(d.bound_node, {})
+                on[r] = on.get(r, 0) + 1
+
+    def short(self, node: str) -> dict[str, int]:
+        """Units per resource `node` lacks for the set now (only those it lacks)."""
+        here = self.here.get(node, {})
+        out = {}
+        for r, k in self.total.items():
+            lack = k - here.get(r, 0) - self.snap.free(node, r)
+            if lack > 0:
+                out[r] = lack
+        return out
+
+    def frees(self, victim: RunningSet) -> dict[str, int]:
+        """Units per resource stopping `victim` frees on its node (its templates)."""
+        out: dict[str, int] = {}
+        for n in victim.templates:
+            d = self.snap.device(victim.namespace, n)
+            if d is not None and d.class_name in self.res:
+                r = self.res[d.class_name]
+                out[r] = out.get(r, 0) + 1
+        return out
+
+
+def _covers(short: dict[str, int], freed: Iterable[dict[str, int]]) -> bool:
+    total: dict[str, int] = {}
+    for f in freed:
+        for r, k in f.items():
+            total[r] = total.get(r, 0) + k
+    return all(total.get(r, 0) >= k for r, k in short.items())
+
+
+def _search(snapshot: Snapshot, request: Request, by_node: dict[str, list[RunningSet]]):
+    """The best (key, node, victims, placement) over the nodes of `by_node` (each node's
+    eligible victims), or None. See the module docstring for the pruning."""
+    need = _Need(snapshot, request)
+    problems = _assessed(snapshot, request, sorted(by_node))
+    nodes = []
+    for node, vs in by_node.items():
+        if not all(p.code in _ROOM_CODES and not (isinstance(p, NoDeviceGroup) and p.missing)
+                   for p in problems.get(node, ())):
+            continue  # cordoned, tainted, not matching, a size it has nowhere: no victim helps
+        short = need.short(node)
+        frees = {v.key: need.frees(v) for v in vs}
+        if not _covers(short, frees.values()):
+            continue
+        vs = sorted(vs, key=lambda v: (v.priority.value, v.key[:2], v.admission or ""))
+        # the lowest threshold whose pool could cover: a bound on the node's best key
+        floor = next(v.priority.value for i, v in enumerate(vs)
+                     if _covers(short, (frees[w.key] for w in vs[:i + 1])))
+        nodes.append((floor, node, vs, short, frees))
+    if not nodes:
+        return None
+    base = _release_claims(snapshot, [v for _, _, vs, _, _ in nodes for v in vs])
+    nodes.sort(key=lambda t: (t[0], t[1]))
+    best = None
+    for floor, node, vs, short, frees in nodes:
+        if best is not None and floor > best[0][0]:
+            break
+        found = _node_best(base, request, node, vs, short, frees, best)
+        if found is not None and (best is None or found[0] < best[0]):
+            best = found
+    return best
+
+
+def _assessed(snapshot: Snapshot, request: Request, nodes: list[str]) -> dict[str, tuple[Reason, ...]]:
+    """B3's problems of each of `nodes` for the set now (`model.decide.assess`)."""
+    return dict(assess(snapshot, request, nodes, with_decision=False).nodes)
+
+
+def _node_best(base: Snapshot, request: Request, node: str, vs: list[RunningSet],
+               short: dict[str, int], frees: dict[SetKey, dict[str, int]], best):
+    """The best candidate on `node` (victims among `vs`, sorted by priority) that could beat
+    `best`: thresholds ascending, then sizes ascending, all subsets of the first size that
+    makes room compared by `plan_key`; None when none beats it."""
+    thresholds = sorted({v.priority.value for v in vs})
+    for p in thresholds:
+        if best is not None and p > best[0][0]:
+            return None
+        pool = [v for v in vs if v.priority.value <= p]
+        if not _covers(short, (frees[v.key] for v in pool)):
+            continue
+        if _feasible(base, request, node, pool) is None:
+            continue  # stopping the whole pool does not make room: no subset of it does
+        for k in range(1, len(pool) + 1):
+            if best is not None and (p, k) > best[0][:2]:
+                return None
+            found = None
+            for combo in combinations(pool, k):
+                if combo[-1].priority.value != p:
+                    continue  # its highest is below p: a lower threshold already said no
+                if not _covers(short, (frees[v.key] for v in combo)):
+                    continue
+                done = _feasible(base, request, node, combo)
+                if done is None:
+                    continue
+                rank, placement = done
+                key = plan_key(combo, rank)
+                if found is None or key < found[0]:
+                    found = (key, node, combo, placement)
+            if found is not None:
+                return found if best is None or found[0] < best[0] else None
+    return None
+
+
+def _feasible(base: Snapshot, request: Request, node: str, victims: Sequence[RunningSet]
+              ) -> tuple[tuple, Placement] | None:
+    """(the node's B4/DR4 rank, the placement) when the set is placed on `node` once
+    `victims` stopped (`base` already counts their claims released), else None."""
+    decision, rank = decide_on(_drop(base, victims), request, node)
+    if rank is None:
+        return None
+    return rank, decision.placements[0]
+
+
+__all__ = ["DEFAULT_MIN_RUNTIME", "NoPlan", "PreemptionPlan", "PreemptionSettings", "RunningSet",
+           "SetKey", "eligible_victims", "may_yield", "plan_key", "plan_preemption", "release_sets",
+           "request_priority", "running_sets"]
