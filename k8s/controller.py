@@ -38,6 +38,7 @@ from k8s.vm_waiting import VMWaiting
 from k8s.webhook.fairness import TenantGate
 from k8s.webhook.review import Review, reason_denial
 from k8s.webhook.transport import ReloadingTLS, deny, make_app, serve
+from model.preemption import PreemptionSettings
 from model.reasons import NotSynced
 from supervisor.binder import Binder, BinderConfig
 from supervisor.tree import SupervisorEscalation
@@ -68,7 +69,11 @@ def binder_config(cfg: Config) -> BinderConfig:
         coordinator=replace(b.coordinator, ask_timeout=cfg.ask_timeout,
                             resync_interval=cfg.resync_interval,
                             defrag_interval=cfg.defrag_interval,
-                            defrag_max_moves=cfg.defrag_max_moves),
+                            defrag_max_moves=cfg.defrag_max_moves,
+                            preemption=replace(
+                                b.coordinator.preemption,
+                                preemption=PreemptionSettings(timedelta(seconds=cfg.preemption_min_runtime)),
+                                ttl=timedelta(seconds=cfg.preemption_nomination_ttl))),
         pipeline=replace(b.pipeline, write_timeout=cfg.write_timeout,
                          retry_attempts=cfg.write_attempts, settle_timeout=cfg.settle_timeout),
     )

@@ -24,7 +24,8 @@ One module per section; this package re-exports every public name, so callers im
 - `claims`: the webhook's ResourceClaim of a device-mode set (DR5, W4, W5);
 - `transport`: the webhook's transport and decoder (W6), and its own availability;
 - `preemption`: why a set refused for room gets no preemption plan (P2, P3), and a plan's
-  Event words (`Preempts`).
+  Event words (`Preempts`);
+- `nomination`: a set refused while victims are stopped for it (P4, `PreemptionNominated`).
 Every module imports only `codes` (`ledger` also `nodes`). Pure; imports nothing from the
 rest of `model`.
 """
@@ -59,6 +60,7 @@ from model.reasons.claims import (ClaimBeingDeleted, ClaimInUse, ClaimNameTaken,
                                   DeviceUnrecorded)
 from model.reasons.preemption import (FitsWithoutPreemption, NoEligibleVictim, NotRefusedForRoom,
                                       NothingFreesEnough, PreemptorNever, Preempts)
+from model.reasons.nomination import PreemptionNominated
 from model.reasons.transport import (AdmissionCrashed, AdmissionTimedOut, BodyNotJson, BodyTooLarge,
                                      DryRunNotBoolean, InvalidAnnotations, InvalidVmi,
                                      MalformedMetadata, NoName, NotACreate, NotAReview, NotAVmi,

@@ -27,7 +27,7 @@ def test_value_types_have_the_fields_the_store_copies() -> None:
         "phase", "node_name", "bound_at", "attached_to", "bind_request", "device"]
     assert [f.name for f in fields(BindRequest)] == [
         "id", "vmi", "devices", "requested_at", "node_selector", "result", "message", "node",
-        "tolerations", "code"]
+        "tolerations", "code", "priority"]
 
 
 @pytest.mark.anyio
