@@ -33,6 +33,8 @@ from k8s.config import Config
 from k8s.housekeeping import Housekeeper
 from k8s.leader import LeaderElector, LeaseConfig
 from k8s.metrics import Metrics, Observed
+from k8s.nominations import ApiNominations
+from k8s.preemption import Preemption
 from k8s.status_writer import ApiStatusWriter
 from k8s.vm_waiting import VMWaiting
 from k8s.webhook.fairness import TenantGate
@@ -188,8 +190,10 @@ class Controller:
             # a leader's call ends before its lease
             leading = client.using(timeout=min(5.0, cfg.renew_deadline / 2))
             writer = ApiStatusWriter(leading)
+            nominations = ApiNominations(leading, cfg.settings_namespace)  # P4
             self.binder = Binder(cache.view, cache.view, writer, SystemClock(),
-                                 binder_config(cfg), observer=metrics)
+                                 binder_config(cfg), observer=metrics, nominations=nominations)
+            preemption = Preemption(leading, cache, nominations, period=cfg.housekeeping_period)
             waiting = VMWaiting(leading, cache, grace=grace)
             keeper = Housekeeper(leading, cache, grace=grace, raw_policy=cfg.raw_resource_names,
                                  period=cfg.housekeeping_period,
@@ -201,6 +205,7 @@ class Controller:
                     await tg.start(self.binder.run)
                     tg.start_soon(keeper.run)
                     tg.start_soon(waiting.run)
+                    tg.start_soon(preemption.run)
             finally:
                 self.binder = self.housekeeper = self.vm_waiting = None
 

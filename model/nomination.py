@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from model.device.dra import DeviceRef
 from model.hold import Hold
@@ -150,6 +150,72 @@ def nomination_holds(nominations: Iterable[Nomination], now: datetime,
     return tuple(out)
 
 
+# --- the leader's sweep: victims to stop, nominations to delete ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop victim `victim` of `nomination`: delete VMI `namespace/vmi` whose uid is `uid`
+    (the live incarnation the nomination names: a delete with that uid as precondition)."""
+
+    nomination: Nomination
+    victim: Victim
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Delete `nomination`: `why` is "expired" (its hold released) or "admitted" (its
+    preemptor's set is admitted on its node)."""
+
+    nomination: Nomination
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """One round of the preemption worker: `stops` (victims still running, of live
+    nominations), `drops` (nominations to delete), `waiting` (per live nomination, the number
+    of its victims still running)."""
+
+    stops: tuple[Stop, ...] = ()
+    drops: tuple[Drop, ...] = ()
+    waiting: tuple[tuple[Nomination, int], ...] = ()
+
+
+def sweep(nominations: Iterable[Nomination], now: datetime,
+          vmi: Callable[[str, str], tuple[str, str | None] | None],
+          devices_in: Callable[[str], Mapping[str, GPUDevice]]) -> Sweep:
+    """What the leader does now for `nominations` (P4): drop the expired ones and those whose
+    preemptor is admitted on its node (`admitted`); for every other, stop each victim whose
+    VMI still runs as the incarnation named (`vmi(namespace, name)` gives the live VMI's
+    (uid, admission annotation), None when there is none; a VMI of another admission or uid
+    is another incarnation: never stopped). Only a victim of a live nomination is ever
+    stopped (P6). Pure; idempotent (a stopped victim's VMI is gone, a dropped nomination too)."""
+    stops: list[Stop] = []
+    drops: list[Drop] = []
+    waiting: list[tuple[Nomination, int]] = []
+    for n in sorted(nominations, key=lambda n: n.name):
+        if not n.live(now):
+            drops.append(Drop(n, "expired"))
+            continue
+        if admitted(n, devices_in(n.namespace)):
+            drops.append(Drop(n, "admitted"))
+            continue
+        running = 0
+        for v in n.victims:
+            found = vmi(v.namespace, v.vmi)
+            if found is None:
+                continue
+            uid, admission = found
+            if (v.uid is not None and uid != v.uid) or (v.admission is not None and admission != v.admission):
+                continue  # another incarnation of the name: not a victim
+            running += 1
+            stops.append(Stop(n, v, uid))
+        waiting.append((n, running))
+    return Sweep(tuple(stops), tuple(drops), tuple(waiting))
+
+
 # --- the GPUNomination object -------------------------------------------------------------------
 
 
@@ -270,5 +336,5 @@ def _time(what: str, value: Any, field: str) -> datetime:
 
 
 __all__ = ["API_VERSION", "DEFAULT_RETRY_AFTER", "DEFAULT_TTL", "HOLD_PREFIX", "KIND", "PLURAL",
-           "Nomination", "Victim", "admitted", "hold_id", "nomination_body", "nomination_holds",
+           "Drop", "Nomination", "Stop", "Sweep", "Victim", "admitted", "sweep", "hold_id", "nomination_body", "nomination_holds",
            "nomination_name", "parse_nomination"]

@@ -272,3 +272,27 @@ def test_nomination_of_caps_retry_after_by_the_ttl():
     short = NominationSettings(ttl=timedelta(seconds=10), retry_after=30)
     n = nomination_of(plan, NOW, short)
     assert n.retry_after == 10 and n.expires == NOW + timedelta(seconds=10)
+
+
+# --- the leader's sweep ---------------------------------------------------------------------
+
+
+def test_sweep_stops_only_running_victims_of_live_nominations_and_drops_the_done():
+    from model.nomination import sweep
+    live = sample()
+    old = replace(sample(), vmi="vm-old", expires=NOW - timedelta(seconds=1))
+    vmis = {("t", "a"): ("uid-a", "adm-a"), ("t", "b"): ("uid-b", "adm-b")}
+    plan = sweep([old, live], NOW, lambda ns, n: vmis.get((ns, n)), lambda ns: {})
+    # a is the recorded incarnation (uid and admission); b has no admission recorded: by name
+    assert [(s.victim.vmi, s.uid) for s in plan.stops] == [("a", "uid-a"), ("b", "uid-b")]
+    assert [(d.nomination.vmi, d.why) for d in plan.drops] == [("vm-old", "expired")]
+    assert plan.waiting == ((live, 2),)
+    # a recreated a (another uid) is never stopped; an expired nomination stops nobody
+    vmis[("t", "a")] = ("uid-a2", "adm-a")
+    plan = sweep([live], NOW, lambda ns, n: vmis.get((ns, n)), lambda ns: {})
+    assert [s.victim.vmi for s in plan.stops] == ["b"]
+    assert sweep([live], NOW + timedelta(minutes=5), lambda ns, n: vmis.get((ns, n)), lambda ns: {}).stops == ()
+    # the preemptor admitted on its node: dropped, nobody stopped
+    landed = {d.name: d for d in vm_set("vm-9", "n1", 4, ns="p", value=1000)}
+    plan = sweep([live], NOW, lambda ns, n: vmis.get((ns, n)), lambda ns: landed if ns == "p" else {})
+    assert plan.stops == () and [(d.nomination.vmi, d.why) for d in plan.drops] == [("vm-9", "admitted")]
