@@ -10,19 +10,31 @@ for every Refused decision, the status pipeline writes the nomination before the
   refusal stands as decided.
 - `on_nominated_node`: a preemptor whose room is free is decided on its nominated node when
   that node takes the whole set (B4/DR4 within it), else as any set.
+- `w1_nominee`: W1 (the webhook's checks on its cache) refuses a set for room before the
+  binder sees it; a set that would be nominated (its live nomination, or P3's plan) goes on
+  to the binder instead, which nominates and answers 503.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Sequence
 
 from model.decide import Decision, Request, Rule, decide_on
 from model.nomination import DEFAULT_RETRY_AFTER, DEFAULT_TTL, Nomination, Victim
 from model.preemption import PreemptionPlan, PreemptionSettings, RunningSet, plan_preemption
-from model.reasons import NoEligibleNode, PreemptionNominated, RequestRef
+from model.priority import Priority
+from model.reasons import Code, NoEligibleNode, PreemptionNominated, Reason, RequestRef
 from model.snapshot import Snapshot
-from model.types import Result
+from model.types import BindRequest, GPUDevice, Labels, Result, Toleration
+
+W1_REQUEST_ID = "(preemption check)"
+"""Request id of `w1_nominee`'s trial request; never a real (generated) id."""
+
+_W1_ROOM = frozenset({Code.NO_FREE_UNIT, Code.NO_ELIGIBLE_NODE, Code.SET_NEEDS, Code.NO_ROOM_FOR_SET})
+"""W1's refusals that may be for room (`model.admission.check`'s `CannotPlace` leads with one;
+whether stopping victims would cure it is P3's plan's to say: a size no node has is not)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,5 +133,36 @@ def on_nominated_node(snapshot: Snapshot, request: Request, decision: Decision,
     return there if rank is not None else decision
 
 
+def w1_nominee(snapshot: Snapshot, namespace: str, vmi: str, refusal: Reason,
+               held: Sequence[str], templates: Sequence[tuple[str, str]], priority: Priority,
+               now: datetime, settings: NominationSettings = NominationSettings(), *,
+               node_selector: Labels = (), tolerations: tuple[Toleration, ...] = ()) -> str | None:
+    """W1 and P4: the node VMI `namespace/vmi`, refused at W1 with `refusal`, would be
+    nominated on: its own live nomination's, else the node of P3's plan for the set (`held`
+    device names and `templates` (name, class), of `priority`, judged on `snapshot` as the
+    binder will judge its request); None when the refusal is not for room, the priority may
+    not preempt, or there is no plan. The webhook then lets the set go on to the binder."""
+    if not settings.enabled or not priority.may_preempt or refusal.code not in _W1_ROOM:
+        return None
+    mine = snapshot.nomination_for(namespace, vmi)
+    if mine is not None and mine.live(now):
+        return mine.node
+    names = tuple(held) + tuple(n for n, _ in templates)
+    br = BindRequest(W1_REQUEST_ID, vmi, names, now, node_selector, tolerations=tolerations,
+                     priority=priority)
+    trial: list[GPUDevice] = []
+    for name in held:
+        dev = snapshot.device(namespace, name)
+        if dev is None:
+            return None
+        trial.append(replace(dev, status=replace(dev.status, bind_request=br)))
+    for name, class_name in templates:
+        dev = snapshot.device(namespace, name) or GPUDevice(namespace, name, class_name, template_for=vmi)
+        trial.append(replace(dev, status=replace(dev.status, bind_request=br)))
+    request = Request(W1_REQUEST_ID, namespace, vmi, names, node_selector, now, tolerations)
+    plan = plan_preemption(snapshot.with_devices(trial), request, now, settings.preemption)
+    return plan.node if isinstance(plan, PreemptionPlan) else None
+
+
 __all__ = ["NominationSettings", "Nominated", "Preempting", "nominate", "nomination_of",
-           "on_nominated_node", "refused_for_room"]
+           "on_nominated_node", "refused_for_room", "w1_nominee"]

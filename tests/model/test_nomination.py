@@ -296,3 +296,29 @@ def test_sweep_stops_only_running_victims_of_live_nominations_and_drops_the_done
     landed = {d.name: d for d in vm_set("vm-9", "n1", 4, ns="p", value=1000)}
     plan = sweep([live], NOW, lambda ns, n: vmis.get((ns, n)), lambda ns: landed if ns == "p" else {})
     assert plan.stops == () and [(d.nomination.vmi, d.why) for d in plan.drops] == [("vm-9", "admitted")]
+
+
+# --- W1: a set that would be nominated goes on to the binder ----------------------------------
+
+
+def test_w1_lets_a_set_refused_for_room_go_on_when_it_would_be_nominated():
+    from model.nominate import w1_nominee
+    from model.priority import Priority
+    from model.reasons import NoFreeUnit, NotEntitled
+    snap = full_count_world()
+    room = NoFreeUnit("h100", H)
+    templates = [(f"vm-9-h100-{i}", "h100") for i in range(4)]
+    high, equal = Priority(1000), Priority(100)
+    assert w1_nominee(snap, "p", "vm-9", room, (), templates, high, NOW) == "n1"
+    from model.reasons import NoRoomForSet
+    assert w1_nominee(snap, "p", "vm-9", NoRoomForSet(), (), templates, high, NOW) == "n1"
+    assert w1_nominee(snap, "p", "vm-9", room, (), templates, equal, NOW) is None  # never equal
+    from model.priority import PreemptionPolicy
+    never = Priority(1000, PreemptionPolicy.NEVER)
+    assert w1_nominee(snap, "p", "vm-9", room, (), templates, never, NOW) is None
+    assert w1_nominee(snap, "p", "vm-9", NotEntitled("p", "h100"), (), templates, high, NOW) is None
+    off = NominationSettings(enabled=False)
+    assert w1_nominee(snap, "p", "vm-9", room, (), templates, high, NOW, off) is None
+    # its live nomination: its node, whatever the plan would say now
+    n = replace(sample(), namespace="p", vmi="vm-9", node="n2")
+    assert w1_nominee(snap.with_nominations([n]), "p", "vm-9", room, (), templates, equal, NOW) == "n2"
