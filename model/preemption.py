@@ -72,9 +72,14 @@ _ROOM_CODES = CAPACITY_CODES | {Code.NO_DEVICE_GROUP}
 @dataclass(frozen=True, slots=True)
 class PreemptionSettings:
     """The operator's preemption settings: `min_runtime` (`preemption.minRuntime`, P2), how
-    long a set must have run before it may yield."""
+    long a set must have run before it may yield (0: at once)."""
 
     min_runtime: timedelta = DEFAULT_MIN_RUNTIME
+
+    def __post_init__(self) -> None:
+        """Raises ValueError for a negative `min_runtime`."""
+        if self.min_runtime < timedelta(0):
+            raise ValueError(f"preemption.minRuntime must not be negative, got {self.min_runtime}")
 
 
 SetKey = tuple[str, str, str | None]
@@ -314,6 +319,7 @@ def plan_preemption(snapshot: Snapshot, request: Request, now: datetime,
     at `now`, or why there is none (`NoPlan`: the preemptor's policy is Never, the set fits
     without preemption or is refused for another reason than room, no running set may
     yield, or stopping them frees room on no node). Deterministic; never raises."""
+    snapshot = snapshot.without_reservation(request.id)  # its own holds are not against it
     priority = request_priority(snapshot, request)
     if not priority.may_preempt:
         return NoPlan(request.id, PreemptorNever(priority.value, priority.class_name))
@@ -408,16 +414,18 @@ def _search(snapshot: Snapshot, request: Request, by_node: dict[str, list[Runnin
     """The best (key, node, victims, placement) over the nodes of `by_node` (each node's
     eligible victims), or None. See the module docstring for the pruning."""
     need = _Need(snapshot, request)
-    problems = _assessed(snapshot, request, sorted(by_node))
-    nodes = []
+    covered = []
     for node, vs in by_node.items():
+        short = need.short(node)
+        frees = {v.key: need.frees(v) for v in vs}
+        if _covers(short, frees.values()):
+            covered.append((node, vs, short, frees))
+    problems = _assessed(snapshot, request, sorted(n for n, _, _, _ in covered))
+    nodes = []
+    for node, vs, short, frees in covered:
         if not all(p.code in _ROOM_CODES and not (isinstance(p, NoDeviceGroup) and p.missing)
                    for p in problems.get(node, ())):
             continue  # cordoned, tainted, not matching, a size it has nowhere: no victim helps
-        short = need.short(node)
-        frees = {v.key: need.frees(v) for v in vs}
-        if not _covers(short, frees.values()):
-            continue
         vs = sorted(vs, key=lambda v: (v.priority.value, v.key[:2], v.admission or ""))
         # the lowest threshold whose pool could cover: a bound on the node's best key
         floor = next(v.priority.value for i, v in enumerate(vs)
@@ -446,7 +454,8 @@ def _node_best(base: Snapshot, request: Request, node: str, vs: list[RunningSet]
                short: dict[str, int], frees: dict[SetKey, dict[str, int]], best):
     """The best candidate on `node` (victims among `vs`, sorted by priority) that could beat
     `best`: thresholds ascending, then sizes ascending, all subsets of the first size that
-    makes room compared by `plan_key`; None when none beats it."""
+    makes room compared by `plan_key` (a subset whose victims alone already lose to the best
+    so far is not decided); None when none beats it."""
     thresholds = sorted({v.priority.value for v in vs})
     for p in thresholds:
         if best is not None and p > best[0][0]:
@@ -465,6 +474,9 @@ def _node_best(base: Snapshot, request: Request, node: str, vs: list[RunningSet]
                     continue  # its highest is below p: a lower threshold already said no
                 if not _covers(short, (frees[v.key] for v in combo)):
                     continue
+                head = plan_key(combo, ())[:4]  # what the victims alone decide of the key
+                if (best is not None and head > best[0][:4]) or (found is not None and head > found[0][:4]):
+                    continue  # loses whatever the node's rank: no decision needed
                 done = _feasible(base, request, node, combo)
                 if done is None:
                     continue

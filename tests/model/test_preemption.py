@@ -16,6 +16,7 @@ from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 from model.decide import Request, decide, decide_on
+from model.hold import Hold
 from model.preemption import (NoPlan, PreemptionPlan, PreemptionSettings, RunningSet, may_yield,
                               plan_preemption, release_sets, request_priority, running_sets)
 from model.priority import ClassPreemption, PreemptionPolicy, Priority
@@ -56,22 +57,28 @@ def vm_set(vmi: str, on: str, gpus: int, *, ns: str = "t", value: int = 0, age: 
 
 
 def asking(vmi: str, gpus: int, *, ns: str = "p", value: int = 1000, cls: str = "h100",
-           policy: PreemptionPolicy = PreemptionPolicy.PREEMPT_LOWER) -> tuple[list[GPUDevice], Request]:
-    """A preemptor: VMI `vmi` asking `gpus` new devices of `cls`, at priority `value`."""
+           policy: PreemptionPolicy = PreemptionPolicy.PREEMPT_LOWER,
+           held_on: tuple[str, int | None] | None = None) -> tuple[list[GPUDevice], Request]:
+    """A preemptor: VMI `vmi` asking `gpus` devices of `cls` at priority `value`: new ones,
+    but with `held_on` (node, GPU index or None) the first is a held device Bound there."""
     names = tuple(f"{vmi}-{cls}-{i}" for i in range(gpus))
     br = BindRequest("rp", vmi, names, NOW, priority=prio(value, policy))
     att = Attachment(vmi, NOW, "adm-p")
     devices = [GPUDevice(ns, n, cls, template_for=vmi, status=DeviceStatus(attached_to=att, bind_request=br))
                for n in names]
+    if held_on is not None:
+        on, index = held_on
+        devices[0] = GPUDevice(ns, names[0], cls, status=DeviceStatus(
+            Phase.BOUND, on, NOW - HOUR, att, br, ref(on, index) if index is not None else None))
     return devices, Request("rp", ns, vmi, names, (), NOW)
 
 
 NEVER_CLASS = replace(gpu_class("h100n"), preemption=ClassPreemption.NEVER)
 
 
-def count_world(nodes, *sets, classes=None, budgets=()) -> Snapshot:
+def count_world(nodes, *sets, classes=None, budgets=(), reservations=()) -> Snapshot:
     return Snapshot.build(nodes=nodes, classes=classes or [gpu_class(), NEVER_CLASS],
-                          devices=[d for s in sets for d in s], budgets=budgets)
+                          devices=[d for s in sets for d in s], budgets=budgets, reservations=reservations)
 
 
 def victims_of(plan) -> list[str]:
@@ -135,6 +142,22 @@ def test_P2_min_runtime():
     assert victims_of(plan_preemption(snap, req, NOW + timedelta(minutes=1))) == ["young"]
     short = PreemptionSettings(min_runtime=timedelta(minutes=5))
     assert victims_of(plan_preemption(snap, req, NOW, short)) == ["young"]
+
+
+def test_P2_min_runtime_is_not_negative():
+    with pytest.raises(ValueError):
+        PreemptionSettings(min_runtime=timedelta(seconds=-1))
+    devices, req = asking("p", 4)
+    snap = count_world([node("n1", 4)], vm_set("now", "n1", 4, age=timedelta(0)), devices)
+    assert victims_of(plan_preemption(snap, req, NOW, PreemptionSettings(timedelta(0)))) == ["now"]
+
+
+def test_the_preemptors_own_holds_are_not_counted_against_it():
+    devices, req = asking("p", 4)
+    own = Hold("rp", "p", "n1", (("nvidia.com/H100", 4),))
+    snap = count_world([node("n1", 4)], vm_set("low", "n1", 4), devices, reservations=[own])
+    plan = plan_preemption(snap, req, NOW)
+    assert plan.node == "n1" and victims_of(plan) == ["low"]
 
 
 def test_P2_a_class_with_preemption_never_protects_its_sets():
@@ -292,6 +315,20 @@ def test_decide_on_agrees_with_decide_and_names_only_its_node():
     assert rank is None and d.message.endswith("n1: needs 2 × nvidia.com/H100, has 1 free")
 
 
+@pytest.mark.parametrize("device_mode", [False, True])
+def test_decide_on_ranks_the_nodes_as_decide_orders_its_candidates(device_mode):
+    cls = CLASS if device_mode else "h100"
+    devices, req = asking("p", 2, cls=cls, held_on=("n3", 7 if device_mode else None))
+    fill = {"n1": 5, "n2": 3, "n3": 5, "n4": 3, "n5": 0}  # GPUs taken by a running set per node
+    sets = [vm_set(f"v-{n}", n, k, cls=cls, indices=tuple(range(k)) if device_mode else ())
+            for n, k in fill.items() if k]
+    nodes = [dra_node(n) if device_mode else node(n, 8) for n in fill]
+    snap = (dra_world if device_mode else count_world)(nodes, *sets, devices)
+    ranked = sorted((decide_on(snap, req, n)[1], n) for n in fill)
+    assert [n for _, n in ranked] == [p.node for p in decide(snap, req, limit=None).placements]
+    assert ranked[0][1] == "n3"  # fewest moves first
+
+
 # --- device mode (DR3): the freed devices must make one group ---------------------------------
 
 
@@ -386,7 +423,8 @@ def fleets(draw, device_mode: bool):
     8 running sets filling them (random priority, start, class Never or
     LowerPriority, held devices, kept; device mode: random GPUs of the board, their claims
     sometimes allocating them), a preemptor larger than the most any node has free (of
-    random priority, sometimes Never), one node sometimes cordoned."""
+    random priority, sometimes Never; sometimes one of its members a held device Bound where a
+    unit is free), one node sometimes cordoned."""
     n_nodes = draw(st.integers(2, 3) if device_mode else st.sampled_from([2, 2, 3, 4]))
     names = [f"n{i}" for i in range(1, n_nodes + 1)]
     cordoned = draw(st.none() | st.sampled_from(names))
@@ -421,8 +459,13 @@ def fleets(draw, device_mode: bool):
         top = max(caps[n] for n in names if n != cordoned)
         size = draw(st.sampled_from([top, top, min(most + 1, top)]))
     policy = draw(st.sampled_from([PreemptionPolicy.PREEMPT_LOWER] * 9 + [PreemptionPolicy.NEVER]))
+    spare = [n for n in names if free[n]]
+    held_on = None
+    if spare and draw(st.integers(0, 2)) == 0:  # one member held, Bound where a unit is free
+        on = draw(st.sampled_from(spare))
+        held_on = (on, free[on].pop(0) if device_mode else None)
     devices, req = asking("p", size, value=draw(st.sampled_from([10, 100, 1000])), policy=policy,
-                          cls=classes[0])
+                          cls=classes[0], held_on=held_on)
     if device_mode:
         nodes = [replace(dra_node(n, classes=(CLASS, "h100xn")), unschedulable=n == cordoned,
                          taken_devices=frozenset(claims[n])) for n in names]
