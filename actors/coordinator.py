@@ -65,7 +65,9 @@ from actors.status_pipeline import (
 from model.decide import Decision, Move, Placement, Request, Rule, describe_placement, find_requests
 from model.defrag import DEFRAG_REQUEST_PREFIX, DefragPlan, plan_round
 from model.hold import Hold
-from model.plan import (Action, Answer, Finish, Place, Recover, Requeue, Skip, placement_hold,
+from model.nominate import NominationSettings, Preempting
+from model.nomination import nomination_holds
+from model.plan import (Action, Answer, Finish, Nominate, Place, Recover, Requeue, Skip, placement_hold,
                         plan_batch, plan_one, recorded_node, recovery)
 from model.reasons import Code, NodeRefusal, Placed, RequestRef
 from model.snapshot import Reserving, Snapshot
@@ -134,7 +136,8 @@ class CoordinatorConfig:
     before a request on which `model.decide` raised is tried again; `batch_size` requests
     decided on one snapshot; `defrag_interval` between defragmentation rounds (D1-D5; 0:
     off, the default: D3 "off unless the operator turns it on"); `defrag_max_moves` the
-    most moves one round makes (D3)."""
+    most moves one round makes (D3); `preemption` the settings of nominating (P2's
+    `preemption.minRuntime`, P4's `preemption.nominationTTL`; `model.nominate`)."""
 
     ask_timeout: float = 5.0
     max_rounds: int = 3
@@ -145,6 +148,7 @@ class CoordinatorConfig:
     batch_size: int = 64
     defrag_interval: float = 0.0
     defrag_max_moves: int = 4
+    preemption: NominationSettings = NominationSettings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,7 +385,7 @@ class Coordinator(Actor):
         holds = [h for h in flights.holds if not h.empty]
         if again:
             holds += self._plan_fall_backs(again, snap, holds, started, flights, wave, entries, targets)
-        actions, snap = plan_batch(snap, holds, fresh)
+        actions, snap = plan_batch(snap, holds, fresh, self._preempting())
         for action in actions:
             entry = self._act(action, started, flights, wave)
             if entry is not None:
@@ -420,11 +424,15 @@ class Coordinator(Actor):
         the ledgers, or retried later, when none is left (`_placed`, B1). Anything else the
         planner says (withdrawn, now refused or placed in place) is carried out as for any
         request. Pure but for booking; returns the holds it planned."""
-        work = Reserving(snap.with_reservations(holds))
+        preempting = self._preempting()
+        noms = [h for h in nomination_holds(snap.nominations, preempting.now, snap.devices_in)
+                if not h.empty] if preempting is not None else []
+        work = Reserving(snap.with_reservations([*holds, *noms]))
         planned: list[Hold] = []
         for key in keys:
             chain = self._chains[key]
-            action = plan_one(work.snapshot, key[0], key[1], self._view.request_members(*key))
+            action = plan_one(work.snapshot, key[0], key[1], self._view.request_members(*key),
+                              preempting)
             if not isinstance(action, Place):
                 del self._chains[key]
                 entry = self._act(action, chain.started, flights, wave)
@@ -449,6 +457,11 @@ class Coordinator(Actor):
                 work.add(held)
                 planned.append(held)
         return planned
+
+    def _preempting(self) -> Preempting | None:
+        """This batch's preemption context (P4: now, the settings), None when it is off."""
+        settings = self._cfg.preemption
+        return Preempting(self._clock.now(), settings) if settings.enabled else None
 
     def _refused(self, it: Placing, target: Placement) -> None:
         """The node actor of `target` refused `it`: requeue it to try its next candidate in
@@ -481,6 +494,14 @@ class Coordinator(Actor):
                 _log.error("decide_failed", request_id=req.id, namespace=req.namespace, error=error)
                 self._queue.add_after((req.namespace, req.id), self._cfg.poison_delay)
                 return None
+            case Nominate(req, nominated):  # P4: the nomination is written before the refusal
+                self._counts["decided"] += 1
+                reason, n = nominated.reason, nominated.nomination
+                _log.info("decision", request_id=req.id, namespace=req.namespace, vmi=req.vmi,
+                          rule=Rule.REFUSED, result=Result.REFUSED.value, chosen=None, candidates=[],
+                          nominated=n.node, victims=[v.name for v in n.victims], fresh=nominated.fresh)
+                return _Answer(Decided(req, Result.REFUSED, None, reason.render(), None, code=reason.code,
+                                       nomination=n), Rule.REFUSED, started, reason.code)
         req, decision = action.request, action.decision
         self._counts["decided"] += 1
         _log.info("decision", request_id=req.id, namespace=req.namespace, vmi=req.vmi,
@@ -533,7 +554,13 @@ class Coordinator(Actor):
         """One round (see the module docstring): plan on the view plus the holds in flight,
         reserve every move on its target node actor, hand them to the pipeline."""
         flights = await self._flights()
-        snap = self._view.snapshot().with_reservations(h for h in flights.holds if not h.empty)
+        snap = self._view.snapshot()
+        holds = [h for h in flights.holds if not h.empty]
+        preempting = self._preempting()
+        if preempting is not None:  # P4: nominated room is nobody else's, not even a move's
+            holds += [h for h in nomination_holds(snap.nominations, preempting.now, snap.devices_in)
+                      if not h.empty]
+        snap = snap.with_reservations(holds)
         plan = plan_round(snap, max_moves=self._cfg.defrag_max_moves)
         if not plan.moves:
             self._observe_defrag(0, plan)

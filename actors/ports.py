@@ -4,8 +4,9 @@
 possibly a little behind the API server); `ChangeFeed` says which keys changed (level
 based: a change names a key, the receiver re-reads the view); `StatusWriter` writes the
 binder's fields of GPUDevice status (B8); `Clock` gives monotonic and UTC time;
-`NodeDirectory` finds the node actor of a node. The Kubernetes adapter implements the
-first three, `fakes.memory_store.MemoryStore` is the fake beside it.
+`NodeDirectory` finds the node actor of a node; `NominationWriter` records a nomination (P4)
+before the refusal that announces it. The Kubernetes adapter implements the first three and
+the last, `fakes.memory_store.MemoryStore` is the fake beside it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import anyio
 from actors.errors import WriteError
 from model.decide import Rule
 from model.device.dra import DeviceRef
+from model.nomination import Nomination
 from model.reasons import Code
 from model.types import Budget, DeviceKey, GPUClass, GPUDevice, Namespace, Node, Result
 
@@ -29,7 +31,8 @@ if TYPE_CHECKING:
     from actors.workqueue import WorkQueue
     from model.snapshot import Snapshot
 
-ChangeKind = Literal["node", "device", "class", "budget", "namespace", "priority_class"]
+ChangeKind = Literal["node", "device", "class", "budget", "namespace", "priority_class",
+                     "nomination"]
 
 
 class Change(NamedTuple):
@@ -197,6 +200,27 @@ async def write_each(
         for i, w in enumerate(writes):
             tg.start_soon(bounded, i, w)
     return outcomes
+
+
+@runtime_checkable
+class NominationWriter(Protocol):
+    """Records nominations (docs/contract.md §3c P4) in the API, where a leader change keeps
+    them: one `GPUNomination` per preemptor, named `Nomination.name`.
+
+    The status pipeline puts a nomination before it writes the refusal that announces it
+    (`preemption_nominated`), so a refusal a tenant sees always has its nomination; the
+    leader's preemption worker deletes nominations that expired or whose preemptor is gone
+    or admitted."""
+
+    async def put(self, nomination: Nomination) -> None:
+        """Create the nomination's object, or find it in place: idempotent. One of the same
+        name with another content (an older nomination of the same preemptor, not deleted
+        yet) is replaced. Raises `TransientWriteError` when it cannot tell whether the
+        object was written (a retry is safe). Cancellation: it may or may not be written."""
+
+    async def delete(self, name: str) -> None:
+        """Delete nomination `name`; gone already is success. Raises `TransientWriteError`
+        (a retry is safe)."""
 
 
 @runtime_checkable

@@ -11,6 +11,12 @@ or NotFound stop the request (what is written stays); when the retries give up t
 is *stalled*: it keeps its whole reservation and the coordinator is told (`Stalled`) to
 examine it again after `stalled_delay`.
 
+A refusal that announces a nomination (P4, `Decided.nomination`: `preemption_nominated`) is
+written only after its nomination is recorded (`NominationWriter.put`, retried as the status
+writes are): a leader killed between the two leaves the nomination, which the next leader's
+decision finds and reuses, and never a refusal without its nomination. A nomination that cannot
+be recorded stalls its request (nothing of it written).
+
 A flight keeps its reservation until its writes are done *and* the view shows them
 (`model.hold.outstanding`, the rule the node ledger and the snapshot use), or for at most
 `settle_timeout` after its writes ended; then the pipeline sends `Release` to the node
@@ -54,12 +60,13 @@ from actors.errors import (
     WriteError,
 )
 from actors.node_actor import Release
-from actors.ports import Clock, ClusterView, NodeDirectory, StatusWrite, StatusWriter
+from actors.ports import Clock, ClusterView, NominationWriter, NodeDirectory, StatusWrite, StatusWriter
 from actors.runtime import Actor, ActorContext, ActorRef
 from model.device.dra import DeviceRef
 from model.device.records import recorded_on
 from model.decide import Request
 from model.hold import Hold, outstanding
+from model.nomination import Nomination
 from model.reasons import Code
 from model.types import DeviceKey, RequestKey, Result
 
@@ -79,7 +86,10 @@ class Decided:
     goes from `moving_from` to `node` by one `move` write (`StatusWrite`), `message` the
     why for its Event; it keeps its hold until the view shows the device on `node`. In
     device mode `moving_device` is the record it leaves and the hold names the device it
-    records on `node` (`Hold.devices`); `moving_from == node` is a re-point (DR4)."""
+    records on `node` (`Hold.devices`); `moving_from == node` is a re-point (DR4).
+
+    P4: `nomination`, on a refusal announcing it (`preemption_nominated`), is recorded before
+    any member is written."""
 
     request: Request
     result: Result
@@ -89,6 +99,7 @@ class Decided:
     moving_from: str | None = None
     moving_device: DeviceRef | None = None
     code: Code | None = None
+    nomination: Nomination | None = None
 
     @property
     def key(self) -> RequestKey:
@@ -228,9 +239,11 @@ class StatusPipeline(Actor):
     name = "status_pipeline"
 
     def __init__(self, view: ClusterView, writer: StatusWriter, nodes: NodeDirectory,
-                 clock: Clock, config: PipelineConfig | None = None) -> None:
+                 clock: Clock, config: PipelineConfig | None = None,
+                 nominations: NominationWriter | None = None) -> None:
         self._view = view
         self._writer = writer
+        self._nominations = nominations
         self._nodes = nodes
         self._clock = clock
         self._cfg = config or PipelineConfig()
@@ -324,6 +337,7 @@ class StatusPipeline(Actor):
         """Register the flights of one wave, plan their writes (read from the view now)
         and start one task writing them all."""
         plan: list[tuple[int, list[StatusWrite]]] = []
+        first: dict[int, Nomination] = {}  # P4: recorded before the flight's writes
         now = anyio.current_time()
         for d in decisions:
             old = self._flights.get(d.key)
@@ -338,10 +352,12 @@ class StatusPipeline(Actor):
             self._by_serial[serial] = d.key
             if writes:
                 plan.append((serial, writes))
+                if d.nomination is not None:
+                    first[serial] = d.nomination
             else:
                 self._finish(serial, WriteOutcome.DONE)  # every member carries it already
         if plan:
-            self._tg.start_soon(self._write_wave, plan)
+            self._tg.start_soon(self._write_wave, plan, first)
         self._prune()
 
     def _finish(self, serial: int, outcome: WriteOutcome) -> None:
@@ -471,9 +487,19 @@ class StatusPipeline(Actor):
 
     # -- write tasks (children: they touch no state, they report by message) -------------------
 
-    async def _write_wave(self, plan: list[tuple[int, list[StatusWrite]]]) -> None:
+    async def _write_wave(self, plan: list[tuple[int, list[StatusWrite]]],
+                          first: Mapping[int, Nomination] | None = None) -> None:
         """The writes of one wave in one `write_many`; a flight with a failed write goes
-        on alone (`_retry_flight`), so it never holds back the others' settling."""
+        on alone (`_retry_flight`), so it never holds back the others' settling. The
+        nominations of `first` (by flight serial, P4) are recorded before: a flight whose
+        nomination cannot be is left out of the wave and reported gave up (stalled)."""
+        if first:
+            lost = await self._put_nominations(first)
+            if lost:
+                plan = [(serial, ws) for serial, ws in plan if serial not in lost]
+                await self._report(tuple(sorted(lost)), WriteOutcome.GAVE_UP)
+            if not plan:
+                return
         outcomes = await self._write_many([w for _, ws in plan for w in ws])
         i = 0
         done = []
@@ -486,6 +512,38 @@ class StatusPipeline(Actor):
                 done.append(serial)
         if done:
             await self._report(tuple(done), WriteOutcome.DONE)  # one report for the wave's done flights
+
+    async def _put_nominations(self, first: Mapping[int, Nomination]) -> set[int]:
+        """Record each nomination of `first` (`NominationWriter.put`), retried with the
+        status writes' policy, at most `write_timeout` a try; the serials whose nomination
+        could not be recorded (or every one, without a `NominationWriter`: a refusal never
+        announces a nomination that is not recorded)."""
+        if self._nominations is None:
+            _log.error("nomination_without_writer", nominations=[n.name for n in first.values()])
+            return set(first)
+        lost: set[int] = set()
+        cfg = self._cfg
+        for serial, nomination in first.items():
+            retrying = AsyncRetrying(
+                retry=retry_if_exception_type(RETRYABLE_WRITE_ERRORS),
+                wait=wait_exponential_jitter(multiplier=cfg.retry_initial, max=cfg.retry_max,
+                                             jitter=cfg.retry_jitter),
+                stop=stop_after_attempt(max(1, cfg.retry_attempts)),
+                sleep=anyio.sleep,
+                reraise=True,
+            )
+            try:
+                async for attempt in retrying:
+                    with attempt:
+                        with anyio.fail_after(cfg.write_timeout):
+                            await self._nominations.put(nomination)
+            except (WriteError, TimeoutError) as exc:
+                _log.warning("nomination_not_recorded", nomination=nomination.name, error=str(exc))
+                lost.add(serial)
+            else:
+                _log.info("nominated", nomination=nomination.name, node=nomination.node,
+                          victims=[v.name for v in nomination.victims])
+        return lost
 
     async def _retry_flight(self, serial: int, failed: list[tuple[StatusWrite, WriteError]]) -> None:
         """Retry the failed writes of one flight; report done, withdrawn (RequestWithdrawn,

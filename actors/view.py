@@ -15,6 +15,7 @@ from typing import AsyncIterator, Mapping
 from actors.ports import Change, ChangeKind
 from actors.workqueue import WorkQueue
 from model.priority import PriorityClassInfo
+from model.nomination import Nomination
 from model.snapshot import Snapshot
 from model.types import Budget, DeviceKey, GPUClass, GPUDevice, Namespace, Node, RequestKey
 
@@ -40,6 +41,7 @@ class IndexedView:
         self._snap: Snapshot | None = None
         self._pending: dict[DeviceKey, GPUDevice | None] = {}  # device changes not yet in _snap
         self._subscribers: list[WorkQueue[Change]] = []
+        self._nominations: dict[str, Nomination] = {}  # by object name (P4)
 
     # -- ClusterView -----------------------------------------------------------------
     def node(self, name: str) -> Node | None:
@@ -86,8 +88,13 @@ class IndexedView:
                 nodes=self._nodes.values(), classes=self._classes.values(),
                 devices=self._devices.values(), budgets=self.budgets(),
                 namespaces=self._namespaces.values(),
-                priority_classes=self._priority_classes.values())
+                priority_classes=self._priority_classes.values(),
+                nominations=self._nominations.values())
         return self._snap
+
+    def nominations(self) -> Mapping[str, Nomination]:
+        """Every nomination (P4) by object name, live or expired (also on `snapshot()`)."""
+        return dict(self._nominations)
 
     # -- ChangeFeed ------------------------------------------------------------------
     @asynccontextmanager
@@ -176,6 +183,22 @@ class IndexedView:
         """Forget a PriorityClass."""
         if self._priority_classes.pop(name, None) is not None:
             self._changed("priority_class", name)
+    def put_nomination(self, nomination: Nomination) -> None:
+        """Add or replace a nomination (P4); the snapshot carries it from the next
+        `snapshot()` (devices and counts are kept: nothing is rebuilt)."""
+        if self._nominations.get(nomination.name) != nomination:
+            self._nominations[nomination.name] = nomination
+            self._nominations_changed(nomination.name)
+
+    def remove_nomination(self, name: str) -> None:
+        """Forget a nomination (deleted)."""
+        if self._nominations.pop(name, None) is not None:
+            self._nominations_changed(name)
+
+    def _nominations_changed(self, name: str) -> None:
+        if self._snap is not None:
+            self._snap = self._snap.with_nominations(self._nominations.values())
+        self.emit("nomination", name)
 
     def put_device(self, dev: GPUDevice) -> None:
         """Add or replace a GPUDevice, keeping the indexes current (and the snapshot, at the

@@ -1,5 +1,5 @@
-"""An in-memory cluster: the fake `ClusterView`, `ChangeFeed` and `StatusWriter` beside the
-Kubernetes adapter, for tests and bench/. No Kubernetes.
+"""An in-memory cluster: the fake `ClusterView`, `ChangeFeed`, `StatusWriter` and
+`NominationWriter` beside the Kubernetes adapter, for tests and bench/. No Kubernetes.
 
 It behaves like an API server plus informer cache that is never behind: every write is
 applied atomically and is visible to the next read. Faults are injected from a seeded
@@ -23,6 +23,7 @@ from actors.errors import NotFound, RequestWithdrawn, TransientWriteError, Write
 from actors.ports import Clock, StatusWrite, SystemClock, WriteOp
 from actors.view import IndexedView
 from model.device.dra import DeviceRef
+from model.nomination import Nomination
 from model.priority import (DEFAULT_PRIORITY, PreemptionPolicy, Priority, PriorityClassInfo,
                             PriorityScope)
 from model.types import (
@@ -229,11 +230,12 @@ class MemoryStore(IndexedView):
         only: Iterable[str] | None = None,
         tolerations: Sequence[Toleration] = (),
         priority: Priority = DEFAULT_PRIORITY,
+        admission: str | None = None,
     ) -> str:
-        """Write what the webhook writes (W3 steps 2 and 3): `attachedTo` and the same
-        `bindRequest` on each device of `devices` (or only on `only`, to make a partial
-        request), recording `priority` (P1). Returns the request id. Raises KeyError for a
-        missing device."""
+        """Write what the webhook writes (W3 steps 2 and 3): `attachedTo` (of admission
+        `admission`) and the same `bindRequest` (of `priority`, P1) on each device of
+        `devices` (or only on `only`, to make a partial request). Returns the request id.
+        Raises KeyError for a missing device."""
         request_id = request_id or uuid.uuid4().hex[:12]
         now = self.clock.now()
         br = BindRequest(request_id, vmi, tuple(devices), now, freeze_labels(node_selector),
@@ -243,7 +245,7 @@ class MemoryStore(IndexedView):
             dev = self._devices[(namespace, name)]
             st = dev.status
             self.put_device(_with_status(dev, DeviceStatus(st.phase, st.node_name, st.bound_at,
-                                                           Attachment(vmi, now), br, st.device)))
+                                                           Attachment(vmi, now, admission), br, st.device)))
             self._record("request", (namespace, name), request_id)
         return request_id
 
@@ -272,6 +274,30 @@ class MemoryStore(IndexedView):
         """Make the next `times` matching StatusWriter calls raise `error`; with `applied`,
         the write is applied first (an ambiguous failure)."""
         self._injected.append(_Injected(op, key, error, times, applied))
+
+    # -- NominationWriter (P4) ---------------------------------------------------------------
+
+    async def put(self, nomination: Nomination) -> None:
+        """Create or replace the nomination (idempotent); an injected fault of op
+        `nomination` (key None) raises before (or, `applied`, after) it is stored. Recorded in
+        `history` as op `nomination` with the preemptor as key."""
+        await anyio.sleep(0)
+        inj = self._take_injected("nomination", None)  # type: ignore[arg-type]
+        if inj is not None and not inj.applied:
+            raise inj.error(f"injected {inj.error.__name__} on nomination {nomination.name}")
+        if self._nominations.get(nomination.name) != nomination:
+            self.put_nomination(nomination)
+            self._record("nomination", nomination.name, None, node=nomination.node)
+        if inj is not None:
+            raise inj.error(f"injected {inj.error.__name__} on nomination {nomination.name} (applied)")
+
+    async def delete(self, name: str) -> None:
+        """Delete the nomination (gone already: nothing happens). Recorded as op
+        `nomination-deleted`."""
+        await anyio.sleep(0)
+        if name in self._nominations:
+            self.remove_nomination(name)
+            self._record("nomination-deleted", name, None)
 
     # -- StatusWriter --------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from model.claim import parse_claim
 from model.device.records import recorded_on
 from model.foreign import PodUse, attachment_uid, node_foreign, parse_pod_use
 from model.housekeeping import VMIRecord, VMIs
+from model.nomination import PLURAL, parse_nomination
 from model.parse import (ParseError, parse_budgets, parse_gpu_class, parse_gpu_device,
                          parse_namespace, parse_node, parse_permitted_host_devices,
                          parse_priority_class)
@@ -154,7 +155,8 @@ def ingest_slice(obj: dict, parse: Callable[[dict], Any]) -> dict:
 
 class ClusterCache:
     """Informers for GPUDevices, GPUClasses, Nodes, Namespaces, ResourceQuotas, PriorityClasses, VMIs, bound
-    Pods (trimmed, for foreign usage), KubeVirt CRs and the settings ConfigMap. Start with
+    Pods (trimmed, for foreign usage), KubeVirt CRs, the settings ConfigMap and the
+    GPUNominations of the settings namespace (P4, `Snapshot.nominations`). Start with
     `await tg.start(cache.run)`: it returns once every informer has listed (the view is
     synced). Raw objects stay readable through the informers (`cache.vmis.get(key)`), model
     values through `cache.view`. Each Node value's `foreign` units come from the Pods on it
@@ -190,6 +192,10 @@ class ClusterCache:
             core.list_namespaced_config_map, settings_namespace,
             field_selector=f"metadata.name={SETTINGS_NAME}"), transform=keep_all)
         self.settings_namespace = settings_namespace
+        # P4: the binder's nominations, in its own namespace (optional: a cluster upgraded
+        # before the CRD was applied reads as none)
+        self.nominations = inf("gpunominations", p(custom.list_namespaced_custom_object, GROUP, VERSION,
+                                                   settings_namespace, PLURAL), optional=True)
         # DRA (device mode, docs/contract.md §3b): slices, every claim's allocation, DeviceClasses
         # optional: an API the cluster does not serve (resource.k8s.io/v1 before Kubernetes
         # 1.34; docs/install.md supports 1.30) reads as empty instead of never syncing
@@ -237,6 +243,8 @@ class ClusterCache:
         self._vmi_records: dict[Key, VMIRecord] = {}
         self._tombstones: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._vmi_state: VMIs | None = None   # built on demand, dropped on every VMI event
+        self.nominations.add_listener(_feed("GPUNomination", parse_nomination, v.put_nomination,
+                                            lambda k: v.remove_nomination(k[1])))
         self.vmis.add_listener(self._on_vmi)
         self.vmis.add_listener(self._on_vmi_excuse)          # after `_vmi_records` is current
 
@@ -469,7 +477,7 @@ class ClusterCache:
         """Every informer of the cache."""
         return (self.namespaces, self.device_classes, self.classes, self.nodes, self.slices,
                 self.claims, self.quotas, self.priority_classes, self.devices, self.vmis,
-                self.pods, self.kubevirts, self.settings)
+                self.pods, self.kubevirts, self.settings, self.nominations)
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         """Run every informer; report started once all have synced. Runs until cancelled."""

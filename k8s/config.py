@@ -116,6 +116,11 @@ FIELD_HELP: dict[str, str] = {
                        "held devices of Move classes so that larger sets fit (docs/contract.md §3a, "
                        "D1-D5); 0: off",
     "defrag_max_moves": "most devices one defragmentation round moves (D3); at least 1",
+    "preemption_min_runtime": "seconds a running set must have run before it may be stopped "
+                              "for a set of higher priority (preemption.minRuntime, P2); >= 0",
+    "preemption_nomination_ttl": "seconds a nomination holds the room freed for its preemptor "
+                                 "(preemption.nominationTTL, P4): past it the hold is released "
+                                 "and the nomination deleted; > 0",
 }
 """Meaning and unit of each setting (`field_help` adds the default)."""
 
@@ -194,6 +199,8 @@ class Config:
     max_restart_seconds: float = _BINDER.supervisor.max_seconds
     defrag_interval: float = _BINDER.coordinator.defrag_interval  # 0: off (D3)
     defrag_max_moves: int = _BINDER.coordinator.defrag_max_moves
+    preemption_min_runtime: float = _BINDER.coordinator.preemption.preemption.min_runtime.total_seconds()
+    preemption_nomination_ttl: float = _BINDER.coordinator.preemption.ttl.total_seconds()
 
     def validate(self) -> "Config":
         """Check ranges; return self. Raises ValueError naming the bad setting by its flag
@@ -206,7 +213,7 @@ class Config:
         for name in ("attachment_grace", "bind_timeout", "lease_duration", "renew_deadline",
                      "retry_period", "housekeeping_period", "ask_timeout", "resync_interval",
                      "write_timeout", "settle_timeout", "prepare_ttl", "commit_ttl",
-                     "max_restart_seconds", "webhook_template_wait"):
+                     "max_restart_seconds", "webhook_template_wait", "preemption_nomination_ttl"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{f(name)}: must be > 0 seconds, got {getattr(self, name)}")
         if self.write_attempts < 1:
@@ -216,6 +223,9 @@ class Config:
                              f"got {self.defrag_interval}")
         if self.defrag_max_moves < 1:
             raise ValueError(f"--defrag-max-moves: must be at least 1, got {self.defrag_max_moves}")
+        if self.preemption_min_runtime < 0:
+            raise ValueError(f"--preemption-min-runtime: must be >= 0 seconds, "
+                             f"got {self.preemption_min_runtime}")
         if self.max_restarts < 0:
             raise ValueError(f"--max-restarts: must be at least 0, got {self.max_restarts}")
         if self.prepare_ttl <= self.ask_timeout:

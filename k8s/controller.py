@@ -33,11 +33,14 @@ from k8s.config import Config
 from k8s.housekeeping import Housekeeper
 from k8s.leader import LeaderElector, LeaseConfig
 from k8s.metrics import Metrics, Observed
+from k8s.nominations import ApiNominations
+from k8s.preemption import Preemption
 from k8s.status_writer import ApiStatusWriter
 from k8s.vm_waiting import VMWaiting
 from k8s.webhook.fairness import TenantGate
 from k8s.webhook.review import Review, reason_denial
 from k8s.webhook.transport import ReloadingTLS, deny, make_app, serve
+from model.preemption import PreemptionSettings
 from model.reasons import NotSynced
 from supervisor.binder import Binder, BinderConfig
 from supervisor.tree import SupervisorEscalation
@@ -68,7 +71,11 @@ def binder_config(cfg: Config) -> BinderConfig:
         coordinator=replace(b.coordinator, ask_timeout=cfg.ask_timeout,
                             resync_interval=cfg.resync_interval,
                             defrag_interval=cfg.defrag_interval,
-                            defrag_max_moves=cfg.defrag_max_moves),
+                            defrag_max_moves=cfg.defrag_max_moves,
+                            preemption=replace(
+                                b.coordinator.preemption,
+                                preemption=PreemptionSettings(timedelta(seconds=cfg.preemption_min_runtime)),
+                                ttl=timedelta(seconds=cfg.preemption_nomination_ttl))),
         pipeline=replace(b.pipeline, write_timeout=cfg.write_timeout,
                          retry_attempts=cfg.write_attempts, settle_timeout=cfg.settle_timeout),
     )
@@ -169,7 +176,8 @@ class Controller:
         client = KubeClient(api, timeout=5.0)
         admission = VMIAdmission(client, cache, bind_timeout=cfg.bind_timeout, grace=grace,
                                  gate=tenant_gate(cfg), template_wait=cfg.webhook_template_wait,
-                                 record_wait=cfg.webhook_record_wait)
+                                 record_wait=cfg.webhook_record_wait,
+                                 preemption=binder_config(cfg).coordinator.preemption)
         self.elector = LeaderElector(client, cfg.identity, lease_config(cfg))
         metrics = Metrics(self.observed, admission)
 
@@ -183,8 +191,10 @@ class Controller:
             # a leader's call ends before its lease
             leading = client.using(timeout=min(5.0, cfg.renew_deadline / 2))
             writer = ApiStatusWriter(leading)
+            nominations = ApiNominations(leading, cfg.settings_namespace)  # P4
             self.binder = Binder(cache.view, cache.view, writer, SystemClock(),
-                                 binder_config(cfg), observer=metrics)
+                                 binder_config(cfg), observer=metrics, nominations=nominations)
+            preemption = Preemption(leading, cache, nominations, period=cfg.housekeeping_period)
             waiting = VMWaiting(leading, cache, grace=grace)
             keeper = Housekeeper(leading, cache, grace=grace, raw_policy=cfg.raw_resource_names,
                                  period=cfg.housekeeping_period,
@@ -196,6 +206,7 @@ class Controller:
                     await tg.start(self.binder.run)
                     tg.start_soon(keeper.run)
                     tg.start_soon(waiting.run)
+                    tg.start_soon(preemption.run)
             finally:
                 self.binder = self.housekeeper = self.vm_waiting = None
 

@@ -29,6 +29,7 @@ from model.reasons import (AlreadyPlaced, BudgetExhausted, ClassesNotServed, Cla
                            SelectorMismatch, SetRefused, TaintsNotTolerated)
 from model.counts import priority_class_of
 from model.priority import DEFAULT_PRIORITY, Priority
+from model.nomination import hold_id as nomination_hold_id
 from model.snapshot import Snapshot
 from model.types import (
     BindRequest,
@@ -567,9 +568,15 @@ def _budget_problems(snap: Snapshot, s: _Set) -> list[Reason]:
 
 
 def _without_own_holds(snap: Snapshot, request: Request) -> Snapshot:
-    """`snap` without the reservations of `request` itself (they are not counted against it)."""
-    if any(r.request_id == request.id for r in snap.reservations):
-        return snap.without_reservation(request.id)
+    """`snap` without the reservations of `request` itself (they are not counted against it),
+    nor the hold of its VMI's nomination (P4: the room nominated for it is its own)."""
+    mine = nomination_hold_id(request.namespace, request.vmi) if request.vmi else None
+    for r in snap.reservations:
+        if r.request_id == request.id:
+            snap = snap.without_reservation(request.id)
+            break
+    if mine is not None and any(r.request_id == mine for r in snap.reservations):
+        snap = snap.without_reservation(mine)
     return snap
 
 

@@ -14,6 +14,14 @@ batch never take the same unit or budget slot):
 - `Place`: decided to land devices; its first placement's hold is counted for the rest of
   the batch. The caller reserves it on the node actors (two-phase) and writes it.
 - `Requeue`: `decide` raised on it (a model bug must not stop the loop); try it later.
+- `Nominate` (P4, with `preempting`): refused for room, with a nomination (new, or its own
+  live one reused: `model.nominate`): the caller writes the nomination, then the refusal
+  `PreemptionNominated` (retryable). A new nomination's hold is counted for the rest of the
+  batch, as a `Place`'s.
+
+With `preempting`, every live nomination holds its room for everyone but its preemptor
+(`model.nomination.nomination_holds`, P4, P6), and a preemptor is decided on its nominated
+node when that node takes it (`model.nominate.on_nominated_node`).
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from typing import Iterable, Sequence
 
 from model.decide import Decision, Placement, Request, complete_request, decide, recovery_devices
 from model.hold import Hold, Landing, outstanding
+from model.nominate import Nominated, Preempting, nominate, on_nominated_node
+from model.nomination import nomination_holds
 from model.reasons import Code, RequestRef, Resumed
 from model.snapshot import Reserving, Snapshot
 from model.types import GPUDevice, Result
@@ -84,7 +94,16 @@ class Requeue:
     error: str
 
 
-Action = Skip | Recover | Finish | Answer | Place | Requeue
+@dataclass(frozen=True, slots=True)
+class Nominate:
+    """P4: `request` refused for room, answered by `nominated` (the nomination to write
+    first, and the retryable refusal to write after it)."""
+
+    request: Request
+    nominated: Nominated
+
+
+Action = Skip | Recover | Finish | Answer | Place | Requeue | Nominate
 
 
 def landing(placement: Placement, snap: Snapshot) -> Landing:
@@ -175,8 +194,9 @@ def recovery(req: Request, node: str, members: Sequence[GPUDevice], snap: Snapsh
 
 
 def plan_one(snap: Snapshot, namespace: str, request_id: str,
-             members: Sequence[GPUDevice]) -> Action:
-    """The action for one request on `snap` (which already counts every hold in flight)."""
+             members: Sequence[GPUDevice], preempting: Preempting | None = None) -> Action:
+    """The action for one request on `snap` (which already counts every hold in flight and,
+    with `preempting`, every live nomination's hold)."""
     req = complete_request(namespace, request_id, members)
     if req is None:
         return Skip(namespace, request_id)
@@ -191,6 +211,13 @@ def plan_one(snap: Snapshot, namespace: str, request_id: str,
         return Finish(req, refused.message, refused.code)
     try:
         decision = decide(snap, req)
+        if preempting is not None:
+            if decision.result is Result.REFUSED:
+                nominated = nominate(snap, req, decision, preempting)
+                if nominated is not None:
+                    return Nominate(req, nominated)
+            else:
+                decision = on_nominated_node(snap, req, decision, preempting)
     except Exception as exc:  # noqa: BLE001 - a model bug must not stop the batch
         return Requeue(req, repr(exc))
     if decision.result is Result.REFUSED or not changes(decision.placements[0], snap):
@@ -199,24 +226,33 @@ def plan_one(snap: Snapshot, namespace: str, request_id: str,
 
 
 def plan_batch(snapshot: Snapshot, holds: Iterable[Hold],
-               batch: Sequence[tuple[str, str, Sequence[GPUDevice]]]) -> tuple[list[Action], Snapshot]:
+               batch: Sequence[tuple[str, str, Sequence[GPUDevice]]],
+               preempting: Preempting | None = None) -> tuple[list[Action], Snapshot]:
     """One action per `(namespace, request_id, members)` of `batch`, in order (see the
     module docstring), and the snapshot after the batch (with every planned hold).
 
     `snapshot` is the view without holds; `holds` what requests in flight still take (as
     `outstanding` gives them; empty ones are ignored). Each request is decided on the
     snapshot with those holds and the holds of the `Place` and `Recover` actions planned
-    before it. Pure and deterministic; never raises for a bad request (`Requeue`)."""
-    work = Reserving(snapshot.with_reservations(h for h in holds if not h.empty))
+    before it. With `preempting` (P4), the live nominations' holds are counted too, and a
+    request refused for room may be answered `Nominate` (see the module docstring). Pure and
+    deterministic; never raises for a bad request (`Requeue`)."""
+    holds = [h for h in holds if not h.empty]
+    if preempting is not None:
+        holds += [h for h in nomination_holds(snapshot.nominations, preempting.now, snapshot.devices_in)
+                  if not h.empty]
+    work = Reserving(snapshot.with_reservations(holds))
     actions: list[Action] = []
     for namespace, request_id, members in batch:
-        action = plan_one(work.snapshot, namespace, request_id, members)
+        action = plan_one(work.snapshot, namespace, request_id, members, preempting)
         held = action.hold if isinstance(action, Place | Recover) else None
+        if isinstance(action, Nominate) and action.nominated.fresh:
+            held = action.nominated.nomination.hold()
         if held is not None and not held.empty:
             work.add(held)  # = with_reservation, without a copy of the counts per hold
         actions.append(action)
     return actions, work.snapshot
 
 
-__all__ = ["Action", "Answer", "Finish", "Place", "Recover", "Requeue", "Skip", "changes", "landing",
+__all__ = ["Action", "Answer", "Finish", "Nominate", "Place", "Recover", "Requeue", "Skip", "changes", "landing",
            "placement_hold", "plan_batch", "plan_one", "recorded_node", "recovery"]

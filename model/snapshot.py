@@ -30,6 +30,7 @@ from model.device.records import NodeMemo, Records, free_devices, held_names, ho
 from model.device.seam import CountMode, mode_of
 from model.hold import Hold
 from model.priority import PriorityClassInfo, PriorityScope
+from model.nomination import Nomination
 from model.reasons import BudgetExhausted, ClassNotFound, ClassProblem, DeviceNotFound, NoFreeUnit, NotEntitled, Reason
 from model.types import (
     Budget,
@@ -156,12 +157,14 @@ class Snapshot:
     touched entries). Safe to share between threads and tasks.
     """
 
-    __slots__ = ("_st", "_by_ns", "_reservations", "_idx", "_rec", "_held", "_memo")
+    __slots__ = ("_st", "_by_ns", "_reservations", "_idx", "_rec", "_held", "_memo", "_noms")
 
     def __init__(self, st: _Static, by_ns: dict[str, dict[str, GPUDevice]],
                  reservations: tuple[Hold, ...], idx: Index | None,
-                 rec: Records | None = None, memo: NodeMemo | None = None) -> None:
+                 rec: Records | None = None, memo: NodeMemo | None = None,
+                 noms: tuple[Nomination, ...] = ()) -> None:
         """Private: use `Snapshot.build`."""
+        self._noms = noms
         self._st = st
         self._by_ns = by_ns
         self._reservations = reservations
@@ -175,11 +178,13 @@ class Snapshot:
               devices: Iterable[GPUDevice] = (), budgets: Iterable[Budget] = (),
               namespaces: Iterable[Namespace] = (),
               reservations: Iterable[Hold] = (),
-              priority_classes: Iterable[PriorityClassInfo] = ()) -> Snapshot:
+              priority_classes: Iterable[PriorityClassInfo] = (),
+              nominations: Iterable[Nomination] = ()) -> Snapshot:
         """A snapshot of these objects. Later duplicates (same name or key) win; several
         budgets of one tenant and resource keep the smallest (those scoped on PriorityClass
         are kept each, P1). O(1) beyond copying the inputs: the index is built on the first
-        question."""
+        question. `nominations` (P4) are carried as they are: they hold nothing until a
+        decision counts them (`model.nomination.nomination_holds`, with its `now`)."""
         by_ns: dict[str, dict[str, GPUDevice]] = {}
         for d in devices:
             by_ns.setdefault(d.namespace, {})[d.name] = d
@@ -187,7 +192,7 @@ class Snapshot:
         pcs = {pc.name: pc for pc in priority_classes}
         if pcs:
             st.priority_classes = MappingProxyType(pcs)
-        return cls(st, by_ns, tuple(reservations), None, memo=NodeMemo())
+        return cls(st, by_ns, tuple(reservations), None, memo=NodeMemo(), noms=tuple(nominations))
 
     # --- read-only views --------------------------------------------------------------
 
@@ -220,6 +225,20 @@ class Snapshot:
     def devices(self) -> Mapping[tuple[str, str], GPUDevice]:
         """GPUDevices by (namespace, name)."""
         return DeviceMap(self._by_ns)
+
+    @property
+    def nominations(self) -> tuple[Nomination, ...]:
+        """Every nomination the view shows (P4), live or expired, in the order given."""
+        return self._noms
+
+    def nomination_for(self, namespace: str, vmi: str) -> Nomination | None:
+        """The nomination whose preemptor is VMI `namespace/vmi` (one per preemptor), or None."""
+        return next((n for n in self._noms if n.is_for(namespace, vmi)), None)
+
+    def with_nominations(self, nominations: Iterable[Nomination]) -> Snapshot:
+        """A snapshot whose nominations are exactly `nominations`; everything else shared."""
+        return Snapshot(self._st, self._by_ns, self._reservations, self._idx, self._rec, self._memo,
+                        tuple(nominations))
 
     @property
     def reservations(self) -> tuple[Hold, ...]:
@@ -576,7 +595,7 @@ class Snapshot:
         st.budgets.update(self._st.budgets)
         st.scoped, st.scoped_ns = self._st.scoped, self._st.scoped_ns
         st.priority_classes = self._st.priority_classes
-        return Snapshot(st, self._by_ns, self._reservations, None, self._rec, NodeMemo())
+        return Snapshot(st, self._by_ns, self._reservations, None, self._rec, NodeMemo(), self._noms)
 
     def _derive(self, by_ns, changes, reservations, added=None) -> Snapshot:
         idx = self._idx
@@ -589,7 +608,7 @@ class Snapshot:
             if touched:
                 memo = memo.without(touched)
         return Snapshot(self._st, by_ns, self._reservations if reservations is None else reservations,
-                        idx, rec, memo)
+                        idx, rec, memo, self._noms)
 
     # --- device mode (DR2): what the seam reads -----------------------------------------
 
@@ -667,7 +686,7 @@ class Reserving:
     @staticmethod
     def _own(snap: Snapshot) -> Snapshot:
         return Snapshot(snap._st, snap._by_ns, snap._reservations, snap._index().owned(), snap._rec,
-                        None if snap._memo is None else snap._memo.copy())
+                        None if snap._memo is None else snap._memo.copy(), snap._noms)
 
     def add(self, hold: Hold) -> None:
         """`snapshot = snapshot.with_reservation(hold)`, in place when it can be."""

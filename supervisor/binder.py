@@ -28,7 +28,7 @@ leader failover.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
 import anyio
@@ -38,7 +38,8 @@ from anyio.abc import TaskStatus
 from actors.coordinator import Coordinator, CoordinatorConfig, Examine, Resync
 from actors.errors import ActorStopped, MailboxFull
 from actors.node_actor import DevicesChanged, NodeActor, NodeActorConfig, NodeChanged
-from actors.ports import Change, ChangeFeed, Clock, ClusterView, DecisionObserver, StatusWriter
+from actors.ports import (Change, ChangeFeed, Clock, ClusterView, DecisionObserver, NominationWriter,
+                          StatusWriter)
 from actors.runtime import ActorRef
 from actors.status_pipeline import PipelineConfig, StatusPipeline
 from model.decide import find_requests
@@ -102,13 +103,21 @@ class Binder:
         clock: Clock,
         config: BinderConfig | None = None,
         observer: DecisionObserver | None = None,
+        nominations: NominationWriter | None = None,
     ) -> None:
+        """`nominations` records the nominations of P4; without it the coordinator never
+        nominates (preemption is off, whatever `config` says)."""
         self._observer = observer
         self._view = view
         self._feed = feed
         self._writer = writer
         self._clock = clock
-        self._cfg = config or BinderConfig()
+        self._nominations = nominations
+        cfg = config or BinderConfig()
+        if nominations is None and cfg.coordinator.preemption.enabled:
+            cfg = replace(cfg, coordinator=replace(cfg.coordinator, preemption=replace(
+                cfg.coordinator.preemption, enabled=False)))
+        self._cfg = cfg
         self._sup: Supervisor | None = None
         self._node_of: dict[str, str] = {}  # child id -> node, for the node actors started
 
@@ -187,7 +196,8 @@ class Binder:
                             changes.done(change)
 
     def _new_pipeline(self) -> StatusPipeline:
-        return StatusPipeline(self._view, self._writer, self, self._clock, self._cfg.pipeline)
+        return StatusPipeline(self._view, self._writer, self, self._clock, self._cfg.pipeline,
+                              nominations=self._nominations)
 
     def _new_coordinator(self) -> Coordinator:
         pipeline = self.pipeline

@@ -33,7 +33,9 @@ from k8s.webhook.transport import allow, deny, patch_response
 from k8s.webhook.waiter import RECORD_WAIT, TEMPLATE_WAIT, ResultWaiter, until
 from model.admission import (AdmissionPlan, Refusal, already_admitted, budget_in_flight, check,
                              effective_resources, kept_conflict, node_selector_of,
-                             same_name_conflict, unpermitted_gpu_entries, vm_owner)
+                             same_name_conflict, template_name, unpermitted_gpu_entries, vm_owner)
+from model.nominate import NominationSettings, w1_nominee
+from model.priority import DEFAULT_PRIORITY, Priority, resolve_priority
 from model.reasons import Code, ShuttingDown, TenantBusy
 from model.snapshot import Snapshot
 from model.types import Labels
@@ -72,8 +74,10 @@ class VMIAdmission:
     def __init__(self, client: KubeClient, cache: ClusterCache, *, bind_timeout: float,
                  grace: timedelta, clock: Callable[[], datetime] | None = None,
                  gate: TenantGate | None = None, template_wait: float = TEMPLATE_WAIT,
-                 record_wait: float = RECORD_WAIT) -> None:
+                 record_wait: float = RECORD_WAIT,
+                 preemption: NominationSettings = NominationSettings()) -> None:
         self.api = steps.Api(client)
+        self.preemption = preemption  # P4: a set W1 refuses for room that would be nominated goes on
         self.cache = cache
         self.bind_timeout = bind_timeout
         self.grace = grace
@@ -197,6 +201,33 @@ class VMIAdmission:
             return None
         return budget_in_flight(self.cache.view.snapshot(), plan, others, retry_after=1)
 
+    def _nominee(self, snap: Snapshot, review: Review, refusal: Refusal, now: datetime,
+                 selector: Labels) -> AdmissionPlan | Refusal:
+        """P4: `refusal` (W1's) stands unless it is for room and the set would be nominated
+        (`model.nominate.w1_nominee`: its live nomination, or P3's plan): then the plan of
+        the set, to go on to the binder, which nominates and answers 503 with Retry-After
+        (or admits, once its room is free). The set's priority is `_priority` (P1)."""
+        ask = review.ask
+        assert ask is not None
+        templates = tuple((template_name(review.name, c, i), c) for c, n in ask.templates for i in range(n))
+        priority = self._priority(snap, review)
+        node = w1_nominee(snap, review.namespace, review.name, refusal.reason, ask.held, templates,
+                          priority, now, self.preemption,
+                          node_selector=selector, tolerations=review.tolerations)
+        if node is None:
+            return refusal
+        log.info("refused for room at W1; goes on to the binder (preemption)", namespace=review.namespace,
+                 vmi=review.name, node=node)
+        return AdmissionPlan(review.namespace, review.name, tuple(ask.held), templates, node, priority)
+
+    def _priority(self, snap: Snapshot, review: Review) -> Priority:
+        """The set's priority (P1) as `model.admission.check` resolved it and
+        `status.bindRequest` records it: the VMI's `spec.priorityClassName` against the
+        snapshot's PriorityClasses. A class not found is W1's own refusal before this is
+        asked (only a refusal for room is), so it never stands here: the default then."""
+        got = resolve_priority(review.priority_class_name, snap.priority_classes)
+        return got if isinstance(got, Priority) else DEFAULT_PRIORITY
+
     def _rejection(self, namespace: str, code: Code) -> None:
         key = (namespace, code)
         self.rejected[key] = self.rejected.get(key, 0) + 1
@@ -216,9 +247,12 @@ class VMIAdmission:
         snap = self.cache.view.snapshot()
         selector = node_selector_of(review.object, self.cache.launcher_defaults())
         permitted = self.cache.permitted_resources()
-        plan = check(snap, review.namespace, review.name, review.ask, vmis, self.now(),
+        now = self.now()
+        plan = check(snap, review.namespace, review.name, review.ask, vmis, now,
                      self.grace, node_selector=selector, tolerations=review.tolerations,
                      permitted=permitted, priority_class_name=review.priority_class_name)
+        if isinstance(plan, Refusal):
+            plan = self._nominee(snap, review, plan, now, selector)
         if isinstance(plan, Refusal):
             return plan
         kept = unpermitted_gpu_entries(review.object, effective_resources(snap), permitted)
@@ -276,6 +310,8 @@ class VMIAdmission:
         plan = check(snap, ns, vmi, review.ask, vmis, now, self.grace, node_selector=selector,
                      tolerations=review.tolerations, permitted=permitted,
                      priority_class_name=review.priority_class_name)
+        if isinstance(plan, Refusal):
+            plan = self._nominee(snap, review, plan, now, selector)
         if isinstance(plan, Refusal):
             self._rejection(ns, plan.code)
             raise Denied.of(refusal_denial(plan))

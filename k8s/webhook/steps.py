@@ -26,9 +26,10 @@ from model.admission import AdmissionPlan, attachment_is_live, effective_resourc
 from model.claim import (Claim, ClaimMember, build_claim, claim_vmi_patch, members_of,
                          parse_claim, same_spec, stamp_ops)
 from model.housekeeping import VMIs
+from model.nomination import DEFAULT_RETRY_AFTER, nomination_name
 from model.parse import ParseError, device_status_to_dict, format_time, parse_gpu_device
 from model.reasons import (ApiForbidden, ApiInvalid, ApiThrottled, ApiUnavailable, AttachmentRefused,
-                           BinderRefused, ClaimBeingDeleted, ClaimInUse, ClaimNameTaken,
+                           BinderRefused, ClaimBeingDeleted, Code, ClaimInUse, ClaimNameTaken,
                            ClaimOverQuota, DeviceAttached, DeviceBeingDeleted, DeviceDeleted,
                            DeviceDisappeared, DeviceKeptChanging, DeviceMalformed, NameUnconfirmed,
                            NotBoundInTime, Reason, SameNameConflict, VmiExists)
@@ -402,8 +403,9 @@ async def wait_result(waiter: ResultWaiter, attempt: Attempt, names: tuple[str, 
     """W3 (4): wait (≤ `timeout` seconds) on the informer until every device carries this
     request with a result; the node when all Succeeded on one node. Raises Denied:
     `BinderRefused` with the binder's message when it refused, in the category of the code
-    written beside it (`bindRequest.code`: `ledgers_refused` is retryable, 503; a policy
-    refusal 403; no code, from an older replica: 403 as before), `NotBoundInTime` (503) when
+    written beside it (`bindRequest.code`: `ledgers_refused` is retryable, 503; so is
+    `preemption_nominated` (P4), with its nomination's `retryAfterSeconds` as Retry-After; a
+    policy refusal 403; no code, from an older replica: 403 as before), `NotBoundInTime` (503) when
     no result came in time (`bind_timeout` is the configured total, named in the message) or
     the request was withdrawn meanwhile."""
     ns, vmi, request_id = attempt.namespace, attempt.vmi, attempt.admission
@@ -415,8 +417,12 @@ async def wait_result(waiter: ResultWaiter, attempt: Attempt, names: tuple[str, 
         return nodes.pop()
     refused = next((d.status.bind_request for d in devs
                     if d.status.bind_request.result is Result.REFUSED), None)
-    raise Denied(BinderRefused(ns, vmi, refused.message if refused else None,
-                               refused.code if refused else None))
+    code = refused.code if refused else None
+    retry_after = None
+    if code is Code.PREEMPTION_NOMINATED:  # P4: 503, Retry-After the nomination's
+        nomination = waiter.cache.view.nominations().get(nomination_name(ns, vmi))
+        retry_after = nomination.retry_after if nomination is not None else DEFAULT_RETRY_AFTER
+    raise Denied(BinderRefused(ns, vmi, refused.message if refused else None, code, retry_after))
 
 
 # -- W3 (4): admit ----------------------------------------------------------------------

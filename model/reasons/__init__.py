@@ -27,7 +27,8 @@ One module per section; this package re-exports every public name, so callers im
 - `line`: the waiting line (P5): a set behind another, a reserved node, and `explain`'s
   place in line (`LinePlace`, no code).
 - `preemption`: why a set refused for room gets no preemption plan (P2, P3), and a plan's
-  Event words (`Preempts`).
+  Event words (`Preempts`);
+- `nomination`: a set refused while victims are stopped for it (P4, `PreemptionNominated`).
 Every module imports only `codes` (`ledger` also `nodes`). Pure; imports nothing from the
 rest of `model`.
 """
@@ -62,6 +63,7 @@ from model.reasons.claims import (ClaimBeingDeleted, ClaimInUse, ClaimNameTaken,
                                   DeviceUnrecorded)
 from model.reasons.preemption import (FitsWithoutPreemption, NoEligibleVictim, NotRefusedForRoom,
                                       NothingFreesEnough, PreemptorNever, Preempts)
+from model.reasons.nomination import PreemptionNominated
 from model.reasons.transport import (AdmissionCrashed, AdmissionTimedOut, BodyNotJson, BodyTooLarge,
                                      DryRunNotBoolean, InvalidAnnotations, InvalidVmi,
                                      MalformedMetadata, NoName, NotACreate, NotAReview, NotAVmi,

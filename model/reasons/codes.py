@@ -86,6 +86,8 @@ class Code(str, Enum):
     NOT_REFUSED_FOR_ROOM = "not_refused_for_room"
     NO_ELIGIBLE_VICTIM = "no_eligible_victim"
     NOTHING_FREES_ENOUGH = "nothing_frees_enough"
+    # a set refused for room while victims are stopped for it (P4)
+    PREEMPTION_NOMINATED = "preemption_nominated"
     # the webhook's own checks (W1)
     UNKNOWN_ANNOTATION = "unknown_annotation"
     TOO_MANY_SELECTOR_ENTRIES = "too_many_selector_entries"
@@ -200,6 +202,7 @@ _CATEGORY: dict[Code, Category] = {
     **{c: Category.POLICY for c in (
         Code.PREEMPTOR_NEVER, Code.FITS_WITHOUT_PREEMPTION, Code.NOT_REFUSED_FOR_ROOM,
         Code.NO_ELIGIBLE_VICTIM, Code.NOTHING_FREES_ENOUGH)},
+    Code.PREEMPTION_NOMINATED: Category.UNAVAILABLE,
 }
 """Every `Code`'s `Category` (no default: see `Code.category`)."""
 

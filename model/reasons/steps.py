@@ -111,12 +111,14 @@ class BinderRefused(Reason):
     (`status.bindRequest.message`; None: no member says), `refused` the code written beside
     it (`status.bindRequest.code`; None: written by a replica older than that field). The
     category is `refused`'s (so `ledgers_refused` is retryable, 503), else POLICY (403), as
-    every binder refusal was answered before the code was written."""
+    every binder refusal was answered before the code was written. `retry_after` (seconds;
+    None: the default) the Retry-After of a retryable one (P4: the nomination's)."""
     code: ClassVar[Code] = Code.BINDER_REFUSED
     namespace: str
     vmi: str
     message: str | None = None
     refused: Code | None = None
+    retry_after: int | None = None
 
     @property
     def category(self) -> Category:

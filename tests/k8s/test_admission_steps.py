@@ -115,3 +115,32 @@ async def test_a_binder_refusal_is_answered_in_the_category_of_its_code(code, st
     assert raised.value.reason == BinderRefused("t1", "vm", "refused t1/vm request r1: …", code)
     assert (raised.value.denial.code, raised.value.denial.message) == (
         status, "refused t1/vm request r1: …")
+
+
+class _WithNominations(_Answered):
+    """`_Answered` whose cache's view shows `nominations` (P4)."""
+
+    def __init__(self, nominations, *devices: GPUDevice) -> None:
+        super().__init__(*devices)
+        view = type("View", (), {"nominations": lambda self: {n.name: n for n in nominations}})()
+        self.cache = type("Cache", (), {"view": view})()
+
+
+@pytest.mark.parametrize("known, retry", [(True, 12), (False, 30)])
+async def test_P4_a_nominated_refusal_is_503_with_the_nominations_retry_after(known, retry) -> None:
+    """The preemptor's create is answered 503 with Retry-After: its nomination's
+    `retryAfterSeconds`, else KubeVirt's default grace (30 s) when the cache lacks it."""
+    from model.nomination import Nomination
+    now = datetime(2026, 1, 2, tzinfo=timezone.utc)
+    n = Nomination("t1", "vm", 1000, "n1", (("nvidia.com/H100", 2),), (), (), now, now + timedelta(minutes=2), 12)
+    attempt = Attempt("t1", "vm", "r1", now, None, timedelta(seconds=30), lambda: now)
+    waiter = _WithNominations([n] if known else [], _refused("g1", "refused t1/vm request r1 for now: …",
+                                                             Code.PREEMPTION_NOMINATED),
+                              _refused("g2", None, None))
+    with pytest.raises(Denied) as raised:
+        await wait_result(waiter, attempt, ("g1", "g2"), 1.0, 30.0)
+    denial = raised.value.denial
+    assert raised.value.reason == BinderRefused("t1", "vm", "refused t1/vm request r1 for now: …",
+                                                Code.PREEMPTION_NOMINATED, retry)
+    assert denial.code == 503 and denial.retry_after == retry
+    assert denial.status()["details"] == {"retryAfterSeconds": retry}

@@ -210,3 +210,17 @@ def test_a_range_error_names_where_the_bad_value_came_from(tmp_path):
         load(file=str(path), env={})
     with pytest.raises(ValueError, match=r"^--bind-timeout: must be > 0 seconds, got -1\.0$"):
         load(env={"GPU_BINDER_BIND_TIMEOUT": "5"}, flags={"bind_timeout": -1})
+
+
+def test_the_preemption_settings_reach_the_coordinator():
+    """P2's preemption.minRuntime and P4's preemption.nominationTTL (seconds), defaults 10m and 2m."""
+    from datetime import timedelta
+    assert (default("preemption_min_runtime"), default("preemption_nomination_ttl")) == (600.0, 120.0)
+    got = binder_config(load(None, env={}, flags={"webhook_port": "0", "preemption_min_runtime": "0",
+                                                  "preemption_nomination_ttl": "45"}))
+    assert got.coordinator.preemption.preemption.min_runtime == timedelta(0)
+    assert got.coordinator.preemption.ttl == timedelta(seconds=45)
+    with pytest.raises(ValueError, match="--preemption-nomination-ttl: must be > 0 seconds"):
+        load(None, env={}, flags={"webhook_port": "0", "preemption_nomination_ttl": "0"})
+    with pytest.raises(ValueError, match="--preemption-min-runtime: must be >= 0 seconds"):
+        load(None, env={}, flags={"webhook_port": "0", "preemption_min_runtime": "-1"})

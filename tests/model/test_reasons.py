@@ -66,6 +66,9 @@ WORDING = [
      "no running set may yield to priority 1000: 3 of lower priority (1 ran less than 10m0s, "
      "1 of a class with preemption Never)"),
     (r.NothingFreesEnough(5, 3), "stopping the 5 sets that may yield, on 3 nodes, makes room for the set on none"),
+    (r.PreemptionNominated("n3", ("spot/a", "spot/b"), 1000, 30, "t/vm request r1"),
+     "refused t/vm request r1 for now: no room for the set now; stopping 2 lower-priority VMs on n3 "
+     "to make room for it (priority 1000): spot/a, spot/b; its room is held for it, retry in 30s"),
     (r.UnknownAnnotation(("gpu.cozystack.io/tempaltes",), "gpu.cozystack.io/devices", "gpu.cozystack.io/templates"),
      'unknown annotation gpu.cozystack.io/tempaltes: gpu-binder reads gpu.cozystack.io/devices '
      '(held devices, "gpu-a,gpu-b") and gpu.cozystack.io/templates (new devices, "h100=2,l40s=1")'),
@@ -208,6 +211,9 @@ def test_every_code_has_a_wording_row_and_one_reason_type():
     (r.PreemptorNever(0), "the set's priority 0 has preemptionPolicy Never: it waits and preempts no one"),
     (r.NoEligibleVictim(100, 0), "no running set has a priority below 100"),
     (r.NoEligibleVictim(100, 2), "no running set may yield to priority 100: 2 of lower priority"),
+    (r.PreemptionNominated("n1", ("spot/a",), 5, 12),
+     "no room for the set now; stopping 1 lower-priority VM on n1 to make room for it (priority 5): "
+     "spot/a; its room is held for it, retry in 12s"),
     (r.SetNeeds("h100", H, 2, None),
      "the set needs 2 × nvidia.com/H100 (class h100) on one node; no node serving it is eligible"),
     (r.BehindInLine("h100", 17, r.Waiter("t1", "a", 0, None, SINCE), "n1", unchecked=True),
@@ -308,6 +314,7 @@ def test_every_code_names_its_category_explicitly(code):
 
 def test_a_binder_refusal_takes_the_category_of_the_code_written_beside_it():
     assert r.BinderRefused("t1", "vm", "m", Code.LEDGERS_REFUSED).category is Category.UNAVAILABLE
+    assert r.BinderRefused("t1", "vm", "m", Code.PREEMPTION_NOMINATED).category is Category.UNAVAILABLE
     assert r.BinderRefused("t1", "vm", "m", Code.BUDGET_EXHAUSTED).category is Category.POLICY
     assert r.BinderRefused("t1", "vm", "m", Code.DEVICE_NOT_FOUND).category is Category.INVALID
     # no code: an older replica's refusal, answered as before the code was written

@@ -1,0 +1,151 @@
+"""The leader's preemption worker (docs/contract.md §3c P4): stops the victims of every live
+nomination and deletes the nominations that are done.
+
+In rounds (`k8s.rounds.RoundLoop`: at once, after every change of nominations, VMIs or
+devices, and at least every `period` seconds) it plans purely with `model.nomination.sweep`
+on the cache, then:
+
+- for each victim still running: a live read of its VMI confirms the incarnation the
+  nomination names (its `gpu.cozystack.io/admission` annotation, its uid when recorded), then
+  an exact delete with that uid as precondition, so a VMI recreated under the same name is
+  never hit; a Warning Event `GPUSetPreempted` on the VMI names the preemptor and both
+  priorities (a VM with `runStrategy: Always` recreates its VMI, which then waits);
+- once per nomination and leader, a Normal Event `GPUSetPreempting` on the preemptor's VM
+  (the VMI of a VM has the VM's name): waiting for N victims to stop;
+- deletes the nominations that expired (their hold released) and those whose preemptor's set
+  is admitted on its node.
+
+Idempotent across leader kills: a deleted victim is gone (its second delete is NotFound, no
+second Event), a dropped nomination too; the plan is read from the cache every round. Only a
+victim of a live nomination is ever deleted (P6): the one use of the controller's `delete`
+right on VMIs (docs/security.md).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Callable
+
+import anyio
+import structlog
+
+from actors.errors import WriteError
+from actors.ports import NominationWriter
+from k8s import errors, events
+from k8s.cache import ClusterCache
+from k8s.client import VMIS, KubeClient
+from k8s.rounds import RoundLoop
+from model.nomination import Nomination, Stop, Sweep, sweep
+from model.reasons import Preempts
+from model.types import ADMISSION_ANNOTATION
+
+log = structlog.get_logger("gpu_binder.preemption")
+
+FIELD_MANAGER = "gpu-binder-preemption"
+
+
+class Preemption:
+    """The worker (see the module docstring). `client` is the leader's; `nominations` writes
+    the nomination objects (`k8s.nominations.ApiNominations`); `now` the UTC clock."""
+
+    def __init__(self, client: KubeClient, cache: ClusterCache, nominations: NominationWriter, *,
+                 period: float = 5.0, coalesce: float = 0.2,
+                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+        self._client = client.using(field_manager=FIELD_MANAGER)
+        self.cache = cache
+        self._nominations = nominations
+        self._now = now
+        self._announced: set[tuple[str, datetime]] = set()  # (nomination, created) told to its VM
+        self._loop = RoundLoop(self.round, period=period, coalesce=coalesce,
+                               sources=(cache.nominations, cache.vmis, cache.devices))
+        self.rounds = self.stopped = self.dropped = self.errors = 0
+
+    async def run(self) -> None:
+        """Rounds until cancelled (see the module docstring)."""
+        await self._loop.run()
+
+    def plan(self, now: datetime) -> Sweep:
+        """`model.nomination.sweep` on the cache now."""
+        live = self.cache.vmi_state().live
+        snap = self.cache.view.snapshot()
+
+        def vmi(ns: str, name: str) -> tuple[str, str | None] | None:
+            rec = live.get((ns, name))
+            return None if rec is None else (rec.uid, rec.admission)
+
+        return sweep(self.cache.view.nominations().values(), now, vmi, snap.devices_in)
+
+    async def round(self) -> None:
+        """One round: stop the victims, announce, drop (API failures are logged and left to
+        the next round)."""
+        now = self._now()
+        plan = self.plan(now)
+        for stop in plan.stops:
+            await self._stop(stop, now)
+        for n, running in plan.waiting:
+            if running and (n.name, n.created) not in self._announced:
+                self._announced.add((n.name, n.created))
+                await self._announce(n, running, now)
+        for drop in plan.drops:
+            try:
+                await self._nominations.delete(drop.nomination.name)
+            except WriteError as exc:
+                self.errors += 1
+                log.warning("nomination_not_deleted", nomination=drop.nomination.name, error=str(exc))
+                continue
+            self.dropped += 1
+            self._announced.discard((drop.nomination.name, drop.nomination.created))
+            log.info("nomination_deleted", nomination=drop.nomination.name, why=drop.why)
+        self.rounds += 1
+
+    async def _stop(self, stop: Stop, now: datetime) -> None:
+        """Confirm the victim's incarnation with a live read, delete it with its uid as the
+        precondition, and record the Event (best effort)."""
+        v, n = stop.victim, stop.nomination
+        try:
+            live = await self._client.get(VMIS, v.namespace, v.vmi)
+        except errors.NotFound:
+            return
+        except errors.ApiError as exc:
+            self.errors += 1
+            log.warning("victim_not_read", victim=v.name, error=str(exc))
+            return
+        meta = live.get("metadata") or {}
+        ann = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+        uid = meta.get("uid")
+        if uid != stop.uid or (v.admission is not None and ann.get(ADMISSION_ANNOTATION) != v.admission):
+            return  # another incarnation since the cache saw it: never hit
+        try:
+            await self._client.delete(VMIS, v.namespace, v.vmi, uid=uid)
+        except (errors.NotFound, errors.Conflict):
+            return  # gone, or recreated meanwhile (the uid precondition)
+        except errors.ApiError as exc:
+            self.errors += 1
+            log.warning("victim_not_deleted", victim=v.name, error=str(exc))
+            return
+        self.stopped += 1
+        why = Preempts(v.name, v.priority, n.preemptor, n.priority, n.node).render()
+        log.info("victim_stopped", victim=v.name, uid=uid, nomination=n.name, why=why)
+        body = events.event_body(
+            {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": v.vmi,
+             "namespace": v.namespace, "uid": uid},
+            reason="GPUSetPreempted",
+            message=(f"gpu-binder stopped this VMI: {why} (a VM with runStrategy Always starts "
+                     "it again, and it waits for room)"),
+            warning=True, instance="preemption", when=now)
+        await events.record(self._client, body, victim=v.name)
+
+    async def _announce(self, n: Nomination, running: int, now: datetime) -> None:
+        """The preemptor's VM is told it waits for `running` victims to stop (best effort)."""
+        names = ", ".join(v.name for v in n.victims)
+        body = events.event_body(
+            {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": n.vmi,
+             "namespace": n.namespace},
+            reason="GPUSetPreempting",
+            message=(f"waiting for {running} lower-priority VM{'s' if running != 1 else ''} to stop "
+                     f"on {n.node} to make room for this set (priority {n.priority}): {names}"),
+            warning=False, instance="preemption", when=now)
+        await events.record(self._client, body, preemptor=n.preemptor)
+
+
+__all__ = ["FIELD_MANAGER", "Preemption"]

@@ -1,0 +1,340 @@
+"""The nomination (docs/contract.md §3c P4): a preemptor, the node and room it is promised,
+the victims stopped to free it, and until when the promise holds, as a pure value; its
+`GPUNomination` object (parsed and built here, written and read by `k8s/`); and the hold it
+makes (`nomination_holds`: the room counted as taken for every request but its preemptor's,
+the way `model.hold.Hold` counts a request in flight).
+
+One nomination per preemptor VMI (namespace, name): its object's name is derived from them
+(`nomination_name`), so a new leader's decision finds it and reuses it instead of making a
+second one. Victims are named by VMI incarnation: namespace, name, the admission id the VMI
+was admitted with (`gpu.cozystack.io/admission`) and its uid when known, so a VMI recreated
+under the same name is never taken for the victim.
+
+Pure: no clock (every `now` is an argument), no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Iterable, Mapping
+
+from model.device.dra import DeviceRef
+from model.hold import Hold
+from model.parse import ParseError, format_time
+from model.types import GPUDevice, Result
+
+GROUP = "gpu.cozystack.io"
+VERSION = "v1alpha1"
+KIND = "GPUNomination"
+PLURAL = "gpunominations"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+DEFAULT_TTL = timedelta(minutes=2)
+"""`preemption.nominationTTL`'s default: how long a nomination holds its room (P4)."""
+
+DEFAULT_RETRY_AFTER = 30
+"""Seconds the preemptor is told to wait (Retry-After) when no grace is known: KubeVirt's
+default `terminationGracePeriodSeconds` of a VMI."""
+
+HOLD_PREFIX = "nomination:"
+"""`Hold.request_id` of a nomination's hold: never a real (uuid) request id."""
+
+
+def nomination_name(namespace: str, vmi: str) -> str:
+    """The object name of the nomination of preemptor `namespace/vmi`: "<namespace>.<vmi>"
+    (a DNS subdomain: both parts are DNS names), cut and suffixed with a hash when over 253
+    characters. Deterministic: the same preemptor always names the same object."""
+    name = f"{namespace}.{vmi}"
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return f"{name[:240].rstrip('.-')}-{digest}"
+
+
+def hold_id(namespace: str, vmi: str) -> str:
+    """The `Hold.request_id` of the nomination of preemptor `namespace/vmi` (what
+    `model.decide` leaves out when it decides that preemptor's own request)."""
+    return f"{HOLD_PREFIX}{namespace}/{vmi}"
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """One set stopped for a nomination: VMI `namespace/vmi` admitted as `admission` (its
+    `gpu.cozystack.io/admission` annotation; None when unknown), `uid` the VMI's uid when the
+    binder recorded it (H2), of `priority` (value), started at `started` (UTC)."""
+
+    namespace: str
+    vmi: str
+    admission: str | None
+    uid: str | None
+    priority: int
+    started: datetime
+
+    @property
+    def name(self) -> str:
+        """"<namespace>/<vmi>", as Events and messages name it."""
+        return f"{self.namespace}/{self.vmi}"
+
+
+@dataclass(frozen=True, slots=True)
+class Nomination:
+    """A nomination (P4): preemptor VMI `namespace/vmi` of priority `priority` (value) is
+    promised `units` (per resource, sorted; count mode) and `devices` (device mode, the
+    exact devices of `node`) on `node` once `victims` stopped; made at `created`, holding
+    until `expires` (UTC). `retry_after` the seconds the preemptor's create is told to wait.
+    `name` the object's name (`nomination_name`)."""
+
+    namespace: str
+    vmi: str
+    priority: int
+    node: str
+    units: tuple[tuple[str, int], ...]
+    devices: tuple[DeviceRef, ...]
+    victims: tuple[Victim, ...]
+    created: datetime
+    expires: datetime
+    retry_after: int = DEFAULT_RETRY_AFTER
+
+    @property
+    def name(self) -> str:
+        return nomination_name(self.namespace, self.vmi)
+
+    @property
+    def preemptor(self) -> str:
+        """"<namespace>/<vmi>"."""
+        return f"{self.namespace}/{self.vmi}"
+
+    def live(self, now: datetime) -> bool:
+        """True while the nomination holds its room: `now` before `expires`."""
+        return now < self.expires
+
+    def is_for(self, namespace: str, vmi: str) -> bool:
+        """True when `namespace/vmi` is this nomination's preemptor."""
+        return self.namespace == namespace and self.vmi == vmi
+
+    def hold(self) -> Hold:
+        """The room as a `Hold` on `node` (no budget slots: the preemptor's budget is its
+        own business when it is decided): `units`, and in device mode its `devices`, named
+        against placeholder member keys (only the device names are read)."""
+        chosen = tuple(((self.namespace, f"{HOLD_PREFIX}{i}"), ref) for i, ref in enumerate(self.devices))
+        return Hold(hold_id(self.namespace, self.vmi), self.namespace, self.node, self.units, (), (), chosen)
+
+
+def admitted(nomination: Nomination, devices: Mapping[str, GPUDevice]) -> bool:
+    """True when the preemptor has a set admitted on the nominated node: a device of its
+    namespace (`devices`, by name) attached to its VMI, Bound on the node, its request
+    Succeeded. Its hold then counts nothing: the set's own devices count there."""
+    for d in devices.values():
+        att, br = d.status.attached_to, d.status.bind_request
+        if (att is not None and att.vmi == nomination.vmi and d.bound_node == nomination.node
+                and br is not None and br.result is Result.SUCCEEDED):
+            return True
+    return False
+
+
+def nomination_holds(nominations: Iterable[Nomination], now: datetime,
+                     devices_in: Any = None) -> tuple[Hold, ...]:
+    """The holds of the nominations live at `now` (P4, P6: their room is placed for nobody
+    but their preemptor), leaving out those whose preemptor is admitted on its node
+    (`admitted`; `devices_in(namespace)` gives a namespace's devices by name, e.g.
+    `Snapshot.devices_in`; None: not looked at)."""
+    out = []
+    for n in nominations:
+        if not n.live(now):
+            continue
+        if devices_in is not None and admitted(n, devices_in(n.namespace)):
+            continue
+        out.append(n.hold())
+    return tuple(out)
+
+
+# --- the leader's sweep: victims to stop, nominations to delete ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop victim `victim` of `nomination`: delete VMI `namespace/vmi` whose uid is `uid`
+    (the live incarnation the nomination names: a delete with that uid as precondition)."""
+
+    nomination: Nomination
+    victim: Victim
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Delete `nomination`: `why` is "expired" (its hold released) or "admitted" (its
+    preemptor's set is admitted on its node)."""
+
+    nomination: Nomination
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """One round of the preemption worker: `stops` (victims still running, of live
+    nominations), `drops` (nominations to delete), `waiting` (per live nomination, the number
+    of its victims still running)."""
+
+    stops: tuple[Stop, ...] = ()
+    drops: tuple[Drop, ...] = ()
+    waiting: tuple[tuple[Nomination, int], ...] = ()
+
+
+def sweep(nominations: Iterable[Nomination], now: datetime,
+          vmi: Callable[[str, str], tuple[str, str | None] | None],
+          devices_in: Callable[[str], Mapping[str, GPUDevice]]) -> Sweep:
+    """What the leader does now for `nominations` (P4): drop the expired ones and those whose
+    preemptor is admitted on its node (`admitted`); for every other, stop each victim whose
+    VMI still runs as the incarnation named (`vmi(namespace, name)` gives the live VMI's
+    (uid, admission annotation), None when there is none; a VMI of another admission or uid
+    is another incarnation: never stopped). Only a victim of a live nomination is ever
+    stopped (P6). Pure; idempotent (a stopped victim's VMI is gone, a dropped nomination too)."""
+    stops: list[Stop] = []
+    drops: list[Drop] = []
+    waiting: list[tuple[Nomination, int]] = []
+    for n in sorted(nominations, key=lambda n: n.name):
+        if not n.live(now):
+            drops.append(Drop(n, "expired"))
+            continue
+        if admitted(n, devices_in(n.namespace)):
+            drops.append(Drop(n, "admitted"))
+            continue
+        running = 0
+        for v in n.victims:
+            found = vmi(v.namespace, v.vmi)
+            if found is None:
+                continue
+            uid, admission = found
+            if (v.uid is not None and uid != v.uid) or (v.admission is not None and admission != v.admission):
+                continue  # another incarnation of the name: not a victim
+            running += 1
+            stops.append(Stop(n, v, uid))
+        waiting.append((n, running))
+    return Sweep(tuple(stops), tuple(drops), tuple(waiting))
+
+
+# --- the GPUNomination object -------------------------------------------------------------------
+
+
+def nomination_body(n: Nomination, namespace: str) -> dict:
+    """The `GPUNomination` object of `n`, in the controller's `namespace`."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": n.name, "namespace": namespace,
+                     "labels": {"gpu.cozystack.io/preemptor-namespace": n.namespace}},
+        "spec": {
+            "preemptor": {"namespace": n.namespace, "vmi": n.vmi, "priority": n.priority},
+            "node": n.node,
+            "units": [{"resource": r, "count": c} for r, c in n.units],
+            "devices": [{"driver": d.driver, "pool": d.pool, "device": d.device} for d in n.devices],
+            "victims": [_victim_body(v) for v in n.victims],
+            "created": format_time(n.created),
+            "expires": format_time(n.expires),
+            "retryAfterSeconds": n.retry_after,
+        },
+    }
+
+
+def _victim_body(v: Victim) -> dict:
+    out: dict[str, Any] = {"namespace": v.namespace, "vmi": v.vmi, "priority": v.priority,
+                           "started": format_time(v.started)}
+    if v.admission is not None:
+        out["admission"] = v.admission
+    if v.uid is not None:
+        out["uid"] = v.uid
+    return out
+
+
+def parse_nomination(obj: Any) -> Nomination:
+    """A `GPUNomination` object as a `Nomination`. Raises `model.parse.ParseError` naming
+    the field for anything malformed (a missing preemptor, node or expiry, a count that is
+    not a positive integer, a device without driver, pool or name, a time not RFC 3339)."""
+    if not isinstance(obj, Mapping):
+        raise ParseError(KIND, "(object)", f"must be an object, got {type(obj).__name__}")
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    what = f"{KIND} {meta.get('namespace', '<no namespace>')}/{meta.get('name', '<unnamed>')}"
+    spec = _obj(what, obj.get("spec"), "spec")
+    pre = _obj(what, spec.get("preemptor"), "spec.preemptor")
+    units = []
+    for i, u in enumerate(_list(what, spec.get("units"), "spec.units")):
+        f = f"spec.units[{i}]"
+        u = _obj(what, u, f)
+        count = u.get("count")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ParseError(what, f"{f}.count", "must be a positive integer")
+        units.append((_text(what, u.get("resource"), f"{f}.resource"), count))
+    devices = []
+    for i, d in enumerate(_list(what, spec.get("devices"), "spec.devices")):
+        f = f"spec.devices[{i}]"
+        d = _obj(what, d, f)
+        devices.append(DeviceRef(_text(what, d.get("driver"), f"{f}.driver"),
+                                 _text(what, d.get("pool"), f"{f}.pool"),
+                                 _text(what, d.get("device"), f"{f}.device")))
+    victims = []
+    for i, v in enumerate(_list(what, spec.get("victims"), "spec.victims")):
+        f = f"spec.victims[{i}]"
+        v = _obj(what, v, f)
+        victims.append(Victim(_text(what, v.get("namespace"), f"{f}.namespace"),
+                              _text(what, v.get("vmi"), f"{f}.vmi"),
+                              _opt_text(what, v.get("admission"), f"{f}.admission"),
+                              _opt_text(what, v.get("uid"), f"{f}.uid"),
+                              _int(what, v.get("priority", 0), f"{f}.priority"),
+                              _time(what, v.get("started"), f"{f}.started")))
+    retry = _int(what, spec.get("retryAfterSeconds", DEFAULT_RETRY_AFTER), "spec.retryAfterSeconds")
+    return Nomination(_text(what, pre.get("namespace"), "spec.preemptor.namespace"),
+                      _text(what, pre.get("vmi"), "spec.preemptor.vmi"),
+                      _int(what, pre.get("priority", 0), "spec.preemptor.priority"),
+                      _text(what, spec.get("node"), "spec.node"),
+                      tuple(sorted(units)), tuple(devices), tuple(victims),
+                      _time(what, spec.get("created"), "spec.created"),
+                      _time(what, spec.get("expires"), "spec.expires"), max(1, retry))
+
+
+def _obj(what: str, value: Any, field: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ParseError(what, field, "required, an object")
+    return value
+
+
+def _list(what: str, value: Any, field: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ParseError(what, field, f"must be a list, got {type(value).__name__}")
+    return value
+
+
+def _text(what: str, value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ParseError(what, field, "required, a non-empty string")
+    return value
+
+
+def _opt_text(what: str, value: Any, field: str) -> str | None:
+    return None if value is None else _text(what, value, field)
+
+
+def _int(what: str, value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ParseError(what, field, "must be an integer")
+    return value
+
+
+def _time(what: str, value: Any, field: str) -> datetime:
+    text = _text(what, value, field)
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ParseError(what, field, f"not an RFC 3339 time: {text!r}") from None
+    if when.tzinfo is None:
+        raise ParseError(what, field, f"RFC 3339 time without a zone: {text!r}")
+    return when.astimezone(timezone.utc)
+
+
+__all__ = ["API_VERSION", "DEFAULT_RETRY_AFTER", "DEFAULT_TTL", "HOLD_PREFIX", "KIND", "PLURAL",
+           "Drop", "Nomination", "Stop", "Sweep", "Victim", "admitted", "sweep", "hold_id", "nomination_body", "nomination_holds",
+           "nomination_name", "parse_nomination"]

@@ -1,0 +1,196 @@
+"""P4 through the actor system on the in-memory store (docs/contract.md §3c): the coordinator
+nominates a set refused for room and its pipeline records the nomination *before* the
+refusal (`preemption_nominated`) is written; a crash between the two leaves the nomination,
+which the next incarnation reuses (one nomination, never two); the nominated room is placed
+for nobody else while the nomination lives (P6); the preemptor's next request lands there once
+the victims are gone; without a nomination writer nothing is nominated."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import anyio
+import pytest
+
+from actors.coordinator import CoordinatorConfig
+from actors.errors import TransientWriteError
+from fakes.clock import LoopClock
+from fakes.memory_store import MemoryStore
+from model.nominate import NominationSettings
+from model.preemption import PreemptionSettings
+from model.priority import Priority
+from model.reasons import Code
+from model.types import Result
+from supervisor import COORDINATOR, Binder
+from tests.support.binder import fast_config, kill_child, quiet_logging, settle
+from tests.timing import eventually
+
+pytestmark = pytest.mark.anyio
+
+H100 = "nvidia.com/H100"
+SPOT, ON_DEMAND = Priority(100, class_name="spot"), Priority(1000, class_name="on-demand")
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    quiet_logging()
+
+
+def config(**pipeline):
+    base = fast_config()
+    preemption = NominationSettings(PreemptionSettings(min_runtime=timedelta(0)))
+    coordinator = CoordinatorConfig(**{**{f: getattr(base.coordinator, f) for f in
+                                          ("ask_timeout", "requeue_delay", "stalled_delay", "resync_interval")},
+                                       "preemption": preemption})
+    from dataclasses import replace
+    return replace(base, coordinator=coordinator, pipeline=replace(base.pipeline, **pipeline))
+
+
+class Running:
+    def __init__(self, store: MemoryStore, binder: Binder) -> None:
+        self.store, self.binder = store, binder
+
+
+def full_store() -> MemoryStore:
+    """n1 (4 × H100) full of spot VMs a and b (2 each, running); tenant p waits."""
+    s = MemoryStore(clock=LoopClock())
+    for ns in ("spot", "p", "q"):
+        s.add_namespace(ns)
+    s.add_class("h100", H100)
+    s.add_node("n1", {H100: 4})
+    return s
+
+
+def add_set(s: MemoryStore, ns: str, vmi: str, n: int, priority: Priority) -> str:
+    names = [f"{vmi}-h100-{i}" for i in range(n)]
+    for name in names:
+        if (ns, name) not in s.devices():
+            s.add_device(ns, name, "h100", template_for=vmi)
+    return s.request(ns, vmi, names, priority=priority, admission=f"adm-{vmi}")
+
+
+def result(s: MemoryStore, ns: str, rid: str):
+    members = s.request_members(ns, rid)
+    brs = {m.status.bind_request.result for m in members}
+    codes = {m.status.bind_request.code for m in members}
+    nodes = {m.status.bind_request.node for m in members}
+    return (brs.pop() if len(brs) == 1 else brs, codes.pop() if len(codes) == 1 else codes,
+            nodes.pop() if len(nodes) == 1 else nodes)
+
+
+def ops_of(s: MemoryStore, rid: str | None = None) -> list[str]:
+    return [r.op for r in s.history if r.op == "nomination" or (r.op == "answer" and r.request_id == rid)]
+
+
+async def running(s: MemoryStore, cfg=None, nominations=True):
+    binder = Binder(s, s, s, LoopClock(), cfg or config(), nominations=s if nominations else None)
+    return binder
+
+
+async def test_P4_the_nomination_is_recorded_before_the_refusal_and_names_P3s_victims():
+    s = full_store()
+    binder = await running(s)
+    async with anyio.create_task_group() as tg:
+        await tg.start(binder.run)
+        a, b = add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "b", 2, SPOT)
+        await settle(s, binder)
+        assert result(s, "spot", a)[0] is Result.SUCCEEDED and result(s, "spot", b)[0] is Result.SUCCEEDED
+        await anyio.sleep(1)  # the sets run a while (min runtime 0)
+        rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", rid) == (Result.REFUSED, Code.PREEMPTION_NOMINATED, None)
+        (n,) = s.nominations().values()
+        assert (n.namespace, n.vmi, n.priority, n.node, n.units) == ("p", "vm-9", 1000, "n1", ((H100, 4),))
+        assert sorted(v.vmi for v in n.victims) == ["a", "b"]
+        assert [v.admission for v in n.victims] == ["adm-a", "adm-b"]
+        # the nomination first, then the refusal on each member
+        assert ops_of(s, rid) == ["nomination"] + ["answer"] * 4
+        message = s.request_members("p", rid)[0].status.bind_request.message
+        assert "stopping 2 lower-priority VMs on n1" in message and "spot/a, spot/b" in message
+        tg.cancel_scope.cancel()
+
+
+async def test_P4_a_crash_between_the_nomination_and_the_refusal_loses_nothing():
+    s = full_store()
+    binder = await running(s)
+    async with anyio.create_task_group() as tg:
+        await tg.start(binder.run)
+        add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "b", 2, SPOT)
+        await settle(s, binder)
+        await anyio.sleep(1)
+        # the refusal's writes fail until the coordinator is killed: the nomination is in place
+        s.fail_next(TransientWriteError, op="answer", times=1000)
+        rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await eventually(lambda: s.nominations(), 5.0, "the nomination recorded")
+        first = next(iter(s.nominations().values()))
+        assert result(s, "p", rid)[0] is None  # no refusal written yet
+        assert kill_child(binder, COORDINATOR)
+        s._injected.clear()  # the API server answers again
+        await settle(s, binder)
+        assert result(s, "p", rid) == (Result.REFUSED, Code.PREEMPTION_NOMINATED, None)
+        # reused: the same nomination, recorded once
+        assert list(s.nominations().values()) == [first]
+        assert [r.op for r in s.history].count("nomination") == 1
+        tg.cancel_scope.cancel()
+
+
+async def test_P4_a_nomination_not_recorded_writes_no_refusal():
+    s = full_store()
+    binder = await running(s, config(retry_attempts=2))
+    async with anyio.create_task_group() as tg:
+        await tg.start(binder.run)
+        add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "b", 2, SPOT)
+        await settle(s, binder)
+        await anyio.sleep(1)
+        s.fail_next(TransientWriteError, op="nomination", times=2)
+        rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await anyio.sleep(0.005)
+        assert result(s, "p", rid)[0] is None or not s.nominations()
+        # the request stalled, is examined again, and then both are written, in order
+        await settle(s, binder)
+        assert result(s, "p", rid) == (Result.REFUSED, Code.PREEMPTION_NOMINATED, None)
+        assert ops_of(s, rid)[0] == "nomination"
+        tg.cancel_scope.cancel()
+
+
+async def test_P6_nominated_room_goes_to_its_preemptor_only():
+    s = full_store()
+    binder = await running(s)
+    async with anyio.create_task_group() as tg:
+        await tg.start(binder.run)
+        add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "b", 2, SPOT)
+        await settle(s, binder)
+        await anyio.sleep(1)
+        rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", rid)[1] is Code.PREEMPTION_NOMINATED
+        # the victims stop: their VMIs' template devices go (H2)
+        for vmi in ("a", "b"):
+            for i in range(2):
+                s.delete_device(("spot", f"{vmi}-h100-{i}"))
+        # another tenant's set of 2 (even of a higher priority) finds no room on n1
+        other = add_set(s, "q", "vm-x", 2, Priority(5000))
+        await settle(s, binder)
+        assert result(s, "q", other)[0] is Result.REFUSED
+        assert result(s, "q", other)[1] is not Code.PREEMPTION_NOMINATED  # nobody to stop
+        # the preemptor's next create (W5 cleared its request; a new one) lands on n1
+        s.withdraw("p", rid)
+        again = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", again) == (Result.SUCCEEDED, None, "n1")
+        tg.cancel_scope.cancel()
+
+
+async def test_without_a_nomination_writer_nothing_is_nominated():
+    s = full_store()
+    binder = await running(s, nominations=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(binder.run)
+        add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "b", 2, SPOT)
+        await settle(s, binder)
+        await anyio.sleep(1)
+        rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", rid)[:2] == (Result.REFUSED, Code.NO_ELIGIBLE_NODE)
+        assert not s.nominations()
+        tg.cancel_scope.cancel()

@@ -1,0 +1,144 @@
+"""The Kubernetes side of P4 (docs/contract.md §3c) with the scripted client: the nominations'
+informer feeds `Snapshot.nominations`; `ApiNominations` creates, finds in place, replaces an
+older one and deletes; the leader's worker (`k8s.preemption.Preemption`) deletes exactly the
+victims of live nominations (a live read confirms the incarnation, the delete carries its
+uid), writes the Events, drops expired and admitted nominations, and is idempotent (a second
+round deletes nothing more)."""
+
+from __future__ import annotations
+
+import copy
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from actors.errors import TransientWriteError
+from fakes.kube_client import ScriptedClient
+from k8s import errors
+from k8s.cache import ClusterCache
+from k8s.client import VMIS
+from k8s.nominations import GPU_NOMINATIONS, ApiNominations
+from k8s.preemption import Preemption
+from model.nomination import Nomination, Victim, nomination_body
+from model.parse import device_status_to_dict
+from model.types import ADMISSION_ANNOTATION, Attachment, BindRequest, DeviceStatus, Phase, Result
+
+pytestmark = pytest.mark.anyio
+
+NOW = datetime(2026, 12, 6, 12, 0, tzinfo=timezone.utc)
+H = "nvidia.com/H100"
+
+
+def nomination(vmi: str = "vm-9", expires: datetime = NOW + timedelta(minutes=2), victims=None) -> Nomination:
+    victims = victims or (Victim("spot", "a", "adm-a", None, 100, NOW - timedelta(hours=1)),
+                          Victim("spot", "b", "adm-b", None, 100, NOW - timedelta(hours=1)))
+    return Nomination("p", vmi, 1000, "n1", ((H, 4),), (), tuple(victims), NOW, expires, 30)
+
+
+def event(informer, obj: dict | None, key=None) -> None:
+    if obj is None:
+        informer._apply("DELETED", {"metadata": {"namespace": key[0] or None, "name": key[1]}})
+    else:
+        informer._apply("MODIFIED", copy.deepcopy(obj))
+
+
+def vmi_obj(ns: str, name: str, uid: str, admission: str) -> dict:
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"namespace": ns, "name": name, "uid": uid, "resourceVersion": "1",
+                         "annotations": {ADMISSION_ANNOTATION: admission}}, "spec": {}}
+
+
+def world() -> tuple[ClusterCache, ScriptedClient]:
+    cache = ClusterCache(object())
+    for n in (nomination(), nomination("vm-old", NOW - timedelta(seconds=1))):
+        event(cache.nominations, nomination_body(n, "cozy-system"))
+    event(cache.vmis, vmi_obj("spot", "a", "uid-a", "adm-a"))
+    event(cache.vmis, vmi_obj("spot", "b", "uid-b2", "adm-b-new"))  # b was recreated: not a victim
+    event(cache.vmis, vmi_obj("spot", "c", "uid-c", "adm-c"))       # no victim at all
+    return cache, ScriptedClient()
+
+
+def test_the_informer_feeds_the_snapshot():
+    cache, _ = world()
+    snap = cache.view.snapshot()
+    assert sorted(n.vmi for n in snap.nominations) == ["vm-9", "vm-old"]
+    assert snap.nomination_for("p", "vm-9") == nomination()
+    event(cache.nominations, None, ("cozy-system", "p.vm-old"))
+    assert [n.vmi for n in cache.view.snapshot().nominations] == ["vm-9"]
+    # a malformed one is left out
+    bad = nomination_body(nomination("vm-bad"), "cozy-system")
+    del bad["spec"]["node"]
+    event(cache.nominations, bad)
+    assert [n.vmi for n in cache.view.snapshot().nominations] == ["vm-9"]
+
+
+async def test_the_worker_stops_exactly_the_victims_of_live_nominations_and_drops_the_expired():
+    cache, client = world()
+    client.script("get", vmi_obj("spot", "a", "uid-a", "adm-a"))
+    writer = ApiNominations(client, "cozy-system")
+    worker = Preemption(client, cache, writer, now=lambda: NOW)
+    await worker.round()
+    assert client.of("get") == [(VMIS, "spot", "a")]  # b is another incarnation, c no victim
+    deletes = client.of("delete")
+    assert (VMIS, "spot", "a", "uid-a", None) in deletes
+    assert not any(d[0] == VMIS and d[2] != "a" for d in deletes)
+    assert (GPU_NOMINATIONS, "cozy-system", "p.vm-old", None, None) in deletes  # expired
+    reasons = {(body["involvedObject"]["kind"], body["involvedObject"]["name"], body["reason"])
+               for _, body in client.of("create_event")}
+    assert reasons == {("VirtualMachineInstance", "a", "GPUSetPreempted"),
+                       ("VirtualMachine", "vm-9", "GPUSetPreempting")}
+    victim_event = next(b for _, b in client.of("create_event") if b["reason"] == "GPUSetPreempted")
+    assert ("preempts spot/a (priority 100) for p/vm-9 (priority 1000) on n1"
+            in victim_event["message"])
+    assert worker.stopped == 1 and worker.dropped == 1
+
+
+async def test_a_victim_recreated_since_the_cache_saw_it_is_never_deleted():
+    cache, client = world()
+    client.script("get", vmi_obj("spot", "a", "uid-a2", "adm-a2"))  # the live read: another one
+    worker = Preemption(client, cache, ApiNominations(client, "cozy-system"), now=lambda: NOW)
+    await worker.round()
+    assert not any(d[0] == VMIS for d in client.of("delete"))
+
+
+async def test_the_worker_is_idempotent_and_drops_an_admitted_preemptors_nomination():
+    cache, client = world()
+    event(cache.vmis, None, ("spot", "a"))  # a stopped
+    worker = Preemption(client, cache, ApiNominations(client, "cozy-system"), now=lambda: NOW)
+    await worker.round()
+    assert not any(d[0] == VMIS for d in client.of("delete"))
+    # the preemptor's set is admitted on n1: its nomination goes
+    br = BindRequest("r9", "vm-9", ("vm-9-h100-0",), NOW, result=Result.SUCCEEDED, node="n1")
+    st = DeviceStatus(Phase.BOUND, "n1", NOW, Attachment("vm-9", NOW, "adm-9"), br)
+    event(cache.devices, {"metadata": {"name": "vm-9-h100-0", "namespace": "p", "uid": "d9",
+                                       "resourceVersion": "5", "labels": {"gpu.cozystack.io/template-for": "vm-9"}},
+                          "spec": {"class": "h100"}, "status": device_status_to_dict(st)})
+    await worker.round()
+    assert (GPU_NOMINATIONS, "cozy-system", "p.vm-9", None, None) in client.of("delete")
+
+
+async def test_the_writer_creates_finds_in_place_replaces_an_older_one_and_deletes():
+    client = ScriptedClient()
+    writer = ApiNominations(client, "cozy-system")
+    n = nomination()
+    await writer.put(n)
+    assert client.of("create")[0][2]["metadata"]["name"] == "p.vm-9"
+    # already there, same: nothing more
+    client.script("create", errors.AlreadyExists("create", 409, "exists"))
+    client.script("get", {**nomination_body(n, "cozy-system")})
+    await writer.put(n)
+    assert len(client.of("create")) == 2 and not client.of("delete")
+    # an older one of the same preemptor: replaced (uid precondition)
+    old = nomination_body(nomination(expires=NOW - timedelta(minutes=1)), "cozy-system")
+    old["metadata"]["uid"] = "u-old"
+    client.script("create", errors.AlreadyExists("create", 409, "exists"))
+    client.script("get", old)
+    await writer.put(n)
+    assert client.of("delete") == [(GPU_NOMINATIONS, "cozy-system", "p.vm-9", "u-old", None)]
+    assert len(client.of("create")) == 4
+    # errors are transient write errors; a gone one deletes fine
+    client.script("create", errors.Unavailable("create", 0, "TimeoutError()"))
+    with pytest.raises(TransientWriteError):
+        await writer.put(n)
+    client.script("delete", errors.NotFound("delete", 404, "gone"))
+    await writer.delete("p.vm-9")

@@ -1,0 +1,324 @@
+"""The nomination (docs/contract.md §3c P4; `model.nomination`, `model.nominate`, `model.plan`'s
+`Nominate`): the GPUNomination object parsed and built, the decision loop nominating a set
+refused for room (or reusing its own live nomination), the hold (P6: another request never
+lands on nominated room while it lives, in count and device mode), the preemptor landing on
+its nominated room once the victims are gone, and an expired nomination holding nothing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from model.decide import Request
+from model.nominate import NominationSettings, Preempting, nominate, nomination_of
+from model.nomination import (Nomination, Victim, hold_id, nomination_body, nomination_holds,
+                              nomination_name, parse_nomination)
+from model.parse import ParseError
+from model.plan import Answer, Nominate, Place, plan_batch
+from model.preemption import PreemptionPlan, plan_preemption, release_sets
+from model.reasons import Code
+from model.snapshot import Snapshot
+from model.types import Result
+from tests.model.test_preemption import NOW, asking, count_world, dra_world, vm_set
+from tests.support.dra_worlds import CLASS, DRIVER, dra_node, ref
+from tests.support.world import H, node
+
+PRE = Preempting(NOW)
+
+
+def members(snap: Snapshot, req: Request):
+    return [snap.device(req.namespace, n) for n in req.devices]
+
+
+def batch(snap: Snapshot, *reqs: Request, preempting: Preempting | None = PRE):
+    actions, _ = plan_batch(snap, (), [(r.namespace, r.id, members(snap, r)) for r in reqs], preempting)
+    return actions
+
+
+def without(snap: Snapshot, plan_or_nom) -> Snapshot:
+    """`snap` once the victims stopped (their sets released as P3 releases them)."""
+    sets = [s for s in _running(snap) if (s.namespace, s.vmi) in {(v.namespace, v.vmi) for v in plan_or_nom.victims}]
+    return release_sets(snap, sets)
+
+
+def _running(snap):
+    from model.preemption import running_sets
+    return running_sets(snap)
+
+
+# --- the object -----------------------------------------------------------------------------
+
+
+def sample() -> Nomination:
+    return Nomination("p", "vm-9", 1000, "n1", ((H, 4),), (ref("n1", 0), ref("n1", 1)),
+                      (Victim("t", "a", "adm-a", "uid-a", 100, NOW - timedelta(hours=1)),
+                       Victim("t", "b", None, None, 0, NOW - timedelta(hours=2))),
+                      NOW, NOW + timedelta(minutes=2), 30)
+
+
+def test_the_object_round_trips_and_is_named_after_its_preemptor():
+    n = sample()
+    body = nomination_body(n, "cozy-system")
+    assert body["metadata"] == {"name": "p.vm-9", "namespace": "cozy-system",
+                                "labels": {"gpu.cozystack.io/preemptor-namespace": "p"}}
+    assert body["kind"] == "GPUNomination" and body["apiVersion"] == "gpu.cozystack.io/v1alpha1"
+    assert body["spec"]["victims"][1] == {"namespace": "t", "vmi": "b", "priority": 0,
+                                          "started": "2026-12-06T10:00:00Z"}
+    assert parse_nomination(body) == n
+    assert nomination_name("p", "vm-9") == n.name == "p.vm-9"
+    long = nomination_name("p" * 63, "v" * 253)
+    assert len(long) <= 253 and long == nomination_name("p" * 63, "v" * 253)
+
+
+@pytest.mark.parametrize("path, value, field", [
+    (("spec", "node"), None, "spec.node"),
+    (("spec", "preemptor"), "x", "spec.preemptor"),
+    (("spec", "expires"), "yesterday", "spec.expires"),
+    (("spec", "units"), [{"resource": H, "count": 0}], "spec.units[0].count"),
+    (("spec", "devices"), [{"driver": DRIVER, "pool": "n1"}], "spec.devices[0].device"),
+    (("spec", "victims"), [{"namespace": "t", "vmi": "a", "started": "2026-12-06T10:00:00"}],
+     "spec.victims[0].started"),
+])
+def test_a_malformed_object_is_refused_naming_the_field(path, value, field):
+    body = nomination_body(sample(), "cozy-system")
+    body[path[0]][path[1]] = value
+    with pytest.raises(ParseError) as err:
+        parse_nomination(body)
+    assert err.value.field == field and "GPUNomination cozy-system/p.vm-9" in str(err.value)
+
+
+def test_the_hold_is_the_room_and_named_for_the_preemptor():
+    h = sample().hold()
+    assert h.request_id == hold_id("p", "vm-9") and h.node == "n1" and h.needs == ((H, 4),)
+    assert h.budget_needs == () and h.device_names == {"gpu-vfio-0", "gpu-vfio-1"}
+
+
+# --- count mode -----------------------------------------------------------------------------
+
+
+def full_count_world(*extra):
+    """n1 (4 GPUs) full of spot VMs a (2) and b (2), priority 100, run an hour; n2 (4) full
+    of c (4) of priority 1000 (never a victim of 1000)."""
+    return count_world([node("n1", 4), node("n2", 4)], vm_set("a", "n1", 2, value=100),
+                       vm_set("b", "n1", 2, value=100), vm_set("c", "n2", 4, value=1000), *extra)
+
+
+def test_a_set_refused_for_room_is_nominated_with_P3s_victims():
+    devices, req = asking("vm-9", 4)
+    snap = full_count_world(devices)
+    [action] = batch(snap, req)
+    assert isinstance(action, Nominate) and action.nominated.fresh
+    n = action.nominated.nomination
+    plan = plan_preemption(snap, req, NOW)
+    assert isinstance(plan, PreemptionPlan)
+    assert (n.namespace, n.vmi, n.priority, n.node) == ("p", "vm-9", 1000, "n1")
+    assert [v.vmi for v in n.victims] == [v.vmi for v in plan.victims] == ["a", "b"]
+    assert n.units == ((H, 4),) and n.devices == ()
+    assert n.expires == NOW + timedelta(minutes=2) and n.retry_after == 30
+    assert [v.admission for v in n.victims] == ["adm-a", "adm-b"]
+    reason = action.nominated.reason
+    assert reason.code is Code.PREEMPTION_NOMINATED and reason.victims == ("t/a", "t/b")
+    assert action.nominated.decision.result is Result.REFUSED
+
+
+def test_without_preempting_the_refusal_stands():
+    devices, req = asking("vm-9", 4)
+    [action] = batch(full_count_world(devices), req, preempting=None)
+    assert isinstance(action, Answer) and action.decision.result is Result.REFUSED
+    off = Preempting(NOW, NominationSettings(enabled=False))
+    [action] = batch(full_count_world(devices), req, preempting=off)
+    assert isinstance(action, Answer)
+
+
+def test_no_plan_no_nomination_equal_priority_never_preempts():
+    devices, req = asking("vm-9", 4, value=100)
+    [action] = batch(full_count_world(devices), req)
+    assert isinstance(action, Answer) and action.decision.result is Result.REFUSED
+
+
+def test_a_live_nomination_is_reused_never_doubled():
+    devices, req = asking("vm-9", 4)
+    snap = full_count_world(devices)
+    [first] = batch(snap, req)
+    made = first.nominated.nomination
+    later = Preempting(NOW + timedelta(seconds=30))
+    again = replace(req, id="rp2")
+    devices2 = [replace(d, status=replace(d.status, bind_request=replace(d.status.bind_request, id="rp2")))
+                for d in devices]
+    snap2 = full_count_world(devices2).with_nominations([made])
+    [action] = batch(snap2, again, preempting=later)
+    assert isinstance(action, Nominate) and not action.nominated.fresh
+    assert action.nominated.nomination == made
+
+
+def test_P6_another_request_never_lands_on_nominated_room():
+    devices, req = asking("vm-9", 4)
+    snap = full_count_world(devices)
+    [action] = batch(snap, req)
+    n = action.nominated.nomination
+    # the victims stopped: n1 is empty; another VMI asking 2 (priority 5000) finds no room
+    other_devices, other = asking("vm-x", 2, ns="q", value=5000)
+    other_devices = [replace(d, status=replace(d.status, bind_request=replace(d.status.bind_request, id="rq")))
+                     for d in other_devices]
+    other = replace(other, id="rq")
+    gone = without(snap, n).with_devices(other_devices).with_nominations([n])
+    [decided] = batch(gone, other, preempting=Preempting(NOW + timedelta(seconds=5)))
+    assert not isinstance(decided, Place)
+
+
+def test_P6_a_fresh_nomination_holds_its_room_for_the_rest_of_its_batch():
+    # n1: 4 GPUs, spot VM a takes 2, 2 are free; vm-9 (4) nominates a; vm-x (2, priority 0,
+    # cannot preempt) decided after it in the same batch does not take the 2 free ones
+    devices, req = asking("vm-9", 4)
+    other_devices, other = asking("vm-x", 2, ns="q", value=0)
+    other_devices = [replace(d, status=replace(d.status, bind_request=replace(d.status.bind_request, id="rq")))
+                     for d in other_devices]
+    other = replace(other, id="rq")
+    snap = count_world([node("n1", 4)], vm_set("a", "n1", 2, value=100), devices, other_devices)
+    first, second = batch(snap, req, other)
+    assert isinstance(first, Nominate) and [v.vmi for v in first.nominated.nomination.victims] == ["a"]
+    assert isinstance(second, Answer) and second.decision.result is Result.REFUSED
+    # the same request alone (no nomination) takes them
+    [alone] = batch(snap, other)
+    assert isinstance(alone, Place) and alone.decision.node == "n1"
+
+
+def test_the_preemptor_lands_on_its_nominated_node_once_the_victims_are_gone():
+    devices, req = asking("vm-9", 4)
+    snap = full_count_world(devices)
+    [action] = batch(snap, req)
+    n = action.nominated.nomination
+    # a free node n3 appears too: B4 alone could choose either, the nomination chooses n1
+    gone = without(snap, n).with_nominations([n])
+    gone = gone.with_nodes([*gone.nodes.values(), node("n0", 4)])
+    [placed] = batch(gone, req, preempting=Preempting(NOW + timedelta(seconds=40)))
+    assert isinstance(placed, Place) and placed.decision.node == "n1"
+    # while the victims still run it is refused again, with the same nomination
+    [still] = batch(snap.with_nominations([n]), req, preempting=Preempting(NOW + timedelta(seconds=40)))
+    assert isinstance(still, Nominate) and still.nominated.nomination == n
+
+
+def test_an_expired_nomination_holds_nothing():
+    devices, req = asking("vm-9", 4)
+    snap = full_count_world(devices)
+    [action] = batch(snap, req)
+    n = action.nominated.nomination
+    later = NOW + timedelta(minutes=3)
+    assert nomination_holds([n], later) == ()
+    assert nomination_holds([n], NOW + timedelta(minutes=1)) == (n.hold(),)
+    other_devices, other = asking("vm-x", 4, ns="q", value=0)
+    gone = without(snap, n).with_devices(other_devices).with_nominations([n])
+    [decided] = batch(gone, other, preempting=Preempting(later))
+    assert isinstance(decided, Place) and decided.decision.node == "n1"
+    [held] = batch(gone, other, preempting=Preempting(NOW + timedelta(seconds=1)))
+    assert not isinstance(held, Place)
+
+
+def test_an_admitted_preemptor_s_nomination_holds_nothing():
+    n = sample()
+    landed = vm_set("vm-9", "n1", 4, ns="p", value=1000)
+    snap = count_world([node("n1", 4)], landed)
+    assert nomination_holds([n], NOW, snap.devices_in) == ()
+    assert nomination_holds([n], NOW, count_world([node("n1", 4)]).devices_in) == (n.hold(),)
+
+
+# --- device mode ----------------------------------------------------------------------------
+
+
+def full_dra_world(*extra):
+    """n1 (8 HGX GPUs, partition groups {0-3}, {4-7}) full: a (0-3, priority 100) and b (4-7,
+    priority 500)."""
+    return dra_world([dra_node("n1")], vm_set("a", "n1", 4, cls=CLASS, indices=(0, 1, 2, 3), value=100),
+                     vm_set("b", "n1", 4, cls=CLASS, indices=(4, 5, 6, 7), value=500), *extra)
+
+
+def test_device_mode_nominates_the_exact_devices_and_holds_them_from_others():
+    devices, req = asking("vm-9", 4, cls=CLASS)
+    snap = full_dra_world(devices)
+    [action] = batch(snap, req)
+    assert isinstance(action, Nominate)
+    n = action.nominated.nomination
+    assert [v.vmi for v in n.victims] == ["a"] and n.node == "n1"
+    assert sorted(d.device for d in n.devices) == [f"gpu-vfio-{i}" for i in range(4)]
+    # victims gone: another set of 4 (any priority) is refused; the preemptor takes exactly those
+    other_devices, other = asking("vm-x", 4, ns="q", cls=CLASS, value=5000)
+    other_devices = [replace(d, status=replace(d.status, bind_request=replace(d.status.bind_request, id="rq")))
+                     for d in other_devices]
+    other = replace(other, id="rq")
+    gone = without(snap, n).with_devices(other_devices).with_nominations([n])
+    soon = Preempting(NOW + timedelta(seconds=5))
+    [decided] = batch(gone, other, preempting=soon)
+    assert not isinstance(decided, Place)
+    [placed] = batch(gone, req, preempting=soon)
+    assert isinstance(placed, Place) and placed.decision.node == "n1"
+    assert sorted(r.device for _, r in placed.decision.placements[0].devices) == sorted(d.device for d in n.devices)
+    # expired: the other set takes them
+    [taken] = batch(gone, other, preempting=Preempting(NOW + timedelta(minutes=5)))
+    assert isinstance(taken, Place) and taken.decision.node == "n1"
+
+
+def test_nominate_directly_needs_a_refusal_for_room():
+    devices, req = asking("vm-9", 1)
+    snap = count_world([node("n1", 4)], devices)
+    from model.decide import decide
+    assert nominate(snap, req, decide(snap, req), PRE) is None
+
+
+def test_nomination_of_caps_retry_after_by_the_ttl():
+    devices, req = asking("vm-9", 4)
+    plan = plan_preemption(full_count_world(devices), req, NOW)
+    short = NominationSettings(ttl=timedelta(seconds=10), retry_after=30)
+    n = nomination_of(plan, NOW, short)
+    assert n.retry_after == 10 and n.expires == NOW + timedelta(seconds=10)
+
+
+# --- the leader's sweep ---------------------------------------------------------------------
+
+
+def test_sweep_stops_only_running_victims_of_live_nominations_and_drops_the_done():
+    from model.nomination import sweep
+    live = sample()
+    old = replace(sample(), vmi="vm-old", expires=NOW - timedelta(seconds=1))
+    vmis = {("t", "a"): ("uid-a", "adm-a"), ("t", "b"): ("uid-b", "adm-b")}
+    plan = sweep([old, live], NOW, lambda ns, n: vmis.get((ns, n)), lambda ns: {})
+    # a is the recorded incarnation (uid and admission); b has no admission recorded: by name
+    assert [(s.victim.vmi, s.uid) for s in plan.stops] == [("a", "uid-a"), ("b", "uid-b")]
+    assert [(d.nomination.vmi, d.why) for d in plan.drops] == [("vm-old", "expired")]
+    assert plan.waiting == ((live, 2),)
+    # a recreated a (another uid) is never stopped; an expired nomination stops nobody
+    vmis[("t", "a")] = ("uid-a2", "adm-a")
+    plan = sweep([live], NOW, lambda ns, n: vmis.get((ns, n)), lambda ns: {})
+    assert [s.victim.vmi for s in plan.stops] == ["b"]
+    assert sweep([live], NOW + timedelta(minutes=5), lambda ns, n: vmis.get((ns, n)), lambda ns: {}).stops == ()
+    # the preemptor admitted on its node: dropped, nobody stopped
+    landed = {d.name: d for d in vm_set("vm-9", "n1", 4, ns="p", value=1000)}
+    plan = sweep([live], NOW, lambda ns, n: vmis.get((ns, n)), lambda ns: landed if ns == "p" else {})
+    assert plan.stops == () and [(d.nomination.vmi, d.why) for d in plan.drops] == [("vm-9", "admitted")]
+
+
+# --- W1: a set that would be nominated goes on to the binder ----------------------------------
+
+
+def test_w1_lets_a_set_refused_for_room_go_on_when_it_would_be_nominated():
+    from model.nominate import w1_nominee
+    from model.priority import Priority
+    from model.reasons import NoFreeUnit, NotEntitled
+    snap = full_count_world()
+    room = NoFreeUnit("h100", H)
+    templates = [(f"vm-9-h100-{i}", "h100") for i in range(4)]
+    high, equal = Priority(1000), Priority(100)
+    assert w1_nominee(snap, "p", "vm-9", room, (), templates, high, NOW) == "n1"
+    from model.reasons import NoRoomForSet
+    assert w1_nominee(snap, "p", "vm-9", NoRoomForSet(), (), templates, high, NOW) == "n1"
+    assert w1_nominee(snap, "p", "vm-9", room, (), templates, equal, NOW) is None  # never equal
+    from model.priority import PreemptionPolicy
+    never = Priority(1000, PreemptionPolicy.NEVER)
+    assert w1_nominee(snap, "p", "vm-9", room, (), templates, never, NOW) is None
+    assert w1_nominee(snap, "p", "vm-9", NotEntitled("p", "h100"), (), templates, high, NOW) is None
+    off = NominationSettings(enabled=False)
+    assert w1_nominee(snap, "p", "vm-9", room, (), templates, high, NOW, off) is None
+    # its live nomination: its node, whatever the plan would say now
+    n = replace(sample(), namespace="p", vmi="vm-9", node="n2")
+    assert w1_nominee(snap.with_nominations([n]), "p", "vm-9", room, (), templates, equal, NOW) == "n2"
