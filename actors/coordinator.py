@@ -405,8 +405,8 @@ class Coordinator(Actor):
         holds = [h for h in flights.holds if not h.empty]
         if again:
             holds += self._plan_fall_backs(again, snap, holds, started, flights, wave, entries, targets)
-        actions, _ = plan_batch(snap, holds, fresh)
-        actions, snap = self._in_line(snap, holds, actions)
+        actions, after = plan_batch(snap, holds, fresh)
+        actions, snap = self._in_line(snap, holds, actions, after)
         for action in actions:
             entry = self._act(action, started, flights, wave)
             if entry is not None:
@@ -436,11 +436,17 @@ class Coordinator(Actor):
 
     # -- the waiting line (docs/contract.md §3c P5) ----------------------------------------------
 
-    def _in_line(self, snap: Snapshot, holds: list[Hold], actions: list[Action]) -> tuple[list[Action], Snapshot]:
+    def _in_line(self, snap: Snapshot, holds: list[Hold], actions: list[Action],
+                 after: Snapshot) -> tuple[list[Action], Snapshot]:
         """The planned batch as the line lets it be (`model.line_plan.gate_batch`, with the
         nodes reserved now): the new line kept, the requests decided against a placement the
-        line held back requeued (`Skip`ped here); returns the actions and the snapshot after
-        the batch's kept holds."""
+        line held back requeued (not answered); returns the actions and the snapshot after
+        the batch's kept holds (`after`, the planner's, when nobody waits and nothing is
+        refused: the batch as planned)."""
+        if not self._line and not any(isinstance(a, Answer) and a.decision.result is Result.REFUSED
+                                      for a in actions):
+            self._reserved = {}
+            return actions, after
         now = self._clock.now()
         work = snap.with_reservations(holds)
         self._reserved = reservation(self._line, work, now, self._cfg.line) if self._line else {}

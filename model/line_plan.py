@@ -6,8 +6,8 @@ typed refusals (`behind_in_line`, `node_reserved`, category unavailable: the web
 
 - `identity_of`, `line_entry`: who a request is in the line, and the entry its refusal makes.
 - `joins_line`: does a planned action refuse its set for room (so that it waits)?
-- `gate`: one action judged against the line (a `Place` keeps its allowed candidates, or
-  becomes a refusal).
+- `gate`: one action judged against the line (a `Place` starts at its first allowed
+  candidate, or becomes a refusal).
 - `gate_batch`: a whole batch, in order: the adjusted actions, the new line, and the
   requests decided against a placement that the line then refused (to decide again).
 - `tidy`: the line without the entries whose clients stopped retrying (`Line.expire` for bare
@@ -18,7 +18,7 @@ Pure: no I/O, no wall clock (`now` is an argument, UTC).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Mapping, Sequence
 
@@ -106,39 +106,38 @@ def gate(line: Line, snapshot: Snapshot, action: Action, *,
          settings: LineSettings = LineSettings()) -> Action:
     """`action` as the line lets it be (P5). Anything but a `Place` is returned as it is
     (recoveries finish whatever the line, B7; a set kept in place takes nothing). A `Place`
-    keeps the candidates `model.line.may_place` allows on `snapshot` (which counts every hold
-    planned before it), in B4 order, its decision's outcome and hold following the new first
-    one; when it has none left it becomes an `Answer` Refused with the verdict of its first
-    candidate (`BehindInLine` or `NodeReserved`). Pure; never raises."""
+    starts at its first candidate `model.line.may_place` allows on `snapshot` (which counts
+    every hold planned before it), in B4 order: the candidates before it are dropped, its
+    decision's outcome and hold follow the new first one, and the candidates after it are
+    kept unjudged (only the first is reserved; a fallback to a later one is judged then, by
+    `gate` again). When none is allowed it becomes an `Answer` Refused with the verdict of
+    its first candidate (`BehindInLine` or `NodeReserved`). Pure; never raises."""
     if not isinstance(action, Place) or (not line and not reservations):
         return action
     req, decision = action.request, action.decision
-    allowed: list[Placement] = []
     first_verdict = None
-    for p in decision.placements:
+    for i, p in enumerate(decision.placements):
         verdict = may_place(line, snapshot, req, p, priority=req.priority, reservations=reservations,
                             settings=settings)
         if isinstance(verdict, Allowed):
-            allowed.append(p)
-        elif first_verdict is None:
+            if i == 0:
+                return action
+            rest = decision.placements[i:]
+            new = Decision(decision.request_id, Result.SUCCEEDED, p.node, rest, decision.rule,
+                           placed(req, p))
+            return Place(req, new, placement_hold(req, p, snapshot))
+        if first_verdict is None:
             first_verdict = verdict
-    if first_verdict is None:
-        return action
-    if not allowed:
-        return Answer(req, _refusal(snapshot, req, first_verdict))
-    head = allowed[0]
-    if head is decision.placements[0]:
-        return Place(req, replace(decision, placements=tuple(allowed)), action.hold)
-    new = Decision(decision.request_id, Result.SUCCEEDED, head.node, tuple(allowed), decision.rule,
-                   placed(req, head))
-    return Place(req, new, placement_hold(req, head, snapshot))
+    assert first_verdict is not None  # a Place has at least one candidate
+    return Answer(req, _refusal(snapshot, req, first_verdict))
 
 
 def gate_batch(line: Line, snapshot: Snapshot, holds: Sequence[Hold], actions: Sequence[Action],
                now: datetime, *, reservations: Mapping[Identity, str] | None = None,
                settings: LineSettings = LineSettings()) -> Gated:
     """The batch `actions` (from `model.plan.plan_batch` on `snapshot` with `holds`) as the line
-    lets it be, in order: each `Place` judged by `gate` on `snapshot` with `holds` and the holds
+    lets it be, in order (with an empty line and nothing reserved, `actions` as they are):
+    each `Place` judged by `gate` on `snapshot` with `holds` and the holds
     of the placements and recoveries kept before it (not of those the line held back); each
     refusal for room (`joins_line`, the line's own refusals included) enters the line or keeps
     its place (`Line.refused` at `now`). A refusal for room planned after the first placement

@@ -75,7 +75,7 @@ def test_P5_backfill_on_room_the_set_ahead_cannot_use_now():
     assert g.actions == tuple(actions) and g.line == line
 
 
-def test_P5_a_place_keeps_only_the_candidates_the_line_allows():
+def test_P5_a_place_starts_at_the_first_candidate_the_line_allows():
     # n1 (4 free) is where the waiting 4-GPU set fits and nowhere else; n2 has 3 free
     snap = fleet(node("n1", h=4), node("n2", h=3), devices=asking("small", 1))
     line = Line([waiting("big", 4)])
