@@ -66,7 +66,7 @@ from model.decide import Decision, Move, Placement, Request, Rule, describe_plac
 from model.defrag import DEFRAG_REQUEST_PREFIX, DefragPlan, plan_round
 from model.hold import Hold
 from model.line import Line, LineSettings, reservation
-from model.line_plan import gate, gate_batch, leaves, line_entry, tidy
+from model.line_plan import first_allowed, gate_batch, leaves, line_entry, tidy
 from model.plan import (Action, Answer, Finish, Place, Recover, Requeue, Skip, placement_hold,
                         plan_batch, plan_one, recorded_node, recovery)
 from model.reasons import Code, NodeRefusal, Placed, RequestRef
@@ -524,9 +524,10 @@ class Coordinator(Actor):
             else:
                 it = Placing(key, action.request, action.decision, chain.started,
                              refusals=chain.refusals)
-                target = next((p for p in _allowed(self._line, work.snapshot, action, self._reserved,
-                                                   self._cfg.line)
-                               if (p.moves or p.devices) and p.node not in chain.refused), None)
+                target = first_allowed(self._line, work.snapshot, action.request,
+                                       [p for p in action.decision.placements
+                                        if (p.moves or p.devices) and p.node not in chain.refused],
+                                       reservations=self._reserved, settings=self._cfg.line)
                 if target is None:  # every candidate refused: a round is over
                     del self._chains[key]
                     self._placed(it, work.snapshot, wave)
@@ -695,14 +696,6 @@ class Coordinator(Actor):
         if ref is not None and rec.hold is not None:
             tell_quietly(ref, Claim(rec.hold, self._owner))
         return Decided(req, Result.SUCCEEDED, node, rec.message, rec.hold)
-
-
-def _allowed(line: Line, snap: Snapshot, action: Place, reserved: Mapping[Any, str],
-             settings: LineSettings) -> tuple[Placement, ...]:
-    """The candidates of `action` the line lets start (P5, `model.line_plan.gate`); none when
-    it holds the set back (the fallback's round then ends as every candidate refused)."""
-    gated = gate(line, snap, action, reservations=reserved, settings=settings)
-    return gated.decision.placements if isinstance(gated, Place) else ()
 
 
 __all__ = [

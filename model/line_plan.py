@@ -7,7 +7,7 @@ typed refusals (`behind_in_line`, `node_reserved`, category unavailable: the web
 - `identity_of`, `line_entry`: who a request is in the line, and the entry its refusal makes.
 - `joins_line`: does a planned action refuse its set for room (so that it waits)?
 - `gate`: one action judged against the line (a `Place` starts at its first allowed
-  candidate, or becomes a refusal).
+  candidate, or becomes a refusal); `first_allowed`: the first of some candidates it allows.
 - `gate_batch`: a whole batch, in order: the adjusted actions, the new line, and the
   requests decided against a placement that the line then refused (to decide again).
 - `tidy`: the line without the entries whose clients stopped retrying (`Line.expire` for bare
@@ -132,6 +132,19 @@ def gate(line: Line, snapshot: Snapshot, action: Action, *,
     return Answer(req, _refusal(snapshot, req, first_verdict))
 
 
+def first_allowed(line: Line, snapshot: Snapshot, request: Request, placements: Sequence[Placement], *,
+                  reservations: Mapping[Identity, str] | None = None,
+                  settings: LineSettings = LineSettings()) -> Placement | None:
+    """The first of `placements` (in their order) that `model.line.may_place` allows for
+    `request` on `snapshot`; None when the line holds the set back on each. Pure."""
+    for p in placements:
+        if (not line and not reservations) or isinstance(
+                may_place(line, snapshot, request, p, priority=request.priority, reservations=reservations,
+                          settings=settings), Allowed):
+            return p
+    return None
+
+
 def gate_batch(line: Line, snapshot: Snapshot, holds: Sequence[Hold], actions: Sequence[Action],
                now: datetime, *, reservations: Mapping[Identity, str] | None = None,
                settings: LineSettings = LineSettings()) -> Gated:
@@ -182,5 +195,5 @@ def leaves(line: Line, snapshot: Snapshot, request: Request) -> tuple[Line, Entr
     return (line, None) if e is None else (line.started(ident), e)
 
 
-__all__ = ["Gated", "LINE_CODES", "VM_TTL", "gate", "gate_batch", "identity_of", "joins_line", "leaves", "line_entry",
-           "tidy"]
+__all__ = ["Gated", "LINE_CODES", "VM_TTL", "first_allowed", "gate", "gate_batch", "identity_of", "joins_line",
+           "leaves", "line_entry", "tidy"]

@@ -66,7 +66,8 @@ def new_set(s: MemoryStore, vmi: str, n: int) -> list[str]:
     return names
 
 
-async def ask(s: MemoryStore, binder, vmi: str, names: list[str], priority: Priority) -> tuple[Result, Code | None]:
+async def ask(s: MemoryStore, binder, vmi: str, names: list[str],
+              priority: Priority) -> tuple[Result, Code | None]:
     """`vmi` asks for `names` (a create, or its retry: a new request id) and gets its answer."""
     rid = s.request("t", vmi, names, priority=priority)
     await settle(s, binder)

@@ -42,7 +42,8 @@ def test_P5_no_line_for_an_admitted_set_or_a_refusal_room_would_not_cure():
 
 
 def test_P5_a_line_given_to_explain_shows_the_place_in_it():
-    ahead = entry(Identity("t9", "big"), Shape((), (("h100", 2),)), Priority(1000, class_name="on-demand"), NOW)
+    ahead = entry(Identity("t9", "big"), Shape((), (("h100", 2),)), Priority(1000, class_name="on-demand"),
+                  NOW)
     me = entry(Identity(NS, "vm-2"), Shape((), (("h100", 2),)), Priority(), NOW + timedelta(seconds=5))
     e = explain(_full(), NS, "vm-2", VMIAsk((), (("h100", 2),)), live_vmis=set(), now=NOW,
                 grace=timedelta(minutes=2), line=Line([ahead, me]))

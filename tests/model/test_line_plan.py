@@ -11,7 +11,8 @@ from datetime import datetime, timedelta, timezone
 
 from model.decide import Request, decide
 from model.line import DEFAULT_RESERVE_AFTER, DEFAULT_TTL, Identity, Line, Shape, entry, reservation
-from model.line_plan import LINE_CODES, VM_TTL, gate, gate_batch, identity_of, joins_line, leaves, line_entry, tidy
+from model.line_plan import (LINE_CODES, VM_TTL, first_allowed, gate, gate_batch, identity_of, joins_line,
+                             leaves, line_entry, tidy)
 from model.plan import Answer, Place, plan_batch
 from model.priority import Priority
 from model.reasons import Code
@@ -31,8 +32,8 @@ def asking(vmi: str, n: int, *, ns: str = "t", priority: Priority = SPOT, rid: s
     names = tuple(f"{vmi}-h100-{i}" for i in range(n))
     br = BindRequest(rid, vmi, names, T0, priority=priority)
     att = Attachment(vmi, T0, rid, owner=owner)
-    return [GPUDevice(ns, name, "h100", template_for=vmi, status=DeviceStatus(attached_to=att, bind_request=br))
-            for name in names]
+    return [GPUDevice(ns, name, "h100", template_for=vmi,
+                      status=DeviceStatus(attached_to=att, bind_request=br)) for name in names]
 
 
 def fleet(*nodes, devices=()) -> Snapshot:
@@ -163,3 +164,14 @@ def test_P5_policy_refusals_do_not_wait():
     snap = fleet(node("n1", h=4), devices=asking("x", 1))
     req_actions, _ = plan_batch(snap, (), [("t", "r-x", tuple(snap.devices.values())[:0])])
     assert not joins_line(req_actions[0])  # a Skip
+
+
+def test_P5_a_fallback_takes_only_a_candidate_the_line_allows():
+    snap = fleet(node("n1", h=4), node("n2", h=3), devices=asking("small", 1))
+    req = Request("r-small", "t", "small", ("small-h100-0",), priority=SPOT)
+    d = decide(snap, req, limit=None)
+    by_node = {p.node: p for p in d.placements}
+    line = Line([waiting("big", 4)])  # fits n1 only
+    assert first_allowed(line, snap, req, [by_node["n1"], by_node["n2"]]) is by_node["n2"]
+    assert first_allowed(line, snap, req, [by_node["n1"]]) is None
+    assert first_allowed(Line(), snap, req, [by_node["n1"]]) is by_node["n1"]
