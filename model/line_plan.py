@@ -150,7 +150,9 @@ def gate_batch(line: Line, snapshot: Snapshot, holds: Sequence[Hold], actions: S
                settings: LineSettings = LineSettings()) -> Gated:
     """The batch `actions` (from `model.plan.plan_batch` on `snapshot` with `holds`) as the line
     lets it be, in order (with an empty line and nothing reserved, `actions` as they are):
-    each `Place` judged by `gate` on `snapshot` with `holds` and the holds
+    each `Place` judged by `gate` (but one whose request holds room in flight, one of `holds`:
+    decided before and let through by the line then, its writes stalled or not yet seen, it
+    keeps its room) on `snapshot` with `holds` and the holds
     of the placements and recoveries kept before it (not of those the line held back); each
     refusal for room (`joins_line`, the line's own refusals included) enters the line or keeps
     its place (`Line.refused` at `now`). A refusal for room planned after the first placement
@@ -158,11 +160,15 @@ def gate_batch(line: Line, snapshot: Snapshot, holds: Sequence[Hold], actions: S
     it was decided). `reservations` are the nodes reserved now (`model.line.reservation`).
     Pure; never raises."""
     work = Reserving(snapshot.with_reservations(h for h in holds if not h.empty))
+    flying = {h.request_id for h in holds}
     out: list[Action] = []
     again: set[RequestKey] = set()
     held_back = False
     for action in actions:
-        gated = gate(line, work.snapshot, action, reservations=reservations, settings=settings)
+        if isinstance(action, Place) and action.request.id in flying:
+            gated: Action = action  # decided before and let through then: it keeps its room
+        else:
+            gated = gate(line, work.snapshot, action, reservations=reservations, settings=settings)
         if isinstance(action, Place) and not isinstance(gated, Place):
             held_back = True
         elif held_back and joins_line(gated):

@@ -175,3 +175,17 @@ def test_P5_a_fallback_takes_only_a_candidate_the_line_allows():
     assert first_allowed(line, snap, req, [by_node["n1"], by_node["n2"]]) is by_node["n2"]
     assert first_allowed(line, snap, req, [by_node["n1"]]) is None
     assert first_allowed(Line(), snap, req, [by_node["n1"]]) is by_node["n1"]
+
+
+def test_P5_a_request_holding_room_in_flight_keeps_it_whoever_entered_the_line_since():
+    """A placement decided (and let through) earlier whose writes stalled is decided again
+    with its own hold in flight: a set refused meanwhile for that very room does not take it."""
+    from model.hold import Hold
+
+    snap = fleet(node("n1", h=1), devices=asking("first", 1))
+    line = Line([waiting("later", 1)])  # refused while "first"'s unit was held
+    actions, _ = plan_batch(snap, [Hold("r-first", "t", "n1", (("nvidia.com/H100", 1),))], batch_of(snap, "first"))
+    assert isinstance(actions[0], Place)
+    held = [Hold("r-first", "t", "n1", (("nvidia.com/H100", 1),))]
+    assert gate_batch(line, snap, held, actions, T0).actions == tuple(actions)
+    assert isinstance(gate_batch(line, snap, (), actions, T0).actions[0], Answer)  # not in flight: behind
