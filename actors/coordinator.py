@@ -65,7 +65,7 @@ from actors.status_pipeline import (
 from model.decide import Decision, Move, Placement, Request, Rule, describe_placement, find_requests
 from model.defrag import DEFRAG_REQUEST_PREFIX, DefragPlan, plan_round
 from model.hold import Hold
-from model.line import Line, LineSettings, reservation
+from model.line import Entry, Identity, Line, LineSettings, reservation
 from model.line_plan import first_allowed, gate_batch, leaves, line_entry, tidy
 from model.plan import (Action, Answer, Finish, Place, Recover, Requeue, Skip, placement_hold,
                         plan_batch, plan_one, recorded_node, recovery)
@@ -163,7 +163,7 @@ class LineState:
     (`model.line.reservation`: identity -> node). Empty on a new leader (docs/contract.md P5)."""
 
     line: Line
-    reservations: Mapping[Any, str]
+    reservations: Mapping[Identity, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +236,7 @@ class Coordinator(Actor):
         self._counts: Counter[str] = Counter()
         self._defrag_due = False  # a round waits for the queue to empty (D2)
         self._line = Line()  # P5: replaced on each change; empty on a new leader
-        self._reserved: Mapping[Any, str] = {}  # P5: the nodes reserved at the last batch
+        self._reserved: Mapping[Identity, str] = {}  # P5: the nodes reserved at the last batch
         self._ref: ActorRef | None = None
         self._tg: Any = None
 
@@ -488,7 +488,7 @@ class Coordinator(Actor):
         except Exception:  # an observer must not break the decision loop
             _log.exception("observer_failed", rule="line")
 
-    def _observe_left(self, left: Any) -> None:
+    def _observe_left(self, left: Entry) -> None:
         observe = getattr(self._observer, "left_line", None)
         if observe is None:
             return
