@@ -2,7 +2,8 @@
 actor system on the in-memory store: a set refused for room waits; a smaller set that would
 take the room a waiting set of higher priority could use now is refused `behind_in_line`;
 the head is admitted once room frees; two sets of equal priority never block each other;
-the line's length and the wait of a set that started reach the observer."""
+the line's length and the wait of a set that started reach the observer; a restarted
+coordinator (a new leader) starts with an empty line."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from model.line import Identity
 from model.priority import Priority
 from model.reasons import Code
 from model.types import Result
-from tests.support.binder import check_invariants, quiet_logging, results_of, running_binder, settle
+from supervisor import COORDINATOR
+from tests.support.binder import check_invariants, kill_child, quiet_logging, results_of, running_binder, settle
+from tests.timing import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -133,4 +136,26 @@ async def test_P5_two_equal_priority_sets_never_block_each_other_in_a_cycle() ->
             s.delete_device(("t", name))
         assert await ask(s, binder, "b", b, SPOT) == (Result.SUCCEEDED, None)
         assert len((await line_of(binder)).line) == 0
+    assert check_invariants(s) == []
+
+
+async def test_P5_a_new_coordinator_starts_with_an_empty_line_rebuilt_by_the_next_refusals() -> None:
+    """docs/contract.md P5 *Wired in*: the line is not in the API; a restarted coordinator (as a
+    new leader) starts empty, and positions follow the next refusals (priority first)."""
+    s = fleet(4, busy=4)
+    async with running_binder(s) as binder:
+        a, b = new_set(s, "a", 4), new_set(s, "b", 4)
+        assert (await ask(s, binder, "a", a, SPOT))[0] is Result.REFUSED
+        assert (await ask(s, binder, "b", b, SPOT))[0] is Result.REFUSED
+        assert [e.identity.vmi for e in (await line_of(binder)).line] == ["a", "b"]
+        old = binder.coordinator.statistics().restarts
+        assert kill_child(binder, COORDINATOR)
+        await eventually(lambda: binder.coordinator.statistics().restarts > old
+                         and binder.coordinator.statistics().running, what="coordinator restarted")
+        await settle(s, binder)
+        assert len((await line_of(binder)).line) == 0
+        # b retries first after the restart: it is now ahead of a
+        assert (await ask(s, binder, "b", b, SPOT))[0] is Result.REFUSED
+        assert (await ask(s, binder, "a", a, SPOT))[0] is Result.REFUSED
+        assert [e.identity.vmi for e in (await line_of(binder)).line] == ["b", "a"]
     assert check_invariants(s) == []
