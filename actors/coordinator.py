@@ -65,6 +65,8 @@ from actors.status_pipeline import (
 from model.decide import Decision, Move, Placement, Request, Rule, describe_placement, find_requests
 from model.defrag import DEFRAG_REQUEST_PREFIX, DefragPlan, plan_round
 from model.hold import Hold
+from model.line import Entry, Identity, Line, LineSettings, reservation
+from model.line_plan import first_allowed, gate_batch, leaves, line_entry, tidy
 from model.nominate import NominationSettings, Preempting
 from model.nomination import nomination_holds
 from model.plan import (Action, Answer, Finish, Nominate, Place, Recover, Requeue, Skip, placement_hold,
@@ -146,9 +148,26 @@ class CoordinatorConfig:
     resync_interval: float = 30.0
     poison_delay: float = 30.0
     batch_size: int = 64
+    line: LineSettings = LineSettings()
+    """P5's waiting line (`model.line.LineSettings`: `line.reserveAfter`, a bare VMI's ttl)."""
+
     defrag_interval: float = 0.0
     defrag_max_moves: int = 4
     preemption: NominationSettings = NominationSettings()
+
+
+@dataclass(frozen=True, slots=True)
+class GetLine:
+    """Reply: `LineState`, the waiting line as the last batch left it (P5)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LineState:
+    """The leader's waiting line (`model.line.Line`) and the nodes reserved at the last batch
+    (`model.line.reservation`: identity -> node). Empty on a new leader (docs/contract.md P5)."""
+
+    line: Line
+    reservations: Mapping[Identity, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +239,8 @@ class Coordinator(Actor):
         self._handled: anyio.Event | None = None  # set once the pump's `_Decide` is handled
         self._counts: Counter[str] = Counter()
         self._defrag_due = False  # a round waits for the queue to empty (D2)
+        self._line = Line()  # P5: replaced on each change; empty on a new leader
+        self._reserved: Mapping[Identity, str] = {}  # P5: the nodes reserved at the last batch
         self._ref: ActorRef | None = None
         self._tg: Any = None
 
@@ -275,6 +296,8 @@ class Coordinator(Actor):
                 self._scan()
             case GetStatus():
                 return await self.status()
+            case GetLine():
+                return LineState(self._line, dict(self._reserved))
             case _:
                 raise TypeError(f"coordinator: unexpected message {message!r}")
         return None
@@ -339,6 +362,7 @@ class Coordinator(Actor):
         complete, _ = find_requests(self._view.devices().values())
         for req in complete:
             self._queue.add((req.namespace, req.id))
+        self._set_line(tidy(self._line, self._clock.now(), self._cfg.line))
 
     async def _tell_pipeline(self, message: Any) -> None:
         """Tell the pipeline, waiting for room at most `ask_timeout` (TimeoutError then
@@ -385,7 +409,8 @@ class Coordinator(Actor):
         holds = [h for h in flights.holds if not h.empty]
         if again:
             holds += self._plan_fall_backs(again, snap, holds, started, flights, wave, entries, targets)
-        actions, snap = plan_batch(snap, holds, fresh, self._preempting())
+        actions, after = plan_batch(snap, holds, fresh, self._preempting())
+        actions, snap = self._in_line(snap, holds, actions, after)
         for action in actions:
             entry = self._act(action, started, flights, wave)
             if entry is not None:
@@ -409,8 +434,73 @@ class Coordinator(Actor):
                 wave.append(d)
             else:
                 self._placed(e, snap, wave)
+        self._line_after(wave, snap)
         if wave:
             await self._tell_pipeline(Fly(self._owner, tuple(wave)))
+
+    # -- the waiting line (docs/contract.md §3c P5) ----------------------------------------------
+
+    def _in_line(self, snap: Snapshot, holds: list[Hold], actions: list[Action],
+                 after: Snapshot) -> tuple[list[Action], Snapshot]:
+        """The planned batch as the line lets it be (`model.line_plan.gate_batch`, with the
+        nodes reserved now): the new line kept, the requests decided against a placement the
+        line held back requeued (not answered); returns the actions and the snapshot after
+        the batch's kept holds (`after`, the planner's, when nobody waits and nothing is
+        refused: the batch as planned)."""
+        if not self._line and not any(isinstance(a, Answer) and a.decision.result is Result.REFUSED
+                                      for a in actions):
+            self._reserved = {}
+            return actions, after
+        now = self._clock.now()
+        work = snap.with_reservations(holds)
+        self._reserved = reservation(self._line, work, now, self._cfg.line) if self._line else {}
+        gated = gate_batch(self._line, snap, holds, actions, now, reservations=self._reserved,
+                           settings=self._cfg.line)
+        self._set_line(gated.line)
+        out: list[Action] = []
+        for a in gated.actions:
+            key = (a.request.namespace, a.request.id) if isinstance(a, Answer) else None
+            if key is not None and key in gated.again:
+                self._queue.add(key)  # decided again in a later batch, not answered
+            else:
+                out.append(a)
+        return out, gated.snapshot
+
+    def _line_after(self, wave: list[Decided], snap: Snapshot) -> None:
+        """The batch's written decisions in the line: a Succeeded set leaves it (its wait
+        observed), a refusal by the node ledgers (room taken meanwhile) enters it."""
+        line = self._line
+        for d in wave:
+            if d.result is Result.SUCCEEDED:
+                line, left = leaves(line, snap, d.request)
+                if left is not None:
+                    self._observe_left(left)
+            elif d.code is Code.LEDGERS_REFUSED:
+                now = self._clock.now()
+                line = line.refused(line_entry(snap, d.request, now), now)
+        self._set_line(line)
+
+    def _set_line(self, line: Line) -> None:
+        if line is self._line:
+            return
+        self._line = line
+        observe = getattr(self._observer, "line_changed", None)
+        if observe is None:
+            return
+        try:
+            observe({c: len(line.of_class(c)) for c in line.classes})
+        except Exception:  # an observer must not break the decision loop
+            _log.exception("observer_failed", rule="line")
+
+    def _observe_left(self, left: Entry) -> None:
+        observe = getattr(self._observer, "left_line", None)
+        if observe is None:
+            return
+        try:
+            observe(left.priority, left.shape.classes,
+                    (self._clock.now() - left.first_refused).total_seconds())
+        except Exception:  # an observer must not break the decision loop
+            _log.exception("observer_failed", rule="line")
 
     def _plan_fall_backs(self, keys: list[RequestKey], snap: Snapshot, holds: list[Hold],
                          started: float, flights: Flights, wave: list[Decided],
@@ -442,8 +532,10 @@ class Coordinator(Actor):
             else:
                 it = Placing(key, action.request, action.decision, chain.started,
                              refusals=chain.refusals)
-                target = next((p for p in action.decision.placements
-                               if (p.moves or p.devices) and p.node not in chain.refused), None)
+                target = first_allowed(self._line, work.snapshot, action.request,
+                                       [p for p in action.decision.placements
+                                        if (p.moves or p.devices) and p.node not in chain.refused],
+                                       reservations=self._reserved, settings=self._cfg.line)
                 if target is None:  # every candidate refused: a round is over
                     del self._chains[key]
                     self._placed(it, work.snapshot, wave)
@@ -638,6 +730,8 @@ __all__ = [
     "CoordinatorConfig",
     "CoordinatorStatus",
     "Examine",
+    "GetLine",
     "GetStatus",
+    "LineState",
     "Resync",
 ]

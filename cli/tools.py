@@ -29,6 +29,7 @@ from model.admission import LauncherDefaults, node_selector_of, unknown_annotati
 from model.types import ADMISSION_ANNOTATION
 from model.defrag import DefragPlan, plan_round
 from model.explain import Explanation, Top, explain, top
+from model.line import waits_for_room
 from model.parse import ParseError, format_time, parse_tolerations, parse_vmi_request
 from model.snapshot import Snapshot
 from model.vm import vmi_of_vm
@@ -297,7 +298,49 @@ def kept_lines(e: Explanation) -> list[str]:
             for k in e.kept]
 
 
-def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
+def set_classes(cluster: Cluster, vmi: dict) -> tuple[str, ...]:
+    """The classes of `vmi`'s set, first asked first: its templates' and its held devices'
+    (as the cluster has them; a held device not found is left out). Empty when the
+    annotations do not parse (explain refuses such a VMI first)."""
+    meta = vmi.get("metadata") or {}
+    try:
+        ask = parse_vmi_request(meta.get("annotations") or {})
+    except ParseError:
+        return ()
+    if ask is None:
+        return ()
+    ns = meta.get("namespace") or ""
+    held = [d.class_name for name in ask.held if (d := cluster.snapshot.device(ns, name)) is not None]
+    return tuple(dict.fromkeys([*held, *(c for c, n in ask.templates if n > 0)]))
+
+
+def waits_in_line(e: Explanation, classes: tuple[str, ...]) -> tuple[str, ...]:
+    """P5: the classes whose line a create of this set would wait in now: `classes` when the
+    admission would refuse it for room only (`model.line.waits_for_room`), else ()."""
+    if e.admitted or e.reason is None or not waits_for_room(e.reason):
+        return ()
+    return classes
+
+
+def line_lines(e: Explanation, classes: tuple[str, ...] = ()) -> list[str]:
+    """explain's P5 line. The waiting line lives in the leader's memory (its coordinator), not
+    in the API, so the CLI, which reads the cluster, cannot say the position: with a line
+    given to `model.explain.explain` (`e.line`) it says the place; else, for a set refused
+    for room only, which lines a create now would wait in, and where the leader says the
+    position (docs/contract.md P5, docs/troubleshooting.md)."""
+    if e.line is not None:
+        return [f"line: {e.line.render()}"]
+    waiting = waits_in_line(e, classes)
+    if not waiting:
+        return []
+    return [f"line: refused for room only: a create now waits in the line of class "
+            f"{', '.join(waiting)} (P5; higher priority first, then first refused first)",
+            "  the line is the leader's, in its memory: its refusals behind_in_line and "
+            "node_reserved (the create's 503 and the VM's FailedCreate Events) name the set "
+            "ahead and its position; gpu_binder_line_length{class} on its /metrics counts each line"]
+
+
+def render_explain(e: Explanation, *, max_nodes: int = 50, classes: tuple[str, ...] = ()) -> str:
     """The text of `gpu-binder explain`: verdict, set-level problems, one line per node
     serving the set's classes or holding a member (at most `max_nodes`, chosen, eligible
     and holding nodes first; the others counted), the smallest changes."""
@@ -311,6 +354,7 @@ def render_explain(e: Explanation, *, max_nodes: int = 50) -> str:
         out.append(f"  whatever the node: {p}")
     for line in kept_lines(e):  # H4
         out.append(line)
+    out += line_lines(e, classes)  # P5
     out.append("nodes:")
     unserving = [v for v in e.nodes if not v.holds
                  and any(r.code is Code.CLASSES_NOT_SERVED for r in v.reasons)]
@@ -565,13 +609,16 @@ async def _run(args) -> int:
         e = explain_vmi(cluster, vmi, grace=args.attachment_grace, now=now,
                         defrag_max_moves=args.defrag_max_moves)
         note = resolved_as(args.vmi, cluster)
+        classes = set_classes(cluster, vmi)
         if args.json:
             out = to_jsonable(e)
             if note:
                 out["resolved"] = note
+            if waits_in_line(e, classes):
+                out["waits_in_line"] = list(waits_in_line(e, classes))  # P5: the leader's line
             print(json.dumps(out, indent=2))
         else:
-            print((note + "\n" if note else "") + render_explain(e))
+            print((note + "\n" if note else "") + render_explain(e, classes=classes))
         return 0 if e.admitted else 1
     if args.command == "what-if":
         try:

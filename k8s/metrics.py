@@ -263,6 +263,18 @@ class Metrics:
             "gpu_binder_largest_placeable_set", "largest set of new devices of the class "
             "placeable on one node, as the last defragmentation round left it (D4)",
             ["class"], registry=self.registry)
+        self.line_length = Gauge(
+            "gpu_binder_line_length", "GPU sets waiting for room in the line of the class (P5: "
+            "refused for room or held back by the line, not started yet), as the leader's "
+            "coordinator last changed it; a set of several classes waits in each",
+            ["class"], registry=self.registry)
+        self.line_wait = Histogram(
+            "gpu_binder_line_wait_seconds", "how long a GPU set waited in the line, from its "
+            "first refusal for room to its placement (P5; observed when it leaves by starting), "
+            "by the priority it recorded (a PriorityClass value) and class",
+            ["priority", "class"], registry=self.registry,
+            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 21600))
+        self._line_classes: set[str] = set()
         self.registry.register(_TreeCollector(observe, admission))
         self.observe = observe
         self.admission = admission
@@ -304,6 +316,22 @@ class Metrics:
         self.defrag_moves.inc(moves)
         for class_name, size in largest.items():
             self.largest_set.labels(class_name).set(size)
+
+    def line_changed(self, lengths) -> None:
+        """The coordinator's line changed (P5): `lengths` the sets waiting per class name; a
+        class whose line emptied is set to 0 (a class name is a bounded label)."""
+        for class_name in self._line_classes - set(lengths):
+            self.line_length.labels(class_name).set(0)
+        for class_name, n in lengths.items():
+            self.line_length.labels(class_name).set(n)
+        self._line_classes |= set(lengths)
+
+    def left_line(self, priority, classes, seconds: float) -> None:
+        """A set left the line by starting after `seconds` (P5): one observation per class it
+        waited in, labelled with its priority value (`model.priority.Priority`: bounded by the
+        PriorityClasses that exist)."""
+        for class_name in classes:
+            self.line_wait.labels(str(priority.value), class_name).observe(max(0.0, seconds))
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -236,3 +236,23 @@ def test_reservations_are_split_by_the_childs_kind_not_its_id():
     assert samples["gpu_binder_reservations_in_flight"] == 5
     assert samples["gpu_binder_requests_in_flight"] == 5
     assert samples["gpu_binder_actors"] == 4
+
+
+def test_P5_the_line_length_per_class_and_the_wait_of_a_set_that_started():
+    """`gpu_binder_line_length{class}` follows the coordinator's line (a class whose line
+    emptied reads 0); `gpu_binder_line_wait_seconds{priority,class}` observes a set leaving
+    the line by starting, once per class it waited in."""
+    from model.priority import Priority
+
+    cache = SimpleNamespace(view=IndexedView(), vmi_keys=set)
+    metrics = Metrics(lambda: Observed(synced=True), _idle_admission(cache))
+    metrics.line_changed({"h100": 2, "l40s": 1})
+    metrics.line_changed({"h100": 1})
+    metrics.left_line(Priority(1000, class_name="on-demand"), ("h100",), 42.0)
+    out = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for fam in text_string_to_metric_families(metrics.render()[0].decode())
+           for s in fam.samples}
+    assert out[("gpu_binder_line_length", (("class", "h100"),))] == 1
+    assert out[("gpu_binder_line_length", (("class", "l40s"),))] == 0
+    assert out[("gpu_binder_line_wait_seconds_count", (("class", "h100"), ("priority", "1000")))] == 1
+    assert out[("gpu_binder_line_wait_seconds_sum", (("class", "h100"), ("priority", "1000")))] == 42.0

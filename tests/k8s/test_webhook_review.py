@@ -235,3 +235,17 @@ def test_W6_decode_never_raises_and_only_a_well_formed_vmi_create_is_a_review(bo
     assert (got.ask is not None) == asks
     if asks:
         assert got.namespace and got.name
+
+
+@pytest.mark.parametrize("code", [reasons.Code.BEHIND_IN_LINE, reasons.Code.NODE_RESERVED])
+def test_P5_a_set_held_back_by_the_waiting_line_is_answered_503_with_retry_after(code) -> None:
+    """P5: the binder's line refusals (`behind_in_line`, `node_reserved`, read back from
+    `bindRequest.code`) are unavailable: 503 ServiceUnavailable carrying
+    `details.retryAfterSeconds` (the API server's Retry-After), as 429s do, so a bare VMI's
+    client retries by itself and keeps its place in the line."""
+    from k8s.webhook.review import reason_denial
+
+    denial = reason_denial(reasons.BinderRefused("t1", "vm", "refused …; wait", code))
+    assert (denial.code, denial.retryable) == (503, True)
+    assert denial.status() == {"code": 503, "reason": "ServiceUnavailable", "message": "refused …; wait",
+                               "details": {"retryAfterSeconds": 1}}
