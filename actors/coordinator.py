@@ -452,6 +452,10 @@ class Coordinator(Actor):
             self._reserved = {}
             return actions, after
         now = self._clock.now()
+        # the live nominations hold their room for their preemptors (P4, P6) here as in the
+        # planner: a set ahead in line cannot use a room nominated for another set
+        holds = [*holds, *(h for h in nomination_holds(snap.nominations, now, snap.devices_in)
+                           if not h.empty)]
         work = snap.with_reservations(holds)
         self._reserved = reservation(self._line, work, now, self._cfg.line) if self._line else {}
         gated = gate_batch(self._line, snap, holds, actions, now, reservations=self._reserved,

@@ -21,6 +21,7 @@ def test_every_manifest_applies_with_server_side_dry_run(control_plane):
     assert kinds == sorted([
         "namespace", "customresourcedefinition.apiextensions.k8s.io",
         "customresourcedefinition.apiextensions.k8s.io",
+        "customresourcedefinition.apiextensions.k8s.io",   # GPUNominations (P4)
         "clusterrole.rbac.authorization.k8s.io", "clusterrole.rbac.authorization.k8s.io",
         "clusterrolebinding.rbac.authorization.k8s.io", "role.rbac.authorization.k8s.io",
         "rolebinding.rbac.authorization.k8s.io", "serviceaccount", "service", "configmap",
