@@ -250,7 +250,7 @@ async def actor_loop(fleet: Fleet, asks: list[Ask], concurrency: int, seed: int,
 
 
 def _get_status() -> Any:
-    from actors.coordinator import GetStatus
+    from actors.coordinator_protocol import GetStatus
 
     return GetStatus()
 

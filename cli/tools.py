@@ -30,7 +30,8 @@ from model.types import ADMISSION_ANNOTATION
 from model.defrag import DefragPlan, plan_round
 from model.explain import Explanation, Top, explain, top
 from model.line import waits_for_room
-from model.parse import ParseError, format_time, parse_tolerations, parse_vmi_request
+from model.parse import ParseError, parse_tolerations, parse_vmi_request
+from model.serialize import format_time
 from model.snapshot import Snapshot
 from model.vm import vmi_of_vm
 from model.what_if import WhatIf, what_if

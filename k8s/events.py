@@ -9,7 +9,7 @@ from typing import Any
 import structlog
 
 from k8s.client import KubeClient
-from model.parse import format_time
+from model.serialize import format_time
 
 log = structlog.get_logger("gpu_binder.events")
 

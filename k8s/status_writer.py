@@ -26,7 +26,7 @@ from k8s import errors as api_errors
 from k8s import events
 from k8s.client import GPU_DEVICES, KubeClient
 from model.device.dra import DeviceRef
-from model.parse import format_time
+from model.serialize import format_time
 from model.types import GROUP, VERSION
 
 log = structlog.get_logger("gpu_binder.status_writer")
@@ -178,7 +178,7 @@ class ApiStatusWriter:
 
 
 def _device_dict(ref: DeviceRef | None) -> dict | None:
-    """`status.device` as the API stores it (`model.parse.device_status_to_dict`)."""
+    """`status.device` as the API stores it (`model.serialize.device_status_to_dict`)."""
     return None if ref is None else {"driver": ref.driver, "pool": ref.pool, "device": ref.device}
 
 

@@ -48,7 +48,7 @@ from k8s.client import VMS, KubeClient
 from k8s.informer import Informer, Key
 from k8s.rounds import RoundLoop
 from model.admission import ANNOTATION_PREFIX
-from model.parse import format_time
+from model.serialize import format_time
 from model.vm import CONDITION, Condition, Waiting, current_condition, plan_waiting
 
 log = structlog.get_logger("gpu_binder.vm_waiting")

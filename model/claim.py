@@ -47,7 +47,7 @@ from model.device.dra import DeviceRef, qualify
 from model.housekeeping import VMIRecord
 from model.housekeeping_reasons import (ClaimOfReleasedKeep, ClaimUnused, HousekeepingReason,
                                         Rule)
-from model.parse import format_time
+from model.serialize import format_time
 from model.reasons import DeviceUnrecorded, Reason
 from model.snapshot import Snapshot
 from model.device.match import MatchAttribute

@@ -11,7 +11,7 @@ VirtualMachine whose set is kept (`KeptCondition`, H4), and of the Events housek
 (`HousekeepingEvent`: `GPUSetKept`, `GPUSetReleased`, `GPUClaimRestored`,
 `PolicyParameterMissing`).
 
-Pure; of the rest of `model` it imports only the time format (`model.parse.format_time`).
+Pure; of the rest of `model` it imports only the time format (`model.serialize.format_time`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import ClassVar
 
-from model.parse import format_time
+from model.serialize import format_time
 
 
 class Rule(StrEnum):

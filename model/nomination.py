@@ -22,7 +22,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from model.device.dra import DeviceRef
 from model.hold import Hold
-from model.parse import ParseError, format_time
+from model.parse import ParseError
+from model.serialize import format_time
 from model.types import GPUDevice, Result
 
 GROUP = "gpu.cozystack.io"

@@ -30,7 +30,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from model.decide import Decision, Placement, Request, complete_request, decide, recovery_devices
+from model.decide import Decision, Placement, Request, decide, recovery_devices
+from model.requests import complete_request
 from model.hold import Hold, Landing, outstanding
 from model.nominate import Nominated, Preempting, nominate, on_nominated_node
 from model.nomination import nomination_holds

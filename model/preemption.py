@@ -215,7 +215,7 @@ def _running(key: SetKey, members: list[GPUDevice]) -> RunningSet | None:
 
 def request_priority(snapshot: Snapshot, request: Request) -> Priority:
     """The priority the webhook recorded for `request` (P1): its members' `bindRequest.priority`
-    (the member of the smallest name, as `model.decide.complete_request` reads a request);
+    (the member of the smallest name, as `model.requests.complete_request` reads a request);
     the default (0) when no member is found."""
     members = [d for n in request.devices if (d := snapshot.device(request.namespace, n)) is not None
                and d.status.bind_request is not None and d.status.bind_request.id == request.id]

@@ -35,14 +35,16 @@ import anyio
 import structlog
 from anyio.abc import TaskStatus
 
-from actors.coordinator import Coordinator, CoordinatorConfig, Examine, Resync
+from actors.coordinator import Coordinator
+
+from actors.coordinator_protocol import CoordinatorConfig, Examine, Resync
 from actors.errors import ActorStopped, MailboxFull
 from actors.node_actor import DevicesChanged, NodeActor, NodeActorConfig, NodeChanged
 from actors.ports import (Change, ChangeFeed, Clock, ClusterView, DecisionObserver, NominationWriter,
                           StatusWriter)
 from actors.runtime import ActorRef
 from actors.status_pipeline import PipelineConfig, StatusPipeline
-from model.decide import find_requests
+from model.requests import find_requests
 from model.types import RequestKey
 from supervisor.tree import ChildSpec, Restart, Supervisor, SupervisorConfig, SupervisorStatistics
 

@@ -23,7 +23,7 @@ from k8s.housekeeping.kept import KeptSets
 from model.housekeeping import (Action, DeleteTemplate, KeepAttachment, LinkAttachment,
                                 confirmed)
 from model.housekeeping_reasons import Rule
-from model.parse import format_time
+from model.serialize import format_time
 from model.types import Attachment
 
 Key = tuple[str, str]

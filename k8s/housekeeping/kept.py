@@ -21,7 +21,7 @@ from k8s.informer import Informer
 from model.housekeeping import KEPT_CONDITION, KEPT_REASON, KeptFor, VMRecord
 from model.housekeeping_reasons import (HousekeepingEvent, HousekeepingReason, Rule, SetKeptEvent,
                                         SetReleasedEvent)
-from model.parse import format_time
+from model.serialize import format_time
 from model.vm import run_strategy
 
 RELEASE_CAUSES = ("vm_deleted", "expired")

@@ -27,7 +27,8 @@ from model.claim import (Claim, ClaimMember, build_claim, claim_vmi_patch, membe
                          parse_claim, same_spec, stamp_ops)
 from model.housekeeping import VMIs
 from model.nomination import DEFAULT_RETRY_AFTER, nomination_name
-from model.parse import ParseError, device_status_to_dict, format_time, parse_gpu_device
+from model.parse import ParseError, parse_gpu_device
+from model.serialize import device_status_to_dict, format_time
 from model.reasons import (ApiForbidden, ApiInvalid, ApiThrottled, ApiUnavailable, AttachmentRefused,
                            BinderRefused, ClaimBeingDeleted, Code, ClaimInUse, ClaimNameTaken,
                            ClaimOverQuota, DeviceAttached, DeviceBeingDeleted, DeviceDeleted,
@@ -302,7 +303,7 @@ def request_body(attempt: Attempt, plan: AdmissionPlan, selector: Labels,
     vmi, devices, requestedAt (now), the VMI's launcher nodeSelector and tolerations,
     which the binder judges nodes against (B3), and the set's priority as resolved at
     admission (P1: priority, preemptionPolicy, priorityClassName; omitted when it is the
-    default, as `model.parse.device_status_to_dict` writes it). Tenants cannot write the
+    default, as `model.serialize.device_status_to_dict` writes it). Tenants cannot write the
     status subresource, so the recorded priority is the binder's from then on."""
     br = BindRequest(attempt.admission, attempt.vmi, tuple(plan.devices), attempt.now(),
                      selector, tolerations=tolerations, priority=plan.priority)

@@ -14,7 +14,9 @@ from dataclasses import replace
 import anyio
 import pytest
 
-from actors.coordinator import GetStatus, Resync, _Defrag
+from actors.coordinator import _Defrag
+
+from actors.coordinator_protocol import GetStatus, Resync
 from fakes.memory_store import MemoryStore
 from model.types import Result
 from tests.support.binder import fast_config, results_of, running_binder, settle

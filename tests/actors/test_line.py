@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.coordinator import GetLine, LineState
+from actors.coordinator_protocol import GetLine, LineState
 from fakes.memory_store import MemoryStore
 from model.decide import Rule
 from model.line import Identity

@@ -26,7 +26,8 @@ from actors.status_pipeline import (
     Stalled,
     StatusPipeline,
 )
-from model.decide import Request, find_requests
+from model.decide import Request
+from model.requests import find_requests
 from model.hold import Hold, hold_for
 from model.types import Result
 from tests.support.binder import quiet_logging

@@ -12,7 +12,7 @@ from datetime import timedelta
 import anyio
 import pytest
 
-from actors.coordinator import CoordinatorConfig
+from actors.coordinator_protocol import CoordinatorConfig
 from actors.errors import TransientWriteError
 from fakes.clock import LoopClock
 from fakes.memory_store import MemoryStore

@@ -10,7 +10,7 @@ import anyio
 import pytest
 import structlog
 
-from actors.coordinator import GetStatus
+from actors.coordinator_protocol import GetStatus
 from actors.errors import RequestWithdrawn, TransientWriteError, WriteConflict
 from fakes.clock import LoopClock
 from fakes.memory_store import Faults, MemoryStore

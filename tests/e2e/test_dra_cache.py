@@ -24,7 +24,7 @@ from localcluster.dra_profiles import (DEVICE_CLASS, DRIVER, HGX_H100_8, L40S_4,
                                        resource_slice)
 from localcluster.paths import MANIFESTS
 from model.device.dra import DeviceRef
-from model.parse import device_status_to_dict
+from model.serialize import device_status_to_dict
 from model.types import DeviceStatus, Phase, dra_resource_name
 from tests.e2e.conftest import unique
 from tests.e2e.helpers import eventually

@@ -33,8 +33,8 @@ from k8s.webhook.review import decode_request
 from k8s.cache import ClusterCache
 from k8s.client import KubeClient
 from k8s.housekeeping import Housekeeper
-from model.decide import find_requests
-from model.parse import format_time
+from model.requests import find_requests
+from model.serialize import format_time
 from model.types import ADMISSION_ANNOTATION, TEMPLATE_FOR_LABEL
 from tests.e2e.helpers import eventually, make_pool
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from k8s.cache import ClusterCache, trim_pod
-from model.parse import device_status_to_dict
+from model.serialize import device_status_to_dict
 from model.types import Attachment, DeviceStatus, Phase
 from tests.support.world import NOW
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from actors.coordinator import GetStatus
+from actors.coordinator_protocol import GetStatus
 from actors.errors import TransientWriteError
 from fakes.memory_store import MemoryStore
 from k8s.config import Config, default, field_help, load

@@ -158,7 +158,7 @@ def test_a_claim_on_a_pool_no_node_publishes_touches_no_node():
 # -- through ClusterCache's informers (events in the order the watches may deliver them) ------
 
 def test_the_cache_fills_node_fields_and_class_problems_from_informer_events():
-    from model.parse import device_status_to_dict
+    from model.serialize import device_status_to_dict
     from tests.k8s.test_cache_foreign import cache, event, stamped
 
     c = cache()

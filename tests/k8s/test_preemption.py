@@ -20,7 +20,7 @@ from k8s.client import VMIS
 from k8s.nominations import GPU_NOMINATIONS, ApiNominations
 from k8s.preemption import Preemption
 from model.nomination import Nomination, Victim, nomination_body
-from model.parse import device_status_to_dict
+from model.serialize import device_status_to_dict
 from model.types import ADMISSION_ANNOTATION, Attachment, BindRequest, DeviceStatus, Phase, Result
 
 pytestmark = pytest.mark.anyio

@@ -8,15 +8,8 @@ from datetime import timedelta
 
 import pytest
 
-from model.decide import (
-    MESSAGE_NODES,
-    Move,
-    Placement,
-    Request,
-    apply_decision,
-    decide,
-    find_requests,
-)
+from model.decide import MESSAGE_NODES, Move, Placement, Request, apply_decision, decide
+from model.requests import find_requests
 from model.hold import Hold
 from model.reasons import (AlreadyPlaced, BudgetExhausted, ClassesNotServed, ClassNotFound, Code,
                            Cordoned, DeviceAt, DeviceNotFound, KeptCordoned, LostCapacity, NodeGone,

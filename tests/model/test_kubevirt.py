@@ -13,7 +13,8 @@ from model.reasons import (ClassNotPermitted, LostCapacity, NodeProblems, NoElig
                            NoRoom, NotKubevirtSchedulable, NotReady, SelectorMismatch, SetRefused,
                            DeviceAt, TaintsNotTolerated)
 from model.decide import Request, decide
-from model.parse import parse_gpu_device, parse_node, parse_tolerations, device_status_to_dict
+from model.parse import parse_gpu_device, parse_node, parse_tolerations
+from model.serialize import device_status_to_dict
 from model.snapshot import Order
 from model.types import BindRequest, DeviceStatus, Phase, Result, Taint, Toleration
 from tests.support.world import H, NS, dev, node, world

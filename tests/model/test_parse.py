@@ -9,18 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.parse import (
-    ParseError,
-    VMIAsk,
-    device_status_to_dict,
-    parse_budgets,
-    parse_gpu_class,
-    parse_gpu_device,
-    parse_namespace,
-    parse_node,
-    parse_quantity_int,
-    parse_vmi_request,
-)
+from model.parse import ParseError, VMIAsk, parse_budgets, parse_gpu_class, parse_gpu_device, parse_namespace, parse_node, parse_quantity_int, parse_vmi_request
+from model.serialize import device_status_to_dict
 from model.priority import ClassPreemption, PreemptionPolicy, Priority
 from model.reasons import Code
 from model.settings import RAW_ALLOWED, RAW_DENIED, format_resource_names, resource_names

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.admission import AdmissionPlan, Refusal, check
-from model.decide import Request, complete_request, decide
+from model.decide import Request, decide
+from model.requests import complete_request
 from model.hold import Hold
 from model.parse import ParseError, VMIAsk, parse_budgets, parse_gpu_device, parse_priority_class
 from model.priority import (DEFAULT_PRIORITY, PreemptionPolicy, Priority, PriorityClassInfo, PriorityScope,
@@ -336,7 +337,7 @@ def test_the_scoped_counts_follow_devices_as_they_change():
 
 
 def test_a_recorded_priority_round_trips_through_the_status():
-    from model.parse import device_status_to_dict
+    from model.serialize import device_status_to_dict
     dev = device("a", bound="n1", priority=OD)
     raw = {"metadata": {"name": "a", "namespace": "t1"}, "spec": {"class": "h100"},
            "status": device_status_to_dict(dev.status)}

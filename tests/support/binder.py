@@ -10,12 +10,12 @@ from typing import AsyncIterator
 
 import anyio
 
-from actors.coordinator import CoordinatorConfig
+from actors.coordinator_protocol import CoordinatorConfig
 from fakes.clock import LoopClock
 from fakes.memory_store import MemoryStore
 from actors.node_actor import NodeActorConfig
 from actors.status_pipeline import PipelineConfig
-from model.decide import find_requests
+from model.requests import find_requests
 from model.types import Result
 from supervisor import Binder, BinderConfig, SupervisorConfig
 from tests.timing import eventually

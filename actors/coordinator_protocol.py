@@ -1,0 +1,100 @@
+"""What the coordinator (actors/coordinator.py, docs/contract.md §6) is told and answers, and
+its settings: `Examine`, `Resync`, `GetStatus` -> `CoordinatorStatus`, `GetLine` ->
+`LineState` (P5), and `CoordinatorConfig`. Values only: the supervisor's router, the
+benchmarks and the tests speak to the coordinator with these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from model.line import Identity, Line, LineSettings
+from model.nominate import NominationSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Examine:
+    """Request `request_id` of `namespace` changed: read it from the view and act if it is
+    complete and lacks a result. Level based: sending it twice is harmless."""
+
+    namespace: str
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resync:
+    """Scan every device for complete requests lacking a result (level-based safety net)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetStatus:
+    """Reply: `CoordinatorStatus` (asks the pipeline for its part)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorStatus:
+    """Counters of this incarnation (coordinator and pipeline). `in_flight` requests hold a
+    reservation (writes running, stalled, or done but not yet seen in the view); `writing`
+    have writes running; `succeeded`/`refused`/`withdrawn`/`gave_up` count ended writes;
+    `defrag_moves` the defragmenting moves handed to the pipeline (D2)."""
+
+    owner: str
+    pending: int
+    deferred: int
+    in_flight: int
+    writing: int
+    decided: int
+    succeeded: int
+    refused: int
+    recovered: int
+    withdrawn: int
+    gave_up: int
+    defrag_moves: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    """Timeouts and bounds of the coordinator (seconds unless named otherwise); its
+    pipeline's are `actors.status_pipeline.PipelineConfig`.
+
+    `ask_timeout` bounds one prepare/commit round and one question to the pipeline;
+    `max_rounds` decide-and-prepare rounds before a request every node actor refused is
+    answered Refused; `requeue_delay` between rounds; `stalled_delay` before a request whose
+    writes gave up is tried again; `resync_interval` between full scans; `poison_delay`
+    before a request on which `model.decide` raised is tried again; `batch_size` requests
+    decided on one snapshot; `defrag_interval` between defragmentation rounds (D1-D5; 0:
+    off, the default: D3 "off unless the operator turns it on"); `defrag_max_moves` the
+    most moves one round makes (D3); `preemption` the settings of nominating (P2's
+    `preemption.minRuntime`, P4's `preemption.nominationTTL`; `model.nominate`)."""
+
+    ask_timeout: float = 5.0
+    max_rounds: int = 3
+    requeue_delay: float = 0.05
+    stalled_delay: float = 1.0
+    resync_interval: float = 30.0
+    poison_delay: float = 30.0
+    batch_size: int = 64
+    line: LineSettings = LineSettings()
+    """P5's waiting line (`model.line.LineSettings`: `line.reserveAfter`, a bare VMI's ttl)."""
+
+    defrag_interval: float = 0.0
+    defrag_max_moves: int = 4
+    preemption: NominationSettings = NominationSettings()
+
+
+@dataclass(frozen=True, slots=True)
+class GetLine:
+    """Reply: `LineState`, the waiting line as the last batch left it (P5)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LineState:
+    """The leader's waiting line (`model.line.Line`) and the nodes reserved at the last batch
+    (`model.line.reservation`: identity -> node). Empty on a new leader (docs/contract.md P5)."""
+
+    line: Line
+    reservations: Mapping[Identity, str]
+
+
+__all__ = ["CoordinatorConfig", "CoordinatorStatus", "Examine", "GetLine", "GetStatus", "LineState", "Resync"]
