@@ -313,17 +313,13 @@ class Snapshot:
                               pending: int, bound_classes: Iterable[str | None] = ()
                               ) -> BudgetExhausted | None:
         """P1: the first budget of `resource` scoped on PriorityClass that a set of
-        `priority_class` (its recorded class, None: none) takes over, as a BudgetExhausted
-        naming the scope; None when every such budget has room (or none applies).
-
-        A scoped budget applies only when its scope matches `priority_class`; it counts the
-        tenant's Bound devices whose recorded class (`bindRequest.priorityClassName`)
-        matches it, plus the budget slots the reservations of such sets hold. What the set
-        adds to it: its `pending` members of `resource`, plus its Bound members whose
-        recorded class does not match yet (`bound_classes`: the recorded class of each
-        Bound member of `resource`; a held device recorded under another class enters the
-        scope when this set records its own). Nothing is checked when the set adds
-        nothing (moves do not change usage)."""
+        `priority_class` (its recorded class; None: none) takes over, as a BudgetExhausted
+        naming the scope; None when each has room or none applies. A scoped budget applies
+        when its scope matches `priority_class` and counts the tenant's Bound devices
+        recorded under a matching class plus such sets' reserved slots. The set adds its
+        `pending` members of `resource` and its Bound members recorded under a class the
+        scope does not match (`bound_classes`, one per Bound member); adding nothing (a
+        move) checks nothing."""
         scoped = self._st.scoped.get((namespace, resource))
         if not scoped:
             return None
