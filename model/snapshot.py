@@ -340,9 +340,8 @@ class Snapshot:
         return None
 
     def scoped_usage(self, namespace: str, resource: str, scope: PriorityScope) -> int:
-        """What counts against a budget of `resource` scoped on `scope` (P1): the tenant's
-        Bound devices whose recorded class matches it, plus the budget slots reservations of
-        such sets hold. 0 when the tenant has no scoped budget of `resource` (not counted)."""
+        """What counts against a budget of `resource` scoped on `scope` (P1), as
+        `scoped_budget_refusal` counts it; 0 when the tenant has no scoped budget of it."""
         if not self._st.scoped.get((namespace, resource)):
             return 0
         counts = self._index().tenant_pc.get((namespace, resource), {})
