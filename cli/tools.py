@@ -89,8 +89,9 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ToolError(f"--kubeconfig {kubeconfig}: not valid YAML: {first}") from None
     if not isinstance(doc, dict):
+        what = {type(None): "an empty file", str: "plain text", list: "a list"}.get(type(doc), "a single value")
         raise ToolError(f"--kubeconfig {kubeconfig}: not a kubeconfig (a mapping with clusters, "
-                        f"users and contexts), but {type(doc).__name__ if doc is not None else 'empty'}")
+                        f"users and contexts) but {what}")
     try:
         api = await new_client_from_config(config_file=kubeconfig)
     except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
@@ -169,7 +170,10 @@ def read_vmi_file(file: str, namespace: str | None) -> dict:
         text = sys.stdin.read() if file == "-" else Path(file).read_text()
         docs = [d for d in yaml.safe_load_all(text) if d]
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ToolError(f"-f {file}: cannot read a YAML/JSON document: {exc}") from None
+        where = getattr(exc, "problem_mark", None)
+        first = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+        raise ToolError(f"-f {file}: cannot read a YAML/JSON document: {first}{at}") from None
     vmi = next((d for d in docs if isinstance(d, dict)
                 and d.get("kind") == "VirtualMachineInstance"), None)
     if vmi is None:

@@ -308,7 +308,8 @@ class Config:
             except ValueError:
                 shown = flag(key) if source == "flags" else (
                     "GPU_BINDER_" + key.upper() if source == "environment" else raw_key)
-                raise ValueError(f"{source}: {shown}: not a {kind.__name__}: {value!r}") from None
+                what = {int: "a whole number", float: "a number"}.get(kind, kind.__name__)
+                raise ValueError(f"{source}: {shown}: not {what}: {value!r}") from None
             setattr(out, key, value)
         return out
 

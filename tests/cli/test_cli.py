@@ -76,7 +76,7 @@ def test_controller_bad_setting_names_the_flag(capsys):
     assert err.startswith("gpu-binder controller: bad configuration: --bind-timeout: "
                           "must be at most 21 s")
     assert main(["webhook", "--lease-duration", "soon"]) == 2
-    assert "flags: --lease-duration: not a float: 'soon'" in capsys.readouterr().err
+    assert "flags: --lease-duration: not a number: 'soon'" in capsys.readouterr().err
 
 
 def test_tools_errors_name_the_flag(capsys, tmp_path):
@@ -133,6 +133,11 @@ def test_explain_a_malformed_or_misplaced_manifest_is_refused_before_the_cluster
     assert main(["explain", "-f", str(bad), "--kubeconfig", none]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"gpu-binder explain: -f {bad}: cannot read a YAML/JSON document: "), err
+    prose = tmp_path / "README.md"   # prose given by mistake: one line, where it fails
+    prose.write_text("# Title\n\nSome words: and more words: here.\n")
+    assert main(["explain", "-f", str(prose), "--kubeconfig", none]) == 2
+    assert capsys.readouterr().err == (f"gpu-binder explain: -f {prose}: cannot read a YAML/JSON document: "
+                                       "mapping values are not allowed here (line 3, column 27)\n")
     assert main(["explain", "-f", str(tmp_path), "--kubeconfig", none]) == 2
     assert capsys.readouterr().err == f"gpu-binder explain: -f {tmp_path}: a directory, not a file\n"
     noname = tmp_path / "noname.yaml"
@@ -145,8 +150,9 @@ def test_explain_a_malformed_or_misplaced_manifest_is_refused_before_the_cluster
 
 @pytest.mark.parametrize("text, says", [
     ("garbage: [\n", "not valid YAML: while parsing a flow node"),
-    ("", "not a kubeconfig (a mapping with clusters, users and contexts), but empty"),
-    ("- a\n- b\n", "not a kubeconfig (a mapping with clusters, users and contexts), but list"),
+    ("", "not a kubeconfig (a mapping with clusters, users and contexts) but an empty file"),
+    ("- a\n- b\n", "not a kubeconfig (a mapping with clusters, users and contexts) but a list"),
+    ("gpu-node-1\n", "not a kubeconfig (a mapping with clusters, users and contexts) but plain text"),
 ])
 def test_a_malformed_kubeconfig_is_one_line_and_exit_2(capsys, tmp_path, text, says):
     kubeconfig = tmp_path / "kubeconfig"

@@ -48,7 +48,7 @@ def test_flags_beat_environment_beat_file(tmp_path):
 
 @pytest.mark.parametrize("flags, message", [
     ({"raw_resource_names": "maybe"}, "--raw-resource-names: must be 'allowed' or 'denied'"),
-    ({"bind_timeout": "soon"}, "flags: --bind-timeout: not a float: 'soon'"),
+    ({"bind_timeout": "soon"}, "flags: --bind-timeout: not a number: 'soon'"),
     ({"bind_timeout": "200"}, "--bind-timeout: must be at most 21 s"),
     ({"bind_timeout": "20", "attachment_grace": "15"},
      "--bind-timeout: must be shorter than --attachment-grace"),
@@ -85,7 +85,7 @@ def test_unknown_setting_in_file_is_named(tmp_path):
 
 
 def test_bad_environment_value_names_the_variable():
-    with pytest.raises(ValueError, match="environment: GPU_BINDER_BIND_TIMEOUT: not a float"):
+    with pytest.raises(ValueError, match="environment: GPU_BINDER_BIND_TIMEOUT: not a number"):
         load(None, env={"GPU_BINDER_BIND_TIMEOUT": "soon", "GPU_BINDER_WEBHOOK_PORT": "0"})
 
 
