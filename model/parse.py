@@ -183,26 +183,43 @@ def _parse_label_selector(value: Any, reader: _Reader, field: str) -> LabelSelec
     operators, `In`/`NotIn` without values or `Exists`/`DoesNotExist` with values."""
     m = reader.obj(value, field)
     match_labels = reader.labels(m.get("matchLabels"), f"{field}.matchLabels")
-    exprs = m.get("matchExpressions") or []
+    reqs = []
+    for f, key, op, values in _match_expressions(reader, m, field, "key"):
+        _check_arity(reader, f, op, values)
+        reqs.append(SelectorRequirement(key, op, values))
+    return LabelSelector(match_labels, tuple(reqs))
+
+
+def _match_expressions(reader: _Reader, container: Mapping[str, Any], field: str,
+                       key_field: str) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """`container.matchExpressions` of a label or scope selector as (field path, the
+    `key_field` of the expression, operator, values); raises ParseError for a list that is
+    not one, a missing key or operator, an unknown operator or values that are not strings
+    (each caller checks the operator's values count: `_check_arity`)."""
+    exprs = container.get("matchExpressions") or []
     if not isinstance(exprs, list):
         raise reader.fail(f"{field}.matchExpressions", "must be a list")
-    reqs = []
+    out = []
     for i, e in enumerate(exprs):
         f = f"{field}.matchExpressions[{i}]"
         e = reader.obj(e, f, required=True)
-        key = reader.text(e.get("key"), f"{f}.key", required=True)
+        key = reader.text(e.get(key_field), f"{f}.{key_field}", required=True)
         op = reader.text(e.get("operator"), f"{f}.operator", required=True)
         if op not in _SELECTOR_OPERATORS:
             raise reader.fail(f"{f}.operator", f"unknown operator {op!r}")
         values = e.get("values") or []
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             raise reader.fail(f"{f}.values", "must be a list of strings")
-        if op in ("In", "NotIn") and not values:
-            raise reader.fail(f"{f}.values", f"required for operator {op}")
-        if op in ("Exists", "DoesNotExist") and values:
-            raise reader.fail(f"{f}.values", f"must be empty for operator {op}")
-        reqs.append(SelectorRequirement(key, op, tuple(values)))
-    return LabelSelector(match_labels, tuple(reqs))
+        out.append((f, key, op, tuple(values)))
+    return out
+
+
+def _check_arity(reader: _Reader, f: str, op: str, values: tuple[str, ...]) -> None:
+    """`In`/`NotIn` need values, `Exists`/`DoesNotExist` take none; raises ParseError."""
+    if op in ("In", "NotIn") and not values:
+        raise reader.fail(f"{f}.values", f"required for operator {op}")
+    if op in ("Exists", "DoesNotExist") and values:
+        raise reader.fail(f"{f}.values", f"must be empty for operator {op}")
 
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|m|s|ms)")
@@ -507,27 +524,12 @@ def _quota_scope(r: _Reader, spec: Mapping[str, Any]) -> tuple[bool, PrioritySco
         else:
             applies = applies and _APPLIES_TO_LAUNCHERS.get(name, True)
     selector = r.obj(spec.get("scopeSelector"), "spec.scopeSelector")
-    exprs = selector.get("matchExpressions") or []
-    if not isinstance(exprs, list):
-        raise r.fail("spec.scopeSelector.matchExpressions", "must be a list")
-    for i, e in enumerate(exprs):
-        f = f"spec.scopeSelector.matchExpressions[{i}]"
-        e = r.obj(e, f, required=True)
-        name = r.text(e.get("scopeName"), f"{f}.scopeName", required=True)
-        op = r.text(e.get("operator"), f"{f}.operator", required=True)
-        if op not in _SELECTOR_OPERATORS:
-            raise r.fail(f"{f}.operator", f"unknown operator {op!r}")
-        values = e.get("values") or []
-        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise r.fail(f"{f}.values", "must be a list of strings")
+    for f, name, op, values in _match_expressions(r, selector, "spec.scopeSelector", "scopeName"):
         if name != "PriorityClass":
             applies = applies and _APPLIES_TO_LAUNCHERS.get(name, True)
             continue
-        if op in ("In", "NotIn") and not values:
-            raise r.fail(f"{f}.values", f"required for operator {op}")
-        if op in ("Exists", "DoesNotExist") and values:
-            raise r.fail(f"{f}.values", f"must be empty for operator {op}")
-        reqs.append(ScopeRequirement(op, tuple(values)))
+        _check_arity(r, f, op, values)
+        reqs.append(ScopeRequirement(op, values))
     return applies, (PriorityScope(tuple(reqs)) if reqs else None)
 
 
