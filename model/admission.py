@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from model.check import check_set, judge_set
 from model.housekeeping import VMIs, judge
@@ -38,6 +38,23 @@ def template_name(vmi: str, class_name: str, index: int) -> str:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:10]
     return f"{name[:MAX_NAME - 11].rstrip('-.')}-{digest}"
+
+
+def with_templates(snapshot: Snapshot, namespace: str, vmi: str, held: Iterable[str],
+                   templates: Iterable[tuple[str, int]]) -> tuple[Snapshot, tuple[str, ...]]:
+    """The snapshot with `vmi`'s template devices (`templates`: (class, count)) added as
+    Pending devices under their W3 names (`template_name`) where they do not exist yet, and
+    the set's device names: `held` first, then the templates'. What `explain` and the
+    waiting line judge a set on before its devices are written."""
+    names = list(held)
+    new: list[GPUDevice] = []
+    for class_name, count in templates:
+        for i in range(count):
+            name = template_name(vmi, class_name, i)
+            names.append(name)
+            if snapshot.device(namespace, name) is None:
+                new.append(GPUDevice(namespace, name, class_name, template_for=vmi))
+    return (snapshot.with_devices(new) if new else snapshot), tuple(names)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any, Mapping, Sequence
 
 from model.admission import (Refusal, already_admitted, check, effective_resources,
-                             same_name_conflict, template_name, unpermitted_gpu_entries)
+                             same_name_conflict, unpermitted_gpu_entries, with_templates)
 from model.decide import Move, Request, Rule, apply_decision, assess, decide
 from model.device.view import (Blocks, NodeDevices, blocks, largest_device_set, recorded_choice,
                                 set_view, takes)
@@ -154,16 +154,8 @@ def set_request(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
     """The snapshot and complete request the binder would judge for this VMI's set (§3):
     held devices by name, template devices under their deterministic names
     (`template_name`, W3 step 1) added as Pending devices when they do not exist yet."""
-    names = list(ask.held)
-    new: list[GPUDevice] = []
-    for class_name, count in ask.templates:
-        for i in range(count):
-            name = template_name(vmi, class_name, i)
-            names.append(name)
-            if snapshot.device(namespace, name) is None:
-                new.append(GPUDevice(namespace, name, class_name, template_for=vmi))
-    snap = snapshot.with_devices(new) if new else snapshot
-    return snap, Request(EXPLAIN_REQUEST_ID, namespace, vmi, tuple(names), node_selector,
+    snap, names = with_templates(snapshot, namespace, vmi, ask.held, ask.templates)
+    return snap, Request(EXPLAIN_REQUEST_ID, namespace, vmi, names, node_selector,
                          None, tolerations)
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Iterable, Iterator, Mapping
 
-from model.admission import template_name
+from model.admission import with_templates
 from model.decide import Decision, Placement, Request, Rule, apply_decision, assess, decide, placed
 from model.parse import VMIAsk
 from model.priority import DEFAULT_PRIORITY, Priority
@@ -362,16 +362,8 @@ def entry_request(snapshot: Snapshot, e: Entry) -> tuple[Snapshot, Request]:
     (`model.admission.template_name`) added as Pending devices when they do not exist; the
     request id is `LINE_REQUEST_PREFIX` + "<namespace>/<vmi>"."""
     ns, vmi = e.identity.key
-    names = [n for n, _ in e.shape.held]
-    new: list[GPUDevice] = []
-    for class_name, count in e.shape.templates:
-        for i in range(count):
-            name = template_name(vmi, class_name, i)
-            names.append(name)
-            if snapshot.device(ns, name) is None:
-                new.append(GPUDevice(ns, name, class_name, template_for=vmi))
-    snap = snapshot.with_devices(new) if new else snapshot
-    return snap, Request(f"{LINE_REQUEST_PREFIX}{ns}/{vmi}", ns, vmi, tuple(names),
+    snap, names = with_templates(snapshot, ns, vmi, [n for n, _ in e.shape.held], e.shape.templates)
+    return snap, Request(f"{LINE_REQUEST_PREFIX}{ns}/{vmi}", ns, vmi, names,
                          e.shape.node_selector, None, e.shape.tolerations)
 
 
