@@ -27,6 +27,7 @@ from model.claim import (Claim, ClaimMember, build_claim, claim_vmi_patch, membe
                          parse_claim, same_spec, stamp_ops)
 from model.housekeeping import VMIs
 from model.nomination import DEFAULT_RETRY_AFTER, nomination_name
+from model.retry_after import preemptor_retry_after
 from model.parse import ParseError, parse_gpu_device
 from model.serialize import device_status_to_dict, format_time
 from model.reasons import (ApiForbidden, ApiInvalid, ApiThrottled, ApiUnavailable, AttachmentRefused,
@@ -405,7 +406,8 @@ async def wait_result(waiter: ResultWaiter, attempt: Attempt, names: tuple[str, 
     request with a result; the node when all Succeeded on one node. Raises Denied:
     `BinderRefused` with the binder's message when it refused, in the category of the code
     written beside it (`bindRequest.code`: `ledgers_refused` is retryable, 503; so is
-    `preemption_nominated` (P4), with its nomination's `retryAfterSeconds` as Retry-After; a
+    `preemption_nominated` (P4), with Retry-After from its victims' grace
+    (`model.retry_after.preemptor_retry_after`; KubeVirt's default 30 s without its nomination); a
     policy refusal 403; no code, from an older replica: 403 as before), `NotBoundInTime` (503) when
     no result came in time (`bind_timeout` is the configured total, named in the message) or
     the request was withdrawn meanwhile."""
@@ -420,9 +422,10 @@ async def wait_result(waiter: ResultWaiter, attempt: Attempt, names: tuple[str, 
                     if d.status.bind_request.result is Result.REFUSED), None)
     code = refused.code if refused else None
     retry_after = None
-    if code is Code.PREEMPTION_NOMINATED:  # P4: 503, Retry-After the nomination's
+    if code is Code.PREEMPTION_NOMINATED:  # P4: 503, Retry-After from the victims' grace
         nomination = waiter.cache.view.nominations().get(nomination_name(ns, vmi))
-        retry_after = nomination.retry_after if nomination is not None else DEFAULT_RETRY_AFTER
+        retry_after = (DEFAULT_RETRY_AFTER if nomination is None else preemptor_retry_after(
+            nomination, attempt.now(), lambda vns, name: waiter.cache.vmis.get((vns, name))))
     raise Denied(BinderRefused(ns, vmi, refused.message if refused else None, code, retry_after))
 
 

@@ -144,3 +144,22 @@ async def test_P4_a_nominated_refusal_is_503_with_the_nominations_retry_after(kn
                                                 Code.PREEMPTION_NOMINATED, retry)
     assert denial.code == 503 and denial.retry_after == retry
     assert denial.status()["details"] == {"retryAfterSeconds": retry}
+
+
+async def test_P4_the_retry_after_comes_from_the_victims_grace() -> None:
+    """With victims named, the Retry-After is the slowest victim's grace still to run
+    (`model.retry_after`), bounded by the nomination's life, whatever `retryAfterSeconds` says."""
+    from model.nomination import Nomination, Victim
+    now = datetime(2026, 1, 2, tzinfo=timezone.utc)
+    victims = (Victim("s", "a", None, "uid-a", 100, now), Victim("s", "b", None, None, 100, now))
+    n = Nomination("t1", "vm", 1000, "n1", (("nvidia.com/H100", 2),), (), victims, now,
+                   now + timedelta(minutes=2), 30)
+    attempt = Attempt("t1", "vm", "r1", now, None, timedelta(seconds=30), lambda: now)
+    waiter = _WithNominations([n], _refused("g1", "refused t1/vm request r1 for now: …",
+                                            Code.PREEMPTION_NOMINATED), _refused("g2", None, None))
+    vmis = {("s", "a"): {"metadata": {"uid": "uid-a"}, "spec": {"terminationGracePeriodSeconds": 75}},
+            ("s", "b"): {"metadata": {"uid": "uid-b"}, "spec": {"terminationGracePeriodSeconds": 10}}}
+    waiter.cache.vmis = type("Informer", (), {"get": lambda self, key: vmis.get(key)})()
+    with pytest.raises(Denied) as raised:
+        await wait_result(waiter, attempt, ("g1", "g2"), 1.0, 30.0)
+    assert raised.value.denial.code == 503 and raised.value.denial.retry_after == 75

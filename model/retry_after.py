@@ -1,0 +1,105 @@
+"""How long the preemptor is told to wait (docs/contract.md §3c P4, "The answer"): the 503's
+`Retry-After` of a `preemption_nominated` refusal, from the victims' termination grace.
+
+A victim stops within its VMI's `spec.terminationGracePeriodSeconds` of its deletion
+(KubeVirt's virt-handler shuts the guest down, then kills it); unset it is KubeVirt's default,
+30 s (`v1.DefaultGracePeriodSeconds`, which virt-api's mutating webhook writes into every VMI).
+So the preemptor waits for the slowest victim still there: a victim not yet being deleted its
+whole grace (the leader deletes it at its next round), one being deleted what is left of its
+grace since `metadata.deletionTimestamp`; a victim gone waits for nothing. At least one
+decision round (`ROUND`: the housekeeping that frees a stopped set's devices, the retry
+reaching the binder), at most `MAX_RETRY_AFTER`, and never past the nomination's remaining
+life (after it the hold is released and the answer changes).
+
+Pure: `now` is an argument; reads only the VMI object given (as the informer caches it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+from model.nomination import Nomination, Victim
+from model.types import ADMISSION_ANNOTATION
+
+KUBEVIRT_DEFAULT_GRACE = 30
+"""Seconds: a VMI's `spec.terminationGracePeriodSeconds` when unset (KubeVirt's
+`v1.DefaultGracePeriodSeconds`; virt-api writes it into every VMI it admits)."""
+
+ROUND = 5
+"""Seconds: the shortest answer while the nomination lives, one round of the leader's
+housekeeping and decision (the stopped set's devices freed, the retried create decided): a
+victim already gone still leaves that round, and a client retries only so many times."""
+
+MAX_RETRY_AFTER = 300
+"""Seconds: the longest Retry-After given, whatever a victim's grace (a client retries a
+bounded number of times; the nomination's life bounds it before that by default)."""
+
+
+@dataclass(frozen=True, slots=True)
+class VictimWait:
+    """A victim's VMI still there: `grace` its `spec.terminationGracePeriodSeconds` (None:
+    unset, KubeVirt's default), `deleting_since` its `metadata.deletionTimestamp` (UTC; None:
+    not being deleted yet)."""
+
+    grace: int | None
+    deleting_since: datetime | None = None
+
+    def left(self, now: datetime) -> float:
+        """Seconds until the VMI is stopped at the latest (≥ 0)."""
+        grace = KUBEVIRT_DEFAULT_GRACE if self.grace is None else max(0, self.grace)
+        if self.deleting_since is None:
+            return float(grace)
+        return max(0.0, (self.deleting_since - now).total_seconds() + grace)
+
+
+def victim_wait(victim: Victim, obj: Mapping[str, Any] | None) -> VictimWait | None:
+    """The wait for `victim` given its VMI as cached (`obj`; None: gone): None when the VMI
+    is gone or is another incarnation (another uid than the recorded one, another
+    `gpu.cozystack.io/admission`); a grace that is not a whole number of seconds ≥ 0, or a
+    deletionTimestamp that does not parse, counts as unset (KubeVirt's default; now)."""
+    if obj is None:
+        return None
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
+    if victim.uid is not None and meta.get("uid") != victim.uid:
+        return None
+    if victim.admission is not None and ann.get(ADMISSION_ANNOTATION) != victim.admission:
+        return None
+    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    grace = spec.get("terminationGracePeriodSeconds")
+    if isinstance(grace, bool) or not isinstance(grace, int) or grace < 0:
+        grace = None
+    return VictimWait(grace, _deleting_since(meta.get("deletionTimestamp")))
+
+
+def _deleting_since(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        return datetime.min.replace(tzinfo=timezone.utc)  # being deleted, since when unknown: no wait
+    return when.astimezone(timezone.utc) if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
+def preemptor_retry_after(nomination: Nomination, now: datetime,
+                          vmi: Callable[[str, str], Mapping[str, Any] | None]) -> int:
+    """Seconds of the Retry-After answering `nomination`'s preemptor at `now` (see the module
+    docstring): the longest `VictimWait.left` of its victims still there (`vmi(namespace,
+    name)` gives a VMI as cached, None when gone), at least `ROUND`, at most `MAX_RETRY_AFTER`,
+    at most the seconds the nomination still lives (rounded up), and at least 1. A
+    nomination naming no victims (never made by a plan) answers its recorded
+    `retryAfterSeconds`, bounded the same way. Never raises."""
+    remaining = max(1, math.ceil((nomination.expires - now).total_seconds()))
+    if not nomination.victims:
+        return max(1, min(nomination.retry_after, MAX_RETRY_AFTER, remaining))
+    waits = [w.left(now) for v in nomination.victims if (w := victim_wait(v, vmi(v.namespace, v.vmi))) is not None]
+    seconds = max(math.ceil(max(waits, default=0.0)), ROUND)
+    return max(1, min(seconds, MAX_RETRY_AFTER, remaining))
+
+
+__all__ = ["KUBEVIRT_DEFAULT_GRACE", "MAX_RETRY_AFTER", "ROUND", "VictimWait", "preemptor_retry_after",
+           "victim_wait"]
