@@ -16,7 +16,8 @@ on the cache, then:
   is admitted on its node.
 
 Idempotent across leader kills: a deleted victim is gone (its second delete is NotFound, no
-second Event), a dropped nomination too; the plan is read from the cache every round. Only a
+second Event), one still terminating (a finalizer, its guest shutting down) is not deleted
+again (no second Event), a dropped nomination is gone too; the plan is read from the cache every round. Only a
 victim of a live nomination is ever deleted (P6): the one use of the controller's `delete`
 right on VMIs (docs/security.md).
 """
@@ -115,6 +116,8 @@ class Preemption:
         uid = meta.get("uid")
         if uid != stop.uid or (v.admission is not None and ann.get(ADMISSION_ANNOTATION) != v.admission):
             return  # another incarnation since the cache saw it: never hit
+        if meta.get("deletionTimestamp"):
+            return  # being deleted already (by us before, or by anyone): stopped once, one Event
         try:
             await self._client.delete(VMIS, v.namespace, v.vmi, uid=uid)
         except (errors.NotFound, errors.Conflict):

@@ -142,3 +142,18 @@ async def test_the_writer_creates_finds_in_place_replaces_an_older_one_and_delet
         await writer.put(n)
     client.script("delete", errors.NotFound("delete", 404, "gone"))
     await writer.delete("p.vm-9")
+
+
+async def test_a_victim_already_terminating_is_not_deleted_again():
+    """A victim whose live read shows a deletionTimestamp (deleted by an earlier leader, held
+    by a finalizer or its guest's shutdown) is stopped once: no second delete, no second Event."""
+    cache, client = world()
+    dying = vmi_obj("spot", "a", "uid-a", "adm-a")
+    dying["metadata"]["deletionTimestamp"] = "2026-12-06T11:59:00Z"
+    client.script("get", dying)
+    worker = Preemption(client, cache, ApiNominations(client, "cozy-system"), now=lambda: NOW)
+    await worker.round()
+    assert client.of("get") == [(VMIS, "spot", "a")]
+    assert not any(d[0] == VMIS for d in client.of("delete"))
+    assert not [b for _, b in client.of("create_event") if b["reason"] == "GPUSetPreempted"]
+    assert worker.stopped == 0
