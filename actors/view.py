@@ -42,6 +42,7 @@ class IndexedView:
         self._pending: dict[DeviceKey, GPUDevice | None] = {}  # device changes not yet in _snap
         self._subscribers: list[WorkQueue[Change]] = []
         self._nominations: dict[str, Nomination] = {}  # by object name (P4)
+        self._stopping: set[tuple[str, str]] = set()   # VMIs being deleted (P2: no victim)
 
     # -- ClusterView -----------------------------------------------------------------
     def node(self, name: str) -> Node | None:
@@ -89,7 +90,7 @@ class IndexedView:
                 devices=self._devices.values(), budgets=self.budgets(),
                 namespaces=self._namespaces.values(),
                 priority_classes=self._priority_classes.values(),
-                nominations=self._nominations.values())
+                nominations=self._nominations.values(), stopping=self._stopping)
         return self._snap
 
     def nominations(self) -> Mapping[str, Nomination]:
@@ -194,6 +195,17 @@ class IndexedView:
         """Forget a nomination (deleted)."""
         if self._nominations.pop(name, None) is not None:
             self._nominations_changed(name)
+
+    def set_stopping(self, namespace: str, vmi: str, stopping: bool) -> None:
+        """Whether VMI `namespace/vmi` is being deleted (`metadata.deletionTimestamp`; False
+        also when it is gone): `Snapshot.stopping` from the next `snapshot()` (P2: such a
+        set is no victim). Nothing is rebuilt; no change is emitted (no decision waits on it)."""
+        key = (namespace, vmi)
+        if (key in self._stopping) == stopping:
+            return
+        (self._stopping.add if stopping else self._stopping.discard)(key)
+        if self._snap is not None:
+            self._snap = self._snap.with_stopping(self._stopping)
 
     def _nominations_changed(self, name: str) -> None:
         if self._snap is not None:

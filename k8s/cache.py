@@ -253,6 +253,8 @@ class ClusterCache:
         # (a DELETED event, or missing from a relist) leaves a tombstone of its admission id
         self._vmi_state = None
         old = self._vmi_records.pop(key, None)
+        self.view.set_stopping(key[0], key[1], obj is not None and bool(
+            (obj.get("metadata") or {}).get("deletionTimestamp")))   # P2: no victim
         if obj is not None:
             meta = obj.get("metadata") or {}
             ann = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}

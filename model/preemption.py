@@ -15,7 +15,9 @@ clock: `now` is an argument; the binder nominates, holds and deletes (P4) elsewh
 - *P2 who may yield* (`may_yield`): a running set of strictly lower priority value than the
   preemptor's, started at least `PreemptionSettings.min_runtime` before `now`, every class of
   it with `spec.preemption: LowerPriority` (a class not found: Never, fail closed); none at
-  all when the preemptor's PriorityClass says `preemptionPolicy: Never`.
+  all when the preemptor's PriorityClass says `preemptionPolicy: Never`; none whose VMI is
+  being deleted already (`Snapshot.stopping`: a victim that did not die within its
+  nomination's life is not named again).
 - *What stopping a set frees* (`release_sets`): its template devices are deleted (their
   units and, in device mode, their recorded devices and their claim's allocation are free);
   its held devices stay Bound to the tenant where they are, idle (attachment cleared), so
@@ -233,9 +235,12 @@ def may_yield(snapshot: Snapshot, victim: RunningSet, preemptor: Priority, now: 
               settings: PreemptionSettings = PreemptionSettings()) -> bool:
     """P2: `victim` may yield to a set of priority `preemptor` at `now`: strictly lower
     priority value, run at least `settings.min_runtime`, every class allowing it (a class
-    not in the snapshot: no), and the preemptor's policy not Never."""
+    not in the snapshot: no), the preemptor's policy not Never, and its VMI not being deleted
+    already (`Snapshot.stopping`: stopping it frees nothing sooner, and naming it again would
+    renew a nomination its stuck VMI let expire)."""
     return (preemptor.may_preempt and victim.priority.value < preemptor.value
-            and now - victim.started >= settings.min_runtime and _classes_allow(snapshot, victim))
+            and now - victim.started >= settings.min_runtime and _classes_allow(snapshot, victim)
+            and (victim.namespace, victim.vmi) not in snapshot.stopping)
 
 
 def _classes_allow(snapshot: Snapshot, victim: RunningSet) -> bool:

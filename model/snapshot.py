@@ -1,8 +1,7 @@
 """The cluster as the binder and the webhook see it: an immutable `Snapshot` of nodes, GPU
 classes, devices, budgets, namespaces and in-flight reservations (`model.hold.Hold`s: what
-decided requests still take), with the capacity, budget
-and entitlement questions every decision asks, and `check_order` (W1 for one device; the
-whole set is `model.check.check_set`).
+decided requests still take), with the capacity, budget and entitlement questions every
+decision asks, and `check_order` (W1 for one device; the whole set is `model.check.check_set`).
 
 A Snapshot is built once (`Snapshot.build`) and never changes; `with_device`,
 `with_reservation` and friends return a new one that shares everything untouched. Counting is
@@ -32,19 +31,8 @@ from model.hold import Hold
 from model.priority import PriorityClassInfo, PriorityScope
 from model.nomination import Nomination
 from model.reasons import BudgetExhausted, ClassNotFound, ClassProblem, DeviceNotFound, NoFreeUnit, NotEntitled, Reason
-from model.types import (
-    Budget,
-    DeviceKey,
-    GPUClass,
-    GPUDevice,
-    Namespace,
-    Node,
-    Taint,
-    Toleration,
-    labels_include,
-    untolerated,
-)
-
+from model.types import (Budget, DeviceKey, GPUClass, GPUDevice, Namespace, Node, Taint, Toleration,
+                         labels_include, untolerated)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,14 +145,14 @@ class Snapshot:
     touched entries). Safe to share between threads and tasks.
     """
 
-    __slots__ = ("_st", "_by_ns", "_reservations", "_idx", "_rec", "_held", "_memo", "_noms")
+    __slots__ = ("_st", "_by_ns", "_reservations", "_idx", "_rec", "_held", "_memo", "_noms", "_stop")
 
     def __init__(self, st: _Static, by_ns: dict[str, dict[str, GPUDevice]],
                  reservations: tuple[Hold, ...], idx: Index | None,
                  rec: Records | None = None, memo: NodeMemo | None = None,
-                 noms: tuple[Nomination, ...] = ()) -> None:
+                 noms: tuple[Nomination, ...] = (), stop: frozenset[VMIKey] = frozenset()) -> None:
         """Private: use `Snapshot.build`."""
-        self._noms = noms
+        self._noms, self._stop = noms, stop
         self._st = st
         self._by_ns = by_ns
         self._reservations = reservations
@@ -179,12 +167,13 @@ class Snapshot:
               namespaces: Iterable[Namespace] = (),
               reservations: Iterable[Hold] = (),
               priority_classes: Iterable[PriorityClassInfo] = (),
-              nominations: Iterable[Nomination] = ()) -> Snapshot:
+              nominations: Iterable[Nomination] = (), stopping: Iterable[VMIKey] = ()) -> Snapshot:
         """A snapshot of these objects. Later duplicates (same name or key) win; several
         budgets of one tenant and resource keep the smallest (those scoped on PriorityClass
         are kept each, P1). O(1) beyond copying the inputs: the index is built on the first
         question. `nominations` (P4) are carried as they are: they hold nothing until a
-        decision counts them (`model.nomination.nomination_holds`, with its `now`)."""
+        decision counts them (`model.nomination.nomination_holds`, with its `now`); `stopping`
+        the VMIs being deleted (P2: no victim)."""
         by_ns: dict[str, dict[str, GPUDevice]] = {}
         for d in devices:
             by_ns.setdefault(d.namespace, {})[d.name] = d
@@ -192,7 +181,8 @@ class Snapshot:
         pcs = {pc.name: pc for pc in priority_classes}
         if pcs:
             st.priority_classes = MappingProxyType(pcs)
-        return cls(st, by_ns, tuple(reservations), None, memo=NodeMemo(), noms=tuple(nominations))
+        return cls(st, by_ns, tuple(reservations), None, memo=NodeMemo(), noms=tuple(nominations),
+                   stop=frozenset(stopping))
 
     # --- read-only views --------------------------------------------------------------
 
@@ -238,7 +228,17 @@ class Snapshot:
     def with_nominations(self, nominations: Iterable[Nomination]) -> Snapshot:
         """A snapshot whose nominations are exactly `nominations`; everything else shared."""
         return Snapshot(self._st, self._by_ns, self._reservations, self._idx, self._rec, self._memo,
-                        tuple(nominations))
+                        tuple(nominations), self._stop)
+
+    @property
+    def stopping(self) -> frozenset[VMIKey]:
+        """(namespace, name) of the VMIs being deleted (their sets hold on; P2: no victim)."""
+        return self._stop
+
+    def with_stopping(self, stopping: Iterable[VMIKey]) -> Snapshot:
+        """A snapshot whose VMIs being deleted are exactly `stopping`; everything else shared."""
+        return Snapshot(self._st, self._by_ns, self._reservations, self._idx, self._rec, self._memo,
+                        self._noms, frozenset(stopping))
 
     @property
     def reservations(self) -> tuple[Hold, ...]:
@@ -590,7 +590,7 @@ class Snapshot:
         st.budgets.update(self._st.budgets)
         st.scoped, st.scoped_ns = self._st.scoped, self._st.scoped_ns
         st.priority_classes = self._st.priority_classes
-        return Snapshot(st, self._by_ns, self._reservations, None, self._rec, NodeMemo(), self._noms)
+        return Snapshot(st, self._by_ns, self._reservations, None, self._rec, NodeMemo(), self._noms, self._stop)
 
     def _derive(self, by_ns, changes, reservations, added=None) -> Snapshot:
         idx = self._idx
@@ -603,7 +603,7 @@ class Snapshot:
             if touched:
                 memo = memo.without(touched)
         return Snapshot(self._st, by_ns, self._reservations if reservations is None else reservations,
-                        idx, rec, memo, self._noms)
+                        idx, rec, memo, self._noms, self._stop)
 
     # --- device mode (DR2): what the seam reads -----------------------------------------
 
@@ -681,7 +681,7 @@ class Reserving:
     @staticmethod
     def _own(snap: Snapshot) -> Snapshot:
         return Snapshot(snap._st, snap._by_ns, snap._reservations, snap._index().owned(), snap._rec,
-                        None if snap._memo is None else snap._memo.copy(), snap._noms)
+                        None if snap._memo is None else snap._memo.copy(), snap._noms, snap._stop)
 
     def add(self, hold: Hold) -> None:
         """`snapshot = snapshot.with_reservation(hold)`, in place when it can be."""

@@ -157,3 +157,22 @@ async def test_a_victim_already_terminating_is_not_deleted_again():
     assert not any(d[0] == VMIS for d in client.of("delete"))
     assert not [b for _, b in client.of("create_event") if b["reason"] == "GPUSetPreempted"]
     assert worker.stopped == 0
+
+
+def test_the_vmis_being_deleted_reach_the_snapshot():
+    """P2: the VMI informer tells the view which VMIs are being deleted (`Snapshot.stopping`:
+    no victim), and forgets them when they go or the deletion is gone."""
+    cache, _ = world()
+    assert cache.view.snapshot().stopping == frozenset()
+    dying = vmi_obj("spot", "a", "uid-a", "adm-a")
+    dying["metadata"].update(deletionTimestamp="2026-12-06T11:59:00Z", resourceVersion="2")
+    event(cache.vmis, dying)
+    assert cache.view.snapshot().stopping == {("spot", "a")}
+    event(cache.vmis, None, ("spot", "a"))
+    assert cache.view.snapshot().stopping == frozenset()
+    event(cache.vmis, dying)
+    assert cache.view.snapshot().stopping == {("spot", "a")}
+    undone = vmi_obj("spot", "a", "uid-a", "adm-a")
+    undone["metadata"]["resourceVersion"] = "3"
+    event(cache.vmis, undone)
+    assert cache.view.snapshot().stopping == frozenset()

@@ -322,3 +322,35 @@ def test_w1_lets_a_set_refused_for_room_go_on_when_it_would_be_nominated():
     # its live nomination: its node, whatever the plan would say now
     n = replace(sample(), namespace="p", vmi="vm-9", node="n2")
     assert w1_nominee(snap.with_nominations([n]), "p", "vm-9", room, (), templates, equal, NOW) == "n2"
+
+
+# --- a victim that will not die within the nomination's life ---------------------------------
+
+
+def test_victims_being_deleted_are_not_named_again_when_their_nomination_expired():
+    """P2/P4 (docs/contract.md §3c, "A victim that will not die"): a VMI being deleted
+    already is no victim. While the nomination lives it is reused as before; once it expired
+    (its victims stuck, a finalizer) the preemptor is not re-nominated on the same victims:
+    refused plainly when nothing else makes room, else planned on other victims only."""
+    from model.decide import decide
+    devices, req = asking("vm-9", 4)
+    snap = full_count_world(devices)
+    made = nomination_of(plan_preemption(snap, req, NOW), NOW, NominationSettings(ttl=timedelta(seconds=60)))
+    assert [v.vmi for v in made.victims] == ["a", "b"]
+    stuck = snap.with_stopping({("t", "a"), ("t", "b")})
+    assert stuck.stopping == {("t", "a"), ("t", "b")} and snap.stopping == frozenset()
+    # alive: reused, whatever its victims do
+    live = stuck.with_nominations([made])
+    got = nominate(live, req, decide(live, req), PRE)
+    assert got is not None and got.nomination == made and not got.fresh
+    # expired (and then dropped): no new nomination on the same victims
+    later = Preempting(NOW + timedelta(seconds=61))
+    for s in (stuck.with_nominations([made]), stuck):
+        assert nominate(s, req, decide(s, req), later) is None
+    assert nominate(snap, req, decide(snap, req), later) is not None  # not stuck: planned again
+    # another node whose lower-priority set alone makes room: planned there, the stuck kept out
+    other = count_world([node("n1", 4), node("n2", 4), node("n3", 4)], vm_set("a", "n1", 2, value=100),
+                        vm_set("b", "n1", 2, value=100), vm_set("c", "n2", 4, value=1000),
+                        vm_set("d", "n3", 4, value=500), devices).with_stopping({("t", "a"), ("t", "b")})
+    again = nominate(other, req, decide(other, req), later)
+    assert again is not None and again.fresh and [v.vmi for v in again.nomination.victims] == ["d"]
