@@ -96,7 +96,8 @@ def preemptor_retry_after(nomination: Nomination, now: datetime,
     remaining = max(1, math.ceil((nomination.expires - now).total_seconds()))
     if not nomination.victims:
         return max(1, min(nomination.retry_after, MAX_RETRY_AFTER, remaining))
-    waits = [w.left(now) for v in nomination.victims if (w := victim_wait(v, vmi(v.namespace, v.vmi))) is not None]
+    found = (victim_wait(v, vmi(v.namespace, v.vmi)) for v in nomination.victims)
+    waits = [w.left(now) for w in found if w is not None]
     seconds = max(math.ceil(max(waits, default=0.0)), ROUND)
     return max(1, min(seconds, MAX_RETRY_AFTER, remaining))
 

@@ -32,7 +32,8 @@ import pytest
 
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas, unique
 from tests.e2e.helpers import eventually, make_pool
-from tests.e2e.test_preemption import SYSTEM_NS, VMI_GROUP, VMI_VERSION, VMIS, create, nominations, priority_class, vmi, vmi_body
+from tests.e2e.test_preemption import (VMI_GROUP, VMI_VERSION, VMIS, create, nominations, priority_class, vmi,
+                                      vmi_body)
 
 pytestmark = pytest.mark.anyio
 TTL = 60
@@ -102,6 +103,11 @@ async def events(fleet, ns: str, reason: str) -> list:
     return got.items
 
 
+async def preempted(fleet, w: World) -> list[str]:
+    """The spot VMIs told they were stopped (Warning Event `GPUSetPreempted`, one per stop), sorted."""
+    return sorted(e.involved_object.name for e in await events(fleet, w.spot_ns, "GPUSetPreempted"))
+
+
 async def preempting_announced(fleet, w: World, times: int) -> bool:
     """The preemptor's VM was told `times` times that it waits for its victims (the Event
     `GPUSetPreempting`: once per nomination and leader, at the leader's first round)."""
@@ -127,6 +133,10 @@ async def new_leader(system, old: str) -> str:
         now = system.leader()
         return now if now not in (None, old) else None
     return await eventually(other, timeout=30, what="a new leader")
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 def logged(system, i: int, event: str) -> bool:
@@ -262,7 +272,7 @@ async def test_a_leader_killed_between_the_nomination_and_the_deletion_loses_not
     after = await vmis_in(fleet, w.spot_ns, w.od_ns)
     assert set(before) - set(after) == {(w.spot_ns, n) for n in w.on_a}
     assert all(after[k]["metadata"]["uid"] == before[k]["metadata"]["uid"] for k in after)
-    assert sorted(e.involved_object.name for e in await events(fleet, w.spot_ns, "GPUSetPreempted")) == w.on_a
+    assert await preempted(fleet, w) == w.on_a
     # the same nomination (one per preemptor), then the retried create lands on its node
     kept = await my_nomination(fleet, w)
     assert kept is None or kept["spec"]["created"] == spec["created"]
@@ -270,10 +280,6 @@ async def test_a_leader_killed_between_the_nomination_and_the_deletion_loses_not
     await nomination_gone(fleet, w)
     for name in w.on_b:
         assert await vmi(fleet, w.spot_ns, name) is not None
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 # -- (b) victims terminating across the kill ----------------------------------------------------
@@ -309,7 +315,7 @@ async def test_b_a_leader_killed_while_the_victims_terminate_gives_their_room_to
         for (ns, name), obj in now.items():
             assert obj["metadata"]["uid"] == before[(ns, name)]["metadata"]["uid"]
             assert (obj["metadata"].get("deletionTimestamp") is not None) == (name in w.on_a), name
-        assert sorted(e.involved_object.name for e in await events(fleet, w.spot_ns, "GPUSetPreempted")) == w.on_a
+        assert await preempted(fleet, w) == w.on_a
     finally:
         for name in w.on_a:
             if await vmi(fleet, w.spot_ns, name) is not None:
@@ -347,7 +353,8 @@ async def test_c_a_victim_that_will_not_die_expires_the_nomination_and_stops_not
             got, _, _ = await create(fleet, w.spot_ns, vmi_body("low", w.cls, 2, w.spot))
             return got == 201
         await eventually(low_admitted, timeout=20, interval=1.0, what="a spot VMI on the released room")
-        assert (await vmi(fleet, w.spot_ns, "low"))["spec"]["nodeSelector"]["kubernetes.io/hostname"] == w.nodes["a"]
+        low = await vmi(fleet, w.spot_ns, "low")
+        assert low["spec"]["nodeSelector"]["kubernetes.io/hostname"] == w.nodes["a"]
         # the preemptor's retry is refused plainly: its victims are being deleted already, no
         # other plan makes room; no new nomination, nothing stopped
         status, message, _ = await create(fleet, w.od_ns, vmi_body("od", w.cls, 6, w.od))
@@ -358,7 +365,7 @@ async def test_c_a_victim_that_will_not_die_expires_the_nomination_and_stops_not
         for key, obj in now.items():
             deleting = obj["metadata"].get("deletionTimestamp") is not None
             assert deleting == (key[1] in w.on_a), key
-        assert sorted(e.involved_object.name for e in await events(fleet, w.spot_ns, "GPUSetPreempted")) == w.on_a
+        assert await preempted(fleet, w) == w.on_a
     finally:
         for name in w.on_a:
             if await vmi(fleet, w.spot_ns, name) is not None:
