@@ -142,3 +142,33 @@ async def test_the_writer_creates_finds_in_place_replaces_an_older_one_and_delet
         await writer.put(n)
     client.script("delete", errors.NotFound("delete", 404, "gone"))
     await writer.delete("p.vm-9")
+
+
+@pytest.mark.parametrize("strategy, after", [
+    ("Always", "its VirtualMachine (runStrategy Always) starts it again, and it waits for room"),
+    ("Manual", "stopped as a user's stop would stop it: its VirtualMachine (runStrategy Manual) "
+               "stays stopped until its owner starts it"),
+    ("RerunOnFailure", "stays stopped until its owner starts it"),
+    (None, "its VirtualMachine's runStrategy could not be read"),
+])
+async def test_a_vms_victim_is_told_on_the_vmi_and_the_vm_what_follows_by_its_run_strategy(strategy, after):
+    cache, client = world()
+    owned = vmi_obj("spot", "a", "uid-a", "adm-a")
+    owned["metadata"]["ownerReferences"] = [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                                             "name": "a", "uid": "vm-uid-a", "controller": True}]
+    client.script("get", owned)
+    if strategy is None:
+        client.script("get", errors.Forbidden("get", 403, "no"))
+    else:
+        client.script("get", {"metadata": {"name": "a", "namespace": "spot", "uid": "vm-uid-a"},
+                              "spec": {"runStrategy": strategy}})
+    worker = Preemption(client, cache, ApiNominations(client, "cozy-system"), now=lambda: NOW)
+    await worker.round()
+    assert (VMIS, "spot", "a", "uid-a", None) in client.of("delete")
+    told = [(b["involvedObject"]["kind"], b["message"]) for _, b in client.of("create_event")
+            if b["reason"] == "GPUSetPreempted"]
+    assert [k for k, _ in told] == ["VirtualMachineInstance", "VirtualMachine"]
+    for _, message in told:
+        assert message.startswith("gpu-binder stopped VMI spot/a: preempts spot/a (priority 100) for "
+                                  "p/vm-9 (priority 1000) on n1; ")
+        assert message.endswith(after), message
