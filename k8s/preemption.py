@@ -121,6 +121,8 @@ class Preemption:
         uid = meta.get("uid")
         if uid != stop.uid or (v.admission is not None and ann.get(ADMISSION_ANNOTATION) != v.admission):
             return  # another incarnation since the cache saw it: never hit
+        if meta.get("deletionTimestamp"):
+            return  # stopping already (its grace period): one delete and one Event per victim
         vm_uid = vm_owner(live)  # a VM's VMI has the VM's name
         owner = (v.vmi, vm_uid) if vm_uid is not None else None
         strategy = await self._run_strategy(v.namespace, owner) if owner is not None else None

@@ -172,3 +172,16 @@ async def test_a_vms_victim_is_told_on_the_vmi_and_the_vm_what_follows_by_its_ru
         assert message.startswith("gpu-binder stopped VMI spot/a: preempts spot/a (priority 100) for "
                                   "p/vm-9 (priority 1000) on n1; ")
         assert message.endswith(after), message
+
+
+async def test_a_victim_already_stopping_is_not_deleted_or_told_again():
+    """A deleted VMI stays (live, with a deletionTimestamp) for its grace period; rounds
+    meanwhile neither delete it again nor repeat its Event."""
+    cache, client = world()
+    stopping = vmi_obj("spot", "a", "uid-a", "adm-a")
+    stopping["metadata"]["deletionTimestamp"] = "2026-12-06T11:59:59Z"
+    client.script("get", stopping)
+    worker = Preemption(client, cache, ApiNominations(client, "cozy-system"), now=lambda: NOW)
+    await worker.round()
+    assert not any(d[0] == VMIS for d in client.of("delete"))
+    assert not any(b["reason"] == "GPUSetPreempted" for _, b in client.of("create_event"))
