@@ -8,7 +8,8 @@ work queue's exponential back-off (5 ms doubling, capped at 1000 s; `Forget` onl
 success). So a VM that has waited long would start up to ~17 minutes after room appears.
 
 `VMWaiting` watches VMs (an informer of its own: only the leader needs it) and, in rounds
-triggered by changes of VMs, VMIs, devices, nodes, quotas, classes and KubeVirt CRs, plans
+triggered by changes of VMs, VMIs, devices, nodes, quotas, classes, KubeVirt CRs, launcher
+Pods and GPUNominations, plans
 with the pure `model.vm.plan_waiting` and writes the VM status condition `GPUSetReady`:
 False with the binder's reason and words while the set cannot be placed, True
 (`RoomAvailable`) once it can. Every write of the VM's status is a VM update event, on which
@@ -146,7 +147,7 @@ class VMWaiting:
         self._preempted: dict[Key, tuple[float, Preempted]] = {}  # victims: (first seen, what)
         self._loop = RoundLoop(self.round, period=period, coalesce=coalesce, sources=(
             self.vms, self.cache.vmis, self.cache.devices, self.cache.nodes, self.cache.quotas,
-            self.cache.classes, self.cache.kubevirts, self.cache.pods))
+            self.cache.classes, self.cache.kubevirts, self.cache.pods, self.cache.nominations))
         self.rounds = self.writes = self.nudges = self.write_errors = 0
 
     async def run(self) -> None:

@@ -150,6 +150,12 @@ def refused_before(vm: Mapping[str, Any]) -> bool:
                for c in status.get("conditions") or [])
 
 
+def _preempting(snapshot: Snapshot, key: tuple[str, str], now: datetime) -> bool:
+    """True when a live nomination names VMI `key` as its preemptor (P4)."""
+    n = snapshot.nomination_for(*key)
+    return n is not None and n.live(now)
+
+
 def judge_vm(snapshot: Snapshot, vm: Mapping[str, Any], *, vmis: VMIs, now: datetime,
              grace: timedelta, launcher: LauncherDefaults = LauncherDefaults(),
              permitted: frozenset[str] | None = None) -> tuple[Explanation | None, Condition]:
@@ -242,6 +248,10 @@ def plan_waiting(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], *, vmis: 
     a preemptor the victims still to stop, a victim known from the nominations or from
     `preempted` (the leader's memory of victims) its preemptor and both priorities).
 
+    A preemptor (its VMI named by a live nomination) counts as refused before: its create
+    was answered 503 with Retry-After, which virt-controller's client waits out inside the
+    call, so the VM shows no `Failure` condition meanwhile.
+
     Returns a `Waiting` per candidate refused before, in that order (`nudge` True for those
     given room). Pure; never raises."""
     snap = snapshot.with_reservations(
@@ -277,6 +287,6 @@ def plan_waiting(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], *, vmis: 
             snap = _placed(snap, vm, e.node)
         elif key in (given or {}):
             snap, held = _placed(snap, vm, (given or {})[key]), True
-        if refused_before(vm):
+        if refused_before(vm) or _preempting(snapshot, key, now):
             out.append(Waiting(key, since, e, cond, nudge, held))
     return out

@@ -66,6 +66,11 @@ def test_the_preemptors_vm_says_how_many_victims_still_run_then_gets_its_held_ro
     assert got.condition.message == (
         "waiting for 2 lower-priority VMs to stop on n1 to make room for this set (priority 1000): "
         "spot/s1, spot/s2; its room is held for it until 2026-12-06T12:02:00Z")
+    # virt-controller's client waits out the 503's Retry-After inside the call: no Failure
+    # condition on the VM meanwhile, yet it is told (its nomination is the refusal)
+    quiet = plan(snap(taken=2, nominations=[n]), [vm("od", "big", 2, conditions=())], live(S1, S2))
+    assert quiet[("od", "big")].condition == got.condition
+    assert plan(snap(taken=2, nominations=[nomination(expires=NOW)]), [vm("od", "big", 2, conditions=())]) == {}
     got = plan(snap(taken=2, nominations=[n]), [big], live(S2))[("od", "big")]
     assert got.condition.message.startswith("waiting for 1 lower-priority VM to stop on n1")
     assert "spot/s2;" in got.condition.message and "s1" not in got.condition.message
