@@ -147,7 +147,9 @@ async def preemption_round_trip(fleet, cls: str, nodes: dict[str, str], spot_ns:
     await shows(fleet, od_ns, "od", "PreemptionNominated",
                        f"waiting for 2 lower-priority VMs to stop on {nodes['b']} to make room for "
                        f"this set (priority 1000): {spot_ns}/s4, {spot_ns}/s5; its room is held for it until")
-    assert await events(fleet, od_ns, "od", "GPUSetPreempting")
+    (told,) = await eventually(lambda: events(fleet, od_ns, "od", "GPUSetPreempting"), timeout=30,
+                               what="the preemptor's GPUSetPreempting Event")
+    assert told["message"].startswith(f"waiting for 2 lower-priority VMs to stop on {nodes['b']}"), told
     for name in VICTIMS:
         await finish_deletion(fleet, spot_ns, name, uids[name])
     for name in SPOTS:
