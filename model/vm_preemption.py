@@ -3,7 +3,9 @@
 
 - A **preemptor** (a VM whose VMI a live nomination names as preemptor) that does not fit
   yet shows False, reason `PreemptionNominated`, saying how many victims still run on the
-  nominated node and until when the room is held (`WaitingForVictims`).
+  nominated node and until when the room is held (`WaitingForVictims`); `model.vm.plan_waiting`
+  shows it though the VM carries no `Failure` condition (virt-controller's client waits out
+  the 503's `Retry-After` inside the create call).
 - A **victim** (a VM whose VMI incarnation a nomination named and which has not run a VMI
   since) that waits for room again shows False, reason `Preempted`, naming the preemptor and
   both priorities (`PreemptedFor`), for as long as it is refused for room only
