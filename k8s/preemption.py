@@ -8,8 +8,12 @@ on the cache, then:
 - for each victim still running: a live read of its VMI confirms the incarnation the
   nomination names (its `gpu.cozystack.io/admission` annotation, its uid when recorded), then
   an exact delete with that uid as precondition, so a VMI recreated under the same name is
-  never hit; a Warning Event `GPUSetPreempted` on the VMI names the preemptor and both
-  priorities (a VM with `runStrategy: Always` recreates its VMI, which then waits);
+  never hit; a Warning Event `GPUSetPreempted` on the VMI, and on its VirtualMachine when a
+  VM owns it, names the preemptor and both priorities and says what follows by the VM's
+  `runStrategy` (read live before the delete; `model.reasons.StoppedAs`): Always (and Once)
+  create the VMI again, which then waits for room; Manual and RerunOnFailure leave the VM
+  stopped until its owner starts it, as `virtctl stop` would (its stop request deletes the
+  VMI the same way); the binder never writes a VM's spec;
 - once per nomination and leader, a Normal Event `GPUSetPreempting` on the preemptor's VM
   (the VMI of a VM has the VM's name): waiting for N victims to stop;
 - deletes the nominations that expired (their hold released) and those whose preemptor's set
@@ -34,11 +38,13 @@ from actors.errors import WriteError
 from actors.ports import NominationWriter
 from k8s import errors, events
 from k8s.cache import ClusterCache
-from k8s.client import VMIS, KubeClient
+from k8s.client import VMIS, VMS, KubeClient
 from k8s.rounds import RoundLoop
 from model.nomination import Nomination, Stop, Sweep, sweep
-from model.reasons import Preempts
+from model.reasons import Preempts, StoppedAs
 from model.types import ADMISSION_ANNOTATION
+from model.admission import vm_owner
+from model.vm import run_strategy
 
 log = structlog.get_logger("gpu_binder.preemption")
 
@@ -118,6 +124,9 @@ class Preemption:
             return  # another incarnation since the cache saw it: never hit
         if meta.get("deletionTimestamp"):
             return  # being deleted already (by us before, or by anyone): stopped once, one Event
+        vm_uid = vm_owner(live)  # a VM's VMI has the VM's name
+        owner = (v.vmi, vm_uid) if vm_uid is not None else None
+        strategy = await self._run_strategy(v.namespace, owner) if owner is not None else None
         try:
             await self._client.delete(VMIS, v.namespace, v.vmi, uid=uid)
         except (errors.NotFound, errors.Conflict):
@@ -129,14 +138,31 @@ class Preemption:
         self.stopped += 1
         why = Preempts(v.name, v.priority, n.preemptor, n.priority, n.node).render()
         log.info("victim_stopped", victim=v.name, uid=uid, nomination=n.name, why=why)
-        body = events.event_body(
-            {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": v.vmi,
-             "namespace": v.namespace, "uid": uid},
-            reason="GPUSetPreempted",
-            message=(f"gpu-binder stopped this VMI: {why} (a VM with runStrategy Always starts "
-                     "it again, and it waits for room)"),
-            warning=True, instance="preemption", when=now)
-        await events.record(self._client, body, victim=v.name)
+        after = StoppedAs(strategy).render() if owner is None or strategy else \
+            "its VirtualMachine's runStrategy could not be read"
+        message = f"gpu-binder stopped VMI {v.name}: {why}; {after}"
+        targets = [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": v.vmi,
+                    "namespace": v.namespace, "uid": uid}]
+        if owner is not None:
+            targets.append({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": owner[0],
+                            "namespace": v.namespace, "uid": owner[1]})
+        for target in targets:
+            body = events.event_body(target, reason="GPUSetPreempted", message=message,
+                                      warning=True, instance="preemption", when=now)
+            await events.record(self._client, body, victim=v.name)
+
+    async def _run_strategy(self, namespace: str, owner: tuple[str, str]) -> str | None:
+        """The run strategy of VM `owner` (name, uid) as read live now (`model.vm.run_strategy`);
+        None when it cannot be read or is another VM of the name (best effort: only the
+        Event's words depend on it)."""
+        try:
+            vm = await self._client.get(VMS, namespace, owner[0])
+        except errors.ApiError as exc:
+            log.info("victim_vm_not_read", vm=f"{namespace}/{owner[0]}", error=str(exc)[:300])
+            return None
+        if (vm.get("metadata") or {}).get("uid") not in (None, owner[1]):
+            return None
+        return run_strategy(vm)
 
     async def _announce(self, n: Nomination, running: int, now: datetime) -> None:
         """The preemptor's VM is told it waits for `running` victims to stop (best effort)."""

@@ -8,7 +8,8 @@ work queue's exponential back-off (5 ms doubling, capped at 1000 s; `Forget` onl
 success). So a VM that has waited long would start up to ~17 minutes after room appears.
 
 `VMWaiting` watches VMs (an informer of its own: only the leader needs it) and, in rounds
-triggered by changes of VMs, VMIs, devices, nodes, quotas, classes and KubeVirt CRs, plans
+triggered by changes of VMs, VMIs, devices, nodes, quotas, classes, KubeVirt CRs, launcher
+Pods and GPUNominations, plans
 with the pure `model.vm.plan_waiting` and writes the VM status condition `GPUSetReady`:
 False with the binder's reason and words while the set cannot be placed, True
 (`RoomAvailable`) once it can. Every write of the VM's status is a VM update event, on which
@@ -18,6 +19,12 @@ two, without a tenant-visible write to the VM's metadata or spec. virt-controlle
 the condition itself once the VMI exists (it keeps only conditions the VMI carries); for a
 VM stopped while waiting this module removes it. Each change of the condition's status or
 reason is also an Event on the VM (`GPUSetWaiting` Warning, `GPUSetRoomAvailable` Normal).
+
+Preemption (P4, `model.vm_preemption`): a preemptor's VM says how many victims still run; a
+victim's VM waiting for room again names its preemptor and both priorities. The victims
+are read from the nominations and remembered here after their nomination is gone (the
+preemptor admitted) until their VM runs another VMI, is gone, or `remember` seconds passed
+(by then its `Preempted` condition is written, and kept while it waits for room).
 
 Each write of ours costs one webhook call (virt-controller re-queues the VM and is refused
 again, unless it was the nudge); Events cost none (virt-controller's VM controller watches
@@ -50,6 +57,7 @@ from k8s.rounds import RoundLoop
 from model.admission import ANNOTATION_PREFIX
 from model.serialize import format_time
 from model.vm import CONDITION, Condition, Waiting, current_condition, plan_waiting
+from model.vm_preemption import Preempted, preempted_victims, restarted
 
 log = structlog.get_logger("gpu_binder.vm_waiting")
 
@@ -122,7 +130,8 @@ class VMWaiting:
     def __init__(self, client: KubeClient, cache: ClusterCache, *, grace: timedelta,
                  period: float = 5.0, coalesce: float = 0.2,
                  min_interval: float = 2.0, refresh_interval: float = 60.0,
-                 max_writes: int = 4, window: float = 60.0, hold: float = 10.0) -> None:
+                 max_writes: int = 4, window: float = 60.0, hold: float = 10.0,
+                 remember: float = 3600.0) -> None:
         self._client = client.using(field_manager=FIELD_MANAGER)
         self.cache = cache
         self.grace = grace
@@ -131,12 +140,14 @@ class VMWaiting:
         self.max_writes = max_writes
         self.window = window
         self.hold = hold
+        self.remember = remember
         self.vms = Informer("virtualmachines", client.lister(VMS), transform=slim_vm)
         self._writes: dict[Key, list[float]] = {}  # monotonic times of the last writes
         self._given: dict[Key, tuple[float, str]] = {}  # nudged: (monotonic time, node)
+        self._preempted: dict[Key, tuple[float, Preempted]] = {}  # victims: (first seen, what)
         self._loop = RoundLoop(self.round, period=period, coalesce=coalesce, sources=(
             self.vms, self.cache.vmis, self.cache.devices, self.cache.nodes, self.cache.quotas,
-            self.cache.classes, self.cache.kubevirts, self.cache.pods))
+            self.cache.classes, self.cache.kubevirts, self.cache.pods, self.cache.nominations))
         self.rounds = self.writes = self.nudges = self.write_errors = 0
 
     async def run(self) -> None:
@@ -152,15 +163,29 @@ class VMWaiting:
     def plan(self, now: datetime) -> list[Waiting]:
         """`model.vm.plan_waiting` over the cached VMs and the cache's snapshot, with the
         sets given to VMs nudged within the last `hold` seconds (their VMI may be cached
-        before their devices are)."""
+        before their devices are) and the victims remembered (`remembered`)."""
         mono = time.monotonic()
         for key in [k for k, (t, _) in self._given.items() if mono - t >= self.hold]:
             del self._given[key]
-        return plan_waiting(self.cache.view.snapshot(), self.vms.items(),
-                            vmis=self.cache.vmi_state(), now=now, grace=self.grace,
+        snap, vmis = self.cache.view.snapshot(), self.cache.vmi_state()
+        return plan_waiting(snap, self.vms.items(),
+                            vmis=vmis, now=now, grace=self.grace,
                             launcher=self.cache.launcher_defaults(),
                             permitted=self.cache.permitted_resources(),
-                            given={k: node for k, (_, node) in self._given.items()})
+                            given={k: node for k, (_, node) in self._given.items()},
+                            preempted=self.remembered(snap.nominations, vmis, mono))
+
+    def remembered(self, nominations, vmis, mono: float) -> dict[Key, Preempted]:
+        """The victims of `nominations` and of those seen before (P4), less those whose VM
+        runs another VMI (`model.vm_preemption.restarted`), is gone, or was first seen
+        `remember` seconds ago or more."""
+        for key, p in preempted_victims(nominations).items():
+            first = self._preempted.get(key)
+            self._preempted[key] = (first[0] if first and first[1].victim == p.victim else mono, p)
+        for key in [k for k, (t, p) in self._preempted.items()
+                    if mono - t >= self.remember or restarted(p, vmis) or self.vms.get(k) is None]:
+            del self._preempted[key]
+        return {k: p for k, (_, p) in self._preempted.items()}
 
     async def round(self, now: datetime | None = None) -> None:
         """One pass: write each waiting VM's condition when it changed (within the rate

@@ -2,7 +2,8 @@
 creates the VMI from the VM's `spec.template`, so our webhook judges a VMI named as the VM,
 and a refusal reaches the user through the VM. This module is the pure part: the VMI a VM
 would start, whether a VM wants a VMI now, and the `GPUSetReady` condition and the order in
-which the binder shows waiting VMs that room has appeared for (`k8s.vm_waiting` writes them).
+which the binder shows waiting VMs that room has appeared for (`k8s.vm_waiting` writes them);
+what preemption tells a preemptor's and a victim's VM is `model.vm_preemption`'s.
 No I/O, no wall clock (time comes in as an argument).
 """
 
@@ -16,9 +17,11 @@ from typing import Any, Iterable, Mapping, Sequence
 from model.admission import ANNOTATION_PREFIX, LauncherDefaults, node_selector_of, unknown_annotations
 from model.explain import Explanation, explain, set_request
 from model.housekeeping import VMIs
+from model.nomination import hold_id, nomination_holds
 from model.parse import ParseError, parse_tolerations, parse_vmi_request
 from model.snapshot import Snapshot
 from model.types import Phase
+from model.vm_preemption import Preempted, preempted_victims, preemption_condition
 
 CONDITION = "GPUSetReady"
 """The VM status condition the binder writes on a VM waiting for its GPU set: `False` with
@@ -147,6 +150,12 @@ def refused_before(vm: Mapping[str, Any]) -> bool:
                for c in status.get("conditions") or [])
 
 
+def _preempting(snapshot: Snapshot, key: tuple[str, str], now: datetime) -> bool:
+    """True when a live nomination names VMI `key` as its preemptor (P4)."""
+    n = snapshot.nomination_for(*key)
+    return n is not None and n.live(now)
+
+
 def judge_vm(snapshot: Snapshot, vm: Mapping[str, Any], *, vmis: VMIs, now: datetime,
              grace: timedelta, launcher: LauncherDefaults = LauncherDefaults(),
              permitted: frozenset[str] | None = None) -> tuple[Explanation | None, Condition]:
@@ -214,7 +223,8 @@ def order(waiting: Iterable[tuple[Mapping[str, Any], datetime | None]]) -> list:
 def plan_waiting(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], *, vmis: VMIs,
                  now: datetime, grace: timedelta, launcher: LauncherDefaults = LauncherDefaults(),
                  permitted: frozenset[str] | None = None,
-                 given: Mapping[tuple[str, str], str] | None = None) -> list[Waiting]:
+                 given: Mapping[tuple[str, str], str] | None = None,
+                 preempted: Mapping[tuple[str, str], Preempted] | None = None) -> list[Waiting]:
     """The waiting VMs and the room given to them, in the documented order.
 
     Candidates: every VM of `vms` that asks for GPUs, wants a VMI (`wants_vmi`) and has none
@@ -232,9 +242,21 @@ def plan_waiting(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], *, vmis: 
     it), and in its turn for one still waiting that does not fit now (its VMI CREATE may be
     in flight: its own devices written, not yet Bound): it comes out `held`.
 
+    P4: the live nominations' holds count (`model.nomination.nomination_holds`: their room
+    is their preemptors'), each VM judged without its own nomination's hold; a VM that does
+    not fit and waits on preemption shows it (`model.vm_preemption.preemption_condition`:
+    a preemptor the victims still to stop, a victim known from the nominations or from
+    `preempted` (the leader's memory of victims) its preemptor and both priorities).
+
+    A preemptor (its VMI named by a live nomination) counts as refused before: its create
+    was answered 503 with Retry-After, which virt-controller's client waits out inside the
+    call, so the VM shows no `Failure` condition meanwhile.
+
     Returns a `Waiting` per candidate refused before, in that order (`nudge` True for those
     given room). Pure; never raises."""
-    snap = snapshot
+    snap = snapshot.with_reservations(
+        h for h in nomination_holds(snapshot.nominations, now, snapshot.devices_in) if not h.empty)
+    known = {**(preempted or {}), **preempted_victims(snapshot.nominations)}
     by_key: dict[tuple[str, str], Mapping[str, Any]] = {}
     candidates = []
     for vm in vms:
@@ -251,15 +273,20 @@ def plan_waiting(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], *, vmis: 
     for vm, since in order(candidates):
         meta = vm.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
-        e, cond = judge_vm(snap, vm, vmis=vmis, now=now, grace=grace, launcher=launcher,
-                           permitted=permitted)
+        e, cond = judge_vm(snap.without_reservation(hold_id(*key)), vm, vmis=vmis, now=now,
+                           grace=grace, launcher=launcher, permitted=permitted)
         nudge = e is not None and e.admitted and e.node is not None
+        if not nudge and cond.status == "False":
+            said = preemption_condition(key, e, current_condition(vm), snapshot.nominations,
+                                        known, vmis, now)
+            if said is not None:
+                cond = Condition("False", *said)
         held = False
         if nudge:
             assert e is not None and e.node is not None
             snap = _placed(snap, vm, e.node)
         elif key in (given or {}):
             snap, held = _placed(snap, vm, (given or {})[key]), True
-        if refused_before(vm):
+        if refused_before(vm) or _preempting(snapshot, key, now):
             out.append(Waiting(key, since, e, cond, nudge, held))
     return out

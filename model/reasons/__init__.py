@@ -27,7 +27,7 @@ One module per section; this package re-exports every public name, so callers im
 - `line`: the waiting line (P5): a set behind another, a reserved node, and `explain`'s
   place in line (`LinePlace`, no code).
 - `preemption`: why a set refused for room gets no preemption plan (P2, P3), and a plan's
-  Event words (`Preempts`);
+  Event and VM condition words (`Preempts`, `StoppedAs`, `PreemptedFor`, `WaitingForVictims`);
 - `nomination`: a set refused while victims are stopped for it (P4, `PreemptionNominated`).
 Every module imports only `codes` (`ledger` also `nodes`). Pure; imports nothing from the
 rest of `model`.
@@ -62,7 +62,8 @@ from model.reasons.steps import (ApiForbidden, ApiInvalid, ApiThrottled, ApiUnav
 from model.reasons.claims import (ClaimBeingDeleted, ClaimInUse, ClaimNameTaken, ClaimOverQuota,
                                   DeviceUnrecorded)
 from model.reasons.preemption import (FitsWithoutPreemption, NoEligibleVictim, NotRefusedForRoom,
-                                      NothingFreesEnough, PreemptorNever, Preempts)
+                                      NothingFreesEnough, PreemptedFor, PreemptorNever, Preempts,
+                                      StoppedAs, WaitingForVictims)
 from model.reasons.nomination import PreemptionNominated
 from model.reasons.transport import (AdmissionCrashed, AdmissionTimedOut, BodyNotJson, BodyTooLarge,
                                      DryRunNotBoolean, InvalidAnnotations, InvalidVmi,

@@ -1,5 +1,6 @@
 """Why a set refused for room gets no preemption plan (docs/contract.md §3c P2, P3), and the
-words of a plan's Events (`Preempts`: no code, not a reason to refuse). Built by
+words of a plan's Events and VM conditions (`Preempts`, `StoppedAs`, `PreemptedFor`,
+`WaitingForVictims`: no code, not reasons to refuse). Built by
 `model.preemption.plan_preemption`; a `NoPlan` carries one of these.
 
 Pure; imports only `model.reasons.codes`.
@@ -107,3 +108,72 @@ class Preempts:
                 f"{self.preemptor} (priority {self.preemptor_priority}) on {self.node}")
 
     __str__ = render
+
+
+def _vms(n: int) -> str:
+    return f"{n} lower-priority {'VM' if n == 1 else 'VMs'}"
+
+
+@dataclass(frozen=True, slots=True)
+class StoppedAs:
+    """What follows a victim's stop, by its VirtualMachine's `run_strategy` as virt-controller
+    treats a deleted VMI (KubeVirt v1.8 `syncRunStrategy`): None when the VMI has no
+    VirtualMachine. Always and Once create the VMI again (it then waits for room, P5);
+    Manual and RerunOnFailure leave the VM stopped, as `virtctl stop` would (its stop request
+    deletes the VMI the same way); Halted stays stopped; any other strategy does what it
+    does with a deleted VMI. The tail of the victim's `GPUSetPreempted` Event."""
+    run_strategy: str | None
+
+    def render(self) -> str:
+        rs = self.run_strategy
+        if rs is None:
+            return "the VMI has no VirtualMachine: nothing creates it again but its owner"
+        vm = f"its VirtualMachine (runStrategy {rs})"
+        if rs == "Always":
+            return f"{vm} starts it again, and it waits for room"
+        if rs == "Once":
+            return (f"{vm} starts it again (virt-controller creates a deleted VMI of a Once VM "
+                    "anew), and it waits for room")
+        if rs in ("Manual", "RerunOnFailure"):
+            return (f"stopped as a user's stop would stop it: {vm} stays stopped until its "
+                    "owner starts it")
+        if rs == "Halted":
+            return f"{vm} stays stopped"
+        return f"{vm} does with it what that strategy does with a deleted VMI"
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptedFor:
+    """A victim VM's `GPUSetReady` words while it waits for room again (P4): its VMI was
+    stopped on `node` to make room for `preemptor` ("<namespace>/<vmi>") of
+    `preemptor_priority`; `priority` is the VM's own."""
+    preemptor: str
+    preemptor_priority: int
+    priority: int
+    node: str
+
+    def render(self) -> str:
+        return (f"stopped by gpu-binder on {self.node} to make room for {self.preemptor} "
+                f"(priority {self.preemptor_priority}), of higher priority than this VM "
+                f"(priority {self.priority}); it starts again when room for its GPU set returns")
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingForVictims:
+    """The preemptor VM's `GPUSetReady` words (P4): `running` victims (`victims`,
+    "<namespace>/<vmi>", those still running, else all of them) still run on `node`, whose
+    room is held for the set (of `priority`) until `until` (RFC 3339 text). With none
+    running, their GPUs are still being released."""
+    running: int
+    victims: tuple[str, ...]
+    priority: int
+    node: str
+    until: str
+
+    def render(self) -> str:
+        if self.running:
+            head = f"waiting for {_vms(self.running)} to stop on {self.node}"
+        else:
+            head = f"the lower-priority VMs on {self.node} stopped; waiting for their GPUs to be released"
+        return (f"{head} to make room for this set (priority {self.priority}): "
+                f"{', '.join(self.victims)}; its room is held for it until {self.until}")

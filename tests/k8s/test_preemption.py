@@ -176,3 +176,44 @@ def test_the_vmis_being_deleted_reach_the_snapshot():
     undone["metadata"]["resourceVersion"] = "3"
     event(cache.vmis, undone)
     assert cache.view.snapshot().stopping == frozenset()
+@pytest.mark.parametrize("strategy, after", [
+    ("Always", "its VirtualMachine (runStrategy Always) starts it again, and it waits for room"),
+    ("Manual", "stopped as a user's stop would stop it: its VirtualMachine (runStrategy Manual) "
+               "stays stopped until its owner starts it"),
+    ("RerunOnFailure", "stays stopped until its owner starts it"),
+    (None, "its VirtualMachine's runStrategy could not be read"),
+])
+async def test_a_vms_victim_is_told_on_the_vmi_and_the_vm_what_follows_by_its_run_strategy(strategy, after):
+    cache, client = world()
+    owned = vmi_obj("spot", "a", "uid-a", "adm-a")
+    owned["metadata"]["ownerReferences"] = [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                                             "name": "a", "uid": "vm-uid-a", "controller": True}]
+    client.script("get", owned)
+    if strategy is None:
+        client.script("get", errors.Forbidden("get", 403, "no"))
+    else:
+        client.script("get", {"metadata": {"name": "a", "namespace": "spot", "uid": "vm-uid-a"},
+                              "spec": {"runStrategy": strategy}})
+    worker = Preemption(client, cache, ApiNominations(client, "cozy-system"), now=lambda: NOW)
+    await worker.round()
+    assert (VMIS, "spot", "a", "uid-a", None) in client.of("delete")
+    told = [(b["involvedObject"]["kind"], b["message"]) for _, b in client.of("create_event")
+            if b["reason"] == "GPUSetPreempted"]
+    assert [k for k, _ in told] == ["VirtualMachineInstance", "VirtualMachine"]
+    for _, message in told:
+        assert message.startswith("gpu-binder stopped VMI spot/a: preempts spot/a (priority 100) for "
+                                  "p/vm-9 (priority 1000) on n1; ")
+        assert message.endswith(after), message
+
+
+async def test_a_victim_already_stopping_is_not_deleted_or_told_again():
+    """A deleted VMI stays (live, with a deletionTimestamp) for its grace period; rounds
+    meanwhile neither delete it again nor repeat its Event."""
+    cache, client = world()
+    stopping = vmi_obj("spot", "a", "uid-a", "adm-a")
+    stopping["metadata"]["deletionTimestamp"] = "2026-12-06T11:59:59Z"
+    client.script("get", stopping)
+    worker = Preemption(client, cache, ApiNominations(client, "cozy-system"), now=lambda: NOW)
+    await worker.round()
+    assert not any(d[0] == VMIS for d in client.of("delete"))
+    assert not any(b["reason"] == "GPUSetPreempted" for _, b in client.of("create_event"))

@@ -74,3 +74,41 @@ def test_write_due_simulated_flicker_stays_within_the_budget():
     for t in writes:
         assert len([u for u in writes if t <= u < t + 60]) <= 4
     assert len(writes) >= 4 * 15 - 1  # and the budget is used, not starved
+
+
+def test_victims_are_remembered_after_their_nomination_until_their_vm_runs_again_or_goes():
+    """P4: the leader remembers a nomination's victims once the nomination is gone (the
+    preemptor admitted), so their VMs still say who they yielded to while they wait."""
+    from datetime import datetime, timedelta, timezone
+
+    from k8s.cache import ClusterCache
+    from k8s.vm_waiting import VMWaiting
+    from model.housekeeping import VMIRecord, VMIs
+    from model.nomination import Nomination, Victim
+
+    now = datetime(2026, 12, 6, 12, 0, tzinfo=timezone.utc)
+    s1 = Victim("spot", "s1", "adm-1", "uid-1", 100, now - timedelta(hours=1))
+    n = Nomination("od", "big", 1000, "n1", (("nvidia.com/H100", 2),), (), (s1,), now,
+                   now + timedelta(minutes=2))
+
+    class Client:
+        def using(self, **_):
+            return self
+
+        def lister(self, _):
+            return None
+
+    w = VMWaiting(Client(), ClusterCache(object()), grace=timedelta(minutes=2), remember=100.0)
+    w.vms._apply("MODIFIED", {"metadata": {"namespace": "spot", "name": "s1", "resourceVersion": "1"}})
+    got = w.remembered([n], VMIs(), 0.0)
+    assert got[("spot", "s1")].words.preemptor == "od/big"
+    assert w.remembered([], VMIs(), 50.0) == got                       # the nomination gone
+    same = VMIs({("spot", "s1"): VMIRecord("spot", "s1", "uid-1", "adm-1")})
+    assert w.remembered([], same, 60.0) == got                         # the victim still stopping
+    again = VMIs({("spot", "s1"): VMIRecord("spot", "s1", "uid-2", "adm-2")})
+    assert w.remembered([], again, 61.0) == {}                         # it runs another VMI
+    w.remembered([n], VMIs(), 62.0)
+    assert w.remembered([], VMIs(), 162.0) == {}                       # `remember` passed
+    w.remembered([n], VMIs(), 200.0)
+    w.vms._apply("DELETED", {"metadata": {"namespace": "spot", "name": "s1"}})
+    assert w.remembered([], VMIs(), 201.0) == {}                       # the VM is gone
