@@ -113,8 +113,18 @@ def nominate(snapshot: Snapshot, request: Request, decision: Decision,
 
 
 def _reason(request: Request, n: Nomination) -> PreemptionNominated:
-    return PreemptionNominated(n.node, tuple(v.name for v in n.victims), n.priority, n.retry_after,
-                               str(RequestRef(request.namespace, request.vmi, request.id)))
+    return nominated_refusal(n, request.namespace, request.vmi, request.id)
+
+
+def nominated_refusal(n: Nomination, namespace: str, vmi: str, request_id: str,
+                      retry_after: int | None = None) -> PreemptionNominated:
+    """P4: the refusal that answers `n`'s preemptor (request `request_id` of VMI
+    `namespace/vmi`) while its victims stop; `retry_after` (seconds) the answer's Retry-After
+    (None: the nomination's recorded `retryAfterSeconds`), so the words say what the header
+    says (the webhook re-renders with `model.retry_after.preemptor_retry_after`)."""
+    return PreemptionNominated(n.node, tuple(v.name for v in n.victims), n.priority,
+                               n.retry_after if retry_after is None else retry_after,
+                               str(RequestRef(namespace, vmi, request_id)))
 
 
 def on_nominated_node(snapshot: Snapshot, request: Request, decision: Decision,

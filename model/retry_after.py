@@ -4,12 +4,16 @@
 A victim stops within its VMI's `spec.terminationGracePeriodSeconds` of its deletion
 (KubeVirt's virt-handler shuts the guest down, then kills it); unset it is KubeVirt's default,
 30 s (`v1.DefaultGracePeriodSeconds`, which virt-api's mutating webhook writes into every VMI).
-So the preemptor waits for the slowest victim still there: a victim not yet being deleted its
-whole grace (the leader deletes it at its next round), one being deleted what is left of its
-grace since `metadata.deletionTimestamp`; a victim gone waits for nothing. At least one
-decision round (`ROUND`: the housekeeping that frees a stopped set's devices, the retry
-reaching the binder), at most `MAX_RETRY_AFTER`, and never past the nomination's remaining
-life (after it the hold is released and the answer changes).
+So the room is free at the latest when the slowest victim still there is gone: a victim not
+yet being deleted after its whole grace (the leader deletes it at its next round), one being
+deleted after what is left of its grace since `metadata.deletionTimestamp`; a victim gone
+waits for nothing. Most guests stop well before their grace, and a client that honours
+`Retry-After` sleeps it out whole (virt-controller's client-go does so inside the create call,
+up to 10 times, before its own back-off): so the answer is that bound, at least `ROUND` (the
+round that frees a stopped set's devices and decides the retry) and at most `RETRY_STEP`,
+so the preemptor asks again within seconds of its room coming free, and never past the
+nomination's remaining life (after it the hold is released and the answer changes). Each
+retry costs one webhook call: at most one per `ROUND` seconds per preemptor.
 
 Pure: `now` is an argument; reads only the VMI object given (as the informer caches it).
 """
@@ -28,14 +32,16 @@ KUBEVIRT_DEFAULT_GRACE = 30
 """Seconds: a VMI's `spec.terminationGracePeriodSeconds` when unset (KubeVirt's
 `v1.DefaultGracePeriodSeconds`; virt-api writes it into every VMI it admits)."""
 
-ROUND = 5
-"""Seconds: the shortest answer while the nomination lives, one round of the leader's
+ROUND = 2
+"""Seconds: the shortest answer while the nomination lives, about one round of the leader's
 housekeeping and decision (the stopped set's devices freed, the retried create decided): a
-victim already gone still leaves that round, and a client retries only so many times."""
+victim already gone still leaves that round."""
 
-MAX_RETRY_AFTER = 300
-"""Seconds: the longest Retry-After given, whatever a victim's grace (a client retries a
-bounded number of times; the nomination's life bounds it before that by default)."""
+RETRY_STEP = 5
+"""Seconds: the longest Retry-After given, whatever a victim's grace: the preemptor asks again
+at least this often while its victims stop, so it starts within about this long of its room
+coming free (client-go retries up to 10 times on a `Retry-After`, 50 s at this step; a
+KubeVirt VM then gets the binder's nudge once its room is free, k8s/vm_waiting.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,18 +95,18 @@ def preemptor_retry_after(nomination: Nomination, now: datetime,
                           vmi: Callable[[str, str], Mapping[str, Any] | None]) -> int:
     """Seconds of the Retry-After answering `nomination`'s preemptor at `now` (see the module
     docstring): the longest `VictimWait.left` of its victims still there (`vmi(namespace,
-    name)` gives a VMI as cached, None when gone), at least `ROUND`, at most `MAX_RETRY_AFTER`,
+    name)` gives a VMI as cached, None when gone), at least `ROUND`, at most `RETRY_STEP`,
     at most the seconds the nomination still lives (rounded up), and at least 1. A
     nomination naming no victims (never made by a plan) answers its recorded
     `retryAfterSeconds`, bounded the same way. Never raises."""
     remaining = max(1, math.ceil((nomination.expires - now).total_seconds()))
     if not nomination.victims:
-        return max(1, min(nomination.retry_after, MAX_RETRY_AFTER, remaining))
+        return max(1, min(nomination.retry_after, RETRY_STEP, remaining))
     found = (victim_wait(v, vmi(v.namespace, v.vmi)) for v in nomination.victims)
     waits = [w.left(now) for w in found if w is not None]
     seconds = max(math.ceil(max(waits, default=0.0)), ROUND)
-    return max(1, min(seconds, MAX_RETRY_AFTER, remaining))
+    return max(1, min(seconds, RETRY_STEP, remaining))
 
 
-__all__ = ["KUBEVIRT_DEFAULT_GRACE", "MAX_RETRY_AFTER", "ROUND", "VictimWait", "preemptor_retry_after",
+__all__ = ["KUBEVIRT_DEFAULT_GRACE", "RETRY_STEP", "ROUND", "VictimWait", "preemptor_retry_after",
            "victim_wait"]

@@ -26,8 +26,9 @@ from model.admission import AdmissionPlan, attachment_is_live, effective_resourc
 from model.claim import (Claim, ClaimMember, build_claim, claim_vmi_patch, members_of,
                          parse_claim, same_spec, stamp_ops)
 from model.housekeeping import VMIs
-from model.nomination import DEFAULT_RETRY_AFTER, nomination_name
-from model.retry_after import preemptor_retry_after
+from model.nominate import nominated_refusal
+from model.nomination import nomination_name
+from model.retry_after import RETRY_STEP, preemptor_retry_after
 from model.parse import ParseError, parse_gpu_device
 from model.serialize import device_status_to_dict, format_time
 from model.reasons import (ApiForbidden, ApiInvalid, ApiThrottled, ApiUnavailable, AttachmentRefused,
@@ -407,7 +408,7 @@ async def wait_result(waiter: ResultWaiter, attempt: Attempt, names: tuple[str, 
     `BinderRefused` with the binder's message when it refused, in the category of the code
     written beside it (`bindRequest.code`: `ledgers_refused` is retryable, 503; so is
     `preemption_nominated` (P4), with Retry-After from its victims' grace
-    (`model.retry_after.preemptor_retry_after`; KubeVirt's default 30 s without its nomination); a
+    (`model.retry_after.preemptor_retry_after`, the words re-rendered to say it; `RETRY_STEP` while this replica has not seen the nomination); a
     policy refusal 403; no code, from an older replica: 403 as before), `NotBoundInTime` (503) when
     no result came in time (`bind_timeout` is the configured total, named in the message) or
     the request was withdrawn meanwhile."""
@@ -421,12 +422,16 @@ async def wait_result(waiter: ResultWaiter, attempt: Attempt, names: tuple[str, 
     refused = next((d.status.bind_request for d in devs
                     if d.status.bind_request.result is Result.REFUSED), None)
     code = refused.code if refused else None
-    retry_after = None
+    retry_after, message = None, refused.message if refused else None
     if code is Code.PREEMPTION_NOMINATED:  # P4: 503, Retry-After from the victims' grace
         nomination = waiter.cache.view.nominations().get(nomination_name(ns, vmi))
-        retry_after = (DEFAULT_RETRY_AFTER if nomination is None else preemptor_retry_after(
-            nomination, attempt.now(), lambda vns, name: waiter.cache.vmis.get((vns, name))))
-    raise Denied(BinderRefused(ns, vmi, refused.message if refused else None, code, retry_after))
+        if nomination is None:  # not in this replica's cache yet: ask again soon
+            retry_after = RETRY_STEP
+        else:  # the words say the header's seconds
+            retry_after = preemptor_retry_after(nomination, attempt.now(),
+                                                lambda vns, name: waiter.cache.vmis.get((vns, name)))
+            message = nominated_refusal(nomination, ns, vmi, request_id, retry_after).render()
+    raise Denied(BinderRefused(ns, vmi, message, code, retry_after))
 
 
 # -- W3 (4): admit ----------------------------------------------------------------------

@@ -30,6 +30,7 @@ import time
 
 import pytest
 
+from model.retry_after import RETRY_STEP
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas, unique
 from tests.e2e.helpers import eventually, make_pool
 from tests.e2e.test_preemption import (VMI_GROUP, VMI_VERSION, VMIS, create, nominations, priority_class, vmi,
@@ -252,7 +253,7 @@ async def test_a_leader_killed_between_the_nomination_and_the_deletion_loses_not
         await eventually(denied, timeout=20, interval=0.5, what="the policy in force")
         before = await vmis_in(fleet, w.spot_ns, w.od_ns)
         spec, retry_after = await nominated(fleet, w)
-        assert retry_after == GRACE  # no victim being deleted: their whole grace
+        assert retry_after == RETRY_STEP  # no victim being deleted: their 45 s grace, past the step
         # the leader tried and was denied: the victims still run
         leader = leader_index(system)
         await eventually(lambda: _true(logged(system, leader, "victim_not_deleted")), timeout=30,

@@ -126,13 +126,14 @@ class _WithNominations(_Answered):
         self.cache = type("Cache", (), {"view": view})()
 
 
-@pytest.mark.parametrize("known, retry", [(True, 12), (False, 30)])
+@pytest.mark.parametrize("known, retry", [(True, 3), (False, 5)])
 async def test_P4_a_nominated_refusal_is_503_with_the_nominations_retry_after(known, retry) -> None:
     """The preemptor's create is answered 503 with Retry-After: its nomination's
-    `retryAfterSeconds`, else KubeVirt's default grace (30 s) when the cache lacks it."""
+    `retryAfterSeconds` (at most the step, 5 s) and words saying the same, else the step
+    when the cache lacks the nomination (the stored words as they are)."""
     from model.nomination import Nomination
     now = datetime(2026, 1, 2, tzinfo=timezone.utc)
-    n = Nomination("t1", "vm", 1000, "n1", (("nvidia.com/H100", 2),), (), (), now, now + timedelta(minutes=2), 12)
+    n = Nomination("t1", "vm", 1000, "n1", (("nvidia.com/H100", 2),), (), (), now, now + timedelta(minutes=2), 3)
     attempt = Attempt("t1", "vm", "r1", now, None, timedelta(seconds=30), lambda: now)
     waiter = _WithNominations([n] if known else [], _refused("g1", "refused t1/vm request r1 for now: …",
                                                              Code.PREEMPTION_NOMINATED),
@@ -140,15 +141,18 @@ async def test_P4_a_nominated_refusal_is_503_with_the_nominations_retry_after(kn
     with pytest.raises(Denied) as raised:
         await wait_result(waiter, attempt, ("g1", "g2"), 1.0, 30.0)
     denial = raised.value.denial
-    assert raised.value.reason == BinderRefused("t1", "vm", "refused t1/vm request r1 for now: …",
-                                                Code.PREEMPTION_NOMINATED, retry)
+    words = ("refused t1/vm request r1 for now: no room for the set now; stopping 0 lower-priority VMs "
+             "on n1 to make room for it (priority 1000): ; its room is held for it, retry in 3s"
+             if known else "refused t1/vm request r1 for now: …")
+    assert raised.value.reason == BinderRefused("t1", "vm", words, Code.PREEMPTION_NOMINATED, retry)
     assert denial.code == 503 and denial.retry_after == retry
     assert denial.status()["details"] == {"retryAfterSeconds": retry}
 
 
 async def test_P4_the_retry_after_comes_from_the_victims_grace() -> None:
     """With victims named, the Retry-After is the slowest victim's grace still to run
-    (`model.retry_after`), bounded by the nomination's life, whatever `retryAfterSeconds` says."""
+    (`model.retry_after`), at most the step, whatever `retryAfterSeconds` says; the words say
+    the same seconds."""
     from model.nomination import Nomination, Victim
     now = datetime(2026, 1, 2, tzinfo=timezone.utc)
     victims = (Victim("s", "a", None, "uid-a", 100, now), Victim("s", "b", None, None, 100, now))
@@ -157,9 +161,11 @@ async def test_P4_the_retry_after_comes_from_the_victims_grace() -> None:
     attempt = Attempt("t1", "vm", "r1", now, None, timedelta(seconds=30), lambda: now)
     waiter = _WithNominations([n], _refused("g1", "refused t1/vm request r1 for now: …",
                                             Code.PREEMPTION_NOMINATED), _refused("g2", None, None))
-    vmis = {("s", "a"): {"metadata": {"uid": "uid-a"}, "spec": {"terminationGracePeriodSeconds": 75}},
-            ("s", "b"): {"metadata": {"uid": "uid-b"}, "spec": {"terminationGracePeriodSeconds": 10}}}
+    vmis = {("s", "a"): {"metadata": {"uid": "uid-a"}, "spec": {"terminationGracePeriodSeconds": 4}},
+            ("s", "b"): {"metadata": {"uid": "uid-b"}, "spec": {"terminationGracePeriodSeconds": 3}}}
     waiter.cache.vmis = type("Informer", (), {"get": lambda self, key: vmis.get(key)})()
     with pytest.raises(Denied) as raised:
         await wait_result(waiter, attempt, ("g1", "g2"), 1.0, 30.0)
-    assert raised.value.denial.code == 503 and raised.value.denial.retry_after == 75
+    assert raised.value.denial.code == 503 and raised.value.denial.retry_after == 4
+    assert raised.value.reason.message.endswith("stopping 2 lower-priority VMs on n1 to make room for it "
+                                                "(priority 1000): s/a, s/b; its room is held for it, retry in 4s")

@@ -1,7 +1,7 @@
 """The preemptor's Retry-After from its victims' grace (docs/contract.md §3c P4, "The answer";
 model/retry_after.py): the slowest victim still there, KubeVirt's default 30 s for an unset
 grace, what is left of a grace once the deletion started, at least one round, at most
-`MAX_RETRY_AFTER`, never past the nomination's remaining life; another incarnation of a
+`RETRY_STEP` (the preemptor asks again soon after its room frees), never past the nomination's remaining life; another incarnation of a
 victim's name, or a victim gone, waits for nothing."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from model.nomination import Nomination, Victim
-from model.retry_after import (KUBEVIRT_DEFAULT_GRACE, MAX_RETRY_AFTER, ROUND, VictimWait,
+from model.retry_after import (KUBEVIRT_DEFAULT_GRACE, RETRY_STEP, ROUND, VictimWait,
                                preemptor_retry_after, victim_wait)
 from model.serialize import format_time
 
@@ -44,19 +44,23 @@ def lookup(*objs: dict):
 
 def test_an_unset_grace_is_kubevirts_default_30_s():
     assert KUBEVIRT_DEFAULT_GRACE == 30
-    assert preemptor_retry_after(nomination(A), NOW, lookup(vmi("a", "uid-a", "adm-a"))) == 30
+    assert victim_wait(A, vmi("a", "uid-a", "adm-a")).left(NOW) == 30
+    # a 30 s bound: the answer is the step, the preemptor asks again while the victim stops
+    assert preemptor_retry_after(nomination(A), NOW, lookup(vmi("a", "uid-a", "adm-a"))) == RETRY_STEP == 5
 
 
-def test_the_slowest_victim_still_there_sets_the_wait():
-    got = preemptor_retry_after(nomination(A, B), NOW,
-                                lookup(vmi("a", "uid-a", "adm-a", grace=45), vmi("b", "uid-b", grace=90)))
-    assert got == 90
+def test_the_slowest_victim_still_there_sets_the_wait_up_to_the_step():
+    short = lookup(vmi("a", "uid-a", "adm-a", grace=3), vmi("b", "uid-b", grace=4))
+    assert preemptor_retry_after(nomination(A, B), NOW, short) == 4
+    long = lookup(vmi("a", "uid-a", "adm-a", grace=45), vmi("b", "uid-b", grace=90))
+    assert preemptor_retry_after(nomination(A, B), NOW, long) == RETRY_STEP
 
 
 def test_a_victim_being_deleted_waits_what_is_left_of_its_grace():
-    since = NOW - timedelta(seconds=50)
+    since = NOW - timedelta(seconds=77)
+    assert victim_wait(A, vmi("a", "uid-a", "adm-a", grace=80, deleting=since)).left(NOW) == 3
     assert preemptor_retry_after(nomination(A), NOW,
-                                 lookup(vmi("a", "uid-a", "adm-a", grace=80, deleting=since))) == 30
+                                 lookup(vmi("a", "uid-a", "adm-a", grace=80, deleting=since))) == 3
     # past its grace (a finalizer holds it): the floor, one round
     late = NOW - timedelta(seconds=500)
     assert preemptor_retry_after(nomination(A), NOW,
@@ -73,17 +77,17 @@ def test_victims_gone_or_recreated_wait_for_nothing_but_one_round():
 
 def test_capped_and_never_past_the_nominations_life():
     long = lookup(vmi("a", "uid-a", "adm-a", grace=3600))
-    assert preemptor_retry_after(nomination(A, ttl=7200), NOW, long) == MAX_RETRY_AFTER
-    assert preemptor_retry_after(nomination(A, ttl=120), NOW, long) == 120
-    # 10.2 s left: rounded up; expired: 1 s (the next answer is not a nomination's)
-    assert preemptor_retry_after(nomination(A, ttl=120), NOW + timedelta(seconds=109.8), long) == 11
+    assert preemptor_retry_after(nomination(A, ttl=7200), NOW, long) == RETRY_STEP
+    # 3.2 s left: rounded up; expired: 1 s (the next answer is not a nomination's)
+    assert preemptor_retry_after(nomination(A, ttl=120), NOW + timedelta(seconds=116.8), long) == 4
     assert preemptor_retry_after(nomination(A, ttl=120), NOW + timedelta(seconds=500), long) == 1
     assert preemptor_retry_after(nomination(A, ttl=2), NOW, lookup()) == 2
 
 
 def test_a_nomination_without_victims_answers_its_recorded_retry_after():
-    assert preemptor_retry_after(nomination(retry=12), NOW, lookup()) == 12
-    assert preemptor_retry_after(nomination(retry=12, ttl=5), NOW, lookup()) == 5
+    assert preemptor_retry_after(nomination(retry=3), NOW, lookup()) == 3
+    assert preemptor_retry_after(nomination(retry=12), NOW, lookup()) == RETRY_STEP
+    assert preemptor_retry_after(nomination(retry=12, ttl=2), NOW, lookup()) == 2
 
 
 @pytest.mark.parametrize("grace", [-1, "30", 2.5, True])
