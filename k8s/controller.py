@@ -78,7 +78,9 @@ def binder_config(cfg: Config) -> BinderConfig:
                             preemption=replace(
                                 b.coordinator.preemption,
                                 preemption=PreemptionSettings(timedelta(seconds=cfg.preemption_min_runtime)),
-                                ttl=timedelta(seconds=cfg.preemption_nomination_ttl))),
+                                ttl=timedelta(seconds=cfg.preemption_nomination_ttl)),
+                            line=replace(b.coordinator.line,
+                                         reserve_after=timedelta(seconds=cfg.line_reserve_after))),
         pipeline=replace(b.pipeline, write_timeout=cfg.write_timeout,
                          retry_attempts=cfg.write_attempts, settle_timeout=cfg.settle_timeout),
     )
@@ -198,8 +200,7 @@ class Controller:
             self.binder = Binder(cache.view, cache.view, writer, SystemClock(),
                                  binder_config(cfg), observer=metrics, nominations=nominations)
             preemption = Preemption(leading, cache, nominations, period=cfg.housekeeping_period)
-            binder = self.binder
-            published = LineStatus(leading, cache, binder.line)  # P5: status.line of each class
+            published = LineStatus(leading, cache, self.binder.line)  # P5: status.line of each class
             waiting = VMWaiting(leading, cache, grace=grace)
             keeper = Housekeeper(leading, cache, grace=grace, raw_policy=cfg.raw_resource_names,
                                  period=cfg.housekeeping_period,
