@@ -413,6 +413,18 @@ class Coordinator(Actor):
         except Exception:  # an observer must not break the decision loop
             _log.exception("observer_failed", rule="line")
 
+    def _observe_preempted(self, req: Request, victims: int) -> None:
+        """A fresh nomination (P4): one preemption of `req`'s classes, `victims` sets to stop
+        (the observer's optional `preempted(classes, victims)`, metrics)."""
+        observe = getattr(self._observer, "preempted", None)
+        if observe is None:
+            return
+        classes = tuple(dict.fromkeys(m.class_name for m in self._view.request_members(req.namespace, req.id)))
+        try:
+            observe(classes, victims)
+        except Exception:  # an observer must not break the decision loop
+            _log.exception("observer_failed", rule="preemption")
+
     def _observe_left(self, left: Entry) -> None:
         observe = getattr(self._observer, "left_line", None)
         if observe is None:
@@ -513,6 +525,8 @@ class Coordinator(Actor):
                 _log.info("decision", request_id=req.id, namespace=req.namespace, vmi=req.vmi,
                           rule=Rule.REFUSED, result=Result.REFUSED.value, chosen=None, candidates=[],
                           nominated=n.node, victims=[v.name for v in n.victims], fresh=nominated.fresh)
+                if nominated.fresh:
+                    self._observe_preempted(req, len(n.victims))
                 return _Answer(Decided(req, Result.REFUSED, None, reason.render(), None, code=reason.code,
                                        nomination=n), Rule.REFUSED, started, reason.code)
         req, decision = action.request, action.decision
