@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Sequence
+from functools import partial
+from typing import Awaitable, Callable, Sequence
 
 import anyio
 import structlog
 
+from actors.coordinator_protocol import LineState
 from k8s import errors, events
 from k8s.cache import ClusterCache
 from k8s.client import VMS, KubeClient
@@ -50,6 +52,7 @@ from k8s.rounds import RoundLoop
 from model.admission import ANNOTATION_PREFIX
 from model.serialize import format_time
 from model.vm import CONDITION, Condition, Waiting, current_condition, plan_waiting
+from model.vm_line import vm_held_back
 
 log = structlog.get_logger("gpu_binder.vm_waiting")
 
@@ -122,7 +125,8 @@ class VMWaiting:
     def __init__(self, client: KubeClient, cache: ClusterCache, *, grace: timedelta,
                  period: float = 5.0, coalesce: float = 0.2,
                  min_interval: float = 2.0, refresh_interval: float = 60.0,
-                 max_writes: int = 4, window: float = 60.0, hold: float = 10.0) -> None:
+                 max_writes: int = 4, window: float = 60.0, hold: float = 10.0,
+                 line: Callable[[], Awaitable[LineState | None]] | None = None) -> None:
         self._client = client.using(field_manager=FIELD_MANAGER)
         self.cache = cache
         self.grace = grace
@@ -131,6 +135,7 @@ class VMWaiting:
         self.max_writes = max_writes
         self.window = window
         self.hold = hold
+        self._line = line  # P5: the coordinator's waiting line (`Binder.line`), None: not known
         self.vms = Informer("virtualmachines", client.lister(VMS), transform=slim_vm)
         self._writes: dict[Key, list[float]] = {}  # monotonic times of the last writes
         self._given: dict[Key, tuple[float, str]] = {}  # nudged: (monotonic time, node)
@@ -149,10 +154,11 @@ class VMWaiting:
             finally:
                 tg.cancel_scope.cancel()
 
-    def plan(self, now: datetime) -> list[Waiting]:
+    def plan(self, now: datetime, line: LineState | None = None) -> list[Waiting]:
         """`model.vm.plan_waiting` over the cached VMs and the cache's snapshot, with the
         sets given to VMs nudged within the last `hold` seconds (their VMI may be cached
-        before their devices are)."""
+        before their devices are), and no nudge for room a set ahead in the waiting `line`
+        can use (P5, `model.vm_line.vm_held_back`)."""
         mono = time.monotonic()
         for key in [k for k, (t, _) in self._given.items() if mono - t >= self.hold]:
             del self._given[key]
@@ -160,7 +166,10 @@ class VMWaiting:
                             vmis=self.cache.vmi_state(), now=now, grace=self.grace,
                             launcher=self.cache.launcher_defaults(),
                             permitted=self.cache.permitted_resources(),
-                            given={k: node for k, (_, node) in self._given.items()})
+                            given={k: node for k, (_, node) in self._given.items()},
+                            held_back=None if line is None else partial(
+                                vm_held_back, line.line, line.reservations,
+                                launcher=self.cache.launcher_defaults()))
 
     async def round(self, now: datetime | None = None) -> None:
         """One pass: write each waiting VM's condition when it changed (within the rate
@@ -169,7 +178,8 @@ class VMWaiting:
         now = now or datetime.now(timezone.utc)
         if not (self.vms.healthy and self.cache.healthy(self.cache.vmis, self.cache.devices)):
             return
-        plans = {w.key: w for w in self.plan(now)}
+        line = await self._line() if self._line is not None else None
+        plans = {w.key: w for w in self.plan(now, line)}
         live = self.cache.vmi_state().live
         for key, w in plans.items():
             vm = self.vms.get(key)

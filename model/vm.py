@@ -11,12 +11,13 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from model.admission import ANNOTATION_PREFIX, LauncherDefaults, node_selector_of, unknown_annotations
 from model.explain import Explanation, explain, set_request
 from model.housekeeping import VMIs
 from model.parse import ParseError, parse_tolerations, parse_vmi_request
+from model.reasons import Reason
 from model.snapshot import Snapshot
 from model.types import Phase
 
@@ -200,6 +201,15 @@ def _placed(snapshot: Snapshot, vm: Mapping[str, Any], node: str) -> Snapshot:
     return snapshot.with_devices(out)
 
 
+def _line_says(held_back: Callable[[Snapshot, Mapping[str, Any], str], Reason | None],
+               snapshot: Snapshot, vm: Mapping[str, Any], e: Explanation | None) -> Condition | None:
+    """The False condition of a VM whose set fits on `e.node` but that the line holds back
+    (`held_back`'s reason), None when it may start."""
+    assert e is not None and e.node is not None
+    why = held_back(snapshot, vm, e.node)
+    return None if why is None else Condition("False", reason_name(why.code.value), why.render())
+
+
 def order(waiting: Iterable[tuple[Mapping[str, Any], datetime | None]]) -> list:
     """Waiting VMs (vm, since) oldest first, then by namespace and name: the order in which
     room is given (see `plan_waiting`)."""
@@ -214,7 +224,9 @@ def order(waiting: Iterable[tuple[Mapping[str, Any], datetime | None]]) -> list:
 def plan_waiting(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], *, vmis: VMIs,
                  now: datetime, grace: timedelta, launcher: LauncherDefaults = LauncherDefaults(),
                  permitted: frozenset[str] | None = None,
-                 given: Mapping[tuple[str, str], str] | None = None) -> list[Waiting]:
+                 given: Mapping[tuple[str, str], str] | None = None,
+                 held_back: Callable[[Snapshot, Mapping[str, Any], str], Reason | None] | None = None,
+                 ) -> list[Waiting]:
     """The waiting VMs and the room given to them, in the documented order.
 
     Candidates: every VM of `vms` that asks for GPUs, wants a VMI (`wants_vmi`) and has none
@@ -231,6 +243,11 @@ def plan_waiting(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], *, vmis: 
     caches lag each other: the VMI may be seen before the devices the webhook wrote for
     it), and in its turn for one still waiting that does not fit now (its VMI CREATE may be
     in flight: its own devices written, not yet Bound): it comes out `held`.
+
+    `held_back(snapshot, vm, node)` (P5, `model.vm_line.vm_held_back` over the leader's
+    waiting line): a VM whose set fits but that it holds back (a set ahead of it in the line
+    can use the room, or the node is reserved) is not given the room: no nudge, and its
+    condition says the line's refusal.
 
     Returns a `Waiting` per candidate refused before, in that order (`nudge` True for those
     given room). Pure; never raises."""
@@ -254,6 +271,10 @@ def plan_waiting(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], *, vmis: 
         e, cond = judge_vm(snap, vm, vmis=vmis, now=now, grace=grace, launcher=launcher,
                            permitted=permitted)
         nudge = e is not None and e.admitted and e.node is not None
+        if nudge and held_back is not None:  # P5: room a set ahead in line can use is not the VM's
+            why = _line_says(held_back, snap, vm, e)
+            if why is not None:
+                nudge, cond = False, why
         held = False
         if nudge:
             assert e is not None and e.node is not None
