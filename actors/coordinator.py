@@ -67,7 +67,7 @@ from model.requests import find_requests
 from model.defrag import DEFRAG_REQUEST_PREFIX, DefragPlan, plan_round
 from model.hold import Hold
 from model.line import Entry, Identity, Line, reservation
-from model.line_plan import first_allowed, gate_batch, leaves, line_entry, tidy
+from model.line_plan import first_allowed, gate_batch, leaves, line_entry, refresh, tidy
 from model.nominate import Preempting
 from model.nomination import nomination_holds
 from model.plan import (Action, Answer, Finish, Nominate, Place, Recover, Requeue, Skip, placement_hold,
@@ -77,7 +77,7 @@ from model.snapshot import Reserving, Snapshot
 from model.types import RequestKey, Result
 
 from actors.coordinator_protocol import (CoordinatorConfig, CoordinatorStatus, Examine, GetLine, GetStatus,
-                                         LineState, Resync)
+                                         LineState, Resync, VMsWaiting)
 
 _log = structlog.get_logger("gpu_binder.coordinator")
 
@@ -215,6 +215,8 @@ class Coordinator(Actor):
                 return await self.status()
             case GetLine():
                 return LineState(self._line, dict(self._reserved))
+            case VMsWaiting(entries, gone):  # P5: VMs refused at W1 wait too
+                self._set_line(refresh(self._line, entries, gone, self._clock.now()))
             case _:
                 raise TypeError(f"coordinator: unexpected message {message!r}")
         return None
@@ -669,4 +671,5 @@ __all__ = [
     "GetStatus",
     "LineState",
     "Resync",
+    "VMsWaiting",
 ]

@@ -201,7 +201,8 @@ class Controller:
                                  binder_config(cfg), observer=metrics, nominations=nominations)
             preemption = Preemption(leading, cache, nominations, period=cfg.housekeeping_period)
             published = LineStatus(leading, cache, self.binder.line)  # P5: status.line of each class
-            waiting = VMWaiting(leading, cache, grace=grace, line=self.binder.line)
+            waiting = VMWaiting(leading, cache, grace=grace, line=self.binder.line,  # P5
+                                waiting=self.binder.vms_waiting)
             keeper = Housekeeper(leading, cache, grace=grace, raw_policy=cfg.raw_resource_names,
                                  period=cfg.housekeeping_period,
                                  answer_window=timedelta(seconds=cfg.bind_timeout),

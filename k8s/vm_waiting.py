@@ -43,7 +43,7 @@ from typing import Awaitable, Callable, Sequence
 import anyio
 import structlog
 
-from actors.coordinator_protocol import LineState
+from actors.coordinator_protocol import LineState, VMsWaiting
 from k8s import errors, events
 from k8s.cache import ClusterCache
 from k8s.client import VMS, KubeClient
@@ -52,7 +52,7 @@ from k8s.rounds import RoundLoop
 from model.admission import ANNOTATION_PREFIX
 from model.serialize import format_time
 from model.vm import CONDITION, Condition, Waiting, current_condition, plan_waiting
-from model.vm_line import vm_held_back
+from model.vm_line import vm_entries, vm_held_back
 
 log = structlog.get_logger("gpu_binder.vm_waiting")
 
@@ -126,7 +126,8 @@ class VMWaiting:
                  period: float = 5.0, coalesce: float = 0.2,
                  min_interval: float = 2.0, refresh_interval: float = 60.0,
                  max_writes: int = 4, window: float = 60.0, hold: float = 10.0,
-                 line: Callable[[], Awaitable[LineState | None]] | None = None) -> None:
+                 line: Callable[[], Awaitable[LineState | None]] | None = None,
+                 waiting: Callable[[VMsWaiting], None] | None = None) -> None:
         self._client = client.using(field_manager=FIELD_MANAGER)
         self.cache = cache
         self.grace = grace
@@ -136,6 +137,7 @@ class VMWaiting:
         self.window = window
         self.hold = hold
         self._line = line  # P5: the coordinator's waiting line (`Binder.line`), None: not known
+        self._waiting = waiting  # P5: hands the coordinator the VMs waiting (`Binder.vms_waiting`)
         self.vms = Informer("virtualmachines", client.lister(VMS), transform=slim_vm)
         self._writes: dict[Key, list[float]] = {}  # monotonic times of the last writes
         self._given: dict[Key, tuple[float, str]] = {}  # nudged: (monotonic time, node)
@@ -179,7 +181,9 @@ class VMWaiting:
         if not (self.vms.healthy and self.cache.healthy(self.cache.vmis, self.cache.devices)):
             return
         line = await self._line() if self._line is not None else None
-        plans = {w.key: w for w in self.plan(now, line)}
+        planned = self.plan(now, line)
+        self._hand_line(planned, now)
+        plans = {w.key: w for w in planned}
         live = self.cache.vmi_state().live
         for key, w in plans.items():
             vm = self.vms.get(key)
@@ -194,6 +198,17 @@ class VMWaiting:
             if key not in plans and key not in live and current_condition(vm) is not None:
                 await self._show(key, vm, None, now)
         self.rounds += 1
+
+    def _hand_line(self, planned: list[Waiting], now: datetime) -> None:
+        """P5: W1 refuses a VM's VMI for room before the coordinator sees it, so the VMs found
+        waiting for room (and those found running or stopped) go to the coordinator's line
+        (`model.vm_line.vm_entries`, `VMsWaiting`)."""
+        if self._waiting is None:
+            return
+        entries, gone = vm_entries(self.cache.view.snapshot(), self.vms.items(), planned,
+                                   vmis=self.cache.vmi_state(), now=now,
+                                   launcher=self.cache.launcher_defaults())
+        self._waiting(VMsWaiting(tuple(entries), tuple(gone)))
 
     def _due(self, key: Key, old: dict | None, new: Condition | None) -> float:
         mono = time.monotonic()

@@ -37,7 +37,7 @@ from anyio.abc import TaskStatus
 
 from actors.coordinator import Coordinator
 
-from actors.coordinator_protocol import CoordinatorConfig, Examine, GetLine, LineState, Resync
+from actors.coordinator_protocol import CoordinatorConfig, Examine, GetLine, LineState, Resync, VMsWaiting
 from actors.errors import ActorStopped, AskTimeout, MailboxFull
 from actors.node_actor import DevicesChanged, NodeActor, NodeActorConfig, NodeChanged
 from actors.ports import (Change, ChangeFeed, Clock, ClusterView, DecisionObserver, NominationWriter,
@@ -166,6 +166,11 @@ class Binder:
             return await ref.ask(GetLine(), timeout=timeout)
         except (AskTimeout, ActorStopped):
             return None
+
+    def vms_waiting(self, message: VMsWaiting) -> None:
+        """Hand the coordinator the VMs the waiting-VM loop found waiting for room (P5);
+        dropped when there is no coordinator or its mailbox is full (sent again next round)."""
+        self._tell(self.coordinator, message)
 
     def child_ids(self) -> list[str]:
         return self._sup.child_ids() if self._sup is not None else []

@@ -86,3 +86,45 @@ def test_P5_a_vm_not_in_line_is_judged_at_its_templates_priority():
     fresh = vm("fresh", 2, "2026-12-02T04:50:00Z", priority_class="on-demand")
     assert vm_held_back(line, {}, snap(free=2), fresh, "n1") is None
     assert vm_held_back(line, {}, snap(free=2), vm("plain", 2, "2026-12-02T04:50:00Z"), "n1") is not None
+
+
+# --- VMs refused at W1 wait in the line too (model.vm_line.vm_entries, model.line_plan.refresh) ---
+
+def test_P5_a_vm_refused_for_room_at_W1_is_an_entry_a_vm_refused_for_budget_or_running_is_not():
+    """W1 refuses a VM's VMI for room before the coordinator sees it: the waiting-VM loop,
+    which judges every waiting VM, makes its line entry (its VM uid, shape, template priority,
+    first refused when its GPUSetReady turned False); a VM refused for anything else does not
+    wait; a VM whose VMI runs or that does not want one leaves the line."""
+    from model.line_plan import refresh
+    from model.vm_line import vm_entries
+    big = vm("big", 4, "2026-12-02T04:30:00Z", priority_class="on-demand")     # no node has 4 free
+    small = vm("small", 1, "2026-12-02T04:00:00Z")
+    halted = vm("halted", 1, "2026-12-02T04:00:00Z")
+    halted["spec"]["runStrategy"] = "Halted"
+    running = vm("running", 1, "2026-12-02T04:00:00Z")
+    vms = [big, small, halted, running]
+    vmis = VMIs.of_keys([("t1", "running")])
+    full = Snapshot.build(nodes=[Node("n1", KV, allocatable=((H100, 4),))], classes=[GPUClass("h100", H100)],
+                          priority_classes=[PriorityClassInfo("on-demand", 1000)],
+                          devices=[_bound(f"o-{i}") for i in range(3)])
+    plan = plan_waiting(full, vms, vmis=vmis, now=NOW, grace=GRACE)
+    entries, gone = vm_entries(full, vms, plan, vmis=vmis, now=NOW)
+    assert [(e.identity.vmi, e.identity.vm_uid, e.priority.value, e.shape.templates) for e in entries] == [
+        ("big", "uid-big", 1000, (("h100", 4),))]                 # small fits (1 free): nudged, not sent
+    assert entries[0].first_refused == datetime(2026, 12, 2, 4, 30, tzinfo=timezone.utc)
+    assert sorted(i.vmi for i in gone) == ["halted", "running"]
+    from model.vm_line import refused_since
+    failed = {"status": {"conditions": [{"type": "Failure", "status": "True", "reason": "FailedCreate",
+                                         "lastTransitionTime": "2026-12-02T04:10:00Z"}]}}
+    assert refused_since(failed) == datetime(2026, 12, 2, 4, 10, tzinfo=timezone.utc)
+    assert refused_since({"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"}}) is None
+    line = refresh(Line([in_line("running", 1, Priority(), 0)]), entries, gone, NOW)
+    assert [e.identity.vmi for e in line] == ["big"]
+    again = refresh(line, [entries[0]], (), NOW + timedelta(minutes=5))         # refused again: place kept
+    assert again.entries[0].first_refused == entries[0].first_refused
+    assert again.entries[0].last_seen == NOW + timedelta(minutes=5)
+
+
+def _bound(name: str):
+    from model.types import DeviceStatus, GPUDevice, Phase
+    return GPUDevice("o", name, "h100", status=DeviceStatus(phase=Phase.BOUND, node_name="n1"))
