@@ -201,7 +201,8 @@ class Controller:
                                  binder_config(cfg), observer=metrics, nominations=nominations)
             preemption = Preemption(leading, cache, nominations, period=cfg.housekeeping_period)
             published = LineStatus(leading, cache, self.binder.line)  # P5: status.line of each class
-            waiting = VMWaiting(leading, cache, grace=grace, line=self.binder.line,  # P5
+            waiting = VMWaiting(leading, cache, grace=grace,  # P5: the line, asked for 1 s at most
+                                line=functools.partial(self.binder.line, 1.0),
                                 waiting=self.binder.vms_waiting)
             keeper = Housekeeper(leading, cache, grace=grace, raw_policy=cfg.raw_resource_names,
                                  period=cfg.housekeeping_period,
