@@ -182,7 +182,7 @@ class VMWaiting:
             return
         line = await self._line() if self._line is not None else None
         planned = self.plan(now, line)
-        self._hand_line(planned, now)
+        self._hand_line(planned, now, line)
         plans = {w.key: w for w in planned}
         live = self.cache.vmi_state().live
         for key, w in plans.items():
@@ -199,7 +199,7 @@ class VMWaiting:
                 await self._show(key, vm, None, now)
         self.rounds += 1
 
-    def _hand_line(self, planned: list[Waiting], now: datetime) -> None:
+    def _hand_line(self, planned: list[Waiting], now: datetime, line: LineState | None) -> None:
         """P5: W1 refuses a VM's VMI for room before the coordinator sees it, so the VMs found
         waiting for room (and those found running or stopped) go to the coordinator's line
         (`model.vm_line.vm_entries`, `VMsWaiting`)."""
@@ -207,7 +207,8 @@ class VMWaiting:
             return
         entries, gone = vm_entries(self.cache.view.snapshot(), self.vms.items(), planned,
                                    vmis=self.cache.vmi_state(), now=now,
-                                   launcher=self.cache.launcher_defaults())
+                                   launcher=self.cache.launcher_defaults(),
+                                   line=line.line if line is not None else None)
         self._waiting(VMsWaiting(tuple(entries), tuple(gone)))
 
     def _due(self, key: Key, old: dict | None, new: Condition | None) -> float:

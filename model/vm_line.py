@@ -103,8 +103,8 @@ def _stamp(value: Any) -> datetime | None:
 
 
 def vm_entries(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], plan: Sequence[Waiting], *,
-               vmis: VMIs, now: datetime, launcher: LauncherDefaults = LauncherDefaults()
-               ) -> tuple[list[Entry], list[Identity]]:
+               vmis: VMIs, now: datetime, launcher: LauncherDefaults = LauncherDefaults(),
+               line: Line | None = None) -> tuple[list[Entry], list[Identity]]:
     """The line entries of the waiting VMs of `plan` (`model.vm.plan_waiting` of `vms`) that
     wait for room: refused for room only (`model.line.waits_for_room` of their explanation's
     reason: W1's refusal, or the binder's) or held back by the line itself; each as its VMI
@@ -113,7 +113,9 @@ def vm_entries(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], plan: Seque
     FailedCreate (`refused_since`; `now` when neither says). A VM nudged
     now, or refused for anything else (budget, entitlement, a class problem, a size no node
     has, bad annotations), makes none. And the VMs that wait for nothing: those whose VMI
-    runs (`vmis.live`) or that want none (`model.vm.wants_vmi`). Pure; never raises."""
+    runs (`vmis.live`) or that want none (`model.vm.wants_vmi`), and the VMs of `line`'s
+    entries (those with a VM uid) that `vms` lacks or shows under another uid (deleted, or
+    re-created: another set). Pure; never raises."""
     by_key = {(str((vm.get("metadata") or {}).get("namespace")), str((vm.get("metadata") or {}).get("name"))): vm
               for vm in vms}
     entries: list[Entry] = []
@@ -139,6 +141,10 @@ def vm_entries(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], plan: Seque
     gone = [Identity(ns, name, (vm.get("metadata") or {}).get("uid") or None)
             for (ns, name), vm in by_key.items()
             if asks_gpus(vm) and ((ns, name) in vmis.live or not wants_vmi(vm))]
+    for e in line or ():
+        vm = by_key.get(e.identity.key)
+        if e.identity.vm_uid is not None and (vm is None or (vm.get("metadata") or {}).get("uid") != e.identity.vm_uid):
+            gone.append(e.identity)
     return entries, gone
 
 

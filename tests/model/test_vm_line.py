@@ -120,6 +120,13 @@ def test_P5_a_vm_refused_for_room_at_W1_is_an_entry_a_vm_refused_for_budget_or_r
     assert refused_since({"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"}}) is None
     line = refresh(Line([in_line("running", 1, Priority(), 0)]), entries, gone, NOW)
     assert [e.identity.vmi for e in line] == ["big"]
+    # a VM deleted (or re-created under its name: another uid) while it waited leaves too
+    ghost, recreated = in_line("deleted", 1, Priority(), 1), in_line("small", 1, Priority(), 2)
+    recreated = recreated.__class__(Identity("t1", "small", "old-uid"), recreated.shape, recreated.priority,
+                                    recreated.first_refused, recreated.last_seen)
+    _, gone = vm_entries(full, vms, plan, vmis=vmis, now=NOW, line=Line([ghost, recreated, entries[0]]))
+    assert sorted((i.vmi, i.vm_uid) for i in gone) == [
+        ("deleted", "uid-deleted"), ("halted", "uid-halted"), ("running", "uid-running"), ("small", "old-uid")]
     again = refresh(line, [entries[0]], (), NOW + timedelta(minutes=5))         # refused again: place kept
     assert again.entries[0].first_refused == entries[0].first_refused
     assert again.entries[0].last_seen == NOW + timedelta(minutes=5)
