@@ -30,7 +30,7 @@ from model.types import ADMISSION_ANNOTATION
 from model.defrag import DefragPlan, plan_round
 from model.explain import Explanation, Top, explain, top
 from model.line import waits_for_room
-from model.line_status import ClassLine, Published, parse_line_status, place_in
+from model.line_status import ClassLine, Published, place_in, published_lines
 from model.parse import ParseError, parse_tolerations, parse_vmi_request
 from model.serialize import format_time
 from model.snapshot import Snapshot
@@ -119,21 +119,6 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
                        published_lines(cache.classes.items()))
     finally:
         await api.close()
-
-
-def published_lines(classes) -> dict[str, ClassLine]:
-    """The waiting line of each class as its GPUClass's `status.line` says (P5: the leader
-    publishes it, `k8s.line_status`), from the raw GPUClass objects `classes`; a class with
-    none, or a malformed one, is left out."""
-    out = {}
-    for raw in classes:
-        name = (raw.get("metadata") or {}).get("name") if isinstance(raw, dict) else None
-        status = raw.get("status") if isinstance(raw, dict) else None
-        if isinstance(name, str) and isinstance(status, dict):
-            got = parse_line_status(name, status.get("line"))
-            if got is not None:
-                out[name] = got
-    return out
 
 
 def _transport_error(exc: BaseException) -> str:

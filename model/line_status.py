@@ -6,8 +6,9 @@ length, the oldest wait and the first `SHOWN` sets, never the whole line.
 
 - `ClassLine`, `Shown`: one class's summary and one set in it.
 - `summarize`: the summary of every class that has a line (a `Line` and its reservations).
-- `line_to_status` / `parse_line_status`: the API shape (`status.line`) and back (tolerant:
-  a malformed summary reads as none, never an error: it only informs).
+- `line_to_status` / `parse_line_status` / `published_lines`: the API shape (`status.line`)
+  and back, one class or every class of raw GPUClass objects (tolerant: a malformed summary
+  reads as none, never an error: it only informs).
 - `place_in`: what `explain` says of a set from the published summaries (`Published`).
 
 Pure: no I/O, no clock.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from model.line import MAX_AHEAD_SHOWN, Entry, Identity, Line
 from model.reasons import InLine, LinePlace, Waiter
@@ -123,6 +124,22 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def published_lines(classes: Iterable[Any]) -> dict[str, ClassLine]:
+    """The line of each class as its GPUClass's `status.line` says, from the raw GPUClass
+    objects `classes` (`parse_line_status`); a class with none, or a malformed one, is left
+    out."""
+    out = {}
+    for raw in classes:
+        meta = raw.get("metadata") if isinstance(raw, Mapping) else None
+        status = raw.get("status") if isinstance(raw, Mapping) else None
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if isinstance(name, str) and isinstance(status, Mapping):
+            got = parse_line_status(name, status.get("line"))
+            if got is not None:
+                out[name] = got
+    return out
+
+
 def parse_line_status(class_name: str, value: Any) -> ClassLine | None:
     """A GPUClass's `status.line` (as `line_to_status` writes it) read back; None when absent,
     empty or malformed (it only informs: a reader then says nothing of the line). Entries
@@ -207,4 +224,4 @@ def place_in(lines: Mapping[str, ClassLine], namespace: str, name: str,
 
 
 __all__ = ["Beyond", "ClassLine", "Published", "SHOWN", "Shown", "VMI_KIND", "VM_KIND", "line_to_status",
-           "parse_line_status", "place_in", "summarize"]
+           "parse_line_status", "place_in", "published_lines", "summarize"]
