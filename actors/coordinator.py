@@ -67,7 +67,7 @@ from model.requests import find_requests
 from model.defrag import DEFRAG_REQUEST_PREFIX, DefragPlan, plan_round
 from model.hold import Hold
 from model.line import Entry, Identity, Line, reservation
-from model.line_plan import first_allowed, gate_batch, leaves, line_entry, tidy
+from model.line_plan import first_allowed, gate_batch, leaves, line_entry, refresh, tidy
 from model.nominate import Preempting
 from model.nomination import nomination_holds
 from model.plan import (Action, Answer, Finish, Nominate, Place, Recover, Requeue, Skip, placement_hold,
@@ -77,7 +77,7 @@ from model.snapshot import Reserving, Snapshot
 from model.types import RequestKey, Result
 
 from actors.coordinator_protocol import (CoordinatorConfig, CoordinatorStatus, Examine, GetLine, GetStatus,
-                                         LineState, Resync)
+                                         LineState, Resync, VMsWaiting)
 
 _log = structlog.get_logger("gpu_binder.coordinator")
 
@@ -215,6 +215,8 @@ class Coordinator(Actor):
                 return await self.status()
             case GetLine():
                 return LineState(self._line, dict(self._reserved))
+            case VMsWaiting(entries, gone):  # P5: VMs refused at W1 wait too
+                self._set_line(refresh(self._line, entries, gone, self._clock.now()))
             case _:
                 raise TypeError(f"coordinator: unexpected message {message!r}")
         return None
@@ -413,6 +415,18 @@ class Coordinator(Actor):
         except Exception:  # an observer must not break the decision loop
             _log.exception("observer_failed", rule="line")
 
+    def _observe_preempted(self, req: Request, victims: int) -> None:
+        """A fresh nomination (P4): one preemption of `req`'s classes, `victims` sets to stop
+        (the observer's optional `preempted(classes, victims)`, metrics)."""
+        observe = getattr(self._observer, "preempted", None)
+        if observe is None:
+            return
+        classes = tuple(dict.fromkeys(m.class_name for m in self._view.request_members(req.namespace, req.id)))
+        try:
+            observe(classes, victims)
+        except Exception:  # an observer must not break the decision loop
+            _log.exception("observer_failed", rule="preemption")
+
     def _observe_left(self, left: Entry) -> None:
         observe = getattr(self._observer, "left_line", None)
         if observe is None:
@@ -513,6 +527,8 @@ class Coordinator(Actor):
                 _log.info("decision", request_id=req.id, namespace=req.namespace, vmi=req.vmi,
                           rule=Rule.REFUSED, result=Result.REFUSED.value, chosen=None, candidates=[],
                           nominated=n.node, victims=[v.name for v in n.victims], fresh=nominated.fresh)
+                if nominated.fresh:
+                    self._observe_preempted(req, len(n.victims))
                 return _Answer(Decided(req, Result.REFUSED, None, reason.render(), None, code=reason.code,
                                        nomination=n), Rule.REFUSED, started, reason.code)
         req, decision = action.request, action.decision
@@ -655,4 +671,5 @@ __all__ = [
     "GetStatus",
     "LineState",
     "Resync",
+    "VMsWaiting",
 ]

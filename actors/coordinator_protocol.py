@@ -1,6 +1,6 @@
 """What the coordinator (actors/coordinator.py, docs/contract.md §6) is told and answers, and
 its settings: `Examine`, `Resync`, `GetStatus` -> `CoordinatorStatus`, `GetLine` ->
-`LineState` (P5), and `CoordinatorConfig`. Values only: the supervisor's router, the
+`LineState` and `VMsWaiting` (P5), and `CoordinatorConfig`. Values only: the supervisor's router, the
 benchmarks and the tests speak to the coordinator with these.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from model.line import Identity, Line, LineSettings
+from model.line import Entry, Identity, Line, LineSettings
 from model.nominate import NominationSettings
 
 
@@ -84,6 +84,17 @@ class CoordinatorConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class VMsWaiting:
+    """From the waiting-VM loop (`k8s.vm_waiting`, P5): `entries` the VMs it found waiting for
+    room, refused at W1 before the coordinator saw them (each enters the line, or keeps its
+    place: `model.line_plan.refresh`); `gone` the VMs it found running or stopped (they leave
+    it). Level based: sent every round, twice is harmless."""
+
+    entries: tuple[Entry, ...]
+    gone: tuple[Identity, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class GetLine:
     """Reply: `LineState`, the waiting line as the last batch left it (P5)."""
 
@@ -97,4 +108,5 @@ class LineState:
     reservations: Mapping[Identity, str]
 
 
-__all__ = ["CoordinatorConfig", "CoordinatorStatus", "Examine", "GetLine", "GetStatus", "LineState", "Resync"]
+__all__ = ["CoordinatorConfig", "CoordinatorStatus", "Examine", "GetLine", "GetStatus", "LineState", "Resync",
+           "VMsWaiting"]

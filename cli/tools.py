@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import anyio
 import structlog
@@ -30,6 +30,7 @@ from model.types import ADMISSION_ANNOTATION
 from model.defrag import DefragPlan, plan_round
 from model.explain import Explanation, Top, explain, top
 from model.line import waits_for_room
+from model.line_status import ClassLine, Published, place_in, published_lines
 from model.parse import ParseError, parse_tolerations, parse_vmi_request
 from model.serialize import format_time
 from model.snapshot import Snapshot
@@ -46,7 +47,9 @@ class ToolError(Exception):
 class Cluster:
     """The cluster as read once: the snapshot, live VMIs (namespace, name), raw VMIs, and
     what the webhook knows of VMIs (`ClusterCache.vmi_state`: uids, admission ids); `vms`
-    the VirtualMachines read by name (`read_cluster(vm=...)`)."""
+    the VirtualMachines read by name (`read_cluster(vm=...)`); `lines` the waiting line of
+    each class as the leader published it in the GPUClass's `status.line` (P5,
+    `model.line_status`; classes nobody waits in are absent)."""
 
     snapshot: Snapshot
     live_vmis: set[tuple[str, str]]
@@ -55,6 +58,7 @@ class Cluster:
     permitted: frozenset[str] | None = None
     launcher: LauncherDefaults = LauncherDefaults()
     vms: dict[tuple[str, str], dict] = field(default_factory=dict)
+    lines: dict[str, ClassLine] = field(default_factory=dict)
 
 
 def default_kubeconfig() -> str:
@@ -111,7 +115,8 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
         vmis = {k: v for k, v in ((k, cache.vmis.get(k)) for k in cache.vmi_keys()) if v}
         vms = {vm: got} if vm is not None and (got := await _read_vm(api, vm, timeout)) else {}
         return Cluster(cache.view.snapshot(), set(vmis), vmis, cache.vmi_state(),
-                       cache.permitted_resources(), cache.launcher_defaults(), vms)
+                       cache.permitted_resources(), cache.launcher_defaults(), vms,
+                       published_lines(cache.classes.items()))
     finally:
         await api.close()
 
@@ -327,25 +332,36 @@ def waits_in_line(e: Explanation, classes: tuple[str, ...]) -> tuple[str, ...]:
     return classes
 
 
-def line_lines(e: Explanation, classes: tuple[str, ...] = ()) -> list[str]:
-    """explain's P5 line. The waiting line lives in the leader's memory (its coordinator), not
-    in the API, so the CLI, which reads the cluster, cannot say the position: with a line
-    given to `model.explain.explain` (`e.line`) it says the place; else, for a set refused
-    for room only, which lines a create now would wait in, and where the leader says the
-    position (docs/contract.md P5, docs/troubleshooting.md)."""
+def line_lines(e: Explanation, classes: tuple[str, ...] = (), published: Published | None = None) -> list[str]:
+    """explain's P5 lines. The line lives in the leader's coordinator, which publishes each
+    class's length and first sets in its GPUClass's `status.line` (`k8s.line_status`):
+    `published` is what those say of this set (`model.line_status.place_in`). With the set's
+    place (`e.line`: given to `model.explain.explain`, or the published one put there) it
+    says the place and the sets ahead, and for a class whose published sets stop before it,
+    that it is further back, with the length. Else, for a set refused for room only, which
+    lines a create now would wait in and what the published lines say of them (or, none
+    published, where the leader says the position: its refusals and metrics)."""
+    beyond = published.beyond if published is not None else ()
     if e.line is not None:
-        return [f"line: {e.line.render()}"]
+        return [f"line: {e.line.render()}"] + [f"line: {b.render()}" for b in beyond
+                                               if b.length > b.shown]
     waiting = waits_in_line(e, classes)
     if not waiting:
         return []
-    return [f"line: refused for room only: a create now waits in the line of class "
-            f"{', '.join(waiting)} (P5; higher priority first, then first refused first)",
-            "  the line is the leader's, in its memory: its refusals behind_in_line and "
-            "node_reserved (the create's 503 and the VM's FailedCreate Events) name the set "
-            "ahead and its position; gpu_binder_line_length{class} on its /metrics counts each line"]
+    out = [f"line: refused for room only: a create now waits in the line of class "
+           f"{', '.join(waiting)} (P5; higher priority first, then first refused first)"]
+    if beyond:
+        return out + [f"  {b.render()}" if b.length > b.shown else
+                      f"  the line of class {b.class_name}: {b.length} waiting (GPUClass status.line), "
+                      "this set not among them" for b in beyond]
+    return out + ["  the line is the leader's, in its memory: its refusals behind_in_line and "
+                  "node_reserved (the create's 503 and the VM's FailedCreate Events) name the set "
+                  "ahead and its position; gpu_binder_line_length{class} on its /metrics counts each "
+                  "line; nobody waits in it as the leader last published it (GPUClass status.line)"]
 
 
-def render_explain(e: Explanation, *, max_nodes: int = 50, classes: tuple[str, ...] = ()) -> str:
+def render_explain(e: Explanation, *, max_nodes: int = 50, classes: tuple[str, ...] = (),
+                   published: Published | None = None) -> str:
     """The text of `gpu-binder explain`: verdict, set-level problems, one line per node
     serving the set's classes or holding a member (at most `max_nodes`, chosen, eligible
     and holding nodes first; the others counted), the smallest changes."""
@@ -359,7 +375,7 @@ def render_explain(e: Explanation, *, max_nodes: int = 50, classes: tuple[str, .
         out.append(f"  whatever the node: {p}")
     for line in kept_lines(e):  # H4
         out.append(line)
-    out += line_lines(e, classes)  # P5
+    out += line_lines(e, classes, published)  # P5
     out.append("nodes:")
     unserving = [v for v in e.nodes if not v.holds
                  and any(r.code is Code.CLASSES_NOT_SERVED for r in v.reasons)]
@@ -507,9 +523,10 @@ def render_what_if(w: WhatIf) -> str:
     return "\n".join(out)
 
 
-def render_top(t: Top) -> str:
+def render_top(t: Top, lines: Mapping[str, ClassLine] | None = None) -> str:
     """The text of `gpu-binder top`: a table per class and node, class totals with the
-    largest placeable set, then tenant budgets."""
+    largest placeable set, the waiting line of each class (`lines`, as the leader published
+    them, P5), then tenant budgets."""
     kept = bool(t.kept) or any(c.kept for c in t.classes)  # H4: a KEPT column only then
     rows = [("CLASS", "NODE", "ALLOC", "BOUND", "ATTACHED", "AWAITING", *(("KEPT",) * kept),
              "IDLE", "FREE", "LARGEST")]
@@ -536,12 +553,33 @@ def render_top(t: Top) -> str:
         out.append("AWAITING: attached to a VMI not seen yet (an admission in progress, or a "
                    "create that failed; housekeeping frees it after --attachment-grace)")
     out += _block_lines(t)
+    out += line_table(lines or {})
     out.append("")
     trows = [("TENANT", "RESOURCE", "USED", "BUDGET")]
     for x in t.tenants:
         trows.append((x.namespace, x.resource, str(x.used), "none" if x.hard is None else str(x.hard)))
     out += _table(trows) if len(trows) > 1 else ["no tenant holds a device or has a budget"]
     return "\n".join(out)
+
+
+def line_table(lines: Mapping[str, ClassLine]) -> list[str]:
+    """`top`'s waiting lines (P5), one table row per set shown, by class then position, and
+    per class its length and the longest wait (GPUClass `status.line`, as the leader last
+    published it); nothing when nobody waits."""
+    if not lines:
+        return []
+    rows = [("LINE", "POS", "SET", "KIND", "PRIORITY", "GPUS", "WAITING SINCE", "RESERVED")]
+    notes = []
+    for c in sorted(lines):
+        cl = lines[c]
+        for w in cl.shown:
+            rows.append((c, str(w.position), f"{w.namespace}/{w.name}",
+                         "VM" if w.kind == "VirtualMachine" else "VMI",
+                         f"{w.priority}" + (f" {w.priority_class}" if w.priority_class else ""),
+                         str(w.gpus), format_time(w.since), w.reserved or ""))
+        more = f", the first {len(cl.shown)} shown" if cl.length > len(cl.shown) else ""
+        notes.append(f"LINE {c}: {cl.length} waiting, the longest since {format_time(cl.oldest)}{more}")
+    return ["", *_table(rows), *notes]
 
 
 def _block_lines(t: Top) -> list[str]:
@@ -615,15 +653,20 @@ async def _run(args) -> int:
                         defrag_max_moves=args.defrag_max_moves)
         note = resolved_as(args.vmi, cluster)
         classes = set_classes(cluster, vmi)
+        published = place_in(cluster.lines, e.namespace, e.vmi, classes)  # P5: status.line
+        if e.line is None and published.place is not None:
+            e = dataclasses.replace(e, line=published.place)
         if args.json:
             out = to_jsonable(e)
             if note:
                 out["resolved"] = note
             if waits_in_line(e, classes):
                 out["waits_in_line"] = list(waits_in_line(e, classes))  # P5: the leader's line
+            if any(b.length > b.shown for b in published.beyond):
+                out["line_beyond"] = [to_jsonable(b) for b in published.beyond if b.length > b.shown]
             print(json.dumps(out, indent=2))
         else:
-            print((note + "\n" if note else "") + render_explain(e, classes=classes))
+            print((note + "\n" if note else "") + render_explain(e, classes=classes, published=published))
         return 0 if e.admitted else 1
     if args.command == "what-if":
         try:
@@ -639,5 +682,9 @@ async def _run(args) -> int:
               else render_defrag(plan, args.max_moves))
         return 0
     t = top(cluster.snapshot, cluster.live_vmis)
-    print(json.dumps(to_jsonable(t), indent=2) if args.json else render_top(t))
+    if args.json:
+        print(json.dumps({**to_jsonable(t), "lines": [to_jsonable(cluster.lines[c])
+                                                     for c in sorted(cluster.lines)]}, indent=2))
+    else:
+        print(render_top(t, cluster.lines))
     return 0

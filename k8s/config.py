@@ -121,6 +121,10 @@ FIELD_HELP: dict[str, str] = {
     "preemption_nomination_ttl": "seconds a nomination holds the room freed for its preemptor "
                                  "(preemption.nominationTTL, P4): past it the hold is released "
                                  "and the nomination deleted; > 0",
+    "line_reserve_after": "seconds the head of a class's waiting line (a set refused for room) "
+                          "waits before the node where it would start soonest is reserved for "
+                          "it (line.reserveAfter, P5): that node takes no set behind it until "
+                          "it starts; >= 0",
 }
 """Meaning and unit of each setting (`field_help` adds the default)."""
 
@@ -201,6 +205,7 @@ class Config:
     defrag_max_moves: int = _BINDER.coordinator.defrag_max_moves
     preemption_min_runtime: float = _BINDER.coordinator.preemption.preemption.min_runtime.total_seconds()
     preemption_nomination_ttl: float = _BINDER.coordinator.preemption.ttl.total_seconds()
+    line_reserve_after: float = _BINDER.coordinator.line.reserve_after.total_seconds()
 
     def validate(self) -> "Config":
         """Check ranges; return self. Raises ValueError naming the bad setting by its flag
@@ -226,6 +231,9 @@ class Config:
         if self.preemption_min_runtime < 0:
             raise ValueError(f"--preemption-min-runtime: must be >= 0 seconds, "
                              f"got {self.preemption_min_runtime}")
+        if not self.line_reserve_after >= 0:  # NaN too
+            raise ValueError(f"--line-reserve-after: must be >= 0 seconds, "
+                             f"got {self.line_reserve_after}")
         if self.max_restarts < 0:
             raise ValueError(f"--max-restarts: must be at least 0, got {self.max_restarts}")
         if self.prepare_ttl <= self.ask_timeout:

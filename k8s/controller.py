@@ -4,7 +4,9 @@
    denies (fail closed) until the cache has synced;
 2. the informers (wait for sync), then `/readyz` turns ok;
 3. the Lease loop; while leading, the binder (supervisor, node actors, coordinator),
-   housekeeping and the waiting-VM loop (`k8s.vm_waiting`) run in one task group, cancelled together when leadership is lost.
+   housekeeping, the waiting-VM loop (`k8s.vm_waiting`), the preemption worker and the
+   published waiting line (`k8s.line_status`) run in one task group, cancelled together
+   when leadership is lost.
 SIGTERM/SIGINT cancel everything in reverse order; a held Lease is released. A supervisor
 escalation (restart intensity exceeded) propagates out and the process exits non-zero.
 """
@@ -32,6 +34,7 @@ from k8s.client import KubeClient
 from k8s.config import Config
 from k8s.housekeeping import Housekeeper
 from k8s.leader import LeaderElector, LeaseConfig
+from k8s.line_status import LineStatus
 from k8s.metrics import Metrics, Observed
 from k8s.nominations import ApiNominations
 from k8s.preemption import Preemption
@@ -75,7 +78,9 @@ def binder_config(cfg: Config) -> BinderConfig:
                             preemption=replace(
                                 b.coordinator.preemption,
                                 preemption=PreemptionSettings(timedelta(seconds=cfg.preemption_min_runtime)),
-                                ttl=timedelta(seconds=cfg.preemption_nomination_ttl))),
+                                ttl=timedelta(seconds=cfg.preemption_nomination_ttl)),
+                            line=replace(b.coordinator.line,
+                                         reserve_after=timedelta(seconds=cfg.line_reserve_after))),
         pipeline=replace(b.pipeline, write_timeout=cfg.write_timeout,
                          retry_attempts=cfg.write_attempts, settle_timeout=cfg.settle_timeout),
     )
@@ -195,7 +200,10 @@ class Controller:
             self.binder = Binder(cache.view, cache.view, writer, SystemClock(),
                                  binder_config(cfg), observer=metrics, nominations=nominations)
             preemption = Preemption(leading, cache, nominations, period=cfg.housekeeping_period)
-            waiting = VMWaiting(leading, cache, grace=grace)
+            published = LineStatus(leading, cache, self.binder.line)  # P5: status.line of each class
+            waiting = VMWaiting(leading, cache, grace=grace,  # P5: the line, asked for 1 s at most
+                                line=functools.partial(self.binder.line, 1.0),
+                                waiting=self.binder.vms_waiting)
             keeper = Housekeeper(leading, cache, grace=grace, raw_policy=cfg.raw_resource_names,
                                  period=cfg.housekeeping_period,
                                  answer_window=timedelta(seconds=cfg.bind_timeout),
@@ -207,6 +215,7 @@ class Controller:
                     tg.start_soon(keeper.run)
                     tg.start_soon(waiting.run)
                     tg.start_soon(preemption.run)
+                    tg.start_soon(published.run)
             finally:
                 self.binder = self.housekeeper = self.vm_waiting = None
 

@@ -271,9 +271,16 @@ class Metrics:
         self.line_wait = Histogram(
             "gpu_binder_line_wait_seconds", "how long a GPU set waited in the line, from its "
             "first refusal for room to its placement (P5; observed when it leaves by starting), "
-            "by the priority it recorded (a PriorityClass value) and class",
+            "by the PriorityClass it recorded (its name; none: no class) and class",
             ["priority", "class"], registry=self.registry,
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 21600))
+        self.preemptions = Counter(
+            "gpu_binder_preemptions", "preemptions the leader decided (P4: nominations made, "
+            "each for a set refused for room), by class of the preemptor's set",
+            ["class"], registry=self.registry)
+        self.preemption_victims = Counter(
+            "gpu_binder_preemption_victims", "sets the leader's nominations name to stop (P4), "
+            "by class of the preemptor's set", ["class"], registry=self.registry)
         self._line_classes: set[str] = set()
         self.registry.register(_TreeCollector(observe, admission))
         self.observe = observe
@@ -328,10 +335,18 @@ class Metrics:
 
     def left_line(self, priority, classes, seconds: float) -> None:
         """A set left the line by starting after `seconds` (P5): one observation per class it
-        waited in, labelled with its priority value (`model.priority.Priority`: bounded by the
-        PriorityClasses that exist)."""
+        waited in, labelled with its PriorityClass's name (`model.priority.Priority.class_name`,
+        "none" without one: bounded by the PriorityClasses that exist, and stable when a
+        class's value changes)."""
         for class_name in classes:
-            self.line_wait.labels(str(priority.value), class_name).observe(max(0.0, seconds))
+            self.line_wait.labels(priority.class_name or "none", class_name).observe(max(0.0, seconds))
+
+    def preempted(self, classes, victims: int) -> None:
+        """A nomination made (P4): one preemption, and `victims` sets to stop, per class of the
+        preemptor's set (`classes`; a class name is a bounded label)."""
+        for class_name in classes:
+            self.preemptions.labels(class_name).inc()
+            self.preemption_victims.labels(class_name).inc(victims)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -44,11 +44,13 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Sequence
+from functools import partial
+from typing import Awaitable, Callable, Sequence
 
 import anyio
 import structlog
 
+from actors.coordinator_protocol import LineState, VMsWaiting
 from k8s import errors, events
 from k8s.cache import ClusterCache
 from k8s.client import VMS, KubeClient
@@ -58,6 +60,7 @@ from model.admission import ANNOTATION_PREFIX
 from model.serialize import format_time
 from model.vm import CONDITION, Condition, Waiting, current_condition, plan_waiting
 from model.vm_preemption import Preempted, preempted_victims, restarted
+from model.vm_line import vm_entries, vm_held_back
 
 log = structlog.get_logger("gpu_binder.vm_waiting")
 
@@ -131,7 +134,9 @@ class VMWaiting:
                  period: float = 5.0, coalesce: float = 0.2,
                  min_interval: float = 2.0, refresh_interval: float = 60.0,
                  max_writes: int = 4, window: float = 60.0, hold: float = 10.0,
-                 remember: float = 3600.0) -> None:
+                 remember: float = 3600.0,
+                 line: Callable[[], Awaitable[LineState | None]] | None = None,
+                 waiting: Callable[[VMsWaiting], None] | None = None) -> None:
         self._client = client.using(field_manager=FIELD_MANAGER)
         self.cache = cache
         self.grace = grace
@@ -141,6 +146,8 @@ class VMWaiting:
         self.window = window
         self.hold = hold
         self.remember = remember
+        self._line = line  # P5: the coordinator's waiting line (`Binder.line`), None: not known
+        self._waiting = waiting  # P5: hands the coordinator the VMs waiting (`Binder.vms_waiting`)
         self.vms = Informer("virtualmachines", client.lister(VMS), transform=slim_vm)
         self._writes: dict[Key, list[float]] = {}  # monotonic times of the last writes
         self._given: dict[Key, tuple[float, str]] = {}  # nudged: (monotonic time, node)
@@ -160,10 +167,11 @@ class VMWaiting:
             finally:
                 tg.cancel_scope.cancel()
 
-    def plan(self, now: datetime) -> list[Waiting]:
+    def plan(self, now: datetime, line: LineState | None = None) -> list[Waiting]:
         """`model.vm.plan_waiting` over the cached VMs and the cache's snapshot, with the
         sets given to VMs nudged within the last `hold` seconds (their VMI may be cached
-        before their devices are) and the victims remembered (`remembered`)."""
+        before their devices are), the victims remembered (`remembered`), and no nudge
+        for room a set ahead in the waiting `line` can use (P5, `model.vm_line.vm_held_back`)."""
         mono = time.monotonic()
         for key in [k for k, (t, _) in self._given.items() if mono - t >= self.hold]:
             del self._given[key]
@@ -173,7 +181,10 @@ class VMWaiting:
                             launcher=self.cache.launcher_defaults(),
                             permitted=self.cache.permitted_resources(),
                             given={k: node for k, (_, node) in self._given.items()},
-                            preempted=self.remembered(snap.nominations, vmis, mono))
+                            preempted=self.remembered(snap.nominations, vmis, mono),
+                            held_back=None if line is None else partial(
+                                vm_held_back, line.line, line.reservations,
+                                launcher=self.cache.launcher_defaults()))
 
     def remembered(self, nominations, vmis, mono: float) -> dict[Key, Preempted]:
         """The victims of `nominations` and of those seen before (P4), less those whose VM
@@ -194,7 +205,10 @@ class VMWaiting:
         now = now or datetime.now(timezone.utc)
         if not (self.vms.healthy and self.cache.healthy(self.cache.vmis, self.cache.devices)):
             return
-        plans = {w.key: w for w in self.plan(now)}
+        line = await self._line() if self._line is not None else None
+        planned = self.plan(now, line)
+        self._hand_line(planned, now, line)
+        plans = {w.key: w for w in planned}
         live = self.cache.vmi_state().live
         for key, w in plans.items():
             vm = self.vms.get(key)
@@ -209,6 +223,18 @@ class VMWaiting:
             if key not in plans and key not in live and current_condition(vm) is not None:
                 await self._show(key, vm, None, now)
         self.rounds += 1
+
+    def _hand_line(self, planned: list[Waiting], now: datetime, line: LineState | None) -> None:
+        """P5: W1 refuses a VM's VMI for room before the coordinator sees it, so the VMs found
+        waiting for room (and those found running or stopped) go to the coordinator's line
+        (`model.vm_line.vm_entries`, `VMsWaiting`)."""
+        if self._waiting is None:
+            return
+        entries, gone = vm_entries(self.cache.view.snapshot(), self.vms.items(), planned,
+                                   vmis=self.cache.vmi_state(), now=now,
+                                   launcher=self.cache.launcher_defaults(),
+                                   line=line.line if line is not None else None)
+        self._waiting(VMsWaiting(tuple(entries), tuple(gone)))
 
     def _due(self, key: Key, old: dict | None, new: Condition | None) -> float:
         mono = time.monotonic()

@@ -12,13 +12,15 @@ typed refusals (`behind_in_line`, `node_reserved`, category unavailable: the web
   requests decided against a placement that the line then refused (to decide again).
 - `tidy`: the line without the entries whose clients stopped retrying (`Line.expire` for bare
   VMIs; `VM_TTL` for a VM's, as a safety net: the coordinator sees no VirtualMachine).
+- `refresh`: the VMs the waiting-VM loop found waiting for room (refused at W1, before the
+  coordinator saw them) entered or kept in place, and those it found running or stopped out.
 
 Pure: no I/O, no wall clock (`now` is an argument, UTC).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Mapping, Sequence
 
@@ -193,6 +195,27 @@ def tidy(line: Line, now: datetime, settings: LineSettings = LineSettings(),
     return line if len(kept) == len(line) else Line(kept)
 
 
+def refresh(line: Line, waiting: Sequence[Entry], gone: Sequence[Identity], now: datetime) -> Line:
+    """`line` with the sets of `waiting` refused for room at `now` (as `Line.refused` one by
+    one: an entry already there keeps its first-refused time and so its place, takes the new
+    shape and priority and `last_seen` `now`; a new one enters with its own first-refused
+    time) and without those of `gone` (`Identity.same`). One sort, whatever the number. Pure."""
+    by_key = {e.identity.key: e for e in line}
+    for ident in gone:
+        e = by_key.get(ident.key)
+        if e is not None and e.identity.same(ident):
+            del by_key[ident.key]
+    for new in waiting:
+        old = by_key.get(new.identity.key)
+        if old is not None and old.identity.same(new.identity):
+            ident = new.identity if new.identity.vm_uid is not None else old.identity
+            by_key[new.identity.key] = Entry(ident, new.shape, new.priority, old.first_refused,
+                                             max(old.last_seen, now))
+        else:
+            by_key[new.identity.key] = replace(new, last_seen=now)
+    return Line(by_key.values())
+
+
 def leaves(line: Line, snapshot: Snapshot, request: Request) -> tuple[Line, Entry | None]:
     """`request`'s set started (its placement is written, Succeeded): the line without it, and
     the entry that left (None: it did not wait)."""
@@ -202,4 +225,4 @@ def leaves(line: Line, snapshot: Snapshot, request: Request) -> tuple[Line, Entr
 
 
 __all__ = ["Gated", "LINE_CODES", "VM_TTL", "first_allowed", "gate", "gate_batch", "identity_of", "joins_line",
-           "leaves", "line_entry", "tidy"]
+           "leaves", "line_entry", "refresh", "tidy"]

@@ -12,13 +12,14 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from model.admission import ANNOTATION_PREFIX, LauncherDefaults, node_selector_of, unknown_annotations
 from model.explain import Explanation, explain, set_request
 from model.housekeeping import VMIs
 from model.nomination import hold_id, nomination_holds
 from model.parse import ParseError, parse_tolerations, parse_vmi_request
+from model.reasons import Reason
 from model.snapshot import Snapshot
 from model.types import Phase
 from model.vm_preemption import Preempted, preempted_victims, preemption_condition
@@ -209,6 +210,15 @@ def _placed(snapshot: Snapshot, vm: Mapping[str, Any], node: str) -> Snapshot:
     return snapshot.with_devices(out)
 
 
+def _line_says(held_back: Callable[[Snapshot, Mapping[str, Any], str], Reason | None],
+               snapshot: Snapshot, vm: Mapping[str, Any], e: Explanation | None) -> Condition | None:
+    """The False condition of a VM whose set fits on `e.node` but that the line holds back
+    (`held_back`'s reason), None when it may start."""
+    assert e is not None and e.node is not None
+    why = held_back(snapshot, vm, e.node)
+    return None if why is None else Condition("False", reason_name(why.code.value), why.render())
+
+
 def order(waiting: Iterable[tuple[Mapping[str, Any], datetime | None]]) -> list:
     """Waiting VMs (vm, since) oldest first, then by namespace and name: the order in which
     room is given (see `plan_waiting`)."""
@@ -224,7 +234,9 @@ def plan_waiting(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], *, vmis: 
                  now: datetime, grace: timedelta, launcher: LauncherDefaults = LauncherDefaults(),
                  permitted: frozenset[str] | None = None,
                  given: Mapping[tuple[str, str], str] | None = None,
-                 preempted: Mapping[tuple[str, str], Preempted] | None = None) -> list[Waiting]:
+                 preempted: Mapping[tuple[str, str], Preempted] | None = None,
+                 held_back: Callable[[Snapshot, Mapping[str, Any], str], Reason | None] | None = None,
+                 ) -> list[Waiting]:
     """The waiting VMs and the room given to them, in the documented order.
 
     Candidates: every VM of `vms` that asks for GPUs, wants a VMI (`wants_vmi`) and has none
@@ -252,6 +264,11 @@ def plan_waiting(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], *, vmis: 
     was answered 503 with Retry-After, which virt-controller's client waits out inside the
     call, so the VM shows no `Failure` condition meanwhile.
 
+    `held_back(snapshot, vm, node)` (P5, `model.vm_line.vm_held_back` over the leader's
+    waiting line): a VM whose set fits but that it holds back (a set ahead of it in the line
+    can use the room, or the node is reserved) is not given the room: no nudge, and its
+    condition says the line's refusal.
+
     Returns a `Waiting` per candidate refused before, in that order (`nudge` True for those
     given room). Pure; never raises."""
     snap = snapshot.with_reservations(
@@ -276,7 +293,12 @@ def plan_waiting(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], *, vmis: 
         e, cond = judge_vm(snap.without_reservation(hold_id(*key)), vm, vmis=vmis, now=now,
                            grace=grace, launcher=launcher, permitted=permitted)
         nudge = e is not None and e.admitted and e.node is not None
-        if not nudge and cond.status == "False":
+        held_in_line = False
+        if nudge and held_back is not None:  # P5: room a set ahead in line can use is not the VM's
+            why = _line_says(held_back, snap, vm, e)
+            if why is not None:
+                nudge, cond, held_in_line = False, why, True
+        if not nudge and not held_in_line and cond.status == "False":
             said = preemption_condition(key, e, current_condition(vm), snapshot.nominations,
                                         known, vmis, now)
             if said is not None:

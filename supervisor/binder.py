@@ -37,8 +37,8 @@ from anyio.abc import TaskStatus
 
 from actors.coordinator import Coordinator
 
-from actors.coordinator_protocol import CoordinatorConfig, Examine, Resync
-from actors.errors import ActorStopped, MailboxFull
+from actors.coordinator_protocol import CoordinatorConfig, Examine, GetLine, LineState, Resync, VMsWaiting
+from actors.errors import ActorStopped, AskTimeout, MailboxFull
 from actors.node_actor import DevicesChanged, NodeActor, NodeActorConfig, NodeChanged
 from actors.ports import (Change, ChangeFeed, Clock, ClusterView, DecisionObserver, NominationWriter,
                           StatusWriter)
@@ -155,6 +155,22 @@ class Binder:
         actors (`node_child_id(n)`), `PIPELINE` and `COORDINATOR`, e.g. for
         `supervisor.kill(COORDINATOR)` (which restarts the pipeline with it)."""
         return self._sup
+
+    async def line(self, timeout: float = 5.0) -> LineState | None:
+        """The coordinator's waiting line (P5, `GetLine`), None while there is no coordinator
+        or it did not answer within `timeout` seconds (restarting, or busy)."""
+        ref = self.coordinator
+        if ref is None:
+            return None
+        try:
+            return await ref.ask(GetLine(), timeout=timeout)
+        except (AskTimeout, ActorStopped):
+            return None
+
+    def vms_waiting(self, message: VMsWaiting) -> None:
+        """Hand the coordinator the VMs the waiting-VM loop found waiting for room (P5);
+        dropped when there is no coordinator or its mailbox is full (sent again next round)."""
+        self._tell(self.coordinator, message)
 
     def child_ids(self) -> list[str]:
         return self._sup.child_ids() if self._sup is not None else []

@@ -49,3 +49,64 @@ def test_P5_a_line_given_to_explain_shows_the_place_in_it():
                 grace=timedelta(minutes=2), line=Line([ahead, me]))
     (text,) = line_lines(e)
     assert text.startswith("line: ") and "position 2 of 2 in the line of class h100, behind t9/big" in text
+
+
+# --- the line as the leader publishes it (GPUClass status.line, model.line_status) ------------
+
+def _published(*entries):
+    from model.line_status import line_to_status, summarize
+    return [{"metadata": {"name": c}, "status": {"line": line_to_status(s)}}
+            for c, s in summarize(Line(entries)).items()]
+
+
+def test_P5_explain_gives_the_place_and_the_sets_ahead_from_the_published_line():
+    import dataclasses
+
+    from cli.tools import published_lines
+    from model.line_status import place_in
+    ahead = entry(Identity("t9", "big"), Shape((), (("h100", 2),)), Priority(1000, class_name="on-demand"),
+                  NOW)
+    me = entry(Identity(NS, "vm-2", "vm-uid"), Shape((), (("h100", 2),)), Priority(), NOW + timedelta(seconds=5))
+    lines = published_lines([{"metadata": {"name": "l40s"}}, *_published(ahead, me)])
+    assert sorted(lines) == ["h100"]
+    e = explain(_full(), NS, "vm-2", VMIAsk((), (("h100", 2),)), live_vmis=set(), now=NOW,
+                grace=timedelta(minutes=2))
+    published = place_in(lines, NS, "vm-2", ("h100",))
+    e = dataclasses.replace(e, line=published.place)
+    text = render_explain(e, classes=("h100",), published=published).splitlines()
+    (line,) = [x for x in text if x.startswith("line: ")]
+    assert "waits for room: position 2 of 2 in the line of class h100, behind t9/big (priority 1000" in line
+
+
+def test_P5_explain_of_a_set_beyond_the_published_entries_says_so_with_the_length():
+    from cli.tools import published_lines
+    from model.line_status import SHOWN, place_in
+    many = [entry(Identity("t9", f"vm-{i:02}"), Shape((), (("h100", 2),)), Priority(), NOW + timedelta(seconds=i))
+            for i in range(SHOWN + 4)]
+    lines = published_lines(_published(*many))
+    e = explain(_full(), NS, "vm-late", VMIAsk((), (("h100", 2),)), live_vmis=set(), now=NOW,
+                grace=timedelta(minutes=2))
+    got = line_lines(e, ("h100",), place_in(lines, NS, "vm-late", ("h100",)))
+    assert got[0].startswith("line: refused for room only")
+    assert got[1] == (f"  not among the first {SHOWN} of the {SHOWN + 4} sets waiting in the line of class "
+                      f"h100 (the status lists the first {SHOWN}): further back, or not waiting")
+    few = published_lines(_published(*many[:3]))
+    assert line_lines(e, ("h100",), place_in(few, NS, "vm-late", ("h100",)))[1] == (
+        "  the line of class h100: 3 waiting (GPUClass status.line), this set not among them")
+
+
+def test_P5_top_shows_each_class_line_head_first_with_its_length():
+    from cli.tools import published_lines, render_top, to_jsonable
+    from model.explain import top
+    big = entry(Identity("t9", "big", "uid"), Shape((), (("h100", 8),)), Priority(1000, class_name="on-demand"),
+                NOW + timedelta(minutes=1))
+    small = entry(Identity("t1", "small"), Shape((), (("h100", 1),)), Priority(), NOW)
+    lines = published_lines(_published(small, big))
+    text = render_top(top(_full(), set()), lines).splitlines()
+    i = next(n for n, x in enumerate(text) if x.startswith("LINE "))
+    assert text[i].split() == ["LINE", "POS", "SET", "KIND", "PRIORITY", "GPUS", "WAITING", "SINCE", "RESERVED"]
+    assert text[i + 1].split() == ["h100", "1", "t9/big", "VM", "1000", "on-demand", "8", "2026-01-02T03:05:05Z"]
+    assert text[i + 2].split() == ["h100", "2", "t1/small", "VMI", "0", "1", "2026-01-02T03:04:05Z"]
+    assert "LINE h100: 2 waiting, the longest since 2026-01-02T03:04:05Z" in text
+    assert "LINE" not in render_top(top(_full(), set()))
+    assert to_jsonable(lines["h100"])["length"] == 2

@@ -224,3 +224,21 @@ def test_the_preemption_settings_reach_the_coordinator():
         load(None, env={}, flags={"webhook_port": "0", "preemption_nomination_ttl": "0"})
     with pytest.raises(ValueError, match="--preemption-min-runtime: must be >= 0 seconds"):
         load(None, env={}, flags={"webhook_port": "0", "preemption_min_runtime": "-1"})
+
+
+def test_P5_line_reserve_after_reaches_the_coordinator_and_a_bad_value_is_one_clear_line():
+    """`line.reserveAfter` (seconds, default 5m): --line-reserve-after, GPU_BINDER_LINE_RESERVE_AFTER
+    or the file's key; negative or not a number is refused naming the flag."""
+    from datetime import timedelta
+    assert default("line_reserve_after") == 300.0
+    assert "line.reserveAfter" in field_help("line_reserve_after") and "(default: 300)" in field_help(
+        "line_reserve_after")
+    got = binder_config(load(None, env={}, flags={"webhook_port": "0", "line_reserve_after": "90"}))
+    assert got.coordinator.line.reserve_after == timedelta(seconds=90)
+    assert got.coordinator.line.ttl == timedelta(minutes=2)                       # the rest as it was
+    assert binder_config(load(None, env={"GPU_BINDER_LINE_RESERVE_AFTER": "0"}, flags={"webhook_port": "0"})
+                         ).coordinator.line.reserve_after == timedelta(0)
+    with pytest.raises(ValueError, match=r"^--line-reserve-after: must be >= 0 seconds, got -1\.0$"):
+        load(None, env={}, flags={"webhook_port": "0", "line_reserve_after": "-1"})
+    with pytest.raises(ValueError, match=r"^flags: --line-reserve-after: not a number: 'soon'$"):
+        load(None, env={}, flags={"webhook_port": "0", "line_reserve_after": "soon"})

@@ -254,5 +254,28 @@ def test_P5_the_line_length_per_class_and_the_wait_of_a_set_that_started():
            for s in fam.samples}
     assert out[("gpu_binder_line_length", (("class", "h100"),))] == 1
     assert out[("gpu_binder_line_length", (("class", "l40s"),))] == 0
-    assert out[("gpu_binder_line_wait_seconds_count", (("class", "h100"), ("priority", "1000")))] == 1
-    assert out[("gpu_binder_line_wait_seconds_sum", (("class", "h100"), ("priority", "1000")))] == 42.0
+    # the priority label is the PriorityClass's name (bounded, stable), not its value
+    assert out[("gpu_binder_line_wait_seconds_count", (("class", "h100"), ("priority", "on-demand")))] == 1
+    assert out[("gpu_binder_line_wait_seconds_sum", (("class", "h100"), ("priority", "on-demand")))] == 42.0
+
+
+def test_P5_a_set_of_no_priority_class_waits_under_priority_none_and_P4_preemptions_and_victims_count():
+    """`gpu_binder_line_wait_seconds{priority="none"}` for a set with no PriorityClass;
+    `gpu_binder_preemptions_total{class}` and `gpu_binder_preemption_victims_total{class}`
+    count the nominations the leader made and their victims, per class of the preemptor."""
+    from model.priority import Priority
+
+    cache = SimpleNamespace(view=IndexedView(), vmi_keys=set)
+    metrics = Metrics(lambda: Observed(synced=True), _idle_admission(cache))
+    metrics.left_line(Priority(), ("h100", "l40s"), 5.0)
+    metrics.preempted(("h100",), 2)
+    metrics.preempted(("h100",), 1)
+    metrics.preempted(("h100", "l40s"), 3)
+    out = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for fam in text_string_to_metric_families(metrics.render()[0].decode())
+           for s in fam.samples}
+    assert out[("gpu_binder_line_wait_seconds_count", (("class", "l40s"), ("priority", "none")))] == 1
+    assert out[("gpu_binder_preemptions_total", (("class", "h100"),))] == 3
+    assert out[("gpu_binder_preemptions_total", (("class", "l40s"),))] == 1
+    assert out[("gpu_binder_preemption_victims_total", (("class", "h100"),))] == 6
+    assert out[("gpu_binder_preemption_victims_total", (("class", "l40s"),))] == 3

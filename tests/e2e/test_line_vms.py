@@ -1,0 +1,64 @@
+"""P5 with KubeVirt VirtualMachines (docs/contract.md §3c P5): VMs the webhook refuses for room
+wait in the leader's line (handed over by the waiting-VM loop), the line is published in the
+GPUClass's `status.line` and read by `gpu-binder explain` and `top`, and when room frees the
+VM ahead in line is nudged, not an older VM of lower priority whose start would take the room
+the one ahead needs.
+
+Against the real virt-controller, virt-api, kube-scheduler and KWOK (marker kubevirt)."""
+
+from __future__ import annotations
+
+import pytest
+
+from model.types import GROUP, VERSION
+from tests.e2e.conftest import unique
+from tests.e2e.helpers import eventually
+from tests.e2e.test_priority import priority_class
+from tests.e2e.test_vm_path import condition, create_vm, get_vm, get_vmi, set_run, started, vm_body, waiting
+from tests.support.kubevirt_vmis import kubevirt, pool, system  # noqa: F401 (fixtures)
+from tests.support.tools import run_tool
+
+pytestmark = [pytest.mark.anyio, pytest.mark.kubevirt]
+
+
+async def test_P5_vms_refused_at_W1_wait_in_the_published_line_and_the_one_ahead_gets_the_room(
+        system, kubevirt, fleet, control_plane):
+    on_demand = unique("on-demand")
+    await priority_class(fleet, system, on_demand, 100_000)
+    res, cls, nodes, tenant = await pool(fleet, kubevirt, {"n": {"units": 2}})
+    await create_vm(fleet, tenant, vm_body("holder", templates=f"{cls}=2"))
+    await started(fleet, tenant, "holder")
+    await create_vm(fleet, tenant, vm_body("small", templates=f"{cls}=1"))  # waits first
+    await waiting(fleet, tenant, "small")
+    big = vm_body("big", templates=f"{cls}=2")
+    big["spec"]["template"]["spec"]["priorityClassName"] = on_demand
+    await create_vm(fleet, tenant, big)
+    await waiting(fleet, tenant, "big")
+
+    async def published():
+        got = await fleet.custom.get_cluster_custom_object(GROUP, VERSION, "gpuclasses", cls)
+        line = (got.get("status") or {}).get("line")
+        return line if line and [e["name"] for e in line.get("entries", [])] == ["big", "small"] else None
+    line = await eventually(published, timeout=60, what=f"GPUClass {cls} status.line: big, then small")
+    head = line["entries"][0]
+    assert line["length"] == 2 and (head["kind"], head["priority"], head["priorityClassName"], head["gpus"]) == (
+        "VirtualMachine", 100_000, on_demand, 2)
+
+    explained = run_tool(control_plane, "explain", f"{tenant}/small")
+    assert f"position 2 of 2 in the line of class {cls}, behind {tenant}/big" in explained.stdout, explained
+    shown = run_tool(control_plane, "top")
+    assert f"{tenant}/big" in shown.stdout and f"LINE {cls}: 2 waiting" in shown.stdout, shown
+
+    # room for the big VM frees: it is nudged and starts; the older small VM, behind it in the
+    # line, is not told of that room (its start would leave the big VM without it)
+    await set_run(fleet, tenant, "holder", "Halted")
+    await started(fleet, tenant, "big", timeout=120)
+    assert await get_vmi(fleet, tenant, "small") is None
+    small = condition(await get_vm(fleet, tenant, "small"))
+    assert small is not None and small["status"] == "False", small
+
+    async def only_small():
+        got = await fleet.custom.get_cluster_custom_object(GROUP, VERSION, "gpuclasses", cls)
+        line = (got.get("status") or {}).get("line")
+        return line if line and [e["name"] for e in line["entries"]] == ["small"] else None
+    await eventually(only_small, timeout=60, what="the big VM out of the published line")
