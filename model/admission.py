@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from model.check import check_set, judge_set
 from model.housekeeping import VMIs, judge
+from model.nomination import yielding
 from model.parse import VMIAsk
 from model.priority import DEFAULT_PRIORITY, Priority, resolve_priority
 from model.reasons import (BudgetInFlight, CannotPlace, ClassNotPermitted, Code, DeviceAttached, DeviceBeingDeleted,
@@ -423,9 +424,15 @@ def same_name_conflict(snapshot: Snapshot, plan: AdmissionPlan, vmis: VMIs, now:
     return None
 
 
-def already_admitted(snapshot: Snapshot, plan: AdmissionPlan) -> str | None:
+def already_admitted(snapshot: Snapshot, plan: AdmissionPlan, now: datetime) -> str | None:
     """W4: the node when every device of the plan exists, is attached to the VMI and carries
-    a Succeeded request for it on one node where it is Bound; else None."""
+    a Succeeded request for it on one node where it is Bound; else None. None too for a
+    victim of a nomination live at `now` (P4/P6): the set is being stopped to make room for
+    another, so a VMI re-created under its name (a VM with runStrategy Always) never takes
+    its devices back before housekeeping releases them; it goes to the binder, which counts
+    the nomination's hold, and waits."""
+    if (plan.namespace, plan.vmi) in yielding(snapshot.nominations, now):
+        return None
     nodes = set()
     for name in plan.devices:
         dev = snapshot.device(plan.namespace, name)

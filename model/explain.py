@@ -196,7 +196,7 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
                tolerations=tolerations, permitted=permitted, priority_class_name=pc_name)
     if not isinstance(w1, Refusal) and vmi_object is not None:
         w1 = unpermitted_gpu_entries(vmi_object, effective_resources(snapshot), permitted) or w1
-    if not isinstance(w1, Refusal) and already_admitted(snapshot, w1) is None:
+    if not isinstance(w1, Refusal) and already_admitted(snapshot, w1, now) is None:
         w1 = same_name_conflict(snapshot, w1, vmis, now, grace) or w1
     snap, request = set_request(snapshot, namespace, vmi, ask, node_selector, tolerations)
     if isinstance(priority, Priority) and priority != request.priority:

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import Iterable, Mapping
+from typing import Collection, Iterable, Mapping
 
 from model.device.seam import serves_devices
 from model.housekeeping_reasons import (AnotherIncarnation, CannotServe, ClassCondition,
@@ -161,12 +161,15 @@ def _judge_kept(ns: str, att: Attachment, vms: VMs | None, now: datetime) -> Ver
 
 
 def _gone_or_kept(ns: str, att: Attachment, gone: Verdict, keep: timedelta | None,
-                  vms: VMs | None, now: datetime) -> Verdict:
+                  vms: VMs | None, now: datetime,
+                  yielded: Collection[VMIKey] = frozenset()) -> Verdict:
     """H4: the attachment's VMI incarnation is gone (`gone`); KEPT until now + `keep` when
     the VM that owned it (`att.owner`) exists and is not being deleted and the set keeps
     (`keep`: the smallest keepSetFor of its classes, None when one lacks it); PENDING while
-    the VMs are not known (`vms` None: whether to keep cannot be told yet); else `gone`."""
-    if not att.owner or keep is None:
+    the VMs are not known (`vms` None: whether to keep cannot be told yet); else `gone`.
+    Never kept for a victim of a live nomination (`yielded`, P4): its room is its
+    preemptor's."""
+    if not att.owner or keep is None or (ns, att.vmi) in yielded:
         return gone
     if vms is None:
         return Verdict(State.PENDING, KeepNotKnown(att.vmi))
@@ -180,7 +183,7 @@ def _gone_or_kept(ns: str, att: Attachment, gone: Verdict, keep: timedelta | Non
 def judge(device: GPUDevice, vmis: VMIs, now: datetime, grace: timedelta,
           links: Mapping[tuple[str, str], str] | None = None,
           answer_window: timedelta = timedelta(0), *, keep: timedelta | None = None,
-          vms: VMs | None = None) -> Verdict | None:
+          vms: VMs | None = None, yielded: Collection[VMIKey] = frozenset()) -> Verdict | None:
     """The state of `device`'s attachment (None when it has none), H1/H2 and W1. `links`
     (from `recorded_links`) maps (namespace, admission id) to the VMI uid that one device of
     the set records:
@@ -208,26 +211,29 @@ def judge(device: GPUDevice, vmis: VMIs, now: datetime, grace: timedelta,
     H4: a recorded keep (`keptUntil`) is judged first (`_judge_kept`: KEPT, or GONE once it
     ran out or its VM is gone); in cases 1 and 3 (the VMI incarnation is gone) the set is
     KEPT when its VM still exists and `keep` (the set's keepSetFor) is given
-    (`_gone_or_kept`). `vms`: the VirtualMachines that exist, None when not known (W1).
-    `now` is timezone-aware UTC."""
+    (`_gone_or_kept`), unless it yielded to a preemptor (`yielded`: (namespace, VMI) of the
+    victims of nominations live now, P4). `vms`: the VirtualMachines that exist, None when
+    not known (W1). `now` is timezone-aware UTC."""
     att = device.status.attached_to
     if att is None:
         return None
     ns = device.namespace
     if att.kept_until is not None:
+        if (ns, att.vmi) in yielded:  # kept before this replica saw the nomination: released
+            return Verdict(State.GONE, VmiDeleted(att.vmi, att.uid), rule=Rule.H2)
         return _judge_kept(ns, att, vms, now)
     uid = att.uid or (links or {}).get((ns, att.admission or ""))
     if uid:
         if (ns, uid) in vmis.uids:
             return Verdict(State.LIVE, VmiExists(att.vmi, uid))
         return _gone_or_kept(ns, att, Verdict(State.GONE, VmiDeleted(att.vmi, uid), rule=Rule.H2),
-                             keep, vms, now)
+                             keep, vms, now, yielded)
     rec = vmis.live.get((ns, att.vmi))
     if rec is not None and (att.admission is None or rec.admission in incarnation(device)):
         return Verdict(State.LIVE, VmiExists(att.vmi), rec.uid or None)
     if att.admission and (ns, att.admission) in vmis.deleted:
         return _gone_or_kept(ns, att, Verdict(State.GONE, VmiDeleted(att.vmi), rule=Rule.H2),
-                             keep, vms, now)
+                             keep, vms, now, yielded)
     br = device.status.bind_request
     if att.admission and br is not None and br.id == att.admission \
             and br.result is Result.REFUSED:
@@ -370,7 +376,7 @@ def set_keeps(devices: Iterable[GPUDevice], keeps: Mapping[str, timedelta | None
 def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
          grace: timedelta, answer_window: timedelta = timedelta(0), *,
          keeps: Mapping[str, timedelta | None] | None = None,
-         vms: VMs | None = None) -> list[Action]:
+         vms: VMs | None = None, yielded: Collection[VMIKey] = frozenset()) -> list[Action]:
     """Actions for H1 and H2, sorted by device key (`judge` decides each attachment).
 
     - GONE (H2): a held device's attachment is cleared, a template device deleted; held
@@ -387,7 +393,9 @@ def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
     - KEPT (H4; `keeps`: class name → keepSetFor, `vms`: the VirtualMachines that exist,
       None when not known): KeepAttachment with the set's one `keptUntil` on each device
       that does not record it yet; a kept set whose VM is gone or whose time ran out is
-      GONE and released as above (rule H4).
+      GONE and released as above (rule H4). A set that yielded to a preemptor (`yielded`:
+      (namespace, VMI) of the victims of nominations live now, P4) is released, not kept:
+      its VM starts again (runStrategy Always) and waits for room like any set.
     """
     if not isinstance(vmis, VMIs):
         vmis = VMIs.of_keys(vmis)
@@ -401,7 +409,7 @@ def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
         if att is not None:
             group = (d.namespace, att.admission or "")
             v = judge(d, vmis, now, grace, links, answer_window,
-                      keep=set_keep_for.get(group), vms=vms)
+                      keep=set_keep_for.get(group), vms=vms, yielded=yielded)
             assert v is not None
             if v.state is State.KEPT:
                 if att.kept_until is None and att.owner and v.until is not None:

@@ -135,6 +135,13 @@ def admitted(nomination: Nomination, devices: Mapping[str, GPUDevice]) -> bool:
     return False
 
 
+def yielding(nominations: Iterable[Nomination], now: datetime) -> frozenset[tuple[str, str]]:
+    """(namespace, VMI) of every victim of a nomination live at `now` (P4): sets being
+    stopped for a preemptor, whose room is not theirs to take back (W4's take-over, H4's
+    keep)."""
+    return frozenset((v.namespace, v.vmi) for n in nominations if n.live(now) for v in n.victims)
+
+
 def nomination_holds(nominations: Iterable[Nomination], now: datetime,
                      devices_in: Any = None) -> tuple[Hold, ...]:
     """The holds of the nominations live at `now` (P4, P6: their room is placed for nobody
@@ -336,6 +343,6 @@ def _time(what: str, value: Any, field: str) -> datetime:
     return when.astimezone(timezone.utc)
 
 
-__all__ = ["API_VERSION", "DEFAULT_RETRY_AFTER", "DEFAULT_TTL", "HOLD_PREFIX", "KIND", "PLURAL",
+__all__ = ["yielding", "API_VERSION", "DEFAULT_RETRY_AFTER", "DEFAULT_TTL", "HOLD_PREFIX", "KIND", "PLURAL",
            "Drop", "Nomination", "Stop", "Sweep", "Victim", "admitted", "sweep", "hold_id", "nomination_body", "nomination_holds",
            "nomination_name", "parse_nomination"]

@@ -17,6 +17,7 @@ from k8s.housekeeping.settings import SettingsWorker
 from k8s.informer import Informer
 from k8s.rounds import RoundLoop
 from model.housekeeping import kept_for_vms, plan, set_keeps
+from model.nomination import yielding
 from model.housekeeping_reasons import Rule
 
 
@@ -122,7 +123,8 @@ class Housekeeper:
         vms = self.kept.vm_records()
         await self.devices.carry_out(
             plan(devices, self.cache.vmi_state(), now, self.grace, self.answer_window,
-                 keeps=keeps, vms=vms), now, set_keeps(devices, keeps)[0])
+                 keeps=keeps, vms=vms, yielded=yielding(self.cache.view.nominations().values(), now)),
+            now, set_keeps(devices, keeps)[0])
         await self.kept.tell(now)
         if vms is not None:
             await self.kept.write_conditions(kept, now)

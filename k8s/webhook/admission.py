@@ -263,7 +263,7 @@ class VMIAdmission:
         raises Denied."""
         judged = await self._judge(review, deadline)
         attempt, plan = judged.attempt, judged.plan
-        node = already_admitted(judged.snap, plan)
+        node = already_admitted(judged.snap, plan, attempt.now())
         if node is not None and review.dry_run:
             return allow(review.uid, DRY_RUN_WARNING)
         taken = Written()  # devices W4 re-keyed to this admission, if it went half-way

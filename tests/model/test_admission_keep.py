@@ -56,7 +56,7 @@ def test_H4_the_vms_next_vmi_takes_the_kept_set_by_W4_without_a_new_placement():
     plan = check(s, "t1", "vm1", VMIAsk((), (("h100", 2),)), VMIs(), NOW, GRACE)
     assert isinstance(plan, AdmissionPlan) and plan.devices == ("vm1-h100-0", "vm1-h100-1")
     assert kept_conflict(s, plan, VM_UID) is None
-    assert already_admitted(s, plan) == "n1"                 # W4: same node, same devices
+    assert already_admitted(s, plan, NOW) == "n1"                 # W4: same node, same devices
     assert same_name_conflict(s, plan, VMIs(), NOW, GRACE, "new", VM_UID) is None
 
 
@@ -112,3 +112,19 @@ def test_H4_explain_and_top_show_kept_sets():
     assert (t.classes[0].kept, t.classes[0].awaiting, t.classes[0].idle) == (2, 0, 0)
     assert t.kept == e.kept
     assert "t1/vm1       n1    vm1-h100-0, vm1-h100-1  2026-11-30T08:30:00Z" in render_top(t)
+
+
+def test_P4_a_victim_of_a_live_nomination_never_takes_its_set_back_by_W4():
+    """A VM's VMI re-created while its set yields to a preemptor (runStrategy Always): W4's
+    take-over is refused while the nomination lives (the set goes to the binder, which counts
+    the hold); once the nomination is gone W4 applies again."""
+    from model.nomination import Nomination, Victim
+    s = snap(kept("vm1-h100-0"), kept("vm1-h100-1"))
+    plan = check(s, "t1", "vm1", VMIAsk((), (("h100", 2),)), VMIs(), NOW, GRACE)
+    assert isinstance(plan, AdmissionPlan)
+    n = Nomination("t2", "big", 1000, "n1", ((H100, 2),), (), (Victim("t1", "vm1", "a1", "vmi-u1", 100, NOW),),
+                   NOW, NOW + timedelta(minutes=2), 5)
+    nominated = s.with_nominations([n])
+    assert already_admitted(nominated, plan, NOW) is None
+    assert already_admitted(nominated, plan, NOW + timedelta(minutes=3)) == "n1"   # expired
+    assert already_admitted(s, plan, NOW) == "n1"

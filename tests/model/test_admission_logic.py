@@ -68,7 +68,7 @@ def test_W4_retry_counts_existing_bound_templates_once():
     s = snap(t, budget=1)
     plan = check(s, "t1", "vm", VMIAsk((), (("h100", 1),)), set(), NOW, GRACE)
     assert isinstance(plan, AdmissionPlan)
-    assert already_admitted(s, plan) == "n1"
+    assert already_admitted(s, plan, NOW) == "n1"
 
 
 def test_template_name_is_bounded():

@@ -167,3 +167,19 @@ def test_H4_kept_for_vms_names_the_node_the_devices_and_the_earliest_time():
         ("n1",), ("vm1-h100-0", "vm1-h100-1", "vm1-l40s-0"), until - timedelta(minutes=1))
     # run out (not yet released): no longer shown as kept
     assert kept_for_vms([dev("vm1-h100-0", kept=T0)], T0) == {}
+
+
+def test_P4_a_set_that_yielded_to_a_preemptor_is_released_not_kept():
+    """The victim of a live nomination (P4): its VM exists and its class keeps sets, but its
+    room is the preemptor's: released (H2) whether or not a keep was recorded meanwhile;
+    another VM's set is kept as before."""
+    yielded = frozenset({("t1", "vm1")})
+    a, b = dev("vm1-h100-0"), dev("vm1-h100-1", uid=None)
+    got = plan([a, b], VMIs(), T0, GRACE, keeps=KEEPS, vms=vms(), yielded=yielded)
+    assert [type(x) for x in got] == [DeleteTemplate, DeleteTemplate]
+    assert {x.rule for x in got} == {Rule.H2}
+    recorded = dev("vm1-h100-0", kept=T0 + timedelta(minutes=20))
+    v = judge(recorded, VMIs(), T0, GRACE, keep=timedelta(minutes=30), vms=vms(), yielded=yielded)
+    assert v.state is State.GONE and v.reason == VmiDeleted("vm1", "vmi-u1")
+    other = plan([a, b], VMIs(), T0, GRACE, keeps=KEEPS, vms=vms(), yielded=frozenset({("t1", "vm2")}))
+    assert [type(x) for x in other] == [KeepAttachment, KeepAttachment]
