@@ -55,7 +55,8 @@ from bench.common import (CREATED_BY, DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VER
                           watch_namespaced)
 from bench.contention_metrics import LaneLog, Nominated, Run, Wait
 from bench.contention_trace import PRIORITY, TIERS, CSet, CTrace, make_trace, offered
-from bench.packing_replay import LANE_LABEL, Seen, claim_event, claim_template, pod_event
+from bench.packing_replay import (LANE_LABEL, Replayer, Seen, claim_event, claim_template,
+                                  pod_event)
 
 if TYPE_CHECKING:  # the cluster's harness is imported when the benchmark runs
     from localcluster.cluster import LocalCluster
@@ -81,7 +82,7 @@ def priority_class(tier: str) -> str:
 class Plan:
     """The run's sizes: `nodes` HGX boards per lane, the trace (`mean_life`, scored `span`,
     `warmup`, all s; `on_demand_share`), `retry` s between a refused create and the next,
-    `min_runtime` the controller's `--preemption-min-runtime` (P2)."""
+    `min_runtime` the controller's `--preemption-min-runtime` (P2), `recreate_delay`."""
 
     nodes: int
     mean_life: float
@@ -90,6 +91,9 @@ class Plan:
     on_demand_share: float = 0.3
     retry: float = 2.0
     min_runtime: float = 10.0
+    recreate_delay: float = 0.0
+    """s between a victim's VMI (or Pod) being gone and its creation again (0: at once, as
+    KubeVirt's VM controller does for `runStrategy: Always`)."""
 
 
 QUICK = Plan(nodes=2, mean_life=30.0, span=90.0, warmup=30.0, min_runtime=5.0)
@@ -136,6 +140,7 @@ def run(out: Path, *, plan: Plan, seed: int = 1, quick: bool = False,
         finally:
             _stop(sched)
     report["results"] = cr.results(trace, logs, min_runtime=plan.min_runtime)
+    report["logs"] = {k: cr.raw(log) for k, log in logs.items()}
     if "d" not in lanes:
         report["results"]["d"] = {"available": False, "why": NO_LINE}
     report["seconds"] = round(time.monotonic() - started, 1)
@@ -160,7 +165,7 @@ class Lane:
     deleted under the driver (a victim)."""
     stopping: set[str] = field(default_factory=set)
     """uids the driver itself deletes."""
-    open_runs: dict[int, tuple[str, tuple[int, ...], float]] = field(default_factory=dict)
+    open_runs: dict[int, tuple[str, tuple[int, ...], float, float]] = field(default_factory=dict)
     open_waits: dict[int, tuple[float, bool, float | None]] = field(default_factory=dict)
 
     @property
@@ -171,17 +176,16 @@ class Lane:
         self.log.counts[what] = self.log.counts.get(what, 0) + n
 
 
-class Driver:
+class Driver(Replayer):
     """Replays the trace on every lane in real time through one ApiClient and the shared
-    watch caches (module docstring); `t()` is seconds since the trace began."""
+    watch caches (module docstring); `t()` is seconds since the trace began. A
+    `bench.packing_replay.Replayer` for its API clients, watch cache (`seen`) and Pod
+    deletion (grace 0, then awaited in the cache)."""
 
     def __init__(self, api, plan: Plan, trace: CTrace, lanes: dict[str, Lane]) -> None:
-        from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
-
-        self.core, self.custom = CoreV1Api(api), CustomObjectsApi(api)
+        super().__init__(api, Seen(), deadline=trace.end, release_timeout=60.0)
         self.plan, self.trace, self.lanes = plan, trace, lanes
         self.by_ns = {ln.ns: ln for ln in lanes.values()}
-        self.seen = Seen()
         self.t0 = time.monotonic()
 
     def t(self) -> float:
@@ -219,8 +223,6 @@ class Driver:
     def on_nomination(self, kind: str, obj: dict) -> None:
         from model.nomination import parse_nomination
 
-        if kind == "DELETED":
-            return
         try:
             n = parse_nomination(obj)
         except Exception:  # noqa: BLE001 — counted, not fatal to the run
@@ -230,11 +232,16 @@ class Driver:
         lane = self.by_ns.get(n.namespace)
         if lane is None:
             return
-        sets = self.trace.sets
-        victims = tuple(int(v.vmi[1:]) for v in n.victims if v.vmi[1:].isdigit())
         sid = int(n.vmi[1:])
-        lane.log.nominations.append(Nominated(self.t(), sid, sets[sid].size, n.priority,
-                                              n.node, victims))
+        noms = lane.log.nominations
+        if kind == "DELETED":
+            noms[:] = [replace(o, gone=self.t()) if o.set_id == sid and o.gone is None else o
+                       for o in noms]
+            return
+        victims = tuple(int(v.vmi[1:]) for v in n.victims if v.vmi[1:].isdigit())
+        gpus = tuple(sorted(ph.NAMES.index(d.device) for d in n.devices if d.device in ph.NAMES))
+        noms.append(Nominated(self.t(), sid, self.trace.sets[sid].size, n.priority, n.node,
+                              victims, gpus))
 
     # -- a set ---------------------------------------------------------------------------------
 
@@ -258,13 +265,13 @@ class Driver:
             del lane.open_waits[s.id]
             start = self.t()
             node, gpus = placed
-            lane.open_runs[s.id] = (node, gpus, start)
+            lane.open_runs[s.id] = (node, gpus, start, decided)
             victim = lane.running[uid] = anyio.Event()
             with anyio.move_on_after(remaining):
                 await victim.wait()
             del lane.open_runs[s.id]
             stop = self.t()
-            lane.log.runs.append(Run(s.id, node, gpus, start, stop, victim.is_set()))
+            lane.log.runs.append(Run(s.id, node, gpus, start, stop, victim.is_set(), decided))
             if not victim.is_set():
                 lane.stopping.add(uid)
                 await self._delete(lane, s, pod)
@@ -273,6 +280,7 @@ class Driver:
             await self._delete_pod(lane.ns, pod)  # as kubelet would: the VM is gone
             remaining -= stop - start
             first, k, begin = False, k + 1, self.t()
+            await anyio.sleep(self.plan.recreate_delay)
 
     async def _admit(self, lane: Lane, s: CSet) -> tuple[str, str, float] | None:
         """Create the set's VMI until admitted: (its uid, its launcher Pod's name, when it was
@@ -353,26 +361,17 @@ class Driver:
                     raise
         await self._delete_pod(lane.ns, pod)
 
-    async def _delete_pod(self, ns: str, name: str) -> None:
-        from kubernetes_asyncio.client import ApiException
-
-        try:
-            await self.core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-        while (ns, name) in self.seen.pods:
-            await anyio.sleep(0.05)
-
     def close(self) -> dict[str, LaneLog]:
         """At the trace's end: the runs still running stop there, the waits still waiting
         are recorded unfinished; every lane's log."""
         end = self.trace.end
         for lane in self.lanes.values():
-            for sid, (node, gpus, start) in lane.open_runs.items():
-                lane.log.runs.append(Run(sid, node, gpus, start, max(start, end)))
+            for sid, (node, gpus, start, decided) in lane.open_runs.items():
+                lane.log.runs.append(Run(sid, node, gpus, start, max(start, end), False, decided))
             for sid, (begin, first, decided) in lane.open_waits.items():
                 lane.log.waits.append(Wait(sid, begin, decided, first))
+                if decided is not None:  # admitted, its launcher Pod never bound
+                    lane.count("admitted_not_bound_at_end")
         return {k: ln.log for k, ln in self.lanes.items()}
 
 
@@ -477,6 +476,10 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--span", type=at_least(10), default=None,
                    help="seconds of scored arrivals after the fill (default: 600; with "
                         "--quick 90)")
+    p.add_argument("--recreate-delay", type=float, default=0.0,
+                   help="seconds between a victim's VMI (or Pod) being gone and its creation "
+                        "again; 0 is what KubeVirt's VM controller does for runStrategy "
+                        "Always (default: %(default)s)")
     p.add_argument("--lanes", default="a,b,c",
                    help="the lanes to run, comma separated: a gpu-binder with preemption and "
                         "the line, b kube-scheduler's DRA allocator alone, c gpu-binder "
@@ -492,6 +495,10 @@ def _run(args: argparse.Namespace) -> int:
         plan = replace(plan, nodes=args.nodes)
     if args.span:
         plan = replace(plan, span=float(args.span))
+    if args.recreate_delay < 0:
+        raise BadArgs(f"gpu-binder bench: --recreate-delay must not be negative, got "
+                      f"{args.recreate_delay}")
+    plan = replace(plan, recreate_delay=args.recreate_delay)
     lanes = tuple(dict.fromkeys(k for k in args.lanes.split(",") if k))
     if not lanes or set(lanes) - set("abc"):
         raise BadArgs(f"gpu-binder bench: --lanes takes a,b,c, got {args.lanes!r}")

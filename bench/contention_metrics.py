@@ -40,7 +40,8 @@ class Run:
     """Set `set_id` ran on `node` with GPUs `gpus` from `start` (launcher Pod bound, claim
     allocated) to `stop` (its life over, preempted, or the trace's end); `preempted` when
     it was stopped for another set (its VMI deleted by the binder, its Pod by
-    kube-scheduler)."""
+    kube-scheduler). Its GPUs count as taken from `taken` (device checks: inversions, the
+    brute force), as running from `start` (utilisation, GPU-hours)."""
 
     set_id: int
     node: str
@@ -48,12 +49,19 @@ class Run:
     start: float
     stop: float
     preempted: bool = False
+    held_from: float | None = None
+    """When its GPUs were taken (the binder's admission; None: at `start`)."""
+
+    @property
+    def taken(self) -> float:
+        """When the run's GPUs stopped being free: `held_from`, else `start`."""
+        return self.start if self.held_from is None else min(self.held_from, self.start)
 
 
 @dataclass(frozen=True, slots=True)
 class Nominated:
-    """A GPUNomination the lane saw at `t`: preemptor `set_id` of `size` GPUs and priority
-    `priority`, promised `node`, with `victims` (set ids)."""
+    """A GPUNomination the lane saw at `t` (each version seen is one): preemptor `set_id` of
+    `size` GPUs and priority `priority`, promised `node`, with `victims` (set ids)."""
 
     t: float
     set_id: int
@@ -61,6 +69,10 @@ class Nominated:
     priority: int
     node: str
     victims: tuple[int, ...]
+    devices: tuple[int, ...] = ()
+    """The GPUs (indices) it holds for its preemptor on `node`."""
+    gone: float | None = None
+    """When the lane saw it deleted (None: never)."""
 
 
 @dataclass(slots=True)
@@ -104,10 +116,12 @@ def _start_after(log: LaneLog, w: Wait) -> float | None:
 
 
 def latency_table(trace: CTrace, log: LaneLog) -> dict[str, dict[str, dict]]:
-    """tier -> size (str, and "all") -> {sets, started, p50_s, p99_s, max_wait_s,
-    not_started, rewaits, rewait_p99_s}: start latency from the first ask to launcher bound
-    over the scored sets that started; `max_wait_s` counts a set never started as waiting
-    until the trace's end (censored: a lower bound); re-waits of preempted sets apart."""
+    """tier -> size (str, and "all") -> {sets, started, not_started, p50_s, p99_s (and
+    whether each is censored), started_p99_s, max_wait_s, max_wait_censored, rewaits,
+    rewait_p99_s}: start latency from the first ask to launcher bound over the scored sets,
+    a set never started counted as waiting until the trace's end (censored: a lower bound,
+    so a censored p99 says "at least"); `started_p99_s` over the started ones alone;
+    re-waits of preempted sets apart."""
     sets = {s.id: s for s in trace.sets}
     first = waits_by(trace, log, first=True)
     again = waits_by(trace, log, first=False)
@@ -127,15 +141,27 @@ def latency_table(trace: CTrace, log: LaneLog) -> dict[str, dict[str, dict]]:
             re = [x for k in keys for x in again.get(k, [])]
             n = sum(1 for s in trace.sets if s.scored and s.tier == tier
                     and (size == 0 or s.size == size))
+            both = sorted([(x, False) for x in lat] + [(x, True) for x in cen])
+            q50, q99 = (_quantile(both, q) for q in (0.5, 0.99))
             row["all" if size == 0 else str(size)] = {
                 "sets": n, "started": len(lat), "not_started": len(cen),
-                "p50_s": _r(quantile(lat, 0.5)) if lat else None,
-                "p99_s": _r(quantile(lat, 0.99)) if lat else None,
+                "p50_s": q50[0], "p50_censored": q50[1],
+                "p99_s": q99[0], "p99_censored": q99[1],
+                "started_p99_s": _r(quantile(lat, 0.99)) if lat else None,
                 "max_wait_s": _r(max(lat + cen)) if lat or cen else None,
                 "max_wait_censored": bool(cen) and max(cen) >= max(lat, default=0),
                 "rewaits": len(re), "rewait_p99_s": _r(quantile(re, 0.99)) if re else None}
         out[tier] = row
     return out
+
+
+def _quantile(both: list[tuple[float, bool]], q: float) -> tuple[float | None, bool]:
+    """`bench.common.quantile` of (wait, censored) pairs sorted by wait: (the wait rounded,
+    whether it is a censored one: a lower bound); (None, False) for none."""
+    if not both:
+        return None, False
+    x = quantile([w for w, _ in both], q)
+    return _r(x), next(c for w, c in both if w == x)
 
 
 def max_wait(trace: CTrace, log: LaneLog, size: int) -> float | None:
@@ -177,8 +203,9 @@ def utilisation(trace: CTrace, log: LaneLog) -> float | None:
 # -- the lane's devices over time ------------------------------------------------------------
 
 def _timeline(log: LaneLog) -> list[tuple[float, int, Run]]:
-    """Every run's start (order 1) and stop (order 0: a stop at the same instant first)."""
-    ev = [(r.start, 1, r) for r in log.runs] + [(r.stop, 0, r) for r in log.runs]
+    """Every run's taking of its GPUs (order 1) and its stop (order 0: a stop at the same
+    instant first)."""
+    ev = [(r.taken, 1, r) for r in log.runs] + [(r.stop, 0, r) for r in log.runs]
     ev.sort(key=lambda e: (e[0], e[1], e[2].set_id))
     return ev
 
@@ -206,7 +233,7 @@ def inversions(trace: CTrace, log: LaneLog) -> list[dict]:
                     del node[g]
             continue
         s = sets[r.set_id]
-        at = decided.get((r.set_id, r.start), r.start)
+        at = decided.get((r.set_id, r.start), r.taken)
         free = _ALL.difference(node)
         ahead = []
         for w in log.waits:
@@ -230,8 +257,8 @@ def brute_force_minimum(free: dict[str, frozenset[int]], running: dict[str, list
     None when no subset of any node frees one. Exponential in the victims of one node (at
     most 8 on a board)."""
     best = None
-    for node, cands in running.items():
-        base = free.get(node, frozenset())
+    for node in sorted(set(free) | set(running)):
+        cands, base = running.get(node, []), free.get(node, frozenset())
         for k in range(0, len(cands) + 1):
             for chosen in combinations(cands, k):
                 gpus = base.union(g for _, _, gs in chosen for g in gs)
@@ -246,10 +273,12 @@ def brute_force_minimum(free: dict[str, frozenset[int]], running: dict[str, list
 
 def preemption_check(trace: CTrace, log: LaneLog, min_runtime: float) -> list[dict]:
     """Every nomination against `brute_force_minimum` on the lane's runs at its moment
-    (sets of lower priority than the preemptor that had run `min_runtime` s): {t,
-    preemptor, size, node, victims, victim_priority, brute_force: (priority, victims, GPUs)
-    or None, minimal: the nomination's (highest victim priority, victims) no more than the
-    brute force's}. A nomination seen again (the same preemptor and victims) counts once."""
+    (sets of lower priority than the preemptor that had run `min_runtime` s; GPUs other
+    nominations hold are not free): {t, preemptor, size, node, victims, victim_priority,
+    brute_force: (priority, victims, GPUs) or None, room_was_free (the brute force needs no
+    victim: the lane's claims showed room), minimal: the nomination's (highest victim
+    priority, victims) no more than the brute force's}. A nomination seen again (the same
+    preemptor and victims) counts once."""
     sets = {s.id: s for s in trace.sets}
     seen = set()
     out = []
@@ -258,8 +287,11 @@ def preemption_check(trace: CTrace, log: LaneLog, min_runtime: float) -> list[di
         if key in seen:
             continue
         seen.add(key)
-        live = [r for r in log.runs if r.start <= n.t < r.stop]
+        live = [r for r in log.runs if r.taken <= n.t < r.stop]
+        held = [o for o in log.nominations if o.set_id != n.set_id and o.t <= n.t
+                and (o.gone is None or n.t < o.gone)]  # other preemptors' rooms
         free = {node: _ALL.difference(g for r in live if r.node == node for g in r.gpus)
+                .difference(g for o in held if o.node == node for g in o.devices)
                 for node in log.nodes}
         cands: dict[str, list] = {}
         for r in live:
@@ -271,6 +303,7 @@ def preemption_check(trace: CTrace, log: LaneLog, min_runtime: float) -> list[di
         out.append({"t": round(n.t, 2), "preemptor": n.set_id, "size": n.size, "node": n.node,
                     "victims": list(n.victims), "victim_priority": vp,
                     "brute_force": list(bf) if bf else None,
+                    "room_was_free": bf is not None and bf[1] == 0,
                     "minimal": bf is None or (vp, len(n.victims)) <= bf[:2]})
     return out
 
