@@ -56,7 +56,8 @@ from bench.common import (CREATED_BY, DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VER
 from bench.contention_metrics import LaneLog, Nominated, Run, Wait
 from bench.contention_trace import PRIORITY, TIERS, CSet, CTrace, make_trace, offered
 from bench.packing_replay import (LANE_LABEL, Replayer, Seen, claim_event, claim_template,
-                                  pod_event)
+                                  device_event, pod_event)
+from model.types import TEMPLATE_FOR_LABEL
 
 if TYPE_CHECKING:  # the cluster's harness is imported when the benchmark runs
     from localcluster.cluster import LocalCluster
@@ -167,6 +168,8 @@ class Lane:
     """uids the driver itself deletes."""
     open_runs: dict[int, tuple[str, tuple[int, ...], float, float]] = field(default_factory=dict)
     open_waits: dict[int, tuple[float, bool, float | None]] = field(default_factory=dict)
+    releases: dict[int, list[float]] = field(default_factory=dict)
+    """Set id -> when its VMI's template GPUDevices were all gone (binder lanes)."""
 
     @property
     def by_binder(self) -> bool:
@@ -211,6 +214,16 @@ class Driver(Replayer):
         ev = lane.running.get(uid)
         if ev is not None and uid not in lane.stopping:
             ev.set()
+
+    def on_device(self, kind: str, obj: dict) -> None:
+        """A GPUDevice: when the last template device of a binder lane's VMI goes, the
+        binder's record let that set's GPUs go (H2): a release."""
+        device_event(self.seen, kind, obj)
+        lane = self.by_ns.get(obj["metadata"]["namespace"])
+        vmi = (obj["metadata"].get("labels") or {}).get(TEMPLATE_FOR_LABEL, "")
+        if (kind == "DELETED" and lane is not None and vmi[1:].isdigit()
+                and not any(ns == lane.ns and t == vmi for (ns, _), (_, t) in self.seen.devices.items())):
+            lane.releases.setdefault(int(vmi[1:]), []).append(self.t())
 
     def on_claim(self, kind: str, obj: dict) -> None:
         before = self.seen.claims.get((obj["metadata"]["namespace"], obj["metadata"]["name"]))
@@ -366,6 +379,9 @@ class Driver(Replayer):
         are recorded unfinished; every lane's log."""
         end = self.trace.end
         for lane in self.lanes.values():
+            lane.log.runs[:] = [replace(r, held_until=next(
+                (t for t in lane.releases.get(r.set_id, ()) if t >= r.stop), None))
+                for r in lane.log.runs]
             for sid, (node, gpus, start, decided) in lane.open_runs.items():
                 lane.log.runs.append(Run(sid, node, gpus, start, max(start, end), False, decided))
             for sid, (begin, first, decided) in lane.open_waits.items():
@@ -406,6 +422,8 @@ async def _measure(lc: LocalCluster, plan: Plan, trace: CTrace,
                                PREFIX, driver.seen.on_list("resourceclaims"))
             watches.start_soon(watch_namespaced, custom.list_cluster_custom_object,
                                (VMI_GROUP, VMI_VERSION, VMIS), driver.on_vmi, PREFIX)
+            watches.start_soon(watch_namespaced, custom.list_cluster_custom_object,
+                               (DEV_GROUP, DEV_VERSION, "gpudevices"), driver.on_device, PREFIX)
             watches.start_soon(watch_namespaced, custom.list_cluster_custom_object,
                                (DEV_GROUP, DEV_VERSION, "gpunominations"), driver.on_nomination,
                                CONTROLLER_NS)

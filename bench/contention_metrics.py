@@ -41,7 +41,7 @@ class Run:
     allocated) to `stop` (its life over, preempted, or the trace's end); `preempted` when
     it was stopped for another set (its VMI deleted by the binder, its Pod by
     kube-scheduler). Its GPUs count as taken from `taken` (device checks: inversions, the
-    brute force), as running from `start` (utilisation, GPU-hours)."""
+    brute force) until `freed`, as running from `start` to `stop` (utilisation, GPU-hours)."""
 
     set_id: int
     node: str
@@ -51,11 +51,19 @@ class Run:
     preempted: bool = False
     held_from: float | None = None
     """When its GPUs were taken (the binder's admission; None: at `start`)."""
+    held_until: float | None = None
+    """When the binder's record let them go (its template GPUDevices deleted, H2; None: at
+    `stop`)."""
 
     @property
     def taken(self) -> float:
         """When the run's GPUs stopped being free: `held_from`, else `start`."""
         return self.start if self.held_from is None else min(self.held_from, self.start)
+
+    @property
+    def freed(self) -> float:
+        """When the run's GPUs were free again: `held_until`, else `stop`."""
+        return self.stop if self.held_until is None else max(self.held_until, self.stop)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +213,7 @@ def utilisation(trace: CTrace, log: LaneLog) -> float | None:
 def _timeline(log: LaneLog) -> list[tuple[float, int, Run]]:
     """Every run's taking of its GPUs (order 1) and its stop (order 0: a stop at the same
     instant first)."""
-    ev = [(r.taken, 1, r) for r in log.runs] + [(r.stop, 0, r) for r in log.runs]
+    ev = [(r.taken, 1, r) for r in log.runs] + [(r.freed, 0, r) for r in log.runs]
     ev.sort(key=lambda e: (e[0], e[1], e[2].set_id))
     return ev
 
@@ -287,7 +295,7 @@ def preemption_check(trace: CTrace, log: LaneLog, min_runtime: float) -> list[di
         if key in seen:
             continue
         seen.add(key)
-        live = [r for r in log.runs if r.taken <= n.t < r.stop]
+        live = [r for r in log.runs if r.taken <= n.t < r.freed]
         held = [o for o in log.nominations if o.set_id != n.set_id and o.t <= n.t
                 and (o.gone is None or n.t < o.gone)]  # other preemptors' rooms
         free = {node: _ALL.difference(g for r in live if r.node == node for g in r.gpus)

@@ -22,14 +22,15 @@ def results(trace: CTrace, logs: dict[str, LaneLog], *, min_runtime: float) -> d
 
 def raw(log: LaneLog) -> dict:
     """The lane's log as the report keeps it (times to 0.01 s): waits [set, begin, decided,
-    first], runs [set, node, GPUs, held from, start, stop, preempted], nominations [t, set,
-    node, victims]."""
+    first], runs [set, node, GPUs, held from, start, stop, held until, preempted],
+    nominations [t, set, node, victims, GPUs held, gone]."""
     def r(x):
         return None if x is None else round(x, 2)
     return {"waits": [[w.set_id, r(w.begin), r(w.decided), w.first] for w in log.waits],
             "runs": [[x.set_id, x.node, list(x.gpus), r(x.held_from), r(x.start), r(x.stop),
-                      x.preempted] for x in log.runs],
-            "nominations": [[r(n.t), n.set_id, n.node, list(n.victims)] for n in log.nominations]}
+                      r(x.held_until), x.preempted] for x in log.runs],
+            "nominations": [[r(n.t), n.set_id, n.node, list(n.victims), list(n.devices), r(n.gone)]
+                            for n in log.nominations]}
 
 
 def _target(value, target: str, met) -> dict:

@@ -150,6 +150,17 @@ def test_a_nomination_is_minimal_when_no_smaller_set_of_victims_frees_room():
     assert preemption_check(tr, log, min_runtime=60.0)[0]["brute_force"] is None
 
 
+def test_a_stopped_set_the_binder_has_not_released_yet_still_holds_its_gpus():
+    # set 0 stopped at 10 but its devices went only at 12: a nomination at 11 that names
+    # it (the binder's snapshot) is as small as the brute force on the same record
+    tr = trace_of((0, 8, PREEMPTIBLE, 10), (10.5, 8, ON_DEMAND, 20))
+    log = LaneLog(("n0",))
+    log.runs.append(Run(0, "n0", tuple(range(8)), 0.5, 10.0, held_until=12.0))
+    log.nominations.append(Nominated(11.0, 1, 8, OD, "n0", (0,)))
+    assert Run(0, "n0", (0,), 0.5, 10.0, held_until=12.0).freed == 12.0
+    assert preemption_check(tr, log, min_runtime=5.0)[0]["minimal"] is True
+
+
 def test_room_another_nomination_holds_is_not_free_to_the_brute_force():
     tr = trace_of((0, 1, PREEMPTIBLE, 90), (10, 8, ON_DEMAND, 20), (11, 1, ON_DEMAND, 5))
     log = LaneLog(("n0",))
@@ -175,7 +186,7 @@ def test_an_admitted_set_holds_its_gpus_from_its_admission():
     log.runs.append(run)
     # the on-demand set asked first, fits the empty board, and waited: an inversion at 4.0
     assert inversions(tr, log)[0]["t"] == 4.0
-    assert raw(log)["runs"] == [[1, "n0", [0, 1], 4.0, 5.0, 9.0, False]]
+    assert raw(log)["runs"] == [[1, "n0", [0, 1], 4.0, 5.0, 9.0, None, False]]
 
 
 def test_a_stop_no_nomination_named_is_counted():
