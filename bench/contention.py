@@ -43,6 +43,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -123,6 +124,7 @@ def run(out: Path, *, plan: Plan, seed: int = 1, quick: bool = False,
                        span=plan.span, warmup=plan.warmup, on_demand_share=plan.on_demand_share)
     report: dict = {
         "benchmark": "contention", "quick": quick, "seed": seed, "commit": commit(),
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(), "load_before": os.getloadavg(),
         "plan": {**plan.__dict__, "load": LOAD, "gpus_per_lane": trace.gpus,
                  "priorities": PRIORITY},
