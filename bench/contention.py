@@ -228,6 +228,8 @@ class Driver(Replayer):
             lane.releases.setdefault(int(vmi[1:]), []).append(self.t())
 
     def on_claim(self, kind: str, obj: dict) -> None:
+        """A ResourceClaim into `seen.claims`; an allocation that shrinks (a set losing part
+        of its devices while it runs) is a partial stop."""
         before = self.seen.claims.get((obj["metadata"]["namespace"], obj["metadata"]["name"]))
         claim_event(self.seen, kind, obj)
         after = self.seen.claims.get((obj["metadata"]["namespace"], obj["metadata"]["name"]))
@@ -237,10 +239,11 @@ class Driver(Replayer):
 
     def on_nomination(self, kind: str, obj: dict) -> None:
         from model.nomination import parse_nomination
+        from model.parse import ParseError
 
         try:
             n = parse_nomination(obj)
-        except Exception:  # noqa: BLE001 — counted, not fatal to the run
+        except ParseError:  # counted, not fatal to the run
             for lane in self.lanes.values():
                 lane.count("nomination_unreadable")
             return
@@ -261,7 +264,15 @@ class Driver(Replayer):
     # -- a set ---------------------------------------------------------------------------------
 
     async def set_(self, lane: Lane, s: CSet) -> None:
-        """Set `s` on `lane` from its arrival to its life's end or the trace's end."""
+        """Set `s` on `lane` from its arrival to its life's end or the trace's end. A call
+        the API fails (not a refusal: a timeout, a 5xx on a delete) ends the set's replay,
+        counted as `driver_error_<type>`, and leaves the run going."""
+        try:
+            await self._set(lane, s)
+        except Exception as exc:  # noqa: BLE001 — one set's failure is counted, not fatal
+            lane.count(f"driver_error_{type(exc).__name__}")
+
+    async def _set(self, lane: Lane, s: CSet) -> None:
         await anyio.sleep(max(0.0, s.arrive - self.t()))
         remaining, first, k = s.life, True, 0
         begin = self.t()
