@@ -236,6 +236,8 @@ def test_the_summary_names_each_lane_and_the_load():
     assert any("on-demand: all" in line for line in lines)
 
 
-def test_the_command_line_refuses_an_unknown_lane_before_anything_starts(capsys):
+def test_the_command_line_refuses_a_bad_value_before_anything_starts(capsys):
     assert contention.BENCHMARK.main(["--lanes", "a,x"]) == 2
     assert "--lanes takes a,b,c" in capsys.readouterr().err
+    assert contention.BENCHMARK.main(["--recreate-delay", "-1"]) == 2
+    assert "--recreate-delay must not be negative" in capsys.readouterr().err
