@@ -4,8 +4,9 @@ needs only when it runs, so this list is cheap to build."""
 
 from __future__ import annotations
 
-from bench import core, e2e, fairness, packing, scale, soak
+from bench import contention, core, e2e, fairness, packing, scale, soak
 from bench.common import Benchmark
 
 BENCHMARKS: tuple[Benchmark, ...] = (core.BENCHMARK, e2e.BENCHMARK, packing.BENCHMARK,
-                                     fairness.BENCHMARK, scale.BENCHMARK, soak.BENCHMARK)
+                                     contention.BENCHMARK, fairness.BENCHMARK, scale.BENCHMARK,
+                                     soak.BENCHMARK)

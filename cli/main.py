@@ -311,7 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
 
     bench = sub.add_parser("bench", help="benchmarks: core (actors vs bare model), e2e, "
-                                         "packing (placement quality on a churn trace) or "
+                                         "packing (placement quality on a churn trace), "
+                                         "contention (who goes first: priority, preemption, "
+                                         "the line) or "
                                          "fairness (a tenant's creates under another's flood), "
                                          "scale or soak (churn with leader kills, docs/contract.md §7 checked); "
                                          "`gpu-binder bench WHICH --help` lists WHICH's flags")

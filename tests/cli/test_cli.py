@@ -305,6 +305,8 @@ def test_bench_help_lists_only_the_benchmarks_own_flags():
                 "--vs-scheduler"},
         "packing": {"--out", "--quick", "--seed", "--simulate", "--hgx", "--nodes",
                     "--arrivals", "--systems", "--loads"},
+        "contention": {"--out", "--quick", "--seed", "--nodes", "--span", "--recreate-delay",
+                       "--lanes"},
         "fairness": {"--out"},
         "scale": {"--out", "--quick", "--nodes", "--vmis", "--baseline-nodes", "--modes"},
         "soak": {"--out", "--seed", "--nodes", "--minutes", "--create-rate", "--tracemalloc"},

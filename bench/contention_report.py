@@ -1,0 +1,123 @@
+"""The contention benchmark's report (`gpu-binder bench contention`), pure: every lane's
+figures (`bench.contention_metrics.lane_figures`), the issue's targets beside them, and the
+summary lines printed at the end of a run."""
+
+from __future__ import annotations
+
+from bench.contention_metrics import LaneLog, lane_figures
+from bench.contention_trace import ON_DEMAND, TIERS, CTrace
+from bench.packing_trace import SIZES
+
+TARGETS = {"on_demand_p99_s": 30.0, "victims_minimal": 0.99, "inversions": 0,
+           "partial_stops": 0, "utilisation_points": 3.0, "wait_8_ratio": 0.5}
+"""Issue 39 item 6's targets: lane (a)'s on-demand start p99 (s), its share of preemptions
+whose victims are the brute-force minimum, its inversions and partial stops, its
+utilisation within so many points of (c)'s, its 8-GPU maximum wait over (d)'s."""
+
+
+def results(trace: CTrace, logs: dict[str, LaneLog], *, min_runtime: float) -> dict[str, dict]:
+    """lane -> `lane_figures`."""
+    return {k: lane_figures(trace, log, min_runtime=min_runtime) for k, log in logs.items()}
+
+
+def raw(log: LaneLog) -> dict:
+    """The lane's log as the report keeps it (times to 0.01 s): waits [set, begin, decided,
+    first], runs [set, node, GPUs, held from, start, stop, held until, preempted],
+    nominations [t, set, node, victims, GPUs held, gone]."""
+    def r(x):
+        return None if x is None else round(x, 2)
+    return {"waits": [[w.set_id, r(w.begin), r(w.decided), w.first] for w in log.waits],
+            "runs": [[x.set_id, x.node, list(x.gpus), r(x.held_from), r(x.start), r(x.stop),
+                      r(x.held_until), x.preempted] for x in log.runs],
+            "nominations": [[r(n.t), n.set_id, n.node, list(n.victims), list(n.devices), r(n.gone)]
+                            for n in log.nominations]}
+
+
+def _target(value, target: str, met) -> dict:
+    return {"value": value, "target": target, "met": met}
+
+
+def targets(report: dict) -> dict[str, dict]:
+    """Each target: {value, target, met (None when a lane it needs did not run or measured
+    nothing)}."""
+    res = report.get("results") or {}
+    a, b, c, d = (res.get(k) or {} for k in "abcd")
+    out = {}
+    row = ((a.get("latency") or {}).get(ON_DEMAND) or {}).get("all", {})
+    brow = ((b.get("latency") or {}).get(ON_DEMAND) or {}).get("all", {})
+    p99, cens = row.get("p99_s"), row.get("p99_censored")
+    limit = TARGETS["on_demand_p99_s"]
+    out["on_demand_p99"] = _target(
+        f"{_p(row)} s (kube-scheduler alone: {_p(brow)} s)" if b else _p(row),
+        f"<= {limit:g} s",  # a censored p99 is a lower bound: met unknown unless above
+        None if p99 is None or (cens and p99 <= limit) else p99 <= limit)
+    share = a.get("minimal_share")
+    out["victims_minimal"] = _target(
+        f"{share} of {a.get('preemptions', 0)} preemptions" if a else None,
+        f">= {TARGETS['victims_minimal']}", None if share is None else share >= TARGETS["victims_minimal"])
+    for name in ("inversions", "partial_stops"):
+        v = a.get(name)
+        out[name] = _target(v, f"== {TARGETS[name]}", None if v is None else v == TARGETS[name])
+    ua, uc = a.get("utilisation"), c.get("utilisation")
+    gap = round(100 * abs(ua - uc), 2) if ua is not None and uc is not None else None
+    out["utilisation_vs_no_preemption"] = _target(
+        f"{ua} vs {uc} (gap {gap} points)" if gap is not None else None,
+        f"within {TARGETS['utilisation_points']:g} points",
+        None if gap is None else gap <= TARGETS["utilisation_points"])
+    wa, wd = a.get("max_wait_8_s"), d.get("max_wait_8_s")
+    if d.get("available") is False:
+        value = f"{wa} s with the line; without: not run ({d.get('why')})"
+    else:
+        value = f"{wa} s vs {wd} s" if wa is not None and wd is not None else None
+    out["max_wait_8_with_line"] = _target(
+        value, f"<= {TARGETS['wait_8_ratio']} x without the line",
+        None if wa is None or wd is None else wa <= TARGETS["wait_8_ratio"] * wd)
+    return out
+
+
+def _p(row: dict, q: str = "p99") -> str:
+    """A quantile of a latency row, "≥" before a censored one."""
+    return f"{'≥' if row.get(f'{q}_censored') else ''}{row.get(f'{q}_s')}"
+
+
+def _cell(row: dict) -> str:
+    if not row.get("sets"):
+        return "-"
+    p50, p99 = _p(row, "p50"), _p(row)
+    mx = row.get("max_wait_s")
+    cens = "≥" if row.get("max_wait_censored") else ""
+    return (f"{row['started']}/{row['sets']} p50 {p50} p99 {p99} max {cens}{mx}"
+            + (f" (+{row['not_started']} waiting)" if row.get("not_started") else ""))
+
+
+def summary(report: dict) -> list[str]:
+    """The lines a run prints: the plan, every lane's latency per tier and size, GPU-hours,
+    utilisation, preemptions and inversions, and the load before and after."""
+    plan, tr = report["plan"], report["trace"]
+    lines = [f"contention{' (quick)' if report.get('quick') else ''}: {plan['nodes']} HGX boards "
+             f"a lane, offered load {plan['load']} (realised {tr['offered_load']}), "
+             f"{tr['scored']} scored of {tr['sets']} sets, mean life {plan['mean_life']:g} s, "
+             f"seed {report['seed']}, trace {tr['digest']}; load "
+             f"{_load(report.get('load_before'))} -> {_load(report.get('load_after'))}"]
+    for k, f in (report.get("results") or {}).items():
+        name = (report.get("lanes") or {}).get(k, "")
+        if f.get("available") is False:
+            lines.append(f"({k}) {name or 'gpu-binder without the line'}: not run: {f['why']}")
+            continue
+        lines.append(f"({k}) {name}: utilisation {f['utilisation']}, 8-GPU max wait "
+                     f"{f['max_wait_8_s']} s, preemptions {f['preemptions']} (victims "
+                     f"{f['victims']}, stopped {f['victims_stopped']}, minimal "
+                     f"{f['minimal_share']}), inversions {f['inversions']}, partial stops "
+                     f"{f['partial_stops']}, stops without nomination "
+                     f"{f['stops_without_nomination']}")
+        for tier in TIERS:
+            row = f["latency"][tier]
+            cells = "; ".join(f"{z}: {_cell(row[str(z)])}" for z in SIZES)
+            lines.append(f"    {tier}: all {_cell(row['all'])} | {cells} | GPU-h "
+                         f"{f['gpu_hours'][tier]['all']} | re-waits {row['all']['rewaits']} "
+                         f"p99 {row['all']['rewait_p99_s']}")
+    return lines
+
+
+def _load(v) -> str:
+    return " / ".join(f"{x:.2f}" for x in v) if v else "?"
