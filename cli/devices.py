@@ -1,5 +1,5 @@
-"""HL3 in the operator's tools (docs/device-mode.md, "Nothing lost silently"): `top`'s device totals per device-mode
-class, adding up, with the lost devices named, and `explain`'s lines on a set's lost devices.
+"""HL3 in the operator's tools (docs/device-mode.md, "Nothing lost silently"): `top`'s device
+totals per device-mode class, adding up, with the lost devices named, and `explain`'s lines on a set's lost devices.
 Text only; the values are `model.lost`'s and `model.device.lost`'s."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""HL3 over the fleet (docs/device-mode.md, "Nothing lost silently"): every device of a device-mode class, published
-or recorded, in exactly one state (`State`), the totals per class that add up, and the lost
+"""HL3 over the fleet (docs/device-mode.md, "Nothing lost silently"): every device of a
+device-mode class, published or recorded, in exactly one state (`State`), the totals per class that add up, and the lost
 devices (`model.device.lost`) that `top`, `explain`, the metric
 `gpu_binder_devices_lost{class,reason}` and the leader's Events tell.
 

@@ -1,5 +1,5 @@
-"""HL3, nothing lost silently (docs/device-mode.md, "Nothing lost silently"): when a device of a device-mode class is
-*lost*, and the words that say so.
+"""HL3, nothing lost silently (docs/device-mode.md, "Nothing lost silently"): when a device
+of a device-mode class is *lost*, and the words that say so.
 
 A device of a device-mode class is lost for one of two reasons (`LossReason`):
 

@@ -1,5 +1,5 @@
-"""HL3 in `top` and `explain` as printed (docs/device-mode.md, "Nothing lost silently"): the device totals of each
-device-mode class adding up with the lost column, the lost devices named with why, and a
+"""HL3 in `top` and `explain` as printed (docs/device-mode.md, "Nothing lost silently"): the device
+totals of each device-mode class adding up with the lost column, the lost devices named with why, and a
 set's lost device in `explain`; count mode prints as before."""
 
 from __future__ import annotations

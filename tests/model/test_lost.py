@@ -1,5 +1,5 @@
-"""HL3, nothing lost silently (docs/device-mode.md, "Nothing lost silently"; `model.lost`, `model.device.lost`): every
-device of a device-mode class in one state, totals that add up on random fleets, a lost device
+"""HL3, nothing lost silently (docs/device-mode.md, "Nothing lost silently"; `model.lost`,
+`model.device.lost`): every device of a device-mode class in one state, totals that add up on random fleets, a lost device
 never free, and a record on a lost device kept (no decision, defragmentation round or
 housekeeping plan deletes or re-points it because its device vanished)."""
 
