@@ -117,16 +117,7 @@ def walk(snap: Snapshot, live: Iterable[DeviceKey] | None = None
     matches = snap.mode.matches
     if not matches:
         return
-    recorders: dict[tuple[str, str], list[GPUDevice]] = {}  # (node, device) -> its GPUDevices
-    unpublished: dict[DeviceId, list[GPUDevice]] = {}
-    for d in snap.devices.values():
-        rec = d.status.device
-        if d.bound_node is None or rec is None:
-            continue
-        recorders.setdefault((d.bound_node, rec.device), []).append(d)
-        if d.class_name in matches and record_loss(snap.nodes.get(d.bound_node), d.class_name,
-                                                   matches[d.class_name], rec) is LossReason.LEFT_SLICES:
-            unpublished.setdefault((d.class_name, d.bound_node, rec.device), []).append(d)
+    recorders, unpublished = _records(snap)
     for c in sorted(matches):
         match = matches[c]
         text = None if match is None else match.text
@@ -154,12 +145,61 @@ def walk(snap: Snapshot, live: Iterable[DeviceKey] | None = None
                     yield ident, State.USED, None
                 else:
                     yield ident, State.FREE, None
+    for ident, loss in _left_slices(snap, unpublished):
+        yield ident, State.LOST, loss
+
+
+def _records(snap: Snapshot) -> tuple[dict[tuple[str, str], list[GPUDevice]],
+                                      dict[DeviceId, list[GPUDevice]]]:
+    """The Bound GPUDevices recording a device, by (node, device name), and those of a
+    device-mode class whose record left the slices, by (class, node, device name)."""
+    matches = snap.mode.matches
+    recorders: dict[tuple[str, str], list[GPUDevice]] = {}
+    unpublished: dict[DeviceId, list[GPUDevice]] = {}
+    for d in snap.devices.values():
+        rec = d.status.device
+        if d.bound_node is None or rec is None:
+            continue
+        recorders.setdefault((d.bound_node, rec.device), []).append(d)
+        if d.class_name in matches and record_loss(snap.nodes.get(d.bound_node), d.class_name,
+                                                   matches[d.class_name], rec) is LossReason.LEFT_SLICES:
+            unpublished.setdefault((d.class_name, d.bound_node, rec.device), []).append(d)
+    return recorders, unpublished
+
+
+def _left_slices(snap: Snapshot, unpublished: dict[DeviceId, list[GPUDevice]]
+                 ) -> Iterator[tuple[DeviceId, LostDevice]]:
+    """The `left-slices` losses of `unpublished` (`_records`), sorted."""
+    matches = snap.mode.matches
     for ident in sorted(unpublished):
         by = unpublished[ident]
-        yield ident, State.LOST, LostDevice(
-            ident[0], ident[1], ident[2], by[0].status.device, LossReason.LEFT_SLICES,
-            tuple(sorted(x.key for x in by)),
-            None if matches[ident[0]] is None else matches[ident[0]].text)
+        match = matches[ident[0]]
+        yield ident, LostDevice(ident[0], ident[1], ident[2], by[0].status.device,
+                                LossReason.LEFT_SLICES, tuple(sorted(x.key for x in by)),
+                                None if match is None else match.text)
+
+
+def lost_devices(snap: Snapshot) -> tuple[LostDevice, ...]:
+    """Every lost device (`classify(snap).lost`, in its order) without the states of the
+    others: O(nodes × device-mode classes + GPUDevices), a node's devices without the
+    attribute being remembered on its `DeviceSet` (the leader's Events ask it every round)."""
+    matches = snap.mode.matches
+    if not matches:
+        return ()
+    recorders, unpublished = _records(snap)
+    out = []
+    for c in sorted(matches):
+        match = matches[c]
+        for node_name in sorted(snap.nodes):
+            devices = snap.nodes[node_name].devices_of(c)
+            bare = devices.without_attribute(match) if devices else frozenset()
+            for sd in devices if bare else ():
+                if sd.ref.device in bare:
+                    keys = tuple(sorted(x.key for x in recorders.get((node_name, sd.ref.device), ())))
+                    out.append(LostDevice(c, node_name, sd.ref.device, sd.ref,
+                                          LossReason.ATTRIBUTE_LOST, keys, str(match)))
+    out += [loss for _, loss in _left_slices(snap, unpublished)]
+    return tuple(out)
 
 
 def classify(snap: Snapshot, live: Iterable[DeviceKey] | None = None) -> FleetDevices:
@@ -201,4 +241,5 @@ def lost_members(snap: Snapshot, members: Sequence[GPUDevice]) -> tuple[LostDevi
     return tuple(out)
 
 
-__all__ = ["ClassDevices", "DeviceId", "FleetDevices", "State", "classify", "lost_members", "walk"]
+__all__ = ["ClassDevices", "DeviceId", "FleetDevices", "State", "classify", "lost_devices", "lost_members",
+           "walk"]

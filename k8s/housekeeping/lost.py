@@ -17,7 +17,7 @@ from k8s.cache import ClusterCache
 from k8s.client import KubeClient
 from k8s.housekeeping.common import log
 from model.device.lost import LostDevice
-from model.lost import classify
+from model.lost import lost_devices
 from model.types import GROUP, VERSION
 
 LOST_REASON = "GPUDeviceLost"
@@ -61,7 +61,7 @@ class LostDevices:
         """One Event on the node and on each recording GPUDevice per loss not told yet, and
         one log line; losses that ended are forgotten. Best effort (an Event not written is
         logged by `k8s.events.record`, not retried)."""
-        lost = classify(self.cache.view.snapshot()).lost
+        lost = lost_devices(self.cache.view.snapshot())
         self.lost_now = len({x.key for x in lost})
         nodes, records = set(), set()
         for loss in lost:

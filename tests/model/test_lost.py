@@ -18,7 +18,7 @@ from model.device.lost import LossReason, LostDevice, record_loss
 from model.device.match import MatchAttribute
 from model.hold import Hold
 from model.housekeeping import VMIs, plan
-from model.lost import State, classify, lost_members, walk
+from model.lost import State, classify, lost_devices, lost_members, walk
 from model.snapshot import Snapshot
 from model.types import Attachment, DeviceStatus, GPUClass, GPUDevice, Node, Phase, Result
 from tests.support.dra_worlds import (CLASS, PARTITION_ATTRIBUTE, RES, device_class, dra_node,
@@ -252,6 +252,13 @@ def test_HL3_property_the_totals_add_up_and_free_is_free_devices(snap):
         assert states[(loss.class_name, loss.node, loss.device)] is State.LOST
         if loss.reason is LossReason.LEFT_SLICES:
             assert loss.records
+    assert lost_devices(snap) == fleet.lost  # the leader's cheap path says the same
+    lost = {(x.node, x.device) for x in fleet.lost}
+    for count in (1, 2, 4):  # a new set is never placed on a lost device
+        new = [GPUDevice("t", f"new-{i}", CLASS) for i in range(count)]
+        d = decide(snap.with_devices(new), Request("rn", "t", "vmn", tuple(x.name for x in new)))
+        for p in d.placements:
+            assert not {(p.node, r.device) for _, r in p.devices} & lost
 
 
 def test_HL3_count_mode_has_no_device_states():
