@@ -336,16 +336,16 @@ async def test_HL3_a_lost_device_is_told_on_its_node_and_record_with_the_shipped
             now = datetime.now(timezone.utc)
             await worker.tell(now)
             await worker.tell(now)  # told once
-            assert await events_of(ns, "held") == [("Warning", "published without gpu.nvi")]
-            assert await events_of("default", hgx) == [("Warning", "published without gpu.nvi")]
+            assert await events_of(ns, "held") == [("Warning", "published without gpu.nv")]
+            assert await events_of("default", hgx) == [("Warning", "published without gpu.nv")]
             gone = resource_slice(hgx, HGX_H100_8)
             del gone["spec"]["devices"][3]
             await apply(cp, gone)
             want = [("gpu-vfio-3", LossReason.LEFT_SLICES, ((ns, "held"),))]
             await eventually(lambda: losses() == want, what="gpu-vfio-3 left the slice")
             await worker.tell(datetime.now(timezone.utc))
-            assert await events_of(ns, "held") == [("Warning", "no longer published for t"),
-                                                   ("Warning", "published without gpu.nvi")]
+            assert await events_of(ns, "held") == [("Warning", "no longer published for "),
+                                                   ("Warning", "published without gpu.nv")]
             await apply(cp, resource_slice(hgx, HGX_H100_8))
             await eventually(lambda: losses() == [], what="gpu-vfio-3 back")
             await worker.tell(datetime.now(timezone.utc))
