@@ -273,3 +273,38 @@ def test_HL3_status_of_a_pending_device_is_not_a_record():
     snap = Snapshot.build(nodes=[dra_node("n1")], classes=[device_class()], devices=[d])
     (c,) = classify(snap).classes
     assert (c.unpublished, c.free) == (0, 8)
+
+
+def test_HL3_defragmentation_would_gain_by_moving_the_lost_record_and_still_does_not():
+    """n1's largest set is capped by its free units (4 used by Pods outside the binder, 1 by
+    t/a, whose GPU lost its partitions): moving t/a to n2's last free GPU would grow the
+    class's largest set from 2 to 4, and an intact record is so moved; a lost one is not."""
+    n1 = replace(dra_node("n1"), foreign=((RES, 4),))
+    n2 = dra_node("n2", taken=(0, 1, 2, 3, 4, 5, 6))
+    intact = Snapshot.build(nodes=[n1, n2], classes=[device_class()],
+                            devices=[recorded("t", "a", "n1", 3)])
+    assert [m.device for m in plan_round(intact, max_moves=8).moves] == [("t", "a")]
+    for lost_n1 in (bare(n1, 3), replace(gone(n1, 3), foreign=((RES, 4),))):
+        snap = Snapshot.build(nodes=[lost_n1, n2], classes=[device_class()],
+                              devices=[recorded("t", "a", "n1", 3)])
+        assert plan_round(snap, max_moves=8).moves == ()
+
+
+def test_HL3_slice_attributes_of_the_wrong_type_are_left_out_never_fatal():
+    from model.device.dra import parse_resource_slice
+
+    raw = {"metadata": {"name": "s"}, "spec": {
+        "driver": "gpu.nvidia.com", "nodeName": "n1", "pool": {"name": "n1", "generation": 1},
+        "devices": [
+            {"name": "a", "attributes": {"partition1": {"int": "1"}, "uuid": {"string": "u"}}},
+            {"name": "b", "attributes": {"partition1": {"int": True}, "x": "not a mapping",
+                                         "y": {"string": 3}, "z": {"int": [1]}}},
+            {"name": "c", "attributes": ["not", "a", "mapping"]},
+            {"name": "d"}]}}
+    a, b, c, d = parse_resource_slice(raw).devices
+    assert (a.attributes, a.malformed) == ((("gpu.nvidia.com/uuid", "u"),), ("partition1",))
+    assert (b.attributes, b.malformed) == ((), ("partition1", "x", "y", "z"))
+    assert (c.attributes, c.malformed) == ((), ("attributes",))
+    assert (d.attributes, d.malformed) == ((), ())
+    match = MatchAttribute(PARTITION_ATTRIBUTE)
+    assert not any(match.carried_by(x.attributes) for x in (a, b, c, d))
