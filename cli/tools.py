@@ -25,6 +25,7 @@ import anyio
 import structlog
 import yaml
 
+from cli.devices import device_total_lines, lost_lines
 from model.admission import LauncherDefaults, node_selector_of, unknown_annotations
 from model.types import ADMISSION_ANNOTATION
 from model.defrag import DefragPlan, plan_round
@@ -375,6 +376,7 @@ def render_explain(e: Explanation, *, max_nodes: int = 50, classes: tuple[str, .
         out.append(f"  whatever the node: {p}")
     for line in kept_lines(e):  # H4
         out.append(line)
+    out += lost_lines(e)  # HL3
     out += line_lines(e, classes, published)  # P5
     out.append("nodes:")
     unserving = [v for v in e.nodes if not v.holds
@@ -553,6 +555,7 @@ def render_top(t: Top, lines: Mapping[str, ClassLine] | None = None) -> str:
         out.append("AWAITING: attached to a VMI not seen yet (an admission in progress, or a "
                    "create that failed; housekeeping frees it after --attachment-grace)")
     out += _block_lines(t)
+    out += device_total_lines(t)  # HL3
     out += line_table(lines or {})
     out.append("")
     trows = [("TENANT", "RESOURCE", "USED", "BUDGET")]

@@ -209,6 +209,8 @@ class ClusterCache:
         self._parsed_classes: dict[str, GPUClass] = {}
         self._warned_problems: dict[str, str] = {}  # GPUClass -> the problem last logged
         self._records: dict[Key, tuple[str, str]] = {}   # device → (node, recorded device)
+        self._bad_devices: dict[str, dict[str, tuple[str, ...]]] = {}  # HL3: logged, by node
+        self._ghost_nodes: set[str] = set()   # HL3: slices naming no Node, logged
         self.view = IndexedView()
         v = self.view
         self.devices.add_listener(_feed("GPUDevice", parse_gpu_device, v.put_device,
@@ -303,10 +305,13 @@ class ClusterCache:
     def _put_node(self, node: Node) -> None:
         self._raw_nodes[node.name] = node
         self._refresh_node(node.name)
+        self._ghost_nodes.discard(node.name)
 
     def _remove_node(self, key: Key) -> None:
         self._raw_nodes.pop(key[1], None)
         self.view.remove_node(key[1])
+        self._bad_devices.pop(key[1], None)
+        self._log_ghost_nodes({key[1]})  # HL3: its slices, if any, now name no node
 
     def _refresh_node(self, name: str) -> None:
         node = self._raw_nodes.get(name)
@@ -317,6 +322,7 @@ class ClusterCache:
         on_node = self.view.devices_on(name)
         foreign = node_foreign(name, pods, on_node, resource_of, self._vmi_records)
         dra = self.dra.node_fields(name, [d for d in on_node if d.bound_node == name])
+        self._log_bad_devices(name, dra.class_devices)
         if dra.class_devices or dra.allocatable:
             mine = {r for r, _ in dra.allocatable}
             merged = dict(foreign)
@@ -334,9 +340,45 @@ class ClusterCache:
     def _refresh_nodes(self, names: set[str]) -> None:
         for name in sorted(names):
             self._refresh_node(name)
+        self._log_ghost_nodes(names)
         for selector_of, device, error in self.dra.drain_errors():
             log.warning("device selector failed; the device does not match", selector_of=selector_of,
                         device=device, error=error[:300])
+
+    def _log_bad_devices(self, node: str, class_devices) -> None:
+        """HL3 bad input: one JSON line per device of a device-mode class on `node` that is
+        published without any attribute, or with attributes of the wrong type (left out,
+        `SliceDevice.malformed`), when first seen so (not on every refresh of the node)."""
+        bad = {d.ref.device: d.malformed for _, devs in class_devices for d in devs
+               if d.malformed or not d.attributes}
+        seen = self._bad_devices.get(node, {})
+        for device, malformed in sorted(bad.items()):
+            if seen.get(device) == malformed:
+                continue
+            if malformed:
+                log.warning("device attributes of the wrong type left out", node=node,
+                            device=device, attributes=list(malformed))
+            else:
+                log.warning("device published without attributes: in no group of a class "
+                            "with a topology constraint (lost, attribute-lost)", node=node,
+                            device=device)
+        if bad:
+            self._bad_devices[node] = bad
+        else:
+            self._bad_devices.pop(node, None)
+
+    def _log_ghost_nodes(self, names: set[str]) -> None:
+        """HL3 bad input: one JSON line when a ResourceSlice names a node that does not exist
+        (its devices are on no node: not counted, never placed), naming the node and devices."""
+        for name in sorted(names):
+            devices = () if name in self._raw_nodes else self.dra.devices(name)
+            if not devices:
+                self._ghost_nodes.discard(name)
+            elif name not in self._ghost_nodes:
+                self._ghost_nodes.add(name)
+                log.warning("ResourceSlice names a node that does not exist; its devices are "
+                            "not counted", node=name,
+                            devices=[str(d.ref) for d in devices[:16]], count=len(devices))
 
     def _put_class(self, cls: GPUClass) -> None:
         self._parsed_classes[cls.name] = cls

@@ -218,8 +218,16 @@ class _FleetCollector:
         hard = GaugeMetricFamily("gpu_binder_tenant_budget_hard_devices",
                                  "a tenant's budget of a resource (smallest ResourceQuota "
                                  "requests.<resource>)", labels=["namespace", "resource"])
+        lost = GaugeMetricFamily(
+            "gpu_binder_devices_lost",
+            "devices of the device-mode class that are lost (HL3): recorded but no longer "
+            "published (reason left-slices), or published without the class's topology "
+            "attribute (attribute-lost); never counted free", labels=["class", "reason"])
         figures = self.metrics.fleet
         if figures is not None:
+            for d in figures.devices:
+                for reason, n in d.lost_by:
+                    lost.add_metric([d.class_name, reason], float(n))
             for c in figures.classes:
                 values = {"bound": c.bound, "attached": c.attached, "awaiting": c.awaiting,
                           "idle": c.idle,
@@ -231,6 +239,7 @@ class _FleetCollector:
                 if t.hard is not None:
                     hard.add_metric([t.namespace, t.resource], float(t.hard))
         yield from fams.values()
+        yield lost
         yield used
         yield hard
 

@@ -30,7 +30,9 @@ from model.device.view import (Blocks, NodeDevices, blocks, largest_device_set, 
 from model.device.dra import DeviceRef
 from model.defrag import DEFAULT_MAX_MOVES, DefragPlan, apply_moves, plan_round
 from model.housekeeping import VMIs
+from model.device.lost import LostDevice
 from model.line import Identity, Line, line_place
+from model.lost import ClassDevices, classify, lost_members
 from model.parse import VMIAsk
 from model.priority import Priority, resolve_priority
 from model.reasons import CAPACITY_CODES, W1_DEVICE_CODES, Code, LinePlace, Reason
@@ -138,6 +140,9 @@ class Explanation:
     kept: tuple["KeptSet", ...] = ()
     """H4: the set's devices kept for their VirtualMachine (`attachedTo.keptUntil`), per node."""
     device_nodes: tuple[NodeDevices, ...] = field(default=(), metadata=DEVICE_MODE_ONLY)
+    lost: tuple[LostDevice, ...] = field(default=(), metadata=DEVICE_MODE_ONLY)
+    """HL3: the set's recorded devices that are lost (left the slices, or published without
+    the class's topology attribute), with why (`model.lost.lost_members`)."""
     line: LinePlace | None = field(default=None, metadata={"omit_empty": True})
     """P5: the set's place in the waiting line of its classes, what is ahead and its
     reservation (`model.line.line_place`); None when it does not wait or no line was given."""
@@ -230,6 +235,8 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
                        tuple(set_problems), verdicts, shortfalls,
                        _budget_short(snap, request), after, _kept_of(snap, request),
                        device_nodes=_device_nodes(snap, request, d),
+                       lost=lost_members(snap, [m for n in request.devices
+                                                if (m := snap.device(namespace, n)) is not None]),
                        line=(line_place(line, Identity(namespace, vmi), reservations)
                              if line is not None else None))
 
@@ -454,12 +461,17 @@ class Top:
     (DR3): per device-mode class and node serving it, its groups (whole free partitions per
     size, or free devices per group; `model.device.view.Blocks`), by class then node. A
     device-mode class's rows are the nodes with its devices, `allocatable` and `free` count
-    its devices, `largest` is the largest set its free groups take."""
+    its devices, `largest` is the largest set its free groups take (HL3: a lost device is
+    never free: `devices` adds each class's devices up, `lost` names the lost ones)."""
 
     classes: tuple[ClassFigures, ...]
     tenants: tuple[TenantFigures, ...]
     kept: tuple[KeptSet, ...] = ()
     blocks: tuple[Blocks, ...] = field(default=(), metadata=DEVICE_MODE_ONLY)
+    devices: tuple[ClassDevices, ...] = field(default=(), metadata=DEVICE_MODE_ONLY)
+    """HL3: per device-mode class, its devices by state, adding up (`model.lost`)."""
+    lost: tuple[LostDevice, ...] = field(default=(), metadata=DEVICE_MODE_ONLY)
+    """HL3: every lost device of a device-mode class, with why."""
 
 
 def largest_placeable(snapshot: Snapshot, class_name: str) -> dict[str, int]:
@@ -557,7 +569,13 @@ def top(snapshot: Snapshot, live_vmis: VMIs | set[tuple[str, str]]) -> Top:
     return Top(tuple(classes), tuple(tenants[k] for k in sorted(tenants)),
                tuple(KeptSet(ns, vm, node, tuple(sorted(devs)), until)
                      for (ns, vm, node), (devs, until) in sorted(kept_sets.items())),
-               blocks=_blocks(snapshot))
+               blocks=_blocks(snapshot), **_devices(snapshot, live_vmis))
+
+
+def _devices(snapshot: Snapshot, live: set[tuple[str, str]]) -> dict[str, tuple]:
+    """`Top.devices` and `Top.lost` (HL3, `model.lost.classify`); empty in count mode."""
+    fleet = classify(snapshot, live)
+    return {"devices": fleet.classes, "lost": fleet.lost}
 
 
 def _device_rows(snapshot: Snapshot, class_name: str, rows: list[NodeFigures]) -> list[NodeFigures]:

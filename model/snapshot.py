@@ -651,13 +651,13 @@ class Snapshot:
                      own: Iterable[DeviceKey] = ()) -> frozenset[str]:
         """Device mode (DR2): the names of the devices of `class_name` on `node` free for
         request `request_id` whose members are `own` (`model.device.records.free_devices`:
-        not tainted, taken by a claim, recorded by another device or held by another
-        request). Empty for a gone node or a count-mode class."""
+        not tainted or lost, HL3, taken by a claim, recorded by another device or held by
+        another request). Empty for a gone node or a count-mode class."""
         n = self._st.nodes.get(node)
         if n is None or not n.devices_of(class_name):
             return frozenset()
         return free_devices(n, class_name, self._records().get(node), self._holds_on(node),
-                            request_id, own)
+                            request_id, own, self._st.mode.matches.get(class_name))
 
     def __repr__(self) -> str:
         return (f"<Snapshot nodes={len(self._st.nodes)} classes={len(self._st.classes)} "

@@ -14,7 +14,8 @@ composes them into rounds:
   condition `GPUSetKept`, and the keeps released (their claims go at once);
 - `claims.ClaimsWorker`: H1/H2 of the binder's claims and DR6 (`GPUClaimRestored`);
 - `settings.SettingsWorker`: H3 (`PolicyParameterMissing`);
-- `class_conditions.ClassConditions`: GPUClass `Ready` (DR1) and `KubeVirtPermitted`.
+- `class_conditions.ClassConditions`: GPUClass `Ready` (DR1) and `KubeVirtPermitted`;
+- `lost.LostDevices`: HL3's Events (`GPUDeviceLost`) on a lost device's GPUDevices and node.
 
 A round's device and claim work is skipped while an informer it reads is unhealthy (its
 cache may be behind). `Housekeeper.statistics()` is what the metrics read.

@@ -13,6 +13,7 @@ from k8s.housekeeping.class_conditions import ClassConditions
 from k8s.housekeeping.common import FIELD_MANAGER, log
 from k8s.housekeeping.devices import DeviceWorker
 from k8s.housekeeping.kept import KeptSets
+from k8s.housekeeping.lost import LostDevices
 from k8s.housekeeping.settings import SettingsWorker
 from k8s.informer import Informer
 from k8s.rounds import RoundLoop
@@ -57,7 +58,8 @@ class Housekeeper:
 
     The workers, by job: `devices` (H1, H2, H4 on GPUDevices), `kept` (H4's Events, VM
     conditions and released keeps), `claims` (H1/H2 of the binder's claims, DR6),
-    `settings` (H3) and `class_conditions` (GPUClass Ready, KubeVirtPermitted)."""
+    `settings` (H3), `class_conditions` (GPUClass Ready, KubeVirtPermitted) and `lost` (HL3:
+    the lost devices' Events)."""
 
     def __init__(self, client: KubeClient, cache: ClusterCache, *, grace: timedelta,
                  raw_policy: str, period: float = 5.0, concurrency: int = 16,
@@ -75,6 +77,7 @@ class Housekeeper:
         self.claims = ClaimsWorker(client, cache, grace=grace)
         self.settings = SettingsWorker(client, cache, raw_policy=raw_policy)
         self.class_conditions = ClassConditions(client, cache)
+        self.lost = LostDevices(client, cache)
         self.rounds = 0
         self.paused_rounds = 0
         self._paused = False
@@ -86,15 +89,16 @@ class Housekeeper:
         `period`."""
         await RoundLoop(self.round, period=self.period, coalesce=self.coalesce, sources=(
             self.cache.devices, self.cache.vmis, self.cache.classes, self.cache.settings,
-            self.cache.kubevirts, *((self.vms,) if self.vms is not None else ()))).run()
+            self.cache.kubevirts, self.cache.slices,
+            *((self.vms,) if self.vms is not None else ()))).run()
 
     def keeps(self) -> dict[str, timedelta | None]:
         """H4: each GPUClass's keepSetFor (None: off)."""
         return {name: c.keep_set_for for name, c in self.cache.view.classes().items()}
 
     async def round(self, now: datetime | None = None) -> None:
-        """One pass: H1, H2 and H4 on the devices and the binder's claims, DR6, then H3 and
-        the class conditions. The device and claim work pauses while the devices' or VMIs'
+        """One pass: H1, H2 and H4 on the devices and the binder's claims, DR6, then H3, the
+        class conditions and the lost devices (HL3). The device and claim work pauses while the devices' or VMIs'
         informer is unhealthy (what the cache shows may be long gone or missing)."""
         now = now or datetime.now(timezone.utc)
         if not self.cache.healthy(self.cache.devices, self.cache.vmis):
@@ -113,6 +117,8 @@ class Housekeeper:
             await self.settings.ensure()
         if self.cache.healthy(self.cache.classes, self.cache.kubevirts):
             await self.class_conditions.ensure()
+        if self.cache.healthy(self.cache.slices, self.cache.devices, self.cache.nodes):
+            await self.lost.tell(now)  # HL3: a relist in progress is no loss
         self.rounds += 1
 
     async def _devices_and_claims(self, now: datetime) -> None:

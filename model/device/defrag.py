@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator
 
 from model.device.dra import DeviceRef
+from model.device.lost import record_loss
 from model.device.ports import DeviceView, SnapshotView
 from model.device.topology import NoGroup, choose_devices
 from model.device.view import capped, placeable_sizes
@@ -173,12 +174,12 @@ def _may_grow(snap: SnapshotView, profile: Any, node: str, res: str, freed: int)
 
 
 def _record_exists(snap: SnapshotView, d: DeviceView) -> bool:
-    """Whether `d`'s record names a device its node still publishes for its class (a
-    vanished one is lost capacity: never moved nor re-pointed away from)."""
-    n = snap.nodes.get(d.bound_node or "")
+    """Whether `d`'s record names a device its node still publishes for its class, with the
+    class's topology attribute (HL3: a lost one, `model.device.lost.record_loss`, is never
+    moved nor re-pointed away from: its record waits for the device to return)."""
     rec = d.status.device
-    return n is not None and rec is not None and any(
-        sd.ref == rec for sd in n.devices_of(d.class_name))
+    return rec is not None and d.bound_node is not None and record_loss(
+        snap.nodes.get(d.bound_node), d.class_name, snap.mode.matches.get(d.class_name), rec) is None
 
 
 def _one_device(snap: SnapshotView, node: str, class_name: str, free: frozenset[str],

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from model.device.match import MatchAttribute
 from model.device.topology import AttributeValue, Board, Device
 
 HARD_DEVICE_TAINTS = ("NoSchedule", "NoExecute")
@@ -55,12 +56,15 @@ class DeviceTaint:
 @dataclass(frozen=True, slots=True)
 class SliceDevice:
     """A device of a node-local slice: its `ref`, the `node`, the attributes with qualified
-    names (sorted pairs), and its taints."""
+    names (sorted pairs), its taints, and the attributes that could not be read."""
 
     ref: DeviceRef
     node: str
     attributes: tuple[tuple[str, AttributeValue], ...]
     taints: tuple[DeviceTaint, ...] = ()
+    malformed: tuple[str, ...] = ()
+    """HL3 bad input: the attribute ids whose value was not of its type (left out of
+    `attributes`; the cache logs them, naming the node and device)."""
 
     @property
     def tainted(self) -> bool:
@@ -119,6 +123,20 @@ class DeviceSet(tuple):
             found = self.__dict__["_untainted"] = frozenset(d.ref.device for d in self if not d.tainted)
         return found
 
+    def without_attribute(self, match: "MatchAttribute | None") -> frozenset[str]:
+        """HL3: the names of the devices that carry no attribute of the class's topology
+        `match` (`MatchAttribute.carried_by`: in no group of it, never free for a set; NVIDIA
+        dra-driver-nvidia-gpu#1331 republishes a GPU so); empty without a constraint.
+        Remembered per matchAttribute."""
+        if match is None:
+            return frozenset()
+        memo = self.__dict__.setdefault("_without", {})
+        found = memo.get(match.text)
+        if found is None:
+            found = memo[match.text] = frozenset(
+                d.ref.device for d in self if not match.carried_by(d.attributes))
+        return found
+
     def by_name(self, name: str) -> SliceDevice | None:
         """The device named `name`, or None."""
         index = self.__dict__.get("_by_name")
@@ -141,11 +159,23 @@ class ResourceSlice:
     devices: tuple[SliceDevice, ...]
 
 
-def _attribute_value(raw: Mapping[str, Any]) -> AttributeValue | None:
-    """The one value of a DeviceAttribute (`string`, `int`, `bool` or `version`)."""
-    for key in ("string", "int", "bool", "version"):
-        if key in raw and raw[key] is not None:
-            return raw[key]
+_ATTRIBUTE_TYPES: tuple[tuple[str, type | tuple[type, ...]], ...] = (
+    ("string", str), ("int", int), ("bool", bool), ("version", str))
+
+
+def _attribute_value(raw: Any) -> AttributeValue | None:
+    """The one value of a DeviceAttribute (`string`, `int`, `bool` or `version`), None when
+    it has none of the type its key says (HL3 bad input: `{"int": "4"}`, `{"string": 3}`,
+    a list, not a mapping at all): the attribute is then left out, as if not published."""
+    if not isinstance(raw, Mapping):
+        return None
+    for key, kind in _ATTRIBUTE_TYPES:
+        value = raw.get(key)
+        if value is None:
+            continue
+        if isinstance(value, kind) and (key != "int" or not isinstance(value, bool)):
+            return value
+        return None
     return None
 
 
@@ -177,16 +207,21 @@ def parse_resource_slice(obj: Mapping[str, Any]) -> ResourceSlice:
         device_name = raw.get("name")
         if not isinstance(device_name, str) or not device_name:
             raise SliceError(f"ResourceSlice {name}: a device has no name")
-        attributes = []
-        for ident, value in (raw.get("attributes") or {}).items():
+        attributes, malformed = [], []
+        raw_attributes = raw.get("attributes") or {}
+        if not isinstance(raw_attributes, Mapping):
+            raw_attributes, malformed = {}, ["attributes"]
+        for ident, value in raw_attributes.items():
             parsed = _attribute_value(value or {})
             if parsed is not None:
-                attributes.append((qualify(driver, ident), parsed))
+                attributes.append((qualify(driver, str(ident)), parsed))
+            elif value:
+                malformed.append(str(ident))
         taints = tuple(DeviceTaint(str(t.get("key", "")), str(t.get("value", "") or ""),
                                    str(t.get("effect", "") or ""))
                        for t in raw.get("taints") or ())
         devices.append(SliceDevice(DeviceRef(driver, pool["name"], device_name), node or "",
-                                   tuple(sorted(attributes)), taints))
+                                   tuple(sorted(attributes)), taints, tuple(malformed)))
     return ResourceSlice(name, driver, pool["name"], generation, count, node, tuple(devices))
 
 

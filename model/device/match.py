@@ -56,6 +56,18 @@ class MatchAttribute:
                  if (m := pattern.match(key))}
         return tuple(sorted(found))
 
+    def carried_by(self, attributes: Iterable[tuple[str, object]]) -> bool:
+        """Whether a device's `attributes` (qualified name, value pairs) carry this
+        attribute: for a sized one, resolved for some size (a device with only `partition1`
+        carries `partition{size}`); else the attribute itself. A device that does not is in
+        no group of the class whatever the set's size (HL3 `attribute-lost`)."""
+        if not self.sized:
+            return any(key == self.text for key, _ in attributes)
+        prefix, _, suffix = self.text.partition(SIZE_PLACEHOLDER)
+        return any(key.startswith(prefix) and key.endswith(suffix)
+                   and key[len(prefix):len(key) - len(suffix)].isdigit()
+                   and len(key) > len(prefix) + len(suffix) for key, _ in attributes)
+
     @property
     def noun(self) -> str:
         """What a group is called: the attribute's id without `{size}` ("partition",

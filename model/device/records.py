@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from model.device.dra import DeviceRef
+from model.device.match import MatchAttribute
 from model.device.ports import DeviceKey, DeviceView, HoldView, NodeView
 from model.device.topology import GroupChoice, natural_key
 from model.reasons import NoDeviceGroup
@@ -151,10 +152,12 @@ def held_names(holds: Iterable[HoldView], exclude_request: str | None = None) ->
 
 def free_devices(node: NodeView | None, class_name: str, recorded: Mapping[str, tuple[DeviceKey, ...]] | None,
                  holds: Sequence[HoldView], request_id: str | None = None,
-                 own: Iterable[DeviceKey] = ()) -> frozenset[str]:
+                 own: Iterable[DeviceKey] = (), match: MatchAttribute | None = None) -> frozenset[str]:
     """DR2: the names of the devices of `class_name` on `node` (a `model.types.Node`, None
     when gone) free for request `request_id` whose members are `own`: not tainted
-    NoSchedule/NoExecute, not in `Node.taken_devices`, not recorded (`recorded`: the node's
+    NoSchedule/NoExecute, carrying the class's topology attribute `match` (HL3: one
+    published without it is lost, never free: `DeviceSet.without_attribute`), not in
+    `Node.taken_devices`, not recorded (`recorded`: the node's
     records) by a Bound GPUDevice other than `own`, not held by another request's hold
     (`holds`: those naming the node's devices). A device recorded by one of `own` is free for
     it even when a claim the binder made allocates it (its own claim, DR5), not when another
@@ -168,6 +171,10 @@ def free_devices(node: NodeView | None, class_name: str, recorded: Mapping[str, 
     if not devices:
         return frozenset()
     out = devices.untainted
+    if match is not None:
+        lost = devices.without_attribute(match)
+        if lost:
+            out = out - lost
     mine: frozenset[str] | set[str] = frozenset()
     if recorded:
         own_keys = own if isinstance(own, (set, frozenset)) else set(own)

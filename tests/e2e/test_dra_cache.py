@@ -276,3 +276,87 @@ async def test_DR2_a_tenant_cannot_write_a_claims_allocation(control_plane, make
         await kubectl(cp, "delete", "node", node, "--ignore-not-found", check=False)
         await kubectl(cp, "delete", "resourceclaims", "--all", "-n", tenant.namespace,
                       "--ignore-not-found", "--wait=false", check=False)
+
+
+async def test_HL3_a_lost_device_is_told_on_its_node_and_record_with_the_shipped_rbac(
+        control_plane, controller_client):
+    """HL3 on a real API server, as the controller's ServiceAccount: a recorded GPU
+    republished without its partitions (dra-driver-nvidia-gpu#1331) is lost
+    (attribute-lost) and never free; the leader's worker writes one Warning GPUDeviceLost on
+    the GPUDevice and one on the Node; the GPU leaving the slice is a new loss (left-slices),
+    told again; the GPU back with its attributes is lost no more, its record untouched."""
+    from k8s.housekeeping.lost import LostDevices
+    from localcluster.dra_profiles import PARTITION_ATTRIBUTE
+    from model.device.lost import LossReason
+    from model.lost import lost_devices
+
+    cp = control_plane
+    hgx, ns, cls = unique("hl3-hgx"), unique("hl3"), unique("hgx")
+    await kubectl(cp, "create", "namespace", ns)
+    klass = class_doc(cls)
+    klass["spec"]["topology"] = {"matchAttribute": PARTITION_ATTRIBUTE}
+    await apply(cp, device_class(), node_doc(hgx), klass)
+    dev = {"apiVersion": "gpu.cozystack.io/v1alpha1", "kind": "GPUDevice",
+           "metadata": {"name": "held", "namespace": ns}, "spec": {"class": cls}}
+    await apply(cp, dev, resource_slice(hgx, HGX_H100_8))
+    recorded = DeviceRef(DRIVER, hgx, "gpu-vfio-3")
+    status = device_status_to_dict(DeviceStatus(Phase.BOUND, hgx, datetime.now(timezone.utc),
+                                                device=recorded))
+    await kubectl(cp, "patch", "gpudevice", "held", "-n", ns, "--subresource=status",
+                  "--type=merge", "-p", orjson.dumps({"status": status}).decode())
+    cache = ClusterCache(controller_client, watch_timeout=30)
+    worker = LostDevices(KubeClient(controller_client), cache)
+
+    def losses():
+        return [(x.device, x.reason, x.records) for x in lost_devices(cache.view.snapshot())
+                if x.node == hgx]
+
+    async def events_of(namespace: str, name: str) -> list[tuple[str, str]]:
+        got = orjson.loads((await kubectl(
+            cp, "get", "events", "-n", namespace, "-o", "json", "--field-selector",
+            f"involvedObject.name={name},reason=GPUDeviceLost")).stdout)
+        return sorted((e["type"], e["message"].split(" is lost: ")[1][:24]) for e in got["items"])
+
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(cache.run)
+            await eventually(lambda: cache.view.device((ns, "held")) is not None
+                             and cache.view.node(hgx) is not None
+                             and len(cache.view.node(hgx).devices_of(cls)) == 8,
+                             what="the node's 8 GPUs and the record")
+            assert losses() == []
+            bare = resource_slice(hgx, HGX_H100_8)
+            attrs = bare["spec"]["devices"][3]["attributes"]
+            for key in [k for k in attrs if k.startswith("partition") or k == "gpuModuleID"]:
+                del attrs[key]
+            await apply(cp, bare)
+            want = [("gpu-vfio-3", LossReason.ATTRIBUTE_LOST, ((ns, "held"),))]
+            await eventually(lambda: losses() == want, what="gpu-vfio-3 lost its partitions")
+            assert "gpu-vfio-3" not in cache.view.snapshot().free_devices(hgx, cls)
+            now = datetime.now(timezone.utc)
+            await worker.tell(now)
+            await worker.tell(now)  # told once
+            assert await events_of(ns, "held") == [("Warning", "published without gpu.nv")]
+            assert await events_of("default", hgx) == [("Warning", "published without gpu.nv")]
+            gone = resource_slice(hgx, HGX_H100_8)
+            del gone["spec"]["devices"][3]
+            await apply(cp, gone)
+            want = [("gpu-vfio-3", LossReason.LEFT_SLICES, ((ns, "held"),))]
+            await eventually(lambda: losses() == want, what="gpu-vfio-3 left the slice")
+            await worker.tell(datetime.now(timezone.utc))
+            assert await events_of(ns, "held") == [("Warning", "no longer published for "),
+                                                   ("Warning", "published without gpu.nv")]
+            await apply(cp, resource_slice(hgx, HGX_H100_8))
+            await eventually(lambda: losses() == [], what="gpu-vfio-3 back")
+            await worker.tell(datetime.now(timezone.utc))
+            assert worker.lost_now == 0
+            held = cache.view.device((ns, "held"))
+            assert held.status.device == recorded and held.bound_node == hgx  # never touched
+            tg.cancel_scope.cancel()
+    finally:
+        await kubectl(cp, "delete", "resourceslice", f"{hgx}-{DRIVER}", "--ignore-not-found",
+                      check=False)
+        await kubectl(cp, "delete", "node", hgx, "--ignore-not-found", check=False)
+        await kubectl(cp, "delete", "gpuclass", cls, "--ignore-not-found", check=False)
+        await kubectl(cp, "delete", "gpudevices", "--all", "-n", ns, "--ignore-not-found",
+                      "--wait=false", check=False)

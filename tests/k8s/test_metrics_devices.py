@@ -55,3 +55,29 @@ def test_DR3_largest_placeable_gauges_respect_partitions():
     # the D4 gauge: what the coordinator hands `defragmented` (defrag's profile)
     metrics.defragmented(0, {x.class_name: x.size for x in largest_sets(view.snapshot())})
     assert _samples(metrics)["gpu_binder_largest_placeable_set"][(("class", CLASS),)] == 2
+
+
+def test_HL3_devices_lost_gauge_by_class_and_reason():
+    """`gpu_binder_devices_lost{class,reason}`: a record whose device left n1's slice and a
+    GPU republished without its partitions (dra-driver-nvidia-gpu#1331); neither is free."""
+    from dataclasses import replace
+
+    from tests.support.dra_worlds import recorded
+
+    n1 = dra_node("n1")
+    devs = tuple(d for d in n1.devices_of(CLASS) if d.ref.device != "gpu-vfio-3")
+    devs = tuple(replace(d, attributes=()) if d.ref.device == "gpu-vfio-5" else d for d in devs)
+    n1 = replace(n1, allocatable=((RES, 7),), class_devices=((CLASS, devs),))
+    view = IndexedView()
+    view.put_node(n1)
+    view.put_class(device_class())
+    view.put_device(recorded("t", "d0", "n1", 3))
+    cache = SimpleNamespace(view=view, vmi_keys=lambda: set())
+    metrics = Metrics(lambda: Observed(synced=True), _idle_admission(cache))
+    anyio.run(metrics.refresh_fleet)
+    m = _samples(metrics)
+    assert m["gpu_binder_devices_lost"] == {
+        (("class", CLASS), ("reason", "attribute-lost")): 1.0,
+        (("class", CLASS), ("reason", "left-slices")): 1.0}
+    # 7 published: 6 free devices (gpu-vfio-5 lost), capped by 7 − 1 units (d0 keeps its unit)
+    assert m["gpu_binder_class_free_units"][(("class", CLASS), ("resource", RES))] == 6

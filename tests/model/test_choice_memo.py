@@ -134,6 +134,8 @@ def reference_free(snap: Snapshot, node: str, class_name: str, request_id=None, 
         name = d.ref.device
         if d.tainted or name in others or name in held:
             continue
+        if not MatchAttribute(PARTITION).carried_by(d.attributes):  # HL3: lost, never free
+            continue
         if name in n.taken_devices and name not in mine:
             continue
         out.add(name)
@@ -152,7 +154,9 @@ def worlds(draw):
     node_list = []
     for name in ("n1", "n2"):
         tainted = draw(st.sets(st.integers(0, 7), max_size=2))
-        devs = tuple(SliceDevice(_ref(name, i), name, (),
+        bare = draw(st.sets(st.integers(0, 7), max_size=2))  # HL3: published without a partition
+        devs = tuple(SliceDevice(_ref(name, i), name,
+                                 () if i in bare else ((PARTITION.replace("{size}", "1"), i),),
                                  (DeviceTaint("k", "", draw(st.sampled_from(["NoSchedule", "NoExecute", "PreferNoSchedule"]))),)
                                  if i in tainted else ()) for i in range(8))
         taken = frozenset(f"gpu-{i}" for i in draw(st.sets(st.integers(0, 7), max_size=3)))
