@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from model.health import DEFAULT_FAILED_STARTS, DEFAULT_WINDOW
 from model.settings import RAW_ALLOWED, RAW_DENIED
 from k8s.webhook.waiter import RECORD_WAIT, TEMPLATE_WAIT
 from supervisor.binder import BinderConfig
@@ -121,6 +122,13 @@ FIELD_HELP: dict[str, str] = {
     "preemption_nomination_ttl": "seconds a nomination holds the room freed for its preemptor "
                                  "(preemption.nominationTTL, P4): past it the hold is released "
                                  "and the nomination deleted; > 0",
+    "health_failed_starts": "different VMIs that must fail to start on one GPU (launcher Pod or "
+                            "VMI Failed before Running) within --health-window before the "
+                            "leader suspects it (health.failedStarts, HL2): a DeviceTaintRule "
+                            "gpu.cozystack.io/suspect in device mode, reported in count mode; "
+                            "at least 1",
+    "health_window": "seconds a failed start counts as evidence against its GPU "
+                     "(health.window, HL2); > 0",
 }
 """Meaning and unit of each setting (`field_help` adds the default)."""
 
@@ -201,6 +209,8 @@ class Config:
     defrag_max_moves: int = _BINDER.coordinator.defrag_max_moves
     preemption_min_runtime: float = _BINDER.coordinator.preemption.preemption.min_runtime.total_seconds()
     preemption_nomination_ttl: float = _BINDER.coordinator.preemption.ttl.total_seconds()
+    health_failed_starts: int = DEFAULT_FAILED_STARTS
+    health_window: float = DEFAULT_WINDOW.total_seconds()
 
     def validate(self) -> "Config":
         """Check ranges; return self. Raises ValueError naming the bad setting by its flag
@@ -213,7 +223,8 @@ class Config:
         for name in ("attachment_grace", "bind_timeout", "lease_duration", "renew_deadline",
                      "retry_period", "housekeeping_period", "ask_timeout", "resync_interval",
                      "write_timeout", "settle_timeout", "prepare_ttl", "commit_ttl",
-                     "max_restart_seconds", "webhook_template_wait", "preemption_nomination_ttl"):
+                     "max_restart_seconds", "webhook_template_wait", "preemption_nomination_ttl",
+                     "health_window"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{f(name)}: must be > 0 seconds, got {getattr(self, name)}")
         if self.write_attempts < 1:
@@ -226,6 +237,9 @@ class Config:
         if self.preemption_min_runtime < 0:
             raise ValueError(f"--preemption-min-runtime: must be >= 0 seconds, "
                              f"got {self.preemption_min_runtime}")
+        if self.health_failed_starts < 1:
+            raise ValueError(f"--health-failed-starts: must be at least 1, "
+                             f"got {self.health_failed_starts}")
         if self.max_restarts < 0:
             raise ValueError(f"--max-restarts: must be at least 0, got {self.max_restarts}")
         if self.prepare_ttl <= self.ask_timeout:

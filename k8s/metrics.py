@@ -275,6 +275,13 @@ class Metrics:
             ["priority", "class"], registry=self.registry,
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 21600))
         self._line_classes: set[str] = set()
+        self.devices_suspected = Gauge(
+            "gpu_binder_devices_suspected", "devices the leader suspects broken (HL2: "
+            "health.failedStarts different VMIs failed to start on each within health.window): "
+            "in device mode those marked (a DeviceTaintRule, or the gpu-suspects ConfigMap), in "
+            "count mode the nodes (the device plugin's pick is unknown)", ["class"],
+            registry=self.registry)
+        self._suspected_classes: set[str] = set()
         self.registry.register(_TreeCollector(observe, admission))
         self.observe = observe
         self.admission = admission
@@ -332,6 +339,12 @@ class Metrics:
         PriorityClasses that exist)."""
         for class_name in classes:
             self.line_wait.labels(str(priority.value), class_name).observe(max(0.0, seconds))
+
+    def set_suspected(self, per_class: dict[str, int]) -> None:
+        """`gpu_binder_devices_suspected` per class (HL2; a class no longer listed reads 0)."""
+        for cls in self._suspected_classes | set(per_class):
+            self.devices_suspected.labels(cls).set(per_class.get(cls, 0))
+        self._suspected_classes |= set(per_class)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
