@@ -1,13 +1,14 @@
 """The leader's health worker (docs/contract.md §3b HL2): notices VMIs that fail to start on
 a GPU and marks a device on which several did.
 
-The informers say what changed: a VMI whose phase is `Failed`, or whose launcher Pod (label
-`kubevirt.io/created-by`: the VMI's uid) is `Failed` or cannot pull its image, is judged
-in the next round (`k8s.rounds.RoundLoop`, also at least every `period` seconds) by the pure
-`model.health.judge_start`; a failed start counts against the targets its set was placed
-on (`model.health.targets_of`: the devices attached to the VMI on its pinned node). The
-evidence lives in this leader's memory (a new leader starts with none; a mark already
-written stays).
+The informers' events say what changed: a VMI whose phase is `Failed`, or whose launcher
+Pod (label `kubevirt.io/created-by`: the VMI's uid) is `Failed`, is judged at that event by
+the pure `model.health.judge_start` on the cache as it is then (so a VMI deleted after it
+failed still counts, one deleted while starting does not); a failed start counts against
+the targets its set was placed on (`model.health.targets_of`: the devices attached to the
+VMI on its pinned node). The evidence lives in this leader's memory (a new leader starts
+with none; a mark already written stays). Rounds (`k8s.rounds.RoundLoop`: after each
+change, at least every `period` seconds) act on it.
 
 A device-mode suspect (`model.health.Evidence.suspects`) is marked once
 (`model.health_mark`): a DeviceTaintRule `gpu.cozystack.io/suspect` (NoSchedule) selecting
@@ -67,7 +68,6 @@ class Health:
         self._loop = RoundLoop(self.round, period=period, coalesce=coalesce,
                                sources=(cache.vmis, cache.pods, cache.taint_rules, cache.suspect_marks))
         self.evidence = Evidence()
-        self._due: set[Key] = set()
         self._launchers: dict[str, dict[Key, dict]] = {}   # VMI uid -> its launcher Pods
         self._pod_owner: dict[Key, str] = {}
         self._vmi_uid: dict[Key, str] = {}                 # VMI key -> uid, and back
@@ -89,7 +89,7 @@ class Health:
         if (obj.get("status") or {}).get("phase") == "Failed" or any(
                 (p.get("status") or {}).get("phase") == "Failed"
                 for p in self._launchers.get(uid, {}).values()):
-            self._due.add(key)
+            self.judge(key)
 
     def _on_pod(self, key: Key, obj: dict | None) -> None:
         old = self._pod_owner.pop(key, None)
@@ -105,7 +105,7 @@ class Health:
         self._pod_owner[key] = uid
         self._launchers.setdefault(uid, {})[key] = obj
         if (obj.get("status") or {}).get("phase") == "Failed" and uid in self._vmi_key:
-            self._due.add(self._vmi_key[uid])
+            self.judge(self._vmi_key[uid])
 
     async def run(self) -> None:
         """Rounds until cancelled (see the module docstring)."""
@@ -122,41 +122,38 @@ class Health:
             self.cache.pods.remove_listener(self._on_pod)
 
     # -- a round ---------------------------------------------------------------------------
-    def judge(self, now: datetime) -> list[FailedStart]:
-        """Judge the VMIs due (pure reads of the cache), recording each failed start into
-        the evidence; the failed starts recorded."""
-        due, self._due = self._due, set()
-        found = []
-        classes = self.cache.view.classes()
-        for key in sorted(due):
-            vmi = self.cache.vmis.get(key)
-            meta = (vmi or {}).get("metadata") or {}
-            if vmi is None or not (meta.get("annotations") or {}).get(ADMISSION_ANNOTATION):
-                continue
-            verdict = judge_start(vmi, self._launchers.get(str(meta.get("uid") or ""), {}).values(), now)
-            if not isinstance(verdict, FailedStart):
-                if verdict is not None:
-                    log.debug("start_failure_excused", vmi=f"{key[0]}/{key[1]}", excuse=verdict.value)
-                continue
-            node = ((vmi.get("spec") or {}).get("nodeSelector") or {}).get(HOSTNAME) \
-                or (vmi.get("status") or {}).get("nodeName")
-            devices = (self.cache.view.devices_on(node) if node
-                       else tuple(self.cache.view.devices().values()))
-            targets = targets_of(devices, classes, verdict)
-            before = self.evidence
-            self.evidence = self.evidence.record(targets, verdict)
-            if self.evidence != before:
-                self.failed_starts += 1
-                found.append(verdict)
-                log.info("failed_start", vmi=f"{key[0]}/{key[1]}", uid=verdict.uid, why=verdict.why,
-                         targets=[str(t) for t in targets])
-        return found
+    def judge(self, key: Key) -> FailedStart | None:
+        """Judge VMI `key` now, as the cache shows it and its launcher Pods at the event that
+        showed a failure (so a VMI deleted after it failed still counts, and one deleted
+        before does not), recording a failed start into the evidence; the failed start
+        recorded, or None."""
+        vmi = self.cache.vmis.get(key)
+        meta = (vmi or {}).get("metadata") or {}
+        if vmi is None or not (meta.get("annotations") or {}).get(ADMISSION_ANNOTATION):
+            return None
+        verdict = judge_start(vmi, self._launchers.get(str(meta.get("uid") or ""), {}).values(),
+                              self._now())
+        if not isinstance(verdict, FailedStart):
+            if verdict is not None:
+                log.debug("start_failure_excused", vmi=f"{key[0]}/{key[1]}", excuse=verdict.value)
+            return None
+        node = ((vmi.get("spec") or {}).get("nodeSelector") or {}).get(HOSTNAME) \
+            or (vmi.get("status") or {}).get("nodeName")
+        devices = (self.cache.view.devices_on(node) if node
+                   else tuple(self.cache.view.devices().values()))
+        targets = targets_of(devices, self.cache.view.classes(), verdict)
+        before = self.evidence
+        self.evidence = self.evidence.record(targets, verdict)
+        if self.evidence == before:
+            return None
+        self.failed_starts += 1
+        log.info("failed_start", vmi=f"{key[0]}/{key[1]}", uid=verdict.uid, why=verdict.why,
+                 targets=[str(t) for t in targets])
+        return verdict
 
     async def round(self) -> None:
-        """One round: judge, notice lifted marks, mark and report the suspects, set the
-        metric (API failures are logged and left to the next round)."""
+        """One round: notice lifted marks, mark and report the suspects, set the metric (API failures are logged and left to the next round)."""
         now = self._now()
-        self.judge(now)
         marks = {m.device: m for m in self.cache.suspects()}
         for target, name in list(self._marked.items()):
             if target.device not in marks:

@@ -243,3 +243,16 @@ async def test_a_count_mode_suspect_is_reported_on_its_node_never_marked():
     (ev,) = [b for _, b in client.of("create_event")]
     assert ev["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE, "namespace": "", "uid": NODE}
     assert "count mode" in ev["message"]
+
+
+async def test_a_vmi_deleted_after_it_failed_still_counts_one_deleted_before_does_not():
+    cache = world()
+    worker = Health(ScriptedClient(), cache, HealthSettings(), now=lambda: NOW)
+    await _start(worker)
+    fail(cache, "a")                                         # failed, then deleted
+    event(cache.vmis, vmi_obj("a", "Failed", deleting=True))
+    event(cache.devices, gpudevice("b"))                     # deleted, then its Pod failed
+    event(cache.vmis, vmi_obj("b", deleting=True))
+    event(cache.pods, launcher("b"))
+    assert worker.failed_starts == 1
+    assert [f.vmi for fs in worker.evidence.failures.values() for f in fs] == ["a"]
