@@ -201,7 +201,9 @@ class Controller:
             preemption = Preemption(leading, cache, nominations, period=cfg.housekeeping_period)
             health = Health(leading, cache, HealthSettings(cfg.health_failed_starts,
                                                            timedelta(seconds=cfg.health_window)),
-                            on_suspected=metrics.set_suspected, period=cfg.housekeeping_period)  # HL2
+                            on_suspected=metrics.set_suspected,
+                            on_failed_start=lambda c: metrics.failed_starts.labels(c).inc(),
+                            period=cfg.housekeeping_period)  # HL2
             waiting = VMWaiting(leading, cache, grace=grace)
             keeper = Housekeeper(leading, cache, grace=grace, raw_policy=cfg.raw_resource_names,
                                  period=cfg.housekeeping_period,

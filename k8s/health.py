@@ -54,16 +54,19 @@ NOT_SEEN = ("kube-scheduler cannot see this mark (DeviceTaintRules are not serve
 class Health:
     """The worker (see the module docstring). `client` is the leader's; `settings` the
     `health.*` settings; `on_suspected(per_class)` is told the suspected count per class
-    after every round (the metric); `now` the UTC clock."""
+    after every round, `on_failed_start(class)` each failed start counted against a GPU of
+    the class (the metrics); `now` the UTC clock."""
 
     def __init__(self, client: KubeClient, cache: ClusterCache, settings: HealthSettings, *,
                  on_suspected: Callable[[dict[str, int]], None] = lambda _: None,
+                 on_failed_start: Callable[[str], None] = lambda _: None,
                  period: float = 30.0, coalesce: float = 0.2,
                  now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
         self._client = client.using(field_manager=FIELD_MANAGER)
         self.cache = cache
         self.settings = settings
         self._on_suspected = on_suspected
+        self._on_failed_start = on_failed_start
         self._now = now
         self._loop = RoundLoop(self.round, period=period, coalesce=coalesce,
                                sources=(cache.vmis, cache.pods, cache.taint_rules, cache.suspect_marks))
@@ -147,6 +150,8 @@ class Health:
         if self.evidence == before:
             return None
         self.failed_starts += 1
+        for cls in sorted({t.class_name for t in targets}):
+            self._on_failed_start(cls)
         log.info("failed_start", vmi=f"{key[0]}/{key[1]}", uid=verdict.uid, why=verdict.why,
                  targets=[str(t) for t in targets])
         return verdict

@@ -282,6 +282,11 @@ class Metrics:
             "count mode the nodes (the device plugin's pick is unknown)", ["class"],
             registry=self.registry)
         self._suspected_classes: set[str] = set()
+        self.failed_starts = Counter(
+            "gpu_binder_failed_starts", "failed starts the leader counted as evidence against a "
+            "GPU of the class (HL2: a VMI's launcher Pod or the VMI Failed before it ran, not "
+            "for an image pull, a deletion or a kubelet refusal; each VMI once)", ["class"],
+            registry=self.registry)
         self.registry.register(_TreeCollector(observe, admission))
         self.observe = observe
         self.admission = admission

@@ -131,7 +131,9 @@ async def test_three_different_vmis_failing_mark_the_device():
     cache = world()
     client = ScriptedClient()
     seen: list[dict] = []
-    worker = Health(client, cache, HealthSettings(), on_suspected=seen.append, now=lambda: NOW)
+    counted: list[str] = []
+    worker = Health(client, cache, HealthSettings(), on_suspected=seen.append,
+                    on_failed_start=counted.append, now=lambda: NOW)
     await _start(worker)
     for name in ("a", "b"):
         fail(cache, name)
@@ -139,6 +141,7 @@ async def test_three_different_vmis_failing_mark_the_device():
     assert client.of("create") == [] and seen[-1] == {}
     fail(cache, "c")
     await worker.round()
+    assert counted == ["hgx", "hgx", "hgx"]
     (create,) = client.of("create")
     res, ns, body = create[:3]
     assert res == DEVICE_TAINT_RULES and ns is None
