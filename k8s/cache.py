@@ -183,8 +183,11 @@ def ingest_slice(obj: dict, parse: Callable[[dict], Any]) -> dict:
 
 class ClusterCache:
     """Informers for GPUDevices, GPUClasses, Nodes, Namespaces, ResourceQuotas, PriorityClasses, VMIs, bound
-    Pods (trimmed, for foreign usage), KubeVirt CRs, the settings ConfigMap and the
-    GPUNominations of the settings namespace (P4, `Snapshot.nominations`). Start with
+    Pods (trimmed, for foreign usage), KubeVirt CRs, the settings ConfigMap, the
+    GPUNominations of the settings namespace (P4, `Snapshot.nominations`), the DRA kinds
+    (ResourceSlices, ResourceClaims, DeviceClasses, DeviceTaintRules: each rule's taint on the
+    devices it selects, DR2) and the ConfigMap `gpu-suspects` (HL2's marks where
+    DeviceTaintRules are not served, honoured as rules; `suspects()` reads every mark). Start with
     `await tg.start(cache.run)`: it returns once every informer has listed (the view is
     synced). Raw objects stay readable through the informers (`cache.vmis.get(key)`), model
     values through `cache.view`. Each Node value's `foreign` units come from the Pods on it

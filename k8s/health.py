@@ -8,7 +8,8 @@ failed still counts, one deleted while starting does not); a failed start counts
 the targets its set was placed on (`model.health.targets_of`: the devices attached to the
 VMI on its pinned node). The evidence lives in this leader's memory (a new leader starts
 with none; a mark already written stays). Rounds (`k8s.rounds.RoundLoop`: after each
-change, at least every `period` seconds) act on it.
+failed start counted and each change of the marks, at least every `period` seconds) act
+on it.
 
 A device-mode suspect (`model.health.Evidence.suspects`) is marked once
 (`model.health_mark`): a DeviceTaintRule `gpu.cozystack.io/suspect` (NoSchedule) selecting
@@ -69,7 +70,7 @@ class Health:
         self._on_failed_start = on_failed_start
         self._now = now
         self._loop = RoundLoop(self.round, period=period, coalesce=coalesce,
-                               sources=(cache.vmis, cache.pods, cache.taint_rules, cache.suspect_marks))
+                               sources=(cache.taint_rules, cache.suspect_marks))
         self.evidence = Evidence()
         self._launchers: dict[str, dict[Key, dict]] = {}   # VMI uid -> its launcher Pods
         self._pod_owner: dict[Key, str] = {}
@@ -150,6 +151,7 @@ class Health:
         if self.evidence == before:
             return None
         self.failed_starts += 1
+        self._loop.kick()
         for cls in sorted({t.class_name for t in targets}):
             self._on_failed_start(cls)
         log.info("failed_start", vmi=f"{key[0]}/{key[1]}", uid=verdict.uid, why=verdict.why,
