@@ -1,7 +1,8 @@
 """The `gpu-binder` command line: the composition root.
 
 Sub-commands: `controller`, `webhook` (the product), `explain`, `what-if`, `top` (the
-operator's read-only tools, also the kubectl plugin `kubectl gpu …`), `demo`, `cluster up`
+operator's read-only tools, also the kubectl plugin `kubectl gpu …`), `health` (suspected
+GPUs; `health clear` lifts one), `demo`, `cluster up`
 (a local control plane in the foreground), `bench`. Every flag's help gives its meaning,
 unit and default. Each sub-command imports only what it needs, so `--help` stays fast.
 """
@@ -134,9 +135,15 @@ def _tools(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _health(args: argparse.Namespace) -> int:
+    from cli.health import run
+
+    return run(args)
+
+
 def _add_tools(sub, prog: str) -> None:
-    """The read-only operator tools `explain`, `defrag --plan`, `what-if`, `top` (shared with
-    kubectl-gpu)."""
+    """The operator tools `explain`, `defrag --plan`, `what-if`, `top` (read-only) and
+    `health` (whose `clear` deletes one mark) (shared with kubectl-gpu)."""
     from cli.tools import default_kubeconfig
     from k8s.config import default
 
@@ -215,6 +222,27 @@ def _add_tools(sub, prog: str) -> None:
                     "set of each class placeable now (fragmentation); per tenant, budget used "
                     "of budget.")
     common(tp)
+
+    hl = sub.add_parser(
+        "health", help="GPUs suspected broken (failed VM starts) and their evidence; "
+                       "`health clear DEVICE` lifts one",
+        description="Lists the GPUs the binder suspects broken (docs/device-mode.md, HL2): "
+                    "on each, health.failedStarts different VMIs failed to start within "
+                    "health.window; for each the VMIs, when and why, and its mark (a "
+                    "DeviceTaintRule gpu.cozystack.io/suspect, NoSchedule, or where rules are "
+                    "not served an entry of the ConfigMap gpu-suspects, which kube-scheduler "
+                    "cannot see). `health clear DEVICE` deletes that mark (the only write of "
+                    "these tools) and records who lifted it (an Event on the node naming the "
+                    "kubeconfig context's user). Exit code 0: done; 2: bad input, DEVICE not "
+                    "suspected, or the cluster could not be read or written.")
+    hl.add_argument("action", nargs="?", choices=["clear"],
+                    help="clear: lift the suspicion of DEVICE (default: list the suspects)")
+    hl.add_argument("device", nargs="?", metavar="DEVICE",
+                    help="with clear: the suspected GPU as node/device (e.g. "
+                         "hgx-node-01/gpu-vfio-3), pool/device, driver/pool/device or the "
+                         "rule's name (default: none)")
+    common(hl)
+    hl.set_defaults(func=_health)
 
 
 def version() -> str:

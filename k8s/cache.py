@@ -20,7 +20,8 @@ from typing import Any, Callable
 import anyio
 import structlog
 from anyio.abc import TaskStatus
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi, ResourceV1Api, SchedulingV1Api
+from kubernetes_asyncio.client import (ApiClient, CoreV1Api, CustomObjectsApi, ResourceV1Api,
+                                      ResourceV1beta2Api, SchedulingV1Api)
 
 from actors.view import IndexedView
 from k8s.dra_index import DraIndex, SliceError
@@ -28,7 +29,9 @@ from k8s.informer import Informer, Key, keep_all, slim
 from model.admission import LauncherDefaults, launcher_defaults
 from model.claim import parse_claim
 from model.device.records import recorded_on
+from model.device.taint_rules import parse_taint_rule
 from model.foreign import PodUse, attachment_uid, node_foreign, parse_pod_use
+from model.health_mark import MARKS_CONFIGMAP, Mark, parse_marks, parse_rule_mark
 from model.housekeeping import VMIRecord, VMIs
 from model.nomination import PLURAL, parse_nomination
 from model.parse import (ParseError, parse_budgets, parse_gpu_class, parse_gpu_device,
@@ -92,11 +95,25 @@ def _feed(kind: str, parse: Callable[[dict], Any], put: Callable[[Any], None],
     return listener
 
 
+def _state_reasons(cs: Any) -> dict:
+    """A container status's `state` and `lastState` with only their reasons
+    (`{"state": {"waiting": {"reason": "ErrImagePull"}}}`); empty when none has one."""
+    out: dict = {}
+    for part in ("state", "lastState"):
+        states = cs.get(part) if isinstance(cs, dict) else None
+        for name, state in (states.items() if isinstance(states, dict) else ()):
+            if isinstance(state, dict) and state.get("reason"):
+                out.setdefault(part, {})[name] = {"reason": state["reason"]}
+    return out
+
+
 def trim_pod(obj: dict) -> dict:
     """What the Pod informer keeps of a Pod (capacity, §2): name, namespace, resourceVersion,
     the `kubevirt.io/created-by` label, nodeName, phase, and what kube-scheduler's effective
     requests read (`model.foreign.pod_requests`): the containers' and init containers'
-    resources, the init containers' `restartPolicy` (sidecars) and `spec.overhead`."""
+    resources, the init containers' `restartPolicy` (sidecars) and `spec.overhead`; of a
+    virt-launcher Pod also what `model.health.judge_start` reads (its deletionTimestamp,
+    `status.reason`, its containers' state reasons)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     labels = meta.get("labels") or {}
@@ -116,9 +133,20 @@ def trim_pod(obj: dict) -> dict:
             "initContainers": res(spec.get("initContainers"), init=True)}
     if spec.get("overhead"):
         kept["overhead"] = spec["overhead"]
-    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                         "resourceVersion": meta.get("resourceVersion"), "labels": keep},
-            "spec": kept, "status": {"phase": (obj.get("status") or {}).get("phase")}}
+    status = obj.get("status") or {}
+    out = {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                        "resourceVersion": meta.get("resourceVersion"), "labels": keep},
+           "spec": kept, "status": {"phase": status.get("phase")}}
+    if labels.get("kubevirt.io") == "virt-launcher":  # HL2 reads how a launcher Pod failed
+        if meta.get("deletionTimestamp"):
+            out["metadata"]["deletionTimestamp"] = meta["deletionTimestamp"]
+        if status.get("reason"):
+            out["status"]["reason"] = status["reason"]
+        for key in ("initContainerStatuses", "containerStatuses"):
+            kept_cs = [c for c in map(_state_reasons, status.get(key) or ()) if c]
+            if kept_cs:
+                out["status"][key] = kept_cs
+    return out
 
 
 def ingest_claim(obj: dict) -> dict:
@@ -155,8 +183,11 @@ def ingest_slice(obj: dict, parse: Callable[[dict], Any]) -> dict:
 
 class ClusterCache:
     """Informers for GPUDevices, GPUClasses, Nodes, Namespaces, ResourceQuotas, PriorityClasses, VMIs, bound
-    Pods (trimmed, for foreign usage), KubeVirt CRs, the settings ConfigMap and the
-    GPUNominations of the settings namespace (P4, `Snapshot.nominations`). Start with
+    Pods (trimmed, for foreign usage), KubeVirt CRs, the settings ConfigMap, the
+    GPUNominations of the settings namespace (P4, `Snapshot.nominations`), the DRA kinds
+    (ResourceSlices, ResourceClaims, DeviceClasses, DeviceTaintRules: each rule's taint on the
+    devices it selects, DR2) and the ConfigMap `gpu-suspects` (HL2's marks where
+    DeviceTaintRules are not served, honoured as rules; `suspects()` reads every mark). Start with
     `await tg.start(cache.run)`: it returns once every informer has listed (the view is
     synced). Raw objects stay readable through the informers (`cache.vmis.get(key)`), model
     values through `cache.view`. Each Node value's `foreign` units come from the Pods on it
@@ -206,6 +237,14 @@ class ClusterCache:
                           transform=ingest_claim, optional=True)
         self.device_classes = inf("deviceclasses", resource.list_device_class, transform=keep_all,
                                   optional=True)
+        # DR2/HL2: DeviceTaintRules (resource.k8s.io/v1beta2, served behind the off-by-default
+        # DRADeviceTaintRules gate: optional) and the binder's own marks where they are not
+        self.taint_rules = inf("devicetaintrules", ResourceV1beta2Api(api).list_device_taint_rule,
+                               optional=True)
+        self.suspect_marks = inf("suspects-configmap", p(
+            core.list_namespaced_config_map, settings_namespace,
+            field_selector=f"metadata.name={MARKS_CONFIGMAP}"), transform=keep_all, optional=True)
+        self._mark_rules: set[str] = set()
         self._parsed_classes: dict[str, GPUClass] = {}
         self._warned_problems: dict[str, str] = {}  # GPUClass -> the problem last logged
         self._records: dict[Key, tuple[str, str]] = {}   # device → (node, recorded device)
@@ -220,6 +259,8 @@ class ClusterCache:
         self.slices.add_listener(self._on_slice)
         self.claims.add_listener(self._on_claim)
         self.device_classes.add_listener(self._on_device_class)
+        self.taint_rules.add_listener(self._on_taint_rule)
+        self.suspect_marks.add_listener(self._on_marks)
         # DR1: a list read, even empty, lets `_sync_classes` log the classes' problems
         self.device_classes.add_synced_listener(self._sync_classes)
         self.devices.add_listener(self._on_device_record)
@@ -436,6 +477,35 @@ class ClusterCache:
         self._sync_classes()
         self._refresh_nodes(touched)
 
+    def _on_taint_rule(self, key: Key, obj: dict | None) -> None:
+        try:
+            touched = (self.dra.put_rule(parse_taint_rule(obj)) if obj is not None
+                       else self.dra.remove_rule(key[1]))
+        except SliceError as exc:
+            log.error("skipping malformed object", kind="DeviceTaintRule", name=key[1], error=str(exc))
+            touched = self.dra.remove_rule(key[1])
+        self._refresh_nodes(touched)
+
+    def _on_marks(self, key: Key, obj: dict | None) -> None:
+        """The binder's ConfigMap of marks (HL2, where DeviceTaintRules are not served): each
+        entry taints its device for the binder's own placements."""
+        rules = {m.taint_rule() for m in parse_marks(obj)}
+        touched: set[str] = set()
+        for name in self._mark_rules - {r.name for r in rules}:
+            touched |= self.dra.remove_rule(name)
+        for rule in rules:
+            touched |= self.dra.put_rule(rule)
+        self._mark_rules = {r.name for r in rules}
+        self._refresh_nodes(touched)
+
+    def suspects(self) -> tuple[Mark, ...]:
+        """HL2: every suspected device as marked, the binder's DeviceTaintRules and the
+        entries of its ConfigMap, sorted by name."""
+        found = [m for m in map(parse_rule_mark, self.taint_rules.items()) if m is not None]
+        cm = self.suspect_marks.items()
+        found += parse_marks(cm[0] if cm else None)
+        return tuple(sorted(found, key=lambda m: (m.name, m.kind)))
+
     def _on_device_record(self, key: Key, obj: dict | None) -> None:
         """A GPUDevice's `status.device` record on its node excuses that device from the
         node's DRA `foreign` count (DR2): refresh the nodes where it was and is."""
@@ -520,8 +590,9 @@ class ClusterCache:
     def informers(self) -> tuple[Informer, ...]:
         """Every informer of the cache."""
         return (self.namespaces, self.device_classes, self.classes, self.nodes, self.slices,
-                self.claims, self.quotas, self.priority_classes, self.devices, self.vmis,
-                self.pods, self.kubevirts, self.settings, self.nominations)
+                self.claims, self.taint_rules, self.suspect_marks, self.quotas,
+                self.priority_classes, self.devices, self.vmis, self.pods, self.kubevirts,
+                self.settings, self.nominations)
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         """Run every informer; report started once all have synced. Runs until cancelled."""

@@ -48,6 +48,10 @@ VMS = Resource("kubevirt.io", "v1", "virtualmachines", "VM")
 RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim")
 """DRA claims (built in, served at the same paths as a custom resource's): the webhook's
 claim of a device-mode set (DR5) and housekeeping's deletes (H1/H2)."""
+DEVICE_TAINT_RULES = Resource("resource.k8s.io", "v1beta2", "devicetaintrules", "DeviceTaintRule",
+                              namespaced=False)
+"""DRA device taint rules (built in; served from Kubernetes 1.36 behind the DRADeviceTaintRules
+gate): the mark of a suspected GPU (HL2)."""
 
 
 def _where(res: Resource, ns: str | None, name: str | None = None) -> str:
@@ -134,11 +138,15 @@ class KubeClient:
                                 res.group, res.version, res.plural, name, body,
                                 _content_type=ctype, field_manager=self.field_manager)
 
-    async def create(self, res: Resource, ns: str, body: dict, *,
+    async def create(self, res: Resource, ns: str | None, body: dict, *,
                      what: str | None = None) -> dict:
-        """Create the namespaced object `body` in `ns`; the object created. One of that
-        name already there raises errors.AlreadyExists."""
+        """Create the object `body` in `ns` (None or "" for a cluster-scoped kind); the
+        object created. One of that name already there raises errors.AlreadyExists."""
         what = what or f"create {_where(res, ns, body['metadata'].get('name'))}"
+        if not res.namespaced:
+            return await self._call(what, self._custom.create_cluster_custom_object,
+                                    res.group, res.version, res.plural, body,
+                                    field_manager=self.field_manager)
         return await self._call(what, self._custom.create_namespaced_custom_object,
                                 res.group, res.version, ns, res.plural, body,
                                 field_manager=self.field_manager)
@@ -152,14 +160,20 @@ class KubeClient:
                                 res.group, res.version, ns, res.plural, name, body,
                                 _content_type=JSON_PATCH, field_manager=self.field_manager)
 
-    async def delete(self, res: Resource, ns: str, name: str, *, uid: str | None = None,
+    async def delete(self, res: Resource, ns: str | None, name: str, *, uid: str | None = None,
                      resource_version: str | None = None, what: str | None = None) -> None:
-        """Delete the namespaced object `ns/name`, only while it still has `uid` and
-        `resource_version` when given (preconditions: errors.Conflict otherwise). `what`
-        names the call in errors (default: "delete <kind> <ns/name>")."""
+        """Delete the object `ns/name` (`ns` None or "" for a cluster-scoped kind), only while
+        it still has `uid` and `resource_version` when given (preconditions: errors.Conflict
+        otherwise). `what` names the call in errors (default: "delete <kind> <ns/name>")."""
         pre = {"uid": uid} if uid else {}
         if resource_version:
             pre["resourceVersion"] = resource_version
+        if not res.namespaced:
+            await self._call(what or f"delete {_where(res, ns, name)}",
+                             self._custom.delete_cluster_custom_object,
+                             res.group, res.version, res.plural, name,
+                             body={"preconditions": pre} if pre else {})
+            return
         await self._call(what or f"delete {_where(res, ns, name)}",
                          self._custom.delete_namespaced_custom_object,
                          res.group, res.version, ns, res.plural, name,

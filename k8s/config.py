@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from model.health import DEFAULT_FAILED_STARTS, DEFAULT_WINDOW
 from model.settings import RAW_ALLOWED, RAW_DENIED
 from k8s.webhook.waiter import RECORD_WAIT, TEMPLATE_WAIT
 from supervisor.binder import BinderConfig
@@ -125,6 +126,13 @@ FIELD_HELP: dict[str, str] = {
                           "waits before the node where it would start soonest is reserved for "
                           "it (line.reserveAfter, P5): that node takes no set behind it until "
                           "it starts; >= 0",
+    "health_failed_starts": "different VMIs that must fail to start on one GPU (launcher Pod or "
+                            "VMI Failed before Running) within --health-window before the "
+                            "leader suspects it (health.failedStarts, HL2): a DeviceTaintRule "
+                            "gpu.cozystack.io/suspect in device mode, reported in count mode; "
+                            "at least 1",
+    "health_window": "seconds a failed start counts as evidence against its GPU "
+                     "(health.window, HL2); > 0",
 }
 """Meaning and unit of each setting (`field_help` adds the default)."""
 
@@ -206,6 +214,8 @@ class Config:
     preemption_min_runtime: float = _BINDER.coordinator.preemption.preemption.min_runtime.total_seconds()
     preemption_nomination_ttl: float = _BINDER.coordinator.preemption.ttl.total_seconds()
     line_reserve_after: float = _BINDER.coordinator.line.reserve_after.total_seconds()
+    health_failed_starts: int = DEFAULT_FAILED_STARTS
+    health_window: float = DEFAULT_WINDOW.total_seconds()
 
     def validate(self) -> "Config":
         """Check ranges; return self. Raises ValueError naming the bad setting by its flag
@@ -218,7 +228,8 @@ class Config:
         for name in ("attachment_grace", "bind_timeout", "lease_duration", "renew_deadline",
                      "retry_period", "housekeeping_period", "ask_timeout", "resync_interval",
                      "write_timeout", "settle_timeout", "prepare_ttl", "commit_ttl",
-                     "max_restart_seconds", "webhook_template_wait", "preemption_nomination_ttl"):
+                     "max_restart_seconds", "webhook_template_wait", "preemption_nomination_ttl",
+                     "health_window"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{f(name)}: must be > 0 seconds, got {getattr(self, name)}")
         if self.write_attempts < 1:
@@ -234,6 +245,9 @@ class Config:
         if not self.line_reserve_after >= 0:  # NaN too
             raise ValueError(f"--line-reserve-after: must be >= 0 seconds, "
                              f"got {self.line_reserve_after}")
+        if self.health_failed_starts < 1:
+            raise ValueError(f"--health-failed-starts: must be at least 1, "
+                             f"got {self.health_failed_starts}")
         if self.max_restarts < 0:
             raise ValueError(f"--max-restarts: must be at least 0, got {self.max_restarts}")
         if self.prepare_ttl <= self.ask_timeout:

@@ -4,9 +4,9 @@
    denies (fail closed) until the cache has synced;
 2. the informers (wait for sync), then `/readyz` turns ok;
 3. the Lease loop; while leading, the binder (supervisor, node actors, coordinator),
-   housekeeping, the waiting-VM loop (`k8s.vm_waiting`), the preemption worker and the
-   published waiting line (`k8s.line_status`) run in one task group, cancelled together
-   when leadership is lost.
+   housekeeping, the waiting-VM loop (`k8s.vm_waiting`), the preemption worker, the
+   published waiting line (`k8s.line_status`) and the health worker (`k8s.health`,
+   HL2) run in one task group, cancelled together when leadership is lost.
 SIGTERM/SIGINT cancel everything in reverse order; a held Lease is released. A supervisor
 escalation (restart intensity exceeded) propagates out and the process exits non-zero.
 """
@@ -37,12 +37,14 @@ from k8s.leader import LeaderElector, LeaseConfig
 from k8s.line_status import LineStatus
 from k8s.metrics import Metrics, Observed
 from k8s.nominations import ApiNominations
+from k8s.health import Health
 from k8s.preemption import Preemption
 from k8s.status_writer import ApiStatusWriter
 from k8s.vm_waiting import VMWaiting
 from k8s.webhook.fairness import TenantGate
 from k8s.webhook.review import Review, reason_denial
 from k8s.webhook.transport import ReloadingTLS, deny, make_app, serve
+from model.health import HealthSettings
 from model.preemption import PreemptionSettings
 from model.reasons import NotSynced
 from supervisor.binder import Binder, BinderConfig
@@ -204,6 +206,11 @@ class Controller:
             waiting = VMWaiting(leading, cache, grace=grace,  # P5: the line, asked for 1 s at most
                                 line=functools.partial(self.binder.line, 1.0),
                                 waiting=self.binder.vms_waiting)
+            health = Health(leading, cache, HealthSettings(cfg.health_failed_starts,
+                                                           timedelta(seconds=cfg.health_window)),
+                            on_suspected=metrics.set_suspected,
+                            on_failed_start=lambda c: metrics.failed_starts.labels(c).inc(),
+                            period=cfg.housekeeping_period)  # HL2
             keeper = Housekeeper(leading, cache, grace=grace, raw_policy=cfg.raw_resource_names,
                                  period=cfg.housekeeping_period,
                                  answer_window=timedelta(seconds=cfg.bind_timeout),
@@ -216,6 +223,7 @@ class Controller:
                     tg.start_soon(waiting.run)
                     tg.start_soon(preemption.run)
                     tg.start_soon(published.run)
+                    tg.start_soon(health.run)
             finally:
                 self.binder = self.housekeeper = self.vm_waiting = None
 

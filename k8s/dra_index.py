@@ -6,7 +6,7 @@ a change recomputes only the nodes it touches, and turned into the device-mode f
 - `class_devices`: per device-mode GPUClass, the node's devices (current pool generation,
   node-local) that match its DeviceClass's selectors and its own (DR1);
 - `taken_devices`: the node's devices some claim's `status.allocation` lists or a
-  NoSchedule/NoExecute device taint covers (DR2; tenants cannot write allocations), and
+  NoSchedule/NoExecute device taint covers, its slice's own or a DeviceTaintRule's (DR2; tenants cannot write allocations), and
   `foreign_claimed` those a claim the binder did not make allocates (`model.claim`'s
   managed-by label: a set's own claim does not take its recorded device from it, another's
   does);
@@ -41,6 +41,7 @@ from model.device.dra import (DeviceRef, ResourceSlice, SliceDevice, SliceError,
 from model.device.boards import Boards
 from model.device.records import recorded_names
 from model.device.seam import device_classes, serves_devices
+from model.device.taint_rules import TaintRule
 from model.types import GPUClass, GPUDevice, dra_resource_name
 
 PoolKey = tuple[str, str]
@@ -131,6 +132,7 @@ class DraIndex:
         # worked out once for every node whose devices look the same)
         self._boards = Boards(BOARDS_MAX)
         self.errors: list[tuple[str, str, str]] = []
+        self._rules: dict[str, TaintRule] = {}   # DeviceTaintRules (and the binder's marks)
 
     # -- slices -----------------------------------------------------------------------------
     def parse_slice(self, obj: Mapping[str, Any]) -> ResourceSlice:
@@ -286,6 +288,35 @@ class DraIndex:
             out |= self._pool_nodes.get((ref.driver, ref.pool), set())
         return out
 
+    # -- device taint rules (DR2) -------------------------------------------------------------
+    def put_rule(self, rule: TaintRule) -> set[str]:
+        """A DeviceTaintRule (or a mark standing for one, HL2) was added or changed: its
+        taint covers the devices its selector picks, as their slices' own taints do."""
+        old = self._rules.get(rule.name)
+        if old == rule:
+            return set()
+        self._rules[rule.name] = rule
+        return self._rule_nodes(rule, old)
+
+    def remove_rule(self, name: str) -> set[str]:
+        """A DeviceTaintRule (or mark) was deleted."""
+        old = self._rules.pop(name, None)
+        return set() if old is None else self._rule_nodes(old)
+
+    def rules(self) -> tuple[TaintRule, ...]:
+        """The rules held, by name."""
+        return tuple(self._rules[n] for n in sorted(self._rules))
+
+    def _rule_nodes(self, *rules: TaintRule | None) -> set[str]:
+        """The nodes publishing a device one of `rules` selects."""
+        live = [r for r in rules if r is not None and r.selects]
+        return {node for node, devices in self._node_devices.items()
+                if any(r.matches(ref) for ref in devices for r in live)}
+
+    def _with_rules(self, device: SliceDevice) -> SliceDevice:
+        extra = tuple(r.taint for r in self._rules.values() if r.matches(device.ref))
+        return replace(device, taints=device.taints + extra) if extra else device
+
     # -- classes ----------------------------------------------------------------------------
     def put_device_class(self, obj: Mapping[str, Any]) -> set[str]:
         """A DeviceClass was added or changed: every node may change."""
@@ -347,8 +378,12 @@ class DraIndex:
 
     # -- answers ----------------------------------------------------------------------------
     def devices(self, node: str) -> tuple[SliceDevice, ...]:
-        """Every device of `node`'s current pool generations (sorted by ref)."""
-        return tuple(sorted(self._node_devices.get(node, {}).values(), key=lambda d: d.ref))
+        """Every device of `node`'s current pool generations (sorted by ref), each with the
+        taints of the DeviceTaintRules that select it added to its own."""
+        found = sorted(self._node_devices.get(node, {}).values(), key=lambda d: d.ref)
+        if self._rules:
+            found = [self._with_rules(d) for d in found]
+        return tuple(found)
 
     def nodes(self) -> set[str]:
         """Nodes that publish devices now."""

@@ -291,6 +291,18 @@ class Metrics:
             "gpu_binder_preemption_victims", "sets the leader's nominations name to stop (P4), "
             "by class of the preemptor's set", ["class"], registry=self.registry)
         self._line_classes: set[str] = set()
+        self.devices_suspected = Gauge(
+            "gpu_binder_devices_suspected", "devices the leader suspects broken (HL2: "
+            "health.failedStarts different VMIs failed to start on each within health.window): "
+            "in device mode those marked (a DeviceTaintRule, or the gpu-suspects ConfigMap), in "
+            "count mode the nodes (the device plugin's pick is unknown)", ["class"],
+            registry=self.registry)
+        self._suspected_classes: set[str] = set()
+        self.failed_starts = Counter(
+            "gpu_binder_failed_starts", "failed starts the leader counted as evidence against a "
+            "GPU of the class (HL2: a VMI's launcher Pod or the VMI Failed before it ran, not "
+            "for an image pull, a deletion or a kubelet refusal; each VMI once)", ["class"],
+            registry=self.registry)
         self.registry.register(_TreeCollector(observe, admission))
         self.observe = observe
         self.admission = admission
@@ -356,6 +368,12 @@ class Metrics:
         for class_name in classes:
             self.preemptions.labels(class_name).inc()
             self.preemption_victims.labels(class_name).inc(victims)
+
+    def set_suspected(self, per_class: dict[str, int]) -> None:
+        """`gpu_binder_devices_suspected` per class (HL2; a class no longer listed reads 0)."""
+        for cls in self._suspected_classes | set(per_class):
+            self.devices_suspected.labels(cls).set(per_class.get(cls, 0))
+        self._suspected_classes |= set(per_class)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from localcluster.controlplane import ControlPlane, ControlPlaneError, spawn_logged, stop_process
+from localcluster.controlplane import FEATURE_GATES, ControlPlane, ControlPlaneError, spawn_logged, stop_process
 
 USER = "system:kube-controller-manager"
 CLUSTER_ROLE = "system:controller:resource-claim-controller"
@@ -81,7 +81,8 @@ class ClaimController:
         self.proc = spawn_logged(self.dir, "kube-controller-manager", [
             str(self.binary), f"--kubeconfig={kubeconfig}",
             "--controllers=resourceclaim-controller", "--leader-elect=false",
-            "--use-service-account-credentials=false", "--secure-port=0", "--v=2"])
+            "--use-service-account-credentials=false", "--secure-port=0",
+            f"--feature-gates={FEATURE_GATES}", "--v=2"])
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

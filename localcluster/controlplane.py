@@ -40,6 +40,12 @@ from localcluster.pki import CertificateAuthority, rsa_service_account_keys
 BUILD_SCRIPT = REPO_ROOT / "tools" / "build-controlplane.sh"
 ADMIN_USER = "gpu-binder-admin"
 WEBHOOK_CLIENT_USER = "kube-apiserver-webhook-client"
+FEATURE_GATES = "DRADeviceTaintRules=true"
+"""Feature gates of kube-apiserver, kube-scheduler and kube-controller-manager: DeviceTaintRules
+(HL1/HL2, off by default in 1.36, whose `DRADeviceTaints` is on by default)."""
+RUNTIME_CONFIG = "resource.k8s.io/v1beta2=true"
+"""kube-apiserver's --runtime-config: the beta `resource.k8s.io/v1beta2`, which serves
+DeviceTaintRules (off by default; `resource.k8s.io/v1` serves every other DRA kind)."""
 
 
 class ControlPlaneError(RuntimeError):
@@ -469,6 +475,7 @@ class ControlPlane:
             f"--service-account-signing-key-file={d / 'sa.key'}",
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",
+            f"--feature-gates={FEATURE_GATES}", f"--runtime-config={RUNTIME_CONFIG}",
             "--v=1",
         ])
         ctx = ssl.create_default_context(cafile=str(d / "ca.crt"))

@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from localcluster.paths import REPO_ROOT
-from localcluster.controlplane import (ControlPlane, ControlPlaneError, built_dir, free_port,
+from localcluster.controlplane import (FEATURE_GATES, ControlPlane, ControlPlaneError, built_dir, free_port,
                              spawn_logged, stop_process)
 from localcluster.fleet import KWOK_ANNOTATION
 
@@ -248,7 +248,8 @@ class KubeVirt:
             cfg["profiles"] = [{"schedulerName": "default-scheduler"}, *self.scheduler_profiles]
         path = self.dir / "kube-scheduler.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        self._spawn("kube-scheduler", [str(sched), f"--config={path}", "--secure-port=0", "--v=2"])
+        self._spawn("kube-scheduler", [str(sched), f"--config={path}", "--secure-port=0",
+                                       f"--feature-gates={FEATURE_GATES}", "--v=2"])
 
     def _start_kwok(self) -> None:
         key, value = KWOK_ANNOTATION

@@ -1,0 +1,206 @@
+"""`gpu-binder health` (also `kubectl gpu health`): the GPUs the binder suspects broken
+(docs/contract.md §3b HL2, docs/device-mode.md), and `health clear DEVICE` to lift one.
+
+`health` reads the binder's DeviceTaintRules (label `gpu.cozystack.io/suspect=true`,
+`resource.k8s.io/v1beta2`) and the entries of its ConfigMap `gpu-suspects` (where rules are
+not served) with the user's kubeconfig and prints each suspect with its evidence: the VMIs
+that failed to start on it, when, and why. `health clear DEVICE` (DEVICE: "node/device",
+"pool/device", "driver/pool/device" or the rule's name) deletes that rule (with its uid as
+precondition) or removes that entry, then records a Normal Event `GPUSuspicionCleared` on
+the node naming the user of the kubeconfig's current context. Count-mode suspicions are
+Events only (`GPUSuspected` on the node): nothing to list or clear here.
+
+Exit codes: 0 done; 2 bad input, a device that is not suspected, or the cluster could not be
+read or written (one line on stderr naming what).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+import anyio
+import yaml
+
+from cli.tools import ToolError, _transport_error, default_kubeconfig
+from model.health_mark import (MARKS_CONFIGMAP, SUSPECT_KEY, Mark, find_mark, parse_marks,
+                               parse_rule_mark)
+from model.serialize import format_time
+
+__all__ = ["default_kubeconfig", "kubeconfig_user", "render_health", "run"]
+
+
+def kubeconfig_user(kubeconfig: str) -> tuple[str, str]:
+    """(user, context) of the kubeconfig's current context: the names the file gives (the
+    `user` entry of the context, e.g. "admin"); ("unknown", "") when it says none."""
+    try:
+        with open(kubeconfig, encoding="utf-8") as f:
+            doc = yaml.safe_load(f) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return ("unknown", "")
+    if not isinstance(doc, dict):
+        return ("unknown", "")
+    current = doc.get("current-context") or ""
+    for ctx in doc.get("contexts") or ():
+        if isinstance(ctx, dict) and ctx.get("name") == current:
+            user = (ctx.get("context") or {}).get("user")
+            return (str(user) if user else "unknown", str(current))
+    return ("unknown", str(current))
+
+
+def render_health(marks: tuple[Mark, ...]) -> str:
+    """The text of `gpu-binder health`: one block per suspect, its evidence indented."""
+    if not marks:
+        return ("no suspected GPUs (device mode; count-mode suspicions are Warning Events "
+                "GPUSuspected on nodes)")
+    lines = []
+    for m in marks:
+        since = format_time(m.suspected_at) if m.suspected_at else "?"
+        where = (f"DeviceTaintRule {m.name}" if m.kind == "DeviceTaintRule"
+                 else f"ConfigMap {MARKS_CONFIGMAP} entry {m.name}: kube-scheduler cannot see it")
+        lines.append(f"{m.device}  node {m.node or '?'}  class {m.class_name or '?'}  "
+                     f"suspected {since}  ({where})")
+        for f in m.evidence:
+            lines.append(f"  {f.namespace}/{f.vmi}  {format_time(f.at)}  {f.why}")
+        lines.append(f"  lift: gpu-binder health clear {m.node}/{m.device.device}"
+                     if m.node else f"  lift: gpu-binder health clear {m.device}")
+    return "\n".join(lines)
+
+
+def _jsonable(m: Mark) -> dict[str, Any]:
+    return {"device": {"driver": m.device.driver, "pool": m.device.pool, "device": m.device.device},
+            "node": m.node, "class": m.class_name, "mark": {"kind": m.kind, "name": m.name},
+            "suspectedAt": format_time(m.suspected_at) if m.suspected_at else None,
+            "evidence": [{"namespace": f.namespace, "vmi": f.vmi, "uid": f.uid,
+                          "at": format_time(f.at), "why": f.why} for f in m.evidence]}
+
+
+async def _marks(api, namespace: str) -> tuple[tuple[Mark, ...], dict[str, dict], dict | None]:
+    """(marks, the rules by name, the ConfigMap or None). A DeviceTaintRule API that is not
+    served reads as none."""
+    from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
+
+    from k8s.errors import NotFound, translate
+
+    rules: dict[str, dict] = {}
+    try:
+        got = await CustomObjectsApi(api).list_cluster_custom_object(
+            "resource.k8s.io", "v1beta2", "devicetaintrules", label_selector=f"{SUSPECT_KEY}=true")
+        rules = {r["metadata"]["name"]: r for r in got.get("items") or ()}
+    except Exception as exc:  # noqa: BLE001 - translated; 404: not served
+        err = translate(exc, "list DeviceTaintRules")
+        if not isinstance(err, NotFound):
+            raise err from None
+    cm: dict | None = None
+    try:
+        cm = api.sanitize_for_serialization(
+            await CoreV1Api(api).read_namespaced_config_map(MARKS_CONFIGMAP, namespace))
+    except Exception as exc:  # noqa: BLE001 - translated; 404: no marks there
+        err = translate(exc, f"read ConfigMap {namespace}/{MARKS_CONFIGMAP}")
+        if not isinstance(err, NotFound):
+            raise err from None
+    found = [m for m in map(parse_rule_mark, rules.values()) if m is not None]
+    found += parse_marks(cm)
+    return tuple(sorted(found, key=lambda m: (m.name, m.kind))), rules, cm
+
+
+async def _clear(api, mark: Mark, rules: dict[str, dict], cm: dict | None, namespace: str,
+                 user: str, context: str) -> None:
+    from kubernetes_asyncio.client import CoreV1Api
+
+    from k8s import events
+    from k8s.client import DEVICE_TAINT_RULES, KubeClient
+
+    client = KubeClient(api, timeout=10.0, field_manager="gpu-binder-cli")
+    if mark.kind == "DeviceTaintRule":
+        uid = (rules[mark.name].get("metadata") or {}).get("uid")
+        await client.delete(DEVICE_TAINT_RULES, None, mark.name, uid=uid)
+    else:
+        assert cm is not None
+        body = dict(cm)
+        body["data"] = {k: v for k, v in (cm.get("data") or {}).items() if k != mark.name}
+        from k8s.errors import translate
+        try:
+            await CoreV1Api(api).replace_namespaced_config_map(MARKS_CONFIGMAP, namespace, body,
+                                                               field_manager="gpu-binder-cli")
+        except Exception as exc:  # noqa: BLE001 - translated (a stale read: Conflict)
+            raise translate(exc, f"replace ConfigMap {namespace}/{MARKS_CONFIGMAP}") from None
+    who = f"{user} (kubeconfig context {context})" if context else user
+    body = events.event_body({"apiVersion": "v1", "kind": "Node", "name": mark.node or mark.device.pool,
+                              "namespace": "default", "uid": mark.node or mark.device.pool},
+                             reason="GPUSuspicionCleared",
+                             message=(f"suspicion of GPU {mark.device} lifted by {who} with "
+                                      f"`gpu-binder health clear`: {mark.kind} {mark.name} removed; "
+                                      f"its {len(mark.evidence)} failed starts no longer count"),
+                             warning=False, instance="cli", when=datetime.now(timezone.utc))
+    body["involvedObject"]["namespace"] = ""
+    await client.create_event("default", body)
+
+
+async def _run(args) -> int:
+    from kubernetes_asyncio.config import ConfigException, new_client_from_config
+
+    from k8s.errors import ApiError
+
+    if not args.timeout > 0:
+        raise ToolError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    if args.action is None and args.device is not None:
+        raise ToolError(f"unknown action {args.device!r}: give `health` or `health clear DEVICE`")
+    if args.action == "clear" and not args.device:
+        raise ToolError("health clear: give the DEVICE to lift (node/device, pool/device, "
+                        "driver/pool/device or the rule's name; `gpu-binder health` lists them)")
+    try:
+        api = await new_client_from_config(config_file=args.kubeconfig)
+    except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
+        raise ToolError(f"--kubeconfig {args.kubeconfig}: not a usable kubeconfig: {exc}") from None
+    try:
+        try:
+            with anyio.fail_after(args.timeout):
+                marks, rules, cm = await _marks(api, args.settings_namespace)
+                if args.action != "clear":
+                    print(json.dumps([_jsonable(m) for m in marks], indent=2) if args.json
+                          else render_health(marks))
+                    return 0
+                mark = find_mark(marks, args.device)
+                if mark is None:
+                    known = ", ".join(f"{m.node}/{m.device.device}" for m in marks) or "none"
+                    raise ToolError(f"{args.device} is not suspected (suspected: {known})")
+                user, context = kubeconfig_user(args.kubeconfig)
+                await _clear(api, mark, rules, cm, args.settings_namespace, user, context)
+        except TimeoutError:
+            raise ToolError(f"the cluster was not read within --timeout {args.timeout:g} s") from None
+        except ApiError as exc:
+            raise ToolError(f"cannot {'clear' if args.action else 'read'} the suspects: {exc}") from None
+        except ToolError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - transport errors: name the server
+            raise ToolError(f"cannot reach the API server of {args.kubeconfig}: "
+                            f"{_transport_error(exc)}"[:500]) from None
+    finally:
+        await api.close()
+    shown = f"{mark.node}/{mark.device.device}" if mark.node else str(mark.device)
+    if args.json:
+        print(json.dumps({"cleared": _jsonable(mark), "by": user}, indent=2))
+    else:
+        print(f"cleared {shown} ({mark.kind} {mark.name}); recorded as lifted by {user}")
+    return 0
+
+
+def run(args) -> int:
+    """Entry of `health` (argparse namespace from `cli.main`): exit 0 done, 2 bad input, a
+    device not suspected, or the cluster not readable (one line on stderr)."""
+    from pathlib import Path
+
+    prog = getattr(args, "prog", "gpu-binder")
+    try:
+        if not Path(args.kubeconfig).is_file():
+            raise ToolError(f"--kubeconfig: no such file {args.kubeconfig!r} (without the flag: "
+                            f"$KUBECONFIG's first path, else ~/.kube/config)")
+        return anyio.run(_run, args)
+    except ToolError as exc:
+        if getattr(args, "json", False):
+            print(json.dumps({"error": str(exc)}))
+        print(f"{prog} health: {exc}", file=sys.stderr)
+        return 2
