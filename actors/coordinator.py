@@ -380,9 +380,9 @@ class Coordinator(Actor):
         self._set_line(gated.line)
         out: list[Action] = []
         for a in gated.actions:
-            key = (a.request.namespace, a.request.id) if isinstance(a, Answer) else None
+            key = (a.request.namespace, a.request.id) if isinstance(a, Answer | Nominate) else None
             if key is not None and key in gated.again:
-                self._queue.add(key)  # decided again in a later batch, not answered
+                self._queue.add(key)  # decided again in a later batch, not answered (nor nominated)
             else:
                 out.append(a)
         return out, gated.snapshot
@@ -436,8 +436,7 @@ class Coordinator(Actor):
         planner says (withdrawn, now refused or placed in place) is carried out as for any
         request. Pure but for booking; returns the holds it planned."""
         preempting = self._preempting()
-        noms = [h for h in nomination_holds(snap.nominations, preempting.now, snap.devices_in)
-                if not h.empty] if preempting is not None else []
+        noms = [h for h in nomination_holds(snap.nominations, preempting.now, snap.devices_in) if not h.empty]
         work = Reserving(snap.with_reservations([*holds, *noms]))
         planned: list[Hold] = []
         for key in keys:
@@ -471,10 +470,12 @@ class Coordinator(Actor):
                 planned.append(held)
         return planned
 
-    def _preempting(self) -> Preempting | None:
-        """This batch's preemption context (P4: now, the settings), None when it is off."""
-        settings = self._cfg.preemption
-        return Preempting(self._clock.now(), settings) if settings.enabled else None
+    def _preempting(self) -> Preempting:
+        """This batch's preemption context (P4: now, the settings). Also when this replica
+        does not nominate (`settings.enabled` False): the live nominations (one read from the
+        API after a failover) still hold their room for their preemptors (P6), and a
+        preemptor is still decided on its nominated node."""
+        return Preempting(self._clock.now(), self._cfg.preemption)
 
     def _refused(self, it: Placing, target: Placement) -> None:
         """The node actor of `target` refused `it`: requeue it to try its next candidate in
@@ -569,10 +570,9 @@ class Coordinator(Actor):
         flights = await self._flights()
         snap = self._view.snapshot()
         holds = [h for h in flights.holds if not h.empty]
-        preempting = self._preempting()
-        if preempting is not None:  # P4: nominated room is nobody else's, not even a move's
-            holds += [h for h in nomination_holds(snap.nominations, preempting.now, snap.devices_in)
-                      if not h.empty]
+        # P4, P6: nominated room is nobody else's, not even a move's
+        holds += [h for h in nomination_holds(snap.nominations, self._clock.now(), snap.devices_in)
+                  if not h.empty]
         snap = snap.with_reservations(holds)
         plan = plan_round(snap, max_moves=self._cfg.defrag_max_moves)
         if not plan.moves:

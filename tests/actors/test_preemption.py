@@ -194,3 +194,25 @@ async def test_without_a_nomination_writer_nothing_is_nominated():
         assert result(s, "p", rid)[:2] == (Result.REFUSED, Code.NO_ELIGIBLE_NODE)
         assert not s.nominations()
         tg.cancel_scope.cancel()
+
+
+async def test_P6_a_nomination_read_from_the_API_holds_its_room_on_a_replica_that_does_not_preempt():
+    """After a failover the nomination is read from the API; a replica that does not nominate
+    itself (no writer here: preemption off) still places nobody else on its room."""
+    from model.nomination import Nomination
+
+    s = full_store()
+    binder = await running(s, nominations=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(binder.run)
+        now = LoopClock().now()
+        s.put_nomination(Nomination("p", "vm-9", 1000, "n1", ((H100, 4),), (), (), now,
+                                    now + timedelta(minutes=2)))
+        other = add_set(s, "q", "vm-x", 2, Priority(5000))
+        await settle(s, binder)
+        assert result(s, "q", other)[0] is Result.REFUSED, "placed on nominated room"
+        # the preemptor lands there
+        rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", rid) == (Result.SUCCEEDED, None, "n1")
+        tg.cancel_scope.cancel()
