@@ -23,6 +23,7 @@ from model.reasons import Code
 from model.types import Result
 from supervisor import COORDINATOR, Binder
 from tests.support.binder import fast_config, kill_child, quiet_logging, settle
+from tests.support.p6 import nominated_room_problems
 from tests.timing import eventually
 
 pytestmark = pytest.mark.anyio
@@ -215,4 +216,30 @@ async def test_P6_a_nomination_read_from_the_API_holds_its_room_on_a_replica_tha
         rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
         await settle(s, binder)
         assert result(s, "p", rid) == (Result.SUCCEEDED, None, "n1")
+        tg.cancel_scope.cancel()
+
+
+async def test_P6_a_nomination_not_yet_recorded_holds_its_room_for_the_next_batches():
+    """A nomination handed to the pipeline holds its room from its decision on, not only once
+    the view shows it: a second preemptor decided meanwhile (the first's write is retried
+    here) is not promised the same room, nor the same victim (found by the chaos test)."""
+    s = full_store()
+    binder = await running(s)
+    async with anyio.create_task_group() as tg:
+        await tg.start(binder.run)
+        add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "b", 2, SPOT)
+        await settle(s, binder)
+        await anyio.sleep(1)
+        s.fail_next(TransientWriteError, op="nomination", times=3)  # the first nomination's write lags
+        first = add_set(s, "p", "vm-1", 2, ON_DEMAND)
+        await anyio.sleep(0.0005)  # decided; its nomination's write is being retried
+        assert not s.nominations()
+        second = add_set(s, "q", "vm-2", 2, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", first)[1] is Code.PREEMPTION_NOMINATED
+        assert result(s, "q", second)[1] is Code.PREEMPTION_NOMINATED
+        n1, n2 = s.nominations()["p.vm-1"], s.nominations()["q.vm-2"]
+        # n1 (4 GPUs): the two nominations' room fits beside the sets that are no victim
+        assert nominated_room_problems(s, LoopClock().now()) == []
+        assert [v.vmi for v in n1.victims] == ["a"] and [v.vmi for v in n2.victims] == ["a", "b"]
         tg.cancel_scope.cancel()

@@ -409,3 +409,30 @@ def test_P6_live_nominations_hold_their_room_whether_or_not_this_replica_preempt
     # the preemptor itself, with preemption off here, still lands on its room
     [mine] = batch(gone.with_nodes([*gone.nodes.values(), node("n0", 4)]), req, preempting=off)
     assert isinstance(mine, Place) and mine.decision.node == "n1"
+
+
+def test_P6_a_preemptor_stopped_as_a_victim_of_another_nomination_holds_nothing_any_more():
+    # vm-9 was nominated on n1 and landed there (its nomination done, not yet deleted); then
+    # vm-z (priority 5000) nominates vm-9 as its victim, and vm-9 is stopped. vm-9's own
+    # nomination must not come back to hold the room it lands no more (promised twice: vm-z
+    # could not start until it expired): it is spent, and the sweep deletes it
+    from model.nomination import Drop, spent, sweep
+    first = sample()  # vm-9 of p on n1, 4 units, priority 1000
+    second = Nomination("z", "vm-z", 5000, "n1", ((H, 4),), (),
+                        (Victim("p", "vm-9", "adm-p", None, 1000, NOW + timedelta(seconds=10)),),
+                        NOW + timedelta(seconds=20), NOW + timedelta(minutes=2), 30)
+    empty = count_world([node("n1", 4)])  # vm-9 stopped: its devices are gone
+    assert spent(first, [first, second], NOW) and not spent(second, [first, second], NOW)
+    # a nomination made after (for a VMI of the name created again once stopped) is not spent
+    later = replace(first, created=NOW + timedelta(seconds=30), expires=NOW + timedelta(minutes=3))
+    assert not spent(later, [later, second], NOW + timedelta(seconds=30))
+    assert nomination_holds([first, second], NOW, empty.devices_in) == (second.hold(),)
+    assert not spent(first, [first, second], NOW + timedelta(minutes=3))  # second expired
+    plan = sweep([first, second], NOW, lambda ns, name: None, empty.devices_in)
+    assert plan.drops == (Drop(first, "preempted"),) and [n.name for n, _ in plan.waiting] == ["z.vm-z"]
+    # vm-9 started again (its VM) and refused for room: a fresh nomination, not the spent one
+    devices, req = asking("vm-9", 4)
+    snap = count_world([node("n1", 4)], vm_set("a", "n1", 4, value=100), devices).with_nominations(
+        [first, second])
+    [action] = batch(snap, req)
+    assert not isinstance(action, Nominate) or action.nominated.nomination != first
