@@ -100,7 +100,7 @@ MAX_RETRIES = 8
 RETRY_DELAY = 0.003
 """A preemptor's create again after this long (fake seconds), at most `MAX_RETRIES` times."""
 VALUES = (100, 500, 1000)
-PRIORITIES_EVERY = 5
+PRIORITIES_EVERY = 8
 """Seeds that are a multiple of this (seed 0, which the replay test runs, among them) draw
 priorities and preemption; the others run at one priority (0), without preemption, as
 before: a decision refused for room costs a P3 plan (`model.preemption.plan_preemption`,

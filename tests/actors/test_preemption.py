@@ -243,3 +243,50 @@ async def test_P6_a_nomination_not_yet_recorded_holds_its_room_for_the_next_batc
         assert nominated_room_problems(s, LoopClock().now()) == []
         assert [v.vmi for v in n1.victims] == ["a"] and [v.vmi for v in n2.victims] == ["a", "b"]
         tg.cancel_scope.cancel()
+
+
+async def test_P6_a_leader_killed_between_the_victims_deletion_and_the_preemptors_admission_loses_nothing():
+    """The leader (its coordinator and its preemption worker) dies right after the first
+    victim's VMI is deleted: the next round stops the other victim once, the preemptor's
+    retry lands on its room, the nomination is then deleted, and no other VMI is stopped."""
+    from tests.support.p6 import deletion_problem
+    from tests.support.preemption import MemoryPreemption
+
+    s = full_store()
+    binder = await running(s)
+    clock = LoopClock()
+    problems: list[str] = []
+
+    def stopped(ns: str, vmi: str, uid: str) -> None:
+        got = s.deleted_vmis[-1]
+        if (problem := deletion_problem(s, got[0], got[1], got[3], clock.now())) is not None:
+            problems.append(problem)
+        if len(s.deleted_vmis) == 1:
+            worker.abandon()  # the leader dies mid-round
+            assert kill_child(binder, COORDINATOR)
+
+    worker = MemoryPreemption(s, clock, period=0.01, on_stop=stopped)
+    async with anyio.create_task_group() as tg:
+        await tg.start(binder.run)
+        for vmi in ("a", "b"):
+            s.add_vmi("spot", vmi, admission=f"adm-{vmi}")
+        s.add_vmi("spot", "bystander", admission="adm-bystander")
+        add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "b", 2, SPOT)
+        await settle(s, binder)
+        await anyio.sleep(1)
+        rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", rid)[1] is Code.PREEMPTION_NOMINATED
+        await worker.round()  # stops a, then the leader dies: b not yet
+        assert [d[1] for d in s.deleted_vmis] == ["a"]
+        await worker.round()  # the next leader's round
+        assert sorted(d[1] for d in s.deleted_vmis) == ["a", "b"] and not problems
+        s.withdraw("p", rid)
+        again = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", again) == (Result.SUCCEEDED, None, "n1")
+        await worker.round()
+        assert not s.nominations()  # done: deleted as admitted
+        assert sorted(d[1] for d in s.deleted_vmis) == ["a", "b"]  # nobody else, each once
+        assert s.vmi("spot", "bystander") is not None
+        tg.cancel_scope.cancel()
