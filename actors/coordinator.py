@@ -41,7 +41,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import anyio
 import structlog
@@ -69,7 +69,7 @@ from model.hold import Hold
 from model.line import Entry, Identity, Line, reservation
 from model.line_plan import first_allowed, gate_batch, leaves, line_entry, refresh, tidy
 from model.nominate import Preempting
-from model.nomination import nomination_holds
+from model.nomination import Nomination, nomination_holds
 from model.plan import (Action, Answer, Finish, Nominate, Place, Recover, Requeue, Skip, placement_hold,
                         plan_batch, plan_one, recorded_node, recovery)
 from model.reasons import Code, NodeRefusal, Placed, RequestRef
@@ -158,6 +158,7 @@ class Coordinator(Actor):
         self._defrag_due = False  # a round waits for the queue to empty (D2)
         self._line = Line()  # P5: replaced on each change; empty on a new leader
         self._reserved: Mapping[Identity, str] = {}  # P5: the nodes reserved at the last batch
+        self._nominated: dict[RequestKey, Nomination] = {}  # P4: new ones the view does not show yet
         self._ref: ActorRef | None = None
         self._tg: Any = None
 
@@ -325,7 +326,8 @@ class Coordinator(Actor):
         entries: list[Placing | _Answer] = []
         targets: dict[RequestKey, Placement] = {}  # of the fallbacks (others: their first)
         snap = self._view.snapshot()
-        holds = [h for h in flights.holds if not h.empty]
+        holds = [h for h in flights.holds if not h.empty] + self._unrecorded(
+            snap, [*((ns, rid) for ns, rid, _ in fresh), *again])
         if again:
             holds += self._plan_fall_backs(again, snap, holds, started, flights, wave, entries, targets)
         actions, after = plan_batch(snap, holds, fresh, self._preempting())
@@ -382,9 +384,9 @@ class Coordinator(Actor):
         self._set_line(gated.line)
         out: list[Action] = []
         for a in gated.actions:
-            key = (a.request.namespace, a.request.id) if isinstance(a, Answer) else None
+            key = (a.request.namespace, a.request.id) if isinstance(a, Answer | Nominate) else None
             if key is not None and key in gated.again:
-                self._queue.add(key)  # decided again in a later batch, not answered
+                self._queue.add(key)  # decided again in a later batch, not answered (nor nominated)
             else:
                 out.append(a)
         return out, gated.snapshot
@@ -450,8 +452,7 @@ class Coordinator(Actor):
         planner says (withdrawn, now refused or placed in place) is carried out as for any
         request. Pure but for booking; returns the holds it planned."""
         preempting = self._preempting()
-        noms = [h for h in nomination_holds(snap.nominations, preempting.now, snap.devices_in)
-                if not h.empty] if preempting is not None else []
+        noms = [h for h in nomination_holds(snap.nominations, preempting.now, snap.devices_in) if not h.empty]
         work = Reserving(snap.with_reservations([*holds, *noms]))
         planned: list[Hold] = []
         for key in keys:
@@ -485,10 +486,32 @@ class Coordinator(Actor):
                 planned.append(held)
         return planned
 
-    def _preempting(self) -> Preempting | None:
-        """This batch's preemption context (P4: now, the settings), None when it is off."""
-        settings = self._cfg.preemption
-        return Preempting(self._clock.now(), settings) if settings.enabled else None
+    def _unrecorded(self, snap: Snapshot, deciding: Iterable[RequestKey] = ()) -> list[Hold]:
+        """The holds of the new nominations this incarnation decided that `snap` (the view)
+        does not show yet (P4, P6: a nomination holds its room from its decision on; its
+        pipeline records it before the refusal, and a later batch must not promise that room,
+        or the victims' freed room, to another set meanwhile). One leaves when the view shows
+        it or another nomination of its preemptor, when it expires, or when its request is
+        decided again (in `deciding`: its writes gave up; the new decision nominates anew)."""
+        if not self._nominated:
+            return []
+        for key in deciding:
+            self._nominated.pop(key, None)
+        now = self._clock.now()
+        out = []
+        for key, n in list(self._nominated.items()):
+            if not n.live(now) or snap.nomination_for(n.namespace, n.vmi) is not None:
+                del self._nominated[key]
+                continue
+            out.append(n.hold())
+        return out
+
+    def _preempting(self) -> Preempting:
+        """This batch's preemption context (P4: now, the settings). Also when this replica
+        does not nominate (`settings.enabled` False): the live nominations (one read from the
+        API after a failover) still hold their room for their preemptors (P6), and a
+        preemptor is still decided on its nominated node."""
+        return Preempting(self._clock.now(), self._cfg.preemption)
 
     def _refused(self, it: Placing, target: Placement) -> None:
         """The node actor of `target` refused `it`: requeue it to try its next candidate in
@@ -524,6 +547,8 @@ class Coordinator(Actor):
             case Nominate(req, nominated):  # P4: the nomination is written before the refusal
                 self._counts["decided"] += 1
                 reason, n = nominated.reason, nominated.nomination
+                if nominated.fresh:
+                    self._nominated[(req.namespace, req.id)] = n  # its room held until the view shows it
                 _log.info("decision", request_id=req.id, namespace=req.namespace, vmi=req.vmi,
                           rule=Rule.REFUSED, result=Result.REFUSED.value, chosen=None, candidates=[],
                           nominated=n.node, victims=[v.name for v in n.victims], fresh=nominated.fresh)
@@ -585,10 +610,9 @@ class Coordinator(Actor):
         flights = await self._flights()
         snap = self._view.snapshot()
         holds = [h for h in flights.holds if not h.empty]
-        preempting = self._preempting()
-        if preempting is not None:  # P4: nominated room is nobody else's, not even a move's
-            holds += [h for h in nomination_holds(snap.nominations, preempting.now, snap.devices_in)
-                      if not h.empty]
+        # P4, P6: nominated room is nobody else's, not even a move's
+        holds += [h for h in nomination_holds(snap.nominations, self._clock.now(), snap.devices_in)
+                  if not h.empty] + self._unrecorded(snap)
         snap = snap.with_reservations(holds)
         plan = plan_round(snap, max_moves=self._cfg.defrag_max_moves)
         if not plan.moves:

@@ -2,7 +2,9 @@
 `NominationWriter` beside the Kubernetes adapter, for tests and bench/. No Kubernetes.
 
 It behaves like an API server plus informer cache that is never behind: every write is
-applied atomically and is visible to the next read. Faults are injected from a seeded
+applied atomically and is visible to the next read. It also keeps the VMIs a test says exist
+(`add_vmi`: name, uid, admission), so the leader's victim deletions (§3c P4) can be played
+against it (`delete_vmi`, recorded as op `vmi-deleted`). Faults are injected from a seeded
 random generator (`Faults`): write errors before the write, conflicts, *ambiguous*
 errors (applied, then reported as failed), and latency; or one at a time with
 `fail_next`. Every applied write is appended to `history`, which tests read to check the
@@ -24,8 +26,8 @@ from actors.ports import Clock, StatusWrite, SystemClock, WriteOp
 from actors.view import IndexedView
 from model.device.dra import DeviceRef
 from model.nomination import Nomination
-from model.priority import (DEFAULT_PRIORITY, PreemptionPolicy, Priority, PriorityClassInfo,
-                            PriorityScope)
+from model.priority import (DEFAULT_PRIORITY, ClassPreemption, PreemptionPolicy, Priority,
+                            PriorityClassInfo, PriorityScope)
 from model.types import (
     Attachment,
     BindRequest,
@@ -51,7 +53,9 @@ class WriteRecord:
     """One applied write (treat as read-only). `op` is `answer` (the binder's one write per
     member: node, result, message, and the placement when `moved`), `move` (a
     defragmenting move, D2: `from_node` to `node`, `message` why), or `request`/`withdraw`
-    (the webhook's writes) or `node`/`device` (test setup after start). `from_node` is
+    (the webhook's writes) or `node`/`device` (test setup after start), `nomination` /
+    `nomination-deleted` (key: the nomination's name), `vmi-deleted` (key "<ns>/<name>",
+    `request_id` the deleted incarnation's uid, `message` who deleted it). `from_node` is
     where the device was Bound before the write (None: Pending); `moved` says the write
     changed its placement (to `node`)."""
 
@@ -117,6 +121,10 @@ class MemoryStore(IndexedView):
         self.events: list[tuple[DeviceKey, str, str]] = []
         """Events the binder recorded on devices: (device, reason, message); a defragmenting
         move records `GPUDeviceMoved` (D4)."""
+        self._vmis: dict[tuple[str, str], tuple[str, str | None]] = {}  # (ns, name) -> (uid, admission)
+        self._uids = 0
+        self.deleted_vmis: list[tuple[str, str, str, str | None, str]] = []
+        """Every VMI `delete_vmi` deleted, in order: (namespace, name, uid, admission, by)."""
 
     # -- setup (as the API server would see objects appear and change) --------------------
 
@@ -132,9 +140,11 @@ class MemoryStore(IndexedView):
         on_cordon: OnCordon = OnCordon.MOVE,
         node_selector: Mapping[str, str] | None = None,
         namespace_selector: LabelSelector | None = None,
+        preemption: ClassPreemption = ClassPreemption.LOWER_PRIORITY,
     ) -> None:
         self._classes[name] = GPUClass(
-            name, resource_name, on_cordon, freeze_labels(node_selector), namespace_selector
+            name, resource_name, on_cordon, freeze_labels(node_selector), namespace_selector,
+            preemption=preemption,
         )
         self._changed("class", name)
 
@@ -259,6 +269,34 @@ class MemoryStore(IndexedView):
                                                            None, None, st.device)))
             self._record("withdraw", dev.key, request_id)
         return len(members)
+
+    # -- VMIs (only what the leader's victim deletions read: §3c P4) ------------------------
+
+    def add_vmi(self, namespace: str, name: str, admission: str | None = None) -> str:
+        """A VMI `namespace/name` exists from now on, admitted as `admission` (its
+        `gpu.cozystack.io/admission`), replacing an earlier incarnation of the name. Returns
+        its uid (new for every call)."""
+        self._uids += 1
+        uid = f"uid-{self._uids}"
+        self._vmis[(namespace, name)] = (uid, admission)
+        return uid
+
+    def vmi(self, namespace: str, name: str) -> tuple[str, str | None] | None:
+        """(uid, admission) of the live VMI `namespace/name`; None when there is none."""
+        return self._vmis.get((namespace, name))
+
+    def delete_vmi(self, namespace: str, name: str, uid: str | None = None, *, by: str = "binder") -> bool:
+        """Delete the VMI `namespace/name`, only when its uid is `uid` (a precondition, as
+        the binder's delete carries; None: any). True when deleted; recorded in `history` as
+        op `vmi-deleted` (request_id: the uid, message: `by`). The devices are left as they
+        are: what housekeeping does after (H2) is the caller's to play."""
+        found = self._vmis.get((namespace, name))
+        if found is None or (uid is not None and found[0] != uid):
+            return False
+        del self._vmis[(namespace, name)]
+        self.deleted_vmis.append((namespace, name, found[0], found[1], by))
+        self._record("vmi-deleted", f"{namespace}/{name}", found[0], message=by)  # type: ignore[arg-type]
+        return True
 
     # -- fault injection -----------------------------------------------------------------
 

@@ -16,12 +16,20 @@ Two moments:
   every request with a result (§7.2), every existing VMI of ours checked as admitted
   (§7.5), and every launcher Pod of an admitted VMI bound on its pinned node (§2 capacity,
   B3: what the binder placed is where kube-scheduler runs it).
+
+And §3c P6 over the GPUNominations the read lists (`check_nominations`, at every instant):
+the room of a live nomination is Bound for nobody but its preemptor and its victims (count
+mode: its units fit on its node beside every other set; device mode: each nominated DRA device
+is recorded by nobody else); and (`check_gone`) no VMI of ours the caller knew is gone unless
+the caller deleted it or a nomination seen named it a victim.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Iterable
 
 GROUP, VERSION = "gpu.cozystack.io", "v1alpha1"
 KV = ("kubevirt.io", "v1", "virtualmachineinstances")
@@ -42,9 +50,15 @@ ATTACHED_TO_GONE = "attached-to-missing-vmi" # H1/H2 (after settling only)
 TEMPLATE_ORPHAN = "template-without-vmi"     # H1/H2 (after settling only)
 LAUNCHER_OFF_PIN = "launcher-not-on-pin"     # §2/B3 (after settling only)
 ADMITTED_GONE = "admitted-vmi-gone"          # a VMI the caller holds as admitted is missing
+NOMINATED_TAKEN = "nominated-room-taken"     # 3c.P6 (a live nomination's room Bound for another set)
+STOPPED_NOT_VICTIM = "vmi-gone-not-victim"   # 3c.P6 (a VMI of ours gone: not deleted by the caller, no victim)
 ITEMS = {NODE_OVER: "7.1", NO_RESULT: "7.2", SUCCEEDED_NOT_BOUND: "7.3", TENANT_OVER: "7.4",
          DOUBLE_NAMED: "7.5", DOUBLE_RECORDED: "3b.DR6", ADMITTED_NOT_PLACED: "7.5", ATTACHED_TO_GONE: "5.H1/H2",
-         TEMPLATE_ORPHAN: "5.H1/H2", LAUNCHER_OFF_PIN: "2/B3", ADMITTED_GONE: "7.5"}
+         TEMPLATE_ORPHAN: "5.H1/H2", LAUNCHER_OFF_PIN: "2/B3", ADMITTED_GONE: "7.5",
+         NOMINATED_TAKEN: "3c.P6", STOPPED_NOT_VICTIM: "3c.P6"}
+LIVE_SLACK = timedelta(seconds=5)
+"""A nomination counts as live for `check_nominations` only when it expires more than this
+after the read: the binder's clock and the moment of its decision are not the reader's."""
 # kinds that mean an admission's devices are not where its answer said (counted as "lost")
 LOST_KINDS = frozenset({ADMITTED_NOT_PLACED, SUCCEEDED_NOT_BOUND, ADMITTED_GONE,
                         LAUNCHER_OFF_PIN})
@@ -79,7 +93,11 @@ class Snapshot:
     """One read of the cluster. `vmis`, `devices`: the API's dicts; `resource`: GPUClass ->
     resource name; `allocatable`: node -> {resource: int}; `budget`: (namespace, resource) ->
     the smallest quota `requests.<resource>`; `pods`: VMI uid -> the nodeName of its launcher
-    Pod ("" while unbound), when read (`snapshot(..., pods=True)`), else None."""
+    Pod ("" while unbound), when read (`snapshot(..., pods=True)`), else None.
+    `nominations`: the GPUNominations (§3c P4), listed before everything else (so the devices
+    read show the state after each was made); `late_nominations`: listed again after
+    everything (victims of nominations made during the read); `at`: when the read ended
+    (UTC; None: unknown, every nomination counts as live)."""
 
     vmis: list[dict]
     devices: list[dict]
@@ -87,6 +105,9 @@ class Snapshot:
     allocatable: dict[str, dict[str, int]]
     budget: dict[tuple[str, str], int]
     pods: dict[str, str] | None = None
+    nominations: list[dict] = field(default_factory=list)
+    late_nominations: list[dict] = field(default_factory=list)
+    at: datetime | None = None
 
     def within(self, prefix: str) -> "Snapshot":
         """The VMIs, devices, budgets and Pods of namespaces named `prefix`… only (the
@@ -98,7 +119,9 @@ class Snapshot:
             devices=[d for d in self.devices if d["metadata"]["namespace"].startswith(prefix)],
             resource=self.resource, allocatable=self.allocatable,
             budget={k: v for k, v in self.budget.items() if k[0].startswith(prefix)},
-            pods=None if self.pods is None else {u: n for u, n in self.pods.items() if u in uids})
+            pods=None if self.pods is None else {u: n for u, n in self.pods.items() if u in uids},
+            nominations=[n for n in self.nominations if _concerns(n, prefix)],
+            late_nominations=[n for n in self.late_nominations if _concerns(n, prefix)], at=self.at)
 
     @property
     def existing(self) -> set[tuple[str, str]]:
@@ -128,17 +151,31 @@ async def _listed(call, *args, **kw):
             return await call(*args, **kw)
 
 
+async def _nominations(custom_list, **kw) -> list[dict]:
+    """Every GPUNomination (any namespace); none when the API has no such resource (a chart
+    older than §3c, as the upgrade tests install first)."""
+    from kubernetes_asyncio.client import ApiException
+
+    try:
+        return (await _listed(custom_list, GROUP, VERSION, "gpunominations", **kw))["items"]
+    except ApiException as exc:
+        if exc.status == 404:
+            return []
+        raise
+
+
 async def snapshot(api, *, pods: bool = False, timeout: float = 30) -> Snapshot:
-    """Read VMIs, GPUDevices, GPUClasses, Nodes, ResourceQuotas (and, with `pods`, the Pods
-    labelled `kubevirt.io/created-by`) through `api` (a kubernetes_asyncio ApiClient with
-    list rights on them). A 429 is retried for up to 20 s (`_listed`: a CRD's storage
-    re-initializing during a chart upgrade answers so). Raises ApiException / aiohttp errors
-    as the client does."""
+    """Read GPUNominations, VMIs, GPUDevices, GPUClasses, Nodes, ResourceQuotas (and, with
+    `pods`, the Pods labelled `kubevirt.io/created-by`), then GPUNominations again, through
+    `api` (a kubernetes_asyncio ApiClient with list rights on them). A 429 is retried for up
+    to 20 s (`_listed`: a CRD's storage re-initializing during a chart upgrade answers so).
+    Raises ApiException / aiohttp errors as the client does."""
     from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 
     custom, core = CustomObjectsApi(api), CoreV1Api(api)
     kw = {"_request_timeout": timeout}
     custom_list = custom.list_cluster_custom_object
+    nominations = await _nominations(custom_list, **kw)
     vmis = (await _listed(custom_list, *KV, **kw))["items"]
     devices = (await _listed(custom_list, GROUP, VERSION, "gpudevices", **kw))["items"]
     classes = (await _listed(custom_list, GROUP, VERSION, "gpuclasses", **kw))["items"]
@@ -156,11 +193,13 @@ async def snapshot(api, *, pods: bool = False, timeout: float = 30) -> Snapshot:
                   if isinstance((c.get("spec") or {}).get("resourceName"), str)},
         allocatable={n.metadata.name: {k: _int(v) for k, v in (n.status.allocatable or {}).items()
                                        if _int(v) is not None} for n in nodes},
-        budget=budget)
+        budget=budget, nominations=nominations)
     if pods:
         got = await _listed(core.list_pod_for_all_namespaces, label_selector=CREATED_BY, **kw)
         snap.pods = {p.metadata.labels[CREATED_BY]: p.spec.node_name or "" for p in got.items
                      if p.metadata.deletion_timestamp is None}
+    snap.late_nominations = await _nominations(custom_list, **kw)
+    snap.at = datetime.now(timezone.utc)
     return snap
 
 
@@ -170,12 +209,18 @@ def ours(vmi: dict) -> bool:
 
 
 def check(snap: Snapshot, *, settled: set[tuple[str, str]] | None = None,
-          final: bool = False) -> list[Violation]:
+          final: bool = False, victims: Iterable[tuple[str, str]] = ()) -> list[Violation]:
     """What breaks §7 in `snap`. `settled`: the (namespace, name) of VMIs the caller holds as
     admitted and not being deleted across the whole read — each must have its whole set
     Bound on its pin, attached to it, request `Succeeded` there (§7.5); with `final`, every
     VMI of ours in the snapshot is so checked, each must exist when named in `settled`, and
-    (when `snap.pods` was read) its launcher Pod must be bound on its pin. Pure."""
+    (when `snap.pods` was read) its launcher Pod must be bound on its pin. `victims`: the
+    (namespace, name) of VMIs a nomination named victims (§3c P4: being stopped, or gone, by
+    the binder's right), excused from the checks of `settled` (`check_gone` judges them), as
+    are the victims of `snap`'s own nominations. Pure."""
+    excused = set(victims) | victims_of([*snap.nominations, *snap.late_nominations])
+    if settled is not None and excused:
+        settled = settled - excused
     out: list[Violation] = []
     devs = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in snap.devices}
     named: Counter = Counter()
@@ -244,6 +289,123 @@ def check(snap: Snapshot, *, settled: set[tuple[str, str]] | None = None,
             out.append(Violation(TENANT_OVER, ("Namespace", "", ns, res),
                                  f"{n} Bound of {res} > budget {snap.budget[(ns, res)]}"))
     return out
+
+
+def _concerns(nomination: dict, prefix: str) -> bool:
+    """The nomination's preemptor or one of its victims is in a namespace named `prefix`…."""
+    spec = nomination.get("spec") or {}
+    spaces = [(spec.get("preemptor") or {}).get("namespace")]
+    spaces += [v.get("namespace") for v in spec.get("victims") or [] if isinstance(v, dict)]
+    return any(isinstance(ns, str) and ns.startswith(prefix) for ns in spaces)
+
+
+def victims_of(nominations: Iterable[dict]) -> set[tuple[str, str]]:
+    """The (namespace, name) of every VMI the GPUNominations `nominations` name victims."""
+    out = set()
+    for n in nominations:
+        for v in (n.get("spec") or {}).get("victims") or []:
+            if isinstance(v, dict) and isinstance(v.get("namespace"), str) and isinstance(v.get("vmi"), str):
+                out.add((v["namespace"], v["vmi"]))
+    return out
+
+
+def _parsed(nominations: Iterable[dict]):
+    """The nominations as `model.nomination.Nomination`s, the malformed left out (the binder
+    ignores them too)."""
+    from model.nomination import parse_nomination
+    from model.parse import ParseError
+
+    out = []
+    for n in nominations:
+        try:
+            out.append(parse_nomination(n))
+        except ParseError:
+            continue
+    return out
+
+
+def check_nominations(snap: Snapshot) -> list[Violation]:
+    """§3c P6 "a nominated device is never placed for anyone but its preemptor", on `snap`:
+    for each nomination listed first (`snap.nominations`) that expires more than
+    `LIVE_SLACK` after `snap.at`, a Bound device is *another set's* when it is attached to
+    neither the preemptor nor one of the victims (their VMIs by namespace and name; a victim
+    named with an admission id only in that incarnation) nor a template of theirs. Count
+    mode (`spec.units`): per resource, another set's Bound units on the node plus the units
+    of every such nomination there must fit its allocatable (the victims' room is the
+    nomination's). Device mode (`spec.devices`): no nominated DRA device is recorded
+    (`status.device`) by another set's Bound device. One `NOMINATED_TAKEN` per node and
+    resource, or per device. Pure."""
+    noms = [n for n in _parsed(snap.nominations)
+            if snap.at is None or n.expires > snap.at + LIVE_SLACK]
+    if not noms:
+        return []
+    by_node: dict[str, list] = {}
+    for n in noms:
+        by_node.setdefault(n.node, []).append(n)
+
+    def theirs(d: dict, group: list) -> bool:
+        ns = d["metadata"]["namespace"]
+        att = (d.get("status") or {}).get("attachedTo") or {}
+        tmpl = (d["metadata"].get("labels") or {}).get(TEMPLATE_LABEL)
+        for n in group:
+            if ns == n.namespace and n.vmi in (att.get("vmi"), tmpl):
+                return True
+            for v in n.victims:
+                if ns != v.namespace or v.vmi not in (att.get("vmi"), tmpl):
+                    continue
+                if v.admission is None or att.get("admission") in (None, v.admission):
+                    return True
+        return False
+
+    out: list[Violation] = []
+    others: Counter = Counter()
+    recorded: dict[tuple, str] = {}
+    for d in snap.devices:
+        st = d.get("status") or {}
+        node = st.get("nodeName")
+        if st.get("phase") != "Bound" or node not in by_node or theirs(d, by_node[node]):
+            continue
+        res = snap.resource.get((d.get("spec") or {}).get("class"))
+        if res:
+            others[(node, res)] += 1
+        rec = st.get("device")
+        if isinstance(rec, dict):
+            recorded[(rec.get("driver"), rec.get("pool"), rec.get("device"))] = (
+                f"{d['metadata']['namespace']}/{d['metadata']['name']}")
+    for node, group in sorted(by_node.items()):
+        held: Counter = Counter()
+        for n in group:
+            held.update(dict(n.units))
+            for ref in n.devices:
+                holder = recorded.get((ref.driver, ref.pool, ref.device))
+                if holder is not None:
+                    out.append(Violation(NOMINATED_TAKEN, ("Device", "", f"{ref.driver}/{ref.pool}/{ref.device}"),
+                                         f"nominated for {n.preemptor} (nomination {n.name}), recorded "
+                                         f"by {holder}"))
+        for res, units in sorted(held.items()):
+            cap = snap.allocatable.get(node, {}).get(res, 0)
+            if others[(node, res)] + units > cap:
+                out.append(Violation(NOMINATED_TAKEN, ("Node", "", node, res),
+                                     f"{others[(node, res)]} Bound of {res} for other sets + {units} "
+                                     f"nominated ({', '.join(n.preemptor for n in group)}) > allocatable {cap}"))
+    return out
+
+
+def check_gone(snap: Snapshot, known: Iterable[tuple[str, str]], *,
+               deleted: Iterable[tuple[str, str]] = (),
+               victims: Iterable[tuple[str, str]] = ()) -> list[Violation]:
+    """§3c P6 "no set is stopped unless it is a victim of a live nomination": every VMI of
+    `known` (namespace, name: VMIs of ours the caller saw exist before the read) missing from
+    `snap` must be in `deleted` (the caller deleted it itself) or a victim of a nomination:
+    one of `victims` (read from the nominations the caller saw in earlier reads: a nomination
+    is deleted once its preemptor is admitted) or of `snap`'s own (`victims_of`). The caller
+    must see every nomination at least once (it lives until its victims are gone and its
+    preemptor is admitted). One `STOPPED_NOT_VICTIM` each. Pure."""
+    excused = set(deleted) | set(victims) | victims_of([*snap.nominations, *snap.late_nominations])
+    exists = snap.existing
+    return [Violation(STOPPED_NOT_VICTIM, ("VirtualMachineInstance", ns, name),
+                      "gone; not deleted by the caller, no nomination named it a victim")
+            for ns, name in sorted(set(known) - exists - excused)]
 
 
 def leftovers(snap: Snapshot) -> list[Violation]:

@@ -28,7 +28,7 @@ from model.decide import Decision, Placement, Request, Rule, placed, request_ref
 from model.hold import Hold
 from model.line import (Allowed, Behind, Entry, Identity, Line, LineSettings, Reserved, entry, may_place,
                         shape_of, waits_for_room)
-from model.plan import Action, Answer, Place, Recover, placement_hold
+from model.plan import Action, Answer, Nominate, Place, Recover, placement_hold
 from model.reasons import Code, DeviceAt, SetRefused
 from model.snapshot import Reserving, Snapshot
 from model.types import RequestKey, Result
@@ -82,10 +82,11 @@ class Gated:
     lets start on fewer candidates keeps only those); `line` the line after the batch's
     refusals (entries refused for room entered or refreshed; nobody leaves here: a set
     leaves when its placement is written, `Line.started`); `again` the requests whose
-    refusal for room was decided while a placement the line then held back was counted as
-    taken (its room was not taken after all): decide them again, do not answer them;
-    `snapshot` the batch's snapshot with the holds in flight and those of the kept
-    placements and recoveries (as `plan_batch`'s, without the held-back ones)."""
+    refusal for room or nomination was decided while a placement the line then held back was
+    counted as taken (its room was not taken after all): decide them again, do not answer
+    them (nor write their nominations); `snapshot` the batch's snapshot with the holds in
+    flight and those of the kept placements, recoveries and new nominations (as
+    `plan_batch`'s, without the held-back ones)."""
 
     actions: tuple[Action, ...]
     line: Line
@@ -155,12 +156,14 @@ def gate_batch(line: Line, snapshot: Snapshot, holds: Sequence[Hold], actions: S
     each `Place` judged by `gate` (but one whose request holds room in flight, one of `holds`:
     decided before and let through by the line then, its writes stalled or not yet seen, it
     keeps its room) on `snapshot` with `holds` and the holds
-    of the placements and recoveries kept before it (not of those the line held back); each
-    refusal for room (`joins_line`, the line's own refusals included) enters the line or keeps
-    its place (`Line.refused` at `now`). A refusal for room planned after the first placement
-    the line held back is in `Gated.again` (that placement's room was counted as taken when
-    it was decided). `reservations` are the nodes reserved now (`model.line.reservation`).
-    Pure; never raises."""
+    of the placements and recoveries kept before it (not of those the line held back) and of
+    the new nominations (`Nominate`, fresh) planned before it (P6: nominated room is nobody
+    else's, so a set ahead cannot count on it either); each refusal for room (`joins_line`,
+    the line's own refusals included) enters the line or keeps its place (`Line.refused` at
+    `now`). A refusal for room or a `Nominate` planned after the first placement the line held
+    back is in `Gated.again` (that placement's room was counted as taken when it was decided:
+    a nomination made against it could stop victims for room that is free). `reservations`
+    are the nodes reserved now (`model.line.reservation`). Pure; never raises."""
     work = Reserving(snapshot.with_reservations(h for h in holds if not h.empty))
     flying = {h.request_id for h in holds}
     out: list[Action] = []
@@ -173,11 +176,13 @@ def gate_batch(line: Line, snapshot: Snapshot, holds: Sequence[Hold], actions: S
             gated = gate(line, work.snapshot, action, reservations=reservations, settings=settings)
         if isinstance(action, Place) and not isinstance(gated, Place):
             held_back = True
-        elif held_back and joins_line(gated):
+        elif held_back and (joins_line(gated) or isinstance(gated, Nominate)):
             again.add((gated.request.namespace, gated.request.id))
             out.append(gated)
             continue
         hold = gated.hold if isinstance(gated, Place | Recover) else None
+        if isinstance(gated, Nominate) and gated.nominated.fresh:
+            hold = gated.nominated.nomination.hold()  # P6: its room, as plan_batch counted it
         if hold is not None and not hold.empty:
             work.add(hold)
         if joins_line(gated):

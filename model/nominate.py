@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Sequence
 
 from model.decide import Decision, Request, Rule, decide_on
-from model.nomination import DEFAULT_RETRY_AFTER, DEFAULT_TTL, Nomination, Victim
+from model.nomination import DEFAULT_RETRY_AFTER, DEFAULT_TTL, Nomination, Victim, spent
 from model.preemption import PreemptionPlan, PreemptionSettings, RunningSet, plan_preemption
 from model.priority import Priority
 from model.reasons import Code, NoEligibleNode, PreemptionNominated, Reason, RequestRef
@@ -102,14 +102,23 @@ def nominate(snapshot: Snapshot, request: Request, decision: Decision,
     if not preempting.settings.enabled or not request.vmi or not refused_for_room(decision):
         return None
     now = preempting.now
-    mine = snapshot.nomination_for(request.namespace, request.vmi)
-    if mine is not None and mine.live(now):
+    mine = _live(snapshot, request.namespace, request.vmi, now)
+    if mine is not None:
         return Nominated(decision, _reason(request, mine), mine, False)
     plan = plan_preemption(snapshot, request, now, preempting.settings.preemption)
     if not isinstance(plan, PreemptionPlan):
         return None
     made = nomination_of(plan, now, preempting.settings)
     return Nominated(decision, _reason(request, made), made, True)
+
+
+def _live(snapshot: Snapshot, namespace: str, vmi: str, now: datetime) -> Nomination | None:
+    """The nomination of preemptor `namespace/vmi` when it is live at `now` and not
+    `model.nomination.spent` (its preemptor since stopped as another's victim); else None."""
+    mine = snapshot.nomination_for(namespace, vmi)
+    if mine is None or not mine.live(now) or spent(mine, snapshot.nominations, now):
+        return None
+    return mine
 
 
 def _reason(request: Request, n: Nomination) -> PreemptionNominated:
@@ -134,8 +143,8 @@ def on_nominated_node(snapshot: Snapshot, request: Request, decision: Decision,
     `decision` itself otherwise (no nomination, expired, already there, or no room there)."""
     if decision.result is not Result.SUCCEEDED or not request.vmi:
         return decision
-    mine = snapshot.nomination_for(request.namespace, request.vmi)
-    if mine is None or not mine.live(preempting.now) or decision.node == mine.node:
+    mine = _live(snapshot, request.namespace, request.vmi, preempting.now)
+    if mine is None or decision.node == mine.node:
         return decision
     if decision.rule is not Rule.B1:
         return decision  # kept in place (B5, B6): nothing to move
@@ -154,8 +163,8 @@ def w1_nominee(snapshot: Snapshot, namespace: str, vmi: str, refusal: Reason,
     not preempt, or there is no plan. The webhook then lets the set go on to the binder."""
     if not settings.enabled or not priority.may_preempt or refusal.code not in _W1_ROOM:
         return None
-    mine = snapshot.nomination_for(namespace, vmi)
-    if mine is not None and mine.live(now):
+    mine = _live(snapshot, namespace, vmi, now)
+    if mine is not None:
         return mine.node
     names = tuple(held) + tuple(n for n, _ in templates)
     br = BindRequest(W1_REQUEST_ID, vmi, names, now, node_selector, tolerations=tolerations,

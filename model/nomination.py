@@ -142,15 +142,32 @@ def yielding(nominations: Iterable[Nomination], now: datetime) -> frozenset[tupl
     return frozenset((v.namespace, v.vmi) for n in nominations if n.live(now) for v in n.victims)
 
 
+def spent(nomination: Nomination, nominations: Iterable[Nomination], now: datetime) -> bool:
+    """True when `nomination`'s preemptor is a victim of another of `nominations` live at
+    `now` and made no earlier (`created`): when `nomination` was made its preemptor VMI was
+    being refused (not running), when the other was made a VMI of that name was running (only
+    running sets are victims), so it was admitted since and is being stopped: `nomination` is
+    done whatever its expiry. A nomination made after the other (a VMI of the name created
+    again once stopped, refused, nominated anew) is not spent by it. Without this, a
+    preemptor admitted on its room, then stopped as a victim, would see its nomination hold
+    that room again once its set is gone (`admitted` no longer true) while another preemptor
+    is promised it: the room promised twice until the first expires (found by the chaos test:
+    a leader killed between the stop and the deletion of the done nomination)."""
+    return any(m is not nomination and m.live(now) and m.created >= nomination.created
+               and any(v.namespace == nomination.namespace and v.vmi == nomination.vmi for v in m.victims)
+               for m in nominations)
+
+
 def nomination_holds(nominations: Iterable[Nomination], now: datetime,
                      devices_in: Any = None) -> tuple[Hold, ...]:
     """The holds of the nominations live at `now` (P4, P6: their room is placed for nobody
     but their preemptor), leaving out those whose preemptor is admitted on its node
     (`admitted`; `devices_in(namespace)` gives a namespace's devices by name, e.g.
-    `Snapshot.devices_in`; None: not looked at)."""
+    `Snapshot.devices_in`; None: not looked at) and the `spent` ones."""
+    nominations = tuple(nominations)
     out = []
     for n in nominations:
-        if not n.live(now):
+        if not n.live(now) or spent(n, nominations, now):
             continue
         if devices_in is not None and admitted(n, devices_in(n.namespace)):
             continue
@@ -173,8 +190,9 @@ class Stop:
 
 @dataclass(frozen=True, slots=True)
 class Drop:
-    """Delete `nomination`: `why` is "expired" (its hold released) or "admitted" (its
-    preemptor's set is admitted on its node)."""
+    """Delete `nomination`: `why` is "expired" (its hold released), "admitted" (its
+    preemptor's set is admitted on its node) or "preempted" (its preemptor is a victim of
+    another live nomination: `spent`)."""
 
     nomination: Nomination
     why: str
@@ -194,8 +212,9 @@ class Sweep:
 def sweep(nominations: Iterable[Nomination], now: datetime,
           vmi: Callable[[str, str], tuple[str, str | None] | None],
           devices_in: Callable[[str], Mapping[str, GPUDevice]]) -> Sweep:
-    """What the leader does now for `nominations` (P4): drop the expired ones and those whose
-    preemptor is admitted on its node (`admitted`); for every other, stop each victim whose
+    """What the leader does now for `nominations` (P4): drop the expired ones, those whose
+    preemptor is admitted on its node (`admitted`) and the `spent` ones; for every other, stop
+    each victim whose
     VMI still runs as the incarnation named (`vmi(namespace, name)` gives the live VMI's
     (uid, admission annotation), None when there is none; a VMI of another admission or uid
     is another incarnation: never stopped). Only a victim of a live nomination is ever
@@ -203,12 +222,16 @@ def sweep(nominations: Iterable[Nomination], now: datetime,
     stops: list[Stop] = []
     drops: list[Drop] = []
     waiting: list[tuple[Nomination, int]] = []
-    for n in sorted(nominations, key=lambda n: n.name):
+    nominations = sorted(nominations, key=lambda n: n.name)
+    for n in nominations:
         if not n.live(now):
             drops.append(Drop(n, "expired"))
             continue
         if admitted(n, devices_in(n.namespace)):
             drops.append(Drop(n, "admitted"))
+            continue
+        if spent(n, nominations, now):
+            drops.append(Drop(n, "preempted"))
             continue
         running = 0
         for v in n.victims:
@@ -345,4 +368,4 @@ def _time(what: str, value: Any, field: str) -> datetime:
 
 __all__ = ["yielding", "API_VERSION", "DEFAULT_RETRY_AFTER", "DEFAULT_TTL", "HOLD_PREFIX", "KIND", "PLURAL",
            "Drop", "Nomination", "Stop", "Sweep", "Victim", "admitted", "sweep", "hold_id", "nomination_body", "nomination_holds",
-           "nomination_name", "parse_nomination"]
+           "nomination_name", "parse_nomination", "spent"]

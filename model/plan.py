@@ -19,15 +19,18 @@ batch never take the same unit or budget slot):
   `PreemptionNominated` (retryable). A new nomination's hold is counted for the rest of the
   batch, as a `Place`'s.
 
-With `preempting`, every live nomination holds its room for everyone but its preemptor
-(`model.nomination.nomination_holds`, P4, P6), and a preemptor is decided on its nominated
-node when that node takes it (`model.nominate.on_nominated_node`).
+Every live nomination holds its room for everyone but its preemptor
+(`model.nomination.nomination_holds`, P4, P6), whether or not this replica nominates: one
+read from the API after a failover binds every replica. With `preempting` (settings enabled
+or not), a preemptor is decided on its nominated node when that node takes it
+(`model.nominate.on_nominated_node`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Iterable, Sequence
 
 from model.decide import Decision, Placement, Request, decide, recovery_devices
@@ -226,22 +229,35 @@ def plan_one(snap: Snapshot, namespace: str, request_id: str,
     return Place(req, decision, placement_hold(req, decision.placements[0], snap))
 
 
+def live_nomination_holds(snapshot: Snapshot, now: datetime | None) -> tuple[Hold, ...]:
+    """The holds of `snapshot`'s nominations live at `now` whose preemptor is not admitted
+    yet (`model.nomination.nomination_holds`); `now` None: every nomination counts as live."""
+    if not snapshot.nominations:
+        return ()
+    return nomination_holds(snapshot.nominations, now if now is not None else _NEVER, snapshot.devices_in)
+
+
+_NEVER = datetime.min.replace(tzinfo=timezone.utc)
+
+
 def plan_batch(snapshot: Snapshot, holds: Iterable[Hold],
                batch: Sequence[tuple[str, str, Sequence[GPUDevice]]],
-               preempting: Preempting | None = None) -> tuple[list[Action], Snapshot]:
+               preempting: Preempting | None = None, *,
+               now: datetime | None = None) -> tuple[list[Action], Snapshot]:
     """One action per `(namespace, request_id, members)` of `batch`, in order (see the
     module docstring), and the snapshot after the batch (with every planned hold).
 
     `snapshot` is the view without holds; `holds` what requests in flight still take (as
     `outstanding` gives them; empty ones are ignored). Each request is decided on the
     snapshot with those holds and the holds of the `Place` and `Recover` actions planned
-    before it. With `preempting` (P4), the live nominations' holds are counted too, and a
-    request refused for room may be answered `Nominate` (see the module docstring). Pure and
-    deterministic; never raises for a bad request (`Requeue`)."""
+    before it, and always the holds of the nominations live at `now` (UTC; default
+    `preempting.now`; with neither, every nomination of `snapshot` counts as live: erring on
+    the side of P6). With `preempting` (P4) enabled, a request refused for room may be
+    answered `Nominate` (see the module docstring). Pure and deterministic; never raises for
+    a bad request (`Requeue`)."""
     holds = [h for h in holds if not h.empty]
-    if preempting is not None:
-        holds += [h for h in nomination_holds(snapshot.nominations, preempting.now, snapshot.devices_in)
-                  if not h.empty]
+    when = now if now is not None else preempting.now if preempting is not None else None
+    holds += [h for h in live_nomination_holds(snapshot, when) if not h.empty]
     work = Reserving(snapshot.with_reservations(holds))
     actions: list[Action] = []
     for namespace, request_id, members in batch:
@@ -256,4 +272,4 @@ def plan_batch(snapshot: Snapshot, holds: Iterable[Hold],
 
 
 __all__ = ["Action", "Answer", "Finish", "Nominate", "Place", "Recover", "Requeue", "Skip", "changes", "landing",
-           "placement_hold", "plan_batch", "plan_one", "recorded_node", "recovery"]
+           "live_nomination_holds", "placement_hold", "plan_batch", "plan_one", "recorded_node", "recovery"]

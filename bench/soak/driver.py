@@ -66,6 +66,21 @@ def _spawner():
     return _SPAWNER
 
 
+def judge(snap: inv.Snapshot, before: set[tuple[str, str]], admitted: set[tuple[str, str]],
+          deleted: set[tuple[str, str]], victims: set[tuple[str, str]],
+          final: bool = False) -> tuple[list[inv.Violation], set[tuple[str, str]]]:
+    """The violations of one read `snap` and the victims seen so far: §7 (`inv.check`: the VMIs
+    held as admitted before the read, `before`, and still (`admitted`), or with `final` all of
+    `before`), and §3c P6: nominated room Bound for nobody else (`inv.check_nominations`), no VMI
+    of `before` gone unless the soak deleted it (`deleted`) or a nomination seen, in this read
+    or an earlier one (`victims`), named it a victim (`inv.check_gone`). Pure."""
+    victims = victims | inv.victims_of([*snap.nominations, *snap.late_nominations])
+    got = inv.check(snap, settled=before & admitted if not final else before, final=final,
+                    victims=victims)
+    return (got + inv.check_nominations(snap)
+            + inv.check_gone(snap, before, deleted=deleted, victims=victims)), victims
+
+
 class Soak:
     """The churn driver on a running cluster (`lc` a LocalCluster whose replicas it may kill,
     `cp` its ControlPlane, `api` an admin ApiClient). `populate()` then `run()`; `report()`."""
@@ -78,6 +93,8 @@ class Soak:
         self.ops = schedule(spec)
         self.recs: list[Rec] = []
         self.admitted: set[tuple[str, str]] = set()          # held as admitted, not deleting
+        self.deleted: set[tuple[str, str]] = set()           # VMIs the soak deleted itself (P6)
+        self.victims: set[tuple[str, str]] = set()           # victims of nominations seen (P6)
         self.running: dict[str, deque[Rec]] = {}              # deletable, oldest first
         self.held_free: dict[tuple[str, str], set[str]] = {}   # (ns, class) -> free held
         self.held_node: dict[tuple[str, str], str] = {}
@@ -293,6 +310,7 @@ class Soak:
             return
         rec = self.running[ns].popleft()
         self.admitted.discard((ns, rec.name))
+        self.deleted.add((ns, rec.name))
         try:
             await self._call(self.fleet.custom.delete_namespaced_custom_object, VMI_GROUP,
                              VMI_VERSION, ns, VMIS, rec.name, what="delete",
@@ -387,8 +405,7 @@ class Soak:
         except Exception:   # noqa: BLE001 — the API server restarting: no sample this time
             self.counts["samples_failed"] += 1
             return None
-        got = inv.check(snap, settled=before & self.admitted if not final else before,
-                        final=final)
+        got, self.victims = judge(snap, before, self.admitted, self.deleted, self.victims, final)
         return got
 
     async def sampler(self) -> None:

@@ -81,3 +81,21 @@ async def test_without_history_writes_are_still_observed_in_order() -> None:
     await s.answer(StatusWrite(key, rid, Result.SUCCEEDED, "placed", node="n1", bound_at=T0))
     assert s.history == []
     assert [(r.seq, r.op, r.moved) for r in seen] == [(1, "request", False), (2, "answer", True)]
+
+
+def test_vmis_are_deleted_only_with_their_uid_and_each_delete_is_recorded() -> None:
+    """§3c P4: the leader deletes a victim's VMI with its uid as precondition; the store plays
+    that and records each delete (op `vmi-deleted`), which the chaos test checks (P6)."""
+    s = MemoryStore()
+    seen = []
+    s.on_write = seen.append
+    first = s.add_vmi("t", "vm-1", admission="adm-1")
+    assert s.vmi("t", "vm-1") == (first, "adm-1")
+    again = s.add_vmi("t", "vm-1", admission="adm-2")  # created again: another incarnation
+    assert again != first and s.vmi("t", "vm-1") == (again, "adm-2")
+    assert not s.delete_vmi("t", "vm-1", first)  # the old uid: the precondition fails
+    assert s.delete_vmi("t", "vm-1", again, by="preemption:x")
+    assert s.vmi("t", "vm-1") is None and not s.delete_vmi("t", "vm-1", again)
+    assert s.deleted_vmis == [("t", "vm-1", again, "adm-2", "preemption:x")]
+    assert [(r.op, r.key, r.request_id, r.message) for r in seen] == [
+        ("vmi-deleted", "t/vm-1", again, "preemption:x")]

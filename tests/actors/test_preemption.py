@@ -23,6 +23,7 @@ from model.reasons import Code
 from model.types import Result
 from supervisor import COORDINATOR, Binder
 from tests.support.binder import fast_config, kill_child, quiet_logging, settle
+from tests.support.p6 import nominated_room_problems
 from tests.timing import eventually
 
 pytestmark = pytest.mark.anyio
@@ -193,4 +194,99 @@ async def test_without_a_nomination_writer_nothing_is_nominated():
         await settle(s, binder)
         assert result(s, "p", rid)[:2] == (Result.REFUSED, Code.NO_ELIGIBLE_NODE)
         assert not s.nominations()
+        tg.cancel_scope.cancel()
+
+
+async def test_P6_a_nomination_read_from_the_API_holds_its_room_on_a_replica_that_does_not_preempt():
+    """After a failover the nomination is read from the API; a replica that does not nominate
+    itself (no writer here: preemption off) still places nobody else on its room."""
+    from model.nomination import Nomination
+
+    s = full_store()
+    binder = await running(s, nominations=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(binder.run)
+        now = LoopClock().now()
+        s.put_nomination(Nomination("p", "vm-9", 1000, "n1", ((H100, 4),), (), (), now,
+                                    now + timedelta(minutes=2)))
+        other = add_set(s, "q", "vm-x", 2, Priority(5000))
+        await settle(s, binder)
+        assert result(s, "q", other)[0] is Result.REFUSED, "placed on nominated room"
+        # the preemptor lands there
+        rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", rid) == (Result.SUCCEEDED, None, "n1")
+        tg.cancel_scope.cancel()
+
+
+async def test_P6_a_nomination_not_yet_recorded_holds_its_room_for_the_next_batches():
+    """A nomination handed to the pipeline holds its room from its decision on, not only once
+    the view shows it: a second preemptor decided meanwhile (the first's write is retried
+    here) is not promised the same room, nor the same victim (found by the chaos test)."""
+    s = full_store()
+    binder = await running(s)
+    async with anyio.create_task_group() as tg:
+        await tg.start(binder.run)
+        add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "b", 2, SPOT)
+        await settle(s, binder)
+        await anyio.sleep(1)
+        s.fail_next(TransientWriteError, op="nomination", times=3)  # the first nomination's write lags
+        first = add_set(s, "p", "vm-1", 2, ON_DEMAND)
+        await anyio.sleep(0.0005)  # decided; its nomination's write is being retried
+        assert not s.nominations()
+        second = add_set(s, "q", "vm-2", 2, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", first)[1] is Code.PREEMPTION_NOMINATED
+        assert result(s, "q", second)[1] is Code.PREEMPTION_NOMINATED
+        n1, n2 = s.nominations()["p.vm-1"], s.nominations()["q.vm-2"]
+        # n1 (4 GPUs): the two nominations' room fits beside the sets that are no victim
+        assert nominated_room_problems(s, LoopClock().now()) == []
+        assert [v.vmi for v in n1.victims] == ["a"] and [v.vmi for v in n2.victims] == ["a", "b"]
+        tg.cancel_scope.cancel()
+
+
+async def test_P6_a_leader_killed_between_the_victims_deletion_and_the_preemptors_admission_loses_nothing():
+    """The leader (its coordinator and its preemption worker) dies right after the first
+    victim's VMI is deleted: the next round stops the other victim once, the preemptor's
+    retry lands on its room, the nomination is then deleted, and no other VMI is stopped."""
+    from tests.support.p6 import deletion_problem
+    from tests.support.preemption import MemoryPreemption
+
+    s = full_store()
+    binder = await running(s)
+    clock = LoopClock()
+    problems: list[str] = []
+
+    def stopped(ns: str, vmi: str, uid: str) -> None:
+        got = s.deleted_vmis[-1]
+        if (problem := deletion_problem(s, got[0], got[1], got[3], clock.now())) is not None:
+            problems.append(problem)
+        if len(s.deleted_vmis) == 1:
+            worker.abandon()  # the leader dies mid-round
+            assert kill_child(binder, COORDINATOR)
+
+    worker = MemoryPreemption(s, clock, period=0.01, on_stop=stopped)
+    async with anyio.create_task_group() as tg:
+        await tg.start(binder.run)
+        for vmi in ("a", "b"):
+            s.add_vmi("spot", vmi, admission=f"adm-{vmi}")
+        s.add_vmi("spot", "bystander", admission="adm-bystander")
+        add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "b", 2, SPOT)
+        await settle(s, binder)
+        await anyio.sleep(1)
+        rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", rid)[1] is Code.PREEMPTION_NOMINATED
+        await worker.round()  # stops a, then the leader dies: b not yet
+        assert [d[1] for d in s.deleted_vmis] == ["a"]
+        await worker.round()  # the next leader's round
+        assert sorted(d[1] for d in s.deleted_vmis) == ["a", "b"] and not problems
+        s.withdraw("p", rid)
+        again = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", again) == (Result.SUCCEEDED, None, "n1")
+        await worker.round()
+        assert not s.nominations()  # done: deleted as admitted
+        assert sorted(d[1] for d in s.deleted_vmis) == ["a", "b"]  # nobody else, each once
+        assert s.vmi("spot", "bystander") is not None
         tg.cancel_scope.cancel()

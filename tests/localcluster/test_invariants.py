@@ -122,3 +122,149 @@ async def test_a_list_answered_429_is_retried_and_another_error_is_not():
     with pytest.raises(ApiException) as err:
         await inv._listed(call)
     assert err.value.status == 403 and len(calls) == 4
+
+
+# --- §3c P6 over nominations ------------------------------------------------------------------
+
+from datetime import datetime, timedelta, timezone  # noqa: E402
+
+AT = datetime(2026, 12, 6, 12, tzinfo=timezone.utc)
+
+
+def nomination(preemptor=("p", "big"), node="n1", *, units=(("r", 2),), devices=(),
+               victims=(("t", "a", None),), expires=AT + timedelta(minutes=2)):
+    """A GPUNomination as the API returns it (controller namespace)."""
+    return {"metadata": {"namespace": "cozy-system", "name": f"{preemptor[0]}.{preemptor[1]}"},
+            "spec": {"preemptor": {"namespace": preemptor[0], "vmi": preemptor[1], "priority": 1000},
+                     "node": node, "units": [{"resource": r, "count": c} for r, c in units],
+                     "devices": [{"driver": "gpu.nvidia.com", "pool": node, "device": d} for d in devices],
+                     "victims": [dict({"namespace": ns, "vmi": v, "priority": 0,
+                                       "started": "2026-12-06T10:00:00Z"}, **({"admission": adm} if adm else {}))
+                                 for ns, v, adm in victims],
+                     "created": "2026-12-06T12:00:00Z", "expires": expires.isoformat()}}
+
+
+def p6_snap(devices, *, noms=(), alloc=4, vmis=(), late=()):
+    return inv.Snapshot(vmis=list(vmis), devices=list(devices), resource={"c": "r"},
+                        allocatable={"n1": {"r": alloc}}, budget={}, nominations=list(noms),
+                        late_nominations=list(late), at=AT)
+
+
+def test_P6_nominated_units_bound_for_nobody_else():
+    # n1 (4): set o holds 2, victim a holds 2; the preemptor is promised 2: a's room
+    o = [dev("u", "o1", vmi="o"), dev("u", "o2", vmi="o")]
+    victim = [dev("t", "a1", vmi="a"), dev("t", "a2", vmi="a")]
+    assert inv.check_nominations(p6_snap(o + victim, noms=[nomination()])) == []
+    # the victim gone, the preemptor landed (one template device, one held): still fine
+    landed = [dev("p", "b1", vmi="big"), dev("p", "big-c-0", template="big")]
+    assert inv.check_nominations(p6_snap(o + landed, noms=[nomination()])) == []
+    # another set took one of the nominated units once the victim left: a violation
+    taken = p6_snap(o + [dev("q", "x1", vmi="x")], noms=[nomination()])
+    got = inv.check_nominations(taken)
+    assert kinds(got) == [inv.NOMINATED_TAKEN] and got[0].item == "3c.P6"
+    assert got[0].obj == ("Node", "", "n1", "r") and "p/big" in got[0].message
+    # an idle device Bound there is another set's too
+    assert kinds(inv.check_nominations(p6_snap(o + [dev("q", "x1", rid=None)], noms=[nomination()]))) == [
+        inv.NOMINATED_TAKEN]
+    # an expired nomination (or one about to expire: the binder's clock is not ours) holds nothing
+    for expires in (AT - timedelta(seconds=1), AT + inv.LIVE_SLACK):
+        assert inv.check_nominations(p6_snap(o + [dev("q", "x1", vmi="x")],
+                                             noms=[nomination(expires=expires)])) == []
+    # two nominations on the node add up
+    both = [nomination(), nomination(("p", "other"), victims=[("u", "o", None)])]
+    assert inv.check_nominations(p6_snap(o + victim, noms=both)) == []
+    assert kinds(inv.check_nominations(p6_snap(o + victim + [dev("q", "x1", vmi="x")], noms=both))) == [
+        inv.NOMINATED_TAKEN]
+    # a victim named with its admission: its VMI created again (another admission) and placed
+    # on the nominated room is another set
+    again = [dev("t", "a3", vmi="a"), dev("t", "a4", vmi="a")]
+    for d in again:
+        d["status"]["attachedTo"]["admission"] = "adm-2"
+    assert inv.check_nominations(p6_snap(o + again, noms=[nomination()])) == []  # no admission named
+    assert kinds(inv.check_nominations(p6_snap(o + again, noms=[nomination(victims=[("t", "a", "adm-1")])]))) == [
+        inv.NOMINATED_TAKEN]
+
+
+def test_P6_nominated_devices_recorded_by_nobody_else():
+    def rec(d, device):
+        d["status"]["device"] = {"driver": "gpu.nvidia.com", "pool": "n1", "device": device}
+        return d
+
+    n = nomination(units=(), devices=("gpu-vfio-0", "gpu-vfio-1"))
+    victim = rec(dev("t", "a1", cls="hgx", vmi="a"), "gpu-vfio-0")
+    assert inv.check_nominations(p6_snap([victim, rec(dev("p", "b1", cls="hgx", vmi="big"), "gpu-vfio-1")],
+                                         noms=[n])) == []
+    got = inv.check_nominations(p6_snap([victim, rec(dev("q", "x1", cls="hgx", vmi="x"), "gpu-vfio-1")],
+                                        noms=[n]))
+    assert kinds(got) == [inv.NOMINATED_TAKEN]
+    assert got[0].obj == ("Device", "", "gpu.nvidia.com/n1/gpu-vfio-1") and "q/x1" in got[0].message
+    # another device of the node is anybody's
+    assert inv.check_nominations(p6_snap([victim, rec(dev("q", "x1", cls="hgx", vmi="x"), "gpu-vfio-5")],
+                                         noms=[n])) == []
+
+
+def test_P6_no_vmi_of_ours_gone_unless_deleted_by_the_caller_or_a_victim():
+    known = {("t", "a"), ("t", "b"), ("t", "c"), ("t", "d")}
+    s = p6_snap([], vmis=[vmi("t", "d", ["g1"])], noms=[nomination(victims=[("t", "a", None)])],
+                late=[nomination(("p", "other"), victims=[("t", "e", None)])])
+    got = inv.check_gone(s, known, deleted={("t", "b")})
+    assert kinds(got) == [inv.STOPPED_NOT_VICTIM] and got[0].obj == ("VirtualMachineInstance", "t", "c")
+    assert got[0].item == "3c.P6"
+    # a victim of a nomination seen in an earlier read (deleted since: its preemptor landed)
+    assert inv.check_gone(s, known, deleted={("t", "b")}, victims={("t", "c")}) == []
+    assert inv.victims_of(s.nominations + s.late_nominations) == {("t", "a"), ("t", "e")}
+
+
+def test_P6_a_victim_being_stopped_is_not_an_admitted_vmi_lost():
+    s = p6_snap([dev("t", "g1", vmi="a", phase="Pending", result=None)], vmis=[vmi("t", "a", ["g1"])],
+                noms=[nomination(victims=[("t", "a", None)])])
+    assert inv.check(s, settled={("t", "a")}) == []
+    gone = p6_snap([], noms=[])
+    assert kinds(inv.check(gone, settled={("t", "a")}, final=True)) == [inv.ADMITTED_GONE]
+    assert inv.check(gone, settled={("t", "a")}, final=True, victims={("t", "a")}) == []
+
+
+def test_within_keeps_the_nominations_of_the_prefix():
+    s = p6_snap([], noms=[nomination(("soak-1", "x"), victims=()), nomination(("other", "y"), victims=()),
+                          nomination(("other", "z"), victims=[("soak-2", "v", None)])])
+    assert [n["spec"]["preemptor"]["vmi"] for n in s.within("soak-").nominations] == ["x", "z"]
+    assert s.within("soak-").at == AT
+
+
+def test_the_soak_judges_P6_with_the_victims_it_has_seen():
+    from bench.soak.driver import judge
+
+    before = {("t", "a"), ("t", "b")}
+    first = p6_snap([dev("t", "g1", vmi="a")], vmis=[vmi("t", "a", ["g1"]), vmi("t", "b", ["g2"], uid="u2")],
+                    noms=[nomination(victims=[("t", "b", None)])])
+    got, seen = judge(first, before, before, set(), set())
+    assert seen == {("t", "b")} and inv.NOMINATED_TAKEN not in kinds(got)
+    # b is gone by the next read, and its nomination too: excused by what was seen
+    later = p6_snap([dev("t", "g1", vmi="a")], vmis=[vmi("t", "a", ["g1"])])
+    got, _ = judge(later, before, before, set(), seen)
+    assert got == []
+    got, _ = judge(later, before, before, set(), set())
+    assert kinds(got) == [inv.STOPPED_NOT_VICTIM]
+    assert judge(later, before, before, {("t", "b")}, set())[0] == []  # the soak deleted it
+
+
+@pytest.mark.anyio
+async def test_nominations_are_none_where_the_API_has_no_such_resource():
+    """A chart older than §3c (the upgrade tests install one first) has no GPUNomination CRD:
+    its list answers 404, read as no nomination; another error is raised."""
+    from kubernetes_asyncio.client import ApiException
+
+    async def missing(*args, **kw):
+        raise ApiException(status=404, reason="Not Found")
+
+    async def listed(*args, **kw):
+        assert args == (inv.GROUP, inv.VERSION, "gpunominations")
+        return {"items": [nomination()]}
+
+    async def forbidden(*args, **kw):
+        raise ApiException(status=403, reason="Forbidden")
+
+    assert await inv._nominations(missing) == []
+    assert await inv._nominations(listed) == [nomination()]
+    with pytest.raises(ApiException):
+        await inv._nominations(forbidden)

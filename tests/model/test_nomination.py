@@ -354,3 +354,117 @@ def test_victims_being_deleted_are_not_named_again_when_their_nomination_expired
                         vm_set("d", "n3", 4, value=500), devices).with_stopping({("t", "a"), ("t", "b")})
     again = nominate(other, req, decide(other, req), later)
     assert again is not None and again.fresh and [v.vmi for v in again.nomination.victims] == ["d"]
+
+
+# --- the same batch: the line's gate and the nominations (P4, P5, P6) -----------------------
+
+
+def _asking_as(vmi: str, gpus: int, rid: str, *, ns: str, value: int):
+    devices, req = asking(vmi, gpus, ns=ns, value=value)
+    devices = [replace(d, status=replace(d.status, bind_request=replace(d.status.bind_request, id=rid)))
+               for d in devices]
+    return devices, replace(req, id=rid)
+
+
+def _waiting(vmi: str, gpus: int, value: int):
+    from model.line import Identity, Shape, entry
+    from model.priority import Priority
+    return entry(Identity("w", vmi), Shape((), (("h100", gpus),)), Priority(value), NOW - timedelta(minutes=1))
+
+
+def test_P6_the_line_s_gate_counts_a_nomination_made_earlier_in_its_batch():
+    # n1: 2 free; n2: 4, spot VM v (2) runs, 2 free. vm-9 (4, priority 1000) nominates v on n2;
+    # p (2, priority 0) is planned on n1. A set waiting in line (2, priority 500) could start on
+    # n1 now, and nowhere once p takes n1: n2's free units are nominated for vm-9. So the line
+    # holds p back (P5), as it would had the nomination been made in an earlier batch.
+    from model.line import Line
+    from model.line_plan import gate_batch
+    s_devices, s_req = asking("vm-9", 4)
+    p_devices, p_req = _asking_as("p", 2, "rq", ns="q", value=0)
+    snap = count_world([node("n1", 2), node("n2", 4)], vm_set("v", "n2", 2, value=100), s_devices, p_devices)
+    actions, _ = plan_batch(snap, (), [(r.namespace, r.id, members(snap, r)) for r in (s_req, p_req)], PRE)
+    assert isinstance(actions[0], Nominate) and actions[0].nominated.nomination.node == "n2"
+    assert isinstance(actions[1], Place) and actions[1].decision.node == "n1"
+    line = Line([_waiting("w", 2, 500)])
+    g = gate_batch(line, snap, (), actions, NOW)
+    assert isinstance(g.actions[1], Answer), "placed on room a higher-priority waiting set needs"
+    assert g.actions[1].decision.reason.code is Code.BEHIND_IN_LINE
+    # the batch's snapshot (what the coordinator reserves against) keeps the nomination's hold
+    assert g.snapshot.reserved("n2", H) == 4
+    # the same nomination made in an earlier batch: the same verdict
+    earlier = snap.with_nominations([actions[0].nominated.nomination])
+    [alone], _ = plan_batch(earlier, (), [("q", "rq", members(earlier, p_req))], PRE)
+    assert isinstance(alone, Place)
+    assert isinstance(gate_batch(line, earlier, nomination_holds(earlier.nominations, NOW), [alone], NOW).actions[0],
+                      Answer)
+
+
+def test_P6_a_nomination_decided_against_a_placement_the_line_held_back_is_decided_again():
+    # n1: 2 free; n2: 2, spot VM v runs. p (2, priority 0) is planned on n1; vm-9 (2, priority
+    # 1000), decided after it, finds no room and nominates v. The line then holds p back
+    # (a set waiting at 500 needs n1): n1 is free after all, so vm-9 needs no victim. Its
+    # nomination must not be written: it is decided again, as a refusal would be.
+    from model.line import Line
+    from model.line_plan import gate_batch
+    p_devices, p_req = _asking_as("p", 2, "rq", ns="q", value=0)
+    s_devices, s_req = asking("vm-9", 2)
+    snap = count_world([node("n1", 2), node("n2", 2)], vm_set("v", "n2", 2, value=100), s_devices, p_devices)
+    actions, _ = plan_batch(snap, (), [(r.namespace, r.id, members(snap, r)) for r in (p_req, s_req)], PRE)
+    assert isinstance(actions[0], Place) and actions[0].decision.node == "n1"
+    assert isinstance(actions[1], Nominate) and [v.vmi for v in actions[1].nominated.nomination.victims] == ["v"]
+    g = gate_batch(Line([_waiting("w", 2, 500)]), snap, (), actions, NOW)
+    assert isinstance(g.actions[0], Answer) and g.actions[0].decision.reason.code is Code.BEHIND_IN_LINE
+    assert ("p", "rp") in g.again
+    # decided again without p's hold, vm-9 starts on n1 and stops nobody
+    [again], _ = plan_batch(snap, (), [("p", "rp", members(snap, s_req))], PRE)
+    assert isinstance(again, Place) and again.decision.node == "n1"
+
+
+def test_P6_live_nominations_hold_their_room_whether_or_not_this_replica_preempts():
+    # a nomination read from the API (made by an earlier leader) binds a replica that does
+    # not nominate itself: its room goes to nobody else while it lives
+    devices, req = asking("vm-9", 4)
+    snap = full_count_world(devices)
+    [action] = batch(snap, req)
+    n = action.nominated.nomination
+    other_devices, other = _asking_as("vm-x", 2, "rq", ns="q", value=5000)
+    gone = without(snap, n).with_devices(other_devices).with_nominations([n])
+    soon = NOW + timedelta(seconds=5)
+    off = Preempting(soon, NominationSettings(enabled=False))
+    for decided in (batch(gone, other, preempting=None)[0], batch(gone, other, preempting=off)[0]):
+        assert not isinstance(decided, Place), "placed on nominated room"
+    [timed], _ = plan_batch(gone, (), [("q", "rq", members(gone, other))], now=soon)
+    assert not isinstance(timed, Place)
+    # expired: it holds nothing
+    [late], _ = plan_batch(gone, (), [("q", "rq", members(gone, other))], now=NOW + timedelta(minutes=5))
+    assert isinstance(late, Place) and late.decision.node == "n1"
+    # the preemptor itself, with preemption off here, still lands on its room
+    [mine] = batch(gone.with_nodes([*gone.nodes.values(), node("n0", 4)]), req, preempting=off)
+    assert isinstance(mine, Place) and mine.decision.node == "n1"
+
+
+def test_P6_a_preemptor_stopped_as_a_victim_of_another_nomination_holds_nothing_any_more():
+    # vm-9 was nominated on n1 and landed there (its nomination done, not yet deleted); then
+    # vm-z (priority 5000) nominates vm-9 as its victim, and vm-9 is stopped. vm-9's own
+    # nomination must not come back to hold the room it lands no more (promised twice: vm-z
+    # could not start until it expired): it is spent, and the sweep deletes it
+    from model.nomination import Drop, spent, sweep
+    first = sample()  # vm-9 of p on n1, 4 units, priority 1000
+    second = Nomination("z", "vm-z", 5000, "n1", ((H, 4),), (),
+                        (Victim("p", "vm-9", "adm-p", None, 1000, NOW + timedelta(seconds=10)),),
+                        NOW + timedelta(seconds=20), NOW + timedelta(minutes=2), 30)
+    empty = count_world([node("n1", 4)])  # vm-9 stopped: its devices are gone
+    assert spent(first, [first, second], NOW) and not spent(second, [first, second], NOW)
+    # a nomination made after (for a VMI of the name created again once stopped) is not spent
+    later = replace(first, created=NOW + timedelta(seconds=30), expires=NOW + timedelta(minutes=3))
+    assert not spent(later, [later, second], NOW + timedelta(seconds=30))
+    assert nomination_holds([first, second], NOW, empty.devices_in) == (second.hold(),)
+    assert not spent(first, [first, second], NOW + timedelta(minutes=3))  # second expired
+    plan = sweep([first, second], NOW, lambda ns, name: None, empty.devices_in)
+    assert plan.drops == (Drop(first, "preempted"),) and [n.name for n, _ in plan.waiting] == ["z.vm-z"]
+    # vm-9 started again (its VM) and refused for room: a fresh nomination, not the spent one
+    devices, req = asking("vm-9", 4)
+    snap = count_world([node("n1", 4)], vm_set("a", "n1", 4, value=100), devices).with_nominations(
+        [first, second])
+    [action] = batch(snap, req)
+    assert not isinstance(action, Nominate) or action.nominated.nomination != first

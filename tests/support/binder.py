@@ -38,12 +38,13 @@ def fast_config(**overrides) -> BinderConfig:
 
 @asynccontextmanager
 async def running_binder(store: MemoryStore, config: BinderConfig | None = None,
-                         clock=None, observer=None) -> AsyncIterator[Binder]:
+                         clock=None, observer=None, nominations=None) -> AsyncIterator[Binder]:
     """A Binder running on `store` for the duration of the block; cancelled after it. Its
     clock is `clock`, else the event loop's (`LoopClock`: fake on fake time); `observer`,
-    when given, is the Binder's observer (metrics hooks)."""
+    when given, is the Binder's observer (metrics hooks); `nominations` its nomination
+    writer (§3c P4; None: it nominates nobody)."""
     binder = Binder(store, store, store, clock or LoopClock(), config or fast_config(),
-                    observer=observer)
+                    observer=observer, nominations=nominations)
     async with anyio.create_task_group() as tg:
         await tg.start(binder.run)
         try:
