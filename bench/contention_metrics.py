@@ -249,7 +249,7 @@ def inversions(trace: CTrace, log: LaneLog) -> list[dict]:
         ahead = []
         for w in log.waits:
             ws = sets[w.set_id]
-            if (ws.priority > s.priority and w.begin < at
+            if (ws.scored and ws.priority > s.priority and w.begin < at
                     and (w.decided is None or w.decided > at)
                     and dra_choice(free, ws.size) is not None
                     and all(dra_choice(f, ws.size) is None for f in after)):

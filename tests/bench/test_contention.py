@@ -134,6 +134,16 @@ def test_no_inversion_when_the_waiting_set_still_fits_once_the_run_took_its_gpus
     assert inversions(tr, log) == []
 
 
+def test_no_inversion_for_a_waiting_set_of_the_warm_up():
+    """The docstring's "scored set": a set that asked during the warm-up is not counted
+    (found by bench contention: a warm-up set in flight counted in lanes (a) and (c))."""
+    tr = trace_of((0, 8, ON_DEMAND, 50), (5, 1, PREEMPTIBLE, 50), warmup=1.0)
+    log = LaneLog(("n0",))
+    log.waits += [Wait(0, 0.0, None), Wait(1, 5.0, 6.0)]
+    log.runs.append(Run(1, "n0", (0,), 6.5, 50.0))
+    assert inversions(tr, log) == []
+
+
 # -- preemptions against the brute force -----------------------------------------------------
 
 def test_the_brute_force_takes_the_fewest_victims_that_free_a_whole_partition():
