@@ -222,7 +222,9 @@ def inversions(trace: CTrace, log: LaneLog) -> list[dict]:
     """P6's priority inversions: a run of a lower tier starting at `t` on node N while a
     scored set of a higher tier was waiting (it asked before the run's placement was
     decided and was not placed by then) whose size fits one whole partition of the GPUs
-    free on N just before the run took its own (those included): one entry per such run,
+    free on N just before the run took its own (those included) and that could start
+    nowhere once the run took them (P5's backfill, exactly: a set ahead that still fits
+    elsewhere, on N or another node, does not hold the run back): one entry per such run,
     {t, set, tier, node, waiting: [ids]}. The runs' devices are known from their claims'
     allocations, so a set admitted but not yet bound counts as free here."""
     sets = {s.id: s for s in trace.sets}
@@ -243,12 +245,14 @@ def inversions(trace: CTrace, log: LaneLog) -> list[dict]:
         s = sets[r.set_id]
         at = decided.get((r.set_id, r.start), r.taken)
         free = _ALL.difference(node)
+        after = [free.difference(r.gpus)] + [_ALL.difference(g) for n, g in used.items() if n != r.node]
         ahead = []
         for w in log.waits:
             ws = sets[w.set_id]
-            if (ws.priority > s.priority and w.begin < at
+            if (ws.scored and ws.priority > s.priority and w.begin < at
                     and (w.decided is None or w.decided > at)
-                    and dra_choice(free, ws.size) is not None):
+                    and dra_choice(free, ws.size) is not None
+                    and all(dra_choice(f, ws.size) is None for f in after)):
                 ahead.append(w.set_id)
         if ahead:
             out.append({"t": round(t, 2), "set": r.set_id, "tier": s.tier, "node": r.node,

@@ -45,7 +45,7 @@ from model.housekeeping_reasons import (AnotherIncarnation, CannotServe, ClassCo
                                         OrphanTemplate, Permitted, RefusalBeingRead,
                                         RequestRefused, Rule, ServesDevices, ServesUnits,
                                         UidRecorded, VmiDeleted, VmiExists, VmiNeverAppeared,
-                                        VmiNotYetSeen)
+                                        VmiNotYetSeen, YieldedTemplate)
 from model.types import Attachment, GPUClass, GPUDevice, Result, VMIKey
 
 
@@ -387,7 +387,9 @@ def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
       device: `recorded_links` reads it for the others), on each device when the attachment
       has no admission id.
     - A template device with no attachment is deleted when no VMI of its name exists and it
-      was created more than `grace` ago (an admission creates it just before attaching it).
+      was created more than `grace` ago (an admission creates it just before attaching it);
+      at once, when it is Bound and its VMI yielded (`yielded`, P4: a victim's re-created
+      VMI attached it and was refused, and the room is its preemptor's).
     `vmis` may be a plain set of live keys (no uids known). `now` is timezone-aware UTC.
     `answer_window`: how long a refused request is left to its webhook (`judge`, case 4).
     - KEPT (H4; `keeps`: class name → keepSetFor, `vms`: the VirtualMachines that exist,
@@ -437,6 +439,9 @@ def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
                                                att.admission, att.uid, ids))
         elif d.template_for is not None:
             if (d.namespace, d.template_for) in vmis.live:
+                continue
+            if (d.namespace, d.template_for) in yielded and d.bound_node is not None:
+                actions.append(DeleteTemplate(d.key, d.uid, Rule.H2, YieldedTemplate(d.template_for)))
                 continue
             if d.created_at is not None and now - d.created_at > grace:
                 age = int((now - d.created_at).total_seconds())

@@ -54,6 +54,7 @@ class HousekeepingCode(StrEnum):
     REFUSAL_BEING_READ = "refusal_being_read"
     UID_RECORDED = "uid_recorded"
     ORPHAN_TEMPLATE = "orphan_template"
+    YIELDED_TEMPLATE = "yielded_template"
     # a set kept for its VirtualMachine (H4)
     KEEP_NOT_KNOWN = "keep_not_known"
     KEEP_STARTS = "keep_starts"
@@ -198,6 +199,18 @@ class OrphanTemplate(HousekeepingReason):
 
     def render(self) -> str:
         return f"template device with no attachment, {self.age} s old"
+
+
+@dataclass(frozen=True, slots=True)
+class YieldedTemplate(HousekeepingReason):
+    """H2 (P4): a template device of VMI `vmi`, Bound, with no attachment, while `vmi` is a
+    victim of a live nomination: its room is its preemptor's, released without H1's grace."""
+    code: ClassVar[HousekeepingCode] = HousekeepingCode.YIELDED_TEMPLATE
+    vmi: str
+
+    def render(self) -> str:
+        return (f"template device of VMI {self.vmi}, which yielded to a preemptor, "
+                "with no attachment")
 
 
 # --- a set kept for its VirtualMachine (H4) ------------------------------------------------------

@@ -124,12 +124,14 @@ class Nomination:
 
 
 def admitted(nomination: Nomination, devices: Mapping[str, GPUDevice]) -> bool:
-    """True when the preemptor has a set admitted on the nominated node: a device of its
-    namespace (`devices`, by name) attached to its VMI, Bound on the node, its request
-    Succeeded. Its hold then counts nothing: the set's own devices count there."""
+    """True when the preemptor has a set admitted, on the nominated node or on any other: a
+    device of its namespace (`devices`, by name) attached to its VMI, Bound on a node, its
+    request Succeeded. Its hold then counts nothing: on its node the set's own devices count
+    there; on another node (room came free there first) the held room is nobody's, and the
+    nomination is dropped rather than left to expire."""
     for d in devices.values():
         att, br = d.status.attached_to, d.status.bind_request
-        if (att is not None and att.vmi == nomination.vmi and d.bound_node == nomination.node
+        if (att is not None and att.vmi == nomination.vmi and d.bound_node is not None
                 and br is not None and br.result is Result.SUCCEEDED):
             return True
     return False
@@ -191,8 +193,8 @@ class Stop:
 @dataclass(frozen=True, slots=True)
 class Drop:
     """Delete `nomination`: `why` is "expired" (its hold released), "admitted" (its
-    preemptor's set is admitted on its node) or "preempted" (its preemptor is a victim of
-    another live nomination: `spent`)."""
+    preemptor's set is admitted, on its node or another) or "preempted" (its preemptor is a
+    victim of another live nomination: `spent`)."""
 
     nomination: Nomination
     why: str

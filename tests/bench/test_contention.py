@@ -92,7 +92,8 @@ def test_gpu_hours_and_utilisation_count_what_ran():
 # -- inversions ---------------------------------------------------------------------------------
 
 def test_a_lower_tier_start_on_room_a_waiting_higher_tier_set_fits_is_an_inversion():
-    tr = trace_of((0, 2, ON_DEMAND, 50), (5, 1, PREEMPTIBLE, 50))
+    # the on-demand set (8 GPUs) fits the empty board now, and nowhere once the run took a GPU
+    tr = trace_of((0, 8, ON_DEMAND, 50), (5, 1, PREEMPTIBLE, 50))
     log = LaneLog(("n0",))
     log.waits += [Wait(0, 0.0, None), Wait(1, 5.0, 6.0)]
     log.runs.append(Run(1, "n0", (0,), 6.5, 50.0))
@@ -116,6 +117,31 @@ def test_no_inversion_when_the_higher_tier_set_does_not_fit_or_asked_later_or_is
     log2.waits += [Wait(0, 0.0, 1.0), Wait(1, 2.0, None)]
     log2.runs.append(Run(0, "n0", (0,), 3.0, 9.0))
     assert inversions(tr2, log2) == []
+
+
+def test_no_inversion_when_the_waiting_set_still_fits_once_the_run_took_its_gpus():
+    """P5's backfill, exactly (docs/contract.md): a set ahead that can still be placed
+    once the run's placement is carried out, on the same board or another, does not hold
+    the run back. Found by bench contention: a 1-GPU victim's freed GPU taken beside the
+    preemptor's nominated one was counted as an inversion."""
+    tr = trace_of((0, 2, ON_DEMAND, 50), (5, 1, PREEMPTIBLE, 50), nodes=2)
+    log = LaneLog(("n0", "n1"))
+    log.waits += [Wait(0, 0.0, None), Wait(1, 5.0, 6.0)]
+    log.runs.append(Run(1, "n0", (0,), 6.5, 50.0))
+    assert inversions(tr, log) == []
+    # n0 full but for the run's GPU, n1 free: the 2-GPU set still fits on n1
+    log.runs.append(Run(1, "n0", tuple(range(1, 8)), 1.0, 60.0))
+    assert inversions(tr, log) == []
+
+
+def test_no_inversion_for_a_waiting_set_of_the_warm_up():
+    """The docstring's "scored set": a set that asked during the warm-up is not counted
+    (found by bench contention: a warm-up set in flight counted in lanes (a) and (c))."""
+    tr = trace_of((0, 8, ON_DEMAND, 50), (5, 1, PREEMPTIBLE, 50), warmup=1.0)
+    log = LaneLog(("n0",))
+    log.waits += [Wait(0, 0.0, None), Wait(1, 5.0, 6.0)]
+    log.runs.append(Run(1, "n0", (0,), 6.5, 50.0))
+    assert inversions(tr, log) == []
 
 
 # -- preemptions against the brute force -----------------------------------------------------

@@ -183,3 +183,25 @@ def test_P4_a_set_that_yielded_to_a_preemptor_is_released_not_kept():
     assert v.state is State.GONE and v.reason == VmiDeleted("vm1", "vmi-u1")
     other = plan([a, b], VMIs(), T0, GRACE, keeps=KEEPS, vms=vms(), yielded=frozenset({("t1", "vm2")}))
     assert [type(x) for x in other] == [KeepAttachment, KeepAttachment]
+
+
+def test_P4_a_victims_template_left_without_attachment_is_deleted_at_once():
+    """Found by bench contention: a victim's VMI re-created at once under its name found its
+    old template devices (their names are deterministic), attached them, was refused (W5
+    cleared the attachments) and left them Bound, with no attachment, until H1's grace from
+    their creation ran out: its preemptor's room stayed taken for ~20 s. While the set
+    yields (a live nomination names it) they are released at once; a fresh template (not
+    Bound yet, an admission in flight) and another set's keep their grace."""
+    from dataclasses import replace
+    from model.housekeeping_reasons import YieldedTemplate
+    left = replace(dev("vm1-h100-0"), status=replace(dev("vm1-h100-0").status, attached_to=None),
+                   created_at=T0 - timedelta(seconds=10))
+    yielded = frozenset({("t1", "vm1")})
+    [got] = plan([left], VMIs(), T0, GRACE, yielded=yielded)
+    assert isinstance(got, DeleteTemplate) and got.rule is Rule.H2
+    assert got.reason == YieldedTemplate("vm1")
+    assert plan([left], VMIs(), T0, GRACE) == []
+    fresh = replace(left, status=DeviceStatus())
+    assert plan([fresh], VMIs(), T0, GRACE, yielded=yielded) == []
+    # a VMI of its name exists (an admission of the new incarnation in flight): left to it
+    assert plan([left], running(uid="vmi-u2", admission="a2"), T0, GRACE, yielded=yielded) == []

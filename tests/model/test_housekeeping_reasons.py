@@ -29,6 +29,8 @@ UNTIL = datetime(2026, 11, 30, 8, 30, tzinfo=timezone.utc)
      "the request of VMI vm-a was refused; its webhook may still be reading the answer"),
     (r.UidRecorded(), "VMI seen: its uid recorded"),
     (r.OrphanTemplate(500), "template device with no attachment, 500 s old"),
+    (r.YieldedTemplate("vm-a"),
+     "template device of VMI vm-a, which yielded to a preemptor, with no attachment"),
     (r.KeepNotKnown("vm1"),
      "VMI vm1 is gone; whether VirtualMachine vm1 keeps its set is not known yet"),
     (r.KeepStarts("vm1", 1800), "VMI vm1 is gone; VirtualMachine vm1 keeps its set for 1800 s"),

@@ -468,3 +468,17 @@ def test_P6_a_preemptor_stopped_as_a_victim_of_another_nomination_holds_nothing_
         [first, second])
     [action] = batch(snap, req)
     assert not isinstance(action, Nominate) or action.nominated.nomination != first
+
+
+def test_a_preemptor_admitted_on_another_node_drops_its_nomination_and_its_hold():
+    """Found by bench contention: a preemptor whose room came free elsewhere first started
+    there, and its nomination held the nominated node's devices for nobody until it expired."""
+    from model.nomination import sweep
+    live = sample()
+    assert live.node == "n1"
+    elsewhere = {d.name: d for d in vm_set("vm-9", "n2", 4, ns="p", value=1000)}
+    devices_in = lambda ns: elsewhere if ns == "p" else {}  # noqa: E731
+    vmis = {("t", "a"): ("uid-a", "adm-a"), ("t", "b"): ("uid-b", "adm-b")}
+    plan = sweep([live], NOW, lambda ns, n: vmis.get((ns, n)), devices_in)
+    assert plan.stops == () and [(d.nomination.vmi, d.why) for d in plan.drops] == [("vm-9", "admitted")]
+    assert nomination_holds([live], NOW, devices_in) == ()
