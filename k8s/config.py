@@ -331,7 +331,8 @@ class Config:
                 shown = flag(key) if source == "flags" else (
                     "GPU_BINDER_" + key.upper() if source == "environment" else raw_key)
                 what = {int: "a whole number", float: "a number"}.get(kind, kind.__name__)
-                raise ValueError(f"{source}: {shown}: not {what}: {value!r}") from None
+                where = "" if source == "flags" else f"{source}: "  # a flag names itself
+                raise ValueError(f"{where}{shown}: not {what}: {value!r}") from None
             setattr(out, key, value)
         return out
 

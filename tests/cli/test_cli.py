@@ -76,7 +76,7 @@ def test_controller_bad_setting_names_the_flag(capsys):
     assert err.startswith("gpu-binder controller: bad configuration: --bind-timeout: "
                           "must be at most 21 s")
     assert main(["webhook", "--lease-duration", "soon"]) == 2
-    assert "flags: --lease-duration: not a number: 'soon'" in capsys.readouterr().err
+    assert "bad configuration: --lease-duration: not a number: 'soon'" in capsys.readouterr().err
 
 
 def test_tools_errors_name_the_flag(capsys, tmp_path):

@@ -48,7 +48,7 @@ def test_flags_beat_environment_beat_file(tmp_path):
 
 @pytest.mark.parametrize("flags, message", [
     ({"raw_resource_names": "maybe"}, "--raw-resource-names: must be 'allowed' or 'denied'"),
-    ({"bind_timeout": "soon"}, "flags: --bind-timeout: not a number: 'soon'"),
+    ({"bind_timeout": "soon"}, "--bind-timeout: not a number: 'soon'"),
     ({"bind_timeout": "200"}, "--bind-timeout: must be at most 21 s"),
     ({"bind_timeout": "20", "attachment_grace": "15"},
      "--bind-timeout: must be shorter than --attachment-grace"),
@@ -240,5 +240,5 @@ def test_P5_line_reserve_after_reaches_the_coordinator_and_a_bad_value_is_one_cl
                          ).coordinator.line.reserve_after == timedelta(0)
     with pytest.raises(ValueError, match=r"^--line-reserve-after: must be >= 0 seconds, got -1\.0$"):
         load(None, env={}, flags={"webhook_port": "0", "line_reserve_after": "-1"})
-    with pytest.raises(ValueError, match=r"^flags: --line-reserve-after: not a number: 'soon'$"):
+    with pytest.raises(ValueError, match=r"^--line-reserve-after: not a number: 'soon'$"):
         load(None, env={}, flags={"webhook_port": "0", "line_reserve_after": "soon"})
