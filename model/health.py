@@ -31,6 +31,7 @@ from enum import Enum
 from typing import Any, Iterable, Mapping
 
 from model.device.dra import DeviceRef
+from model.serialize import parse_time
 from model.types import GPUClass, GPUDevice
 
 DEFAULT_FAILED_STARTS = 3
@@ -109,15 +110,6 @@ def _deleting(obj: Mapping[str, Any]) -> bool:
     return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
 
-def _stamp(value: Any) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def _ever_running(vmi: Mapping[str, Any]) -> bool:
     status = vmi.get("status") or {}
     if status.get("phase") == "Running":
@@ -129,7 +121,7 @@ def _ever_running(vmi: Mapping[str, Any]) -> bool:
 def _failed_at(vmi: Mapping[str, Any]) -> datetime | None:
     for t in (vmi.get("status") or {}).get("phaseTransitionTimestamps") or ():
         if isinstance(t, dict) and t.get("phase") == "Failed":
-            return _stamp(t.get("phaseTransitionTimestamp"))
+            return parse_time(t.get("phaseTransitionTimestamp"))
     return None
 
 

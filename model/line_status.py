@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping
 
 from model.line import MAX_AHEAD_SHOWN, Entry, Identity, Line
 from model.reasons import InLine, LinePlace, Waiter
-from model.serialize import format_time
+from model.serialize import format_time, parse_time
 
 SHOWN = 20
 """The most sets a class's `status.line` lists (head first); `length` counts them all."""
@@ -110,16 +110,6 @@ def line_to_status(summary: ClassLine) -> dict:
             "entries": entries}
 
 
-def _time(value: Any) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return when if when.tzinfo is not None else None
-
-
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -146,7 +136,7 @@ def parse_line_status(class_name: str, value: Any) -> ClassLine | None:
     that do not parse are left out."""
     if not isinstance(value, Mapping):
         return None
-    length, oldest = _int(value.get("length")), _time(value.get("oldestSince"))
+    length, oldest = _int(value.get("length")), parse_time(value.get("oldestSince"))
     if length is None or length < 1 or oldest is None:
         return None
     shown = []
@@ -154,7 +144,7 @@ def parse_line_status(class_name: str, value: Any) -> ClassLine | None:
         if not isinstance(raw, Mapping):
             continue
         pos, prio, gpus, since = (_int(raw.get("position")), _int(raw.get("priority")),
-                                  _int(raw.get("gpus")), _time(raw.get("since")))
+                                  _int(raw.get("gpus")), parse_time(raw.get("since")))
         ns, name, kind = raw.get("namespace"), raw.get("name"), raw.get("kind")
         if (pos is None or prio is None or gpus is None or since is None
                 or not isinstance(ns, str) or not isinstance(name, str)):

@@ -38,6 +38,19 @@ def format_time(when: datetime) -> str:
     return when.strftime(fmt)
 
 
+def parse_time(value: Any) -> datetime | None:
+    """The inverse of `format_time` as read from an object the API server or a tenant wrote:
+    an RFC 3339 string with its offset ('Z' or "+hh:mm") as an aware datetime; None for
+    anything else (not a string, empty, unparsable, or without an offset). Never raises."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else None
+
+
 def device_status_to_dict(status: DeviceStatus) -> dict:
     """`status` as the API's camelCase dict (the inverse of the status part of
     `parse_gpu_device`): RFC 3339 'Z' times, None fields and empty nodeSelectors omitted. A

@@ -26,6 +26,7 @@ from model.line import Allowed, Entry, Identity, Line, LineSettings, entry, may_
 from model.parse import ParseError, parse_tolerations, parse_vmi_request
 from model.priority import DEFAULT_PRIORITY, Priority, resolve_priority
 from model.reasons import Code, Reason
+from model.serialize import parse_time
 from model.snapshot import Snapshot
 from model.types import Result
 from model.vm import CONDITION, Waiting, asks_gpus, reason_name, vmi_of_vm, wants_vmi
@@ -85,21 +86,11 @@ def refused_since(vm: Mapping[str, Any]) -> datetime | None:
     conds = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
     for c in conds:
         if c.get("type") == CONDITION and c.get("status") == "False":
-            return _stamp(c.get("lastTransitionTime"))
+            return parse_time(c.get("lastTransitionTime"))
     for c in conds:
         if c.get("type") == "Failure" and c.get("reason") == "FailedCreate" and c.get("status") == "True":
-            return _stamp(c.get("lastTransitionTime"))
+            return parse_time(c.get("lastTransitionTime"))
     return None
-
-
-def _stamp(value: Any) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return when if when.tzinfo is not None else None
 
 
 def vm_entries(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], plan: Sequence[Waiting], *,
