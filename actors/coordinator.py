@@ -326,7 +326,7 @@ class Coordinator(Actor):
         entries: list[Placing | _Answer] = []
         targets: dict[RequestKey, Placement] = {}  # of the fallbacks (others: their first)
         snap = self._view.snapshot()
-        holds = [h for h in flights.holds if not h.empty] + self._unrecorded(
+        holds = flights.holds_in(snap.devices.get) + self._unrecorded(
             snap, [*((ns, rid) for ns, rid, _ in fresh), *again])
         if again:
             holds += self._plan_fall_backs(again, snap, holds, started, flights, wave, entries, targets)
@@ -609,7 +609,7 @@ class Coordinator(Actor):
         reserve every move on its target node actor, hand them to the pipeline."""
         flights = await self._flights()
         snap = self._view.snapshot()
-        holds = [h for h in flights.holds if not h.empty]
+        holds = flights.holds_in(snap.devices.get)
         # P4, P6: nominated room is nobody else's, not even a move's
         holds += [h for h in nomination_holds(snap.nominations, self._clock.now(), snap.devices_in)
                   if not h.empty] + self._unrecorded(snap)

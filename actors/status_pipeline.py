@@ -44,7 +44,7 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import anyio
 import structlog
@@ -68,7 +68,7 @@ from model.decide import Request
 from model.hold import Hold, outstanding
 from model.nomination import Nomination
 from model.reasons import Code
-from model.types import DeviceKey, RequestKey, Result
+from model.types import DeviceKey, GPUDevice, RequestKey, Result
 
 _log = structlog.get_logger("gpu_binder.status_pipeline")
 
@@ -140,6 +140,26 @@ class Flights:
     holds: tuple[Hold, ...]
     running: frozenset[RequestKey]
     stalled: frozenset[RequestKey]
+    attempted: tuple[frozenset[DeviceKey] | None, ...] = ()
+    """Per hold (same order), the placement writes its flight attempted once its writes
+    stopped (`outstanding`'s filter), None while they run (or for a move)."""
+
+    def holds_in(self, device: Callable[[DeviceKey], GPUDevice | None]) -> list[Hold]:
+        """The non-empty holds as a later reading of the view shows them (`device`: the
+        snapshot the caller decides on): a member that reading shows landed holds no longer
+        (`model.hold.outstanding` applied again). B3: the coordinator asks for the flights
+        and then takes its snapshot, so a member seen Bound in between would otherwise be
+        counted twice, as Bound and as held (a tenant at its budget's edge refused for a
+        slot it has; issue 39's CI run: "198 bound + 2 being bound of 200" for 199 VMIs).
+        Pruning only drops flights the view already caught up with, so the later reading
+        shows those too: nothing is counted less than once."""
+        out = []
+        for i, hold in enumerate(self.holds):
+            attempted = self.attempted[i] if i < len(self.attempted) else None
+            left = outstanding(hold, device, attempted=attempted)
+            if not left.empty:
+                out.append(left)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,15 +331,17 @@ class StatusPipeline(Actor):
     def flights(self) -> Flights:
         """`Flights` now (see `GetFlights`)."""
         self._prune()
-        holds = []
+        holds, attempted = [], []
         for flight in self._flights.values():
             left = self._outstanding(flight)
             if left is not None and not left.empty:
                 holds.append(left)
+                attempted.append(self._attempted(flight))
         return Flights(
             tuple(holds),
             frozenset(k for k, f in self._flights.items() if f.running),
             frozenset(k for k, f in self._flights.items() if f.stalled),
+            tuple(attempted),
         )
 
     def status(self) -> PipelineStatus:
@@ -416,6 +438,13 @@ class StatusPipeline(Actor):
             except (MailboxFull, ActorStopped):
                 pass
 
+    @staticmethod
+    def _attempted(flight: _Flight) -> frozenset[DeviceKey] | None:
+        """`outstanding`'s `attempted` filter for `flight` (see `_outstanding`)."""
+        if flight.decided.moving_from is not None or flight.running or flight.stalled:
+            return None
+        return frozenset(flight.written)
+
     def _outstanding(self, flight: _Flight) -> Hold | None:
         """What `flight` still holds (`model.hold.outstanding`; None: nothing lands). Once
         its writes stopped, only placement writes it attempted and the view does not show
@@ -431,7 +460,7 @@ class StatusPipeline(Actor):
             if finished and flight.withdrawn:
                 return None
             return outstanding(hold, self._view.device)
-        return outstanding(hold, self._view.device, attempted=flight.written if finished else None)
+        return outstanding(hold, self._view.device, attempted=self._attempted(flight))
 
     def _writes(self, d: Decided) -> tuple[list[StatusWrite], frozenset[DeviceKey]]:
         """One write per member of `d` not answered yet, read from the view now: the node,

@@ -168,3 +168,38 @@ async def test_B3_a_stalled_flight_keeps_its_whole_hold_and_the_coordinator_is_t
     # the failed binds may have applied (ambiguous errors): held until the view says
     assert settled.holds == (hold,) and not settled.stalled and not settled.running
     assert gone.holds == () and left == 0
+
+
+async def test_B3_a_member_seen_bound_after_the_flights_were_asked_is_not_counted_twice() -> None:
+    """The coordinator asks for the flights and then takes its snapshot: a write seen in
+    between shows the member Bound in the snapshot while the flights still hold its budget
+    slot. `Flights.holds_in(snapshot)` counts it once (was: twice, "198 bound + 2 being
+    bound of 200" for 199 VMIs, a refusal of a slot the tenant has)."""
+    s = store()
+    for name in ("a", "b"):
+        s.add_device("t", name, "h100")
+    rid = s.request("t", "vm", ["a", "b"])
+    release = anyio.Event()
+    write_many = s.write_many
+
+    async def held_back(writes):
+        await release.wait()
+        return await write_many(writes)
+
+    s.write_many = held_back  # type: ignore[method-assign]
+    nodes = Nodes()
+    async with anyio.create_task_group() as tg:
+        inbox, _ = await spawn(tg, Inbox)
+        pipe, _ = await spawn(tg, lambda: StatusPipeline(s, s, nodes, LoopClock(), FAST))
+        d, _ = decided(s, rid)
+        await pipe.ask(Attach("owner-1", inbox))
+        await pipe.ask(Fly("owner-1", (d,)))
+        flights = await pipe.ask(GetFlights())  # asked while the writes are held back
+        release.set()
+        await eventually(lambda: s.tenant_bound("t", H100) == 2, what="both members Bound")
+        snap = s.snapshot()  # taken after: shows the writes
+        tg.cancel_scope.cancel()
+    assert [h.budget_needs for h in flights.holds] == [((H100, 2),)]
+    assert snap.with_reservations(flights.holds).tenant_counts("t", H100) == (2, 2)  # the race
+    assert flights.holds_in(snap.devices.get) == []
+    assert snap.with_reservations(flights.holds_in(snap.devices.get)).tenant_counts("t", H100) == (2, 0)
