@@ -79,10 +79,10 @@ FIELD_HELP: dict[str, str] = {
                            "it is denied 429 (retryable); below --bind-timeout; 0: no cap of "
                            "its own (a turn is waited for during the first three quarters "
                            "of --bind-timeout)",
-    "webhook_template_wait": "seconds an admission waits at most for its informer to show a "
-                             "template device it just created (W3 (1); woken by the "
-                             "informer's event, within the review's deadline), then goes on "
-                             "(its attachment reads the device from the API server)",
+    "webhook_template_wait": "deprecated, no effect: an admission no longer waits for its "
+                             "informer to show a template device it created (W3 (2) writes "
+                             "the object the create returned); still accepted (> 0) so "
+                             "existing flags and environments keep working",
     "webhook_record_wait": "seconds an admission in device mode waits at most, once the "
                            "binder answered, for its informer to show the set's device "
                            "records (DR5; woken by the informer's events) before it is "
@@ -191,7 +191,7 @@ class Config:
     webhook_tenant_concurrency: int = 4      # of them, per tenant (namespace)
     webhook_tenant_queue: int = 0            # waiting for a turn, per tenant (0: no limit)
     webhook_tenant_wait: float = 0.0         # seconds a turn is waited for (0: the deadline)
-    webhook_template_wait: float = TEMPLATE_WAIT  # W3 (1), within the review's deadline
+    webhook_template_wait: float = TEMPLATE_WAIT  # deprecated: no effect (W3 (1) waits no more)
     webhook_record_wait: float = RECORD_WAIT  # DR5 (0: the review's deadline)
     webhook_keepalive_reviews: int = 100     # per connection, then Connection: close
     metrics_port: int = 8080                 # /healthz, /readyz, /metrics; 0: none

@@ -182,8 +182,7 @@ class Controller:
         grace = timedelta(seconds=cfg.attachment_grace)
         client = KubeClient(api, timeout=5.0)
         admission = VMIAdmission(client, cache, bind_timeout=cfg.bind_timeout, grace=grace,
-                                 gate=tenant_gate(cfg), template_wait=cfg.webhook_template_wait,
-                                 record_wait=cfg.webhook_record_wait,
+                                 gate=tenant_gate(cfg), record_wait=cfg.webhook_record_wait,
                                  preemption=binder_config(cfg).coordinator.preemption)
         self.elector = LeaderElector(client, cfg.identity, lease_config(cfg))
         metrics = Metrics(self.observed, admission)

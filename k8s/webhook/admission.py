@@ -30,7 +30,7 @@ from k8s.webhook.fairness import Busy, EventBudget, TenantGate
 from k8s.webhook.review import Category, Denial, Review, reason_denial, refusal_denial
 from k8s.webhook.steps import Attempt, Denied, Written
 from k8s.webhook.transport import allow, deny, patch_response
-from k8s.webhook.waiter import RECORD_WAIT, TEMPLATE_WAIT, ResultWaiter, until
+from k8s.webhook.waiter import RECORD_WAIT, ResultWaiter, until
 from model.admission import (AdmissionPlan, Refusal, already_admitted, budget_in_flight, check,
                              effective_resources, kept_conflict, node_selector_of,
                              same_name_conflict, template_name, unpermitted_gpu_entries, vm_owner)
@@ -64,17 +64,15 @@ class VMIAdmission:
     """Handles VMI CREATE reviews. `bind_timeout` (seconds) bounds steps 1–4 of W3; `grace`
     is `attachmentGrace`; `clock` returns aware UTC time; `client`'s timeout bounds each API
     call; `gate` (None: unbounded) gives each tenant its fair share of concurrent admissions
-    past W1's checks on the cache; `template_wait` and `record_wait` (seconds,
-    `--webhook-template-wait`/`--webhook-record-wait`) bound the waits on the cache for a
-    template device this call created and for a device-mode set's records, each also ended
-    by the review's deadline (`record_wait` 0: by the deadline alone). `admitted`/`denied`
+    past W1's checks on the cache; `record_wait` (seconds, `--webhook-record-wait`) bounds
+    the wait on the cache for a device-mode set's records, also ended by the review's
+    deadline (0: by the deadline alone). `admitted`/`denied`
     count answers, `rejected`
     W1 refusals and turns refused by the gate per (namespace, code) (for metrics)."""
 
     def __init__(self, client: KubeClient, cache: ClusterCache, *, bind_timeout: float,
                  grace: timedelta, clock: Callable[[], datetime] | None = None,
-                 gate: TenantGate | None = None, template_wait: float = TEMPLATE_WAIT,
-                 record_wait: float = RECORD_WAIT,
+                 gate: TenantGate | None = None, record_wait: float = RECORD_WAIT,
                  preemption: NominationSettings = NominationSettings()) -> None:
         self.api = steps.Api(client)
         self.preemption = preemption  # P4: a set W1 refuses for room that would be nominated goes on
@@ -84,7 +82,6 @@ class VMIAdmission:
         self.now = clock or (lambda: datetime.now(timezone.utc))
         self.waiter = ResultWaiter(cache)
         self.gate = gate
-        self.template_wait = template_wait
         self.record_wait = record_wait
         self.events = EventBudget()
         self.admitted = 0
@@ -326,7 +323,7 @@ class VMIAdmission:
             raise Denied.of(refusal_denial(refusal))
         # unique to this call: keys its attachments and clean-up, and is its request's id
         attempt = Attempt(ns, vmi, uuid.uuid4().hex, now, vmis, self.grace, self.now, owner,
-                          deadline, self.template_wait)
+                          deadline)
         return _Judged(plan, selector, snap, attempt)
 
     async def _reserve(self, review: Review, judged: _Judged,
@@ -338,11 +335,10 @@ class VMIAdmission:
         Denied (or the cancellation) goes on."""
         attempt, plan = judged.attempt, judged.plan
         written = Written()
-        view = self.cache.view
         try:
-            await steps.create_templates(self.api, view, attempt, plan.templates, written)
+            await steps.create_templates(self.api, attempt, plan.templates, written)
             request = steps.request_body(attempt, plan, judged.selector, review.tolerations)
-            await steps.attach_all(self.api, view, attempt, request, plan, written)
+            await steps.attach_all(self.api, attempt, request, plan, written)
             node = await steps.wait_result(self.waiter, attempt, plan.devices,
                                            max(0.5, deadline - anyio.current_time()),
                                            self.bind_timeout)

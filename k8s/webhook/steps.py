@@ -17,11 +17,10 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import anyio
 import structlog
-from actors.view import IndexedView
 from k8s import errors
 from k8s.client import GPU_DEVICES, RESOURCE_CLAIMS, VMIS, KubeClient, Resource
 from k8s.webhook.review import Denial, reason_denial
-from k8s.webhook.waiter import TEMPLATE_WAIT, ResultWaiter, until
+from k8s.webhook.waiter import ResultWaiter
 from model.admission import AdmissionPlan, attachment_is_live, effective_resources, vmi_patch
 from model.claim import (Claim, ClaimMember, build_claim, claim_vmi_patch, members_of,
                          parse_claim, same_spec, stamp_ops)
@@ -120,9 +119,14 @@ class Api:
         except errors.AlreadyExists:
             return False
 
-    async def create_device(self, ns: str, body: dict) -> bool:
-        """Create a GPUDevice; False when one of that name already exists."""
-        return await self._create_if_absent(GPU_DEVICES, ns, body, "template GPUDevice")
+    async def create_device(self, ns: str, body: dict) -> dict | None:
+        """Create a GPUDevice: the object created (its resourceVersion the one a following
+        write tests), or None when one of that name already exists."""
+        try:
+            return await self.client.create(GPU_DEVICES, ns, body,
+                                            what=f"create template GPUDevice {ns}/{body['metadata']['name']}")
+        except errors.AlreadyExists:
+            return None
 
     async def delete_device(self, ns: str, name: str, uid: str, resource_version: str) -> None:
         """Delete the device if it is still the object read (uid and resourceVersion
@@ -191,9 +195,6 @@ class Attempt:
     deadline: float = math.inf
     """The review's deadline (loop time, `anyio.current_time`): every wait of the steps ends
     by it."""
-    template_wait: float = TEMPLATE_WAIT
-    """Seconds W3 (1) waits at most for the informer to show a template device it created
-    (`--webhook-template-wait`)."""
 
     def attachment(self) -> dict[str, str]:
         """The `attachedTo` this call writes (with `owner`, H4, when the VMI has one)."""
@@ -213,6 +214,9 @@ class Written:
     attached: list[str] = field(default_factory=list)
     claim: str | None = None
     """The ResourceClaim this call created (DR5), set before the create is awaited."""
+    made: dict[str, dict] = field(default_factory=dict)
+    """The template devices this call created, by name, as the create returned them: W3 (2)
+    writes each on that object (its resourceVersion tested) instead of reading it again."""
 
 
 # -- W1: the live read ------------------------------------------------------------------
@@ -262,38 +266,32 @@ async def take_over(api: Api, attempt: Attempt, plan: AdmissionPlan, snap: Snaps
 
 # -- W3 (1): templates ------------------------------------------------------------------
 
-async def create_template(api: Api, view: IndexedView, ns: str, vmi: str, name: str,
-                          class_name: str, wait: float = TEMPLATE_WAIT,
-                          deadline: float = math.inf) -> bool:
-    """W3 (1): create template device `name` of `class_name` for `vmi` and wait (at most
-    `wait` seconds after the create, and not past `deadline`, loop time; woken by `view`'s
-    change of that device, never polling) until `view` (the device informer's) shows it;
-    then the admission goes on regardless (the attachment reads the device live). False
-    when it already existed (a retry of ours made it: found in place, W4). Raises
-    errors.ApiError."""
+async def create_template(api: Api, ns: str, vmi: str, name: str, class_name: str) -> dict | None:
+    """W3 (1): create template device `name` of `class_name` for `vmi`; the object created,
+    or None when it already existed (a retry of ours made it: found in place, W4). No wait
+    for the informer: the attachment is written on the object the create returned (its
+    resourceVersion tested), and the informer delivers the create before that write to every
+    watcher. Raises errors.ApiError."""
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUDevice",
             "metadata": {"name": name, "namespace": ns, "labels": {TEMPLATE_FOR_LABEL: vmi}},
             "spec": {"class": class_name}}
-    if not await api.create_device(ns, body):
-        return False
-    key = (ns, name)
-    await until(view, lambda: view.device(key), min(wait, deadline - anyio.current_time()),
-                relevant=lambda change: change == ("device", key))
-    return True
+    return await api.create_device(ns, body)
 
 
-async def create_templates(api: Api, view: IndexedView, attempt: Attempt,
+async def create_templates(api: Api, attempt: Attempt,
                            templates: Sequence[tuple[str, str]], written: Written) -> None:
     """W3 (1): every template (name, class) of the plan is created (AlreadyExists: found in
     place), never skipped on the cache's word: housekeeping may just have deleted an older
     incarnation's. Each is recorded in `written.created` before its write, and removed when
-    it was found in place."""
+    it was found in place; each made is kept in `written.made` for W3 (2)."""
     written.created.extend(name for name, _ in templates)
 
     async def one(item: tuple[str, str]) -> None:
-        if not await create_template(api, view, attempt.namespace, attempt.vmi, *item,
-                                     attempt.template_wait, attempt.deadline):
+        made = await create_template(api, attempt.namespace, attempt.vmi, *item)
+        if made is None:
             written.created.remove(item[0])
+        else:
+            written.made[item[0]] = made
     await each(one, list(templates))
 
 
@@ -353,22 +351,24 @@ def attach_ops(raw: dict, attempt: Attempt, request: Mapping[str, Any]) -> list[
     return ops
 
 
-async def attach(api: Api, view: IndexedView, attempt: Attempt, request: Mapping[str, Any],
-                 name: str, template_class: str | None, written: Written) -> None:
+async def attach(api: Api, attempt: Attempt, request: Mapping[str, Any], name: str,
+                 template_class: str | None, written: Written) -> None:
     """W3 (2) and (3) in one write on device `name`: `attachedTo` {vmi, since, admission}
     and the `bindRequest` `request`, with optimistic concurrency, judged on the object just
-    read (`_judge_read`). A version test that failed, a conflict or a vanished object is
-    re-read and re-judged, at most `ATTACH_TRIES` times; a write refused on an unchanged
-    object is denied. A template device deleted meanwhile (housekeeping releasing an older
-    incarnation of the name: `template_class` given) is re-created. Raises Denied, or
-    errors.ApiError."""
+    read (`_judge_read`), or first on the object this call's create returned
+    (`written.made`: nothing can be newer but a write since, which the resourceVersion test
+    catches). A version test that failed, a conflict or a vanished object is re-read and
+    re-judged, at most `ATTACH_TRIES` times; a write refused on an unchanged object is
+    denied. A template device deleted meanwhile (housekeeping releasing an older incarnation
+    of the name: `template_class` given) is re-created. Raises Denied, or errors.ApiError."""
     refused: tuple[str, str] | None = None  # (version, why) of a write the server refused
+    raw = written.made.pop(name, None)
     for _ in range(ATTACH_TRIES):
-        raw = await api.get_device(attempt.namespace, name)
+        if raw is None:
+            raw = await api.get_device(attempt.namespace, name)
         if raw is None and template_class is not None:
-            if await create_template(api, view, attempt.namespace, attempt.vmi, name,
-                                     template_class, attempt.template_wait, attempt.deadline) \
-                    and name not in written.created:
+            raw = await create_template(api, attempt.namespace, attempt.vmi, name, template_class)
+            if raw is not None and name not in written.created:
                 written.created.append(name)
             continue
         if raw is None:
@@ -386,17 +386,18 @@ async def attach(api: Api, view: IndexedView, attempt: Attempt, request: Mapping
             refused = (version, err.message)
         except (errors.Conflict, errors.NotFound):
             pass  # re-read and re-judge
+        raw = None
     raise Denied(DeviceKeptChanging(name))
 
 
-async def attach_all(api: Api, view: IndexedView, attempt: Attempt,
-                     request: Mapping[str, Any], plan: AdmissionPlan, written: Written) -> None:
+async def attach_all(api: Api, attempt: Attempt, request: Mapping[str, Any], plan: AdmissionPlan,
+                     written: Written) -> None:
     """W3 (2) and (3) on every device of the plan (recorded in `written.attached` first): the
     request is complete, and acted on by the binder, only once every member carries it."""
     classes = dict(plan.templates)
     written.attached.extend(plan.devices)
-    await each(lambda name: attach(api, view, attempt, request, name, classes.get(name),
-                                   written), plan.devices)
+    await each(lambda name: attach(api, attempt, request, name, classes.get(name), written),
+               plan.devices)
 
 
 # -- W3 (4): the binder's result --------------------------------------------------------

@@ -1,6 +1,6 @@
 """An admission's waits on the informer cache, never polls: for the binder's results (W3
 step 4, `ResultWaiter`), and for the cache to show what the webhook wrote or what the binder
-recorded (`until`: a template device it created, W3 (1); a device-mode set's records, DR5).
+recorded (`until`: a device-mode set's records, DR5).
 Each is woken by the cache's change notifications and bounded by the review's deadline."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 TEMPLATE_WAIT = 5.0
-"""Seconds W3 (1) waits at most for the informer to show a template device the webhook just
-created (within the review's deadline); `--webhook-template-wait` sets it."""
+"""The default of the deprecated `--webhook-template-wait` (no effect: W3 (1) no longer waits
+for the informer to show a template device it created; W3 (2) writes the created object)."""
 RECORD_WAIT = 0.0
 """Seconds an admission waits at most, after the binder's Succeeded, for the informer to show
 its device-mode set's device records (DR5); 0: until the review's deadline, as before.

@@ -85,7 +85,7 @@ def world() -> MemoryStore:
 
 
 def admission(store: MemoryStore, client: ScriptedClient, monkeypatch, bodies: list) -> VMIAdmission:
-    async def attached(api, view, attempt, request, plan, written) -> None:
+    async def attached(api, attempt, request, plan, written) -> None:
         bodies.append(request)  # W3 (2)/(3): the bindRequest every member gets
 
     async def succeeded(*a, **k) -> str:  # W3 (4): the binder answered Succeeded on n1

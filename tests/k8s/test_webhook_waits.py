@@ -1,5 +1,4 @@
-"""The webhook's waits on its cache (`k8s.webhook.waiter.until`; W3 (1)'s template device,
-`steps.create_template`; DR5's records, `VMIAdmission._wire`) on the in-memory store and fake
+"""The webhook's waits on its cache (`k8s.webhook.waiter.until`; DR5's records, `VMIAdmission._wire`) on the in-memory store and fake
 time: a wait is judged once, then again only when a change it names comes — it ends at the
 very moment of that change, not at the next tick of a timer — and it gives up exactly at its
 bound. A change made between the judgement and the wait is not lost, and no wait leaves a
@@ -136,39 +135,56 @@ async def test_a_cancelled_wait_leaves_no_subscription():
     assert probe.calls == 1
 
 
-# -- W3 (1): the template device this call created -----------------------------------------
+# -- W3 (1)-(2): the template device this call created is written as the create returned it ---
 
-async def test_W3_a_template_wait_ends_when_the_informer_shows_the_device():
-    store = MemoryStore()
-    client = ScriptedClient()
+def _made(name: str, version: str) -> dict:
+    return {"apiVersion": "gpu.cozystack.io/v1alpha1", "kind": "GPUDevice",
+            "metadata": {"name": name, "namespace": "t", "resourceVersion": version,
+                         "labels": {"gpu.cozystack.io/template-for": "vm"}},
+            "spec": {"class": "h100"}}
+
+
+def _attempt() -> Attempt:
+    return Attempt("t", "vm", "adm-1", NOW, VMIs(), timedelta(seconds=30), lambda: NOW)
+
+
+async def test_W3_a_template_is_created_without_waiting_for_the_informer():
+    client = ScriptedClient(latency=0.0123)
+    client.script("create", _made("vm-gpu-0", "41"))
     t0 = anyio.current_time()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_later, 0.4123, store.put_device, _device("vm-gpu-0"))
-        assert await create_template(Api(client), store, "t", "vm", "vm-gpu-0", "h100")
-    assert anyio.current_time() - t0 == pytest.approx(0.4123, abs=1e-9)
+    made = await create_template(Api(client), "t", "vm", "vm-gpu-0", "h100")
+    assert anyio.current_time() - t0 == pytest.approx(0.0123, abs=1e-9)  # the create alone
+    assert made["metadata"]["resourceVersion"] == "41"
     assert [c.method for c in client.calls] == ["create"]
 
 
-async def test_W3_a_template_the_informer_never_shows_is_waited_for_until_the_bound():
-    store = MemoryStore()
-    t0 = anyio.current_time()
-    assert await create_template(Api(ScriptedClient()), store, "t", "vm", "vm-gpu-0", "h100")
-    assert anyio.current_time() - t0 == pytest.approx(TEMPLATE_WAIT, abs=1e-9)
-    assert await create_template(Api(ScriptedClient()), store, "t", "vm", "vm-gpu-1", "h100", 1.5)
-    assert anyio.current_time() - t0 == pytest.approx(TEMPLATE_WAIT + 1.5, abs=1e-9)
-    assert store.subscriptions() == 0
+async def test_W3_the_attachment_is_written_on_the_created_object_without_a_read():
+    client = ScriptedClient()
+    client.script("create", _made("vm-gpu-0", "41"))
+    written = steps.Written()
+    attempt = _attempt()
+    await steps.create_templates(Api(client), attempt, (("vm-gpu-0", "h100"),), written)
+    await steps.attach(Api(client), attempt, {"id": "adm-1"}, "vm-gpu-0", "h100", written)
+    assert [c.method for c in client.calls] == ["create", "patch_status"]
+    ops = client.of("patch_status")[0][3]
+    assert ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "41"}
+    assert ops[1]["path"] == "/status" and ops[1]["value"]["bindRequest"] == {"id": "adm-1"}
+    assert (written.created, written.made) == (["vm-gpu-0"], {})
 
 
-async def test_W3_the_template_wait_ends_by_the_reviews_deadline():
-    store = MemoryStore()
-    t0 = anyio.current_time()
-    assert await create_template(Api(ScriptedClient()), store, "t", "vm", "vm-gpu-0", "h100",
-                                 TEMPLATE_WAIT, t0 + 2.0)
-    assert anyio.current_time() - t0 == pytest.approx(2.0, abs=1e-9)
-    t1 = anyio.current_time()
-    assert await create_template(Api(ScriptedClient()), store, "t", "vm", "vm-gpu-1", "h100",
-                                 TEMPLATE_WAIT, t1 - 1.0)  # past: looked at once, no wait
-    assert anyio.current_time() == t1
+async def test_W3_a_created_object_changed_since_is_read_again_and_written_on_the_read():
+    from k8s import errors
+
+    client = ScriptedClient()
+    client.script("create", _made("vm-gpu-0", "41"))
+    client.script("patch_status", errors.Invalid("patch", 422, "test failed", reason="Invalid"))
+    client.script("get", _made("vm-gpu-0", "42"))
+    written = steps.Written()
+    attempt = _attempt()
+    await steps.create_templates(Api(client), attempt, (("vm-gpu-0", "h100"),), written)
+    await steps.attach(Api(client), attempt, {"id": "adm-1"}, "vm-gpu-0", "h100", written)
+    assert [c.method for c in client.calls] == ["create", "patch_status", "get", "patch_status"]
+    assert [a[3][0]["value"] for a in client.of("patch_status")] == ["41", "42"]
 
 
 # -- DR5: the records of a device-mode set, after the binder answered -------------------------
@@ -252,9 +268,12 @@ async def test_DR5_a_record_never_shown_is_denied_at_the_record_wait_before_the_
 # -- the two bounds are settings, with the defaults they had ---------------------------------
 
 def test_the_waits_bounds_are_settings_with_their_former_defaults():
+    """`--webhook-template-wait` is deprecated (W3 (1) waits no more) but still accepted and
+    validated as before, so existing flags and environments keep working."""
     from k8s.config import default, field_help, load
 
     assert default("webhook_template_wait") == TEMPLATE_WAIT == 5.0   # W3 (1)'s former 5 s
+    assert "deprecated, no effect" in field_help("webhook_template_wait")
     assert default("webhook_record_wait") == 0.0                      # DR5: the deadline
     assert "(default: 5)" in field_help("webhook_template_wait")
     cfg = load(None, env={}, flags={"webhook_port": "0", "webhook_template_wait": "2.5",
