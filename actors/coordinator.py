@@ -67,7 +67,7 @@ from model.requests import find_requests
 from model.defrag import DEFRAG_REQUEST_PREFIX, DefragPlan, plan_round
 from model.hold import Hold
 from model.line import Entry, Identity, Line, reservation
-from model.line_plan import first_allowed, gate_batch, leaves, line_entry, refresh, tidy
+from model.line_plan import first_allowed, gate_batch, leaves, line_entry, refresh, ripening_reservations, tidy
 from model.nominate import Preempting
 from model.nomination import Nomination, nomination_holds
 from model.plan import (Action, Answer, Finish, Nominate, Place, Recover, Requeue, Skip, placement_hold,
@@ -378,7 +378,9 @@ class Coordinator(Actor):
         holds = [*holds, *(h for h in nomination_holds(snap.nominations, now, snap.devices_in)
                            if not h.empty)]
         work = snap.with_reservations(holds)
-        self._reserved = reservation(self._line, work, now, self._cfg.line) if self._line else {}
+        self._reserved = ripening_reservations(
+            self._line, work, now, self._cfg.preemption,
+            reservation(self._line, work, now, self._cfg.line)) if self._line else {}
         gated = gate_batch(self._line, snap, holds, actions, now, reservations=self._reserved,
                            settings=self._cfg.line)
         self._set_line(gated.line)

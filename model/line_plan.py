@@ -14,6 +14,8 @@ typed refusals (`behind_in_line`, `node_reserved`, category unavailable: the web
   VMIs; `VM_TTL` for a VM's, as a safety net: the coordinator sees no VirtualMachine).
 - `refresh`: the VMs the waiting-VM loop found waiting for room (refused at W1, before the
   coordinator saw them) entered or kept in place, and those it found running or stopped out.
+- `ripening_reservations`: a head whose preemption victims are only too young yet reserves
+  the node of the plan that ripens (P2, P5), so nothing backfills there meanwhile.
 
 Pure: no I/O, no wall clock (`now` is an argument, UTC).
 """
@@ -25,9 +27,11 @@ from datetime import datetime, timedelta
 from typing import Mapping, Sequence
 
 from model.decide import Decision, Placement, Request, Rule, placed, request_ref
+from model.admission import template_name
 from model.hold import Hold
 from model.line import (Allowed, Behind, Entry, Identity, Line, LineSettings, Reserved, entry, may_place,
                         shape_of, waits_for_room)
+from model.nominate import NominationSettings, ripening_node
 from model.plan import Action, Answer, Nominate, Place, Recover, placement_hold
 from model.reasons import Code, DeviceAt, SetRefused
 from model.snapshot import Reserving, Snapshot
@@ -229,5 +233,36 @@ def leaves(line: Line, snapshot: Snapshot, request: Request) -> tuple[Line, Entr
     return (line, None) if e is None else (line.started(ident), e)
 
 
+def ripening_reservations(line: Line, snapshot: Snapshot, now: datetime, settings: NominationSettings,
+                          reserved: Mapping[Identity, str]) -> dict[Identity, str]:
+    """P2 and P5: `reserved` (`model.line.reservation`'s, kept as they are) plus, for each
+    head (`Line.heads`, in line order) not holding one yet, the node where its preemption
+    ripens (`model.nominate.ripening_node`: P3's plan once every set running now has run
+    `preemption.minRuntime`), unless an earlier head holds that node. Such a head has no
+    plan now only because its victims are young; a lower-priority set backfilled onto that
+    node meanwhile would be young in turn and put the head's start off by a whole
+    minRuntime (bench contention's on-demand p99). A head with a live nomination holds its
+    room by the nomination instead. Pure; costs one P3 plan per unreserved head that may
+    preempt, nothing when nominating is off or the line is empty."""
+    out = dict(reserved)
+    if not settings.enabled or not line:
+        return out
+    taken = set(out.values())
+    for head in line.heads():
+        if head.identity in out or not head.priority.may_preempt:
+            continue
+        ns, vmi = head.identity.key
+        shape = head.shape
+        templates = [(template_name(vmi, c, i), c) for c, n in shape.templates for i in range(n)]
+        node = ripening_node(snapshot, ns, vmi, [n for n, _ in shape.held], templates, head.priority,
+                             now, settings, node_selector=shape.node_selector,
+                             tolerations=shape.tolerations)
+        if node is not None and node not in taken:
+            out[head.identity] = node
+            taken.add(node)
+    return out
+
+
 __all__ = ["Gated", "LINE_CODES", "VM_TTL", "first_allowed", "gate", "gate_batch", "identity_of", "joins_line",
+           "ripening_reservations",
            "leaves", "line_entry", "refresh", "tidy"]

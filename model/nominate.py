@@ -152,6 +152,29 @@ def on_nominated_node(snapshot: Snapshot, request: Request, decision: Decision,
     return there if rank is not None else decision
 
 
+def _trial(snapshot: Snapshot, namespace: str, vmi: str, held: Sequence[str],
+           templates: Sequence[tuple[str, str]], priority: Priority, now: datetime,
+           node_selector: Labels, tolerations: tuple[Toleration, ...]) -> tuple[Snapshot, Request] | None:
+    """The snapshot and trial request P3 judges a set on before its request is written:
+    its `held` devices and `templates` ((name, class); Pending devices added when absent)
+    carry a bind request of id `W1_REQUEST_ID` recording `priority`. None when a held
+    device is missing (refused for it, not for room)."""
+    names = tuple(held) + tuple(n for n, _ in templates)
+    br = BindRequest(W1_REQUEST_ID, vmi, names, now, node_selector, tolerations=tolerations,
+                     priority=priority)
+    trial: list[GPUDevice] = []
+    for name in held:
+        dev = snapshot.device(namespace, name)
+        if dev is None:
+            return None
+        trial.append(replace(dev, status=replace(dev.status, bind_request=br)))
+    for name, class_name in templates:
+        dev = snapshot.device(namespace, name) or GPUDevice(namespace, name, class_name, template_for=vmi)
+        trial.append(replace(dev, status=replace(dev.status, bind_request=br)))
+    return (snapshot.with_devices(trial),
+            Request(W1_REQUEST_ID, namespace, vmi, names, node_selector, now, tolerations))
+
+
 def w1_nominee(snapshot: Snapshot, namespace: str, vmi: str, refusal: Reason,
                held: Sequence[str], templates: Sequence[tuple[str, str]], priority: Priority,
                now: datetime, settings: NominationSettings = NominationSettings(), *,
@@ -166,22 +189,35 @@ def w1_nominee(snapshot: Snapshot, namespace: str, vmi: str, refusal: Reason,
     mine = _live(snapshot, namespace, vmi, now)
     if mine is not None:
         return mine.node
-    names = tuple(held) + tuple(n for n, _ in templates)
-    br = BindRequest(W1_REQUEST_ID, vmi, names, now, node_selector, tolerations=tolerations,
-                     priority=priority)
-    trial: list[GPUDevice] = []
-    for name in held:
-        dev = snapshot.device(namespace, name)
-        if dev is None:
-            return None
-        trial.append(replace(dev, status=replace(dev.status, bind_request=br)))
-    for name, class_name in templates:
-        dev = snapshot.device(namespace, name) or GPUDevice(namespace, name, class_name, template_for=vmi)
-        trial.append(replace(dev, status=replace(dev.status, bind_request=br)))
-    request = Request(W1_REQUEST_ID, namespace, vmi, names, node_selector, now, tolerations)
-    plan = plan_preemption(snapshot.with_devices(trial), request, now, settings.preemption)
+    got = _trial(snapshot, namespace, vmi, held, templates, priority, now, node_selector, tolerations)
+    if got is None:
+        return None
+    plan = plan_preemption(*got, now, settings.preemption)
+    return plan.node if isinstance(plan, PreemptionPlan) else None
+
+
+def ripening_node(snapshot: Snapshot, namespace: str, vmi: str, held: Sequence[str],
+                  templates: Sequence[tuple[str, str]], priority: Priority, now: datetime,
+                  settings: NominationSettings = NominationSettings(), *,
+                  node_selector: Labels = (), tolerations: tuple[Toleration, ...] = ()) -> str | None:
+    """P2 and P5: the node of P3's plan for a waiting set (as `w1_nominee` judges it) once
+    every set running now has run `preemption.minRuntime`: the plan at `now` + minRuntime.
+    A set refused for room whose victims are only too young has no plan now, and a set that
+    backfills their node meanwhile would be young again when they come of age (each start
+    restarts the clock): the line reserves this node for the set instead
+    (`model.line_plan.ripening_reservations`), and P3 nominates there once the victims are
+    of age. None when nominating is off, the priority may not preempt, the set already has
+    a live nomination, a held device is missing, or no plan comes even then."""
+    if not settings.enabled or not priority.may_preempt or settings.preemption.min_runtime <= timedelta(0):
+        return None
+    if _live(snapshot, namespace, vmi, now) is not None:
+        return None
+    got = _trial(snapshot, namespace, vmi, held, templates, priority, now, node_selector, tolerations)
+    if got is None:
+        return None
+    plan = plan_preemption(*got, now + settings.preemption.min_runtime, settings.preemption)
     return plan.node if isinstance(plan, PreemptionPlan) else None
 
 
 __all__ = ["NominationSettings", "Nominated", "Preempting", "nominate", "nomination_of",
-           "on_nominated_node", "refused_for_room", "w1_nominee"]
+           "on_nominated_node", "refused_for_room", "ripening_node", "w1_nominee"]

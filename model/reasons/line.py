@@ -71,8 +71,9 @@ class BehindInLine(Reason):
 @dataclass(frozen=True, slots=True)
 class NodeReserved(Reason):
     """P5: node `node` is reserved for `holder`, the head of the line of class
-    `class_name`, which has waited longer than `line.reserveAfter`: the node takes no new
-    set behind it until it starts."""
+    `class_name`, which has waited longer than `line.reserveAfter` or whose preemption
+    victims on the node have not run `preemption.minRuntime` yet (P2): the node takes no
+    new set behind it until it starts."""
     code: ClassVar[Code] = Code.NODE_RESERVED
     node: str
     class_name: str
@@ -80,7 +81,8 @@ class NodeReserved(Reason):
 
     def render(self) -> str:
         return (f"node {self.node} is reserved for {self.holder}, the head of the line of class "
-                f"{self.class_name} (waiting longer than line.reserveAfter); retry")
+                f"{self.class_name} (waiting longer than line.reserveAfter, or until its "
+                f"preemption victims there have run preemption.minRuntime); retry")
 
 
 @dataclass(frozen=True, slots=True)

@@ -510,3 +510,43 @@ def test_P3_count_mode_plan_equals_brute_force(world):
 @given(fleets(device_mode=True))
 def test_P3_device_mode_plan_equals_brute_force(world):
     check_against_brute_force(*world)
+
+
+# --- P2 and P5: a plan that ripens reserves its node ------------------------------------------
+
+
+def test_P2_P5_a_head_whose_victims_are_only_too_young_reserves_their_node_so_nothing_backfills():
+    """bench contention's on-demand p99: an 8-GPU on-demand set waited on n1 for its young
+    spot victims; a 1-GPU spot set backfilled n1's last GPU meanwhile and, young in turn, put
+    the start off by a whole minRuntime. The head now reserves n1 at once (not after
+    line.reserveAfter): the backfill is refused `node_reserved`; the reservation is no plan,
+    nothing is stopped before the victims come of age, and then P3 nominates them."""
+    from model.line import Allowed, Identity, Line, LineSettings, Shape, entry, may_place, reservation
+    from model.line_plan import ripening_reservations
+    from model.nominate import NominationSettings, ripening_node
+
+    young = vm_set("young", "n1", 7, age=timedelta(minutes=3))
+    old = vm_set("old", "n2", 8, age=timedelta(minutes=3))
+    snap = count_world([node("n1", 8), node("n2", 8)], young, old)
+    settings = NominationSettings()  # minRuntime 10 minutes
+    head = entry(Identity("p", "big"), Shape((), (("h100", 8),)), prio(1000), NOW)
+    line = Line([head])
+    assert reservation(line, snap, NOW, LineSettings()) == {}  # not waited long: none of its own
+    templates = [(f"big-h100-{i}", "h100") for i in range(8)]
+    assert ripening_node(snap, "p", "big", [], templates, prio(1000), NOW, settings) == "n1"
+    reserved = ripening_reservations(line, snap, NOW, settings, {})
+    assert reserved == {head.identity: "n1"}  # n1: one young set of 7 frees it (n2: 8 as young)
+    devices, req = asking("small", 1, ns="t", value=0)
+    small = count_world([node("n1", 8), node("n2", 8)], young, old, devices)
+    d = decide(small, req)
+    assert d.result is Result.SUCCEEDED and d.node == "n1"
+    verdict = may_place(line, small, req, d.placements[0], reservations=reserved)
+    assert verdict.reason().code is Code.NODE_RESERVED
+    assert isinstance(may_place(line, small, req, d.placements[0], reservations={}), Allowed)  # was: backfill
+    # nothing ripens for a preemptor that may not preempt, or with nominating off
+    never = entry(Identity("p", "big"), Shape((), (("h100", 8),)), prio(1000, PreemptionPolicy.NEVER), NOW)
+    assert ripening_reservations(Line([never]), snap, NOW, settings, {}) == {}
+    assert ripening_reservations(line, snap, NOW, replace(settings, enabled=False), {}) == {}
+    # a node another head holds already is left to it
+    other = Identity("q", "first")
+    assert ripening_reservations(line, snap, NOW, settings, {other: "n1"}) == {other: "n1"}

@@ -167,7 +167,8 @@ WORDING = [
      "would take its room; it goes first; retry"),
     (r.NodeReserved("n3", "h100", r.Waiter("t2", "eight", 0, None, SINCE)),
      "node n3 is reserved for t2/eight (priority 0, waiting since 2026-12-04T10:00:00Z), the head "
-     "of the line of class h100 (waiting longer than line.reserveAfter); retry"),
+     "of the line of class h100 (waiting longer than line.reserveAfter, or until its "
+     "preemption victims there have run preemption.minRuntime); retry"),
 ]
 
 
