@@ -112,9 +112,9 @@ class LostCapacity(Reason):
 class TaintedDevices:
     """Device mode (DR2, HL1): devices of the node that would be free for the set but for
     one NoSchedule/NoExecute device taint: their names (`devices`), the taint's `key` and
-    `effect`, and `rule`, what puts it there: a DeviceTaintRule's name, "ConfigMap:<name>"
-    for gpu-binder's own suspect mark where DeviceTaintRules are not served (HL2), "" for
-    the ResourceSlice's own taint. `held`: (GPUDevice, device) of the set's own members
+    `effect`, and `rule`, what puts it there: a DeviceTaintRule's name (also as
+    "DeviceTaintRule:<name>"), "ConfigMap:<name>" for gpu-binder's own suspect mark where
+    DeviceTaintRules are not served (HL2), "" for the ResourceSlice's own taint. `held`: (GPUDevice, device) of the set's own members
     whose recorded device is among them (an idle held device on a tainted GPU). Not a
     reason of its own (no code): `NoRoom` and `NoDeviceGroup` carry it, so a refusal names
     the rule and the taint key that excluded the devices."""
@@ -135,7 +135,7 @@ class TaintedDevices:
         elif name and kind == "ConfigMap":
             source = f"by gpu-binder's suspect mark {name} (a ConfigMap entry kube-scheduler cannot see)"
         else:
-            source = f"by DeviceTaintRule {self.rule}"
+            source = f"by DeviceTaintRule {name if name and kind == 'DeviceTaintRule' else self.rule}"
         return f"{', '.join(shown)}{more} tainted {self.key}:{self.effect} {source}"
 
 

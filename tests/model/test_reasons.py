@@ -223,6 +223,9 @@ def test_every_code_has_a_wording_row_and_one_reason_type():
         r.TaintedDevices(tuple(f"gpu-vfio-{i}" for i in range(6)), "k", "NoSchedule", "r"),)),
      "needs 2 free h100x devices, has 1 (gpu-vfio-0, gpu-vfio-1, gpu-vfio-2, gpu-vfio-3 and 2 more "
      "tainted k:NoSchedule by DeviceTaintRule r)"),
+    (r.NoDeviceGroup("h100x", None, 2, 0, 0, tainted=(
+        r.TaintedDevices(("gpu-vfio-1",), "k", "NoExecute", "DeviceTaintRule:gpu-suspect-x"),)),
+     "needs 2 free h100x devices, has 0 (gpu-vfio-1 tainted k:NoExecute by DeviceTaintRule gpu-suspect-x)"),
     (r.LedgersRefused((r.NodeRefusal("n1", r.DevicesTaken(("gpu-vfio-0", "gpu-vfio-3"))),
                        r.NodeRefusal("n2", r.DevicesTaken(("gpu-vfio-1",))))),
      "node ledgers refused every candidate: n1: devices gpu-vfio-0, gpu-vfio-3 taken; "
