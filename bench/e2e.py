@@ -177,8 +177,19 @@ def _start_scheduler(lc: LocalCluster, workdir: Path) -> subprocess.Popen:
                              "burst": 10000},
         "leaderElection": {"leaderElect": False}}))
     # its own session, killed with this process; the log appended to workdir/kube-scheduler.log
-    return spawn_logged(workdir, "kube-scheduler",
-                        [str(binary), f"--config={cfg.resolve()}", "--secure-port=0", "-v=1"])
+    return spawn_logged(workdir, "kube-scheduler", scheduler_command(binary, cfg.resolve()))
+
+
+def scheduler_command(binary: Path, config: Path) -> list[str]:
+    """kube-scheduler's command line for `config` (a KubeSchedulerConfiguration file): no
+    serving port, and the feature gates the local cluster's kube-apiserver,
+    kube-controller-manager and scheduler run with (`localcluster.controlplane.FEATURE_GATES`:
+    `DRADeviceTaintRules`), so its DRA allocator honours DeviceTaintRules as the product's
+    test cluster's does (HL1/HL2)."""
+    from localcluster.controlplane import FEATURE_GATES
+
+    return [str(binary), f"--config={config}", "--secure-port=0",
+            f"--feature-gates={FEATURE_GATES}", "-v=1"]
 
 
 def _stop(proc: subprocess.Popen) -> None:

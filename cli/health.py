@@ -10,8 +10,13 @@ precondition) or removes that entry, then records a Normal Event `GPUSuspicionCl
 the node naming the user of the kubeconfig's current context. Count-mode suspicions are
 Events only (`GPUSuspected` on the node): nothing to list or clear here.
 
-Exit codes: 0 done; 2 bad input, a device that is not suspected, or the cluster could not be
-read or written (one line on stderr naming what).
+A kubeconfig without the right to read one source (403: `list` on DeviceTaintRules, `get` on
+the ConfigMap) gets one line on stderr naming that right (verb, resource, namespace) and the
+suspects of the other source.
+
+Exit codes: 0 done (with what could be read); 1 neither source could be read (403 on both);
+2 bad input, a device that is not suspected, or the cluster could not be read or written (one
+line on stderr naming what).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from model.health_mark import (MARKS_CONFIGMAP, SUSPECT_KEY, Mark, find_mark, pa
                                parse_rule_mark)
 from model.serialize import format_time
 
-__all__ = ["default_kubeconfig", "kubeconfig_user", "render_health", "run"]
+__all__ = ["NothingReadable", "default_kubeconfig", "kubeconfig_user", "missing_right", "render_health", "run"]
 
 
 def kubeconfig_user(kubeconfig: str) -> tuple[str, str]:
@@ -77,30 +82,62 @@ def _jsonable(m: Mark) -> dict[str, Any]:
                           "at": format_time(f.at), "why": f.why} for f in m.evidence]}
 
 
+class NothingReadable(Exception):
+    """Neither source of marks could be read (the kubeconfig's user may read neither): the
+    message names each missing right; `health` exits 1."""
+
+
+def missing_right(verb: str, resource: str, namespace: str | None, name: str | None = None) -> str:
+    """The line `health` prints for a source its kubeconfig may not read (403): the verb,
+    the resource (plural.group) and where, and what is therefore not shown."""
+    where = f"in namespace {namespace}" if namespace else "cluster-wide"
+    which = f" ({name})" if name else ""
+    shown = ("suspects marked by DeviceTaintRules are not shown" if resource.startswith("devicetaintrules")
+             else "suspects marked there (where DeviceTaintRules are not served) are not shown")
+    return (f"no right to {verb} {resource} {where}{which} with this kubeconfig: {shown}")
+
+
+def _warn(line: str) -> None:
+    print(f"gpu-binder health: {line}", file=sys.stderr)
+
+
 async def _marks(api, namespace: str) -> tuple[tuple[Mark, ...], dict[str, dict], dict | None]:
     """(marks, the rules by name, the ConfigMap or None). A DeviceTaintRule API that is not
-    served reads as none."""
+    served reads as none. A source the kubeconfig may not read (403: `list` on
+    `devicetaintrules.resource.k8s.io`, `get` on the ConfigMap `gpu-suspects` in
+    `namespace`) prints one line on stderr naming the missing right (`missing_right`) and
+    reads as none; both forbidden raises NothingReadable. Any other failure raises its
+    `k8s.errors.ApiError`."""
     from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 
-    from k8s.errors import NotFound, translate
+    from k8s.errors import Forbidden, NotFound, translate
 
+    denied: list[str] = []
     rules: dict[str, dict] = {}
     try:
         got = await CustomObjectsApi(api).list_cluster_custom_object(
             "resource.k8s.io", "v1beta2", "devicetaintrules", label_selector=f"{SUSPECT_KEY}=true")
         rules = {r["metadata"]["name"]: r for r in got.get("items") or ()}
-    except Exception as exc:  # noqa: BLE001 - translated; 404: not served
+    except Exception as exc:  # noqa: BLE001 - translated; 404: not served; 403: said, skipped
         err = translate(exc, "list DeviceTaintRules")
-        if not isinstance(err, NotFound):
+        if isinstance(err, Forbidden):
+            denied.append(missing_right("list", "devicetaintrules.resource.k8s.io", None))
+            _warn(denied[-1])
+        elif not isinstance(err, NotFound):
             raise err from None
     cm: dict | None = None
     try:
         cm = api.sanitize_for_serialization(
             await CoreV1Api(api).read_namespaced_config_map(MARKS_CONFIGMAP, namespace))
-    except Exception as exc:  # noqa: BLE001 - translated; 404: no marks there
+    except Exception as exc:  # noqa: BLE001 - translated; 404: no marks there; 403: said, skipped
         err = translate(exc, f"read ConfigMap {namespace}/{MARKS_CONFIGMAP}")
-        if not isinstance(err, NotFound):
+        if isinstance(err, Forbidden):
+            denied.append(missing_right("get", "configmaps", namespace, MARKS_CONFIGMAP))
+            _warn(denied[-1])
+        elif not isinstance(err, NotFound):
             raise err from None
+    if len(denied) == 2:
+        raise NothingReadable("nothing could be read: " + "; ".join(denied))
     found = [m for m in map(parse_rule_mark, rules.values()) if m is not None]
     found += parse_marks(cm)
     return tuple(sorted(found, key=lambda m: (m.name, m.kind))), rules, cm
@@ -173,7 +210,7 @@ async def _run(args) -> int:
             raise ToolError(f"the cluster was not read within --timeout {args.timeout:g} s") from None
         except ApiError as exc:
             raise ToolError(f"cannot {'clear' if args.action else 'read'} the suspects: {exc}") from None
-        except ToolError:
+        except (ToolError, NothingReadable):
             raise
         except Exception as exc:  # noqa: BLE001 - transport errors: name the server
             raise ToolError(f"cannot reach the API server of {args.kubeconfig}: "
@@ -189,8 +226,10 @@ async def _run(args) -> int:
 
 
 def run(args) -> int:
-    """Entry of `health` (argparse namespace from `cli.main`): exit 0 done, 2 bad input, a
-    device not suspected, or the cluster not readable (one line on stderr)."""
+    """Entry of `health` (argparse namespace from `cli.main`): exit 0 done (some source of
+    marks forbidden to the kubeconfig: one line on stderr each, the rest shown), 1 neither
+    source could be read (403 on both), 2 bad input, a device not suspected, or the cluster
+    not readable (one line on stderr)."""
     from pathlib import Path
 
     prog = getattr(args, "prog", "gpu-binder")
@@ -199,6 +238,10 @@ def run(args) -> int:
             raise ToolError(f"--kubeconfig: no such file {args.kubeconfig!r} (without the flag: "
                             f"$KUBECONFIG's first path, else ~/.kube/config)")
         return anyio.run(_run, args)
+    except NothingReadable as exc:  # each missing right is already on stderr
+        if getattr(args, "json", False):
+            print(json.dumps({"error": str(exc)}))
+        return 1
     except ToolError as exc:
         if getattr(args, "json", False):
             print(json.dumps({"error": str(exc)}))

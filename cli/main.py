@@ -233,8 +233,11 @@ def _add_tools(sub, prog: str) -> None:
                     "not served an entry of the ConfigMap gpu-suspects, which kube-scheduler "
                     "cannot see). `health clear DEVICE` deletes that mark (the only write of "
                     "these tools) and records who lifted it (an Event on the node naming the "
-                    "kubeconfig context's user). Exit code 0: done; 2: bad input, DEVICE not "
-                    "suspected, or the cluster could not be read or written.")
+                    "kubeconfig context's user). A source of marks the kubeconfig may not read "
+                    "(403) is skipped with one line on stderr naming the missing right. Exit "
+                    "code 0: done (with what could be read); 1: neither source could be read; "
+                    "2: bad input, DEVICE not suspected, or the cluster could not be read or "
+                    "written.")
     hl.add_argument("action", nargs="?", choices=["clear"],
                     help="clear: lift the suspicion of DEVICE (default: list the suspects)")
     hl.add_argument("device", nargs="?", metavar="DEVICE",

@@ -2,7 +2,7 @@
 the node's free devices each device-mode class of the set takes (`SetDevices.choice`), how
 tight it is (`fit`), which device each member records (`assign`), whether the members'
 records still hold (`records_hold`), and the device-mode reasons a node is not eligible
-(`problems`). `model.decide` asks them through the seam (`model.device.seam`); a set
+(`problems`, naming the device taints in the way: `tainted_devices`, HL1). `model.decide` asks them through the seam (`model.device.seam`); a set
 without device-mode classes gets `NO_DEVICES`, which answers as count mode does.
 
 Pure. The snapshot and the members are the core's values (`model.snapshot.Snapshot`,
@@ -11,13 +11,15 @@ Pure. The snapshot and the members are the core's values (`model.snapshot.Snapsh
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Sequence
 
-from model.device.dra import DeviceRef
+from model.device.dra import HARD_DEVICE_TAINTS, DeviceRef
 from model.device.match import MatchAttribute
-from model.device.ports import DeviceKey, DeviceView, SnapshotView
+from model.device.ports import DeviceKey, DeviceView, NodeView, SnapshotView
+from model.device.records import held_names
 from model.device.topology import ClassShare, GroupChoice, NoGroup, choose_set, natural_key
-from model.reasons import NoDeviceGroup, NoRoom, Reason
+from model.reasons import Code, NoDeviceGroup, NoRoom, Reason, TaintedDevices
 
 _NO_NAMES: frozenset[str] = frozenset()
 
@@ -232,7 +234,89 @@ class SetDevices(NoDevices):
             choice = self.choice(node)
             if isinstance(choice, NoDeviceGroup):
                 out.append(choice)
-        return out
+        return self._name_taints(node, out)
+
+    def _name_taints(self, node: str, out: list[Reason]) -> list[Reason]:
+        """HL1: `out` with each `NoRoom` of a device-mode class's resource and each
+        `NoDeviceGroup` naming the device taints (and their DeviceTaintRules) that keep
+        devices of the node from the set (`tainted_devices`); a NoRoom's `foreign` then no
+        longer counts them (the DRA index counts a tainted device there). `out` itself
+        when no device of the set's classes on the node is tainted (two lengths compared per
+        class: nothing more is done without a taint)."""
+        n = self.snap.nodes.get(node)
+        if n is None or not any(r.code in _TAINT_NAMED for r in out):
+            return out
+        by_class = {c: tainted_devices(self.snap, n, c, self.request_id, self.own, self.members)
+                    for c in self.classes}
+        if not any(by_class.values()):
+            return out
+        classes = self.snap.classes
+        named = []
+        for r in out:
+            if isinstance(r, NoRoom):
+                found = [by_class[c] for c in self.classes
+                         if by_class[c] and classes[c].resource_name == r.resource]
+                if found:
+                    tainted = _merge(found)
+                    counted = set().union(*(t.devices for t in tainted)) & n.taken_devices
+                    counted -= set(self.snap.recorded_devices(node))
+                    r = replace(r, foreign=max(r.foreign - len(counted), 0), tainted=tainted)
+            elif isinstance(r, NoDeviceGroup) and not r.missing and by_class.get(r.class_name):
+                r = replace(r, tainted=by_class[r.class_name])
+            named.append(r)
+        return named
+
+
+_TAINT_NAMED = frozenset({Code.NO_ROOM, Code.NO_DEVICE_GROUP})
+"""The codes of a node's reasons that name the device taints in the way (HL1)."""
+
+
+def tainted_devices(snap: SnapshotView, node: NodeView, class_name: str, request_id: str,
+                    own: frozenset[DeviceKey], members: Sequence[DeviceView]) -> tuple[TaintedDevices, ...]:
+    """DR2/HL1: the devices of `class_name` on `node` that only a NoSchedule/NoExecute
+    device taint keeps from request `request_id` (members `members`, keys `own`): tainted,
+    and neither recorded by a GPUDevice not of the set, nor held by another request, nor
+    allocated by a claim the binder did not make (`Node.foreign_claimed`). One
+    `TaintedDevices` per (DeviceTaintRule, key, effect), by rule then key, each naming the
+    set's members that record one of its devices. Empty, and at once, when no device of
+    the class there is tainted (`DeviceSet.untainted`, worked out once per node)."""
+    devices = node.devices_of(class_name)
+    if len(devices.untainted) == len(devices):
+        return ()
+    hit = set(devices.names - devices.untainted)
+    recorded = snap.recorded_devices(node.name)
+    hit = {d for d in hit if all(k in own for k in recorded.get(d, ()))}
+    hit -= node.foreign_claimed
+    if hit:
+        hit -= held_names((h for h in snap.reservations if h.node == node.name and h.devices),
+                          request_id)
+    by_taint: dict[tuple[str, str, str], list[str]] = {}
+    for name in sorted(hit, key=natural_key):
+        for t in devices.by_name(name).taints:
+            if t.effect in HARD_DEVICE_TAINTS:
+                names = by_taint.setdefault((t.rule, t.key, t.effect), [])
+                if name not in names:
+                    names.append(name)
+    held = {m.status.device.device: m.key[1] for m in members
+            if m.bound_node == node.name and m.status.device is not None}
+    return tuple(TaintedDevices(tuple(names), key, effect, rule,
+                                tuple((held[d], d) for d in names if d in held))
+                 for (rule, key, effect), names in sorted(by_taint.items()))
+
+
+def _merge(found: Sequence[tuple[TaintedDevices, ...]]) -> tuple[TaintedDevices, ...]:
+    """The `TaintedDevices` of several classes on one resource, one per taint (the classes
+    may share devices)."""
+    if len(found) == 1:
+        return found[0]
+    by: dict[tuple[str, str, str], tuple[list[str], list[tuple[str, str]]]] = {}
+    for group in found:
+        for t in group:
+            names, held = by.setdefault((t.rule, t.key, t.effect), ([], []))
+            names += [d for d in t.devices if d not in names]
+            held += [h for h in t.held if h not in held]
+    return tuple(TaintedDevices(tuple(sorted(names, key=natural_key)), key, effect, rule, tuple(held))
+                 for (rule, key, effect), (names, held) in sorted(by.items()))
 
 
 def size_missing(snap: SnapshotView, node: str, counts: dict[str, int],
@@ -257,4 +341,4 @@ def size_missing(snap: SnapshotView, node: str, counts: dict[str, int],
     return None
 
 
-__all__ = ["NO_DEVICES", "NoDevices", "SetDevices", "no_group", "size_missing"]
+__all__ = ["NO_DEVICES", "NoDevices", "SetDevices", "no_group", "size_missing", "tainted_devices"]

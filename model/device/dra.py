@@ -17,7 +17,7 @@ keeps its own. A claim's `status.allocation.devices.results[]{request, driver, p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from model.device.match import MatchAttribute
@@ -46,11 +46,16 @@ class DeviceRef:
 
 @dataclass(frozen=True, slots=True)
 class DeviceTaint:
-    """One taint on a device (`key`, `value`, `effect`)."""
+    """One taint on a device (`key`, `value`, `effect`), and `rule`: the name of the
+    DeviceTaintRule that puts it there ("ConfigMap:<name>" for the binder's own mark where
+    rules are not served, HL2; "" for the ResourceSlice's own taint), so a refusal can name
+    what excluded the device. `rule` says where the taint comes from, not what it is: it
+    takes no part in equality."""
 
     key: str
     value: str = ""
     effect: str = ""
+    rule: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)

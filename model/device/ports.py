@@ -68,5 +68,7 @@ class SnapshotView(Protocol):
     def free_devices(self, node: str, class_name: str, request_id: str | None = None,
                      own: Iterable[DeviceKey] = ()) -> frozenset[str]: ...
 
+    def recorded_devices(self, node: str) -> Mapping[str, tuple[DeviceKey, ...]]: ...
+
 
 __all__ = ["DeviceKey", "DeviceView", "HoldView", "NodeView", "SnapshotView"]

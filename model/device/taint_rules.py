@@ -10,7 +10,7 @@ it selects, so `SliceDevice.tainted` (and every placement) sees it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from model.device.dra import DeviceRef, DeviceTaint, SliceError
@@ -23,7 +23,8 @@ PLURAL = "devicetaintrules"
 @dataclass(frozen=True, slots=True)
 class TaintRule:
     """A DeviceTaintRule: its `name`, the selector's `driver`, `pool`, `device` (None: any),
-    `selects` (False when the rule has no selector: it matches nothing) and its `taint`."""
+    `selects` (False when the rule has no selector: it matches nothing) and its `taint`
+    (whose `DeviceTaint.rule` is set to `name` on construction)."""
 
     name: str
     taint: DeviceTaint
@@ -31,6 +32,12 @@ class TaintRule:
     pool: str | None = None
     device: str | None = None
     selects: bool = True
+
+    def __post_init__(self) -> None:
+        # the taint names its rule (`DeviceTaint.rule`): the DRA index adds it to the
+        # devices the rule selects, and a refusal names the rule from there
+        if self.taint.rule != self.name:
+            object.__setattr__(self, "taint", replace(self.taint, rule=self.name))
 
     def matches(self, ref: DeviceRef) -> bool:
         """Whether the rule's selector picks device `ref`."""

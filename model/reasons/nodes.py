@@ -1,7 +1,8 @@
 """Why one node cannot take the whole set (docs/contract.md §3 B3): the node itself (gone,
 cordoned, not Ready, not schedulable for KubeVirt, taints), the set's match (classes not
 served, nodeSelector), its capacity (`NoRoom`, `LostCapacity`: `CAPACITY_CODES`) and, in
-device mode, its groups of devices (`NoDeviceGroup`, DR3). `model.decide` and
+device mode, its groups of devices (`NoDeviceGroup`, DR3), both naming the device taints
+(and the DeviceTaintRules) that keep devices from the set (`TaintedDevices`, HL1). `model.decide` and
 `model.types.Node.placement_reasons` build them; `NoEligibleNode` (`model.reasons.sets`)
 lists them per node.
 
@@ -10,7 +11,7 @@ Pure; imports only `model.reasons.codes`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from model.reasons.codes import Code, Reason, plural, resource_label
@@ -108,17 +109,64 @@ class LostCapacity(Reason):
 
 
 @dataclass(frozen=True, slots=True)
+class TaintedDevices:
+    """Device mode (DR2, HL1): devices of the node that would be free for the set but for
+    one NoSchedule/NoExecute device taint: their names (`devices`), the taint's `key` and
+    `effect`, and `rule`, what puts it there: a DeviceTaintRule's name (also as
+    "DeviceTaintRule:<name>"), "ConfigMap:<name>" for gpu-binder's own suspect mark where
+    DeviceTaintRules are not served (HL2), "" for the ResourceSlice's own taint. `held`: (GPUDevice, device) of the set's own members
+    whose recorded device is among them (an idle held device on a tainted GPU). Not a
+    reason of its own (no code): `NoRoom` and `NoDeviceGroup` carry it, so a refusal names
+    the rule and the taint key that excluded the devices."""
+    devices: tuple[str, ...]
+    key: str
+    effect: str
+    rule: str = ""
+    held: tuple[tuple[str, str], ...] = ()
+
+    def render(self) -> str:
+        held = dict((device, name) for name, device in self.held)
+        shown = [f"{d} of held device {held[d]}" if d in held else d
+                 for d in self.devices[:_NAMED_MAX]]
+        more = f" and {len(self.devices) - _NAMED_MAX} more" if len(self.devices) > _NAMED_MAX else ""
+        kind, _, name = self.rule.partition(":")
+        if not self.rule:
+            source = "by its ResourceSlice"
+        elif name and kind == "ConfigMap":
+            source = f"by gpu-binder's suspect mark {name} (a ConfigMap entry kube-scheduler cannot see)"
+        else:
+            source = f"by DeviceTaintRule {name if name and kind == 'DeviceTaintRule' else self.rule}"
+        return f"{', '.join(shown)}{more} tainted {self.key}:{self.effect} {source}"
+
+
+_NAMED_MAX = 4
+"""Most device names one `TaintedDevices` spells out."""
+
+
+def _in_parens(*parts: str) -> str:
+    """" (a; b)" of the non-empty `parts`, "" when none."""
+    kept = [p for p in parts if p]
+    return f" ({'; '.join(kept)})" if kept else ""
+
+
+@dataclass(frozen=True, slots=True)
 class NoRoom(Reason):
     """The set `needs` units of `resource` on the node, which has `free` (of which none is
-    taken by its `foreign` units, counted in the used ones)."""
+    taken by its `foreign` units, counted in the used ones). Device mode: `tainted`, the
+    devices only a device taint keeps from the set, each with its DeviceTaintRule and taint
+    key (HL1; counted as used, not in `foreign`)."""
     code: ClassVar[Code] = Code.NO_ROOM
     resource: str
     needs: int
     free: int
     foreign: int = 0
+    # explains the reason, is no part of it: equal with or without the taints named
+    tainted: tuple[TaintedDevices, ...] = field(default=(), compare=False)
 
     def render(self) -> str:
-        return f"needs {self.needs} × {resource_label(self.resource)}, has {self.free} free{_pods_outside(self.foreign)}"
+        outside = f"{self.foreign} used by Pods outside the binder" if self.foreign else ""
+        return (f"needs {self.needs} × {resource_label(self.resource)}, has {self.free} free"
+                f"{_in_parens(outside, *(t.render() for t in self.tainted))}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +175,9 @@ class NoDeviceGroup(Reason):
     `class_name` sharing `attribute` (the class's matchAttribute with `{size}` = `count`):
     `free` devices of the class are free here, the largest group has `largest` of them.
     `missing`: no device of the node carries the attribute at all; `sizes` then the sizes of
-    the sized attribute that do exist on the node (empty for an unsized one)."""
+    the sized attribute that do exist on the node (empty for an unsized one). `tainted`: the
+    devices only a device taint keeps from the set, each with its DeviceTaintRule and taint
+    key (HL1)."""
     code: ClassVar[Code] = Code.NO_DEVICE_GROUP
     class_name: str
     attribute: str | None
@@ -136,15 +186,19 @@ class NoDeviceGroup(Reason):
     largest: int
     missing: bool = False
     sizes: tuple[int, ...] = ()
+    # explains the reason, is no part of it: equal with or without the taints named
+    tainted: tuple[TaintedDevices, ...] = field(default=(), compare=False)
 
     def render(self) -> str:
         if self.missing:
             sizes = f" (sizes that exist: {', '.join(map(str, self.sizes))})" if self.sizes else ""
             return f"no {self.class_name} device carries {self.attribute}{sizes}"
         if self.attribute is None:
-            return f"needs {self.count} free {self.class_name} devices, has {self.free}"
+            return (f"needs {self.count} free {self.class_name} devices, has {self.free}"
+                    f"{_in_parens(*(t.render() for t in self.tainted))}")
         return (f"no {self.count} free {self.class_name} devices share {self.attribute}: "
-                f"{self.free} free, the largest group has {self.largest}")
+                f"{self.free} free, the largest group has {self.largest}"
+                f"{_in_parens(*(t.render() for t in self.tainted))}")
 
 
 CAPACITY_CODES = frozenset({Code.NO_ROOM, Code.LOST_CAPACITY})

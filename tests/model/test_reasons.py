@@ -205,6 +205,28 @@ def test_every_code_has_a_wording_row_and_one_reason_type():
     (r.NoDeviceGroup("h100x", "gpu.nvidia.com/partition3", 3, 8, 0, True, (1, 2, 4, 8)),
      "no h100x device carries gpu.nvidia.com/partition3 (sizes that exist: 1, 2, 4, 8)"),
     (r.NoDeviceGroup("l40sx", None, 2, 1, 1), "needs 2 free l40sx devices, has 1"),
+    # HL1: a room refusal names the device taints (and their DeviceTaintRules) in the way
+    (r.NoRoom("vfio.gpu.nvidia.com.deviceclass.resource.k8s.io/devices", 2, 0, 6, tainted=(
+        r.TaintedDevices(("gpu-vfio-6", "gpu-vfio-7"), "gpu.cozystack.io/suspect", "NoSchedule",
+                         "gpu-suspect-n1-gpu-vfio-6-0a1b2c3d"),
+        r.TaintedDevices(("gpu-vfio-5",), "example.com/broken", "NoExecute"))),
+     "needs 2 × vfio.gpu.nvidia.com devices, has 0 free (6 used by Pods outside the binder; "
+     "gpu-vfio-6, gpu-vfio-7 tainted gpu.cozystack.io/suspect:NoSchedule by DeviceTaintRule "
+     "gpu-suspect-n1-gpu-vfio-6-0a1b2c3d; gpu-vfio-5 tainted example.com/broken:NoExecute by its "
+     "ResourceSlice)"),
+    (r.NoDeviceGroup("h100x", "gpu.nvidia.com/partition2", 2, 1, 1, tainted=(
+        r.TaintedDevices(("gpu-vfio-7",), "gpu.cozystack.io/suspect", "NoSchedule",
+                         "ConfigMap:gpu-suspect-n1-gpu-vfio-7-0a1b2c3d", (("b", "gpu-vfio-7"),)),)),
+     "no 2 free h100x devices share gpu.nvidia.com/partition2: 1 free, the largest group has 1 "
+     "(gpu-vfio-7 of held device b tainted gpu.cozystack.io/suspect:NoSchedule by gpu-binder's "
+     "suspect mark gpu-suspect-n1-gpu-vfio-7-0a1b2c3d (a ConfigMap entry kube-scheduler cannot see))"),
+    (r.NoDeviceGroup("h100x", None, 2, 1, 1, tainted=(
+        r.TaintedDevices(tuple(f"gpu-vfio-{i}" for i in range(6)), "k", "NoSchedule", "r"),)),
+     "needs 2 free h100x devices, has 1 (gpu-vfio-0, gpu-vfio-1, gpu-vfio-2, gpu-vfio-3 and 2 more "
+     "tainted k:NoSchedule by DeviceTaintRule r)"),
+    (r.NoDeviceGroup("h100x", None, 2, 0, 0, tainted=(
+        r.TaintedDevices(("gpu-vfio-1",), "k", "NoExecute", "DeviceTaintRule:gpu-suspect-x"),)),
+     "needs 2 free h100x devices, has 0 (gpu-vfio-1 tainted k:NoExecute by DeviceTaintRule gpu-suspect-x)"),
     (r.LedgersRefused((r.NodeRefusal("n1", r.DevicesTaken(("gpu-vfio-0", "gpu-vfio-3"))),
                        r.NodeRefusal("n2", r.DevicesTaken(("gpu-vfio-1",))))),
      "node ledgers refused every candidate: n1: devices gpu-vfio-0, gpu-vfio-3 taken; "
