@@ -22,9 +22,10 @@ PHASES = ("precheck", "turn", "live-read", "judge", "take-over", "template-creat
 (docs/metrics.md): `precheck` W1 on the cache and the tenant's budget in flight (no I/O);
 `turn` the wait for a turn of the tenant's fair share (`TenantGate`); `live-read` W1's GET
 of the VMI's name (`steps.check_name_free`); `judge` W1 again on the snapshot after it;
-`take-over` W4's re-keying writes (an admitted set retried); `template-create` W3 (1), the
-template GPUDevices created and each waited for on the informer; `attach` W3 (2)+(3), per
-device a GET and the attachment+request JSON Patch; `wait-result` W3 (4), the wait on the
+`take-over` W4's re-keying writes (an admitted set retried); `template-create` W3 (1),
+`steps.create_templates` (the template GPUDevices created, with whatever that step waits
+for); `attach` W3 (2)+(3), `steps.attach_all` (each device's attachment+request JSON Patch,
+with the reads it makes); `wait-result` W3 (4), the wait on the
 informer for the binder's results (its decision and status write, and two watch
 deliveries, inside); `record-wait` device mode, the wait on the cache for the members'
 records (DR5); `claim` device mode, the ResourceClaim created (DR5) and the VMI's patch
