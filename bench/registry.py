@@ -4,9 +4,10 @@ needs only when it runs, so this list is cheap to build."""
 
 from __future__ import annotations
 
-from bench import contention, core, e2e, fairness, packing, scale, soak
+from bench import contention, core, e2e, fairness, floor, packing, scale, soak
 from bench.common import Benchmark
 
-BENCHMARKS: tuple[Benchmark, ...] = (core.BENCHMARK, e2e.BENCHMARK, packing.BENCHMARK,
+BENCHMARKS: tuple[Benchmark, ...] = (core.BENCHMARK, e2e.BENCHMARK, floor.BENCHMARK,
+                                     packing.BENCHMARK,
                                      contention.BENCHMARK, fairness.BENCHMARK, scale.BENCHMARK,
                                      soak.BENCHMARK)

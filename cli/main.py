@@ -342,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
 
     bench = sub.add_parser("bench", help="benchmarks: core (actors vs bare model), e2e, "
+                                         "floor (the API's floor beside our admission), "
                                          "packing (placement quality on a churn trace), "
                                          "contention (who goes first: priority, preemption, "
                                          "the line) or "

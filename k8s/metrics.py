@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from k8s.housekeeping import HousekeepingStats
     from k8s.leader import LeaderElector
     from k8s.webhook.admission import VMIAdmission
+    from k8s.webhook.phases import Recorded
     from model.explain import Top
     from model.reasons import Code
     from supervisor.binder import Binder
@@ -247,7 +248,8 @@ class _FleetCollector:
 class Metrics:
     """The replica's registry. `render()` gives (body bytes, content type) for /metrics.
     `observe` gives what a scrape reads of the process (`Observed`); `admission` is the
-    webhook, whose counters are read as they are."""
+    webhook, whose counters are read as they are, and whose admitted reviews' phases this
+    observes (it sets itself as `admission.phase_observer`: `admission_phases`)."""
 
     def __init__(self, observe: Callable[[], Observed], admission: "VMIAdmission") -> None:
         self.registry = CollectorRegistry()
@@ -255,6 +257,14 @@ class Metrics:
             "gpu_binder_admission_seconds", "VMI admission latency (webhook, seconds)",
             registry=self.registry,
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30))
+        self.admission_phase = Histogram(
+            "gpu_binder_admission_phase_seconds", "seconds of each phase of an admitted VMI's "
+            "webhook review (k8s/webhook/phases.py: precheck, turn, live-read, judge, "
+            "take-over, template-create, attach, wait-result, record-wait, claim, patch-build; "
+            "total: the whole review), by mode (count, device)",
+            ["phase", "mode"], registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
+                     5, 10, 30))
         self.decisions = Counter("gpu_binder_decisions",
                                  "binder decisions by result, rule and refusal reason",
                                  ["result", "rule", "reason"], registry=self.registry)
@@ -306,6 +316,7 @@ class Metrics:
         self.registry.register(_TreeCollector(observe, admission))
         self.observe = observe
         self.admission = admission
+        admission.phase_observer = self
         self.fleet: "Top | None" = None
         self._fleet_at = -math.inf
         self.registry.register(_FleetCollector(self))
@@ -327,6 +338,14 @@ class Metrics:
         cache = self.admission.cache
         snap, live = cache.view.snapshot(), cache.vmi_keys()
         self.fleet = await anyio.to_thread.run_sync(top, snap, live)
+
+    def admission_phases(self, recorded: "Recorded") -> None:
+        """`k8s.webhook.phases.PhaseObserver`: one observation per phase the admitted
+        review met (seconds, labelled with the phase and the set's mode: both bounded, from
+        `k8s.webhook.phases.PHASES` and `MODES`), and one of its `total`."""
+        for name, seconds in recorded.seconds:
+            self.admission_phase.labels(name, recorded.mode).observe(seconds)
+        self.admission_phase.labels("total", recorded.mode).observe(recorded.total)
 
     def decided(self, rule: str, result, code: Code | None, seconds: float) -> None:
         """`actors.ports.DecisionObserver`: count by result, rule and refusal reason (the

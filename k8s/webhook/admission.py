@@ -26,6 +26,7 @@ from k8s import errors
 from k8s.cache import ClusterCache
 from k8s.client import KubeClient
 from k8s.webhook import steps
+from k8s.webhook.phases import PhaseObserver, phase, recording, set_mode
 from k8s.webhook.fairness import Busy, EventBudget, TenantGate
 from k8s.webhook.review import Category, Denial, Review, reason_denial, refusal_denial
 from k8s.webhook.steps import Attempt, Denied, Written
@@ -68,7 +69,10 @@ class VMIAdmission:
     the wait on the cache for a device-mode set's records, also ended by the review's
     deadline (0: by the deadline alone). `admitted`/`denied`
     count answers, `rejected`
-    W1 refusals and turns refused by the gate per (namespace, code) (for metrics)."""
+    W1 refusals and turns refused by the gate per (namespace, code) (for metrics).
+    `phase_observer` (None: nobody) is told of each admitted review's phases
+    (`k8s.webhook.phases`: seconds per step and the review's total; `k8s.metrics.Metrics`
+    sets itself)."""
 
     def __init__(self, client: KubeClient, cache: ClusterCache, *, bind_timeout: float,
                  grace: timedelta, clock: Callable[[], datetime] | None = None,
@@ -91,6 +95,7 @@ class VMIAdmission:
         self.draining = False
         self._inflight: set[anyio.CancelScope] = set()
         self._idle: anyio.Event | None = None  # set by the last review in flight, for drain
+        self.phase_observer: PhaseObserver | None = None
 
     async def drain(self, timeout: float = 5.0) -> None:
         """Shutdown: refuse new reviews, cancel the ones in flight (each cleans up what it
@@ -117,7 +122,8 @@ class VMIAdmission:
         try:
             with structlog.contextvars.bound_contextvars(namespace=review.namespace,
                                                          vmi=review.name,
-                                                         user=review.user or None), scope:
+                                                         user=review.user or None), scope, \
+                    recording() as phases:
                 try:
                     resp = await self._fair_admit(review)
                 except Denied as exc:
@@ -130,6 +136,9 @@ class VMIAdmission:
             self.denied += 1
             return deny(review.uid, reason_denial(ShuttingDown(while_admitting=True)))
         self.admitted += 1
+        recorded = phases.finish()  # None unless a patch admitted it (`_wire`'s mode)
+        if recorded is not None and self.phase_observer is not None:
+            self.phase_observer.admission_phases(recorded)
         return resp
 
     async def _refused(self, review: Review, denial: Denial) -> dict:
@@ -155,12 +164,14 @@ class VMIAdmission:
         Denied."""
         deadline = anyio.current_time() + self.bind_timeout  # the wait for a turn included
         ns = review.namespace
-        judged = self._precheck(review)
+        with phase("precheck"):
+            judged = self._precheck(review)
+            held = None if judged is None or isinstance(judged, Refusal) \
+                else self._budget_in_flight(ns, judged)
         if isinstance(judged, Refusal):
             self._rejection(ns, judged.code)
             raise Denied.of(refusal_denial(judged))
         if judged is not None:
-            held = self._budget_in_flight(ns, judged)
             if held is not None:
                 self._rejection(ns, held.code)
                 raise Denied.of(refusal_denial(held))
@@ -169,7 +180,8 @@ class VMIAdmission:
             if self.gate is None:
                 return await self._admit(review, deadline)
             try:  # the turn is waited for while the review's deadline leaves time to admit
-                await self.gate.enter(ns, deadline - self.bind_timeout * AFTER_TURN)
+                with phase("turn"):
+                    await self.gate.enter(ns, deadline - self.bind_timeout * AFTER_TURN)
             except Busy as busy:
                 self._rejection(ns, Code.TENANT_BUSY)
                 reason = TenantBusy(ns, busy.in_flight, busy.waiting, busy.waited,
@@ -266,7 +278,9 @@ class VMIAdmission:
         taken = Written()  # devices W4 re-keyed to this admission, if it went half-way
         snap = judged.snap
         if node is not None:  # W4: same set, already Succeeded on one node
-            if await steps.take_over(self.api, attempt, plan, snap):
+            with phase("take-over"):
+                took = await steps.take_over(self.api, attempt, plan, snap)
+            if took:
                 log.info("VMI already admitted; no new request", node=node,
                          admission=attempt.admission)
                 written = Written()
@@ -298,7 +312,14 @@ class VMIAdmission:
         """W1: the live read (`steps.check_name_free`), then every check on the cache's
         snapshot (`model.admission.check`) and the VMI's own gpus entries; raises Denied."""
         ns, vmi = review.namespace, review.name
-        await steps.check_name_free(self.api, ns, vmi)
+        with phase("live-read"):
+            await steps.check_name_free(self.api, ns, vmi)
+        with phase("judge"):
+            return self._judged(review, deadline)
+
+    def _judged(self, review: Review, deadline: float) -> _Judged:
+        """W1 after the live read: every check on the cache's snapshot; raises Denied."""
+        ns, vmi = review.namespace, review.name
         vmis = self.cache.vmi_state().without((ns, vmi))
         snap = self.cache.view.snapshot()
         now = self.now()
@@ -336,12 +357,15 @@ class VMIAdmission:
         attempt, plan = judged.attempt, judged.plan
         written = Written()
         try:
-            await steps.create_templates(self.api, attempt, plan.templates, written)
+            with phase("template-create"):
+                await steps.create_templates(self.api, attempt, plan.templates, written)
             request = steps.request_body(attempt, plan, judged.selector, review.tolerations)
-            await steps.attach_all(self.api, attempt, request, plan, written)
-            node = await steps.wait_result(self.waiter, attempt, plan.devices,
-                                           max(0.5, deadline - anyio.current_time()),
-                                           self.bind_timeout)
+            with phase("attach"):
+                await steps.attach_all(self.api, attempt, request, plan, written)
+            with phase("wait-result"):
+                node = await steps.wait_result(self.waiter, attempt, plan.devices,
+                                               max(0.5, deadline - anyio.current_time()),
+                                               self.bind_timeout)
             return node, await self._wire(review, attempt, plan, node, written, deadline)
         except BaseException as exc:
             await steps.clean_up(self.api, attempt, written)
@@ -372,13 +396,20 @@ class VMIAdmission:
                 return None
 
         left = deadline - anyio.current_time()
-        got = await until(view, members, min(self.record_wait, left) if self.record_wait > 0
-                          else left, relevant=lambda c: c.kind == "class" or c in keys)
+        with phase("record-wait"):
+            got = await until(view, members, min(self.record_wait, left) if self.record_wait > 0
+                              else left, relevant=lambda c: c.kind == "class" or c in keys)
         if got is None:
             assert missing is not None  # judged at least once, and not ready
             raise missing
         snap, found = got
         if found is None:
-            return steps.admit_patch(snap, review.object, plan, node, attempt.admission)
-        return await steps.wire_claim(self.api, attempt, review.object, snap, plan, node,
-                                      found, written)
+            with phase("patch-build"):
+                ops = steps.admit_patch(snap, review.object, plan, node, attempt.admission)
+            set_mode("count")
+            return ops
+        with phase("claim"):
+            ops = await steps.wire_claim(self.api, attempt, review.object, snap, plan, node,
+                                         found, written)
+        set_mode("device")
+        return ops

@@ -303,6 +303,7 @@ def test_bench_help_lists_only_the_benchmarks_own_flags():
         "core": {"--out", "--quick", "--seed"},
         "e2e": {"--out", "--quick", "--seed", "--gpus", "--levels", "--modes",
                 "--vs-scheduler"},
+        "floor": {"--out", "--quick", "--modes", "--sizes", "--seats"},
         "packing": {"--out", "--quick", "--seed", "--simulate", "--hgx", "--nodes",
                     "--arrivals", "--systems", "--loads"},
         "contention": {"--out", "--quick", "--seed", "--nodes", "--span", "--recreate-delay",

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 import anyio
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import FIXTURES
 from tests.e2e.helpers import (eventually, housekeeping_rounds, leader_index, make_pool,
@@ -54,6 +55,13 @@ async def test_W3_vmi_gpu_fixture_with_templates_is_admitted_pinned_and_bound(sy
     assert sorted(d["metadata"]["name"] for d in devs) == [f"vmi-gpu-{cls}-0", f"vmi-gpu-{cls}-1"]
     assert {(d["status"]["phase"], d["status"]["nodeName"], d["status"]["attachedTo"]["vmi"])
             for d in devs} == {("Bound", nodes["big"], "vmi-gpu")}
+    # the replica that admitted it timed its phases (issue 40, k8s/webhook/phases.py)
+    timed = {(s.labels["mode"], s.labels["phase"])
+             for i, r in enumerate(system.replicas) if r.alive
+             for f in text_string_to_metric_families(system.metrics(i)) for s in f.samples
+             if s.name == "gpu_binder_admission_phase_seconds_count" and s.value > 0}
+    assert {("count", p) for p in ("live-read", "template-create", "attach", "wait-result",
+                                   "total")} <= timed
 
 
 async def test_B1_held_devices_on_two_nodes_are_gathered_and_vmi_pinned(system, fleet):

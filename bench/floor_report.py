@@ -1,0 +1,249 @@
+"""The pure side of `bench floor` (bench/floor.py): Prometheus text read into samples and
+their deltas, the replicas' phase means (`gpu_binder_admission_phase_seconds`), the API
+Priority and Fairness counters per priority level, latency figures, the ratios of our
+admission to the API's floor, the issue's targets (issue 40 item 2), the shares that give a
+priority level a number of seats, and the summary lines. No I/O, no clock."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Iterable
+
+from bench.common import quantile
+
+Key = tuple[str, tuple[tuple[str, str], ...]]
+"""A sample's name and its labels, sorted: ("x_total", (("phase", "attach"),))."""
+Samples = dict[Key, float]
+
+PHASE = "gpu_binder_admission_phase_seconds"
+TARGETS = {1: {"p50": 1.5, "p99": 3.0}, 4: {"p50": 2.0}, 8: {"p50": 2.0}}
+"""Issue 40 item 2: quiet admission ÷ the floor, per GPUs per VMI: at most these."""
+SERVER_SEATS = 600
+"""kube-apiserver's concurrency limit with its defaults (--max-requests-inflight 400 +
+--max-mutating-requests-inflight 200), shared by the Limited priority levels by shares."""
+
+
+def samples(text: str) -> Samples:
+    """Every sample of a Prometheus text exposition (name with its _total/_sum/_count/_bucket
+    suffix, labels sorted) → value. Raises ValueError for text the parser refuses."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    return out
+
+
+def added(parts: Iterable[Samples]) -> Samples:
+    """The samples of several processes summed (the replicas' counters together)."""
+    out: Samples = {}
+    for part in parts:
+        for key, value in part.items():
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def delta(before: Samples, after: Samples) -> Samples:
+    """after − before per sample (a sample absent before counts from 0; gauges are
+    subtracted too, so read counters and histograms only)."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def _sum_count(d: Samples, name: str, **match: str) -> tuple[float, float]:
+    total = n = 0.0
+    for (sample, labels), value in d.items():
+        have = dict(labels)
+        if any(have.get(k) != v for k, v in match.items()):
+            continue
+        if sample == f"{name}_sum":
+            total += value
+        elif sample == f"{name}_count":
+            n += value
+    return total, n
+
+
+def _mean_ms(total: float, n: float) -> float | None:
+    return round(1000 * total / n, 2) if n > 0 else None
+
+
+def phase_means(d: Samples) -> dict[str, dict[str, dict]]:
+    """From a delta of the replicas' samples: mode → phase → {"n": observations, "mean_ms"}
+    of `gpu_binder_admission_phase_seconds` (only the phases observed), plus under each
+    mode "own" → the mean of `total` minus the sum of the other phases' means per admission
+    (the webhook's time between its steps; None without a total)."""
+    out: dict[str, dict[str, dict]] = {}
+    for (sample, labels), _ in d.items():
+        if sample != f"{PHASE}_count":
+            continue
+        have = dict(labels)
+        mode, phase = have.get("mode", ""), have.get("phase", "")
+        total, n = _sum_count(d, PHASE, mode=mode, phase=phase)
+        if n > 0:
+            out.setdefault(mode, {})[phase] = {"n": int(n), "mean_ms": _mean_ms(total, n)}
+    for mode, phases in out.items():
+        total = phases.get("total")
+        if total is None:
+            continue
+        inside = sum(p["n"] * p["mean_ms"] for name, p in phases.items() if name != "total")
+        phases["own"] = {"n": total["n"],
+                         "mean_ms": round(total["mean_ms"] - inside / total["n"], 2)}
+    return out
+
+
+def replica_means(d: Samples) -> dict[str, float | None]:
+    """From a delta of the replicas' samples: {"webhook_mean_ms" (gpu_binder_admission_seconds,
+    every review), "decision_mean_ms" (gpu_binder_decision_seconds, the binder's decision
+    from its batch's start), "decisions"}."""
+    hook = _sum_count(d, "gpu_binder_admission_seconds")
+    dec = _sum_count(d, "gpu_binder_decision_seconds")
+    return {"webhook_mean_ms": _mean_ms(*hook), "decision_mean_ms": _mean_ms(*dec),
+            "decisions": int(dec[1])}
+
+
+def bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """The upper bound (seconds) of the first bucket holding the `q` quantile of a
+    histogram given as (le, cumulative count) pairs in any order; None for no observations,
+    inf when it lies past the last finite bound."""
+    ordered = sorted(buckets)
+    if not ordered or ordered[-1][1] <= 0:
+        return None
+    rank = q * ordered[-1][1]
+    return next(le for le, n in ordered if n >= rank)
+
+
+def apf(d: Samples) -> dict[str, dict]:
+    """From a delta of kube-apiserver's samples, per priority level that dispatched or
+    rejected anything: {"dispatched", "rejected", "waited_mean_ms" (the queue wait of the
+    requests it dispatched, apiserver_flowcontrol_request_wait_duration_seconds with
+    execute="true"), "waited_p99_ms" (the bucket bound holding the 99th percentile; None:
+    no observation)}."""
+    levels: dict[str, dict] = {}
+
+    def level(name: str) -> dict:
+        return levels.setdefault(name, {"dispatched": 0, "rejected": 0})
+    wait = "apiserver_flowcontrol_request_wait_duration_seconds"
+    buckets: dict[str, dict[float, float]] = {}
+    for (sample, labels), value in d.items():
+        have = dict(labels)
+        pl = have.get("priority_level")
+        if pl is None or value == 0:
+            continue
+        if sample == "apiserver_flowcontrol_dispatched_requests_total":
+            level(pl)["dispatched"] += int(value)
+        elif sample == "apiserver_flowcontrol_rejected_requests_total":
+            level(pl)["rejected"] += int(value)
+        elif sample == f"{wait}_bucket" and have.get("execute") == "true":
+            le = float(have["le"])
+            per = buckets.setdefault(pl, {})
+            per[le] = per.get(le, 0.0) + value
+    for pl, lv in levels.items():
+        lv["waited_mean_ms"] = _mean_ms(*_sum_count(d, wait, priority_level=pl, execute="true"))
+        p99 = bucket_quantile(list(buckets.get(pl, {}).items()), 0.99)
+        lv["waited_p99_ms"] = None if p99 is None else (
+            p99 if math.isinf(p99) else round(1000 * p99, 2))
+    return dict(sorted(levels.items()))
+
+
+def seats_of(level: str, gauges: Samples) -> int | None:
+    """The seats kube-apiserver gives priority level `level` now
+    (apiserver_flowcontrol_nominal_limit_seats), None when it does not say."""
+    for (sample, labels), value in gauges.items():
+        if sample == "apiserver_flowcontrol_nominal_limit_seats" and \
+                dict(labels).get("priority_level") == level:
+            return int(value)
+    return None
+
+
+def shares_for(seats: int, others: int, limit: int = SERVER_SEATS) -> int:
+    """The smallest nominalConcurrencyShares s (>= 1) giving a level at least `seats`
+    seats, as kube-apiserver computes them: ceil(limit · s / (others + s)), `others` the
+    shares of every other Limited level. Raises ValueError when no share count can (seats
+    >= limit)."""
+    if seats >= limit:
+        raise ValueError(f"{seats} seats: the server has {limit}")
+    s = 1
+    while math.ceil(limit * s / (others + s)) < seats:
+        s += 1
+    return s
+
+
+def latency(seconds: list[float]) -> dict:
+    """{n, p50_ms, p99_ms, mean_ms} of latencies in seconds (nearest-rank quantiles,
+    `bench.common.quantile`); figures None for no samples."""
+    if not seconds:
+        return {"n": 0, "p50_ms": None, "p99_ms": None, "mean_ms": None}
+    return {"n": len(seconds), "p50_ms": round(1000 * quantile(seconds, 0.5), 1),
+            "p99_ms": round(1000 * quantile(seconds, 0.99), 1),
+            "mean_ms": round(1000 * statistics.fmean(seconds), 1)}
+
+
+def step_means(steps: list[dict[str, float]]) -> dict[str, float]:
+    """The floor's steps (name → seconds, one dict per sample) as mean ms per step."""
+    names = list(dict.fromkeys(n for s in steps for n in s))
+    return {n: round(1000 * statistics.fmean(s.get(n, 0.0) for s in steps), 2) for n in names}
+
+
+def ratio(ours: float | None, floor: float | None) -> float | None:
+    """ours ÷ floor, two decimals; None when either is missing or the floor is 0."""
+    if ours is None or not floor:
+        return None
+    return round(ours / floor, 2)
+
+
+def ratios(row: dict) -> dict:
+    """A row's {"quiet_p50", "quiet_p99", "busy_p50", "busy_p99"}: our latency ÷ the floor's
+    (the busy level, at concurrency 20, against the floor measured quiet)."""
+    floor, quiet, busy = row["floor"], row["quiet"], row.get("busy") or {}
+    return {"quiet_p50": ratio(quiet["p50_ms"], floor["p50_ms"]),
+            "quiet_p99": ratio(quiet["p99_ms"], floor["p99_ms"]),
+            "busy_p50": ratio(busy.get("p50_ms"), floor["p50_ms"]),
+            "busy_p99": ratio(busy.get("p99_ms"), floor["p99_ms"])}
+
+
+def targets(rows: list[dict]) -> dict:
+    """Issue 40 item 2 per mode and set size run: quiet p50 (and for 1 GPU p99) ÷ the
+    floor's, at most `TARGETS`; {name: {target, value, met}} (met None without a value)."""
+    out = {}
+    for row in rows:
+        for q, limit in TARGETS.get(row["gpus"], {}).items():
+            value = row["ratio"][f"quiet_{q}"]
+            out[f"{row['mode']}_{row['gpus']}gpu_quiet_{q}"] = {
+                "target": f"<= {limit}", "value": value,
+                "met": None if value is None else value <= limit}
+    return out
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def summary_lines(report: dict) -> list[str]:
+    """One line per level of `report` (floor.json): each mode and size's floor and our
+    quiet and busy latency with the ratios and the largest phases; each seat count's
+    p99 and rate; the load before and after."""
+    lines = []
+    for row in report.get("rows", []):
+        f, q, b, r = row["floor"], row["quiet"], row.get("busy") or {}, row["ratio"]
+        phases = (row.get("quiet_inside") or {}).get("phases", {}).get(row["mode"], {})
+        top = sorted(((p["mean_ms"] or 0.0, name) for name, p in phases.items()
+                      if name != "total"), reverse=True)[:4]
+        lines.append(
+            f"{row['mode']} {row['gpus']}-GPU: floor p50 {_ms(f['p50_ms'])} p99 "
+            f"{_ms(f['p99_ms'])} ms; ours quiet p50 {_ms(q['p50_ms'])} p99 {_ms(q['p99_ms'])} "
+            f"ms (x{_ms(r['quiet_p50'])}, x{_ms(r['quiet_p99'])}); at 20 p50 "
+            f"{_ms(b.get('p50_ms'))} p99 {_ms(b.get('p99_ms'))} ms "
+            f"{_ms(b.get('admissions_per_s'))}/s; quiet phases "
+            + ", ".join(f"{name} {ms:g}" for ms, name in top) + " ms")
+    for s in report.get("seats", []):
+        lines.append(f"{s['mode']} 1-GPU at 20, {s['seats_target']} seats (shares "
+                     f"{s['shares']}, server says {_ms(s.get('seats'))}): p50 "
+                     f"{_ms(s['p50_ms'])} p99 {_ms(s['p99_ms'])} ms, "
+                     f"{_ms(s['admissions_per_s'])} admissions/s, VMI-create level waited "
+                     f"mean {_ms(s.get('apf_waited_mean_ms'))} ms")
+    before, after = report.get("load_before"), report.get("load_after")
+    if before and after:
+        lines.append("load (1, 5, 15 min) before " + " ".join(f"{x:.2f}" for x in before)
+                     + ", after " + " ".join(f"{x:.2f}" for x in after))
+    return lines
