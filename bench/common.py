@@ -3,8 +3,8 @@ bench` and `python -m bench.NAME` alike) and its flag helpers, the checkout's co
 machine a report names, the quantile, an admin API client, list-then-watch of one kind, the
 launcher Pods of VMIs by uid, KubeVirt's own GPU VMI as a request body, an API error's text
 (through k8s/errors), the kube-apiserver's /metrics text, the replicas' own webhook and
-decision timings, a process's CPU and memory from /proc, and polling until a condition
-holds. Pure helpers and thin I/O; no benchmark's logic."""
+decision timings, a process's CPU and memory from /proc, polling until a condition
+holds, and a fleet of 8-GPU nodes per mode. Pure helpers and thin I/O; no benchmark's logic."""
 
 from __future__ import annotations
 
@@ -425,3 +425,35 @@ async def poll_until(probe: Callable[[], Awaitable[object]], timeout: float,
         if time.monotonic() > deadline:
             return False
         await anyio.sleep(interval)
+
+
+async def mode_fleet(fleet, nodes: int, modes: tuple[str, ...], *, res: str,
+                     class_of: dict[str, str], node_prefix: dict[str, str],
+                     ready: Callable[[str], Awaitable[None]] | None = None) -> None:
+    """The count-mode GPU class `class_of["count"]` (resource `res`) and, with "device" in
+    `modes`, the device-mode class `class_of["device"]` (localcluster's HGX class); then per
+    mode `nodes` nodes of 8 GPUs named `node_prefix[mode]-NNN` (16 made at once): count mode
+    `res` allocatable (then `ready(name)` when given), device mode an HGX board's
+    ResourceSlice. Raises what the API calls raise."""
+    from localcluster.dra_profiles import HGX_H100_8
+    from localcluster.dra_world import HGX_CLASS, dra_node
+
+    assert HGX_CLASS.name == class_of["device"]
+    await fleet.gpu_class(class_of["count"], res)
+    if "device" in modes:
+        await fleet.gpu_class(class_of["device"], device_mode=HGX_CLASS.spec())
+    limit = anyio.Semaphore(16)
+
+    async def make(mode: str, i: int) -> None:
+        async with limit:
+            name = f"{node_prefix[mode]}-{i:03d}"
+            if mode == "device":
+                await dra_node(fleet, name, HGX_H100_8)
+                return
+            await fleet.node(name, {res: 8})
+            if ready is not None:
+                await ready(name)
+    async with anyio.create_task_group() as tg:
+        for mode in modes:
+            for i in range(nodes):
+                tg.start_soon(make, mode, i)

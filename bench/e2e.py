@@ -49,9 +49,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from bench.common import (Benchmark, add_modes, add_out, add_quick, add_seed, apiserver_metrics,
-                          machine, modes as parse_modes, percentile, positive_ints,
+                          machine, mode_fleet, modes as parse_modes, percentile, positive_ints,
                           replica_timings, timings_between)
-from localcluster.dra_profiles import HGX_H100_8
 
 if TYPE_CHECKING:  # the cluster's harness is imported when the benchmark runs
     from localcluster.cluster import LocalCluster
@@ -363,26 +362,8 @@ async def _make_fleet(fleet: Fleet, nodes: int, *, pods: bool,
     `nodes` Ready untainted nodes of 8 GPUs (16 made at once; count mode: `RES`
     allocatable; device mode: an HGX board's ResourceSlice, and the class `HGX_CLASS`), and
     the tenants: `bench` (VMIs), `bench-raw` (the ceiling's probes), with `pods` `bench-pods`."""
-    from localcluster.dra_world import HGX_CLASS, dra_node
-
-    assert HGX_CLASS.name == CLASS_OF["device"]
-    await fleet.gpu_class(CLASS_OF["count"], RES)
-    if "device" in modes:
-        await fleet.gpu_class(CLASS_OF["device"], device_mode=HGX_CLASS.spec())
-    limit = anyio.Semaphore(16)
-
-    async def make_node(mode: str, i: int) -> None:
-        async with limit:
-            name = f"{NODE_PREFIX[mode]}-{i:03d}"
-            if mode == "device":
-                await dra_node(fleet, name, HGX_H100_8)
-                return
-            await fleet.node(name, {RES: 8})
-            await _ready_untainted(fleet, name, {RES: 8})
-    async with anyio.create_task_group() as tg:
-        for mode in modes:
-            for i in range(nodes):
-                tg.start_soon(make_node, mode, i)
+    await mode_fleet(fleet, nodes, modes, res=RES, class_of=CLASS_OF, node_prefix=NODE_PREFIX,
+                     ready=lambda name: _ready_untainted(fleet, name, {RES: 8}))
     await fleet.tenant("bench")
     await fleet.tenant("bench-raw")
     if pods:

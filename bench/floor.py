@@ -48,7 +48,7 @@ import anyio
 
 from bench import floor_report as fr
 from bench.common import (Benchmark, add_modes, add_out, add_quick, apiserver_metrics, commit,
-                          error_text, machine, modes as parse_modes, positive_ints,
+                          error_text, machine, mode_fleet, modes as parse_modes, positive_ints,
                           watch_namespaced)
 from model.types import GROUP, TEMPLATE_FOR_LABEL, VERSION
 
@@ -327,25 +327,7 @@ async def _claim_spec(admin, vmi: str) -> dict | None:
 
 
 async def _make_fleet(fleet, nodes: int, modes: tuple[str, ...]) -> None:
-    from localcluster.dra_profiles import HGX_H100_8
-    from localcluster.dra_world import HGX_CLASS, dra_node
-
-    await fleet.gpu_class(CLASS_OF["count"], RES)
-    if "device" in modes:
-        await fleet.gpu_class(CLASS_OF["device"], device_mode=HGX_CLASS.spec())
-    limit = anyio.Semaphore(16)
-
-    async def make(mode: str, i: int) -> None:
-        async with limit:
-            name = f"{NODE_PREFIX[mode]}-{i:03d}"
-            if mode == "device":
-                await dra_node(fleet, name, HGX_H100_8)
-            else:
-                await fleet.node(name, {RES: 8})
-    async with anyio.create_task_group() as tg:
-        for mode in modes:
-            for i in range(nodes):
-                tg.start_soon(make, mode, i)
+    await mode_fleet(fleet, nodes, modes, res=RES, class_of=CLASS_OF, node_prefix=NODE_PREFIX)
     await fleet.tenant(OURS, user=USER)
     await fleet.tenant(FLOOR, user=USER)
 
