@@ -1,7 +1,8 @@
 """The VMI-create level's seats (bench/apf.py), shared by `bench floor` and `bench fairness`:
 the seats kube-apiserver gives a level for its shares, the shares read from a list of
 PriorityLevelConfigurations as the server holds them, and the level's flow-control figures
-between two readings of its /metrics; real values, no API server."""
+between two readings of its /metrics, on real values; the thin API part (and bench
+fairness's seat counts, the shipped shares restored after them) against a fake API server."""
 
 from __future__ import annotations
 
@@ -84,3 +85,82 @@ def test_the_levels_queue_between_two_readings():
         "dispatched": 290, "rejected": 12, "waited_mean_ms": 50.0, "waited_p99_ms": 1000.0}
     assert apf.level_figures(before, before) is None
     assert apf.level_figures(before, after, level="workload-low") is None
+
+
+class FakeServer:
+    """kube-apiserver as the benchmarks' clients see it: a CustomObjectsApi
+    (`list_cluster_custom_object`, `patch_cluster_custom_object`) over the levels of
+    `levels()`, and an admin ApiClient (`call_api("/metrics")`) whose
+    apiserver_flowcontrol_nominal_limit_seats follows our level's shares at once."""
+
+    def __init__(self) -> None:
+        self.items = levels()
+        self.patches: list[dict] = []
+
+    async def list_cluster_custom_object(self, group, version, plural):
+        assert (group, version, plural) == (*apf.FLOWCONTROL, apf.LEVELS)
+        return {"items": self.items}
+
+    async def patch_cluster_custom_object(self, group, version, plural, name, body,
+                                          _content_type=None):
+        assert (name, _content_type) == (apf.APF, apf.MERGE)
+        self.patches.append(body)
+        ours = next(i for i in self.items if i["metadata"]["name"] == name)
+        ours["spec"]["limited"].update(body["spec"]["limited"])
+        return ours
+
+    async def call_api(self, path, method, auth_settings=None, _preload_content=True):
+        assert (path, method) == ("/metrics", "GET")
+        ours, others = apf.level_shares(self.items)
+        text = ("# TYPE apiserver_flowcontrol_nominal_limit_seats gauge\n"
+                f'apiserver_flowcontrol_nominal_limit_seats{{priority_level="{apf.APF}"}} '
+                f"{apf.seats_given(ours, others)}\n"
+                'apiserver_flowcontrol_nominal_limit_seats{priority_level="exempt"} 0\n'
+                "# TYPE process_open_fds gauge\nprocess_open_fds 50\n")
+
+        class Resp:
+            async def read(self) -> bytes:
+                return text.encode()
+
+            def release(self) -> None:
+                pass
+        return Resp()
+
+
+@pytest.mark.anyio
+async def test_set_shares_patches_the_level_and_says_the_seats_the_server_then_gives():
+    server = FakeServer()
+    assert await apf.plc_shares(server) == (2, 245)
+    assert await apf.set_shares(server, server, 11, 245) == 26
+    assert server.patches == [{"spec": {"limited": {"nominalConcurrencyShares": 11}}}]
+    assert await apf.plc_shares(server) == (11, 245)
+    assert fr.seats_of(apf.APF, await apf.flow_samples(server)) == 26
+    assert await apf.set_shares(server, server, 2, 245) == 5
+
+
+@pytest.mark.anyio
+async def test_bench_fairness_restores_the_shipped_shares_after_its_seat_counts(monkeypatch):
+    from bench import fairness
+
+    server = FakeServer()
+    seen: list[tuple[str, str, int]] = []
+
+    async def b_and_a(lc, workdir, a_ns, b_ns, uids, flow=None, tag=""):
+        got = fr.seats_of(apf.APF, await flow())
+        seen.append((a_ns, b_ns, got))
+        if got == 26:
+            raise RuntimeError("tenant A's process said 'x', not 'ready'")
+        return {"b_alone": {}, "apf_level_alone": None}
+    monkeypatch.setattr(fairness, "_b_and_a", b_and_a)
+    report: dict = {}
+    got = await fairness._at_seats(None, None, server, server, (5, 12), {}, report)
+    assert got == [{"seats_target": 5, "shares": 2, "seats": 5, "b_alone": {},
+                    "apf_level_alone": None},
+                   {"seats_target": 12, "shares": 5, "seats": 12, "b_alone": {},
+                    "apf_level_alone": None}]
+    assert seen == [("tenant-a-s5", "tenant-b-s5", 5), ("tenant-a-s12", "tenant-b-s12", 12)]
+    assert report == {"shares_restored": {"shares": 2, "seats": 5}}
+    with pytest.raises(RuntimeError):                     # a seat count that fails ...
+        await fairness._at_seats(None, None, server, server, (25,), {}, report)
+    assert report == {"shares_restored": {"shares": 2, "seats": 5}}  # ... restores them too
+    assert await apf.plc_shares(server) == (2, 245)
