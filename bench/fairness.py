@@ -466,18 +466,19 @@ def finish_level(level: dict, inside: dict[tuple[str, str], float], b_ns: str) -
 
 def run(out: Path, controller_args: tuple[str, ...] = (),
         baseline_burst_s: float | None = BURST_BEFORE_S, seats: tuple[int, ...] = ()) -> dict:
-    """Run the benchmark (one run, about half a minute on 2 cores, about 15 s more per seat
-    count) with the replicas' extra `controller_args` (none: the shipped settings); write
-    `out`/fairness.json and return the report: `burst` (the lone tenant's, see `_burst`) and
-    `burst_target` ({target, value, met}: all admitted within `BURST_SLOWDOWN` x
-    `baseline_burst_s`; met None without a baseline), `b_alone` and `b_under_flood` ({n,
-    admitted, p50_s, p99_s, max_s, each_s}, seconds per create), `ratio_p99` (under ÷
-    alone), `a_by_status` ({HTTP status: count}, 0 for no answer) and `target` ({target,
-    value, met}). With `seats` (seat counts of the VMI-create level, each below
-    `apf.SERVER_SEATS`; repeats ignored) those of B and A are instead per seat count in
-    `seats` (a list of {seats_target, shares, seats, the same keys, apf_level_alone,
-    apf_level_under_flood}), with `nodes` and `shares_restored`. Raises what LocalCluster
-    raises when the control plane cannot start."""
+    """Run the benchmark (one run, about half a minute on 2 cores without `seats`; phases 2
+    and 3 again per seat count) with the replicas' extra `controller_args` (none: the
+    shipped settings); write `out`/fairness.json and return the report: `burst` (the lone
+    tenant's, see `_burst`) and `burst_target` ({target, value, met}: all admitted within
+    `BURST_SLOWDOWN` x `baseline_burst_s`; met None without a baseline), `b_alone` and
+    `b_under_flood` ({n, admitted, p50_s, p99_s, max_s, each_s}, seconds per create),
+    `ratio_p99` (under ÷ alone), `a_by_status` ({HTTP status: count}, 0 for no answer) and
+    `target` ({target, value, met}). With `seats` (seat counts of the VMI-create level, each
+    below `apf.SERVER_SEATS`; repeats ignored) those of B and A are instead per seat count
+    in `seats` (a list of {seats_target, shares, seats (the server's), the same keys,
+    apf_level_alone, apf_level_under_flood}), with `nodes` and `shares_restored`. Raises
+    what LocalCluster raises when the control plane cannot start; ValueError for a seat
+    count of `apf.SERVER_SEATS` or more (`apf.shares_for`)."""
     seats = tuple(dict.fromkeys(seats))
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {"benchmark": "fairness", "commit": head_sha() or "unknown",

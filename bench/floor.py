@@ -457,9 +457,9 @@ async def _seats(lc: LocalCluster, admin_api, admin, tenant, modes: tuple[str, .
                 before = await _scrape(lc, admin_api)
                 lvl = await _busy(tenant, mode, 1, plan["seats"], f"s{target}{mode[0]}")
                 inside = _inside(before, await _scrape(lc, admin_api))
+                waited = (inside["apf"].get(apf.APF) or {}).get("waited_mean_ms")
                 row = {"mode": mode, "seats_target": target, "shares": shares, "seats": got,
-                       **lvl, "inside": inside,
-                       "apf_waited_mean_ms": (inside["apf"].get(apf.APF) or {}).get("waited_mean_ms")}
+                       **lvl, "inside": inside, "apf_waited_mean_ms": waited}
                 print(fr.summary_lines({"seats": [row]})[0], flush=True)
                 out.append(row)
     finally:
