@@ -27,7 +27,7 @@ Around every level it reads the replicas' /metrics (the phase histogram
 has the mean ms per phase of our answer (`bench.floor_report.phase_means`: the gap named) and
 each priority level's dispatched, rejected and queue-wait figures. `seats`: the concurrency-20
 level of 1-GPU VMIs again per mode with the shipped PriorityLevelConfiguration's
-nominalConcurrencyShares set to give about that many seats (`floor_report.shares_for`; the
+nominalConcurrencyShares set to give about that many seats (`bench.apf.shares_for`; the
 report gives the seats the server then says), then restored. Writes `floor.json`; prints one
 line per level and the load before and after.
 """
@@ -46,9 +46,9 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from bench import floor_report as fr
-from bench.common import (Benchmark, add_modes, add_out, add_quick, apiserver_metrics, commit,
-                          error_text, machine, mode_fleet, modes as parse_modes, positive_ints,
+from bench import apf, floor_report as fr
+from bench.common import (Benchmark, add_modes, add_out, add_quick, commit, error_text,
+                          machine, mode_fleet, modes as parse_modes, positive_ints,
                           watch_namespaced)
 from model.types import GROUP, TEMPLATE_FOR_LABEL, VERSION
 
@@ -65,8 +65,6 @@ TENANTS = "gpu-binder:tenants"
 FLOOR_CLASS = "floor-none"   # a GPUClass that does not exist: the binder counts nothing of it
 FLOOR_NODE = "floor-nowhere"  # a node that does not exist
 FIELD_MANAGER = "gpu-binder-floor"
-APF = "gpu-binder-vmi-creates"
-FLOWCONTROL = ("flowcontrol.apiserver.k8s.io", "v1")
 SIZES = (8, 4, 1)
 CONCURRENCY = 20
 WARM = 3  # admitted warm-up VMIs per mode (both replicas' caches and connections ready)
@@ -301,9 +299,7 @@ async def _scrape(lc: LocalCluster, admin) -> tuple[fr.Samples, fr.Samples]:
     for i, r in enumerate(lc.replicas):
         if r.alive:
             reps.append(fr.samples(await anyio.to_thread.run_sync(lc.metrics, i)))
-    text = await apiserver_metrics(admin)
-    flow = "\n".join(line for line in text.splitlines() if "apiserver_flowcontrol_" in line)
-    return fr.added(reps), fr.samples(flow + "\n")
+    return fr.added(reps), await apf.flow_samples(admin)
 
 
 def _inside(before: tuple[fr.Samples, fr.Samples], after: tuple[fr.Samples, fr.Samples]) -> dict:
@@ -346,40 +342,6 @@ async def _warm(tenant, mode: str) -> None:
                 await anyio.sleep(0.5)  # the caches are still filling: a retry's pause
     if admitted < WARM:
         raise RuntimeError(f"{mode}: no admission within 90 s of warm-up")
-
-
-async def _plc_shares(custom) -> tuple[int, int]:
-    """(our level's nominalConcurrencyShares, the sum over every other Limited level)."""
-    got = await custom.list_cluster_custom_object(*FLOWCONTROL, "prioritylevelconfigurations")
-    ours, others = 0, 0
-    for item in got["items"]:
-        spec = item.get("spec") or {}
-        if spec.get("type") != "Limited":
-            continue
-        shares = int((spec.get("limited") or {}).get("nominalConcurrencyShares", 30))
-        if item["metadata"]["name"] == APF:
-            ours = shares
-        else:
-            others += shares
-    return ours, others
-
-
-async def _set_shares(custom, admin, shares: int, others: int) -> int | None:
-    """Set our level's shares; wait (<= 15 s) until kube-apiserver gives it the seats they
-    mean; the seats it says (None: it does not say)."""
-    await custom.patch_cluster_custom_object(
-        *FLOWCONTROL, "prioritylevelconfigurations", APF,
-        {"spec": {"limited": {"nominalConcurrencyShares": shares}}}, _content_type=MERGE)
-    want = math.ceil(fr.SERVER_SEATS * shares / (others + shares))
-    seats = None
-    with anyio.move_on_after(15):
-        while seats != want:
-            seats = fr.seats_of(APF, fr.samples("\n".join(
-                line for line in (await apiserver_metrics(admin)).splitlines()
-                if "apiserver_flowcontrol_nominal_limit_seats" in line) + "\n"))
-            if seats != want:
-                await anyio.sleep(0.2)  # the API server's config controller applies it
-    return seats
 
 
 async def _measure(lc: LocalCluster, report: dict, plan: dict, sizes: tuple[int, ...],
@@ -467,23 +429,23 @@ async def _seats(lc: LocalCluster, admin_api, admin, tenant, modes: tuple[str, .
                  seats: tuple[int, ...], plan: dict) -> list[dict]:
     """The concurrency-20 level of 1-GPU VMIs per mode at each seat count, the shipped
     shares restored afterwards."""
-    original, others = await _plc_shares(admin)
+    original, others = await apf.plc_shares(admin)
     out = []
     try:
         for target in seats:
-            shares = fr.shares_for(target, others)
-            got = await _set_shares(admin, admin_api, shares, others)
+            shares = apf.shares_for(target, others)
+            got = await apf.set_shares(admin, admin_api, shares, others)
             for mode in modes:
                 before = await _scrape(lc, admin_api)
                 lvl = await _busy(tenant, mode, 1, plan["seats"], f"s{target}{mode[0]}")
                 inside = _inside(before, await _scrape(lc, admin_api))
+                waited = (inside["apf"].get(apf.APF) or {}).get("waited_mean_ms")
                 row = {"mode": mode, "seats_target": target, "shares": shares, "seats": got,
-                       **lvl, "inside": inside,
-                       "apf_waited_mean_ms": (inside["apf"].get(APF) or {}).get("waited_mean_ms")}
+                       **lvl, "inside": inside, "apf_waited_mean_ms": waited}
                 print(fr.summary_lines({"seats": [row]})[0], flush=True)
                 out.append(row)
     finally:
-        await _set_shares(admin, admin_api, original, others)
+        await apf.set_shares(admin, admin_api, original, others)
     return out
 
 

@@ -1,8 +1,8 @@
 """The pure side of `bench floor` (bench/floor.py): Prometheus text read into samples and
 their deltas, the replicas' phase means (`gpu_binder_admission_phase_seconds`), the API
 Priority and Fairness counters per priority level, latency figures, the ratios of our
-admission to the API's floor, the issue's targets (issue 40 item 2), the shares that give a
-priority level a number of seats, and the summary lines. No I/O, no clock."""
+admission to the API's floor, the issue's targets (issue 40 item 2) and the summary lines (the
+shares that give a priority level its seats: bench/apf.py). No I/O, no clock."""
 
 from __future__ import annotations
 
@@ -19,9 +19,6 @@ Samples = dict[Key, float]
 PHASE = "gpu_binder_admission_phase_seconds"
 TARGETS = {1: {"p50": 1.5, "p99": 3.0}, 4: {"p50": 2.0}, 8: {"p50": 2.0}}
 """Issue 40 item 2: quiet admission ÷ the floor, per GPUs per VMI: at most these."""
-SERVER_SEATS = 600
-"""kube-apiserver's concurrency limit with its defaults (--max-requests-inflight 400 +
---max-mutating-requests-inflight 200), shared by the Limited priority levels by shares."""
 
 
 def samples(text: str) -> Samples:
@@ -154,19 +151,6 @@ def seats_of(level: str, gauges: Samples) -> int | None:
                 dict(labels).get("priority_level") == level:
             return int(value)
     return None
-
-
-def shares_for(seats: int, others: int, limit: int = SERVER_SEATS) -> int:
-    """The smallest nominalConcurrencyShares s (>= 1) giving a level at least `seats`
-    seats, as kube-apiserver computes them: ceil(limit · s / (others + s)), `others` the
-    shares of every other Limited level. Raises ValueError when no share count can (seats
-    >= limit)."""
-    if seats >= limit:
-        raise ValueError(f"{seats} seats: the server has {limit}")
-    s = 1
-    while math.ceil(limit * s / (others + s)) < seats:
-        s += 1
-    return s
 
 
 def latency(seconds: list[float]) -> dict:

@@ -1,7 +1,8 @@
 """`bench floor`'s pure report (bench/floor_report.py): the replicas' phase means from
 /metrics deltas summed over replicas, the API Priority and Fairness counters per priority
-level, the shares that give a level its seats, the ratios to the floor, the issue's targets
-and the summary lines, on real exposition text and values; no timing asserted."""
+level, the shares that give a level its seats (bench/apf.py), the ratios to the floor, the
+issue's targets and the summary lines, on real exposition text and values; no timing
+asserted."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 
 import pytest
 
-from bench import floor, floor_report as fr
+from bench import apf, floor, floor_report as fr
 
 PHASE = "gpu_binder_admission_phase_seconds"
 
@@ -119,12 +120,12 @@ def test_bucket_quantile_is_the_bound_of_the_bucket_holding_it():
 @pytest.mark.parametrize("seats, shares", [(5, 2), (12, 5), (25, 11), (1, 1)])
 def test_the_shares_that_give_a_level_its_seats(seats, shares):
     # 245: the built-in Limited levels' shares (the shipped level's comment: 2 shares -> 5)
-    got = fr.shares_for(seats, 245)
+    got = apf.shares_for(seats, 245)
     assert got == shares
     assert math.ceil(600 * got / (245 + got)) >= seats           # enough seats ...
     assert got == 1 or math.ceil(600 * (got - 1) / (244 + got)) < seats  # ... and the fewest shares
     with pytest.raises(ValueError):
-        fr.shares_for(600, 245)
+        apf.shares_for(600, 245)
 
 
 def test_latency_and_the_ratios_to_the_floor():

@@ -228,6 +228,9 @@ def test_demo_dra_refuses_the_count_mode_flags_it_would_ignore(capsys, extra, na
     (["bench", "packing", "--loads", "0.5,,0.7"], "got '0.5,,0.7'"),
     (["bench", "soak", "--minutes", "30"], "--minutes is in (0, 20], got 30"),
     (["bench", "e2e", "--gpus", "1,0"], "--gpus takes positive integers"),
+    (["bench", "fairness", "--seats", "5,0"], "--seats takes positive integers"),
+    (["bench", "fairness", "--seats", "5,600"], "--seats takes seat counts below the API "
+                                                "server's 600, got '5,600'"),
     (["bench", "e2e", "--modes", "count,dra"], "--modes takes count and/or device"),
     (["bench", "scale", "--modes", ","], "--modes takes count and/or device"),
 ])
@@ -308,7 +311,7 @@ def test_bench_help_lists_only_the_benchmarks_own_flags():
                     "--arrivals", "--systems", "--loads"},
         "contention": {"--out", "--quick", "--seed", "--nodes", "--span", "--recreate-delay",
                        "--lanes"},
-        "fairness": {"--out"},
+        "fairness": {"--out", "--seats"},
         "scale": {"--out", "--quick", "--nodes", "--vmis", "--baseline-nodes", "--modes"},
         "soak": {"--out", "--seed", "--nodes", "--minutes", "--create-rate", "--tracemalloc"},
     }
