@@ -71,6 +71,17 @@ def key_of(obj: dict) -> Key:
     return (meta.get("namespace") or "", meta.get("name") or "")
 
 
+class _NoApiClient:
+    """What `OrjsonWatch` holds as its `_api_client`: the stock `Watch.close` closes it;
+    nothing to close, nothing to decode with."""
+
+    async def close(self) -> None:
+        return None
+
+
+_NO_API_CLIENT = _NoApiClient()
+
+
 class OrjsonWatch(Watch):
     """kubernetes_asyncio's `Watch` with each event line decoded once, by orjson: the
     event's `object` is the dict decoded (also as `raw_object`), never encoded and decoded
@@ -80,7 +91,19 @@ class OrjsonWatch(Watch):
     (a BOOKMARK without one raises ValueError), an ERROR event raises ApiException with its
     Status `code` (410 Gone: the caller relists), a line that is not JSON is returned as
     it is, and a JSON line that is no event raises ApiException (it carries a `code`) or
-    ValueError."""
+    ValueError.
+
+    No `ApiClient` of its own: the stock `Watch` makes one per watch only to decode models,
+    which this class never does, and each is a new TLS context with the CA bundle loaded
+    (tens of ms of CPU per watch started, every informer's at a replica's start)."""
+
+    def __init__(self, return_type: str | None = None) -> None:
+        # the stock __init__'s attributes, `_api_client` a no-op (see the class docstring)
+        self._raw_return_type = return_type
+        self._stop = False
+        self._api_client = _NO_API_CLIENT
+        self.resource_version = None
+        self.resp = None
 
     def unmarshal_event(self, data: str | bytes, response_type: str | None) -> Any:
         try:

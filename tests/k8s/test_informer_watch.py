@@ -120,8 +120,28 @@ async def test_watch_lines_decoded_once_bookmarks_tracked_and_410_relisted(monke
 
 
 async def test_an_event_is_one_decoded_dict_and_errors_keep_the_stock_contract():
-    async with OrjsonWatch(return_type="object") as w:  # it owns an ApiClient: in a loop
+    async with OrjsonWatch(return_type="object") as w:
         _unmarshal(w)
+
+
+async def test_a_watch_makes_no_api_client_so_no_tls_context(monkeypatch):
+    """The stock `Watch` makes an ApiClient (a new TLS context, the CA bundle loaded) per
+    watch only to decode models; `OrjsonWatch` decodes with orjson and makes none."""
+    import ssl
+
+    made: list[object] = []
+    real = ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context",
+                        lambda *a, **k: made.append(1) or real(*a, **k))
+    async with OrjsonWatch(return_type="object") as w:
+        _unmarshal(w)
+        assert w.get_return_type(None) == "object" and w.resp is None
+    assert made == []
+    from kubernetes_asyncio.watch import Watch
+
+    async with Watch():  # the stock one does make one: the probe above can see it
+        pass
+    assert made == [1]
 
 
 def _unmarshal(w: OrjsonWatch) -> None:
