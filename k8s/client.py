@@ -7,11 +7,13 @@ Retry-After). Nothing outside this module and the informers sees a client except
 
 Objects travel as plain dicts, as the API server sends them. Writes carry the client's
 field manager (B8 is checked through managedFields); `using` makes a sibling client with
-another field manager or timeout over the same connection pool.
+another field manager or timeout over the same connection pool. `resolve_environment_once`
+keeps the process's ApiClient from looking the environment up on every request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 from dataclasses import dataclass
@@ -22,6 +24,38 @@ from kubernetes_asyncio.client import ApiClient, CoordinationV1Api, CoreV1Api, C
 
 from k8s import errors
 from model.types import GROUP, VERSION
+
+
+def resolve_environment_once(api: ApiClient) -> ApiClient:
+    """`api` with its HTTP session's environment read once, here, instead of on every
+    request. kubernetes_asyncio's session trusts the environment, so aiohttp looks up
+    ~/.netrc and the proxy variables in a worker thread on every API call: two thread hops
+    per call on the admission path (seen in py-spy of a replica). The proxy the environment
+    gives the API server's URL (HTTPS_PROXY and NO_PROXY, read by aiohttp's own rule) is
+    kept as the client's proxy when it has none, and the session is replaced by one that
+    does not trust the environment, on the same connector (its connections and TLS
+    context). No netrc credentials are sent to the API server: Kubernetes authenticates
+    the kubeconfig's token or certificate. Returns `api`; raises nothing of its own."""
+    import aiohttp
+    from aiohttp.helpers import get_env_proxy_for_url
+    from yarl import URL
+
+    rest = api.rest_client
+    old = rest.pool_manager
+    if not old.trust_env:
+        return api
+    if not rest.proxy:
+        with contextlib.suppress(LookupError, ValueError):
+            proxy, auth = get_env_proxy_for_url(URL(api.configuration.host))
+            if auth is not None:
+                proxy = proxy.with_user(auth.login).with_password(auth.password)
+            rest.proxy = str(proxy)
+    connector = old.connector
+    old.detach()  # the connector goes on with the new session, open
+    rest.pool_manager = aiohttp.ClientSession(connector=connector, trust_env=False,
+                                              read_bufsize=2**21)  # as kubernetes_asyncio's
+    return api
+
 
 T = TypeVar("T")
 
