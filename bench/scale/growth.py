@@ -39,12 +39,15 @@ def leader_hwm(part: dict) -> float | None:
 
 
 def _point(part: dict) -> dict:
-    """One size's figures: devices (the population's GPUDevices), quiet 1-GPU p50/p99 (ms),
-    the leader's VmHWM (MiB), the 1-minute load after population."""
+    """One size's figures: devices (the population's GPUDevices), quiet 1-GPU p50/p99 (ms,
+    of the admitted ones) and how many were admitted of how many asked (a full fleet refuses
+    most: then the percentiles stand on few), the leader's VmHWM (MiB), the 1-minute load
+    after population."""
     one = (part.get("quiet") or {}).get("1") or {}
     load = part.get("load_after_population")
     return {"devices": (part.get("population") or {}).get("gpudevices"),
             "p50_ms": one.get("p50_ms"), "p99_ms": one.get("p99_ms"),
+            "admitted": one.get("admitted"), "asked": one.get("asked"),
             "leader_hwm_mib": leader_hwm(part), "load": round(load[0], 2) if load else None}
 
 
@@ -59,7 +62,7 @@ def _round(v: float | None) -> float | None:
 
 def growth(report: dict) -> dict:
     """Per measured mode ("count", "device"): {"sizes": {nodes (str): {devices, p50_ms,
-    p99_ms, leader_hwm_mib, load}} ascending by node count, "smallest", "largest" (node
+    p99_ms, admitted, asked, leader_hwm_mib, load}} ascending by node count, "smallest", "largest" (node
     counts), "p50_ratio" and "p99_ratio" (largest ÷ smallest, to 0.01), "p50_target"
     {value (the ratio), target, met (on the unrounded ratio)}, "rss_per_1000_devices_mib"
     ((VmHWM at largest − at smallest) ÷ (devices at largest − at smallest) × 1000, MiB to
@@ -97,17 +100,20 @@ def grew(report: dict) -> bool:
 
 def rows(report: dict) -> list[str]:
     """Markdown rows of the report's growth section (none when `grew` is False): a table of
-    mode, nodes, devices, quiet 1-GPU p50/p99, leader VmHWM and load per size, then per mode
+    mode, nodes, devices, quiet 1-GPU p50/p99 and admitted/asked, leader VmHWM and load per
+    size, then per mode
     the p50 target, the p99 ratio and the RSS per 1,000 devices."""
     if not grew(report):
         return []
     g = report["growth"]
-    out = ["| growth: mode | nodes | devices | quiet 1-GPU p50/p99 ms | leader VmHWM MiB | load |",
-           "|---|---|---|---|---|---|"]
+    out = ["| growth: mode | nodes | devices | quiet 1-GPU p50/p99 ms | admitted/asked "
+           "| leader VmHWM MiB | load |",
+           "|---|---|---|---|---|---|---|"]
     for mode, m in g.items():
         for n, p in m["sizes"].items():
             out.append(f"| {mode} | {n} | {p['devices']} | {p['p50_ms']}/{p['p99_ms']} "
-                       f"| {p['leader_hwm_mib']} | {p['load']} |")
+                       f"| {p.get('admitted')}/{p.get('asked')} | {p['leader_hwm_mib']} "
+                       f"| {p['load']} |")
     for mode, m in g.items():
         if len(m["sizes"]) < 2:
             continue

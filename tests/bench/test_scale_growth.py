@@ -27,7 +27,7 @@ def _part(p50: float, p99: float, leader_hwm: float, devices: int, *, load: floa
     return {"population": {"vmis_running": devices // 4, "gpudevices": devices,
                            "seconds": {"total": 30.0}},
             "load_after_population": [load, 1.0, 0.5],
-            "quiet": {"1": {"p50_ms": p50, "p99_ms": p99},
+            "quiet": {"1": {"asked": 60, "admitted": 60, "p50_ms": p50, "p99_ms": p99},
                       "4": {"p50_ms": 150.0, "p99_ms": 300.0},
                       "8": {"p50_ms": 200.0, "p99_ms": 400.0}},
             "bursts": {"20": {"p50_ms": 300.0, "p99_ms": 600.0}},
@@ -80,7 +80,8 @@ def test_growth_per_mode_and_size_with_the_ratios_and_the_rss_per_1000_devices()
     count = _report()["growth"]["count"]
     assert list(count["sizes"]) == ["100", "300", "1000"]   # by node count, not as text
     assert count["sizes"]["300"] == {"devices": 2400, "p50_ms": 90.0, "p99_ms": 150.0,
-                                     "leader_hwm_mib": 180.0, "load": 1.5}
+                                     "admitted": 60, "asked": 60, "leader_hwm_mib": 180.0,
+                                     "load": 1.5}
     assert (count["smallest"], count["largest"]) == (100, 1000)
     assert (count["p50_ratio"], count["p99_ratio"]) == (1.32, 1.89)   # 107/81, 244/129
     assert count["p50_target"] == {"value": 1.32, "target": "<= 1.2x", "met": False}
@@ -130,13 +131,16 @@ def test_summary_ends_with_the_growth_rows_and_the_figure_is_drawn(tmp_path):
     report = _report()
     report["targets"] = {}
     rows = summary(report)
+    report["sizes"]["100"]["quiet"]["1"].update(admitted=7, asked=8)   # a full fleet refuses
+    report["growth"] = g.growth(report)
+    rows = summary(report)
     at = rows.index("| growth: mode | nodes | devices | quiet 1-GPU p50/p99 ms | "
-                    "leader VmHWM MiB | load |")
-    assert rows[at + 2:at + 7] == ["| count | 100 | 800 | 81.0/129.0 | 144.0 | 1.5 |",
-                                   "| count | 300 | 2400 | 90.0/150.0 | 180.0 | 1.5 |",
-                                   "| count | 1000 | 8000 | 107.0/244.0 | 259.0 | 1.5 |",
-                                   "| device | 100 | 800 | 200.0/300.0 | 160.0 | 1.5 |",
-                                   "| device | 1000 | 8000 | 240.7/448.3 | 299.9 | 1.5 |"]
+                    "admitted/asked | leader VmHWM MiB | load |")
+    assert rows[at + 2:at + 7] == ["| count | 100 | 800 | 81.0/129.0 | 7/8 | 144.0 | 1.5 |",
+                                   "| count | 300 | 2400 | 90.0/150.0 | 60/60 | 180.0 | 1.5 |",
+                                   "| count | 1000 | 8000 | 107.0/244.0 | 60/60 | 259.0 | 1.5 |",
+                                   "| device | 100 | 800 | 200.0/300.0 | 60/60 | 160.0 | 1.5 |",
+                                   "| device | 1000 | 8000 | 240.7/448.3 | 60/60 | 299.9 | 1.5 |"]
     assert rows[at + 7:] == [
         "growth count mode: quiet 1-GPU p50 at 1000 nodes ÷ at 100: 1.32 (<= 1.2x): NOT met; "
         "p99 1.89; RSS per 1,000 devices 16.0 MiB (leader VmHWM 144.0 -> 259.0 MiB, "
