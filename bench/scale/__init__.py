@@ -7,15 +7,17 @@ tainted or not Ready, one GPUClass per model, tenant namespaces, held GPUDevices
 VMIs made through the real path (our webhook admits and pins each VMI, virt-controller makes
 its virt-launcher Pod, kube-scheduler binds it, KWOK runs it). The measurements
 (`measure_on`, `run`) then time a fresh replica's start-up, admissions one at a time and in
-bursts, and a leader failover on it, at `--nodes` and at `--baseline-nodes` for ratios.
+bursts, and a leader failover on it, at `--nodes` and at `--baseline-nodes` for ratios, or
+at each of `--sizes` in every mode of `--modes`, for how the figures grow with the fleet.
 
 Used by the benchmark here and by the soak (`bench.soak`). Every object `populate` makes
 is named with `spec.prefix`, so a shared control plane (an e2e session's) keeps them apart.
 
 Modules: `workload` (the spec, the records, the plan; pure), `population` (building it
 through the real path, and the process and API-server figures read meanwhile), `measure`
-(the measurements, `measure_on`, `run`), `report` (targets, plot, summary). The names below
-are their public ones, re-exported.
+(the measurements, `measure_on`, `run`), `report` (targets, plot, summary), `growth` (the
+figures per size and mode, their target and figure; `--sizes`). The names below are their
+public ones, re-exported.
 """
 
 import argparse
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Benchmark, add_modes, add_out, add_quick, at_least, modes
+from bench.scale.growth import grew, node_sizes
 from bench.scale.report import max_hwm, plot, summary, targets
 from bench.scale.workload import (QUICK_PLAN, TAINT, Plan, Population, ScaleSpec, VmiRecord,
                                   plan_vmis, problem_nodes)
@@ -52,7 +55,8 @@ def __getattr__(name: str) -> Any:
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     add_out(p)
-    add_quick(p, "20 nodes and a shorter plan, a baseline of 10")
+    add_quick(p, "20 nodes and a shorter plan, a baseline of 10 (with --sizes: the shorter "
+                 "plan at those sizes)")
     p.add_argument("--nodes", type=at_least(1), default=None,
                    help="nodes of the large cluster (default: 1000; with --quick 20)")
     p.add_argument("--vmis", type=at_least(1), default=None,
@@ -60,20 +64,30 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline-nodes", type=at_least(0), default=None,
                    help="nodes of the baseline cluster measured in the same run for the "
                         "ratios, 0 for none (default: 100; with --quick 10)")
-    add_modes(p, "device measures the device-mode fleet at --nodes only, without a baseline")
+    p.add_argument("--sizes", default=None,
+                   help="node counts separated by commas, e.g. 100,300,1000: every mode of "
+                        "--modes measured at every size, each on a cluster of its own, and "
+                        "how the quiet 1-GPU latency and the leader's memory grow from the "
+                        "smallest to the largest (growth.png); replaces --nodes and "
+                        "--baseline-nodes (default: none, --nodes and --baseline-nodes)")
+    add_modes(p, "without --sizes, device measures the device-mode fleet at --nodes only, "
+                 "without a baseline; with --sizes, at every size")
 
 
 def _run(args: argparse.Namespace) -> int:
+    chosen = modes(args.modes)
+    sizes = (None if args.sizes is None
+             else node_sizes(args.sizes, nodes=args.nodes, baseline_nodes=args.baseline_nodes))
     from bench.scale.measure import run
 
     out = Path(args.out)
-    chosen = modes(args.modes)
     report = run(out, nodes=args.nodes or (20 if args.quick else 1000),
                  baseline_nodes=(10 if args.quick else 100) if args.baseline_nodes is None
                  else args.baseline_nodes or None, vmis=args.vmis,
-                 plan=QUICK_PLAN if args.quick else None, modes=chosen)
+                 plan=QUICK_PLAN if args.quick else None, modes=chosen, sizes=sizes)
     print("\n".join(summary(report)))
-    print(f"report: {out}/scale.json, plot: {out}/scale.png")
+    print(f"report: {out}/scale.json, plot: {out}/scale.png"
+          + (f", growth: {out}/growth.png" if grew(report) else ""))
     return 0
 
 

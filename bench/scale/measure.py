@@ -14,6 +14,8 @@ import anyio
 from bench.common import (DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VERSION, VMIS, LauncherPods,
                           admin_client, commit, machine, percentile, replica_timings,
                           timings_between)
+from bench.scale.growth import grew, growth
+from bench.scale.growth import plot as plot_growth
 from bench.scale.population import admit, apiserver_latency, memory, populate, say
 from bench.scale.report import plot, targets
 from bench.scale.workload import Plan, Population, ScaleSpec, VmiRecord
@@ -365,7 +367,8 @@ def _measure_cluster(sp: ScaleSpec, plan: Plan, logs, kwok_args: tuple[str, ...]
 
 def run(out, *, nodes: int = 1000, baseline_nodes: int | None = 100, vmis: int | None = None,
         plan: Plan | None = None, spec: ScaleSpec | None = None, log_dir=None,
-        kwok_args: tuple[str, ...] = (), modes: tuple[str, ...] = ("count",)) -> dict:
+        kwok_args: tuple[str, ...] = (), modes: tuple[str, ...] = ("count",),
+        sizes: tuple[int, ...] | None = None) -> dict:
     """The benchmark: for `baseline_nodes` (None: skipped) then `nodes`, a LocalCluster of
     its own (two replicas with CONTROLLER_ARGS, KubeVirt's harness) populated with `spec`
     (default ScaleSpec) scaled to that many nodes (`vmis`: VMIs at `nodes`, scaled for the
@@ -373,8 +376,19 @@ def run(out, *, nodes: int = 1000, baseline_nodes: int | None = 100, vmis: int |
     a 40 s node Lease renewed every 10 s). With "device" in `modes` (issue 32) the same
     spec at `nodes` in device mode (HGX boards publishing ResourceSlices, ScaleSpec.mode) on
     a cluster of its own, into `device_sizes` (no baseline); without "count" only that.
-    Writes scale.json and scale.png into `out`; returns the report. Raises
-    ControlPlaneError when a cluster cannot start."""
+
+    With `sizes` (node counts, ascending; `nodes` and `baseline_nodes` are then ignored)
+    every mode of `modes` is measured at every size instead, smallest size first, the
+    modes in the order given at each size, each on a cluster of its own (`vmis`: VMIs at
+    the largest size, scaled for the others); `nodes` and `baseline_nodes` in the report are
+    then the largest and the smallest size (None with one size), for `targets`.
+
+    The report's `growth` section (`bench.scale.growth.growth`) gives per mode and size the
+    quiet 1-GPU p50/p99 and the leader's VmHWM. Writes scale.json and scale.png into `out`,
+    and growth.png when a mode was measured at two sizes or more; returns the report.
+    scale.json is also written after each cluster (the parts measured so far, no targets),
+    so a run that fails late keeps what it measured. Raises ControlPlaneError when a
+    cluster cannot start."""
     from dataclasses import replace
     from pathlib import Path
 
@@ -382,24 +396,42 @@ def run(out, *, nodes: int = 1000, baseline_nodes: int | None = 100, vmis: int |
     out.mkdir(parents=True, exist_ok=True)
     plan = plan or Plan()
     base = spec or ScaleSpec()
+    if sizes:
+        nodes, baseline_nodes = max(sizes), (min(sizes) if len(set(sizes)) > 1 else None)
     top = base.scaled(nodes, **({"vmis": vmis} if vmis else {}))
-    sizes = [top] + ([top.scaled(baseline_nodes)] if baseline_nodes and baseline_nodes != nodes else [])
-    if "count" not in modes:
-        sizes = []
     report: dict = {"benchmark": "scale", "commit": commit(), "nodes": nodes,
-                    "baseline_nodes": baseline_nodes, "modes": list(modes), "plan": asdict(plan),
+                    "baseline_nodes": baseline_nodes, "modes": list(modes),
+                    "node_sizes": sorted(set(sizes)) if sizes else None, "plan": asdict(plan),
                     "machine": machine(),
                     "controller_args": list(CONTROLLER_ARGS), "kwok_args": list(kwok_args),
                     "load_before": os.getloadavg(),
                     "sizes": {}, "device_sizes": {}}
     logs = Path(log_dir or out / "logs")
-    for sp in sorted(sizes, key=lambda s: s.nodes):
-        report["sizes"][str(sp.nodes)] = _measure_cluster(sp, plan, logs / f"{sp.nodes}", kwok_args)
-    if "device" in modes:
-        report["device_sizes"][str(nodes)] = _measure_cluster(
-            replace(top, mode="device"), plan, logs / f"{nodes}-device", kwok_args)
+
+    def measured(key: str, label: str, sp: ScaleSpec, logs_at) -> None:
+        report[key][label] = _measure_cluster(sp, plan, logs_at, kwok_args)
+        (out / "scale.json").write_text(json.dumps(report, indent=1))
+    if sizes:
+        for n in sorted(set(sizes)):
+            sp = top if n == nodes else top.scaled(n)
+            for mode in modes:
+                key, tag = ("sizes", "") if mode == "count" else ("device_sizes", "-device")
+                measured(key, str(n), replace(sp, mode=mode), logs / f"{n}{tag}")
+    else:
+        counted = [top] + ([top.scaled(baseline_nodes)]
+                           if baseline_nodes and baseline_nodes != nodes else [])
+        if "count" not in modes:
+            counted = []
+        for sp in sorted(counted, key=lambda s: s.nodes):
+            measured("sizes", str(sp.nodes), sp, logs / f"{sp.nodes}")
+        if "device" in modes:
+            measured("device_sizes", str(nodes), replace(top, mode="device"),
+                     logs / f"{nodes}-device")
     report["load_after"] = os.getloadavg()
     report["targets"] = targets(report)
+    report["growth"] = growth(report)
     (out / "scale.json").write_text(json.dumps(report, indent=1))
     plot(report, out / "scale.png")
+    if grew(report):
+        plot_growth(report, out / "growth.png")
     return report

@@ -3,6 +3,8 @@ and its Markdown rows (`summary`). Pure but for writing the figure."""
 
 from __future__ import annotations
 
+from bench.scale.growth import rows as growth_rows
+
 
 def max_hwm(part: dict) -> float | None:
     """The highest VmHWM (MiB) of a size's replicas: read with the memory, after the
@@ -135,7 +137,8 @@ def plot(report: dict, path) -> None:
 
 def summary(report: dict) -> list[str]:
     """Markdown rows (header first): per size the population time, quiet p50/p99 per GPU
-    count, bursts, memory, start-up, failover; then the targets."""
+    count, bursts, memory, start-up, failover; then the targets; then, when a mode was
+    measured at two sizes or more, the growth section's rows (`growth.rows`)."""
     rows = ["| nodes | VMIs running | devices | populate s | quiet 1/4/8 GPU p50/p99 ms | "
             "burst p50/p99 ms | replica VmHWM MiB | start-up s | failover s |",
             "|---|---|---|---|---|---|---|---|---|"]
@@ -155,4 +158,4 @@ def summary(report: dict) -> list[str]:
             ratio = (f"; {t['ratio_to_baseline']}× the baseline's {t['baseline']}"
                      if t["baseline"] is not None else "; no baseline run")
         rows.append(f"target {name}: {t['value']} {t['unit']} ({t['target']}{ratio}): {met}")
-    return rows
+    return rows + growth_rows(report)

@@ -312,7 +312,8 @@ def test_bench_help_lists_only_the_benchmarks_own_flags():
         "contention": {"--out", "--quick", "--seed", "--nodes", "--span", "--recreate-delay",
                        "--lanes"},
         "fairness": {"--out", "--seats"},
-        "scale": {"--out", "--quick", "--nodes", "--vmis", "--baseline-nodes", "--modes"},
+        "scale": {"--out", "--quick", "--nodes", "--vmis", "--baseline-nodes", "--sizes",
+                  "--modes"},
         "soak": {"--out", "--seed", "--nodes", "--minutes", "--create-rate", "--tracemalloc"},
     }
 

@@ -1,0 +1,164 @@
+"""Whether anything grows with the fleet: per mode, the quiet 1-GPU admission's p50/p99 and
+the leader's peak RSS (VmHWM) at each measured node count (`growth`), the target on them
+(p50 at the largest size <= 1.2x p50 at the smallest) and the RSS each 1,000 devices cost,
+their Markdown rows (`rows`) and their figure (`plot`); and `--sizes`' value
+(`node_sizes`). Pure but for drawing the figure."""
+
+from __future__ import annotations
+
+from bench.common import BadArgs, positive_ints
+
+P50_GROWTH_LIMIT = 1.2
+"""The target: quiet 1-GPU p50 at the largest size <= this many times p50 at the smallest."""
+
+MODE_PARTS = (("count", "sizes"), ("device", "device_sizes"))
+"""Mode -> the report's key holding that mode's parts (node count as a string -> part)."""
+
+
+def node_sizes(text: str, *, nodes: int | None = None,
+               baseline_nodes: int | None = None) -> tuple[int, ...]:
+    """`--sizes`' value: node counts (each >= 1) separated by commas, returned ascending and
+    each once ("1000,100,100" -> (100, 1000)). `nodes` and `baseline_nodes` are the other
+    flags' values (None when not given): `--sizes` replaces both, so either beside it is
+    refused. Raises BadArgs naming the flag."""
+    if nodes is not None or baseline_nodes is not None:
+        given = ", ".join(f for f, v in (("--nodes", nodes), ("--baseline-nodes", baseline_nodes))
+                          if v is not None)
+        raise BadArgs(f"gpu-binder bench scale: --sizes replaces --nodes and --baseline-nodes; "
+                      f"got {given} beside it")
+    return tuple(sorted(set(positive_ints(text, "--sizes"))))
+
+
+def leader_hwm(part: dict) -> float | None:
+    """The leader's VmHWM (MiB) in one size's part: the highest of the replicas marked leader
+    in the memory read after population and after the bursts (the leader's peak so far);
+    None when no leader was read."""
+    vals = [m["hwm_mib"] for key in ("memory", "memory_after_bursts")
+            for m in (part.get(key) or {}).values() if m.get("leader")]
+    return max(vals) if vals else None
+
+
+def _point(part: dict) -> dict:
+    """One size's figures: devices (the population's GPUDevices), quiet 1-GPU p50/p99 (ms,
+    of the admitted ones) and how many were admitted of how many asked (a full fleet refuses
+    most: then the percentiles stand on few), the leader's VmHWM (MiB), the 1-minute load
+    after population."""
+    one = (part.get("quiet") or {}).get("1") or {}
+    load = part.get("load_after_population")
+    return {"devices": (part.get("population") or {}).get("gpudevices"),
+            "p50_ms": one.get("p50_ms"), "p99_ms": one.get("p99_ms"),
+            "admitted": one.get("admitted"), "asked": one.get("asked"),
+            "leader_hwm_mib": leader_hwm(part), "load": round(load[0], 2) if load else None}
+
+
+def _ratio(big, small) -> float | None:
+    """big ÷ small unrounded; None when either is missing (or small is 0)."""
+    return big / small if big is not None and small else None
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 2)
+
+
+def growth(report: dict) -> dict:
+    """Per measured mode ("count", "device"): {"sizes": {nodes (str): {devices, p50_ms,
+    p99_ms, admitted, asked, leader_hwm_mib, load}} ascending by node count, "smallest", "largest" (node
+    counts), "p50_ratio" and "p99_ratio" (largest ÷ smallest, to 0.01), "p50_target"
+    {value (the ratio), target, met (on the unrounded ratio)}, "rss_per_1000_devices_mib"
+    ((VmHWM at largest − at smallest) ÷ (devices at largest − at smallest) × 1000, MiB to
+    0.1)}. A figure that cannot be computed (one size only, a missing value, no device
+    difference) is None, and so is `met` then. Modes with no measured size are left out."""
+    out = {}
+    for mode, key in MODE_PARTS:
+        measured = report.get(key) or {}
+        if not measured:
+            continue
+        points = {n: _point(measured[n]) for n in sorted(measured, key=int)}
+        small, big = min(measured, key=int), max(measured, key=int)
+        s, b = points[small], points[big]
+        several = small != big
+        p50 = _ratio(b["p50_ms"], s["p50_ms"]) if several else None   # met on the unrounded
+        rss = None
+        if several and None not in (b["leader_hwm_mib"], s["leader_hwm_mib"], b["devices"],
+                                     s["devices"]) and b["devices"] != s["devices"]:
+            rss = round((b["leader_hwm_mib"] - s["leader_hwm_mib"])
+                        / ((b["devices"] - s["devices"]) / 1000), 1)
+        out[mode] = {"sizes": points, "smallest": int(small), "largest": int(big),
+                     "p50_ratio": _round(p50),
+                     "p99_ratio": _round(_ratio(b["p99_ms"], s["p99_ms"])) if several else None,
+                     "p50_target": {"value": _round(p50), "target": f"<= {P50_GROWTH_LIMIT}x",
+                                    "met": None if p50 is None else p50 <= P50_GROWTH_LIMIT},
+                     "rss_per_1000_devices_mib": rss}
+    return out
+
+
+def grew(report: dict) -> bool:
+    """Whether the report's growth section has a mode measured at two sizes or more (then the
+    summary has its rows and the run draws its figure)."""
+    return any(len(g["sizes"]) > 1 for g in (report.get("growth") or {}).values())
+
+
+def rows(report: dict) -> list[str]:
+    """Markdown rows of the report's growth section (none when `grew` is False): a table of
+    mode, nodes, devices, quiet 1-GPU p50/p99 and admitted/asked, leader VmHWM and load per
+    size, then per mode
+    the p50 target, the p99 ratio and the RSS per 1,000 devices."""
+    if not grew(report):
+        return []
+    g = report["growth"]
+    out = ["| growth: mode | nodes | devices | quiet 1-GPU p50/p99 ms | admitted/asked "
+           "| leader VmHWM MiB | load |",
+           "|---|---|---|---|---|---|---|"]
+    for mode, m in g.items():
+        for n, p in m["sizes"].items():
+            out.append(f"| {mode} | {n} | {p['devices']} | {p['p50_ms']}/{p['p99_ms']} "
+                       f"| {p.get('admitted')}/{p.get('asked')} | {p['leader_hwm_mib']} "
+                       f"| {p['load']} |")
+    for mode, m in g.items():
+        if len(m["sizes"]) < 2:
+            continue
+        t = m["p50_target"]
+        met = {True: "met", False: "NOT met", None: "n/a"}[t["met"]]
+        lo, hi = m["sizes"][str(m["smallest"])], m["sizes"][str(m["largest"])]
+        out.append(f"growth {mode} mode: quiet 1-GPU p50 at {m['largest']} nodes ÷ at "
+                   f"{m['smallest']}: {m['p50_ratio']} ({t['target']}): {met}; p99 "
+                   f"{m['p99_ratio']}; RSS per 1,000 devices {m['rss_per_1000_devices_mib']} MiB "
+                   f"(leader VmHWM {lo['leader_hwm_mib']} -> {hi['leader_hwm_mib']} MiB, "
+                   f"{lo['devices']} -> {hi['devices']} devices)")
+    return out
+
+
+def plot(report: dict, path) -> None:
+    """Two panels against node count: the quiet 1-GPU p50 (solid) and p99 (dashed) per mode,
+    with each mode's target (1.2x its p50 at the smallest size, dotted); and the leader's
+    VmHWM per mode, labelled with its RSS per 1,000 devices."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (lat, mem) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for j, (mode, m) in enumerate((report.get("growth") or {}).items()):
+        xs = [int(n) for n in m["sizes"]]
+        pts = list(m["sizes"].values())
+        for key, ls in (("p50_ms", "-"), ("p99_ms", "--")):
+            got = [(x, p[key]) for x, p in zip(xs, pts) if p[key] is not None]
+            if got:
+                lat.plot(*zip(*got), ls, marker="o", color=f"C{j}", label=f"{mode} {key[:3]}")
+        first = pts[0]["p50_ms"]
+        if first is not None and len(xs) > 1:
+            lat.hlines(P50_GROWTH_LIMIT * first, xs[0], xs[-1], colors=f"C{j}", linestyles=":",
+                       label=f"{mode} target: {P50_GROWTH_LIMIT}× p50 at {xs[0]}")
+        got = [(x, p["leader_hwm_mib"]) for x, p in zip(xs, pts) if p["leader_hwm_mib"] is not None]
+        if got:
+            mem.plot(*zip(*got), "-", marker="o", color=f"C{j}",
+                     label=f"{mode}: {m['rss_per_1000_devices_mib']} MiB per 1,000 devices")
+    lat.set_title("quiet 1-GPU admission (ms)")
+    mem.set_title("leader's peak RSS, VmHWM (MiB)")
+    for a in (lat, mem):
+        a.set_xlabel("nodes (8 GPUs each)")
+        a.set_ylim(bottom=0)
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
