@@ -25,15 +25,6 @@ RULE_REF = DeviceRef("gpu.nvidia.com", "hgx-node-01", "gpu-vfio-3")
 MARK_REF = DeviceRef("gpu.nvidia.com", "hgx-node-02", "gpu-vfio-5")
 NS = "cozy-system"
 
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: bob, user: {token: x}}]
-contexts: [{name: ro, context: {cluster: c, user: bob}}]
-current-context: ro
-"""
-
-
 def suspect(ref: DeviceRef):
     ev = Evidence()
     for i, name in enumerate("abc"):
@@ -66,13 +57,6 @@ class Api:
 
     async def close(self):
         self.closed = True
-
-
-@pytest.fixture
-def kubeconfig(tmp_path):
-    path = tmp_path / "kubeconfig"
-    path.write_text(KUBECONFIG)
-    return str(path)
 
 
 @pytest.fixture
@@ -192,5 +176,5 @@ def test_clear_with_one_source_forbidden_lifts_what_it_can_read(capsys, kubeconf
     monkeypatch.setattr(health, "_clear", clear)
     server.update(rules=rules(), cm=FORBIDDEN_CM)
     code, out, err = run(capsys, kubeconfig, "clear", "hgx-node-01/gpu-vfio-3")
-    assert code == 0 and cleared == [("DeviceTaintRule", "gpu-vfio-3", "bob")]
+    assert code == 0 and cleared == [("DeviceTaintRule", "gpu-vfio-3", "alice")]  # the kubeconfig's user (tests/cli/conftest.py)
     assert len(err) == 1 and "no right to get configmaps" in err[0]

@@ -19,15 +19,6 @@ from model.health_mark import mark_entry, parse_marks, parse_rule_mark, rule_bod
 T0 = datetime(2026, 12, 6, 9, 0, tzinfo=timezone.utc)
 REF = DeviceRef("gpu.nvidia.com", "hgx-node-01", "gpu-vfio-3")
 
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: alice, user: {token: x}}]
-contexts: [{name: ops, context: {cluster: c, user: alice}}]
-current-context: ops
-"""
-
-
 def _suspect():
     ev = Evidence()
     for i, name in enumerate("abc"):
@@ -41,13 +32,6 @@ def _rule():
     body = rule_body(_suspect(), T0 + timedelta(minutes=3))
     body["metadata"]["uid"] = "rule-uid"
     return body
-
-
-@pytest.fixture
-def kubeconfig(tmp_path):
-    path = tmp_path / "kubeconfig"
-    path.write_text(KUBECONFIG)
-    return str(path)
 
 
 @pytest.fixture
@@ -129,9 +113,8 @@ def test_a_configmap_mark_says_kube_scheduler_cannot_see_it():
     assert "kube-scheduler cannot see it" in text.splitlines()[0]
 
 
-def test_the_user_is_the_current_contexts(tmp_path):
+def test_the_user_is_the_current_contexts(kubeconfig, tmp_path):
+    assert health.kubeconfig_user(kubeconfig) == ("alice", "ops")
     path = tmp_path / "k"
-    path.write_text(KUBECONFIG)
-    assert health.kubeconfig_user(str(path)) == ("alice", "ops")
     path.write_text("current-context: gone\ncontexts: []\n")
     assert health.kubeconfig_user(str(path)) == ("unknown", "gone")
