@@ -83,6 +83,14 @@ def ops_of(s: MemoryStore, rid: str | None = None) -> list[str]:
     return [r.op for r in s.history if r.op == "nomination" or (r.op == "answer" and r.request_id == rid)]
 
 
+async def spot_pair_running(s: MemoryStore, binder) -> None:
+    """The spot sets `spot/a` and `spot/b` (2 GPUs each) placed and settled, then a second
+    of (fake) time before a preemptor comes (as each test did inline)."""
+    add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "b", 2, SPOT)
+    await settle(s, binder)
+    await anyio.sleep(1)
+
+
 async def running(s: MemoryStore, cfg=None, nominations=True):
     binder = Binder(s, s, s, LoopClock(), cfg or config(), nominations=s if nominations else None)
     return binder
@@ -116,9 +124,7 @@ async def test_P4_a_crash_between_the_nomination_and_the_refusal_loses_nothing()
     binder = await running(s)
     async with anyio.create_task_group() as tg:
         await tg.start(binder.run)
-        add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "b", 2, SPOT)
-        await settle(s, binder)
-        await anyio.sleep(1)
+        await spot_pair_running(s, binder)
         # the refusal's writes fail until the coordinator is killed: the nomination is in place
         s.fail_next(TransientWriteError, op="answer", times=1000)
         rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
@@ -140,9 +146,7 @@ async def test_P4_a_nomination_not_recorded_writes_no_refusal():
     binder = await running(s, config(retry_attempts=2))
     async with anyio.create_task_group() as tg:
         await tg.start(binder.run)
-        add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "b", 2, SPOT)
-        await settle(s, binder)
-        await anyio.sleep(1)
+        await spot_pair_running(s, binder)
         s.fail_next(TransientWriteError, op="nomination", times=2)
         rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
         await anyio.sleep(0.005)
@@ -159,9 +163,7 @@ async def test_P6_nominated_room_goes_to_its_preemptor_only():
     binder = await running(s)
     async with anyio.create_task_group() as tg:
         await tg.start(binder.run)
-        add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "b", 2, SPOT)
-        await settle(s, binder)
-        await anyio.sleep(1)
+        await spot_pair_running(s, binder)
         rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
         await settle(s, binder)
         assert result(s, "p", rid)[1] is Code.PREEMPTION_NOMINATED
@@ -187,9 +189,7 @@ async def test_without_a_nomination_writer_nothing_is_nominated():
     binder = await running(s, nominations=False)
     async with anyio.create_task_group() as tg:
         await tg.start(binder.run)
-        add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "b", 2, SPOT)
-        await settle(s, binder)
-        await anyio.sleep(1)
+        await spot_pair_running(s, binder)
         rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
         await settle(s, binder)
         assert result(s, "p", rid)[:2] == (Result.REFUSED, Code.NO_ELIGIBLE_NODE)
@@ -227,9 +227,7 @@ async def test_P6_a_nomination_not_yet_recorded_holds_its_room_for_the_next_batc
     binder = await running(s)
     async with anyio.create_task_group() as tg:
         await tg.start(binder.run)
-        add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "b", 2, SPOT)
-        await settle(s, binder)
-        await anyio.sleep(1)
+        await spot_pair_running(s, binder)
         s.fail_next(TransientWriteError, op="nomination", times=3)  # the first nomination's write lags
         first = add_set(s, "p", "vm-1", 2, ON_DEMAND)
         await anyio.sleep(0.0005)  # decided; its nomination's write is being retried
@@ -271,9 +269,7 @@ async def test_P6_a_leader_killed_between_the_victims_deletion_and_the_preemptor
         for vmi in ("a", "b"):
             s.add_vmi("spot", vmi, admission=f"adm-{vmi}")
         s.add_vmi("spot", "bystander", admission="adm-bystander")
-        add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "b", 2, SPOT)
-        await settle(s, binder)
-        await anyio.sleep(1)
+        await spot_pair_running(s, binder)
         rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
         await settle(s, binder)
         assert result(s, "p", rid)[1] is Code.PREEMPTION_NOMINATED
