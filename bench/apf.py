@@ -105,3 +105,29 @@ async def set_shares(custom, admin_api, shares: int, others: int,
             if seats != want:
                 await anyio.sleep(0.2)  # the API server's config controller applies it
     return seats
+
+
+class SeatCounts:
+    """The level's seats varied for a benchmark and put back: `async with SeatCounts(custom,
+    admin_api) as level:` reads the shipped shares (`plc_shares`), `await level.seats(n)`
+    sets the shares that give about `n` seats (`shares_for`, `set_shares`) and returns
+    (shares, the seats the server then says); on leaving, even by an exception, the shipped
+    shares are set again and `restored` is (shares, the seats the server then says).
+    `custom` an admin CustomObjectsApi, `admin_api` an admin ApiClient."""
+
+    def __init__(self, custom, admin_api) -> None:
+        self.custom, self.admin_api = custom, admin_api
+        self.original = self.others = 0
+        self.restored: tuple[int, int | None] | None = None
+
+    async def __aenter__(self) -> "SeatCounts":
+        self.original, self.others = await plc_shares(self.custom)
+        return self
+
+    async def seats(self, target: int) -> tuple[int, int | None]:
+        shares = shares_for(target, self.others)
+        return shares, await set_shares(self.custom, self.admin_api, shares, self.others)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.restored = (self.original, await set_shares(self.custom, self.admin_api,
+                                                         self.original, self.others))

@@ -278,19 +278,20 @@ async def _at_seats(lc: LocalCluster, workdir: Path, admin, custom, seats: tuple
     the server then says}): per seat count {seats_target, shares, seats (the server's),
     **`_b_and_a`'s keys with the level's flow-control figures}. `admin` is an admin ApiClient,
     `custom` a CustomObjectsApi on it."""
-    original, others = await apf.plc_shares(custom)
     out = []
+    level_seats = apf.SeatCounts(custom, admin)
     try:
-        for target in seats:
-            shares = apf.shares_for(target, others)
-            granted = await apf.set_shares(custom, admin, shares, others)
-            level = await _b_and_a(lc, workdir, *tenants_of(target), uids,
-                                   flow=functools.partial(apf.flow_samples, admin),
-                                   tag=f"-s{target}")
-            out.append({"seats_target": target, "shares": shares, "seats": granted, **level})
+        async with level_seats:
+            for target in seats:
+                shares, granted = await level_seats.seats(target)
+                level = await _b_and_a(lc, workdir, *tenants_of(target), uids,
+                                       flow=functools.partial(apf.flow_samples, admin),
+                                       tag=f"-s{target}")
+                out.append({"seats_target": target, "shares": shares, "seats": granted, **level})
     finally:
-        report["shares_restored"] = {
-            "shares": original, "seats": await apf.set_shares(custom, admin, original, others)}
+        if level_seats.restored is not None:
+            shares, granted = level_seats.restored
+            report["shares_restored"] = {"shares": shares, "seats": granted}
     return out
 
 

@@ -429,12 +429,10 @@ async def _seats(lc: LocalCluster, admin_api, admin, tenant, modes: tuple[str, .
                  seats: tuple[int, ...], plan: dict) -> list[dict]:
     """The concurrency-20 level of 1-GPU VMIs per mode at each seat count, the shipped
     shares restored afterwards."""
-    original, others = await apf.plc_shares(admin)
     out = []
-    try:
+    async with apf.SeatCounts(admin, admin_api) as level_seats:
         for target in seats:
-            shares = apf.shares_for(target, others)
-            got = await apf.set_shares(admin, admin_api, shares, others)
+            shares, got = await level_seats.seats(target)
             for mode in modes:
                 before = await _scrape(lc, admin_api)
                 lvl = await _busy(tenant, mode, 1, plan["seats"], f"s{target}{mode[0]}")
@@ -444,8 +442,6 @@ async def _seats(lc: LocalCluster, admin_api, admin, tenant, modes: tuple[str, .
                        **lvl, "inside": inside, "apf_waited_mean_ms": waited}
                 print(fr.summary_lines({"seats": [row]})[0], flush=True)
                 out.append(row)
-    finally:
-        await apf.set_shares(admin, admin_api, original, others)
     return out
 
 
