@@ -72,7 +72,7 @@ from model.nominate import Preempting
 from model.nomination import Nomination, nomination_holds
 from model.plan import (Action, Answer, Finish, Nominate, Place, Recover, Requeue, Skip, placement_hold,
                         plan_batch, plan_one, recorded_node, recovery)
-from model.reasons import Code, NodeRefusal, Placed, RequestRef
+from model.reasons import Code, NodeRefusal, Placed, RequestRef, SetRefused
 from model.snapshot import Reserving, Snapshot
 from model.types import RequestKey, Result
 
@@ -152,6 +152,7 @@ class Coordinator(Actor):
         # namespace), so one tenant's burst of requests does not delay another's
         self._queue: WorkQueue[RequestKey] = WorkQueue(fair_by=_tenant)
         self._rounds: dict[RequestKey, int] = {}
+        self._missing: dict[RequestKey, float] = {}  # waiting for the view (monotonic s since)
         self._chains: dict[RequestKey, _Chain] = {}  # requests falling back to a next candidate
         self._handled: anyio.Event | None = None  # set once the pump's `_Decide` is handled
         self._counts: Counter[str] = Counter()
@@ -533,6 +534,7 @@ class Coordinator(Actor):
         match action:
             case Skip(ns, rid):
                 self._rounds.pop((ns, rid), None)
+                self._missing.pop((ns, rid), None)
                 if (ns, rid) in flights.stalled:  # nothing more to write: only unobserved binds
                     tell_quietly(self._pipeline, Settle((ns, rid)))
                 return None
@@ -559,6 +561,8 @@ class Coordinator(Actor):
                 return _Answer(Decided(req, Result.REFUSED, None, reason.render(), None, code=reason.code,
                                        nomination=n), Rule.REFUSED, started, reason.code)
         req, decision = action.request, action.decision
+        if isinstance(action, Answer) and self._awaits_view(req, decision):
+            return None
         self._counts["decided"] += 1
         _log.info("decision", request_id=req.id, namespace=req.namespace, vmi=req.vmi,
                   rule=decision.rule, result=decision.result.value, chosen=decision.node,
@@ -569,6 +573,31 @@ class Coordinator(Actor):
             return _Answer(Decided(req, decision.result, decision.node, decision.message, None,
                                    code=code), decision.rule, started, code)
         return Placing((req.namespace, req.id), req, decision, started, hold=action.hold)
+
+    def _awaits_view(self, req: Request, decision: Decision) -> bool:
+        """A refusal only for devices or classes the view does not hold
+        (`SetRefused.only_missing`) waits for the view: requeued after `missing_retry`
+        while the view does not follow the API server (an informer relisting after an
+        outage holds none of what was made meanwhile), and until it has followed it for
+        `missing_grace` s (a class's watch may deliver it after the device that names it).
+        Then it is written as any refusal (bad input gets its answer). True: requeued."""
+        key = (req.namespace, req.id)
+        reason = decision.reason
+        if decision.result is not Result.REFUSED or not isinstance(reason, SetRefused) \
+                or not reason.only_missing:
+            self._missing.pop(key, None)
+            return False
+        now, following = self._clock.monotonic(), self._view.following()
+        if key not in self._missing:
+            _log.info("waiting_for_view", request_id=req.id, namespace=req.namespace,
+                      following=following, why=reason.render())
+        if not following:
+            self._missing[key] = now
+        if now - self._missing.setdefault(key, now) < self._cfg.missing_grace:
+            self._queue.add_after(key, self._cfg.missing_retry)
+            return True
+        self._missing.pop(key, None)
+        return False
 
     def _placed(self, it: Placing, snap: Snapshot, wave: list[Decided]) -> None:
         """Hand a placed item to `wave`; one without a placement (every candidate refused

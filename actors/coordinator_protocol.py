@@ -64,7 +64,10 @@ class CoordinatorConfig:
     writes gave up is tried again; `resync_interval` between full scans; `poison_delay`
     before a request on which `model.decide` raised is tried again; `batch_size` requests
     decided on one snapshot; `defrag_interval` between defragmentation rounds (D1-D5; 0:
-    off, the default: D3 "off unless the operator turns it on"); `defrag_max_moves` the
+    off, the default: D3 "off unless the operator turns it on"); `missing_grace` how long a
+    refusal only for devices or classes the view does not hold waits for the view to follow
+    the API server, `missing_retry` between its tries (`Coordinator._awaits_view`);
+    `defrag_max_moves` the
     most moves one round makes (D3); `preemption` the settings of nominating (P2's
     `preemption.minRuntime`, P4's `preemption.nominationTTL`; `model.nominate`)."""
 
@@ -75,6 +78,8 @@ class CoordinatorConfig:
     resync_interval: float = 30.0
     poison_delay: float = 30.0
     batch_size: int = 64
+    missing_grace: float = 1.0
+    missing_retry: float = 0.25
     line: LineSettings = LineSettings()
     """P5's waiting line (`model.line.LineSettings`: `line.reserveAfter`, a bare VMI's ttl)."""
 

@@ -87,6 +87,12 @@ class ClusterView(Protocol):
     def snapshot(self) -> Snapshot:
         """A model Snapshot of the current view, without reservations."""
 
+    def following(self) -> bool:
+        """True while the view follows the API server for devices and classes (their
+        informers listed, and no list or watch failed since). False while one relists
+        after an outage: the view still holds what it had, and none of what was made
+        meanwhile, so "not found" is no answer then."""
+
 
 @runtime_checkable
 class ChangeFeed(Protocol):

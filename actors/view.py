@@ -10,7 +10,7 @@ it is rebuilt lazily.
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Mapping
+from typing import AsyncIterator, Callable, Mapping
 
 from actors.ports import Change, ChangeKind
 from actors.workqueue import WorkQueue
@@ -18,6 +18,10 @@ from model.priority import PriorityClassInfo
 from model.nomination import Nomination
 from model.snapshot import Snapshot
 from model.types import Budget, DeviceKey, GPUClass, GPUDevice, Namespace, Node, RequestKey
+
+
+def _always() -> bool:
+    return True
 
 
 class IndexedView:
@@ -43,6 +47,16 @@ class IndexedView:
         self._subscribers: list[WorkQueue[Change]] = []
         self._nominations: dict[str, Nomination] = {}  # by object name (P4)
         self._stopping: set[tuple[str, str]] = set()   # VMIs being deleted (P2: no victim)
+        self._following: Callable[[], bool] = _always
+
+    def follow_with(self, fn: Callable[[], bool]) -> None:
+        """Let `fn()` say whether the view follows the API server (`following`); the
+        informer cache passes its informers' health. Default: always."""
+        self._following = fn
+
+    def following(self) -> bool:
+        """See `actors.ports.ClusterView.following`."""
+        return self._following()
 
     # -- ClusterView -----------------------------------------------------------------
     def node(self, name: str) -> Node | None:

@@ -252,6 +252,7 @@ class ClusterCache:
         self._ghost_nodes: set[str] = set()   # HL3: slices naming no Node, logged
         self.view = IndexedView()
         v = self.view
+        v.follow_with(lambda: self.devices.healthy and self.classes.healthy)
         self.devices.add_listener(_feed("GPUDevice", parse_gpu_device, v.put_device,
                                         v.remove_device))
         self.classes.add_listener(_feed("GPUClass", parse_gpu_class, self._put_class,

@@ -364,12 +364,20 @@ class Soak:
                 break
             await anyio.sleep(0.5)
         takeover = round(time.monotonic() - t, 1)
-        await self._spawning(self.lc.start_replica, i)
-        await anyio.to_thread.run_sync(self.lc.wait_ready, i, 90)
-        self.events.append({"at": at, "kind": "kill-leader", "killed": old, "new_leader": new,
-                            "takeover_s": takeover,
-                            "back_s": round(time.monotonic() - t, 1)})
+        kill = {"at": at, "kind": "kill-leader", "killed": old, "new_leader": new,
+                "takeover_s": takeover}
+        self.events.append(kill)   # the takeover is the figure; the restart is its own step
         self.log(f"soak: t={at:.0f}s killed leader {old}; {new} leads after {takeover} s")
+        try:
+            await self._spawning(self.lc.start_replica, i)
+            await anyio.to_thread.run_sync(self.lc.wait_ready, i, 180)
+        except Exception as exc:   # noqa: BLE001 — reported whole: what the replica printed
+            self.counts["op_error_restart-replica"] += 1
+            self.events.append({"at": round(self.now(), 1), "kind": "restart-replica-error",
+                                "replica": old, "error": str(exc)[-4000:]})
+            self.log(f"soak: t={self.now():.0f}s replica {old} did not come back: {exc}")
+            return
+        kill["back_s"] = round(time.monotonic() - t, 1)
 
     async def restart_apiserver(self) -> None:
         """Kill and restart kube-apiserver, recording the outage."""
@@ -395,7 +403,7 @@ class Soak:
         except Exception as exc:   # noqa: BLE001 — an op's failure is a figure, not the end
             self.counts[f"op_error_{op.kind}"] += 1
             self.events.append({"at": round(self.now(), 1), "kind": f"{op.kind}-error",
-                                "error": repr(exc)[:300]})
+                                "error": repr(exc)[:2000]})
 
     # -- sampling ----------------------------------------------------------------------
     async def _sample(self, final: bool = False) -> list[inv.Violation] | None:

@@ -99,6 +99,14 @@ class SetRefused(Reason):
         body = "; ".join([_devices_head(self.devices), *(r.render() for r in self.reasons)])
         return f"refused {self.request}: {body}" if self.request is not None else body
 
+    @property
+    def only_missing(self) -> bool:
+        """True when every reason is an object the view does not hold (a device or a
+        class not found): what an informer that lags or relists would also say of objects
+        that exist. The coordinator waits for its view before it writes such a refusal
+        (`actors.coordinator`, `CoordinatorConfig.missing_grace`)."""
+        return all(r.code in (Code.DEVICE_NOT_FOUND, Code.CLASS_NOT_FOUND) for r in self.reasons)
+
 
 # --- what a Succeeded decision says ------------------------------------------------------------
 

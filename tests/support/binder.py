@@ -24,7 +24,7 @@ from tests.timing import eventually
 def fast_config(**overrides) -> BinderConfig:
     """Small timings so tests run in milliseconds; a generous restart intensity."""
     coordinator = CoordinatorConfig(ask_timeout=2.0, requeue_delay=0.002, stalled_delay=0.01,
-                                    resync_interval=0.5)
+                                    resync_interval=0.5, missing_grace=0.2, missing_retry=0.02)
     pipeline = PipelineConfig(write_timeout=2.0, retry_attempts=5, retry_initial=0.001,
                               retry_max=0.005, retry_jitter=0.001, settle_timeout=5.0)
     node = NodeActorConfig(prepare_ttl=2.0, commit_ttl=30.0, sweep_interval=0.25)
