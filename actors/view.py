@@ -2,9 +2,9 @@
 and `ChangeFeed` ports. The Kubernetes informer cache feeds it from watch events; the
 in-memory store (`fakes.memory_store.MemoryStore`) builds on it. Devices are indexed by
 bound node and by bind-request id. The model `Snapshot` is kept up to date incrementally for
-device changes: they are collected and applied in one step (`Snapshot.with_changes`) by
-the next `snapshot()`; after a node, class, budget or namespace change
-it is rebuilt lazily.
+device and node changes: they are collected and applied in one step each
+(`Snapshot.with_changes`, then `Snapshot.with_node_changes`) by the next `snapshot()`; after
+a class, budget or namespace change it is rebuilt lazily.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ class IndexedView:
         self._by_request: dict[RequestKey, dict[DeviceKey, GPUDevice]] = {}
         self._snap: Snapshot | None = None
         self._pending: dict[DeviceKey, GPUDevice | None] = {}  # device changes not yet in _snap
+        self._pending_nodes: set[str] = set()  # nodes changed since _snap (applied after devices)
         self._subscribers: list[WorkQueue[Change]] = []
         self._nominations: dict[str, Nomination] = {}  # by object name (P4)
         self._stopping: set[tuple[str, str]] = set()   # VMIs being deleted (P2: no victim)
@@ -98,6 +99,12 @@ class IndexedView:
             gone = [k for k, d in self._pending.items() if d is None]
             self._snap = self._snap.with_changes(puts, gone)
             self._pending.clear()
+        if self._snap is not None and self._pending_nodes:
+            names = self._pending_nodes
+            self._snap = self._snap.with_node_changes(
+                [self._nodes[n] for n in names if n in self._nodes],
+                [n for n in names if n not in self._nodes])
+            self._pending_nodes = set()
         if self._snap is None:
             self._snap = Snapshot.build(
                 nodes=self._nodes.values(), classes=self._classes.values(),
@@ -137,12 +144,20 @@ class IndexedView:
         """Add or replace a Node."""
         if self._nodes.get(node.name) != node:
             self._nodes[node.name] = node
-            self._changed("node", node.name)
+            self._node_changed(node.name)
 
     def remove_node(self, name: str) -> None:
         """Forget a Node (it is gone)."""
         if self._nodes.pop(name, None) is not None:
-            self._changed("node", name)
+            self._node_changed(name)
+
+    def _node_changed(self, name: str) -> None:
+        """A node changed: the next `snapshot()` applies it to the current snapshot
+        (`Snapshot.with_node_changes`: the other nodes' counts and device-mode answers are
+        kept; a Pod, a claim or a slice changes one node at a time), then emit."""
+        if self._snap is not None:
+            self._pending_nodes.add(name)
+        self.emit("node", name)
 
     def put_class(self, cls: GPUClass) -> None:
         """Add or replace a GPUClass."""
@@ -274,6 +289,7 @@ class IndexedView:
         """A node, class, namespace or budget changed: drop the snapshot, then emit."""
         self._snap = None
         self._pending.clear()
+        self._pending_nodes = set()
         self.emit(kind, key)
 
     def _unindex(self, key: DeviceKey) -> None:

@@ -592,6 +592,34 @@ class Snapshot:
         st.priority_classes = self._st.priority_classes
         return Snapshot(st, self._by_ns, self._reservations, None, self._rec, NodeMemo(), self._noms, self._stop)
 
+    def with_node_changes(self, nodes: Iterable[Node], gone: Iterable[str] = ()) -> Snapshot:
+        """A snapshot with each of `nodes` added or replacing the node of its name and the
+        nodes named in `gone` left out; devices, classes, budgets, namespaces, reservations
+        and nominations are kept. What a view applies after node watch events (a Pod, a
+        claim or a slice changed what a node has): the index is carried over with only the
+        changed nodes recounted (`Index.with_nodes`), and the device-mode memo keeps the
+        entries of every other node, so the next decision does not start over on a large
+        fleet. Equal to `Snapshot.build` of the same objects."""
+        old = self._st
+        merged = dict(old.nodes)
+        changed: set[str] = set()
+        for n in nodes:
+            if merged.get(n.name) != n:
+                merged[n.name] = n
+                changed.add(n.name)
+        for name in gone:
+            if merged.pop(name, None) is not None:
+                changed.add(name)
+        if not changed:
+            return self
+        st = _Static(merged.values(), old.classes.values(), old.namespaces.values(), ())
+        st.budgets.update(old.budgets)
+        st.scoped, st.scoped_ns = old.scoped, old.scoped_ns
+        st.priority_classes = old.priority_classes
+        idx = self._idx.with_nodes(old, st, changed) if self._idx is not None else None
+        memo = self._memo.without(changed) if self._memo is not None else None
+        return Snapshot(st, self._by_ns, self._reservations, idx, self._rec, memo, self._noms, self._stop)
+
     def _derive(self, by_ns, changes, reservations, added=None) -> Snapshot:
         idx = self._idx
         if idx is not None:
