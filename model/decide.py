@@ -326,8 +326,37 @@ class _Set:
 
     def elsewhere(self, limit: int | None) -> list[tuple[int, str]]:
         """`eligible_elsewhere` as the set's device questions order and filter it (DR4:
-        only nodes where a group is free, tightest group first)."""
+        only nodes where a group is free, tightest group first); for a set of one resource
+        and a `limit`, from the snapshot's ranking when the set's device questions have one
+        (`SetDevices.ranked_elsewhere`: the same nodes, without a look at every node)."""
+        if limit is not None and len(self.resources) == 1:
+            found = self.dev.ranked_elsewhere(self.eligible_node, limit)
+            if found is not None:
+                return found
         return self.dev.elsewhere(self.eligible_elsewhere, limit)
+
+    def eligible_node(self, name: str) -> int | None:
+        """For a set of one resource: `name`'s leftover when `eligible_elsewhere` lists it
+        (placeable, advertising the resource with room for the set, holding no member,
+        serving every class, matching the selector, its hard taints tolerated), else None."""
+        snap = self.snap
+        r0 = self.resources[0]
+        if name in self.here or name in snap.unplaceable_nodes() or name not in snap.nodes:
+            return None
+        if snap.allocatable(name, r0) <= 0:
+            return None
+        lo = snap.free(name, r0) - self.total[r0]
+        if lo < 0:
+            return None
+        for c in self.class_names:
+            if name not in snap.serving_nodes(c):
+                return None
+        sel = self.request.node_selector
+        if sel and not labels_include(snap.node_labels(name), sel):
+            return None
+        if snap.has_hard_taints(name) and snap.untolerated_taints(name, self.request.tolerations):
+            return None
+        return lo
 
     def eligible_elsewhere(self, limit: int | None) -> list[tuple[int, str]]:
         """Eligible nodes holding no member, as sorted (leftover, name), at least the first

@@ -11,13 +11,14 @@ Pure. The snapshot and the members are the core's values (`model.snapshot.Snapsh
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import replace
 from typing import Callable, Sequence
 
 from model.device.dra import HARD_DEVICE_TAINTS, DeviceRef
 from model.device.match import MatchAttribute
 from model.device.ports import DeviceKey, DeviceView, NodeView, SnapshotView
-from model.device.records import held_names
+from model.device.records import Ranking, held_names
 from model.device.topology import ClassShare, GroupChoice, NoGroup, choose_set, natural_key
 from model.reasons import Code, NoDeviceGroup, NoRoom, Reason, TaintedDevices
 
@@ -57,6 +58,12 @@ class NoDevices:
     def elsewhere(self, eligible: Elsewhere, limit: int | None) -> list[tuple[int, str]]:
         """The eligible nodes holding no member, at most `limit`: count mode's as they are."""
         return eligible(limit)
+
+    def ranked_elsewhere(self, eligible_node: Callable[[str], int | None],
+                         limit: int) -> list[tuple[int, str]] | None:
+        """`elsewhere` from the snapshot's ranking, or None when it does not apply (count
+        mode: the count-mode walk is already in B4 order)."""
+        return None
 
     def problems(self, node: str, out: list[Reason], short: bool) -> list[Reason]:
         """`out` (the count-mode reasons of `node`) with the device-mode ones: none."""
@@ -217,6 +224,59 @@ class SetDevices(NoDevices):
         ok.sort()
         found = [(lo, name) for _, lo, name in ok]
         return found if limit is None else found[:limit]
+
+    def ranked_elsewhere(self, eligible_node: Callable[[str], int | None],
+                         limit: int) -> list[tuple[int, str]] | None:
+        """`elsewhere(…, limit)` without a look at every node, for a set of one class with
+        no hold of its own on any node (a new set, the common case): the snapshot's ranking
+        of the class and count (`NodeMemo.ranked`, `ranked`) is walked tightest group first,
+        each node asked `eligible_node` (its leftover when `eligible` would list it, else
+        None), and the walk stops at the end of the first group fit after `limit` nodes
+        were found (within one fit the order is leftover, then name). The same list as
+        `elsewhere`; None when it does not apply."""
+        if len(self.classes) != 1 or self._own_holds:
+            return None
+        c = self.classes[0]
+        found: list[tuple[tuple, int, str]] = []
+        fit = None
+        for key, name in self.ranked(c, len(self.by_class[c])):
+            if key != fit:
+                if len(found) >= limit:
+                    break
+                fit = key
+            lo = eligible_node(name)
+            if lo is not None:
+                found.append((key, lo, name))
+        found.sort()
+        return [(lo, name) for _, lo, name in found[:limit]]
+
+    def ranked(self, c: str, count: int) -> list[tuple[tuple, str]]:
+        """The snapshot's ranking of a new set of `count` devices of class `c` (which this
+        set is, and holds no device on any node): (fit, node) sorted, for every node serving
+        `c` where the choice succeeds; built once per snapshot memo, its stale nodes worked
+        out again (`model.device.records.Ranking`)."""
+        memo = self.snap.memo.ranked
+        found = memo.get((c, count))
+        if found is not None and not found.dirty:
+            return found.keys
+        serving = self.snap.serving_nodes(c)
+        if found is None:
+            keys = []
+            for n in serving:
+                choice = self.choice(n)
+                if not isinstance(choice, NoDeviceGroup):
+                    keys.append((choice[c].fit, n))
+            keys.sort()
+        else:
+            dirty = found.dirty
+            keys = [k for k in found.keys if k[1] not in dirty]
+            for n in dirty:
+                if n in serving:
+                    choice = self.choice(n)
+                    if not isinstance(choice, NoDeviceGroup):
+                        bisect.insort(keys, (choice[c].fit, n))
+        memo[(c, count)] = Ranking(keys)
+        return keys
 
     def problems(self, node: str, out: list[Reason], short: bool) -> list[Reason]:
         """`out` (the count-mode reasons `node` fails the set with; it serves every class)

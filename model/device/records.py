@@ -37,22 +37,46 @@ class NodeMemo:
     not change (`without`), sharing the memo when none did: an entry is true of both,
     whichever fills it."""
 
-    __slots__ = ("groups", "largest")
+    __slots__ = ("groups", "largest", "ranked")
 
     def __init__(self, groups: dict[tuple[str, str, int], GroupOutcome] | None = None,
-                 largest: dict[tuple[str, str], int | tuple[int, ...]] | None = None) -> None:
+                 largest: dict[tuple[str, str], int | tuple[int, ...]] | None = None,
+                 ranked: dict[tuple[str, int], Ranking] | None = None) -> None:
         self.groups: dict[tuple[str, str, int], GroupOutcome] = {} if groups is None else groups
         self.largest: dict[tuple[str, str], int | tuple[int, ...]] = {} if largest is None else largest
+        self.ranked: dict[tuple[str, int], Ranking] = {} if ranked is None else ranked
+        """`ranked[(class, count)]`: the serving nodes where a new set's group choice
+        succeeds, tightest first (`Ranking`; `model.device.choice.SetDevices.ranked`)."""
 
     def without(self, nodes: Iterable[str]) -> NodeMemo:
-        """A new memo without the entries of `nodes` (this one is left as it is)."""
+        """A new memo without the entries of `nodes` (this one is left as it is); each
+        ranking keeps the others' places and works theirs out again on its next use."""
         gone = set(nodes)
         return NodeMemo({k: v for k, v in self.groups.items() if k[0] not in gone},
-                        {k: v for k, v in self.largest.items() if k[0] not in gone})
+                        {k: v for k, v in self.largest.items() if k[0] not in gone},
+                        {k: r.stale(gone) for k, r in self.ranked.items()})
 
     def copy(self) -> NodeMemo:
         """A copy a planner may fill or trim without changing this one."""
-        return NodeMemo(dict(self.groups), dict(self.largest))
+        return NodeMemo(dict(self.groups), dict(self.largest), dict(self.ranked))
+
+
+class Ranking:
+    """For a new set of `count` devices of one class (DR4): `keys`, sorted, (fit, node) for
+    every node serving the class where the group choice succeeds (`GroupChoice.fit`), and
+    `dirty`, the nodes whose entry may be wrong (their devices, records or holds changed
+    since) and is worked out again before the next use. `keys` is never changed in place:
+    a memo derived with `without` shares it."""
+
+    __slots__ = ("keys", "dirty")
+
+    def __init__(self, keys: list[tuple[tuple, str]], dirty: frozenset[str] = frozenset()) -> None:
+        self.keys = keys
+        self.dirty = dirty
+
+    def stale(self, nodes: set[str]) -> Ranking:
+        """This ranking with `nodes` to be worked out again (the keys shared)."""
+        return Ranking(self.keys, self.dirty | nodes) if nodes else self
 
 
 def recorded_on(d: DeviceView | None) -> tuple[str, DeviceRef] | None:
