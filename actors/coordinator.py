@@ -65,6 +65,7 @@ from actors.status_pipeline import (
 from model.decide import Decision, Move, Placement, Request, Rule, describe_placement
 from model.requests import find_requests
 from model.defrag import DEFRAG_REQUEST_PREFIX, DefragPlan, plan_round
+from model.device.tainted_records import off_taint
 from model.hold import Hold
 from model.line import Entry, Identity, Line, reservation
 from model.line_plan import first_allowed, gate_batch, leaves, line_entry, refresh, ripening_reservations, tidy
@@ -624,6 +625,7 @@ class Coordinator(Actor):
         self._chains.pop(key, None)
         first = decision.placements[0]
         message = decision.message if placement is first else describe_placement(req, placement)
+        _log_off_taint(req, placement, snap)
         wave.append(Decided(req, Result.SUCCEEDED, placement.node, message, it.hold_of(placement, snap)))
 
     # -- defragmentation (docs/contract.md §3a) ------------------------------------------------------
@@ -715,6 +717,22 @@ class Coordinator(Actor):
         if ref is not None and rec.hold is not None:
             tell_quietly(ref, Claim(rec.hold, self._owner))
         return Decided(req, Result.SUCCEEDED, node, rec.message, rec.hold)
+
+
+def _log_off_taint(req: Request, placement: Placement, snap: Snapshot) -> None:
+    """HL1: one log line per member whose record names a device under a NoSchedule/NoExecute
+    taint and which `placement` re-points within its node or moves (`off_taint`): the node,
+    the tainted device, the taint and what put it there, and where the record goes. Nothing
+    in count mode or when no record is tainted."""
+    if not snap.mode.matches:
+        return
+    members = [m for name in req.devices if (m := snap.device(req.namespace, name)) is not None]
+    for o in off_taint(snap, members, placement.node, dict(placement.devices)):
+        r = o.record
+        _log.info("record_off_tainted_device", request_id=req.id, namespace=req.namespace,
+                  vmi=req.vmi, member=r.device, node=r.node, device=r.recorded,
+                  taint=f"{r.key}:{r.effect}", rule=r.rule or "ResourceSlice",
+                  to_node=o.to_node, to_device=o.to_device, repoint=o.repoint)
 
 
 __all__ = [

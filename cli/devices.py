@@ -1,5 +1,6 @@
 """HL3 in the operator's tools (docs/device-mode.md, "Nothing lost silently"): `top`'s device
-totals per device-mode class, adding up, with the lost devices named, and `explain`'s lines on a set's lost devices.
+totals per device-mode class, adding up, with the lost devices named, and `explain`'s lines on a set's lost devices
+and (HL1) its records on tainted devices.
 Text only; the values are `model.lost`'s and `model.device.lost`'s."""
 
 from __future__ import annotations
@@ -38,4 +39,10 @@ def lost_lines(e: Explanation) -> list[str]:
     return [f"lost: {x.render()}" for x in e.lost]
 
 
-__all__ = ["LOST_SHOWN", "device_total_lines", "lost_lines"]
+def tainted_lines(e: Explanation) -> list[str]:
+    """`explain`: one line per record of the set on a tainted device (HL1: which, the taint
+    and what put it there, and what the binder does about it)."""
+    return [f"tainted: {x.render()}" for x in e.tainted]
+
+
+__all__ = ["LOST_SHOWN", "device_total_lines", "lost_lines", "tainted_lines"]

@@ -25,7 +25,7 @@ import anyio
 import structlog
 import yaml
 
-from cli.devices import device_total_lines, lost_lines
+from cli.devices import device_total_lines, lost_lines, tainted_lines
 from model.admission import LauncherDefaults, node_selector_of, unknown_annotations
 from model.types import ADMISSION_ANNOTATION
 from model.defrag import DefragPlan, plan_round
@@ -377,6 +377,7 @@ def render_explain(e: Explanation, *, max_nodes: int = 50, classes: tuple[str, .
     for line in kept_lines(e):  # H4
         out.append(line)
     out += lost_lines(e)  # HL3
+    out += tainted_lines(e)  # HL1
     out += line_lines(e, classes, published)  # P5
     out.append("nodes:")
     unserving = [v for v in e.nodes if not v.holds

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from model.check import check_set, judge_set
+from model.device.tainted_records import tainted_records
 from model.housekeeping import VMIs, judge
 from model.nomination import yielding
 from model.parse import VMIAsk
@@ -425,12 +426,26 @@ def same_name_conflict(snapshot: Snapshot, plan: AdmissionPlan, vmis: VMIs, now:
 
 
 def already_admitted(snapshot: Snapshot, plan: AdmissionPlan, now: datetime) -> str | None:
-    """W4: the node when every device of the plan exists, is attached to the VMI and carries
-    a Succeeded request for it on one node where it is Bound; else None. None too for a
-    victim of a nomination live at `now` (P4/P6): the set is being stopped to make room for
-    another, so a VMI re-created under its name (a VM with runStrategy Always) never takes
-    its devices back before housekeeping releases them; it goes to the binder, which counts
-    the nomination's hold, and waits."""
+    """W4: the node of the set placed for this VMI (`placed_for`), None when there is none,
+    or when a member records a device now under a NoSchedule/NoExecute device taint (HL1,
+    `model.device.tainted_records`: a set kept for a stopped VM, H4, is then decided again,
+    re-pointed within its node or moved, B1, never admitted as it is onto that device,
+    which kube-scheduler would not allocate)."""
+    node = placed_for(snapshot, plan, now)
+    if node is None or tainted_records(snapshot, [snapshot.device(plan.namespace, n) for n in plan.devices]):
+        return None
+    return node
+
+
+def placed_for(snapshot: Snapshot, plan: AdmissionPlan, now: datetime) -> str | None:
+    """The set placed for this VMI name (W4's case, or a set kept for its VM, H4): the node
+    when every device of the plan exists, is attached to the VMI and carries a Succeeded
+    request for it on one node where it is Bound; else None. None too for a victim of a
+    nomination live at `now` (P4/P6): the set is being stopped to make room for another, so
+    a VMI re-created under its name (a VM with runStrategy Always) never takes its devices
+    back before housekeeping releases them; it goes to the binder, which counts the
+    nomination's hold, and waits. Whether W4 admits the set as it is says
+    `already_admitted`."""
     if (plan.namespace, plan.vmi) in yielding(snapshot.nominations, now):
         return None
     nodes = set()

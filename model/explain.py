@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Mapping, Sequence
 
-from model.admission import (Refusal, already_admitted, check, effective_resources,
-                             same_name_conflict, unpermitted_gpu_entries, with_templates)
+from model.admission import (Refusal, check, effective_resources, placed_for, same_name_conflict,
+                             unpermitted_gpu_entries, with_templates)
 from model.decide import Move, Request, Rule, apply_decision, assess, decide
 from model.device.view import (Blocks, NodeDevices, blocks, largest_device_set, recorded_choice,
                                 set_view, takes)
@@ -31,11 +31,12 @@ from model.device.dra import DeviceRef
 from model.defrag import DEFAULT_MAX_MOVES, DefragPlan, apply_moves, plan_round
 from model.housekeeping import VMIs
 from model.device.lost import LostDevice
+from model.device.tainted_records import tainted_records
 from model.line import Identity, Line, line_place
 from model.lost import ClassDevices, classify, lost_members
 from model.parse import VMIAsk
 from model.priority import Priority, resolve_priority
-from model.reasons import CAPACITY_CODES, W1_DEVICE_CODES, Code, LinePlace, Reason
+from model.reasons import CAPACITY_CODES, W1_DEVICE_CODES, Code, LinePlace, Reason, RecordTainted
 from model.snapshot import Snapshot
 from model.types import GPUDevice, Labels, Result, Toleration
 
@@ -143,6 +144,10 @@ class Explanation:
     lost: tuple[LostDevice, ...] = field(default=(), metadata=DEVICE_MODE_ONLY)
     """HL3: the set's recorded devices that are lost (left the slices, or published without
     the class's topology attribute), with why (`model.lost.lost_members`)."""
+    tainted: tuple[RecordTainted, ...] = field(default=(), metadata=DEVICE_MODE_ONLY)
+    """HL1: the set's records on a device under a NoSchedule/NoExecute taint, with the taint
+    and what put it there (`model.device.tainted_records`): an idle one is re-pointed within
+    its node, or the set moved, at its next placement; a running VMI's is left alone."""
     line: LinePlace | None = field(default=None, metadata={"omit_empty": True})
     """P5: the set's place in the waiting line of its classes, what is ahead and its
     reservation (`model.line.line_place`); None when it does not wait or no line was given."""
@@ -179,8 +184,8 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
     """Explain the admission of VMI `namespace/vmi` asking for `ask` with its own
     `spec.nodeSelector` and `spec.tolerations` (B3), KubeVirt's `permitted` host devices
     (None: no KubeVirt CR) and the VMI object itself (its kept `gpus` entries), as a CREATE of it now would go: W1 (`check`, then
-    `same_name_conflict` unless W4 finds the set already admitted) with the VMI itself not
-    live, as the webhook sees it (so an existing VMI is explained as if re-created: its own
+    `same_name_conflict` unless the set is already placed for this name, `placed_for`) with
+    the VMI itself not live, as the webhook sees it (so an existing VMI is explained as if re-created: its own
     attachments do not stand in its way), `now` and `grace`; then the binder's B1–B6 on the
     request the webhook would write. When refused, `after_defrag` says whether one
     defragmentation round of at most `defrag_max_moves` moves (D4; the set's own devices
@@ -201,7 +206,11 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
                tolerations=tolerations, permitted=permitted, priority_class_name=pc_name)
     if not isinstance(w1, Refusal) and vmi_object is not None:
         w1 = unpermitted_gpu_entries(vmi_object, effective_resources(snapshot), permitted) or w1
-    if not isinstance(w1, Refusal) and already_admitted(snapshot, w1, now) is None:
+    # the set placed for this name (W4, or kept for its VM, H4) is no conflict; whether W4
+    # admits it as it is (not on a tainted device, HL1) the decision below says
+    # a set placed for this name (W4's, or kept for its VM, H4) is no conflict: whether W4
+    # admits it as it is (HL1: not on a tainted device) the binder's decision below says
+    if not isinstance(w1, Refusal) and placed_for(snapshot, w1, now) is None:
         w1 = same_name_conflict(snapshot, w1, vmis, now, grace) or w1
     snap, request = set_request(snapshot, namespace, vmi, ask, node_selector, tolerations)
     if isinstance(priority, Priority) and priority != request.priority:
@@ -230,13 +239,14 @@ def explain(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, *,
     if not admitted and not set_problems and isinstance(priority, Priority):
         after = _after_defrag(snapshot, namespace, vmi, ask, vmis, now, grace, node_selector,
                               tolerations, permitted, defrag_max_moves)
+    members = [m for n in request.devices if (m := snap.device(namespace, n)) is not None]
     return Explanation(namespace, vmi, request.devices, admitted, reason,
                        d.node if admitted else None, d.rule if admitted else None, moves,
                        tuple(set_problems), verdicts, shortfalls,
                        _budget_short(snap, request), after, _kept_of(snap, request),
                        device_nodes=_device_nodes(snap, request, d),
-                       lost=lost_members(snap, [m for n in request.devices
-                                                if (m := snap.device(namespace, n)) is not None]),
+                       lost=lost_members(snap, members),
+                       tainted=tainted_records(snap, members, live_keys),
                        line=(line_place(line, Identity(namespace, vmi), reservations)
                              if line is not None else None))
 

@@ -16,7 +16,8 @@ One module per section; this package re-exports every public name, so callers im
 - `codes`: the catalogue, `Code` (grouped by section), `Category`, the `Reason` base;
 - `sets`: the set whatever the node (B1, W1; device mode DR1) and over the nodes (B1);
 - `nodes`: one node for the whole set (B3), `CAPACITY_CODES`, the device taints a node's
-  room refusal names (`TaintedDevices`, no code);
+  room refusal names (`TaintedDevices`, no code), a set's record on a tainted device
+  (`RecordTainted`, HL1: what `explain` names);
 - `ledger`: a node actor's no to a reservation (B2: `NodeRefusal`, `LedgersRefused`);
 - `decision`: what a decision says, `SetRefused` or the wording of a Succeeded one
   (`Placed`, `AlreadyPlaced`, `KeptCordoned`, `Resumed`: no code, not reasons to refuse);
@@ -42,7 +43,8 @@ from model.reasons.sets import (BudgetExhausted, ClassNotFound, ClassProblem, De
                                 NoNodeServes, NodeProblems, NotEntitled, WrongNamespace)
 from model.reasons.nodes import (CAPACITY_CODES, ClassesNotServed, Cordoned, LostCapacity,
                                  NoDeviceGroup, NoRoom, NodeGone, NotKubevirtSchedulable, NotReady,
-                                 SelectorMismatch, TaintedDevices, TaintsNotTolerated)
+                                 RecordTainted, SelectorMismatch, TaintedDevices, TaintsNotTolerated,
+                                 taint_source)
 from model.reasons.ledger import (DevicesTaken, LedgerNo, LedgerRebuilt, LedgersRefused,
                                   NoNodeActor, NoReservation, NodeActorUnavailable, NodeRefusal,
                                   NodeUnfit, Short)

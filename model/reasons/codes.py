@@ -76,6 +76,8 @@ class Code(str, Enum):
     # device mode, the set whatever the node (DR1)
     CLASS_PROBLEM = "class_problem"
     MIXED_MODES = "mixed_modes"
+    # device health: a set's record on a tainted device (HL1)
+    RECORD_TAINTED = "record_tainted"
     # the set over the nodes (B1)
     NO_NODE_SERVES = "no_node_serves"
     NO_ELIGIBLE_NODE = "no_eligible_node"
@@ -203,6 +205,7 @@ _CATEGORY: dict[Code, Category] = {
         Code.PREEMPTOR_NEVER, Code.FITS_WITHOUT_PREEMPTION, Code.NOT_REFUSED_FOR_ROOM,
         Code.NO_ELIGIBLE_VICTIM, Code.NOTHING_FREES_ENOUGH)},
     Code.PREEMPTION_NOMINATED: Category.UNAVAILABLE,
+    Code.RECORD_TAINTED: Category.POLICY,
 }
 """Every `Code`'s `Category` (no default: see `Code.category`)."""
 

@@ -2,7 +2,8 @@
 cordoned, not Ready, not schedulable for KubeVirt, taints), the set's match (classes not
 served, nodeSelector), its capacity (`NoRoom`, `LostCapacity`: `CAPACITY_CODES`) and, in
 device mode, its groups of devices (`NoDeviceGroup`, DR3), both naming the device taints
-(and the DeviceTaintRules) that keep devices from the set (`TaintedDevices`, HL1). `model.decide` and
+(and the DeviceTaintRules) that keep devices from the set (`TaintedDevices`, HL1); and a set's
+record on a tainted device (`RecordTainted`, HL1, what `explain` names). `model.decide` and
 `model.types.Node.placement_reasons` build them; `NoEligibleNode` (`model.reasons.sets`)
 lists them per node.
 
@@ -129,14 +130,47 @@ class TaintedDevices:
         shown = [f"{d} of held device {held[d]}" if d in held else d
                  for d in self.devices[:_NAMED_MAX]]
         more = f" and {len(self.devices) - _NAMED_MAX} more" if len(self.devices) > _NAMED_MAX else ""
-        kind, _, name = self.rule.partition(":")
-        if not self.rule:
-            source = "by its ResourceSlice"
-        elif name and kind == "ConfigMap":
-            source = f"by gpu-binder's suspect mark {name} (a ConfigMap entry kube-scheduler cannot see)"
-        else:
-            source = f"by DeviceTaintRule {name if name and kind == 'DeviceTaintRule' else self.rule}"
-        return f"{', '.join(shown)}{more} tainted {self.key}:{self.effect} {source}"
+        return f"{', '.join(shown)}{more} tainted {self.key}:{self.effect} {taint_source(self.rule)}"
+
+
+def taint_source(rule: str) -> str:
+    """What put a device taint there, in words, from a `TaintedDevices.rule`-style `rule`:
+    "by its ResourceSlice" (""), "by DeviceTaintRule <name>" (a name, or
+    "DeviceTaintRule:<name>"), "by gpu-binder's suspect mark <name> (…)" ("ConfigMap:<name>")."""
+    kind, _, name = rule.partition(":")
+    if not rule:
+        return "by its ResourceSlice"
+    if name and kind == "ConfigMap":
+        return f"by gpu-binder's suspect mark {name} (a ConfigMap entry kube-scheduler cannot see)"
+    return f"by DeviceTaintRule {name if name and kind == 'DeviceTaintRule' else rule}"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordTainted(Reason):
+    """HL1 (DR2): GPUDevice `device` of the set, Bound on `node`, records device `recorded`
+    there, which carries the NoSchedule/NoExecute device taint `key`/`effect` put there by
+    `rule` (as `TaintedDevices.rule`: a DeviceTaintRule, gpu-binder's ConfigMap mark, ""
+    the ResourceSlice). `running`: attached to a live VMI (its record is left alone: a
+    NoExecute taint is kube-controller-manager's to evict). Not a refusal: `explain` names it
+    (`Explanation.tainted`) and the binder logs the re-point it leads to; an idle record on a
+    tainted device is re-pointed within its node, or the set moved, at its next placement
+    (never answered "already placed" there, W4 nor B6)."""
+    code: ClassVar[Code] = Code.RECORD_TAINTED
+    device: str
+    node: str
+    recorded: str
+    key: str
+    effect: str
+    rule: str = ""
+    running: bool = False
+
+    def render(self) -> str:
+        said = (f"{'device' if self.running else 'held device'} {self.device} records {self.recorded} on {self.node}, tainted "
+                f"{self.key}:{self.effect} {taint_source(self.rule)}")
+        if self.running:
+            return (f"{said}: its running VMI keeps it (a NoExecute taint has kube-controller-manager "
+                    f"evict the launcher Pod)")
+        return f"{said}: its next placement re-points it within {self.node} or moves the set"
 
 
 _NAMED_MAX = 4

@@ -331,6 +331,32 @@ async def test_DR2_a_held_devices_gpu_taken_while_idle_re_points_it_on_its_node(
     assert [r["device"] for r in after["status"]["allocation"]["devices"]["results"]] == [kept]
 
 
+async def test_HL1_a_held_devices_gpu_tainted_while_idle_by_a_rule_re_points_it_on_its_node(dra, fleet):
+    """HL1 (DR2/DR4/DR6): a held device's VMI goes (its record stays); while it is idle the
+    administrator taints exactly its recorded GPU with a DeviceTaintRule (NoSchedule, the
+    DRADeviceTaintRules API). The tenant's VMI asking for that held device again is
+    admitted on the same node with the record re-pointed to another GPU (not moved, not
+    answered "already placed" on the tainted one), and kube-scheduler allocates its launcher
+    Pod's claim exactly as the new record: never the tainted GPU."""
+    cls, nodes, tenant, _ = await world(fleet, dra, {"hgx": {}})
+    node = nodes["hgx"]
+    kept = await held_and_idle(fleet, dra, cls, tenant, node)
+    rule = await fleet.custom.create_cluster_custom_object(RESOURCE, "v1beta2", "devicetaintrules", {
+        "apiVersion": f"{RESOURCE}/v1beta2", "kind": "DeviceTaintRule",
+        "metadata": {"name": unique("xid")},
+        "spec": {"deviceSelector": {"driver": DRIVER, "pool": node, "device": kept},
+                 "taint": {"key": "gpu.example.com/xid", "value": "79", "effect": "NoSchedule"}}})
+    await replicas_saw(dra, {"devicetaintrules": rule["metadata"]["resourceVersion"]},
+                       what="the DeviceTaintRule on the held device's GPU")
+
+    made = await admitted_naming(fleet, tenant, cls, "vm-back", 1, "held-a", node)
+    [moved] = await check_admitted_set(fleet, tenant, made, 1)
+    assert moved != kept, (moved, kept)
+    dev = await fleet.get_device(tenant, "held-a")
+    assert (dev["status"]["nodeName"], dev["status"]["device"]["device"]) == (node, moved)
+    assert "already placed" not in dev["status"]["bindRequest"]["message"], dev["status"]["bindRequest"]
+
+
 async def test_B5b_a_held_set_whose_record_broke_on_its_cordoned_node_is_re_pointed_there(dra, fleet):
     """B5(b) in device mode (DR2-DR4): two held devices of an onCordon Stay class record a
     partition of 2; their VMI goes (H2: the records stay), the node is cordoned and one

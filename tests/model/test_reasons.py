@@ -44,6 +44,9 @@ WORDING = [
      "KubeVirt refuses a VMI mixing DRA GPUs and device-plugin GPUs: device-mode class h100x "
      "with count-mode class l40s in one set"),
     (r.NoNodeServes(("h100",)), "no node serves class h100"),
+    (r.RecordTainted("gpu-b", "n1", "gpu-vfio-0", "example.com/xid", "NoSchedule", "xid-79"),
+     "held device gpu-b records gpu-vfio-0 on n1, tainted example.com/xid:NoSchedule by DeviceTaintRule "
+     "xid-79: its next placement re-points it within n1 or moves the set"),
     (r.NoEligibleNode((r.NodeProblems("n1", (r.Cordoned(), r.NoRoom(H, 2, 1))),
                        r.NodeProblems("n2", (r.NodeGone(),))), 4),
      "n1: cordoned, needs 2 × nvidia.com/H100, has 1 free; n2: gone; and 4 more nodes"),
@@ -186,6 +189,14 @@ def test_every_code_has_a_wording_row_and_one_reason_type():
 
 @pytest.mark.parametrize("reason, text", [
     (r.NoDevices(asked=True), "no devices asked for"),
+    (r.RecordTainted("gpu-b", "n1", "gpu-vfio-4", "gpu.nvidia.com/gpu-lost", "NoExecute", running=True),
+     "device gpu-b records gpu-vfio-4 on n1, tainted gpu.nvidia.com/gpu-lost:NoExecute by its ResourceSlice: "
+     "its running VMI keeps it (a NoExecute taint has kube-controller-manager evict the launcher Pod)"),
+    (r.RecordTainted("gpu-b", "n1", "gpu-vfio-4", "gpu.cozystack.io/suspect", "NoSchedule",
+                     "ConfigMap:gpu-suspect-x"),
+     "held device gpu-b records gpu-vfio-4 on n1, tainted gpu.cozystack.io/suspect:NoSchedule by gpu-binder's "
+     "suspect mark gpu-suspect-x (a ConfigMap entry kube-scheduler cannot see): its next placement "
+     "re-points it within n1 or moves the set"),
     (r.TaintsNotTolerated(("a:NoSchedule", "b=c:NoExecute")), "taints a:NoSchedule, b=c:NoExecute not tolerated"),
     (r.ClassesNotServed(("h100", "l40s")), "does not serve classes h100, l40s"),
     (r.LostCapacity(H, 2, 0, 1), "lost capacity of nvidia.com/H100: 2 bound of 1"),
@@ -323,6 +334,7 @@ def test_succeeded_wording():
     (Code.MIXED_MODES, Category.INVALID),
     (Code.PRIORITY_CLASS_NOT_FOUND, Category.POLICY),
     (Code.BEHIND_IN_LINE, Category.UNAVAILABLE), (Code.NODE_RESERVED, Category.UNAVAILABLE),
+    (Code.RECORD_TAINTED, Category.POLICY),
 ])
 def test_categories(code, category):
     assert code.category is category
