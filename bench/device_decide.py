@@ -3,7 +3,7 @@ decision (`decide`) and the webhook's W1 check (`model.check.check_set`) on a fl
 HGX H100 boards.
 
 Run `python -m bench.device_decide [--nodes 1000] [--decisions 2000] [--fill 0.5] [--seed 1]
-[--rounds 3] [--profile]`. Not a test. Each node publishes the slice of
+[--rounds 3] [--cold | --node-changes] [--profile]`. Not a test. Each node publishes the slice of
 `localcluster.dra_profiles.HGX_H100_8` (8 GPUs, `gpu.nvidia.com/partition{1,2,4,8}` by module
 id), read by `model.device.dra.parse_resource_slice`; one device-mode class constrained by
 `gpu.nvidia.com/partition{size}` (DR3). The fleet starts with about `--fill` of its GPUs
@@ -16,12 +16,14 @@ out (`apply_decision`, the records). Reports per set size the mean CPU time of `
 `check_set`, the best of `--rounds` identical runs (CPU time of this process: other load on
 the machine does not count), and the rules seen.
 
-The snapshot is derived from step to step as the view derives it between node changes, so
-its node memo (`Snapshot.memo`: a new set's group choice per node) keeps the nodes the
-step did not touch. With `--cold` it is built anew before each step (untimed), as the view
-does after any Node change (a launcher Pod, a claim's allocation), its counts and records
-indexed outside the timing: every node's choice is then worked out again, the figure to
-expect for the first decision after such a change.
+The snapshot is derived from step to step as the view derives it, so its node memo
+(`Snapshot.memo`: a new set's group choice per node, and the ranking of the nodes by it)
+keeps the nodes the step did not touch. With `--node-changes` one random board's taken
+devices change before each step (`Snapshot.with_node_changes`, untimed), as a claim's
+allocation or release changes a node in the view. With `--cold` it is built anew before
+each step (untimed), as the view does after a class, budget or namespace change, its counts
+and records indexed outside the timing: every node's choice is then worked out again, the
+figure to expect for the first decision after such a change.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import random
 import sys
 import time
 from collections import Counter, defaultdict
+from dataclasses import replace
 from datetime import datetime, timezone
 
 from bench.common import Benchmark
@@ -79,7 +82,7 @@ def fleet(n_nodes: int, fill: float, rng: random.Random) -> Snapshot:
 
 
 def run(n_nodes: int, decisions: int, fill: float, seed: int,
-        cold: bool = False) -> dict[int, tuple[int, float, float]]:
+        cold: bool = False, node_changes: bool = False) -> dict[int, tuple[int, float, float]]:
     """One simulated run; prints what it saw and returns per set size (count, seconds in
     decide, seconds in check_set), CPU time of this process."""
     rng = random.Random(seed)
@@ -94,6 +97,10 @@ def run(n_nodes: int, decisions: int, fill: float, seed: int,
             snap = snap.without_devices((ns, n) for n in names)
         ns = f"tenant-{rng.randrange(20):02d}"
         size = rng.choice(SIZES)
+        if node_changes:
+            n = snap.nodes[f"hgx-{rng.randrange(n_nodes):04d}"]
+            flip = frozenset({f"gpu-vfio-{rng.randrange(8)}"}) - set(snap.recorded_devices(n.name))
+            snap = snap.with_node_changes([replace(n, taken_devices=n.taken_devices ^ flip)])
         if cold:
             snap = Snapshot.build(nodes=snap.nodes.values(), classes=snap.classes.values(),
                                   devices=snap.devices.values(), namespaces=snap.namespaces.values())
@@ -145,6 +152,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    help="identical runs; the best is reported (default: %(default)s)")
     p.add_argument("--cold", action="store_true",
                    help="build the snapshot anew before each step (default: derived)")
+    p.add_argument("--node-changes", action="store_true",
+                   help="change one board's taken devices before each step (default: none)")
     p.add_argument("--profile", action="store_true",
                    help="one run under pyinstrument (default: off)")
 
@@ -154,10 +163,10 @@ def _run(a: argparse.Namespace) -> int:
         from pyinstrument import Profiler
 
         with Profiler() as prof:
-            run(a.nodes, a.decisions, a.fill, a.seed, a.cold)
+            run(a.nodes, a.decisions, a.fill, a.seed, a.cold, a.node_changes)
         prof.print()
         return 0
-    runs = [run(a.nodes, a.decisions, a.fill, a.seed, a.cold) for _ in range(a.rounds)]
+    runs = [run(a.nodes, a.decisions, a.fill, a.seed, a.cold, a.node_changes) for _ in range(a.rounds)]
     best = {s: (runs[0][s][0], min(r[s][1] for r in runs), min(r[s][2] for r in runs)) for s in runs[0]}
     report(f"best of {a.rounds}", best)
     return 0
