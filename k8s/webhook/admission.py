@@ -35,6 +35,8 @@ from k8s.webhook.waiter import RECORD_WAIT, ResultWaiter, until
 from model.admission import (AdmissionPlan, Refusal, already_admitted, budget_in_flight, check,
                              effective_resources, kept_conflict, node_selector_of,
                              same_name_conflict, template_name, unpermitted_gpu_entries, vm_owner)
+from model.line import Entry
+from model.line_plan import w1_entry
 from model.nominate import NominationSettings, w1_nominee
 from model.priority import DEFAULT_PRIORITY, Priority, resolve_priority
 from model.reasons import Code, ShuttingDown, TenantBusy
@@ -72,13 +74,19 @@ class VMIAdmission:
     W1 refusals and turns refused by the gate per (namespace, code) (for metrics).
     `phase_observer` (None: nobody) is told of each admitted review's phases
     (`k8s.webhook.phases`: seconds per step and the review's total; `k8s.metrics.Metrics`
-    sets itself)."""
+    sets itself). `line` (None: W1's refusals for room stand as they are, as in tools and
+    tests) tells the leader's waiting line of a bare VMI W1 refused for room (P5,
+    `_in_line`): True when this replica has a coordinator to tell (it leads), False when
+    not (a follower: the set then goes on to the binder, whose refusal for room enters the
+    leader's line)."""
 
     def __init__(self, client: KubeClient, cache: ClusterCache, *, bind_timeout: float,
                  grace: timedelta, clock: Callable[[], datetime] | None = None,
                  gate: TenantGate | None = None, record_wait: float = RECORD_WAIT,
-                 preemption: NominationSettings = NominationSettings()) -> None:
+                 preemption: NominationSettings = NominationSettings(),
+                 line: Callable[[Entry], bool] | None = None) -> None:
         self.api = steps.Api(client)
+        self.line = line  # P5: a bare VMI refused for room at W1 waits in the leader's line
         self.preemption = preemption  # P4: a set W1 refuses for room that would be nominated goes on
         self.cache = cache
         self.bind_timeout = bind_timeout
@@ -229,6 +237,36 @@ class VMIAdmission:
                  vmi=review.name, node=node)
         return AdmissionPlan(review.namespace, review.name, tuple(ask.held), templates, node, priority)
 
+    def _in_line(self, snap: Snapshot, review: Review, refusal: Refusal, now: datetime,
+                 selector: Labels) -> AdmissionPlan | Refusal:
+        """P5: a bare VMI (no VirtualMachine owner) that W1 refuses for room only
+        (`model.line_plan.w1_entry`: never for budget, entitlement, a class problem, bad input
+        or a size no node has) takes its place in the leader's waiting line, keyed by
+        (namespace, vmi), with its priority (P1) and first refusal, kept while its client
+        retries (`LineSettings.ttl`). On the leader (`line` answers True: its coordinator is
+        told) `refusal` stands; on a replica with no coordinator (False: a follower) the set
+        goes on to the binder as any set does (W3 writes its bindRequest, which the leader's
+        informer brings to its coordinator): the binder's refusal for room enters the line
+        there, and is the answer. A dry run (W2: it writes nothing and waits for nothing),
+        a VM's VMI (its VM's place comes from the waiting-VM loop, `k8s.vm_waiting`) and a
+        webhook without `line` leave `refusal` as it is."""
+        ask = review.ask
+        if self.line is None or review.dry_run or ask is None:
+            return refusal
+        priority = self._priority(snap, review)
+        waiting = w1_entry(snap, review.namespace, review.name, ask, refusal.reason, priority, now,
+                           owner=vm_owner(review.object), node_selector=selector,
+                           tolerations=review.tolerations)
+        if waiting is None:
+            return refusal
+        if self.line(waiting):
+            log.info("refused for room at W1; waits in the leader's line", code=refusal.code,
+                     priority=priority.value)
+            return refusal
+        log.info("refused for room at W1; goes on to the binder (the leader's line)", code=refusal.code)
+        templates = tuple((template_name(review.name, c, i), c) for c, n in ask.templates for i in range(n))
+        return AdmissionPlan(review.namespace, review.name, tuple(ask.held), templates, None, priority)
+
     def _priority(self, snap: Snapshot, review: Review) -> Priority:
         """The set's priority (P1) as `model.admission.check` resolved it and
         `status.bindRequest` records it: the VMI's `spec.priorityClassName` against the
@@ -262,6 +300,8 @@ class VMIAdmission:
                      permitted=permitted, priority_class_name=review.priority_class_name)
         if isinstance(plan, Refusal):
             plan = self._nominee(snap, review, plan, now, selector)
+        if isinstance(plan, Refusal):
+            plan = self._in_line(snap, review, plan, now, selector)
         if isinstance(plan, Refusal):
             return plan
         kept = unpermitted_gpu_entries(review.object, effective_resources(snap), permitted)
@@ -330,6 +370,8 @@ class VMIAdmission:
                      priority_class_name=review.priority_class_name)
         if isinstance(plan, Refusal):
             plan = self._nominee(snap, review, plan, now, selector)
+        if isinstance(plan, Refusal):
+            plan = self._in_line(snap, review, plan, now, selector)
         if isinstance(plan, Refusal):
             self._rejection(ns, plan.code)
             raise Denied.of(refusal_denial(plan))
