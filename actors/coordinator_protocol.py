@@ -81,7 +81,8 @@ class CoordinatorConfig:
     missing_grace: float = 1.0
     missing_retry: float = 0.25
     line: LineSettings = LineSettings()
-    """P5's waiting line (`model.line.LineSettings`: `line.reserveAfter`, a bare VMI's ttl)."""
+    """P5's waiting line (`model.line.LineSettings`: `line.reserveAfter`, a bare VMI's ttl,
+    `line.maxPerNamespace`)."""
 
     defrag_interval: float = 0.0
     defrag_max_moves: int = 4

@@ -7,7 +7,8 @@ it would start soonest.
 - `waits_for_room`: which refusals enter the line (room, never budget, entitlement, a class
   problem, a size no node has, a policy of the node).
 - `Identity`, `Shape`, `Entry`, `Line`: the line as a value (copy-on-write, like
-  `model.snapshot.Snapshot`): `refused`, `started`, `gone`, `expire`, and the order.
+  `model.snapshot.Snapshot`): `refused`, `started`, `gone`, `expire`, `capped` (a tenant's
+  bound, `LineSettings.per_namespace`), and the order.
 - `may_place`: may a set start on the node its decision chose (`Allowed`), or does a set
   ahead of it go first (`Behind`), or is the node reserved (`Reserved`)?
 - `reservation`: the nodes reserved for heads that waited long (`soonest` is the one rule).

@@ -39,7 +39,7 @@ from model.line import Entry
 from model.line_plan import w1_entry
 from model.nominate import NominationSettings, w1_nominee
 from model.priority import DEFAULT_PRIORITY, Priority, resolve_priority
-from model.reasons import Code, ShuttingDown, TenantBusy
+from model.reasons import BinderRefused, Code, ShuttingDown, TenantBusy
 from model.snapshot import Snapshot
 from model.types import Labels
 
@@ -52,15 +52,24 @@ waited for during the first three quarters of it at most (the review's deadline,
 not a fixed line, bounds the wait; bind timeout < the webhook's timeoutSeconds)."""
 
 
+def _nominated(exc: Denied) -> bool:
+    """The binder refused the set with a nomination (P4's `preemption_nominated`): room is
+    being made for it, and its 503 with Retry-After is the answer."""
+    return isinstance(exc.reason, BinderRefused) and exc.reason.refused is Code.PREEMPTION_NOMINATED
+
+
 @dataclass(frozen=True, slots=True)
 class _Judged:
     """W1's outcome for one review: the plan, the launcher nodeSelector the binder must
-    match (B3), the snapshot judged and this call's attempt (its admission id)."""
+    match (B3), the snapshot judged and this call's attempt (its admission id); `w1` W1's
+    refusal for room of a bare VMI a follower sends on to the binder (P5, `_in_line`): the
+    answer when the binder does not admit it either (None: W1 let the set through)."""
 
     plan: AdmissionPlan
     selector: Labels
     snap: Snapshot
     attempt: Attempt
+    w1: Refusal | None = None
 
 
 class VMIAdmission:
@@ -247,9 +256,11 @@ class VMIAdmission:
         told) `refusal` stands; on a replica with no coordinator (False: a follower) the set
         goes on to the binder as any set does (W3 writes its bindRequest, which the leader's
         informer brings to its coordinator): the binder's refusal for room enters the line
-        there, and is the answer. A dry run (W2: it writes nothing and waits for nothing),
+        there. A dry run (W2: it writes nothing and waits for nothing),
         a VM's VMI (its VM's place comes from the waiting-VM loop, `k8s.vm_waiting`) and a
-        webhook without `line` leave `refusal` as it is."""
+        webhook without `line` leave `refusal` as it is. A set the binder refuses too (or does
+        not answer in time) is answered `refusal` (`_admit`), so the answer does not depend on
+        the replica the review reached; one it nominates for (P4) gets the nomination's 503."""
         ask = review.ask
         if self.line is None or review.dry_run or ask is None:
             return refusal
@@ -264,6 +275,8 @@ class VMIAdmission:
                      priority=priority.value)
             return refusal
         log.info("refused for room at W1; goes on to the binder (the leader's line)", code=refusal.code)
+        # the binder decides it for real: admitted when the leader finds room W1 did not see
+        # (and the line lets it start), else answered W1's refusal (`_admit`)
         templates = tuple((template_name(review.name, c, i), c) for c, n in ask.templates for i in range(n))
         return AdmissionPlan(review.namespace, review.name, tuple(ask.held), templates, None, priority)
 
@@ -342,7 +355,16 @@ class VMIAdmission:
             raise Denied.of(refusal_denial(conflict))
         if review.dry_run:  # W2
             return allow(review.uid, DRY_RUN_WARNING)
-        node, ops = await self._reserve(review, judged, deadline)
+        try:
+            node, ops = await self._reserve(review, judged, deadline)
+        except Denied as exc:
+            if judged.w1 is None or _nominated(exc):
+                raise
+            # P5 on a follower: the binder's refusal entered the leader's line; the tenant is
+            # answered W1's refusal, as on the leader (the binder's words, or its timeout, would
+            # make the answer depend on the replica the review reached)
+            self._rejection(review.namespace, judged.w1.code)
+            raise Denied.of(refusal_denial(judged.w1)) from exc
         log.info("VMI admitted", node=node, request_id=attempt.admission,
                  devices=list(plan.devices),  # seconds since the review reached _fair_admit:
                  webhook_seconds=round(anyio.current_time() - deadline + self.bind_timeout, 3))
@@ -370,6 +392,7 @@ class VMIAdmission:
                      priority_class_name=review.priority_class_name)
         if isinstance(plan, Refusal):
             plan = self._nominee(snap, review, plan, now, selector)
+        w1 = plan if isinstance(plan, Refusal) else None
         if isinstance(plan, Refusal):
             plan = self._in_line(snap, review, plan, now, selector)
         if isinstance(plan, Refusal):
@@ -387,7 +410,7 @@ class VMIAdmission:
         # unique to this call: keys its attachments and clean-up, and is its request's id
         attempt = Attempt(ns, vmi, uuid.uuid4().hex, now, vmis, self.grace, self.now, owner,
                           deadline)
-        return _Judged(plan, selector, snap, attempt)
+        return _Judged(plan, selector, snap, attempt, w1)
 
     async def _reserve(self, review: Review, judged: _Judged,
                        deadline: float) -> tuple[str, list[dict]]:
