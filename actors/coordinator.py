@@ -67,7 +67,7 @@ from model.requests import find_requests
 from model.defrag import DEFRAG_REQUEST_PREFIX, DefragPlan, plan_round
 from model.device.tainted_records import off_taint
 from model.hold import Hold
-from model.line import Entry, Identity, Line, reservation
+from model.line import Entry, Identity, Line, entry as line_entry_at, reservation
 from model.line_plan import first_allowed, gate_batch, leaves, line_entry, refresh, ripening_reservations, tidy
 from model.nominate import Preempting
 from model.nomination import Nomination, nomination_holds
@@ -78,7 +78,7 @@ from model.snapshot import Reserving, Snapshot
 from model.types import RequestKey, Result
 
 from actors.coordinator_protocol import (CoordinatorConfig, CoordinatorStatus, Examine, GetLine, GetStatus,
-                                         LineState, Resync, VMsWaiting)
+                                         LineState, RefusedAtW1, Resync, VMsWaiting)
 
 _log = structlog.get_logger("gpu_binder.coordinator")
 
@@ -219,7 +219,12 @@ class Coordinator(Actor):
             case GetLine():
                 return LineState(self._line, dict(self._reserved))
             case VMsWaiting(entries, gone):  # P5: VMs refused at W1 wait too
-                self._set_line(refresh(self._line, entries, gone, self._clock.now()))
+                self._set_line(refresh(self._line, entries, gone, self._clock.now(),
+                                       self._cfg.line.per_namespace))
+            case RefusedAtW1(e):  # P5: and bare VMIs, told by the leader's webhook
+                now = self._clock.now()
+                self._set_line(self._line.refused(line_entry_at(e.identity, e.shape, e.priority, now), now,
+                                                  self._cfg.line.per_namespace))
             case _:
                 raise TypeError(f"coordinator: unexpected message {message!r}")
         return None
@@ -406,7 +411,7 @@ class Coordinator(Actor):
                     self._observe_left(left)
             elif d.code is Code.LEDGERS_REFUSED:
                 now = self._clock.now()
-                line = line.refused(line_entry(snap, d.request, now), now)
+                line = line.refused(line_entry(snap, d.request, now), now, self._cfg.line.per_namespace)
         self._set_line(line)
 
     def _set_line(self, line: Line) -> None:
@@ -743,6 +748,7 @@ __all__ = [
     "GetLine",
     "GetStatus",
     "LineState",
+    "RefusedAtW1",
     "Resync",
     "VMsWaiting",
 ]

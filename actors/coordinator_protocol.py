@@ -1,6 +1,6 @@
 """What the coordinator (actors/coordinator.py, docs/contract.md §6) is told and answers, and
 its settings: `Examine`, `Resync`, `GetStatus` -> `CoordinatorStatus`, `GetLine` ->
-`LineState` and `VMsWaiting` (P5), and `CoordinatorConfig`. Values only: the supervisor's router, the
+`LineState`, `VMsWaiting` and `RefusedAtW1` (P5), and `CoordinatorConfig`. Values only: the supervisor's router, the
 benchmarks and the tests speak to the coordinator with these.
 """
 
@@ -81,7 +81,8 @@ class CoordinatorConfig:
     missing_grace: float = 1.0
     missing_retry: float = 0.25
     line: LineSettings = LineSettings()
-    """P5's waiting line (`model.line.LineSettings`: `line.reserveAfter`, a bare VMI's ttl)."""
+    """P5's waiting line (`model.line.LineSettings`: `line.reserveAfter`, a bare VMI's ttl,
+    `line.maxPerNamespace`)."""
 
     defrag_interval: float = 0.0
     defrag_max_moves: int = 4
@@ -100,6 +101,19 @@ class VMsWaiting:
 
 
 @dataclass(frozen=True, slots=True)
+class RefusedAtW1:
+    """From the leader's webhook (`k8s.webhook.admission`, P5): a bare VMI (no VirtualMachine
+    owner) that W1 refused for room, before any bindRequest is written, so before the
+    coordinator saw it (`model.line_plan.w1_entry`: keyed by (namespace, vmi), its shape and
+    priority). It enters the line at the coordinator's now, or keeps its place and first
+    refusal (`model.line.Line.refused`, its namespace capped at `LineSettings.per_namespace`);
+    it stays while its client retries (a bare VMI's `LineSettings.ttl`). Told, never asked:
+    dropped when the mailbox is full (the next retry tells again)."""
+
+    entry: Entry
+
+
+@dataclass(frozen=True, slots=True)
 class GetLine:
     """Reply: `LineState`, the waiting line as the last batch left it (P5)."""
 
@@ -113,5 +127,5 @@ class LineState:
     reservations: Mapping[Identity, str]
 
 
-__all__ = ["CoordinatorConfig", "CoordinatorStatus", "Examine", "GetLine", "GetStatus", "LineState", "Resync",
-           "VMsWaiting"]
+__all__ = ["CoordinatorConfig", "CoordinatorStatus", "Examine", "GetLine", "GetStatus", "LineState",
+           "RefusedAtW1", "Resync", "VMsWaiting"]

@@ -126,6 +126,10 @@ FIELD_HELP: dict[str, str] = {
                           "waits before the node where it would start soonest is reserved for "
                           "it (line.reserveAfter, P5): that node takes no set behind it until "
                           "it starts; >= 0",
+    "line_max_per_namespace": "most sets of one namespace (tenant) waiting in the leader's line "
+                              "at once (line.maxPerNamespace, P5): past it a tenant's further "
+                              "sets refused for room are refused without a place in line (its "
+                              "first ones in line order keep theirs); at least 1",
     "health_failed_starts": "different VMIs that must fail to start on one GPU (launcher Pod or "
                             "VMI Failed before Running) within --health-window before the "
                             "leader suspects it (health.failedStarts, HL2): a DeviceTaintRule "
@@ -214,6 +218,7 @@ class Config:
     preemption_min_runtime: float = _BINDER.coordinator.preemption.preemption.min_runtime.total_seconds()
     preemption_nomination_ttl: float = _BINDER.coordinator.preemption.ttl.total_seconds()
     line_reserve_after: float = _BINDER.coordinator.line.reserve_after.total_seconds()
+    line_max_per_namespace: int = _BINDER.coordinator.line.per_namespace
     health_failed_starts: int = DEFAULT_FAILED_STARTS
     health_window: float = DEFAULT_WINDOW.total_seconds()
 
@@ -245,6 +250,9 @@ class Config:
         if not self.line_reserve_after >= 0:  # NaN too
             raise ValueError(f"--line-reserve-after: must be >= 0 seconds, "
                              f"got {self.line_reserve_after}")
+        if self.line_max_per_namespace < 1:
+            raise ValueError(f"--line-max-per-namespace: must be at least 1, "
+                             f"got {self.line_max_per_namespace}")
         if self.health_failed_starts < 1:
             raise ValueError(f"--health-failed-starts: must be at least 1, "
                              f"got {self.health_failed_starts}")

@@ -25,6 +25,7 @@ import structlog
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 
+from actors.coordinator_protocol import RefusedAtW1
 from actors.heap import heap_report, settle_heap
 from actors.logging import close_logging, configure_logging
 from actors.ports import SystemClock
@@ -45,6 +46,7 @@ from k8s.webhook.fairness import TenantGate
 from k8s.webhook.review import Review, reason_denial
 from k8s.webhook.transport import ReloadingTLS, deny, make_app, serve
 from model.health import HealthSettings
+from model.line import Entry
 from model.preemption import PreemptionSettings
 from model.reasons import NotSynced
 from supervisor.binder import Binder, BinderConfig
@@ -83,7 +85,8 @@ def binder_config(cfg: Config) -> BinderConfig:
                                 preemption=PreemptionSettings(timedelta(seconds=cfg.preemption_min_runtime)),
                                 ttl=timedelta(seconds=cfg.preemption_nomination_ttl)),
                             line=replace(b.coordinator.line,
-                                         reserve_after=timedelta(seconds=cfg.line_reserve_after))),
+                                         reserve_after=timedelta(seconds=cfg.line_reserve_after),
+                                         per_namespace=cfg.line_max_per_namespace)),
         pipeline=replace(b.pipeline, write_timeout=cfg.write_timeout,
                          retry_attempts=cfg.write_attempts, settle_timeout=cfg.settle_timeout),
     )
@@ -123,6 +126,14 @@ class Controller:
         keeper = self.housekeeper
         return Observed(self.synced, self.elector, self.binder, self.cache,
                         keeper.statistics() if keeper is not None else None)
+
+    def refused_at_w1(self, entry: Entry) -> bool:
+        """The webhook's way to the leader's line (P5, `VMIAdmission.line`): a bare VMI W1
+        refused for room, told to this replica's coordinator; False when this replica does
+        not lead (or its binder has no coordinator now): the webhook then sends the set on to
+        the binder, the way every decision reaches the leader."""
+        binder = self.binder
+        return binder is not None and binder.refused_at_w1(RefusedAtW1(entry))
 
     def _health_app(self, metrics: Metrics) -> web.Application:
         async def healthz(_: web.Request) -> web.Response:
@@ -184,7 +195,8 @@ class Controller:
         client = KubeClient(api, timeout=5.0)
         admission = VMIAdmission(client, cache, bind_timeout=cfg.bind_timeout, grace=grace,
                                  gate=tenant_gate(cfg), record_wait=cfg.webhook_record_wait,
-                                 preemption=binder_config(cfg).coordinator.preemption)
+                                 preemption=binder_config(cfg).coordinator.preemption,
+                                 line=self.refused_at_w1)  # P5: bare VMIs refused for room wait
         self.elector = LeaderElector(client, cfg.identity, lease_config(cfg))
         metrics = Metrics(self.observed, admission)
 

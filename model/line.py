@@ -7,7 +7,8 @@ it would start soonest.
 - `waits_for_room`: which refusals enter the line (room, never budget, entitlement, a class
   problem, a size no node has, a policy of the node).
 - `Identity`, `Shape`, `Entry`, `Line`: the line as a value (copy-on-write, like
-  `model.snapshot.Snapshot`): `refused`, `started`, `gone`, `expire`, and the order.
+  `model.snapshot.Snapshot`): `refused`, `started`, `gone`, `expire`, `capped` (a tenant's
+  bound, `LineSettings.per_namespace`), and the order.
 - `may_place`: may a set start on the node its decision chose (`Allowed`), or does a set
   ahead of it go first (`Behind`), or is the node reserved (`Reserved`)?
 - `reservation`: the nodes reserved for heads that waited long (`soonest` is the one rule).
@@ -44,6 +45,14 @@ DEFAULT_TTL = timedelta(minutes=2)
 retries the create by itself while the webhook answers 503 with Retry-After (seconds), so a
 client silent for two minutes has stopped retrying. A VirtualMachine's entry never expires:
 KubeVirt retries for as long as the VM wants to run, and it leaves by `started` / `gone`."""
+
+DEFAULT_PER_NAMESPACE = 100
+"""`line.maxPerNamespace`'s default: the most entries one namespace (tenant) keeps in the line
+(`LineSettings.per_namespace`, `Line.refused` and `Line.capped`). A tenant can make any number
+of sets that are refused for room (a create costs it nothing while it is refused), so without a
+bound one tenant could grow the leader's line, and the work each decision does on it, without
+end. A hundred waiting sets is more than a tenant's budget lets start at once on any fleet the
+binder serves, and keeps the line's cost per decision bounded by namespaces × 100."""
 
 MAX_DECIDED = 16
 """Default bound on the sets ahead `may_place` judges per call (`LineSettings.max_decided`):
@@ -121,18 +130,23 @@ def waits_for_room(outcome: Reason | object) -> bool:
 class LineSettings:
     """The line's settings (P5): `reserve_after` (`line.reserveAfter`; a head waiting longer
     reserves a node), `ttl` (a bare VMI's entry leaves after this long without a refusal,
-    `Line.expire`), `max_decided` (sets ahead `may_place` judges per call, `MAX_DECIDED`).
-    Raises ValueError for a negative time or a `max_decided` below 1."""
+    `Line.expire`), `max_decided` (sets ahead `may_place` judges per call, `MAX_DECIDED`),
+    `per_namespace` (`line.maxPerNamespace`: the most entries one namespace keeps, its first
+    in line order, `DEFAULT_PER_NAMESPACE`). Raises ValueError for a negative time, or a
+    `max_decided` or `per_namespace` below 1."""
 
     reserve_after: timedelta = DEFAULT_RESERVE_AFTER
     ttl: timedelta = DEFAULT_TTL
     max_decided: int = MAX_DECIDED
+    per_namespace: int = DEFAULT_PER_NAMESPACE
 
     def __post_init__(self) -> None:
         if self.reserve_after < timedelta(0) or self.ttl < timedelta(0):
             raise ValueError("line.reserveAfter and the line's ttl must not be negative")
         if self.max_decided < 1:
             raise ValueError(f"max_decided must be at least 1, got {self.max_decided}")
+        if self.per_namespace < 1:
+            raise ValueError(f"line.maxPerNamespace must be at least 1, got {self.per_namespace}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,14 +326,18 @@ class Line:
 
     # --- changes ---------------------------------------------------------------------------
 
-    def refused(self, new: Entry, now: datetime) -> Line:
+    def refused(self, new: Entry, now: datetime, limit: int | None = None) -> Line:
         """`new`'s set refused for room (again) at `now`. When it waits already (`find`),
         its first-refused time stays (so does its position, unless its priority changed: it
         then moves to its new priority's place, still by that time), `last_seen` becomes
         `now` and its shape and priority become `new`'s (a VM uid learnt is kept). Else it
         enters with `new`'s first-refused time (normally `now`: `entry`; a caller rebuilding
         the line after a leader change passes the time it recorded) and `last_seen` `now`;
-        an entry of the same name but another VM leaves (another set)."""
+        an entry of the same name but another VM leaves (another set). With `limit`
+        (`LineSettings.per_namespace`), the namespace of `new` then keeps its first `limit`
+        entries in line order (`capped`): a new entry behind that many of its tenant's does
+        not enter (the line is returned as it was), one ahead of them enters and the
+        tenant's last leaves."""
         old = self._by_key.get(new.identity.key)
         if old is not None and old.identity.same(new.identity):
             ident = new.identity if new.identity.vm_uid is not None else old.identity
@@ -327,7 +345,29 @@ class Line:
         else:
             e = replace(new, last_seen=now)
         rest = [x for x in self._entries if x is not old]
-        return Line(rest + [e])
+        line = Line(rest + [e])
+        if limit is None:
+            return line
+        line = line.capped(limit, (new.identity.namespace,))
+        return self if old is None and line.find(e.identity) is None else line
+
+    def capped(self, limit: int, namespaces: Iterable[str] | None = None) -> Line:
+        """The line with each namespace's first `limit` entries in line order and none of
+        its others (`namespaces`: only those are capped; None: every one). The same Line when
+        none has more. Raises ValueError for a `limit` below 1."""
+        if limit < 1:
+            raise ValueError(f"a namespace's limit in the line must be at least 1, got {limit}")
+        only = None if namespaces is None else frozenset(namespaces)
+        seen: dict[str, int] = {}
+        kept: list[Entry] = []
+        for e in self._entries:
+            ns = e.identity.namespace
+            if only is None or ns in only:
+                seen[ns] = seen.get(ns, 0) + 1
+                if seen[ns] > limit:
+                    continue
+            kept.append(e)
+        return self if len(kept) == len(self._entries) else Line(kept)
 
     def started(self, identity: Identity) -> Line:
         """The set of `identity` started (its admission was admitted): it leaves the line."""

@@ -14,6 +14,8 @@ typed refusals (`behind_in_line`, `node_reserved`, category unavailable: the web
   VMIs; `VM_TTL` for a VM's, as a safety net: the coordinator sees no VirtualMachine).
 - `refresh`: the VMs the waiting-VM loop found waiting for room (refused at W1, before the
   coordinator saw them) entered or kept in place, and those it found running or stopped out.
+- `w1_entry`: the entry of a bare VMI W1 refused for room (the webhook hands it to the leader's
+  line: W1 refuses before the coordinator sees the set).
 - `ripening_reservations`: a head whose preemption victims are only too young yet reserves
   the node of the plan that ripens (P2, P5), so nothing backfills there meanwhile.
 
@@ -30,12 +32,14 @@ from model.decide import Decision, Placement, Request, Rule, placed, request_ref
 from model.admission import template_name
 from model.hold import Hold
 from model.line import (Allowed, Behind, Entry, Identity, Line, LineSettings, Reserved, entry, may_place,
-                        shape_of, waits_for_room)
+                        shape_of, shape_of_ask, waits_for_room)
+from model.parse import VMIAsk
+from model.priority import Priority
 from model.nominate import NominationSettings, ripening_node
 from model.plan import Action, Answer, Nominate, Place, Recover, placement_hold
-from model.reasons import Code, DeviceAt, SetRefused
+from model.reasons import Code, DeviceAt, Reason, SetRefused
 from model.snapshot import Reserving, Snapshot
-from model.types import RequestKey, Result
+from model.types import Labels, RequestKey, Result, Toleration
 
 VM_TTL = timedelta(minutes=20)
 """How long a VirtualMachine's entry stays without a new refusal (`tidy`). The coordinator
@@ -190,7 +194,7 @@ def gate_batch(line: Line, snapshot: Snapshot, holds: Sequence[Hold], actions: S
         if hold is not None and not hold.empty:
             work.add(hold)
         if joins_line(gated):
-            line = line.refused(line_entry(work.snapshot, gated.request, now), now)
+            line = line.refused(line_entry(work.snapshot, gated.request, now), now, settings.per_namespace)
         out.append(gated)
     return Gated(tuple(out), line, frozenset(again), work.snapshot)
 
@@ -204,11 +208,14 @@ def tidy(line: Line, now: datetime, settings: LineSettings = LineSettings(),
     return line if len(kept) == len(line) else Line(kept)
 
 
-def refresh(line: Line, waiting: Sequence[Entry], gone: Sequence[Identity], now: datetime) -> Line:
+def refresh(line: Line, waiting: Sequence[Entry], gone: Sequence[Identity], now: datetime,
+            limit: int | None = None) -> Line:
     """`line` with the sets of `waiting` refused for room at `now` (as `Line.refused` one by
     one: an entry already there keeps its first-refused time and so its place, takes the new
     shape and priority and `last_seen` `now`; a new one enters with its own first-refused
-    time) and without those of `gone` (`Identity.same`). One sort, whatever the number. Pure."""
+    time) and without those of `gone` (`Identity.same`); with `limit`
+    (`LineSettings.per_namespace`), the namespaces of `waiting` then keep their first `limit`
+    entries (`Line.capped`). One sort, whatever the number. Pure."""
     by_key = {e.identity.key: e for e in line}
     for ident in gone:
         e = by_key.get(ident.key)
@@ -222,7 +229,30 @@ def refresh(line: Line, waiting: Sequence[Entry], gone: Sequence[Identity], now:
                                              max(old.last_seen, now))
         else:
             by_key[new.identity.key] = replace(new, last_seen=now)
-    return Line(by_key.values())
+    out = Line(by_key.values())
+    if limit is None or not waiting:
+        return out
+    return out.capped(limit, {e.identity.namespace for e in waiting})
+
+
+def w1_entry(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, refusal: Reason,
+             priority: Priority, now: datetime, *, owner: str | None = None, node_selector: Labels = (),
+             tolerations: tuple[Toleration, ...] = ()) -> Entry | None:
+    """P5 at W1: the line entry of VMI `namespace/vmi` asking `ask`, which W1 refused at `now`
+    with `refusal` (its typed reason, judged on `snapshot`): keyed by (namespace, vmi) with no
+    VM uid, its shape (`model.line.shape_of_ask`, with the launcher's `node_selector` and the
+    VMI's `tolerations`) and its `priority` (P1), first refused `now` (the line keeps an
+    earlier first refusal: `Line.refused`). None when the refusal is not for room only
+    (`model.line.waits_for_room`: budget, entitlement, a class problem, bad input, a size no
+    node has never wait), or the VMI has a VirtualMachine `owner` (its uid: a VM's place
+    comes from the waiting-VM loop, `model.vm_line.vm_entries`, which reads when the VM
+    began to wait from its status), or its shape names no class. Pure; never raises."""
+    if owner is not None or not waits_for_room(refusal):
+        return None
+    shape = shape_of_ask(snapshot, namespace, ask, node_selector, tolerations)
+    if not shape.classes:
+        return None
+    return entry(Identity(namespace, vmi), shape, priority, now)
 
 
 def leaves(line: Line, snapshot: Snapshot, request: Request) -> tuple[Line, Entry | None]:
@@ -265,4 +295,4 @@ def ripening_reservations(line: Line, snapshot: Snapshot, now: datetime, setting
 
 __all__ = ["Gated", "LINE_CODES", "VM_TTL", "first_allowed", "gate", "gate_batch", "identity_of", "joins_line",
            "ripening_reservations",
-           "leaves", "line_entry", "refresh", "tidy"]
+           "leaves", "line_entry", "refresh", "tidy", "w1_entry"]

@@ -37,7 +37,8 @@ from anyio.abc import TaskStatus
 
 from actors.coordinator import Coordinator
 
-from actors.coordinator_protocol import CoordinatorConfig, Examine, GetLine, LineState, Resync, VMsWaiting
+from actors.coordinator_protocol import (CoordinatorConfig, Examine, GetLine, LineState, RefusedAtW1, Resync,
+                                         VMsWaiting)
 from actors.errors import ActorStopped, AskTimeout, MailboxFull
 from actors.node_actor import DevicesChanged, NodeActor, NodeActorConfig, NodeChanged
 from actors.ports import (Change, ChangeFeed, Clock, ClusterView, DecisionObserver, NominationWriter,
@@ -171,6 +172,23 @@ class Binder:
         """Hand the coordinator the VMs the waiting-VM loop found waiting for room (P5);
         dropped when there is no coordinator or its mailbox is full (sent again next round)."""
         self._tell(self.coordinator, message)
+
+    def refused_at_w1(self, message: RefusedAtW1) -> bool:
+        """Hand the coordinator a bare VMI this replica's webhook refused for room at W1 (P5).
+        True when there is a coordinator to tell (the message is dropped if its mailbox is
+        full: the VMI's next retry tells again); False when there is none (not leading yet,
+        or restarting): the webhook then lets the set go on to the binder, whose refusal
+        enters the line."""
+        ref = self.coordinator
+        if ref is None:
+            return False
+        try:
+            ref.tell_nowait(message)
+        except MailboxFull:
+            pass
+        except ActorStopped:
+            return False
+        return True
 
     def child_ids(self) -> list[str]:
         return self._sup.child_ids() if self._sup is not None else []

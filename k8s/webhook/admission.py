@@ -35,9 +35,11 @@ from k8s.webhook.waiter import RECORD_WAIT, ResultWaiter, until
 from model.admission import (AdmissionPlan, Refusal, already_admitted, budget_in_flight, check,
                              effective_resources, kept_conflict, node_selector_of,
                              same_name_conflict, template_name, unpermitted_gpu_entries, vm_owner)
+from model.line import Entry
+from model.line_plan import w1_entry
 from model.nominate import NominationSettings, w1_nominee
 from model.priority import DEFAULT_PRIORITY, Priority, resolve_priority
-from model.reasons import Code, ShuttingDown, TenantBusy
+from model.reasons import BinderRefused, Code, ShuttingDown, TenantBusy
 from model.snapshot import Snapshot
 from model.types import Labels
 
@@ -50,15 +52,24 @@ waited for during the first three quarters of it at most (the review's deadline,
 not a fixed line, bounds the wait; bind timeout < the webhook's timeoutSeconds)."""
 
 
+def _nominated(exc: Denied) -> bool:
+    """The binder refused the set with a nomination (P4's `preemption_nominated`): room is
+    being made for it, and its 503 with Retry-After is the answer."""
+    return isinstance(exc.reason, BinderRefused) and exc.reason.refused is Code.PREEMPTION_NOMINATED
+
+
 @dataclass(frozen=True, slots=True)
 class _Judged:
     """W1's outcome for one review: the plan, the launcher nodeSelector the binder must
-    match (B3), the snapshot judged and this call's attempt (its admission id)."""
+    match (B3), the snapshot judged and this call's attempt (its admission id); `w1` W1's
+    refusal for room of a bare VMI a follower sends on to the binder (P5, `_in_line`): the
+    answer when the binder does not admit it either (None: W1 let the set through)."""
 
     plan: AdmissionPlan
     selector: Labels
     snap: Snapshot
     attempt: Attempt
+    w1: Refusal | None = None
 
 
 class VMIAdmission:
@@ -72,13 +83,19 @@ class VMIAdmission:
     W1 refusals and turns refused by the gate per (namespace, code) (for metrics).
     `phase_observer` (None: nobody) is told of each admitted review's phases
     (`k8s.webhook.phases`: seconds per step and the review's total; `k8s.metrics.Metrics`
-    sets itself)."""
+    sets itself). `line` (None: W1's refusals for room stand as they are, as in tools and
+    tests) tells the leader's waiting line of a bare VMI W1 refused for room (P5,
+    `_in_line`): True when this replica has a coordinator to tell (it leads), False when
+    not (a follower: the set then goes on to the binder, whose refusal for room enters the
+    leader's line)."""
 
     def __init__(self, client: KubeClient, cache: ClusterCache, *, bind_timeout: float,
                  grace: timedelta, clock: Callable[[], datetime] | None = None,
                  gate: TenantGate | None = None, record_wait: float = RECORD_WAIT,
-                 preemption: NominationSettings = NominationSettings()) -> None:
+                 preemption: NominationSettings = NominationSettings(),
+                 line: Callable[[Entry], bool] | None = None) -> None:
         self.api = steps.Api(client)
+        self.line = line  # P5: a bare VMI refused for room at W1 waits in the leader's line
         self.preemption = preemption  # P4: a set W1 refuses for room that would be nominated goes on
         self.cache = cache
         self.bind_timeout = bind_timeout
@@ -229,6 +246,40 @@ class VMIAdmission:
                  vmi=review.name, node=node)
         return AdmissionPlan(review.namespace, review.name, tuple(ask.held), templates, node, priority)
 
+    def _in_line(self, snap: Snapshot, review: Review, refusal: Refusal, now: datetime,
+                 selector: Labels) -> AdmissionPlan | Refusal:
+        """P5: a bare VMI (no VirtualMachine owner) that W1 refuses for room only
+        (`model.line_plan.w1_entry`: never for budget, entitlement, a class problem, bad input
+        or a size no node has) takes its place in the leader's waiting line, keyed by
+        (namespace, vmi), with its priority (P1) and first refusal, kept while its client
+        retries (`LineSettings.ttl`). On the leader (`line` answers True: its coordinator is
+        told) `refusal` stands; on a replica with no coordinator (False: a follower) the set
+        goes on to the binder as any set does (W3 writes its bindRequest, which the leader's
+        informer brings to its coordinator): the binder's refusal for room enters the line
+        there. A dry run (W2: it writes nothing and waits for nothing),
+        a VM's VMI (its VM's place comes from the waiting-VM loop, `k8s.vm_waiting`) and a
+        webhook without `line` leave `refusal` as it is. A set the binder refuses too (or does
+        not answer in time) is answered `refusal` (`_admit`), so the answer does not depend on
+        the replica the review reached; one it nominates for (P4) gets the nomination's 503."""
+        ask = review.ask
+        if self.line is None or review.dry_run or ask is None:
+            return refusal
+        priority = self._priority(snap, review)
+        waiting = w1_entry(snap, review.namespace, review.name, ask, refusal.reason, priority, now,
+                           owner=vm_owner(review.object), node_selector=selector,
+                           tolerations=review.tolerations)
+        if waiting is None:
+            return refusal
+        if self.line(waiting):
+            log.info("refused for room at W1; waits in the leader's line", code=refusal.code,
+                     priority=priority.value)
+            return refusal
+        log.info("refused for room at W1; goes on to the binder (the leader's line)", code=refusal.code)
+        # the binder decides it for real: admitted when the leader finds room W1 did not see
+        # (and the line lets it start), else answered W1's refusal (`_admit`)
+        templates = tuple((template_name(review.name, c, i), c) for c, n in ask.templates for i in range(n))
+        return AdmissionPlan(review.namespace, review.name, tuple(ask.held), templates, None, priority)
+
     def _priority(self, snap: Snapshot, review: Review) -> Priority:
         """The set's priority (P1) as `model.admission.check` resolved it and
         `status.bindRequest` records it: the VMI's `spec.priorityClassName` against the
@@ -262,6 +313,8 @@ class VMIAdmission:
                      permitted=permitted, priority_class_name=review.priority_class_name)
         if isinstance(plan, Refusal):
             plan = self._nominee(snap, review, plan, now, selector)
+        if isinstance(plan, Refusal):
+            plan = self._in_line(snap, review, plan, now, selector)
         if isinstance(plan, Refusal):
             return plan
         kept = unpermitted_gpu_entries(review.object, effective_resources(snap), permitted)
@@ -302,7 +355,16 @@ class VMIAdmission:
             raise Denied.of(refusal_denial(conflict))
         if review.dry_run:  # W2
             return allow(review.uid, DRY_RUN_WARNING)
-        node, ops = await self._reserve(review, judged, deadline)
+        try:
+            node, ops = await self._reserve(review, judged, deadline)
+        except Denied as exc:
+            if judged.w1 is None or _nominated(exc):
+                raise
+            # P5 on a follower: the binder's refusal entered the leader's line; the tenant is
+            # answered W1's refusal, as on the leader (the binder's words, or its timeout, would
+            # make the answer depend on the replica the review reached)
+            self._rejection(review.namespace, judged.w1.code)
+            raise Denied.of(refusal_denial(judged.w1)) from exc
         log.info("VMI admitted", node=node, request_id=attempt.admission,
                  devices=list(plan.devices),  # seconds since the review reached _fair_admit:
                  webhook_seconds=round(anyio.current_time() - deadline + self.bind_timeout, 3))
@@ -330,6 +392,9 @@ class VMIAdmission:
                      priority_class_name=review.priority_class_name)
         if isinstance(plan, Refusal):
             plan = self._nominee(snap, review, plan, now, selector)
+        w1 = plan if isinstance(plan, Refusal) else None
+        if isinstance(plan, Refusal):
+            plan = self._in_line(snap, review, plan, now, selector)
         if isinstance(plan, Refusal):
             self._rejection(ns, plan.code)
             raise Denied.of(refusal_denial(plan))
@@ -345,7 +410,7 @@ class VMIAdmission:
         # unique to this call: keys its attachments and clean-up, and is its request's id
         attempt = Attempt(ns, vmi, uuid.uuid4().hex, now, vmis, self.grace, self.now, owner,
                           deadline)
-        return _Judged(plan, selector, snap, attempt)
+        return _Judged(plan, selector, snap, attempt, w1)
 
     async def _reserve(self, review: Review, judged: _Judged,
                        deadline: float) -> tuple[str, list[dict]]:

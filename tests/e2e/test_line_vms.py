@@ -2,19 +2,26 @@
 wait in the leader's line (handed over by the waiting-VM loop), the line is published in the
 GPUClass's `status.line` and read by `gpu-binder explain` and `top`, and when room frees the
 VM ahead in line is nudged, not an older VM of lower priority whose start would take the room
-the one ahead needs.
+the one ahead needs. Bare VMIs too: one the webhook refuses for room (403) waits in the same line
+while its client retries, so a later, smaller set of the same priority cannot take the room it
+waits for, and its own retry is admitted.
 
 Against the real virt-controller, virt-api, kube-scheduler and KWOK (marker kubevirt)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from kubernetes_asyncio.client import ApiException
 
 from model.types import GROUP, VERSION
 from tests.e2e.conftest import unique
 from tests.e2e.helpers import eventually
+from tests.e2e.test_accounting_attacks import attacker
 from tests.e2e.test_priority import priority_class
 from tests.e2e.test_vm_path import condition, create_vm, get_vm, get_vmi, set_run, started, vm_body, waiting
+from tests.support.kubevirt_vmis import VMI_GROUP, VMI_VERSION, VMIS, pin, vmi
 from tests.support.kubevirt_vmis import kubevirt, pool, system  # noqa: F401 (fixtures)
 from tests.support.tools import run_tool
 
@@ -62,3 +69,50 @@ async def test_P5_vms_refused_at_W1_wait_in_the_published_line_and_the_one_ahead
         line = (got.get("status") or {}).get("line")
         return line if line and [e["name"] for e in line["entries"]] == ["small"] else None
     await eventually(only_small, timeout=60, what="the big VM out of the published line")
+
+
+async def test_P5_a_bare_vmi_refused_for_room_at_W1_waits_and_a_later_smaller_one_cannot_take_its_room(
+        system, kubevirt, fleet, control_plane, tmp_path, tenant_client):
+    spot = unique("spot")
+    await priority_class(fleet, system, spot, 100)
+    res, cls, nodes, tenant = await pool(fleet, kubevirt, {"n": {"units": 2}})
+    api = await attacker(fleet, control_plane, tmp_path, tenant, tenant_client)  # the tenant's own client
+
+    async def create(name: str, count: int) -> tuple[int, str]:
+        body = vmi(name, cls, count)
+        body["spec"]["priorityClassName"] = spot
+        try:
+            made = await api.create_namespaced_custom_object(VMI_GROUP, VMI_VERSION, tenant, VMIS, body)
+            return 201, pin(made)
+        except ApiException as exc:
+            return exc.status, json.loads(exc.body).get("message", "") if exc.body else str(exc)
+
+    status, where = await create("holder", 2)
+    assert (status, where) == (201, nodes["n"]), where
+    status, message = await create("big", 2)                 # no room: W1 refuses it, and it waits
+    assert status == 403, message
+
+    async def published():
+        got = await fleet.custom.get_cluster_custom_object(GROUP, VERSION, "gpuclasses", cls)
+        line = (got.get("status") or {}).get("line")
+        return line if line and [e["name"] for e in line.get("entries", [])] == ["big"] else None
+    line = await eventually(published, timeout=60, what=f"GPUClass {cls} status.line: the bare VMI big")
+    assert (line["entries"][0]["kind"], line["entries"][0]["priority"]) == ("VirtualMachineInstance", 100)
+
+    # the room big waits for frees; a later, smaller set of the same priority may not take it
+    await api.delete_namespaced_custom_object(VMI_GROUP, VMI_VERSION, tenant, VMIS, "holder")
+
+    async def small_behind():
+        got, message = await create("small", 1)
+        assert got != 201, "the small set took the room the bare VMI big waits for"
+        return message if got == 503 else None              # 403 while the holder's room is not free yet
+    message = await eventually(small_behind, timeout=60, interval=1.0, what="small refused behind big")
+    assert f"{tenant}/big" in message and "line" in message, message
+
+    # big's retry (its client kept retrying) is admitted on the freed room; small still waits
+    async def big_admitted():
+        got, where = await create("big", 2)
+        return where if got == 201 else None
+    assert await eventually(big_admitted, timeout=60, interval=2.0, what="big admitted") == nodes["n"]
+    got, message = await create("small", 1)
+    assert got in (403, 503), message

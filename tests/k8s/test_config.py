@@ -242,3 +242,20 @@ def test_P5_line_reserve_after_reaches_the_coordinator_and_a_bad_value_is_one_cl
         load(None, env={}, flags={"webhook_port": "0", "line_reserve_after": "-1"})
     with pytest.raises(ValueError, match=r"^--line-reserve-after: not a number: 'soon'$"):
         load(None, env={}, flags={"webhook_port": "0", "line_reserve_after": "soon"})
+
+
+def test_P5_line_max_per_namespace_reaches_the_coordinator_and_a_bad_value_is_one_clear_line():
+    """`line.maxPerNamespace` (default 100): --line-max-per-namespace,
+    GPU_BINDER_LINE_MAX_PER_NAMESPACE or the file's key; below 1 or not a whole number is
+    refused naming the flag."""
+    assert default("line_max_per_namespace") == 100
+    assert "line.maxPerNamespace" in field_help("line_max_per_namespace")
+    assert "(default: 100)" in field_help("line_max_per_namespace")
+    got = binder_config(load(None, env={}, flags={"webhook_port": "0", "line_max_per_namespace": "7"}))
+    assert got.coordinator.line.per_namespace == 7
+    assert binder_config(load(None, env={"GPU_BINDER_LINE_MAX_PER_NAMESPACE": "3"}, flags={"webhook_port": "0"})
+                         ).coordinator.line.per_namespace == 3
+    with pytest.raises(ValueError, match=r"^--line-max-per-namespace: must be at least 1, got 0$"):
+        load(None, env={}, flags={"webhook_port": "0", "line_max_per_namespace": "0"})
+    with pytest.raises(ValueError, match=r"^--line-max-per-namespace: not a whole number: 'many'$"):
+        load(None, env={}, flags={"webhook_port": "0", "line_max_per_namespace": "many"})
