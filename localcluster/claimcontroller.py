@@ -1,5 +1,5 @@
 """kube-controller-manager running only its DRA controllers, for the local cluster's DRA world
-(docs/contract.md §3b, DR5; DESIGN §3d HL1):
+(docs/contract.md §3b, DR5 and HL1):
 
 - `resourceclaim-controller` makes claims from ResourceClaimTemplates for Pods, clears
   `status.reservedFor` when a Pod is done, and removes kube-scheduler's delete protection from

@@ -1,4 +1,4 @@
-"""HL1's last case end to end (DESIGN §3d, docs/device-mode.md "A held device on a tainted
+"""HL1's last case end to end (docs/contract.md §3b, docs/device-mode.md "A held device on a tainted
 GPU"): a `NoExecute` taint on a running VM's GPU stops that VM and, with `runStrategy:
 Always`, it starts again on healthy devices of a valid group, its budget unchanged.
 
@@ -9,7 +9,10 @@ Nobody stops the VM but kube-controller-manager: its eviction controller deletes
 Pod whose claim holds the tainted GPU, virt-controller fails the VMI whose Pod is gone and,
 the VM's runStrategy being Always, makes a new VMI, which our webhook admits. The harness has
 no virt-handler: the test clears the VM's start failure as virt-handler's report of a Running
-VMI would (`tests.e2e.test_vm_path.clear_start_failure`), nothing else.
+VMI would (`tests.e2e.test_vm_path.clear_start_failure`), nothing else. Without virt-handler
+the VMI is never `Running`, so the eviction is a failure before Running: the leader's health
+worker must excuse it (the launcher Pod's `DisruptionTarget` condition, HL2), not count it
+against the GPUs of the set.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from localcluster.dra_profiles import DRIVER
 from localcluster.dra_world import DEVICE_BUDGET_KEY
 from model.explain import top
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas, unique
-from tests.e2e.helpers import eventually, replicas_saw
+from tests.e2e.helpers import eventually, leader_index, replicas_saw, scrape
 from tests.e2e.test_device_mode import check_admitted_set, world
 from tests.e2e.test_dra_kubevirt import RESOURCE
 from tests.e2e.test_vm_path import create_vm, started, vm_body
@@ -114,6 +117,13 @@ async def test_HL1_a_noexecute_taint_on_a_running_vms_gpu_evicts_it_and_it_resta
             RESOURCE, "v1", tenant, "resourceclaims", again["spec"]["resourceClaims"][0]["resourceClaimName"])
         assert all(r["device"] != gpu for r in claim["status"]["allocation"]["devices"]["results"]), claim
         assert await budget(control_plane, tenant) == (2, 2)
+        # the eviction is no failed start (HL2): the old VMI failed once its Pod was gone,
+        # which the leader's informer showed before the new VMI; nothing counted against the
+        # tainted GPU nor its healthy partner
+        await replicas_saw(dra, {"virtualmachineinstances": again["metadata"]["resourceVersion"]},
+                           what="the new VMI")
+        metrics = await scrape(dra, await leader_index(dra))
+        assert metrics.get(("gpu_binder_failed_starts_total", (("class", cls),)), 0) == 0
         print(f"evicted from {node} {first} (tainted {gpu}); restarted on {pin(again)} {second}")
     finally:
         await fleet.custom.delete_cluster_custom_object(RESOURCE, "v1beta2", "devicetaintrules",
