@@ -113,7 +113,8 @@ def trim_pod(obj: dict) -> dict:
     requests read (`model.foreign.pod_requests`): the containers' and init containers'
     resources, the init containers' `restartPolicy` (sidecars) and `spec.overhead`; of a
     virt-launcher Pod also what `model.health.judge_start` reads (its deletionTimestamp,
-    `status.reason`, its containers' state reasons)."""
+    `status.reason`, its `DisruptionTarget` condition (type, status, reason), its
+    containers' state reasons)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     labels = meta.get("labels") or {}
@@ -142,6 +143,11 @@ def trim_pod(obj: dict) -> dict:
             out["metadata"]["deletionTimestamp"] = meta["deletionTimestamp"]
         if status.get("reason"):
             out["status"]["reason"] = status["reason"]
+        disruption = [{k: c[k] for k in ("type", "status", "reason") if k in c}
+                      for c in status.get("conditions") or ()
+                      if isinstance(c, dict) and c.get("type") == "DisruptionTarget"]
+        if disruption:
+            out["status"]["conditions"] = disruption
         for key in ("initContainerStatuses", "containerStatuses"):
             kept_cs = [c for c in map(_state_reasons, status.get(key) or ()) if c]
             if kept_cs:

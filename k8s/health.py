@@ -6,7 +6,11 @@ Pod (label `kubevirt.io/created-by`: the VMI's uid) is `Failed`, is judged at th
 the pure `model.health.judge_start` on the cache as it is then (so a VMI deleted after it
 failed still counts, one deleted while starting does not); a failed start counts against
 the targets its set was placed on (`model.health.targets_of`: the devices attached to the
-VMI on its pinned node). The evidence lives in this leader's memory (a new leader starts
+VMI on its pinned node). A launcher Pod Kubernetes disrupted (`DisruptionTarget`, e.g.
+kube-controller-manager's eviction for a NoExecute device taint, HL1) and then deleted is
+kept, its last state, until its VMI goes: the VMI failing after its Pod is gone (virt-
+controller's `PodNotExists`) is excused by it, not counted against every GPU of its set.
+The evidence lives in this leader's memory (a new leader starts
 with none; a mark already written stays). Rounds (`k8s.rounds.RoundLoop`: after each
 failed start counted and each change of the marks, at least every `period` seconds) act
 on it.
@@ -37,7 +41,8 @@ from k8s.cache import ClusterCache
 from k8s.client import DEVICE_TAINT_RULES, KubeClient
 from k8s.informer import Key
 from k8s.rounds import RoundLoop
-from model.health import Evidence, FailedStart, HealthSettings, Suspect, Target, judge_start, targets_of
+from model.health import (Evidence, FailedStart, HealthSettings, Suspect, Target, disrupted, judge_start,
+                          targets_of)
 from model.health_mark import MANAGED_BY, MARKS_CONFIGMAP, Mark, mark_entry, rule_body
 from model.serialize import format_time
 from model.types import ADMISSION_ANNOTATION, GROUP, VERSION
@@ -73,6 +78,7 @@ class Health:
                                sources=(cache.taint_rules, cache.suspect_marks))
         self.evidence = Evidence()
         self._launchers: dict[str, dict[Key, dict]] = {}   # VMI uid -> its launcher Pods
+        self._disrupted: dict[str, dict[Key, dict]] = {}   # VMI uid -> its deleted disrupted ones
         self._pod_owner: dict[Key, str] = {}
         self._vmi_uid: dict[Key, str] = {}                 # VMI key -> uid, and back
         self._vmi_key: dict[str, Key] = {}
@@ -87,6 +93,8 @@ class Health:
         if old is not None:
             self._vmi_key.pop(old, None)
         uid = str(((obj or {}).get("metadata") or {}).get("uid") or "")
+        if old is not None and old != uid:
+            self._disrupted.pop(old, None)
         if obj is None or not uid:
             return
         self._vmi_uid[key], self._vmi_key[uid] = uid, key
@@ -99,9 +107,11 @@ class Health:
         old = self._pod_owner.pop(key, None)
         if old is not None:
             pods = self._launchers.get(old, {})
-            pods.pop(key, None)
+            last = pods.pop(key, None)
             if not pods:
                 self._launchers.pop(old, None)
+            if obj is None and last is not None and disrupted(last) and old in self._vmi_key:
+                self._disrupted.setdefault(old, {})[key] = last   # until its VMI goes
         labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
         uid = labels.get(CREATED_BY)
         if obj is None or labels.get("kubevirt.io") != "virt-launcher" or not uid:
@@ -135,8 +145,9 @@ class Health:
         meta = (vmi or {}).get("metadata") or {}
         if vmi is None or not (meta.get("annotations") or {}).get(ADMISSION_ANNOTATION):
             return None
-        verdict = judge_start(vmi, self._launchers.get(str(meta.get("uid") or ""), {}).values(),
-                              self._now())
+        uid = str(meta.get("uid") or "")
+        pods = [*self._launchers.get(uid, {}).values(), *self._disrupted.get(uid, {}).values()]
+        verdict = judge_start(vmi, pods, self._now())
         if not isinstance(verdict, FailedStart):
             if verdict is not None:
                 log.debug("start_failure_excused", vmi=f"{key[0]}/{key[1]}", excuse=verdict.value)

@@ -13,14 +13,16 @@ VM failing again and again counts once) failed within `HealthSettings.window` is
 
 Failures that are not the GPU's never count (`Excuse`): an image that cannot be pulled, a
 VMI or launcher Pod deleted while starting, a Pod the kubelet refused at admission (out of
-a resource, node affinity, an eviction), a VMI that ran and then failed. A VMI the webhook
-refused never exists, so it cannot count.
+a resource, node affinity, an eviction), a launcher Pod Kubernetes disrupted (condition
+`DisruptionTarget`: kube-controller-manager's eviction for a `NoExecute` device or node
+taint, HL1, a preemption, an eviction through the API, garbage collection), a VMI that ran
+and then failed. A VMI the webhook refused never exists, so it cannot count.
 
 Pure: no clock (every `now` is an argument), no I/O. The objects read are plain dicts as
 the API server sends them (a VMI: `metadata.uid`, `metadata.deletionTimestamp`,
 `status.phase`, `status.phaseTransitionTimestamps`, `status.conditions`; a Pod:
-`metadata.deletionTimestamp`, `status.phase`, `status.reason`, the containers' and init
-containers' `state`/`lastState` reasons).
+`metadata.deletionTimestamp`, `status.phase`, `status.reason`, its `DisruptionTarget`
+condition, the containers' and init containers' `state`/`lastState` reasons).
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ class Excuse(str, Enum):
 
     IMAGE_PULL = "image-pull"
     DELETED = "deleted-while-starting"
+    DISRUPTED = "disrupted"
     REFUSED = "kubelet-refused"
     RAN = "ran-before"
 
@@ -146,6 +149,19 @@ def _image_pull(vmi: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> bo
                for c in (vmi.get("status") or {}).get("conditions") or ())
 
 
+DISRUPTION_CONDITION = "DisruptionTarget"
+"""The Pod condition Kubernetes sets (status True) on a Pod it is about to delete for a
+disruption: reason `DeletionByDeviceTaintManager` (a NoExecute device taint, HL1),
+`DeletionByTaintManager`, `PreemptionByScheduler`, `EvictionByEvictionAPI`,
+`DeletionByPodGC`, `TerminationByKubelet`."""
+
+
+def disrupted(pod: Mapping[str, Any]) -> bool:
+    """Whether Pod `pod` (a dict) carries the condition `DisruptionTarget` True."""
+    return any(isinstance(c, dict) and c.get("type") == DISRUPTION_CONDITION and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or ())
+
+
 def _refused(pod: Mapping[str, Any]) -> bool:
     reason = (pod.get("status") or {}).get("reason")
     return isinstance(reason, str) and (reason in KUBELET_REFUSALS or reason.startswith("OutOf"))
@@ -156,7 +172,9 @@ def judge_start(vmi: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
     """Whether VMI `vmi` (a dict) failed to start, with `pods` its launcher Pods (dicts):
     a `FailedStart` when its launcher Pod or itself reached `Failed` before it was ever
     `Running` and no `Excuse` applies; the `Excuse` when it failed but not for its GPUs;
-    None when nothing failed. `now` stamps a failure whose time the VMI does not say."""
+    None when nothing failed. `pods` may include a launcher Pod already deleted (its last
+    state): one Kubernetes disrupted excuses the failure (`Excuse.DISRUPTED`). `now` stamps a
+    failure whose time the VMI does not say."""
     pods = list(pods)
     status = vmi.get("status") or {}
     failed_pods = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
@@ -167,6 +185,8 @@ def judge_start(vmi: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
         return Excuse.RAN
     if _deleting(vmi) or any(_deleting(p) for p in failed_pods):
         return Excuse.DELETED
+    if any(disrupted(p) for p in pods):
+        return Excuse.DISRUPTED
     if _image_pull(vmi, pods):
         return Excuse.IMAGE_PULL
     if failed_pods and all(_refused(p) for p in failed_pods):
@@ -269,6 +289,6 @@ class Evidence:
         return tuple(out)
 
 
-__all__ = ["DEFAULT_FAILED_STARTS", "DEFAULT_WINDOW", "Evidence", "Excuse", "FailedStart",
-           "HealthSettings", "IMAGE_PULL_REASONS", "KUBELET_REFUSALS", "Suspect", "Target",
-           "judge_start", "targets_of"]
+__all__ = ["DEFAULT_FAILED_STARTS", "DEFAULT_WINDOW", "DISRUPTION_CONDITION", "Evidence", "Excuse",
+           "FailedStart", "HealthSettings", "IMAGE_PULL_REASONS", "KUBELET_REFUSALS", "Suspect",
+           "Target", "disrupted", "judge_start", "targets_of"]

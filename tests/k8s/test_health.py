@@ -259,3 +259,34 @@ async def test_a_vmi_deleted_after_it_failed_still_counts_one_deleted_before_doe
     event(cache.pods, launcher("b"))
     assert worker.failed_starts == 1
     assert [f.vmi for fs in worker.evidence.failures.values() for f in fs] == ["a"]
+
+
+async def test_a_launcher_evicted_for_a_noexecute_device_taint_never_counts_after_it_is_gone():
+    """HL1: kube-controller-manager's device-taint eviction marks the launcher Pod
+    DisruptionTarget and deletes it; the VMI fails afterwards (PodNotExists, no Pod left in
+    the cache). Not the GPUs' failure: nothing counted, on any GPU of the set; the Pod's last
+    state is forgotten with its VMI. A Pod deleted without a disruption leaves the VMI's
+    failure counted, as before."""
+    cache = world()
+    worker = Health(ScriptedClient(), cache, HealthSettings(), now=lambda: NOW)
+    await _start(worker)
+    for name, disruption in (("a", True), ("b", False)):
+        event(cache.devices, gpudevice(name))
+        event(cache.vmis, vmi_obj(name))
+        pod = launcher(name, "Running")
+        event(cache.pods, pod)
+        pod["metadata"]["deletionTimestamp"] = "2026-12-06T11:59:30Z"
+        if disruption:
+            pod["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True",
+                                            "reason": "DeletionByDeviceTaintManager",
+                                            "message": "Device Taint manager: deleting due to NoExecute taint"}]
+        event(cache.pods, pod)
+        event(cache.pods, None, ("t", pod["metadata"]["name"]))
+        failed = vmi_obj(name, "Failed")
+        failed["status"]["conditions"] = [{"type": "Ready", "status": "False", "reason": "PodNotExists"}]
+        event(cache.vmis, failed)
+    assert worker.failed_starts == 1
+    assert [f.vmi for fs in worker.evidence.failures.values() for f in fs] == ["b"]
+    assert list(worker._disrupted) == ["uid-a"]
+    event(cache.vmis, None, ("t", "a"))
+    assert worker._disrupted == {}

@@ -96,6 +96,28 @@ def test_a_vmi_deleted_while_starting_never_counts():
     assert judge_start(vmi(), [pod(deleting=True)], T0) is Excuse.DELETED
 
 
+def evicted_pod(reason="DeletionByDeviceTaintManager", status="True"):
+    """A launcher Pod as kube-controller-manager's device-taint eviction leaves it (HL1): its
+    condition DisruptionTarget, deleting, not Failed."""
+    p = pod("Running", deleting=True)
+    p["status"]["conditions"] = [{"type": "Ready", "status": "True"},
+                                 {"type": "DisruptionTarget", "status": status, "reason": reason}]
+    return p
+
+
+@pytest.mark.parametrize("reason", ["DeletionByDeviceTaintManager", "PreemptionByScheduler",
+                                    "EvictionByEvictionAPI", "DeletionByPodGC"])
+def test_a_vmi_failed_after_kubernetes_disrupted_its_launcher_never_counts(reason):
+    # HL1: a NoExecute taint on one GPU of the set; the VMI fails once its Pod is gone
+    got = judge_start(vmi(phase="Failed", conditions=[{"type": "Ready", "reason": "PodNotExists"}]),
+                      [evicted_pod(reason)], T0)
+    assert got is Excuse.DISRUPTED
+    # without the disruption it counts, as before (a Pod merely being deleted is not enough)
+    plain = pod("Running", deleting=True)
+    assert isinstance(judge_start(vmi(phase="Failed"), [plain], T0), FailedStart)
+    assert isinstance(judge_start(vmi(phase="Failed"), [evicted_pod(reason, "False")], T0), FailedStart)
+
+
 @pytest.mark.parametrize("reason", ["OutOfcpu", "OutOfmemory", "NodeAffinity",
                                     "UnexpectedAdmissionError", "Evicted"])
 def test_a_pod_the_kubelet_refused_never_counts(reason):
@@ -212,6 +234,7 @@ excused = st.sampled_from([
     (vmi(), [pod(deleting=True)]),
     (vmi(), [pod(reason="OutOfmemory")]),
     (vmi(phase="Failed", transitions=[("Running", "2026-12-06T08:00:00Z")]), [pod()]),
+    (vmi(phase="Failed"), [evicted_pod()]),
 ])
 
 
