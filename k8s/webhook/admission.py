@@ -39,7 +39,7 @@ from model.line import Entry
 from model.line_plan import w1_entry
 from model.nominate import NominationSettings, w1_nominee
 from model.priority import DEFAULT_PRIORITY, Priority, resolve_priority
-from model.reasons import BinderRefused, Code, ShuttingDown, TenantBusy
+from model.reasons import BinderRefused, Code, NotSynced, ShuttingDown, TenantBusy
 from model.snapshot import Snapshot
 from model.types import Labels
 
@@ -50,6 +50,11 @@ AFTER_TURN = 0.25
 """The part of the bind timeout kept for the admission itself once its turn came: a turn is
 waited for during the first three quarters of it at most (the review's deadline,
 not a fixed line, bounds the wait; bind timeout < the webhook's timeoutSeconds)."""
+
+
+_MISSING = frozenset({Code.HELD_DEVICE_NOT_FOUND, Code.CLASS_NOT_FOUND, Code.DEVICE_NOT_FOUND})
+"""W1's refusals for an object the cache does not hold: a 503 to retry, not a 403, while the
+cache does not follow the API server (`ClusterView.following`)."""
 
 
 def _nominated(exc: Denied) -> bool:
@@ -292,6 +297,15 @@ class VMIAdmission:
         key = (namespace, code)
         self.rejected[key] = self.rejected.get(key, 0) + 1
 
+    def _lagging(self, plan: Refusal | AdmissionPlan) -> Refusal | AdmissionPlan:
+        """W1 on a lagging cache: a refusal for a device or class the cache does not hold
+        (`_MISSING`) while the cache does not follow the API server (an informer relists
+        after an outage, `ClusterView.following`) becomes `NotSynced(relisting=True)`, a
+        503 to retry, as the coordinator waits before such a refusal (B1(b)); else `plan`."""
+        if isinstance(plan, Refusal) and plan.code in _MISSING and not self.cache.view.following():
+            return Refusal(NotSynced(relisting=True))
+        return plan
+
     def _precheck(self, review: Review) -> Refusal | AdmissionPlan | None:
         """W1's checks on the cache's snapshot (`model.admission.check`: class, entitlement,
         budget, a set larger than any node, held devices …) and the VMI's own gpus entries,
@@ -311,6 +325,7 @@ class VMIAdmission:
         plan = check(snap, review.namespace, review.name, review.ask, vmis, now,
                      self.grace, node_selector=selector, tolerations=review.tolerations,
                      permitted=permitted, priority_class_name=review.priority_class_name)
+        plan = self._lagging(plan)
         if isinstance(plan, Refusal):
             plan = self._nominee(snap, review, plan, now, selector)
         if isinstance(plan, Refusal):
@@ -390,6 +405,7 @@ class VMIAdmission:
         plan = check(snap, ns, vmi, review.ask, vmis, now, self.grace, node_selector=selector,
                      tolerations=review.tolerations, permitted=permitted,
                      priority_class_name=review.priority_class_name)
+        plan = self._lagging(plan)
         if isinstance(plan, Refusal):
             plan = self._nominee(snap, review, plan, now, selector)
         w1 = plan if isinstance(plan, Refusal) else None

@@ -159,10 +159,16 @@ class NoName(Reason):
 
 @dataclass(frozen=True, slots=True)
 class NotSynced(Reason):
-    """The replica's informers have not synced yet: it cannot judge (fail closed)."""
+    """The replica's informers have not synced yet: it cannot judge (fail closed). With
+    `relisting`, an informer relists after an outage and W1 found a device or class missing
+    that may only not be seen yet: no 403 for it (W1 on a lagging view)."""
     code: ClassVar[Code] = Code.NOT_SYNCED
+    relisting: bool = False
 
     def render(self) -> str:
+        if self.relisting:
+            return ("gpu-binder's cache is catching up with the API server (an informer "
+                    "relists after an outage); retry")
         return "gpu-binder is starting (cache not synced); retry"
 
 
