@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Iterable, Mapping
 
 from k8s import errors, events
 from k8s.cache import ClusterCache
@@ -59,21 +60,30 @@ class KeptSets:
         self.condition_writes = 0
         self._told: dict[tuple[str, str, str, str], _Told] = {}
         self._released: dict[tuple[str, str], datetime] = {}
+        self._vms: dict[tuple[str, str], VMRecord] | None = None
 
-    def vm_records(self) -> dict[tuple[str, str], VMRecord] | None:
+    def vm_records(self, changed: Iterable[tuple[str, str]] | None = None
+                   ) -> Mapping[tuple[str, str], VMRecord] | None:
         """The VirtualMachines as the VM informer has them; None while it does not follow
         the API server (or there is none): no set is then newly kept nor released for its VM
-        being gone."""
+        being gone. `changed`: the keys of the VMs changed since the last call (only those
+        are read again); None: every VM is read."""
         if self.vms is None or not self.vms.healthy:
+            self._vms = None
             return None
-        out: dict[tuple[str, str], VMRecord] = {}
-        for vm in self.vms.items():
-            meta = vm.get("metadata") or {}
+        if changed is None or self._vms is None:
+            self._vms = {}
+            changed = [k for k in self.vms.keys()]
+        for key in changed:
+            vm = self.vms.get(key)
+            meta = (vm or {}).get("metadata") or {}
             ns, name = meta.get("namespace"), meta.get("name")
-            if isinstance(ns, str) and isinstance(name, str):
-                out[(ns, name)] = VMRecord(ns, name, str(meta.get("uid") or ""),
-                                           run_strategy(vm), bool(meta.get("deletionTimestamp")))
-        return out
+            if vm is None or not isinstance(ns, str) or not isinstance(name, str):
+                self._vms.pop(key, None)
+                continue
+            self._vms[(ns, name)] = VMRecord(ns, name, str(meta.get("uid") or ""),
+                                             run_strategy(vm), bool(meta.get("deletionTimestamp")))
+        return self._vms
 
     def note_kept(self, ns: str, vm: str, owner: str, device: str, node: str | None,
                   until: datetime) -> None:
