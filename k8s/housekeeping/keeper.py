@@ -146,6 +146,8 @@ class Housekeeper:
         self.planner = Incremental()
         self.sweep_every = sweep_every
         self._last_sweep: datetime | None = None
+        self._changed_devices: set | None = None  # this round's, for the lost devices
+        self._lost_behind = True
 
     async def run(self) -> None:
         """Loop until cancelled: a round now, then one after every change of the devices,
@@ -182,6 +184,7 @@ class Housekeeper:
         informer is unhealthy (what the cache shows may be long gone or missing). `full`:
         judge every set (see the class), as is done anyway when what changed is not known."""
         now = now or datetime.now(timezone.utc)
+        self._changed_devices = None
         if not self.cache.healthy(self.cache.devices, self.cache.vmis):
             self.paused_rounds += 1
             if not self._paused:
@@ -201,7 +204,11 @@ class Housekeeper:
         if self.cache.healthy(self.cache.classes, self.cache.kubevirts):
             await self.class_conditions.ensure()
         if self.cache.healthy(self.cache.slices, self.cache.devices, self.cache.nodes):
-            await self.lost.tell(now)  # HL3: a relist in progress is no loss
+            # HL3: a relist in progress is no loss
+            await self.lost.tell(now, None if self._lost_behind else self._changed_devices)
+            self._lost_behind = False
+        else:
+            self._lost_behind = True
         self.rounds += 1
 
     async def _plan(self, now: datetime, full: bool) -> list[Action]:
@@ -214,6 +221,7 @@ class Housekeeper:
             changed = None
             self._last_sweep = now
             self.full_rounds += 1
+        self._changed_devices = None if changed is None else changed["devices"]
         keeps = self.keeps()
         vms = self.kept.vm_records(None if changed is None else changed.get("vms", set()))
         vmis = self.cache.vmi_state()
