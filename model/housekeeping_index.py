@@ -10,9 +10,8 @@ gets the one `LinkAttachment`), and what is known of the VMI and VirtualMachine 
 (grace, answer window, each class's keepSetFor) and the time. A device without an admission
 id (or without an attachment) is a set of its own. So `plan(all devices)` is the union over
 sets of `plan(that set's devices)`, and a set whose inputs did not change between two rounds
-gets the same actions, except for what time alone changes: each threshold a judgement
-compares `now` with (`attachedTo.since` + grace, a refused request's time + answer window,
-`keptUntil`, a template's creation + grace) is kept in a heap, and the set is judged again
+gets the same actions, except for what time alone changes: the next threshold a judgement
+compares `now` with (`next_threshold`) is kept in a heap, and the set is judged again
 once it is reached.
 
 `PlanIndex` keeps which devices form which set and which sets name which VMI; `Incremental`
@@ -59,19 +58,29 @@ def names_of(dev: GPUDevice) -> tuple[VMIKey, ...]:
     return tuple(out)
 
 
-def thresholds(dev: GPUDevice, grace: timedelta, answer_window: timedelta) -> Iterable[datetime]:
-    """Every time at which `dev`'s judgement may change with no other input changing (see
-    the module): a superset, never missing one."""
-    att = dev.status.attached_to
-    if att is not None:
-        yield att.since + grace
-        if att.kept_until is not None:
-            yield att.kept_until
-        br = dev.status.bind_request
-        if br is not None:
-            yield (br.requested_at or att.since) + answer_window
-    if dev.template_for is not None and dev.created_at is not None:
-        yield dev.created_at + grace
+def next_threshold(devices: Iterable[GPUDevice], now: datetime, grace: timedelta,
+                   answer_window: timedelta) -> datetime | None:
+    """The first time at or after `now` at which the judgement of `devices` (one set) may
+    change with no other input changing: `attachedTo.since` + grace, a request's time (else
+    `since`) + answer window, `keptUntil`, a template's creation + grace; None when every
+    one has passed. A superset of the times `judge` and `plan` compare `now` with."""
+    out: datetime | None = None
+    for dev in devices:
+        att = dev.status.attached_to
+        times = []
+        if att is not None:
+            times.append(att.since + grace)
+            if att.kept_until is not None:
+                times.append(att.kept_until)
+            br = dev.status.bind_request
+            if br is not None:
+                times.append((br.requested_at or att.since) + answer_window)
+        if dev.template_for is not None and dev.created_at is not None:
+            times.append(dev.created_at + grace)
+        for t in times:
+            if t >= now and (out is None or t < out):
+                out = t
+    return out
 
 
 class PlanIndex:
@@ -188,9 +197,7 @@ class Incremental:
         full = changed is None or not self._synced or settings != self._settings
         self._settings = settings
         if full:
-            self.index = PlanIndex()
-            for key, dev in devices.items():
-                self.index.put(key, dev)
+            self._refresh(devices)
             self._heap = []
             self._active = set()
             self._deleted, self._yielded = vmis.deleted, yielded
@@ -209,6 +216,17 @@ class Incremental:
             todo.add(heapq.heappop(self._heap)[1])
         return sorted(todo)
 
+    def _refresh(self, devices: Mapping[DeviceKey, GPUDevice]) -> None:
+        """The index made equal to `devices`: only the devices that are not the very values
+        it holds are put again (a sweep costs an identity check per device)."""
+        index = self.index
+        have = index.devices()
+        for key, dev in devices.items():
+            if have.get(key) is not dev:
+                index.put(key, dev)
+        for key in [k for k in have if k not in devices]:
+            index.put(key, None)
+
     def plan_groups(self, groups: Iterable[Group], vmis: VMIs, now: datetime, *,
                     yielded: Collection[VMIKey] = frozenset(), vms: VMs | None = None) -> list[Action]:
         """`plan` over the devices of `groups` (with the settings `due` was given)."""
@@ -225,6 +243,7 @@ class Incremental:
         assert s is not None, "due() first"
         acted = {group_of(d) for a in actions
                  if (d := self.index.devices().get(a.device)) is not None}
+        grace, window = s.grace, s.answer_window
         for g in groups:
             members = self.index.members(g)
             if not members:
@@ -234,8 +253,7 @@ class Incremental:
                 self._active.add(g)
                 continue
             self._active.discard(g)
-            nxt = min((t for d in members for t in thresholds(d, s.grace, s.answer_window)
-                       if t >= now), default=None)
+            nxt = next_threshold(members, now, grace, window)
             if nxt is not None:
                 heapq.heappush(self._heap, (nxt, g))
 

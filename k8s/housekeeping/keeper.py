@@ -56,6 +56,9 @@ class _ViewDevices(Mapping[DeviceKey, GPUDevice]):
     def __len__(self) -> int:
         return len(self._view.devices())
 
+    def items(self):  # type: ignore[override]  # one copy, not a lookup per key
+        return self._view.devices().items()
+
 
 class _SetKeeps(Mapping[tuple[str, str], "timedelta | None"]):
     """H4: each set's keep ((namespace, admission id) → `model.housekeeping.set_keep` of
@@ -216,6 +219,7 @@ class Housekeeper:
         inputs changed, or every set (`full`, a sweep due, what changed not known); a
         checkpoint every `CHUNK` sets."""
         changed = self.changes.take() if self.changes is not None else None
+        vm_changes = None if changed is None else changed.get("vms", set())
         last = self._last_sweep
         if full or changed is None or last is None or not last <= now < last + self.sweep_every:
             changed = None
@@ -223,7 +227,7 @@ class Housekeeper:
             self.full_rounds += 1
         self._changed_devices = None if changed is None else changed["devices"]
         keeps = self.keeps()
-        vms = self.kept.vm_records(None if changed is None else changed.get("vms", set()))
+        vms = self.kept.vm_records(vm_changes)
         vmis = self.cache.vmi_state()
         yielded = yielding(self.cache.view.nominations().values(), now)
         names = () if changed is None else changed.get("vmis", set()) | changed.get("vms", set())
@@ -234,9 +238,10 @@ class Housekeeper:
         for i in range(0, len(groups), CHUNK):
             if i:
                 await checkpoint()
-            actions += self.planner.plan_groups(groups[i:i + CHUNK], vmis, now,
-                                                yielded=yielded, vms=vms)
-        self.planner.settle(groups, actions, now)
+            chunk = groups[i:i + CHUNK]
+            found = self.planner.plan_groups(chunk, vmis, now, yielded=yielded, vms=vms)
+            self.planner.settle(chunk, found, now)
+            actions += found
         return sorted(actions, key=lambda a: a.device)
 
     async def _devices_and_claims(self, now: datetime, full: bool = False) -> None:
