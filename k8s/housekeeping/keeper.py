@@ -151,6 +151,8 @@ class Housekeeper:
         self._last_sweep: datetime | None = None
         self._changed_devices: set | None = None  # this round's, for the lost devices
         self._lost_behind = True
+        self._taken: dict | None = None   # this round's changes as taken (None: not known)
+        self._sweep = True
 
     async def run(self) -> None:
         """Loop until cancelled: a round now, then one after every change of the devices,
@@ -164,7 +166,8 @@ class Housekeeper:
     def listening(self) -> Iterator[None]:
         """While the block runs, rounds learn what changed from the informers' listeners
         (`changes`) and judge only that (the class); `run` listens."""
-        self.changes = Changes(devices=self.cache.devices, vmis=self.cache.vmis, vms=self.vms)
+        self.changes = Changes(devices=self.cache.devices, vmis=self.cache.vmis, vms=self.vms,
+                               claims=self.cache.claims)
         try:
             with self.changes.listening():
                 yield
@@ -220,12 +223,14 @@ class Housekeeper:
         checkpoint every `CHUNK` sets."""
         changed = self.changes.take() if self.changes is not None else None
         vm_changes = None if changed is None else changed.get("vms", set())
+        self._taken = changed
         last = self._last_sweep
         if full or changed is None or last is None or not last <= now < last + self.sweep_every:
             changed = None
             self._last_sweep = now
             self.full_rounds += 1
         self._changed_devices = None if changed is None else changed["devices"]
+        self._sweep = changed is None
         keeps = self.keeps()
         vms = self.kept.vm_records(vm_changes)
         vmis = self.cache.vmi_state()
@@ -252,7 +257,12 @@ class Housekeeper:
         await self.devices.carry_out(actions, now, _SetKeeps(self.planner.index, keeps))
         await self.kept.tell(now)
         if self.vms is not None and self.vms.healthy:
-            await self.kept.write_conditions(kept, now)
+            taken = None if self._taken is None or self._sweep else \
+                self._taken.get("vms", set()) | self._taken.get("vmis", set())
+            await self.kept.write_conditions(kept, now, taken)
+        else:
+            self.kept.forget_conditions()  # what changed meanwhile is not followed
+        self.claims.follow(self._taken, sweep=self._sweep)
         await self.claims.release(now, self.kept.released_admissions(now))
         await self.claims.restore(now)
 
