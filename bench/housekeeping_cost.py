@@ -68,6 +68,7 @@ class _World:
         self.vms = Informer("virtualmachines", _never)
         self.rv = 1
         self.churn = False
+        self.raw_claims: dict[tuple[str, str], dict] = {}  # as made (the informer keeps less)
         self.sets: list[tuple[dict, list[dict], dict]] = []  # (VMI, its devices, its VM)
         rng = random.Random(seed)
         self._build(nodes, rng)
@@ -191,6 +192,7 @@ class _World:
                      "device": m.ref.device} for k, m in enumerate(members)]}},
                     "reservedFor": [{"resource": "pods", "name": f"virt-launcher-{vmi}"}]}
                 c.claims._apply("ADDED", claim)
+                self.raw_claims[(ns, claim["metadata"]["name"])] = claim
             self.sets.append((raw_vmi, devs, raw_vm))
             made += len(devs)
         i = 0
@@ -278,11 +280,17 @@ def _summary(got: dict[str, list[float]]) -> dict:
             "longest_stretch_ms": round(max(got["stretch_ms"]), 2)}
 
 
+_DEVNULL = None
+
+
 def _quiet() -> None:
     """The binder's log lines below ERROR discarded (a round logs nothing in steady state)."""
     from actors.logging import configure_logging
 
-    configure_logging(stream=open(os.devnull, "w"), level=40)  # noqa: SIM115
+    global _DEVNULL
+    if _DEVNULL is None:
+        _DEVNULL = open(os.devnull, "w")  # noqa: SIM115 - kept open for the process
+    configure_logging(stream=_DEVNULL, level=40)
 
 
 def measure(nodes: int, mode: str, rounds: int = 20) -> dict:

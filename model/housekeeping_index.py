@@ -221,6 +221,7 @@ class Incremental:
         it holds are put again (a sweep costs an identity check per device)."""
         index = self.index
         have = index.devices()
+        devices = dict(devices.items())
         for key, dev in devices.items():
             if have.get(key) is not dev:
                 index.put(key, dev)

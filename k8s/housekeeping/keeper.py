@@ -229,7 +229,7 @@ class Housekeeper:
             changed = None
             self._last_sweep = now
             self.full_rounds += 1
-        self._changed_devices = None if changed is None else changed["devices"]
+        self._changed_devices = None if self._taken is None else self._taken["devices"]
         self._sweep = changed is None
         keeps = self.keeps()
         vms = self.kept.vm_records(vm_changes)
