@@ -58,7 +58,7 @@ class DeviceWorker:
         two at once."""
         if now is not None:
             self._now = now
-        self._set_keep = set_keep or {}
+        self._set_keep = {} if set_keep is None else set_keep  # a Mapping worked out on lookup
         per_device: dict[Key, list[Action]] = {}
         for action in actions:
             per_device.setdefault(action.device, []).append(action)

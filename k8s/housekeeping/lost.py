@@ -67,6 +67,7 @@ class LostDevices:
         self._seen: dict[str, Node] = {}            # node → its value as last worked out
         self._bound_at: dict[DeviceKey, str] = {}   # recording device → the node it is Bound on
         self._losses: dict[str, NodeLosses] = {}    # node → its losses (none: left out)
+        self._node_map: object = None               # the snapshot's node mapping last seen
 
     def lost(self, changed: Iterable[DeviceKey] | None = None) -> tuple[LostDevice, ...]:
         """`model.lost.lost_devices` of the view's snapshot now, from the nodes that changed
@@ -84,9 +85,11 @@ class LostDevices:
             bound = bound_by_node(snap.devices.values())
             self._bound_at = {d.key: n for n, ds in bound.items() for d in ds}
             dirty = set(snap.nodes) | set(bound)
-        else:
-            dirty = {n for n, node in snap.nodes.items() if self._seen.get(n) is not node}
-            dirty |= self._seen.keys() - snap.nodes.keys()
+        else:  # the snapshot's node mapping is the same object until a node changes
+            dirty = set()
+            if snap.nodes is not self._node_map:
+                dirty = {n for n, node in snap.nodes.items() if self._seen.get(n) is not node}
+                dirty |= self._seen.keys() - snap.nodes.keys()
             for key in changed:
                 was = self._bound_at.pop(key, None)
                 if was is not None:
@@ -95,6 +98,7 @@ class LostDevices:
                 if d is not None and d.bound_node is not None and d.status.device is not None:
                     self._bound_at[key] = d.bound_node
                     dirty.add(d.bound_node)
+        self._node_map = snap.nodes
         for name in dirty:
             node = snap.nodes.get(name)
             if node is None:
