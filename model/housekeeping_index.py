@@ -190,7 +190,7 @@ class Incremental:
             vms: VMs | None, yielded: Collection[VMIKey]) -> list[Group]:
         """The sets to judge this round, sorted. `devices`: every device now; `changed`: the
         keys of the devices changed since the last round (None: not known, every set is
-        judged and the index rebuilt); `names`: the (namespace, name)s of the VMIs and VMs
+        judged and the index made equal to `devices`); `names`: the (namespace, name)s of the VMIs and VMs
         changed since then. The other arguments are `plan`'s."""
         settings = _Settings(grace, answer_window, dict(keeps), vms is not None)
         yielded = frozenset(yielded)
