@@ -29,11 +29,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from model.device.lost import LossReason, LostDevice, record_loss
+from model.device.match import MatchAttribute
 from model.snapshot import Snapshot
-from model.types import DeviceKey, GPUDevice
+from model.types import DeviceKey, GPUDevice, Node
 
 
 class State(StrEnum):
@@ -179,27 +180,96 @@ def _left_slices(snap: Snapshot, unpublished: dict[DeviceId, list[GPUDevice]]
                                 None if match is None else match.text)
 
 
+@dataclass(frozen=True, slots=True)
+class NodeLosses:
+    """The lost devices one node contributes (`node_losses`): `attribute` (class, its
+    attribute-lost devices there in the node's order) per class with any, sorted by class;
+    `unpublished` ((class, node, device name), the GPUDevices Bound there recording it,
+    by key) per left-slices device, sorted."""
+
+    attribute: tuple[tuple[str, tuple[LostDevice, ...]], ...] = ()
+    unpublished: tuple[tuple[DeviceId, tuple[GPUDevice, ...]], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.attribute or self.unpublished)
+
+
+def node_losses(name: str, node: Node | None, matches: Mapping[str, MatchAttribute | None],
+                bound: Iterable[GPUDevice]) -> NodeLosses:
+    """What node `name` (`node`, None when it does not exist) contributes to `lost_devices`:
+    its published devices of each device-mode class (`matches`: class → its matchAttribute)
+    that lack the class's attribute, with the GPUDevices recording them, and the devices
+    recorded by the GPUDevices Bound there (`bound`: those whose `bound_node` is `name`)
+    that it does not publish for their class. Reads nothing else: a node's losses change
+    only with it, its Bound GPUDevices or `matches`."""
+    recorders: dict[str, list[GPUDevice]] = {}
+    unpublished: dict[DeviceId, list[GPUDevice]] = {}
+    for d in sorted(bound, key=lambda d: d.key):
+        rec = d.status.device
+        if rec is None:
+            continue
+        recorders.setdefault(rec.device, []).append(d)
+        if d.class_name in matches and record_loss(node, d.class_name, matches[d.class_name],
+                                                   rec) is LossReason.LEFT_SLICES:
+            unpublished.setdefault((d.class_name, name, rec.device), []).append(d)
+    attribute = []
+    for c in sorted(matches) if node is not None else ():
+        match = matches[c]
+        devices = node.devices_of(c)
+        bare = devices.without_attribute(match) if devices else frozenset()
+        if bare:
+            attribute.append((c, tuple(
+                LostDevice(c, name, sd.ref.device, sd.ref, LossReason.ATTRIBUTE_LOST,
+                           tuple(x.key for x in recorders.get(sd.ref.device, ())), str(match))
+                for sd in devices if sd.ref.device in bare)))
+    return NodeLosses(tuple(attribute), tuple((i, tuple(by)) for i, by in sorted(unpublished.items())))
+
+
+def assemble(losses: Mapping[str, NodeLosses], matches: Mapping[str, MatchAttribute | None]
+             ) -> tuple[LostDevice, ...]:
+    """`lost_devices` from each node's `NodeLosses` (`losses`: node name → its losses; a
+    node without any may be left out): the attribute-lost by class, then node; then the
+    left-slices by (class, node, device)."""
+    out = []
+    nodes = sorted(losses)
+    for c in sorted(matches):
+        for name in nodes:
+            out += [x for cc, found in losses[name].attribute if cc == c for x in found]
+    for ident, by in sorted((u for nl in losses.values() for u in nl.unpublished),
+                            key=lambda u: u[0]):
+        match = matches[ident[0]]
+        out.append(LostDevice(ident[0], ident[1], ident[2], by[0].status.device,
+                              LossReason.LEFT_SLICES, tuple(x.key for x in by),
+                              None if match is None else match.text))
+    return tuple(out)
+
+
+def bound_by_node(devices: Iterable[GPUDevice]) -> dict[str, list[GPUDevice]]:
+    """The Bound GPUDevices recording a device (`status.device`), by the node they are
+    Bound on."""
+    out: dict[str, list[GPUDevice]] = {}
+    for d in devices:
+        if d.bound_node is not None and d.status.device is not None:
+            out.setdefault(d.bound_node, []).append(d)
+    return out
+
+
 def lost_devices(snap: Snapshot) -> tuple[LostDevice, ...]:
     """Every lost device (`classify(snap).lost`, in its order) without the states of the
-    others: O(nodes × device-mode classes + GPUDevices), a node's devices without the
-    attribute being remembered on its `DeviceSet` (the leader's Events ask it every round)."""
+    others: O(nodes × device-mode classes + GPUDevices), one `node_losses` per node (the
+    leader's Events keep those per node and work out again only the nodes that changed,
+    `k8s.housekeeping.lost`). A device recorded by several GPUDevices names the smallest
+    key's record."""
     matches = snap.mode.matches
     if not matches:
         return ()
-    recorders, unpublished = _records(snap)
-    out = []
-    for c in sorted(matches):
-        match = matches[c]
-        for node_name in sorted(snap.nodes):
-            devices = snap.nodes[node_name].devices_of(c)
-            bare = devices.without_attribute(match) if devices else frozenset()
-            for sd in devices if bare else ():
-                if sd.ref.device in bare:
-                    keys = tuple(sorted(x.key for x in recorders.get((node_name, sd.ref.device), ())))
-                    out.append(LostDevice(c, node_name, sd.ref.device, sd.ref,
-                                          LossReason.ATTRIBUTE_LOST, keys, str(match)))
-    out += [loss for _, loss in _left_slices(snap, unpublished)]
-    return tuple(out)
+    bound = bound_by_node(snap.devices.values())
+    losses = {}
+    for name in set(snap.nodes) | set(bound):
+        found = node_losses(name, snap.nodes.get(name), matches, bound.get(name, ()))
+        if found:
+            losses[name] = found
+    return assemble(losses, matches)
 
 
 def classify(snap: Snapshot, live: Iterable[DeviceKey] | None = None) -> FleetDevices:
@@ -241,5 +311,6 @@ def lost_members(snap: Snapshot, members: Sequence[GPUDevice]) -> tuple[LostDevi
     return tuple(out)
 
 
-__all__ = ["ClassDevices", "DeviceId", "FleetDevices", "State", "classify", "lost_devices", "lost_members",
+__all__ = ["ClassDevices", "DeviceId", "FleetDevices", "NodeLosses", "State", "assemble", "bound_by_node",
+           "classify", "lost_devices", "lost_members", "node_losses",
            "walk"]

@@ -18,7 +18,9 @@ composes them into rounds:
 - `lost.LostDevices`: HL3's Events (`GPUDeviceLost`) on a lost device's GPUDevices and node.
 
 A round's device and claim work is skipped while an informer it reads is unhealthy (its
-cache may be behind). `Housekeeper.statistics()` is what the metrics read.
+cache may be behind). While `Housekeeper.run` runs, a round judges only what changed since
+the last one (`changes.Changes`, the keys the informers told; `model.housekeeping_index`),
+and every set at least every 60 s and on a leader's first round. `Housekeeper.statistics()` is what the metrics read.
 """
 
 from k8s.housekeeping.common import FIELD_MANAGER

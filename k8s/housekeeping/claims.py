@@ -9,7 +9,12 @@ confirmed first by a live read of the VMI.
 
 from __future__ import annotations
 
+import heapq
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Iterable, Mapping
+
+from anyio.lowlevel import checkpoint
 
 from k8s import errors, events
 from k8s.cache import ClusterCache
@@ -21,6 +26,11 @@ from model.claim import (ClaimRecord, DeleteClaim, RestoreClaim, build_claim, cl
                          stale_claims)
 from model.device.seam import device_classes
 from model.housekeeping_reasons import ClaimRestoredEvent, Rule
+from model.types import DeviceKey, VMIKey
+
+Key = tuple[str, str]
+CHUNK = 256
+"""VMIs judged between two checkpoints of the event loop (DR6 in a sweep)."""
 
 
 def claim_records(cache: ClusterCache) -> list[ClaimRecord] | None:
@@ -43,9 +53,95 @@ def claim_keys(cache: ClusterCache) -> set[tuple[str, str]] | None:
     return set(cache.claims.keys())
 
 
+class _ClaimKeys:
+    """Whether the claim informer has a claim of a (namespace, name), ours or not, read
+    key by key (`missing_claims` asks only for the VMIs it judges)."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self._claims = cache.claims
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, tuple) and self._claims.get(key) is not None  # type: ignore[arg-type]
+
+
+@dataclass
+class _Due:
+    """What a round judges: `claims` (keys) for H1/H2/H4 and `vmis` ((namespace, name))
+    for DR6; None: every one."""
+
+    claims: set[Key] | None = None
+    vmis: set[VMIKey] | None = None
+
+
+@dataclass
+class _Index:
+    """The claims worker's memory between rounds (see `ClaimsWorker.follow`)."""
+
+    records: dict[Key, ClaimRecord] = field(default_factory=dict)
+    by_vmi: dict[VMIKey, set[Key]] = field(default_factory=dict)
+    by_admission: dict[tuple[str, str], set[Key]] = field(default_factory=dict)
+    attached: dict[DeviceKey, VMIKey] = field(default_factory=dict)
+    devices_of: dict[VMIKey, set[DeviceKey]] = field(default_factory=dict)
+    named: dict[Key, set[VMIKey]] = field(default_factory=dict)
+    """(namespace, `claim_name(vmi)`) → the attached VMI names whose claim that would be."""
+    heap: list[tuple[datetime, Key]] = field(default_factory=list)
+    retry_claims: set[Key] = field(default_factory=set)
+    retry_vmis: set[VMIKey] = field(default_factory=set)
+    device_classes: frozenset[str] | None = None
+
+    def put_claim(self, key: Key, rec: ClaimRecord | None) -> None:
+        old = self.records.pop(key, None)
+        if old is not None:
+            _drop(self.by_vmi, (old.namespace, old.vmi), key)
+            if old.admission:
+                _drop(self.by_admission, (old.namespace, old.admission), key)
+        if rec is not None:
+            self.records[key] = rec
+            self.by_vmi.setdefault((rec.namespace, rec.vmi), set()).add(key)
+            if rec.admission:
+                self.by_admission.setdefault((rec.namespace, rec.admission), set()).add(key)
+
+    def put_device(self, key: DeviceKey, vmi: VMIKey | None) -> set[VMIKey]:
+        """Device `key` (changed) is now attached to `vmi` (None: to none, or gone); the VMI
+        names whose attached devices changed (DR6 reads their records, nodes and requests)."""
+        old = self.attached.pop(key, None)
+        if old == vmi:
+            if vmi is not None:
+                self.attached[key] = vmi
+            return {vmi} if vmi is not None else set()
+        if old is not None:
+            _drop(self.devices_of, old, key)
+            if old not in self.devices_of:
+                _drop(self.named, (old[0], claim_name(old[1])), old)
+        if vmi is not None:
+            self.attached[key] = vmi
+            self.devices_of.setdefault(vmi, set()).add(key)
+            self.named.setdefault((vmi[0], claim_name(vmi[1])), set()).add(vmi)
+        return {n for n in (old, vmi) if n is not None}
+
+
+def _drop(index: dict, key, value) -> None:
+    bucket = index.get(key)
+    if bucket is not None:
+        bucket.discard(value)
+        if not bucket:
+            del index[key]
+
+
+def _attached_to(dev) -> VMIKey | None:
+    att = dev.status.attached_to if dev is not None else None
+    return (dev.namespace, att.vmi) if att is not None else None
+
+
 class ClaimsWorker:
     """H1/H2 (`release`) and DR6 (`restore`) of the binder's claims; `grace` is
-    `attachmentGrace`. Counters: `claims_deleted`, `claims_restored`, `actions_done` (both)."""
+    `attachmentGrace`. Counters: `claims_deleted`, `claims_restored`, `actions_done` (both).
+
+    `follow` tells it what changed since the last round (the claims, VMIs and GPUDevices
+    the informers told of; None: not known): a round then judges only the claims and VMIs
+    those can change, those whose grace ran out since (a heap of times), those whose kept
+    set was just released (H4), and those it acted on last round (an action not done is
+    tried again). Without `follow`, every claim and VMI is judged each round."""
 
     def __init__(self, client: KubeClient, cache: ClusterCache, *, grace: timedelta) -> None:
         self._client = client
@@ -54,6 +150,40 @@ class ClaimsWorker:
         self.actions_done = 0
         self.claims_deleted = 0
         self.claims_restored = 0
+        self._index: _Index | None = None
+        self._due = _Due()
+
+    def follow(self, changed: Mapping[str, set] | None, *, sweep: bool = False) -> None:
+        """This round's changes (`changed`: {"claims", "vmis", "devices": keys}; None: not
+        known, every claim and VMI judged and the memory rebuilt); `sweep`: judge every
+        claim and VMI all the same. Call once a round, before `release` and `restore`."""
+        if not self.cache.healthy(self.cache.claims):
+            self._index, self._due = None, _Due()
+            return
+        classes = frozenset(device_classes(self.cache.view.classes().values()))
+        index = self._index
+        if changed is None or index is None or index.device_classes != classes:
+            index = self._index = _Index(device_classes=classes)
+            for obj in self.cache.claims.items():
+                meta = obj.get("metadata") or {}
+                rec = claim_record(obj["parsed"])
+                index.put_claim((meta.get("namespace"), meta.get("name")), rec)
+            for key, dev in self.cache.view.devices().items():
+                index.put_device(key, _attached_to(dev))
+            self._due = _Due()
+            return
+        claims = set(index.retry_claims)
+        vmis = set(index.retry_vmis) | set(changed.get("vmis", ()))
+        for key in changed.get("claims", ()):
+            obj = self.cache.claims.get(key)
+            index.put_claim(key, claim_record(obj["parsed"]) if obj is not None else None)
+            claims.add(key)
+            vmis |= index.named.get(key, set())
+        for key in changed.get("devices", ()):
+            vmis |= index.put_device(key, _attached_to(self.cache.view.device(key)))
+        for name in vmis:
+            claims |= index.by_vmi.get(name, set())
+        self._due = _Due() if sweep else _Due(claims, vmis)
 
     async def release(self, now: datetime,
                       released: dict[tuple[str, str], datetime] | None = None) -> None:
@@ -65,14 +195,40 @@ class ClaimsWorker:
         the claim of a kept set this replica released (`released`: (namespace, admission id)
         → when, `KeptSets.released_admissions`) is deleted without the grace, once the
         released devices are no longer attached in the cache."""
-        records = claim_records(self.cache)
-        if not records:
-            return
-        attached = {(d.namespace, d.status.attached_to.vmi)
-                    for d in self.cache.view.devices().values() if d.status.attached_to}
-        live = set(self.cache.vmi_state().live)
-        for action in stale_claims(records, attached, live, now, self.grace,
-                                   released=released or {}):
+        released = released or {}
+        index, due = self._index, self._due
+        if index is not None and due.claims is None:  # a sweep: every claim, from memory
+            records = sorted(index.records.values(), key=lambda r: (r.namespace, r.name))
+            attached = set(index.devices_of)
+            live = set(self.cache.vmi_state().live)
+        elif index is None:
+            records = claim_records(self.cache)
+            if not records:
+                return
+            attached = {(d.namespace, d.status.attached_to.vmi)
+                        for d in self.cache.view.devices().values() if d.status.attached_to}
+            live = set(self.cache.vmi_state().live)
+        else:
+            keys = set(due.claims)
+            for adm in released:
+                keys |= index.by_admission.get(adm, set())
+            while index.heap and index.heap[0][0] <= now:
+                keys.add(heapq.heappop(index.heap)[1])
+            records = [index.records[k] for k in sorted(keys) if k in index.records]
+            if not records:
+                index.retry_claims = set()
+                return
+            names = {(r.namespace, r.vmi) for r in records}
+            attached = {n for n in names if n in index.devices_of}
+            live = {n for n in names if n in self.cache.vmi_state().live}
+        actions = stale_claims(records, attached, live, now, self.grace, released=released)
+        if index is not None:
+            index.retry_claims = {(a.claim.namespace, a.claim.name) for a in actions}
+            for r in records:
+                if r.since is not None and (r.namespace, r.name) not in index.retry_claims \
+                        and r.since + self.grace >= now:
+                    heapq.heappush(index.heap, (r.since + self.grace, (r.namespace, r.name)))
+        for action in actions:
             await self._delete(action)
 
     async def _delete(self, action: DeleteClaim) -> None:
@@ -112,14 +268,31 @@ class ClaimsWorker:
         AlreadyExists means one of the name is there after all, and nothing is made. Told by
         a Warning log line and a Warning Event `GPUClaimRestored` on the VMI. Skipped while
         the claim informer does not follow the API server."""
-        claims = claim_keys(self.cache)
-        if claims is None:
-            return
-        device = device_classes(self.cache.view.classes().values())
-        if not device:
-            return
-        for r in missing_claims(self.cache.view.devices().values(), self.cache.vmi_state().live,
-                                claims, device):
+        index, due = self._index, self._due
+        if index is None or due.vmis is None:
+            claims = claim_keys(self.cache)
+            if claims is None:
+                return
+            device = device_classes(self.cache.view.classes().values())
+            if not device:
+                return
+            devices = list(self.cache.view.devices().values())
+            found = missing_claims(devices, self.cache.vmi_state().live, claims, device)
+        else:
+            if not index.device_classes:
+                return
+            names = sorted(index.devices_of if due.vmis is None else due.vmis)
+            found = []
+            for i in range(0, len(names), CHUNK):  # a sweep judges every VMI: by chunks
+                if i:
+                    await checkpoint()
+                devices = [d for name in names[i:i + CHUNK] for k in index.devices_of.get(name, ())
+                           if (d := self.cache.view.device(k)) is not None]
+                found += missing_claims(devices, self.cache.vmi_state().live,
+                                        _ClaimKeys(self.cache), index.device_classes)
+        if index is not None:
+            index.retry_vmis = {(r.namespace, r.vmi) for r in found}
+        for r in found:
             await self._restore(r, now)
 
     async def _restore(self, r: RestoreClaim, now: datetime) -> None:

@@ -11,6 +11,7 @@ attached device), so an action planned from a stale cache never undoes a newer a
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from typing import Mapping
 
 import anyio
 
@@ -44,10 +45,10 @@ class DeviceWorker:
         self.concurrency = concurrency
         self.actions_done = 0
         self._now = datetime.now(timezone.utc)
-        self._set_keep: dict[Key, timedelta | None] = {}
+        self._set_keep: Mapping[Key, timedelta | None] = {}
 
     async def carry_out(self, actions: list[Action], now: datetime | None = None,
-                        set_keep: dict[Key, timedelta | None] | None = None) -> None:
+                        set_keep: Mapping[Key, timedelta | None] | None = None) -> None:
         """Carry out a round's `actions` (planned at `now`; `set_keep`: each set's keep,
         `model.housekeeping.set_keeps`): a device's own in plan order, different devices
         concurrently, at most `concurrency` API calls in flight (each action is confirmed
@@ -57,7 +58,7 @@ class DeviceWorker:
         two at once."""
         if now is not None:
             self._now = now
-        self._set_keep = set_keep or {}
+        self._set_keep = {} if set_keep is None else set_keep  # a Mapping worked out on lookup
         per_device: dict[Key, list[Action]] = {}
         for action in actions:
             per_device.setdefault(action.device, []).append(action)

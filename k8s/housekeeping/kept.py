@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Iterable, Mapping
 
 from k8s import errors, events
 from k8s.cache import ClusterCache
@@ -59,21 +60,32 @@ class KeptSets:
         self.condition_writes = 0
         self._told: dict[tuple[str, str, str, str], _Told] = {}
         self._released: dict[tuple[str, str], datetime] = {}
+        self._vms: dict[tuple[str, str], VMRecord] | None = None
+        self._conditions_kept: dict[tuple[str, str], KeptFor] | None = None
+        self._conditions_tried: set[tuple[str, str]] = set()
 
-    def vm_records(self) -> dict[tuple[str, str], VMRecord] | None:
+    def vm_records(self, changed: Iterable[tuple[str, str]] | None = None
+                   ) -> Mapping[tuple[str, str], VMRecord] | None:
         """The VirtualMachines as the VM informer has them; None while it does not follow
         the API server (or there is none): no set is then newly kept nor released for its VM
-        being gone."""
+        being gone. `changed`: the keys of the VMs changed since the last call (only those
+        are read again); None: every VM is read."""
         if self.vms is None or not self.vms.healthy:
+            self._vms = None
             return None
-        out: dict[tuple[str, str], VMRecord] = {}
-        for vm in self.vms.items():
-            meta = vm.get("metadata") or {}
+        if changed is None or self._vms is None:
+            self._vms = {}
+            changed = [k for k in self.vms.keys()]
+        for key in changed:
+            vm = self.vms.get(key)
+            meta = (vm or {}).get("metadata") or {}
             ns, name = meta.get("namespace"), meta.get("name")
-            if isinstance(ns, str) and isinstance(name, str):
-                out[(ns, name)] = VMRecord(ns, name, str(meta.get("uid") or ""),
-                                           run_strategy(vm), bool(meta.get("deletionTimestamp")))
-        return out
+            if vm is None or not isinstance(ns, str) or not isinstance(name, str):
+                self._vms.pop(key, None)
+                continue
+            self._vms[(ns, name)] = VMRecord(ns, name, str(meta.get("uid") or ""),
+                                             run_strategy(vm), bool(meta.get("deletionTimestamp")))
+        return self._vms
 
     def note_kept(self, ns: str, vm: str, owner: str, device: str, node: str | None,
                   until: datetime) -> None:
@@ -130,15 +142,33 @@ class KeptSets:
                 instance="housekeeping", when=now)
             await events.record(self._client, body, rule=Rule.H4, namespace=ns, name=vm)
 
-    async def write_conditions(self, kept: dict[tuple[str, str], KeptFor], now: datetime) -> None:
+    def forget_conditions(self) -> None:
+        """The next `write_conditions` looks at every VM (what changed meanwhile is not
+        known)."""
+        self._conditions_kept = None
+
+    async def write_conditions(self, kept: dict[tuple[str, str], KeptFor], now: datetime,
+                               changed: Iterable[tuple[str, str]] | None = None) -> None:
         """The `GPUSetKept` condition on each VM: True while a set is kept for it (`kept`:
         `model.housekeeping.kept_for_vms` of this round's devices, for this VM's uid) and it
         has no VMI, removed otherwise. A VM with a VMI is left alone (virt-controller keeps
         only the VMI's conditions on it). Written with a JSON Patch that `test`s the VM's
         resourceVersion as cached, only when it differs from the cached VM; best effort
-        (retried next round)."""
+        (retried next round). `changed`: the (namespace, name)s of the VMs and VMIs changed
+        since the last call; only those, the VMs whose keep changed and those written last
+        time are looked at (None: every VM)."""
         live = self.cache.vmi_state().live
-        for vm in self.vms.items() if self.vms is not None else ():
+        if changed is None or self._conditions_kept is None:
+            vms = self.vms.items() if self.vms is not None else ()
+        else:
+            keys = set(changed) | self._conditions_tried
+            keys |= {k for k in kept.keys() | self._conditions_kept.keys()
+                     if kept.get(k) != self._conditions_kept.get(k)}
+            vms = [vm for k in sorted(keys) if self.vms is not None
+                   and (vm := self.vms.get(k)) is not None]
+        self._conditions_kept = dict(kept)
+        self._conditions_tried = set()
+        for vm in vms:
             meta = vm.get("metadata") or {}
             key = (meta.get("namespace"), meta.get("name"))
             if key in live or not isinstance(key[0], str) or not isinstance(key[1], str):
@@ -161,6 +191,7 @@ class KeptSets:
                     have.get(f) == want[f] for f in ("status", "reason", "message")):
                 continue
             new = [c for c in conds if c.get("type") != KEPT_CONDITION] + ([want] if want else [])
+            self._conditions_tried.add(key)
             await self._patch_conditions(key[0], key[1], meta.get("resourceVersion"),
                                          new, bool(status), want is not None)
 
