@@ -126,6 +126,12 @@ FIELD_HELP: dict[str, str] = {
                           "waits before the node where it would start soonest is reserved for "
                           "it (line.reserveAfter, P5): that node takes no set behind it until "
                           "it starts; >= 0",
+    "line_bare_vmis": "true or false: a bare VMI (no VirtualMachine) the webhook refuses "
+                            "for room takes a place in the leader's line (P5) and keeps it while "
+                            "its client retries within the bare-VMI ttl (2 min). Off by default: "
+                            "a client that does not retry a refused create (kubectl does not "
+                            "retry a 403) would hold back later sets of its priority until the "
+                            "ttl runs out",
     "line_max_per_namespace": "most sets of one namespace (tenant) waiting in the leader's line "
                               "at once (line.maxPerNamespace, P5): past it a tenant's further "
                               "sets refused for room are refused without a place in line (its "
@@ -219,6 +225,7 @@ class Config:
     preemption_nomination_ttl: float = _BINDER.coordinator.preemption.ttl.total_seconds()
     line_reserve_after: float = _BINDER.coordinator.line.reserve_after.total_seconds()
     line_max_per_namespace: int = _BINDER.coordinator.line.per_namespace
+    line_bare_vmis: bool = False
     health_failed_starts: int = DEFAULT_FAILED_STARTS
     health_window: float = DEFAULT_WINDOW.total_seconds()
 

@@ -196,7 +196,8 @@ class Controller:
         admission = VMIAdmission(client, cache, bind_timeout=cfg.bind_timeout, grace=grace,
                                  gate=tenant_gate(cfg), record_wait=cfg.webhook_record_wait,
                                  preemption=binder_config(cfg).coordinator.preemption,
-                                 line=self.refused_at_w1)  # P5: bare VMIs refused for room wait
+                                 # P5: bare VMIs refused for room wait (opt-in)
+                                 line=self.refused_at_w1 if cfg.line_bare_vmis else None)
         self.elector = LeaderElector(client, cfg.identity, lease_config(cfg))
         metrics = Metrics(self.observed, admission)
 

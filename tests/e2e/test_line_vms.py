@@ -2,9 +2,11 @@
 wait in the leader's line (handed over by the waiting-VM loop), the line is published in the
 GPUClass's `status.line` and read by `gpu-binder explain` and `top`, and when room frees the
 VM ahead in line is nudged, not an older VM of lower priority whose start would take the room
-the one ahead needs. Bare VMIs too: one the webhook refuses for room (403) waits in the same line
-while its client retries, so a later, smaller set of the same priority cannot take the room it
-waits for, and its own retry is admitted.
+the one ahead needs. Bare VMIs too, where the operator turns it on (`--line-bare-vmis=true`,
+this module's replicas; off by default, tests/e2e/test_vm_keep_devices.py shows why): one the
+webhook refuses for room (403) waits in the same line while its client retries, so a later,
+smaller set of the same priority cannot take the room it waits for, and its own retry is
+admitted.
 
 Against the real virt-controller, virt-api, kube-scheduler and KWOK (marker kubevirt)."""
 
@@ -22,10 +24,21 @@ from tests.e2e.test_accounting_attacks import attacker
 from tests.e2e.test_priority import priority_class
 from tests.e2e.test_vm_path import condition, create_vm, get_vm, get_vmi, set_run, started, vm_body, waiting
 from tests.support.kubevirt_vmis import VMI_GROUP, VMI_VERSION, VMIS, pin, vmi
-from tests.support.kubevirt_vmis import kubevirt, pool, system  # noqa: F401 (fixtures)
+from tests.support.kubevirt_vmis import kubevirt, pool  # noqa: F401 (fixtures)
 from tests.support.tools import run_tool
 
 pytestmark = [pytest.mark.anyio, pytest.mark.kubevirt]
+
+
+@pytest.fixture(scope="module")
+def system(control_plane, tmp_path_factory):
+    """`tests.support.kubevirt_vmis.system`'s replicas with bare VMIs refused at W1 in the
+    line (`--line-bare-vmis=true`)."""
+    from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas
+
+    args = tuple(a for a in FAST_CONTROLLER_ARGS if not a.startswith(("--bind-timeout", "--attachment-grace")))
+    yield from controller_replicas(control_plane, tmp_path_factory,
+                                   args + ("--bind-timeout=15", "--attachment-grace=30", "--line-bare-vmis=true"))
 
 
 async def test_P5_vms_refused_at_W1_wait_in_the_published_line_and_the_one_ahead_gets_the_room(

@@ -259,3 +259,13 @@ def test_P5_line_max_per_namespace_reaches_the_coordinator_and_a_bad_value_is_on
         load(None, env={}, flags={"webhook_port": "0", "line_max_per_namespace": "0"})
     with pytest.raises(ValueError, match=r"^--line-max-per-namespace: not a whole number: 'many'$"):
         load(None, env={}, flags={"webhook_port": "0", "line_max_per_namespace": "many"})
+
+
+def test_P5_bare_vmis_refused_at_W1_enter_the_line_only_when_turned_on():
+    """`--line-bare-vmis` (default false): an abandoned refused create must not hold back
+    later sets unless the operator asks for it (docs/contract.md §3c P5)."""
+    assert default("line_bare_vmis") is False
+    assert "(default: false)" in field_help("line_bare_vmis")
+    assert load(None, env={}, flags={"webhook_port": "0", "line_bare_vmis": "true"}).line_bare_vmis is True
+    assert load(None, env={"GPU_BINDER_LINE_BARE_VMIS": "yes"}, flags={"webhook_port": "0"}).line_bare_vmis is True
+    assert load(None, env={}, flags={"webhook_port": "0"}).line_bare_vmis is False
