@@ -173,6 +173,21 @@ def field_help(name: str) -> str:
     return f"{text} (default: {shown})"
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _boolean(value: Any) -> bool:
+    """A setting's true or false (a YAML boolean, or 1/true/yes/on and 0/false/no/off in any
+    case); raises ValueError for anything else (a typo must not turn a switch off)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(value)
+
 @dataclass(slots=True)
 class Config:
     """Every setting of `gpu-binder controller` (docs/contract.md §2 "Config")."""
@@ -337,7 +352,7 @@ class Config:
             kind = type(current) if current is not None else str
             try:
                 if kind is bool:
-                    value = str(value).lower() in ("1", "true", "yes")
+                    value = _boolean(value)
                 elif kind in (int, float):
                     value = kind(value)
                 else:
@@ -345,7 +360,8 @@ class Config:
             except ValueError:
                 shown = flag(key) if source == "flags" else (
                     "GPU_BINDER_" + key.upper() if source == "environment" else raw_key)
-                what = {int: "a whole number", float: "a number"}.get(kind, kind.__name__)
+                what = {int: "a whole number", float: "a number",
+                        bool: "true or false"}.get(kind, kind.__name__)
                 where = "" if source == "flags" else f"{source}: "  # a flag names itself
                 raise ValueError(f"{where}{shown}: not {what}: {value!r}") from None
             setattr(out, key, value)
@@ -364,6 +380,8 @@ def load(file: str | None = None, env: dict[str, str] | None = None,
             data = yaml.safe_load(Path(file).read_text()) or {}
         except yaml.YAMLError as exc:
             raise ValueError(f"{file}: not valid YAML: {exc}") from None
+        except OSError as exc:
+            raise ValueError(f"--config {file}: cannot be read: {exc.strerror or exc}") from None
         if not isinstance(data, dict):
             raise ValueError(f"{file}: expected a mapping of settings")
         cfg = cfg.merged(data, file)

@@ -269,3 +269,20 @@ def test_P5_bare_vmis_refused_at_W1_enter_the_line_only_when_turned_on():
     assert load(None, env={}, flags={"webhook_port": "0", "line_bare_vmis": "true"}).line_bare_vmis is True
     assert load(None, env={"GPU_BINDER_LINE_BARE_VMIS": "yes"}, flags={"webhook_port": "0"}).line_bare_vmis is True
     assert load(None, env={}, flags={"webhook_port": "0"}).line_bare_vmis is False
+
+
+def test_a_switch_takes_true_or_false_and_refuses_anything_else():
+    """A typo must not turn a switch off (`--leader-election=of` would have run no binder)."""
+    for text, want in (("true", True), ("Yes", True), ("on", True), ("1", True),
+                       ("false", False), ("NO", False), ("off", False), ("0", False)):
+        assert load(None, env={}, flags={"webhook_port": "0", "line_bare_vmis": text}).line_bare_vmis is want
+    with pytest.raises(ValueError, match=r"^--line-bare-vmis: not true or false: 'maybe'$"):
+        load(None, env={}, flags={"webhook_port": "0", "line_bare_vmis": "maybe"})
+    with pytest.raises(ValueError, match=r"^environment: GPU_BINDER_LEADER_ELECTION: not true or false: 'of'$"):
+        load(None, env={"GPU_BINDER_LEADER_ELECTION": "of"}, flags={"webhook_port": "0"})
+
+
+def test_a_config_file_that_cannot_be_read_names_the_flag(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ValueError, match=r"^--config .*nope\.yaml: cannot be read: No such file or directory$"):
+        load(file=str(missing), env={})
