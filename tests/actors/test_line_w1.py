@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
-from types import SimpleNamespace
 
 import anyio
 import orjson
@@ -23,8 +22,6 @@ from actors.coordinator_protocol import RefusedAtW1
 from fakes.kube_client import ScriptedClient
 from k8s.webhook.admission import VMIAdmission
 from k8s.webhook.review import decode
-from model.admission import LauncherDefaults
-from model.housekeeping import VMIs
 from model.line import DEFAULT_TTL, Identity, LineSettings
 from model.priority import Priority
 from model.reasons import Code
@@ -32,28 +29,12 @@ from model.types import Result
 from tests.actors.test_line import H100, ask, fleet, line_of, new_set
 from tests.support.binder import check_invariants, fast_config, quiet_logging, running_binder
 from tests.timing import eventually
+from tests.support.webhook_cache import StoreCache
 
 pytestmark = pytest.mark.anyio
 
 SPOT = Priority(100, class_name="spot")
 ON_DEMAND = Priority(1000, class_name="on-demand")
-
-
-class _Cache:
-    """The webhook's cache on the in-memory store (what W1 reads)."""
-
-    def __init__(self, store) -> None:
-        self.view = store
-        self.devices = SimpleNamespace(add_listener=lambda fn: None)
-
-    def vmi_state(self) -> VMIs:
-        return VMIs()
-
-    def launcher_defaults(self) -> LauncherDefaults:
-        return LauncherDefaults()
-
-    def permitted_resources(self):
-        return None
 
 
 def webhook(store, binder, told: list | None = None) -> VMIAdmission:
@@ -63,7 +44,7 @@ def webhook(store, binder, told: list | None = None) -> VMIAdmission:
         if told is not None:
             told.append(e)
         return binder.refused_at_w1(RefusedAtW1(e))
-    return VMIAdmission(ScriptedClient(), _Cache(store), bind_timeout=5.0,  # type: ignore[arg-type]
+    return VMIAdmission(ScriptedClient(), StoreCache(store), bind_timeout=5.0,  # type: ignore[arg-type]
                         grace=timedelta(seconds=30), line=line)
 
 

@@ -14,7 +14,8 @@ import pytest
 from fakes.kube_client import ScriptedClient
 from k8s.webhook.admission import VMIAdmission
 from model.reasons import ClassNotFound, Code, NotSynced
-from tests.actors.test_line_w1 import _Cache, review, world
+from tests.actors.test_line_w1 import review, world
+from tests.support.webhook_cache import StoreCache
 from tests.timing import FAKE_TIME
 
 pytestmark = pytest.mark.anyio
@@ -28,7 +29,7 @@ def anyio_backend():
 def webhook(following: bool):
     store = world(8, busy=1)
     store.follow_with(lambda: following)
-    return VMIAdmission(ScriptedClient(), _Cache(store), bind_timeout=5.0,  # type: ignore[arg-type]
+    return VMIAdmission(ScriptedClient(), StoreCache(store), bind_timeout=5.0,  # type: ignore[arg-type]
                         grace=timedelta(seconds=30))
 
 

@@ -19,7 +19,8 @@ from k8s.webhook import steps
 from k8s.webhook.admission import VMIAdmission
 from k8s.webhook.steps import Denied
 from model.reasons import BinderRefused, Code
-from tests.actors.test_line_w1 import _Cache, review, world
+from tests.actors.test_line_w1 import review, world
+from tests.support.webhook_cache import StoreCache
 from tests.timing import FAKE_TIME
 
 pytestmark = pytest.mark.anyio
@@ -41,7 +42,7 @@ def admission(store, client, monkeypatch, bodies: list, line, binder=Code.NO_ELI
     monkeypatch.setattr(steps, "wait_result", refused)
     client.script("get", errors.NotFound("read VMI t/big", 404, 'virtualmachineinstances "big" not found',
                                          reason="NotFound", details={"name": "big"}))
-    return VMIAdmission(client, _Cache(store), bind_timeout=5.0,  # type: ignore[arg-type]
+    return VMIAdmission(client, StoreCache(store), bind_timeout=5.0,  # type: ignore[arg-type]
                         grace=timedelta(seconds=30), line=line)
 
 

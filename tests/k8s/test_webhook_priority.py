@@ -7,7 +7,6 @@ no GPU is untouched. On the in-memory store and a scripted client: no API server
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from types import SimpleNamespace
 
 import orjson
 import pytest
@@ -20,12 +19,13 @@ from k8s.webhook import steps
 from k8s.webhook.admission import VMIAdmission
 from k8s.webhook.review import Rejected, decode
 from k8s.webhook.steps import Attempt, request_body
-from model.admission import AdmissionPlan, LauncherDefaults
+from model.admission import AdmissionPlan
 from model.housekeeping import VMIs
 from model.parse import parse_gpu_device
 from model.priority import PreemptionPolicy, Priority, PriorityClassInfo, PriorityScope, ScopeRequirement
 from model.types import DeviceStatus, GPUDevice, Phase
 from tests.timing import FAKE_TIME
+from tests.support.webhook_cache import StoreCache
 
 NOW = datetime(2026, 12, 6, 8, 0, tzinfo=timezone.utc)
 H100 = "nvidia.com/H100"
@@ -55,21 +55,6 @@ def review(*, pc=None, ann=None, dry_run=False, name="vm"):
     return decode(orjson.dumps(doc))
 
 
-class _Cache:
-    def __init__(self, store: MemoryStore) -> None:
-        self.view = store
-        self.devices = SimpleNamespace(add_listener=lambda fn: None)
-
-    def vmi_state(self) -> VMIs:
-        return VMIs()
-
-    def launcher_defaults(self) -> LauncherDefaults:
-        return LauncherDefaults()
-
-    def permitted_resources(self):
-        return None
-
-
 def world() -> MemoryStore:
     """Tenant t1 holds gpu-a, Bound on n1 (a set with nothing to create); PriorityClasses
     spot, on-demand (Never) and a globalDefault standard."""
@@ -92,7 +77,7 @@ def admission(store: MemoryStore, client: ScriptedClient, monkeypatch, bodies: l
         return "n1"
     monkeypatch.setattr(steps, "attach_all", attached)
     monkeypatch.setattr(steps, "wait_result", succeeded)
-    return VMIAdmission(client, _Cache(store), bind_timeout=5.0,  # type: ignore[arg-type]
+    return VMIAdmission(client, StoreCache(store), bind_timeout=5.0,  # type: ignore[arg-type]
                         grace=timedelta(seconds=30), clock=lambda: NOW)
 
 

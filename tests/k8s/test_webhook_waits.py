@@ -18,12 +18,13 @@ from k8s.webhook import steps
 from k8s.webhook.admission import VMIAdmission, _Judged
 from k8s.webhook.steps import Api, Attempt, Denied, create_template
 from k8s.webhook.waiter import TEMPLATE_WAIT, until
-from model.admission import AdmissionPlan, LauncherDefaults
+from model.admission import AdmissionPlan
 from model.housekeeping import VMIs
 from model.reasons import DeviceUnrecorded
 from model.types import DeviceStatus, GPUDevice, Phase
 from tests.support.dra_worlds import device_class, dra_node, recorded
 from tests.timing import FAKE_TIME
+from tests.support.webhook_cache import StoreCache
 
 pytestmark = pytest.mark.anyio
 NOW = datetime(2026, 12, 4, 10, 0, tzinfo=timezone.utc)
@@ -189,18 +190,6 @@ async def test_W3_a_created_object_changed_since_is_read_again_and_written_on_th
 
 # -- DR5: the records of a device-mode set, after the binder answered -------------------------
 
-class _Cache:
-    def __init__(self, store: MemoryStore) -> None:
-        self.view = store
-        self.devices = SimpleNamespace(add_listener=lambda fn: None)
-
-    def vmi_state(self) -> VMIs:
-        return VMIs()
-
-    def launcher_defaults(self) -> LauncherDefaults:
-        return LauncherDefaults()
-
-
 def _admission(store: MemoryStore, client: ScriptedClient, monkeypatch, **kw) -> VMIAdmission:
     async def attached(*a, **k) -> None:       # W3 (2)/(3): their own tests
         return None
@@ -209,7 +198,7 @@ def _admission(store: MemoryStore, client: ScriptedClient, monkeypatch, **kw) ->
         return "n1"
     monkeypatch.setattr(steps, "attach_all", attached)
     monkeypatch.setattr(steps, "wait_result", succeeded)
-    return VMIAdmission(client, _Cache(store), bind_timeout=5.0,  # type: ignore[arg-type]
+    return VMIAdmission(client, StoreCache(store), bind_timeout=5.0,  # type: ignore[arg-type]
                         grace=timedelta(seconds=30), clock=lambda: NOW, **kw)
 
 
