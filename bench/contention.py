@@ -107,7 +107,8 @@ FULL = Plan(nodes=6, mean_life=90.0, span=600.0, warmup=90.0, min_runtime=15.0)
 def controller_args(plan: Plan) -> tuple[str, ...]:
     from bench.packing import CONTROLLER_ARGS
 
-    return (*CONTROLLER_ARGS, f"--preemption-min-runtime={plan.min_runtime:g}")
+    # its clients retry every refused create (403 included), the case --line-bare-vmis is for
+    return (*CONTROLLER_ARGS, f"--preemption-min-runtime={plan.min_runtime:g}", "--line-bare-vmis=true")
 
 
 def run(out: Path, *, plan: Plan, seed: int = 1, quick: bool = False,
