@@ -236,8 +236,8 @@ class Index:
         units moved in `used`, and it left every free bucket and, when placeable and
         advertising a resource in `after`, entered the bucket of its free units there. The
         device and reservation counts are kept. Equal to `Index.build` on `after` (what
-        `tests/model/test_snapshot_nodes.py` checks); O(changed nodes x their resources)
-        plus a copy of each touched dict."""
+        `tests/model/test_snapshot_nodes.py` checks). One pass over each resource's buckets
+        (names only, no device), plus a copy of `used` and of each resource's buckets."""
         used = dict(self.used)
         for node in changed:
             keys = {r for st in (before, after) if node in st.nodes

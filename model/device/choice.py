@@ -228,14 +228,14 @@ class SetDevices(NoDevices):
     def ranked_elsewhere(self, eligible_node: Callable[[str], int | None],
                          limit: int) -> list[tuple[int, str]] | None:
         """`elsewhere(…, limit)` without a look at every node, for a set of one class with
-        no hold of its own on any node (a new set, the common case): the snapshot's ranking
-        of the class and count (`NodeMemo.ranked`, `ranked`) is walked tightest group first,
+        no member Bound and no hold of its own on any node (a new set, the common case):
+        the snapshot's ranking of the class and count (`NodeMemo.ranked`, `ranked`) is walked tightest group first,
         each node asked `eligible_node` (its leftover when `eligible` would list it, else
         None), and the walk stops at the end of the first group fit after `limit` nodes
         were found (within one fit the order is leftover, then name). The same list as
         `elsewhere`; None when it does not apply."""
-        if len(self.classes) != 1 or self._own_holds:
-            return None
+        if len(self.classes) != 1 or self._own_holds or self.here:
+            return None  # the ranking is a new set's: a member's record would score its node
         c = self.classes[0]
         found: list[tuple[tuple, int, str]] = []
         fit = None

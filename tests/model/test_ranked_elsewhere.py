@@ -108,3 +108,34 @@ def test_a_warm_ranking_follows_the_snapshot_it_is_carried_to(boards, size, chan
     fresh = Snapshot.build(nodes=snap.nodes.values(), classes=[device_class()],
                            devices=snap.devices.values(), reservations=snap.reservations)
     assert decide(snap, request) == decide(fresh, request)
+
+
+@PROPS
+@given(st.lists(_board, min_size=2, max_size=6), st.integers(0, 5), st.integers(1, 3), st.integers(1, 4))
+def test_a_set_with_a_bound_member_leaves_the_shared_ranking_as_a_new_sets(boards, at, size, limit):
+    """A set one of whose members is Bound on a board (its own record kept there) asks first;
+    a new set then reads the snapshot's ranking: it must be a new set's, not the first one's."""
+    nodes, held = _fleet(boards)
+    board = f"b{at % len(nodes)}"
+    mixed = [recorded("t1", "mine", board, 7), GPUDevice("t1", "more", CLASS)]
+    new = _new(size)
+    snap = Snapshot.build(nodes=nodes, classes=[device_class()], devices=[*held, *mixed, *new])
+    decide(snap, Request("m", "t1", "vm-m", ("mine", "more")))
+    request = Request("r", "t1", "vm", tuple(d.name for d in new))
+    fast, slow = _both(snap, request, limit)
+    assert fast == slow
+    fresh = Snapshot.build(nodes=nodes, classes=[device_class()], devices=[*held, *mixed, *new])
+    _both(fresh, request, limit)  # its ranking made by the new set alone
+    assert {k: r.keys for k, r in snap.memo.ranked.items()} == {k: r.keys for k, r in fresh.memo.ranked.items()}
+
+
+def test_the_ranking_a_set_with_a_bound_member_would_make_is_not_shared():
+    """The case hypothesis found hard: the set holding a record on b0 scores b0 with its own
+    record kept ((2, 6), 0, -1); a new set scores it ((1, 5), 0, 0)."""
+    nodes = [dra_node("b0"), dra_node("b1", taken=(0, 1, 2, 3, 4, 5))]
+    mixed = [recorded("t1", "mine", "b0", 7), GPUDevice("t1", "more", CLASS)]
+    new = _new(2)
+    snap = Snapshot.build(nodes=nodes, classes=[device_class()], devices=[*mixed, *new])
+    decide(snap, Request("m", "t1", "vm-m", ("mine", "more")))
+    _both(snap, Request("r", "t1", "vm", tuple(d.name for d in new)), 3)
+    assert snap.memo.ranked[(CLASS, 2)].keys == [(((1, 5), 0, 0), "b0")]
