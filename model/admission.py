@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from model.check import check_set, judge_set
+from model.device.records import foreign_claimed_records
 from model.device.tainted_records import tainted_records
 from model.housekeeping import VMIs, judge
 from model.nomination import yielding
@@ -430,9 +431,13 @@ def already_admitted(snapshot: Snapshot, plan: AdmissionPlan, now: datetime) -> 
     or when a member records a device now under a NoSchedule/NoExecute device taint (HL1,
     `model.device.tainted_records`: a set kept for a stopped VM, H4, is then decided again,
     re-pointed within its node or moved, B1, never admitted as it is onto that device,
-    which kube-scheduler would not allocate)."""
+    which kube-scheduler would not allocate), or one a claim the binder did not make now
+    allocates (`model.device.records.foreign_claimed_records`: the same, DR5)."""
     node = placed_for(snapshot, plan, now)
-    if node is None or tainted_records(snapshot, [snapshot.device(plan.namespace, n) for n in plan.devices]):
+    if node is None:
+        return None
+    members = [snapshot.device(plan.namespace, n) for n in plan.devices]
+    if tainted_records(snapshot, members) or foreign_claimed_records(snapshot, members):
         return None
     return node
 

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from model.device.dra import DeviceRef
 from model.device.match import MatchAttribute
-from model.device.ports import DeviceKey, DeviceView, HoldView, NodeView
+from model.device.ports import DeviceKey, DeviceView, HoldView, NodeView, SnapshotView
 from model.device.topology import GroupChoice, natural_key
 from model.reasons import NoDeviceGroup
 
@@ -247,6 +247,24 @@ def taken_names(wanted: Sequence[str], node: NodeView | None, devices_on: Iterab
     return tuple(sorted(out, key=natural_key))
 
 
+def foreign_claimed_records(snap: SnapshotView, members: Iterable[DeviceView]) -> tuple[tuple[str, str], ...]:
+    """(member name, device name) for each of `members` (GPUDevices of one set), Bound, whose
+    record (`status.device`) names a device of its node that a claim the binder did not make
+    allocates (`Node.foreign_claimed`: kube-scheduler gave it to another consumer while the
+    set was kept for a stopped VM, H4), in the members' order. W4 never admits such a set as
+    it is (its claim could not be allocated: DR5); the binder re-points it (`free_devices`
+    does not count the device free for it). Empty in count mode."""
+    out = []
+    for m in members:
+        rec, node = m.status.device, m.bound_node
+        if rec is None or node is None or m.class_name not in snap.mode.matches:
+            continue
+        n = snap.nodes.get(node)
+        if n is not None and rec.device in n.foreign_claimed:
+            out.append((m.key[1], rec.device))
+    return tuple(out)
+
+
 def record_after(status: Any, key: DeviceKey, chosen: Mapping[DeviceKey, DeviceRef],
                  moved: bool) -> DeviceRef | None:
     """The record (`status.device`) a GPUDevice of `key` carries after a decision: the device
@@ -256,6 +274,6 @@ def record_after(status: Any, key: DeviceKey, chosen: Mapping[DeviceKey, DeviceR
     return chosen.get(key, status.device)
 
 
-__all__ = ["NodeMemo", "Records", "add_record", "derive_records", "free_devices", "held_names",
-           "holds_by_node", "record_after", "recorded_names", "recorded_on", "records_of", "taken_names",
-           "touched_nodes"]
+__all__ = ["NodeMemo", "Records", "add_record", "derive_records", "foreign_claimed_records", "free_devices",
+           "held_names", "holds_by_node", "record_after", "recorded_names", "recorded_on", "records_of",
+           "taken_names", "touched_nodes"]

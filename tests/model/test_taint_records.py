@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 from model.admission import AdmissionPlan, already_admitted
 from model.decide import Request, Rule, apply_decision, decide
 from model.device.dra import DeviceTaint
+from model.device.records import foreign_claimed_records
 from model.device.taint_rules import TaintRule
 from model.device.tainted_records import OffTaint, off_taint, record_taint, tainted_records
 from model.explain import explain
@@ -206,3 +207,35 @@ def test_HL1_explain_of_a_kept_vms_next_vmi_on_a_tainted_gpu_is_admitted_re_poin
                 grace=timedelta(minutes=2))
     assert (e.admitted, e.node, e.moves, e.reason) == (True, "n1", (), None)
     assert [t.device for t in e.tainted] == ["b"]
+
+
+# --- a kept set whose GPU a foreign claim took (H4, W4, DR5) -----------------------------------
+
+def test_W4_a_kept_set_whose_gpu_a_foreign_claim_now_allocates_is_decided_again_and_re_pointed():
+    # vm1's pair {0,3} kept on n1; while it was stopped kube-scheduler gave GPU 0 to a claim
+    # the binder did not make. W4 must not admit the set as it is (its claim could never be
+    # allocated); the binder re-points it on n1, off GPU 0.
+    n1 = dra_node("n1", taken=(0,))
+    n1 = replace(n1, foreign_claimed=frozenset({"gpu-vfio-0"}))
+    snap = snap_of([n1], kept_pair())
+    assert foreign_claimed_records(snap, [snap.device("t", n) for n in "ab"]) == (("b", "gpu-vfio-0"),)
+    assert already_admitted(snap, PLAN, NOW) is None
+    d = decide(snap, Request("r1", "t", "vm1", ("a", "b")))
+    assert (d.result, d.node, d.placements[0].moves) == (Result.SUCCEEDED, "n1", ())
+    assert "gpu-vfio-0" not in records(d).values()
+
+
+def test_W4_the_sets_own_claim_on_its_record_keeps_the_short_cut():
+    # GPU 0 taken by the set's own claim (in taken_devices, not foreign_claimed): admitted as it is
+    n1 = replace(dra_node("n1"), taken_devices=frozenset({"gpu-vfio-0", "gpu-vfio-3"}))
+    snap = snap_of([n1], kept_pair())
+    assert foreign_claimed_records(snap, [snap.device("t", n) for n in "ab"]) == ()
+    assert already_admitted(snap, PLAN, NOW) == "n1"
+
+
+def test_W4_explain_of_a_kept_vms_next_vmi_whose_gpu_a_foreign_claim_took_is_admitted_on_its_node():
+    from model.housekeeping import VMIs
+    n1 = replace(dra_node("n1", taken=(0,)), foreign_claimed=frozenset({"gpu-vfio-0"}))
+    e = explain(snap_of([n1, dra_node("n2")], kept_pair()), "t", "vm1", VMIAsk(("a", "b"), ()),
+                live_vmis=VMIs(), now=NOW, grace=timedelta(minutes=2))
+    assert (e.admitted, e.node, e.moves, e.reason) == (True, "n1", (), None)
