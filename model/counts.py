@@ -236,8 +236,9 @@ class Index:
         units moved in `used`, and it left every free bucket and, when placeable and
         advertising a resource in `after`, entered the bucket of its free units there. The
         device and reservation counts are kept. Equal to `Index.build` on `after` (what
-        `tests/model/test_snapshot_nodes.py` checks). One pass over each resource's buckets
-        (names only, no device), plus a copy of `used` and of each resource's buckets."""
+        `tests/model/test_snapshot_nodes.py` checks). Costs a copy of `used` and of each
+        resource's bucket map, and a bisection per changed node and resource: no pass over
+        the fleet."""
         used = dict(self.used)
         for node in changed:
             keys = {r for st in (before, after) if node in st.nodes
@@ -257,9 +258,17 @@ class Index:
                 by_free.pop(res, None)
                 continue
             buckets = dict(by_free.get(res, {}))
-            for f, names in list(buckets.items()):
-                if any(n in changed for n in names):
-                    kept = tuple(n for n in names if n not in changed)
+            for node in changed:   # out of the bucket `Index.build` put it in on `before`
+                if node not in before.nodes or node in before.unplaceable:
+                    continue
+                alloc = before.alloc[node].get(res, 0)
+                if alloc <= 0:
+                    continue
+                f = alloc - self.used.get((node, res), 0) - self.reserved.get((node, res), 0)
+                names = buckets.get(f, ())
+                i = bisect.bisect_left(names, node)
+                if i < len(names) and names[i] == node:
+                    kept = names[:i] + names[i + 1:]
                     if kept:
                         buckets[f] = kept
                     else:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from model.decide import Request, decide
 from model.hold import Hold
 from model.snapshot import Snapshot
-from model.types import Node
+from model.types import Node, Taint
 from tests.support.dra_worlds import CLASS, device_class, dra_node, recorded
 from tests.support.world import H, L, NS, dev, gpu_class, node, world
 
@@ -21,7 +21,8 @@ NODES = ("n1", "n2", "n3", "n4")
 
 _node_change = st.tuples(
     st.sampled_from(NODES),
-    st.sampled_from(["gone", "plain", "cordoned", "foreign", "bigger", "notready"]),
+    st.sampled_from(["gone", "plain", "cordoned", "foreign", "bigger", "notready", "unlabelled",
+                     "tainted", "zone-b", "only-l40s"]),
 )
 
 
@@ -38,6 +39,15 @@ def _variant(name: str, kind: str) -> Node | None:
             return node(name, 8, 0)
         case "notready":
             return replace(base, ready=False)
+        case "unlabelled":
+            return replace(base, labels=())
+        case "tainted":
+            return replace(base, taints=(Taint("example.com/x", "", "NoExecute"),
+                                         Taint("example.com/y", "", "PreferNoSchedule")))
+        case "zone-b":
+            return node(name, 4, 2, zone="b")
+        case "only-l40s":
+            return node(name, 0, 3)
     return base
 
 
@@ -46,17 +56,23 @@ def _counted(s: Snapshot):
              for n in NODES for r in (H, L)},
             {r: dict(s.free_buckets(r)) for r in (H, L)},
             {(ns, r): s.tenant_usage(ns, r) for ns in (NS, "other") for r in (H, L)},
-            s.cordoned_nodes(), s.unplaceable_nodes(), dict(s.nodes))
+            s.cordoned_nodes(), s.unplaceable_nodes(), dict(s.nodes),
+            {r: s.advertising_nodes(r) for r in (H, L)},
+            {c: s.serving_nodes(c) for c in ("h100", "l40s", "zone-a")},
+            (s._st.alloc, s._st.labels, s._st.foreign, s._st.tainted))
 
 
 @given(st.lists(_node_change, max_size=6), st.booleans())
 def test_node_changes_count_what_a_fresh_build_counts(changes, reserve):
-    classes = [gpu_class(), gpu_class("l40s", L)]
-    start_nodes = [node("n1", 4, 2), node("n2", 4, 2), replace(node("n3", 2), foreign=((H, 1),))]
+    classes = [gpu_class(), gpu_class("l40s", L), gpu_class("zone-a", H, selector={"zone": "a"})]
+    start_nodes = [node("n1", 4, 2, zone="a"), replace(node("n2", 4, 2), taints=(Taint("example.com/z"),)),
+                   replace(node("n3", 2), foreign=((H, 1),))]
     devices = [dev("a", "n1"), dev("b", "n2"), dev("c", "n3", cls="l40s"), dev("d")]
     holds = [Hold("r1", NS, "n2", ((H, 1),), ((H, 1),))] if reserve else []
     base = world(start_nodes, devices, classes, reservations=holds)
     base.free("n1", H)  # build the index: the step carries it over
+    for c in classes:   # and the nodes serving each class (carried, not worked out again)
+        base.serving_nodes(c.name)
     last: dict[str, Node | None] = {}
     for name, kind in changes:
         last[name] = _variant(name, kind)
