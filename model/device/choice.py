@@ -115,15 +115,14 @@ class SetDevices(NoDevices):
             # for every request without a hold of its own on the node)
             c = self.classes[0]
             count = len(self.by_class[c])
-            memo = None if node in self._own_holds else snap.memo.groups
-            key = (node, c, count)
-            found = memo.get(key) if memo is not None else None
+            memo = None if node in self._own_holds else snap.memo
+            found = memo.group(node, c, count) if memo is not None else None
             if found is None:
                 free = snap.free_devices(node, c, self.request_id)
                 outcome = n.devices_of(c).board.layout(self.matches[c], count).choose(free, _NO_NAMES, count)
                 found = no_group(c, outcome, len(free)) if isinstance(outcome, NoGroup) else {c: outcome}
                 if memo is not None:
-                    memo[key] = found
+                    memo.put_group(node, c, count, found)
             self._choices[node] = found
             return found
         own = self.own if holding else ()

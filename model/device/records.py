@@ -30,34 +30,67 @@ Records = dict[str, dict[str, tuple[DeviceKey, ...]]]
 
 class NodeMemo:
     """A snapshot's memo of device-mode answers that depend only on one node (its devices,
-    taken devices and taints), the records on it and the reservations naming its devices:
-    `groups[(node, class, count)]` the group choice of a new set (`model.device.choice`),
-    `largest[(node, class)]` the sizes its free groups take (`model.device.view`). A snapshot
-    derived by `with_*`/`without_*` keeps the entries of the nodes whose records and holds did
-    not change (`without`), sharing the memo when none did: an entry is true of both,
-    whichever fills it."""
+    taken devices and taints), the records on it and the reservations naming its devices,
+    kept per node: `groups[node][(class, count)]` the group choice of a new set
+    (`model.device.choice`), `largest[node][class]` the sizes its free groups take
+    (`model.device.view`). A snapshot derived by `with_*`/`without_*` keeps the entries of
+    the nodes whose records and holds did not change (`without`: a copy of the outer map
+    less those nodes, the per-node maps shared), sharing the memo when none did: an entry is
+    true of every memo that holds its node's map, whichever fills it, since each derivation
+    that changes a node drops that node's map."""
 
     __slots__ = ("groups", "largest", "ranked")
 
-    def __init__(self, groups: dict[tuple[str, str, int], GroupOutcome] | None = None,
-                 largest: dict[tuple[str, str], int | tuple[int, ...]] | None = None,
+    def __init__(self, groups: dict[str, dict[tuple[str, int], GroupOutcome]] | None = None,
+                 largest: dict[str, dict[str, int | tuple[int, ...]]] | None = None,
                  ranked: dict[tuple[str, int], Ranking] | None = None) -> None:
-        self.groups: dict[tuple[str, str, int], GroupOutcome] = {} if groups is None else groups
-        self.largest: dict[tuple[str, str], int | tuple[int, ...]] = {} if largest is None else largest
+        self.groups: dict[str, dict[tuple[str, int], GroupOutcome]] = {} if groups is None else groups
+        self.largest: dict[str, dict[str, int | tuple[int, ...]]] = {} if largest is None else largest
         self.ranked: dict[tuple[str, int], Ranking] = {} if ranked is None else ranked
         """`ranked[(class, count)]`: the serving nodes where a new set's group choice
         succeeds, tightest first (`Ranking`; `model.device.choice.SetDevices.ranked`)."""
 
+    def group(self, node: str, class_name: str, count: int) -> GroupOutcome | None:
+        """The remembered group choice of a new set of `count` devices of `class_name` on
+        `node`, None when not worked out yet."""
+        here = self.groups.get(node)
+        return None if here is None else here.get((class_name, count))
+
+    def put_group(self, node: str, class_name: str, count: int, outcome: GroupOutcome) -> None:
+        """Remember `outcome` as `group(node, class_name, count)`."""
+        here = self.groups.get(node)
+        if here is None:
+            here = self.groups[node] = {}
+        here[(class_name, count)] = outcome
+
+    def sizes(self, node: str, class_name: str) -> int | tuple[int, ...] | None:
+        """The remembered sizes the free groups of `class_name` on `node` take
+        (`model.device.view.placeable_sizes`), None when not worked out yet."""
+        here = self.largest.get(node)
+        return None if here is None else here.get(class_name)
+
+    def put_sizes(self, node: str, class_name: str, sizes: int | tuple[int, ...]) -> None:
+        """Remember `sizes` as `sizes(node, class_name)`."""
+        here = self.largest.get(node)
+        if here is None:
+            here = self.largest[node] = {}
+        here[class_name] = sizes
+
     def without(self, nodes: Iterable[str]) -> NodeMemo:
         """A new memo without the entries of `nodes` (this one is left as it is); each
-        ranking keeps the others' places and works theirs out again on its next use."""
+        ranking keeps the others' places and works theirs out again on its next use. Costs
+        a copy of the two outer maps (one entry per node), not a pass over the entries."""
         gone = set(nodes)
-        return NodeMemo({k: v for k, v in self.groups.items() if k[0] not in gone},
-                        {k: v for k, v in self.largest.items() if k[0] not in gone},
-                        {k: r.stale(gone) for k, r in self.ranked.items()})
+        groups, largest = dict(self.groups), dict(self.largest)
+        for name in gone:
+            groups.pop(name, None)
+            largest.pop(name, None)
+        return NodeMemo(groups, largest, {k: r.stale(gone) for k, r in self.ranked.items()})
 
     def copy(self) -> NodeMemo:
-        """A copy a planner may fill or trim without changing this one."""
+        """A copy a planner may fill or trim (`without`) without changing what this one
+        answers: the per-node maps are shared, and an entry either fills is true of both
+        (see the class)."""
         return NodeMemo(dict(self.groups), dict(self.largest), dict(self.ranked))
 
 

@@ -232,7 +232,7 @@ def largest_device_set(snap: SnapshotView, node: str, class_name: str) -> int:
     free units. 0 for a count-mode or unknown class or a gone node.
 
     Not monotone: on HGX a node may place 4 and not 3 (no partition of 3). The figure before
-    the cap is remembered on the snapshot (`NodeMemo.largest`): defragmentation asks it of
+    the cap is remembered on the snapshot (`NodeMemo.sizes`): defragmentation asks it of
     every node it might touch, for every step it weighs.
     """
     n = snap.nodes.get(node)
@@ -241,13 +241,12 @@ def largest_device_set(snap: SnapshotView, node: str, class_name: str) -> int:
     units = snap.free(node, snap.classes[class_name].resource_name)
     if units < 1:
         return 0
-    memo = snap.memo.largest
-    key = (node, class_name)
-    found = memo.get(key)
+    memo = snap.memo
+    found = memo.sizes(node, class_name)
     if found is None:
-        found = memo[key] = placeable_sizes(n.devices_of(class_name).board,
-                                            snap.mode.matches[class_name],
-                                            snap.free_devices(node, class_name))
+        found = placeable_sizes(n.devices_of(class_name).board, snap.mode.matches[class_name],
+                                snap.free_devices(node, class_name))
+        memo.put_sizes(node, class_name, found)
     return capped(found, units)
 
 

@@ -1,0 +1,40 @@
+"""`model.device.records.NodeMemo`: a derived snapshot's memo drops the entries of the nodes
+that changed and keeps every other node's (what makes a node change cost a copy of the outer
+maps on a 1,000-board fleet, not a pass over the entries); a planner's copy may trim and
+fill without changing what the original answers for a node it changed."""
+
+from __future__ import annotations
+
+from model.device.records import NodeMemo
+from model.reasons import NoDeviceGroup
+
+
+def _filled() -> NodeMemo:
+    memo = NodeMemo()
+    for node in ("n1", "n2", "n3"):
+        memo.put_group(node, "hgx", 2, NoDeviceGroup("hgx", None, 2, 0, 0))
+        memo.put_sizes(node, "hgx", (1, 2))
+    memo.put_group("n1", "hgx", 4, NoDeviceGroup("hgx", None, 4, 1, 0))
+    return memo
+
+
+def test_without_drops_only_the_named_nodes_and_leaves_the_original():
+    memo = _filled()
+    after = memo.without(["n2", "gone-node"])
+    assert after.group("n2", "hgx", 2) is None and after.sizes("n2", "hgx") is None
+    assert after.group("n1", "hgx", 4) == NoDeviceGroup("hgx", None, 4, 1, 0)
+    assert after.sizes("n3", "hgx") == (1, 2)
+    assert memo.group("n2", "hgx", 2) == NoDeviceGroup("hgx", None, 2, 0, 0)      # the original keeps it
+    assert after.group("n1", "hgx", 8) is None                          # never worked out
+
+
+def test_a_copy_trimmed_and_refilled_for_a_changed_node_leaves_the_originals_answer():
+    memo = _filled()
+    planner = memo.copy().without(["n1"])
+    planner.put_group("n1", "hgx", 2, NoDeviceGroup("hgx", None, 2, 7, 0))   # the planner's n1 changed
+    planner.put_sizes("n1", "hgx", 0)
+    assert memo.group("n1", "hgx", 2) == NoDeviceGroup("hgx", None, 2, 0, 0)
+    assert memo.sizes("n1", "hgx") == (1, 2)
+    # an unchanged node's entry filled through either is true of both: shared
+    planner.put_group("n3", "hgx", 1, NoDeviceGroup("hgx", None, 1, 0, 0))
+    assert memo.group("n3", "hgx", 1) == NoDeviceGroup("hgx", None, 1, 0, 0)
