@@ -1,6 +1,9 @@
-"""HL1's last case end to end (docs/contract.md §3b, docs/device-mode.md "A held device on a tainted
-GPU"): a `NoExecute` taint on a running VM's GPU stops that VM and, with `runStrategy:
-Always`, it starts again on healthy devices of a valid group, its budget unchanged.
+"""HL1's VM cases end to end (docs/contract.md §3b, docs/device-mode.md "A held device on a
+tainted GPU"): a `NoExecute` taint on a running VM's GPU stops that VM and, with `runStrategy:
+Always`, it starts again on healthy devices of a valid group, its budget unchanged; and a set
+kept for a stopped VM (H4) whose GPU is tainted `NoSchedule` meanwhile is not started as it is
+(kube-scheduler would never allocate its claim) but re-pointed to healthy devices when the VM
+starts again.
 
 Real kube-apiserver (DRADeviceTaintRules, `resource.k8s.io/v1beta2` served), kube-scheduler,
 kube-controller-manager (resourceclaim-controller and device-taint-eviction-controller,
@@ -23,11 +26,13 @@ from cli.tools import read_cluster
 from localcluster.dra_profiles import DRIVER
 from localcluster.dra_world import DEVICE_BUDGET_KEY
 from model.explain import top
+from model.types import GROUP, VERSION
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas, unique
-from tests.e2e.helpers import eventually, leader_index, replicas_saw, scrape
+from tests.e2e.helpers import class_rv, eventually, leader_index, replicas_saw, scrape
 from tests.e2e.test_device_mode import check_admitted_set, world
 from tests.e2e.test_dra_kubevirt import RESOURCE
-from tests.e2e.test_vm_path import create_vm, started, vm_body
+from tests.e2e.test_vm_keep import kept, next_admitted_vmi, stop
+from tests.e2e.test_vm_path import create_vm, set_run, started, vm_body
 from tests.support.kubevirt_vmis import (  # noqa: F401 (kubevirt: a fixture)
     bound_launcher, kubevirt, launcher_pod, pin)
 
@@ -78,6 +83,15 @@ async def evicted(fleet, ns: str, pod: dict) -> str:
     return await eventually(gone, timeout=60, what=f"launcher Pod {ns}/{name} evicted for the NoExecute taint")
 
 
+async def taint_rule(fleet, node: str, gpu: str, effect: str, name: str) -> dict:
+    """A DeviceTaintRule tainting GPU `gpu` of `node`'s pool with `effect` (the object made)."""
+    return await fleet.custom.create_cluster_custom_object(RESOURCE, "v1beta2", "devicetaintrules", {
+        "apiVersion": f"{RESOURCE}/v1beta2", "kind": "DeviceTaintRule",
+        "metadata": {"name": unique(name)},
+        "spec": {"deviceSelector": {"driver": DRIVER, "pool": node, "device": gpu},
+                 "taint": {"key": "gpu.example.com/xid", "value": "79", "effect": effect}}})
+
+
 async def test_HL1_a_noexecute_taint_on_a_running_vms_gpu_evicts_it_and_it_restarts_on_healthy_gpus_same_budget(
         dra, fleet, control_plane):
     cls, nodes, tenant, _ = await world(fleet, dra, {"hgx": {}})
@@ -93,11 +107,7 @@ async def test_HL1_a_noexecute_taint_on_a_running_vms_gpu_evicts_it_and_it_resta
 
     # the administrator taints one of its GPUs NoExecute (a DeviceTaintRule)
     gpu = first[0]
-    rule = await fleet.custom.create_cluster_custom_object(RESOURCE, "v1beta2", "devicetaintrules", {
-        "apiVersion": f"{RESOURCE}/v1beta2", "kind": "DeviceTaintRule",
-        "metadata": {"name": unique("xid-noexec")},
-        "spec": {"deviceSelector": {"driver": DRIVER, "pool": node, "device": gpu},
-                 "taint": {"key": "gpu.example.com/xid", "value": "79", "effect": "NoExecute"}}})
+    rule = await taint_rule(fleet, node, gpu, "NoExecute", "xid-noexec")
     try:
         await replicas_saw(dra, {"devicetaintrules": rule["metadata"]["resourceVersion"]},
                            what="the NoExecute DeviceTaintRule")
@@ -125,6 +135,46 @@ async def test_HL1_a_noexecute_taint_on_a_running_vms_gpu_evicts_it_and_it_resta
         metrics = await scrape(dra, await leader_index(dra))
         assert metrics.get(("gpu_binder_failed_starts_total", (("class", cls),)), 0) == 0
         print(f"evicted from {node} {first} (tainted {gpu}); restarted on {pin(again)} {second}")
+    finally:
+        await fleet.custom.delete_cluster_custom_object(RESOURCE, "v1beta2", "devicetaintrules",
+                                                        rule["metadata"]["name"])
+
+
+async def test_HL1_a_set_kept_for_a_stopped_vm_on_a_gpu_tainted_meanwhile_starts_re_pointed_on_healthy_gpus(
+        dra, fleet, control_plane):
+    cls, nodes, tenant, _ = await world(fleet, dra, {"hgx": {}})
+    node = nodes["hgx"]
+    await fleet.custom.patch_cluster_custom_object(
+        GROUP, VERSION, "gpuclasses", cls, {"spec": {"keepSetFor": "10m"}},
+        _content_type="application/merge-patch+json")
+    await replicas_saw(dra, {"gpuclasses": await class_rv(fleet, cls)}, what="keepSetFor")
+    await fleet.core.patch_namespaced_resource_quota(
+        "gpu-budget", tenant, {"spec": {"hard": {DEVICE_BUDGET_KEY: "2"}}})
+    await create_vm(fleet, tenant, vm_body("vm", templates=f"{cls}=2"))
+    made = await started(fleet, tenant, "vm", timeout=90, as_handler=True)
+    first = await check_admitted_set(fleet, tenant, made, 2)
+    names = [f"vm-{cls}-0", f"vm-{cls}-1"]
+    await stop(fleet, tenant, "vm", made)
+    await kept(fleet, tenant, names, node)          # H4: the set waits for the VM, its records kept
+    # meanwhile the administrator marks one of its GPUs broken (NoSchedule: nothing runs on it)
+    gpu = first[1]
+    rule = await taint_rule(fleet, node, gpu, "NoSchedule", "xid-kept")
+    try:
+        await replicas_saw(dra, {"devicetaintrules": rule["metadata"]["resourceVersion"]},
+                           what="the NoSchedule DeviceTaintRule")
+        await set_run(fleet, tenant, "vm", "Always")
+        again = await next_admitted_vmi(fleet, tenant, "vm", made["metadata"]["uid"])
+        # not W4's short cut onto the tainted GPU (its claim would never be allocated): the
+        # binder re-pointed the set on its node, one partition of 2 without the tainted GPU,
+        # and kube-scheduler allocated exactly that and bound the launcher Pod
+        assert pin(again) == node
+        second = await check_admitted_set(fleet, tenant, again, 2)
+        assert gpu not in second, (gpu, second)
+        claim = await fleet.custom.get_namespaced_custom_object(
+            RESOURCE, "v1", tenant, "resourceclaims", again["spec"]["resourceClaims"][0]["resourceClaimName"])
+        assert sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"]) == sorted(second)
+        assert await budget(control_plane, tenant) == (2, 2)
+        print(f"kept on {node} {first} (tainted {gpu}); started re-pointed to {second}")
     finally:
         await fleet.custom.delete_cluster_custom_object(RESOURCE, "v1beta2", "devicetaintrules",
                                                         rule["metadata"]["name"])
