@@ -92,7 +92,7 @@ class HealthRun:
         self.claims: dict[str, dict] = {}       # uid -> claim as first seen allocated
         self.broken: list[dict] = []
         self.lost: list[dict] = []
-        self.noschedule: list[dict] = []
+        self.noschedules: list[dict] = []      # NoSchedule: one per injection
         self.fail_lock = anyio.Lock()
         self.population: dict = {}
         self.t0 = 0.0
@@ -335,7 +335,7 @@ class HealthRun:
         rule = await self.taint_rule(vm.node, device, "NoSchedule", "nosched")
         self.marks.append({"pool": vm.node, "device": device, "kind": "NoSchedule",
                            "since": _epoch(rule["metadata"]["creationTimestamp"])})
-        self.noschedule.append({"vm": f"{vm.ns}/{vm.name}", "uid": vm.uid, "node": vm.node,
+        self.noschedules.append({"vm": f"{vm.ns}/{vm.name}", "uid": vm.uid, "node": vm.node,
                                 "device": device})
 
     async def lose(self, op: Op) -> None:
@@ -361,13 +361,14 @@ class HealthRun:
         self.marks.append({"pool": vm.node, "device": device, "kind": "attribute-lost",
                            "since": time.time()})
 
-    async def fail_start(self, rec: VmiRecord) -> bool:
+    async def fail_start(self, rec: VmiRecord) -> float | None:
         """`rec`'s launcher Pod, once bound and Running, set `Failed` (a GPU fallen off the
         bus), and wait until the leader counted it (`gpu_binder_failed_starts_total` up by one;
-        the failures are serialised so the count is this one's). False when it did not run
-        or was not counted within 90 s."""
+        the failures are serialised so the count is this one's). The monotonic time the
+        failure was written; None when the Pod did not run or the failure was not counted
+        within 90 s."""
         if not await self.pods.bound(rec.uid, 120):
-            return False
+            return None
         pod = None
 
         async def running():
@@ -377,7 +378,7 @@ class HealthRun:
             pod = next((p for p in got.items if p.status.phase == "Running"), None)
             return pod is not None
         if not await poll_until(running, 90, 0.3):
-            return False
+            return None
         async with self.fail_lock:
             before = await self.metric_sum("gpu_binder_failed_starts_total")
             await self.core.patch_namespaced_pod_status(
@@ -385,15 +386,18 @@ class HealthRun:
                 {"status": {"phase": "Failed", "reason": "Error",
                             "message": "qemu: vfio: failed to open /dev/vfio/42 (GPU has fallen off the bus)"}},
                 _content_type="application/merge-patch+json")
+            failed_at = time.monotonic()
 
             async def counted():
                 return await self.metric_sum("gpu_binder_failed_starts_total") >= before + 1
-            return await poll_until(counted, 90, 0.3)
+            return failed_at if await poll_until(counted, 90, 0.3) else None
 
     async def broken_device(self, op: Op) -> None:
         """A broken device: held GPUDevice `op.name` placed by the first of `failed_starts`
         one-GPU VMIs naming it, each failing to start in turn (so on one GPU, B6); when the
-        suspect mark on that GPU was first seen (after which failure)."""
+        suspect mark on that GPU was first seen (after which failure: looked for right after
+        each failure was counted and again once the held device was released) and how long
+        after the last failure was written (`mark_s`)."""
         s, ns = self.spec, self.spec.tenant(op.tenant)
         b = {"held": f"{ns}/{op.name}", "pool": "", "device": "", "suspected_after": None,
              "failed": 0, "mark_s": None}
@@ -409,12 +413,12 @@ class HealthRun:
             if not b["device"]:
                 ref = ((await self.fleet.get_device(ns, op.name)).get("status") or {}).get("device") or {}
                 b["pool"], b["device"] = ref.get("pool", ""), ref.get("device", "")
-            if not await self.fail_start(rec):
+            t = await self.fail_start(rec)
+            if t is None:
                 b["error"] = f"start {i} did not run or was not counted"
                 self.log(f"health: broken {op.name}: {b['error']}")
                 return
             b["failed"] = i + 1
-            t = time.monotonic()
             if i + 1 < s.failed_starts:
                 if b["suspected_after"] is None and await self.suspected(b["pool"], b["device"]):
                     b["suspected_after"] = i + 1
@@ -430,9 +434,13 @@ class HealthRun:
             async def released():
                 dev = await self.fleet.get_device(ns, op.name)
                 return (dev.get("status") or {}).get("attachedTo") is None
-            if i + 1 < s.failed_starts and not await poll_until(released, 90, 0.5):
-                b["error"] = f"{op.name}'s attachment not cleared after start {i}"
-                return
+            if i + 1 < s.failed_starts:
+                if not await poll_until(released, 90, 0.5):
+                    b["error"] = f"{op.name}'s attachment not cleared after start {i}"
+                    return
+                # seconds later (the release), still not suspected before the next failure
+                if b["suspected_after"] is None and await self.suspected(b["pool"], b["device"]):
+                    b["suspected_after"] = i + 1
         rule = await self.suspected(b["pool"], b["device"])
         if rule:
             self.marks.append({"pool": b["pool"], "device": b["device"], "kind": "suspect",
@@ -510,7 +518,7 @@ class HealthRun:
             reported = await self.metric_sum("gpu_binder_devices_lost", reason="attribute-lost")
             return reported >= len(self.lost)
         await poll_until(reported_all, 30, 1)
-        kept = sum(1 for n in self.noschedule if n["uid"] in self.pods.by_uid)
+        kept = sum(1 for n in self.noschedules if n["uid"] in self.pods.by_uid)
         return {"suspected": suspected, "lost_reported": int(reported), "noschedule_kept": kept,
                 "suspected_metric": await self.metric_sum("gpu_binder_devices_suspected"),
                 "failed_starts_metric": await self.metric_sum("gpu_binder_failed_starts_total")}
@@ -527,7 +535,7 @@ class HealthRun:
                 "broken": self.broken,
                 "placements": {**placements, "claims_seen": len(self.claims),
                                "marks": len(self.marks)},
-                "noschedule": {"injected": len(self.noschedule), "vm_kept": final["noschedule_kept"]},
+                "noschedule": {"injected": len(self.noschedules), "vm_kept": final["noschedule_kept"]},
                 "lost": {"injected": len(self.lost), "reported": final["lost_reported"],
                          "devices": self.lost},
                 "metrics": {"devices_suspected": final["suspected_metric"],

@@ -117,7 +117,10 @@ def summary(report: dict) -> list[str]:
             f"of which eviction {r['eviction_s']['p50']}/{r['eviction_s']['p99']} s, beyond "
             f"{r['beyond_s']['p50']}/{r['beyond_s']['p99']} s",
             f"broken devices: {s['found']}/{s['injected']} suspected, after failed starts "
-            f"{s['suspected_after']}; healthy suspected {len(s['healthy_suspected'])}",
+            f"{s['suspected_after']} (marked {[b.get('mark_s') for b in report.get('broken', [])]} s "
+            f"after the last); healthy suspected {len(s['healthy_suspected'])}",
+            f"NoSchedule: {report['noschedule']['injected']} injected, "
+            f"{report['noschedule']['vm_kept']} VMs kept running",
             f"placements on a tainted or suspected device: {len(p['placed'])} "
             f"(same second as the mark: {len(p['raced'])})",
             f"attribute loss: {lost['reported']} reported of {lost['injected']} injected",

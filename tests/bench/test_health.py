@@ -10,7 +10,7 @@ import pytest
 
 from bench.common import targets_lines
 from bench.health import (INJECTIONS, HealthSpec, on_marked, pick, restart_figures, schedule,
-                          suspect_figures, targets)
+                          summary, suspect_figures, targets)
 from bench.soak.workload import schedule_digest
 
 
@@ -117,7 +117,10 @@ def _report(**over) -> dict:
               "suspects": suspect_figures([{"pool": "n1", "device": "d0", "suspected_after": 3}],
                                           [["n1", "d0"]], 3),
               "placements": {"placed": [], "raced": []},
-              "lost": {"injected": 2, "reported": 2}}
+              "lost": {"injected": 2, "reported": 2}, "noschedule": {"injected": 1, "vm_kept": 1},
+              "broken": [{"mark_s": 0.4}], "seed": 1, "schedule": "abc", "nodes": 100,
+              "counts": {}, "load_before": [1.0, 1.0, 1.0], "load_after": [2.0, 1.0, 1.0],
+              "commit": "532750e"}
     report.update(over)
     return report
 
@@ -145,6 +148,8 @@ def test_targets_met_and_not_met():
     one_lost = targets(_report(restart=restart_figures([{"eviction_s": 2.0, "running_s": 5.0},
                                                        {"eviction_s": 2.0, "running_s": None}])))
     assert one_lost["restart_beyond_eviction_p99_s"]["met"] is False
+    assert summary(report)[2] == ("broken devices: 1/1 suspected, after failed starts [3] "
+                                  "(marked [0.4] s after the last); healthy suspected 0")
     nothing = targets(_report(restart=restart_figures([]), lost={"injected": 0, "reported": 0}))
     assert nothing["restart_beyond_eviction_p99_s"]["met"] is None
     assert nothing["lost_reported"]["met"] is None
