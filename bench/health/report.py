@@ -47,12 +47,18 @@ def on_marked(claims: list[dict], marks: list[dict]) -> dict:
     mark {"pool", "device", "since" (epoch s of the rule's creationTimestamp or the slice
     change), "kind"} on one of its devices. A claim created at least TIME_SLACK_S after the
     mark is a placement on it (`placed`); one created before is the set the mark lands on
-    (not a placement); one in between is `raced`. Returns {"placed": [...], "raced": [...]},
-    each entry {"claim": "ns/name", "device": "pool/device", "kind", "after_s"}."""
+    (not a placement); one in between is `raced`. Returns {"placed": [...], "raced": [...],
+    "exposed": n}, each entry {"claim": "ns/name", "device": "pool/device", "kind",
+    "after_s"}; `exposed` counts the (claim, mark) pairs of claims made at least TIME_SLACK_S
+    after a mark on the mark's node (a placement that could have taken the marked device:
+    how much the 0 is worth)."""
     by_device: dict[tuple[str, str], list[dict]] = {}
     for m in marks:
         by_device.setdefault((m["pool"], m["device"]), []).append(m)
     placed, raced = [], []
+    exposed = sum(1 for c in claims for m in marks
+                  if c["created"] - m["since"] >= TIME_SLACK_S
+                  and any(pool == m["pool"] for pool, _ in c["devices"]))
     for c in claims:
         for pool, device in c["devices"]:
             for m in by_device.get((pool, device), ()):
@@ -62,7 +68,7 @@ def on_marked(claims: list[dict], marks: list[dict]) -> dict:
                 entry = {"claim": f"{c['ns']}/{c['name']}", "device": f"{pool}/{device}",
                          "kind": m["kind"], "after_s": round(after, 1)}
                 (placed if after >= TIME_SLACK_S else raced).append(entry)
-    return {"placed": placed, "raced": raced}
+    return {"placed": placed, "raced": raced, "exposed": exposed}
 
 
 def suspect_figures(broken: list[dict], suspected: list[list[str]], failed_starts: int) -> dict:
@@ -122,6 +128,7 @@ def summary(report: dict) -> list[str]:
             f"NoSchedule: {report['noschedule']['injected']} injected, "
             f"{report['noschedule']['vm_kept']} VMs kept running",
             f"placements on a tainted or suspected device: {len(p['placed'])} "
-            f"(same second as the mark: {len(p['raced'])})",
+            f"(same second as the mark: {len(p['raced'])}; claims made on a marked device's node "
+            f"after the mark: {p.get('exposed')})",
             f"attribute loss: {lost['reported']} reported of {lost['injected']} injected",
             f"load {report['load_before']} -> {report['load_after']}, commit {report['commit']}"]

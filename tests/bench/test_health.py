@@ -96,7 +96,9 @@ def test_a_claim_made_after_a_mark_on_its_device_is_a_placement_on_it():
         {"claim": "u/sus", "device": "n2/gpu-vfio-0", "kind": "suspect", "after_s": 30.5}]
     assert got["raced"] == [{"claim": "t/same", "device": "n1/gpu-vfio-3", "kind": "NoExecute",
                              "after_s": 0.0}]
-    assert on_marked(claims, []) == {"placed": [], "raced": []}
+    # after a mark on its node: late, sus and ok (n1's mark; n2's is before ok's 300 s too)
+    assert got["exposed"] == 4
+    assert on_marked(claims, []) == {"placed": [], "raced": [], "exposed": 0}
 
 
 def test_suspects_found_on_time_and_healthy_suspects():
