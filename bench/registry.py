@@ -4,10 +4,10 @@ needs only when it runs, so this list is cheap to build."""
 
 from __future__ import annotations
 
-from bench import contention, core, e2e, fairness, floor, packing, scale, soak
+from bench import contention, core, e2e, fairness, floor, health, packing, scale, soak
 from bench.common import Benchmark
 
 BENCHMARKS: tuple[Benchmark, ...] = (core.BENCHMARK, e2e.BENCHMARK, floor.BENCHMARK,
                                      packing.BENCHMARK,
                                      contention.BENCHMARK, fairness.BENCHMARK, scale.BENCHMARK,
-                                     soak.BENCHMARK)
+                                     soak.BENCHMARK, health.BENCHMARK)

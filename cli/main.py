@@ -347,7 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "contention (who goes first: priority, preemption, "
                                          "the line) or "
                                          "fairness (a tenant's creates under another's flood), "
-                                         "scale or soak (churn with leader kills, docs/contract.md §7 checked); "
+                                         "scale or soak (churn with leader kills, docs/contract.md §7 checked), "
+                                         "health (taints, broken and lost GPUs injected); "
                                          "`gpu-binder bench WHICH --help` lists WHICH's flags")
     bench.set_defaults(func=_bench)
     which = bench.add_subparsers(dest="which", required=True, metavar="WHICH",

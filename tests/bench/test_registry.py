@@ -23,7 +23,7 @@ MODULES = ("core", "defrag_round", "device_decide", "dra_memory", "keep", "model
 
 def test_the_command_lines_benchmarks_are_the_registrys_in_order():
     assert [b.name for b in BENCHMARKS] == ["core", "e2e", "floor", "packing", "contention", "fairness",
-                                         "scale", "soak"]
+                                         "scale", "soak", "health"]
     assert all(isinstance(b, Benchmark) and b.help for b in BENCHMARKS)
 
 
@@ -47,7 +47,8 @@ def test_a_refused_value_of_a_module_run_is_exit_2_naming_the_flag(capsys):
 def test_listing_the_benchmarks_imports_no_cluster_harness():
     code = ("import sys, cli.main; cli.main.build_parser(); "
             "print(sorted(m for m in ('kubernetes_asyncio', 'localcluster.fleet', "
-            "'localcluster.cluster', 'bench.scale.measure', 'bench.soak.driver') "
+            "'localcluster.cluster', 'bench.scale.measure', 'bench.soak.driver', "
+            "'bench.health.driver') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, timeout=60, check=True)

@@ -315,6 +315,7 @@ def test_bench_help_lists_only_the_benchmarks_own_flags():
         "scale": {"--out", "--quick", "--nodes", "--vmis", "--baseline-nodes", "--sizes",
                   "--modes"},
         "soak": {"--out", "--seed", "--nodes", "--minutes", "--create-rate", "--tracemalloc"},
+        "health": {"--out", "--seed", "--nodes", "--minutes"},
     }
 
 
