@@ -7,8 +7,9 @@ it would start soonest.
 - `waits_for_room`: which refusals enter the line (room, never budget, entitlement, a class
   problem, a size no node has, a policy of the node).
 - `Identity`, `Shape`, `Entry`, `Line`: the line as a value (copy-on-write, like
-  `model.snapshot.Snapshot`): `refused`, `started`, `gone`, `expire`, `capped` (a tenant's
-  bound, `LineSettings.per_namespace`), and the order.
+  `model.snapshot.Snapshot`): `refused`, `started`, `gone`, `expire` (a bare VMI's place is
+  kept only while its client retries: `RETRY_AFTER`, `LineSettings.retry_grace`), `capped` (a
+  tenant's bound, `LineSettings.per_namespace`), and the order.
 - `may_place`: may a set start on the node its decision chose (`Allowed`), or does a set
   ahead of it go first (`Behind`), or is the node reserved (`Reserved`)?
 - `reservation`: the nodes reserved for heads that waited long (`soonest` is the one rule).
@@ -40,11 +41,29 @@ minutes: in a busy fleet room frees naturally within minutes and backfill keeps 
 busy meanwhile; past that, a large set's node stops taking small sets so that the room it
 needs can gather there (docs/contract.md §3c, P5's choices)."""
 
-DEFAULT_TTL = timedelta(minutes=2)
-"""How long a bare VMI's entry stays without a new refusal (`Line.expire`): its client
-retries the create by itself while the webhook answers 503 with Retry-After (seconds), so a
-client silent for two minutes has stopped retrying. A VirtualMachine's entry never expires:
-KubeVirt retries for as long as the VM wants to run, and it leaves by `started` / `gone`."""
+RETRY_AFTER = 2
+"""Seconds: the `Retry-After` of every 503 that answers a set waiting in the line (a bare VMI's
+refusal for room at W1 that put it there, `behind_in_line`, `node_reserved`; the webhook's
+`details.retryAfterSeconds`). client-go (kubectl, every Go client, KubeVirt's controllers)
+sleeps it out and retries the create by itself (up to 10 times), so a waiting set asks again
+about this often, and its room is judged again within about this long of coming free."""
+
+RETRY_PERIODS = 5
+"""How many `RETRY_AFTER` periods a bare VMI's entry is kept without a new attempt
+(`DEFAULT_RETRY_GRACE`): room for a slow retry or two (a follower sends each on to the
+binder, W3), not for a client that stopped."""
+
+DEFAULT_RETRY_GRACE = timedelta(seconds=RETRY_PERIODS * RETRY_AFTER)
+"""`line.retryGrace`'s default (10 s): how long a bare VMI's entry stays without a new
+attempt (`Line.expire`, `model.line_plan.tidy`). Its place is real only while its client
+retries: a client honouring the 503's `Retry-After` asks every `RETRY_AFTER` seconds, so one
+silent for `RETRY_PERIODS` periods has stopped (kubectl after its 10 retries, a client that
+does not retry at all), and its entry no longer holds back the sets behind it. A
+VirtualMachine's entry never expires by it: KubeVirt retries for as long as the VM wants to
+run, and it leaves by `started` / `gone` (or `model.line_plan.VM_TTL`)."""
+
+DEFAULT_TTL = DEFAULT_RETRY_GRACE
+"""The old name of `DEFAULT_RETRY_GRACE` (a bare VMI's entry was once kept 2 minutes)."""
 
 DEFAULT_PER_NAMESPACE = 100
 """`line.maxPerNamespace`'s default: the most entries one namespace (tenant) keeps in the line
@@ -129,24 +148,29 @@ def waits_for_room(outcome: Reason | object) -> bool:
 @dataclass(frozen=True, slots=True)
 class LineSettings:
     """The line's settings (P5): `reserve_after` (`line.reserveAfter`; a head waiting longer
-    reserves a node), `ttl` (a bare VMI's entry leaves after this long without a refusal,
-    `Line.expire`), `max_decided` (sets ahead `may_place` judges per call, `MAX_DECIDED`),
-    `per_namespace` (`line.maxPerNamespace`: the most entries one namespace keeps, its first
-    in line order, `DEFAULT_PER_NAMESPACE`). Raises ValueError for a negative time, or a
-    `max_decided` or `per_namespace` below 1."""
+    reserves a node), `retry_grace` (`line.retryGrace`: a bare VMI's entry leaves after this
+    long without a new attempt, `Line.expire`; `ttl` is its old name), `max_decided` (sets
+    ahead `may_place` judges per call, `MAX_DECIDED`), `per_namespace` (`line.maxPerNamespace`:
+    the most entries one namespace keeps, its first in line order, `DEFAULT_PER_NAMESPACE`).
+    Raises ValueError for a negative time, or a `max_decided` or `per_namespace` below 1."""
 
     reserve_after: timedelta = DEFAULT_RESERVE_AFTER
-    ttl: timedelta = DEFAULT_TTL
+    retry_grace: timedelta = DEFAULT_RETRY_GRACE
     max_decided: int = MAX_DECIDED
     per_namespace: int = DEFAULT_PER_NAMESPACE
 
     def __post_init__(self) -> None:
-        if self.reserve_after < timedelta(0) or self.ttl < timedelta(0):
-            raise ValueError("line.reserveAfter and the line's ttl must not be negative")
+        if self.reserve_after < timedelta(0) or self.retry_grace < timedelta(0):
+            raise ValueError("line.reserveAfter and line.retryGrace must not be negative")
         if self.max_decided < 1:
             raise ValueError(f"max_decided must be at least 1, got {self.max_decided}")
         if self.per_namespace < 1:
             raise ValueError(f"line.maxPerNamespace must be at least 1, got {self.per_namespace}")
+
+    @property
+    def ttl(self) -> timedelta:
+        """`retry_grace`'s old name."""
+        return self.retry_grace
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,7 +404,8 @@ class Line:
 
     def expire(self, now: datetime, ttl: timedelta) -> Line:
         """The line without the bare VMIs' entries (no VM uid) last refused more than `ttl`
-        before `now`: their clients stopped retrying. A VM's entry stays (`DEFAULT_TTL`)."""
+        (`LineSettings.retry_grace`) before `now`: their clients stopped retrying. A VM's
+        entry stays (`DEFAULT_RETRY_GRACE`)."""
         kept = [e for e in self._entries if e.identity.vm_uid is not None or now - e.last_seen <= ttl]
         return self if len(kept) == len(self._entries) else Line(kept)
 

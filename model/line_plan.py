@@ -11,7 +11,9 @@ typed refusals (`behind_in_line`, `node_reserved`, category unavailable: the web
 - `gate_batch`: a whole batch, in order: the adjusted actions, the new line, and the
   requests decided against a placement that the line then refused (to decide again).
 - `tidy`: the line without the entries whose clients stopped retrying (`Line.expire` for bare
-  VMIs; `VM_TTL` for a VM's, as a safety net: the coordinator sees no VirtualMachine).
+  VMIs, after `line.retryGrace` without a new attempt; `VM_TTL` for a VM's, as a safety net:
+  the coordinator sees no VirtualMachine). The coordinator tidies before each batch, so an
+  abandoned create holds back nobody past its grace, whenever the periodic resync comes.
 - `refresh`: the VMs the waiting-VM loop found waiting for room (refused at W1, before the
   coordinator saw them) entered or kept in place, and those it found running or stopped out.
 - `w1_entry`: the entry of a bare VMI W1 refused for room (the webhook hands it to the leader's
@@ -171,7 +173,9 @@ def gate_batch(line: Line, snapshot: Snapshot, holds: Sequence[Hold], actions: S
     `now`). A refusal for room or a `Nominate` planned after the first placement the line held
     back is in `Gated.again` (that placement's room was counted as taken when it was decided:
     a nomination made against it could stop victims for room that is free). `reservations`
-    are the nodes reserved now (`model.line.reservation`). Pure; never raises."""
+    are the nodes reserved now (`model.line.reservation`). `line` is taken as it is: the
+    caller tidies it first (`tidy`, as the coordinator does before each batch). Pure; never
+    raises."""
     work = Reserving(snapshot.with_reservations(h for h in holds if not h.empty))
     flying = {h.request_id for h in holds}
     out: list[Action] = []
@@ -201,9 +205,11 @@ def gate_batch(line: Line, snapshot: Snapshot, holds: Sequence[Hold], actions: S
 
 def tidy(line: Line, now: datetime, settings: LineSettings = LineSettings(),
          vm_ttl: timedelta = VM_TTL) -> Line:
-    """`line` without the bare VMIs' entries last refused more than `settings.ttl` before
-    `now` (`Line.expire`) and the VMs' last refused more than `vm_ttl` before (`VM_TTL`)."""
-    line = line.expire(now, settings.ttl)
+    """`line` without the bare VMIs' entries last refused (last attempted) more than
+    `settings.retry_grace` (`line.retryGrace`) before `now` (`Line.expire`: their clients
+    stopped retrying) and the VMs' last refused more than `vm_ttl` before (`VM_TTL`). The
+    same Line when nothing left."""
+    line = line.expire(now, settings.retry_grace)
     kept = [e for e in line if e.identity.vm_uid is None or now - e.last_seen <= vm_ttl]
     return line if len(kept) == len(line) else Line(kept)
 
@@ -242,7 +248,9 @@ def w1_entry(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, refusal:
     with `refusal` (its typed reason, judged on `snapshot`): keyed by (namespace, vmi) with no
     VM uid, its shape (`model.line.shape_of_ask`, with the launcher's `node_selector` and the
     VMI's `tolerations`) and its `priority` (P1), first refused `now` (the line keeps an
-    earlier first refusal: `Line.refused`). None when the refusal is not for room only
+    earlier first refusal: `Line.refused`). The webhook answers such a set 503 with
+    `Retry-After` (`model.line.RETRY_AFTER`, `model.reasons.WaitsInLine`), and the entry
+    stays only while the attempts come (`LineSettings.retry_grace`, `tidy`). None when the refusal is not for room only
     (`model.line.waits_for_room`: budget, entitlement, a class problem, bad input, a size no
     node has never wait), or the VMI has a VirtualMachine `owner` (its uid: a VM's place
     comes from the waiting-VM loop, `model.vm_line.vm_entries`, which reads when the VM
