@@ -34,7 +34,7 @@ from model.decide import Decision, Placement, Request, Rule, placed, request_ref
 from model.admission import template_name
 from model.hold import Hold
 from model.line import (Allowed, Behind, Entry, Identity, Line, LineSettings, Reserved, entry, may_place,
-                        shape_of, shape_of_ask, waits_for_room)
+                        shape_of, shape_of_ask, soonest, waits_for_room)
 from model.parse import VMIAsk
 from model.priority import Priority
 from model.nominate import NominationSettings, ripening_node
@@ -254,13 +254,19 @@ def w1_entry(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, refusal:
     (`model.line.waits_for_room`: budget, entitlement, a class problem, bad input, a size no
     node has never wait), or the VMI has a VirtualMachine `owner` (its uid: a VM's place
     comes from the waiting-VM loop, `model.vm_line.vm_entries`, which reads when the VM
-    began to wait from its status), or its shape names no class. Pure; never raises."""
+    began to wait from its status), or its shape names no class, or no node could take it
+    once room frees (`model.line.soonest` None: a size no node has, though W1 words it per
+    node). Pure; never raises."""
     if owner is not None or not waits_for_room(refusal):
         return None
     shape = shape_of_ask(snapshot, namespace, ask, node_selector, tolerations)
     if not shape.classes:
         return None
-    return entry(Identity(namespace, vmi), shape, priority, now)
+    e = entry(Identity(namespace, vmi), shape, priority, now)
+    # room must be able to free somewhere: a set larger than every node that could take it
+    # (each node's allocatable less the units of Pods outside the binder) never waits, its
+    # refusal stays W1's 403 (W1's per-node "needs 2, has 1 free" alone does not say so)
+    return e if soonest(snapshot, e) is not None else None
 
 
 def leaves(line: Line, snapshot: Snapshot, request: Request) -> tuple[Line, Entry | None]:
