@@ -131,8 +131,7 @@ FIELD_HELP: dict[str, str] = {
                       "for room takes a place in the leader's line (P5), is answered 503 with "
                       "Retry-After (2 s; kubectl and client-go retry it by themselves) and "
                       "keeps the place while its client retries within --line-retry-grace. "
-                      "false (the default): such a set is refused (403) and does not wait "
-                      "(a place is kept for a create never retried until the grace runs out)",
+                      "false: such a set is refused (403) and does not wait",
     "line_retry_grace": "seconds a bare VMI's place in the leader's line is kept without a new "
                         "attempt (line.retryGrace, P5): its 503 asks the client to retry every "
                         "2 s (Retry-After), so a client silent this long has stopped and its "
@@ -245,7 +244,7 @@ class Config:
     preemption_nomination_ttl: float = _BINDER.coordinator.preemption.ttl.total_seconds()
     line_reserve_after: float = _BINDER.coordinator.line.reserve_after.total_seconds()
     line_max_per_namespace: int = _BINDER.coordinator.line.per_namespace
-    line_bare_vmis: bool = False
+    line_bare_vmis: bool = True
     line_retry_grace: float = _BINDER.coordinator.line.retry_grace.total_seconds()
     health_failed_starts: int = DEFAULT_FAILED_STARTS
     health_window: float = DEFAULT_WINDOW.total_seconds()

@@ -198,7 +198,7 @@ class Controller:
                                  gate=tenant_gate(cfg), record_wait=cfg.webhook_record_wait,
                                  preemption=binder_config(cfg).coordinator.preemption,
                                  # P5: bare VMIs refused for room wait (503, Retry-After;
-                                 # with --line-bare-vmis=true)
+                                 # on unless --line-bare-vmis=false)
                                  line=self.refused_at_w1 if cfg.line_bare_vmis else None,
                                  line_grace=timedelta(seconds=cfg.line_retry_grace))
         self.elector = LeaderElector(client, cfg.identity, lease_config(cfg))

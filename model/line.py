@@ -62,6 +62,12 @@ does not retry at all), and its entry no longer holds back the sets behind it. A
 VirtualMachine's entry never expires by it: KubeVirt retries for as long as the VM wants to
 run, and it leaves by `started` / `gone` (or `model.line_plan.VM_TTL`)."""
 
+SAME_ATTEMPT = timedelta(seconds=RETRY_AFTER / 2)
+"""Refusals of one set less than this (1 s) after its first are one attempt (the webhook
+judges W1 twice per review, on the cache and after the live read; a batch may decide a
+request again); a later one is its client's retry (client-go waits the whole `RETRY_AFTER`),
+which marks a bare VMI's entry `Entry.retried`."""
+
 DEFAULT_TTL = DEFAULT_RETRY_GRACE
 """The old name of `DEFAULT_RETRY_GRACE` (a bare VMI's entry was once kept 2 minutes)."""
 
@@ -242,13 +248,18 @@ def shape_of(snapshot: Snapshot, request: Request) -> Shape:
 class Entry:
     """A set waiting for room (P5): who (`identity`), what it asks (`shape`), its
     `priority` (P1, `BindRequest.priority`), when it was first refused for room and when
-    last (`first_refused`, `last_seen`; UTC)."""
+    last (`first_refused`, `last_seen`; UTC). `retried` False: a bare VMI refused once, its
+    client not seen retrying yet; such an entry keeps its first refusal (so its place once it
+    retries) but holds back nobody (`may_place`) and reserves nothing until its client's
+    next attempt (`Line.refused`) shows the place is wanted: a create never retried (a client
+    that does not retry, a test's single probe) costs the sets behind it nothing."""
 
     identity: Identity
     shape: Shape
     priority: Priority
     first_refused: datetime
     last_seen: datetime
+    retried: bool = True
 
     @property
     def order_key(self) -> tuple[int, datetime, str, str, str]:
@@ -361,11 +372,14 @@ class Line:
         (`LineSettings.per_namespace`), the namespace of `new` then keeps its first `limit`
         entries in line order (`capped`): a new entry behind that many of its tenant's does
         not enter (the line is returned as it was), one ahead of them enters and the
-        tenant's last leaves."""
+        tenant's last leaves. A refusal `SAME_ATTEMPT` or more after a waiting set's first marks
+        it `retried` (its client retries: its place now holds back the sets behind it), as
+        does a `new` that is `retried` itself."""
         old = self._by_key.get(new.identity.key)
         if old is not None and old.identity.same(new.identity):
             ident = new.identity if new.identity.vm_uid is not None else old.identity
-            e = Entry(ident, new.shape, new.priority, old.first_refused, max(old.last_seen, now))
+            e = Entry(ident, new.shape, new.priority, old.first_refused, max(old.last_seen, now),
+                      old.retried or new.retried or now - old.first_refused >= SAME_ATTEMPT)
         else:
             e = replace(new, last_seen=now)
         rest = [x for x in self._entries if x is not old]
@@ -620,13 +634,14 @@ def _resources(snap: Snapshot, e: Entry) -> set[str]:
 
 def _ahead(line: Line, classes: Iterable[str], key: tuple, own: tuple[str, str]) -> list[tuple[Entry, str]]:
     """The entries ahead of `key` in the lines of `classes`, in line order, each with the
-    first of `classes` it waits in; `own` (the set itself) left out."""
+    first of `classes` it waits in; `own` (the set itself) and entries not `retried` yet left
+    out."""
     found: dict[tuple[str, str], tuple[Entry, str]] = {}
     for c in classes:
         for e in line.of_class(c):
             if e.order_key >= key:
                 break
-            if e.identity.key != own and e.identity.key not in found:
+            if e.retried and e.identity.key != own and e.identity.key not in found:
                 found[e.identity.key] = (e, c)
     return sorted(found.values(), key=lambda x: x[0].order_key)
 
@@ -707,7 +722,7 @@ def reservation(line: Line, snapshot: Snapshot, now: datetime,
     out: dict[Identity, str] = {}
     taken: set[str] = set()
     for head in line.heads():
-        if now - head.first_refused <= settings.reserve_after:
+        if not head.retried or now - head.first_refused <= settings.reserve_after:
             continue
         found = soonest(snapshot, head, frozenset(taken))
         if found is not None:

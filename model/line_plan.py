@@ -68,8 +68,12 @@ def identity_of(snapshot: Snapshot, request: Request) -> Identity:
 
 def line_entry(snapshot: Snapshot, request: Request, now: datetime) -> Entry:
     """The entry `request`'s refusal for room at `now` makes: `identity_of`, its shape
-    (`model.line.shape_of`) and its recorded priority (`Request.priority`, P1)."""
-    return entry(identity_of(snapshot, request), shape_of(snapshot, request), request.priority, now)
+    (`model.line.shape_of`) and its recorded priority (`Request.priority`, P1); a bare VMI's
+    (no VM uid) not `retried` yet (its client's next attempt confirms the place, `Line.refused`;
+    a VM's VMI is retried by KubeVirt for as long as the VM wants to run)."""
+    ident = identity_of(snapshot, request)
+    e = entry(ident, shape_of(snapshot, request), request.priority, now)
+    return e if ident.vm_uid is not None else replace(e, retried=False)
 
 
 def joins_line(action: Action) -> bool:
@@ -232,7 +236,7 @@ def refresh(line: Line, waiting: Sequence[Entry], gone: Sequence[Identity], now:
         if old is not None and old.identity.same(new.identity):
             ident = new.identity if new.identity.vm_uid is not None else old.identity
             by_key[new.identity.key] = Entry(ident, new.shape, new.priority, old.first_refused,
-                                             max(old.last_seen, now))
+                                             max(old.last_seen, now), old.retried or new.retried)
         else:
             by_key[new.identity.key] = replace(new, last_seen=now)
     out = Line(by_key.values())
@@ -262,7 +266,7 @@ def w1_entry(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, refusal:
     shape = shape_of_ask(snapshot, namespace, ask, node_selector, tolerations)
     if not shape.classes:
         return None
-    e = entry(Identity(namespace, vmi), shape, priority, now)
+    e = replace(entry(Identity(namespace, vmi), shape, priority, now), retried=False)  # until it retries
     # room must be able to free somewhere: a set larger than every node that could take it
     # (each node's allocatable less the units of Pods outside the binder) never waits, its
     # refusal stays W1's 403 (W1's per-node "needs 2, has 1 free" alone does not say so)

@@ -2,12 +2,11 @@
 wait in the leader's line (handed over by the waiting-VM loop), the line is published in the
 GPUClass's `status.line` and read by `gpu-binder explain` and `top`, and when room frees the
 VM ahead in line is nudged, not an older VM of lower priority whose start would take the room
-the one ahead needs. Bare VMIs too (`--line-bare-vmis`): one the webhook
+the one ahead needs. Bare VMIs too (`--line-bare-vmis`, on by default): one the webhook
 refuses for room (503 with Retry-After) waits in the same line while its client retries, so a
 later, smaller set of the same priority cannot take the room it waits for, and its own retry
-is admitted (`--line-bare-vmis=true` for this module's replicas; off by default,
-tests/e2e/test_vm_keep_devices.py shows why). Its place is kept `--line-retry-grace` without a
-retry (60 s here: the test's client retries only at the steps it names, not every Retry-After).
+is admitted. Its place is kept `--line-retry-grace` without a retry (60 s for this module's
+replicas: the test's client retries only at the steps it names, not every Retry-After).
 
 Against the real virt-controller, virt-api, kube-scheduler and KWOK (marker kubevirt)."""
 
@@ -33,14 +32,13 @@ pytestmark = [pytest.mark.anyio, pytest.mark.kubevirt]
 
 @pytest.fixture(scope="module")
 def system(control_plane, tmp_path_factory):
-    """`tests.support.kubevirt_vmis.system`'s replicas with bare VMIs refused at W1 in the
-    line (`--line-bare-vmis=true`), a bare VMI's place kept 60 s without a retry."""
+    """`tests.support.kubevirt_vmis.system`'s replicas (bare VMIs refused at W1 wait in the
+    line by default), a bare VMI's place kept 60 s without a retry (`--line-retry-grace`)."""
     from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas
 
     args = tuple(a for a in FAST_CONTROLLER_ARGS if not a.startswith(("--bind-timeout", "--attachment-grace")))
     yield from controller_replicas(control_plane, tmp_path_factory,
-                                   args + ("--bind-timeout=15", "--attachment-grace=30", "--line-bare-vmis=true",
-                                          "--line-retry-grace=60"))
+                                   args + ("--bind-timeout=15", "--attachment-grace=30", "--line-retry-grace=60"))
 
 
 async def test_P5_vms_refused_at_W1_wait_in_the_published_line_and_the_one_ahead_gets_the_room(

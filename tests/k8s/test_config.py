@@ -261,15 +261,15 @@ def test_P5_line_max_per_namespace_reaches_the_coordinator_and_a_bad_value_is_on
         load(None, env={}, flags={"webhook_port": "0", "line_max_per_namespace": "many"})
 
 
-def test_P5_bare_vmis_refused_at_W1_enter_the_line_only_when_turned_on():
-    """`--line-bare-vmis` (default false): a bare VMI refused for room waits in the line,
+def test_P5_bare_vmis_refused_at_W1_enter_the_line_unless_turned_off():
+    """`--line-bare-vmis` (default true): a bare VMI refused for room waits in the line,
     answered 503 with Retry-After, its place kept only while its client retries
-    (`--line-retry-grace`), when the operator turns it on (docs/contract.md §3c P5)."""
-    assert default("line_bare_vmis") is False
-    assert "(default: false)" in field_help("line_bare_vmis")
-    assert load(None, env={}, flags={"webhook_port": "0", "line_bare_vmis": "true"}).line_bare_vmis is True
-    assert load(None, env={"GPU_BINDER_LINE_BARE_VMIS": "yes"}, flags={"webhook_port": "0"}).line_bare_vmis is True
-    assert load(None, env={}, flags={"webhook_port": "0"}).line_bare_vmis is False
+    (`--line-retry-grace`); an operator may turn it off (docs/contract.md §3c P5)."""
+    assert default("line_bare_vmis") is True
+    assert "(default: true)" in field_help("line_bare_vmis")
+    assert load(None, env={}, flags={"webhook_port": "0", "line_bare_vmis": "false"}).line_bare_vmis is False
+    assert load(None, env={"GPU_BINDER_LINE_BARE_VMIS": "no"}, flags={"webhook_port": "0"}).line_bare_vmis is False
+    assert load(None, env={}, flags={"webhook_port": "0"}).line_bare_vmis is True
 
 
 def test_P5_line_retry_grace_reaches_the_coordinator_and_a_bad_value_is_one_clear_line():

@@ -236,3 +236,32 @@ def test_P5_attacker_a_flood_of_bare_entries_keeps_the_namespace_s_bound():
     assert len(line) == DEFAULT_PER_NAMESPACE + 1 and line.find(u.identity) is not None
     # and when the flood stops retrying, all its places go within the grace
     assert [e.identity.vmi for e in tidy(line, u.first_refused + timedelta(seconds=10))] == ["u-set"]
+
+
+def test_P5_a_bare_vmi_refused_once_holds_back_nobody_until_its_client_retries():
+    """A bare VMI's first refusal for room gives it its first-refused time but no real place:
+    a create never retried (tests/e2e/test_vm_keep_devices.py's probes, 2 s before another
+    set of the tenant) must not hold that set back. Its W1 refusal told twice in one review
+    (on the cache, after the live read: less than `SAME_ATTEMPT` apart) is one attempt; its
+    client's retry after the Retry-After makes the place real, ahead by its first refusal. A
+    VM's entry (KubeVirt retries) is real at once. Before: every entry held back at once."""
+    from model.line import RETRY_AFTER, SAME_ATTEMPT
+    assert SAME_ATTEMPT == timedelta(seconds=1) and RETRY_AFTER == 2
+    late = replace(waiting("late", 8), retried=False)   # as w1_entry / line_entry make a bare VMI's
+    line = Line().refused(late, T0).refused(late, T0 + timedelta(milliseconds=5))  # one review, told twice
+    assert not line.entries[0].retried
+    snap = fleet(node("n1", h=8), devices=asking("after", 1))
+    actions, _ = plan_batch(snap, (), batch_of(snap, "after"))
+    now = T0 + timedelta(seconds=1.5)
+    assert isinstance(gate_batch(line, snap, (), actions, now).actions[0], Place)   # not held back
+    retried = line.refused(late, T0 + timedelta(seconds=RETRY_AFTER))               # its client retried
+    assert retried.entries[0].retried and retried.entries[0].first_refused == T0
+    (a,) = gate_batch(retried, snap, (), actions, T0 + timedelta(seconds=RETRY_AFTER)).actions
+    assert isinstance(a, Answer) and a.decision.reason.code is Code.BEHIND_IN_LINE   # now it is
+    # the binder's refusal of a bare VMI makes an unconfirmed entry, a VM's a real one
+    busy = GPUDevice("o", "busy-0", "h100", status=DeviceStatus(Phase.BOUND, "n1", T0, None, None))
+    full = fleet(node("n1", h=1), devices=[busy, *asking("bare", 1), *asking("vm", 1, owner="uid")])
+    planned, _ = plan_batch(full, (), batch_of(full, "bare", "vm"))
+    assert all(joins_line(x) for x in planned)
+    refused = gate_batch(Line(), full, (), planned, T0).line
+    assert {e.identity.vmi: e.retried for e in refused} == {"bare": False, "vm": True}
