@@ -216,7 +216,8 @@ class Coordinator(Actor):
                 self._scan()
             case GetStatus():
                 return await self.status()
-            case GetLine():
+            case GetLine():  # without the bare VMIs whose clients stopped retrying (P5)
+                self._set_line(tidy(self._line, self._clock.now(), self._cfg.line))
                 return LineState(self._line, dict(self._reserved))
             case VMsWaiting(entries, gone):  # P5: VMs refused at W1 wait too
                 self._set_line(refresh(self._line, entries, gone, self._clock.now(),
@@ -374,7 +375,9 @@ class Coordinator(Actor):
         nodes reserved now): the new line kept, the requests decided against a placement the
         line held back requeued (not answered); returns the actions and the snapshot after
         the batch's kept holds (`after`, the planner's, when nobody waits and nothing is
-        refused: the batch as planned)."""
+        refused: the batch as planned). The line is tidied first (`model.line_plan.tidy`): a
+        bare VMI not retried within `line.retryGrace` holds back nobody, nor reserves a node."""
+        self._set_line(tidy(self._line, self._clock.now(), self._cfg.line))
         if not self._line and not any(isinstance(a, Answer) and a.decision.result is Result.REFUSED
                                       for a in actions):
             self._reserved = {}

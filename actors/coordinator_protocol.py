@@ -81,7 +81,7 @@ class CoordinatorConfig:
     missing_grace: float = 1.0
     missing_retry: float = 0.25
     line: LineSettings = LineSettings()
-    """P5's waiting line (`model.line.LineSettings`: `line.reserveAfter`, a bare VMI's ttl,
+    """P5's waiting line (`model.line.LineSettings`: `line.reserveAfter`, `line.retryGrace`,
     `line.maxPerNamespace`)."""
 
     defrag_interval: float = 0.0
@@ -107,7 +107,7 @@ class RefusedAtW1:
     coordinator saw it (`model.line_plan.w1_entry`: keyed by (namespace, vmi), its shape and
     priority). It enters the line at the coordinator's now, or keeps its place and first
     refusal (`model.line.Line.refused`, its namespace capped at `LineSettings.per_namespace`);
-    it stays while its client retries (a bare VMI's `LineSettings.ttl`). Told, never asked:
+    it stays while its client retries (`LineSettings.retry_grace`). Told, never asked:
     dropped when the mailbox is full (the next retry tells again)."""
 
     entry: Entry

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from model.health import DEFAULT_FAILED_STARTS, DEFAULT_WINDOW
+from model.line import RETRY_AFTER as LINE_RETRY_AFTER
 from model.settings import RAW_ALLOWED, RAW_DENIED
 from k8s.webhook.waiter import RECORD_WAIT, TEMPLATE_WAIT
 from supervisor.binder import BinderConfig
@@ -127,11 +128,14 @@ FIELD_HELP: dict[str, str] = {
                           "it (line.reserveAfter, P5): that node takes no set behind it until "
                           "it starts; >= 0",
     "line_bare_vmis": "true or false: a bare VMI (no VirtualMachine) the webhook refuses "
-                            "for room takes a place in the leader's line (P5) and keeps it while "
-                            "its client retries within the bare-VMI ttl (2 min). Off by default: "
-                            "a client that does not retry a refused create (kubectl does not "
-                            "retry a 403) would hold back later sets of its priority until the "
-                            "ttl runs out",
+                      "for room takes a place in the leader's line (P5), is answered 503 with "
+                      "Retry-After (2 s; kubectl and client-go retry it by themselves) and "
+                      "keeps the place while its client retries within --line-retry-grace. "
+                      "false: such a set is refused (403) and does not wait",
+    "line_retry_grace": "seconds a bare VMI's place in the leader's line is kept without a new "
+                        "attempt (line.retryGrace, P5): its 503 asks the client to retry every "
+                        "2 s (Retry-After), so a client silent this long has stopped and its "
+                        "place goes; >= 2 (one Retry-After)",
     "line_max_per_namespace": "most sets of one namespace (tenant) waiting in the leader's line "
                               "at once (line.maxPerNamespace, P5): past it a tenant's further "
                               "sets refused for room are refused without a place in line (its "
@@ -240,7 +244,8 @@ class Config:
     preemption_nomination_ttl: float = _BINDER.coordinator.preemption.ttl.total_seconds()
     line_reserve_after: float = _BINDER.coordinator.line.reserve_after.total_seconds()
     line_max_per_namespace: int = _BINDER.coordinator.line.per_namespace
-    line_bare_vmis: bool = False
+    line_bare_vmis: bool = True
+    line_retry_grace: float = _BINDER.coordinator.line.retry_grace.total_seconds()
     health_failed_starts: int = DEFAULT_FAILED_STARTS
     health_window: float = DEFAULT_WINDOW.total_seconds()
 
@@ -272,6 +277,9 @@ class Config:
         if not self.line_reserve_after >= 0:  # NaN too
             raise ValueError(f"--line-reserve-after: must be >= 0 seconds, "
                              f"got {self.line_reserve_after}")
+        if not self.line_retry_grace >= LINE_RETRY_AFTER:  # NaN too
+            raise ValueError(f"--line-retry-grace: must be >= {LINE_RETRY_AFTER} seconds (one "
+                             f"Retry-After), got {self.line_retry_grace}")
         if self.line_max_per_namespace < 1:
             raise ValueError(f"--line-max-per-namespace: must be at least 1, "
                              f"got {self.line_max_per_namespace}")

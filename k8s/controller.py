@@ -86,6 +86,7 @@ def binder_config(cfg: Config) -> BinderConfig:
                                 ttl=timedelta(seconds=cfg.preemption_nomination_ttl)),
                             line=replace(b.coordinator.line,
                                          reserve_after=timedelta(seconds=cfg.line_reserve_after),
+                                         retry_grace=timedelta(seconds=cfg.line_retry_grace),
                                          per_namespace=cfg.line_max_per_namespace)),
         pipeline=replace(b.pipeline, write_timeout=cfg.write_timeout,
                          retry_attempts=cfg.write_attempts, settle_timeout=cfg.settle_timeout),
@@ -196,8 +197,10 @@ class Controller:
         admission = VMIAdmission(client, cache, bind_timeout=cfg.bind_timeout, grace=grace,
                                  gate=tenant_gate(cfg), record_wait=cfg.webhook_record_wait,
                                  preemption=binder_config(cfg).coordinator.preemption,
-                                 # P5: bare VMIs refused for room wait (opt-in)
-                                 line=self.refused_at_w1 if cfg.line_bare_vmis else None)
+                                 # P5: bare VMIs refused for room wait (503, Retry-After;
+                                 # on unless --line-bare-vmis=false)
+                                 line=self.refused_at_w1 if cfg.line_bare_vmis else None,
+                                 line_grace=timedelta(seconds=cfg.line_retry_grace))
         self.elector = LeaderElector(client, cfg.identity, lease_config(cfg))
         metrics = Metrics(self.observed, admission)
 

@@ -7,8 +7,9 @@ it would start soonest.
 - `waits_for_room`: which refusals enter the line (room, never budget, entitlement, a class
   problem, a size no node has, a policy of the node).
 - `Identity`, `Shape`, `Entry`, `Line`: the line as a value (copy-on-write, like
-  `model.snapshot.Snapshot`): `refused`, `started`, `gone`, `expire`, `capped` (a tenant's
-  bound, `LineSettings.per_namespace`), and the order.
+  `model.snapshot.Snapshot`): `refused`, `started`, `gone`, `expire` (a bare VMI's place is
+  kept only while its client retries: `RETRY_AFTER`, `LineSettings.retry_grace`), `capped` (a
+  tenant's bound, `LineSettings.per_namespace`), and the order.
 - `may_place`: may a set start on the node its decision chose (`Allowed`), or does a set
   ahead of it go first (`Behind`), or is the node reserved (`Reserved`)?
 - `reservation`: the nodes reserved for heads that waited long (`soonest` is the one rule).
@@ -40,11 +41,35 @@ minutes: in a busy fleet room frees naturally within minutes and backfill keeps 
 busy meanwhile; past that, a large set's node stops taking small sets so that the room it
 needs can gather there (docs/contract.md §3c, P5's choices)."""
 
-DEFAULT_TTL = timedelta(minutes=2)
-"""How long a bare VMI's entry stays without a new refusal (`Line.expire`): its client
-retries the create by itself while the webhook answers 503 with Retry-After (seconds), so a
-client silent for two minutes has stopped retrying. A VirtualMachine's entry never expires:
-KubeVirt retries for as long as the VM wants to run, and it leaves by `started` / `gone`."""
+RETRY_AFTER = 2
+"""Seconds: the `Retry-After` of every 503 that answers a set waiting in the line (a bare VMI's
+refusal for room at W1 that put it there, `behind_in_line`, `node_reserved`; the webhook's
+`details.retryAfterSeconds`). client-go (kubectl, every Go client, KubeVirt's controllers)
+sleeps it out and retries the create by itself (up to 10 times), so a waiting set asks again
+about this often, and its room is judged again within about this long of coming free."""
+
+RETRY_PERIODS = 5
+"""How many `RETRY_AFTER` periods a bare VMI's entry is kept without a new attempt
+(`DEFAULT_RETRY_GRACE`): room for a slow retry or two (a follower sends each on to the
+binder, W3), not for a client that stopped."""
+
+DEFAULT_RETRY_GRACE = timedelta(seconds=RETRY_PERIODS * RETRY_AFTER)
+"""`line.retryGrace`'s default (10 s): how long a bare VMI's entry stays without a new
+attempt (`Line.expire`, `model.line_plan.tidy`). Its place is real only while its client
+retries: a client honouring the 503's `Retry-After` asks every `RETRY_AFTER` seconds, so one
+silent for `RETRY_PERIODS` periods has stopped (kubectl after its 10 retries, a client that
+does not retry at all), and its entry no longer holds back the sets behind it. A
+VirtualMachine's entry never expires by it: KubeVirt retries for as long as the VM wants to
+run, and it leaves by `started` / `gone` (or `model.line_plan.VM_TTL`)."""
+
+SAME_ATTEMPT = timedelta(seconds=RETRY_AFTER / 2)
+"""Refusals of one set less than this (1 s) after its first are one attempt (the webhook
+judges W1 twice per review, on the cache and after the live read; a batch may decide a
+request again); a later one is its client's retry (client-go waits the whole `RETRY_AFTER`),
+which marks a bare VMI's entry `Entry.retried`."""
+
+DEFAULT_TTL = DEFAULT_RETRY_GRACE
+"""The old name of `DEFAULT_RETRY_GRACE` (a bare VMI's entry was once kept 2 minutes)."""
 
 DEFAULT_PER_NAMESPACE = 100
 """`line.maxPerNamespace`'s default: the most entries one namespace (tenant) keeps in the line
@@ -129,24 +154,29 @@ def waits_for_room(outcome: Reason | object) -> bool:
 @dataclass(frozen=True, slots=True)
 class LineSettings:
     """The line's settings (P5): `reserve_after` (`line.reserveAfter`; a head waiting longer
-    reserves a node), `ttl` (a bare VMI's entry leaves after this long without a refusal,
-    `Line.expire`), `max_decided` (sets ahead `may_place` judges per call, `MAX_DECIDED`),
-    `per_namespace` (`line.maxPerNamespace`: the most entries one namespace keeps, its first
-    in line order, `DEFAULT_PER_NAMESPACE`). Raises ValueError for a negative time, or a
-    `max_decided` or `per_namespace` below 1."""
+    reserves a node), `retry_grace` (`line.retryGrace`: a bare VMI's entry leaves after this
+    long without a new attempt, `Line.expire`; `ttl` is its old name), `max_decided` (sets
+    ahead `may_place` judges per call, `MAX_DECIDED`), `per_namespace` (`line.maxPerNamespace`:
+    the most entries one namespace keeps, its first in line order, `DEFAULT_PER_NAMESPACE`).
+    Raises ValueError for a negative time, or a `max_decided` or `per_namespace` below 1."""
 
     reserve_after: timedelta = DEFAULT_RESERVE_AFTER
-    ttl: timedelta = DEFAULT_TTL
+    retry_grace: timedelta = DEFAULT_RETRY_GRACE
     max_decided: int = MAX_DECIDED
     per_namespace: int = DEFAULT_PER_NAMESPACE
 
     def __post_init__(self) -> None:
-        if self.reserve_after < timedelta(0) or self.ttl < timedelta(0):
-            raise ValueError("line.reserveAfter and the line's ttl must not be negative")
+        if self.reserve_after < timedelta(0) or self.retry_grace < timedelta(0):
+            raise ValueError("line.reserveAfter and line.retryGrace must not be negative")
         if self.max_decided < 1:
             raise ValueError(f"max_decided must be at least 1, got {self.max_decided}")
         if self.per_namespace < 1:
             raise ValueError(f"line.maxPerNamespace must be at least 1, got {self.per_namespace}")
+
+    @property
+    def ttl(self) -> timedelta:
+        """`retry_grace`'s old name."""
+        return self.retry_grace
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,13 +248,18 @@ def shape_of(snapshot: Snapshot, request: Request) -> Shape:
 class Entry:
     """A set waiting for room (P5): who (`identity`), what it asks (`shape`), its
     `priority` (P1, `BindRequest.priority`), when it was first refused for room and when
-    last (`first_refused`, `last_seen`; UTC)."""
+    last (`first_refused`, `last_seen`; UTC). `retried` False: a bare VMI refused once, its
+    client not seen retrying yet; such an entry keeps its first refusal (so its place once it
+    retries) but holds back nobody (`may_place`) and reserves nothing until its client's
+    next attempt (`Line.refused`) shows the place is wanted: a create never retried (a client
+    that does not retry, a test's single probe) costs the sets behind it nothing."""
 
     identity: Identity
     shape: Shape
     priority: Priority
     first_refused: datetime
     last_seen: datetime
+    retried: bool = True
 
     @property
     def order_key(self) -> tuple[int, datetime, str, str, str]:
@@ -337,11 +372,14 @@ class Line:
         (`LineSettings.per_namespace`), the namespace of `new` then keeps its first `limit`
         entries in line order (`capped`): a new entry behind that many of its tenant's does
         not enter (the line is returned as it was), one ahead of them enters and the
-        tenant's last leaves."""
+        tenant's last leaves. A refusal `SAME_ATTEMPT` or more after a waiting set's first marks
+        it `retried` (its client retries: its place now holds back the sets behind it), as
+        does a `new` that is `retried` itself."""
         old = self._by_key.get(new.identity.key)
         if old is not None and old.identity.same(new.identity):
             ident = new.identity if new.identity.vm_uid is not None else old.identity
-            e = Entry(ident, new.shape, new.priority, old.first_refused, max(old.last_seen, now))
+            e = Entry(ident, new.shape, new.priority, old.first_refused, max(old.last_seen, now),
+                      old.retried or new.retried or now - old.first_refused >= SAME_ATTEMPT)
         else:
             e = replace(new, last_seen=now)
         rest = [x for x in self._entries if x is not old]
@@ -380,7 +418,8 @@ class Line:
 
     def expire(self, now: datetime, ttl: timedelta) -> Line:
         """The line without the bare VMIs' entries (no VM uid) last refused more than `ttl`
-        before `now`: their clients stopped retrying. A VM's entry stays (`DEFAULT_TTL`)."""
+        (`LineSettings.retry_grace`) before `now`: their clients stopped retrying. A VM's
+        entry stays (`DEFAULT_RETRY_GRACE`)."""
         kept = [e for e in self._entries if e.identity.vm_uid is not None or now - e.last_seen <= ttl]
         return self if len(kept) == len(self._entries) else Line(kept)
 
@@ -595,13 +634,14 @@ def _resources(snap: Snapshot, e: Entry) -> set[str]:
 
 def _ahead(line: Line, classes: Iterable[str], key: tuple, own: tuple[str, str]) -> list[tuple[Entry, str]]:
     """The entries ahead of `key` in the lines of `classes`, in line order, each with the
-    first of `classes` it waits in; `own` (the set itself) left out."""
+    first of `classes` it waits in; `own` (the set itself) and entries not `retried` yet left
+    out."""
     found: dict[tuple[str, str], tuple[Entry, str]] = {}
     for c in classes:
         for e in line.of_class(c):
             if e.order_key >= key:
                 break
-            if e.identity.key != own and e.identity.key not in found:
+            if e.retried and e.identity.key != own and e.identity.key not in found:
                 found[e.identity.key] = (e, c)
     return sorted(found.values(), key=lambda x: x[0].order_key)
 
@@ -682,7 +722,7 @@ def reservation(line: Line, snapshot: Snapshot, now: datetime,
     out: dict[Identity, str] = {}
     taken: set[str] = set()
     for head in line.heads():
-        if now - head.first_refused <= settings.reserve_after:
+        if not head.retried or now - head.first_refused <= settings.reserve_after:
             continue
         found = soonest(snapshot, head, frozenset(taken))
         if found is not None:

@@ -11,7 +11,9 @@ typed refusals (`behind_in_line`, `node_reserved`, category unavailable: the web
 - `gate_batch`: a whole batch, in order: the adjusted actions, the new line, and the
   requests decided against a placement that the line then refused (to decide again).
 - `tidy`: the line without the entries whose clients stopped retrying (`Line.expire` for bare
-  VMIs; `VM_TTL` for a VM's, as a safety net: the coordinator sees no VirtualMachine).
+  VMIs, after `line.retryGrace` without a new attempt; `VM_TTL` for a VM's, as a safety net:
+  the coordinator sees no VirtualMachine). The coordinator tidies before each batch, so an
+  abandoned create holds back nobody past its grace, whenever the periodic resync comes.
 - `refresh`: the VMs the waiting-VM loop found waiting for room (refused at W1, before the
   coordinator saw them) entered or kept in place, and those it found running or stopped out.
 - `w1_entry`: the entry of a bare VMI W1 refused for room (the webhook hands it to the leader's
@@ -32,7 +34,7 @@ from model.decide import Decision, Placement, Request, Rule, placed, request_ref
 from model.admission import template_name
 from model.hold import Hold
 from model.line import (Allowed, Behind, Entry, Identity, Line, LineSettings, Reserved, entry, may_place,
-                        shape_of, shape_of_ask, waits_for_room)
+                        shape_of, shape_of_ask, soonest, waits_for_room)
 from model.parse import VMIAsk
 from model.priority import Priority
 from model.nominate import NominationSettings, ripening_node
@@ -66,8 +68,12 @@ def identity_of(snapshot: Snapshot, request: Request) -> Identity:
 
 def line_entry(snapshot: Snapshot, request: Request, now: datetime) -> Entry:
     """The entry `request`'s refusal for room at `now` makes: `identity_of`, its shape
-    (`model.line.shape_of`) and its recorded priority (`Request.priority`, P1)."""
-    return entry(identity_of(snapshot, request), shape_of(snapshot, request), request.priority, now)
+    (`model.line.shape_of`) and its recorded priority (`Request.priority`, P1); a bare VMI's
+    (no VM uid) not `retried` yet (its client's next attempt confirms the place, `Line.refused`;
+    a VM's VMI is retried by KubeVirt for as long as the VM wants to run)."""
+    ident = identity_of(snapshot, request)
+    e = entry(ident, shape_of(snapshot, request), request.priority, now)
+    return e if ident.vm_uid is not None else replace(e, retried=False)
 
 
 def joins_line(action: Action) -> bool:
@@ -171,7 +177,9 @@ def gate_batch(line: Line, snapshot: Snapshot, holds: Sequence[Hold], actions: S
     `now`). A refusal for room or a `Nominate` planned after the first placement the line held
     back is in `Gated.again` (that placement's room was counted as taken when it was decided:
     a nomination made against it could stop victims for room that is free). `reservations`
-    are the nodes reserved now (`model.line.reservation`). Pure; never raises."""
+    are the nodes reserved now (`model.line.reservation`). `line` is taken as it is: the
+    caller tidies it first (`tidy`, as the coordinator does before each batch). Pure; never
+    raises."""
     work = Reserving(snapshot.with_reservations(h for h in holds if not h.empty))
     flying = {h.request_id for h in holds}
     out: list[Action] = []
@@ -201,9 +209,11 @@ def gate_batch(line: Line, snapshot: Snapshot, holds: Sequence[Hold], actions: S
 
 def tidy(line: Line, now: datetime, settings: LineSettings = LineSettings(),
          vm_ttl: timedelta = VM_TTL) -> Line:
-    """`line` without the bare VMIs' entries last refused more than `settings.ttl` before
-    `now` (`Line.expire`) and the VMs' last refused more than `vm_ttl` before (`VM_TTL`)."""
-    line = line.expire(now, settings.ttl)
+    """`line` without the bare VMIs' entries last refused (last attempted) more than
+    `settings.retry_grace` (`line.retryGrace`) before `now` (`Line.expire`: their clients
+    stopped retrying) and the VMs' last refused more than `vm_ttl` before (`VM_TTL`). The
+    same Line when nothing left."""
+    line = line.expire(now, settings.retry_grace)
     kept = [e for e in line if e.identity.vm_uid is None or now - e.last_seen <= vm_ttl]
     return line if len(kept) == len(line) else Line(kept)
 
@@ -226,7 +236,7 @@ def refresh(line: Line, waiting: Sequence[Entry], gone: Sequence[Identity], now:
         if old is not None and old.identity.same(new.identity):
             ident = new.identity if new.identity.vm_uid is not None else old.identity
             by_key[new.identity.key] = Entry(ident, new.shape, new.priority, old.first_refused,
-                                             max(old.last_seen, now))
+                                             max(old.last_seen, now), old.retried or new.retried)
         else:
             by_key[new.identity.key] = replace(new, last_seen=now)
     out = Line(by_key.values())
@@ -242,17 +252,25 @@ def w1_entry(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, refusal:
     with `refusal` (its typed reason, judged on `snapshot`): keyed by (namespace, vmi) with no
     VM uid, its shape (`model.line.shape_of_ask`, with the launcher's `node_selector` and the
     VMI's `tolerations`) and its `priority` (P1), first refused `now` (the line keeps an
-    earlier first refusal: `Line.refused`). None when the refusal is not for room only
+    earlier first refusal: `Line.refused`). The webhook answers such a set 503 with
+    `Retry-After` (`model.line.RETRY_AFTER`, `model.reasons.WaitsInLine`), and the entry
+    stays only while the attempts come (`LineSettings.retry_grace`, `tidy`). None when the refusal is not for room only
     (`model.line.waits_for_room`: budget, entitlement, a class problem, bad input, a size no
     node has never wait), or the VMI has a VirtualMachine `owner` (its uid: a VM's place
     comes from the waiting-VM loop, `model.vm_line.vm_entries`, which reads when the VM
-    began to wait from its status), or its shape names no class. Pure; never raises."""
+    began to wait from its status), or its shape names no class, or no node could take it
+    once room frees (`model.line.soonest` None: a size no node has, though W1 words it per
+    node). Pure; never raises."""
     if owner is not None or not waits_for_room(refusal):
         return None
     shape = shape_of_ask(snapshot, namespace, ask, node_selector, tolerations)
     if not shape.classes:
         return None
-    return entry(Identity(namespace, vmi), shape, priority, now)
+    e = replace(entry(Identity(namespace, vmi), shape, priority, now), retried=False)  # until it retries
+    # room must be able to free somewhere: a set larger than every node that could take it
+    # (each node's allocatable less the units of Pods outside the binder) never waits, its
+    # refusal stays W1's 403 (W1's per-node "needs 2, has 1 free" alone does not say so)
+    return e if soonest(snapshot, e) is not None else None
 
 
 def leaves(line: Line, snapshot: Snapshot, request: Request) -> tuple[Line, Entry | None]:

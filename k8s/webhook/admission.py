@@ -35,11 +35,11 @@ from k8s.webhook.waiter import RECORD_WAIT, ResultWaiter, until
 from model.admission import (AdmissionPlan, Refusal, already_admitted, budget_in_flight, check,
                              effective_resources, kept_conflict, node_selector_of,
                              same_name_conflict, template_name, unpermitted_gpu_entries, vm_owner)
-from model.line import Entry
-from model.line_plan import w1_entry
+from model.line import DEFAULT_RETRY_GRACE, RETRY_AFTER as LINE_RETRY_AFTER, Entry, waits_for_room
+from model.line_plan import LINE_CODES, w1_entry
 from model.nominate import NominationSettings, w1_nominee
 from model.priority import DEFAULT_PRIORITY, Priority, resolve_priority
-from model.reasons import BinderRefused, Code, NotSynced, ShuttingDown, TenantBusy
+from model.reasons import BinderRefused, Code, NotSynced, ShuttingDown, TenantBusy, WaitsInLine
 from model.snapshot import Snapshot
 from model.types import Labels
 
@@ -55,6 +55,23 @@ not a fixed line, bounds the wait; bind timeout < the webhook's timeoutSeconds).
 _MISSING = frozenset({Code.HELD_DEVICE_NOT_FOUND, Code.CLASS_NOT_FOUND, Code.DEVICE_NOT_FOUND})
 """W1's refusals for an object the cache does not hold: a 503 to retry, not a 403, while the
 cache does not follow the API server (`ClusterView.following`)."""
+
+
+def _counted(refusal: Refusal) -> Code:
+    """The code a refusal is counted under (`VMIAdmission.rejected`, metrics): W1's own for
+    a set it put in the line (`WaitsInLine`: why it waits, not that it does), else its own."""
+    reason = refusal.reason
+    return reason.refusal.code if isinstance(reason, WaitsInLine) else refusal.code
+
+
+def _still_waits(exc: Denied) -> bool:
+    """A follower's set refused for room at W1 and sent on to the binder (P5): True unless the
+    binder refused it for something room will not change (its `BinderRefused` code neither
+    waits for room, `model.line.waits_for_room`, nor is the line's own). No answer in time
+    (`NotBoundInTime`) and the webhook's own transient failures count as waiting: W1 found
+    no room, and the retry is judged again."""
+    r = exc.reason
+    return not isinstance(r, BinderRefused) or waits_for_room(r) or r.refused in LINE_CODES
 
 
 def _nominated(exc: Denied) -> bool:
@@ -92,15 +109,19 @@ class VMIAdmission:
     tests) tells the leader's waiting line of a bare VMI W1 refused for room (P5,
     `_in_line`): True when this replica has a coordinator to tell (it leads), False when
     not (a follower: the set then goes on to the binder, whose refusal for room enters the
-    leader's line)."""
+    leader's line); such a set is answered 503 with Retry-After (`WaitsInLine`,
+    `model.line.RETRY_AFTER`), its words saying it keeps its place for `line_grace`
+    (`line.retryGrace`) without a retry."""
 
     def __init__(self, client: KubeClient, cache: ClusterCache, *, bind_timeout: float,
                  grace: timedelta, clock: Callable[[], datetime] | None = None,
                  gate: TenantGate | None = None, record_wait: float = RECORD_WAIT,
                  preemption: NominationSettings = NominationSettings(),
-                 line: Callable[[Entry], bool] | None = None) -> None:
+                 line: Callable[[Entry], bool] | None = None,
+                 line_grace: timedelta = DEFAULT_RETRY_GRACE) -> None:
         self.api = steps.Api(client)
         self.line = line  # P5: a bare VMI refused for room at W1 waits in the leader's line
+        self.line_grace = line_grace
         self.preemption = preemption  # P4: a set W1 refuses for room that would be nominated goes on
         self.cache = cache
         self.bind_timeout = bind_timeout
@@ -191,7 +212,7 @@ class VMIAdmission:
             held = None if judged is None or isinstance(judged, Refusal) \
                 else self._budget_in_flight(ns, judged)
         if isinstance(judged, Refusal):
-            self._rejection(ns, judged.code)
+            self._rejection(ns, _counted(judged))
             raise Denied.of(refusal_denial(judged))
         if judged is not None:
             if held is not None:
@@ -257,15 +278,16 @@ class VMIAdmission:
         (`model.line_plan.w1_entry`: never for budget, entitlement, a class problem, bad input
         or a size no node has) takes its place in the leader's waiting line, keyed by
         (namespace, vmi), with its priority (P1) and first refusal, kept while its client
-        retries (`LineSettings.ttl`). On the leader (`line` answers True: its coordinator is
-        told) `refusal` stands; on a replica with no coordinator (False: a follower) the set
+        retries (`LineSettings.retry_grace`). On the leader (`line` answers True: its
+        coordinator is told) the answer is `refusal` as 503 with Retry-After (`_waits`); on a replica with no coordinator (False: a follower) the set
         goes on to the binder as any set does (W3 writes its bindRequest, which the leader's
         informer brings to its coordinator): the binder's refusal for room enters the line
         there. A dry run (W2: it writes nothing and waits for nothing),
         a VM's VMI (its VM's place comes from the waiting-VM loop, `k8s.vm_waiting`) and a
         webhook without `line` leave `refusal` as it is. A set the binder refuses too (or does
         not answer in time) is answered `refusal` (`_admit`), so the answer does not depend on
-        the replica the review reached; one it nominates for (P4) gets the nomination's 503."""
+        the replica the review reached (503 with Retry-After while the binder's refusal is for
+        room or the line, `_still_waits`); one it nominates for (P4) gets the nomination's 503."""
         ask = review.ask
         if self.line is None or review.dry_run or ask is None:
             return refusal
@@ -278,12 +300,20 @@ class VMIAdmission:
         if self.line(waiting):
             log.info("refused for room at W1; waits in the leader's line", code=refusal.code,
                      priority=priority.value)
-            return refusal
+            return self._waits(refusal)
         log.info("refused for room at W1; goes on to the binder (the leader's line)", code=refusal.code)
         # the binder decides it for real: admitted when the leader finds room W1 did not see
         # (and the line lets it start), else answered W1's refusal (`_admit`)
         templates = tuple((template_name(review.name, c, i), c) for c, n in ask.templates for i in range(n))
         return AdmissionPlan(review.namespace, review.name, tuple(ask.held), templates, None, priority)
+
+    def _waits(self, refusal: Refusal) -> Refusal:
+        """W1's `refusal` for room of a set that waits in the line (P5) as the tenant gets it:
+        `WaitsInLine`, 503 with Retry-After `model.line.RETRY_AFTER`, so that a client that
+        honours it (client-go, kubectl) keeps retrying and keeps the place, which is lost
+        after `line_grace` without an attempt (`model.line_plan.tidy`)."""
+        return Refusal(WaitsInLine(refusal.reason, LINE_RETRY_AFTER,
+                                   max(1, round(self.line_grace.total_seconds()))))
 
     def _priority(self, snap: Snapshot, review: Review) -> Priority:
         """The set's priority (P1) as `model.admission.check` resolved it and
@@ -377,9 +407,11 @@ class VMIAdmission:
                 raise
             # P5 on a follower: the binder's refusal entered the leader's line; the tenant is
             # answered W1's refusal, as on the leader (the binder's words, or its timeout, would
-            # make the answer depend on the replica the review reached)
+            # make the answer depend on the replica the review reached): 503 with Retry-After
+            # while the set waits, W1's own when the binder refused it for something else
             self._rejection(review.namespace, judged.w1.code)
-            raise Denied.of(refusal_denial(judged.w1)) from exc
+            answer = self._waits(judged.w1) if _still_waits(exc) else judged.w1
+            raise Denied.of(refusal_denial(answer)) from exc
         log.info("VMI admitted", node=node, request_id=attempt.admission,
                  devices=list(plan.devices),  # seconds since the review reached _fair_admit:
                  webhook_seconds=round(anyio.current_time() - deadline + self.bind_timeout, 3))
@@ -412,7 +444,7 @@ class VMIAdmission:
         if isinstance(plan, Refusal):
             plan = self._in_line(snap, review, plan, now, selector)
         if isinstance(plan, Refusal):
-            self._rejection(ns, plan.code)
+            self._rejection(ns, _counted(plan))
             raise Denied.of(refusal_denial(plan))
         kept = unpermitted_gpu_entries(review.object, effective_resources(snap), permitted)
         if kept is not None:

@@ -27,6 +27,8 @@ from model.claim import (Claim, ClaimMember, build_claim, claim_vmi_patch, membe
 from model.housekeeping import VMIs
 from model.nominate import nominated_refusal
 from model.nomination import nomination_name
+from model.line import RETRY_AFTER as LINE_RETRY_AFTER
+from model.line_plan import LINE_CODES
 from model.retry_after import RETRY_STEP, preemptor_retry_after
 from model.parse import ParseError, parse_gpu_device
 from model.serialize import device_status_to_dict, format_time
@@ -409,7 +411,9 @@ async def wait_result(waiter: ResultWaiter, attempt: Attempt, names: tuple[str, 
     `BinderRefused` with the binder's message when it refused, in the category of the code
     written beside it (`bindRequest.code`: `ledgers_refused` is retryable, 503; so is
     `preemption_nominated` (P4), with Retry-After from its victims' grace
-    (`model.retry_after.preemptor_retry_after`, the words re-rendered to say it; `RETRY_STEP` while this replica has not seen the nomination); a
+    (`model.retry_after.preemptor_retry_after`, the words re-rendered to say it; `RETRY_STEP` while this replica has not seen the nomination);
+    so are the line's `behind_in_line` and `node_reserved` (P5), with Retry-After
+    `model.line.RETRY_AFTER` (the set keeps its place while its client retries); a
     policy refusal 403; no code, from an older replica: 403 as before), `NotBoundInTime` (503) when
     no result came in time (`bind_timeout` is the configured total, named in the message) or
     the request was withdrawn meanwhile."""
@@ -432,6 +436,8 @@ async def wait_result(waiter: ResultWaiter, attempt: Attempt, names: tuple[str, 
             retry_after = preemptor_retry_after(nomination, attempt.now(),
                                                 lambda vns, name: waiter.cache.vmis.get((vns, name)))
             message = nominated_refusal(nomination, ns, vmi, request_id, retry_after).render()
+    elif code in LINE_CODES:  # P5: 503, asked again every period while the set waits in line
+        retry_after = LINE_RETRY_AFTER
     raise Denied(BinderRefused(ns, vmi, message, code, retry_after))
 
 

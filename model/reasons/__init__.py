@@ -73,4 +73,4 @@ from model.reasons.transport import (AdmissionCrashed, AdmissionTimedOut, BodyNo
                                      MalformedMetadata, NoName, NotACreate, NotAReview, NotAVmi,
                                      NotSynced, ShuttingDown, WrongMediaType)
 from model.reasons.priority import PriorityClassNotFound
-from model.reasons.line import BehindInLine, InLine, LinePlace, NodeReserved, Waiter
+from model.reasons.line import BehindInLine, InLine, LinePlace, NodeReserved, Waiter, WaitsInLine

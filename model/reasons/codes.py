@@ -154,6 +154,7 @@ class Code(str, Enum):
     # the waiting line (P5)
     BEHIND_IN_LINE = "behind_in_line"
     NODE_RESERVED = "node_reserved"
+    WAITS_IN_LINE = "waits_in_line"
 
     @property
     def category(self) -> Category:
@@ -200,7 +201,7 @@ _CATEGORY: dict[Code, Category] = {
     **{c: Category.POLICY for c in (Code.CLAIM_NAME_TAKEN, Code.CLAIM_OVER_QUOTA)},
     Code.ADMISSION_CRASHED: Category.INTERNAL,
     Code.PRIORITY_CLASS_NOT_FOUND: Category.POLICY,
-    **{c: Category.UNAVAILABLE for c in (Code.BEHIND_IN_LINE, Code.NODE_RESERVED)},
+    **{c: Category.UNAVAILABLE for c in (Code.BEHIND_IN_LINE, Code.NODE_RESERVED, Code.WAITS_IN_LINE)},
     **{c: Category.POLICY for c in (
         Code.PREEMPTOR_NEVER, Code.FITS_WITHOUT_PREEMPTION, Code.NOT_REFUSED_FOR_ROOM,
         Code.NO_ELIGIBLE_VICTIM, Code.NOTHING_FREES_ENOUGH)},

@@ -1,7 +1,8 @@
 """The waiting line's words (docs/contract.md §3c P5, `model.line`): why a set may not start
 yet although it fits (`BehindInLine`: a set ahead of it in its class's line could start
 now on the devices it would take; `NodeReserved`: the node is reserved for a head that
-has waited longer than `line.reserveAfter`), and what `explain` says of a waiting set
+has waited longer than `line.reserveAfter`; `WaitsInLine`: W1's refusal for room of a bare
+VMI that put it in the line, retryable), and what `explain` says of a waiting set
 (`LinePlace`: its place in each of its classes' lines, the sets ahead, its reservation),
 which is not a reason to refuse and has no code. A set in these messages is a `Waiter`.
 
@@ -83,6 +84,25 @@ class NodeReserved(Reason):
         return (f"node {self.node} is reserved for {self.holder}, the head of the line of class "
                 f"{self.class_name} (waiting longer than line.reserveAfter, or until its "
                 f"preemption victims there have run preemption.minRuntime); retry")
+
+
+@dataclass(frozen=True, slots=True)
+class WaitsInLine(Reason):
+    """P5 at W1: `refusal` (W1's typed refusal of a bare VMI, for room only) put the set in
+    the leader's waiting line (or kept its place there). Unavailable (503) with `retry_after`
+    (seconds, `model.line.RETRY_AFTER`) as the answer's `Retry-After`, so that a client that
+    honours it (client-go, kubectl) asks again by itself: the place is kept only while the
+    attempts come (`grace`, seconds: `line.retryGrace`, at most that long without one). The
+    words are `refusal`'s, then the line's."""
+    code: ClassVar[Code] = Code.WAITS_IN_LINE
+    refusal: Reason
+    retry_after: int
+    grace: int
+
+    def render(self) -> str:
+        return (f"{self.refusal.render()}; the set waits in the line for room: retry after "
+                f"{self.retry_after} s (its place is kept while the create is retried, lost after "
+                f"{self.grace} s without one)")
 
 
 @dataclass(frozen=True, slots=True)

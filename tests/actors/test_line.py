@@ -7,12 +7,13 @@ coordinator (a new leader) starts with an empty line."""
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 from actors.coordinator_protocol import GetLine, LineState
 from fakes.memory_store import MemoryStore
 from model.decide import Rule
-from model.line import Identity
+from model.line import RETRY_AFTER, Identity
 from model.priority import Priority
 from model.reasons import Code
 from model.types import Result
@@ -88,6 +89,8 @@ async def test_P5_a_1_gpu_set_is_refused_behind_a_waiting_8_gpu_set_then_the_hea
     async with running_binder(s, observer=seen) as binder:
         big, small = new_set(s, "big", 8), new_set(s, "small", 1)
         assert (await ask(s, binder, "big", big, ON_DEMAND))[0] is Result.REFUSED  # 7 free: waits
+        await anyio.sleep(RETRY_AFTER)  # its client retries after the 503's Retry-After: a real place
+        assert (await ask(s, binder, "big", big, ON_DEMAND))[0] is Result.REFUSED
         state = await line_of(binder)
         assert [e.identity for e in state.line] == [Identity("t", "big")]
         assert seen.lengths[-1] == {"h100": 1}
@@ -124,6 +127,9 @@ async def test_P5_two_equal_priority_sets_never_block_each_other_in_a_cycle() ->
     async with running_binder(s) as binder:
         a, b = new_set(s, "a", 4), new_set(s, "b", 4)
         assert (await ask(s, binder, "a", a, SPOT))[0] is Result.REFUSED  # a refused first
+        assert (await ask(s, binder, "b", b, SPOT))[0] is Result.REFUSED
+        await anyio.sleep(RETRY_AFTER)  # both clients retry after the Retry-After: real places
+        assert (await ask(s, binder, "a", a, SPOT))[0] is Result.REFUSED
         assert (await ask(s, binder, "b", b, SPOT))[0] is Result.REFUSED
         assert [e.identity.vmi for e in (await line_of(binder)).line] == ["a", "b"]
         for i in range(4):

@@ -124,10 +124,12 @@ async def _gone(fleet, ns: str, name: str) -> bool:
 
 async def test_P4_an_equal_priority_set_never_preempts_and_a_Never_one_is_refused_plainly(system, fleet):
     cls, nodes, spot_ns, od_ns, (spot, _, never), placed = await world(fleet, system)
-    status, message, _ = await create(fleet, od_ns, vmi_body("eq", cls, 4, spot))
-    assert status == 403, message
+    # no nomination: refused for room, each waits in the line (P5: 503, Retry-After 2 s)
+    status, message, headers = await create(fleet, od_ns, vmi_body("eq", cls, 4, spot))
+    assert status == 503 and "the set waits in the line for room" in message, message
+    assert headers.get("Retry-After") == "2", headers
     status, message, _ = await create(fleet, od_ns, vmi_body("nv", cls, 4, never))
-    assert status == 403, message
+    assert status == 503 and "the set waits in the line for room" in message, message
     assert not [n for n in await nominations(fleet) if n["spec"]["preemptor"]["namespace"] == od_ns]
     for name in placed:
         assert await vmi(fleet, spot_ns, name) is not None

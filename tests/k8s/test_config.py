@@ -235,7 +235,7 @@ def test_P5_line_reserve_after_reaches_the_coordinator_and_a_bad_value_is_one_cl
         "line_reserve_after")
     got = binder_config(load(None, env={}, flags={"webhook_port": "0", "line_reserve_after": "90"}))
     assert got.coordinator.line.reserve_after == timedelta(seconds=90)
-    assert got.coordinator.line.ttl == timedelta(minutes=2)                       # the rest as it was
+    assert got.coordinator.line.retry_grace == timedelta(seconds=10)              # the rest as it was
     assert binder_config(load(None, env={"GPU_BINDER_LINE_RESERVE_AFTER": "0"}, flags={"webhook_port": "0"})
                          ).coordinator.line.reserve_after == timedelta(0)
     with pytest.raises(ValueError, match=r"^--line-reserve-after: must be >= 0 seconds, got -1\.0$"):
@@ -261,14 +261,34 @@ def test_P5_line_max_per_namespace_reaches_the_coordinator_and_a_bad_value_is_on
         load(None, env={}, flags={"webhook_port": "0", "line_max_per_namespace": "many"})
 
 
-def test_P5_bare_vmis_refused_at_W1_enter_the_line_only_when_turned_on():
-    """`--line-bare-vmis` (default false): an abandoned refused create must not hold back
-    later sets unless the operator asks for it (docs/contract.md §3c P5)."""
-    assert default("line_bare_vmis") is False
-    assert "(default: false)" in field_help("line_bare_vmis")
-    assert load(None, env={}, flags={"webhook_port": "0", "line_bare_vmis": "true"}).line_bare_vmis is True
-    assert load(None, env={"GPU_BINDER_LINE_BARE_VMIS": "yes"}, flags={"webhook_port": "0"}).line_bare_vmis is True
-    assert load(None, env={}, flags={"webhook_port": "0"}).line_bare_vmis is False
+def test_P5_bare_vmis_refused_at_W1_enter_the_line_unless_turned_off():
+    """`--line-bare-vmis` (default true): a bare VMI refused for room waits in the line,
+    answered 503 with Retry-After, its place kept only while its client retries
+    (`--line-retry-grace`); an operator may turn it off (docs/contract.md §3c P5)."""
+    assert default("line_bare_vmis") is True
+    assert "(default: true)" in field_help("line_bare_vmis")
+    assert load(None, env={}, flags={"webhook_port": "0", "line_bare_vmis": "false"}).line_bare_vmis is False
+    assert load(None, env={"GPU_BINDER_LINE_BARE_VMIS": "no"}, flags={"webhook_port": "0"}).line_bare_vmis is False
+    assert load(None, env={}, flags={"webhook_port": "0"}).line_bare_vmis is True
+
+
+def test_P5_line_retry_grace_reaches_the_coordinator_and_a_bad_value_is_one_clear_line():
+    """`line.retryGrace` (default 10 s: five Retry-After periods of 2 s): --line-retry-grace,
+    GPU_BINDER_LINE_RETRY_GRACE or the file's key; below one Retry-After is refused naming
+    the flag."""
+    from datetime import timedelta
+    assert default("line_retry_grace") == 10.0
+    assert "line.retryGrace" in field_help("line_retry_grace") and "(default: 10)" in field_help(
+        "line_retry_grace")
+    got = binder_config(load(None, env={}, flags={"webhook_port": "0", "line_retry_grace": "30"}))
+    assert got.coordinator.line.retry_grace == timedelta(seconds=30)
+    assert got.coordinator.line.reserve_after == timedelta(minutes=5)              # the rest as it was
+    assert binder_config(load(None, env={"GPU_BINDER_LINE_RETRY_GRACE": "4"}, flags={"webhook_port": "0"})
+                         ).coordinator.line.retry_grace == timedelta(seconds=4)
+    with pytest.raises(ValueError, match=r"^--line-retry-grace: must be >= 2 seconds \(one Retry-After\), got 1\.0$"):
+        load(None, env={}, flags={"webhook_port": "0", "line_retry_grace": "1"})
+    with pytest.raises(ValueError, match=r"^--line-retry-grace: not a number: 'soon'$"):
+        load(None, env={}, flags={"webhook_port": "0", "line_retry_grace": "soon"})
 
 
 def test_a_switch_takes_true_or_false_and_refuses_anything_else():

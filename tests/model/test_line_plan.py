@@ -189,3 +189,79 @@ def test_P5_a_request_holding_room_in_flight_keeps_it_whoever_entered_the_line_s
     held = [Hold("r-first", "t", "n1", (("nvidia.com/H100", 1),))]
     assert gate_batch(line, snap, held, actions, T0).actions == tuple(actions)
     assert isinstance(gate_batch(line, snap, (), actions, T0).actions[0], Answer)  # not in flight: behind
+
+
+def test_P5_a_bare_vmi_keeps_its_place_only_while_its_client_retries_within_the_grace():
+    """`line.retryGrace` (default 10 s, five periods of the 503's 2 s Retry-After): a bare
+    VMI's entry not attempted again for longer leaves at the next `tidy` (its client stopped:
+    kubectl after its retries, or one that never retries); each attempt (`Line.refused`)
+    restarts the grace and keeps its first refusal, so its place; a VM's entry is not
+    touched (VM_TTL). Before: kept two minutes after the last attempt."""
+    from model.line import DEFAULT_RETRY_GRACE, RETRY_AFTER, RETRY_PERIODS, LineSettings
+    assert DEFAULT_RETRY_GRACE == timedelta(seconds=RETRY_PERIODS * RETRY_AFTER) == timedelta(seconds=10)
+    assert LineSettings().retry_grace == DEFAULT_RETRY_GRACE == LineSettings().ttl
+    bare, other = waiting("bare", 2), waiting("other", 1)
+    other = replace(other, first_refused=T0 + timedelta(seconds=1), last_seen=T0 + timedelta(seconds=1))
+    vm = replace(waiting("vm", 2), identity=Identity("t", "vm", "uid-1"))
+    line = Line([bare, other, vm])
+    assert tidy(line, T0 + timedelta(seconds=10)) is line                     # at the grace: kept
+    assert [e.identity.vmi for e in tidy(line, T0 + timedelta(seconds=10.5))] == ["vm", "other"]
+    assert [e.identity.vmi for e in tidy(line, T0 + timedelta(seconds=12))] == ["vm"]
+    # retried every Retry-After for a minute: kept all along, first refusal and place unchanged
+    now = T0
+    for _ in range(30):
+        now += timedelta(seconds=RETRY_AFTER)
+        line = tidy(line.refused(entry(bare.identity, bare.shape, bare.priority, now), now), now)
+        assert line.entries[0].identity.vmi == "bare" and line.entries[0].first_refused == T0
+    assert [e.identity.vmi for e in line] == ["bare", "vm"]                   # other stopped: gone
+    assert [e.identity.vmi for e in tidy(line, now + timedelta(seconds=11))] == ["vm"]
+    # the operator's setting
+    wide = LineSettings(retry_grace=timedelta(seconds=30))
+    assert len(tidy(line, now + timedelta(seconds=25), wide)) == 2
+
+
+def test_P5_attacker_a_flood_of_bare_entries_keeps_the_namespace_s_bound():
+    """A tenant creating bare VMIs refused for room as fast as it can: each refusal tries to
+    enter (`Line.refused` with `line.maxPerNamespace`); the tenant holds its first 100 places,
+    a later one never pushes out another of its own, and another tenant's entry enters."""
+    from model.line import DEFAULT_PER_NAMESPACE
+    line = Line()
+    for i in range(DEFAULT_PER_NAMESPACE + 50):
+        e = waiting(f"flood-{i}", 1, at=i)
+        line = line.refused(e, e.first_refused, DEFAULT_PER_NAMESPACE)
+    assert len(line) == DEFAULT_PER_NAMESPACE
+    assert {e.identity.vmi for e in line} == {f"flood-{i}" for i in range(DEFAULT_PER_NAMESPACE)}
+    u = waiting("u-set", 1, ns="u", at=500)
+    line = line.refused(u, u.first_refused, DEFAULT_PER_NAMESPACE)
+    assert len(line) == DEFAULT_PER_NAMESPACE + 1 and line.find(u.identity) is not None
+    # and when the flood stops retrying, all its places go within the grace
+    assert [e.identity.vmi for e in tidy(line, u.first_refused + timedelta(seconds=10))] == ["u-set"]
+
+
+def test_P5_a_bare_vmi_refused_once_holds_back_nobody_until_its_client_retries():
+    """A bare VMI's first refusal for room gives it its first-refused time but no real place:
+    a create never retried (tests/e2e/test_vm_keep_devices.py's probes, 2 s before another
+    set of the tenant) must not hold that set back. Its W1 refusal told twice in one review
+    (on the cache, after the live read: less than `SAME_ATTEMPT` apart) is one attempt; its
+    client's retry after the Retry-After makes the place real, ahead by its first refusal. A
+    VM's entry (KubeVirt retries) is real at once. Before: every entry held back at once."""
+    from model.line import RETRY_AFTER, SAME_ATTEMPT
+    assert SAME_ATTEMPT == timedelta(seconds=1) and RETRY_AFTER == 2
+    late = replace(waiting("late", 8), retried=False)   # as w1_entry / line_entry make a bare VMI's
+    line = Line().refused(late, T0).refused(late, T0 + timedelta(milliseconds=5))  # one review, told twice
+    assert not line.entries[0].retried
+    snap = fleet(node("n1", h=8), devices=asking("after", 1))
+    actions, _ = plan_batch(snap, (), batch_of(snap, "after"))
+    now = T0 + timedelta(seconds=1.5)
+    assert isinstance(gate_batch(line, snap, (), actions, now).actions[0], Place)   # not held back
+    retried = line.refused(late, T0 + timedelta(seconds=RETRY_AFTER))               # its client retried
+    assert retried.entries[0].retried and retried.entries[0].first_refused == T0
+    (a,) = gate_batch(retried, snap, (), actions, T0 + timedelta(seconds=RETRY_AFTER)).actions
+    assert isinstance(a, Answer) and a.decision.reason.code is Code.BEHIND_IN_LINE   # now it is
+    # the binder's refusal of a bare VMI makes an unconfirmed entry, a VM's a real one
+    busy = GPUDevice("o", "busy-0", "h100", status=DeviceStatus(Phase.BOUND, "n1", T0, None, None))
+    full = fleet(node("n1", h=1), devices=[busy, *asking("bare", 1), *asking("vm", 1, owner="uid")])
+    planned, _ = plan_batch(full, (), batch_of(full, "bare", "vm"))
+    assert all(joins_line(x) for x in planned)
+    refused = gate_batch(Line(), full, (), planned, T0).line
+    assert {e.identity.vmi: e.retried for e in refused} == {"bare": False, "vm": True}

@@ -146,3 +146,18 @@ def test_P5_the_binder_s_refusals_for_room_are_bounded_per_namespace_too():
     assert gate_batch(line, snap, [], actions, now, settings=LineSettings(per_namespace=2)).line == line
     grown = gate_batch(line, snap, [], actions, now, settings=LineSettings(per_namespace=3)).line
     assert len(grown) == 3
+
+
+def test_P5_a_set_larger_than_every_node_that_could_take_it_never_waits_though_W1_words_it_per_node():
+    """Two nodes of 1 H100 each, a set of 2: W1 words its refusal per node ("needs 2, has 1
+    free", which `waits_for_room` reads as room) but no node could ever take it, so it gets no
+    place (its answer stays W1's 403: retrying would never help). With one unit free on a
+    2-unit node it waits. Before: it entered the line."""
+    snap = world([node("a", h=1), node("b", h=1)])
+    refusal = w1(snap, "two", 2)
+    assert isinstance(refusal, Refusal) and "has 1 free" in refusal.reason.render()
+    assert w1_entry(snap, "t1", "two", VMIAsk((), (("h100", 2),)), refusal.reason, SPOT, T0) is None
+    snap = world([node("a", h=2), node("b", h=1)], [dev("busy-0", "a", ns="o")])
+    refusal = w1(snap, "two", 2)
+    assert isinstance(refusal, Refusal)
+    assert w1_entry(snap, "t1", "two", VMIAsk((), (("h100", 2),)), refusal.reason, SPOT, T0) is not None

@@ -172,6 +172,10 @@ WORDING = [
      "node n3 is reserved for t2/eight (priority 0, waiting since 2026-12-04T10:00:00Z), the head "
      "of the line of class h100 (waiting longer than line.reserveAfter, or until its "
      "preemption victims there have run preemption.minRuntime); retry"),
+    (r.WaitsInLine(r.NoFreeUnit("h100", H), 2, 10),
+     "no schedulable node serving class h100 has a free nvidia.com/H100; the set waits in the line "
+     "for room: retry after 2 s (its place is kept while the create is retried, lost after 10 s "
+     "without one)"),
 ]
 
 
@@ -334,6 +338,7 @@ def test_succeeded_wording():
     (Code.MIXED_MODES, Category.INVALID),
     (Code.PRIORITY_CLASS_NOT_FOUND, Category.POLICY),
     (Code.BEHIND_IN_LINE, Category.UNAVAILABLE), (Code.NODE_RESERVED, Category.UNAVAILABLE),
+    (Code.WAITS_IN_LINE, Category.UNAVAILABLE),
     (Code.RECORD_TAINTED, Category.POLICY),
 ])
 def test_categories(code, category):

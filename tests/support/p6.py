@@ -137,7 +137,7 @@ def place_problems(line: Line, snapshot: Snapshot, request: Request, placement: 
     coordinator saw it: the view, every hold in flight, every live nomination's, and those of
     the batch's actions kept before it). A problem for each entry W of `line` (the sets
     waiting in the coordinator's line: refused for room by this incarnation and not started
-    since) that is *waiting with a higher priority in the same class* (W's priority value
+    since; a bare VMI's once its client retried, `model.line.Entry.retried`) that is *waiting with a higher priority in the same class* (W's priority value
     strictly above the request's, a GPUClass in common) and *could use N now*: the binder
     would place W on N now (`model.decide.decide_on`), and once `placement` is carried out
     W fits nowhere (`model.decide.decide` refuses it). A W that still fits elsewhere after
@@ -154,8 +154,8 @@ def place_problems(line: Line, snapshot: Snapshot, request: Request, placement: 
     out: list[str] = []
     after: Snapshot | None = None
     for e in line:
-        if e.priority.value <= mine or not classes & set(e.shape.classes):
-            continue
+        if not e.retried or e.priority.value <= mine or not classes & set(e.shape.classes):
+            continue  # (a bare VMI refused once, not retried yet, is not waiting: `Entry.retried`)
         esnap, ereq = entry_request(snapshot, e)
         _, rank = decide_on(esnap, ereq, placement.node)
         if rank is None:
