@@ -88,6 +88,24 @@ def _time(text) -> datetime | None:
     return when.astimezone(timezone.utc) if when.tzinfo else None
 
 
+def orphan_ages(claims: list[dict], vmis: list[dict],
+                deleted_at: dict[tuple[str, str], datetime], now: datetime) -> list[float]:
+    """For each claim of ours (of `claims`) whose VMI is not among `vmis`: the seconds since
+    the later of its claimed-at and the soak's delete of that VMI (see `check_claims`).
+    Pure."""
+    from model.claim import parse_claim
+
+    exists = {(v["metadata"]["namespace"], v["metadata"]["name"]) for v in vmis}
+    out = []
+    for obj in claims:
+        c = parse_claim(obj)
+        if not c.managed or not c.vmi or (c.namespace, c.vmi) in exists:
+            continue
+        starts = [t for t in (c.since, deleted_at.get((c.namespace, c.vmi))) if t is not None]
+        out.append((now - max(starts)).total_seconds() if starts else float("inf"))
+    return out
+
+
 def check_claims(claims: list[dict], vmis: list[dict], settled: Iterable[tuple[str, str]],
                  deleted_at: dict[tuple[str, str], datetime], now: datetime, *,
                  grace: float, final: bool = False) -> list[Violation]:

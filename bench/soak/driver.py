@@ -24,7 +24,8 @@ from bench.common import (DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VERSION, VMIS, 
 from bench.scale.population import populate
 from bench.soak import device as dev
 from bench.soak.report import heap_reports, plot, soak_report, summary, targets
-from bench.soak.workload import MAX_CREATE_RATE, Op, SoakSpec, schedule, schedule_digest
+from bench.soak.workload import (MAX_CREATE_RATE, Op, SoakSpec, deletion_order, schedule,
+                                 schedule_digest)
 from localcluster import invariants as inv
 
 SOAK_ARGS = ("--lease-duration=8", "--renew-deadline=6", "--retry-period=1",
@@ -120,7 +121,8 @@ class Soak:
         self.taints: dict[str, dev.Taint] = {}
         self.device_budgets: dict[str, int] = {}
         self.evictions: list[dict] = []
-        self.claims_seen: list[tuple[float, int]] = []         # (t, claims of ours)
+        # (t s, claims, of them without their VMI, the oldest of those s) per sample
+        self.claims_seen: list[tuple[float, int, int, float]] = []
 
     def now(self) -> float:
         """Seconds since the churn started."""
@@ -139,7 +141,8 @@ class Soak:
         awaited until their launcher Pods are bound), then a ResourceQuota `gpu-budget` per
         tenant (`spec.budget` of each class's resource, at least what the tenant's admitted
         VMIs hold plus two nodes' GPUs), and the churn's state from it: every
-        admitted VMI running (deletable, oldest first, held as admitted), every held
+        admitted VMI running (deletable, oldest first in `deletion_order`: sizes mixed, not
+        largest first; held as admitted), every held
         GPUDevice no admitted VMI names free for the churn's held creates. Returns seconds
         per phase (and keeps the population's summary in `self.population`)."""
         from localcluster.fleet import quota_key
@@ -165,7 +168,7 @@ class Soak:
             for cls in sc.classes:
                 self.held_free[(ns, cls)] = set()
         named = set()
-        for v in pop.vmis:
+        for v in deletion_order(pop.vmis, s.seed):
             if not v.admitted:
                 continue
             rec = Rec(v.namespace, v.name, v.size, cls=v.cls, held=v.held, outcome="admitted",
@@ -374,6 +377,7 @@ class Soak:
         await self._call(self.fleet.custom.create_cluster_custom_object, *dev.TAINT_RULES[:2],
                          dev.TAINT_RULES[2], dev.taint_rule(op.name, ref, op.effect),
                          what="taint", deadline=time.monotonic() + 60)
+        # made once the API answered (the binder cannot have seen it before)
         self.taints[op.name] = dev.Taint(op.name, ref, op.effect, datetime.now(timezone.utc))
         self.counts[f"taints_{op.effect}"] += 1
         if rec is not None:
@@ -418,14 +422,16 @@ class Soak:
         t = self.taints.get(op.name)
         if t is None or t.removed is not None:
             return
+        # gone from when the delete is sent: the binder may see it go (and place on the
+        # device) before this client has the answer
+        self.taints[op.name] = dev.Taint(t.name, t.ref, t.effect, t.made,
+                                         datetime.now(timezone.utc))
         try:
             await self._call(self.fleet.custom.delete_cluster_custom_object, *dev.TAINT_RULES,
                              op.name, what="untaint", deadline=time.monotonic() + 60)
         except ApiException as exc:
             if exc.status != 404:
                 raise
-        self.taints[op.name] = dev.Taint(t.name, t.ref, t.effect, t.made,
-                                         datetime.now(timezone.utc))
         self.counts["untaints"] += 1
 
     async def cordon(self, op: Op, on: bool) -> None:
@@ -541,7 +547,10 @@ class Soak:
         except Exception:   # noqa: BLE001 — the API server restarting: no sample this time
             self.counts["samples_failed"] += 1
             return None
-        self.claims_seen.append((round(self.now(), 1), len(claims)))
+        now = datetime.now(timezone.utc)
+        ages = dev.orphan_ages(claims, snap.vmis, self.deleted_at, now)
+        self.claims_seen.append((round(self.now(), 1), len(claims), len(ages),
+                                 round(max(ages, default=0.0), 1)))
         s = self.spec
         return (dev.check_claims(claims, snap.vmis, settled, self.deleted_at,
                                  datetime.now(timezone.utc), grace=s.claim_grace, final=final)

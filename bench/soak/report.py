@@ -126,8 +126,12 @@ def soak_report(soak) -> dict:
         "cache_over_steady": cache_change(soak.cached, trend["from_s"], trend["to_s"]),
         "heap_over_steady": heap_change(heap_reports(
             [r.log_path for r in soak.lc.replicas])),
-        **({"device": device_part(soak.tally.by_kind(), soak.counts, soak.evictions,
-                                  soak.claims_seen)}
+        **({"device": {**device_part(soak.tally.by_kind(), soak.counts, soak.evictions,
+                                     soak.claims_seen),
+                       "taint_rules": [{"name": t.name, "device": "/".join(t.ref),
+                                        "effect": t.effect, "made": t.made.isoformat(),
+                                        "removed": t.removed and t.removed.isoformat()}
+                                       for t in soak.taints.values()]}}
            if getattr(soak.spec, "mode", "count") == "device" else {}),
     }
 
@@ -144,13 +148,14 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 
 def device_part(by_kind: dict[str, int], counts: dict, evictions: list[dict],
-                claims_seen: list[tuple[float, int]]) -> dict:
+                claims_seen: list[tuple[float, int, int, float]]) -> dict:
     """Device mode's figures: each of DEVICE_KINDS' distinct violations (`by_kind`, 0 when
     absent), the DeviceTaintRules made and removed (`counts`: taints_NoSchedule,
     taints_NoExecute, untaints; NoExecute skipped with no running VMI, or with no record),
     the NoExecute evictions ([{at, vmi, device, evicted, evicted_s}]: how many the eviction
     controller carried out, p50/p99/max seconds from the rule to the launcher Pod gone, those
-    not seen gone), and our claims per sample (min, max, last). Pure."""
+    not seen gone), and our claims per sample ((t, claims, without their VMI, the oldest of
+    those s): min, max, last; the most without their VMI, and the oldest, s). Pure."""
     done = [e["evicted_s"] for e in evictions if e["evicted"]]
     return {
         "violations": {k: by_kind.get(k, 0) for k in DEVICE_KINDS},
@@ -163,9 +168,11 @@ def device_part(by_kind: dict[str, int], counts: dict, evictions: list[dict],
                       "max_s": max(done) if done else None,
                       "vmis_deleted_after": counts.get("evicted", 0)},
         "claims": {"samples": len(claims_seen),
-                   "min": min((n for _, n in claims_seen), default=None),
-                   "max": max((n for _, n in claims_seen), default=None),
-                   "last": claims_seen[-1][1] if claims_seen else None}}
+                   "min": min((c[1] for c in claims_seen), default=None),
+                   "max": max((c[1] for c in claims_seen), default=None),
+                   "last": claims_seen[-1][1] if claims_seen else None,
+                   "without_vmi_max": max((c[2] for c in claims_seen), default=None),
+                   "without_vmi_oldest_s": max((c[3] for c in claims_seen), default=None)}}
 
 
 def refusal_reason(refusal: str) -> str:
