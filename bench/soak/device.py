@@ -1,5 +1,5 @@
 """The soak's device-mode checks (issue 41 item 5, docs/contract.md §3b DR5/DR6, §5 H1/H2,
-DESIGN §3d HL1), beside `localcluster.invariants`' §7 and DR6 ones: pure functions of what one
+HL1 of the issue's design), beside `localcluster.invariants`' §7 and DR6 ones: pure functions of what one
 read of the cluster gave (ResourceClaims, GPUDevices, VMIs) and of what the soak itself did
 (the VMIs it deleted and when, the DeviceTaintRules it made and removed and when), each
 returning `localcluster.invariants.Violation`s; plus the one read (`read_claims`) and the
@@ -30,7 +30,7 @@ ORPHAN_CLAIM = "orphan-claim"
 MISSING_CLAIM = "missing-claim"
 TAINTED_PLACEMENT = "placed-on-tainted-device"
 DEVICE_BUDGET_OVER = "tenant-over-device-budget"
-ITEMS = {ORPHAN_CLAIM: "5.H1/H2", MISSING_CLAIM: "3b.DR5", TAINTED_PLACEMENT: "3d.HL1",
+ITEMS = {ORPHAN_CLAIM: "5.H1/H2", MISSING_CLAIM: "3b.DR5", TAINTED_PLACEMENT: "HL1",
          DEVICE_BUDGET_OVER: "3b.DR1"}
 """The contract item each kind breaks."""
 

@@ -326,7 +326,7 @@ def test_a_placement_on_a_tainted_device_after_the_grace_and_before_removal_is_a
     assert [(v.kind, v.obj) for v in got] == [
         (TAINTED_PLACEMENT, ("GPUDevice", "t", "placed", "r1")),
         (TAINTED_PLACEMENT, ("GPUDevice", "u", "still", "r2"))]
-    assert got[0].item == "3d.HL1" and "NoSchedule rule r1" in got[0].message
+    assert got[0].item == "HL1" and "NoSchedule rule r1" in got[0].message
     # device budgets: t holds 5 Bound devices of the class (the Pending one not counted)
     assert check_budgets(devices, {"t": 5, "u": 1}, "soak-hgx") == []
     over = check_budgets(devices, {"t": 4, "u": 1}, "soak-hgx")
