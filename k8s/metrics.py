@@ -325,8 +325,9 @@ class Metrics:
         """Recompute the fleet figures (`model.explain.top` on the cache's snapshot: the
         binder's own judgement of eligible nodes) when older than `max_age` seconds and the
         cache has synced. The work is O(nodes + devices) — about 0.1-0.5 s for 5,000 nodes
-        and 20,000 devices — so it runs in a worker thread on the immutable snapshot, and a
-        scrape never stalls admissions on this replica's event loop."""
+        and 20,000 devices — so it runs in a worker thread on the immutable snapshot (with a
+        device-mode memo of its own: `Snapshot.with_own_memo`), and a scrape never stalls
+        admissions on this replica's event loop."""
         from model.explain import top
 
         if not self.observe().synced:
@@ -336,7 +337,9 @@ class Metrics:
             return
         self._fleet_at = now
         cache = self.admission.cache
-        snap, live = cache.view.snapshot(), cache.vmi_keys()
+        # the worker fills a memo of its own: the cache's is shared with the snapshots the
+        # event loop derives meanwhile, which iterate it
+        snap, live = cache.view.snapshot().with_own_memo(), cache.vmi_keys()
         self.fleet = await anyio.to_thread.run_sync(top, snap, live)
 
     def admission_phases(self, recorded: "Recorded") -> None:

@@ -727,6 +727,16 @@ class Snapshot:
         recorded it twice). Empty in count mode."""
         return MappingProxyType(self._records().get(node, {}))
 
+    def with_own_memo(self) -> Snapshot:
+        """This snapshot with a copy of its device-mode memo (`NodeMemo.copy`), for a reader
+        in another thread: the memo is filled by whoever reads and shared with the snapshots
+        derived from this one, which iterate it (`NodeMemo.without`); filled by a worker
+        while the event loop derives, it raised RuntimeError ("dictionary changed size
+        during iteration"). Call it on the thread that owns this snapshot."""
+        return Snapshot(self._st, self._by_ns, self._reservations, self._idx, self._rec,
+                        None if self._memo is None else self._memo.copy(), self._noms,
+                        self._stop)
+
     @property
     def memo(self) -> NodeMemo:
         """Device mode: the memo of answers that depend only on one node, the records on it

@@ -26,9 +26,16 @@ same schedule (times, kinds, tenants, sizes, classes, nodes; its digest is print
 `gpu-binder bench soak --nodes N --minutes M --seed S --out DIR` runs it on its own cluster
 (`run`); `tests/e2e/test_soak.py` runs a short one on the session's (`soak_on`).
 
+Device mode (`--mode device`, issue 41 item 5): the population is `bench.scale`'s device mode
+(HGX boards publishing ResourceSlices, every admitted set placed as a ResourceClaim), and
+DeviceTaintRules are injected at a seeded rate (NoSchedule on a node's GPU; NoExecute on a
+running VMI's GPU: kube-controller-manager's eviction controller deletes its launcher Pod, the
+soak then deletes the VMI); checked besides §7 and DR6: no orphan claim, no missing claim, no
+placement on a tainted device, no tenant over its device budget (`bench.soak.device`).
+
 Modules: `workload` (the spec and the seeded schedule, pure), `driver` (the churn, the
 samplers, `soak_on`, `run`), `report` (the RSS judgement, the report, targets, summary,
-plot). The names below are their public ones, re-exported.
+plot), `device` (device mode's checks and taint rules). The names below are their public ones, re-exported.
 """
 
 import argparse
@@ -40,17 +47,19 @@ from bench.common import BadArgs, Benchmark, add_out, add_seed, at_least, target
 from bench.soak.report import (RSS_SLOPE_MAX_MIB_PER_MIN, RSS_SLOPE_WHY, RSS_TARGET_MIB,
                                cache_change, heap_change, heap_reports, plot, refusal_reason,
                                rss_trend, soak_report, summary, targets)
-from bench.soak.workload import MAX_CREATE_RATE, SIZES, Op, SoakSpec, schedule, schedule_digest
+from bench.soak.report import DEVICE_KINDS, device_part
+from bench.soak.workload import (MAX_CREATE_RATE, SIZES, Op, SoakSpec, deletion_order, schedule,
+                                 schedule_digest, taints)
 
 _DRIVER = ("SOAK_ARGS", "Rec", "Soak", "cache_objects", "run", "soak_on")
 """The names of `driver`, imported on first use (it drives a cluster; the harness is heavy to
 import, and `gpu-binder --help` lists this benchmark without it)."""
 
-__all__ = ["BENCHMARK", "MAX_CREATE_RATE", "RSS_SLOPE_MAX_MIB_PER_MIN", "RSS_SLOPE_WHY",
+__all__ = ["BENCHMARK", "DEVICE_KINDS", "MAX_CREATE_RATE", "RSS_SLOPE_MAX_MIB_PER_MIN", "RSS_SLOPE_WHY",
            "RSS_TARGET_MIB", "SIZES", "SOAK_ARGS", "Op", "Rec", "Soak", "SoakSpec",
-           "cache_change", "cache_objects", "heap_change", "heap_reports", "plot",
+           "cache_change", "cache_objects", "deletion_order", "heap_change", "heap_reports", "plot",
            "refusal_reason", "rss_trend", "run", "schedule", "schedule_digest", "soak_on",
-           "soak_report", "summary", "targets"]
+           "soak_report", "summary", "taints", "targets", "device_part"]
 
 
 def __getattr__(name: str) -> Any:
@@ -71,6 +80,11 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--create-rate", type=float, default=2.0,
                    help="VMI creates per second, at most 50, each preceded by a delete once "
                         "the population runs (default: %(default)s)")
+    p.add_argument("--mode", choices=("count", "device"), default="count",
+                   help="count: extended resources on Nodes (the default); device: HGX boards "
+                        "publishing ResourceSlices, sets placed as ResourceClaims, "
+                        "DeviceTaintRules injected (NoSchedule, and NoExecute on running VMIs' "
+                        "GPUs), claims and taints checked too (issue 41)")
     p.add_argument("--tracemalloc", action="store_true",
                    help="run the replicas with PYTHONTRACEMALLOC=1 and report the source "
                         "lines whose allocations grew over the steady stretch (slower; "
@@ -87,7 +101,8 @@ def _run(args: argparse.Namespace) -> int:
         raise BadArgs(f"gpu-binder bench soak: --minutes is in (0, 20], got {minutes}")
     try:
         report = run(out, nodes=args.nodes or 1000, minutes=minutes, seed=args.seed,
-                     create_rate=args.create_rate, tracemalloc=args.tracemalloc)
+                     create_rate=args.create_rate, tracemalloc=args.tracemalloc,
+                     mode=args.mode)
     except ValueError as exc:   # the schedule does not fit (too short a run)
         raise BadArgs(f"gpu-binder bench soak: {exc}") from None
     for line in targets_lines(report):

@@ -2,7 +2,8 @@
 scheduled operations, the samplers of the invariants, RSS, informers' objects and heaps,
 settling and the final check), `soak_on` (on a cluster already running, as
 tests/e2e/test_soak.py runs it) and `run` (on a cluster of its own, writing soak.json and
-soak.png). The schedule is `bench.soak.workload`'s, the report `bench.soak.report`'s."""
+soak.png). The schedule is `bench.soak.workload`'s, the report `bench.soak.report`'s; device
+mode's taints and checks `bench.soak.device`'s."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import signal
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import anyio
@@ -20,8 +22,10 @@ from bench.common import (DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VERSION, VMIS, 
                           admin_client, commit, error_text, gpu_vmi, machine, memory_mib,
                           poll_until)
 from bench.scale.population import populate
+from bench.soak import device as dev
 from bench.soak.report import heap_reports, plot, soak_report, summary, targets
-from bench.soak.workload import MAX_CREATE_RATE, Op, SoakSpec, schedule, schedule_digest
+from bench.soak.workload import (MAX_CREATE_RATE, Op, SoakSpec, deletion_order, schedule,
+                                 schedule_digest)
 from localcluster import invariants as inv
 
 SOAK_ARGS = ("--lease-duration=8", "--renew-deadline=6", "--retry-period=1",
@@ -111,6 +115,14 @@ class Soak:
         self.churning = False
         self.pods = LauncherPods(api, spec.prefix, relist=True)
         self.final: dict = {}
+        # device mode: when the soak deleted each VMI (UTC), the taints it made, the device
+        # budgets by tenant, the NoExecute evictions seen [{at, vmi, ref, evicted_s}]
+        self.deleted_at: dict[tuple[str, str], datetime] = {}
+        self.taints: dict[str, dev.Taint] = {}
+        self.device_budgets: dict[str, int] = {}
+        self.evictions: list[dict] = []
+        # (t s, claims, of them without their VMI, the oldest of those s) per sample
+        self.claims_seen: list[tuple[float, int, int, float]] = []
 
     def now(self) -> float:
         """Seconds since the churn started."""
@@ -129,9 +141,12 @@ class Soak:
         awaited until their launcher Pods are bound), then a ResourceQuota `gpu-budget` per
         tenant (`spec.budget` of each class's resource, at least what the tenant's admitted
         VMIs hold plus two nodes' GPUs), and the churn's state from it: every
-        admitted VMI running (deletable, oldest first, held as admitted), every held
+        admitted VMI running (deletable, oldest first in `deletion_order`: sizes mixed, not
+        largest first; held as admitted), every held
         GPUDevice no admitted VMI names free for the churn's held creates. Returns seconds
         per phase (and keeps the population's summary in `self.population`)."""
+        from localcluster.fleet import quota_key
+
         s, sc = self.spec, self.spec.scale_spec()
         pop = await populate(self.lc, kv, self.fleet, sc)
         t = time.monotonic()
@@ -146,12 +161,14 @@ class Soak:
                            for r in sc.classes.values()}
             await self.fleet.core.create_namespaced_resource_quota(ns, {
                 "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu-budget"},
-                "spec": {"hard": {f"requests.{r}": str(n) for r, n in budgets[ns].items()}}})
+                "spec": {"hard": {quota_key(r): str(n) for r, n in budgets[ns].items()}}})
+            if s.mode == "device":
+                self.device_budgets[ns] = budgets[ns][sc.classes[s.cls_name]]
             self.running[ns] = deque()
             for cls in sc.classes:
                 self.held_free[(ns, cls)] = set()
         named = set()
-        for v in pop.vmis:
+        for v in deletion_order(pop.vmis, s.seed):
             if not v.admitted:
                 continue
             rec = Rec(v.namespace, v.name, v.size, cls=v.cls, held=v.held, outcome="admitted",
@@ -309,8 +326,17 @@ class Soak:
             self.counts["delete_skipped"] += 1
             return
         rec = self.running[ns].popleft()
+        await self._delete(rec)
+
+    async def _delete(self, rec: Rec, what: str = "deleted") -> None:
+        """Delete `rec`'s VMI (no longer held as admitted; counted under `what`), its held
+        devices back in the free pool."""
+        from kubernetes_asyncio.client import ApiException
+
+        ns = rec.ns
         self.admitted.discard((ns, rec.name))
         self.deleted.add((ns, rec.name))
+        self.deleted_at[(ns, rec.name)] = datetime.now(timezone.utc)
         try:
             await self._call(self.fleet.custom.delete_namespaced_custom_object, VMI_GROUP,
                              VMI_VERSION, ns, VMIS, rec.name, what="delete",
@@ -320,8 +346,93 @@ class Soak:
                 self.counts[f"delete_{exc.status}"] += 1
         except TimeoutError:
             self.counts["delete_timeout"] += 1
-        self.counts["deleted"] += 1
+        self.counts[what] += 1
         self.held_free[(ns, rec.cls)] |= set(rec.held)
+
+    async def taint(self, op: Op) -> None:
+        """Make op's DeviceTaintRule: NoSchedule on its node's GPU, or NoExecute on a GPU of
+        the newest running VMI of its tenant (skipped when none runs), which the soak then
+        holds as deleted: kube-controller-manager's eviction controller deletes its launcher
+        Pod (the seconds until it is gone are recorded, at most `pod_timeout`), then the
+        soak deletes the VMI (counted "evicted")."""
+        from localcluster.dra_profiles import DRIVER
+
+        s = self.spec
+        rec = None
+        if op.effect == "NoExecute":
+            ns = s.tenant(op.tenant)
+            if not self.running[ns]:
+                self.counts["noexecute_skipped"] += 1
+                return
+            rec = self.running[ns].pop()
+            self.admitted.discard((ns, rec.name))
+            self.deleted.add((ns, rec.name))
+            ref = await self._recorded(rec)
+            if ref is None:
+                self.counts["noexecute_no_record"] += 1
+                await self._delete(rec)
+                return
+        else:
+            ref = (DRIVER, s.node(op.node), f"gpu-vfio-{op.device}")
+        await self._call(self.fleet.custom.create_cluster_custom_object, *dev.TAINT_RULES[:2],
+                         dev.TAINT_RULES[2], dev.taint_rule(op.name, ref, op.effect),
+                         what="taint", deadline=time.monotonic() + 60)
+        # made once the API answered (the binder cannot have seen it before)
+        self.taints[op.name] = dev.Taint(op.name, ref, op.effect, datetime.now(timezone.utc))
+        self.counts[f"taints_{op.effect}"] += 1
+        if rec is not None:
+            t = time.monotonic()
+            gone = await poll_until(lambda: self._launcher_gone(rec), s.pod_timeout, 1.0)
+            self.evictions.append({"at": round(self.now(), 1), "vmi": f"{rec.ns}/{rec.name}",
+                                   "device": "/".join(ref), "evicted": bool(gone),
+                                   "evicted_s": round(time.monotonic() - t, 1)})
+            await self._delete(rec, "evicted")
+
+    async def _recorded(self, rec: Rec) -> tuple[str, str, str] | None:
+        """(driver, pool, device) recorded for the first GPU `rec`'s VMI names; None when
+        it or its record cannot be read."""
+        try:
+            vmi = await self._call(self.fleet.custom.get_namespaced_custom_object, VMI_GROUP,
+                                   VMI_VERSION, rec.ns, VMIS, rec.name, what="get",
+                                   deadline=time.monotonic() + 30)
+            gpus = ((vmi["spec"].get("domain") or {}).get("devices") or {}).get("gpus") or []
+            d = await self._call(self.fleet.custom.get_namespaced_custom_object, DEV_GROUP,
+                                 DEV_VERSION, rec.ns, "gpudevices", gpus[0]["name"],
+                                 what="get", deadline=time.monotonic() + 30)
+        except Exception:   # noqa: BLE001 — no record to taint: counted by the caller
+            return None
+        rec_dev = (d.get("status") or {}).get("device") or {}
+        ref = (rec_dev.get("driver"), rec_dev.get("pool"), rec_dev.get("device"))
+        return ref if all(isinstance(x, str) for x in ref) else None
+
+    async def _launcher_gone(self, rec: Rec) -> bool | None:
+        """True once no launcher Pod of `rec`'s VMI exists undeleted (None: not yet, or the
+        read failed)."""
+        try:
+            got = await self.fleet.core.list_namespaced_pod(
+                rec.ns, label_selector=f"{inv.CREATED_BY}={rec.uid}", _request_timeout=20)
+        except Exception:   # noqa: BLE001 — the API server restarting: asked again
+            return None
+        return True if not [p for p in got.items if p.metadata.deletion_timestamp is None] else None
+
+    async def untaint(self, op: Op) -> None:
+        """Delete op's DeviceTaintRule (when the soak made it; gone already is fine)."""
+        from kubernetes_asyncio.client import ApiException
+
+        t = self.taints.get(op.name)
+        if t is None or t.removed is not None:
+            return
+        # gone from when the delete is sent: the binder may see it go (and place on the
+        # device) before this client has the answer
+        self.taints[op.name] = dev.Taint(t.name, t.ref, t.effect, t.made,
+                                         datetime.now(timezone.utc))
+        try:
+            await self._call(self.fleet.custom.delete_cluster_custom_object, *dev.TAINT_RULES,
+                             op.name, what="untaint", deadline=time.monotonic() + 60)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        self.counts["untaints"] += 1
 
     async def cordon(self, op: Op, on: bool) -> None:
         """Cordon (`on`) or uncordon op's node; TimeoutError after 60 s of retries."""
@@ -400,6 +511,10 @@ class Soak:
                 await self.kill_leader()
             elif op.kind == "restart-apiserver":
                 await self.restart_apiserver()
+            elif op.kind == "taint":
+                await self.taint(op)
+            elif op.kind == "untaint":
+                await self.untaint(op)
         except Exception as exc:   # noqa: BLE001 — an op's failure is a figure, not the end
             self.counts[f"op_error_{op.kind}"] += 1
             self.events.append({"at": round(self.now(), 1), "kind": f"{op.kind}-error",
@@ -414,7 +529,33 @@ class Soak:
             self.counts["samples_failed"] += 1
             return None
         got, self.victims = judge(snap, before, self.admitted, self.deleted, self.victims, final)
+        if self.spec.mode == "device":
+            more = await self._device_checks(snap, before & self.admitted, final)
+            if more is None:
+                return None
+            got += more
         return got
+
+    async def _device_checks(self, snap: inv.Snapshot, settled: set[tuple[str, str]],
+                             final: bool) -> list[inv.Violation] | None:
+        """Device mode's checks on `snap` (`bench.soak.device`): orphan and missing claims
+        (the claims read after `snap`, so a claim made meanwhile is seen), placements on the
+        soak's tainted devices, tenants' device budgets; None when the claims' read
+        failed."""
+        try:
+            claims = await dev.read_claims(self.api, self.spec.prefix)
+        except Exception:   # noqa: BLE001 — the API server restarting: no sample this time
+            self.counts["samples_failed"] += 1
+            return None
+        now = datetime.now(timezone.utc)
+        ages = dev.orphan_ages(claims, snap.vmis, self.deleted_at, now)
+        self.claims_seen.append((round(self.now(), 1), len(claims), len(ages),
+                                 round(max(ages, default=0.0), 1)))
+        s = self.spec
+        return (dev.check_claims(claims, snap.vmis, settled, self.deleted_at,
+                                 datetime.now(timezone.utc), grace=s.claim_grace, final=final)
+                + dev.check_taints(snap.devices, self.taints.values(), grace=s.taint_grace)
+                + dev.check_budgets(snap.devices, self.device_budgets, s.cls_name))
 
     async def sampler(self) -> None:
         """While churning, check the invariants every `check_every` s (violations tallied
@@ -514,6 +655,13 @@ class Soak:
             left[:] = inv.leftovers(snap) + [
                 v for v in inv.check(snap, settled=set(self.admitted), final=True)
                 if v.kind == inv.LAUNCHER_OFF_PIN]
+            if self.spec.mode == "device" and not left:
+                try:
+                    claims = await dev.read_claims(self.api, self.spec.prefix)
+                except Exception:   # noqa: BLE001
+                    return None
+                left[:] = dev.check_claims(claims, snap.vmis, (), self.deleted_at,
+                                           datetime.now(timezone.utc), grace=0, final=True)
             return None if left else snap
         settled_ok = await poll_until(settled, self.spec.settle_timeout, 1.0)
         got = await self._sample(final=True)
@@ -524,6 +672,8 @@ class Soak:
                      f"{'/'.join(map(str, v.obj))}: {v.message[:300]}")
         self.final = {"settled": settled_ok, "settle_s": round(time.monotonic() - t, 1),
                       "violations": len(final), "admitted_running": len(self.admitted)}
+        for rule in [r for r in self.taints.values() if r.removed is None]:
+            await self.untaint(Op(0, "untaint", name=rule.name))   # the cluster as found
 
     def steady(self) -> dict:
         """The steady stretch [spec.steady_from, spec.seconds]: its bounds, the operations
@@ -569,14 +719,19 @@ async def soak_on(lc, kv, spec: SoakSpec, log=print) -> dict:
 
 
 def run(out: Path, *, nodes: int = 1000, minutes: float = 20.0, seed: int = 1,
-        population: str = "scale", create_rate: float = 2.0, tracemalloc: bool = False) -> dict:
+        population: str = "scale", create_rate: float = 2.0, tracemalloc: bool = False,
+        mode: str = "count") -> dict:
     """The soak on a cluster of its own (2 replicas with SOAK_ARGS, KubeVirt), `population`
     "scale" (default) or "own", `create_rate` VMI creates per second (with the scale
     population each preceded by a delete: twice that in operations); writes soak.json and
     soak.png into `out`; returns the report. `tracemalloc`: the replicas run with
     PYTHONTRACEMALLOC=1 (slower) and the report names the source lines whose allocations grew
-    over the steady stretch. ValueError when `minutes` is not in (0, 20], `create_rate` is
-    not in (0, MAX_CREATE_RATE], or the run leaves no room for the disturbances."""
+    over the steady stretch. `mode` "device": HGX boards publishing ResourceSlices
+    (`LocalCluster(dra=True)`: NVIDIA's DeviceClass, kube-controller-manager's claim and
+    device-taint eviction controllers, KubeVirt with `GPUsWithDRA`), DeviceTaintRules
+    injected (SoakSpec). ValueError when `minutes` is not in (0, 20], `create_rate` is not in
+    (0, MAX_CREATE_RATE], the run leaves no room for the disturbances, or `mode` is neither
+    "count" nor "device"."""
     from localcluster.cluster import LocalCluster
 
     if not 0 < minutes <= 20:
@@ -585,7 +740,7 @@ def run(out: Path, *, nodes: int = 1000, minutes: float = 20.0, seed: int = 1,
         raise ValueError(f"--create-rate is creates per second in (0, {MAX_CREATE_RATE:g}], "
                          f"got {create_rate}")
     spec = SoakSpec(nodes=nodes, minutes=minutes, seed=seed, population=population,
-                    create_rate=create_rate)
+                    create_rate=create_rate, mode=mode)
     ops = schedule(spec)   # the ValueError before any cluster starts
     out.mkdir(parents=True, exist_ok=True)
     print(f"soak: seed {seed}, schedule {schedule_digest(ops)}: {len(ops)} operations; "
@@ -594,9 +749,10 @@ def run(out: Path, *, nodes: int = 1000, minutes: float = 20.0, seed: int = 1,
     report_head = {"benchmark": "soak", "load_before": os.getloadavg(), "machine": machine()}
     t = time.monotonic()
     with LocalCluster(controllers=2, controller_args=SOAK_ARGS, log_dir=out / "logs",
-                      kubevirt=True,
+                      kubevirt=True, dra=mode == "device",
                       controller_env={"PYTHONTRACEMALLOC": "1"} if tracemalloc else None) as lc:
-        report = {**report_head, "commit": commit(), "controller_args": list(SOAK_ARGS),
+        report = {**report_head, "mode": mode, "commit": commit(),
+                  "controller_args": list(SOAK_ARGS),
                   **anyio.run(soak_on, lc, lc.kubevirt, spec,
                               lambda m: print(m, flush=True))}
     report["load_after"] = os.getloadavg()

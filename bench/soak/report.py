@@ -97,7 +97,8 @@ def soak_report(soak) -> dict:
     """The report of a finished `bench.soak.driver.Soak` run: the schedule, the creates'
     outcomes and answer times, the refusals by reason, the violations, the disturbances
     (`events`), the steady stretch, the RSS judgement (`rss_trend`) and samples, the
-    informers' objects and the replicas' heap reports over the steady stretch."""
+    informers' objects and the replicas' heap reports over the steady stretch; in device
+    mode its `device` part (`device_part`)."""
     out = Counter(r.outcome for r in soak.recs)
     answers = sorted(r.answer_s for r in soak.recs if r.outcome in ("admitted", "refused"))
     trend = rss_trend(soak.rss, soak.spec.steady_from, soak.spec.seconds,
@@ -125,7 +126,53 @@ def soak_report(soak) -> dict:
         "cache_over_steady": cache_change(soak.cached, trend["from_s"], trend["to_s"]),
         "heap_over_steady": heap_change(heap_reports(
             [r.log_path for r in soak.lc.replicas])),
+        **({"device": {**device_part(soak.tally.by_kind(), soak.counts, soak.evictions,
+                                     soak.claims_seen),
+                       "taint_rules": [{"name": t.name, "device": "/".join(t.ref),
+                                        "effect": t.effect, "made": t.made.isoformat(),
+                                        "removed": t.removed and t.removed.isoformat()}
+                                       for t in soak.taints.values()]}}
+           if getattr(soak.spec, "mode", "count") == "device" else {}),
     }
+
+
+DEVICE_KINDS = ("orphan-claim", "missing-claim", "placed-on-tainted-device",
+                "tenant-over-device-budget", "device-recorded-twice")
+"""The violation kinds device mode adds to §7's (`bench.soak.device`) and DR6's
+(`localcluster.invariants.DOUBLE_RECORDED`), reported one by one (0 when none)."""
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * q))] if xs else None
+
+
+def device_part(by_kind: dict[str, int], counts: dict, evictions: list[dict],
+                claims_seen: list[tuple[float, int, int, float]]) -> dict:
+    """Device mode's figures: each of DEVICE_KINDS' distinct violations (`by_kind`, 0 when
+    absent), the DeviceTaintRules made and removed (`counts`: taints_NoSchedule,
+    taints_NoExecute, untaints; NoExecute skipped with no running VMI, or with no record),
+    the NoExecute evictions ([{at, vmi, device, evicted, evicted_s}]: how many the eviction
+    controller carried out, p50/p99/max seconds from the rule to the launcher Pod gone, those
+    not seen gone), and our claims per sample ((t, claims, without their VMI, the oldest of
+    those s): min, max, last; the most without their VMI, and the oldest, s). Pure."""
+    done = [e["evicted_s"] for e in evictions if e["evicted"]]
+    return {
+        "violations": {k: by_kind.get(k, 0) for k in DEVICE_KINDS},
+        "taints": {k: counts.get(k, 0) for k in ("taints_NoSchedule", "taints_NoExecute",
+                                                   "untaints", "noexecute_skipped",
+                                                   "noexecute_no_record")},
+        "evictions": {"asked": len(evictions), "evicted": len(done),
+                      "not_evicted": [e for e in evictions if not e["evicted"]][:20],
+                      "p50_s": _pct(done, .5), "p99_s": _pct(done, .99),
+                      "max_s": max(done) if done else None,
+                      "vmis_deleted_after": counts.get("evicted", 0)},
+        "claims": {"samples": len(claims_seen),
+                   "min": min((c[1] for c in claims_seen), default=None),
+                   "max": max((c[1] for c in claims_seen), default=None),
+                   "last": claims_seen[-1][1] if claims_seen else None,
+                   "without_vmi_max": max((c[2] for c in claims_seen), default=None),
+                   "without_vmi_oldest_s": max((c[3] for c in claims_seen), default=None)}}
 
 
 def refusal_reason(refusal: str) -> str:
@@ -206,7 +253,9 @@ def cache_change(samples: list[tuple[float, int, int, dict[str, int]]], start: f
 
 def targets(report: dict) -> dict:
     """Issue 22's soak targets in a report: 0 violations, 0 admissions lost, replica RSS flat
-    over the steady stretch (`rss_trend`'s verdict), peak RSS under RSS_TARGET_MIB."""
+    over the steady stretch (`rss_trend`'s verdict), peak RSS under RSS_TARGET_MIB; in
+    device mode 0 of each device kind (orphan and missing claims, placements on a tainted
+    device, device budgets, DR6), each already counted in `violations`."""
     trend = report["rss_trend"]
     return {
         "violations": {"value": report["violations"], "target": 0,
@@ -222,7 +271,9 @@ def targets(report: dict) -> dict:
                      else trend["verdict"] == "flat"},
         "rss_peak": {"value": report["rss_peak_mib"], "target": f"< {RSS_TARGET_MIB:g} MiB",
                      "met": None if report["rss_peak_mib"] is None
-                     else report["rss_peak_mib"] < RSS_TARGET_MIB}}
+                     else report["rss_peak_mib"] < RSS_TARGET_MIB},
+        **{f"device_{kind.replace('-', '_')}": {"value": n, "target": 0, "met": n == 0}
+           for kind, n in (report.get("device") or {}).get("violations", {}).items()}}
 
 
 
@@ -252,7 +303,13 @@ def summary(report: dict) -> list[str]:
             f"{h['gc_objects'][0]} -> {h['gc_objects'][1]}"
             + (f", traced {h['traced_mib'][0]} -> {h['traced_mib'][1]} MiB" if "traced_mib" in h
                else "")
-            for h in report.get("heap_over_steady", [])]
+            for h in report.get("heap_over_steady", [])] + ([
+            f"device mode: violations {report['device']['violations']}, taints "
+            f"{report['device']['taints']}, NoExecute evictions "
+            f"{report['device']['evictions']['evicted']}/{report['device']['evictions']['asked']}"
+            f" (p50 {report['device']['evictions']['p50_s']} s, p99 "
+            f"{report['device']['evictions']['p99_s']} s), claims of ours "
+            f"{report['device']['claims']}"] if report.get("device") else [])
 
 
 def plot(report: dict, path: Path) -> None:

@@ -33,7 +33,20 @@ class SoakSpec:
     the steady stretch, the last `steady_share` of the run, from `steady_from`: the same churn,
     nothing killed. The invariants sampled every `check_every` s, RSS every `rss_every` s;
     everything named `prefix`…. `minutes` of churn (≤ 20). ValueError (from `schedule`) when
-    the disturbances do not fit before `disturb_until`."""
+    the disturbances do not fit before `disturb_until`.
+
+    `mode` "device" (issue 41 item 5, docs/contract.md §3b; only with `population="scale"`):
+    the population is `bench.scale`'s device mode (HGX boards publishing ResourceSlices, one
+    device-mode class, every admitted set placed as a ResourceClaim), and DeviceTaintRules are
+    injected throughout at one per `taint_every` s on average (seeded, exponential gaps), each
+    removed `taint_for` s later: a `noexecute_share` of them `NoExecute` on a GPU of a running
+    VMI (the eviction controller deletes its launcher Pod; the soak then deletes the VMI), the
+    others `NoSchedule` on a seeded node's seeded GPU. A placement requested more than
+    `taint_grace` s after a taint on its device was made is a violation, as is a claim of
+    ours whose VMI has been gone for `claim_grace` s while churning (housekeeping's attachment
+    grace and period, then the launcher Pod gone and the claim released by virt-controller and
+    kube-controller-manager, which lag minutes on a loaded 2-core machine; every sample's
+    oldest is reported), and any such claim after settling."""
 
     nodes: int = 1000
     gpus_per_node: int = 8
@@ -58,6 +71,12 @@ class SoakSpec:
     answer_timeout: float = 90.0      # s a create may go unanswered (retrying) before it is lost
     pod_timeout: float = 240.0        # s an admitted VMI's launcher Pod may take to bind
     prefix: str = "soak-"
+    mode: str = "count"
+    taint_every: float = 20.0
+    taint_for: float = 90.0
+    noexecute_share: float = 0.3
+    taint_grace: float = 15.0
+    claim_grace: float = 300.0
 
     @property
     def n_tenants(self) -> int:
@@ -95,6 +114,11 @@ class SoakSpec:
         """The "own" population's GPUClass."""
         return f"{self.prefix}h100"
 
+    @property
+    def cls_name(self) -> str:
+        """The first GPUClass of `classes()` (device mode's one class)."""
+        return next(iter(self.classes()))
+
     def scale_spec(self) -> ScaleSpec | None:
         """The `bench.scale.ScaleSpec` of the "scale" population (None for "own").
         ValueError for a population other than "own" or "scale"."""
@@ -103,7 +127,7 @@ class SoakSpec:
         if self.population != "scale":
             raise ValueError(f"population is 'own' or 'scale', got {self.population!r}")
         return ScaleSpec(gpus_per_node=self.gpus_per_node, held_share=self.held_share,
-                         prefix=self.prefix, seed=self.seed).scaled(
+                         prefix=self.prefix, seed=self.seed, mode=self.mode).scaled(
             self.nodes, vmis=self.n_live, tenants=self.n_tenants)
 
     def classes(self) -> dict[str, str]:
@@ -143,8 +167,11 @@ class SoakSpec:
 @dataclass(frozen=True)
 class Op:
     """One scheduled operation: at `at` s into the churn, `kind` one of create, delete,
-    cordon, uncordon, kill-leader, restart-apiserver; `tenant`/`size`/`held`/`name`/`cls`
-    (index into `SoakSpec.classes()`) for VMIs, `node` for cordons."""
+    cordon, uncordon, kill-leader, restart-apiserver, taint, untaint (device mode);
+    `tenant`/`size`/`held`/`name`/`cls` (index into `SoakSpec.classes()`) for VMIs, `node`
+    for cordons. A taint: `name` the DeviceTaintRule's, `effect` NoSchedule (on `node`'s GPU
+    `device`) or NoExecute (on a GPU of a running VMI of `tenant`, chosen when it runs); its
+    untaint names the same rule."""
 
     at: float
     kind: str
@@ -154,6 +181,8 @@ class Op:
     name: str = ""
     node: int = -1
     cls: int = 0
+    effect: str = ""
+    device: int = -1
 
 
 def schedule(spec: SoakSpec) -> list[Op]:
@@ -206,11 +235,64 @@ def schedule(spec: SoakSpec) -> list[Op]:
             raise ValueError(f"the kube-apiserver restart ({at:.0f} s) does not fit before "
                              f"{spec.disturb_until} s")
         ops.append(Op(at, "restart-apiserver"))
+    ops += taints(spec, avoid)
     return sorted(ops, key=lambda o: o.at)   # stable: a delete stays before its create
+
+
+def taints(spec: SoakSpec, avoid: frozenset[int] = frozenset()) -> list[Op]:
+    """Device mode's DeviceTaintRules (none in count mode): from `taint_every` s on, gaps
+    drawn exponential with mean `taint_every` (a random stream of its own, seeded from
+    `spec.seed`: the rest of the schedule is the same as without them), each a "taint" and
+    its "untaint" `taint_for` s later (at the run's end at the latest); NoExecute with
+    probability `noexecute_share` (on a tenant's running VMI), else NoSchedule on a node not
+    in `avoid` and one of its `gpus_per_node` GPUs. Rules named `<prefix>taint-<k>`. Pure."""
+    if spec.mode not in ("count", "device"):
+        raise ValueError(f"mode is 'count' or 'device', got {spec.mode!r}")
+    if spec.mode != "device":
+        return []
+    if spec.population != "scale":
+        raise ValueError("device mode runs bench.scale's population (population='scale')")
+    rng = random.Random(f"taints-{spec.seed}")
+    ops: list[Op] = []
+    t, k = spec.taint_every, 0
+    while t < spec.seconds:
+        name = f"{spec.prefix}taint-{k:04d}"
+        if rng.random() < spec.noexecute_share:
+            ops.append(Op(t, "taint", tenant=rng.randrange(spec.n_tenants), name=name,
+                          effect="NoExecute"))
+        else:
+            node = rng.randrange(spec.nodes)
+            while node in avoid:
+                node = rng.randrange(spec.nodes)
+            ops.append(Op(t, "taint", node=node, device=rng.randrange(spec.gpus_per_node),
+                          name=name, effect="NoSchedule"))
+        ops.append(Op(min(t + spec.taint_for, spec.seconds), "untaint", name=name))
+        t += rng.expovariate(1 / spec.taint_every)
+        k += 1
+    return ops
+
+
+def deletion_order(vmis: list, seed: int) -> list:
+    """The population's VMIs (`vmis`, as `bench.scale.plan_vmis` made them: larger sets
+    first) in the order the churn deletes them (oldest first): shuffled with a random stream
+    of its own seeded from `seed`. Deleted in plan order, the 8-GPU sets would go first and
+    the 1-GPU sets last, so the devices held (and the template GPUDevices every replica
+    caches) would fall for the first part of the run and climb back through the steady
+    stretch: not steady (count mode's soak of 2026-12-03: 8,000 -> 6,906 -> 8,108). Pure."""
+    out = list(vmis)
+    random.Random(f"order-{seed}").shuffle(out)
+    return out
+
+
+_LATER_FIELDS = {"effect": "", "device": -1}
+"""Op fields added after count-mode digests were published: left out of the digest while at
+their defaults, so a count-mode schedule keeps its digest."""
 
 
 def schedule_digest(ops: list[Op]) -> str:
     """A short hash of a schedule (printed, so two runs can be seen to replay the same)."""
     import hashlib
 
-    return hashlib.sha256(json.dumps([asdict(o) for o in ops]).encode()).hexdigest()[:12]
+    rows = [{k: v for k, v in asdict(o).items() if _LATER_FIELDS.get(k, object()) != v}
+            for o in ops]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:12]

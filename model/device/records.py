@@ -88,10 +88,11 @@ class NodeMemo:
         return NodeMemo(groups, largest, {k: r.stale(gone) for k, r in self.ranked.items()})
 
     def copy(self) -> NodeMemo:
-        """A copy a planner may fill or trim (`without`) without changing what this one
-        answers: the per-node maps are shared, and an entry either fills is true of both
-        (see the class)."""
-        return NodeMemo(dict(self.groups), dict(self.largest), dict(self.ranked))
+        """A copy sharing nothing that either fills: a planner may fill or trim it, and a
+        reader in another thread may fill it while this one's owner derives from this one
+        (`Snapshot.with_own_memo`). One map copy per node."""
+        return NodeMemo({n: dict(m) for n, m in self.groups.items()},
+                        {n: dict(m) for n, m in self.largest.items()}, dict(self.ranked))
 
 
 class Ranking:

@@ -314,7 +314,7 @@ def test_bench_help_lists_only_the_benchmarks_own_flags():
         "fairness": {"--out", "--seats"},
         "scale": {"--out", "--quick", "--nodes", "--vmis", "--baseline-nodes", "--sizes",
                   "--modes"},
-        "soak": {"--out", "--seed", "--nodes", "--minutes", "--create-rate", "--tracemalloc"},
+        "soak": {"--out", "--seed", "--nodes", "--minutes", "--create-rate", "--mode", "--tracemalloc"},
         "health": {"--out", "--seed", "--nodes", "--minutes"},
     }
 

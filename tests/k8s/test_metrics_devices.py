@@ -81,3 +81,27 @@ def test_HL3_devices_lost_gauge_by_class_and_reason():
         (("class", CLASS), ("reason", "left-slices")): 1.0}
     # 7 published: 6 free devices (gpu-vfio-5 lost), capped by 7 − 1 units (d0 keeps its unit)
     assert m["gpu_binder_class_free_units"][(("class", CLASS), ("resource", RES))] == 6
+
+
+def test_the_fleet_figures_worker_never_fills_the_caches_snapshot_memo():
+    """`refresh_fleet` runs `top` in a worker thread. The snapshot's device-mode memo
+    (`NodeMemo`) is filled lazily by whoever reads it and shared by the snapshots the event
+    loop derives (`with_node_changes` iterates it): the worker filling the cache's own memo
+    while the loop derived the next snapshot raised "dictionary changed size during
+    iteration" in a leader (the 1,000-node device soak, 2026-12-06), ending the replica. The
+    worker must read a snapshot with a memo of its own."""
+    snap = Snapshot.build(nodes=[dra_node("n1", taken=(1, 5, 6)), dra_node("n2")],
+                          classes=[device_class()])
+    view = IndexedView()
+    for n in snap.nodes.values():
+        view.put_node(n)
+    for c in snap.classes.values():
+        view.put_class(c)
+    cache = SimpleNamespace(view=view, vmi_keys=lambda: set())
+    metrics = Metrics(lambda: Observed(synced=True), _idle_admission(cache))
+    shared = view.snapshot().memo
+    anyio.run(metrics.refresh_fleet)
+    label = (("class", CLASS), ("resource", RES))
+    assert _samples(metrics)["gpu_binder_class_largest_placeable_set"][label] == 8
+    assert view.snapshot().memo is shared
+    assert (shared.groups, shared.largest, shared.ranked) == ({}, {}, {})

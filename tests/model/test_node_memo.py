@@ -1,7 +1,7 @@
 """`model.device.records.NodeMemo`: a derived snapshot's memo drops the entries of the nodes
 that changed and keeps every other node's (what makes a node change cost a copy of the outer
 maps on a 1,000-board fleet, not a pass over the entries); a planner's copy may trim and
-fill without changing what the original answers for a node it changed."""
+fill without changing the original."""
 
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ def test_a_copy_trimmed_and_refilled_for_a_changed_node_leaves_the_originals_ans
     planner.put_sizes("n1", "hgx", 0)
     assert memo.group("n1", "hgx", 2) == NoDeviceGroup("hgx", None, 2, 0, 0)
     assert memo.sizes("n1", "hgx") == (1, 2)
-    # an unchanged node's entry filled through either is true of both: shared
+    # a copy shares no map: what its reader fills (a worker thread's `top`) is its own
     planner.put_group("n3", "hgx", 1, NoDeviceGroup("hgx", None, 1, 0, 0))
-    assert memo.group("n3", "hgx", 1) == NoDeviceGroup("hgx", None, 1, 0, 0)
+    assert memo.group("n3", "hgx", 1) is None
+    # a derived memo shares the unchanged nodes' maps: an entry is true of both
+    derived = memo.without(["n1"])
+    derived.put_group("n3", "hgx", 8, NoDeviceGroup("hgx", None, 8, 0, 0))
+    assert memo.group("n3", "hgx", 8) == NoDeviceGroup("hgx", None, 8, 0, 0)

@@ -1,0 +1,191 @@
+"""The soak's device-mode checks (issue 41 item 5, docs/contract.md §3b DR5/DR6, §5 H1/H2,
+HL1 of the issue's design), beside `localcluster.invariants`' §7 and DR6 ones: pure functions of what one
+read of the cluster gave (ResourceClaims, GPUDevices, VMIs) and of what the soak itself did
+(the VMIs it deleted and when, the DeviceTaintRules it made and removed and when), each
+returning `localcluster.invariants.Violation`s; plus the one read (`read_claims`) and the
+DeviceTaintRule body the soak writes (`taint_rule`).
+
+- *orphan claim*: a claim of ours (managed-by gpu-binder) whose VMI does not exist, older than
+  `grace` s past both its claimed-at and the soak's delete of that VMI (housekeeping clears it
+  after the attachment grace, H1); after settling, any such claim;
+- *missing claim*: a VMI the soak holds as admitted (its set placed) whose claim, named in its
+  `spec.resourceClaims`, is not in the API (DR5: an admitted device-mode set is its claim);
+- *tainted placement*: a Bound GPUDevice whose recorded device (`status.device`) a
+  DeviceTaintRule of the soak's (NoSchedule or NoExecute) selected, its request made more than
+  `taint_grace` s after the rule was made and before it was removed (HL1, DR2: a tainted
+  device is never placed on);
+- *device budget*: a tenant's Bound devices of the device class over its quota (DR1).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Iterable
+
+from localcluster.invariants import Violation
+
+ORPHAN_CLAIM = "orphan-claim"
+MISSING_CLAIM = "missing-claim"
+TAINTED_PLACEMENT = "placed-on-tainted-device"
+DEVICE_BUDGET_OVER = "tenant-over-device-budget"
+ITEMS = {ORPHAN_CLAIM: "5.H1/H2", MISSING_CLAIM: "3b.DR5", TAINTED_PLACEMENT: "HL1",
+         DEVICE_BUDGET_OVER: "3b.DR1"}
+"""The contract item each kind breaks."""
+
+
+
+@dataclass(frozen=True)
+class DeviceViolation(Violation):
+    """A `Violation` of one of this module's kinds (its contract item from `ITEMS`)."""
+
+    @property
+    def item(self) -> str:
+        return ITEMS[self.kind]
+
+
+RESOURCE = ("resource.k8s.io", "v1", "resourceclaims")
+TAINT_RULES = ("resource.k8s.io", "v1beta2", "devicetaintrules")
+
+
+@dataclass(frozen=True)
+class Taint:
+    """A DeviceTaintRule the soak made: on device `ref` (driver, pool, device), `effect`,
+    made at `made` and removed at `removed` (None: still there), both aware UTC."""
+
+    name: str
+    ref: tuple[str, str, str]
+    effect: str
+    made: datetime
+    removed: datetime | None = None
+
+
+def taint_rule(name: str, ref: tuple[str, str, str], effect: str) -> dict:
+    """The `resource.k8s.io/v1beta2` DeviceTaintRule `name` selecting exactly device `ref`
+    (driver, pool, device) with a taint `gpu.example.com/soak` of `effect`."""
+    driver, pool, device = ref
+    return {"apiVersion": "resource.k8s.io/v1beta2", "kind": "DeviceTaintRule",
+            "metadata": {"name": name},
+            "spec": {"deviceSelector": {"driver": driver, "pool": pool, "device": device},
+                     "taint": {"key": "gpu.example.com/soak", "value": "injected",
+                               "effect": effect}}}
+
+
+def _ref(status: dict) -> tuple[str, str, str] | None:
+    rec = status.get("device")
+    if not isinstance(rec, dict):
+        return None
+    return (rec.get("driver"), rec.get("pool"), rec.get("device"))
+
+
+def _time(text) -> datetime | None:
+    """An RFC 3339 time with a zone as aware UTC; None when absent or unreadable."""
+    try:
+        when = datetime.fromisoformat(text)
+    except (ValueError, TypeError):
+        return None
+    return when.astimezone(timezone.utc) if when.tzinfo else None
+
+
+def orphan_ages(claims: list[dict], vmis: list[dict],
+                deleted_at: dict[tuple[str, str], datetime], now: datetime) -> list[float]:
+    """For each claim of ours (of `claims`) whose VMI is not among `vmis`: the seconds since
+    the later of its claimed-at and the soak's delete of that VMI (see `check_claims`).
+    Pure."""
+    from model.claim import parse_claim
+
+    exists = {(v["metadata"]["namespace"], v["metadata"]["name"]) for v in vmis}
+    out = []
+    for obj in claims:
+        c = parse_claim(obj)
+        if not c.managed or not c.vmi or (c.namespace, c.vmi) in exists:
+            continue
+        starts = [t for t in (c.since, deleted_at.get((c.namespace, c.vmi))) if t is not None]
+        out.append((now - max(starts)).total_seconds() if starts else float("inf"))
+    return out
+
+
+def check_claims(claims: list[dict], vmis: list[dict], settled: Iterable[tuple[str, str]],
+                 deleted_at: dict[tuple[str, str], datetime], now: datetime, *,
+                 grace: float, final: bool = False) -> list[Violation]:
+    """Orphan and missing claims in one read (`claims`: ResourceClaim dicts, `vmis`: VMI dicts
+    of the soak's namespaces): `settled` the (namespace, name) of VMIs held as admitted across
+    the read, `deleted_at` when the soak deleted each VMI it deleted, `now` the read's time,
+    `grace` s (see the module). With `final` every claim of ours without its VMI is an orphan.
+    Pure."""
+    from model.claim import parse_claim
+
+    out: list[Violation] = []
+    exists = {(v["metadata"]["namespace"], v["metadata"]["name"]): v for v in vmis}
+    present = set()
+    for obj in claims:
+        c = parse_claim(obj)
+        present.add((c.namespace, c.name))
+        if not c.managed or not c.vmi or (c.namespace, c.vmi) in exists:
+            continue
+        starts = [t for t in (c.since, deleted_at.get((c.namespace, c.vmi))) if t is not None]
+        age = (now - max(starts)).total_seconds() if starts else float("inf")
+        if final or age > grace:
+            out.append(DeviceViolation(ORPHAN_CLAIM, ("ResourceClaim", c.namespace, c.name),
+                                 f"claim for {c.vmi}, which does not exist ({age:.0f} s past "
+                                 f"its claim or delete)"))
+    for ns, name in sorted(set(settled)):
+        vmi = exists.get((ns, name))
+        if vmi is None:
+            continue   # gone: localcluster.invariants judges that
+        names = [e.get("resourceClaimName") for e in vmi["spec"].get("resourceClaims") or []]
+        if not names:
+            out.append(DeviceViolation(MISSING_CLAIM, ("VirtualMachineInstance", ns, name),
+                                 "admitted without spec.resourceClaims"))
+        for claim in names:
+            if (ns, claim) not in present:
+                out.append(DeviceViolation(MISSING_CLAIM, ("ResourceClaim", ns, str(claim)),
+                                     f"claim of admitted {name} not in the API"))
+    return out
+
+
+def check_taints(devices: list[dict], taints: Iterable[Taint], *,
+                 grace: float) -> list[Violation]:
+    """Placements on a device under one of `taints` (see the module): a Bound GPUDevice of
+    `devices` whose `status.device` is a taint's device and whose `bindRequest.requestedAt`
+    is more than `grace` s after the taint was made and before it was removed. Pure."""
+    by_ref: dict[tuple, list[Taint]] = {}
+    for t in taints:
+        by_ref.setdefault(t.ref, []).append(t)
+    out = []
+    for d in devices:
+        st = d.get("status") or {}
+        ref = _ref(st)
+        if st.get("phase") != "Bound" or ref not in by_ref:
+            continue
+        at = _time((st.get("bindRequest") or {}).get("requestedAt"))
+        if at is None:
+            continue
+        for t in by_ref[ref]:
+            if (at - t.made).total_seconds() > grace and (t.removed is None or at < t.removed):
+                out.append(DeviceViolation(TAINTED_PLACEMENT, ("GPUDevice", d["metadata"]["namespace"],
+                                                         d["metadata"]["name"], t.name),
+                                     f"{'/'.join(ref)} placed at {at.isoformat()}, under "
+                                     f"{t.effect} rule {t.name} since {t.made.isoformat()}"))
+    return out
+
+
+def check_budgets(devices: list[dict], quotas: dict[str, int], cls: str) -> list[Violation]:
+    """A tenant whose Bound GPUDevices of class `cls` outnumber its device budget
+    (`quotas`: namespace -> the quota's hard count). Pure."""
+    bound = Counter(d["metadata"]["namespace"] for d in devices
+                    if (d.get("spec") or {}).get("class") == cls
+                    and (d.get("status") or {}).get("phase") == "Bound")
+    return [DeviceViolation(DEVICE_BUDGET_OVER, ("Namespace", "", ns, cls),
+                      f"{n} Bound devices of {cls} > budget {quotas[ns]}")
+            for ns, n in sorted(bound.items()) if ns in quotas and n > quotas[ns]]
+
+
+async def read_claims(api, prefix: str, timeout: float = 30) -> list[dict]:
+    """Every ResourceClaim in a namespace named `prefix`… (one list of all namespaces)."""
+    from kubernetes_asyncio.client import CustomObjectsApi
+
+    got = await CustomObjectsApi(api).list_cluster_custom_object(*RESOURCE,
+                                                                 _request_timeout=timeout)
+    return [c for c in got["items"] if c["metadata"]["namespace"].startswith(prefix)]
