@@ -237,6 +237,11 @@ class Tally:
     deleted: int = 0
 
 
+WAITS_IN_LINE = "the set waits in the line for room"
+"""The words the webhook adds to a bare VMI's refusal for room when it waits in the line
+(`model.reasons.WaitsInLine`, a 503 with Retry-After): an answer, not an error."""
+
+
 def refusal_key(message: str) -> str:
     """A refusal's words without its names and numbers (a key to count refusals by). Pure."""
     text = message.split("denied the request:", 1)[-1]
@@ -323,6 +328,12 @@ class Churn:
                         obj["spec"]["nodeSelector"]["kubernetes.io/hostname"]
                     return "admitted"
                 if exc.status == 403 and "denied the request" in message:
+                    self.tally.refused[refusal_key(message)] += 1
+                    return "refused"
+                if exc.status == 503 and "denied the request" in message and WAITS_IN_LINE in message:
+                    # the webhook's answer, not an outage: refused for room, the bare VMI
+                    # waits in the line (P5) while its client retries; this churn gives up
+                    # (its place then lapses after line.retryGrace) and deletes its oldest
                     self.tally.refused[refusal_key(message)] += 1
                     return "refused"
                 kind = classify(exc.status, message)

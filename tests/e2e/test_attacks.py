@@ -26,8 +26,9 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiException
 
+from model.line import DEFAULT_RETRY_GRACE, RETRY_AFTER
 from model.reasons import (CannotPlace, DeviceBeingDeleted, NodeProblems, NoEligibleNode, NoRoom,
-                           SetNeeds)
+                           SetNeeds, WaitsInLine)
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, unique
 from tests.e2e.helpers import (
     class_rv,
@@ -49,6 +50,13 @@ def _no_room(ns: str, vmi: str, cls: str, res: str, node: str, needs: int, free:
     return CannotPlace(ns, vmi, (SetNeeds(cls, res, needs, free, largest,
                                           needs if largest is not None else 0),
                                  NoEligibleNode((NodeProblems(node, (NoRoom(res, needs, free),)),))))
+
+
+def _in_line(refusal) -> str:
+    """The webhook's words for a bare VMI refused for room at W1 that now waits in the line
+    (P5, `--line-bare-vmis` on by default): W1's refusal, then the line's, with the default
+    Retry-After and `line.retryGrace`."""
+    return WaitsInLine(refusal, RETRY_AFTER, int(DEFAULT_RETRY_GRACE.total_seconds())).render()
 
 
 pytestmark = pytest.mark.anyio
@@ -231,7 +239,8 @@ async def test_B3_tenant_cannot_delete_attached_devices_so_no_second_tenant_land
     await replicas_saw(system, {"namespaces": await namespace_rv(fleet, other)}, what=other)
     ok, msg = await create(fleet, other, vmi_body("intruder", templates=f"{cls}=1"))
     assert not ok, f"second tenant's VMI admitted onto the full node: {msg}"
-    assert msg.endswith(_no_room(other, "intruder", cls, res, nodes["full"], 1, 0).render()), msg
+    # refused for room, the bare VMI waits in the line (P5): 503 with W1's words, then the line's
+    assert msg.endswith(_in_line(_no_room(other, "intruder", cls, res, nodes["full"], 1, 0))), msg
     await assert_vmi_holds_its_set(fleet, tenant, "vm")
     # once the VM is gone, its devices are released and may be deleted
     await delete_vmi(fleet, tenant, "vm")
@@ -271,7 +280,7 @@ async def test_B3_a_bound_device_kept_terminating_by_a_tenant_finalizer_still_us
         await replicas_saw(system, {"namespaces": await namespace_rv(fleet, other)}, what=other)
         ok, msg = await create(fleet, other, vmi_body("intruder", templates=f"{cls}=1"))
         # the unit still counts as used
-        assert not ok and msg.endswith(_no_room(other, "intruder", cls, res, nodes["one"], 1, 0).render()), msg
+        assert not ok and msg.endswith(_in_line(_no_room(other, "intruder", cls, res, nodes["one"], 1, 0))), msg
     finally:
         await fleet.custom.patch_namespaced_custom_object(
             GROUP, VERSION, tenant, "gpudevices", "gpu-0", {"metadata": {"finalizers": None}},

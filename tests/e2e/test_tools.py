@@ -13,6 +13,7 @@ from kubernetes_asyncio.client import ApiException, CustomObjectsApi
 
 from cli.tools import explain_vmi, read_cluster, render_explain
 from model.explain import top
+from model.line import DEFAULT_RETRY_GRACE, RETRY_AFTER
 from model.reasons import BudgetExhausted, Code, NoRoom, SetNeeds
 from model.what_if import what_if
 from tests.e2e import helpers
@@ -130,7 +131,11 @@ async def test_B1_explain_refused_for_room_names_each_node_and_the_change(
            f"{pool.nodes['b']}" in text
     ok, msg = await admit(tenant_client, pool, body)
     assert not ok
-    assert msg.endswith(e.message), (msg, e.message)
+    # explain's words are W1's; the bare VMI refused for room waits in the line (P5): the
+    # webhook's answer is those words, then the line's (503 with Retry-After)
+    assert msg.endswith(f"denied the request: {e.message}; the set waits in the line for room: retry "
+                        f"after {RETRY_AFTER} s (its place is kept while the create is retried, lost "
+                        f"after {int(DEFAULT_RETRY_GRACE.total_seconds())} s without one)"), (msg, e.message)
     # the change explain named, made: held-0 moved to b (by a VMI pinned there), released
     ok, node = await admit(tenant_client, pool, vmi("mover", pool.tenant, devices="held-0",
                                                     selector={"kubernetes.io/hostname":
