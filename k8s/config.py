@@ -11,6 +11,7 @@ waits on its cache take theirs from `k8s.webhook.waiter` likewise.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -192,6 +193,11 @@ def _boolean(value: Any) -> bool:
         return False
     raise ValueError(value)
 
+MAX_SECONDS = 1e9
+"""The largest duration setting accepted (about 31 years): larger ones, `inf` and `nan`
+would overflow or poison the timedeltas and deadlines they become."""
+
+
 @dataclass(slots=True)
 class Config:
     """Every setting of `gpu-binder controller` (docs/contract.md §2 "Config")."""
@@ -254,6 +260,11 @@ class Config:
         ("--bind-timeout"; the same name, dashes or underscores, works in the file and as
         GPU_BINDER_BIND_TIMEOUT)."""
         f = flag
+        for fld in dataclasses.fields(self):   # durations: inf, nan and absurd values never pass
+            value = getattr(self, fld.name)
+            if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= MAX_SECONDS):
+                raise ValueError(f"{f(fld.name)}: must be a finite number of seconds of at most "
+                                 f"{MAX_SECONDS:g}, got {value}")
         if self.raw_resource_names not in (RAW_ALLOWED, RAW_DENIED):
             raise ValueError(f"--raw-resource-names: must be {RAW_ALLOWED!r} or {RAW_DENIED!r}, "
                              f"got {self.raw_resource_names!r}")

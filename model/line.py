@@ -252,7 +252,12 @@ class Entry:
     client not seen retrying yet; such an entry keeps its first refusal (so its place once it
     retries) but holds back nobody (`may_place`) and reserves nothing until its client's
     next attempt (`Line.refused`) shows the place is wanted: a create never retried (a client
-    that does not retry, a test's single probe) costs the sets behind it nothing."""
+    that does not retry, a test's single probe) costs the sets behind it nothing. `attempt`:
+    which create attempt made the latest refusal (the AdmissionReview's uid at W1, the bind
+    request's id at the binder; "" when unknown): a refusal of another attempt is the
+    client's retry, however soon or late it comes, and the same attempt refused again (W1
+    judges twice per review; a batch may decide a request again, seconds later on a loaded
+    machine) never is."""
 
     identity: Identity
     shape: Shape
@@ -260,6 +265,7 @@ class Entry:
     first_refused: datetime
     last_seen: datetime
     retried: bool = True
+    attempt: str = ""
 
     @property
     def order_key(self) -> tuple[int, datetime, str, str, str]:
@@ -372,14 +378,19 @@ class Line:
         (`LineSettings.per_namespace`), the namespace of `new` then keeps its first `limit`
         entries in line order (`capped`): a new entry behind that many of its tenant's does
         not enter (the line is returned as it was), one ahead of them enters and the
-        tenant's last leaves. A refusal `SAME_ATTEMPT` or more after a waiting set's first marks
-        it `retried` (its client retries: its place now holds back the sets behind it), as
-        does a `new` that is `retried` itself."""
+        tenant's last leaves. A refusal of another create attempt than the waiting set's last
+        (`Entry.attempt`) marks it `retried` (its client retries: its place now holds back the
+        sets behind it), as does a `new` that is `retried` itself; when either attempt is
+        unknown (""), a refusal `SAME_ATTEMPT` or more after the first does."""
         old = self._by_key.get(new.identity.key)
         if old is not None and old.identity.same(new.identity):
             ident = new.identity if new.identity.vm_uid is not None else old.identity
+            if old.attempt and new.attempt:
+                again = new.attempt != old.attempt
+            else:
+                again = now - old.first_refused >= SAME_ATTEMPT
             e = Entry(ident, new.shape, new.priority, old.first_refused, max(old.last_seen, now),
-                      old.retried or new.retried or now - old.first_refused >= SAME_ATTEMPT)
+                      old.retried or new.retried or again, new.attempt or old.attempt)
         else:
             e = replace(new, last_seen=now)
         rest = [x for x in self._entries if x is not old]

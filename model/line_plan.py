@@ -70,9 +70,10 @@ def line_entry(snapshot: Snapshot, request: Request, now: datetime) -> Entry:
     """The entry `request`'s refusal for room at `now` makes: `identity_of`, its shape
     (`model.line.shape_of`) and its recorded priority (`Request.priority`, P1); a bare VMI's
     (no VM uid) not `retried` yet (its client's next attempt confirms the place, `Line.refused`;
-    a VM's VMI is retried by KubeVirt for as long as the VM wants to run)."""
+    a VM's VMI is retried by KubeVirt for as long as the VM wants to run); its `attempt` the
+    request's id (each create attempt's bind request is a new one)."""
     ident = identity_of(snapshot, request)
-    e = entry(ident, shape_of(snapshot, request), request.priority, now)
+    e = replace(entry(ident, shape_of(snapshot, request), request.priority, now), attempt=request.id)
     return e if ident.vm_uid is not None else replace(e, retried=False)
 
 
@@ -236,7 +237,8 @@ def refresh(line: Line, waiting: Sequence[Entry], gone: Sequence[Identity], now:
         if old is not None and old.identity.same(new.identity):
             ident = new.identity if new.identity.vm_uid is not None else old.identity
             by_key[new.identity.key] = Entry(ident, new.shape, new.priority, old.first_refused,
-                                             max(old.last_seen, now), old.retried or new.retried)
+                                             max(old.last_seen, now), old.retried or new.retried,
+                                             new.attempt or old.attempt)
         else:
             by_key[new.identity.key] = replace(new, last_seen=now)
     out = Line(by_key.values())
@@ -247,7 +249,7 @@ def refresh(line: Line, waiting: Sequence[Entry], gone: Sequence[Identity], now:
 
 def w1_entry(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, refusal: Reason,
              priority: Priority, now: datetime, *, owner: str | None = None, node_selector: Labels = (),
-             tolerations: tuple[Toleration, ...] = ()) -> Entry | None:
+             tolerations: tuple[Toleration, ...] = (), attempt: str = "") -> Entry | None:
     """P5 at W1: the line entry of VMI `namespace/vmi` asking `ask`, which W1 refused at `now`
     with `refusal` (its typed reason, judged on `snapshot`): keyed by (namespace, vmi) with no
     VM uid, its shape (`model.line.shape_of_ask`, with the launcher's `node_selector` and the
@@ -260,13 +262,14 @@ def w1_entry(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk, refusal:
     comes from the waiting-VM loop, `model.vm_line.vm_entries`, which reads when the VM
     began to wait from its status), or its shape names no class, or no node could take it
     once room frees (`model.line.soonest` None: a size no node has, though W1 words it per
-    node). Pure; never raises."""
+    node). `attempt`: the review's uid (`Entry.attempt`). Pure; never raises."""
     if owner is not None or not waits_for_room(refusal):
         return None
     shape = shape_of_ask(snapshot, namespace, ask, node_selector, tolerations)
     if not shape.classes:
         return None
-    e = replace(entry(Identity(namespace, vmi), shape, priority, now), retried=False)  # until it retries
+    # not retried until a refusal of another attempt (`attempt`: the AdmissionReview's uid)
+    e = replace(entry(Identity(namespace, vmi), shape, priority, now), retried=False, attempt=attempt)
     # room must be able to free somewhere: a set larger than every node that could take it
     # (each node's allocatable less the units of Pods outside the binder) never waits, its
     # refusal stays W1's 403 (W1's per-node "needs 2, has 1 free" alone does not say so)

@@ -113,6 +113,6 @@ def _run(args: argparse.Namespace) -> int:
 
 BENCHMARK = Benchmark("soak", "scale's population under seeded churn (creates, deletes, "
                               "cordons, held-device moves; a leader kill -9 every 2.5 min and "
-                              "one kube-apiserver restart before the last 45 %% of the run, a "
+                              "one kube-apiserver restart before the last 45 per cent of the run, a "
                               "steady stretch whose replica RSS trend is judged), docs/contract.md §7 "
                               "checked throughout and at the end", _arguments, _run)

@@ -294,7 +294,7 @@ class VMIAdmission:
         priority = self._priority(snap, review)
         waiting = w1_entry(snap, review.namespace, review.name, ask, refusal.reason, priority, now,
                            owner=vm_owner(review.object), node_selector=selector,
-                           tolerations=review.tolerations)
+                           tolerations=review.tolerations, attempt=review.uid)
         if waiting is None:
             return refusal
         if self.line(waiting):

@@ -306,3 +306,20 @@ def test_a_config_file_that_cannot_be_read_names_the_flag(tmp_path):
     missing = tmp_path / "nope.yaml"
     with pytest.raises(ValueError, match=r"^--config .*nope\.yaml: cannot be read: No such file or directory$"):
         load(file=str(missing), env={})
+
+
+@pytest.mark.parametrize("name", ["line_retry_grace", "attachment_grace", "bind_timeout",
+                                  "preemption_min_runtime", "preemption_nomination_ttl",
+                                  "line_reserve_after", "health_window", "defrag_interval"])
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf", "1e300"])
+def test_a_duration_that_is_not_a_finite_number_of_seconds_is_one_clear_line(name, value):
+    """Bad input found by a newcomer: `inf` and `1e300` passed the range checks and crashed
+    the controller with a traceback (OverflowError making a timedelta), `nan` slipped past
+    every `<= 0` check (`--bind-timeout=nan` ran). Every duration setting must be finite and
+    at most MAX_SECONDS, refused naming its flag, from a flag or the environment."""
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(ValueError, match=rf"^{flag}: must be a finite number of seconds of at most 1e\+09, got "):
+        load(None, env={}, flags={"webhook_port": "0", name: value})
+    with pytest.raises(ValueError, match=rf"^{flag}: must be a finite number .* \({flag} is environment "
+                                         rf"variable GPU_BINDER_{name.upper()}\)$"):
+        load(None, env={f"GPU_BINDER_{name.upper()}": value}, flags={"webhook_port": "0"})

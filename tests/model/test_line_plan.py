@@ -265,3 +265,27 @@ def test_P5_a_bare_vmi_refused_once_holds_back_nobody_until_its_client_retries()
     assert all(joins_line(x) for x in planned)
     refused = gate_batch(Line(), full, (), planned, T0).line
     assert {e.identity.vmi: e.retried for e in refused} == {"bare": False, "vm": True}
+
+
+def test_P5_retried_means_another_create_attempt_not_a_later_refusal_of_the_same_one():
+    """`Entry.attempt` decides what a retry is: the same attempt refused again seconds later
+    (a follower's request decided in a later batch, W1 judged twice on a loaded machine) is
+    not its client's retry, and holds back nobody; another attempt (a new review uid or bind
+    request id) is, however soon it comes. (tests/e2e/test_vm_keep_devices.py, fresh clone:
+    a never-retried probe held the tenant's next VMI back, `behind_in_line`, when its two
+    refusals came more than `SAME_ATTEMPT` apart.)"""
+    late = replace(waiting("late", 8), retried=False, attempt="review-1")
+    slow = Line().refused(late, T0).refused(late, T0 + timedelta(seconds=5))
+    assert not slow.entries[0].retried and slow.entries[0].attempt == "review-1"
+    snap = fleet(node("n1", h=8), devices=asking("after", 1))
+    actions, _ = plan_batch(snap, (), batch_of(snap, "after"))
+    assert isinstance(gate_batch(slow, snap, (), actions, T0 + timedelta(seconds=5)).actions[0], Place)
+    again = slow.refused(replace(late, attempt="review-2"), T0 + timedelta(seconds=5.1))
+    assert again.entries[0].retried and again.entries[0].first_refused == T0
+    assert again.entries[0].attempt == "review-2"
+    (a,) = gate_batch(again, snap, (), actions, T0 + timedelta(seconds=5.1)).actions
+    assert isinstance(a, Answer) and a.decision.reason.code is Code.BEHIND_IN_LINE
+    # the binder's entry carries its request's id
+    devs = asking("bare", 1)
+    req = Request("r-bare-7", "t", "bare", tuple(d.name for d in devs))
+    assert line_entry(fleet(node("n1", h=8), devices=devs), req, T0).attempt == "r-bare-7"
