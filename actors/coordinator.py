@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 import anyio
@@ -67,7 +67,7 @@ from model.requests import find_requests
 from model.defrag import DEFRAG_REQUEST_PREFIX, DefragPlan, plan_round
 from model.device.tainted_records import off_taint
 from model.hold import Hold
-from model.line import Entry, Identity, Line, entry as line_entry_at, reservation
+from model.line import Entry, Identity, Line, reservation
 from model.line_plan import first_allowed, gate_batch, leaves, line_entry, refresh, ripening_reservations, tidy
 from model.nominate import Preempting
 from model.nomination import Nomination, nomination_holds
@@ -224,7 +224,9 @@ class Coordinator(Actor):
                                        self._cfg.line.per_namespace))
             case RefusedAtW1(e):  # P5: and bare VMIs, told by the leader's webhook
                 now = self._clock.now()
-                self._set_line(self._line.refused(line_entry_at(e.identity, e.shape, e.priority, now), now,
+                # the coordinator's clock for its times; the webhook's `retried` and `attempt`
+                # kept (a first refusal is not yet a place: `Entry.retried`, P5)
+                self._set_line(self._line.refused(replace(e, first_refused=now, last_seen=now), now,
                                                   self._cfg.line.per_namespace))
             case _:
                 raise TypeError(f"coordinator: unexpected message {message!r}")

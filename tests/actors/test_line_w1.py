@@ -11,6 +11,7 @@ on the same store, on fake time. bench contention lane (c)'s two inversions came
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from datetime import timedelta
 
@@ -48,14 +49,19 @@ def webhook(store, binder, told: list | None = None) -> VMIAdmission:
                         grace=timedelta(seconds=30), line=line)
 
 
+_UIDS = itertools.count()
+
+
 def review(vmi: str, n: int, *, pc: str | None = "spot", dry_run: bool = False, owner: str | None = None,
            ns: str = "t", cls: str = "h100"):
+    """An AdmissionReview of creating `vmi`, with a uid of its own (each of a client's
+    attempts reaches the webhook as a new review: `Entry.attempt`)."""
     meta: dict = {"name": vmi, "namespace": ns, "annotations": {"gpu.cozystack.io/templates": f"{cls}={n}"}}
     if owner is not None:
         meta["ownerReferences"] = [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": vmi,
                                     "uid": owner, "controller": True}]
     doc = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": f"u-{vmi}", "operation": "CREATE", "namespace": ns, "name": vmi, "dryRun": dry_run,
+        "uid": f"u-{vmi}-{next(_UIDS)}", "operation": "CREATE", "namespace": ns, "name": vmi, "dryRun": dry_run,
         "kind": {"group": "kubevirt.io", "version": "v1", "kind": "VirtualMachineInstance"},
         "object": {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": meta,
                    "spec": {"priorityClassName": pc} if pc else {}},
@@ -84,6 +90,12 @@ async def test_P5_a_bare_vmi_refused_at_W1_waits_and_a_later_smaller_set_cannot_
         refused = await adm.handle(review("big", 8))           # 7 free, it needs 8: W1 refuses
         assert (refused["allowed"], refused["status"]["code"]) == (False, 503)  # it waits: retry
         await in_line(binder, ["big"])
+        assert not (await line_of(binder)).line.entries[0].retried   # one attempt: not yet a place
+        assert (await adm.handle(review("big", 8)))["status"]["code"] == 503   # its client retries
+
+        async def real() -> bool:
+            return (await line_of(binder)).line.entries[0].retried
+        await eventually(real, timeout=5, what="big's place real after its retry")
         (big_entry,) = (await line_of(binder)).line
         assert big_entry.identity == Identity("t", "big") and big_entry.priority.value == 100
         assert big_entry.shape.templates == (("h100", 8),)
