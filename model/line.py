@@ -62,15 +62,6 @@ does not retry at all), and its entry no longer holds back the sets behind it. A
 VirtualMachine's entry never expires by it: KubeVirt retries for as long as the VM wants to
 run, and it leaves by `started` / `gone` (or `model.line_plan.VM_TTL`)."""
 
-SAME_ATTEMPT = timedelta(seconds=RETRY_AFTER / 2)
-"""Refusals of one set less than this (1 s) after its first are one attempt (the webhook
-judges W1 twice per review, on the cache and after the live read; a batch may decide a
-request again); a later one is its client's retry (client-go waits the whole `RETRY_AFTER`),
-which marks a bare VMI's entry `Entry.retried`."""
-
-DEFAULT_TTL = DEFAULT_RETRY_GRACE
-"""The old name of `DEFAULT_RETRY_GRACE` (a bare VMI's entry was once kept 2 minutes)."""
-
 DEFAULT_PER_NAMESPACE = 100
 """`line.maxPerNamespace`'s default: the most entries one namespace (tenant) keeps in the line
 (`LineSettings.per_namespace`, `Line.refused` and `Line.capped`). A tenant can make any number
@@ -155,7 +146,7 @@ def waits_for_room(outcome: Reason | object) -> bool:
 class LineSettings:
     """The line's settings (P5): `reserve_after` (`line.reserveAfter`; a head waiting longer
     reserves a node), `retry_grace` (`line.retryGrace`: a bare VMI's entry leaves after this
-    long without a new attempt, `Line.expire`; `ttl` is its old name), `max_decided` (sets
+    long without a new attempt, `Line.expire`), `max_decided` (sets
     ahead `may_place` judges per call, `MAX_DECIDED`), `per_namespace` (`line.maxPerNamespace`:
     the most entries one namespace keeps, its first in line order, `DEFAULT_PER_NAMESPACE`).
     Raises ValueError for a negative time, or a `max_decided` or `per_namespace` below 1."""
@@ -172,11 +163,6 @@ class LineSettings:
             raise ValueError(f"max_decided must be at least 1, got {self.max_decided}")
         if self.per_namespace < 1:
             raise ValueError(f"line.maxPerNamespace must be at least 1, got {self.per_namespace}")
-
-    @property
-    def ttl(self) -> timedelta:
-        """`retry_grace`'s old name."""
-        return self.retry_grace
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,15 +366,13 @@ class Line:
         not enter (the line is returned as it was), one ahead of them enters and the
         tenant's last leaves. A refusal of another create attempt than the waiting set's last
         (`Entry.attempt`) marks it `retried` (its client retries: its place now holds back the
-        sets behind it), as does a `new` that is `retried` itself; when either attempt is
-        unknown (""), a refusal `SAME_ATTEMPT` or more after the first does."""
+        sets behind it), as does a `new` that is `retried` itself; a refusal whose attempt or
+        the waiting set's is unknown ("") is no retry (every caller of the product knows its
+        attempt: a time rule misjudged one attempt's refusals seconds apart as a retry)."""
         old = self._by_key.get(new.identity.key)
         if old is not None and old.identity.same(new.identity):
             ident = new.identity if new.identity.vm_uid is not None else old.identity
-            if old.attempt and new.attempt:
-                again = new.attempt != old.attempt
-            else:
-                again = now - old.first_refused >= SAME_ATTEMPT
+            again = bool(old.attempt and new.attempt and new.attempt != old.attempt)
             e = Entry(ident, new.shape, new.priority, old.first_refused, max(old.last_seen, now),
                       old.retried or new.retried or again, new.attempt or old.attempt)
         else:

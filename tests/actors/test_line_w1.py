@@ -23,7 +23,7 @@ from actors.coordinator_protocol import RefusedAtW1
 from fakes.kube_client import ScriptedClient
 from k8s.webhook.admission import VMIAdmission
 from k8s.webhook.review import decode
-from model.line import DEFAULT_PER_NAMESPACE, DEFAULT_RETRY_GRACE, DEFAULT_TTL, RETRY_AFTER, Identity, LineSettings
+from model.line import DEFAULT_PER_NAMESPACE, DEFAULT_RETRY_GRACE, RETRY_AFTER, Identity, LineSettings
 from model.priority import Priority
 from model.reasons import Code
 from model.types import Result
@@ -141,7 +141,7 @@ async def test_P5_a_bare_vmi_whose_client_stopped_retrying_leaves_after_the_ttl(
         adm = webhook(s, binder)
         assert (await adm.handle(review("big", 8)))["allowed"] is False
         await in_line(binder, ["big"])
-        await anyio.sleep(DEFAULT_TTL.total_seconds() + 2)      # no retry: its client gave up
+        await anyio.sleep(DEFAULT_RETRY_GRACE.total_seconds() + 2)      # no retry: its client gave up
         await in_line(binder, [])
         s.delete_device(("o", "busy-0"))
         small = new_set(s, "small", 1)

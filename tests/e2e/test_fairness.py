@@ -268,9 +268,37 @@ async def test_a_tenants_flood_is_held_to_its_share_and_costs_another_tenant_not
     # any turn, so A never needs more than its share
     assert max(peaks) <= SHARE, f"a tenant's turns past its share while another waited: {peaks}"
     assert sum(turned) == len(at_webhook)
-    assert sum(held_at) > 0, "A's budget racers were not answered at once"
+    # whether two of A's racers overlap at one replica (so one is answered `budget_in_flight`)
+    # is up to the machine's timing; that answer itself is tests/k8s/test_webhook_budget_in_
+    # flight.py's. Here every racer but the admitted one was turned away, each for a reason
+    # that is about its budget or its share, never left waiting or failed
+    racers = [o for i, o in enumerate(a) if i % 3 == 0]
+    strays = [racer_answer(o) for o in racers
+              if racer_answer(o) not in ("admitted", *RACER_ANSWERS)]
+    assert not strays, strays[:3]
+    assert [racer_answer(o) for o in racers].count("admitted") == 1
+    assert sum(held_at) == sum(racer_answer(o) == "budget_in_flight" for o in racers)
     assert not any(rejected(m, tenant_b, r) for m in metrics
                    for r in ("tenant_busy", "budget_in_flight"))
+
+
+RACER_ANSWERS = ("budget_exhausted", "budget_in_flight", "tenant_busy", "api_priority_and_fairness")
+"""What one of A's racers for its whole budget may be answered besides its one admission."""
+
+
+def racer_answer(o: Outcome) -> str:
+    """What answered a racer `o`: "admitted", W1's budget refusal, a webhook's 429 (its
+    budget held by admissions in progress there, or its turns taken), the API server's 429
+    (A's queues full), else its status and message (no answer, an error)."""
+    if o.status == 201:
+        return "admitted"
+    if o.status == 403 and re.search(r"budget of tenant \S+ for .* exhausted", o.message):
+        return "budget_exhausted"
+    if o.status == 429 and o.reason == "TooManyRequests":
+        return "budget_in_flight" if "of its budget" in o.message else "tenant_busy"
+    if o.status == 429 and "try again later" in o.message:
+        return "api_priority_and_fairness"
+    return f"{o.status}: {o.message}"
 
 
 # -- issue 31: a tenant alone gets the whole webhook; client-go retries what is retryable ----

@@ -20,7 +20,7 @@ from model.decide import Placement, Request, assess, decide
 from model.device.dra import DeviceRef
 from model.explain import explain
 from model.line import _carried_out  # the placement carried out, as may_place sees it
-from model.line import (ALLOWED, DEFAULT_RESERVE_AFTER, DEFAULT_TTL, MAX_AHEAD_SHOWN, MAX_DECIDED, ROOM_CODES,
+from model.line import (ALLOWED, DEFAULT_RESERVE_AFTER, DEFAULT_RETRY_GRACE, MAX_AHEAD_SHOWN, MAX_DECIDED, ROOM_CODES,
                         Allowed, Behind, Entry, Identity, Line, LineSettings, Reserved, Shape,
                         entry, entry_request, fits_on, line_place, may_place, placeable,
                         request_priority, reservation, shape_of, shape_of_ask, soonest,
@@ -216,12 +216,12 @@ def test_P5_started_and_gone_leave_and_nothing_else_changes():
 
 def test_P5_expire_drops_bare_vmis_silent_past_the_ttl_never_a_vms():
     line = line_of(waiting("bare", at=0), waiting("vm", at=0, uid="u"), waiting("recent", at=3))
-    now = T0 + DEFAULT_TTL + timedelta(minutes=1)
-    left = line.expire(now, DEFAULT_TTL)
+    now = T0 + DEFAULT_RETRY_GRACE + timedelta(minutes=1)
+    left = line.expire(now, DEFAULT_RETRY_GRACE)
     assert [e.identity.vmi for e in left] == ["vm", "recent"]
-    assert line.expire(T0 + DEFAULT_TTL, DEFAULT_TTL) is line  # at the ttl exactly: stays
+    assert line.expire(T0 + DEFAULT_RETRY_GRACE, DEFAULT_RETRY_GRACE) is line  # at the ttl exactly: stays
     refreshed = line.refused(waiting("bare"), now - timedelta(seconds=1))
-    assert [e.identity.vmi for e in refreshed.expire(now, DEFAULT_TTL)] == ["bare", "vm", "recent"]
+    assert [e.identity.vmi for e in refreshed.expire(now, DEFAULT_RETRY_GRACE)] == ["bare", "vm", "recent"]
 
 
 def test_P5_one_entry_per_vmi_and_a_class_line_per_class():

@@ -10,7 +10,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from model.decide import Request, decide
-from model.line import DEFAULT_RESERVE_AFTER, DEFAULT_TTL, Identity, Line, Shape, entry, reservation
+from model.line import DEFAULT_RESERVE_AFTER, DEFAULT_RETRY_GRACE, Identity, Line, Shape, entry, reservation
 from model.line_plan import (LINE_CODES, VM_TTL, first_allowed, gate, gate_batch, identity_of, joins_line,
                              leaves, line_entry, tidy)
 from model.plan import Answer, Place, plan_batch
@@ -148,7 +148,7 @@ def test_P5_who_enters_leaves_and_expires():
     assert identity_of(snap, req) == Identity("t", "bare")
     assert line_entry(snap, req, T0).first_refused == T0
     # a bare VMI's entry expires after the ttl, a VM's only after VM_TTL
-    later = tidy(g.line, T0 + DEFAULT_TTL + timedelta(seconds=1))
+    later = tidy(g.line, T0 + DEFAULT_RETRY_GRACE + timedelta(seconds=1))
     assert [e.identity.vmi for e in later] == ["vm-set"]
     assert tidy(later, T0 + VM_TTL) is later
     assert len(tidy(later, T0 + VM_TTL + timedelta(seconds=1))) == 0
@@ -199,7 +199,7 @@ def test_P5_a_bare_vmi_keeps_its_place_only_while_its_client_retries_within_the_
     touched (VM_TTL). Before: kept two minutes after the last attempt."""
     from model.line import DEFAULT_RETRY_GRACE, RETRY_AFTER, RETRY_PERIODS, LineSettings
     assert DEFAULT_RETRY_GRACE == timedelta(seconds=RETRY_PERIODS * RETRY_AFTER) == timedelta(seconds=10)
-    assert LineSettings().retry_grace == DEFAULT_RETRY_GRACE == LineSettings().ttl
+    assert LineSettings().retry_grace == DEFAULT_RETRY_GRACE
     bare, other = waiting("bare", 2), waiting("other", 1)
     other = replace(other, first_refused=T0 + timedelta(seconds=1), last_seen=T0 + timedelta(seconds=1))
     vm = replace(waiting("vm", 2), identity=Identity("t", "vm", "uid-1"))
@@ -244,17 +244,22 @@ def test_P5_a_bare_vmi_refused_once_holds_back_nobody_until_its_client_retries()
     set of the tenant) must not hold that set back. Its W1 refusal told twice in one review
     (on the cache, after the live read: less than `SAME_ATTEMPT` apart) is one attempt; its
     client's retry after the Retry-After makes the place real, ahead by its first refusal. A
-    VM's entry (KubeVirt retries) is real at once. Before: every entry held back at once."""
-    from model.line import RETRY_AFTER, SAME_ATTEMPT
-    assert SAME_ATTEMPT == timedelta(seconds=1) and RETRY_AFTER == 2
-    late = replace(waiting("late", 8), retried=False)   # as w1_entry / line_entry make a bare VMI's
+    VM's entry (KubeVirt retries) is real at once. Before: every entry held back at once. A
+    refusal whose attempt is unknown is no retry, however late it comes."""
+    from model.line import RETRY_AFTER
+    assert RETRY_AFTER == 2
+    # as w1_entry / line_entry make a bare VMI's
+    late = replace(waiting("late", 8), retried=False, attempt="review-1")
     line = Line().refused(late, T0).refused(late, T0 + timedelta(milliseconds=5))  # one review, told twice
     assert not line.entries[0].retried
+    unknown = replace(late, attempt="")
+    assert not Line().refused(unknown, T0).refused(unknown, T0 + timedelta(minutes=1)).entries[0].retried
     snap = fleet(node("n1", h=8), devices=asking("after", 1))
     actions, _ = plan_batch(snap, (), batch_of(snap, "after"))
     now = T0 + timedelta(seconds=1.5)
     assert isinstance(gate_batch(line, snap, (), actions, now).actions[0], Place)   # not held back
-    retried = line.refused(late, T0 + timedelta(seconds=RETRY_AFTER))               # its client retried
+    retried = line.refused(replace(late, attempt="review-2"),                        # its client retried
+                           T0 + timedelta(seconds=RETRY_AFTER))
     assert retried.entries[0].retried and retried.entries[0].first_refused == T0
     (a,) = gate_batch(retried, snap, (), actions, T0 + timedelta(seconds=RETRY_AFTER)).actions
     assert isinstance(a, Answer) and a.decision.reason.code is Code.BEHIND_IN_LINE   # now it is
@@ -273,7 +278,7 @@ def test_P5_retried_means_another_create_attempt_not_a_later_refusal_of_the_same
     not its client's retry, and holds back nobody; another attempt (a new review uid or bind
     request id) is, however soon it comes. (tests/e2e/test_vm_keep_devices.py, fresh clone:
     a never-retried probe held the tenant's next VMI back, `behind_in_line`, when its two
-    refusals came more than `SAME_ATTEMPT` apart.)"""
+    refusals came more than a second apart and a time rule judged them two attempts.)"""
     late = replace(waiting("late", 8), retried=False, attempt="review-1")
     slow = Line().refused(late, T0).refused(late, T0 + timedelta(seconds=5))
     assert not slow.entries[0].retried and slow.entries[0].attempt == "review-1"
