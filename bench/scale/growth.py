@@ -42,9 +42,10 @@ def _point(part: dict) -> dict:
     """One size's figures: devices (the population's GPUDevices), quiet 1-GPU p50/p99 (ms,
     of the admitted ones) and how many were admitted of how many asked (a full fleet refuses
     most: then the percentiles stand on few), the leader's VmHWM (MiB), the 1-minute load
-    after population."""
+    when the quiet admissions began (`measure.settle`; in older reports, after population)."""
     one = (part.get("quiet") or {}).get("1") or {}
-    load = part.get("load_after_population")
+    settled = (part.get("settle") or {}).get("load_at_quiet")
+    load = [settled] if settled is not None else part.get("load_after_population")
     return {"devices": (part.get("population") or {}).get("gpudevices"),
             "p50_ms": one.get("p50_ms"), "p99_ms": one.get("p99_ms"),
             "admitted": one.get("admitted"), "asked": one.get("asked"),

@@ -307,6 +307,18 @@ def on_pin(recs: list[VmiRecord]) -> dict:
     return {"bound_on_pin": ok, "off_pin_or_unbound": len(adm) - ok}
 
 
+async def settle(plan: Plan, *, poll_s: float = 5.0) -> dict:
+    """Wait until the 1-minute load average is at most `plan.settle_load`, or
+    `plan.settle_s` seconds passed (bounded): {"waited_s", "load_before", "load_at_quiet"
+    (1-minute load, 2 decimals), "settled" (the load was reached)}."""
+    t0, before = time.monotonic(), os.getloadavg()[0]
+    while os.getloadavg()[0] > plan.settle_load and time.monotonic() - t0 < plan.settle_s:
+        await anyio.sleep(min(poll_s, max(0.0, plan.settle_s - (time.monotonic() - t0))))
+    now = os.getloadavg()[0]
+    return {"waited_s": round(time.monotonic() - t0, 1), "load_before": round(before, 2),
+            "load_at_quiet": round(now, 2), "settled": now <= plan.settle_load}
+
+
 CONTROLLER_ARGS = ("--attachment-grace=30",)
 """The replicas' flags: defaults (the default Lease: 10 s, renew deadline 7 s, retry 1 s)
 but a 30 s attachment grace, so the failover's none-lost check sees a killed webhook's
@@ -331,7 +343,9 @@ async def measure_on(lc, spec: ScaleSpec, plan: Plan) -> dict:
             out["memory"] = m.memory()
             say("memory read; start-up")
             out["startup"] = await m.startup()
-            say("quiet admissions")
+            out["settle"] = await settle(plan)
+            say(f"quiet admissions (load {out['settle']['load_at_quiet']} after "
+                f"{out['settle']['waited_s']} s)")
             out["quiet"] = await m.quiet()
             out["bursts"] = {str(n): await m.burst(n) for n in plan.bursts}
             out["memory_after_bursts"] = m.memory()

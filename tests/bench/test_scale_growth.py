@@ -211,3 +211,23 @@ def test_the_command_line_refuses_a_bad_sizes_before_anything_starts(capsys, tmp
     assert main(["bench", "scale", "--quick", *argv, "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.anyio
+async def test_the_quiet_admissions_wait_for_the_load_to_settle_and_say_at_what_load(monkeypatch):
+    """`measure.settle`: polls the 1-minute load until it is at most `Plan.settle_load`
+    (returns at once when it is), gives up after `Plan.settle_s` (bounded) and reports the
+    load it began at and the one the quiet admissions start at; the growth point reads that
+    load, not the one after population."""
+    from bench.scale import measure
+
+    loads = iter([7.5, 7.5, 4.0, 1.9, 1.9])
+    monkeypatch.setattr(measure.os, "getloadavg", lambda: (next(loads), 1.0, 1.0))
+    got = await measure.settle(measure.Plan(settle_load=2.0, settle_s=30.0), poll_s=0.001)
+    assert (got["load_before"], got["load_at_quiet"], got["settled"]) == (7.5, 1.9, True)
+    monkeypatch.setattr(measure.os, "getloadavg", lambda: (9.0, 1.0, 1.0))
+    got = await measure.settle(measure.Plan(settle_load=2.0, settle_s=0.05), poll_s=0.01)
+    assert (got["load_at_quiet"], got["settled"]) == (9.0, False) and got["waited_s"] < 5
+    part = {**_part(100.0, 200.0, 150.0, 800, load=8.9), "settle": {"load_at_quiet": 1.7}}
+    assert g._point(part)["load"] == 1.7
+    assert g._point(_part(100.0, 200.0, 150.0, 800, load=8.9))["load"] == 8.9
