@@ -187,6 +187,14 @@ def ingest_slice(obj: dict, parse: Callable[[dict], Any]) -> dict:
     return out
 
 
+TAINT_RELIST_S = 30.0
+"""How often the DeviceTaintRule and suspect-mark informers list again besides their watch
+(`Informer.relist_every`, HL1): a few small objects whose miss would place a set on a tainted
+GPU. A kube-apiserver restarting under load left a rule made while it came up out of the
+watches of the binder and of kube-scheduler (bench soak --mode device, 2026-12-06); this
+bounds such a miss to 30 s, and the relist logs it."""
+
+
 class ClusterCache:
     """Informers for GPUDevices, GPUClasses, Nodes, Namespaces, ResourceQuotas, PriorityClasses, VMIs, bound
     Pods (trimmed, for foreign usage), KubeVirt CRs, the settings ConfigMap, the
@@ -245,11 +253,14 @@ class ClusterCache:
                                   optional=True)
         # DR2/HL2: DeviceTaintRules (resource.k8s.io/v1beta2, served behind the off-by-default
         # DRADeviceTaintRules gate: optional) and the binder's own marks where they are not
+        # (listed again every TAINT_RELIST_S besides the watch: a rule a watch missed would
+        # let a placement land on a tainted device, HL1)
         self.taint_rules = inf("devicetaintrules", ResourceV1beta2Api(api).list_device_taint_rule,
-                               optional=True)
+                               optional=True, relist_every=TAINT_RELIST_S)
         self.suspect_marks = inf("suspects-configmap", p(
             core.list_namespaced_config_map, settings_namespace,
-            field_selector=f"metadata.name={MARKS_CONFIGMAP}"), transform=keep_all, optional=True)
+            field_selector=f"metadata.name={MARKS_CONFIGMAP}"), transform=keep_all, optional=True,
+            relist_every=TAINT_RELIST_S)
         self._mark_rules: set[str] = set()
         self._parsed_classes: dict[str, GPUClass] = {}
         self._warned_problems: dict[str, str] = {}  # GPUClass -> the problem last logged

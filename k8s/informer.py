@@ -14,6 +14,7 @@ consumer never makes the informer buffer events without bound.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Awaitable, Callable, Iterable
 
 import anyio
@@ -138,12 +139,19 @@ class Informer:
     and retried with capped exponential backoff (at least the server's Retry-After, capped
     too); `run` only returns when cancelled. `transform(obj) -> obj` is applied to every
     listed or watched object before it is cached or shown to listeners (default `slim`).
+    `relist_every` (seconds, None: never): list again that often besides the watch (each
+    watch then ends by then), and log what the watch had missed (`missed` counts the
+    objects): for small resources a placement must never read stale (DeviceTaintRules,
+    HL1), since a kube-apiserver restarting under load was seen to leave a rule made while
+    it came up out of the watches of the binder and of kube-scheduler alike (bench soak
+    --mode device, 2026-12-06), while a list has it.
     """
 
     def __init__(self, name: str, list_fn: Callable[..., Awaitable[Any]], *,
                  watch_timeout: int = 240, backoff_max: float = 10.0,
                  transform: Callable[[dict], dict] = slim, page_size: int = PAGE_SIZE,
-                 optional: bool = False, absent_retry: float = 60.0) -> None:
+                 optional: bool = False, absent_retry: float = 60.0,
+                 relist_every: float | None = None) -> None:
         self.name = name
         self._transform = transform  # what the cache keeps of each object (e.g. trimmed Pods)
         self._list_fn = list_fn
@@ -163,6 +171,9 @@ class Informer:
         self.optional = optional
         self.absent_retry = absent_retry
         self.absent = False
+        self.relist_every = relist_every
+        self.missed = 0
+        self._listed_at: float | None = None
 
     @property
     def healthy(self) -> bool:
@@ -228,6 +239,9 @@ class Informer:
         self.pages = pages
         self.absent = False
         gone = set(self._cache) - set(fresh)
+        if self._listed_at is not None and self.relist_every is not None:
+            self._say_missed(gone, fresh)
+        self._listed_at = anyio.current_time()
         self._cache = fresh
         self.relists += 1
         self._healthy = True
@@ -238,6 +252,20 @@ class Informer:
         for fn in self._synced:
             fn()
         return rv
+
+    def _say_missed(self, gone: set[Key], fresh: dict[Key, dict]) -> None:
+        """A periodic relist (`relist_every`): one JSON line naming what the watch had not
+        brought (objects new, changed or gone since the cache's last state), if anything."""
+        def rv(o: dict | None) -> str | None:
+            return ((o or {}).get("metadata") or {}).get("resourceVersion")
+        new = [k for k, o in fresh.items() if k not in self._cache]
+        changed = [k for k, o in fresh.items() if k in self._cache and rv(o) != rv(self._cache[k])]
+        if not (new or changed or gone):
+            return
+        self.missed += len(new) + len(changed) + len(gone)
+        log.warning("relist found what the watch missed", informer=self.name,
+                    new=[k[1] for k in sorted(new)][:5], changed=[k[1] for k in sorted(changed)][:5],
+                    gone=[k[1] for k in sorted(gone)][:5], missed_total=self.missed)
 
     def _apply(self, kind: str, obj: dict) -> None:
         if self._transform is not None:
@@ -266,9 +294,11 @@ class Informer:
     async def _watch(self, rv: str) -> str:
         """Watch from `rv` until the server ends the watch; return the last rv seen."""
         async with OrjsonWatch(return_type="object") as w:
+            timeout = self._watch_timeout
+            if self.relist_every is not None:
+                timeout = max(1, min(timeout, math.ceil(self.relist_every)))
             stream = w.stream(self._list_fn, resource_version=rv, allow_watch_bookmarks=True,
-                              timeout_seconds=self._watch_timeout,
-                              _request_timeout=self._watch_timeout + 30)
+                              timeout_seconds=timeout, _request_timeout=timeout + 30)
             async for event in stream:
                 kind = event["type"]
                 if kind != "BOOKMARK":
@@ -294,6 +324,9 @@ class Informer:
                               resource_version=rv)
                 rv = await self._watch(rv)
                 backoff = 0.2
+                if (self.relist_every is not None and self._listed_at is not None
+                        and anyio.current_time() - self._listed_at >= self.relist_every):
+                    rv = None   # the periodic relist (`relist_every`)
             except ApiException as exc:
                 if exc.status == 410:
                     log.info("watch expired (410 Gone); relisting", informer=self.name)

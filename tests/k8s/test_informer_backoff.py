@@ -80,3 +80,52 @@ async def test_an_optional_api_the_cluster_does_not_serve_reads_as_empty_and_is_
 
 async def _raise(exc: Exception) -> None:
     raise exc
+
+
+async def test_a_periodic_relist_brings_what_the_watch_missed_and_says_so(monkeypatch) -> None:
+    """`relist_every` (the DeviceTaintRule informer's, HL1): after each watch the informer
+    lists again once that long passed since its last list; listeners hear of a rule the
+    watch never brought (and of one gone), `missed` counts them and one warning names them;
+    a relist that finds nothing new says nothing."""
+    import structlog
+
+    def rule(name: str, rv: str) -> dict:
+        return {"metadata": {"name": name, "resourceVersion": rv}}
+    pages = iter([[rule("a", "1")], [rule("a", "1"), rule("b", "5")], [rule("b", "5")],
+                  [rule("b", "5")]])
+
+    class Resp:
+        def __init__(self, items: list) -> None:
+            self.items = items
+
+    async def list_fn(**_: object) -> Resp:
+        try:
+            return Resp(next(pages))
+        except StopIteration:
+            raise _Stop from None
+
+    async def read_json(resp: Resp, what: str) -> dict:
+        return {"items": resp.items, "metadata": {"resourceVersion": "9"}}
+    monkeypatch.setattr("k8s.informer.read_json", read_json)
+    informer = Informer("devicetaintrules", list_fn, optional=True, relist_every=0.0)
+    watches: list[str] = []
+
+    async def watch(rv: str) -> str:   # a watch that ends bringing nothing
+        watches.append(rv)
+        return rv
+    informer._watch = watch  # type: ignore[method-assign]
+
+    async def stop(delay: float, **fields: object) -> None:   # the lists ran out
+        raise _Stop
+    informer._backoff = stop  # type: ignore[method-assign]
+    heard: list[tuple[str, bool]] = []
+    informer.add_listener(lambda k, o: heard.append((k[1], o is not None)))
+    with structlog.testing.capture_logs() as logs, pytest.raises(_Stop):
+        await informer.run()
+    assert informer.missed == 2                                  # b new, then a gone
+    assert ("b", True) in heard and ("a", False) in heard
+    said = [(e["new"], e["gone"]) for e in logs if e["event"] == "relist found what the watch missed"]
+    assert said == [(["b"], []), ([], ["a"])]                     # the 4th list: nothing to say
+    assert watches == ["9"] * 4                                   # a list after each watch
+    never = Informer("gpudevices", list_fn)
+    assert never.relist_every is None and never.missed == 0
