@@ -461,7 +461,7 @@ class _Movers:
 def _movers(snapshot: Snapshot, need: _Need, nodes: Collection[str]) -> dict[str, _Movers]:
     """Per node of `nodes`, the idle held devices a plan may move there (D1, `model.defrag.movable`,
     on `snapshot`: idle now, so never a victim's held device, which is attached until its VMI
-    stops), of a resource the set takes (count mode) or a class of the set (device mode), each
+    stops), of a resource the set takes (device mode: its devices may be the set's), each
     with somewhere to go now (a node eligible for its class with a free unit, device mode: a
     free untainted device there; or, device mode, a free device of its own node to re-point
     to). One pass over the devices."""
@@ -471,9 +471,7 @@ def _movers(snapshot: Snapshot, need: _Need, nodes: Collection[str]) -> dict[str
         node = d.bound_node
         if node is None or node not in nodes or d.class_name not in need.res:
             continue
-        relevant = (d.class_name in need.classes if d.class_name in device_classes
-                    else need.res[d.class_name] in need.total)
-        if relevant and movable(d, snapshot):
+        if need.res[d.class_name] in need.total and movable(d, snapshot):
             found.setdefault(node, []).append(d)
     out: dict[str, _Movers] = {}
     for node, devices in found.items():
@@ -655,6 +653,8 @@ def _node_best(n: _Node, vs: list[RunningSet], best):
     makes room compared by `plan_key` (a subset whose victims alone already lose to the best
     so far is not decided), each with the fewest moves that make room with it
     (`_fewest_moves`); None when none beats it."""
+    if _moves_alone(n):
+        return None  # its room is defragmentation's to make: a victim here would stop for nothing
     thresholds = sorted({v.priority.value for v in vs})
     for p in thresholds:
         if best is not None and p > best[0][0]:
@@ -680,6 +680,20 @@ def _node_best(n: _Node, vs: list[RunningSet], best):
             if found is not None:
                 return found if best is None or found[0] < best[0] else None
     return None
+
+
+def _moves_alone(n: _Node) -> bool:
+    """Whether some choice of `n.movers` makes room on `n.node` without any victim (a plan
+    stops at least one set: such a node is no candidate, see the module docstring)."""
+    mv = n.movers
+    if mv is None or not n.could(()):
+        return False
+    for m in range(1, len(mv.devices) + 1):
+        for choice in _move_choices(mv, m):
+            moves = _assign(n.snapshot, mv, choice)
+            if moves is not None and n.feasible((), moves) is not None:
+                return True
+    return False
 
 
 def _fewest_moves(n: _Node, combo: Sequence[RunningSet], head: tuple, *bars):
