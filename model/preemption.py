@@ -22,28 +22,57 @@ clock: `now` is an argument; the binder nominates, holds and deletes (P4) elsewh
   units and, in device mode, their recorded devices and their claim's allocation are free);
   its held devices stay Bound to the tenant where they are, idle (attachment cleared), so
   they still take their node's units and devices. No budget changes.
-- *P3 the plan* (`plan_preemption`): among nodes where stopping some eligible victims makes
-  room for the whole set, the node and victims minimising, in order: the highest victim
-  priority, the number of victims, the victims' GPUs (every device of their sets, templates
-  and held: what the stopped VMs had), the victims' start times sorted newest first
-  (later is better, compared lexicographically), then the binder's B4/DR4 rank of the node
-  on the snapshot without the victims (fewest moves, tightest group, tightest fit, name),
-  and last the victims' identities (so the answer is deterministic). Whether a subset makes
-  room is `model.decide.decide_on` on the snapshot `release_sets` gives: the binder's own
+- *P3 the plan* (`plan_preemption`): among nodes where stopping some eligible victims, and
+  D-moves of idle held devices (below), make room for the whole set, the node, victims and
+  moves minimising, in order: the highest victim priority, the number of victims, the
+  victims' GPUs (every device of their sets, templates and held: what the stopped VMs had),
+  the victims' start times sorted newest first (later is better, compared
+  lexicographically), the number of moves (fewest: B4/DR4's "fewest moves"), then the
+  binder's B4/DR4 rank of the node on the snapshot without the victims and after the moves
+  (fewest moves of the set's own members, tightest group, tightest fit, name), and last the
+  victims' identities and the moves' (device, target node, target device), so the answer is
+  deterministic. Whether a candidate makes room is `model.decide.decide_on` on the snapshot
+  `release_sets` gives, after the moves (`model.defrag.apply_moves`): the binder's own
   decision restricted to the node, so device mode's groups (DR3) are never worked out here.
 
-D-moves of idle held devices (D1-D5, "where they help") are not part of a plan: a plan
-frees room only by stopping victims. `model.defrag` plans rounds that grow the fleet-wide
-profile, not the room of one set on one node, and on a full fleet (where preemption runs)
-there is seldom a free unit elsewhere to move a device to; the defragmentation rounds still
-run as before and may make room for the set without any victim.
+D-moves of idle held devices (§3a D1-D5, "where they help"):
 
-Cost: one decision on the whole snapshot (is the set refused for room?), one pass over the
-devices (the running sets), one B3 assessment of the nodes with victims, then per node an
-arithmetic bound (free units plus every eligible victim's template units, per resource;
-device mode: units are devices, so it is an upper bound) before any decision on a modified
-snapshot; subsets are tried per node in P3's order (priority threshold ascending, subset
-size ascending) and only while they could beat the best plan found so far.
+- *What may move* (`_movers`): an idle held device on the candidate node that
+  `model.defrag.movable` allows (D1: held, Bound, no attachment, no bind request, not being
+  deleted, class `Move`; device mode: it records its device, DR2), of a resource the set
+  takes, with somewhere to go now; the first `MAX_MOVE_CANDIDATES` (4) by key per node, so at
+  most 4 moves a plan. Only devices idle *now*: a victim's own held devices are attached until
+  its VMI stops, so they are never moved by a plan (a simplification: moving them once the
+  victims stopped could save another victim; the plan does not look that far).
+- *Where it goes*, each move in turn by device key, counting the plan's earlier moves: off the
+  node to the tightest node its class may use (`model.defrag.move_targets`: placeable, serving
+  the class, no hard taint, a free unit counting reservations in flight, D2; then name), in
+  device mode recording the device a one-device set takes there (`model.defrag.device_target`:
+  a free, untainted, unclaimed device, DR4's buddy best fit); or, device mode, re-pointed on
+  its own node to the device a one-device set takes among the node's free devices (DR4). A
+  move never changes who holds what (D5): the device stays its tenant's, Bound.
+- *Only where they help*: the number of moves comes after every victim criterion in the key,
+  and each victim subset takes the fewest moves that make room with it, so a plan moves
+  devices only when that gives better victims (fewer, of lower priority, fewer GPUs, newer)
+  than every plan without, and among equal victims the fewest moves win.
+- *Moves alone are no plan*: a plan stops at least one set. A node where some choice of moves
+  makes room with no victim is no candidate at all: its room is defragmentation's to make
+  (§3a, under D3's rule, when the operator turned it on), and a victim stopped there would
+  stop for nothing. Whether the set fits now (`FitsWithoutPreemption`) or is refused for
+  another reason (`NotRefusedForRoom`) is judged without moves, as before moves existed.
+
+Cost: one decision on the whole snapshot (is the set refused for room?), two passes over the
+devices (the running sets, the idle held devices of the nodes with victims), one B3
+assessment of the nodes with victims, per class one pass over the nodes for the move
+targets, then per node an arithmetic bound (free units plus every eligible victim's
+template units plus the units its movers could free, per resource; device mode: units are
+devices, so it is an upper bound) before any decision on a modified snapshot; subsets are
+tried per node in P3's order (priority threshold ascending, subset size ascending) and only
+while they could beat the best plan found so far. A node with movers costs one more
+decision (could moves alone make room? then up to 80 choices of moves), and a victim subset
+that does not make room alone one decision with every mover gone (an upper bound), then the
+choices of moves by count, at most sum over m <= 4 of C(4, m) * 2^m = 81 decisions (device
+mode; count mode 16).
 """
 
 from __future__ import annotations
@@ -336,7 +365,9 @@ def plan_preemption(snapshot: Snapshot, request: Request, now: datetime,
     """P3: the plan for `request` (a complete request, `model.decide.Request`) on `snapshot`
     at `now`, or why there is none (`NoPlan`: the preemptor's policy is Never, the set fits
     without preemption or is refused for another reason than room, no running set may
-    yield, or stopping them frees room on no node). Deterministic; never raises."""
+    yield, or stopping them frees room on no node, moves or not). The plan's `moves` are the
+    D-moves of idle held devices it needs (D1-D5; see the module docstring: only where they
+    give better victims, never without a victim). Deterministic; never raises."""
     snapshot = snapshot.without_reservation(request.id)  # its own holds are not against it
     priority = request_priority(snapshot, request)
     if not priority.may_preempt:
@@ -449,7 +480,8 @@ class _Movers:
     `devices` sorted by key, at most `MAX_MOVE_CANDIDATES`; `kinds` per device key what may
     be done with it now (off the node, `_MOVE`, and in device mode re-pointed, `_REPOINT`);
     `units` per resource, how many of them could leave the node (the cheap bound); `targets`
-    per class, the tightest target nodes (not this node)."""
+    per class, the tightest target nodes (shared by every node of a plan; this node among
+    them is skipped)."""
 
     node: str
     devices: list[GPUDevice]
@@ -474,9 +506,10 @@ def _movers(snapshot: Snapshot, need: _Need, nodes: Collection[str]) -> dict[str
         if need.res[d.class_name] in need.total and movable(d, snapshot):
             found.setdefault(node, []).append(d)
     out: dict[str, _Movers] = {}
-    for node, devices in found.items():
+    targets: dict[str, list[str]] = {}  # per class, once a plan (`move_targets` is a pass over the nodes)
+    for node, devices in sorted(found.items()):
         devices.sort(key=lambda d: d.key)
-        mv = _Movers(node, [], {}, {}, {})
+        mv = _Movers(node, [], {}, {}, targets)
         for d in devices:
             kinds = []
             if _target(snapshot, mv, d, {}, {}) is not None:
@@ -505,13 +538,13 @@ def _target(snapshot: Snapshot, mv: _Movers, d: GPUDevice, used: dict[tuple[str,
     not in `taken` (the one a one-device set takes there, DR4). None when there is none."""
     targets = mv.targets.get(d.class_name)
     if targets is None:
-        targets = mv.targets[d.class_name] = move_targets(snapshot, d.class_name, (mv.node,), _TARGETS)
+        targets = mv.targets[d.class_name] = move_targets(snapshot, d.class_name, (), _TARGETS + 1)
     res = snapshot.classes[d.class_name].resource_name
     devices = d.class_name in snapshot.mode.device_classes
     best: tuple[int, str, DeviceRef | None] | None = None
     for n in targets:
         f = snapshot.free(n, res) - used.get((n, res), 0)
-        if f < 1 or (best is not None and (f, n) >= best[:2]):
+        if n == mv.node or f < 1 or (best is not None and (f, n) >= best[:2]):
             continue
         ref = device_target(snapshot, n, d.class_name, taken.get(n, ())) if devices else None
         if devices and ref is None:

@@ -314,6 +314,7 @@ async def test_P3_P4_a_nomination_with_a_D_move_moves_the_idle_device_once_then_
         (n,) = s.nominations().values()
         assert [v.vmi for v in n.victims] == ["a"] and n.node == "n1"
         assert [(m.name, m.from_node, m.to_node) for m in n.moves] == [("idle-1", "n1", "n2")]
+        assert nominated_room_problems(s, LoopClock().now()) == []
         moves = [r for r in s.history if r.op == "move"]
         assert [(r.key, r.node) for r in moves] == [(("t", "idle-1"), "n2")]
         assert "to make room on n1 for p/vm-9" in moves[0].message
