@@ -34,6 +34,12 @@ write each, an Event on the device). If a node actor refuses one move the whole 
 given up (its holds aborted), so a half-made clearing never shrinks a class (D3). In device
 mode each hold names the device recorded on the target (DR2: the node actor refuses one
 taken meanwhile), and a re-point within a node lands nothing and takes no unit (DR4).
+
+A nomination whose plan moves idle held devices (docs/contract.md §3c P3/P4, D-moves) has them
+carried out the same way (`_carry_moves`), right after the batch that announces it: each move
+still to make (its device idle where the plan found it, no write moving it already) reserved
+on its target's node actor and handed to the pipeline as a wave of moves, all or none; one
+left undone is made when the preemptor is decided again.
 """
 
 from __future__ import annotations
