@@ -416,8 +416,8 @@ def parse_nomination(obj: Any) -> Nomination:
                               _text(what, m.get("resource"), f"{f}.resource"),
                               _text(what, m.get("fromNode"), f"{f}.fromNode"),
                               _text(what, m.get("toNode"), f"{f}.toNode"),
-                              None if m.get("fromDevice") is None else _ref(what, m.get("fromDevice"), f"{f}.fromDevice"),
-                              None if m.get("toDevice") is None else _ref(what, m.get("toDevice"), f"{f}.toDevice")))
+                              _opt_ref(what, m.get("fromDevice"), f"{f}.fromDevice"),
+                              _opt_ref(what, m.get("toDevice"), f"{f}.toDevice")))
     victims = []
     for i, v in enumerate(_list(what, spec.get("victims"), "spec.victims")):
         f = f"spec.victims[{i}]"
@@ -436,6 +436,10 @@ def parse_nomination(obj: Any) -> Nomination:
                       tuple(sorted(units)), tuple(devices), tuple(victims),
                       _time(what, spec.get("created"), "spec.created"),
                       _time(what, spec.get("expires"), "spec.expires"), max(1, retry), tuple(moves))
+
+
+def _opt_ref(what: str, value: Any, field: str) -> DeviceRef | None:
+    return None if value is None else _ref(what, value, field)
 
 
 def _ref(what: str, value: Any, field: str) -> DeviceRef:
