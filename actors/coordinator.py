@@ -34,6 +34,12 @@ write each, an Event on the device). If a node actor refuses one move the whole 
 given up (its holds aborted), so a half-made clearing never shrinks a class (D3). In device
 mode each hold names the device recorded on the target (DR2: the node actor refuses one
 taken meanwhile), and a re-point within a node lands nothing and takes no unit (DR4).
+
+A nomination whose plan moves idle held devices (docs/contract.md §3c P3/P4, D-moves) has them
+carried out the same way (`_carry_moves`), right after the batch that announces it: each move
+still to make (its device idle where the plan found it, no write moving it already) reserved
+on its target's node actor and handed to the pipeline as a wave of moves, all or none; one
+left undone is made when the preemptor is decided again.
 """
 
 from __future__ import annotations
@@ -64,7 +70,8 @@ from actors.status_pipeline import (
 )
 from model.decide import Decision, Move, Placement, Request, Rule, describe_placement
 from model.requests import find_requests
-from model.defrag import DEFRAG_REQUEST_PREFIX, DefragPlan, plan_round
+from model.defrag import DEFRAG_REQUEST_PREFIX, DefragPlan, movable, plan_round
+from model.device.dra import DeviceRef
 from model.device.tainted_records import off_taint
 from model.hold import Hold
 from model.line import Entry, Identity, Line, reservation
@@ -75,7 +82,7 @@ from model.plan import (Action, Answer, Finish, Nominate, Place, Recover, Requeu
                         plan_batch, plan_one, recorded_node, recovery)
 from model.reasons import Code, NodeRefusal, Placed, RequestRef, SetRefused
 from model.snapshot import Reserving, Snapshot
-from model.types import RequestKey, Result
+from model.types import DeviceKey, RequestKey, Result
 
 from actors.coordinator_protocol import (CoordinatorConfig, CoordinatorStatus, Examine, GetLine, GetStatus,
                                          LineState, RefusedAtW1, Resync, VMsWaiting)
@@ -368,6 +375,9 @@ class Coordinator(Actor):
         self._line_after(wave, snap)
         if wave:
             await self._tell_pipeline(Fly(self._owner, tuple(wave)))
+        moving = [d.nomination for d in wave if d.nomination is not None and d.nomination.moves]
+        if moving:
+            await self._carry_moves(moving, flights)
 
     # -- the waiting line (docs/contract.md §3c P5) ----------------------------------------------
 
@@ -517,7 +527,7 @@ class Coordinator(Actor):
             if not n.live(now) or snap.nomination_for(n.namespace, n.vmi) is not None:
                 del self._nominated[key]
                 continue
-            out.append(n.hold())
+            out.extend(n.holds(snap.devices.get))
         return out
 
     def _preempting(self) -> Preempting:
@@ -662,27 +672,9 @@ class Coordinator(Actor):
             self._observe_defrag(0, plan)
             return
         started = self._clock.monotonic()
-        items: list[Placing] = []
-        for m in plan.moves:
-            rid = f"{DEFRAG_REQUEST_PREFIX}{uuid.uuid4().hex[:12]}"
-            ns, name = m.device
-            req = Request(rid, ns, "", (name,))
-            # device mode: the hold names the device recorded on the target (DR2); a
-            # re-point lands nothing and takes no unit (DR4: the record alone changes)
-            chosen = ((m.device, m.to_device),) if m.to_device is not None else ()
-            moves = () if m.repoint else (Move(m.device, m.from_node, m.to_node),)
-            needs = () if m.repoint else ((m.resource, 1),)
-            placement = Placement(m.to_node, moves, needs, (), chosen)
-            hold = Hold(rid, ns, m.to_node, needs, (), tuple((k, m.resource) for k in
-                                                             (mv.device for mv in moves)), chosen)
-            outcome = Placed(RequestRef(ns, "", rid), m.to_node, (), ((name, m.from_node),))
-            decision = Decision(rid, Result.SUCCEEDED, m.to_node, (placement,), Rule.D3, outcome)
-            items.append(Placing((ns, rid), req, decision, started, hold=hold))
-        await reserve(items, snap, self._nodes, self._owner, self._cfg.ask_timeout)
-        if any(it.placement is None for it in items):
-            for it in items:
-                if it.placement is not None and it.ref is not None:
-                    tell_quietly(it.ref, Abort(it.request.id))
+        items = [_move_placing(m.device, m.resource, m.from_node, m.to_node, m.to_device, m.repoint, started)
+                 for m in plan.moves]
+        if not await self._reserve_moves(items, snap):
             _log.info("defrag_given_up", refusals=[r.render() for it in items for r in it.refusals])
             self._observe_defrag(0, plan, given_up=True)
             return
@@ -698,6 +690,60 @@ class Coordinator(Actor):
         self._counts["defrag_moves"] += len(wave)
         await self._tell_pipeline(Fly(self._owner, wave))
         self._observe_defrag(len(wave), plan)
+
+    async def _reserve_moves(self, items: list[Placing], snap: Snapshot) -> bool:
+        """Reserve every move of `items` on its target's node actor (two-phase, as a B1 move);
+        when one is refused, abort the others' holds and return False (all or none: a half
+        made clearing or room helps nobody)."""
+        await reserve(items, snap, self._nodes, self._owner, self._cfg.ask_timeout)
+        if all(it.placement is not None for it in items):
+            return True
+        for it in items:
+            if it.placement is not None and it.ref is not None:
+                tell_quietly(it.ref, Abort(it.request.id))
+        return False
+
+    async def _carry_moves(self, nominations: list[Nomination], flights: Flights) -> None:
+        """P3/P4 with D1-D5: carry out the D-moves of `nominations` (just announced, fresh or
+        reused) through defragmentation's path: each move still to make is reserved on its
+        target's node actor and handed to the pipeline as a wave of `Decided` moves (one `move`
+        write each, an Event on the device). A move is still to make when the view shows its
+        device idle and movable (D1) where the plan found it (same node, device mode: same
+        record) and no flight is moving it already: so each is written once, and a move left
+        undone (a leader killed in between, a node actor that refused) is made again when its
+        preemptor is decided again. A device that changed meanwhile (attached, deleted, moved
+        elsewhere) is left alone: the room is then not free, the preemptor is not admitted
+        until it is, and the nomination expires as any. A nomination's moves go all or none.
+        The moves' targets are held for the nomination meanwhile (`Nomination.holds`)."""
+        snap = self._view.snapshot()
+        busy = {k for h in flights.holds for k, _ in h.landing} | {k for h in flights.holds for k, _ in h.devices}
+        started = self._clock.monotonic()
+        for n in nominations:
+            todo = []
+            for m in n.moves:
+                d = snap.device(*m.key)
+                if (d is None or m.key in busy or d.bound_node != m.from_node or not movable(d, snap)
+                        or (m.from_device is not None and d.status.device != m.from_device)):
+                    continue
+                todo.append(m)
+            if not todo:
+                continue
+            items = [_move_placing(m.key, m.resource, m.from_node, m.to_node, m.to_device, m.repoint, started)
+                     for m in todo]
+            if not await self._reserve_moves(items, snap):
+                _log.info("preemption_moves_given_up", nomination=n.name,
+                          refusals=[r.render() for it in items for r in it.refusals])
+                continue
+            wave = tuple(Decided(it.request, Result.SUCCEEDED, m.to_node, m.render(n.preemptor), it.hold,
+                                 moving_from=m.from_node, moving_device=m.from_device)
+                         for it, m in zip(items, todo))
+            for m, it in zip(todo, items):
+                _log.info("preemption_move", request_id=it.request.id, namespace=m.namespace, device=m.name,
+                          from_node=m.from_node, to_node=m.to_node, nomination=n.name,
+                          **({"from_device": str(m.from_device), "to_device": str(m.to_device)}
+                             if m.to_device is not None else {}))
+            self._counts["preemption_moves"] += len(wave)
+            await self._tell_pipeline(Fly(self._owner, wave))
 
     def _observe_defrag(self, moves: int, plan: DefragPlan, *, given_up: bool = False) -> None:
         observe = getattr(self._observer, "defragmented", None)
@@ -727,6 +773,25 @@ class Coordinator(Actor):
         if ref is not None and rec.hold is not None:
             tell_quietly(ref, Claim(rec.hold, self._owner))
         return Decided(req, Result.SUCCEEDED, node, rec.message, rec.hold)
+
+
+def _move_placing(device: DeviceKey, resource: str, from_node: str, to_node: str,
+                  to_device: DeviceRef | None, repoint: bool, started: float) -> Placing:
+    """One move of an idle held device (a defragmenting move, D2, or a preemption plan's
+    D-move) as a request of its own (id `DEFRAG_REQUEST_PREFIX` + random) to reserve on the
+    target's node actor: in device mode the hold names the device recorded on the target
+    (DR2); a re-point lands nothing and takes no unit (DR4: the record alone changes)."""
+    rid = f"{DEFRAG_REQUEST_PREFIX}{uuid.uuid4().hex[:12]}"
+    ns, name = device
+    req = Request(rid, ns, "", (name,))
+    chosen = ((device, to_device),) if to_device is not None else ()
+    moves = () if repoint else (Move(device, from_node, to_node),)
+    needs = () if repoint else ((resource, 1),)
+    placement = Placement(to_node, moves, needs, (), chosen)
+    hold = Hold(rid, ns, to_node, needs, (), tuple((mv.device, resource) for mv in moves), chosen)
+    outcome = Placed(RequestRef(ns, "", rid), to_node, (), ((name, from_node),))
+    decision = Decision(rid, Result.SUCCEEDED, to_node, (placement,), Rule.D3, outcome)
+    return Placing((ns, rid), req, decision, started, hold=hold)
 
 
 def _log_off_taint(req: Request, placement: Placement, snap: Snapshot) -> None:

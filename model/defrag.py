@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Collection, Iterable
 
+from model.device.defrag import one_device
 from model.device.dra import DeviceRef
 from model.snapshot import Snapshot
 from model.types import DeviceKey, GPUDevice, OnCordon, Phase
@@ -166,6 +167,30 @@ def eligible_nodes(snap: Snapshot, class_name: str) -> frozenset[str]:
     unplaceable = snap.unplaceable_nodes()
     return frozenset(n for n in snap.serving_nodes(class_name)
                      if n not in unplaceable and not snap.has_hard_taints(n))
+
+
+def move_targets(snap: Snapshot, class_name: str, exclude: Collection[str], count: int) -> list[str]:
+    """The first `count` nodes an idle held device of `class_name` may be moved to now,
+    tightest first (free units of the class's resource >= 1, counting reservations in flight,
+    then name: B4's tightest fit; eligible as `eligible_nodes`, not in `exclude`). D2's target
+    check, the one a defragmenting clearing walks; a caller placing k devices in turn, each
+    on the tightest with a unit left, needs `count` >= k + 1. Empty for an unknown class."""
+    cls = snap.classes.get(class_name)
+    if cls is None:
+        return []
+    return _targets(snap, class_name, cls.resource_name, set(exclude), count)
+
+
+def device_target(snap: Snapshot, node: str, class_name: str,
+                  taken: Collection[str] = ()) -> DeviceRef | None:
+    """Device mode (DR2, DR4): the device of `node` a moved or re-pointed idle held device of
+    `class_name` records there now: the one a new one-device set takes among the node's free
+    devices (`Snapshot.free_devices`: untainted, unclaimed, unrecorded, unheld) but `taken`
+    (names), as a defragmenting move records it. None when no device is free for it."""
+    free = snap.free_devices(node, class_name)
+    if taken:
+        free = free - frozenset(taken)
+    return one_device(snap, node, class_name, free)
 
 
 def largest_sets(snap: Snapshot) -> tuple[Largest, ...]:
@@ -413,4 +438,5 @@ def _explained(step: list[DefragMove], before: _Profile, after: _Profile) -> tup
 
 
 __all__ = ["DEFAULT_MAX_MOVES", "DEFRAG_REQUEST_PREFIX", "DefragMove", "DefragPlan", "Largest",
-           "apply_moves", "eligible_nodes", "largest_sets", "movable", "plan_round"]
+           "apply_moves", "device_target", "eligible_nodes", "largest_sets", "movable", "move_targets",
+           "plan_round"]

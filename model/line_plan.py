@@ -197,11 +197,12 @@ def gate_batch(line: Line, snapshot: Snapshot, holds: Sequence[Hold], actions: S
             again.add((gated.request.namespace, gated.request.id))
             out.append(gated)
             continue
-        hold = gated.hold if isinstance(gated, Place | Recover) else None
+        held = (gated.hold,) if isinstance(gated, Place | Recover) else ()
         if isinstance(gated, Nominate) and gated.nominated.fresh:
-            hold = gated.nominated.nomination.hold()  # P6: its room, as plan_batch counted it
-        if hold is not None and not hold.empty:
-            work.add(hold)
+            held = gated.nominated.nomination.holds()  # P6: its room (and moves), as plan_batch counted it
+        for hold in held:
+            if hold is not None and not hold.empty:
+                work.add(hold)
         if joins_line(gated):
             line = line.refused(line_entry(work.snapshot, gated.request, now), now, settings.per_namespace)
         out.append(gated)

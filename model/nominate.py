@@ -73,13 +73,14 @@ class Nominated:
 def nomination_of(plan: PreemptionPlan, now: datetime,
                   settings: NominationSettings = NominationSettings()) -> Nomination:
     """The nomination of P3's `plan`, made at `now`, expiring `settings.ttl` later; its
-    `retry_after` is `settings.retry_after` capped by the TTL (at least 1 s)."""
+    `retry_after` is `settings.retry_after` capped by the TTL (at least 1 s); the plan's
+    D-moves recorded as its `moves` (the coordinator carries them out)."""
     victims = tuple(_victim(v) for v in plan.victims)
     units = tuple(sorted((r, n) for r, n in plan.placement.needs if n > 0))
     devices = tuple(ref for _, ref in plan.devices)
     ttl = max(1, int(settings.ttl.total_seconds()))
     return Nomination(plan.namespace, plan.vmi, plan.priority.value, plan.node, units, devices,
-                      victims, now, now + settings.ttl, max(1, min(settings.retry_after, ttl)))
+                      victims, now, now + settings.ttl, max(1, min(settings.retry_after, ttl)), plan.moves)
 
 
 def _victim(s: RunningSet) -> Victim:

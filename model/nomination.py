@@ -4,6 +4,11 @@ the victims stopped to free it, and until when the promise holds, as a pure valu
 makes (`nomination_holds`: the room counted as taken for every request but its preemptor's,
 the way `model.hold.Hold` counts a request in flight).
 
+A plan may also move idle held devices off the nominated node (`RoomMove`, D1-D5 "where they
+help", `model.preemption`): the nomination records them (`spec.moves`), so a new leader still
+carries them out, and holds each move's place on its target node until the device is there
+(`Nomination.holds`).
+
 One nomination per preemptor VMI (namespace, name): its object's name is derived from them
 (`nomination_name`), so a new leader's decision finds it and reuses it instead of making a
 second one. Victims are named by VMI incarnation: namespace, name, the admission id the VMI
@@ -21,7 +26,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Mapping
 
 from model.device.dra import DeviceRef
-from model.hold import Hold
+from model.hold import Hold, outstanding
 from model.parse import ParseError
 from model.serialize import format_time
 from model.types import GPUDevice, Result
@@ -80,12 +85,62 @@ class Victim:
 
 
 @dataclass(frozen=True, slots=True)
+class RoomMove:
+    """One D-move of a preemption plan (§3c P3 with §3a D1-D5): the idle held device
+    `namespace/name` of class `class_name` (count-mode resource or device-mode units
+    `resource`) goes from `from_node` (the plan's node) to `to_node`, so that the set's room on
+    the plan's node is made with fewer victims. Device mode (DR2, DR4): `from_device` the
+    record it leaves, `to_device` the device it records (both None in count mode);
+    `from_node == to_node` is a re-point (a status write on the same node)."""
+
+    namespace: str
+    name: str
+    class_name: str
+    resource: str
+    from_node: str
+    to_node: str
+    from_device: DeviceRef | None = None
+    to_device: DeviceRef | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(namespace, name) of the moved device."""
+        return (self.namespace, self.name)
+
+    @property
+    def repoint(self) -> bool:
+        """Device mode (DR4): the device stays on its node and records another device of it."""
+        return self.from_node == self.to_node and self.to_device is not None
+
+    def render(self, preemptor: str) -> str:
+        """The Event's and the log's text, e.g. "preemption: moved t/g (h100) from n1 to n2 to
+        make room on n1 for p/vm-9"; device mode names the devices ("... from n1 (gpu-vfio-1)
+        to n2 (gpu-vfio-5) ..." or "preemption: re-pointed t/g (hgx) on n1 from gpu-vfio-1 to
+        gpu-vfio-5 to make room on n1 for p/vm-9")."""
+        why = f"to make room on {self.from_node} for {preemptor}"
+        what = f"{self.namespace}/{self.name} ({self.class_name})"
+        if self.repoint:
+            return (f"preemption: re-pointed {what} on {self.from_node} from "
+                    f"{_ref_name(self.from_device)} to {_ref_name(self.to_device)} {why}")
+        if self.to_device is not None:
+            return (f"preemption: moved {what} from {self.from_node} ({_ref_name(self.from_device)}) "
+                    f"to {self.to_node} ({_ref_name(self.to_device)}) {why}")
+        return f"preemption: moved {what} from {self.from_node} to {self.to_node} {why}"
+
+
+def _ref_name(ref: DeviceRef | None) -> str:
+    return ref.device if ref is not None else "no device"
+
+
+@dataclass(frozen=True, slots=True)
 class Nomination:
     """A nomination (P4): preemptor VMI `namespace/vmi` of priority `priority` (value) is
     promised `units` (per resource, sorted; count mode) and `devices` (device mode, the
     exact devices of `node`) on `node` once `victims` stopped; made at `created`, holding
     until `expires` (UTC). `retry_after` the seconds the preemptor's create is told to wait.
-    `name` the object's name (`nomination_name`)."""
+    `name` the object's name (`nomination_name`). `moves` the idle held devices the plan
+    moves off `node` (or re-points on it) to make the room (`RoomMove`; empty: none, as every
+    nomination recorded before moves existed)."""
 
     namespace: str
     vmi: str
@@ -97,6 +152,7 @@ class Nomination:
     created: datetime
     expires: datetime
     retry_after: int = DEFAULT_RETRY_AFTER
+    moves: tuple[RoomMove, ...] = ()
 
     @property
     def name(self) -> str:
@@ -118,9 +174,34 @@ class Nomination:
     def hold(self) -> Hold:
         """The room as a `Hold` on `node` (no budget slots: the preemptor's budget is its
         own business when it is decided): `units`, and in device mode its `devices`, named
-        against placeholder member keys (only the device names are read)."""
+        against placeholder member keys (only the device names are read), and the device each
+        re-point of `moves` records (DR4: it stays on `node`)."""
         chosen = tuple(((self.namespace, f"{HOLD_PREFIX}{i}"), ref) for i, ref in enumerate(self.devices))
+        chosen += tuple((m.key, m.to_device) for m in self.moves if m.repoint and m.to_device is not None)
         return Hold(hold_id(self.namespace, self.vmi), self.namespace, self.node, self.units, (), (), chosen)
+
+    def holds(self, device: Callable[[tuple[str, str]], GPUDevice | None] | None = None) -> tuple[Hold, ...]:
+        """Every hold of the nomination: `hold()` on `node`, then one per other node a move of
+        `moves` goes to (by node name): a unit of each moved device's resource there and, in
+        device mode, the device it will record, its moved devices as the hold's `landing`.
+        With `device` (a lookup by (namespace, name)), each move hold is what it still takes
+        (`model.hold.outstanding`: a device Bound there, recording its device, or gone, holds
+        nothing any more). All share `hold()`'s request id (`hold_id`): one hold per node."""
+        out = [self.hold()]
+        to: dict[str, list[RoomMove]] = {}
+        for m in self.moves:
+            if not m.repoint and m.to_node != self.node:
+                to.setdefault(m.to_node, []).append(m)
+        for node in sorted(to):
+            ms = to[node]
+            needs: dict[str, int] = {}
+            for m in ms:
+                needs[m.resource] = needs.get(m.resource, 0) + 1
+            h = Hold(hold_id(self.namespace, self.vmi), self.namespace, node, tuple(sorted(needs.items())), (),
+                     tuple((m.key, m.resource) for m in ms),
+                     tuple((m.key, m.to_device) for m in ms if m.to_device is not None))
+            out.append(outstanding(h, device) if device is not None else h)
+        return tuple(out)
 
 
 def admitted(nomination: Nomination, devices: Mapping[str, GPUDevice]) -> bool:
@@ -165,7 +246,9 @@ def nomination_holds(nominations: Iterable[Nomination], now: datetime,
     """The holds of the nominations live at `now` (P4, P6: their room is placed for nobody
     but their preemptor), leaving out those whose preemptor is admitted on its node
     (`admitted`; `devices_in(namespace)` gives a namespace's devices by name, e.g.
-    `Snapshot.devices_in`; None: not looked at) and the `spent` ones."""
+    `Snapshot.devices_in`; None: not looked at) and the `spent` ones. A nomination with
+    moves has one hold per node (`Nomination.holds`; with `devices_in`, a move hold counts
+    only what its device has not landed yet)."""
     nominations = tuple(nominations)
     out = []
     for n in nominations:
@@ -173,7 +256,11 @@ def nomination_holds(nominations: Iterable[Nomination], now: datetime,
             continue
         if devices_in is not None and admitted(n, devices_in(n.namespace)):
             continue
-        out.append(n.hold())
+        if not n.moves:
+            out.append(n.hold())
+            continue
+        lookup = None if devices_in is None else (lambda k: devices_in(k[0]).get(k[1]))
+        out.extend(n.holds(lookup))
     return tuple(out)
 
 
@@ -268,8 +355,23 @@ def nomination_body(n: Nomination, namespace: str) -> dict:
             "created": format_time(n.created),
             "expires": format_time(n.expires),
             "retryAfterSeconds": n.retry_after,
+            **({"moves": [_move_body(m) for m in n.moves]} if n.moves else {}),
         },
     }
+
+
+def _ref_body(d: DeviceRef) -> dict:
+    return {"driver": d.driver, "pool": d.pool, "device": d.device}
+
+
+def _move_body(m: RoomMove) -> dict:
+    out: dict[str, Any] = {"namespace": m.namespace, "name": m.name, "class": m.class_name,
+                           "resource": m.resource, "fromNode": m.from_node, "toNode": m.to_node}
+    if m.from_device is not None:
+        out["fromDevice"] = _ref_body(m.from_device)
+    if m.to_device is not None:
+        out["toDevice"] = _ref_body(m.to_device)
+    return out
 
 
 def _victim_body(v: Victim) -> dict:
@@ -285,7 +387,9 @@ def _victim_body(v: Victim) -> dict:
 def parse_nomination(obj: Any) -> Nomination:
     """A `GPUNomination` object as a `Nomination`. Raises `model.parse.ParseError` naming
     the field for anything malformed (a missing preemptor, node or expiry, a count that is
-    not a positive integer, a device without driver, pool or name, a time not RFC 3339)."""
+    not a positive integer, a device without driver, pool or name, a time not RFC 3339, a
+    move without its device, class, resource or nodes). An object without `spec.moves` (one
+    written before moves existed) has no moves."""
     if not isinstance(obj, Mapping):
         raise ParseError(KIND, "(object)", f"must be an object, got {type(obj).__name__}")
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
@@ -300,13 +404,20 @@ def parse_nomination(obj: Any) -> Nomination:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ParseError(what, f"{f}.count", "must be a positive integer")
         units.append((_text(what, u.get("resource"), f"{f}.resource"), count))
-    devices = []
-    for i, d in enumerate(_list(what, spec.get("devices"), "spec.devices")):
-        f = f"spec.devices[{i}]"
-        d = _obj(what, d, f)
-        devices.append(DeviceRef(_text(what, d.get("driver"), f"{f}.driver"),
-                                 _text(what, d.get("pool"), f"{f}.pool"),
-                                 _text(what, d.get("device"), f"{f}.device")))
+    devices = [_ref(what, d, f"spec.devices[{i}]")
+               for i, d in enumerate(_list(what, spec.get("devices"), "spec.devices"))]
+    moves = []
+    for i, m in enumerate(_list(what, spec.get("moves"), "spec.moves")):
+        f = f"spec.moves[{i}]"
+        m = _obj(what, m, f)
+        moves.append(RoomMove(_text(what, m.get("namespace"), f"{f}.namespace"),
+                              _text(what, m.get("name"), f"{f}.name"),
+                              _text(what, m.get("class"), f"{f}.class"),
+                              _text(what, m.get("resource"), f"{f}.resource"),
+                              _text(what, m.get("fromNode"), f"{f}.fromNode"),
+                              _text(what, m.get("toNode"), f"{f}.toNode"),
+                              _opt_ref(what, m.get("fromDevice"), f"{f}.fromDevice"),
+                              _opt_ref(what, m.get("toDevice"), f"{f}.toDevice")))
     victims = []
     for i, v in enumerate(_list(what, spec.get("victims"), "spec.victims")):
         f = f"spec.victims[{i}]"
@@ -324,7 +435,17 @@ def parse_nomination(obj: Any) -> Nomination:
                       _text(what, spec.get("node"), "spec.node"),
                       tuple(sorted(units)), tuple(devices), tuple(victims),
                       _time(what, spec.get("created"), "spec.created"),
-                      _time(what, spec.get("expires"), "spec.expires"), max(1, retry))
+                      _time(what, spec.get("expires"), "spec.expires"), max(1, retry), tuple(moves))
+
+
+def _opt_ref(what: str, value: Any, field: str) -> DeviceRef | None:
+    return None if value is None else _ref(what, value, field)
+
+
+def _ref(what: str, value: Any, field: str) -> DeviceRef:
+    d = _obj(what, value, field)
+    return DeviceRef(_text(what, d.get("driver"), f"{field}.driver"), _text(what, d.get("pool"), f"{field}.pool"),
+                     _text(what, d.get("device"), f"{field}.device"))
 
 
 def _obj(what: str, value: Any, field: str) -> Mapping[str, Any]:
@@ -369,5 +490,5 @@ def _time(what: str, value: Any, field: str) -> datetime:
 
 
 __all__ = ["yielding", "API_VERSION", "DEFAULT_RETRY_AFTER", "DEFAULT_TTL", "HOLD_PREFIX", "KIND", "PLURAL",
-           "Drop", "Nomination", "Stop", "Sweep", "Victim", "admitted", "sweep", "hold_id", "nomination_body", "nomination_holds",
+           "Drop", "Nomination", "RoomMove", "Stop", "Sweep", "Victim", "admitted", "sweep", "hold_id", "nomination_body", "nomination_holds",
            "nomination_name", "parse_nomination", "spent"]

@@ -16,8 +16,8 @@ batch never take the same unit or budget slot):
 - `Requeue`: `decide` raised on it (a model bug must not stop the loop); try it later.
 - `Nominate` (P4, with `preempting`): refused for room, with a nomination (new, or its own
   live one reused: `model.nominate`): the caller writes the nomination, then the refusal
-  `PreemptionNominated` (retryable). A new nomination's hold is counted for the rest of the
-  batch, as a `Place`'s.
+  `PreemptionNominated` (retryable). A new nomination's holds are counted for the rest of the
+  batch, as a `Place`'s (its node's, and one per node its D-moves go to).
 
 Every live nomination holds its room for everyone but its preemptor
 (`model.nomination.nomination_holds`, P4, P6), whether or not this replica nominates: one
@@ -262,11 +262,12 @@ def plan_batch(snapshot: Snapshot, holds: Iterable[Hold],
     actions: list[Action] = []
     for namespace, request_id, members in batch:
         action = plan_one(work.snapshot, namespace, request_id, members, preempting)
-        held = action.hold if isinstance(action, Place | Recover) else None
+        held = (action.hold,) if isinstance(action, Place | Recover) else ()
         if isinstance(action, Nominate) and action.nominated.fresh:
-            held = action.nominated.nomination.hold()
-        if held is not None and not held.empty:
-            work.add(held)  # = with_reservation, without a copy of the counts per hold
+            held = action.nominated.nomination.holds()  # its node's, and its moves' targets
+        for h in held:
+            if h is not None and not h.empty:
+                work.add(h)  # = with_reservation, without a copy of the counts per hold
         actions.append(action)
     return actions, work.snapshot
 

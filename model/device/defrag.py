@@ -182,10 +182,11 @@ def _record_exists(snap: SnapshotView, d: DeviceView) -> bool:
         snap.nodes.get(d.bound_node), d.class_name, snap.mode.matches.get(d.class_name), rec) is None
 
 
-def _one_device(snap: SnapshotView, node: str, class_name: str, free: frozenset[str],
-                keep: frozenset[str] = frozenset()) -> DeviceRef | None:
-    """The device of `node` a new one-device set of `class_name` takes among `free`
-    (DR4's buddy best fit, `keep` first on a tie), None when none."""
+def one_device(snap: SnapshotView, node: str, class_name: str, free: frozenset[str],
+               keep: frozenset[str] = frozenset()) -> DeviceRef | None:
+    """The device of `node` a new one-device set of `class_name` takes among `free` (names
+    of devices of the class on `node`): DR4's buddy best fit, `keep` first on a tie; None
+    when none (the node or the class has none, or no group of one is free)."""
     n = snap.nodes.get(node)
     if n is None or not free:
         return None
@@ -203,7 +204,7 @@ def _repoint(scratch: Scratch, d: DeviceView, move: Callable[..., Any]) -> Any:
     node, rec = d.bound_node, d.status.device
     assert node is not None and rec is not None
     free = scratch.free_for(d)
-    to = _one_device(scratch.snap, node, d.class_name, free, frozenset((rec.device,)) & free)
+    to = one_device(scratch.snap, node, d.class_name, free, frozenset((rec.device,)) & free)
     if to is None or to == rec:
         return None
     return move(d.key, d.class_name, scratch.snap.classes[d.class_name].resource_name,
@@ -221,14 +222,14 @@ def _clear(snap: SnapshotView, node: str, class_name: str, group: list, cleared:
     if firsts is None:  # once a round per class: the tightest nodes with a device free
         firsts = targets[class_name] = sorted(
             (snap.free(n, res), n, to) for n in targets_of(snap, class_name, res, cleared, budget + 8)
-            if (to := _one_device(snap, n, class_name, snap.free_devices(n, class_name))) is not None)
+            if (to := one_device(snap, n, class_name, snap.free_devices(n, class_name))) is not None)
     scratch, step = Scratch(snap, memo), []
     went: list[str] = []  # the targets of this step: only theirs differ from `firsts`
     for d in group:
         options = []
         for n in went:
             if (f := scratch.units_of(n, res)) >= 1 and (
-                    to := _one_device(snap, n, class_name, scratch.free(n, class_name))) is not None:
+                    to := one_device(snap, n, class_name, scratch.free(n, class_name))) is not None:
                 options.append((f, n, to))
         first = next((o for o in firsts if o[1] != node and o[1] not in went), None)
         if first is not None:
@@ -244,4 +245,4 @@ def _clear(snap: SnapshotView, node: str, class_name: str, group: list, cleared:
     return step, scratch
 
 
-__all__ = ["Scratch", "device_steps"]
+__all__ = ["Scratch", "device_steps", "one_device"]

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from actors.coordinator_protocol import CoordinatorConfig
-from actors.errors import TransientWriteError
+from actors.errors import RequestWithdrawn, TransientWriteError
 from fakes.clock import LoopClock
 from fakes.memory_store import MemoryStore
 from model.nominate import NominationSettings
@@ -285,4 +285,92 @@ async def test_P6_a_leader_killed_between_the_victims_deletion_and_the_preemptor
         assert not s.nominations()  # done: deleted as admitted
         assert sorted(d[1] for d in s.deleted_vmis) == ["a", "b"]  # nobody else, each once
         assert s.vmi("spot", "bystander") is not None
+        tg.cancel_scope.cancel()
+
+
+def store_with_idle() -> MemoryStore:
+    s = MemoryStore(clock=LoopClock())
+    for ns in ("spot", "p", "t"):
+        s.add_namespace(ns)
+    s.add_class("h100", H100)
+    s.add_node("n1", {H100: 5})
+    s.add_device("t", "idle-1", "h100", node="n1")
+    return s
+
+
+async def test_P3_P4_a_D_move_that_fails_leaves_the_nomination_and_is_made_on_the_preemptors_retry():
+    """The move's write fails as when the device is found no longer idle (RequestWithdrawn):
+    the nomination stands, the preemptor is not admitted while its room is not free (its
+    victim stopped, the idle device still there), and its retry makes the move again."""
+    s = store_with_idle()
+    binder = await running(s)
+    async with anyio.create_task_group() as tg:
+        await tg.start(binder.run)
+        add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "c", 1, SPOT)
+        await settle(s, binder)
+        s.add_node("n2", {H100: 1})
+        await anyio.sleep(1)
+        s.fail_next(RequestWithdrawn, op="move")
+        rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", rid)[1] is Code.PREEMPTION_NOMINATED
+        (n,) = s.nominations().values()
+        assert [m.name for m in n.moves] == ["idle-1"]
+        assert s.devices()[("t", "idle-1")].status.node_name == "n1"  # not moved
+        for i in range(2):
+            s.delete_device(("spot", f"a-h100-{i}"))
+        s.withdraw("p", rid)
+        again = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await settle(s, binder)
+        # 3 free on n1: not admitted, the same nomination; the move made now
+        assert result(s, "p", again)[1] is Code.PREEMPTION_NOMINATED
+        assert list(s.nominations().values()) == [n]
+        assert s.devices()[("t", "idle-1")].status.node_name == "n2"
+        s.withdraw("p", again)
+        last = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", last) == (Result.SUCCEEDED, None, "n1")
+        tg.cancel_scope.cancel()
+
+
+async def test_P3_P4_a_nomination_with_a_D_move_moves_the_idle_device_once_then_the_preemptor_lands():
+    """n1 (5 × H100): spot VMs a (2 GPUs) and c (1) and tenant t's idle held device; n2 (1)
+    has one unit free. The on-demand 4-GPU set would need a and c stopped; moving the idle
+    device to n2 leaves a the only victim. The nomination records the move, the binder writes
+    it once (a `move`, as a defragmenting one), holds n2's unit for it, the victim stops and
+    the preemptor's next create lands on n1."""
+    s = store_with_idle()
+    binder = await running(s)
+    async with anyio.create_task_group() as tg:
+        await tg.start(binder.run)
+        a, c = add_set(s, "spot", "a", 2, SPOT), add_set(s, "spot", "c", 1, SPOT)
+        await settle(s, binder)
+        assert result(s, "spot", a)[2] == result(s, "spot", c)[2] == "n1"
+        s.add_node("n2", {H100: 1})
+        await anyio.sleep(1)
+        rid = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", rid) == (Result.REFUSED, Code.PREEMPTION_NOMINATED, None)
+        (n,) = s.nominations().values()
+        assert [v.vmi for v in n.victims] == ["a"] and n.node == "n1"
+        assert [(m.name, m.from_node, m.to_node) for m in n.moves] == [("idle-1", "n1", "n2")]
+        assert nominated_room_problems(s, LoopClock().now()) == []
+        moves = [r for r in s.history if r.op == "move"]
+        assert [(r.key, r.node) for r in moves] == [(("t", "idle-1"), "n2")]
+        assert "to make room on n1 for p/vm-9" in moves[0].message
+        assert s.devices()[("t", "idle-1")].status.node_name == "n2"
+        # the preemptor's retry before the victim stopped: refused again, the move not made twice
+        s.withdraw("p", rid)
+        again = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", again)[1] is Code.PREEMPTION_NOMINATED
+        assert len([r for r in s.history if r.op == "move"]) == 1
+        # the victim stops (its template devices go, H2); the preemptor's next create lands on n1
+        for i in range(2):
+            s.delete_device(("spot", f"a-h100-{i}"))
+        s.withdraw("p", again)
+        last = add_set(s, "p", "vm-9", 4, ON_DEMAND)
+        await settle(s, binder)
+        assert result(s, "p", last) == (Result.SUCCEEDED, None, "n1")
+        assert result(s, "spot", c)[0] is Result.SUCCEEDED  # c never stopped
         tg.cancel_scope.cancel()

@@ -13,7 +13,7 @@ import pytest
 
 from model.decide import Request
 from model.nominate import NominationSettings, Preempting, nominate, nomination_of
-from model.nomination import (Nomination, Victim, hold_id, nomination_body, nomination_holds,
+from model.nomination import (Nomination, RoomMove, Victim, hold_id, nomination_body, nomination_holds,
                               nomination_name, parse_nomination)
 from model.parse import ParseError
 from model.plan import Answer, Nominate, Place, plan_batch
@@ -87,6 +87,59 @@ def test_a_malformed_object_is_refused_naming_the_field(path, value, field):
     with pytest.raises(ParseError) as err:
         parse_nomination(body)
     assert err.value.field == field and "GPUNomination cozy-system/p.vm-9" in str(err.value)
+
+
+def with_moves() -> Nomination:
+    """`sample` with a D-move off n1 (count mode) and, device mode, a move and a re-point."""
+    return replace(sample(), moves=(
+        RoomMove("t", "g1", "h100", H, "n1", "n2"),
+        RoomMove("u", "g2", CLASS, "gpu.nvidia.com/vfio", "n1", "n3", ref("n1", 3), ref("n3", 7)),
+        RoomMove("u", "g3", CLASS, "gpu.nvidia.com/vfio", "n1", "n1", ref("n1", 2), ref("n1", 5))))
+
+
+def test_the_moves_round_trip_and_an_object_without_them_has_none():
+    n = with_moves()
+    body = nomination_body(n, "cozy-system")
+    assert body["spec"]["moves"][0] == {"namespace": "t", "name": "g1", "class": "h100", "resource": H,
+                                        "fromNode": "n1", "toNode": "n2"}
+    assert body["spec"]["moves"][2]["toDevice"] == {"driver": DRIVER, "pool": "n1", "device": "gpu-vfio-5"}
+    assert parse_nomination(body) == n
+    # an object written before moves existed (no spec.moves) has none; none written for none
+    old = nomination_body(sample(), "cozy-system")
+    assert "moves" not in old["spec"]
+    assert parse_nomination(old).moves == () and parse_nomination(old) == sample()
+
+
+@pytest.mark.parametrize("move, field", [
+    ({"namespace": "t", "name": "g", "class": "h100", "resource": H, "fromNode": "n1"}, "spec.moves[0].toNode"),
+    ({"namespace": "t", "name": "g", "class": "h100", "resource": H, "fromNode": "n1", "toNode": "n2",
+      "toDevice": {"driver": DRIVER, "pool": "n2"}}, "spec.moves[0].toDevice.device"),
+])
+def test_a_malformed_move_is_refused_naming_the_field(move, field):
+    body = nomination_body(sample(), "cozy-system")
+    body["spec"]["moves"] = [move]
+    with pytest.raises(ParseError) as err:
+        parse_nomination(body)
+    assert err.value.field == field
+
+
+def test_a_nominations_moves_hold_their_targets_until_the_devices_are_there():
+    n = with_moves()
+    main, *moved = n.holds()
+    # the re-point's device is held on the nominated node with the room
+    assert main.node == "n1" and main.device_names == {"gpu-vfio-0", "gpu-vfio-1", "gpu-vfio-5"}
+    assert [(h.node, h.needs, h.device_names) for h in moved] == [
+        ("n2", ((H, 1),), frozenset()), ("n3", (("gpu.nvidia.com/vfio", 1),), frozenset({"gpu-vfio-7"}))]
+    assert {h.request_id for h in n.holds()} == {hold_id("p", "vm-9")}
+    # once the view shows g1 Bound on n2, its hold there takes nothing
+    from model.types import DeviceStatus, GPUDevice, Phase
+    view = {("t", "g1"): GPUDevice("t", "g1", "h100", status=DeviceStatus(Phase.BOUND, "n2", NOW)),
+            ("u", "g2"): GPUDevice("u", "g2", CLASS, status=DeviceStatus(Phase.BOUND, "n1", NOW,
+                                                                         device=ref("n1", 3)))}
+    held = nomination_holds([n], NOW, lambda ns: {k[1]: d for k, d in view.items() if k[0] == ns})
+    assert held == n.holds(view.get)
+    assert held[1].empty and not held[2].empty and held[2].device_names == {"gpu-vfio-7"}
+    assert n.holds(lambda k: None)[2].empty  # a device gone lands nowhere: nothing held for it
 
 
 def test_the_hold_is_the_room_and_named_for_the_preemptor():
@@ -482,3 +535,22 @@ def test_a_preemptor_admitted_on_another_node_drops_its_nomination_and_its_hold(
     plan = sweep([live], NOW, lambda ns, n: vmis.get((ns, n)), devices_in)
     assert plan.stops == () and [(d.nomination.vmi, d.why) for d in plan.drops] == [("vm-9", "admitted")]
     assert nomination_holds([live], NOW, devices_in) == ()
+
+
+def test_a_nomination_records_its_plans_moves_and_holds_their_target_for_the_rest_of_the_batch():
+    from tests.model.test_preemption import idle
+    devices, req = asking("vm-9", 4)
+    other, req2 = asking("vm-x", 1, ns="q", value=5000)
+    req2 = replace(req2, id="rq")
+    other = [replace(d, status=replace(d.status, bind_request=replace(d.status.bind_request, id="rq")))
+             for d in other]
+    snap = count_world([node("n1", 5), node("n2", 2)], vm_set("a", "n1", 2), vm_set("c", "n1", 1),
+                       idle("g", "n1"), vm_set("hi", "n2", 1, value=5000), devices, other)
+    first, second = batch(snap, req, req2)
+    assert isinstance(first, Nominate)
+    n = first.nominated.nomination
+    assert [v.vmi for v in n.victims] == ["a"]
+    assert [(m.name, m.from_node, m.to_node) for m in n.moves] == [("g", "n1", "n2")]
+    assert n == nomination_of(plan_preemption(snap, req, NOW), NOW)
+    # n2's one free unit is the move's: the 1-GPU set of a higher priority is not placed there
+    assert not (isinstance(second, Place) and second.decision.node == "n2"), second

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from itertools import combinations
+from itertools import combinations, product
 
 import pytest
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 from model.decide import Request, decide, decide_on
+from model.defrag import device_target, eligible_nodes, movable
+from model.nomination import RoomMove
 from model.hold import Hold
 from model.preemption import (NoPlan, PreemptionPlan, PreemptionSettings, RunningSet, may_yield,
                               plan_preemption, release_sets, request_priority, running_sets)
@@ -375,6 +377,127 @@ def test_DR3_another_claim_on_a_victims_device_is_not_released():
     assert victims_of(plan) == ["b"]  # group A keeps gpu-vfio-0 taken by another's claim
 
 
+# --- D-moves of idle held devices (P3 with D1-D5) ----------------------------------------------
+
+
+def idle(name: str, on: str, *, ns: str = "t", cls: str = "h100", index: int | None = None) -> list[GPUDevice]:
+    """An idle held device (D1: Bound, no attachment, no request) on `on`; device mode: it
+    records GPU `index`."""
+    return [GPUDevice(ns, name, cls, status=DeviceStatus(
+        Phase.BOUND, on, NOW - 2 * HOUR, device=ref(on, index) if index is not None else None))]
+
+
+def moves_of(plan) -> list[tuple]:
+    assert isinstance(plan, PreemptionPlan), plan
+    return [(m.name, m.from_node, m.to_node, m.to_device.device if m.to_device else None) for m in plan.moves]
+
+
+def test_P3_count_mode_one_move_saves_a_victim():
+    # n1 (5): a (2) + c (1) + an idle held device + 1 free; the set needs 4. Without moves both
+    # a and c must stop; moving the idle device to n2's free unit, a alone
+    devices, req = asking("p", 4)
+    snap = count_world([node("n1", 5), node("n2", 2)], vm_set("a", "n1", 2), vm_set("c", "n1", 1),
+                       idle("g", "n1"), vm_set("hi", "n2", 1, value=5000), devices)
+    plan = plan_preemption(snap, req, NOW)
+    assert plan.node == "n1" and victims_of(plan) == ["a"] and moves_of(plan) == [("g", "n1", "n2", None)]
+    assert [m.render(f"{req.namespace}/{req.vmi}") for m in plan.moves] == [
+        "preemption: moved t/g (h100) from n1 to n2 to make room on n1 for p/p"]
+    after = decide(release_sets(snap, plan.victims).with_devices(
+        [replace(snap.device("t", "g"), status=replace(snap.device("t", "g").status, node_name="n2"))]), req)
+    assert after.node == "n1" and after.placements[0] == plan.placement
+    # with n2 full, no move: both stop
+    snap = count_world([node("n1", 5), node("n2", 1)], vm_set("a", "n1", 2), vm_set("c", "n1", 1),
+                       idle("g", "n1"), vm_set("hi", "n2", 1, value=5000), devices)
+    plan = plan_preemption(snap, req, NOW)
+    assert victims_of(plan) == ["a", "c"] and plan.moves == ()
+
+
+def test_P3_a_move_that_does_not_help_is_not_in_the_plan():
+    # stopping a alone makes the room: the idle device stays although n2 has room for it
+    devices, req = asking("p", 4)
+    snap = count_world([node("n1", 5), node("n2", 2)], vm_set("a", "n1", 3), idle("g", "n1"),
+                       vm_set("hi", "n2", 1, value=5000), devices)
+    plan = plan_preemption(snap, req, NOW)
+    assert victims_of(plan) == ["a"] and plan.moves == ()
+
+
+def test_P3_a_move_only_to_a_node_its_class_may_use():
+    # the idle device's class serves pool=a only; the one free unit elsewhere is on n2 (pool=b)
+    devices, req = asking("p", 4)
+    pool_a = gpu_class("h100a", selector={"pool": "a"})
+    snap = count_world([node("n1", 5, pool="a"), node("n2", 2, pool="b")], vm_set("a", "n1", 2),
+                       vm_set("c", "n1", 1), idle("g", "n1", cls="h100a"), vm_set("hi", "n2", 1, value=5000),
+                       devices, classes=[gpu_class(), NEVER_CLASS, pool_a])
+    plan = plan_preemption(snap, req, NOW)
+    assert victims_of(plan) == ["a", "c"] and plan.moves == ()
+    # a Stay class never moves (D1)
+    stay = gpu_class("h100a", stay=True)
+    snap = count_world([node("n1", 5), node("n2", 2)], vm_set("a", "n1", 2), vm_set("c", "n1", 1),
+                       idle("g", "n1", cls="h100a"), vm_set("hi", "n2", 1, value=5000), devices,
+                       classes=[gpu_class(), NEVER_CLASS, stay])
+    assert plan_preemption(snap, req, NOW).moves == ()
+
+
+def test_P3_a_node_that_moves_alone_make_room_on_is_no_candidate():
+    # the set needs 2; n1 (3): two idle devices and a. Moving both idle devices (to n2 and n3,
+    # one free unit each) makes the room with no victim: that is defragmentation's (D3), not
+    # a preemption, so a (whose 1 GPU and one move would also do) is not stopped for it
+    devices, req = asking("p", 2)
+    nodes = [node("n1", 3), node("n2", 3), node("n3", 3)]
+    others = (vm_set("hi2", "n2", 2, value=5000), vm_set("hi3", "n3", 2, value=5000))
+    snap = count_world(nodes, idle("g1", "n1"), idle("g2", "n1"), vm_set("a", "n1", 1), *others, devices)
+    plan = plan_preemption(snap, req, NOW)
+    assert isinstance(plan, NoPlan) and plan.reason.code is Code.NOTHING_FREES_ENOUGH
+    # one idle device only: moving it and stopping a make the room
+    snap = count_world(nodes, idle("g1", "n1"), vm_set("a", "n1", 2), *others, devices)
+    plan = plan_preemption(snap, req, NOW)
+    assert victims_of(plan) == ["a"] and plan.moves == ()  # a's 2 GPUs alone: no move needed
+    snap = count_world(nodes, idle("g1", "n1"), vm_set("a", "n1", 1), vm_set("b", "n1", 1), *others, devices)
+    plan = plan_preemption(snap, req, NOW)
+    assert victims_of(plan) == ["a"] and moves_of(plan) == [("g1", "n1", "n2", None)]
+
+
+def test_P3_device_mode_one_move_saves_a_victim():
+    # partition4 groups {0-3} {4-7}. n1: a on 0-2, an idle held device on 3, hi on 4-7: no
+    # group without moving the idle device; n2: c on 0-1, d on 2-3 (two victims make a group);
+    # n3 has GPU 7 free. Moving the idle device to n3, stopping a alone makes n1's group
+    devices, req = asking("p", 4, cls=CLASS)
+    hi = dict(cls=CLASS, value=5000)
+    snap = dra_world([dra_node("n1"), dra_node("n2"), dra_node("n3")],
+                     vm_set("a", "n1", 3, cls=CLASS, indices=(0, 1, 2)), idle("g", "n1", cls=CLASS, index=3),
+                     vm_set("hi1", "n1", 4, indices=(4, 5, 6, 7), **hi),
+                     vm_set("c", "n2", 2, cls=CLASS, indices=(0, 1)), vm_set("d", "n2", 2, cls=CLASS, indices=(2, 3)),
+                     vm_set("hi2", "n2", 4, indices=(4, 5, 6, 7), **hi),
+                     vm_set("hi3", "n3", 7, indices=tuple(range(7)), **hi), devices)
+    plan = plan_preemption(snap, req, NOW)
+    assert plan.node == "n1" and victims_of(plan) == ["a"]
+    assert moves_of(plan) == [("g", "n1", "n3", "gpu-vfio-7")] and plan.moves[0].from_device == ref("n1", 3)
+    assert sorted(r.device for _, r in plan.devices) == [f"gpu-vfio-{i}" for i in range(4)]
+    # without n3's free GPU: c and d stop on n2
+    snap = dra_world([dra_node("n1"), dra_node("n2")],
+                     vm_set("a", "n1", 3, cls=CLASS, indices=(0, 1, 2)), idle("g", "n1", cls=CLASS, index=3),
+                     vm_set("hi1", "n1", 4, indices=(4, 5, 6, 7), **hi),
+                     vm_set("c", "n2", 2, cls=CLASS, indices=(0, 1)), vm_set("d", "n2", 2, cls=CLASS, indices=(2, 3)),
+                     vm_set("hi2", "n2", 4, indices=(4, 5, 6, 7), **hi), devices)
+    plan = plan_preemption(snap, req, NOW)
+    assert plan.node == "n2" and victims_of(plan) == ["c", "d"] and plan.moves == ()
+
+
+def test_P3_device_mode_a_re_point_on_the_node_saves_a_victim():
+    # n1: a on 0-2, the idle device records 3, b on 4, GPU 5 free, hi on 6-7: re-pointing the
+    # idle device to GPU 5 frees group {0-3} once a stops (else a and b stop: no group either)
+    devices, req = asking("p", 4, cls=CLASS)
+    snap = dra_world([dra_node("n1")],
+                     vm_set("a", "n1", 3, cls=CLASS, indices=(0, 1, 2)), idle("g", "n1", cls=CLASS, index=3),
+                     vm_set("b", "n1", 1, cls=CLASS, indices=(4,)),
+                     vm_set("hi", "n1", 2, cls=CLASS, value=5000, indices=(6, 7)), devices)
+    plan = plan_preemption(snap, req, NOW)
+    assert victims_of(plan) == ["a"] and moves_of(plan) == [("g", "n1", "n1", "gpu-vfio-5")]
+    assert plan.moves[0].repoint
+    assert plan.moves[0].render("p/p") == ("preemption: re-pointed t/g (h100x) on n1 from gpu-vfio-3 to "
+                                           "gpu-vfio-5 to make room on n1 for p/p")
+
+
 # --- property tests: the plan equals brute force ----------------------------------------------
 
 
@@ -384,9 +507,64 @@ def _eligible(snap: Snapshot, s: RunningSet, p: Priority, now: datetime) -> bool
             and all(snap.classes[c].preemption is ClassPreemption.LOWER_PRIORITY for c in s.classes))
 
 
+def brute_targets(snap: Snapshot, node_name: str, choice) -> tuple[RoomMove, ...] | None:
+    """The moves of `choice` ((idle device, "move" or "repoint"), by device key) as P3's text
+    with D2 places them, each in turn: off the node to the eligible node (`eligible_nodes`)
+    with the fewest free units left (then name) with a unit free and, device mode, a device
+    free for it (the one a one-device set takes, `device_target`); a re-point records the
+    device a one-device set takes on its own node. None when one has nowhere to go."""
+    used: dict = {}
+    taken: dict = {}
+    out = []
+    for d, kind in choice:
+        cls = d.class_name
+        res = snap.classes[cls].resource_name
+        devices = cls in snap.mode.device_classes
+        if kind == "repoint":
+            to_node, to = node_name, device_target(snap, node_name, cls, taken.get(node_name, ()))
+            if to is None:
+                return None
+        else:
+            options = []
+            for n in eligible_nodes(snap, cls):
+                left = snap.free(n, res) - used.get((n, res), 0)
+                if n == node_name or left < 1:
+                    continue
+                to = device_target(snap, n, cls, taken.get(n, ())) if devices else None
+                if devices and to is None:
+                    continue
+                options.append((left, n, to))
+            if not options:
+                return None
+            _, to_node, to = min(options, key=lambda o: o[:2])
+            used[(to_node, res)] = used.get((to_node, res), 0) + 1
+        if to is not None:
+            taken.setdefault(to_node, set()).add(to.device)
+        out.append(RoomMove(d.namespace, d.name, cls, res, node_name, to_node, d.status.device, to))
+    return tuple(out)
+
+
+def brute_moves(snap: Snapshot, node_name: str):
+    """Every choice of moves of the idle held devices of `node_name` (D1, `movable`): each
+    stays, moves off or (device mode) is re-pointed; fewest moves first."""
+    idle_here = sorted((d for d in snap.devices.values() if d.bound_node == node_name and movable(d, snap)),
+                       key=lambda d: d.key)
+    kinds = [("stay", "move", "repoint") if d.class_name in snap.mode.device_classes else ("stay", "move")
+             for d in idle_here]
+    out = []
+    for pick in product(*kinds):
+        choice = tuple((d, k) for d, k in zip(idle_here, pick) if k != "stay")
+        moves = brute_targets(snap, node_name, choice)
+        if moves is not None:
+            out.append(moves)
+    return sorted(out, key=len)
+
+
 def brute_force(snap: Snapshot, req: Request, now: datetime):
-    """Every non-empty subset of the eligible victims of every node, judged by the binder's
-    decision on the snapshot without them; the minimum of P3's key written from its text."""
+    """Every non-empty subset of the eligible victims of every node, with every choice of
+    moves of the node's idle held devices, judged by the binder's decision on the snapshot
+    without them and after the moves; the minimum of P3's key written from its text. A node
+    where moves alone make room is no candidate (a plan stops someone)."""
     p = request_priority(snap, req)
     if not p.may_preempt or decide(snap, req).result is Result.SUCCEEDED:
         return None
@@ -394,23 +572,36 @@ def brute_force(snap: Snapshot, req: Request, now: datetime):
     best = None
     for node_name in sorted({s.node for s in eligible}):
         mine = [s for s in eligible if s.node == node_name]
+        choices = brute_moves(snap, node_name)
+        if any(decide_on(moved(snap, ms), req, node_name)[1] is not None for ms in choices if ms):
+            continue  # moves alone make the room: defragmentation's, not a preemption
         for k in range(1, len(mine) + 1):
             for subset in combinations(mine, k):
-                released = release_sets(snap, subset)
-                whole = decide(released, req, limit=None)
-                placed_here = [pl for pl in whole.placements if pl.node == node_name]
-                d, rank = decide_on(released, req, node_name)
-                assert (rank is not None) == bool(placed_here)  # the restriction agrees with decide
-                if rank is None:
-                    continue
-                assert d.placements[0] == placed_here[0]
-                newest_first = sorted((s.started for s in subset), reverse=True)
-                key = (max(s.priority.value for s in subset), k, sum(s.gpus for s in subset),
-                       tuple((NOW - t) for t in newest_first),  # later start: smaller age: better
-                       rank, tuple(sorted((s.namespace, s.vmi, s.admission or "") for s in subset)))
-                if best is None or key < best[0]:
-                    best = (key, node_name, subset, d.placements[0])
+                for ms in choices:
+                    released = moved(release_sets(snap, subset), ms)
+                    whole = decide(released, req, limit=None)
+                    placed_here = [pl for pl in whole.placements if pl.node == node_name]
+                    d, rank = decide_on(released, req, node_name)
+                    assert (rank is not None) == bool(placed_here)  # the restriction agrees with decide
+                    if rank is None:
+                        continue
+                    assert d.placements[0] == placed_here[0]
+                    newest_first = sorted((s.started for s in subset), reverse=True)
+                    key = (max(s.priority.value for s in subset), k, sum(s.gpus for s in subset),
+                           tuple((NOW - t) for t in newest_first),  # later start: smaller age: better
+                           len(ms), rank, tuple(sorted((s.namespace, s.vmi, s.admission or "") for s in subset)),
+                           tuple(sorted((m.namespace, m.name, m.to_node, m.to_device.device if m.to_device else "")
+                                        for m in ms)))
+                    if best is None or key < best[0]:
+                        best = (key, node_name, subset, d.placements[0], ms)
     return best
+
+
+def moved(snap: Snapshot, moves) -> Snapshot:
+    """`snap` with each move made: Bound on its target, recording its target device."""
+    return snap.with_devices([replace(d, status=replace(d.status, node_name=m.to_node,
+                                                        device=m.to_device or d.status.device))
+                              for m in moves if (d := snap.device(*m.key)) is not None])
 
 
 VALUES = st.sampled_from([0, 0, 10, 10, 100, 1000])
@@ -418,13 +609,14 @@ AGES = st.sampled_from([timedelta(minutes=m) for m in (9, 10, 30, 60, 60, 120, 1
 
 
 @st.composite
-def fleets(draw, device_mode: bool):
+def fleets(draw, device_mode: bool, moves: bool = False):
     """2-4 nodes (count mode: 2-6 units each; device mode: HGX boards of 8, 2-3 nodes), up to
     8 running sets filling them (random priority, start, class Never or
     LowerPriority, held devices, kept; device mode: random GPUs of the board, their claims
     sometimes allocating them), a preemptor larger than the most any node has free (of
     random priority, sometimes Never; sometimes one of its members a held device Bound where a
-    unit is free), one node sometimes cordoned."""
+    unit is free), one node sometimes cordoned.
+    With `moves`: idle held devices on most nodes and more room left free (P3's D-moves)."""
     n_nodes = draw(st.integers(2, 3) if device_mode else st.sampled_from([2, 2, 3, 4]))
     names = [f"n{i}" for i in range(1, n_nodes + 1)]
     cordoned = draw(st.none() | st.sampled_from(names))
@@ -438,8 +630,18 @@ def fleets(draw, device_mode: bool):
     sets = []
     claims: dict[str, set[str]] = {n: set() for n in names}
     limit = 8
+    idle_devices = []
+    for on in names:  # sometimes an idle held device or two first (D1: movable, P3's D-moves)
+        for _ in range(draw(st.sampled_from([1, 1, 2] if moves else [0, 0, 0, 1, 1, 2]))):
+            if not free[on]:
+                break
+            x = draw(st.sampled_from(free[on])) if device_mode else free[on][0]
+            free[on].remove(x)
+            idle_devices += idle(f"g{len(idle_devices)}-{on}", on, ns=draw(st.sampled_from(["t", "u", "p"])),
+                                 cls=draw(st.sampled_from(classes[:1] * 3 + classes[1:])),
+                                 index=x if device_mode else None)
     for on in names:  # fill each node, sometimes leaving a unit or two free
-        while free[on] and len(sets) < limit and not draw(st.integers(0, 9)) == 0:
+        while free[on] and len(sets) < limit and not draw(st.integers(0, 3 if moves else 9)) == 0:
             size = min(len(free[on]), draw(st.sampled_from([1, 1, 2, 2, 4] if device_mode else [1, 1, 2, 3])))
             held = draw(st.integers(0, min(2, size - 1))) if size > 1 else 0
             picked = draw(st.permutations(free[on]))[:size] if device_mode else free[on][:size]
@@ -469,10 +671,10 @@ def fleets(draw, device_mode: bool):
     if device_mode:
         nodes = [replace(dra_node(n, classes=(CLASS, "h100xn")), unschedulable=n == cordoned,
                          taken_devices=frozenset(claims[n])) for n in names]
-        snap = dra_world(nodes, *sets, devices)
+        snap = dra_world(nodes, *sets, idle_devices, devices)
     else:
         nodes = [node(n, caps[n], cordoned=n == cordoned) for n in names]
-        snap = count_world(nodes, *sets, devices)
+        snap = count_world(nodes, *sets, idle_devices, devices)
     return snap, req
 
 
@@ -486,16 +688,19 @@ def check_against_brute_force(snap: Snapshot, req: Request) -> None:
         return
     assert isinstance(plan, PreemptionPlan), (plan, best)
     event(f"plan of {len(plan.victims)} victims")
-    key, node_name, subset, placement = best
+    key, node_name, subset, placement, moves = best
+    event(f"plan of {len(plan.moves)} moves")
     assert plan.node == node_name
     assert [v.key for v in plan.victims] == sorted(v.key for v in subset)
+    assert plan.moves == moves
     assert plan.placement == placement
     # every victim is eligible, none of priority >= the preemptor's
     p = request_priority(snap, req)
     assert all(_eligible(snap, v, p, NOW) and v.priority.value < p.value for v in plan.victims)
     assert all(v.node == plan.node for v in plan.victims)
-    # deciding the preemptor without the victims places it on the plan's node, plan's devices
-    after = decide(release_sets(snap, plan.victims), req)
+    # deciding the preemptor without the victims, after the moves, places it on the plan's
+    # node, plan's devices
+    after = decide(moved(release_sets(snap, plan.victims), plan.moves), req)
     assert after.result is Result.SUCCEEDED and after.node == plan.node
     assert after.placements[0].devices == plan.devices and after.placements[0] == plan.placement
 
@@ -509,6 +714,18 @@ def test_P3_count_mode_plan_equals_brute_force(world):
 @PROPS
 @given(fleets(device_mode=True))
 def test_P3_device_mode_plan_equals_brute_force(world):
+    check_against_brute_force(*world)
+
+
+@PROPS
+@given(fleets(device_mode=False, moves=True))
+def test_P3_count_mode_plan_with_moves_equals_brute_force(world):
+    check_against_brute_force(*world)
+
+
+@PROPS
+@given(fleets(device_mode=True, moves=True))
+def test_P3_device_mode_plan_with_moves_equals_brute_force(world):
     check_against_brute_force(*world)
 
 

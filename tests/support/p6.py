@@ -51,7 +51,10 @@ def deletion_problem(store: MemoryStore, namespace: str, vmi: str, admission: st
 
 
 def _set_of(d: GPUDevice, n: Nomination) -> bool:
-    """`d` belongs to `n`'s preemptor or to one of its victims (attached to it, or its template)."""
+    """`d` belongs to `n`'s preemptor or to one of its victims (attached to it, or its
+    template), or is an idle device `n` moves off its node (a D-move of its plan, P3)."""
+    if any(m.key == d.key for m in n.moves):
+        return True
     if d.namespace == n.namespace and (d.template_for == n.vmi or (
             d.status.attached_to is not None and d.status.attached_to.vmi == n.vmi)):
         return True
@@ -192,10 +195,12 @@ def line_problems(line: Line, snapshot: Snapshot, holds: Sequence[Hold], actions
         if isinstance(a, Place) and a.request.id not in flying:
             out += place_problems(line, work.snapshot, a.request, a.decision.placements[0])
         hold = a.hold if isinstance(a, Place | Recover) else None
+        held = (hold,) if hold is not None else ()
         if isinstance(a, Nominate) and a.nominated.fresh:
-            hold = a.nominated.nomination.hold()
-        if hold is not None and not hold.empty:
-            work.add(hold)
+            held = a.nominated.nomination.holds()  # its room, and its D-moves' targets
+        for h in held:
+            if not h.empty:
+                work.add(h)
         if joins_line(a):
             line = line.refused(line_entry(work.snapshot, a.request, now), now)
     return out
