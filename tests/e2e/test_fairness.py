@@ -287,12 +287,14 @@ RACER_ANSWERS = ("budget_exhausted", "budget_in_flight", "tenant_busy", "api_pri
 
 
 def racer_answer(o: Outcome) -> str:
-    """What answered a racer `o`: "admitted", W1's budget refusal, a webhook's 429 (its
+    """What answered a racer `o`: "admitted", W1's budget refusal (its budget used, or
+    partly bound by the admitted racer's devices as they land: "too small"), a webhook's 429 (its
     budget held by admissions in progress there, or its turns taken), the API server's 429
     (A's queues full), else its status and message (no answer, an error)."""
     if o.status == 201:
         return "admitted"
-    if o.status == 403 and re.search(r"budget of tenant \S+ for .* exhausted", o.message):
+    if o.status == 403 and re.search(r"budget of tenant \S+ for .* (exhausted|too small for the request)",
+                                     o.message):
         return "budget_exhausted"
     if o.status == 429 and o.reason == "TooManyRequests":
         return "budget_in_flight" if "of its budget" in o.message else "tenant_busy"
