@@ -21,7 +21,7 @@ separate node pools (lanes):
   cluster made the same way, its replica started with the same arguments plus
   `--line-enabled=false`, replays the same seeded trace on lane (d) alone
   (`report["lanes_on_second_cluster"]`). Isolates what the line buys: (a)'s 8-GPU maximum
-  wait against (d)'s. Skipped by `--no-line-lane` (and by default with `--quick`).
+  wait against (d)'s. Skipped by `--lanes a,b,c` (the default with `--quick`).
 
 There is no KubeVirt in the path (as `bench e2e`): the driver plays virt-controller and a
 VM's `runStrategy: Always`. An admitted VMI gets a launcher Pod made by the driver as
@@ -76,8 +76,8 @@ BINDER_LANES = ("a", "c", "d")
 SECOND_CLUSTER = ("d",)
 """Lanes whose binder runs with other settings than (a)'s: each runs on a second cluster,
 after the first's lanes end (one controller serves one cluster)."""
-NO_LINE = ("lane (d) was not asked for (--no-line-lane, --quick, or --lanes without d): its "
-           "second cluster, a binder with the line off, did not run")
+NO_LINE = ("lane (d) was not asked for (--quick, or --lanes without d): its second cluster, "
+           "a binder with the line off, did not run")
 PREFIX = "ct-"
 CONTROLLER_NS = "cozy-system"
 LOAD = 1.1
@@ -557,22 +557,17 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                         "the line, b kube-scheduler's DRA allocator alone, c gpu-binder "
                         "without preemption, d gpu-binder without the line (--line-enabled="
                         "false; on a second cluster after the first: about as long again as "
-                        "one lane's trace, start-up included) (default: a,b,c,d; with --quick "
-                        "a,b,c)")
-    p.add_argument("--no-line-lane", action="store_true",
-                   help="skip lane (d) and its second cluster, whatever --lanes says")
+                        "one lane's trace, start-up included; leave d out to skip it) (default: "
+                        "a,b,c,d; with --quick a,b,c)")
 
 
-def run_lanes(text: str | None, *, quick: bool, no_line_lane: bool) -> tuple[str, ...]:
-    """The lanes `--lanes` (None: a,b,c,d; with `quick` a,b,c) names, in order, without (d)
-    when `no_line_lane`. Raises BadArgs for an unknown lane or none left."""
+def run_lanes(text: str | None, *, quick: bool) -> tuple[str, ...]:
+    """The lanes `--lanes` names, in order (None: a,b,c,d; with `quick` a,b,c, so that a
+    quick run stays one cluster). Raises BadArgs for an unknown lane or none."""
     given = text if text is not None else ("a,b,c" if quick else "a,b,c,d")
     lanes = tuple(dict.fromkeys(k for k in given.split(",") if k))
-    if no_line_lane:
-        lanes = tuple(k for k in lanes if k != "d")
     if not lanes or set(lanes) - set(LANES):
-        raise BadArgs(f"gpu-binder bench: --lanes takes a,b,c,d (at least one), got {given!r}"
-                      + (" with --no-line-lane" if no_line_lane else ""))
+        raise BadArgs(f"gpu-binder bench: --lanes takes a,b,c,d (at least one), got {given!r}")
     return lanes
 
 
@@ -588,7 +583,7 @@ def _run(args: argparse.Namespace) -> int:
         raise BadArgs(f"gpu-binder bench: --recreate-delay must not be negative, got "
                       f"{args.recreate_delay}")
     plan = replace(plan, recreate_delay=args.recreate_delay)
-    lanes = run_lanes(args.lanes, quick=args.quick, no_line_lane=args.no_line_lane)
+    lanes = run_lanes(args.lanes, quick=args.quick)
     out = Path(args.out)
     report = run(out, plan=plan, seed=args.seed, quick=args.quick, lanes=lanes)
     print("\n".join(cr.summary(report)))

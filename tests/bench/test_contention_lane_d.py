@@ -119,18 +119,18 @@ def test_without_lane_d_one_cluster_runs_and_the_report_says_why(clusters, tmp_p
 
 
 def test_the_command_line_picks_the_lanes():
-    assert contention.run_lanes(None, quick=False, no_line_lane=False) == ("a", "b", "c", "d")
-    assert contention.run_lanes(None, quick=True, no_line_lane=False) == ("a", "b", "c")
-    assert contention.run_lanes(None, quick=False, no_line_lane=True) == ("a", "b", "c")
-    assert contention.run_lanes("a,d", quick=True, no_line_lane=False) == ("a", "d")
+    """Full run: (d) too; --quick stays one cluster; `--lanes a,b,c` skips (d)."""
+    assert contention.run_lanes(None, quick=False) == ("a", "b", "c", "d")
+    assert contention.run_lanes(None, quick=True) == ("a", "b", "c")
+    assert contention.run_lanes("a,b,c", quick=False) == ("a", "b", "c")
+    assert contention.run_lanes("a,d", quick=True) == ("a", "d")
     with pytest.raises(BadArgs, match="--lanes takes a,b,c,d"):
-        contention.run_lanes("d", quick=False, no_line_lane=True)
+        contention.run_lanes(",", quick=False)
     with pytest.raises(BadArgs, match="--lanes takes a,b,c,d"):
-        contention.run_lanes("a,e", quick=False, no_line_lane=False)
+        contention.run_lanes("a,e", quick=False)
     p = argparse.ArgumentParser()
     contention._arguments(p)
-    got = p.parse_args(["--no-line-lane"])
-    assert got.no_line_lane is True and got.lanes is None
+    assert p.parse_args([]).lanes is None and p.parse_args(["--lanes", "a,b,c"]).lanes == "a,b,c"
 
 
 def test_lane_d_is_a_binder_lane_with_a_controller_whose_line_is_off():
