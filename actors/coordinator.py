@@ -388,7 +388,11 @@ class Coordinator(Actor):
         line held back requeued (not answered); returns the actions and the snapshot after
         the batch's kept holds (`after`, the planner's, when nobody waits and nothing is
         refused: the batch as planned). The line is tidied first (`model.line_plan.tidy`): a
-        bare VMI not retried within `line.retryGrace` holds back nobody, nor reserves a node."""
+        bare VMI not retried within `line.retryGrace` holds back nobody, nor reserves a node.
+        With P5 off (`line.enabled` false) the batch as planned, nothing reserved."""
+        if not self._cfg.line.enabled:
+            self._reserved = {}
+            return actions, after
         self._set_line(tidy(self._line, self._clock.now(), self._cfg.line))
         if not self._line and not any(isinstance(a, Answer) and a.decision.result is Result.REFUSED
                                       for a in actions):
@@ -430,7 +434,9 @@ class Coordinator(Actor):
         self._set_line(line)
 
     def _set_line(self, line: Line) -> None:
-        if line is self._line:
+        """Keep `line` as the waiting line and tell the observer its lengths; with P5 off
+        (`line.enabled` false) the line stays empty: nobody waits, nothing is observed."""
+        if line is self._line or not self._cfg.line.enabled:
             return
         self._line = line
         observe = getattr(self._observer, "line_changed", None)

@@ -82,7 +82,7 @@ class CoordinatorConfig:
     missing_retry: float = 0.25
     line: LineSettings = LineSettings()
     """P5's waiting line (`model.line.LineSettings`: `line.reserveAfter`, `line.retryGrace`,
-    `line.maxPerNamespace`)."""
+    `line.maxPerNamespace`, `line.enabled`)."""
 
     defrag_interval: float = 0.0
     defrag_max_moves: int = 4

@@ -15,8 +15,13 @@ separate node pools (lanes):
   no running set of the lane ever yields (P2) while the same PriorityClasses still order the
   line. Isolates what preemption costs and buys: utilisation (a within 3 points of c) and
   the on-demand tier's wait.
-- **(d) gpu-binder without the line**: not run. The line (P5) has no setting that turns it
-  off, and one run has one controller; the report says so.
+- **(d) gpu-binder without the line**: as (a), on boards of its own, but its binder's line
+  (P5) is off (`--line-enabled=false`): freed room goes to whoever asks first. One
+  controller serves one cluster, so (d) runs second: after (a)-(c) end, a second local
+  cluster made the same way, its replica started with the same arguments plus
+  `--line-enabled=false`, replays the same seeded trace on lane (d) alone
+  (`report["lanes_on_second_cluster"]`). Isolates what the line buys: (a)'s 8-GPU maximum
+  wait against (d)'s. Skipped by `--lanes a,b,c` (the default with `--quick`).
 
 There is no KubeVirt in the path (as `bench e2e`): the driver plays virt-controller and a
 VM's `runStrategy: Always`. An admitted VMI gets a launcher Pod made by the driver as
@@ -67,9 +72,12 @@ LANES = {"a": "gpu-binder: preemption and the line",
          "b": "kube-scheduler's DRA allocator alone (its own preemption on)",
          "c": "gpu-binder without preemption (GPUClass spec.preemption: Never)",
          "d": "gpu-binder without the line"}
-BINDER_LANES = ("a", "c")
-NO_LINE = ("the line (P5) has no setting that turns it off, and one run has one controller: "
-           "lane (d) is not run")
+BINDER_LANES = ("a", "c", "d")
+SECOND_CLUSTER = ("d",)
+"""Lanes whose binder runs with other settings than (a)'s: each runs on a second cluster,
+after the first's lanes end (one controller serves one cluster)."""
+NO_LINE = ("lane (d) was not asked for (--quick, or --lanes without d): its second cluster, "
+           "a binder with the line off, did not run")
 PREFIX = "ct-"
 CONTROLLER_NS = "cozy-system"
 LOAD = 1.1
@@ -104,22 +112,25 @@ FULL = Plan(nodes=6, mean_life=90.0, span=600.0, warmup=90.0, min_runtime=15.0)
 """About 14 minutes here, start-up included: 6 boards a lane, about 150 sets."""
 
 
-def controller_args(plan: Plan) -> tuple[str, ...]:
+def controller_args(plan: Plan, *, line: bool = True) -> tuple[str, ...]:
+    """The controller's arguments for `plan`; `line` False adds `--line-enabled=false` (P5
+    off: lane d's binder), the rest the same."""
     from bench.packing import CONTROLLER_ARGS
 
     # its clients retry every refused create (403 included), the case --line-bare-vmis is for
-    return (*CONTROLLER_ARGS, f"--preemption-min-runtime={plan.min_runtime:g}", "--line-bare-vmis=true")
+    return (*CONTROLLER_ARGS, f"--preemption-min-runtime={plan.min_runtime:g}", "--line-bare-vmis=true",
+            *(() if line else ("--line-enabled=false",)))
 
 
 def run(out: Path, *, plan: Plan, seed: int = 1, quick: bool = False,
-        lanes: tuple[str, ...] = ("a", "b", "c")) -> dict:
+        lanes: tuple[str, ...] = ("a", "b", "c", "d")) -> dict:
     """Run the benchmark on a local cluster of its own (one controller replica, device
-    mode's cluster side, kube-scheduler out of cluster); write contention.json into `out`;
-    return the report. Every process it starts is stopped before it returns. Raises
-    localcluster.controlplane.ControlPlaneError when the cluster cannot start."""
-    from bench.e2e import _start_scheduler, _stop
-    from localcluster.cluster import LocalCluster
-
+    mode's cluster side, kube-scheduler out of cluster) for `lanes` but (d), then, when (d)
+    is asked for, on a second such cluster whose replica has the line off (P5,
+    `--line-enabled=false`) for lane (d) alone, the same trace (`_on_cluster`); write
+    contention.json into `out`; return the report (`results` per lane, computed alike;
+    `lanes_on_second_cluster`). Every process it starts is stopped before it returns. Raises
+    localcluster.controlplane.ControlPlaneError when a cluster cannot start."""
     out.mkdir(parents=True, exist_ok=True)
     trace = make_trace(seed=seed, nodes=plan.nodes, load=LOAD, mean_life=plan.mean_life,
                        span=plan.span, warmup=plan.warmup, on_demand_share=plan.on_demand_share)
@@ -134,16 +145,25 @@ def run(out: Path, *, plan: Plan, seed: int = 1, quick: bool = False,
                   "offered_load": round(offered(trace), 3)},
         "lanes": {k: LANES[k] for k in lanes}, "results": {}}
     started = time.monotonic()
-    with LocalCluster(controllers=1, controller_args=controller_args(plan),
-                      log_dir=out / "logs", dra=True) as lc:
-        version = json.loads(lc.cp.kubectl("version", "-o", "json").stdout)
-        report["versions"] = {"kube-apiserver": version["serverVersion"]["gitVersion"]}
-        sched = _start_scheduler(lc, out / "logs")
-        try:
-            logs = anyio.run(_measure, lc, plan, trace, lanes)
-        finally:
-            _stop(sched)
-    report["results"] = cr.results(trace, logs, min_runtime=plan.min_runtime)
+    first = tuple(k for k in lanes if k not in SECOND_CLUSTER)
+    second = tuple(k for k in lanes if k in SECOND_CLUSTER)
+    logs: dict[str, LaneLog] = {}
+    if first:
+        got, version = _on_cluster(out / "logs", plan, trace, first, controller_args(plan))
+        logs.update(got)
+        report["versions"] = {"kube-apiserver": version}
+    if second:  # after the first cluster stopped: one controller serves one cluster
+        report["second_cluster"] = {
+            "lanes": list(second), "controller_args": list(controller_args(plan, line=False)),
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "load_before": os.getloadavg()}
+        got, version = _on_cluster(out / "logs-second", plan, trace, second,
+                                   controller_args(plan, line=False))
+        logs.update(got)
+        report["second_cluster"]["load_after"] = os.getloadavg()
+        report.setdefault("versions", {"kube-apiserver": version})
+        report["lanes_on_second_cluster"] = list(second)
+    report["results"] = cr.results(trace, {k: logs[k] for k in lanes}, min_runtime=plan.min_runtime)
     report["logs"] = {k: cr.raw(log) for k, log in logs.items()}
     if "d" not in lanes:
         report["results"]["d"] = {"available": False, "why": NO_LINE}
@@ -154,11 +174,30 @@ def run(out: Path, *, plan: Plan, seed: int = 1, quick: bool = False,
     return report
 
 
+def _on_cluster(log_dir: Path, plan: Plan, trace: CTrace, keys: tuple[str, ...],
+                args: tuple[str, ...]) -> tuple[dict[str, LaneLog], str]:
+    """`keys`' lanes replaying `trace` on a local cluster of their own, its one controller
+    replica started with `args`, kube-scheduler out of cluster, logs in `log_dir`; (lane ->
+    its log, the API server's version). Everything it starts is stopped before it returns.
+    Raises localcluster.controlplane.ControlPlaneError when the cluster cannot start."""
+    from bench.e2e import _start_scheduler, _stop
+    from localcluster.cluster import LocalCluster
+
+    with LocalCluster(controllers=1, controller_args=args, log_dir=log_dir, dra=True) as lc:
+        version = json.loads(lc.cp.kubectl("version", "-o", "json").stdout)
+        sched = _start_scheduler(lc, log_dir)
+        try:
+            logs = anyio.run(_measure, lc, plan, trace, keys)
+        finally:
+            _stop(sched)
+    return logs, version["serverVersion"]["gitVersion"]
+
+
 # -- one lane on the cluster --------------------------------------------------------------------
 
 @dataclass
 class Lane:
-    """One lane: its key (a, b, c), namespace, class, nodes and what its driver recorded."""
+    """One lane: its key (a, b, c, d), namespace, class, nodes and what its driver recorded."""
 
     key: str
     ns: str
@@ -424,7 +463,7 @@ async def _measure(lc: LocalCluster, plan: Plan, trace: CTrace,
         fleet = Fleet(api)
         lanes = {k: Lane(k, f"{PREFIX}{k}", tuple(f"{PREFIX}{k}-{i:02d}" for i in range(plan.nodes)),
                          LaneLog(tuple(f"{PREFIX}{k}-{i:02d}" for i in range(plan.nodes))))
-                 for k in keys if k != "d"}
+                 for k in keys}
         await _setup(fleet, lanes)
         driver = Driver(api, plan, trace, lanes)
         custom, core = CustomObjectsApi(api), CoreV1Api(api)
@@ -456,7 +495,8 @@ async def _measure(lc: LocalCluster, plan: Plan, trace: CTrace,
 
 async def _setup(fleet, lanes: dict[str, Lane]) -> None:
     """The PriorityClasses; per lane its namespace (a tenant for the binder's lanes), its
-    GPUClass (device mode over its boards by LANE_LABEL; (c) `spec.preemption: Never`) or
+    GPUClass (device mode over its boards by LANE_LABEL; (c) `spec.preemption: Never`; (d) as
+    (a), its binder's line off by the controller's arguments) or
     (b) its ResourceClaimTemplates, and its boards; waits for each GPUClass to be Ready."""
     from kubernetes_asyncio.client import SchedulingV1Api
 
@@ -512,11 +552,23 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds between a victim's VMI (or Pod) being gone and its creation "
                         "again; 0 is what KubeVirt's VM controller does for runStrategy "
                         "Always (default: %(default)s)")
-    p.add_argument("--lanes", default="a,b,c",
+    p.add_argument("--lanes", default=None,
                    help="the lanes to run, comma separated: a gpu-binder with preemption and "
                         "the line, b kube-scheduler's DRA allocator alone, c gpu-binder "
-                        "without preemption (d, without the line, cannot run: the report "
-                        "says why) (default: %(default)s)")
+                        "without preemption, d gpu-binder without the line (--line-enabled="
+                        "false; on a second cluster after the first: about as long again as "
+                        "one lane's trace, start-up included; leave d out to skip it) (default: "
+                        "a,b,c,d; with --quick a,b,c)")
+
+
+def run_lanes(text: str | None, *, quick: bool) -> tuple[str, ...]:
+    """The lanes `--lanes` names, in order (None: a,b,c,d; with `quick` a,b,c, so that a
+    quick run stays one cluster). Raises BadArgs for an unknown lane or none."""
+    given = text if text is not None else ("a,b,c" if quick else "a,b,c,d")
+    lanes = tuple(dict.fromkeys(k for k in given.split(",") if k))
+    if not lanes or set(lanes) - set(LANES):
+        raise BadArgs(f"gpu-binder bench: --lanes takes a,b,c,d (at least one), got {given!r}")
+    return lanes
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -531,9 +583,7 @@ def _run(args: argparse.Namespace) -> int:
         raise BadArgs(f"gpu-binder bench: --recreate-delay must not be negative, got "
                       f"{args.recreate_delay}")
     plan = replace(plan, recreate_delay=args.recreate_delay)
-    lanes = tuple(dict.fromkeys(k for k in args.lanes.split(",") if k))
-    if not lanes or set(lanes) - set("abc"):
-        raise BadArgs(f"gpu-binder bench: --lanes takes a,b,c, got {args.lanes!r}")
+    lanes = run_lanes(args.lanes, quick=args.quick)
     out = Path(args.out)
     report = run(out, plan=plan, seed=args.seed, quick=args.quick, lanes=lanes)
     print("\n".join(cr.summary(report)))
@@ -545,5 +595,6 @@ def _run(args: argparse.Namespace) -> int:
 
 BENCHMARK = Benchmark("contention", "a two-tier churn trace at offered load 1.1 on HGX pools: "
                                     "gpu-binder with preemption and the line, kube-scheduler's "
-                                    "DRA allocator alone, gpu-binder without preemption",
+                                    "DRA allocator alone, gpu-binder without preemption; then "
+                                    "gpu-binder without the line on a second cluster",
                       _arguments, _run)

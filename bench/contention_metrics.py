@@ -175,14 +175,24 @@ def _quantile(both: list[tuple[float, bool]], q: float) -> tuple[float | None, b
 def max_wait(trace: CTrace, log: LaneLog, size: int) -> float | None:
     """The longest wait (s) of a scored set of `size` GPUs, any tier, a set never started
     counted until the trace's end; None when no such set asked."""
+    return max_wait_censored(trace, log, size)[0]
+
+
+def max_wait_censored(trace: CTrace, log: LaneLog, size: int) -> tuple[float | None, bool]:
+    """`max_wait` and whether it is a lower bound (the longest wait is of a set never started,
+    counted until the trace's end: it would have waited longer); (None, False) when no such
+    set asked."""
     sets = {s.id: s for s in trace.sets}
-    got = []
+    got: list[tuple[float, bool]] = []
     for w in log.waits:
         s = sets[w.set_id]
         if s.scored and w.first and s.size == size:
             start = _start_after(log, w)
-            got.append((start if start is not None else trace.end) - w.begin)
-    return _r(max(got)) if got else None
+            got.append(((start if start is not None else trace.end) - w.begin, start is None))
+    if not got:
+        return None, False
+    longest = max(x for x, _ in got)
+    return _r(longest), any(c for x, c in got if x == longest)
 
 
 def _clip(a: float, b: float, lo: float, hi: float) -> float:
@@ -330,13 +340,15 @@ def stops_without_nomination(log: LaneLog, slack: float = 5.0) -> int:
 
 def lane_figures(trace: CTrace, log: LaneLog, *, min_runtime: float) -> dict:
     """Every figure of one lane: latency per tier and size, GPU-hours, utilisation, the
-    8-GPU maximum wait, inversions, preemptions against the brute force, victims and the
+    8-GPU maximum wait (s; `max_wait_8_censored`: a lower bound), inversions, preemptions against the brute force, victims and the
     driver's counts."""
     checks = preemption_check(trace, log, min_runtime)
     inv = inversions(trace, log)
     victims = sum(len(c["victims"]) for c in checks)
+    wait_8, wait_8_censored = max_wait_censored(trace, log, 8)
     return {"latency": latency_table(trace, log), "gpu_hours": gpu_hours(trace, log),
-            "utilisation": utilisation(trace, log), "max_wait_8_s": max_wait(trace, log, 8),
+            "utilisation": utilisation(trace, log), "max_wait_8_s": wait_8,
+            "max_wait_8_censored": wait_8_censored,
             "preemptions": len(checks), "victims": victims,
             "victims_stopped": sum(r.preempted for r in log.runs),
             "victims_per_preemption": round(victims / len(checks), 2) if checks else None,
@@ -350,5 +362,5 @@ def lane_figures(trace: CTrace, log: LaneLog, *, min_runtime: float) -> dict:
 
 
 __all__ = ["LaneLog", "Nominated", "Run", "Wait", "brute_force_minimum", "gpu_hours",
-           "inversions", "lane_figures", "latency_table", "max_wait", "preemption_check",
+           "inversions", "lane_figures", "latency_table", "max_wait", "max_wait_censored", "preemption_check",
            "stops_without_nomination", "utilisation", "waits_by"]

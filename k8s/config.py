@@ -128,6 +128,10 @@ FIELD_HELP: dict[str, str] = {
                           "waits before the node where it would start soonest is reserved for "
                           "it (line.reserveAfter, P5): that node takes no set behind it until "
                           "it starts; >= 0",
+    "line_enabled": "true or false: the waiting line (line.enabled, P5). false: no line, "
+                    "freed room goes to whoever asks first (no order by priority and first "
+                    "refusal, no protection against backfill, no reserved node); a set refused "
+                    "for room is refused 403 and does not wait; preemption (P2-P4) is unchanged",
     "line_bare_vmis": "true or false: a bare VMI (no VirtualMachine) the webhook refuses "
                       "for room takes a place in the leader's line (P5), is answered 503 with "
                       "Retry-After (2 s; kubectl and client-go retry it by themselves) and "
@@ -250,6 +254,7 @@ class Config:
     preemption_nomination_ttl: float = _BINDER.coordinator.preemption.ttl.total_seconds()
     line_reserve_after: float = _BINDER.coordinator.line.reserve_after.total_seconds()
     line_max_per_namespace: int = _BINDER.coordinator.line.per_namespace
+    line_enabled: bool = True
     line_bare_vmis: bool = True
     line_retry_grace: float = _BINDER.coordinator.line.retry_grace.total_seconds()
     health_failed_starts: int = DEFAULT_FAILED_STARTS

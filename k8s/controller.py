@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import signal
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -87,10 +88,18 @@ def binder_config(cfg: Config) -> BinderConfig:
                             line=replace(b.coordinator.line,
                                          reserve_after=timedelta(seconds=cfg.line_reserve_after),
                                          retry_grace=timedelta(seconds=cfg.line_retry_grace),
-                                         per_namespace=cfg.line_max_per_namespace)),
+                                         per_namespace=cfg.line_max_per_namespace,
+                                         enabled=cfg.line_enabled)),
         pipeline=replace(b.pipeline, write_timeout=cfg.write_timeout,
                          retry_attempts=cfg.write_attempts, settle_timeout=cfg.settle_timeout),
     )
+
+
+def w1_line(cfg: Config, tell: Callable[[Entry], bool]) -> Callable[[Entry], bool] | None:
+    """The webhook's way to the leader's line (`VMIAdmission.line`, P5): `tell` when the line
+    is on (`--line-enabled`) and bare VMIs join it (`--line-bare-vmis`), else None: W1's
+    refusal for room stands (403) and the set does not wait. Raises nothing."""
+    return tell if cfg.line_enabled and cfg.line_bare_vmis else None
 
 
 def tenant_gate(cfg: Config) -> TenantGate:
@@ -198,8 +207,8 @@ class Controller:
                                  gate=tenant_gate(cfg), record_wait=cfg.webhook_record_wait,
                                  preemption=binder_config(cfg).coordinator.preemption,
                                  # P5: bare VMIs refused for room wait (503, Retry-After;
-                                 # on unless --line-bare-vmis=false)
-                                 line=self.refused_at_w1 if cfg.line_bare_vmis else None,
+                                 # on unless --line-bare-vmis=false or --line-enabled=false)
+                                 line=w1_line(cfg, self.refused_at_w1),
                                  line_grace=timedelta(seconds=cfg.line_retry_grace))
         self.elector = LeaderElector(client, cfg.identity, lease_config(cfg))
         metrics = Metrics(self.observed, admission)

@@ -148,13 +148,16 @@ class LineSettings:
     reserves a node), `retry_grace` (`line.retryGrace`: a bare VMI's entry leaves after this
     long without a new attempt, `Line.expire`), `max_decided` (sets
     ahead `may_place` judges per call, `MAX_DECIDED`), `per_namespace` (`line.maxPerNamespace`:
-    the most entries one namespace keeps, its first in line order, `DEFAULT_PER_NAMESPACE`).
+    the most entries one namespace keeps, its first in line order, `DEFAULT_PER_NAMESPACE`),
+    `enabled` (`line.enabled`: False turns P5 off, the coordinator keeps no line, gates no
+    batch and reserves no node; freed room goes to whoever asks first, as before P5).
     Raises ValueError for a negative time, or a `max_decided` or `per_namespace` below 1."""
 
     reserve_after: timedelta = DEFAULT_RESERVE_AFTER
     retry_grace: timedelta = DEFAULT_RETRY_GRACE
     max_decided: int = MAX_DECIDED
     per_namespace: int = DEFAULT_PER_NAMESPACE
+    enabled: bool = True
 
     def __post_init__(self) -> None:
         if self.reserve_after < timedelta(0) or self.retry_grace < timedelta(0):

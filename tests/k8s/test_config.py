@@ -272,6 +272,22 @@ def test_P5_bare_vmis_refused_at_W1_enter_the_line_unless_turned_off():
     assert load(None, env={}, flags={"webhook_port": "0"}).line_bare_vmis is True
 
 
+def test_P5_the_line_can_be_turned_off_and_the_switch_reaches_the_coordinator():
+    """`--line-enabled` (default true; `line.enabled`, docs/contract.md §3c P5): false keeps
+    no line (the coordinator's `LineSettings.enabled`), the rest of the line's settings as
+    they were; a typo is refused naming the flag."""
+    assert default("line_enabled") is True
+    assert "(default: true)" in field_help("line_enabled") and "line.enabled" in field_help("line_enabled")
+    assert binder_config(load(None, env={}, flags={"webhook_port": "0"})).coordinator.line.enabled is True
+    off = load(None, env={}, flags={"webhook_port": "0", "line_enabled": "false"})
+    assert off.line_enabled is False and off.line_bare_vmis is True
+    got = binder_config(off).coordinator.line
+    assert got.enabled is False and got.per_namespace == default("line_max_per_namespace")
+    assert load(None, env={"GPU_BINDER_LINE_ENABLED": "off"}, flags={"webhook_port": "0"}).line_enabled is False
+    with pytest.raises(ValueError, match=r"^--line-enabled: not true or false: 'maybe'$"):
+        load(None, env={}, flags={"webhook_port": "0", "line_enabled": "maybe"})
+
+
 def test_P5_line_retry_grace_reaches_the_coordinator_and_a_bad_value_is_one_clear_line():
     """`line.retryGrace` (default 10 s: five Retry-After periods of 2 s): --line-retry-grace,
     GPU_BINDER_LINE_RETRY_GRACE or the file's key; below one Retry-After is refused naming
