@@ -217,7 +217,10 @@ class Informer:
             fn(key, obj)
 
     # -- running ---------------------------------------------------------------------
-    async def _list(self) -> str:
+    async def _list(self, *, periodic: bool = False) -> str:
+        """List every page into a fresh cache, telling listeners; `periodic` (a relist the
+        watch did not ask for, `relist_every`): say what the watch had missed. Returns the
+        list's resourceVersion."""
         fresh: dict[Key, dict] = {}
         token: str | None = None
         pages = 0
@@ -239,7 +242,7 @@ class Informer:
         self.pages = pages
         self.absent = False
         gone = set(self._cache) - set(fresh)
-        if self._listed_at is not None and self.relist_every is not None:
+        if periodic:
             self._say_missed(gone, fresh)
         self._listed_at = anyio.current_time()
         self._cache = fresh
@@ -312,10 +315,12 @@ class Informer:
         backoff = 0.2
         started = False
         rv: str | None = None
+        periodic = False    # the next list is `relist_every`'s, not one after a failure
         while True:
             try:
                 if rv is None:
-                    rv = await self._list()
+                    rv = await self._list(periodic=periodic)
+                    periodic = False
                     self.resource_version = rv
                     if not started:
                         started = True
@@ -326,8 +331,9 @@ class Informer:
                 backoff = 0.2
                 if (self.relist_every is not None and self._listed_at is not None
                         and anyio.current_time() - self._listed_at >= self.relist_every):
-                    rv = None   # the periodic relist (`relist_every`)
+                    rv, periodic = None, True   # the periodic relist (`relist_every`)
             except ApiException as exc:
+                periodic = False    # a list after a failure catches up; nothing was missed
                 if exc.status == 410:
                     log.info("watch expired (410 Gone); relisting", informer=self.name)
                     rv = None
@@ -346,6 +352,7 @@ class Informer:
                 await self._backoff(delay, status=exc.status, error=err.message[:300])
                 rv, backoff = None, min(backoff * 2, self._backoff_max)
             except Exception as exc:  # connection refused, aiohttp errors, timeouts, bad JSON
+                periodic = False
                 await self._backoff(backoff, error=repr(exc)[:200])
                 rv, backoff = None, min(backoff * 2, self._backoff_max)
 
