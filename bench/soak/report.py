@@ -204,7 +204,9 @@ def heap_change(reports: list[dict], top: int = 12) -> list[dict]:
     """For each process with two heap reports or more (alive at the steady stretch's start
     and end, when the soak sent SIGUSR2): its first and last (gc's objects, traced MiB) and,
     when both wrote a tracemalloc snapshot, the `top` source lines whose allocations grew
-    most between them ([file:line, KiB, blocks])."""
+    most between them ([file:line, KiB, blocks]). `gc_frozen` is [first, last] too: objects
+    frozen at start-up (`settle_heap`) that die are replaced by unfrozen ones, so a rise in
+    `gc_objects` with a like fall in `gc_frozen` is turnover, not growth."""
     import tracemalloc
 
     by: dict[tuple[int, int], list[dict]] = {}
@@ -217,7 +219,7 @@ def heap_change(reports: list[dict], top: int = 12) -> list[dict]:
         first, last = mine[0], mine[-1]
         row = {"replica": replica, "pid": pid,
                "gc_objects": [first["gc_objects"], last["gc_objects"]],
-               "gc_frozen": last.get("gc_frozen")}
+               "gc_frozen": [first.get("gc_frozen"), last.get("gc_frozen")]}
         if first.get("snapshot") and last.get("snapshot"):
             row["traced_mib"] = [round(first["traced_bytes"] / 2**20, 1),
                                  round(last["traced_bytes"] / 2**20, 1)]
@@ -300,7 +302,8 @@ def summary(report: dict) -> list[str]:
                 f"{k} {c['first'].get(k)} -> {c['last'].get(k)}" for k in sorted(c["last"]))
             for c in report.get("cache_over_steady", [])] + [
             f"heap over it, replica-{h['replica']} pid {h['pid']}: gc objects "
-            f"{h['gc_objects'][0]} -> {h['gc_objects'][1]}"
+            f"{h['gc_objects'][0]} -> {h['gc_objects'][1]} (frozen "
+            f"{h['gc_frozen'][0]} -> {h['gc_frozen'][1]})"
             + (f", traced {h['traced_mib'][0]} -> {h['traced_mib'][1]} MiB" if "traced_mib" in h
                else "")
             for h in report.get("heap_over_steady", [])] + ([
