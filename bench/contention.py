@@ -606,9 +606,10 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds of scored arrivals after the fill (default: 600; with "
                         "--quick 90)")
     p.add_argument("--drain", type=float, default=None,
-                   help="the drain's cap: seconds after the trace's last arrival a lane runs "
-                        "on, no set arriving, until every scored set is running or done; 0 "
-                        "stops at the trace's end (default: 900; with --quick 120)")
+                   help="the drain's cap: seconds after the trace's end (warm-up plus span, "
+                        "its arrivals over) a lane may run on until every scored set is "
+                        "running or done; 0 stops at the trace's end (default: 900; with "
+                        "--quick 120)")
     p.add_argument("--recreate-delay", type=float, default=0.0,
                    help="seconds between a victim's VMI (or Pod) being gone and its creation "
                         "again; 0 is what KubeVirt's VM controller does for runStrategy "
