@@ -124,8 +124,11 @@ class Plan:
     running or done (`drained`); 0 stops it at the trace's end."""
 
 
-QUICK = Plan(nodes=2, mean_life=30.0, span=90.0, warmup=30.0, min_runtime=5.0, drain=120.0)
-"""A few minutes here: 2 boards a lane, about 30 sets; a drain of at most 4 mean lives."""
+QUICK = Plan(nodes=2, mean_life=30.0, span=90.0, warmup=30.0, min_runtime=5.0, drain=180.0)
+"""A few minutes here: 2 boards a lane, about 30 sets; a drain of at most 6 mean lives (its
+trace's longest life is 157 s: with a cap of 120 s, lanes (a) and (c) of a quick run ended
+with an 8-GPU set waiting, its boards held until about 240 and 270 s, 120 and 150 s after
+the trace's end)."""
 FULL = Plan(nodes=6, mean_life=90.0, span=600.0, warmup=90.0, min_runtime=15.0, drain=900.0)
 """About 14 minutes here, start-up included, and a drain of a few minutes (at most 15): 6
 boards a lane, about 150 sets. The cap is 10 mean lives: a board empties once its last
@@ -609,7 +612,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    help="the drain's cap: seconds after the trace's end (warm-up plus span, "
                         "its arrivals over) a lane may run on until every scored set is "
                         "running or done; 0 stops at the trace's end (default: 900; with "
-                        "--quick 120)")
+                        "--quick 180)")
     p.add_argument("--recreate-delay", type=float, default=0.0,
                    help="seconds between a victim's VMI (or Pod) being gone and its creation "
                         "again; 0 is what KubeVirt's VM controller does for runStrategy "

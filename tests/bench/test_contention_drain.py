@@ -33,10 +33,10 @@ def test_a_lane_is_drained_when_every_scored_set_runs_or_is_done():
 
 
 def test_the_plans_drain_for_minutes_and_zero_stops_at_the_trace_end():
-    assert contention.FULL.drain == 900.0 and contention.QUICK.drain == 120.0
-    # ten (four) mean lives: a board's longest residual life rarely passes it
+    assert contention.FULL.drain == 900.0 and contention.QUICK.drain == 180.0
+    # ten (six) mean lives: a board's longest residual life rarely passes it
     assert contention.FULL.drain >= 10 * contention.FULL.mean_life
-    assert contention.QUICK.drain >= 4 * contention.QUICK.mean_life
+    assert contention.QUICK.drain >= 6 * contention.QUICK.mean_life
 
 
 # -- the lane's end, its sets faked ----------------------------------------------------------
