@@ -107,7 +107,8 @@ def priority_class(tier: str) -> str:
 class Plan:
     """The run's sizes: `nodes` HGX boards per lane, the trace (`mean_life`, scored `span`,
     `warmup`, all s; `on_demand_share`), `retry` s between a refused create and the next,
-    `min_runtime` the controller's `--preemption-min-runtime` (P2), `recreate_delay`."""
+    `min_runtime` the controller's `--preemption-min-runtime` (P2), `recreate_delay`, `drain`
+    (s after the trace's end a lane may run on: module docstring)."""
 
     nodes: int
     mean_life: float
