@@ -34,7 +34,21 @@ binder deletes (a victim) has its launcher Pod deleted, as kubelet would, and is
 again under its name, as KubeVirt does for a VM with `runStrategy: Always`; its wait counts
 again (a re-wait). In (b) a Pod kube-scheduler deletes for preemption is made again likewise.
 A started set runs its life (`bench.contention_trace`; a restarted one what is left of it),
-then its VMI and Pod (or its Pod) are deleted. Everything stops at the trace's end.
+then its VMI and Pod (or its Pod) are deleted.
+
+After the trace's end (`CTrace.end`, warm-up plus the scored span; every set arrives before
+it) each lane *drains*: no set arrives any more, but started sets run out their lives and are
+deleted, waiting sets keep retrying and victims are created again, all as before, until every
+scored set is running or done (`drained`: it has started at least once and no wait of it is open),
+or until the cap, `Plan.drain` s after the trace's end (`--drain`; 0 stops every lane at the
+trace's end, as before the drain was made). Each lane ends on its own; its end, how long its
+drain took and whether the cap ended it are reported (`drain_s`, `drain_capped`). What is
+scored stays the trace's: the sets that arrived after the warm-up, utilisation over the
+scored span and GPU-hours over the trace, so they compare with runs before the drain; the
+waits of those sets count wherever they end, in the drain too, so a wait is a lower bound
+("≥") only when the cap ended its lane before it started. Inversions and preemptions are
+checked over the whole lane, drain included (the same binder, the same rules), and the
+report says how many fell in the drain (`bench.contention_metrics`).
 
 The GPUNominations are watched; each is checked against a brute-force minimum on the lane's
 runs at that moment (`bench.contention_metrics`). Writes `contention.json` into `--out`. A
@@ -47,6 +61,7 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -92,7 +107,8 @@ def priority_class(tier: str) -> str:
 class Plan:
     """The run's sizes: `nodes` HGX boards per lane, the trace (`mean_life`, scored `span`,
     `warmup`, all s; `on_demand_share`), `retry` s between a refused create and the next,
-    `min_runtime` the controller's `--preemption-min-runtime` (P2), `recreate_delay`."""
+    `min_runtime` the controller's `--preemption-min-runtime` (P2), `recreate_delay`, `drain`
+    (s after the trace's end a lane may run on: module docstring)."""
 
     nodes: int
     mean_life: float
@@ -104,12 +120,31 @@ class Plan:
     recreate_delay: float = 0.0
     """s between a victim's VMI (or Pod) being gone and its creation again (0: at once, as
     KubeVirt's VM controller does for `runStrategy: Always`)."""
+    drain: float = 0.0
+    """The drain's cap: s after the trace's end a lane may run on until every scored set is
+    running or done (`drained`); 0 stops it at the trace's end."""
 
 
-QUICK = Plan(nodes=2, mean_life=30.0, span=90.0, warmup=30.0, min_runtime=5.0)
-"""A few minutes here: 2 boards a lane, about 30 sets."""
-FULL = Plan(nodes=6, mean_life=90.0, span=600.0, warmup=90.0, min_runtime=15.0)
-"""About 14 minutes here, start-up included: 6 boards a lane, about 150 sets."""
+QUICK = Plan(nodes=2, mean_life=30.0, span=90.0, warmup=30.0, min_runtime=5.0, drain=180.0)
+"""A few minutes here: 2 boards a lane, about 30 sets; a drain of at most 6 mean lives (its
+trace's longest life is 157 s: with a cap of 120 s, lanes (a) and (c) of a quick run ended
+with an 8-GPU set waiting, its boards held until about 240 and 270 s, 120 and 150 s after
+the trace's end)."""
+FULL = Plan(nodes=6, mean_life=90.0, span=600.0, warmup=90.0, min_runtime=15.0, drain=900.0)
+"""About 14 minutes here, start-up included, and a drain of a few minutes (at most 15): 6
+boards a lane, about 150 sets. The cap is 10 mean lives: a board empties once its last
+running set ends, the longest of a few exponential residual lives (mean 90 s whatever a set
+has run: about 230 s for 7 sets), and no arrival refills it; in the run of 2026-12-06 22:00
+UTC every board's sets at the trace's end were done within 335 s, and the longest life of a
+set still waiting then was 337 s."""
+
+
+def drained(scored: Iterable[int], *, running: Container[int], over: Container[int]) -> bool:
+    """Whether a lane's drain may end: each of the `scored` sets (ids) is `running` (it
+    started and runs now) or `over` (its replay ended: its life run out, or the driver
+    failed on it). A set waiting, for its first start or again after it was preempted, holds
+    the drain open. Pure."""
+    return all(i in running or i in over for i in scored)
 
 
 def controller_args(plan: Plan, *, line: bool = True) -> tuple[str, ...]:
@@ -212,6 +247,8 @@ class Lane:
     open_waits: dict[int, tuple[float, bool, float | None]] = field(default_factory=dict)
     releases: dict[int, list[float]] = field(default_factory=dict)
     """Set id -> when its VMI's template GPUDevices were all gone (binder lanes)."""
+    over: set[int] = field(default_factory=set)
+    """Ids of the sets whose replay ended (life run out, or the driver failed on it)."""
 
     @property
     def by_binder(self) -> bool:
@@ -223,12 +260,12 @@ class Lane:
 
 class Driver(Replayer):
     """Replays the trace on every lane in real time through one ApiClient and the shared
-    watch caches (module docstring); `t()` is seconds since the trace began. A
-    `bench.packing_replay.Replayer` for its API clients, watch cache (`seen`) and Pod
-    deletion (grace 0, then awaited in the cache)."""
+    watch caches (module docstring), then drains each lane (`lane_`); `t()` is seconds since
+    the trace began. A `bench.packing_replay.Replayer` for its API clients, watch cache
+    (`seen`) and Pod deletion (grace 0, then awaited in the cache)."""
 
     def __init__(self, api, plan: Plan, trace: CTrace, lanes: dict[str, Lane]) -> None:
-        super().__init__(api, Seen(), deadline=trace.end, release_timeout=60.0)
+        super().__init__(api, Seen(), deadline=trace.end + plan.drain, release_timeout=60.0)
         self.plan, self.trace, self.lanes = plan, trace, lanes
         self.by_ns = {ln.ns: ln for ln in lanes.values()}
         self.t0 = time.monotonic()
@@ -301,16 +338,40 @@ class Driver(Replayer):
         noms.append(Nominated(self.t(), sid, self.trace.sets[sid].size, n.priority, n.node,
                               victims, gpus))
 
+    # -- a lane --------------------------------------------------------------------------------
+
+    async def lane_(self, lane: Lane) -> None:
+        """Every set of the trace on `lane` (`set_`) from its arrival until, after the trace's
+        end, the lane is `drained` or the cap (`Plan.drain` s after the trace's end) is
+        reached; then the lane's sets still replaying are cancelled (their runs and waits
+        left open for `close`). Writes the lane's end (s since the trace began) and whether
+        the cap ended it into its log."""
+        scored = [s.id for s in self.trace.sets if s.scored]
+        cap = self.trace.end + self.plan.drain
+        async with anyio.create_task_group() as tg:
+            for s in self.trace.sets:
+                tg.start_soon(self.set_, lane, s)
+            await anyio.sleep(max(0.0, self.trace.end - self.t()))
+            while not drained(scored, running=lane.open_runs, over=lane.over):
+                if self.t() >= cap:
+                    lane.log.drain_capped = True
+                    break
+                await anyio.sleep(min(0.25, max(0.0, cap - self.t())))
+            lane.log.end = self.t()
+            tg.cancel_scope.cancel()
+
     # -- a set ---------------------------------------------------------------------------------
 
     async def set_(self, lane: Lane, s: CSet) -> None:
-        """Set `s` on `lane` from its arrival to its life's end or the trace's end. A call
-        the API fails (not a refusal: a timeout, a 5xx on a delete) ends the set's replay,
-        counted as `driver_error_<type>`, and leaves the run going."""
+        """Set `s` on `lane` from its arrival to its life's end or the lane's end (cancelled);
+        its id is in `lane.over` once its life ran out or its replay failed. A call the API
+        fails (not a refusal: a timeout, a 5xx on a delete) ends the set's replay, counted as
+        `driver_error_<type>`, and leaves the run going."""
         try:
             await self._set(lane, s)
         except Exception as exc:  # noqa: BLE001 — one set's failure is counted, not fatal
             lane.count(f"driver_error_{type(exc).__name__}")
+            lane.over.add(s.id)
 
     async def _set(self, lane: Lane, s: CSet) -> None:
         await anyio.sleep(max(0.0, s.arrive - self.t()))
@@ -339,6 +400,7 @@ class Driver(Replayer):
             stop = self.t()
             lane.log.runs.append(Run(s.id, node, gpus, start, stop, victim.is_set(), decided))
             if not victim.is_set():
+                lane.over.add(s.id)  # its life ran out: nothing more of it to wait for
                 lane.stopping.add(uid)
                 await self._delete(lane, s, pod)
                 return
@@ -350,7 +412,7 @@ class Driver(Replayer):
 
     async def _admit(self, lane: Lane, s: CSet) -> tuple[str, str, float] | None:
         """Create the set's VMI until admitted: (its uid, its launcher Pod's name, when it was
-        admitted), after creating that Pod; None at the trace's end (cancelled)."""
+        admitted), after creating that Pod; cancelled at the lane's end."""
         from kubernetes_asyncio.client import ApiException
 
         body = gpu_vmi(f"s{s.id}", cls=lane.ns, size=s.size, labels={"ct-bench/set": str(s.id)})
@@ -402,7 +464,7 @@ class Driver(Replayer):
 
     async def _bound(self, lane: Lane, pod: str) -> tuple[str, tuple[int, ...]] | None:
         """(node, GPU indices) once the launcher Pod `pod` is bound and every claim of it is
-        allocated; waits until the trace's end (cancelled) otherwise."""
+        allocated; waits until the lane's end (cancelled) otherwise."""
         key = (lane.ns, pod)
 
         def placed() -> bool:
@@ -428,10 +490,11 @@ class Driver(Replayer):
         await self._delete_pod(lane.ns, pod)
 
     def close(self) -> dict[str, LaneLog]:
-        """At the trace's end: the runs still running stop there, the waits still waiting
-        are recorded unfinished; every lane's log."""
-        end = self.trace.end
+        """After every lane ended: each lane's runs still running stop at its end (`lane_`;
+        the trace's end when it has none), its waits still waiting are recorded unfinished;
+        every lane's log."""
         for lane in self.lanes.values():
+            end = self.trace.end if lane.log.end is None else lane.log.end
             lane.log.runs[:] = [replace(r, held_until=next(
                 (t for t in lane.releases.get(r.set_id, ()) if t >= r.stop), None))
                 for r in lane.log.runs]
@@ -482,11 +545,9 @@ async def _measure(lc: LocalCluster, plan: Plan, trace: CTrace,
                                CONTROLLER_NS)
             await anyio.sleep(1.0)  # the watches listed
             driver.t0 = time.monotonic()
-            with anyio.move_on_after(trace.end):
-                async with anyio.create_task_group() as tg:
-                    for lane in lanes.values():
-                        for s in trace.sets:
-                            tg.start_soon(driver.set_, lane, s)
+            async with anyio.create_task_group() as tg:  # each lane to its drain's end
+                for lane in lanes.values():
+                    tg.start_soon(driver.lane_, lane)
             watches.cancel_scope.cancel()
         return driver.close()
     finally:
@@ -548,6 +609,11 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--span", type=at_least(10), default=None,
                    help="seconds of scored arrivals after the fill (default: 600; with "
                         "--quick 90)")
+    p.add_argument("--drain", type=float, default=None,
+                   help="the drain's cap: seconds after the trace's end (warm-up plus span, "
+                        "its arrivals over) a lane may run on until every scored set is "
+                        "running or done; 0 stops at the trace's end (default: 900; with "
+                        "--quick 180)")
     p.add_argument("--recreate-delay", type=float, default=0.0,
                    help="seconds between a victim's VMI (or Pod) being gone and its creation "
                         "again; 0 is what KubeVirt's VM controller does for runStrategy "
@@ -583,6 +649,10 @@ def _run(args: argparse.Namespace) -> int:
         raise BadArgs(f"gpu-binder bench: --recreate-delay must not be negative, got "
                       f"{args.recreate_delay}")
     plan = replace(plan, recreate_delay=args.recreate_delay)
+    if args.drain is not None:
+        if args.drain < 0:
+            raise BadArgs(f"gpu-binder bench: --drain must not be negative, got {args.drain}")
+        plan = replace(plan, drain=args.drain)
     lanes = run_lanes(args.lanes, quick=args.quick)
     out = Path(args.out)
     report = run(out, plan=plan, seed=args.seed, quick=args.quick, lanes=lanes)

@@ -5,9 +5,18 @@ minimum. No I/O, no clock: every time is seconds from the trace's start.
 
 A set's *wait* begins when it first asks (its create; for a preempted set, when its VMI or
 Pod was deleted under it) and ends when its launcher Pod is bound with its claim allocated
-(`Run.start`); a wait that never ends is *censored* at the trace's end. A *run* occupies its
-GPUs (indices 0-7 of an `hgx-h100-8` board in PCI order, `bench.packing_hgx.NAMES`) on its
-node from `start` until `stop`.
+(`Run.start`); a wait that never ends is *censored* at the lane's end (`lane_end`). A *run*
+occupies its GPUs (indices 0-7 of an `hgx-h100-8` board in PCI order,
+`bench.packing_hgx.NAMES`) on its node from `start` until `stop`.
+
+A lane ends after the trace's end (`CTrace.end`, the last arrival before it): its *drain*
+(`bench.contention`), no set arriving, ends when every scored set is running or done, or at a
+cap (`LaneLog.end`, `LaneLog.drain_capped`). What is scored stays the trace's: the scored sets
+are those that arrived after the warm-up, utilisation is over the scored span and GPU-hours
+over the trace (a run's time in the drain counts in neither); the waits of scored sets count
+whenever they end, in the drain included, and only a wait still open at the lane's end is a
+lower bound. Inversions and preemptions are checked over the whole lane, its drain included
+(the binder and its rules are the same then); `lane_figures` says how many fell in the drain.
 """
 
 from __future__ import annotations
@@ -94,6 +103,17 @@ class LaneLog:
     runs: list[Run] = field(default_factory=list)
     nominations: list[Nominated] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    end: float | None = None
+    """When the lane stopped (s from the trace's start): the trace's end plus its drain; None
+    when it stopped at the trace's end (no drain, as before the drain was made)."""
+    drain_capped: bool = False
+    """The drain's cap ended the lane (`Plan.drain`): some scored set still waited then."""
+
+
+def lane_end(trace: CTrace, log: LaneLog) -> float:
+    """When the lane stopped (s): `log.end`, else the trace's end; never before the trace's
+    end. A wait still open then is censored there."""
+    return trace.end if log.end is None else max(log.end, trace.end)
 
 
 def _r(x: float | None, nd: int = 2) -> float | None:
@@ -127,18 +147,19 @@ def latency_table(trace: CTrace, log: LaneLog) -> dict[str, dict[str, dict]]:
     """tier -> size (str, and "all") -> {sets, started, not_started, p50_s, p99_s (and
     whether each is censored), started_p99_s, max_wait_s, max_wait_censored, rewaits,
     rewait_p99_s}: start latency from the first ask to launcher bound over the scored sets,
-    a set never started counted as waiting until the trace's end (censored: a lower bound,
-    so a censored p99 says "at least"); `started_p99_s` over the started ones alone;
-    re-waits of preempted sets apart."""
+    a start in the drain included, a set never started counted as waiting until the lane's
+    end (`lane_end`; censored: a lower bound, so a censored p99 says "at least");
+    `started_p99_s` over the started ones alone; re-waits of preempted sets apart."""
     sets = {s.id: s for s in trace.sets}
     first = waits_by(trace, log, first=True)
     again = waits_by(trace, log, first=False)
     censored: dict[tuple[str, int], list[float]] = {}
+    end = lane_end(trace, log)
     started_ids = {r.set_id for r in log.runs}
     for w in log.waits:
         s = sets[w.set_id]
         if s.scored and w.first and w.set_id not in started_ids:
-            censored.setdefault((s.tier, s.size), []).append(trace.end - w.begin)
+            censored.setdefault((s.tier, s.size), []).append(end - w.begin)
     out: dict[str, dict[str, dict]] = {}
     for tier in TIERS:
         row: dict[str, dict] = {}
@@ -173,22 +194,24 @@ def _quantile(both: list[tuple[float, bool]], q: float) -> tuple[float | None, b
 
 
 def max_wait(trace: CTrace, log: LaneLog, size: int) -> float | None:
-    """The longest wait (s) of a scored set of `size` GPUs, any tier, a set never started
-    counted until the trace's end; None when no such set asked."""
+    """The longest wait (s) of a scored set of `size` GPUs, any tier, a start in the drain
+    included, a set never started counted until the lane's end (`lane_end`); None when no
+    such set asked."""
     return max_wait_censored(trace, log, size)[0]
 
 
 def max_wait_censored(trace: CTrace, log: LaneLog, size: int) -> tuple[float | None, bool]:
     """`max_wait` and whether it is a lower bound (the longest wait is of a set never started,
-    counted until the trace's end: it would have waited longer); (None, False) when no such
-    set asked."""
+    counted until the lane's end: it would have waited longer; after a drain only when its
+    cap ended the lane); (None, False) when no such set asked."""
     sets = {s.id: s for s in trace.sets}
+    end = lane_end(trace, log)
     got: list[tuple[float, bool]] = []
     for w in log.waits:
         s = sets[w.set_id]
         if s.scored and w.first and s.size == size:
             start = _start_after(log, w)
-            got.append(((start if start is not None else trace.end) - w.begin, start is None))
+            got.append(((start if start is not None else end) - w.begin, start is None))
     if not got:
         return None, False
     longest = max(x for x, _ in got)
@@ -201,7 +224,7 @@ def _clip(a: float, b: float, lo: float, hi: float) -> float:
 
 def gpu_hours(trace: CTrace, log: LaneLog) -> dict[str, dict[str, float]]:
     """tier -> size (str, and "all") -> GPU-hours the lane's runs served over the whole
-    trace (warm-up included), rounded to 4 places."""
+    trace (warm-up included, the drain after it not), rounded to 4 places."""
     sets = {s.id: s for s in trace.sets}
     out = {tier: {str(z): 0.0 for z in SIZES} | {"all": 0.0} for tier in TIERS}
     for r in log.runs:
@@ -213,7 +236,8 @@ def gpu_hours(trace: CTrace, log: LaneLog) -> dict[str, dict[str, float]]:
 
 
 def utilisation(trace: CTrace, log: LaneLog) -> float | None:
-    """Mean share of the lane's GPUs held by running sets over the scored span."""
+    """Mean share of the lane's GPUs held by running sets over the scored span (the drain
+    after it not counted)."""
     used = sum(len(r.gpus) * _clip(r.start, r.stop, trace.warmup, trace.end) for r in log.runs)
     return round(used / (trace.gpus * trace.span), 4) if trace.span > 0 else None
 
@@ -338,9 +362,20 @@ def stops_without_nomination(log: LaneLog, slack: float = 5.0) -> int:
                and not any(v == r.set_id and t <= r.stop + slack for v, t in named))
 
 
+def waiting_at_end(trace: CTrace, log: LaneLog) -> list[int]:
+    """The scored sets (ids, sorted) whose wait was still open at the lane's end: never
+    started, or preempted and not started again."""
+    scored = {s.id for s in trace.sets if s.scored}
+    return sorted({w.set_id for w in log.waits
+                   if w.set_id in scored and _start_after(log, w) is None})
+
+
 def lane_figures(trace: CTrace, log: LaneLog, *, min_runtime: float) -> dict:
     """Every figure of one lane: latency per tier and size, GPU-hours, utilisation, the
-    8-GPU maximum wait (s; `max_wait_8_censored`: a lower bound), inversions, preemptions against the brute force, victims and the
+    8-GPU maximum wait (s; `max_wait_8_censored`: a lower bound), the drain (`drain_s` after
+    the trace's end, None when the lane stopped there; `drain_capped`: its cap ended it;
+    `waiting_at_end`: scored sets whose wait was open then), inversions, preemptions against
+    the brute force, victims (`*_in_drain`: how many of them after the trace's end) and the
     driver's counts."""
     checks = preemption_check(trace, log, min_runtime)
     inv = inversions(trace, log)
@@ -349,6 +384,11 @@ def lane_figures(trace: CTrace, log: LaneLog, *, min_runtime: float) -> dict:
     return {"latency": latency_table(trace, log), "gpu_hours": gpu_hours(trace, log),
             "utilisation": utilisation(trace, log), "max_wait_8_s": wait_8,
             "max_wait_8_censored": wait_8_censored,
+            "drain_s": None if log.end is None else _r(lane_end(trace, log) - trace.end, 1),
+            "drain_capped": log.drain_capped,
+            "waiting_at_end": len(waiting_at_end(trace, log)),
+            "preemptions_in_drain": sum(c["t"] > trace.end for c in checks),
+            "inversions_in_drain": sum(i["t"] > trace.end for i in inv),
             "preemptions": len(checks), "victims": victims,
             "victims_stopped": sum(r.preempted for r in log.runs),
             "victims_per_preemption": round(victims / len(checks), 2) if checks else None,
@@ -362,5 +402,6 @@ def lane_figures(trace: CTrace, log: LaneLog, *, min_runtime: float) -> dict:
 
 
 __all__ = ["LaneLog", "Nominated", "Run", "Wait", "brute_force_minimum", "gpu_hours",
-           "inversions", "lane_figures", "latency_table", "max_wait", "max_wait_censored", "preemption_check",
-           "stops_without_nomination", "utilisation", "waits_by"]
+           "inversions", "lane_end", "lane_figures", "latency_table", "max_wait",
+           "max_wait_censored", "preemption_check", "stops_without_nomination", "utilisation",
+           "waiting_at_end", "waits_by"]

@@ -24,10 +24,12 @@ def results(trace: CTrace, logs: dict[str, LaneLog], *, min_runtime: float) -> d
 def raw(log: LaneLog) -> dict:
     """The lane's log as the report keeps it (times to 0.01 s): waits [set, begin, decided,
     first], runs [set, node, GPUs, held from, start, stop, held until, preempted],
-    nominations [t, set, node, victims, GPUs held, gone]."""
+    nominations [t, set, node, victims, GPUs held, gone], the lane's `end` (None: the
+    trace's) and `drain_capped`."""
     def r(x):
         return None if x is None else round(x, 2)
-    return {"waits": [[w.set_id, r(w.begin), r(w.decided), w.first] for w in log.waits],
+    return {"end": r(log.end), "drain_capped": log.drain_capped,
+            "waits": [[w.set_id, r(w.begin), r(w.decided), w.first] for w in log.waits],
             "runs": [[x.set_id, x.node, list(x.gpus), r(x.held_from), r(x.start), r(x.stop),
                       r(x.held_until), x.preempted] for x in log.runs],
             "nominations": [[r(n.t), n.set_id, n.node, list(n.victims), list(n.devices), r(n.gone)]
@@ -72,10 +74,11 @@ def targets(report: dict) -> dict[str, dict]:
 def _wait_8_target(a: dict, d: dict) -> dict:
     """Lane (a)'s 8-GPU maximum wait against lane (d)'s (gpu-binder without the line, P5 off,
     run on a second cluster after the first): met when a's <= `TARGETS["wait_8_ratio"]` x d's.
-    A wait of a set never started is a lower bound ("≥"): a's such a wait above the bound
-    fails, at or below it is not known; d's such a wait at or above twice a's meets it,
-    below it is not known; both lower bounds: not known. None when a lane did not run or
-    no 8-GPU set asked."""
+    A wait of a set never started (by the lane's end: the drain's cap) is a lower bound
+    ("≥"): a's such a wait above the bound fails, at or below it is not known; d's such a
+    wait at or above twice a's meets it, below it is not known; both lower bounds: not
+    known. None when a lane did not run or no 8-GPU set asked. The value names each lane's
+    drain (`_drains`) when they had one."""
     r = TARGETS["wait_8_ratio"]
     wa, ca = a.get("max_wait_8_s"), bool(a.get("max_wait_8_censored"))
     wd, cd = d.get("max_wait_8_s"), bool(d.get("max_wait_8_censored"))
@@ -94,8 +97,27 @@ def _wait_8_target(a: dict, d: dict) -> dict:
         met = True if fits else None
     else:
         met = fits
-    return _target(f"{shown_a} s with the line vs {'≥' if cd else ''}{wd} s without",
-                   f"<= {r} x without the line", met)
+    return _target(f"{shown_a} s with the line vs {'≥' if cd else ''}{wd} s without"
+                   + _drains(a, d), f"<= {r} x without the line", met)
+
+
+def _drains(a: dict, d: dict) -> str:
+    """"; drain X s with, Y s without" for lanes (a) and (d) (`_drain`); "" when neither
+    had a drain (a report made before it)."""
+    if a.get("drain_s") is None and d.get("drain_s") is None:
+        return ""
+    return f"; drain {_drain(a)} with, {_drain(d)} without"
+
+
+def _drain(f: dict) -> str:
+    """A lane's drain: "X s", then " (capped, N scored set(s) waiting)" when its cap ended
+    the lane; "none" for a lane without one."""
+    if f.get("drain_s") is None:
+        return "none"
+    if not f.get("drain_capped"):
+        return f"{f['drain_s']} s"
+    n = f.get("waiting_at_end", 0)
+    return f"{f['drain_s']} s (capped, {n} scored set{'' if n == 1 else 's'} waiting)"
 
 
 def _p(row: dict, q: str = "p99") -> str:
@@ -114,13 +136,16 @@ def _cell(row: dict) -> str:
 
 
 def summary(report: dict) -> list[str]:
-    """The lines a run prints: the plan, every lane's latency per tier and size, GPU-hours,
-    utilisation, preemptions and inversions, and the load before and after."""
+    """The lines a run prints: the plan (the drain's cap), every lane's latency per tier and
+    size, GPU-hours, utilisation, its drain, preemptions and inversions (how many in the
+    drain), and the load before and after."""
     plan, tr = report["plan"], report["trace"]
     lines = [f"contention{' (quick)' if report.get('quick') else ''}: {plan['nodes']} HGX boards "
              f"a lane, offered load {plan['load']} (realised {tr['offered_load']}), "
              f"{tr['scored']} scored of {tr['sets']} sets, mean life {plan['mean_life']:g} s, "
-             f"seed {report['seed']}, trace {tr['digest']}; load "
+             f"seed {report['seed']}, trace {tr['digest']}"
+             + (f", drain cap {plan['drain']:g} s" if plan.get("drain") is not None else "")
+             + "; load "
              f"{_load(report.get('load_before'))} -> {_load(report.get('load_after'))}"]
     for k, f in (report.get("results") or {}).items():
         name = (report.get("lanes") or {}).get(k, "")
@@ -129,12 +154,14 @@ def summary(report: dict) -> list[str]:
             continue
         if k in (report.get("lanes_on_second_cluster") or ()):
             name = f"{name} [second cluster, after the first]"
+        drain = "" if f.get("drain_s") is None else f"drain {_drain(f)}, "
         lines.append(f"({k}) {name}: utilisation {f['utilisation']}, 8-GPU max wait "
-                     f"{'≥' if f.get('max_wait_8_censored') else ''}{f['max_wait_8_s']} s, preemptions {f['preemptions']} (victims "
-                     f"{f['victims']}, stopped {f['victims_stopped']}, minimal "
-                     f"{f['minimal_share']}), inversions {f['inversions']}, partial stops "
-                     f"{f['partial_stops']}, stops without nomination "
-                     f"{f['stops_without_nomination']}")
+                     f"{'≥' if f.get('max_wait_8_censored') else ''}{f['max_wait_8_s']} s, "
+                     f"{drain}preemptions {f['preemptions']}{_in_drain(f, 'preemptions')} "
+                     f"(victims {f['victims']}, stopped {f['victims_stopped']}, minimal "
+                     f"{f['minimal_share']}), inversions {f['inversions']}"
+                     f"{_in_drain(f, 'inversions')}, partial stops {f['partial_stops']}, stops "
+                     f"without nomination {f['stops_without_nomination']}")
         for tier in TIERS:
             row = f["latency"][tier]
             cells = "; ".join(f"{z}: {_cell(row[str(z)])}" for z in SIZES)
@@ -142,6 +169,12 @@ def summary(report: dict) -> list[str]:
                          f"{f['gpu_hours'][tier]['all']} | re-waits {row['all']['rewaits']} "
                          f"p99 {row['all']['rewait_p99_s']}")
     return lines
+
+
+def _in_drain(f: dict, what: str) -> str:
+    """" (N in the drain)" when some of a lane's `what` fell after the trace's end."""
+    n = f.get(f"{what}_in_drain")
+    return f" ({n} in the drain)" if n else ""
 
 
 def _load(v) -> str:

@@ -67,7 +67,8 @@ class CTrace:
 
     @property
     def end(self) -> float:
-        """The trace's end (s): warm-up plus the scored span; every lane stops there."""
+        """The trace's end (s): warm-up plus the scored span; every set arrives before it.
+        A lane's drain follows it (`bench.contention`)."""
         return self.warmup + self.span
 
     def digest(self) -> str:
