@@ -38,14 +38,19 @@ def restore_heap(thresholds: tuple[int, int, int]) -> None:
 
 def heap_report(directory, n: int) -> dict:
     """What the heap holds now, for telling a leak from allocator growth (`gpu-binder
-    controller` calls it on SIGUSR2; docs/troubleshooting.md): the objects the garbage
+    controller` calls it on SIGUSR2; docs/troubleshooting.md), after a full collection
+    (`gc_collected` objects found unreachable): garbage in reference cycles waits for one,
+    and with `settle_heap`'s thresholds over a large heap that can take minutes (an asyncio
+    TLS connection closed is such a cycle, with 256 KiB of buffers), so without it a report
+    counts garbage as held. Then the objects the garbage
     collector tracks (`gc_objects`, of which `gc_frozen` frozen by `settle_heap`) and, while
     tracemalloc traces (`PYTHONTRACEMALLOC=1` in the process's environment), the bytes Python
     has allocated and not freed (`traced_bytes`) with a snapshot written to
     `directory`/tracemalloc-<pid>-<n>.snap (read it with `tracemalloc.Snapshot.load`; compare
     two with `Snapshot.compare_to`). Returns those as a dict. OSError when the snapshot
     cannot be written."""
-    out = {"pid": os.getpid(), "gc_objects": len(gc.get_objects()),
+    collected = gc.collect()
+    out = {"pid": os.getpid(), "gc_collected": collected, "gc_objects": len(gc.get_objects()),
            "gc_frozen": gc.get_freeze_count(),
            "tracing": tracemalloc.is_tracing()}
     if out["tracing"]:

@@ -57,6 +57,22 @@ def resolve_environment_once(api: ApiClient) -> ApiClient:
     return api
 
 
+def pool_connections(api: ApiClient) -> dict[str, int] | None:
+    """The API client's connection pool now (`gpu_binder_api_connections`): {"in_use":
+    connections lent to a call or an open watch, "idle": kept alive for the next call,
+    "limit": the most open at once (kubernetes_asyncio's `connection_pool_maxsize`, 100)}.
+    Each TLS connection costs about 260 KiB of buffers (asyncio's SSL protocol), so a
+    replica's RSS follows this figure. None when the session's connector is not aiohttp's
+    TCPConnector as expected (the counts are aiohttp's private fields). Raises nothing."""
+    connector = getattr(getattr(api.rest_client, "pool_manager", None), "connector", None)
+    acquired = getattr(connector, "_acquired", None)
+    conns = getattr(connector, "_conns", None)
+    if not isinstance(acquired, set) or not isinstance(conns, dict):
+        return None
+    return {"in_use": len(acquired), "idle": sum(len(v) for v in conns.values()),
+            "limit": int(getattr(connector, "limit", 0) or 0)}
+
+
 T = TypeVar("T")
 
 JSON_PATCH = "application/json-patch+json"

@@ -32,7 +32,7 @@ from actors.logging import close_logging, configure_logging
 from actors.ports import SystemClock
 from k8s.webhook.admission import VMIAdmission
 from k8s.cache import ClusterCache
-from k8s.client import KubeClient, resolve_environment_once
+from k8s.client import KubeClient, pool_connections, resolve_environment_once
 from k8s.config import Config
 from k8s.housekeeping import Housekeeper
 from k8s.leader import LeaderElector, LeaseConfig
@@ -45,7 +45,7 @@ from k8s.status_writer import ApiStatusWriter
 from k8s.vm_waiting import VMWaiting
 from k8s.webhook.fairness import TenantGate
 from k8s.webhook.review import Review, reason_denial
-from k8s.webhook.transport import ReloadingTLS, deny, make_app, serve
+from k8s.webhook.transport import ReloadingTLS, deny, make_app, open_connections, serve
 from model.health import HealthSettings
 from model.line import Entry
 from model.preemption import PreemptionSettings
@@ -130,12 +130,16 @@ class Controller:
         self.elector: LeaderElector | None = None
         self.housekeeper: Housekeeper | None = None
         self.vm_waiting: VMWaiting | None = None
+        self.api: ApiClient | None = None
+        self.webhook_runner: web.AppRunner | None = None
 
     def observed(self) -> Observed:
         """What the metrics read of this replica now (`k8s.metrics.Observed`)."""
         keeper = self.housekeeper
         return Observed(self.synced, self.elector, self.binder, self.cache,
-                        keeper.statistics() if keeper is not None else None)
+                        keeper.statistics() if keeper is not None else None,
+                        pool_connections(self.api) if self.api is not None else None,
+                        open_connections(self.webhook_runner))
 
     def refused_at_w1(self, entry: Entry) -> bool:
         """The webhook's way to the leader's line (P5, `VMIAdmission.line`): a bare VMI W1
@@ -200,7 +204,7 @@ class Controller:
     async def _run(self, api: ApiClient) -> int:
         cfg = self.cfg
         cache = ClusterCache(api, settings_namespace=cfg.settings_namespace)
-        self.cache = cache
+        self.cache, self.api = cache, api
         grace = timedelta(seconds=cfg.attachment_grace)
         client = KubeClient(api, timeout=5.0)
         admission = VMIAdmission(client, cache, bind_timeout=cfg.bind_timeout, grace=grace,
@@ -298,7 +302,7 @@ class Controller:
                               error=f"{type(exc).__name__}: {exc}")
                     tg.cancel_scope.cancel()
                     return 2
-                await tg.start(functools.partial(
+                self.webhook_runner = await tg.start(functools.partial(
                     serve, make_app(admit, timeout=cfg.bind_timeout + 3,
                                     keepalive_reviews=cfg.webhook_keepalive_reviews), cfg.webhook_host,
                     cfg.webhook_port, tls.context, reuse_port=True))

@@ -45,6 +45,10 @@ class Observed:
     binder: "Binder | None" = None
     cache: "ClusterCache | None" = None
     housekeeping: "HousekeepingStats | None" = None
+    api_pool: dict[str, int] | None = None
+    """The API client's pool (`k8s.client.pool_connections`: in_use, idle, limit)."""
+    webhook_connections: int | None = None
+    """The API server's connections open to this replica's webhook (None: not serving)."""
 
 FLEET_MAX_AGE = 10.0
 """Seconds a computation of the fleet figures is reused by later scrapes."""
@@ -144,6 +148,23 @@ class _TreeCollector:
                 seen.add_metric([informer.name], float(informer.resource_version))
         yield cached
         yield seen
+        if state.api_pool is not None:
+            pool = GaugeMetricFamily(
+                "gpu_binder_api_connections", "this replica's connections to kube-apiserver "
+                "(its client's pool): in_use (a call or an open watch), idle (kept alive)",
+                labels=["state"])
+            pool.add_metric(["in_use"], float(state.api_pool["in_use"]))
+            pool.add_metric(["idle"], float(state.api_pool["idle"]))
+            yield pool
+            limit = GaugeMetricFamily("gpu_binder_api_connections_limit",
+                                      "the most connections the client's pool opens at once")
+            limit.add_metric([], float(state.api_pool["limit"]))
+            yield limit
+        if state.webhook_connections is not None:
+            hooked = GaugeMetricFamily("gpu_binder_webhook_connections",
+                                       "connections open to this replica's webhook (kube-apiserver's)")
+            hooked.add_metric([], float(state.webhook_connections))
+            yield hooked
         keeper = state.housekeeping
         rounds = CounterMetricFamily("gpu_binder_housekeeping_rounds",
                                      "housekeeping rounds completed while leading (H1-H3)")

@@ -692,17 +692,30 @@ class Soak:
 
 
 async def cache_objects(lc, i: int) -> dict[str, int] | None:
-    """{informer: objects held} of replica `i` from its /metrics (`gpu_binder_cache_objects`),
-    None when the scrape fails (a replica starting or killed)."""
+    """{informer: objects held} of replica `i` from its /metrics (`gpu_binder_cache_objects`)
+    and its connections under `CONNECTION_KEYS` (`gpu_binder_api_connections` in use and
+    idle, `gpu_binder_webhook_connections`: each TLS connection holds ~260 KiB), None when
+    the scrape fails (a replica starting or killed)."""
     from localcluster.metrics_text import parse_metrics
 
     try:
         text = await anyio.to_thread.run_sync(lc.metrics, i)
     except OSError:
         return None
-    return {dict(labels).get("informer", "?"): int(v)
-            for (name, labels), v in parse_metrics(text).items()
-            if name == "gpu_binder_cache_objects"}
+    out: dict[str, int] = {}
+    for (name, labels), v in parse_metrics(text).items():
+        if name == "gpu_binder_cache_objects":
+            out[dict(labels).get("informer", "?")] = int(v)
+        elif (key := CONNECTION_KEYS.get((name, dict(labels).get("state")))) is not None:
+            out[key] = int(v)
+    return out
+
+
+CONNECTION_KEYS = {("gpu_binder_api_connections", "in_use"): "~api connections in use",
+                   ("gpu_binder_api_connections", "idle"): "~api connections idle",
+                   ("gpu_binder_webhook_connections", None): "~webhook connections"}
+"""The connection gauges `cache_objects` reads, and the keys it gives them (sorted after
+the informers)."""
 
 
 async def soak_on(lc, kv, spec: SoakSpec, log=print) -> dict:

@@ -298,7 +298,8 @@ def summary(report: dict) -> list[str]:
                 for p in tr["processes"]) or "no process alive through it")
             + f"; threshold {tr['threshold_mib_per_min']}: {tr['verdict']}; "
               f"peak RSS {tr['peak_mib']} MiB"] + [
-            f"informers' objects over it, replica-{c['replica']} pid {c['pid']}: " + ", ".join(
+            f"informers' objects (and connections) over it, replica-{c['replica']} pid "
+            f"{c['pid']}: " + ", ".join(
                 f"{k} {c['first'].get(k)} -> {c['last'].get(k)}" for k in sorted(c["last"]))
             for c in report.get("cache_over_steady", [])] + [
             f"heap over it, replica-{h['replica']} pid {h['pid']}: gc objects "

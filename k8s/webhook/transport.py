@@ -239,15 +239,24 @@ async def serve(app: web.Application, host: str, port: int, ssl_context: ssl.SSL
                 *, reuse_port: bool = False, task_status=anyio.TASK_STATUS_IGNORED) -> None:
     """Serve `app` until cancelled (AppRunner + TCPSite; shutdown bounded to 5 s).
     `reuse_port` lets several replicas on one host share the port (the kernel spreads
-    connections among them, as a Service would)."""
+    connections among them, as a Service would). Started with the runner (`tg.start`
+    returns it: `open_connections` counts its clients' connections)."""
     runner = web.AppRunner(app, shutdown_timeout=5, access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, ssl_context=ssl_context,
                            reuse_port=reuse_port or None)
         await site.start()
-        task_status.started()
+        task_status.started(runner)
         await anyio.sleep_forever()
     finally:
         with anyio.CancelScope(shield=True), anyio.move_on_after(6):
             await runner.cleanup()
+
+
+def open_connections(runner: web.AppRunner | None) -> int | None:
+    """Clients' connections open at the server `serve` started with `runner` now (the API
+    server's kept-alive connections to the webhook, `gpu_binder_webhook_connections`);
+    None before it serves. Raises nothing."""
+    server = runner.server if runner is not None else None
+    return None if server is None else len(server.connections)

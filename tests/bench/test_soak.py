@@ -387,3 +387,34 @@ def test_the_population_is_deleted_in_mixed_sizes_not_largest_first():
     # plan order: the first quarter all 8s and 4s, the last all 1s
     assert quarters(plan)[0] > 2 * mean and quarters(plan)[3] == 1.0
     assert all(abs(m - mean) < 0.25 * mean for m in quarters(order)), (quarters(order), mean)
+
+
+def test_cache_objects_reads_the_informers_and_the_connections():
+    """What the soak samples beside RSS: each informer's objects and the replica's
+    connections (API client pool in use and idle, the webhook's), from its /metrics."""
+    import anyio
+
+    from bench.soak.driver import cache_objects
+
+    text = "\n".join([
+        "# TYPE gpu_binder_cache_objects gauge",
+        'gpu_binder_cache_objects{informer="nodes"} 1000.0',
+        'gpu_binder_cache_objects{informer="pods"} 2064.0',
+        "# TYPE gpu_binder_api_connections gauge",
+        'gpu_binder_api_connections{state="in_use"} 17.0',
+        'gpu_binder_api_connections{state="idle"} 51.0',
+        "# TYPE gpu_binder_api_connections_limit gauge",
+        "gpu_binder_api_connections_limit 100.0",
+        "# TYPE gpu_binder_webhook_connections gauge",
+        "gpu_binder_webhook_connections 6.0", ""])
+
+    class Cluster:
+        def metrics(self, i: int) -> str:
+            if i:
+                raise OSError("replica 1 is down")
+            return text
+
+    assert anyio.run(cache_objects, Cluster(), 0) == {
+        "nodes": 1000, "pods": 2064, "~api connections in use": 17,
+        "~api connections idle": 51, "~webhook connections": 6}
+    assert anyio.run(cache_objects, Cluster(), 1) is None
