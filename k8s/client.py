@@ -8,7 +8,8 @@ Retry-After). Nothing outside this module and the informers sees a client except
 Objects travel as plain dicts, as the API server sends them. Writes carry the client's
 field manager (B8 is checked through managedFields); `using` makes a sibling client with
 another field manager or timeout over the same connection pool. `resolve_environment_once`
-keeps the process's ApiClient from looking the environment up on every request.
+keeps the process's ApiClient from looking the environment up on every request;
+`reuse_newest_first` lets its pool shrink back after a burst (`NewestFirstConnector`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
+import aiohttp
 import anyio
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api, CoreV1Api, CustomObjectsApi
 
@@ -36,7 +39,6 @@ def resolve_environment_once(api: ApiClient) -> ApiClient:
     does not trust the environment, on the same connector (its connections and TLS
     context). No netrc credentials are sent to the API server: Kubernetes authenticates
     the kubeconfig's token or certificate. Returns `api`; raises nothing of its own."""
-    import aiohttp
     from aiohttp.helpers import get_env_proxy_for_url
     from yarl import URL
 
@@ -54,6 +56,40 @@ def resolve_environment_once(api: ApiClient) -> ApiClient:
     old.detach()  # the connector goes on with the new session, open
     rest.pool_manager = aiohttp.ClientSession(connector=connector, trust_env=False,
                                               read_bufsize=2**21)  # as kubernetes_asyncio's
+    return api
+
+
+class NewestFirstConnector(aiohttp.TCPConnector):
+    """aiohttp's TCPConnector that reuses the idle connection released last (newest first),
+    so the pool shrinks back to what the traffic needs after a burst.
+
+    aiohttp (3.10 on) hands out the idle connection released *first*: after a burst of N
+    parallel calls, steady traffic of more than N calls per keep-alive period (15 s) uses
+    every one of the N in turn, none stays idle that long, and the pool keeps N open for
+    good. Each burst ratchets it up towards its limit (100), each TLS connection with about
+    260 KiB of buffers: a young replica's RSS rose by that for tens of minutes (the soak,
+    issue 41 item 5). Newest first, the connections a burst added go unused once it is
+    over, and aiohttp's keep-alive clean-up closes them.
+
+    Reads aiohttp's private pool (`_conns`, one deque of (connection, released at) per
+    host, appended on release); when its shape is another (older aiohttp: a list it pops
+    newest first already) nothing is changed. tests/k8s/test_connection_metrics.py checks
+    the behaviour on the installed aiohttp."""
+
+    async def _get(self, key, *args, **kwargs):  # type: ignore[override]
+        conns = self._conns.get(key)
+        if isinstance(conns, deque) and len(conns) > 1:
+            conns.rotate(1)       # the one released last goes first
+        return await super()._get(key, *args, **kwargs)
+
+
+def reuse_newest_first(api: ApiClient) -> ApiClient:
+    """`api` with its pool's connector a `NewestFirstConnector` (the same object, its
+    connections kept) when it is aiohttp's TCPConnector; else unchanged. Returns `api`;
+    raises nothing."""
+    connector = getattr(getattr(api.rest_client, "pool_manager", None), "connector", None)
+    if type(connector) is aiohttp.TCPConnector:
+        connector.__class__ = NewestFirstConnector
     return api
 
 

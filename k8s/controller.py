@@ -32,7 +32,7 @@ from actors.logging import close_logging, configure_logging
 from actors.ports import SystemClock
 from k8s.webhook.admission import VMIAdmission
 from k8s.cache import ClusterCache
-from k8s.client import KubeClient, pool_connections, resolve_environment_once
+from k8s.client import KubeClient, pool_connections, resolve_environment_once, reuse_newest_first
 from k8s.config import Config
 from k8s.housekeeping import Housekeeper
 from k8s.leader import LeaderElector, LeaseConfig
@@ -58,13 +58,16 @@ log = structlog.get_logger("gpu_binder.controller")
 
 async def make_api_client(kubeconfig: str | None) -> ApiClient:
     """An ApiClient from a kubeconfig file, or the in-cluster service account when None;
-    the environment (proxy) read once (`k8s.client.resolve_environment_once`)."""
+    the environment (proxy) read once (`k8s.client.resolve_environment_once`), its pool
+    reusing the newest idle connection first (`k8s.client.reuse_newest_first`)."""
     from kubernetes_asyncio import config as kconfig
 
     if kubeconfig:
-        return resolve_environment_once(await kconfig.new_client_from_config(config_file=kubeconfig))
-    kconfig.load_incluster_config()
-    return resolve_environment_once(ApiClient())
+        api = await kconfig.new_client_from_config(config_file=kubeconfig)
+    else:
+        kconfig.load_incluster_config()
+        api = ApiClient()
+    return reuse_newest_first(resolve_environment_once(api))
 
 
 def binder_config(cfg: Config) -> BinderConfig:

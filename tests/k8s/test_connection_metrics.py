@@ -15,7 +15,8 @@ from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration
 from prometheus_client.parser import text_string_to_metric_families
 
-from k8s.client import pool_connections, resolve_environment_once
+from k8s.client import (NewestFirstConnector, pool_connections, resolve_environment_once,
+                        reuse_newest_first)
 from k8s.metrics import Metrics, Observed
 from k8s.webhook.transport import open_connections, serve
 from tests.k8s.test_metrics_fleet import _idle_admission
@@ -87,3 +88,55 @@ def test_the_gauges_are_exported_only_when_known():
     got = render(Observed())
     assert not [k for k in got if k[0].startswith(("gpu_binder_api_connections",
                                                    "gpu_binder_webhook_connections"))]
+
+
+async def test_after_a_burst_the_pool_shrinks_back_to_what_steady_traffic_needs():
+    """`NewestFirstConnector`: a burst opens 20 connections; one call at a time then reuses
+    the newest idle one, the 19 others stay idle past the keep-alive (0.3 s here) and the
+    clean-up closes them. With aiohttp's own TCPConnector (oldest idle first) the calls
+    go round all 20 and keep every one alive: the pool ratchets up burst by burst."""
+    finish = anyio.Event()
+    held_open = 0
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        nonlocal held_open
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        if not finish.is_set():
+            held_open += 1
+            await finish.wait()
+        await resp.write(b"ok")
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    async with anyio.create_task_group() as tg:
+        runner = await tg.start(functools.partial(serve, app, "127.0.0.1", port, None))
+        api = ApiClient(Configuration(host=f"http://127.0.0.1:{port}"))
+        old = api.rest_client.pool_manager
+        api.rest_client.pool_manager = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=100, keepalive_timeout=0.3))
+        await old.close()
+        reuse_newest_first(api)
+        session = api.rest_client.pool_manager
+        assert type(session.connector) is NewestFirstConnector
+        try:
+            burst = [await session.get(url) for _ in range(20)]   # 20 open at once
+            assert pool_connections(api)["in_use"] == 20 and held_open == 20
+            finish.set()
+            for r in burst:
+                assert await r.text() == "ok"
+            assert pool_connections(api) == {"in_use": 0, "idle": 20, "limit": 100}
+            with anyio.fail_after(10):
+                while pool_connections(api)["idle"] > 1:   # steady traffic, one call at a time
+                    async with session.get(url) as r:
+                        assert await r.text() == "ok"
+                    await anyio.sleep(0.02)
+                while open_connections(runner) > 1:   # the server sees them closed too
+                    await anyio.sleep(0.02)
+        finally:
+            await api.close()
+        tg.cancel_scope.cancel()
