@@ -63,7 +63,7 @@ class NewestFirstConnector(aiohttp.TCPConnector):
     """aiohttp's TCPConnector that reuses the idle connection released last (newest first),
     so the pool shrinks back to what the traffic needs after a burst.
 
-    aiohttp (3.10 on) hands out the idle connection released *first*: after a burst of N
+    aiohttp (3.14 here) hands out the idle connection released *first*: after a burst of N
     parallel calls, steady traffic of more than N calls per keep-alive period (15 s) uses
     every one of the N in turn, none stays idle that long, and the pool keeps N open for
     good. Each burst ratchets it up towards its limit (100), each TLS connection with about
