@@ -123,20 +123,30 @@ class Plan:
     drain: float = 0.0
     """The drain's cap: s after the trace's end a lane may run on until every scored set is
     running or done (`drained`); 0 stops it at the trace's end."""
+    reserve_after: float | None = None
+    """The binders' `--line-reserve-after` (s; P5: a head of the line waiting longer
+    reserves the node where it would start soonest); None: the controller's default (5
+    minutes, chosen for VMs that live hours). The trace's lives are a mean of `mean_life`
+    seconds, so a run scales it with them: a third of a mean life. Lane (d) has no line:
+    the setting does nothing there."""
 
 
-QUICK = Plan(nodes=2, mean_life=30.0, span=90.0, warmup=30.0, min_runtime=5.0, drain=180.0)
+QUICK = Plan(nodes=2, mean_life=30.0, span=90.0, warmup=30.0, min_runtime=5.0, drain=180.0,
+             reserve_after=10.0)
 """A few minutes here: 2 boards a lane, about 30 sets; a drain of at most 6 mean lives (its
 trace's longest life is 157 s: with a cap of 120 s, lanes (a) and (c) of a quick run ended
 with an 8-GPU set waiting, its boards held until about 240 and 270 s, 120 and 150 s after
 the trace's end)."""
-FULL = Plan(nodes=6, mean_life=90.0, span=600.0, warmup=90.0, min_runtime=15.0, drain=900.0)
+FULL = Plan(nodes=6, mean_life=90.0, span=600.0, warmup=90.0, min_runtime=15.0, drain=900.0,
+            reserve_after=30.0)
 """About 14 minutes here, start-up included, and a drain of a few minutes (at most 15): 6
 boards a lane, about 150 sets. The cap is 10 mean lives: a board empties once its last
 running set ends, the longest of a few exponential residual lives (mean 90 s whatever a set
 has run: about 230 s for 7 sets), and no arrival refills it; in the run of 2026-12-06 22:00
 UTC every board's sets at the trace's end were done within 335 s, and the longest life of a
-set still waiting then was 337 s."""
+set still waiting then was 337 s. `reserve_after` 30 s, a third of a mean life: with the
+controller's 5 minutes, longer than any 8-GPU wait of that run (242.6 s at most), no head
+ever reserved a board there, and the line only ordered the sets."""
 
 
 def drained(scored: Iterable[int], *, running: Container[int], over: Container[int]) -> bool:
@@ -154,6 +164,7 @@ def controller_args(plan: Plan, *, line: bool = True) -> tuple[str, ...]:
 
     # its clients retry every refused create (403 included), the case --line-bare-vmis is for
     return (*CONTROLLER_ARGS, f"--preemption-min-runtime={plan.min_runtime:g}", "--line-bare-vmis=true",
+            *(() if plan.reserve_after is None else (f"--line-reserve-after={plan.reserve_after:g}",)),
             *(() if line else ("--line-enabled=false",)))
 
 

@@ -137,3 +137,15 @@ def test_lane_d_is_a_binder_lane_with_a_controller_whose_line_is_off():
     assert "d" in contention.BINDER_LANES and contention.SECOND_CLUSTER == ("d",)
     args = contention.controller_args(contention.FULL, line=False)
     assert args[-1] == "--line-enabled=false" and args[:-1] == contention.controller_args(contention.FULL)
+
+
+def test_the_plans_scale_reserve_after_with_their_lives_and_the_controller_gets_it():
+    """P5's reservation in the benchmark: the controller's 5 minutes is longer than any wait
+    of a trace whose lives are a minute or two, so the plans give a third of a mean life."""
+    from dataclasses import replace
+
+    for plan in (contention.FULL, contention.QUICK):
+        assert plan.reserve_after == plan.mean_life / 3
+        assert f"--line-reserve-after={plan.reserve_after:g}" in contention.controller_args(plan)
+    default = replace(contention.FULL, reserve_after=None)
+    assert not [a for a in contention.controller_args(default) if "reserve-after" in a]
