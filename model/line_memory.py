@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Mapping
 
-from model.line import Line
+from model.line import Entry, Identity, Line
 from model.line_status import VMI_KIND, ClassLine
 
 _NEVER = datetime.min.replace(tzinfo=timezone.utc)
@@ -77,19 +77,18 @@ def recall(memory: Recalled, line: Line, now: datetime) -> tuple[Line, Recalled]
     if now > memory.until:
         return line, NOTHING
     used: set[tuple[str, str]] = set()
-    entries = []
-    for e in line:
-        key = e.identity.key
-        since = memory.since.get(key)
-        if since is None or e.identity.vm_uid is not None:
-            entries.append(e)
+    earlier: dict[tuple[str, str], Entry] = {}
+    for key, since in memory.since.items():  # a few per class (SHOWN): never a pass over the line
+        e = line.find(Identity(*key))
+        if e is None or e.identity.vm_uid is not None:
             continue
         used.add(key)
-        entries.append(replace(e, first_refused=since) if since < e.first_refused else e)
+        if since < e.first_refused:
+            earlier[key] = replace(e, first_refused=since)
     if not used:
         return line, memory
     left = {k: t for k, t in memory.since.items() if k not in used}
-    new = Line(entries) if any(a is not b for a, b in zip(entries, line)) else line
+    new = Line(earlier.get(e.identity.key, e) for e in line) if earlier else line
     return new, Recalled(left, memory.until) if left else NOTHING
 
 

@@ -13,6 +13,8 @@ from model.line import DEFAULT_RETRY_GRACE, Identity, Line, Shape, entry
 from model.line_memory import NOTHING, recall, recalled, trust_published
 from model.line_status import ClassLine, VM_KIND, VMI_KIND, Shown, line_to_status, published_lines, summarize
 from model.priority import Priority
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 T0 = datetime(2026, 12, 6, 23, tzinfo=timezone.utc)
 SPOT = Priority(100, class_name="spot")
@@ -117,3 +119,34 @@ def test_P5_the_recalled_entry_keeps_what_the_refusal_says_but_its_first_refusal
     new = replace(waiting("a", 61), retried=False, attempt="review-1")
     line, _ = recall(memory, Line([new]), at(61))
     assert line.entries[0] == replace(new, first_refused=at(0))          # not yet retried: not yet real
+
+
+NAMES = st.sampled_from(["a", "b", "c", "d", "e"])
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(published_at=st.dictionaries(NAMES, st.integers(0, 120)),
+       waiting_at=st.dictionaries(NAMES, st.tuples(st.integers(0, 120), st.booleans())),
+       now=st.integers(0, 200))
+def test_P5_property_recall_moves_only_listed_bare_vmis_to_their_published_time(published_at, waiting_at, now):
+    """Whatever the summary and the line: a listed bare VMI's first refusal becomes
+    min(published, its own), every other entry is unchanged, each name is used once, and
+    past the deadline nothing changes."""
+    start = 60
+    lines = {"h100": ClassLine("h100", max(1, len(published_at)), at(0), tuple(
+        Shown(i, "t", n, VMI_KIND, 100, None, 1, at(t)) for i, (n, t) in enumerate(sorted(published_at.items()), 1)))}
+    memory = recalled(lines if published_at else {}, at(start), GRACE)
+    line = Line(waiting(n, t, uid="u" if vm else None) for n, (t, vm) in waiting_at.items())
+    got, left = recall(memory, line, at(now))
+    assert len(got) == len(line)
+    for e in line:
+        g = got.find(e.identity)
+        assert g is not None and g.identity == e.identity and g.last_seen == e.last_seen
+        p = published_at.get(e.identity.vmi)
+        if p is not None and e.identity.vm_uid is None and at(now) <= at(start) + GRACE:
+            assert g.first_refused == min(at(p), e.first_refused)
+            assert e.identity.key not in left.since
+        else:
+            assert g.first_refused == e.first_refused
+    if at(now) > at(start) + GRACE:
+        assert left is NOTHING and got is line
