@@ -16,7 +16,9 @@ pipeline (`actors.status_pipeline`: `Fly`, one wave per batch), which writes it,
 reservation until the view shows the writes and then releases the node actor's hold (B8:
 the pipeline is the only status writer).
 
-On start it attaches to its pipeline, adopts the node actors' ledgers (dropping holds of
+On start it reads back the bare VMIs' first refusals from the waiting line's published
+summaries (P5, `model.line_memory`: its line starts empty, a failover or a restart loses it),
+attaches to its pipeline, adopts the node actors' ledgers (dropping holds of
 earlier incarnations) and recovers every request that carries a decision
 (`bindRequest.node`) but not all its results, finishing it on that node whatever the
 capacity now (B7), before deciding anything. It and its pipeline are one supervised group
@@ -47,7 +49,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import anyio
 import structlog
@@ -75,7 +77,9 @@ from model.device.dra import DeviceRef
 from model.device.tainted_records import off_taint
 from model.hold import Hold
 from model.line import Entry, Identity, Line, reservation
+from model.line_memory import NOTHING, Recalled, recall, recalled
 from model.line_plan import first_allowed, gate_batch, leaves, line_entry, refresh, ripening_reservations, tidy
+from model.line_status import ClassLine
 from model.nominate import Preempting
 from model.nomination import Nomination, nomination_holds
 from model.plan import (Action, Answer, Finish, Nominate, Place, Recover, Requeue, Skip, placement_hold,
@@ -136,7 +140,11 @@ class _Chain:
 
 class Coordinator(Actor):
     """The coordinator actor (see the module docstring). Build one per incarnation;
-    `pipeline` is its status pipeline (the other member of its supervised group)."""
+    `pipeline` is its status pipeline (the other member of its supervised group);
+    `published`, when given, reads the waiting line's published summaries (P5, each
+    GPUClass's `status.line`, `model.line_status.published_lines`) once at the start, so that
+    the bare VMIs they list keep their places when refused again soon after
+    (`model.line_memory`)."""
 
     name = "coordinator"
 
@@ -148,8 +156,10 @@ class Coordinator(Actor):
         clock: Clock,
         config: CoordinatorConfig | None = None,
         observer: DecisionObserver | None = None,
+        published: Callable[[], Mapping[str, ClassLine]] | None = None,
     ) -> None:
         self._observer = observer
+        self._published = published  # P5: the line's published summaries, read at start
         self._view = view
         self._pipeline = pipeline
         self._nodes = nodes
@@ -166,6 +176,7 @@ class Coordinator(Actor):
         self._counts: Counter[str] = Counter()
         self._defrag_due = False  # a round waits for the queue to empty (D2)
         self._line = Line()  # P5: replaced on each change; empty on a new leader
+        self._recalled: Recalled = NOTHING  # P5: bare VMIs' published first refusals
         self._reserved: Mapping[Identity, str] = {}  # P5: the nodes reserved at the last batch
         self._nominated: dict[RequestKey, Nomination] = {}  # P4: new ones the view does not show yet
         self._ref: ActorRef | None = None
@@ -181,6 +192,7 @@ class Coordinator(Actor):
         await self._tell_pipeline(Attach(self._owner, ctx.ref))
         for ref in self._nodes.node_actors().values():
             tell_quietly(ref, Adopt(self._owner))
+        self._recall_published()
         complete, _ = find_requests(self._view.devices().values())
         snap = self._view.snapshot()
         wave: list[Decided] = []
@@ -433,9 +445,30 @@ class Coordinator(Actor):
                 line = line.refused(line_entry(snap, d.request, now), now, self._cfg.line.per_namespace)
         self._set_line(line)
 
+    def _recall_published(self) -> None:
+        """P5 after a failover or a restart: the first refusals of the bare VMIs the line's
+        published summaries list (`published`, the GPUClasses' `status.line`), kept for
+        `line.retryGrace` from now (`model.line_memory.recalled`), so that such a set refused
+        again meanwhile keeps its place (`_set_line`). Nothing with P5 off."""
+        if self._published is None or not self._cfg.line.enabled:
+            return
+        self._recalled = recalled(self._published(), self._clock.now(), self._cfg.line.retry_grace)
+        if self._recalled:
+            _log.info("line_recalled", sets=len(self._recalled.since),
+                      until=self._recalled.until.isoformat())
+
     def _set_line(self, line: Line) -> None:
         """Keep `line` as the waiting line and tell the observer its lengths; with P5 off
-        (`line.enabled` false) the line stays empty: nobody waits, nothing is observed."""
+        (`line.enabled` false) the line stays empty: nobody waits, nothing is observed. A bare
+        VMI the published summaries listed, entering within `line.retryGrace` of this
+        incarnation's start, takes its published first refusal (`model.line_memory.recall`:
+        once each)."""
+        if self._recalled:
+            before, now = self._recalled, self._clock.now()
+            line, self._recalled = recall(before, line, now)
+            if now <= before.until and len(self._recalled.since) < len(before.since):
+                _log.info("line_places_recalled", sets=sorted(
+                    f"{ns}/{vmi}" for ns, vmi in before.since.keys() - self._recalled.since.keys()))
         if line is self._line or not self._cfg.line.enabled:
             return
         self._line = line

@@ -121,7 +121,9 @@ class GetLine:
 @dataclass(frozen=True, slots=True)
 class LineState:
     """The leader's waiting line (`model.line.Line`) and the nodes reserved at the last batch
-    (`model.line.reservation`: identity -> node). Empty on a new leader (docs/contract.md P5)."""
+    (`model.line.reservation`: identity -> node). Empty on a new leader, which rebuilds it as
+    sets are refused again (bare VMIs with their published first refusals, `model.line_memory`;
+    docs/contract.md P5, *Failover keeps the published places*)."""
 
     line: Line
     reservations: Mapping[Identity, str]

@@ -26,7 +26,7 @@ import structlog
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 
-from actors.coordinator_protocol import RefusedAtW1
+from actors.coordinator_protocol import LineState, RefusedAtW1
 from actors.heap import heap_report, settle_heap
 from actors.logging import close_logging, configure_logging
 from actors.ports import SystemClock
@@ -36,7 +36,7 @@ from k8s.client import KubeClient, pool_connections, resolve_environment_once, r
 from k8s.config import Config
 from k8s.housekeeping import Housekeeper
 from k8s.leader import LeaderElector, LeaseConfig
-from k8s.line_status import LineStatus
+from k8s.line_status import LineStatus, ReadBack
 from k8s.metrics import Metrics, Observed
 from k8s.nominations import ApiNominations
 from k8s.health import Health
@@ -48,6 +48,7 @@ from k8s.webhook.review import Review, reason_denial
 from k8s.webhook.transport import ReloadingTLS, deny, make_app, open_connections, serve
 from model.health import HealthSettings
 from model.line import Entry
+from model.line_memory import trust_published
 from model.preemption import PreemptionSettings
 from model.reasons import NotSynced
 from supervisor.binder import Binder, BinderConfig
@@ -231,10 +232,19 @@ class Controller:
             leading = client.using(timeout=min(5.0, cfg.renew_deadline / 2))
             writer = ApiStatusWriter(leading)
             nominations = ApiNominations(leading, cfg.settings_namespace)  # P4
-            self.binder = Binder(cache.view, cache.view, writer, SystemClock(),
-                                 binder_config(cfg), observer=metrics, nominations=nominations)
+
+            async def line() -> LineState | None:
+                return await binder.line()
+            published = LineStatus(leading, cache, line)  # P5: status.line of each class
+            # P5: a starting coordinator reads those back (bare VMIs keep their places); the
+            # previous leader's only when its Lease was renewed shortly before we took it
+            read_back = ReadBack(cache, published, trusted=trust_published(
+                self.elector.previous_renew if self.elector is not None else None,
+                SystemClock().now(), timedelta(seconds=cfg.lease_duration),
+                timedelta(seconds=cfg.line_retry_grace)))
+            self.binder = binder = Binder(cache.view, cache.view, writer, SystemClock(), binder_config(cfg),
+                                          observer=metrics, nominations=nominations, published=read_back)
             preemption = Preemption(leading, cache, nominations, period=cfg.housekeeping_period)
-            published = LineStatus(leading, cache, self.binder.line)  # P5: status.line of each class
             waiting = VMWaiting(leading, cache, grace=grace,  # P5: the line, asked for 1 s at most
                                 line=functools.partial(self.binder.line, 1.0),
                                 waiting=self.binder.vms_waiting)

@@ -20,6 +20,7 @@ import structlog
 from anyio.abc import TaskStatus
 from k8s import errors
 from k8s.client import KubeClient
+from model.serialize import parse_time
 
 log = structlog.get_logger("gpu_binder.leader")
 
@@ -55,9 +56,12 @@ class LeaderElector:
     """Campaigns for and holds one Lease for `identity`.
 
     `is_leader` is True only while `lead()` may run. `transitions` counts how often this
-    replica became leader. Raises nothing but cancellation out of `run`; API errors are
-    logged and retried every `retry_period`. `client`'s Lease calls are made with the
-    timeout `retry_period`.
+    replica became leader. `previous_renew` is the `renewTime` the Lease carried when this
+    replica last took it (its previous holder's last renewal, or its release; None when this
+    replica created the Lease or the time did not parse): how recent what that holder
+    published is (P5's read-back line, `model.line_memory.trust_published`). Raises nothing
+    but cancellation out of `run`; API errors are logged and retried every `retry_period`.
+    `client`'s Lease calls are made with the timeout `retry_period`.
     """
 
     def __init__(self, client: KubeClient, identity: str, config: LeaseConfig) -> None:
@@ -69,6 +73,7 @@ class LeaderElector:
         self._last_renew = -math.inf
         self._observed_record: tuple | None = None
         self._observed_at = -math.inf
+        self.previous_renew: dt.datetime | None = None
 
     # -- API -----------------------------------------------------------------------------
     async def _read(self) -> dict | None:
@@ -95,6 +100,7 @@ class LeaderElector:
                 await self.api.create_lease(self.cfg.namespace, body)
             except (errors.AlreadyExists, errors.Conflict):  # someone else created it first
                 return False
+            self.previous_renew = None
             return True
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
@@ -114,6 +120,8 @@ class LeaderElector:
             await self.api.replace_lease(self.cfg.namespace, self.cfg.name, body)
         except (errors.AlreadyExists, errors.Conflict):  # lost a race: the next round reads
             return False
+        if not self.is_leader:  # taking it (from another holder, a release, or our former self)
+            self.previous_renew = parse_time(spec.get("renewTime"))
         return True
 
     async def release(self) -> None:

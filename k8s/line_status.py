@@ -10,6 +10,12 @@ the cache shows, so a summary an earlier leader left is cleared or replaced): at
 write per class per period, none while nothing changes (the summary holds times, never
 ages). A class whose line emptied gets `status.line: null`. A failed write is logged and
 tried again next period.
+
+`ReadBack` is the other way (P5, failover): what a coordinator starting on this leader reads
+of those summaries, so that the bare VMIs they list keep their places (`model.line_memory`).
+The status subresource of a GPUClass is written by the leader only (the controller's
+ServiceAccount; no tenant role reaches the cluster-scoped GPUClasses), so what it says can be
+trusted as the leader's own record.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from actors.coordinator_protocol import LineState
 from k8s import errors
 from k8s.cache import ClusterCache
 from k8s.client import GPU_CLASSES, KubeClient
-from model.line_status import line_to_status, summarize
+from model.line_status import ClassLine, line_to_status, parse_line_status, published_lines, summarize
 
 log = structlog.get_logger("gpu_binder.line_status")
 
@@ -85,5 +91,34 @@ class LineStatus:
             log.info("GPUClass line written", gpu_class=name, length=new["length"] if new else 0)
         self.rounds += 1
 
+    def written(self) -> dict[str, Any]:
+        """The `status.line` this publisher last wrote to each class it wrote (None: cleared)."""
+        return dict(self._written)
 
-__all__ = ["FIELD_MANAGER", "LineStatus", "PERIOD"]
+
+class ReadBack:
+    """The published summaries as a coordinator starting on this leader reads them back (P5,
+    `supervisor.binder.Binder`'s `published`), by class: what `publisher` (this leader's
+    `LineStatus`) last wrote to a class it wrote (its own record, ahead of the cache), else
+    what the GPUClass in `cache` shows, left by the previous leader, only when `trusted`
+    (`model.line_memory.trust_published` at the start of the leadership: it renewed its
+    Lease shortly before): a stale summary of another leadership is never read. Raises
+    nothing (a malformed summary reads as none)."""
+
+    def __init__(self, cache: ClusterCache, publisher: LineStatus, *, trusted: bool) -> None:
+        self.cache = cache
+        self.publisher = publisher
+        self.trusted = trusted
+
+    def __call__(self) -> dict[str, ClassLine]:
+        lines = published_lines(self.cache.classes.items()) if self.trusted else {}
+        for name, raw in self.publisher.written().items():
+            got = parse_line_status(name, raw)
+            if got is None:
+                lines.pop(name, None)
+            else:
+                lines[name] = got
+        return lines
+
+
+__all__ = ["FIELD_MANAGER", "LineStatus", "PERIOD", "ReadBack"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import anyio
 import structlog
@@ -45,6 +45,7 @@ from actors.ports import (Change, ChangeFeed, Clock, ClusterView, DecisionObserv
                           StatusWriter)
 from actors.runtime import ActorRef
 from actors.status_pipeline import PipelineConfig, StatusPipeline
+from model.line_status import ClassLine
 from model.requests import find_requests
 from model.types import RequestKey
 from supervisor.tree import ChildSpec, Restart, Supervisor, SupervisorConfig, SupervisorStatistics
@@ -107,9 +108,13 @@ class Binder:
         config: BinderConfig | None = None,
         observer: DecisionObserver | None = None,
         nominations: NominationWriter | None = None,
+        published: Callable[[], Mapping[str, ClassLine]] | None = None,
     ) -> None:
         """`nominations` records the nominations of P4; without it the coordinator never
-        nominates (preemption is off, whatever `config` says)."""
+        nominates (preemption is off, whatever `config` says). `published` reads the waiting
+        line's published summaries (P5, the GPUClasses' `status.line`), which each coordinator
+        incarnation reads once as it starts (`actors.coordinator.Coordinator`); None: none."""
+        self._published = published
         self._observer = observer
         self._view = view
         self._feed = feed
@@ -239,7 +244,7 @@ class Binder:
         pipeline = self.pipeline
         assert pipeline is not None  # the group's cells exist before its members start
         return Coordinator(self._view, pipeline, self, self._clock, self._cfg.coordinator,
-                           self._observer)
+                           self._observer, self._published)
 
     async def _start_node(self, name: str) -> None:
         assert self._sup is not None

@@ -20,7 +20,11 @@ observable with real API machinery, never a hook in the controller:
 - (c) a victim that will not die within the nomination's life (finalizer kept): the nomination
   expires and is deleted, its hold released (a lower-priority VMI takes the free part of the
   node), the preemptor's retry is refused plainly (no new nomination: a VMI already being
-  deleted is no victim, P2), and nothing else is stopped."""
+  deleted is no victim, P2), and nothing else is stopped.
+- (d) P5 across the kill (issue 39 item 3): two bare VMIs of the same priority wait in the line
+  for room, B refused before A; the leader is killed; the new one reads the published
+  `status.line` back, and when A's client retries before B's, B is still ahead of A, both with
+  their first refusals as published."""
 
 from __future__ import annotations
 
@@ -33,6 +37,8 @@ import pytest
 from model.retry_after import RETRY_STEP
 from tests.e2e.conftest import FAST_CONTROLLER_ARGS, controller_replicas, unique
 from tests.e2e.helpers import eventually, make_pool
+from model.serialize import parse_time
+from model.types import GROUP, VERSION
 from tests.e2e.test_preemption import (VMI_GROUP, VMI_VERSION, VMIS, create, nominations, priority_class, vmi,
                                       vmi_body)
 
@@ -371,3 +377,56 @@ async def test_c_a_victim_that_will_not_die_expires_the_nomination_and_stops_not
         for name in w.on_a:
             if await vmi(fleet, w.spot_ns, name) is not None:
                 await set_finalizer(fleet, w.spot_ns, name, False)
+
+
+# -- (d) the waiting line across the kill (P5) ------------------------------------------------------
+
+
+async def published_line(fleet, w: World) -> dict | None:
+    """The class's `status.line` (the leader's summary of its waiting line), None when absent."""
+    got = await fleet.custom.get_cluster_custom_object(GROUP, VERSION, "gpuclasses", w.cls)
+    return (got.get("status") or {}).get("line")
+
+
+async def test_d_bare_vmis_keep_their_published_places_in_the_line_across_a_leader_kill(system, fleet):
+    w = await world(fleet, system)                     # 2 units free on a: a set of 4 waits
+
+    async def refused(name: str) -> None:              # the client's create (or retry): it waits
+        for _ in range(5):  # (a call kube-apiserver made to the killed replica never reached us)
+            status, message, _ = await create(fleet, w.od_ns, vmi_body(name, w.cls, 4, w.spot))
+            if not (status == 500 and "failed calling webhook" in message):
+                break
+        assert status == 503 and "the set waits in the line for room" in message, (status, message)
+
+    def ordered(want: list[str]):
+        async def probe() -> dict | None:
+            for name in reversed(want):                # the last of `want` retries first
+                await refused(name)                    # (every 2 s: the place is kept, 10 s grace)
+            line = await published_line(fleet, w)
+            return line if line and [e["name"] for e in line["entries"]] == want else None
+        return probe
+
+    await refused("b")
+    await refused("a")
+    before = await eventually(ordered(["b", "a"]), timeout=30, interval=2.0,
+                              what="the line published: b, then a")
+    since = {e["name"]: e["since"] for e in before["entries"]}
+    assert parse_time(since["b"]) < parse_time(since["a"])
+    assert {e["kind"] for e in before["entries"]} == {"VirtualMachineInstance"}
+    old = kill_leader(system)
+    await new_leader(system, old)
+
+    async def cleared() -> bool:                       # its own line, empty until they retry
+        return await published_line(fleet, w) is None
+    await eventually(cleared, timeout=10, interval=0.2, what="the new leader's (empty) line published")
+    await refused("a")                                 # a's client retries first, then b's
+    await refused("b")
+    after = await eventually(ordered(["b", "a"]), timeout=30, interval=2.0,
+                             what="the new leader's line: b still ahead of a")
+    assert {e["name"]: e["since"] for e in after["entries"]} == since
+    i = leader_index(system)
+    recalled = [x for x in system.replicas[i].log_path.read_text(errors="replace").splitlines()
+                if "line_places_recalled" in x and f"{w.od_ns}/b" in x]
+    assert recalled, system.log_tail(i)                # the new leader read b's place back
+    for name in ("a", "b"):
+        assert await vmi(fleet, w.od_ns, name) is None

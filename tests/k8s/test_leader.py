@@ -10,6 +10,7 @@ import pytest
 
 from k8s import errors
 from k8s.leader import LeaderElector, LeaseConfig
+from model.serialize import parse_time
 from tests.timing import FAKE_TIME, advance, eventually
 
 pytestmark = pytest.mark.anyio
@@ -119,7 +120,10 @@ async def test_release_lets_a_successor_take_over_without_waiting_for_expiry():
                 assert not b.is_leader
                 scope.cancel()                 # a shuts down and releases the Lease
         released = anyio.current_time()
+        last_renew = api.lease["spec"]["renewTime"]  # a's last renewal, kept by its release
         await eventually(lambda: b.is_leader, CFG.lease_duration, "b leads", interval=0.01)
+        # P5: how recent what a published is (b reads its line back only if recent)
+        assert a.previous_renew is None and b.previous_renew == parse_time(last_renew) is not None
         # at b's next try, not after the Lease would have expired
         assert anyio.current_time() - released <= CFG.retry_period + 0.01
         outer.cancel_scope.cancel()

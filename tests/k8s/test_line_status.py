@@ -1,7 +1,8 @@
 """The leader publishes its waiting line in each GPUClass's `status.line` (`k8s.line_status`,
 docs/contract.md §3c P5): through the status subresource, only when a class's summary changed
 and at most once per class per round (writes counted), cleared when the line empties, and an
-earlier leader's summary replaced or cleared."""
+earlier leader's summary replaced or cleared; and read back by a starting coordinator
+(`ReadBack`), an earlier leader's only when trusted."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from actors.coordinator_protocol import LineState
 from k8s import errors
 from k8s.client import GPU_CLASSES
-from k8s.line_status import FIELD_MANAGER, LineStatus
+from k8s.line_status import FIELD_MANAGER, LineStatus, ReadBack
 from model.line import Identity, Line, Shape, entry
 from model.priority import Priority
 
@@ -127,3 +128,24 @@ async def test_P5_a_failed_write_is_tried_again_next_round_and_no_coordinator_wr
                        none)
     await quiet.round()
     assert quiet.writes == 0
+
+
+async def test_P5_read_back_gives_the_published_lines_and_an_untrusted_earlier_leaders_none():
+    """A starting coordinator reads the summaries back (`ReadBack`, P5 across a failover): the
+    previous leader's only when its Lease was renewed recently (`trusted`), and what this
+    leader has published since, from its own record (ahead of its cache): a stale summary of
+    long ago is never read, nor one this leader has cleared."""
+    left = {"length": 1, "oldestSince": "2026-12-04T09:00:00Z", "entries": [
+        {"position": 1, "namespace": "t", "name": "old", "kind": "VirtualMachineInstance",
+         "priority": 0, "gpus": 1, "since": "2026-12-04T09:00:00Z"}]}
+    pub, client, state = publisher({"metadata": {"name": "h100"}, "status": {"line": left}},
+                                   {"metadata": {"name": "l40s"}})
+    trusted = ReadBack(pub.cache, pub, trusted=True)  # type: ignore[arg-type]
+    untrusted = ReadBack(pub.cache, pub, trusted=False)  # type: ignore[arg-type]
+    assert [s.name for s in trusted()["h100"].shown] == ["old"]
+    assert untrusted() == {}
+    state["line"] = Line([waiting("mine", cls="l40s")])
+    await pub.round()                       # this leader clears h100, publishes l40s (its cache: not yet)
+    assert sorted(n for n, _ in client.patches) == ["h100", "l40s"]
+    for read in (trusted, untrusted):
+        assert sorted(read()) == ["l40s"] and [s.name for s in read()["l40s"].shown] == ["mine"]

@@ -38,13 +38,15 @@ def fast_config(**overrides) -> BinderConfig:
 
 @asynccontextmanager
 async def running_binder(store: MemoryStore, config: BinderConfig | None = None,
-                         clock=None, observer=None, nominations=None) -> AsyncIterator[Binder]:
+                         clock=None, observer=None, nominations=None,
+                         published=None) -> AsyncIterator[Binder]:
     """A Binder running on `store` for the duration of the block; cancelled after it. Its
     clock is `clock`, else the event loop's (`LoopClock`: fake on fake time); `observer`,
     when given, is the Binder's observer (metrics hooks); `nominations` its nomination
-    writer (§3c P4; None: it nominates nobody)."""
+    writer (§3c P4; None: it nominates nobody); `published` what its coordinators read back
+    of the waiting line's published summaries (§3c P5; None: nothing)."""
     binder = Binder(store, store, store, clock or LoopClock(), config or fast_config(),
-                    observer=observer, nominations=nominations)
+                    observer=observer, nominations=nominations, published=published)
     async with anyio.create_task_group() as tg:
         await tg.start(binder.run)
         try:
