@@ -1,0 +1,26 @@
+"""bench.heap_turnover: the model of a young replica's cache turning over (issue 41 item 5)
+keeps its object count while every listed object is replaced, and the frozen start-up heap
+shrinks by the objects replaced in the first pass only."""
+
+from __future__ import annotations
+
+from bench.heap_turnover import device, run
+from k8s.informer import keep_all
+
+
+def test_the_cache_turns_over_at_a_constant_object_count():
+    got = run(2000, 2)
+    steps = got["steps"]
+    assert [s["of_cache"] for s in steps] == [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
+    counts = {s["objects"] for s in steps}
+    assert max(counts) - min(counts) < 50, counts          # replaced, not added
+    frozen = [s["frozen"] for s in steps]
+    assert frozen[0] > frozen[1] > frozen[2] > frozen[3]    # the list's objects leave ...
+    assert len(set(frozen[3:])) == 1                        # ... and none is left after one pass
+    assert all(s["rss_mib"] > 0 for s in steps)
+
+
+def test_a_device_is_slimmed_as_the_informer_keeps_it():
+    o = keep_all(device(7, 3))
+    assert "managedFields" not in o["metadata"] and o["metadata"]["name"] == "dev-7"
+    assert o["metadata"]["resourceVersion"] == str(100000 + 3 * 100000 + 7)
