@@ -126,27 +126,24 @@ class Plan:
     reserve_after: float | None = None
     """The binders' `--line-reserve-after` (s; P5: a head of the line waiting longer
     reserves the node where it would start soonest); None: the controller's default (5
-    minutes, chosen for VMs that live hours). The trace's lives are a mean of `mean_life`
-    seconds, so a run scales it with them: a third of a mean life. Lane (d) has no line:
-    the setting does nothing there."""
+    minutes, chosen for VMs that live hours; the plans keep it). Lane (d) has no line: the
+    setting does nothing there. Scaled with the trace's lives (a third of a mean life, 30 s)
+    it made the 8-GPU maximum wait longer, not shorter (docs/benchmarks.md, 2026-12-07)."""
 
 
-QUICK = Plan(nodes=2, mean_life=30.0, span=90.0, warmup=30.0, min_runtime=5.0, drain=180.0,
-             reserve_after=10.0)
+QUICK = Plan(nodes=2, mean_life=30.0, span=90.0, warmup=30.0, min_runtime=5.0, drain=180.0)
 """A few minutes here: 2 boards a lane, about 30 sets; a drain of at most 6 mean lives (its
 trace's longest life is 157 s: with a cap of 120 s, lanes (a) and (c) of a quick run ended
 with an 8-GPU set waiting, its boards held until about 240 and 270 s, 120 and 150 s after
 the trace's end)."""
-FULL = Plan(nodes=6, mean_life=90.0, span=600.0, warmup=90.0, min_runtime=15.0, drain=900.0,
-            reserve_after=30.0)
+FULL = Plan(nodes=6, mean_life=90.0, span=600.0, warmup=90.0, min_runtime=15.0, drain=900.0)
 """About 14 minutes here, start-up included, and a drain of a few minutes (at most 15): 6
 boards a lane, about 150 sets. The cap is 10 mean lives: a board empties once its last
 running set ends, the longest of a few exponential residual lives (mean 90 s whatever a set
 has run: about 230 s for 7 sets), and no arrival refills it; in the run of 2026-12-06 22:00
 UTC every board's sets at the trace's end were done within 335 s, and the longest life of a
-set still waiting then was 337 s. `reserve_after` 30 s, a third of a mean life: with the
-controller's 5 minutes, longer than any 8-GPU wait of that run (242.6 s at most), no head
-ever reserved a board there, and the line only ordered the sets."""
+set still waiting then was 337 s. `reserve_after` stays the controller's 5 minutes: at 30 s
+(a third of a mean life) the 8-GPU maximum wait of lane (a) went 242.6 -> 319.4 s."""
 
 
 def drained(scored: Iterable[int], *, running: Container[int], over: Container[int]) -> bool:

@@ -139,13 +139,14 @@ def test_lane_d_is_a_binder_lane_with_a_controller_whose_line_is_off():
     assert args[-1] == "--line-enabled=false" and args[:-1] == contention.controller_args(contention.FULL)
 
 
-def test_the_plans_scale_reserve_after_with_their_lives_and_the_controller_gets_it():
-    """P5's reservation in the benchmark: the controller's 5 minutes is longer than any wait
-    of a trace whose lives are a minute or two, so the plans give a third of a mean life."""
+def test_reserve_after_reaches_the_controller_only_when_a_plan_sets_it():
+    """P5's reservation in the benchmark: the plans keep the controller's default (5 min);
+    a plan that sets `reserve_after` passes it to every binder lane's controller."""
     from dataclasses import replace
 
     for plan in (contention.FULL, contention.QUICK):
-        assert plan.reserve_after == plan.mean_life / 3
-        assert f"--line-reserve-after={plan.reserve_after:g}" in contention.controller_args(plan)
-    default = replace(contention.FULL, reserve_after=None)
-    assert not [a for a in contention.controller_args(default) if "reserve-after" in a]
+        assert plan.reserve_after is None
+        assert not [a for a in contention.controller_args(plan) if "reserve-after" in a]
+    scaled = replace(contention.FULL, reserve_after=30.0)
+    assert "--line-reserve-after=30" in contention.controller_args(scaled)
+    assert "--line-reserve-after=30" in contention.controller_args(scaled, line=False)
