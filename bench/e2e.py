@@ -26,6 +26,11 @@ admission is also timed to the webhook's answer, which now includes creating the
 ResourceClaim (DR5). The report's `device_vs_count` gives, per level run in both modes,
 device-mode p99 ÷ count-mode p99 (issue 32's target: at most 1.5 at concurrency 20 for 1-, 4-
 and 8-GPU sets).
+Each level (ours and kube-scheduler's) also records every process's CPU over it
+(`bench.proc_cpu`: etcd, kube-apiserver, kube-controller-manager when it runs, each replica
+named leader or follower, kube-scheduler, this process) as CPU ms per admission, and the new
+connections kube-apiserver opened to the webhook port (each a TLS handshake); against
+kube-scheduler, per process, CPU ms per VMI less per Pod (issue 40: where a VMI's cost goes).
 Writes `e2e.json` and `e2e.png` into the output folder.
 """
 
@@ -51,6 +56,8 @@ import anyio
 from bench.common import (Benchmark, add_modes, add_out, add_quick, add_seed, apiserver_metrics,
                           machine, mode_fleet, modes as parse_modes, percentile, positive_ints,
                           replica_timings, timings_between)
+from bench.proc_cpu import (cpu_line, cpu_per_admission, cpu_snapshot, cpu_vs, new_connections,
+                            read_peers)
 
 if TYPE_CHECKING:  # the cluster's harness is imported when the benchmark runs
     from localcluster.cluster import LocalCluster
@@ -288,7 +295,8 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
                               "python": platform.python_version()}
         sched = _start_scheduler(lc, out / "logs") if vs_scheduler else None
         try:
-            anyio.run(_measure, lc, report, plan, per_level, gpus if vs_scheduler else None)
+            anyio.run(_measure, lc, report, plan, per_level, gpus if vs_scheduler else None,
+                      sched)
         finally:
             if sched is not None:
                 _stop(sched)
@@ -317,10 +325,51 @@ def _plan(quick: bool, gpus: tuple[int, ...], levels: tuple[int, ...] | None
     return plan, per_level, nodes
 
 
+def _processes(lc: LocalCluster, sched: subprocess.Popen | None) -> dict[str, int]:
+    """{name: pid} of every process a level's CPU is counted over: the control plane's
+    (etcd, kube-apiserver), kube-controller-manager when it runs (device mode), each live
+    replica by its identity, kube-scheduler when it runs, and this process ("bench": the
+    clients and their watch)."""
+    out = {name: p.pid for name, p in lc.cp.procs.items() if p.poll() is None}
+    cc = lc.claim_controller
+    if cc is not None and cc.proc is not None and cc.proc.poll() is None:
+        out["kube-controller-manager"] = cc.proc.pid
+    out.update({r.identity: r.proc.pid for r in lc.replicas if r.alive})
+    if sched is not None and sched.poll() is None:
+        out["kube-scheduler"] = sched.pid
+    out["bench"] = os.getpid()
+    return out
+
+
+async def _roles(lc: LocalCluster) -> dict[str, str]:
+    """{replica identity: "leader" or "follower"} from the Lease (empty when none holds it)."""
+    leader = await anyio.to_thread.run_sync(lc.leader)
+    if leader is None:
+        return {}
+    return {r.identity: "leader" if r.identity == leader else "follower" for r in lc.replicas}
+
+
+class _CPU:
+    """The processes whose CPU a level counts, and their roles (read before each level), and
+    the webhook's port, whose new connections a level counts."""
+
+    def __init__(self, lc: LocalCluster, sched: subprocess.Popen | None) -> None:
+        self.lc, self.sched = lc, sched
+        self.webhook_port = lc.webhook_port
+        self.pids: dict[str, int] = {}
+        self.roles: dict[str, str] = {}
+
+    async def refresh(self) -> None:
+        self.pids = _processes(self.lc, self.sched)
+        self.roles = await _roles(self.lc)
+
+
 async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], per_level: int,
-                   scheduler_gpus: tuple[int, ...] | None) -> None:
+                   scheduler_gpus: tuple[int, ...] | None,
+                   sched: subprocess.Popen | None = None) -> None:
     """Everything measured against the running cluster, into `report`: the fleet, the write
-    ceiling, our levels, then kube-scheduler's for each of `scheduler_gpus` (None: not run)."""
+    ceiling, our levels, then kube-scheduler's for each of `scheduler_gpus` (None: not run).
+    Each level also gets `cpu`: every process's CPU over it (`bench.proc_cpu`)."""
     from kubernetes_asyncio.config import new_client_from_config
 
     from localcluster.fleet import Fleet
@@ -333,10 +382,12 @@ async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], 
         ceiling = await _write_ceiling(fleet, report["quick"])
         report["raw_status_patch_per_s"] = round(ceiling, 1)
         report["levels"] = []
+        cpu = _CPU(lc, sched)
         for g, c in plan:
             for mode in modes:
                 t0 = await replica_timings(lc)
-                lvl = await _our_level(api, fleet, g, c, per_level, ceiling, mode)
+                await cpu.refresh()
+                lvl = await _our_level(api, fleet, g, c, per_level, ceiling, mode, cpu)
                 # what of the client's latency our webhook and binder account for
                 lvl["inside"] = timings_between(t0, await replica_timings(lc))
                 report["levels"].append(lvl)
@@ -350,8 +401,9 @@ async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], 
         if scheduler_gpus is not None:
             report["scheduler"] = []
             for g in sorted(scheduler_gpus, reverse=True):
+                await cpu.refresh()
                 report["scheduler"].append(
-                    await _scheduler_vs_ours(api, g, per_level, report["levels"]))
+                    await _scheduler_vs_ours(api, g, per_level, report["levels"], cpu))
     finally:
         await api.close()
 
@@ -389,15 +441,38 @@ async def _write_ceiling(fleet: Fleet, quick: bool) -> float:
     return ceiling
 
 
+async def _timed_cpu(cpu: _CPU | None, level) -> tuple[dict, dict | None]:
+    """Run `level` (an awaitable giving a `_summary`) with `cpu`'s processes and the
+    connections to the webhook port read before and after it: (its summary,
+    `cpu_per_admission` over it with "webhook_connections", `new_connections`; None without
+    `cpu`). A connection opened and closed within the level is still listed after it
+    (TIME_WAIT), so the count needs no polling."""
+    if cpu is None:
+        return await level, None
+    p0 = read_peers(cpu.webhook_port)
+    c0, t0 = cpu_snapshot(cpu.pids), time.perf_counter()
+    lvl = await level
+    c1, t1 = cpu_snapshot(cpu.pids), time.perf_counter()
+    p1 = read_peers(cpu.webhook_port)
+    used = cpu_per_admission(c0, c1, lvl["admitted"], t1 - t0, cpu.roles)
+    used["webhook_connections"] = new_connections(p0, p1, lvl["admitted"])
+    return lvl, used
+
+
 async def _our_level(api, fleet: Fleet, g: int, c: int, per_level: int, ceiling: float,
-                     mode: str = "count") -> dict:
+                     mode: str = "count", cpu: _CPU | None = None) -> dict:
     """One level of `per_level` VMIs of `g` GPUs of `mode`'s class from `c` concurrent
     clients, with the GPUDevice writes (and ResourceClaim writes) it cost (from the API
-    server's counters); printed as one line."""
+    server's counters) and, with `cpu`, each process's CPU per VMI; printed as one or two
+    lines."""
     (w0, a0) = await _writes(api)
     (cw0, _) = await _writes(api, "resourceclaims")
     tag = ("d" if mode == "device" else "") + f"g{g}c{c}"
-    lvl = {"mode": mode, **await _level(fleet, "bench", c, per_level, tag, CLASS_OF[mode], g)}
+    summary, used = await _timed_cpu(
+        cpu, _level(fleet, "bench", c, per_level, tag, CLASS_OF[mode], g))
+    lvl = {"mode": mode, **summary}
+    if used is not None:
+        lvl["cpu"] = used
     (w1, a1) = await _writes(api)
     (cw1, _) = await _writes(api, "resourceclaims")
     lvl["claim_writes"] = cw1 - cw0
@@ -413,16 +488,25 @@ async def _our_level(api, fleet: Fleet, g: int, c: int, per_level: int, ceiling:
           f"({lvl['write_requests_per_admission']} requests), "
           f"{lvl['share_of_write_ceiling'] * 100:.0f}% of the write ceiling "
           f"({ceiling:.0f} patches/s), refused {lvl['refused']}", flush=True)
+    if used is not None:
+        wc = used["webhook_connections"]
+        print(f"  {cpu_line(used, 'VMI')}; {wc['new']} new webhook connections "
+              f"({wc['per_admission']} per VMI, {wc['open_before']} open before)", flush=True)
     return lvl
 
 
-async def _scheduler_vs_ours(api, g: int, per_level: int, ours: list[dict]) -> dict:
+async def _scheduler_vs_ours(api, g: int, per_level: int, ours: list[dict],
+                             cpu: _CPU | None = None) -> dict:
     """kube-scheduler binding `per_level` Pods of `g` GPUs at the target concurrency, with
     the Pod writes it cost and our rate ÷ its at the same count (when we ran that level);
-    printed as one line."""
+    with `cpu`, each process's CPU per Pod and, against our level, per VMI less per Pod
+    (`cpu_vs_ours`); printed as one to three lines."""
     c = TARGETS["concurrency"]
     (w0, _) = await _writes(api, "pods")
-    lvl = await _scheduler_level(api, "bench-pods", c, per_level, f"g{g}c{c}", g)
+    lvl, used = await _timed_cpu(
+        cpu, _scheduler_level(api, "bench-pods", c, per_level, f"g{g}c{c}", g))
+    if used is not None:
+        lvl["cpu"] = used
     (w1, _) = await _writes(api, "pods")
     lvl["pod_writes"] = w1 - w0
     lvl["writes_per_admission"] = round((w1 - w0) / max(lvl["admitted"], 1), 2)
@@ -435,6 +519,13 @@ async def _scheduler_vs_ours(api, g: int, per_level: int, ours: list[dict]) -> d
           f"p99 {lvl['p99_ms']} ms, {lvl['writes_per_admission']} pod writes/pod, "
           f"not bound {lvl['refused']}; ours ÷ kube-scheduler: "
           f"{lvl.get('ours_over_scheduler')}", flush=True)
+    if used is not None:
+        print(f"  {cpu_line(used, 'Pod')}", flush=True)
+        if same is not None and same.get("cpu"):
+            lvl["cpu_vs_ours"] = cpu_vs(same["cpu"], used)
+            print("  CPU ms per VMI − per Pod: " + ", ".join(
+                f"{k} {v['ours']} − {v['theirs']} = {v['difference']}"
+                for k, v in lvl["cpu_vs_ours"].items()), flush=True)
     return lvl
 
 
