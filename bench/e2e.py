@@ -269,17 +269,22 @@ async def _scheduler_level(api, ns: str, concurrency: int, count: int, tag: str,
 
 def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] = (1,),
         vs_scheduler: bool = False, levels: tuple[int, ...] | None = None,
-        modes: tuple[str, ...] = ("count",)) -> dict:
+        modes: tuple[str, ...] = ("count",), vmis: int | None = None,
+        pprof: float = 0.0) -> dict:
     """Run the benchmark; write e2e.json and e2e.png into `out`; return the report.
 
     `gpus`: GPU counts per VMI; 1 runs every concurrency level, any other count one level
     at concurrency 20. `vs_scheduler`: kube-scheduler binding Pods of each count too.
     `levels`: the 1-GPU concurrency levels (default: 1, 5, 10, 20, 50; quick 1, 10, 20).
-    `modes`: "count" and/or "device" (module docstring); `nodes` is per mode."""
+    `modes`: "count" and/or "device" (module docstring); `nodes` is per mode.
+    `vmis`: VMIs (and Pods) per level (default 60, quick 20). `pprof` > 0: a CPU profile of
+    kube-apiserver over that many seconds of each level, from 0.3 s after its start, into
+    `out`/pprof/<level>.pb.gz (`go tool pprof -top FILE` reads it; the level should last
+    longer)."""
     if not modes or set(modes) - set(MODES):
         raise ValueError(f"modes are {', '.join(MODES)}, got {modes!r}")
     out.mkdir(parents=True, exist_ok=True)
-    plan, per_level, nodes = _plan(quick, gpus, levels)
+    plan, per_level, nodes = _plan(quick, gpus, levels, vmis)
     random.seed(seed)
     report: dict = {"benchmark": "e2e", "quick": quick, "seed": seed, "nodes": nodes,
                     "gpus_per_node": 8, "vmis_per_level": per_level, "gpus": list(gpus),
@@ -296,7 +301,7 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
         sched = _start_scheduler(lc, out / "logs") if vs_scheduler else None
         try:
             anyio.run(_measure, lc, report, plan, per_level, gpus if vs_scheduler else None,
-                      sched)
+                      sched, (out / "pprof", pprof) if pprof > 0 else None)
         finally:
             if sched is not None:
                 _stop(sched)
@@ -310,12 +315,13 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
     return report
 
 
-def _plan(quick: bool, gpus: tuple[int, ...], levels: tuple[int, ...] | None
-          ) -> tuple[list[tuple[int, int]], int, int]:
-    """The levels to run as (GPUs per VMI, concurrency) in order, the VMIs per level and the
-    nodes (8 GPUs each) the fleet needs: every level keeps its GPUs (VMIs never stop)."""
+def _plan(quick: bool, gpus: tuple[int, ...], levels: tuple[int, ...] | None,
+          vmis: int | None = None) -> tuple[list[tuple[int, int]], int, int]:
+    """The levels to run as (GPUs per VMI, concurrency) in order, the VMIs per level (`vmis`,
+    else 20 quick and 60 otherwise) and the nodes (8 GPUs each) the fleet needs: every level
+    keeps its GPUs (VMIs never stop)."""
     levels = list(levels or ([1, 10, 20] if quick else [1, 5, 10, 20, 50]))
-    per_level = 20 if quick else 60
+    per_level = vmis or (20 if quick else 60)
     plan = [(1, c) for c in levels] if 1 in gpus else []
     # larger sets first, on the emptiest fleet: kube-scheduler spreads Pods (our binder packs),
     # so small Pods placed first would leave no node with room for a large one
@@ -353,8 +359,9 @@ class _CPU:
     """The processes whose CPU a level counts, and their roles (read before each level), and
     the webhook's port, whose new connections a level counts."""
 
-    def __init__(self, lc: LocalCluster, sched: subprocess.Popen | None) -> None:
-        self.lc, self.sched = lc, sched
+    def __init__(self, lc: LocalCluster, sched: subprocess.Popen | None, api=None,
+                 pprof: tuple[Path, float] | None = None) -> None:
+        self.lc, self.sched, self.api, self.pprof = lc, sched, api, pprof
         self.webhook_port = lc.webhook_port
         self.pids: dict[str, int] = {}
         self.roles: dict[str, str] = {}
@@ -366,10 +373,12 @@ class _CPU:
 
 async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], per_level: int,
                    scheduler_gpus: tuple[int, ...] | None,
-                   sched: subprocess.Popen | None = None) -> None:
+                   sched: subprocess.Popen | None = None,
+                   pprof: tuple[Path, float] | None = None) -> None:
     """Everything measured against the running cluster, into `report`: the fleet, the write
     ceiling, our levels, then kube-scheduler's for each of `scheduler_gpus` (None: not run).
-    Each level also gets `cpu`: every process's CPU over it (`bench.proc_cpu`)."""
+    Each level also gets `cpu`: every process's CPU over it (`bench.proc_cpu`); with
+    `pprof` (directory, seconds), a CPU profile of kube-apiserver over each level."""
     from kubernetes_asyncio.config import new_client_from_config
 
     from localcluster.fleet import Fleet
@@ -382,7 +391,7 @@ async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], 
         ceiling = await _write_ceiling(fleet, report["quick"])
         report["raw_status_patch_per_s"] = round(ceiling, 1)
         report["levels"] = []
-        cpu = _CPU(lc, sched)
+        cpu = _CPU(lc, sched, api, pprof)
         for g, c in plan:
             for mode in modes:
                 t0 = await replica_timings(lc)
@@ -441,7 +450,25 @@ async def _write_ceiling(fleet: Fleet, quick: bool) -> float:
     return ceiling
 
 
-async def _timed_cpu(cpu: _CPU | None, level) -> tuple[dict, dict | None]:
+async def _apiserver_profile(api, path: Path, seconds: float, delay: float = 0.3) -> None:
+    """kube-apiserver's CPU profile (/debug/pprof/profile) over `seconds`, starting after
+    `delay`, written to `path` (gzipped protobuf); a failure is printed, not raised."""
+    await anyio.sleep(delay)
+    try:
+        resp = await api.call_api("/debug/pprof/profile", "GET",
+                                  query_params=[("seconds", str(max(1, round(seconds))))],
+                                  auth_settings=["BearerToken"], _preload_content=False)
+        try:
+            data = await resp.read()
+        finally:
+            resp.release()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    except Exception as exc:  # noqa: BLE001 - a profile is a bonus, never the run's failure
+        print(f"  kube-apiserver profile failed: {type(exc).__name__}: {exc}", flush=True)
+
+
+async def _timed_cpu(cpu: _CPU | None, level, name: str = "level") -> tuple[dict, dict | None]:
     """Run `level` (an awaitable giving a `_summary`) with `cpu`'s processes and the
     connections to the webhook port read before and after it: (its summary,
     `cpu_per_admission` over it with "webhook_connections", `new_connections`; None without
@@ -450,9 +477,13 @@ async def _timed_cpu(cpu: _CPU | None, level) -> tuple[dict, dict | None]:
     if cpu is None:
         return await level, None
     p0 = read_peers(cpu.webhook_port)
-    c0, t0 = cpu_snapshot(cpu.pids), time.perf_counter()
-    lvl = await level
-    c1, t1 = cpu_snapshot(cpu.pids), time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        if cpu.pprof is not None:
+            tg.start_soon(_apiserver_profile, cpu.api, cpu.pprof[0] / f"{name}.pb.gz",
+                          cpu.pprof[1])
+        c0, t0 = cpu_snapshot(cpu.pids), time.perf_counter()
+        lvl = await level
+        c1, t1 = cpu_snapshot(cpu.pids), time.perf_counter()
     p1 = read_peers(cpu.webhook_port)
     used = cpu_per_admission(c0, c1, lvl["admitted"], t1 - t0, cpu.roles)
     used["webhook_connections"] = new_connections(p0, p1, lvl["admitted"])
@@ -469,7 +500,7 @@ async def _our_level(api, fleet: Fleet, g: int, c: int, per_level: int, ceiling:
     (cw0, _) = await _writes(api, "resourceclaims")
     tag = ("d" if mode == "device" else "") + f"g{g}c{c}"
     summary, used = await _timed_cpu(
-        cpu, _level(fleet, "bench", c, per_level, tag, CLASS_OF[mode], g))
+        cpu, _level(fleet, "bench", c, per_level, tag, CLASS_OF[mode], g), f"ours-{tag}")
     lvl = {"mode": mode, **summary}
     if used is not None:
         lvl["cpu"] = used
@@ -504,7 +535,8 @@ async def _scheduler_vs_ours(api, g: int, per_level: int, ours: list[dict],
     c = TARGETS["concurrency"]
     (w0, _) = await _writes(api, "pods")
     lvl, used = await _timed_cpu(
-        cpu, _scheduler_level(api, "bench-pods", c, per_level, f"g{g}c{c}", g))
+        cpu, _scheduler_level(api, "bench-pods", c, per_level, f"g{g}c{c}", g),
+        f"kube-scheduler-g{g}c{c}")
     if used is not None:
         lvl["cpu"] = used
     (w1, _) = await _writes(api, "pods")
@@ -629,6 +661,11 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                         "separated (default: 1,5,10,20,50; with --quick 1,10,20)")
     add_modes(p, "every level runs in each mode and the report gives device p99 ÷ count p99 "
                  "(e.g. --gpus 1,4,8 --modes count,device)")
+    p.add_argument("--vmis", type=int, default=0,
+                   help="VMIs (and Pods) per level (default: 60; with --quick 20)")
+    p.add_argument("--pprof", type=float, default=0.0, metavar="SECONDS",
+                   help="a CPU profile of kube-apiserver over SECONDS of each level into "
+                        "OUT/pprof/ (`go tool pprof -top FILE`; default: none)")
     p.add_argument("--vs-scheduler", action="store_true",
                    help="in the same run, kube-scheduler binding Pods of the same GPU counts "
                         "on the same fleet at concurrency 20, and our rate ÷ its "
@@ -640,7 +677,7 @@ def _run(args: argparse.Namespace) -> int:
     run(out, quick=args.quick, seed=args.seed, gpus=positive_ints(args.gpus, "--gpus"),
         vs_scheduler=args.vs_scheduler,
         levels=positive_ints(args.levels, "--levels") if args.levels else None,
-        modes=parse_modes(args.modes))
+        modes=parse_modes(args.modes), vmis=args.vmis or None, pprof=args.pprof)
     print(f"report: {out}/e2e.json, plot: {out}/e2e.png")
     return 0
 
