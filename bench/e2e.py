@@ -355,6 +355,26 @@ async def _roles(lc: LocalCluster) -> dict[str, str]:
     return {r.identity: "leader" if r.identity == leader else "follower" for r in lc.replicas}
 
 
+async def _replica_samples(lc: LocalCluster) -> dict:
+    """The live replicas' /metrics samples summed (`bench.floor_report.samples`)."""
+    from bench import floor_report as fr
+
+    parts = []
+    for i, r in enumerate(lc.replicas):
+        if r.alive:
+            parts.append(fr.samples(await anyio.to_thread.run_sync(lc.metrics, i)))
+    return fr.added(parts)
+
+
+def _phases(before: dict, after: dict, mode: str) -> dict[str, float | None]:
+    """{phase: mean ms} of `mode`'s webhook phases between two `_replica_samples`
+    (`gpu_binder_admission_phase_seconds`; "own" the time between the steps)."""
+    from bench import floor_report as fr
+
+    got = fr.phase_means(fr.delta(before, after)).get(mode) or {}
+    return {k: v["mean_ms"] for k, v in got.items()}
+
+
 class _CPU:
     """The processes whose CPU a level counts, and their roles (read before each level), and
     the webhook's port, whose new connections a level counts."""
@@ -395,10 +415,15 @@ async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], 
         for g, c in plan:
             for mode in modes:
                 t0 = await replica_timings(lc)
+                s0 = await _replica_samples(lc)
                 await cpu.refresh()
                 lvl = await _our_level(api, fleet, g, c, per_level, ceiling, mode, cpu)
                 # what of the client's latency our webhook and binder account for
                 lvl["inside"] = timings_between(t0, await replica_timings(lc))
+                # the webhook's own phases (bench.floor_report.phase_means), mean ms each
+                lvl["phases"] = _phases(s0, await _replica_samples(lc), mode)
+                print("  webhook phases, mean ms: " + ", ".join(
+                    f"{k} {v}" for k, v in lvl["phases"].items()), flush=True)
                 report["levels"].append(lvl)
         report["device_vs_count"] = device_vs_count(report["levels"])
         for r in report["device_vs_count"]:
