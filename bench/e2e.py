@@ -270,7 +270,7 @@ async def _scheduler_level(api, ns: str, concurrency: int, count: int, tag: str,
 def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] = (1,),
         vs_scheduler: bool = False, levels: tuple[int, ...] | None = None,
         modes: tuple[str, ...] = ("count",), vmis: int | None = None,
-        pprof: float = 0.0) -> dict:
+        pprof: float = 0.0, py_spy: float = 0.0) -> dict:
     """Run the benchmark; write e2e.json and e2e.png into `out`; return the report.
 
     `gpus`: GPU counts per VMI; 1 runs every concurrency level, any other count one level
@@ -280,7 +280,9 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
     `vmis`: VMIs (and Pods) per level (default 60, quick 20). `pprof` > 0: a CPU profile of
     kube-apiserver over that many seconds of each level, from 0.3 s after its start, into
     `out`/pprof/<level>.pb.gz (`go tool pprof -top FILE` reads it; the level should last
-    longer)."""
+    longer). `py_spy` > 0: py-spy (on PATH) samples each replica over that many seconds of
+    each level, from 0.3 s after its start, into `out`/py-spy/<level>-<replica>.txt
+    (collapsed stacks, idle frames left out)."""
     if not modes or set(modes) - set(MODES):
         raise ValueError(f"modes are {', '.join(MODES)}, got {modes!r}")
     out.mkdir(parents=True, exist_ok=True)
@@ -301,7 +303,8 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
         sched = _start_scheduler(lc, out / "logs") if vs_scheduler else None
         try:
             anyio.run(_measure, lc, report, plan, per_level, gpus if vs_scheduler else None,
-                      sched, (out / "pprof", pprof) if pprof > 0 else None)
+                      sched, (out / "pprof", pprof) if pprof > 0 else None,
+                      (out / "py-spy", py_spy) if py_spy > 0 else None)
         finally:
             if sched is not None:
                 _stop(sched)
@@ -380,8 +383,9 @@ class _CPU:
     the webhook's port, whose new connections a level counts."""
 
     def __init__(self, lc: LocalCluster, sched: subprocess.Popen | None, api=None,
-                 pprof: tuple[Path, float] | None = None) -> None:
-        self.lc, self.sched, self.api, self.pprof = lc, sched, api, pprof
+                 pprof: tuple[Path, float] | None = None,
+                 py_spy: tuple[Path, float] | None = None) -> None:
+        self.lc, self.sched, self.api, self.pprof, self.py_spy = lc, sched, api, pprof, py_spy
         self.webhook_port = lc.webhook_port
         self.pids: dict[str, int] = {}
         self.roles: dict[str, str] = {}
@@ -394,11 +398,13 @@ class _CPU:
 async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], per_level: int,
                    scheduler_gpus: tuple[int, ...] | None,
                    sched: subprocess.Popen | None = None,
-                   pprof: tuple[Path, float] | None = None) -> None:
+                   pprof: tuple[Path, float] | None = None,
+                   py_spy: tuple[Path, float] | None = None) -> None:
     """Everything measured against the running cluster, into `report`: the fleet, the write
     ceiling, our levels, then kube-scheduler's for each of `scheduler_gpus` (None: not run).
     Each level also gets `cpu`: every process's CPU over it (`bench.proc_cpu`); with
-    `pprof` (directory, seconds), a CPU profile of kube-apiserver over each level."""
+    `pprof` (directory, seconds), a CPU profile of kube-apiserver over each level; with
+    `py_spy` (directory, seconds), py-spy's samples of each replica."""
     from kubernetes_asyncio.config import new_client_from_config
 
     from localcluster.fleet import Fleet
@@ -411,7 +417,7 @@ async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], 
         ceiling = await _write_ceiling(fleet, report["quick"])
         report["raw_status_patch_per_s"] = round(ceiling, 1)
         report["levels"] = []
-        cpu = _CPU(lc, sched, api, pprof)
+        cpu = _CPU(lc, sched, api, pprof, py_spy)
         for g, c in plan:
             for mode in modes:
                 t0 = await replica_timings(lc)
@@ -493,6 +499,25 @@ async def _apiserver_profile(api, path: Path, seconds: float, delay: float = 0.3
         print(f"  kube-apiserver profile failed: {type(exc).__name__}: {exc}", flush=True)
 
 
+async def _py_spy(pid: int, path: Path, seconds: float, delay: float = 0.3) -> None:
+    """py-spy's samples of process `pid` over `seconds` after `delay`, as collapsed stacks
+    (idle left out) into `path`; a failure is printed, not raised."""
+    import shutil
+
+    await anyio.sleep(delay)
+    exe = shutil.which("py-spy")
+    if exe is None:
+        print("  py-spy not on PATH: no profile", flush=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    got = await anyio.run_process(
+        [exe, "record", "-p", str(pid), "-d", str(max(1, round(seconds))), "-r", "200",
+         "--nonblocking", "-f", "raw", "-o", str(path)], check=False)
+    if got.returncode:
+        print(f"  py-spy of {pid} failed: {got.stderr.decode(errors='replace')[-300:]}",
+              flush=True)
+
+
 async def _timed_cpu(cpu: _CPU | None, level, name: str = "level") -> tuple[dict, dict | None]:
     """Run `level` (an awaitable giving a `_summary`) with `cpu`'s processes and the
     connections to the webhook port read before and after it: (its summary,
@@ -506,6 +531,11 @@ async def _timed_cpu(cpu: _CPU | None, level, name: str = "level") -> tuple[dict
         if cpu.pprof is not None:
             tg.start_soon(_apiserver_profile, cpu.api, cpu.pprof[0] / f"{name}.pb.gz",
                           cpu.pprof[1])
+        if cpu.py_spy is not None:
+            for who, pid in cpu.pids.items():
+                if who.startswith(("replica-", "image-")):
+                    tg.start_soon(_py_spy, pid, cpu.py_spy[0] / f"{name}-{who}.txt",
+                                  cpu.py_spy[1])
         c0, t0 = cpu_snapshot(cpu.pids), time.perf_counter()
         lvl = await level
         c1, t1 = cpu_snapshot(cpu.pids), time.perf_counter()
@@ -691,6 +721,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pprof", type=float, default=0.0, metavar="SECONDS",
                    help="a CPU profile of kube-apiserver over SECONDS of each level into "
                         "OUT/pprof/ (`go tool pprof -top FILE`; default: none)")
+    p.add_argument("--py-spy", type=float, default=0.0, metavar="SECONDS",
+                   help="py-spy (on PATH) samples each replica over SECONDS of each level "
+                        "into OUT/py-spy/ (collapsed stacks; default: none)")
     p.add_argument("--vs-scheduler", action="store_true",
                    help="in the same run, kube-scheduler binding Pods of the same GPU counts "
                         "on the same fleet at concurrency 20, and our rate ÷ its "
@@ -702,7 +735,8 @@ def _run(args: argparse.Namespace) -> int:
     run(out, quick=args.quick, seed=args.seed, gpus=positive_ints(args.gpus, "--gpus"),
         vs_scheduler=args.vs_scheduler,
         levels=positive_ints(args.levels, "--levels") if args.levels else None,
-        modes=parse_modes(args.modes), vmis=args.vmis or None, pprof=args.pprof)
+        modes=parse_modes(args.modes), vmis=args.vmis or None, pprof=args.pprof,
+        py_spy=args.py_spy)
     print(f"report: {out}/e2e.json, plot: {out}/e2e.png")
     return 0
 
