@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from bench.common import (Benchmark, add_modes, add_out, add_quick, add_seed, apiserver_metrics,
-                          machine, mode_fleet, modes as parse_modes, percentile, positive_ints,
+                          commit, machine, mode_fleet, modes as parse_modes, percentile, positive_ints,
                           replica_timings, timings_between)
 from bench.proc_cpu import (cpu_line, cpu_per_admission, cpu_snapshot, cpu_vs, new_connections,
                             read_peers)
@@ -288,7 +288,9 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
     out.mkdir(parents=True, exist_ok=True)
     plan, per_level, nodes = _plan(quick, gpus, levels, vmis)
     random.seed(seed)
-    report: dict = {"benchmark": "e2e", "quick": quick, "seed": seed, "nodes": nodes,
+    report: dict = {"benchmark": "e2e", "commit": commit(),
+                    "started": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "quick": quick, "seed": seed, "nodes": nodes,
                     "gpus_per_node": 8, "vmis_per_level": per_level, "gpus": list(gpus),
                     "modes": list(modes), "vs_scheduler": vs_scheduler,
                     "load_before": os.getloadavg(),
