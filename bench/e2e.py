@@ -26,6 +26,11 @@ admission is also timed to the webhook's answer, which now includes creating the
 ResourceClaim (DR5). The report's `device_vs_count` gives, per level run in both modes,
 device-mode p99 ÷ count-mode p99 (issue 32's target: at most 1.5 at concurrency 20 for 1-, 4-
 and 8-GPU sets).
+Each level (ours and kube-scheduler's) also records every process's CPU over it
+(`bench.proc_cpu`: etcd, kube-apiserver, kube-controller-manager when it runs, each replica
+named leader or follower, kube-scheduler, this process) as CPU ms per admission, and the new
+connections kube-apiserver opened to the webhook port (each a TLS handshake); against
+kube-scheduler, per process, CPU ms per VMI less per Pod (issue 40: where a VMI's cost goes).
 Writes `e2e.json` and `e2e.png` into the output folder.
 """
 
@@ -49,8 +54,10 @@ from typing import TYPE_CHECKING
 import anyio
 
 from bench.common import (Benchmark, add_modes, add_out, add_quick, add_seed, apiserver_metrics,
-                          machine, mode_fleet, modes as parse_modes, percentile, positive_ints,
+                          commit, machine, mode_fleet, modes as parse_modes, percentile, positive_ints,
                           replica_timings, timings_between)
+from bench.proc_cpu import (cpu_line, cpu_per_admission, cpu_snapshot, cpu_vs, new_connections,
+                            read_peers)
 
 if TYPE_CHECKING:  # the cluster's harness is imported when the benchmark runs
     from localcluster.cluster import LocalCluster
@@ -262,19 +269,28 @@ async def _scheduler_level(api, ns: str, concurrency: int, count: int, tag: str,
 
 def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] = (1,),
         vs_scheduler: bool = False, levels: tuple[int, ...] | None = None,
-        modes: tuple[str, ...] = ("count",)) -> dict:
+        modes: tuple[str, ...] = ("count",), vmis: int | None = None,
+        pprof: float = 0.0, py_spy: float = 0.0) -> dict:
     """Run the benchmark; write e2e.json and e2e.png into `out`; return the report.
 
     `gpus`: GPU counts per VMI; 1 runs every concurrency level, any other count one level
     at concurrency 20. `vs_scheduler`: kube-scheduler binding Pods of each count too.
     `levels`: the 1-GPU concurrency levels (default: 1, 5, 10, 20, 50; quick 1, 10, 20).
-    `modes`: "count" and/or "device" (module docstring); `nodes` is per mode."""
+    `modes`: "count" and/or "device" (module docstring); `nodes` is per mode.
+    `vmis`: VMIs (and Pods) per level (default 60, quick 20). `pprof` > 0: a CPU profile of
+    kube-apiserver over that many seconds of each level, from 0.3 s after its start, into
+    `out`/pprof/<level>.pb.gz (`go tool pprof -top FILE` reads it; the level should last
+    longer). `py_spy` > 0: py-spy (on PATH) samples each replica over that many seconds of
+    each level, from 0.3 s after its start, into `out`/py-spy/<level>-<replica>.txt
+    (collapsed stacks, idle frames left out)."""
     if not modes or set(modes) - set(MODES):
         raise ValueError(f"modes are {', '.join(MODES)}, got {modes!r}")
     out.mkdir(parents=True, exist_ok=True)
-    plan, per_level, nodes = _plan(quick, gpus, levels)
+    plan, per_level, nodes = _plan(quick, gpus, levels, vmis)
     random.seed(seed)
-    report: dict = {"benchmark": "e2e", "quick": quick, "seed": seed, "nodes": nodes,
+    report: dict = {"benchmark": "e2e", "commit": commit(),
+                    "started": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "quick": quick, "seed": seed, "nodes": nodes,
                     "gpus_per_node": 8, "vmis_per_level": per_level, "gpus": list(gpus),
                     "modes": list(modes), "vs_scheduler": vs_scheduler,
                     "load_before": os.getloadavg(),
@@ -288,7 +304,9 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
                               "python": platform.python_version()}
         sched = _start_scheduler(lc, out / "logs") if vs_scheduler else None
         try:
-            anyio.run(_measure, lc, report, plan, per_level, gpus if vs_scheduler else None)
+            anyio.run(_measure, lc, report, plan, per_level, gpus if vs_scheduler else None,
+                      sched, (out / "pprof", pprof) if pprof > 0 else None,
+                      (out / "py-spy", py_spy) if py_spy > 0 else None)
         finally:
             if sched is not None:
                 _stop(sched)
@@ -302,12 +320,13 @@ def run(out: Path, *, quick: bool = False, seed: int = 1, gpus: tuple[int, ...] 
     return report
 
 
-def _plan(quick: bool, gpus: tuple[int, ...], levels: tuple[int, ...] | None
-          ) -> tuple[list[tuple[int, int]], int, int]:
-    """The levels to run as (GPUs per VMI, concurrency) in order, the VMIs per level and the
-    nodes (8 GPUs each) the fleet needs: every level keeps its GPUs (VMIs never stop)."""
+def _plan(quick: bool, gpus: tuple[int, ...], levels: tuple[int, ...] | None,
+          vmis: int | None = None) -> tuple[list[tuple[int, int]], int, int]:
+    """The levels to run as (GPUs per VMI, concurrency) in order, the VMIs per level (`vmis`,
+    else 20 quick and 60 otherwise) and the nodes (8 GPUs each) the fleet needs: every level
+    keeps its GPUs (VMIs never stop)."""
     levels = list(levels or ([1, 10, 20] if quick else [1, 5, 10, 20, 50]))
-    per_level = 20 if quick else 60
+    per_level = vmis or (20 if quick else 60)
     plan = [(1, c) for c in levels] if 1 in gpus else []
     # larger sets first, on the emptiest fleet: kube-scheduler spreads Pods (our binder packs),
     # so small Pods placed first would leave no node with room for a large one
@@ -317,10 +336,77 @@ def _plan(quick: bool, gpus: tuple[int, ...], levels: tuple[int, ...] | None
     return plan, per_level, nodes
 
 
+def _processes(lc: LocalCluster, sched: subprocess.Popen | None) -> dict[str, int]:
+    """{name: pid} of every process a level's CPU is counted over: the control plane's
+    (etcd, kube-apiserver), kube-controller-manager when it runs (device mode), each live
+    replica by its identity, kube-scheduler when it runs, and this process ("bench": the
+    clients and their watch)."""
+    out = {name: p.pid for name, p in lc.cp.procs.items() if p.poll() is None}
+    cc = lc.claim_controller
+    if cc is not None and cc.proc is not None and cc.proc.poll() is None:
+        out["kube-controller-manager"] = cc.proc.pid
+    out.update({r.identity: r.proc.pid for r in lc.replicas if r.alive})
+    if sched is not None and sched.poll() is None:
+        out["kube-scheduler"] = sched.pid
+    out["bench"] = os.getpid()
+    return out
+
+
+async def _roles(lc: LocalCluster) -> dict[str, str]:
+    """{replica identity: "leader" or "follower"} from the Lease (empty when none holds it)."""
+    leader = await anyio.to_thread.run_sync(lc.leader)
+    if leader is None:
+        return {}
+    return {r.identity: "leader" if r.identity == leader else "follower" for r in lc.replicas}
+
+
+async def _replica_samples(lc: LocalCluster) -> dict:
+    """The live replicas' /metrics samples summed (`bench.floor_report.samples`)."""
+    from bench import floor_report as fr
+
+    parts = []
+    for i, r in enumerate(lc.replicas):
+        if r.alive:
+            parts.append(fr.samples(await anyio.to_thread.run_sync(lc.metrics, i)))
+    return fr.added(parts)
+
+
+def _phases(before: dict, after: dict, mode: str) -> dict[str, float | None]:
+    """{phase: mean ms} of `mode`'s webhook phases between two `_replica_samples`
+    (`gpu_binder_admission_phase_seconds`; "own" the time between the steps)."""
+    from bench import floor_report as fr
+
+    got = fr.phase_means(fr.delta(before, after)).get(mode) or {}
+    return {k: v["mean_ms"] for k, v in got.items()}
+
+
+class _CPU:
+    """The processes whose CPU a level counts, and their roles (read before each level), and
+    the webhook's port, whose new connections a level counts."""
+
+    def __init__(self, lc: LocalCluster, sched: subprocess.Popen | None, api=None,
+                 pprof: tuple[Path, float] | None = None,
+                 py_spy: tuple[Path, float] | None = None) -> None:
+        self.lc, self.sched, self.api, self.pprof, self.py_spy = lc, sched, api, pprof, py_spy
+        self.webhook_port = lc.webhook_port
+        self.pids: dict[str, int] = {}
+        self.roles: dict[str, str] = {}
+
+    async def refresh(self) -> None:
+        self.pids = _processes(self.lc, self.sched)
+        self.roles = await _roles(self.lc)
+
+
 async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], per_level: int,
-                   scheduler_gpus: tuple[int, ...] | None) -> None:
+                   scheduler_gpus: tuple[int, ...] | None,
+                   sched: subprocess.Popen | None = None,
+                   pprof: tuple[Path, float] | None = None,
+                   py_spy: tuple[Path, float] | None = None) -> None:
     """Everything measured against the running cluster, into `report`: the fleet, the write
-    ceiling, our levels, then kube-scheduler's for each of `scheduler_gpus` (None: not run)."""
+    ceiling, our levels, then kube-scheduler's for each of `scheduler_gpus` (None: not run).
+    Each level also gets `cpu`: every process's CPU over it (`bench.proc_cpu`); with
+    `pprof` (directory, seconds), a CPU profile of kube-apiserver over each level; with
+    `py_spy` (directory, seconds), py-spy's samples of each replica."""
     from kubernetes_asyncio.config import new_client_from_config
 
     from localcluster.fleet import Fleet
@@ -333,12 +419,19 @@ async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], 
         ceiling = await _write_ceiling(fleet, report["quick"])
         report["raw_status_patch_per_s"] = round(ceiling, 1)
         report["levels"] = []
+        cpu = _CPU(lc, sched, api, pprof, py_spy)
         for g, c in plan:
             for mode in modes:
                 t0 = await replica_timings(lc)
-                lvl = await _our_level(api, fleet, g, c, per_level, ceiling, mode)
+                s0 = await _replica_samples(lc)
+                await cpu.refresh()
+                lvl = await _our_level(api, fleet, g, c, per_level, ceiling, mode, cpu)
                 # what of the client's latency our webhook and binder account for
                 lvl["inside"] = timings_between(t0, await replica_timings(lc))
+                # the webhook's own phases (bench.floor_report.phase_means), mean ms each
+                lvl["phases"] = _phases(s0, await _replica_samples(lc), mode)
+                print("  webhook phases, mean ms: " + ", ".join(
+                    f"{k} {v}" for k, v in lvl["phases"].items()), flush=True)
                 report["levels"].append(lvl)
         report["device_vs_count"] = device_vs_count(report["levels"])
         for r in report["device_vs_count"]:
@@ -350,8 +443,9 @@ async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], 
         if scheduler_gpus is not None:
             report["scheduler"] = []
             for g in sorted(scheduler_gpus, reverse=True):
+                await cpu.refresh()
                 report["scheduler"].append(
-                    await _scheduler_vs_ours(api, g, per_level, report["levels"]))
+                    await _scheduler_vs_ours(api, g, per_level, report["levels"], cpu))
     finally:
         await api.close()
 
@@ -389,15 +483,84 @@ async def _write_ceiling(fleet: Fleet, quick: bool) -> float:
     return ceiling
 
 
+async def _apiserver_profile(api, path: Path, seconds: float, delay: float = 0.3) -> None:
+    """kube-apiserver's CPU profile (/debug/pprof/profile) over `seconds`, starting after
+    `delay`, written to `path` (gzipped protobuf); a failure is printed, not raised."""
+    await anyio.sleep(delay)
+    try:
+        resp = await api.call_api("/debug/pprof/profile", "GET",
+                                  query_params=[("seconds", str(max(1, round(seconds))))],
+                                  auth_settings=["BearerToken"], _preload_content=False)
+        try:
+            data = await resp.read()
+        finally:
+            resp.release()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    except Exception as exc:  # noqa: BLE001 - a profile is a bonus, never the run's failure
+        print(f"  kube-apiserver profile failed: {type(exc).__name__}: {exc}", flush=True)
+
+
+async def _py_spy(pid: int, path: Path, seconds: float, delay: float = 0.3) -> None:
+    """py-spy's samples of process `pid` over `seconds` after `delay`, as collapsed stacks
+    (idle left out) into `path`; a failure is printed, not raised."""
+    import shutil
+
+    await anyio.sleep(delay)
+    exe = shutil.which("py-spy")
+    if exe is None:
+        print("  py-spy not on PATH: no profile", flush=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    got = await anyio.run_process(
+        [exe, "record", "-p", str(pid), "-d", str(max(1, round(seconds))), "-r", "200",
+         "--nonblocking", "-f", "raw", "-o", str(path)], check=False)
+    if got.returncode:
+        print(f"  py-spy of {pid} failed: {got.stderr.decode(errors='replace')[-300:]}",
+              flush=True)
+
+
+async def _timed_cpu(cpu: _CPU | None, level, name: str = "level") -> tuple[dict, dict | None]:
+    """Run `level` (an awaitable giving a `_summary`) with `cpu`'s processes and the
+    connections to the webhook port read before and after it: (its summary,
+    `cpu_per_admission` over it with "webhook_connections", `new_connections`; None without
+    `cpu`). A connection opened and closed within the level is still listed after it
+    (TIME_WAIT), so the count needs no polling."""
+    if cpu is None:
+        return await level, None
+    p0 = read_peers(cpu.webhook_port)
+    async with anyio.create_task_group() as tg:
+        if cpu.pprof is not None:
+            tg.start_soon(_apiserver_profile, cpu.api, cpu.pprof[0] / f"{name}.pb.gz",
+                          cpu.pprof[1])
+        if cpu.py_spy is not None:
+            for who, pid in cpu.pids.items():
+                if who.startswith(("replica-", "image-")):
+                    tg.start_soon(_py_spy, pid, cpu.py_spy[0] / f"{name}-{who}.txt",
+                                  cpu.py_spy[1])
+        c0, t0 = cpu_snapshot(cpu.pids), time.perf_counter()
+        lvl = await level
+        c1, t1 = cpu_snapshot(cpu.pids), time.perf_counter()
+    p1 = read_peers(cpu.webhook_port)
+    used = cpu_per_admission(c0, c1, lvl["admitted"], t1 - t0, cpu.roles)
+    used["webhook_connections"] = new_connections(p0, p1, lvl["admitted"])
+    return lvl, used
+
+
 async def _our_level(api, fleet: Fleet, g: int, c: int, per_level: int, ceiling: float,
-                     mode: str = "count") -> dict:
+                     mode: str = "count", cpu: _CPU | None = None) -> dict:
     """One level of `per_level` VMIs of `g` GPUs of `mode`'s class from `c` concurrent
     clients, with the GPUDevice writes (and ResourceClaim writes) it cost (from the API
-    server's counters); printed as one line."""
+    server's counters) and, with `cpu`, each process's CPU per VMI; printed as one or two
+    lines."""
     (w0, a0) = await _writes(api)
     (cw0, _) = await _writes(api, "resourceclaims")
     tag = ("d" if mode == "device" else "") + f"g{g}c{c}"
-    lvl = {"mode": mode, **await _level(fleet, "bench", c, per_level, tag, CLASS_OF[mode], g)}
+    summary, used = await _timed_cpu(
+        cpu, _level(fleet, "bench", c, per_level, tag, CLASS_OF[mode], g), f"ours-{tag}")
+    lvl = {"mode": mode, **summary}
+    if used is not None:
+        lvl["cpu"] = used
     (w1, a1) = await _writes(api)
     (cw1, _) = await _writes(api, "resourceclaims")
     lvl["claim_writes"] = cw1 - cw0
@@ -413,16 +576,26 @@ async def _our_level(api, fleet: Fleet, g: int, c: int, per_level: int, ceiling:
           f"({lvl['write_requests_per_admission']} requests), "
           f"{lvl['share_of_write_ceiling'] * 100:.0f}% of the write ceiling "
           f"({ceiling:.0f} patches/s), refused {lvl['refused']}", flush=True)
+    if used is not None:
+        wc = used["webhook_connections"]
+        print(f"  {cpu_line(used, 'VMI')}; {wc['new']} new webhook connections "
+              f"({wc['per_admission']} per VMI, {wc['open_before']} open before)", flush=True)
     return lvl
 
 
-async def _scheduler_vs_ours(api, g: int, per_level: int, ours: list[dict]) -> dict:
+async def _scheduler_vs_ours(api, g: int, per_level: int, ours: list[dict],
+                             cpu: _CPU | None = None) -> dict:
     """kube-scheduler binding `per_level` Pods of `g` GPUs at the target concurrency, with
     the Pod writes it cost and our rate ÷ its at the same count (when we ran that level);
-    printed as one line."""
+    with `cpu`, each process's CPU per Pod and, against our level, per VMI less per Pod
+    (`cpu_vs_ours`); printed as one to three lines."""
     c = TARGETS["concurrency"]
     (w0, _) = await _writes(api, "pods")
-    lvl = await _scheduler_level(api, "bench-pods", c, per_level, f"g{g}c{c}", g)
+    lvl, used = await _timed_cpu(
+        cpu, _scheduler_level(api, "bench-pods", c, per_level, f"g{g}c{c}", g),
+        f"kube-scheduler-g{g}c{c}")
+    if used is not None:
+        lvl["cpu"] = used
     (w1, _) = await _writes(api, "pods")
     lvl["pod_writes"] = w1 - w0
     lvl["writes_per_admission"] = round((w1 - w0) / max(lvl["admitted"], 1), 2)
@@ -435,6 +608,13 @@ async def _scheduler_vs_ours(api, g: int, per_level: int, ours: list[dict]) -> d
           f"p99 {lvl['p99_ms']} ms, {lvl['writes_per_admission']} pod writes/pod, "
           f"not bound {lvl['refused']}; ours ÷ kube-scheduler: "
           f"{lvl.get('ours_over_scheduler')}", flush=True)
+    if used is not None:
+        print(f"  {cpu_line(used, 'Pod')}", flush=True)
+        if same is not None and same.get("cpu"):
+            lvl["cpu_vs_ours"] = cpu_vs(same["cpu"], used)
+            print("  CPU ms per VMI − per Pod: " + ", ".join(
+                f"{k} {v['ours']} − {v['theirs']} = {v['difference']}"
+                for k, v in lvl["cpu_vs_ours"].items()), flush=True)
     return lvl
 
 
@@ -538,6 +718,14 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                         "separated (default: 1,5,10,20,50; with --quick 1,10,20)")
     add_modes(p, "every level runs in each mode and the report gives device p99 ÷ count p99 "
                  "(e.g. --gpus 1,4,8 --modes count,device)")
+    p.add_argument("--vmis", type=int, default=0,
+                   help="VMIs (and Pods) per level (default: 60; with --quick 20)")
+    p.add_argument("--pprof", type=float, default=0.0, metavar="SECONDS",
+                   help="a CPU profile of kube-apiserver over SECONDS of each level into "
+                        "OUT/pprof/ (`go tool pprof -top FILE`; default: none)")
+    p.add_argument("--py-spy", type=float, default=0.0, metavar="SECONDS",
+                   help="py-spy (on PATH) samples each replica over SECONDS of each level "
+                        "into OUT/py-spy/ (collapsed stacks; default: none)")
     p.add_argument("--vs-scheduler", action="store_true",
                    help="in the same run, kube-scheduler binding Pods of the same GPU counts "
                         "on the same fleet at concurrency 20, and our rate ÷ its "
@@ -549,7 +737,8 @@ def _run(args: argparse.Namespace) -> int:
     run(out, quick=args.quick, seed=args.seed, gpus=positive_ints(args.gpus, "--gpus"),
         vs_scheduler=args.vs_scheduler,
         levels=positive_ints(args.levels, "--levels") if args.levels else None,
-        modes=parse_modes(args.modes))
+        modes=parse_modes(args.modes), vmis=args.vmis or None, pprof=args.pprof,
+        py_spy=args.py_spy)
     print(f"report: {out}/e2e.json, plot: {out}/e2e.png")
     return 0
 

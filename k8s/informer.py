@@ -155,7 +155,6 @@ class Informer:
         self.name = name
         self._transform = transform  # what the cache keeps of each object (e.g. trimmed Pods)
         self._list_fn = list_fn
-        self._transform = transform
         self._page_size = page_size
         self._watch_timeout = watch_timeout
         self._backoff_max = backoff_max
@@ -305,7 +304,7 @@ class Informer:
             async for event in stream:
                 kind = event["type"]
                 if kind != "BOOKMARK":
-                    self._apply(kind, self._transform(event["raw_object"]))
+                    self._apply(kind, event["raw_object"])   # _apply transforms it
                 rv = w.resource_version or rv
                 self.resource_version = rv
         return rv

@@ -80,3 +80,24 @@ def test_the_replicas_own_timings_of_each_mode_go_with_the_ratio():
     (r,) = e2e.device_vs_count([count, device])
     assert (r["count_webhook_mean_ms"], r["device_webhook_mean_ms"],
             r["count_decision_mean_ms"], r["device_decision_mean_ms"]) == (100.0, 250.0, 20.0, 60.0)
+
+
+def test_vmis_per_level_sizes_the_fleet():
+    plan, per_level, nodes = e2e._plan(False, (1, 8), (20,), vmis=300)
+    assert plan == [(1, 20), (8, 20)] and per_level == 300
+    assert nodes == 422            # (300 + 2,400) GPUs × 1.25 ÷ 8, rounded up
+    assert e2e._plan(True, (1,), None)[1:] == (20, 20)
+
+
+def test_phases_of_one_mode_between_two_scrapes():
+    name = "gpu_binder_admission_phase_seconds"
+
+    def s(phase, mode, total, n):
+        labels = (("mode", mode), ("phase", phase))
+        return {(f"{name}_sum", labels): total, (f"{name}_count", labels): n}
+    before = {**s("live-read", "count", 1.0, 10), **s("total", "count", 5.0, 10)}
+    after = {**s("live-read", "count", 1.3, 20), **s("total", "count", 7.0, 20),
+             **s("total", "device", 9.0, 3)}
+    assert e2e._phases(before, after, "count") == {"live-read": 30.0, "total": 200.0,
+                                                   "own": 170.0}
+    assert e2e._phases(before, after, "device") == {"total": 3000.0, "own": 3000.0}

@@ -157,3 +157,27 @@ def _unmarshal(w: OrjsonWatch) -> None:
     with pytest.raises(ApiException) as status:
         w.unmarshal_event(orjson.dumps({"code": 500, "reason": "x", "message": "y"}), "object")
     assert status.value.status == 500 and w.resource_version == "7"
+
+
+async def test_each_listed_or_watched_object_is_transformed_once():
+    """The ingest transform runs once per object (a ResourceSlice's is a whole parse); the
+    watch handed `_apply` an object it had already transformed, and `_apply` ran it again."""
+    server = _Server(
+        _Page([obj("a", "1")], "10"),
+        _Lines([line("ADDED", obj("b", "11")), line("MODIFIED", obj("a", "12")),
+                line("DELETED", obj("b", "13"))], hang=True))
+    calls: list[tuple[str, str]] = []
+
+    def transform(o: dict) -> dict:
+        calls.append((o["metadata"]["name"], o["metadata"]["resourceVersion"]))
+        o["metadata"].pop("managedFields", None)
+        return o
+    informer = Informer("gpudevices", server, watch_timeout=60, transform=transform)
+    async with anyio.create_task_group() as tg:
+        await tg.start(informer.run)
+        await eventually(lambda: informer.resource_version == "13", what="the deletion")
+        tg.cancel_scope.cancel()
+    assert calls == [("a", "1"), ("b", "11"), ("a", "12"), ("b", "13")]
+    assert informer.get(("t", "a")) == {"metadata": {"name": "a", "namespace": "t",
+                                                     "resourceVersion": "12"},
+                                        "spec": {"n": "a"}}
