@@ -305,7 +305,7 @@ def test_bench_help_lists_only_the_benchmarks_own_flags():
     assert flags == {
         "core": {"--out", "--quick", "--seed"},
         "e2e": {"--out", "--quick", "--seed", "--gpus", "--levels", "--modes",
-                "--vs-scheduler"},
+                "--vs-scheduler", "--vmis", "--pprof", "--py-spy"},
         "floor": {"--out", "--quick", "--modes", "--sizes", "--seats"},
         "packing": {"--out", "--quick", "--seed", "--simulate", "--hgx", "--nodes",
                     "--arrivals", "--systems", "--loads"},
