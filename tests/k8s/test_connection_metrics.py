@@ -25,20 +25,27 @@ from localcluster.controlplane import free_port
 pytestmark = pytest.mark.anyio
 
 
-async def test_pool_and_server_connections_are_counted_as_they_open_and_close():
-    finish = anyio.Event()
-
+def _app_holding_until(finish: anyio.Event, held: list[int]) -> web.Application:
+    """GET / answers its headers at once and its body ("ok") once `finish` is set, so each
+    connection stays lent until then; `held[0]` counts the requests held so."""
     async def slow(request: web.Request) -> web.StreamResponse:
-        """Headers at once, the body once `finish` is set: the connection stays lent."""
         resp = web.StreamResponse()
         await resp.prepare(request)
-        await finish.wait()
+        if not finish.is_set():
+            held[0] += 1
+            await finish.wait()
         await resp.write(b"ok")
         await resp.write_eof()
         return resp
 
     app = web.Application()
     app.router.add_get("/", slow)
+    return app
+
+
+async def test_pool_and_server_connections_are_counted_as_they_open_and_close():
+    finish = anyio.Event()
+    app = _app_holding_until(finish, [0])
     port = free_port()
     async with anyio.create_task_group() as tg:
         runner = await tg.start(functools.partial(serve, app, "127.0.0.1", port, None))
@@ -96,21 +103,8 @@ async def test_after_a_burst_the_pool_shrinks_back_to_what_steady_traffic_needs(
     clean-up closes them. With aiohttp's own TCPConnector (oldest idle first) the calls
     go round all 20 and keep every one alive: the pool ratchets up burst by burst."""
     finish = anyio.Event()
-    held_open = 0
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        nonlocal held_open
-        resp = web.StreamResponse()
-        await resp.prepare(request)
-        if not finish.is_set():
-            held_open += 1
-            await finish.wait()
-        await resp.write(b"ok")
-        await resp.write_eof()
-        return resp
-
-    app = web.Application()
-    app.router.add_get("/", handler)
+    held = [0]
+    app = _app_holding_until(finish, held)
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
     async with anyio.create_task_group() as tg:
@@ -125,7 +119,7 @@ async def test_after_a_burst_the_pool_shrinks_back_to_what_steady_traffic_needs(
         assert type(session.connector) is NewestFirstConnector
         try:
             burst = [await session.get(url) for _ in range(20)]   # 20 open at once
-            assert pool_connections(api)["in_use"] == 20 and held_open == 20
+            assert pool_connections(api)["in_use"] == 20 and held == [20]
             finish.set()
             for r in burst:
                 assert await r.text() == "ok"
