@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from collections.abc import Container, Iterable
@@ -653,13 +654,13 @@ def _run(args: argparse.Namespace) -> int:
         plan = replace(plan, nodes=args.nodes)
     if args.span:
         plan = replace(plan, span=float(args.span))
-    if args.recreate_delay < 0:
-        raise BadArgs(f"gpu-binder bench: --recreate-delay must not be negative, got "
+    if not 0 <= args.recreate_delay < math.inf:     # NaN fails too
+        raise BadArgs(f"gpu-binder bench: --recreate-delay takes finite seconds >= 0, got "
                       f"{args.recreate_delay}")
     plan = replace(plan, recreate_delay=args.recreate_delay)
     if args.drain is not None:
-        if args.drain < 0:
-            raise BadArgs(f"gpu-binder bench: --drain must not be negative, got {args.drain}")
+        if not 0 <= args.drain < math.inf:   # NaN fails too: its loop would spin uncapped
+            raise BadArgs(f"gpu-binder bench: --drain takes finite seconds >= 0, got {args.drain}")
         plan = replace(plan, drain=args.drain)
     lanes = run_lanes(args.lanes, quick=args.quick)
     out = Path(args.out)

@@ -29,7 +29,7 @@ from pathlib import Path
 import orjson
 
 from actors.heap import restore_heap, settle_heap
-from bench.common import commit, machine, memory_mib
+from bench.common import at_least, commit, machine, memory_mib
 from k8s.informer import keep_all
 
 PAGE = 500
@@ -95,8 +95,10 @@ def memory_mib_self() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.heap_turnover", description=__doc__.split("\n\n")[0])
-    p.add_argument("--objects", type=int, default=60000)
-    p.add_argument("--passes", type=int, default=2)
+    p.add_argument("--objects", type=at_least(4), default=60000,
+                   help="GPUDevice-shaped objects listed, at least 4 (default: %(default)s)")
+    p.add_argument("--passes", type=at_least(1), default=2,
+                   help="times each object is replaced, at least 1 (default: %(default)s)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     got = run(args.objects, args.passes)

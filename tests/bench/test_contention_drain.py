@@ -208,6 +208,9 @@ def test_the_command_line_sets_the_drain(monkeypatch, tmp_path, given, want):
     assert got["plan"].drain == want
 
 
-def test_a_negative_drain_is_refused(capsys):
-    assert contention.BENCHMARK.main(["--drain", "-1"]) == 2
-    assert "--drain must not be negative" in capsys.readouterr().err
+@pytest.mark.parametrize("flag", ["--drain", "--recreate-delay"])
+@pytest.mark.parametrize("given", ["-1", "nan", "inf", "1e309"])
+def test_a_drain_or_delay_not_finite_and_non_negative_is_refused(capsys, flag, given):
+    """A newcomer's find: nan passed (the drain's loop then spins with no cap), inf too."""
+    assert contention.BENCHMARK.main([flag, given]) == 2
+    assert f"{flag} takes finite seconds >= 0" in capsys.readouterr().err

@@ -24,3 +24,16 @@ def test_a_device_is_slimmed_as_the_informer_keeps_it():
     o = keep_all(device(7, 3))
     assert "managedFields" not in o["metadata"] and o["metadata"]["name"] == "dev-7"
     assert o["metadata"]["resourceVersion"] == str(100000 + 3 * 100000 + 7)
+
+
+def test_the_command_line_refuses_sizes_below_one_pass_of_four_objects(capsys):
+    """A newcomer's find: --objects 0 or -5 and --passes 0 ran and exited 0."""
+    import pytest
+
+    from bench.heap_turnover import main
+
+    for argv in (["--objects", "0"], ["--objects", "-5"], ["--passes", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        assert "must be at least" in capsys.readouterr().err
