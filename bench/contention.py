@@ -640,7 +640,7 @@ def run_lanes(text: str | None, *, quick: bool) -> tuple[str, ...]:
     """The lanes `--lanes` names, in order (None: a,b,c,d; with `quick` a,b,c, so that a
     quick run stays one cluster). Raises BadArgs for an unknown lane or none."""
     given = text if text is not None else ("a,b,c" if quick else "a,b,c,d")
-    lanes = tuple(dict.fromkeys(k for k in given.split(",") if k))
+    lanes = tuple(dict.fromkeys(k.strip() for k in given.split(",") if k.strip()))
     if not lanes or set(lanes) - set(LANES):
         raise BadArgs(f"gpu-binder bench: --lanes takes a,b,c,d (at least one), got {given!r}")
     return lanes

@@ -150,3 +150,9 @@ def test_reserve_after_reaches_the_controller_only_when_a_plan_sets_it():
     scaled = replace(contention.FULL, reserve_after=30.0)
     assert "--line-reserve-after=30" in contention.controller_args(scaled)
     assert "--line-reserve-after=30" in contention.controller_args(scaled, line=False)
+
+
+def test_lanes_may_be_written_with_spaces():
+    """A newcomer's find: `--lanes 'a, b'` was refused as an unknown lane ' b'."""
+    assert contention.run_lanes("a, b", quick=False) == ("a", "b")
+    assert contention.run_lanes(" c ,d ", quick=False) == ("c", "d")
