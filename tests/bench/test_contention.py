@@ -266,4 +266,4 @@ def test_the_command_line_refuses_a_bad_value_before_anything_starts(capsys):
     assert contention.BENCHMARK.main(["--lanes", "a,x"]) == 2
     assert "--lanes takes a,b,c" in capsys.readouterr().err
     assert contention.BENCHMARK.main(["--recreate-delay", "-1"]) == 2
-    assert "--recreate-delay must not be negative" in capsys.readouterr().err
+    assert "--recreate-delay takes finite seconds >= 0" in capsys.readouterr().err
