@@ -40,9 +40,8 @@ def heap_report(directory, n: int) -> dict:
     """What the heap holds now, for telling a leak from allocator growth (`gpu-binder
     controller` calls it on SIGUSR2; docs/troubleshooting.md), after a full collection
     (`gc_collected` objects found unreachable): garbage in reference cycles waits for one,
-    and with `settle_heap`'s thresholds over a large heap that can take minutes (an asyncio
-    TLS connection closed is such a cycle, with 256 KiB of buffers), so without it a report
-    counts garbage as held. Then the objects the garbage
+    and with `settle_heap`'s thresholds over a large heap that can take minutes, so without
+    it a report counts garbage as held. Then the objects the garbage
     collector tracks (`gc_objects`, of which `gc_frozen` frozen by `settle_heap`) and, while
     tracemalloc traces (`PYTHONTRACEMALLOC=1` in the process's environment), the bytes Python
     has allocated and not freed (`traced_bytes`) with a snapshot written to

@@ -390,13 +390,12 @@ def gpu_vmi(name: str, *, held: tuple[str, ...] = (), cls: str = "", size: int =
 # -- processes and waiting ------------------------------------------------------------------
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of `pid` (and its waited-for children), seconds; 0.0 when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    """utime + stime of `pid` (and its waited-for children), seconds; 0.0 when it is gone
+    (`bench.proc_cpu.cpu_seconds`, which reads it)."""
+    from bench.proc_cpu import cpu_seconds as read
+
+    got = read(pid, children=True)
+    return 0.0 if got is None else got
 
 
 def memory_mib(pid: int) -> dict[str, float]:

@@ -13,23 +13,24 @@ import os
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def parse_stat_cpu(stat: str, ticks_per_s: int = _TICKS) -> float:
+def parse_stat_cpu(stat: str, ticks_per_s: int = _TICKS, *, children: bool = False) -> float:
     """utime + stime in seconds from the text of /proc/PID/stat (fields 14 and 15, counted
-    after the command name, which may hold spaces and parentheses: the last ')' ends it).
-    Raises ValueError for text that is not such a line."""
+    after the command name, which may hold spaces and parentheses: the last ')' ends it);
+    `children` adds its waited-for children's (cutime + cstime, fields 16 and 17). Raises
+    ValueError for text that is not such a line."""
     rest = stat[stat.rindex(")") + 2:].split()
-    # rest[0] is field 3 (state): utime is field 14, stime 15
-    if len(rest) < 13:
+    # rest[0] is field 3 (state): utime is field 14, stime 15, cutime 16, cstime 17
+    if len(rest) < 15:
         raise ValueError(f"not a /proc/PID/stat line: {stat[:80]!r}")
-    return (int(rest[11]) + int(rest[12])) / ticks_per_s
+    return sum(int(x) for x in rest[11:15 if children else 13]) / ticks_per_s
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """CPU seconds (user + system) process `pid` has used so far, all its threads; None when
-    it is gone or /proc cannot be read."""
+def cpu_seconds(pid: int, *, children: bool = False) -> float | None:
+    """CPU seconds (user + system) process `pid` has used so far, all its threads (and, with
+    `children`, its waited-for children's); None when it is gone or /proc cannot be read."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return parse_stat_cpu(f.read())
+            return parse_stat_cpu(f.read(), children=children)
     except (OSError, ValueError):
         return None
 

@@ -83,11 +83,16 @@ class NewestFirstConnector(aiohttp.TCPConnector):
         return await super()._get(key, *args, **kwargs)
 
 
+def _connector(api: ApiClient) -> object | None:
+    """The connector of `api`'s HTTP session (aiohttp's), or None."""
+    return getattr(getattr(api.rest_client, "pool_manager", None), "connector", None)
+
+
 def reuse_newest_first(api: ApiClient) -> ApiClient:
     """`api` with its pool's connector a `NewestFirstConnector` (the same object, its
     connections kept) when it is aiohttp's TCPConnector; else unchanged. Returns `api`;
     raises nothing."""
-    connector = getattr(getattr(api.rest_client, "pool_manager", None), "connector", None)
+    connector = _connector(api)
     if type(connector) is aiohttp.TCPConnector:
         connector.__class__ = NewestFirstConnector
     return api
@@ -100,7 +105,7 @@ def pool_connections(api: ApiClient) -> dict[str, int] | None:
     Each TLS connection costs about 260 KiB of buffers (asyncio's SSL protocol), so a
     replica's RSS follows this figure. None when the session's connector is not aiohttp's
     TCPConnector as expected (the counts are aiohttp's private fields). Raises nothing."""
-    connector = getattr(getattr(api.rest_client, "pool_manager", None), "connector", None)
+    connector = _connector(api)
     acquired = getattr(connector, "_acquired", None)
     conns = getattr(connector, "_conns", None)
     if not isinstance(acquired, set) or not isinstance(conns, dict):
