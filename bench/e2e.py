@@ -490,7 +490,8 @@ async def _apiserver_profile(api, path: Path, seconds: float, delay: float = 0.3
     try:
         resp = await api.call_api("/debug/pprof/profile", "GET",
                                   query_params=[("seconds", str(max(1, round(seconds))))],
-                                  auth_settings=["BearerToken"], _preload_content=False)
+                                  auth_settings=["BearerToken"], _preload_content=False,
+                                  _request_timeout=seconds + 30)
         try:
             data = await resp.read()
         finally:
@@ -512,10 +513,13 @@ async def _py_spy(pid: int, path: Path, seconds: float, delay: float = 0.3) -> N
         print("  py-spy not on PATH: no profile", flush=True)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    got = await anyio.run_process(
-        [exe, "record", "-p", str(pid), "-d", str(max(1, round(seconds))), "-r", "200",
-         "--nonblocking", "-f", "raw", "-o", str(path)], check=False)
-    if got.returncode:
+    with anyio.move_on_after(seconds + 30) as bound:    # py-spy stops itself after `seconds`
+        got = await anyio.run_process(
+            [exe, "record", "-p", str(pid), "-d", str(max(1, round(seconds))), "-r", "200",
+             "--nonblocking", "-f", "raw", "-o", str(path)], check=False)
+    if bound.cancelled_caught:
+        print(f"  py-spy of {pid} did not end within {seconds + 30:g} s", flush=True)
+    elif got.returncode:
         print(f"  py-spy of {pid} failed: {got.stderr.decode(errors='replace')[-300:]}",
               flush=True)
 
