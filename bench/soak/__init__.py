@@ -48,8 +48,8 @@ from bench.soak.report import (RSS_SLOPE_MAX_MIB_PER_MIN, RSS_SLOPE_WHY, RSS_TAR
                                cache_change, heap_change, heap_reports, plot, refusal_reason,
                                rss_trend, soak_report, summary, targets)
 from bench.soak.report import DEVICE_KINDS, device_part
-from bench.soak.workload import (MAX_CREATE_RATE, SIZES, Op, SoakSpec, deletion_order, schedule,
-                                 schedule_digest, taints)
+from bench.soak.workload import (MAX_CREATE_RATE, MAX_MINUTES, SIZES, Op, SoakSpec,
+                                 deletion_order, schedule, schedule_digest, taints)
 
 _DRIVER = ("SOAK_ARGS", "Rec", "Soak", "cache_objects", "run", "soak_on")
 """The names of `driver`, imported on first use (it drives a cluster; the harness is heavy to
@@ -76,7 +76,10 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=at_least(1), default=None,
                    help="KWOK nodes of 8 GPUs (default: 1000)")
     p.add_argument("--minutes", type=float, default=None,
-                   help="minutes of churn, at most 20 (default: 20)")
+                   help="minutes of churn, at most 60 (default: 20)")
+    p.add_argument("--steady-share", type=float, default=0.45,
+                   help="the steady stretch's share of the run, in [0.2, 0.8]: the "
+                        "disturbances come before it (default: %(default)s)")
     p.add_argument("--create-rate", type=float, default=2.0,
                    help="VMI creates per second, at most 50, each preceded by a delete once "
                         "the population runs (default: %(default)s)")
@@ -97,12 +100,16 @@ def _run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     minutes = 20.0 if args.minutes is None else args.minutes
-    if not 0 < minutes <= 20:
-        raise BadArgs(f"gpu-binder bench soak: --minutes is in (0, 20], got {minutes}")
+    if not 0 < minutes <= MAX_MINUTES:   # also refuses nan and inf
+        raise BadArgs(f"gpu-binder bench soak: --minutes is in (0, {MAX_MINUTES:g}], "
+                      f"got {minutes}")
+    if not 0.2 <= args.steady_share <= 0.8:
+        raise BadArgs(f"gpu-binder bench soak: --steady-share is in [0.2, 0.8], "
+                      f"got {args.steady_share}")
     try:
         report = run(out, nodes=args.nodes or 1000, minutes=minutes, seed=args.seed,
                      create_rate=args.create_rate, tracemalloc=args.tracemalloc,
-                     mode=args.mode)
+                     mode=args.mode, steady_share=args.steady_share)
     except ValueError as exc:   # the schedule does not fit (too short a run)
         raise BadArgs(f"gpu-binder bench soak: {exc}") from None
     for line in targets_lines(report):

@@ -24,8 +24,8 @@ from bench.common import (DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VERSION, VMIS, 
 from bench.scale.population import populate
 from bench.soak import device as dev
 from bench.soak.report import heap_reports, plot, soak_report, summary, targets
-from bench.soak.workload import (MAX_CREATE_RATE, Op, SoakSpec, deletion_order, schedule,
-                                 schedule_digest)
+from bench.soak.workload import (MAX_CREATE_RATE, MAX_MINUTES, Op, SoakSpec, deletion_order,
+                                 schedule, schedule_digest)
 from localcluster import invariants as inv
 
 SOAK_ARGS = ("--lease-duration=8", "--renew-deadline=6", "--retry-period=1",
@@ -733,27 +733,32 @@ async def soak_on(lc, kv, spec: SoakSpec, log=print) -> dict:
 
 def run(out: Path, *, nodes: int = 1000, minutes: float = 20.0, seed: int = 1,
         population: str = "scale", create_rate: float = 2.0, tracemalloc: bool = False,
-        mode: str = "count") -> dict:
+        mode: str = "count", steady_share: float = 0.45) -> dict:
     """The soak on a cluster of its own (2 replicas with SOAK_ARGS, KubeVirt), `population`
     "scale" (default) or "own", `create_rate` VMI creates per second (with the scale
     population each preceded by a delete: twice that in operations); writes soak.json and
     soak.png into `out`; returns the report. `tracemalloc`: the replicas run with
     PYTHONTRACEMALLOC=1 (slower) and the report names the source lines whose allocations grew
-    over the steady stretch. `mode` "device": HGX boards publishing ResourceSlices
+    over the steady stretch. `steady_share`: the steady stretch's share of the run (a longer
+    one lets a replica restarted by the last kill outlive its start-up heap's turnover, issue
+    41 item 5). `mode` "device": HGX boards publishing ResourceSlices
     (`LocalCluster(dra=True)`: NVIDIA's DeviceClass, kube-controller-manager's claim and
     device-taint eviction controllers, KubeVirt with `GPUsWithDRA`), DeviceTaintRules
-    injected (SoakSpec). ValueError when `minutes` is not in (0, 20], `create_rate` is not in
+    injected (SoakSpec). ValueError when `minutes` is not in (0, MAX_MINUTES],
+    `steady_share` not in [0.2, 0.8], `create_rate` is not in
     (0, MAX_CREATE_RATE], the run leaves no room for the disturbances, or `mode` is neither
     "count" nor "device"."""
     from localcluster.cluster import LocalCluster
 
-    if not 0 < minutes <= 20:
-        raise ValueError(f"--minutes is at most 20, got {minutes}")
+    if not 0 < minutes <= MAX_MINUTES:   # also refuses nan and inf
+        raise ValueError(f"--minutes is in (0, {MAX_MINUTES:g}], got {minutes}")
+    if not 0.2 <= steady_share <= 0.8:
+        raise ValueError(f"--steady-share is in [0.2, 0.8], got {steady_share}")
     if not 0 < create_rate <= MAX_CREATE_RATE:   # also refuses nan and inf
         raise ValueError(f"--create-rate is creates per second in (0, {MAX_CREATE_RATE:g}], "
                          f"got {create_rate}")
     spec = SoakSpec(nodes=nodes, minutes=minutes, seed=seed, population=population,
-                    create_rate=create_rate, mode=mode)
+                    create_rate=create_rate, mode=mode, steady_share=steady_share)
     ops = schedule(spec)   # the ValueError before any cluster starts
     out.mkdir(parents=True, exist_ok=True)
     print(f"soak: seed {seed}, schedule {schedule_digest(ops)}: {len(ops)} operations; "

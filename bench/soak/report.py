@@ -36,6 +36,33 @@ def _fit(ts: list[float], ys: list[float]) -> tuple[float, float, float, float]:
     return a, b, sd / math.sqrt(sxx), sd
 
 
+def _verdict(lo: float, hi: float, threshold: float) -> str:
+    """A slope's verdict from its ± 2 SE bounds `lo`, `hi` against `threshold` (MiB/min)."""
+    return "flat" if hi <= threshold else "growing" if lo > threshold else "inconclusive"
+
+
+def _run_verdict(verdicts: list[str]) -> str | None:
+    """The run's verdict from its processes': "growing" if any grows, "flat" if all are,
+    "inconclusive" otherwise, None for none."""
+    if not verdicts:
+        return None
+    return ("growing" if "growing" in verdicts else
+            "flat" if set(verdicts) == {"flat"} else "inconclusive")
+
+
+def _late(fit: list[tuple[float, float]], mid: float, threshold: float) -> dict | None:
+    """The fit of `fit`'s samples at or after `mid` s (rss_trend's `late`); None for < 5."""
+    pts = [(t, m) for t, m in fit if t >= mid]
+    if len(pts) < 5:
+        return None
+    _, b, se, _ = _fit([t for t, _ in pts], [m for _, m in pts])
+    slope, se = b * 60, se * 60
+    lo, hi = slope - 2 * se, slope + 2 * se
+    return {"from_s": round(mid, 1), "samples": len(pts), "slope_mib_per_min": round(slope, 3),
+            "se_mib_per_min": round(se, 3), "ci95_mib_per_min": [round(lo, 3), round(hi, 3)],
+            "verdict": _verdict(lo, hi, threshold)}
+
+
 def rss_trend(samples: list[tuple[float, int, int, float]], start: float, end: float, *,
               every: float = 10.0, threshold: float = RSS_SLOPE_MAX_MIB_PER_MIN) -> dict:
     """The RSS judgement over the steady stretch [`start`, `end`] s of `samples` [(t s,
@@ -51,7 +78,15 @@ def rss_trend(samples: list[tuple[float, int, int, float]], start: float, end: f
     threshold_mib_per_min, threshold_why, processes: [{replica, pid, samples, span_s,
     slope_mib_per_min, se_mib_per_min, ci95_mib_per_min: [lo, hi], resid_sd_mib,
     level_mib (fitted at `end`), peak_mib, hours_to_target (None when not growing),
-    verdict}], excluded: [{replica, pid, first_s, last_s, why}], verdict, peak_mib}."""
+    verdict, late}], excluded: [{replica, pid, first_s, last_s, why}], verdict, late_verdict,
+    peak_mib}.
+
+    `late` is the same fit over the stretch's second half only ({from_s, samples,
+    slope_mib_per_min, se_mib_per_min, ci95_mib_per_min, verdict}, None with fewer than 5
+    samples): a process whose heap is still turning over its start-up objects grows early in
+    the stretch and levels off, which the whole-stretch slope cannot tell from a leak (issue
+    41 item 5). `late_verdict` is the run's verdict over the `late` fits. Reported beside
+    the whole-stretch verdict, never in its place: the target is judged on the whole stretch."""
     by: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for t, i, pid, mib in samples:
         by.setdefault((i, pid), []).append((t, mib))
@@ -72,7 +107,7 @@ def rss_trend(samples: list[tuple[float, int, int, float]], start: float, end: f
         slope, se = b * 60, se * 60
         lo, hi = slope - 2 * se, slope + 2 * se
         level = a + b * end
-        verdict = "flat" if hi <= threshold else "growing" if lo > threshold else "inconclusive"
+        verdict = _verdict(lo, hi, threshold)
         judged.append({
             "replica": i, "pid": pid, "samples": len(fit),
             "span_s": round(fit[-1][0] - fit[0][0], 1),
@@ -83,13 +118,14 @@ def rss_trend(samples: list[tuple[float, int, int, float]], start: float, end: f
             "hours_to_target": (round(max(0.0, RSS_TARGET_MIB - level) / slope / 60, 1)
                                 if slope > 0 and verdict != "flat" else None),
             "fit": [round(a, 3), round(b, 6)],
-            "verdict": verdict})
-    verdicts = {p["verdict"] for p in judged}
-    verdict = (None if not judged else "growing" if "growing" in verdicts else
-               "flat" if verdicts == {"flat"} else "inconclusive")
+            "verdict": verdict,
+            "late": _late(fit, (start + end) / 2, threshold)})
+    late = [p["late"] for p in judged]
     return {"from_s": start, "to_s": end, "threshold_mib_per_min": threshold,
             "threshold_why": RSS_SLOPE_WHY, "processes": judged, "excluded": excluded,
-            "verdict": verdict,
+            "verdict": _run_verdict([p["verdict"] for p in judged]),
+            "late_verdict": (_run_verdict([x["verdict"] for x in late])
+                             if judged and None not in late else None),
             "peak_mib": round(max(m for *_, m in samples), 1) if samples else None}
 
 
@@ -294,9 +330,14 @@ def summary(report: dict) -> list[str]:
             f"{st.get('live_min')}-{st.get('live_max')}, ops {st.get('operations')}",
             "RSS over it (MiB/min, ± 2 SE): " + (", ".join(
                 f"replica-{p['replica']} pid {p['pid']} {p['slope_mib_per_min']} ± "
-                f"{2 * p['se_mib_per_min']:.3f} ({p['verdict']}, level {p['level_mib']} MiB)"
+                f"{2 * p['se_mib_per_min']:.3f} ({p['verdict']}, level {p['level_mib']} MiB"
+                + (f"; second half {p['late']['slope_mib_per_min']} ± "
+                   f"{2 * p['late']['se_mib_per_min']:.3f}, {p['late']['verdict']}"
+                   if p.get("late") else "") + ")"
                 for p in tr["processes"]) or "no process alive through it")
-            + f"; threshold {tr['threshold_mib_per_min']}: {tr['verdict']}; "
+            + f"; threshold {tr['threshold_mib_per_min']}: {tr['verdict']}"
+            + (f" (second half: {tr['late_verdict']})" if tr.get("late_verdict") else "")
+            + "; "
               f"peak RSS {tr['peak_mib']} MiB"] + [
             f"informers' objects (and connections) over it, replica-{c['replica']} pid "
             f"{c['pid']}: " + ", ".join(

@@ -11,6 +11,7 @@ from bench.scale.workload import ScaleSpec, problem_nodes
 
 SIZES = ((1, .5), (2, .25), (4, .15), (8, .10))
 MAX_CREATE_RATE = 50.0          # creates/s; 20 minutes of it is 60,000 operations
+MAX_MINUTES = 60.0              # a run's churn; longer ones outlast CI's and a session's budget
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class SoakSpec:
     `recover` s (None: 15 % of the run, at most 90 s: a killed replica back and warm), then
     the steady stretch, the last `steady_share` of the run, from `steady_from`: the same churn,
     nothing killed. The invariants sampled every `check_every` s, RSS every `rss_every` s;
-    everything named `prefix`…. `minutes` of churn (≤ 20). ValueError (from `schedule`) when
+    everything named `prefix`…. `minutes` of churn (≤ MAX_MINUTES). ValueError (from `schedule`) when
     the disturbances do not fit before `disturb_until`.
 
     `mode` "device" (issue 41 item 5, docs/contract.md §3b; only with `population="scale"`):

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from bench.soak import (RSS_SLOPE_MAX_MIB_PER_MIN, RSS_TARGET_MIB, SoakSpec, rss_trend,
-                        schedule, schedule_digest, targets)
+                        schedule, schedule_digest, summary, targets)
 
 DISTURBANCES = ("kill-leader", "restart-apiserver")
 
@@ -115,6 +115,49 @@ def test_only_processes_alive_through_the_stretch_are_judged():
     # a growing process anywhere makes the run's verdict "growing"
     grows = _series(0, 23, 0, 1200, 100, 2.0, 1.0, seed=8)
     assert rss_trend(flat + grows, 660, 1200)["verdict"] == "growing"
+
+
+def test_the_second_half_tells_a_turnover_that_levels_off_from_a_leak():
+    """Issue 41 item 5: a young process's heap turning over its start-up objects rises early
+    in the stretch, then levels off; the whole-stretch verdict says "growing", the second
+    half's "flat". A leak grows in both halves."""
+    rises = [(t, 0, 31, 200 + 10 * min(t - 660, 300) / 300) for t in range(660, 1201, 10)]
+    rises = [(t, i, pid, m + 0.3 * ((t // 10) % 3)) for t, i, pid, m in rises]
+    got = rss_trend([(600, 0, 31, 200.0)] + rises, 660, 1200)
+    (p,) = got["processes"]
+    assert p["verdict"] == "growing" and got["verdict"] == "growing"
+    assert p["late"]["from_s"] == 930 and p["late"]["samples"] == 28
+    assert p["late"]["verdict"] == "flat" and got["late_verdict"] == "flat"
+    assert abs(p["late"]["slope_mib_per_min"]) < 0.1
+    leak = rss_trend(_series(0, 32, 0, 1200, 200, 1.0, 0.5, seed=9), 660, 1200)
+    assert leak["processes"][0]["late"]["verdict"] == "growing"
+    assert leak["late_verdict"] == "growing"
+    assert "second half: growing" in " ".join(summary({
+        "seed": 1, "schedule": "x", "creates": 0, "admitted": 0, "refused": 0, "counts": {},
+        "violations": 0, "violations_by_kind": {}, "admissions_lost": 0, "samples": 0,
+        "events": [], "rss_trend": leak}))
+
+
+@pytest.mark.parametrize("minutes, share", [(61.0, 0.45), (float("nan"), 0.45), (40, 0.9),
+                                            (40, 0.1), (40, float("nan"))])
+def test_a_run_longer_than_an_hour_or_a_steady_share_out_of_range_is_refused(minutes, share,
+                                                                              tmp_path):
+    from bench.soak import run
+
+    with pytest.raises(ValueError, match=r"--minutes is in \(0, 60\]|--steady-share is in"):
+        run(tmp_path / "out", nodes=30, minutes=minutes, steady_share=share)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_long_run_with_a_long_steady_stretch_fits_its_disturbances_before_it():
+    """The schedule the lead's 36-minute soak uses: 5 kills and the restart before the
+    stretch, 21.6 minutes of it."""
+    spec = SoakSpec(nodes=1000, minutes=36, seed=1, population="scale", steady_share=0.6)
+    ops = schedule(spec)
+    kills = [o.at for o in ops if o.kind == "kill-leader"]
+    (restart,) = [o.at for o in ops if o.kind == "restart-apiserver"]
+    assert kills == [150, 300, 450, 600, 750] and restart == 648
+    assert spec.steady_from == 864 and spec.disturb_until == 774
 
 
 def test_no_process_through_the_stretch_gives_no_verdict_and_the_target_is_not_met_or_missed():

@@ -226,7 +226,10 @@ def test_demo_dra_refuses_the_count_mode_flags_it_would_ignore(capsys, extra, na
     (["bench", "packing", "--loads", "0.95,1.2"], "--loads takes offered loads between 0 and 1"),
     (["bench", "packing", "--loads", "high"], "got 'high'"),
     (["bench", "packing", "--loads", "0.5,,0.7"], "got '0.5,,0.7'"),
-    (["bench", "soak", "--minutes", "30"], "--minutes is in (0, 20], got 30"),
+    (["bench", "soak", "--minutes", "61"], "--minutes is in (0, 60], got 61"),
+    (["bench", "soak", "--minutes", "nan"], "--minutes is in (0, 60], got nan"),
+    (["bench", "soak", "--steady-share", "0.9"], "--steady-share is in [0.2, 0.8], got 0.9"),
+    (["bench", "soak", "--steady-share", "nan"], "--steady-share is in [0.2, 0.8], got nan"),
     (["bench", "e2e", "--gpus", "1,0"], "--gpus takes positive integers"),
     (["bench", "fairness", "--seats", "5,0"], "--seats takes positive integers"),
     (["bench", "fairness", "--seats", "5,600"], "--seats takes seat counts below the API "
@@ -314,7 +317,8 @@ def test_bench_help_lists_only_the_benchmarks_own_flags():
         "fairness": {"--out", "--seats"},
         "scale": {"--out", "--quick", "--nodes", "--vmis", "--baseline-nodes", "--sizes",
                   "--modes"},
-        "soak": {"--out", "--seed", "--nodes", "--minutes", "--create-rate", "--mode", "--tracemalloc"},
+        "soak": {"--out", "--seed", "--nodes", "--minutes", "--create-rate", "--mode", "--tracemalloc",
+                 "--steady-share"},
         "health": {"--out", "--seed", "--nodes", "--minutes"},
     }
 
