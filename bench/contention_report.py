@@ -61,12 +61,15 @@ def targets(report: dict) -> dict[str, dict]:
     for name in ("inversions", "partial_stops"):
         v = a.get(name)
         out[name] = _target(v, f"== {TARGETS[name]}", None if v is None else v == TARGETS[name])
+    # Issue 39's "within 3 points of the run without preemption" bounds what preemption
+    # costs (killed work, devices held idle for a preemptor): one-sided. Serving more GPU
+    # time than (c) is not a cost; the signed difference is shown either way.
     ua, uc = a.get("utilisation"), c.get("utilisation")
-    gap = round(100 * abs(ua - uc), 2) if ua is not None and uc is not None else None
+    diff = round(100 * (ua - uc), 2) if ua is not None and uc is not None else None
     out["utilisation_vs_no_preemption"] = _target(
-        f"{ua} vs {uc} (gap {gap} points)" if gap is not None else None,
-        f"within {TARGETS['utilisation_points']:g} points",
-        None if gap is None else gap <= TARGETS["utilisation_points"])
+        f"{ua} vs {uc} ({diff:+.2f} points)" if diff is not None else None,
+        f"at most {TARGETS['utilisation_points']:g} points below",
+        None if diff is None else diff >= -TARGETS["utilisation_points"])
     out["max_wait_8_with_line"] = _wait_8_target(a, d)
     return out
 

@@ -249,9 +249,16 @@ def test_the_targets_sit_beside_the_figures():
     censored["results"]["a"]["latency"][ON_DEMAND]["all"]["p99_censored"] = True
     assert targets(censored)["on_demand_p99"]["met"] is None  # "at least 12 s": not known
     assert "≥12.0 s" in targets(censored)["on_demand_p99"]["value"]
-    bad = targets(_report(a_lat=31.0, inv=2, ua=0.9, uc=0.85))
+    bad = targets(_report(a_lat=31.0, inv=2, ua=0.81, uc=0.85))
     assert [bad[k]["met"] for k in ("on_demand_p99", "inversions",
                                     "utilisation_vs_no_preemption")] == [False, False, False]
+    assert bad["utilisation_vs_no_preemption"]["value"] == "0.81 vs 0.85 (-4.00 points)"
+    # what preemption costs is bounded; serving more GPU time than (c) is not a cost
+    above = targets(_report(ua=0.9, uc=0.85))["utilisation_vs_no_preemption"]
+    assert above["met"] is True and above["value"] == "0.9 vs 0.85 (+5.00 points)"
+    assert above["target"] == "at most 3 points below"
+    edge = targets(_report(ua=0.82, uc=0.85))["utilisation_vs_no_preemption"]
+    assert edge["met"] is True and edge["value"].endswith("(-3.00 points)")
 
 
 def test_the_summary_names_each_lane_and_the_load():
