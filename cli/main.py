@@ -109,7 +109,7 @@ def _existing_parent(path: Path) -> Path:
 def _bench(args: argparse.Namespace) -> int:
     """`gpu-binder bench WHICH`: the chosen benchmark's run (`bench.registry`): 0 done, 1 a
     soak that found a violation or a lost admission, 2 a bad flag value or `--out` (refused
-    before anything starts)."""
+    before anything starts), 130 interrupted (Ctrl-C: one line, no traceback)."""
     if not hasattr(args, "benchmark"):
         print("gpu-binder bench: the benchmarks run from a source checkout; this "
               "installation has none", file=sys.stderr)
@@ -127,6 +127,10 @@ def _bench(args: argparse.Namespace) -> int:
     except BadArgs as exc:
         print(exc, file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # Ctrl-C: the clusters' context managers have stopped them
+        print(f"gpu-binder bench {args.which}: interrupted; the processes it started were "
+              f"stopped, no report written", file=sys.stderr)
+        return 130
 
 
 def _tools(args: argparse.Namespace) -> int:

@@ -298,6 +298,24 @@ def test_bench_out_that_is_a_file_is_refused_before_the_run(capsys, tmp_path):
     assert afile.read_text() == "x"
 
 
+def test_bench_interrupted_is_one_line_and_exit_130(capsys, tmp_path, monkeypatch):
+    # newcomer: Ctrl-C during a benchmark printed a traceback
+    import dataclasses
+
+    import bench.registry as registry
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(registry, "BENCHMARKS", [
+        dataclasses.replace(b, run=interrupted) if b.name == "core" else b
+        for b in registry.BENCHMARKS])
+    assert main(["bench", "core", "--quick", "--out", str(tmp_path / "out")]) == 130
+    assert capsys.readouterr().err.strip() == (
+        "gpu-binder bench core: interrupted; the processes it started were stopped, no report "
+        "written")
+
+
 def test_bench_help_lists_only_the_benchmarks_own_flags():
     """`gpu-binder bench WHICH --help`: each sub-command's flags, the ones its run reads."""
     which = next(a for a in next(p for path, p in _parsers(build_parser(), "gpu-binder")
