@@ -72,6 +72,13 @@ def key_of(obj: dict) -> Key:
     return (meta.get("namespace") or "", meta.get("name") or "")
 
 
+def _same_version(cached: dict, listed: dict) -> bool:
+    """Whether `listed` (raw, from a list) is the version `cached` holds: both carry the
+    same non-empty metadata.resourceVersion (an object's every change gets a new one)."""
+    rv = (listed.get("metadata") or {}).get("resourceVersion")
+    return bool(rv) and (cached.get("metadata") or {}).get("resourceVersion") == rv
+
+
 class _NoApiClient:
     """What `OrjsonWatch` holds as its `_api_client`: the stock `Watch.close` closes it;
     nothing to close, nothing to decode with."""
@@ -219,8 +226,15 @@ class Informer:
     async def _list(self, *, periodic: bool = False) -> str:
         """List every page into a fresh cache, telling listeners; `periodic` (a relist the
         watch did not ask for, `relist_every`): say what the watch had missed. Returns the
-        list's resourceVersion."""
+        list's resourceVersion.
+
+        A listed object whose resourceVersion equals the cached one's is the same object:
+        the cached one is kept (not transformed again) and the page's copy is dropped with
+        the page. So a relist holds the old cache plus one raw page plus what changed, not
+        two caches: after a kube-apiserver restart the leader's informers relisted while
+        holding their old objects, 255 -> 306 MiB at 1,000 nodes (bench soak, 2026-12-07)."""
         fresh: dict[Key, dict] = {}
+        cache = self._cache
         token: str | None = None
         pages = 0
         while True:  # one consistent snapshot, page by page (410: the token expired; relist)
@@ -229,8 +243,11 @@ class Informer:
                                        limit=self._page_size, **extra)
             body = await read_json(resp, f"list {self.name}")
             for o in body.get("items") or []:
-                o = self._transform(o)
-                fresh[key_of(o)] = o
+                k = key_of(o)
+                same = cache.get(k)
+                if same is None or not _same_version(same, o):
+                    same = self._transform(o)
+                fresh[k] = same
             pages += 1
             meta = body.get("metadata") or {}
             rv = meta.get("resourceVersion") or ""  # the snapshot's, the same on every page
