@@ -90,6 +90,10 @@ class ScriptedClient:
                     what: str | None = None) -> dict:
         return await self._answer("patch", (res, ns, name, body), {})
 
+    async def replace(self, res: Resource, ns: str | None, name: str, body: dict, *,
+                      what: str | None = None) -> dict:
+        return await self._answer("replace", (res, ns, name, body), body)
+
     async def delete(self, res: Resource, ns: str, name: str, *, uid: str | None = None,
                      resource_version: str | None = None, what: str | None = None) -> None:
         return await self._answer("delete", (res, ns, name, uid, resource_version), None)

@@ -1,14 +1,19 @@
 """The one typed Kubernetes client of the production code: every call the binder, the
 webhook, housekeeping and VM waiting make on the API server (reads, patches, creates and
-deletes of GPUDevices, GPUClasses, VMIs, VMs, ResourceClaims, Events, ConfigMaps and Leases), each bounded by the
-client's timeout and each translating kubernetes_asyncio's exceptions once into
-`k8s.errors.ApiError` types (status, message, the API Status's `reason` and `details`,
+deletes of GPUDevices, GPUClasses, VMIs, VMs, ResourceClaims, Events, ConfigMaps and
+Leases), each bounded by the client's timeout and each failure translated once into a
+`k8s.errors.ApiError` type (status, message, the API Status's `reason` and `details`,
 Retry-After). Nothing outside this module and the informers sees a client exception.
 
-Objects travel as plain dicts, as the API server sends them. Writes carry the client's
+The calls take one raw path (`KubeClient._request`): the kubernetes_asyncio `ApiClient`'s
+aiohttp session, host, TLS and authentication, but none of its per-call machinery (request
+building, serialisation, response decoding by the standard json module), which a replica's
+profile showed at a quarter of its CPU (issue 40 item 5). Objects travel as plain dicts,
+encoded and decoded by orjson, as the API server sends them. Writes carry the client's
 field manager (B8 is checked through managedFields); `using` makes a sibling client with
-another field manager or timeout over the same connection pool. `resolve_environment_once`
-keeps the process's ApiClient from looking the environment up on every request;
+another field manager or timeout over the same connection pool. The informers list and
+watch through kubernetes_asyncio (`KubeClient.lister`). `resolve_environment_once` keeps
+the process's ApiClient from looking the environment up on every request;
 `reuse_newest_first` lets its pool shrink back after a burst (`NewestFirstConnector`).
 """
 
@@ -19,11 +24,13 @@ import copy
 import functools
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable
+from urllib.parse import quote
 
 import aiohttp
 import anyio
-from kubernetes_asyncio.client import ApiClient, CoordinationV1Api, CoreV1Api, CustomObjectsApi
+import orjson
+from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 
 from k8s import errors
 from model.types import GROUP, VERSION
@@ -114,8 +121,6 @@ def pool_connections(api: ApiClient) -> dict[str, int] | None:
             "limit": int(getattr(connector, "limit", 0) or 0)}
 
 
-T = TypeVar("T")
-
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -152,15 +157,45 @@ def _where(res: Resource, ns: str | None, name: str | None = None) -> str:
     return f"{res.kind} {ns}/{name}" if ns else f"{res.kind} {name}"
 
 
+EVENTS = Resource("", "v1", "events", "Event")
+CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap")
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+
+_JSON = "application/json"
+_AUTH = ("BearerToken",)  # the auth settings every Kubernetes API operation names
+
+
+def _path(res: Resource, ns: str | None, name: str | None = None, *,
+          status: bool = False) -> str:
+    """The API server's path of `res` in `ns` (ignored for a cluster-scoped kind): its
+    collection, or the object `name`, or that object's status subresource. The core group
+    ("") is served under /api, every other under /apis. Names are percent-encoded."""
+    path = f"/apis/{res.group}/{res.version}" if res.group else f"/api/{res.version}"
+    if res.namespaced:
+        path += f"/namespaces/{quote(ns or '', safe='')}"
+    path += f"/{res.plural}"
+    if name is not None:
+        path += f"/{quote(name, safe='')}"
+    return path + "/status" if status else path
+
+
 class KubeClient:
     """The API calls of the production code over one kubernetes_asyncio `ApiClient`.
 
-    `timeout` (seconds, > 0) bounds every call, on the client (`_request_timeout`) and on
-    the loop (`anyio.fail_after`); `field_manager` is written on every create, patch and
-    replace. Every method raises `k8s.errors.ApiError` (translated once, with the API
-    Status's `reason` and `details`; a timeout or broken connection is `Unavailable`),
-    never a client exception; cancellation propagates. Raises ValueError for a timeout
-    that is not positive."""
+    Every call goes through `_request`, the raw path: the ApiClient's own aiohttp session
+    (its connector, pool and TLS), host, proxy and authentication (its Configuration's
+    token, refreshed by the Configuration's hook as kubernetes_asyncio would), with bodies
+    encoded and decoded by orjson and no typed models, so none of kubernetes_asyncio's
+    per-call machinery runs (issue 40 item 5: it was a quarter of a replica's CPU). Only
+    the informers' list and watch (`lister`) go through kubernetes_asyncio.
+
+    `timeout` (seconds, > 0) bounds every call, on the session (aiohttp's total timeout)
+    and on the loop (`anyio.fail_after`); `field_manager` is written on every create,
+    patch and replace (the `fieldManager` query parameter). Every method raises
+    `k8s.errors.ApiError` (translated once, by `k8s.errors.from_response`, with the API
+    Status's `reason`, `details` and Retry-After; a timeout or broken connection is
+    `Unavailable` with status 0), never a client exception; cancellation propagates.
+    Raises ValueError for a timeout that is not positive."""
 
     def __init__(self, api: ApiClient, *, timeout: float = 5.0,
                  field_manager: str = "gpu-binder") -> None:
@@ -168,8 +203,6 @@ class KubeClient:
             raise ValueError(f"timeout must be > 0 seconds, not {timeout!r}")
         self._api = api
         self._custom = CustomObjectsApi(api)
-        self._core = CoreV1Api(api)
-        self._coordination = CoordinationV1Api(api)
         self.timeout = timeout
         self.field_manager = field_manager
 
@@ -185,33 +218,69 @@ class KubeClient:
         other.field_manager = field_manager or self.field_manager
         return other
 
-    async def _call(self, what: str, call: Callable[..., Awaitable[T]], *args: Any,
-                    **kwargs: Any) -> T:
-        """`await call(*args, **kwargs, _request_timeout=timeout)` within `timeout` seconds;
-        any failure raised as the translated ApiError named `what`."""
+    async def _request(self, what: str, method: str, path: str, body: Any = None, *,
+                       content_type: str = _JSON, write: bool = False,
+                       decode: bool = True) -> Any:
+        """Send `method` `path` (from `_path`) with `body` (a dict or list encoded by
+        orjson; None: no body) of `content_type`, carrying the field manager when `write`,
+        within `timeout` seconds; the answer's JSON object as a dict when `decode`, else
+        None (the body is read and dropped). A non-2xx answer raises its
+        `errors.from_response` type; a timeout, a broken connection, an authentication
+        hook's failure or an answer that is not a JSON object raises errors.Unavailable
+        (status 0); all named `what`."""
+        api = self._api
+        rest = api.rest_client
+        url = api.configuration.host + path
+        if write:
+            url += "?fieldManager=" + quote(self.field_manager, safe="")
+        headers = {"Accept": _JSON, "Content-Type": content_type, **api.default_headers}
+        if api.cookie:
+            headers["Cookie"] = api.cookie
+        extra: dict[str, Any] = {}
+        if rest.proxy:
+            extra["proxy"] = rest.proxy
+            if rest.proxy_headers:
+                extra["proxy_headers"] = rest.proxy_headers
+        if rest.server_hostname:
+            extra["server_hostname"] = rest.server_hostname
         try:
             with anyio.fail_after(self.timeout):
-                return await call(*args, _request_timeout=self.timeout, **kwargs)
+                await api.update_params_for_auth(headers, None, _AUTH)
+                resp = await rest.pool_manager.request(
+                    method, url, headers=headers,
+                    data=None if body is None else orjson.dumps(body),
+                    timeout=aiohttp.ClientTimeout(total=self.timeout), **extra)
+                try:
+                    data = await resp.read()
+                finally:
+                    resp.release()
         except Exception as exc:  # noqa: BLE001 - translated; cancellation is no Exception
             raise errors.translate(exc, what) from exc
+        if not 200 <= resp.status <= 299:
+            raise errors.from_response(what, resp.status, str(resp.reason or ""), data,
+                                       resp.headers)
+        if not decode:
+            return None
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError as err:
+            raise errors.Unavailable(what, 0, f"response is not JSON: {err}") from err
+        if not isinstance(doc, dict):
+            raise errors.Unavailable(what, 0, "response is not a JSON object")
+        return doc
 
-    # -- custom resources --------------------------------------------------------------
+    # -- any kind ----------------------------------------------------------------------
     async def get(self, res: Resource, ns: str | None, name: str) -> dict:
         """The object `ns/name` (`ns` None or "" for a cluster-scoped kind) as the API
         server has it now. A missing one raises errors.NotFound (`err.names(name)` tells
         the object's absence from an unknown kind)."""
-        what = f"read {_where(res, ns, name)}"
-        if res.namespaced:
-            return await self._call(what, self._custom.get_namespaced_custom_object,
-                                    res.group, res.version, ns, res.plural, name)
-        return await self._call(what, self._custom.get_cluster_custom_object,
-                                res.group, res.version, res.plural, name)
+        return await self._request(f"read {_where(res, ns, name)}", "GET",
+                                   _path(res, ns, name))
 
     async def get_status(self, res: Resource, ns: str, name: str) -> dict:
         """The namespaced object `ns/name` read through its status subresource."""
-        return await self._call(f"read {_where(res, ns, name)}",
-                                self._custom.get_namespaced_custom_object_status,
-                                res.group, res.version, ns, res.plural, name)
+        return await self._request(f"read {_where(res, ns, name)}", "GET",
+                                   _path(res, ns, name, status=True))
 
     async def patch_status(self, res: Resource, ns: str | None, name: str,
                            body: list[dict] | dict, *, what: str | None = None) -> dict:
@@ -219,37 +288,34 @@ class KubeClient:
         kind): a list `body` is a JSON Patch (RFC 6902: a failed `test` op raises
         errors.Invalid), a dict a JSON merge patch. Returns the object written. `what`
         names the call in errors (default: "patch status of <kind> <ns/name>")."""
-        what = what or f"patch status of {_where(res, ns, name)}"
-        ctype = JSON_PATCH if isinstance(body, list) else MERGE_PATCH
-        if res.namespaced:
-            return await self._call(what, self._custom.patch_namespaced_custom_object_status,
-                                    res.group, res.version, ns, res.plural, name, body,
-                                    _content_type=ctype, field_manager=self.field_manager)
-        return await self._call(what, self._custom.patch_cluster_custom_object_status,
-                                res.group, res.version, res.plural, name, body,
-                                _content_type=ctype, field_manager=self.field_manager)
+        return await self._request(
+            what or f"patch status of {_where(res, ns, name)}", "PATCH",
+            _path(res, ns, name, status=True), body,
+            content_type=JSON_PATCH if isinstance(body, list) else MERGE_PATCH, write=True)
 
     async def create(self, res: Resource, ns: str | None, body: dict, *,
                      what: str | None = None) -> dict:
         """Create the object `body` in `ns` (None or "" for a cluster-scoped kind); the
         object created. One of that name already there raises errors.AlreadyExists."""
-        what = what or f"create {_where(res, ns, body['metadata'].get('name'))}"
-        if not res.namespaced:
-            return await self._call(what, self._custom.create_cluster_custom_object,
-                                    res.group, res.version, res.plural, body,
-                                    field_manager=self.field_manager)
-        return await self._call(what, self._custom.create_namespaced_custom_object,
-                                res.group, res.version, ns, res.plural, body,
-                                field_manager=self.field_manager)
+        return await self._request(
+            what or f"create {_where(res, ns, body['metadata'].get('name'))}", "POST",
+            _path(res, ns), body, write=True)
 
     async def patch(self, res: Resource, ns: str, name: str, body: list[dict], *,
                     what: str | None = None) -> dict:
         """JSON Patch (RFC 6902; a failed `test` op raises errors.Invalid) of the namespaced
         object `ns/name` itself (not a subresource); the object written."""
-        return await self._call(what or f"patch {_where(res, ns, name)}",
-                                self._custom.patch_namespaced_custom_object,
-                                res.group, res.version, ns, res.plural, name, body,
-                                _content_type=JSON_PATCH, field_manager=self.field_manager)
+        return await self._request(what or f"patch {_where(res, ns, name)}", "PATCH",
+                                   _path(res, ns, name), body, content_type=JSON_PATCH,
+                                   write=True)
+
+    async def replace(self, res: Resource, ns: str | None, name: str, body: dict, *,
+                      what: str | None = None) -> dict:
+        """Replace the object `ns/name` by `body` (its `metadata.resourceVersion`: a stale
+        one raises errors.Conflict); the object written. `what` names the call in errors
+        (default: "replace <kind> <ns/name>")."""
+        return await self._request(what or f"replace {_where(res, ns, name)}", "PUT",
+                                   _path(res, ns, name), body, write=True)
 
     async def delete(self, res: Resource, ns: str | None, name: str, *, uid: str | None = None,
                      resource_version: str | None = None, what: str | None = None) -> None:
@@ -259,63 +325,46 @@ class KubeClient:
         pre = {"uid": uid} if uid else {}
         if resource_version:
             pre["resourceVersion"] = resource_version
-        if not res.namespaced:
-            await self._call(what or f"delete {_where(res, ns, name)}",
-                             self._custom.delete_cluster_custom_object,
-                             res.group, res.version, res.plural, name,
-                             body={"preconditions": pre} if pre else {})
-            return
-        await self._call(what or f"delete {_where(res, ns, name)}",
-                         self._custom.delete_namespaced_custom_object,
-                         res.group, res.version, ns, res.plural, name,
-                         body={"preconditions": pre} if pre else {})
+        await self._request(what or f"delete {_where(res, ns, name)}", "DELETE",
+                            _path(res, ns, name), {"preconditions": pre} if pre else None,
+                            decode=False)
 
     # -- core --------------------------------------------------------------------------
     async def create_event(self, ns: str, body: dict) -> None:
         """Create the core/v1 Event `body` in `ns` (see `k8s.events.event_body`)."""
-        await self._call(f"create Event in {ns}", self._core.create_namespaced_event, ns, body)
+        await self._request(f"create Event in {ns}", "POST", _path(EVENTS, ns), body,
+                            write=True, decode=False)
 
     async def create_config_map(self, ns: str, body: dict, *, what: str | None = None) -> dict:
         """Create the ConfigMap `body` in `ns`; errors.AlreadyExists when it exists. `what`
         names the call in errors (default: "create ConfigMap <ns/name>")."""
-        return await self._call(what or f"create ConfigMap {ns}/{body['metadata']['name']}",
-                                self._core.create_namespaced_config_map, ns, body,
-                                field_manager=self.field_manager)
+        return await self.create(CONFIG_MAPS, ns, body, what=what)
 
     async def replace_config_map(self, ns: str, name: str, body: dict, *,
                                  what: str | None = None) -> dict:
         """Replace ConfigMap `ns/name` by `body` (its `metadata.resourceVersion`: a stale
         one raises errors.Conflict). `what` names the call in errors (default: "replace
         ConfigMap <ns/name>")."""
-        return await self._call(what or f"replace ConfigMap {ns}/{name}",
-                                self._core.replace_namespaced_config_map, name, ns, body,
-                                field_manager=self.field_manager)
+        return await self.replace(CONFIG_MAPS, ns, name, body, what=what)
 
     # -- leases ------------------------------------------------------------------------
     async def read_lease(self, ns: str, name: str) -> dict | None:
-        """Lease `ns/name` as a dict (decoded by orjson, not into a model); None when the
-        API server answers 404."""
-        what = f"read Lease {ns}/{name}"
-
-        async def read(**kw: Any) -> dict:
-            resp = await self._coordination.read_namespaced_lease(
-                name, ns, _preload_content=False, **kw)
-            return await errors.read_json(resp, what)
+        """Lease `ns/name` as a dict; None when the API server answers 404."""
         try:
-            return await self._call(what, read)
+            return await self.get(LEASES, ns, name)
         except errors.NotFound:
             return None
 
     async def create_lease(self, ns: str, body: dict) -> None:
         """Create the Lease `body` in `ns`; errors.AlreadyExists when it exists."""
-        await self._call(f"create Lease {ns}/{body['metadata']['name']}",
-                         self._coordination.create_namespaced_lease, ns, body)
+        await self._request(f"create {_where(LEASES, ns, body['metadata']['name'])}", "POST",
+                            _path(LEASES, ns), body, write=True, decode=False)
 
     async def replace_lease(self, ns: str, name: str, body: dict) -> None:
         """Replace Lease `ns/name` by `body` (its `metadata.resourceVersion`: a stale one
         raises errors.Conflict)."""
-        await self._call(f"replace Lease {ns}/{name}",
-                         self._coordination.replace_namespaced_lease, name, ns, body)
+        await self._request(f"replace {_where(LEASES, ns, name)}", "PUT",
+                            _path(LEASES, ns, name), body, write=True, decode=False)
 
     # -- informers ---------------------------------------------------------------------
     def lister(self, res: Resource) -> Callable[..., Awaitable[Any]]:

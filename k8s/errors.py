@@ -1,9 +1,13 @@
 """The k8s adapter's own error hierarchy: client exceptions are translated here and never
 leak inward. `translate(exc, what)` maps a kubernetes_asyncio ApiException (or a transport
 error) to one of these, keeping the status code, the API's message, the API Status's
-`reason` and `details`, and Retry-After. `k8s.client.KubeClient` calls it once per call."""
+`reason` and `details`, and Retry-After; `from_response` is that mapping for an HTTP
+answer, which `k8s.client`'s raw path reads itself. `k8s.client.KubeClient` translates
+once per call."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import orjson
 from kubernetes_asyncio.client import ApiException
@@ -58,22 +62,58 @@ class Unavailable(ApiError):
     """5xx, a timeout or a broken connection: worth retrying."""
 
 
-def _status(exc: ApiException) -> tuple[str, str, dict]:
-    """The message (with its causes), reason and details of the API Status in `exc.body`;
-    the client's reason phrase, "" and {} when the body is no Status."""
+def _status(body: bytes | str | None, phrase: str) -> tuple[str, str, dict]:
+    """The message (with its causes), reason and details of the API Status in `body`;
+    the HTTP reason phrase `phrase`, "" and {} when the body is no Status."""
     try:
-        body = orjson.loads(exc.body or b"{}")
+        doc = orjson.loads(body or b"{}")
     except (orjson.JSONDecodeError, TypeError):
-        return str(exc.reason or ""), "", {}
-    if not isinstance(body, dict):
-        return str(exc.reason or ""), "", {}
-    details = body.get("details") if isinstance(body.get("details"), dict) else {}
-    message = str(body.get("message") or exc.reason or "")
+        return phrase, "", {}
+    if not isinstance(doc, dict):
+        return phrase, "", {}
+    details = doc.get("details") if isinstance(doc.get("details"), dict) else {}
+    message = str(doc.get("message") or phrase)
     causes = [c.get("message") for c in details.get("causes") or []
               if isinstance(c, dict) and c.get("message")]
     if causes:
         message += " (" + "; ".join(str(c) for c in causes)[:500] + ")"
-    return message, str(body.get("reason") or ""), details
+    return message, str(doc.get("reason") or ""), details
+
+
+def from_response(what: str, status: int, phrase: str, body: bytes | str | None,
+                  headers: Mapping[str, str] | None) -> ApiError:
+    """The ApiError named `what` for an answer of HTTP `status` (>= 400; 0: no answer):
+    its type by the status (404 NotFound, 409 AlreadyExists when the Status's reason says
+    so else Conflict, 422 Invalid, 403 Forbidden, 429 TooManyRequests, 5xx and 0
+    Unavailable, any other ApiError), the message, reason and details of the API Status
+    in `body` (JSON bytes or text; `phrase`, the HTTP reason phrase, when it is none) and
+    `retry_after` from the Retry-After header of `headers` (seconds; None when absent or
+    not a number). The one mapping of both the raw path (`k8s.client`) and `translate`.
+    Raises nothing."""
+    message, reason, details = _status(body, phrase)
+    retry_after = None
+    value = (headers or {}).get("Retry-After")
+    if value:
+        try:
+            retry_after = float(value)
+        except ValueError:
+            retry_after = None
+    cls: type[ApiError]
+    if status == 404:
+        cls = NotFound
+    elif status == 409:
+        cls = AlreadyExists if reason == "AlreadyExists" else Conflict
+    elif status == 422:
+        cls = Invalid
+    elif status == 403:
+        cls = Forbidden
+    elif status == 429:
+        cls = TooManyRequests
+    elif status >= 500 or status == 0:
+        cls = Unavailable
+    else:
+        cls = ApiError
+    return cls(what, status, message, retry_after, reason=reason, details=details)
 
 
 def translate(exc: BaseException, what: str) -> ApiError:
@@ -82,31 +122,8 @@ def translate(exc: BaseException, what: str) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, ApiException):
-        status = int(exc.status or 0)
-        message, reason, details = _status(exc)
-        retry_after = None
-        headers = exc.headers or {}
-        if headers.get("Retry-After"):
-            try:
-                retry_after = float(headers["Retry-After"])
-            except ValueError:
-                retry_after = None
-        cls: type[ApiError]
-        if status == 404:
-            cls = NotFound
-        elif status == 409:
-            cls = AlreadyExists if reason == "AlreadyExists" else Conflict
-        elif status == 422:
-            cls = Invalid
-        elif status == 403:
-            cls = Forbidden
-        elif status == 429:
-            cls = TooManyRequests
-        elif status >= 500 or status == 0:
-            cls = Unavailable
-        else:
-            cls = ApiError
-        return cls(what, status, message, retry_after, reason=reason, details=details)
+        return from_response(what, int(exc.status or 0), str(exc.reason or ""), exc.body,
+                             exc.headers)
     return Unavailable(what, 0, repr(exc)[:300])
 
 
