@@ -83,8 +83,11 @@ class VMIs:
 
     def without(self, key: VMIKey) -> "VMIs":
         """This view with VMI `key` known *not* to exist (a live read said so); when the view
-        still showed it, its incarnation counts as deleted."""
+        still showed it, its incarnation counts as deleted. When it did not (the webhook's
+        case: a new VMI's name), this very value: nothing is copied (issue 40)."""
         rec = self.live.get(key)
+        if rec is None and key not in self.live:
+            return self
         live = {k: v for k, v in self.live.items() if k != key}
         deleted = self.deleted
         if rec is not None and rec.admission:
