@@ -36,7 +36,7 @@ import time
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import anyio
 import orjson
@@ -281,6 +281,8 @@ class Replica:
         for claim in w.raw_claims.values():
             self.client.seed(RESOURCE_CLAIMS.plural, claim)
         self.class_name = "hgx" if mode == "device" else "h100"
+        self.on_measure: Callable[[], None] | None = None
+        """Called once, before the first measured sample (after the warm-up)."""
         self.counts = w.counts
 
     async def run(self, samples: int, settle: float, profile: cProfile.Profile | None,
@@ -354,6 +356,8 @@ class Replica:
             tg.start_soon(health.run)
             await anyio.sleep(max(settle, 1.0))  # the first rounds (each judges everything)
             for i in range(samples + 2):  # the first two warm up
+                if i == 2 and self.on_measure is not None:
+                    self.on_measure()
                 cpu0 = time.process_time()
                 if profile is not None and i >= 2:
                     profile.enable()
@@ -435,10 +439,13 @@ class Replica:
 
 
 def measure(nodes: int, mode: str, sets: int, samples: int, settle: float,
-            profile: cProfile.Profile | None = None) -> dict:
-    """One size and fill: the population's counts and the samples' medians (module doc)."""
+            profile: cProfile.Profile | None = None,
+            on_measure: Callable[[], None] | None = None) -> dict:
+    """One size and fill: the population's counts and the samples' medians (module doc);
+    `on_measure` is called before the first measured sample."""
     t0 = time.perf_counter()
     rep = Replica(nodes, mode, sets)
+    rep.on_measure = on_measure
     built = round(time.perf_counter() - t0, 1)
     heap = settle_heap()  # as the controller does once its cache has synced
     try:
