@@ -40,3 +40,38 @@ def test_vmis_without_a_name_that_is_not_live_is_the_same_value_uncopied():
     assert ("t1", "vm-3") not in gone.live and len(gone.live) == 49
     assert ("t1", "adm-3") in gone.deleted and ("t1", "u3") not in gone.uids
     assert vmis.without(("t1", "vm-3")) == gone and ("t1", "vm-3") in vmis.live
+
+
+class _CountedLive(dict):
+    """A live-VMI mapping that counts the passes over its values."""
+
+    passes = 0
+
+    def values(self):
+        type(self).passes += 1
+        return super().values()
+
+
+def test_vmis_work_out_the_live_uids_only_when_asked():
+    live = _CountedLive({("t1", f"vm-{i}"): VMIRecord("t1", f"vm-{i}", f"u{i}" if i else "")
+                         for i in range(20)})
+    vmis = VMIs(live)
+    assert _CountedLive.passes == 0               # made after every VMI event: no pass yet
+    assert ("t1", "u3") in vmis.uids and ("t1", "") not in vmis.uids and len(vmis.uids) == 19
+    assert _CountedLive.passes == 1               # once, then kept
+    assert vmis == VMIs(dict(live)) and "uids" not in repr(vmis)
+
+
+def test_refresh_of_an_empty_line_reads_none_of_the_running_vms():
+    from datetime import datetime, timezone
+
+    from model.line import Identity, Line
+    from model.line_plan import refresh
+
+    class Gone(list):
+        def __iter__(self):
+            raise AssertionError("an empty line read the gone VMs")
+
+    gone = Gone([Identity("t1", f"vm-{i}", f"u{i}") for i in range(100)])
+    now = datetime(2026, 12, 7, tzinfo=timezone.utc)
+    assert list(refresh(Line(()), [], gone, now)) == []
