@@ -10,7 +10,8 @@ over `LoopbackClient`: an in-memory API that keeps every object it is written an
 write at once to the cache's informer, as a watch would. The fleet is
 `bench.housekeeping_cost`'s population at `--nodes` nodes × 8 GPUs with `--sets` running VMIs
 on it (each with its VirtualMachine; in device mode its devices recording their GPUs and its
-ResourceClaim allocated), so `--sets 600` holds about 1,200 records, and no idle held devices.
+ResourceClaim allocated), so `--sets 600` holds about 1,200 records, and no idle held devices;
+`--bare`: the running VMIs have no VirtualMachine (`bench scale` and `bench floor` make bare VMIs).
 
 Each sample is one quiet 1-GPU admission of a bare VMI (a template device of the one class),
 then what follows it in a cluster: the VMI created with the webhook's patch, in device mode
@@ -261,13 +262,16 @@ class Replica:
     """The leader replica of `k8s.controller.Controller` over a `bench.housekeeping_cost`
     world and a `LoopbackClient` (module doc)."""
 
-    def __init__(self, nodes: int, mode: str, sets: int, seed: int = 1) -> None:
+    def __init__(self, nodes: int, mode: str, sets: int, seed: int = 1, *, vms: bool = True) -> None:
         from bench.housekeeping_cost import _World
         from k8s.client import (GPU_CLASSES, GPU_DEVICES, RESOURCE_CLAIMS, VMIS, VMS)
 
         self.mode = mode
         self.world = w = _World(nodes, mode, seed, sets=sets, idle=False, vm_templates=True)
         c = w.cache
+        if not vms:  # bare VMIs, as `bench scale` and `bench floor` make them: no VM at all
+            for key in w.vms.keys():
+                w.vms._apply("DELETED", w.vms.get(key))
         for inf in (*c.informers, w.vms):
             inf.run = _idle_run  # type: ignore[method-assign]
             inf._healthy = True
@@ -440,11 +444,12 @@ class Replica:
 
 def measure(nodes: int, mode: str, sets: int, samples: int, settle: float,
             profile: cProfile.Profile | None = None,
-            on_measure: Callable[[], None] | None = None) -> dict:
+            on_measure: Callable[[], None] | None = None, vms: bool = True) -> dict:
     """One size and fill: the population's counts and the samples' medians (module doc);
-    `on_measure` is called before the first measured sample."""
+    `on_measure` is called before the first measured sample; `vms` False: the running VMIs
+    are bare (no VirtualMachine)."""
     t0 = time.perf_counter()
-    rep = Replica(nodes, mode, sets)
+    rep = Replica(nodes, mode, sets, vms=vms)
     rep.on_measure = on_measure
     built = round(time.perf_counter() - t0, 1)
     heap = settle_heap()  # as the controller does once its cache has synced
@@ -485,6 +490,8 @@ def _arguments(ap: argparse.ArgumentParser) -> None:
                     "(default: %(default)s)")
     ap.add_argument("--settle", type=float, default=SETTLE, help="seconds after each sample "
                     "(default: %(default)s)")
+    ap.add_argument("--bare", action="store_true", help="the running VMIs have no "
+                    "VirtualMachine (as bench scale and bench floor make them)")
     ap.add_argument("--profile", type=int, default=0, help="cProfile the N-th point (1-based; "
                     "0: none)")
     ap.add_argument("--profile-out", type=Path, default=Path("admission_path.prof"))
@@ -502,7 +509,8 @@ def _run(args: argparse.Namespace) -> int:
             for sets in (int(x) for x in args.sets.split(",")):
                 n += 1
                 prof = cProfile.Profile() if args.profile == n else None
-                row = measure(nodes, mode, sets, args.samples, args.settle, prof)
+                row = measure(nodes, mode, sets, args.samples, args.settle, prof, vms=not args.bare)
+                row["bare"] = args.bare
                 row["load_after"] = [round(x, 2) for x in os.getloadavg()]
                 rows.append(row)
                 print(f"{mode:6s} {nodes:5d} nodes, {row['gpudevices']} GPUDevices, "
