@@ -58,7 +58,8 @@ class _World:
     """The population of one size and mode, delivered into `cache` (`_apply`, as a watch
     would), and the churn (`touch`)."""
 
-    def __init__(self, nodes: int, mode: str, seed: int = 1) -> None:
+    def __init__(self, nodes: int, mode: str, seed: int = 1, *, sets: int | None = None,
+                 idle: bool = True, vm_templates: bool = False) -> None:
         from k8s.cache import ClusterCache
         from k8s.informer import Informer
 
@@ -70,10 +71,11 @@ class _World:
         self.vms = Informer("virtualmachines", _never)
         self.rv = 1
         self.churn = False
+        self.vm_templates = vm_templates  # each VM's spec.template with the VMI's annotations
         self.raw_claims: dict[tuple[str, str], dict] = {}  # as made (the informer keeps less)
         self.sets: list[tuple[dict, list[dict], dict]] = []  # (VMI, its devices, its VM)
         rng = random.Random(seed)
-        self._build(nodes, rng)
+        self._build(nodes, rng, 2 * nodes if sets is None else sets, idle)
         for inf in (*self.cache.informers, self.vms):
             inf._healthy = True
         self._settle()
@@ -101,7 +103,7 @@ class _World:
         self.rv += 1
         return str(self.rv)
 
-    def _build(self, nodes: int, rng: random.Random) -> None:
+    def _build(self, nodes: int, rng: random.Random, sets: int, idle: bool) -> None:
         from localcluster.dra_profiles import HGX_H100_8, device_class, gpu_uuid, resource_slice
         from localcluster.dra_world import HGX_CLASS
         from model.claim import ClaimMember, build_claim
@@ -140,7 +142,7 @@ class _World:
         weights = [w for _, w in SIZES]
         made = 0
         node_i = 0
-        for v in range(2 * nodes):
+        for v in range(sets):
             size = rng.choices([s for s, _ in SIZES], weights)[0]
             while node_i < len(names) and len(free[names[node_i]]) < size:
                 node_i += 1
@@ -178,6 +180,13 @@ class _World:
                        "status": {"phase": "Running", "nodeName": node}}
             raw_vm = {"metadata": {"name": vmi, "namespace": ns, "uid": owner, "resourceVersion": "1"},
                       "spec": {"runStrategy": "Always"}, "status": {"ready": True}}
+            if self.vm_templates:  # as bench scale makes them: the VMI's annotations, a domain
+                ann = ({"gpu.cozystack.io/devices": ",".join(d["metadata"]["name"] for d in devs)}
+                       if held else {"gpu.cozystack.io/templates": f"{cls_name}={size}"})
+                raw_vm["spec"]["template"] = {"metadata": {"annotations": ann}, "spec": {
+                    "domain": {"devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]},
+                               "resources": {"requests": {"memory": "1Gi"}}},
+                    "volumes": [{"name": "root", "containerDisk": {"image": "quay.io/x/y:1"}}]}}
             for d in devs:
                 c.devices._apply("ADDED", d)
             c.vmis._apply("ADDED", raw_vmi)
@@ -198,7 +207,7 @@ class _World:
             self.sets.append((raw_vmi, devs, raw_vm))
             made += len(devs)
         i = 0
-        while made < nodes * GPUS:  # idle held devices, never attached (Pending)
+        while idle and made < nodes * GPUS:  # idle held devices, never attached (Pending)
             ns = f"t{i % TENANTS:02d}"
             c.devices._apply("ADDED", {
                 "apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUDevice",

@@ -68,12 +68,18 @@ class VMIs:
 
     live: Mapping[VMIKey, VMIRecord] = field(default_factory=dict)
     deleted: frozenset[tuple[str, str]] = frozenset()
-    uids: frozenset[tuple[str, str]] = field(init=False, repr=False, compare=False)
-    """(namespace, uid) of every live VMI (derived)."""
+    _uids: frozenset[tuple[str, str]] | None = field(default=None, init=False, repr=False,
+                                                     compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "uids", frozenset((r.namespace, r.uid)
-                                                   for r in self.live.values() if r.uid))
+    @property
+    def uids(self) -> frozenset[tuple[str, str]]:
+        """(namespace, uid) of every live VMI (derived, on first use: the cache makes a new
+        value after every VMI event, and the webhook's W1 rarely asks; issue 40)."""
+        got = self._uids
+        if got is None:
+            got = frozenset((r.namespace, r.uid) for r in self.live.values() if r.uid)
+            object.__setattr__(self, "_uids", got)
+        return got
 
     @classmethod
     def of_keys(cls, keys: Iterable[VMIKey]) -> "VMIs":
@@ -83,8 +89,11 @@ class VMIs:
 
     def without(self, key: VMIKey) -> "VMIs":
         """This view with VMI `key` known *not* to exist (a live read said so); when the view
-        still showed it, its incarnation counts as deleted."""
+        still showed it, its incarnation counts as deleted. When it did not (the webhook's
+        case: a new VMI's name), this very value: nothing is copied (issue 40)."""
         rec = self.live.get(key)
+        if rec is None and key not in self.live:
+            return self
         live = {k: v for k, v in self.live.items() if k != key}
         deleted = self.deleted
         if rec is not None and rec.admission:

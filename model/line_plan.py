@@ -229,8 +229,8 @@ def refresh(line: Line, waiting: Sequence[Entry], gone: Sequence[Identity], now:
     (`LineSettings.per_namespace`), the namespaces of `waiting` then keep their first `limit`
     entries (`Line.capped`). One sort, whatever the number. Pure."""
     by_key = {e.identity.key: e for e in line}
-    for ident in gone:
-        e = by_key.get(ident.key)
+    for ident in gone if by_key else ():  # an empty line loses nobody (issue 40: `gone` is
+        e = by_key.get(ident.key)          # every running VM, told each waiting-VM round)
         if e is not None and e.identity.same(ident):
             del by_key[ident.key]
     for new in waiting:

@@ -61,26 +61,39 @@ def wants_vmi(vm: Mapping[str, Any]) -> bool:
     return False
 
 
+def _template(vm: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The VM's `spec.template` ({} when absent or not a mapping)."""
+    spec = vm.get("spec") if isinstance(vm.get("spec"), Mapping) else {}
+    return spec.get("template") if isinstance(spec.get("template"), Mapping) else {}
+
+
+def _template_annotations(tmpl: Mapping[str, Any]) -> dict:
+    """The annotations of a VM's template, as the VMI would carry them (a shallow copy)."""
+    tmeta = tmpl.get("metadata") if isinstance(tmpl.get("metadata"), Mapping) else {}
+    return dict(tmeta.get("annotations") or {})
+
+
 def vmi_of_vm(vm: Mapping[str, Any]) -> dict:
     """The VMI virt-controller creates from the VM (as its `SetupVMIFromVM`): named and
     namespaced as the VM, with the template's labels, annotations and spec (a deep copy).
     What instancetypes and preferences would add is not applied."""
     meta = vm.get("metadata") if isinstance(vm.get("metadata"), Mapping) else {}
-    spec = vm.get("spec") if isinstance(vm.get("spec"), Mapping) else {}
-    tmpl = spec.get("template") if isinstance(spec.get("template"), Mapping) else {}
+    tmpl = _template(vm)
     tmeta = tmpl.get("metadata") if isinstance(tmpl.get("metadata"), Mapping) else {}
     tspec = tmpl.get("spec") if isinstance(tmpl.get("spec"), Mapping) else {}
     return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
             "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
                          "labels": dict(tmeta.get("labels") or {}),
-                         "annotations": dict(tmeta.get("annotations") or {})},
+                         "annotations": _template_annotations(tmpl)},
             "spec": copy.deepcopy(dict(tspec))}
 
 
 def asks_gpus(vm: Mapping[str, Any]) -> bool:
     """True when the VM's template carries a `gpu.cozystack.io/` annotation (the webhook's
-    business once virt-controller creates the VMI)."""
-    ann = vmi_of_vm(vm)["metadata"]["annotations"]
+    business once virt-controller creates the VMI). Reads the template's annotations only:
+    no VMI is built (`vmi_of_vm` deep-copies the template's spec; the waiting-VM rounds ask
+    this of every VM, issue 40)."""
+    ann = _template_annotations(_template(vm))
     return any(isinstance(k, str) and k.startswith(ANNOTATION_PREFIX) for k in ann)
 
 

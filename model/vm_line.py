@@ -93,9 +93,23 @@ def refused_since(vm: Mapping[str, Any]) -> datetime | None:
     return None
 
 
-def vm_entries(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], plan: Sequence[Waiting], *,
+def runs_or_rests(vm: Mapping[str, Any], live: bool) -> bool:
+    """True for a VM that asks for GPUs and waits for nothing (`vm_entries`' `gone`): its VMI
+    exists (`live`), or it wants none (`model.vm.wants_vmi`)."""
+    return asks_gpus(vm) and (live or not wants_vmi(vm))
+
+
+def running_identity(namespace: str, name: str, vm: Mapping[str, Any]) -> Identity:
+    """The line identity of VM `namespace/name` (its VMI's name, the VM's uid)."""
+    return Identity(namespace, name, (vm.get("metadata") or {}).get("uid") or None)
+
+
+def vm_entries(snapshot: Snapshot,
+               vms: Sequence[Mapping[str, Any]] | Mapping[tuple[str, str], Mapping[str, Any]],
+               plan: Sequence[Waiting], *,
                vmis: VMIs, now: datetime, launcher: LauncherDefaults = LauncherDefaults(),
-               line: Line | None = None) -> tuple[list[Entry], list[Identity]]:
+               line: Line | None = None,
+               running: Sequence[Identity] | None = None) -> tuple[list[Entry], list[Identity]]:
     """The line entries of the waiting VMs of `plan` (`model.vm.plan_waiting` of `vms`) that
     wait for room: refused for room only (`model.line.waits_for_room` of their explanation's
     reason: W1's refusal, or the binder's) or held back by the line itself; each as its VMI
@@ -106,9 +120,19 @@ def vm_entries(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], plan: Seque
     has, bad annotations), makes none. And the VMs that wait for nothing: those whose VMI
     runs (`vmis.live`) or that want none (`model.vm.wants_vmi`), and the VMs of `line`'s
     entries (those with a VM uid) that `vms` lacks or shows under another uid (deleted, or
-    re-created: another set). Pure; never raises."""
-    by_key = {(str((vm.get("metadata") or {}).get("namespace")), str((vm.get("metadata") or {}).get("name"))): vm
-              for vm in vms}
+    re-created: another set). Pure; never raises.
+
+    `vms` is a sequence of VMs, or a mapping of them by (namespace, name); `running` (None:
+    worked out here from every VM of `vms`) the VMs of the second kind, as the caller keeps
+    them (`k8s.vm_waiting`, from the informers' events: issue 40, a round no longer reads
+    every VM): then `vms` must be the mapping, and only the keys of `plan` and `line` are
+    looked up in it. The same line follows either way (`model.line_plan.refresh` does not
+    depend on the order of `gone`)."""
+    if isinstance(vms, Mapping):
+        by_key = vms
+    else:
+        by_key = {(str((vm.get("metadata") or {}).get("namespace")), str((vm.get("metadata") or {}).get("name"))): vm
+                  for vm in vms}
     entries: list[Entry] = []
     for w in plan:
         e, vm = w.explanation, by_key.get(w.key)
@@ -129,9 +153,8 @@ def vm_entries(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], plan: Seque
         shape = shape_of_ask(snapshot, ns, ask, node_selector_of(vmi, launcher), tolerations)
         entries.append(entry(Identity(ns, name, uid if isinstance(uid, str) and uid else None), shape,
                              template_priority(snapshot, vmi), refused_since(vm) or now))
-    gone = [Identity(ns, name, (vm.get("metadata") or {}).get("uid") or None)
-            for (ns, name), vm in by_key.items()
-            if asks_gpus(vm) and ((ns, name) in vmis.live or not wants_vmi(vm))]
+    gone = [running_identity(ns, name, vm) for (ns, name), vm in by_key.items()
+            if runs_or_rests(vm, (ns, name) in vmis.live)] if running is None else list(running)
     for e in line or ():
         vm = by_key.get(e.identity.key)
         if e.identity.vm_uid is not None and (vm is None or (vm.get("metadata") or {}).get("uid") != e.identity.vm_uid):
@@ -139,4 +162,5 @@ def vm_entries(snapshot: Snapshot, vms: Sequence[Mapping[str, Any]], plan: Seque
     return entries, gone
 
 
-__all__ = ["refused_since", "template_priority", "vm_entries", "vm_held_back"]
+__all__ = ["refused_since", "running_identity", "runs_or_rests", "template_priority", "vm_entries",
+           "vm_held_back"]

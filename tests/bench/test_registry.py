@@ -16,8 +16,8 @@ from bench.common import Benchmark, quantile
 from bench.registry import BENCHMARKS
 
 REPO = Path(__file__).resolve().parents[2]
-MODULES = ("core", "defrag_round", "device_decide", "dra_memory", "keep", "model_decide",
-           "results_table")
+MODULES = ("admission_path", "core", "defrag_round", "device_decide", "dra_memory", "keep",
+           "model_decide", "results_table")
 """The benchmarks run as `python -m bench.NAME` (core also as `gpu-binder bench core`)."""
 
 
