@@ -627,6 +627,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds between a victim's VMI (or Pod) being gone and its creation "
                         "again; 0 is what KubeVirt's VM controller does for runStrategy "
                         "Always (default: %(default)s)")
+    p.add_argument("--reserve-after", type=float, default=None,
+                   help="the binders' --line-reserve-after, seconds (P5: a head of the line "
+                        "waiting longer reserves a node); default: the controller's (5 minutes)")
     p.add_argument("--lanes", default=None,
                    help="the lanes to run, comma separated: a gpu-binder with preemption and "
                         "the line, b kube-scheduler's DRA allocator alone, c gpu-binder "
@@ -662,6 +665,11 @@ def _run(args: argparse.Namespace) -> int:
         if not 0 <= args.drain < math.inf:   # NaN fails too: its loop would spin uncapped
             raise BadArgs(f"gpu-binder bench: --drain takes finite seconds >= 0, got {args.drain}")
         plan = replace(plan, drain=args.drain)
+    if args.reserve_after is not None:
+        if not 0 <= args.reserve_after < math.inf:
+            raise BadArgs(f"gpu-binder bench: --reserve-after takes finite seconds >= 0, got "
+                          f"{args.reserve_after}")
+        plan = replace(plan, reserve_after=args.reserve_after)
     lanes = run_lanes(args.lanes, quick=args.quick)
     out = Path(args.out)
     report = run(out, plan=plan, seed=args.seed, quick=args.quick, lanes=lanes)
