@@ -144,7 +144,9 @@ running set ends, the longest of a few exponential residual lives (mean 90 s wha
 has run: about 230 s for 7 sets), and no arrival refills it; in the run of 2026-12-06 22:00
 UTC every board's sets at the trace's end were done within 335 s, and the longest life of a
 set still waiting then was 337 s. `reserve_after` stays the controller's 5 minutes: at 30 s
-(a third of a mean life) the 8-GPU maximum wait of lane (a) went 242.6 -> 319.4 s."""
+(a third of a mean life) the 8-GPU maximum wait of lane (a) went 242.6 -> 319.4 s, when each
+batch chose the reservation afresh (since 2026-12-07 a holder keeps it: `--reserve-after 30`
+runs that; docs/benchmarks.md)."""
 
 
 def drained(scored: Iterable[int], *, running: Container[int], over: Container[int]) -> bool:
