@@ -178,6 +178,7 @@ class Coordinator(Actor):
         self._line = Line()  # P5: replaced on each change; empty on a new leader
         self._recalled: Recalled = NOTHING  # P5: bare VMIs' published first refusals
         self._reserved: Mapping[Identity, str] = {}  # P5: the nodes reserved at the last batch
+        self._line_reserved: Mapping[Identity, str] = {}  # of them, `model.line.reservation`'s
         self._nominated: dict[RequestKey, Nomination] = {}  # P4: new ones the view does not show yet
         self._ref: ActorRef | None = None
         self._tg: Any = None
@@ -403,12 +404,12 @@ class Coordinator(Actor):
         bare VMI not retried within `line.retryGrace` holds back nobody, nor reserves a node.
         With P5 off (`line.enabled` false) the batch as planned, nothing reserved."""
         if not self._cfg.line.enabled:
-            self._reserved = {}
+            self._reserved = self._line_reserved = {}
             return actions, after
         self._set_line(tidy(self._line, self._clock.now(), self._cfg.line))
         if not self._line and not any(isinstance(a, Answer) and a.decision.result is Result.REFUSED
                                       for a in actions):
-            self._reserved = {}
+            self._reserved = self._line_reserved = {}
             return actions, after
         now = self._clock.now()
         # the live nominations hold their room for their preemptors (P4, P6) here as in the
@@ -416,9 +417,12 @@ class Coordinator(Actor):
         holds = [*holds, *(h for h in nomination_holds(snap.nominations, now, snap.devices_in)
                            if not h.empty)]
         work = snap.with_reservations(holds)
+        # P5: a reservation stays with its holder until it starts (`kept`: the line's own at
+        # the last batch; the ripening ones are judged afresh each batch)
+        self._line_reserved = reservation(self._line, work, now, self._cfg.line,
+                                          self._line_reserved) if self._line else {}
         self._reserved = ripening_reservations(
-            self._line, work, now, self._cfg.preemption,
-            reservation(self._line, work, now, self._cfg.line)) if self._line else {}
+            self._line, work, now, self._cfg.preemption, self._line_reserved) if self._line else {}
         gated = gate_batch(self._line, snap, holds, actions, now, reservations=self._reserved,
                            settings=self._cfg.line)
         self._set_line(gated.line)

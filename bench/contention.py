@@ -144,7 +144,9 @@ running set ends, the longest of a few exponential residual lives (mean 90 s wha
 has run: about 230 s for 7 sets), and no arrival refills it; in the run of 2026-12-06 22:00
 UTC every board's sets at the trace's end were done within 335 s, and the longest life of a
 set still waiting then was 337 s. `reserve_after` stays the controller's 5 minutes: at 30 s
-(a third of a mean life) the 8-GPU maximum wait of lane (a) went 242.6 -> 319.4 s."""
+(a third of a mean life) the 8-GPU maximum wait of lane (a) went 242.6 -> 319.4 s, when each
+batch chose the reservation afresh (since 2026-12-07 a holder keeps it: `--reserve-after 30`
+runs that; docs/benchmarks.md)."""
 
 
 def drained(scored: Iterable[int], *, running: Container[int], over: Container[int]) -> bool:
@@ -627,6 +629,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds between a victim's VMI (or Pod) being gone and its creation "
                         "again; 0 is what KubeVirt's VM controller does for runStrategy "
                         "Always (default: %(default)s)")
+    p.add_argument("--reserve-after", type=float, default=None,
+                   help="the binders' --line-reserve-after, seconds (P5: a head of the line "
+                        "waiting longer reserves a node); default: the controller's (5 minutes)")
     p.add_argument("--lanes", default=None,
                    help="the lanes to run, comma separated: a gpu-binder with preemption and "
                         "the line, b kube-scheduler's DRA allocator alone, c gpu-binder "
@@ -662,6 +667,11 @@ def _run(args: argparse.Namespace) -> int:
         if not 0 <= args.drain < math.inf:   # NaN fails too: its loop would spin uncapped
             raise BadArgs(f"gpu-binder bench: --drain takes finite seconds >= 0, got {args.drain}")
         plan = replace(plan, drain=args.drain)
+    if args.reserve_after is not None:
+        if not 0 <= args.reserve_after < math.inf:
+            raise BadArgs(f"gpu-binder bench: --reserve-after takes finite seconds >= 0, got "
+                          f"{args.reserve_after}")
+        plan = replace(plan, reserve_after=args.reserve_after)
     lanes = run_lanes(args.lanes, quick=args.quick)
     out = Path(args.out)
     report = run(out, plan=plan, seed=args.seed, quick=args.quick, lanes=lanes)

@@ -711,20 +711,43 @@ def soonest(snapshot: Snapshot, e: Entry, exclude: frozenset[str] = frozenset())
 
 
 def reservation(line: Line, snapshot: Snapshot, now: datetime,
-                settings: LineSettings = LineSettings()) -> dict[Identity, str]:
-    """The nodes reserved now (P5): each head (`Line.heads`) that has waited longer than
-    `settings.reserve_after` since it was first refused, in line order, gets the node where
-    it would start soonest (`soonest`) among the nodes no earlier head reserved. A head with
-    no such node (a set-level problem, or no node that room would make fit) reserves none.
-    Pure; never raises."""
+                settings: LineSettings = LineSettings(),
+                kept: Mapping[Identity, str] | None = None) -> dict[Identity, str]:
+    """The nodes reserved now (P5), in line order over the entries that hold one:
+
+    - an entry that held node N at the last batch (`kept`, this function's answer then) and
+      still waits keeps N until it starts ("takes no new set until it starts"), whether it
+      still heads its line or a set of higher priority came ahead of it meanwhile, as long
+      as N is still a node room would make it fit on (`soonest` on N alone; not when a
+      cordon, a taint or a class change took N from it, nor when an entry ahead of it took N
+      first). Re-choosing every batch would move the reservation whenever another node's
+      sets happened to end first, and every move opens the node it leaves to backfill,
+      throwing away the room gathered there (bench contention, docs/contract.md §3c P5);
+    - each head (`Line.heads`) that has waited longer than `settings.reserve_after` since
+      it was first refused and holds none gets the node where it would start soonest
+      (`soonest`) among the nodes no entry ahead of it reserved. A head with no such node (a
+      set-level problem, or no node that room would make fit) reserves none.
+
+    Entries not `retried` yet reserve nothing. Pure; never raises."""
     out: dict[Identity, str] = {}
     taken: set[str] = set()
-    for head in line.heads():
-        if not head.retried or now - head.first_refused <= settings.reserve_after:
+    held = {ident.key: (ident, node) for ident, node in (kept or {}).items()}
+    heads = {e.identity.key for e in line.heads()}
+    nodes = frozenset(snapshot.nodes)
+    for e in line:
+        if not e.retried or now - e.first_refused <= settings.reserve_after:
             continue
-        found = soonest(snapshot, head, frozenset(taken))
+        was = held.get(e.identity.key)
+        if was is not None and was[0].same(e.identity) and was[1] not in taken:
+            if soonest(snapshot, e, nodes - {was[1]}) is not None:
+                out[e.identity] = was[1]
+                taken.add(was[1])
+                continue
+        if e.identity.key not in heads:
+            continue
+        found = soonest(snapshot, e, frozenset(taken))
         if found is not None:
-            out[head.identity] = found.node
+            out[e.identity] = found.node
             taken.add(found.node)
     return out
 

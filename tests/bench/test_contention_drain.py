@@ -208,7 +208,20 @@ def test_the_command_line_sets_the_drain(monkeypatch, tmp_path, given, want):
     assert got["plan"].drain == want
 
 
-@pytest.mark.parametrize("flag", ["--drain", "--recreate-delay"])
+@pytest.mark.parametrize(("given", "want"), [(None, None), ("30", 30.0), ("0", 0.0)])
+def test_reserve_after_flag_sets_the_plan(monkeypatch, tmp_path, given, want):
+    """`--reserve-after S` runs the binders with `--line-reserve-after=S` (`Plan.reserve_after`);
+    without it the controller's default (None: the flag is not passed)."""
+    got = {}
+    monkeypatch.setattr(contention, "run", lambda out, *, plan, **_: got.setdefault("plan", plan)
+                        and {"plan": {}, "results": {}, "targets": {}})
+    monkeypatch.setattr(contention.cr, "summary", lambda report: [])
+    args = ["--out", str(tmp_path), *(() if given is None else ("--reserve-after", given))]
+    assert contention.BENCHMARK.main(args) == 0
+    assert got["plan"].reserve_after == want
+
+
+@pytest.mark.parametrize("flag", ["--drain", "--recreate-delay", "--reserve-after"])
 @pytest.mark.parametrize("given", ["-1", "nan", "inf", "1e309"])
 def test_a_drain_or_delay_not_finite_and_non_negative_is_refused(capsys, flag, given):
     """A newcomer's find: nan passed (the drain's loop then spins with no cap), inf too."""

@@ -446,6 +446,58 @@ def test_P5_two_heads_never_reserve_one_node():
     assert res == {a.identity: "n2", b.identity: "n1"}
 
 
+def test_P5_a_reservation_stays_on_its_node_until_its_holder_starts():
+    # big reserved n2 (1 missing); then n1's sets end first: a fresh choice would move it to
+    # n1 and open n2, where room had been gathering, to backfill (bench contention)
+    snap = world([node("n1", h=4), node("n2", h=4)],
+                 [dev(f"x{i}", on="n1", ns="o") for i in range(3)] + [dev("y", on="n2", ns="o")])
+    big = waiting("big", 4, at=0)
+    line = line_of(big, waiting("next", 4, at=1))
+    later = T0 + DEFAULT_RESERVE_AFTER + timedelta(seconds=1)
+    first = reservation(line, snap, later)
+    assert first == {big.identity: "n2"}
+    freed = snap.with_changes((), [("o", f"x{i}") for i in range(3)])  # n1: 4 free, 0 missing
+    assert reservation(line, freed, later) == {big.identity: "n1"}  # chosen afresh: it moves
+    assert reservation(line, freed, later, kept=first) == first  # kept: it stays
+    # the holder started: its reservation goes with it, and the next head chooses afresh
+    after = line.started(big.identity)
+    assert reservation(after, freed, later + timedelta(minutes=1), kept=first) == {
+        Identity("t1", "next"): "n1"}
+
+
+def test_P5_a_holder_keeps_its_node_when_a_higher_priority_set_comes_ahead_of_it():
+    snap = world([node("n1", h=4), node("n2", h=4)],
+                 [dev(f"x{i}", on="n1", ns="o") for i in range(3)] + [dev("y", on="n2", ns="o")])
+    big = waiting("big", 4, at=0)
+    later = T0 + DEFAULT_RESERVE_AFTER + timedelta(seconds=1)
+    first = reservation(line_of(big), snap, later)
+    assert first == {big.identity: "n2"}
+    top = waiting("top", 1, at=5, priority=ON_DEMAND)  # heads the line now, waited 0 s
+    line = line_of(big, top)
+    assert line.heads() == (top,)
+    assert reservation(line, snap, later) == {}  # chosen afresh: big is no head, top too young
+    assert reservation(line, snap, later, kept=first) == first
+    # a set ahead of the holder that waited long enough reserves too, another node
+    much_later = T0 + timedelta(minutes=5) + DEFAULT_RESERVE_AFTER + timedelta(seconds=1)
+    assert reservation(line, snap, much_later, kept=first) == {top.identity: "n1", big.identity: "n2"}
+
+
+def test_P5_a_kept_reservation_is_chosen_again_when_its_node_can_no_longer_take_the_set():
+    snap = world([node("n1", h=4), node("n2", h=4)], [dev("y", on="n2", ns="o")])
+    big = waiting("big", 4, at=0)
+    later = T0 + DEFAULT_RESERVE_AFTER + timedelta(seconds=1)
+    kept = {big.identity: "n2"}
+    assert reservation(line_of(big), snap, later, kept=kept) == kept
+    cordoned = snap.with_nodes([node("n1", h=4), node("n2", h=4, cordoned=True)])
+    assert reservation(line_of(big), cordoned, later, kept=kept) == {big.identity: "n1"}
+    gone = snap.with_nodes([node("n1", h=4)])
+    assert reservation(line_of(big), gone, later, kept=kept) == {big.identity: "n1"}
+    # another VM under the same name is another set: it does not inherit the reservation
+    other = waiting("big", 4, at=0, uid="u-2")
+    assert reservation(line_of(other), snap, later, kept={Identity("t1", "big", "u-1"): "n2"}) == {
+        other.identity: "n1"}
+
+
 # --- what explain shows ----------------------------------------------------------------------
 
 
@@ -615,6 +667,46 @@ def test_P5_reservations_are_distinct_nodes_where_room_alone_is_missing(world_li
         snap_h, req = entry_request(snap, h)
         problems = assess(snap_h, req, (at,), with_decision=False).nodes[at]
         assert all(waits_for_room(p) for p in problems), problems
+
+
+@PROPS
+@given(count_worlds(), st.integers(0, 30), st.data())
+def test_P5_kept_reservations_stay_until_the_holder_starts(world_line, minutes, data):
+    """With the reservations of the last batch kept (`kept`, any entries and nodes, stale
+    ones included): distinct nodes; each holder waited past `reserveAfter` and is a head or
+    kept that very node; each node one the holder fails on for room only (or fits); and a
+    kept node still good for its holder (room-only there) stays with it unless an entry
+    ahead of it holds that node now."""
+    snap, line = world_line
+    now = T0 + timedelta(minutes=minutes)
+    ls = LineSettings(reserve_after=timedelta(minutes=3))
+    names = sorted(snap.nodes) + ["gone"]
+    idents = [e.identity for e in line] + [Identity("t9", "left")]
+    kept = data.draw(st.dictionaries(st.sampled_from(idents), st.sampled_from(names), max_size=4))
+    res = reservation(line, snap, now, ls, kept)
+    assert res == reservation(line, snap, now, ls, kept)
+    assert len(set(res.values())) == len(res)
+    heads = {h.identity for h in line.heads()}
+    by_key = {e.identity: e for e in line}
+
+    def room_only(e: Entry, at: str) -> bool:
+        snap_e, req = entry_request(snap, e)
+        a = assess(snap_e, req, (at,), with_decision=False)
+        return not a.set_problems and at in a.nodes and all(waits_for_room(p) for p in a.nodes[at])
+
+    for ident, at in res.items():
+        e = by_key[ident]
+        assert e.retried and now - e.first_refused > timedelta(minutes=3)
+        assert ident in heads or kept.get(ident) == at
+        assert room_only(e, at), (ident, at)
+    for ident, at in kept.items():
+        e = by_key.get(ident)
+        if e is None or now - e.first_refused <= timedelta(minutes=3) or at not in snap.nodes:
+            continue
+        if not room_only(e, at) or soonest(snap, e, frozenset(snap.nodes) - {at}) is None:
+            continue
+        ahead = [x for x, n in res.items() if n == at and by_key[x].order_key < e.order_key]
+        assert res.get(ident) == at or ahead, (ident, at, res)
 
 
 @PROPS

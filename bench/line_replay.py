@@ -1,0 +1,354 @@
+"""The contention trace replayed in memory through the real model (issue 39, P5's 8-GPU
+target): `python -m bench.line_replay [--seeds 20] [--reserve-after S]... [--out DIR]`.
+
+`bench contention` replays one seeded trace (`bench.contention_trace`) on a cluster, so its
+"8-GPU maximum wait with the line ≤ ½ of without" is one seed's maximum over about ten sets.
+This replays the same traces, for many seeds, in fake time through the binder's own pure
+decision code, with the line (lane (a) of `bench.contention`: preemption and the line) and
+without it (lane (d): preemption, `line.enabled` false), so that the ratio can be judged as a
+distribution. Pure apart from the CLI's output: no cluster, no clock, no I/O in `replay`.
+
+Each round (every `retry` s of fake time) does what the coordinator does for one batch
+(`actors.coordinator._decide_batch`, `_in_line`): runs whose life is over end (their devices
+deleted, H2); arrivals come; then every waiting set asks once (a fresh bind request per
+attempt, as the driver's retry every 2 s makes one), in an order shuffled by the seed (the
+cluster's retries come in no set order), through `model.plan.plan_batch` with preemption
+(`model.nominate`, P2-P4) and, with the line, `model.line_plan.tidy`,
+`model.line.reservation`, `model.line_plan.ripening_reservations` and
+`model.line_plan.gate_batch` on the nodes reserved then. A `Place` starts its set at once
+(`model.decide.apply_decision`; the set leaves the line, `model.line_plan.leaves`); a fresh
+`Nominate` is recorded and its victims stop at once, each created again at once (a re-wait
+from then, asking from the next round, for the rest of its life; the preemptor starts at its next ask,
+on the nominated node: `model.nominate.on_nominated_node`); a nomination is dropped when its
+preemptor starts or it expires. A request the gate sends back to be decided again
+(`Gated.again`) is, in a batch of its own in the same round (the coordinator requeues it).
+
+What it simplifies against the cluster run (`bench contention`): count mode (a node is 8
+units of one resource, no device groups: a 4-GPU set fits any 4 free units, where device mode
+needs an aligned half board, DR3); every ask of a round is decided in one batch, asks every
+`retry` s exactly (a shuffled batch per round, not one request at a time), no W1 step (W1's refusal for room and the binder's enter the line alike);
+a victim stops and a started set counts at once (no grace, no launcher Pod, no kube-scheduler,
+no API latency); sets are VMs (their line entries `retried` from the first refusal). The
+trace, tiers, priorities, `preemption.minRuntime` and the drain are the benchmark's
+(`bench.contention.FULL`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from bench.common import commit, machine
+from bench.contention_metrics import LaneLog, Run, Wait, max_wait_censored
+from bench.contention_trace import PRIORITY, CSet, CTrace, make_trace
+from model.decide import apply_decision
+from model.line import Identity, Line, LineSettings, reservation
+from model.line_plan import gate_batch, leaves, ripening_reservations, tidy
+from model.nominate import NominationSettings, Preempting
+from model.nomination import nomination_holds
+from model.plan import Action, Nominate, Place, plan_batch
+from model.preemption import PreemptionSettings
+from model.priority import Priority
+from model.snapshot import Snapshot
+from model.types import Attachment, BindRequest, DeviceStatus, GPUClass, GPUDevice, Node, OnCordon
+
+Observer = Callable[[float, Line, Mapping[Identity, str], Sequence[Action], Snapshot], None]
+"""`replay`'s debugging hook (see there)."""
+
+T0 = datetime(2026, 12, 7, tzinfo=timezone.utc)
+"""The fake clock's zero: the trace's second t is T0 + t."""
+NS = "ct"
+CLASS = "gpu"
+RESOURCE = "nvidia.com/gpu"
+GPUS = 8
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One replay's settings: `line` on (lane a) or off (lane d); `reserve_after` (s,
+    `line.reserveAfter`); `min_runtime` (s, `preemption.minRuntime`); `retry` (s between a
+    set's asks, one round); `drain` (s after the trace's end the replay may run on, as
+    `bench.contention.Plan.drain`); `keep_reservations` (below)."""
+
+    line: bool = True
+    reserve_after: float = 300.0
+    min_runtime: float = 15.0
+    retry: float = 2.0
+    drain: float = 900.0
+    keep_reservations: bool = True
+    """False: each batch chooses the line's reservations afresh (`model.line.reservation`
+    without `kept`), as the binder did before 2026-12-07: the ablation that shows what
+    keeping them buys."""
+
+
+@dataclass
+class _Set:
+    s: CSet
+    left: float  # life still to run (s)
+    attempt: int = 0
+    run: tuple[str, float] | None = None  # (node, start)
+
+
+def _at(t: float) -> datetime:
+    return T0 + timedelta(seconds=t)
+
+
+def _priority(tier: str) -> Priority:
+    return Priority(PRIORITY[tier], class_name=f"ct-{tier}")
+
+
+def _names(s: CSet) -> tuple[str, ...]:
+    return tuple(f"s{s.id}-g{i}" for i in range(s.size))
+
+
+def _asking(s: CSet, attempt: int, t: float) -> tuple[str, list[GPUDevice]]:
+    """The template devices of set `s` carrying its `attempt`-th bind request, made at `t`."""
+    vmi, rid, names = f"s{s.id}", f"r{s.id}-{attempt}", _names(s)
+    br = BindRequest(rid, vmi, names, _at(t), priority=_priority(s.tier))
+    att = Attachment(vmi, _at(t), admission=rid, owner=f"vm-{s.id}")
+    return rid, [GPUDevice(NS, n, CLASS, template_for=vmi, status=DeviceStatus(attached_to=att, bind_request=br))
+                 for n in names]
+
+
+def fleet(nodes: int) -> Snapshot:
+    """`nodes` schedulable nodes of `GPUS` units each, one GPUClass over them (count mode)."""
+    ns = [Node(f"n{i}", (("kubevirt.io/schedulable", "true"),), ((RESOURCE, GPUS),), False)
+          for i in range(nodes)]
+    return Snapshot.build(nodes=ns, classes=[GPUClass(CLASS, RESOURCE, OnCordon.MOVE, (), None)])
+
+
+def replay(trace: CTrace, settings: Settings = Settings(), observe: Observer | None = None) -> LaneLog:
+    """The lane log of `trace` replayed as the module docstring says (`Wait`s and `Run`s in
+    the trace's seconds; `Run.gpus` are indices 0..size-1: count mode records no device;
+    `LaneLog.end` the last round's time, `drain_capped` when the drain's cap ended it with
+    a scored set waiting). `observe`, when given, is called after the line gates each batch
+    (t in s, the line, the nodes reserved, the gated actions, the snapshot the batch was
+    planned on): a debugging hook. Deterministic for one trace and settings. Pure."""
+    rng = random.Random(f"line-replay/{trace.seed}")
+    line_settings = LineSettings(reserve_after=timedelta(seconds=settings.reserve_after),
+                                 enabled=settings.line)
+    nom = NominationSettings(PreemptionSettings(timedelta(seconds=settings.min_runtime)))
+    snap = fleet(trace.nodes)
+    log = LaneLog(tuple(f"n{i}" for i in range(trace.nodes)))
+    sets = {s.id: _Set(s, s.life) for s in trace.sets}
+    arrivals = list(trace.sets)
+    waiting: dict[int, Wait] = {}
+    line = Line()
+    held: dict = {}  # "line": the line's reservations at the last batch (`model.line.reservation`)
+    ends: dict[int, float] = {}
+    t = 0.0
+    cap = trace.end + settings.drain
+    while True:
+        # 1. runs over
+        gone = []
+        for sid, end in sorted(ends.items(), key=lambda x: x[1]):
+            if end <= t:
+                st = sets[sid]
+                assert st.run is not None
+                log.runs.append(Run(sid, st.run[0], tuple(range(st.s.size)), st.run[1], end))
+                gone += [(NS, n) for n in _names(st.s)]
+                st.run = None
+                del ends[sid]
+        if gone:
+            snap = snap.with_changes((), gone)
+        # 2. arrivals
+        while arrivals and arrivals[0].arrive <= t:
+            s = arrivals.pop(0)
+            waiting[s.id] = Wait(s.id, s.arrive, None)
+        if t >= trace.end and (t >= cap or not any(sets[i].s.scored for i in waiting)):
+            break  # drained: every scored set running or done (`bench.contention`), or the cap
+        # 3. every waiting set asks once; a request the line's gate sends back to be decided
+        # again (`Gated.again`) is, in a batch of its own (the coordinator requeues it)
+        order = sorted(waiting)
+        rng.shuffle(order)
+        batch, fresh = [], []
+        for sid in order:
+            st = sets[sid]
+            st.attempt += 1
+            rid, members = _asking(st.s, st.attempt, t)
+            fresh += members
+            batch.append((NS, rid, members))
+        if fresh:
+            snap = snap.with_devices(fresh)
+        now = _at(t)
+        for _ in range(MAX_AGAIN):
+            if not batch:
+                break
+            snap, line, batch = _batch(snap, line, batch, t, now, settings, line_settings, nom, sets, ends,
+                                       waiting, log, observe, held)
+        t = round(t + settings.retry, 6)
+    for sid, w in waiting.items():
+        log.waits.append(w)
+    for sid, st in sets.items():
+        if st.run is not None:
+            log.runs.append(Run(sid, st.run[0], tuple(range(st.s.size)), st.run[1], t))
+    log.end = t
+    log.drain_capped = t >= cap and any(sets[i].s.scored and w.first for i, w in waiting.items())
+    return log
+
+
+MAX_AGAIN = 8
+"""Most batches one round decides (the first, then those of requests sent back)."""
+
+
+def _batch(snap: Snapshot, line: Line, batch: list, t: float, now: datetime, settings: Settings,
+           line_settings: LineSettings, nom: NominationSettings, sets: dict[int, _Set],
+           ends: dict[int, float], waiting: dict[int, Wait], log: LaneLog,
+           observe: Observer | None, held: dict) -> tuple[Snapshot, Line, list]:
+    """One coordinator batch (`actions.coordinator._decide_batch`, `_in_line`) carried out at
+    once: (snapshot, line, the batch entries to decide again)."""
+    actions, _ = plan_batch(snap, (), batch, Preempting(now, nom), now=now)
+    again: frozenset = frozenset()
+    if settings.line:
+        line = tidy(line, now, line_settings)
+        holds = [h for h in nomination_holds(snap.nominations, now, snap.devices_in) if not h.empty]
+        work = snap.with_reservations(holds)
+        last = held.get("line") if settings.keep_reservations else None
+        kept = reservation(line, work, now, line_settings, last) if line else {}
+        held["line"] = kept
+        reserved = ripening_reservations(line, work, now, nom, kept) if line else {}
+        gated = gate_batch(line, snap, holds, actions, now, reservations=reserved, settings=line_settings)
+        line, again = gated.line, gated.again
+        if observe is not None:
+            observe(t, line, reserved, gated.actions, snap)
+        actions = gated.actions
+    noms = list(snap.nominations)
+    redo = []
+    for a, entry in zip(actions, batch):
+        sid = int(a.request.vmi[1:])
+        if (a.request.namespace, a.request.id) in again:
+            redo.append(entry)
+        elif isinstance(a, Place):
+            snap = apply_decision(snap, a.request, a.decision, now=now)
+            st = sets[sid]
+            st.run = (a.decision.node or "", t)
+            ends[sid] = t + st.left
+            w = waiting.pop(sid)
+            log.waits.append(replace(w, decided=t))
+            if settings.line:
+                line, _ = leaves(line, snap, a.request)
+            noms = [n for n in noms if not n.is_for(NS, a.request.vmi)]
+        elif isinstance(a, Nominate) and a.nominated.fresh:
+            n = a.nominated.nomination
+            noms.append(n)
+            vgone = []
+            for v in n.victims:
+                vid = int(v.vmi[1:])
+                vs = sets[vid]
+                if vs.run is None:
+                    continue
+                node, start = vs.run
+                log.runs.append(Run(vid, node, tuple(range(vs.s.size)), start, t, preempted=True))
+                vs.left -= t - start
+                vs.run = None
+                del ends[vid]
+                vgone += [(NS, x) for x in _names(vs.s)]
+                waiting[vid] = Wait(vid, t, None, first=False)  # created again at once: asks next round
+            snap = snap.with_changes((), vgone)
+    snap = snap.with_nominations([n for n in noms if n.live(now)])
+    return snap, line, redo
+
+
+@dataclass(frozen=True)
+class SeedResult:
+    """One seed's 8-GPU maximum waits (s; `bench.contention_metrics.max_wait_censored`) with
+    the line and without it, whether each is a lower bound (a set never started before the
+    drain's cap), and their ratio (None when either is missing or zero)."""
+
+    seed: int
+    with_line: float | None
+    without_line: float | None
+    censored: tuple[bool, bool] = (False, False)
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.with_line or not self.without_line:
+            return None
+        return self.with_line / self.without_line
+
+
+def trace_of(seed: int) -> CTrace:
+    """Seed `seed`'s trace at `bench.contention.FULL`'s sizes (6 boards, mean life 90 s,
+    600 s scored after a 90 s warm-up, load 1.1, 30 % on-demand); seed 1 is the one
+    `bench contention` replays."""
+    return make_trace(seed=seed, nodes=6, load=1.1, mean_life=90.0, span=600.0, warmup=90.0)
+
+
+def without_line(trace: CTrace) -> tuple[float | None, bool]:
+    """The 8-GPU maximum wait of `trace` replayed with the line off (lane d)."""
+    return max_wait_censored(trace, replay(trace, Settings(line=False)), 8)
+
+
+def with_line(trace: CTrace, settings: Settings) -> tuple[float | None, bool]:
+    """The 8-GPU maximum wait of `trace` replayed with the line (lane a) under `settings`."""
+    return max_wait_censored(trace, replay(trace, settings), 8)
+
+
+def summary(results: list[SeedResult]) -> dict:
+    """Over the seeds: the ratios' median, quartiles, min and max, how many meet the target
+    (≤ 0.5), and the median maximum waits with and without the line (s)."""
+    ratios = sorted(r.ratio for r in results if r.ratio is not None)
+    if not ratios:
+        return {"seeds": len(results), "ratios": 0}
+    q = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [ratios[0]] * 3
+    return {"seeds": len(results), "ratios": len(ratios), "median": round(statistics.median(ratios), 3),
+            "q1": round(q[0], 3), "q3": round(q[2], 3), "min": round(ratios[0], 3), "max": round(ratios[-1], 3),
+            "met": sum(1 for r in ratios if r <= 0.5),
+            "median_with_line_s": round(statistics.median(r.with_line for r in results if r.with_line), 1),
+            "median_without_line_s": round(statistics.median(r.without_line for r in results if r.without_line), 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The CLI (module docstring): for each `--reserve-after`, the seeds replayed with the
+    line keeping its reservations and choosing them afresh, against the line off; prints
+    each seed and the summaries, and with `--out` writes `line-replay.json` there."""
+    p = argparse.ArgumentParser(prog="python -m bench.line_replay", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, default=20, help="how many seeds (default 20)")
+    p.add_argument("--first-seed", type=int, default=1, help="the first seed (default 1, bench contention's)")
+    p.add_argument("--reserve-after", type=float, action="append",
+                   help="line.reserveAfter (s), repeatable (default: 300 and 30)")
+    p.add_argument("--out", type=Path, help="folder for line-replay.json")
+    a = p.parse_args(argv)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    load_before = list(os.getloadavg())
+    seeds = range(a.first_seed, a.first_seed + a.seeds)
+    traces = {seed: trace_of(seed) for seed in seeds}
+    off = {seed: without_line(tr) for seed, tr in traces.items()}
+    variants = []
+    for ra in a.reserve_after or [300.0, 30.0]:
+        for keep in (False, True):
+            results = []
+            for seed, tr in traces.items():
+                got = with_line(tr, Settings(reserve_after=ra, keep_reservations=keep))
+                results.append(SeedResult(seed, got[0], off[seed][0], (got[1], off[seed][1])))
+            s = summary(results)
+            name = f"reserveAfter {ra:g} s, reservations {'kept' if keep else 'chosen afresh'}"
+            print(name, json.dumps(s), flush=True)
+            variants.append({"reserve_after_s": ra, "keep_reservations": keep, "summary": s,
+                             "seeds": [{"seed": r.seed, "with_line_s": r.with_line,
+                                        "without_line_s": r.without_line,
+                                        "ratio": None if r.ratio is None else round(r.ratio, 3),
+                                        "censored": list(r.censored)} for r in results]})
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        doc = {"benchmark": "line-replay", "commit": commit(), "started": started, "machine": machine(),
+               "load_before": load_before, "load_after": list(os.getloadavg()),
+               "trace": {"nodes": 6, "load": 1.1, "mean_life": 90.0, "span": 600.0, "warmup": 90.0,
+                         "on_demand_share": 0.3},
+               "settings": {"min_runtime_s": Settings().min_runtime, "retry_s": Settings().retry,
+                            "drain_s": Settings().drain},
+               "variants": variants}
+        (a.out / "line-replay.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
