@@ -19,7 +19,7 @@ from anyio.lowlevel import checkpoint
 from k8s import errors, events
 from k8s.cache import ClusterCache
 from k8s.client import RESOURCE_CLAIMS, VMIS, KubeClient
-from k8s.housekeeping.common import live_vmi, log
+from k8s.housekeeping.common import each_bounded, live_vmi, log
 from model.admission import AdmissionPlan
 from model.claim import (ClaimRecord, DeleteClaim, RestoreClaim, build_claim, claim_name,
                          claim_record, members_of, missing_claims, restorable_into,
@@ -143,8 +143,10 @@ class ClaimsWorker:
     set was just released (H4), and those it acted on last round (an action not done is
     tried again). Without `follow`, every claim and VMI is judged each round."""
 
-    def __init__(self, client: KubeClient, cache: ClusterCache, *, grace: timedelta) -> None:
+    def __init__(self, client: KubeClient, cache: ClusterCache, *, grace: timedelta,
+                 concurrency: int = 16) -> None:
         self._client = client
+        self.concurrency = concurrency
         self.cache = cache
         self.grace = grace
         self.actions_done = 0
@@ -191,7 +193,8 @@ class ClaimsWorker:
         VMI of their name exists, no device is attached to that name, and the grace since the
         claim was made or last confirmed has passed; each confirmed by a live read of the VMI
         first (never on the cache's word) and deleted with uid and resourceVersion
-        preconditions (an admission that confirmed it since changed its version: moot). H4:
+        preconditions (an admission that confirmed it since changed its version: moot), up
+        to `concurrency` at once (each its own read and preconditions). H4:
         the claim of a kept set this replica released (`released`: (namespace, admission id)
         → when, `KeptSets.released_admissions`) is deleted without the grace, once the
         released devices are no longer attached in the cache."""
@@ -228,8 +231,7 @@ class ClaimsWorker:
                 if r.since is not None and (r.namespace, r.name) not in index.retry_claims \
                         and r.since + self.grace >= now:
                     heapq.heappush(index.heap, (r.since + self.grace, (r.namespace, r.name)))
-        for action in actions:
-            await self._delete(action)
+        await each_bounded(actions, self._delete, self.concurrency)
 
     async def _delete(self, action: DeleteClaim) -> None:
         c = action.claim
@@ -292,8 +294,7 @@ class ClaimsWorker:
                                         _ClaimKeys(self.cache), index.device_classes)
         if index is not None:
             index.retry_vmis = {(r.namespace, r.vmi) for r in found}
-        for r in found:
-            await self._restore(r, now)
+        await each_bounded(found, lambda r: self._restore(r, now), self.concurrency)
 
     async def _restore(self, r: RestoreClaim, now: datetime) -> None:
         name = claim_name(r.vmi)

@@ -137,7 +137,7 @@ class Housekeeper:
         self.vms = vms
         self.kept = KeptSets(client, cache, grace=grace, vms=vms)
         self.devices = DeviceWorker(client, cache, self.kept, concurrency=concurrency)
-        self.claims = ClaimsWorker(client, cache, grace=grace)
+        self.claims = ClaimsWorker(client, cache, grace=grace, concurrency=concurrency)
         self.settings = SettingsWorker(client, cache, raw_policy=raw_policy)
         self.class_conditions = ClassConditions(client, cache)
         self.lost = LostDevices(client, cache)

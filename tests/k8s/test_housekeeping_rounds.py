@@ -118,6 +118,49 @@ async def test_H1_H2_a_claim_of_a_vmi_that_never_appeared_or_is_gone_is_deleted_
     assert keeper.claims.claims_deleted == 1
 
 
+async def test_H1_H2_stale_claims_are_deleted_concurrently_not_one_at_a_time():
+    """The device soak of 2026-12-07: after a leader kill the new leader deleted a backlog of
+    268 claims one at a time (a live read and a delete each, ~0.4 s under load), so 22 of
+    them outlived the 300 s grace. Each delete is confirmed and preconditioned on its own,
+    so they go `concurrency` at a time: here every live read is held until three are in
+    flight at once (one at a time, the first read would wait alone and time out)."""
+    import anyio
+
+    from k8s import errors
+    from k8s.client import RESOURCE_CLAIMS
+
+    class HeldReads(ScriptedClient):
+        def __init__(self, together: int) -> None:
+            super().__init__()
+            self.reads = {"in_flight": 0, "most": 0}   # shared by the copies `using` makes
+            self.together = together
+            self.all_in = anyio.Event()
+
+        async def get(self, res, ns, name):
+            r = self.reads
+            r["in_flight"] += 1
+            r["most"] = max(r["most"], r["in_flight"])
+            if r["in_flight"] >= self.together:
+                self.all_in.set()
+            with anyio.fail_after(5):   # a bound, not a wait: the event ends it
+                await self.all_in.wait()
+            r["in_flight"] -= 1
+            await super().get(res, ns, name)
+            raise errors.NotFound(f"read VMI {ns}/{name}", 404,
+                                  f'virtualmachineinstances "{name}" not found',
+                                  details={"name": name})
+
+    names = ["a", "b", "c", "d", "e"]
+    client = HeldReads(together=3)
+    keeper = _claim_keeper(client, claims=[_claim(n, SINCE) for n in names])
+    keeper.claims.concurrency = 3
+    await keeper.claims.release(SINCE + timedelta(minutes=10))
+    assert client.reads["most"] == 3
+    assert sorted(client.of("delete")) == [(RESOURCE_CLAIMS, "t", f"{n}-gpus", f"uid-{n}", "5")
+                                           for n in names]
+    assert keeper.claims.claims_deleted == 5
+
+
 async def test_H1_a_claim_whose_vmi_the_live_read_finds_is_not_deleted():
     client = ScriptedClient()
     client.script("get", {"metadata": {"name": "vm", "uid": "u1"}})   # the cache was behind
