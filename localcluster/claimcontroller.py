@@ -65,7 +65,9 @@ class ClaimController:
     def __init__(self, cp: ControlPlane, directory: Path | None = None,
                  start_timeout: float = 30.0) -> None:
         self.cp = cp
-        self.dir = Path(directory or cp.dir)
+        # absolute: the process runs in this folder (spawn_logged's cwd), so a relative path
+        # in its arguments would be looked up under itself
+        self.dir = Path(directory or cp.dir).resolve()
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
         self._log_from = 0

@@ -122,7 +122,9 @@ class LocalCluster:
         self.cp = control_plane or ControlPlane()
         self.n = controllers
         self.controller_args = tuple(controller_args)
-        self.log_dir = Path(log_dir) if log_dir else None
+        # absolute: the replicas run in the source tree (cwd REPO_ROOT), the harness's processes in
+        # their log folders, and each is given paths under this one
+        self.log_dir = Path(log_dir).resolve() if log_dir else None
         self.replicas: list[Replica] = []
         self.webhook_port = 0
         self.service_account = service_account

@@ -145,7 +145,8 @@ class KubeVirt:
         self.scheduler_profiles = tuple(scheduler_profiles)
         self.bins = bins or find_kubevirt_binaries()
         self.permitted = tuple(permitted)
-        self.dir = Path(log_dir) if log_dir else cp.dir / "kubevirt"
+        # absolute: each process runs in this folder (spawn_logged's cwd) and is given paths in it
+        self.dir = (Path(log_dir) if log_dir else cp.dir / "kubevirt").resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.start_timeout = start_timeout
         self.procs: dict[str, subprocess.Popen] = {}
