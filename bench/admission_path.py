@@ -43,7 +43,8 @@ import anyio
 import orjson
 
 from actors.heap import restore_heap, settle_heap
-from bench.common import Benchmark, commit, machine
+from bench.common import (Benchmark, at_least, commit, file_path, finite_at_least, ints_at_least,
+                          machine, modes)
 
 SETTLE = 0.5
 """Seconds of loop time after a sample's last write for the leader's loops (their 0.2 s
@@ -481,32 +482,38 @@ def _quiet() -> None:
 
 
 def _arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--nodes", default="100,1000", help="fleet sizes, comma-separated "
-                    "(default: %(default)s)")
+    ap.add_argument("--nodes", default="100,1000", help="fleet sizes, comma-separated, each at "
+                    "least 1 (default: %(default)s)")
     ap.add_argument("--sets", default="0,600", help="running VMIs populated at each size, "
                     "comma-separated (default: %(default)s)")
-    ap.add_argument("--modes", default="device,count", help="(default: %(default)s)")
-    ap.add_argument("--samples", type=int, default=30, help="quiet admissions per point "
+    ap.add_argument("--modes", default="device,count", help="count and/or device, "
+                    "comma-separated (default: %(default)s)")
+    ap.add_argument("--samples", type=at_least(1), default=30, help="quiet admissions per point "
                     "(default: %(default)s)")
-    ap.add_argument("--settle", type=float, default=SETTLE, help="seconds after each sample "
-                    "(default: %(default)s)")
+    ap.add_argument("--settle", type=finite_at_least(0), default=SETTLE, help="seconds after "
+                    "each sample (default: %(default)s)")
     ap.add_argument("--bare", action="store_true", help="the running VMIs have no "
                     "VirtualMachine (as bench scale and bench floor make them)")
-    ap.add_argument("--profile", type=int, default=0, help="cProfile the N-th point (1-based; "
-                    "0: none)")
-    ap.add_argument("--profile-out", type=Path, default=Path("admission_path.prof"))
-    ap.add_argument("--out", type=Path, help="also write the figures to this JSON file")
+    ap.add_argument("--profile", type=at_least(0), default=0, help="cProfile the N-th point "
+                    "(1-based; 0: none)")
+    ap.add_argument("--profile-out", type=file_path, default=Path("admission_path.prof"),
+                    help="where --profile's stats go (default: %(default)s)")
+    ap.add_argument("--out", type=file_path, help="also write the figures to this JSON file")
 
 
 def _run(args: argparse.Namespace) -> int:
+    # every value checked before the first point is built (BadArgs: one line, exit 2)
+    point_modes = modes(args.modes)
+    sizes = ints_at_least(args.nodes, "--nodes", 1)
+    fills = ints_at_least(args.sets, "--sets", 0)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     load_before = os.getloadavg()
     _quiet()
     rows = []
     n = 0
-    for mode in args.modes.split(","):
-        for nodes in (int(x) for x in args.nodes.split(",")):
-            for sets in (int(x) for x in args.sets.split(",")):
+    for mode in point_modes:
+        for nodes in sizes:
+            for sets in fills:
                 n += 1
                 prof = cProfile.Profile() if args.profile == n else None
                 row = measure(nodes, mode, sets, args.samples, args.settle, prof, vms=not args.bare)

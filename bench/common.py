@@ -16,6 +16,7 @@ import sys
 import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Awaitable, Callable
 
 import anyio
@@ -71,6 +72,40 @@ def at_least(minimum: int):
         return value
     parse.__name__ = f"integer >= {minimum}"
     return parse
+
+
+def finite_at_least(minimum: float):
+    """An argparse type: a finite float >= `minimum` (nan, inf and less are a clear usage
+    error, exit 2)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value) or value < minimum:
+            raise argparse.ArgumentTypeError(f"takes a finite number >= {minimum:g}, got {text!r}")
+        return value
+    parse.__name__ = f"number >= {minimum:g}"
+    return parse
+
+
+def file_path(text: str) -> Path:
+    """An argparse type: a non-empty path (an empty one would name the working directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("takes a path, got ''")
+    return Path(text)
+
+
+def ints_at_least(text: str, flag: str, minimum: int) -> tuple[int, ...]:
+    """A comma-separated list of integers >= `minimum` given to `flag`. Raises BadArgs."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < minimum:
+        raise BadArgs(f"gpu-binder bench: {flag} takes integers >= {minimum} separated by commas, "
+                      f"got {text!r}")
+    return values
 
 
 def add_out(p: argparse.ArgumentParser) -> None:

@@ -46,7 +46,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from bench.common import commit, machine
+from bench.common import at_least, commit, file_path, finite_at_least, machine
 from bench.contention_metrics import LaneLog, Run, Wait, max_wait_censored
 from bench.contention_trace import PRIORITY, CSet, CTrace, make_trace
 from model.decide import apply_decision
@@ -311,11 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     line keeping its reservations and choosing them afresh, against the line off; prints
     each seed and the summaries, and with `--out` writes `line-replay.json` there."""
     p = argparse.ArgumentParser(prog="python -m bench.line_replay", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, default=20, help="how many seeds (default 20)")
+    p.add_argument("--seeds", type=at_least(1), default=20, help="how many seeds (default 20)")
     p.add_argument("--first-seed", type=int, default=1, help="the first seed (default 1, bench contention's)")
-    p.add_argument("--reserve-after", type=float, action="append",
+    p.add_argument("--reserve-after", type=finite_at_least(0), action="append",
                    help="line.reserveAfter (s), repeatable (default: 300 and 30)")
-    p.add_argument("--out", type=Path, help="folder for line-replay.json")
+    p.add_argument("--out", type=file_path, help="folder for line-replay.json")
     a = p.parse_args(argv)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     load_before = list(os.getloadavg())

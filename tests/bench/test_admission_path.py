@@ -38,3 +38,31 @@ def test_a_small_run_admits_every_sample_through_the_webhook_and_the_binder(mode
         assert calls["create resourceclaims"] == 4 and row["records"] == row["gpudevices"] + 4
     else:
         assert "create resourceclaims" not in calls and row["records"] == 0
+
+
+# -- the command line: a refused value is one line and exit 2, before any point is built -----
+
+from bench import admission_path  # noqa: E402
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--nodes", "0"], "--nodes"), (["--nodes", "-1"], "--nodes"), (["--nodes", "nan"], "--nodes"),
+    (["--nodes", ""], "--nodes"), (["--sets", "-1"], "--sets"), (["--sets", "x"], "--sets"),
+    (["--modes", "foo"], "--modes"), (["--modes", ""], "--modes"),
+    (["--samples", "0"], "--samples"), (["--settle", "nan"], "--settle"),
+    (["--settle", "inf"], "--settle"), (["--settle", "-1"], "--settle"),
+    (["--profile", "-1"], "--profile"), (["--out", ""], "--out"),
+])
+def test_cli_refuses_bad_values(argv, says, capsys, monkeypatch):
+    # on the old code each of these ended in a traceback (ValueError, StatisticsError,
+    # IsADirectoryError), ran nothing and exited 0 (--modes foo, --nodes 0) or slept forever
+    monkeypatch.setattr(admission_path, "measure",
+                        lambda *a, **k: pytest.fail("measured a refused value"))
+    try:
+        code = admission_path.BENCHMARK.main(argv)
+    except SystemExit as exc:      # argparse's own refusal
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert says in err.strip().splitlines()[-1]        # the error is the last line (after usage)

@@ -79,3 +79,26 @@ def test_summary_of_ratios():
     s = summary(rs)
     assert s["ratios"] == 3 and s["median"] == 0.5 and s["min"] == 0.25 and s["max"] == 0.75
     assert s["met"] == 2 and s["median_with_line_s"] == 200.0 and s["median_without_line_s"] == 400.0
+
+
+# -- the command line: a refused value is one line and exit 2, before any replay -------------
+
+import pytest  # noqa: E402
+
+from bench import line_replay  # noqa: E402
+
+
+@pytest.mark.parametrize("argv", [
+    ["--seeds", "0"], ["--seeds", "-1"],
+    ["--reserve-after", "nan"], ["--reserve-after", "inf"], ["--reserve-after", "-1"],
+    ["--out", ""],
+])
+def test_cli_refuses_bad_values(argv, capsys, monkeypatch):
+    # on the old code: --seeds 0/-1 printed empty summaries and exited 0, --reserve-after
+    # nan/inf/-1 ended in a traceback, --out '' wrote line-replay.json into the working directory
+    monkeypatch.setattr(line_replay, "trace_of", lambda seed: pytest.fail("replayed a refused value"))
+    with pytest.raises(SystemExit) as exc:
+        line_replay.main([*argv, "--seeds" if argv[0] != "--seeds" else "--first-seed", "1"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[0]}:" in err and "Traceback" not in err
