@@ -668,9 +668,14 @@ def _run(args: argparse.Namespace) -> int:
             raise BadArgs(f"gpu-binder bench: --drain takes finite seconds >= 0, got {args.drain}")
         plan = replace(plan, drain=args.drain)
     if args.reserve_after is not None:
+        from k8s.config import MAX_SECONDS
+
         if not 0 <= args.reserve_after < math.inf:
             raise BadArgs(f"gpu-binder bench: --reserve-after takes finite seconds >= 0, got "
                           f"{args.reserve_after}")
+        if args.reserve_after > MAX_SECONDS:   # the controller would refuse it after the cluster started
+            raise BadArgs(f"gpu-binder bench: --reserve-after takes at most {MAX_SECONDS:g} seconds "
+                          f"(the controller's --line-reserve-after), got {args.reserve_after:g}")
         plan = replace(plan, reserve_after=args.reserve_after)
     lanes = run_lanes(args.lanes, quick=args.quick)
     out = Path(args.out)

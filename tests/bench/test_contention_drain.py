@@ -227,3 +227,12 @@ def test_a_drain_or_delay_not_finite_and_non_negative_is_refused(capsys, flag, g
     """A newcomer's find: nan passed (the drain's loop then spins with no cap), inf too."""
     assert contention.BENCHMARK.main([flag, given]) == 2
     assert f"{flag} takes finite seconds >= 0" in capsys.readouterr().err
+
+
+def test_reserve_after_beyond_the_controllers_bound_is_refused(capsys, monkeypatch):
+    """A newcomer's find: 1e12 passed the bench's check, then every binder replica would stop
+    with exit 2 ('--line-reserve-after: must be a finite number of seconds of at most 1e+09')
+    after the cluster had started."""
+    monkeypatch.setattr(contention, "run", lambda *a, **k: pytest.fail("ran a refused value"))
+    assert contention.BENCHMARK.main(["--reserve-after", "1e12"]) == 2
+    assert "--reserve-after takes at most 1e+09 seconds" in capsys.readouterr().err
