@@ -37,7 +37,7 @@ from typing import Any, Awaitable, Callable
 
 import anyio
 
-from bench.common import Benchmark, at_least, commit, machine
+from bench.common import Benchmark, at_least, commit, file_path, machine
 from bench.proc_cpu import cpu_seconds
 from model.types import GROUP, VERSION
 
@@ -154,7 +154,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--via", type=_ways, default=WAYS,
                    help=f"ways of calling, comma-separated, of {', '.join(WAYS)} "
                         "(default: both)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=file_path, default=None,
                    help="also write the report to this JSON file (default: none)")
 
 

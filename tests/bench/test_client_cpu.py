@@ -15,7 +15,9 @@ def test_the_ways_are_a_subset_of_the_known_ones():
 
 
 @pytest.mark.parametrize("argv", [["--via", "urllib3"], ["--via", ","], ["--calls", "0"],
-                                  ["--rounds", "0"], ["--concurrency", "0"]])
+                                  ["--rounds", "0"], ["--concurrency", "0"],
+                                  # '' named the working directory: IsADirectoryError after the run
+                                  ["--out", ""]])
 def test_refused_flags_exit_2_before_anything_starts(argv, capsys):
     with pytest.raises(SystemExit) as out:
         BENCHMARK.main(argv)
