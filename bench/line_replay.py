@@ -309,7 +309,8 @@ def summary(results: list[SeedResult]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """The CLI (module docstring): for each `--reserve-after`, the seeds replayed with the
     line keeping its reservations and choosing them afresh, against the line off; prints
-    each seed and the summaries, and with `--out` writes `line-replay.json` there."""
+    each variant's summary over the seeds (each seed's figures are in the JSON), and with
+    `--out` writes `line-replay.json` there."""
     p = argparse.ArgumentParser(prog="python -m bench.line_replay", description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=at_least(1), default=20, help="how many seeds (default 20)")
     p.add_argument("--first-seed", type=int, default=1, help="the first seed (default 1, bench contention's)")
