@@ -74,6 +74,20 @@ def at_least(minimum: int):
     return parse
 
 
+def int_between(minimum: int, maximum: int):
+    """An argparse type: an int in [`minimum`, `maximum`] (a clear usage error, exit 2,
+    otherwise): for counts whose every unit costs a run's time or memory up front."""
+    at_min = at_least(minimum)
+
+    def parse(text: str) -> int:
+        value = at_min(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
+        return value
+    parse.__name__ = f"integer in [{minimum}, {maximum}]"
+    return parse
+
+
 def finite_at_least(minimum: float):
     """An argparse type: a finite float >= `minimum` (nan, inf and less are a clear usage
     error, exit 2)."""

@@ -46,7 +46,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from bench.common import at_least, commit, file_path, finite_at_least, machine
+from bench.common import commit, file_path, finite_at_least, int_between, machine
 from bench.contention_metrics import LaneLog, Run, Wait, max_wait_censored
 from bench.contention_trace import PRIORITY, CSet, CTrace, make_trace
 from model.decide import apply_decision
@@ -69,6 +69,7 @@ NS = "ct"
 CLASS = "gpu"
 RESOURCE = "nvidia.com/gpu"
 GPUS = 8
+MAX_SEEDS = 1000   # seeds a run takes: each trace is built up front, and a seed replays in ~4 s
 
 
 @dataclass(frozen=True)
@@ -312,7 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     each variant's summary over the seeds (each seed's figures are in the JSON), and with
     `--out` writes `line-replay.json` there."""
     p = argparse.ArgumentParser(prog="python -m bench.line_replay", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=at_least(1), default=20, help="how many seeds (default 20)")
+    p.add_argument("--seeds", type=int_between(1, MAX_SEEDS), default=20,
+                   help=f"how many seeds, at most {MAX_SEEDS} (every seed's trace is built "
+                        f"first; default 20)")
     p.add_argument("--first-seed", type=int, default=1, help="the first seed (default 1, bench contention's)")
     p.add_argument("--reserve-after", type=finite_at_least(0), action="append",
                    help="line.reserveAfter (s), repeatable (default: 300 and 30)")

@@ -89,7 +89,7 @@ from bench import line_replay  # noqa: E402
 
 
 @pytest.mark.parametrize("argv", [
-    ["--seeds", "0"], ["--seeds", "-1"],
+    ["--seeds", "0"], ["--seeds", "-1"], ["--seeds", "1001"], ["--seeds", "99999999999"],
     ["--reserve-after", "nan"], ["--reserve-after", "inf"], ["--reserve-after", "-1"],
     ["--out", ""],
 ])
