@@ -43,8 +43,8 @@ import anyio
 import orjson
 
 from actors.heap import restore_heap, settle_heap
-from bench.common import (Benchmark, at_least, commit, file_path, finite_at_least, ints_at_least,
-                          machine, modes)
+from bench.common import (Benchmark, at_least, file_path, finite_at_least, ints_at_least, modes,
+                          rows_report)
 
 SETTLE = 0.5
 """Seconds of loop time after a sample's last write for the leader's loops (their 0.2 s
@@ -528,12 +528,7 @@ def _run(args: argparse.Namespace) -> int:
                 if prof is not None:
                     prof.dump_stats(str(args.profile_out))
                     pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
-    report = {"benchmark": "admission_path", "commit": commit(), "started": started,
-              "machine": machine(), "load_before": [round(x, 2) for x in load_before],
-              "load_after": [round(x, 2) for x in os.getloadavg()], "rows": rows}
-    print(f"load {report['load_before']} -> {report['load_after']}")
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    rows_report("admission_path", started, load_before, rows, args.out)
     return 0
 
 

@@ -505,3 +505,19 @@ async def mode_fleet(fleet, nodes: int, modes: tuple[str, ...], *, res: str,
         for mode in modes:
             for i in range(nodes):
                 tg.start_soon(make, mode, i)
+
+
+def rows_report(benchmark: str, started: str, load_before: tuple[float, ...], rows: list,
+                out: "Path | None") -> dict:
+    """The report of a benchmark that measures `rows` in this process (no cluster): its
+    name, commit, start time (ISO, UTC), machine, the load before and now, and the rows;
+    printed load line, written as JSON to `out` when given. Returns the report."""
+    import json
+
+    report = {"benchmark": benchmark, "commit": commit(), "started": started,
+              "machine": machine(), "load_before": [round(x, 2) for x in load_before],
+              "load_after": [round(x, 2) for x in os.getloadavg()], "rows": rows}
+    print(f"load {report['load_before']} -> {report['load_after']}")
+    if out:
+        out.write_text(json.dumps(report, indent=1) + "\n")
+    return report

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import statistics
@@ -41,7 +40,7 @@ from pathlib import Path
 
 import anyio
 
-from bench.common import Benchmark, commit, machine
+from bench.common import Benchmark, rows_report
 
 GPUS = 8
 SIZES = ((1, 0.5), (2, 0.25), (4, 0.15), (8, 0.10))
@@ -344,12 +343,7 @@ def _run(args: argparse.Namespace) -> int:
                       f"{s} {row[s]['cpu_ms_median']} ms CPU (max {row[s]['cpu_ms_max']}), "
                       f"longest stretch {row[s]['longest_stretch_ms']} ms"
                       for s in ("quiet", "churn", "sweep")), flush=True)
-    report = {"benchmark": "housekeeping_cost", "commit": commit(), "started": started,
-              "machine": machine(), "load_before": [round(x, 2) for x in load_before],
-              "load_after": [round(x, 2) for x in os.getloadavg()], "rows": rows}
-    print(f"load {report['load_before']} -> {report['load_after']}")
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    rows_report("housekeeping_cost", started, load_before, rows, args.out)
     return 0
 
 
