@@ -11,9 +11,15 @@ DeviceTaintRule body the soak writes (`taint_rule`).
 - *missing claim*: a VMI the soak holds as admitted (its set placed) whose claim, named in its
   `spec.resourceClaims`, is not in the API (DR5: an admitted device-mode set is its claim);
 - *tainted placement*: a Bound GPUDevice whose recorded device (`status.device`) a
-  DeviceTaintRule of the soak's (NoSchedule or NoExecute) selected, its request made more than
-  `taint_grace` s after the rule was made and before it was removed (HL1, DR2: a tainted
-  device is never placed on);
+  DeviceTaintRule of the soak's (NoSchedule or NoExecute) selected for the whole of the
+  placement's window: made more than `taint_grace` s before the window opened, removed after
+  it closed (HL1, DR2: a tainted device is never placed on). The API holds no decision time,
+  so each placement (a device, its record, its request, its `boundAt`) gets a window when a
+  read first shows it (`placement_windows`): from its request's `requestedAt` (a move or a
+  re-point, which have no request: the read before) to its `boundAt` when that is later (the
+  binder stamps it after deciding), else to the read that showed it. A rule made or removed
+  inside the window is *unsure*, reported beside the violations, not among them: a leader
+  elected during an API outage may answer a request made 10 s earlier, after the rule went;
 - *device budget*: a tenant's Bound devices of the device class over its quota (DR1).
 """
 
@@ -21,7 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Iterable
 
 from localcluster.invariants import Violation
@@ -145,30 +151,71 @@ def check_claims(claims: list[dict], vmis: list[dict], settled: Iterable[tuple[s
     return out
 
 
-def check_taints(devices: list[dict], taints: Iterable[Taint], *,
-                 grace: float) -> list[Violation]:
-    """Placements on a device under one of `taints` (see the module): a Bound GPUDevice of
-    `devices` whose `status.device` is a taint's device and whose `bindRequest.requestedAt`
-    is more than `grace` s after the taint was made and before it was removed. Pure."""
+Window = tuple[datetime, datetime]
+"""When a placement was decided: not before the first, not after the second (aware UTC)."""
+
+
+def _placement_key(d: dict) -> tuple | None:
+    """What identifies one placement of Bound GPUDevice `d`: (namespace, name, recorded device,
+    request id, boundAt); None when `d` is not Bound with a record."""
+    st = d.get("status") or {}
+    ref = _ref(st)
+    if st.get("phase") != "Bound" or ref is None:
+        return None
+    return (d["metadata"]["namespace"], d["metadata"]["name"], ref,
+            (st.get("bindRequest") or {}).get("id"), st.get("boundAt"))
+
+
+def placement_windows(devices: list[dict], windows: dict[tuple, Window], now: datetime,
+                      previous: datetime | None) -> None:
+    """Give each placement of `devices` that `windows` lacks its window (see the module), in
+    place: `now` the time of this read, `previous` of the read before (None: this is the
+    first). A request's `requestedAt` opens it (else `previous`, else `boundAt`, else `now`);
+    `boundAt`, when not before the opening, closes it, else `now`. Pure but for `windows`."""
+    for d in devices:
+        key = _placement_key(d)
+        if key is None or key in windows:
+            continue
+        st = d["status"]
+        asked = _time((st.get("bindRequest") or {}).get("requestedAt"))
+        bound = _time(st.get("boundAt"))
+        lo = asked or previous or bound or now
+        windows[key] = (lo, bound if bound is not None and lo <= bound <= now else now)
+
+
+def check_taints(devices: list[dict], taints: Iterable[Taint], windows: dict[tuple, Window],
+                 *, grace: float) -> tuple[list[Violation], list[dict]]:
+    """Placements on a device under one of `taints` (see the module), each judged on its
+    window from `windows` (`placement_windows`; a placement without one is not judged):
+    the violations, and the unsure ones as {device, record, rule, effect, window, rule's
+    times} (ISO 8601). Pure."""
     by_ref: dict[tuple, list[Taint]] = {}
     for t in taints:
         by_ref.setdefault(t.ref, []).append(t)
-    out = []
+    out: list[Violation] = []
+    unsure: list[dict] = []
     for d in devices:
-        st = d.get("status") or {}
-        ref = _ref(st)
-        if st.get("phase") != "Bound" or ref not in by_ref:
+        key = _placement_key(d)
+        if key is None or key[2] not in by_ref or key not in windows:
             continue
-        at = _time((st.get("bindRequest") or {}).get("requestedAt"))
-        if at is None:
-            continue
+        lo, hi = windows[key]
+        ns, name, ref = key[0], key[1], key[2]
         for t in by_ref[ref]:
-            if (at - t.made).total_seconds() > grace and (t.removed is None or at < t.removed):
-                out.append(DeviceViolation(TAINTED_PLACEMENT, ("GPUDevice", d["metadata"]["namespace"],
-                                                         d["metadata"]["name"], t.name),
-                                     f"{'/'.join(ref)} placed at {at.isoformat()}, under "
-                                     f"{t.effect} rule {t.name} since {t.made.isoformat()}"))
-    return out
+            live_from = t.made + timedelta(seconds=grace)
+            if live_from >= hi or (t.removed is not None and t.removed <= lo):
+                continue        # the rule was not live (past its grace) in the window
+            if live_from < lo and (t.removed is None or t.removed > hi):
+                out.append(DeviceViolation(TAINTED_PLACEMENT, ("GPUDevice", ns, name, t.name),
+                                           f"{'/'.join(ref)} placed in {lo.isoformat()} .. "
+                                           f"{hi.isoformat()}, under {t.effect} rule {t.name} "
+                                           f"since {t.made.isoformat()}"))
+            else:
+                unsure.append({"device": f"{ns}/{name}", "record": "/".join(ref),
+                               "rule": t.name, "effect": t.effect,
+                               "window": [lo.isoformat(), hi.isoformat()],
+                               "made": t.made.isoformat(),
+                               "removed": t.removed and t.removed.isoformat()})
+    return out, unsure
 
 
 def check_budgets(devices: list[dict], quotas: dict[str, int], cls: str) -> list[Violation]:

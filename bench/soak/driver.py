@@ -123,6 +123,12 @@ class Soak:
         self.evictions: list[dict] = []
         # (t s, claims, of them without their VMI, the oldest of those s) per sample
         self.claims_seen: list[tuple[float, int, int, float]] = []
+        # each placement's window (`dev.placement_windows`), the time of the read before,
+        # and the placements on a soak-tainted device that no window can judge, by (device,
+        # rule)
+        self.windows: dict[tuple, dev.Window] = {}
+        self.read_before: datetime | None = None
+        self.taint_unsure: dict[tuple[str, str], dict] = {}
 
     def now(self) -> float:
         """Seconds since the churn started."""
@@ -523,6 +529,7 @@ class Soak:
     # -- sampling ----------------------------------------------------------------------
     async def _sample(self, final: bool = False) -> list[inv.Violation] | None:
         before = set(self.admitted)
+        started = datetime.now(timezone.utc)
         try:
             snap = (await inv.snapshot(self.api, pods=final)).within(self.spec.prefix)
         except Exception:   # noqa: BLE001 — the API server restarting: no sample this time
@@ -530,17 +537,18 @@ class Soak:
             return None
         got, self.victims = judge(snap, before, self.admitted, self.deleted, self.victims, final)
         if self.spec.mode == "device":
-            more = await self._device_checks(snap, before & self.admitted, final)
+            more = await self._device_checks(snap, before & self.admitted, final, started)
             if more is None:
                 return None
             got += more
         return got
 
     async def _device_checks(self, snap: inv.Snapshot, settled: set[tuple[str, str]],
-                             final: bool) -> list[inv.Violation] | None:
-        """Device mode's checks on `snap` (`bench.soak.device`): orphan and missing claims
-        (the claims read after `snap`, so a claim made meanwhile is seen), placements on the
-        soak's tainted devices, tenants' device budgets; None when the claims' read
+                             final: bool, started: datetime) -> list[inv.Violation] | None:
+        """Device mode's checks on `snap` (`bench.soak.device`), a read begun at `started`:
+        orphan and missing claims (the claims read after `snap`, so a claim made meanwhile is
+        seen), placements on the soak's tainted devices (each judged on its window, which
+        the reads' times bound), tenants' device budgets; None when the claims' read
         failed."""
         try:
             claims = await dev.read_claims(self.api, self.spec.prefix)
@@ -552,10 +560,17 @@ class Soak:
         self.claims_seen.append((round(self.now(), 1), len(claims), len(ages),
                                  round(max(ages, default=0.0), 1)))
         s = self.spec
+        dev.placement_windows(snap.devices, self.windows, now, self.read_before)
+        self.read_before = started
+        tainted, unsure = dev.check_taints(snap.devices, self.taints.values(), self.windows,
+                                           grace=s.taint_grace)
+        for u in unsure:
+            if (u["device"], u["rule"]) not in self.taint_unsure:
+                self.taint_unsure[(u["device"], u["rule"])] = u
+                self.log(f"soak: placement on a tainted device, unsure t={self.now():.0f}s: {u}")
         return (dev.check_claims(claims, snap.vmis, settled, self.deleted_at,
                                  datetime.now(timezone.utc), grace=s.claim_grace, final=final)
-                + dev.check_taints(snap.devices, self.taints.values(), grace=s.taint_grace)
-                + dev.check_budgets(snap.devices, self.device_budgets, s.cls_name))
+                + tainted + dev.check_budgets(snap.devices, self.device_budgets, s.cls_name))
 
     async def sampler(self) -> None:
         """While churning, check the invariants every `check_every` s (violations tallied

@@ -163,7 +163,7 @@ def soak_report(soak) -> dict:
         "heap_over_steady": heap_change(heap_reports(
             [r.log_path for r in soak.lc.replicas])),
         **({"device": {**device_part(soak.tally.by_kind(), soak.counts, soak.evictions,
-                                     soak.claims_seen),
+                                     soak.claims_seen, list(soak.taint_unsure.values())),
                        "taint_rules": [{"name": t.name, "device": "/".join(t.ref),
                                         "effect": t.effect, "made": t.made.isoformat(),
                                         "removed": t.removed and t.removed.isoformat()}
@@ -184,20 +184,24 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 
 def device_part(by_kind: dict[str, int], counts: dict, evictions: list[dict],
-                claims_seen: list[tuple[float, int, int, float]]) -> dict:
+                claims_seen: list[tuple[float, int, int, float]],
+                unsure: list[dict] = ()) -> dict:
     """Device mode's figures: each of DEVICE_KINDS' distinct violations (`by_kind`, 0 when
     absent), the DeviceTaintRules made and removed (`counts`: taints_NoSchedule,
     taints_NoExecute, untaints; NoExecute skipped with no running VMI, or with no record),
     the NoExecute evictions ([{at, vmi, device, evicted, evicted_s}]: how many the eviction
     controller carried out, p50/p99/max seconds from the rule to the launcher Pod gone, those
     not seen gone), and our claims per sample ((t, claims, without their VMI, the oldest of
-    those s): min, max, last; the most without their VMI, and the oldest, s). Pure."""
+    those s): min, max, last; the most without their VMI, and the oldest, s), and the
+    placements on a tainted device that their windows cannot judge (`unsure`,
+    `bench.soak.device.check_taints`: not violations, listed). Pure."""
     done = [e["evicted_s"] for e in evictions if e["evicted"]]
     return {
         "violations": {k: by_kind.get(k, 0) for k in DEVICE_KINDS},
         "taints": {k: counts.get(k, 0) for k in ("taints_NoSchedule", "taints_NoExecute",
                                                    "untaints", "noexecute_skipped",
                                                    "noexecute_no_record")},
+        "tainted_unsure": {"count": len(unsure), "placements": list(unsure)[:20]},
         "evictions": {"asked": len(evictions), "evicted": len(done),
                       "not_evicted": [e for e in evictions if not e["evicted"]][:20],
                       "p50_s": _pct(done, .5), "p99_s": _pct(done, .99),
@@ -350,7 +354,8 @@ def summary(report: dict) -> list[str]:
                else "")
             for h in report.get("heap_over_steady", [])] + ([
             f"device mode: violations {report['device']['violations']}, taints "
-            f"{report['device']['taints']}, NoExecute evictions "
+            f"{report['device']['taints']} (placements their windows cannot judge: "
+            f"{report['device'].get('tainted_unsure', {}).get('count', 0)}), NoExecute evictions "
             f"{report['device']['evictions']['evicted']}/{report['device']['evictions']['asked']}"
             f" (p50 {report['device']['evictions']['p50_s']} s, p99 "
             f"{report['device']['evictions']['p99_s']} s), claims of ours "

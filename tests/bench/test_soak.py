@@ -344,37 +344,102 @@ def test_claims_orphan_after_the_grace_and_missing_for_an_admitted_vmi():
     assert sorted(orphan_ages(claims, vmis, deleted, now)) == [30.0, 200.0]
 
 
-def _bound(ns: str, name: str, device: str, at: datetime, phase: str = "Bound") -> dict:
+def _bound(ns: str, name: str, device: str, at: datetime | None, phase: str = "Bound",
+           bound: datetime | None = None) -> dict:
+    """A GPUDevice recording `device`; its request made `at` (None: no request, as after a
+    move), `boundAt` `bound`."""
+    st = {"phase": phase, "device": {"driver": "gpu.nvidia.com", "pool": "n1", "device": device}}
+    if at is not None:
+        st["bindRequest"] = {"id": f"r-{name}", "requestedAt": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    if bound is not None:
+        st["boundAt"] = bound.strftime("%Y-%m-%dT%H:%M:%SZ")
     return {"metadata": {"namespace": ns, "name": name}, "spec": {"class": "soak-hgx"},
-            "status": {"phase": phase,
-                       "device": {"driver": "gpu.nvidia.com", "pool": "n1", "device": device},
-                       "bindRequest": {"requestedAt": at.strftime("%Y-%m-%dT%H:%M:%SZ")}}}
+            "status": st}
 
 
 def test_a_placement_on_a_tainted_device_after_the_grace_and_before_removal_is_a_violation():
-    from bench.soak.device import TAINTED_PLACEMENT, Taint, check_budgets, check_taints
+    from bench.soak.device import (TAINTED_PLACEMENT, Taint, check_budgets, check_taints,
+                                   placement_windows)
 
     ref = ("gpu.nvidia.com", "n1", "gpu-vfio-3")
     taints = [Taint("r1", ref, "NoSchedule", T0, T0 + timedelta(seconds=90)),
               Taint("r2", ("gpu.nvidia.com", "n1", "gpu-vfio-5"), "NoExecute", T0)]
     s = timedelta(seconds=1)
-    devices = [_bound("t", "before", "gpu-vfio-3", T0 - 60 * s),      # placed before: kept
-               _bound("t", "in-grace", "gpu-vfio-3", T0 + 10 * s),    # the binder's lag
-               _bound("t", "placed", "gpu-vfio-3", T0 + 40 * s),      # a violation
-               _bound("t", "after", "gpu-vfio-3", T0 + 95 * s),       # the rule removed
+    devices = [_bound("t", "before", "gpu-vfio-3", T0 - 60 * s, bound=T0 - 59 * s),  # kept
+               _bound("t", "in-grace", "gpu-vfio-3", T0 + 10 * s, bound=T0 + 11 * s),  # lag
+               _bound("t", "placed", "gpu-vfio-3", T0 + 40 * s, bound=T0 + 41 * s),   # violation
+               _bound("t", "after", "gpu-vfio-3", T0 + 95 * s, bound=T0 + 96 * s),    # removed
                _bound("t", "pending", "gpu-vfio-3", T0 + 40 * s, phase="Pending"),
-               _bound("t", "other", "gpu-vfio-4", T0 + 40 * s),
-               _bound("u", "still", "gpu-vfio-5", T0 + 500 * s)]      # NoExecute, never removed
-    got = check_taints(devices, taints, grace=15)
+               _bound("t", "other", "gpu-vfio-4", T0 + 40 * s, bound=T0 + 41 * s),
+               _bound("u", "still", "gpu-vfio-5", T0 + 500 * s, bound=T0 + 501 * s)]  # NoExecute
+    windows: dict = {}
+    placement_windows(devices, windows, T0 + 600 * s, None)
+    got, unsure = check_taints(devices, taints, windows, grace=15)
     assert [(v.kind, v.obj) for v in got] == [
         (TAINTED_PLACEMENT, ("GPUDevice", "t", "placed", "r1")),
         (TAINTED_PLACEMENT, ("GPUDevice", "u", "still", "r2"))]
+    assert unsure == []
     assert got[0].item == "HL1" and "NoSchedule rule r1" in got[0].message
     # device budgets: t holds 5 Bound devices of the class (the Pending one not counted)
     assert check_budgets(devices, {"t": 5, "u": 1}, "soak-hgx") == []
     over = check_budgets(devices, {"t": 4, "u": 1}, "soak-hgx")
     assert [(v.obj, v.item) for v in over] == [(("Namespace", "", "t", "soak-hgx"), "3b.DR1")]
     assert "5 Bound devices" in over[0].message
+
+
+def test_a_placement_decided_after_the_rule_went_is_not_a_violation():
+    """The device soak's run of 2026-12-07 04:11: a leader elected during the API server's
+    restart decided at 04:22:11 a request made at 04:21:57, on a device whose rule went at
+    04:22:09 (its boundAt says so); a held set, re-admitted, whose boundAt is older than its
+    request, is judged up to the read that first showed it."""
+    from bench.soak.device import Taint, check_taints, placement_windows
+
+    s = timedelta(seconds=1)
+    made = T0
+    taints = [Taint("r19", ("gpu.nvidia.com", "n1", "gpu-vfio-4"), "NoExecute", made,
+                    made + 89 * s),
+              Taint("r20", ("gpu.nvidia.com", "n1", "gpu-vfio-0"), "NoExecute", made,
+                    made + 92 * s)]
+    fresh = _bound("t01", "vm00695", "gpu-vfio-4", made + 77 * s, bound=made + 91 * s)
+    held = _bound("t08", "idle00368", "gpu-vfio-0", made + 91 * s, bound=made - 900 * s)
+    windows: dict = {}
+    placement_windows([fresh, held], windows, made + 102 * s, made + 80 * s)
+    got, unsure = check_taints([fresh, held], taints, windows, grace=15)
+    assert got == []
+    assert [(u["device"], u["rule"], u["window"]) for u in unsure] == [
+        ("t01/vm00695", "r19", [(made + 77 * s).isoformat(), (made + 91 * s).isoformat()]),
+        ("t08/idle00368", "r20", [(made + 91 * s).isoformat(), (made + 102 * s).isoformat()])]
+    # the same records held the whole time the rules were live: violations
+    early = {k: (made + 20 * s, made + 21 * s) for k in windows}
+    got, unsure = check_taints([fresh, held], taints, early, grace=15)
+    assert sorted(v.obj[2] for v in got) == ["idle00368", "vm00695"] and unsure == []
+
+
+def test_a_move_or_a_re_point_is_judged_from_the_read_before():
+    """A move (D2) has no request: its window opens at the read before and closes at its
+    boundAt; a re-point within the node keeps its boundAt, so it closes at the read that
+    showed it. A window opened by the read before a rule's grace ended is unsure."""
+    from bench.soak.device import TAINTED_PLACEMENT, Taint, check_taints, placement_windows
+
+    s = timedelta(seconds=1)
+    ref = ("gpu.nvidia.com", "n1", "gpu-vfio-2")
+    taints = [Taint("r", ref, "NoSchedule", T0)]
+    moved = _bound("t", "moved", "gpu-vfio-2", None, bound=T0 + 50 * s)
+    windows: dict = {}
+    placement_windows([moved], windows, T0 + 60 * s, T0 + 45 * s)
+    assert windows[("t", "moved", ref, None, (T0 + 50 * s).strftime("%Y-%m-%dT%H:%M:%SZ"))] \
+        == (T0 + 45 * s, T0 + 50 * s)
+    got, unsure = check_taints([moved], taints, windows, grace=15)
+    assert [(v.kind, v.obj[2]) for v in got] == [(TAINTED_PLACEMENT, "moved")] and unsure == []
+    repointed = _bound("t", "kept", "gpu-vfio-2", None, bound=T0 - 300 * s)
+    windows = {}
+    placement_windows([repointed], windows, T0 + 30 * s, T0 + 10 * s)
+    got, unsure = check_taints([repointed], taints, windows, grace=15)
+    assert got == [] and [u["window"] for u in unsure] == [
+        [(T0 + 10 * s).isoformat(), (T0 + 30 * s).isoformat()]]
+    # a window once given is kept: a later read does not move it
+    placement_windows([repointed], windows, T0 + 90 * s, T0 + 60 * s)
+    assert list(windows.values()) == [(T0 + 10 * s, T0 + 30 * s)]
 
 
 def test_the_device_part_counts_each_kind_and_the_evictions():
@@ -395,6 +460,10 @@ def test_the_device_part_counts_each_kind_and_the_evictions():
                                   "tenant-over-device-budget": 0, "device-recorded-twice": 0}
     assert part["taints"] == {"taints_NoSchedule": 4, "taints_NoExecute": 3, "untaints": 6,
                               "noexecute_skipped": 0, "noexecute_no_record": 0}
+    assert part["tainted_unsure"] == {"count": 0, "placements": []}
+    unsure = [{"device": "t/a", "rule": "r1"}]
+    assert device_part({}, {}, [], [], unsure)["tainted_unsure"] == {"count": 1,
+                                                                    "placements": unsure}
     ev = part["evictions"]
     assert (ev["asked"], ev["evicted"], ev["p50_s"], ev["p99_s"], ev["max_s"]) == (3, 2, 9.5, 9.5, 9.5)
     assert [e["vmi"] for e in ev["not_evicted"]] == ["t/c"]
