@@ -39,7 +39,7 @@ class NodeMemo:
     true of every memo that holds its node's map, whichever fills it, since each derivation
     that changes a node drops that node's map."""
 
-    __slots__ = ("groups", "largest", "ranked")
+    __slots__ = ("groups", "largest", "ranked", "_lent_groups", "_lent_largest")
 
     def __init__(self, groups: dict[str, dict[tuple[str, int], GroupOutcome]] | None = None,
                  largest: dict[str, dict[str, int | tuple[int, ...]]] | None = None,
@@ -49,6 +49,10 @@ class NodeMemo:
         self.ranked: dict[tuple[str, int], Ranking] = {} if ranked is None else ranked
         """`ranked[(class, count)]`: the serving nodes where a new set's group choice
         succeeds, tightest first (`Ranking`; `model.device.choice.SetDevices.ranked`)."""
+        self._lent_groups: frozenset[str] | set[str] = frozenset()
+        self._lent_largest: frozenset[str] | set[str] = frozenset()
+        """The nodes whose map in `groups` (`largest`) this memo shares with the memo it was
+        copied from (`copy`): copied before this memo fills it, never filled in place."""
 
     def group(self, node: str, class_name: str, count: int) -> GroupOutcome | None:
         """The remembered group choice of a new set of `count` devices of `class_name` on
@@ -61,6 +65,9 @@ class NodeMemo:
         here = self.groups.get(node)
         if here is None:
             here = self.groups[node] = {}
+        elif node in self._lent_groups:
+            here = self.groups[node] = dict(here)
+            self._lent_groups.discard(node)  # type: ignore[union-attr] - a set once lent
         here[(class_name, count)] = outcome
 
     def sizes(self, node: str, class_name: str) -> int | tuple[int, ...] | None:
@@ -74,6 +81,9 @@ class NodeMemo:
         here = self.largest.get(node)
         if here is None:
             here = self.largest[node] = {}
+        elif node in self._lent_largest:
+            here = self.largest[node] = dict(here)
+            self._lent_largest.discard(node)  # type: ignore[union-attr] - a set once lent
         here[class_name] = sizes
 
     def without(self, nodes: Iterable[str]) -> NodeMemo:
@@ -85,14 +95,27 @@ class NodeMemo:
         for name in gone:
             groups.pop(name, None)
             largest.pop(name, None)
-        return NodeMemo(groups, largest, {k: r.stale(gone) for k, r in self.ranked.items()})
+        out = NodeMemo(groups, largest, {k: r.stale(gone) for k, r in self.ranked.items()})
+        if self._lent_groups:  # what this memo may not fill, the derived one may not either
+            out._lent_groups = set(self._lent_groups) - gone
+        if self._lent_largest:
+            out._lent_largest = set(self._lent_largest) - gone
+        return out
 
     def copy(self) -> NodeMemo:
-        """A copy sharing nothing that either fills: a planner may fill or trim it, and a
+        """A copy that never fills a map it shares: a planner may fill or trim it, and a
         reader in another thread may fill it while this one's owner derives from this one
-        (`Snapshot.with_own_memo`). One map copy per node."""
-        return NodeMemo({n: dict(m) for n, m in self.groups.items()},
-                        {n: dict(m) for n, m in self.largest.items()}, dict(self.ranked))
+        (`Snapshot.with_own_memo`). Copy-on-write: the outer maps are copied (in one call
+        each, no Python loop over them that another thread's fill could break), the
+        per-node maps shared until the copy fills one (then that one is copied), so a
+        planner's batch costs no map copy per node (issue 40: it grew with the fleet's
+        records). This memo still fills the shared maps in place: an entry is true of
+        every memo holding its node's map (the class docstring), and the copy drops a
+        node's map (`without`) before its holds change that node."""
+        out = NodeMemo(dict(self.groups), dict(self.largest), dict(self.ranked))
+        out._lent_groups = set(out.groups)
+        out._lent_largest = set(out.largest)
+        return out
 
 
 class Ranking:

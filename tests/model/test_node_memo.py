@@ -42,3 +42,22 @@ def test_a_copy_trimmed_and_refilled_for_a_changed_node_leaves_the_originals_ans
     derived = memo.without(["n1"])
     derived.put_group("n3", "hgx", 8, NoDeviceGroup("hgx", None, 8, 0, 0))
     assert memo.group("n3", "hgx", 8) == NoDeviceGroup("hgx", None, 8, 0, 0)
+
+
+def test_a_copy_copies_no_per_node_map_until_it_fills_one_issue_40():
+    """A planner's batch copies the memo (`Reserving`): copy-on-write, so a batch costs no map
+    copy per node (the old copy made one per node, growing with the fleet's records)."""
+    memo = _filled()
+    copied = memo.copy()
+    assert all(copied.groups[n] is memo.groups[n] for n in memo.groups)      # shared, not copied
+    assert all(copied.largest[n] is memo.largest[n] for n in memo.largest)
+    copied.put_group("n2", "hgx", 8, NoDeviceGroup("hgx", None, 8, 2, 0))   # its first fill of n2
+    copied.put_sizes("n2", "hgx", 0)
+    assert copied.groups["n2"] is not memo.groups["n2"] and copied.largest["n2"] is not memo.largest["n2"]
+    assert memo.group("n2", "hgx", 8) is None and memo.sizes("n2", "hgx") == (1, 2)
+    assert copied.group("n2", "hgx", 2) == memo.group("n2", "hgx", 2)        # the rest carried over
+    assert [n for n in memo.groups if copied.groups[n] is not memo.groups[n]] == ["n2"]
+    # a memo derived from the copy does not fill the maps the copy shares either
+    derived = copied.without(["n1"])
+    derived.put_group("n3", "hgx", 8, NoDeviceGroup("hgx", None, 8, 3, 0))
+    assert memo.group("n3", "hgx", 8) is None and copied.group("n3", "hgx", 8) is None
