@@ -200,16 +200,19 @@ def max_wait(trace: CTrace, log: LaneLog, size: int) -> float | None:
     return max_wait_censored(trace, log, size)[0]
 
 
-def max_wait_censored(trace: CTrace, log: LaneLog, size: int) -> tuple[float | None, bool]:
+def max_wait_censored(trace: CTrace, log: LaneLog, size: int, *, tier: str | None = None,
+                      first: bool = True) -> tuple[float | None, bool]:
     """`max_wait` and whether it is a lower bound (the longest wait is of a set never started,
     counted until the lane's end: it would have waited longer; after a drain only when its
-    cap ended the lane); (None, False) when no such set asked."""
+    cap ended the lane); (None, False) when no such set asked. `tier` (one of `TIERS`) keeps
+    that tier's sets alone (None: any); `first` False measures the asks again of preempted
+    sets instead of first asks."""
     sets = {s.id: s for s in trace.sets}
     end = lane_end(trace, log)
     got: list[tuple[float, bool]] = []
     for w in log.waits:
         s = sets[w.set_id]
-        if s.scored and w.first and s.size == size:
+        if s.scored and w.first == first and s.size == size and (tier is None or s.tier == tier):
             start = _start_after(log, w)
             got.append(((start if start is not None else end) - w.begin, start is None))
     if not got:

@@ -8,6 +8,17 @@ decision code, with the line (lane (a) of `bench.contention`: preemption and the
 without it (lane (d): preemption, `line.enabled` false), so that the ratio can be judged as a
 distribution. Pure apart from the CLI's output: no cluster, no clock, no I/O in `replay`.
 
+To tell the line's own effect from preemption's, `Settings.preemption` off replays both
+lanes with nominating off (`model.nominate.NominationSettings.enabled`, the controller's
+`preemption.enabled`): no set is ever preempted, a set refused for room waits in the line
+(lane a) or retries (lane d) until room frees. The issue's motivation for the line is an
+8-GPU VM waiting behind a stream of small VMs that keep taking the room it needs; with
+preemption on, the longest 8-GPU waits may instead be preemptible sets that on-demand sets
+preempt (P3: a board of one set is one victim) or overtake (P5: priority first). So each
+lane's 8-GPU maximum wait is also given per tier (on-demand, preemptible), with the re-waits
+of 8-GPU sets (their asks again after a preemption of them, `Wait.first` False) counted per
+set (`lane`, `SeedResult`, `summary`; `--preemption off|both` on the command line).
+
 Each round (every `retry` s of fake time) does what the coordinator does for one batch
 (`actors.coordinator._decide_batch`, `_in_line`): runs whose life is over end (their devices
 deleted, H2); arrivals come; then every waiting set asks once (a fresh bind request per
@@ -48,7 +59,7 @@ from typing import Callable, Mapping, Sequence
 
 from bench.common import commit, file_path, finite_at_least, int_between, machine
 from bench.contention_metrics import LaneLog, Run, Wait, max_wait_censored
-from bench.contention_trace import PRIORITY, CSet, CTrace, make_trace
+from bench.contention_trace import PRIORITY, TIERS, CSet, CTrace, make_trace
 from model.decide import apply_decision
 from model.line import Identity, Line, LineSettings, reservation
 from model.line_plan import gate_batch, leaves, ripening_reservations, tidy
@@ -77,7 +88,7 @@ class Settings:
     """One replay's settings: `line` on (lane a) or off (lane d); `reserve_after` (s,
     `line.reserveAfter`); `min_runtime` (s, `preemption.minRuntime`); `retry` (s between a
     set's asks, one round); `drain` (s after the trace's end the replay may run on, as
-    `bench.contention.Plan.drain`); `keep_reservations` (below)."""
+    `bench.contention.Plan.drain`); `keep_reservations` and `preemption` (below)."""
 
     line: bool = True
     reserve_after: float = 300.0
@@ -88,6 +99,11 @@ class Settings:
     """False: each batch chooses the line's reservations afresh (`model.line.reservation`
     without `kept`), as the binder did before 2026-12-07: the ablation that shows what
     keeping them buys."""
+    preemption: bool = True
+    """False: nominating off (P2-P4 never act, `NominationSettings.enabled`; nor do the
+    line's ripening reservations, which exist for preemptors): no set is ever preempted, and
+    a set refused for room waits in the line (P5) or, the line off, retries until room
+    frees. Both lanes off measure the line's own effect on the 8-GPU waits (issue 39)."""
 
 
 @dataclass
@@ -136,7 +152,8 @@ def replay(trace: CTrace, settings: Settings = Settings(), observe: Observer | N
     rng = random.Random(f"line-replay/{trace.seed}")
     line_settings = LineSettings(reserve_after=timedelta(seconds=settings.reserve_after),
                                  enabled=settings.line)
-    nom = NominationSettings(PreemptionSettings(timedelta(seconds=settings.min_runtime)))
+    nom = NominationSettings(PreemptionSettings(timedelta(seconds=settings.min_runtime)),
+                             enabled=settings.preemption)
     snap = fleet(trace.nodes)
     log = LaneLog(tuple(f"n{i}" for i in range(trace.nodes)))
     sets = {s.id: _Set(s, s.life) for s in trace.sets}
@@ -259,21 +276,90 @@ def _batch(snap: Snapshot, line: Line, batch: list, t: float, now: datetime, set
 
 
 @dataclass(frozen=True)
+class Lane:
+    """One replay's 8-GPU figures (issue 39, P5's target), from its `LaneLog` (`figures`):
+    `max_wait` the 8-GPU maximum wait (s; first asks of scored sets,
+    `bench.contention_metrics.max_wait_censored`, None when no such set asked) and
+    `censored` whether it is a lower bound; `by_tier` tier (`TIERS`) -> that tier's 8-GPU
+    maximum wait and whether it is a lower bound; `rewaits` tier -> {set id: how many times
+    that scored 8-GPU set asked again after a preemption of it} (sets never preempted left
+    out: with preemption off it is empty); `longest_rewait` tier -> the longest of those
+    waits again (s, None when none) and whether it is a lower bound. The maximum counts
+    first asks only, as `bench contention`'s target: a re-wait is not in it, though a set
+    re-waiting holds its place in line ahead of sets refused after it."""
+
+    max_wait: float | None
+    censored: bool = False
+    by_tier: Mapping[str, tuple[float | None, bool]] = field(default_factory=dict)
+    rewaits: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    longest_rewait: Mapping[str, tuple[float | None, bool]] = field(default_factory=dict)
+
+    def longest_tier(self) -> str | None:
+        """The tier whose 8-GPU maximum wait is the lane's (the higher tier on a tie), None
+        when no 8-GPU set asked."""
+        if self.max_wait is None:
+            return None
+        return next((t for t in TIERS if self.by_tier.get(t, (None, False))[0] == self.max_wait), None)
+
+
+def figures(trace: CTrace, log: LaneLog) -> Lane:
+    """`Lane`'s figures of `log`, a replay (or a cluster lane) of `trace`. Pure."""
+    sets = {s.id: s for s in trace.sets}
+    rewaits: dict[str, dict[int, int]] = {t: {} for t in TIERS}
+    for w in log.waits:
+        s = sets[w.set_id]
+        if s.scored and s.size == 8 and not w.first:
+            rewaits[s.tier][s.id] = rewaits[s.tier].get(s.id, 0) + 1
+    return Lane(*max_wait_censored(trace, log, 8),
+                by_tier={t: max_wait_censored(trace, log, 8, tier=t) for t in TIERS},
+                rewaits={t: dict(sorted(r.items())) for t, r in rewaits.items()},
+                longest_rewait={t: max_wait_censored(trace, log, 8, tier=t, first=False) for t in TIERS})
+
+
+def lane(trace: CTrace, settings: Settings) -> Lane:
+    """`trace` replayed under `settings` (`replay`), its 8-GPU figures (`figures`)."""
+    return figures(trace, replay(trace, settings))
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if not a or not b else a / b
+
+
+@dataclass(frozen=True)
 class SeedResult:
     """One seed's 8-GPU maximum waits (s; `bench.contention_metrics.max_wait_censored`) with
     the line and without it, whether each is a lower bound (a set never started before the
-    drain's cap), and their ratio (None when either is missing or zero)."""
+    drain's cap), and their ratio (None when either is missing or zero); `lanes` the two
+    replays' `Lane` figures (with the line, without it: per tier, re-waits), None when only
+    the maxima are known."""
 
     seed: int
     with_line: float | None
     without_line: float | None
     censored: tuple[bool, bool] = (False, False)
+    lanes: tuple[Lane, Lane] | None = None
+
+    @classmethod
+    def of(cls, seed: int, with_line: Lane, without_line: Lane) -> SeedResult:
+        """The result of seed `seed` from its two lanes' figures."""
+        return cls(seed, with_line.max_wait, without_line.max_wait,
+                   (with_line.censored, without_line.censored), (with_line, without_line))
 
     @property
     def ratio(self) -> float | None:
-        if not self.with_line or not self.without_line:
-            return None
-        return self.with_line / self.without_line
+        return _ratio(self.with_line, self.without_line)
+
+    def tier(self, tier: str) -> tuple[float | None, float | None]:
+        """`tier`'s 8-GPU maximum waits (s) with the line and without it (None: no such set
+        asked, or no `lanes`)."""
+        if self.lanes is None:
+            return None, None
+        a, d = self.lanes
+        return a.by_tier.get(tier, (None, False))[0], d.by_tier.get(tier, (None, False))[0]
+
+    def tier_ratio(self, tier: str) -> float | None:
+        """`tier`'s 8-GPU maximum wait with the line over without it (None as `ratio`)."""
+        return _ratio(*self.tier(tier))
 
 
 def trace_of(seed: int) -> CTrace:
@@ -283,9 +369,10 @@ def trace_of(seed: int) -> CTrace:
     return make_trace(seed=seed, nodes=6, load=1.1, mean_life=90.0, span=600.0, warmup=90.0)
 
 
-def without_line(trace: CTrace) -> tuple[float | None, bool]:
-    """The 8-GPU maximum wait of `trace` replayed with the line off (lane d)."""
-    return max_wait_censored(trace, replay(trace, Settings(line=False)), 8)
+def without_line(trace: CTrace, preemption: bool = True) -> tuple[float | None, bool]:
+    """The 8-GPU maximum wait of `trace` replayed with the line off (lane d), with
+    `preemption` on (as `bench contention`) or off."""
+    return max_wait_censored(trace, replay(trace, Settings(line=False, preemption=preemption)), 8)
 
 
 def with_line(trace: CTrace, settings: Settings) -> tuple[float | None, bool]:
@@ -293,25 +380,79 @@ def with_line(trace: CTrace, settings: Settings) -> tuple[float | None, bool]:
     return max_wait_censored(trace, replay(trace, settings), 8)
 
 
-def summary(results: list[SeedResult]) -> dict:
-    """Over the seeds: the ratios' median, quartiles, min and max, how many meet the target
-    (≤ 0.5), and the median maximum waits with and without the line (s)."""
-    ratios = sorted(r.ratio for r in results if r.ratio is not None)
+def _ratios(pairs: Sequence[tuple[float | None, float | None]]) -> dict:
+    """Over (with the line, without it) maxima: the ratios' count, median, quartiles, min and
+    max, how many meet the target (<= 0.5), and the median maxima (s); {"ratios": 0} when
+    no pair has both."""
+    ratios = sorted(r for a, b in pairs if (r := _ratio(a, b)) is not None)
     if not ratios:
-        return {"seeds": len(results), "ratios": 0}
+        return {"ratios": 0}
     q = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [ratios[0]] * 3
-    return {"seeds": len(results), "ratios": len(ratios), "median": round(statistics.median(ratios), 3),
+    return {"ratios": len(ratios), "median": round(statistics.median(ratios), 3),
             "q1": round(q[0], 3), "q3": round(q[2], 3), "min": round(ratios[0], 3), "max": round(ratios[-1], 3),
             "met": sum(1 for r in ratios if r <= 0.5),
-            "median_with_line_s": round(statistics.median(r.with_line for r in results if r.with_line), 1),
-            "median_without_line_s": round(statistics.median(r.without_line for r in results if r.without_line), 1)}
+            "median_with_line_s": round(statistics.median(a for a, _ in pairs if a), 1),
+            "median_without_line_s": round(statistics.median(b for _, b in pairs if b), 1)}
+
+
+def _rewait_summary(lanes: Sequence[Lane], tier: str) -> dict:
+    """Over one side's lanes (one a seed), `tier`'s 8-GPU re-waits: `sets` preempted at
+    least once (summed over the seeds), `rewaits` in all, `most` of one set in one seed,
+    and the median over seeds with one of the longest re-wait (s; None when none)."""
+    counts = [n for x in lanes for n in x.rewaits.get(tier, {}).values()]
+    longest = [w for x in lanes if (w := x.longest_rewait.get(tier, (None, False))[0]) is not None]
+    return {"sets": len(counts), "rewaits": sum(counts), "most": max(counts, default=0),
+            "median_longest_s": round(statistics.median(longest), 1) if longest else None}
+
+
+def summary(results: list[SeedResult]) -> dict:
+    """Over the seeds: the ratios' median, quartiles, min and max, how many meet the target
+    (≤ 0.5), and the median maximum waits with and without the line (s). When the results
+    carry their `lanes`, also `tiers`: the same per tier (each tier's 8-GPU maximum with the
+    line over its maximum without it) and in how many seeds the lane's maximum was that
+    tier's (`longest_with_line`, `longest_without_line`); and `rewaits_8gpu`: per side
+    (`with_line`, `without_line`) and tier, `_rewait_summary`'s counts."""
+    out = {"seeds": len(results)}
+    out |= _ratios([(r.with_line, r.without_line) for r in results])
+    if out["ratios"] == 0:
+        return out
+    lanes = [r.lanes for r in results if r.lanes is not None]
+    if lanes:
+        out["tiers"] = {t: _ratios([r.tier(t) for r in results if r.lanes is not None])
+                        | {"longest_with_line": sum(1 for a, _ in lanes if a.longest_tier() == t),
+                           "longest_without_line": sum(1 for _, d in lanes if d.longest_tier() == t)}
+                        for t in TIERS}
+        out["rewaits_8gpu"] = {side: {t: _rewait_summary([x[i] for x in lanes], t) for t in TIERS}
+                               for i, side in enumerate(("with_line", "without_line"))}
+    return out
+
+
+def _seed_doc(r: SeedResult) -> dict:
+    """One seed's figures as `line-replay.json` keeps them."""
+    doc: dict = {"seed": r.seed, "with_line_s": r.with_line, "without_line_s": r.without_line,
+                 "ratio": None if r.ratio is None else round(r.ratio, 3), "censored": list(r.censored)}
+    if r.lanes is not None:
+        a, d = r.lanes
+        doc["by_tier"] = {t: {"with_line_s": a.by_tier[t][0], "without_line_s": d.by_tier[t][0],
+                              "ratio": None if (x := r.tier_ratio(t)) is None else round(x, 3),
+                              "censored": [a.by_tier[t][1], d.by_tier[t][1]]} for t in TIERS}
+        doc["rewaits_8gpu"] = {side: {t: {str(k): n for k, n in x.rewaits[t].items()} for t in TIERS}
+                               for side, x in (("with_line", a), ("without_line", d))}
+        doc["longest_rewait_8gpu_s"] = {side: {t: x.longest_rewait[t][0] for t in TIERS}
+                                        for side, x in (("with_line", a), ("without_line", d))}
+    return doc
+
+
+PREEMPTION = {"on": (True,), "off": (False,), "both": (True, False)}
+"""`--preemption`'s choices: the `Settings.preemption` values each runs, in order."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The CLI (module docstring): for each `--reserve-after`, the seeds replayed with the
-    line keeping its reservations and choosing them afresh, against the line off; prints
-    each variant's summary over the seeds (each seed's figures are in the JSON), and with
-    `--out` writes `line-replay.json` there."""
+    """The CLI (module docstring): for each `--preemption` setting (on, as `bench
+    contention`, by default) and each `--reserve-after`, the seeds replayed with the line
+    keeping its reservations and choosing them afresh, against the line off with the same
+    preemption setting; prints each variant's summary over the seeds (each seed's figures
+    are in the JSON), and with `--out` writes `line-replay.json` there."""
     p = argparse.ArgumentParser(prog="python -m bench.line_replay", description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int_between(1, MAX_SEEDS), default=20,
                    help=f"how many seeds, at most {MAX_SEEDS} (every seed's trace is built "
@@ -319,28 +460,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-seed", type=int, default=1, help="the first seed (default 1, bench contention's)")
     p.add_argument("--reserve-after", type=finite_at_least(0), action="append",
                    help="line.reserveAfter (s), repeatable (default: 300 and 30)")
+    p.add_argument("--preemption", choices=tuple(PREEMPTION), default="on",
+                   help="preemption in both lanes: on (as bench contention), off (no set is ever "
+                        "preempted: the line's own effect), or both, one after the other "
+                        "(default on)")
     p.add_argument("--out", type=file_path, help="folder for line-replay.json")
     a = p.parse_args(argv)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     load_before = list(os.getloadavg())
     seeds = range(a.first_seed, a.first_seed + a.seeds)
     traces = {seed: trace_of(seed) for seed in seeds}
-    off = {seed: without_line(tr) for seed, tr in traces.items()}
     variants = []
-    for ra in a.reserve_after or [300.0, 30.0]:
-        for keep in (False, True):
-            results = []
-            for seed, tr in traces.items():
-                got = with_line(tr, Settings(reserve_after=ra, keep_reservations=keep))
-                results.append(SeedResult(seed, got[0], off[seed][0], (got[1], off[seed][1])))
-            s = summary(results)
-            name = f"reserveAfter {ra:g} s, reservations {'kept' if keep else 'chosen afresh'}"
-            print(name, json.dumps(s), flush=True)
-            variants.append({"reserve_after_s": ra, "keep_reservations": keep, "summary": s,
-                             "seeds": [{"seed": r.seed, "with_line_s": r.with_line,
-                                        "without_line_s": r.without_line,
-                                        "ratio": None if r.ratio is None else round(r.ratio, 3),
-                                        "censored": list(r.censored)} for r in results]})
+    for pre in PREEMPTION[a.preemption]:
+        off = {seed: lane(tr, Settings(line=False, preemption=pre)) for seed, tr in traces.items()}
+        for ra in a.reserve_after or [300.0, 30.0]:
+            for keep in (False, True):
+                results = [SeedResult.of(seed, lane(tr, Settings(reserve_after=ra, keep_reservations=keep,
+                                                                 preemption=pre)), off[seed])
+                           for seed, tr in traces.items()]
+                s = summary(results)
+                name = (f"{'' if pre else 'preemption off, '}reserveAfter {ra:g} s, "
+                        f"reservations {'kept' if keep else 'chosen afresh'}")
+                print(name, json.dumps(s), flush=True)
+                variants.append({"preemption": pre, "reserve_after_s": ra, "keep_reservations": keep,
+                                 "summary": s, "seeds": [_seed_doc(r) for r in results]})
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         doc = {"benchmark": "line-replay", "commit": commit(), "started": started, "machine": machine(),
@@ -348,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
                "trace": {"nodes": 6, "load": 1.1, "mean_life": 90.0, "span": 600.0, "warmup": 90.0,
                          "on_demand_share": 0.3},
                "settings": {"min_runtime_s": Settings().min_runtime, "retry_s": Settings().retry,
-                            "drain_s": Settings().drain},
+                            "drain_s": Settings().drain, "preemption": list(PREEMPTION[a.preemption])},
                "variants": variants}
         (a.out / "line-replay.json").write_text(json.dumps(doc, indent=1) + "\n")
     return 0

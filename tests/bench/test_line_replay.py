@@ -2,12 +2,16 @@
 small trace (2 boards, a minute of arrivals): no node ever holds more than its 8 GPUs, every
 scored set starts (the drain ends with none waiting), only preemptible sets are stopped and
 each comes back, the replay is deterministic, and the line and its kept reservations are
-what the settings say."""
+what the settings say. On hand-made one-board traces (issue 39, P5's 8-GPU target):
+preemption off stops nobody and gives the line's own effect, the 8-GPU maximum wait split by
+tier, and the re-waits of preempted 8-GPU sets counted."""
 
 from __future__ import annotations
 
-from bench.contention_trace import make_trace
-from bench.line_replay import Settings, replay, summary, SeedResult
+import json
+
+from bench.contention_trace import ON_DEMAND, PREEMPTIBLE, CSet, CTrace, make_trace
+from bench.line_replay import Lane, Settings, SeedResult, figures, replay, summary
 from model.plan import Place
 
 TRACE = make_trace(seed=3, nodes=2, load=1.1, mean_life=30.0, span=90.0, warmup=30.0)
@@ -73,6 +77,104 @@ def test_without_the_line_nothing_is_gated_and_with_it_reservations_are_kept():
             assert moves == 0
 
 
+# -- preemption off: the line's own effect (issue 39, P5's 8-GPU target) ---------------------
+
+P, OD = PREEMPTIBLE, ON_DEMAND
+
+
+def _one_board(*sets: tuple[float, int, str, float], span: float = 60.0) -> CTrace:
+    """A trace of one 8-GPU board, no warm-up (every set scored): (arrive, size, tier, life)
+    per set, ids in order. The replay's rounds are every 2 s from 0: a set arriving at
+    0.5 asks first at 2."""
+    return CTrace(1, 1, 1.0, 50.0, 0.0, span,
+                  0.3, tuple(CSet(i, a, z, t, life, True) for i, (a, z, t, life) in enumerate(sets)))
+
+
+# 0 (preemptible, 8) runs from 2 s; 1 (preemptible, 8) asks at 12 s; 2 (on-demand, 8) at 22 s
+TIERS_TRACE = _one_board((0.5, 8, P, 100.0), (10.5, 8, P, 10.0), (20.5, 8, OD, 10.0))
+
+
+def _lane(trace, **kw):
+    log = replay(trace, Settings(min_runtime=5.0, drain=300.0, **kw))
+    return log, figures(trace, log)
+
+
+def test_preemption_off_nobody_is_stopped_and_the_line_orders_priority_first():
+    # on: 2 preempts 0 at 22 s (run 20 s >= 5) and starts at 24 s; 0 asks again from 22 s.
+    # With the line 1 (refused at 12 s) goes before 0 (refused again at 24 s) when 2 ends at
+    # 34 s; without it the round's shuffle gave the board to 0 again, and 1 waits for its end
+    log, a = _lane(TIERS_TRACE, preemption=True)
+    assert [(r.set_id, r.start, r.stop, r.preempted) for r in log.runs][:3] == \
+        [(0, 2.0, 22.0, True), (2, 24.0, 34.0, False), (1, 34.0, 44.0, False)]
+    assert (a.max_wait, a.by_tier, a.rewaits, a.longest_rewait) == \
+        (23.5, {OD: (3.5, False), P: (23.5, False)}, {OD: {}, P: {0: 1}}, {OD: (None, False), P: (22.0, False)})
+    _, d = _lane(TIERS_TRACE, line=False, preemption=True)
+    assert (d.max_wait, d.longest_tier(), d.rewaits[P], d.longest_rewait[P]) == (103.5, P, {0: 1}, (12.0, False))
+    # off: 0 runs its whole life (to 102 s); then on-demand 2 (P5: priority first) and 1
+    for line in (True, False):
+        log, x = _lane(TIERS_TRACE, line=line, preemption=False)
+        assert not any(r.preempted for r in log.runs) and all(w.first for w in log.waits)
+        assert [(r.set_id, r.start) for r in log.runs] == [(0, 2.0), (2, 102.0), (1, 112.0)]
+        assert (x.max_wait, x.by_tier, x.rewaits) == (101.5, {OD: (81.5, False), P: (101.5, False)}, {OD: {}, P: {}})
+        assert x.longest_tier() == P and x.longest_rewait == {OD: (None, False), P: (None, False)}
+
+
+# 1 (8 GPUs) asks at 12 s behind 0 (4 GPUs, to 52 s); 4-GPU sets 2 and 3 keep taking the half
+# board left free: the issue's 8-GPU VM behind a stream of small ones
+STREAM = _one_board((0.5, 4, P, 50.0), (10.5, 8, P, 10.0), (20.5, 4, P, 50.0), (60.5, 4, P, 50.0), span=70.0)
+
+
+def test_preemption_off_the_line_reserves_for_the_8_gpu_set_behind_a_stream():
+    _, d = _lane(STREAM, line=False, preemption=False)
+    assert d.by_tier[P] == (101.5, False)  # 2 backfills at 22 s (to 72 s), 3 at 62 s (to 112 s)
+    _, a300 = _lane(STREAM, reserve_after=300.0, preemption=False)
+    assert a300.max_wait == 101.5  # no head waits 300 s: 2 and 3 backfill as without the line
+    log, a5 = _lane(STREAM, reserve_after=5.0, preemption=False)
+    assert a5.max_wait == 41.5  # 1 reserves the board at 22 s, starts when 0 ends at 52 s
+    assert [(r.set_id, r.start) for r in log.runs][:2] == [(0, 2.0), (1, 52.0)]
+    r = SeedResult.of(1, a5, d)
+    assert (r.with_line, r.without_line, r.censored) == (41.5, 101.5, (False, False))
+    assert round(r.ratio, 3) == round(r.tier_ratio(P), 3) == 0.409 and r.tier_ratio(OD) is None
+
+
+def test_summary_per_tier_and_re_waits():
+    def lane(od, p, rewaits=None, longest=None):
+        m = max(x for x in (od, p) if x is not None)
+        return Lane(m, False, {OD: (od, False), P: (p, False)}, {OD: {}, P: rewaits or {}},
+                    {OD: (None, False), P: (longest, False)})
+    rs = [SeedResult.of(1, lane(50.0, 100.0, {7: 2}, 80.0), lane(100.0, 400.0, {7: 1, 9: 1}, 30.0)),
+          SeedResult.of(2, lane(300.0, 200.0), lane(200.0, 400.0, {4: 3}, 50.0)),
+          SeedResult.of(3, lane(None, 120.0), lane(None, 200.0))]
+    s = summary(rs)
+    assert (s["ratios"], s["median"], s["min"], s["max"], s["met"]) == (3, 0.6, 0.25, 0.75, 1)
+    assert {k: s["tiers"][OD][k] for k in ("ratios", "median", "min", "max", "met")} == \
+        {"ratios": 2, "median": 1.0, "min": 0.5, "max": 1.5, "met": 1}
+    assert (s["tiers"][P]["median"], s["tiers"][P]["met"]) == (0.5, 2)
+    assert (s["tiers"][OD]["longest_with_line"], s["tiers"][P]["longest_with_line"]) == (1, 2)
+    assert (s["tiers"][OD]["longest_without_line"], s["tiers"][P]["longest_without_line"]) == (0, 3)
+    assert s["rewaits_8gpu"]["with_line"][P] == {"sets": 1, "rewaits": 2, "most": 2, "median_longest_s": 80.0}
+    assert s["rewaits_8gpu"]["without_line"][P] == {"sets": 3, "rewaits": 5, "most": 3, "median_longest_s": 40.0}
+    assert s["rewaits_8gpu"]["with_line"][OD] == {"sets": 0, "rewaits": 0, "most": 0, "median_longest_s": None}
+
+
+def test_cli_preemption_off_replays_both_lanes_without_preemption(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(line_replay, "trace_of", lambda seed: STREAM)
+    assert line_replay.main(["--seeds", "1", "--reserve-after", "5", "--preemption", "off",
+                             "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [x.split(" {")[0] for x in out] == ["preemption off, reserveAfter 5 s, reservations chosen afresh",
+                                              "preemption off, reserveAfter 5 s, reservations kept"]
+    doc = json.loads((tmp_path / "line-replay.json").read_text())
+    assert doc["settings"]["preemption"] == [False]
+    kept = doc["variants"][1]
+    assert (kept["preemption"], kept["keep_reservations"], kept["summary"]["median"]) == (False, True, 0.409)
+    seed = kept["seeds"][0]
+    assert seed["by_tier"][P] == {"with_line_s": 41.5, "without_line_s": 101.5, "ratio": 0.409,
+                                  "censored": [False, False]}
+    assert seed["by_tier"][OD]["ratio"] is None
+    assert seed["rewaits_8gpu"] == {"with_line": {OD: {}, P: {}}, "without_line": {OD: {}, P: {}}}
+
+
 def test_summary_of_ratios():
     rs = [SeedResult(1, 100.0, 400.0), SeedResult(2, 300.0, 400.0), SeedResult(3, 200.0, 400.0),
           SeedResult(4, None, 10.0)]
@@ -91,7 +193,7 @@ from bench import line_replay  # noqa: E402
 @pytest.mark.parametrize("argv", [
     ["--seeds", "0"], ["--seeds", "-1"], ["--seeds", "1001"], ["--seeds", "99999999999"],
     ["--reserve-after", "nan"], ["--reserve-after", "inf"], ["--reserve-after", "-1"],
-    ["--out", ""],
+    ["--out", ""], ["--preemption", "none"],
 ])
 def test_cli_refuses_bad_values(argv, capsys, monkeypatch):
     # on the old code: --seeds 0/-1 printed empty summaries and exited 0, --reserve-after
