@@ -103,6 +103,14 @@ def finite_at_least(minimum: float):
     return parse
 
 
+def share(text: str) -> float:
+    """An argparse type: a share, a finite float in [0, 1] (anything else exit 2)."""
+    value = finite_at_least(0)(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"takes a share in [0, 1], got {text!r}")
+    return value
+
+
 def file_path(text: str) -> Path:
     """An argparse type: a non-empty path (an empty one would name the working directory)."""
     if not text.strip():

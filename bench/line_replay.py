@@ -57,7 +57,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from bench.common import commit, file_path, finite_at_least, int_between, machine
+from bench.common import commit, file_path, finite_at_least, int_between, machine, share
 from bench.contention_metrics import LaneLog, Run, Wait, max_wait_censored
 from bench.contention_trace import PRIORITY, TIERS, CSet, CTrace, make_trace
 from model.decide import apply_decision
@@ -362,11 +362,14 @@ class SeedResult:
         return _ratio(*self.tier(tier))
 
 
-def trace_of(seed: int) -> CTrace:
+def trace_of(seed: int, on_demand_share: float = 0.3) -> CTrace:
     """Seed `seed`'s trace at `bench.contention.FULL`'s sizes (6 boards, mean life 90 s,
-    600 s scored after a 90 s warm-up, load 1.1, 30 % on-demand); seed 1 is the one
-    `bench contention` replays."""
-    return make_trace(seed=seed, nodes=6, load=1.1, mean_life=90.0, span=600.0, warmup=90.0)
+    600 s scored after a 90 s warm-up, load 1.1, `on_demand_share` on-demand, default 30 %);
+    seed 1 at the default is the one `bench contention` replays. A share of 0 is one tier
+    (nothing can be preempted): the issue's case of an 8-GPU set behind a stream of small
+    ones of its own priority. Raises ValueError for a share outside [0, 1]."""
+    return make_trace(seed=seed, nodes=6, load=1.1, mean_life=90.0, span=600.0, warmup=90.0,
+                      on_demand_share=on_demand_share)
 
 
 def without_line(trace: CTrace, preemption: bool = True) -> tuple[float | None, bool]:
@@ -464,12 +467,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="preemption in both lanes: on (as bench contention), off (no set is ever "
                         "preempted: the line's own effect), or both, one after the other "
                         "(default on)")
+    p.add_argument("--on-demand-share", type=share, default=0.3,
+                   help="the trace's share of on-demand sets, in [0, 1] (default 0.3, as bench "
+                        "contention; 0: one tier, the line's own case)")
     p.add_argument("--out", type=file_path, help="folder for line-replay.json")
     a = p.parse_args(argv)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     load_before = list(os.getloadavg())
     seeds = range(a.first_seed, a.first_seed + a.seeds)
-    traces = {seed: trace_of(seed) for seed in seeds}
+    traces = {seed: trace_of(seed, on_demand_share=a.on_demand_share) for seed in seeds}
     variants = []
     for pre in PREEMPTION[a.preemption]:
         off = {seed: lane(tr, Settings(line=False, preemption=pre)) for seed, tr in traces.items()}
@@ -489,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = {"benchmark": "line-replay", "commit": commit(), "started": started, "machine": machine(),
                "load_before": load_before, "load_after": list(os.getloadavg()),
                "trace": {"nodes": 6, "load": 1.1, "mean_life": 90.0, "span": 600.0, "warmup": 90.0,
-                         "on_demand_share": 0.3},
+                         "on_demand_share": a.on_demand_share},
                "settings": {"min_runtime_s": Settings().min_runtime, "retry_s": Settings().retry,
                             "drain_s": Settings().drain, "preemption": list(PREEMPTION[a.preemption])},
                "variants": variants}

@@ -158,7 +158,7 @@ def test_summary_per_tier_and_re_waits():
 
 
 def test_cli_preemption_off_replays_both_lanes_without_preemption(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(line_replay, "trace_of", lambda seed: STREAM)
+    monkeypatch.setattr(line_replay, "trace_of", lambda seed, **kw: STREAM)
     assert line_replay.main(["--seeds", "1", "--reserve-after", "5", "--preemption", "off",
                              "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -193,14 +193,24 @@ from bench import line_replay  # noqa: E402
 @pytest.mark.parametrize("argv", [
     ["--seeds", "0"], ["--seeds", "-1"], ["--seeds", "1001"], ["--seeds", "99999999999"],
     ["--reserve-after", "nan"], ["--reserve-after", "inf"], ["--reserve-after", "-1"],
-    ["--out", ""], ["--preemption", "none"],
+    ["--out", ""], ["--preemption", "none"], ["--on-demand-share", "1.5"],
+    ["--on-demand-share", "-0.1"], ["--on-demand-share", "nan"],
 ])
 def test_cli_refuses_bad_values(argv, capsys, monkeypatch):
     # on the old code: --seeds 0/-1 printed empty summaries and exited 0, --reserve-after
     # nan/inf/-1 ended in a traceback, --out '' wrote line-replay.json into the working directory
-    monkeypatch.setattr(line_replay, "trace_of", lambda seed: pytest.fail("replayed a refused value"))
+    monkeypatch.setattr(line_replay, "trace_of", lambda seed, **kw: pytest.fail("replayed a refused value"))
     with pytest.raises(SystemExit) as exc:
         line_replay.main([*argv, "--seeds" if argv[0] != "--seeds" else "--first-seed", "1"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {argv[0]}:" in err and "Traceback" not in err
+
+
+def test_cli_on_demand_share_0_replays_one_tier():
+    """`--on-demand-share 0`: every set of the trace preemptible (one tier), the same arrivals
+    and sizes as the default trace of that seed; the default keeps 30 % on-demand."""
+    one, two = line_replay.trace_of(1, on_demand_share=0.0), line_replay.trace_of(1)
+    assert {s.tier for s in one.sets} == {"preemptible"}
+    assert {s.tier for s in two.sets} == {"preemptible", "on-demand"}
+    assert [(s.arrive, s.size, s.life) for s in one.sets] == [(s.arrive, s.size, s.life) for s in two.sets]
