@@ -170,12 +170,16 @@ def placement_windows(devices: list[dict], windows: dict[tuple, Window], now: da
                       previous: datetime | None) -> None:
     """Give each placement of `devices` that `windows` lacks its window (see the module), in
     place: `now` the time of this read, `previous` of the read before (None: this is the
-    first). A request's `requestedAt` opens it (else `previous`, else `boundAt`, else `now`);
+    first). A device whose request was cleared (its VMI gone, H2) is the placement it was,
+    not a new one. A request's `requestedAt` opens it (else `previous`, else `boundAt`, else `now`);
     `boundAt`, when not before the opening, closes it, else `now`. Pure but for `windows`."""
+    placed = {k[:3] + k[4:] for k in windows}
     for d in devices:
         key = _placement_key(d)
         if key is None or key in windows:
             continue
+        if key[3] is None and key[:3] + key[4:] in placed:
+            continue    # its request cleared (the VMI gone): the same placement, no new one
         st = d["status"]
         asked = _time((st.get("bindRequest") or {}).get("requestedAt"))
         bound = _time(st.get("boundAt"))

@@ -442,6 +442,30 @@ def test_a_move_or_a_re_point_is_judged_from_the_read_before():
     assert list(windows.values()) == [(T0 + 10 * s, T0 + 30 * s)]
 
 
+def test_a_request_cleared_after_its_vmi_went_is_no_new_placement():
+    """The device soak's run of 2026-12-07 05:13: a VMI admitted before a NoExecute rule was
+    evicted by it; housekeeping cleared its request (H2) and the held device stayed Bound on
+    the tainted GPU, idle, until its next placement (HL1). Its record, without the request,
+    is the placement it was; a new request on it is a new one."""
+    from bench.soak.device import TAINTED_PLACEMENT, Taint, check_taints, placement_windows
+
+    s = timedelta(seconds=1)
+    ref = ("gpu.nvidia.com", "n1", "gpu-vfio-2")
+    taints = [Taint("r", ref, "NoExecute", T0)]
+    admitted = _bound("t", "h0", "gpu-vfio-2", T0 - 300 * s, bound=T0 - 299 * s)
+    windows: dict = {}
+    placement_windows([admitted], windows, T0 - 290 * s, None)
+    idle = _bound("t", "h0", "gpu-vfio-2", None, bound=T0 - 299 * s)   # request cleared
+    placement_windows([idle], windows, T0 + 60 * s, T0 + 50 * s)
+    assert len(windows) == 1
+    assert check_taints([idle], taints, windows, grace=15) == ([], [])
+    again = _bound("t", "h0", "gpu-vfio-2", T0 + 70 * s, bound=T0 - 299 * s)  # re-admitted
+    again["status"]["bindRequest"]["id"] = "r-h0-again"
+    placement_windows([again], windows, T0 + 80 * s, T0 + 60 * s)
+    got, unsure = check_taints([again], taints, windows, grace=15)
+    assert [(v.kind, v.obj[2]) for v in got] == [(TAINTED_PLACEMENT, "h0")] and unsure == []
+
+
 def test_the_device_part_counts_each_kind_and_the_evictions():
     from bench.soak import device_part, targets
 
