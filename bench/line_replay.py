@@ -474,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     load_before = list(os.getloadavg())
+    sha = commit()  # the code run: HEAD may move during a run of minutes
     seeds = range(a.first_seed, a.first_seed + a.seeds)
     traces = {seed: trace_of(seed, on_demand_share=a.on_demand_share) for seed in seeds}
     variants = []
@@ -492,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "summary": s, "seeds": [_seed_doc(r) for r in results]})
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
-        doc = {"benchmark": "line-replay", "commit": commit(), "started": started, "machine": machine(),
+        doc = {"benchmark": "line-replay", "commit": sha, "started": started, "machine": machine(),
                "load_before": load_before, "load_after": list(os.getloadavg()),
                "trace": {"nodes": 6, "load": 1.1, "mean_life": 90.0, "span": 600.0, "warmup": 90.0,
                          "on_demand_share": a.on_demand_share},
