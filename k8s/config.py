@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from actors.heap import MALLOC_TRIM_PERIOD
 from model.health import DEFAULT_FAILED_STARTS, DEFAULT_WINDOW
 from model.line import RETRY_AFTER as LINE_RETRY_AFTER
 from model.settings import RAW_ALLOWED, RAW_DENIED
@@ -99,6 +100,9 @@ FIELD_HELP: dict[str, str] = {
     "metrics_host": "address the metrics server listens on",
     "log_dir": "directory for one <node>.jsonl decision log per node, besides stdout",
     "housekeeping_period": "seconds between housekeeping passes (H1-H3)",
+    "malloc_trim_period": "seconds between two returns of the C heap's free pages to the "
+                          "kernel (glibc malloc_trim), so that RSS follows what is in use "
+                          "rather than the high-water mark of past bursts; 0: off",
     "leader_election": "true or false: take part in leader election; false runs the webhook "
                        "and informers only, no binder",
     "ask_timeout": "seconds the coordinator waits for one prepare/commit round with the node "
@@ -237,6 +241,7 @@ class Config:
     metrics_host: str = "0.0.0.0"
     log_dir: str | None = None               # one <node>.jsonl per node when set
     housekeeping_period: float = 5.0
+    malloc_trim_period: float = MALLOC_TRIM_PERIOD   # issue 41 item 5; 0: off
     leader_election: bool = True             # False: webhook and informers only (no binder)
     # The binder's knobs; their defaults are BinderConfig's (see the module docstring).
     ask_timeout: float = _BINDER.coordinator.ask_timeout
@@ -282,6 +287,9 @@ class Config:
                 raise ValueError(f"{f(name)}: must be > 0 seconds, got {getattr(self, name)}")
         if self.write_attempts < 1:
             raise ValueError(f"--write-attempts: must be at least 1, got {self.write_attempts}")
+        if self.malloc_trim_period < 0:
+            raise ValueError(f"--malloc-trim-period: must be >= 0 seconds (0: off), "
+                             f"got {self.malloc_trim_period}")
         if self.defrag_interval < 0:
             raise ValueError(f"--defrag-interval: must be >= 0 seconds (0: off), "
                              f"got {self.defrag_interval}")

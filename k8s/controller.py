@@ -27,7 +27,7 @@ from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 
 from actors.coordinator_protocol import LineState, RefusedAtW1
-from actors.heap import heap_report, settle_heap
+from actors.heap import heap_report, settle_heap, trim_heap_every
 from actors.logging import close_logging, configure_logging
 from actors.ports import SystemClock
 from k8s.webhook.admission import VMIAdmission
@@ -321,6 +321,7 @@ class Controller:
                     cfg.webhook_port, tls.context, reuse_port=True))
             await tg.start(cache.run)
             settle_heap()  # the synced cache is long-lived (see actors/heap.py)
+            tg.start_soon(trim_heap_every, cfg.malloc_trim_period)  # issue 41 item 5
             self.synced = True
             log.info("cache synced", devices=len(cache.view.devices()),
                      nodes=len(cache.view.nodes()))

@@ -62,6 +62,7 @@ def test_flags_beat_environment_beat_file(tmp_path):
     ({"commit_ttl": "0"}, "--commit-ttl: must be > 0 seconds, got 0.0"),
     ({"prepare_ttl": "5"}, "--prepare-ttl: must be longer than --ask-timeout"),
     ({"defrag_interval": "-1"}, "--defrag-interval: must be >= 0 seconds (0: off), got -1.0"),
+    ({"malloc_trim_period": "-1"}, "--malloc-trim-period: must be >= 0 seconds (0: off), got -1.0"),
     ({"defrag_max_moves": "0"}, "--defrag-max-moves: must be at least 1, got 0"),
     ({"webhook_tenant_concurrency": "0"}, "--webhook-tenant-concurrency: must be at least 1"),
     ({"webhook_tenant_concurrency": "9", "webhook_concurrency": "8"},
@@ -326,7 +327,8 @@ def test_a_config_file_that_cannot_be_read_names_the_flag(tmp_path):
 
 @pytest.mark.parametrize("name", ["line_retry_grace", "attachment_grace", "bind_timeout",
                                   "preemption_min_runtime", "preemption_nomination_ttl",
-                                  "line_reserve_after", "health_window", "defrag_interval"])
+                                  "line_reserve_after", "health_window", "defrag_interval",
+                                  "malloc_trim_period"])
 @pytest.mark.parametrize("value", ["inf", "nan", "-inf", "1e300"])
 def test_a_duration_that_is_not_a_finite_number_of_seconds_is_one_clear_line(name, value):
     """Bad input found by a newcomer: `inf` and `1e300` passed the range checks and crashed
