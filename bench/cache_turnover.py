@@ -28,7 +28,8 @@ glibc's heap from the list. With bursts of connections and admissions RSS steps 
 burst and never comes back (166.6 -> 178.5 MiB, seed 2), as the soak's follower did; with
 `malloc_trim(0)` every 60 s it comes back after each (171.3 at the end; 30 trims, 5 ms of CPU
 in all). `MALLOC_MMAP_THRESHOLD_=131072` does about as well; `MALLOC_ARENA_MAX=2`, no
-`gc.freeze` and `PYTHONMALLOC=malloc` do not help (the last costs 7-9 MiB more).
+`gc.freeze` (or unfreezing later), a relist after start-up and `PYTHONMALLOC=malloc` do not
+help (`bench-results/cache-turnover-mitigations.json`).
 """
 
 from __future__ import annotations
