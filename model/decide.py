@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
 from model.device.dra import DeviceRef
 from model.device.records import record_after
@@ -330,7 +330,7 @@ class _Set:
         and a `limit`, from the snapshot's ranking when the set's device questions have one
         (`SetDevices.ranked_elsewhere`: the same nodes, without a look at every node)."""
         if limit is not None and len(self.resources) == 1:
-            found = self.dev.ranked_elsewhere(self.eligible_node, limit)
+            found = self.dev.ranked_elsewhere(self.eligible_node, self.tightest, limit)
             if found is not None:
                 return found
         return self.dev.elsewhere(self.eligible_elsewhere, limit)
@@ -357,6 +357,21 @@ class _Set:
         if snap.has_hard_taints(name) and snap.untolerated_taints(name, self.request.tolerations):
             return None
         return lo
+
+    def tightest(self) -> Iterator[tuple[int, str]]:
+        """For a set of one resource holding no member: (leftover, name) of every node
+        `eligible_node` may accept (placeable, advertising the resource, with room for the
+        set), least leftover first, then by name, each with the leftover `eligible_node`
+        gives it; lazily, from the snapshot's free buckets (`Snapshot.free_buckets`): a walk
+        that stops early reads only the buckets it reached. The other conditions are
+        `eligible_node`'s."""
+        r0 = self.resources[0]
+        t0 = self.total[r0]
+        buckets = self.snap.free_buckets(r0)
+        for f in sorted(k for k in buckets if k >= t0):
+            lo = f - t0
+            for name in buckets[f]:
+                yield lo, name
 
     def eligible_elsewhere(self, limit: int | None) -> list[tuple[int, str]]:
         """Eligible nodes holding no member, as sorted (leftover, name), at least the first

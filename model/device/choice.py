@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from model.device.dra import HARD_DEVICE_TAINTS, DeviceRef
 from model.device.match import MatchAttribute
@@ -27,6 +27,20 @@ _NO_NAMES: frozenset[str] = frozenset()
 Elsewhere = Callable[[int | None], list[tuple[int, str]]]
 """The count-mode core's eligible nodes holding no member, as sorted (leftover, name), at
 least the first `limit` (None: all): `model.decide`'s `_Set.eligible_elsewhere`."""
+
+Tightest = Callable[[], Iterator[tuple[int, str]]]
+"""For a set of one resource, a new walk over (leftover, name) of every node that may be
+eligible for it (placeable, with room), sorted: a superset of the eligible nodes, each with
+the leftover `eligible_node` gives it (`model.decide`'s `_Set.tightest`)."""
+
+_SCAN = 8
+"""`SetDevices.ranked_elsewhere`: how many nodes of `Tightest` a walk for one fit group
+looks at per member of the group before it asks the members instead. Looking at a node of
+another group is one dict read, asking a member about ten times that."""
+
+
+def _fit_of_key(key: tuple[tuple, str]) -> tuple:
+    return key[0]
 
 
 def no_group(class_name: str, why: NoGroup, free: int) -> NoDeviceGroup:
@@ -59,7 +73,7 @@ class NoDevices:
         """The eligible nodes holding no member, at most `limit`: count mode's as they are."""
         return eligible(limit)
 
-    def ranked_elsewhere(self, eligible_node: Callable[[str], int | None],
+    def ranked_elsewhere(self, eligible_node: Callable[[str], int | None], tightest: Tightest,
                          limit: int) -> list[tuple[int, str]] | None:
         """`elsewhere` from the snapshot's ranking, or None when it does not apply (count
         mode: the count-mode walk is already in B4 order)."""
@@ -224,40 +238,78 @@ class SetDevices(NoDevices):
         found = [(lo, name) for _, lo, name in ok]
         return found if limit is None else found[:limit]
 
-    def ranked_elsewhere(self, eligible_node: Callable[[str], int | None],
+    def ranked_elsewhere(self, eligible_node: Callable[[str], int | None], tightest: Tightest,
                          limit: int) -> list[tuple[int, str]] | None:
         """`elsewhere(…, limit)` without a look at every node, for a set of one class with
         no member Bound and no hold of its own on any node (a new set, the common case):
-        the snapshot's ranking of the class and count (`NodeMemo.ranked`, `ranked`) is walked tightest group first,
-        each node asked `eligible_node` (its leftover when `eligible` would list it, else
-        None), and the walk stops at the end of the first group fit after `limit` nodes
-        were found (within one fit the order is leftover, then name). The same list as
-        `elsewhere`; None when it does not apply."""
+        the same list (DR4's order, B4 within one group fit: tightest node, then name), None
+        when it does not apply.
+
+        The snapshot's ranking of the class and count (`NodeMemo.ranked`, `ranked`) gives
+        the fit groups, tightest first; they are taken in turn until `limit` nodes are found
+        (a later group comes after every node of an earlier one). `eligible_node(name)` is a
+        node's leftover when `eligible` would list it, else None. Within a group the order
+        is (leftover, name), which the ranking does not know (free units change without a
+        node's entry going), so a group larger than the nodes still wanted is walked in the
+        order of `tightest()` ((leftover, name) of every node `eligible_node` may accept, in
+        that order, from the snapshot's free buckets), keeping its members, and stops when
+        enough are found: no node of the group it has not reached can come before them. A
+        fresh fleet is one group of every node (issue 40: the walk asked all of them); that
+        walk asks about `limit` nodes. It gives up after `_SCAN` nodes per member of the
+        group (most of them in other groups) and asks the group's members in the ranking's
+        order instead, each at most once.
+
+        Shapes: `eligible_node` name -> leftover units or None; `tightest` a `Tightest`;
+        `limit` at least 1; returns at most `limit` (leftover, name), best first."""
         if len(self.classes) != 1 or self._own_holds or self.here:
             return None  # the ranking is a new set's: a member's record would score its node
         c = self.classes[0]
+        ranking = self.ranked(c, len(self.by_class[c]))
+        keys, fit_of = ranking.keys, ranking.fit_of
         found: list[tuple[tuple, int, str]] = []
-        fit = None
-        for key, name in self.ranked(c, len(self.by_class[c])):
-            if key != fit:
-                if len(found) >= limit:
-                    break
-                fit = key
-            lo = eligible_node(name)
-            if lo is not None:
-                found.append((key, lo, name))
+        i, end = 0, len(keys)
+        while i < end and len(found) < limit:
+            fit = keys[i][0]
+            j = bisect.bisect_right(keys, fit, i, end, key=_fit_of_key)
+            asked: dict[str, int | None] = {}
+            need = limit - len(found)
+            if j - i > need:
+                budget = _SCAN * (j - i)
+                got: list[tuple[tuple, int, str]] = []
+                for _, name in tightest():
+                    budget -= 1
+                    if budget < 0:
+                        break  # too far from the group's members: ask them instead
+                    if fit_of.get(name) != fit:
+                        continue
+                    lo = asked[name] = eligible_node(name)
+                    if lo is not None:
+                        got.append((fit, lo, name))
+                        if len(got) == need:
+                            break
+                if budget >= 0:  # `need` members found, or every node seen
+                    found += got
+                    i = j
+                    continue
+            for k in range(i, j):
+                name = keys[k][1]
+                lo = asked[name] if name in asked else eligible_node(name)
+                if lo is not None:
+                    found.append((fit, lo, name))
+            i = j
         found.sort()
         return [(lo, name) for _, lo, name in found[:limit]]
 
-    def ranked(self, c: str, count: int) -> list[tuple[tuple, str]]:
+    def ranked(self, c: str, count: int) -> Ranking:
         """The snapshot's ranking of a new set of `count` devices of class `c` (which this
-        set is, and holds no device on any node): (fit, node) sorted, for every node serving
-        `c` where the choice succeeds; built once per snapshot memo, its stale nodes worked
-        out again (`model.device.records.Ranking`)."""
+        set is, and holds no device on any node): a `model.device.records.Ranking` whose
+        `keys` are (fit, node) sorted, for every node serving `c` where the choice succeeds
+        (DR3/DR4); built once per snapshot memo, its stale nodes worked out again
+        (`Ranking.refreshed`: a bisection each, no pass over every node)."""
         memo = self.snap.memo.ranked
         found = memo.get((c, count))
         if found is not None and not found.dirty:
-            return found.keys
+            return found
         serving = self.snap.serving_nodes(c)
         if found is None:
             keys = []
@@ -266,16 +318,15 @@ class SetDevices(NoDevices):
                 if not isinstance(choice, NoDeviceGroup):
                     keys.append((choice[c].fit, n))
             keys.sort()
+            found = Ranking(keys)
         else:
-            dirty = found.dirty
-            keys = [k for k in found.keys if k[1] not in dirty]
-            for n in dirty:
-                if n in serving:
-                    choice = self.choice(n)
-                    if not isinstance(choice, NoDeviceGroup):
-                        bisect.insort(keys, (choice[c].fit, n))
-        memo[(c, count)] = Ranking(keys)
-        return keys
+            fits: dict[str, tuple | None] = {}
+            for n in found.dirty:
+                choice = self.choice(n) if n in serving else None
+                fits[n] = None if choice is None or isinstance(choice, NoDeviceGroup) else choice[c].fit
+            found = found.refreshed(fits)
+        memo[(c, count)] = found
+        return found
 
     def problems(self, node: str, out: list[Reason], short: bool) -> list[Reason]:
         """`out` (the count-mode reasons `node` fails the set with; it serves every class)
