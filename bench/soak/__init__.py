@@ -120,6 +120,6 @@ def _run(args: argparse.Namespace) -> int:
 
 BENCHMARK = Benchmark("soak", "scale's population under seeded churn (creates, deletes, "
                               "cordons, held-device moves; a leader kill -9 every 2.5 min and "
-                              "one kube-apiserver restart before the last 45 per cent of the run, a "
-                              "steady stretch whose replica RSS trend is judged), docs/contract.md §7 "
+                              "one kube-apiserver restart before the steady stretch (the last "
+                              "--steady-share of the run), whose replica RSS trend is judged), docs/contract.md §7 "
                               "checked throughout and at the end", _arguments, _run)
