@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import replace
+from operator import itemgetter
 from typing import Callable, Iterator, Sequence
 
 from model.device.dra import HARD_DEVICE_TAINTS, DeviceRef
@@ -37,10 +38,6 @@ _SCAN = 8
 """`SetDevices.ranked_elsewhere`: how many nodes of `Tightest` a walk for one fit group
 looks at per member of the group before it asks the members instead. Looking at a node of
 another group is one dict read, asking a member about ten times that."""
-
-
-def _fit_of_key(key: tuple[tuple, str]) -> tuple:
-    return key[0]
 
 
 def no_group(class_name: str, why: NoGroup, free: int) -> NoDeviceGroup:
@@ -270,7 +267,7 @@ class SetDevices(NoDevices):
         i, end = 0, len(keys)
         while i < end and len(found) < limit:
             fit = keys[i][0]
-            j = bisect.bisect_right(keys, fit, i, end, key=_fit_of_key)
+            j = bisect.bisect_right(keys, fit, i, end, key=itemgetter(0))
             asked: dict[str, int | None] = {}
             need = limit - len(found)
             if j - i > need:

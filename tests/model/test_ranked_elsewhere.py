@@ -51,6 +51,16 @@ def _new(size: int) -> list[GPUDevice]:
     return [GPUDevice("t1", f"new-{i}", CLASS) for i in range(size)]
 
 
+def _with_new_set(nodes: list, devices: list[GPUDevice], size: int,
+                  zone: str | None = None) -> tuple[Snapshot, Request]:
+    """A snapshot of `nodes` and `devices` plus a new set of `size` devices, and that set's
+    request (node selector `zone=<zone>` when given)."""
+    new = _new(size)
+    snap = Snapshot.build(nodes=nodes, classes=[device_class()], devices=[*devices, *new])
+    selector = (("zone", zone),) if zone else ()
+    return snap, Request("r", "t1", "vm", tuple(d.name for d in new), node_selector=selector)
+
+
 def _both(snap: Snapshot, request: Request, limit: int):
     members = [snap.device("t1", n) for n in request.devices]
     s = _Set(snap, request, members, [CLASS])
@@ -64,10 +74,7 @@ def _both(snap: Snapshot, request: Request, limit: int):
        st.sampled_from([None, "b"]))
 def test_the_ranking_walk_gives_the_walk_over_every_node(boards, size, limit, zone):
     nodes, held = _fleet(boards)
-    new = _new(size)
-    snap = Snapshot.build(nodes=nodes, classes=[device_class()], devices=[*held, *new])
-    selector = (("zone", zone),) if zone else ()
-    request = Request("r", "t1", "vm", tuple(d.name for d in new), node_selector=selector)
+    snap, request = _with_new_set(nodes, held, size, zone)
     fast, slow = _both(snap, request, limit)
     assert fast is not None
     assert fast == slow
@@ -89,9 +96,7 @@ _change = st.one_of(
        st.lists(_change, min_size=1, max_size=6), st.integers(1, 4))
 def test_a_warm_ranking_follows_the_snapshot_it_is_carried_to(boards, size, changes, limit):
     nodes, held = _fleet(boards)
-    new = _new(size)
-    snap = Snapshot.build(nodes=nodes, classes=[device_class()], devices=[*held, *new])
-    request = Request("r", "t1", "vm", tuple(d.name for d in new))
+    snap, request = _with_new_set(nodes, held, size)
     decide(snap, request)  # warm the ranking on the start
     for i, (kind, b, g) in enumerate(changes):
         name = f"b{b % len(nodes)}"
@@ -203,10 +208,7 @@ def test_within_one_fit_the_walk_gives_the_walk_over_every_node(boards, size, li
 
 
 def _within_one_fit(boards, size, limit, zone):
-    new = _new(size)
-    snap = Snapshot.build(nodes=_crowd(boards), classes=[device_class()], devices=new)
-    selector = (("zone", zone),) if zone else ()
-    request = Request("r", "t1", "vm", tuple(d.name for d in new), node_selector=selector)
+    snap, request = _with_new_set(_crowd(boards), [], size, zone)
     fast, slow = _both(snap, request, limit)
     assert fast == slow
     members = [snap.device("t1", n) for n in request.devices]
@@ -239,9 +241,7 @@ def test_a_warm_ranking_follows_leftovers_that_change_without_its_nodes(boards, 
 
 def _follows_leftovers(boards, size, changes, limit):
     nodes = _crowd(boards)
-    new = _new(size)
-    snap = Snapshot.build(nodes=nodes, classes=[device_class()], devices=new)
-    request = Request("r", "t1", "vm", tuple(d.name for d in new))
+    snap, request = _with_new_set(nodes, [], size)
     decide(snap, request)  # warm the ranking on the start
     for i, (kind, b, k) in enumerate(changes):
         node = nodes[b % len(nodes)]
