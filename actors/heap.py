@@ -72,8 +72,9 @@ async def trim_heap_every(period: float, trim: Callable[[], int] | None = None, 
     itself), so a replica's RSS held every burst's high-water mark (issue 41 item 5: a young
     follower rose in steps of 3-5 MiB at bursts of admissions and connections and never came
     down; `python -m bench.cache_turnover --conns 20 --bursts 4` reproduces the steps without
-    a cluster, and a trim a minute brings RSS back to what is in use after each burst). One
-    trim per period, none at the start (the caller has just settled the heap). Returns at
+    a cluster, and a trim a minute brings RSS back to what is in use after each burst; in
+    the device soak of 2026-12-07 the follower still grew 0.94 MiB/min with it, so that
+    growth is something else, docs/benchmarks.md). One trim per period, none at the start (the caller has just settled the heap). Returns at
     once when `period` <= 0 (off) or this C library has no `malloc_trim`; otherwise runs
     until cancelled."""
     if trim is None:
