@@ -164,6 +164,7 @@ class Controller:
 
         async def metrics_view(_: web.Request) -> web.Response:
             await metrics.refresh_fleet()
+            metrics.refresh_heap()
             body, ctype = metrics.render()
             return web.Response(body=body, headers={"Content-Type": ctype})
 

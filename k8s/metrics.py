@@ -4,13 +4,16 @@ Counters and histograms are updated where things happen (admissions, decisions);
 tree's figures (restarts, reservations in flight, mailbox depth) and leadership are read on
 scrape from the frozen `statistics()` values, so nothing reaches inside an actor; the fleet's
 figures per class and tenant (`gpu-binder top`'s) are computed from the cache by the scrape
-(`refresh_fleet`, in a worker thread, at most every FLEET_MAX_AGE seconds).
+(`refresh_fleet`, in a worker thread, at most every FLEET_MAX_AGE seconds); where the
+process's memory lives (`refresh_heap`: `actors.heap.heap_parts`, on the event loop, at most
+every HEAP_MAX_AGE seconds).
 `k8s/manifests/dashboards/gpu-binder.json` is the Grafana dashboard over these names.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -20,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from actors.heap import heap_parts
 from supervisor.binder import ChildKind
 
 if TYPE_CHECKING:
@@ -52,6 +56,11 @@ class Observed:
 
 FLEET_MAX_AGE = 10.0
 """Seconds a computation of the fleet figures is reused by later scrapes."""
+
+HEAP_MAX_AGE = 5.0
+"""Seconds a reading of the heap's parts (`Metrics.refresh_heap`) is reused by later scrapes:
+one reading costs a few milliseconds (docs/metrics.md), so however often the replica is
+scraped it spends under a thousandth of a core on them."""
 
 
 class _TreeCollector:
@@ -266,6 +275,35 @@ class _FleetCollector:
         yield hard
 
 
+class _HeapCollector:
+    """Where the replica's memory lives, as `Metrics.refresh_heap` last read it (nothing
+    until then): `gpu_binder_heap_bytes` by part and `gpu_binder_heap_pymalloc_blocks`."""
+
+    def __init__(self, metrics: "Metrics") -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator:
+        parts = self.metrics.heap or {}
+        fam = GaugeMetricFamily(
+            "gpu_binder_heap_bytes",
+            "where this replica's memory lives (actors.heap.heap_parts): resident bytes by "
+            "mapping (rss_heap glibc's main arena, rss_thread_arenas worker threads' malloc "
+            "arenas, rss_anon other anonymous memory: pymalloc's arenas and mmap'd chunks, "
+            "rss_stacks, rss_file, rss_other; they add up to the RSS) and glibc's mallinfo2 "
+            "(malloc_arena, malloc_mmap, malloc_in_use, malloc_free, malloc_releasable; "
+            "absent off glibc)", labels=["part"])
+        for part, n in sorted(parts.items()):
+            if part != "pymalloc_blocks":
+                fam.add_metric([part], float(n))
+        yield fam
+        blocks = GaugeMetricFamily("gpu_binder_heap_pymalloc_blocks",
+                                   "memory blocks Python's object allocator has handed out "
+                                   "and not freed (sys.getallocatedblocks)")
+        if "pymalloc_blocks" in parts:
+            blocks.add_metric([], float(parts["pymalloc_blocks"]))
+        yield blocks
+
+
 class Metrics:
     """The replica's registry. `render()` gives (body bytes, content type) for /metrics.
     `observe` gives what a scrape reads of the process (`Observed`); `admission` is the
@@ -341,6 +379,22 @@ class Metrics:
         self.fleet: "Top | None" = None
         self._fleet_at = -math.inf
         self.registry.register(_FleetCollector(self))
+        self.heap: dict[str, int] | None = None
+        self._heap_at = -math.inf
+        self.registry.register(_HeapCollector(self))
+
+    def refresh_heap(self, max_age: float = HEAP_MAX_AGE) -> None:
+        """Read where the process's memory lives (`actors.heap.heap_parts`: {part: bytes},
+        pymalloc_blocks a count) when the last reading is older than `max_age`
+        seconds (monotonic). Called by each scrape before `render`; on the calling thread
+        (the event loop), since the reading takes a few milliseconds and a worker thread
+        would get a malloc arena of its own, the very thing measured. Never raises for a
+        missing /proc or C library (`heap_parts` leaves those parts out)."""
+        now = time.monotonic()
+        if now - self._heap_at < max_age:
+            return
+        self._heap_at = now
+        self.heap = heap_parts()
 
     async def refresh_fleet(self, max_age: float = FLEET_MAX_AGE) -> None:
         """Recompute the fleet figures (`model.explain.top` on the cache's snapshot: the
