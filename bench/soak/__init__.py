@@ -45,20 +45,21 @@ from typing import Any
 
 from bench.common import BadArgs, Benchmark, add_out, add_seed, at_least, targets_lines
 from bench.soak.report import (RSS_SLOPE_MAX_MIB_PER_MIN, RSS_SLOPE_WHY, RSS_TARGET_MIB,
-                               cache_change, heap_change, heap_reports, plot, refusal_reason,
-                               rss_trend, soak_report, summary, targets)
+                               cache_change, heap_change, heap_parts_trend, heap_reports, plot,
+                               refusal_reason, rss_trend, soak_report, summary, targets)
 from bench.soak.report import DEVICE_KINDS, device_part
 from bench.soak.workload import (MAX_CREATE_RATE, MAX_MINUTES, SIZES, Op, SoakSpec,
                                  deletion_order, schedule, schedule_digest, taints)
 
-_DRIVER = ("SOAK_ARGS", "Rec", "Soak", "cache_objects", "run", "soak_on")
+_DRIVER = ("SOAK_ARGS", "Rec", "Soak", "cache_objects", "replica_figures", "run", "soak_on")
 """The names of `driver`, imported on first use (it drives a cluster; the harness is heavy to
 import, and `gpu-binder --help` lists this benchmark without it)."""
 
 __all__ = ["BENCHMARK", "DEVICE_KINDS", "MAX_CREATE_RATE", "RSS_SLOPE_MAX_MIB_PER_MIN", "RSS_SLOPE_WHY",
            "RSS_TARGET_MIB", "SIZES", "SOAK_ARGS", "Op", "Rec", "Soak", "SoakSpec",
-           "cache_change", "cache_objects", "deletion_order", "heap_change", "heap_reports", "plot",
-           "refusal_reason", "rss_trend", "run", "schedule", "schedule_digest", "soak_on",
+           "cache_change", "cache_objects", "deletion_order", "heap_change", "heap_parts_trend",
+           "heap_reports", "plot", "refusal_reason", "replica_figures", "rss_trend", "run",
+           "schedule", "schedule_digest", "soak_on",
            "soak_report", "summary", "taints", "targets", "device_part"]
 
 

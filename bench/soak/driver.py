@@ -109,6 +109,9 @@ class Soak:
         self.rss: list[tuple[float, int, int, float]] = []
         # (t s, replica, pid, {informer: objects}) from `gpu_binder_cache_objects`
         self.cached: list[tuple[float, int, int, dict[str, int]]] = []
+        # (t s, replica, pid, {part: bytes; pymalloc_blocks a count}) from
+        # `gpu_binder_heap_bytes` and `gpu_binder_heap_pymalloc_blocks` (actors.heap.heap_parts)
+        self.heap_parts: list[tuple[float, int, int, dict[str, int]]] = []
         self.samples: list[tuple[float, int, int]] = []        # (t, violations so far, admitted)
         self.cordoned: set[str] = set()
         self.t0 = 0.0
@@ -586,18 +589,22 @@ class Soak:
             await anyio.sleep(self.spec.check_every)
 
     async def rss_sampler(self) -> None:
-        """Every `rss_every` s, each live replica's RSS and the objects its informers hold
-        (`gpu_binder_cache_objects` from its /metrics; a scrape that fails is skipped): what
-        a growing RSS may follow."""
+        """Every `rss_every` s, each live replica's RSS, the objects its informers hold
+        (`gpu_binder_cache_objects` from its /metrics) and where its memory lives
+        (`gpu_binder_heap_bytes` by part, `gpu_binder_heap_pymalloc_blocks`; a scrape that
+        fails is skipped): what a growing RSS may follow, and which part of it grows."""
         while self.churning:
             for i, r in enumerate(self.lc.replicas):
                 if r.alive:
                     mib = memory_mib(r.proc.pid).get("VmRSS")
                     if mib is not None:
                         self.rss.append((round(self.now(), 1), i, r.proc.pid, round(mib, 1)))
-                    held = await cache_objects(self.lc, i)
-                    if held is not None:
+                    got = await replica_figures(self.lc, i)
+                    if got is not None:
+                        held, heap = got
                         self.cached.append((round(self.now(), 1), i, r.proc.pid, held))
+                        if heap:
+                            self.heap_parts.append((round(self.now(), 1), i, r.proc.pid, heap))
             await anyio.sleep(self.spec.rss_every)
 
     async def heap_reporter(self) -> None:
@@ -710,6 +717,15 @@ async def cache_objects(lc, i: int) -> dict[str, int] | None:
     """{informer: objects held} of replica `i` from its /metrics (`gpu_binder_cache_objects`)
     and its connections under `CONNECTION_KEYS` (`gpu_binder_api_connections` in use and
     idle, `gpu_binder_webhook_connections`: each TLS connection holds ~260 KiB), None when
+    the scrape fails (a replica starting or killed): `replica_figures`' first part."""
+    got = await replica_figures(lc, i)
+    return None if got is None else got[0]
+
+
+async def replica_figures(lc, i: int) -> tuple[dict[str, int], dict[str, int]] | None:
+    """One scrape of replica `i`'s /metrics: (`cache_objects`' {informer or connection key:
+    n}, {part: value} of `gpu_binder_heap_bytes` by part and `pymalloc_blocks` from
+    `gpu_binder_heap_pymalloc_blocks`, empty from a replica that exports neither), None when
     the scrape fails (a replica starting or killed)."""
     from localcluster.metrics_text import parse_metrics
 
@@ -718,12 +734,17 @@ async def cache_objects(lc, i: int) -> dict[str, int] | None:
     except OSError:
         return None
     out: dict[str, int] = {}
+    heap: dict[str, int] = {}
     for (name, labels), v in parse_metrics(text).items():
         if name == "gpu_binder_cache_objects":
             out[dict(labels).get("informer", "?")] = int(v)
+        elif name == "gpu_binder_heap_bytes":
+            heap[dict(labels).get("part", "?")] = int(v)
+        elif name == "gpu_binder_heap_pymalloc_blocks":
+            heap["pymalloc_blocks"] = int(v)
         elif (key := CONNECTION_KEYS.get((name, dict(labels).get("state")))) is not None:
             out[key] = int(v)
-    return out
+    return out, heap
 
 
 CONNECTION_KEYS = {("gpu_binder_api_connections", "in_use"): "~api connections in use",

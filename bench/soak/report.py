@@ -1,5 +1,6 @@
-"""The soak's report: the RSS judgement over the steady stretch (`rss_trend`), what the
-replicas' informers and heaps held over it (`cache_change`, `heap_reports`, `heap_change`),
+"""The soak's report: the RSS judgement over the steady stretch (`rss_trend`), which part of
+the replicas' memory grew over it (`heap_parts_trend`), what the replicas' informers and
+heaps held over it (`cache_change`, `heap_reports`, `heap_change`),
 the report of a run (`soak_report`), issue 22's targets in it (`targets`), its human lines
 (`summary`) and its figure (`plot`). Pure but for reading the replicas' logs and the
 tracemalloc snapshots they name, and writing the figure."""
@@ -129,11 +130,51 @@ def rss_trend(samples: list[tuple[float, int, int, float]], start: float, end: f
             "peak_mib": round(max(m for *_, m in samples), 1) if samples else None}
 
 
+def heap_parts_trend(samples: list[tuple[float, int, int, dict[str, int]]], start: float,
+                     end: float, *, every: float = 10.0,
+                     threshold: float = RSS_SLOPE_MAX_MIB_PER_MIN) -> dict:
+    """Which part of each replica's memory grew over the steady stretch [`start`, `end`] s:
+    `samples` [(t s, replica, pid, {part: bytes, pymalloc_blocks: count})] (the replicas'
+    `gpu_binder_heap_bytes` and `gpu_binder_heap_pymalloc_blocks`, actors.heap.heap_parts)
+    taken every `every` s, each part fitted as `rss_trend` fits RSS (same processes judged:
+    alive through the stretch, ≥ 5 samples of the part spanning ≥ 60 s; same verdicts
+    against `threshold` MiB/min). Pure. Returns {from_s, to_s, threshold_mib_per_min,
+    processes: [{replica, pid, samples, parts: {part: {slope_mib_per_min, se_mib_per_min,
+    level_mib, verdict}}, pymalloc_blocks_per_min (None without that figure), growing:
+    [parts whose verdict is "growing", steepest first]}]}, the parts of each process in
+    order of slope, steepest first."""
+    by_part: dict[str, list[tuple[float, int, int, float]]] = {}
+    blocks: list[tuple[float, int, int, float]] = []
+    for t, i, pid, parts in samples:
+        for part, n in parts.items():
+            if part == "pymalloc_blocks":
+                blocks.append((t, i, pid, float(n)))
+            else:
+                by_part.setdefault(part, []).append((t, i, pid, n / 2**20))
+    procs: dict[tuple[int, int], dict] = {}
+    for part, pts in sorted(by_part.items()):
+        for p in rss_trend(pts, start, end, every=every, threshold=threshold)["processes"]:
+            row = procs.setdefault((p["replica"], p["pid"]), {
+                "replica": p["replica"], "pid": p["pid"], "samples": p["samples"], "parts": {},
+                "pymalloc_blocks_per_min": None})
+            row["parts"][part] = {k: p[k] for k in ("slope_mib_per_min", "se_mib_per_min",
+                                                     "level_mib", "verdict")}
+    for p in rss_trend(blocks, start, end, every=every)["processes"]:
+        if (p["replica"], p["pid"]) in procs:
+            procs[p["replica"], p["pid"]]["pymalloc_blocks_per_min"] = p["slope_mib_per_min"]
+    for row in procs.values():
+        row["parts"] = dict(sorted(row["parts"].items(),
+                                   key=lambda kv: -kv[1]["slope_mib_per_min"]))
+        row["growing"] = [k for k, v in row["parts"].items() if v["verdict"] == "growing"]
+    return {"from_s": start, "to_s": end, "threshold_mib_per_min": threshold,
+            "processes": [procs[k] for k in sorted(procs)]}
+
+
 def soak_report(soak) -> dict:
     """The report of a finished `bench.soak.driver.Soak` run: the schedule, the creates'
     outcomes and answer times, the refusals by reason, the violations, the disturbances
-    (`events`), the steady stretch, the RSS judgement (`rss_trend`) and samples, the
-    informers' objects and the replicas' heap reports over the steady stretch; in device
+    (`events`), the steady stretch, the RSS judgement (`rss_trend`) and samples, the slope of
+    each part of the replicas' memory (`heap_parts_trend`) and its samples, the informers' objects and the replicas' heap reports over the steady stretch; in device
     mode its `device` part (`device_part`)."""
     out = Counter(r.outcome for r in soak.recs)
     answers = sorted(r.answer_s for r in soak.recs if r.outcome in ("admitted", "refused"))
@@ -159,6 +200,10 @@ def soak_report(soak) -> dict:
         "steady": soak.steady(), "rss_trend": trend, "rss_peak_mib": trend["peak_mib"],
         "rss_samples": soak.rss, "violation_timeline": soak.samples,
         "cache_samples": soak.cached,
+        "heap_parts_samples": getattr(soak, "heap_parts", []),
+        "heap_parts_trend": heap_parts_trend(getattr(soak, "heap_parts", []),
+                                             trend["from_s"], trend["to_s"],
+                                             every=soak.spec.rss_every),
         "cache_over_steady": cache_change(soak.cached, trend["from_s"], trend["to_s"]),
         "heap_over_steady": heap_change(heap_reports(
             [r.log_path for r in soak.lc.replicas])),
@@ -347,6 +392,14 @@ def summary(report: dict) -> list[str]:
             f"{c['pid']}: " + ", ".join(
                 f"{k} {c['first'].get(k)} -> {c['last'].get(k)}" for k in sorted(c["last"]))
             for c in report.get("cache_over_steady", [])] + [
+            f"memory by part over it (MiB/min, ± 2 SE; level MiB), replica-{h['replica']} pid "
+            f"{h['pid']}: " + ", ".join(
+                f"{k} {v['slope_mib_per_min']} ± {2 * v['se_mib_per_min']:.3f} "
+                f"({v['level_mib']})" for k, v in h["parts"].items())
+            + (f"; pymalloc blocks {h['pymalloc_blocks_per_min']:+.0f}/min"
+               if h.get("pymalloc_blocks_per_min") is not None else "")
+            + f"; growing: {', '.join(h['growing']) or 'none'}"
+            for h in (report.get("heap_parts_trend") or {}).get("processes", [])] + [
             f"heap over it, replica-{h['replica']} pid {h['pid']}: gc objects "
             f"{h['gc_objects'][0]} -> {h['gc_objects'][1]} (frozen "
             f"{h['gc_frozen'][0]} -> {h['gc_frozen'][1]})"

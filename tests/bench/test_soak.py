@@ -554,3 +554,85 @@ def test_cache_objects_reads_the_informers_and_the_connections():
         "nodes": 1000, "pods": 2064, "~api connections in use": 17,
         "~api connections idle": 51, "~webhook connections": 6}
     assert anyio.run(cache_objects, Cluster(), 1) is None
+
+
+def test_replica_figures_reads_the_heap_parts_beside_the_informers():
+    """Issue 41 item 5: the soak samples where each replica's memory lives
+    (`gpu_binder_heap_bytes{part}`, `gpu_binder_heap_pymalloc_blocks`) from the scrape that
+    gives its informers' objects; a replica without them gives no parts."""
+    import anyio
+
+    from bench.soak.driver import replica_figures
+
+    text = "\n".join([
+        "# TYPE gpu_binder_cache_objects gauge",
+        'gpu_binder_cache_objects{informer="nodes"} 1000.0',
+        "# TYPE gpu_binder_heap_bytes gauge",
+        'gpu_binder_heap_bytes{part="rss_anon"} 1.048576e+08',
+        'gpu_binder_heap_bytes{part="rss_heap"} 5.24288e+07',
+        'gpu_binder_heap_bytes{part="malloc_free"} 4096.0',
+        "# TYPE gpu_binder_heap_pymalloc_blocks gauge",
+        "gpu_binder_heap_pymalloc_blocks 1.234567e+06", ""])
+    old = 'gpu_binder_cache_objects{informer="nodes"} 1000.0\n'
+
+    class Cluster:
+        def metrics(self, i: int) -> str:
+            return (text, old)[i]
+
+    assert anyio.run(replica_figures, Cluster(), 0) == (
+        {"nodes": 1000}, {"rss_anon": 100 * 2**20, "rss_heap": 50 * 2**20,
+                          "malloc_free": 4096, "pymalloc_blocks": 1234567})
+    assert anyio.run(replica_figures, Cluster(), 1) == ({"nodes": 1000}, {})
+
+
+def _parts(replica, pid, t0, t1, slopes: dict[str, float], blocks_per_min=0.0, seed=0,
+           every=10.0):
+    """Heap-part samples every `every` s over [t0, t1]: each part (MiB/min in `slopes`) a
+    line from 50 MiB plus seeded noise of 0.2 MiB, in bytes; pymalloc blocks from 10^6."""
+    rng = random.Random(seed)
+    out, t = [], t0
+    while t <= t1:
+        parts = {p: int((50 + s * (t - t0) / 60 + rng.gauss(0, 0.2)) * 2**20)
+                 for p, s in slopes.items()}
+        parts["pymalloc_blocks"] = int(1e6 + blocks_per_min * (t - t0) / 60)
+        out.append((t, replica, pid, parts))
+        t += every
+    return out
+
+
+def test_heap_parts_trend_names_the_part_that_grows():
+    """The device soak's young follower grew ~1 MiB/min with its objects flat: the report
+    fits each part over the steady stretch and names the growing ones, steepest first."""
+    from bench.soak import heap_parts_trend
+
+    follower = _parts(1, 41, 0, 1200, {"rss_anon": 1.0, "rss_heap": 0.0,
+                                       "rss_thread_arenas": 0.3, "malloc_free": 0.0},
+                      blocks_per_min=0.0, seed=1)
+    leader = _parts(0, 40, 0, 1200, {"rss_anon": 0.0, "rss_heap": 0.0}, seed=2)
+    killed = _parts(0, 39, 0, 700, {"rss_anon": 5.0}, seed=3)          # gone mid-stretch
+    got = heap_parts_trend(follower + leader + killed, 660, 1200)
+    assert got["from_s"] == 660 and got["to_s"] == 1200
+    assert [(p["replica"], p["pid"]) for p in got["processes"]] == [(0, 40), (1, 41)]
+    lead, follow = got["processes"]
+    assert list(follow["parts"])[:2] == ["rss_anon", "rss_thread_arenas"]  # steepest first
+    slopes = [v["slope_mib_per_min"] for v in follow["parts"].values()]
+    assert slopes == sorted(slopes, reverse=True) and len(slopes) == 4
+    anon = follow["parts"]["rss_anon"]
+    assert abs(anon["slope_mib_per_min"] - 1.0) < 0.05 and anon["verdict"] == "growing"
+    assert abs(anon["level_mib"] - 70.0) < 0.5                     # 50 + 1.0 × 20 min
+    assert abs(follow["parts"]["rss_thread_arenas"]["slope_mib_per_min"] - 0.3) < 0.05
+    assert follow["growing"] == ["rss_anon", "rss_thread_arenas"]
+    assert follow["parts"]["rss_heap"]["verdict"] == "flat"
+    assert abs(follow["pymalloc_blocks_per_min"]) < 1
+    assert lead["growing"] == [] and set(lead["parts"]) == {"rss_anon", "rss_heap"}
+    lines = summary({
+        "seed": 1, "schedule": "x", "creates": 0, "admitted": 0, "refused": 0, "counts": {},
+        "violations": 0, "violations_by_kind": {}, "admissions_lost": 0, "samples": 0,
+        "events": [], "rss_trend": rss_trend([], 660, 1200), "heap_parts_trend": got})
+    (line,) = [x for x in lines if "replica-1 pid 41" in x and "memory by part" in x]
+    assert line.startswith("memory by part over it (MiB/min, ± 2 SE; level MiB), "
+                           "replica-1 pid 41: rss_anon 1.0")
+    assert line.endswith("growing: rss_anon, rss_thread_arenas")
+    assert "pymalloc blocks +0/min" in line
+    # a run whose replicas export no parts (older code) reports none
+    assert heap_parts_trend([], 660, 1200)["processes"] == []
