@@ -18,7 +18,8 @@ long, `--bursts` adds bursts of admissions, and `--conns` models TLS connections
 allocator sees them (16 held for the watches, more opened in the bursts and closed within a
 minute). Every simulated minute, after a full collection, it records VmRSS, pymalloc's
 arenas (`sys._debugmallocstats`), glibc's heap (`mallinfo2`: in use, free inside it,
-mmapped), and the objects the garbage collector tracks and has frozen.
+mmapped), the objects the garbage collector tracks and has frozen, and where the resident
+memory lives (`parts`: `actors.heap.heap_parts`, the replica's `gpu_binder_heap_bytes`, MiB).
 
 What it showed on 2026-12-07 (30 simulated minutes, `bench-results/cache-turnover*.json`):
 the cache turning over alone adds ~3 MiB of live data in its first pass (pymalloc's arenas
@@ -53,7 +54,7 @@ from types import SimpleNamespace
 
 import orjson
 
-from actors.heap import malloc_trimmer, restore_heap, settle_heap
+from actors.heap import heap_parts, malloc_trimmer, restore_heap, settle_heap
 from bench.common import at_least, commit, machine
 from k8s.cache import ClusterCache
 from k8s.informer import OrjsonWatch
@@ -414,7 +415,10 @@ def glibc() -> dict:
 
 def sample(t: float, cpu0: float, extra: dict) -> dict:
     gc.collect()   # garbage in cycles is not held (as `heap_report` does)
-    return {"t_min": round(t / 60, 1), "rss_mib": round(rss_mib(), 1), **pymalloc(), **glibc(),
+    parts = {k: v if k == "pymalloc_blocks" else round(v / 2**20, 2)
+             for k, v in heap_parts().items()}
+    return {"t_min": round(t / 60, 1), "rss_mib": round(rss_mib(), 1), "parts": parts,
+            **pymalloc(), **glibc(),
             "gc_objects": len(gc.get_objects()), "gc_frozen": gc.get_freeze_count(),
             "cpu_s": round(time.process_time() - cpu0, 1), **extra}
 

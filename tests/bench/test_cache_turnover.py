@@ -25,6 +25,24 @@ def test_the_churn_replaces_the_listed_objects_at_constant_counts():
     assert got["trims"] == 0
 
 
+@pytest.mark.skipif(platform.system() != "Linux", reason="/proc/self/smaps")
+def test_each_sample_says_where_the_resident_memory_lives():
+    """`parts` (actors.heap.heap_parts, MiB): the resident parts add up to the sample's RSS,
+    and the scrape's worker thread shows as a malloc arena of its own."""
+    import os
+
+    from actors.heap import RSS_PARTS, mallinfo_reader
+
+    got = run(20, 1, trim_every=None, scrape=True)
+    for s in [got["listed"], *got["samples"]]:
+        parts = s["parts"]
+        total = sum(parts[f"rss_{p}"] for p in RSS_PARTS)
+        assert abs(total - s["rss_mib"]) < 0.05 * s["rss_mib"], (total, s["rss_mib"])
+        assert parts["pymalloc_blocks"] > 0 and parts["rss_file"] > 0
+    if mallinfo_reader() is not None and "MALLOC_ARENA_MAX" not in os.environ:
+        assert got["samples"][-1]["parts"]["rss_thread_arenas"] > 0
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
 def test_a_trim_period_trims_once_per_period():
     got = run(10, 2, trim_every=30, scrape=False, conns=2, bursts=1, hold=1)
