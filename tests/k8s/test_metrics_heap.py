@@ -60,3 +60,30 @@ def test_a_reading_is_reused_until_it_is_older_than_the_max_age() -> None:
     assert metrics.heap is not first
     assert metrics.heap["pymalloc_blocks"] >= first["pymalloc_blocks"] + len(keep) // 2
     assert HEAP_MAX_AGE > 0
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="/proc/self/smaps")
+def test_the_controllers_metrics_view_reads_the_heap_before_it_renders() -> None:
+    """GET /metrics of a replica (`Controller._health_app`) carries the parts without any
+    other caller having read them."""
+    import anyio
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from k8s.config import Config
+    from k8s.controller import Controller
+
+    controller = Controller(Config())
+    admission = SimpleNamespace(admitted=0, denied=0, cache=None, gate=None,
+                                events=EventBudget(), rejected={})
+    metrics = Metrics(controller.observed, admission)
+
+    async def scrape() -> str:
+        async with TestClient(TestServer(controller._health_app(metrics))) as client:
+            got = await client.get("/metrics")
+            assert got.status == 200
+            return await got.text()
+
+    text = anyio.run(scrape)
+    assert 'gpu_binder_heap_bytes{part="rss_anon"}' in text
+    assert "\ngpu_binder_heap_pymalloc_blocks " in text
+    assert metrics.heap is not None and metrics.heap["rss_file"] > 0
