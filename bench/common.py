@@ -105,8 +105,11 @@ def finite_at_least(minimum: float):
 
 def share(text: str) -> float:
     """An argparse type: a share, a finite float in [0, 1] (anything else exit 2)."""
-    value = finite_at_least(0)(text)
-    if value > 1:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:      # NaN fails too
         raise argparse.ArgumentTypeError(f"takes a share in [0, 1], got {text!r}")
     return value
 

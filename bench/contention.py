@@ -73,7 +73,7 @@ import anyio
 from bench import contention_report as cr, packing_hgx as ph
 from bench.common import (CREATED_BY, DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VERSION, VMIS,
                           BadArgs, Benchmark, add_out, add_quick, add_seed, admin_client,
-                          at_least, commit, gpu_vmi, machine, poll_until, targets_lines,
+                          at_least, commit, gpu_vmi, machine, poll_until, share, targets_lines,
                           watch_namespaced)
 from bench.contention_metrics import LaneLog, Nominated, Run, Wait
 from bench.contention_trace import PRIORITY, TIERS, CSet, CTrace, make_trace, offered
@@ -632,6 +632,10 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reserve-after", type=float, default=None,
                    help="the binders' --line-reserve-after, seconds (P5: a head of the line "
                         "waiting longer reserves a node); default: the controller's (5 minutes)")
+    p.add_argument("--on-demand-share", type=share, default=None,
+                   help="the trace's share of on-demand sets, in [0, 1] (default 0.3); 0 is one "
+                        "tier: nothing is preempted, so lanes a and d compare the line alone "
+                        "(issue 39 item 6's 8-GPU target, judged within one priority)")
     p.add_argument("--lanes", default=None,
                    help="the lanes to run, comma separated: a gpu-binder with preemption and "
                         "the line, b kube-scheduler's DRA allocator alone, c gpu-binder "
@@ -677,6 +681,8 @@ def _run(args: argparse.Namespace) -> int:
             raise BadArgs(f"gpu-binder bench: --reserve-after takes at most {MAX_SECONDS:g} seconds "
                           f"(the controller's --line-reserve-after), got {args.reserve_after:g}")
         plan = replace(plan, reserve_after=args.reserve_after)
+    if args.on_demand_share is not None:
+        plan = replace(plan, on_demand_share=args.on_demand_share)
     lanes = run_lanes(args.lanes, quick=args.quick)
     out = Path(args.out)
     report = run(out, plan=plan, seed=args.seed, quick=args.quick, lanes=lanes)

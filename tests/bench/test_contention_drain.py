@@ -236,3 +236,25 @@ def test_reserve_after_beyond_the_controllers_bound_is_refused(capsys, monkeypat
     monkeypatch.setattr(contention, "run", lambda *a, **k: pytest.fail("ran a refused value"))
     assert contention.BENCHMARK.main(["--reserve-after", "1e12"]) == 2
     assert "--reserve-after takes at most 1e+09 seconds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("given", "want"), [(None, 0.3), ("0", 0.0), ("1", 1.0)])
+def test_on_demand_share_flag_sets_the_plan(monkeypatch, tmp_path, given, want):
+    """`--on-demand-share 0` replays the trace as one tier (issue 39 item 6 is judged within
+    one priority: lanes a and d then compare the line alone); without it the two-tier 30 %."""
+    got = {}
+    monkeypatch.setattr(contention, "run", lambda out, *, plan, **_: got.setdefault("plan", plan)
+                        and {"plan": {}, "results": {}, "targets": {}})
+    monkeypatch.setattr(contention.cr, "summary", lambda report: [])
+    args = ["--out", str(tmp_path), *(() if given is None else ("--on-demand-share", given))]
+    assert contention.BENCHMARK.main(args) == 0
+    assert got["plan"].on_demand_share == want
+
+
+@pytest.mark.parametrize("given", ["-0.1", "1.5", "nan", "x"])
+def test_an_on_demand_share_outside_0_1_is_refused(capsys, monkeypatch, given):
+    monkeypatch.setattr(contention, "run", lambda *a, **k: pytest.fail("ran a refused value"))
+    with pytest.raises(SystemExit) as e:
+        contention.BENCHMARK.main(["--on-demand-share", given])
+    assert e.value.code == 2
+    assert "takes a share in [0, 1]" in capsys.readouterr().err

@@ -331,7 +331,7 @@ def test_bench_help_lists_only_the_benchmarks_own_flags():
         "packing": {"--out", "--quick", "--seed", "--simulate", "--hgx", "--nodes",
                     "--arrivals", "--systems", "--loads"},
         "contention": {"--out", "--quick", "--seed", "--nodes", "--span", "--recreate-delay",
-                       "--lanes", "--drain", "--reserve-after"},
+                       "--lanes", "--drain", "--reserve-after", "--on-demand-share"},
         "fairness": {"--out", "--seats"},
         "scale": {"--out", "--quick", "--nodes", "--vmis", "--baseline-nodes", "--sizes",
                   "--modes"},
