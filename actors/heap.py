@@ -13,6 +13,11 @@ HTTP bodies, large dicts) comes from glibc, which keeps a freed chunk's pages re
 unless they border the top of its heap, so without it RSS is the high-water mark of every
 burst of connections and admissions since the start and never comes down.
 
+`limit_tls_read_buffer` shrinks the read buffer asyncio gives every TLS connection (256 KiB
+in CPython 3.11) to `TLS_READ_BUFFER`: a replica holds one per connection to kube-apiserver
+and per webhook connection from it, so its RSS rose with them as a young follower took its
+share of the webhook (issue 41 item 5).
+
 `heap_parts` says where the resident memory lives (glibc's main and thread arenas, the other
 anonymous mappings such as pymalloc's, stacks, files; mallinfo2's figures; pymalloc's blocks):
 the replica's `gpu_binder_heap_bytes`, which the soak fits part by part.
@@ -113,6 +118,35 @@ def heap_report(directory, n: int) -> dict:
         tracemalloc.take_snapshot().dump(str(path))
         out.update(traced_bytes=current, traced_peak_bytes=peak, snapshot=str(path))
     return out
+
+
+# -- the TLS read buffer (issue 41 item 5) --------------------------------------------------
+
+TLS_READ_BUFFER = 64 * 1024
+"""Bytes of the read buffer of each TLS connection after `limit_tls_read_buffer`: four TLS
+records (16 KiB each at most), so one read still drains several records; asyncio's own 256 KiB
+cost a replica 0.29 MiB of glibc heap per kept-alive connection, this 0.11 MiB (measured with
+an aiohttp server, docs/benchmarks.md "Soak")."""
+
+
+def limit_tls_read_buffer(nbytes: int = TLS_READ_BUFFER) -> int | None:
+    """Make every TLS connection asyncio opens or accepts from now on read into a buffer of
+    `nbytes` bytes (asyncio.sslproto.SSLProtocol.max_size, a class attribute: one buffer is
+    allocated per connection when it is made and kept while it lives). Returns the size it
+    replaced, or None where this Python's asyncio has no such attribute (the call then does
+    nothing: its TLS is not asyncio's 3.11+ protocol). Raises ValueError for `nbytes` under
+    16 KiB, which could not hold one TLS record. Process-wide: call it once at start-up,
+    before the first connection (k8s/controller.py)."""
+    if nbytes < 16 * 1024:
+        raise ValueError(f"a TLS read buffer holds at least one 16 KiB record, got {nbytes}")
+    from asyncio import sslproto
+
+    protocol = getattr(sslproto, "SSLProtocol", None)
+    before = getattr(protocol, "max_size", None)
+    if not isinstance(before, int):
+        return None
+    protocol.max_size = nbytes
+    return before
 
 
 # -- where the resident memory lives (issue 41 item 5) -------------------------------------

@@ -27,7 +27,7 @@ from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 
 from actors.coordinator_protocol import LineState, RefusedAtW1
-from actors.heap import heap_report, settle_heap, trim_heap_every
+from actors.heap import heap_report, limit_tls_read_buffer, settle_heap, trim_heap_every
 from actors.logging import close_logging, configure_logging
 from actors.ports import SystemClock
 from k8s.webhook.admission import VMIAdmission
@@ -177,6 +177,7 @@ class Controller:
     async def run(self) -> int:
         cfg = self.cfg
         configure_logging(log_dir=cfg.log_dir, cache=True)
+        limit_tls_read_buffer()  # before the first connection: actors/heap.py
         log.info("starting", identity=cfg.identity, lease=cfg.lease_name,
                  webhook_port=cfg.webhook_port, metrics_port=cfg.metrics_port)
         try:
