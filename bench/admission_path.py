@@ -293,7 +293,49 @@ class Replica:
     async def run(self, samples: int, settle: float, profile: cProfile.Profile | None,
                   ) -> list[dict]:
         """Start the leader's parts, then `samples` quiet admissions (module doc); each
-        sample's figures."""
+        sample's figures. `measured_decisions` is then the binder's decision spans over the measured
+        samples (`gpu_binder_decision_seconds`: count, seconds summed)."""
+        out: list[dict] = []
+        async with anyio.create_task_group() as tg:
+            admission = await self.start_leader(tg)
+            await anyio.sleep(max(settle, 1.0))  # the first rounds (each judges everything)
+            for i in range(samples + 2):  # the first two warm up
+                if i == 2:
+                    if self.on_measure is not None:
+                        self.on_measure()
+                    before = self.decisions()
+                cpu0 = time.process_time()
+                if profile is not None and i >= 2:
+                    profile.enable()
+                t0 = anyio.current_time()
+                answer = await admission.handle(self._review(i))
+                answered = anyio.current_time() - t0
+                if answer.get("allowed"):
+                    await self._follow(i, answer)
+                await anyio.sleep(settle)
+                if profile is not None and i >= 2:
+                    profile.disable()
+                cpu = time.process_time() - cpu0
+                if i >= 2:
+                    out.append({"allowed": bool(answer.get("allowed")),
+                                "answer_ms": round(answered * 1e3, 3),
+                                "cpu_ms": round(cpu * 1e3, 3)})
+            after = self.decisions()
+            self.measured_decisions = (after[0] - before[0], after[1] - before[1])
+            tg.cancel_scope.cancel()
+        self.calls = dict(self.client.calls)
+        return out
+
+    def decisions(self) -> tuple[float, float]:
+        """The binder's decisions so far: (count, seconds summed), from the leader's metrics
+        (`gpu_binder_decision_seconds`: from a batch's snapshot to its last reservation)."""
+        get = self.metrics.registry.get_sample_value
+        return (get("gpu_binder_decision_seconds_count") or 0.0,
+                get("gpu_binder_decision_seconds_sum") or 0.0)
+
+    async def start_leader(self, tg) -> Any:
+        """Start the leader's parts (module doc) in task group `tg`; returns the webhook
+        (`k8s.webhook.admission.VMIAdmission`). `self.metrics` is the leader's registry."""
         from actors.ports import SystemClock
         from k8s.client import VMIS
         from k8s.config import Config
@@ -325,7 +367,6 @@ class Replica:
                                  preemption=binder_config(cfg).coordinator.preemption,
                                  line=w1_line(cfg, refused_at_w1),
                                  line_grace=timedelta(seconds=cfg.line_retry_grace))
-        out: list[dict] = []
         leading = client.using(timeout=min(5.0, cfg.renew_deadline / 2))
         writer = ApiStatusWriter(leading)
         nominations = ApiNominations(leading, cfg.settings_namespace)
@@ -352,36 +393,14 @@ class Replica:
         keeper = Housekeeper(leading, cache, grace=grace, raw_policy=cfg.raw_resource_names,
                              period=cfg.housekeeping_period,
                              answer_window=timedelta(seconds=cfg.bind_timeout), vms=waiting.vms)
-        async with anyio.create_task_group() as tg:
-            await tg.start(binder.run)
-            tg.start_soon(keeper.run)
-            tg.start_soon(waiting.run)
-            tg.start_soon(preemption.run)
-            tg.start_soon(published.run)
-            tg.start_soon(health.run)
-            await anyio.sleep(max(settle, 1.0))  # the first rounds (each judges everything)
-            for i in range(samples + 2):  # the first two warm up
-                if i == 2 and self.on_measure is not None:
-                    self.on_measure()
-                cpu0 = time.process_time()
-                if profile is not None and i >= 2:
-                    profile.enable()
-                t0 = anyio.current_time()
-                answer = await admission.handle(self._review(i))
-                answered = anyio.current_time() - t0
-                if answer.get("allowed"):
-                    await self._follow(i, answer)
-                await anyio.sleep(settle)
-                if profile is not None and i >= 2:
-                    profile.disable()
-                cpu = time.process_time() - cpu0
-                if i >= 2:
-                    out.append({"allowed": bool(answer.get("allowed")),
-                                "answer_ms": round(answered * 1e3, 3),
-                                "cpu_ms": round(cpu * 1e3, 3)})
-            tg.cancel_scope.cancel()
-        self.calls = dict(client.calls)
-        return out
+        self.metrics = metrics
+        await tg.start(binder.run)
+        tg.start_soon(keeper.run)
+        tg.start_soon(waiting.run)
+        tg.start_soon(preemption.run)
+        tg.start_soon(published.run)
+        tg.start_soon(health.run)
+        return admission
 
     def _review(self, i: int):
         from k8s.webhook.review import decode
@@ -466,6 +485,9 @@ def measure(nodes: int, mode: str, sets: int, samples: int, settle: float,
             "answer_ms_p50": round(statistics.median(s["answer_ms"] for s in got), 3),
             "cpu_ms_p50": round(statistics.median(s["cpu_ms"] for s in got), 3),
             "cpu_ms_mean": round(statistics.fmean(s["cpu_ms"] for s in got), 3),
+            "decisions": int(rep.measured_decisions[0]),
+            "decision_ms_mean": round(1e3 * rep.measured_decisions[1] / rep.measured_decisions[0], 3)
+            if rep.measured_decisions[0] else None,
             "calls": {f"{m} {p}": n for (m, p), n in sorted(rep.calls.items())}}
 
 
@@ -523,7 +545,8 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"{mode:6s} {nodes:5d} nodes, {row['gpudevices']} GPUDevices, "
                       f"{row['records']} records, {row['claims']} claims: answer p50 "
                       f"{row['answer_ms_p50']} ms, CPU p50 {row['cpu_ms_p50']} ms "
-                      f"(mean {row['cpu_ms_mean']}), {row['admitted']}/{row['samples']} admitted, "
+                      f"(mean {row['cpu_ms_mean']}), decision mean {row['decision_ms_mean']} ms, "
+                      f"{row['admitted']}/{row['samples']} admitted, "
                       f"load {row['load_after']}", flush=True)
                 if prof is not None:
                     prof.dump_stats(str(args.profile_out))

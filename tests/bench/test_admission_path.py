@@ -29,6 +29,7 @@ def test_a_small_run_admits_every_sample_through_the_webhook_and_the_binder(mode
     row = measure(6, mode, 4, samples=2, settle=0.05)
     assert (row["samples"], row["admitted"]) == (2, 2)
     assert row["vmis"] == 4 and row["gpudevices"] > 0
+    assert row["decisions"] == 2 and row["decision_ms_mean"] > 0  # one per measured sample
     calls = row["calls"]
     assert calls["create gpudevices"] == 4          # one template per admission (2 warm-up)
     assert calls["get virtualmachineinstances"] == 4  # W1's live read

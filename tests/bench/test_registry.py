@@ -16,7 +16,7 @@ from bench.common import Benchmark, quantile
 from bench.registry import BENCHMARKS
 
 REPO = Path(__file__).resolve().parents[2]
-MODULES = ("admission_path", "core", "defrag_round", "device_decide", "dra_memory", "keep",
+MODULES = ("admission_path", "core", "defrag_round", "device_decide", "dra_memory", "event_cost", "keep",
            "model_decide", "results_table")
 """The benchmarks run as `python -m bench.NAME` (core also as `gpu-binder bench core`)."""
 
