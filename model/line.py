@@ -553,9 +553,10 @@ class Behind:
 
 @dataclass(frozen=True, slots=True)
 class Reserved:
-    """The set may not start on `node`: it is reserved for `holder` (a head that waited
-    longer than `line.reserveAfter`, ahead of the set), the head of the line of
-    `class_name`. `reason()` is the typed refusal."""
+    """The set may not start on `node`: it is reserved for `holder` (a set at the front of
+    its line, `Line.fronts`, that waited longer than `line.reserveAfter`, ahead of the set),
+    in the line of `class_name` (the first of its classes whose line it heads, else its
+    first). `reason()` is the typed refusal."""
 
     node: str
     holder: Entry
