@@ -51,8 +51,8 @@ starting only once the one ahead of it has; a second reservation gathers the nex
 meanwhile. In the in-memory replay of bench contention's traces at one priority (40 seeds)
 it took the median ratio of the 8-GPU maximum waits with and without the line from 0.533 to
 0.458 at `reserveAfter` 7.5 s (the default scaled to the trace's lives) and 0.498 to 0.441
-at 30 s, GPU-hours served unchanged (within 0.1 and 1.2 points of the line off). Three did
-no better (0.446 and 0.457)."""
+at 30 s, with the GPUs as busy as without the line (utilisation 0.1 and 1.2 points above
+the line off). Three did no better (0.446 and 0.457)."""
 
 RETRY_AFTER = 2
 """Seconds: the `Retry-After` of every 503 that answers a set waiting in the line (a bare VMI's
@@ -159,8 +159,8 @@ def waits_for_room(outcome: Reason | object) -> bool:
 class LineSettings:
     """The line's settings (P5): `reserve_after` (`line.reserveAfter`; a head waiting longer
     reserves a node), `reserving` (how many sets at the front of each class's line may each
-    reserve one, `RESERVING`: 1 is the head alone), `retry_grace` (`line.retryGrace`: a bare VMI's entry leaves after this
-    long without a new attempt, `Line.expire`), `max_decided` (sets
+    reserve one, `RESERVING`; 1: the head alone), `retry_grace` (`line.retryGrace`: a bare
+    VMI's entry leaves after this long without a new attempt, `Line.expire`), `max_decided` (sets
     ahead `may_place` judges per call, `MAX_DECIDED`), `per_namespace` (`line.maxPerNamespace`:
     the most entries one namespace keeps, its first in line order, `DEFAULT_PER_NAMESPACE`),
     `enabled` (`line.enabled`: False turns P5 off, the coordinator keeps no line, gates no

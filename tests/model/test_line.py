@@ -20,8 +20,8 @@ from model.decide import Placement, Request, assess, decide
 from model.device.dra import DeviceRef
 from model.explain import explain
 from model.line import _carried_out  # the placement carried out, as may_place sees it
-from model.line import (ALLOWED, DEFAULT_RESERVE_AFTER, DEFAULT_RETRY_GRACE, MAX_AHEAD_SHOWN, MAX_DECIDED, RESERVING,
-                        ROOM_CODES,
+from model.line import (ALLOWED, DEFAULT_RESERVE_AFTER, DEFAULT_RETRY_GRACE, MAX_AHEAD_SHOWN, MAX_DECIDED,
+                        RESERVING, ROOM_CODES,
                         Allowed, Behind, Entry, Identity, Line, LineSettings, Reserved, Shape,
                         entry, entry_request, fits_on, line_place, may_place, placeable,
                         request_priority, reservation, shape_of, shape_of_ask, soonest,
