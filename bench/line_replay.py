@@ -58,10 +58,10 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from bench.common import commit, file_path, finite_at_least, int_between, machine, share
-from bench.contention_metrics import LaneLog, Run, Wait, max_wait_censored
+from bench.contention_metrics import LaneLog, Run, Wait, max_wait_censored, utilisation
 from bench.contention_trace import PRIORITY, TIERS, CSet, CTrace, make_trace
 from model.decide import apply_decision
-from model.line import Identity, Line, LineSettings, reservation
+from model.line import RESERVING, Identity, Line, LineSettings, reservation
 from model.line_plan import gate_batch, leaves, ripening_reservations, tidy
 from model.nominate import NominationSettings, Preempting
 from model.nomination import nomination_holds
@@ -88,10 +88,13 @@ class Settings:
     """One replay's settings: `line` on (lane a) or off (lane d); `reserve_after` (s,
     `line.reserveAfter`); `min_runtime` (s, `preemption.minRuntime`); `retry` (s between a
     set's asks, one round); `drain` (s after the trace's end the replay may run on, as
-    `bench.contention.Plan.drain`); `keep_reservations` and `preemption` (below)."""
+    `bench.contention.Plan.drain`); `reserving` (`model.line.LineSettings.reserving`: how
+    many sets at the front of a class's line may each reserve, 1 the head alone);
+    `keep_reservations` and `preemption` (below)."""
 
     line: bool = True
     reserve_after: float = 300.0
+    reserving: int = RESERVING
     min_runtime: float = 15.0
     retry: float = 2.0
     drain: float = 900.0
@@ -151,7 +154,7 @@ def replay(trace: CTrace, settings: Settings = Settings(), observe: Observer | N
     planned on): a debugging hook. Deterministic for one trace and settings. Pure."""
     rng = random.Random(f"line-replay/{trace.seed}")
     line_settings = LineSettings(reserve_after=timedelta(seconds=settings.reserve_after),
-                                 enabled=settings.line)
+                                 enabled=settings.line, reserving=settings.reserving)
     nom = NominationSettings(PreemptionSettings(timedelta(seconds=settings.min_runtime)),
                              enabled=settings.preemption)
     snap = fleet(trace.nodes)
@@ -284,7 +287,9 @@ class Lane:
     maximum wait and whether it is a lower bound; `rewaits` tier -> {set id: how many times
     that scored 8-GPU set asked again after a preemption of it} (sets never preempted left
     out: with preemption off it is empty); `longest_rewait` tier -> the longest of those
-    waits again (s, None when none) and whether it is a lower bound. The maximum counts
+    waits again (s, None when none) and whether it is a lower bound; `utilisation` the mean
+    share of the GPUs running sets held over the scored span (`bench.contention_metrics.
+    utilisation`: the line must not buy its waits with idle GPUs). The maximum counts
     first asks only, as `bench contention`'s target: a re-wait is not in it, though a set
     re-waiting holds its place in line ahead of sets refused after it."""
 
@@ -293,6 +298,7 @@ class Lane:
     by_tier: Mapping[str, tuple[float | None, bool]] = field(default_factory=dict)
     rewaits: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
     longest_rewait: Mapping[str, tuple[float | None, bool]] = field(default_factory=dict)
+    utilisation: float | None = None
 
     def longest_tier(self) -> str | None:
         """The tier whose 8-GPU maximum wait is the lane's (the higher tier on a tie), None
@@ -310,7 +316,7 @@ def figures(trace: CTrace, log: LaneLog) -> Lane:
         s = sets[w.set_id]
         if s.scored and s.size == 8 and not w.first:
             rewaits[s.tier][s.id] = rewaits[s.tier].get(s.id, 0) + 1
-    return Lane(*max_wait_censored(trace, log, 8),
+    return Lane(*max_wait_censored(trace, log, 8), utilisation=utilisation(trace, log),
                 by_tier={t: max_wait_censored(trace, log, 8, tier=t) for t in TIERS},
                 rewaits={t: dict(sorted(r.items())) for t, r in rewaits.items()},
                 longest_rewait={t: max_wait_censored(trace, log, 8, tier=t, first=False) for t in TIERS})
@@ -413,8 +419,10 @@ def summary(results: list[SeedResult]) -> dict:
     (≤ 0.5), and the median maximum waits with and without the line (s). When the results
     carry their `lanes`, also `tiers`: the same per tier (each tier's 8-GPU maximum with the
     line over its maximum without it) and in how many seeds the lane's maximum was that
-    tier's (`longest_with_line`, `longest_without_line`); and `rewaits_8gpu`: per side
-    (`with_line`, `without_line`) and tier, `_rewait_summary`'s counts."""
+    tier's (`longest_with_line`, `longest_without_line`); `rewaits_8gpu`: per side
+    (`with_line`, `without_line`) and tier, `_rewait_summary`'s counts; and `utilisation`:
+    each side's mean `Lane.utilisation` over the seeds and the mean change with the line, in
+    points."""
     out = {"seeds": len(results)}
     out |= _ratios([(r.with_line, r.without_line) for r in results])
     if out["ratios"] == 0:
@@ -427,6 +435,12 @@ def summary(results: list[SeedResult]) -> dict:
                         for t in TIERS}
         out["rewaits_8gpu"] = {side: {t: _rewait_summary([x[i] for x in lanes], t) for t in TIERS}
                                for i, side in enumerate(("with_line", "without_line"))}
+        used = [(a.utilisation, d.utilisation) for a, d in lanes
+                if a.utilisation is not None and d.utilisation is not None]
+        if used:
+            out["utilisation"] = {"with_line": round(statistics.mean(a for a, _ in used), 4),
+                                  "without_line": round(statistics.mean(d for _, d in used), 4),
+                                  "change_points": round(100 * statistics.mean(a - d for a, d in used), 2)}
     return out
 
 
@@ -436,6 +450,7 @@ def _seed_doc(r: SeedResult) -> dict:
                  "ratio": None if r.ratio is None else round(r.ratio, 3), "censored": list(r.censored)}
     if r.lanes is not None:
         a, d = r.lanes
+        doc["utilisation"] = [a.utilisation, d.utilisation]
         doc["by_tier"] = {t: {"with_line_s": a.by_tier[t][0], "without_line_s": d.by_tier[t][0],
                               "ratio": None if (x := r.tier_ratio(t)) is None else round(x, 3),
                               "censored": [a.by_tier[t][1], d.by_tier[t][1]]} for t in TIERS}
@@ -463,6 +478,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-seed", type=int, default=1, help="the first seed (default 1, bench contention's)")
     p.add_argument("--reserve-after", type=finite_at_least(0), action="append",
                    help="line.reserveAfter (s), repeatable (default: 300 and 30)")
+    p.add_argument("--reserving", type=int_between(1, 16), action="append",
+                   help=f"how many sets at the front of each class's line may each reserve a node "
+                        f"(1: the head alone), repeatable (default {RESERVING}, the controller's)")
+    p.add_argument("--keep", choices=("both", "kept"), default="both",
+                   help="reservations chosen afresh each batch and kept (both, the default), or "
+                        "kept only (the controller's rule)")
     p.add_argument("--preemption", choices=tuple(PREEMPTION), default="on",
                    help="preemption in both lanes: on (as bench contention), off (no set is ever "
                         "preempted: the line's own effect), or both, one after the other "
@@ -481,16 +502,19 @@ def main(argv: list[str] | None = None) -> int:
     for pre in PREEMPTION[a.preemption]:
         off = {seed: lane(tr, Settings(line=False, preemption=pre)) for seed, tr in traces.items()}
         for ra in a.reserve_after or [300.0, 30.0]:
-            for keep in (False, True):
-                results = [SeedResult.of(seed, lane(tr, Settings(reserve_after=ra, keep_reservations=keep,
-                                                                 preemption=pre)), off[seed])
-                           for seed, tr in traces.items()]
-                s = summary(results)
-                name = (f"{'' if pre else 'preemption off, '}reserveAfter {ra:g} s, "
-                        f"reservations {'kept' if keep else 'chosen afresh'}")
-                print(name, json.dumps(s), flush=True)
-                variants.append({"preemption": pre, "reserve_after_s": ra, "keep_reservations": keep,
-                                 "summary": s, "seeds": [_seed_doc(r) for r in results]})
+            for n in a.reserving or [RESERVING]:
+                for keep in (False, True) if a.keep == "both" else (True,):
+                    results = [SeedResult.of(seed, lane(tr, Settings(reserve_after=ra, reserving=n,
+                                                                     keep_reservations=keep, preemption=pre)),
+                                             off[seed])
+                               for seed, tr in traces.items()]
+                    s = summary(results)
+                    name = (f"{'' if pre else 'preemption off, '}reserveAfter {ra:g} s, {n} reserving, "
+                            f"reservations {'kept' if keep else 'chosen afresh'}")
+                    print(name, json.dumps(s), flush=True)
+                    variants.append({"preemption": pre, "reserve_after_s": ra, "reserving": n,
+                                     "keep_reservations": keep, "summary": s,
+                                     "seeds": [_seed_doc(r) for r in results]})
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         doc = {"benchmark": "line-replay", "commit": sha, "started": started, "machine": machine(),

@@ -128,10 +128,10 @@ FIELD_HELP: dict[str, str] = {
     "preemption_nomination_ttl": "seconds a nomination holds the room freed for its preemptor "
                                  "(preemption.nominationTTL, P4): past it the hold is released "
                                  "and the nomination deleted; > 0",
-    "line_reserve_after": "seconds the head of a class's waiting line (a set refused for room) "
-                          "waits before the node where it would start soonest is reserved for "
-                          "it (line.reserveAfter, P5): that node takes no set behind it until "
-                          "it starts; >= 0",
+    "line_reserve_after": "seconds the head of a class's waiting line (a set refused for room), "
+                          "and the set next behind it, each wait before the node where it would "
+                          "start soonest is reserved for it (line.reserveAfter, P5): that node "
+                          "takes no set behind it until it starts; >= 0",
     "line_enabled": "true or false: the waiting line (line.enabled, P5). false: no line, "
                     "freed room goes to whoever asks first (no order by priority and first "
                     "refusal, no protection against backfill, no reserved node); a set refused "

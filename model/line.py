@@ -2,7 +2,7 @@
 class, higher priority first, then first refused first; freed room goes to the head that
 fits it, and a later set may start only on devices no set ahead of it can use now
 (backfill); a head that has waited longer than `line.reserveAfter` reserves the node where
-it would start soonest.
+it would start soonest, and so does the set next behind it (`RESERVING`).
 
 - `waits_for_room`: which refusals enter the line (room, never budget, entitlement, a class
   problem, a size no node has, a policy of the node).
@@ -12,7 +12,8 @@ it would start soonest.
   tenant's bound, `LineSettings.per_namespace`), and the order.
 - `may_place`: may a set start on the node its decision chose (`Allowed`), or does a set
   ahead of it go first (`Behind`), or is the node reserved (`Reserved`)?
-- `reservation`: the nodes reserved for heads that waited long (`soonest` is the one rule).
+- `reservation`: the nodes reserved for the sets at the front of a line that waited long
+  (`Line.fronts`; `soonest` is the one rule).
 - `line_place`: what `explain` shows of a waiting set (`model.reasons.LinePlace`).
 
 Pure: no I/O, no wall clock (every time is an argument, UTC). Sets are re-decided by
@@ -40,6 +41,18 @@ DEFAULT_RESERVE_AFTER = timedelta(minutes=5)
 minutes: in a busy fleet room frees naturally within minutes and backfill keeps the GPUs
 busy meanwhile; past that, a large set's node stops taking small sets so that the room it
 needs can gather there (docs/contract.md §3c, P5's choices)."""
+
+RESERVING = 2
+"""Default of `LineSettings.reserving`: how many sets at the front of each class's line (its
+head and the set next behind it) reserve a node once each has waited longer than
+`line.reserveAfter` (P5, `reservation`). Two, measured (docs/benchmarks.md, *One tier*): with
+the head alone, large sets behind a reserved head gather their room one node at a time, each
+starting only once the one ahead of it has; a second reservation gathers the next node's room
+meanwhile. In the in-memory replay of bench contention's traces at one priority (40 seeds)
+it took the median ratio of the 8-GPU maximum waits with and without the line from 0.533 to
+0.458 at `reserveAfter` 7.5 s (the default scaled to the trace's lives) and 0.498 to 0.441
+at 30 s, with the GPUs as busy as without the line (utilisation 0.1 and 1.2 points above
+the line off). Three did no better (0.446 and 0.457)."""
 
 RETRY_AFTER = 2
 """Seconds: the `Retry-After` of every 503 that answers a set waiting in the line (a bare VMI's
@@ -145,19 +158,22 @@ def waits_for_room(outcome: Reason | object) -> bool:
 @dataclass(frozen=True, slots=True)
 class LineSettings:
     """The line's settings (P5): `reserve_after` (`line.reserveAfter`; a head waiting longer
-    reserves a node), `retry_grace` (`line.retryGrace`: a bare VMI's entry leaves after this
-    long without a new attempt, `Line.expire`), `max_decided` (sets
+    reserves a node), `reserving` (how many sets at the front of each class's line may each
+    reserve one, `RESERVING`; 1: the head alone), `retry_grace` (`line.retryGrace`: a bare
+    VMI's entry leaves after this long without a new attempt, `Line.expire`), `max_decided` (sets
     ahead `may_place` judges per call, `MAX_DECIDED`), `per_namespace` (`line.maxPerNamespace`:
     the most entries one namespace keeps, its first in line order, `DEFAULT_PER_NAMESPACE`),
     `enabled` (`line.enabled`: False turns P5 off, the coordinator keeps no line, gates no
     batch and reserves no node; freed room goes to whoever asks first, as before P5).
-    Raises ValueError for a negative time, or a `max_decided` or `per_namespace` below 1."""
+    Raises ValueError for a negative time, or a `max_decided`, `per_namespace` or
+    `reserving` below 1."""
 
     reserve_after: timedelta = DEFAULT_RESERVE_AFTER
     retry_grace: timedelta = DEFAULT_RETRY_GRACE
     max_decided: int = MAX_DECIDED
     per_namespace: int = DEFAULT_PER_NAMESPACE
     enabled: bool = True
+    reserving: int = RESERVING
 
     def __post_init__(self) -> None:
         if self.reserve_after < timedelta(0) or self.retry_grace < timedelta(0):
@@ -166,6 +182,8 @@ class LineSettings:
             raise ValueError(f"max_decided must be at least 1, got {self.max_decided}")
         if self.per_namespace < 1:
             raise ValueError(f"line.maxPerNamespace must be at least 1, got {self.per_namespace}")
+        if self.reserving < 1:
+            raise ValueError(f"reserving must be at least 1, got {self.reserving}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +367,24 @@ class Line:
                 return i
         return None
 
+    def fronts(self, count: int) -> tuple[Entry, ...]:
+        """The first `count` entries that are `retried` of each class's line (an entry at the
+        front of several once), in line order: the sets that may reserve (`reservation`).
+        Entries not retried yet are passed over (they hold back nobody, `may_place`).
+        Raises ValueError for a `count` below 1."""
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        found: dict[tuple[str, str], Entry] = {}
+        for es in self._by_class.values():
+            n = 0
+            for e in es:
+                if n == count:
+                    break
+                if e.retried:
+                    found[e.identity.key] = e
+                    n += 1
+        return tuple(sorted(found.values(), key=_order))
+
     def heads(self) -> tuple[Entry, ...]:
         """The head of each class's line (an entry heading several once), in line order."""
         found = {id(es[0]): es[0] for es in self._by_class.values()}
@@ -517,9 +553,10 @@ class Behind:
 
 @dataclass(frozen=True, slots=True)
 class Reserved:
-    """The set may not start on `node`: it is reserved for `holder` (a head that waited
-    longer than `line.reserveAfter`, ahead of the set), the head of the line of
-    `class_name`. `reason()` is the typed refusal."""
+    """The set may not start on `node`: it is reserved for `holder` (a set at the front of
+    its line, `Line.fronts`, that waited longer than `line.reserveAfter`, ahead of the set),
+    in the line of `class_name` (the first of its classes whose line it heads, else its
+    first). `reason()` is the typed refusal."""
 
     node: str
     holder: Entry
@@ -717,22 +754,25 @@ def reservation(line: Line, snapshot: Snapshot, now: datetime,
 
     - an entry that held node N at the last batch (`kept`, this function's answer then) and
       still waits keeps N until it starts ("takes no new set until it starts"), whether it
-      still heads its line or a set of higher priority came ahead of it meanwhile, as long
-      as N is still a node room would make it fit on (`soonest` on N alone; not when a
-      cordon, a taint or a class change took N from it, nor when an entry ahead of it took N
-      first). Re-choosing every batch would move the reservation whenever another node's
-      sets happened to end first, and every move opens the node it leaves to backfill,
-      throwing away the room gathered there (bench contention, docs/contract.md §3c P5);
-    - each head (`Line.heads`) that has waited longer than `settings.reserve_after` since
-      it was first refused and holds none gets the node where it would start soonest
-      (`soonest`) among the nodes no entry ahead of it reserved. A head with no such node (a
-      set-level problem, or no node that room would make fit) reserves none.
+      is still at the front of its line or a set of higher priority came ahead of it
+      meanwhile, as long as N is still a node room would make it fit on (`soonest` on N
+      alone; not when a cordon, a taint or a class change took N from it, nor when an entry
+      ahead of it took N first). Re-choosing every batch would move the reservation whenever
+      another node's sets happened to end first, and every move opens the node it leaves to
+      backfill, throwing away the room gathered there (bench contention, docs/contract.md
+      §3c P5);
+    - each of the first `settings.reserving` sets of a class's line (`Line.fronts`: the head,
+      and by default the set next behind it, `RESERVING`) that has waited longer than
+      `settings.reserve_after` since it was first refused and holds none gets the node where
+      it would start soonest (`soonest`) among the nodes no entry ahead of it reserved. Such
+      a set with no such node (a set-level problem, or no node that room would make fit)
+      reserves none.
 
     Entries not `retried` yet reserve nothing. Pure; never raises."""
     out: dict[Identity, str] = {}
     taken: set[str] = set()
     held = {ident.key: (ident, node) for ident, node in (kept or {}).items()}
-    heads = {e.identity.key for e in line.heads()}
+    fronts = {e.identity.key for e in line.fronts(settings.reserving)}
     nodes = frozenset(snapshot.nodes)
     for e in line:
         if not e.retried or now - e.first_refused <= settings.reserve_after:
@@ -743,7 +783,7 @@ def reservation(line: Line, snapshot: Snapshot, now: datetime,
                 out[e.identity] = was[1]
                 taken.add(was[1])
                 continue
-        if e.identity.key not in heads:
+        if e.identity.key not in fronts:
             continue
         found = soonest(snapshot, e, frozenset(taken))
         if found is not None:

@@ -50,11 +50,11 @@ def vm_held_back(line: Line, reservations: Mapping[Identity, str], snapshot: Sna
     """Why VM `vm`'s set may not start on `node` now although it fits there (`snapshot`, with
     the room given to VMs before it): the line's refusal (`BehindInLine`, `NodeReserved`)
     when `model.line.may_place` holds it back for the binder's placement of it on `node`
-    (`reservations`: the nodes reserved for heads, `model.line.reservation`); None when the
-    line lets it start, nobody waits, or its template does not parse (then it is not nudged
-    anyway). The VM's own place is its entry's when it waits (its VMI has the VM's name),
-    else that of a set of its template's priority refused after everyone waiting. Pure;
-    never raises."""
+    (`reservations`: the nodes reserved for the sets at the front, `model.line.reservation`);
+    None when the line lets it start, nobody waits, or its template does not parse (then it
+    is not nudged anyway). The VM's own place is its entry's when it waits (its VMI has the
+    VM's name), else that of a set of its template's priority refused after everyone
+    waiting. Pure; never raises."""
     if not line and not reservations:
         return None
     vmi = vmi_of_vm(vm)

@@ -71,18 +71,19 @@ class BehindInLine(Reason):
 
 @dataclass(frozen=True, slots=True)
 class NodeReserved(Reason):
-    """P5: node `node` is reserved for `holder`, the head of the line of class
-    `class_name`, which has waited longer than `line.reserveAfter` or whose preemption
-    victims on the node have not run `preemption.minRuntime` yet (P2): the node takes no
-    new set behind it until it starts."""
+    """P5: node `node` is reserved for `holder`, ahead of the set in the line of class
+    `class_name` (its head, or the set next behind the head: `model.line.RESERVING`, or a
+    holder a set of higher priority came ahead of since), which has waited longer than
+    `line.reserveAfter` or whose preemption victims on the node have not run
+    `preemption.minRuntime` yet (P2): the node takes no new set behind it until it starts."""
     code: ClassVar[Code] = Code.NODE_RESERVED
     node: str
     class_name: str
     holder: Waiter
 
     def render(self) -> str:
-        return (f"node {self.node} is reserved for {self.holder}, the head of the line of class "
-                f"{self.class_name} (waiting longer than line.reserveAfter, or until its "
+        return (f"node {self.node} is reserved for {self.holder}, ahead of this set in the line of "
+                f"class {self.class_name} (waiting longer than line.reserveAfter, or until its "
                 f"preemption victims there have run preemption.minRuntime); retry")
 
 

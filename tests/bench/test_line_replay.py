@@ -53,14 +53,16 @@ def test_without_the_line_nothing_is_gated_and_with_it_reservations_are_kept():
     for keep in (True, False):
         moves = holders = 0
         last: dict = {}
+        seen_holders: set = set()
 
         def observe(t, line, reserved, actions, snap):
-            nonlocal moves, holders
-            for ident, node in reserved.items():
+            nonlocal moves, holders, last
+            for ident, node in reserved.items():  # a move: held at the last batch, another node now
                 if ident in last and last[ident] != node:
                     moves += 1
-                holders += ident not in last
-                last[ident] = node
+                holders += ident not in seen_holders
+                seen_holders.add(ident)
+            last = dict(reserved)
             for a in actions:  # a reserved node takes nobody behind its holder
                 if isinstance(a, Place):
                     for ident, node in reserved.items():
@@ -137,6 +139,36 @@ def test_preemption_off_the_line_reserves_for_the_8_gpu_set_behind_a_stream():
     assert round(r.ratio, 3) == round(r.tier_ratio(P), 3) == 0.409 and r.tier_ratio(OD) is None
 
 
+# two boards, each full with two 4-GPU sets (n1's end at 42 and 55 s, n0's at 47 and 52 s);
+# 8-GPU sets 4 and 5 ask at 12 and 14 s, 4-GPU set 6 at 32 s (behind both)
+TWO_BOARDS = CTrace(1, 2, 1.0, 50.0, 0.0, 60.0, 0.0, tuple(
+    CSet(i, a, z, P, life, True) for i, (a, z, life) in enumerate(
+        [(0.5, 4, 40.0), (0.5, 4, 50.0), (0.5, 4, 45.0), (0.5, 4, 53.0), (10.5, 8, 10.0), (11.5, 8, 10.0),
+         (30.5, 4, 50.0)])))
+
+
+def test_the_set_next_behind_the_head_reserves_a_second_board():
+    """`Settings.reserving` (`model.line.LineSettings.reserving`): with the head alone
+    reserving (1, before), 8-GPU set 5 waits behind 4, n1's half freed at 42 s goes to 4-GPU
+    set 6 and 5 starts on n0 after 4 (62 s); with the default (2) 5 reserves n1 too, which
+    takes nobody behind it, and 5 starts there at 56 s (the round after 55 s)."""
+    runs = {}
+    for n in (1, 2):
+        most = 0
+
+        def observe(t, line, reserved, actions, snap):
+            nonlocal most
+            most = max(most, len(reserved))
+
+        log = replay(TWO_BOARDS, Settings(reserve_after=5.0, reserving=n, min_runtime=5.0, drain=300.0,
+                                          preemption=False), observe=observe)
+        runs[n] = (most, sorted((r.set_id, r.node, r.start) for r in log.runs if r.set_id >= 4),
+                   figures(TWO_BOARDS, log).max_wait)
+    assert runs[1] == (1, [(4, "n0", 52.0), (5, "n0", 62.0), (6, "n1", 42.0)], 50.5)
+    assert runs[2] == (2, [(4, "n0", 52.0), (5, "n1", 56.0), (6, "n0", 62.0)], 44.5)
+    assert Settings().reserving == 2
+
+
 def test_summary_per_tier_and_re_waits():
     def lane(od, p, rewaits=None, longest=None):
         m = max(x for x in (od, p) if x is not None)
@@ -162,12 +194,14 @@ def test_cli_preemption_off_replays_both_lanes_without_preemption(tmp_path, caps
     assert line_replay.main(["--seeds", "1", "--reserve-after", "5", "--preemption", "off",
                              "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert [x.split(" {")[0] for x in out] == ["preemption off, reserveAfter 5 s, reservations chosen afresh",
-                                              "preemption off, reserveAfter 5 s, reservations kept"]
+    assert [x.split(" {")[0] for x in out] == [
+        "preemption off, reserveAfter 5 s, 2 reserving, reservations chosen afresh",
+        "preemption off, reserveAfter 5 s, 2 reserving, reservations kept"]
     doc = json.loads((tmp_path / "line-replay.json").read_text())
     assert doc["settings"]["preemption"] == [False]
     kept = doc["variants"][1]
-    assert (kept["preemption"], kept["keep_reservations"], kept["summary"]["median"]) == (False, True, 0.409)
+    assert (kept["preemption"], kept["keep_reservations"], kept["reserving"], kept["summary"]["median"]) == (
+        False, True, 2, 0.409)
     seed = kept["seeds"][0]
     assert seed["by_tier"][P] == {"with_line_s": 41.5, "without_line_s": 101.5, "ratio": 0.409,
                                   "censored": [False, False]}
@@ -194,7 +228,8 @@ from bench import line_replay  # noqa: E402
     ["--seeds", "0"], ["--seeds", "-1"], ["--seeds", "1001"], ["--seeds", "99999999999"],
     ["--reserve-after", "nan"], ["--reserve-after", "inf"], ["--reserve-after", "-1"],
     ["--out", ""], ["--preemption", "none"], ["--on-demand-share", "1.5"],
-    ["--on-demand-share", "-0.1"], ["--on-demand-share", "nan"],
+    ["--on-demand-share", "-0.1"], ["--on-demand-share", "nan"], ["--reserving", "0"], ["--reserving", "x"],
+    ["--keep", "afresh"],
 ])
 def test_cli_refuses_bad_values(argv, capsys, monkeypatch):
     # on the old code: --seeds 0/-1 printed empty summaries and exited 0, --reserve-after
@@ -205,6 +240,28 @@ def test_cli_refuses_bad_values(argv, capsys, monkeypatch):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {argv[0]}:" in err and "Traceback" not in err
+
+
+def test_cli_reserving_and_kept_only_with_utilisation(tmp_path, capsys, monkeypatch):
+    """`--reserving N` (repeatable) and `--keep kept`: one variant per value, reservations kept
+    only; each variant's summary and each seed give the GPU utilisation with and without the
+    line (`Lane.utilisation`), so a rule cannot buy its waits with idle GPUs unseen."""
+    monkeypatch.setattr(line_replay, "trace_of", lambda seed, **kw: TWO_BOARDS)
+    assert line_replay.main(["--seeds", "1", "--reserve-after", "5", "--reserving", "1", "--reserving", "2",
+                             "--keep", "kept", "--preemption", "off", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [x.split(" {")[0] for x in out] == [
+        "preemption off, reserveAfter 5 s, 1 reserving, reservations kept",
+        "preemption off, reserveAfter 5 s, 2 reserving, reservations kept"]
+    doc = json.loads((tmp_path / "line-replay.json").read_text())
+    one, two = doc["variants"]
+    assert (one["reserving"], two["reserving"]) == (1, 2)
+    assert one["seeds"][0]["with_line_s"] == 50.5 and two["seeds"][0]["with_line_s"] == 44.5
+    u1, u2 = one["summary"]["utilisation"], two["summary"]["utilisation"]
+    assert u1["without_line"] == u2["without_line"] == one["seeds"][0]["utilisation"][1]
+    assert (u1["with_line"], u2["with_line"]) == (one["seeds"][0]["utilisation"][0], two["seeds"][0]["utilisation"][0])
+    assert u2["change_points"] == round(100 * (u2["with_line"] - u2["without_line"]), 2)
+    assert u1["with_line"] > u2["with_line"]  # n1 half idle from 42 to 56 s for set 5
 
 
 def test_cli_on_demand_share_0_replays_one_tier():

@@ -20,7 +20,8 @@ from model.decide import Placement, Request, assess, decide
 from model.device.dra import DeviceRef
 from model.explain import explain
 from model.line import _carried_out  # the placement carried out, as may_place sees it
-from model.line import (ALLOWED, DEFAULT_RESERVE_AFTER, DEFAULT_RETRY_GRACE, MAX_AHEAD_SHOWN, MAX_DECIDED, ROOM_CODES,
+from model.line import (ALLOWED, DEFAULT_RESERVE_AFTER, DEFAULT_RETRY_GRACE, MAX_AHEAD_SHOWN, MAX_DECIDED,
+                        RESERVING, ROOM_CODES,
                         Allowed, Behind, Entry, Identity, Line, LineSettings, Reserved, Shape,
                         entry, entry_request, fits_on, line_place, may_place, placeable,
                         request_priority, reservation, shape_of, shape_of_ask, soonest,
@@ -446,6 +447,48 @@ def test_P5_two_heads_never_reserve_one_node():
     assert res == {a.identity: "n2", b.identity: "n1"}
 
 
+def test_P5_the_set_next_behind_a_reserving_head_reserves_the_next_soonest_node():
+    # n1: 1 free of 4 (3 missing); n2: 3 free (1 missing); n3: 2 free (2 missing). Three sets
+    # of 4 waited past reserveAfter: the head takes n2, the next n3 (n2 taken), the third none
+    snap = world([node("n1", h=4), node("n2", h=4), node("n3", h=4)],
+                 [dev(f"x{i}", on="n1", ns="o") for i in range(3)] + [dev("y", on="n2", ns="o")]
+                 + [dev(f"z{i}", on="n3", ns="o") for i in range(2)])
+    a, b, c = waiting("a", 4, at=0), waiting("b", 4, at=1), waiting("c", 4, at=2)
+    line = line_of(a, b, c)
+    later = T0 + timedelta(hours=1)
+    assert reservation(line, snap, later) == {a.identity: "n2", b.identity: "n3"}
+    assert RESERVING == 2 and LineSettings().reserving == RESERVING
+    assert reservation(line, snap, later, LineSettings(reserving=1)) == {a.identity: "n2"}  # before
+    assert reservation(line, snap, later, LineSettings(reserving=3)) == {
+        a.identity: "n2", b.identity: "n3", c.identity: "n1"}
+    # the second reserves only once it waited past reserveAfter itself
+    assert reservation(line, snap, T0 + DEFAULT_RESERVE_AFTER + timedelta(seconds=30)) == {a.identity: "n2"}
+    # b's node takes no set behind b, but a (ahead of b) may start there
+    small, req, _ = fresh(snap, "small", 1)
+    res = reservation(line, snap, later)
+    v = may_place(line, small, req, placement_on(small, req, "n3"), reservations=res)
+    assert isinstance(v, Reserved) and v.holder == b
+    snap_a, req_a = entry_request(snap.with_changes((), [("o", "z0"), ("o", "z1")]), a)
+    assert may_place(line, snap_a, req_a, placement_on(snap_a, req_a, "n3"), reservations=res) is ALLOWED
+    # once the head starts, b keeps n3 (kept) and c, now second, reserves where it would start soonest
+    after = line.started(a.identity)
+    assert reservation(after, snap, later, kept=res) == {b.identity: "n3", c.identity: "n2"}
+
+
+def test_P5_fronts_are_the_first_retried_entries_of_each_class_line():
+    a, b = waiting("a", 4, at=0), waiting("b", 4, at=1)
+    quiet = replace(waiting("q", 4, at=2), retried=False)
+    c, other = waiting("c", 4, at=3), waiting("o", 1, "l40s", at=4)
+    line = line_of(a, b, quiet, c, other)
+    assert [e.identity.vmi for e in line.fronts(1)] == ["a", "o"]
+    assert [e.identity.vmi for e in line.fronts(2)] == ["a", "b", "o"]
+    assert [e.identity.vmi for e in line.fronts(3)] == ["a", "b", "c", "o"]  # q not retried: passed over
+    with pytest.raises(ValueError):
+        line.fronts(0)
+    with pytest.raises(ValueError):
+        LineSettings(reserving=0)
+
+
 def test_P5_a_reservation_stays_on_its_node_until_its_holder_starts():
     # big reserved n2 (1 missing); then n1's sets end first: a fresh choice would move it to
     # n1 and open n2, where room had been gathering, to backfill (bench contention)
@@ -475,7 +518,9 @@ def test_P5_a_holder_keeps_its_node_when_a_higher_priority_set_comes_ahead_of_it
     top = waiting("top", 1, at=5, priority=ON_DEMAND)  # heads the line now, waited 0 s
     line = line_of(big, top)
     assert line.heads() == (top,)
-    assert reservation(line, snap, later) == {}  # chosen afresh: big is no head, top too young
+    head_only = LineSettings(reserving=1)
+    assert reservation(line, snap, later, head_only) == {}  # chosen afresh: big is no head, top too young
+    assert reservation(line, snap, later) == first  # big is second at the front (RESERVING)
     assert reservation(line, snap, later, kept=first) == first
     # a set ahead of the holder that waited long enough reserves too, another node
     much_later = T0 + timedelta(minutes=5) + DEFAULT_RESERVE_AFTER + timedelta(seconds=1)
@@ -653,16 +698,17 @@ def test_P5_P6_property_one_tenant_under_budget(world_line, data):
 @PROPS
 @given(count_worlds(), st.integers(0, 30))
 def test_P5_reservations_are_distinct_nodes_where_room_alone_is_missing(world_line, minutes):
-    """Heads past `reserveAfter` reserve distinct nodes, each one where the head fails on
-    room only (or fits); the same inputs give the same reservations."""
+    """The sets at the front of each line (`Line.fronts`) past `reserveAfter` reserve
+    distinct nodes, each one where the set fails on room only (or fits); the same inputs
+    give the same reservations."""
     snap, line = world_line
     now = T0 + timedelta(minutes=minutes)
     res = reservation(line, snap, now, LineSettings(reserve_after=timedelta(minutes=3)))
     assert res == reservation(line, snap, now, LineSettings(reserve_after=timedelta(minutes=3)))
     assert len(set(res.values())) == len(res)
-    heads = {h.identity: h for h in line.heads()}
+    fronts = {h.identity: h for h in line.fronts(RESERVING)}
     for ident, at in res.items():
-        h = heads[ident]
+        h = fronts[ident]
         assert now - h.first_refused > timedelta(minutes=3)
         snap_h, req = entry_request(snap, h)
         problems = assess(snap_h, req, (at,), with_decision=False).nodes[at]
@@ -686,7 +732,7 @@ def test_P5_kept_reservations_stay_until_the_holder_starts(world_line, minutes, 
     res = reservation(line, snap, now, ls, kept)
     assert res == reservation(line, snap, now, ls, kept)
     assert len(set(res.values())) == len(res)
-    heads = {h.identity for h in line.heads()}
+    fronts = {h.identity for h in line.fronts(RESERVING)}
     by_key = {e.identity: e for e in line}
 
     def room_only(e: Entry, at: str) -> bool:
@@ -697,7 +743,7 @@ def test_P5_kept_reservations_stay_until_the_holder_starts(world_line, minutes, 
     for ident, at in res.items():
         e = by_key[ident]
         assert e.retried and now - e.first_refused > timedelta(minutes=3)
-        assert ident in heads or kept.get(ident) == at
+        assert ident in fronts or kept.get(ident) == at
         assert room_only(e, at), (ident, at)
     for ident, at in kept.items():
         e = by_key.get(ident)

@@ -169,8 +169,8 @@ WORDING = [
      "position 1 in the line of class h100 and could start now on node n1, where this set "
      "would take its room; it goes first; retry"),
     (r.NodeReserved("n3", "h100", r.Waiter("t2", "eight", 0, None, SINCE)),
-     "node n3 is reserved for t2/eight (priority 0, waiting since 2026-12-04T10:00:00Z), the head "
-     "of the line of class h100 (waiting longer than line.reserveAfter, or until its "
+     "node n3 is reserved for t2/eight (priority 0, waiting since 2026-12-04T10:00:00Z), ahead of "
+     "this set in the line of class h100 (waiting longer than line.reserveAfter, or until its "
      "preemption victims there have run preemption.minRuntime); retry"),
     (r.WaitsInLine(r.NoFreeUnit("h100", H), 2, 10),
      "no schedulable node serving class h100 has a free nvidia.com/H100; the set waits in the line "
