@@ -52,7 +52,8 @@ meanwhile. In the in-memory replay of bench contention's traces at one priority 
 it took the median ratio of the 8-GPU maximum waits with and without the line from 0.533 to
 0.458 at `reserveAfter` 7.5 s (the default scaled to the trace's lives) and 0.498 to 0.441
 at 30 s, with the GPUs as busy as without the line (utilisation 0.1 and 1.2 points above
-the line off). Three did no better (0.446 and 0.457)."""
+the line off). Three were about the same (0.446 and 0.457): two is the fewest that gathers
+a second board at once."""
 
 RETRY_AFTER = 2
 """Seconds: the `Retry-After` of every 503 that answers a set waiting in the line (a bare VMI's

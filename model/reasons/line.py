@@ -72,8 +72,8 @@ class BehindInLine(Reason):
 @dataclass(frozen=True, slots=True)
 class NodeReserved(Reason):
     """P5: node `node` is reserved for `holder`, ahead of the set in the line of class
-    `class_name` (its head, or the set next behind the head: `model.line.RESERVING`, or a
-    holder a set of higher priority came ahead of since), which has waited longer than
+    `class_name` (its head or the set next behind the head, `model.line.RESERVING`; or a holder
+    that kept the node after a set of higher priority joined the line ahead of it), which has waited longer than
     `line.reserveAfter` or whose preemption victims on the node have not run
     `preemption.minRuntime` yet (P2): the node takes no new set behind it until it starts."""
     code: ClassVar[Code] = Code.NODE_RESERVED
