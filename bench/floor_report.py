@@ -59,6 +59,24 @@ def phase_means(d: Samples) -> dict[str, dict[str, dict]]:
     return out
 
 
+def per_admission_ms(phases: dict[str, dict]) -> dict[str, float | None]:
+    """One mode's part of `phase_means` (phase → {"n", "mean_ms"}) as ms per admitted
+    review: each phase's mean × its observations ÷ `total`'s (a phase met in only some
+    reviews, a retried take-over, counts for what it added to the average review); `total`
+    and `own` as they are, so the phases and `own` sum to `total` (to the rounding, 0.01
+    ms). {} when `total` was not observed."""
+    total = phases.get("total")
+    if not total or not total["n"]:
+        return {}
+    out: dict[str, float | None] = {}
+    for name, p in phases.items():
+        if p["mean_ms"] is None or name in ("total", "own"):
+            out[name] = p["mean_ms"]
+        else:
+            out[name] = round(p["mean_ms"] * p["n"] / total["n"], 2)
+    return out
+
+
 def replica_means(d: Samples) -> dict[str, float | None]:
     """From a delta of the replicas' samples: {"webhook_mean_ms" (gpu_binder_admission_seconds,
     every review), "decision_mean_ms" (gpu_binder_decision_seconds, the binder's decision
