@@ -124,7 +124,8 @@ def deltas(small: dict, large: dict, digits: int = 2) -> dict[str, dict]:
 def where(small: dict, large: dict) -> dict:
     """Where the quiet 1-GPU admission's growth went between two sizes' parts, each figure
     as `deltas` (small → large): "p50_ms"; "inside" (the client's mean, the webhook's, the
-    binder's decision; ms); "phases" (the webhook's phases, ms per admission, "own" its time
+    binder's decision, ms; the leader's housekeeping rounds over the quiet admissions and
+    in the idle window); "phases" (the webhook's phases, ms per admission, "own" its time
     between them, "total" the whole review); "apiserver" (kube-apiserver's mean ms per call
     of the admission's GPUDevice and VMI requests; watches left out); "cpu_ms_per_admission"
     and "quiet_cores" (per process over the quiet admissions, the replicas by role);
@@ -147,12 +148,19 @@ def where(small: dict, large: dict) -> dict:
     def idle(part: dict, key: str) -> dict:
         return (part.get("idle") or {}).get(key) or {}
 
+    def means(part: dict) -> dict:
+        got = inside(part)
+        out = {k: got[k] for k in ("client_mean_ms", "webhook_mean_ms", "decision_mean_ms",
+                                   "housekeeping_rounds") if k in got}
+        rounds = ((part.get("idle") or {}).get("replicas") or {}).get("housekeeping_rounds")
+        if rounds is not None:
+            out["idle_housekeeping_rounds"] = rounds
+        return out
+
     lo, hi = inside(small), inside(large)
-    keys = ("client_mean_ms", "webhook_mean_ms", "decision_mean_ms")
     return {"p50_ms": deltas({"p50": quiet(small).get("p50_ms")},
                              {"p50": quiet(large).get("p50_ms")}, 1)["p50"],
-            "inside": deltas({k: lo[k] for k in keys if k in lo},
-                             {k: hi[k] for k in keys if k in hi}),
+            "inside": deltas(means(small), means(large)),
             "phases": deltas(lo.get("phase_ms") or {}, hi.get("phase_ms") or {}),
             "apiserver": deltas(api(small), api(large), 1),
             "cpu_ms_per_admission": deltas(cpu(small, "ms_per_admission"),
@@ -164,7 +172,7 @@ def where(small: dict, large: dict) -> dict:
                                           idle(large, "apiserver_requests_per_s"))}
 
 
-WHERE_LINES = (("inside", "means ms", 3), ("phases", "webhook phases, ms per admission", 13),
+WHERE_LINES = (("inside", "means ms and housekeeping rounds", 5), ("phases", "webhook phases, ms per admission", 13),
                ("apiserver", "kube-apiserver mean ms per call", 8),
                ("cpu_ms_per_admission", "CPU ms per quiet admission", 12),
                ("quiet_cores", "cores busy over the quiet admissions", 12),

@@ -58,7 +58,7 @@ def quiet_inside(before: Reading, after: Reading, recs: list[VmiRecord], mode: s
                  roles: dict[str, str]) -> dict:
     """What a quiet window's admissions (`recs`, mode `mode`) cost inside, from two
     `Reading`s around it: the replicas' "webhook_mean_ms", "decision_mean_ms", "decisions"
-    (`floor_report.replica_means`), "client_mean_ms" (the admitted ones' latency as this
+    (`floor_report.replica_means`), "housekeeping_rounds" (the leader's), "client_mean_ms" (the admitted ones' latency as this
     client saw it), "apiserver" (`latency_between`: the admission's GPUDevice and VMI calls
     as kube-apiserver timed them), "phases" (`floor_report.phase_means`: mode → phase →
     {n, mean_ms}), "phase_ms" (`mode`'s phases as ms per admission,
@@ -69,7 +69,7 @@ def quiet_inside(before: Reading, after: Reading, recs: list[VmiRecord], mode: s
     phases = fr.phase_means(d)
     admitted = sum(r.admitted for r in recs)
     seconds = after.t - before.t
-    return {**fr.replica_means(d),
+    return {**fr.replica_means(d), "housekeeping_rounds": _rounds(d),
             "client_mean_ms": round(sum(r.admit_ms for r in recs if r.admitted)
                                     / max(1, admitted), 1),
             "apiserver": latency_between(before.latency, after.latency),
@@ -83,11 +83,19 @@ def idle_figures(before: Reading, after: Reading, roles: dict[str, str]) -> dict
     process's background cores at this fleet size, the replicas by `roles`),
     "apiserver_requests_per_s" (`requests_per_s`: what kube-apiserver served meanwhile, the
     busiest first) and "replicas" (`floor_report.replica_means`: decisions and reviews, none
-    expected)."""
+    expected; and the leader's "housekeeping_rounds")."""
+    d = delta(before.samples, after.samples)
     return {**cpu_cores(before.cpu, after.cpu, after.t - before.t, roles),
             "apiserver_requests_per_s": requests_per_s(before.requests, after.requests,
                                                        after.t - before.t),
-            "replicas": fr.replica_means(delta(before.samples, after.samples))}
+            "replicas": {**fr.replica_means(d), "housekeeping_rounds": _rounds(d)}}
+
+
+def _rounds(d: Samples) -> int:
+    """The leader's housekeeping rounds in a delta of the replicas' samples
+    (`gpu_binder_housekeeping_rounds`, counted while leading)."""
+    return int(sum(v for (name, _), v in d.items()
+                   if name == "gpu_binder_housekeeping_rounds_total"))
 
 
 class Measure:

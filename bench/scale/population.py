@@ -94,10 +94,16 @@ def latency_of(text: str) -> dict[str, tuple[float, int]]:
 
 
 def _verb_resource(line: str, resource: str) -> str:
+    """"<verb> <resource>[/<subresource>]" of one of kube-apiserver's request samples; a
+    request for no resource is "<verb> <path>" (kube-apiserver gives the path of /metrics,
+    /healthz and the like as its subresource), or "<verb> (non-resource)" without one."""
     sub = re.search(r'subresource="([^"]*)"', line)
-    verb = re.search(r'verb="([^"]*)"', line)
-    return f"{verb.group(1) if verb else '?'} {resource}" + (
-        f"/{sub.group(1)}" if sub and sub.group(1) else "")
+    sub_text = sub.group(1) if sub else ""
+    m = re.search(r'verb="([^"]*)"', line)
+    verb = m.group(1) if m else "?"
+    if not resource:
+        return f"{verb} {sub_text or '(non-resource)'}"
+    return f"{verb} {resource}" + (f"/{sub_text}" if sub_text else "")
 
 
 def latency_between(before: dict[str, tuple[float, int]],

@@ -233,21 +233,24 @@ async def test_the_quiet_admissions_wait_for_the_load_to_settle_and_say_at_what_
     assert g._point(_part(100.0, 200.0, 150.0, 800, load=8.9))["load"] == 8.9
 
 
-def _named(part: dict, *, webhook: float, phases: dict, api: dict, cpu: dict, cores: dict,
-           idle: dict, idle_rps: dict) -> dict:
+def _named(part: dict, *, webhook: float, rounds: tuple[int, int], phases: dict, api: dict,
+           cpu: dict, cores: dict, idle: dict, idle_rps: dict) -> dict:
     """`part` with the figures `where` reads: the quiet 1-GPU `inside` as `measure.quiet`
-    writes it (`quiet_inside`) and the idle window (`idle_figures`)."""
+    writes it (`quiet_inside`) and the idle window (`idle_figures`); `rounds`: the leader's
+    housekeeping rounds over the quiet admissions and in the idle window."""
     part["quiet"]["1"]["inside"] = {
         "webhook_mean_ms": webhook, "decision_mean_ms": 1.3, "client_mean_ms": webhook + 20,
+        "housekeeping_rounds": rounds[0],
         "apiserver": {k: {"requests": 60, "mean_ms": v} for k, v in api.items()},
         "phase_ms": phases, "cpu": {"ms_per_admission": cpu, "process_cores": cores}}
-    part["idle"] = {"seconds": 10.0, "cores": idle, "apiserver_requests_per_s": idle_rps}
+    part["idle"] = {"seconds": 10.0, "cores": idle, "apiserver_requests_per_s": idle_rps,
+                    "replicas": {"decisions": 0, "housekeeping_rounds": rounds[1]}}
     return part
 
 
 def _named_report() -> dict:
     """Device mode at 100 and 1,000 boards; replica-0 led at 100, replica-1 at 1,000."""
-    small = _named(_part(47.7, 84.9, 137.8, 800), webhook=30.8,
+    small = _named(_part(47.7, 84.9, 137.8, 800), webhook=30.8, rounds=(120, 2),
                    phases={"wait-result": 12.0, "attach": 6.0, "own": 4.0, "total": 30.8},
                    api={"POST gpudevices": 3.8, "WATCH virtualmachineinstances": 90000.0},
                    cpu={"replica-0 (leader)": 8.6, "replica-1 (follower)": 1.0,
@@ -256,7 +259,7 @@ def _named_report() -> dict:
                    idle={"replica-0 (leader)": 0.01, "kube-apiserver": 0.05, "kwok": 0.02,
                          "total": 0.08},
                    idle_rps={"PUT leases": 10.0, "total": 10.5})
-    large = _named(_part(60.6, 204.0, 265.3, 8000), webhook=50.6,
+    large = _named(_part(60.6, 204.0, 265.3, 8000), webhook=50.6, rounds=(150, 3),
                    phases={"wait-result": 20.0, "attach": 7.5, "own": 12.0, "total": 50.6},
                    api={"POST gpudevices": 6.3, "GET virtualmachineinstances": 5.8},
                    cpu={"replica-1 (leader)": 11.3, "replica-0 (follower)": 1.1,
@@ -277,9 +280,12 @@ def test_where_the_growth_went_per_phase_and_per_process_smallest_against_larges
     role (the leader at 1,000 boards was the other replica), the largest change first."""
     w = _named_report()["growth"]["device"]["where"]
     assert w["p50_ms"] == {"small": 47.7, "large": 60.6, "delta": 12.9}
-    assert w["inside"] == {"client_mean_ms": {"small": 50.8, "large": 70.6, "delta": 19.8},
-                           "webhook_mean_ms": {"small": 30.8, "large": 50.6, "delta": 19.8},
-                           "decision_mean_ms": {"small": 1.3, "large": 1.3, "delta": 0.0}}
+    assert list(w["inside"].items()) == [
+        ("housekeeping_rounds", {"small": 120, "large": 150, "delta": 30}),
+        ("client_mean_ms", {"small": 50.8, "large": 70.6, "delta": 19.8}),
+        ("webhook_mean_ms", {"small": 30.8, "large": 50.6, "delta": 19.8}),
+        ("idle_housekeeping_rounds", {"small": 2, "large": 3, "delta": 1}),
+        ("decision_mean_ms", {"small": 1.3, "large": 1.3, "delta": 0.0})]
     assert list(w["phases"].items()) == [
         ("total", {"small": 30.8, "large": 50.6, "delta": 19.8}),
         ("own", {"small": 4.0, "large": 12.0, "delta": 8.0}),
@@ -306,8 +312,9 @@ def test_the_text_report_prints_where_the_p50_growth_went():
     assert rows[at + 1:] == [
         "growth device mode, where the p50 growth went (100 -> 1000 nodes): p50 47.7 -> 60.6 "
         "ms (+12.9)",
-        "  means ms: client_mean_ms 50.8 -> 70.6 (+19.8), webhook_mean_ms 30.8 -> 50.6 "
-        "(+19.8), decision_mean_ms 1.3 -> 1.3 (+0)",
+        "  means ms and housekeeping rounds: housekeeping_rounds 120 -> 150 (+30), "
+        "client_mean_ms 50.8 -> 70.6 (+19.8), webhook_mean_ms 30.8 -> 50.6 (+19.8), "
+        "idle_housekeeping_rounds 2 -> 3 (+1), decision_mean_ms 1.3 -> 1.3 (+0)",
         "  webhook phases, ms per admission: total 30.8 -> 50.6 (+19.8), own 4 -> 12 (+8), "
         "wait-result 12 -> 20 (+8), attach 6 -> 7.5 (+1.5)",
         "  kube-apiserver mean ms per call: POST gpudevices 3.8 -> 6.3 (+2.5), "

@@ -41,6 +41,7 @@ def apiserver(creates: int, create_s: float, patches: int, patch_s: float, lease
         f'apiserver_request_total{{code="409",component="apiserver",dry_run="",{gd},subresource="status",verb="PATCH",version="v1alpha1"}} 1',
         f'apiserver_request_total{{code="200",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="PUT",version="v1"}} {lease_puts}',
         f'apiserver_request_total{{code="200",component="apiserver",dry_run="",group="",resource="nodes",scope="resource",subresource="status",verb="PATCH",version="v1"}} {node_patches}',
+        f'apiserver_request_total{{code="200",component="apiserver",dry_run="",group="",resource="",scope="",subresource="/metrics",verb="GET",version=""}} {creates // 20}',
         ""])
 
 
@@ -54,13 +55,15 @@ def test_apiserver_latency_and_requests_per_call_between_two_readings():
         "PATCH gpudevices/status": {"requests": 180, "mean_ms": 7.0}}
     assert latency_between(latency_of(after), latency_of(after)) == {}
     assert request_counts(before) == {"POST gpudevices": 100, "PATCH gpudevices/status": 300,
-                                      "PUT leases": 5000, "PATCH nodes/status": 200}
-    # 10 s of the fleet renewing its Leases and writing node status, and the admissions'
+                                      "PUT leases": 5000, "PATCH nodes/status": 200,
+                                      "GET /metrics": 5}
+    # 10 s of the fleet renewing its Leases and writing node status, the admissions', and
+    # the /metrics reads (a request for no resource)
     assert requests_per_s(request_counts(before), request_counts(after), 10.0) == {
         "PUT leases": 100.0, "PATCH gpudevices/status": 18.0, "PATCH nodes/status": 10.0,
-        "POST gpudevices": 6.0, "total": 134.0}
+        "POST gpudevices": 6.0, "GET /metrics": 0.3, "total": 134.3}
     assert requests_per_s(request_counts(before), request_counts(after), 10.0, top=1) == {
-        "PUT leases": 100.0, "total": 134.0}
+        "PUT leases": 100.0, "total": 134.3}
     assert requests_per_s(request_counts(before), request_counts(after), 0.0) == {}
 
 
@@ -78,6 +81,7 @@ def replicas(n: int, phases: dict[str, float], decision: tuple[float, int]) -> d
     out[("gpu_binder_admission_seconds_count", ())] = float(n)
     out[("gpu_binder_decision_seconds_sum", ())] = decision[0]
     out[("gpu_binder_decision_seconds_count", ())] = float(decision[1])
+    out[("gpu_binder_housekeeping_rounds_total", ())] = 3.0 * n   # the leader's, 3 a review
     return out
 
 
@@ -101,6 +105,7 @@ def test_quiet_inside_names_the_phases_per_admission_the_calls_and_the_cpu_per_p
     got = quiet_inside(before, after, recs, "device",
                        {"replica-0": "leader", "replica-1": "follower"})
     assert (got["webhook_mean_ms"], got["decision_mean_ms"], got["decisions"]) == (41.0, 1.5, 20)
+    assert got["housekeeping_rounds"] == 60
     assert got["client_mean_ms"] == 61.0          # the 20 admitted ones: (19×60 + 80) ÷ 20
     assert got["phase_ms"] == {"attach": 8.0, "wait-result": 15.0, "total": 40.0, "own": 17.0}
     assert got["phases"]["device"]["attach"] == {"n": 20, "mean_ms": 8.0}
@@ -120,9 +125,10 @@ def test_quiet_inside_names_the_phases_per_admission_the_calls_and_the_cpu_per_p
 def test_idle_window_is_each_processs_background_and_what_the_server_served():
     text0, text1 = apiserver(0, 0.0, 0, 0.0, 5000, 200), apiserver(0, 0.0, 0, 0.0, 6000, 300)
     samples = replicas(60, {"total": 2.4}, (0.07, 60))
+    rounds = ("gpu_binder_housekeeping_rounds_total", ())
     before = Reading(samples, {}, request_counts(text0),
                      {"kube-apiserver": 100.0, "etcd": 30.0, "replica-0": 10.0}, 50.0)
-    after = Reading(samples, {}, request_counts(text1),
+    after = Reading({**samples, rounds: samples[rounds] + 2}, {}, request_counts(text1),
                     {"kube-apiserver": 103.0, "etcd": 30.5, "replica-0": 10.1}, 60.0)
     got = idle_figures(before, after, {"replica-0": "leader"})
     assert got["cores"] == {"kube-apiserver": 0.3, "etcd": 0.05, "replica-0 (leader)": 0.01,
@@ -131,7 +137,7 @@ def test_idle_window_is_each_processs_background_and_what_the_server_served():
     assert got["apiserver_requests_per_s"] == {"PUT leases": 100.0, "PATCH nodes/status": 10.0,
                                                "total": 110.0}
     assert got["replicas"] == {"webhook_mean_ms": None, "decision_mean_ms": None,
-                               "decisions": 0}
+                               "decisions": 0, "housekeeping_rounds": 2}   # the periodic ones
 
 
 @pytest.mark.parametrize("quick", [False, True])
