@@ -3,8 +3,9 @@ bench` and `python -m bench.NAME` alike) and its flag helpers, the checkout's co
 machine a report names, the quantile, an admin API client, list-then-watch of one kind, the
 launcher Pods of VMIs by uid, KubeVirt's own GPU VMI as a request body, an API error's text
 (through k8s/errors), the kube-apiserver's /metrics text, Prometheus text as samples and
-their deltas, the replicas' samples, roles and own webhook and decision timings, a process's CPU and memory from /proc, polling until a condition
-holds, and a fleet of 8-GPU nodes per mode. Pure helpers and thin I/O; no benchmark's logic."""
+their deltas, the replicas' samples, roles and own webhook and decision timings, a process's
+CPU and memory from /proc, polling until a condition holds, and a fleet of 8-GPU nodes per
+mode. Pure helpers and thin I/O; no benchmark's logic."""
 
 from __future__ import annotations
 

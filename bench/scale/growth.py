@@ -69,8 +69,9 @@ def growth(report: dict) -> dict:
     {value (the ratio), target, met (on the unrounded ratio)}, "rss_per_1000_devices_mib"
     ((VmHWM at largest − at smallest) ÷ (devices at largest − at smallest) × 1000, MiB to
     0.1), "where" (`where`: the quiet 1-GPU admission's figures at the smallest and the
-    largest size and their change, per phase and per process)}. A figure that cannot be computed (one size only, a missing value, no device
-    difference) is None, and so is `met` then. Modes with no measured size are left out."""
+    largest size and their change, per phase and per process)}. A figure that cannot be
+    computed (one size only, a missing value, no device difference) is None, and so is `met`
+    then ("where" is None with one size). Modes with no measured size are left out."""
     out = {}
     for mode, key in MODE_PARTS:
         measured = report.get(key) or {}
@@ -172,7 +173,8 @@ def where(small: dict, large: dict) -> dict:
                                           idle(large, "apiserver_requests_per_s"))}
 
 
-WHERE_LINES = (("inside", "means ms and housekeeping rounds", 5), ("phases", "webhook phases, ms per admission", 13),
+WHERE_LINES = (("inside", "means ms and housekeeping rounds", 5),
+               ("phases", "webhook phases, ms per admission", 13),
                ("apiserver", "kube-apiserver mean ms per call", 8),
                ("cpu_ms_per_admission", "CPU ms per quiet admission", 12),
                ("quiet_cores", "cores busy over the quiet admissions", 12),

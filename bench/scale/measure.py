@@ -56,15 +56,15 @@ class Reading:
 
 def quiet_inside(before: Reading, after: Reading, recs: list[VmiRecord], mode: str,
                  roles: dict[str, str]) -> dict:
-    """What a quiet window's admissions (`recs`, mode `mode`) cost inside, from two
-    `Reading`s around it: the replicas' "webhook_mean_ms", "decision_mean_ms", "decisions"
-    (`floor_report.replica_means`), "housekeeping_rounds" (the leader's), "client_mean_ms" (the admitted ones' latency as this
-    client saw it), "apiserver" (`latency_between`: the admission's GPUDevice and VMI calls
-    as kube-apiserver timed them), "phases" (`floor_report.phase_means`: mode → phase →
-    {n, mean_ms}), "phase_ms" (`mode`'s phases as ms per admission,
-    `floor_report.per_admission_ms`: they and "own", the webhook's time between its steps,
-    sum to "total") and "cpu" (`cpu_per_admission` over the window's wall time with the
-    replicas' `roles`, and "process_cores": `cpu_cores`' per process)."""
+    """What a quiet window's admissions (`recs`, mode `mode`) cost inside, from two `Reading`s
+    around it: the replicas' "webhook_mean_ms", "decision_mean_ms", "decisions"
+    (`floor_report.replica_means`), "housekeeping_rounds" (the leader's), "client_mean_ms"
+    (the admitted ones' latency as this client saw it), "apiserver" (`latency_between`: the
+    admission's GPUDevice and VMI calls as kube-apiserver timed them), "phases"
+    (`floor_report.phase_means`: mode → phase → {n, mean_ms}), "phase_ms" (`mode`'s phases
+    as ms per admission, `floor_report.per_admission_ms`: they and "own", the webhook's time
+    between its steps, sum to "total") and "cpu" (`cpu_per_admission` over the window's wall
+    time with the replicas' `roles`, and "process_cores": `cpu_cores`' per process)."""
     d = delta(before.samples, after.samples)
     phases = fr.phase_means(d)
     admitted = sum(r.admitted for r in recs)

@@ -127,7 +127,8 @@ def request_counts(text: str) -> dict[str, int]:
         if not line.startswith("apiserver_request_total{"):
             continue
         res = re.search(r'resource="([^"]*)"', line)
-        out[_verb_resource(line, res.group(1) if res else "?")] += int(float(line.rsplit(" ", 1)[1]))
+        key = _verb_resource(line, res.group(1) if res else "?")
+        out[key] += int(float(line.rsplit(" ", 1)[1]))
     return dict(out)
 
 
