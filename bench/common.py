@@ -2,9 +2,10 @@
 bench` and `python -m bench.NAME` alike) and its flag helpers, the checkout's commit and the
 machine a report names, the quantile, an admin API client, list-then-watch of one kind, the
 launcher Pods of VMIs by uid, KubeVirt's own GPU VMI as a request body, an API error's text
-(through k8s/errors), the kube-apiserver's /metrics text, the replicas' own webhook and
-decision timings, a process's CPU and memory from /proc, polling until a condition
-holds, and a fleet of 8-GPU nodes per mode. Pure helpers and thin I/O; no benchmark's logic."""
+(through k8s/errors), the kube-apiserver's /metrics text, Prometheus text as samples and
+their deltas, the replicas' samples, roles and own webhook and decision timings, a process's
+CPU and memory from /proc, polling until a condition holds, and a fleet of 8-GPU nodes per
+mode. Pure helpers and thin I/O; no benchmark's logic."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterable
 
 import anyio
 
@@ -383,6 +384,60 @@ class LauncherPods:
             with anyio.move_on_after(timeout):
                 await ev.wait()
         return self.node(uid)
+
+
+# -- Prometheus samples, and the replicas' -----------------------------------------------------
+
+Key = tuple[str, tuple[tuple[str, str], ...]]
+"""A sample's name and its labels, sorted: ("x_total", (("phase", "attach"),))."""
+Samples = dict[Key, float]
+
+
+def samples(text: str) -> Samples:
+    """Every sample of a Prometheus text exposition (name with its _total/_sum/_count/_bucket
+    suffix, labels sorted) → value. Raises ValueError for text the parser refuses."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    return out
+
+
+def added(parts: Iterable[Samples]) -> Samples:
+    """The samples of several processes summed (the replicas' counters together)."""
+    out: Samples = {}
+    for part in parts:
+        for key, value in part.items():
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def delta(before: Samples, after: Samples) -> Samples:
+    """after − before per sample (a sample absent before counts from 0; gauges are
+    subtracted too, so read counters and histograms only)."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+async def replica_samples(lc) -> Samples:
+    """The live replicas' /metrics samples of LocalCluster `lc`, summed (`samples`,
+    `added`); read in a worker thread. Raises what `lc.metrics` raises (a replica not
+    answering within 5 s)."""
+    parts = []
+    for i, r in enumerate(lc.replicas):
+        if r.alive:
+            parts.append(samples(await anyio.to_thread.run_sync(lc.metrics, i)))
+    return added(parts)
+
+
+async def replica_roles(lc) -> dict[str, str]:
+    """{replica identity: "leader" or "follower"} of LocalCluster `lc`, from the Lease
+    (empty when none holds it); read in a worker thread (kubectl)."""
+    leader = await anyio.to_thread.run_sync(lc.leader)
+    if leader is None:
+        return {}
+    return {r.identity: "leader" if r.identity == leader else "follower" for r in lc.replicas}
 
 
 async def replica_timings(lc) -> dict[str, float]:

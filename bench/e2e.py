@@ -55,7 +55,7 @@ import anyio
 
 from bench.common import (Benchmark, add_modes, add_out, add_quick, add_seed, apiserver_metrics,
                           commit, machine, mode_fleet, modes as parse_modes, percentile, positive_ints,
-                          replica_timings, timings_between)
+                          replica_roles, replica_samples, replica_timings, timings_between)
 from bench.proc_cpu import (cpu_line, cpu_per_admission, cpu_snapshot, cpu_vs, new_connections,
                             read_peers)
 
@@ -352,27 +352,8 @@ def _processes(lc: LocalCluster, sched: subprocess.Popen | None) -> dict[str, in
     return out
 
 
-async def _roles(lc: LocalCluster) -> dict[str, str]:
-    """{replica identity: "leader" or "follower"} from the Lease (empty when none holds it)."""
-    leader = await anyio.to_thread.run_sync(lc.leader)
-    if leader is None:
-        return {}
-    return {r.identity: "leader" if r.identity == leader else "follower" for r in lc.replicas}
-
-
-async def _replica_samples(lc: LocalCluster) -> dict:
-    """The live replicas' /metrics samples summed (`bench.floor_report.samples`)."""
-    from bench import floor_report as fr
-
-    parts = []
-    for i, r in enumerate(lc.replicas):
-        if r.alive:
-            parts.append(fr.samples(await anyio.to_thread.run_sync(lc.metrics, i)))
-    return fr.added(parts)
-
-
 def _phases(before: dict, after: dict, mode: str) -> dict[str, float | None]:
-    """{phase: mean ms} of `mode`'s webhook phases between two `_replica_samples`
+    """{phase: mean ms} of `mode`'s webhook phases between two `replica_samples`
     (`gpu_binder_admission_phase_seconds`; "own" the time between the steps)."""
     from bench import floor_report as fr
 
@@ -394,7 +375,7 @@ class _CPU:
 
     async def refresh(self) -> None:
         self.pids = _processes(self.lc, self.sched)
-        self.roles = await _roles(self.lc)
+        self.roles = await replica_roles(self.lc)
 
 
 async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], per_level: int,
@@ -423,13 +404,13 @@ async def _measure(lc: LocalCluster, report: dict, plan: list[tuple[int, int]], 
         for g, c in plan:
             for mode in modes:
                 t0 = await replica_timings(lc)
-                s0 = await _replica_samples(lc)
+                s0 = await replica_samples(lc)
                 await cpu.refresh()
                 lvl = await _our_level(api, fleet, g, c, per_level, ceiling, mode, cpu)
                 # what of the client's latency our webhook and binder account for
                 lvl["inside"] = timings_between(t0, await replica_timings(lc))
                 # the webhook's own phases (bench.floor_report.phase_means), mean ms each
-                lvl["phases"] = _phases(s0, await _replica_samples(lc), mode)
+                lvl["phases"] = _phases(s0, await replica_samples(lc), mode)
                 print("  webhook phases, mean ms: " + ", ".join(
                     f"{k} {v}" for k, v in lvl["phases"].items()), flush=True)
                 report["levels"].append(lvl)

@@ -49,7 +49,7 @@ import anyio
 from bench import apf, floor_report as fr
 from bench.common import (Benchmark, add_modes, add_out, add_quick, commit, error_text,
                           machine, mode_fleet, modes as parse_modes, positive_ints,
-                          watch_namespaced)
+                          replica_samples, watch_namespaced)
 from model.types import GROUP, TEMPLATE_FOR_LABEL, VERSION
 
 if TYPE_CHECKING:  # the cluster's harness is imported when the benchmark runs
@@ -295,11 +295,7 @@ async def _busy(tenant, mode: str, g: int, count: int, tag: str) -> dict:
 
 async def _scrape(lc: LocalCluster, admin) -> tuple[fr.Samples, fr.Samples]:
     """(the live replicas' samples summed, kube-apiserver's flow-control samples)."""
-    reps = []
-    for i, r in enumerate(lc.replicas):
-        if r.alive:
-            reps.append(fr.samples(await anyio.to_thread.run_sync(lc.metrics, i)))
-    return fr.added(reps), await apf.flow_samples(admin)
+    return await replica_samples(lc), await apf.flow_samples(admin)
 
 
 def _inside(before: tuple[fr.Samples, fr.Samples], after: tuple[fr.Samples, fr.Samples]) -> dict:

@@ -1,51 +1,21 @@
 """The pure side of `bench floor` (bench/floor.py): Prometheus text read into samples and
-their deltas, the replicas' phase means (`gpu_binder_admission_phase_seconds`), the API
-Priority and Fairness counters per priority level, latency figures, the ratios of our
-admission to the API's floor, the issue's targets (issue 40 item 2) and the summary lines (the
-shares that give a priority level its seats: bench/apf.py). No I/O, no clock."""
+their deltas (`samples`, `added`, `delta`: bench.common's, named here too), the replicas'
+phase means (`gpu_binder_admission_phase_seconds`) and their share of each admission
+(`per_admission_ms`), the API Priority and Fairness counters per priority level, latency
+figures, the ratios of our admission to the API's floor, the issue's targets (issue 40 item 2)
+and the summary lines (the shares that give a priority level its seats: bench/apf.py). No
+I/O, no clock."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from typing import Iterable
 
-from bench.common import quantile
-
-Key = tuple[str, tuple[tuple[str, str], ...]]
-"""A sample's name and its labels, sorted: ("x_total", (("phase", "attach"),))."""
-Samples = dict[Key, float]
+from bench.common import Key, Samples, added, delta, quantile, samples  # noqa: F401 - re-exported
 
 PHASE = "gpu_binder_admission_phase_seconds"
 TARGETS = {1: {"p50": 1.5, "p99": 3.0}, 4: {"p50": 2.0}, 8: {"p50": 2.0}}
 """Issue 40 item 2: quiet admission ÷ the floor, per GPUs per VMI: at most these."""
-
-
-def samples(text: str) -> Samples:
-    """Every sample of a Prometheus text exposition (name with its _total/_sum/_count/_bucket
-    suffix, labels sorted) → value. Raises ValueError for text the parser refuses."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
-    return out
-
-
-def added(parts: Iterable[Samples]) -> Samples:
-    """The samples of several processes summed (the replicas' counters together)."""
-    out: Samples = {}
-    for part in parts:
-        for key, value in part.items():
-            out[key] = out.get(key, 0.0) + value
-    return out
-
-
-def delta(before: Samples, after: Samples) -> Samples:
-    """after − before per sample (a sample absent before counts from 0; gauges are
-    subtracted too, so read counters and histograms only)."""
-    return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
 def _sum_count(d: Samples, name: str, **match: str) -> tuple[float, float]:
@@ -86,6 +56,24 @@ def phase_means(d: Samples) -> dict[str, dict[str, dict]]:
         inside = sum(p["n"] * p["mean_ms"] for name, p in phases.items() if name != "total")
         phases["own"] = {"n": total["n"],
                          "mean_ms": round(total["mean_ms"] - inside / total["n"], 2)}
+    return out
+
+
+def per_admission_ms(phases: dict[str, dict]) -> dict[str, float | None]:
+    """One mode's part of `phase_means` (phase → {"n", "mean_ms"}) as ms per admitted
+    review: each phase's mean × its observations ÷ `total`'s (a phase met in only some
+    reviews, a retried take-over, counts for what it added to the average review); `total`
+    and `own` as they are, so the phases and `own` sum to `total` (to the rounding, 0.01
+    ms). {} when `total` was not observed."""
+    total = phases.get("total")
+    if not total or not total["n"]:
+        return {}
+    out: dict[str, float | None] = {}
+    for name, p in phases.items():
+        if p["mean_ms"] is None or name in ("total", "own"):
+            out[name] = p["mean_ms"]
+        else:
+            out[name] = round(p["mean_ms"] * p["n"] / total["n"], 2)
     return out
 
 

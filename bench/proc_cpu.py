@@ -3,7 +3,9 @@
 `cpu_seconds` reads a process's utime + stime from /proc (Linux; every thread of it counted,
 its children not); `cpu_snapshot` reads a named set of them at once; `cpu_per_admission`
 (pure) turns two snapshots, the admissions between them and the level's wall time into CPU
-milliseconds per admission per process, their total and the cores the level kept busy.
+milliseconds per admission per process, their total and the cores the level kept busy;
+`cpu_cores` (pure) the cores each process kept busy over a window (an idle one: its
+background).
 `bench e2e` uses them to say where a VMI's CPU goes against a Pod's (issue 40)."""
 
 from __future__ import annotations
@@ -40,6 +42,38 @@ def cpu_snapshot(pids: dict[str, int]) -> dict[str, float | None]:
     return {name: cpu_seconds(pid) for name, pid in pids.items()}
 
 
+def _used(before: dict[str, float | None], after: dict[str, float | None],
+          roles: dict[str, str]) -> dict[str, float]:
+    """CPU seconds per process between two snapshots, "NAME (ROLE)" where `roles` names
+    one; a process missing (None) from either is left out."""
+    used: dict[str, float] = {}
+    for name, b in before.items():
+        a = after.get(name)
+        if a is None or b is None:
+            continue
+        role = roles.get(name)
+        used[f"{name} ({role})" if role else name] = a - b
+    return used
+
+
+def cpu_cores(before: dict[str, float | None], after: dict[str, float | None],
+              seconds: float, roles: dict[str, str] | None = None) -> dict:
+    """The cores each process kept busy over a window of `seconds` (wall time) between two
+    `cpu_snapshot`s: {"seconds" (to 0.1), "cpu_s": {name: CPU seconds, to 0.001},
+    "cores": {name: CPU seconds ÷ `seconds`, to 0.001 (1 ms of CPU a second), and
+    "total"}, "roles": `roles`}; names and missing processes as `cpu_per_admission`'s. With
+    no admission in the window, each process's background at that moment. `cores` figures
+    are None when `seconds` is not positive. /proc counts in ticks of 10 ms, so a process's
+    figure over a 10 s window is good to about 0.001 cores."""
+    roles = roles or {}
+    used = _used(before, after, roles)
+    cores: dict[str, float | None] = {
+        k: (round(v / seconds, 3) if seconds > 0 else None) for k, v in used.items()}
+    cores["total"] = round(sum(used.values()) / seconds, 3) if seconds > 0 else None
+    return {"seconds": round(seconds, 1), "cpu_s": {k: round(v, 3) for k, v in used.items()},
+            "cores": cores, "roles": dict(roles)}
+
+
 def cpu_per_admission(before: dict[str, float | None], after: dict[str, float | None],
                       admitted: int, seconds: float,
                       roles: dict[str, str] | None = None) -> dict:
@@ -54,13 +88,7 @@ def cpu_per_admission(before: dict[str, float | None], after: dict[str, float | 
     are None. /proc's resolution is one clock tick (10 ms), so a process's figure over a
     level of N admissions is good to about 10 ÷ N ms."""
     roles = roles or {}
-    used: dict[str, float] = {}
-    for name, b in before.items():
-        a = after.get(name)
-        if a is None or b is None:
-            continue
-        role = roles.get(name)
-        used[f"{name} ({role})" if role else name] = a - b
+    used = _used(before, after, roles)
     total = sum(used.values())
     per = {k: (round(1000 * v / admitted, 1) if admitted else None) for k, v in used.items()}
     per["total"] = round(1000 * total / admitted, 1) if admitted else None

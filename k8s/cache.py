@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -305,6 +305,7 @@ class ClusterCache:
         self._vmi_records: dict[Key, VMIRecord] = {}
         self._tombstones: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._vmi_state: VMIs | None = None   # built on demand, dropped on every VMI event
+        self._vmi_uids: Counter[tuple[str, str]] = Counter()   # (ns, uid) of the records, kept
         self.nominations.add_listener(_feed("GPUNomination", parse_nomination, v.put_nomination,
                                             lambda k: v.remove_nomination(k[1])))
         self.vmis.add_listener(self._on_vmi)
@@ -329,6 +330,8 @@ class ClusterCache:
                 return
             self._vmi_state = None
             self._vmi_records[key] = rec
+            self._count_uid(old, -1)
+            self._count_uid(rec, 1)
             if old is None or old.uid == rec.uid or not old.admission:
                 return
         elif old is None:
@@ -336,6 +339,7 @@ class ClusterCache:
         else:
             self._vmi_state = None
             del self._vmi_records[key]
+            self._count_uid(old, -1)
         if old is not None and old.admission:
             now = time.monotonic()
             self._tombstones[(key[0], old.admission)] = now
@@ -344,12 +348,26 @@ class ClusterCache:
                                         next(iter(self._tombstones.values())) < now - TOMBSTONE_TTL):
                 self._tombstones.popitem(last=False)
 
+    def _count_uid(self, rec: VMIRecord | None, step: int) -> None:
+        # `_vmi_uids` follows `_vmi_records`: a uid counted once per record holding it
+        if rec is None or not rec.uid:
+            return
+        key = (rec.namespace, rec.uid)
+        n = self._vmi_uids[key] + step
+        if n > 0:
+            self._vmi_uids[key] = n
+        else:
+            del self._vmi_uids[key]
+
     def vmi_state(self) -> VMIs:
         """H2/W1: the live VMIs (uid, admission annotation) and the admission ids of VMI
         incarnations this replica saw deleted in the last `TOMBSTONE_TTL` seconds (an
-        immutable value, rebuilt only after a VMI event: admissions share it)."""
+        immutable value, rebuilt only after a VMI event: admissions share it), with their
+        uids (`VMIs.uids`) copied from the set kept as the records change, not derived by
+        walking every record (issue 40)."""
         if self._vmi_state is None:
-            self._vmi_state = VMIs(dict(self._vmi_records), frozenset(self._tombstones))
+            self._vmi_state = VMIs.with_uids(dict(self._vmi_records), frozenset(self._tombstones),
+                                             frozenset(self._vmi_uids))
         return self._vmi_state
 
     def healthy(self, *informers: Informer) -> bool:

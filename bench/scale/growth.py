@@ -1,6 +1,7 @@
 """Whether anything grows with the fleet: per mode, the quiet 1-GPU admission's p50/p99 and
 the leader's peak RSS (VmHWM) at each measured node count (`growth`), the target on them
 (p50 at the largest size <= 1.2x p50 at the smallest) and the RSS each 1,000 devices cost,
+where the growth went (`where`: per phase and per process, smallest against largest size),
 their Markdown rows (`rows`) and their figure (`plot`); and `--sizes`' value
 (`node_sizes`). Pure but for drawing the figure."""
 
@@ -67,8 +68,10 @@ def growth(report: dict) -> dict:
     counts), "p50_ratio" and "p99_ratio" (largest ÷ smallest, to 0.01), "p50_target"
     {value (the ratio), target, met (on the unrounded ratio)}, "rss_per_1000_devices_mib"
     ((VmHWM at largest − at smallest) ÷ (devices at largest − at smallest) × 1000, MiB to
-    0.1)}. A figure that cannot be computed (one size only, a missing value, no device
-    difference) is None, and so is `met` then. Modes with no measured size are left out."""
+    0.1), "where" (`where`: the quiet 1-GPU admission's figures at the smallest and the
+    largest size and their change, per phase and per process)}. A figure that cannot be
+    computed (one size only, a missing value, no device difference) is None, and so is `met`
+    then ("where" is None with one size). Modes with no measured size are left out."""
     out = {}
     for mode, key in MODE_PARTS:
         measured = report.get(key) or {}
@@ -85,11 +88,128 @@ def growth(report: dict) -> dict:
             rss = round((b["leader_hwm_mib"] - s["leader_hwm_mib"])
                         / ((b["devices"] - s["devices"]) / 1000), 1)
         out[mode] = {"sizes": points, "smallest": int(small), "largest": int(big),
+                     "where": where(measured[small], measured[big]) if several else None,
                      "p50_ratio": _round(p50),
                      "p99_ratio": _round(_ratio(b["p99_ms"], s["p99_ms"])) if several else None,
                      "p50_target": {"value": _round(p50), "target": f"<= {P50_GROWTH_LIMIT}x",
                                     "met": None if p50 is None else p50 <= P50_GROWTH_LIMIT},
                      "rss_per_1000_devices_mib": rss}
+    return out
+
+
+def _by_role(figures: dict) -> dict:
+    """Per-process figures with a replica's "NAME (ROLE)" keyed by its role alone ("leader",
+    "follower"; summed when two share one), so sizes measured on clusters of their own
+    match whichever replica led; "total" and other names as they are."""
+    out: dict = {}
+    for name, v in (figures or {}).items():
+        key = name[name.rindex(" (") + 2:-1] if name.endswith(")") and " (" in name else name
+        out[key] = v if key not in out else (None if v is None or out[key] is None
+                                             else out[key] + v)
+    return out
+
+
+def deltas(small: dict, large: dict, digits: int = 2) -> dict[str, dict]:
+    """Per name in either of two figure maps (a name one lacks is None there): {"small",
+    "large", "delta" (large − small, to `digits`; None when either is missing)}, the largest
+    change (absolute) first, then the ones without one, each group by name."""
+    out = {}
+    for name in {*small, *large}:
+        a, b = small.get(name), large.get(name)
+        out[name] = {"small": a, "large": b,
+                     "delta": None if a is None or b is None else round(b - a, digits)}
+    return dict(sorted(out.items(), key=lambda kv: (kv[1]["delta"] is None,
+                                                    -abs(kv[1]["delta"] or 0.0), kv[0])))
+
+
+def where(small: dict, large: dict) -> dict:
+    """Where the quiet 1-GPU admission's growth went between two sizes' parts, each figure
+    as `deltas` (small → large): "p50_ms"; "inside" (the client's mean, the webhook's, the
+    binder's decision, ms; the leader's housekeeping rounds over the quiet admissions and
+    in the idle window); "phases" (the webhook's phases, ms per admission, "own" its time
+    between them, "total" the whole review); "apiserver" (kube-apiserver's mean ms per call
+    of the admission's GPUDevice and VMI requests; watches left out); "cpu_ms_per_admission"
+    and "quiet_cores" (per process over the quiet admissions, the replicas by role);
+    "idle_cores" (per process in the idle window before them: the background at that size)
+    and "idle_requests_per_s" (what kube-apiserver served meanwhile). A figure an older
+    report lacks makes its section empty."""
+    def quiet(part: dict) -> dict:
+        return ((part.get("quiet") or {}).get("1") or {})
+
+    def inside(part: dict) -> dict:
+        return quiet(part).get("inside") or {}
+
+    def api(part: dict) -> dict:
+        return {k: v["mean_ms"] for k, v in (inside(part).get("apiserver") or {}).items()
+                if not k.startswith("WATCH")}
+
+    def cpu(part: dict, key: str) -> dict:
+        return _by_role((inside(part).get("cpu") or {}).get(key) or {})
+
+    def idle(part: dict, key: str) -> dict:
+        return (part.get("idle") or {}).get(key) or {}
+
+    def means(part: dict) -> dict:
+        got = inside(part)
+        out = {k: got[k] for k in ("client_mean_ms", "webhook_mean_ms", "decision_mean_ms",
+                                   "housekeeping_rounds") if k in got}
+        rounds = ((part.get("idle") or {}).get("replicas") or {}).get("housekeeping_rounds")
+        if rounds is not None:
+            out["idle_housekeeping_rounds"] = rounds
+        return out
+
+    lo, hi = inside(small), inside(large)
+    return {"p50_ms": deltas({"p50": quiet(small).get("p50_ms")},
+                             {"p50": quiet(large).get("p50_ms")}, 1)["p50"],
+            "inside": deltas(means(small), means(large)),
+            "phases": deltas(lo.get("phase_ms") or {}, hi.get("phase_ms") or {}),
+            "apiserver": deltas(api(small), api(large), 1),
+            "cpu_ms_per_admission": deltas(cpu(small, "ms_per_admission"),
+                                           cpu(large, "ms_per_admission"), 1),
+            "quiet_cores": deltas(cpu(small, "process_cores"), cpu(large, "process_cores"), 3),
+            "idle_cores": deltas(_by_role(idle(small, "cores")), _by_role(idle(large, "cores")),
+                                 3),
+            "idle_requests_per_s": deltas(idle(small, "apiserver_requests_per_s"),
+                                          idle(large, "apiserver_requests_per_s"))}
+
+
+WHERE_LINES = (("inside", "means ms and housekeeping rounds", 5),
+               ("phases", "webhook phases, ms per admission", 13),
+               ("apiserver", "kube-apiserver mean ms per call", 8),
+               ("cpu_ms_per_admission", "CPU ms per quiet admission", 12),
+               ("quiet_cores", "cores busy over the quiet admissions", 12),
+               ("idle_cores", "background cores, idle", 12),
+               ("idle_requests_per_s", "kube-apiserver requests/s, idle", 8))
+"""The text report's lines of `where`: section, its title, at most how many figures."""
+
+
+def _g(v) -> str:
+    return "-" if v is None else f"{v:g}"
+
+
+def _signed(v) -> str:
+    return "-" if v is None else f"{v:+g}"
+
+
+def where_lines(mode: str, m: dict) -> list[str]:
+    """The text lines of one mode's `where` ("where the p50 growth went"): the p50, then one
+    line per section that has figures (WHERE_LINES), each figure "name small -> large
+    (+delta)" largest change first; none when no section has figures (an older report)."""
+    w = m.get("where") or {}
+    if not any(w.get(key) for key, _, _ in WHERE_LINES):
+        return []
+    p = w["p50_ms"]
+    out = [f"growth {mode} mode, where the p50 growth went ({m['smallest']} -> {m['largest']} "
+           f"nodes): p50 {_g(p['small'])} -> {_g(p['large'])} ms "
+           f"({_signed(p['delta'])})"]
+    for key, title, most in WHERE_LINES:
+        got = list((w.get(key) or {}).items())
+        if not got:
+            continue
+        shown = ", ".join(f"{name} {_g(f['small'])} -> {_g(f['large'])} ({_signed(f['delta'])})"
+                          for name, f in got[:most])
+        out.append(f"  {title}: {shown}" + (f", … {len(got) - most} more" if len(got) > most
+                                            else ""))
     return out
 
 
@@ -103,7 +223,8 @@ def rows(report: dict) -> list[str]:
     """Markdown rows of the report's growth section (none when `grew` is False): a table of
     mode, nodes, devices, quiet 1-GPU p50/p99 and admitted/asked, leader VmHWM and load per
     size, then per mode
-    the p50 target, the p99 ratio and the RSS per 1,000 devices."""
+    the p50 target, the p99 ratio and the RSS per 1,000 devices, and where the p50 growth
+    went (`where_lines`)."""
     if not grew(report):
         return []
     g = report["growth"]
@@ -126,6 +247,7 @@ def rows(report: dict) -> list[str]:
                    f"{m['p99_ratio']}; RSS per 1,000 devices {m['rss_per_1000_devices_mib']} MiB "
                    f"(leader VmHWM {lo['leader_hwm_mib']} -> {hi['leader_hwm_mib']} MiB, "
                    f"{lo['devices']} -> {hi['devices']} devices)")
+        out += where_lines(mode, m)
     return out
 
 

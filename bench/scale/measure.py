@@ -1,22 +1,26 @@
 """The scale benchmark's measurements on a populated cluster (`Measure`: replica memory, a
-fresh replica's start-up, quiet admissions, bursts, a leader failover), one size's part of the
-report (`measure_on`) and the benchmark on clusters of its own (`run`)."""
+fresh replica's start-up, an idle window, quiet admissions, bursts, a leader failover), one
+size's part of the report (`measure_on`) and the benchmark on clusters of its own (`run`);
+the pure figures of a window (`quiet_inside`, `idle_figures`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import anyio
 
+from bench import floor_report as fr
 from bench.common import (DEV_GROUP, DEV_VERSION, VMI_GROUP, VMI_VERSION, VMIS, LauncherPods,
-                          admin_client, commit, machine, percentile, replica_timings,
-                          timings_between)
+                          Samples, admin_client, apiserver_metrics, commit, delta, machine,
+                          percentile, replica_roles, replica_samples)
+from bench.proc_cpu import cpu_cores, cpu_per_admission, cpu_snapshot
 from bench.scale.growth import grew, growth
 from bench.scale.growth import plot as plot_growth
-from bench.scale.population import admit, apiserver_latency, memory, populate, say
+from bench.scale.population import (admit, cluster_pids, latency_between, latency_of, memory,
+                                    populate, request_counts, requests_per_s, say)
 from bench.scale.report import plot, targets
 from bench.scale.workload import Plan, Population, ScaleSpec, VmiRecord
 from localcluster.fleet import Fleet
@@ -34,6 +38,64 @@ def latency_summary(recs: list[VmiRecord], seconds: float | None = None) -> dict
         out["admissions_per_s"] = round(len(lat) / seconds, 2)
     return out
 
+
+
+@dataclass(slots=True)
+class Reading:
+    """What a window's figures are taken between (`Measure.reading`): the replicas' summed
+    samples (`replica_samples`), kube-apiserver's request latency (`latency_of`) and request
+    counts (`request_counts`), each named process's CPU seconds (`cpu_snapshot`) and the
+    monotonic clock (s) when the CPU was read."""
+
+    samples: Samples
+    latency: dict[str, tuple[float, int]]
+    requests: dict[str, int]
+    cpu: dict[str, float | None]
+    t: float
+
+
+def quiet_inside(before: Reading, after: Reading, recs: list[VmiRecord], mode: str,
+                 roles: dict[str, str]) -> dict:
+    """What a quiet window's admissions (`recs`, mode `mode`) cost inside, from two `Reading`s
+    around it: the replicas' "webhook_mean_ms", "decision_mean_ms", "decisions"
+    (`floor_report.replica_means`), "housekeeping_rounds" (the leader's), "client_mean_ms"
+    (the admitted ones' latency as this client saw it), "apiserver" (`latency_between`: the
+    admission's GPUDevice and VMI calls as kube-apiserver timed them), "phases"
+    (`floor_report.phase_means`: mode → phase → {n, mean_ms}), "phase_ms" (`mode`'s phases
+    as ms per admission, `floor_report.per_admission_ms`: they and "own", the webhook's time
+    between its steps, sum to "total") and "cpu" (`cpu_per_admission` over the window's wall
+    time with the replicas' `roles`, and "process_cores": `cpu_cores`' per process)."""
+    d = delta(before.samples, after.samples)
+    phases = fr.phase_means(d)
+    admitted = sum(r.admitted for r in recs)
+    seconds = after.t - before.t
+    return {**fr.replica_means(d), "housekeeping_rounds": _rounds(d),
+            "client_mean_ms": round(sum(r.admit_ms for r in recs if r.admitted)
+                                    / max(1, admitted), 1),
+            "apiserver": latency_between(before.latency, after.latency),
+            "phases": phases, "phase_ms": fr.per_admission_ms(phases.get(mode, {})),
+            "cpu": {**cpu_per_admission(before.cpu, after.cpu, admitted, seconds, roles),
+                    "process_cores": cpu_cores(before.cpu, after.cpu, seconds, roles)["cores"]}}
+
+
+def idle_figures(before: Reading, after: Reading, roles: dict[str, str]) -> dict:
+    """A window with no admission, from two `Reading`s around it: `cpu_cores` (each
+    process's background cores at this fleet size, the replicas by `roles`),
+    "apiserver_requests_per_s" (`requests_per_s`: what kube-apiserver served meanwhile, the
+    busiest first) and "replicas" (`floor_report.replica_means`: decisions and reviews, none
+    expected; and the leader's "housekeeping_rounds")."""
+    d = delta(before.samples, after.samples)
+    return {**cpu_cores(before.cpu, after.cpu, after.t - before.t, roles),
+            "apiserver_requests_per_s": requests_per_s(before.requests, after.requests,
+                                                       after.t - before.t),
+            "replicas": {**fr.replica_means(d), "housekeeping_rounds": _rounds(d)}}
+
+
+def _rounds(d: Samples) -> int:
+    """The leader's housekeeping rounds in a delta of the replicas' samples
+    (`gpu_binder_housekeeping_rounds`, counted while leading)."""
+    return int(sum(v for (name, _), v in d.items()
+                   if name == "gpu_binder_housekeeping_rounds_total"))
 
 
 class Measure:
@@ -143,37 +205,55 @@ class Measure:
         await anyio.to_thread.run_sync(lambda: self.lc.kill_replica(i, 15))
         return out
 
-    async def histograms(self) -> dict[str, float]:
-        """The replicas' own timings so far (`bench.common.replica_timings`)."""
-        return await replica_timings(self.lc)
+    def pids(self) -> dict[str, int]:
+        """The processes a window's CPU is counted over: the cluster's (`cluster_pids`) and
+        this one ("bench": the clients and the launcher Pods' watch)."""
+        return {**cluster_pids(self.lc), "bench": os.getpid()}
+
+    async def reading(self, pids: dict[str, int], *, cpu_first: bool) -> Reading:
+        """A `Reading` of `pids` and the replicas' and kube-apiserver's /metrics; the CPU
+        and the clock read after the scrapes at a window's start (`cpu_first` False) and
+        before them at its end, so the scrapes' own CPU stays out of the window."""
+        cpu = t = None
+        if cpu_first:
+            cpu, t = cpu_snapshot(pids), time.monotonic()
+        got = await replica_samples(self.lc)
+        text = await apiserver_metrics(self.fleet.custom.api_client)
+        if not cpu_first:
+            cpu, t = cpu_snapshot(pids), time.monotonic()
+        return Reading(got, latency_of(text), request_counts(text), cpu, t)
+
+    async def idle(self, seconds: float) -> dict:
+        """`seconds` with no admission (a measured window of that length, nothing awaited in
+        it): `idle_figures`, each process's background cores at this fleet size."""
+        pids, roles = self.pids(), await replica_roles(self.lc)
+        before = await self.reading(pids, cpu_first=False)
+        await anyio.sleep(seconds)
+        return idle_figures(before, await self.reading(pids, cpu_first=True), roles)
 
     async def quiet(self) -> dict:
         """Admissions one at a time (each VMI's launcher Pod awaited bound before the next;
-        the GPU count's VMIs released, `release`, before the next count): per GPU count, latency_summary, how many launcher Pods bound on their pin, and the
-        replicas' own mean webhook and decision times over the same admissions (`inside`:
-        what of the client's latency our webhook and binder account for)."""
+        the GPU count's VMIs released, `release`, before the next count): per GPU count,
+        latency_summary, how many launcher Pods bound on their pin, `inside` (`quiet_inside`:
+        what of the client's latency our webhook, its phases, the binder and kube-apiserver
+        account for, and each process's CPU per admission and cores over the same
+        admissions) and the release."""
         out = {}
+        mode = self.pop.spec.mode
         for size, n in self.plan.quiet.items():
             recs = []
-            h0 = await self.histograms()
-            a0 = await apiserver_latency(self.fleet.custom.api_client)
+            pids, roles = self.pids(), await replica_roles(self.lc)
+            before = await self.reading(pids, cpu_first=False)
             for _ in range(n):
                 rec = self._new(f"q{size}-", size)
                 await admit(self.fleet, rec, self.pop.counts)
                 await self._bound([rec])
                 recs.append(rec)
-            h1 = await self.histograms()
-            a1 = await apiserver_latency(self.fleet.custom.api_client)
+            after = await self.reading(pids, cpu_first=True)
             released = await self.release(recs)
-            out[str(size)] = {**latency_summary(recs), **on_pin(recs), "inside": {
-                **timings_between(h0, h1),
-                "client_mean_ms": round(sum(r.admit_ms for r in recs if r.admitted)
-                                        / max(1, sum(r.admitted for r in recs)), 1),
-                "apiserver": {k: {"requests": a1[k][1] - a0.get(k, (0, 0))[1],
-                                  "mean_ms": round(1000 * (a1[k][0] - a0.get(k, (0, 0))[0])
-                                                   / (a1[k][1] - a0.get(k, (0, 0))[1]), 1)}
-                              for k in a1 if a1[k][1] - a0.get(k, (0, 0))[1] > 0}},
-                "release": released}
+            out[str(size)] = {**latency_summary(recs), **on_pin(recs),
+                              "inside": quiet_inside(before, after, recs, mode, roles),
+                              "release": released}
         return out
 
     async def burst(self, n: int, size: int = 1) -> dict:
@@ -328,8 +408,9 @@ leftovers cleared (H1) within the run."""
 
 async def measure_on(lc, spec: ScaleSpec, plan: Plan) -> dict:
     """Populate `lc` (started with KubeVirt) with `spec`, then measure (module docstring):
-    replica memory, a fresh replica's start-up, quiet admissions, bursts, failover. Returns
-    that size's part of the report."""
+    replica memory, a fresh replica's start-up, the settle wait, an idle window of
+    `plan.idle_s` (`Measure.idle`), quiet admissions, bursts, failover. Returns that size's
+    part of the report."""
     api = await admin_client(lc, 128)
     try:
         fleet = Fleet(api)
@@ -344,6 +425,8 @@ async def measure_on(lc, spec: ScaleSpec, plan: Plan) -> dict:
             say("memory read; start-up")
             out["startup"] = await m.startup()
             out["settle"] = await settle(plan)
+            say(f"idle for {plan.idle_s} s")
+            out["idle"] = await m.idle(plan.idle_s)
             say(f"quiet admissions (load {out['settle']['load_at_quiet']} after "
                 f"{out['settle']['waited_s']} s)")
             out["quiet"] = await m.quiet()

@@ -1,7 +1,8 @@
 """The scale benchmark's population on a running cluster, through the real path
 (`populate`, each VMI created by `admit`), and the figures of the processes and the API
 server it reads meanwhile (`cluster_pids`, `memory`, `apiserver_writes`,
-`apiserver_latency`)."""
+`apiserver_latency`; pure: `latency_of`, `latency_between`, `request_counts`,
+`requests_per_s` on kube-apiserver's /metrics text)."""
 
 from __future__ import annotations
 
@@ -31,9 +32,13 @@ def say(text: str) -> None:
 
 def cluster_pids(lc, kv=None) -> dict[str, int]:
     """name -> pid of every process of the cluster: the control plane's (etcd,
-    kube-apiserver), KubeVirt's harness (virt-api, virt-controller, kube-scheduler, kwok) and
+    kube-apiserver), kube-controller-manager when it runs (device mode's resourceclaim
+    controller), KubeVirt's harness (virt-api, virt-controller, kube-scheduler, kwok) and
     each live replica (its identity)."""
     pids = {n: p.pid for n, p in lc.cp.procs.items() if p.poll() is None}
+    cc = getattr(lc, "claim_controller", None)
+    if cc is not None and cc.proc is not None and cc.proc.poll() is None:
+        pids["kube-controller-manager"] = cc.proc.pid
     kv = kv or lc.kubevirt
     if kv is not None:
         pids.update({n: p.pid for n, p in kv.procs.items() if p.poll() is None})
@@ -66,10 +71,15 @@ async def apiserver_writes(api) -> dict[str, int]:
 
 
 async def apiserver_latency(api) -> dict[str, tuple[float, int]]:
-    """kube-apiserver's own request latency so far for what an admission costs:
-    "<verb> <resource>[/<subresource>]" -> (seconds summed, requests), from
+    """kube-apiserver's own request latency so far for what an admission costs
+    (`latency_of` its /metrics text, read with `api`)."""
+    return latency_of(await apiserver_metrics(api))
+
+
+def latency_of(text: str) -> dict[str, tuple[float, int]]:
+    """From kube-apiserver's /metrics text, its own request latency so far for what an
+    admission costs: "<verb> <resource>[/<subresource>]" -> (seconds summed, requests), from
     `apiserver_request_duration_seconds` (GPUDevice and VMI requests, any verb)."""
-    text = await apiserver_metrics(api)
     out: dict[str, list] = {}
     for line in text.splitlines():
         for suffix, slot in (("_sum{", 0), ("_count{", 1)):
@@ -78,12 +88,63 @@ async def apiserver_latency(api) -> dict[str, tuple[float, int]]:
             res = re.search(r'resource="([^"]*)"', line)
             if not res or res.group(1) not in ("gpudevices", "virtualmachineinstances"):
                 continue
-            sub = re.search(r'subresource="([^"]*)"', line)
-            verb = re.search(r'verb="([^"]*)"', line)
-            key = f"{verb.group(1) if verb else '?'} {res.group(1)}" + (
-                f"/{sub.group(1)}" if sub and sub.group(1) else "")
+            key = _verb_resource(line, res.group(1))
             out.setdefault(key, [0.0, 0])[slot] += float(line.rsplit(" ", 1)[1])
     return {k: (v[0], int(v[1])) for k, v in out.items()}
+
+
+def _verb_resource(line: str, resource: str) -> str:
+    """"<verb> <resource>[/<subresource>]" of one of kube-apiserver's request samples; a
+    request for no resource is "<verb> <path>" (kube-apiserver gives the path of /metrics,
+    /healthz and the like as its subresource), or "<verb> (non-resource)" without one."""
+    sub = re.search(r'subresource="([^"]*)"', line)
+    sub_text = sub.group(1) if sub else ""
+    m = re.search(r'verb="([^"]*)"', line)
+    verb = m.group(1) if m else "?"
+    if not resource:
+        return f"{verb} {sub_text or '(non-resource)'}"
+    return f"{verb} {resource}" + (f"/{sub_text}" if sub_text else "")
+
+
+def latency_between(before: dict[str, tuple[float, int]],
+                    after: dict[str, tuple[float, int]]) -> dict[str, dict]:
+    """Between two `latency_of` readings, per "<verb> <resource>[/<sub>]" that served any:
+    {"requests", "mean_ms" (to 0.1)}."""
+    out = {}
+    for k, (s1, n1) in after.items():
+        s0, n0 = before.get(k, (0.0, 0))
+        if n1 - n0 > 0:
+            out[k] = {"requests": n1 - n0, "mean_ms": round(1000 * (s1 - s0) / (n1 - n0), 1)}
+    return out
+
+
+def request_counts(text: str) -> dict[str, int]:
+    """From kube-apiserver's /metrics text, the requests it has served so far, every
+    resource, verb and code: "<verb> <resource>[/<subresource>]" -> requests
+    (`apiserver_request_total`)."""
+    out: Counter = Counter()
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        res = re.search(r'resource="([^"]*)"', line)
+        key = _verb_resource(line, res.group(1) if res else "?")
+        out[key] += int(float(line.rsplit(" ", 1)[1]))
+    return dict(out)
+
+
+def requests_per_s(before: dict[str, int], after: dict[str, int], seconds: float,
+                   top: int = 12) -> dict[str, float]:
+    """Between two `request_counts` readings `seconds` apart: requests a second per
+    "<verb> <resource>[/<sub>]" (to 0.01), the `top` busiest first (ties by name), those
+    that served none left out, and "total" (every request). {} when `seconds` is not
+    positive."""
+    if seconds <= 0:
+        return {}
+    d = {k: v - before.get(k, 0) for k, v in after.items()}
+    busy = sorted(((-n, k) for k, n in d.items() if n > 0))[:top]
+    out = {k: round(-n / seconds, 2) for n, k in busy}
+    out["total"] = round(sum(n for n in d.values() if n > 0) / seconds, 2)
+    return out
 
 
 async def admit(fleet: Fleet, rec: VmiRecord, counts: Counter, *, retry_for: float = 30.0) -> None:

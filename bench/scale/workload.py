@@ -196,7 +196,9 @@ class Plan:
     killed, `bind_timeout` s each admitted VMI's launcher Pod has to bind. Before the quiet
     admissions the run waits up to `settle_s` seconds for the machine's 1-minute load to
     fall to `settle_load` (the population's own writes leave it at 6-9 on 2 cores, and a
-    "quiet" admission measured then is the population's tail, not the fleet's size)."""
+    "quiet" admission measured then is the population's tail, not the fleet's size), then
+    measures `idle_s` seconds with no admission (each process's background CPU at that
+    fleet size)."""
 
     quiet: dict[int, int] = field(default_factory=lambda: {1: 60, 4: 30, 8: 30})
     bursts: tuple[int, ...] = (20, 50)
@@ -204,6 +206,8 @@ class Plan:
     bind_timeout: float = 90.0
     settle_load: float = 2.0
     settle_s: float = 300.0
+    idle_s: float = 10.0
 
 
-QUICK_PLAN = Plan(quiet={1: 8, 4: 4, 8: 4}, bursts=(10,), failover_burst=10, settle_s=0.0)
+QUICK_PLAN = Plan(quiet={1: 8, 4: 4, 8: 4}, bursts=(10,), failover_burst=10, settle_s=0.0,
+                  idle_s=5.0)

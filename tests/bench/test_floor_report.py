@@ -59,6 +59,18 @@ def test_phase_means_are_the_delta_over_both_replicas_and_name_the_webhooks_own_
                                    "decisions": 10}
 
 
+def test_per_admission_ms_weighs_a_phase_met_in_some_reviews_and_sums_to_the_total():
+    """A take-over met in 2 of 10 reviews (mean 15 ms when met) adds 3 ms to the average
+    review; the phases and "own" then sum to "total"."""
+    phases = {"attach": {"n": 10, "mean_ms": 20.0}, "take-over": {"n": 2, "mean_ms": 15.0},
+              "total": {"n": 10, "mean_ms": 100.0}, "own": {"n": 10, "mean_ms": 77.0}}
+    got = fr.per_admission_ms(phases)
+    assert got == {"attach": 20.0, "take-over": 3.0, "total": 100.0, "own": 77.0}
+    assert got["attach"] + got["take-over"] + got["own"] == got["total"]
+    assert fr.per_admission_ms({"attach": {"n": 3, "mean_ms": 1.0}}) == {}   # no total
+    assert fr.per_admission_ms({}) == {}
+
+
 def test_no_admission_between_readings_gives_no_phase_and_no_mean():
     text = fr.samples(replica(0.5, 10, 2.0))
     d = fr.delta(text, text)

@@ -99,3 +99,23 @@ def test_new_connections_over_a_level():
     assert proc_cpu.new_connections(before, seen, 60) == {"new": 3, "per_admission": 0.05,
                                                           "open_before": 2}
     assert proc_cpu.new_connections(set(), set(), 0)["per_admission"] is None
+
+
+def test_cores_per_process_over_a_window_with_the_replicas_by_role():
+    """`cpu_cores`: an idle window's background per process (issue 40 item 3), each figure
+    CPU seconds ÷ the window's wall time; a process missing from either snapshot is left
+    out, as in `cpu_per_admission`."""
+    before = {"kube-apiserver": 100.0, "kwok": 50.0, "replica-0": 9.0, "replica-1": 7.0,
+              "gone": 1.0}
+    after = {"kube-apiserver": 104.5, "kwok": 52.0, "replica-0": 9.25, "replica-1": 7.01,
+             "gone": None}
+    got = proc_cpu.cpu_cores(before, after, 10.0, {"replica-0": "leader", "replica-1": "follower"})
+    assert got["cores"] == {"kube-apiserver": 0.45, "kwok": 0.2, "replica-0 (leader)": 0.025,
+                            "replica-1 (follower)": 0.001, "total": 0.676}
+    assert got["cpu_s"] == {"kube-apiserver": 4.5, "kwok": 2.0, "replica-0 (leader)": 0.25,
+                            "replica-1 (follower)": 0.01}
+    assert (got["seconds"], got["roles"]) == (10.0, {"replica-0": "leader",
+                                                     "replica-1": "follower"})
+    assert proc_cpu.cpu_cores(before, after, 0.0)["cores"] == {
+        "kube-apiserver": None, "kwok": None, "replica-0": None, "replica-1": None,
+        "total": None}

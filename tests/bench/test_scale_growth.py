@@ -231,3 +231,109 @@ async def test_the_quiet_admissions_wait_for_the_load_to_settle_and_say_at_what_
     part = {**_part(100.0, 200.0, 150.0, 800, load=8.9), "settle": {"load_at_quiet": 1.7}}
     assert g._point(part)["load"] == 1.7
     assert g._point(_part(100.0, 200.0, 150.0, 800, load=8.9))["load"] == 8.9
+
+
+def _named(part: dict, *, webhook: float, rounds: tuple[int, int], phases: dict, api: dict,
+           cpu: dict, cores: dict, idle: dict, idle_rps: dict) -> dict:
+    """`part` with the figures `where` reads: the quiet 1-GPU `inside` as `measure.quiet`
+    writes it (`quiet_inside`) and the idle window (`idle_figures`); `rounds`: the leader's
+    housekeeping rounds over the quiet admissions and in the idle window."""
+    part["quiet"]["1"]["inside"] = {
+        "webhook_mean_ms": webhook, "decision_mean_ms": 1.3, "client_mean_ms": webhook + 20,
+        "housekeeping_rounds": rounds[0],
+        "apiserver": {k: {"requests": 60, "mean_ms": v} for k, v in api.items()},
+        "phase_ms": phases, "cpu": {"ms_per_admission": cpu, "process_cores": cores}}
+    part["idle"] = {"seconds": 10.0, "cores": idle, "apiserver_requests_per_s": idle_rps,
+                    "replicas": {"decisions": 0, "housekeeping_rounds": rounds[1]}}
+    return part
+
+
+def _named_report() -> dict:
+    """Device mode at 100 and 1,000 boards; replica-0 led at 100, replica-1 at 1,000."""
+    small = _named(_part(47.7, 84.9, 137.8, 800), webhook=30.8, rounds=(120, 2),
+                   phases={"wait-result": 12.0, "attach": 6.0, "own": 4.0, "total": 30.8},
+                   api={"POST gpudevices": 3.8, "WATCH virtualmachineinstances": 90000.0},
+                   cpu={"replica-0 (leader)": 8.6, "replica-1 (follower)": 1.0,
+                        "kube-apiserver": 20.0, "total": 29.6},
+                   cores={"replica-0 (leader)": 0.1, "kube-apiserver": 0.3, "total": 0.4},
+                   idle={"replica-0 (leader)": 0.01, "kube-apiserver": 0.05, "kwok": 0.02,
+                         "total": 0.08},
+                   idle_rps={"PUT leases": 10.0, "total": 10.5})
+    large = _named(_part(60.6, 204.0, 265.3, 8000), webhook=50.6, rounds=(150, 3),
+                   phases={"wait-result": 20.0, "attach": 7.5, "own": 12.0, "total": 50.6},
+                   api={"POST gpudevices": 6.3, "GET virtualmachineinstances": 5.8},
+                   cpu={"replica-1 (leader)": 11.3, "replica-0 (follower)": 1.1,
+                        "kube-apiserver": 24.0, "total": 36.4},
+                   cores={"replica-1 (leader)": 0.12, "kube-apiserver": 0.5, "total": 0.62},
+                   idle={"replica-1 (leader)": 0.04, "kube-apiserver": 0.45, "kwok": 0.2,
+                         "total": 0.69},
+                   idle_rps={"PUT leases": 100.0, "PATCH nodes/status": 3.0, "total": 103.5})
+    report = {"device_sizes": {"100": small, "1000": large}}
+    report["growth"] = g.growth(report)
+    return report
+
+
+def test_where_the_growth_went_per_phase_and_per_process_smallest_against_largest():
+    """Issue 40 item 3: the p50 grew 47.7 -> 60.6 ms at 100 -> 1,000 boards; `where` names
+    it per webhook phase (ms per admission), kube-apiserver call, and process (CPU per
+    admission, cores over the admissions, background cores idle), the replicas matched by
+    role (the leader at 1,000 boards was the other replica), the largest change first."""
+    w = _named_report()["growth"]["device"]["where"]
+    assert w["p50_ms"] == {"small": 47.7, "large": 60.6, "delta": 12.9}
+    assert list(w["inside"].items()) == [
+        ("housekeeping_rounds", {"small": 120, "large": 150, "delta": 30}),
+        ("client_mean_ms", {"small": 50.8, "large": 70.6, "delta": 19.8}),
+        ("webhook_mean_ms", {"small": 30.8, "large": 50.6, "delta": 19.8}),
+        ("idle_housekeeping_rounds", {"small": 2, "large": 3, "delta": 1}),
+        ("decision_mean_ms", {"small": 1.3, "large": 1.3, "delta": 0.0})]
+    assert list(w["phases"].items()) == [
+        ("total", {"small": 30.8, "large": 50.6, "delta": 19.8}),
+        ("own", {"small": 4.0, "large": 12.0, "delta": 8.0}),
+        ("wait-result", {"small": 12.0, "large": 20.0, "delta": 8.0}),
+        ("attach", {"small": 6.0, "large": 7.5, "delta": 1.5})]
+    assert w["apiserver"] == {"POST gpudevices": {"small": 3.8, "large": 6.3, "delta": 2.5},
+                              "GET virtualmachineinstances": {"small": None, "large": 5.8,
+                                                              "delta": None}}
+    assert list(w["cpu_ms_per_admission"]) == ["total", "kube-apiserver", "leader", "follower"]
+    assert w["cpu_ms_per_admission"]["leader"] == {"small": 8.6, "large": 11.3, "delta": 2.7}
+    assert w["quiet_cores"]["leader"] == {"small": 0.1, "large": 0.12, "delta": 0.02}
+    assert list(w["idle_cores"].items())[:3] == [
+        ("total", {"small": 0.08, "large": 0.69, "delta": 0.61}),
+        ("kube-apiserver", {"small": 0.05, "large": 0.45, "delta": 0.4}),
+        ("kwok", {"small": 0.02, "large": 0.2, "delta": 0.18})]
+    assert w["idle_cores"]["leader"] == {"small": 0.01, "large": 0.04, "delta": 0.03}
+    assert w["idle_requests_per_s"]["PUT leases"] == {"small": 10.0, "large": 100.0,
+                                                      "delta": 90.0}
+
+
+def test_the_text_report_prints_where_the_p50_growth_went():
+    rows = g.rows(_named_report())
+    at = next(i for i, r in enumerate(rows) if r.startswith("growth device mode: quiet"))
+    assert rows[at + 1:] == [
+        "growth device mode, where the p50 growth went (100 -> 1000 nodes): p50 47.7 -> 60.6 "
+        "ms (+12.9)",
+        "  means ms and housekeeping rounds: housekeeping_rounds 120 -> 150 (+30), "
+        "client_mean_ms 50.8 -> 70.6 (+19.8), webhook_mean_ms 30.8 -> 50.6 (+19.8), "
+        "idle_housekeeping_rounds 2 -> 3 (+1), decision_mean_ms 1.3 -> 1.3 (+0)",
+        "  webhook phases, ms per admission: total 30.8 -> 50.6 (+19.8), own 4 -> 12 (+8), "
+        "wait-result 12 -> 20 (+8), attach 6 -> 7.5 (+1.5)",
+        "  kube-apiserver mean ms per call: POST gpudevices 3.8 -> 6.3 (+2.5), "
+        "GET virtualmachineinstances - -> 5.8 (-)",
+        "  CPU ms per quiet admission: total 29.6 -> 36.4 (+6.8), kube-apiserver 20 -> 24 "
+        "(+4), leader 8.6 -> 11.3 (+2.7), follower 1 -> 1.1 (+0.1)",
+        "  cores busy over the quiet admissions: total 0.4 -> 0.62 (+0.22), kube-apiserver "
+        "0.3 -> 0.5 (+0.2), leader 0.1 -> 0.12 (+0.02)",
+        "  background cores, idle: total 0.08 -> 0.69 (+0.61), kube-apiserver 0.05 -> 0.45 "
+        "(+0.4), kwok 0.02 -> 0.2 (+0.18), leader 0.01 -> 0.04 (+0.03)",
+        "  kube-apiserver requests/s, idle: total 10.5 -> 103.5 (+93), PUT leases 10 -> 100 "
+        "(+90), PATCH nodes/status - -> 3 (-)"]
+
+
+def test_an_older_report_without_the_figures_has_empty_sections_and_no_lines():
+    report = _report()   # parts without `inside` or `idle`, as before issue 40 item 3
+    w = report["growth"]["count"]["where"]
+    assert w["p50_ms"] == {"small": 81.0, "large": 107.0, "delta": 26.0}
+    assert all(w[k] == {} for k in w if k != "p50_ms")
+    assert g.where_lines("count", report["growth"]["count"]) == []
+    one = g.growth({"sizes": {"20": _part(81.0, 129.0, 144.0, 160)}})["count"]
+    assert one["where"] is None and g.where_lines("count", one) == []

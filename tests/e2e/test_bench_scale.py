@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.kubevirt]
 def test_scale_small_fleet_report_shape_and_relations(tmp_path):
     spec = scale.ScaleSpec(nodes=20, vmis=20, cordoned=1, tainted=1, not_ready=1, tenants=4,
                            prefix="st-")
-    plan = scale.Plan(quiet={1: 3, 4: 2, 8: 2}, bursts=(6,), failover_burst=6)
+    plan = scale.Plan(quiet={1: 3, 4: 2, 8: 2}, bursts=(6,), failover_burst=6, idle_s=3.0)
     report = scale.run(tmp_path, nodes=20, baseline_nodes=None, plan=plan, spec=spec)
 
     assert json.loads((tmp_path / "scale.json").read_text()) == json.loads(json.dumps(report))
@@ -48,6 +48,13 @@ def test_scale_small_fleet_report_shape_and_relations(tmp_path):
         assert fig["asked"] == plan.quiet[int(size)] == fig["admitted"] + fig["refused"]
         assert fig["admitted"] > 0 and fig["p50_ms"] <= fig["p99_ms"] <= fig["max_ms"], fig
         assert fig["off_pin_or_unbound"] == 0 and fig["bound_on_pin"] == fig["admitted"], fig
+        inside = fig["inside"]   # the webhook's phases and each process's CPU, named
+        assert inside["phase_ms"]["total"] > 0 and "own" in inside["phase_ms"], inside
+        cpu = inside["cpu"]["ms_per_admission"]
+        assert cpu["kube-apiserver"] > 0 and sum(k.endswith("(leader)") for k in cpu) == 1, cpu
+    idle = part["idle"]   # each process's background before the quiet admissions
+    assert idle["seconds"] >= 3.0 and {"kube-apiserver", "kwok", "total"} <= set(idle["cores"])
+    assert idle["apiserver_requests_per_s"]["total"] > 0, idle   # KWOK's Leases at least
     for n, fig in part["bursts"].items():
         assert fig["asked"] == int(n) == fig["admitted"] + fig["refused"]
         assert fig["p50_ms"] <= fig["p99_ms"] and fig["admissions_per_s"] > 0

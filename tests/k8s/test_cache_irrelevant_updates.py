@@ -80,3 +80,27 @@ def test_a_new_incarnation_or_a_deletion_still_changes_the_vmi_state():
     assert gone.deleted == frozenset({(NS, "adm-1")})
     event(c.vmis, None, (NS, "vm-1"))  # deleted again (a relist): nothing changes
     assert c.vmi_state() is gone
+
+
+def test_the_vmi_states_uids_are_kept_with_the_records_not_derived_from_every_vmi():
+    """`vmi_state().uids` come with the value, copied from the set the cache keeps as VMI
+    records change (deriving them walked every live VMI after each admission's new VMI: a
+    housekeeping round's cost that grew with the fleet); over random creates, new
+    incarnations, VMIs without a uid, deletions and repeated deletions they are exactly the
+    live records' (namespace, uid)."""
+    import random
+
+    c = ClusterCache(object())
+    rng = random.Random(5)
+    for step in range(400):
+        name = f"vm-{rng.randrange(12)}"
+        pick = rng.random()
+        if pick < 0.25:
+            event(c.vmis, None, (NS, name))
+        else:
+            uid = "" if pick < 0.35 else f"uid-{name}-{rng.randrange(3)}"
+            event(c.vmis, stamped(vmi_obj(name, uid)))
+        state = c.vmi_state()
+        assert state._uids is not None, step   # made with the value, not on first use
+        assert state.uids == frozenset((r.namespace, r.uid) for r in state.live.values()
+                                       if r.uid), step
