@@ -74,9 +74,10 @@ class NewestFirstConnector(aiohttp.TCPConnector):
     parallel calls, steady traffic of more than N calls per keep-alive period (15 s) uses
     every one of the N in turn, none stays idle that long, and the pool keeps N open for
     good. Each burst ratchets it up towards its limit (100), each TLS connection with about
-    260 KiB of buffers: a young replica's RSS rose by that for tens of minutes (the soak,
-    issue 41 item 5). Newest first, the connections a burst added go unused once it is
-    over, and aiohttp's keep-alive clean-up closes them.
+    260 KiB of buffers (110 KiB since actors.heap's 64 KiB read buffer): a young replica's
+    RSS rose by that for tens of minutes (the soak, issue 41 item 5). Newest first, the
+    connections a burst added go unused once it is over, and aiohttp's keep-alive clean-up
+    closes them.
 
     Reads aiohttp's private pool (`_conns`, one deque of (connection, released at) per
     host, appended on release); when its shape is another (older aiohttp: a list it pops
@@ -109,7 +110,8 @@ def pool_connections(api: ApiClient) -> dict[str, int] | None:
     """The API client's connection pool now (`gpu_binder_api_connections`): {"in_use":
     connections lent to a call or an open watch, "idle": kept alive for the next call,
     "limit": the most open at once (kubernetes_asyncio's `connection_pool_maxsize`, 100)}.
-    Each TLS connection costs about 260 KiB of buffers (asyncio's SSL protocol), so a
+    Each TLS connection costs about 110 KiB of buffers (asyncio's SSL protocol with the
+    64 KiB read buffer of actors.heap.limit_tls_read_buffer; 260 KiB before), so a
     replica's RSS follows this figure. None when the session's connector is not aiohttp's
     TCPConnector as expected (the counts are aiohttp's private fields). Raises nothing."""
     connector = _connector(api)

@@ -716,7 +716,7 @@ class Soak:
 async def cache_objects(lc, i: int) -> dict[str, int] | None:
     """{informer: objects held} of replica `i` from its /metrics (`gpu_binder_cache_objects`)
     and its connections under `CONNECTION_KEYS` (`gpu_binder_api_connections` in use and
-    idle, `gpu_binder_webhook_connections`: each TLS connection holds ~260 KiB), None when
+    idle, `gpu_binder_webhook_connections`: each TLS connection holds ~110 KiB), None when
     the scrape fails (a replica starting or killed): `replica_figures`' first part."""
     got = await replica_figures(lc, i)
     return None if got is None else got[0]

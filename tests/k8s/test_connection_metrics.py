@@ -1,7 +1,8 @@
 """The replica's connections as metrics (`gpu_binder_api_connections`,
 `gpu_binder_webhook_connections`): read from a real kubernetes_asyncio client's aiohttp pool
 and a real aiohttp server started by `k8s.webhook.transport.serve`, on loopback. A soak's
-young replica grows its RSS by about 260 KiB per TLS connection it opens (issue 41 item 5),
+young replica grows its RSS by about 110 KiB per TLS connection it opens (260 before the
+64 KiB read buffer; issue 41 item 5),
 so these are what a growing RSS is checked against."""
 
 from __future__ import annotations
