@@ -21,7 +21,9 @@ public ones, re-exported.
 """
 
 import argparse
+import dataclasses
 import importlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,22 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                         "--baseline-nodes (default: none, --nodes and --baseline-nodes)")
     add_modes(p, "without --sizes, device measures the device-mode fleet at --nodes only, "
                  "without a baseline; with --sizes, at every size")
+    p.add_argument("--settle-load", type=settle_load, default=None,
+                   help="before each size's quiet admissions wait (at most 300 s) until the "
+                        "machine's 1-minute load is at most this: lower makes the quiet "
+                        "figures of different sizes comparable on a small machine, at a minute "
+                        "or two more per size (default: 2; --quick does not wait)")
+
+
+def settle_load(text: str) -> float:
+    """An argparse type for `--settle-load`: a finite load average above 0 (else exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"takes a load average above 0, got {text!r}")
+    return value
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -81,10 +99,13 @@ def _run(args: argparse.Namespace) -> int:
     from bench.scale.measure import run
 
     out = Path(args.out)
+    plan = QUICK_PLAN if args.quick else None
+    if args.settle_load is not None:
+        plan = dataclasses.replace(plan or Plan(), settle_load=args.settle_load)
     report = run(out, nodes=args.nodes or (20 if args.quick else 1000),
                  baseline_nodes=(10 if args.quick else 100) if args.baseline_nodes is None
                  else args.baseline_nodes or None, vmis=args.vmis,
-                 plan=QUICK_PLAN if args.quick else None, modes=chosen, sizes=sizes)
+                 plan=plan, modes=chosen, sizes=sizes)
     print("\n".join(summary(report)))
     print(f"report: {out}/scale.json, plot: {out}/scale.png"
           + (f", growth: {out}/growth.png" if grew(report) else ""))

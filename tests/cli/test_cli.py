@@ -180,6 +180,8 @@ def test_output_to_a_reader_that_went_away_ends_quietly_with_141():
 
 @pytest.mark.parametrize("argv, flag, message", [
     (["bench", "scale", "--nodes", "-5"], "--nodes", "must be at least 1, got -5"),
+    (["bench", "scale", "--settle-load", "0"], "--settle-load", "takes a load average above 0"),
+    (["bench", "scale", "--settle-load", "nan"], "--settle-load", "takes a load average above 0"),
     (["bench", "packing", "--nodes", "0"], "--nodes", "must be at least 1, got 0"),
     (["bench", "soak", "--nodes", "x"], "--nodes", "not an integer: 'x'"),
     (["cluster", "up", "--controllers", "-1"], "--controllers", "must be at least 0, got -1"),
@@ -334,7 +336,7 @@ def test_bench_help_lists_only_the_benchmarks_own_flags():
                        "--lanes", "--drain", "--reserve-after", "--on-demand-share"},
         "fairness": {"--out", "--seats"},
         "scale": {"--out", "--quick", "--nodes", "--vmis", "--baseline-nodes", "--sizes",
-                  "--modes"},
+                  "--modes", "--settle-load"},
         "soak": {"--out", "--seed", "--nodes", "--minutes", "--create-rate", "--mode", "--tracemalloc",
                  "--steady-share"},
         "health": {"--out", "--seed", "--nodes", "--minutes"},
