@@ -50,7 +50,9 @@ class Cluster:
     what the webhook knows of VMIs (`ClusterCache.vmi_state`: uids, admission ids); `vms`
     the VirtualMachines read by name (`read_cluster(vm=...)`); `lines` the waiting line of
     each class as the leader published it in the GPUClass's `status.line` (P5,
-    `model.line_status`; classes nobody waits in are absent)."""
+    `model.line_status`; classes nobody waits in are absent); `rules_selecting_nothing` the
+    DeviceTaintRules whose selector picks no published device
+    (`ClusterCache.rules_selecting_nothing`: they taint nothing, `top` names them)."""
 
     snapshot: Snapshot
     live_vmis: set[tuple[str, str]]
@@ -60,6 +62,7 @@ class Cluster:
     launcher: LauncherDefaults = LauncherDefaults()
     vms: dict[tuple[str, str], dict] = field(default_factory=dict)
     lines: dict[str, ClassLine] = field(default_factory=dict)
+    rules_selecting_nothing: tuple[str, ...] = ()
 
 
 def default_kubeconfig() -> str:
@@ -117,7 +120,7 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
         vms = {vm: got} if vm is not None and (got := await _read_vm(api, vm, timeout)) else {}
         return Cluster(cache.view.snapshot(), set(vmis), vmis, cache.vmi_state(),
                        cache.permitted_resources(), cache.launcher_defaults(), vms,
-                       published_lines(cache.classes.items()))
+                       published_lines(cache.classes.items()), cache.rules_selecting_nothing())
     finally:
         await api.close()
 
@@ -526,10 +529,12 @@ def render_what_if(w: WhatIf) -> str:
     return "\n".join(out)
 
 
-def render_top(t: Top, lines: Mapping[str, ClassLine] | None = None) -> str:
+def render_top(t: Top, lines: Mapping[str, ClassLine] | None = None,
+               rules_selecting_nothing: tuple[str, ...] = ()) -> str:
     """The text of `gpu-binder top`: a table per class and node, class totals with the
-    largest placeable set, the waiting line of each class (`lines`, as the leader published
-    them, P5), then tenant budgets."""
+    largest placeable set, the DeviceTaintRules that select no published device
+    (`rules_selecting_nothing`, names), the waiting line of each class (`lines`, as the
+    leader published them, P5), then tenant budgets."""
     kept = bool(t.kept) or any(c.kept for c in t.classes)  # H4: a KEPT column only then
     rows = [("CLASS", "NODE", "ALLOC", "BOUND", "ATTACHED", "AWAITING", *(("KEPT",) * kept),
              "IDLE", "FREE", "LARGEST")]
@@ -557,6 +562,9 @@ def render_top(t: Top, lines: Mapping[str, ClassLine] | None = None) -> str:
                    "create that failed; housekeeping frees it after --attachment-grace)")
     out += _block_lines(t)
     out += device_total_lines(t)  # HL3
+    out += [f"RULE SELECTS NOTHING: DeviceTaintRule {name} selects no device a ResourceSlice "
+            f"publishes: it taints nothing and changes no placement (check its deviceSelector's "
+            f"driver, pool and device; docs/troubleshooting.md)" for name in rules_selecting_nothing]
     out += line_table(lines or {})
     out.append("")
     trows = [("TENANT", "RESOURCE", "USED", "BUDGET")]
@@ -688,7 +696,9 @@ async def _run(args) -> int:
     t = top(cluster.snapshot, cluster.live_vmis)
     if args.json:
         print(json.dumps({**to_jsonable(t), "lines": [to_jsonable(cluster.lines[c])
-                                                     for c in sorted(cluster.lines)]}, indent=2))
+                                                     for c in sorted(cluster.lines)],
+                          "rules_selecting_nothing": list(cluster.rules_selecting_nothing)},
+                         indent=2))
     else:
-        print(render_top(t, cluster.lines))
+        print(render_top(t, cluster.lines, cluster.rules_selecting_nothing))
     return 0

@@ -553,6 +553,12 @@ class ClusterCache:
         found += parse_marks(cm[0] if cm else None)
         return tuple(sorted(found, key=lambda m: (m.name, m.kind)))
 
+    def rules_selecting_nothing(self) -> tuple[str, ...]:
+        """The DeviceTaintRules (names, sorted) whose selector picks no device any
+        ResourceSlice publishes now: they change no placement (DR2), and `gpu-binder top`
+        names them (the binder's own ConfigMap marks are not rules and are left out)."""
+        return tuple(n for n in self.dra.rules_selecting_nothing() if n not in self._mark_rules)
+
     def _on_device_record(self, key: Key, obj: dict | None) -> None:
         """A GPUDevice's `status.device` record on its node excuses that device from the
         node's DRA `foreign` count (DR2): refresh the nodes where it was and is."""

@@ -307,6 +307,14 @@ class DraIndex:
         """The rules held, by name."""
         return tuple(self._rules[n] for n in sorted(self._rules))
 
+    def rules_selecting_nothing(self) -> tuple[str, ...]:
+        """The names (sorted) of the rules held that select no device published now: no
+        selector, or one no current device matches. They taint nothing (DR2); `top` says
+        so (issue 41 "Bad input")."""
+        published = [ref for devices in self._node_devices.values() for ref in devices]
+        return tuple(n for n in sorted(self._rules)
+                     if not any(self._rules[n].matches(ref) for ref in published))
+
     def _rule_nodes(self, *rules: TaintRule | None) -> set[str]:
         """The nodes publishing a device one of `rules` selects."""
         live = [r for r in rules if r is not None and r.selects]

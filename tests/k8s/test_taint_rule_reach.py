@@ -105,3 +105,31 @@ def test_an_idle_held_set_moves_where_a_healthy_device_exists_and_only_there(eff
     assert d.result is Result.REFUSED and d.placements == ()
     text = d.reason.render()
     assert "by DeviceTaintRule drain-all)" in text and "by DeviceTaintRule drain-2)" in text
+
+
+SELECTS_NONE = {"no-such-device": {"driver": DRIVER, "pool": NODE, "device": "gpu-vfio-99"},
+                "no-such-pool": {"pool": "no-such-node"}, "other-driver": {"driver": "example.com"}}
+
+
+def test_a_rule_selecting_no_device_changes_nothing_and_is_named_as_such():
+    """Rules whose selector picks no published device (and one without a selector, which
+    the API says matches none): no device taken, the same placement as without them, each
+    named by `rules_selecting_nothing` (what `top` prints); a rule that does select a device
+    is not named, and one whose node comes to publish its device leaves the list."""
+    cache = world()
+    for name in ("a", "b"):
+        event(cache.devices, gpudevice(name))
+    event(cache.taint_rules, drain({"device": "gpu-vfio-7"}, "NoSchedule", name="one"))
+    before = decide(cache.view.snapshot(), Request("r1", "t", "vm", ("a", "b")))
+    assert before.result is Result.SUCCEEDED and cache.rules_selecting_nothing() == ()
+    for name, selector in SELECTS_NONE.items():
+        event(cache.taint_rules, drain(selector, "NoExecute", name=name))
+    event(cache.taint_rules, {"metadata": {"name": "no-selector"}, "spec": {
+        "taint": {"key": KEY, "effect": "NoSchedule"}}})
+    assert cache.view.node(NODE).taken_devices == {"gpu-vfio-7"}  # "one"'s only
+    after = decide(cache.view.snapshot(), Request("r1", "t", "vm", ("a", "b")))
+    assert (after.result, after.node, after.placements) == (before.result, before.node, before.placements)
+    assert cache.rules_selecting_nothing() == ("no-selector", "no-such-device", "no-such-pool", "other-driver")
+    second_node(cache, "no-such-node")
+    assert cache.rules_selecting_nothing() == ("no-selector", "no-such-device", "other-driver")
+    assert cache.view.node("no-such-node").taken_devices == {f"gpu-vfio-{i}" for i in range(8)}
