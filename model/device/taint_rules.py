@@ -48,7 +48,10 @@ class TaintRule:
 
 def parse_taint_rule(obj: Mapping[str, Any]) -> TaintRule:
     """A DeviceTaintRule dict → TaintRule. Raises SliceError (naming the rule) when it has
-    no name or its taint has no key (the API server never serves such a rule)."""
+    no name or its taint has no key, or when its `spec.deviceSelector` is not a mapping or
+    gives `driver`, `pool` or `device` as anything but a non-empty string (the API server
+    never serves such a rule; read as "any", such a field would widen the rule to devices
+    it does not name, so the rule is refused whole and the caller logs it)."""
     meta = obj.get("metadata") or {}
     name = meta.get("name")
     spec = obj.get("spec") or {}
@@ -56,10 +59,15 @@ def parse_taint_rule(obj: Mapping[str, Any]) -> TaintRule:
     if not isinstance(name, str) or not name or not isinstance(taint, dict) or not taint.get("key"):
         raise SliceError(f"DeviceTaintRule {name or '?'}: no name or no spec.taint.key")
     sel = spec.get("deviceSelector")
+    if sel is not None and not isinstance(sel, dict):
+        raise SliceError(f"DeviceTaintRule {name}: spec.deviceSelector is not a mapping")
 
     def one(field: str) -> str | None:
         value = sel.get(field) if isinstance(sel, dict) else None
-        return value if isinstance(value, str) and value else None
+        if value is not None and (not isinstance(value, str) or not value):
+            raise SliceError(f"DeviceTaintRule {name}: spec.deviceSelector.{field} is not a "
+                             f"non-empty string: {value!r}")
+        return value
 
     return TaintRule(name, DeviceTaint(str(taint["key"]), str(taint.get("value") or ""),
                                        str(taint.get("effect") or "")),

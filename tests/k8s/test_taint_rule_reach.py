@@ -133,3 +133,41 @@ def test_a_rule_selecting_no_device_changes_nothing_and_is_named_as_such():
     second_node(cache, "no-such-node")
     assert cache.rules_selecting_nothing() == ("no-selector", "no-such-device", "other-driver")
     assert cache.view.node("no-such-node").taken_devices == {f"gpu-vfio-{i}" for i in range(8)}
+
+
+MALFORMED = {"device-not-a-string": {"driver": DRIVER, "pool": NODE, "device": 7},
+             "empty-pool": {"driver": DRIVER, "pool": ""},
+             "selector-a-list": [{"device": "gpu-vfio-3"}]}
+
+
+@pytest.mark.parametrize("selector", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_rule_with_a_malformed_selector_is_logged_and_taints_nothing(selector):
+    """A selector field that is not a non-empty string (or a selector that is not a
+    mapping) is never served by the API server; the binder does not read it as "any"
+    (which took all 8 GPUs before) but skips the rule with an error log naming it, and a
+    rule that turns malformed on update loses the taint it put."""
+    from structlog.testing import capture_logs
+
+    cache = world()
+    event(cache.taint_rules, drain({"driver": DRIVER, "pool": NODE, "device": "gpu-vfio-3"}, "NoSchedule",
+                                   name="bad"))
+    assert cache.view.node(NODE).taken_devices == {"gpu-vfio-3"}
+    with capture_logs() as logs:
+        event(cache.taint_rules, drain(selector, "NoSchedule", name="bad"))
+    assert cache.view.node(NODE).taken_devices == frozenset()
+    assert cache.rules_selecting_nothing() == ()  # not held as a rule at all
+    (entry,) = [e for e in logs if e["event"] == "skipping malformed object"]
+    assert (entry["kind"], entry["name"]) == ("DeviceTaintRule", "bad")
+    assert entry["error"].startswith("DeviceTaintRule bad: spec.deviceSelector")
+
+
+def test_a_rule_without_a_taint_key_is_logged_and_taints_nothing():
+    from structlog.testing import capture_logs
+
+    cache = world()
+    with capture_logs() as logs:
+        event(cache.taint_rules, {"metadata": {"name": "keyless"}, "spec": {
+            "deviceSelector": {}, "taint": {"effect": "NoExecute"}}})
+    assert cache.view.node(NODE).taken_devices == frozenset()
+    assert [e["error"] for e in logs if e["event"] == "skipping malformed object"] == [
+        "DeviceTaintRule keyless: no name or no spec.taint.key"]
