@@ -1,7 +1,7 @@
-"""Issue 41 "Bad input" in `top` (docs/troubleshooting.md, "A DeviceTaintRule that selects no
-device"): a DeviceTaintRule whose selector picks no published device taints nothing, and
-`top` names it, one line each, in text and in `--json`; nothing when every rule selects a
-device."""
+"""Issue 41 "Bad input" in `top` (docs/troubleshooting.md, "A DeviceTaintRule takes
+every GPU of a class, or selects no device"): a DeviceTaintRule whose selector picks no
+published device taints nothing, and `top` names it, one line each, in text and in
+`--json`; nothing when every rule selects a device."""
 
 from __future__ import annotations
 
