@@ -117,6 +117,10 @@ class Settings:
     cluster's driver does, each set on its own: at its arrival, then `retry` s after each
     refusal, decided alone (a batch of one), a run's end freeing its room at that instant
     and a victim created again asking at once (`_own`)."""
+    latency: float = 0.0
+    """With asks "own": the most s an ask's answer takes (each a uniform draw from the
+    shuffle's stream), the next ask `retry` s after the answer, as the driver's retries
+    drift by the admission's round trip (about 0.03 s on the cluster); 0 none."""
     order: int = 0
     """Which shuffle of the asks at one instant (0: the seed's own, as before this field):
     another value replays the same trace with the same rules in another ask order, to see
@@ -171,8 +175,12 @@ def _rng(trace: CTrace, settings: Settings) -> random.Random:
 
 ASKS = ("rounds", "own")
 """`Settings.asks`' choices."""
-ASKS_WITHOUT_LINE = "rounds"
-"""The CLI's `Settings.asks` for the lane without the line."""
+ASKS_WITHOUT_LINE = "own"
+"""`Settings.asks` of the lane without the line (`without_line`, the CLI): each set on its
+own, as lane (d) of `bench contention` asks (rounds until 2026-12-07, `eb8c049`)."""
+LATENCY = 0.03
+"""`Settings.latency` with it (s): the median answer to a create on the cluster's lanes,
+`bench-results/contention-one-tier.json`."""
 
 
 def replay(trace: CTrace, settings: Settings = Settings(), observe: Observer | None = None) -> LaneLog:
@@ -308,7 +316,8 @@ def _own(trace: CTrace, settings: Settings, observe: Observer | None) -> LaneLog
         if sid in ends:
             heapq.heappush(events, (ends[sid], END, 0.0, sid))
         else:
-            heapq.heappush(events, (round(t + settings.retry, 6), ASK, rng.random(), sid))
+            answer = settings.latency * rng.random() if settings.latency else 0.0
+            heapq.heappush(events, (round(t + answer + settings.retry, 6), ASK, rng.random(), sid))
         for vid in sorted(set(waiting) - before):  # victims, created again at once
             heapq.heappush(events, (t, ASK, rng.random(), vid))
     for sid, w in waiting.items():
@@ -491,7 +500,8 @@ def trace_of(seed: int, on_demand_share: float = 0.3) -> CTrace:
 def without_line(trace: CTrace, preemption: bool = True) -> tuple[float | None, bool]:
     """The 8-GPU maximum wait of `trace` replayed with the line off (lane d), with
     `preemption` on (as `bench contention`) or off."""
-    return max_wait_censored(trace, replay(trace, Settings(line=False, preemption=preemption)), 8)
+    return max_wait_censored(trace, replay(trace, Settings(line=False, preemption=preemption,
+                                                           asks=ASKS_WITHOUT_LINE, latency=LATENCY)), 8)
 
 
 def with_line(trace: CTrace, settings: Settings) -> tuple[float | None, bool]:
@@ -613,6 +623,9 @@ def main(argv: list[str] | None = None) -> int:
                         "rounds)")
     p.add_argument("--asks-without-line", choices=ASKS, default=ASKS_WITHOUT_LINE,
                    help=f"the same for the lane without the line (default {ASKS_WITHOUT_LINE})")
+    p.add_argument("--latency", type=finite_at_least(0), default=LATENCY,
+                   help=f"with own asks, the most seconds an ask's answer takes (a uniform draw; "
+                        f"the next ask 2 s after it) (default {LATENCY:g}, the cluster's median)")
     p.add_argument("--set-waits", action="store_true",
                    help="write each seed's per-set first waits of both lanes into the JSON")
     p.add_argument("--out", type=file_path, help="folder for line-replay.json")
@@ -624,13 +637,13 @@ def main(argv: list[str] | None = None) -> int:
     traces = {seed: trace_of(seed, on_demand_share=a.on_demand_share) for seed in seeds}
     variants = []
     for pre in PREEMPTION[a.preemption]:
-        off = {seed: lane(tr, Settings(line=False, preemption=pre, asks=a.asks_without_line))
+        off = {seed: lane(tr, Settings(line=False, preemption=pre, asks=a.asks_without_line, latency=a.latency))
                for seed, tr in traces.items()}
         for ra in a.reserve_after or [300.0, 30.0]:
             for n in a.reserving or [RESERVING]:
                 for keep in (False, True) if a.keep == "both" else (True,):
                     results = [SeedResult.of(seed, lane(tr, Settings(reserve_after=ra, reserving=n,
-                                                                     asks=a.asks_with_line,
+                                                                     asks=a.asks_with_line, latency=a.latency,
                                                                      keep_reservations=keep, preemption=pre)),
                                              off[seed])
                                for seed, tr in traces.items()]
@@ -649,6 +662,7 @@ def main(argv: list[str] | None = None) -> int:
                          "on_demand_share": a.on_demand_share},
                "settings": {"min_runtime_s": Settings().min_runtime, "retry_s": Settings().retry,
                             "asks": {"with_line": a.asks_with_line, "without_line": a.asks_without_line},
+                            "latency_s": a.latency,
                             "drain_s": Settings().drain, "preemption": list(PREEMPTION[a.preemption])},
                "variants": variants}
         (a.out / "line-replay.json").write_text(json.dumps(doc, indent=1) + "\n")

@@ -203,10 +203,12 @@ def test_cli_preemption_off_replays_both_lanes_without_preemption(tmp_path, caps
     doc = json.loads((tmp_path / "line-replay.json").read_text())
     assert doc["settings"]["preemption"] == [False]
     kept = doc["variants"][1]
+    # the lane without the line asks on its own (`ASKS_WITHOUT_LINE`): 2 and 3 take the half
+    # board at their arrivals (20.5, 60.5 s), 1 starts at its first ask after 3's end (110.5 s)
     assert (kept["preemption"], kept["keep_reservations"], kept["reserving"], kept["summary"]["median"]) == (
-        False, True, 2, 0.409)
+        False, True, 2, 0.412)
     seed = kept["seeds"][0]
-    assert seed["by_tier"][P] == {"with_line_s": 41.5, "without_line_s": 101.5, "ratio": 0.409,
+    assert seed["by_tier"][P] == {"with_line_s": 41.5, "without_line_s": 100.67, "ratio": 0.412,
                                   "censored": [False, False]}
     assert seed["by_tier"][OD]["ratio"] is None
     assert seed["rewaits_8gpu"] == {"with_line": {OD: {}, P: {}}, "without_line": {OD: {}, P: {}}}
@@ -231,7 +233,8 @@ from bench import line_replay  # noqa: E402
     ["--reserve-after", "nan"], ["--reserve-after", "inf"], ["--reserve-after", "-1"],
     ["--out", ""], ["--preemption", "none"], ["--on-demand-share", "1.5"],
     ["--on-demand-share", "-0.1"], ["--on-demand-share", "nan"], ["--reserving", "0"], ["--reserving", "x"],
-    ["--keep", "afresh"], ["--asks-without-line", "batch"], ["--asks-with-line", ""],
+    ["--keep", "afresh"], ["--asks-without-line", "batch"], ["--asks-with-line", ""], ["--latency", "-1"],
+    ["--latency", "nan"],
 ])
 def test_cli_refuses_bad_values(argv, capsys, monkeypatch):
     # on the old code: --seeds 0/-1 printed empty summaries and exited 0, --reserve-after
@@ -297,6 +300,17 @@ def test_own_asks_freed_room_goes_to_whoever_asks_first_after_it_frees():
     assert all(r.start % 2 == 0 for r in rounds.runs)  # every start on a round
 
 
+def test_the_lane_without_the_line_asks_on_its_own_with_the_clusters_latency():
+    """`without_line` (and the CLI's lane without the line) replays with asks "own" and
+    `LATENCY`: 8-GPU set 1 of `FIRST_ASKER` asks 15 times before 2 ends at 30.3 s, each answer
+    up to 0.03 s late, so it starts at its first ask after 30.3 s, 31 s plus that drift (30 s
+    with no latency; rounds: 31 s, its start at the round 32 s)."""
+    assert (line_replay.ASKS_WITHOUT_LINE, line_replay.LATENCY) == ("own", 0.03)
+    wait, censored = line_replay.without_line(FIRST_ASKER, preemption=False)
+    assert 30.0 < wait < 30.0 + 15 * 0.03 and not censored
+    assert line_replay.with_line(FIRST_ASKER, Settings(line=False, preemption=False)) == (31.0, False)
+
+
 def test_own_asks_a_victim_asks_again_at_once():
     # 0 (preemptible, 8) runs from 0.5 s; on-demand 1 (8) asks at 20.5 s and is nominated:
     # 0 is stopped then and asks again at that instant; 1 starts at its next ask, 22.5 s
@@ -321,7 +335,8 @@ def test_the_ask_order_and_an_unknown_asks():
 def test_cli_asks_and_set_waits(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(line_replay, "trace_of", lambda seed, **kw: FIRST_ASKER)
     assert line_replay.main(["--seeds", "1", "--reserve-after", "5", "--keep", "kept", "--preemption", "off",
-                             "--asks-without-line", "own", "--set-waits", "--out", str(tmp_path)]) == 0
+                             "--asks-without-line", "own", "--latency", "0", "--set-waits",
+                             "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "line-replay.json").read_text())
     assert doc["settings"]["asks"] == {"with_line": "rounds", "without_line": "own"}
     seed = doc["variants"][0]["seeds"][0]
@@ -332,4 +347,5 @@ def test_cli_asks_and_set_waits(tmp_path, capsys, monkeypatch):
                              "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "line-replay.json").read_text())
     assert doc["settings"]["asks"]["without_line"] == line_replay.ASKS_WITHOUT_LINE
+    assert doc["settings"]["latency_s"] == line_replay.LATENCY
     assert "set_waits" not in doc["variants"][0]["seeds"][0]
