@@ -34,18 +34,21 @@ on the nominated node: `model.nominate.on_nominated_node`); a nomination is drop
 preemptor starts or it expires. A request the gate sends back to be decided again
 (`Gated.again`) is, in a batch of its own in the same round (the coordinator requeues it).
 
-The rounds above are `Settings.asks` "rounds". With "own" (`_own`) each set asks on its own
+The rounds above are `Settings.asks` "rounds", the lane with the line's. With "own" (`_own`;
+the lane without the line's since 2026-12-07, `ASKS_WITHOUT_LINE`) each set asks on its own
 instead, as `bench contention`'s driver makes its creates: at its arrival, then `retry` s
 after each refusal, each ask decided alone (a batch of one, through the same `_batch`), a
-run's end freeing its room at that instant and a victim asking again at once; asks at one
-instant go in an order shuffled by the seed (`Settings.order` picks another shuffle, to
-see how much of one seed's figures is the ask order's luck).
+run's end freeing its room at that instant and a victim asking again at once, each answer
+up to `Settings.latency` s late (the next ask `retry` s after it); asks at one instant go in
+an order shuffled by the seed (`Settings.order` picks another shuffle and other latencies,
+to see how much of one seed's figures is the ask order's luck).
 
 What it simplifies against the cluster run (`bench contention`): count mode (a node is 8
 units of one resource, no device groups: a 4-GPU set fits any 4 free units, where device mode
 needs an aligned half board, DR3); in rounds, every ask of a round is decided in one batch,
-asks every `retry` s exactly (a shuffled batch per round, not one request at a time); no
-latency in either (an ask is answered at once, the next `retry` s after it); no W1 step (W1's refusal for room and the binder's enter the line alike);
+asks every `retry` s exactly (a shuffled batch per round, not one request at a time); an
+ask is decided at the instant it is made (own asks: its answer's latency only delays the
+next); no W1 step (W1's refusal for room and the binder's enter the line alike);
 a victim stops and a started set counts at once (no grace, no launcher Pod, no kube-scheduler,
 no API latency); sets are VMs (their line entries `retried` from the first refusal). The
 trace, tiers, priorities, `preemption.minRuntime` and the drain are the benchmark's
