@@ -34,10 +34,21 @@ on the nominated node: `model.nominate.on_nominated_node`); a nomination is drop
 preemptor starts or it expires. A request the gate sends back to be decided again
 (`Gated.again`) is, in a batch of its own in the same round (the coordinator requeues it).
 
+The rounds above are `Settings.asks` "rounds", the lane with the line's. With "own" (`_own`;
+the lane without the line's since 2026-12-07, `ASKS_WITHOUT_LINE`) each set asks on its own
+instead, as `bench contention`'s driver makes its creates: at its arrival, then `retry` s
+after each refusal, each ask decided alone (a batch of one, through the same `_batch`), a
+run's end freeing its room at that instant and a victim asking again at once, each answer
+up to `Settings.latency` s late (the next ask `retry` s after it); asks at one instant go in
+an order shuffled by the seed (`Settings.order` picks another shuffle and other latencies,
+to see how much of one seed's figures is the ask order's luck).
+
 What it simplifies against the cluster run (`bench contention`): count mode (a node is 8
 units of one resource, no device groups: a 4-GPU set fits any 4 free units, where device mode
-needs an aligned half board, DR3); every ask of a round is decided in one batch, asks every
-`retry` s exactly (a shuffled batch per round, not one request at a time), no W1 step (W1's refusal for room and the binder's enter the line alike);
+needs an aligned half board, DR3); in rounds, every ask of a round is decided in one batch,
+asks every `retry` s exactly (a shuffled batch per round, not one request at a time); an
+ask is decided at the instant it is made (own asks: its answer's latency only delays the
+next); no W1 step (W1's refusal for room and the binder's enter the line alike);
 a victim stops and a started set counts at once (no grace, no launcher Pod, no kube-scheduler,
 no API latency); sets are VMs (their line entries `retried` from the first refusal). The
 trace, tiers, priorities, `preemption.minRuntime` and the drain are the benchmark's
@@ -47,6 +58,7 @@ trace, tiers, priorities, `preemption.minRuntime` and the drain are the benchmar
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import os
 import random
@@ -102,6 +114,20 @@ class Settings:
     """False: each batch chooses the line's reservations afresh (`model.line.reservation`
     without `kept`), as the binder did before 2026-12-07: the ablation that shows what
     keeping them buys."""
+    asks: str = "rounds"
+    """When the waiting sets ask (`ASKS`): "rounds", every waiting set once each `retry` s,
+    all in one shuffled batch (arrivals and ends counted at the round); "own", as the
+    cluster's driver does, each set on its own: at its arrival, then `retry` s after each
+    refusal, decided alone (a batch of one), a run's end freeing its room at that instant
+    and a victim created again asking at once (`_own`)."""
+    latency: float = 0.0
+    """With asks "own": the most s an ask's answer takes (each a uniform draw from the
+    shuffle's stream), the next ask `retry` s after the answer, as the driver's retries
+    drift by the admission's round trip (about 0.03 s on the cluster); 0 none."""
+    order: int = 0
+    """Which shuffle of the asks at one instant (0: the seed's own, as before this field):
+    another value replays the same trace with the same rules in another ask order, to see
+    how much of one seed's figures is that order's luck."""
     preemption: bool = True
     """False: nominating off (P2-P4 never act, `NominationSettings.enabled`; nor do the
     line's ripening reservations, which exist for preemptors): no set is ever preempted, and
@@ -145,14 +171,35 @@ def fleet(nodes: int) -> Snapshot:
     return Snapshot.build(nodes=ns, classes=[GPUClass(CLASS, RESOURCE, OnCordon.MOVE, (), None)])
 
 
+def _rng(trace: CTrace, settings: Settings) -> random.Random:
+    """The replay's shuffle of the asks: the seed's, and `settings.order`'s when not 0."""
+    return random.Random(f"line-replay/{trace.seed}" + (f"/{settings.order}" if settings.order else ""))
+
+
+ASKS = ("rounds", "own")
+"""`Settings.asks`' choices."""
+ASKS_WITHOUT_LINE = "own"
+"""`Settings.asks` of the lane without the line (`without_line`, the CLI): each set on its
+own, as lane (d) of `bench contention` asks (rounds until 2026-12-07, `eb8c049`)."""
+LATENCY = 0.03
+"""`Settings.latency` with it (s): the median answer to a create on the cluster's lanes,
+`bench-results/contention-one-tier.json`."""
+
+
 def replay(trace: CTrace, settings: Settings = Settings(), observe: Observer | None = None) -> LaneLog:
     """The lane log of `trace` replayed as the module docstring says (`Wait`s and `Run`s in
     the trace's seconds; `Run.gpus` are indices 0..size-1: count mode records no device;
-    `LaneLog.end` the last round's time, `drain_capped` when the drain's cap ended it with
-    a scored set waiting). `observe`, when given, is called after the line gates each batch
-    (t in s, the line, the nodes reserved, the gated actions, the snapshot the batch was
-    planned on): a debugging hook. Deterministic for one trace and settings. Pure."""
-    rng = random.Random(f"line-replay/{trace.seed}")
+    `LaneLog.end` the last round's (or ask's) time, `drain_capped` when the drain's cap
+    ended it with a scored set waiting), the sets asking as `settings.asks` says. `observe`,
+    when given, is called after the line gates each batch (t in s, the line, the nodes
+    reserved, the gated actions, the snapshot the batch was planned on): a debugging hook.
+    Deterministic for one trace and settings. Pure. Raises ValueError for an unknown
+    `settings.asks`."""
+    if settings.asks not in ASKS:
+        raise ValueError(f"Settings.asks takes one of {ASKS}, got {settings.asks!r}")
+    if settings.asks == "own":
+        return _own(trace, settings, observe)
+    rng = _rng(trace, settings)
     line_settings = LineSettings(reserve_after=timedelta(seconds=settings.reserve_after),
                                  enabled=settings.line, reserving=settings.reserving)
     nom = NominationSettings(PreemptionSettings(timedelta(seconds=settings.min_runtime)),
@@ -206,6 +253,76 @@ def replay(trace: CTrace, settings: Settings = Settings(), observe: Observer | N
             snap, line, batch = _batch(snap, line, batch, t, now, settings, line_settings, nom, sets, ends,
                                        waiting, log, observe, held)
         t = round(t + settings.retry, 6)
+    for sid, w in waiting.items():
+        log.waits.append(w)
+    for sid, st in sets.items():
+        if st.run is not None:
+            log.runs.append(Run(sid, st.run[0], tuple(range(st.s.size)), st.run[1], t))
+    log.end = t
+    log.drain_capped = t >= cap and any(sets[i].s.scored and w.first for i, w in waiting.items())
+    return log
+
+
+def _own(trace: CTrace, settings: Settings, observe: Observer | None) -> LaneLog:
+    """`replay` with each set asking on its own (`Settings.asks` "own"), as the cluster's
+    driver makes its creates (`bench.contention.Driver._admit`): a set asks at its arrival,
+    and again `retry` s after each answer that does not start it; each ask is one
+    coordinator batch of its own (`_batch`, with the line's gate when on); a run's end frees
+    its devices at that instant (before any ask at the same instant); a victim is created
+    again at once and asks at once. Asks at the same instant go in an order shuffled by the
+    seed. Pure."""
+    rng = _rng(trace, settings)
+    line_settings = LineSettings(reserve_after=timedelta(seconds=settings.reserve_after),
+                                 enabled=settings.line, reserving=settings.reserving)
+    nom = NominationSettings(PreemptionSettings(timedelta(seconds=settings.min_runtime)),
+                             enabled=settings.preemption)
+    snap = fleet(trace.nodes)
+    log = LaneLog(tuple(f"n{i}" for i in range(trace.nodes)))
+    sets = {s.id: _Set(s, s.life) for s in trace.sets}
+    waiting: dict[int, Wait] = {}
+    line = Line()
+    held: dict = {}
+    ends: dict[int, float] = {}
+    END, ASK = 0, 1  # at one instant runs end first
+    events: list[tuple[float, int, float, int]] = [(s.arrive, ASK, rng.random(), s.id) for s in trace.sets]
+    heapq.heapify(events)
+    t = 0.0
+    cap = trace.end + settings.drain
+    while events:
+        t, kind, _, sid = heapq.heappop(events)
+        if t >= trace.end and (t >= cap or not any(sets[i].s.scored for i in waiting)):
+            break  # drained, or the cap (as `replay`'s rounds)
+        st = sets[sid]
+        if kind == END:
+            if ends.get(sid) != t:
+                continue  # a run stopped before (a victim)
+            assert st.run is not None
+            log.runs.append(Run(sid, st.run[0], tuple(range(st.s.size)), st.run[1], t))
+            snap = snap.with_changes((), [(NS, n) for n in _names(st.s)])
+            st.run = None
+            del ends[sid]
+            continue
+        if st.run is not None:
+            continue  # started meanwhile
+        waiting.setdefault(sid, Wait(sid, st.s.arrive, None))
+        st.attempt += 1
+        rid, members = _asking(st.s, st.attempt, t)
+        snap = snap.with_devices(members)
+        now = _at(t)
+        before = set(waiting)
+        batch = [(NS, rid, members)]
+        for _ in range(MAX_AGAIN):
+            if not batch:
+                break
+            snap, line, batch = _batch(snap, line, batch, t, now, settings, line_settings, nom, sets, ends,
+                                       waiting, log, observe, held)
+        if sid in ends:
+            heapq.heappush(events, (ends[sid], END, 0.0, sid))
+        else:
+            answer = settings.latency * rng.random() if settings.latency else 0.0
+            heapq.heappush(events, (round(t + answer + settings.retry, 6), ASK, rng.random(), sid))
+        for vid in sorted(set(waiting) - before):  # victims, created again at once
+            heapq.heappush(events, (t, ASK, rng.random(), vid))
     for sid, w in waiting.items():
         log.waits.append(w)
     for sid, st in sets.items():
@@ -299,6 +416,9 @@ class Lane:
     rewaits: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
     longest_rewait: Mapping[str, tuple[float | None, bool]] = field(default_factory=dict)
     utilisation: float | None = None
+    waits: tuple[tuple[int, int, float, float | None], ...] = ()
+    """Each scored set's first wait: (set id, size, asked at, decided at; None: never
+    started), in set order: the per-set figures to set beside a cluster lane's."""
 
     def longest_tier(self) -> str | None:
         """The tier whose 8-GPU maximum wait is the lane's (the higher tier on a tie), None
@@ -316,7 +436,9 @@ def figures(trace: CTrace, log: LaneLog) -> Lane:
         s = sets[w.set_id]
         if s.scored and s.size == 8 and not w.first:
             rewaits[s.tier][s.id] = rewaits[s.tier].get(s.id, 0) + 1
-    return Lane(*max_wait_censored(trace, log, 8), utilisation=utilisation(trace, log),
+    first = sorted((w.set_id, sets[w.set_id].size, w.begin, w.decided) for w in log.waits
+                   if w.first and sets[w.set_id].scored)
+    return Lane(*max_wait_censored(trace, log, 8), utilisation=utilisation(trace, log), waits=tuple(first),
                 by_tier={t: max_wait_censored(trace, log, 8, tier=t) for t in TIERS},
                 rewaits={t: dict(sorted(r.items())) for t, r in rewaits.items()},
                 longest_rewait={t: max_wait_censored(trace, log, 8, tier=t, first=False) for t in TIERS})
@@ -381,7 +503,8 @@ def trace_of(seed: int, on_demand_share: float = 0.3) -> CTrace:
 def without_line(trace: CTrace, preemption: bool = True) -> tuple[float | None, bool]:
     """The 8-GPU maximum wait of `trace` replayed with the line off (lane d), with
     `preemption` on (as `bench contention`) or off."""
-    return max_wait_censored(trace, replay(trace, Settings(line=False, preemption=preemption)), 8)
+    return max_wait_censored(trace, replay(trace, Settings(line=False, preemption=preemption,
+                                                           asks=ASKS_WITHOUT_LINE, latency=LATENCY)), 8)
 
 
 def with_line(trace: CTrace, settings: Settings) -> tuple[float | None, bool]:
@@ -444,8 +567,9 @@ def summary(results: list[SeedResult]) -> dict:
     return out
 
 
-def _seed_doc(r: SeedResult) -> dict:
-    """One seed's figures as `line-replay.json` keeps them."""
+def _seed_doc(r: SeedResult, set_waits: bool = False) -> dict:
+    """One seed's figures as `line-replay.json` keeps them; with `set_waits`, each lane's
+    per-set first waits too (`Lane.waits`, times to 0.01 s)."""
     doc: dict = {"seed": r.seed, "with_line_s": r.with_line, "without_line_s": r.without_line,
                  "ratio": None if r.ratio is None else round(r.ratio, 3), "censored": list(r.censored)}
     if r.lanes is not None:
@@ -458,6 +582,10 @@ def _seed_doc(r: SeedResult) -> dict:
                                for side, x in (("with_line", a), ("without_line", d))}
         doc["longest_rewait_8gpu_s"] = {side: {t: x.longest_rewait[t][0] for t in TIERS}
                                         for side, x in (("with_line", a), ("without_line", d))}
+        if set_waits:
+            doc["set_waits"] = {side: [[i, z, round(b, 2), None if e is None else round(e, 2)]
+                                       for i, z, b, e in x.waits]
+                                for side, x in (("with_line", a), ("without_line", d))}
     return doc
 
 
@@ -491,6 +619,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--on-demand-share", type=share, default=0.3,
                    help="the trace's share of on-demand sets, in [0, 1] (default 0.3, as bench "
                         "contention; 0: one tier, the line's own case)")
+    p.add_argument("--asks-with-line", choices=ASKS, default="rounds",
+                   help="when the sets ask in the lane with the line: rounds (every waiting set "
+                        "each 2 s, one shuffled batch) or own (each set at its arrival and 2 s "
+                        "after each refusal, decided alone, as the cluster's driver) (default "
+                        "rounds)")
+    p.add_argument("--asks-without-line", choices=ASKS, default=ASKS_WITHOUT_LINE,
+                   help=f"the same for the lane without the line (default {ASKS_WITHOUT_LINE})")
+    p.add_argument("--latency", type=finite_at_least(0), default=LATENCY,
+                   help=f"with own asks, the most seconds an ask's answer takes (a uniform draw; "
+                        f"the next ask 2 s after it) (default {LATENCY:g}, the cluster's median)")
+    p.add_argument("--set-waits", action="store_true",
+                   help="write each seed's per-set first waits of both lanes into the JSON")
     p.add_argument("--out", type=file_path, help="folder for line-replay.json")
     a = p.parse_args(argv)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -500,11 +640,13 @@ def main(argv: list[str] | None = None) -> int:
     traces = {seed: trace_of(seed, on_demand_share=a.on_demand_share) for seed in seeds}
     variants = []
     for pre in PREEMPTION[a.preemption]:
-        off = {seed: lane(tr, Settings(line=False, preemption=pre)) for seed, tr in traces.items()}
+        off = {seed: lane(tr, Settings(line=False, preemption=pre, asks=a.asks_without_line, latency=a.latency))
+               for seed, tr in traces.items()}
         for ra in a.reserve_after or [300.0, 30.0]:
             for n in a.reserving or [RESERVING]:
                 for keep in (False, True) if a.keep == "both" else (True,):
                     results = [SeedResult.of(seed, lane(tr, Settings(reserve_after=ra, reserving=n,
+                                                                     asks=a.asks_with_line, latency=a.latency,
                                                                      keep_reservations=keep, preemption=pre)),
                                              off[seed])
                                for seed, tr in traces.items()]
@@ -514,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(name, json.dumps(s), flush=True)
                     variants.append({"preemption": pre, "reserve_after_s": ra, "reserving": n,
                                      "keep_reservations": keep, "summary": s,
-                                     "seeds": [_seed_doc(r) for r in results]})
+                                     "seeds": [_seed_doc(r, a.set_waits) for r in results]})
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         doc = {"benchmark": "line-replay", "commit": sha, "started": started, "machine": machine(),
@@ -522,6 +664,8 @@ def main(argv: list[str] | None = None) -> int:
                "trace": {"nodes": 6, "load": 1.1, "mean_life": 90.0, "span": 600.0, "warmup": 90.0,
                          "on_demand_share": a.on_demand_share},
                "settings": {"min_runtime_s": Settings().min_runtime, "retry_s": Settings().retry,
+                            "asks": {"with_line": a.asks_with_line, "without_line": a.asks_without_line},
+                            "latency_s": a.latency,
                             "drain_s": Settings().drain, "preemption": list(PREEMPTION[a.preemption])},
                "variants": variants}
         (a.out / "line-replay.json").write_text(json.dumps(doc, indent=1) + "\n")

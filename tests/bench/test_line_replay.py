@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench.contention_trace import ON_DEMAND, PREEMPTIBLE, CSet, CTrace, make_trace
 from bench.line_replay import Lane, Settings, SeedResult, figures, replay, summary
 from model.plan import Place
@@ -28,9 +30,10 @@ def _peak(log) -> dict[str, int]:
     return peak
 
 
-def test_the_replay_keeps_capacity_drains_and_is_deterministic():
+@pytest.mark.parametrize("asks", ["rounds", "own"])
+def test_the_replay_keeps_capacity_drains_and_is_deterministic(asks):
     for line in (True, False):
-        log = replay(TRACE, Settings(line=line, min_runtime=5.0, drain=300.0))
+        log = replay(TRACE, Settings(line=line, min_runtime=5.0, drain=300.0, asks=asks))
         assert max(_peak(log).values()) <= 8
         assert not log.drain_capped
         started = {r.set_id for r in log.runs}
@@ -42,7 +45,7 @@ def test_the_replay_keeps_capacity_drains_and_is_deterministic():
         for r in stopped:  # each victim asks again and runs again
             assert any(w.set_id == r.set_id and not w.first and w.begin == r.stop for w in log.waits)
             assert any(x.set_id == r.set_id and x.start >= r.stop for x in log.runs)
-        again = replay(TRACE, Settings(line=line, min_runtime=5.0, drain=300.0))
+        again = replay(TRACE, Settings(line=line, min_runtime=5.0, drain=300.0, asks=asks))
         assert again.runs == log.runs and again.waits == log.waits
 
 
@@ -200,10 +203,12 @@ def test_cli_preemption_off_replays_both_lanes_without_preemption(tmp_path, caps
     doc = json.loads((tmp_path / "line-replay.json").read_text())
     assert doc["settings"]["preemption"] == [False]
     kept = doc["variants"][1]
+    # the lane without the line asks on its own (`ASKS_WITHOUT_LINE`): 2 and 3 take the half
+    # board at their arrivals (20.5, 60.5 s), 1 starts at its first ask after 3's end (110.5 s)
     assert (kept["preemption"], kept["keep_reservations"], kept["reserving"], kept["summary"]["median"]) == (
-        False, True, 2, 0.409)
+        False, True, 2, 0.412)
     seed = kept["seeds"][0]
-    assert seed["by_tier"][P] == {"with_line_s": 41.5, "without_line_s": 101.5, "ratio": 0.409,
+    assert seed["by_tier"][P] == {"with_line_s": 41.5, "without_line_s": 100.67, "ratio": 0.412,
                                   "censored": [False, False]}
     assert seed["by_tier"][OD]["ratio"] is None
     assert seed["rewaits_8gpu"] == {"with_line": {OD: {}, P: {}}, "without_line": {OD: {}, P: {}}}
@@ -219,7 +224,6 @@ def test_summary_of_ratios():
 
 # -- the command line: a refused value is one line and exit 2, before any replay -------------
 
-import pytest  # noqa: E402
 
 from bench import line_replay  # noqa: E402
 
@@ -229,7 +233,8 @@ from bench import line_replay  # noqa: E402
     ["--reserve-after", "nan"], ["--reserve-after", "inf"], ["--reserve-after", "-1"],
     ["--out", ""], ["--preemption", "none"], ["--on-demand-share", "1.5"],
     ["--on-demand-share", "-0.1"], ["--on-demand-share", "nan"], ["--reserving", "0"], ["--reserving", "x"],
-    ["--keep", "afresh"],
+    ["--keep", "afresh"], ["--asks-without-line", "batch"], ["--asks-with-line", ""], ["--latency", "-1"],
+    ["--latency", "nan"],
 ])
 def test_cli_refuses_bad_values(argv, capsys, monkeypatch):
     # on the old code: --seeds 0/-1 printed empty summaries and exited 0, --reserve-after
@@ -271,3 +276,76 @@ def test_cli_on_demand_share_0_replays_one_tier():
     assert {s.tier for s in one.sets} == {"preemptible"}
     assert {s.tier for s in two.sets} == {"preemptible", "on-demand"}
     assert [(s.arrive, s.size, s.life) for s in one.sets] == [(s.arrive, s.size, s.life) for s in two.sets]
+
+
+# -- when the sets ask: rounds (one shuffled batch each 2 s) or each on its own, as the
+# cluster's driver (lane (d) of bench contention) ---------------------------------------------
+
+# 0 (8 GPUs) runs 0.5-9.5 s; 1 (8) asks at 1, 3, ... s; 2 (1 GPU, 20 s) arrives at 10.3 s
+FIRST_ASKER = _one_board((0.5, 8, P, 9.0), (1.0, 8, P, 10.0), (10.3, 1, P, 20.0))
+
+
+def test_own_asks_freed_room_goes_to_whoever_asks_first_after_it_frees():
+    """`Settings.asks` "own" (the cluster's lane without the line: a create at arrival, then
+    every 2 s after a refusal, each decided alone): the board freed at 9.5 s is empty when
+    1-GPU set 2 arrives at 10.3 s, before 8-GPU set 1's next ask (11 s), so 2 takes it and
+    1 waits for 2's end (30.3 s), starting at its next ask, 31 s. In rounds (before) every
+    set asked at the rounds 2, 4, ... s: 0 and 1 shuffled at 2 s, 2 only at 12 s."""
+    log, d = _lane(FIRST_ASKER, line=False, preemption=False, asks="own")
+    assert [(r.set_id, r.start, r.stop) for r in log.runs] == [(0, 0.5, 9.5), (2, 10.3, 30.3), (1, 31.0, 41.0)]
+    assert sorted((w.set_id, w.begin, w.decided) for w in log.waits) == [
+        (0, 0.5, 0.5), (1, 1.0, 31.0), (2, 10.3, 10.3)]
+    assert (d.max_wait, d.waits) == (30.0, ((0, 8, 0.5, 0.5), (1, 8, 1.0, 31.0), (2, 1, 10.3, 10.3)))
+    rounds, _ = _lane(FIRST_ASKER, line=False, preemption=False)
+    assert all(r.start % 2 == 0 for r in rounds.runs)  # every start on a round
+
+
+def test_the_lane_without_the_line_asks_on_its_own_with_the_clusters_latency():
+    """`without_line` (and the CLI's lane without the line) replays with asks "own" and
+    `LATENCY`: 8-GPU set 1 of `FIRST_ASKER` asks 15 times before 2 ends at 30.3 s, each answer
+    up to 0.03 s late, so it starts at its first ask after 30.3 s, 31 s plus that drift (30 s
+    with no latency; rounds: 31 s, its start at the round 32 s)."""
+    assert (line_replay.ASKS_WITHOUT_LINE, line_replay.LATENCY) == ("own", 0.03)
+    wait, censored = line_replay.without_line(FIRST_ASKER, preemption=False)
+    assert 30.0 < wait < 30.0 + 15 * 0.03 and not censored
+    assert line_replay.with_line(FIRST_ASKER, Settings(line=False, preemption=False)) == (31.0, False)
+
+
+def test_own_asks_a_victim_asks_again_at_once():
+    # 0 (preemptible, 8) runs from 0.5 s; on-demand 1 (8) asks at 20.5 s and is nominated:
+    # 0 is stopped then and asks again at that instant; 1 starts at its next ask, 22.5 s
+    log, _ = _lane(_one_board((0.5, 8, P, 100.0), (20.5, 8, OD, 10.0)), line=False, asks="own")
+    assert [(r.set_id, r.start, r.stop, r.preempted) for r in log.runs][:2] == [
+        (0, 0.5, 20.5, True), (1, 22.5, 32.5, False)]
+    assert [(w.set_id, w.begin, w.first) for w in log.waits if not w.first] == [(0, 20.5, False)]
+
+
+def test_the_ask_order_and_an_unknown_asks():
+    """`Settings.order`: 0 is the seed's own shuffle (the figures before it existed); another
+    value replays the same trace in another ask order."""
+    base = replay(TRACE, Settings(line=False, min_runtime=5.0, drain=300.0))
+    same = replay(TRACE, Settings(line=False, min_runtime=5.0, drain=300.0, order=0))
+    assert same.runs == base.runs
+    others = [replay(TRACE, Settings(line=False, min_runtime=5.0, drain=300.0, order=k)).runs for k in (1, 2, 3)]
+    assert any(o != base.runs for o in others)
+    with pytest.raises(ValueError, match="asks"):
+        replay(TRACE, Settings(asks="batch"))
+
+
+def test_cli_asks_and_set_waits(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(line_replay, "trace_of", lambda seed, **kw: FIRST_ASKER)
+    assert line_replay.main(["--seeds", "1", "--reserve-after", "5", "--keep", "kept", "--preemption", "off",
+                             "--asks-without-line", "own", "--latency", "0", "--set-waits",
+                             "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "line-replay.json").read_text())
+    assert doc["settings"]["asks"] == {"with_line": "rounds", "without_line": "own"}
+    seed = doc["variants"][0]["seeds"][0]
+    assert seed["without_line_s"] == 30.0
+    assert seed["set_waits"]["without_line"] == [[0, 8, 0.5, 0.5], [1, 8, 1.0, 31.0], [2, 1, 10.3, 10.3]]
+    assert [w[0] for w in seed["set_waits"]["with_line"]] == [0, 1, 2]
+    assert line_replay.main(["--seeds", "1", "--reserve-after", "5", "--keep", "kept", "--preemption", "off",
+                             "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "line-replay.json").read_text())
+    assert doc["settings"]["asks"]["without_line"] == line_replay.ASKS_WITHOUT_LINE
+    assert doc["settings"]["latency_s"] == line_replay.LATENCY
+    assert "set_waits" not in doc["variants"][0]["seeds"][0]
