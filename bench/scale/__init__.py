@@ -88,7 +88,7 @@ def settle_load(text: str) -> float:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"takes a load average above 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"takes a finite load average above 0, got {text!r}")
     return value
 
 
