@@ -180,7 +180,7 @@ def test_output_to_a_reader_that_went_away_ends_quietly_with_141():
 
 @pytest.mark.parametrize("argv, flag, message", [
     (["bench", "scale", "--nodes", "-5"], "--nodes", "must be at least 1, got -5"),
-    (["bench", "scale", "--settle-load", "0"], "--settle-load", "takes a load average above 0"),
+    (["bench", "scale", "--settle-load", "0"], "--settle-load", "takes a finite load average above 0"),
     (["bench", "scale", "--settle-load", "nan"], "--settle-load", "takes a finite load average"),
     (["bench", "scale", "--settle-load", "inf"], "--settle-load", "takes a finite load average"),
     (["bench", "packing", "--nodes", "0"], "--nodes", "must be at least 1, got 0"),
