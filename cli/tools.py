@@ -126,18 +126,10 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
 
 
 def _transport_error(exc: BaseException) -> str:
-    """A transport failure in one line: aiohttp's connector errors as "<host>:<port>: <the
-    OS's words>" ("127.0.0.1:6443: connection refused"), anything
-    else as its type and text."""
-    import os
+    """A transport failure in one line (`k8s.errors.transport_message`)."""
+    from k8s.errors import transport_message
 
-    import aiohttp
-
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        err = exc.os_error
-        why = os.strerror(err.errno).lower() if err is not None and err.errno else str(err or exc)
-        return f"{exc.host}:{exc.port}: {why}"
-    return f"{type(exc).__name__}: {exc}"
+    return transport_message(exc)
 
 
 async def _read_vm(api, key: tuple[str, str], timeout: float) -> dict | None:

@@ -124,7 +124,22 @@ def translate(exc: BaseException, what: str) -> ApiError:
     if isinstance(exc, ApiException):
         return from_response(what, int(exc.status or 0), str(exc.reason or ""), exc.body,
                              exc.headers)
-    return Unavailable(what, 0, repr(exc)[:300])
+    return Unavailable(what, 0, transport_message(exc)[:300])
+
+
+def transport_message(exc: BaseException) -> str:
+    """A transport failure in one line for an operator: aiohttp's connector errors as
+    "<host>:<port>: <the OS's words>" ("127.0.0.1:6443: connection refused"), anything else
+    as its type and text ("TimeoutError: ..."). Raises nothing."""
+    import os
+
+    import aiohttp
+
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        err = exc.os_error
+        why = os.strerror(err.errno).lower() if err is not None and err.errno else str(err or exc)
+        return f"{exc.host}:{exc.port}: {why}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 async def read_json(resp, what: str) -> dict:
