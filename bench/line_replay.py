@@ -171,6 +171,20 @@ def fleet(nodes: int) -> Snapshot:
     return Snapshot.build(nodes=ns, classes=[GPUClass(CLASS, RESOURCE, OnCordon.MOVE, (), None)])
 
 
+def _lane_start(trace: CTrace, settings: Settings):
+    """What both ask models start a lane from: the seeded rng, the line's and the
+    nominations' settings, an empty fleet of `trace.nodes` boards, its log and every set
+    of the trace unstarted. Pure."""
+    rng = _rng(trace, settings)
+    line_settings = LineSettings(reserve_after=timedelta(seconds=settings.reserve_after),
+                                 enabled=settings.line, reserving=settings.reserving)
+    nom = NominationSettings(PreemptionSettings(timedelta(seconds=settings.min_runtime)),
+                             enabled=settings.preemption)
+    log = LaneLog(tuple(f"n{i}" for i in range(trace.nodes)))
+    return (rng, line_settings, nom, fleet(trace.nodes), log,
+            {s.id: _Set(s, s.life) for s in trace.sets})
+
+
 def _rng(trace: CTrace, settings: Settings) -> random.Random:
     """The replay's shuffle of the asks: the seed's, and `settings.order`'s when not 0."""
     return random.Random(f"line-replay/{trace.seed}" + (f"/{settings.order}" if settings.order else ""))
@@ -199,14 +213,7 @@ def replay(trace: CTrace, settings: Settings = Settings(), observe: Observer | N
         raise ValueError(f"Settings.asks takes one of {ASKS}, got {settings.asks!r}")
     if settings.asks == "own":
         return _own(trace, settings, observe)
-    rng = _rng(trace, settings)
-    line_settings = LineSettings(reserve_after=timedelta(seconds=settings.reserve_after),
-                                 enabled=settings.line, reserving=settings.reserving)
-    nom = NominationSettings(PreemptionSettings(timedelta(seconds=settings.min_runtime)),
-                             enabled=settings.preemption)
-    snap = fleet(trace.nodes)
-    log = LaneLog(tuple(f"n{i}" for i in range(trace.nodes)))
-    sets = {s.id: _Set(s, s.life) for s in trace.sets}
+    rng, line_settings, nom, snap, log, sets = _lane_start(trace, settings)
     arrivals = list(trace.sets)
     waiting: dict[int, Wait] = {}
     line = Line()
@@ -271,14 +278,7 @@ def _own(trace: CTrace, settings: Settings, observe: Observer | None) -> LaneLog
     its devices at that instant (before any ask at the same instant); a victim is created
     again at once and asks at once. Asks at the same instant go in an order shuffled by the
     seed. Pure."""
-    rng = _rng(trace, settings)
-    line_settings = LineSettings(reserve_after=timedelta(seconds=settings.reserve_after),
-                                 enabled=settings.line, reserving=settings.reserving)
-    nom = NominationSettings(PreemptionSettings(timedelta(seconds=settings.min_runtime)),
-                             enabled=settings.preemption)
-    snap = fleet(trace.nodes)
-    log = LaneLog(tuple(f"n{i}" for i in range(trace.nodes)))
-    sets = {s.id: _Set(s, s.life) for s in trace.sets}
+    rng, line_settings, nom, snap, log, sets = _lane_start(trace, settings)
     waiting: dict[int, Wait] = {}
     line = Line()
     held: dict = {}
