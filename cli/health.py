@@ -15,7 +15,8 @@ the ConfigMap) gets one line on stderr naming that right (verb, resource, namesp
 suspects of the other source.
 
 Exit codes: 0 done (with what could be read); 1 neither source could be read (403 on both);
-2 bad input, a device that is not suspected, or the cluster could not be read or written (one
+2 bad input (a DEVICE that cannot name a device, e.g. "a/b/c/d", is refused before the cluster
+is asked), a device that is not suspected, or the cluster could not be read or written (one
 line on stderr naming what).
 """
 
@@ -30,8 +31,8 @@ import anyio
 import yaml
 
 from cli.tools import ToolError, _transport_error, default_kubeconfig
-from model.health_mark import (MARKS_CONFIGMAP, SUSPECT_KEY, Mark, find_mark, parse_marks,
-                               parse_rule_mark)
+from model.health_mark import (MARKS_CONFIGMAP, SUSPECT_KEY, Mark, find_mark, is_device_name,
+                               parse_marks, parse_rule_mark)
 from model.serialize import format_time
 
 __all__ = ["NothingReadable", "default_kubeconfig", "kubeconfig_user", "missing_right", "render_health", "run"]
@@ -181,13 +182,6 @@ async def _run(args) -> int:
 
     from k8s.errors import ApiError
 
-    if not args.timeout > 0:
-        raise ToolError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
-    if args.action is None and args.device is not None:
-        raise ToolError(f"unknown action {args.device!r}: give `health` or `health clear DEVICE`")
-    if args.action == "clear" and not args.device:
-        raise ToolError("health clear: give the DEVICE to lift (node/device, pool/device, "
-                        "driver/pool/device or the rule's name; `gpu-binder health` lists them)")
     try:
         api = await new_client_from_config(config_file=args.kubeconfig)
     except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
@@ -225,6 +219,26 @@ async def _run(args) -> int:
     return 0
 
 
+def _refuse_bad_input(args) -> None:
+    """Raise ToolError for input no cluster could make sense of, before the kubeconfig is
+    read: --timeout not > 0, a DEVICE without `clear`, `clear` without a DEVICE, or a DEVICE
+    that cannot name a device (`model.health_mark.is_device_name`: "a/b/c/d", spaces,
+    capitals, an empty part, too long)."""
+    if not args.timeout > 0:  # NaN too
+        raise ToolError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    if args.action is None and args.device is not None:
+        raise ToolError(f"unknown action {args.device!r}: give `health` or `health clear DEVICE`")
+    if args.action == "clear" and not args.device:
+        raise ToolError("health clear: give the DEVICE to lift (node/device, pool/device, "
+                        "driver/pool/device or the rule's name; `gpu-binder health` lists them)")
+    if args.action == "clear" and not is_device_name(args.device):
+        shown = args.device if len(args.device) <= 80 else args.device[:80] + "…"
+        raise ToolError(f"health clear: DEVICE {shown!r} cannot name a device: give node/device, "
+                        f"pool/device or driver/pool/device (lowercase DNS names: a-z, 0-9, '-', "
+                        f"'.'; the device at most 63 characters, e.g. hgx-node-01/gpu-vfio-3) or "
+                        f"the rule's name (`gpu-binder health` lists them)")
+
+
 def run(args) -> int:
     """Entry of `health` (argparse namespace from `cli.main`): exit 0 done (some source of
     marks forbidden to the kubeconfig: one line on stderr each, the rest shown), 1 neither
@@ -234,6 +248,7 @@ def run(args) -> int:
 
     prog = getattr(args, "prog", "gpu-binder")
     try:
+        _refuse_bad_input(args)
         if not Path(args.kubeconfig).is_file():
             raise ToolError(f"--kubeconfig: no such file {args.kubeconfig!r} (without the flag: "
                             f"$KUBECONFIG's first path, else ~/.kube/config)")

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 from model.device.dra import DeviceRef, DeviceTaint
 from model.device.taint_rules import API_VERSION, KIND, TaintRule
 from model.health import FailedStart, Suspect
+from model.parse import DNS1123_SUBDOMAIN
 from model.serialize import format_time
 
 SUSPECT_KEY = "gpu.cozystack.io/suspect"
@@ -155,6 +156,27 @@ def parse_marks(configmap: Mapping[str, Any] | None) -> tuple[Mark, ...]:
     return tuple(out)
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def is_device_name(what: str) -> bool:
+    """Whether `what` can name a mark as `find_mark` reads it: the rule's name (a DNS-1123
+    subdomain, at most 253 characters), or "node/device", "pool/device",
+    "driver/pool/device" (each part before the device a DNS-1123 subdomain of at most 253
+    characters, the device a DNS-1123 label of at most 63, as DRA names devices). False for
+    anything else: empty parts, more than two slashes, whitespace, capitals, too long. (A
+    device of a pool whose own name has slashes, which DRA allows, is then named by
+    "node/device", "pool/device" or the rule's name; the binder's pools are node names.)"""
+    parts = what.split("/")
+    if not 1 <= len(parts) <= 3:
+        return False
+    *where, last = parts
+    if not where:
+        return len(last) <= 253 and bool(DNS1123_SUBDOMAIN.fullmatch(last))
+    return (all(len(p) <= 253 and DNS1123_SUBDOMAIN.fullmatch(p) for p in where)
+            and bool(_DNS_LABEL.fullmatch(last)))
+
+
 def find_mark(marks: tuple[Mark, ...], what: str) -> Mark | None:
     """The mark `what` names: its name, its device "driver/pool/device" or "pool/device", or
     "node/device" (the device's name on its node); None when none does."""
@@ -166,5 +188,5 @@ def find_mark(marks: tuple[Mark, ...], what: str) -> Mark | None:
 
 
 __all__ = ["MANAGED_BY", "MARKS_CONFIGMAP", "Mark", "SUSPECT_EFFECT", "SUSPECT_KEY", "SUSPECT_TAINT",
-           "SUSPECT_VALUE", "find_mark", "mark_entry", "parse_marks", "parse_rule_mark", "rule_body",
+           "SUSPECT_VALUE", "find_mark", "is_device_name", "mark_entry", "parse_marks", "parse_rule_mark", "rule_body",
            "rule_name"]

@@ -48,7 +48,8 @@ MAX_ANNOTATION_BYTES = 4096
 MAX_SET_DEVICES = 64
 """Most devices (held plus template) one VMI may ask for."""
 
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+"""A Kubernetes object name (DNS-1123 subdomain) without its 253-character cap: `fullmatch` it."""
 _SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 
 
@@ -609,7 +610,7 @@ def _split(value: Any, annotation: str) -> list[str]:
 
 
 def _check_name(name: str, what: str, field: str) -> None:
-    if len(name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(name):
+    if len(name) > 253 or not DNS1123_SUBDOMAIN.fullmatch(name):
         raise ParseError("VMI", field, f"invalid {what} {name!r}: not a DNS-1123 subdomain")
 
 

@@ -92,6 +92,44 @@ def test_bad_input_is_exit_2_before_the_cluster(capsys, kubeconfig, cluster, arg
     assert says in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("device", [
+    "a/b/c/d", "hgx-node-01//gpu-vfio-3", "/gpu-vfio-3", "hgx-node-01/", " ", "hgx-node-01/gpu vfio",
+    "hgx-node-01/gpu-vfio-3 ", "HGX-node-01/gpu-vfio-3", "hgx-node-01/" + "g" * 64, "n" * 254,
+    "hgx-node-01/gpu_vfio_3", "hgx-node-01/gpu-vfio-3-", "hgx-node-01./gpu-vfio-3",
+])
+def test_clear_of_a_malformed_device_is_refused_before_the_cluster(capsys, tmp_path, monkeypatch, device):
+    """A DEVICE that cannot name a device (newcomer: `health clear a/b/c/d` was looked up):
+    exit 2, one line naming it and what a device name looks like, before the kubeconfig is
+    read (here it does not exist) or any API call."""
+    async def no_api(*_):
+        raise AssertionError("the cluster was asked")
+
+    monkeypatch.setattr(health, "_marks", no_api)
+    monkeypatch.setattr(health, "_clear", no_api)
+    assert main(["health", "clear", device, "--kubeconfig", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    shown = device if len(device) <= 80 else device[:80] + "…"
+    assert err == (f"gpu-binder health: health clear: DEVICE {shown!r} cannot name a device: give "
+                   f"node/device, pool/device or driver/pool/device (lowercase DNS names: a-z, "
+                   f"0-9, '-', '.'; the device at most 63 characters, e.g. "
+                   f"hgx-node-01/gpu-vfio-3) or the rule's name (`gpu-binder health` lists them)\n")
+
+
+@pytest.mark.parametrize("device", [
+    "hgx-node-01/gpu-vfio-3", "hgx-node-01/gpu-vfio-4", "gpu.nvidia.com/hgx-node-01/gpu-vfio-3",
+    "gpu-suspect-hgx-node-01-gpu-vfio-3-9f7fb160", "hgx-node-01/" + "g" * 63,
+])
+def test_a_well_formed_device_name_is_looked_up(kubeconfig, cluster, capsys, device):
+    """The forms `find_mark` reads pass the check: the suspected one is cleared, another is
+    "not suspected" (exit 2, its own message), never refused as malformed."""
+    code = main(["health", "clear", device, "--kubeconfig", kubeconfig])
+    err = capsys.readouterr().err
+    assert "cannot name a device" not in err
+    assert (code, len(cluster)) in ((0, 1), (2, 0)), (code, err)
+    if code == 2:
+        assert err == f"gpu-binder health: {device} is not suspected (suspected: hgx-node-01/gpu-vfio-3)\n"
+
+
 def test_an_unknown_action_is_a_usage_error(capsys, kubeconfig):
     with pytest.raises(SystemExit) as exc:
         main(["health", "lift", "x", "--kubeconfig", kubeconfig])
