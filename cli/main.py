@@ -145,20 +145,39 @@ def _health(args: argparse.Namespace) -> int:
     return run(args)
 
 
+READS = ("list, cluster-wide, Nodes, Namespaces, ResourceQuotas, PriorityClasses, Pods, "
+         "GPUClasses, GPUDevices, VirtualMachineInstances, KubeVirt CRs, ResourceSlices, "
+         "ResourceClaims, DeviceClasses and DeviceTaintRules, and in --settings-namespace the "
+         "ConfigMaps gpu-settings and gpu-suspects and the GPUNominations (what the "
+         "controller's cache lists). Nothing is written; a kind "
+         "the cluster does not serve reads as none, one the user may not list (403) stops "
+         "the command")
+"""What `explain`, `defrag`, `what-if` and `top` read with `--kubeconfig` (`cli.tools.read_cluster`;
+tests/cli/test_cli.py checks every informer of the cache is named)."""
+
+HEALTH_RIGHTS = ("list DeviceTaintRules (label gpu.cozystack.io/suspect=true, cluster-wide) and "
+                 "get the ConfigMap gpu-suspects in --settings-namespace (a source it may not "
+                 "read is skipped, named on stderr); `clear` also deletes that DeviceTaintRule "
+                 "(or updates that ConfigMap) and creates an Event GPUSuspicionCleared about "
+                 "the Node in namespace default. Nothing else is read or written")
+"""What `health` reads and `health clear` writes with `--kubeconfig` (`cli.health`)."""
+
+
 def _add_tools(sub, prog: str) -> None:
     """The operator tools `explain`, `defrag --plan`, `what-if`, `top` (read-only) and
     `health` (whose `clear` deletes one mark) (shared with kubectl-gpu)."""
     from cli.tools import default_kubeconfig
     from k8s.config import default
 
-    def common(p: argparse.ArgumentParser) -> None:
+    def common(p: argparse.ArgumentParser, rights: str = READS,
+               namespace: str = "the ConfigMaps gpu-settings and gpu-suspects and the "
+                                "GPUNominations") -> None:
         p.add_argument("--kubeconfig", default=default_kubeconfig(),
-                       help="kubeconfig whose user may list nodes, GPU classes and devices, "
-                            "namespaces, quotas and VMIs (default: $KUBECONFIG, else "
-                            "~/.kube/config; now %(default)s)")
+                       help=f"kubeconfig whose user may {rights} (default: $KUBECONFIG, else "
+                            f"~/.kube/config; now %(default)s)")
         p.add_argument("--settings-namespace", default=default("settings_namespace"),
-                       help="namespace of the gpu-settings ConfigMap, as the controller's "
-                            "--settings-namespace (default: %(default)s)")
+                       help=f"namespace of {namespace}, the controller's, as its "
+                            f"--settings-namespace (default: %(default)s)")
         p.add_argument("--timeout", type=float, default=30.0,
                        help="seconds to wait for the cluster to be read (default: %(default)g)")
         p.add_argument("--json", action="store_true",
@@ -190,7 +209,7 @@ def _add_tools(sub, prog: str) -> None:
                     help="moves of the defragmentation round explain tries when the set is "
                          "refused, as the controller's --defrag-max-moves (default: "
                          "%(default)s)")
-    common(ex)
+    common(ex, READS + "; given NAMESPACE/NAME it also gets that VirtualMachine")
 
     df = sub.add_parser(
         "defrag", help="the moves a defragmentation round would make now (read-only)",
@@ -248,7 +267,7 @@ def _add_tools(sub, prog: str) -> None:
                     help="with clear: the suspected GPU as node/device (e.g. "
                          "hgx-node-01/gpu-vfio-3), pool/device, driver/pool/device or the "
                          "rule's name (default: none)")
-    common(hl)
+    common(hl, HEALTH_RIGHTS, namespace="the ConfigMap gpu-suspects")
     hl.set_defaults(func=_health)
 
 

@@ -61,6 +61,49 @@ def test_every_flag_has_help_with_meaning_and_default(path, action):
         assert value in shown, f"{path} {action.option_strings}: default {value} not shown"
 
 
+LISTED_AS = {"namespaces": "Namespaces", "deviceclasses": "DeviceClasses", "gpuclasses": "GPUClasses",
+             "nodes": "Nodes", "resourceslices": "ResourceSlices", "resourceclaims": "ResourceClaims",
+             "devicetaintrules": "DeviceTaintRules", "suspects-configmap": "gpu-suspects",
+             "resourcequotas": "ResourceQuotas", "priorityclasses": "PriorityClasses",
+             "gpudevices": "GPUDevices", "virtualmachineinstances": "VirtualMachineInstances",
+             "pods": "Pods", "kubevirts": "KubeVirt CRs", "settings-configmap": "gpu-settings",
+             "gpunominations": "GPUNominations"}
+"""How the `--kubeconfig` help names what each informer of the cache lists."""
+
+
+def _help(path: str, dest: str) -> str:
+    return next(a.help for p, a in ALL if p == path and a.dest == dest) % {"default": "D"}
+
+
+@pytest.mark.parametrize("path", [f"{root} {tool}" for root in ("gpu-binder", "kubectl gpu")
+                                  for tool in ("explain", "defrag", "what-if", "top")])
+def test_the_read_only_tools_kubeconfig_help_names_everything_they_list(path):
+    """`top` and the others read the cluster through `ClusterCache.read_once` (newcomer: the
+    help named 5 of its 16 lists): the help names every informer's kind, and a new informer
+    must be named here and there."""
+    from k8s.cache import ClusterCache
+
+    text = _help(path, "kubeconfig")
+    names = [i.name for i in ClusterCache(object()).informers]
+    assert set(names) == set(LISTED_AS), "an informer the help does not name yet"
+    assert [n for n in names if LISTED_AS[n] not in text] == [], text
+    assert "Nothing is written" in text and "(403) stops the command" in text
+    assert ("gets that VirtualMachine" in text) == path.endswith("explain")
+
+
+@pytest.mark.parametrize("root", ["gpu-binder", "kubectl gpu"])
+def test_health_kubeconfig_help_names_what_it_reads_and_writes(root):
+    """`health` lists DeviceTaintRules and gets the ConfigMap gpu-suspects (cli/health.py
+    `_marks`); `clear` deletes the rule or replaces the ConfigMap and creates an Event
+    (`_clear`): the help says each, and that nothing else is touched."""
+    text = _help(f"{root} health", "kubeconfig")
+    for said in ("list DeviceTaintRules", "get the ConfigMap gpu-suspects in --settings-namespace",
+                 "deletes that DeviceTaintRule", "updates that ConfigMap",
+                 "creates an Event GPUSuspicionCleared", "Nothing else is read or written"):
+        assert said in text, (said, text)
+    assert "gpu-settings" not in _help(f"{root} health", "settings_namespace")
+
+
 def test_every_setting_is_documented_with_its_default():
     assert set(FIELD_HELP) == set(Config.__dataclass_fields__)
     assert field_help("bind_timeout").endswith("(default: 20)")
