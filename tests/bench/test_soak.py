@@ -636,3 +636,36 @@ def test_heap_parts_trend_names_the_part_that_grows():
     assert "pymalloc blocks +0/min" in line
     # a run whose replicas export no parts (older code) reports none
     assert heap_parts_trend([], 660, 1200)["processes"] == []
+
+
+def test_priorities_add_a_seeded_tier_mix_and_larger_sets_and_leave_the_default_alone():
+    from bench.contention_trace import ON_DEMAND, PREEMPTIBLE
+    from bench.soak.workload import PRIORITY_SIZES, SIZES
+
+    base = SoakSpec(nodes=200, minutes=10, seed=3, population="scale")
+    prio = SoakSpec(nodes=200, minutes=10, seed=3, population="scale", priorities=True)
+    plain, ops = schedule(base), schedule(prio)
+    assert ops == schedule(prio)                                     # deterministic for a seed
+    assert schedule_digest(ops) == schedule_digest(schedule(prio)) != schedule_digest(plain)
+    assert {o.tier for o in plain} == {""}                           # off: no PriorityClass
+    creates = [o for o in ops if o.kind == "create"]
+    tiers = Counter(o.tier for o in creates)
+    assert set(tiers) == {ON_DEMAND, PREEMPTIBLE}
+    assert 0.25 < tiers[ON_DEMAND] / len(creates) < 0.35             # on_demand_share 0.3
+    assert {o.priority for o in creates} == {1000, 100}
+    # the same times, tenants, classes and held draws; sizes from the larger mix
+    def shape(os):
+        return [(o.at, o.kind, o.tenant, o.held, o.cls, o.node) for o in os]
+    assert shape(ops) == shape(plain)
+    mean = sum(o.size for o in creates) / len(creates)
+    assert 3.1 < mean < 3.7 and sum(s * w for s, w in SIZES) < 2.5
+    assert sum(s * w for s, w in PRIORITY_SIZES) == pytest.approx(3.4)
+    # another seed, another mix
+    other = schedule(SoakSpec(nodes=200, minutes=10, seed=4, population="scale", priorities=True))
+    assert [o.tier for o in other if o.kind == "create"][:50] != [o.tier for o in creates][:50]
+    # budgets leave room to fill the fleet (4 tenants at 200 nodes: 15 % each would cap it
+    # at 60 %); the controller may preempt sets younger than its default 10 minutes
+    assert base.budget("h100.scale.example.com/gpu") == 120
+    assert prio.budget("h100.scale.example.com/gpu") == 300          # 1.5 / 4 of 800
+    assert base.controller_args() == () and prio.controller_args() == (
+        "--preemption-min-runtime=15",)

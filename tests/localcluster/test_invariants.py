@@ -268,3 +268,96 @@ async def test_nominations_are_none_where_the_API_has_no_such_resource():
     assert await inv._nominations(listed) == [nomination()]
     with pytest.raises(ApiException):
         await inv._nominations(forbidden)
+
+
+# --- §3c P6: no lower-priority start on room a waiting higher-priority set could use --------
+
+T0 = datetime(2026, 12, 7, 14, tzinfo=timezone.utc)
+OLD = T0 - timedelta(minutes=10)
+
+
+def started(ns, vmi_name, node, n, *, priority=100, requested=T0, bound=None, adm="adm-1"):
+    """The `n` template devices of VMI `ns/vmi_name` admitted (Bound, Succeeded) on `node`,
+    its request (recorded `priority`) made at `requested`, Bound at `bound` (`requested`
+    plus a second when None)."""
+    out = []
+    for k in range(n):
+        d = dev(ns, f"{vmi_name}-c-{k}", node=node, vmi=vmi_name, template=vmi_name, rid=f"{vmi_name}-r")
+        d["status"]["attachedTo"]["admission"] = adm
+        d["status"]["bindRequest"].update({"priority": priority, "requestedAt": requested.isoformat()})
+        d["status"]["boundAt"] = (bound or requested + timedelta(seconds=1)).isoformat()
+        out.append(d)
+    return out
+
+
+def read(devices, started_at, *, noms=(), placeable=("n1", "n2"), budget=None):
+    return inv.Snapshot(vmis=[], devices=list(devices), resource={"c": "r"},
+                        allocatable={"n1": {"r": 8}, "n2": {"r": 8}}, budget=budget or {},
+                        nominations=list(noms), at=started_at + timedelta(seconds=2),
+                        started=started_at, placeable=frozenset(placeable))
+
+
+FULL_N2 = started("u", "big", "n2", 8, priority=0, requested=OLD)
+W = inv.Waiting("t", "od", "c", 8, 1000, T0 - timedelta(seconds=60))
+
+
+def window(*, before=(), after=(), first=T0 - timedelta(seconds=25), **kw):
+    """Two reads: one begun at `first`, n2 full, plus `before`; one 3 s after R's request,
+    n2 full, R (2 GPUs, priority 100) Bound on n1, plus `after`."""
+    r = started("s", "spot", "n1", 2)
+    return [read([*FULL_N2, *before], first, **kw), read([*FULL_N2, *r, *after], T0 + timedelta(seconds=3), **kw)]
+
+
+def test_P6_a_lower_priority_set_started_on_room_a_waiting_higher_one_could_use():
+    judged: dict = {}
+    got = inv.check_line_order(window(), [W], judged)
+    assert kinds(got) == [inv.LINE_INVERSION] and got[0].item == "3c.P6"
+    assert got[0].obj == ("VirtualMachineInstance", "s", "spot", "od")
+    assert "n1" in got[0].message and "t/od" in got[0].message
+    assert judged == {("s", "spot", "adm-1"): True, ("u", "big", "adm-1"): None}
+    # each set is judged once
+    assert inv.check_line_order(window(), [W], judged) == []
+
+
+def test_P6_line_order_clean_cases():
+    def none(win, waiting=(W,)):
+        judged: dict = {}
+        assert inv.check_line_order(win, list(waiting), judged) == []
+        return judged
+
+    none(window(), ())                                                     # nobody waits
+    none(window(), [inv.Waiting("t", "od", "c", 8, 100, W.since)])         # equal priority
+    none(window(), [inv.Waiting("t", "od", "other", 8, 1000, W.since)])    # another class
+    none(window(), [inv.Waiting("t", "od", "c", 8, 1000, T0 + timedelta(seconds=1))])  # came later
+    # W fits n2 beside the sets there: R was backfill
+    none([read(r.devices[8:], r.started) for r in window()])
+    # a 1-GPU set on n1 in the first read (gone by the last) may have kept W out of n1
+    none(window(before=started("q", "brief", "n1", 1, priority=0, requested=OLD)))
+    # a nomination on n1 for another preemptor held a unit there
+    held = nomination(("p", "other"), units=(("r", 1),), victims=(), expires=T0 + timedelta(minutes=2))
+    none(window(noms=[held]))
+    # W itself is nominated: its room is held, P6's second rule covers it
+    none(window(noms=[nomination(("t", "od"), units=(("r", 8),), node="n2", victims=(),
+                                 expires=T0 + timedelta(minutes=2))]))
+    # W's tenant had no budget for it
+    none(window(budget={("t", "r"): 4}))
+    # no read begun LINE_LAG before R's request: R is not judged (and said so)
+    assert none(window(first=T0 - timedelta(seconds=5)))[("s", "spot", "adm-1")] is False
+
+
+def test_P6_line_order_counts_a_node_free_only_when_it_surely_was():
+    # n2's sets were Bound only 5 s before R's request: the binder's view may not have had
+    # them yet, so W may have fitted there in its eyes: no violation
+    late = started("u", "late", "n2", 8, priority=0, requested=T0 - timedelta(seconds=6))
+    wins = [read(late, T0 - timedelta(seconds=25)), read([*late, *started("s", "spot", "n1", 2)],
+                                                         T0 + timedelta(seconds=3))]
+    assert inv.check_line_order(wins, [W], {}) == []
+    # n2 not placeable in any read (cordoned): W could use n1 only: a violation
+    assert kinds(inv.check_line_order(window(placeable=("n1",)),
+                                      [W], {})) == [inv.LINE_INVERSION]
+    # placeable in one read of the window: counted as a place W might have gone
+    wins = window()
+    empty_n2 = [read(started("s", "spot", "n1", 2), T0 - timedelta(seconds=25)),
+                read(started("s", "spot", "n1", 2), T0 + timedelta(seconds=3), placeable=("n1",))]
+    assert inv.check_line_order(empty_n2, [W], {}) == []
+    assert kinds(inv.check_line_order(wins, [W], {})) == [inv.LINE_INVERSION]
