@@ -330,6 +330,31 @@ def victims_of(nominations: Iterable[dict]) -> set[tuple[str, str]]:
     return out
 
 
+def victim_expiries(nominations: Iterable[dict]) -> dict[tuple[str, str], datetime | None]:
+    """(namespace, name) of every VMI the GPUNominations `nominations` name victims -> the
+    latest `spec.expires` among those naming it (None when one has none readable: it counts
+    as live whenever)."""
+    from model.serialize import parse_time
+
+    out: dict[tuple[str, str], datetime | None] = {}
+    for n in nominations:
+        exp = parse_time((n.get("spec") or {}).get("expires"))
+        out = merge_expiries(out, dict.fromkeys(victims_of([n]), exp))
+    return out
+
+
+def merge_expiries(a, b) -> dict:
+    """Two (namespace, name) -> expiry mappings (`victim_expiries`; a set: expiries unknown)
+    as one, each key's latest expiry (None, unknown, wins)."""
+    out = dict(a) if isinstance(a, dict) else dict.fromkeys(a)
+    for key, exp in (b.items() if isinstance(b, dict) else dict.fromkeys(b).items()):
+        if key in out and (out[key] is None or exp is None):
+            out[key] = None
+        else:
+            out[key] = exp if key not in out else max(out[key], exp)
+    return out
+
+
 def _parsed(nominations: Iterable[dict]):
     """The nominations as `model.nomination.Nomination`s, the malformed left out (the binder
     ignores them too)."""
@@ -414,19 +439,38 @@ def check_nominations(snap: Snapshot) -> list[Violation]:
 
 def check_gone(snap: Snapshot, known: Iterable[tuple[str, str]], *,
                deleted: Iterable[tuple[str, str]] = (),
-               victims: Iterable[tuple[str, str]] = ()) -> list[Violation]:
+               victims: Iterable[tuple[str, str]] | dict = (),
+               alive: dict[tuple[str, str], datetime] | None = None) -> list[Violation]:
     """§3c P6 "no set is stopped unless it is a victim of a live nomination": every VMI of
     `known` (namespace, name: VMIs of ours the caller saw exist before the read) missing from
     `snap` must be in `deleted` (the caller deleted it itself) or a victim of a nomination:
     one of `victims` (read from the nominations the caller saw in earlier reads: a nomination
     is deleted once its preemptor is admitted) or of `snap`'s own (`victims_of`). The caller
     must see every nomination at least once (it lives until its victims are gone and its
-    preemptor is admitted). One `STOPPED_NOT_VICTIM` each. Pure."""
-    excused = set(deleted) | set(victims) | victims_of([*snap.nominations, *snap.late_nominations])
+    preemptor is admitted).
+
+    *Live*: with `alive` ((namespace, name) -> when the caller last read the VMI existing and
+    not being deleted, UTC) and `victims` a mapping to the latest expiry of the nominations
+    naming it (`victim_expiries`; None: live whenever), a victim is excused only when a
+    nomination naming it was still live (its expiry plus `LIVE_SLACK`, the clocks' play,
+    after) when the VMI was last seen alive: a VMI seen alive after every nomination naming
+    it expired was deleted by no live nomination. One `STOPPED_NOT_VICTIM` each. Pure."""
+    expiry = merge_expiries(victims, victim_expiries([*snap.nominations, *snap.late_nominations]))
     exists = snap.existing
-    return [Violation(STOPPED_NOT_VICTIM, ("VirtualMachineInstance", ns, name),
-                      "gone; not deleted by the caller, no nomination named it a victim")
-            for ns, name in sorted(set(known) - exists - excused)]
+    out = []
+    for ns, name in sorted(set(known) - exists - set(deleted)):
+        key = (ns, name)
+        if key in expiry:
+            seen, exp = (alive or {}).get(key), expiry[key]
+            if seen is None or exp is None or exp + LIVE_SLACK > seen:
+                continue
+            out.append(Violation(STOPPED_NOT_VICTIM, ("VirtualMachineInstance", ns, name),
+                                 f"gone; seen alive at {seen.isoformat()}, after every nomination "
+                                 f"naming it a victim had expired ({exp.isoformat()})"))
+            continue
+        out.append(Violation(STOPPED_NOT_VICTIM, ("VirtualMachineInstance", ns, name),
+                             "gone; not deleted by the caller, no nomination named it a victim"))
+    return out
 
 
 LINE_LAG = timedelta(seconds=20)
@@ -499,11 +543,32 @@ def _started_sets(snap: Snapshot) -> dict[tuple[str, str, str | None], dict]:
     return {k: v for k, v in sets.items() if k not in bad and v["requested"] is not None}
 
 
-def check_line_order(window: Sequence[Snapshot], waiting: Iterable[Waiting],
+@dataclass(frozen=True)
+class LineRead:
+    """What `check_line_order` keeps of an earlier read (`line_read`): when it began, the
+    nodes placeable then, its nominations and its Bound count-mode devices (`_bound`): a
+    window of these costs far less than of whole snapshots."""
+
+    started: datetime | None
+    placeable: frozenset[str] | None
+    nominations: tuple[dict, ...]
+    bound: dict
+
+
+def line_read(snap: Snapshot | LineRead) -> LineRead:
+    """`snap` as `check_line_order` keeps it (a LineRead as it is)."""
+    if isinstance(snap, LineRead):
+        return snap
+    return LineRead(snap.started, snap.placeable, (*snap.nominations, *snap.late_nominations),
+                    _bound(snap))
+
+
+def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Waiting],
                      judged: dict[tuple, bool | None]) -> list[Violation]:
     """§3c P6 "no lower-priority set starts on devices a waiting higher-priority set could
     start on now", count mode, from what the API shows. `window`: the caller's reads, oldest
-    first, each with `started`, `at` and `placeable`; the last is judged. `waiting`: the sets
+    first, each with `started` and `placeable` (earlier ones may be `LineRead`s); the last, a
+    `Snapshot`, is judged. `waiting`: the sets
     the caller knows to be waiting (`Waiting`) still after the last read ended. `judged`:
     (namespace, VMI, admission) of each set judged before -> True, False when no read of
     the window began `LINE_LAG` before its request (not judged), None when it was requested
@@ -526,10 +591,12 @@ def check_line_order(window: Sequence[Snapshot], waiting: Iterable[Waiting],
     if not window:
         return []
     last = window[-1]
+    assert isinstance(last, Snapshot), "the read judged is a whole Snapshot"
+    window = [line_read(r) for r in window]
     waiting = list(waiting)
     out: list[Violation] = []
     sets = _started_sets(last)
-    bounds = [_bound(r) for r in window]
+    bounds = [r.bound for r in window]
     for key, rs in sorted(sets.items(), key=lambda kv: str(kv[0])):
         if key in judged:
             continue
@@ -564,7 +631,7 @@ def check_line_order(window: Sequence[Snapshot], waiting: Iterable[Waiting],
                 taken_lo[dn] += 1
         placeable = (set(last.allocatable) if any(r.placeable is None for r in reads)
                      else set().union(*(r.placeable for r in reads)))
-        noms = [n for r in reads for n in _parsed([*r.nominations, *r.late_nominations])]
+        noms = [n for r in reads for n in _parsed(r.nominations)]
         preemptors = {(n.namespace, n.vmi) for n in noms}
         if (key[0], key[1]) in preemptors:
             continue   # R started on room nominated for it

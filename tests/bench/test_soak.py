@@ -669,3 +669,79 @@ def test_priorities_add_a_seeded_tier_mix_and_larger_sets_and_leave_the_default_
     assert prio.budget("h100.scale.example.com/gpu") == 300          # 1.5 / 4 of 800
     assert base.controller_args() == () and prio.controller_args() == (
         "--preemption-min-runtime=15",)
+
+
+def test_the_P6_part_counts_what_its_checks_ran_over_and_says_when_nothing_was():
+    from bench.soak import p6_part
+    from bench.soak.report import p6_lines
+
+    # a run without preemptions: 0 violations, but not read as P6 proven
+    none = p6_part({}, {}, [], 0, {}, priorities=False)
+    assert none["preemptions"] == 0 and none["exercised"] is False
+    assert "0 preemptions" in none["note"] and "not checked" in none["note"]
+    assert {v["violations"] for v in none["invariants"].values()} == {0}
+    assert "NOT EXERCISED" in p6_lines(none)[0]
+    noms = [{"preemptor": "soak-t00/vm00007", "created": "c1", "node": "soak-n0003",
+             "priority": 1000, "victims": ["soak-t01/vm00002", "soak-t02/sc-vm00011"],
+             "victim_priorities": [0, 100]},
+            {"preemptor": "soak-t01/vm00040", "created": "c2", "node": "soak-n0009",
+             "priority": 1000, "victims": ["soak-t00/vm00030"], "victim_priorities": [100]}]
+    counts = {"preemptors_nominated": 2, "preemptors_admitted": 2,
+              "preemptors_on_nominated_node": 2, "waits_in_line": 17}
+    judged = {("a", "x", "1"): True, ("a", "y", "1"): True, ("a", "z", "1"): False,
+              ("a", "w", None): None}
+    got = p6_part({"lower-priority-start": 1}, counts, noms, 3, judged, priorities=True)
+    assert (got["preemptions"], got["victims_named"], got["victims_seen_gone"]) == (2, 3, 3)
+    assert got["victims_per_preemption"] == 1.5 and got["exercised"] is True and got["note"] is None
+    assert got["preemptors"] == {"nominated": 2, "admitted": 2, "on_nominated_node": 2, "elsewhere": 0}
+    assert got["line"] == {"sets_judged": 2, "sets_not_judged": 1, "waits_in_line": 17}
+    rule3 = got["invariants"]["no_lower_priority_start_on_room_a_waiting_set_could_use"]
+    assert rule3["violations"] == 1 and rule3["checked_over"].startswith("2 sets started judged")
+    assert got["invariants"]["nominated_room_for_nobody_else"]["checked_over"] == "2 nominations"
+    # the target says whether it was exercised (with --priorities only)
+    trend = {"processes": [], "verdict": None, "threshold_mib_per_min": 0.2, "from_s": 0, "to_s": 1}
+    base = {"violations": 1, "admissions_lost": 0, "rss_peak_mib": None, "rss_trend": trend}
+    assert targets({**base, "p6": got, "spec": {"priorities": True}})["p6_exercised"]["met"] is True
+    assert targets({**base, "p6": p6_part({}, {}, [], 0, {}, True),
+                    "spec": {"priorities": True}})["p6_exercised"]["met"] is False
+    assert "p6_exercised" not in targets({**base, "p6": none, "spec": {"priorities": False}})
+
+
+def test_the_driver_tells_a_wait_in_line_and_a_nomination_from_the_webhooks_503():
+    import json as _json
+
+    from kubernetes_asyncio.client import ApiException
+
+    from bench.soak.driver import P6Check, Rec, Soak, in_line, nominated_node
+    from bench.soak.workload import Op
+
+    def answer(status, message):
+        exc = ApiException(status=status, reason="x")
+        exc.body = _json.dumps({"kind": "Status", "message": message})
+        return exc
+
+    line = answer(503, 'admission webhook "vmi.gpu.cozystack.io" denied the request: no room '
+                       "for the set now; 3rd of 5 in the line of class soak-h100")
+    nominated = answer(503, 'admission webhook "vmi.gpu.cozystack.io" denied the request: no '
+                            "room for the set now; stopping 2 lower-priority VMs on soak-n0007 to "
+                            "make room for it (priority 1000): soak-t01/vm1, soak-t02/vm2; its "
+                            "room is held for it, retry in 5s")
+    down = answer(503, "the server is currently unable to handle the request")
+    assert in_line(line) and in_line(nominated) and not in_line(down)
+    assert nominated_node(str(nominated.body)) == "soak-n0007" and nominated_node("no room") is None
+    # the driver's bookkeeping, without a cluster: the second 503 in line makes the set
+    # Waiting (its client retried); a nomination takes it out and names the node
+    soak = Soak.__new__(Soak)
+    soak.counts, soak._last_in_line, soak.p6 = Counter(), {}, P6Check("soak-", line=True)
+    op = Op(1.0, "create", tenant=0, size=8, name="vm00001", tier="on-demand")
+    rec = Rec("soak-t00", "vm00001", 8, cls="soak-h100", tier="on-demand")
+    soak._waited(rec, op, line)
+    assert rec.waited == 1 and not soak.p6.waiting
+    soak._waited(rec, op, down)
+    assert rec.waited == 1 and soak._last_in_line[("soak-t00", "vm00001")] is False
+    soak._waited(rec, op, line)
+    w = soak.p6.waiting[("soak-t00", "vm00001")]
+    assert (w.cls, w.gpus, w.priority) == ("soak-h100", 8, 1000)
+    soak._waited(rec, op, nominated)
+    assert rec.nominated == "soak-n0007" and not soak.p6.waiting
+    assert soak.counts == Counter({"waits_in_line": 2, "preemptors_nominated": 1})

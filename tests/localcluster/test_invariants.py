@@ -238,7 +238,7 @@ def test_the_soak_judges_P6_with_the_victims_it_has_seen():
     first = p6_snap([dev("t", "g1", vmi="a")], vmis=[vmi("t", "a", ["g1"]), vmi("t", "b", ["g2"], uid="u2")],
                     noms=[nomination(victims=[("t", "b", None)])])
     got, seen = judge(first, before, before, set(), set())
-    assert seen == {("t", "b")} and inv.NOMINATED_TAKEN not in kinds(got)
+    assert set(seen) == {("t", "b")} and inv.NOMINATED_TAKEN not in kinds(got)
     # b is gone by the next read, and its nomination too: excused by what was seen
     later = p6_snap([dev("t", "g1", vmi="a")], vmis=[vmi("t", "a", ["g1"])])
     got, _ = judge(later, before, before, set(), seen)
@@ -361,3 +361,81 @@ def test_P6_line_order_counts_a_node_free_only_when_it_surely_was():
                 read(started("s", "spot", "n1", 2), T0 + timedelta(seconds=3), placeable=("n1",))]
     assert inv.check_line_order(empty_n2, [W], {}) == []
     assert kinds(inv.check_line_order(wins, [W], {})) == [inv.LINE_INVERSION]
+
+
+# --- the soak's P6 across reads (bench.soak.driver.P6Check) ---------------------------------
+
+def soak_read(vmis, devices, started_at, *, noms=(), late=(), alloc=4):
+    return inv.Snapshot(vmis=list(vmis), devices=list(devices), resource={"c": "r"},
+                        allocatable={"n1": {"r": alloc}}, budget={}, nominations=list(noms),
+                        late_nominations=list(late), at=started_at + timedelta(seconds=2),
+                        started=started_at, placeable=frozenset({"n1"}))
+
+
+def test_the_soak_stops_only_victims_of_a_live_nomination():
+    from bench.soak.driver import P6Check
+
+    a, b = vmi("t", "a", ["g1"]), vmi("t", "b", ["g2"], uid="u2")
+    known = {("t", "a"), ("t", "b")}   # seen before; none held as admitted (§7.5 not judged here)
+    live = nomination(victims=[("t", "a", None)], expires=AT + timedelta(minutes=2))
+    # clean: a named a victim by a live nomination, then gone (its preemptor admitted, the
+    # nomination deleted): excused, and handed back as a victim gone, once
+    p6 = P6Check("t")
+    got, gone = p6.read(soak_read([a, b], [], AT, noms=[live]), known, set(), set())
+    assert got == [] and gone == set()
+    got, gone = p6.read(soak_read([b], [], AT + timedelta(seconds=5)), known, set(), set())
+    assert got == [] and gone == {("t", "a")}
+    assert p6.read(soak_read([b], [], AT + timedelta(seconds=10)), known, set(), set()) == ([], set())
+    assert p6.nominations[("p/big", "2026-12-06T12:00:00Z")]["victims"] == ["t/a"]
+    # a victim whose every nomination had expired when it was last seen alive was stopped by
+    # no live nomination: a violation
+    p6 = P6Check("t")
+    expired = nomination(victims=[("t", "a", None)], expires=AT - timedelta(seconds=30))
+    p6.read(soak_read([a, b], [], AT, noms=[expired]), known, set(), set())
+    got, gone = p6.read(soak_read([b], [], AT + timedelta(seconds=5)), known, set(), set())
+    assert kinds(got) == [inv.STOPPED_NOT_VICTIM] and got[0].obj == ("VirtualMachineInstance", "t", "a")
+    assert "expired" in got[0].message
+    # ... unless it was being deleted since before the nomination expired (its grace period)
+    p6 = P6Check("t")
+    p6.read(soak_read([a, b], [], AT - timedelta(minutes=1)), known, set(), set())
+    dying = {**a, "metadata": {**a["metadata"], "deletionTimestamp": "2026-12-06T11:59:10Z"}}
+    p6.read(soak_read([dying, b], [], AT, noms=[expired]), known, set(), set())
+    assert p6.read(soak_read([b], [], AT + timedelta(seconds=5)), known, set(), set())[0] == []
+    # a nomination seen only by the watch (made and deleted between two reads) excuses too
+    p6 = P6Check("t")
+    p6.read(soak_read([a, b], [], AT), known, set(), set())
+    p6.note_nomination(live)
+    assert p6.read(soak_read([b], [], AT + timedelta(seconds=5)), known, set(), set()) == ([], {("t", "a")})
+    # nobody named b: a violation; the soak's own delete is none
+    got, _ = p6.read(soak_read([], [], AT + timedelta(seconds=10)), known, set(), set())
+    assert kinds(got) == [inv.STOPPED_NOT_VICTIM] and got[0].obj[2] == "b"
+    assert P6Check("t").read(soak_read([], [], AT), {("t", "b")}, set(), {("t", "b")})[0] == []
+
+
+def test_the_soak_flags_each_P6_violation_and_passes_a_clean_run():
+    """The three invariants on one soak's reads (`P6Check` with the line): a clean run, then
+    a victim stopped with no live nomination, a nominated unit Bound for another set, and a
+    lower-priority set started on room a waiting higher-priority set could use."""
+    from bench.soak.driver import P6Check
+
+    def run(reads, known=frozenset(), waiting=()):
+        p6 = P6Check("", line=True)
+        p6.waiting = {(w.namespace, w.vmi): w for w in waiting}
+        out = []
+        for r in reads:
+            out += p6.read(r, set(known), set(known), set())[0]
+        return kinds(out)
+
+    wins = window()
+    assert run(wins) == []                                                          # clean
+    assert run(wins, waiting=[W]) == [inv.LINE_INVERSION]                          # rule 3
+    a = vmi("t", "a", ["g1"])
+    expired = nomination(victims=[("t", "a", None)], expires=T0 - timedelta(minutes=1))
+    gone = [read([], T0 - timedelta(seconds=10)), read([], T0)]
+    gone[0].vmis.append(a)
+    gone[0].nominations.append(expired)
+    assert run(gone, known={("t", "a")}) == [inv.STOPPED_NOT_VICTIM]                 # rule 1
+    held = nomination(("p", "big"), node="n1", units=(("r", 8),), victims=(),
+                      expires=T0 + timedelta(minutes=2))
+    taken = [read(started("q", "x", "n1", 1, priority=0), T0, noms=[held])]
+    assert run(taken) == [inv.NOMINATED_TAKEN]                                       # rule 2
