@@ -669,6 +669,9 @@ def test_priorities_add_a_seeded_tier_mix_and_larger_sets_and_leave_the_default_
     assert prio.budget("h100.scale.example.com/gpu") == 300          # 1.5 / 4 of 800
     assert base.controller_args() == () and prio.controller_args() == (
         "--preemption-min-runtime=15",)
+    # 2.5 VMIs a node kept running (2 without), the population made as many
+    assert (base.n_live, prio.n_live, prio.pre_populated()) == (400, 500, 500)
+    assert sum(o.kind == "delete" for o in ops) == len(creates)
 
 
 def test_the_P6_part_counts_what_its_checks_ran_over_and_says_when_nothing_was():
