@@ -748,3 +748,43 @@ def test_the_driver_tells_a_wait_in_line_and_a_nomination_from_the_webhooks_503(
     soak._waited(rec, op, nominated)
     assert rec.nominated == "soak-n0007" and not soak.p6.waiting
     assert soak.counts == Counter({"waits_in_line": 2, "preemptors_nominated": 1})
+
+
+def test_a_create_that_only_ever_waited_in_line_gave_up_and_one_unanswered_is_lost():
+    import json as _json
+    from types import SimpleNamespace
+
+    import anyio
+    from kubernetes_asyncio.client import ApiException
+
+    from bench.soak.driver import P6Check, Soak
+    from bench.soak.workload import Op
+
+    def answer(message):
+        exc = ApiException(status=503, reason="x")
+        exc.body = _json.dumps({"kind": "Status", "message": message})
+        exc.headers = {"Retry-After": "0"}
+        return exc
+
+    def soak_answering(exc):
+        async def create(*args, **kw):
+            raise exc
+        soak = Soak.__new__(Soak)
+        soak.spec = SoakSpec(nodes=4, priorities=True, answer_timeout=0.3)
+        soak.fleet = SimpleNamespace(custom=SimpleNamespace(create_namespaced_custom_object=create))
+        soak.held_free = {("soak-t00", "soak-h100"): set()}
+        soak.recs, soak.counts, soak.log = [], Counter(), lambda m: None
+        soak._last_in_line, soak.p6 = {}, P6Check("soak-", line=True)
+        return soak
+
+    op = Op(1.0, "create", tenant=0, size=2, name="vm00001", tier="preemptible")
+    soak = soak_answering(answer('admission webhook "vmi.gpu.cozystack.io" denied the request: '
+                                 "no room for the set now; waiting in line"))
+    anyio.run(soak.create, op)
+    rec = soak.recs[0]
+    assert rec.outcome == "gave up" and rec.waited >= 1 and "503 in line" in rec.refusal
+    assert soak.p6.waiting == {} and soak._last_in_line == {}   # no longer waiting
+    # kube-apiserver's own 503 all along: no answer of ours, the admission is lost
+    soak = soak_answering(answer("the server is currently unable to handle the request"))
+    anyio.run(soak.create, op)
+    assert soak.recs[0].outcome == "lost" and soak.recs[0].waited == 0

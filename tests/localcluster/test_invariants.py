@@ -439,3 +439,20 @@ def test_the_soak_flags_each_P6_violation_and_passes_a_clean_run():
                       expires=T0 + timedelta(minutes=2))
     taken = [read(started("q", "x", "n1", 1, priority=0), T0, noms=[held])]
     assert run(taken) == [inv.NOMINATED_TAKEN]                                       # rule 2
+
+
+def test_a_node_is_placeable_when_uncordoned_ready_and_untainted():
+    from kubernetes_asyncio.client import (V1Node, V1NodeCondition, V1NodeSpec, V1NodeStatus,
+                                           V1ObjectMeta, V1Taint)
+
+    def node(*, cordoned=False, ready="True", taints=()):
+        return V1Node(metadata=V1ObjectMeta(name="n"),
+                      spec=V1NodeSpec(unschedulable=cordoned, taints=list(taints) or None),
+                      status=V1NodeStatus(conditions=[V1NodeCondition(type="Ready", status=ready)]))
+
+    assert inv._placeable(node())
+    assert not inv._placeable(node(cordoned=True))
+    assert not inv._placeable(node(ready="False"))
+    assert not inv._placeable(node(taints=[V1Taint(key="gpu.example.com/reserved", effect="NoSchedule")]))
+    assert inv._placeable(node(taints=[V1Taint(key="x", effect="PreferNoSchedule")]))
+    assert not inv._placeable(V1Node(metadata=V1ObjectMeta(name="n"), spec=V1NodeSpec()))  # no Ready
