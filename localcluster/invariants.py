@@ -564,16 +564,17 @@ def line_read(snap: Snapshot | LineRead) -> LineRead:
 
 
 def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Waiting],
-                     judged: dict[tuple, bool | None]) -> list[Violation]:
+                     judged: dict[tuple, int | bool | None]) -> list[Violation]:
     """§3c P6 "no lower-priority set starts on devices a waiting higher-priority set could
     start on now", count mode, from what the API shows. `window`: the caller's reads, oldest
     first, each with `started` and `placeable` (earlier ones may be `LineRead`s); the last, a
     `Snapshot`, is judged. `waiting`: the sets
     the caller knows to be waiting (`Waiting`) still after the last read ended. `judged`:
-    (namespace, VMI, admission) of each set judged before -> True, False when no read of
-    the window began `LINE_LAG` before its request (not judged), None when it was requested
-    before the window's first read (started before the caller looked); updated; each set is
-    looked at once.
+    (namespace, VMI, admission) of each set looked at before -> the number of waiting sets
+    it was judged against (0: none waited above it), False when no read of the window began
+    `LINE_LAG` before its request (not judged), None when it was requested before the
+    window's first read (started before the caller looked); updated; each set is looked at
+    once.
 
     A set R first seen started in the last read (whole set Bound on node N, of recorded
     priority p, requested at r) breaks it when a waiting W of the same class with a priority
@@ -607,7 +608,7 @@ def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Wa
             continue
         begun = [i for i, r in enumerate(window)
                  if r.started is not None and r.started <= rs["requested"] - LINE_LAG]
-        judged[key] = bool(begun)
+        judged[key] = len(ws) if begun else False
         if not begun or not ws:
             continue
         i0 = begun[-1]

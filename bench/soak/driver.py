@@ -138,7 +138,7 @@ class P6Check:
         self.alive: dict[tuple[str, str], datetime] = {}
         self.waiting: dict[tuple[str, str], inv.Waiting] = {}
         self.window: deque[inv.LineRead] = deque()
-        self.judged: dict[tuple, bool | None] = {}
+        self.judged: dict[tuple, int | bool | None] = {}
         self.nominations: dict[tuple[str, str], dict] = {}
         self.victims_gone: set[tuple[str, str]] = set()
 
@@ -221,8 +221,6 @@ class Soak:
         self.deleted: set[tuple[str, str]] = set()           # VMIs the soak deleted itself (P6)
         self.p6 = P6Check(spec.prefix, line=spec.priorities)   # §3c P6 across reads
         self._last_in_line: dict[tuple[str, str], bool] = {}   # the last retried answer ours
-        self.nominations: dict[tuple[str, str], dict] = {}
-        self.victims_gone: set[tuple[str, str]] = set()
         self.running: dict[str, deque[Rec]] = {}              # deletable, oldest first
         self.held_free: dict[tuple[str, str], set[str]] = {}   # (ns, class) -> free held
         self.held_node: dict[tuple[str, str], str] = {}

@@ -235,18 +235,21 @@ def p6_part(by_kind: dict[str, int], counts: dict, nominations: list[dict], vict
     GPUNominations seen: one per preemptor and creation, `nominations` as
     `Soak.note_nomination` keeps them), the victims they named and those seen gone
     (`victims_gone`), the preemptors answered as nominated and admitted and on which node
-    (`counts`), the sets `check_line_order` judged (`line_judged`: True judged, False not
-    judged for want of an early enough read) and the creates that waited in line; with
-    `exercised` False (no preemption, or without `priorities` the third invariant unchecked)
-    and `note` saying what did not run. Pure."""
+    (`counts`), the sets `check_line_order` judged (`line_judged`: the number of waiting sets
+    each was judged against, False not judged for want of an early enough read, None started
+    before the first read), those started while a higher-priority set waited, and the creates'
+    503s in line; `exercised` False (no preemption, no set started while a higher one waited,
+    or without `priorities`) and `note` saying what did not run. Pure."""
     victims = {v for n in nominations for v in n["victims"]}
-    judged = sum(1 for v in line_judged.values() if v is True)
+    counted = [v for v in line_judged.values() if isinstance(v, int) and not isinstance(v, bool)]
+    judged, contested = len(counted), sum(1 for v in counted if v > 0)
     unjudged = sum(1 for v in line_judged.values() if v is False)
     over = {"stopped_only_victims_of_live_nominations":
             f"{victims_gone} victims seen gone, of {len(victims)} named",
             "nominated_room_for_nobody_else": f"{len(nominations)} nominations",
             "no_lower_priority_start_on_room_a_waiting_set_could_use":
-            (f"{judged} sets started judged ({unjudged} not: no read early enough), "
+            (f"{contested} sets started while a higher-priority set waited in line, of "
+             f"{judged} judged ({unjudged} not: no read early enough), "
              f"{counts.get('waits_in_line', 0)} 503s in line" if priorities
              else "not checked (run with --priorities)")}
     notes = []
@@ -255,19 +258,20 @@ def p6_part(by_kind: dict[str, int], counts: dict, nominations: list[dict], vict
     if not priorities:
         notes.append("without --priorities nothing waits with a higher priority: the third "
                      "invariant is not checked")
-    elif not judged:
-        notes.append("no set started was judged against the line")
+    elif not contested:
+        notes.append("no set started while a higher-priority set waited in line: the third "
+                     "invariant ran over none")
     return {"preemptions": len(nominations), "victims_named": len(victims),
             "victims_seen_gone": victims_gone,
             "victims_per_preemption": round(sum(len(n["victims"]) for n in nominations)
                                             / len(nominations), 2) if nominations else None,
             "preemptors": {k: counts.get(f"preemptors_{k}", 0)
                            for k in ("nominated", "admitted", "on_nominated_node", "elsewhere")},
-            "line": {"sets_judged": judged, "sets_not_judged": unjudged,
-                     "waits_in_line": counts.get("waits_in_line", 0)},
+            "line": {"sets_judged": judged, "sets_started_while_higher_waited": contested,
+                     "sets_not_judged": unjudged, "waits_in_line": counts.get("waits_in_line", 0)},
             "invariants": {name: {"violations": by_kind.get(kind, 0), "checked_over": over[name]}
                            for name, kind in P6_KINDS.items()},
-            "exercised": bool(nominations) and priorities and judged > 0,
+            "exercised": bool(nominations) and priorities and contested > 0,
             "note": "; ".join(notes) or None,
             "nominations": nominations[:20]}
 
@@ -418,8 +422,8 @@ def targets(report: dict) -> dict:
         **{f"device_{kind.replace('-', '_')}": {"value": n, "target": 0, "met": n == 0}
            for kind, n in (report.get("device") or {}).get("violations", {}).items()},
         **({"p6_exercised": {"value": f"{report['p6']['preemptions']} preemptions, "
-                                      f"{report['p6']['line']['sets_judged']} sets judged "
-                                      "against the line",
+                                      f"{report['p6']['line']['sets_started_while_higher_waited']} "
+                                      "sets started while a higher-priority set waited",
                              "target": "> 0 of each (--priorities)",
                              "met": report["p6"]["exercised"]}}
            if (report.get("spec") or {}).get("priorities") and report.get("p6") else {})}

@@ -691,15 +691,20 @@ def test_the_P6_part_counts_what_its_checks_ran_over_and_says_when_nothing_was()
              "priority": 1000, "victims": ["soak-t00/vm00030"], "victim_priorities": [100]}]
     counts = {"preemptors_nominated": 2, "preemptors_admitted": 2,
               "preemptors_on_nominated_node": 2, "waits_in_line": 17}
-    judged = {("a", "x", "1"): True, ("a", "y", "1"): True, ("a", "z", "1"): False,
+    judged = {("a", "x", "1"): 2, ("a", "y", "1"): 0, ("a", "z", "1"): False,
               ("a", "w", None): None}
     got = p6_part({"lower-priority-start": 1}, counts, noms, 3, judged, priorities=True)
     assert (got["preemptions"], got["victims_named"], got["victims_seen_gone"]) == (2, 3, 3)
     assert got["victims_per_preemption"] == 1.5 and got["exercised"] is True and got["note"] is None
     assert got["preemptors"] == {"nominated": 2, "admitted": 2, "on_nominated_node": 2, "elsewhere": 0}
-    assert got["line"] == {"sets_judged": 2, "sets_not_judged": 1, "waits_in_line": 17}
+    assert got["line"] == {"sets_judged": 2, "sets_started_while_higher_waited": 1,
+                           "sets_not_judged": 1, "waits_in_line": 17}
     rule3 = got["invariants"]["no_lower_priority_start_on_room_a_waiting_set_could_use"]
-    assert rule3["violations"] == 1 and rule3["checked_over"].startswith("2 sets started judged")
+    assert rule3["violations"] == 1 and rule3["checked_over"].startswith(
+        "1 sets started while a higher-priority set waited in line, of 2 judged")
+    # preemptions, but nobody started while a higher-priority set waited: not exercised
+    idle = p6_part({}, counts, noms, 3, {("a", "y", "1"): 0}, priorities=True)
+    assert idle["exercised"] is False and "ran over none" in idle["note"]
     assert got["invariants"]["nominated_room_for_nobody_else"]["checked_over"] == "2 nominations"
     # the target says whether it was exercised (with --priorities only)
     trend = {"processes": [], "verdict": None, "threshold_mib_per_min": 0.2, "from_s": 0, "to_s": 1}

@@ -314,7 +314,7 @@ def test_P6_a_lower_priority_set_started_on_room_a_waiting_higher_one_could_use(
     assert kinds(got) == [inv.LINE_INVERSION] and got[0].item == "3c.P6"
     assert got[0].obj == ("VirtualMachineInstance", "s", "spot", "od")
     assert "n1" in got[0].message and "t/od" in got[0].message
-    assert judged == {("s", "spot", "adm-1"): True, ("u", "big", "adm-1"): None}
+    assert judged == {("s", "spot", "adm-1"): 1, ("u", "big", "adm-1"): None}
     # each set is judged once
     assert inv.check_line_order(window(), [W], judged) == []
 
@@ -325,7 +325,7 @@ def test_P6_line_order_clean_cases():
         assert inv.check_line_order(win, list(waiting), judged) == []
         return judged
 
-    none(window(), ())                                                     # nobody waits
+    assert none(window(), ())[("s", "spot", "adm-1")] == 0                 # nobody waits
     none(window(), [inv.Waiting("t", "od", "c", 8, 100, W.since)])         # equal priority
     none(window(), [inv.Waiting("t", "od", "other", 8, 1000, W.since)])    # another class
     none(window(), [inv.Waiting("t", "od", "c", 8, 1000, T0 + timedelta(seconds=1))])  # came later
