@@ -55,7 +55,9 @@ class Rec:
     tries: int = 0
     tier: str = ""
     waited: int = 0
-    """503s of our webhook answered (in line, or nominated) before the outcome."""
+    """503s of our webhook answered (in line, nominated, or another) before the outcome."""
+    lined: int = 0
+    """Of them, the answers in line in a row (the last ones)."""
     nominated: str = ""
     """The node a `preemption_nominated` answer named ("" when none did)."""
 
@@ -111,9 +113,14 @@ def nominated_node(text: str) -> str | None:
     return m.group(1) if m else None
 
 
+WAITS_IN_LINE = "the set waits in the line for room"
+"""The words our webhook's 503 carries when a bare VMI refused for room takes (or keeps) its
+place in the line (`model.reasons.line.WaitsInLine`; `localcluster.upgrade` reads them so)."""
+
+
 def in_line(exc: BaseException) -> bool:
     """An answer of our webhook asking the client to come back: 503 with its denial (a place
-    in line, or a nomination), not kube-apiserver's own 503."""
+    in line, a nomination, or another retryable refusal), not kube-apiserver's own 503."""
     return getattr(exc, "status", None) == 503 and "denied the request" in error_text(exc, "create")
 
 
@@ -473,27 +480,35 @@ class Soak:
 
     def _waited(self, rec: Rec, op: Op, exc: BaseException) -> None:
         """A create of `rec` answered `exc` (5xx or 429), about to be retried: a 503 of our
-        webhook is a wait (in line, or a nomination: `rec.nominated` its node); at the second
-        in line (its client retried: the binder's line holds it, `model.line.Entry.retried`)
-        a set of template devices with a tier is `Waiting` for P6's third rule from now,
-        until it is admitted, refused, gives up or is nominated."""
+        webhook is a wait (in line, WAITS_IN_LINE; a nomination, `rec.nominated` its node;
+        or another retryable refusal); at the second answer in line in a row (its client
+        retried: the binder's line holds it, `model.line.Entry.retried`) a set of template
+        devices with a tier is `Waiting` for P6's third rule from now, until it is admitted,
+        refused, gives up, is nominated or gets another answer."""
         key = (rec.ns, rec.name)
         ours = in_line(exc)
         self._last_in_line[key] = ours
         if not ours:
             return
         rec.waited += 1
-        node = nominated_node(error_text(exc, "create"))
+        text = error_text(exc, "create")
+        node = nominated_node(text)
         if node is not None:
             if not rec.nominated:
                 self.counts["preemptors_nominated"] += 1
             rec.nominated = node
             self.p6.waiting.pop(key, None)
             return
+        if WAITS_IN_LINE not in text:   # another retryable refusal: not known to be in line
+            self.counts["webhook_503_other"] += 1
+            self.p6.waiting.pop(key, None)
+            rec.lined = 0
+            return
         self.counts["waits_in_line"] += 1
-        if rec.waited == 2 and op.tier and not rec.held and not rec.nominated:
+        rec.lined += 1
+        if rec.lined == 2 and op.tier and not rec.held and not rec.nominated:
             self.p6.waiting[key] = inv.Waiting(rec.ns, rec.name, rec.cls, rec.size, op.priority,
-                                            datetime.now(timezone.utc))
+                                               datetime.now(timezone.utc))
 
     async def delete(self, op: Op) -> None:
         """Delete op's tenant's oldest running VMI (skipped while fewer than `n_live` are

@@ -728,8 +728,15 @@ def test_the_driver_tells_a_wait_in_line_and_a_nomination_from_the_webhooks_503(
         exc.body = _json.dumps({"kind": "Status", "message": message})
         return exc
 
-    line = answer(503, 'admission webhook "vmi.gpu.cozystack.io" denied the request: no room '
-                       "for the set now; 3rd of 5 in the line of class soak-h100")
+    from bench.soak.driver import WAITS_IN_LINE
+    from model.reasons.line import WaitsInLine
+    from model.reasons.preemption import FitsWithoutPreemption
+
+    words = WaitsInLine(FitsWithoutPreemption("n"), retry_after=2, grace=10).render()
+    assert WAITS_IN_LINE in words   # the model's own words
+    line = answer(503, f'admission webhook "vmi.gpu.cozystack.io" denied the request: {words}')
+    busy = answer(503, 'admission webhook "vmi.gpu.cozystack.io" denied the request: the '
+                       "webhook's cache is not synced yet; retry")
     nominated = answer(503, 'admission webhook "vmi.gpu.cozystack.io" denied the request: no '
                             "room for the set now; stopping 2 lower-priority VMs on soak-n0007 to "
                             "make room for it (priority 1000): soak-t01/vm1, soak-t02/vm2; its "
@@ -750,9 +757,17 @@ def test_the_driver_tells_a_wait_in_line_and_a_nomination_from_the_webhooks_503(
     soak._waited(rec, op, line)
     w = soak.p6.waiting[("soak-t00", "vm00001")]
     assert (w.cls, w.gpus, w.priority) == ("soak-h100", 8, 1000)
+    # another retryable refusal of ours: an answer, but not known to be in line
+    soak._waited(rec, op, busy)
+    assert rec.waited == 3 and not soak.p6.waiting
+    soak._waited(rec, op, line)
+    assert not soak.p6.waiting          # one answer in line since: not retried in line yet
+    soak._waited(rec, op, line)
+    assert soak.p6.waiting
     soak._waited(rec, op, nominated)
     assert rec.nominated == "soak-n0007" and not soak.p6.waiting
-    assert soak.counts == Counter({"waits_in_line": 2, "preemptors_nominated": 1})
+    assert soak.counts == Counter({"waits_in_line": 4, "preemptors_nominated": 1,
+                                   "webhook_503_other": 1})
 
 
 def test_a_create_that_only_ever_waited_in_line_gave_up_and_one_unanswered_is_lost():
@@ -784,7 +799,8 @@ def test_a_create_that_only_ever_waited_in_line_gave_up_and_one_unanswered_is_lo
 
     op = Op(1.0, "create", tenant=0, size=2, name="vm00001", tier="preemptible")
     soak = soak_answering(answer('admission webhook "vmi.gpu.cozystack.io" denied the request: '
-                                 "no room for the set now; waiting in line"))
+                                 "no room for the set now; the set waits in the line for room: "
+                                 "retry after 2 s"))
     anyio.run(soak.create, op)
     rec = soak.recs[0]
     assert rec.outcome == "gave up" and rec.waited >= 1 and "503 in line" in rec.refusal
