@@ -99,9 +99,38 @@ CONTROLLER_NS = "cozy-system"
 LOAD = 1.1
 
 
-def priority_class(tier: str) -> str:
-    """The PriorityClass of `tier` (value `PRIORITY[tier]`)."""
-    return f"{PREFIX}{tier}"
+def priority_class(tier: str, prefix: str = PREFIX) -> str:
+    """The PriorityClass of `tier` (value `PRIORITY[tier]`), named `<prefix><tier>` (`bench
+    soak --priorities` uses its own prefix)."""
+    return f"{prefix}{tier}"
+
+
+def priority_class_object(tier: str, prefix: str = PREFIX,
+                          what: str = "gpu-binder bench contention") -> dict:
+    """The PriorityClass `priority_class(tier, prefix)` as the API takes it: value
+    `PRIORITY[tier]`, `preemptionPolicy: PreemptLowerPriority`, `what` in its description."""
+    return {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": priority_class(tier, prefix)}, "value": PRIORITY[tier],
+            "preemptionPolicy": "PreemptLowerPriority",
+            "description": f"{what}: the {tier} tier"}
+
+
+async def make_priority_classes(api, prefix: str = PREFIX, what: str = "gpu-binder bench contention",
+                                exist_ok: bool = False) -> list[str]:
+    """Create every tier's PriorityClass (`priority_class_object`) through `api` (a
+    kubernetes_asyncio ApiClient); `exist_ok`: one already there (409, a session's cluster
+    another run made them on) is kept. Returns their names, highest tier first. Raises the
+    ApiException of any other failure."""
+    from kubernetes_asyncio.client import ApiException, SchedulingV1Api
+
+    sched = SchedulingV1Api(api)
+    for tier in TIERS:
+        try:
+            await sched.create_priority_class(priority_class_object(tier, prefix, what))
+        except ApiException as exc:
+            if not (exist_ok and exc.status == 409):
+                raise
+    return [priority_class(t, prefix) for t in TIERS]
 
 
 @dataclass(frozen=True)
@@ -570,18 +599,10 @@ async def _setup(fleet, lanes: dict[str, Lane]) -> None:
     GPUClass (device mode over its boards by LANE_LABEL; (c) `spec.preemption: Never`; (d) as
     (a), its binder's line off by the controller's arguments) or
     (b) its ResourceClaimTemplates, and its boards; waits for each GPUClass to be Ready."""
-    from kubernetes_asyncio.client import SchedulingV1Api
-
     from localcluster.dra_profiles import HGX_H100_8
     from localcluster.dra_world import HGX_CLASS, dra_node
 
-    sched = SchedulingV1Api(fleet.core.api_client)
-    for tier in TIERS:
-        await sched.create_priority_class({
-            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-            "metadata": {"name": priority_class(tier)}, "value": PRIORITY[tier],
-            "preemptionPolicy": "PreemptLowerPriority",
-            "description": f"gpu-binder bench contention: the {tier} tier"})
+    await make_priority_classes(fleet.core.api_client)
     for lane in lanes.values():
         if lane.by_binder:
             spec = {**HGX_CLASS.spec(), **({"preemption": "Never"} if lane.key == "c" else {})}

@@ -20,8 +20,10 @@ Two moments:
 And §3c P6 over the GPUNominations the read lists (`check_nominations`, at every instant):
 the room of a live nomination is Bound for nobody but its preemptor and its victims (count
 mode: its units fit on its node beside every other set; device mode: each nominated DRA device
-is recorded by nobody else); and (`check_gone`) no VMI of ours the caller knew is gone unless
-the caller deleted it or a nomination seen named it a victim.
+is recorded by nobody else); (`check_gone`) no VMI of ours the caller knew is gone unless
+the caller deleted it or a nomination seen named it a victim; and (`check_line_order`, count
+mode, over a window of reads) no set started on a node where a set of strictly higher
+priority the caller knows to be waiting in line could have started, and nowhere after.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Iterable
+from typing import Iterable, Sequence
 
 GROUP, VERSION = "gpu.cozystack.io", "v1alpha1"
 KV = ("kubevirt.io", "v1", "virtualmachineinstances")
@@ -52,10 +54,11 @@ LAUNCHER_OFF_PIN = "launcher-not-on-pin"     # §2/B3 (after settling only)
 ADMITTED_GONE = "admitted-vmi-gone"          # a VMI the caller holds as admitted is missing
 NOMINATED_TAKEN = "nominated-room-taken"     # 3c.P6 (a live nomination's room Bound for another set)
 STOPPED_NOT_VICTIM = "vmi-gone-not-victim"   # 3c.P6 (a VMI of ours gone: not deleted by the caller, no victim)
+LINE_INVERSION = "lower-priority-start"      # 3c.P6 (a set started on room a waiting higher-priority set could use)
 ITEMS = {NODE_OVER: "7.1", NO_RESULT: "7.2", SUCCEEDED_NOT_BOUND: "7.3", TENANT_OVER: "7.4",
          DOUBLE_NAMED: "7.5", DOUBLE_RECORDED: "3b.DR6", ADMITTED_NOT_PLACED: "7.5", ATTACHED_TO_GONE: "5.H1/H2",
          TEMPLATE_ORPHAN: "5.H1/H2", LAUNCHER_OFF_PIN: "2/B3", ADMITTED_GONE: "7.5",
-         NOMINATED_TAKEN: "3c.P6", STOPPED_NOT_VICTIM: "3c.P6"}
+         NOMINATED_TAKEN: "3c.P6", STOPPED_NOT_VICTIM: "3c.P6", LINE_INVERSION: "3c.P6"}
 LIVE_SLACK = timedelta(seconds=5)
 """A nomination counts as live for `check_nominations` only when it expires more than this
 after the read: the binder's clock and the moment of its decision are not the reader's."""
@@ -97,7 +100,9 @@ class Snapshot:
     `nominations`: the GPUNominations (§3c P4), listed before everything else (so the devices
     read show the state after each was made); `late_nominations`: listed again after
     everything (victims of nominations made during the read); `at`: when the read ended
-    (UTC; None: unknown, every nomination counts as live)."""
+    (UTC; None: unknown, every nomination counts as live); `started`: when it began (UTC;
+    None: unknown); `placeable`: the nodes a set with no tolerations may use (not cordoned,
+    Ready, no NoSchedule or NoExecute taint; None: not read)."""
 
     vmis: list[dict]
     devices: list[dict]
@@ -108,6 +113,8 @@ class Snapshot:
     nominations: list[dict] = field(default_factory=list)
     late_nominations: list[dict] = field(default_factory=list)
     at: datetime | None = None
+    started: datetime | None = None
+    placeable: frozenset[str] | None = None
 
     def within(self, prefix: str) -> "Snapshot":
         """The VMIs, devices, budgets and Pods of namespaces named `prefix`… only (the
@@ -121,7 +128,8 @@ class Snapshot:
             budget={k: v for k, v in self.budget.items() if k[0].startswith(prefix)},
             pods=None if self.pods is None else {u: n for u, n in self.pods.items() if u in uids},
             nominations=[n for n in self.nominations if _concerns(n, prefix)],
-            late_nominations=[n for n in self.late_nominations if _concerns(n, prefix)], at=self.at)
+            late_nominations=[n for n in self.late_nominations if _concerns(n, prefix)], at=self.at,
+            started=self.started, placeable=self.placeable)
 
     @property
     def existing(self) -> set[tuple[str, str]]:
@@ -174,6 +182,7 @@ async def snapshot(api, *, pods: bool = False, timeout: float = 30) -> Snapshot:
 
     custom, core = CustomObjectsApi(api), CoreV1Api(api)
     kw = {"_request_timeout": timeout}
+    started = datetime.now(timezone.utc)
     custom_list = custom.list_cluster_custom_object
     nominations = await _nominations(custom_list, **kw)
     vmis = (await _listed(custom_list, *KV, **kw))["items"]
@@ -193,7 +202,8 @@ async def snapshot(api, *, pods: bool = False, timeout: float = 30) -> Snapshot:
                   if isinstance((c.get("spec") or {}).get("resourceName"), str)},
         allocatable={n.metadata.name: {k: _int(v) for k, v in (n.status.allocatable or {}).items()
                                        if _int(v) is not None} for n in nodes},
-        budget=budget, nominations=nominations)
+        budget=budget, nominations=nominations, started=started,
+        placeable=frozenset(n.metadata.name for n in nodes if _placeable(n)))
     if pods:
         got = await _listed(core.list_pod_for_all_namespaces, label_selector=CREATED_BY, **kw)
         snap.pods = {p.metadata.labels[CREATED_BY]: p.spec.node_name or "" for p in got.items
@@ -201,6 +211,17 @@ async def snapshot(api, *, pods: bool = False, timeout: float = 30) -> Snapshot:
     snap.late_nominations = await _nominations(custom_list, **kw)
     snap.at = datetime.now(timezone.utc)
     return snap
+
+
+def _placeable(node) -> bool:
+    """A Node (kubernetes_asyncio's V1Node) a set with no tolerations may use: not cordoned,
+    Ready, no NoSchedule or NoExecute taint."""
+    spec, status = node.spec, node.status
+    if spec is not None and (spec.unschedulable or any(
+            t.effect in ("NoSchedule", "NoExecute") for t in spec.taints or [])):
+        return False
+    return any(c.type == "Ready" and c.status == "True"
+               for c in (status.conditions if status is not None else None) or [])
 
 
 def ours(vmi: dict) -> bool:
@@ -309,6 +330,31 @@ def victims_of(nominations: Iterable[dict]) -> set[tuple[str, str]]:
     return out
 
 
+def victim_expiries(nominations: Iterable[dict]) -> dict[tuple[str, str], datetime | None]:
+    """(namespace, name) of every VMI the GPUNominations `nominations` name victims -> the
+    latest `spec.expires` among those naming it (None when one has none readable: it counts
+    as live whenever)."""
+    from model.serialize import parse_time
+
+    out: dict[tuple[str, str], datetime | None] = {}
+    for n in nominations:
+        exp = parse_time((n.get("spec") or {}).get("expires"))
+        out = merge_expiries(out, dict.fromkeys(victims_of([n]), exp))
+    return out
+
+
+def merge_expiries(a, b) -> dict:
+    """Two (namespace, name) -> expiry mappings (`victim_expiries`; a set: expiries unknown)
+    as one, each key's latest expiry (None, unknown, wins)."""
+    out = dict(a) if isinstance(a, dict) else dict.fromkeys(a)
+    for key, exp in (b.items() if isinstance(b, dict) else dict.fromkeys(b).items()):
+        if key in out and (out[key] is None or exp is None):
+            out[key] = None
+        else:
+            out[key] = exp if key not in out else max(out[key], exp)
+    return out
+
+
 def _parsed(nominations: Iterable[dict]):
     """The nominations as `model.nomination.Nomination`s, the malformed left out (the binder
     ignores them too)."""
@@ -393,19 +439,226 @@ def check_nominations(snap: Snapshot) -> list[Violation]:
 
 def check_gone(snap: Snapshot, known: Iterable[tuple[str, str]], *,
                deleted: Iterable[tuple[str, str]] = (),
-               victims: Iterable[tuple[str, str]] = ()) -> list[Violation]:
+               victims: Iterable[tuple[str, str]] | dict = (),
+               alive: dict[tuple[str, str], datetime] | None = None) -> list[Violation]:
     """§3c P6 "no set is stopped unless it is a victim of a live nomination": every VMI of
     `known` (namespace, name: VMIs of ours the caller saw exist before the read) missing from
     `snap` must be in `deleted` (the caller deleted it itself) or a victim of a nomination:
     one of `victims` (read from the nominations the caller saw in earlier reads: a nomination
     is deleted once its preemptor is admitted) or of `snap`'s own (`victims_of`). The caller
     must see every nomination at least once (it lives until its victims are gone and its
-    preemptor is admitted). One `STOPPED_NOT_VICTIM` each. Pure."""
-    excused = set(deleted) | set(victims) | victims_of([*snap.nominations, *snap.late_nominations])
+    preemptor is admitted).
+
+    *Live*: with `alive` ((namespace, name) -> when the caller last read the VMI existing and
+    not being deleted, UTC) and `victims` a mapping to the latest expiry of the nominations
+    naming it (`victim_expiries`; None: live whenever), a victim is excused only when a
+    nomination naming it was still live (its expiry plus `LIVE_SLACK`, the clocks' play,
+    after) when the VMI was last seen alive: a VMI seen alive after every nomination naming
+    it expired was deleted by no live nomination. One `STOPPED_NOT_VICTIM` each. Pure."""
+    expiry = merge_expiries(victims, victim_expiries([*snap.nominations, *snap.late_nominations]))
     exists = snap.existing
-    return [Violation(STOPPED_NOT_VICTIM, ("VirtualMachineInstance", ns, name),
-                      "gone; not deleted by the caller, no nomination named it a victim")
-            for ns, name in sorted(set(known) - exists - excused)]
+    out = []
+    for ns, name in sorted(set(known) - exists - set(deleted)):
+        key = (ns, name)
+        if key in expiry:
+            seen, exp = (alive or {}).get(key), expiry[key]
+            if seen is None or exp is None or exp + LIVE_SLACK > seen:
+                continue
+            out.append(Violation(STOPPED_NOT_VICTIM, ("VirtualMachineInstance", ns, name),
+                                 f"gone; seen alive at {seen.isoformat()}, after every nomination "
+                                 f"naming it a victim had expired ({exp.isoformat()})"))
+            continue
+        out.append(Violation(STOPPED_NOT_VICTIM, ("VirtualMachineInstance", ns, name),
+                             "gone; not deleted by the caller, no nomination named it a victim"))
+    return out
+
+
+LINE_LAG = timedelta(seconds=20)
+"""How far the binder's view may lag the API (`check_line_order`): a set is judged only on a
+window of reads begun this long before its request, and a device counts as surely taken only
+when Bound this long before it."""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A set the caller knows to be waiting in the binder's line (§3c P5): its create
+    (`namespace/vmi`, `gpus` template devices of class `cls`, priority value `priority`) was
+    answered 503 for room at its first retry by `since` (UTC: its place in line was taken by
+    then), and every answer since was such a 503 (no admission, the client retrying)."""
+
+    namespace: str
+    vmi: str
+    cls: str
+    gpus: int
+    priority: int
+    since: datetime
+
+
+def _time(value) -> datetime | None:
+    from model.serialize import parse_time
+
+    return parse_time(value)
+
+
+def _bound(snap: Snapshot) -> dict[tuple[str, str], tuple[str, str, datetime | None, tuple]]:
+    """(namespace, name) -> (node, resource, boundAt, (attached VMI, admission)) of every
+    Bound device of a count-mode class in `snap`."""
+    out = {}
+    for d in snap.devices:
+        st = d.get("status") or {}
+        res = snap.resource.get((d.get("spec") or {}).get("class"))
+        if st.get("phase") != "Bound" or not st.get("nodeName") or not res:
+            continue
+        att = st.get("attachedTo") or {}
+        out[(d["metadata"]["namespace"], d["metadata"]["name"])] = (
+            st["nodeName"], res, _time(st.get("boundAt")), (att.get("vmi"), att.get("admission")))
+    return out
+
+
+def _started_sets(snap: Snapshot) -> dict[tuple[str, str, str | None], dict]:
+    """The admitted sets of count-mode classes in `snap`, by (namespace, VMI, admission):
+    {node, resource, class, priority, requested (bindRequest.requestedAt), devices [names]}
+    of those whose every member is Bound on one node with the request Succeeded."""
+    sets: dict[tuple, dict] = {}
+    bad: set[tuple] = set()
+    for d in snap.devices:
+        st = d.get("status") or {}
+        att, br = st.get("attachedTo") or {}, st.get("bindRequest") or {}
+        if not att.get("vmi"):
+            continue
+        key = (d["metadata"]["namespace"], att["vmi"], att.get("admission"))
+        cls = (d.get("spec") or {}).get("class")
+        res = snap.resource.get(cls)
+        prio = br.get("priority", 0)
+        if (st.get("phase") != "Bound" or br.get("result") != "Succeeded" or not res
+                or not isinstance(prio, int) or br.get("vmi") not in (None, att["vmi"])):
+            bad.add(key)
+            continue
+        got = sets.setdefault(key, {"node": st.get("nodeName"), "resource": res, "class": cls,
+                                    "priority": prio, "requested": _time(br.get("requestedAt")),
+                                    "devices": []})
+        if (got["node"], got["resource"]) != (st.get("nodeName"), res):
+            bad.add(key)
+        got["devices"].append(d["metadata"]["name"])
+    return {k: v for k, v in sets.items() if k not in bad and v["requested"] is not None}
+
+
+@dataclass(frozen=True)
+class LineRead:
+    """What `check_line_order` keeps of an earlier read (`line_read`): when it began, the
+    nodes placeable then, its nominations and its Bound count-mode devices (`_bound`): a
+    window of these costs far less than of whole snapshots."""
+
+    started: datetime | None
+    placeable: frozenset[str] | None
+    nominations: tuple[dict, ...]
+    bound: dict
+
+
+def line_read(snap: Snapshot | LineRead) -> LineRead:
+    """`snap` as `check_line_order` keeps it (a LineRead as it is)."""
+    if isinstance(snap, LineRead):
+        return snap
+    return LineRead(snap.started, snap.placeable, (*snap.nominations, *snap.late_nominations),
+                    _bound(snap))
+
+
+def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Waiting],
+                     judged: dict[tuple, int | bool | None]) -> list[Violation]:
+    """§3c P6 "no lower-priority set starts on devices a waiting higher-priority set could
+    start on now", count mode, from what the API shows. `window`: the caller's reads, oldest
+    first, each with `started` and `placeable` (earlier ones may be `LineRead`s); the last, a
+    `Snapshot`, is judged. `waiting`: the sets
+    the caller knows to be waiting (`Waiting`) still after the last read ended. `judged`:
+    (namespace, VMI, admission) of each set looked at before -> the number of waiting sets
+    it was judged against (0: none waited above it), False when no read of the window began
+    `LINE_LAG` before its request (not judged), None when it was requested before the
+    window's first read (started before the caller looked); updated; each set is looked at
+    once.
+
+    A set R first seen started in the last read (whole set Bound on node N, of recorded
+    priority p, requested at r) breaks it when a waiting W of the same class with a priority
+    above p, in line since before r, not a preemptor of any nomination read (its room is
+    held) while R is none, could have used N and nothing else. Judged pessimistically so
+    that a violation is certain (the binder's view lags the API by up to LINE_LAG and the
+    reads are seconds apart): with the window from the last read begun LINE_LAG before r,
+    W fits N with R's new room even counting every device Bound on N in any read of the
+    window and every nominated unit there; and W fits on no node after R, counting as taken
+    only devices Bound LINE_LAG before r and still Bound (on N, R's new room too), every
+    node placeable in some read counted; and W's tenant had budget for it, counting every
+    device of its Bound in any read. Placement rules the reads do not show (held devices,
+    node selectors, device mode's groups) are left out: W asks template devices only, and
+    device-mode classes are not judged. One `LINE_INVERSION` per (R, W). Pure."""
+    if not window:
+        return []
+    last = window[-1]
+    assert isinstance(last, Snapshot), "the read judged is a whole Snapshot"
+    window = [line_read(r) for r in window]
+    waiting = list(waiting)
+    out: list[Violation] = []
+    sets = _started_sets(last)
+    bounds = [r.bound for r in window]
+    for key, rs in sorted(sets.items(), key=lambda kv: str(kv[0])):
+        if key in judged:
+            continue
+        ws = [w for w in waiting if w.priority > rs["priority"] and w.cls == rs["class"]
+              and w.since < rs["requested"]]
+        if window[0].started is None or rs["requested"] < window[0].started:
+            judged[key] = None   # requested before the window: started before it was read
+            continue
+        begun = [i for i, r in enumerate(window)
+                 if r.started is not None and r.started <= rs["requested"] - LINE_LAG]
+        judged[key] = len(ws) if begun else False
+        if not begun or not ws:
+            continue
+        i0 = begun[-1]
+        reads, seen = window[i0:], bounds[i0:]
+        node, res = rs["node"], rs["resource"]
+        ns_r = key[0]
+        first = seen[0]
+        new = {(ns_r, n) for n in rs["devices"]
+               if (first.get((ns_r, n)) or ("",))[0] != node}   # R's room: not on N before
+        taken_hi: dict[str, set] = {}
+        tenant_hi: dict[tuple[str, str], set] = {}
+        for b in seen:
+            for dk, (dn, dres, _, _) in b.items():
+                if dres == res:
+                    taken_hi.setdefault(dn, set()).add(dk)
+                    tenant_hi.setdefault((dk[0], dres), set()).add(dk)
+        cutoff = rs["requested"] - LINE_LAG
+        taken_lo: Counter = Counter()
+        for dk, (dn, dres, at, _) in seen[-1].items():
+            if dres == res and at is not None and at <= cutoff and dk not in new:
+                taken_lo[dn] += 1
+        placeable = (set(last.allocatable) if any(r.placeable is None for r in reads)
+                     else set().union(*(r.placeable for r in reads)))
+        noms = [n for r in reads for n in _parsed(r.nominations)]
+        preemptors = {(n.namespace, n.vmi) for n in noms}
+        if (key[0], key[1]) in preemptors:
+            continue   # R started on room nominated for it
+        nominated = sum(k for n in noms if n.node == node for r_, k in n.units if r_ == res)
+        alloc = last.allocatable
+        for w in ws:
+            if (w.namespace, w.vmi) in preemptors:
+                continue
+            budget = last.budget.get((w.namespace, res))
+            if budget is not None and len(tenant_hi.get((w.namespace, res), ())) + w.gpus > budget:
+                continue
+            cap = alloc.get(node, {}).get(res, 0)
+            if cap - len(taken_hi.get(node, set()) - new) - nominated < w.gpus:
+                continue   # W may not have fitted N even with R's room
+            if cap - taken_lo[node] - len(new) >= w.gpus:
+                continue   # W fits N beside R
+            if any(alloc.get(y, {}).get(res, 0) - taken_lo[y] >= w.gpus
+                   for y in placeable if y != node):
+                continue   # W fits elsewhere: R was backfill
+            out.append(Violation(LINE_INVERSION, ("VirtualMachineInstance", key[0], key[1], w.vmi),
+                                 f"started on {node} (priority {rs['priority']}, requested "
+                                 f"{rs['requested'].isoformat()}) while {w.namespace}/{w.vmi} "
+                                 f"(priority {w.priority}, {w.gpus} GPUs of {w.cls}, waiting "
+                                 f"since {w.since.isoformat()}) could start there and nowhere "
+                                 "after"))
+    return out
 
 
 def leftovers(snap: Snapshot) -> list[Violation]:

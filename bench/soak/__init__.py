@@ -47,7 +47,7 @@ from bench.common import BadArgs, Benchmark, add_out, add_seed, at_least, target
 from bench.soak.report import (RSS_SLOPE_MAX_MIB_PER_MIN, RSS_SLOPE_WHY, RSS_TARGET_MIB,
                                cache_change, heap_change, heap_parts_trend, heap_reports, plot,
                                refusal_reason, rss_trend, soak_report, summary, targets)
-from bench.soak.report import DEVICE_KINDS, device_part
+from bench.soak.report import DEVICE_KINDS, P6_KINDS, device_part, p6_part
 from bench.soak.workload import (MAX_CREATE_RATE, MAX_MINUTES, SIZES, Op, SoakSpec,
                                  deletion_order, schedule, schedule_digest, taints)
 
@@ -60,7 +60,7 @@ __all__ = ["BENCHMARK", "DEVICE_KINDS", "MAX_CREATE_RATE", "RSS_SLOPE_MAX_MIB_PE
            "cache_change", "cache_objects", "deletion_order", "heap_change", "heap_parts_trend",
            "heap_reports", "plot", "refusal_reason", "replica_figures", "rss_trend", "run",
            "schedule", "schedule_digest", "soak_on",
-           "soak_report", "summary", "taints", "targets", "device_part"]
+           "soak_report", "summary", "taints", "targets", "device_part", "P6_KINDS", "p6_part"]
 
 
 def __getattr__(name: str) -> Any:
@@ -89,6 +89,13 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                         "publishing ResourceSlices, sets placed as ResourceClaims, "
                         "DeviceTaintRules injected (NoSchedule, and NoExecute on running VMIs' "
                         "GPUs), claims and taints checked too (issue 41)")
+    p.add_argument("--priorities", action="store_true",
+                   help="a priority mix (issue 39, docs/contract.md §3c P6): bench contention's "
+                        "PriorityClasses, 30%% of creates on-demand, the rest preemptible, "
+                        "larger sets and budgets so the fleet runs full: on-demand creates "
+                        "preempt, the others wait in line; P6's three invariants checked and "
+                        "preemptions, victims and nominations reported (default: off, the "
+                        "schedule of before)")
     p.add_argument("--tracemalloc", action="store_true",
                    help="run the replicas with PYTHONTRACEMALLOC=1 and report the source "
                         "lines whose allocations grew over the steady stretch (slower; "
@@ -110,7 +117,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         report = run(out, nodes=args.nodes or 1000, minutes=minutes, seed=args.seed,
                      create_rate=args.create_rate, tracemalloc=args.tracemalloc,
-                     mode=args.mode, steady_share=args.steady_share)
+                     mode=args.mode, steady_share=args.steady_share,
+                     priorities=args.priorities)
     except ValueError as exc:   # the schedule does not fit (too short a run)
         raise BadArgs(f"gpu-binder bench soak: {exc}") from None
     for line in targets_lines(report):

@@ -35,8 +35,10 @@ SOAK_ARGS = ("--lease-duration=8", "--renew-deadline=6", "--retry-period=1",
 @dataclass
 class Rec:
     """One create (or a VMI of the population): outcome "admitted" / "refused" / "lost" (no
-    answer in time, or admitted without a launcher Pod bound on its pin), its GPUClass, the
-    pin, the launcher Pod's node, held devices named and how many of them moved."""
+    answer in time, or admitted without a launcher Pod bound on its pin) / "gave up" (every
+    answer for `answer_timeout` a 503 of our webhook: waiting in line, or for its victims),
+    its GPUClass, the pin, the launcher Pod's node, held devices named and how many of them
+    moved; with priorities its tier, the webhook's 503s and the node a nomination named."""
 
     ns: str
     name: str
@@ -51,6 +53,13 @@ class Rec:
     answer_s: float = 0.0
     moved: int = 0
     tries: int = 0
+    tier: str = ""
+    waited: int = 0
+    """503s of our webhook answered (in line, nominated, or another) before the outcome."""
+    lined: int = 0
+    """Of them, the answers in line in a row (the last ones)."""
+    nominated: str = ""
+    """The node a `preemption_nominated` answer named ("" when none did)."""
 
 
 HEAP_REPORT_WAIT = 15.0
@@ -71,18 +80,137 @@ def _spawner():
 
 
 def judge(snap: inv.Snapshot, before: set[tuple[str, str]], admitted: set[tuple[str, str]],
-          deleted: set[tuple[str, str]], victims: set[tuple[str, str]],
-          final: bool = False) -> tuple[list[inv.Violation], set[tuple[str, str]]]:
+          deleted: set[tuple[str, str]], victims: dict | set,
+          final: bool = False, alive: dict | None = None) -> tuple[list[inv.Violation], dict]:
     """The violations of one read `snap` and the victims seen so far: §7 (`inv.check`: the VMIs
     held as admitted before the read, `before`, and still (`admitted`), or with `final` all of
     `before`), and §3c P6: nominated room Bound for nobody else (`inv.check_nominations`), no VMI
     of `before` gone unless the soak deleted it (`deleted`) or a nomination seen, in this read
-    or an earlier one (`victims`), named it a victim (`inv.check_gone`). Pure."""
-    victims = victims | inv.victims_of([*snap.nominations, *snap.late_nominations])
+    or an earlier one (`victims`: (namespace, name) -> the latest expiry of the nominations
+    naming it, `inv.victim_expiries`), named it a victim while live, judged on when the VMI
+    was last read alive (`alive`, `inv.check_gone`). Returns the victims with this read's.
+    Pure."""
+    victims = inv.merge_expiries(victims, inv.victim_expiries([*snap.nominations,
+                                                               *snap.late_nominations]))
     got = inv.check(snap, settled=before & admitted if not final else before, final=final,
                     victims=victims)
     return (got + inv.check_nominations(snap)
-            + inv.check_gone(snap, before, deleted=deleted, victims=victims)), victims
+            + inv.check_gone(snap, before, deleted=deleted, victims=victims, alive=alive)), victims
+
+
+LINE_WINDOW_S = 60.0
+"""Seconds of earlier reads the soak keeps for `inv.check_line_order` (at least
+`inv.LINE_LAG` plus a few sampling periods)."""
+
+
+def nominated_node(text: str) -> str | None:
+    """The node a `preemption_nominated` refusal's words name (`model.reasons.nomination`:
+    "... stopping N lower-priority VMs on NODE to make room for it ..."), None when `text` is
+    no such refusal. Pure."""
+    import re
+
+    m = re.search(r"lower-priority VMs? on (\S+) to make room for it", text)
+    return m.group(1) if m else None
+
+
+WAITS_IN_LINE = "the set waits in the line for room"
+"""The words our webhook's 503 carries when a bare VMI refused for room takes (or keeps) its
+place in the line (`model.reasons.line.WaitsInLine`; `localcluster.upgrade` reads them so)."""
+
+
+def in_line(exc: BaseException) -> bool:
+    """An answer of our webhook asking the client to come back: 503 with its denial (a place
+    in line, a nomination, or another retryable refusal), not kube-apiserver's own 503."""
+    return getattr(exc, "status", None) == 503 and "denied the request" in error_text(exc, "create")
+
+
+def _concerns_prefix(nomination: dict, prefix: str) -> bool:
+    """The nomination's preemptor or a victim is in a namespace named `prefix`…."""
+    return bool(inv.Snapshot([], [], {}, {}, {}, nominations=[nomination]).within(prefix).nominations)
+
+
+class P6Check:
+    """§3c P6 as the soak checks it across its reads (pure: no I/O, no clock; `Soak` feeds it
+    every read and every GPUNomination its watch sees). `victims`: (namespace, name) of
+    every victim named by a nomination seen -> the latest expiry naming it; `alive`: when
+    each VMI of ours was last read alive; with `line` (the priority mix), P6's third rule
+    over `window` (the earlier reads of the last LINE_WINDOW_S s) and `waiting` (the sets
+    the soak knows to wait in line, `inv.Waiting`, kept by the driver), each started set
+    judged once (`judged`); `nominations` ((preemptor, created) -> a summary) and
+    `victims_gone` for the report."""
+
+    def __init__(self, prefix: str, *, line: bool = False) -> None:
+        self.prefix, self.line = prefix, line
+        self.victims: dict[tuple[str, str], datetime | None] = {}
+        self.alive: dict[tuple[str, str], datetime] = {}
+        self.waiting: dict[tuple[str, str], inv.Waiting] = {}
+        self.window: deque[inv.LineRead] = deque()
+        self.judged: dict[tuple, int | bool | None] = {}
+        self.nominations: dict[tuple[str, str], dict] = {}
+        self.victims_gone: set[tuple[str, str]] = set()
+
+    def read(self, snap: inv.Snapshot, before: set[tuple[str, str]],
+             admitted: set[tuple[str, str]], deleted: set[tuple[str, str]],
+             final: bool = False) -> tuple[list[inv.Violation], set[tuple[str, str]]]:
+        """The violations of read `snap` (`judge`, and with `line` `check_line_order`) and
+        the victims of `before` (held as admitted before the read) it shows gone that the
+        soak did not delete (`deleted`), each once: the caller holds them admitted no more."""
+        got, self.victims = judge(snap, before, admitted, deleted, self.victims, final,
+                                  alive=self.alive)
+        gone = self._after_read(snap, before, deleted)
+        if self.line:
+            got += self._line_order(snap)
+        return got, gone
+
+    def _after_read(self, snap: inv.Snapshot, before: set[tuple[str, str]],
+                    deleted: set[tuple[str, str]]) -> set[tuple[str, str]]:
+        """After judging `snap`: when each VMI of ours was last read alive (no
+        `deletionTimestamp`), the nominations it lists (`note_nomination`), and the victims
+        held as admitted that are gone now, returned (each once)."""
+        at = snap.started or snap.at
+        if at is not None:   # kept only for the VMIs there now: the next read judges no other
+            alive = {}
+            for v in snap.vmis:
+                key = (v["metadata"]["namespace"], v["metadata"]["name"])
+                if not v["metadata"].get("deletionTimestamp"):
+                    alive[key] = at
+                elif key in self.alive:
+                    alive[key] = self.alive[key]
+            self.alive = alive
+        for n in [*snap.nominations, *snap.late_nominations]:
+            self.note_nomination(n)
+        gone = ((before & set(self.victims)) - snap.existing - set(deleted)) - self.victims_gone
+        self.victims_gone |= gone
+        return gone
+
+    def note_nomination(self, obj: dict) -> None:
+        """Record a GPUNomination seen (a read's or the watch's): its victims (with its
+        expiry) excuse their VMIs' going (`judge`), and the report counts it
+        (`nominations`: one per preemptor and creation, with its node, priority, victims)."""
+        spec = obj.get("spec") or {}
+        pre = spec.get("preemptor") or {}
+        if not _concerns_prefix(obj, self.prefix):
+            return
+        self.victims = inv.merge_expiries(self.victims, inv.victim_expiries([obj]))
+        key = (f"{pre.get('namespace')}/{pre.get('vmi')}", str(spec.get("created")))
+        victims = sorted(f"{v.get('namespace')}/{v.get('vmi')}" for v in spec.get("victims") or []
+                         if isinstance(v, dict))
+        self.nominations[key] = {"preemptor": key[0], "created": key[1], "node": spec.get("node"),
+                                 "priority": pre.get("priority"), "victims": victims,
+                                 "victim_priorities": sorted(
+                                     {v.get("priority") for v in spec.get("victims") or []
+                                      if isinstance(v, dict) and isinstance(v.get("priority"), int)})}
+
+    def _line_order(self, snap: inv.Snapshot) -> list[inv.Violation]:
+        """P6's third rule on `snap` (`inv.check_line_order`) over the reads of the last
+        LINE_WINDOW_S s, with the sets waiting in line now (still waiting after the read)."""
+        window = [*self.window, snap]
+        got = inv.check_line_order(window, list(self.waiting.values()), self.judged)
+        self.window.append(inv.line_read(snap))
+        while (len(self.window) > 1 and snap.started is not None and self.window[0].started is not None
+               and (snap.started - self.window[0].started).total_seconds() > LINE_WINDOW_S):
+            self.window.popleft()
+        return got
 
 
 class Soak:
@@ -98,7 +226,8 @@ class Soak:
         self.recs: list[Rec] = []
         self.admitted: set[tuple[str, str]] = set()          # held as admitted, not deleting
         self.deleted: set[tuple[str, str]] = set()           # VMIs the soak deleted itself (P6)
-        self.victims: set[tuple[str, str]] = set()           # victims of nominations seen (P6)
+        self.p6 = P6Check(spec.prefix, line=spec.priorities)   # §3c P6 across reads
+        self._last_in_line: dict[tuple[str, str], bool] = {}   # the last retried answer ours
         self.running: dict[str, deque[Rec]] = {}              # deletable, oldest first
         self.held_free: dict[tuple[str, str], set[str]] = {}   # (ns, class) -> free held
         self.held_node: dict[tuple[str, str], str] = {}
@@ -139,8 +268,14 @@ class Soak:
 
     # -- population --------------------------------------------------------------------
     async def populate(self, kv) -> dict:
-        """The spec's population ("own": `populate_own`, "scale": `populate_scale`); returns
-        seconds per phase."""
+        """The spec's population ("own": `populate_own`, "scale": `populate_scale`), with
+        `priorities` bench contention's PriorityClasses first (`make_priority_classes`, under
+        the spec's prefix; kept when there already); returns seconds per phase."""
+        if self.spec.priorities:
+            from bench.contention import make_priority_classes
+
+            await make_priority_classes(self.api, self.spec.prefix, "gpu-binder bench soak",
+                                        exist_ok=True)
         if self.spec.population == "scale":
             return await self.populate_scale(kv)
         return await self.populate_own(kv)
@@ -238,10 +373,11 @@ class Soak:
         return phases
 
     # -- operations --------------------------------------------------------------------
-    async def _call(self, fn, *args, what: str, deadline: float, **kw):
+    async def _call(self, fn, *args, what: str, deadline: float, retried=None, **kw):
         """`fn(*args)` retried on transport errors and 5xx (the API server or a replica
         restarting, a tenant's retry) and 429 until `deadline` (monotonic); ApiException 4xx
-        propagate; TimeoutError at the deadline."""
+        propagate; TimeoutError at the deadline. `retried(exc)`, when given, is told of each
+        error retried (5xx or 429) before the pause."""
         import aiohttp
         from kubernetes_asyncio.client import ApiException
 
@@ -252,6 +388,8 @@ class Soak:
                 if exc.status == 429 or exc.status >= 500:
                     self.counts[f"retried_{what}_{exc.status}"] += 1
                     wait = float((exc.headers or {}).get("Retry-After") or 1)
+                    if retried is not None:
+                        retried(exc)
                 else:
                     raise
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -271,7 +409,7 @@ class Soak:
         s = self.spec
         ns = s.tenant(op.tenant)
         cls = list(s.classes())[op.cls]
-        rec = Rec(ns, op.name, op.size, cls=cls)
+        rec = Rec(ns, op.name, op.size, cls=cls, tier=op.tier)
         pool = self.held_free[(ns, cls)]
         if op.held and len(pool) >= op.size:
             rec.held = tuple(sorted(pool)[:op.size])
@@ -280,13 +418,17 @@ class Soak:
         before = {h: self.held_node.get((ns, h), "") for h in rec.held}
         t, deadline = time.monotonic(), time.monotonic() + s.answer_timeout
         custom = self.fleet.custom
+        body = gpu_vmi(rec.name, held=rec.held, cls=rec.cls or s.cls, size=rec.size)
+        if op.tier:
+            from bench.contention import priority_class
+
+            body["spec"]["priorityClassName"] = priority_class(op.tier, s.prefix)
         try:
             try:
                 made = await self._call(custom.create_namespaced_custom_object, VMI_GROUP,
-                                        VMI_VERSION, ns, VMIS,
-                                        gpu_vmi(rec.name, held=rec.held, cls=rec.cls or s.cls,
-                                                size=rec.size),
-                                        what="create", deadline=deadline)
+                                        VMI_VERSION, ns, VMIS, body, what="create",
+                                        deadline=deadline,
+                                        retried=lambda exc: self._waited(rec, op, exc))
             except ApiException as exc:
                 if exc.status != 409:
                     raise
@@ -301,11 +443,25 @@ class Soak:
             self.held_free[(ns, cls)] |= set(rec.held)
             return
         except TimeoutError:
+            if rec.waited and self._last_in_line.get((ns, rec.name), False):
+                # every answer a place in line (or a nomination) of our webhook: no VMI made
+                rec.outcome = "gave up"
+                rec.refusal = f"503 in line for {s.answer_timeout:.0f} s ({rec.waited} answers)"
+                self.held_free[(ns, cls)] |= set(rec.held)
+                return
             rec.outcome = "lost"
             rec.refusal = f"no answer in {s.answer_timeout:.0f} s"
             self.log(f"soak: LOST {ns}/{rec.name}: {rec.refusal}")
             return
+        finally:
+            self.p6.waiting.pop((ns, rec.name), None)
+            self._last_in_line.pop((ns, rec.name), None)
         rec.answer_s = round(time.monotonic() - t, 3)
+        if rec.nominated:
+            self.counts["preemptors_admitted"] += 1
+            pin = (made["spec"].get("nodeSelector") or {}).get(inv.PIN_LABEL, "")
+            self.counts["preemptors_on_nominated_node" if pin == rec.nominated
+                        else "preemptors_elsewhere"] += 1
         rec.uid = made["metadata"]["uid"]
         rec.pin = (made["spec"].get("nodeSelector") or {}).get(inv.PIN_LABEL, "")
         rec.outcome = "admitted"
@@ -321,6 +477,38 @@ class Soak:
             self.log(f"soak: LOST {ns}/{rec.name}: {rec.refusal}")
         if (ns, rec.name) in self.admitted:
             self.running[ns].append(rec)
+
+    def _waited(self, rec: Rec, op: Op, exc: BaseException) -> None:
+        """A create of `rec` answered `exc` (5xx or 429), about to be retried: a 503 of our
+        webhook is a wait (in line, WAITS_IN_LINE; a nomination, `rec.nominated` its node;
+        or another retryable refusal); at the second answer in line in a row (its client
+        retried: the binder's line holds it, `model.line.Entry.retried`) a set of template
+        devices with a tier is `Waiting` for P6's third rule from now, until it is admitted,
+        refused, gives up, is nominated or gets another answer."""
+        key = (rec.ns, rec.name)
+        ours = in_line(exc)
+        self._last_in_line[key] = ours
+        if not ours:
+            return
+        rec.waited += 1
+        text = error_text(exc, "create")
+        node = nominated_node(text)
+        if node is not None:
+            if not rec.nominated:
+                self.counts["preemptors_nominated"] += 1
+            rec.nominated = node
+            self.p6.waiting.pop(key, None)
+            return
+        if WAITS_IN_LINE not in text:   # another retryable refusal: not known to be in line
+            self.counts["webhook_503_other"] += 1
+            self.p6.waiting.pop(key, None)
+            rec.lined = 0
+            return
+        self.counts["waits_in_line"] += 1
+        rec.lined += 1
+        if rec.lined == 2 and op.tier and not rec.held and not rec.nominated:
+            self.p6.waiting[key] = inv.Waiting(rec.ns, rec.name, rec.cls, rec.size, op.priority,
+                                               datetime.now(timezone.utc))
 
     async def delete(self, op: Op) -> None:
         """Delete op's tenant's oldest running VMI (skipped while fewer than `n_live` are
@@ -538,13 +726,34 @@ class Soak:
         except Exception:   # noqa: BLE001 — the API server restarting: no sample this time
             self.counts["samples_failed"] += 1
             return None
-        got, self.victims = judge(snap, before, self.admitted, self.deleted, self.victims, final)
+        got, gone = self.p6.read(snap, before, self.admitted, self.deleted, final)
+        for ns, name in gone:   # stopped for a preemptor: no longer held as admitted or deletable
+            self.admitted.discard((ns, name))
+            self.running[ns] = deque(r for r in self.running.get(ns, ()) if r.name != name)
         if self.spec.mode == "device":
             more = await self._device_checks(snap, before & self.admitted, final, started)
             if more is None:
                 return None
             got += more
         return got
+
+    async def nomination_watch(self) -> None:
+        """Watch every GPUNomination (the controller's namespace) while churning, each seen
+        noted (`P6Check.note_nomination`): one made and deleted between two reads (its preemptor
+        admitted within seconds of its victims going) still excuses its victims."""
+        from kubernetes_asyncio.client import CustomObjectsApi
+
+        from bench.common import watch_namespaced
+
+        custom = CustomObjectsApi(self.api)
+        while True:
+            try:
+                await watch_namespaced(custom.list_cluster_custom_object,
+                                       (inv.GROUP, inv.VERSION, "gpunominations"),
+                                       lambda kind, obj: self.p6.note_nomination(obj), "")
+            except Exception:   # noqa: BLE001 — the API server restarting: listed again
+                self.counts["nomination_watch_restarts"] += 1
+                await anyio.sleep(1.0)
 
     async def _device_checks(self, snap: inv.Snapshot, settled: set[tuple[str, str]],
                              final: bool, started: datetime) -> list[inv.Violation] | None:
@@ -641,6 +850,8 @@ class Soak:
                 samplers.start_soon(self.sampler)
                 samplers.start_soon(self.rss_sampler)
                 samplers.start_soon(self.heap_reporter)
+                if s.priorities:
+                    outer.start_soon(self.nomination_watch)
                 async with anyio.create_task_group() as tg:
                     for op in self.ops:
                         wait = op.at - self.now()
@@ -769,7 +980,7 @@ async def soak_on(lc, kv, spec: SoakSpec, log=print) -> dict:
 
 def run(out: Path, *, nodes: int = 1000, minutes: float = 20.0, seed: int = 1,
         population: str = "scale", create_rate: float = 2.0, tracemalloc: bool = False,
-        mode: str = "count", steady_share: float = 0.45) -> dict:
+        mode: str = "count", steady_share: float = 0.45, priorities: bool = False) -> dict:
     """The soak on a cluster of its own (2 replicas with SOAK_ARGS, KubeVirt), `population`
     "scale" (default) or "own", `create_rate` VMI creates per second (with the scale
     population each preceded by a delete: twice that in operations); writes soak.json and
@@ -780,7 +991,9 @@ def run(out: Path, *, nodes: int = 1000, minutes: float = 20.0, seed: int = 1,
     41 item 5). `mode` "device": HGX boards publishing ResourceSlices
     (`LocalCluster(dra=True)`: NVIDIA's DeviceClass, kube-controller-manager's claim and
     device-taint eviction controllers, KubeVirt with `GPUsWithDRA`), DeviceTaintRules
-    injected (SoakSpec). ValueError when `minutes` is not in (0, MAX_MINUTES],
+    injected (SoakSpec). `priorities`: the churn's priority mix (SoakSpec.priorities: bench
+    contention's PriorityClasses, on-demand creates preempting; the controller also run with
+    `SoakSpec.controller_args()`). ValueError when `minutes` is not in (0, MAX_MINUTES],
     `steady_share` not in [0.2, 0.8], `create_rate` is not in
     (0, MAX_CREATE_RATE], the run leaves no room for the disturbances, or `mode` is neither
     "count" nor "device"."""
@@ -794,7 +1007,8 @@ def run(out: Path, *, nodes: int = 1000, minutes: float = 20.0, seed: int = 1,
         raise ValueError(f"--create-rate is creates per second in (0, {MAX_CREATE_RATE:g}], "
                          f"got {create_rate}")
     spec = SoakSpec(nodes=nodes, minutes=minutes, seed=seed, population=population,
-                    create_rate=create_rate, mode=mode, steady_share=steady_share)
+                    create_rate=create_rate, mode=mode, steady_share=steady_share,
+                    priorities=priorities)
     ops = schedule(spec)   # the ValueError before any cluster starts
     out.mkdir(parents=True, exist_ok=True)
     print(f"soak: seed {seed}, schedule {schedule_digest(ops)}: {len(ops)} operations; "
@@ -802,11 +1016,12 @@ def run(out: Path, *, nodes: int = 1000, minutes: float = 20.0, seed: int = 1,
           f"{spec.steady_from:.0f}-{spec.seconds:.0f} s", flush=True)
     report_head = {"benchmark": "soak", "load_before": os.getloadavg(), "machine": machine()}
     t = time.monotonic()
-    with LocalCluster(controllers=2, controller_args=SOAK_ARGS, log_dir=out / "logs",
+    args = (*SOAK_ARGS, *spec.controller_args())
+    with LocalCluster(controllers=2, controller_args=args, log_dir=out / "logs",
                       kubevirt=True, dra=mode == "device",
                       controller_env={"PYTHONTRACEMALLOC": "1"} if tracemalloc else None) as lc:
         report = {**report_head, "mode": mode, "commit": commit(),
-                  "controller_args": list(SOAK_ARGS),
+                  "controller_args": list(args),
                   **anyio.run(soak_on, lc, lc.kubevirt, spec,
                               lambda m: print(m, flush=True))}
     report["load_after"] = os.getloadavg()

@@ -186,7 +186,9 @@ def soak_report(soak) -> dict:
         "population": soak.population,
         "churn_s": getattr(soak, "churn_s", None),
         "creates": len(soak.recs), "admitted": out["admitted"], "refused": out["refused"],
-        "admissions_lost": out["lost"],
+        "admissions_lost": out["lost"], "gave_up": out["gave up"],
+        "by_tier": {t: dict(Counter(r.outcome for r in soak.recs if r.tier == t))
+                    for t in sorted({r.tier for r in soak.recs if r.tier})},
         "lost": [asdict(r) for r in soak.recs if r.outcome == "lost"][:20],
         "refusal_reasons": dict(Counter(refusal_reason(r.refusal)
                                         for r in soak.recs if r.outcome == "refused")
@@ -194,6 +196,8 @@ def soak_report(soak) -> dict:
         "answer_p50_s": answers[len(answers) // 2] if answers else None,
         "answer_p99_s": answers[int(len(answers) * .99)] if answers else None,
         "violations": len(soak.tally.seen), "violations_by_kind": soak.tally.by_kind(),
+        "p6": p6_part(soak.tally.by_kind(), soak.counts, list(soak.p6.nominations.values()),
+                      len(soak.p6.victims_gone), soak.p6.judged, soak.spec.priorities),
         "violation_list": [v.to_dict() for v in soak.tally.violations][:50],
         "samples": soak.tally.samples, "counts": dict(soak.counts),
         "events": soak.events, "final": soak.final,
@@ -215,6 +219,61 @@ def soak_report(soak) -> dict:
                                        for t in soak.taints.values()]}}
            if getattr(soak.spec, "mode", "count") == "device" else {}),
     }
+
+
+P6_KINDS = {"stopped_only_victims_of_live_nominations": "vmi-gone-not-victim",
+            "nominated_room_for_nobody_else": "nominated-room-taken",
+            "no_lower_priority_start_on_room_a_waiting_set_could_use": "lower-priority-start"}
+"""§3c P6's three invariants as the soak checks them, and the violation kind of each
+(`localcluster.invariants`: STOPPED_NOT_VICTIM, NOMINATED_TAKEN, LINE_INVERSION)."""
+
+
+def p6_part(by_kind: dict[str, int], counts: dict, nominations: list[dict], victims_gone: int,
+            line_judged: dict, priorities: bool) -> dict:
+    """§3c P6 in a report, each invariant's violations beside what it was checked over, so
+    that 0 violations over 0 preemptions reads as not exercised: `preemptions` (the distinct
+    GPUNominations seen: one per preemptor and creation, `nominations` as
+    `Soak.note_nomination` keeps them), the victims they named and those seen gone
+    (`victims_gone`), the preemptors answered as nominated and admitted and on which node
+    (`counts`), the sets `check_line_order` judged (`line_judged`: the number of waiting sets
+    each was judged against, False not judged for want of an early enough read, None started
+    before the first read), those started while a higher-priority set waited, and the creates'
+    503s in line; `exercised` False (no preemption, no set started while a higher one waited,
+    or without `priorities`) and `note` saying what did not run. Pure."""
+    victims = {v for n in nominations for v in n["victims"]}
+    counted = [v for v in line_judged.values() if isinstance(v, int) and not isinstance(v, bool)]
+    judged, contested = len(counted), sum(1 for v in counted if v > 0)
+    unjudged = sum(1 for v in line_judged.values() if v is False)
+    over = {"stopped_only_victims_of_live_nominations":
+            f"{victims_gone} victims seen gone, of {len(victims)} named",
+            "nominated_room_for_nobody_else": f"{len(nominations)} nominations",
+            "no_lower_priority_start_on_room_a_waiting_set_could_use":
+            (f"{contested} sets started while a higher-priority set waited in line, of "
+             f"{judged} judged ({unjudged} not: no read early enough), "
+             f"{counts.get('waits_in_line', 0)} 503s in line" if priorities
+             else "not checked (run with --priorities)")}
+    notes = []
+    if not nominations:
+        notes.append("0 preemptions: the checks of the first two invariants ran over none")
+    if not priorities:
+        notes.append("without --priorities nothing waits with a higher priority: the third "
+                     "invariant is not checked")
+    elif not contested:
+        notes.append("no set started while a higher-priority set waited in line: the third "
+                     "invariant ran over none")
+    return {"preemptions": len(nominations), "victims_named": len(victims),
+            "victims_seen_gone": victims_gone,
+            "victims_per_preemption": round(sum(len(n["victims"]) for n in nominations)
+                                            / len(nominations), 2) if nominations else None,
+            "preemptors": {k: counts.get(f"preemptors_{k}", 0)
+                           for k in ("nominated", "admitted", "on_nominated_node", "elsewhere")},
+            "line": {"sets_judged": judged, "sets_started_while_higher_waited": contested,
+                     "sets_not_judged": unjudged, "waits_in_line": counts.get("waits_in_line", 0)},
+            "invariants": {name: {"violations": by_kind.get(kind, 0), "checked_over": over[name]}
+                           for name, kind in P6_KINDS.items()},
+            "exercised": bool(nominations) and priorities and contested > 0,
+            "note": "; ".join(notes) or None,
+            "nominations": nominations[:20]}
 
 
 DEVICE_KINDS = ("orphan-claim", "missing-claim", "placed-on-tainted-device",
@@ -342,7 +401,8 @@ def targets(report: dict) -> dict:
     """Issue 22's soak targets in a report: 0 violations, 0 admissions lost, replica RSS flat
     over the steady stretch (`rss_trend`'s verdict), peak RSS under RSS_TARGET_MIB; in
     device mode 0 of each device kind (orphan and missing claims, placements on a tainted
-    device, device budgets, DR6), each already counted in `violations`."""
+    device, device budgets, DR6), each already counted in `violations`; with `--priorities`
+    that P6 was exercised (`p6_part`: preemptions seen and sets judged against the line)."""
     trend = report["rss_trend"]
     return {
         "violations": {"value": report["violations"], "target": 0,
@@ -360,8 +420,26 @@ def targets(report: dict) -> dict:
                      "met": None if report["rss_peak_mib"] is None
                      else report["rss_peak_mib"] < RSS_TARGET_MIB},
         **{f"device_{kind.replace('-', '_')}": {"value": n, "target": 0, "met": n == 0}
-           for kind, n in (report.get("device") or {}).get("violations", {}).items()}}
+           for kind, n in (report.get("device") or {}).get("violations", {}).items()},
+        **({"p6_exercised": {"value": f"{report['p6']['preemptions']} preemptions, "
+                                      f"{report['p6']['line']['sets_started_while_higher_waited']} "
+                                      "sets started while a higher-priority set waited",
+                             "target": "> 0 of each (--priorities)",
+                             "met": report["p6"]["exercised"]}}
+           if (report.get("spec") or {}).get("priorities") and report.get("p6") else {})}
 
+
+
+def p6_lines(p6: dict | None) -> list[str]:
+    """The human lines of a report's `p6` part (none without one)."""
+    if not p6:
+        return []
+    return [f"P6: {p6['preemptions']} preemptions, {p6['victims_named']} victims named "
+            f"({p6['victims_seen_gone']} seen gone; per preemption "
+            f"{p6['victims_per_preemption']}), preemptors {p6['preemptors']}; "
+            + "; ".join(f"{k.replace('_', ' ')}: {v['violations']} violations over "
+                        f"{v['checked_over']}" for k, v in p6["invariants"].items())
+            + (f" — NOT EXERCISED: {p6['note']}" if not p6["exercised"] else "")]
 
 
 def summary(report: dict) -> list[str]:
@@ -374,6 +452,7 @@ def summary(report: dict) -> list[str]:
             f"{report['counts'].get('held_moves', 0)} held-device moves",
             f"violations {report['violations']} {report['violations_by_kind']}, "
             f"admissions lost {report['admissions_lost']}, samples {report['samples']}",
+            *p6_lines(report.get("p6")),
             f"events {[(e['at'], e['kind'], e.get('takeover_s', e.get('outage_s'))) for e in report['events']]}",
             f"steady stretch {tr['from_s']:.0f}-{tr['to_s']:.0f} s: live "
             f"{st.get('live_min')}-{st.get('live_max')}, ops {st.get('operations')}",

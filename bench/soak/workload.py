@@ -7,9 +7,27 @@ import json
 import random
 from dataclasses import asdict, dataclass
 
+from bench.contention_trace import ON_DEMAND, PREEMPTIBLE, PRIORITY
 from bench.scale.workload import ScaleSpec, problem_nodes
 
 SIZES = ((1, .5), (2, .25), (4, .15), (8, .10))
+PRIORITY_SIZES = ((1, .3), (2, .25), (4, .25), (8, .20))
+"""The churn's sizes with `SoakSpec.priorities`: a larger share of 4- and 8-GPU sets (mean 3.4
+GPUs, against SIZES' 2.4), so that the live set (LIVE_PER_NODE_PRIORITIES a node) asks for
+nearly all of the fleet's GPUs and an 8-GPU set often finds no node empty: refused for room, it
+preempts (on-demand) or waits (preemptible)."""
+ON_DEMAND_SHARE = 0.3
+"""The share of the churn's creates at the on-demand tier with `SoakSpec.priorities` (bench
+contention's `Plan.on_demand_share`); the others are preemptible."""
+LIVE_PER_NODE_PRIORITIES = 2.5
+"""VMIs kept running per node with `SoakSpec.priorities` (2 without): with PRIORITY_SIZES about
+97 % of the GPUs asked. A best-fit model of the schedule (seed 1, 200 nodes, 10 minutes) found
+2 a node filling 83 % with no create refused for room (packing kept a node empty for every
+8-GPU set), 2.2 91 % and 14 preemptions, 2.5 97 % and 31 (15 in the steady stretch), the
+preemptible 8-GPU sets waiting."""
+FILL_BUDGET = 1.5
+"""With `SoakSpec.priorities` the tenants' budgets together hold this many times each class's
+GPUs (`SoakSpec.budget`): room, not budgets, must refuse the creates."""
 MAX_CREATE_RATE = 50.0          # creates/s; 20 minutes of it is 60,000 operations
 MAX_MINUTES = 60.0              # a run's churn; longer ones outlast CI's and a session's budget
 
@@ -47,7 +65,20 @@ class SoakSpec:
     ours whose VMI has been gone for `claim_grace` s while churning (housekeeping's attachment
     grace and period, then the launcher Pod gone and the claim released by virt-controller and
     kube-controller-manager, which lag minutes on a loaded 2-core machine; every sample's
-    oldest is reported), and any such claim after settling."""
+    oldest is reported), and any such claim after settling.
+
+    `priorities` (issue 39 item 4, docs/contract.md §3c P6): the churn's creates name bench
+    contention's PriorityClasses (`bench.contention.priority_class` under `prefix`), an
+    `on_demand_share` of them on-demand (value 1000), the rest preemptible (100; the
+    population's VMIs have none: 0); sizes from PRIORITY_SIZES; LIVE_PER_NODE_PRIORITIES VMIs
+    a node kept running (the population made so many first); every tenant's budget at least
+    FILL_BUDGET / tenants of each class's GPUs; the controller run with
+    `--preemption-min-runtime=<min_runtime>` (its default, 10 minutes, outlives a soak's
+    VMIs). So the fleet runs nearly full, on-demand creates refused for room preempt
+    preemptible and population VMIs (a GPUNomination, its victims deleted, the preemptor
+    admitted at its retry) and preemptible ones wait in the line (503) until room or
+    `answer_timeout` (then "gave up"). Off (the default), the schedule and its digest are
+    those of before."""
 
     nodes: int = 1000
     gpus_per_node: int = 8
@@ -78,6 +109,9 @@ class SoakSpec:
     noexecute_share: float = 0.3
     taint_grace: float = 15.0
     claim_grace: float = 300.0
+    priorities: bool = False
+    on_demand_share: float = ON_DEMAND_SHARE
+    min_runtime: float = 15.0
 
     @property
     def n_tenants(self) -> int:
@@ -86,8 +120,9 @@ class SoakSpec:
 
     @property
     def n_live(self) -> int:
-        """VMIs kept running: `live`, or 2 per node."""
-        return self.live or 2 * self.nodes
+        """VMIs kept running: `live`, or 2 per node (with `priorities`
+        LIVE_PER_NODE_PRIORITIES)."""
+        return self.live or round((LIVE_PER_NODE_PRIORITIES if self.priorities else 2) * self.nodes)
 
     @property
     def seconds(self) -> float:
@@ -151,10 +186,21 @@ class SoakSpec:
 
     def budget(self, resource: str | None = None) -> int:
         """A tenant's budget of `resource` (None: the own class's): `budget_share` of that
-        class's GPUs, at least 8."""
+        class's GPUs (with `priorities` at least FILL_BUDGET / tenants of them), at least 8."""
         res = list(self.classes().values())
         share = 1 / len(res) if resource is None or resource in res else 0
-        return max(8, int(self.nodes * self.gpus_per_node * share * self.budget_share))
+        of = max(self.budget_share, FILL_BUDGET / self.n_tenants) if self.priorities else self.budget_share
+        return max(8, int(self.nodes * self.gpus_per_node * share * of))
+
+    @property
+    def sizes(self) -> tuple[tuple[int, float], ...]:
+        """The churn's (GPUs, weight) pairs: PRIORITY_SIZES with `priorities`, else SIZES."""
+        return PRIORITY_SIZES if self.priorities else SIZES
+
+    def controller_args(self) -> tuple[str, ...]:
+        """Controller arguments the spec adds to the soak's: with `priorities`
+        `--preemption-min-runtime`, else none."""
+        return (f"--preemption-min-runtime={self.min_runtime:g}",) if self.priorities else ()
 
     def tenant(self, i: int) -> str:
         """Tenant `i`'s namespace."""
@@ -169,8 +215,9 @@ class SoakSpec:
 class Op:
     """One scheduled operation: at `at` s into the churn, `kind` one of create, delete,
     cordon, uncordon, kill-leader, restart-apiserver, taint, untaint (device mode);
-    `tenant`/`size`/`held`/`name`/`cls` (index into `SoakSpec.classes()`) for VMIs, `node`
-    for cordons. A taint: `name` the DeviceTaintRule's, `effect` NoSchedule (on `node`'s GPU
+    `tenant`/`size`/`held`/`name`/`cls` (index into `SoakSpec.classes()`) and `tier` (a
+    `bench.contention_trace.TIERS` name; "" without `SoakSpec.priorities`: no PriorityClass)
+    for VMIs, `node` for cordons. A taint: `name` the DeviceTaintRule's, `effect` NoSchedule (on `node`'s GPU
     `device`) or NoExecute (on a GPU of a running VMI of `tenant`, chosen when it runs); its
     untaint names the same rule."""
 
@@ -184,18 +231,27 @@ class Op:
     cls: int = 0
     effect: str = ""
     device: int = -1
+    tier: str = ""
+
+    @property
+    def priority(self) -> int:
+        """The create's priority value: its tier's PriorityClass's, 0 without one."""
+        return PRIORITY[self.tier] if self.tier else 0
 
 
 def schedule(spec: SoakSpec) -> list[Op]:
     """The churn's operations, sorted by time; a pure function of `spec` (same seed, same
     list). Kills at `kill_every`, 2·`kill_every`, … before `disturb_until`; the restart at
-    `restart_at` of the run, moved 5 s on while within 15 s of a kill. ValueError when
-    `disturb_until` ≤ 0 or the restart does not fit before it."""
+    `restart_at` of the run, moved 5 s on while within 15 s of a kill. With `priorities`
+    sizes are drawn from PRIORITY_SIZES (the same draws) and each create's tier from a random
+    stream of its own seeded from `spec.seed` (`tiers`), so nothing else of the schedule
+    changes. ValueError when `disturb_until` ≤ 0 or the restart does not fit before it."""
     if spec.disturb_until <= 0:
         raise ValueError(f"no room for disturbances: steady stretch from {spec.steady_from} s, "
                          f"disturbances until {spec.disturb_until} s")
     rng = random.Random(spec.seed)
-    sizes, weights = zip(*SIZES)
+    tier = tiers(spec)
+    sizes, weights = zip(*spec.sizes)
     n_cls, pre = len(spec.classes()), spec.pre_populated()
     ops: list[Op] = []
     t, i = 0.0, 0
@@ -210,7 +266,7 @@ def schedule(spec: SoakSpec) -> list[Op]:
         if i + pre >= spec.n_live:
             ops.append(Op(t, "delete", tenant=tenant))
         ops.append(Op(t, "create", tenant=tenant, size=size, held=held, name=f"vm{i:05d}",
-                      cls=cls))
+                      cls=cls, tier=tier()))
         i += 1
     avoid = spec.avoided_nodes()
     if len(avoid) >= spec.nodes:
@@ -238,6 +294,16 @@ def schedule(spec: SoakSpec) -> list[Op]:
         ops.append(Op(at, "restart-apiserver"))
     ops += taints(spec, avoid)
     return sorted(ops, key=lambda o: o.at)   # stable: a delete stays before its create
+
+
+def tiers(spec: SoakSpec):
+    """A function giving each create's tier in turn: "" without `spec.priorities`, else
+    on-demand with probability `on_demand_share`, preemptible otherwise, drawn from a random
+    stream of its own (`tiers-<seed>`). Pure: the same spec gives the same sequence."""
+    if not spec.priorities:
+        return lambda: ""
+    rng = random.Random(f"tiers-{spec.seed}")
+    return lambda: ON_DEMAND if rng.random() < spec.on_demand_share else PREEMPTIBLE
 
 
 def taints(spec: SoakSpec, avoid: frozenset[int] = frozenset()) -> list[Op]:
@@ -285,7 +351,7 @@ def deletion_order(vmis: list, seed: int) -> list:
     return out
 
 
-_LATER_FIELDS = {"effect": "", "device": -1}
+_LATER_FIELDS = {"effect": "", "device": -1, "tier": ""}
 """Op fields added after count-mode digests were published: left out of the digest while at
 their defaults, so a count-mode schedule keeps its digest."""
 

@@ -636,3 +636,176 @@ def test_heap_parts_trend_names_the_part_that_grows():
     assert "pymalloc blocks +0/min" in line
     # a run whose replicas export no parts (older code) reports none
     assert heap_parts_trend([], 660, 1200)["processes"] == []
+
+
+def test_priorities_add_a_seeded_tier_mix_and_larger_sets_and_leave_the_default_alone():
+    from bench.contention_trace import ON_DEMAND, PREEMPTIBLE
+    from bench.soak.workload import PRIORITY_SIZES, SIZES
+
+    base = SoakSpec(nodes=200, minutes=10, seed=3, population="scale")
+    prio = SoakSpec(nodes=200, minutes=10, seed=3, population="scale", priorities=True)
+    plain, ops = schedule(base), schedule(prio)
+    assert ops == schedule(prio)                                     # deterministic for a seed
+    assert schedule_digest(ops) == schedule_digest(schedule(prio)) != schedule_digest(plain)
+    assert {o.tier for o in plain} == {""}                           # off: no PriorityClass
+    creates = [o for o in ops if o.kind == "create"]
+    tiers = Counter(o.tier for o in creates)
+    assert set(tiers) == {ON_DEMAND, PREEMPTIBLE}
+    assert 0.25 < tiers[ON_DEMAND] / len(creates) < 0.35             # on_demand_share 0.3
+    assert {o.priority for o in creates} == {1000, 100}
+    # the same times, tenants, classes and held draws; sizes from the larger mix
+    def shape(os):
+        return [(o.at, o.kind, o.tenant, o.held, o.cls, o.node) for o in os]
+    assert shape(ops) == shape(plain)
+    mean = sum(o.size for o in creates) / len(creates)
+    assert 3.1 < mean < 3.7 and sum(s * w for s, w in SIZES) < 2.5
+    assert sum(s * w for s, w in PRIORITY_SIZES) == pytest.approx(3.4)
+    # another seed, another mix
+    other = schedule(SoakSpec(nodes=200, minutes=10, seed=4, population="scale", priorities=True))
+    assert [o.tier for o in other if o.kind == "create"][:50] != [o.tier for o in creates][:50]
+    # budgets leave room to fill the fleet (4 tenants at 200 nodes: 15 % each would cap it
+    # at 60 %); the controller may preempt sets younger than its default 10 minutes
+    assert base.budget("h100.scale.example.com/gpu") == 120
+    assert prio.budget("h100.scale.example.com/gpu") == 300          # 1.5 / 4 of 800
+    assert base.controller_args() == () and prio.controller_args() == (
+        "--preemption-min-runtime=15",)
+    # 2.5 VMIs a node kept running (2 without), the population made as many
+    assert (base.n_live, prio.n_live, prio.pre_populated()) == (400, 500, 500)
+    assert sum(o.kind == "delete" for o in ops) == len(creates)
+
+
+def test_the_P6_part_counts_what_its_checks_ran_over_and_says_when_nothing_was():
+    from bench.soak import p6_part
+    from bench.soak.report import p6_lines
+
+    # a run without preemptions: 0 violations, but not read as P6 proven
+    none = p6_part({}, {}, [], 0, {}, priorities=False)
+    assert none["preemptions"] == 0 and none["exercised"] is False
+    assert "0 preemptions" in none["note"] and "not checked" in none["note"]
+    assert {v["violations"] for v in none["invariants"].values()} == {0}
+    assert "NOT EXERCISED" in p6_lines(none)[0]
+    noms = [{"preemptor": "soak-t00/vm00007", "created": "c1", "node": "soak-n0003",
+             "priority": 1000, "victims": ["soak-t01/vm00002", "soak-t02/sc-vm00011"],
+             "victim_priorities": [0, 100]},
+            {"preemptor": "soak-t01/vm00040", "created": "c2", "node": "soak-n0009",
+             "priority": 1000, "victims": ["soak-t00/vm00030"], "victim_priorities": [100]}]
+    counts = {"preemptors_nominated": 2, "preemptors_admitted": 2,
+              "preemptors_on_nominated_node": 2, "waits_in_line": 17}
+    judged = {("a", "x", "1"): 2, ("a", "y", "1"): 0, ("a", "z", "1"): False,
+              ("a", "w", None): None}
+    got = p6_part({"lower-priority-start": 1}, counts, noms, 3, judged, priorities=True)
+    assert (got["preemptions"], got["victims_named"], got["victims_seen_gone"]) == (2, 3, 3)
+    assert got["victims_per_preemption"] == 1.5 and got["exercised"] is True and got["note"] is None
+    assert got["preemptors"] == {"nominated": 2, "admitted": 2, "on_nominated_node": 2, "elsewhere": 0}
+    assert got["line"] == {"sets_judged": 2, "sets_started_while_higher_waited": 1,
+                           "sets_not_judged": 1, "waits_in_line": 17}
+    rule3 = got["invariants"]["no_lower_priority_start_on_room_a_waiting_set_could_use"]
+    assert rule3["violations"] == 1 and rule3["checked_over"].startswith(
+        "1 sets started while a higher-priority set waited in line, of 2 judged")
+    # preemptions, but nobody started while a higher-priority set waited: not exercised
+    idle = p6_part({}, counts, noms, 3, {("a", "y", "1"): 0}, priorities=True)
+    assert idle["exercised"] is False and "ran over none" in idle["note"]
+    assert got["invariants"]["nominated_room_for_nobody_else"]["checked_over"] == "2 nominations"
+    # the target says whether it was exercised (with --priorities only)
+    trend = {"processes": [], "verdict": None, "threshold_mib_per_min": 0.2, "from_s": 0, "to_s": 1}
+    base = {"violations": 1, "admissions_lost": 0, "rss_peak_mib": None, "rss_trend": trend}
+    assert targets({**base, "p6": got, "spec": {"priorities": True}})["p6_exercised"]["met"] is True
+    assert targets({**base, "p6": p6_part({}, {}, [], 0, {}, True),
+                    "spec": {"priorities": True}})["p6_exercised"]["met"] is False
+    assert "p6_exercised" not in targets({**base, "p6": none, "spec": {"priorities": False}})
+
+
+def test_the_driver_tells_a_wait_in_line_and_a_nomination_from_the_webhooks_503():
+    import json as _json
+
+    from kubernetes_asyncio.client import ApiException
+
+    from bench.soak.driver import P6Check, Rec, Soak, in_line, nominated_node
+    from bench.soak.workload import Op
+
+    def answer(status, message):
+        exc = ApiException(status=status, reason="x")
+        exc.body = _json.dumps({"kind": "Status", "message": message})
+        return exc
+
+    from bench.soak.driver import WAITS_IN_LINE
+    from model.reasons.line import WaitsInLine
+    from model.reasons.preemption import FitsWithoutPreemption
+
+    words = WaitsInLine(FitsWithoutPreemption("n"), retry_after=2, grace=10).render()
+    assert WAITS_IN_LINE in words   # the model's own words
+    line = answer(503, f'admission webhook "vmi.gpu.cozystack.io" denied the request: {words}')
+    busy = answer(503, 'admission webhook "vmi.gpu.cozystack.io" denied the request: the '
+                       "webhook's cache is not synced yet; retry")
+    nominated = answer(503, 'admission webhook "vmi.gpu.cozystack.io" denied the request: no '
+                            "room for the set now; stopping 2 lower-priority VMs on soak-n0007 to "
+                            "make room for it (priority 1000): soak-t01/vm1, soak-t02/vm2; its "
+                            "room is held for it, retry in 5s")
+    down = answer(503, "the server is currently unable to handle the request")
+    assert in_line(line) and in_line(nominated) and not in_line(down)
+    assert nominated_node(str(nominated.body)) == "soak-n0007" and nominated_node("no room") is None
+    # the driver's bookkeeping, without a cluster: the second 503 in line makes the set
+    # Waiting (its client retried); a nomination takes it out and names the node
+    soak = Soak.__new__(Soak)
+    soak.counts, soak._last_in_line, soak.p6 = Counter(), {}, P6Check("soak-", line=True)
+    op = Op(1.0, "create", tenant=0, size=8, name="vm00001", tier="on-demand")
+    rec = Rec("soak-t00", "vm00001", 8, cls="soak-h100", tier="on-demand")
+    soak._waited(rec, op, line)
+    assert rec.waited == 1 and not soak.p6.waiting
+    soak._waited(rec, op, down)
+    assert rec.waited == 1 and soak._last_in_line[("soak-t00", "vm00001")] is False
+    soak._waited(rec, op, line)
+    w = soak.p6.waiting[("soak-t00", "vm00001")]
+    assert (w.cls, w.gpus, w.priority) == ("soak-h100", 8, 1000)
+    # another retryable refusal of ours: an answer, but not known to be in line
+    soak._waited(rec, op, busy)
+    assert rec.waited == 3 and not soak.p6.waiting
+    soak._waited(rec, op, line)
+    assert not soak.p6.waiting          # one answer in line since: not retried in line yet
+    soak._waited(rec, op, line)
+    assert soak.p6.waiting
+    soak._waited(rec, op, nominated)
+    assert rec.nominated == "soak-n0007" and not soak.p6.waiting
+    assert soak.counts == Counter({"waits_in_line": 4, "preemptors_nominated": 1,
+                                   "webhook_503_other": 1})
+
+
+def test_a_create_that_only_ever_waited_in_line_gave_up_and_one_unanswered_is_lost():
+    import json as _json
+    from types import SimpleNamespace
+
+    import anyio
+    from kubernetes_asyncio.client import ApiException
+
+    from bench.soak.driver import P6Check, Soak
+    from bench.soak.workload import Op
+
+    def answer(message):
+        exc = ApiException(status=503, reason="x")
+        exc.body = _json.dumps({"kind": "Status", "message": message})
+        exc.headers = {"Retry-After": "0"}
+        return exc
+
+    def soak_answering(exc):
+        async def create(*args, **kw):
+            raise exc
+        soak = Soak.__new__(Soak)
+        soak.spec = SoakSpec(nodes=4, priorities=True, answer_timeout=0.3)
+        soak.fleet = SimpleNamespace(custom=SimpleNamespace(create_namespaced_custom_object=create))
+        soak.held_free = {("soak-t00", "soak-h100"): set()}
+        soak.recs, soak.counts, soak.log = [], Counter(), lambda m: None
+        soak._last_in_line, soak.p6 = {}, P6Check("soak-", line=True)
+        return soak
+
+    op = Op(1.0, "create", tenant=0, size=2, name="vm00001", tier="preemptible")
+    soak = soak_answering(answer('admission webhook "vmi.gpu.cozystack.io" denied the request: '
+                                 "no room for the set now; the set waits in the line for room: "
+                                 "retry after 2 s"))
+    anyio.run(soak.create, op)
+    rec = soak.recs[0]
+    assert rec.outcome == "gave up" and rec.waited >= 1 and "503 in line" in rec.refusal
+    assert soak.p6.waiting == {} and soak._last_in_line == {}   # no longer waiting
+    # kube-apiserver's own 503 all along: no answer of ours, the admission is lost
+    soak = soak_answering(answer("the server is currently unable to handle the request"))
+    anyio.run(soak.create, op)
+    assert soak.recs[0].outcome == "lost" and soak.recs[0].waited == 0

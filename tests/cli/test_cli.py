@@ -382,7 +382,7 @@ def test_bench_help_lists_only_the_benchmarks_own_flags():
         "scale": {"--out", "--quick", "--nodes", "--vmis", "--baseline-nodes", "--sizes",
                   "--modes", "--settle-load"},
         "soak": {"--out", "--seed", "--nodes", "--minutes", "--create-rate", "--mode", "--tracemalloc",
-                 "--steady-share"},
+                 "--priorities", "--steady-share"},
         "health": {"--out", "--seed", "--nodes", "--minutes"},
     }
 

@@ -238,7 +238,7 @@ def test_the_soak_judges_P6_with_the_victims_it_has_seen():
     first = p6_snap([dev("t", "g1", vmi="a")], vmis=[vmi("t", "a", ["g1"]), vmi("t", "b", ["g2"], uid="u2")],
                     noms=[nomination(victims=[("t", "b", None)])])
     got, seen = judge(first, before, before, set(), set())
-    assert seen == {("t", "b")} and inv.NOMINATED_TAKEN not in kinds(got)
+    assert set(seen) == {("t", "b")} and inv.NOMINATED_TAKEN not in kinds(got)
     # b is gone by the next read, and its nomination too: excused by what was seen
     later = p6_snap([dev("t", "g1", vmi="a")], vmis=[vmi("t", "a", ["g1"])])
     got, _ = judge(later, before, before, set(), seen)
@@ -268,3 +268,191 @@ async def test_nominations_are_none_where_the_API_has_no_such_resource():
     assert await inv._nominations(listed) == [nomination()]
     with pytest.raises(ApiException):
         await inv._nominations(forbidden)
+
+
+# --- §3c P6: no lower-priority start on room a waiting higher-priority set could use --------
+
+T0 = datetime(2026, 12, 7, 14, tzinfo=timezone.utc)
+OLD = T0 - timedelta(minutes=10)
+
+
+def started(ns, vmi_name, node, n, *, priority=100, requested=T0, bound=None, adm="adm-1"):
+    """The `n` template devices of VMI `ns/vmi_name` admitted (Bound, Succeeded) on `node`,
+    its request (recorded `priority`) made at `requested`, Bound at `bound` (`requested`
+    plus a second when None)."""
+    out = []
+    for k in range(n):
+        d = dev(ns, f"{vmi_name}-c-{k}", node=node, vmi=vmi_name, template=vmi_name, rid=f"{vmi_name}-r")
+        d["status"]["attachedTo"]["admission"] = adm
+        d["status"]["bindRequest"].update({"priority": priority, "requestedAt": requested.isoformat()})
+        d["status"]["boundAt"] = (bound or requested + timedelta(seconds=1)).isoformat()
+        out.append(d)
+    return out
+
+
+def read(devices, started_at, *, noms=(), placeable=("n1", "n2"), budget=None):
+    return inv.Snapshot(vmis=[], devices=list(devices), resource={"c": "r"},
+                        allocatable={"n1": {"r": 8}, "n2": {"r": 8}}, budget=budget or {},
+                        nominations=list(noms), at=started_at + timedelta(seconds=2),
+                        started=started_at, placeable=frozenset(placeable))
+
+
+FULL_N2 = started("u", "big", "n2", 8, priority=0, requested=OLD)
+W = inv.Waiting("t", "od", "c", 8, 1000, T0 - timedelta(seconds=60))
+
+
+def window(*, before=(), after=(), first=T0 - timedelta(seconds=25), **kw):
+    """Two reads: one begun at `first`, n2 full, plus `before`; one 3 s after R's request,
+    n2 full, R (2 GPUs, priority 100) Bound on n1, plus `after`."""
+    r = started("s", "spot", "n1", 2)
+    return [read([*FULL_N2, *before], first, **kw), read([*FULL_N2, *r, *after], T0 + timedelta(seconds=3), **kw)]
+
+
+def test_P6_a_lower_priority_set_started_on_room_a_waiting_higher_one_could_use():
+    judged: dict = {}
+    got = inv.check_line_order(window(), [W], judged)
+    assert kinds(got) == [inv.LINE_INVERSION] and got[0].item == "3c.P6"
+    assert got[0].obj == ("VirtualMachineInstance", "s", "spot", "od")
+    assert "n1" in got[0].message and "t/od" in got[0].message
+    assert judged == {("s", "spot", "adm-1"): 1, ("u", "big", "adm-1"): None}
+    # each set is judged once
+    assert inv.check_line_order(window(), [W], judged) == []
+
+
+def test_P6_line_order_clean_cases():
+    def none(win, waiting=(W,)):
+        judged: dict = {}
+        assert inv.check_line_order(win, list(waiting), judged) == []
+        return judged
+
+    assert none(window(), ())[("s", "spot", "adm-1")] == 0                 # nobody waits
+    none(window(), [inv.Waiting("t", "od", "c", 8, 100, W.since)])         # equal priority
+    none(window(), [inv.Waiting("t", "od", "other", 8, 1000, W.since)])    # another class
+    none(window(), [inv.Waiting("t", "od", "c", 8, 1000, T0 + timedelta(seconds=1))])  # came later
+    # W fits n2 beside the sets there: R was backfill
+    none([read(r.devices[8:], r.started) for r in window()])
+    # a 1-GPU set on n1 in the first read (gone by the last) may have kept W out of n1
+    none(window(before=started("q", "brief", "n1", 1, priority=0, requested=OLD)))
+    # a nomination on n1 for another preemptor held a unit there
+    held = nomination(("p", "other"), units=(("r", 1),), victims=(), expires=T0 + timedelta(minutes=2))
+    none(window(noms=[held]))
+    # W itself is nominated: its room is held, P6's second rule covers it
+    none(window(noms=[nomination(("t", "od"), units=(("r", 8),), node="n2", victims=(),
+                                 expires=T0 + timedelta(minutes=2))]))
+    # W's tenant had no budget for it
+    none(window(budget={("t", "r"): 4}))
+    # no read begun LINE_LAG before R's request: R is not judged (and said so)
+    assert none(window(first=T0 - timedelta(seconds=5)))[("s", "spot", "adm-1")] is False
+
+
+def test_P6_line_order_counts_a_node_free_only_when_it_surely_was():
+    # n2's sets were Bound only 5 s before R's request: the binder's view may not have had
+    # them yet, so W may have fitted there in its eyes: no violation
+    late = started("u", "late", "n2", 8, priority=0, requested=T0 - timedelta(seconds=6))
+    wins = [read(late, T0 - timedelta(seconds=25)), read([*late, *started("s", "spot", "n1", 2)],
+                                                         T0 + timedelta(seconds=3))]
+    assert inv.check_line_order(wins, [W], {}) == []
+    # n2 not placeable in any read (cordoned): W could use n1 only: a violation
+    assert kinds(inv.check_line_order(window(placeable=("n1",)),
+                                      [W], {})) == [inv.LINE_INVERSION]
+    # placeable in one read of the window: counted as a place W might have gone
+    wins = window()
+    empty_n2 = [read(started("s", "spot", "n1", 2), T0 - timedelta(seconds=25)),
+                read(started("s", "spot", "n1", 2), T0 + timedelta(seconds=3), placeable=("n1",))]
+    assert inv.check_line_order(empty_n2, [W], {}) == []
+    assert kinds(inv.check_line_order(wins, [W], {})) == [inv.LINE_INVERSION]
+
+
+# --- the soak's P6 across reads (bench.soak.driver.P6Check) ---------------------------------
+
+def soak_read(vmis, devices, started_at, *, noms=(), late=(), alloc=4):
+    return inv.Snapshot(vmis=list(vmis), devices=list(devices), resource={"c": "r"},
+                        allocatable={"n1": {"r": alloc}}, budget={}, nominations=list(noms),
+                        late_nominations=list(late), at=started_at + timedelta(seconds=2),
+                        started=started_at, placeable=frozenset({"n1"}))
+
+
+def test_the_soak_stops_only_victims_of_a_live_nomination():
+    from bench.soak.driver import P6Check
+
+    a, b = vmi("t", "a", ["g1"]), vmi("t", "b", ["g2"], uid="u2")
+    known = {("t", "a"), ("t", "b")}   # seen before; none held as admitted (§7.5 not judged here)
+    live = nomination(victims=[("t", "a", None)], expires=AT + timedelta(minutes=2))
+    # clean: a named a victim by a live nomination, then gone (its preemptor admitted, the
+    # nomination deleted): excused, and handed back as a victim gone, once
+    p6 = P6Check("t")
+    got, gone = p6.read(soak_read([a, b], [], AT, noms=[live]), known, set(), set())
+    assert got == [] and gone == set()
+    got, gone = p6.read(soak_read([b], [], AT + timedelta(seconds=5)), known, set(), set())
+    assert got == [] and gone == {("t", "a")}
+    assert p6.read(soak_read([b], [], AT + timedelta(seconds=10)), known, set(), set()) == ([], set())
+    assert p6.nominations[("p/big", "2026-12-06T12:00:00Z")]["victims"] == ["t/a"]
+    # a victim whose every nomination had expired when it was last seen alive was stopped by
+    # no live nomination: a violation
+    p6 = P6Check("t")
+    expired = nomination(victims=[("t", "a", None)], expires=AT - timedelta(seconds=30))
+    p6.read(soak_read([a, b], [], AT, noms=[expired]), known, set(), set())
+    got, gone = p6.read(soak_read([b], [], AT + timedelta(seconds=5)), known, set(), set())
+    assert kinds(got) == [inv.STOPPED_NOT_VICTIM] and got[0].obj == ("VirtualMachineInstance", "t", "a")
+    assert "expired" in got[0].message
+    # ... unless it was being deleted since before the nomination expired (its grace period)
+    p6 = P6Check("t")
+    p6.read(soak_read([a, b], [], AT - timedelta(minutes=1)), known, set(), set())
+    dying = {**a, "metadata": {**a["metadata"], "deletionTimestamp": "2026-12-06T11:59:10Z"}}
+    p6.read(soak_read([dying, b], [], AT, noms=[expired]), known, set(), set())
+    assert p6.read(soak_read([b], [], AT + timedelta(seconds=5)), known, set(), set())[0] == []
+    # a nomination seen only by the watch (made and deleted between two reads) excuses too
+    p6 = P6Check("t")
+    p6.read(soak_read([a, b], [], AT), known, set(), set())
+    p6.note_nomination(live)
+    assert p6.read(soak_read([b], [], AT + timedelta(seconds=5)), known, set(), set()) == ([], {("t", "a")})
+    # nobody named b: a violation; the soak's own delete is none
+    got, _ = p6.read(soak_read([], [], AT + timedelta(seconds=10)), known, set(), set())
+    assert kinds(got) == [inv.STOPPED_NOT_VICTIM] and got[0].obj[2] == "b"
+    assert P6Check("t").read(soak_read([], [], AT), {("t", "b")}, set(), {("t", "b")})[0] == []
+
+
+def test_the_soak_flags_each_P6_violation_and_passes_a_clean_run():
+    """The three invariants on one soak's reads (`P6Check` with the line): a clean run, then
+    a victim stopped with no live nomination, a nominated unit Bound for another set, and a
+    lower-priority set started on room a waiting higher-priority set could use."""
+    from bench.soak.driver import P6Check
+
+    def run(reads, known=frozenset(), waiting=()):
+        p6 = P6Check("", line=True)
+        p6.waiting = {(w.namespace, w.vmi): w for w in waiting}
+        out = []
+        for r in reads:
+            out += p6.read(r, set(known), set(known), set())[0]
+        return kinds(out)
+
+    wins = window()
+    assert run(wins) == []                                                          # clean
+    assert run(wins, waiting=[W]) == [inv.LINE_INVERSION]                          # rule 3
+    a = vmi("t", "a", ["g1"])
+    expired = nomination(victims=[("t", "a", None)], expires=T0 - timedelta(minutes=1))
+    gone = [read([], T0 - timedelta(seconds=10)), read([], T0)]
+    gone[0].vmis.append(a)
+    gone[0].nominations.append(expired)
+    assert run(gone, known={("t", "a")}) == [inv.STOPPED_NOT_VICTIM]                 # rule 1
+    held = nomination(("p", "big"), node="n1", units=(("r", 8),), victims=(),
+                      expires=T0 + timedelta(minutes=2))
+    taken = [read(started("q", "x", "n1", 1, priority=0), T0, noms=[held])]
+    assert run(taken) == [inv.NOMINATED_TAKEN]                                       # rule 2
+
+
+def test_a_node_is_placeable_when_uncordoned_ready_and_untainted():
+    from kubernetes_asyncio.client import (V1Node, V1NodeCondition, V1NodeSpec, V1NodeStatus,
+                                           V1ObjectMeta, V1Taint)
+
+    def node(*, cordoned=False, ready="True", taints=()):
+        return V1Node(metadata=V1ObjectMeta(name="n"),
+                      spec=V1NodeSpec(unschedulable=cordoned, taints=list(taints) or None),
+                      status=V1NodeStatus(conditions=[V1NodeCondition(type="Ready", status=ready)]))
+
+    assert inv._placeable(node())
+    assert not inv._placeable(node(cordoned=True))
+    assert not inv._placeable(node(ready="False"))
+    assert not inv._placeable(node(taints=[V1Taint(key="gpu.example.com/reserved", effect="NoSchedule")]))
+    assert inv._placeable(node(taints=[V1Taint(key="x", effect="PreferNoSchedule")]))
+    assert not inv._placeable(V1Node(metadata=V1ObjectMeta(name="n"), spec=V1NodeSpec()))  # no Ready
