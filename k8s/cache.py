@@ -391,6 +391,9 @@ class ClusterCache:
 
     # -- foreign usage (§2 capacity) ------------------------------------------------------
     def _put_node(self, node: Node) -> None:
+        old = self._raw_nodes.get(node.name)
+        if old == node:   # the view may keep a value built from `old`: one copy, not two
+            node = old
         self._raw_nodes[node.name] = node
         self._refresh_node(node.name)
         self._ghost_nodes.discard(node.name)
@@ -571,13 +574,19 @@ class ClusterCache:
             self._refresh_nodes({r[0] for r in (old, rec) if r is not None} & self.dra.nodes())
 
     def _on_pod(self, key: Key, obj: dict | None) -> None:
-        old = self._pod_uses.pop(key, None)
-        if old is not None:
-            self._pods_on.get(old.node, set()).discard(key)
+        # a key already held stays (not popped and put back): `key` is the event's tuple,
+        # the one held the list's, and both would live on (issue 41 item 5)
+        old = self._pod_uses.get(key)
         use = parse_pod_use(obj) if obj is not None else None
-        if use is not None:
+        moved = old is None or use is None or old.node != use.node
+        if old is not None and moved:
+            self._pods_on.get(old.node, set()).discard(key)
+        if use is None:
+            self._pod_uses.pop(key, None)
+        else:
             self._pod_uses[key] = use
-            self._pods_on.setdefault(use.node, set()).add(key)
+            if moved:
+                self._pods_on.setdefault(use.node, set()).add(key)
         for node in {u.node for u in (old, use) if u is not None}:
             self._refresh_node(node)
 
@@ -588,9 +597,11 @@ class ClusterCache:
             uid = attachment_uid(dev, self._vmi_records)
             if uid is not None:
                 new = (dev.bound_node, dev.class_name, uid)
-        old = self._excuse_of.pop(key, None)
+        old = self._excuse_of.get(key)   # a key held stays (as `_on_pod` says)
         if new is not None:
             self._excuse_of[key] = new
+        elif old is not None:
+            del self._excuse_of[key]
         if old != new:
             for node in {e[0] for e in (old, new) if e is not None}:
                 self._refresh_node(node)
