@@ -380,7 +380,9 @@ class ClusterCache:
             self._quota_budgets.pop(key, None)
         else:
             try:
-                self._quota_budgets[key] = parse_budgets(obj)
+                budgets = parse_budgets(obj)
+                if self._quota_budgets.get(key) != budgets:  # equal: the view keeps the old
+                    self._quota_budgets[key] = budgets
             except ParseError as exc:
                 log.error("skipping malformed object", kind="ResourceQuota",
                           namespace=key[0], name=key[1], error=str(exc))
