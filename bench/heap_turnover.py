@@ -228,9 +228,8 @@ def _main_informers(p: argparse.ArgumentParser, args: argparse.Namespace) -> int
     report = {"benchmark": "heap_turnover", "mode": "informers", "commit": commit(),
               "machine": machine(), "started": started, "load_before": load_before,
               "load_after": list(os.getloadavg()), "nodes": args.informers,
-              "passes": args.passes, "trace": args.trace, **got, "passes_figures": got["passes"]}
-    del report["passes"]
-    report["passes"] = args.passes
+              "passes": args.passes, "trace": args.trace, "objects": got["objects"],
+              "listed": got["listed"], "after_pass": got["passes"]}
     print(f"listed {got['objects']} objects ({args.informers} nodes): {json.dumps(got['listed'])}")
     for n, s in enumerate(got["passes"], 1):
         print(f"pass {n}, every object replaced: {json.dumps(s)}")
