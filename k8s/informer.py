@@ -278,10 +278,10 @@ class Informer:
                 same = cache.get(k)
                 if same is None:
                     same = self._transform(o)
-                elif not _same_version(same, o):
-                    same = self._transform(o)
-                    share_strings(same, cache[k])
-                if same is not o:   # the key of the strings kept, not of the page's
+                else:   # the key of the strings kept (`share_strings`), not of the page's
+                    if not _same_version(same, o):
+                        old, same = same, self._transform(o)
+                        share_strings(same, old)
                     k = key_of(same)
                 fresh[k] = same
             pages += 1

@@ -100,3 +100,25 @@ def test_objects_replaced_by_watch_events_cost_what_the_listed_ones_did():
     assert cache.view.node(node).labels is cache._raw_nodes[node].labels   # one Node's worth
     kept = cache._quota_budgets[("soak-t00", "gpu")][0]                   # one Budget's
     assert cache.view._budgets[("soak-t00", kept.resource_name)] is kept
+
+
+@pytest.mark.anyio
+async def test_a_relisted_changed_object_holds_the_strings_of_the_version_it_replaces():
+    """A relist after a 410 or a restart: an object of a new resourceVersion shares its
+    strings with the cached one, and the cache's and listeners' key is of those strings
+    (an unchanged one is the cached object itself, as before)."""
+    server = _Server(_Page([obj("a", "1"), obj("b", "1")], "10"),
+                     _Page([obj("a", "2"), obj("b", "1")], "20"))
+    informer = Informer("gpudevices", server)
+    told: list[tuple[tuple[str, str], dict]] = []
+    await informer.list_once()
+    first_a, first_b = informer.get(("t", "a")), informer.get(("t", "b"))
+    informer.add_listener(lambda key, o: told.append((key, o)))
+    await informer.list_once()
+    now_a = informer.get(("t", "a"))
+    assert now_a["metadata"]["resourceVersion"] == "2" and informer.get(("t", "b")) is first_b
+    assert now_a["metadata"]["name"] is first_a["metadata"]["name"]
+    assert now_a["spec"]["n"] is first_a["spec"]["n"]
+    keys = {key[1]: key for key, _ in told}
+    assert keys["a"][1] is first_a["metadata"]["name"] and keys["b"][1] is first_b["metadata"]["name"]
+    assert keys["a"][0] is first_a["metadata"]["namespace"]
