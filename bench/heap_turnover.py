@@ -25,7 +25,10 @@ Each pass reports RSS or, with `--trace`, tracemalloc's figures: all traced byte
 still alive that the watch's decode (`OrjsonWatch.unmarshal_event`) and the list's
 (`k8s.errors.read_json`) allocated. An object costs the same however it arrived when the
 traced total stays where the list left it (issue 41 item 5: a watched object held ~10 %
-more blocks than the listed one it replaced, until `k8s.informer.share_strings`).
+more blocks than the listed one it replaced, until `k8s.informer.share_strings`). On
+2026-12-07 (`bench-results/heap-turnover-informers.json`, 1,000 nodes, 13,042 objects): traced
+54.69 MiB listed, 59.47 after the first pass and 59.48 after the second on main `483bd0b`
+(RSS 165.4 -> 167.9 -> 167.9), 55.35 and 55.37 with the strings shared (RSS 165.1 flat).
 """
 
 from __future__ import annotations
