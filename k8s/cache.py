@@ -25,9 +25,9 @@ from kubernetes_asyncio.client import (ApiClient, CoreV1Api, CustomObjectsApi, R
 
 from actors.view import IndexedView
 from k8s.dra_index import DraIndex, SliceError
-from k8s.informer import Informer, Key, keep_all, slim
+from k8s.informer import Informer, Key, keep_all, key_of, slim
 from model.admission import LauncherDefaults, launcher_defaults
-from model.claim import parse_claim
+from model.claim import Claim, parse_claim, shared_with
 from model.device.records import recorded_on
 from model.device.taint_rules import parse_taint_rule
 from model.foreign import PodUse, attachment_uid, node_foreign, parse_pod_use
@@ -155,18 +155,23 @@ def trim_pod(obj: dict) -> dict:
     return out
 
 
-def ingest_claim(obj: dict) -> dict:
+def ingest_claim(obj: dict, held: Callable[[Key], Claim | None] | None = None) -> dict:
     """What the ResourceClaim informer keeps (DR2, DR5, DR6, H1/H2/H4): name, namespace and
     resourceVersion, and the claim parsed once (`model.claim.parse_claim`: the typed value
     the DRA index and housekeeping read, `parsed`). Of the spec only its digest; tenants'
-    labels and annotations not at all. Idempotent (the watch may hand an ingested object
-    back)."""
+    labels and annotations not at all. `held(key)`: the parsed claim the cache holds for
+    that key, if any, whose equal strings and devices the new one takes
+    (`model.claim.shared_with`: one copy of each, as for a listed claim). Idempotent (the
+    watch may hand an ingested object back)."""
     if "parsed" in obj:
         return obj
     meta = obj.get("metadata") or {}
+    parsed = parse_claim(obj)
+    if held is not None:
+        parsed = shared_with(parsed, held(key_of(obj)))
     return {"metadata": {k: meta.get(k) for k in ("name", "namespace", "resourceVersion")
                          if meta.get(k) is not None},
-            "parsed": parse_claim(obj)}
+            "parsed": parsed}
 
 
 def ingest_slice(obj: dict, parse: Callable[[dict], Any]) -> dict:
@@ -248,7 +253,8 @@ class ClusterCache:
         self.slices = inf("resourceslices", resource.list_resource_slice, optional=True,
                           transform=functools.partial(ingest_slice, parse=self.dra.parse_slice))
         self.claims = inf("resourceclaims", resource.list_resource_claim_for_all_namespaces,
-                          transform=ingest_claim, optional=True)
+                          transform=functools.partial(ingest_claim, held=self._held_claim),
+                          optional=True)
         self.device_classes = inf("deviceclasses", resource.list_device_class, transform=keep_all,
                                   optional=True)
         # DR2/HL2: DeviceTaintRules (resource.k8s.io/v1beta2, served behind the off-by-default
@@ -310,6 +316,10 @@ class ClusterCache:
                                             lambda k: v.remove_nomination(k[1])))
         self.vmis.add_listener(self._on_vmi)
         self.vmis.add_listener(self._on_vmi_excuse)          # after `_vmi_records` is current
+
+    def _held_claim(self, key: Key) -> Claim | None:
+        """The parsed claim the claim informer holds at `key` (`ingest_claim`'s `held`)."""
+        return (self.claims.get(key) or {}).get("parsed")
 
     def _on_vmi(self, key: Key, obj: dict | None) -> None:
         # the uid and admission annotation of every live VMI; an incarnation that goes

@@ -122,3 +122,53 @@ async def test_a_relisted_changed_object_holds_the_strings_of_the_version_it_rep
     keys = {key[1]: key for key, _ in told}
     assert keys["a"][1] is first_a["metadata"]["name"] and keys["b"][1] is first_b["metadata"]["name"]
     assert keys["a"][0] is first_a["metadata"]["namespace"]
+
+
+def _claim(i: int, rv: int) -> dict:
+    from model.claim import MANAGED_BY, MANAGED_BY_LABEL
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": f"vm{i:05d}-gpus", "namespace": f"t{i % 20:02d}",
+                         "uid": f"{i:08d}-aaaa-bbbb-cccc-000000000000",
+                         "resourceVersion": str(rv), "creationTimestamp": "2026-12-07T02:00:00Z",
+                         "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+                         "annotations": {"gpu.cozystack.io/claim-for": f"vm{i:05d}",
+                                         "gpu.cozystack.io/admission": f"adm-vm{i:05d}"}},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.nvidia.com", "count": 2, "allocationMode": "ExactCount"}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.nvidia.com", "pool": f"n{i % 100:04d}",
+                 "device": f"gpu-vfio-{j}"} for j in range(2)]}},
+                "reservedFor": [{"resource": "pods", "name": f"virt-launcher-vm{i:05d}-abcde"}]}}
+
+
+def test_a_claim_replaced_by_a_watch_event_costs_what_the_listed_one_did():
+    """Device mode: the DRA index keeps a claim's devices while they are equal, so the new
+    parsed `Claim` takes them and its equal strings from the one held
+    (`model.claim.shared_with`). 200 claims each replaced once with the same content: +655
+    bytes a claim before (its devices, name, namespace, uid, ids held twice), ~0 now."""
+    import orjson
+
+    from k8s.informer import OrjsonWatch
+
+    c = ClusterCache(object())
+    watch = OrjsonWatch(return_type="object")
+
+    def deliver(i: int, rv: int) -> None:
+        event = watch.unmarshal_event(orjson.dumps({"type": "MODIFIED", "object": _claim(i, rv)}),
+                                      None)
+        c.claims._apply(event["type"], event["raw_object"])
+    tracemalloc.start(1)
+    try:
+        for i in range(200):
+            deliver(i, 1000 + i)
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(200):
+            deliver(i, 5000 + i)
+        gc.collect()
+        gained = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert gained < 100 * 200, (gained, gained / 200)
+    kept = c.claims.get(("t07", "vm00007-gpus"))["parsed"]
+    assert kept.resource_version == "5007" and kept.allocated is c.dra._claims[("t07", "vm00007-gpus")]
