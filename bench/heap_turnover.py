@@ -15,6 +15,20 @@ What it showed on 2026-12-07 (`bench-results/heap-turnover.json`): with the obje
 constant, RSS rises while the list's objects are being replaced (the first pass) and is flat
 once none is left (the second): the soaks' young follower, started minutes before the steady
 stretch, is in its first pass (docs/benchmarks.md, Soak). Bounded by the cache: not a leak.
+
+`--informers NODES [--trace]` drives the real code path instead: a `k8s.cache.ClusterCache`
+lists `bench.cache_turnover`'s soak population of NODES nodes through its informers (their
+list pages, transforms and listeners), the heap is frozen, then every object is replaced
+`passes` times by a MODIFIED watch event of the same content (a new resourceVersion of the
+same length) through `OrjsonWatch.unmarshal_event` and `Informer._apply`, in a seeded order.
+Each pass reports RSS or, with `--trace`, tracemalloc's figures: all traced bytes, and those
+still alive that the watch's decode (`OrjsonWatch.unmarshal_event`) and the list's
+(`k8s.errors.read_json`) allocated. An object costs the same however it arrived when the
+traced total stays where the list left it (issue 41 item 5: a watched object held ~10 %
+more blocks than the listed one it replaced, until `k8s.informer.share_strings`). On
+2026-12-07 (`bench-results/heap-turnover-informers.json`, 1,000 nodes, 13,042 objects): traced
+54.69 MiB listed, 59.47 after the first pass and 59.48 after the second on main `483bd0b`
+(RSS 165.4 -> 167.9 -> 167.9), 55.35 and 55.37 with the strings shared (RSS 165.1 flat).
 """
 
 from __future__ import annotations
@@ -22,15 +36,19 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import random
+import tracemalloc
 from datetime import datetime, timezone
 from pathlib import Path
 
 import orjson
 
 from actors.heap import restore_heap, settle_heap
+from bench.cache_turnover import INFORMERS, World, relist
 from bench.common import at_least, commit, machine, memory_mib
-from k8s.informer import keep_all
+from k8s.cache import ClusterCache
+from k8s.informer import OrjsonWatch, keep_all
 
 PAGE = 500
 
@@ -87,6 +105,88 @@ def run(objects: int, passes: int, seed: int = 1) -> dict:
         restore_heap(thresholds)
 
 
+def same_content_event(world: World, kind: str, key: tuple[str, str], version: int) -> bytes:
+    """A MODIFIED watch line carrying `world`'s object `key` of `kind` as listed, with a new
+    resourceVersion of the same length (its first digit moved on by `version`, 1-9)."""
+    build, args, rv = world.objs[kind][key]
+    obj = world.build((build, args, rv))
+    obj["metadata"]["resourceVersion"] = str((int(rv[0]) + version) % 10) + rv[1:]
+    return orjson.dumps({"type": "MODIFIED", "object": obj})
+
+
+def replace_all(cache: ClusterCache, world: World, order: list[tuple[str, tuple[str, str]]],
+                version: int) -> None:
+    """Every (kind, key) of `order` replaced once in `cache` by `same_content_event`, through
+    the informers' watch path (`OrjsonWatch.unmarshal_event`, `Informer._apply`: the
+    transform, the cache, the listeners)."""
+    watch = OrjsonWatch(return_type="object")
+    for kind, key in order:
+        event = watch.unmarshal_event(same_content_event(world, kind, key, version), None)
+        getattr(cache, INFORMERS[kind])._apply(event["type"], event["raw_object"])
+    del event
+
+
+def _traced(snapshot: tracemalloc.Snapshot) -> dict:
+    """All traced bytes (MiB) and blocks, and those the watch's and the list's decode made."""
+    import k8s.errors
+    import k8s.informer
+
+    def at(module, name: str) -> tracemalloc.Filter:
+        return tracemalloc.Filter(True, module.__file__, _line_of(module, name))
+
+    def total(snap: tracemalloc.Snapshot) -> dict:
+        stats = snap.statistics("filename")
+        return {"mib": round(sum(s.size for s in stats) / 2**20, 2),
+                "blocks": sum(s.count for s in stats)}
+    return {"traced": total(snapshot),
+            "watch_decode": total(snapshot.filter_traces([at(k8s.informer, "js = orjson.loads(data)")])),
+            "list_decode": total(snapshot.filter_traces([at(k8s.errors, "doc = orjson.loads(body)")]))}
+
+
+def _line_of(module, text: str) -> int:
+    """The line number of the first line of `module`'s source holding `text`."""
+    with open(module.__file__) as f:
+        for n, line in enumerate(f, 1):
+            if text in line:
+                return n
+    raise LookupError(f"{module.__name__}: no line holds {text!r}")
+
+
+def run_informers(nodes: int, passes: int, *, seed: int = 1, trace: bool = False) -> dict:
+    """The real path's figures (module docstring): {"objects", "listed": {rss_mib[, traced,
+    watch_decode, list_decode]}, "passes": [the same after each pass]}; traced figures as
+    {"mib", "blocks"}. `passes` 1-9."""
+    if not 1 <= passes <= 9:
+        raise ValueError("passes: 1-9 (a resourceVersion of the same length per pass)")
+    world = World(nodes, seed)
+    cache = ClusterCache(object())
+    if trace:
+        tracemalloc.start(1)
+    try:
+        relist(cache, world)
+        thresholds = settle_heap()
+        try:
+            def sample() -> dict:
+                gc.collect()
+                out: dict = {"rss_mib": round(memory_mib_self(), 1)}
+                if trace:
+                    out.update(_traced(tracemalloc.take_snapshot()))
+                return out
+
+            order = [(kind, key) for kind in INFORMERS for key in world.objs[kind]]
+            random.Random(seed).shuffle(order)
+            got: dict = {"objects": len(order), "listed": sample(), "passes": []}
+            for p in range(1, passes + 1):
+                replace_all(cache, world, order, p)
+                got["passes"].append(sample())
+            return got
+        finally:
+            restore_heap(thresholds)
+    finally:
+        if trace:
+            tracemalloc.stop()
+
+
 def memory_mib_self() -> float:
     """This process's VmRSS, MiB."""
     import os
@@ -99,8 +199,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="GPUDevice-shaped objects listed, at least 4 (default: %(default)s)")
     p.add_argument("--passes", type=at_least(1), default=2,
                    help="times each object is replaced, at least 1 (default: %(default)s)")
+    p.add_argument("--informers", type=at_least(1), default=None, metavar="NODES",
+                   help="the real ClusterCache over a soak population of NODES nodes, each object "
+                        "replaced by watch events of the same content (--objects unused)")
+    p.add_argument("--trace", action="store_true",
+                   help="with --informers: tracemalloc's figures (RSS is not judged with tracing)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    if args.informers is not None:
+        return _main_informers(p, args)
     got = run(args.objects, args.passes)
     report = {"benchmark": "heap_turnover", "commit": commit(), "machine": machine(),
               "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -110,6 +217,25 @@ def main(argv: list[str] | None = None) -> int:
     for s in got["steps"]:
         print(f"replaced {s['of_cache']:.2f} of the cache: RSS {s['rss_mib']} MiB, "
               f"{s['objects']} objects ({s['frozen']} frozen)")
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def _main_informers(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.passes > 9:
+        p.error("--passes: at most 9 with --informers")
+    load_before = list(os.getloadavg())
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    got = run_informers(args.informers, args.passes, trace=args.trace)
+    report = {"benchmark": "heap_turnover", "mode": "informers", "commit": commit(),
+              "machine": machine(), "started": started, "load_before": load_before,
+              "load_after": list(os.getloadavg()), "nodes": args.informers,
+              "passes": args.passes, "trace": args.trace, "objects": got["objects"],
+              "listed": got["listed"], "after_pass": got["passes"]}
+    print(f"listed {got['objects']} objects ({args.informers} nodes): {json.dumps(got['listed'])}")
+    for n, s in enumerate(got["passes"], 1):
+        print(f"pass {n}, every object replaced: {json.dumps(s)}")
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     return 0

@@ -25,9 +25,9 @@ from kubernetes_asyncio.client import (ApiClient, CoreV1Api, CustomObjectsApi, R
 
 from actors.view import IndexedView
 from k8s.dra_index import DraIndex, SliceError
-from k8s.informer import Informer, Key, keep_all, slim
+from k8s.informer import Informer, Key, keep_all, key_of, slim
 from model.admission import LauncherDefaults, launcher_defaults
-from model.claim import parse_claim
+from model.claim import Claim, parse_claim, shared_with
 from model.device.records import recorded_on
 from model.device.taint_rules import parse_taint_rule
 from model.foreign import PodUse, attachment_uid, node_foreign, parse_pod_use
@@ -155,18 +155,23 @@ def trim_pod(obj: dict) -> dict:
     return out
 
 
-def ingest_claim(obj: dict) -> dict:
+def ingest_claim(obj: dict, held: Callable[[Key], Claim | None] | None = None) -> dict:
     """What the ResourceClaim informer keeps (DR2, DR5, DR6, H1/H2/H4): name, namespace and
     resourceVersion, and the claim parsed once (`model.claim.parse_claim`: the typed value
     the DRA index and housekeeping read, `parsed`). Of the spec only its digest; tenants'
-    labels and annotations not at all. Idempotent (the watch may hand an ingested object
-    back)."""
+    labels and annotations not at all. `held(key)`: the parsed claim the cache holds for
+    that key, if any, whose equal strings and devices the new one takes
+    (`model.claim.shared_with`: one copy of each, as for a listed claim). Idempotent (the
+    watch may hand an ingested object back)."""
     if "parsed" in obj:
         return obj
     meta = obj.get("metadata") or {}
+    parsed = parse_claim(obj)
+    if held is not None:
+        parsed = shared_with(parsed, held(key_of(obj)))
     return {"metadata": {k: meta.get(k) for k in ("name", "namespace", "resourceVersion")
                          if meta.get(k) is not None},
-            "parsed": parse_claim(obj)}
+            "parsed": parsed}
 
 
 def ingest_slice(obj: dict, parse: Callable[[dict], Any]) -> dict:
@@ -248,7 +253,8 @@ class ClusterCache:
         self.slices = inf("resourceslices", resource.list_resource_slice, optional=True,
                           transform=functools.partial(ingest_slice, parse=self.dra.parse_slice))
         self.claims = inf("resourceclaims", resource.list_resource_claim_for_all_namespaces,
-                          transform=ingest_claim, optional=True)
+                          transform=functools.partial(ingest_claim, held=self._held_claim),
+                          optional=True)
         self.device_classes = inf("deviceclasses", resource.list_device_class, transform=keep_all,
                                   optional=True)
         # DR2/HL2: DeviceTaintRules (resource.k8s.io/v1beta2, served behind the off-by-default
@@ -310,6 +316,10 @@ class ClusterCache:
                                             lambda k: v.remove_nomination(k[1])))
         self.vmis.add_listener(self._on_vmi)
         self.vmis.add_listener(self._on_vmi_excuse)          # after `_vmi_records` is current
+
+    def _held_claim(self, key: Key) -> Claim | None:
+        """The parsed claim the claim informer holds at `key` (`ingest_claim`'s `held`)."""
+        return (self.claims.get(key) or {}).get("parsed")
 
     def _on_vmi(self, key: Key, obj: dict | None) -> None:
         # the uid and admission annotation of every live VMI; an incarnation that goes
@@ -380,7 +390,9 @@ class ClusterCache:
             self._quota_budgets.pop(key, None)
         else:
             try:
-                self._quota_budgets[key] = parse_budgets(obj)
+                budgets = parse_budgets(obj)
+                if self._quota_budgets.get(key) != budgets:  # equal: the view keeps the old
+                    self._quota_budgets[key] = budgets
             except ParseError as exc:
                 log.error("skipping malformed object", kind="ResourceQuota",
                           namespace=key[0], name=key[1], error=str(exc))
@@ -391,6 +403,9 @@ class ClusterCache:
 
     # -- foreign usage (§2 capacity) ------------------------------------------------------
     def _put_node(self, node: Node) -> None:
+        old = self._raw_nodes.get(node.name)
+        if old == node:   # the view may keep a value built from `old`: one copy, not two
+            node = old
         self._raw_nodes[node.name] = node
         self._refresh_node(node.name)
         self._ghost_nodes.discard(node.name)
@@ -571,13 +586,19 @@ class ClusterCache:
             self._refresh_nodes({r[0] for r in (old, rec) if r is not None} & self.dra.nodes())
 
     def _on_pod(self, key: Key, obj: dict | None) -> None:
-        old = self._pod_uses.pop(key, None)
-        if old is not None:
-            self._pods_on.get(old.node, set()).discard(key)
+        # a key already held stays (not popped and put back): `key` is the event's tuple,
+        # the one held the list's, and both would live on (issue 41 item 5)
+        old = self._pod_uses.get(key)
         use = parse_pod_use(obj) if obj is not None else None
-        if use is not None:
+        moved = old is None or use is None or old.node != use.node
+        if old is not None and moved:
+            self._pods_on.get(old.node, set()).discard(key)
+        if use is None:
+            self._pod_uses.pop(key, None)
+        else:
             self._pod_uses[key] = use
-            self._pods_on.setdefault(use.node, set()).add(key)
+            if moved:
+                self._pods_on.setdefault(use.node, set()).add(key)
         for node in {u.node for u in (old, use) if u is not None}:
             self._refresh_node(node)
 
@@ -588,9 +609,11 @@ class ClusterCache:
             uid = attachment_uid(dev, self._vmi_records)
             if uid is not None:
                 new = (dev.bound_node, dev.class_name, uid)
-        old = self._excuse_of.pop(key, None)
+        old = self._excuse_of.get(key)   # a key held stays (as `_on_pod` says)
         if new is not None:
             self._excuse_of[key] = new
+        elif old is not None:
+            del self._excuse_of[key]
         if old != new:
             for node in {e[0] for e in (old, new) if e is not None}:
                 self._refresh_node(node)

@@ -72,6 +72,37 @@ def key_of(obj: dict) -> Key:
     return (meta.get("namespace") or "", meta.get("name") or "")
 
 
+def share_strings(new: Any, old: Any) -> None:
+    """Make every string of `new` that equals the string at the same place in `old` (same
+    keys, same list index) that very object of `old`'s; mutates `new`, reads `old`.
+
+    A watch event replacing a cached object decodes fresh strings, while what was built from
+    the cached one keeps the old, equal ones: dict keys (a dict assignment keeps the key it
+    has), the view's values kept when equal (`VMIRecord`, `Node`). Listed objects share
+    their strings with all of that; without this, each replaced object's name, namespace,
+    uid, node name and the like would be held twice for as long as it lives (issue 41
+    item 5: +10 % blocks per watched object over a listed one)."""
+    if type(new) is dict:
+        if type(old) is not dict:
+            return
+        for k, v in new.items():
+            t = type(v)
+            if t is str:
+                o = old.get(k)
+                if type(o) is str and o == v:
+                    new[k] = o
+            elif t is dict or t is list:
+                share_strings(v, old.get(k))
+    elif type(new) is list and type(old) is list:
+        for i, (v, o) in enumerate(zip(new, old)):
+            t = type(v)
+            if t is str:
+                if type(o) is str and o == v:
+                    new[i] = o
+            elif t is dict or t is list:
+                share_strings(v, o)
+
+
 def _same_version(cached: dict, listed: dict) -> bool:
     """Whether `listed` (raw, from a list) is the version `cached` holds: both carry the
     same non-empty metadata.resourceVersion (an object's every change gets a new one)."""
@@ -245,8 +276,13 @@ class Informer:
             for o in body.get("items") or []:
                 k = key_of(o)
                 same = cache.get(k)
-                if same is None or not _same_version(same, o):
+                if same is None:
                     same = self._transform(o)
+                else:   # the key of the strings kept (`share_strings`), not of the page's
+                    if not _same_version(same, o):
+                        old, same = same, self._transform(o)
+                        share_strings(same, old)
+                    k = key_of(same)
                 fresh[k] = same
             pages += 1
             meta = body.get("metadata") or {}
@@ -297,6 +333,9 @@ class Informer:
             new_rv = (obj.get("metadata") or {}).get("resourceVersion")
             if old is not None and (old.get("metadata") or {}).get("resourceVersion") == new_rv:
                 return
+            if old is not None:
+                share_strings(obj, old)
+                k = key_of(obj)   # of the strings kept: what listeners store holds no others
             self._cache[k] = obj
         self.events += 1
         self._tell(k, self._cache.get(k))

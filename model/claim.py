@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Container, Iterable, Mapping, Sequence
 
@@ -287,6 +287,22 @@ def parse_claim(obj: Mapping[str, Any]) -> Claim:
                  in_use=bool(status.get("reservedFor")),
                  allocated=allocated, problem=problem,
                  spec_digest=spec_digest(obj.get("spec")))
+
+
+_SHARED_FIELDS = ("namespace", "name", "uid", "vmi", "admission", "allocated", "problem",
+                  "spec_digest")
+
+
+def shared_with(new: Claim, old: Claim | None) -> Claim:
+    """`new` with each of its strings and its `allocated` tuple that equals `old`'s taken
+    from `old` (the same value, one copy): what was built from `old` (the DRA index keeps
+    its devices while they are equal) then holds nothing `new` repeats. `new` itself when
+    `old` is None or nothing is equal."""
+    if old is None:
+        return new
+    same = {f: getattr(old, f) for f in _SHARED_FIELDS
+            if getattr(new, f) is not getattr(old, f) and getattr(new, f) == getattr(old, f)}
+    return replace(new, **same) if same else new
 
 
 def stamp_ops(claim: Claim, admission: str, now: datetime) -> list[dict[str, Any]]:
