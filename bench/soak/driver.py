@@ -377,7 +377,7 @@ class Soak:
         """`fn(*args)` retried on transport errors and 5xx (the API server or a replica
         restarting, a tenant's retry) and 429 until `deadline` (monotonic); ApiException 4xx
         propagate; TimeoutError at the deadline. `retried(exc)`, when given, is told of each
-        error retried (5xx or 429) before the pause."""
+        error retried (5xx, 429 or a transport error) before the pause."""
         import aiohttp
         from kubernetes_asyncio.client import ApiException
 
@@ -395,6 +395,8 @@ class Soak:
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 self.counts[f"retried_{what}_{type(exc).__name__}"] += 1
                 wait = 1.0
+                if retried is not None:
+                    retried(exc)
             if time.monotonic() + wait > deadline:
                 raise TimeoutError(what)
             await anyio.sleep(wait)
@@ -479,16 +481,29 @@ class Soak:
             self.running[ns].append(rec)
 
     def _waited(self, rec: Rec, op: Op, exc: BaseException) -> None:
-        """A create of `rec` answered `exc` (5xx or 429), about to be retried: a 503 of our
-        webhook is a wait (in line, WAITS_IN_LINE; a nomination, `rec.nominated` its node;
-        or another retryable refusal); at the second answer in line in a row (its client
-        retried: the binder's line holds it, `model.line.Entry.retried`) a set of template
-        devices with a tier is `Waiting` for P6's third rule from now, until it is admitted,
-        refused, gives up, is nominated or gets another answer."""
+        """A create of `rec` answered `exc` (5xx or 429, or a transport error), about to be
+        retried: a 503 of our webhook is a wait (in line, WAITS_IN_LINE; a nomination,
+        `rec.nominated` its node; or another retryable refusal); at the second answer in line
+        in a row (its client retried: the binder's line holds it, `model.line.Entry.retried`)
+        a set of template devices with a tier is `Waiting` for P6's third rule from now,
+        until it is admitted, refused, gives up, is nominated or gets another answer or
+        error: kube-apiserver's own (a 5xx, 429) or a transport error is an attempt the binder
+        did not see, and a bare VMI's entry leaves the line after `line.retryGrace` without
+        one (`model.line.DEFAULT_RETRY_GRACE`), so the set is known to wait again only from
+        its second answer in line in a row after. A transport error leaves `_last_in_line`
+        as it was (no answer: "gave up" still tells a create whose answers were all ours)."""
+        from kubernetes_asyncio.client import ApiException
+
         key = (rec.ns, rec.name)
+        if not isinstance(exc, ApiException):
+            self.p6.waiting.pop(key, None)
+            rec.lined = 0
+            return
         ours = in_line(exc)
         self._last_in_line[key] = ours
         if not ours:
+            self.p6.waiting.pop(key, None)
+            rec.lined = 0
             return
         rec.waited += 1
         text = error_text(exc, "create")

@@ -755,19 +755,95 @@ def test_the_driver_tells_a_wait_in_line_and_a_nomination_from_the_webhooks_503(
     soak._waited(rec, op, down)
     assert rec.waited == 1 and soak._last_in_line[("soak-t00", "vm00001")] is False
     soak._waited(rec, op, line)
+    assert not soak.p6.waiting   # kube-apiserver's 503 between: not two in line in a row
+    soak._waited(rec, op, line)
     w = soak.p6.waiting[("soak-t00", "vm00001")]
     assert (w.cls, w.gpus, w.priority) == ("soak-h100", 8, 1000)
     # another retryable refusal of ours: an answer, but not known to be in line
     soak._waited(rec, op, busy)
-    assert rec.waited == 3 and not soak.p6.waiting
+    assert rec.waited == 4 and not soak.p6.waiting
     soak._waited(rec, op, line)
     assert not soak.p6.waiting          # one answer in line since: not retried in line yet
     soak._waited(rec, op, line)
     assert soak.p6.waiting
     soak._waited(rec, op, nominated)
     assert rec.nominated == "soak-n0007" and not soak.p6.waiting
-    assert soak.counts == Counter({"waits_in_line": 4, "preemptors_nominated": 1,
+    assert soak.counts == Counter({"waits_in_line": 5, "preemptors_nominated": 1,
                                    "webhook_503_other": 1})
+
+
+def test_a_waiting_set_stops_waiting_when_an_attempt_does_not_reach_our_webhook():
+    """kube-apiserver's own 503 (or 429, another 5xx) or a transport error (the API server
+    restarting, a request timed out) between two answers in line: the binder may have
+    dropped the set's line entry meanwhile (a bare VMI's, after `line.retryGrace` without an
+    attempt), so the set is no longer known to wait (P6's third rule would otherwise judge
+    a lower-priority start against a set not in line) until two answers in line again."""
+    import json as _json
+
+    import aiohttp
+    from kubernetes_asyncio.client import ApiException
+
+    from bench.soak.driver import WAITS_IN_LINE, P6Check, Rec, Soak
+    from bench.soak.workload import Op
+
+    def answer(status, message):
+        exc = ApiException(status=status, reason="x")
+        exc.body = _json.dumps({"kind": "Status", "message": message})
+        return exc
+
+    line = answer(503, 'admission webhook "vmi.gpu.cozystack.io" denied the request: no room '
+                       f"for the set now; {WAITS_IN_LINE}: retry after 2 s")
+    key = ("soak-t00", "vm00001")
+    for between in (answer(503, "the server is currently unable to handle the request"),
+                    answer(429, "too many requests"), answer(500, "etcdserver: timeout"),
+                    aiohttp.ClientConnectionError("refused"), TimeoutError()):
+        soak = Soak.__new__(Soak)
+        soak.counts, soak._last_in_line, soak.p6 = Counter(), {}, P6Check("soak-", line=True)
+        op = Op(1.0, "create", tenant=0, size=8, name="vm00001", tier="on-demand")
+        rec = Rec(*key, 8, cls="soak-h100", tier="on-demand")
+        soak._waited(rec, op, line)
+        soak._waited(rec, op, line)
+        assert key in soak.p6.waiting
+        soak._waited(rec, op, between)
+        assert key not in soak.p6.waiting and rec.lined == 0, between
+        soak._waited(rec, op, line)
+        assert key not in soak.p6.waiting, between
+        soak._waited(rec, op, line)
+        assert key in soak.p6.waiting, between
+        assert rec.waited == 4, between   # only our webhook's answers count as waits
+
+
+def test_the_soaks_call_tells_retried_of_transport_errors_too(monkeypatch):
+    import aiohttp
+    import anyio
+
+    import bench.soak.driver as driver_mod
+    from bench.soak.driver import Soak
+
+    seen, tries = [], iter([aiohttp.ClientConnectionError("refused"), None])
+
+    async def fn(*args, **kw):
+        exc = next(tries)
+        if exc is not None:
+            raise exc
+        return "made"
+
+    real = anyio.sleep
+
+    async def no_pause(_s):
+        await real(0)
+
+    monkeypatch.setattr(driver_mod.anyio, "sleep", no_pause)
+
+    async def main():
+        soak = Soak.__new__(Soak)
+        soak.counts = Counter()
+        got = await soak._call(fn, what="create", deadline=float("inf"), retried=seen.append)
+        return got, soak.counts
+
+    got, counts = anyio.run(main)
+    assert got == "made" and [type(e) for e in seen] == [aiohttp.ClientConnectionError]
+    assert counts == Counter({"retried_create_ClientConnectionError": 1})
 
 
 def test_a_create_that_only_ever_waited_in_line_gave_up_and_one_unanswered_is_lost():
