@@ -127,6 +127,12 @@ class Preemption:
         vm_uid = vm_owner(live)  # a VM's VMI has the VM's name
         owner = (v.vmi, vm_uid) if vm_uid is not None else None
         strategy = await self._run_strategy(v.namespace, owner) if owner is not None else None
+        if not n.live(self._now()):
+            # the round's plan is as of its start; the reads before (this victim's, and every
+            # earlier stop's in the round) may have outlasted the nomination (P6: only a victim
+            # of a live nomination is ever deleted)
+            log.info("victim_not_stopped_nomination_expired", victim=v.name, nomination=n.name)
+            return
         try:
             await self._client.delete(VMIS, v.namespace, v.vmi, uid=uid)
         except (errors.NotFound, errors.Conflict):

@@ -93,6 +93,24 @@ async def test_the_worker_stops_exactly_the_victims_of_live_nominations_and_drop
     assert worker.stopped == 1 and worker.dropped == 1
 
 
+async def test_a_victim_whose_nomination_expired_during_the_round_is_not_deleted():
+    # the round plans at NOW (the nomination lives until NOW + 2 min); the live read of the
+    # victim (a loaded API server, earlier stops' reads) ends after the expiry: no delete
+    cache, client = world()
+    client.script("get", vmi_obj("spot", "a", "uid-a", "adm-a"))
+    calls = []
+
+    def clock():
+        calls.append(None)
+        return NOW if len(calls) == 1 else NOW + timedelta(minutes=3)
+
+    worker = Preemption(client, cache, ApiNominations(client, "cozy-system"), now=clock)
+    await worker.round()
+    assert client.of("get") == [(VMIS, "spot", "a")]   # planned while the nomination lived
+    assert not any(d[0] == VMIS for d in client.of("delete")) and worker.stopped == 0
+    assert not any(b["reason"] == "GPUSetPreempted" for _, b in client.of("create_event"))
+
+
 async def test_a_victim_recreated_since_the_cache_saw_it_is_never_deleted():
     cache, client = world()
     client.script("get", vmi_obj("spot", "a", "uid-a2", "adm-a2"))  # the live read: another one
