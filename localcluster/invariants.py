@@ -564,7 +564,8 @@ def line_read(snap: Snapshot | LineRead) -> LineRead:
 
 
 def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Waiting],
-                     judged: dict[tuple, int | bool | None]) -> list[Violation]:
+                     judged: dict[tuple, int | bool | None], *,
+                     preemptors: Iterable[tuple[str, str]] = ()) -> list[Violation]:
     """§3c P6 "no lower-priority set starts on devices a waiting higher-priority set could
     start on now", count mode, from what the API shows. `window`: the caller's reads, oldest
     first, each with `started` and `placeable` (earlier ones may be `LineRead`s); the last, a
@@ -574,12 +575,13 @@ def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Wa
     it was judged against (0: none waited above it), False when no read of the window began
     `LINE_LAG` before its request (not judged), None when it was requested before the
     window's first read (started before the caller looked); updated; each set is looked at
-    once.
+    once. `preemptors`: (namespace, VMI) of the preemptors of nominations the caller saw
+    besides the reads' (a watch: one made and deleted between two reads is in no read).
 
     A set R first seen started in the last read (whole set Bound on node N, of recorded
     priority p, requested at r) breaks it when a waiting W of the same class with a priority
-    above p, in line since before r, not a preemptor of any nomination read (its room is
-    held) while R is none, could have used N and nothing else. Judged pessimistically so
+    above p, in line since before r, not a preemptor of any nomination read or of
+    `preemptors` (its room is held) while R is none, could have used N and nothing else. Judged pessimistically so
     that a violation is certain (the binder's view lags the API by up to LINE_LAG and the
     reads are seconds apart): with the window from the last read begun LINE_LAG before r,
     W fits N with R's new room even counting every device Bound on N in any read of the
@@ -595,6 +597,7 @@ def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Wa
     assert isinstance(last, Snapshot), "the read judged is a whole Snapshot"
     window = [line_read(r) for r in window]
     waiting = list(waiting)
+    seen_preemptors = set(preemptors)
     out: list[Violation] = []
     sets = _started_sets(last)
     bounds = [r.bound for r in window]
@@ -633,7 +636,7 @@ def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Wa
         placeable = (set(last.allocatable) if any(r.placeable is None for r in reads)
                      else set().union(*(r.placeable for r in reads)))
         noms = [n for r in reads for n in _parsed(r.nominations)]
-        preemptors = {(n.namespace, n.vmi) for n in noms}
+        preemptors = {(n.namespace, n.vmi) for n in noms} | seen_preemptors
         if (key[0], key[1]) in preemptors:
             continue   # R started on room nominated for it
         nominated = sum(k for n in noms if n.node == node for r_, k in n.units if r_ == res)

@@ -136,8 +136,9 @@ class P6Check:
     each VMI of ours was last read alive; with `line` (the priority mix), P6's third rule
     over `window` (the earlier reads of the last LINE_WINDOW_S s) and `waiting` (the sets
     the soak knows to wait in line, `inv.Waiting`, kept by the driver), each started set
-    judged once (`judged`); `nominations` ((preemptor, created) -> a summary) and
-    `victims_gone` for the report."""
+    judged once (`judged`), never a preemptor of a nomination seen (`preemptors`, the watch's
+    too: one made and deleted between two reads); `nominations` ((preemptor, created) -> a
+    summary) and `victims_gone` for the report."""
 
     def __init__(self, prefix: str, *, line: bool = False) -> None:
         self.prefix, self.line = prefix, line
@@ -147,6 +148,7 @@ class P6Check:
         self.window: deque[inv.LineRead] = deque()
         self.judged: dict[tuple, int | bool | None] = {}
         self.nominations: dict[tuple[str, str], dict] = {}
+        self.preemptors: set[tuple[str, str]] = set()
         self.victims_gone: set[tuple[str, str]] = set()
 
     def read(self, snap: inv.Snapshot, before: set[tuple[str, str]],
@@ -192,6 +194,7 @@ class P6Check:
         if not _concerns_prefix(obj, self.prefix):
             return
         self.victims = inv.merge_expiries(self.victims, inv.victim_expiries([obj]))
+        self.preemptors.add((pre.get("namespace"), pre.get("vmi")))
         key = (f"{pre.get('namespace')}/{pre.get('vmi')}", str(spec.get("created")))
         victims = sorted(f"{v.get('namespace')}/{v.get('vmi')}" for v in spec.get("victims") or []
                          if isinstance(v, dict))
@@ -205,7 +208,8 @@ class P6Check:
         """P6's third rule on `snap` (`inv.check_line_order`) over the reads of the last
         LINE_WINDOW_S s, with the sets waiting in line now (still waiting after the read)."""
         window = [*self.window, snap]
-        got = inv.check_line_order(window, list(self.waiting.values()), self.judged)
+        got = inv.check_line_order(window, list(self.waiting.values()), self.judged,
+                                   preemptors=self.preemptors)
         self.window.append(inv.line_read(snap))
         while (len(self.window) > 1 and snap.started is not None and self.window[0].started is not None
                and (snap.started - self.window[0].started).total_seconds() > LINE_WINDOW_S):

@@ -456,3 +456,23 @@ def test_a_node_is_placeable_when_uncordoned_ready_and_untainted():
     assert not inv._placeable(node(taints=[V1Taint(key="gpu.example.com/reserved", effect="NoSchedule")]))
     assert inv._placeable(node(taints=[V1Taint(key="x", effect="PreferNoSchedule")]))
     assert not inv._placeable(V1Node(metadata=V1ObjectMeta(name="n"), spec=V1NodeSpec()))  # no Ready
+
+
+def test_the_soak_never_judges_a_preemptor_its_watch_saw_as_a_lower_priority_start():
+    """A nomination made and deleted between two reads (its victims gone within seconds, its
+    preemptor admitted, the nomination dropped) is in no read's list, only in what the soak's
+    watch noted: its preemptor started on room held for it, as one listed in a read would."""
+    from bench.soak.driver import P6Check
+
+    first, last = window()
+    p6 = P6Check("", line=True)
+    p6.waiting[("t", "od")] = W
+    p6.window.append(inv.line_read(first))
+    assert kinds(p6._line_order(last)) == [inv.LINE_INVERSION]   # nobody said R preempted
+    p6 = P6Check("", line=True)
+    p6.waiting[("t", "od")] = W
+    p6.window.append(inv.line_read(first))
+    p6.note_nomination(nomination(("s", "spot"), units=(("r", 2),), victims=(("u", "x", None),),
+                                  expires=T0 + timedelta(minutes=2)))
+    assert p6._line_order(last) == []
+    assert p6.judged[("s", "spot", "adm-1")] == 1
