@@ -233,7 +233,7 @@ def p6_part(by_kind: dict[str, int], counts: dict, nominations: list[dict], vict
     """§3c P6 in a report, each invariant's violations beside what it was checked over, so
     that 0 violations over 0 preemptions reads as not exercised: `preemptions` (the distinct
     GPUNominations seen: one per preemptor and creation, `nominations` as
-    `Soak.note_nomination` keeps them), the victims they named and those seen gone
+    `P6Check.note_nomination` keeps them), the victims they named and those seen gone
     (`victims_gone`), the preemptors answered as nominated and admitted and on which node
     (`counts`), the sets `check_line_order` judged (`line_judged`: the number of waiting sets
     each was judged against, False not judged for want of an early enough read, None started
