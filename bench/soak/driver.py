@@ -27,6 +27,7 @@ from bench.soak.report import heap_reports, plot, soak_report, summary, targets
 from bench.soak.workload import (MAX_CREATE_RATE, MAX_MINUTES, Op, SoakSpec, deletion_order,
                                  schedule, schedule_digest)
 from localcluster import invariants as inv
+from model.line import DEFAULT_RETRY_GRACE
 
 SOAK_ARGS = ("--lease-duration=8", "--renew-deadline=6", "--retry-period=1",
              "--attachment-grace=30", "--bind-timeout=15", "--housekeeping-period=2")
@@ -112,6 +113,11 @@ def nominated_node(text: str) -> str | None:
     m = re.search(r"lower-priority VMs? on (\S+) to make room for it", text)
     return m.group(1) if m else None
 
+
+LINE_RETRY_GRACE_S = DEFAULT_RETRY_GRACE.total_seconds()
+"""How long a bare VMI's entry stays in the binder's line without a new attempt (the soak
+runs the controller with `line.retryGrace`'s default): two answers in line further apart
+than this (from the first's attempt sent) may belong to two entries (`Soak._waited`)."""
 
 WAITS_IN_LINE = "the set waits in the line for room"
 """The words our webhook's 503 carries when a bare VMI refused for room takes (or keeps) its
@@ -232,6 +238,7 @@ class Soak:
         self.deleted: set[tuple[str, str]] = set()           # VMIs the soak deleted itself (P6)
         self.p6 = P6Check(spec.prefix, line=spec.priorities)   # §3c P6 across reads
         self._last_in_line: dict[tuple[str, str], bool] = {}   # the last retried answer ours
+        self._line_sent: dict[tuple[str, str], float] = {}    # when the last attempt answered in line was sent
         self.running: dict[str, deque[Rec]] = {}              # deletable, oldest first
         self.held_free: dict[tuple[str, str], set[str]] = {}   # (ns, class) -> free held
         self.held_node: dict[tuple[str, str], str] = {}
@@ -380,12 +387,14 @@ class Soak:
     async def _call(self, fn, *args, what: str, deadline: float, retried=None, **kw):
         """`fn(*args)` retried on transport errors and 5xx (the API server or a replica
         restarting, a tenant's retry) and 429 until `deadline` (monotonic); ApiException 4xx
-        propagate; TimeoutError at the deadline. `retried(exc)`, when given, is told of each
-        error retried (5xx, 429 or a transport error) before the pause."""
+        propagate; TimeoutError at the deadline. `retried(exc, sent)`, when given, is told of
+        each error retried (5xx, 429 or a transport error) before the pause, with when the
+        attempt answered so was sent (monotonic)."""
         import aiohttp
         from kubernetes_asyncio.client import ApiException
 
         while True:
+            sent = time.monotonic()
             try:
                 return await fn(*args, _request_timeout=40, **kw)
             except ApiException as exc:
@@ -393,14 +402,14 @@ class Soak:
                     self.counts[f"retried_{what}_{exc.status}"] += 1
                     wait = float((exc.headers or {}).get("Retry-After") or 1)
                     if retried is not None:
-                        retried(exc)
+                        retried(exc, sent)
                 else:
                     raise
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 self.counts[f"retried_{what}_{type(exc).__name__}"] += 1
                 wait = 1.0
                 if retried is not None:
-                    retried(exc)
+                    retried(exc, sent)
             if time.monotonic() + wait > deadline:
                 raise TimeoutError(what)
             await anyio.sleep(wait)
@@ -434,7 +443,7 @@ class Soak:
                 made = await self._call(custom.create_namespaced_custom_object, VMI_GROUP,
                                         VMI_VERSION, ns, VMIS, body, what="create",
                                         deadline=deadline,
-                                        retried=lambda exc: self._waited(rec, op, exc))
+                                        retried=lambda exc, sent: self._waited(rec, op, exc, sent))
             except ApiException as exc:
                 if exc.status != 409:
                     raise
@@ -462,6 +471,7 @@ class Soak:
         finally:
             self.p6.waiting.pop((ns, rec.name), None)
             self._last_in_line.pop((ns, rec.name), None)
+            self._line_sent.pop((ns, rec.name), None)
         rec.answer_s = round(time.monotonic() - t, 3)
         if rec.nominated:
             self.counts["preemptors_admitted"] += 1
@@ -484,7 +494,7 @@ class Soak:
         if (ns, rec.name) in self.admitted:
             self.running[ns].append(rec)
 
-    def _waited(self, rec: Rec, op: Op, exc: BaseException) -> None:
+    def _waited(self, rec: Rec, op: Op, exc: BaseException, sent: float | None = None) -> None:
         """A create of `rec` answered `exc` (5xx or 429, or a transport error), about to be
         retried: a 503 of our webhook is a wait (in line, WAITS_IN_LINE; a nomination,
         `rec.nominated` its node; or another retryable refusal); at the second answer in line
@@ -494,8 +504,12 @@ class Soak:
         error: kube-apiserver's own (a 5xx, 429) or a transport error is an attempt the binder
         did not see, and a bare VMI's entry leaves the line after `line.retryGrace` without
         one (`model.line.DEFAULT_RETRY_GRACE`), so the set is known to wait again only from
-        its second answer in line in a row after. A transport error leaves `_last_in_line`
-        as it was (no answer: "gave up" still tells a create whose answers were all ours)."""
+        its second answer in line in a row after. Nor are two answers in line in a row when
+        the second came LINE_RETRY_GRACE_S or more after the first's attempt was `sent`
+        (monotonic; None: unknown, in a row): the binder's refusals may then have been that
+        far apart, its entry gone and back unretried meanwhile. A transport error leaves
+        `_last_in_line` as it was (no answer: "gave up" still tells a create whose answers
+        were all ours)."""
         from kubernetes_asyncio.client import ApiException
 
         key = (rec.ns, rec.name)
@@ -524,6 +538,12 @@ class Soak:
             rec.lined = 0
             return
         self.counts["waits_in_line"] += 1
+        before = self._line_sent.get(key)
+        if rec.lined and before is not None and time.monotonic() - before >= LINE_RETRY_GRACE_S:
+            self.p6.waiting.pop(key, None)
+            rec.lined = 0
+        if sent is not None:
+            self._line_sent[key] = sent
         rec.lined += 1
         if rec.lined == 2 and op.tier and not rec.held and not rec.nominated:
             self.p6.waiting[key] = inv.Waiting(rec.ns, rec.name, rec.cls, rec.size, op.priority,

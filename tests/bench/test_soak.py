@@ -748,6 +748,7 @@ def test_the_driver_tells_a_wait_in_line_and_a_nomination_from_the_webhooks_503(
     # Waiting (its client retried); a nomination takes it out and names the node
     soak = Soak.__new__(Soak)
     soak.counts, soak._last_in_line, soak.p6 = Counter(), {}, P6Check("soak-", line=True)
+    soak._line_sent = {}
     op = Op(1.0, "create", tenant=0, size=8, name="vm00001", tier="on-demand")
     rec = Rec("soak-t00", "vm00001", 8, cls="soak-h100", tier="on-demand")
     soak._waited(rec, op, line)
@@ -799,6 +800,7 @@ def test_a_waiting_set_stops_waiting_when_an_attempt_does_not_reach_our_webhook(
                     aiohttp.ClientConnectionError("refused"), TimeoutError()):
         soak = Soak.__new__(Soak)
         soak.counts, soak._last_in_line, soak.p6 = Counter(), {}, P6Check("soak-", line=True)
+        soak._line_sent = {}
         op = Op(1.0, "create", tenant=0, size=8, name="vm00001", tier="on-demand")
         rec = Rec(*key, 8, cls="soak-h100", tier="on-demand")
         soak._waited(rec, op, line)
@@ -811,6 +813,48 @@ def test_a_waiting_set_stops_waiting_when_an_attempt_does_not_reach_our_webhook(
         soak._waited(rec, op, line)
         assert key in soak.p6.waiting, between
         assert rec.waited == 4, between   # only our webhook's answers count as waits
+
+
+def test_answers_in_line_further_apart_than_the_lines_retry_grace_are_not_in_a_row(monkeypatch):
+    """A bare VMI's entry leaves the binder's line `line.retryGrace` (10 s) after its last
+    refusal without another: when an answer in line comes that long after the previous
+    in-line attempt was sent (a slow round trip), the entry may have left and come back
+    unretried meanwhile, holding back nobody: the count of answers in line starts again."""
+    import json as _json
+    from types import SimpleNamespace
+
+    from kubernetes_asyncio.client import ApiException
+
+    import bench.soak.driver as driver_mod
+    from bench.soak.driver import WAITS_IN_LINE, P6Check, Rec, Soak
+    from bench.soak.workload import Op
+
+    line = ApiException(status=503, reason="x")
+    line.body = _json.dumps({"kind": "Status", "message": 'admission webhook "vmi.gpu.cozystack.io" '
+                             f"denied the request: no room; {WAITS_IN_LINE}: retry after 2 s"})
+    key = ("soak-t00", "vm00001")
+
+    def soak_and_rec():
+        soak = Soak.__new__(Soak)
+        soak.counts, soak._last_in_line, soak.p6 = Counter(), {}, P6Check("soak-", line=True)
+        soak._line_sent = {}
+        return soak, Rec(*key, 8, cls="soak-h100", tier="on-demand")
+
+    op = Op(1.0, "create", tenant=0, size=8, name="vm00001", tier="on-demand")
+    m = 1000.0   # the driver's monotonic clock now, answers arriving
+    monkeypatch.setattr(driver_mod, "time", SimpleNamespace(monotonic=lambda: m))
+    soak, rec = soak_and_rec()
+    soak._waited(rec, op, line, sent=m - 3)
+    soak._waited(rec, op, line, sent=m - 1)          # 3 s since the first was sent: in a row
+    assert key in soak.p6.waiting
+    soak, rec = soak_and_rec()
+    soak._waited(rec, op, line, sent=m - 40)
+    soak._waited(rec, op, line, sent=m - 35)         # answered 40 s after the first was sent
+    assert key not in soak.p6.waiting and rec.lined == 1
+    soak._waited(rec, op, line, sent=m - 0.1)        # 35 s after the second was sent
+    assert key not in soak.p6.waiting and rec.lined == 1
+    soak._waited(rec, op, line, sent=m)
+    assert key in soak.p6.waiting and rec.lined == 2
 
 
 def test_the_soaks_call_tells_retried_of_transport_errors_too(monkeypatch):
@@ -838,7 +882,8 @@ def test_the_soaks_call_tells_retried_of_transport_errors_too(monkeypatch):
     async def main():
         soak = Soak.__new__(Soak)
         soak.counts = Counter()
-        got = await soak._call(fn, what="create", deadline=float("inf"), retried=seen.append)
+        got = await soak._call(fn, what="create", deadline=float("inf"),
+                               retried=lambda exc, sent: seen.append(exc))
         return got, soak.counts
 
     got, counts = anyio.run(main)
@@ -870,7 +915,7 @@ def test_a_create_that_only_ever_waited_in_line_gave_up_and_one_unanswered_is_lo
         soak.fleet = SimpleNamespace(custom=SimpleNamespace(create_namespaced_custom_object=create))
         soak.held_free = {("soak-t00", "soak-h100"): set()}
         soak.recs, soak.counts, soak.log = [], Counter(), lambda m: None
-        soak._last_in_line, soak.p6 = {}, P6Check("soak-", line=True)
+        soak._last_in_line, soak.p6, soak._line_sent = {}, P6Check("soak-", line=True), {}
         return soak
 
     op = Op(1.0, "create", tenant=0, size=2, name="vm00001", tier="preemptible")
@@ -880,7 +925,7 @@ def test_a_create_that_only_ever_waited_in_line_gave_up_and_one_unanswered_is_lo
     anyio.run(soak.create, op)
     rec = soak.recs[0]
     assert rec.outcome == "gave up" and rec.waited >= 1 and "503 in line" in rec.refusal
-    assert soak.p6.waiting == {} and soak._last_in_line == {}   # no longer waiting
+    assert soak.p6.waiting == {} and soak._last_in_line == {} and soak._line_sent == {}
     # kube-apiserver's own 503 all along: no answer of ours, the admission is lost
     soak = soak_answering(answer("the server is currently unable to handle the request"))
     anyio.run(soak.create, op)
