@@ -21,7 +21,8 @@ And §3c P6 over the GPUNominations the read lists (`check_nominations`, at ever
 the room of a live nomination is Bound for nobody but its preemptor and its victims (count
 mode: its units fit on its node beside every other set; device mode: each nominated DRA device
 is recorded by nobody else); (`check_gone`) no VMI of ours the caller knew is gone unless
-the caller deleted it or a nomination seen named it a victim; and (`check_line_order`, count
+the caller deleted it or a nomination seen named it a victim (given when the VMI was last
+read alive, one that was still live then); and (`check_line_order`, count
 mode, over a window of reads) no set started on a node where a set of strictly higher
 priority the caller knows to be waiting in line could have started, and nowhere after.
 """
