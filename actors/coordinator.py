@@ -180,6 +180,12 @@ class Coordinator(Actor):
         self._reserved: Mapping[Identity, str] = {}  # P5: the nodes reserved at the last batch
         self._line_reserved: Mapping[Identity, str] = {}  # of them, `model.line.reservation`'s
         self._nominated: dict[RequestKey, Nomination] = {}  # P4: new ones the view does not show yet
+        # wall instants (epoch s) of the `decision` lines (bench floor's split of the webhook's
+        # wait): when the router first found each queued request complete since its last batch
+        # (`Examine.seen_at`; bounded by the queue), those of the batch being decided, its start
+        self._seen: dict[RequestKey, float] = {}
+        self._batch_seen: dict[RequestKey, float] = {}
+        self._batch_at: float | None = None
         self._ref: ActorRef | None = None
         self._tg: Any = None
 
@@ -218,8 +224,10 @@ class Coordinator(Actor):
 
     async def receive(self, message: Any) -> Any:
         match message:
-            case Examine(namespace, request_id):
+            case Examine(namespace, request_id, seen_at):
                 self._queue.add((namespace, request_id))
+                if seen_at is not None:
+                    self._seen.setdefault((namespace, request_id), seen_at)
             case _Decide(first):
                 try:
                     await self._decide_due(first)
@@ -339,6 +347,7 @@ class Coordinator(Actor):
         phantom reservation never makes a refusal, a B5(a) answer or a B4 choice. The
         request refused itself is requeued to try its next candidate in a later batch (no
         fallback is awaited here). The batch's decisions go to the pipeline together."""
+        self._batch_seen = {k: self._seen.pop(k) for k in batch if k in self._seen}
         flights = await self._flights()
         fresh: list = []
         again: list[RequestKey] = []
@@ -352,6 +361,7 @@ class Coordinator(Actor):
         if not fresh and not again:
             return
         started = self._clock.monotonic()
+        self._batch_at = self._clock.now().timestamp()
         wave: list[Decided] = []
         entries: list[Placing | _Answer] = []
         targets: dict[RequestKey, Placement] = {}  # of the fallbacks (others: their first)
@@ -619,7 +629,8 @@ class Coordinator(Actor):
                     self._nominated[(req.namespace, req.id)] = n  # its room held until the view shows it
                 _log.info("decision", request_id=req.id, namespace=req.namespace, vmi=req.vmi,
                           rule=Rule.REFUSED, result=Result.REFUSED.value, chosen=None, candidates=[],
-                          nominated=n.node, victims=[v.name for v in n.victims], fresh=nominated.fresh)
+                          nominated=n.node, victims=[v.name for v in n.victims], fresh=nominated.fresh,
+                          **self._instants(req))
                 if nominated.fresh:
                     self._observe_preempted(req, len(n.victims))
                 return _Answer(Decided(req, Result.REFUSED, None, reason.render(), None, code=reason.code,
@@ -630,13 +641,22 @@ class Coordinator(Actor):
         self._counts["decided"] += 1
         _log.info("decision", request_id=req.id, namespace=req.namespace, vmi=req.vmi,
                   rule=decision.rule, result=decision.result.value, chosen=decision.node,
-                  candidates=[p.node for p in decision.placements])
+                  candidates=[p.node for p in decision.placements], **self._instants(req))
         if isinstance(action, Answer):
             reason = decision.reason
             code = reason.code if reason is not None else None
             return _Answer(Decided(req, decision.result, decision.node, decision.message, None,
                                    code=code), decision.rule, started, code)
         return Placing((req.namespace, req.id), req, decision, started, hold=action.hold)
+
+    def _instants(self, req: Request) -> dict[str, float | None]:
+        """The `decision` line's wall instants (epoch s, the Clock's `now()`): `seen_at` when
+        the router found `req` complete (`Examine.seen_at`; None when it was queued otherwise,
+        by a resync or this incarnation's start, or decided again in a later batch) and
+        `batch_at` when the batch deciding it started. `bench floor` joins them with the
+        webhook's instants (docs/benchmarks.md)."""
+        return {"seen_at": self._batch_seen.pop((req.namespace, req.id), None),
+                "batch_at": self._batch_at}
 
     def _awaits_view(self, req: Request, decision: Decision) -> bool:
         """A refusal only for devices or classes the view does not hold

@@ -16,10 +16,14 @@ from model.nominate import NominationSettings
 @dataclass(frozen=True, slots=True)
 class Examine:
     """Request `request_id` of `namespace` changed: read it from the view and act if it is
-    complete and lacks a result. Level based: sending it twice is harmless."""
+    complete and lacks a result. Level based: sending it twice is harmless. `seen_at`: wall
+    time (epoch seconds, the Clock's `now()`) at which the router found it complete in the
+    view (None: not said); the coordinator logs the first since its last decision as the
+    `decision` line's `seen_at` (`bench floor`'s split of the webhook's wait)."""
 
     namespace: str
     request_id: str
+    seen_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

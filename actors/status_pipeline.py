@@ -238,7 +238,9 @@ class PipelineConfig:
 class _Flight:
     """A decided request whose writes are running (`running`), gave up (`stalled`: the
     whole reservation kept), or ended at `finished_at` and wait for the view. `written`:
-    members whose placement write was attempted (may have applied)."""
+    members whose placement write was attempted (may have applied). `started_at` and
+    `finished_at` are loop time; `flown_at` the wall time (epoch s, the Clock's `now()`) at
+    which it was registered, for the `writes_finished` line."""
 
     decided: Decided
     serial: int
@@ -248,6 +250,7 @@ class _Flight:
     stalled: bool = False
     finished_at: float | None = None
     withdrawn: bool = False
+    flown_at: float | None = None
 
 
 _serials = itertools.count(1)
@@ -360,7 +363,7 @@ class StatusPipeline(Actor):
         and start one task writing them all."""
         plan: list[tuple[int, list[StatusWrite]]] = []
         first: dict[int, Nomination] = {}  # P4: recorded before the flight's writes
-        now = anyio.current_time()
+        now, wall = anyio.current_time(), self._clock.now().timestamp()
         for d in decisions:
             old = self._flights.get(d.key)
             if old is not None:
@@ -370,7 +373,7 @@ class StatusPipeline(Actor):
                     self._release(old)  # an earlier attempt held capacity elsewhere
             serial = next(_serials)
             writes, written = self._writes(d)
-            self._flights[d.key] = _Flight(d, serial, now, written)
+            self._flights[d.key] = _Flight(d, serial, now, written, flown_at=wall)
             self._by_serial[serial] = d.key
             if writes:
                 plan.append((serial, writes))
@@ -404,9 +407,11 @@ class StatusPipeline(Actor):
                     self._coordinator.tell_nowait(Stalled(d.key))
                 except (MailboxFull, ActorStopped):
                     pass  # the coordinator's resync examines it again (level based)
+        # flown_at, finished_at: wall s (bench floor's split of the webhook's wait)
         _log.info("writes_finished", request_id=d.request.id, namespace=d.request.namespace,
                   outcome=outcome, result=d.result.value, chosen=d.node,
-                  seconds=round(flight.finished_at - flight.started_at, 4))
+                  seconds=round(flight.finished_at - flight.started_at, 4),
+                  flown_at=flight.flown_at, finished_at=self._clock.now().timestamp())
 
     def _prune(self) -> None:
         """Drop finished flights the view has caught up with (or that waited longer than

@@ -313,10 +313,11 @@ class Binder:
                 # decided it is writing it, or its successor recovers it on start (B7).
                 continue
             requests[(dev.namespace, br.id)] = None
+        seen = self._clock.now().timestamp() if requests else None  # wall s: bench floor's split
         for ns, rid in requests:
             complete, _ = find_requests(view.request_members(ns, rid))
             if any(r.id == rid for r in complete):
-                await self._tell_coordinator(Examine(ns, rid))
+                await self._tell_coordinator(Examine(ns, rid, seen))
 
     async def _tell_coordinator(self, message: object) -> None:
         ref = self.coordinator

@@ -26,7 +26,7 @@ from k8s import errors
 from k8s.cache import ClusterCache
 from k8s.client import KubeClient
 from k8s.webhook import steps
-from k8s.webhook.phases import PhaseObserver, phase, recording, set_mode
+from k8s.webhook.phases import PhaseObserver, mark, marked, phase, recording, set_mode
 from k8s.webhook.fairness import Busy, EventBudget, TenantGate
 from k8s.webhook.review import Category, Denial, Review, reason_denial, refusal_denial
 from k8s.webhook.steps import Attempt, Denied, Written
@@ -414,7 +414,10 @@ class VMIAdmission:
             raise Denied.of(refusal_denial(answer)) from exc
         log.info("VMI admitted", node=node, request_id=attempt.admission,
                  devices=list(plan.devices),  # seconds since the review reached _fair_admit:
-                 webhook_seconds=round(anyio.current_time() - deadline + self.bind_timeout, 3))
+                 webhook_seconds=round(anyio.current_time() - deadline + self.bind_timeout, 3),
+                 # wall s when the attach patches had returned and the result was seen, and
+                 # wait-result's seconds (its phase): bench floor's split of the wait
+                 **marked("wait-result"))
         return patch_response(review.uid, ops)
 
     async def _judge(self, review: Review, deadline: float) -> _Judged:
@@ -475,10 +478,12 @@ class VMIAdmission:
             request = steps.request_body(attempt, plan, judged.selector, review.tolerations)
             with phase("attach"):
                 await steps.attach_all(self.api, attempt, request, plan, written)
-            with phase("wait-result"):
+            with phase("wait-result"):  # its wall instants for "VMI admitted" (bench floor)
+                mark("attached_at", self.now().timestamp())
                 node = await steps.wait_result(self.waiter, attempt, plan.devices,
                                                max(0.5, deadline - anyio.current_time()),
                                                self.bind_timeout)
+                mark("result_at", self.now().timestamp())
             return node, await self._wire(review, attempt, plan, node, written, deadline)
         except BaseException as exc:
             await steps.clean_up(self.api, attempt, written)

@@ -5,7 +5,9 @@ metrics: `gpu_binder_admission_phase_seconds{phase,mode}`) once the VMI is admit
 The recorder lives in a context variable set by `recording()` for one review, so a step
 wrapped in `phase(name)` adds its seconds to that review's recorder and to no other (anyio
 tasks copy the context they start in); outside `recording()`, `phase` costs one lookup and
-records nothing. No I/O: two `time.perf_counter()` readings per phase.
+records nothing. No I/O: two `time.perf_counter()` readings per phase. A review may also
+`mark` wall instants (epoch seconds, read by the caller's clock) for its log line: the
+webhook marks its wait for the binder's result (`bench floor` joins them with the leader's).
 """
 
 from __future__ import annotations
@@ -50,12 +52,14 @@ class Recorded:
 class Recorder:
     """The phases of one review so far (`recording()` makes it): `clock` returns seconds
     (monotonic), `started` its reading at the start, `seconds` per phase name, `mode` once
-    `set_mode` said it (None: not admitted with a patch, nothing to observe)."""
+    `set_mode` said it (None: not admitted with a patch, nothing to observe), `marks` the
+    wall instants `mark` noted (name → epoch seconds; not observed as phases)."""
 
     clock: Callable[[], float] = time.perf_counter
     started: float = 0.0
     seconds: dict[str, float] = field(default_factory=dict)
     mode: str | None = None
+    marks: dict[str, float] = field(default_factory=dict)
 
     def add(self, name: str, seconds: float) -> None:
         """Add `seconds` to phase `name` (a phase met twice, e.g. a retried read, sums)."""
@@ -115,6 +119,29 @@ class phase:  # noqa: N801 - used as a statement, like contextlib's context mana
 
     async def __aexit__(self, *exc: object) -> None:
         self.__exit__()
+
+
+def mark(name: str, wall: float) -> None:
+    """Note wall instant `name` (epoch seconds, e.g. `datetime.timestamp()` of the webhook's
+    clock) of the review being recorded; a later mark of the same name replaces it. Nothing
+    recorded: no effect."""
+    rec = _CURRENT.get()
+    if rec is not None:
+        rec.marks[name] = wall
+
+
+def marked(*phases: str) -> dict[str, float]:
+    """The review being recorded: its marks (`mark`) and, for each of `phases` it met, that
+    phase's seconds so far as `<phase>_s` (dashes as underscores), for its log line; {}
+    outside `recording()`."""
+    rec = _CURRENT.get()
+    if rec is None:
+        return {}
+    out = dict(rec.marks)
+    for name in phases:
+        if name in rec.seconds:
+            out[name.replace("-", "_") + "_s"] = rec.seconds[name]
+    return out
 
 
 def set_mode(mode: str) -> None:

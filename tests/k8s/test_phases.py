@@ -130,3 +130,39 @@ async def test_a_denied_or_dry_run_review_is_not_observed(monkeypatch, anyio_bac
                                                lambda self, r: observed.append(r)})()
         await adm.handle(rv)
     assert observed == []
+
+
+def test_marks_are_the_reviews_wall_instants_and_phase_seconds_for_its_log_line():
+    from k8s.webhook.phases import mark, marked
+
+    mark("attached_at", 1.0)                  # no recorder: no effect, no error
+    assert marked("wait-result") == {}
+    clock = Ticks()
+    with recording(clock):
+        with phase("wait-result"):
+            mark("attached_at", 1_800_000_000.25)
+            clock.now += 0.5
+            mark("result_at", 1_800_000_000.75)
+        assert marked("wait-result", "claim") == {
+            "attached_at": 1_800_000_000.25, "result_at": 1_800_000_000.75,
+            "wait_result_s": 0.5}             # "claim" not met: not said
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", [FAKE_TIME])
+async def test_the_admitted_line_says_when_the_wait_for_the_binder_began_and_ended(
+        monkeypatch, anyio_backend):
+    """`bench floor` joins the "VMI admitted" line's wall instants (the attach patches
+    returned, the result seen) with the leader's by request id."""
+    from tests.support.logs import captured_logs
+
+    store, client = world(), ScriptedClient()
+    name_free(client)
+    adm = admission(store, client, monkeypatch, [])
+    with captured_logs() as logs:
+        assert (await adm.handle(review()))["allowed"] is True
+    (line,) = [e for e in logs if e["event"] == "VMI admitted"]
+    assert isinstance(line["attached_at"], float) and isinstance(line["result_at"], float)
+    assert line["attached_at"] <= line["result_at"]
+    assert line["wait_result_s"] >= 0
+    assert abs(line["attached_at"] - adm.now().timestamp()) < 3600  # the webhook's wall clock
