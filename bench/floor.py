@@ -25,7 +25,11 @@ Around every level it reads the replicas' /metrics (the phase histogram
 `gpu_binder_admission_phase_seconds`, `gpu_binder_admission_seconds`,
 `gpu_binder_decision_seconds`) and kube-apiserver's `apiserver_flowcontrol_*`, so each level
 has the mean ms per phase of our answer (`bench.floor_report.phase_means`: the gap named) and
-each priority level's dispatched, rejected and queue-wait figures. `seats`: the concurrency-20
+each priority level's dispatched, rejected and queue-wait figures. After every level of ours
+it reads the replicas' logs (LocalCluster's `controller-<i>.log`) and splits the webhook's
+`wait-result` of each VMI that level admitted by its request id
+(`bench.floor_report.wait_split`: delivery to the leader, its queue, the decision, the status
+write, delivery back, the rest; admissions whose lines are missing counted as unjoined). `seats`: the concurrency-20
 level of 1-GPU VMIs again per mode with the shipped PriorityLevelConfiguration's
 nominalConcurrencyShares set to give about that many seats (`bench.apf.shares_for`; the
 report gives the seats the server then says), then restored. Writes `floor.json`; prints one
@@ -273,16 +277,21 @@ async def _ours_once(tenant, mode: str, g: int, name: str) -> float | str:
     return time.perf_counter() - t0
 
 
-async def _busy(tenant, mode: str, g: int, count: int, tag: str) -> dict:
-    """`count` VMIs from CONCURRENCY clients: latency figures, admissions/s, refusals."""
+async def _busy(tenant, mode: str, g: int, count: int, tag: str,
+                admitted: list[str] | None = None) -> dict:
+    """`count` VMIs from CONCURRENCY clients: latency figures, admissions/s, refusals; the
+    names of the VMIs admitted appended to `admitted` when given."""
     latencies: list[float] = []
     refused: list[str] = []
     queue = list(range(count))
 
     async def worker() -> None:
         while queue:
-            got = await _ours_once(tenant, mode, g, f"{tag}-{queue.pop()}")
+            name = f"{tag}-{queue.pop()}"
+            got = await _ours_once(tenant, mode, g, name)
             (latencies.append(got) if isinstance(got, float) else refused.append(got))  # type: ignore[func-returns-value]
+            if isinstance(got, float) and admitted is not None:
+                admitted.append(name)
     started = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for _ in range(CONCURRENCY):
@@ -296,6 +305,13 @@ async def _busy(tenant, mode: str, g: int, count: int, tag: str) -> dict:
 async def _scrape(lc: LocalCluster, admin) -> tuple[fr.Samples, fr.Samples]:
     """(the live replicas' samples summed, kube-apiserver's flow-control samples)."""
     return await replica_samples(lc), await apf.flow_samples(admin)
+
+
+def _wait_split(lc: LocalCluster, vmis: list[str]) -> dict:
+    """`bench.floor_report.wait_split` of our VMIs `vmis` from every replica's log file."""
+    logs = {r.identity: fr.log_entries(r.log_path.read_text(errors="replace"))
+            for r in lc.replicas if r.log_path.exists()}
+    return fr.wait_split(logs, OURS, vmis)
 
 
 def _inside(before: tuple[fr.Samples, fr.Samples], after: tuple[fr.Samples, fr.Samples]) -> dict:
@@ -386,6 +402,7 @@ async def _row(lc: LocalCluster, admin_api, floor: Floor, tenant, mode: str, g: 
     """One mode and set size: the quiet samples (ours then the floor's, in turn) and the
     busy level, each with what the replicas and the API server counted meanwhile."""
     ours: list[float] = []
+    admitted: list[str] = []
     refused: list[str] = []
     steps: list[dict[str, float]] = []
     failed: list[str] = []
@@ -396,6 +413,8 @@ async def _row(lc: LocalCluster, admin_api, floor: Floor, tenant, mode: str, g: 
         name = f"q{mode[0]}{g}-{i}"
         got = await _ours_once(tenant, mode, g, name)
         (ours.append(got) if isinstance(got, float) else refused.append(got))  # type: ignore[func-returns-value]
+        if isinstance(got, float):
+            admitted.append(name)
         if mode == "device" and claim_spec is None and isinstance(got, float):
             claim_spec = await _claim_spec(floor.admin, name)
         try:
@@ -411,10 +430,12 @@ async def _row(lc: LocalCluster, admin_api, floor: Floor, tenant, mode: str, g: 
                      "failed": len(failed), "first_failure": failed[0] if failed else None},
            "quiet": {**fr.latency(ours), "refused": len(refused),
                      "first_refusal": refused[0] if refused else None},
-           "quiet_inside": quiet_inside}
+           "quiet_inside": quiet_inside, "quiet_wait_split": _wait_split(lc, admitted)}
     before = await _scrape(lc, admin_api)
-    row["busy"] = await _busy(tenant, mode, g, plan["busy"], f"b{mode[0]}{g}")
+    busy_admitted: list[str] = []
+    row["busy"] = await _busy(tenant, mode, g, plan["busy"], f"b{mode[0]}{g}", busy_admitted)
     row["busy_inside"] = _inside(before, await _scrape(lc, admin_api))
+    row["busy_wait_split"] = _wait_split(lc, busy_admitted)
     row["ratio"] = fr.ratios(row)
     for line in fr.summary_lines({"rows": [row]}):
         print(line, flush=True)
@@ -431,11 +452,14 @@ async def _seats(lc: LocalCluster, admin_api, admin, tenant, modes: tuple[str, .
             shares, got = await level_seats.seats(target)
             for mode in modes:
                 before = await _scrape(lc, admin_api)
-                lvl = await _busy(tenant, mode, 1, plan["seats"], f"s{target}{mode[0]}")
+                admitted: list[str] = []
+                lvl = await _busy(tenant, mode, 1, plan["seats"], f"s{target}{mode[0]}",
+                                  admitted)
                 inside = _inside(before, await _scrape(lc, admin_api))
                 waited = (inside["apf"].get(apf.APF) or {}).get("waited_mean_ms")
                 row = {"mode": mode, "seats_target": target, "shares": shares, "seats": got,
-                       **lvl, "inside": inside, "apf_waited_mean_ms": waited}
+                       **lvl, "inside": inside, "apf_waited_mean_ms": waited,
+                       "wait_split": _wait_split(lc, admitted)}
                 print(fr.summary_lines({"seats": [row]})[0], flush=True)
                 out.append(row)
     return out

@@ -3,13 +3,17 @@ their deltas (`samples`, `added`, `delta`: bench.common's, named here too), the 
 phase means (`gpu_binder_admission_phase_seconds`) and their share of each admission
 (`per_admission_ms`), the API Priority and Fairness counters per priority level, latency
 figures, the ratios of our admission to the API's floor, the issue's targets (issue 40 item 2)
-and the summary lines (the shares that give a priority level its seats: bench/apf.py). No
-I/O, no clock."""
+and the summary lines (the shares that give a priority level its seats: bench/apf.py); and
+the split of the webhook's `wait-result` from the replicas' log lines (`log_entries`,
+`wait_split`). No I/O, no clock."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from collections import Counter
+from typing import Iterable, Mapping
 
 from bench.common import Key, Samples, added, delta, quantile, samples  # noqa: F401 - re-exported
 
@@ -193,7 +197,8 @@ def _ms(value) -> str:
 
 def summary_lines(report: dict) -> list[str]:
     """One line per level of `report` (floor.json): each mode and size's floor and our
-    quiet and busy latency with the ratios and the largest phases; each seat count's
+    quiet and busy latency with the ratios and the largest phases (and the quiet level's
+    split of wait-result, `split_text`, when the row has one); each seat count's
     p99 and rate; the load before and after."""
     lines = []
     for row in report.get("rows", []):
@@ -207,7 +212,8 @@ def summary_lines(report: dict) -> list[str]:
             f"ms (x{_ms(r['quiet_p50'])}, x{_ms(r['quiet_p99'])}); at 20 p50 "
             f"{_ms(b.get('p50_ms'))} p99 {_ms(b.get('p99_ms'))} ms "
             f"{_ms(b.get('admissions_per_s'))}/s; quiet phases "
-            + ", ".join(f"{name} {ms:g}" for ms, name in top) + " ms")
+            + ", ".join(f"{name} {ms:g}" for ms, name in top) + " ms"
+            + split_text(row.get("quiet_wait_split")))
     for s in report.get("seats", []):
         lines.append(f"{s['mode']} 1-GPU at 20, {s['seats_target']} seats (shares "
                      f"{s['shares']}, server says {_ms(s.get('seats'))}): p50 "
@@ -219,3 +225,141 @@ def summary_lines(report: dict) -> list[str]:
         lines.append("load (1, 5, 15 min) before " + " ".join(f"{x:.2f}" for x in before)
                      + ", after " + " ".join(f"{x:.2f}" for x in after))
     return lines
+
+
+# -- the split of wait-result from the replicas' logs (issue 40 item 1) --------------------------
+
+SPLIT_EVENTS = ("VMI admitted", "decision", "writes_finished")
+"""The log lines `wait_split` joins: the webhook's (any replica) and the leader's."""
+WAIT_PARTS = ("to_leader", "queue", "decision", "status_write", "back", "unexplained")
+"""The parts of one admission's `wait-result`, each between two wall instants (epoch s):
+`to_leader` the webhook's attach patches returned (`VMI admitted`'s `attached_at`) to the
+leader's router finding the request complete in its informer's cache (`decision`'s
+`seen_at`: the watch delivery to the leader, its cache and router); `queue` to the start of
+the batch that decided it (`batch_at`: the coordinator's mailbox and work queue); `decision`
+to the flight registered at the status pipeline (`writes_finished`'s `flown_at`: the plan,
+the two-phase reservation on the node actors, the hand-off); `status_write` to the writes'
+end (`finished_at`); `back` to the result seen by the webhook's replica (`result_at`: the
+watch delivery to it, its cache and waiter); `unexplained` the webhook's `wait-result` phase
+(`wait_result_s`, its own monotonic clock) minus the five: what they do not cover (near 0
+when the instants tile the wait; a part may be negative when a watch delivers before the
+writer's own answer returns)."""
+UNJOINED = ("no_webhook_line", "no_webhook_instants", "no_decision_line", "leader_changed",
+            "not_seen", "no_writes_line", "no_leader_instants")
+"""Why an admission could not be split (`wait_split`'s `unjoined` keys): no `VMI admitted`
+line for it (a log rotated or lost, a W4 take-over), one without the instants (an older
+replica); no `decision` line for its request id, or lines of it on two replicas (a leader
+change mid-level); its decision without `seen_at` (queued by a resync or the coordinator's
+start, or decided again only); no `writes_finished` line with outcome `done` on the deciding
+replica, or one without the instants."""
+
+
+def log_entries(text: str) -> list[dict]:
+    """The lines of one replica's log `text` (its stdout: one JSON object a line) whose
+    `event` is one of SPLIT_EVENTS, in order; every other line (not JSON included) skipped."""
+    out = []
+    for line in text.splitlines():
+        if not any(f'"{e}"' in line for e in SPLIT_EVENTS):
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("event") in SPLIT_EVENTS:
+            out.append(entry)
+    return out
+
+
+def _split_one(admitted: dict | None, decisions: list[tuple[str, dict]],
+               writes: list[tuple[str, dict]]) -> dict[str, float] | str:
+    """One admission's parts (seconds, WAIT_PARTS and "wait"), or why not (UNJOINED)."""
+    if admitted is None:
+        return "no_webhook_line"
+    try:
+        attached, result = float(admitted["attached_at"]), float(admitted["result_at"])
+        wait = float(admitted["wait_result_s"])
+    except (KeyError, TypeError, ValueError):
+        return "no_webhook_instants"
+    if not decisions:
+        return "no_decision_line"
+    leaders = {r for r, _ in decisions} | {r for r, _ in writes}
+    if len(leaders) > 1:
+        return "leader_changed"
+    first = decisions[0][1]
+    if first.get("seen_at") is None:
+        return "not_seen"
+    done = [w for _, w in writes if w.get("outcome") == "done"]
+    if not done:
+        return "no_writes_line"
+    last = done[-1]
+    try:
+        seen, batch = float(first["seen_at"]), float(first["batch_at"])
+        flown, finished = float(last["flown_at"]), float(last["finished_at"])
+    except (KeyError, TypeError, ValueError):
+        return "no_leader_instants"
+    parts = {"to_leader": seen - attached, "queue": batch - seen, "decision": flown - batch,
+             "status_write": finished - flown, "back": result - finished}
+    parts["unexplained"] = wait - sum(parts.values())
+    parts["wait"] = wait
+    return parts
+
+
+def _mean_p50(seconds: list[float]) -> dict[str, float | None]:
+    if not seconds:
+        return {"mean_ms": None, "p50_ms": None}
+    return {"mean_ms": round(1000 * statistics.fmean(seconds), 2),
+            "p50_ms": round(1000 * quantile(seconds, 0.5), 2)}
+
+
+def wait_split(logs: Mapping[str, list[dict]], namespace: str, vmis: Iterable[str]) -> dict:
+    """The webhook's `wait-result` of the admitted VMIs `vmis` of `namespace`, split by the
+    replicas' log lines (`logs`: replica name → its `log_entries`): each VMI's `VMI admitted`
+    line (on whichever replica answered it) gives its request id, and that id the leader's
+    `decision` and `writes_finished` lines (WAIT_PARTS says which instants bound each part;
+    every instant is wall time, epoch seconds: the replicas share the machine's clock).
+
+    {"admissions": VMIs asked, "joined": VMIs split, "unjoined": {reason (UNJOINED): VMIs}
+    (only reasons met), "wait_result": {"mean_ms", "p50_ms"} of the joined VMIs' phase,
+    "parts": {part: {"mean_ms", "p50_ms"}} over the same VMIs}. The parts' means add up to
+    wait_result's mean (to the rounding, 0.01 ms each); their p50s need not. Figures None
+    when nothing joined."""
+    admitted: dict[str, dict] = {}
+    decisions: dict[str, list[tuple[str, dict]]] = {}
+    writes: dict[str, list[tuple[str, dict]]] = {}
+    for replica, entries in logs.items():
+        for e in entries:
+            event, rid = e.get("event"), e.get("request_id")
+            if event == "VMI admitted" and e.get("namespace") == namespace and "vmi" in e:
+                admitted[e["vmi"]] = e
+            elif event == "decision" and rid is not None:
+                decisions.setdefault(rid, []).append((replica, e))
+            elif event == "writes_finished" and rid is not None:
+                writes.setdefault(rid, []).append((replica, e))
+    names = list(vmis)
+    joined: list[dict[str, float]] = []
+    unjoined: Counter[str] = Counter()
+    for vmi in names:
+        line = admitted.get(vmi)
+        rid = line.get("request_id") if line is not None else None
+        got = _split_one(line, decisions.get(rid, []) if rid else [],
+                         writes.get(rid, []) if rid else [])
+        if isinstance(got, str):
+            unjoined[got] += 1
+        else:
+            joined.append(got)
+    return {"admissions": len(names), "joined": len(joined),
+            "unjoined": {r: unjoined[r] for r in UNJOINED if unjoined[r]},
+            "wait_result": _mean_p50([j["wait"] for j in joined]),
+            "parts": {p: _mean_p50([j[p] for j in joined]) for p in WAIT_PARTS}}
+
+
+def split_text(split: dict | None) -> str:
+    """`wait_split`'s answer in a few words for a summary line ("" for None)."""
+    if not split:
+        return ""
+    parts = split["parts"]
+    words = {"to_leader": "to leader", "status_write": "write"}
+    text = ", ".join(f"{words.get(p, p)} {_ms(parts[p]['mean_ms'])}" for p in WAIT_PARTS)
+    unjoined = sum(split["unjoined"].values())
+    return (f"; wait-result {_ms(split['wait_result']['mean_ms'])} ms mean = {text} ms "
+            f"({split['joined']} of {split['admissions']} joined, {unjoined} unjoined)")

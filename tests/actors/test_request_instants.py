@@ -64,3 +64,38 @@ async def test_a_request_found_at_the_coordinators_start_has_no_seen_at() -> Non
     assert decision["seen_at"] is None and isinstance(decision["batch_at"], float)
     (writes,) = lines(logs, "writes_finished", rid)
     assert decision["batch_at"] <= writes["flown_at"] <= writes["finished_at"]
+
+
+async def test_bench_floor_joins_the_lines_as_the_replica_renders_them() -> None:
+    """The leader's lines rendered by the product's logging (JSON, `configure_logging`), read
+    back by `bench.floor_report.log_entries` and joined by `wait_split` with a webhook line
+    made from them (attached 1 ms before the router saw it, result seen 2 ms after the
+    writes ended, its phase 0.5 ms longer than the instants)."""
+    import io
+
+    from actors.logging import configure_logging
+    from bench import floor_report as fr
+
+    out = io.BytesIO()
+    s = cluster()
+    configure_logging(stream=out)
+    try:
+        async with running_binder(s) as binder:
+            await settle(s, binder)
+            rid = s.request("t", "vm", ["a"])
+            await settle(s, binder)
+    finally:
+        quiet_logging()
+    leader = fr.log_entries(out.getvalue().decode())
+    (decision,) = [e for e in leader if e["event"] == "decision"]
+    (writes,) = [e for e in leader if e["event"] == "writes_finished"]
+    attached, result = decision["seen_at"] - 0.001, writes["finished_at"] + 0.002
+    webhook = {"event": "VMI admitted", "namespace": "t", "vmi": "vm", "request_id": rid,
+               "attached_at": attached, "result_at": result,
+               "wait_result_s": result - attached + 0.0005}
+    got = fr.wait_split({"replica-0": leader, "replica-1": [webhook]}, "t", ["vm"])
+    assert (got["joined"], got["unjoined"]) == (1, {})
+    parts = {p: v["mean_ms"] for p, v in got["parts"].items()}
+    assert (parts["to_leader"], parts["back"], parts["unexplained"]) == (1.0, 2.0, 0.5)
+    leader_ms = 1000 * (writes["finished_at"] - decision["seen_at"])
+    assert abs(parts["queue"] + parts["decision"] + parts["status_write"] - leader_ms) <= 0.03

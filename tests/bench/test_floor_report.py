@@ -190,3 +190,130 @@ def test_the_fleet_holds_every_vmi_the_run_admits():
     nodes = floor.nodes_needed(plan, floor.SIZES, (5, 12, 25))
     assert nodes * 8 >= need * 1.25
     assert floor.nodes_needed(plan, floor.SIZES, ()) < nodes
+
+
+# -- the split of wait-result from the replicas' logs -------------------------------------------
+
+T0 = 1_796_000_000.0   # wall seconds (epoch) of the webhook's attach returned, first VMI
+NS = floor.OURS
+
+
+def admitted_line(vmi: str, rid: str, attached: float, result: float, wait_s: float | None) -> dict:
+    """The webhook's "VMI admitted" line, as k8s/webhook/admission.py writes it."""
+    line = {"node": "floor-node-1", "request_id": rid, "devices": [f"{vmi}-gpu-0"],
+            "webhook_seconds": 0.03, "attached_at": attached, "result_at": result,
+            "event": "VMI admitted", "namespace": NS, "vmi": vmi, "level": "info",
+            "timestamp": "2026-12-07T14:40:00.000000Z"}
+    if wait_s is not None:
+        line["wait_result_s"] = wait_s
+    return line
+
+
+def leader_lines(rid: str, seen: float | None, batch: float, flown: float, finished: float,
+                 outcome: str = "done") -> list[dict]:
+    """The leader's "decision" and "writes_finished" lines of request `rid`, as the
+    coordinator and status pipeline write them."""
+    return [{"request_id": rid, "namespace": NS, "vmi": "x", "rule": "B1", "result": "Succeeded",
+             "chosen": "floor-node-1", "candidates": ["floor-node-1"], "seen_at": seen,
+             "batch_at": batch, "event": "decision", "actor": "coordinator", "level": "info"},
+            {"request_id": rid, "namespace": NS, "outcome": outcome, "result": "Succeeded",
+             "chosen": "floor-node-1", "seconds": finished - flown, "flown_at": flown,
+             "finished_at": finished, "event": "writes_finished", "actor": "status_pipeline",
+             "level": "info"}]
+
+
+def at(ms: float, base: float = T0) -> float:
+    return base + ms / 1000
+
+
+def test_wait_result_is_split_by_the_leaders_instants_whichever_replica_answered():
+    """VMI q-0 answered by the leader itself, q-1 by the follower; the leader decided both.
+    q-0: 4 ms to the leader, 2 queued, 1.5 deciding, 10 writing, 2.5 back, and its phase
+    0.5 ms longer than the instants cover; q-1 (10 s later): its watch reached the leader 1 ms
+    before the webhook's patch answer did (-1 ms), then 3, 2.5, 12, 4.5, 0."""
+    t1 = T0 + 10
+    leader = [admitted_line("q-0", "r0", at(0), at(20), 0.0205),
+              *leader_lines("r0", at(4), at(6), at(7.5), at(17.5)),
+              *leader_lines("r1", at(-1, t1), at(2, t1), at(4.5, t1), at(16.5, t1))]
+    follower = [admitted_line("q-1", "r1", at(0, t1), at(21, t1), 0.021)]
+    got = fr.wait_split({"replica-0": leader, "replica-1": follower}, NS, ["q-0", "q-1"])
+    assert got["admissions"] == 2 and got["joined"] == 2 and got["unjoined"] == {}
+    assert got["wait_result"] == {"mean_ms": 20.75, "p50_ms": 20.5}
+    assert got["parts"] == {
+        "to_leader": {"mean_ms": 1.5, "p50_ms": -1.0},
+        "queue": {"mean_ms": 2.5, "p50_ms": 2.0},
+        "decision": {"mean_ms": 2.0, "p50_ms": 1.5},
+        "status_write": {"mean_ms": 11.0, "p50_ms": 10.0},
+        "back": {"mean_ms": 3.5, "p50_ms": 2.5},
+        "unexplained": {"mean_ms": 0.25, "p50_ms": 0.0}}
+    total = sum(p["mean_ms"] for p in got["parts"].values())
+    assert abs(total - got["wait_result"]["mean_ms"]) <= 0.01 * len(fr.WAIT_PARTS)
+
+
+def test_admissions_whose_lines_are_missing_are_counted_unjoined_by_reason():
+    r0 = [admitted_line("ok", "r-ok", at(0), at(20), 0.02),
+          *leader_lines("r-ok", at(4), at(6), at(8), at(18)),
+          admitted_line("old", "r-old", at(0), at(20), None),          # an older replica
+          admitted_line("undecided", "r-und", at(0), at(20), 0.02),    # its leader's log lost
+          admitted_line("moved", "r-mv", at(0), at(20), 0.02),
+          leader_lines("r-mv", at(4), at(6), at(8), at(18))[0],         # decided here ...
+          admitted_line("resync", "r-rs", at(0), at(20), 0.02),
+          *leader_lines("r-rs", None, at(6), at(8), at(18)),            # queued by a resync
+          admitted_line("withdrawn", "r-wd", at(0), at(20), 0.02),
+          *leader_lines("r-wd", at(4), at(6), at(8), at(18), outcome="withdrawn")]
+    r1 = [leader_lines("r-mv", at(4), at(6), at(8), at(18))[1]]         # ... written there
+    vmis = ["ok", "old", "undecided", "moved", "resync", "withdrawn", "rotated"]
+    got = fr.wait_split({"replica-0": r0, "replica-1": r1}, NS, vmis)
+    assert got["admissions"] == 7 and got["joined"] == 1
+    assert got["unjoined"] == {"no_webhook_line": 1, "no_webhook_instants": 1,
+                               "no_decision_line": 1, "leader_changed": 1, "not_seen": 1,
+                               "no_writes_line": 1}
+    assert got["joined"] + sum(got["unjoined"].values()) == got["admissions"]
+    assert got["parts"]["status_write"] == {"mean_ms": 10.0, "p50_ms": 10.0}
+    # another namespace's VMI of the same name is not ours
+    other = {**admitted_line("ok", "r-ok", at(0), at(20), 0.02), "namespace": "elsewhere"}
+    assert fr.wait_split({"replica-0": [other]}, NS, ["ok"])["unjoined"] == {"no_webhook_line": 1}
+
+
+def test_nothing_joined_gives_no_figures():
+    got = fr.wait_split({}, NS, [])
+    assert got == {"admissions": 0, "joined": 0, "unjoined": {},
+                   "wait_result": {"mean_ms": None, "p50_ms": None},
+                   "parts": {p: {"mean_ms": None, "p50_ms": None} for p in fr.WAIT_PARTS}}
+
+
+def test_log_entries_keeps_the_joined_events_of_a_replicas_stdout():
+    """A replica's stdout as LocalCluster records it: JSON lines of every event, and now and
+    then a line that is not JSON (a traceback's, Python's warnings)."""
+    text = "\n".join([
+        '{"identity":"replica-0","event":"starting","level":"info","timestamp":"2026-12-07T14:40:00Z"}',
+        '{"request_id":"r0","outcome":"done","result":"Succeeded","chosen":"n1","seconds":0.01,'
+        '"flown_at":1796000000.0075,"finished_at":1796000000.0175,"event":"writes_finished",'
+        '"actor":"status_pipeline","level":"info","timestamp":"2026-12-07T14:40:00.017500Z"}',
+        'Traceback (most recent call last): "decision" in a message',
+        '{"node":"n1","request_id":"r0","outcome":"reserved","event":"prepare","level":"info"}',
+        '{"request_id":"r0","seen_at":1796000000.004,"batch_at":1796000000.006,"event":"decision",'
+        '"level":"info"}',
+        ""])
+    got = fr.log_entries(text)
+    assert [e["event"] for e in got] == ["writes_finished", "decision"]
+    assert got[1]["seen_at"] == 1796000000.004
+
+
+def test_the_summary_line_gives_the_quiet_split_when_the_row_has_one():
+    row = {"mode": "count", "gpus": 1,
+           "floor": {"p50_ms": 20.0, "p99_ms": 40.0}, "quiet": {"p50_ms": 30.0, "p99_ms": 60.0},
+           "busy": {}, "ratio": {"quiet_p50": 1.5, "quiet_p99": 1.5},
+           "quiet_inside": {"phases": {"count": {"wait-result": {"n": 2, "mean_ms": 20.75}}}},
+           "quiet_wait_split": {"admissions": 3, "joined": 2, "unjoined": {"not_seen": 1},
+                                "wait_result": {"mean_ms": 20.75, "p50_ms": 20.5},
+                                "parts": {"to_leader": {"mean_ms": 1.5}, "queue": {"mean_ms": 2.5},
+                                          "decision": {"mean_ms": 2.0},
+                                          "status_write": {"mean_ms": 11.0},
+                                          "back": {"mean_ms": 3.5},
+                                          "unexplained": {"mean_ms": 0.25}}}}
+    (line,) = fr.summary_lines({"rows": [row]})
+    assert line.endswith(
+        "quiet phases wait-result 20.75 ms; wait-result 20.75 ms mean = to leader 1.5, "
+        "queue 2.5, decision 2, write 11, back 3.5, unexplained 0.25 ms (2 of 3 joined, "
+        "1 unjoined)")
