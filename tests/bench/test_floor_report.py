@@ -317,3 +317,22 @@ def test_the_summary_line_gives_the_quiet_split_when_the_row_has_one():
         "quiet phases wait-result 20.75 ms; wait-result 20.75 ms mean = to leader 1.5, "
         "queue 2.5, decision 2, write 11, back 3.5, unexplained 0.25 ms (2 of 3 joined, "
         "1 unjoined)")
+
+
+def test_bench_floor_reads_every_replicas_log_file(tmp_path):
+    """`bench.floor._wait_split` on LocalCluster's replicas (their stdout files): the
+    follower's webhook line joins the leader's; a replica whose file is gone adds nothing."""
+    import json
+    from types import SimpleNamespace
+
+    def replica(name: str, entries: list[dict]) -> SimpleNamespace:
+        path = tmp_path / f"{name}.log"
+        path.write_text("not json\n" + "".join(json.dumps(e) + "\n" for e in entries))
+        return SimpleNamespace(identity=name, log_path=path)
+    lc = SimpleNamespace(replicas=[
+        replica("replica-0", leader_lines("r0", at(4), at(6), at(7.5), at(17.5))),
+        replica("replica-1", [admitted_line("q-0", "r0", at(0), at(20), 0.0205)]),
+        SimpleNamespace(identity="replica-2", log_path=tmp_path / "gone.log")])
+    got = floor._wait_split(lc, ["q-0"])
+    assert (got["joined"], got["unjoined"]) == (1, {})
+    assert got["parts"]["status_write"] == {"mean_ms": 10.0, "p50_ms": 10.0}
