@@ -9,7 +9,7 @@ name the same way: by its `admission` id, which the VMI carries as its
 the policy `gpu-binder-admitted-vmis`), or by the VMI uid an attachment records.
 
 No uid is recorded any more for an attachment with an admission id (issue 40: one status
-write less per admission; docs/contract.md "Choices where the contract is silent"). The uid
+write less per admission; docs/contract.md H2, "No uid link"). The uid
 links that earlier versions wrote (on one device of a set: `recorded_links`; version
 0.1.0 on every device) are still read and still decide (case 1 of `judge`), so an upgrade
 changes nothing for the sets they name. An attachment without an admission id (written
@@ -20,8 +20,9 @@ recorded uid allowed.
 
 H4 (a VirtualMachine keeps its set): an attachment whose VMI incarnation went away (GONE by
 case 1 or 3 of `judge`, or STALE by case 6 once its own request Succeeded: with no uid
-recorded, a VMI deleted while no replica watched looks like one that never appeared) while the VirtualMachine that owned it (`attachedTo.owner`, the VM
-uid the webhook recorded at admission) still exists, with every class of the set setting
+recorded, a VMI deleted while no replica watched looks like one that never appeared) while
+the VirtualMachine that owned it (`attachedTo.owner`, the VM uid the webhook recorded at
+admission) still exists, with every class of the set setting
 `keepSetFor`, is KEPT instead: `plan` writes `attachedTo.keptUntil` (now + the smallest
 `keepSetFor` of the set's classes, one time for every device of the set) and leaves the set
 Bound and attached. A kept attachment holds (W1 sees it, the budget counts it) until
