@@ -44,7 +44,9 @@ log = structlog.get_logger("gpu_binder.cache")
 SETTINGS_NAME = "gpu-settings"
 TOMBSTONE_TTL = 600.0
 """Seconds a deleted VMI incarnation's admission id is remembered (H2 without a recorded
-uid; past this, H1's attachmentGrace has long covered it)."""
+uid, which since issue 40 is every admitted set: the tombstone is what releases a set at
+once; past this, H1's attachmentGrace has long covered it, and a set whose VMI was deleted
+while no replica watched has none and is released after that grace)."""
 TOMBSTONE_MAX = 100_000
 
 
@@ -292,7 +294,8 @@ class ClusterCache:
         self._pod_uses: dict[Key, PodUse] = {}
         self._pods_on: dict[str, set[Key]] = {}
         # W7 excuses: per device, (node, class, VMI uid) of the unit it may excuse there; the
-        # devices whose attachment has no recorded uid yet, by the VMI (namespace, name) named
+        # devices whose attachment records no uid (every admitted set's since issue 40: no
+        # uid link is written), by the VMI (namespace, name) named
         self._excuse_of: dict[Key, tuple[str, str, str]] = {}
         self._unlinked: dict[Key, set[Key]] = {}
         self._unlinked_vmi: dict[Key, Key] = {}

@@ -6,9 +6,9 @@ devices, and at least every `period` seconds) it plans purely with `model.nomina
 on the cache, then:
 
 - for each victim still running: a live read of its VMI confirms the incarnation the
-  nomination names (its `gpu.cozystack.io/admission` annotation, its uid when recorded), then
-  an exact delete with that uid as precondition, so a VMI recreated under the same name is
-  never hit; a Warning Event `GPUSetPreempted` on the VMI, and on its VirtualMachine when a
+  nomination names (its `gpu.cozystack.io/admission` annotation, and the uid the cache shows
+  for the VMI carrying it: no device records a VMI's uid, issue 40), then an exact delete
+  with that uid as precondition, so a VMI recreated under the same name is never hit; a Warning Event `GPUSetPreempted` on the VMI, and on its VirtualMachine when a
   VM owns it, names the preemptor and both priorities and says what follows by the VM's
   `runStrategy` (read live before the delete; `model.reasons.StoppedAs`): Always (and Once)
   create the VMI again, which then waits for room; Manual and RerunOnFailure leave the VM

@@ -160,10 +160,15 @@ def parse_pod_use(obj: Mapping[str, Any]) -> PodUse | None:
 
 def attachment_uid(device: GPUDevice, vmis: Mapping[VMIKey, VMIRecord]) -> str | None:
     """The uid of the VMI incarnation `device`'s attachment belongs to, from what only the
-    binder and the API server write: the attachment's recorded `uid` (H2), else — until
-    housekeeping records it — the uid of the live VMI (in `vmis`, by (namespace, name)) of
-    the attachment's `vmi` name. None when the device is not attached or no such VMI
-    exists. No annotation is read (W7)."""
+    binder and the API server write: the attachment's recorded `uid` (H2: written by
+    earlier versions on one device of a set, and on attachments without an admission id),
+    else the uid of the live VMI (in `vmis`, by (namespace, name)) of the attachment's `vmi`
+    name (since issue 40 no uid is recorded for an admitted set, so this is the usual case;
+    it was already the case for every device of a set but the one linked). None when the
+    device is not attached or no such VMI exists. No annotation is read (W7): narrowing the
+    excuse to the VMI carrying the attachment's admission id would let a tenant (with the
+    policies off) strip that annotation and have its GPUs counted twice. A newer incarnation
+    of the name is excused for the older set's devices only until H2 releases them."""
     att = device.status.attached_to
     if att is None:
         return None

@@ -4,16 +4,25 @@ Level-based: every round judges each attachment on its own against what is known
 (`VMIs`: the live VMIs with their uid and admission annotation, and the admissions of VMI
 incarnations seen deleted), never by comparing two samples of the cache. `judge` is shared
 with the webhook (W1), so both tell a VMI incarnation from an older or newer one of the same
-name the same way: by the VMI uid recorded for the attachment's admission once the VMI was
-seen (on one device of the set: `recorded_links`; version 0.1.0 wrote it on every device),
-else by its `admission` id, which the VMI carries as its `gpu.cozystack.io/admission`
-annotation and which no one can change once it is admitted (W7, the policy
-`gpu-binder-admitted-vmis`). The uid is what releases a set whose VMI was deleted while no
-replica watched, before `grace` has passed.
+name the same way: by its `admission` id, which the VMI carries as its
+`gpu.cozystack.io/admission` annotation and which no one can change once it is admitted (W7,
+the policy `gpu-binder-admitted-vmis`), or by the VMI uid an attachment records.
+
+No uid is recorded any more for an attachment with an admission id (issue 40: one status
+write less per admission; docs/contract.md H2, "No uid link"). The uid
+links that earlier versions wrote (on one device of a set: `recorded_links`; version
+0.1.0 on every device) are still read and still decide (case 1 of `judge`), so an upgrade
+changes nothing for the sets they name. An attachment without an admission id (written
+before admission ids) is still linked: only a uid can tell its incarnation. The cost: a set
+whose VMI was deleted while no replica watched (no tombstone) is released once `grace` has
+passed since its attachment (case 6, STALE, or KEPT for its VM under H4), not at once, as a
+recorded uid allowed.
 
 H4 (a VirtualMachine keeps its set): an attachment whose VMI incarnation went away (GONE by
-case 1 or 3 of `judge`) while the VirtualMachine that owned it (`attachedTo.owner`, the VM
-uid the webhook recorded at admission) still exists, with every class of the set setting
+case 1 or 3 of `judge`, or STALE by case 6 once its own request Succeeded: with no uid
+recorded, a VMI deleted while no replica watched looks like one that never appeared) while
+the VirtualMachine that owned it (`attachedTo.owner`, the VM uid the webhook recorded at
+admission) still exists, with every class of the set setting
 `keepSetFor`, is KEPT instead: `plan` writes `attachedTo.keptUntil` (now + the smallest
 `keepSetFor` of the set's classes, one time for every device of the set) and leaves the set
 Bound and attached. A kept attachment holds (W1 sees it, the budget counts it) until
@@ -147,7 +156,8 @@ class State(str, Enum):
 class Verdict:
     """`judge`'s answer: the state, why (a typed `HousekeepingReason`, rendered at the
     edge), and for a LIVE attachment without an admission id (written before admission ids)
-    that does not yet record its VMI's uid, the uid to record (`link`). KEPT: `until` is when
+    that does not yet record its VMI's uid, the uid to record (`link`; never for an
+    attachment with an admission id, which that id tells apart). KEPT: `until` is when
     the keep ends (recorded, or to record). `rule` names the rule a release follows (H2,
     H4; None: `plan` tells H1 from H2 by the state)."""
 
@@ -210,14 +220,15 @@ def judge(device: GPUDevice, vmis: VMIs, now: datetime, grace: timedelta,
     the set records:
 
     1. it records a VMI uid, or another device attached by the same admission does
-       (`links`): LIVE while a VMI with that uid exists in the namespace, else GONE (that
-       incarnation was deleted; a same-name VMI is a newer one);
+       (`links`; written by earlier versions, or on an attachment without an admission id):
+       LIVE while a VMI with that uid exists in the namespace, else GONE (that incarnation
+       was deleted; a same-name VMI is a newer one);
     2. a VMI of its name exists and is its incarnation: its admission annotation is the
        attachment's admission, or the id of the device's bind request for that VMI (the
-       request a W4 take-over re-keyed the attachment after); LIVE, `link` = that VMI's uid
-       (for `plan` to record on one device of the set). An attachment without an admission
-       id (written before admission ids) is LIVE while a VMI of its name exists, `link` =
-       that VMI's uid (recorded on that very device);
+       request a W4 take-over re-keyed the attachment after); LIVE, no `link` (the admission
+       id tells the incarnation; no uid is recorded). An attachment without an admission id
+       (written before admission ids) is LIVE while a VMI of its name exists, `link` = that
+       VMI's uid (recorded on that very device: only a uid can tell its incarnation later);
     3. its admission is among the deleted incarnations: GONE;
     4. its own request (bindRequest id = admission) was refused: GONE, once `answer_window`
        (the webhook's bind timeout) has passed since the request was written; before that
@@ -228,9 +239,14 @@ def judge(device: GPUDevice, vmis: VMIs, now: datetime, grace: timedelta,
        none: W7 keeps a VMI's annotation as admission wrote it, so it is not this
        attachment's VMI): PENDING within `grace` of the attachment (an admission of a new
        incarnation in flight while the cache still shows the older one), else GONE;
-    6. older than `grace`: STALE; else PENDING.
+    6. older than `grace`: STALE; else PENDING. With no uid recorded this is also where a
+       set whose VMI was deleted while no replica watched (no tombstone) ends up: released
+       after `grace`, never before, and never while a VMI carrying its admission exists
+       (case 2 comes first).
     H4: a recorded keep (`keptUntil`) is judged first (`_judge_kept`: KEPT, or GONE once it
-    ran out or its VM is gone); in cases 1 and 3 (the VMI incarnation is gone) the set is
+    ran out or its VM is gone); in cases 1 and 3 (the VMI incarnation is gone), and in case
+    6 when the attachment's own request Succeeded (`granted`: its VMI was admitted, and may
+    have existed and gone unseen), the set is
     KEPT when its VM still exists and `keep` (the set's keepSetFor) is given
     (`_gone_or_kept`), unless it yielded to a preemptor (`yielded`: (namespace, VMI) of the
     victims of nominations live now, P4). `vms`: the VirtualMachines that exist, None when
@@ -250,8 +266,10 @@ def judge(device: GPUDevice, vmis: VMIs, now: datetime, grace: timedelta,
         return _gone_or_kept(ns, att, Verdict(State.GONE, VmiDeleted(att.vmi, uid), rule=Rule.H2),
                              keep, vms, now, yielded)
     rec = vmis.live.get((ns, att.vmi))
-    if rec is not None and (att.admission is None or rec.admission in incarnation(device)):
+    if rec is not None and att.admission is None:   # before admission ids: link its uid
         return Verdict(State.LIVE, VmiExists(att.vmi), rec.uid or None)
+    if rec is not None and rec.admission in incarnation(device):
+        return Verdict(State.LIVE, VmiExists(att.vmi))
     if att.admission and (ns, att.admission) in vmis.deleted:
         return _gone_or_kept(ns, att, Verdict(State.GONE, VmiDeleted(att.vmi), rule=Rule.H2),
                              keep, vms, now, yielded)
@@ -267,8 +285,23 @@ def judge(device: GPUDevice, vmis: VMIs, now: datetime, grace: timedelta,
             return Verdict(State.PENDING, NewIncarnationInFlight(att.vmi))
         return Verdict(State.GONE, AnotherIncarnation(att.vmi, rec.admission, att.admission))
     if now - att.since > grace:
-        return Verdict(State.STALE, VmiNeverAppeared(att.vmi, int((now - att.since).total_seconds())))
+        stale = Verdict(State.STALE, VmiNeverAppeared(att.vmi, int((now - att.since).total_seconds())))
+        if granted(device):  # H4: its VMI may have come and gone unseen (no uid recorded)
+            return _gone_or_kept(ns, att, stale, keep, vms, now, yielded)
+        return stale
     return Verdict(State.PENDING, VmiNotYetSeen(att.vmi))
+
+
+def granted(device: GPUDevice) -> bool:
+    """Whether `device`'s attachment was admitted: it has an admission id and the device's
+    bind request for the same VMI Succeeded (W3 step 4; the request stays after admission,
+    W4 reads it). Such a set's VMI may have existed and been deleted while no replica
+    watched: with no uid recorded that cannot be told from a VMI that never appeared, so
+    H4 keeps it for its VM like a deleted incarnation's (`judge`, case 6)."""
+    att = device.status.attached_to
+    br = device.status.bind_request
+    return (att is not None and bool(att.admission) and br is not None and br.vmi == att.vmi
+            and br.result is Result.SUCCEEDED)
 
 
 def incarnation(device: GPUDevice) -> frozenset[str]:
@@ -324,10 +357,12 @@ class DeleteTemplate:
 
 @dataclass(frozen=True, slots=True)
 class LinkAttachment:
-    """Record `uid` (the VMI incarnation seen live) in `device`'s attachment of `vmi` made
-    by `admission` (H2: from then on every attachment of that admission is released as soon
-    as that uid is gone, across leader changes). One device per admission (the first by
-    name); each device when the attachment has no admission id."""
+    """Record `uid` (the VMI incarnation seen live) in `device`'s attachment of `vmi` (H2:
+    from then on it is released as soon as that uid is gone, across leader changes). Only
+    for an attachment without an admission id (written before admission ids), which nothing
+    else tells apart from a newer incarnation of its name; `admission` is then None. (Up to
+    issue 40, one device of every admitted set got one: the writes of those versions are
+    still read, `recorded_links`.)"""
 
     device: tuple[str, str]
     vmi: str
@@ -403,10 +438,10 @@ def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
     - GONE (H2): a held device's attachment is cleared, a template device deleted; held
       devices keep their node.
     - STALE (H1): likewise, after `grace`.
-    - LIVE with a uid to record: LinkAttachment, on one device per admission (the first by
-      name) when no device of that admission records it yet (one write per VMI, not per
-      device: `recorded_links` reads it for the others), on each device when the attachment
-      has no admission id.
+    - LIVE: nothing, but for an attachment without an admission id (written before
+      admission ids) that does not record its VMI's uid yet: LinkAttachment on that device.
+      An attachment with an admission id is never linked (no write per admission; the uid
+      links earlier versions wrote are still read, `recorded_links`).
     - A template device with no attachment is deleted when no VMI of its name exists and it
       was created more than `grace` ago (an admission creates it just before attaching it);
       at once, when it is Bound and its VMI yielded (`yielded`, P4: a victim's re-created
@@ -425,7 +460,6 @@ def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
     devices = sorted(devices, key=lambda d: d.key)
     links = recorded_links(devices)
     set_keep_for, recorded_until = set_keeps(devices, keeps or {})
-    linking: set[tuple[str, str]] = set()  # admissions given their one link this round
     actions: list[Action] = []
     for d in devices:
         att = d.status.attached_to
@@ -442,12 +476,9 @@ def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
                         att.uid or links.get(group), incarnation(d), reason=v.reason))
                 continue
             if v.state is State.LIVE:
-                group = (d.namespace, att.admission or "")
-                if v.link and not att.uid and group not in links and group not in linking:
+                if v.link and not att.uid:  # only before admission ids (`judge`, case 2)
                     actions.append(LinkAttachment(d.key, att.vmi, v.link, att.admission,
                                                   att.since))
-                    if att.admission:
-                        linking.add(group)
                 continue
             if v.state is State.PENDING:
                 continue
@@ -472,8 +503,10 @@ def plan(devices: Iterable[GPUDevice], vmis: VMIs | set[VMIKey], now: datetime,
 
 def recorded_links(devices: Iterable[GPUDevice]) -> dict[tuple[str, str], str]:
     """(namespace, admission id) → the VMI uid recorded in an attachment made by that
-    admission (one device of the set carries it; version 0.1.0 wrote it on every device).
-    Attachments without an admission id are not grouped."""
+    admission, as earlier versions wrote it (on one device of the set; version 0.1.0 on
+    every device). Kept so that an upgrade judges the sets they linked as before (`judge`,
+    case 1); this version records none for an admission. Attachments without an admission
+    id are not grouped."""
     out: dict[tuple[str, str], str] = {}
     for d in devices:
         att = d.status.attached_to

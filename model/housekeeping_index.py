@@ -3,9 +3,9 @@ the fleet): the same actions as `model.housekeeping.plan` over every device, fro
 only the sets whose inputs changed since the last round.
 
 `plan` decomposes by *set*: a device's actions read the device itself, the other devices
-attached by the same admission ((namespace, admission id): the uid one of them records
-(`recorded_links`), their classes (`set_keeps`), their recorded `keptUntil`, which of them
-gets the one `LinkAttachment`), and what is known of the VMI and VirtualMachine of its name
+attached by the same admission ((namespace, admission id): the uid one of them records,
+as earlier versions wrote it (`recorded_links`), their classes (`set_keeps`), their recorded
+`keptUntil`), and what is known of the VMI and VirtualMachine of its name
 (`VMIs`, `VMs`, the victims of live nominations), the admission's tombstone, the settings
 (grace, answer window, each class's keepSetFor) and the time. A device without an admission
 id (or without an attachment) is a set of its own. So `plan(all devices)` is the union over

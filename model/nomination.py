@@ -12,8 +12,8 @@ carries them out, and holds each move's place on its target node until the devic
 One nomination per preemptor VMI (namespace, name): its object's name is derived from them
 (`nomination_name`), so a new leader's decision finds it and reuses it instead of making a
 second one. Victims are named by VMI incarnation: namespace, name, the admission id the VMI
-was admitted with (`gpu.cozystack.io/admission`) and its uid when known, so a VMI recreated
-under the same name is never taken for the victim.
+was admitted with (`gpu.cozystack.io/admission`; W7: fixed once admitted) and its uid when
+known, so a VMI recreated under the same name is never taken for the victim.
 
 Pure: no clock (every `now` is an argument), no I/O.
 """
@@ -69,7 +69,9 @@ def hold_id(namespace: str, vmi: str) -> str:
 class Victim:
     """One set stopped for a nomination: VMI `namespace/vmi` admitted as `admission` (its
     `gpu.cozystack.io/admission` annotation; None when unknown), `uid` the VMI's uid when the
-    binder recorded it (H2), of `priority` (value), started at `started` (UTC)."""
+    nomination names one (None from `model.nominate`: the incarnation is told by `admission`,
+    and the delete's uid precondition is the uid of the live VMI carrying it, `sweep`), of
+    `priority` (value), started at `started` (UTC)."""
 
     namespace: str
     vmi: str

@@ -8,8 +8,10 @@ Decisions come from the pure, level-based `model.housekeeping` over the cache's 
 carries them out with field manager `gpu-binder-housekeeping`, and a thin `Housekeeper`
 composes them into rounds:
 
-- `devices.DeviceWorker`: H1, H2 and H4 on GPUDevices (clear, delete a template, record a
-  uid, write `keptUntil`), each destructive step confirmed by a live read;
+- `devices.DeviceWorker`: H1, H2 and H4 on GPUDevices (clear, delete a template, write
+  `keptUntil`; record a VMI's uid only on an attachment without an admission id, written
+  before admission ids: an admitted set gets no uid link, issue 40), each destructive step
+  confirmed by a live read;
 - `kept.KeptSets`: H4's VirtualMachines, Events (`GPUSetKept`, `GPUSetReleased`), the VM
   condition `GPUSetKept`, and the keeps released (their claims go at once);
 - `claims.ClaimsWorker`: H1/H2 of the binder's claims and DR6 (`GPUClaimRestored`);

@@ -115,7 +115,8 @@ class DeviceWorker:
         return await self._patch(ns, name, ops, what)
 
     async def _link(self, action: LinkAttachment, what: str) -> None:
-        """H2: record the VMI's uid in the attachment as planned."""
+        """H2: record the VMI's uid in the attachment as planned (`LinkAttachment`: only an
+        attachment without an admission id is linked since issue 40)."""
         ns, name = action.device
         att = Attachment(action.vmi, action.since, action.admission)
         await self._patch(ns, name, self._attachment_tests(action.device, att) + [

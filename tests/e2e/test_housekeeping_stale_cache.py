@@ -1,6 +1,7 @@
 """Housekeeping never acts on a stale cache (issue 13 item 7, docs/contract.md §5 H2): it pauses
 while an informer it reads is failing, confirms every destructive step with a live read of
-the VMI, and holds across an API server outage.
+the VMI, and holds across an API server outage. No uid is recorded in an attachment (issue 40):
+the VMI's admission annotation names its incarnation.
 
 A `Housekeeper` and its `ClusterCache` run in the test's event loop against the session's
 real API server; this module starts no controller replicas, so nothing else housekeeps. The
@@ -75,22 +76,25 @@ async def test_H2_housekeeping_pauses_while_the_vmi_watch_errors_and_confirms_wi
         assert await _attached(fleet, tenant) is not None, \
             "housekeeping cleared the attachment of a running VMI its failing informer missed"
         assert keeper.paused_rounds > 0 and not cache.vmis.healthy
-        # the watch recovers: the VMI is seen (its uid recorded) ...
+        # the watch recovers: the VMI is seen, and no uid is recorded (issue 40: its
+        # admission id names its incarnation; one write less per admission) ...
         cache.vmis._list_fn = working
-
-        async def linked():
-            return ((await _attached(fleet, tenant)) or {}).get("uid")
-        uid = await eventually(linked, timeout=15, what="uid recorded once the VMI is seen")
-        # ... then the cache falls behind: it loses the VMI that still exists
         key = (tenant, "v")
+        await eventually(lambda: cache.vmis.healthy and key in cache.vmi_state().live,
+                         timeout=15, interval=0.05, what="the VMI seen once the watch recovers")
+        done = keeper.rounds
+        await eventually(lambda: keeper.rounds >= done + 3, timeout=15, interval=0.05,
+                         what="three rounds that see the VMI")
+        seen = await _attached(fleet, tenant)
+        assert seen is not None and "uid" not in seen and seen["admission"] == "a1", seen
+        # ... then the cache falls behind: it loses the VMI that still exists
         cache.vmis._cache.pop(key)
         cache.vmis._tell(key, None)  # the listeners: the view and housekeeping's rounds
         done = keeper.rounds
         await eventually(lambda: keeper.rounds >= done + 3, timeout=15, interval=0.05,
                          what="three rounds on the cache that is behind")
         att = await _attached(fleet, tenant)
-        assert att is not None and att["uid"] == uid, \
-            "housekeeping acted on a cache that was behind, without a live read"
+        assert att == seen, "housekeeping acted on a cache that was behind, without a live read"
         # a real delete is released at once (H2)
         await fleet.custom.delete_namespaced_custom_object(
             "kubevirt.io", "v1", tenant, "virtualmachineinstances", "v")

@@ -53,7 +53,8 @@ class _Recorder(DeviceWorker):
 
 
 async def test_H2_a_rounds_actions_run_per_device_in_order_and_devices_at_once_bounded():
-    links = [LinkAttachment(("t", f"gpu-{i}"), "vm", "uid-1", "adm", SINCE) for i in range(40)]
+    # uid links are written only for attachments without an admission id (issue 40): one each
+    links = [LinkAttachment(("t", f"gpu-{i}"), "vm", "uid-1", None, SINCE) for i in range(40)]
     clear = ClearAttachment(("t", "tmpl"), "old", Rule.H2, VmiDeleted("old"), SINCE, "adm-0")
     delete = DeleteTemplate(("t", "tmpl"), None, Rule.H2, VmiDeleted("old"))
     keeper = _Recorder(concurrency=8)

@@ -235,3 +235,23 @@ async def test_a_victim_already_stopping_is_not_deleted_or_told_again():
     await worker.round()
     assert not any(d[0] == VMIS for d in client.of("delete"))
     assert not any(b["reason"] == "GPUSetPreempted" for _, b in client.of("create_event"))
+
+
+async def test_no_uid_link_the_delete_precondition_is_the_uid_of_the_live_vmi_carrying_the_admission():
+    # issue 40: the victim's devices record no VMI uid (housekeeping writes no link) and a
+    # nomination names its victims by admission id (uid None): the delete's precondition is
+    # the uid of the VMI that carries that admission, as the cache and then the live read show
+    cache, client = world()
+    br = BindRequest("adm-a", "a", ("a-h100-0",), NOW, result=Result.SUCCEEDED, node="n1")
+    st = DeviceStatus(Phase.BOUND, "n1", NOW, Attachment("a", NOW - timedelta(hours=1), "adm-a"), br)
+    assert st.attached_to.uid is None
+    event(cache.devices, {"metadata": {"name": "a-h100-0", "namespace": "spot", "uid": "da",
+                                       "resourceVersion": "3", "labels": {"gpu.cozystack.io/template-for": "a"}},
+                          "spec": {"class": "h100"}, "status": device_status_to_dict(st)})
+    assert all(v.uid is None for v in nomination().victims)
+    client.script("get", vmi_obj("spot", "a", "uid-a", "adm-a"))
+    worker = Preemption(client, cache, ApiNominations(client, "cozy-system"), now=lambda: NOW)
+    await worker.round()
+    assert [d for d in client.of("delete") if d[0] == VMIS] == [(VMIS, "spot", "a", "uid-a", None)]
+    # b's VMI now carries another admission (adm-b-new, uid-b2): never deleted, whatever its uid
+    assert not any(d[0] == VMIS and d[2] == "b" for d in client.of("delete"))

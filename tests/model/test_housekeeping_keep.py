@@ -205,3 +205,35 @@ def test_P4_a_victims_template_left_without_attachment_is_deleted_at_once():
     assert plan([fresh], VMIs(), T0, GRACE, yielded=yielded) == []
     # a VMI of its name exists (an admission of the new incarnation in flight): left to it
     assert plan([left], running(uid="vmi-u2", admission="a2"), T0, GRACE, yielded=yielded) == []
+
+
+def test_H4_no_uid_link_a_vmi_deleted_while_no_replica_watched_still_keeps_after_grace():
+    # issue 40: no uid is recorded, so a new leader without a tombstone cannot tell this VMI
+    # went away from one that never appeared: an admitted set (its request Succeeded) is kept
+    # for its VM once the grace has passed (case 6), never released under a VM that exists
+    a, b = dev("vm1-h100-0", uid=None), dev("vm1-h100-1", uid=None)
+    young = T0 - timedelta(minutes=4)              # attachments 1 min old: within the grace
+    assert plan([a, b], VMIs(), young, GRACE, keeps=KEEPS, vms=vms()) == []
+    got = plan([a, b], VMIs(), T0, GRACE, keeps=KEEPS, vms=vms())
+    until = T0 + timedelta(minutes=30)
+    assert [(type(x), x.device[1], x.until, x.uid, x.admissions) for x in got] == [
+        (KeepAttachment, "vm1-h100-0", until, None, frozenset({"a1"})),
+        (KeepAttachment, "vm1-h100-1", until, None, frozenset({"a1"}))]
+    assert judge(a, VMIs(), T0, GRACE, keep=timedelta(minutes=30), vms=vms()).state is State.KEPT
+    # VMs not known yet: neither kept nor released; VM gone or no keep: released (H1)
+    assert plan([a, b], VMIs(), T0, GRACE, keeps=KEEPS, vms=None) == []
+    for known, keeps in (({}, KEEPS), (vms(), {"h100": None})):
+        got = plan([a], VMIs(), T0, GRACE, keeps=keeps, vms=known)
+        assert [(type(x), x.rule) for x in got] == [(DeleteTemplate, Rule.H1)]
+
+
+def test_H4_a_set_never_admitted_is_not_kept_when_its_vmi_never_appeared():
+    # H1 as before: a request that did not Succeed (refused, or no answer yet) is no VMI's
+    d = dev("vm1-h100-0", uid=None)
+    for br, rule in ((None, Rule.H1), (BindRequest("a1", "vm1", ("vm1-h100-0",)), Rule.H1),
+                     (BindRequest("a1", "vm1", ("vm1-h100-0",), result=Result.REFUSED), Rule.H2)):
+        st = DeviceStatus(phase=Phase.BOUND, node_name="n1", attached_to=d.status.attached_to,
+                          bind_request=br)
+        pending = GPUDevice("t1", d.name, "h100", template_for="vm1", status=st, uid=d.uid)
+        got = plan([pending], VMIs(), T0, GRACE, keeps=KEEPS, vms=vms())
+        assert [(type(x), x.rule) for x in got] == [(DeleteTemplate, rule)]

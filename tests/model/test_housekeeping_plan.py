@@ -4,7 +4,8 @@ attachment by VMI incarnation (uid, admission id), never by two samples of the c
 from datetime import datetime, timedelta, timezone
 
 from model.housekeeping import (ClearAttachment, DeleteTemplate, LinkAttachment, State,
-                                VMIRecord, VMIs, confirmed, judge, plan)
+                                VMIRecord, VMIs, confirmed, judge, plan,
+                                recorded_links)
 from model.housekeeping_reasons import (AnotherIncarnation, OrphanTemplate, Rule, VmiDeleted,
                                         VmiNeverAppeared)
 from model.types import Attachment, BindRequest, DeviceStatus, GPUDevice, Phase, Result
@@ -74,18 +75,20 @@ def test_H2_restart_race_new_admission_of_the_name_is_not_undone():
     # deleted (tombstone a1) and re-created: the attachment now carries the new admission a2
     new = dev("held", "vm-a", since_s=0, bound="n1", admission="a2")
     assert plan([new], live(deleted=["a1"]), NOW, GRACE) == []      # pending: VMI not yet seen
-    assert plan([new], live(("vm-a", "u2", "a2"), deleted=["a1"]), NOW, GRACE) == [
-        LinkAttachment(("t1", "held"), "vm-a", "u2", "a2", new.status.attached_to.since)]
+    # seen live: its admission id tells it, no uid link is written (issue 40)
+    assert plan([new], live(("vm-a", "u2", "a2"), deleted=["a1"]), NOW, GRACE) == []
+    assert judge(new, live(("vm-a", "u2", "a2"), deleted=["a1"]), NOW, GRACE).state is State.LIVE
     # the cache still shows the older incarnation: within the grace the new one is pending
     assert judge(new, live(("vm-a", "u1", "a1")), NOW, GRACE).state is State.PENDING
 
 
-def test_live_vmi_protects_its_devices_however_old_and_one_device_of_the_set_records_its_uid():
-    # one uid link per VMI, on the set's first device: the others read it from there
+def test_live_vmi_protects_its_devices_however_old_and_no_uid_link_is_written():
+    # issue 40: the admission id tells the incarnation; no device of the set records a uid
     d = dev("held", "vm-a", since_s=10_000, bound="n1", admission="a1")
     t = dev("vm-a-0", "vm-a", since_s=10_000, template_for="vm-a", bound="n1", admission="a1")
-    assert plan([d, t], live(("vm-a", "u1", "a1")), NOW, GRACE) == [
-        LinkAttachment(("t1", "held"), "vm-a", "u1", "a1", d.status.attached_to.since)]
+    assert plan([d, t], live(("vm-a", "u1", "a1")), NOW, GRACE) == []
+    assert [judge(x, live(("vm-a", "u1", "a1")), NOW, GRACE).link for x in (d, t)] == [None, None]
+    # a set an earlier version linked (uid on one device) is judged as before: by that uid
     linked = dev("held", "vm-a", since_s=10_000, bound="n1", admission="a1", uid="u1")
     assert plan([linked, t], live(("vm-a", "u1", "a1")), NOW, GRACE) == []
 
@@ -181,3 +184,92 @@ def test_H2_destructive_step_confirmed_only_when_the_live_read_agrees():
     assert not confirmed("vm-a", None, VMIRecord("t1", "vm-a", "u2", "r1"), ids)
     assert not confirmed("vm-a", None, VMIRecord("t1", "vm-a", "u2", "a2"))  # no ids known
     assert not confirmed("vm-a", "u1", VMIRecord("t1", "vm-a", "u1", "a2"), ids)  # uid decides
+
+
+# -- no uid link (issue 40): what a set without one is judged by ----------------------------
+
+def granted(name, vmi="vm-a", admission="a1", since_s=0, **kw):
+    """A device of a set whose request Succeeded (admitted), no uid recorded."""
+    br = BindRequest(admission, vmi, ("held", f"{vmi}-0"), result=Result.SUCCEEDED, node="n1")
+    return dev(name, vmi, since_s=since_s, bound="n1", admission=admission, request=br, **kw)
+
+
+def carry_out_links(devices, actions):
+    """The devices after the plan's LinkAttachment writes (what the executor records)."""
+    uids = {a.device: a.uid for a in actions if isinstance(a, LinkAttachment)}
+    out = []
+    for d in devices:
+        att = d.status.attached_to
+        if d.key in uids:
+            att = Attachment(att.vmi, att.since, att.admission, uids[d.key])
+        out.append(GPUDevice(d.namespace, d.name, d.class_name, template_for=d.template_for,
+                             status=DeviceStatus(phase=d.status.phase, node_name=d.status.node_name,
+                                                 attached_to=att, bind_request=d.status.bind_request),
+                             uid=d.uid, created_at=d.created_at))
+    return out
+
+
+def test_plan_emits_no_uid_link_for_a_live_admitted_vmi_one_write_less_per_admission():
+    d = granted("held", since_s=1)
+    t = granted("vm-a-0", since_s=1, template_for="vm-a")
+    got = plan([d, t], live(("vm-a", "u1", "a1")), NOW, GRACE)
+    assert got == [] and not any(isinstance(a, LinkAttachment) for a in got)
+    # still linked: an attachment written before admission ids (only a uid tells it apart)
+    old = dev("old", "vm-b", since_s=10_000, bound="n1")
+    assert plan([old], live(("vm-b", "u9", None)), NOW, GRACE) == [
+        LinkAttachment(("t1", "old"), "vm-b", "u9", None, old.status.attached_to.since)]
+
+
+def test_H2_vmi_deleted_while_no_replica_watched_is_released_after_grace_not_before():
+    # round 1 saw the VMI live; then every replica went away, the VMI was deleted, and the
+    # new leader has no tombstone. With no uid recorded the set waits for the grace (H1)
+    d = granted("held", since_s=10)
+    t = granted("vm-a-0", since_s=10, template_for="vm-a")
+    seen = carry_out_links([d, t], plan([d, t], live(("vm-a", "u1", "a1")), NOW, GRACE))
+    assert [x.status.attached_to.uid for x in seen] == [None, None]
+    assert plan(seen, VMIs(), NOW, GRACE) == []                       # within the grace
+    assert judge(seen[0], VMIs(), NOW, GRACE).state is State.PENDING
+    later = NOW + GRACE
+    why = VmiNeverAppeared("vm-a", int((GRACE + timedelta(seconds=10)).total_seconds()))
+    got = plan(seen, VMIs(), later, GRACE)
+    assert got == [ClearAttachment(("t1", "held"), "vm-a", Rule.H1, why),
+                   DeleteTemplate(("t1", "vm-a-0"), "uid-vm-a-0", Rule.H1, why)]
+    assert got[0].admissions == frozenset({"a1"}) and got[0].uid is None  # confirmed by admission
+    # the tombstone, when a replica saw the delete, still releases at once
+    assert [a.rule for a in plan(seen, live(deleted=["a1"]), NOW, GRACE)] == [Rule.H2, Rule.H2]
+
+
+def test_H2_never_released_while_a_vmi_with_the_attachments_admission_exists():
+    d = granted("held", since_s=100_000)
+    t = granted("vm-a-0", since_s=100_000, template_for="vm-a")
+    for vmis in (live(("vm-a", "u1", "a1")), live(("vm-a", "u1", "a1"), deleted=["a0"])):
+        assert plan([d, t], vmis, NOW, GRACE) == []
+        assert judge(d, vmis, NOW, GRACE).state is State.LIVE
+    # and the executor's live read refuses a release planned from a cache that missed it
+    assert not confirmed("vm-a", None, VMIRecord("t1", "vm-a", "u1", "a1"), frozenset({"a1"}))
+
+
+def test_H2_same_name_vmi_of_another_admission_never_keeps_the_old_set():
+    # case 5: the name re-created (another admission) while no replica watched; the old set
+    # was never linked: it is not LIVE for the new VMI, PENDING within the grace, then GONE
+    d = granted("held", since_s=10)
+    seen = carry_out_links([d], plan([d], live(("vm-a", "u1", "a1")), NOW, GRACE))
+    newer = live(("vm-a", "u2", "a2"))
+    assert judge(seen[0], newer, NOW, GRACE).state is State.PENDING
+    v = judge(seen[0], newer, NOW + GRACE, GRACE)
+    assert v.state is State.GONE and not v.holds
+    assert plan(seen, newer, NOW + GRACE, GRACE) == [
+        ClearAttachment(("t1", "held"), "vm-a", Rule.H2, AnotherIncarnation("vm-a", "a2", "a1"))]
+
+
+def test_H2_a_set_an_earlier_version_linked_is_still_judged_by_its_uid():
+    # upgrade: the uid on one device (as written before issue 40) decides for the whole set,
+    # whatever the annotation, and releases at once with no tombstone
+    linked = granted("held", since_s=1, uid="u1")
+    t = granted("vm-a-0", since_s=1, template_for="vm-a")
+    assert plan([linked, t], live(("vm-a", "u1", "a1")), NOW, GRACE) == []
+    assert plan([linked, t], VMIs(), NOW, GRACE) == [
+        ClearAttachment(("t1", "held"), "vm-a", Rule.H2, VmiDeleted("vm-a", "u1")),
+        DeleteTemplate(("t1", "vm-a-0"), "uid-vm-a-0", Rule.H2, VmiDeleted("vm-a", "u1"))]
+    links = recorded_links([linked, t])           # read for the set's other devices
+    assert judge(t, live(("vm-a", "u2", "a1")), NOW, GRACE, links).state is State.GONE
