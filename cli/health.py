@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 import yaml
 
-from cli.tools import ToolError, _transport_error, default_kubeconfig
+from cli.tools import ToolError, _transport_error, check_kubeconfig, default_kubeconfig
 from model.health_mark import (MARKS_CONFIGMAP, SUSPECT_KEY, Mark, find_mark, is_device_name,
                                parse_marks, parse_rule_mark)
 from model.serialize import format_time
@@ -182,6 +182,7 @@ async def _run(args) -> int:
 
     from k8s.errors import ApiError
 
+    check_kubeconfig(args.kubeconfig)
     try:
         api = await new_client_from_config(config_file=args.kubeconfig)
     except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
@@ -203,6 +204,9 @@ async def _run(args) -> int:
         except TimeoutError:
             raise ToolError(f"the cluster was not read within --timeout {args.timeout:g} s") from None
         except ApiError as exc:
+            if exc.status == 0:  # no response: a transport failure, worded as top words it
+                raise ToolError(f"cannot reach the API server of {args.kubeconfig}: "
+                                f"{exc.message}"[:500]) from None
             raise ToolError(f"cannot {'clear' if args.action else 'read'} the suspects: {exc}") from None
         except (ToolError, NothingReadable):
             raise

@@ -85,21 +85,7 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
     from k8s.cache import ClusterCache
     from k8s.errors import ApiError
 
-    import yaml
-
-    if not Path(kubeconfig).is_file():
-        raise ToolError(f"--kubeconfig: no such file {kubeconfig!r} (without the flag: "
-                        f"$KUBECONFIG's first path, else ~/.kube/config)")
-    try:
-        with open(kubeconfig, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ToolError(f"--kubeconfig {kubeconfig}: not valid YAML: {first}") from None
-    if not isinstance(doc, dict):
-        what = {type(None): "an empty file", str: "plain text", list: "a list"}.get(type(doc), "a single value")
-        raise ToolError(f"--kubeconfig {kubeconfig}: not a kubeconfig (a mapping with clusters, "
-                        f"users and contexts) but {what}")
+    check_kubeconfig(kubeconfig)
     try:
         api = await new_client_from_config(config_file=kubeconfig)
     except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
@@ -123,6 +109,27 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
                        published_lines(cache.classes.items()), cache.rules_selecting_nothing())
     finally:
         await api.close()
+
+
+def check_kubeconfig(kubeconfig: str) -> None:
+    """Raise ToolError (one line naming --kubeconfig) unless `kubeconfig` is a file holding
+    a YAML mapping: a missing file, YAML that does not parse (its first line), or an empty
+    file, plain text or a list. What is in the mapping is kubernetes_asyncio's to judge."""
+    import yaml
+
+    if not Path(kubeconfig).is_file():
+        raise ToolError(f"--kubeconfig: no such file {kubeconfig!r} (without the flag: "
+                        f"$KUBECONFIG's first path, else ~/.kube/config)")
+    try:
+        with open(kubeconfig, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ToolError(f"--kubeconfig {kubeconfig}: not valid YAML: {first}") from None
+    if not isinstance(doc, dict):
+        what = {type(None): "an empty file", str: "plain text", list: "a list"}.get(type(doc), "a single value")
+        raise ToolError(f"--kubeconfig {kubeconfig}: not a kubeconfig (a mapping with clusters, "
+                        f"users and contexts) but {what}")
 
 
 def _transport_error(exc: BaseException) -> str:

@@ -197,11 +197,27 @@ def test_explain_a_malformed_or_misplaced_manifest_is_refused_before_the_cluster
     ("- a\n- b\n", "not a kubeconfig (a mapping with clusters, users and contexts) but a list"),
     ("gpu-node-1\n", "not a kubeconfig (a mapping with clusters, users and contexts) but plain text"),
 ])
-def test_a_malformed_kubeconfig_is_one_line_and_exit_2(capsys, tmp_path, text, says):
+@pytest.mark.parametrize("command", ["top", "health"])
+def test_a_malformed_kubeconfig_is_one_line_and_exit_2(capsys, tmp_path, text, says, command):
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(text)
-    assert main(["top", "--kubeconfig", str(kubeconfig)]) == 2
-    assert capsys.readouterr().err == f"gpu-binder top: --kubeconfig {kubeconfig}: {says}\n"
+    assert main([command, "--kubeconfig", str(kubeconfig)]) == 2
+    assert capsys.readouterr().err == f"gpu-binder {command}: --kubeconfig {kubeconfig}: {says}\n"
+
+
+def test_health_against_no_api_server_says_it_cannot_reach_it(capsys, tmp_path):
+    """As `top` words it: the server and the OS's words, no HTTP status 0 (the newcomer)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n")
+    assert main(["health", "--kubeconfig", str(kubeconfig), "--timeout", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpu-binder health: cannot reach the API server of {kubeconfig}: "
+                          "127.0.0.1:1: "), err
+    assert err.count("\n") == 1, err
 
 
 def test_output_to_a_reader_that_went_away_ends_quietly_with_141():
