@@ -192,17 +192,22 @@ def test_explain_a_malformed_or_misplaced_manifest_is_refused_before_the_cluster
 
 
 @pytest.mark.parametrize("text, says", [
-    ("garbage: [\n", "not valid YAML: while parsing a flow node"),
+    ("garbage: [\n", "not valid YAML: expected the node content, but found '<stream end>' "
+                     "(line 2, column 1)"),
+    ("a: [b", "not valid YAML: expected ',' or ']', but got '<stream end>' (line 1, column 6)"),
+    ("a: b: c\n", "not valid YAML: mapping values are not allowed here (line 1, column 5)"),
     ("", "not a kubeconfig (a mapping with clusters, users and contexts) but an empty file"),
     ("- a\n- b\n", "not a kubeconfig (a mapping with clusters, users and contexts) but a list"),
     ("gpu-node-1\n", "not a kubeconfig (a mapping with clusters, users and contexts) but plain text"),
 ])
-@pytest.mark.parametrize("command", ["top", "health"])
+@pytest.mark.parametrize("command", [["top"], ["health"], ["health", "clear", "hgx-node-01/gpu-vfio-3"]])
 def test_a_malformed_kubeconfig_is_one_line_and_exit_2(capsys, tmp_path, text, says, command):
+    """Bad YAML says what the parser expected and where (its first line, 'while parsing a
+    flow sequence', said neither), as `explain -f` does; `health clear` as `health`."""
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(text)
-    assert main([command, "--kubeconfig", str(kubeconfig)]) == 2
-    assert capsys.readouterr().err == f"gpu-binder {command}: --kubeconfig {kubeconfig}: {says}\n"
+    assert main([*command, "--kubeconfig", str(kubeconfig)]) == 2
+    assert capsys.readouterr().err == f"gpu-binder {command[0]}: --kubeconfig {kubeconfig}: {says}\n"
 
 
 def test_health_against_no_api_server_says_it_cannot_reach_it(capsys, tmp_path):
