@@ -210,6 +210,36 @@ def test_a_malformed_kubeconfig_is_one_line_and_exit_2(capsys, tmp_path, text, s
     assert capsys.readouterr().err == f"gpu-binder {command[0]}: --kubeconfig {kubeconfig}: {says}\n"
 
 
+_KUBECONFIG = ("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+               "clusters: [{{name: k, cluster: {cluster}}}]\n"
+               "users: [{{name: u, user: {{token: t}}}}]\n"
+               "contexts: [{{name: c, context: {context}}}]\n")
+
+
+@pytest.mark.parametrize("text, says", [
+    # kubernetes_asyncio: AttributeError 'int' object has no attribute 'safe_get' (a traceback)
+    (_KUBECONFIG.format(cluster="{server: 'https://127.0.0.1:1'}", context="7"),
+     "not a kubeconfig: contexts[0].context is a number, not a mapping"),
+    # TypeError 'int' object is not iterable
+    ("current-context: c\ncontexts: 5\n", "not a kubeconfig: contexts is a number, not a list"),
+    ("current-context: c\nclusters: [k]\n", "not a kubeconfig: clusters[0] is a string, not a mapping"),
+    # ConfigException naming a ConfigNode object's repr
+    ("current-context: [c]\n", "not a kubeconfig: current-context is a list, not a name"),
+    # a bare AssertionError, no message (a traceback)
+    (_KUBECONFIG.format(cluster="{server: 5}", context="{cluster: k, user: u}"),
+     "not a usable kubeconfig: AssertionError in kubernetes_asyncio's loader (a value of the "
+     "wrong type?)"),
+])
+@pytest.mark.parametrize("command", [["top"], ["health"], ["health", "clear", "hgx-node-01/gpu-vfio-3"]])
+def test_a_kubeconfig_of_the_wrong_shape_is_one_line_and_exit_2(capsys, tmp_path, text, says, command):
+    """Valid YAML whose parts have the wrong shape: one line naming the part (or, for what
+    kubernetes_asyncio trips on past that, its error), exit 2, not a traceback."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(text)
+    assert main([*command, "--kubeconfig", str(kubeconfig), "--timeout", "5"]) == 2
+    assert capsys.readouterr().err == f"gpu-binder {command[0]}: --kubeconfig {kubeconfig}: {says}\n"
+
+
 def test_health_against_no_api_server_says_it_cannot_reach_it(capsys, tmp_path):
     """As `top` words it: the server and the OS's words, no HTTP status 0 (the newcomer)."""
     kubeconfig = tmp_path / "kubeconfig"
