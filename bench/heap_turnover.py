@@ -118,12 +118,12 @@ def replace_all(cache: ClusterCache, world: World, order: list[tuple[str, tuple[
                 version: int) -> None:
     """Every (kind, key) of `order` replaced once in `cache` by `same_content_event`, through
     the informers' watch path (`OrjsonWatch.unmarshal_event`, `Informer._apply`: the
-    transform, the cache, the listeners)."""
+    transform, the cache, the listeners). An empty `order` replaces nothing. No event
+    outlives the call (the caller's sample after it sees only what the cache keeps)."""
     watch = OrjsonWatch(return_type="object")
     for kind, key in order:
         event = watch.unmarshal_event(same_content_event(world, kind, key, version), None)
         getattr(cache, INFORMERS[kind])._apply(event["type"], event["raw_object"])
-    del event
 
 
 def _traced(snapshot: tracemalloc.Snapshot) -> dict:

@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 import yaml
 
-from cli.tools import ToolError, _transport_error, check_kubeconfig, default_kubeconfig
+from cli.tools import ToolError, _transport_error, default_kubeconfig, open_api
 from model.health_mark import (MARKS_CONFIGMAP, SUSPECT_KEY, Mark, find_mark, is_device_name,
                                parse_marks, parse_rule_mark)
 from model.serialize import format_time
@@ -178,15 +178,9 @@ async def _clear(api, mark: Mark, rules: dict[str, dict], cm: dict | None, names
 
 
 async def _run(args) -> int:
-    from kubernetes_asyncio.config import ConfigException, new_client_from_config
-
     from k8s.errors import ApiError
 
-    check_kubeconfig(args.kubeconfig)
-    try:
-        api = await new_client_from_config(config_file=args.kubeconfig)
-    except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
-        raise ToolError(f"--kubeconfig {args.kubeconfig}: not a usable kubeconfig: {exc}") from None
+    api = await open_api(args.kubeconfig)
     try:
         try:
             with anyio.fail_after(args.timeout):

@@ -80,16 +80,10 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
     (namespace, name), also GET that VirtualMachine (absent, or not readable by this user:
     `Cluster.vms` lacks it). Raises ToolError naming --kubeconfig or --timeout, or the list
     that failed."""
-    from kubernetes_asyncio.config import ConfigException, new_client_from_config
-
     from k8s.cache import ClusterCache
     from k8s.errors import ApiError
 
-    check_kubeconfig(kubeconfig)
-    try:
-        api = await new_client_from_config(config_file=kubeconfig)
-    except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
-        raise ToolError(f"--kubeconfig {kubeconfig}: not a usable kubeconfig: {exc}") from None
+    api = await open_api(kubeconfig)
     try:
         cache = ClusterCache(api, settings_namespace=settings_namespace)
         try:
@@ -111,12 +105,25 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
         await api.close()
 
 
+def yaml_problem(exc: BaseException) -> str:
+    """A file that would not read as YAML, in one line: for a YAML error, what the parser
+    found wrong and where ("mapping values are not allowed here (line 3, column 27)"; not its
+    first line, which may only say what it was reading: "while parsing a flow sequence");
+    otherwise the error's first line (an OSError, a UnicodeDecodeError)."""
+    where = getattr(exc, "problem_mark", None)
+    first = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+    at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+    return f"{first}{at}"
+
+
 def check_kubeconfig(kubeconfig: str) -> None:
     """Raise ToolError (one line naming --kubeconfig) unless `kubeconfig` is a file holding
-    a YAML mapping: a missing file, YAML that does not parse (its first line), or an empty
-    file, plain text or a list. What is in the mapping is kubernetes_asyncio's to judge."""
-    import yaml
-
+    a YAML mapping: a missing file, YAML that does not parse (`yaml_problem`: what the
+    parser expected and where), or an empty file, plain text or a list; a mapping whose
+    `clusters`, `contexts` or `users` is not a list of mappings, or has an entry whose
+    `cluster`/`context`/`user` is not a mapping, or whose `current-context` is not a name
+    (kubernetes_asyncio fails on these with a Python error naming no part of the file). What
+    else is in the mapping is kubernetes_asyncio's to judge (`open_api`)."""
     if not Path(kubeconfig).is_file():
         raise ToolError(f"--kubeconfig: no such file {kubeconfig!r} (without the flag: "
                         f"$KUBECONFIG's first path, else ~/.kube/config)")
@@ -124,12 +131,58 @@ def check_kubeconfig(kubeconfig: str) -> None:
         with open(kubeconfig, encoding="utf-8") as f:
             doc = yaml.safe_load(f)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ToolError(f"--kubeconfig {kubeconfig}: not valid YAML: {first}") from None
+        raise ToolError(f"--kubeconfig {kubeconfig}: not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(doc, dict):
         what = {type(None): "an empty file", str: "plain text", list: "a list"}.get(type(doc), "a single value")
         raise ToolError(f"--kubeconfig {kubeconfig}: not a kubeconfig (a mapping with clusters, "
                         f"users and contexts) but {what}")
+    wrong = _misshapen(doc)
+    if wrong:
+        raise ToolError(f"--kubeconfig {kubeconfig}: not a kubeconfig: {wrong}")
+
+
+async def open_api(kubeconfig: str):
+    """kubernetes_asyncio's ApiClient for `kubeconfig` (the caller closes it), after
+    `check_kubeconfig`. Raises ToolError, one line naming --kubeconfig, for a file the loader
+    cannot use, whatever it raises: a context naming no cluster, bad base64 or certificate
+    data, an exec plugin that fails, or a value of the wrong type that trips it
+    (`server: 5` raised a bare AssertionError, printed as a traceback)."""
+    from kubernetes_asyncio.config import new_client_from_config
+
+    check_kubeconfig(kubeconfig)
+    try:
+        return await new_client_from_config(config_file=kubeconfig)
+    except Exception as exc:  # noqa: BLE001 - the loader's errors are any type; said in one line
+        said = (str(exc).splitlines() or [""])[0].strip()
+        said = said or f"{type(exc).__name__} in kubernetes_asyncio's loader (a value of the wrong type?)"
+        raise ToolError(f"--kubeconfig {kubeconfig}: not a usable kubeconfig: {said}"[:500]) from None
+
+
+def _kind_of(value: Any) -> str:
+    """What a YAML value is, in words ("a number", "a list", …)."""
+    return {str: "a string", int: "a number", float: "a number", bool: "a boolean",
+            list: "a list", dict: "a mapping"}.get(type(value), "a single value")
+
+
+def _misshapen(doc: Mapping[str, Any]) -> str | None:
+    """The first part of kubeconfig `doc` of the wrong shape, said as "contexts[0].context is
+    a number, not a mapping"; None when the parts it has have the right shape (absent or null
+    ones are the loader's to judge)."""
+    current = doc.get("current-context")
+    if current is not None and not isinstance(current, str):
+        return f"current-context is {_kind_of(current)}, not a name"
+    for part, body in (("clusters", "cluster"), ("contexts", "context"), ("users", "user")):
+        entries = doc.get(part)
+        if entries is None:
+            continue
+        if not isinstance(entries, list):
+            return f"{part} is {_kind_of(entries)}, not a list"
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                return f"{part}[{i}] is {_kind_of(entry)}, not a mapping"
+            if entry.get(body) is not None and not isinstance(entry[body], dict):
+                return f"{part}[{i}].{body} is {_kind_of(entry[body])}, not a mapping"
+    return None
 
 
 def _transport_error(exc: BaseException) -> str:
@@ -178,10 +231,7 @@ def read_vmi_file(file: str, namespace: str | None) -> dict:
         text = sys.stdin.read() if file == "-" else Path(file).read_text()
         docs = [d for d in yaml.safe_load_all(text) if d]
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        where = getattr(exc, "problem_mark", None)
-        first = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
-        at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
-        raise ToolError(f"-f {file}: cannot read a YAML/JSON document: {first}{at}") from None
+        raise ToolError(f"-f {file}: cannot read a YAML/JSON document: {yaml_problem(exc)}") from None
     vmi = next((d for d in docs if isinstance(d, dict)
                 and d.get("kind") == "VirtualMachineInstance"), None)
     if vmi is None:

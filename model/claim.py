@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Container, Iterable, Mapping, Sequence
 
@@ -289,15 +289,16 @@ def parse_claim(obj: Mapping[str, Any]) -> Claim:
                  spec_digest=spec_digest(obj.get("spec")))
 
 
-_SHARED_FIELDS = ("namespace", "name", "uid", "vmi", "admission", "allocated", "problem",
-                  "spec_digest")
+_SHARED_FIELDS = tuple(f.name for f in fields(Claim))
 
 
 def shared_with(new: Claim, old: Claim | None) -> Claim:
-    """`new` with each of its strings and its `allocated` tuple that equals `old`'s taken
-    from `old` (the same value, one copy): what was built from `old` (the DRA index keeps
-    its devices while they are equal) then holds nothing `new` repeats. `new` itself when
-    `old` is None or nothing is equal."""
+    """`new` with each field that equals `old`'s taken from `old` (the same value, one copy:
+    its strings, resourceVersion included, which a relist repeats; the claimed-at time; the
+    `allocated` tuple): what was built from `old` (the DRA index keeps its devices while they
+    are equal) then holds nothing `new` repeats. A field that differs stays `new`'s own
+    object; the result equals `new`. `new` itself when `old` is None or no equal field is
+    another object."""
     if old is None:
         return new
     same = {f: getattr(old, f) for f in _SHARED_FIELDS

@@ -56,3 +56,28 @@ def test_the_informers_mode_replaces_every_object_through_the_real_path():
     with pytest.raises(SystemExit) as exc:
         main(["--informers", "5", "--passes", "10"])
     assert exc.value.code == 2
+
+
+def test_replacing_an_empty_order_changes_nothing():
+    """`replace_all` with no (kind, key) to replace returns and leaves the cache as listed (it
+    raised NameError: the loop's last event was deleted after a loop that never ran)."""
+    from bench.cache_turnover import INFORMERS, World, relist
+    from bench.heap_turnover import replace_all
+    from k8s.cache import ClusterCache
+
+    world = World(2, 1)
+    cache = ClusterCache(object())
+    relist(cache, world)
+
+    def versions() -> dict:
+        return {kind: {key: getattr(cache, INFORMERS[kind]).get(key)["metadata"]["resourceVersion"]
+                       for key in world.objs[kind]} for kind in INFORMERS}
+    before = versions()
+    assert replace_all(cache, world, [], 1) is None
+    assert versions() == before
+    kind, key = next((k, key) for k in INFORMERS for key in world.objs[k])
+    replace_all(cache, world, [(kind, key)], 1)
+    after = versions()
+    assert after[kind][key] != before[kind][key]             # one replaced, with a new version ...
+    after[kind][key] = before[kind][key]
+    assert after == before                                   # ... and only that one

@@ -192,17 +192,52 @@ def test_explain_a_malformed_or_misplaced_manifest_is_refused_before_the_cluster
 
 
 @pytest.mark.parametrize("text, says", [
-    ("garbage: [\n", "not valid YAML: while parsing a flow node"),
+    ("garbage: [\n", "not valid YAML: expected the node content, but found '<stream end>' "
+                     "(line 2, column 1)"),
+    ("a: [b", "not valid YAML: expected ',' or ']', but got '<stream end>' (line 1, column 6)"),
+    ("a: b: c\n", "not valid YAML: mapping values are not allowed here (line 1, column 5)"),
     ("", "not a kubeconfig (a mapping with clusters, users and contexts) but an empty file"),
     ("- a\n- b\n", "not a kubeconfig (a mapping with clusters, users and contexts) but a list"),
     ("gpu-node-1\n", "not a kubeconfig (a mapping with clusters, users and contexts) but plain text"),
 ])
-@pytest.mark.parametrize("command", ["top", "health"])
+@pytest.mark.parametrize("command", [["top"], ["health"], ["health", "clear", "hgx-node-01/gpu-vfio-3"]])
 def test_a_malformed_kubeconfig_is_one_line_and_exit_2(capsys, tmp_path, text, says, command):
+    """Bad YAML says what the parser expected and where (its first line, 'while parsing a
+    flow sequence', said neither), as `explain -f` does; `health clear` as `health`."""
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(text)
-    assert main([command, "--kubeconfig", str(kubeconfig)]) == 2
-    assert capsys.readouterr().err == f"gpu-binder {command}: --kubeconfig {kubeconfig}: {says}\n"
+    assert main([*command, "--kubeconfig", str(kubeconfig)]) == 2
+    assert capsys.readouterr().err == f"gpu-binder {command[0]}: --kubeconfig {kubeconfig}: {says}\n"
+
+
+_KUBECONFIG = ("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+               "clusters: [{{name: k, cluster: {cluster}}}]\n"
+               "users: [{{name: u, user: {{token: t}}}}]\n"
+               "contexts: [{{name: c, context: {context}}}]\n")
+
+
+@pytest.mark.parametrize("text, says", [
+    # kubernetes_asyncio: AttributeError 'int' object has no attribute 'safe_get' (a traceback)
+    (_KUBECONFIG.format(cluster="{server: 'https://127.0.0.1:1'}", context="7"),
+     "not a kubeconfig: contexts[0].context is a number, not a mapping"),
+    # TypeError 'int' object is not iterable
+    ("current-context: c\ncontexts: 5\n", "not a kubeconfig: contexts is a number, not a list"),
+    ("current-context: c\nclusters: [k]\n", "not a kubeconfig: clusters[0] is a string, not a mapping"),
+    # ConfigException naming a ConfigNode object's repr
+    ("current-context: [c]\n", "not a kubeconfig: current-context is a list, not a name"),
+    # a bare AssertionError, no message (a traceback)
+    (_KUBECONFIG.format(cluster="{server: 5}", context="{cluster: k, user: u}"),
+     "not a usable kubeconfig: AssertionError in kubernetes_asyncio's loader (a value of the "
+     "wrong type?)"),
+])
+@pytest.mark.parametrize("command", [["top"], ["health"], ["health", "clear", "hgx-node-01/gpu-vfio-3"]])
+def test_a_kubeconfig_of_the_wrong_shape_is_one_line_and_exit_2(capsys, tmp_path, text, says, command):
+    """Valid YAML whose parts have the wrong shape: one line naming the part (or, for what
+    kubernetes_asyncio trips on past that, its error), exit 2, not a traceback."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(text)
+    assert main([*command, "--kubeconfig", str(kubeconfig), "--timeout", "5"]) == 2
+    assert capsys.readouterr().err == f"gpu-binder {command[0]}: --kubeconfig {kubeconfig}: {says}\n"
 
 
 def test_health_against_no_api_server_says_it_cannot_reach_it(capsys, tmp_path):
@@ -244,6 +279,8 @@ def test_output_to_a_reader_that_went_away_ends_quietly_with_141():
     (["bench", "scale", "--settle-load", "inf"], "--settle-load", "takes a finite load average"),
     (["bench", "packing", "--nodes", "0"], "--nodes", "must be at least 1, got 0"),
     (["bench", "soak", "--nodes", "x"], "--nodes", "not an integer: 'x'"),
+    (["bench", "soak", "--nodes", "0"], "--nodes", "must be at least 1, got 0"),
+    (["bench", "soak", "--nodes", "-3"], "--nodes", "must be at least 1, got -3"),
     (["cluster", "up", "--controllers", "-1"], "--controllers", "must be at least 0, got -1"),
     (["demo", "--vmis", "0"], "--vmis", "must be at least 1, got 0"),
     (["demo", "--nodes", "1"], "--nodes", "must be at least 2, got 1"),
@@ -290,6 +327,9 @@ def test_demo_dra_refuses_the_count_mode_flags_it_would_ignore(capsys, extra, na
     (["bench", "packing", "--loads", "0.5,,0.7"], "got '0.5,,0.7'"),
     (["bench", "soak", "--minutes", "61"], "--minutes is in (0, 60], got 61"),
     (["bench", "soak", "--minutes", "nan"], "--minutes is in (0, 60], got nan"),
+    (["bench", "soak", "--minutes", "0"], "--minutes is in (0, 60], got 0"),
+    (["bench", "soak", "--minutes", "-1"], "--minutes is in (0, 60], got -1"),
+    (["bench", "soak", "--create-rate", "0"], "--create-rate is creates per second in (0, 50], got 0"),
     (["bench", "soak", "--steady-share", "0.9"], "--steady-share is in [0.2, 0.8], got 0.9"),
     (["bench", "soak", "--steady-share", "nan"], "--steady-share is in [0.2, 0.8], got nan"),
     (["bench", "e2e", "--gpus", "1,0"], "--gpus takes positive integers"),

@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from localcluster.dra_profiles import HGX_H100_8, gpu_uuid
 from model.admission import AdmissionPlan
@@ -319,3 +321,90 @@ def test_a_claim_read_back_is_parsed_once_into_every_field_its_readers_use():
     assert same_spec(claim, raw["spec"]) and claim.is_for("vm")
     assert parse_claim({}) == Claim("", "", spec_digest=parse_claim({}).spec_digest)
     assert not parse_claim({"metadata": {"labels": "not a map"}, "status": []}).managed
+
+
+def _fresh(value):
+    """An equal copy of `value` that is another object where Python allows it (strings of two
+    characters or more, datetimes, tuples of DeviceRefs): what a second decode of the same
+    JSON gives."""
+    from model.device.dra import DeviceRef
+
+    if isinstance(value, str):
+        return "".join(list(value))
+    if isinstance(value, datetime):
+        return datetime.fromisoformat(value.isoformat())
+    if isinstance(value, tuple):
+        return tuple(DeviceRef(_fresh(r.driver), _fresh(r.pool), _fresh(r.device)) for r in value)
+    return value
+
+
+def _claim_fields():
+    import dataclasses
+
+    from model.claim import Claim
+
+    return [f.name for f in dataclasses.fields(Claim)]
+
+
+def test_a_claim_shared_with_the_one_held_keeps_its_changes_and_takes_only_equal_parts():
+    """`shared_with` (the cache's ingest of a watched claim): a field the new claim changed is
+    the new claim's own object, nothing of the old one in it; a field equal to the old
+    claim's is the old claim's object (`is`: one copy held); the value is the new claim."""
+    import orjson
+
+    from model.claim import shared_with
+
+    listed = build_claim("t1", "vm", [ClaimMember("g", H100, ref("n1", 0), "u0"),
+                                      ClaimMember("h", H100, ref("n1", 1), "u1")], "adm-1", NOW)
+    listed["metadata"].update(uid="uid-1", resourceVersion="100")
+    listed["status"] = {"allocation": {"devices": {"results": [
+        {"request": f"gpu-{i}", "driver": DRIVER, "pool": "n1", "device": f"gpu-vfio-{i}"}
+        for i in range(2)]}}}
+    watched = build_claim("t1", "vm", [ClaimMember("g", H100, ref("n1", 0), "u0"),
+                                       ClaimMember("h", H100, ref("n1", 1), "u1")], "adm-2",
+                          NOW + timedelta(minutes=1))              # re-confirmed by adm-2
+    watched["metadata"].update(uid="uid-1", resourceVersion="101")
+    watched["status"] = {"reservedFor": [{"resource": "pods", "name": "virt-launcher-vm-x"}],
+                         "allocation": {"devices": {"results": [
+                             {"request": f"gpu-{i}", "driver": DRIVER, "pool": "n1",
+                              "device": f"gpu-vfio-{i + 2}"} for i in range(2)]}}}
+    old, new = (parse_claim(orjson.loads(orjson.dumps(o))) for o in (listed, watched))
+    assert new.name is not old.name and new.uid is not old.uid   # two decodes: two copies
+    got = shared_with(new, old)
+    assert got == new
+    changed = {"resource_version", "admission", "since", "in_use", "allocated"}
+    assert {f for f in _claim_fields() if getattr(new, f) != getattr(old, f)} == changed
+    for f in changed:
+        assert getattr(got, f) is getattr(new, f), f
+    for f in ("namespace", "name", "uid", "vmi", "spec_digest"):
+        assert getattr(got, f) is getattr(old, f), f
+    assert shared_with(new, None) is new
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_shared_with_takes_exactly_the_equal_fields_of_the_old_claim(data):
+    """Any two claims: the result equals the new one; each field equal to the old claim's
+    is the old claim's object, each other field the new claim's (resourceVersion and the
+    claimed-at time included: a relist delivers a claim unchanged)."""
+    from model.claim import Claim, shared_with
+    from model.device.dra import DeviceRef
+
+    later = NOW + timedelta(seconds=5)
+    pools = {"namespace": ["t1", "t2"], "name": ["vm-gpus", "vm2-gpus"],
+             "uid": ["", "uid-1", "uid-2"], "resource_version": ["", "100", "101"],
+             "managed": [False, True], "vmi": [None, "vm", "vm2"],
+             "admission": [None, "adm-1", "adm-2"], "since": [None, NOW, later],
+             "deleting": [False, True], "in_use": [False, True],
+             "allocated": [(), (DeviceRef(DRIVER, "n1", "gpu-vfio-0"),),
+                           (DeviceRef(DRIVER, "n1", "gpu-vfio-0"), DeviceRef(DRIVER, "n1", "gpu-vfio-1"))],
+             "problem": [None, "ResourceClaim vm-gpus: an allocation result lacks driver"],
+             "spec_digest": ["", "ab" * 32, "cd" * 32]}
+    assert set(pools) == set(_claim_fields())
+    old = Claim(**{f: _fresh(data.draw(st.sampled_from(v), label=f"old.{f}")) for f, v in pools.items()})
+    new = Claim(**{f: _fresh(data.draw(st.sampled_from(v), label=f"new.{f}")) for f, v in pools.items()})
+    got = shared_with(new, old)
+    assert got == new
+    for f in _claim_fields():
+        source = old if getattr(new, f) == getattr(old, f) else new
+        assert getattr(got, f) is getattr(source, f), f
