@@ -105,17 +105,6 @@ async def read_cluster(kubeconfig: str, *, settings_namespace: str = "cozy-syste
         await api.close()
 
 
-def yaml_problem(exc: BaseException) -> str:
-    """A file that would not read as YAML, in one line: for a YAML error, what the parser
-    found wrong and where ("mapping values are not allowed here (line 3, column 27)"; not its
-    first line, which may only say what it was reading: "while parsing a flow sequence");
-    otherwise the error's first line (an OSError, a UnicodeDecodeError)."""
-    where = getattr(exc, "problem_mark", None)
-    first = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
-    at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
-    return f"{first}{at}"
-
-
 def check_kubeconfig(kubeconfig: str) -> None:
     """Raise ToolError (one line naming --kubeconfig) unless `kubeconfig` is a file holding
     a YAML mapping: a missing file, YAML that does not parse (`yaml_problem`: what the
@@ -131,6 +120,8 @@ def check_kubeconfig(kubeconfig: str) -> None:
         with open(kubeconfig, encoding="utf-8") as f:
             doc = yaml.safe_load(f)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        from k8s.config import yaml_problem
+
         raise ToolError(f"--kubeconfig {kubeconfig}: not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(doc, dict):
         what = {type(None): "an empty file", str: "plain text", list: "a list"}.get(type(doc), "a single value")
@@ -231,6 +222,8 @@ def read_vmi_file(file: str, namespace: str | None) -> dict:
         text = sys.stdin.read() if file == "-" else Path(file).read_text()
         docs = [d for d in yaml.safe_load_all(text) if d]
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        from k8s.config import yaml_problem
+
         raise ToolError(f"-f {file}: cannot read a YAML/JSON document: {yaml_problem(exc)}") from None
     vmi = next((d for d in docs if isinstance(d, dict)
                 and d.get("kind") == "VirtualMachineInstance"), None)

@@ -400,6 +400,17 @@ class Config:
         return out
 
 
+def yaml_problem(exc: BaseException) -> str:
+    """A file that would not read as YAML, in one line: for a YAML error, what the parser
+    found wrong and where ("mapping values are not allowed here (line 3, column 27)"; not its
+    first line, which may only say what it was reading: "while parsing a flow sequence");
+    otherwise the error's first line (an OSError, a UnicodeDecodeError)."""
+    where = getattr(exc, "problem_mark", None)
+    first = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+    at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+    return f"{first}{at}"
+
+
 def load(file: str | None = None, env: dict[str, str] | None = None,
          flags: dict[str, Any] | None = None) -> Config:
     """Defaults < file < environment (`GPU_BINDER_*`) < flags; validated. Raises ValueError
@@ -411,7 +422,7 @@ def load(file: str | None = None, env: dict[str, str] | None = None,
         try:
             data = yaml.safe_load(Path(file).read_text()) or {}
         except yaml.YAMLError as exc:
-            raise ValueError(f"{file}: not valid YAML: {exc}") from None
+            raise ValueError(f"{file}: not valid YAML: {yaml_problem(exc)}") from None
         except OSError as exc:
             raise ValueError(f"--config {file}: cannot be read: {exc.strerror or exc}") from None
         if not isinstance(data, dict):

@@ -85,6 +85,19 @@ def test_unknown_setting_in_file_is_named(tmp_path):
         load(str(f), env={})
 
 
+@pytest.mark.parametrize("text, problem", [
+    ("a: [b", "expected ',' or ']', but got '<stream end>' (line 1, column 6)"),
+    ("a: b: c\n", "mapping values are not allowed here (line 1, column 5)"),
+])
+def test_a_config_file_that_is_not_YAML_is_refused_in_one_line_saying_where(tmp_path, text,
+                                                                           problem):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(ValueError) as err:
+        load(str(bad), env={})
+    assert str(err.value) == f"{bad}: not valid YAML: {problem}"
+
+
 def test_bad_environment_value_names_the_variable():
     with pytest.raises(ValueError, match="environment: GPU_BINDER_BIND_TIMEOUT: not a number"):
         load(None, env={"GPU_BINDER_BIND_TIMEOUT": "soon", "GPU_BINDER_WEBHOOK_PORT": "0"})
