@@ -263,15 +263,19 @@ class World:
                                                   "state": {"running": {"startedAt":
                                                                         "2026-12-07T02:00:00Z"}}}]}}
 
-    def new_vmi(self, events: list | None) -> None:
+    def new_vmi(self, events: list | None, like: tuple[str, str, int] | None = None) -> None:
         """One VMI (its held devices, its Pod): created, admitted, scheduled, running; its
-        events appended to `events` (None: population, no events)."""
+        events appended to `events` (None: population, no events). `like`: its (namespace,
+        class, size), else drawn; the node is drawn either way."""
         r = self.rng
         self.serial += 1
-        ns = f"soak-t{r.randrange(TENANTS):02d}"
+        if like is None:
+            ns = f"soak-t{r.randrange(TENANTS):02d}"
+            cls = r.choice(list(CLASSES))
+            size = r.choices([s for s, _ in SIZES], [w for _, w in SIZES])[0]
+        else:
+            ns, cls, size = like
         name = f"soak-vm{self.serial:05d}"
-        cls = r.choice(list(CLASSES))
-        size = r.choices([s for s, _ in SIZES], [w for _, w in SIZES])[0]
         node = r.choice(self.nodes)
         devs = [f"{name}-{cls}-{i}" for i in range(size)]
         self.vmis[(ns, name)] = devs
@@ -295,9 +299,9 @@ class World:
         for _ in range(2):
             emit("virtualmachineinstances", "MODIFIED", "vmi", ns, name, cls, size, "Running", node)
 
-    def delete_vmi(self, events: list) -> None:
-        """A random existing VMI, its Pod and its held devices go."""
-        key = self.rng.choice(list(self.vmis))
+    def delete_vmi(self, events: list, key: tuple[str, str] | None = None) -> None:
+        """VMI `key` (None: a random one), its Pod and its held devices go."""
+        key = self.rng.choice(list(self.vmis)) if key is None else key
         devs = self.vmis.pop(key)
         ns, name = key
         vmi = self.build(self.objs["virtualmachineinstances"].pop(key))

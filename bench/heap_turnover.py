@@ -29,6 +29,28 @@ more blocks than the listed one it replaced, until `k8s.informer.share_strings`)
 2026-12-07 (`bench-results/heap-turnover-informers.json`, 1,000 nodes, 13,042 objects): traced
 54.69 MiB listed, 59.47 after the first pass and 59.48 after the second on main `483bd0b`
 (RSS 165.4 -> 167.9 -> 167.9), 55.35 and 55.37 with the strings shared (RSS 165.1 flat).
+
+`--churn NODES [--trace]` is the soak's churn instead: the same listed population, then its
+VMIs replaced oldest first (`bench soak`'s deletion order), each by a new VMI of the same
+tenant, class and size (the new one's ADDED and MODIFIED events, then DELETED ones for the
+old VMI, its Pod and its held devices), 2 a simulated second (the VMI tombstones' clock), so every
+cache's object count stays the same. Each quarter of the live set reports the originals left,
+the tombstones and RSS (or, with `--trace`, the traced figures as above); each pass's end the
+bytes each map of the cache holds (`held_by_map`). On 2026-12-07
+(`bench-results/heap-turnover-churn.json`: 1,000 nodes, 2,000 VMIs, traced): 54.85 MiB
+listed, 59.53 once the 2,000 listed VMIs were replaced (2.4 KiB a VMI), 59.71 after the next
+2,000. The objects a watch decoded cost what the listed ones did: the decode held 41.93 MiB
+listed and 13.35 (list) + 28.55 (watch) = 41.90 after the first pass. Of the first pass's
+growth the cache's maps hold 2.65 MiB: their hash tables, which the list built compact and
+which churn (deletes, then inserts of new keys) grows once to their steady size
+(_excuse_of +406 KiB, the devices' informer +397, view._on_node +381, the VMIs' informer
++323, view._devices +288, _pods_on +182, ...), and the VMI tombstones filling to
+TOMBSTONE_TTL x the delete rate (1,201, +379 KiB); the rest lies outside the cache's maps
+(the bench's own World among it). The second pass: +0.18 MiB, per-node sets' high-water
+marks (_pods_on, view._on_node). Issue 41 item 5: a replica grows by a bounded amount during
+its first turnover of the VMIs it listed (up to live VMIs / delete rate after its start,
+1,000 s in the soak), and is flat after.
+bounded amount, flat after.
 """
 
 from __future__ import annotations
@@ -38,6 +60,7 @@ import gc
 import json
 import os
 import random
+import sys
 import tracemalloc
 from datetime import datetime, timezone
 from pathlib import Path
@@ -187,6 +210,128 @@ def run_informers(nodes: int, passes: int, *, seed: int = 1, trace: bool = False
             tracemalloc.stop()
 
 
+def held_by_map(cache: ClusterCache) -> dict[str, int]:
+    """Bytes (`sys.getsizeof`, summed over what each reaches) held by each container
+    attribute of `cache`, of its view and of its informers (`devices._cache`), each object
+    counted once: under the first map (in attribute order) that reaches it. Modules, types,
+    functions and frames are not followed."""
+    seen: set[int] = {id(cache)}
+    out: dict[str, int] = {}
+    skip = ("module", "function", "builtin_function_or_method", "method", "code", "frame",
+            "cell", "type")
+
+    def attrs(o) -> dict:
+        d = dict(getattr(o, "__dict__", None) or {})
+        for name in getattr(type(o), "__slots__", ()) or ():
+            if hasattr(o, name):
+                d[name] = getattr(o, name)
+        return d
+
+    roots = []
+    for k, v in attrs(cache).items():
+        if type(v).__module__.split(".")[0] in ("k8s", "actors", "model"):
+            roots += [(f"{k}.{k2}", v2) for k2, v2 in attrs(v).items()]
+        else:
+            roots.append((k, v))
+    for name, root in roots:
+        if id(root) in seen or type(root).__name__ in skip:
+            continue
+        seen.add(id(root))
+        todo, total = [root], 0
+        while todo:
+            o = todo.pop()
+            if type(o).__name__ in skip:
+                continue
+            total += sys.getsizeof(o)
+            if isinstance(o, (str, bytes, int, float, bool, type(None))):
+                continue
+            if isinstance(o, dict):
+                kids = [x for kv in o.items() for x in kv]
+            elif isinstance(o, (list, tuple, set, frozenset)):
+                kids = list(o)
+            else:
+                kids = list(attrs(o).values())
+            for c in kids:
+                if id(c) not in seen:
+                    seen.add(id(c))
+                    todo.append(c)
+        out[name] = out.get(name, 0) + total
+    return out
+
+
+def replace_oldest(world: World, events: list) -> None:
+    """`world`'s oldest VMI replaced by a new one of its tenant, class and size (the new one's
+    events first, as the soak's creates and deletes interleave), `events` appended."""
+    key = next(iter(world.vmis))
+    _, args, _ = world.objs["virtualmachineinstances"][key]
+    ns, _, cls, size = args[:4]
+    world.new_vmi(events, like=(ns, cls, size))
+    world.delete_vmi(events, key)
+
+
+def run_churn(nodes: int, passes: int, *, seed: int = 1, trace: bool = False,
+              rate: float = 2.0) -> dict:
+    """The churn's figures (module docstring): {"vmis", "listed": sample, "quarters":
+    [sample + {replaced, originals_left, tombstones}], "held": [{map: bytes}, listed then
+    after each pass]}; a sample is {rss_mib[, traced, watch_decode, list_decode]} as in
+    `run_informers`. `rate` replacements a simulated second. `passes` >= 1."""
+    import k8s.cache as cache_module
+    from types import SimpleNamespace
+    import time as real_time
+
+    if passes < 1:
+        raise ValueError("passes: at least 1")
+    clock = [0.0]
+    saved = cache_module.time
+    cache_module.time = SimpleNamespace(monotonic=lambda: clock[0], time=real_time.time)
+    world = World(nodes, seed)
+    cache = ClusterCache(object())
+    if trace:
+        tracemalloc.start(1)
+    try:
+        relist(cache, world)
+        cache.view.snapshot()   # built once, as the first admission or scrape does
+        thresholds = settle_heap()
+        try:
+            def sample() -> dict:
+                gc.collect()
+                got: dict = {"rss_mib": round(memory_mib_self(), 1)}
+                if trace:
+                    got.update(_traced(tracemalloc.take_snapshot()))
+                return got
+
+            informers = {kind: getattr(cache, attr) for kind, attr in INFORMERS.items()}
+            watch = OrjsonWatch(return_type="object")
+            originals = set(world.vmis)
+            live = len(originals)
+            quarter = max(1, live // 4)
+            out: dict = {"vmis": live, "listed": sample(), "quarters": [],
+                         "held": [held_by_map(cache)]}
+            for i in range(1, passes * live + 1):
+                clock[0] = i / rate
+                events: list = []
+                replace_oldest(world, events)
+                for kind, line in events:
+                    ev = watch.unmarshal_event(line, None)
+                    informers[kind]._apply(ev["type"], ev["raw_object"])
+                del events
+                if i % 20 == 0:
+                    cache.view.snapshot()
+                if i % quarter == 0:
+                    out["quarters"].append({"replaced": i,
+                                            "originals_left": len(originals & world.vmis.keys()),
+                                            "tombstones": len(cache._tombstones), **sample()})
+                if i % live == 0:
+                    out["held"].append(held_by_map(cache))
+            return out
+        finally:
+            restore_heap(thresholds)
+    finally:
+        cache_module.time = saved
+        if trace:
+            tracemalloc.stop()
+
+
 def memory_mib_self() -> float:
     """This process's VmRSS, MiB."""
     import os
@@ -202,12 +347,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--informers", type=at_least(1), default=None, metavar="NODES",
                    help="the real ClusterCache over a soak population of NODES nodes, each object "
                         "replaced by watch events of the same content (--objects unused)")
+    p.add_argument("--churn", type=at_least(1), default=None, metavar="NODES",
+                   help="the real ClusterCache over a soak population of NODES nodes, its VMIs "
+                        "replaced oldest first by new ones of the same tenant, class and size")
     p.add_argument("--trace", action="store_true",
-                   help="with --informers: tracemalloc's figures (RSS is not judged with tracing)")
+                   help="with --informers or --churn: tracemalloc's figures (RSS is not judged "
+                        "with tracing)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.informers is not None:
         return _main_informers(p, args)
+    if args.churn is not None:
+        return _main_churn(args)
     got = run(args.objects, args.passes)
     report = {"benchmark": "heap_turnover", "commit": commit(), "machine": machine(),
               "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -236,6 +387,26 @@ def _main_informers(p: argparse.ArgumentParser, args: argparse.Namespace) -> int
     print(f"listed {got['objects']} objects ({args.informers} nodes): {json.dumps(got['listed'])}")
     for n, s in enumerate(got["passes"], 1):
         print(f"pass {n}, every object replaced: {json.dumps(s)}")
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def _main_churn(args: argparse.Namespace) -> int:
+    load_before = list(os.getloadavg())
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    got = run_churn(args.churn, args.passes, trace=args.trace)
+    report = {"benchmark": "heap_turnover", "mode": "churn", "commit": commit(),
+              "machine": machine(), "started": started, "load_before": load_before,
+              "load_after": list(os.getloadavg()), "nodes": args.churn, "passes": args.passes,
+              "trace": args.trace, **got}
+    print(f"listed {got['vmis']} VMIs ({args.churn} nodes): {json.dumps(got['listed'])}")
+    for q in got["quarters"]:
+        print(json.dumps(q))
+    for n, (before, after) in enumerate(zip(got["held"], got["held"][1:]), 1):
+        grew = sorted(((after.get(k, 0) - before.get(k, 0), k) for k in after), reverse=True)
+        print(f"pass {n}: the maps grew {sum(g for g, _ in grew) / 1024:.1f} KiB: "
+              + ", ".join(f"{k} {g / 1024:+.1f}" for g, k in grew[:8] if g))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     return 0

@@ -27,7 +27,7 @@ from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 
 from actors.coordinator_protocol import LineState, RefusedAtW1
-from actors.heap import heap_report, limit_tls_read_buffer, settle_heap, trim_heap_every
+from actors.heap import limit_tls_read_buffer, settle_heap, trim_heap_every
 from actors.logging import close_logging, configure_logging
 from actors.ports import SystemClock
 from k8s.webhook.admission import VMIAdmission
@@ -282,15 +282,16 @@ class Controller:
                         return
 
             async def on_heap_signal() -> None:
-                """SIGUSR2: one JSON line `heap report` (actors.heap.heap_report), with a
-                tracemalloc snapshot in --log-dir (or the temp directory) while tracing."""
+                """SIGUSR2: one JSON line `heap report` (actors.heap.heap_report, never while
+                the fleet figures are computed: `Metrics.heap_report`), with a tracemalloc
+                snapshot in --log-dir (or the temp directory) while tracing."""
                 where = Path(cfg.log_dir) if cfg.log_dir else Path(tempfile.gettempdir())
                 with anyio.open_signal_receiver(signal.SIGUSR2) as signals:
                     n = 0
                     async for _ in signals:
                         n += 1
                         try:
-                            got = await anyio.to_thread.run_sync(heap_report, where, n)
+                            got = await metrics.heap_report(where, n)
                         except OSError as exc:
                             log.error("heap report failed", directory=str(where),
                                       error=f"{type(exc).__name__}: {exc}")

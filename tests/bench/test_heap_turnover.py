@@ -81,3 +81,45 @@ def test_replacing_an_empty_order_changes_nothing():
     assert after[kind][key] != before[kind][key]             # one replaced, with a new version ...
     after[kind][key] = before[kind][key]
     assert after == before                                   # ... and only that one
+
+
+def test_the_churn_mode_replaces_the_listed_vmis_oldest_first_at_constant_counts():
+    """`--churn`: the soak's churn over the real ClusterCache. After one pass no listed VMI is
+    left, every informer holds as many objects as it listed (each VMI replaced by one of its
+    tenant, class and size: same Pod and held-device counts), the VMI tombstones count the
+    deletions (none older than TOMBSTONE_TTL yet), and the watched objects' decode holds what
+    the list's held for them (`k8s.informer.share_strings`: within 2 blocks an object, beside
+    the keys orjson's cache of 2,048 keeps from the watch's decode)."""
+    import orjson
+
+    from bench.cache_turnover import INFORMERS, World, relist
+    from bench.heap_turnover import replace_oldest, run_churn
+    from k8s.cache import ClusterCache
+
+    world = World(5, 1)
+    cache = ClusterCache(object())
+    relist(cache, world)
+    counts = {kind: len(world.objs[kind]) for kind in INFORMERS}
+    first = list(world.vmis)
+    sizes = {k: len(v) for k, v in world.vmis.items()}
+    events: list = []
+    replace_oldest(world, events)
+    assert first[0] not in world.vmis and list(world.vmis)[:-1] == first[1:]
+    new = list(world.vmis)[-1]
+    assert new[0] == first[0][0] and len(world.vmis[new]) == sizes[first[0]]
+    assert {kind: len(world.objs[kind]) for kind in INFORMERS} == counts
+    kinds = [orjson.loads(e)["type"] for _, e in events]
+    gone = 2 + sizes[first[0]]     # the VMI, its Pod, its held devices: after the new one's
+    assert kinds[-gone:] == ["DELETED"] * gone and "DELETED" not in kinds[:-gone]
+
+    got = run_churn(5, 2, trace=True)
+    assert got["vmis"] == 10
+    assert [(q["replaced"], q["originals_left"], q["tombstones"]) for q in got["quarters"]] == [
+        (2, 8, 2), (4, 6, 4), (6, 4, 6), (8, 2, 8), (10, 0, 10),
+        (12, 0, 12), (14, 0, 14), (16, 0, 16), (18, 0, 18), (20, 0, 20)]
+    listed = got["listed"]["list_decode"]["blocks"]
+    after = got["quarters"][4]
+    moved = listed - after["list_decode"]["blocks"]
+    assert moved > 0 and after["watch_decode"]["blocks"] > 0
+    assert abs(after["watch_decode"]["blocks"] - moved) < 2048 + 2 * 10 * 10   # VMI, Pod, devices
+    assert len(got["held"]) == 3 and "vmis._cache" in got["held"][0]
