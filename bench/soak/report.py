@@ -690,7 +690,7 @@ def rejudge(report: dict) -> list[str]:
     """Re-judge a saved soak report in place by the current rule (issue 41 item 5): its
     `rss_trend` from `rss_samples` and `judge_inputs`, its `heap_parts_trend` from
     `heap_parts_samples` over the same warmed stretch (when it has them), `rss_peak_mib` and
-    `targets`. Returns what the report lacked and what was assumed instead (`judge_inputs`'
+    `targets`, noting it in `rss_rejudged` ({by, missing}). Returns what the report lacked and what was assumed instead (`judge_inputs`'
     `missing`, plus the parts' samples). KeyError when it has no `rss_samples` or no stretch."""
     got = judge_inputs(report)
     if got["start"] is None or got["end"] is None:
@@ -707,6 +707,8 @@ def rejudge(report: dict) -> list[str]:
     else:
         missing.append("heap_parts_samples (no heap_parts_trend)")
     report["targets"] = targets(report)
+    report["rss_rejudged"] = {"by": "python -m bench.soak.report --rejudge (each replica past "
+                                    "its warm-up, issue 41 item 5)", "missing": missing}
     return missing
 
 

@@ -254,6 +254,7 @@ def test_rejudge_rewrites_a_saved_report_and_says_what_it_lacked(tmp_path, capsy
     back = json.loads(path.read_text())
     assert back["rss_trend"]["verdict"] == "flat" and back["targets"]["rss_flat"]["met"] is True
     assert back["rss_peak_mib"] == back["rss_trend"]["peak_mib"]
+    assert back["rss_rejudged"]["missing"] == ["heap_parts_samples (no heap_parts_trend)"]
     (tmp_path / "bad.json").write_text("{}")
     assert main(["--rejudge", str(tmp_path / "bad.json")]) == 2
 
