@@ -9,9 +9,11 @@ more after settling.
 Figures: invariant violations (by kind), admissions lost (a create that got neither an answer
 nor, if admitted, a bound launcher Pod on its pin), creates/admitted/refused/deleted, held-device
 moves, leader takeovers, the API-server restart's outage, each replica's RSS every ~10 s, and
-the RSS trend (`rss_trend`): for each replica process alive through the whole steady stretch,
-the least-squares slope of its RSS over that stretch (MiB/min, ± 2 standard errors) judged
-against RSS_SLOPE_MAX_MIB_PER_MIN.
+the RSS trend (`rss_trend`): for each replica process alive through the whole steady stretch
+and past its warm-up (`warmup_window`, issue 41 item 5) for at least 300 s of it, the
+least-squares slope of its RSS over the stretch past its warm-up (MiB/min, ± 2 standard
+errors) judged against RSS_SLOPE_MAX_MIB_PER_MIN, its whole-stretch fit beside it; saved
+reports are re-judged by `python -m bench.soak.report --rejudge FILE.json [--write]`.
 
 The population: `population="scale"` (the bench) is `bench.scale.populate`'s — two GPU
 models, cordoned, tainted and not-Ready nodes, 2 running VMIs per node made through the real

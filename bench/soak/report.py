@@ -672,7 +672,8 @@ def plot(report: dict, path: Path) -> None:
     a.set_ylabel("RSS (MiB)")
     a.set_title(f"soak seed {report['seed']} ({report['schedule']}): "
                 f"{report['spec']['nodes']} nodes; RSS over the steady stretch (green, "
-                f"dotted: fits): {tr['verdict']} at <= {tr['threshold_mib_per_min']} MiB/min; "
+                f"dotted: fits past each replica's warm-up): "
+                f"{tr['verdict'] or 'not judged'} at <= {tr['threshold_mib_per_min']} MiB/min; "
                 f"peak {tr['peak_mib']} MiB\n(red: leader kill -9, purple: kube-apiserver "
                 f"restart, grey: {RSS_TARGET_MIB:g} MiB target)", fontsize=9)
     a.legend(fontsize=7, loc="lower right")
@@ -690,8 +691,9 @@ def rejudge(report: dict) -> list[str]:
     """Re-judge a saved soak report in place by the current rule (issue 41 item 5): its
     `rss_trend` from `rss_samples` and `judge_inputs`, its `heap_parts_trend` from
     `heap_parts_samples` over the same warmed stretch (when it has them), `rss_peak_mib` and
-    `targets`, noting it in `rss_rejudged` ({by, missing}). Returns what the report lacked and what was assumed instead (`judge_inputs`'
-    `missing`, plus the parts' samples). KeyError when it has no `rss_samples` or no stretch."""
+    `targets`, noting it in `rss_rejudged` ({by, missing}). Returns what the report lacked
+    and what was assumed instead (`judge_inputs`' `missing`, plus the parts' samples).
+    KeyError when it has no `rss_samples` or no stretch."""
     got = judge_inputs(report)
     if got["start"] is None or got["end"] is None:
         raise KeyError("no steady stretch (steady or rss_trend from_s/to_s)")
