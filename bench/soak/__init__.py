@@ -9,9 +9,11 @@ more after settling.
 Figures: invariant violations (by kind), admissions lost (a create that got neither an answer
 nor, if admitted, a bound launcher Pod on its pin), creates/admitted/refused/deleted, held-device
 moves, leader takeovers, the API-server restart's outage, each replica's RSS every ~10 s, and
-the RSS trend (`rss_trend`): for each replica process alive through the whole steady stretch,
-the least-squares slope of its RSS over that stretch (MiB/min, ± 2 standard errors) judged
-against RSS_SLOPE_MAX_MIB_PER_MIN.
+the RSS trend (`rss_trend`): for each replica process alive through the whole steady stretch
+and past its warm-up (`warmup_window`, issue 41 item 5) for at least 300 s of it, the
+least-squares slope of its RSS over the stretch past its warm-up (MiB/min, ± 2 standard
+errors) judged against RSS_SLOPE_MAX_MIB_PER_MIN, its whole-stretch fit beside it; saved
+reports are re-judged by `python -m bench.soak.report --rejudge FILE.json [--write]`.
 
 The population: `population="scale"` (the bench) is `bench.scale.populate`'s — two GPU
 models, cordoned, tainted and not-Ready nodes, 2 running VMIs per node made through the real
@@ -45,8 +47,9 @@ from typing import Any
 
 from bench.common import BadArgs, Benchmark, add_out, add_seed, at_least, targets_lines
 from bench.soak.report import (RSS_SLOPE_MAX_MIB_PER_MIN, RSS_SLOPE_WHY, RSS_TARGET_MIB,
-                               cache_change, heap_change, heap_parts_trend, heap_reports, plot,
-                               refusal_reason, rss_trend, soak_report, summary, targets)
+                               cache_change, heap_change, heap_parts_trend, heap_reports,
+                               judge_inputs, plot, refusal_reason, rejudge, rss_lines, rss_trend,
+                               soak_report, summary, targets, warmup_window)
 from bench.soak.report import DEVICE_KINDS, P6_KINDS, device_part, p6_part
 from bench.soak.workload import (MAX_CREATE_RATE, MAX_MINUTES, SIZES, Op, SoakSpec,
                                  deletion_order, schedule, schedule_digest, taints)
@@ -58,7 +61,8 @@ import, and `gpu-binder --help` lists this benchmark without it)."""
 __all__ = ["BENCHMARK", "DEVICE_KINDS", "MAX_CREATE_RATE", "RSS_SLOPE_MAX_MIB_PER_MIN", "RSS_SLOPE_WHY",
            "RSS_TARGET_MIB", "SIZES", "SOAK_ARGS", "Op", "Rec", "Soak", "SoakSpec",
            "cache_change", "cache_objects", "deletion_order", "heap_change", "heap_parts_trend",
-           "heap_reports", "plot", "refusal_reason", "replica_figures", "rss_trend", "run",
+           "heap_reports", "judge_inputs", "plot", "refusal_reason", "rejudge", "replica_figures",
+           "rss_lines", "rss_trend", "run", "warmup_window",
            "schedule", "schedule_digest", "soak_on",
            "soak_report", "summary", "taints", "targets", "device_part", "P6_KINDS", "p6_part"]
 

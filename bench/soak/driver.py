@@ -1047,7 +1047,7 @@ def run(out: Path, *, nodes: int = 1000, minutes: float = 20.0, seed: int = 1,
                          f"got {create_rate}")
     spec = SoakSpec(nodes=nodes, minutes=minutes, seed=seed, population=population,
                     create_rate=create_rate, mode=mode, steady_share=steady_share,
-                    priorities=priorities)
+                    priorities=priorities, tracemalloc=tracemalloc)
     ops = schedule(spec)   # the ValueError before any cluster starts
     out.mkdir(parents=True, exist_ok=True)
     print(f"soak: seed {seed}, schedule {schedule_digest(ops)}: {len(ops)} operations; "

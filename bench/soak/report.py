@@ -11,6 +11,7 @@ import json
 import math
 import statistics
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -51,47 +52,106 @@ def _run_verdict(verdicts: list[str]) -> str | None:
             "flat" if set(verdicts) == {"flat"} else "inconclusive")
 
 
-def _late(fit: list[tuple[float, float]], mid: float, threshold: float) -> dict | None:
-    """The fit of `fit`'s samples at or after `mid` s (rss_trend's `late`); None for < 5."""
-    pts = [(t, m) for t, m in fit if t >= mid]
-    if len(pts) < 5:
-        return None
-    _, b, se, _ = _fit([t for t, _ in pts], [m for _, m in pts])
+WARM_MIN_WINDOW_S = 300.0     # the shortest warmed stretch a process is judged over
+WARM_WHY = "warming up until {until:.0f} s (first turnover of its listed VMIs)"
+TRACEMALLOC_WHY = ("not judged: the replicas ran with tracemalloc (--tracemalloc, "
+                   "PYTHONTRACEMALLOC=1), whose own tables grow with every allocation it traces")
+
+
+def tombstone_ttl() -> float:
+    """`k8s.cache.TOMBSTONE_TTL` (s a replica remembers a deleted VMI's incarnation), imported
+    on first use: k8s.cache imports the Kubernetes client, which `gpu-binder --help` (it
+    lists this benchmark) does without."""
+    from k8s.cache import TOMBSTONE_TTL
+
+    return TOMBSTONE_TTL
+
+
+def warmup_window(first_s: float, *, restarts_s: Sequence[float] = (), live: int | None = None,
+                  deletes_per_s: float | None = None) -> dict:
+    """When a replica process is past its warm-up (issue 41 item 5): the window of the soak
+    (s into the churn) in which its RSS grows without a leak. Pure.
+
+    A replica that has just started or relisted holds its listed objects in compact hash
+    tables; as the churn replaces the VMIs it listed (the soak deletes oldest first) every
+    per-object map's table grows once (up to ~2x) and the VMI tombstones fill up to the
+    delete rate x `k8s.cache.TOMBSTONE_TTL` (bench.heap_turnover --churn at 1,000 nodes,
+    traced: 54.85 MiB listed, 59.53 after the 2,000 listed VMIs were replaced, 59.71 after
+    2,000 more). So the warm-up begins at the process's first RSS sample `first_s`, or at
+    the latest kube-apiserver restart in `restarts_s` after it (its informers may relist),
+    whichever is later, and lasts W = max(TOMBSTONE_TTL, `live` VMIs / `deletes_per_s`): the
+    tombstones' TTL or the time the churn takes to replace every VMI it listed, W =
+    TOMBSTONE_TTL when `live` or `deletes_per_s` is unknown (None) or the rate is not
+    positive. Returns {from_s, until_s, length_s} (rounded to 0.1 s)."""
+    begin = max([first_s, *(t for t in restarts_s if t >= first_s)])
+    turnover = (live / deletes_per_s if live is not None and deletes_per_s
+                and deletes_per_s > 0 else 0.0)
+    length = max(tombstone_ttl(), turnover)
+    return {"from_s": round(begin, 1), "until_s": round(begin + length, 1),
+            "length_s": round(length, 1)}
+
+
+def _slope_fit(pts: list[tuple[float, float]], end: float, threshold: float) -> dict:
+    """The least-squares fit of `pts` [(t s, MiB)] (≥ 3, distinct t) as rss_trend reports
+    it: slope and its SE in MiB/min, ± 2 SE bounds, verdict against `threshold`, the level
+    fitted at `end`."""
+    a, b, se, sd = _fit([t for t, _ in pts], [m for _, m in pts])
     slope, se = b * 60, se * 60
     lo, hi = slope - 2 * se, slope + 2 * se
-    return {"from_s": round(mid, 1), "samples": len(pts), "slope_mib_per_min": round(slope, 3),
-            "se_mib_per_min": round(se, 3), "ci95_mib_per_min": [round(lo, 3), round(hi, 3)],
-            "verdict": _verdict(lo, hi, threshold)}
+    level = a + b * end
+    verdict = _verdict(lo, hi, threshold)
+    return {"from_s": pts[0][0], "samples": len(pts), "span_s": round(pts[-1][0] - pts[0][0], 1),
+            "slope_mib_per_min": round(slope, 3), "se_mib_per_min": round(se, 3),
+            "ci95_mib_per_min": [round(lo, 3), round(hi, 3)], "resid_sd_mib": round(sd, 2),
+            "level_mib": round(level, 1), "peak_mib": round(max(m for _, m in pts), 1),
+            "hours_to_target": (round(max(0.0, RSS_TARGET_MIB - level) / slope / 60, 1)
+                                if slope > 0 and verdict != "flat" else None),
+            "fit": [round(a, 3), round(b, 6)], "verdict": verdict}
+
+
+def _whole(fit: dict) -> dict:
+    """The whole-stretch part of a `_slope_fit` as rss_trend reports it beside the judged one."""
+    return {k: fit[k] for k in ("from_s", "samples", "span_s", "slope_mib_per_min",
+                                "se_mib_per_min", "ci95_mib_per_min", "level_mib", "verdict")}
 
 
 def rss_trend(samples: list[tuple[float, int, int, float]], start: float, end: float, *,
-              every: float = 10.0, threshold: float = RSS_SLOPE_MAX_MIB_PER_MIN) -> dict:
+              every: float = 10.0, threshold: float = RSS_SLOPE_MAX_MIB_PER_MIN,
+              restarts_s: Sequence[float] = (), live: int | None = None,
+              deletes_per_s: float | None = None, tracemalloc: bool = False) -> dict:
     """The RSS judgement over the steady stretch [`start`, `end`] s of `samples` [(t s,
-    replica index, pid, RSS MiB)] taken every `every` s. Pure.
+    replica index, pid, RSS MiB)] taken every `every` s, each process judged only past its
+    warm-up (issue 41 item 5, `warmup_window` from `restarts_s`, the kube-apiserver
+    restarts' times, `live` VMIs and the stretch's `deletes_per_s`). Pure.
 
-    Judged: each process (replica, pid) alive through the whole stretch — a sample at or
-    before `start` and one at or after `end - 1.5·every` — fitted on its samples within the
-    stretch (at least 5 spanning ≥ 60 s). Its verdict against `threshold` (MiB/min): "flat"
-    when slope + 2 SE ≤ threshold, "growing" when slope − 2 SE > threshold, else
-    "inconclusive". The run's verdict: "growing" if any process grows, "flat" if every judged
-    one is flat, "inconclusive" otherwise, None when no process was judged. Processes not
-    alive through it are listed with why (`excluded`). Returns {from_s, to_s,
-    threshold_mib_per_min, threshold_why, processes: [{replica, pid, samples, span_s,
-    slope_mib_per_min, se_mib_per_min, ci95_mib_per_min: [lo, hi], resid_sd_mib,
-    level_mib (fitted at `end`), peak_mib, hours_to_target (None when not growing),
-    verdict, late}], excluded: [{replica, pid, first_s, last_s, why}], verdict, late_verdict,
-    peak_mib}.
+    Considered: each process (replica, pid) alive through the whole stretch — a sample at or
+    before `start` and one at or after `end - 1.5·every`, at least 5 samples in the stretch
+    spanning ≥ 60 s. Judged: those of them whose warmed stretch [max(`start`, warm-up's
+    end), `end`] is ≥ WARM_MIN_WINDOW_S long with ≥ 5 samples, fitted over it; the others
+    are excluded with why "warming up until T s (first turnover of its listed VMIs)". Its
+    verdict against `threshold` (MiB/min): "flat" when slope + 2 SE ≤ threshold, "growing"
+    when slope − 2 SE > threshold, else "inconclusive". The run's verdict: "growing" if any
+    judged process grows, "flat" if every judged one is flat, "inconclusive" otherwise, None
+    when none was judged (`not_judged` says why). With `tracemalloc` (the replicas ran with
+    PYTHONTRACEMALLOC=1) nothing is judged: tracemalloc's own tables grow.
 
-    `late` is the same fit over the stretch's second half only ({from_s, samples,
-    slope_mib_per_min, se_mib_per_min, ci95_mib_per_min, verdict}, None with fewer than 5
-    samples): a process whose heap is still turning over its start-up objects grows early in
-    the stretch and levels off, which the whole-stretch slope cannot tell from a leak (issue
-    41 item 5). `late_verdict` is the run's verdict over the `late` fits. Reported beside
-    the whole-stretch verdict, never in its place: the target is judged on the whole stretch."""
+    Each considered process's fit over the whole stretch is reported beside its judged one
+    (`whole_stretch`, in the excluded entry for one not judged), never in its place, and the
+    run's verdict over those fits as `whole_stretch_verdict`. Returns {from_s, to_s,
+    threshold_mib_per_min, threshold_why, warmup: {length_s, ttl_s, live, deletes_per_s,
+    restarts_s, min_window_s}, processes: [{replica, pid, warmup: {from_s, until_s,
+    length_s}, from_s (the judged fit's start), samples, span_s, slope_mib_per_min,
+    se_mib_per_min, ci95_mib_per_min: [lo, hi], resid_sd_mib, level_mib (fitted at `end`),
+    peak_mib, hours_to_target (None when not growing), fit: [a MiB, b MiB/s], verdict,
+    whole_stretch: {from_s, samples, span_s, slope_mib_per_min, se_mib_per_min,
+    ci95_mib_per_min, level_mib, verdict}}], excluded: [{replica, pid, first_s, last_s, why,
+    and for a considered process warmup and whole_stretch}], verdict, not_judged,
+    whole_stretch_verdict, peak_mib}."""
     by: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for t, i, pid, mib in samples:
         by.setdefault((i, pid), []).append((t, mib))
-    judged, excluded = [], []
+    restarts = sorted(t for t in restarts_s if t <= end)
+    judged, excluded, wholes = [], [], []
     for (i, pid), pts in sorted(by.items()):
         pts.sort()
         first, last = pts[0][0], pts[-1][0]
@@ -100,45 +160,90 @@ def rss_trend(samples: list[tuple[float, int, int, float]], start: float, end: f
         fit = [(t, m) for t, m in pts if start <= t <= end]
         if not why and (len(fit) < 5 or fit[-1][0] - fit[0][0] < 60):
             why = "too few samples in the stretch"
+        row = {"replica": i, "pid": pid, "first_s": first, "last_s": last}
         if why:
-            excluded.append({"replica": i, "pid": pid, "first_s": first, "last_s": last,
-                             "why": why})
+            excluded.append({**row, "why": why})
             continue
-        a, b, se, sd = _fit([t for t, _ in fit], [m for _, m in fit])
-        slope, se = b * 60, se * 60
-        lo, hi = slope - 2 * se, slope + 2 * se
-        level = a + b * end
-        verdict = _verdict(lo, hi, threshold)
-        judged.append({
-            "replica": i, "pid": pid, "samples": len(fit),
-            "span_s": round(fit[-1][0] - fit[0][0], 1),
-            "slope_mib_per_min": round(slope, 3), "se_mib_per_min": round(se, 3),
-            "ci95_mib_per_min": [round(lo, 3), round(hi, 3)],
-            "resid_sd_mib": round(sd, 2), "level_mib": round(level, 1),
-            "peak_mib": round(max(m for _, m in fit), 1),
-            "hours_to_target": (round(max(0.0, RSS_TARGET_MIB - level) / slope / 60, 1)
-                                if slope > 0 and verdict != "flat" else None),
-            "fit": [round(a, 3), round(b, 6)],
-            "verdict": verdict,
-            "late": _late(fit, (start + end) / 2, threshold)})
-    late = [p["late"] for p in judged]
+        whole = _whole(_slope_fit(fit, end, threshold))
+        wholes.append(whole["verdict"])
+        warm = warmup_window(first, restarts_s=restarts, live=live, deletes_per_s=deletes_per_s)
+        warmed = [(t, m) for t, m in fit if t >= warm["until_s"]]
+        if tracemalloc:
+            why = TRACEMALLOC_WHY
+        elif end - max(start, warm["until_s"]) < WARM_MIN_WINDOW_S or len(warmed) < 5:
+            why = WARM_WHY.format(until=warm["until_s"])
+        if why:
+            excluded.append({**row, "why": why, "warmup": warm, "whole_stretch": whole})
+            continue
+        judged.append({"replica": i, "pid": pid, "warmup": warm,
+                       **_slope_fit(warmed, end, threshold), "whole_stretch": whole})
+    verdict = _run_verdict([p["verdict"] for p in judged])
+    length = warmup_window(0.0, live=live, deletes_per_s=deletes_per_s)["length_s"]
     return {"from_s": start, "to_s": end, "threshold_mib_per_min": threshold,
-            "threshold_why": RSS_SLOPE_WHY, "processes": judged, "excluded": excluded,
-            "verdict": _run_verdict([p["verdict"] for p in judged]),
-            "late_verdict": (_run_verdict([x["verdict"] for x in late])
-                             if judged and None not in late else None),
+            "threshold_why": RSS_SLOPE_WHY,
+            "warmup": {"length_s": length, "ttl_s": tombstone_ttl(), "live": live,
+                       "deletes_per_s": (round(deletes_per_s, 3)
+                                         if deletes_per_s is not None else None),
+                       "restarts_s": restarts, "min_window_s": WARM_MIN_WINDOW_S},
+            "processes": judged, "excluded": excluded, "verdict": verdict,
+            "not_judged": (TRACEMALLOC_WHY if tracemalloc else
+                           None if judged else
+                           "no process past its warm-up for "
+                           f"{WARM_MIN_WINDOW_S:.0f} s of the stretch" if wholes else
+                           "no process alive through the stretch"),
+            "whole_stretch_verdict": _run_verdict(wholes),
             "peak_mib": round(max(m for *_, m in samples), 1) if samples else None}
+
+
+def judge_inputs(report: dict) -> dict:
+    """What `rss_trend` judges a saved or fresh soak report by, from its `steady`, `events`,
+    `spec` and `heap_over_steady`: {start, end, every, restarts_s (the "restart-apiserver"
+    events' `at`), live (steady.live_max), deletes_per_s (steady.operations.delete over the
+    stretch), tracemalloc (spec.tracemalloc; in reports from before that field, True when a
+    heap report over the stretch carries tracemalloc's traced figures), missing: [what the
+    report lacks and what was assumed instead]}. Pure."""
+    missing = []
+    steady = report.get("steady") or {}
+    spec = report.get("spec") or {}
+    old = report.get("rss_trend") or {}
+    start = steady.get("from_s", old.get("from_s"))
+    end = steady.get("to_s", old.get("to_s"))
+    if not steady:
+        missing.append("steady (the stretch taken from rss_trend; live VMIs and delete rate "
+                       f"unknown: warm-up = the tombstone TTL, {tombstone_ttl():g} s)")
+    live = steady.get("live_max")
+    deletes = (steady.get("operations") or {}).get("delete")
+    if steady and live is None:
+        missing.append("steady.live_max (warm-up = the tombstone TTL)")
+    if steady and deletes is None:
+        missing.append("steady.operations.delete (warm-up = the tombstone TTL)")
+    rate = deletes / (end - start) if deletes is not None and end and end > start else None
+    if "events" not in report:
+        missing.append("events (no kube-apiserver restart known)")
+    restarts = [e["at"] for e in report.get("events") or [] if e.get("kind") == "restart-apiserver"]
+    if "tracemalloc" in spec:
+        traced = bool(spec["tracemalloc"])
+    else:
+        traced = any("traced_mib" in h for h in report.get("heap_over_steady") or [])
+        missing.append("spec.tracemalloc (inferred from the heap reports: "
+                       f"{'tracemalloc snapshots' if traced else 'no tracemalloc figures'})")
+    return {"start": start, "end": end, "every": spec.get("rss_every", 10.0),
+            "restarts_s": restarts, "live": live, "deletes_per_s": rate, "tracemalloc": traced,
+            "missing": missing}
 
 
 def heap_parts_trend(samples: list[tuple[float, int, int, dict[str, int]]], start: float,
                      end: float, *, every: float = 10.0,
-                     threshold: float = RSS_SLOPE_MAX_MIB_PER_MIN) -> dict:
+                     threshold: float = RSS_SLOPE_MAX_MIB_PER_MIN,
+                     restarts_s: Sequence[float] = (), live: int | None = None,
+                     deletes_per_s: float | None = None) -> dict:
     """Which part of each replica's memory grew over the steady stretch [`start`, `end`] s:
     `samples` [(t s, replica, pid, {part: bytes, pymalloc_blocks: count})] (the replicas'
     `gpu_binder_heap_bytes` and `gpu_binder_heap_pymalloc_blocks`, actors.heap.heap_parts)
     taken every `every` s, each part fitted as `rss_trend` fits RSS (same processes judged:
-    alive through the stretch, ≥ 5 samples of the part spanning ≥ 60 s; same verdicts
-    against `threshold` MiB/min). Pure. Returns {from_s, to_s, threshold_mib_per_min,
+    alive through the stretch, ≥ 5 samples of the part spanning ≥ 60 s, past their warm-up
+    by `restarts_s`, `live` and `deletes_per_s` and fitted over the same warmed stretch;
+    same verdicts against `threshold` MiB/min). Pure. Returns {from_s, to_s, threshold_mib_per_min,
     processes: [{replica, pid, samples, parts: {part: {slope_mib_per_min, se_mib_per_min,
     level_mib, verdict}}, pymalloc_blocks_per_min (None without that figure), growing:
     [parts whose verdict is "growing", steepest first]}]}, the parts of each process in
@@ -152,14 +257,16 @@ def heap_parts_trend(samples: list[tuple[float, int, int, dict[str, int]]], star
             else:
                 by_part.setdefault(part, []).append((t, i, pid, n / 2**20))
     procs: dict[tuple[int, int], dict] = {}
+    warm = {"restarts_s": restarts_s, "live": live, "deletes_per_s": deletes_per_s}
     for part, pts in sorted(by_part.items()):
-        for p in rss_trend(pts, start, end, every=every, threshold=threshold)["processes"]:
+        for p in rss_trend(pts, start, end, every=every, threshold=threshold,
+                           **warm)["processes"]:
             row = procs.setdefault((p["replica"], p["pid"]), {
                 "replica": p["replica"], "pid": p["pid"], "samples": p["samples"], "parts": {},
                 "pymalloc_blocks_per_min": None})
             row["parts"][part] = {k: p[k] for k in ("slope_mib_per_min", "se_mib_per_min",
                                                      "level_mib", "verdict")}
-    for p in rss_trend(blocks, start, end, every=every)["processes"]:
+    for p in rss_trend(blocks, start, end, every=every, **warm)["processes"]:
         if (p["replica"], p["pid"]) in procs:
             procs[p["replica"], p["pid"]]["pymalloc_blocks_per_min"] = p["slope_mib_per_min"]
     for row in procs.values():
@@ -173,13 +280,17 @@ def heap_parts_trend(samples: list[tuple[float, int, int, dict[str, int]]], star
 def soak_report(soak) -> dict:
     """The report of a finished `bench.soak.driver.Soak` run: the schedule, the creates'
     outcomes and answer times, the refusals by reason, the violations, the disturbances
-    (`events`), the steady stretch, the RSS judgement (`rss_trend`) and samples, the slope of
+    (`events`), the steady stretch, the RSS judgement (`rss_trend`, each replica past its
+    warm-up: `judge_inputs`) and samples, the slope of
     each part of the replicas' memory (`heap_parts_trend`) and its samples, the informers' objects and the replicas' heap reports over the steady stretch; in device
     mode its `device` part (`device_part`)."""
     out = Counter(r.outcome for r in soak.recs)
     answers = sorted(r.answer_s for r in soak.recs if r.outcome in ("admitted", "refused"))
+    steady = soak.steady()
+    judge = judge_inputs({"steady": steady, "events": soak.events, "spec": asdict(soak.spec)})
+    warm = {k: judge[k] for k in ("restarts_s", "live", "deletes_per_s")}
     trend = rss_trend(soak.rss, soak.spec.steady_from, soak.spec.seconds,
-                      every=soak.spec.rss_every)
+                      every=soak.spec.rss_every, tracemalloc=judge["tracemalloc"], **warm)
     return {
         "seed": soak.spec.seed, "schedule": schedule_digest(soak.ops),
         "spec": asdict(soak.spec), "operations": dict(Counter(o.kind for o in soak.ops)),
@@ -201,13 +312,13 @@ def soak_report(soak) -> dict:
         "violation_list": [v.to_dict() for v in soak.tally.violations][:50],
         "samples": soak.tally.samples, "counts": dict(soak.counts),
         "events": soak.events, "final": soak.final,
-        "steady": soak.steady(), "rss_trend": trend, "rss_peak_mib": trend["peak_mib"],
+        "steady": steady, "rss_trend": trend, "rss_peak_mib": trend["peak_mib"],
         "rss_samples": soak.rss, "violation_timeline": soak.samples,
         "cache_samples": soak.cached,
         "heap_parts_samples": getattr(soak, "heap_parts", []),
         "heap_parts_trend": heap_parts_trend(getattr(soak, "heap_parts", []),
                                              trend["from_s"], trend["to_s"],
-                                             every=soak.spec.rss_every),
+                                             every=soak.spec.rss_every, **warm),
         "cache_over_steady": cache_change(soak.cached, trend["from_s"], trend["to_s"]),
         "heap_over_steady": heap_change(heap_reports(
             [r.log_path for r in soak.lc.replicas])),
@@ -399,7 +510,9 @@ def cache_change(samples: list[tuple[float, int, int, dict[str, int]]], start: f
 
 def targets(report: dict) -> dict:
     """Issue 22's soak targets in a report: 0 violations, 0 admissions lost, replica RSS flat
-    over the steady stretch (`rss_trend`'s verdict), peak RSS under RSS_TARGET_MIB; in
+    over the steady stretch (`rss_trend`'s verdict: each replica past its warm-up, issue 41
+    item 5; `met` None with the reason as its value when none was judged or with
+    tracemalloc), peak RSS under RSS_TARGET_MIB; in
     device mode 0 of each device kind (orphan and missing claims, placements on a tainted
     device, device budgets, DR6), each already counted in `violations`; with `--priorities`
     that P6 was exercised (`p6_part`: preemptions seen and sets judged against the line)."""
@@ -410,10 +523,13 @@ def targets(report: dict) -> dict:
         "admissions_lost": {"value": report["admissions_lost"], "target": 0,
                             "met": report["admissions_lost"] == 0},
         "rss_flat": {"value": {f"replica-{p['replica']} pid {p['pid']}":
-                               f"{p['slope_mib_per_min']} ± {2 * p['se_mib_per_min']:.3f}"
-                               for p in trend["processes"]} or None,
+                               f"{p['slope_mib_per_min']} ± {2 * p['se_mib_per_min']:.3f} "
+                               f"over {p['from_s']:.0f}-{trend['to_s']:.0f} s"
+                               for p in trend["processes"]}
+                     or trend.get("not_judged") or "no process judged",
                      "target": f"slope + 2 SE <= {trend['threshold_mib_per_min']} MiB/min "
-                               f"over {trend['from_s']:.0f}-{trend['to_s']:.0f} s",
+                               f"over {trend['from_s']:.0f}-{trend['to_s']:.0f} s, each "
+                               "replica past its warm-up",
                      "met": None if trend["verdict"] in (None, "inconclusive")
                      else trend["verdict"] == "flat"},
         "rss_peak": {"value": report["rss_peak_mib"], "target": f"< {RSS_TARGET_MIB:g} MiB",
@@ -442,10 +558,47 @@ def p6_lines(p6: dict | None) -> list[str]:
             + (f" — NOT EXERCISED: {p6['note']}" if not p6["exercised"] else "")]
 
 
-def summary(report: dict) -> list[str]:
-    """Human lines of a report."""
+def _ws(w: dict) -> str:
+    """A whole-stretch fit as the RSS lines show it."""
+    return (f"whole stretch {w['slope_mib_per_min']} ± {2 * w['se_mib_per_min']:.3f}, "
+            f"{w['verdict']}")
+
+
+def rss_lines(report: dict) -> list[str]:
+    """The human lines of a report's RSS judgement (`rss_trend`): the steady stretch, the
+    warm-up rule's figures, each judged process (its warmed stretch, slope ± 2 SE, verdict,
+    level; its whole-stretch fit beside it), each one not judged with why, the run's
+    verdict and the peak."""
     tr = report["rss_trend"]
     st = report.get("steady") or {}
+    w = tr.get("warmup") or {}
+    out = [f"steady stretch {tr['from_s']:.0f}-{tr['to_s']:.0f} s: live "
+           f"{st.get('live_min')}-{st.get('live_max')}, ops {st.get('operations')}"]
+    if w:
+        out.append(f"warm-up (issue 41 item 5): {w['length_s']:.0f} s = max(tombstone TTL "
+                   f"{w['ttl_s']:g} s, {w['live']} live VMIs / {w['deletes_per_s']} deletes/s) "
+                   f"from each process's first sample or the latest kube-apiserver restart "
+                   f"after it ({w['restarts_s']}); judged when >= {w['min_window_s']:.0f} s "
+                   "of the stretch are past it")
+    out.append("RSS over it (MiB/min, ± 2 SE): " + (", ".join(
+        f"replica-{p['replica']} pid {p['pid']} {p['slope_mib_per_min']} ± "
+        f"{2 * p['se_mib_per_min']:.3f} over {p.get('from_s', tr['from_s']):.0f}-"
+        f"{tr['to_s']:.0f} s ({p['verdict']}, level {p['level_mib']} MiB"
+        + (f"; {_ws(p['whole_stretch'])}" if p.get("whole_stretch") else "") + ")"
+        for p in tr["processes"]) or "none judged")
+        + f"; threshold {tr['threshold_mib_per_min']}: {tr['verdict']}"
+        + (f" ({tr['not_judged']})" if tr.get("not_judged") else "")
+        + (f"; whole stretch: {tr['whole_stretch_verdict']}"
+           if tr.get("whole_stretch_verdict") else "")
+        + f"; peak RSS {tr['peak_mib']} MiB")
+    out += [f"not judged: replica-{x['replica']} pid {x['pid']} (first sample {x['first_s']} s): "
+            f"{x['why']}" + (f" ({_ws(x['whole_stretch'])})" if x.get("whole_stretch") else "")
+            for x in tr.get("excluded", []) if x.get("whole_stretch")]
+    return out
+
+
+def summary(report: dict) -> list[str]:
+    """Human lines of a report."""
     return [f"soak seed {report['seed']} schedule {report['schedule']}: "
             f"{report['creates']} creates, {report['admitted']} admitted, "
             f"{report['refused']} refused, {report['counts'].get('deleted', 0)} deleted, "
@@ -454,19 +607,7 @@ def summary(report: dict) -> list[str]:
             f"admissions lost {report['admissions_lost']}, samples {report['samples']}",
             *p6_lines(report.get("p6")),
             f"events {[(e['at'], e['kind'], e.get('takeover_s', e.get('outage_s'))) for e in report['events']]}",
-            f"steady stretch {tr['from_s']:.0f}-{tr['to_s']:.0f} s: live "
-            f"{st.get('live_min')}-{st.get('live_max')}, ops {st.get('operations')}",
-            "RSS over it (MiB/min, ± 2 SE): " + (", ".join(
-                f"replica-{p['replica']} pid {p['pid']} {p['slope_mib_per_min']} ± "
-                f"{2 * p['se_mib_per_min']:.3f} ({p['verdict']}, level {p['level_mib']} MiB"
-                + (f"; second half {p['late']['slope_mib_per_min']} ± "
-                   f"{2 * p['late']['se_mib_per_min']:.3f}, {p['late']['verdict']}"
-                   if p.get("late") else "") + ")"
-                for p in tr["processes"]) or "no process alive through it")
-            + f"; threshold {tr['threshold_mib_per_min']}: {tr['verdict']}"
-            + (f" (second half: {tr['late_verdict']})" if tr.get("late_verdict") else "")
-            + "; "
-              f"peak RSS {tr['peak_mib']} MiB"] + [
+            *rss_lines(report)] + [
             f"informers' objects (and connections) over it, replica-{c['replica']} pid "
             f"{c['pid']}: " + ", ".join(
                 f"{k} {c['first'].get(k)} -> {c['last'].get(k)}" for k in sorted(c["last"]))
@@ -496,8 +637,8 @@ def summary(report: dict) -> list[str]:
 
 def plot(report: dict, path: Path) -> None:
     """RSS per replica process over time (the steady stretch shaded, each judged process's
-    fit over it drawn, kills and the API-server restart marked), and below the VMIs held as
-    admitted with the running count of distinct violations."""
+    fit over its warmed stretch drawn, kills and the API-server restart marked), and below the
+    VMIs held as admitted with the running count of distinct violations."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -519,7 +660,8 @@ def plot(report: dict, path: Path) -> None:
                        label=label)
         if p:
             a0, b0 = p["fit"]
-            a.plot([tr["from_s"], tr["to_s"]], [a0 + b0 * tr["from_s"], a0 + b0 * tr["to_s"]],
+            t0 = p.get("from_s", tr["from_s"])
+            a.plot([t0, tr["to_s"]], [a0 + b0 * t0, a0 + b0 * tr["to_s"]],
                    color=line.get_color(), ls=":", lw=2)
     for ax in (a, b):
         ax.axvspan(tr["from_s"], tr["to_s"], color="green", alpha=0.08)
@@ -530,7 +672,8 @@ def plot(report: dict, path: Path) -> None:
     a.set_ylabel("RSS (MiB)")
     a.set_title(f"soak seed {report['seed']} ({report['schedule']}): "
                 f"{report['spec']['nodes']} nodes; RSS over the steady stretch (green, "
-                f"dotted: fits): {tr['verdict']} at <= {tr['threshold_mib_per_min']} MiB/min; "
+                f"dotted: fits past each replica's warm-up): "
+                f"{tr['verdict'] or 'not judged'} at <= {tr['threshold_mib_per_min']} MiB/min; "
                 f"peak {tr['peak_mib']} MiB\n(red: leader kill -9, purple: kube-apiserver "
                 f"restart, grey: {RSS_TARGET_MIB:g} MiB target)", fontsize=9)
     a.legend(fontsize=7, loc="lower right")
@@ -542,3 +685,72 @@ def plot(report: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def rejudge(report: dict) -> list[str]:
+    """Re-judge a saved soak report in place by the current rule (issue 41 item 5): its
+    `rss_trend` from `rss_samples` and `judge_inputs`, its `heap_parts_trend` from
+    `heap_parts_samples` over the same warmed stretch (when it has them), `rss_peak_mib` and
+    `targets`, noting it in `rss_rejudged` ({by, missing}). Returns what the report lacked
+    and what was assumed instead (`judge_inputs`' `missing`, plus the parts' samples).
+    KeyError when it has no `rss_samples` or no stretch."""
+    got = judge_inputs(report)
+    if got["start"] is None or got["end"] is None:
+        raise KeyError("no steady stretch (steady or rss_trend from_s/to_s)")
+    warm = {k: got[k] for k in ("restarts_s", "live", "deletes_per_s")}
+    trend = rss_trend([tuple(x) for x in report["rss_samples"]], got["start"], got["end"],
+                      every=got["every"], tracemalloc=got["tracemalloc"], **warm)
+    report["rss_trend"], report["rss_peak_mib"] = trend, trend["peak_mib"]
+    missing = list(got["missing"])
+    if "heap_parts_samples" in report:
+        report["heap_parts_trend"] = heap_parts_trend(
+            [tuple(x) for x in report["heap_parts_samples"]], got["start"], got["end"],
+            every=got["every"], **warm)
+    else:
+        missing.append("heap_parts_samples (no heap_parts_trend)")
+    report["targets"] = targets(report)
+    report["rss_rejudged"] = {"by": "python -m bench.soak.report --rejudge (each replica past "
+                                    "its warm-up, issue 41 item 5)", "missing": missing}
+    return missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bench.soak.report --rejudge FILE.json [--write]`: re-judge saved soak
+    reports (`rejudge`), print each one's RSS lines (`rss_lines`), what it lacked and its
+    rss_flat target, and with `--write` write each back (indent 1, as the soak writes it).
+    2 when a file cannot be read or judged."""
+    import argparse
+
+    from bench.common import targets_lines
+
+    ap = argparse.ArgumentParser(prog="python -m bench.soak.report",
+                                 description="Re-judge saved soak reports' RSS by the current "
+                                             "rule (each replica past its warm-up)")
+    ap.add_argument("--rejudge", nargs="+", required=True, metavar="FILE.json",
+                    help="soak.json files to re-judge")
+    ap.add_argument("--write", action="store_true", help="write each re-judged file back")
+    args = ap.parse_args(argv)
+    rc = 0
+    for name in args.rejudge:
+        path = Path(name)
+        try:
+            report = json.loads(path.read_text())
+            missing = rejudge(report)
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"{path}: cannot re-judge: {exc!r}")
+            rc = 2
+            continue
+        print(f"{path}:")
+        for line in rss_lines(report) + [x for x in targets_lines(report)
+                                         if x.startswith("target rss_")]:
+            print(f"  {line}")
+        if missing:
+            print(f"  missing: {'; '.join(missing)}")
+        if args.write:
+            path.write_text(json.dumps(report, indent=1))
+            print(f"  written: {path}")
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

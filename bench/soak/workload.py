@@ -112,6 +112,7 @@ class SoakSpec:
     priorities: bool = False
     on_demand_share: float = ON_DEMAND_SHARE
     min_runtime: float = 15.0
+    tracemalloc: bool = False         # the replicas run with PYTHONTRACEMALLOC=1: RSS not judged
 
     @property
     def n_tenants(self) -> int:

@@ -3,6 +3,7 @@ steady stretch after) and the RSS-trend judgement over the steady stretch."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from datetime import datetime, timedelta, timezone
@@ -117,25 +118,145 @@ def test_only_processes_alive_through_the_stretch_are_judged():
     assert rss_trend(flat + grows, 660, 1200)["verdict"] == "growing"
 
 
-def test_the_second_half_tells_a_turnover_that_levels_off_from_a_leak():
-    """Issue 41 item 5: a young process's heap turning over its start-up objects rises early
-    in the stretch, then levels off; the whole-stretch verdict says "growing", the second
-    half's "flat". A leak grows in both halves."""
-    rises = [(t, 0, 31, 200 + 10 * min(t - 660, 300) / 300) for t in range(660, 1201, 10)]
-    rises = [(t, i, pid, m + 0.3 * ((t // 10) % 3)) for t, i, pid, m in rises]
-    got = rss_trend([(600, 0, 31, 200.0)] + rises, 660, 1200)
+# Issue 41 item 5: the 60-minute device soak's stretch (1,260-3,600 s, the restart at
+# 1,080 s), 2,000 live VMIs deleted at 2 a second: a warm-up of 1,000 s.
+WARM = {"live": 2000, "deletes_per_s": 2.0}
+
+
+def _turnover(replica, pid, t0, t1, rise_until, slope_after=0.0, seed=0):
+    """RSS every 10 s over [t0, t1]: 1 MiB/min until `rise_until` s (a heap turning over its
+    listed objects), `slope_after` MiB/min after it, a 3 MiB sawtooth and seeded noise."""
+    rng = random.Random(seed)
+    return [(t, replica, pid, 200 + min(t, rise_until) / 60 + slope_after
+             * max(0, t - rise_until) / 60 + 3.0 * ((t / 10) % 7) / 7 + rng.gauss(0, 0.5))
+            for t in range(t0, t1 + 1, 10)]
+
+
+def test_the_warm_up_begins_at_the_first_sample_or_the_latest_api_restart_after_it():
+    from bench.soak import warmup_window
+    from k8s.cache import TOMBSTONE_TTL
+
+    assert warmup_window(0.0, **WARM) == {"from_s": 0.0, "until_s": 1000.0, "length_s": 1000.0}
+    assert warmup_window(0.0, restarts_s=[360.0, 1080.0], **WARM)["from_s"] == 1080.0
+    assert warmup_window(1100.0, restarts_s=[1080.0], **WARM)["until_s"] == 2100.0
+    # a small population turns over faster than its tombstones expire: the TTL is the floor
+    assert warmup_window(50.0, live=100, deletes_per_s=2.0)["length_s"] == TOMBSTONE_TTL
+    assert warmup_window(50.0)["until_s"] == 50.0 + TOMBSTONE_TTL     # rate unknown
+
+
+def test_a_replica_growing_in_its_warm_up_then_flat_is_judged_flat():
+    """The 60-minute soak's replicas: growing until the churn has replaced what they listed
+    after the restart (1,080 + 1,000 s), flat after; the whole stretch says "growing"."""
+    rss = _turnover(0, 31, 0, 3600, rise_until=2080, seed=1)
+    got = rss_trend(rss, 1260, 3600, restarts_s=[1080.0], **WARM)
+    (p,) = got["processes"]
+    assert p["warmup"] == {"from_s": 1080.0, "until_s": 2080.0, "length_s": 1000.0}
+    assert p["from_s"] == 2080 and p["samples"] == 153
+    assert p["verdict"] == "flat" and got["verdict"] == "flat" and got["not_judged"] is None
+    assert abs(p["slope_mib_per_min"]) < 0.05
+    assert p["whole_stretch"]["from_s"] == 1260 and p["whole_stretch"]["verdict"] == "growing"
+    assert got["whole_stretch_verdict"] == "growing"
+    t = targets({"violations": 0, "admissions_lost": 0, "rss_trend": got,
+                 "rss_peak_mib": got["peak_mib"]})["rss_flat"]
+    assert t["met"] is True and list(t["value"]) == ["replica-0 pid 31"]
+    assert t["value"]["replica-0 pid 31"].endswith("over 2080-3600 s")
+
+
+def test_a_replica_growing_after_its_warm_up_is_judged_growing():
+    rss = _turnover(0, 32, 0, 3600, rise_until=2080, slope_after=0.5, seed=2)
+    got = rss_trend(rss, 1260, 3600, restarts_s=[1080.0], **WARM)
     (p,) = got["processes"]
     assert p["verdict"] == "growing" and got["verdict"] == "growing"
-    assert p["late"]["from_s"] == 930 and p["late"]["samples"] == 28
-    assert p["late"]["verdict"] == "flat" and got["late_verdict"] == "flat"
-    assert abs(p["late"]["slope_mib_per_min"]) < 0.1
-    leak = rss_trend(_series(0, 32, 0, 1200, 200, 1.0, 0.5, seed=9), 660, 1200)
-    assert leak["processes"][0]["late"]["verdict"] == "growing"
-    assert leak["late_verdict"] == "growing"
-    assert "second half: growing" in " ".join(summary({
-        "seed": 1, "schedule": "x", "creates": 0, "admitted": 0, "refused": 0, "counts": {},
-        "violations": 0, "violations_by_kind": {}, "admissions_lost": 0, "samples": 0,
-        "events": [], "rss_trend": leak}))
+    assert abs(p["slope_mib_per_min"] - 0.5) < 0.05
+    assert targets({"violations": 0, "admissions_lost": 0, "rss_trend": got,
+                    "rss_peak_mib": got["peak_mib"]})["rss_flat"]["met"] is False
+
+
+def test_a_replica_too_young_at_the_stretch_end_is_excluded_with_why():
+    """The 20-minute soak: the restart at 360 s puts every replica's warm-up end at 1,360 s,
+    past the stretch (660-1,200 s): none judged, the target neither met nor missed."""
+    old = _turnover(0, 33, 0, 1200, rise_until=1200, seed=3)
+    young = _turnover(1, 34, 460, 1200, rise_until=1200, seed=4)
+    got = rss_trend(old + young, 660, 1200, restarts_s=[360.0], **WARM)
+    assert got["processes"] == [] and got["verdict"] is None
+    assert {x["pid"]: x["why"] for x in got["excluded"]} == {
+        33: "warming up until 1360 s (first turnover of its listed VMIs)",
+        34: "warming up until 1460 s (first turnover of its listed VMIs)"}
+    assert all(x["whole_stretch"]["verdict"] == "growing" for x in got["excluded"])
+    assert got["whole_stretch_verdict"] == "growing"
+    assert got["not_judged"] == "no process past its warm-up for 300 s of the stretch"
+    t = targets({"violations": 0, "admissions_lost": 0, "rss_trend": got,
+                 "rss_peak_mib": got["peak_mib"]})["rss_flat"]
+    assert t["met"] is None and t["value"] == got["not_judged"]
+    # without the restart the old replica's warm-up ends at 1,000 s: 200 s of the stretch,
+    # too short to judge
+    assert rss_trend(old, 660, 1200, **WARM)["processes"] == []
+    # with a 600-s warm-up (a small population), 600-1,200 s: judged
+    (p,) = rss_trend(old, 660, 1200, live=100, deletes_per_s=2.0)["processes"]
+    assert p["from_s"] == 660 and p["verdict"] == "growing"
+
+
+def test_the_api_restart_moves_the_warm_up():
+    rss = _turnover(0, 35, 0, 3600, rise_until=1000, seed=5)
+    (p,) = rss_trend(rss, 1260, 3600, **WARM)["processes"]
+    assert p["warmup"]["until_s"] == 1000 and p["from_s"] == 1260
+    (q,) = rss_trend(rss, 1260, 3600, restarts_s=[1080.0], **WARM)["processes"]
+    assert q["warmup"]["until_s"] == 2080 and q["from_s"] == 2080
+    # a restart after the stretch ends does not count
+    (r,) = rss_trend(rss, 1260, 3600, restarts_s=[3700.0], **WARM)["processes"]
+    assert r["warmup"]["from_s"] == 0
+
+
+def test_with_tracemalloc_rss_is_not_judged():
+    from bench.soak import judge_inputs
+
+    rss = _turnover(0, 36, 0, 3600, rise_until=2080, seed=6)
+    got = rss_trend(rss, 1260, 3600, restarts_s=[1080.0], tracemalloc=True, **WARM)
+    assert got["processes"] == [] and got["verdict"] is None
+    assert "tracemalloc" in got["not_judged"]
+    (x,) = got["excluded"]
+    assert x["why"] == got["not_judged"] and x["whole_stretch"]["verdict"] == "growing"
+    t = targets({"violations": 0, "admissions_lost": 0, "rss_trend": got,
+                 "rss_peak_mib": got["peak_mib"]})["rss_flat"]
+    assert t["met"] is None and "tracemalloc" in t["value"]
+    # a report from before spec.tracemalloc: inferred from its heap reports' traced figures
+    old = {"spec": {"rss_every": 10.0}, "events": [{"at": 360.0, "kind": "restart-apiserver"}],
+           "steady": {"from_s": 660.0, "to_s": 1200.0, "live_max": 2064,
+                      "operations": {"delete": 1070}},
+           "heap_over_steady": [{"replica": 0, "traced_mib": [50.0, 55.0]}]}
+    got = judge_inputs(old)
+    assert got["tracemalloc"] is True and got["restarts_s"] == [360.0]
+    assert got["live"] == 2064 and abs(got["deletes_per_s"] - 1070 / 540) < 1e-9
+    assert got["missing"] == ["spec.tracemalloc (inferred from the heap reports: tracemalloc "
+                              "snapshots)"]
+    assert judge_inputs({**old, "spec": {"tracemalloc": False}})["tracemalloc"] is False
+
+
+def test_rejudge_rewrites_a_saved_report_and_says_what_it_lacked(tmp_path, capsys):
+    from bench.soak.report import main
+
+    rss = _turnover(0, 37, 0, 3600, rise_until=2080, seed=7)
+    saved = {"spec": {"rss_every": 10.0, "tracemalloc": False},
+             "events": [{"at": 1080.0, "kind": "restart-apiserver", "outage_s": 20.0}],
+             "steady": {"from_s": 1260.0, "to_s": 3600.0, "live_max": 2340,
+                        "operations": {"delete": 4680}},   # 2 a second: 1,170 s
+             "violations": 0, "admissions_lost": 0, "rss_samples": [list(x) for x in rss],
+             "rss_trend": {"verdict": "growing"}, "rss_peak_mib": 1.0}
+    path = tmp_path / "soak.json"
+    path.write_text(json.dumps(saved))
+    assert main(["--rejudge", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "replica-0 pid 37" in out and "over 2250-3600 s (flat" in out
+    assert "missing: heap_parts_samples (no heap_parts_trend)" in out
+    assert "target rss_flat:" in out and out.rstrip().endswith("(no heap_parts_trend)")
+    assert json.loads(path.read_text())["rss_trend"] == {"verdict": "growing"}   # no --write
+    assert main(["--rejudge", str(path), "--write"]) == 0
+    back = json.loads(path.read_text())
+    assert back["rss_trend"]["verdict"] == "flat" and back["targets"]["rss_flat"]["met"] is True
+    assert back["rss_peak_mib"] == back["rss_trend"]["peak_mib"]
+    assert back["rss_rejudged"]["missing"] == ["heap_parts_samples (no heap_parts_trend)"]
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["--rejudge", str(tmp_path / "bad.json")]) == 2
 
 
 @pytest.mark.parametrize("minutes, share", [(61.0, 0.45), (float("nan"), 0.45), (40, 0.9),
