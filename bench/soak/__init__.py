@@ -13,7 +13,7 @@ the RSS trend (`rss_trend`): for each replica process alive through the whole st
 and past its warm-up (`warmup_window`, issue 41 item 5) for at least 300 s of it, the
 least-squares slope of its RSS over the stretch past its warm-up (MiB/min, ± 2 standard
 errors) judged against RSS_SLOPE_MAX_MIB_PER_MIN, its whole-stretch fit beside it; saved
-reports are re-judged by `python -m bench.soak.report --rejudge FILE.json [--write]`.
+reports are re-judged by `python -m bench.soak.rejudge --rejudge FILE.json [--write]`.
 
 The population: `population="scale"` (the bench) is `bench.scale.populate`'s — two GPU
 models, cordoned, tainted and not-Ready nodes, 2 running VMIs per node made through the real

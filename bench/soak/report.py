@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -713,21 +714,23 @@ def rejudge(report: dict) -> list[str]:
     else:
         missing.append("heap_parts_samples (no heap_parts_trend)")
     report["targets"] = targets(report)
-    report["rss_rejudged"] = {"by": "python -m bench.soak.report --rejudge (each replica past "
+    report["rss_rejudged"] = {"by": "python -m bench.soak.rejudge (each replica past "
                                     "its warm-up, issue 41 item 5)", "missing": missing}
     return missing
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m bench.soak.report --rejudge FILE.json [--write]`: re-judge saved soak
+    """`python -m bench.soak.rejudge --rejudge FILE.json [--write]` (`bench.soak.rejudge`, so
+    the package's own import of this module does not run it twice): re-judge saved soak
     reports (`rejudge`), print each one's RSS lines (`rss_lines`), what it lacked and its
     rss_flat target, and with `--write` write each back (indent 1, as the soak writes it).
-    2 when a file cannot be read or judged."""
+    2 when a file cannot be read or judged (one line on stderr naming it and why: not
+    found, not JSON, not a JSON object, a part missing or of another shape)."""
     import argparse
 
     from bench.common import targets_lines
 
-    ap = argparse.ArgumentParser(prog="python -m bench.soak.report",
+    ap = argparse.ArgumentParser(prog="python -m bench.soak.rejudge",
                                  description="Re-judge saved soak reports' RSS by the current "
                                              "rule (each replica past its warm-up)")
     ap.add_argument("--rejudge", nargs="+", required=True, metavar="FILE.json",
@@ -739,9 +742,23 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(name)
         try:
             report = json.loads(path.read_text())
+            if not isinstance(report, dict):
+                raise ValueError(f"not a soak report: the file holds a JSON "
+                                 f"{type(report).__name__}, not an object")
             missing = rejudge(report)
-        except (OSError, ValueError, KeyError) as exc:
-            print(f"{path}: cannot re-judge: {exc!r}")
+        except OSError as exc:
+            print(f"{path}: cannot re-judge: {exc.strerror or exc}", file=sys.stderr)
+            rc = 2
+            continue
+        except json.JSONDecodeError as exc:
+            print(f"{path}: cannot re-judge: not JSON: {exc.msg} (line {exc.lineno}, column "
+                  f"{exc.colno})", file=sys.stderr)
+            rc = 2
+            continue
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            # a JSON object that is not a soak report as this code reads one
+            why = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            print(f"{path}: cannot re-judge: {type(exc).__name__}: {why}", file=sys.stderr)
             rc = 2
             continue
         print(f"{path}:")
@@ -755,6 +772,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  written: {path}")
     return rc
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -262,6 +262,39 @@ def test_rejudge_rewrites_a_saved_report_and_says_what_it_lacked(tmp_path, capsy
     assert main(["--rejudge", str(tmp_path / "bad.json")]) == 2
 
 
+@pytest.mark.parametrize("text, why", [
+    ("[1]", "cannot re-judge: ValueError: not a soak report: the file holds a JSON list, "
+            "not an object"),
+    ("nope", "cannot re-judge: not JSON: Expecting value (line 1, column 1)"),
+    ("{}", "cannot re-judge: KeyError: no steady stretch (steady or rss_trend from_s/to_s)"),
+    (None, "cannot re-judge: No such file or directory"),
+])
+def test_rejudge_refuses_what_is_not_a_soak_report_in_one_line_on_stderr(tmp_path, capsys,
+                                                                         text, why):
+    from bench.soak.report import main
+
+    path = tmp_path / "x.json"
+    if text is not None:
+        path.write_text(text)
+    assert main(["--rejudge", str(path)]) == 2
+    got = capsys.readouterr()
+    assert got.out == "" and got.err == f"{path}: {why}\n"
+
+
+def test_rejudge_runs_as_a_module_without_a_warning(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "x.json"
+    path.write_text("[]")
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m",
+                           "bench.soak.rejudge", "--rejudge", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f"{path}: cannot re-judge: ValueError: not a soak report: the file "
+                           "holds a JSON list, not an object\n")
+
+
 @pytest.mark.parametrize("minutes, share", [(61.0, 0.45), (float("nan"), 0.45), (40, 0.9),
                                             (40, 0.1), (40, float("nan"))])
 def test_a_run_longer_than_an_hour_or_a_steady_share_out_of_range_is_refused(minutes, share,
