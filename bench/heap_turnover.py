@@ -175,6 +175,16 @@ def _line_of(module, text: str) -> int:
     raise LookupError(f"{module.__name__}: no line holds {text!r}")
 
 
+def _sample(trace: bool) -> dict:
+    """After a full collection: {"rss_mib"} and, with `trace`, tracemalloc's figures
+    (`_traced`) as `run_informers` and `run_churn` report them."""
+    gc.collect()
+    out: dict = {"rss_mib": round(memory_mib_self(), 1)}
+    if trace:
+        out.update(_traced(tracemalloc.take_snapshot()))
+    return out
+
+
 def run_informers(nodes: int, passes: int, *, seed: int = 1, trace: bool = False) -> dict:
     """The real path's figures (module docstring): {"objects", "listed": {rss_mib[, traced,
     watch_decode, list_decode]}, "passes": [the same after each pass]}; traced figures as
@@ -189,19 +199,12 @@ def run_informers(nodes: int, passes: int, *, seed: int = 1, trace: bool = False
         relist(cache, world)
         thresholds = settle_heap()
         try:
-            def sample() -> dict:
-                gc.collect()
-                out: dict = {"rss_mib": round(memory_mib_self(), 1)}
-                if trace:
-                    out.update(_traced(tracemalloc.take_snapshot()))
-                return out
-
             order = [(kind, key) for kind in INFORMERS for key in world.objs[kind]]
             random.Random(seed).shuffle(order)
-            got: dict = {"objects": len(order), "listed": sample(), "passes": []}
+            got: dict = {"objects": len(order), "listed": _sample(trace), "passes": []}
             for p in range(1, passes + 1):
                 replace_all(cache, world, order, p)
-                got["passes"].append(sample())
+                got["passes"].append(_sample(trace))
             return got
         finally:
             restore_heap(thresholds)
@@ -293,19 +296,12 @@ def run_churn(nodes: int, passes: int, *, seed: int = 1, trace: bool = False,
         cache.view.snapshot()   # built once, as the first admission or scrape does
         thresholds = settle_heap()
         try:
-            def sample() -> dict:
-                gc.collect()
-                got: dict = {"rss_mib": round(memory_mib_self(), 1)}
-                if trace:
-                    got.update(_traced(tracemalloc.take_snapshot()))
-                return got
-
             informers = {kind: getattr(cache, attr) for kind, attr in INFORMERS.items()}
             watch = OrjsonWatch(return_type="object")
             originals = set(world.vmis)
             live = len(originals)
             quarter = max(1, live // 4)
-            out: dict = {"vmis": live, "listed": sample(), "quarters": [],
+            out: dict = {"vmis": live, "listed": _sample(trace), "quarters": [],
                          "held": [held_by_map(cache)]}
             for i in range(1, passes * live + 1):
                 clock[0] = i / rate
@@ -320,7 +316,7 @@ def run_churn(nodes: int, passes: int, *, seed: int = 1, trace: bool = False,
                 if i % quarter == 0:
                     out["quarters"].append({"replaced": i,
                                             "originals_left": len(originals & world.vmis.keys()),
-                                            "tombstones": len(cache._tombstones), **sample()})
+                                            "tombstones": len(cache._tombstones), **_sample(trace)})
                 if i % live == 0:
                     out["held"].append(held_by_map(cache))
             return out

@@ -18,6 +18,20 @@ from tests.support.dra_worlds import CLASS, RES, device_class, dra_node
 from tests.k8s.test_metrics_fleet import _idle_admission
 
 
+def two_board_metrics() -> tuple[Metrics, IndexedView]:
+    """Metrics over a view of two HGX boards of the device class (`n1` with devices 1, 5 and
+    6 taken, `n2` free) and no VMI, with that view."""
+    snap = Snapshot.build(nodes=[dra_node("n1", taken=(1, 5, 6)), dra_node("n2")],
+                          classes=[device_class()])
+    view = IndexedView()
+    for n in snap.nodes.values():
+        view.put_node(n)
+    for c in snap.classes.values():
+        view.put_class(c)
+    cache = SimpleNamespace(view=view, vmi_keys=lambda: set())
+    return Metrics(lambda: Observed(synced=True), _idle_admission(cache)), view
+
+
 def _samples(metrics: Metrics) -> dict[str, dict[tuple, float]]:
     body, _ = metrics.render()
     out: dict[str, dict[tuple, float]] = {}
@@ -90,15 +104,7 @@ def test_the_fleet_figures_worker_never_fills_the_caches_snapshot_memo():
     while the loop derived the next snapshot raised "dictionary changed size during
     iteration" in a leader (the 1,000-node device soak, 2026-12-06), ending the replica. The
     worker must read a snapshot with a memo of its own."""
-    snap = Snapshot.build(nodes=[dra_node("n1", taken=(1, 5, 6)), dra_node("n2")],
-                          classes=[device_class()])
-    view = IndexedView()
-    for n in snap.nodes.values():
-        view.put_node(n)
-    for c in snap.classes.values():
-        view.put_class(c)
-    cache = SimpleNamespace(view=view, vmi_keys=lambda: set())
-    metrics = Metrics(lambda: Observed(synced=True), _idle_admission(cache))
+    metrics, view = two_board_metrics()
     shared = view.snapshot().memo
     anyio.run(metrics.refresh_fleet)
     label = (("class", CLASS), ("resource", RES))

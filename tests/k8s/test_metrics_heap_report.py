@@ -8,32 +8,20 @@ flight."""
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 
 import anyio
 
 import k8s.metrics
-from actors.view import IndexedView
-from k8s.metrics import Metrics, Observed
+from k8s.metrics import Metrics
 from model import explain
-from model.snapshot import Snapshot
-from tests.k8s.test_metrics_fleet import _idle_admission
-from tests.support.dra_worlds import device_class, dra_node
+from tests.k8s.test_metrics_devices import two_board_metrics
 
 GUARD_S = 10.0
 """Seconds a test waits at most for a worker it released (a hang, not a timing assertion)."""
 
 
 def _metrics() -> Metrics:
-    snap = Snapshot.build(nodes=[dra_node("n1", taken=(1, 5, 6)), dra_node("n2")],
-                          classes=[device_class()])
-    view = IndexedView()
-    for n in snap.nodes.values():
-        view.put_node(n)
-    for c in snap.classes.values():
-        view.put_class(c)
-    cache = SimpleNamespace(view=view, vmi_keys=lambda: set())
-    return Metrics(lambda: Observed(synced=True), _idle_admission(cache))
+    return two_board_metrics()[0]
 
 
 def test_a_heap_report_waits_for_the_fleet_figures_worker(monkeypatch, tmp_path):
