@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 import sys
 from collections import Counter
@@ -278,6 +279,20 @@ def heap_parts_trend(samples: list[tuple[float, int, int, dict[str, int]]], star
             "processes": [procs[k] for k in sorted(procs)]}
 
 
+def refusal_part(recs) -> dict:
+    """The refusals of `recs` (`bench.soak.driver.Rec`s) by reason (`refusals_by_reason`):
+    `refusal_reasons` (counts), `refusal_examples` (one whole refusal a reason) and, when
+    the creates have tiers (`--priorities`), `refusal_reasons_by_tier`."""
+    refused = [r for r in recs if r.outcome == "refused"]
+    reasons, examples = refusals_by_reason([r.refusal for r in refused])
+    out = {"refusal_reasons": reasons, "refusal_examples": examples}
+    tiers = sorted({r.tier for r in refused if r.tier})
+    if tiers:
+        out["refusal_reasons_by_tier"] = {
+            t: refusals_by_reason([r.refusal for r in refused if r.tier == t])[0] for t in tiers}
+    return out
+
+
 def soak_report(soak) -> dict:
     """The report of a finished `bench.soak.driver.Soak` run: the schedule, the creates'
     outcomes and answer times, the refusals by reason, the violations, the disturbances
@@ -302,9 +317,7 @@ def soak_report(soak) -> dict:
         "by_tier": {t: dict(Counter(r.outcome for r in soak.recs if r.tier == t))
                     for t in sorted({r.tier for r in soak.recs if r.tier})},
         "lost": [asdict(r) for r in soak.recs if r.outcome == "lost"][:20],
-        "refusal_reasons": dict(Counter(refusal_reason(r.refusal)
-                                        for r in soak.recs if r.outcome == "refused")
-                                .most_common(8)),
+        **refusal_part(soak.recs),
         "answer_p50_s": answers[len(answers) // 2] if answers else None,
         "answer_p99_s": answers[int(len(answers) * .99)] if answers else None,
         "violations": len(soak.tally.seen), "violations_by_kind": soak.tally.by_kind(),
@@ -431,11 +444,34 @@ def device_part(by_kind: dict[str, int], counts: dict, evictions: list[dict],
                    "without_vmi_oldest_s": max((c[3] for c in claims_seen), default=None)}}
 
 
+_REFUSED_HEAD = re.compile(r"refused \S+ request \S+(?: for now)?: ")
+"""The binder's own head of a refusal written on a set (`model.reasons.SetRefused.render`)."""
+
+
 def refusal_reason(refusal: str) -> str:
-    """'403: admission webhook "…" denied the request: <reason>' -> '403: <reason>' (its
-    first 80 characters): what the report counts refusals by."""
+    """'403: admission webhook "…" denied the request: <reason>' -> '403: <reason>', what the
+    report counts refusals by: the binder's head ("refused <vmi> request <id>: ") and the
+    set's devices ("devices …; ", "4 new h100 devices; ") left out, every run of digits
+    (names, counts, ids) written "#", so that one cause is one key; its first 120
+    characters. '429: <text>' (no webhook) stays as it is, digits aside."""
     status, _, message = refusal.partition(": ")
-    return f"{status}: {message.rpartition('denied the request: ')[2]}"[:80]
+    message = message.rpartition("denied the request: ")[2]
+    head = _REFUSED_HEAD.match(message)
+    if head is not None:
+        devices, sep, rest = message[head.end():].partition("; ")
+        message = rest if sep else devices
+    return f"{status}: {re.sub(r'[0-9]+', '#', message)}"[:120]
+
+
+def refusals_by_reason(refusals: Sequence[str], top: int = 12) -> tuple[dict, dict]:
+    """`refusals` (each "<status>: <text>") counted by `refusal_reason`, the `top` most
+    common (most first), and one whole refusal of each (its first 300 characters) as an
+    example of what the key stands for."""
+    keys = Counter(refusal_reason(r) for r in refusals).most_common(top)
+    examples: dict[str, str] = {}
+    for r in refusals:
+        examples.setdefault(refusal_reason(r), r[:300])
+    return dict(keys), {k: examples[k] for k, _ in keys}
 
 
 def heap_reports(logs: list[Path]) -> list[dict]:

@@ -380,11 +380,30 @@ def test_refusals_are_counted_by_status_and_the_binders_reason():
 
     got = refusal_reason('403: admission webhook "vmi.gpu.cozystack.io" denied the request: '
                          'soak-t01/vm00012 cannot be placed: budget of tenant soak-t01 ' + "x" * 80)
-    assert got == ("403: soak-t01/vm00012 cannot be placed: budget of tenant soak-t01 "
-                   + "x" * 80)[:80]
-    assert len(got) == 80
+    assert got == ("403: soak-t#/vm# cannot be placed: budget of tenant soak-t# " + "x" * 80)[:120]
+    assert len(got) == 120
     assert refusal_reason("429: Too many requests, please try again later.") == \
         "429: Too many requests, please try again later."
+
+
+def test_one_cause_of_the_binder_is_one_key_whatever_the_set_and_its_request():
+    """The binder's refusals name the set, its request id and its devices before the reason:
+    left out, two sets refused for the same cause count under one key, with an example."""
+    from bench.soak.report import refusals_by_reason
+
+    def binder(vmi: str, request: str, devices: str, why: str) -> str:
+        return (f'403: admission webhook "vmi.gpu.cozystack.io" denied the request: refused '
+                f"soak-t01/{vmi} request {request}: {devices}; {why}")
+    a = binder("vm00289", "747493aeff5a4f8c8260306fc5c09b97", "devices soak-vm00085-h0 (Pending)",
+               "no eligible node: soak-n0038 has 3 free, needs 4")
+    b = binder("vm00293", "421044268e18470699d9761e3e5b8708", "4 new h100 devices",
+               "no eligible node: soak-n0107 has 1 free, needs 4")
+    c = '403: admission webhook "vmi.gpu.cozystack.io" denied the request: budget of soak-t02 spent'
+    reasons, examples = refusals_by_reason([a, b, c, a])
+    assert reasons == {"403: no eligible node: soak-n# has # free, needs #": 3,
+                       "403: budget of soak-t# spent": 1}
+    assert examples == {"403: no eligible node: soak-n# has # free, needs #": a,
+                        "403: budget of soak-t# spent": c}
 
 
 @pytest.mark.parametrize("rate", [0.0, -2.0, float("nan"), float("inf"), 51.0])
