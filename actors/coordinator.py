@@ -315,8 +315,8 @@ class Coordinator(Actor):
                 self._queue.done(key)
 
     def _scan(self) -> None:
-        """Every complete request lacking a result to the queue (requests whose writes run
-        are skipped when their batch is decided)."""
+        """Every complete request lacking a result to the queue (requests whose writes run,
+        or ended and the view does not show yet, are skipped when their batch is decided)."""
         complete, _ = find_requests(self._view.devices().values())
         for req in complete:
             self._queue.add((req.namespace, req.id))
@@ -352,8 +352,8 @@ class Coordinator(Actor):
         fresh: list = []
         again: list[RequestKey] = []
         for ns, rid in batch:
-            if (ns, rid) in flights.running:
-                continue
+            if (ns, rid) in flights.running or (ns, rid) in flights.settling:
+                continue  # its writes run, or ended and the view does not show them yet (B7)
             if (ns, rid) in self._chains:
                 again.append((ns, rid))
             else:

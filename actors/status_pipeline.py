@@ -143,6 +143,12 @@ class Flights:
     attempted: tuple[frozenset[DeviceKey] | None, ...] = ()
     """Per hold (same order), the placement writes its flight attempted once its writes
     stopped (`outstanding`'s filter), None while they run (or for a move)."""
+    settling: frozenset[RequestKey] = frozenset()
+    """Requests whose writes ended (not stalled) and which the view does not show yet: not
+    to be decided again either (B7: their first applied write is the decision). A view
+    behind its API server (a relist after a kube-apiserver restart) still shows them
+    pending; deciding them again wrote a second answer over the first, one the webhook had
+    already read (the device soak's `admitted-not-placed`)."""
 
     def holds_in(self, device: Callable[[DeviceKey], GPUDevice | None]) -> list[Hold]:
         """The non-empty holds as a later reading of the view shows them (`device`: the
@@ -345,6 +351,7 @@ class StatusPipeline(Actor):
             frozenset(k for k, f in self._flights.items() if f.running),
             frozenset(k for k, f in self._flights.items() if f.stalled),
             tuple(attempted),
+            frozenset(k for k, f in self._flights.items() if not f.running and not f.stalled),
         )
 
     def status(self) -> PipelineStatus:
@@ -365,12 +372,19 @@ class StatusPipeline(Actor):
         first: dict[int, Nomination] = {}  # P4: recorded before the flight's writes
         now, wall = anyio.current_time(), self._clock.now().timestamp()
         for d in decisions:
+            if self._answered_otherwise(d):
+                # moot (B7): nothing written; its own reservation released, the flight that
+                # answered it (if still here) kept with its hold until the view shows it
+                self._counts[WriteOutcome.WITHDRAWN] += 1
+                if d.node is not None and d.hold is not None:
+                    self._release(d)
+                continue
             old = self._flights.get(d.key)
             if old is not None:
                 self._by_serial.pop(old.serial, None)
                 if old.decided.node is not None and old.decided.hold is not None \
                         and old.decided.node != d.node:
-                    self._release(old)  # an earlier attempt held capacity elsewhere
+                    self._release(old.decided)  # an earlier attempt held capacity elsewhere
             serial = next(_serials)
             writes, written = self._writes(d)
             self._flights[d.key] = _Flight(d, serial, now, written, flown_at=wall)
@@ -429,13 +443,12 @@ class StatusPipeline(Actor):
             del self._flights[key]
             self._by_serial.pop(flight.serial, None)
             if flight.decided.node is not None and flight.decided.hold is not None:
-                self._release(flight)
+                self._release(flight.decided)
         self._settling = settling
 
-    def _release(self, flight: _Flight) -> None:
-        """`Release` to the node actor of `flight` (best effort: a lost one is left to the
-        ledger's own settling and its commit expiry)."""
-        d = flight.decided
+    def _release(self, d: Decided) -> None:
+        """`Release` to the node actor of decision `d`'s node (best effort: a lost one is
+        left to the ledger's own settling and its commit expiry)."""
         ref = self._nodes.node_actor(d.node) if d.node is not None else None
         if ref is not None:
             try:
@@ -504,6 +517,20 @@ class StatusPipeline(Actor):
                                    clear_device=(lands and device is None and dev is not None
                                                  and dev.status.device is not None)))
         return out, frozenset(written)
+
+    def _answered_otherwise(self, d: Decided) -> bool:
+        """B7: a member of `d`'s request shows it answered Succeeded already, for another node
+        or with another result than `d`: the first applied answer is the decision, and `d`
+        (made on a view that had not caught up with it) is moot. Its flight writes nothing."""
+        for name in d.request.devices:
+            dev = self._view.device((d.request.namespace, name))
+            br = dev.status.bind_request if dev is not None else None
+            if (br is not None and br.id == d.request.id and br.result is Result.SUCCEEDED
+                    and (br.node, br.result) != (d.node, d.result)):
+                _log.warning("decision_moot", request_id=d.request.id, namespace=d.request.namespace,
+                             device=name, answered=br.node, decided=d.node, result=d.result.value)
+                return True
+        return False
 
     def _move_writes(self, d: Decided) -> tuple[list[StatusWrite], frozenset[DeviceKey]]:
         """The one `move` write of a defragmenting move (D2), none when the view shows the

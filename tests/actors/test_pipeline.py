@@ -203,3 +203,86 @@ async def test_B3_a_member_seen_bound_after_the_flights_were_asked_is_not_counte
     assert snap.with_reservations(flights.holds).tenant_counts("t", H100) == (2, 2)  # the race
     assert flights.holds_in(snap.devices.get) == []
     assert snap.with_reservations(flights.holds_in(snap.devices.get)).tenant_counts("t", H100) == (2, 0)
+
+
+class LaggingView:
+    """The store as a view that has not caught up with the devices in `frozen` (their state
+    when frozen): an informer cache behind its API server, e.g. relisting after a
+    kube-apiserver restart."""
+
+    def __init__(self, s: MemoryStore) -> None:
+        self._s = s
+        self.frozen: dict = {}
+
+    def freeze(self, *keys) -> None:
+        self.frozen = {k: self._s.device(k) for k in keys}
+
+    def device(self, key):
+        return self.frozen[key] if key in self.frozen else self._s.device(key)
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+
+async def test_B7_a_flight_the_view_does_not_show_yet_is_settling_not_to_be_decided_again() -> None:
+    """Writes done, view behind: `Flights.settling` names the request (the coordinator skips
+    it as it skips `running`), and it keeps its hold; once the view shows it, it is gone."""
+    s = store()
+    s.add_device("t", "a", "h100")
+    rid = s.request("t", "vm", ["a"])
+    view, nodes = LaggingView(s), Nodes()
+    view.freeze(("t", "a"))
+    async with anyio.create_task_group() as tg:
+        nodes.refs["n1"], _ = await spawn(tg, lambda: NodeActor("n1", s, LoopClock(), NodeActorConfig()))
+        inbox, _ = await spawn(tg, Inbox)
+        pipe, _ = await spawn(tg, lambda: StatusPipeline(view, s, nodes, LoopClock(), FAST))
+        d, h = decided(s, rid)
+        await nodes.refs["n1"].ask(Claim(h, "owner-1"))
+        await pipe.ask(Attach("owner-1", inbox))
+        await pipe.ask(Fly("owner-1", (d,)))
+        await eventually(lambda: s.device(("t", "a")).status.bind_request.result is Result.SUCCEEDED,
+                         what="the answer written")
+        await eventually(lambda: pipe.statistics().processed >= 3, what="the write reported")
+        waiting = await pipe.ask(GetFlights())
+        view.frozen = {}
+        await eventually(lambda: pipe.statistics().reservations == 0, what="flight settled")
+        after = await pipe.ask(GetFlights())
+        tg.cancel_scope.cancel()
+    assert waiting.settling == {("t", rid)} and not waiting.running and not waiting.stalled
+    assert waiting.holds == (h,)
+    assert after.settling == frozenset() and after.holds == ()
+
+
+async def test_B7_a_decision_made_before_the_view_showed_the_first_answer_is_moot() -> None:
+    """A request answered Succeeded on n1, decided again for n2 on a view that had not caught
+    up (the device soak after a kube-apiserver restart: the second answer overwrote the first,
+    which the webhook had already pinned the VMI to): the second writes nothing, its hold on
+    n2 is released, the answer on n1 stands."""
+    s = store()
+    s.add_node("n2", {H100: 4})
+    s.add_device("t", "a", "h100")
+    rid = s.request("t", "vm", ["a"])
+    nodes = Nodes()
+    async with anyio.create_task_group() as tg:
+        for n in ("n1", "n2"):
+            nodes.refs[n], _ = await spawn(tg, lambda n=n: NodeActor(n, s, LoopClock(), NodeActorConfig()))
+        inbox, _ = await spawn(tg, Inbox)
+        pipe, _ = await spawn(tg, lambda: StatusPipeline(s, s, nodes, LoopClock(), FAST))
+        await pipe.ask(Attach("owner-1", inbox))
+        d1, h1 = decided(s, rid, "n1")
+        d2, h2 = decided(s, rid, "n2")
+        await nodes.refs["n1"].ask(Claim(h1, "owner-1"))
+        await pipe.ask(Fly("owner-1", (d1,)))
+        await eventually(lambda: pipe.statistics().reservations == 0, what="the first answer settled")
+        await nodes.refs["n2"].ask(Claim(h2, "owner-1"))
+        await pipe.ask(Fly("owner-1", (d2,)))
+
+        async def released() -> bool:
+            return (await nodes.refs["n2"].ask(GetLedger())).holds == ()
+        await eventually(released, what="n2's hold released")
+        status = await pipe.ask(GetPipelineStatus())
+        tg.cancel_scope.cancel()
+    st = s.device(("t", "a")).status
+    assert (st.node_name, st.bind_request.node, st.bind_request.result) == ("n1", "n1", Result.SUCCEEDED)
+    assert [(r.key[1], r.node) for r in s.history if r.op == "answer"] == [("a", "n1")]
+    assert (status.succeeded, status.withdrawn) == (1, 1)
