@@ -278,9 +278,7 @@ def test_output_to_a_reader_that_went_away_ends_quietly_with_141():
     (["bench", "scale", "--settle-load", "nan"], "--settle-load", "takes a finite load average"),
     (["bench", "scale", "--settle-load", "inf"], "--settle-load", "takes a finite load average"),
     (["bench", "packing", "--nodes", "0"], "--nodes", "must be at least 1, got 0"),
-    (["bench", "soak", "--nodes", "x"], "--nodes", "not an integer: 'x'"),
-    (["bench", "soak", "--nodes", "0"], "--nodes", "must be at least 1, got 0"),
-    (["bench", "soak", "--nodes", "-3"], "--nodes", "must be at least 1, got -3"),
+    (["bench", "soak", "--nodes", "x"], "--nodes", "invalid int value: 'x'"),
     (["cluster", "up", "--controllers", "-1"], "--controllers", "must be at least 0, got -1"),
     (["demo", "--vmis", "0"], "--vmis", "must be at least 1, got 0"),
     (["demo", "--nodes", "1"], "--nodes", "must be at least 2, got 1"),
@@ -325,6 +323,8 @@ def test_demo_dra_refuses_the_count_mode_flags_it_would_ignore(capsys, extra, na
     (["bench", "packing", "--loads", "0.95,1.2"], "--loads takes offered loads between 0 and 1"),
     (["bench", "packing", "--loads", "high"], "got 'high'"),
     (["bench", "packing", "--loads", "0.5,,0.7"], "got '0.5,,0.7'"),
+    (["bench", "soak", "--nodes", "0"], "--nodes is KWOK nodes of 8 GPUs, at least 1, got 0"),
+    (["bench", "soak", "--nodes", "-3"], "--nodes is KWOK nodes of 8 GPUs, at least 1, got -3"),
     (["bench", "soak", "--minutes", "61"], "--minutes is in (0, 60], got 61"),
     (["bench", "soak", "--minutes", "nan"], "--minutes is in (0, 60], got nan"),
     (["bench", "soak", "--minutes", "0"], "--minutes is in (0, 60], got 0"),
@@ -341,9 +341,11 @@ def test_demo_dra_refuses_the_count_mode_flags_it_would_ignore(capsys, extra, na
 ])
 def test_bench_bad_values_exit_2_naming_the_flag(capsys, tmp_path, argv, message):
     """A bench flag's bad value is a usage error (exit 2, as argparse's and every other
-    command's), refused before any cluster starts."""
+    command's), said in one line naming the flag (no usage block), refused before any
+    cluster starts."""
     assert main([*argv, "--out", str(tmp_path)]) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
     assert list(tmp_path.iterdir()) == []
 
 
