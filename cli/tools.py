@@ -110,8 +110,10 @@ def check_kubeconfig(kubeconfig: str) -> None:
     a YAML mapping: a missing file, YAML that does not parse (`yaml_problem`: what the
     parser expected and where), or an empty file, plain text or a list; a mapping whose
     `clusters`, `contexts` or `users` is not a list of mappings, or has an entry whose
-    `cluster`/`context`/`user` is not a mapping, or whose `current-context` is not a name
-    (kubernetes_asyncio fails on these with a Python error naming no part of the file). What
+    `cluster`/`context`/`user` is not a mapping or holds a list or mapping where a name or
+    string belongs (a context's cluster, an exec plugin's command), or whose
+    `current-context` is not a name (`_misshapen`: kubernetes_asyncio fails on these with a
+    Python error naming no part of the file, or an object's repr `<… object at 0x…>`). What
     else is in the mapping is kubernetes_asyncio's to judge (`open_api`)."""
     if not Path(kubeconfig).is_file():
         raise ToolError(f"--kubeconfig: no such file {kubeconfig!r} (without the flag: "
@@ -155,10 +157,24 @@ def _kind_of(value: Any) -> str:
             list: "a list", dict: "a mapping"}.get(type(value), "a single value")
 
 
+_STRINGS = {"cluster": ("server", "certificate-authority", "certificate-authority-data",
+                        "tls-server-name", "proxy-url"),
+            "context": ("namespace",),
+            "user": ("token", "tokenFile", "username", "password", "client-certificate",
+                     "client-certificate-data", "client-key", "client-key-data")}
+"""The single values kubernetes_asyncio reads of a cluster, context or user entry; a list or
+a mapping there reaches the user as a ConfigNode's repr (`<… object at 0x…>`) or a
+TypeError naming that class."""
+
+
 def _misshapen(doc: Mapping[str, Any]) -> str | None:
     """The first part of kubeconfig `doc` of the wrong shape, said as "contexts[0].context is
-    a number, not a mapping"; None when the parts it has have the right shape (absent or null
-    ones are the loader's to judge)."""
+    a number, not a mapping" or "contexts[0].context.cluster is a list, not a name"; None when
+    the parts it has have the right shape (absent or null ones, and a number or a boolean
+    where a string belongs, are the loader's to judge). Judged: clusters, contexts and users
+    (lists of mappings), each entry's name and body (a mapping), the single values of each
+    body (`_STRINGS`; a context's cluster and user are names), and a user's exec plugin and
+    auth-provider (`_exec_misshapen`)."""
     current = doc.get("current-context")
     if current is not None and not isinstance(current, str):
         return f"current-context is {_kind_of(current)}, not a name"
@@ -171,9 +187,61 @@ def _misshapen(doc: Mapping[str, Any]) -> str | None:
         for i, entry in enumerate(entries):
             if not isinstance(entry, dict):
                 return f"{part}[{i}] is {_kind_of(entry)}, not a mapping"
-            if entry.get(body) is not None and not isinstance(entry[body], dict):
-                return f"{part}[{i}].{body} is {_kind_of(entry[body])}, not a mapping"
+            if _container(entry.get("name")):
+                return f"{part}[{i}].name is {_kind_of(entry['name'])}, not a name"
+            value = entry.get(body)
+            if value is None:
+                continue
+            where = f"{part}[{i}].{body}"
+            if not isinstance(value, dict):
+                return f"{where} is {_kind_of(value)}, not a mapping"
+            names = ("cluster", "user") if body == "context" else ()
+            for key in names + _STRINGS[body]:
+                if _container(value.get(key)):
+                    return (f"{where}.{key} is {_kind_of(value[key])}, not "
+                            f"{'a name' if key in names else 'a string'}")
+            if body == "user":
+                wrong = _exec_misshapen(value, where)
+                if wrong:
+                    return wrong
     return None
+
+
+def _exec_misshapen(user: Mapping[str, Any], where: str) -> str | None:
+    """The first part of kubeconfig user `user` (at `where`, "users[0].user") of the wrong
+    shape in its `exec` plugin (a mapping: command and apiVersion strings, args a list of
+    strings, env a list of mappings of name and value) or its `auth-provider` (a mapping);
+    None when they are absent or of the right shape."""
+    provider = user.get("auth-provider")
+    if provider is not None and not isinstance(provider, dict):
+        return f"{where}.auth-provider is {_kind_of(provider)}, not a mapping"
+    plugin = user.get("exec")
+    if plugin is None:
+        return None
+    if not isinstance(plugin, dict):
+        return f"{where}.exec is {_kind_of(plugin)}, not a mapping"
+    for key in ("command", "apiVersion"):
+        if _container(plugin.get(key)):
+            return f"{where}.exec.{key} is {_kind_of(plugin[key])}, not a string"
+    args, env = plugin.get("args"), plugin.get("env")
+    for key, values in (("args", args), ("env", env)):
+        if values is not None and not isinstance(values, list):
+            return f"{where}.exec.{key} is {_kind_of(values)}, not a list"
+    for j, arg in enumerate(args or ()):
+        if _container(arg):
+            return f"{where}.exec.args[{j}] is {_kind_of(arg)}, not a string"
+    for j, pair in enumerate(env or ()):
+        if not isinstance(pair, dict):
+            return f"{where}.exec.env[{j}] is {_kind_of(pair)}, not a mapping of name and value"
+        for key in ("name", "value"):
+            if _container(pair.get(key)):
+                return f"{where}.exec.env[{j}].{key} is {_kind_of(pair[key])}, not a string"
+    return None
+
+
+def _container(value: Any) -> bool:
+    """True for a list or a mapping (where a kubeconfig wants a single value)."""
+    return isinstance(value, (list, dict))
 
 
 def _transport_error(exc: BaseException) -> str:

@@ -210,23 +210,51 @@ def test_a_malformed_kubeconfig_is_one_line_and_exit_2(capsys, tmp_path, text, s
     assert capsys.readouterr().err == f"gpu-binder {command[0]}: --kubeconfig {kubeconfig}: {says}\n"
 
 
-_KUBECONFIG = ("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-               "clusters: [{{name: k, cluster: {cluster}}}]\n"
-               "users: [{{name: u, user: {{token: t}}}}]\n"
-               "contexts: [{{name: c, context: {context}}}]\n")
+def _kubeconfig(cluster: str = "{server: 'https://127.0.0.1:1'}", user: str = "{token: t}",
+                context: str = "{cluster: k, user: u}") -> str:
+    """A kubeconfig of one cluster k, user u and context c (current), each body as given."""
+    return ("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+            f"clusters: [{{name: k, cluster: {cluster}}}]\n"
+            f"users: [{{name: u, user: {user}}}]\n"
+            f"contexts: [{{name: c, context: {context}}}]\n")
+
+
+_EXEC = "{{exec: {{apiVersion: client.authentication.k8s.io/v1, command: {command}, args: {args}}}}}"
 
 
 @pytest.mark.parametrize("text, says", [
     # kubernetes_asyncio: AttributeError 'int' object has no attribute 'safe_get' (a traceback)
-    (_KUBECONFIG.format(cluster="{server: 'https://127.0.0.1:1'}", context="7"),
+    (_kubeconfig(context="7"),
      "not a kubeconfig: contexts[0].context is a number, not a mapping"),
     # TypeError 'int' object is not iterable
     ("current-context: c\ncontexts: 5\n", "not a kubeconfig: contexts is a number, not a list"),
     ("current-context: c\nclusters: [k]\n", "not a kubeconfig: clusters[0] is a string, not a mapping"),
     # ConfigException naming a ConfigNode object's repr
     ("current-context: [c]\n", "not a kubeconfig: current-context is a list, not a name"),
+    # a body, or a value inside one, of the wrong shape: kubernetes_asyncio said
+    # "Expected object with name <kubernetes_asyncio.config.kube_config.ConfigNode object at 0x…>"
+    (_kubeconfig(context="{cluster: [k], user: u}"),
+     "not a kubeconfig: contexts[0].context.cluster is a list, not a name"),
+    (_kubeconfig(context="{cluster: k, user: {name: u}}"),
+     "not a kubeconfig: contexts[0].context.user is a mapping, not a name"),
+    (_kubeconfig(cluster="[{server: 'https://127.0.0.1:1'}]"),
+     "not a kubeconfig: clusters[0].cluster is a list, not a mapping"),
+    (_kubeconfig(user="[{token: t}]"), "not a kubeconfig: users[0].user is a list, not a mapping"),
+    (_kubeconfig(context="[{cluster: k}, {user: u}]"),
+     "not a kubeconfig: contexts[0].context is a list, not a mapping"),
+    # "argument should be a bytes-like object or ASCII string, not 'ConfigNode'"
+    (_kubeconfig(cluster="{server: 'https://127.0.0.1:1', certificate-authority-data: [x]}"),
+     "not a kubeconfig: clusters[0].cluster.certificate-authority-data is a list, not a string"),
+    # "[Errno 2] No such file or directory: '<…ConfigNode object at 0x…>'", after a log line
+    (_kubeconfig(user=_EXEC.format(command="[/bin/true]", args="[]")),
+     "not a kubeconfig: users[0].user.exec.command is a list, not a string"),
+    # "exec: malformed request. invalid args list '<…ConfigNode object at 0x…>'"
+    (_kubeconfig(user=_EXEC.format(command="/bin/true", args="{a: b}")),
+     "not a kubeconfig: users[0].user.exec.args is a mapping, not a list"),
+    (_kubeconfig(user="{exec: [/bin/true]}"),
+     "not a kubeconfig: users[0].user.exec is a list, not a mapping"),
     # a bare AssertionError, no message (a traceback)
-    (_KUBECONFIG.format(cluster="{server: 5}", context="{cluster: k, user: u}"),
+    (_kubeconfig(cluster="{server: 5}"),
      "not a usable kubeconfig: AssertionError in kubernetes_asyncio's loader (a value of the "
      "wrong type?)"),
 ])
