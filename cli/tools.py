@@ -209,9 +209,10 @@ def _misshapen(doc: Mapping[str, Any]) -> str | None:
 
 def _exec_misshapen(user: Mapping[str, Any], where: str) -> str | None:
     """The first part of kubeconfig user `user` (at `where`, "users[0].user") of the wrong
-    shape in its `exec` plugin (a mapping: command and apiVersion strings, args a list of
-    strings, env a list of mappings of name and value) or its `auth-provider` (a mapping);
-    None when they are absent or of the right shape."""
+    shape in its `exec` plugin (a mapping: command and apiVersion single values, args a list
+    of strings, env a list of mappings of a name and a value, both strings: the loader hands
+    args and env to the process as they are, where a number is a TypeError) or its
+    `auth-provider` (a mapping); None when they are absent or of the right shape."""
     provider = user.get("auth-provider")
     if provider is not None and not isinstance(provider, dict):
         return f"{where}.auth-provider is {_kind_of(provider)}, not a mapping"
@@ -227,14 +228,16 @@ def _exec_misshapen(user: Mapping[str, Any], where: str) -> str | None:
     for key, values in (("args", args), ("env", env)):
         if values is not None and not isinstance(values, list):
             return f"{where}.exec.{key} is {_kind_of(values)}, not a list"
-    for j, arg in enumerate(args or ()):
-        if _container(arg):
+    for j, arg in enumerate(args or ()):   # handed to the process as they are: strings only
+        if not isinstance(arg, str):
             return f"{where}.exec.args[{j}] is {_kind_of(arg)}, not a string"
     for j, pair in enumerate(env or ()):
         if not isinstance(pair, dict):
             return f"{where}.exec.env[{j}] is {_kind_of(pair)}, not a mapping of name and value"
         for key in ("name", "value"):
-            if _container(pair.get(key)):
+            if pair.get(key) is None:
+                return f"{where}.exec.env[{j}] has no {key}"
+            if not isinstance(pair[key], str):
                 return f"{where}.exec.env[{j}].{key} is {_kind_of(pair[key])}, not a string"
     return None
 

@@ -253,6 +253,12 @@ _EXEC = "{{exec: {{apiVersion: client.authentication.k8s.io/v1, command: {comman
      "not a kubeconfig: users[0].user.exec.args is a mapping, not a list"),
     (_kubeconfig(user="{exec: [/bin/true]}"),
      "not a kubeconfig: users[0].user.exec is a list, not a mapping"),
+    # handed to the process as they are: "expected str, bytes or os.PathLike object, not int"
+    (_kubeconfig(user=_EXEC.format(command="/bin/true", args="[a, 5]")),
+     "not a kubeconfig: users[0].user.exec.args[1] is a number, not a string"),
+    (_kubeconfig(user="{exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/true, "
+                      "env: [{name: A, value: 1}]}}"),
+     "not a kubeconfig: users[0].user.exec.env[0].value is a number, not a string"),
     # a bare AssertionError, no message (a traceback)
     (_kubeconfig(cluster="{server: 5}"),
      "not a usable kubeconfig: AssertionError in kubernetes_asyncio's loader (a value of the "
