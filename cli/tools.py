@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import anyio
 import structlog
@@ -139,16 +141,44 @@ async def open_api(kubeconfig: str):
     `check_kubeconfig`. Raises ToolError, one line naming --kubeconfig, for a file the loader
     cannot use, whatever it raises: a context naming no cluster, bad base64 or certificate
     data, an exec plugin that fails, or a value of the wrong type that trips it
-    (`server: 5` raised a bare AssertionError, printed as a traceback)."""
+    (`server: 5` raised a bare AssertionError, printed as a traceback). What the loader logs
+    meanwhile is held (`_loader_log_held`): dropped when it fails (it logs the error it
+    raises, `exec: process returned 1`, a line before ours), passed on when it succeeds."""
     from kubernetes_asyncio.config import new_client_from_config
 
     check_kubeconfig(kubeconfig)
+    with _loader_log_held() as held:
+        try:
+            api = await new_client_from_config(config_file=kubeconfig)
+        except Exception as exc:  # noqa: BLE001 - the loader's errors are any type; said in one line
+            held.clear()
+            said = (str(exc).splitlines() or [""])[0].strip()
+            said = said or f"{type(exc).__name__} in kubernetes_asyncio's loader (a value of the wrong type?)"
+            raise ToolError(f"--kubeconfig {kubeconfig}: not a usable kubeconfig: {said}"[:500]) from None
+    return api
+
+
+@contextmanager
+def _loader_log_held() -> Iterator[list[logging.LogRecord]]:
+    """Hold the records kubernetes_asyncio logs within (the list yielded) instead of letting
+    them reach stderr (with no handler set up, Python's last-resort handler prints them); on
+    leaving, the records still in the list are handed to its logger as they would have been.
+    Meant for one command-line call at a time: the logger's `propagate` is switched off
+    within."""
+    logger = logging.getLogger("kubernetes_asyncio")
+    held: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = held.append  # type: ignore[method-assign]
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
     try:
-        return await new_client_from_config(config_file=kubeconfig)
-    except Exception as exc:  # noqa: BLE001 - the loader's errors are any type; said in one line
-        said = (str(exc).splitlines() or [""])[0].strip()
-        said = said or f"{type(exc).__name__} in kubernetes_asyncio's loader (a value of the wrong type?)"
-        raise ToolError(f"--kubeconfig {kubeconfig}: not a usable kubeconfig: {said}"[:500]) from None
+        yield held
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+        for record in held:
+            logger.handle(record)
 
 
 def _kind_of(value: Any) -> str:

@@ -5,6 +5,7 @@ refused naming the flag, not the internal setting (cli.main, k8s.config, cli.too
 from __future__ import annotations
 
 import argparse
+import logging
 
 import pytest
 
@@ -272,6 +273,56 @@ def test_a_kubeconfig_of_the_wrong_shape_is_one_line_and_exit_2(capsys, tmp_path
     kubeconfig.write_text(text)
     assert main([*command, "--kubeconfig", str(kubeconfig), "--timeout", "5"]) == 2
     assert capsys.readouterr().err == f"gpu-binder {command[0]}: --kubeconfig {kubeconfig}: {says}\n"
+
+
+def _exec_plugin(tmp_path, script: str) -> str:
+    """A kubeconfig (in `tmp_path`) whose user's credentials come from an exec plugin, the
+    shell `script`."""
+    plugin = tmp_path / "plugin.sh"
+    plugin.write_text(f"#!/bin/sh\n{script}\n")
+    plugin.chmod(0o755)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(_kubeconfig(user=_EXEC.format(command=str(plugin), args="[]")))
+    return str(kubeconfig)
+
+
+@pytest.mark.parametrize("script, says", [
+    ("exit 1", "exec: process returned 1"),
+    ("echo 'not logged in' >&2; exit 3", "exec: process returned 3. not logged in"),
+])
+@pytest.mark.parametrize("command", [["top"], ["health"]])
+def test_a_failing_exec_plugin_is_our_one_line_only(capsys, caplog, tmp_path, script, says, command):
+    """kubernetes_asyncio logs the plugin's failure before raising it; that record is dropped
+    (it reached stderr a line before ours, by Python's last-resort handler), ours says it."""
+    kubeconfig = _exec_plugin(tmp_path, script)
+    assert main([*command, "--kubeconfig", kubeconfig, "--timeout", "5"]) == 2
+    assert capsys.readouterr().err == (f"gpu-binder {command[0]}: --kubeconfig {kubeconfig}: "
+                                       f"not a usable kubeconfig: {says}\n")
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("kubernetes_asyncio")] == []
+    assert logging.getLogger("kubernetes_asyncio").propagate   # as it was
+
+
+def test_a_failing_exec_plugin_is_one_line_on_the_real_stderr(tmp_path):
+    """As a user runs it (no pytest handlers on the logging tree, so Python's last-resort
+    handler is the one that printed the loader's record): stderr is our line alone."""
+    import subprocess
+    import sys
+
+    kubeconfig = _exec_plugin(tmp_path, "exit 1")
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "top", "--kubeconfig", kubeconfig,
+                           "--timeout", "5"], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (2, f"gpu-binder top: --kubeconfig {kubeconfig}: not "
+                                                 f"a usable kubeconfig: exec: process returned 1\n")
+
+
+def test_what_the_kubeconfig_loader_warns_of_on_success_is_passed_on(caplog, tmp_path):
+    """A plugin answering without a token: the loader logs it and goes on; the record still
+    reaches the logging tree (only a failure's record, said by our line, is dropped)."""
+    kubeconfig = _exec_plugin(tmp_path, "echo '{\"apiVersion\": \"client.authentication.k8s.io/v1\", "
+                                        "\"kind\": \"ExecCredential\", \"status\": {}}'")
+    assert main(["top", "--kubeconfig", kubeconfig, "--timeout", "5"]) == 2   # no server at :1
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("kubernetes_asyncio")] == [
+        "exec: missing token or clientCertificateData field in plugin output"]
 
 
 def test_health_against_no_api_server_says_it_cannot_reach_it(capsys, tmp_path):
