@@ -115,8 +115,9 @@ def check_kubeconfig(kubeconfig: str) -> None:
     `cluster`/`context`/`user` is not a mapping or holds a list or mapping where a name or
     string belongs (a context's cluster, an exec plugin's command), or whose
     `current-context` is not a name (`_misshapen`: kubernetes_asyncio fails on these with a
-    Python error naming no part of the file, or an object's repr `<… object at 0x…>`). What
-    else is in the mapping is kubernetes_asyncio's to judge (`open_api`)."""
+    Python error naming no part of the file, or an object's repr `<… object at 0x…>`); a
+    current context that names a context, cluster or user the file lacks (`_unresolved`).
+    What else is in the mapping is kubernetes_asyncio's to judge (`open_api`)."""
     if not Path(kubeconfig).is_file():
         raise ToolError(f"--kubeconfig: no such file {kubeconfig!r} (without the flag: "
                         f"$KUBECONFIG's first path, else ~/.kube/config)")
@@ -134,6 +135,9 @@ def check_kubeconfig(kubeconfig: str) -> None:
     wrong = _misshapen(doc)
     if wrong:
         raise ToolError(f"--kubeconfig {kubeconfig}: not a kubeconfig: {wrong}")
+    missing = _unresolved(doc)
+    if missing:
+        raise ToolError(f"--kubeconfig {kubeconfig}: not a usable kubeconfig: {missing}")
 
 
 async def open_api(kubeconfig: str):
@@ -234,6 +238,34 @@ def _misshapen(doc: Mapping[str, Any]) -> str | None:
                 wrong = _exec_misshapen(value, where)
                 if wrong:
                     return wrong
+    return None
+
+
+def _unresolved(doc: Mapping[str, Any]) -> str | None:
+    """What the current context of kubeconfig `doc` (of the right shape: `_misshapen`) needs
+    and the file lacks, said as "context c names user u, which users lacks" (kubectl's
+    "user not found for context"); also a context naming no user for an https server
+    (kubernetes_asyncio then reads the client certificate of no user: "argument of type
+    'NoneType' is not iterable"). None when all is there, or with no current context (the
+    loader's to say)."""
+    current = doc.get("current-context")
+    if not current:
+        return None
+    contexts = {e.get("name"): e.get("context") for e in doc.get("contexts") or ()}
+    if current not in contexts:
+        return f"current-context {current} names no entry of contexts"
+    context = contexts[current] or {}
+    clusters = {e.get("name"): e.get("cluster") for e in doc.get("clusters") or ()}
+    for key, part, known in (("cluster", "clusters", clusters),
+                             ("user", "users", {e.get("name") for e in doc.get("users") or ()})):
+        name = context.get(key)
+        if name is not None and name not in known:
+            return f"context {current} names {key} {name}, which {part} lacks"
+    if context.get("cluster") is None:
+        return f"context {current} names no cluster"
+    server = (clusters[context["cluster"]] or {}).get("server")
+    if context.get("user") is None and isinstance(server, str) and server.startswith("https"):
+        return f"context {current} names no user (needed for its https server)"
     return None
 
 

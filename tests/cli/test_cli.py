@@ -260,6 +260,17 @@ _EXEC = "{{exec: {{apiVersion: client.authentication.k8s.io/v1, command: {comman
     (_kubeconfig(user="{exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/true, "
                       "env: [{name: A, value: 1}]}}"),
      "not a kubeconfig: users[0].user.exec.env[0].value is a number, not a string"),
+    # the current context names what the file lacks: "argument of type 'NoneType' is not
+    # iterable" for a user, kubernetes_asyncio's words naming a path for the rest
+    (_kubeconfig(context="{cluster: k, user: nobody}"),
+     "not a usable kubeconfig: context c names user nobody, which users lacks"),
+    (_kubeconfig(context="{cluster: k}"),
+     "not a usable kubeconfig: context c names no user (needed for its https server)"),
+    (_kubeconfig(context="{cluster: other, user: u}"),
+     "not a usable kubeconfig: context c names cluster other, which clusters lacks"),
+    (_kubeconfig(context="{user: u}"), "not a usable kubeconfig: context c names no cluster"),
+    (_kubeconfig().replace("current-context: c", "current-context: d"),
+     "not a usable kubeconfig: current-context d names no entry of contexts"),
     # a bare AssertionError, no message (a traceback)
     (_kubeconfig(cluster="{server: 5}"),
      "not a usable kubeconfig: AssertionError in kubernetes_asyncio's loader (a value of the "
