@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import anyio
 import structlog
@@ -110,9 +112,12 @@ def check_kubeconfig(kubeconfig: str) -> None:
     a YAML mapping: a missing file, YAML that does not parse (`yaml_problem`: what the
     parser expected and where), or an empty file, plain text or a list; a mapping whose
     `clusters`, `contexts` or `users` is not a list of mappings, or has an entry whose
-    `cluster`/`context`/`user` is not a mapping, or whose `current-context` is not a name
-    (kubernetes_asyncio fails on these with a Python error naming no part of the file). What
-    else is in the mapping is kubernetes_asyncio's to judge (`open_api`)."""
+    `cluster`/`context`/`user` is not a mapping or holds a list or mapping where a name or
+    string belongs (a context's cluster, an exec plugin's command), or whose
+    `current-context` is not a name (`_misshapen`: kubernetes_asyncio fails on these with a
+    Python error naming no part of the file, or an object's repr `<… object at 0x…>`); a
+    current context that names a context, cluster or user the file lacks (`_unresolved`).
+    What else is in the mapping is kubernetes_asyncio's to judge (`open_api`)."""
     if not Path(kubeconfig).is_file():
         raise ToolError(f"--kubeconfig: no such file {kubeconfig!r} (without the flag: "
                         f"$KUBECONFIG's first path, else ~/.kube/config)")
@@ -130,6 +135,9 @@ def check_kubeconfig(kubeconfig: str) -> None:
     wrong = _misshapen(doc)
     if wrong:
         raise ToolError(f"--kubeconfig {kubeconfig}: not a kubeconfig: {wrong}")
+    missing = _unresolved(doc)
+    if missing:
+        raise ToolError(f"--kubeconfig {kubeconfig}: not a usable kubeconfig: {missing}")
 
 
 async def open_api(kubeconfig: str):
@@ -137,16 +145,44 @@ async def open_api(kubeconfig: str):
     `check_kubeconfig`. Raises ToolError, one line naming --kubeconfig, for a file the loader
     cannot use, whatever it raises: a context naming no cluster, bad base64 or certificate
     data, an exec plugin that fails, or a value of the wrong type that trips it
-    (`server: 5` raised a bare AssertionError, printed as a traceback)."""
+    (`server: 5` raised a bare AssertionError, printed as a traceback). What the loader logs
+    meanwhile is held (`_loader_log_held`): dropped when it fails (it logs the error it
+    raises, `exec: process returned 1`, a line before ours), passed on when it succeeds."""
     from kubernetes_asyncio.config import new_client_from_config
 
     check_kubeconfig(kubeconfig)
+    with _loader_log_held() as held:
+        try:
+            api = await new_client_from_config(config_file=kubeconfig)
+        except Exception as exc:  # noqa: BLE001 - the loader's errors are any type; said in one line
+            held.clear()
+            said = (str(exc).splitlines() or [""])[0].strip()
+            said = said or f"{type(exc).__name__} in kubernetes_asyncio's loader (a value of the wrong type?)"
+            raise ToolError(f"--kubeconfig {kubeconfig}: not a usable kubeconfig: {said}"[:500]) from None
+    return api
+
+
+@contextmanager
+def _loader_log_held() -> Iterator[list[logging.LogRecord]]:
+    """Hold the records kubernetes_asyncio logs within (the list yielded) instead of letting
+    them reach stderr (with no handler set up, Python's last-resort handler prints them); on
+    leaving, the records still in the list are handed to its logger as they would have been.
+    Meant for one command-line call at a time: the logger's `propagate` is switched off
+    within."""
+    logger = logging.getLogger("kubernetes_asyncio")
+    held: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = held.append  # type: ignore[method-assign]
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
     try:
-        return await new_client_from_config(config_file=kubeconfig)
-    except Exception as exc:  # noqa: BLE001 - the loader's errors are any type; said in one line
-        said = (str(exc).splitlines() or [""])[0].strip()
-        said = said or f"{type(exc).__name__} in kubernetes_asyncio's loader (a value of the wrong type?)"
-        raise ToolError(f"--kubeconfig {kubeconfig}: not a usable kubeconfig: {said}"[:500]) from None
+        yield held
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+        for record in held:
+            logger.handle(record)
 
 
 def _kind_of(value: Any) -> str:
@@ -155,10 +191,24 @@ def _kind_of(value: Any) -> str:
             list: "a list", dict: "a mapping"}.get(type(value), "a single value")
 
 
+_STRINGS = {"cluster": ("server", "certificate-authority", "certificate-authority-data",
+                        "tls-server-name", "proxy-url"),
+            "context": ("namespace",),
+            "user": ("token", "tokenFile", "username", "password", "client-certificate",
+                     "client-certificate-data", "client-key", "client-key-data")}
+"""The single values kubernetes_asyncio reads of a cluster, context or user entry; a list or
+a mapping there reaches the user as a ConfigNode's repr (`<… object at 0x…>`) or a
+TypeError naming that class."""
+
+
 def _misshapen(doc: Mapping[str, Any]) -> str | None:
     """The first part of kubeconfig `doc` of the wrong shape, said as "contexts[0].context is
-    a number, not a mapping"; None when the parts it has have the right shape (absent or null
-    ones are the loader's to judge)."""
+    a number, not a mapping" or "contexts[0].context.cluster is a list, not a name"; None when
+    the parts it has have the right shape (absent or null ones, and a number or a boolean
+    where a string belongs, are the loader's to judge). Judged: clusters, contexts and users
+    (lists of mappings), each entry's name and body (a mapping), the single values of each
+    body (`_STRINGS`; a context's cluster and user are names), and a user's exec plugin and
+    auth-provider (`_exec_misshapen`)."""
     current = doc.get("current-context")
     if current is not None and not isinstance(current, str):
         return f"current-context is {_kind_of(current)}, not a name"
@@ -171,9 +221,92 @@ def _misshapen(doc: Mapping[str, Any]) -> str | None:
         for i, entry in enumerate(entries):
             if not isinstance(entry, dict):
                 return f"{part}[{i}] is {_kind_of(entry)}, not a mapping"
-            if entry.get(body) is not None and not isinstance(entry[body], dict):
-                return f"{part}[{i}].{body} is {_kind_of(entry[body])}, not a mapping"
+            if _container(entry.get("name")):
+                return f"{part}[{i}].name is {_kind_of(entry['name'])}, not a name"
+            value = entry.get(body)
+            if value is None:
+                continue
+            where = f"{part}[{i}].{body}"
+            if not isinstance(value, dict):
+                return f"{where} is {_kind_of(value)}, not a mapping"
+            names = ("cluster", "user") if body == "context" else ()
+            for key in names + _STRINGS[body]:
+                if _container(value.get(key)):
+                    return (f"{where}.{key} is {_kind_of(value[key])}, not "
+                            f"{'a name' if key in names else 'a string'}")
+            if body == "user":
+                wrong = _exec_misshapen(value, where)
+                if wrong:
+                    return wrong
     return None
+
+
+def _unresolved(doc: Mapping[str, Any]) -> str | None:
+    """What the current context of kubeconfig `doc` (of the right shape: `_misshapen`) needs
+    and the file lacks, said as "context c names user u, which users lacks" (kubectl's
+    "user not found for context"); also a context naming no user for an https server
+    (kubernetes_asyncio then reads the client certificate of no user: "argument of type
+    'NoneType' is not iterable"). None when all is there, or with no current context (the
+    loader's to say)."""
+    current = doc.get("current-context")
+    if not current:
+        return None
+    contexts = {e.get("name"): e.get("context") for e in doc.get("contexts") or ()}
+    if current not in contexts:
+        return f"current-context {current} names no entry of contexts"
+    context = contexts[current] or {}
+    clusters = {e.get("name"): e.get("cluster") for e in doc.get("clusters") or ()}
+    for key, part, known in (("cluster", "clusters", clusters),
+                             ("user", "users", {e.get("name") for e in doc.get("users") or ()})):
+        name = context.get(key)
+        if name is not None and name not in known:
+            return f"context {current} names {key} {name}, which {part} lacks"
+    if context.get("cluster") is None:
+        return f"context {current} names no cluster"
+    server = (clusters[context["cluster"]] or {}).get("server")
+    if context.get("user") is None and isinstance(server, str) and server.startswith("https"):
+        return f"context {current} names no user (needed for its https server)"
+    return None
+
+
+def _exec_misshapen(user: Mapping[str, Any], where: str) -> str | None:
+    """The first part of kubeconfig user `user` (at `where`, "users[0].user") of the wrong
+    shape in its `exec` plugin (a mapping: command and apiVersion single values, args a list
+    of strings, env a list of mappings of a name and a value, both strings: the loader hands
+    args and env to the process as they are, where a number is a TypeError) or its
+    `auth-provider` (a mapping); None when they are absent or of the right shape."""
+    provider = user.get("auth-provider")
+    if provider is not None and not isinstance(provider, dict):
+        return f"{where}.auth-provider is {_kind_of(provider)}, not a mapping"
+    plugin = user.get("exec")
+    if plugin is None:
+        return None
+    if not isinstance(plugin, dict):
+        return f"{where}.exec is {_kind_of(plugin)}, not a mapping"
+    for key in ("command", "apiVersion"):
+        if _container(plugin.get(key)):
+            return f"{where}.exec.{key} is {_kind_of(plugin[key])}, not a string"
+    args, env = plugin.get("args"), plugin.get("env")
+    for key, values in (("args", args), ("env", env)):
+        if values is not None and not isinstance(values, list):
+            return f"{where}.exec.{key} is {_kind_of(values)}, not a list"
+    for j, arg in enumerate(args or ()):   # handed to the process as they are: strings only
+        if not isinstance(arg, str):
+            return f"{where}.exec.args[{j}] is {_kind_of(arg)}, not a string"
+    for j, pair in enumerate(env or ()):
+        if not isinstance(pair, dict):
+            return f"{where}.exec.env[{j}] is {_kind_of(pair)}, not a mapping of name and value"
+        for key in ("name", "value"):
+            if pair.get(key) is None:
+                return f"{where}.exec.env[{j}] has no {key}"
+            if not isinstance(pair[key], str):
+                return f"{where}.exec.env[{j}].{key} is {_kind_of(pair[key])}, not a string"
+    return None
+
+
+def _container(value: Any) -> bool:
+    """True for a list or a mapping (where a kubeconfig wants a single value)."""
+    return isinstance(value, (list, dict))
 
 
 def _transport_error(exc: BaseException) -> str:

@@ -45,7 +45,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from bench.common import BadArgs, Benchmark, add_out, add_seed, at_least, targets_lines
+from bench.common import BadArgs, Benchmark, add_out, add_seed, targets_lines
 from bench.soak.report import (RSS_SLOPE_MAX_MIB_PER_MIN, RSS_SLOPE_WHY, RSS_TARGET_MIB,
                                cache_change, heap_change, heap_parts_trend, heap_reports,
                                judge_inputs, plot, refusal_reason, rejudge, rss_lines, rss_trend,
@@ -78,8 +78,8 @@ def __getattr__(name: str) -> Any:
 def _arguments(p: argparse.ArgumentParser) -> None:
     add_out(p)
     add_seed(p)
-    p.add_argument("--nodes", type=at_least(1), default=None,
-                   help="KWOK nodes of 8 GPUs (default: 1000)")
+    p.add_argument("--nodes", type=int, default=None,   # range: run's ValueError, one line
+                   help="KWOK nodes of 8 GPUs, at least 1 (default: 1000)")
     p.add_argument("--minutes", type=float, default=None,
                    help="minutes of churn, at most 60 (default: 20)")
     p.add_argument("--steady-share", type=float, default=0.45,
@@ -119,11 +119,11 @@ def _run(args: argparse.Namespace) -> int:
         raise BadArgs(f"gpu-binder bench soak: --steady-share is in [0.2, 0.8], "
                       f"got {args.steady_share}")
     try:
-        report = run(out, nodes=args.nodes or 1000, minutes=minutes, seed=args.seed,
-                     create_rate=args.create_rate, tracemalloc=args.tracemalloc,
+        report = run(out, nodes=1000 if args.nodes is None else args.nodes, minutes=minutes,
+                     seed=args.seed, create_rate=args.create_rate, tracemalloc=args.tracemalloc,
                      mode=args.mode, steady_share=args.steady_share,
                      priorities=args.priorities)
-    except ValueError as exc:   # the schedule does not fit (too short a run)
+    except ValueError as exc:   # a value out of its range, or the schedule does not fit
         raise BadArgs(f"gpu-binder bench soak: {exc}") from None
     for line in targets_lines(report):
         print(line)

@@ -1032,12 +1032,14 @@ def run(out: Path, *, nodes: int = 1000, minutes: float = 20.0, seed: int = 1,
     device-taint eviction controllers, KubeVirt with `GPUsWithDRA`), DeviceTaintRules
     injected (SoakSpec). `priorities`: the churn's priority mix (SoakSpec.priorities: bench
     contention's PriorityClasses, on-demand creates preempting; the controller also run with
-    `SoakSpec.controller_args()`). ValueError when `minutes` is not in (0, MAX_MINUTES],
-    `steady_share` not in [0.2, 0.8], `create_rate` is not in
+    `SoakSpec.controller_args()`). ValueError when `nodes` < 1, `minutes` is not in
+    (0, MAX_MINUTES], `steady_share` not in [0.2, 0.8], `create_rate` is not in
     (0, MAX_CREATE_RATE], the run leaves no room for the disturbances, or `mode` is neither
     "count" nor "device"."""
     from localcluster.cluster import LocalCluster
 
+    if nodes < 1:
+        raise ValueError(f"--nodes is KWOK nodes of 8 GPUs, at least 1, got {nodes}")
     if not 0 < minutes <= MAX_MINUTES:   # also refuses nan and inf
         raise ValueError(f"--minutes is in (0, {MAX_MINUTES:g}], got {minutes}")
     if not 0.2 <= steady_share <= 0.8:

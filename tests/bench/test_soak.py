@@ -415,6 +415,15 @@ def test_a_create_rate_outside_its_range_is_refused_before_any_cluster(rate, tmp
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("nodes", [0, -3])
+def test_no_nodes_is_refused_before_any_cluster(nodes, tmp_path):
+    from bench.soak import run
+
+    with pytest.raises(ValueError, match=rf"--nodes is KWOK nodes of 8 GPUs, at least 1, got {nodes}"):
+        run(tmp_path / "out", nodes=nodes, minutes=2)
+    assert not (tmp_path / "out").exists()
+
+
 # -- device mode (issue 41 item 5) -------------------------------------------------------------
 
 def _device_spec(**kw) -> SoakSpec:

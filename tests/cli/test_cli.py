@@ -5,6 +5,7 @@ refused naming the flag, not the internal setting (cli.main, k8s.config, cli.too
 from __future__ import annotations
 
 import argparse
+import logging
 
 import pytest
 
@@ -210,23 +211,68 @@ def test_a_malformed_kubeconfig_is_one_line_and_exit_2(capsys, tmp_path, text, s
     assert capsys.readouterr().err == f"gpu-binder {command[0]}: --kubeconfig {kubeconfig}: {says}\n"
 
 
-_KUBECONFIG = ("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-               "clusters: [{{name: k, cluster: {cluster}}}]\n"
-               "users: [{{name: u, user: {{token: t}}}}]\n"
-               "contexts: [{{name: c, context: {context}}}]\n")
+def _kubeconfig(cluster: str = "{server: 'https://127.0.0.1:1'}", user: str = "{token: t}",
+                context: str = "{cluster: k, user: u}") -> str:
+    """A kubeconfig of one cluster k, user u and context c (current), each body as given."""
+    return ("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+            f"clusters: [{{name: k, cluster: {cluster}}}]\n"
+            f"users: [{{name: u, user: {user}}}]\n"
+            f"contexts: [{{name: c, context: {context}}}]\n")
+
+
+_EXEC = "{{exec: {{apiVersion: client.authentication.k8s.io/v1, command: {command}, args: {args}}}}}"
 
 
 @pytest.mark.parametrize("text, says", [
     # kubernetes_asyncio: AttributeError 'int' object has no attribute 'safe_get' (a traceback)
-    (_KUBECONFIG.format(cluster="{server: 'https://127.0.0.1:1'}", context="7"),
+    (_kubeconfig(context="7"),
      "not a kubeconfig: contexts[0].context is a number, not a mapping"),
     # TypeError 'int' object is not iterable
     ("current-context: c\ncontexts: 5\n", "not a kubeconfig: contexts is a number, not a list"),
     ("current-context: c\nclusters: [k]\n", "not a kubeconfig: clusters[0] is a string, not a mapping"),
     # ConfigException naming a ConfigNode object's repr
     ("current-context: [c]\n", "not a kubeconfig: current-context is a list, not a name"),
+    # a body, or a value inside one, of the wrong shape: kubernetes_asyncio said
+    # "Expected object with name <kubernetes_asyncio.config.kube_config.ConfigNode object at 0x…>"
+    (_kubeconfig(context="{cluster: [k], user: u}"),
+     "not a kubeconfig: contexts[0].context.cluster is a list, not a name"),
+    (_kubeconfig(context="{cluster: k, user: {name: u}}"),
+     "not a kubeconfig: contexts[0].context.user is a mapping, not a name"),
+    (_kubeconfig(cluster="[{server: 'https://127.0.0.1:1'}]"),
+     "not a kubeconfig: clusters[0].cluster is a list, not a mapping"),
+    (_kubeconfig(user="[{token: t}]"), "not a kubeconfig: users[0].user is a list, not a mapping"),
+    (_kubeconfig(context="[{cluster: k}, {user: u}]"),
+     "not a kubeconfig: contexts[0].context is a list, not a mapping"),
+    # "argument should be a bytes-like object or ASCII string, not 'ConfigNode'"
+    (_kubeconfig(cluster="{server: 'https://127.0.0.1:1', certificate-authority-data: [x]}"),
+     "not a kubeconfig: clusters[0].cluster.certificate-authority-data is a list, not a string"),
+    # "[Errno 2] No such file or directory: '<…ConfigNode object at 0x…>'", after a log line
+    (_kubeconfig(user=_EXEC.format(command="[/bin/true]", args="[]")),
+     "not a kubeconfig: users[0].user.exec.command is a list, not a string"),
+    # "exec: malformed request. invalid args list '<…ConfigNode object at 0x…>'"
+    (_kubeconfig(user=_EXEC.format(command="/bin/true", args="{a: b}")),
+     "not a kubeconfig: users[0].user.exec.args is a mapping, not a list"),
+    (_kubeconfig(user="{exec: [/bin/true]}"),
+     "not a kubeconfig: users[0].user.exec is a list, not a mapping"),
+    # handed to the process as they are: "expected str, bytes or os.PathLike object, not int"
+    (_kubeconfig(user=_EXEC.format(command="/bin/true", args="[a, 5]")),
+     "not a kubeconfig: users[0].user.exec.args[1] is a number, not a string"),
+    (_kubeconfig(user="{exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/true, "
+                      "env: [{name: A, value: 1}]}}"),
+     "not a kubeconfig: users[0].user.exec.env[0].value is a number, not a string"),
+    # the current context names what the file lacks: "argument of type 'NoneType' is not
+    # iterable" for a user, kubernetes_asyncio's words naming a path for the rest
+    (_kubeconfig(context="{cluster: k, user: nobody}"),
+     "not a usable kubeconfig: context c names user nobody, which users lacks"),
+    (_kubeconfig(context="{cluster: k}"),
+     "not a usable kubeconfig: context c names no user (needed for its https server)"),
+    (_kubeconfig(context="{cluster: other, user: u}"),
+     "not a usable kubeconfig: context c names cluster other, which clusters lacks"),
+    (_kubeconfig(context="{user: u}"), "not a usable kubeconfig: context c names no cluster"),
+    (_kubeconfig().replace("current-context: c", "current-context: d"),
+     "not a usable kubeconfig: current-context d names no entry of contexts"),
     # a bare AssertionError, no message (a traceback)
-    (_KUBECONFIG.format(cluster="{server: 5}", context="{cluster: k, user: u}"),
+    (_kubeconfig(cluster="{server: 5}"),
      "not a usable kubeconfig: AssertionError in kubernetes_asyncio's loader (a value of the "
      "wrong type?)"),
 ])
@@ -238,6 +284,56 @@ def test_a_kubeconfig_of_the_wrong_shape_is_one_line_and_exit_2(capsys, tmp_path
     kubeconfig.write_text(text)
     assert main([*command, "--kubeconfig", str(kubeconfig), "--timeout", "5"]) == 2
     assert capsys.readouterr().err == f"gpu-binder {command[0]}: --kubeconfig {kubeconfig}: {says}\n"
+
+
+def _exec_plugin(tmp_path, script: str) -> str:
+    """A kubeconfig (in `tmp_path`) whose user's credentials come from an exec plugin, the
+    shell `script`."""
+    plugin = tmp_path / "plugin.sh"
+    plugin.write_text(f"#!/bin/sh\n{script}\n")
+    plugin.chmod(0o755)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(_kubeconfig(user=_EXEC.format(command=str(plugin), args="[]")))
+    return str(kubeconfig)
+
+
+@pytest.mark.parametrize("script, says", [
+    ("exit 1", "exec: process returned 1"),
+    ("echo 'not logged in' >&2; exit 3", "exec: process returned 3. not logged in"),
+])
+@pytest.mark.parametrize("command", [["top"], ["health"]])
+def test_a_failing_exec_plugin_is_our_one_line_only(capsys, caplog, tmp_path, script, says, command):
+    """kubernetes_asyncio logs the plugin's failure before raising it; that record is dropped
+    (it reached stderr a line before ours, by Python's last-resort handler), ours says it."""
+    kubeconfig = _exec_plugin(tmp_path, script)
+    assert main([*command, "--kubeconfig", kubeconfig, "--timeout", "5"]) == 2
+    assert capsys.readouterr().err == (f"gpu-binder {command[0]}: --kubeconfig {kubeconfig}: "
+                                       f"not a usable kubeconfig: {says}\n")
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("kubernetes_asyncio")] == []
+    assert logging.getLogger("kubernetes_asyncio").propagate   # as it was
+
+
+def test_a_failing_exec_plugin_is_one_line_on_the_real_stderr(tmp_path):
+    """As a user runs it (no pytest handlers on the logging tree, so Python's last-resort
+    handler is the one that printed the loader's record): stderr is our line alone."""
+    import subprocess
+    import sys
+
+    kubeconfig = _exec_plugin(tmp_path, "exit 1")
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "top", "--kubeconfig", kubeconfig,
+                           "--timeout", "5"], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (2, f"gpu-binder top: --kubeconfig {kubeconfig}: not "
+                                                 f"a usable kubeconfig: exec: process returned 1\n")
+
+
+def test_what_the_kubeconfig_loader_warns_of_on_success_is_passed_on(caplog, tmp_path):
+    """A plugin answering without a token: the loader logs it and goes on; the record still
+    reaches the logging tree (only a failure's record, said by our line, is dropped)."""
+    kubeconfig = _exec_plugin(tmp_path, "echo '{\"apiVersion\": \"client.authentication.k8s.io/v1\", "
+                                        "\"kind\": \"ExecCredential\", \"status\": {}}'")
+    assert main(["top", "--kubeconfig", kubeconfig, "--timeout", "5"]) == 2   # no server at :1
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("kubernetes_asyncio")] == [
+        "exec: missing token or clientCertificateData field in plugin output"]
 
 
 def test_health_against_no_api_server_says_it_cannot_reach_it(capsys, tmp_path):
@@ -278,9 +374,7 @@ def test_output_to_a_reader_that_went_away_ends_quietly_with_141():
     (["bench", "scale", "--settle-load", "nan"], "--settle-load", "takes a finite load average"),
     (["bench", "scale", "--settle-load", "inf"], "--settle-load", "takes a finite load average"),
     (["bench", "packing", "--nodes", "0"], "--nodes", "must be at least 1, got 0"),
-    (["bench", "soak", "--nodes", "x"], "--nodes", "not an integer: 'x'"),
-    (["bench", "soak", "--nodes", "0"], "--nodes", "must be at least 1, got 0"),
-    (["bench", "soak", "--nodes", "-3"], "--nodes", "must be at least 1, got -3"),
+    (["bench", "soak", "--nodes", "x"], "--nodes", "invalid int value: 'x'"),
     (["cluster", "up", "--controllers", "-1"], "--controllers", "must be at least 0, got -1"),
     (["demo", "--vmis", "0"], "--vmis", "must be at least 1, got 0"),
     (["demo", "--nodes", "1"], "--nodes", "must be at least 2, got 1"),
@@ -325,6 +419,8 @@ def test_demo_dra_refuses_the_count_mode_flags_it_would_ignore(capsys, extra, na
     (["bench", "packing", "--loads", "0.95,1.2"], "--loads takes offered loads between 0 and 1"),
     (["bench", "packing", "--loads", "high"], "got 'high'"),
     (["bench", "packing", "--loads", "0.5,,0.7"], "got '0.5,,0.7'"),
+    (["bench", "soak", "--nodes", "0"], "--nodes is KWOK nodes of 8 GPUs, at least 1, got 0"),
+    (["bench", "soak", "--nodes", "-3"], "--nodes is KWOK nodes of 8 GPUs, at least 1, got -3"),
     (["bench", "soak", "--minutes", "61"], "--minutes is in (0, 60], got 61"),
     (["bench", "soak", "--minutes", "nan"], "--minutes is in (0, 60], got nan"),
     (["bench", "soak", "--minutes", "0"], "--minutes is in (0, 60], got 0"),
@@ -341,9 +437,11 @@ def test_demo_dra_refuses_the_count_mode_flags_it_would_ignore(capsys, extra, na
 ])
 def test_bench_bad_values_exit_2_naming_the_flag(capsys, tmp_path, argv, message):
     """A bench flag's bad value is a usage error (exit 2, as argparse's and every other
-    command's), refused before any cluster starts."""
+    command's), said in one line naming the flag (no usage block), refused before any
+    cluster starts."""
     assert main([*argv, "--out", str(tmp_path)]) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
     assert list(tmp_path.iterdir()) == []
 
 
