@@ -428,16 +428,17 @@ class StatusPipeline(Actor):
                   flown_at=flight.flown_at, finished_at=self._clock.now().timestamp())
 
     def _prune(self) -> None:
-        """Drop finished flights the view has caught up with (or that waited longer than
-        `settle_timeout`), releasing their node holds."""
+        """Drop finished flights the view has caught up with (its placements, or a refusal's
+        answer: `_answer_unseen`), or that waited longer than `settle_timeout`, releasing
+        their node holds."""
         now = anyio.current_time()
         settling = False
         for key, flight in list(self._flights.items()):
             if flight.running or flight.stalled:
                 continue
             left = self._outstanding(flight)
-            if (left is not None and not left.empty
-                    and now - (flight.finished_at or now) <= self._cfg.settle_timeout):
+            unseen = (not left.empty) if left is not None else self._answer_unseen(flight)
+            if unseen and now - (flight.finished_at or now) <= self._cfg.settle_timeout:
                 settling = True
                 continue
             del self._flights[key]
@@ -445,6 +446,20 @@ class StatusPipeline(Actor):
             if flight.decided.node is not None and flight.decided.hold is not None:
                 self._release(flight.decided)
         self._settling = settling
+
+    def _answer_unseen(self, flight: _Flight) -> bool:
+        """A flight that holds nothing (a refusal), its writes done: True while a member in
+        the view still carries its request without a result, so that the coordinator does not
+        decide it again on that view (`Flights.settling`, B7). A withdrawn flight: False."""
+        if flight.withdrawn:
+            return False
+        req = flight.decided.request
+        for name in req.devices:
+            dev = self._view.device((req.namespace, name))
+            br = dev.status.bind_request if dev is not None else None
+            if br is not None and br.id == req.id and br.result is None:
+                return True
+        return False
 
     def _release(self, d: Decided) -> None:
         """`Release` to the node actor of decision `d`'s node (best effort: a lost one is

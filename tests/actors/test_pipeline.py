@@ -29,6 +29,7 @@ from actors.status_pipeline import (
 from model.decide import Request
 from model.requests import find_requests
 from model.hold import Hold, hold_for
+from model.reasons import Code
 from model.types import Result
 from tests.support.binder import quiet_logging
 from tests.timing import eventually
@@ -286,3 +287,31 @@ async def test_B7_a_decision_made_before_the_view_showed_the_first_answer_is_moo
     assert (st.node_name, st.bind_request.node, st.bind_request.result) == ("n1", "n1", Result.SUCCEEDED)
     assert [(r.key[1], r.node) for r in s.history if r.op == "answer"] == [("a", "n1")]
     assert (status.succeeded, status.withdrawn) == (1, 1)
+
+
+async def test_B7_a_refusal_the_view_does_not_show_yet_is_settling_too() -> None:
+    """A refusal holds nothing, but until the view shows its answer the request is still
+    `settling`: a scan on that view would otherwise decide it again and write a second answer
+    over the one its webhook already gave the tenant."""
+    s = store()
+    s.add_device("t", "a", "h100")
+    rid = s.request("t", "vm", ["a"])
+    view = LaggingView(s)
+    view.freeze(("t", "a"))
+    async with anyio.create_task_group() as tg:
+        inbox, _ = await spawn(tg, Inbox)
+        pipe, _ = await spawn(tg, lambda: StatusPipeline(view, s, Nodes(), LoopClock(), FAST))
+        await pipe.ask(Attach("owner-1", inbox))
+        (req,), _ = find_requests(s.request_members("t", rid))
+        await pipe.ask(Fly("owner-1", (Decided(req, Result.REFUSED, None, "no room", None, code=Code.NO_ROOM),)))
+        await eventually(lambda: s.device(("t", "a")).status.bind_request.result is Result.REFUSED,
+                         what="the refusal written")
+
+        async def settling() -> bool:
+            return (await pipe.ask(GetFlights())).settling == {("t", rid)}
+        await eventually(settling, what="the refusal reported settling")
+        view.frozen = {}
+        await eventually(lambda: pipe.statistics().reservations == 0, what="the refusal seen")
+        after = await pipe.ask(GetFlights())
+        tg.cancel_scope.cancel()
+    assert after.settling == frozenset() and after.holds == ()
