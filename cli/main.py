@@ -90,7 +90,7 @@ def _demo(args: argparse.Namespace) -> int:
             return run_dra(log_dir=Path(args.log_dir), keep=args.keep)
         return run(nodes=args.nodes, vmis=args.vmis, seed=args.seed, log_dir=Path(args.log_dir),
                    keep=args.keep, vmi_only=args.vmi_only)
-    except ControlPlaneError as exc:
+    except (ControlPlaneError, ValueError) as exc:
         print(f"gpu-binder demo: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

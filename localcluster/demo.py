@@ -331,14 +331,38 @@ def hold(lc: LocalCluster) -> None:
         pass
 
 
+LOG_MARKER = ".gpu-binder-demo-logs"
+"""The file a demo writes into its `--log-dir`, so that the next run may clear that directory
+(`clear_log_dir`) and nothing else."""
+
+
+def clear_log_dir(log_dir: Path) -> None:
+    """Empty `log_dir` for a new demo run and mark it (`LOG_MARKER`): only a directory that
+    is absent, empty, or a demo's own (the marker, or an earlier demo's `controller-0.log`)
+    is cleared. Raises ValueError naming it for anything else (a file, or a directory with
+    other contents: `--log-dir .` or `~` must never be deleted)."""
+    import shutil
+
+    if log_dir.exists():
+        if not log_dir.is_dir():
+            raise ValueError(f"--log-dir {log_dir} is a file, not a directory")
+        entries = list(log_dir.iterdir())
+        ours = (log_dir / LOG_MARKER).exists() or (log_dir / "controller-0.log").exists()
+        if entries and not ours:
+            raise ValueError(f"--log-dir {log_dir} is not empty and not a demo's log directory; "
+                             f"choose another or empty it yourself")
+        shutil.rmtree(log_dir)
+    log_dir.mkdir(parents=True)
+    (log_dir / LOG_MARKER).write_text("written by gpu-binder demo; the next demo run empties this directory\n")
+
+
 def run(*, nodes: int = 8, vmis: int = 30, seed: int = 7, log_dir: Path = Path("logs"),
         keep: bool = False, vmi_only: bool = False) -> int:
     """The demo; returns the exit code (0 when it ran to the table). `vmi_only`: create
-    VMIs directly instead of VirtualMachines."""
-    import shutil
-
+    VMIs directly instead of VirtualMachines. ValueError (nothing started) when `log_dir`
+    may not be cleared (`clear_log_dir`)."""
     log_dir = log_dir.resolve()
-    shutil.rmtree(log_dir, ignore_errors=True)
+    clear_log_dir(log_dir)
     print(f"starting a local control plane, 2 controller replicas, KubeVirt (virt-api, virt-controller), "
           f"kube-scheduler and KWOK (logs in {log_dir}) ...",
           flush=True)

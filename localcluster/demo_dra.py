@@ -253,10 +253,10 @@ def print_outcomes(outcomes: list[Outcome]) -> int:
 
 def run(*, log_dir: Path = Path("logs"), keep: bool = False) -> int:
     """The device-mode demo; 0 when every VMI went as planned, 1 otherwise (said above)."""
-    import shutil
+    from localcluster.demo import clear_log_dir
 
     log_dir = log_dir.resolve()
-    shutil.rmtree(log_dir, ignore_errors=True)
+    clear_log_dir(log_dir)
     print(f"starting a local control plane, 2 controller replicas, kube-controller-manager "
           f"(resourceclaim-controller), KubeVirt with GPUsWithDRA, kube-scheduler and KWOK "
           f"(logs in {log_dir}) ...", flush=True)

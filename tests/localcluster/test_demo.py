@@ -74,3 +74,41 @@ def test_the_reasons_the_table_cut_are_written_whole(tmp_path):
     assert path.read_text() == f"vm-a tenant-acme: {LONG}; {LONG}\n"
     assert write_whole_reasons(rows[1:], tmp_path / "none.txt") == 0
     assert not (tmp_path / "none.txt").exists()
+
+
+def test_the_demo_clears_only_an_empty_or_its_own_log_dir(tmp_path):
+    """`--log-dir` is emptied for a new run only when it is absent, empty or a demo's own
+    (its marker, or an earlier demo's controller-0.log); a directory with anything else, or a
+    file, is refused naming it, and nothing in it is touched (`--log-dir .` once deleted the
+    directory it named, whatever it held)."""
+    from localcluster.demo import LOG_MARKER, clear_log_dir
+
+    mine = tmp_path / "logs"
+    clear_log_dir(mine)                                     # absent: made, marked
+    (mine / "replica-0").mkdir()
+    (mine / "replica-0" / "n1.jsonl").write_text("{}\n")
+    clear_log_dir(mine)                                     # its own: emptied, marked again
+    assert sorted(p.name for p in mine.iterdir()) == [LOG_MARKER]
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "controller-0.log").write_text("x")
+    clear_log_dir(old)                                      # an earlier demo's (no marker yet)
+    assert sorted(p.name for p in old.iterdir()) == [LOG_MARKER]
+    home = tmp_path / "home"
+    (home / "src").mkdir(parents=True)
+    (home / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match=f"--log-dir {home} is not empty and not a demo's log directory"):
+        clear_log_dir(home)
+    assert (home / "notes.txt").read_text() == "keep me" and (home / "src").is_dir()
+    with pytest.raises(ValueError, match="is a file, not a directory"):
+        clear_log_dir(home / "notes.txt")
+
+
+def test_demo_with_a_foreign_log_dir_is_one_line_and_exit_2(tmp_path, capsys):
+    from cli.main import main
+
+    (tmp_path / "notes.txt").write_text("keep me")
+    assert main(["demo", "--log-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not a demo's log directory" in err
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
