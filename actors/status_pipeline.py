@@ -451,15 +451,17 @@ class StatusPipeline(Actor):
         """A flight that holds nothing (a refusal), its writes done: True while a member in
         the view still carries its request without a result, so that the coordinator does not
         decide it again on that view (`Flights.settling`, B7). A withdrawn flight: False."""
-        if flight.withdrawn:
-            return False
-        req = flight.decided.request
+        return not flight.withdrawn and any(
+            br.result is None for _, br in self._carried(flight.decided.request))
+
+    def _carried(self, req: Request):
+        """(member name, its bindRequest) for each member of `req` the view shows still
+        carrying that request (same id)."""
         for name in req.devices:
             dev = self._view.device((req.namespace, name))
             br = dev.status.bind_request if dev is not None else None
-            if br is not None and br.id == req.id and br.result is None:
-                return True
-        return False
+            if br is not None and br.id == req.id:
+                yield name, br
 
     def _release(self, d: Decided) -> None:
         """`Release` to the node actor of decision `d`'s node (best effort: a lost one is
@@ -537,11 +539,8 @@ class StatusPipeline(Actor):
         """B7: a member of `d`'s request shows it answered Succeeded already, for another node
         or with another result than `d`: the first applied answer is the decision, and `d`
         (made on a view that had not caught up with it) is moot. Its flight writes nothing."""
-        for name in d.request.devices:
-            dev = self._view.device((d.request.namespace, name))
-            br = dev.status.bind_request if dev is not None else None
-            if (br is not None and br.id == d.request.id and br.result is Result.SUCCEEDED
-                    and (br.node, br.result) != (d.node, d.result)):
+        for name, br in self._carried(d.request):
+            if br.result is Result.SUCCEEDED and (br.node, br.result) != (d.node, d.result):
                 _log.warning("decision_moot", request_id=d.request.id, namespace=d.request.namespace,
                              device=name, answered=br.node, decided=d.node, result=d.result.value)
                 return True

@@ -467,10 +467,13 @@ def refusals_by_reason(refusals: Sequence[str], top: int = 12) -> tuple[dict, di
     """`refusals` (each "<status>: <text>") counted by `refusal_reason`, the `top` most
     common (most first), and one whole refusal of each (its first 300 characters) as an
     example of what the key stands for."""
-    keys = Counter(refusal_reason(r) for r in refusals).most_common(top)
+    counts: Counter = Counter()
     examples: dict[str, str] = {}
     for r in refusals:
-        examples.setdefault(refusal_reason(r), r[:300])
+        key = refusal_reason(r)
+        counts[key] += 1
+        examples.setdefault(key, r[:300])
+    keys = counts.most_common(top)
     return dict(keys), {k: examples[k] for k, _ in keys}
 
 

@@ -18,10 +18,10 @@ from tests.support.dra_worlds import CLASS, RES, device_class, dra_node
 from tests.k8s.test_metrics_fleet import _idle_admission
 
 
-def two_board_metrics() -> tuple[Metrics, IndexedView]:
+def two_board_metrics(n2_taken: tuple[int, ...] = ()) -> tuple[Metrics, IndexedView]:
     """Metrics over a view of two HGX boards of the device class (`n1` with devices 1, 5 and
-    6 taken, `n2` free) and no VMI, with that view."""
-    snap = Snapshot.build(nodes=[dra_node("n1", taken=(1, 5, 6)), dra_node("n2")],
+    6 taken, `n2` with `n2_taken`) and no VMI, with that view."""
+    snap = Snapshot.build(nodes=[dra_node("n1", taken=(1, 5, 6)), dra_node("n2", taken=n2_taken)],
                           classes=[device_class()])
     view = IndexedView()
     for n in snap.nodes.values():
@@ -44,16 +44,7 @@ def _samples(metrics: Metrics) -> dict[str, dict[tuple, float]]:
 def test_DR3_largest_placeable_gauges_respect_partitions():
     # n1: GPUs 1, 5, 6 claimed: 5 free, the largest whole free partition a pair;
     # n2: GPUs 0-3 claimed: the quad of modules 5-8 whole
-    snap = Snapshot.build(nodes=[dra_node("n1", taken=(1, 5, 6)), dra_node("n2", taken=(0, 1, 2, 3))],
-                          classes=[device_class()])
-    view = IndexedView()
-    for n in snap.nodes.values():
-        view.put_node(n)
-    for c in snap.classes.values():
-        view.put_class(c)
-    cache = SimpleNamespace(view=view, vmi_keys=lambda: set())
-    metrics = Metrics(lambda: Observed(synced=True),
-                      _idle_admission(cache))
+    metrics, view = two_board_metrics(n2_taken=(0, 1, 2, 3))
     anyio.run(metrics.refresh_fleet)
     label = (("class", CLASS), ("resource", RES))
     m = _samples(metrics)
