@@ -374,7 +374,11 @@ def _parsed(nominations: Iterable[dict]):
 def check_nominations(snap: Snapshot) -> list[Violation]:
     """§3c P6 "a nominated device is never placed for anyone but its preemptor", on `snap`:
     for each nomination listed first (`snap.nominations`) that expires more than
-    `LIVE_SLACK` after `snap.at`, a Bound device is *another set's* when it is attached to
+    `LIVE_SLACK` after `snap.at` and still holds (docs/contract.md P4 "the hold"): neither
+    *admitted* (a device of the preemptor's namespace attached to its VMI is Bound with its
+    request Succeeded, on the nominated node or on another) nor *spent* (its preemptor is a
+    victim of another such nomination made no earlier: admitted since, now being stopped),
+    a Bound device is *another set's* when it is attached to
     neither the preemptor nor one of the victims (their VMIs by namespace and name; a victim
     named with an admission id only in that incarnation) nor a template of theirs. Count
     mode (`spec.units`): per resource, another set's Bound units on the node plus the units
@@ -382,8 +386,17 @@ def check_nominations(snap: Snapshot) -> list[Violation]:
     nomination's). Device mode (`spec.devices`): no nominated DRA device is recorded
     (`status.device`) by another set's Bound device. One `NOMINATED_TAKEN` per node and
     resource, or per device. Pure."""
-    noms = [n for n in _parsed(snap.nominations)
+    live = [n for n in _parsed(snap.nominations)
             if snap.at is None or n.expires > snap.at + LIVE_SLACK]
+    landed = {(d["metadata"]["namespace"], ((d.get("status") or {}).get("attachedTo") or {}).get("vmi"))
+              for d in snap.devices
+              if (d.get("status") or {}).get("phase") == "Bound"
+              and ((d.get("status") or {}).get("bindRequest") or {}).get("result") == "Succeeded"}
+    noms = [n for n in live
+            if (n.namespace, n.vmi) not in landed
+            and not any(m is not n and m.created >= n.created
+                        and any((v.namespace, v.vmi) == (n.namespace, n.vmi) for v in m.victims)
+                        for m in live)]
     if not noms:
         return []
     by_node: dict[str, list] = {}

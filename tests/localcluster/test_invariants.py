@@ -185,6 +185,45 @@ def test_P6_nominated_units_bound_for_nobody_else():
         inv.NOMINATED_TAKEN]
 
 
+def test_P6_a_nomination_whose_preemptor_is_admitted_or_stopped_holds_nothing():
+    """The hold counts nothing once the preemptor's set is Bound, on its node or on another
+    (docs/contract.md P4), nor once the preemptor is itself a victim of a later nomination
+    (spent). The priorities soak counted both until the leader deleted the nomination (up to a
+    preemption round later: 87 s in one run) and read them as nominated-room-taken."""
+    o = [dev("u", f"o{i}", vmi="o") for i in range(3)]
+    # n1 (4): 3 of another set, the preemptor admitted on another node (room came free there
+    # first); a fourth set took the victim's room meanwhile: nobody's room was promised
+    elsewhere = dev("p", "b1", vmi="big", node="n2")
+    stale = nomination(units=(("r", 1),))
+    assert inv.check_nominations(p6_snap(o + [elsewhere, dev("q", "x1", vmi="x")], noms=[stale])) == []
+    # not yet Succeeded there (a request in flight): the nomination still holds
+    pending = dev("p", "b1", vmi="big", node="n2", result=None)
+    assert kinds(inv.check_nominations(p6_snap(o + [pending, dev("q", "x1", vmi="x")], noms=[stale]))) == [
+        inv.NOMINATED_TAKEN]
+    # a second nomination made on the same victim's room once the first preemptor landed
+    # elsewhere: one holder of the one unit, not two
+    second = nomination(("p", "other"), units=(("r", 1),))
+    victim = [dev("t", "a1", vmi="a")]
+    assert inv.check_nominations(p6_snap(o + victim + [elsewhere], noms=[stale, second])) == []
+    assert kinds(inv.check_nominations(p6_snap(o + victim, noms=[stale, second]))) == [inv.NOMINATED_TAKEN]
+    # spent: the preemptor was admitted on its room, then named the victim of a later
+    # nomination and stopped (its set gone); the first nomination, not yet deleted, holds
+    # nothing: 1 other + the later's 2 fit n1 (4), with the first's 2 they would not
+    first = nomination()
+    later = nomination(("p", "top"), victims=[("p", "big", None)])
+    later["spec"]["created"] = "2026-12-06T12:01:00Z"
+    one = [dev("q", "x1", vmi="x")]
+    assert inv.check_nominations(p6_snap(one, noms=[first, later])) == []
+    # ... while the later one holds its 2: a third other set on them is taken
+    three = one + [dev("q", "x2", vmi="x"), dev("q", "x3", vmi="x")]
+    assert kinds(inv.check_nominations(p6_snap(three, noms=[first, later]))) == [inv.NOMINATED_TAKEN]
+    # a nomination made after the one naming its preemptor (its VMI created again, refused,
+    # nominated anew) is not spent by it: 1 + 2 + 2 > 4
+    again = nomination(victims=[("t", "a", None)])
+    again["spec"]["created"] = "2026-12-06T12:02:00Z"
+    assert kinds(inv.check_nominations(p6_snap(one, noms=[again, later]))) == [inv.NOMINATED_TAKEN]
+
+
 def test_P6_nominated_devices_recorded_by_nobody_else():
     def rec(d, device):
         d["status"]["device"] = {"driver": "gpu.nvidia.com", "pool": "n1", "device": device}
