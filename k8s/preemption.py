@@ -5,7 +5,7 @@ In rounds (`k8s.rounds.RoundLoop`: at once, after every change of nominations, V
 devices, and at least every `period` seconds) it plans purely with `model.nomination.sweep`
 on the cache, then:
 
-- for each victim still running: a live read of its VMI confirms the incarnation the
+- for each victim still running (`parallel` at once): a live read of its VMI confirms the incarnation the
   nomination names (its `gpu.cozystack.io/admission` annotation, and the uid the cache shows
   for the VMI carrying it: no device records a VMI's uid, issue 40), then an exact delete
   with that uid as precondition, so a VMI recreated under the same name is never hit; a Warning Event `GPUSetPreempted` on the VMI, and on its VirtualMachine when a
@@ -13,7 +13,10 @@ on the cache, then:
   `runStrategy` (read live before the delete; `model.reasons.StoppedAs`): Always (and Once)
   create the VMI again, which then waits for room; Manual and RerunOnFailure leave the VM
   stopped until its owner starts it, as `virtctl stop` would (its stop request deletes the
-  VMI the same way); the binder never writes a VM's spec;
+  VMI the same way); the binder never writes a VM's spec. Right before the delete the
+  nomination is asked again, on the cache then, whether it still holds
+  (`model.nomination.done`): not if it expired, was deleted, or its preemptor was admitted
+  meanwhile (on a node whose room came free first) or stopped;
 - once per nomination and leader, a Normal Event `GPUSetPreempting` on the preemptor's VM
   (the VMI of a VM has the VM's name): waiting for N victims to stop;
 - deletes the nominations that expired (their hold released) and those whose preemptor's set
@@ -40,7 +43,7 @@ from k8s import errors, events
 from k8s.cache import ClusterCache
 from k8s.client import VMIS, VMS, KubeClient
 from k8s.rounds import RoundLoop
-from model.nomination import Nomination, Stop, Sweep, sweep
+from model.nomination import Nomination, Stop, Sweep, done, sweep
 from model.reasons import Preempts, StoppedAs
 from model.types import ADMISSION_ANNOTATION
 from model.admission import vm_owner
@@ -53,15 +56,18 @@ FIELD_MANAGER = "gpu-binder-preemption"
 
 class Preemption:
     """The worker (see the module docstring). `client` is the leader's; `nominations` writes
-    the nomination objects (`k8s.nominations.ApiNominations`); `now` the UTC clock."""
+    the nomination objects (`k8s.nominations.ApiNominations`); `parallel` victims are stopped
+    at once (each stop is four or five API calls: a burst of nominations' victims one after
+    another took 30-45 s a round in the priorities soak); `now` the UTC clock."""
 
     def __init__(self, client: KubeClient, cache: ClusterCache, nominations: NominationWriter, *,
-                 period: float = 5.0, coalesce: float = 0.2,
+                 period: float = 5.0, coalesce: float = 0.2, parallel: int = 8,
                  now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
         self._client = client.using(field_manager=FIELD_MANAGER)
         self.cache = cache
         self._nominations = nominations
         self._now = now
+        self._parallel = parallel
         self._announced: set[tuple[str, datetime]] = set()  # (nomination, created) told to its VM
         self._loop = RoundLoop(self.round, period=period, coalesce=coalesce,
                                sources=(cache.nominations, cache.vmis, cache.devices))
@@ -87,8 +93,15 @@ class Preemption:
         the next round)."""
         now = self._now()
         plan = self.plan(now)
-        for stop in plan.stops:
-            await self._stop(stop, now)
+        limit = anyio.CapacityLimiter(self._parallel)
+
+        async def stop(s: Stop) -> None:
+            async with limit:
+                await self._stop(s, now)
+
+        async with anyio.create_task_group() as tg:
+            for s in plan.stops:
+                tg.start_soon(stop, s)
         for n, running in plan.waiting:
             if running and (n.name, n.created) not in self._announced:
                 self._announced.add((n.name, n.created))
@@ -127,11 +140,13 @@ class Preemption:
         vm_uid = vm_owner(live)  # a VM's VMI has the VM's name
         owner = (v.vmi, vm_uid) if vm_uid is not None else None
         strategy = await self._run_strategy(v.namespace, owner) if owner is not None else None
-        if not n.live(self._now()):
-            # the round's plan is as of its start; the reads before (this victim's, and every
-            # earlier stop's in the round) may have outlasted the nomination (P6: only a victim
-            # of a live nomination is ever deleted)
-            log.info("victim_not_stopped_nomination_expired", victim=v.name, nomination=n.name)
+        why = self._done(n)
+        if why is not None:
+            # the round's plan is as of its start; the reads before (this victim's, and the
+            # other stops' in the round) may have outlasted the nomination, or its preemptor
+            # was admitted meanwhile on a node whose room came free first (P6: only a victim
+            # of a nomination that still holds is ever deleted)
+            log.info("victim_not_stopped", victim=v.name, nomination=n.name, why=why)
             return
         try:
             await self._client.delete(VMIS, v.namespace, v.vmi, uid=uid)
@@ -156,6 +171,15 @@ class Preemption:
             body = events.event_body(target, reason="GPUSetPreempted", message=message,
                                       warning=True, instance="preemption", when=now)
             await events.record(self._client, body, victim=v.name)
+
+    def _done(self, n: Nomination) -> str | None:
+        """Why `n` no longer holds on the cache now (`model.nomination.done`; "deleted": the
+        cache shows no nomination of its name made when it was), None while it does."""
+        nominations = self.cache.view.nominations()
+        current = nominations.get(n.name)
+        if current is None or current.created != n.created:
+            return "deleted"
+        return done(current, nominations.values(), self._now(), self.cache.view.snapshot().devices_in)
 
     async def _run_strategy(self, namespace: str, owner: tuple[str, str]) -> str | None:
         """The run strategy of VM `owner` (name, uid) as read live now (`model.vm.run_strategy`);

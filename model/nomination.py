@@ -300,6 +300,24 @@ class Sweep:
     waiting: tuple[tuple[Nomination, int], ...] = ()
 
 
+def done(nomination: Nomination, nominations: Iterable[Nomination], now: datetime,
+         devices_in: Callable[[str], Mapping[str, GPUDevice]]) -> str | None:
+    """Why `nomination` is done at `now` (the `Drop.why` the leader deletes it with), None
+    while it holds: "expired" (not `live`), "admitted" (`admitted`, on its node or another:
+    `devices_in(namespace)` gives a namespace's devices by name) or "preempted" (`spent` among
+    `nominations`). Its victims are stopped only while it holds (P6): the preemption worker
+    asks again right before each delete, since a round's plan ages while it runs (a preemptor
+    admitted on a node whose room came free first, mid-round, had its victim stopped for
+    nothing). Pure."""
+    if not nomination.live(now):
+        return "expired"
+    if admitted(nomination, devices_in(nomination.namespace)):
+        return "admitted"
+    if spent(nomination, nominations, now):
+        return "preempted"
+    return None
+
+
 def sweep(nominations: Iterable[Nomination], now: datetime,
           vmi: Callable[[str, str], tuple[str, str | None] | None],
           devices_in: Callable[[str], Mapping[str, GPUDevice]]) -> Sweep:
@@ -315,14 +333,9 @@ def sweep(nominations: Iterable[Nomination], now: datetime,
     waiting: list[tuple[Nomination, int]] = []
     nominations = sorted(nominations, key=lambda n: n.name)
     for n in nominations:
-        if not n.live(now):
-            drops.append(Drop(n, "expired"))
-            continue
-        if admitted(n, devices_in(n.namespace)):
-            drops.append(Drop(n, "admitted"))
-            continue
-        if spent(n, nominations, now):
-            drops.append(Drop(n, "preempted"))
+        why = done(n, nominations, now, devices_in)
+        if why is not None:
+            drops.append(Drop(n, why))
             continue
         running = 0
         for v in n.victims:
@@ -492,5 +505,5 @@ def _time(what: str, value: Any, field: str) -> datetime:
 
 
 __all__ = ["yielding", "API_VERSION", "DEFAULT_RETRY_AFTER", "DEFAULT_TTL", "HOLD_PREFIX", "KIND", "PLURAL",
-           "Drop", "Nomination", "RoomMove", "Stop", "Sweep", "Victim", "admitted", "sweep", "hold_id", "nomination_body", "nomination_holds",
+           "Drop", "Nomination", "RoomMove", "Stop", "Sweep", "Victim", "admitted", "done", "sweep", "hold_id", "nomination_body", "nomination_holds",
            "nomination_name", "parse_nomination", "spent"]

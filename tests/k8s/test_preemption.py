@@ -111,6 +111,68 @@ async def test_a_victim_whose_nomination_expired_during_the_round_is_not_deleted
     assert not any(b["reason"] == "GPUSetPreempted" for _, b in client.of("create_event"))
 
 
+def admitted_device(vmi: str = "vm-9", node: str = "n1") -> dict:
+    """A Bound device of the preemptor's namespace, its request Succeeded on `node`."""
+    br = BindRequest("r9", vmi, (f"{vmi}-h100-0",), NOW, result=Result.SUCCEEDED, node=node)
+    st = DeviceStatus(Phase.BOUND, node, NOW, Attachment(vmi, NOW, "adm-9"), br)
+    return {"metadata": {"name": f"{vmi}-h100-0", "namespace": "p", "uid": "d9", "resourceVersion": "5",
+                         "labels": {"gpu.cozystack.io/template-for": vmi}},
+            "spec": {"class": "h100"}, "status": device_status_to_dict(st)}
+
+
+async def test_a_victim_whose_preemptor_was_admitted_elsewhere_during_the_round_is_not_deleted():
+    # the priorities soak: a preemptor placed on a node whose room came free first, 2 s
+    # before its victim's stop ran (the round planned earlier), had its victim stopped for
+    # nothing. Here the preemptor lands on n7 while the victim's live read runs.
+    cache, client = world()
+    client.script("get", vmi_obj("spot", "a", "uid-a", "adm-a"))
+    worker = Preemption(client, cache, ApiNominations(client, "cozy-system"), now=lambda: NOW)
+    read = worker._client.get
+
+    async def get_while_it_lands(*args):
+        got = await read(*args)
+        event(cache.devices, admitted_device(node="n7"))
+        return got
+
+    worker._client.get = get_while_it_lands
+    await worker.round()
+    assert client.of("get") == [(VMIS, "spot", "a")]   # planned while the nomination held
+    assert not any(d[0] == VMIS for d in client.of("delete")) and worker.stopped == 0
+    assert not any(b["reason"] == "GPUSetPreempted" for _, b in client.of("create_event"))
+    # the next round drops it as admitted
+    await worker.round()
+    assert (GPU_NOMINATIONS, "cozy-system", "p.vm-9", None, None) in client.of("delete")
+
+
+async def test_victims_are_stopped_parallel_at_once():
+    """A burst of nominations' victims is stopped `parallel` at a time, not one after another
+    (a round of 30 stops took 30-45 s in the priorities soak while admitted preemptors'
+    nominations waited for its end to be deleted)."""
+    cache = ClusterCache(object())
+    victims = tuple(Victim("spot", v, f"adm-{v}", None, 100, NOW - timedelta(hours=1)) for v in "acde")
+    event(cache.nominations, nomination_body(nomination(victims=victims), "cozy-system"))
+    client = ScriptedClient()
+    for v in "acde":
+        event(cache.vmis, vmi_obj("spot", v, f"uid-{v}", f"adm-{v}"))
+        client.script("get", vmi_obj("spot", v, f"uid-{v}", f"adm-{v}"))
+    worker = Preemption(client, cache, ApiNominations(client, "cozy-system"), now=lambda: NOW, parallel=3)
+    read, inflight, peak = worker._client.get, [0], [0]
+
+    async def get(*args):
+        inflight[0] += 1
+        peak[0] = max(peak[0], inflight[0])
+        try:
+            return await read(*args)
+        finally:
+            inflight[0] -= 1
+
+    worker._client.get = get
+    await worker.round()
+    assert peak[0] == 3
+    assert sorted(d[2] for d in client.of("delete") if d[0] == VMIS) == ["a", "c", "d", "e"]
+    assert worker.stopped == 4
+
+
 async def test_a_victim_recreated_since_the_cache_saw_it_is_never_deleted():
     cache, client = world()
     client.script("get", vmi_obj("spot", "a", "uid-a2", "adm-a2"))  # the live read: another one
