@@ -307,6 +307,23 @@ class VMIAdmission:
         templates = tuple((template_name(review.name, c, i), c) for c, n in ask.templates for i in range(n))
         return AdmissionPlan(review.namespace, review.name, tuple(ask.held), templates, None, priority)
 
+    def _binder_waits(self, review: Review, exc: Denied) -> Refusal | None:
+        """P5 for a set W1 found room for: the binder's refusal (`exc`) as the tenant gets it
+        when it is for room only (`model.line.waits_for_room` of its `BinderRefused`, a 403
+        as written: `no_eligible_node`) and the set is a bare VMI with the line on: then the
+        coordinator has put the set in its line (`model.line_plan.joins_line`), and the answer
+        is the binder's words as `WaitsInLine` (503 with Retry-After, `_waits`), so that the
+        client's retry keeps the place. None (the refusal stands as it is) for any other
+        refusal, a VM's VMI (its place comes from the waiting-VM loop; KubeVirt retries it)
+        or a webhook without `line`. Before: the 403 ended a bare VMI's create, and its
+        place in line, which nobody retried, lapsed."""
+        r = exc.reason
+        if (self.line is None or vm_owner(review.object) is not None
+                or not isinstance(r, BinderRefused) or r.category is not Category.POLICY
+                or not waits_for_room(r)):
+            return None
+        return self._waits(Refusal(r))
+
     def _waits(self, refusal: Refusal) -> Refusal:
         """W1's `refusal` for room of a set that waits in the line (P5) as the tenant gets it:
         `WaitsInLine`, 503 with Retry-After `model.line.RETRY_AFTER`, so that a client that
@@ -403,8 +420,16 @@ class VMIAdmission:
         try:
             node, ops = await self._reserve(review, judged, deadline)
         except Denied as exc:
-            if judged.w1 is None or _nominated(exc):
+            if _nominated(exc):
                 raise
+            if judged.w1 is None:
+                # P5 when W1 found room and the binder did not (taken meanwhile, or held for a
+                # live nomination W1 does not count): its refusal entered the leader's line, so
+                # a bare VMI waits there like one W1 refused (503 with Retry-After)
+                waits = self._binder_waits(review, exc)
+                if waits is None:
+                    raise
+                raise Denied.of(refusal_denial(waits)) from exc
             # P5 on a follower: the binder's refusal entered the leader's line; the tenant is
             # answered W1's refusal, as on the leader (the binder's words, or its timeout, would
             # make the answer depend on the replica the review reached): 503 with Retry-After

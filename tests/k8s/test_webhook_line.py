@@ -133,3 +133,37 @@ async def test_P5_on_a_follower_the_binder_s_refusal_for_something_else_is_W1_s_
     adm = admission(store, client, monkeypatch, [], lambda e: False, binder=Code.BEHIND_IN_LINE)
     answer = await adm.handle(review("big", 8))
     assert answer["status"]["code"] == 503 and answer["status"]["details"] == {"retryAfterSeconds": 2}
+
+
+async def test_P5_a_bare_vmi_W1_found_room_for_and_the_binder_refused_for_room_waits_in_line(monkeypatch):
+    """W1 finds room (7 free, 4 asked), the binder does not (the room was taken meanwhile, or
+    is held for a live nomination W1 does not count): the binder's refusal for room put the set
+    in the leader's line, so the answer is the binder's words as a wait, 503 with Retry-After,
+    on any replica. Before: the binder's 403, which client-go never retries, so the set's place
+    lapsed (the priorities soak's refusals of preemptible sets)."""
+    for line in (lambda e: True, lambda e: False):   # the leader, a follower: the same answer
+        store, client, bodies = world(8, busy=1), ScriptedClient(), []
+        adm = admission(store, client, monkeypatch, bodies, line, line_grace=timedelta(seconds=12))
+        answer = await adm.handle(review("big", 4))
+        assert len(bodies) == 1 and bodies[0]["vmi"] == "big"   # W1 passed: the binder decided
+        status = answer["status"]
+        assert (answer["allowed"], status["code"], status["reason"]) == (False, 503, "ServiceUnavailable")
+        assert status["details"] == {"retryAfterSeconds": RETRY_AFTER}
+        assert status["message"] == ("the binder: no_eligible_node; the set waits in the line for room: retry "
+                                     "after 2 s (its place is kept while the create is retried, lost after "
+                                     "12 s without one)")
+
+
+async def test_P5_a_binder_refusal_after_W1_found_room_stays_403_unless_a_bare_vmi_waits(monkeypatch):
+    """The binder's refusal of a set W1 found room for stays as written when it is not for room
+    (a budget), when the VMI is a VM's (KubeVirt retries it; its place comes from the waiting-VM
+    loop) and when the webhook has no line (P5 off)."""
+    cases = [(Code.BUDGET_EXHAUSTED, None, lambda e: True), (Code.NO_ELIGIBLE_NODE, "vm-uid", lambda e: True),
+             (Code.NO_ELIGIBLE_NODE, None, None)]
+    for code, owner, line in cases:
+        store, client, bodies = world(8, busy=1), ScriptedClient(), []
+        adm = admission(store, client, monkeypatch, bodies, line, binder=code)
+        answer = await adm.handle(review("big", 4, owner=owner))
+        assert len(bodies) == 1, (code, owner)
+        assert (answer["status"]["code"], answer["status"]["message"]) == (403, f"the binder: {code.value}")
+        assert "details" not in answer["status"]
