@@ -14,7 +14,7 @@ from model.check import check_set, judge_set
 from model.device.records import foreign_claimed_records
 from model.device.tainted_records import tainted_records
 from model.housekeeping import VMIs, judge
-from model.nomination import yielding
+from model.nomination import hold_id, nomination_holds, yielding
 from model.parse import VMIAsk
 from model.priority import DEFAULT_PRIORITY, Priority, resolve_priority
 from model.reasons import (BudgetInFlight, CannotPlace, ClassNotPermitted, Code, DeviceAttached, DeviceBeingDeleted,
@@ -256,20 +256,37 @@ def check(snapshot: Snapshot, namespace: str, vmi: str, ask: VMIAsk,
         refusal = _unpermitted(snapshot, orders, permitted)
         if refusal is not None:
             return refusal
-    verdict = check_set(snapshot, namespace, orders, node_selector=node_selector,
+    room = nominated_room_held(snapshot, namespace, vmi, now)
+    verdict = check_set(room, namespace, orders, node_selector=node_selector,
                         tolerations=tolerations, priority=priority)
     if not verdict.admitted:
         assert verdict.reason is not None
         reasons: tuple[Reason, ...] = (verdict.reason,)
         if verdict.reason.code is Code.NO_FREE_UNIT:
-            reasons = _room_reasons(snapshot, orders, node_selector, tolerations)
-            judged = judge_set(snapshot, namespace, orders, node_selector=node_selector,
+            reasons = _room_reasons(room, orders, node_selector, tolerations)
+            judged = judge_set(room, namespace, orders, node_selector=node_selector,
                                tolerations=tolerations, priority=priority)
             if isinstance(judged.reason, SetRefused):  # the binder's per-node reasons (B3)
                 reasons += judged.reason.reasons
             reasons += kept_sets(snapshot, orders, now)  # H4: what stopped VMs keep
         return Refusal(CannotPlace(namespace, vmi, reasons))
     return AdmissionPlan(namespace, vmi, tuple(ask.held), tuple(templates), verdict.node, priority)
+
+
+def nominated_room_held(snapshot: Snapshot, namespace: str, vmi: str, now: datetime) -> Snapshot:
+    """`snapshot` with the room of every nomination live at `now` held (P6: placed for
+    nobody but its preemptor; `model.nomination.nomination_holds`, as the binder's planner
+    holds it), except VMI `namespace/vmi`'s own (the room nominated for it is its own). So
+    W1 refuses for room a set the binder would refuse for room, and the set waits in line or
+    is nominated at W1 (no bindRequest written, no binder round trip a retry), instead of
+    passing W1 on room the binder holds for a preemptor. `snapshot` itself when nothing is
+    nominated. Pure."""
+    if not snapshot.nominations:
+        return snapshot
+    mine = hold_id(namespace, vmi)
+    holds = [h for h in nomination_holds(snapshot.nominations, now, snapshot.devices_in)
+             if h.request_id != mine and not h.empty]
+    return snapshot.with_reservations(holds)
 
 
 def _stamp(t: datetime) -> str:

@@ -312,6 +312,39 @@ def test_device_mode_nominates_the_exact_devices_and_holds_them_from_others():
     assert isinstance(taken, Place) and taken.decision.node == "n1"
 
 
+def _w1(snap: Snapshot, ns: str, vmi: str, cls: str, n: int, at):
+    from model.admission import check
+    from model.housekeeping import VMIs
+    from model.parse import VMIAsk
+    return check(snap, ns, vmi, VMIAsk((), ((cls, n),)), VMIs(), at, timedelta(seconds=30))
+
+
+@pytest.mark.parametrize("mode", ["count", "device"])
+def test_P6_W1_counts_nominated_room_as_taken_for_all_but_its_preemptor(mode):
+    """W1 holds a live nomination's room as the binder's planner does: once the victims are
+    gone another set (of any priority) is refused there for room at W1 (it waits in line, or
+    is nominated, without a bind request), the preemptor passes W1 on that node, and an expired
+    nomination holds nothing. Before, W1 passed the other set on the nominated room and the
+    binder refused it (a 403 the client did not retry)."""
+    from model.admission import AdmissionPlan, Refusal
+    from model.reasons import CannotPlace
+
+    cls = CLASS if mode == "device" else "h100"
+    devices, req = asking("vm-9", 4, cls=cls)
+    snap = full_dra_world(devices) if mode == "device" else full_count_world(devices)
+    [action] = batch(snap, req)
+    n = action.nominated.nomination
+    gone = without(snap, n).with_nominations([n])
+    soon = NOW + timedelta(seconds=5)
+    other = _w1(gone, "q", "vm-x", cls, 4 if mode == "device" else 2, soon)
+    assert isinstance(other, Refusal) and isinstance(other.reason, CannotPlace), other
+    own = _w1(gone, "p", "vm-9", cls, 4, soon)
+    assert isinstance(own, AdmissionPlan) and own.node == "n1"
+    late = _w1(gone, "q", "vm-x", cls, 4 if mode == "device" else 2, NOW + timedelta(minutes=5))
+    assert isinstance(late, AdmissionPlan) and late.node == "n1"   # expired: the room is anyone's
+    assert isinstance(_w1(without(snap, n), "q", "vm-x", cls, 2, soon), AdmissionPlan)  # no nomination
+
+
 def test_nominate_directly_needs_a_refusal_for_room():
     devices, req = asking("vm-9", 1)
     snap = count_world([node("n1", 4)], devices)
