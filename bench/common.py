@@ -135,10 +135,38 @@ def ints_at_least(text: str, flag: str, minimum: int) -> tuple[int, ...]:
 
 
 def add_out(p: argparse.ArgumentParser) -> None:
-    """`--out DIR` of the `gpu-binder bench` benchmarks."""
+    """`--out DIR` of the `gpu-binder bench` benchmarks (`check_out` judges it before the run)."""
     p.add_argument("--out", default="bench-out",
                    help="directory for the JSON report (and the PNG plot where it draws "
-                        "one) (default: %(default)s)")
+                        "one); refused before the run unless it is, or can be made, a "
+                        "writable directory (default: %(default)s)")
+
+
+def check_out(prog: str, out: str | Path) -> Path:
+    """`--out DIR` of `prog` ("gpu-binder bench soak") as a Path, once it can take the report;
+    checked before anything starts, writing nothing. Raises BadArgs, one line naming the flag,
+    the path and why: `out` exists and is not a directory; the nearest of its ancestors that
+    exists is not one (`/etc/hostname/x`: the run would make `out` at its end and fail
+    there); the directory written in (`out`, or that ancestor) is not writable; or the OS
+    refuses to look (an ancestor that cannot be searched). A failure after the check (a full
+    disk) is not foreseen."""
+    path = Path(out)
+    try:
+        if path.exists() or path.is_symlink():      # a dangling symlink cannot be made either
+            if not path.is_dir():
+                raise BadArgs(f"{prog}: --out {path} exists and is not a directory")
+            home = path
+        else:
+            home = next((p for p in path.absolute().parents if p.exists() or p.is_symlink()),
+                        Path(path.absolute().anchor))
+            if not home.is_dir():
+                raise BadArgs(f"{prog}: --out {path}: {home} is not a directory")
+    except OSError as exc:
+        raise BadArgs(f"{prog}: --out {path}: cannot look at {exc.filename}: "
+                      f"{exc.strerror}") from None
+    if not os.access(home, os.W_OK | os.X_OK):
+        raise BadArgs(f"{prog}: --out {path}: {home} is not writable")
+    return path
 
 
 def add_quick(p: argparse.ArgumentParser, text: str) -> None:

@@ -98,14 +98,6 @@ def _demo(args: argparse.Namespace) -> int:
         return 130
 
 
-def _existing_parent(path: Path) -> Path:
-    """The nearest ancestor of `path` that exists (where `--out` would be made)."""
-    for p in path.absolute().parents:
-        if p.exists():
-            return p
-    return Path("/")
-
-
 def _bench(args: argparse.Namespace) -> int:
     """`gpu-binder bench WHICH`: the chosen benchmark's run (`bench.registry`): 0 done, 1 a
     soak that found a violation or a lost admission, 2 a bad flag value or `--out` (refused
@@ -114,15 +106,10 @@ def _bench(args: argparse.Namespace) -> int:
         print("gpu-binder bench: the benchmarks run from a source checkout; this "
               "installation has none", file=sys.stderr)
         return 2
-    from bench.common import BadArgs
+    from bench.common import BadArgs, check_out
 
-    out = Path(args.out)
-    try:
-        if out.exists() and not out.is_dir():  # found before the run, not after it (newcomer)
-            raise BadArgs(f"gpu-binder bench {args.which}: --out {out} exists and is not a "
-                          f"directory")
-        if not os.access(out if out.exists() else _existing_parent(out), os.W_OK):
-            raise BadArgs(f"gpu-binder bench {args.which}: --out {out}: not writable")
+    try:   # every benchmark has --out (bench.common.add_out): refused before the run starts
+        check_out(f"gpu-binder bench {args.which}", args.out)
         return args.benchmark.run(args)
     except BadArgs as exc:
         print(exc, file=sys.stderr)

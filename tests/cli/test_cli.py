@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 import pytest
 
+from bench.registry import BENCHMARKS
 from cli.main import build_kubectl_parser, build_parser, kubectl_main, main
 from k8s.config import FIELD_HELP, Config, field_help
 
@@ -496,6 +498,61 @@ def test_bench_out_that_is_a_file_is_refused_before_the_run(capsys, tmp_path):
     assert capsys.readouterr().err.strip() == (
         f"gpu-binder bench core: --out {afile} exists and is not a directory")
     assert afile.read_text() == "x"
+
+
+def _bench_runs_recorded(monkeypatch) -> list[str]:
+    """Every benchmark's run replaced by one that records its name (and starts nothing)."""
+    import dataclasses
+
+    import bench.registry as registry
+
+    ran: list[str] = []
+
+    def recorded(args):
+        ran.append(args.which)
+        return 0
+
+    monkeypatch.setattr(registry, "BENCHMARKS", [dataclasses.replace(b, run=recorded)
+                                                 for b in registry.BENCHMARKS])
+    return ran
+
+
+BENCHMARK_NAMES = [b.name for b in BENCHMARKS]   # every `gpu-binder bench WHICH` has --out
+
+
+@pytest.mark.parametrize("which", BENCHMARK_NAMES)
+@pytest.mark.parametrize("below", [("x",), ("deeper", "x")])
+def test_bench_out_below_a_file_is_refused_before_the_run(capsys, tmp_path, monkeypatch,
+                                                          which, below):
+    """`--out /etc/hostname/x` (newcomer: the whole soak ran, then a traceback making the
+    directory): every benchmark refuses it before its run, one line naming the flag, the
+    path and the file in the way, exit 2; the file is untouched."""
+    ran = _bench_runs_recorded(monkeypatch)
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    out = afile.joinpath(*below)
+    assert main(["bench", which, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"gpu-binder bench {which}: --out {out}: {afile} is not a directory\n")
+    assert ran == [] and afile.read_text() == "x"
+    assert main(["bench", which, "--out", str(tmp_path / "new" / "out")]) == 0   # can be made
+    assert ran == [which] and not (tmp_path / "new").exists()                   # not made yet
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in any directory")
+def test_bench_out_in_an_unwritable_directory_is_refused_before_the_run(capsys, tmp_path,
+                                                                        monkeypatch):
+    ran = _bench_runs_recorded(monkeypatch)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        for out in (locked, locked / "out"):
+            assert main(["bench", "soak", "--out", str(out)]) == 2
+            assert capsys.readouterr().err == (
+                f"gpu-binder bench soak: --out {out}: {locked} is not writable\n")
+    finally:
+        locked.chmod(0o700)
+    assert ran == []
 
 
 def test_bench_interrupted_is_one_line_and_exit_130(capsys, tmp_path, monkeypatch):
