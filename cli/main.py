@@ -52,8 +52,14 @@ def _cluster_up(args: argparse.Namespace) -> int:
 
 
 def _controller(args: argparse.Namespace) -> int:
+    """`gpu-binder controller` and `webhook`: the settings (`k8s.config.load`: flags, file,
+    GPU_BINDER_* variables), then the kubeconfig's shape when one is given
+    (`cli.tools.check_kubeconfig`, as `top` and `explain` judge theirs), each refused in one
+    line with exit 2 before anything starts; then the replica runs (`Controller.run`'s exit
+    code)."""
     import anyio
 
+    from cli.tools import ToolError, check_kubeconfig
     from k8s import config as config_mod
     from k8s.controller import Controller
 
@@ -65,6 +71,12 @@ def _controller(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"gpu-binder {args.command}: bad configuration: {exc}", file=sys.stderr)
         return 2
+    if cfg.kubeconfig:   # None: the in-cluster service account
+        try:   # the loader's words for these were "argument of type 'NoneType' is not iterable"
+            check_kubeconfig(cfg.kubeconfig)
+        except ToolError as exc:
+            print(f"gpu-binder {args.command}: {exc}", file=sys.stderr)
+            return 2
     return anyio.run(Controller(cfg).run)
 
 

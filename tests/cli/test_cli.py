@@ -225,7 +225,7 @@ def _kubeconfig(cluster: str = "{server: 'https://127.0.0.1:1'}", user: str = "{
 _EXEC = "{{exec: {{apiVersion: client.authentication.k8s.io/v1, command: {command}, args: {args}}}}}"
 
 
-@pytest.mark.parametrize("text, says", [
+_WRONG_SHAPES = [
     # kubernetes_asyncio: AttributeError 'int' object has no attribute 'safe_get' (a traceback)
     (_kubeconfig(context="7"),
      "not a kubeconfig: contexts[0].context is a number, not a mapping"),
@@ -277,7 +277,10 @@ _EXEC = "{{exec: {{apiVersion: client.authentication.k8s.io/v1, command: {comman
     (_kubeconfig(cluster="{server: 5}"),
      "not a usable kubeconfig: AssertionError in kubernetes_asyncio's loader (a value of the "
      "wrong type?)"),
-])
+]
+
+
+@pytest.mark.parametrize("text, says", _WRONG_SHAPES)
 @pytest.mark.parametrize("command", [["top"], ["health"], ["health", "clear", "hgx-node-01/gpu-vfio-3"]])
 def test_a_kubeconfig_of_the_wrong_shape_is_one_line_and_exit_2(capsys, tmp_path, text, says, command):
     """Valid YAML whose parts have the wrong shape: one line naming the part (or, for what
@@ -286,6 +289,68 @@ def test_a_kubeconfig_of_the_wrong_shape_is_one_line_and_exit_2(capsys, tmp_path
     kubeconfig.write_text(text)
     assert main([*command, "--kubeconfig", str(kubeconfig), "--timeout", "5"]) == 2
     assert capsys.readouterr().err == f"gpu-binder {command[0]}: --kubeconfig {kubeconfig}: {says}\n"
+
+
+@pytest.mark.parametrize("text, says", [
+    ("garbage: [\n", "not valid YAML: expected the node content, but found '<stream end>' "
+                     "(line 2, column 1)"),
+    ("", "not a kubeconfig (a mapping with clusters, users and contexts) but an empty file"),
+    # kubernetes_asyncio's loader itself (the AssertionError) is past the check: not here
+    *[(text, says) for text, says in _WRONG_SHAPES if "kubernetes_asyncio" not in says]])
+@pytest.mark.parametrize("command", ["controller", "webhook"])
+def test_the_controllers_kubeconfig_of_the_wrong_shape_is_one_line_and_exit_2(
+        capsys, tmp_path, monkeypatch, text, says, command):
+    """`gpu-binder controller|webhook --kubeconfig FILE` judges FILE as `top` does
+    (`cli.tools.check_kubeconfig`), before the replica starts: the same line, exit 2. It
+    logged "cannot build an API client" with the loader's words, such as "TypeError:
+    argument of type 'NoneType' is not iterable" for a context naming a missing user."""
+    import k8s.controller
+
+    def started(cfg):
+        raise AssertionError("the replica started")
+
+    monkeypatch.setattr(k8s.controller, "Controller", started)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(text)
+    assert main([command, "--kubeconfig", str(kubeconfig), "--webhook-port", "0"]) == 2
+    assert capsys.readouterr().err == f"gpu-binder {command}: --kubeconfig {kubeconfig}: {says}\n"
+
+
+def test_the_controllers_kubeconfig_from_the_environment_is_judged_too(capsys, tmp_path,
+                                                                       monkeypatch):
+    import k8s.controller
+
+    def started(cfg):
+        raise AssertionError("the replica started")
+
+    monkeypatch.setattr(k8s.controller, "Controller", started)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(_kubeconfig(context="{cluster: k, user: nobody}"))
+    monkeypatch.setenv("GPU_BINDER_KUBECONFIG", str(kubeconfig))
+    assert main(["controller", "--webhook-port", "0"]) == 2
+    assert capsys.readouterr().err == (f"gpu-binder controller: --kubeconfig {kubeconfig}: not a "
+                                       f"usable kubeconfig: context c names user nobody, which "
+                                       f"users lacks\n")
+
+
+def test_the_controller_with_a_kubeconfig_of_the_right_shape_starts(tmp_path, monkeypatch):
+    import k8s.controller
+
+    started = []
+
+    class Replica:
+        def __init__(self, cfg):
+            self.cfg = cfg
+
+        async def run(self) -> int:
+            started.append(self.cfg.kubeconfig)
+            return 0
+
+    monkeypatch.setattr(k8s.controller, "Controller", Replica)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(_kubeconfig())
+    assert main(["controller", "--kubeconfig", str(kubeconfig), "--webhook-port", "0"]) == 0
+    assert started == [str(kubeconfig)]
 
 
 def _exec_plugin(tmp_path, script: str) -> str:
