@@ -383,8 +383,10 @@ def check_nominations(snap: Snapshot) -> list[Violation]:
     named with an admission id only in that incarnation) nor a template of theirs. Count
     mode (`spec.units`): per resource, another set's Bound units on the node plus the units
     of every such nomination there must fit its allocatable (the victims' room is the
-    nomination's). Device mode (`spec.devices`): no nominated DRA device is recorded
-    (`status.device`) by another set's Bound device. One `NOMINATED_TAKEN` per node and
+    nomination's). Device mode (`spec.devices`; its units are not counted: the node's
+    allocatable does not list DRA devices): no nominated DRA device is recorded
+    (`status.device`) by another set's Bound device. An idle held device the nomination
+    moves off its node (`spec.moves`, D-moves) is not another set's: it is leaving. One `NOMINATED_TAKEN` per node and
     resource, or per device. Pure."""
     live = [n for n in _parsed(snap.nominations)
             if snap.at is None or n.expires > snap.at + LIVE_SLACK]
@@ -408,6 +410,8 @@ def check_nominations(snap: Snapshot) -> list[Violation]:
         att = (d.get("status") or {}).get("attachedTo") or {}
         tmpl = (d["metadata"].get("labels") or {}).get(TEMPLATE_LABEL)
         for n in group:
+            if any(m.key == (ns, d["metadata"]["name"]) for m in n.moves):
+                return True   # an idle held device the plan moves off (D-moves): leaving
             if ns == n.namespace and n.vmi in (att.get("vmi"), tmpl):
                 return True
             for v in n.victims:
@@ -435,7 +439,8 @@ def check_nominations(snap: Snapshot) -> list[Violation]:
     for node, group in sorted(by_node.items()):
         held: Counter = Counter()
         for n in group:
-            held.update(dict(n.units))
+            if not n.devices:   # device mode is judged by its devices (no allocatable count)
+                held.update(dict(n.units))
             for ref in n.devices:
                 holder = recorded.get((ref.driver, ref.pool, ref.device))
                 if holder is not None:

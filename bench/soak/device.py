@@ -114,12 +114,15 @@ def orphan_ages(claims: list[dict], vmis: list[dict],
 
 def check_claims(claims: list[dict], vmis: list[dict], settled: Iterable[tuple[str, str]],
                  deleted_at: dict[tuple[str, str], datetime], now: datetime, *,
-                 grace: float, final: bool = False) -> list[Violation]:
+                 grace: float, final: bool = False,
+                 stopping: Iterable[tuple[str, str]] = ()) -> list[Violation]:
     """Orphan and missing claims in one read (`claims`: ResourceClaim dicts, `vmis`: VMI dicts
     of the soak's namespaces): `settled` the (namespace, name) of VMIs held as admitted across
     the read, `deleted_at` when the soak deleted each VMI it deleted, `now` the read's time,
     `grace` s (see the module). With `final` every claim of ours without its VMI is an orphan.
-    Pure."""
+    A VMI being deleted in the read (a `deletionTimestamp`) or named in `stopping` (victims
+    of the nominations seen: the binder deletes them, §3c P4, and housekeeping their claims
+    once they are gone, between the VMIs' read and the claims') has no missing claim. Pure."""
     from model.claim import parse_claim
 
     out: list[Violation] = []
@@ -136,10 +139,13 @@ def check_claims(claims: list[dict], vmis: list[dict], settled: Iterable[tuple[s
             out.append(DeviceViolation(ORPHAN_CLAIM, ("ResourceClaim", c.namespace, c.name),
                                  f"claim for {c.vmi}, which does not exist ({age:.0f} s past "
                                  f"its claim or delete)"))
+    stopping = set(stopping)
     for ns, name in sorted(set(settled)):
         vmi = exists.get((ns, name))
         if vmi is None:
             continue   # gone: localcluster.invariants judges that
+        if (ns, name) in stopping or (vmi.get("metadata") or {}).get("deletionTimestamp"):
+            continue   # being stopped: its claim goes with it
         names = [e.get("resourceClaimName") for e in vmi["spec"].get("resourceClaims") or []]
         if not names:
             out.append(DeviceViolation(MISSING_CLAIM, ("VirtualMachineInstance", ns, name),

@@ -820,7 +820,8 @@ class Soak:
                 self.taint_unsure[(u["device"], u["rule"])] = u
                 self.log(f"soak: placement on a tainted device, unsure t={self.now():.0f}s: {u}")
         return (dev.check_claims(claims, snap.vmis, settled, self.deleted_at,
-                                 datetime.now(timezone.utc), grace=s.claim_grace, final=final)
+                                 datetime.now(timezone.utc), grace=s.claim_grace, final=final,
+                                 stopping=self.p6.victims)
                 + tainted + dev.check_budgets(snap.devices, self.device_budgets, s.cls_name))
 
     async def sampler(self) -> None:

@@ -529,6 +529,23 @@ def test_claims_orphan_after_the_grace_and_missing_for_an_admitted_vmi():
     assert sorted(orphan_ages(claims, vmis, deleted, now)) == [30.0, 200.0]
 
 
+def test_a_vmi_being_stopped_has_no_missing_claim():
+    """The device priorities soak flagged 8 victims at once: the binder deleted them (§3c P4)
+    and housekeeping their claims once they were gone, between the soak's VMI read and its
+    claims read. A VMI named a victim (`stopping`) or read with a deletionTimestamp has no
+    missing claim; any other admitted VMI still does."""
+    from bench.soak.device import MISSING_CLAIM, check_claims
+
+    dying = _vmi("t", "d", "d-gpus")
+    dying["metadata"]["deletionTimestamp"] = "2026-12-07T23:28:06Z"
+    vmis = [_vmi("t", "v", "v-gpus"), dying, _vmi("t", "b", "b-gpus")]
+    settled = {("t", "v"), ("t", "d"), ("t", "b")}
+    got = check_claims([], vmis, settled, {}, T0, grace=120, stopping={("t", "v"): None})
+    assert [(v.kind, v.obj) for v in got] == [(MISSING_CLAIM, ("ResourceClaim", "t", "b-gpus"))]
+    assert sorted(v.obj[2] for v in check_claims([], vmis, settled, {}, T0, grace=120)) == [
+        "b-gpus", "v-gpus"]
+
+
 def _bound(ns: str, name: str, device: str, at: datetime | None, phase: str = "Bound",
            bound: datetime | None = None) -> dict:
     """A GPUDevice recording `device`; its request made `at` (None: no request, as after a

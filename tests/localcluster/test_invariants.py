@@ -242,6 +242,27 @@ def test_P6_nominated_devices_recorded_by_nobody_else():
                                          noms=[n])) == []
 
 
+def test_P6_device_mode_nominations_are_judged_by_their_devices_and_moves_are_leaving():
+    """The device priorities soak flagged every device-mode nomination: its units were
+    counted against the node's allocatable, which lists no DRA devices ("0 Bound for other
+    sets + 8 nominated > allocatable 0"); and a nominated device still recorded by the idle
+    held device the plan moves off (D-moves) as another set's."""
+    def rec(d, device):
+        d["status"]["device"] = {"driver": "gpu.nvidia.com", "pool": "n1", "device": device}
+        return d
+
+    n = nomination(units=(("r", 2),), devices=("gpu-vfio-0", "gpu-vfio-1"), victims=())
+    assert inv.check_nominations(p6_snap([], noms=[n], alloc=0)) == []
+    held = rec(dev("t", "held-0", cls="hgx", rid=None), "gpu-vfio-0")
+    got = inv.check_nominations(p6_snap([held], noms=[n], alloc=0))
+    assert [v.obj for v in got] == [("Device", "", "gpu.nvidia.com/n1/gpu-vfio-0")]
+    n["spec"]["moves"] = [{"namespace": "t", "name": "held-0", "class": "hgx", "resource": "r",
+                           "fromNode": "n1", "toNode": "n2",
+                           "fromDevice": {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-vfio-0"},
+                           "toDevice": {"driver": "gpu.nvidia.com", "pool": "n2", "device": "gpu-vfio-4"}}]
+    assert inv.check_nominations(p6_snap([held], noms=[n], alloc=0)) == []
+
+
 def test_P6_no_vmi_of_ours_gone_unless_deleted_by_the_caller_or_a_victim():
     known = {("t", "a"), ("t", "b"), ("t", "c"), ("t", "d")}
     s = p6_snap([], vmis=[vmi("t", "d", ["g1"])], noms=[nomination(victims=[("t", "a", None)])],
