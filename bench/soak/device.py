@@ -163,10 +163,16 @@ Window = tuple[datetime, datetime]
 
 def _placement_key(d: dict) -> tuple | None:
     """What identifies one placement of Bound GPUDevice `d`: (namespace, name, recorded device,
-    request id, boundAt); None when `d` is not Bound with a record."""
+    request id, boundAt); None when `d` is not Bound with a record, or carries a request not
+    answered Succeeded (pending or refused: nothing placed by it; the device priorities soak saw
+    a held device Bound idle on a device tainted since, asked for by a set the binder then
+    refused, read as a new placement there)."""
     st = d.get("status") or {}
     ref = _ref(st)
     if st.get("phase") != "Bound" or ref is None:
+        return None
+    br = st.get("bindRequest") or {}
+    if br.get("id") and br.get("result") != "Succeeded":
         return None
     return (d["metadata"]["namespace"], d["metadata"]["name"], ref,
             (st.get("bindRequest") or {}).get("id"), st.get("boundAt"))

@@ -547,12 +547,13 @@ def test_a_vmi_being_stopped_has_no_missing_claim():
 
 
 def _bound(ns: str, name: str, device: str, at: datetime | None, phase: str = "Bound",
-           bound: datetime | None = None) -> dict:
+           bound: datetime | None = None, result: str | None = "Succeeded") -> dict:
     """A GPUDevice recording `device`; its request made `at` (None: no request, as after a
-    move), `boundAt` `bound`."""
+    move) and answered `result`, `boundAt` `bound`."""
     st = {"phase": phase, "device": {"driver": "gpu.nvidia.com", "pool": "n1", "device": device}}
     if at is not None:
-        st["bindRequest"] = {"id": f"r-{name}", "requestedAt": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        st["bindRequest"] = {"id": f"r-{name}", "requestedAt": at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                             **({"result": result} if result else {})}
     if bound is not None:
         st["boundAt"] = bound.strftime("%Y-%m-%dT%H:%M:%SZ")
     return {"metadata": {"namespace": ns, "name": name}, "spec": {"class": "soak-hgx"},
@@ -573,7 +574,11 @@ def test_a_placement_on_a_tainted_device_after_the_grace_and_before_removal_is_a
                _bound("t", "after", "gpu-vfio-3", T0 + 95 * s, bound=T0 + 96 * s),    # removed
                _bound("t", "pending", "gpu-vfio-3", T0 + 40 * s, phase="Pending"),
                _bound("t", "other", "gpu-vfio-4", T0 + 40 * s, bound=T0 + 41 * s),
-               _bound("u", "still", "gpu-vfio-5", T0 + 500 * s, bound=T0 + 501 * s)]  # NoExecute
+               _bound("u", "still", "gpu-vfio-5", T0 + 500 * s, bound=T0 + 501 * s),  # NoExecute
+               # a held device Bound idle on gpu-vfio-5 since before its rule, asked for by a
+               # set (pending, then refused by the binder): nothing placed
+               _bound("u", "asked", "gpu-vfio-5", T0 + 500 * s, bound=T0 - 900 * s, result=None),
+               _bound("u", "refused", "gpu-vfio-5", T0 + 500 * s, bound=T0 - 900 * s, result="Refused")]
     windows: dict = {}
     placement_windows(devices, windows, T0 + 600 * s, None)
     got, unsure = check_taints(devices, taints, windows, grace=15)
@@ -583,8 +588,8 @@ def test_a_placement_on_a_tainted_device_after_the_grace_and_before_removal_is_a
     assert unsure == []
     assert got[0].item == "HL1" and "NoSchedule rule r1" in got[0].message
     # device budgets: t holds 5 Bound devices of the class (the Pending one not counted)
-    assert check_budgets(devices, {"t": 5, "u": 1}, "soak-hgx") == []
-    over = check_budgets(devices, {"t": 4, "u": 1}, "soak-hgx")
+    assert check_budgets(devices, {"t": 5, "u": 3}, "soak-hgx") == []
+    over = check_budgets(devices, {"t": 4, "u": 3}, "soak-hgx")
     assert [(v.obj, v.item) for v in over] == [(("Namespace", "", "t", "soak-hgx"), "3b.DR1")]
     assert "5 Bound devices" in over[0].message
 
