@@ -221,7 +221,8 @@ class NominationWriter(Protocol):
     async def put(self, nomination: Nomination) -> None:
         """Create the nomination's object, or find it in place: idempotent. One of the same
         name with another content (an older nomination of the same preemptor, not deleted
-        yet) is replaced. Raises `TransientWriteError` when it cannot tell whether the
+        yet) is replaced; one made later (`created`) never is: `RequestWithdrawn` (the
+        decision is superseded). Raises `TransientWriteError` when it cannot tell whether the
         object was written (a retry is safe). Cancellation: it may or may not be written."""
 
     async def delete(self, name: str) -> None:

@@ -569,10 +569,13 @@ class StatusPipeline(Actor):
         nominations of `first` (by flight serial, P4) are recorded before: a flight whose
         nomination cannot be is left out of the wave and reported gave up (stalled)."""
         if first:
-            lost = await self._put_nominations(first)
+            lost, superseded = await self._put_nominations(first)
+            if lost or superseded:
+                plan = [(serial, ws) for serial, ws in plan if serial not in lost | superseded]
             if lost:
-                plan = [(serial, ws) for serial, ws in plan if serial not in lost]
                 await self._report(tuple(sorted(lost)), WriteOutcome.GAVE_UP)
+            if superseded:
+                await self._report(tuple(sorted(superseded)), WriteOutcome.WITHDRAWN)
             if not plan:
                 return
         outcomes = await self._write_many([w for _, ws in plan for w in ws])
@@ -588,15 +591,18 @@ class StatusPipeline(Actor):
         if done:
             await self._report(tuple(done), WriteOutcome.DONE)  # one report for the wave's done flights
 
-    async def _put_nominations(self, first: Mapping[int, Nomination]) -> set[int]:
+    async def _put_nominations(self, first: Mapping[int, Nomination]) -> tuple[set[int], set[int]]:
         """Record each nomination of `first` (`NominationWriter.put`), retried with the
         status writes' policy, at most `write_timeout` a try; the serials whose nomination
         could not be recorded (or every one, without a `NominationWriter`: a refusal never
-        announces a nomination that is not recorded)."""
+        announces a nomination that is not recorded), and those whose nomination a later one
+        of the same preemptor superseded (`RequestWithdrawn`: its decision is moot, its
+        refusal not written)."""
         if self._nominations is None:
             _log.error("nomination_without_writer", nominations=[n.name for n in first.values()])
-            return set(first)
+            return set(first), set()
         lost: set[int] = set()
+        superseded: set[int] = set()
         cfg = self._cfg
         for serial, nomination in first.items():
             retrying = AsyncRetrying(
@@ -612,13 +618,16 @@ class StatusPipeline(Actor):
                     with attempt:
                         with anyio.fail_after(cfg.write_timeout):
                             await self._nominations.put(nomination)
+            except RequestWithdrawn as exc:
+                _log.info("nomination_superseded", nomination=nomination.name, error=str(exc))
+                superseded.add(serial)
             except (WriteError, TimeoutError) as exc:
                 _log.warning("nomination_not_recorded", nomination=nomination.name, error=str(exc))
                 lost.add(serial)
             else:
                 _log.info("nominated", nomination=nomination.name, node=nomination.node,
                           victims=[v.name for v in nomination.victims])
-        return lost
+        return lost, superseded
 
     async def _retry_flight(self, serial: int, failed: list[tuple[StatusWrite, WriteError]]) -> None:
         """Retry the failed writes of one flight; report done, withdrawn (RequestWithdrawn,

@@ -316,14 +316,18 @@ class MemoryStore(IndexedView):
     # -- NominationWriter (P4) ---------------------------------------------------------------
 
     async def put(self, nomination: Nomination) -> None:
-        """Create or replace the nomination (idempotent); an injected fault of op
+        """Create or replace the nomination (idempotent; one made later is never replaced:
+        RequestWithdrawn, as `k8s.nominations.ApiNominations.put`); an injected fault of op
         `nomination` (key None) raises before (or, `applied`, after) it is stored. Recorded in
         `history` as op `nomination` with the preemptor as key."""
         await anyio.sleep(0)
         inj = self._take_injected("nomination", None)  # type: ignore[arg-type]
         if inj is not None and not inj.applied:
             raise inj.error(f"injected {inj.error.__name__} on nomination {nomination.name}")
-        if self._nominations.get(nomination.name) != nomination:
+        there = self._nominations.get(nomination.name)
+        if there is not None and there.created > nomination.created:
+            raise RequestWithdrawn(f"nomination {nomination.name}: a later one is recorded")
+        if there != nomination:
             self.put_nomination(nomination)
             self._record("nomination", nomination.name, None, node=nomination.node)
         if inj is not None:

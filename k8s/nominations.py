@@ -6,7 +6,7 @@ actors' write errors here, so nothing of `k8s` leaks inward.
 
 from __future__ import annotations
 
-from actors.errors import TransientWriteError
+from actors.errors import RequestWithdrawn, TransientWriteError
 from k8s import errors
 from k8s.client import KubeClient, Resource
 from model.nomination import GROUP, KIND, PLURAL, VERSION, Nomination, nomination_body, parse_nomination
@@ -26,8 +26,12 @@ class ApiNominations:
     async def put(self, nomination: Nomination) -> None:
         """Create the object; one already there with the same content is success, one with
         another (an older nomination of the same preemptor) is deleted (uid precondition)
-        and created again. Raises `TransientWriteError` for any API failure (a retry is
-        safe: the next try finds what this one wrote)."""
+        and created again. One made later than `nomination` (`created`) is never replaced:
+        `RequestWithdrawn`, `nomination`'s decision is superseded (a write held up by an API
+        restart landed 30 s late in the device priorities soak and replaced the preemptor's
+        newer nomination with its older one, on room another set had started on meanwhile).
+        Raises `TransientWriteError` for any API failure (a retry is safe: the next try finds
+        what this one wrote)."""
         body = nomination_body(nomination, self.namespace)
         try:
             try:
@@ -37,10 +41,14 @@ class ApiNominations:
                 pass
             found = await self._client.get(GPU_NOMINATIONS, self.namespace, nomination.name)
             try:
-                if parse_nomination(found) == nomination:
-                    return
+                there = parse_nomination(found)
             except ParseError:
-                pass  # a malformed one of ours: replaced
+                there = None  # a malformed one of ours: replaced
+            if there == nomination:
+                return
+            if there is not None and there.created > nomination.created:
+                raise RequestWithdrawn(f"nomination {nomination.name}: a later one (made "
+                                       f"{there.created.isoformat()}) is recorded")
             uid = (found.get("metadata") or {}).get("uid")
             await self._client.delete(GPU_NOMINATIONS, self.namespace, nomination.name, uid=uid)
             await self._client.create(GPU_NOMINATIONS, self.namespace, body)

@@ -315,3 +315,46 @@ async def test_B7_a_refusal_the_view_does_not_show_yet_is_settling_too() -> None
         after = await pipe.ask(GetFlights())
         tg.cancel_scope.cancel()
     assert after.settling == frozenset() and after.holds == ()
+
+
+async def test_P4_a_decision_whose_nomination_a_later_one_superseded_writes_nothing() -> None:
+    """The device priorities soak: a refusal's nomination held up 30 s by a kube-apiserver
+    restart replaced the preemptor's later nomination (another node, another victim) with the
+    older one, on room another set had started on meanwhile. A later nomination of the
+    preemptor is never replaced: the old decision is withdrawn, its refusal never written,
+    and its flight holds nothing."""
+    from datetime import timedelta
+
+    from model.nomination import Nomination, Victim
+
+    s = store()
+    s.add_device("t", "a", "h100")
+    rid = s.request("t", "vm", ["a"])
+    members = s.request_members("t", rid)
+    (req,), _ = find_requests(members)
+    now = LoopClock().now()
+    victim = Victim("spot", "x", "adm-x", None, 0, now - timedelta(hours=1))
+    old = Nomination("t", "vm", 1000, "n1", ((H100, 1),), (), (victim,), now, now + timedelta(minutes=2), 2)
+    later = Nomination("t", "vm", 1000, "n2", ((H100, 1),), (), (victim,), now + timedelta(seconds=7),
+                       now + timedelta(minutes=2, seconds=7), 2)
+    await s.put(later)
+    nodes = Nodes()
+    coordinator = Inbox()
+    async with anyio.create_task_group() as tg:
+        inbox, _ = await spawn(tg, lambda: coordinator)
+        pipe, _ = await spawn(tg, lambda: StatusPipeline(s, s, nodes, LoopClock(), FAST, nominations=s))
+        d = Decided(req, Result.REFUSED, None, "stopping 1 lower-priority VM on n1", None,
+                    code=Code.PREEMPTION_NOMINATED, nomination=old)
+        await pipe.ask(Attach("owner", inbox))
+        await pipe.ask(Fly("owner", (d,)))
+        with anyio.fail_after(5):
+            while (status := await pipe.ask(GetPipelineStatus())).in_flight:
+                await anyio.sleep(0.01)
+        flights = await pipe.ask(GetFlights())
+        tg.cancel_scope.cancel()
+    assert list(s.nominations().values()) == [later]
+    assert [r for r in s.history if r.op == "answer"] == []
+    assert s.request_members("t", rid)[0].status.bind_request.result is None
+    assert not flights.running and not flights.stalled and flights.holds == ()
+    assert not any(isinstance(m, Stalled) for m in coordinator.got)
+    assert (status.withdrawn, status.gave_up, status.refused) == (1, 0, 0)

@@ -8,11 +8,12 @@ round deletes nothing more)."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from actors.errors import TransientWriteError
+from actors.errors import RequestWithdrawn, TransientWriteError
 from fakes.kube_client import ScriptedClient
 from k8s import errors
 from k8s.cache import ClusterCache
@@ -216,6 +217,13 @@ async def test_the_writer_creates_finds_in_place_replaces_an_older_one_and_delet
     await writer.put(n)
     assert client.of("delete") == [(GPU_NOMINATIONS, "cozy-system", "p.vm-9", "u-old", None)]
     assert len(client.of("create")) == 4
+    # a later one of the same preemptor (this put's decision was held up): never replaced
+    later = replace(n, node="n7", created=NOW + timedelta(seconds=7), expires=NOW + timedelta(minutes=3))
+    client.script("create", errors.AlreadyExists("create", 409, "exists"))
+    client.script("get", nomination_body(later, "cozy-system"))
+    with pytest.raises(RequestWithdrawn, match="a later one"):
+        await writer.put(n)
+    assert len(client.of("delete")) == 1 and len(client.of("create")) == 5
     # errors are transient write errors; a gone one deletes fine
     client.script("create", errors.Unavailable("create", 0, "TimeoutError()"))
     with pytest.raises(TransientWriteError):
