@@ -595,6 +595,30 @@ def test_P6_device_mode_free_gpus_split_across_partitions_are_no_room():
     assert kinds(inv.check_line_order(dwindow(QUAD_2), [DW], {})) == [inv.LINE_INVERSION]
 
 
+def test_P6_device_mode_backfill_and_held_room_are_no_violation():
+    def judged_clean(win):
+        judged: dict = {}
+        assert inv.check_line_order(win, [DW], judged) == []
+        return judged[R1]
+
+    # n2 keeps one whole partition free (gpu-vfio-0..3 taken): W fits there, R was backfill
+    half_n2 = dstarted("u", "big", "n2", (0, 1, 2, 3), priority=0, requested=OLD)
+    r = dstarted("s", "spot", "n1", (0,))
+    assert judged_clean([dread([*half_n2, *QUAD_2], T0 - timedelta(seconds=25)),
+                         dread([*half_n2, *QUAD_2, *r], T0 + timedelta(seconds=3))]) == 1
+    # ... but n2 placeable in no read (cordoned): W fits nowhere else: a violation
+    assert kinds(inv.check_line_order(
+        [dread([*half_n2, *QUAD_2], T0 - timedelta(seconds=25), placeable=("n1",)),
+         dread([*half_n2, *QUAD_2, *r], T0 + timedelta(seconds=3), placeable=("n1",))],
+        [DW], {})) == [inv.LINE_INVERSION]
+    # a nomination of gpu-vfio-3 on n1 for another preemptor held a device of the partition
+    held = nomination(("p", "other"), units=(), devices=("gpu-vfio-3",), victims=(),
+                      expires=T0 + timedelta(minutes=2))
+    win = dwindow(QUAD_2)
+    win[0].nominations.append(held)
+    assert judged_clean(win) == 1
+
+
 def test_P6_device_mode_counts_taints_only_where_certain():
     # a slice taint on gpu-vfio-2 in the first read: the binder may have seen partition 1
     # broken: W may not have fitted n1: no violation (judged)
