@@ -22,9 +22,10 @@ the room of a live nomination is Bound for nobody but its preemptor and its vict
 mode: its units fit on its node beside every other set; device mode: each nominated DRA device
 is recorded by nobody else); (`check_gone`) no VMI of ours the caller knew is gone unless
 the caller deleted it or a nomination seen named it a victim (given when the VMI was last
-read alive, one that was still live then); and (`check_line_order`, count
-mode, over a window of reads) no set started on a node where a set of strictly higher
-priority the caller knows to be waiting in line could have started, and nowhere after.
+read alive, one that was still live then); and (`check_line_order`, over a window of
+reads) no set started on a node where a set of strictly higher priority the caller knows to
+be waiting in line could have started, and nowhere after (count mode by units; device mode by
+DR3's groups of the devices the reads' ResourceSlices publish, `snapshot(..., dra=True)`).
 """
 
 from __future__ import annotations
@@ -92,6 +93,27 @@ class Violation:
                 "message": self.message[:400]}
 
 
+DRA = "resource.k8s.io"
+"""The API group of ResourceSlices, DeviceClasses, ResourceClaims (v1) and DeviceTaintRules
+(v1beta2), read for device mode (`DraRead`)."""
+
+
+@dataclass(frozen=True)
+class DraRead:
+    """What one read gives of device mode (docs/contract.md §3b DR1, DR2), the API's dicts:
+    `classes` the device-mode GPUClasses (`spec.deviceClassName`), `device_classes` the
+    DeviceClasses, `slices` the ResourceSlices, `claims` the ResourceClaims of every namespace
+    (another's allocation takes a device, DR2), `rules` the DeviceTaintRules (None: the API
+    does not serve them, so the binder keeps its HL2 marks in a ConfigMap this read does not
+    see, and which devices are tainted is unknown)."""
+
+    classes: tuple[dict, ...] = ()
+    device_classes: tuple[dict, ...] = ()
+    slices: tuple[dict, ...] = ()
+    claims: tuple[dict, ...] = ()
+    rules: tuple[dict, ...] | None = ()
+
+
 @dataclass
 class Snapshot:
     """One read of the cluster. `vmis`, `devices`: the API's dicts; `resource`: GPUClass ->
@@ -103,7 +125,9 @@ class Snapshot:
     everything (victims of nominations made during the read); `at`: when the read ended
     (UTC; None: unknown, every nomination counts as live); `started`: when it began (UTC;
     None: unknown); `placeable`: the nodes a set with no tolerations may use (not cordoned,
-    Ready, no NoSchedule or NoExecute taint; None: not read)."""
+    Ready, no NoSchedule or NoExecute taint; None: not read); `dra`: device mode's objects
+    (`DraRead`, `snapshot(..., dra=True)`; None: not read, device-mode sets are then not
+    judged by `check_line_order`)."""
 
     vmis: list[dict]
     devices: list[dict]
@@ -116,10 +140,12 @@ class Snapshot:
     at: datetime | None = None
     started: datetime | None = None
     placeable: frozenset[str] | None = None
+    dra: DraRead | None = None
 
     def within(self, prefix: str) -> "Snapshot":
         """The VMIs, devices, budgets and Pods of namespaces named `prefix`… only (the
-        soak's own, on a control plane other tests share; nodes and classes as read)."""
+        soak's own, on a control plane other tests share; nodes, classes and `dra` as read:
+        another namespace's claim takes a device as well)."""
         vmis = [v for v in self.vmis if v["metadata"]["namespace"].startswith(prefix)]
         uids = {v["metadata"].get("uid") for v in vmis}
         return Snapshot(
@@ -130,7 +156,7 @@ class Snapshot:
             pods=None if self.pods is None else {u: n for u, n in self.pods.items() if u in uids},
             nominations=[n for n in self.nominations if _concerns(n, prefix)],
             late_nominations=[n for n in self.late_nominations if _concerns(n, prefix)], at=self.at,
-            started=self.started, placeable=self.placeable)
+            started=self.started, placeable=self.placeable, dra=self.dra)
 
     @property
     def existing(self) -> set[tuple[str, str]]:
@@ -173,10 +199,34 @@ async def _nominations(custom_list, **kw) -> list[dict]:
         raise
 
 
-async def snapshot(api, *, pods: bool = False, timeout: float = 30) -> Snapshot:
+async def _dra_read(custom_list, classes: list[dict], **kw) -> DraRead:
+    """Device mode's objects (`DraRead`): the device-mode GPUClasses of `classes`, then the
+    DeviceClasses, ResourceSlices, ResourceClaims and DeviceTaintRules (None when the API
+    does not serve them: 404)."""
+    from kubernetes_asyncio.client import ApiException
+
+    async def items(version: str, plural: str) -> tuple[dict, ...]:
+        return tuple((await _listed(custom_list, DRA, version, plural, **kw))["items"])
+
+    device_classes = await items("v1", "deviceclasses")
+    slices = await items("v1", "resourceslices")
+    claims = await items("v1", "resourceclaims")
+    try:
+        rules: tuple[dict, ...] | None = await items("v1beta2", "devicetaintrules")
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        rules = None
+    return DraRead(tuple(c for c in classes
+                         if isinstance((c.get("spec") or {}).get("deviceClassName"), str)),
+                   device_classes, slices, claims, rules)
+
+
+async def snapshot(api, *, pods: bool = False, dra: bool = False, timeout: float = 30) -> Snapshot:
     """Read GPUNominations, VMIs, GPUDevices, GPUClasses, Nodes, ResourceQuotas (and, with
-    `pods`, the Pods labelled `kubevirt.io/created-by`), then GPUNominations again, through
-    `api` (a kubernetes_asyncio ApiClient with list rights on them). A 429 is retried for up
+    `pods`, the Pods labelled `kubevirt.io/created-by`; with `dra`, device mode's objects,
+    `DraRead`), then GPUNominations again, through `api` (a kubernetes_asyncio ApiClient with
+    list rights on them). A 429 is retried for up
     to 20 s (`_listed`: a CRD's storage re-initializing during a chart upgrade answers so).
     Raises ApiException / aiohttp errors as the client does."""
     from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
@@ -209,6 +259,8 @@ async def snapshot(api, *, pods: bool = False, timeout: float = 30) -> Snapshot:
         got = await _listed(core.list_pod_for_all_namespaces, label_selector=CREATED_BY, **kw)
         snap.pods = {p.metadata.labels[CREATED_BY]: p.spec.node_name or "" for p in got.items
                      if p.metadata.deletion_timestamp is None}
+    if dra:
+        snap.dra = await _dra_read(custom_list, classes, **kw)
     snap.late_nominations = await _nominations(custom_list, **kw)
     snap.at = datetime.now(timezone.utc)
     return snap
@@ -562,16 +614,149 @@ def _started_sets(snap: Snapshot) -> dict[tuple[str, str, str | None], dict]:
     return {k: v for k, v in sets.items() if k not in bad and v["requested"] is not None}
 
 
+def _records(snap: Snapshot) -> dict[tuple[str, str], tuple]:
+    """(namespace, name) -> (node, recorded device name, class, boundAt, resourceVersion) of
+    every Bound GPUDevice in `snap` recording a DRA device (`status.device`, device mode)."""
+    out = {}
+    for d in snap.devices:
+        st = d.get("status") or {}
+        rec = st.get("device")
+        if (st.get("phase") != "Bound" or not st.get("nodeName") or not isinstance(rec, dict)
+                or not isinstance(rec.get("device"), str)):
+            continue
+        out[(d["metadata"]["namespace"], d["metadata"]["name"])] = (
+            st["nodeName"], rec["device"], (d.get("spec") or {}).get("class"),
+            _time(st.get("boundAt")), d["metadata"].get("resourceVersion"))
+    return out
+
+
+def _started_device_sets(snap: Snapshot) -> dict[tuple[str, str, str | None], dict]:
+    """The admitted sets of device-mode classes in `snap` (members of a class `snap.resource`
+    does not name, recording a DRA device), by (namespace, VMI, admission): {node, class,
+    priority, requested, devices [names], mixed (of several classes)} of those whose every
+    member is Bound on one node, recording a device, with the request Succeeded."""
+    sets: dict[tuple, dict] = {}
+    bad: set[tuple] = set()
+    for d in snap.devices:
+        st = d.get("status") or {}
+        att, br = st.get("attachedTo") or {}, st.get("bindRequest") or {}
+        cls = (d.get("spec") or {}).get("class")
+        if not att.get("vmi") or cls in snap.resource:
+            continue
+        key = (d["metadata"]["namespace"], att["vmi"], att.get("admission"))
+        rec, prio = st.get("device"), br.get("priority", 0)
+        if (st.get("phase") != "Bound" or br.get("result") != "Succeeded" or not isinstance(rec, dict)
+                or not isinstance(prio, int) or br.get("vmi") not in (None, att["vmi"])):
+            bad.add(key)
+            continue
+        got = sets.setdefault(key, {"node": st.get("nodeName"), "class": cls, "priority": prio,
+                                    "requested": _time(br.get("requestedAt")), "devices": [],
+                                    "mixed": False})
+        if got["node"] != st.get("nodeName"):
+            bad.add(key)
+        got["mixed"] = got["mixed"] or got["class"] != cls
+        got["devices"].append(d["metadata"]["name"])
+    return {k: v for k, v in sets.items() if k not in bad and v["requested"] is not None}
+
+
+@dataclass(frozen=True)
+class DeviceRead:
+    """What `check_line_order` keeps of one read's device mode (`device_read`), by node and
+    device name as the binder keys them: `boards` (node, class) -> the class's devices there
+    as topology sees them (`model.device.topology.Device`s: DR1's devices, the current pool
+    generation's, node-local, matching the DeviceClass's selectors and the class's own, as
+    the binder's cache `k8s.dra_index.DraIndex` gathers them); `matches` and `resource` each
+    class's `spec.topology.matchAttribute` and quota key; `tainted` the devices a
+    NoSchedule/NoExecute taint covers (the slice's own or a DeviceTaintRule's, DR2);
+    `claimed` -> the (namespace, claim-for VMI or None, ours) of each claim allocating it
+    (DR2); `ruled` -> the creation times of the hard DeviceTaintRules tainting it that were
+    never changed (`metadata.generation` 1: in force ever since)."""
+
+    boards: dict[tuple[str, str], tuple]
+    matches: dict[str, str | None]
+    resource: dict[str, str]
+    tainted: frozenset[tuple[str, str]]
+    claimed: dict[tuple[str, str], frozenset[tuple]]
+    ruled: dict[tuple[str, str], tuple[datetime | None, ...]]
+
+
+def device_read(dra: DraRead | None) -> DeviceRead | None:
+    """`dra` as `check_line_order` keeps it; None when not read or when the DeviceTaintRules
+    are not served (which devices the binder holds tainted is then unknown). Malformed
+    slices, classes, rules and claims are left out, as the binder's cache leaves them."""
+    from k8s.dra_index import DraIndex
+    from model.claim import parse_claim
+    from model.device.dra import HARD_DEVICE_TAINTS, SliceError
+    from model.device.taint_rules import parse_taint_rule
+    from model.parse import ParseError, parse_gpu_class
+
+    if dra is None or dra.rules is None:
+        return None
+    index = DraIndex()
+    for obj in dra.slices:
+        try:
+            index.put_slice(obj)
+        except SliceError:
+            continue
+    for obj in dra.device_classes:
+        index.put_device_class(obj)
+    classes = []
+    for obj in dra.classes:
+        try:
+            classes.append(parse_gpu_class(obj))
+        except ParseError:
+            continue
+    index.set_classes(classes)
+    generation: dict[str, tuple[datetime | None, bool]] = {}
+    for obj in dra.rules:
+        try:
+            rule = parse_taint_rule(obj)
+        except SliceError:
+            continue
+        index.put_rule(rule)
+        meta = obj.get("metadata") or {}
+        generation[rule.name] = (_time(meta.get("creationTimestamp")), meta.get("generation") == 1)
+    boards: dict[tuple[str, str], tuple] = {}
+    tainted: set[tuple[str, str]] = set()
+    ruled: dict[tuple[str, str], tuple[datetime | None, ...]] = {}
+    nodes_of = {}
+    for node in sorted(index.nodes()):
+        for name, devices in index.node_fields(node, ()).class_devices:
+            boards[(node, name)] = tuple(devices.devices)
+        for d in index.devices(node):
+            nodes_of[d.ref] = node
+            if d.tainted:
+                tainted.add((node, d.ref.device))
+            for t in d.taints:
+                made, unchanged = generation.get(t.rule, (None, False))
+                if t.effect in HARD_DEVICE_TAINTS and t.rule and unchanged:
+                    ruled[(node, d.ref.device)] = ruled.get((node, d.ref.device), ()) + (made,)
+    claimed: dict[tuple[str, str], set[tuple]] = {}
+    for obj in dra.claims:
+        c = parse_claim(obj)
+        for ref in () if c.problem else c.allocated:
+            if ref in nodes_of:
+                claimed.setdefault((nodes_of[ref], ref.device), set()).add(
+                    (c.namespace, c.vmi, c.managed))
+    return DeviceRead(boards, {c.name: c.match_attribute for c in classes},
+                      {c.name: c.resource_name for c in classes}, frozenset(tainted),
+                      {k: frozenset(v) for k, v in claimed.items()}, ruled)
+
+
 @dataclass(frozen=True)
 class LineRead:
     """What `check_line_order` keeps of an earlier read (`line_read`): when it began, the
-    nodes placeable then, its nominations and its Bound count-mode devices (`_bound`): a
-    window of these costs far less than of whole snapshots."""
+    nodes placeable then, its nominations and its Bound count-mode devices (`_bound`); for
+    device mode its Bound records (`_records`), what it read of DRA (`device_read`; None:
+    not read) and when it ended: a window of these costs far less than of whole snapshots."""
 
     started: datetime | None
     placeable: frozenset[str] | None
     nominations: tuple[dict, ...]
     bound: dict
+    records: dict = field(default_factory=dict)
+    devices: DeviceRead | None = None
+    at: datetime | None = None
 
 
 def line_read(snap: Snapshot | LineRead) -> LineRead:
@@ -579,20 +764,21 @@ def line_read(snap: Snapshot | LineRead) -> LineRead:
     if isinstance(snap, LineRead):
         return snap
     return LineRead(snap.started, snap.placeable, (*snap.nominations, *snap.late_nominations),
-                    _bound(snap))
+                    _bound(snap), _records(snap), device_read(snap.dra), snap.at)
 
 
 def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Waiting],
                      judged: dict[tuple, int | bool | None], *,
                      preemptors: Iterable[tuple[str, str]] = ()) -> list[Violation]:
     """§3c P6 "no lower-priority set starts on devices a waiting higher-priority set could
-    start on now", count mode, from what the API shows. `window`: the caller's reads, oldest
+    start on now", count and device mode, from what the API shows. `window`: the caller's reads, oldest
     first, each with `started` and `placeable` (earlier ones may be `LineRead`s); the last, a
     `Snapshot`, is judged. `waiting`: the sets
     the caller knows to be waiting (`Waiting`) still after the last read ended. `judged`:
     (namespace, VMI, admission) of each set looked at before -> the number of waiting sets
     it was judged against (0: none waited above it), False when no read of the window began
-    `LINE_LAG` before its request (not judged), None when it was requested before the
+    `LINE_LAG` before its request or, device mode, the reads lack what judging it needs (not
+    judged), None when it was requested before the
     window's first read (started before the caller looked); updated; each set is looked at
     once. `preemptors`: (namespace, VMI) of the preemptors of nominations the caller saw
     besides the reads' (a watch: one made and deleted between two reads is in no read).
@@ -608,8 +794,18 @@ def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Wa
     only devices Bound LINE_LAG before r and still Bound (on N, R's new room too), every
     node placeable in some read counted; and W's tenant had budget for it, counting every
     device of its Bound in any read. Placement rules the reads do not show (held devices,
-    node selectors, device mode's groups) are left out: W asks template devices only, and
-    device-mode classes are not judged. One `LINE_INVERSION` per (R, W). Pure."""
+    node selectors) are left out: W asks template devices only.
+
+    Device mode (R's members record DRA devices, `status.device`; `_device_inversions` says
+    how): "fits" is DR3's, a valid group of W's size among the free devices of the class on
+    the node by the binder's own choice (`model.device.topology.choose_devices`), from the
+    ResourceSlices, DeviceClasses, claims and DeviceTaintRules each read holds
+    (`Snapshot.dra`, `device_read`), just as pessimistic: N's free devices count every device
+    recorded, nominated, tainted or claimed there in any read of the window, the other
+    nodes' only what is surely taken. A set whose reads lack DRA (not read, or
+    DeviceTaintRules not served: the binder's health marks are then out of sight), of
+    several classes, or whose node's devices were not read is not judged (False). One
+    `LINE_INVERSION` per (R, W). Pure."""
     if not window:
         return []
     last = window[-1]
@@ -680,6 +876,123 @@ def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Wa
                                  f"(priority {w.priority}, {w.gpus} GPUs of {w.cls}, waiting "
                                  f"since {w.since.isoformat()}) could start there and nowhere "
                                  "after"))
+    for key, rs in sorted(_started_device_sets(last).items(), key=lambda kv: str(kv[0])):
+        if key in judged:
+            continue
+        ws = [w for w in waiting if w.priority > rs["priority"] and w.cls == rs["class"]
+              and w.since < rs["requested"]]
+        if window[0].started is None or rs["requested"] < window[0].started:
+            judged[key] = None
+            continue
+        begun = [i for i, r in enumerate(window)
+                 if r.started is not None and r.started <= rs["requested"] - LINE_LAG]
+        judged[key] = len(ws) if begun else False
+        if not begun or not ws:
+            continue
+        got = _device_inversions(key, rs, ws, window[begun[-1]:], window, last.budget,
+                                 seen_preemptors)
+        if got is None:
+            judged[key] = False   # the reads lack what judging it needs
+        else:
+            out += got
+    return out
+
+
+def _device_inversions(key: tuple, rs: dict, ws: list[Waiting], reads: list[LineRead],
+                       window: list[LineRead], budget: dict[tuple[str, str], int],
+                       preemptors: set[tuple[str, str]]) -> list[Violation] | None:
+    """`check_line_order` for device-mode set `key` (`rs` as `_started_device_sets` gives it,
+    started on node N) against the waiting sets `ws` above it, on `reads` (the window from the
+    last read begun LINE_LAG before its request; `window` all of it, for a read that ended
+    before then): None when they cannot judge it (a read without DRA, `device_read`; a set
+    of several classes; N's devices of its class not read).
+
+    DR3 by the binder's own rule (`model.device.topology.choose_devices`: a group of the
+    class's matchAttribute with W's size among the free devices). W fits N with R's new
+    room: the free devices are N's devices of the class published alike in every read, less
+    every device recorded on N in any read (by another than R's new members), nominated on
+    N by any nomination read, tainted NoSchedule/NoExecute or allocated by a claim other than
+    R's own in any read, plus R's new devices. W fits N beside R, or another node placeable
+    in some read: the free devices are that node's of the last read, less only those surely
+    taken: recorded by the same GPUDevice unchanged (its resourceVersion) since a read that
+    ended LINE_LAG before R's request, Bound then (boundAt), and on N R's own devices; and
+    those a DeviceTaintRule in force since then (created by then, never changed) taints.
+    Slices' own taints, claims and nominations count there as free. Budget: W's tenant's
+    devices of the class's quota key recorded in any read plus those claims not of the binder
+    allocate in its namespace. One `LINE_INVERSION` per W."""
+    from model.device.match import MatchAttribute
+    from model.device.topology import GroupChoice, choose_devices
+
+    if rs["mixed"] or any(r.devices is None for r in reads):
+        return None
+    cls, node, ns_r = rs["class"], rs["node"], key[0]
+    last = reads[-1].devices
+    board = last.boards.get((node, cls))
+    if not board or cls not in last.matches:
+        return None
+    noms = [n for r in reads for n in _parsed(r.nominations)]
+    if (key[0], key[1]) in {(n.namespace, n.vmi) for n in noms} | preemptors:
+        return []   # R started on room nominated for it
+    held = {(n.namespace, n.vmi) for n in noms} | preemptors
+    match, res = MatchAttribute.of(last.matches[cls]), last.resource[cls]
+    first, recs = reads[0].records, reads[-1].records
+    new = {(ns_r, n) for n in rs["devices"] if (first.get((ns_r, n)) or ("",))[0] != node}
+    new_names = {recs[k][1] for k in new if k in recs}
+    r_names = {recs[(ns_r, n)][1] for n in rs["devices"] if (ns_r, n) in recs}
+
+    def fits(devices: tuple, free: set[str], count: int) -> bool:
+        return isinstance(choose_devices(devices, frozenset(free), count, match), GroupChoice)
+
+    common = set(board)
+    for r in reads:
+        common &= set(r.devices.boards.get((node, cls), ()))
+    names_hi = {d.name for d in common}
+    taken_hi = {rec[1] for r in reads for k, rec in r.records.items() if rec[0] == node and k not in new}
+    taken_hi |= {ref.device for n in noms if n.node == node for ref in n.devices}
+    for r in reads:
+        taken_hi |= {d for (y, d) in r.devices.tainted if y == node}
+        taken_hi |= {d for (y, d), owners in r.devices.claimed.items() if y == node
+                     and any(o != (ns_r, key[1], True) for o in owners)}
+    free_hi = (names_hi - taken_hi) | (new_names & names_hi)
+    cutoff = rs["requested"] - LINE_LAG
+    since = [r.records for r in window if r.at is not None and r.at <= cutoff]
+    sure = {k for k, rec in recs.items() if k not in new and rec[3] is not None and rec[3] <= cutoff
+            and rec[4] is not None and any(b.get(k) == rec for b in since)}
+
+    def free_lo(y: str, devices: tuple) -> set[str]:
+        out = {d.name for d in devices} - {recs[k][1] for k in sure if recs[k][0] == y}
+        out -= {d for (z, d), made in last.ruled.items()
+                if z == y and any(t is not None and t <= cutoff for t in made)}
+        return out - r_names if y == node else out
+
+    placeable = (None if any(r.placeable is None for r in reads)
+                 else set().union(*(r.placeable for r in reads)))
+    out = []
+    for w in ws:
+        if (w.namespace, w.vmi) in held:
+            continue
+        cap = budget.get((w.namespace, res))
+        if cap is not None:
+            used = {k for r in reads for k, rec in r.records.items()
+                    if k[0] == w.namespace and last.resource.get(rec[2]) == res}
+            foreign = {d for r in reads for d, owners in r.devices.claimed.items()
+                       if any(o[0] == w.namespace and not o[2] for o in owners)}
+            if len(used) + len(foreign) + w.gpus > cap:
+                continue
+        if not fits(board, free_hi & {d.name for d in board}, w.gpus):
+            continue   # W may not have fitted N even with R's room
+        if fits(board, free_lo(node, board), w.gpus):
+            continue   # W fits N beside R
+        if any(fits(devices, free_lo(y, devices), w.gpus) for (y, c), devices in last.boards.items()
+               if c == cls and y != node and (placeable is None or y in placeable)):
+            continue   # W fits elsewhere: R was backfill
+        out.append(Violation(LINE_INVERSION, ("VirtualMachineInstance", key[0], key[1], w.vmi),
+                             f"started on {node} (priority {rs['priority']}, requested "
+                             f"{rs['requested'].isoformat()}) while {w.namespace}/{w.vmi} "
+                             f"(priority {w.priority}, {w.gpus} GPUs of {w.cls}, waiting "
+                             f"since {w.since.isoformat()}) could start there (a group of "
+                             f"{match.resolve(w.gpus) if match else 'the node'} free) and "
+                             "nowhere after"))
     return out
 
 

@@ -761,7 +761,9 @@ class Soak:
         before = set(self.admitted)
         started = datetime.now(timezone.utc)
         try:
-            snap = (await inv.snapshot(self.api, pods=final)).within(self.spec.prefix)
+            # device mode's line order is judged on the DRA objects each read holds
+            dra = self.spec.mode == "device" and self.spec.priorities
+            snap = (await inv.snapshot(self.api, pods=final, dra=dra)).within(self.spec.prefix)
         except Exception:   # noqa: BLE001 — the API server restarting: no sample this time
             self.counts["samples_failed"] += 1
             return None

@@ -361,7 +361,8 @@ def p6_part(by_kind: dict[str, int], counts: dict, nominations: list[dict], vict
     `P6Check.note_nomination` keeps them), the victims they named and those seen gone
     (`victims_gone`), the preemptors answered as nominated and admitted and on which node
     (`counts`), the sets `check_line_order` judged (`line_judged`: the number of waiting sets
-    each was judged against, False not judged for want of an early enough read, None started
+    each was judged against, False not judged for want of an early enough read or, device
+    mode, of the DRA objects judging needs, None started
     before the first read), those started while a higher-priority set waited, and the creates'
     503s in line; `exercised` False (no preemption, no set started while a higher one waited,
     or without `priorities`) and `note` saying what did not run. Pure."""
@@ -374,7 +375,8 @@ def p6_part(by_kind: dict[str, int], counts: dict, nominations: list[dict], vict
             "nominated_room_for_nobody_else": f"{len(nominations)} nominations",
             "no_lower_priority_start_on_room_a_waiting_set_could_use":
             (f"{contested} sets started while a higher-priority set waited in line, of "
-             f"{judged} judged ({unjudged} not: no read early enough), "
+             f"{judged} judged ({unjudged} not: no read early enough, or device mode "
+             "without the DRA objects), "
              f"{counts.get('waits_in_line', 0)} 503s in line" if priorities
              else "not checked (run with --priorities)")}
     notes = []

@@ -536,3 +536,169 @@ def test_the_soak_never_judges_a_preemptor_its_watch_saw_as_a_lower_priority_sta
                                   expires=T0 + timedelta(minutes=2)))
     assert p6._line_order(last) == []
     assert p6.judged[("s", "spot", "adm-1")] == 1
+
+
+# --- §3c P6 line order in device mode (DR3's groups) ------------------------------------------
+
+from localcluster.dra_profiles import DRIVER, HGX_H100_8, device_class, resource_slice  # noqa: E402
+from localcluster.dra_world import HGX_CLASS  # noqa: E402
+
+HGX = {"metadata": {"name": "hgx"}, "spec": HGX_CLASS.spec()}
+"""A device-mode GPUClass of whole Fabric Manager partitions (partition{size}): on an HGX H100
+board of `dra_profiles`, gpu-vfio-0..3 are one 4-GPU partition, gpu-vfio-4..7 the other."""
+DW = inv.Waiting("t", "od", "hgx", 4, 1000, T0 - timedelta(seconds=60))
+NOT_SERVED = object()
+
+
+def dstarted(ns, vmi_name, node, gpus, *, priority=100, requested=T0, adm="adm-1"):
+    """`started`, of class hgx, member k recording gpu-vfio-`gpus[k]` on `node`."""
+    out = started(ns, vmi_name, node, len(gpus), priority=priority, requested=requested, adm=adm)
+    for d, i in zip(out, gpus):
+        d["spec"]["class"] = "hgx"
+        d["status"]["device"] = {"driver": DRIVER, "pool": node, "device": f"gpu-vfio-{i}"}
+        d["metadata"]["resourceVersion"] = "7"
+    return out
+
+
+def taint_rule(name, pool, *, generation=1, made=OLD):
+    return {"metadata": {"name": name, "creationTimestamp": made.isoformat(), "generation": generation},
+            "spec": {"deviceSelector": {"driver": DRIVER, "pool": pool},
+                     "taint": {"key": "gpu.example.com/soak", "effect": "NoSchedule"}}}
+
+
+def dread(devices, started_at, *, rules=(), taints=None, dra=True, placeable=("n1", "n2")):
+    """A read of two HGX boards n1, n2 (n1's slice with `taints` by GPU index)."""
+    got = inv.DraRead(classes=(HGX,), device_classes=(device_class(),),
+                      slices=(resource_slice("n1", HGX_H100_8, taints=taints),
+                              resource_slice("n2", HGX_H100_8)),
+                      claims=(), rules=None if rules is NOT_SERVED else tuple(rules))
+    return inv.Snapshot(vmis=[], devices=list(devices), resource={}, allocatable={}, budget={},
+                        at=started_at + timedelta(seconds=2), started=started_at,
+                        placeable=frozenset(placeable), dra=got if dra else None)
+
+
+D_FULL_N2 = dstarted("u", "big", "n2", range(8), priority=0, requested=OLD)
+R1 = ("s", "spot", "adm-1")
+
+
+def dwindow(n1_before, *, r_gpus=(0,), first_kw=None, **kw):
+    """Two reads: one begun 25 s before R's request, n2 full, n1 holding `n1_before`; one 3 s
+    after it, the same plus R (1 GPU, priority 100) Bound on n1's gpu-vfio-`r_gpus`."""
+    r = dstarted("s", "spot", "n1", r_gpus)
+    return [dread([*D_FULL_N2, *n1_before], T0 - timedelta(seconds=25), **(first_kw or kw)),
+            dread([*D_FULL_N2, *n1_before, *r], T0 + timedelta(seconds=3), **kw)]
+
+
+QUAD_2 = dstarted("u", "other", "n1", (4, 5, 6, 7), priority=0, requested=OLD)
+
+
+def test_P6_device_mode_a_lower_priority_set_started_on_the_only_free_partition():
+    # n1: gpu-vfio-4..7 taken, 0..3 (one 4-GPU partition) free; R (1 GPU) starts on gpu-vfio-0:
+    # W (4 GPUs, waiting above it) could have taken that partition and fits nowhere after
+    judged: dict = {}
+    got = inv.check_line_order(dwindow(QUAD_2), [DW], judged)
+    assert kinds(got) == [inv.LINE_INVERSION] and got[0].item == "3c.P6"
+    assert got[0].obj == ("VirtualMachineInstance", "s", "spot", "od")
+    assert "n1" in got[0].message and "t/od" in got[0].message and "partition" in got[0].message
+    assert judged[R1] == 1
+    assert inv.check_line_order(dwindow(QUAD_2), [DW], judged) == []   # judged once
+
+
+def test_P6_device_mode_free_gpus_split_across_partitions_are_no_room():
+    # n1: pairs gpu-vfio-{0,3} and {5,7} taken: 4 free (1, 2 | 4, 6) but no 4-GPU partition
+    # whole; R takes gpu-vfio-1: W could not have started on n1 (DR3), no violation, judged
+    split = [*dstarted("u", "a", "n1", (0, 3), priority=0, requested=OLD),
+             *dstarted("u", "b", "n1", (5, 7), priority=0, requested=OLD)]
+    judged: dict = {}
+    assert inv.check_line_order(dwindow(split, r_gpus=(1,)), [DW], judged) == []
+    assert judged[R1] == 1
+    # the same room whole (gpu-vfio-4..7 taken) is a violation: the group decides, not the count
+    assert kinds(inv.check_line_order(dwindow(QUAD_2), [DW], {})) == [inv.LINE_INVERSION]
+
+
+def test_P6_device_mode_backfill_and_held_room_are_no_violation():
+    def judged_clean(win):
+        judged: dict = {}
+        assert inv.check_line_order(win, [DW], judged) == []
+        return judged[R1]
+
+    # n2 keeps one whole partition free (gpu-vfio-0..3 taken): W fits there, R was backfill
+    half_n2 = dstarted("u", "big", "n2", (0, 1, 2, 3), priority=0, requested=OLD)
+    r = dstarted("s", "spot", "n1", (0,))
+    assert judged_clean([dread([*half_n2, *QUAD_2], T0 - timedelta(seconds=25)),
+                         dread([*half_n2, *QUAD_2, *r], T0 + timedelta(seconds=3))]) == 1
+    # ... but n2 placeable in no read (cordoned): W fits nowhere else: a violation
+    assert kinds(inv.check_line_order(
+        [dread([*half_n2, *QUAD_2], T0 - timedelta(seconds=25), placeable=("n1",)),
+         dread([*half_n2, *QUAD_2, *r], T0 + timedelta(seconds=3), placeable=("n1",))],
+        [DW], {})) == [inv.LINE_INVERSION]
+    # a nomination of gpu-vfio-3 on n1 for another preemptor held a device of the partition
+    held = nomination(("p", "other"), units=(), devices=("gpu-vfio-3",), victims=(),
+                      expires=T0 + timedelta(minutes=2))
+    win = dwindow(QUAD_2)
+    win[0].nominations.append(held)
+    assert judged_clean(win) == 1
+
+
+def test_P6_device_mode_counts_taints_only_where_certain():
+    # a slice taint on gpu-vfio-2 in the first read: the binder may have seen partition 1
+    # broken: W may not have fitted n1: no violation (judged)
+    judged: dict = {}
+    assert inv.check_line_order(dwindow(QUAD_2, first_kw={"taints": {2: [
+        {"key": "k", "value": "", "effect": "NoExecute"}]}}), [DW], judged) == []
+    assert judged[R1] == 1
+    # n2 empty but all under a DeviceTaintRule in force since long before: W fits nowhere
+    n2_empty = [dread(QUAD_2, T0 - timedelta(seconds=25), rules=[taint_rule("sick", "n2")]),
+                dread([*QUAD_2, *dstarted("s", "spot", "n1", (0,))], T0 + timedelta(seconds=3),
+                      rules=[taint_rule("sick", "n2")])]
+    assert kinds(inv.check_line_order(n2_empty, [DW], {})) == [inv.LINE_INVERSION]
+    # the rule changed since (generation 2) or made only 5 s before R's request: n2 may have
+    # been free in the binder's eyes: R was backfill as far as the reads can tell
+    for rule in (taint_rule("sick", "n2", generation=2),
+                 taint_rule("sick", "n2", made=T0 - timedelta(seconds=5))):
+        wins = [dread(QUAD_2, T0 - timedelta(seconds=25), rules=[rule]),
+                dread([*QUAD_2, *dstarted("s", "spot", "n1", (0,))], T0 + timedelta(seconds=3),
+                      rules=[rule])]
+        assert inv.check_line_order(wins, [DW], {}) == []
+
+
+def test_P6_device_mode_not_judged_without_what_the_reads_need():
+    # DeviceTaintRules not served (the binder's health marks out of sight), or no DRA read:
+    # R is not judged (False), never flagged
+    for win in (dwindow(QUAD_2, rules=NOT_SERVED), dwindow(QUAD_2, dra=False)):
+        judged: dict = {}
+        assert inv.check_line_order(win, [DW], judged) == []
+        assert judged[R1] is False
+    # nobody waits above R: judged against none, whatever the reads hold
+    judged = {}
+    assert inv.check_line_order(dwindow(QUAD_2, dra=False), [], judged) == [] and judged[R1] == 0
+
+
+@pytest.mark.anyio
+async def test_the_DRA_read_keeps_device_mode_classes_and_reads_no_rules_where_not_served():
+    """`snapshot(..., dra=True)`'s read of device mode: the device-mode GPUClasses of those
+    listed, the DeviceClasses, slices, claims (every namespace) and DeviceTaintRules; rules
+    answered 404 (not served) read as None (which devices are tainted is then unknown)."""
+    from kubernetes_asyncio.client import ApiException
+
+    count_class = {"metadata": {"name": "c"}, "spec": {"resourceName": "r"}}
+    served = {"deviceclasses": [device_class()], "resourceslices": [resource_slice("n1", HGX_H100_8)],
+              "resourceclaims": [{"metadata": {"namespace": "t", "name": "x"}}],
+              "devicetaintrules": [taint_rule("sick", "n1")]}
+    asked = []
+
+    async def listed(group, version, plural, **kw):
+        asked.append((group, version, plural))
+        if plural not in served:
+            raise ApiException(status=404, reason="Not Found")
+        return {"items": served[plural]}
+
+    got = await inv._dra_read(listed, [count_class, HGX], _request_timeout=5)
+    assert got == inv.DraRead((HGX,), (device_class(),), (resource_slice("n1", HGX_H100_8),),
+                              ({"metadata": {"namespace": "t", "name": "x"}},), (taint_rule("sick", "n1"),))
+    assert asked[-1] == ("resource.k8s.io", "v1beta2", "devicetaintrules")
+    del served["devicetaintrules"]
+    assert (await inv._dra_read(listed, [HGX])).rules is None
+    served.pop("resourceslices")
+    with pytest.raises(ApiException):
+        await inv._dra_read(listed, [HGX])
