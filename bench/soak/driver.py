@@ -769,6 +769,9 @@ class Soak:
             return None
         got, gone = self.p6.read(snap, before, self.admitted, self.deleted, final)
         for ns, name in gone:   # stopped for a preemptor: no longer held as admitted or deletable
+            # its claim's grace runs from now (the binder's delete is not ours to time; a
+            # victim's claim was judged from its making: 4 orphans 4 s after their stop)
+            self.deleted_at.setdefault((ns, name), started)
             self.admitted.discard((ns, name))
             self.running[ns] = deque(r for r in self.running.get(ns, ()) if r.name != name)
         if self.spec.mode == "device":
