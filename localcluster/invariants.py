@@ -767,6 +767,26 @@ def line_read(snap: Snapshot | LineRead) -> LineRead:
                     _bound(snap), _records(snap), device_read(snap.dra), snap.at)
 
 
+def _judged_from(key: tuple, rs: dict, waiting: Sequence, window: Sequence,
+                 judged: dict) -> tuple[list, int] | None:
+    """For started set `key` (`rs`: its priority, class, requested time), the waiting sets
+    of higher priority in its class waiting since before its request and the index of the
+    last read of `window` begun `LINE_LAG` before that request; None when there is nothing to
+    judge. Records in `judged` what `check_line_order` says of it: None (requested before
+    the window), False (no read early enough), else the number of such waiting sets."""
+    ws = [w for w in waiting if w.priority > rs["priority"] and w.cls == rs["class"]
+          and w.since < rs["requested"]]
+    if window[0].started is None or rs["requested"] < window[0].started:
+        judged[key] = None   # requested before the window: started before it was read
+        return None
+    begun = [i for i, r in enumerate(window)
+             if r.started is not None and r.started <= rs["requested"] - LINE_LAG]
+    judged[key] = len(ws) if begun else False
+    if not begun or not ws:
+        return None
+    return ws, begun[-1]
+
+
 def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Waiting],
                      judged: dict[tuple, int | bool | None], *,
                      preemptors: Iterable[tuple[str, str]] = ()) -> list[Violation]:
@@ -819,17 +839,10 @@ def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Wa
     for key, rs in sorted(sets.items(), key=lambda kv: str(kv[0])):
         if key in judged:
             continue
-        ws = [w for w in waiting if w.priority > rs["priority"] and w.cls == rs["class"]
-              and w.since < rs["requested"]]
-        if window[0].started is None or rs["requested"] < window[0].started:
-            judged[key] = None   # requested before the window: started before it was read
+        start = _judged_from(key, rs, waiting, window, judged)
+        if start is None:
             continue
-        begun = [i for i, r in enumerate(window)
-                 if r.started is not None and r.started <= rs["requested"] - LINE_LAG]
-        judged[key] = len(ws) if begun else False
-        if not begun or not ws:
-            continue
-        i0 = begun[-1]
+        ws, i0 = start
         reads, seen = window[i0:], bounds[i0:]
         node, res = rs["node"], rs["resource"]
         ns_r = key[0]
@@ -879,18 +892,11 @@ def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Wa
     for key, rs in sorted(_started_device_sets(last).items(), key=lambda kv: str(kv[0])):
         if key in judged:
             continue
-        ws = [w for w in waiting if w.priority > rs["priority"] and w.cls == rs["class"]
-              and w.since < rs["requested"]]
-        if window[0].started is None or rs["requested"] < window[0].started:
-            judged[key] = None
+        start = _judged_from(key, rs, waiting, window, judged)
+        if start is None:
             continue
-        begun = [i for i, r in enumerate(window)
-                 if r.started is not None and r.started <= rs["requested"] - LINE_LAG]
-        judged[key] = len(ws) if begun else False
-        if not begun or not ws:
-            continue
-        got = _device_inversions(key, rs, ws, window[begun[-1]:], window, last.budget,
-                                 seen_preemptors)
+        ws, i0 = start
+        got = _device_inversions(key, rs, ws, window[i0:], window, last.budget, seen_preemptors)
         if got is None:
             judged[key] = False   # the reads lack what judging it needs
         else:
