@@ -429,7 +429,8 @@ def check_nominations(snap: Snapshot) -> list[Violation]:
     `LIVE_SLACK` after `snap.at` and still holds (docs/contract.md P4 "the hold"): neither
     *admitted* (a device of the preemptor's namespace attached to its VMI is Bound with its
     request Succeeded, on the nominated node or on another) nor *spent* (its preemptor is a
-    victim of another such nomination made no earlier: admitted since, now being stopped),
+    victim of another such nomination made no earlier, `model.nomination.spent`: admitted
+    since, now being stopped),
     a Bound device is *another set's* when it is attached to
     neither the preemptor nor one of the victims (their VMIs by namespace and name; a victim
     named with an admission id only in that incarnation) nor a template of theirs. Count
@@ -440,17 +441,16 @@ def check_nominations(snap: Snapshot) -> list[Violation]:
     (`status.device`) by another set's Bound device. An idle held device the nomination
     moves off its node (`spec.moves`, D-moves) is not another set's: it is leaving. One `NOMINATED_TAKEN` per node and
     resource, or per device. Pure."""
+    from model.nomination import spent
+
     live = [n for n in _parsed(snap.nominations)
             if snap.at is None or n.expires > snap.at + LIVE_SLACK]
     landed = {(d["metadata"]["namespace"], ((d.get("status") or {}).get("attachedTo") or {}).get("vmi"))
               for d in snap.devices
               if (d.get("status") or {}).get("phase") == "Bound"
               and ((d.get("status") or {}).get("bindRequest") or {}).get("result") == "Succeeded"}
-    noms = [n for n in live
-            if (n.namespace, n.vmi) not in landed
-            and not any(m is not n and m.created >= n.created
-                        and any((v.namespace, v.vmi) == (n.namespace, n.vmi) for v in m.victims)
-                        for m in live)]
+    at = snap.at or datetime.min.replace(tzinfo=timezone.utc)   # None: every one read counts
+    noms = [n for n in live if (n.namespace, n.vmi) not in landed and not spent(n, live, at)]
     if not noms:
         return []
     by_node: dict[str, list] = {}
@@ -789,7 +789,8 @@ def _judged_from(key: tuple, rs: dict, waiting: Sequence, window: Sequence,
 
 def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Waiting],
                      judged: dict[tuple, int | bool | None], *,
-                     preemptors: Iterable[tuple[str, str]] = ()) -> list[Violation]:
+                     preemptors: Iterable[tuple[str, str]] = (),
+                     last_read: LineRead | None = None) -> list[Violation]:
     """§3c P6 "no lower-priority set starts on devices a waiting higher-priority set could
     start on now", count and device mode, from what the API shows. `window`: the caller's reads, oldest
     first, each with `started` and `placeable` (earlier ones may be `LineRead`s); the last, a
@@ -802,6 +803,8 @@ def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Wa
     window's first read (started before the caller looked); updated; each set is looked at
     once. `preemptors`: (namespace, VMI) of the preemptors of nominations the caller saw
     besides the reads' (a watch: one made and deleted between two reads is in no read).
+    `last_read`: `line_read` of the last read when the caller made it already (it keeps it
+    for its next window; device mode builds a DRA index for it), else made here.
 
     A set R first seen started in the last read (whole set Bound on node N, of recorded
     priority p, requested at r) breaks it when a waiting W of the same class with a priority
@@ -830,7 +833,7 @@ def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Wa
         return []
     last = window[-1]
     assert isinstance(last, Snapshot), "the read judged is a whole Snapshot"
-    window = [line_read(r) for r in window]
+    window = [line_read(r) for r in window[:-1]] + [last_read or line_read(last)]
     waiting = list(waiting)
     seen_preemptors = set(preemptors)
     out: list[Violation] = []

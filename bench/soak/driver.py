@@ -213,10 +213,10 @@ class P6Check:
     def _line_order(self, snap: inv.Snapshot) -> list[inv.Violation]:
         """P6's third rule on `snap` (`inv.check_line_order`) over the reads of the last
         LINE_WINDOW_S s, with the sets waiting in line now (still waiting after the read)."""
-        window = [*self.window, snap]
-        got = inv.check_line_order(window, list(self.waiting.values()), self.judged,
-                                   preemptors=self.preemptors)
-        self.window.append(inv.line_read(snap))
+        read = inv.line_read(snap)   # once: device mode builds a DRA index for it
+        got = inv.check_line_order([*self.window, snap], list(self.waiting.values()), self.judged,
+                                   preemptors=self.preemptors, last_read=read)
+        self.window.append(read)
         while (len(self.window) > 1 and snap.started is not None and self.window[0].started is not None
                and (snap.started - self.window[0].started).total_seconds() > LINE_WINDOW_S):
             self.window.popleft()
