@@ -886,12 +886,7 @@ def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Wa
             if any(alloc.get(y, {}).get(res, 0) - taken_lo[y] >= w.gpus
                    for y in placeable if y != node):
                 continue   # W fits elsewhere: R was backfill
-            out.append(Violation(LINE_INVERSION, ("VirtualMachineInstance", key[0], key[1], w.vmi),
-                                 f"started on {node} (priority {rs['priority']}, requested "
-                                 f"{rs['requested'].isoformat()}) while {w.namespace}/{w.vmi} "
-                                 f"(priority {w.priority}, {w.gpus} GPUs of {w.cls}, waiting "
-                                 f"since {w.since.isoformat()}) could start there and nowhere "
-                                 "after"))
+            out.append(_inversion(key, node, rs, w, "there"))
     for key, rs in sorted(_started_device_sets(last).items(), key=lambda kv: str(kv[0])):
         if key in judged:
             continue
@@ -905,6 +900,16 @@ def check_line_order(window: Sequence[Snapshot | LineRead], waiting: Iterable[Wa
         else:
             out += got
     return out
+
+
+def _inversion(key: tuple, node: str, rs: dict, w: Waiting, where: str) -> Violation:
+    """The `LINE_INVERSION` of set `key` (`rs`), started on `node`, against waiting set `w`,
+    which could have started `where` and nowhere after."""
+    return Violation(LINE_INVERSION, ("VirtualMachineInstance", key[0], key[1], w.vmi),
+                     f"started on {node} (priority {rs['priority']}, requested "
+                     f"{rs['requested'].isoformat()}) while {w.namespace}/{w.vmi} "
+                     f"(priority {w.priority}, {w.gpus} GPUs of {w.cls}, waiting "
+                     f"since {w.since.isoformat()}) could start {where} and nowhere after")
 
 
 def _device_inversions(key: tuple, rs: dict, ws: list[Waiting], reads: list[LineRead],
@@ -995,13 +1000,8 @@ def _device_inversions(key: tuple, rs: dict, ws: list[Waiting], reads: list[Line
         if any(fits(devices, free_lo(y, devices), w.gpus) for (y, c), devices in last.boards.items()
                if c == cls and y != node and (placeable is None or y in placeable)):
             continue   # W fits elsewhere: R was backfill
-        out.append(Violation(LINE_INVERSION, ("VirtualMachineInstance", key[0], key[1], w.vmi),
-                             f"started on {node} (priority {rs['priority']}, requested "
-                             f"{rs['requested'].isoformat()}) while {w.namespace}/{w.vmi} "
-                             f"(priority {w.priority}, {w.gpus} GPUs of {w.cls}, waiting "
-                             f"since {w.since.isoformat()}) could start there (a group of "
-                             f"{match.resolve(w.gpus) if match else 'the node'} free) and "
-                             "nowhere after"))
+        out.append(_inversion(key, node, rs, w, f"there (a group of "
+                              f"{match.resolve(w.gpus) if match else 'the node'} free)"))
     return out
 
 
